@@ -1,0 +1,128 @@
+// paradyse/comm/communicator.hpp: the Communicator concept shared by every backend (threads, mpi, nccl, cuda_local).
+//
+// Buffers are spans of elements; counts are in elements. A collective is called by every rank of the group in the
+// same order. Blocking forms return when this rank's part is complete; `*_async` forms return a Request whose
+// wait() completes it, so the caller can compute in between (the send buffer must stay untouched and alive until
+// then). In-place use: pass the same span as input and output (for all_gather: the input is this rank's chunk of
+// the output). Chunk r of a gathered or scattered buffer belongs to rank r of the group.
+//
+// Failure semantics: an exception on one rank makes every other rank's pending and later operations throw
+// CommError naming the failed rank; every wait gives up after a timeout (PARADYSE_COMM_TIMEOUT seconds, default
+// 300) with a message naming the operation, the group and the ranks that never arrived.
+#pragma once
+
+#include "paradyse/core/dtype.hpp"
+#include "paradyse/core/error.hpp"
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <utility>
+
+namespace paradyse {
+
+enum class ReduceOp : std::uint8_t { sum, max, avg };
+
+constexpr std::string_view name_of(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "max";
+    case ReduceOp::avg: return "avg";
+  }
+  return "?";
+}
+
+// An element type the communicators move (f32, f64, bf16, i32, i64 and raw bytes).
+template <class T>
+concept CommElement = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bf16> ||
+                      std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> || std::same_as<T, std::byte>;
+
+// Bytes moved by one rank, for benchmarks and for checking the cost model's communication volumes.
+struct CommStats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  std::uint64_t operations = 0;
+};
+
+// The pending completion of an asynchronous operation. wait() is idempotent; destroying a Request that was not
+// waited for waits (errors then surface on the next operation, since a destructor must not throw).
+class Request {
+public:
+  Request() = default;
+  explicit Request(std::function<void()> complete) : complete_(std::move(complete)) {}
+  Request(Request&& other) noexcept : complete_(std::exchange(other.complete_, nullptr)) {}
+  Request& operator=(Request&& other) noexcept {
+    if (this != &other) {
+      finish_quietly();
+      complete_ = std::exchange(other.complete_, nullptr);
+    }
+    return *this;
+  }
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request() { finish_quietly(); }
+
+  void wait() {
+    if (auto complete = std::exchange(complete_, nullptr)) complete();
+  }
+  bool pending() const noexcept { return bool(complete_); }
+
+private:
+  void finish_quietly() noexcept {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  std::function<void()> complete_;
+};
+
+// The timeout every wait uses: PARADYSE_COMM_TIMEOUT seconds from the environment, default 300.
+inline std::chrono::milliseconds comm_timeout() {
+  static const std::chrono::milliseconds timeout = [] {
+    if (const char* text = std::getenv("PARADYSE_COMM_TIMEOUT")) {
+      char* end = nullptr;
+      const double seconds = std::strtod(text, &end);
+      if (end != text && seconds > 0) return std::chrono::milliseconds(std::int64_t(seconds * 1000));
+    }
+    return std::chrono::milliseconds(300'000);
+  }();
+  return timeout;
+}
+
+template <class C>
+concept Communicator = requires(C& c, const C& cc, std::span<const float> in, std::span<float> out,
+                                std::span<const std::int64_t> counts, int peer, ReduceOp op) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { cc.stats() } -> std::convertible_to<CommStats>;
+  c.all_gather(in, out);                      // out: [size * in.size()]
+  c.all_gather_v(in, out, counts);            // out: [sum(counts)], counts[r] from rank r
+  c.reduce_scatter(in, out, op);              // in: [size * out.size()]
+  c.reduce_scatter_v(in, out, counts, op);    // in: [sum(counts)], rank r keeps counts[r]
+  c.all_reduce(in, out, op);
+  c.all_to_all(in, out);                      // equal chunks of in.size() / size
+  c.all_to_all_v(in, counts, out, counts);    // send counts, receive counts
+  c.broadcast(out, peer);                     // from root = peer
+  c.reduce(in, out, op, peer);                // to root = peer (out used on the root only)
+  c.send(in, peer);
+  c.recv(out, peer);
+  c.shift(in, out, peer);                     // send to rank + offset, receive from rank - offset (mod size)
+  c.barrier();
+  { c.all_gather_async(in, out) } -> std::same_as<Request>;
+  { c.reduce_scatter_async(in, out, op) } -> std::same_as<Request>;
+  { c.all_reduce_async(in, out, op) } -> std::same_as<Request>;
+  { c.all_to_all_async(in, out) } -> std::same_as<Request>;
+  { c.broadcast_async(out, peer) } -> std::same_as<Request>;
+  { c.reduce_async(in, out, op, peer) } -> std::same_as<Request>;
+  { c.send_async(in, peer) } -> std::same_as<Request>;
+  { c.recv_async(out, peer) } -> std::same_as<Request>;
+  { c.shift_async(in, out, peer) } -> std::same_as<Request>;
+  { c.split(peer, peer) } -> std::same_as<C>;  // (color, key): the ranks of one color, ordered by key then rank
+};
+
+}  // namespace paradyse
