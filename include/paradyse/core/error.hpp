@@ -10,6 +10,7 @@
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace paradyse {
@@ -52,20 +53,26 @@ private:
 // A rank failed (or a collective timed out) and this rank cannot go on.
 class CommError : public Error {
 public:
-  using Error::Error;
+  explicit CommError(const std::string& message, std::source_location where = std::source_location::current())
+      : Error(message, where) {}
+};
+
+// A format string that remembers where it was written (the default argument is evaluated at the call site).
+template <class... Args>
+struct LocatedFormat {
+  template <class S>
+  consteval LocatedFormat(const S& text, std::source_location where = std::source_location::current())
+      : format(text), where(where) {}
+  fmt::format_string<Args...> format;
+  std::source_location where;
 };
 
 // check(cond, "...") throws Error naming the caller's location when cond is false.
 // The message is only formatted on failure: check(n > 0, "n = {} must be positive", n).
 template <class... Args>
-struct check {
-  check(bool ok, fmt::format_string<Args...> format, Args&&... args,
-        std::source_location where = std::source_location::current()) {
-    if (!ok) [[unlikely]]
-      throw Error(fmt::format(format, std::forward<Args>(args)...), where);
-  }
-};
-template <class... Args>
-check(bool, fmt::format_string<Args...>, Args&&...) -> check<Args...>;
+inline void check(bool ok, LocatedFormat<std::type_identity_t<Args>...> format, Args&&... args) {
+  if (!ok) [[unlikely]]
+    throw Error(fmt::format(format.format, std::forward<Args>(args)...), format.where);
+}
 
 }  // namespace paradyse
