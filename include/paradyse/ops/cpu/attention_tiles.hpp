@@ -1,0 +1,181 @@
+// paradyse/ops/cpu/attention_tiles.hpp: the tiling policy and the per-tile softmax steps of CPU flash attention.
+//
+// Kept apart from the loops in attention.hpp (CUB's split: tuning, then algorithm). Tile loops are written with
+// fixed-width partial reductions so that they vectorise without -ffast-math.
+#pragma once
+
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/ops/attention_mask.hpp"
+#include "paradyse/ops/cpu/vector_math.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace paradyse::ops::cpu {
+
+// Rows of queries and columns of keys per tile. The score tile (q_block x kv_block floats) and the q, k, v tiles
+// stay in L2 (1 MiB per core on the reference machine).
+struct AttentionTiling {
+  std::int64_t q_block = 64;
+  std::int64_t kv_block = 128;
+  friend bool operator==(const AttentionTiling&, const AttentionTiling&) = default;
+};
+
+inline AttentionTiling attention_tiling(std::int64_t head_dim) {
+  if (head_dim <= 64) return {128, 128};
+  return {64, 128};
+}
+
+namespace detail {
+
+inline constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+inline constexpr int kLanes = 16;  // partial reductions: one AVX-512 register, two AVX2, four SSE
+
+enum class TileVisibility { none, all, partial };
+
+// The smallest key range covering the visible ranges of `rows` queries (ranges: [first, last) pairs).
+inline KeyRange union_of_ranges(const std::int64_t* ranges, std::int64_t rows) {
+  KeyRange all{std::numeric_limits<std::int64_t>::max(), 0};
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (ranges[2 * r] >= ranges[2 * r + 1]) continue;
+    all.first = std::min(all.first, ranges[2 * r]);
+    all.last = std::max(all.last, ranges[2 * r + 1]);
+  }
+  if (all.first >= all.last) return {0, 0};
+  return all;
+}
+
+// Whether the keys [j0, j0 + cols) are seen by none, all or some of the (query, key) pairs of the tile.
+inline TileVisibility classify_tile(const std::int64_t* ranges, std::int64_t rows, std::int64_t j0, std::int64_t cols) {
+  bool any = false, every = true;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t first = ranges[2 * r], last = ranges[2 * r + 1];
+    if (first < last && first < j0 + cols && last > j0) any = true;
+    if (!(first <= j0 && last >= j0 + cols)) every = false;
+  }
+  if (!any) return TileVisibility::none;
+  return every ? TileVisibility::all : TileVisibility::partial;
+}
+
+// Columns [lo, hi) of the tile that row r sees.
+inline KeyRange tile_columns(const std::int64_t* ranges, std::int64_t r, std::int64_t j0, std::int64_t cols) {
+  const std::int64_t first = ranges[2 * r], last = ranges[2 * r + 1];
+  if (first >= last) return {0, 0};
+  const std::int64_t lo = std::clamp<std::int64_t>(first - j0, 0, cols);
+  const std::int64_t hi = std::clamp<std::int64_t>(last - j0, 0, cols);
+  return {lo, std::max(lo, hi)};
+}
+
+// Sets the masked columns of a score row to -inf.
+inline void mask_row(float* row, std::int64_t cols, KeyRange visible) {
+  for (std::int64_t c = 0; c < visible.first; ++c) row[c] = kNegativeInfinity;
+  for (std::int64_t c = visible.last; c < cols; ++c) row[c] = kNegativeInfinity;
+}
+
+[[gnu::always_inline]] inline float row_maximum(const float* row, std::int64_t n) {
+  float lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = kNegativeInfinity;
+  std::int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = row[c + l] > lanes[l] ? row[c + l] : lanes[l];
+  float m = kNegativeInfinity;
+  for (int l = 0; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+  for (; c < n; ++c) m = row[c] > m ? row[c] : m;
+  return m;
+}
+
+// row[c] = exp(row[c] - shift); returns the sum.
+[[gnu::always_inline]] inline float exponentiate_row(float* row, std::int64_t n, float shift) {
+  float lanes[kLanes] = {};
+  std::int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float p = exp_approx(row[c + l] - shift);
+      row[c + l] = p;
+      lanes[l] += p;
+    }
+  float sum = 0.0f;
+  for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+  for (; c < n; ++c) {
+    const float p = exp_approx(row[c] - shift);
+    row[c] = p;
+    sum += p;
+  }
+  return sum;
+}
+
+// Online softmax over one score tile (scores: [rows, cols], leading dimension ld): masks it (when partial), turns
+// it into exp(s - running max) in place, and rescales the running sums and the output accumulator
+// (acc: [rows, head_dim]) to the new maxima. row_max starts at -inf and row_sum at 0.
+inline void online_softmax_tile(float* scores, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::int64_t j0,
+                                const std::int64_t* ranges, bool partial, float* row_max, float* row_sum, float* acc,
+                                std::int64_t head_dim) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = scores + r * ld;
+    if (partial) mask_row(row, cols, tile_columns(ranges, r, j0, cols));
+    const float old_max = row_max[r];
+    const float new_max = std::max(old_max, row_maximum(row, cols));
+    // A row that has seen no key yet keeps max -inf; shift by 0 so that exp(-inf - shift) = 0, never NaN.
+    const float shift = new_max == kNegativeInfinity ? 0.0f : new_max;
+    const float sum = exponentiate_row(row, cols, shift);
+    const float correction = exp_approx(old_max - shift);  // 0 when old_max = -inf
+    row_sum[r] = row_sum[r] * correction + sum;
+    row_max[r] = new_max;
+    if (correction != 1.0f) {
+      float* acc_row = acc + r * head_dim;
+      for (std::int64_t c = 0; c < head_dim; ++c) acc_row[c] *= correction;
+    }
+  }
+}
+
+// p = exp(s - lse) in place (s: [rows, cols], leading dimension ld), masked columns 0. lse_rows holds +inf for a
+// query that sees no key at all, which makes its row 0.
+inline void probabilities_from_lse(float* scores, std::int64_t ld, std::int64_t rows, std::int64_t cols,
+                                   std::int64_t j0, const std::int64_t* ranges, bool partial, const float* lse_rows) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = scores + r * ld;
+    if (partial) mask_row(row, cols, tile_columns(ranges, r, j0, cols));
+    const float l = lse_rows[r];
+    // s <= lse holds in exact arithmetic; the clamp keeps rounding from ever giving p > 1.
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float x = row[c] - l;
+      row[c] = exp_approx(x > 0.0f ? 0.0f : x);  // NaN stays NaN
+    }
+  }
+}
+
+// ds = p * (dp - delta) in place of dp (both [rows, cols], leading dimension ld).
+inline void softmax_grad_tile(const float* p, float* dp, std::int64_t ld, std::int64_t rows, std::int64_t cols,
+                              const float* delta) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* p_row = p + r * ld;
+    float* dp_row = dp + r * ld;
+    const float dr = delta[r];
+    for (std::int64_t c = 0; c < cols; ++c) dp_row[c] = p_row[c] * (dp_row[c] - dr);
+  }
+}
+
+// Workspace of one attention_forward call: O(tile) floats, tracked.
+struct ForwardScratch {
+  Tensor<float> scores, acc, row_max, row_sum;
+  ForwardScratch(const AttentionTiling& tiling, std::int64_t head_dim)
+      : scores(Shape{tiling.q_block, tiling.kv_block}), acc(Shape{tiling.q_block, head_dim}),
+        row_max(Shape{tiling.q_block}), row_sum(Shape{tiling.q_block}) {}
+  void start_rows(std::int64_t rows) {
+    std::fill(row_max.data(), row_max.data() + rows, kNegativeInfinity);
+    std::fill(row_sum.data(), row_sum.data() + rows, 0.0f);
+    std::fill(acc.data(), acc.data() + rows * acc.extent(1), 0.0f);
+  }
+};
+
+// Workspace of one attention_backward call: two tiles plus O(sq) per-query terms, tracked.
+struct BackwardScratch {
+  Tensor<float> probabilities, probability_grads, delta, lse;
+  BackwardScratch(const AttentionTiling& tiling, std::int64_t q_len)
+      : probabilities(Shape{tiling.q_block, tiling.kv_block}), probability_grads(Shape{tiling.q_block, tiling.kv_block}),
+        delta(Shape{q_len}), lse(Shape{q_len}) {}
+};
+
+}  // namespace detail
+}  // namespace paradyse::ops::cpu
