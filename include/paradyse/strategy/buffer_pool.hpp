@@ -52,7 +52,7 @@ public:
   PooledBuffer& operator=(const PooledBuffer&) = delete;
   ~PooledBuffer();
 
-  T* data() const noexcept { return reinterpret_cast<T*>(storage_.data()); }
+  T* data() const noexcept { return reinterpret_cast<T*>(const_cast<std::byte*>(storage_.data())); }
   const Shape& shape() const noexcept { return shape_; }
   std::int64_t numel() const noexcept { return shape_.numel(); }
   TensorView<T> view() const noexcept { return {data(), shape_}; }

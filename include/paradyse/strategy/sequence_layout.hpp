@@ -66,7 +66,7 @@ public:
   }
   // Tokens of every rank (the counts of a gather), times `per_token` elements.
   std::vector<std::int64_t> counts(std::int64_t per_token) const {
-    std::vector<std::int64_t> c(std::size_t(ranks_));
+    std::vector<std::int64_t> c(static_cast<std::size_t>(ranks_));
     for (int r = 0; r < ranks_; ++r) c[std::size_t(r)] = local_length(r) * per_token;
     return c;
   }
