@@ -1,0 +1,925 @@
+// paradyse/comm/mpi.hpp: the MPI backend. One process per rank (OpenMPI); groups are communicator splits.
+//
+//   int main(int argc, char** argv) {
+//     paradyse::MpiSession session(&argc, &argv);
+//     paradyse::run_mpi([](paradyse::MpiCommunicator& comm) { ... comm.all_reduce(x, x, ReduceOp::sum); ... });
+//   }
+//
+// The same Communicator concept and semantics as the threads backend (see communicator.hpp and threads.hpp):
+// chunk r belongs to rank r; in place means the same span for all_reduce, all_to_all(_v) and shift, this rank's
+// chunk of the output as the input of all_gather(_v), this rank's chunk of the input as the output of
+// reduce_scatter(_v), and the same span on the root of reduce. avg is a sum divided by the group size on the
+// receiving rank; bf16 is reduced in float by user-defined MPI operators (mpi_types.hpp). stats() counts bytes by
+// threads.hpp's rule (ring volumes), so both backends report the same numbers for the same program.
+//
+// Differences from the threads backend, because MPI cannot do better:
+// - Failure of one rank: run_mpi catches the exception, prints "MPI world rank R failed: ..." and calls MPI_Abort,
+//   so mpirun ends every rank at once (they do not throw CommError; they are terminated).
+// - Timeouts: a blocking MPI call cannot be interrupted, so when a wait passes PARADYSE_COMM_TIMEOUT (or
+//   set_timeout) the watchdog thread prints the operation, the group and the ranks that never arrived, then aborts
+//   the job with exit code 124 (mpi_watchdog.hpp).
+// - Mismatched sizes between ranks are undefined behaviour in MPI (truncation errors or hangs that end in the
+//   timeout). set_validate(true) on every rank (or PARADYSE_COMM_VALIDATE=1) exchanges each collective's
+//   signature first and throws Error on every rank naming the mismatch, at the cost of one small all-gather per call.
+// - Message sizes are ints in MPI: larger counts throw Error saying so.
+// - Destroy communicators and wait for requests before MPI_Finalize (MpiSession's destructor). Requests hold a
+//   pointer to their communicator's state: wait before destroying the communicator.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/mpi_types.hpp"
+#include "paradyse/comm/mpi_watchdog.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/memory.hpp"
+
+#include <mpi.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace paradyse {
+
+namespace mpi_detail {
+
+// A tracked buffer for staging (in-place forms MPI cannot express); not zero-filled.
+template <class T>
+class Scratch {
+public:
+  explicit Scratch(std::size_t count)
+      : tracker_(&MemoryTracker::current()), count_(count),
+        data_(static_cast<T*>(tracker_->allocate(count * sizeof(T)))) {}
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { tracker_->deallocate(data_, count_ * sizeof(T)); }
+  std::span<T> span() const noexcept { return {data_, count_}; }
+
+private:
+  MemoryTracker* tracker_;
+  std::size_t count_;
+  T* data_;
+};
+
+// The buffers an MPI reduction runs on, and how its result reaches `out`. bf16 is reduced in float: its input is
+// widened into `wide` (the result lands there too when MPI reduces in place, else in `wide_out`) and narrowed once
+// at the end. Other types use their own buffers, with `staged` holding a result that MPI cannot put in place.
+template <CommElement T>
+struct Reduction {
+  const void* send = nullptr;  // or MPI_IN_PLACE
+  void* recv = nullptr;
+  std::shared_ptr<Scratch<float>> wide, wide_out;
+  std::shared_ptr<Scratch<T>> staged;
+
+  // in: the input; result: where T's result goes (out, or a staging buffer); result_count: its elements;
+  // mpi_in_place: MPI reads the input from and writes the result to the same buffer; receives: this rank gets one.
+  static Reduction prepare(std::span<const T> in, T* result, std::size_t result_count, bool mpi_in_place,
+                           bool receives) {
+    Reduction r;
+    if constexpr (std::is_same_v<T, bf16>) {
+      r.wide = std::make_shared<Scratch<float>>(in.size());
+      float* w = r.wide->span().data();
+      for (std::size_t i = 0; i < in.size(); ++i) w[i] = float(in[i]);
+      if (mpi_in_place) {
+        r.send = MPI_IN_PLACE;
+        r.recv = w;
+      } else {
+        r.send = w;
+        if (receives) {
+          r.wide_out = std::make_shared<Scratch<float>>(result_count);
+          r.recv = r.wide_out->span().data();
+        }
+      }
+    } else {
+      r.send = mpi_in_place ? MPI_IN_PLACE : static_cast<const void*>(in.data());
+      r.recv = receives ? result : nullptr;
+    }
+    return r;
+  }
+
+  // Completes the result in `out` (on a receiving rank): narrows bf16, copies a staged result, divides for avg.
+  void finish(std::span<T> out, ReduceOp op, int ranks) const {
+    if constexpr (std::is_same_v<T, bf16>) {
+      const float* w = (wide_out ? wide_out : wide)->span().data();
+      for (std::size_t i = 0; i < out.size(); ++i)
+        out[i] = bf16(op == ReduceOp::avg ? w[i] / float(ranks) : w[i]);
+    } else {
+      if (staged && !out.empty()) std::memcpy(out.data(), staged->span().data(), out.size_bytes());
+      if (op == ReduceOp::avg)
+        for (T& v : out) v = T(v / T(ranks));  // integers truncate, as in C++ (and the threads backend)
+    }
+  }
+};
+
+template <class A, class B>
+bool overlaps(std::span<A> a, std::span<B> b) {
+  if (a.empty() || b.empty()) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data()), b0 = reinterpret_cast<std::uintptr_t>(b.data());
+  return a0 < b0 + b.size_bytes() && b0 < a0 + a.size_bytes();
+}
+
+// Per-rank counts as MPI ints, with displacements; all of them must fit an int.
+struct IntCounts {
+  std::vector<int> counts, displacements;
+  std::size_t total = 0;
+};
+inline IntCounts int_counts(std::span<const std::int64_t> counts, int size, std::string_view op, std::string_view what) {
+  check(counts.size() == std::size_t(size), "{}: {} {} given, expected one per rank ({})", op, counts.size(), what,
+        size);
+  IntCounts out;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    check(counts[r] >= 0, "{}: {}[{}] = {} must be non-negative", op, what, r, counts[r]);
+    out.displacements.push_back(to_int_count(out.total, op, "a displacement"));
+    out.counts.push_back(to_int_count(counts[r], op, what));
+    out.total += std::size_t(counts[r]);
+  }
+  return out;
+}
+
+// FNV-1a over a list of counts: equal lists give equal signatures on every rank.
+inline std::uint64_t fingerprint(std::span<const std::int64_t> counts) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::int64_t c : counts)
+    for (int b = 0; b < 8; ++b) h = (h ^ ((std::uint64_t(c) >> (8 * b)) & 0xffu)) * 1099511628211ull;
+  return h;
+}
+
+// What one rank passed to a collective, exchanged when validation is on.
+struct Signature {
+  std::int64_t kind = 0;     // index into kOpNames
+  std::int64_t dtype = 0;
+  std::int64_t op = 0;
+  std::int64_t root = 0;
+  std::uint64_t count = 0;   // elements (or a fingerprint of the counts of a _v form)
+};
+inline constexpr const char* kOpNames[] = {"all_gather",   "all_gather_v", "reduce_scatter", "reduce_scatter_v",
+                                           "all_reduce",   "all_to_all",   "all_to_all_v",   "broadcast",
+                                           "reduce",       "barrier",      "split",          "shift"};
+inline int op_index(const char* name) {
+  for (int i = 0; i < int(std::size(kOpNames)); ++i)
+    if (std::string_view(kOpNames[i]) == name) return i;
+  return -1;
+}
+
+// The state of one communicator; at a stable address, so requests and the watchdog can point to it.
+struct CommState {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  std::vector<int> world_ranks;  // rank r of this communicator is world rank world_ranks[r]
+  std::string description;
+  std::unique_ptr<ArrivalBoard> board;
+  std::uint64_t sequence = 0;    // collectives entered so far
+  std::chrono::milliseconds timeout = comm_timeout();
+  bool validate = false;
+  CommStats stats;
+
+  // Takes ownership of `owned`; collective over it.
+  explicit CommState(MPI_Comm owned) : comm(owned) {
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+    MPI_Comm_group(comm, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    std::vector<int> ranks(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) ranks[std::size_t(r)] = r;
+    world_ranks.resize(std::size_t(size));
+    MPI_Group_translate_ranks(group, size, ranks.data(), world_group, world_ranks.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    description = fmt::format("MPI group of {} (world ranks {})", size, fmt::join(world_ranks, ", "));
+    board = std::make_unique<ArrivalBoard>(comm, world_ranks, rank);
+    if (const char* v = std::getenv("PARADYSE_COMM_VALIDATE")) validate = std::string_view(v) == "1";
+  }
+  CommState(const CommState&) = delete;
+  CommState& operator=(const CommState&) = delete;
+  ~CommState() {
+    board.reset();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);  // local in OpenMPI: safe while unwinding
+  }
+
+  [[noreturn]] void fail(int rc, std::string_view op) const {
+    throw CommError(fmt::format("{} on {} failed on rank {}: {}", op, description, rank, error_text(rc)));
+  }
+  void check_rc(int rc, std::string_view op) const {
+    if (rc != MPI_SUCCESS) [[unlikely]] fail(rc, op);
+  }
+};
+
+// The watchdog's report of a stalled wait (called at expiry only).
+inline std::string describe_wait(const void* context, const char* op, std::uint64_t sequence, int peer) {
+  const auto& state = *static_cast<const CommState*>(context);
+  if (peer >= 0)
+    return fmt::format("{} with rank {} (world rank {}) on {}: the peer never matched it", op, peer,
+                       state.world_ranks[std::size_t(peer)], state.description);
+  return fmt::format("{} (collective #{}) on {}: {}", op, sequence, state.description,
+                     state.board ? state.board->describe_missing(sequence, state.world_ranks) : std::string("?"));
+}
+
+}  // namespace mpi_detail
+
+// Initialises MPI for the lifetime of the object (unless already initialised) and finalises it after.
+class MpiSession {
+public:
+  MpiSession(int* argc, char*** argv, int required = MPI_THREAD_FUNNELED) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      if (MPI_Init_thread(argc, argv, required, &provided) != MPI_SUCCESS) throw CommError("MPI_Init_thread failed");
+      owns_ = true;
+    }
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+
+private:
+  bool owns_ = false;
+};
+
+// One rank's handle on an MPI communicator. Move-only; owns (and frees) its MPI_Comm.
+class MpiCommunicator {
+  // An input span whose element type is deduced from the output span, so that a mutable span converts.
+  template <class T>
+  using In = std::type_identity_t<std::span<const T>>;
+  struct Adopt {};
+
+public:
+  static constexpr int kMaxUserTag = 32766;  // user tags are 0..kMaxUserTag; shift uses the tag above
+
+  // A duplicate of `comm` (its own message space and error handler); collective over `comm`.
+  explicit MpiCommunicator(MPI_Comm comm) : MpiCommunicator(duplicate(comm), Adopt{}) {}
+  // All the processes of the job; collective over MPI_COMM_WORLD. The first call also creates the arrival boards.
+  static MpiCommunicator world() {
+    require_initialized();
+    mpi_detail::ArrivalBoards::instance().create();
+    return MpiCommunicator(MPI_COMM_WORLD);
+  }
+  MpiCommunicator(MpiCommunicator&&) noexcept = default;
+  MpiCommunicator& operator=(MpiCommunicator&&) noexcept = default;
+
+  int rank() const noexcept { return state_->rank; }
+  int size() const noexcept { return state_->size; }
+  int world_rank() const { return state_->world_ranks[std::size_t(state_->rank)]; }
+  CommStats stats() const noexcept { return state_->stats; }
+  void reset_stats() noexcept { state_->stats = {}; }
+  std::string describe() const { return state_->description; }
+  MPI_Comm native() const noexcept { return state_->comm; }
+
+  // How long a wait may take before the watchdog aborts the job (default PARADYSE_COMM_TIMEOUT, 300 s).
+  std::chrono::milliseconds timeout() const noexcept { return state_->timeout; }
+  void set_timeout(std::chrono::milliseconds timeout) {
+    check(timeout.count() > 0, "timeout {} ms must be positive", timeout.count());
+    state_->timeout = timeout;
+  }
+  // Cross-rank checks of every collective's sizes (set the same on every rank).
+  bool validating() const noexcept { return state_->validate; }
+  void set_validate(bool on) noexcept { state_->validate = on; }
+
+  // ---- collectives -----------------------------------------------------------------------------------------------
+  // out: [size * in.size()]; in may be this rank's chunk of out (in place).
+  template <CommElement T> void all_gather(In<T> in, std::span<T> out) { all_gather_impl<false>(in, out); }
+  template <CommElement T> Request all_gather_async(In<T> in, std::span<T> out) { return all_gather_impl<true>(in, out); }
+  // out: [sum(counts)], counts[r] elements from rank r; in.size() == counts[rank()].
+  template <CommElement T> void all_gather_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts) {
+    all_gather_v_impl<false>(in, out, counts);
+  }
+  template <CommElement T>
+  Request all_gather_v_async(In<T> in, std::span<T> out, std::span<const std::int64_t> counts) {
+    return all_gather_v_impl<true>(in, out, counts);
+  }
+  // in: [size * out.size()]; rank r receives the reduction of chunk r.
+  template <CommElement T> void reduce_scatter(In<T> in, std::span<T> out, ReduceOp op) {
+    reduce_scatter_impl<false>(in, out, op);
+  }
+  template <CommElement T> Request reduce_scatter_async(In<T> in, std::span<T> out, ReduceOp op) {
+    return reduce_scatter_impl<true>(in, out, op);
+  }
+  // in: [sum(counts)]; rank r receives the reduction of its counts[r] elements.
+  template <CommElement T>
+  void reduce_scatter_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp op) {
+    reduce_scatter_v_impl<false>(in, out, counts, op);
+  }
+  template <CommElement T>
+  Request reduce_scatter_v_async(In<T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp op) {
+    return reduce_scatter_v_impl<true>(in, out, counts, op);
+  }
+  template <CommElement T> void all_reduce(In<T> in, std::span<T> out, ReduceOp op) {
+    all_reduce_impl<false>(in, out, op);
+  }
+  template <CommElement T> Request all_reduce_async(In<T> in, std::span<T> out, ReduceOp op) {
+    return all_reduce_impl<true>(in, out, op);
+  }
+  // Equal chunks: chunk j of in goes to rank j; chunk j of out comes from rank j.
+  template <CommElement T> void all_to_all(In<T> in, std::span<T> out) { all_to_all_impl<false>(in, out); }
+  template <CommElement T> Request all_to_all_async(In<T> in, std::span<T> out) { return all_to_all_impl<true>(in, out); }
+  // send_counts[j] elements to rank j (in rank order in `in`), recv_counts[j] from rank j.
+  template <CommElement T>
+  void all_to_all_v(In<T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
+                    std::span<const std::int64_t> recv_counts) {
+    all_to_all_v_impl<false>(in, send_counts, out, recv_counts);
+  }
+  template <CommElement T>
+  Request all_to_all_v_async(In<T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
+                             std::span<const std::int64_t> recv_counts) {
+    return all_to_all_v_impl<true>(in, send_counts, out, recv_counts);
+  }
+  template <CommElement T> void broadcast(std::span<T> buffer, int root) { broadcast_impl<false>(buffer, root); }
+  template <CommElement T> Request broadcast_async(std::span<T> buffer, int root) {
+    return broadcast_impl<true>(buffer, root);
+  }
+  // The reduction lands in `out` on the root; other ranks may pass an empty `out`.
+  template <CommElement T> void reduce(In<T> in, std::span<T> out, ReduceOp op, int root) {
+    reduce_impl<false>(in, out, op, root);
+  }
+  template <CommElement T> Request reduce_async(In<T> in, std::span<T> out, ReduceOp op, int root) {
+    return reduce_impl<true>(in, out, op, root);
+  }
+  void barrier() { barrier_impl<false>(); }
+  Request barrier_async() { return barrier_impl<true>(); }
+
+  // The ranks of one color (>= 0) form a new communicator, ordered by key and then by rank. Collective.
+  MpiCommunicator split(int color, int key) {
+    check(color >= 0, "split: color {} must be non-negative", color);
+    validate("split", {});
+    MPI_Comm part = MPI_COMM_NULL;
+    const std::uint64_t sequence = enter();
+    {
+      auto watch = watch_wait("split", sequence);
+      state_->check_rc(MPI_Comm_split(state_->comm, color, key, &part), "split");
+    }
+    MpiCommunicator result(part, Adopt{});
+    result.state_->timeout = state_->timeout;
+    result.state_->validate = state_->validate;
+    return result;
+  }
+
+  // ---- point to point --------------------------------------------------------------------------------------------
+  template <CommElement T> void send(std::span<const T> in, int dest, int tag = 0) {
+    check_peer("send", dest);
+    check_tag("send", tag);
+    count_bytes(in.size_bytes(), 0);
+    auto watch = watch_wait("send", state_->sequence, dest);
+    state_->check_rc(MPI_Send(in.data(), count_of(in.size(), "send"), mpi_detail::datatype<T>(), dest, tag,
+                              state_->comm),
+                     "send");
+  }
+  template <CommElement T> void send(std::span<T> in, int dest, int tag = 0) { send(std::span<const T>(in), dest, tag); }
+  template <CommElement T> Request send_async(std::span<const T> in, int dest, int tag = 0) {
+    check_peer("send", dest);
+    check_tag("send", tag);
+    count_bytes(in.size_bytes(), 0);
+    MPI_Request request = MPI_REQUEST_NULL;
+    state_->check_rc(MPI_Isend(in.data(), count_of(in.size(), "send"), mpi_detail::datatype<T>(), dest, tag,
+                               state_->comm, &request),
+                     "send");
+    return pending("send", state_->sequence, dest, {request, MPI_REQUEST_NULL}, false, [](const MPI_Status*) {});
+  }
+  template <CommElement T> Request send_async(std::span<T> in, int dest, int tag = 0) {
+    return send_async(std::span<const T>(in), dest, tag);
+  }
+  // out.size() elements from `source`; a message of another size is an Error naming both sizes.
+  template <CommElement T> void recv(std::span<T> out, int source, int tag = 0) {
+    check_peer("recv", source);
+    check_tag("recv", tag);
+    count_bytes(0, out.size_bytes());
+    MPI_Status status;
+    int rc = MPI_SUCCESS;
+    {
+      auto watch = watch_wait("recv", state_->sequence, source);
+      rc = MPI_Recv(out.data(), count_of(out.size(), "recv"), mpi_detail::datatype<T>(), source, tag, state_->comm,
+                    &status);
+    }
+    check_received<T>(rc, status, out.size(), source, "recv");
+  }
+  template <CommElement T> Request recv_async(std::span<T> out, int source, int tag = 0) {
+    check_peer("recv", source);
+    check_tag("recv", tag);
+    count_bytes(0, out.size_bytes());
+    MPI_Request request = MPI_REQUEST_NULL;
+    state_->check_rc(MPI_Irecv(out.data(), count_of(out.size(), "recv"), mpi_detail::datatype<T>(), source, tag,
+                               state_->comm, &request),
+                     "recv");
+    auto* state = state_.get();
+    return pending("recv", state_->sequence, source, {request, MPI_REQUEST_NULL}, true,
+                   [state, expected = out.size(), source](const MPI_Status* status) {
+                     check_received<T>(state, status[0].MPI_ERROR, status[0], expected, source, "recv");
+                   });
+  }
+  // Sends `in` to rank + offset and receives `out` from rank - offset (mod size): one step of a ring. Every rank
+  // calls it (it counts as a collective for the timeout report); in and out may differ in size between ranks.
+  template <CommElement T> void shift(In<T> in, std::span<T> out, int offset = 1) {
+    const auto [dest, source] = ring_peers(offset);
+    const bool in_place = in.data() == out.data() && !in.empty();
+    check(in_place ? in.size() == out.size() : !mpi_detail::overlaps(in, out),
+          "shift: the input ({} elements) and output ({} elements) overlap without being the same span", in.size(),
+          out.size());
+    count_bytes(in.size_bytes(), 0);
+    count_bytes(0, out.size_bytes());
+    const auto type = mpi_detail::datatype<T>();
+    const std::uint64_t sequence = enter();
+    MPI_Status status;
+    int rc = MPI_SUCCESS;
+    {
+      auto watch = watch_wait("shift", sequence);
+      if (in_place)
+        rc = MPI_Sendrecv_replace(out.data(), count_of(out.size(), "shift"), type, dest, kShiftTag, source, kShiftTag,
+                                  state_->comm, &status);
+      else
+        rc = MPI_Sendrecv(in.data(), count_of(in.size(), "shift"), type, dest, kShiftTag, out.data(),
+                          count_of(out.size(), "shift"), type, source, kShiftTag, state_->comm, &status);
+    }
+    check_received<T>(rc, status, out.size(), source, "shift");
+  }
+  template <CommElement T> Request shift_async(In<T> in, std::span<T> out, int offset = 1) {
+    const auto [dest, source] = ring_peers(offset);
+    const bool aliased = mpi_detail::overlaps(in, out);
+    check(!aliased || (in.data() == out.data() && in.size() == out.size()),
+          "shift: the input ({} elements) and output ({} elements) overlap without being the same span", in.size(),
+          out.size());
+    count_bytes(in.size_bytes(), 0);
+    count_bytes(0, out.size_bytes());
+    std::shared_ptr<mpi_detail::Scratch<T>> staged;
+    if (aliased) {  // a send and a receive may not share a buffer: send a copy
+      staged = std::make_shared<mpi_detail::Scratch<T>>(in.size());
+      std::memcpy(staged->span().data(), in.data(), in.size_bytes());
+      in = staged->span();
+    }
+    const auto type = mpi_detail::datatype<T>();
+    const std::uint64_t sequence = enter();
+    std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    state_->check_rc(MPI_Irecv(out.data(), count_of(out.size(), "shift"), type, source, kShiftTag, state_->comm,
+                               &requests[0]),
+                     "shift");
+    state_->check_rc(MPI_Isend(in.data(), count_of(in.size(), "shift"), type, dest, kShiftTag, state_->comm,
+                               &requests[1]),
+                     "shift");
+    auto* state = state_.get();
+    return pending("shift", sequence, -1, requests, true,
+                   [state, staged, expected = out.size(), source](const MPI_Status* status) {
+                     check_received<T>(state, status[0].MPI_ERROR, status[0], expected, source, "shift");
+                   });
+  }
+
+private:
+  static constexpr int kShiftTag = kMaxUserTag + 1;
+
+  MpiCommunicator(MPI_Comm owned, Adopt) : state_(std::make_unique<mpi_detail::CommState>(owned)) {}
+
+  static void require_initialized() {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    check(initialized && !finalized, "MPI is not running (initialised {}, finalised {}): create an MpiSession first",
+          bool(initialized), bool(finalized));
+  }
+  static MPI_Comm duplicate(MPI_Comm comm) {
+    require_initialized();
+    MPI_Comm copy = MPI_COMM_NULL;
+    const int rc = MPI_Comm_dup(comm, &copy);
+    if (rc != MPI_SUCCESS) throw CommError(fmt::format("MPI_Comm_dup failed: {}", mpi_detail::error_text(rc)));
+    return copy;
+  }
+
+  int count_of(std::size_t n, std::string_view op) const { return mpi_detail::to_int_count(n, op, "the count"); }
+  void check_peer(std::string_view op, int peer) const {
+    check(peer >= 0 && peer < size(), "{}: rank {} is not in {} (size {})", op, peer, describe(), size());
+  }
+  static void check_tag(std::string_view op, int tag) {
+    check(tag >= 0 && tag <= kMaxUserTag, "{}: tag {} is outside 0..{}", op, tag, kMaxUserTag);
+  }
+  std::pair<int, int> ring_peers(int offset) const {
+    const int n = size();
+    return {((rank() + offset) % n + n) % n, ((rank() - offset) % n + n) % n};
+  }
+  void count_bytes(std::size_t sent, std::size_t received) {
+    state_->stats.bytes_sent += sent;
+    state_->stats.bytes_received += received;
+    ++state_->stats.operations;
+  }
+
+  // A received message has exactly `expected` elements; otherwise Error naming both sizes.
+  template <CommElement T>
+  static void check_received(const mpi_detail::CommState* state, int rc, const MPI_Status& status,
+                             std::size_t expected, int source, const char* op) {
+    int error_class = MPI_SUCCESS;
+    if (rc != MPI_SUCCESS) MPI_Error_class(rc, &error_class);
+    if (error_class == MPI_ERR_TRUNCATE)
+      throw Error(fmt::format("{}: rank {} sent more than the {} elements rank {} expected (on {})", op, source,
+                              expected, state->rank, state->description));
+    state->check_rc(rc, op);
+    int received = 0;
+    MPI_Get_count(&status, mpi_detail::datatype<T>(), &received);
+    if (std::size_t(received) != expected)
+      throw Error(fmt::format("{}: rank {} sent {} elements to rank {}, which expected {} (on {})", op, source,
+                              received, state->rank, expected, state->description));
+  }
+  template <CommElement T>
+  void check_received(int rc, const MPI_Status& status, std::size_t expected, int source, const char* op) const {
+    check_received<T>(state_.get(), rc, status, expected, source, op);
+  }
+
+  // Enters the next collective: same sequence number on every rank of the group.
+  std::uint64_t enter() {
+    const std::uint64_t sequence = ++state_->sequence;
+    state_->board->arrive(sequence);
+    return sequence;
+  }
+  mpi_detail::Watchdog::Watch watch_wait(const char* op, std::uint64_t sequence, int peer = -1) const {
+    return mpi_detail::Watchdog::instance().watch(state_->timeout, &mpi_detail::describe_wait, state_.get(), op,
+                                                  sequence, peer);
+  }
+
+  // The Request of up to two MPI requests; `after(statuses)` runs once they completed. When `first_receives`, the
+  // first request is a receive whose error (a truncation) `after` reports from its status; other errors throw here.
+  template <class After>
+  Request pending(const char* op, std::uint64_t sequence, int peer, std::array<MPI_Request, 2> requests,
+                  bool first_receives, After after) {
+    auto* state = state_.get();
+    return Request([state, op, sequence, peer, requests, first_receives, after = std::move(after)]() mutable {
+      std::array<MPI_Status, 2> statuses{};
+      const int count = requests[1] == MPI_REQUEST_NULL ? 1 : 2;
+      int rc = MPI_SUCCESS;
+      {
+        auto watch = mpi_detail::Watchdog::instance().watch(state->timeout, &mpi_detail::describe_wait, state, op,
+                                                            sequence, peer);
+        rc = MPI_Waitall(count, requests.data(), statuses.data());
+      }
+      if (rc == MPI_ERR_IN_STATUS) {
+        for (int i = 0; i < count; ++i)
+          if (!(i == 0 && first_receives)) state->check_rc(statuses[std::size_t(i)].MPI_ERROR, op);
+      } else {
+        state->check_rc(rc, op);
+        for (auto& status : statuses) status.MPI_ERROR = MPI_SUCCESS;
+      }
+      after(statuses.data());
+    });
+  }
+
+  // Runs a collective: start(request) calls the blocking MPI function when request is null, the non-blocking one
+  // otherwise; after() completes the operation (avg division, copy out of a staging buffer).
+  template <bool Async, class Start, class After>
+  Request collective(const char* op, Start start, After after) {
+    const std::uint64_t sequence = enter();
+    if constexpr (Async) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      state_->check_rc(start(&request), op);
+      return pending(op, sequence, -1, {request, MPI_REQUEST_NULL}, false, [after](const MPI_Status*) mutable { after(); });
+    } else {
+      {
+        auto watch = watch_wait(op, sequence);
+        state_->check_rc(start(nullptr), op);
+      }
+      after();
+      return {};
+    }
+  }
+  static constexpr auto kNothing = [] {};
+
+  // Every rank passed the same signature (only when validating); otherwise Error on every rank.
+  void validate(const char* op, mpi_detail::Signature mine) {
+    if (!state_->validate) return;
+    mine.kind = mpi_detail::op_index(op);
+    std::vector<mpi_detail::Signature> all(static_cast<std::size_t>(size()));
+    state_->check_rc(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, state_->comm),
+                     "validate");
+    const auto& first = all[0];
+    for (int r = 1; r < size(); ++r) {
+      const auto& other = all[std::size_t(r)];
+      const auto name = [](std::int64_t kind) { return kind >= 0 ? mpi_detail::kOpNames[kind] : "?"; };
+      check(other.kind == first.kind, "rank {} called {} where rank 0 called {} (collective #{} on {})", r,
+            name(other.kind), name(first.kind), state_->sequence + 1, describe());
+      check(other.dtype == first.dtype, "{}: rank {} moves {} where rank 0 moves {} (on {})", op, r,
+            name_of(DType(other.dtype)), name_of(DType(first.dtype)), describe());
+      check(other.op == first.op, "{}: rank {} reduces with {} where rank 0 uses {} (on {})", op, r,
+            name_of(ReduceOp(other.op)), name_of(ReduceOp(first.op)), describe());
+      check(other.root == first.root, "{}: rank {} names root {} where rank 0 names root {} (on {})", op, r,
+            other.root, first.root, describe());
+      check(other.count == first.count, "{}: rank {} passes {} where rank 0 passes {} (on {})", op, r,
+            describe_count(op, other.count), describe_count(op, first.count), describe());
+    }
+  }
+  static std::string describe_count(std::string_view op, std::uint64_t count) {
+    if (op.ends_with("_v")) return "different counts";
+    return fmt::format("{} elements", count);
+  }
+  template <CommElement T>
+  static mpi_detail::Signature signature(std::uint64_t count, ReduceOp op = ReduceOp::sum, int root = 0) {
+    return {0, std::int64_t(dtype_of<T>()), std::int64_t(op), root, count};
+  }
+  template <CommElement T>
+  static void check_reducible() {
+    static_assert(!std::is_same_v<T, std::byte>, "raw bytes cannot be reduced: reduce a numeric element type");
+  }
+
+  // ---- the collectives, blocking (Async = false) or not ------------------------------------------------------------
+  template <bool Async, CommElement T>
+  Request all_gather_impl(std::span<const T> in, std::span<T> out) {
+    const int n = size();
+    check(out.size() == in.size() * std::size_t(n),
+          "all_gather: output holds {} elements, expected {} ({} ranks x {} per rank)", out.size(),
+          in.size() * std::size_t(n), n, in.size());
+    const bool in_place = !in.empty() && in.data() == out.data() + std::size_t(rank()) * in.size();
+    check(in_place || !mpi_detail::overlaps(in, out),
+          "all_gather: the input overlaps the output without being this rank's chunk of it");
+    const int count = count_of(in.size(), "all_gather");
+    validate("all_gather", signature<T>(in.size()));
+    count_bytes((n - 1) * in.size_bytes(), (n - 1) * in.size_bytes());
+    const void* send = in_place ? MPI_IN_PLACE : in.data();
+    const auto type = mpi_detail::datatype<T>();
+    MPI_Comm comm = state_->comm;
+    return collective<Async>("all_gather", [=](MPI_Request* r) {
+      return r ? MPI_Iallgather(send, count, type, out.data(), count, type, comm, r)
+               : MPI_Allgather(send, count, type, out.data(), count, type, comm);
+    }, kNothing);
+  }
+
+  template <bool Async, CommElement T>
+  Request all_gather_v_impl(std::span<const T> in, std::span<T> out, std::span<const std::int64_t> counts) {
+    auto c = std::make_shared<mpi_detail::IntCounts>(mpi_detail::int_counts(counts, size(), "all_gather_v", "counts"));
+    check(in.size() == std::size_t(counts[std::size_t(rank())]),
+          "all_gather_v: rank {} sends {} elements but counts[{}] = {}", rank(), in.size(), rank(),
+          counts[std::size_t(rank())]);
+    check(out.size() == c->total, "all_gather_v: output holds {} elements, expected sum(counts) = {}", out.size(),
+          c->total);
+    const bool in_place = !in.empty() && in.data() == out.data() + c->displacements[std::size_t(rank())];
+    check(in_place || !mpi_detail::overlaps(in, out),
+          "all_gather_v: the input overlaps the output without being this rank's chunk of it");
+    validate("all_gather_v", signature<T>(mpi_detail::fingerprint(counts)));
+    count_bytes((size() - 1) * in.size_bytes(), (out.size() - in.size()) * sizeof(T));
+    const void* send = in_place ? MPI_IN_PLACE : in.data();
+    const int count = int(in.size());
+    const auto type = mpi_detail::datatype<T>();
+    MPI_Comm comm = state_->comm;
+    return collective<Async>("all_gather_v", [=](MPI_Request* r) {
+      return r ? MPI_Iallgatherv(send, count, type, out.data(), c->counts.data(), c->displacements.data(), type, comm, r)
+               : MPI_Allgatherv(send, count, type, out.data(), c->counts.data(), c->displacements.data(), type, comm);
+    }, [c] {});  // the count arrays live until completion
+  }
+
+  template <bool Async, CommElement T>
+  Request reduce_scatter_impl(std::span<const T> in, std::span<T> out, ReduceOp op) {
+    check_reducible<T>();
+    const int n = size();
+    check(in.size() == out.size() * std::size_t(n),
+          "reduce_scatter: input holds {} elements, expected {} ({} ranks x {} per rank)", in.size(),
+          out.size() * std::size_t(n), n, out.size());
+    const bool in_place = !out.empty() && out.data() == in.data() + std::size_t(rank()) * out.size();
+    check(in_place || !mpi_detail::overlaps(in, out),
+          "reduce_scatter: the output overlaps the input without being this rank's chunk of it");
+    const int count = count_of(out.size(), "reduce_scatter");
+    validate("reduce_scatter", signature<T>(out.size(), op));
+    count_bytes((n - 1) * out.size_bytes(), (n - 1) * out.size_bytes());
+    return reduce_scatter_common<Async>("reduce_scatter", in, out, in_place, op, [=](const void* send, void* recv,
+                                                                                    MPI_Datatype type, MPI_Op mpi_op,
+                                                                                    MPI_Comm comm, MPI_Request* r) {
+      return r ? MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op, comm, r)
+               : MPI_Reduce_scatter_block(send, recv, count, type, mpi_op, comm);
+    }, nullptr);
+  }
+
+  template <bool Async, CommElement T>
+  Request reduce_scatter_v_impl(std::span<const T> in, std::span<T> out, std::span<const std::int64_t> counts,
+                                ReduceOp op) {
+    check_reducible<T>();
+    auto c = std::make_shared<mpi_detail::IntCounts>(
+        mpi_detail::int_counts(counts, size(), "reduce_scatter_v", "counts"));
+    check(in.size() == c->total, "reduce_scatter_v: input holds {} elements, expected sum(counts) = {}", in.size(),
+          c->total);
+    check(out.size() == std::size_t(counts[std::size_t(rank())]),
+          "reduce_scatter_v: rank {} receives into {} elements but counts[{}] = {}", rank(), out.size(), rank(),
+          counts[std::size_t(rank())]);
+    const bool in_place = !out.empty() && out.data() == in.data() + c->displacements[std::size_t(rank())];
+    check(in_place || !mpi_detail::overlaps(in, out),
+          "reduce_scatter_v: the output overlaps the input without being this rank's chunk of it");
+    validate("reduce_scatter_v", signature<T>(mpi_detail::fingerprint(counts), op));
+    count_bytes((in.size() - out.size()) * sizeof(T), (size() - 1) * out.size_bytes());
+    return reduce_scatter_common<Async>("reduce_scatter_v", in, out, in_place, op, [=](const void* send, void* recv,
+                                                                                      MPI_Datatype type, MPI_Op mpi_op,
+                                                                                      MPI_Comm comm, MPI_Request* r) {
+      return r ? MPI_Ireduce_scatter(send, recv, c->counts.data(), type, mpi_op, comm, r)
+               : MPI_Reduce_scatter(send, recv, c->counts.data(), type, mpi_op, comm);
+    }, c);  // the count array lives until completion
+  }
+
+  // In place, MPI would leave a reduce-scatter's result at the start of the input: reduce into a staging buffer.
+  template <bool Async, CommElement T, class Call>
+  Request reduce_scatter_common(const char* name, std::span<const T> in, std::span<T> out, bool in_place, ReduceOp op,
+                                Call call, std::shared_ptr<mpi_detail::IntCounts> keep) {
+    std::shared_ptr<mpi_detail::Scratch<T>> staged;
+    if (in_place && !std::is_same_v<T, bf16>) staged = std::make_shared<mpi_detail::Scratch<T>>(out.size());
+    auto reduction = mpi_detail::Reduction<T>::prepare(in, staged ? staged->span().data() : out.data(), out.size(),
+                                                        false, true);
+    reduction.staged = staged;
+    const auto type = mpi_detail::reduce_datatype<T>();
+    const auto mpi_op = mpi_detail::reduce_operator(op);
+    MPI_Comm comm = state_->comm;
+    const int n = size();
+    return collective<Async>(name, [=](MPI_Request* r) { return call(reduction.send, reduction.recv, type, mpi_op, comm, r); },
+                             [=] {
+                               (void)keep;
+                               reduction.finish(out, op, n);
+                             });
+  }
+
+  template <bool Async, CommElement T>
+  Request all_reduce_impl(std::span<const T> in, std::span<T> out, ReduceOp op) {
+    check_reducible<T>();
+    check(in.size() == out.size(), "all_reduce: input holds {} elements but output holds {}", in.size(), out.size());
+    const bool in_place = !in.empty() && in.data() == out.data();
+    check(in_place || !mpi_detail::overlaps(in, out),
+          "all_reduce: the input and output overlap without being the same span");
+    const int count = count_of(in.size(), "all_reduce");
+    validate("all_reduce", signature<T>(in.size(), op));
+    const int n = size();
+    const std::size_t ring = 2 * (n - 1) * in.size_bytes() / std::size_t(n);
+    count_bytes(ring, ring);
+    // bf16 always reduces its float copy in place.
+    const auto reduction =
+        mpi_detail::Reduction<T>::prepare(in, out.data(), out.size(), in_place || std::is_same_v<T, bf16>, true);
+    const auto type = mpi_detail::reduce_datatype<T>();
+    const auto mpi_op = mpi_detail::reduce_operator(op);
+    MPI_Comm comm = state_->comm;
+    return collective<Async>("all_reduce", [=](MPI_Request* r) {
+      return r ? MPI_Iallreduce(reduction.send, reduction.recv, count, type, mpi_op, comm, r)
+               : MPI_Allreduce(reduction.send, reduction.recv, count, type, mpi_op, comm);
+    }, [=] { reduction.finish(out, op, n); });
+  }
+
+  template <bool Async, CommElement T>
+  Request all_to_all_impl(std::span<const T> in, std::span<T> out) {
+    const int n = size();
+    check(in.size() == out.size() && in.size() % std::size_t(n) == 0,
+          "all_to_all: input ({}) and output ({}) must hold the same number of elements, divisible by {} ranks",
+          in.size(), out.size(), n);
+    const int count = count_of(in.size() / std::size_t(n), "all_to_all");
+    validate("all_to_all", signature<T>(in.size()));
+    const std::size_t moved = (n - 1) * in.size_bytes() / std::size_t(n);
+    count_bytes(moved, moved);
+    // Blocking and exactly in place: MPI_IN_PLACE. Otherwise an overlapping input is staged.
+    const bool in_place = !Async && !in.empty() && in.data() == out.data();
+    std::shared_ptr<mpi_detail::Scratch<T>> staged;
+    if (!in_place && mpi_detail::overlaps(in, out)) {
+      staged = std::make_shared<mpi_detail::Scratch<T>>(in.size());
+      std::memcpy(staged->span().data(), in.data(), in.size_bytes());
+    }
+    const void* send = in_place ? MPI_IN_PLACE : staged ? staged->span().data() : in.data();
+    const auto type = mpi_detail::datatype<T>();
+    MPI_Comm comm = state_->comm;
+    return collective<Async>("all_to_all", [=](MPI_Request* r) {
+      return r ? MPI_Ialltoall(send, count, type, out.data(), count, type, comm, r)
+               : MPI_Alltoall(send, count, type, out.data(), count, type, comm);
+    }, [staged] {});
+  }
+
+  template <bool Async, CommElement T>
+  Request all_to_all_v_impl(std::span<const T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
+                            std::span<const std::int64_t> recv_counts) {
+    auto s = std::make_shared<mpi_detail::IntCounts>(
+        mpi_detail::int_counts(send_counts, size(), "all_to_all_v", "send counts"));
+    auto c = std::make_shared<mpi_detail::IntCounts>(
+        mpi_detail::int_counts(recv_counts, size(), "all_to_all_v", "receive counts"));
+    check(in.size() == s->total, "all_to_all_v: input holds {} elements, expected sum(send_counts) = {}", in.size(),
+          s->total);
+    check(out.size() == c->total, "all_to_all_v: output holds {} elements, expected sum(recv_counts) = {}",
+          out.size(), c->total);
+    validate("all_to_all_v", signature<T>(0));
+    if (state_->validate) validate_exchange(send_counts, recv_counts);
+    count_bytes((in.size() - std::size_t(send_counts[std::size_t(rank())])) * sizeof(T),
+                (out.size() - std::size_t(recv_counts[std::size_t(rank())])) * sizeof(T));
+    const bool in_place = !Async && !in.empty() && in.data() == out.data() && s->counts == c->counts;
+    std::shared_ptr<mpi_detail::Scratch<T>> staged;
+    if (!in_place && mpi_detail::overlaps(in, out)) {
+      staged = std::make_shared<mpi_detail::Scratch<T>>(in.size());
+      std::memcpy(staged->span().data(), in.data(), in.size_bytes());
+    }
+    const void* send = in_place ? MPI_IN_PLACE : staged ? staged->span().data() : in.data();
+    const auto type = mpi_detail::datatype<T>();
+    MPI_Comm comm = state_->comm;
+    return collective<Async>("all_to_all_v", [=](MPI_Request* r) {
+      return r ? MPI_Ialltoallv(send, s->counts.data(), s->displacements.data(), type, out.data(), c->counts.data(),
+                                c->displacements.data(), type, comm, r)
+               : MPI_Alltoallv(send, s->counts.data(), s->displacements.data(), type, out.data(), c->counts.data(),
+                               c->displacements.data(), type, comm);
+    }, [s, c, staged] {});
+  }
+
+  // What each rank sends to each other rank matches what that rank expects; otherwise Error on every rank.
+  void validate_exchange(std::span<const std::int64_t> send_counts, std::span<const std::int64_t> recv_counts) {
+    const int n = size();
+    std::vector<std::int64_t> announced(static_cast<std::size_t>(n));  // announced[r]: what rank r sends to this rank
+    state_->check_rc(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T, state_->comm),
+                     "validate");
+    std::array<std::int64_t, 4> mine{-1, -1, -1, -1};  // (sender, receiver, sent, expected) of the first mismatch
+    for (int r = 0; r < n; ++r)
+      if (announced[std::size_t(r)] != recv_counts[std::size_t(r)]) {
+        mine = {r, rank(), announced[std::size_t(r)], recv_counts[std::size_t(r)]};
+        break;
+      }
+    std::vector<std::int64_t> all(static_cast<std::size_t>(4 * n));
+    state_->check_rc(MPI_Allgather(mine.data(), 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, state_->comm), "validate");
+    for (int r = 0; r < n; ++r)
+      check(all[std::size_t(4 * r)] < 0, "all_to_all_v: rank {} sends {} elements to rank {}, which expects {} (on {})",
+            all[std::size_t(4 * r)], all[std::size_t(4 * r + 2)], all[std::size_t(4 * r + 1)],
+            all[std::size_t(4 * r + 3)], describe());
+  }
+
+  template <bool Async, CommElement T>
+  Request broadcast_impl(std::span<T> buffer, int root) {
+    check_peer("broadcast", root);
+    const int count = count_of(buffer.size(), "broadcast");
+    validate("broadcast", signature<T>(buffer.size(), ReduceOp::sum, root));
+    if (size() > 1) count_bytes(rank() == root ? buffer.size_bytes() : 0, rank() == root ? 0 : buffer.size_bytes());
+    const auto type = mpi_detail::datatype<T>();
+    MPI_Comm comm = state_->comm;
+    return collective<Async>("broadcast", [=](MPI_Request* r) {
+      return r ? MPI_Ibcast(buffer.data(), count, type, root, comm, r) : MPI_Bcast(buffer.data(), count, type, root, comm);
+    }, kNothing);
+  }
+
+  template <bool Async, CommElement T>
+  Request reduce_impl(std::span<const T> in, std::span<T> out, ReduceOp op, int root) {
+    check_reducible<T>();
+    check_peer("reduce", root);
+    const bool is_root = rank() == root;
+    check(!is_root || out.size() == in.size(), "reduce: the root's output holds {} elements, expected {}", out.size(),
+          in.size());
+    const bool in_place = is_root && !in.empty() && in.data() == out.data();
+    check(!is_root || in_place || !mpi_detail::overlaps(in, out),
+          "reduce: the input and output overlap without being the same span");
+    const int count = count_of(in.size(), "reduce");
+    validate("reduce", signature<T>(in.size(), op, root));
+    if (size() > 1) count_bytes(is_root ? 0 : in.size_bytes(), is_root ? in.size_bytes() : 0);
+    // bf16 reduces its float copy in place on the root.
+    const auto reduction = mpi_detail::Reduction<T>::prepare(
+        in, out.data(), out.size(), in_place || (is_root && std::is_same_v<T, bf16>), is_root);
+    const auto type = mpi_detail::reduce_datatype<T>();
+    const auto mpi_op = mpi_detail::reduce_operator(op);
+    MPI_Comm comm = state_->comm;
+    const int n = size();
+    return collective<Async>("reduce", [=](MPI_Request* r) {
+      return r ? MPI_Ireduce(reduction.send, reduction.recv, count, type, mpi_op, root, comm, r)
+               : MPI_Reduce(reduction.send, reduction.recv, count, type, mpi_op, root, comm);
+    }, [=] { if (is_root) reduction.finish(out, op, n); });
+  }
+
+  template <bool Async>
+  Request barrier_impl() {
+    validate("barrier", {});
+    MPI_Comm comm = state_->comm;
+    return collective<Async>("barrier", [=](MPI_Request* r) { return r ? MPI_Ibarrier(comm, r) : MPI_Barrier(comm); },
+                             kNothing);
+  }
+
+  std::unique_ptr<mpi_detail::CommState> state_;
+};
+
+static_assert(Communicator<MpiCommunicator>);
+
+// Ends the whole job because this rank failed: prints the reason naming the rank, then MPI_Abort.
+[[noreturn]] inline void abort_mpi_job(std::string_view reason, int exit_code = 1) {
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string message = fmt::format("paradyse: MPI world rank {} failed: {}\n", rank, reason);
+  std::fputs(message.c_str(), stderr);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::abort();
+}
+
+// Runs fn(world) on this process's rank. An exception ends the job on every rank at once (MPI_Abort) after printing
+// the failed rank and the reason; so no rank is left waiting for it.
+template <class Fn>
+void run_mpi(Fn&& fn) {
+  try {
+    MpiCommunicator world = MpiCommunicator::world();
+    fn(world);
+  } catch (const std::exception& e) {
+    abort_mpi_job(e.what());
+  } catch (...) {
+    abort_mpi_job("an exception not derived from std::exception");
+  }
+}
+
+}  // namespace paradyse

@@ -1,0 +1,174 @@
+// Tests of paradyse/comm/mpi.hpp, run by mpiexec with 2 and 4 processes: every operation and element type, in place
+// and out of place, blocking and async, on the world and on split groups of uneven sizes (1 and size-1 ranks),
+// against expected values computed independently (tests/comm/collective_checks.hpp, shared with the threads tests).
+#include "paradyse/comm/mpi.hpp"
+
+#include "comm/collective_checks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+namespace pd = paradyse;
+using pd::MpiCommunicator;
+using pd::ReduceOp;
+
+namespace {
+
+// Error messages are compared by substring.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+}  // namespace
+
+TEST_CASE("mpi: the world communicator") {
+  MpiCommunicator world = MpiCommunicator::world();
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  CHECK(world.size() == size);
+  CHECK(world.rank() == rank);
+  CHECK(world.world_rank() == rank);
+  CHECK(world.describe().find("world ranks 0, 1") != std::string::npos);
+  CHECK(world.timeout() == pd::comm_timeout());
+}
+
+TEST_CASE("mpi: every operation on the world") {
+  MpiCommunicator world = MpiCommunicator::world();
+  pd::testing::check_every_operation(world, 11);
+}
+
+TEST_CASE("mpi: every operation on uneven split groups") {
+  MpiCommunicator world = MpiCommunicator::world();
+  // Rank 0 alone (a group of one) and the others together (size - 1: 1 or 3 ranks).
+  MpiCommunicator part = world.split(world.rank() == 0 ? 0 : 1, world.rank());
+  CHECK(part.size() == (world.rank() == 0 ? 1 : world.size() - 1));
+  pd::testing::check_every_operation(part, 23);
+  pd::testing::check_split(world, 5);
+}
+
+TEST_CASE("mpi: async operations overlap with compute and with other collectives") {
+  MpiCommunicator world = MpiCommunicator::world();
+  pd::testing::check_overlap(world, 31);
+  // Unlike the threads backend, MPI lets ranks complete pending operations in different orders.
+  std::vector<float> a(1000, float(world.rank())), b(1000), c(1000 * std::size_t(world.size()));
+  pd::Request reduce = world.all_reduce_async(std::span<const float>(a), std::span<float>(b), ReduceOp::max);
+  pd::Request gather = world.all_gather_async(std::span<const float>(a), std::span<float>(c));
+  if (world.rank() % 2) {
+    reduce.wait();
+    gather.wait();
+  } else {
+    gather.wait();
+    reduce.wait();
+  }
+  CHECK(b[999] == float(world.size() - 1));
+  CHECK(c[999 + 1000 * std::size_t(world.size() - 1)] == float(world.size() - 1));
+}
+
+TEST_CASE("mpi: a request left unwaited completes in its destructor") {
+  MpiCommunicator world = MpiCommunicator::world();
+  std::vector<std::int64_t> x(7, 1), y(7);
+  { pd::Request r = world.all_reduce_async(std::span<const std::int64_t>(x), std::span<std::int64_t>(y), ReduceOp::sum); }
+  CHECK(y[6] == world.size());
+}
+
+TEST_CASE("mpi: bad arguments throw Error naming the value, before any communication") {
+  MpiCommunicator world = MpiCommunicator::world();
+  std::vector<float> in(4), out(5);
+  CHECK(error_of([&] { world.all_gather(std::span<const float>(in), std::span<float>(out)); })
+            .find("all_gather: output holds 5 elements") != std::string::npos);
+  CHECK(error_of([&] { world.all_reduce(std::span<const float>(in), std::span<float>(out), ReduceOp::sum); })
+            .find("input holds 4 elements but output holds 5") != std::string::npos);
+  CHECK(error_of([&] { world.broadcast(std::span<float>(in), world.size()); }).find("is not in") != std::string::npos);
+  CHECK(error_of([&] { world.send(std::span<const float>(in), 0, -3); }).find("tag -3") != std::string::npos);
+  std::vector<std::int64_t> counts(std::size_t(world.size()), -1);
+  CHECK(error_of([&] { world.all_gather_v(std::span<const float>(in), std::span<float>(out), counts); })
+            .find("must be non-negative") != std::string::npos);
+  // Overlap that is not the in-place form.
+  std::vector<float> buffer(8 * std::size_t(world.size()));
+  CHECK(error_of([&] {
+          world.all_gather(std::span<const float>(buffer.data() + 1, 2), std::span<float>(buffer.data(), 2 * std::size_t(world.size())));
+        }).find("overlaps") != std::string::npos);
+  CHECK(error_of([&] { world.split(-1, 0); }).find("color -1") != std::string::npos);
+  CHECK(error_of([&] { world.set_timeout(std::chrono::milliseconds(0)); }).find("must be positive") != std::string::npos);
+  world.barrier();  // every rank is still in step
+}
+
+TEST_CASE("mpi: counts beyond MPI's int range are refused") {
+  CHECK(error_of([] { pd::mpi_detail::to_int_count(std::size_t(1) << 31, "all_gather", "the count"); })
+            .find("exceeds MPI's int count limit") != std::string::npos);
+  CHECK(pd::mpi_detail::to_int_count(std::size_t(INT_MAX), "x", "y") == INT_MAX);
+}
+
+TEST_CASE("mpi: a receive of the wrong size is reported on the receiver") {
+  MpiCommunicator world = MpiCommunicator::world();
+  if (world.size() < 2) return;
+  std::vector<std::int32_t> three(3, 7), four(4);
+  if (world.rank() == 0) {
+    world.send(std::span<const std::int32_t>(three), 1, 1);  // fewer than expected
+    world.send(std::span<const std::int32_t>(three), 1, 2);  // more than expected
+  } else if (world.rank() == 1) {
+    CHECK(error_of([&] { world.recv(std::span<std::int32_t>(four), 0, 1); })
+              .find("rank 0 sent 3 elements to rank 1, which expected 4") != std::string::npos);
+    std::vector<std::int32_t> two(2);
+    CHECK(error_of([&] { world.recv_async(std::span<std::int32_t>(two), 0, 2).wait(); })
+              .find("rank 0 sent more than the 2 elements rank 1 expected") != std::string::npos);
+  }
+  world.barrier();
+}
+
+TEST_CASE("mpi: with validation on, mismatched collectives throw on every rank") {
+  MpiCommunicator world = MpiCommunicator::world();
+  world.set_validate(true);
+  const int me = world.rank(), p = world.size();
+  // Sizes differ on the last rank.
+  std::vector<float> x(me == p - 1 ? 5 : 4), y(x.size());
+  CHECK(error_of([&] { world.all_reduce(std::span<const float>(x), std::span<float>(y), ReduceOp::sum); })
+            .find(fmt::format("all_reduce: rank {} passes 5 elements where rank 0 passes 4", p - 1)) != std::string::npos);
+  // Different operations.
+  CHECK(error_of([&] {
+          if (me == 0) world.all_reduce(std::span<const float>(x), std::span<float>(y), ReduceOp::sum);
+          else world.broadcast(std::span<float>(y), 0);
+        }).find("rank 1 called broadcast where rank 0 called all_reduce") != std::string::npos);
+  // Different reduction operators and roots.
+  CHECK(error_of([&] {
+          world.all_reduce(std::span<const float>(x.data(), 4), std::span<float>(y.data(), 4),
+                           me == 0 ? ReduceOp::sum : ReduceOp::max);
+        }).find("reduces with max where rank 0 uses sum") != std::string::npos);
+  // all_to_all_v: what rank 0 sends to rank 1 differs from what rank 1 expects.
+  std::vector<std::int64_t> send_counts(std::size_t(p), 1), recv_counts(static_cast<std::size_t>(p), 1);
+  if (me == 1) recv_counts[0] = 2;
+  std::vector<float> in(static_cast<std::size_t>(p)), out(std::size_t(p) + (me == 1 ? 1 : 0));
+  CHECK(error_of([&] {
+          world.all_to_all_v(std::span<const float>(in), send_counts, std::span<float>(out), recv_counts);
+        }).find("rank 0 sends 1 elements to rank 1, which expects 2") != std::string::npos);
+  // Matching calls go through, and the communicator is still usable.
+  std::vector<float> ones(4, 1.0f), sum(4);
+  world.all_reduce(std::span<const float>(ones), std::span<float>(sum), ReduceOp::sum);
+  CHECK(sum[3] == float(p));
+  pd::testing::check_all_to_all_v<double>(world, 3, false);
+}
+
+TEST_CASE("mpi: a split communicator inherits the timeout and validation, and frees its MPI_Comm") {
+  MpiCommunicator world = MpiCommunicator::world();
+  world.set_timeout(std::chrono::seconds(77));
+  world.set_validate(true);
+  for (int round = 0; round < 100; ++round) {  // more than the 64 arrival boards: each is given back
+    MpiCommunicator part = world.split(world.rank() % 2, 0);
+    CHECK(part.timeout() == std::chrono::seconds(77));
+    CHECK(part.validating());
+    part.barrier();
+  }
+  MpiCommunicator moved = world.split(0, world.rank());
+  MpiCommunicator target = std::move(moved);
+  CHECK(target.size() == world.size());
+  target.barrier();
+}
