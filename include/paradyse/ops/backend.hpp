@@ -3,13 +3,23 @@
 // A strategy takes a Backend template parameter and calls Backend::gemm(...), Backend::attention_forward(...) and
 // so on; ops::Cpu forwards to ops::cpu, and a CUDA backend (ops::Cuda) will have the same members over device
 // memory. Each member has exactly the signature and contract of the op it forwards to (see that op's header).
+// Contract shared by every op: forward outputs are overwritten; backward gradients ACCUMULATE (+=) into every input
+// and parameter gradient; cross_entropy_forward_backward overwrites dlogits (it starts the backward pass).
 #pragma once
 
 #include "paradyse/ops/attention_mask.hpp"
+#include "paradyse/ops/cpu/activation.hpp"
+#include "paradyse/ops/cpu/adamw.hpp"
 #include "paradyse/ops/cpu/attention.hpp"
+#include "paradyse/ops/cpu/convert.hpp"
+#include "paradyse/ops/cpu/cross_entropy.hpp"
+#include "paradyse/ops/cpu/embedding.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/ops/cpu/normalization.hpp"
+#include "paradyse/ops/cpu/rope.hpp"
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 namespace paradyse::ops {
@@ -42,6 +52,73 @@ struct Cpu {
   static void attention_merge(TensorView<float> out, TensorView<float> lse, TensorView<const float> block_out,
                               TensorView<const float> block_lse) {
     cpu::attention_merge(out, lse, block_out, block_lse);
+  }
+
+  // ---- normalisation (ops/cpu/normalization.hpp) ----
+  static void layer_norm_forward(TensorView<const float> x, TensorView<const float> gamma, TensorView<const float> beta,
+                                 float epsilon, TensorView<float> y, TensorView<float> mean, TensorView<float> rstd) {
+    cpu::layer_norm_forward(x, gamma, beta, epsilon, y, mean, rstd);
+  }
+  static void layer_norm_backward(TensorView<const float> x, TensorView<const float> gamma,
+                                  TensorView<const float> mean, TensorView<const float> rstd,
+                                  TensorView<const float> dy, TensorView<float> dx, TensorView<float> dgamma,
+                                  TensorView<float> dbeta) {
+    cpu::layer_norm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+  }
+  static void rms_norm_forward(TensorView<const float> x, TensorView<const float> gamma, float epsilon,
+                               TensorView<float> y, TensorView<float> rstd) {
+    cpu::rms_norm_forward(x, gamma, epsilon, y, rstd);
+  }
+  static void rms_norm_backward(TensorView<const float> x, TensorView<const float> gamma, TensorView<const float> rstd,
+                                TensorView<const float> dy, TensorView<float> dx, TensorView<float> dgamma) {
+    cpu::rms_norm_backward(x, gamma, rstd, dy, dx, dgamma);
+  }
+
+  // ---- activations (ops/cpu/activation.hpp) ----
+  static void gelu_forward(TensorView<const float> x, TensorView<float> y) { cpu::gelu_forward(x, y); }
+  static void gelu_backward(TensorView<const float> x, TensorView<const float> dy, TensorView<float> dx) {
+    cpu::gelu_backward(x, dy, dx);
+  }
+  static void swiglu_forward(TensorView<const float> gate, TensorView<const float> up, TensorView<float> y) {
+    cpu::swiglu_forward(gate, up, y);
+  }
+  static void swiglu_backward(TensorView<const float> gate, TensorView<const float> up, TensorView<const float> dy,
+                              TensorView<float> dgate, TensorView<float> dup) {
+    cpu::swiglu_backward(gate, up, dy, dgate, dup);
+  }
+
+  // ---- rotary position embedding (ops/cpu/rope.hpp) ----
+  static void rope_forward(TensorView<const float> x, TensorView<float> y, std::int64_t position_offset,
+                           const RopeConfig& config = {}, std::span<const std::int64_t> document_starts = {}) {
+    cpu::rope_forward(x, y, position_offset, config, document_starts);
+  }
+  static void rope_backward(TensorView<const float> dy, TensorView<float> dx, std::int64_t position_offset,
+                            const RopeConfig& config = {}, std::span<const std::int64_t> document_starts = {}) {
+    cpu::rope_backward(dy, dx, position_offset, config, document_starts);
+  }
+
+  // ---- embedding, loss, optimizer, conversion ----
+  static void embedding_forward(TensorView<const std::int32_t> tokens, TensorView<const float> table,
+                                TensorView<float> out) {
+    cpu::embedding_forward(tokens, table, out);
+  }
+  static void embedding_backward(TensorView<const std::int32_t> tokens, TensorView<const float> dout,
+                                 TensorView<float> dtable) {
+    cpu::embedding_backward(tokens, dout, dtable);
+  }
+  static cpu::CrossEntropyResult cross_entropy_forward_backward(TensorView<const float> logits,
+                                                                TensorView<const std::int32_t> targets,
+                                                                TensorView<float> dlogits, float grad_scale,
+                                                                std::int32_t ignore_index = cpu::kIgnoreIndex) {
+    return cpu::cross_entropy_forward_backward(logits, targets, dlogits, grad_scale, ignore_index);
+  }
+  static void adamw_step(TensorView<float> params, TensorView<const float> grads, TensorView<float> m,
+                         TensorView<float> v, const AdamWConfig& config, std::int64_t step) {
+    cpu::adamw_step(params, grads, m, v, config, step);
+  }
+  template <cpu::FloatingStorage From, cpu::FloatingStorage To>
+  static void convert(TensorView<const From> from, TensorView<To> to) {
+    cpu::convert(from, to);
   }
 };
 

@@ -1,0 +1,107 @@
+// paradyse/ops/cpu/activation.hpp: GELU (tanh form) and SwiGLU, forward and backward.
+//
+// Element-wise over views of one shape (any outer strides, unit-stride last dimension; gate and up may be two
+// halves of one packed [..., 2f] tensor). Forward outputs are overwritten (and may alias an input); backward
+// gradients ACCUMULATE (+=). tanh and the sigmoid go through exp_approx so the loops vectorise.
+#pragma once
+
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/ops/cpu/rows.hpp"
+#include "paradyse/ops/cpu/vector_math.hpp"
+
+#include <cstdint>
+
+namespace paradyse::ops::cpu {
+
+namespace detail {
+inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluCubic = 0.044715f;
+}  // namespace detail
+
+// x, y: [..., f]. y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline void gelu_forward(TensorView<const float> x, TensorView<float> y) {
+  constexpr const char* op = "gelu_forward";
+  detail::check_rows(op, "x", x);
+  detail::check_rows(op, "y", y);
+  detail::check_same_shape(op, "x", x, "y", y);
+  const std::int64_t f = x.extent(-1), rows = detail::row_count(x);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = detail::row_pointer(x, r);
+    float* yr = detail::row_pointer(y, r);
+    for (std::int64_t c = 0; c < f; ++c) {
+      const float v = xr[c];
+      const float t = tanh_approx(detail::kGeluSqrt2OverPi * (v + detail::kGeluCubic * v * v * v));
+      yr[c] = 0.5f * v * (1.0f + t);
+    }
+  }
+}
+
+// x, dy, dx: [..., f]. dx += dy * gelu'(x), gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+inline void gelu_backward(TensorView<const float> x, TensorView<const float> dy, TensorView<float> dx) {
+  constexpr const char* op = "gelu_backward";
+  detail::check_rows(op, "x", x);
+  detail::check_rows(op, "dy", dy);
+  detail::check_rows(op, "dx", dx);
+  detail::check_same_shape(op, "x", x, "dy", dy);
+  detail::check_same_shape(op, "x", x, "dx", dx);
+  const std::int64_t f = x.extent(-1), rows = detail::row_count(x);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = detail::row_pointer(x, r);
+    const float* dyr = detail::row_pointer(dy, r);
+    float* dxr = detail::row_pointer(dx, r);
+    for (std::int64_t c = 0; c < f; ++c) {
+      const float v = xr[c];
+      const float t = tanh_approx(detail::kGeluSqrt2OverPi * (v + detail::kGeluCubic * v * v * v));
+      const float du = detail::kGeluSqrt2OverPi * (1.0f + 3.0f * detail::kGeluCubic * v * v);
+      dxr[c] += dyr[c] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+  }
+}
+
+// gate, up, y: [..., f]. y = silu(gate) * up with silu(g) = g * sigmoid(g).
+inline void swiglu_forward(TensorView<const float> gate, TensorView<const float> up, TensorView<float> y) {
+  constexpr const char* op = "swiglu_forward";
+  detail::check_rows(op, "gate", gate);
+  detail::check_rows(op, "up", up);
+  detail::check_rows(op, "y", y);
+  detail::check_same_shape(op, "gate", gate, "up", up);
+  detail::check_same_shape(op, "gate", gate, "y", y);
+  const std::int64_t f = gate.extent(-1), rows = detail::row_count(gate);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* gr = detail::row_pointer(gate, r);
+    const float* ur = detail::row_pointer(up, r);
+    float* yr = detail::row_pointer(y, r);
+    for (std::int64_t c = 0; c < f; ++c) yr[c] = gr[c] * sigmoid_approx(gr[c]) * ur[c];
+  }
+}
+
+// gate, up, dy, dgate, dup: [..., f]. dgate += dy * up * silu'(gate), silu'(g) = s (1 + g (1 - s)) with
+// s = sigmoid(g); dup += dy * silu(gate).
+inline void swiglu_backward(TensorView<const float> gate, TensorView<const float> up, TensorView<const float> dy,
+                            TensorView<float> dgate, TensorView<float> dup) {
+  constexpr const char* op = "swiglu_backward";
+  detail::check_rows(op, "gate", gate);
+  detail::check_rows(op, "up", up);
+  detail::check_rows(op, "dy", dy);
+  detail::check_rows(op, "dgate", dgate);
+  detail::check_rows(op, "dup", dup);
+  detail::check_same_shape(op, "gate", gate, "up", up);
+  detail::check_same_shape(op, "gate", gate, "dy", dy);
+  detail::check_same_shape(op, "gate", gate, "dgate", dgate);
+  detail::check_same_shape(op, "gate", gate, "dup", dup);
+  const std::int64_t f = gate.extent(-1), rows = detail::row_count(gate);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* gr = detail::row_pointer(gate, r);
+    const float* ur = detail::row_pointer(up, r);
+    const float* dyr = detail::row_pointer(dy, r);
+    float* dgr = detail::row_pointer(dgate, r);
+    float* dur = detail::row_pointer(dup, r);
+    for (std::int64_t c = 0; c < f; ++c) {
+      const float g = gr[c], s = sigmoid_approx(g);
+      dgr[c] += dyr[c] * ur[c] * s * (1.0f + g * (1.0f - s));
+      dur[c] += dyr[c] * g * s;
+    }
+  }
+}
+
+}  // namespace paradyse::ops::cpu
