@@ -24,6 +24,7 @@
 #include "paradyse/ops/attention_mask.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/ring_pass.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 
 #include <algorithm>
@@ -57,9 +58,9 @@ struct KvGeometry {
 
   // A packed block [2, b, n, hkv, d]: keys, then values (or their gradients). One contiguous message.
   std::int64_t block_elements(std::int64_t tokens) const { return 2 * batch * tokens * kv_heads * head_dim; }
-  TensorView<float> part(float* block, std::int64_t tokens, int which) const {
-    return TensorView<float>(block + which * batch * tokens * kv_heads * head_dim,
-                             Shape{batch, tokens, kv_heads, head_dim});
+  template <class T>  // float or const float
+  TensorView<T> part(T* block, std::int64_t tokens, int which) const {
+    return TensorView<T>(block + which * batch * tokens * kv_heads * head_dim, Shape{batch, tokens, kv_heads, head_dim});
   }
 };
 
@@ -86,12 +87,6 @@ inline ops::AttentionMask block_mask(const RingAttentionSpec& spec, const TokenS
   return ops::AttentionMask{spec.causal, q.begin, kv.begin, spec.document_starts, spec.scale};
 }
 
-inline std::int64_t max_local_length(const SequenceLayout& layout) {
-  std::int64_t longest = 0;
-  for (int r = 0; r < layout.ranks(); ++r) longest = std::max(longest, layout.local_length(r));
-  return longest;
-}
-
 inline std::int64_t max_segment_length(const SequenceLayout& layout) {
   std::int64_t longest = 0;
   for (int r = 0; r < layout.ranks(); ++r)
@@ -104,11 +99,6 @@ inline void pack_kv(const KvGeometry& g, TensorView<const float> k, TensorView<c
   const std::int64_t n = k.extent(1);
   copy(k, g.part(block, n, 0));
   copy(v, g.part(block, n, 1));
-}
-
-// to[i] += from[i] over a packed block.
-inline void add_into(std::span<float> to, std::span<const float> from) {
-  for (std::size_t i = 0; i < to.size(); ++i) to[i] += from[i];
 }
 
 // to (any strides) += from (same shape).
@@ -151,19 +141,14 @@ void ring_attention_forward(C& comm, const RingAttentionSpec& spec, BufferPool& 
                             TensorView<float> lse) {
   using namespace ring_detail;
   check_ring_inputs("ring_attention_forward", comm, spec, q, k, v);
-  const int p = comm.size(), rank = comm.rank();
+  const int rank = comm.rank();
   const std::int64_t batch = q.extent(0), q_heads = q.extent(2), d = q.extent(3), n = q.extent(1);
   check(out.shape() == q.shape(), "ring_attention_forward: out {} must have the shape of q {}", out.shape(), q.shape());
   check(lse.shape() == Shape{batch, q_heads, n}, "ring_attention_forward: lse {} must be [b, hq, n] = [{}, {}, {}]",
         lse.shape(), batch, q_heads, n);
   const KvGeometry geometry{batch, k.extent(2), d};
   const SequenceLayout& layout = spec.layout;
-  auto tokens_of = [&](int r) { return layout.local_length(((r % p) + p) % p); };
 
-  const std::int64_t block_capacity = geometry.block_elements(max_local_length(layout));
-  PooledBuffer<float> current = pool.acquire<float>(Shape{block_capacity});
-  PooledBuffer<float> incoming = pool.acquire<float>(Shape{p > 1 ? block_capacity : 0});
-  pack_kv(geometry, k, v, current.data());
   // The partial result of one (query segment, key segment) pair before it is merged.
   const std::int64_t segment_capacity = max_segment_length(layout);
   PooledBuffer<float> block_out = pool.acquire<float>(Shape{batch * segment_capacity * q_heads * d});
@@ -172,17 +157,10 @@ void ring_attention_forward(C& comm, const RingAttentionSpec& spec, BufferPool& 
   int q_count = 0;
   const auto q_segments = segments(layout, rank, q_count);
   std::array<bool, 2> written{false, false};
-
-  for (int step = 0; step < p; ++step) {
-    const int source = (rank - step + p) % p;  // whose K/V block `current` holds
-    const std::int64_t source_tokens = tokens_of(source);
-    Request next;
-    if (step + 1 < p)
-      next = comm.shift_async(std::span<const float>(current.data(), std::size_t(geometry.block_elements(source_tokens))),
-                              std::span<float>(incoming.data(), std::size_t(geometry.block_elements(tokens_of(source - 1)))),
-                              1);
-    const TensorView<const float> block_k = geometry.part(current.data(), source_tokens, 0);
-    const TensorView<const float> block_v = geometry.part(current.data(), source_tokens, 1);
+  auto visit = [&](int source, std::span<const float> block) {
+    const std::int64_t source_tokens = layout.local_length(source);
+    const TensorView<const float> block_k = geometry.part(block.data(), source_tokens, 0);
+    const TensorView<const float> block_v = geometry.part(block.data(), source_tokens, 1);
     int kv_count = 0;
     const auto kv_segments = segments(layout, source, kv_count);
     for (int qi = 0; qi < q_count; ++qi) {
@@ -206,9 +184,10 @@ void ring_attention_forward(C& comm, const RingAttentionSpec& spec, BufferPool& 
         Backend::attention_merge(out_part, lse_part, partial_out, partial_lse);
       }
     }
-    next.wait();
-    std::swap(current, incoming);
-  }
+  };
+  ring_pass(
+      comm, pool, [&](int owner) { return geometry.block_elements(layout.local_length(owner)); },
+      [&](std::span<float> own) { pack_kv(geometry, k, v, own.data()); }, visit);
   // A segment no key was visible to (possible only with unusual document masks): out = 0, lse = -inf, as the op.
   for (int qi = 0; qi < q_count; ++qi) {
     if (written[std::size_t(qi)]) continue;
@@ -243,7 +222,7 @@ void ring_attention_backward(C& comm, const RingAttentionSpec& spec, BufferPool&
                              TensorView<float> dk, TensorView<float> dv) {
   using namespace ring_detail;
   check_ring_inputs("ring_attention_backward", comm, spec, q, k, v);
-  const int p = comm.size(), rank = comm.rank();
+  const int rank = comm.rank();
   const std::int64_t batch = q.extent(0), q_heads = q.extent(2), d = q.extent(3), n = q.extent(1);
   check(out.shape() == q.shape() && dout.shape() == q.shape() && dq.shape() == q.shape(),
         "ring_attention_backward: out {}, dout {} and dq {} must have the shape of q {}", out.shape(), dout.shape(),
@@ -254,36 +233,18 @@ void ring_attention_backward(C& comm, const RingAttentionSpec& spec, BufferPool&
         lse.shape(), batch, q_heads, n);
   const KvGeometry geometry{batch, k.extent(2), d};
   const SequenceLayout& layout = spec.layout;
-  auto tokens_of = [&](int r) { return layout.local_length(((r % p) + p) % p); };
-  auto block_span = [&](PooledBuffer<float>& buffer, int owner) {
-    return std::span<float>(buffer.data(), std::size_t(geometry.block_elements(tokens_of(owner))));
-  };
-
-  const std::int64_t block_capacity = geometry.block_elements(max_local_length(layout));
-  const std::int64_t ring_capacity = p > 1 ? block_capacity : 0;
-  PooledBuffer<float> kv_current = pool.acquire<float>(Shape{block_capacity});
-  PooledBuffer<float> kv_incoming = pool.acquire<float>(Shape{ring_capacity});
-  // dK/dV sums: the one this step adds into, the one on its way to the next rank, the one arriving from the last.
-  PooledBuffer<float> grad_work = pool.acquire<float>(Shape{block_capacity});
-  PooledBuffer<float> grad_sending = pool.acquire<float>(Shape{ring_capacity});
-  PooledBuffer<float> grad_arriving = pool.acquire<float>(Shape{ring_capacity});
-  pack_kv(geometry, k, v, kv_current.data());
+  auto block_size = [&](int owner) { return geometry.block_elements(layout.local_length(owner)); };
 
   int q_count = 0;
   const auto q_segments = segments(layout, rank, q_count);
-  Request kv_next, grad_next;
-  for (int step = 0; step < p; ++step) {
-    const int source = (rank - step + p) % p;
-    const std::int64_t source_tokens = tokens_of(source);
-    if (step + 1 < p)
-      kv_next = comm.shift_async(std::span<const float>(block_span(kv_current, source)), block_span(kv_incoming, source - 1), 1);
-
-    const std::span<float> work = block_span(grad_work, source);
-    std::fill(work.begin(), work.end(), 0.0f);
-    const TensorView<const float> block_k = geometry.part(kv_current.data(), source_tokens, 0);
-    const TensorView<const float> block_v = geometry.part(kv_current.data(), source_tokens, 1);
-    const TensorView<float> block_dk = geometry.part(grad_work.data(), source_tokens, 0);
-    const TensorView<float> block_dv = geometry.part(grad_work.data(), source_tokens, 1);
+  // The block is K/V of `source`; the sum travelling with it is that block's dK/dV (the same packing).
+  auto visit = [&](int source, std::span<const float> block, std::span<float> sum) {
+    const std::int64_t source_tokens = layout.local_length(source);
+    const float* kv = block.data();
+    const TensorView<const float> block_k = geometry.part(kv, source_tokens, 0);
+    const TensorView<const float> block_v = geometry.part(kv, source_tokens, 1);
+    const TensorView<float> block_dk = geometry.part(sum.data(), source_tokens, 0);
+    const TensorView<float> block_dv = geometry.part(sum.data(), source_tokens, 1);
     int kv_count = 0;
     const auto kv_segments = segments(layout, source, kv_count);
     for (int qi = 0; qi < q_count; ++qi) {
@@ -298,25 +259,15 @@ void ring_attention_backward(C& comm, const RingAttentionSpec& spec, BufferPool&
                                     block_dk.slice(1, ks.local, ks.length), block_dv.slice(1, ks.local, ks.length));
       }
     }
-    if (step > 0) {  // the running sum of this block from the ranks before us
-      grad_next.wait();
-      add_into(work, std::span<const float>(block_span(grad_arriving, source)));
-    }
-    if (p > 1) {
-      std::swap(grad_work, grad_sending);  // the sum travels on; last step's sent buffer (now free) is the next work
-      grad_next = comm.shift_async(std::span<const float>(block_span(grad_sending, source)),
-                                   block_span(grad_arriving, source - 1), 1);
-    }
-    if (step + 1 < p) {
-      kv_next.wait();
-      std::swap(kv_current, kv_incoming);
-    }
-  }
-  // The complete dK/dV of this rank's own block: arrived after the last hop (p > 1) or computed here (p == 1).
-  grad_next.wait();
-  PooledBuffer<float>& own = p > 1 ? grad_arriving : grad_work;
-  add_into(dk, TensorView<const float>(geometry.part(own.data(), n, 0)));
-  add_into(dv, TensorView<const float>(geometry.part(own.data(), n, 1)));
+  };
+  // The complete dK/dV of this rank's own block, after its last hop home.
+  auto home = [&](std::span<const float> total) {
+    add_into(dk, geometry.part(total.data(), n, 0));
+    add_into(dv, geometry.part(total.data(), n, 1));
+  };
+  ring_pass_with_sums(
+      comm, pool, block_size, block_size, [&](std::span<float> own) { pack_kv(geometry, k, v, own.data()); }, visit,
+      home);
 }
 
 }  // namespace paradyse

@@ -1,0 +1,116 @@
+// paradyse/strategy/ring_pass.hpp: the two ring schedules the ring strategies are built from.
+//
+//   ring_pass:           every rank's block visits every rank once (p - 1 hops of shift_async). Double-buffered:
+//                        the next hop is posted before the current block is visited, so the transfer overlaps the
+//                        visit. Ring attention's K/V, METP's MLP weight shards and RSA's K and V travel this way.
+//   ring_pass_with_sums: the same, and a running sum (a gradient) travels with each block: every rank adds its
+//                        contribution and passes the sum on; one extra hop brings the complete sum home to the
+//                        block's owner (a reduce-scatter fused into the ring). Used by every backward of the above.
+//
+// Blocks may differ in size from owner to owner (uneven token chunks): size_of(owner) gives the element count of
+// owner's block, so every receive is posted with the exact size the sender sends.
+//
+// Message order: ring_pass_with_sums keeps two exchanges in flight (blocks and sums) on the same neighbour pair. Every
+// rank posts and waits them in one fixed order, so the per-pair FIFO matching of the communicators pairs them, and
+// no wait can deadlock (every exchange's receive completes before its send is awaited, in the same order on every
+// rank). A visit must not communicate on the same communicator unless every rank does so identically.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+namespace paradyse {
+
+namespace ring_pass_detail {
+template <class SizeOf>
+std::int64_t largest(int ranks, SizeOf& size_of) {
+  std::int64_t most = 0;
+  for (int r = 0; r < ranks; ++r) most = std::max(most, std::int64_t(size_of(r)));
+  return most;
+}
+inline int wrap(int rank, int ranks) { return ((rank % ranks) + ranks) % ranks; }
+}  // namespace ring_pass_detail
+
+// Calls visit(source, block) for the block of every rank, starting with this rank's own and then those of rank - 1,
+// rank - 2, ... (block: std::span<const float>, valid during the call only). pack_own(destination) writes this
+// rank's block (size_of(rank) elements) straight into the ring's first buffer.
+template <Communicator C, class SizeOf, class PackOwn, class Visit>
+void ring_pass(C& comm, BufferPool& pool, SizeOf&& size_of, PackOwn&& pack_own, Visit&& visit) {
+  using ring_pass_detail::wrap;
+  const int p = comm.size(), rank = comm.rank();
+  const std::int64_t capacity = ring_pass_detail::largest(p, size_of);
+  PooledBuffer<float> current = pool.acquire<float>(Shape{capacity});
+  PooledBuffer<float> incoming = pool.acquire<float>(Shape{p > 1 ? capacity : 0});
+  pack_own(std::span<float>(current.data(), std::size_t(size_of(rank))));
+  for (int step = 0; step < p; ++step) {
+    const int source = wrap(rank - step, p);
+    const std::span<const float> block(current.data(), std::size_t(size_of(source)));
+    Request next;
+    if (step + 1 < p)
+      next = comm.shift_async(block, std::span<float>(incoming.data(), std::size_t(size_of(wrap(source - 1, p)))), 1);
+    visit(source, block);
+    next.wait();
+    std::swap(current, incoming);
+  }
+}
+
+// Calls visit(source, block, sum) for the block of every rank as ring_pass does, with sum (std::span<float>,
+// sum_size_of(source) elements) zeroed for visit to accumulate this rank's contribution into. Then calls
+// home(total) once with the sum of every rank's contribution to this rank's own block.
+template <Communicator C, class SizeOf, class SumSizeOf, class PackOwn, class Visit, class Home>
+void ring_pass_with_sums(C& comm, BufferPool& pool, SizeOf&& size_of, SumSizeOf&& sum_size_of, PackOwn&& pack_own,
+                         Visit&& visit, Home&& home) {
+  using ring_pass_detail::wrap;
+  const int p = comm.size(), rank = comm.rank();
+  const std::int64_t capacity = ring_pass_detail::largest(p, size_of);
+  PooledBuffer<float> current = pool.acquire<float>(Shape{capacity});
+  pack_own(std::span<float>(current.data(), std::size_t(size_of(rank))));
+  const std::int64_t sum_capacity = ring_pass_detail::largest(p, sum_size_of);
+  auto sum_span = [&](PooledBuffer<float>& buffer, int owner) {
+    return std::span<float>(buffer.data(), std::size_t(sum_size_of(wrap(owner, p))));
+  };
+  PooledBuffer<float> work = pool.acquire<float>(Shape{sum_capacity});
+  if (p == 1) {
+    const std::span<float> sum = sum_span(work, rank);
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    visit(rank, std::span<const float>(current.data(), std::size_t(size_of(rank))), sum);
+    home(std::span<const float>(sum));
+    return;
+  }
+  PooledBuffer<float> incoming = pool.acquire<float>(Shape{capacity});
+  // The sums: the one this step adds into, the one on its way to the next rank, the one arriving from the last.
+  PooledBuffer<float> sending = pool.acquire<float>(Shape{sum_capacity});
+  PooledBuffer<float> arriving = pool.acquire<float>(Shape{sum_capacity});
+  Request block_next, sum_next;
+  for (int step = 0; step < p; ++step) {
+    const int source = wrap(rank - step, p);
+    const std::span<const float> block(current.data(), std::size_t(size_of(source)));
+    if (step + 1 < p)
+      block_next =
+          comm.shift_async(block, std::span<float>(incoming.data(), std::size_t(size_of(wrap(source - 1, p)))), 1);
+    const std::span<float> sum = sum_span(work, source);
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    visit(source, block, sum);
+    if (step > 0) {  // the running sum of this block from the ranks before us
+      sum_next.wait();
+      const std::span<const float> before = sum_span(arriving, source);
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += before[i];
+    }
+    std::swap(work, sending);  // the sum travels on; last step's sent buffer (its send is complete) is the next work
+    sum_next = comm.shift_async(std::span<const float>(sum_span(sending, source)), sum_span(arriving, source - 1), 1);
+    if (step + 1 < p) {
+      block_next.wait();
+      std::swap(current, incoming);
+    }
+  }
+  sum_next.wait();  // the last hop: this rank's own block's complete sum
+  home(std::span<const float>(sum_span(arriving, rank)));
+}
+
+}  // namespace paradyse
