@@ -84,7 +84,8 @@ constexpr std::int64_t zigzag_length(std::int64_t n, std::int64_t parts, std::in
 constexpr std::int64_t zigzag_global_index(std::int64_t n, std::int64_t parts, std::int64_t index, std::int64_t local) {
   const auto ranges = zigzag_ranges(n, parts, index);
   if (local < 0 || local >= ranges[0].length + ranges[1].length)
-    detail::throw_index_error("zigzag_global_index (local element of the part)", local, ranges[0].length + ranges[1].length);
+    detail::throw_index_error("zigzag_global_index (local element of the part)", local,
+                              ranges[0].length + ranges[1].length);
   return local < ranges[0].length ? ranges[0].start + local : ranges[1].start + (local - ranges[0].length);
 }
 

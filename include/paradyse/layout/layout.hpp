@@ -63,7 +63,8 @@ public:
 
   int mesh_ndim() const noexcept { return ndim_; }
   Placement placement(int axis) const {
-    check(axis >= 0 && axis < ndim_, "axis {} is outside the {} axes of layout {}", axis, ndim_, to_string());
+    if (!(axis >= 0 && axis < ndim_))
+      throw Error(fmt::format("axis {} is outside the {} axes of layout {}", axis, ndim_, to_string()));
     return placements_[std::size_t(axis)];
   }
   Placement operator[](int axis) const { return placement(axis); }
@@ -86,7 +87,8 @@ public:
   // Negative shard dims resolved against a tensor of `tensor_rank` dims (checked).
   DynamicLayout normalized(int tensor_rank) const {
     DynamicLayout copy = *this;
-    for (int a = 0; a < ndim_; ++a) copy.placements_[std::size_t(a)] = placements_[std::size_t(a)].normalized(tensor_rank);
+    for (int a = 0; a < ndim_; ++a)
+      copy.placements_[std::size_t(a)] = placements_[std::size_t(a)].normalized(tensor_rank);
     return copy;
   }
 
@@ -185,8 +187,9 @@ inline std::vector<ChunkRange> compose_ranges(std::span<const ChunkRange> segmen
 template <Layout L>
 DynamicLayout checked_layout(const L& layout, const DeviceMesh& mesh, const Shape& global) {
   const DynamicLayout value = layout.dynamic();
-  check(value.mesh_ndim() == mesh.ndim(), "layout {} places {} mesh axes but the mesh {} has {}", value.to_string(),
-        value.mesh_ndim(), mesh.to_string(), mesh.ndim());
+  if (!(value.mesh_ndim() == mesh.ndim()))
+    throw Error(fmt::format("layout {} places {} mesh axes but the mesh {} has {}",
+                            value.to_string(), value.mesh_ndim(), mesh.to_string(), mesh.ndim()));
   return value.normalized(global.rank());
 }
 
@@ -196,8 +199,9 @@ std::vector<ChunkRange> local_ranges(const L& layout, const Shape& global, const
                                      const MeshCoordinate& coord, int dim) {
   const DynamicLayout value = checked_layout(layout, mesh, global);
   const int d = global.normalize(dim);
-  check(coord.ndim() == mesh.ndim(), "coordinate {} has {} axes; the mesh {} has {}", coord.to_string(), coord.ndim(),
-        mesh.to_string(), mesh.ndim());
+  if (!(coord.ndim() == mesh.ndim()))
+    throw Error(fmt::format("coordinate {} has {} axes; the mesh {} has {}",
+                            coord.to_string(), coord.ndim(), mesh.to_string(), mesh.ndim()));
   std::vector<ChunkRange> segments{ChunkRange{0, global[d]}};
   for (int a = 0; a < mesh.ndim(); ++a) {
     const Placement p = value[a];

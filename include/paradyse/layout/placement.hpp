@@ -51,7 +51,8 @@ struct Placement {
   // The same placement with a negative shard dim resolved against a tensor of `rank` dims (checked).
   Placement normalized(int rank) const {
     if (!is_shard()) return *this;
-    check(dim >= -rank && dim < rank, "placement {} names dim {} of a rank-{} tensor", to_string(), dim, rank);
+    if (!(dim >= -rank && dim < rank))
+      throw Error(fmt::format("placement {} names dim {} of a rank-{} tensor", to_string(), dim, rank));
     return shard(dim < 0 ? dim + rank : dim, chunking);
   }
 
@@ -66,7 +67,8 @@ struct Placement {
   std::string to_string() const {
     switch (kind) {
       case Kind::replicate: return "Replicate";
-      case Kind::shard: return chunking == Chunking::zigzag ? fmt::format("Shard({}, zigzag)", dim) : fmt::format("Shard({})", dim);
+      case Kind::shard:
+        return chunking == Chunking::zigzag ? fmt::format("Shard({}, zigzag)", dim) : fmt::format("Shard({})", dim);
       case Kind::partial: return fmt::format("Partial({})", name_of(op));
     }
     return "?";

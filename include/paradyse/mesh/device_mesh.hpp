@@ -84,7 +84,8 @@ public:
   int size() const noexcept { return size_; }  // the world size: product of the axis sizes
   const std::vector<MeshAxis>& axes() const noexcept { return axes_; }
   const MeshAxis& axis(int index) const {
-    check(index >= 0 && index < ndim(), "mesh axis index {} is outside [0, {}) of mesh {}", index, ndim(), to_string());
+    if (!(index >= 0 && index < ndim()))
+      throw Error(fmt::format("mesh axis index {} is outside [0, {}) of mesh {}", index, ndim(), to_string()));
     return axes_[std::size_t(index)];
   }
   int axis_size(int index) const { return axis(index).size; }
@@ -100,7 +101,8 @@ public:
   }
 
   void check_world_size(int world_size) const {
-    check(world_size == size_, "the mesh {} holds {} ranks but the world has {}", to_string(), size_, world_size);
+    if (!(world_size == size_))
+      throw Error(fmt::format("the mesh {} holds {} ranks but the world has {}", to_string(), size_, world_size));
   }
 
   // ---- rank <-> coordinate (row-major, last axis innermost) ------------------------------------------------------
@@ -115,12 +117,14 @@ public:
   }
   int coordinate(int rank, std::string_view axis_name) const { return coordinate(rank)[axis_index(axis_name)]; }
   int rank_of(const MeshCoordinate& c) const {
-    check(c.ndim() == ndim(), "coordinate {} has {} axes; the mesh {} has {}", c.to_string(), c.ndim(), to_string(),
-          ndim());
+    if (!(c.ndim() == ndim()))
+      throw Error(fmt::format("coordinate {} has {} axes; the mesh {} has {}",
+                              c.to_string(), c.ndim(), to_string(), ndim()));
     int rank = 0;
     for (int a = 0; a < ndim(); ++a) {
-      check(c[a] >= 0 && c[a] < axes_[std::size_t(a)].size, "coordinate {} is outside axis '{}' of size {}",
-            c.to_string(), axes_[std::size_t(a)].name, axes_[std::size_t(a)].size);
+      if (!(c[a] >= 0 && c[a] < axes_[std::size_t(a)].size))
+        throw Error(fmt::format("coordinate {} is outside axis '{}' of size {}",
+                                c.to_string(), axes_[std::size_t(a)].name, axes_[std::size_t(a)].size));
       rank = rank * axes_[std::size_t(a)].size + c[a];
     }
     return rank;
@@ -129,7 +133,8 @@ public:
   // ---- groups over subsets of axes -------------------------------------------------------------------------------
   // Axis positions of `names`, checked: known, no repeats, at least one.
   std::vector<int> axis_indices(std::span<const std::string_view> names) const {
-    check(!names.empty(), "a mesh group needs at least one axis; the mesh {} has {}", to_string(), this->names());
+    if (names.empty())
+      throw Error(fmt::format("a mesh group needs at least one axis; the mesh {} has {}", to_string(), this->names()));
     std::vector<int> indices;
     for (std::string_view name : names) {
       const int a = axis_index(name);
@@ -224,7 +229,8 @@ public:
   }
   std::string to_string() const {
     std::string s = "{";
-    for (std::size_t a = 0; a < axes_.size(); ++a) s += fmt::format("{}{}: {}", a ? ", " : "", axes_[a].name, axes_[a].size);
+    for (std::size_t a = 0; a < axes_.size(); ++a)
+      s += fmt::format("{}{}: {}", a ? ", " : "", axes_[a].name, axes_[a].size);
     return s + "}";
   }
 
@@ -239,7 +245,8 @@ public:
 
 private:
   void check_rank(int rank) const {
-    check(rank >= 0 && rank < size_, "rank {} is outside [0, {}) of mesh {}", rank, size_, to_string());
+    if (!(rank >= 0 && rank < size_))
+      throw Error(fmt::format("rank {} is outside [0, {}) of mesh {}", rank, size_, to_string()));
   }
 
   std::vector<MeshAxis> axes_;
