@@ -24,7 +24,7 @@
 #include "paradyse/ops/attention_mask.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
-#include "paradyse/strategy/ring_pass.hpp"
+#include "paradyse/strategy/ring_schedule.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 
 #include <algorithm>
@@ -185,7 +185,7 @@ void ring_attention_forward(C& comm, const RingAttentionSpec& spec, BufferPool& 
       }
     }
   };
-  ring_pass(
+  rotate_blocks(
       comm, pool, [&](int owner) { return geometry.block_elements(layout.local_length(owner)); },
       [&](std::span<float> own) { pack_kv(geometry, k, v, own.data()); }, visit);
   // A segment no key was visible to (possible only with unusual document masks): out = 0, lse = -inf, as the op.
@@ -265,7 +265,7 @@ void ring_attention_backward(C& comm, const RingAttentionSpec& spec, BufferPool&
     add_into(dk, geometry.part(total.data(), n, 0));
     add_into(dv, geometry.part(total.data(), n, 1));
   };
-  ring_pass_with_sums(
+  rotate_blocks_with_sums(
       comm, pool, block_size, block_size, [&](std::span<float> own) { pack_kv(geometry, k, v, own.data()); }, visit,
       home);
 }

@@ -1,18 +1,20 @@
-// paradyse/strategy/ring_pass.hpp: the two ring schedules the ring strategies are built from.
+// paradyse/strategy/ring_schedule.hpp: the two ring schedules of the ring strategies, as functions over visits.
+// (strategy/ring.hpp's RingPass is the step-by-step form the ZeRO-3 linears use; these add uneven block sizes and
+// sums that overlap their hop home with the next visit.)
 //
-//   ring_pass:           every rank's block visits every rank once (p - 1 hops of shift_async). Double-buffered:
-//                        the next hop is posted before the current block is visited, so the transfer overlaps the
-//                        visit. Ring attention's K/V, METP's MLP weight shards and RSA's K and V travel this way.
-//   ring_pass_with_sums: the same, and a running sum (a gradient) travels with each block: every rank adds its
-//                        contribution and passes the sum on; one extra hop brings the complete sum home to the
-//                        block's owner (a reduce-scatter fused into the ring). Used by every backward of the above.
+//   rotate_blocks: every rank's block visits every rank once (p - 1 hops of shift_async). Double-buffered: the next
+//     hop is posted before the current block is visited, so the transfer overlaps the visit. Ring attention's K/V,
+//     METP's MLP weight shards and RSA's K and V travel this way.
+//   rotate_blocks_with_sums: the same, and a running sum (a gradient) travels with each block: every rank adds its
+//     contribution and passes the sum on; one extra hop brings the complete sum home to the block's owner (a
+//     reduce-scatter fused into the ring). Used by every backward of the above.
 //
 // Blocks may differ in size from owner to owner (uneven token chunks): size_of(owner) gives the element count of
 // owner's block, so every receive is posted with the exact size the sender sends.
 //
-// Message order: ring_pass_with_sums keeps two exchanges in flight (blocks and sums) on the same neighbour pair. Every
-// rank posts and waits them in one fixed order, so the per-pair FIFO matching of the communicators pairs them, and
-// no wait can deadlock (every exchange's receive completes before its send is awaited, in the same order on every
+// Message order: rotate_blocks_with_sums keeps two exchanges in flight (blocks and sums) on the same neighbour pair.
+// Every rank posts and waits them in one fixed order, so the per-pair FIFO matching of the communicators pairs them,
+// and no wait can deadlock (every exchange's receive completes before its send is awaited, in the same order on every
 // rank). A visit must not communicate on the same communicator unless every rank does so identically.
 #pragma once
 
@@ -27,7 +29,7 @@
 
 namespace paradyse {
 
-namespace ring_pass_detail {
+namespace ring_schedule_detail {
 template <class SizeOf>
 std::int64_t largest(int ranks, SizeOf& size_of) {
   std::int64_t most = 0;
@@ -35,16 +37,16 @@ std::int64_t largest(int ranks, SizeOf& size_of) {
   return most;
 }
 inline int wrap(int rank, int ranks) { return ((rank % ranks) + ranks) % ranks; }
-}  // namespace ring_pass_detail
+}  // namespace ring_schedule_detail
 
 // Calls visit(source, block) for the block of every rank, starting with this rank's own and then those of rank - 1,
 // rank - 2, ... (block: std::span<const float>, valid during the call only). pack_own(destination) writes this
 // rank's block (size_of(rank) elements) straight into the ring's first buffer.
 template <Communicator C, class SizeOf, class PackOwn, class Visit>
-void ring_pass(C& comm, BufferPool& pool, SizeOf&& size_of, PackOwn&& pack_own, Visit&& visit) {
-  using ring_pass_detail::wrap;
+void rotate_blocks(C& comm, BufferPool& pool, SizeOf&& size_of, PackOwn&& pack_own, Visit&& visit) {
+  using ring_schedule_detail::wrap;
   const int p = comm.size(), rank = comm.rank();
-  const std::int64_t capacity = ring_pass_detail::largest(p, size_of);
+  const std::int64_t capacity = ring_schedule_detail::largest(p, size_of);
   PooledBuffer<float> current = pool.acquire<float>(Shape{capacity});
   PooledBuffer<float> incoming = pool.acquire<float>(Shape{p > 1 ? capacity : 0});
   pack_own(std::span<float>(current.data(), std::size_t(size_of(rank))));
@@ -60,18 +62,18 @@ void ring_pass(C& comm, BufferPool& pool, SizeOf&& size_of, PackOwn&& pack_own, 
   }
 }
 
-// Calls visit(source, block, sum) for the block of every rank as ring_pass does, with sum (std::span<float>,
+// Calls visit(source, block, sum) for the block of every rank as rotate_blocks does, with sum (std::span<float>,
 // sum_size_of(source) elements) zeroed for visit to accumulate this rank's contribution into. Then calls
 // home(total) once with the sum of every rank's contribution to this rank's own block.
 template <Communicator C, class SizeOf, class SumSizeOf, class PackOwn, class Visit, class Home>
-void ring_pass_with_sums(C& comm, BufferPool& pool, SizeOf&& size_of, SumSizeOf&& sum_size_of, PackOwn&& pack_own,
+void rotate_blocks_with_sums(C& comm, BufferPool& pool, SizeOf&& size_of, SumSizeOf&& sum_size_of, PackOwn&& pack_own,
                          Visit&& visit, Home&& home) {
-  using ring_pass_detail::wrap;
+  using ring_schedule_detail::wrap;
   const int p = comm.size(), rank = comm.rank();
-  const std::int64_t capacity = ring_pass_detail::largest(p, size_of);
+  const std::int64_t capacity = ring_schedule_detail::largest(p, size_of);
   PooledBuffer<float> current = pool.acquire<float>(Shape{capacity});
   pack_own(std::span<float>(current.data(), std::size_t(size_of(rank))));
-  const std::int64_t sum_capacity = ring_pass_detail::largest(p, sum_size_of);
+  const std::int64_t sum_capacity = ring_schedule_detail::largest(p, sum_size_of);
   auto sum_span = [&](PooledBuffer<float>& buffer, int owner) {
     return std::span<float>(buffer.data(), std::size_t(sum_size_of(wrap(owner, p))));
   };
