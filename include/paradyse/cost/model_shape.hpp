@@ -1,0 +1,145 @@
+// paradyse/cost/model_shape.hpp: what the cost models need to know about a layer, a batch and a strategy.
+//
+// ModelShape is the cost models' own plain description of one Transformer layer and one batch (the model engineer's
+// LayerConfig converts to it). Strategy names the five sequence-parallel strategies of ParaDySe, and
+// `strategy_forbidden` says when a configuration rules one out (Ulysses needs the heads to divide by p), so that the
+// planner never chooses it.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace paradyse::cost {
+
+enum class Strategy : std::uint8_t { megatron_ts, megatron_cz, ulysses_z, colossal_z, metp };
+inline constexpr std::array<Strategy, 5> kAllStrategies{Strategy::megatron_ts, Strategy::megatron_cz,
+                                                        Strategy::ulysses_z, Strategy::colossal_z, Strategy::metp};
+inline constexpr int kStrategyCount = int(kAllStrategies.size());
+
+constexpr std::string_view name_of(Strategy s) {
+  switch (s) {
+    case Strategy::megatron_ts: return "MegatronTS";
+    case Strategy::megatron_cz: return "MegatronCZ";
+    case Strategy::ulysses_z: return "UlyssesZ";
+    case Strategy::colossal_z: return "ColossalZ";
+    case Strategy::metp: return "METP";
+  }
+  return "?";
+}
+
+// The strategy of a name (as name_of writes it, case-sensitive), or nothing.
+inline std::optional<Strategy> strategy_from_name(std::string_view name) {
+  for (Strategy s : kAllStrategies)
+    if (name_of(s) == name) return s;
+  return std::nullopt;
+}
+
+// A Transformer layer has two sublayers, each with its own strategy.
+enum class Sublayer : std::uint8_t { attention, mlp };
+inline constexpr std::array<Sublayer, 2> kAllSublayers{Sublayer::attention, Sublayer::mlp};
+
+constexpr std::string_view name_of(Sublayer s) { return s == Sublayer::attention ? "attention" : "mlp"; }
+
+// Bytes per parameter of the model states. The default is mixed-precision Adam: 16-bit weights and gradients,
+// float32 master weights and two float32 moments (12 bytes), Rajbhandari et al.'s K = 12.
+struct TrainingPrecision {
+  int parameter_bytes = 2;
+  int gradient_bytes = 2;
+  int optimizer_bytes = 12;
+  int bytes_per_parameter() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
+};
+
+// One layer of a Transformer and one batch, as the cost models see them. Token counts are per sample; `batch`
+// samples run together. A packed sample holds several sequences (`packed_lengths`, summing to `seq`): linear layers
+// see all its tokens, attention only pairs within one sequence.
+struct ModelShape {
+  std::int64_t batch = 1;        // b
+  std::int64_t seq = 0;          // s: tokens per sample
+  std::int64_t hidden = 0;       // h
+  std::int64_t heads = 0;        // a: query heads
+  std::int64_t kv_heads = 0;     // a_kv: key/value heads (GQA when < heads)
+  std::int64_t head_dim = 0;     // d
+  std::int64_t ffn = 0;          // f: MLP inner width
+  std::int64_t layers = 1;       // L
+  int dtype_bytes = 2;           // activations and weights in compute
+  bool swiglu = false;           // gated MLP: two input projections of width f
+  bool causal = false;
+  bool recompute = false;        // full recomputation: keep only each sublayer's input for backward
+  std::vector<std::int64_t> packed_lengths;  // empty: one sequence of `seq` tokens per sample
+
+  // Query-key pairs that attention computes per sample: sum of squared sequence lengths, halved when causal.
+  double attention_pairs() const {
+    double pairs = 0;
+    if (packed_lengths.empty()) pairs = double(seq) * double(seq);
+    else
+      for (std::int64_t length : packed_lengths) pairs += double(length) * double(length);
+    return causal ? pairs / 2 : pairs;
+  }
+  // Weights of one layer (attention: q, k, v and output projections; MLP: in (x2 for SwiGLU) and out).
+  std::int64_t attention_parameters() const { return hidden * (2 * heads + 2 * kv_heads) * head_dim; }
+  std::int64_t mlp_parameters() const { return (swiglu ? 3 : 2) * hidden * ffn; }
+  // LayerNorm gains and biases, replicated on every rank.
+  std::int64_t norm_parameters() const { return 4 * hidden; }
+};
+
+inline std::string describe(const ModelShape& m) {
+  return fmt::format("b={} s={} h={} heads={} kv_heads={} d={} ffn={} L={} dtype={}B{}{}{}", m.batch, m.seq, m.hidden,
+                     m.heads, m.kv_heads, m.head_dim, m.ffn, m.layers, m.dtype_bytes, m.swiglu ? " swiglu" : "",
+                     m.causal ? " causal" : "", m.recompute ? " recompute" : "");
+}
+
+// Checks that a shape is usable at all (independently of the strategy); throws naming the bad field.
+inline void validate(const ModelShape& m, int p) {
+  check(p >= 1, "group size p = {} must be at least 1", p);
+  check(m.batch >= 1, "batch = {} must be at least 1", m.batch);
+  check(m.seq >= 1, "seq = {} must be at least 1", m.seq);
+  check(m.hidden >= 1 && m.head_dim >= 1 && m.ffn >= 1, "hidden = {}, head_dim = {}, ffn = {} must be positive",
+        m.hidden, m.head_dim, m.ffn);
+  check(m.heads >= 1 && m.kv_heads >= 1 && m.heads % m.kv_heads == 0,
+        "heads = {} must be a positive multiple of kv_heads = {}", m.heads, m.kv_heads);
+  check(m.layers >= 1, "layers = {} must be at least 1", m.layers);
+  check(m.dtype_bytes == 2 || m.dtype_bytes == 4 || m.dtype_bytes == 8, "dtype_bytes = {} must be 2, 4 or 8",
+        m.dtype_bytes);
+  if (!m.packed_lengths.empty()) {
+    std::int64_t total = 0;
+    for (std::int64_t length : m.packed_lengths) {
+      check(length >= 1, "packed length {} must be positive", length);
+      total += length;
+    }
+    check(total == m.seq, "packed lengths sum to {}, expected seq = {}", total, m.seq);
+  }
+}
+
+// Why strategy `s` cannot run this shape on p ranks, or nothing when it can.
+inline std::optional<std::string> strategy_forbidden(Strategy s, const ModelShape& m, int p) {
+  if (s == Strategy::ulysses_z && p > 1) {
+    // The all-to-all trades a sequence shard for a head shard: every rank needs whole heads, equally many.
+    if (m.heads % p != 0) return fmt::format("UlyssesZ needs heads ({}) divisible by p ({})", m.heads, p);
+    // kv heads: whole ones per rank, or (GQA with fewer kv heads than ranks) one replica per rank.
+    if (m.kv_heads % p != 0 && p % m.kv_heads != 0)
+      return fmt::format("UlyssesZ needs kv_heads ({}) to be a multiple or a divisor of p ({})", m.kv_heads, p);
+  }
+  if (m.seq < p) return fmt::format("{} needs at least p = {} tokens per sample, got {}", name_of(s), p, m.seq);
+  return std::nullopt;
+}
+
+// The strategies of `candidates` that may run this shape on p ranks.
+inline std::vector<Strategy> allowed_strategies(const ModelShape& m, int p,
+                                                std::span<const Strategy> candidates = kAllStrategies) {
+  std::vector<Strategy> allowed;
+  for (Strategy s : candidates)
+    if (!strategy_forbidden(s, m, p)) allowed.push_back(s);
+  return allowed;
+}
+
+}  // namespace paradyse::cost

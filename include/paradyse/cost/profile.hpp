@@ -1,0 +1,307 @@
+// paradyse/cost/profile.hpp: a hardware profile, the plain value the time and memory models read.
+//
+// A profile says, per device: its memory, how fast it runs GEMMs (with their dependence on size), attention and
+// elementwise kernels, and per collective and group size an alpha-beta cost for each link level (inside a node,
+// across nodes). Built-in profiles are in cost/builtin_profiles.hpp; `calibrate` (cost/calibrate.hpp) measures the
+// machine at hand and fits one. Profiles load from and save to JSON.
+//
+// Collective sizes follow nccl-tests: `bytes` is the size of the whole array, i.e. the output of all_gather, the
+// input of reduce_scatter, the buffer of all_reduce / broadcast / reduce, one rank's input of all_to_all and one
+// message of send_recv (a ring shift: every rank sends one message and receives one).
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/cost/json.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace paradyse::cost {
+
+enum class Collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, reduce, send_recv };
+inline constexpr std::array<Collective, 7> kAllCollectives{Collective::all_gather, Collective::reduce_scatter,
+                                                           Collective::all_reduce, Collective::all_to_all,
+                                                           Collective::broadcast,  Collective::reduce,
+                                                           Collective::send_recv};
+
+constexpr std::string_view name_of(Collective c) {
+  switch (c) {
+    case Collective::all_gather: return "all_gather";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::all_to_all: return "all_to_all";
+    case Collective::broadcast: return "broadcast";
+    case Collective::reduce: return "reduce";
+    case Collective::send_recv: return "send_recv";
+  }
+  return "?";
+}
+
+enum class LinkLevel : std::uint8_t { intra_node, inter_node };
+constexpr std::string_view name_of(LinkLevel l) { return l == LinkLevel::intra_node ? "intra_node" : "inter_node"; }
+
+// nccl-tests' bus-bandwidth factor: bytes each rank's busiest link carries per byte of `bytes` (a ring algorithm).
+constexpr double bus_factor(Collective c, int p) {
+  if (p <= 1) return 0;
+  switch (c) {
+    case Collective::all_gather:
+    case Collective::reduce_scatter:
+    case Collective::all_to_all: return double(p - 1) / p;
+    case Collective::all_reduce: return 2.0 * (p - 1) / p;
+    case Collective::broadcast:
+    case Collective::reduce:
+    case Collective::send_recv: return 1;
+  }
+  return 1;
+}
+
+// Latency-bound steps of the same ring algorithm.
+constexpr int latency_steps(Collective c, int p) {
+  if (p <= 1) return 0;
+  switch (c) {
+    case Collective::all_reduce: return 2 * (p - 1);
+    case Collective::send_recv: return 1;
+    default: return p - 1;
+  }
+}
+
+// t = alpha + beta * bytes.
+struct AlphaBeta {
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+  double time(double bytes) const { return alpha_s + beta_s_per_byte * bytes; }
+};
+
+// A measured (or datasheet-derived) cost of one collective on one group size and link level.
+struct CollectiveCost {
+  Collective op = Collective::all_gather;
+  LinkLevel level = LinkLevel::intra_node;
+  int group_size = 2;
+  AlphaBeta cost;
+};
+
+// The default for a collective that has no entry: a ring over links of this latency and bus bandwidth.
+struct LinkModel {
+  double launch_s = 0;          // fixed cost of one collective call
+  double step_latency_s = 0;    // per ring step
+  double bus_bytes_per_s = 1;   // achieved bus bandwidth of ring collectives (nccl-tests busbw)
+  double p2p_bytes_per_s = 1;   // achieved bandwidth of one send/recv pair, all ranks shifting at once
+};
+
+// GEMM time: t = overhead + flops / rate + operand bytes / bandwidth. The two roofline terms are added rather than
+// maxed so that the form is linear in its coefficients (least squares fits it) and the achieved rate rises
+// smoothly with size, as it does on real devices: small and skinny GEMMs are bound by their operands, big ones by
+// the rate. `flops = 2 m n k`, `bytes = (m k + k n + m n) * dtype bytes`.
+struct GemmModel {
+  double overhead_s = 0;
+  double flops_per_s = 1;
+  double bytes_per_s = 0;  // 0: no operand term
+  double time(double m, double n, double k, int dtype_bytes) const {
+    if (m <= 0 || n <= 0 || k <= 0) return 0;
+    const double bytes = (m * k + k * n + m * n) * dtype_bytes;
+    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
+  }
+  double achieved_flops_per_s(double m, double n, double k, int dtype_bytes) const {
+    return 2 * m * n * k / time(m, n, k, dtype_bytes);
+  }
+};
+
+// Flash-style attention: t = overhead + flops / rate, separately forward and backward. Forward flops are
+// 4 * d * (query-key pairs) * heads; backward does 2.5 times the forward flops (it recomputes the scores).
+struct AttentionModel {
+  double overhead_s = 0;
+  double forward_flops_per_s = 1;
+  double backward_flops_per_s = 1;
+  double forward_time(double flops) const { return flops > 0 ? overhead_s + flops / forward_flops_per_s : 0; }
+  double backward_time(double forward_flops) const {
+    return forward_flops > 0 ? overhead_s + 2.5 * forward_flops / backward_flops_per_s : 0;
+  }
+};
+
+struct HardwareProfile {
+  std::string name;
+  std::string description;
+  std::string source;                 // where the figures come from (datasheets, or "calibrated on ...")
+  int devices_per_node = 8;
+  std::int64_t memory_bytes = 0;      // per device
+  std::int64_t reserved_bytes = 0;    // taken by the runtime (context, communicator buffers, allocator slack)
+  GemmModel gemm;
+  AttentionModel attention;
+  double elementwise_bytes_per_s = 1; // bytes read + written per second by elementwise kernels
+  // Fraction of a ring step's shorter side (compute or transfer) that hides under the longer one: 1 on GPUs
+  // (copy engines and streams), lower where compute and communication share the same cores.
+  double overlap = 1;
+  LinkModel intra_node, inter_node;
+  std::vector<CollectiveCost> collectives;
+
+  std::int64_t usable_memory_bytes() const { return memory_bytes - reserved_bytes; }
+
+  LinkLevel level_of(int group_size) const {
+    return group_size <= devices_per_node ? LinkLevel::intra_node : LinkLevel::inter_node;
+  }
+  const LinkModel& link(LinkLevel level) const { return level == LinkLevel::intra_node ? intra_node : inter_node; }
+
+  // Seconds for one collective of `bytes` (nccl-tests size) over a group of `group_size` ranks. An exact entry
+  // wins; otherwise the nearest group size of the same collective and level is carried over by the ring formula
+  // (alpha scales with the ring steps, beta with the bus factor); otherwise the level's link model.
+  double collective_time(Collective op, int group_size, double bytes) const {
+    if (group_size <= 1 || bytes <= 0) return 0;
+    const LinkLevel level = level_of(group_size);
+    const CollectiveCost* nearest = nullptr;
+    for (const CollectiveCost& entry : collectives) {
+      if (entry.op != op || entry.level != level) continue;
+      if (entry.group_size == group_size) return entry.cost.time(bytes);
+      if (!nearest || std::abs(entry.group_size - group_size) < std::abs(nearest->group_size - group_size))
+        nearest = &entry;
+    }
+    if (nearest && nearest->group_size > 1) {
+      const double alpha_per_step = nearest->cost.alpha_s / latency_steps(op, nearest->group_size);
+      const double beta_bus = nearest->cost.beta_s_per_byte / bus_factor(op, nearest->group_size);
+      return alpha_per_step * latency_steps(op, group_size) + beta_bus * bus_factor(op, group_size) * bytes;
+    }
+    const LinkModel& l = link(level);
+    const double bandwidth = op == Collective::send_recv ? l.p2p_bytes_per_s : l.bus_bytes_per_s;
+    return l.launch_s + l.step_latency_s * latency_steps(op, group_size) + bus_factor(op, group_size) * bytes / bandwidth;
+  }
+
+  double elementwise_time(double bytes) const { return bytes > 0 ? bytes / elementwise_bytes_per_s : 0; }
+
+  // Sets (or replaces) the entry for one collective, group size and level.
+  void set_collective(Collective op, LinkLevel level, int group_size, AlphaBeta cost) {
+    for (CollectiveCost& entry : collectives)
+      if (entry.op == op && entry.level == level && entry.group_size == group_size) {
+        entry.cost = cost;
+        return;
+      }
+    collectives.push_back({op, level, group_size, cost});
+  }
+};
+
+// ---- JSON ---------------------------------------------------------------------------------------------------------
+
+namespace detail {
+
+template <class Enum, std::size_t N>
+Enum enum_from_name(std::string_view name, const std::array<Enum, N>& all, std::string_view what) {
+  for (Enum e : all)
+    if (name_of(e) == name) return e;
+  std::string known;
+  for (Enum e : all) known += fmt::format("{}{}", known.empty() ? "" : ", ", name_of(e));
+  throw Error(fmt::format("profile: unknown {} \"{}\", expected one of {}", what, name, known));
+}
+
+inline double positive(const json::Value& object, std::string_view key) {
+  const double x = object.at(key).as_number();
+  check(x > 0, "profile: \"{}\" = {} must be positive", key, x);
+  return x;
+}
+inline double non_negative(const json::Value& object, std::string_view key) {
+  const double x = object.at(key).as_number();
+  check(x >= 0, "profile: \"{}\" = {} must not be negative", key, x);
+  return x;
+}
+
+inline json::Value link_to_json(const LinkModel& l) {
+  json::Value v;
+  v.set("launch_s", l.launch_s);
+  v.set("step_latency_s", l.step_latency_s);
+  v.set("bus_bytes_per_s", l.bus_bytes_per_s);
+  v.set("p2p_bytes_per_s", l.p2p_bytes_per_s);
+  return v;
+}
+inline LinkModel link_from_json(const json::Value& v) {
+  return {non_negative(v, "launch_s"), non_negative(v, "step_latency_s"), positive(v, "bus_bytes_per_s"),
+          positive(v, "p2p_bytes_per_s")};
+}
+
+}  // namespace detail
+
+inline json::Value to_json(const HardwareProfile& p) {
+  json::Value v;
+  v.set("format", "paradyse.hardware_profile/1");
+  v.set("name", p.name);
+  v.set("description", p.description);
+  v.set("source", p.source);
+  v.set("devices_per_node", p.devices_per_node);
+  v.set("memory_bytes", p.memory_bytes);
+  v.set("reserved_bytes", p.reserved_bytes);
+  json::Value gemm;
+  gemm.set("overhead_s", p.gemm.overhead_s);
+  gemm.set("flops_per_s", p.gemm.flops_per_s);
+  gemm.set("bytes_per_s", p.gemm.bytes_per_s);
+  v.set("gemm", gemm);
+  json::Value attention;
+  attention.set("overhead_s", p.attention.overhead_s);
+  attention.set("forward_flops_per_s", p.attention.forward_flops_per_s);
+  attention.set("backward_flops_per_s", p.attention.backward_flops_per_s);
+  v.set("attention", attention);
+  v.set("elementwise_bytes_per_s", p.elementwise_bytes_per_s);
+  v.set("overlap", p.overlap);
+  v.set("intra_node", detail::link_to_json(p.intra_node));
+  v.set("inter_node", detail::link_to_json(p.inter_node));
+  json::Array table;
+  for (const CollectiveCost& c : p.collectives) {
+    json::Value entry;
+    entry.set("op", std::string(name_of(c.op)));
+    entry.set("level", std::string(name_of(c.level)));
+    entry.set("group_size", c.group_size);
+    entry.set("alpha_s", c.cost.alpha_s);
+    entry.set("beta_s_per_byte", c.cost.beta_s_per_byte);
+    table.push_back(entry);
+  }
+  v.set("collectives", json::Value(std::move(table)));
+  return v;
+}
+
+inline HardwareProfile profile_from_json(const json::Value& v) {
+  using detail::non_negative;
+  using detail::positive;
+  check(v.is_object(), "profile: expected a JSON object, found {}", v.type_name());
+  if (const json::Value* format = v.find("format"))
+    check(format->as_string() == "paradyse.hardware_profile/1",
+          "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"", format->as_string());
+  HardwareProfile p;
+  p.name = v.at("name").as_string();
+  if (const json::Value* d = v.find("description")) p.description = d->as_string();
+  if (const json::Value* s = v.find("source")) p.source = s->as_string();
+  p.devices_per_node = int(v.at("devices_per_node").as_int());
+  check(p.devices_per_node >= 1, "profile: devices_per_node = {} must be at least 1", p.devices_per_node);
+  p.memory_bytes = v.at("memory_bytes").as_int();
+  p.reserved_bytes = v.at("reserved_bytes").as_int();
+  check(p.memory_bytes > 0 && p.reserved_bytes >= 0 && p.reserved_bytes < p.memory_bytes,
+        "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
+  const json::Value& gemm = v.at("gemm");
+  p.gemm = {non_negative(gemm, "overhead_s"), positive(gemm, "flops_per_s"), non_negative(gemm, "bytes_per_s")};
+  const json::Value& attention = v.at("attention");
+  p.attention = {non_negative(attention, "overhead_s"), positive(attention, "forward_flops_per_s"),
+                 positive(attention, "backward_flops_per_s")};
+  p.elementwise_bytes_per_s = positive(v, "elementwise_bytes_per_s");
+  p.overlap = v.at("overlap").as_number();
+  check(p.overlap >= 0 && p.overlap <= 1, "profile: overlap = {} must be in [0, 1]", p.overlap);
+  p.intra_node = detail::link_from_json(v.at("intra_node"));
+  p.inter_node = detail::link_from_json(v.at("inter_node"));
+  for (const json::Value& entry : v.at("collectives").as_array()) {
+    CollectiveCost c;
+    c.op = detail::enum_from_name(entry.at("op").as_string(), kAllCollectives, "collective");
+    c.level = detail::enum_from_name(entry.at("level").as_string(),
+                                     std::array{LinkLevel::intra_node, LinkLevel::inter_node}, "link level");
+    c.group_size = int(entry.at("group_size").as_int());
+    check(c.group_size >= 2, "profile: {} group_size = {} must be at least 2", name_of(c.op), c.group_size);
+    c.cost = {non_negative(entry, "alpha_s"), non_negative(entry, "beta_s_per_byte")};
+    p.collectives.push_back(c);
+  }
+  return p;
+}
+
+inline void save_profile(const HardwareProfile& p, const std::string& path) { json::save_file(to_json(p), path); }
+inline HardwareProfile load_profile(const std::string& path) { return profile_from_json(json::load_file(path)); }
+
+}  // namespace paradyse::cost

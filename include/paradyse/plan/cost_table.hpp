@@ -1,0 +1,192 @@
+// paradyse/plan/cost_table.hpp: the planner's inputs (model, batch) and the table of costs it plans over.
+//
+// A model is a sequence of layers, each of one kind (dense, MoE, ...); layers of one kind cost the same. For one
+// batch the cost table holds, per kind, sublayer and strategy, the predicted time and memory of that sublayer on one
+// rank (or why the strategy is forbidden there), plus the memory every plan needs (model states). Every planner
+// (exact, heuristic, static) reads the same table, and `evaluate` scores any per-layer plan against it.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/cost/memory_model.hpp"
+#include "paradyse/cost/model_shape.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/schedules.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace paradyse::plan {
+
+using cost::LayerStrategies;
+using cost::Strategy;
+using cost::Sublayer;
+
+// One kind of layer; the batch fields of `shape` (batch, seq, packed_lengths) and `layers` are ignored.
+struct LayerKind {
+  std::string name;
+  cost::ModelShape shape;
+};
+
+struct ModelConfig {
+  std::vector<LayerKind> kinds;
+  std::vector<int> layer_kinds;           // kind of each layer, in order
+  cost::TrainingPrecision precision;
+  std::int64_t extra_bytes = 0;           // per rank, outside the layers (embeddings, loss, framework)
+
+  // `layers` layers of one shape.
+  static ModelConfig uniform(const cost::ModelShape& shape, int layers, std::string name = "layer") {
+    ModelConfig m;
+    m.kinds.push_back({std::move(name), shape});
+    m.layer_kinds.assign(std::size_t(layers), 0);
+    return m;
+  }
+  int layer_count() const { return int(layer_kinds.size()); }
+};
+
+// Samples of one length, or packed samples holding several sequences each.
+struct Batch {
+  std::int64_t samples = 1;
+  std::vector<std::int64_t> lengths;  // one entry: one sequence per sample; several: a packed sample
+
+  static Batch single(std::int64_t length, std::int64_t samples = 1) { return {samples, {length}}; }
+  static Batch packed(std::vector<std::int64_t> lengths, std::int64_t samples = 1) {
+    return {samples, std::move(lengths)};
+  }
+  std::int64_t tokens_per_sample() const { return std::accumulate(lengths.begin(), lengths.end(), std::int64_t(0)); }
+};
+
+// One strategy's cost in one sublayer.
+struct Option {
+  Strategy strategy = Strategy::megatron_ts;
+  double time_s = 0;
+  std::int64_t saved_bytes = 0;
+  std::int64_t transient_bytes = 0;
+};
+
+struct CostTable {
+  struct Entry {
+    std::optional<Option> option;  // empty: forbidden
+    std::string forbidden_reason;
+  };
+  int group_size = 1;
+  Batch batch;
+  std::vector<std::string> kind_names;
+  std::vector<int> layer_kinds;
+  std::int64_t fixed_bytes = 0;  // model states of all layers + extra bytes
+  std::int64_t model_state_bytes = 0;
+  std::vector<std::array<std::array<Entry, cost::kStrategyCount>, 2>> entries;  // [kind][sublayer][strategy]
+
+  const Entry& entry(int kind, Sublayer part, Strategy s) const {
+    return entries[std::size_t(kind)][std::size_t(part)][std::size_t(s)];
+  }
+  const Option* option(int kind, Sublayer part, Strategy s) const {
+    const auto& o = entry(kind, part, s).option;
+    return o ? &*o : nullptr;
+  }
+  int layer_count() const { return int(layer_kinds.size()); }
+};
+
+// The shape of one layer kind for this batch.
+inline cost::ModelShape shape_for_batch(const cost::ModelShape& kind, const Batch& batch) {
+  cost::ModelShape m = kind;
+  m.batch = batch.samples;
+  m.seq = batch.tokens_per_sample();
+  m.packed_lengths = batch.lengths.size() > 1 ? batch.lengths : std::vector<std::int64_t>{};
+  m.layers = 1;
+  return m;
+}
+
+// Predicts every (kind, sublayer, strategy) of `model` for `batch` on a group of `group_size` ranks of `hardware`.
+// Strategies not in `candidates`, or forbidden by the shape, get no option.
+inline CostTable build_cost_table(const ModelConfig& model, const cost::HardwareProfile& hardware, int group_size,
+                                  const Batch& batch,
+                                  std::span<const Strategy> candidates = cost::kAllStrategies) {
+  check(!model.kinds.empty() && !model.layer_kinds.empty(), "plan: the model has {} layer kinds and {} layers",
+        model.kinds.size(), model.layer_kinds.size());
+  check(batch.samples >= 1 && !batch.lengths.empty(), "plan: a batch needs samples >= 1 (got {}) and lengths",
+        batch.samples);
+  for (std::int64_t length : batch.lengths) check(length >= 1, "plan: sequence length {} must be positive", length);
+  CostTable t;
+  t.group_size = group_size;
+  t.batch = batch;
+  t.layer_kinds = model.layer_kinds;
+  t.entries.resize(model.kinds.size());
+  for (const LayerKind& kind : model.kinds) t.kind_names.push_back(kind.name);
+  for (int layer_kind : model.layer_kinds) {
+    check(layer_kind >= 0 && layer_kind < int(model.kinds.size()), "plan: layer kind {} is not in [0, {})",
+          layer_kind, model.kinds.size());
+    cost::ModelShape shape = model.kinds[std::size_t(layer_kind)].shape;
+    shape.layers = 1;
+    t.model_state_bytes += cost::model_state_bytes(shape, group_size, model.precision);
+  }
+  t.fixed_bytes = t.model_state_bytes + model.extra_bytes;
+  for (std::size_t k = 0; k < model.kinds.size(); ++k) {
+    const cost::ModelShape shape = shape_for_batch(model.kinds[k].shape, batch);
+    cost::validate(shape, group_size);
+    for (Strategy s : cost::kAllStrategies) {
+      std::optional<std::string> reason;
+      if (std::find(candidates.begin(), candidates.end(), s) == candidates.end())
+        reason = fmt::format("{} is not a candidate", cost::name_of(s));
+      else reason = cost::strategy_forbidden(s, shape, group_size);
+      for (Sublayer part : cost::kAllSublayers) {
+        CostTable::Entry& e = t.entries[k][std::size_t(part)][std::size_t(s)];
+        if (reason) {
+          e.forbidden_reason = *reason;
+          continue;
+        }
+        const cost::SublayerCost c = cost::evaluate_sublayer(s, part, shape, group_size, &hardware);
+        e.option = Option{s, c.time_s(), c.saved_bytes, c.transient_bytes()};
+      }
+    }
+  }
+  return t;
+}
+
+// The predicted time and memory of a per-layer plan.
+struct Evaluation {
+  bool allowed = true;            // no forbidden strategy
+  double time_s = 0;
+  cost::MemoryEstimate memory;    // model_states holds the table's fixed bytes
+  std::string forbidden;          // the first forbidden choice, when not allowed
+  std::int64_t peak_bytes() const { return memory.peak(); }
+};
+
+inline Evaluation evaluate(const CostTable& table, std::span<const LayerStrategies> layers) {
+  check(int(layers.size()) == table.layer_count(), "evaluate: {} layer choices for a model of {} layers",
+        layers.size(), table.layer_count());
+  Evaluation e;
+  e.memory.model_states = table.fixed_bytes;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const int kind = table.layer_kinds[l];
+    for (Sublayer part : cost::kAllSublayers) {
+      const Strategy s = part == Sublayer::attention ? layers[l].attention : layers[l].mlp;
+      const Option* o = table.option(kind, part, s);
+      if (!o) {
+        if (e.allowed)
+          e.forbidden = fmt::format("layer {} {}: {}", l, cost::name_of(part),
+                                    table.entry(kind, part, s).forbidden_reason);
+        e.allowed = false;
+        continue;
+      }
+      e.time_s += o->time_s;
+      e.memory.saved_activations += o->saved_bytes;
+      e.memory.largest_transient = std::max(e.memory.largest_transient, o->transient_bytes);
+    }
+  }
+  return e;
+}
+
+// Every layer and sublayer on strategy s.
+inline std::vector<LayerStrategies> uniform_layers(const CostTable& table, Strategy s) {
+  return std::vector<LayerStrategies>(std::size_t(table.layer_count()), LayerStrategies{s, s});
+}
+
+}  // namespace paradyse::plan

@@ -1,0 +1,118 @@
+// Tests of paradyse/cost/memory_model.hpp: properties of the per-strategy memory model and the whole-model peak.
+// (The model is checked against the memory tracker of the CPU strategies in tests/cost/memory_validation.cpp.)
+#include "paradyse/cost/memory_model.hpp"
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::cost;
+
+namespace {
+ModelShape shape(std::int64_t s) {
+  ModelShape m;
+  m.batch = 1;
+  m.seq = s;
+  m.hidden = 1024;
+  m.heads = 16;
+  m.kv_heads = 16;
+  m.head_dim = 64;
+  m.ffn = 4096;
+  m.layers = 4;
+  return m;
+}
+}  // namespace
+
+TEST_CASE("memory_model: saved and transient bytes never shrink as sequences grow") {
+  for (Strategy s : kAllStrategies)
+    for (Sublayer part : kAllSublayers) {
+      SublayerMemory previous{};
+      for (std::int64_t len : {512, 1024, 4096, 16384, 32768}) {
+        const SublayerMemory m = sublayer_memory(s, part, shape(len), 8);
+        CHECK(m.saved_bytes >= previous.saved_bytes);
+        CHECK(m.transient_bytes() >= previous.transient_bytes());
+        CHECK(m.saved_bytes > 0);
+        previous = m;
+      }
+    }
+}
+
+TEST_CASE("memory_model: the strategies' known memory traits") {
+  const ModelShape m = shape(32768);
+  const int p = 8;
+  const auto saved = [&](Strategy s) {
+    return sublayer_memory(s, Sublayer::attention, m, p).saved_bytes + sublayer_memory(s, Sublayer::mlp, m, p).saved_bytes;
+  };
+  // METP keeps the least for backward; ColossalZ keeps the s x s/p scores.
+  for (Strategy s : {Strategy::megatron_ts, Strategy::megatron_cz, Strategy::ulysses_z, Strategy::colossal_z})
+    CHECK(saved(Strategy::metp) < saved(s));
+  const double scores = double(m.batch) * m.heads * (m.seq / p) * m.seq * m.dtype_bytes;
+  CHECK(sublayer_memory(Strategy::colossal_z, Sublayer::attention, m, p).saved_bytes > scores);
+  // MegatronTS gathers the whole sequence: its transient holds at least one b x s x h tensor.
+  CHECK(sublayer_memory(Strategy::megatron_ts, Sublayer::mlp, m, p).transient_bytes() >=
+        m.batch * m.seq * m.hidden * m.dtype_bytes);
+  // The ZeRO MLP gathers the whole W_out (f x h).
+  CHECK(sublayer_memory(Strategy::megatron_cz, Sublayer::mlp, m, p).transient_bytes() >=
+        m.ffn * m.hidden * m.dtype_bytes);
+}
+
+TEST_CASE("memory_model: recomputation keeps only the sublayer's input") {
+  ModelShape m = shape(8192);
+  for (Strategy s : kAllStrategies)
+    for (Sublayer part : kAllSublayers) {
+      m.recompute = false;
+      const SublayerMemory plain = sublayer_memory(s, part, m, 4);
+      m.recompute = true;
+      const SublayerMemory recomputed = sublayer_memory(s, part, m, 4);
+      CHECK(recomputed.saved_bytes <= plain.saved_bytes);
+      // The norm's input and statistics plus the strategy's input: two [b, s/p, h] tensors and 8 bytes per token.
+      const std::int64_t tokens = m.batch * (m.seq / 4);
+      CHECK(recomputed.saved_bytes ==
+            round_allocation(double(tokens * m.hidden * m.dtype_bytes + 8 * tokens)) +
+                round_allocation(double(tokens * m.hidden * m.dtype_bytes)));
+    }
+}
+
+TEST_CASE("memory_model: model states are the unified shards, the same for every strategy") {
+  const ModelShape m = shape(4096);
+  const int p = 4;
+  // Per rank: 1/p of W_qkv, W_proj, W_in, W_out, plus replicated norm parameters; 16 bytes per parameter.
+  const std::int64_t per_layer = (4 * m.hidden * m.hidden + 2 * m.hidden * m.ffn) / p + 4 * m.hidden;
+  CHECK(model_state_bytes(m, p) == m.layers * per_layer * 16);
+  CHECK(model_state_bytes(m, p, {.parameter_bytes = 4, .gradient_bytes = 4, .optimizer_bytes = 8}) ==
+        m.layers * per_layer * 16);
+  CHECK(model_state_bytes(m, p, {.parameter_bytes = 4, .gradient_bytes = 4, .optimizer_bytes = 0}) ==
+        m.layers * per_layer * 8);
+}
+
+TEST_CASE("memory_model: the whole-model peak is the sum of saved activations plus the largest transient") {
+  const ModelShape m = shape(16384);
+  const std::vector<LayerStrategies> layers{{Strategy::megatron_ts, Strategy::megatron_ts},
+                                            {Strategy::ulysses_z, Strategy::metp},
+                                            {Strategy::metp, Strategy::megatron_cz},
+                                            {Strategy::metp, Strategy::metp}};
+  const MemoryEstimate e = estimate_memory(m, 8, layers);
+  std::int64_t saved = 0, largest = 0;
+  for (const LayerStrategies& l : layers) {
+    const SublayerMemory a = sublayer_memory(l.attention, Sublayer::attention, m, 8);
+    const SublayerMemory f = sublayer_memory(l.mlp, Sublayer::mlp, m, 8);
+    saved += a.saved_bytes + f.saved_bytes;
+    largest = std::max({largest, a.transient_bytes(), f.transient_bytes()});
+  }
+  CHECK(e.saved_activations == saved);
+  CHECK(e.largest_transient == largest);
+  CHECK(e.model_states == model_state_bytes(m, 8));
+  CHECK(e.peak() == saved + largest + model_state_bytes(m, 8));
+  CHECK_THROWS_WITH_AS(estimate_memory(m, 8, std::vector<LayerStrategies>(3)),
+                       doctest::Contains("3 layer strategies for a model of 4 layers"), Error);
+}
+
+TEST_CASE("memory_model: uneven shards are sized by the rank holding the most tokens") {
+  ModelShape even = shape(1024), uneven = shape(1021);
+  for (Strategy s : {Strategy::megatron_cz, Strategy::metp}) {
+    // ceil(1021 / 4) = 256 = 1024 / 4 tokens on the fullest rank.
+    CHECK(sublayer_memory(s, Sublayer::mlp, uneven, 4).saved_bytes ==
+          sublayer_memory(s, Sublayer::mlp, even, 4).saved_bytes);
+  }
+}

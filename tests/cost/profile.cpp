@@ -1,0 +1,109 @@
+// Tests of paradyse/cost/profile.hpp and builtin_profiles.hpp: collective costs, JSON round trips, validation.
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/profile.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+
+using namespace paradyse;
+using namespace paradyse::cost;
+
+TEST_CASE("profile: a collective without entries follows the ring formula of its link level") {
+  HardwareProfile p;
+  p.devices_per_node = 4;
+  p.intra_node = {.launch_s = 2e-6, .step_latency_s = 1e-6, .bus_bytes_per_s = 100e9, .p2p_bytes_per_s = 50e9};
+  p.inter_node = {.launch_s = 5e-6, .step_latency_s = 3e-6, .bus_bytes_per_s = 10e9, .p2p_bytes_per_s = 5e9};
+  const double bytes = 1e8;
+  // Written out plainly from nccl-tests' PERFORMANCE.md.
+  CHECK(p.collective_time(Collective::all_gather, 4, bytes) == doctest::Approx(2e-6 + 3 * 1e-6 + 0.75 * bytes / 100e9));
+  CHECK(p.collective_time(Collective::all_reduce, 4, bytes) == doctest::Approx(2e-6 + 6 * 1e-6 + 1.5 * bytes / 100e9));
+  CHECK(p.collective_time(Collective::send_recv, 2, bytes) == doctest::Approx(2e-6 + 1e-6 + bytes / 50e9));
+  CHECK(p.collective_time(Collective::all_to_all, 8, bytes) == doctest::Approx(5e-6 + 7 * 3e-6 + 0.875 * bytes / 10e9));
+  CHECK(p.collective_time(Collective::all_gather, 1, bytes) == 0);
+  CHECK(p.collective_time(Collective::all_gather, 4, 0) == 0);
+}
+
+TEST_CASE("profile: an exact entry wins, and the nearest entry carries over to other group sizes") {
+  HardwareProfile p;
+  p.devices_per_node = 8;
+  p.intra_node = {.launch_s = 1, .step_latency_s = 1, .bus_bytes_per_s = 1, .p2p_bytes_per_s = 1};  // never used
+  p.set_collective(Collective::all_gather, LinkLevel::intra_node, 4, {.alpha_s = 3e-6, .beta_s_per_byte = 1e-11});
+  CHECK(p.collective_time(Collective::all_gather, 4, 1e6) == doctest::Approx(3e-6 + 1e-5));
+  // Group 8 from the entry for 4: alpha per step = 3e-6 / 3, bus beta = 1e-11 / (3/4).
+  CHECK(p.collective_time(Collective::all_gather, 8, 1e6) ==
+        doctest::Approx(7 * 1e-6 + (1e-11 / 0.75) * 0.875 * 1e6));
+  p.set_collective(Collective::all_gather, LinkLevel::intra_node, 4, {.alpha_s = 1e-6, .beta_s_per_byte = 0});
+  CHECK(p.collectives.size() == 1);
+  CHECK(p.collective_time(Collective::all_gather, 4, 1e9) == doctest::Approx(1e-6));
+}
+
+TEST_CASE("profile: GEMM time rises with size toward the peak rate") {
+  const HardwareProfile p = a100_sxm4_80gb_x8();
+  const double small = p.gemm.achieved_flops_per_s(128, 128, 128, 2);
+  const double large = p.gemm.achieved_flops_per_s(8192, 8192, 8192, 2);
+  CHECK(small < large);
+  CHECK(large < p.gemm.flops_per_s);
+  CHECK(large > 0.9 * p.gemm.flops_per_s);
+  CHECK(p.gemm.time(0, 10, 10, 2) == 0);
+}
+
+TEST_CASE("profile: built-in profiles are consistent with their datasheets") {
+  for (std::string_view name : kBuiltinProfileNames) {
+    const HardwareProfile p = builtin_profile(name);
+    CHECK(p.name == name);
+    CHECK(p.devices_per_node == 8);
+    CHECK(p.usable_memory_bytes() > 0);
+    CHECK(!p.source.empty());
+    CHECK(p.intra_node.bus_bytes_per_s > p.inter_node.p2p_bytes_per_s);
+  }
+  CHECK(a100_sxm4_80gb_x8().gemm.flops_per_s < 312e12);   // achieved < dense peak
+  CHECK(h100_sxm_80gb_x8().gemm.flops_per_s < 989e12);
+  CHECK(h200_sxm_141gb_x8().memory_bytes > h100_sxm_80gb_x8().memory_bytes);
+  CHECK(builtin_profile("h200").name == "H200-SXM-141GB-x8");
+  CHECK_THROWS_WITH_AS(builtin_profile("tpu"), doctest::Contains("no built-in profile \"tpu\""), Error);
+}
+
+TEST_CASE("profile: JSON round trip through a file keeps every field") {
+  HardwareProfile p = h100_sxm_80gb_x8();
+  p.overlap = 0.25;
+  p.set_collective(Collective::reduce, LinkLevel::intra_node, 3, {.alpha_s = 1.5e-5, .beta_s_per_byte = 3.3e-12});
+  const std::string path = "test_cost_profile_roundtrip.json";
+  save_profile(p, path);
+  const HardwareProfile q = load_profile(path);
+  std::remove(path.c_str());
+  CHECK(q.name == p.name);
+  CHECK(q.source == p.source);
+  CHECK(q.memory_bytes == p.memory_bytes);
+  CHECK(q.reserved_bytes == p.reserved_bytes);
+  CHECK(q.gemm.flops_per_s == p.gemm.flops_per_s);
+  CHECK(q.gemm.bytes_per_s == p.gemm.bytes_per_s);
+  CHECK(q.attention.backward_flops_per_s == p.attention.backward_flops_per_s);
+  CHECK(q.overlap == p.overlap);
+  CHECK(q.inter_node.p2p_bytes_per_s == p.inter_node.p2p_bytes_per_s);
+  REQUIRE(q.collectives.size() == p.collectives.size());
+  for (Collective op : kAllCollectives)
+    for (int g : {2, 3, 8, 16})
+      CHECK(q.collective_time(op, g, 12345678) == p.collective_time(op, g, 12345678));
+}
+
+TEST_CASE("profile: loading rejects bad values with a message naming them") {
+  json::Value v = to_json(a100_sxm4_80gb_x8());
+  v.set("overlap", 1.5);
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("overlap = 1.5"), Error);
+  v = to_json(a100_sxm4_80gb_x8());
+  json::Value gemm = v.at("gemm");
+  gemm.set("flops_per_s", -1);
+  v.set("gemm", gemm);
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("\"flops_per_s\" = -1 must be positive"), Error);
+  v = to_json(a100_sxm4_80gb_x8());
+  v.as_object().erase(v.as_object().begin() + 1);  // "name"
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("missing key \"name\""), Error);
+  v = to_json(a100_sxm4_80gb_x8());
+  json::Value entry = v.at("collectives").as_array().at(0);
+  entry.set("op", "gather_all");
+  json::Array table{entry};
+  v.set("collectives", json::Value(table));
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("unknown collective \"gather_all\""), Error);
+}

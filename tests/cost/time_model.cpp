@@ -1,0 +1,101 @@
+// Tests of paradyse/cost/time_model.hpp: properties of the time model and one schedule written out by hand.
+// (The model is checked against measured times of the CPU strategies by bench/cost_validation.cpp.)
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/time_model.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace paradyse;
+using namespace paradyse::cost;
+
+namespace {
+ModelShape shape(std::int64_t s) {
+  ModelShape m;
+  m.batch = 1;
+  m.seq = s;
+  m.hidden = 4096;
+  m.heads = 32;
+  m.kv_heads = 32;
+  m.head_dim = 128;
+  m.ffn = 16384;
+  m.layers = 2;
+  return m;
+}
+}  // namespace
+
+TEST_CASE("time_model: time grows with the sequence; attention grows faster than linearly") {
+  const HardwareProfile hw = a100_sxm4_80gb_x8();
+  for (Strategy s : kAllStrategies) {
+    const double t1 = sublayer_time(s, Sublayer::attention, shape(16384), 8, hw).total_s();
+    const double t2 = sublayer_time(s, Sublayer::attention, shape(32768), 8, hw).total_s();
+    const double t4 = sublayer_time(s, Sublayer::attention, shape(65536), 8, hw).total_s();
+    CHECK(t1 < t2);
+    CHECK(t4 - t2 > 2 * (t2 - t1));  // the s^2 term shows
+    const double m1 = sublayer_time(s, Sublayer::mlp, shape(16384), 8, hw).total_s();
+    const double m2 = sublayer_time(s, Sublayer::mlp, shape(32768), 8, hw).total_s();
+    CHECK(m1 < m2);
+    CHECK(m2 < 2.2 * m1);  // linear in s, up to fixed weight traffic
+  }
+}
+
+TEST_CASE("time_model: on one rank nothing is communicated") {
+  const HardwareProfile hw = a100_sxm4_80gb_x8();
+  for (Strategy s : kAllStrategies)
+    for (Sublayer part : kAllSublayers) CHECK(sublayer_time(s, part, shape(4096), 1, hw).exposed_comm_s == 0);
+}
+
+TEST_CASE("time_model: communication-parallelization cancellation on short sequences") {
+  // ZeRO-3 strategies move 12 h^2 weights per layer whatever the length: on short sequences MegatronTS wins, on long
+  // ones the weight traffic hides under compute and the ZeRO strategies catch up.
+  const HardwareProfile hw = a100_sxm4_80gb_x8();
+  const auto layer = [&](Strategy s, std::int64_t len) {
+    return sublayer_time(s, Sublayer::attention, shape(len), 8, hw).total_s() +
+           sublayer_time(s, Sublayer::mlp, shape(len), 8, hw).total_s();
+  };
+  CHECK(layer(Strategy::megatron_ts, 2048) < 0.7 * layer(Strategy::megatron_cz, 2048));
+  CHECK(layer(Strategy::megatron_cz, 131072) < 1.05 * layer(Strategy::megatron_ts, 131072));
+}
+
+TEST_CASE("time_model: MegatronTS MLP forward, written out") {
+  HardwareProfile hw = a100_sxm4_80gb_x8();
+  const ModelShape m = shape(8192);
+  const int p = 4;
+  const double e = m.dtype_bytes, n = double(m.seq) / p, N = double(m.seq), h = double(m.hidden);
+  const double f = double(m.ffn) / p;
+  const double expected = hw.elementwise_time(2 * n * h * e)                           // norm
+                          + hw.collective_time(Collective::all_gather, p, N * h * e)    // gather X
+                          + hw.gemm.time(N, f, h, 2)                                   // X W_in
+                          + hw.elementwise_time(N * 2 * f * e)                         // GELU
+                          + hw.gemm.time(N, h, f, 2)                                   // act W_out
+                          + hw.collective_time(Collective::reduce_scatter, p, N * h * e);
+  CHECK(sublayer_time(Strategy::megatron_ts, Sublayer::mlp, m, p, hw).forward_s == doctest::Approx(expected));
+}
+
+TEST_CASE("time_model: recomputation adds a forward to backward; packing shortens attention") {
+  const HardwareProfile hw = h100_sxm_80gb_x8();
+  ModelShape m = shape(16384);
+  for (Strategy s : kAllStrategies) {
+    const SublayerTime plain = sublayer_time(s, Sublayer::attention, m, 8, hw);
+    ModelShape r = m;
+    r.recompute = true;
+    const SublayerTime recomputed = sublayer_time(s, Sublayer::attention, r, 8, hw);
+    CHECK(recomputed.backward_s == doctest::Approx(plain.backward_s + plain.forward_s));
+    ModelShape packed = m;
+    packed.packed_lengths = {8192, 4096, 4096};
+    // Ring Self-Attention (ColossalZ) materialises every score block, packed or not.
+    if (s != Strategy::colossal_z)
+      CHECK(sublayer_time(s, Sublayer::attention, packed, 8, hw).total_s() < plain.total_s());
+  }
+}
+
+TEST_CASE("time_model: model_time sums the layers") {
+  const HardwareProfile hw = h100_sxm_80gb_x8();
+  const ModelShape m = shape(4096);
+  const std::vector<LayerStrategies> layers{{Strategy::metp, Strategy::megatron_ts},
+                                            {Strategy::ulysses_z, Strategy::megatron_cz}};
+  CHECK(model_time(m, 8, layers, hw) ==
+        doctest::Approx(sublayer_time(Strategy::metp, Sublayer::attention, m, 8, hw).total_s() +
+                        sublayer_time(Strategy::megatron_ts, Sublayer::mlp, m, 8, hw).total_s() +
+                        sublayer_time(Strategy::ulysses_z, Sublayer::attention, m, 8, hw).total_s() +
+                        sublayer_time(Strategy::megatron_cz, Sublayer::mlp, m, 8, hw).total_s()));
+}
