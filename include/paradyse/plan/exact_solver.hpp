@@ -318,6 +318,8 @@ inline std::vector<std::int64_t> transient_levels(const Problem& problem) {
 // The fastest assignment within the budget, or nothing when none fits.
 inline std::optional<Assignment> solve_exact(const Problem& problem) {
   detail::validate(problem);
+  for (const SlotGroup& g : problem.groups)
+    if (g.count > 0 && g.options.empty()) return std::nullopt;
   const std::vector<std::int64_t> levels = detail::transient_levels(problem);
   if (levels.empty()) {  // no slots at all
     if (problem.fixed_bytes > problem.budget_bytes) return std::nullopt;

@@ -1,0 +1,155 @@
+// Tests of paradyse/plan/planner.hpp (and cost_table.hpp): the exact planner on real cost tables, checked against
+// exhaustive search over every per-layer, per-sublayer assignment; forbidden strategies; the nothing-fits error.
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/plan/planner.hpp"
+
+#include "plan/brute_force.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace paradyse;
+using namespace paradyse::plan;
+using cost::Strategy;
+
+namespace {
+
+cost::ModelShape layer_shape(std::int64_t heads, std::int64_t ffn) {
+  cost::ModelShape m;
+  m.hidden = 512;
+  m.heads = heads;
+  m.kv_heads = heads;
+  m.head_dim = 64;
+  m.ffn = ffn;
+  m.dtype_bytes = 2;
+  return m;
+}
+
+// Dense layers with 8 heads and "wide" layers with 6 heads (Ulysses cannot run them on 4 ranks) and a wider MLP.
+ModelConfig mixed_model() {
+  ModelConfig m;
+  m.kinds.push_back({"dense", layer_shape(8, 2048)});
+  m.kinds.push_back({"wide", layer_shape(6, 8192)});
+  m.layer_kinds = {0, 1, 0};
+  return m;
+}
+
+void check_budgets(const CostTable& table) {
+  const auto all = testing::brute_force_layers(table, std::int64_t(1) << 60);
+  std::int64_t largest = 0;
+  for (Strategy s : cost::kAllStrategies) {
+    const Evaluation e = evaluate(table, uniform_layers(table, s));
+    if (e.allowed) largest = std::max(largest, e.peak_bytes());
+  }
+  for (int k = 0; k <= 8; ++k) {
+    const std::int64_t budget = all.least_peak + (largest - all.least_peak) * k / 8 + (k == 0 ? -1 : 0);
+    const auto want = testing::brute_force_layers(table, budget);
+    if (!want.feasible) {
+      CHECK_THROWS_AS(plan_exact(table, budget), NoFeasiblePlan);
+      continue;
+    }
+    const Plan got = plan_exact(table, budget);
+    CHECK(got.time_s == doctest::Approx(want.best_time).epsilon(1e-12));
+    CHECK(got.fits());
+    const Evaluation again = evaluate(table, got.strategies());
+    CHECK(again.allowed);
+    CHECK(again.peak_bytes() == got.peak_bytes());
+    CHECK(again.time_s == doctest::Approx(got.time_s));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("planner: the exact plan equals exhaustive search over every layer and sublayer (uniform model)") {
+  const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  const ModelConfig model = ModelConfig::uniform(layer_shape(8, 2048), 3);
+  for (std::int64_t s : {1024, 8192, 65536}) check_budgets(build_cost_table(model, hw, 4, Batch::single(s)));
+}
+
+TEST_CASE("planner: the exact plan equals exhaustive search on mixed layer kinds and packed batches") {
+  const cost::HardwareProfile hw = cost::h100_sxm_80gb_x8();
+  check_budgets(build_cost_table(mixed_model(), hw, 4, Batch::single(16384)));
+  check_budgets(build_cost_table(mixed_model(), hw, 4, Batch::packed({12000, 3000, 1384}, 2)));
+}
+
+TEST_CASE("planner: forbidden strategies are never chosen") {
+  const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  // Make Ulysses the fastest on the wide layers if it were allowed: a profile whose all-to-all is free.
+  cost::HardwareProfile free_all_to_all = hw;
+  free_all_to_all.set_collective(cost::Collective::all_to_all, cost::LinkLevel::intra_node, 4, {0, 0});
+  const CostTable table = build_cost_table(mixed_model(), free_all_to_all, 4, Batch::single(32768));
+  CHECK(table.option(1, Sublayer::attention, Strategy::ulysses_z) == nullptr);
+  CHECK(table.entry(1, Sublayer::attention, Strategy::ulysses_z).forbidden_reason.find("heads (6)") !=
+        std::string::npos);
+  CHECK(table.option(0, Sublayer::attention, Strategy::ulysses_z) != nullptr);
+  const Evaluation uniform_ulysses = evaluate(table, uniform_layers(table, Strategy::ulysses_z));
+  CHECK_FALSE(uniform_ulysses.allowed);
+  CHECK(uniform_ulysses.forbidden.find("layer 1 attention") != std::string::npos);
+  CHECK_THROWS_WITH_AS(plan_of(table, uniform_layers(table, Strategy::ulysses_z), 1 << 30),
+                       doctest::Contains("forbidden choice"), Error);
+  const auto all = testing::brute_force_layers(table, std::int64_t(1) << 60);
+  for (int k = 0; k <= 10; ++k) {
+    const std::int64_t budget = all.least_peak + (std::int64_t(1) << 24) * k * k;
+    const Plan plan = plan_exact(table, budget);
+    for (std::size_t l = 0; l < plan.layers.size(); ++l)
+      if (table.layer_kinds[l] == 1) CHECK(plan.layers[l].strategies.attention != Strategy::ulysses_z);
+  }
+  // Only Ulysses as a candidate: no strategy for the wide layers, and the error says why.
+  const std::array only{Strategy::ulysses_z};
+  const CostTable ulysses_only = build_cost_table(mixed_model(), hw, 4, Batch::single(4096), only);
+  CHECK_THROWS_WITH_AS(plan_exact(ulysses_only, std::int64_t(1) << 40),
+                       doctest::Contains("wide attention has no allowed strategy"), Error);
+}
+
+TEST_CASE("planner: nothing fits: the error says by how much, from the least-memory plan") {
+  const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  const CostTable table = build_cost_table(mixed_model(), hw, 4, Batch::single(65536));
+  const auto all = testing::brute_force_layers(table, std::int64_t(1) << 60);
+  const std::int64_t budget = all.least_peak - 12345;
+  try {
+    plan_exact(table, budget);
+    FAIL("expected NoFeasiblePlan");
+  } catch (const NoFeasiblePlan& e) {
+    CHECK(e.least_peak_bytes() == all.least_peak);
+    CHECK(e.shortfall_bytes() == 12345);
+    CHECK(e.budget_bytes() == budget);
+    const std::string message = e.what();
+    CHECK(message.find("no plan fits the memory budget") != std::string::npos);
+    CHECK(message.find("more than the budget") != std::string::npos);
+    CHECK(message.find("65536 tokens on 4 ranks") != std::string::npos);
+  }
+  CHECK(least_memory_plan(table, budget).peak_bytes() == all.least_peak);
+  CHECK_NOTHROW(plan_exact(table, all.least_peak));
+}
+
+TEST_CASE("planner: layers with larger transients come later within a kind") {
+  const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  const ModelConfig model = ModelConfig::uniform(layer_shape(8, 2048), 8);
+  const CostTable table = build_cost_table(model, hw, 4, Batch::single(65536));
+  const Plan fastest = plan_exact(table, std::int64_t(1) << 50);
+  const Plan least = least_memory_plan(table, 0);
+  // A budget between the two forces a mix.
+  const Plan mixed = plan_exact(table, (fastest.peak_bytes() + least.peak_bytes()) / 2);
+  for (Sublayer part : cost::kAllSublayers) {
+    std::int64_t previous = 0;
+    for (int l = 0; l < 8; ++l) {
+      const Strategy s = part == Sublayer::attention ? mixed.layers[std::size_t(l)].strategies.attention
+                                                     : mixed.layers[std::size_t(l)].strategies.mlp;
+      const std::int64_t transient = table.option(0, part, s)->transient_bytes;
+      CHECK(transient >= previous);
+      previous = transient;
+    }
+  }
+  CHECK(mixed.time_s >= fastest.time_s);
+  CHECK(mixed.time_s <= least.time_s);
+  CHECK(!mixed.summary().empty());
+}
+
+TEST_CASE("planner: the one-call form uses the profile's usable memory") {
+  const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  const ModelConfig model = ModelConfig::uniform(layer_shape(8, 2048), 4);
+  const Plan plan = plan_exact(model, hw, 8, Batch::single(4096));
+  CHECK(plan.budget_bytes == hw.usable_memory_bytes());
+  CHECK(plan.layers.size() == 4);
+  CHECK_THROWS_WITH_AS(build_cost_table(model, hw, 8, Batch{1, {}}), doctest::Contains("lengths"), Error);
+  CHECK_THROWS_WITH_AS(build_cost_table(model, hw, 8, Batch::single(0)), doctest::Contains("length 0"), Error);
+}
