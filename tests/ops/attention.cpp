@@ -374,3 +374,16 @@ TEST_CASE("attention rejects bad input with a message naming the value") {
   Tensor<float> lse_merge_bad(Shape{1, 4, 3});
   CHECK_THROWS_AS(ops::cpu::attention_merge(out2.view(), lse2.view(), out2.view(), lse_merge_bad.view()), Error);
 }
+
+TEST_CASE("attention is right at every instruction-set level this CPU has") {
+  for (ops::cpu::SimdLevel level : {ops::cpu::SimdLevel::base, ops::cpu::SimdLevel::avx2, ops::cpu::SimdLevel::avx512}) {
+    CAPTURE(int(level));
+    ops::cpu::limit_simd_level(level);
+    ReferenceMask docs;
+    docs.causal = true;
+    docs.document_starts = {0, 37, 90};
+    check_attention({1, 150, 150, 2, 1, 24}, docs, false, 90 + int(level));
+    check_attention({1, 70, 140, 2, 2, 8}, {}, false, 95 + int(level));
+  }
+  ops::cpu::limit_simd_level(ops::cpu::SimdLevel::avx512);
+}

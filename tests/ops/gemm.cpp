@@ -148,3 +148,14 @@ TEST_CASE("gemm rejects bad leading dimensions and sizes") {
     CHECK(std::string(e.what()).find("lda = 3") != std::string::npos);
   }
 }
+
+TEST_CASE("gemm_fallback is right at every instruction-set level this CPU has") {
+  for (ops::cpu::SimdLevel level : {ops::cpu::SimdLevel::base, ops::cpu::SimdLevel::avx2, ops::cpu::SimdLevel::avx512}) {
+    CAPTURE(int(level));
+    ops::cpu::limit_simd_level(level);
+    Rng rng(0x51 + int(level));
+    check_gemm(&ops::cpu::gemm_fallback, 37, 70, 300, 1.25f, 0.5f, 2, rng);
+    check_gemm(&ops::cpu::gemm_fallback, 100, 33, 17, 1.0f, 0.0f, 0, rng);
+  }
+  ops::cpu::limit_simd_level(ops::cpu::SimdLevel::avx512);
+}

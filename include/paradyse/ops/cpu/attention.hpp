@@ -87,6 +87,7 @@ inline void attention_forward(TensorView<const float> q, TensorView<const float>
   const AttentionTiling tiling = attention_tiling(d);
   const Tensor<std::int64_t> ranges = detail::visible_ranges(mask, dims.q_len, dims.kv_len);
   detail::ForwardScratch scratch(tiling, d);
+  const detail::TileSteps steps = detail::tile_steps();
 
   const std::int64_t ld_q = detail::row_stride(q, d), ld_k = detail::row_stride(k, d), ld_v = detail::row_stride(v, d);
   for (std::int64_t bi = 0; bi < dims.batch; ++bi)
@@ -111,7 +112,7 @@ inline void attention_forward(TensorView<const float> q, TensorView<const float>
           // scores: [rows, cols] = scale * q_tile k_tile^T
           gemm(Transpose::no, Transpose::yes, rows, cols, d, scale, q_head + i0 * ld_q, ld_q, k_head + j0 * ld_k, ld_k,
                0.0f, scores, ld_s);
-          detail::online_softmax_tile(scores, ld_s, rows, cols, j0, tile_ranges, vis == detail::TileVisibility::partial,
+          steps.online_softmax(scores, ld_s, rows, cols, j0, tile_ranges, vis == detail::TileVisibility::partial,
                                       scratch.row_max.data(), scratch.row_sum.data(), scratch.acc.data(), d);
           // acc: [rows, d] += p v_tile
           gemm(Transpose::no, Transpose::no, rows, d, cols, 1.0f, scores, ld_s, v_head + j0 * ld_v, ld_v, 1.0f,
@@ -157,6 +158,7 @@ inline void attention_backward(TensorView<const float> q, TensorView<const float
   const AttentionTiling tiling = attention_tiling(d);
   const Tensor<std::int64_t> ranges = detail::visible_ranges(mask, dims.q_len, dims.kv_len);
   detail::BackwardScratch scratch(tiling, dims.q_len);
+  const detail::TileSteps steps = detail::tile_steps();
 
   const std::int64_t ld_q = detail::row_stride(q, d), ld_k = detail::row_stride(k, d), ld_v = detail::row_stride(v, d);
   const std::int64_t ld_do = detail::row_stride(dout, d), ld_dq = detail::row_stride(dq, d);
@@ -195,7 +197,7 @@ inline void attention_backward(TensorView<const float> q, TensorView<const float
           // p: [rows, cols] = exp(scale * q_tile k_tile^T - lse)
           gemm(Transpose::no, Transpose::yes, rows, cols, d, scale, q_head + i0 * ld_q, ld_q, k_head + j0 * ld_k, ld_k,
                0.0f, p, ld_s);
-          detail::probabilities_from_lse(p, ld_s, rows, cols, j0, tile_ranges, vis == detail::TileVisibility::partial,
+          steps.probabilities(p, ld_s, rows, cols, j0, tile_ranges, vis == detail::TileVisibility::partial,
                                          scratch.lse.data() + i0);
           // dv_tile: [cols, d] += p^T dout_tile
           gemm(Transpose::yes, Transpose::no, cols, d, rows, 1.0f, p, ld_s, do_head + i0 * ld_do, ld_do, 1.0f,
@@ -203,7 +205,7 @@ inline void attention_backward(TensorView<const float> q, TensorView<const float
           // dp: [rows, cols] = dout_tile v_tile^T, then ds = p * (dp - delta) in place
           gemm(Transpose::no, Transpose::yes, rows, cols, d, 1.0f, do_head + i0 * ld_do, ld_do, v_head + j0 * ld_v,
                ld_v, 0.0f, dp, ld_s);
-          detail::softmax_grad_tile(p, dp, ld_s, rows, cols, scratch.delta.data() + i0);
+          steps.softmax_grad(p, dp, ld_s, rows, cols, scratch.delta.data() + i0);
           // dq_tile: [rows, d] += scale * ds k_tile;  dk_tile: [cols, d] += scale * ds^T q_tile
           gemm(Transpose::no, Transpose::no, rows, d, cols, scale, dp, ld_s, k_head + j0 * ld_k, ld_k, 1.0f,
                dq_head + i0 * ld_dq, ld_dq);

@@ -6,6 +6,7 @@
 
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/ops/attention_mask.hpp"
+#include "paradyse/ops/cpu/simd.hpp"
 #include "paradyse/ops/cpu/vector_math.hpp"
 
 #include <algorithm>
@@ -30,7 +31,6 @@ inline AttentionTiling attention_tiling(std::int64_t head_dim) {
 namespace detail {
 
 inline constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
-inline constexpr int kLanes = 16;  // partial reductions: one AVX-512 register, two AVX2, four SSE
 
 enum class TileVisibility { none, all, partial };
 
@@ -73,54 +73,23 @@ inline void mask_row(float* row, std::int64_t cols, KeyRange visible) {
   for (std::int64_t c = visible.last; c < cols; ++c) row[c] = kNegativeInfinity;
 }
 
-[[gnu::always_inline]] inline float row_maximum(const float* row, std::int64_t n) {
-  float lanes[kLanes];
-  for (int l = 0; l < kLanes; ++l) lanes[l] = kNegativeInfinity;
-  std::int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] = row[c + l] > lanes[l] ? row[c + l] : lanes[l];
-  float m = kNegativeInfinity;
-  for (int l = 0; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
-  for (; c < n; ++c) m = row[c] > m ? row[c] : m;
-  return m;
-}
-
-// row[c] = exp(row[c] - shift); returns the sum.
-[[gnu::always_inline]] inline float exponentiate_row(float* row, std::int64_t n, float shift) {
-  float lanes[kLanes] = {};
-  std::int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float p = exp_approx(row[c + l] - shift);
-      row[c + l] = p;
-      lanes[l] += p;
-    }
-  float sum = 0.0f;
-  for (int l = 0; l < kLanes; ++l) sum += lanes[l];
-  for (; c < n; ++c) {
-    const float p = exp_approx(row[c] - shift);
-    row[c] = p;
-    sum += p;
-  }
-  return sum;
-}
-
 // Online softmax over one score tile (scores: [rows, cols], leading dimension ld): masks it (when partial), turns
 // it into exp(s - running max) in place, and rescales the running sums and the output accumulator
 // (acc: [rows, head_dim]) to the new maxima. row_max starts at -inf and row_sum at 0.
-inline void online_softmax_tile(float* scores, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::int64_t j0,
-                                const std::int64_t* ranges, bool partial, float* row_max, float* row_sum, float* acc,
-                                std::int64_t head_dim) {
+[[gnu::always_inline]] inline void online_softmax_body(float* scores, std::int64_t ld, std::int64_t rows,
+                                                       std::int64_t cols, std::int64_t j0, const std::int64_t* ranges,
+                                                       bool partial, float* row_max, float* row_sum, float* acc,
+                                                       std::int64_t head_dim) {
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * ld;
     if (partial) mask_row(row, cols, tile_columns(ranges, r, j0, cols));
     const float old_max = row_max[r];
-    const float new_max = std::max(old_max, row_maximum(row, cols));
+    const float new_max = std::max(old_max, maximum(row, cols));
     // A row that has seen no key yet keeps max -inf; shift by 0 so that exp(-inf - shift) = 0, never NaN.
     const float shift = new_max == kNegativeInfinity ? 0.0f : new_max;
-    const float sum = exponentiate_row(row, cols, shift);
+    for (std::int64_t c = 0; c < cols; ++c) row[c] = exp_approx(row[c] - shift);
     const float correction = exp_approx(old_max - shift);  // 0 when old_max = -inf
-    row_sum[r] = row_sum[r] * correction + sum;
+    row_sum[r] = row_sum[r] * correction + sum(row, cols);
     row_max[r] = new_max;
     if (correction != 1.0f) {
       float* acc_row = acc + r * head_dim;
@@ -131,8 +100,9 @@ inline void online_softmax_tile(float* scores, std::int64_t ld, std::int64_t row
 
 // p = exp(s - lse) in place (s: [rows, cols], leading dimension ld), masked columns 0. lse_rows holds +inf for a
 // query that sees no key at all, which makes its row 0.
-inline void probabilities_from_lse(float* scores, std::int64_t ld, std::int64_t rows, std::int64_t cols,
-                                   std::int64_t j0, const std::int64_t* ranges, bool partial, const float* lse_rows) {
+[[gnu::always_inline]] inline void probabilities_body(float* scores, std::int64_t ld, std::int64_t rows,
+                                                      std::int64_t cols, std::int64_t j0, const std::int64_t* ranges,
+                                                      bool partial, const float* lse_rows) {
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * ld;
     if (partial) mask_row(row, cols, tile_columns(ranges, r, j0, cols));
@@ -146,13 +116,54 @@ inline void probabilities_from_lse(float* scores, std::int64_t ld, std::int64_t 
 }
 
 // ds = p * (dp - delta) in place of dp (both [rows, cols], leading dimension ld).
-inline void softmax_grad_tile(const float* p, float* dp, std::int64_t ld, std::int64_t rows, std::int64_t cols,
-                              const float* delta) {
+[[gnu::always_inline]] inline void softmax_grad_body(const float* p, float* dp, std::int64_t ld, std::int64_t rows,
+                                                     std::int64_t cols, const float* delta) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* p_row = p + r * ld;
     float* dp_row = dp + r * ld;
     const float dr = delta[r];
     for (std::int64_t c = 0; c < cols; ++c) dp_row[c] = p_row[c] * (dp_row[c] - dr);
+  }
+}
+
+// The tile steps compiled for each instruction set (see simd.hpp).
+#define PARADYSE_ATTENTION_TILE_STEPS(suffix, target)                                                              \
+  target inline void online_softmax_##suffix(float* s, std::int64_t ld, std::int64_t rows, std::int64_t cols,      \
+                                             std::int64_t j0, const std::int64_t* ranges, bool partial, float* mx, \
+                                             float* sm, float* acc, std::int64_t d) {                              \
+    online_softmax_body(s, ld, rows, cols, j0, ranges, partial, mx, sm, acc, d);                                   \
+  }                                                                                                                \
+  target inline void probabilities_##suffix(float* s, std::int64_t ld, std::int64_t rows, std::int64_t cols,       \
+                                            std::int64_t j0, const std::int64_t* ranges, bool partial,             \
+                                            const float* lse) {                                                    \
+    probabilities_body(s, ld, rows, cols, j0, ranges, partial, lse);                                               \
+  }                                                                                                                \
+  target inline void softmax_grad_##suffix(const float* p, float* dp, std::int64_t ld, std::int64_t rows,          \
+                                           std::int64_t cols, const float* delta) {                                \
+    softmax_grad_body(p, dp, ld, rows, cols, delta);                                                               \
+  }
+PARADYSE_ATTENTION_TILE_STEPS(base, )
+#if defined(PARADYSE_X86_DISPATCH)
+PARADYSE_ATTENTION_TILE_STEPS(avx2, PARADYSE_TARGET_AVX2)
+PARADYSE_ATTENTION_TILE_STEPS(avx512, PARADYSE_TARGET_AVX512)
+#endif
+#undef PARADYSE_ATTENTION_TILE_STEPS
+
+// The three steps for the current simd_level().
+struct TileSteps {
+  void (*online_softmax)(float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, const std::int64_t*, bool,
+                         float*, float*, float*, std::int64_t);
+  void (*probabilities)(float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, const std::int64_t*, bool,
+                        const float*);
+  void (*softmax_grad)(const float*, float*, std::int64_t, std::int64_t, std::int64_t, const float*);
+};
+inline TileSteps tile_steps() {
+  switch (simd_level()) {
+#if defined(PARADYSE_X86_DISPATCH)
+    case SimdLevel::avx512: return {online_softmax_avx512, probabilities_avx512, softmax_grad_avx512};
+    case SimdLevel::avx2: return {online_softmax_avx2, probabilities_avx2, softmax_grad_avx2};
+#endif
+    default: return {online_softmax_base, probabilities_base, softmax_grad_base};
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/ops/cpu/simd.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -23,9 +24,6 @@
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 #endif
 
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-#define PARADYSE_X86_DISPATCH 1
-#endif
 
 namespace paradyse::ops {
 enum class Transpose : bool { no, yes };
@@ -199,35 +197,19 @@ inline void blocked_gemm_base(Transpose ta, Transpose tb, std::int64_t m, std::i
   blocked_gemm<kMrBase, kNrBase>(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, ap, bp);
 }
 #if defined(PARADYSE_X86_DISPATCH)
-__attribute__((target("avx2,fma"))) inline void blocked_gemm_avx2(Transpose ta, Transpose tb, std::int64_t m,
+PARADYSE_TARGET_AVX2 inline void blocked_gemm_avx2(Transpose ta, Transpose tb, std::int64_t m,
                                                                    std::int64_t n, std::int64_t k, float alpha,
                                                                    const float* a, std::int64_t lda, const float* b,
                                                                    std::int64_t ldb, float* c, std::int64_t ldc,
                                                                    float* ap, float* bp) {
   blocked_gemm<kMrAvx2, kNrAvx2>(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, ap, bp);
 }
-__attribute__((target("avx512f,avx512vl,avx2,fma"))) inline void blocked_gemm_avx512(
+PARADYSE_TARGET_AVX512 inline void blocked_gemm_avx512(
     Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
     std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc, float* ap, float* bp) {
   blocked_gemm<kMrAvx512, kNrAvx512>(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, ap, bp);
 }
 #endif
-
-// The instruction set the fallback kernels use on this CPU.
-enum class SimdLevel { base, avx2, avx512 };
-inline SimdLevel simd_level() {
-#if defined(PARADYSE_X86_DISPATCH)
-  static const SimdLevel level = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return SimdLevel::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SimdLevel::avx2;
-    return SimdLevel::base;
-  }();
-  return level;
-#else
-  return SimdLevel::base;
-#endif
-}
 
 // Packing scratch of the calling thread (per rank), grown on demand. Small (<= ~1.2 MiB) and reused by every
 // fallback GEMM of the thread, so it is workspace of the kernel rather than a tensor.
@@ -251,12 +233,12 @@ inline void gemm_fallback(Transpose trans_a, Transpose trans_b, std::int64_t m, 
   const std::size_t b_floats = std::size_t(detail::kFallbackNc + detail::kNrMax) * detail::kFallbackKc;
   float* a_packed = detail::fallback_scratch(a_floats + b_floats);
   float* b_packed = a_packed + a_floats;
-  switch (detail::simd_level()) {
+  switch (simd_level()) {
 #if defined(PARADYSE_X86_DISPATCH)
-    case detail::SimdLevel::avx512:
+    case SimdLevel::avx512:
       detail::blocked_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, a_packed, b_packed);
       return;
-    case detail::SimdLevel::avx2:
+    case SimdLevel::avx2:
       detail::blocked_gemm_avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, a_packed, b_packed);
       return;
 #endif

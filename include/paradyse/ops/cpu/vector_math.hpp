@@ -9,9 +9,6 @@
 #include <bit>
 #include <cstdint>
 
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-#define PARADYSE_X86_DISPATCH 1
-#endif
 
 namespace paradyse::ops::cpu {
 
@@ -37,56 +34,59 @@ namespace paradyse::ops::cpu {
   return x < -87.0f ? 0.0f : p * two_to_n;
 }
 
-// Sums with 16 independent partial sums: vectorises without -ffast-math (which a plain float reduction does not).
+// Reductions with 16 independent partial results: they vectorise without -ffast-math (a plain float reduction
+// does not, since reassociating it changes the rounding). The tail runs from an explicit bound so that GCC sees
+// both loops' trip counts.
 inline constexpr int kReductionLanes = 16;
 
 [[gnu::always_inline]] inline float sum(const float* x, std::int64_t n) {
+  const std::int64_t full = n / kReductionLanes * kReductionLanes;
   float lanes[kReductionLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kReductionLanes <= n; i += kReductionLanes)
+  for (std::int64_t i = 0; i < full; i += kReductionLanes)
     for (int l = 0; l < kReductionLanes; ++l) lanes[l] += x[i + l];
   float total = 0.0f;
   for (int l = 0; l < kReductionLanes; ++l) total += lanes[l];
-  for (; i < n; ++i) total += x[i];
+  for (std::int64_t i = full; i < n; ++i) total += x[i];
   return total;
 }
 
 [[gnu::always_inline]] inline float dot(const float* x, const float* y, std::int64_t n) {
+  const std::int64_t full = n / kReductionLanes * kReductionLanes;
   float lanes[kReductionLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kReductionLanes <= n; i += kReductionLanes)
+  for (std::int64_t i = 0; i < full; i += kReductionLanes)
     for (int l = 0; l < kReductionLanes; ++l) lanes[l] += x[i + l] * y[i + l];
   float total = 0.0f;
   for (int l = 0; l < kReductionLanes; ++l) total += lanes[l];
-  for (; i < n; ++i) total += x[i] * y[i];
+  for (std::int64_t i = full; i < n; ++i) total += x[i] * y[i];
   return total;
 }
 
 // sum of (x - shift)^2: the second pass of a two-pass variance.
 [[gnu::always_inline]] inline float sum_of_squares(const float* x, std::int64_t n, float shift) {
+  const std::int64_t full = n / kReductionLanes * kReductionLanes;
   float lanes[kReductionLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kReductionLanes <= n; i += kReductionLanes)
+  for (std::int64_t i = 0; i < full; i += kReductionLanes)
     for (int l = 0; l < kReductionLanes; ++l) {
       const float c = x[i + l] - shift;
       lanes[l] += c * c;
     }
   float total = 0.0f;
   for (int l = 0; l < kReductionLanes; ++l) total += lanes[l];
-  for (; i < n; ++i) total += (x[i] - shift) * (x[i] - shift);
+  for (std::int64_t i = full; i < n; ++i) total += (x[i] - shift) * (x[i] - shift);
   return total;
 }
 
+// The largest element (-inf for n = 0); NaN elements are skipped.
 [[gnu::always_inline]] inline float maximum(const float* x, std::int64_t n) {
   constexpr float kLowest = -__builtin_huge_valf();
+  const std::int64_t full = n / kReductionLanes * kReductionLanes;
   float lanes[kReductionLanes];
   for (int l = 0; l < kReductionLanes; ++l) lanes[l] = kLowest;
-  std::int64_t i = 0;
-  for (; i + kReductionLanes <= n; i += kReductionLanes)
+  for (std::int64_t i = 0; i < full; i += kReductionLanes)
     for (int l = 0; l < kReductionLanes; ++l) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
   float m = kLowest;
   for (int l = 0; l < kReductionLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (std::int64_t i = full; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
 
