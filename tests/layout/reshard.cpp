@@ -119,21 +119,190 @@ void sweep(const DeviceMesh& mesh, const Shape& shape, const std::vector<std::pa
   }
 }
 
-std::vector<std::pair<DynamicLayout, DynamicLayout>> all_pairs(const std::vector<DynamicLayout>& layouts) {
-  std::vector<std::pair<DynamicLayout, DynamicLayout>> pairs;
+using Pairs = std::vector<std::pair<DynamicLayout, DynamicLayout>>;
+
+Pairs all_pairs(const std::vector<DynamicLayout>& layouts) {
+  Pairs pairs;
   for (const auto& a : layouts)
     for (const auto& b : layouts) pairs.push_back({a, b});
   return pairs;
 }
 
+// `extra` random pairs (seeded: the same every run); with `every_source`, first every layout once as the source.
+Pairs sampled_pairs(const std::vector<DynamicLayout>& layouts, std::size_t extra, std::uint64_t seed,
+                    bool every_source = true) {
+  Rng rng(seed);
+  Pairs pairs;
+  if (every_source)
+    for (const auto& a : layouts) pairs.push_back({a, layouts[rng.below(layouts.size())]});
+  for (std::size_t k = 0; k < extra; ++k)
+    pairs.push_back({layouts[rng.below(layouts.size())], layouts[rng.below(layouts.size())]});
+  return pairs;
+}
+
+bool has_trivial_axis(const DeviceMesh& mesh) {
+  for (const MeshAxis& axis : mesh.axes())
+    if (axis.size == 1) return true;
+  return false;
+}
+
 }  // namespace
 
-TEST_CASE("reshard: every pair of layouts on every mesh of 1 and 2 axes with 1-8 ranks (uneven shapes)") {
+// Thread ranks rendezvous for every collective and the machine has few cores, so the sweeps below are exhaustive
+// where a mesh has something new to show (every pair on 1-axis meshes and on 2-axis meshes without a size-1 axis)
+// and sampled elsewhere (every layout at least once as the source).
+TEST_CASE("reshard: every pair of layouts on every 1-axis mesh of 1-8 ranks, 2-D and 3-D uneven shapes") {
+  for (const DeviceMesh& mesh : small_meshes(8, 1)) {
+    for (const Shape& shape : {Shape{5, 7}, Shape{3, 4, 5}}) {
+      const auto layouts = all_layouts(mesh.ndim(), all_placements(shape.rank()));
+      sweep(mesh, shape, all_pairs(layouts), 100 + std::uint64_t(mesh.size()));
+    }
+  }
+}
+
+TEST_CASE("reshard: every pair of layouts on the 2-axis meshes 2x2, 2x3, 3x2, 2x4, 4x2") {
   const Shape shape{5, 7};
   for (const DeviceMesh& mesh : small_meshes(8, 2)) {
+    if (mesh.ndim() != 2 || has_trivial_axis(mesh)) continue;
     const auto layouts = all_layouts(mesh.ndim(), all_placements(shape.rank()));
-    const auto t0 = std::chrono::steady_clock::now();
-    sweep(mesh, shape, all_pairs(layouts), 1000 + std::uint64_t(mesh.size()));
-    MESSAGE(mesh.to_string(), " ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    sweep(mesh, shape, all_pairs(layouts), 200 + std::uint64_t(mesh.size()));
   }
+}
+
+TEST_CASE("reshard: sampled pairs on every other mesh of 2 and 3 axes with 1-8 ranks (every source on 2x2x2)") {
+  const Shape shape{5, 7};
+  for (const DeviceMesh& mesh : small_meshes(8, 3)) {
+    if (mesh.ndim() == 1 || (mesh.ndim() == 2 && !has_trivial_axis(mesh))) continue;
+    const auto layouts = all_layouts(mesh.ndim(), all_placements(shape.rank()));
+    // Size-1 axes change nothing but the bookkeeping: fewer pairs there.
+    const bool trivial = has_trivial_axis(mesh);
+    const Pairs pairs = sampled_pairs(layouts, trivial ? 50 : 400, 300 + std::uint64_t(mesh.size()), !trivial);
+    sweep(mesh, shape, pairs, 400 + std::uint64_t(mesh.size()));
+  }
+  // A 3-D tensor on the 2x2x2 mesh: a few hundred pairs of its 512 x 512.
+  const DeviceMesh cube({{"dp", 2}, {"sp", 2}, {"tp", 2}});
+  const auto layouts = all_layouts(3, all_placements(3));
+  sweep(cube, Shape{3, 5, 2}, sampled_pairs(layouts, 200, 77), 78);
+}
+
+TEST_CASE("reshard: the issue's examples on [b, s, h] activations, with compile-time layouts and byte reports") {
+  // 1000 tokens on 3 ranks: sequence shards -> head shards (Ulysses) -> zigzag sequence shards -> replicated.
+  const DeviceMesh mesh({{"sp", 3}});
+  const Shape global{2, 1000, 6};
+  Rng rng(5);
+  const Tensor<float> x = random_uniform<float>(global, rng);
+  using Sequence = StaticLayout<Shard<1>>;
+  using Heads = StaticLayout<Shard<2>>;
+  using Zigzag = StaticLayout<ShardZigzag<1>>;
+  using Full = StaticLayout<Replicate>;
+  std::vector<std::string> failures(3);
+  run_ranks(3, [&](ThreadCommunicator& world) {
+    MeshCommunicator comm(mesh, world);
+    const MeshCoordinate me = comm.coordinate();
+    std::string& failure = failures[std::size_t(world.rank())];
+    auto expect = [&](const Tensor<float>& got, auto layout, const char* what) {
+      const Tensor<float> want = distribute(x, layout, mesh, me);
+      if (got.shape() != want.shape() || !std::equal(want.span().begin(), want.span().end(), got.span().begin()))
+        failure += fmt::format("{} differs; ", what);
+    };
+    const Tensor<float> seq = distribute(x, Sequence{}, mesh, me);
+    ReshardReport report;
+    const Tensor<float> heads = reshard(comm, seq, global, Sequence{}, Heads{}, &report);
+    expect(heads, Heads{}, "heads");
+    if (report.plan.steps.size() != 1 || report.plan.steps[0].kind != ReshardStep::Kind::all_to_all)
+      failure += "sequence -> heads is not one all_to_all; ";
+    // All-to-all sends everything but the block a rank keeps.
+    const std::uint64_t kept = std::uint64_t(seq.shape().with(2, 2).numel()) * sizeof(float);
+    if (report.bytes_sent != seq.bytes() - kept) failure += fmt::format("all_to_all sent {} bytes; ", report.bytes_sent);
+    const Tensor<float> zigzag = reshard(comm, heads, global, Heads{}, Zigzag{});
+    expect(zigzag, Zigzag{}, "zigzag");
+    const Tensor<float> full = reshard(comm, zigzag, global, Zigzag{}, Full{});
+    expect(full, Full{}, "replicated");
+    const Tensor<float> back = reshard(comm, full, global, Full{}, Sequence{}, &report);
+    expect(back, Sequence{}, "sequence again");
+    if (report.bytes_sent != 0) failure += "Replicate -> Shard communicated; ";
+  });
+  for (const std::string& f : failures) CHECK_MESSAGE(f.empty(), f);
+}
+
+TEST_CASE("reshard: float and bf16 elements; Partial reductions within the float32 tolerance") {
+  const DeviceMesh mesh({{"dp", 2}, {"sp", 3}});
+  const Shape global{4, 7};
+  Rng rng(9);
+  const Tensor<double> x64 = random_uniform<double>(global, rng);
+  Tensor<float> x32(global);
+  Tensor<bf16> x16(global);
+  for (std::int64_t i = 0; i < x64.numel(); ++i) {
+    x32.data()[i] = float(x64.data()[i]);
+    x16.data()[i] = bf16(float(x64.data()[i]));
+  }
+  const DynamicLayout partial_rows{Placement::partial(), Placement::shard(0)};
+  const DynamicLayout zigzag_cols{Placement::zigzag(1), Placement::replicate()};
+  std::vector<std::string> failures(6);
+  run_ranks(6, [&](ThreadCommunicator& world) {
+    MeshCommunicator comm(mesh, world);
+    const MeshCoordinate me = comm.coordinate();
+    std::string& failure = failures[std::size_t(world.rank())];
+    // float: the dp-partial terms are half the value each; reduce-scatter them into zigzag columns.
+    Tensor<float> terms = distribute(x32, without_partials(partial_rows), mesh, me);
+    for (float& v : terms.span()) v *= 0.5f;
+    const Tensor<float> y = reshard(comm, terms, global, partial_rows, zigzag_cols);
+    const Tensor<double> want = distribute(x64, zigzag_cols, mesh, me);
+    const std::string miss = first_mismatch(std::span<const float>(y.span()), std::span<const double>(want.span()), kFloat32);
+    if (!miss.empty()) failure += "float: " + miss + "; ";
+    // bf16 moves data only: bitwise.
+    const DynamicLayout a{Placement::shard(1), Placement::zigzag(0)}, b{Placement::zigzag(0), Placement::shard(1)};
+    const Tensor<bf16> z = reshard(comm, distribute(x16, a, mesh, me), global, a, b);
+    const Tensor<bf16> z_want = distribute(x16, b, mesh, me);
+    if (z.shape() != z_want.shape() ||
+        !std::equal(z.span().begin(), z.span().end(), z_want.span().begin(),
+                    [](bf16 p, bf16 q) { return p.bits == q.bits; }))
+      failure += "bf16 differs; ";
+  });
+  for (const std::string& f : failures) CHECK_MESSAGE(f.empty(), f);
+}
+
+TEST_CASE("reshard: Partial(max) and Partial(avg) reduce with their op") {
+  const DeviceMesh mesh({{"tp", 4}});
+  const Shape global{3, 5};
+  Rng rng(21);
+  const Tensor<double> x = random_uniform<double>(global, rng);
+  std::vector<std::string> failures(4);
+  run_ranks(4, [&](ThreadCommunicator& world) {
+    MeshCommunicator comm(mesh, world);
+    std::string& failure = failures[std::size_t(world.rank())];
+    // max: rank 0 holds the value, the others something smaller.
+    Tensor<double> terms = Tensor<double>::copy_of(x.view());
+    if (world.rank() != 0)
+      for (double& v : terms.span()) v -= 0.25 + 0.125 * world.rank();
+    const Tensor<double> maxed = reshard(comm, terms, global, StaticLayout<Partial<ReduceOp::max>>{},
+                                         StaticLayout<Shard<1>>{});
+    const Tensor<double> want = distribute(x, StaticLayout<Shard<1>>{}, mesh, comm.coordinate());
+    if (!first_mismatch(std::span<const double>(maxed.span()), std::span<const double>(want.span()), kFloat64).empty())
+      failure += "max; ";
+    // avg: terms x + (r - 1.5) average to x.
+    for (std::int64_t i = 0; i < terms.numel(); ++i) terms.data()[i] = x.data()[i] + (world.rank() - 1.5);
+    const Tensor<double> averaged = reshard(comm, terms, global, StaticLayout<Partial<ReduceOp::avg>>{},
+                                            StaticLayout<Replicate>{});
+    if (!first_mismatch(std::span<const double>(averaged.span()), std::span<const double>(x.span()), kFloat64).empty())
+      failure += "avg; ";
+  });
+  for (const std::string& f : failures) CHECK_MESSAGE(f.empty(), f);
+}
+
+TEST_CASE("reshard: a shard of the wrong shape is a clear error") {
+  const DeviceMesh mesh({{"sp", 2}});
+  CHECK_THROWS_WITH_AS(run_ranks(2,
+                                 [&](ThreadCommunicator& world) {
+                                   MeshCommunicator comm(mesh, world);
+                                   const Tensor<float> x(Shape{2, 3});  // the Shard(1) shard of [2, 7] is [2, 4] / [2, 3]
+                                   (void)reshard(comm, x, Shape{2, 7}, StaticLayout<Shard<1>>{}, StaticLayout<Replicate>{});
+                                 }),
+                       doctest::Contains("holds a shard of shape [2, 3], but layout (Shard(1)) of global shape [2, 7] gives it [2, 4]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(run_ranks(2,
+                                 [&](ThreadCommunicator& world) {
+                                   MeshCommunicator comm(DeviceMesh({{"dp", 1}, {"sp", 3}}), world);
+                                 }),
+                       doctest::Contains("holds 3 ranks but the world has 2"), Error);
 }
