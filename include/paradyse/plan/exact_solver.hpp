@@ -15,12 +15,13 @@
 //     instead "upgrades" the slot with weight w_i = a_i - a_0 and gain v_i = t_0 - t_i. What is left is a
 //     multiple-choice knapsack whose slots within a group are identical: maximise the gain of the upgrade counts
 //     c[g][i] with sum c[g][i] <= n_g per group and sum c w <= capacity.
-//  3. Branch and bound over the counts, group by group, fastest option first, each count from its largest
-//     feasible value down. The bound at a node is the linear-programming relaxation of what is undecided: per group
-//     the concave hull of its (w, v) points, filled greedily by slope (optimal for fractional multiple-choice
-//     knapsack). It is a true upper bound, so pruning never discards an optimum; the search is exhaustive
-//     otherwise. Along one count the node value "gain so far + bound" is concave (an LP value is concave in its
-//     right-hand side), so once it falls below the incumbent while falling, every smaller count is pruned too.
+//  3. Branch and bound over the counts, group by group, fastest option first. The bound at a node is the
+//     linear-programming relaxation of what is undecided: per group the concave hull of its (w, v) points, filled
+//     greedily by slope (optimal for fractional multiple-choice knapsack). It is a true upper bound, so pruning
+//     never discards an optimum; the search is exhaustive otherwise. Along one count c the node value "gain so far
+//     + bound" is concave in c (an LP value is concave in its right-hand side), so children are visited best first
+//     (from the peak outward), and each side stops at its first value that cannot beat the incumbent: every count
+//     beyond it is worse still. Best-first order finds a near-optimal incumbent on the first dive.
 //  4. Thresholds are visited best bound first and skipped once their bound cannot beat the incumbent.
 // Times are compared with a relative tolerance of 1e-12 (ties between equal-time assignments break arbitrarily).
 //
@@ -266,18 +267,41 @@ private:
     const int most = int(std::min<std::int64_t>(slots, capacity / weight));
     const Segment* own = inner.hull[std::size_t(level)].data();
     const int own_size = inner.hull_size[std::size_t(level)];
-    double previous = -std::numeric_limits<double>::infinity();
-    for (int c = most; c >= 0; --c) {
-      const std::int64_t left = capacity - c * weight;
-      const double value = gain + c * unit_gain + fill(suffix_[g + 1], own, own_size, double(slots - c), double(left));
-      if (value > best_gain_ + tolerance_) {
-        counts_[g][std::size_t(level)] = c;
-        descend(g, level - 1, slots - c, left, gain + c * unit_gain);
-        counts_[g][std::size_t(level)] = 0;
-      } else if (value < previous) {
-        break;  // concave in c and already below the incumbent: smaller counts only do worse
+    // Gain so far + LP bound of the rest, for `c` slots on this level: concave in c.
+    const auto value = [&](int c) {
+      return gain + c * unit_gain +
+             fill(suffix_[g + 1], own, own_size, double(slots - c), double(capacity - c * weight));
+    };
+    const auto visit = [&](int c) {
+      counts_[g][std::size_t(level)] = c;
+      descend(g, level - 1, slots - c, capacity - c * weight, gain + c * unit_gain);
+      counts_[g][std::size_t(level)] = 0;
+    };
+    // Best first: the peak of the concave values (binary search on the slope), then outward on both sides, the
+    // larger value next. Values fall monotonically away from the peak, so a side ends at its first value that
+    // cannot beat the incumbent.
+    int lo = 0, hi = most;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (value(mid + 1) > value(mid)) lo = mid + 1;
+      else hi = mid;
+    }
+    const double none = -std::numeric_limits<double>::infinity();
+    if (value(lo) > best_gain_ + tolerance_) visit(lo);
+    else return;
+    int left = lo - 1, right = lo + 1;
+    double left_value = left >= 0 ? value(left) : none, right_value = right <= most ? value(right) : none;
+    while (true) {
+      const bool go_left = left_value >= right_value;
+      const double v = go_left ? left_value : right_value;
+      if (!(v > best_gain_ + tolerance_)) break;  // the other side is no better
+      if (go_left) {
+        visit(left--);
+        left_value = left >= 0 ? value(left) : none;
+      } else {
+        visit(right++);
+        right_value = right <= most ? value(right) : none;
       }
-      previous = value;
     }
   }
 
