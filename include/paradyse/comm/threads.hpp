@@ -122,6 +122,7 @@ struct Slot {
 struct Message {
   const std::byte* data = nullptr;
   std::size_t bytes = 0;
+  bool taken = false;  // a receiver popped it and is copying
   bool done = false;
   std::string error;
 };
@@ -258,6 +259,7 @@ public:
   // in: [size * out.size()]; rank r receives the reduction of chunk r.
   template <CommElement T>
   Request reduce_scatter_async(In<T> in, std::span<T> out, ReduceOp op) {
+    static_assert(!std::is_same_v<T, std::byte>, "raw bytes cannot be reduced");
     check(in.size() == out.size() * std::size_t(size()),
           "reduce_scatter: input holds {} elements, expected {} ({} ranks x {} per rank)", in.size(),
           out.size() * std::size_t(size()), size(), out.size());
@@ -269,6 +271,7 @@ public:
   template <CommElement T>
   Request reduce_scatter_v_async(In<T> in, std::span<T> out, std::span<const std::int64_t> counts,
                                  ReduceOp op) {
+    static_assert(!std::is_same_v<T, std::byte>, "raw bytes cannot be reduced");
     check_counts("reduce_scatter_v", counts);
     check(in.size() == total(counts), "reduce_scatter_v: input holds {} elements, expected sum(counts) = {}",
           in.size(), total(counts));
@@ -281,6 +284,7 @@ public:
   }
   template <CommElement T>
   Request all_reduce_async(In<T> in, std::span<T> out, ReduceOp op) {
+    static_assert(!std::is_same_v<T, std::byte>, "raw bytes cannot be reduced");
     check(in.size() == out.size(), "all_reduce: input holds {} elements but output holds {}", in.size(), out.size());
     auto post = make_post<T>(threads_detail::OpKind::all_reduce, in, out, op);
     const std::size_t ring = 2 * (size() - 1) * in.size_bytes() / std::size_t(size());
@@ -326,6 +330,7 @@ public:
   // The reduction lands in `out` on the root; other ranks may pass an empty `out`.
   template <CommElement T>
   Request reduce_async(In<T> in, std::span<T> out, ReduceOp op, int root) {
+    static_assert(!std::is_same_v<T, std::byte>, "raw bytes cannot be reduced");
     check_peer("reduce", root);
     check(rank_ != root || out.size() == in.size(), "reduce: the root's output holds {} elements, expected {}",
           out.size(), in.size());
@@ -409,8 +414,23 @@ public:
     count_bytes(in.size_bytes(), 0);
     return Request([this, message, dest, tag] {
       std::unique_lock lock(world_->mutex());
-      world_->wait(lock, world_rank(), [&] { return message->done; }, [&] { return fmt::format("{}", dest); },
-                   fmt::format("send to rank {} (tag {}) on {}", dest, tag, group_->describe()));
+      try {
+        world_->wait(lock, world_rank(), [&] { return message->done; }, [&] { return fmt::format("{}", dest); },
+                     fmt::format("send to rank {} (tag {}) on {}", dest, tag, group_->describe()));
+      } catch (...) {
+        // Giving up (failure or timeout): the buffer may die next, so no receiver may copy from it any more.
+        if (!message->taken) {
+          auto& box = group_->mailboxes[{rank_, dest, tag}];
+          box.erase(std::find(box.begin(), box.end(), message));
+        } else {
+          while (!message->done) {  // a receiver is copying right now: a memcpy, it ends
+            lock.unlock();
+            std::this_thread::yield();
+            lock.lock();
+          }
+        }
+        throw;
+      }
       if (!message->error.empty()) throw Error(message->error);
     });
   }
@@ -425,6 +445,7 @@ public:
                    fmt::format("recv from rank {} (tag {}) on {}", source, tag, group_->describe()));
       std::shared_ptr<threads_detail::Message> message = box.front();
       box.pop_front();
+      message->taken = true;
       lock.unlock();
       std::string error;
       if (message->bytes != out.size_bytes())
@@ -445,9 +466,16 @@ public:
   Request shift_async(In<T> in, std::span<T> out, int offset = 1) {
     const int n = size();
     const int dest = ((rank_ + offset) % n + n) % n, source = ((rank_ - offset) % n + n) % n;
+    // In place, this rank may receive into `out` before the next rank has read `in` from it: send a staged copy.
+    std::shared_ptr<Staging> staged;
+    if (!in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size()) {
+      staged = std::make_shared<Staging>(in.size_bytes());
+      std::memcpy(staged->data, in.data(), in.size_bytes());
+      in = std::span<const T>(reinterpret_cast<const T*>(staged->data), in.size());
+    }
     auto sent = std::make_shared<Request>(send_async(in, dest, kShiftTag));
     auto received = std::make_shared<Request>(recv_async(out, source, kShiftTag));
-    return Request([sent, received] {
+    return Request([sent, received, staged] {
       received->wait();
       sent->wait();
     });

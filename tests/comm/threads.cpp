@@ -1,0 +1,349 @@
+// Tests of paradyse/comm/threads.hpp on thread ranks: every operation and element type on 1..8 ranks (uneven
+// ragged counts for the _v forms), bitwise reproducibility of the reductions, async overlap, failure propagation,
+// timeouts and mismatched calls. Expected values come from tests/comm/collective_checks.hpp (shared with MPI).
+#include "paradyse/comm/threads.hpp"
+
+#include "comm/collective_checks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pd = paradyse;
+using pd::ReduceOp;
+using pd::ThreadCommunicator;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The messages each rank caught, by rank.
+struct Caught {
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  std::vector<std::string> kinds;
+  explicit Caught(int ranks) : messages(std::size_t(ranks)), kinds(std::size_t(ranks)) {}
+  void record(int rank, const std::string& kind, const std::string& message) {
+    std::lock_guard lock(mutex);
+    kinds[std::size_t(rank)] = kind;
+    messages[std::size_t(rank)] = message;
+  }
+};
+
+// Runs f on the rank and records what it threw (Error, CommError or other), then rethrows it.
+template <class F>
+void recording(Caught& caught, int rank, F&& f) {
+  try {
+    f();
+  } catch (const pd::CommError& e) {
+    caught.record(rank, "CommError", e.what());
+    throw;
+  } catch (const pd::Error& e) {
+    caught.record(rank, "Error", e.what());
+    throw;
+  } catch (const std::exception& e) {
+    caught.record(rank, "other", e.what());
+    throw;
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_CASE("threads: every operation, every element type, on 1 to 8 ranks") {
+  for (int ranks = 1; ranks <= 8; ++ranks) {
+    CAPTURE(ranks);
+    pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+      CHECK(comm.size() == ranks);
+      pd::testing::check_every_operation(comm, 100 + std::uint64_t(ranks));
+    });
+  }
+}
+
+TEST_CASE("threads: split into uneven groups, async overlap") {
+  for (int ranks : {2, 3, 5, 8}) {
+    CAPTURE(ranks);
+    pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+      pd::testing::check_split(comm, 7);
+      pd::testing::check_overlap(comm, 9);
+      // A split of a split: groups of groups.
+      ThreadCommunicator halves = comm.split(comm.rank() % 2, comm.rank());
+      ThreadCommunicator quarters = halves.split(halves.rank() % 2, 0);
+      pd::testing::check_all_reduce<std::int64_t>(quarters, 9, 3, ReduceOp::sum, false, false);
+      CHECK(quarters.describe().find("world ranks") != std::string::npos);
+    });
+  }
+}
+
+TEST_CASE("threads: reductions add in rank order, bitwise identical from run to run") {
+  const std::size_t n = 5000;
+  for (int ranks : {3, 4, 7}) {
+    CAPTURE(ranks);
+    // The rank-order float sum, written out: ((x0 + x1) + x2) + ...
+    const auto inputs = pd::testing::inputs_of_all<float>(ranks, n, 42);
+    std::vector<float> rank_order(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      float acc = inputs[0][i];
+      for (int r = 1; r < ranks; ++r) acc += inputs[std::size_t(r)][i];
+      rank_order[i] = acc;
+    }
+    std::vector<std::vector<float>> first(static_cast<std::size_t>(ranks)), second(static_cast<std::size_t>(ranks));
+    for (auto* results : {&first, &second}) {
+      pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+        std::vector<float> x = inputs[std::size_t(comm.rank())], sum(n), scattered(n / std::size_t(ranks));
+        comm.all_reduce(std::span<const float>(x), std::span<float>(sum), ReduceOp::sum);
+        pd::testing::check_same<float>(sum, rank_order, "all_reduce in rank order");
+        std::span<const float> head(x.data(), scattered.size() * std::size_t(ranks));
+        comm.reduce_scatter(head, std::span<float>(scattered), ReduceOp::sum);
+        pd::testing::check_same<float>(
+            scattered,
+            std::span<const float>(rank_order.data() + scattered.size() * std::size_t(comm.rank()), scattered.size()),
+            "reduce_scatter in rank order");
+        (*results)[std::size_t(comm.rank())] = sum;
+      });
+    }
+    for (int r = 0; r < ranks; ++r)
+      CHECK(std::memcmp(first[std::size_t(r)].data(), second[std::size_t(r)].data(), n * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("threads: an exception on one rank fails every other rank promptly, naming it") {
+  const int ranks = 4;
+  Caught caught(ranks);
+  const auto start = std::chrono::steady_clock::now();
+  pd::RunOptions options;
+  options.timeout = std::chrono::seconds(60);  // failing by timeout instead would take a minute
+  CHECK_THROWS_WITH_AS(pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    recording(caught, comm.rank(), [&] {
+      std::vector<float> x(100, 1.0f);
+      comm.all_reduce(std::span<const float>(x), std::span<float>(x), ReduceOp::sum);
+      if (comm.rank() == 2) throw std::runtime_error("boom on rank two");
+      // The others are blocked in (or enter) the next collective.
+      comm.all_reduce(std::span<const float>(x), std::span<float>(x), ReduceOp::sum);
+      comm.barrier();
+    });
+  }, options), "boom on rank two", std::runtime_error);  // run_ranks rethrows the original exception
+  CHECK(seconds_since(start) < 30.0);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    if (r == 2) {
+      CHECK(caught.kinds[2] == "other");
+      continue;
+    }
+    CHECK(caught.kinds[std::size_t(r)] == "CommError");
+    CHECK(contains(caught.messages[std::size_t(r)], "rank 2 failed: boom on rank two"));
+    CHECK(contains(caught.messages[std::size_t(r)], "all_reduce"));
+  }
+}
+
+TEST_CASE("threads: a failure also ends pending point-to-point waits") {
+  Caught caught(2);
+  CHECK_THROWS_AS(pd::run_ranks(2, [&](ThreadCommunicator& comm) {
+    recording(caught, comm.rank(), [&] {
+      std::vector<double> x(8);
+      if (comm.rank() == 0) throw std::logic_error("rank zero gives up");
+      comm.recv(std::span<double>(x), 0);  // never sent
+    });
+  }), std::logic_error);
+  CHECK(caught.kinds[1] == "CommError");
+  CHECK(contains(caught.messages[1], "rank 0 failed: rank zero gives up"));
+  CHECK(contains(caught.messages[1], "recv from rank 0"));
+}
+
+TEST_CASE("threads: a timeout names the operation, the group and the ranks that never arrived") {
+  const int ranks = 4;
+  Caught caught(ranks);
+  pd::RunOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    recording(caught, comm.rank(), [&] {
+      // Ranks 1 and 3 leave early; 0 and 2 wait for them in the all-gather on the world group.
+      if (comm.rank() % 2 == 1) return;
+      std::vector<std::int32_t> x(3), out(3 * ranks);
+      comm.all_gather(std::span<const std::int32_t>(x), std::span<std::int32_t>(out));
+    });
+  }, options), pd::CommError);
+  CHECK(seconds_since(start) < 20.0);
+  int timed_out = 0;
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    const std::string& message = caught.messages[std::size_t(r)];
+    CHECK(caught.kinds[std::size_t(r)] == "CommError");
+    CHECK(contains(message, "timeout after 0.3 s"));
+    CHECK(contains(message, "all_gather"));
+    CHECK(contains(message, "world ranks 0, 1, 2, 3"));
+    CHECK(contains(message, "ranks 1, 3 never arrived"));
+    timed_out += contains(message, "gave up") ? 0 : 1;
+  }
+  CHECK(timed_out >= 1);  // one timed out, the other may have given up because of it
+  CHECK(caught.messages[1].empty());
+  CHECK(caught.messages[3].empty());
+}
+
+TEST_CASE("threads: a timeout in a split group names the group's world ranks") {
+  Caught caught(4);
+  pd::RunOptions options;
+  options.timeout = std::chrono::milliseconds(200);
+  CHECK_THROWS_AS(pd::run_ranks(4, [&](ThreadCommunicator& comm) {
+    recording(caught, comm.rank(), [&] {
+      ThreadCommunicator odd_even = comm.split(comm.rank() % 2, comm.rank());
+      if (comm.rank() == 3) return;  // missing from the odd group {1, 3}
+      if (comm.rank() % 2 == 1) odd_even.barrier();
+    });
+  }, options), pd::CommError);
+  CHECK(contains(caught.messages[1], "barrier"));
+  CHECK(contains(caught.messages[1], "world ranks 1, 3"));
+  CHECK(contains(caught.messages[1], "ranks 3 never arrived"));
+}
+
+TEST_CASE("threads: mismatched sizes between ranks are reported as such, on every rank") {
+  const int ranks = 3;
+  Caught caught(ranks);
+  CHECK_THROWS_AS(pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    recording(caught, comm.rank(), [&] {
+      std::vector<float> x(comm.rank() == 1 ? 6 : 5);
+      comm.all_reduce(std::span<const float>(x), std::span<float>(x), ReduceOp::sum);
+    });
+  }), pd::Error);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    CHECK(caught.kinds[std::size_t(r)] != "");
+    const std::string& message = caught.messages[std::size_t(r)];
+    // Every rank either reports the size mismatch itself or was told another rank failed because of it.
+    CHECK((contains(message, "sends 6 elements") || contains(message, "sends 5 elements")));
+  }
+}
+
+TEST_CASE("threads: mismatched operations, roots, types and ragged counts are reported") {
+  auto first_message = [](int ranks, auto body) {
+    std::string message;
+    try {
+      pd::run_ranks(ranks, body);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  CHECK(contains(first_message(2, [](ThreadCommunicator& comm) {
+          std::vector<float> x(4);
+          if (comm.rank() == 0) comm.all_reduce(std::span<const float>(x), std::span<float>(x), ReduceOp::sum);
+          else comm.broadcast(std::span<float>(x), 0);
+        }),
+                 "rank 1 called broadcast where rank 0 called all_reduce"));
+  CHECK(contains(first_message(2, [](ThreadCommunicator& comm) {
+          std::vector<float> x(4);
+          comm.broadcast(std::span<float>(x), comm.rank());
+        }),
+                 "names root"));
+  CHECK(contains(first_message(2, [](ThreadCommunicator& comm) {
+          if (comm.rank() == 0) {
+            std::vector<float> x(4);
+            comm.broadcast(std::span<float>(x), 0);
+          } else {
+            std::vector<double> x(4);
+            comm.broadcast(std::span<double>(x), 0);
+          }
+        }),
+                 "moves f64 where rank 0 moves f32"));
+  CHECK(contains(first_message(2, [](ThreadCommunicator& comm) {
+          std::vector<float> x(4);
+          comm.all_reduce(std::span<const float>(x), std::span<float>(x), comm.rank() ? ReduceOp::max : ReduceOp::sum);
+        }),
+                 "reduces with"));
+  CHECK(contains(first_message(3, [](ThreadCommunicator& comm) {
+          // Rank 0 sends 1 element to rank 2, which expects 2.
+          std::vector<std::int64_t> send{1, 1, 1}, recv{1, 1, 1};
+          if (comm.rank() == 2) recv[0] = 2;
+          std::vector<float> in(3), out(comm.rank() == 2 ? 4 : 3);
+          comm.all_to_all_v(std::span<const float>(in), send, std::span<float>(out), recv);
+        }),
+                 "rank 0 sends 1 elements to rank 2, which expects 2"));
+  CHECK(contains(first_message(2, [](ThreadCommunicator& comm) {
+          std::vector<std::int64_t> counts{1, std::int64_t(2 + comm.rank())};
+          std::vector<float> in(std::size_t(counts[std::size_t(comm.rank())])), out(std::size_t(counts[0] + counts[1]));
+          comm.all_gather_v(std::span<const float>(in), std::span<float>(out), counts);
+        }),
+                 "different counts"));
+  CHECK(contains(first_message(2, [](ThreadCommunicator& comm) {
+          std::vector<std::int32_t> x(3), y(4);
+          if (comm.rank() == 0) comm.send(std::span<const std::int32_t>(x), 1);
+          else comm.recv(std::span<std::int32_t>(y), 0);
+        }),
+                 "rank 0 sent 12 bytes to rank 1 (tag 0), which expected 16 bytes"));
+}
+
+TEST_CASE("threads: bad arguments throw Error naming the value") {
+  pd::run_ranks(2, [](ThreadCommunicator& comm) {
+    std::vector<float> in(4), out(5);
+    CHECK_THROWS_WITH(comm.all_gather(std::span<const float>(in), std::span<float>(out)),
+                      doctest::Contains("all_gather: output holds 5 elements, expected 8"));
+    CHECK_THROWS_WITH(comm.reduce_scatter(std::span<const float>(in), std::span<float>(out), ReduceOp::sum),
+                      doctest::Contains("reduce_scatter: input holds 4 elements, expected 10"));
+    CHECK_THROWS_WITH(comm.all_to_all(std::span<const float>(in), std::span<float>(out)),
+                      doctest::Contains("divisible by 2 ranks"));
+    CHECK_THROWS_WITH(comm.send(std::span<const float>(in), 2), doctest::Contains("rank 2 is not in"));
+    if (comm.rank() == 0)  // only the root checks its output (elsewhere the call would start a reduce)
+      CHECK_THROWS_WITH(comm.reduce(std::span<const float>(in), std::span<float>(out), ReduceOp::sum, 0),
+                        doctest::Contains("root's output holds 5"));
+    std::vector<std::int64_t> bad{-1, 2};
+    CHECK_THROWS_WITH(comm.all_gather_v(std::span<const float>(in), std::span<float>(out), bad),
+                      doctest::Contains("counts[0] = -1 must be non-negative"));
+    comm.barrier();  // still in step
+  });
+}
+
+TEST_CASE("threads: run_ranks reports each rank's peak memory and byte counts") {
+  const std::size_t n = 1 << 14;
+  pd::RunReport report = pd::run_ranks(3, [&](ThreadCommunicator& comm) {
+    pd::Tensor<float> x(pd::Shape{std::int64_t(n)});  // tracked by this rank's tracker
+    comm.all_reduce(std::span<const float>(x.span()), x.span(), ReduceOp::sum);
+  });
+  REQUIRE(report.peak_bytes.size() == 3);
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK(report.peak_bytes[r] >= n * sizeof(float));
+    CHECK(report.stats[r].bytes_sent == 2 * 2 * n * sizeof(float) / 3);
+    CHECK(report.stats[r].operations == 1);
+  }
+  // A per-rank cap: an allocation beyond it throws OutOfMemory, which fails the run.
+  pd::RunOptions capped;
+  capped.memory_cap_per_rank = 1 << 10;
+  CHECK_THROWS_AS(pd::run_ranks(2, [](ThreadCommunicator&) { pd::Tensor<float> big(pd::Shape{4096}); }, capped),
+                  pd::OutOfMemory);
+}
+
+TEST_CASE("threads: a sender that gives up withdraws its message (no receiver reads a dead buffer)") {
+  // Both ranks send first with blocking sends (a deadlock); rank 1 times out first and unwinds, which completes its
+  // pending receive. Rank 0 must then fail, not receive rank 1's withdrawn (and freed) buffer.
+  Caught caught(2);
+  pd::RunOptions options;
+  options.timeout = std::chrono::milliseconds(200);
+  std::atomic<bool> rank0_received{false};
+  CHECK_THROWS_AS(pd::run_ranks(2, [&](ThreadCommunicator& comm) {
+    recording(caught, comm.rank(), [&] {
+      auto mine = std::make_unique<std::vector<float>>(64, float(comm.rank() + 1));
+      std::vector<float> back(64, -1.0f);
+      if (comm.rank() == 1) {
+        pd::Request received = comm.recv_async(std::span<float>(back), 0);
+        comm.send(std::span<const float>(*mine), 0);  // times out first
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(80));  // so rank 1's deadline comes first
+        comm.send(std::span<const float>(*mine), 1);
+        comm.recv(std::span<float>(back), 1);
+        rank0_received = true;
+      }
+    });
+  }, options), pd::CommError);
+  CHECK_FALSE(rank0_received.load());
+  CHECK(caught.kinds[0] == "CommError");
+}
