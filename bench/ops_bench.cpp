@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
     std::int64_t s, d, heads;
     bool causal, backward;
     int reps;
+    ops::cpu::GemmEngine engine = ops::cpu::gemm_engine();
   };
   std::vector<Case> cases;
   for (std::int64_t d : {64, 128}) {
@@ -163,10 +164,14 @@ int main(int argc, char** argv) {
       cases.push_back({65536, d, 1, true, full, 1});
     }
   }
+  if (ops::cpu::kGemmUsesCblas) cases.push_back({4096, 128, 4, false, true, 3, ops::cpu::GemmEngine::fallback});
+  const auto engine_name = [](ops::cpu::GemmEngine e) { return e == ops::cpu::GemmEngine::cblas ? "cblas" : "fallback"; };
   fmt::print("# attention, f32, one thread, q/k/v [1, s, heads, d], heads = kv heads\n");
-  fmt::print("{:<10} {:>6} {:>4} {:>5} {:>7} {:>11} {:>9} {:>7} {:>11}\n", "pass", "s", "d", "heads", "mask", "time",
-             "GFLOP/s", "ratio", "peak mem");
+  fmt::print("{:<10} {:>6} {:>4} {:>5} {:>7} {:>9} {:>11} {:>9} {:>7} {:>11}\n", "pass", "s", "d", "heads", "mask",
+             "gemm", "time", "GFLOP/s", "ratio", "peak mem");
+  const ops::cpu::GemmEngine default_engine = ops::cpu::gemm_engine();
   for (const Case& c : cases) {
+    ops::cpu::set_gemm_engine(c.engine);
     Tensor<float> q = random_uniform<float>(Shape{1, c.s, c.heads, c.d}, rng);
     Tensor<float> k = random_uniform<float>(Shape{1, c.s, c.heads, c.d}, rng);
     Tensor<float> v = random_uniform<float>(Shape{1, c.s, c.heads, c.d}, rng);
@@ -183,8 +188,8 @@ int main(int argc, char** argv) {
       ops::cpu::attention_forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
     }, !long_run);
     const double gf = forward_flops / t_forward / 1e9;
-    fmt::print("{:<10} {:>6} {:>4} {:>5} {:>7} {:>8.1f} ms {:>9.1f} {:>7.2f} {:>11}\n", "forward", c.s, c.d, c.heads,
-               c.causal ? "causal" : "full", t_forward * 1e3, gf, gf / yardstick, human_bytes(double(tracker.peak())));
+    fmt::print("{:<10} {:>6} {:>4} {:>5} {:>7} {:>9} {:>8.1f} ms {:>9.1f} {:>7.2f} {:>11}\n", "forward", c.s, c.d,
+               c.heads, c.causal ? "causal" : "full", engine_name(c.engine), t_forward * 1e3, gf, gf / yardstick, human_bytes(double(tracker.peak())));
     std::fflush(stdout);
     if (!c.backward) continue;
     MemoryTracker tracker_backward;
@@ -194,11 +199,12 @@ int main(int argc, char** argv) {
                                    dk.view(), dv.view());
     }, !long_run);
     const double gb = 2.5 * forward_flops / t_backward / 1e9;
-    fmt::print("{:<10} {:>6} {:>4} {:>5} {:>7} {:>8.1f} ms {:>9.1f} {:>7.2f} {:>11}\n", "backward", c.s, c.d, c.heads,
-               c.causal ? "causal" : "full", t_backward * 1e3, gb, gb / yardstick,
+    fmt::print("{:<10} {:>6} {:>4} {:>5} {:>7} {:>9} {:>8.1f} ms {:>9.1f} {:>7.2f} {:>11}\n", "backward", c.s, c.d,
+               c.heads, c.causal ? "causal" : "full", engine_name(c.engine), t_backward * 1e3, gb, gb / yardstick,
                human_bytes(double(tracker_backward.peak())));
     std::fflush(stdout);
   }
+  ops::cpu::set_gemm_engine(default_engine);
   fmt::print("(peak mem: the kernel's own workspace from the memory tracker; an s x s f32 score matrix would be "
              "{} at 16K and {} at 64K per head)\n\n",
              human_bytes(16384.0 * 16384 * 4), human_bytes(65536.0 * 65536 * 4));

@@ -110,7 +110,8 @@ void check_attention(const AttentionShape& s, const ReferenceMask& rmask, bool p
 TEST_CASE("attention, non-causal, several tiles, MHA and GQA") {
   check_attention({2, 150, 300, 4, 2, 8}, {}, false, 1);
   check_attention({1, 200, 70, 3, 3, 16}, {}, false, 2);
-  check_attention({1, 33, 33, 6, 1, 72}, {}, false, 3);  // head_dim > 64 uses the other tiling
+  check_attention({1, 33, 33, 6, 1, 72}, {}, false, 3);
+  check_attention({1, 140, 300, 2, 1, 136}, {}, false, 5);  // head_dim > 128: the smaller tiling
   check_attention({1, 1, 1, 1, 1, 1}, {}, false, 4);
 }
 
@@ -126,6 +127,10 @@ TEST_CASE("attention, causal, with q and kv blocks at offsets") {
   causal.q_offset = 0;                                         // queries before the keys: nothing visible
   causal.kv_offset = 500;
   check_attention({1, 20, 30, 2, 1, 8}, causal, false, 13);
+  causal.q_offset = 250;                                       // many tiles, the diagonal crossing tile borders
+  causal.kv_offset = 0;
+  check_attention({1, 300, 600, 2, 1, 4}, causal, false, 14);
+  check_attention({1, 200, 500, 2, 1, 136}, causal, false, 15);
 }
 
 TEST_CASE("attention, packed q/k/v slices of one qkv tensor (strided views)") {
@@ -386,4 +391,14 @@ TEST_CASE("attention is right at every instruction-set level this CPU has") {
     check_attention({1, 70, 140, 2, 2, 8}, {}, false, 95 + int(level));
   }
   ops::cpu::limit_simd_level(ops::cpu::SimdLevel::avx512);
+}
+
+TEST_CASE("attention through the built-in fallback GEMM") {
+  ops::cpu::set_gemm_engine(ops::cpu::GemmEngine::fallback);
+  ReferenceMask causal;
+  causal.causal = true;
+  causal.q_offset = 64;
+  check_attention({1, 130, 190, 4, 2, 16}, causal, false, 110);
+  check_attention({2, 80, 80, 2, 2, 8}, {}, true, 111);
+  ops::cpu::set_gemm_engine(ops::cpu::kGemmUsesCblas ? ops::cpu::GemmEngine::cblas : ops::cpu::GemmEngine::fallback);
 }

@@ -95,6 +95,18 @@ TEST_CASE("gemm_cblas matches the float64 reference") {
 }
 #endif
 
+TEST_CASE("set_gemm_engine switches gemm() to the fallback and back") {
+  ops::cpu::set_gemm_engine(ops::cpu::GemmEngine::fallback);
+  CHECK(ops::cpu::gemm_engine() == ops::cpu::GemmEngine::fallback);
+  check_gemm_sizes(&ops::cpu::gemm);
+  if (ops::cpu::kGemmUsesCblas) {
+    ops::cpu::set_gemm_engine(ops::cpu::GemmEngine::cblas);
+    CHECK(ops::cpu::gemm_engine() == ops::cpu::GemmEngine::cblas);
+  } else {
+    CHECK_THROWS_AS(ops::cpu::set_gemm_engine(ops::cpu::GemmEngine::cblas), Error);
+  }
+}
+
 TEST_CASE("set_gemm_threads changes the thread count and results stay right") {
   CHECK(ops::cpu::gemm_threads() >= 1);
   ops::cpu::set_gemm_threads(2);

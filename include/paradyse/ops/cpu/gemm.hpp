@@ -31,7 +31,7 @@ enum class Transpose : bool { no, yes };
 
 namespace paradyse::ops::cpu {
 
-// True when gemm() goes through CBLAS.
+// True when the build found CBLAS (then gemm() goes through it by default).
 #if defined(PARADYSE_WITH_CBLAS)
 inline constexpr bool kGemmUsesCblas = true;
 #else
@@ -69,6 +69,24 @@ inline void set_gemm_threads(int threads) {
 inline int gemm_threads() {
   const int t = detail::gemm_thread_setting().load();
   return t == 0 ? 1 : t;
+}
+
+// Which implementation gemm() runs. CBLAS when the build found it; the fallback can be chosen instead
+// (process-wide), to compare the two or to run the built-in kernel under everything that calls gemm().
+enum class GemmEngine { cblas, fallback };
+
+namespace detail {
+inline std::atomic<GemmEngine>& gemm_engine_setting() {
+  static std::atomic<GemmEngine> engine{kGemmUsesCblas ? GemmEngine::cblas : GemmEngine::fallback};
+  return engine;
+}
+}  // namespace detail
+
+inline GemmEngine gemm_engine() { return detail::gemm_engine_setting().load(std::memory_order_relaxed); }
+inline void set_gemm_engine(GemmEngine engine) {
+  check(engine == GemmEngine::fallback || kGemmUsesCblas,
+        "set_gemm_engine: CBLAS was requested but this build has no CBLAS (PARADYSE_WITH_CBLAS is not defined)");
+  detail::gemm_engine_setting().store(engine, std::memory_order_relaxed);
 }
 
 namespace detail {
@@ -270,10 +288,9 @@ inline void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int6
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                  std::int64_t ldc) {
 #if defined(PARADYSE_WITH_CBLAS)
-  gemm_cblas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#else
-  gemm_fallback(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (gemm_engine() == GemmEngine::cblas) return gemm_cblas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
+  gemm_fallback(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // The same over 2-D views (rows may be strided, columns contiguous): c = alpha * op(a) op(b) + beta * c.
