@@ -102,6 +102,21 @@ TEST_CASE("cache: smoothing keeps the previous plan within gamma, and only then"
   CHECK(short_table.layer_count() == 4);
 }
 
+TEST_CASE("cache: when the bucket's edge does not fit but the length does, the length is planned exactly") {
+  const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  const ModelConfig model = ModelConfig::uniform(shape(), 4);
+  const Bucketing buckets;
+  const std::int64_t length = 70000;
+  REQUIRE(buckets.edge(length) > length);
+  const std::int64_t budget =
+      least_memory_plan(build_cost_table(model, hw, 8, Batch::single(length)), 0).peak_bytes();  // just fits
+  PlanCache cache(model, hw, 8, budget);
+  const Plan plan = cache.plan_for(Batch::single(length));
+  CHECK(plan.fits());
+  CHECK(cache.stats().exact_fallbacks == 1);
+  CHECK_THROWS_AS(cache.plan_for(Batch::single(buckets.edge(length))), NoFeasiblePlan);
+}
+
 TEST_CASE("cache: a bucket where nothing fits throws every time; packed batches are planned directly") {
   const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
   const ModelConfig model = ModelConfig::uniform(shape(), 4);

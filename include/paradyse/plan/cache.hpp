@@ -3,7 +3,8 @@
 //
 // Buckets. A length is rounded up to its bucket's upper edge and the plan is made for that edge: memory and time
 // grow with length, so the plan fits every length in the bucket (the cache never returns a plan that runs out of
-// memory). Buckets are geometric above `min_width`: 2^fraction_bits buckets per octave (default 8, so a bucket is
+// memory); near the limit, where the edge does not fit but the length does, the length is planned exactly.
+// Buckets are geometric above `min_width`: 2^fraction_bits buckets per octave (default 8, so a bucket is
 // at most 12.5% wide), which keeps the cache small for long-tailed length distributions.
 // Packed batches (several lengths per sample) are planned directly, not cached: their attention cost depends on
 // every length, and planning takes microseconds.
@@ -22,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace paradyse::plan {
 
@@ -53,29 +55,35 @@ struct CacheStats {
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
   std::uint64_t kept_previous = 0;  // smoothing kept the previous plan
+  std::uint64_t exact_fallbacks = 0;  // the bucket's edge did not fit, so the exact length was planned
 };
 
 class PlanCache {
 public:
+  // `candidates`: the strategies plans may use (all five by default).
   PlanCache(ModelConfig model, cost::HardwareProfile hardware, int group_size, std::int64_t budget_bytes,
-            PlanSolver solver = exact_solver(), double gamma = 0.05, Bucketing bucketing = {})
+            PlanSolver solver = exact_solver(), double gamma = 0.05, Bucketing bucketing = {},
+            std::vector<Strategy> candidates = {cost::kAllStrategies.begin(), cost::kAllStrategies.end()})
       : model_(std::move(model)), hardware_(std::move(hardware)), group_size_(group_size),
-        budget_bytes_(budget_bytes), solver_(std::move(solver)), gamma_(gamma), bucketing_(bucketing) {
+        budget_bytes_(budget_bytes), solver_(std::move(solver)), gamma_(gamma), bucketing_(bucketing),
+        candidates_(std::move(candidates)) {
     check(gamma >= 0, "PlanCache: gamma = {} must not be negative", gamma);
+    check(!candidates_.empty(), "PlanCache: no candidate strategies");
   }
 
-  // The plan for a batch: cached by (samples, bucket), then smoothed against the previous plan. Throws
-  // NoFeasiblePlan (every time it is asked) when nothing fits the bucket.
+  // The plan for a batch: cached by (samples, bucket), then smoothed against the previous plan. When nothing fits
+  // the bucket's edge, the exact length is planned (uncached); NoFeasiblePlan only when that does not fit either.
   Plan plan_for(const Batch& batch) {
     if (batch.lengths.size() != 1) {
-      const CostTable table = build_cost_table(model_, hardware_, group_size_, batch);
+      const CostTable table = build_cost_table(model_, hardware_, group_size_, batch, candidates_);
       return smooth(table, solver_(table, budget_bytes_));
     }
     const std::pair<std::int64_t, std::int64_t> key{batch.samples, bucketing_.edge(batch.lengths[0])};
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       ++stats_.misses;
-      Entry entry{build_cost_table(model_, hardware_, group_size_, Batch::single(key.second, key.first)), {}, {}};
+      Entry entry{build_cost_table(model_, hardware_, group_size_, Batch::single(key.second, key.first), candidates_),
+                  {}, {}};
       try {
         entry.optimum = solver_(entry.table, budget_bytes_);
       } catch (const NoFeasiblePlan& e) {
@@ -84,6 +92,13 @@ public:
       it = entries_.emplace(key, std::move(entry)).first;
     } else {
       ++stats_.hits;
+    }
+    if (!it->second.failure && it->second.optimum->fits()) return smooth(it->second.table, *it->second.optimum);
+    // Nothing fits the bucket's edge: the length itself may still fit (it is shorter). Plan it exactly, uncached.
+    if (key.second != batch.lengths[0]) {
+      ++stats_.exact_fallbacks;
+      const CostTable table = build_cost_table(model_, hardware_, group_size_, batch, candidates_);
+      return smooth(table, solver_(table, budget_bytes_));
     }
     if (it->second.failure) throw *it->second.failure;
     return smooth(it->second.table, *it->second.optimum);
@@ -124,6 +139,7 @@ private:
   PlanSolver solver_;
   double gamma_;
   Bucketing bucketing_;
+  std::vector<Strategy> candidates_;
   std::map<std::pair<std::int64_t, std::int64_t>, Entry> entries_;
   std::optional<std::vector<LayerStrategies>> previous_;
   CacheStats stats_;

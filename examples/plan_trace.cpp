@@ -1,0 +1,360 @@
+// examples/plan_trace.cpp: replays a trace of sequence lengths through the cost models and planners.
+//
+// For each static strategy (every layer on it), the exact planner, ParaDySe's heuristic and the exact planner
+// without each strategy in turn, it prints: the total predicted time, the sequences that do not fit, the longest
+// length that fits and the planner's own overhead (wall-clock time of its calls, cache included). Then, as the
+// paper's Table 5 does (lengths sorted short to long, training stops at the first sequence that does not fit): the
+// longest length reached, the time to reach it, the time the full system needs to reach it, and the saving.
+//
+// Default: the paper's setting by prediction. 8x A100-SXM4-80GB (NVLink), GPT with h = 12288, 96 heads, 8 layers on
+// the node, b = 1, bf16, sequence lengths sampled (seeded) from the GitHubCode and GRCh38 distributions of the
+// paper's Table 3 (data/lengths/paradyse_table3.csv): a bucket by its probability, then a length uniform within
+// it (log-uniform in the open-ended last bucket), at least 64 tokens.
+//
+//   plan_trace [--profile a100|h100|h200|FILE.json] [--dataset githubcode|grch38|all] [--distribution FILE]
+//              [--lengths FILE] [--sequences N] [--seed S] [--order sorted|random] [--hidden H] [--heads A]
+//              [--kv-heads A] [--head-dim D] [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G]
+//              [--gamma G] [--causal] [--swiglu]
+#include "paradyse/core/rng.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/plan/cache.hpp"
+#include "paradyse/plan/heuristic.hpp"
+#include "paradyse/plan/planner.hpp"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace pd = paradyse;
+using pd::cost::Strategy;
+
+namespace {
+
+struct Options {
+  std::string profile = "a100";
+  std::string dataset = "all";
+  std::string distribution;
+  std::string lengths_file;
+  int sequences = 3000;
+  std::uint64_t seed = 1;
+  bool sorted = true;
+  pd::cost::ModelShape layer;
+  int layers = 8;
+  int p = 8;
+  std::int64_t batch = 1;
+  double budget_gib = -1;
+  double gamma = 0.05;
+};
+
+struct Bucket {
+  std::int64_t lo, hi;
+  double probability;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  fmt::print(stderr, "plan_trace: {}\n", problem);
+  fmt::print(stderr,
+             "usage: plan_trace [--profile a100|h100|h200|FILE.json] [--dataset githubcode|grch38|all]\n"
+             "                  [--distribution FILE] [--lengths FILE] [--sequences N] [--seed S]\n"
+             "                  [--order sorted|random] [--hidden H] [--heads A] [--kv-heads A] [--head-dim D]\n"
+             "                  [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G] [--gamma G]\n"
+             "                  [--causal] [--swiglu]\n");
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.layer.hidden = 12288;
+  o.layer.heads = 96;
+  o.layer.kv_heads = -1;
+  o.layer.head_dim = -1;
+  o.layer.ffn = -1;
+  o.layer.dtype_bytes = 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(arg + " needs a value");
+      return argv[++i];
+    };
+    const auto integer = [&]() {
+      const std::string v = value();
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end || x < 0) usage(fmt::format("{} expects a non-negative integer, got \"{}\"", arg, v));
+      return std::int64_t(x);
+    };
+    const auto number = [&]() {
+      const std::string v = value();
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end) usage(fmt::format("{} expects a number, got \"{}\"", arg, v));
+      return x;
+    };
+    if (arg == "--profile") o.profile = value();
+    else if (arg == "--dataset") o.dataset = value();
+    else if (arg == "--distribution") o.distribution = value();
+    else if (arg == "--lengths") o.lengths_file = value();
+    else if (arg == "--sequences") o.sequences = int(integer());
+    else if (arg == "--seed") o.seed = std::uint64_t(integer());
+    else if (arg == "--order") {
+      const std::string v = value();
+      if (v != "sorted" && v != "random") usage("--order expects sorted or random");
+      o.sorted = v == "sorted";
+    } else if (arg == "--hidden") o.layer.hidden = integer();
+    else if (arg == "--heads") o.layer.heads = integer();
+    else if (arg == "--kv-heads") o.layer.kv_heads = integer();
+    else if (arg == "--head-dim") o.layer.head_dim = integer();
+    else if (arg == "--ffn") o.layer.ffn = integer();
+    else if (arg == "--layers") o.layers = int(integer());
+    else if (arg == "--p") o.p = int(integer());
+    else if (arg == "--batch") o.batch = integer();
+    else if (arg == "--budget-gib") o.budget_gib = number();
+    else if (arg == "--gamma") o.gamma = number();
+    else if (arg == "--causal") o.layer.causal = true;
+    else if (arg == "--swiglu") o.layer.swiglu = true;
+    else if (arg == "--help" || arg == "-h") usage("help");
+    else usage(fmt::format("unknown option \"{}\"", arg));
+  }
+  if (o.layer.heads <= 0 || o.layer.hidden <= 0) usage("--hidden and --heads must be positive");
+  if (o.layer.kv_heads < 0) o.layer.kv_heads = o.layer.heads;
+  if (o.layer.head_dim < 0) o.layer.head_dim = o.layer.hidden / o.layer.heads;
+  if (o.layer.ffn < 0) o.layer.ffn = 4 * o.layer.hidden;
+  if (o.layers < 1 || o.p < 1 || o.batch < 1 || o.sequences < 1) usage("--layers, --p, --batch, --sequences >= 1");
+  return o;
+}
+
+std::string find_distribution(const std::string& given) {
+  if (!given.empty()) return given;
+  for (const char* candidate : {"data/lengths/paradyse_table3.csv", "../data/lengths/paradyse_table3.csv",
+                                "../../data/lengths/paradyse_table3.csv", "../../../data/lengths/paradyse_table3.csv"})
+    if (std::ifstream(candidate)) return candidate;
+  usage("cannot find data/lengths/paradyse_table3.csv from here; pass --distribution FILE");
+}
+
+std::map<std::string, std::vector<Bucket>> read_distribution(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) usage(fmt::format("cannot open \"{}\"", path));
+  std::map<std::string, std::vector<Bucket>> out;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.empty() || line[0] == '#' || line.rfind("dataset,", 0) == 0) continue;
+    std::stringstream fields(line);
+    std::string name, lo, hi, prob;
+    if (!std::getline(fields, name, ',') || !std::getline(fields, lo, ',') || !std::getline(fields, hi, ',') ||
+        !std::getline(fields, prob, ','))
+      usage(fmt::format("{}:{}: expected dataset,lo,hi,prob", path, number));
+    out[name].push_back({std::stoll(lo), std::stoll(hi), std::stod(prob)});
+  }
+  return out;
+}
+
+std::vector<std::int64_t> sample(const std::vector<Bucket>& buckets, int count, std::uint64_t seed) {
+  pd::Rng rng(seed);
+  double total = 0;
+  for (const Bucket& b : buckets) total += b.probability;
+  std::vector<std::int64_t> lengths;
+  for (int i = 0; i < count; ++i) {
+    double u = rng.uniform() * total;
+    std::size_t k = 0;
+    while (k + 1 < buckets.size() && u >= buckets[k].probability) u -= buckets[k++].probability;
+    const Bucket& b = buckets[k];
+    double length;
+    if (k + 1 == buckets.size() && b.lo > 0)
+      length = std::exp(rng.uniform(std::log(double(b.lo)), std::log(double(b.hi))));  // the long tail
+    else length = rng.uniform(double(b.lo), double(b.hi));
+    lengths.push_back(std::max<std::int64_t>(64, std::int64_t(std::ceil(length))));
+  }
+  return lengths;
+}
+
+std::vector<std::int64_t> read_lengths(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) usage(fmt::format("cannot open \"{}\"", path));
+  std::vector<std::int64_t> lengths;
+  std::string token;
+  while (in >> token) {
+    char* end = nullptr;
+    const long long x = std::strtoll(token.c_str(), &end, 10);
+    if (end == token.c_str() || *end || x < 1) usage(fmt::format("{}: \"{}\" is not a positive length", path, token));
+    lengths.push_back(x);
+  }
+  if (lengths.empty()) usage(fmt::format("{} holds no lengths", path));
+  return lengths;
+}
+
+// One way of choosing strategies: a static strategy, or a planner.
+struct Variant {
+  std::string name;
+  std::optional<Strategy> fixed;
+  std::function<pd::plan::Plan(const pd::plan::Batch&)> plan;  // may throw NoFeasiblePlan
+  // Results over the trace.
+  double total_s = 0, common_s = 0, overhead_s = 0;
+  int failed = 0, calls = 0;
+  std::int64_t longest = 0;
+  // Curriculum (sorted) metrics: runs until the first failure.
+  bool stopped = false;
+  std::int64_t reached = 0;
+  double reached_s = 0;
+  std::vector<double> step_s;  // per sequence, NaN when it did not fit
+};
+
+void run_trace(const std::string& title, const std::vector<std::int64_t>& lengths, const Options& o,
+               const pd::cost::HardwareProfile& hw) {
+  pd::plan::ModelConfig model = pd::plan::ModelConfig::uniform(o.layer, o.layers);
+  const std::int64_t budget =
+      o.budget_gib > 0 ? std::int64_t(o.budget_gib * 1073741824.0) : hw.usable_memory_bytes();
+  std::vector<Variant> variants;
+  for (Strategy s : pd::cost::kAllStrategies) variants.push_back({std::string(pd::cost::name_of(s)), s, {}});
+  const auto planner = [&](std::string name, pd::plan::PlanSolver solver, double gamma,
+                           std::vector<Strategy> candidates) {
+    auto cache = std::make_shared<pd::plan::PlanCache>(model, hw, o.p, budget, std::move(solver), gamma,
+                                                       pd::plan::Bucketing{}, std::move(candidates));
+    variants.push_back({std::move(name), std::nullopt, [cache](const pd::plan::Batch& b) { return cache->plan_for(b); }});
+  };
+  const std::vector<Strategy> all(pd::cost::kAllStrategies.begin(), pd::cost::kAllStrategies.end());
+  planner("exact planner", pd::plan::exact_solver(), o.gamma, all);
+  auto heuristic_state = std::make_shared<pd::plan::HeuristicState>();
+  planner("ParaDySe heuristic", [heuristic_state](const pd::plan::CostTable& t, std::int64_t b) {
+    return pd::plan::plan_heuristic(t, b, heuristic_state.get());
+  }, o.gamma, all);
+  variants.push_back({"exact, uncached", std::nullopt, [&](const pd::plan::Batch& b) {
+                        return pd::plan::plan_exact(pd::plan::build_cost_table(model, hw, o.p, b), budget);
+                      }});
+  planner("exact w/o smoothing", pd::plan::exact_solver(), 0.0, all);
+  for (Strategy without : {Strategy::megatron_ts, Strategy::megatron_cz, Strategy::ulysses_z, Strategy::metp}) {
+    std::vector<Strategy> rest;
+    for (Strategy s : all)
+      if (s != without) rest.push_back(s);
+    planner(fmt::format("exact w/o {}", pd::cost::name_of(without)), pd::plan::exact_solver(), o.gamma, rest);
+  }
+
+  // Every sequence through every variant; times are evaluated at the sequence's own length.
+  std::vector<bool> common(lengths.size(), true);
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const pd::plan::Batch batch = pd::plan::Batch::single(lengths[i], o.batch);
+    const pd::plan::CostTable table = pd::plan::build_cost_table(model, hw, o.p, batch);
+    for (Variant& v : variants) {
+      std::optional<pd::plan::Evaluation> e;
+      if (v.fixed) {
+        e = pd::plan::evaluate(table, pd::plan::uniform_layers(table, *v.fixed));
+        if (!e->allowed) e.reset();
+      } else {
+        const auto start = std::chrono::steady_clock::now();
+        std::optional<pd::plan::Plan> plan;
+        try {
+          plan = v.plan(batch);
+        } catch (const pd::plan::NoFeasiblePlan&) {
+        }
+        v.overhead_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        ++v.calls;
+        if (plan) e = pd::plan::evaluate(table, plan->strategies());
+      }
+      const bool fits = e && e->peak_bytes() <= budget;
+      v.step_s.push_back(fits ? e->time_s : std::nan(""));
+      if (fits) {
+        v.total_s += e->time_s;
+        v.longest = std::max(v.longest, lengths[i]);
+        if (!v.stopped) v.reached = std::max(v.reached, lengths[i]), v.reached_s += e->time_s;
+      } else {
+        ++v.failed;
+        v.stopped = true;
+        if (v.fixed) common[i] = false;
+      }
+    }
+  }
+  int common_count = 0;
+  for (std::size_t i = 0; i < lengths.size(); ++i) common_count += common[i];
+  for (Variant& v : variants)
+    for (std::size_t i = 0; i < lengths.size(); ++i)
+      if (common[i]) v.common_s += v.step_s[i];
+
+  std::int64_t max_length = 0;
+  for (std::int64_t l : lengths) max_length = std::max(max_length, l);
+  fmt::print("\n=== {}: {} sequences (max {} tokens), {} ===\n", title, lengths.size(), max_length,
+             o.sorted ? "sorted short to long" : "in random order");
+  fmt::print("{:<22} {:>12} {:>9} {:>10} {:>12} {:>9} | {:>12} {:>9}\n", "variant", "total (s)", "no fit",
+             "longest", "common (s)", "vs exact", "overhead ms", "us/call");
+  const Variant& exact = variants[pd::cost::kStrategyCount];
+  for (const Variant& v : variants) {
+    fmt::print("{:<22} {:>12.1f} {:>9} {:>10} {:>12.1f} {:>8.2f}x | ", v.name, v.total_s, v.failed, v.longest,
+               v.common_s, v.common_s / exact.common_s);
+    if (v.fixed) fmt::print("{:>12} {:>9}\n", "-", "-");
+    else fmt::print("{:>12.3f} {:>9.2f}\n", v.overhead_s * 1e3, v.overhead_s * 1e6 / std::max(1, v.calls));
+  }
+  fmt::print("(total: predicted step time summed over the sequences that fit; common: over the {} sequences every "
+             "static strategy runs; overhead: the planner's wall-clock time, cost tables and cache included)\n",
+             common_count);
+  int lost = 0;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    bool any = false;
+    for (const Variant& v : variants)
+      if (v.fixed && !std::isnan(v.step_s[i])) any = true;
+    if (any && std::isnan(exact.step_s[i])) ++lost;
+  }
+  fmt::print("check: sequences some static strategy runs but the exact planner does not: {}\n", lost);
+
+  if (!o.sorted) return;
+  // The paper's Table 5: the longest length reached before the first failure and the time to get there.
+  fmt::print("\ncurriculum (training stops at the first sequence that does not fit), as the paper's Table 5:\n");
+  fmt::print("{:<22} {:>12} {:>12} {:>16} {:>9}\n", "variant", "max length", "time (s)", "exact's time (s)", "saving");
+  for (const Variant& v : variants) {
+    double exact_to_same = 0;
+    for (std::size_t i = 0; i < lengths.size() && lengths[i] <= v.reached; ++i)
+      if (!std::isnan(exact.step_s[i])) exact_to_same += exact.step_s[i];
+    fmt::print("{:<22} {:>12} {:>12.1f} {:>16.1f} {:>8.2f}%\n", v.name, v.reached, v.reached_s, exact_to_same,
+               v.reached_s > 0 ? 100 * (v.reached_s - exact_to_same) / v.reached_s : 0.0);
+  }
+  fmt::print("(saving: how much less time the exact planner needs to reach the same length)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  pd::cost::HardwareProfile hw;
+  try {
+    hw = o.profile.find(".json") != std::string::npos ? pd::cost::load_profile(o.profile)
+                                                      : pd::cost::builtin_profile(o.profile);
+  } catch (const pd::Error& e) {
+    usage(e.what());
+  }
+  fmt::print("plan_trace: {} ({}), p = {}, {} layers of {}, budget {} per device\n", hw.name, hw.description, o.p,
+             o.layers, pd::cost::describe([&] {
+               pd::cost::ModelShape m = o.layer;
+               m.batch = o.batch;
+               m.seq = 0;
+               return m;
+             }()),
+             pd::plan::format_bytes(o.budget_gib > 0 ? o.budget_gib * 1073741824.0 : double(hw.usable_memory_bytes())));
+  if (!o.lengths_file.empty()) {
+    std::vector<std::int64_t> lengths = read_lengths(o.lengths_file);
+    if (o.sorted) std::sort(lengths.begin(), lengths.end());
+    run_trace(o.lengths_file, lengths, o, hw);
+    return 0;
+  }
+  const std::string path = find_distribution(o.distribution);
+  const auto distributions = read_distribution(path);
+  bool any = false;
+  for (const auto& [name, buckets] : distributions) {
+    if (o.dataset != "all" && o.dataset != name) continue;
+    any = true;
+    std::vector<std::int64_t> lengths = sample(buckets, o.sequences, o.seed);
+    if (o.sorted) std::sort(lengths.begin(), lengths.end());
+    run_trace(fmt::format("{} ({}, seed {})", name, path, o.seed), lengths, o, hw);
+  }
+  if (!any) usage(fmt::format("no dataset \"{}\" in {}", o.dataset, path));
+  return 0;
+}
