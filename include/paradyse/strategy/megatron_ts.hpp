@@ -1,0 +1,144 @@
+// paradyse/strategy/megatron_ts.hpp: MegatronTS, Megatron-LM tensor parallelism with sequence parallelism.
+//
+// The unified shards are exactly Megatron's tensor-parallel shards, so no weight ever moves; activations do.
+// Attention: all-gather the sequence, q|k|v = x W_qkv_r^T for rank r's heads over the full sequence, attention
+// over the full sequence, partial = out W_proj_r, reduce-scatter back to [b, n_r, h]. MLP: all-gather, the rank's
+// f/p ffn columns, reduce-scatter. Backward re-gathers the saved local input instead of keeping the gathered one
+// (saves b*s*h per sublayer for one extra all-gather), and all-gathers dy.
+//
+// Per rank and sublayer, with s tokens and p ranks. Communication: forward 2 collectives of b*s*h (all-gather,
+// reduce-scatter), backward 3 (2 all-gathers, 1 reduce-scatter); weights: none. Saved for backward: attention
+// x [b, n_r, h], q|k|v [b, s, R], out [b, s, h_q/p], lse [b, heads/p, s]; MLP x and the pre-activation
+// [b*s, f/p] (2f/p for SwiGLU). Transient: the gathered input and the partial output, b*s*h each. The fastest on
+// short sequences (no weight traffic), the first to run out of memory on long ones (full-sequence tensors).
+// Requirements: those of the unified layout only (heads, kv_heads and ffn shardable over p).
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/weights.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/attention_heads.hpp"
+#include "paradyse/strategy/mlp_activation.hpp"
+#include "paradyse/strategy/policy.hpp"
+#include "paradyse/strategy/rope_heads.hpp"
+#include "paradyse/strategy/sequence_comm.hpp"
+
+#include <string_view>
+
+namespace paradyse {
+
+template <class Backend = ops::Cpu>
+struct MegatronTS {
+  static constexpr std::string_view name = "MegatronTS";
+
+  struct AttentionSaved {
+    Tensor<float> x;    // [b, n_r, h]: the local input, re-gathered in backward
+    Tensor<float> qkv;  // [b, s, R]: this rank's heads over the full sequence (after RoPE)
+    Tensor<float> out;  // [b, s, heads/p * d]
+    Tensor<float> lse;  // [b, heads/p, s]
+  };
+  struct MlpSaved {
+    Tensor<float> x;    // [b, n_r, h]
+    Tensor<float> pre;  // [b*s (rank-major), ffn_in_rows]: pre-activation of this rank's ffn columns
+  };
+
+  void check_supported(const SublayerContext&) const {}  // the unified layout's requirements suffice
+
+  template <Communicator C>
+  AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
+                                   TensorView<const float> x, TensorView<float> y) const {
+    ctx.check_activation("MegatronTS attention", "x", x, comm.rank());
+    ctx.check_activation("MegatronTS attention", "y", y, comm.rank());
+    const ShardGeometry& g = ctx.geometry;
+    const std::int64_t b = ctx.batch, s = ctx.length(), rows = ctx.global_rows(), h = ctx.hidden();
+    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{b, s, g.qkv_rows}),
+                         Tensor<float>(Shape{b, s, g.proj_rows}), Tensor<float>(Shape{b, g.q_heads, s})};
+    {
+      PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
+      gather_sequence(comm, ctx, x, x_full.view(), TokenOrder::natural);
+      Backend::matmul(x_full.view(), ops::Transpose::no, w.qkv(), ops::Transpose::yes, saved.qkv.view().reshape(Shape{rows, g.qkv_rows}));
+    }
+    rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
+    const ops::AttentionMask mask{.causal = ctx.layer().causal};
+    attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
+    PooledBuffer<float> partial = ctx.pool->acquire<float>(Shape{rows, h});
+    Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::no, w.proj(), ops::Transpose::no, partial.view());
+    reduce_scatter_sequence(comm, ctx, partial.view(), TokenOrder::natural, y);
+    return saved;
+  }
+
+  template <Communicator C>
+  void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
+                          TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
+    ctx.check_activation("MegatronTS attention backward", "dy", dy, comm.rank());
+    ctx.check_activation("MegatronTS attention backward", "dx", dx, comm.rank());
+    const ShardGeometry& g = ctx.geometry;
+    const std::int64_t b = ctx.batch, s = ctx.length(), rows = ctx.global_rows(), h = ctx.hidden();
+    PooledBuffer<float> dqkv = ctx.pool->acquire<float>(Shape{b, s, g.qkv_rows}, /*zero=*/true);
+    {
+      PooledBuffer<float> dy_full = ctx.pool->acquire<float>(Shape{rows, h});
+      gather_sequence(comm, ctx, dy, dy_full.view(), TokenOrder::natural);
+      PooledBuffer<float> dout = ctx.pool->acquire<float>(Shape{b, s, g.proj_rows});
+      Backend::matmul(dy_full.view(), ops::Transpose::no, w.proj(), ops::Transpose::yes, dout.view().reshape(Shape{rows, g.proj_rows}));
+      Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::yes, dy_full.view(), ops::Transpose::no,
+                      grad.proj(), 1.0f, 1.0f);
+      const ops::AttentionMask mask{.causal = ctx.layer().causal};
+      attention_backward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), saved.out.view(), saved.lse.view(),
+                                        dout.view(), mask, dqkv.view(), dqkv.view());
+    }
+    rope_natural<Backend>(ctx, dqkv.view(), RopeDirection::backward);
+    const TensorView<const float> dqkv_rows = TensorView<const float>(dqkv.view()).reshape(Shape{rows, g.qkv_rows});
+    PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
+    gather_sequence(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::natural);
+    QkvGradient qkv_grad(ctx, grad.qkv());
+    Backend::matmul(dqkv_rows, ops::Transpose::yes, x_full.view(), ops::Transpose::no, qkv_grad.target(), 1.0f, 1.0f);
+    Backend::matmul(dqkv_rows, ops::Transpose::no, w.qkv(), ops::Transpose::no, x_full.view());  // dx_full overwrites x_full
+    reduce_scatter_sequence(comm, ctx, x_full.view(), TokenOrder::natural, dx);
+    qkv_grad.finish(comm);
+  }
+
+  template <Communicator C>
+  MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
+                       TensorView<float> y) const {
+    ctx.check_activation("MegatronTS mlp", "x", x, comm.rank());
+    ctx.check_activation("MegatronTS mlp", "y", y, comm.rank());
+    const ShardGeometry& g = ctx.geometry;
+    const std::int64_t rows = ctx.global_rows(), h = ctx.hidden();
+    MlpSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{rows, g.ffn_in_rows})};
+    PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
+    gather_sequence(comm, ctx, x, x_full.view(), TokenOrder::rank_major);  // the MLP is token-wise: any order
+    Backend::matmul(x_full.view(), ops::Transpose::no, w.in(), ops::Transpose::yes, saved.pre.view());
+    PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{rows, g.ffn});
+    shard_activation_forward<Backend>(g, saved.pre.view(), act.view());
+    Backend::matmul(act.view(), ops::Transpose::no, w.out(), ops::Transpose::no, x_full.view());  // partial overwrites x_full
+    reduce_scatter_sequence(comm, ctx, x_full.view(), TokenOrder::rank_major, y);
+    return saved;
+  }
+
+  template <Communicator C>
+  void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
+                    TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
+    ctx.check_activation("MegatronTS mlp backward", "dy", dy, comm.rank());
+    ctx.check_activation("MegatronTS mlp backward", "dx", dx, comm.rank());
+    const ShardGeometry& g = ctx.geometry;
+    const std::int64_t rows = ctx.global_rows(), h = ctx.hidden();
+    PooledBuffer<float> dpre = ctx.pool->acquire<float>(Shape{rows, g.ffn_in_rows});
+    {
+      PooledBuffer<float> dy_full = ctx.pool->acquire<float>(Shape{rows, h});
+      gather_sequence(comm, ctx, dy, dy_full.view(), TokenOrder::rank_major);
+      PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{rows, g.ffn});
+      shard_activation_forward<Backend>(g, saved.pre.view(), act.view());  // recomputed, not saved
+      Backend::matmul(act.view(), ops::Transpose::yes, dy_full.view(), ops::Transpose::no, grad.out(), 1.0f, 1.0f);
+      Backend::matmul(dy_full.view(), ops::Transpose::no, w.out(), ops::Transpose::yes, act.view());  // dact overwrites act
+      shard_activation_backward<Backend>(g, saved.pre.view(), act.view(), dpre.view());
+    }
+    PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
+    gather_sequence(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::rank_major);
+    Backend::matmul(dpre.view(), ops::Transpose::yes, x_full.view(), ops::Transpose::no, grad.in(), 1.0f, 1.0f);
+    Backend::matmul(dpre.view(), ops::Transpose::no, w.in(), ops::Transpose::no, x_full.view());  // dx_full overwrites x_full
+    reduce_scatter_sequence(comm, ctx, x_full.view(), TokenOrder::rank_major, dx);
+  }
+};
+
+}  // namespace paradyse

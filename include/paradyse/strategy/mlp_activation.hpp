@@ -1,0 +1,50 @@
+// paradyse/strategy/mlp_activation.hpp: the MLP activation applied to one shard's block of the pre-activation,
+// following the MLP shard packing (model/weights.hpp): GELU's block is [m, f/p]; SwiGLU's is [m, 2f/p] = the gate
+// columns, then the up columns, of the same f/p ffn columns. Blocks may be column slices of a wider matrix.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/config.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace paradyse {
+
+// x = 0 for a 2-D view with any row stride.
+inline void fill_zero(TensorView<float> x) {
+  check(x.rank() == 2 && (x.extent(1) <= 1 || x.strides()[1] == 1), "fill_zero: expected a 2-D view with unit column stride, got {} strides {}",
+        x.shape(), x.strides());
+  for (std::int64_t i = 0; i < x.extent(0); ++i) std::fill_n(&x(i, 0), x.extent(1), 0.0f);
+}
+
+// act: [m, f/p] (overwritten) = activation(pre: [m, ffn_in_rows]).
+template <class Backend>
+void shard_activation_forward(const ShardGeometry& g, TensorView<const float> pre, TensorView<float> act) {
+  check(pre.rank() == 2 && pre.extent(1) == g.ffn_in_rows && act.shape() == Shape{pre.extent(0), g.ffn},
+        "shard_activation_forward: pre {} must be [m, {}] and act {} [m, {}]", pre.shape(), g.ffn_in_rows, act.shape(), g.ffn);
+  if (!g.swiglu) {
+    Backend::gelu_forward(pre, act);
+    return;
+  }
+  Backend::swiglu_forward(pre.slice(1, 0, g.ffn), pre.slice(1, g.ffn, g.ffn), act);
+}
+
+// dpre: [m, ffn_in_rows] (overwritten) = the activation's backward of dact: [m, f/p] at pre.
+template <class Backend>
+void shard_activation_backward(const ShardGeometry& g, TensorView<const float> pre, TensorView<const float> dact,
+                               TensorView<float> dpre) {
+  check(dpre.shape() == pre.shape() && dact.shape() == Shape{pre.extent(0), g.ffn},
+        "shard_activation_backward: dpre {} must match pre {}, dact {} must be [m, {}]", dpre.shape(), pre.shape(),
+        dact.shape(), g.ffn);
+  fill_zero(dpre);  // the ops accumulate
+  if (!g.swiglu) {
+    Backend::gelu_backward(pre, dact, dpre);
+    return;
+  }
+  Backend::swiglu_backward(pre.slice(1, 0, g.ffn), pre.slice(1, g.ffn, g.ffn), dact, dpre.slice(1, 0, g.ffn),
+                           dpre.slice(1, g.ffn, g.ffn));
+}
+
+}  // namespace paradyse

@@ -1,0 +1,143 @@
+// paradyse/strategy/policy.hpp: what a strategy is (the SublayerStrategy concept), the context every call gets, and
+// the gradient rule every strategy follows.
+//
+// A strategy is a small default-constructible type, templated on the compute Backend (ops::Cpu by default), with
+// two sublayers, attention and MLP, each with a forward and a backward (a layer may use different strategies for
+// its two sublayers):
+//
+//   static constexpr std::string_view name;                       // "MegatronTS", ...
+//   void check_supported(const SublayerContext&) const;           // throws Error naming what is required
+//   struct AttentionSaved; struct MlpSaved;                       // what forward keeps for backward (move-only)
+//   AttentionSaved attention_forward(comm, ctx, const AttentionShard& w, x, y) const;
+//   void attention_backward(comm, ctx, const AttentionShard& w, AttentionSaved&, dy, dx, AttentionShard& grad) const;
+//   MlpSaved mlp_forward(comm, ctx, const MlpShard& w, x, y) const;
+//   void mlp_backward(comm, ctx, const MlpShard& w, MlpSaved&, dy, dx, MlpShard& grad) const;
+//
+// Contract (the unified layout, DESIGN.md):
+//   - x, y, dy, dx: [b, n_r, h], contiguous, rank r's tokens in the order of ctx.sequence (contiguous chunk r, or
+//     zigzag chunks r and 2p-1-r). y and dx are overwritten; no norm and no residual inside a sublayer.
+//   - w: rank r's packed shard (model/weights.hpp), the same for every strategy.
+//   - grad: ACCUMULATES (+=) the fully reduced gradient of rank r's own shard (summed over every token of every
+//     rank; with replicated kv heads, over every replica too). So the next layer, whatever its strategy, and the
+//     optimizer see the same thing whichever strategy ran, and no redistribution happens between sublayers.
+//   - Every rank of the group calls the same sublayer with the same strategy in the same order (collectives).
+//   - Transient buffers come from ctx.pool (one pool per rank, keyed by size, shared by all strategies); saved
+//     tensors are owned by the Saved struct and freed when it dies.
+// "Reshard" (moving tensors between the unified layout and the layout a strategy computes in) is done by the
+// communication helpers of strategy/sequence_comm.hpp (sequence gather/scatter, sequence <-> head all-to-all)
+// and strategy/ring.hpp (blocks passed around the ring), so a strategy file holds only its schedule.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/config.hpp"
+#include "paradyse/model/weights.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/sequence_layout.hpp"
+
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+
+namespace paradyse {
+
+// Everything a sublayer call needs besides its tensors; built once per layer call (cheap).
+struct SublayerContext {
+  const LayerConfig* config = nullptr;
+  ShardGeometry geometry;    // the shard sizes of this group size
+  SequenceLayout sequence;   // which tokens each rank holds
+  std::int64_t batch = 0;    // b
+  BufferPool* pool = nullptr;
+
+  SublayerContext() = default;
+  // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.
+  SublayerContext(const LayerConfig& config_, int ranks, std::int64_t batch_, std::int64_t seq_len, BufferPool& pool_)
+      : config(&config_), geometry(config_, ranks), sequence(seq_len, ranks, config_.zigzag), batch(batch_),
+        pool(&pool_) {
+    check(batch_ >= 1, "SublayerContext: batch = {} must be at least 1", batch_);
+  }
+
+  const LayerConfig& layer() const noexcept { return *config; }
+  int ranks() const noexcept { return sequence.ranks(); }
+  std::int64_t hidden() const noexcept { return config->hidden; }
+  std::int64_t length() const noexcept { return sequence.length(); }  // s, global
+  std::int64_t local_tokens(int rank) const { return sequence.local_length(rank); }  // n_r
+  std::int64_t local_rows(int rank) const { return batch * sequence.local_length(rank); }  // b * n_r
+  std::int64_t global_rows() const noexcept { return batch * sequence.length(); }  // b * s
+
+  // Throws unless `x` is this rank's activation [b, n_r, h], contiguous.
+  void check_activation(const char* who, const char* what, TensorView<const float> x, int rank) const {
+    const Shape want{batch, sequence.local_length(rank), config->hidden};
+    check(x.shape() == want && x.is_contiguous(), "{}: {} has shape {}{}, expected contiguous [b, n_r, h] = {} on rank {}",
+          who, what, x.shape(), x.is_contiguous() ? "" : " (strided)", want, rank);
+  }
+};
+
+// The concept: the operations above for a communicator C.
+template <class S, class C>
+concept SublayerStrategy =
+    Communicator<C> && std::default_initializable<S> && requires(const S& s, C& comm, const SublayerContext& ctx,
+                                                                  const AttentionShard& aw, AttentionShard& ag,
+                                                                  const MlpShard& mw, MlpShard& mg,
+                                                                  typename S::AttentionSaved& as,
+                                                                  typename S::MlpSaved& ms, TensorView<const float> in,
+                                                                  TensorView<float> out) {
+      { S::name } -> std::convertible_to<std::string_view>;
+      s.check_supported(ctx);
+      { s.attention_forward(comm, ctx, aw, in, out) } -> std::same_as<typename S::AttentionSaved>;
+      s.attention_backward(comm, ctx, aw, as, in, out, ag);
+      { s.mlp_forward(comm, ctx, mw, in, out) } -> std::same_as<typename S::MlpSaved>;
+      s.mlp_backward(comm, ctx, mw, ms, in, out, mg);
+    };
+
+// Spans as the communicators take them.
+inline std::span<const float> read_span(TensorView<const float> x) { return x.span(); }
+inline std::span<float> write_span(TensorView<float> x) { return x.span(); }
+template <class T>
+std::span<const T> read_span(const PooledBuffer<T>& x) { return {x.data(), std::size_t(x.numel())}; }
+
+// dst += src (same element count).
+inline void add_into(std::span<float> dst, std::span<const float> src) {
+  check(dst.size() == src.size(), "add_into: {} elements += {} elements", dst.size(), src.size());
+  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
+}
+
+// Where a backward accumulates its W_qkv^T gradient. Without replicated kv heads: straight into the shard's
+// gradient. With them (kv_heads < p), the p/kv ranks sharing a kv head each computed only their own queries' part
+// of its k and v rows' gradient: this call's contribution goes to a zeroed scratch, finish() sums the k and v rows
+// over the replicas (one all-reduce of kv_heads * 2 * d * h elements over the group) and adds the result.
+class QkvGradient {
+public:
+  QkvGradient(const SublayerContext& ctx, TensorView<float> grad_qkv /*[qkv_rows, h]*/)
+      : geometry_(ctx.geometry), grad_(grad_qkv), pool_(ctx.pool) {
+    if (geometry_.kv_replicated()) scratch_ = pool_->acquire<float>(grad_qkv.shape(), /*zero=*/true);
+  }
+  // The tensor to accumulate into: [qkv_rows, h].
+  TensorView<float> target() const { return geometry_.kv_replicated() ? scratch_.view() : grad_; }
+
+  template <Communicator C>
+  void finish(C& comm) {
+    if (!geometry_.kv_replicated()) return;
+    const ShardGeometry& g = geometry_;
+    const std::int64_t d = g.head_dim, h = g.hidden, kv_global = g.ranks / g.kv_replicas;
+    const std::int64_t slot = 2 * d * h;  // k rows then v rows of one kv head
+    PooledBuffer<float> all = pool_->acquire<float>(Shape{kv_global, slot}, /*zero=*/true);
+    float* mine = all.data() + g.first_kv_head(comm.rank()) * slot;
+    const float* k_rows = scratch_.data() + g.group_size * d * h;  // the one local group: q rows, then k, then v
+    std::memcpy(mine, k_rows, std::size_t(slot) * sizeof(float));
+    comm.all_reduce(read_span(all), all.span(), ReduceOp::sum);
+    std::memcpy(scratch_.data() + g.group_size * d * h, mine, std::size_t(slot) * sizeof(float));
+    add_into(grad_.span(), read_span(scratch_));
+  }
+
+private:
+  ShardGeometry geometry_;
+  TensorView<float> grad_;
+  BufferPool* pool_;
+  PooledBuffer<float> scratch_;
+};
+
+}  // namespace paradyse

@@ -1,0 +1,133 @@
+// paradyse/strategy/ulysses_z.hpp: UlyssesZ, DeepSpeed-Ulysses sequence parallelism with ZeRO-3 weights.
+//
+// Attention: q|k|v for the rank's own tokens and EVERY head group comes out of the ring column linear (the W_qkv^T
+// shards rotate; block j, rank j's head group, lands straight in chunk j of the all-to-all send buffer). The
+// all-to-all trades tokens for heads: each rank then holds its own head group over the full sequence, runs
+// attention, and a second all-to-all brings every head group's output back to the token owners. The output
+// projection multiplies those chunks with the all-gathered W_proj. Backward mirrors it (two all-to-alls, the
+// W_proj all-gather and gradient reduce-scatter, the rotating W_qkv^T shards with their gradients).
+// MLP: the ZeRO-3 MLP (strategy/zero3_mlp.hpp).
+//
+// Per rank and sublayer. Communication: activations 2 all-to-alls forward (b*n_r*(R + h_q/p) elements out of rank
+// r, about 4bsh/p per rank for MHA), 2 backward; weights ~ (3h/p + h/p) h (p-1) forward, twice that plus the
+// gradients backward, independent of s. Saved: x [b, n_r, h], q|k|v [b, s, R], out [b, s, h_q/p], lse, and the
+// projection input [p, b*n_r, h_q/p]. Requirements: heads % p == 0 (the unified layout's), with GQA and
+// kv_heads < p the kv heads are replicated on the ranks that share them (they travel in every rank's group).
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/weights.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/attention_heads.hpp"
+#include "paradyse/strategy/policy.hpp"
+#include "paradyse/strategy/rope_heads.hpp"
+#include "paradyse/strategy/sequence_comm.hpp"
+#include "paradyse/strategy/zero3_linear.hpp"
+#include "paradyse/strategy/zero3_mlp.hpp"
+
+#include <string_view>
+
+namespace paradyse {
+
+template <class Backend = ops::Cpu>
+struct UlyssesZ {
+  static constexpr std::string_view name = "UlyssesZ";
+
+  struct AttentionSaved {
+    Tensor<float> x;    // [b, n_r, h]
+    Tensor<float> qkv;  // [b, s, R]: this rank's head group over the full sequence (after RoPE)
+    Tensor<float> out;  // [b, s, heads/p * d]
+    Tensor<float> lse;  // [b, heads/p, s]
+    Tensor<float> a;    // [p, b*n_r, heads/p * d]: chunk j = head group j's output for this rank's tokens
+  };
+  using MlpSaved = Zero3MlpSaved;
+
+  void check_supported(const SublayerContext& ctx) const {
+    const LayerConfig& c = ctx.layer();
+    check(c.heads % ctx.ranks() == 0, "UlyssesZ: heads = {} must be divisible by the group size p = {}", c.heads,
+          ctx.ranks());
+  }
+
+  template <Communicator C>
+  AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
+                                   TensorView<const float> x, TensorView<float> y) const {
+    ctx.check_activation("UlyssesZ attention", "x", x, comm.rank());
+    ctx.check_activation("UlyssesZ attention", "y", y, comm.rank());
+    check_supported(ctx);
+    const ShardGeometry& g = ctx.geometry;
+    const int p = ctx.ranks();
+    const std::int64_t b = ctx.batch, s = ctx.length(), m = ctx.local_rows(comm.rank()), h = ctx.hidden();
+    const std::int64_t R = g.qkv_rows, W = g.proj_rows;
+    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{b, s, R}), Tensor<float>(Shape{b, s, W}),
+                         Tensor<float>(Shape{b, g.q_heads, s}), Tensor<float>(Shape{p, m, W})};
+    {
+      PooledBuffer<float> send = ctx.pool->acquire<float>(Shape{p, m, R});
+      const TensorView<float> chunks = send.view();
+      ring_column_linear_forward<Backend>(comm, *ctx.pool, x.reshape(Shape{m, h}), w.qkv(), [&](int j) {
+        return TensorView<float>(chunks.data() + std::int64_t(j) * m * R, Shape{m, R});
+      });
+      sequence_to_heads(comm, ctx, chunks.reshape(Shape{p * m, R}), R, saved.qkv.view());
+    }
+    rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
+    const ops::AttentionMask mask{.causal = ctx.layer().causal};
+    attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
+    heads_to_sequence(comm, ctx, saved.out.view(), W, saved.a.view().reshape(Shape{p * m, W}));
+    const TensorView<const float> a = saved.a.view();
+    gathered_row_linear_forward<Backend>(comm, *ctx.pool, w.proj(),
+                                         [&](int j) { return a.slice(0, j, 1).reshape(Shape{m, W}); },
+                                         y.reshape(Shape{m, h}));
+    return saved;
+  }
+
+  template <Communicator C>
+  void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
+                          TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
+    ctx.check_activation("UlyssesZ attention backward", "dy", dy, comm.rank());
+    ctx.check_activation("UlyssesZ attention backward", "dx", dx, comm.rank());
+    const ShardGeometry& g = ctx.geometry;
+    const int p = ctx.ranks();
+    const std::int64_t b = ctx.batch, s = ctx.length(), m = ctx.local_rows(comm.rank()), h = ctx.hidden();
+    const std::int64_t R = g.qkv_rows, W = g.proj_rows;
+    PooledBuffer<float> dqkv = ctx.pool->acquire<float>(Shape{b, s, R}, /*zero=*/true);
+    {
+      PooledBuffer<float> dout = ctx.pool->acquire<float>(Shape{b, s, W});
+      {
+        PooledBuffer<float> da = ctx.pool->acquire<float>(Shape{p, m, W});
+        const TensorView<float> da_view = da.view();
+        const TensorView<const float> a = saved.a.view();
+        gathered_row_linear_backward<Backend>(
+            comm, *ctx.pool, w.proj(), [&](int j) { return a.slice(0, j, 1).reshape(Shape{m, W}); },
+            dy.reshape(Shape{m, h}), [&](int j) { return da_view.slice(0, j, 1).reshape(Shape{m, W}); }, grad.proj());
+        sequence_to_heads(comm, ctx, da_view.reshape(Shape{p * m, W}), W, dout.view());
+      }
+      const ops::AttentionMask mask{.causal = ctx.layer().causal};
+      attention_backward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), saved.out.view(), saved.lse.view(),
+                                        dout.view(), mask, dqkv.view(), dqkv.view());
+    }
+    rope_natural<Backend>(ctx, dqkv.view(), RopeDirection::backward);
+    PooledBuffer<float> dsend = ctx.pool->acquire<float>(Shape{p, m, R});
+    const TensorView<float> dchunks = dsend.view();
+    heads_to_sequence(comm, ctx, dqkv.view(), R, dchunks.reshape(Shape{p * m, R}));
+    dqkv = PooledBuffer<float>();
+    QkvGradient qkv_grad(ctx, grad.qkv());
+    ring_column_linear_backward<Backend>(
+        comm, *ctx.pool, TensorView<const float>(saved.x.view()).reshape(Shape{m, h}), w.qkv(),
+        [&](int j) { return TensorView<const float>(dchunks.data() + std::int64_t(j) * m * R, Shape{m, R}); },
+        dx.reshape(Shape{m, h}), qkv_grad.target());
+    qkv_grad.finish(comm);
+  }
+
+  template <Communicator C>
+  MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
+                       TensorView<float> y) const {
+    return zero3_mlp_forward<Backend>(comm, ctx, w, x, y, "UlyssesZ mlp");
+  }
+  template <Communicator C>
+  void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
+                    TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
+    zero3_mlp_backward<Backend>(comm, ctx, w, saved, dy, dx, grad, "UlyssesZ mlp backward");
+  }
+};
+
+}  // namespace paradyse

@@ -1,0 +1,196 @@
+// tests/strategy/harness.hpp: checks a strategy's sublayers on thread ranks against the float64 single-rank
+// reference (tests/model/reference_transformer.hpp): output, input gradient and the gradient of every rank's own
+// shard, over the standard cases (p in {1, 2, 3, 4, 8}, MHA/GQA with and without replicated kv heads, causal or
+// not, RoPE, zigzag, GELU/SwiGLU, uneven sequence lengths, batch 1 and 2).
+//
+// Use: paradyse::testing::check_sublayers<MegatronTS<>>(). Each rank collects its mismatches; the main thread checks
+// them (doctest assertions are not made from rank threads).
+#pragma once
+
+#include "model/reference_transformer.hpp"
+#include "support/tolerance.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/core/rng.hpp"
+#include "paradyse/model/weights.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/policy.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace paradyse::testing {
+
+struct SublayerCase {
+  std::string name;
+  LayerConfig config;
+  int ranks = 1;
+  std::int64_t batch = 1;
+  std::int64_t length = 8;
+};
+
+inline LayerConfig small_config(std::int64_t heads, std::int64_t kv_heads, std::int64_t ffn) {
+  LayerConfig c;
+  c.hidden = 16;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = 4;
+  c.ffn = ffn;
+  return c;
+}
+
+// The cases for group size p: every feature at least once, uneven lengths throughout.
+inline std::vector<SublayerCase> standard_cases(int p) {
+  std::vector<SublayerCase> cases;
+  auto add = [&](std::string name, LayerConfig c, std::int64_t batch, std::int64_t length) {
+    cases.push_back({fmt::format("p={} {} b={} s={}", p, name, batch, length), c, p, batch, length});
+  };
+  LayerConfig mha = small_config(2 * p, 2 * p, 8 * p);
+  add("MHA", mha, 1, 5 * p + 3);
+  LayerConfig causal = mha;
+  causal.causal = true;
+  causal.rope = true;
+  causal.zigzag = true;
+  causal.norm = NormKind::rms_norm;
+  add("MHA causal RoPE zigzag", causal, 2, 4 * p + 3);
+  // GQA: kv heads divisible by p, or fewer than p (replicated over p / kv ranks).
+  const std::int64_t kv = p <= 3 ? p : 2;
+  LayerConfig gqa = small_config(2 * p, kv, 4 * p);
+  gqa.activation = Activation::swiglu;
+  gqa.causal = true;
+  add(fmt::format("GQA kv={} causal SwiGLU", kv), gqa, 2, 3 * p + 1);
+  LayerConfig gqa_rope = gqa;
+  gqa_rope.causal = false;
+  gqa_rope.rope = true;
+  add(fmt::format("GQA kv={} RoPE SwiGLU", kv), gqa_rope, 1, 6 * p + 5);
+  if (p <= 4) {  // several kv groups per rank (one attention call per group)
+    LayerConfig groups = small_config(4 * p, 2 * p, 4 * p);
+    groups.causal = true;
+    groups.zigzag = true;
+    add("GQA 2 groups/rank causal zigzag", groups, 1, 4 * p + 1);
+  }
+  return cases;
+}
+
+// Global inputs of one case: random weights (norms included), x and dy: [b, s, h].
+struct Problem {
+  LayerConfig config;
+  GlobalLayerWeights<double> weights;
+  Tensor<double> x, dy;
+};
+
+inline Problem make_problem(const LayerConfig& c, std::int64_t batch, std::int64_t length, std::uint64_t seed) {
+  Rng rng(seed);
+  Problem problem{c, init_global<double>(c, seed), {}, {}};
+  for (Tensor<double>* m : {&problem.weights.norm1_gamma, &problem.weights.norm2_gamma}) rng.fill_uniform(m->span(), 0.5, 1.5);
+  for (Tensor<double>* m : {&problem.weights.norm1_beta, &problem.weights.norm2_beta}) rng.fill_uniform(m->span(), -0.5, 0.5);
+  problem.x = random_uniform<double>(Shape{batch, length, c.hidden}, rng);
+  problem.dy = random_uniform<double>(Shape{batch, length, c.hidden}, rng);
+  return problem;
+}
+
+// Rank r's tokens [b, n_r, h] of a global [b, s, h] tensor, as float.
+inline Tensor<float> local_tokens(const Tensor<double>& global, const SequenceLayout& layout, int rank) {
+  const std::int64_t b = global.extent(0), h = global.extent(2), n = layout.local_length(rank);
+  Tensor<float> local(Shape{b, n, h});
+  for (std::int64_t i = 0; i < b; ++i)
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::int64_t position = layout.position(rank, t);
+      for (std::int64_t c = 0; c < h; ++c) local(i, t, c) = float(global(i, position, c));
+    }
+  return local;
+}
+
+// Mismatches collected on the rank threads and checked on the main thread.
+class Findings {
+public:
+  void compare(std::span<const float> got, std::span<const float> want, const std::string& what, Tolerance tol = kFloat32) {
+    std::string miss = first_mismatch(got, want, tol);
+    if (miss.empty()) return;
+    std::lock_guard lock(mutex_);
+    messages_.push_back(what + ": " + miss);
+  }
+  void compare(const Tensor<float>& got, const Tensor<double>& want_global, const SequenceLayout& layout, int rank,
+               const std::string& what) {
+    const Tensor<float> want = local_tokens(want_global, layout, rank);
+    compare(got.span(), want.span(), what);
+  }
+  void fail(const std::string& message) {
+    std::lock_guard lock(mutex_);
+    messages_.push_back(message);
+  }
+  // doctest checks, on the calling (main) thread.
+  void check_all(const std::string& context) const {
+    INFO(context);
+    for (const std::string& m : messages_) CHECK_MESSAGE(false, m);
+    CHECK(messages_.empty());
+  }
+
+private:
+  std::mutex mutex_;
+  std::vector<std::string> messages_;
+};
+
+enum class Sublayer { attention, mlp };
+
+// Runs forward and backward of one sublayer of strategy S on p thread ranks and compares with the reference.
+// Returns the per-rank peak bytes.
+template <class S>
+std::vector<std::size_t> check_sublayer(const SublayerCase& test, Sublayer which, std::uint64_t seed = 1) {
+  const LayerConfig& c = test.config;
+  const Problem problem = make_problem(c, test.batch, test.length, seed);
+  GlobalLayerWeights<double> dw(c);
+  Tensor<double> y_ref, dx_ref;
+  if (which == Sublayer::attention) {
+    y_ref = ref::attention_forward(c, problem.weights, problem.x);
+    dx_ref = ref::attention_backward(c, problem.weights, problem.x, problem.dy, dw);
+  } else {
+    y_ref = ref::mlp_forward(c, problem.weights, problem.x);
+    dx_ref = ref::mlp_backward(c, problem.weights, problem.x, problem.dy, dw);
+  }
+  Findings findings;
+  const int p = test.ranks;
+  const RunReport report = run_ranks(p, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    BufferPool pool;
+    const SublayerContext ctx(c, p, test.batch, test.length, pool);
+    const LayerWeights weights = shard_of(problem.weights, c, p, r);
+    LayerWeights grads(c, p);
+    const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);
+    Tensor<float> y(x.shape()), dx(x.shape());
+    const S strategy;
+    strategy.check_supported(ctx);
+    const LayerWeights want = shard_of(dw, c, p, r);
+    const std::string where = fmt::format("{} rank {}", S::name, r);
+    if (which == Sublayer::attention) {
+      auto saved = strategy.attention_forward(comm, ctx, weights.attention, x.view(), y.view());
+      strategy.attention_backward(comm, ctx, weights.attention, saved, dy.view(), dx.view(), grads.attention);
+      findings.compare(grads.attention.packed.span(), want.attention.packed.span(), where + " attention weight gradient");
+    } else {
+      auto saved = strategy.mlp_forward(comm, ctx, weights.mlp, x.view(), y.view());
+      strategy.mlp_backward(comm, ctx, weights.mlp, saved, dy.view(), dx.view(), grads.mlp);
+      findings.compare(grads.mlp.packed.span(), want.mlp.packed.span(), where + " mlp weight gradient");
+    }
+    findings.compare(y, y_ref, ctx.sequence, r, where + " output");
+    findings.compare(dx, dx_ref, ctx.sequence, r, where + " input gradient");
+    if (pool.stats().in_use_bytes != 0) findings.fail(fmt::format("{}: {} pool bytes still on loan", where, pool.stats().in_use_bytes));
+  });
+  findings.check_all(fmt::format("{} {} {}", S::name, which == Sublayer::attention ? "attention" : "mlp", test.name));
+  return report.peak_bytes;
+}
+
+// Every standard case, both sublayers, p in {1, 2, 3, 4, 8}.
+template <class S>
+void check_sublayers() {
+  for (int p : {1, 2, 3, 4, 8})
+    for (const SublayerCase& test : standard_cases(p)) {
+      check_sublayer<S>(test, Sublayer::attention);
+      check_sublayer<S>(test, Sublayer::mlp);
+    }
+}
+
+}  // namespace paradyse::testing
