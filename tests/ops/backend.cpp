@@ -42,3 +42,33 @@ TEST_CASE("ops::Cpu is a backend policy over the CPU kernels") {
   CHECK(std::equal(out1.span().begin(), out1.span().end(), out2.span().begin()));
   CHECK(std::equal(lse1.span().begin(), lse1.span().end(), lse2.span().begin()));
 }
+
+TEST_CASE("ops::Cpu forwards the layer ops bit for bit") {
+  Rng rng(6);
+  Tensor<float> x = random_uniform<float>(Shape{3, 16}, rng), gamma = random_uniform<float>(Shape{16}, rng);
+  Tensor<float> beta = random_uniform<float>(Shape{16}, rng);
+  Tensor<float> y1(x.shape()), y2(x.shape()), mean(Shape{3}), rstd(Shape{3});
+  const auto same = [](const Tensor<float>& a, const Tensor<float>& b) {
+    return std::equal(a.span().begin(), a.span().end(), b.span().begin());
+  };
+  ops::Cpu::layer_norm_forward(x.view(), gamma.view(), beta.view(), 1e-5f, y1.view(), mean.view(), rstd.view());
+  ops::cpu::layer_norm_forward(x.view(), gamma.view(), beta.view(), 1e-5f, y2.view(), mean.view(), rstd.view());
+  CHECK(same(y1, y2));
+  ops::Cpu::rms_norm_forward(x.view(), gamma.view(), 1e-5f, y1.view(), rstd.view());
+  ops::cpu::rms_norm_forward(x.view(), gamma.view(), 1e-5f, y2.view(), rstd.view());
+  CHECK(same(y1, y2));
+  ops::Cpu::gelu_forward(x.view(), y1.view());
+  ops::cpu::gelu_forward(x.view(), y2.view());
+  CHECK(same(y1, y2));
+  ops::Cpu::swiglu_forward(x.view(), y1.view(), y1.view());  // up = the gelu output, in place
+  ops::cpu::swiglu_forward(x.view(), y2.view(), y2.view());
+  CHECK(same(y1, y2));
+  Tensor<float> q = random_uniform<float>(Shape{1, 3, 2, 8}, rng), r1(q.shape()), r2(q.shape());
+  ops::Cpu::rope_forward(q.view(), r1.view(), 5);
+  ops::cpu::rope_forward(q.view(), r2.view(), 5);
+  CHECK(same(r1, r2));
+  Tensor<bf16> b(x.shape());
+  ops::Cpu::convert(TensorView<const float>(x.view()), b.view());
+  CHECK(b.data()[5].bits == bf16(x.data()[5]).bits);
+}
+

@@ -171,3 +171,21 @@ TEST_CASE("gemm_fallback is right at every instruction-set level this CPU has") 
   }
   ops::cpu::limit_simd_level(ops::cpu::SimdLevel::avx512);
 }
+
+TEST_CASE("gemm_fallback takes its packing workspace from the calling thread's memory tracker") {
+  Rng rng(0x77);
+  Tensor<float> a = random_uniform<float>(Shape{50, 60}, rng), b = random_uniform<float>(Shape{60, 70}, rng);
+  Tensor<float> c(Shape{50, 70});
+  MemoryTracker tracker;
+  {
+    ScopedTracker scope(tracker);
+    ops::cpu::gemm_fallback(Transpose::no, Transpose::no, 50, 70, 60, 1.0f, a.data(), 60, b.data(), 70, 0.0f, c.data(), 70);
+  }
+  CHECK(tracker.peak() > 0);
+  CHECK(tracker.in_use() == 0);
+  MemoryTracker tiny(64);  // a cap below the workspace: OutOfMemory, not a crash
+  ScopedTracker scope(tiny);
+  CHECK_THROWS_AS(ops::cpu::gemm_fallback(Transpose::no, Transpose::no, 50, 70, 60, 1.0f, a.data(), 60, b.data(), 70,
+                                          0.0f, c.data(), 70),
+                  OutOfMemory);
+}

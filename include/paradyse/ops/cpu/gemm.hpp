@@ -11,12 +11,12 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/ops/cpu/simd.hpp"
+#include "paradyse/ops/cpu/workspace.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #if defined(PARADYSE_WITH_CBLAS)
 #include <cblas.h>
@@ -229,14 +229,6 @@ PARADYSE_TARGET_AVX512 inline void blocked_gemm_avx512(
 }
 #endif
 
-// Packing scratch of the calling thread (per rank), grown on demand. Small (<= ~1.2 MiB) and reused by every
-// fallback GEMM of the thread, so it is workspace of the kernel rather than a tensor.
-inline float* fallback_scratch(std::size_t floats) {
-  thread_local std::vector<float> scratch;
-  if (scratch.size() < floats) scratch.resize(floats);
-  return scratch.data();
-}
-
 }  // namespace detail
 
 // The built-in blocked GEMM (also what gemm() uses without CBLAS). Same contract as gemm().
@@ -247,9 +239,12 @@ inline void gemm_fallback(Transpose trans_a, Transpose trans_b, std::int64_t m, 
   if (m == 0 || n == 0) return;
   detail::scale_matrix(m, n, beta, c, ldc);
   if (k == 0 || alpha == 0.0f) return;
-  const std::size_t a_floats = std::size_t(detail::kFallbackMc + detail::kMrMax) * detail::kFallbackKc;
-  const std::size_t b_floats = std::size_t(detail::kFallbackNc + detail::kNrMax) * detail::kFallbackKc;
-  float* a_packed = detail::fallback_scratch(a_floats + b_floats);
+  // Packed panels sized to the problem (at most ~1.2 MiB), zero-padded by the packing itself.
+  const std::size_t depth = std::size_t(std::min(k, detail::kFallbackKc));
+  const std::size_t a_floats = std::size_t(std::min(m, detail::kFallbackMc) + detail::kMrMax) * depth;
+  const std::size_t b_floats = std::size_t(std::min(n, detail::kFallbackNc) + detail::kNrMax) * depth;
+  const detail::Workspace<float> workspace(a_floats + b_floats);
+  float* a_packed = workspace.data();
   float* b_packed = a_packed + a_floats;
   switch (simd_level()) {
 #if defined(PARADYSE_X86_DISPATCH)
