@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds paradyse (./build) and runs an example program on its bundled default data.
+#   scripts/run_example.sh                      the main example: plan_trace, the paper's setting by prediction
+#   scripts/run_example.sh PROGRAM [ARGS...]    another example: plan_trace, reshard_walkthrough, ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+program=plan_trace
+if (($#)) && [[ "$1" != -* ]]; then
+  program=$1
+  shift
+fi
+scripts/build.sh --log-level=WARNING >/dev/null
+if [ ! -x "build/examples/$program" ]; then
+  echo "no example named '$program'; the examples are: $(ls build/examples | grep -v -e CMake -e '\.' | tr '\n' ' ')" >&2
+  exit 2
+fi
+exec "build/examples/$program" "$@"
