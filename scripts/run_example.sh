@@ -9,7 +9,11 @@ if (($#)) && [[ "$1" != -* ]]; then
   program=$1
   shift
 fi
-scripts/build.sh --log-level=WARNING >/dev/null
+mkdir -p build
+if ! scripts/build.sh >build/run_example_build.log 2>&1; then
+  tail -n 40 build/run_example_build.log >&2
+  exit 1
+fi
 if [ ! -x "build/examples/$program" ]; then
   echo "no example named '$program'; the examples are: $(ls build/examples | grep -v -e CMake -e '\.' | tr '\n' ' ')" >&2
   exit 2
