@@ -1,0 +1,15 @@
+// METP against the float64 reference: output, input gradient and every rank's shard gradient, both sublayers,
+// p in {1, 2, 3, 4, 8}, MHA/GQA (replicated kv heads too), causal or not, RoPE, zigzag, uneven s, b = 1, 2.
+#include "paradyse/strategy/metp.hpp"
+
+#include "strategy/harness.hpp"
+
+#include <doctest/doctest.h>
+
+TEST_CASE("METP: both sublayers match the float64 reference on 1, 2, 3, 4 and 8 ranks") {
+  paradyse::testing::check_sublayers<paradyse::METP<>>();
+}
+
+TEST_CASE("METP: models the strategy concept") {
+  static_assert(paradyse::SublayerStrategy<paradyse::METP<>, paradyse::ThreadCommunicator>);
+}
