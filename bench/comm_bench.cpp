@@ -1,0 +1,333 @@
+// bench/comm_bench: collective bandwidth of the communicator backends, nccl-tests style.
+//
+//   comm_bench                                  threads backend, 2 and 4 ranks, 4 KiB .. 256 MiB per rank
+//   mpirun -np 4 comm_bench --backend mpi       MPI backend on the launched processes
+//   comm_bench --ranks 2,8 --max 64M --ops all_gather,all_to_all --reps 7
+//
+// For each collective, size and form (out of place, in place) it prints the median time and the nccl-tests
+// bandwidths: algbw = S / time, where S is the per-rank size of the nccl-tests "size" column (all_gather: the
+// gathered output; reduce_scatter: the input; all_to_all, all_reduce, broadcast, reduce, shift: the buffer), and
+// busbw = algbw x factor: (n-1)/n for all_gather, reduce_scatter and all_to_all, 2(n-1)/n for all_reduce, 1 for
+// broadcast, reduce and shift (nccl-tests' sendrecv). The ceiling is single-thread memcpy bandwidth (copied bytes per
+// second), measured first in the same run; the summary compares the threads backend's all_gather and all_to_all at
+// 64 MiB per rank to it, counting every byte the ranks copy (out of place each rank copies S bytes).
+// Times are medians over repetitions (fewer at large sizes); the machine is shared, so expect noise.
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/core/tensor.hpp"
+#if defined(PARADYSE_WITH_MPI)
+#include "paradyse/comm/mpi.hpp"
+#endif
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pd = paradyse;
+
+namespace {
+
+constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
+
+enum class Collective { all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, reduce, shift };
+constexpr Collective kAll[] = {Collective::all_gather, Collective::reduce_scatter, Collective::all_reduce,
+                               Collective::all_to_all, Collective::broadcast,      Collective::reduce,
+                               Collective::shift};
+
+std::string_view name_of(Collective c) {
+  switch (c) {
+    case Collective::all_gather: return "all_gather";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::all_to_all: return "all_to_all";
+    case Collective::broadcast: return "broadcast";
+    case Collective::reduce: return "reduce";
+    case Collective::shift: return "shift";
+  }
+  return "?";
+}
+
+// nccl-tests' bus bandwidth factors.
+double bus_factor(Collective c, int n) {
+  switch (c) {
+    case Collective::all_gather: case Collective::reduce_scatter: case Collective::all_to_all:
+      return double(n - 1) / n;
+    case Collective::all_reduce: return 2.0 * (n - 1) / n;
+    default: return 1.0;
+  }
+}
+bool has_in_place(Collective c) { return c != Collective::broadcast; }  // broadcast has one buffer
+
+struct Options {
+  std::string backend = "threads";
+  std::vector<int> ranks{2, 4};
+  std::size_t min_bytes = 4 * KiB, max_bytes = 256 * MiB;
+  std::vector<Collective> collectives{std::begin(kAll), std::end(kAll)};
+  int reps = 0;  // 0: 5 below 64 MiB, 3 from 64 MiB
+};
+
+std::size_t parse_size(std::string_view text) {
+  std::size_t multiplier = 1;
+  if (!text.empty()) {
+    const char unit = text.back();
+    if (unit == 'K' || unit == 'k') multiplier = KiB;
+    if (unit == 'M' || unit == 'm') multiplier = MiB;
+    if (unit == 'G' || unit == 'g') multiplier = 1024 * MiB;
+    if (multiplier != 1) text.remove_suffix(1);
+  }
+  return std::size_t(std::stoull(std::string(text))) * multiplier;
+}
+
+std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> items;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    items.emplace_back(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+  }
+  return items;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) o.backend = "mpi";  // launched by mpirun
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    auto value = [&]() -> std::string_view {
+      pd::check(i + 1 < argc, "{} needs a value", arg);
+      return argv[++i];
+    };
+    if (arg == "--backend") o.backend = value();
+    else if (arg == "--ranks") {
+      o.ranks.clear();
+      for (const auto& r : split_list(value())) o.ranks.push_back(std::stoi(r));
+    } else if (arg == "--min") o.min_bytes = parse_size(value());
+    else if (arg == "--max") o.max_bytes = parse_size(value());
+    else if (arg == "--reps") o.reps = std::stoi(std::string(value()));
+    else if (arg == "--ops") {
+      o.collectives.clear();
+      for (const auto& name : split_list(value())) {
+        const auto* c = std::find_if(std::begin(kAll), std::end(kAll), [&](Collective c) { return name_of(c) == name; });
+        pd::check(c != std::end(kAll), "unknown collective '{}'", name);
+        o.collectives.push_back(*c);
+      }
+    } else {
+      std::fputs("usage: comm_bench [--backend threads|mpi] [--ranks 2,4] [--min 4K] [--max 256M] [--reps N]\n"
+                 "                  [--ops all_gather,reduce_scatter,all_reduce,all_to_all,broadcast,reduce,shift]\n"
+                 "under mpirun the backend is mpi and the ranks are the launched processes\n",
+                 stderr);
+      std::exit(arg == "--help" ? 0 : 2);
+    }
+  }
+  pd::check(o.backend == "threads" || o.backend == "mpi", "--backend {} must be threads or mpi", o.backend);
+  pd::check(o.min_bytes >= 64 && o.min_bytes <= o.max_bytes, "sizes --min {} --max {} are not a range", o.min_bytes,
+            o.max_bytes);
+  return o;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Single-thread memcpy bandwidth in copied bytes per second (pre-faulted buffers larger than the caches).
+double measure_memcpy(std::size_t bytes, int reps) {
+  pd::Tensor<std::byte> from(pd::Shape{std::int64_t(bytes)}), to(pd::Shape{std::int64_t(bytes)});
+  std::memset(from.data(), 1, bytes);
+  std::memcpy(to.data(), from.data(), bytes);  // warm up
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    times.push_back(seconds_since(t0));
+  }
+  return double(bytes) / median(times);
+}
+
+// One call of the collective on `bytes` per rank (the nccl-tests size), floats from buffers a and b.
+template <class C>
+void run_once(C& comm, Collective c, bool in_place, std::size_t bytes, std::span<float> a, std::span<float> b) {
+  const int n = comm.size(), me = comm.rank();
+  const std::size_t count = bytes / sizeof(float), chunk = count / std::size_t(n);
+  using pd::ReduceOp;
+  switch (c) {
+    case Collective::all_gather:
+      if (in_place) comm.all_gather(std::span<const float>(b.data() + std::size_t(me) * chunk, chunk), b.first(count));
+      else comm.all_gather(std::span<const float>(a.first(chunk)), b.first(count));
+      break;
+    case Collective::reduce_scatter:
+      if (in_place) comm.reduce_scatter(std::span<const float>(a.first(count)), a.subspan(std::size_t(me) * chunk, chunk), ReduceOp::sum);
+      else comm.reduce_scatter(std::span<const float>(a.first(count)), b.first(chunk), ReduceOp::sum);
+      break;
+    case Collective::all_reduce:
+      comm.all_reduce(std::span<const float>(a.first(count)), in_place ? a.first(count) : b.first(count), ReduceOp::sum);
+      break;
+    case Collective::all_to_all:
+      comm.all_to_all(std::span<const float>(a.first(count)), in_place ? a.first(count) : b.first(count));
+      break;
+    case Collective::broadcast: comm.broadcast(a.first(count), 0); break;
+    case Collective::reduce:
+      comm.reduce(std::span<const float>(a.first(count)), in_place ? a.first(count) : b.first(me == 0 ? count : 0),
+                  ReduceOp::sum, 0);
+      break;
+    case Collective::shift:
+      comm.shift(std::span<const float>(a.first(count)), in_place ? a.first(count) : b.first(count), 1);
+      break;
+  }
+}
+
+// Median seconds per call, the slowest rank's (every rank returns the same value).
+template <class C>
+double time_collective(C& comm, Collective c, bool in_place, std::size_t bytes, std::span<float> a, std::span<float> b,
+                       int reps) {
+  const int iterations = int(std::clamp<std::size_t>(32 * MiB / bytes, 1, 100));
+  run_once(comm, c, in_place, bytes, a, b);  // warm up
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; ++i) run_once(comm, c, in_place, bytes, a, b);
+    comm.barrier();
+    double seconds = seconds_since(t0) / iterations;
+    comm.all_reduce(std::span<const double>(&seconds, 1), std::span<double>(&seconds, 1), pd::ReduceOp::max);
+    times.push_back(seconds);
+  }
+  return median(times);
+}
+
+struct Row {
+  std::size_t bytes;
+  double seconds[2];  // out of place, in place (negative: not applicable)
+};
+
+// Every collective and size on one communicator; returns the rows by collective (filled on rank 0 only).
+template <class C>
+std::map<Collective, std::vector<Row>> sweep(C& comm, const Options& o) {
+  const std::size_t max_count = o.max_bytes / sizeof(float);
+  pd::Tensor<float> a(pd::Shape{std::int64_t(max_count)}), b(pd::Shape{std::int64_t(max_count)});  // zero-filled
+  std::map<Collective, std::vector<Row>> rows;
+  for (Collective c : o.collectives) {
+    for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+      if (bytes % (sizeof(float) * std::size_t(comm.size())) != 0) continue;
+      const int reps = o.reps > 0 ? o.reps : bytes >= 64 * MiB ? 3 : 5;
+      Row row{bytes, {-1, -1}};
+      for (int form = 0; form < 2; ++form)
+        if (form == 0 || has_in_place(c)) row.seconds[form] = time_collective(comm, c, form == 1, bytes, a.span(), b.span(), reps);
+      rows[c].push_back(row);
+    }
+  }
+  return rows;
+}
+
+void print_table(std::string_view backend, int n, Collective c, const std::vector<Row>& rows) {
+  fmt::print("\n# {} backend, {} ranks, {} (float32); busbw = algbw x {:.3f}\n", backend, n, name_of(c),
+             bus_factor(c, n));
+  fmt::print("# {:>10} {:>11}  {:>10} {:>8} {:>8}  {:>10} {:>8} {:>8}\n", "", "", "out-of-place", "", "", "in-place", "", "");
+  fmt::print("# {:>10} {:>11}  {:>10} {:>8} {:>8}  {:>10} {:>8} {:>8}\n", "size(B)", "count", "time(us)", "algbw",
+             "busbw", "time(us)", "algbw", "busbw");
+  for (const Row& row : rows) {
+    std::string line = fmt::format("  {:>10} {:>11}", row.bytes, row.bytes / sizeof(float));
+    for (double s : row.seconds) {
+      if (s < 0) {
+        line += fmt::format("  {:>10} {:>8} {:>8}", "n/a", "", "");
+        continue;
+      }
+      const double algbw = double(row.bytes) / s / 1e9;
+      line += fmt::format("  {:>10.1f} {:>8.2f} {:>8.2f}", s * 1e6, algbw, algbw * bus_factor(c, n));
+    }
+    fmt::print("{}\n", line);
+  }
+}
+
+std::optional<double> seconds_at(const std::vector<Row>& rows, std::size_t bytes) {
+  for (const Row& row : rows)
+    if (row.bytes == bytes) return row.seconds[0];
+  return std::nullopt;
+}
+
+int run_threads(const Options& o, double memcpy_bw) {
+  struct Goal {
+    int n;
+    Collective c;
+    double seconds;
+  };
+  std::vector<Goal> goals;
+  for (int n : o.ranks) {
+    std::map<Collective, std::vector<Row>> rows;
+    pd::run_ranks(n, [&](pd::ThreadCommunicator& comm) {
+      auto mine = sweep(comm, o);
+      if (comm.rank() == 0) rows = std::move(mine);
+    });
+    for (const auto& [c, table] : rows) {
+      print_table("threads", n, c, table);
+      if (c == Collective::all_gather || c == Collective::all_to_all)
+        if (auto s = seconds_at(table, 64 * MiB)) goals.push_back({n, c, *s});
+    }
+    std::fflush(stdout);
+  }
+  fmt::print("\n# goal: threads all_gather / all_to_all at 64 MiB per rank (out of place) against single-thread memcpy "
+             "({:.2f} GB/s copied)\n", memcpy_bw / 1e9);
+  fmt::print("# every rank copies 64 MiB per call; 'all ranks' counts the copies of all ranks together\n");
+  fmt::print("# {:>5} {:>12} {:>10} {:>12} {:>10} {:>16} {:>10}\n", "ranks", "collective", "time(ms)", "per rank GB/s",
+             "ratio", "all ranks GB/s", "ratio");
+  for (const Goal& g : goals) {
+    const double per_rank = double(64 * MiB) / g.seconds;
+    const double all = per_rank * g.n;
+    fmt::print("  {:>5} {:>12} {:>10.2f} {:>12.2f} {:>9.0f}% {:>16.2f} {:>9.0f}%\n", g.n, name_of(g.c), g.seconds * 1e3,
+               per_rank / 1e9, 100 * per_rank / memcpy_bw, all / 1e9, 100 * all / memcpy_bw);
+  }
+  return 0;
+}
+
+#if defined(PARADYSE_WITH_MPI)
+int run_mpi_backend(int argc, char** argv, const Options& o) {
+  pd::MpiSession session(&argc, &argv);
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  double memcpy_bw = 0;
+  if (world_rank == 0) memcpy_bw = measure_memcpy(256 * MiB, 5);  // alone: the others wait at the barrier
+  pd::run_mpi([&](pd::MpiCommunicator& comm) {
+    comm.barrier();
+    auto rows = sweep(comm, o);
+    if (comm.rank() != 0) return;
+    fmt::print("# memcpy, 1 thread, 256 MiB: {:.2f} GB/s copied (the ceiling)\n", memcpy_bw / 1e9);
+    for (const auto& [c, table] : rows) print_table("mpi", comm.size(), c, table);
+  });
+  return 0;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    if (o.backend == "mpi") {
+#if defined(PARADYSE_WITH_MPI)
+      return run_mpi_backend(argc, argv, o);
+#else
+      std::fputs("comm_bench: built without MPI\n", stderr);
+      return 2;
+#endif
+    }
+    const double memcpy_bw = measure_memcpy(256 * MiB, 5);
+    fmt::print("# memcpy, 1 thread, 256 MiB: {:.2f} GB/s copied (the ceiling)\n", memcpy_bw / 1e9);
+    return run_threads(o, memcpy_bw);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comm_bench: %s\n", e.what());
+    return 1;
+  }
+}
