@@ -1,0 +1,277 @@
+// paradyse/strategy/colossal_z.hpp: ColossalZ, Colossal-AI's ring self-attention (RSA, Li et al. 2021) with ZeRO-3
+// weights.
+//
+// Attention: q|k|v of every head for the rank's own tokens, as in MegatronCZ (the ring column linear, then heads
+// with RoPE). RSA then works the way attention reads on paper, with no flash-style tiling: the K blocks go around
+// the ring and fill the rank's score rows S = q K^T / sqrt(d) against every key of the sequence
+// ([b, hq, n_r, s] per rank), the rows are soft-maxed (causal mask at global positions), and the V blocks go
+// around the ring a second time for out = P V. Backward: the V blocks travel again with their dV sums (dP = dout V^T,
+// dV_j = P_j^T dout), dS = P (dP - rowsum(P dP)), and the K blocks with their dK sums (dq += dS K, dK_j = dS_j^T q);
+// each sum returns to its owner after its last hop (strategy/ring_schedule.hpp). Projections and MLP: ZeRO-3, as
+// MegatronCZ.
+//
+// This is the memory-hungry member of the strategy set, on purpose: it saves the probabilities P (b hq n_r s floats
+// per rank, quadratic in s) and its backward holds dP beside them. ParaDySe excludes it for that reason; it is here
+// so the set is complete and the planner can weigh it. Communication: K and V each circulate once forward
+// (2 b s hkv d (p-1)/p per rank, as ring attention), twice with their gradient sums backward. Exact: the same
+// float64 reference as every strategy. Requirements: those of the unified layout only.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/weights.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/policy.hpp"
+#include "paradyse/strategy/ring_heads.hpp"
+#include "paradyse/strategy/ring_schedule.hpp"
+#include "paradyse/strategy/zero3_linear.hpp"
+#include "paradyse/strategy/zero3_mlp.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace paradyse {
+
+template <class Backend = ops::Cpu>
+struct ColossalZ {
+  static constexpr std::string_view name = "ColossalZ";
+
+  struct AttentionSaved {
+    Tensor<float> x;      // [b, n_r, h]
+    Tensor<float> heads;  // [b, n_r, hq + 2 hkv, d]: q, k, v of every head group (RoPE applied)
+    Tensor<float> probs;  // [b, hq, n_r, s]: softmax rows against every key, columns rank-major (owner 0's first)
+    Tensor<float> out;    // [b, n_r, hq, d]
+  };
+  using MlpSaved = Zero3MlpSaved;
+
+  void check_supported(const SublayerContext& ctx) const {
+    check(ctx.layer().heads % ctx.ranks() == 0, "ColossalZ: heads = {} must be divisible by the group size p = {}",
+          ctx.layer().heads, ctx.ranks());
+  }
+
+  template <Communicator C>
+  AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
+                                   TensorView<const float> x, TensorView<float> y) const {
+    ctx.check_activation("ColossalZ attention", "x", x, comm.rank());
+    ctx.check_activation("ColossalZ attention", "y", y, comm.rank());
+    check_supported(ctx);
+    const ShardGeometry& g = ctx.geometry;
+    const int p = ctx.ranks(), rank = comm.rank();
+    const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
+    const std::int64_t s = ctx.length(), R = g.qkv_rows, d = g.head_dim;
+    const QkvPacking packing = QkvPacking::of(g, p);
+    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{b, n, packing.heads(), d}),
+                         Tensor<float>(Shape{b, packing.q_heads(), n, s}),
+                         Tensor<float>(Shape{b, n, packing.q_heads(), d})};
+    {
+      PooledBuffer<float> packed = ctx.pool->acquire<float>(Shape{m, p * R});
+      const TensorView<float> columns = packed.view();
+      ring_column_linear_forward<Backend>(comm, *ctx.pool, x.reshape(Shape{m, h}), w.qkv(),
+                                          [&](int j) { return columns.slice(1, j * R, R); });
+      unpack_heads<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank},
+                            columns.reshape(Shape{b, n, p * R}), saved.heads.view());
+    }
+    const Rsa rsa(ctx, packing, rank, saved);
+    // S: every key block fills its columns of the score rows; then the softmax over whole rows.
+    rotate_blocks(comm, *ctx.pool, rsa.block_size(), rsa.pack(rsa.k), [&](int owner, std::span<const float> k_block) {
+      rsa.for_each_head(owner, k_block.data(), [&](std::int64_t, std::int64_t, const float* q, float* probs,
+                                                    const float* key, std::int64_t keys, float*) {
+        // probs[:, block] = scale * q k_block^T
+        Backend::gemm(ops::Transpose::no, ops::Transpose::yes, n, keys, d, rsa.scale, q, rsa.head_stride, key,
+                      rsa.kv_stride, 0.0f, probs, s);
+      });
+    });
+    rsa.softmax(saved.probs.view());
+    // out = P V: every value block adds its columns' share.
+    rotate_blocks(comm, *ctx.pool, rsa.block_size(), rsa.pack(rsa.v), [&](int owner, std::span<const float> v_block) {
+      rsa.for_each_head(owner, v_block.data(), [&](std::int64_t, std::int64_t, const float*, float* probs,
+                                                    const float* value, std::int64_t keys, float* out) {
+        Backend::gemm(ops::Transpose::no, ops::Transpose::no, n, d, keys, 1.0f, probs, s, value, rsa.kv_stride, 1.0f,
+                      out, rsa.out_stride);
+      });
+    });
+    const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, p * g.proj_rows});
+    gathered_row_linear_forward<Backend>(comm, *ctx.pool, w.proj(),
+                                         [&](int j) { return a.slice(1, j * g.proj_rows, g.proj_rows); },
+                                         y.reshape(Shape{m, h}));
+    return saved;
+  }
+
+  template <Communicator C>
+  void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
+                          TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
+    ctx.check_activation("ColossalZ attention backward", "dy", dy, comm.rank());
+    ctx.check_activation("ColossalZ attention backward", "dx", dx, comm.rank());
+    const ShardGeometry& g = ctx.geometry;
+    const int p = ctx.ranks(), rank = comm.rank();
+    const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
+    const std::int64_t s = ctx.length(), R = g.qkv_rows, W = g.proj_rows, d = g.head_dim;
+    const QkvPacking packing = QkvPacking::of(g, p);
+    const Rsa rsa(ctx, packing, rank, saved);
+    PooledBuffer<float> dpacked = ctx.pool->acquire<float>(Shape{m, p * R});
+    {
+      PooledBuffer<float> dheads = ctx.pool->acquire<float>(saved.heads.shape(), /*zero=*/true);
+      const HeadViews<float> dqkv = head_views(dheads.view(), packing);
+      {
+        PooledBuffer<float> dout = ctx.pool->acquire<float>(saved.out.shape());
+        const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, p * W});
+        const TensorView<float> da = dout.view().reshape(Shape{m, p * W});
+        gathered_row_linear_backward<Backend>(
+            comm, *ctx.pool, w.proj(), [&](int j) { return a.slice(1, j * W, W); }, dy.reshape(Shape{m, h}),
+            [&](int j) { return da.slice(1, j * W, W); }, grad.proj());
+        PooledBuffer<float> dprobs = ctx.pool->acquire<float>(saved.probs.shape());
+        // dP[:, block] = dout v_block^T; dV_block += P[:, block]^T dout
+        rotate_blocks_with_sums(
+            comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.v),
+            [&](int owner, std::span<const float> v_block, std::span<float> dv_block) {
+              rsa.for_each_head(owner, v_block.data(), [&](std::int64_t batch, std::int64_t head, const float*,
+                                                            float* probs, const float* value, std::int64_t keys, float*) {
+                const float* dout_head = &dout.view()(batch, 0, head, 0);
+                float* dprobs_block = dprobs.data() + (probs - saved.probs.data());
+                float* dvalue = dv_block.data() + (value - v_block.data());
+                Backend::gemm(ops::Transpose::no, ops::Transpose::yes, n, keys, d, 1.0f, dout_head, rsa.out_stride,
+                              value, rsa.kv_stride, 0.0f, dprobs_block, s);
+                Backend::gemm(ops::Transpose::yes, ops::Transpose::no, keys, d, n, 1.0f, probs, s, dout_head,
+                              rsa.out_stride, 1.0f, dvalue, rsa.kv_stride);
+              });
+            },
+            [&](std::span<const float> total) { rsa.add_home(total, dqkv.v); });
+        rsa.softmax_backward(saved.probs.view(), dprobs.view());  // dP -> dS, in place
+        // dq += scale dS[:, block] k_block; dK_block += scale dS[:, block]^T q
+        rotate_blocks_with_sums(
+            comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.k),
+            [&](int owner, std::span<const float> k_block, std::span<float> dk_block) {
+              rsa.for_each_head(owner, k_block.data(), [&](std::int64_t batch, std::int64_t head, const float* q,
+                                                            float* probs, const float* key, std::int64_t keys, float*) {
+                const float* dscores = dprobs.data() + (probs - saved.probs.data());
+                float* dkey = dk_block.data() + (key - k_block.data());
+                Backend::gemm(ops::Transpose::no, ops::Transpose::no, n, d, keys, rsa.scale, dscores, s, key,
+                              rsa.kv_stride, 1.0f, &dqkv.q(batch, 0, head, 0), rsa.head_stride);
+                Backend::gemm(ops::Transpose::yes, ops::Transpose::no, keys, d, n, rsa.scale, dscores, s, q,
+                              rsa.head_stride, 1.0f, dkey, rsa.kv_stride);
+              });
+            },
+            [&](std::span<const float> total) { rsa.add_home(total, dqkv.k); });
+      }
+      pack_head_gradients<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank}, dheads.view(),
+                                   dpacked.view().reshape(Shape{b, n, p * R}));
+    }
+    const TensorView<const float> dcolumns = dpacked.view();
+    QkvGradient qkv_grad(ctx, grad.qkv());
+    ring_column_linear_backward<Backend>(comm, *ctx.pool, TensorView<const float>(saved.x.view()).reshape(Shape{m, h}),
+                                         w.qkv(), [&](int j) { return dcolumns.slice(1, j * R, R); },
+                                         dx.reshape(Shape{m, h}), qkv_grad.target());
+    qkv_grad.finish(comm);
+  }
+
+  template <Communicator C>
+  MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
+                       TensorView<float> y) const {
+    return zero3_mlp_forward<Backend>(comm, ctx, w, x, y, "ColossalZ mlp");
+  }
+  template <Communicator C>
+  void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
+                    TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
+    zero3_mlp_backward<Backend>(comm, ctx, w, saved, dy, dx, grad, "ColossalZ mlp backward");
+  }
+
+private:
+  // The bookkeeping of RSA on one rank: where every head's rows, score columns and K/V block rows live.
+  struct Rsa {
+    const SublayerContext& ctx;
+    QkvPacking packing;
+    int rank;
+    AttentionSaved& saved;
+    std::int64_t batch, tokens, length, d, q_heads, kv_heads;
+    std::int64_t head_stride, kv_stride, out_stride;  // row strides of the heads buffer, a K/V block, out
+    float scale;
+    TensorView<const float> q, k, v;              // views into saved.heads
+    std::vector<std::int64_t> column_of_owner;    // first score column of each owner's keys (rank-major)
+    std::vector<std::int64_t> key_position;       // global position of every score column
+
+    Rsa(const SublayerContext& c, const QkvPacking& pk, int r, AttentionSaved& s)
+        : ctx(c), packing(pk), rank(r), saved(s), batch(c.batch), tokens(c.local_tokens(r)), length(c.length()),
+          d(pk.head_dim), q_heads(pk.q_heads()), kv_heads(pk.kv_heads()), head_stride(pk.heads() * pk.head_dim),
+          kv_stride(pk.kv_heads() * pk.head_dim), out_stride(pk.q_heads() * pk.head_dim),
+          scale(float(1.0 / std::sqrt(double(pk.head_dim)))) {
+      const HeadViews<const float> views = head_views(TensorView<const float>(s.heads.view()), pk);
+      q = views.q;
+      k = views.k;
+      v = views.v;
+      for (int owner = 0; owner < c.ranks(); ++owner) {
+        column_of_owner.push_back(std::int64_t(key_position.size()));
+        for (std::int64_t t = 0; t < c.local_tokens(owner); ++t) key_position.push_back(c.sequence.position(owner, t));
+      }
+    }
+
+    // Elements of owner's K (or V) block [b, n_owner, hkv, d].
+    auto block_size() const {
+      return [this](int owner) { return batch * ctx.local_tokens(owner) * kv_heads * d; };
+    }
+    // Writes this rank's K (or V) into a contiguous block.
+    auto pack(TensorView<const float> part) const {
+      return [part](std::span<float> own) {
+        copy(part, TensorView<float>(own.data(), part.shape()));
+      };
+    }
+    // Calls fn(batch, head, q rows, score rows of the owner's columns, the owner's key rows of the head's kv head,
+    // key count, out rows) for every (batch, query head).
+    template <class Fn>
+    void for_each_head(int owner, const float* block, Fn&& fn) const {
+      const std::int64_t keys = ctx.local_tokens(owner), column = column_of_owner[std::size_t(owner)];
+      for (std::int64_t bi = 0; bi < batch; ++bi)
+        for (std::int64_t head = 0; head < q_heads; ++head) {
+          const std::int64_t kv_head = head / packing.group_size;
+          fn(bi, head, &q(bi, 0, head, 0), &saved.probs(bi, head, 0, column), block + (bi * keys * kv_heads + kv_head) * d,
+             keys, &saved.out(bi, 0, head, 0));
+        }
+    }
+    bool visible(std::int64_t query_position, std::int64_t column) const {
+      return !ctx.layer().causal || key_position[std::size_t(column)] <= query_position;
+    }
+    // Each score row -> its softmax over the visible keys (masked columns 0).
+    void softmax(TensorView<float> probs) const {
+      for (std::int64_t bi = 0; bi < batch; ++bi)
+        for (std::int64_t head = 0; head < q_heads; ++head)
+          for (std::int64_t t = 0; t < tokens; ++t) {
+            float* row = &probs(bi, head, t, 0);
+            const std::int64_t position = ctx.sequence.position(rank, t);
+            float top = -std::numeric_limits<float>::infinity();
+            for (std::int64_t c = 0; c < length; ++c)
+              if (visible(position, c)) top = std::max(top, row[c]);
+            float sum = 0.0f;
+            for (std::int64_t c = 0; c < length; ++c) {
+              row[c] = visible(position, c) ? std::exp(row[c] - top) : 0.0f;
+              sum += row[c];
+            }
+            for (std::int64_t c = 0; c < length; ++c) row[c] /= sum;  // a query always sees itself: sum >= 1
+          }
+    }
+    // dP -> dS = P (dP - sum_c P dP), row by row.
+    void softmax_backward(TensorView<const float> probs, TensorView<float> grads) const {
+      for (std::int64_t bi = 0; bi < batch; ++bi)
+        for (std::int64_t head = 0; head < q_heads; ++head)
+          for (std::int64_t t = 0; t < tokens; ++t) {
+            const float* p = &probs(bi, head, t, 0);
+            float* g = &grads(bi, head, t, 0);
+            float dot = 0.0f;
+            for (std::int64_t c = 0; c < length; ++c) dot += p[c] * g[c];
+            for (std::int64_t c = 0; c < length; ++c) g[c] = p[c] * (g[c] - dot);
+          }
+    }
+    // part: [b, n_r, hkv, d] (a view into the heads gradient) += this rank's complete block sum.
+    void add_home(std::span<const float> total, TensorView<float> part) const {
+      const TensorView<const float> sum(total.data(), part.shape());
+      for (std::int64_t bi = 0; bi < batch; ++bi)
+        for (std::int64_t t = 0; t < tokens; ++t)
+          for (std::int64_t head = 0; head < kv_heads; ++head)
+            for (std::int64_t c = 0; c < d; ++c) part(bi, t, head, c) += sum(bi, t, head, c);
+    }
+  };
+};
+
+}  // namespace paradyse
