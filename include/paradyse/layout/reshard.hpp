@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -84,12 +85,27 @@ inline std::int64_t numel_without(const Shape& shape, int dim) {
   return n;
 }
 
+// Copies positions [from_start, from_start + length) of dim `dim` of `from` to [to_start, ...) of `to`. Both are
+// contiguous and agree on every other dim, so this is `outer` memcpy calls of length * inner elements.
+template <class T>
+void copy_along(TensorView<const T> from, int dim, std::int64_t from_start, TensorView<T> to, std::int64_t to_start,
+                std::int64_t length) {
+  std::int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= from.shape()[d];
+  for (int d = dim + 1; d < from.rank(); ++d) inner *= from.shape()[d];
+  const std::int64_t from_extent = from.shape()[dim], to_extent = to.shape()[dim];
+  if (length == 0 || inner == 0) return;
+  for (std::int64_t o = 0; o < outer; ++o)
+    std::memcpy(to.data() + (o * to_extent + to_start) * inner, from.data() + (o * from_extent + from_start) * inner,
+                std::size_t(length * inner) * sizeof(T));
+}
+
 // The `ranges` of dim `dim` of x, concatenated in order, written to `out` (shape of x with dim -> total length).
 template <class T>
 void pack_ranges(TensorView<const T> x, int dim, std::span<const ChunkRange> ranges, TensorView<T> out) {
   std::int64_t offset = 0;
   for (const ChunkRange& r : ranges) {
-    copy(x.slice(dim, r.start, r.length), out.slice(dim, offset, r.length));
+    copy_along(x, dim, r.start, out, offset, r.length);
     offset += r.length;
   }
 }
@@ -98,31 +114,41 @@ template <class T>
 void unpack_ranges(TensorView<const T> block, int dim, std::span<const ChunkRange> ranges, TensorView<T> out) {
   std::int64_t offset = 0;
   for (const ChunkRange& r : ranges) {
-    copy(block.slice(dim, offset, r.length), out.slice(dim, r.start, r.length));
+    copy_along(block, dim, offset, out, r.start, r.length);
     offset += r.length;
   }
 }
 
 inline std::span<const std::int64_t> as_span(const std::vector<std::int64_t>& v) { return {v.data(), v.size()}; }
 
+// Whether contiguous chunks of `dim` are already consecutive blocks of the buffer (every dim before it has extent
+// 1, as for [1, s, h] sharded on s): then packing is the identity and buffers go to the collective as they are.
+inline bool chunks_are_blocks(const Shape& shape, int dim, Chunking how) {
+  if (how != Chunking::contiguous) return false;
+  for (int d = 0; d < dim; ++d)
+    if (shape[d] != 1) return false;
+  return true;
+}
+
 // Partial -> Shard(dim): each rank of the group receives the reduced ranges it will hold.
 template <class T, class Group>
 Tensor<T> reduce_scatter_step(Group& group, TensorView<const T> x, Placement after, ReduceOp op) {
   const int p = int(group.size()), d = after.dim;
   const std::int64_t extent = x.extent(d), rest = numel_without(x.shape(), d);
+  const bool in_place = chunks_are_blocks(x.shape(), d, after.chunking);
   std::vector<std::int64_t> counts(static_cast<std::size_t>(p));
-  Tensor<T> packed(Shape{x.numel()});
+  Tensor<T> packed(Shape{in_place ? 0 : x.numel()});
   std::int64_t offset = 0;
   for (int r = 0; r < p; ++r) {
     const ShardRanges ranges = shard_ranges(extent, p, r, after.chunking);
     const Shape block_shape = x.shape().with(d, ranges.length());
-    pack_ranges(x, d, ranges.span(), TensorView<T>(packed.data() + offset, block_shape));
+    if (!in_place) pack_ranges(x, d, ranges.span(), TensorView<T>(packed.data() + offset, block_shape));
     counts[std::size_t(r)] = rest * ranges.length();
     offset += counts[std::size_t(r)];
   }
   const ShardRanges mine = shard_ranges(extent, p, int(group.rank()), after.chunking);
   Tensor<T> out(x.shape().with(d, mine.length()));
-  group.reduce_scatter_v(std::span<const T>(packed.span()), out.span(), as_span(counts), op);
+  group.reduce_scatter_v(in_place ? x.span() : std::span<const T>(packed.span()), out.span(), as_span(counts), op);
   return out;
 }
 
@@ -135,9 +161,13 @@ Tensor<T> all_gather_step(Group& group, TensorView<const T> x, Placement before,
   std::int64_t total = 0;
   for (int r = 0; r < p; ++r)
     total += counts[std::size_t(r)] = rest * shard_ranges(extent, p, r, before.chunking).length();
+  Tensor<T> out(x.shape().with(d, extent));
+  if (chunks_are_blocks(x.shape(), d, before.chunking)) {
+    group.all_gather_v(x.span(), out.span(), as_span(counts));
+    return out;
+  }
   Tensor<T> gathered(Shape{total});
   group.all_gather_v(x.span(), gathered.span(), as_span(counts));
-  Tensor<T> out(x.shape().with(d, extent));
   std::int64_t offset = 0;
   for (int r = 0; r < p; ++r) {
     const ShardRanges ranges = shard_ranges(extent, p, r, before.chunking);
@@ -155,24 +185,30 @@ Tensor<T> all_to_all_step(Group& group, TensorView<const T> x, Placement before,
   const int p = int(group.size()), me = int(group.rank()), i = before.dim, j = after.dim;
   const std::int64_t extent_j = x.extent(j);
   const ShardRanges my_j = shard_ranges(extent_j, p, me, after.chunking);
+  const bool send_in_place = chunks_are_blocks(x.shape(), j, after.chunking);
   std::vector<std::int64_t> send_counts(static_cast<std::size_t>(p)), recv_counts(static_cast<std::size_t>(p));
-  Tensor<T> send(Shape{x.numel()});
+  Tensor<T> send(Shape{send_in_place ? 0 : x.numel()});
   std::int64_t offset = 0;
   for (int q = 0; q < p; ++q) {
     const ShardRanges ranges = shard_ranges(extent_j, p, q, after.chunking);
     const Shape block_shape = x.shape().with(j, ranges.length());
-    pack_ranges(x, j, ranges.span(), TensorView<T>(send.data() + offset, block_shape));
+    if (!send_in_place) pack_ranges(x, j, ranges.span(), TensorView<T>(send.data() + offset, block_shape));
     send_counts[std::size_t(q)] = block_shape.numel();
     offset += block_shape.numel();
   }
+  const std::span<const T> send_buffer = send_in_place ? x.span() : std::span<const T>(send.span());
   const Shape out_shape = x.shape().with(i, extent_i).with(j, my_j.length());
   std::int64_t total = 0;
   for (int r = 0; r < p; ++r)
     total += recv_counts[std::size_t(r)] =
         out_shape.with(i, shard_ranges(extent_i, p, r, before.chunking).length()).numel();
-  Tensor<T> received(Shape{total});
-  group.all_to_all_v(std::span<const T>(send.span()), as_span(send_counts), received.span(), as_span(recv_counts));
   Tensor<T> out(out_shape);
+  if (chunks_are_blocks(out_shape, i, before.chunking)) {
+    group.all_to_all_v(send_buffer, as_span(send_counts), out.span(), as_span(recv_counts));
+    return out;
+  }
+  Tensor<T> received(Shape{total});
+  group.all_to_all_v(send_buffer, as_span(send_counts), received.span(), as_span(recv_counts));
   offset = 0;
   for (int r = 0; r < p; ++r) {
     const ShardRanges ranges = shard_ranges(extent_i, p, r, before.chunking);
@@ -221,7 +257,7 @@ Tensor<T> permute_step(Group& group, TensorView<const T> x, Placement before, Pl
     for (const Piece& piece : pieces_of(q))
       if (piece.owner == me) {
         const Shape block_shape = x.shape().with(d, piece.length);
-        copy(x.slice(d, piece.owner_offset, piece.length), TensorView<T>(send.data() + offset, block_shape));
+        copy_along(x, d, piece.owner_offset, TensorView<T>(send.data() + offset, block_shape), 0, piece.length);
         offset += block_shape.numel();
         length += piece.length;
       }
@@ -241,8 +277,8 @@ Tensor<T> permute_step(Group& group, TensorView<const T> x, Placement before, Pl
   std::vector<std::int64_t> cursor = block_start;  // where the next piece from each owner starts
   for (const Piece& piece : mine) {
     const Shape block_shape = x.shape().with(d, piece.length);
-    copy(TensorView<const T>(received.data() + cursor[std::size_t(piece.owner)], block_shape),
-         out.view().slice(d, piece.receiver_offset, piece.length));
+    copy_along(TensorView<const T>(received.data() + cursor[std::size_t(piece.owner)], block_shape), d, 0, out.view(),
+               piece.receiver_offset, piece.length);
     cursor[std::size_t(piece.owner)] += block_shape.numel();
   }
   return out;
@@ -268,12 +304,17 @@ Tensor<T> reshard(MeshCommunicator<C>& comm, TensorView<const T> x, const Shape&
   ReshardPlan plan = plan_reshard(from, to, global.rank());
   const std::uint64_t bytes_before = comm.bytes_sent();
 
-  Tensor<T> current = Tensor<T>::copy_of(x);  // contiguous, and the result when nothing moves
+  // Steps read the input in place (a strided view is made contiguous first); each writes a new tensor.
+  Tensor<T> current;
+  const bool copy_first = !x.is_contiguous() || plan.steps.empty();
+  if (copy_first) current = Tensor<T>::copy_of(x);
+  bool reading_input = !copy_first;
   DynamicLayout layout = plan.from;
   for (const ReshardStep& s : plan.steps) {
     C& group = comm.axis(s.axis);
     const DynamicLayout next = layout.with(s.axis, s.after);
-    TensorView<const T> view = current.view();
+    const TensorView<const T> view = reading_input ? x : TensorView<const T>(current.view());
+    reading_input = false;
     switch (s.kind) {
       case Kind::all_reduce: {
         Tensor<T> out(view.shape());
@@ -302,9 +343,12 @@ Tensor<T> reshard(MeshCommunicator<C>& comm, TensorView<const T> x, const Shape&
         current = std::move(out);
         break;
       }
-      case Kind::make_partial:
-        if (s.after.op == ReduceOp::sum && coord[s.axis] != 0) current.fill(T{});
+      case Kind::make_partial: {
+        Tensor<T> out(view.shape());  // zeros: the sum's other terms
+        if (s.after.op != ReduceOp::sum || coord[s.axis] == 0) copy(view, out.view());
+        current = std::move(out);
         break;
+      }
     }
     layout = next;
   }
