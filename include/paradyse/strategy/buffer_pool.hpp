@@ -52,6 +52,8 @@ public:
   PooledBuffer& operator=(const PooledBuffer&) = delete;
   ~PooledBuffer();
 
+  // No buffer on loan (default-constructed, moved from, or a zero-size request).
+  bool empty() const noexcept { return storage_.data() == nullptr; }
   T* data() const noexcept { return reinterpret_cast<T*>(const_cast<std::byte*>(storage_.data())); }
   const Shape& shape() const noexcept { return shape_; }
   std::int64_t numel() const noexcept { return shape_.numel(); }

@@ -1,0 +1,18 @@
+// paradyse/strategy/strategies.hpp: the list of strategies a model can switch between.
+//
+// Every strategy in the list works on the same unified layout and shards, so a plan may mix them per layer and per
+// sublayer. Adding one: write strategy/<name>.hpp (the SublayerStrategy concept, strategy/policy.hpp), include it
+// here and add its name to the list; nothing else changes (plans refer to strategies by name or by index).
+#pragma once
+
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/megatron_ts.hpp"
+#include "paradyse/strategy/switchable.hpp"
+#include "paradyse/strategy/ulysses_z.hpp"
+
+namespace paradyse {
+
+template <class Backend = ops::Cpu>
+using AllStrategies = Switchable<MegatronTS<Backend>, UlyssesZ<Backend>>;
+
+}  // namespace paradyse

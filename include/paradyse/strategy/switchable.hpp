@@ -1,0 +1,263 @@
+// paradyse/strategy/switchable.hpp: run-time choice among compile-time strategy policies.
+//
+// Switchable<Ps...> holds the policies, runs the one a plan chooses for each sublayer call, and keeps the saved
+// state as a std::variant whose index records which strategy produced it, so backward always runs the strategy
+// that ran forward. Choices are indices into the list (index_of(name) maps the names a planner uses). Because every
+// strategy shares the unified layout and the same shards, a choice may change from call to call with no
+// redistribution. AnyStrategy<Comm> is a type-erased handle to one strategy, for code that does not want the
+// template (its saved state is opaque and checked on use).
+//
+// Adding a strategy: write its file (strategy/policy.hpp's concept) and add its name to the list in
+// strategy/strategies.hpp.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/weights.hpp"
+#include "paradyse/strategy/policy.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <typeinfo>
+#include <utility>
+#include <variant>
+
+namespace paradyse {
+
+// The strategy of each sublayer of one layer, as indices into a Switchable's list.
+struct SublayerChoice {
+  std::size_t attention = 0;
+  std::size_t mlp = 0;
+  friend bool operator==(const SublayerChoice&, const SublayerChoice&) = default;
+};
+
+template <class... Ps>
+class Switchable {
+  static_assert(sizeof...(Ps) >= 1, "Switchable needs at least one strategy");
+
+public:
+  static constexpr std::size_t count = sizeof...(Ps);
+  static constexpr std::array<std::string_view, count> names{Ps::name...};
+
+  using Policy = std::variant<Ps...>;                          // one strategy, chosen
+  using AttentionSaved = std::variant<typename Ps::AttentionSaved...>;  // alternative i: saved by strategy i
+  using MlpSaved = std::variant<typename Ps::MlpSaved...>;
+
+  Switchable() = default;
+  explicit Switchable(Ps... policies) : policies_(std::move(policies)...) {}
+
+  static std::string_view name(std::size_t index) {
+    check_index(index);
+    return names[index];
+  }
+  static std::size_t index_of(std::string_view name) {
+    for (std::size_t i = 0; i < count; ++i)
+      if (names[i] == name) return i;
+    throw Error(fmt::format("no strategy named '{}'; the strategies are {}", name, fmt::join(names, ", ")));
+  }
+  static void check_index(std::size_t index) {
+    check(index < count, "strategy index {} is out of range: there are {} strategies ({})", index, count,
+          fmt::join(names, ", "));
+  }
+
+  // The chosen policy as a variant (for std::visit by code that wants the policy object itself).
+  Policy select(std::size_t index) const {
+    Policy chosen;
+    visit_index(index, [&](auto i) { chosen.template emplace<decltype(i)::value>(std::get<decltype(i)::value>(policies_)); });
+    return chosen;
+  }
+
+  void check_supported(std::size_t index, const SublayerContext& ctx) const {
+    visit_index(index, [&](auto i) { std::get<decltype(i)::value>(policies_).check_supported(ctx); });
+  }
+
+  template <Communicator C>
+  AttentionSaved attention_forward(std::size_t index, C& comm, const SublayerContext& ctx, const AttentionShard& w,
+                                   TensorView<const float> x, TensorView<float> y) const {
+    AttentionSaved saved;
+    visit_index(index, [&](auto i) {
+      saved.template emplace<decltype(i)::value>(std::get<decltype(i)::value>(policies_).attention_forward(comm, ctx, w, x, y));
+    });
+    return saved;
+  }
+  template <Communicator C>
+  void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
+                          TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
+    visit_index(saved.index(), [&](auto i) {
+      std::get<decltype(i)::value>(policies_).attention_backward(comm, ctx, w, std::get<decltype(i)::value>(saved), dy, dx, grad);
+    });
+  }
+  template <Communicator C>
+  MlpSaved mlp_forward(std::size_t index, C& comm, const SublayerContext& ctx, const MlpShard& w,
+                       TensorView<const float> x, TensorView<float> y) const {
+    MlpSaved saved;
+    visit_index(index, [&](auto i) {
+      saved.template emplace<decltype(i)::value>(std::get<decltype(i)::value>(policies_).mlp_forward(comm, ctx, w, x, y));
+    });
+    return saved;
+  }
+  template <Communicator C>
+  void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
+                    TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
+    visit_index(saved.index(), [&](auto i) {
+      std::get<decltype(i)::value>(policies_).mlp_backward(comm, ctx, w, std::get<decltype(i)::value>(saved), dy, dx, grad);
+    });
+  }
+
+  template <std::size_t I>
+  const auto& policy() const noexcept { return std::get<I>(policies_); }
+
+private:
+  // f(std::integral_constant<std::size_t, i>) for the runtime index i.
+  template <class F>
+  static void visit_index(std::size_t index, F&& f) {
+    check_index(index);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (void)((index == I ? (f(std::integral_constant<std::size_t, I>{}), true) : false) || ...);
+    }(std::index_sequence_for<Ps...>{});
+  }
+
+  std::tuple<Ps...> policies_;
+};
+
+// A type-erased handle to one strategy for communicator type Comm.
+template <Communicator Comm>
+class AnyStrategy {
+public:
+  // The opaque saved state of one forward; only the strategy that made it accepts it.
+  class Saved {
+  public:
+    Saved() = default;
+    bool empty() const noexcept { return !holder_; }
+    std::string_view strategy() const noexcept { return holder_ ? holder_->strategy : std::string_view(); }
+
+  private:
+    friend class AnyStrategy;
+    struct HolderBase {
+      virtual ~HolderBase() = default;
+      std::string_view strategy;
+      const std::type_info* type = nullptr;
+    };
+    template <class T>
+    struct Holder : HolderBase {
+      explicit Holder(T v) : value(std::move(v)) {}
+      T value;
+    };
+    std::unique_ptr<HolderBase> holder_;
+  };
+
+  AnyStrategy() = default;
+  template <class S>
+    requires SublayerStrategy<S, Comm>
+  static AnyStrategy of(S strategy = {}) {
+    AnyStrategy any;
+    any.impl_ = std::make_shared<const Model<S>>(std::move(strategy));
+    return any;
+  }
+
+  explicit operator bool() const noexcept { return bool(impl_); }
+  std::string_view name() const { return get().name(); }
+  void check_supported(const SublayerContext& ctx) const { get().check_supported(ctx); }
+  Saved attention_forward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, TensorView<const float> x,
+                          TensorView<float> y) const {
+    return get().attention_forward(comm, ctx, w, x, y);
+  }
+  void attention_backward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, Saved& saved,
+                          TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
+    get().attention_backward(comm, ctx, w, saved, dy, dx, grad);
+  }
+  Saved mlp_forward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
+                    TensorView<float> y) const {
+    return get().mlp_forward(comm, ctx, w, x, y);
+  }
+  void mlp_backward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, Saved& saved, TensorView<const float> dy,
+                    TensorView<float> dx, MlpShard& grad) const {
+    get().mlp_backward(comm, ctx, w, saved, dy, dx, grad);
+  }
+
+private:
+  struct Concept {
+    virtual ~Concept() = default;
+    virtual std::string_view name() const = 0;
+    virtual void check_supported(const SublayerContext&) const = 0;
+    virtual Saved attention_forward(Comm&, const SublayerContext&, const AttentionShard&, TensorView<const float>,
+                                    TensorView<float>) const = 0;
+    virtual void attention_backward(Comm&, const SublayerContext&, const AttentionShard&, Saved&,
+                                    TensorView<const float>, TensorView<float>, AttentionShard&) const = 0;
+    virtual Saved mlp_forward(Comm&, const SublayerContext&, const MlpShard&, TensorView<const float>,
+                              TensorView<float>) const = 0;
+    virtual void mlp_backward(Comm&, const SublayerContext&, const MlpShard&, Saved&, TensorView<const float>,
+                              TensorView<float>, MlpShard&) const = 0;
+  };
+
+  template <class S>
+  struct Model final : Concept {
+    explicit Model(S s) : strategy(std::move(s)) {}
+    S strategy;
+
+    template <class T>
+    static Saved wrap(T value) {
+      Saved saved;
+      auto holder = std::make_unique<typename Saved::template Holder<T>>(std::move(value));
+      holder->strategy = S::name;
+      holder->type = &typeid(T);
+      saved.holder_ = std::move(holder);
+      return saved;
+    }
+    template <class T>
+    static T& unwrap(Saved& saved) {
+      check(!saved.empty(), "{}: backward was given an empty saved state (no forward ran)", S::name);
+      check(*saved.holder_->type == typeid(T) && saved.holder_->strategy == S::name,
+            "{}: backward was given the saved state of {} (forward and backward must use the same strategy)", S::name,
+            saved.holder_->strategy);
+      return static_cast<typename Saved::template Holder<T>&>(*saved.holder_).value;
+    }
+
+    std::string_view name() const override { return S::name; }
+    void check_supported(const SublayerContext& ctx) const override { strategy.check_supported(ctx); }
+    Saved attention_forward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, TensorView<const float> x,
+                            TensorView<float> y) const override {
+      return wrap(strategy.attention_forward(comm, ctx, w, x, y));
+    }
+    void attention_backward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, Saved& saved,
+                            TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const override {
+      strategy.attention_backward(comm, ctx, w, unwrap<typename S::AttentionSaved>(saved), dy, dx, grad);
+    }
+    Saved mlp_forward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
+                      TensorView<float> y) const override {
+      return wrap(strategy.mlp_forward(comm, ctx, w, x, y));
+    }
+    void mlp_backward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, Saved& saved, TensorView<const float> dy,
+                      TensorView<float> dx, MlpShard& grad) const override {
+      strategy.mlp_backward(comm, ctx, w, unwrap<typename S::MlpSaved>(saved), dy, dx, grad);
+    }
+  };
+
+  const Concept& get() const {
+    check(bool(impl_), "AnyStrategy: the handle is empty");
+    return *impl_;
+  }
+
+  std::shared_ptr<const Concept> impl_;
+};
+
+// The handle of strategy `index` of a Switchable list.
+template <Communicator Comm, class... Ps>
+AnyStrategy<Comm> erase_strategy(const Switchable<Ps...>& strategies, std::size_t index) {
+  AnyStrategy<Comm> any;
+  Switchable<Ps...>::check_index(index);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (void)((index == I ? (any = AnyStrategy<Comm>::of(strategies.template policy<I>()), true) : false) || ...);
+  }(std::index_sequence_for<Ps...>{});
+  return any;
+}
+
+}  // namespace paradyse
