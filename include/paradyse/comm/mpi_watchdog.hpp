@@ -14,6 +14,13 @@
 
 #include "paradyse/core/error.hpp"
 
+// The deprecated MPI C++ bindings are not used (and warn under -Wextra).
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <fmt/format.h>
@@ -239,7 +246,10 @@ public:
               std::uint64_t sequence, int peer = -1) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::unique_lock lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
+    if (!thread_.joinable()) {
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);  // here, on a thread that may call MPI
+      thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
+    }
     const bool earlier = entries_.empty() || deadline < next_deadline_;
     auto it = entries_.insert(entries_.end(), Entry{deadline, timeout, describe, context, op, sequence, peer});
     if (earlier) {
@@ -251,11 +261,13 @@ public:
   }
 
   ~Watchdog() {
-    if (thread_.joinable()) {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);  // the loop checks for a stop under the lock: no wake-up is lost
       thread_.request_stop();
-      changed_.notify_one();
-      thread_.join();
     }
+    changed_.notify_all();
+    thread_.join();
   }
 
 private:
@@ -284,9 +296,10 @@ private:
     }
   }
 
-  [[noreturn]] static void expire(const Entry& entry) {
-    int world_rank = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  // Reports and ends the job. MPI_Abort is the one MPI call made from this thread (OpenMPI allows it at any
+  // thread level; it is what the standard offers to end a job that cannot finish).
+  [[noreturn]] void expire(const Entry& entry) const {
+    const int world_rank = world_rank_;
     const std::string message =
         fmt::format("paradyse: MPI world rank {}: timeout after {:.1f} s (PARADYSE_COMM_TIMEOUT) in {}; aborting the "
                     "job\n",
@@ -304,6 +317,7 @@ private:
   std::condition_variable changed_;
   std::list<Entry> entries_;
   std::chrono::steady_clock::time_point next_deadline_{};
+  int world_rank_ = -1;
   std::jthread thread_;
 };
 
