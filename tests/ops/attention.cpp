@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <vector>
 
 using namespace paradyse;
@@ -401,4 +402,32 @@ TEST_CASE("attention through the built-in fallback GEMM") {
   check_attention({1, 130, 190, 4, 2, 16}, causal, false, 110);
   check_attention({2, 80, 80, 2, 2, 8}, {}, true, 111);
   ops::cpu::set_gemm_engine(ops::cpu::kGemmUsesCblas ? ops::cpu::GemmEngine::cblas : ops::cpu::GemmEngine::fallback);
+}
+
+TEST_CASE("attention on several threads at once (each rank is a thread) gives the single-thread results") {
+  const AttentionShape s{1, 200, 300, 2, 1, 32};
+  Rng rng(120);
+  Inputs in = make_inputs(s, false, rng);
+  AttentionMask mask;
+  mask.causal = true;
+  mask.q_offset = 100;
+  Tensor<float> want_out(Shape{s.b, s.sq, s.hq, s.d}), want_lse(Shape{s.b, s.hq, s.sq});
+  ops::cpu::attention_forward(in.q, in.k, in.v, mask, want_out.view(), want_lse.view());
+  constexpr int kThreads = 4;
+  std::vector<Tensor<float>> outs, lses;
+  for (int t = 0; t < kThreads; ++t) {
+    outs.emplace_back(Shape{s.b, s.sq, s.hq, s.d});
+    lses.emplace_back(Shape{s.b, s.hq, s.sq});
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int repeat = 0; repeat < 3; ++repeat)
+        ops::cpu::attention_forward(in.q, in.k, in.v, mask, outs[t].view(), lses[t].view());
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    CHECK(std::equal(outs[t].span().begin(), outs[t].span().end(), want_out.span().begin()));
+    CHECK(std::equal(lses[t].span().begin(), lses[t].span().end(), want_lse.span().begin()));
+  }
 }
