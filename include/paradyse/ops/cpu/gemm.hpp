@@ -24,7 +24,6 @@
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 #endif
 
-
 namespace paradyse::ops {
 enum class Transpose : bool { no, yes };
 }
