@@ -9,8 +9,10 @@
 // chunk r belongs to rank r; in place means the same span for all_reduce, all_to_all(_v) and shift, this rank's
 // chunk of the output as the input of all_gather(_v), this rank's chunk of the input as the output of
 // reduce_scatter(_v), and the same span on the root of reduce. avg is a sum divided by the group size on the
-// receiving rank; bf16 is reduced in float by user-defined MPI operators (mpi_types.hpp). stats() counts bytes by
-// threads.hpp's rule (ring volumes), so both backends report the same numbers for the same program.
+// receiving rank; bf16 is reduced in float and rounded once (mpi_detail.hpp), like the threads backend; raw bytes
+// are not reduced (a compile-time error). stats() counts bytes by threads.hpp's rule (ring volumes), so both
+// backends report the same numbers for the same program. Operations are the blocking MPI collectives; the async
+// forms are the MPI-3 non-blocking ones (MPI_Iallgather, ...), completed by Request::wait().
 //
 // Differences from the threads backend, because MPI cannot do better:
 // - Failure of one rank: run_mpi catches the exception, prints "MPI world rank R failed: ..." and calls MPI_Abort,
@@ -27,6 +29,7 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/mpi_detail.hpp"
 #include "paradyse/comm/mpi_types.hpp"
 #include "paradyse/comm/mpi_watchdog.hpp"
 #include "paradyse/core/error.hpp"
@@ -54,185 +57,6 @@
 #include <vector>
 
 namespace paradyse {
-
-namespace mpi_detail {
-
-// A tracked buffer for staging (in-place forms MPI cannot express); not zero-filled.
-template <class T>
-class Scratch {
-public:
-  explicit Scratch(std::size_t count)
-      : tracker_(&MemoryTracker::current()), count_(count),
-        data_(static_cast<T*>(tracker_->allocate(count * sizeof(T)))) {}
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() { tracker_->deallocate(data_, count_ * sizeof(T)); }
-  std::span<T> span() const noexcept { return {data_, count_}; }
-
-private:
-  MemoryTracker* tracker_;
-  std::size_t count_;
-  T* data_;
-};
-
-// The buffers an MPI reduction runs on, and how its result reaches `out`. bf16 is reduced in float: its input is
-// widened into `wide` (the result lands there too when MPI reduces in place, else in `wide_out`) and narrowed once
-// at the end. Other types use their own buffers, with `staged` holding a result that MPI cannot put in place.
-template <CommElement T>
-struct Reduction {
-  const void* send = nullptr;  // or MPI_IN_PLACE
-  void* recv = nullptr;
-  std::shared_ptr<Scratch<float>> wide, wide_out;
-  std::shared_ptr<Scratch<T>> staged;
-
-  // in: the input; result: where T's result goes (out, or a staging buffer); result_count: its elements;
-  // mpi_in_place: MPI reads the input from and writes the result to the same buffer; receives: this rank gets one.
-  static Reduction prepare(std::span<const T> in, T* result, std::size_t result_count, bool mpi_in_place,
-                           bool receives) {
-    Reduction r;
-    if constexpr (std::is_same_v<T, bf16>) {
-      r.wide = std::make_shared<Scratch<float>>(in.size());
-      float* w = r.wide->span().data();
-      for (std::size_t i = 0; i < in.size(); ++i) w[i] = float(in[i]);
-      if (mpi_in_place) {
-        r.send = MPI_IN_PLACE;
-        r.recv = w;
-      } else {
-        r.send = w;
-        if (receives) {
-          r.wide_out = std::make_shared<Scratch<float>>(result_count);
-          r.recv = r.wide_out->span().data();
-        }
-      }
-    } else {
-      r.send = mpi_in_place ? MPI_IN_PLACE : static_cast<const void*>(in.data());
-      r.recv = receives ? result : nullptr;
-    }
-    return r;
-  }
-
-  // Completes the result in `out` (on a receiving rank): narrows bf16, copies a staged result, divides for avg.
-  void finish(std::span<T> out, ReduceOp op, int ranks) const {
-    if constexpr (std::is_same_v<T, bf16>) {
-      const float* w = (wide_out ? wide_out : wide)->span().data();
-      for (std::size_t i = 0; i < out.size(); ++i)
-        out[i] = bf16(op == ReduceOp::avg ? w[i] / float(ranks) : w[i]);
-    } else {
-      if (staged && !out.empty()) std::memcpy(out.data(), staged->span().data(), out.size_bytes());
-      if (op == ReduceOp::avg)
-        for (T& v : out) v = T(v / T(ranks));  // integers truncate, as in C++ (and the threads backend)
-    }
-  }
-};
-
-template <class A, class B>
-bool overlaps(std::span<A> a, std::span<B> b) {
-  if (a.empty() || b.empty()) return false;
-  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data()), b0 = reinterpret_cast<std::uintptr_t>(b.data());
-  return a0 < b0 + b.size_bytes() && b0 < a0 + a.size_bytes();
-}
-
-// Per-rank counts as MPI ints, with displacements; all of them must fit an int.
-struct IntCounts {
-  std::vector<int> counts, displacements;
-  std::size_t total = 0;
-};
-inline IntCounts int_counts(std::span<const std::int64_t> counts, int size, std::string_view op, std::string_view what) {
-  check(counts.size() == std::size_t(size), "{}: {} {} given, expected one per rank ({})", op, counts.size(), what,
-        size);
-  IntCounts out;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    check(counts[r] >= 0, "{}: {}[{}] = {} must be non-negative", op, what, r, counts[r]);
-    out.displacements.push_back(to_int_count(out.total, op, "a displacement"));
-    out.counts.push_back(to_int_count(counts[r], op, what));
-    out.total += std::size_t(counts[r]);
-  }
-  return out;
-}
-
-// FNV-1a over a list of counts: equal lists give equal signatures on every rank.
-inline std::uint64_t fingerprint(std::span<const std::int64_t> counts) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::int64_t c : counts)
-    for (int b = 0; b < 8; ++b) h = (h ^ ((std::uint64_t(c) >> (8 * b)) & 0xffu)) * 1099511628211ull;
-  return h;
-}
-
-// What one rank passed to a collective, exchanged when validation is on.
-struct Signature {
-  std::int64_t kind = 0;     // index into kOpNames
-  std::int64_t dtype = 0;
-  std::int64_t op = 0;
-  std::int64_t root = 0;
-  std::uint64_t count = 0;   // elements (or a fingerprint of the counts of a _v form)
-};
-inline constexpr const char* kOpNames[] = {"all_gather",   "all_gather_v", "reduce_scatter", "reduce_scatter_v",
-                                           "all_reduce",   "all_to_all",   "all_to_all_v",   "broadcast",
-                                           "reduce",       "barrier",      "split",          "shift"};
-inline int op_index(const char* name) {
-  for (int i = 0; i < int(std::size(kOpNames)); ++i)
-    if (std::string_view(kOpNames[i]) == name) return i;
-  return -1;
-}
-
-// The state of one communicator; at a stable address, so requests and the watchdog can point to it.
-struct CommState {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0, size = 1;
-  std::vector<int> world_ranks;  // rank r of this communicator is world rank world_ranks[r]
-  std::string description;
-  std::unique_ptr<ArrivalBoard> board;
-  std::uint64_t sequence = 0;    // collectives entered so far
-  std::chrono::milliseconds timeout = comm_timeout();
-  bool validate = false;
-  CommStats stats;
-
-  // Takes ownership of `owned`; collective over it.
-  explicit CommState(MPI_Comm owned) : comm(owned) {
-    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
-    MPI_Comm_group(comm, &group);
-    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-    std::vector<int> ranks(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) ranks[std::size_t(r)] = r;
-    world_ranks.resize(std::size_t(size));
-    MPI_Group_translate_ranks(group, size, ranks.data(), world_group, world_ranks.data());
-    MPI_Group_free(&group);
-    MPI_Group_free(&world_group);
-    description = fmt::format("MPI group of {} (world ranks {})", size, fmt::join(world_ranks, ", "));
-    board = std::make_unique<ArrivalBoard>(comm, world_ranks, rank);
-    if (const char* v = std::getenv("PARADYSE_COMM_VALIDATE")) validate = std::string_view(v) == "1";
-  }
-  CommState(const CommState&) = delete;
-  CommState& operator=(const CommState&) = delete;
-  ~CommState() {
-    board.reset();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);  // local in OpenMPI: safe while unwinding
-  }
-
-  [[noreturn]] void fail(int rc, std::string_view op) const {
-    throw CommError(fmt::format("{} on {} failed on rank {}: {}", op, description, rank, error_text(rc)));
-  }
-  void check_rc(int rc, std::string_view op) const {
-    if (rc != MPI_SUCCESS) [[unlikely]] fail(rc, op);
-  }
-};
-
-// The watchdog's report of a stalled wait (called at expiry only).
-inline std::string describe_wait(const void* context, const char* op, std::uint64_t sequence, int peer) {
-  const auto& state = *static_cast<const CommState*>(context);
-  if (peer >= 0)
-    return fmt::format("{} with rank {} (world rank {}) on {}: the peer never matched it", op, peer,
-                       state.world_ranks[std::size_t(peer)], state.description);
-  return fmt::format("{} (collective #{}) on {}: {}", op, sequence, state.description,
-                     state.board ? state.board->describe_missing(sequence, state.world_ranks) : std::string("?"));
-}
-
-}  // namespace mpi_detail
 
 // Initialises MPI for the lifetime of the object (unless already initialised) and finalises it after.
 class MpiSession {
@@ -424,7 +248,7 @@ public:
     auto* state = state_.get();
     return pending("recv", state_->sequence, source, {request, MPI_REQUEST_NULL}, true,
                    [state, expected = out.size(), source](const MPI_Status* status) {
-                     check_received<T>(state, status[0].MPI_ERROR, status[0], expected, source, "recv");
+                     mpi_detail::check_received<T>(state, status[0].MPI_ERROR, status[0], expected, source, "recv");
                    });
   }
   // Sends `in` to rank + offset and receives `out` from rank - offset (mod size): one step of a ring. Every rank
@@ -478,7 +302,7 @@ public:
     auto* state = state_.get();
     return pending("shift", sequence, -1, requests, true,
                    [state, staged, expected = out.size(), source](const MPI_Status* status) {
-                     check_received<T>(state, status[0].MPI_ERROR, status[0], expected, source, "shift");
+                     mpi_detail::check_received<T>(state, status[0].MPI_ERROR, status[0], expected, source, "shift");
                    });
   }
 
@@ -521,23 +345,8 @@ private:
 
   // A received message has exactly `expected` elements; otherwise Error naming both sizes.
   template <CommElement T>
-  static void check_received(const mpi_detail::CommState* state, int rc, const MPI_Status& status,
-                             std::size_t expected, int source, const char* op) {
-    int error_class = MPI_SUCCESS;
-    if (rc != MPI_SUCCESS) MPI_Error_class(rc, &error_class);
-    if (error_class == MPI_ERR_TRUNCATE)
-      throw Error(fmt::format("{}: rank {} sent more than the {} elements rank {} expected (on {})", op, source,
-                              expected, state->rank, state->description));
-    state->check_rc(rc, op);
-    int received = 0;
-    MPI_Get_count(&status, mpi_detail::datatype<T>(), &received);
-    if (std::size_t(received) != expected)
-      throw Error(fmt::format("{}: rank {} sent {} elements to rank {}, which expected {} (on {})", op, source,
-                              received, state->rank, expected, state->description));
-  }
-  template <CommElement T>
   void check_received(int rc, const MPI_Status& status, std::size_t expected, int source, const char* op) const {
-    check_received<T>(state_.get(), rc, status, expected, source, op);
+    mpi_detail::check_received<T>(state_.get(), rc, status, expected, source, op);
   }
 
   // Enters the next collective: same sequence number on every rank of the group.
@@ -599,30 +408,7 @@ private:
 
   // Every rank passed the same signature (only when validating); otherwise Error on every rank.
   void validate(const char* op, mpi_detail::Signature mine) {
-    if (!state_->validate) return;
-    mine.kind = mpi_detail::op_index(op);
-    std::vector<mpi_detail::Signature> all(static_cast<std::size_t>(size()));
-    state_->check_rc(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, state_->comm),
-                     "validate");
-    const auto& first = all[0];
-    for (int r = 1; r < size(); ++r) {
-      const auto& other = all[std::size_t(r)];
-      const auto name = [](std::int64_t kind) { return kind >= 0 ? mpi_detail::kOpNames[kind] : "?"; };
-      check(other.kind == first.kind, "rank {} called {} where rank 0 called {} (collective #{} on {})", r,
-            name(other.kind), name(first.kind), state_->sequence + 1, describe());
-      check(other.dtype == first.dtype, "{}: rank {} moves {} where rank 0 moves {} (on {})", op, r,
-            name_of(DType(other.dtype)), name_of(DType(first.dtype)), describe());
-      check(other.op == first.op, "{}: rank {} reduces with {} where rank 0 uses {} (on {})", op, r,
-            name_of(ReduceOp(other.op)), name_of(ReduceOp(first.op)), describe());
-      check(other.root == first.root, "{}: rank {} names root {} where rank 0 names root {} (on {})", op, r,
-            other.root, first.root, describe());
-      check(other.count == first.count, "{}: rank {} passes {} where rank 0 passes {} (on {})", op, r,
-            describe_count(op, other.count), describe_count(op, first.count), describe());
-    }
-  }
-  static std::string describe_count(std::string_view op, std::uint64_t count) {
-    if (op.ends_with("_v")) return "different counts";
-    return fmt::format("{} elements", count);
+    if (state_->validate) mpi_detail::validate_signature(*state_, op, mine);
   }
   template <CommElement T>
   static mpi_detail::Signature signature(std::uint64_t count, ReduceOp op = ReduceOp::sum, int root = 0) {
@@ -805,7 +591,7 @@ private:
     check(out.size() == c->total, "all_to_all_v: output holds {} elements, expected sum(recv_counts) = {}",
           out.size(), c->total);
     validate("all_to_all_v", signature<T>(0));
-    if (state_->validate) validate_exchange(send_counts, recv_counts);
+    if (state_->validate) mpi_detail::validate_exchange(*state_, send_counts, recv_counts);
     count_bytes((in.size() - std::size_t(send_counts[std::size_t(rank())])) * sizeof(T),
                 (out.size() - std::size_t(recv_counts[std::size_t(rank())])) * sizeof(T));
     const bool in_place = !Async && !in.empty() && in.data() == out.data() && s->counts == c->counts;
@@ -823,26 +609,6 @@ private:
                : MPI_Alltoallv(send, s->counts.data(), s->displacements.data(), type, out.data(), c->counts.data(),
                                c->displacements.data(), type, comm);
     }, [s, c, staged] {});
-  }
-
-  // What each rank sends to each other rank matches what that rank expects; otherwise Error on every rank.
-  void validate_exchange(std::span<const std::int64_t> send_counts, std::span<const std::int64_t> recv_counts) {
-    const int n = size();
-    std::vector<std::int64_t> announced(static_cast<std::size_t>(n));  // announced[r]: what rank r sends to this rank
-    state_->check_rc(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T, state_->comm),
-                     "validate");
-    std::array<std::int64_t, 4> mine{-1, -1, -1, -1};  // (sender, receiver, sent, expected) of the first mismatch
-    for (int r = 0; r < n; ++r)
-      if (announced[std::size_t(r)] != recv_counts[std::size_t(r)]) {
-        mine = {r, rank(), announced[std::size_t(r)], recv_counts[std::size_t(r)]};
-        break;
-      }
-    std::vector<std::int64_t> all(static_cast<std::size_t>(4 * n));
-    state_->check_rc(MPI_Allgather(mine.data(), 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, state_->comm), "validate");
-    for (int r = 0; r < n; ++r)
-      check(all[std::size_t(4 * r)] < 0, "all_to_all_v: rank {} sends {} elements to rank {}, which expects {} (on {})",
-            all[std::size_t(4 * r)], all[std::size_t(4 * r + 2)], all[std::size_t(4 * r + 1)],
-            all[std::size_t(4 * r + 3)], describe());
   }
 
   template <bool Async, CommElement T>
