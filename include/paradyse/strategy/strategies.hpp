@@ -6,13 +6,17 @@
 #pragma once
 
 #include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/colossal_z.hpp"
+#include "paradyse/strategy/megatron_cz.hpp"
 #include "paradyse/strategy/megatron_ts.hpp"
+#include "paradyse/strategy/metp.hpp"
 #include "paradyse/strategy/switchable.hpp"
 #include "paradyse/strategy/ulysses_z.hpp"
 
 namespace paradyse {
 
 template <class Backend = ops::Cpu>
-using AllStrategies = Switchable<MegatronTS<Backend>, UlyssesZ<Backend>>;
+using AllStrategies =
+    Switchable<MegatronTS<Backend>, UlyssesZ<Backend>, MegatronCZ<Backend>, METP<Backend>, ColossalZ<Backend>>;
 
 }  // namespace paradyse
