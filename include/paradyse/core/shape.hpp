@@ -42,7 +42,8 @@ public:
   std::int64_t extent(int dim) const { return extents_[normalize(dim)]; }
   int normalize(int dim) const {
     const int d = dim < 0 ? dim + rank_ : dim;
-    check(d >= 0 && d < rank_, "dim {} is out of range for a rank-{} shape {}", dim, rank_, to_string());
+    if (d < 0 || d >= rank_) [[unlikely]]  // to_string() formats: only on the failure path (extent() is hot)
+      check(false, "dim {} is out of range for a rank-{} shape {}", dim, rank_, to_string());
     return d;
   }
 
