@@ -298,7 +298,7 @@ Tensor<T> reshard(MeshCommunicator<C>& comm, TensorView<const T> x, const Shape&
   const DynamicLayout from_value = checked_layout(from, mesh, global);
   checked_layout(to, mesh, global);
   const Shape expected = local_shape(from_value, global, mesh, coord);
-  if (!(x.shape() == expected))
+  if (x.shape() != expected)
     throw Error(fmt::format("reshard: rank {} holds a shard of shape {}, but layout {} of global shape {} gives it {}",
                             comm.rank(), x.shape(), from_value.to_string(), global, expected));
   ReshardPlan plan = plan_reshard(from, to, global.rank());
