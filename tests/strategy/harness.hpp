@@ -108,8 +108,12 @@ inline Tensor<float> local_tokens(const Tensor<double>& global, const SequenceLa
 // Mismatches collected on the rank threads and checked on the main thread.
 class Findings {
 public:
-  void compare(std::span<const float> got, std::span<const float> want, const std::string& what, Tolerance tol = kFloat32) {
-    std::string miss = first_mismatch(got, want, tol);
+  template <class Got, class Want>
+  void compare(const Got& got, const Want& want, const std::string& what, Tolerance tol = kFloat32) {
+    using G = std::remove_cvref_t<decltype(*std::data(got))>;
+    using W = std::remove_cvref_t<decltype(*std::data(want))>;
+    std::string miss = first_mismatch(std::span<const G>(std::data(got), std::size(got)),
+                                      std::span<const W>(std::data(want), std::size(want)), tol);
     if (miss.empty()) return;
     std::lock_guard lock(mutex_);
     messages_.push_back(what + ": " + miss);
@@ -117,7 +121,7 @@ public:
   void compare(const Tensor<float>& got, const Tensor<double>& want_global, const SequenceLayout& layout, int rank,
                const std::string& what) {
     const Tensor<float> want = local_tokens(want_global, layout, rank);
-    compare(got.span(), want.span(), what);
+    compare(got.span(), want.span(), what, kFloat32);
   }
   void fail(const std::string& message) {
     std::lock_guard lock(mutex_);

@@ -1,0 +1,73 @@
+// Switchable and AnyStrategy: choice by index and by name, backward runs the strategy that ran forward, the
+// type-erased handle gives the same numbers as the template, and misuse is an error that says what went wrong.
+#include "paradyse/strategy/switchable.hpp"
+
+#include "paradyse/strategy/strategies.hpp"
+#include "strategy/harness.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace paradyse;
+using namespace paradyse::testing;
+using Strategies = AllStrategies<>;
+
+TEST_CASE("Switchable: names, indices and bad choices") {
+  CHECK(Strategies::count >= 2);
+  CHECK(Strategies::index_of("MegatronTS") == 0);
+  CHECK(Strategies::name(Strategies::index_of("UlyssesZ")) == "UlyssesZ");
+  CHECK_THROWS_WITH_AS(Strategies::index_of("HotSPa"), doctest::Contains("no strategy named 'HotSPa'"), Error);
+  CHECK_THROWS_WITH_AS(Strategies::name(99), doctest::Contains("strategy index 99 is out of range"), Error);
+  const Strategies strategies;
+  CHECK(strategies.select(1).index() == 1);
+  static_assert(SublayerStrategy<MegatronTS<>, ThreadCommunicator>);
+  static_assert(SublayerStrategy<UlyssesZ<>, ThreadCommunicator>);
+}
+
+TEST_CASE("Switchable and AnyStrategy: the same results as the strategy itself, saved state checked") {
+  const SublayerCase test = standard_cases(3)[2];  // GQA, causal, SwiGLU
+  const LayerConfig& c = test.config;
+  const Problem problem = make_problem(c, test.batch, test.length, 5);
+  Findings findings;
+  run_ranks(3, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    BufferPool pool;
+    const SublayerContext ctx(c, 3, test.batch, test.length, pool);
+    const LayerWeights w = shard_of(problem.weights, c, 3, r);
+    const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);
+    const Strategies strategies;
+    for (std::size_t choice = 0; choice < Strategies::count; ++choice) {
+      // Through the Switchable.
+      Tensor<float> y1(x.shape()), dx1(x.shape());
+      LayerWeights g1(c, 3);
+      auto saved = strategies.attention_forward(choice, comm, ctx, w.attention, x.view(), y1.view());
+      if (saved.index() != choice) findings.fail("saved state does not record the strategy that made it");
+      strategies.attention_backward(comm, ctx, w.attention, saved, dy.view(), dx1.view(), g1.attention);
+      // Through the type-erased handle.
+      const AnyStrategy<ThreadCommunicator> any = erase_strategy<ThreadCommunicator>(strategies, choice);
+      if (any.name() != Strategies::name(choice)) findings.fail("AnyStrategy has the wrong name");
+      Tensor<float> y2(x.shape()), dx2(x.shape());
+      LayerWeights g2(c, 3);
+      auto opaque = any.attention_forward(comm, ctx, w.attention, x.view(), y2.view());
+      any.attention_backward(comm, ctx, w.attention, opaque, dy.view(), dx2.view(), g2.attention);
+      findings.compare(y2.span(), std::span<const float>(y1.span()), fmt::format("rank {} {} y", r, any.name()), kFloat64);
+      findings.compare(dx2.span(), std::span<const float>(dx1.span()), fmt::format("rank {} {} dx", r, any.name()), kFloat64);
+      findings.compare(g2.attention.packed.span(), std::span<const float>(g1.attention.packed.span()), fmt::format("rank {} {} grad", r, any.name()), kFloat64);
+      // MLP through the handle: its saved state is not an attention state.
+      auto mlp_saved = any.mlp_forward(comm, ctx, w.mlp, x.view(), y2.view());
+      try {
+        any.attention_backward(comm, ctx, w.attention, mlp_saved, dy.view(), dx2.view(), g2.attention);
+        findings.fail("an MLP saved state was accepted by attention backward");
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("must use the same strategy") == std::string::npos) findings.fail(e.what());
+      }
+      any.mlp_backward(comm, ctx, w.mlp, mlp_saved, dy.view(), dx2.view(), g2.mlp);
+    }
+    AnyStrategy<ThreadCommunicator> empty;
+    try {
+      empty.name();
+      findings.fail("an empty handle was usable");
+    } catch (const Error&) {
+    }
+  });
+  findings.check_all("Switchable vs AnyStrategy");
+}
