@@ -62,23 +62,36 @@ struct TokenPositions {
 
 namespace ring_heads_detail {
 
-// The packed buffer's parts of group e: q [b, n, G, d], k and v [b, n, 1, d].
+// The packed buffer's parts of groups [first, first + count): q [b, n, count G, d], k and v [b, n, count, d]. One
+// strided view covers several groups only when their query heads are evenly spaced: G == 1 (q|k|v per head, every
+// part at stride 3d) or a single group.
 template <class T>
-HeadViews<T> packed_group(TensorView<T> packed, const QkvPacking& packing, std::int64_t group) {
+HeadViews<T> packed_groups(TensorView<T> packed, const QkvPacking& packing, std::int64_t first, std::int64_t count) {
   const std::int64_t b = packed.extent(0), n = packed.extent(1), width = packing.width(), d = packing.head_dim;
-  const std::int64_t G = packing.group_size, at = group * (G + 2) * d;
-  const Shape strides{n * width, width, d, 1};
-  return {TensorView<T>(packed.data() + at, Shape{b, n, G, d}, strides),
-          TensorView<T>(packed.data() + at + G * d, Shape{b, n, 1, d}, strides),
-          TensorView<T>(packed.data() + at + (G + 1) * d, Shape{b, n, 1, d}, strides)};
+  const std::int64_t G = packing.group_size, at = first * (G + 2) * d, group_stride = (G + 2) * d;
+  const Shape q_strides{n * width, width, G == 1 ? group_stride : d, 1}, kv_strides{n * width, width, group_stride, 1};
+  return {TensorView<T>(packed.data() + at, Shape{b, n, count * G, d}, q_strides),
+          TensorView<T>(packed.data() + at + G * d, Shape{b, n, count, d}, kv_strides),
+          TensorView<T>(packed.data() + at + (G + 1) * d, Shape{b, n, count, d}, kv_strides)};
 }
 
-// The same group's parts in the heads buffer.
+// The same groups' parts in the heads buffer.
 template <class T>
-HeadViews<T> heads_group(TensorView<T> heads, const QkvPacking& packing, std::int64_t group) {
+HeadViews<T> heads_groups(TensorView<T> heads, const QkvPacking& packing, std::int64_t first, std::int64_t count) {
   const HeadViews<T> all = head_views(heads, packing);
   const std::int64_t G = packing.group_size;
-  return {all.q.slice(2, group * G, G), all.k.slice(2, group, 1), all.v.slice(2, group, 1)};
+  return {all.q.slice(2, first * G, count * G), all.k.slice(2, first, count), all.v.slice(2, first, count)};
+}
+
+// Calls run(first, count) over runs of groups that one strided view covers (all of them, or one at a time), so a
+// RoPE call computes its angles once for as many heads as possible.
+template <class Run>
+void for_each_group_run(const QkvPacking& packing, Run&& run) {
+  if (packing.group_size == 1 || packing.groups == 1) {
+    run(std::int64_t{0}, packing.groups);
+    return;
+  }
+  for (std::int64_t group = 0; group < packing.groups; ++group) run(group, std::int64_t{1});
 }
 
 inline void check_buffers(const char* op, const Shape& packed, const Shape& heads, const QkvPacking& packing) {
@@ -106,20 +119,20 @@ void unpack_heads(const QkvPacking& packing, const TokenPositions& where, Tensor
   using namespace ring_heads_detail;
   check_buffers("unpack_heads", packed.shape(), heads.shape(), packing);
   const ops::RopeConfig rope{.theta = where.config->rope_base};
-  for (std::int64_t group = 0; group < packing.groups; ++group) {
-    const HeadViews<const float> from = packed_group(packed, packing, group);
-    const HeadViews<float> to = heads_group(heads, packing, group);
+  for_each_group_run(packing, [&](std::int64_t first, std::int64_t count) {
+    const HeadViews<const float> from = packed_groups(packed, packing, first, count);
+    const HeadViews<float> to = heads_groups(heads, packing, first, count);
     copy(from.v, to.v);
     if (!where.config->rope) {
       copy(from.q, to.q);
       copy(from.k, to.k);
-      continue;
+      return;
     }
     for_each_run(where, [&](std::int64_t local, std::int64_t length, std::int64_t position) {
       Backend::rope_forward(from.q.slice(1, local, length), to.q.slice(1, local, length), position, rope);
       Backend::rope_forward(from.k.slice(1, local, length), to.k.slice(1, local, length), position, rope);
     });
-  }
+  });
 }
 
 // packed: [b, n, W] (overwritten) <- the gradients in heads: [b, n, hq + 2 hkv, d], RoPE undone on q and k.
@@ -131,20 +144,20 @@ void pack_head_gradients(const QkvPacking& packing, const TokenPositions& where,
   const ops::RopeConfig rope{.theta = where.config->rope_base};
   if (where.config->rope && packed.numel())
     std::memset(packed.data(), 0, std::size_t(packed.numel()) * sizeof(float));  // rope_backward accumulates
-  for (std::int64_t group = 0; group < packing.groups; ++group) {
-    const HeadViews<const float> from = heads_group(heads, packing, group);
-    const HeadViews<float> to = packed_group(packed, packing, group);
+  for_each_group_run(packing, [&](std::int64_t first, std::int64_t count) {
+    const HeadViews<const float> from = heads_groups(heads, packing, first, count);
+    const HeadViews<float> to = packed_groups(packed, packing, first, count);
     copy(from.v, to.v);
     if (!where.config->rope) {
       copy(from.q, to.q);
       copy(from.k, to.k);
-      continue;
+      return;
     }
     for_each_run(where, [&](std::int64_t local, std::int64_t length, std::int64_t position) {
       Backend::rope_backward(from.q.slice(1, local, length), to.q.slice(1, local, length), position, rope);
       Backend::rope_backward(from.k.slice(1, local, length), to.k.slice(1, local, length), position, rope);
     });
-  }
+  });
 }
 
 }  // namespace paradyse
