@@ -4,9 +4,12 @@
 // the largest transient workspace above them in forward and in backward (communication buffers included). Per
 // rank and model: the model states, identical for every strategy thanks to the unified layout (each rank holds
 // 1/p of every weight, its gradient and optimizer state), plus the sum of all layers' saved activations, plus the
-// largest transient of any layer. That is the peak, not an average: backward of the last layer runs with every
-// layer's activations still saved, and order the layers so that the largest transient comes last and it is reached
-// exactly (otherwise it is a bound).
+// largest transient of any layer: the peak, not an average. That sum is what the planner budgets; it is a bound,
+// reached when the largest transient comes with every activation still saved (the backward of the last layer's MLP,
+// or any forward). Backward runs the last layer's attention after its MLP has freed what it saved, so when
+// attention has the largest transient the true peak is lower by up to one sublayer's saved bytes:
+// `ordered_activation_peak` walks the sublayers in execution order (forward, then backward in reverse, the buffer
+// pool keeping its high-water mark) and gives the peak itself.
 #pragma once
 
 #include "paradyse/cost/model_shape.hpp"
@@ -14,7 +17,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
+#include <set>
 #include <span>
+#include <vector>
 
 namespace paradyse::cost {
 
@@ -22,12 +28,74 @@ struct SublayerMemory {
   std::int64_t saved_bytes = 0;
   std::int64_t forward_transient_bytes = 0;
   std::int64_t backward_transient_bytes = 0;
+  std::int64_t forward_plain_bytes = 0, forward_pool_bytes = 0;    // the two parts of each transient
+  std::int64_t backward_plain_bytes = 0, backward_pool_bytes = 0;
+  std::int64_t forward_joint_bytes = 0, backward_joint_bytes = 0;  // both at once (see cost/tally.hpp)
+  std::vector<MemoryEvent> forward_events, backward_events;        // in order, for ordered replays
   std::int64_t transient_bytes() const { return std::max(forward_transient_bytes, backward_transient_bytes); }
 };
 
 inline SublayerMemory sublayer_memory(Strategy s, Sublayer part, const ModelShape& m, int p) {
-  const SublayerCost c = evaluate_sublayer(s, part, m, p, nullptr);
-  return {c.saved_bytes, c.forward_transient_bytes, c.backward_transient_bytes};
+  SublayerCost c = evaluate_sublayer(s, part, m, p, nullptr, /*record_events=*/true);
+  return {c.saved_bytes,          c.forward_transient_bytes, c.backward_transient_bytes,   c.forward_plain_bytes,
+          c.forward_pool_bytes,   c.backward_plain_bytes,    c.backward_pool_bytes,        c.forward_joint_bytes,
+          c.backward_joint_bytes, std::move(c.forward_events), std::move(c.backward_events)};
+}
+
+namespace detail {
+
+// The buffer pool's rule (strategy/buffer_pool.hpp) on size classes: a hit reuses a cached buffer of the class; a
+// miss raises the high-water mark to in-use + request, then frees cached buffers, largest first, until in-use +
+// cached + request fits under it. held() is what the memory tracker sees.
+class PoolReplay {
+public:
+  void acquire(std::int64_t size) {
+    if (auto it = cached_.find(size); it != cached_.end()) {
+      cached_.erase(it);
+      cached_bytes_ -= size;
+    } else {
+      high_water_ = std::max(high_water_, in_use_ + size);
+      while (!cached_.empty() && in_use_ + cached_bytes_ + size > high_water_) {
+        const auto largest = std::prev(cached_.end());
+        cached_bytes_ -= *largest;
+        held_ -= round_allocation(double(*largest));
+        cached_.erase(largest);
+      }
+      held_ += round_allocation(double(size));
+    }
+    in_use_ += size;
+  }
+  void give_back(std::int64_t size) {
+    in_use_ -= size;
+    cached_.insert(size);
+    cached_bytes_ += size;
+  }
+  std::int64_t held() const { return held_; }
+
+private:
+  std::multiset<std::int64_t> cached_;
+  std::int64_t in_use_ = 0, cached_bytes_ = 0, high_water_ = 0, held_ = 0;
+};
+
+}  // namespace detail
+
+// The activation peak of sublayers run in this order (forward), then backward in reverse: every recorded memory
+// event replayed, plain bytes as they are allocated and freed, pooled buffers through the pool's own rule (which
+// keeps buffers up to its high-water mark and evicts other size classes to stay under it).
+inline std::int64_t ordered_activation_peak(std::span<const SublayerMemory> sublayers) {
+  detail::PoolReplay pool;
+  std::int64_t plain = 0, peak = 0;
+  const auto replay = [&](const std::vector<MemoryEvent>& events) {
+    for (const MemoryEvent& e : events) {
+      if (e.kind == MemoryEvent::plain) plain += e.bytes;
+      else if (e.kind == MemoryEvent::acquire) pool.acquire(e.bytes);
+      else pool.give_back(e.bytes);
+      peak = std::max(peak, plain + pool.held());
+    }
+  };
+  for (const SublayerMemory& s : sublayers) replay(s.forward_events);
+  for (std::size_t i = sublayers.size(); i-- > 0;) replay(sublayers[i].backward_events);
+  return peak;
 }
 
 // Parameters of one layer that one rank holds: its shards of the attention and MLP weights (kv heads replicated
@@ -53,7 +121,11 @@ struct MemoryEstimate {
   std::int64_t model_states = 0;
   std::int64_t saved_activations = 0;   // sum over layers and sublayers
   std::int64_t largest_transient = 0;   // max over layers and sublayers
+  std::int64_t ordered_activations = 0; // the activation peak in execution order (0 when not computed)
+  // What the planner budgets: states + all saved activations + the largest transient (a bound on the peak).
   std::int64_t peak() const { return model_states + saved_activations + largest_transient; }
+  // The peak in execution order (<= peak()).
+  std::int64_t ordered_peak() const { return model_states + ordered_activations; }
 };
 
 // Peak memory per rank of a model of identical layers (m.layers of them) with the given per-layer strategies.
@@ -63,13 +135,16 @@ inline MemoryEstimate estimate_memory(const ModelShape& m, int p, std::span<cons
         layers.size(), m.layers);
   MemoryEstimate e;
   e.model_states = model_state_bytes(m, p, precision);
+  std::vector<SublayerMemory> order;
   for (const LayerStrategies& layer : layers) {
     for (Sublayer part : kAllSublayers) {
       const SublayerMemory s = sublayer_memory(part == Sublayer::attention ? layer.attention : layer.mlp, part, m, p);
       e.saved_activations += s.saved_bytes;
       e.largest_transient = std::max(e.largest_transient, s.transient_bytes());
+      order.push_back(s);
     }
   }
+  e.ordered_activations = ordered_activation_peak(order);
   return e;
 }
 

@@ -80,12 +80,15 @@ struct AlphaBeta {
   double time(double bytes) const { return alpha_s + beta_s_per_byte * bytes; }
 };
 
-// A measured (or datasheet-derived) cost of one collective on one group size and link level.
+// A measured (or datasheet-derived) cost of one collective on one group size and link level, for sizes from
+// `min_bytes` up (several entries of one collective split its sizes into ranges: a calibrated CPU backend is faster
+// while messages stay in cache).
 struct CollectiveCost {
   Collective op = Collective::all_gather;
   LinkLevel level = LinkLevel::intra_node;
   int group_size = 2;
   AlphaBeta cost;
+  std::int64_t min_bytes = 0;
 };
 
 // The default for a collective that has no entry: a ring over links of this latency and bus bandwidth.
@@ -155,13 +158,21 @@ struct HardwareProfile {
   double collective_time(Collective op, int group_size, double bytes) const {
     if (group_size <= 1 || bytes <= 0) return 0;
     const LinkLevel level = level_of(group_size);
+    // The entry of the nearest group size (an exact one first) whose size range holds `bytes`.
     const CollectiveCost* nearest = nullptr;
     for (const CollectiveCost& entry : collectives) {
-      if (entry.op != op || entry.level != level) continue;
-      if (entry.group_size == group_size) return entry.cost.time(bytes);
-      if (!nearest || std::abs(entry.group_size - group_size) < std::abs(nearest->group_size - group_size))
+      if (entry.op != op || entry.level != level || double(entry.min_bytes) > bytes) continue;
+      if (!nearest) {
+        nearest = &entry;
+        continue;
+      }
+      const int distance = std::abs(entry.group_size - group_size);
+      const int best = std::abs(nearest->group_size - group_size);
+      if (distance < best || (distance == best && entry.group_size == nearest->group_size &&
+                              entry.min_bytes > nearest->min_bytes))
         nearest = &entry;
     }
+    if (nearest && nearest->group_size == group_size) return nearest->cost.time(bytes);
     if (nearest && nearest->group_size > 1) {
       const double alpha_per_step = nearest->cost.alpha_s / latency_steps(op, nearest->group_size);
       const double beta_bus = nearest->cost.beta_s_per_byte / bus_factor(op, nearest->group_size);
@@ -174,14 +185,14 @@ struct HardwareProfile {
 
   double elementwise_time(double bytes) const { return bytes > 0 ? bytes / elementwise_bytes_per_s : 0; }
 
-  // Sets (or replaces) the entry for one collective, group size and level.
-  void set_collective(Collective op, LinkLevel level, int group_size, AlphaBeta cost) {
+  // Sets (or replaces) the entry for one collective, group size, level and size range.
+  void set_collective(Collective op, LinkLevel level, int group_size, AlphaBeta cost, std::int64_t min_bytes = 0) {
     for (CollectiveCost& entry : collectives)
-      if (entry.op == op && entry.level == level && entry.group_size == group_size) {
+      if (entry.op == op && entry.level == level && entry.group_size == group_size && entry.min_bytes == min_bytes) {
         entry.cost = cost;
         return;
       }
-    collectives.push_back({op, level, group_size, cost});
+    collectives.push_back({op, level, group_size, cost, min_bytes});
   }
 };
 
@@ -255,6 +266,7 @@ inline json::Value to_json(const HardwareProfile& p) {
     entry.set("group_size", c.group_size);
     entry.set("alpha_s", c.cost.alpha_s);
     entry.set("beta_s_per_byte", c.cost.beta_s_per_byte);
+    if (c.min_bytes > 0) entry.set("min_bytes", c.min_bytes);
     table.push_back(entry);
   }
   v.set("collectives", json::Value(std::move(table)));
@@ -296,6 +308,10 @@ inline HardwareProfile profile_from_json(const json::Value& v) {
     c.group_size = int(entry.at("group_size").as_int());
     check(c.group_size >= 2, "profile: {} group_size = {} must be at least 2", name_of(c.op), c.group_size);
     c.cost = {non_negative(entry, "alpha_s"), non_negative(entry, "beta_s_per_byte")};
+    if (const json::Value* from = entry.find("min_bytes")) {
+      c.min_bytes = from->as_int();
+      check(c.min_bytes >= 0, "profile: {} min_bytes = {} must not be negative", name_of(c.op), c.min_bytes);
+    }
     p.collectives.push_back(c);
   }
   return p;

@@ -1,12 +1,15 @@
 // paradyse/cost/schedules.hpp: what each strategy does on one rank, per sublayer, as a schedule over a Tally.
 //
-// One function per (strategy, sublayer), forward then backward: the buffers it allocates and frees, what it keeps
-// for backward, its GEMMs, attention blocks and collectives, and which transfers overlap which compute. Memory is
-// that of the rank holding the most tokens (uneven shards: ceil(s/p)). Sizes in elements are turned into bytes
-// with the activation dtype; log-sum-exp and LayerNorm statistics are float32.
+// One function per (strategy, sublayer), forward then backward, written after the strategy's code in
+// include/paradyse/strategy/ (MegatronTS, MegatronCZ, UlyssesZ and the ZeRO-3 MLP; METP and ColossalZ after the
+// ParaDySe digest until their code lands): the tensors it keeps for backward (its Saved struct), the pooled buffers
+// it acquires and when it gives them back, its GEMMs, attention calls, copies and collectives, and which transfers
+// overlap which compute. Memory is that of the rank holding the most tokens (uneven shards: ceil(s/p)). Sizes in
+// elements are turned into bytes with the activation dtype; log-sum-exp and LayerNorm statistics are float32.
 //
-// Every sublayer starts with the pre-norm that the model block runs before the strategy (it keeps its input and
-// two float32 statistics per token) and ends with the output [b, s/p, h] that the residual add consumes.
+// Around each sublayer the model's pre-norm block keeps the sublayer's input (the residual stream, [b, s/p, h]) and
+// two float32 statistics per token, and hands the strategy the normalised input; the strategy's output and, in
+// backward, the gradient of its input are [b, s/p, h] tensors of the block.
 #pragma once
 
 #include "paradyse/cost/model_shape.hpp"
@@ -26,6 +29,8 @@ struct ScheduleDims {
   double qkv, qkv_loc;           // q + 2 kv, per rank
   double f, f_loc, g;            // ffn, per rank, input projections (2 for SwiGLU)
   double pairs;                  // attention query-key pairs per sample (causal: halved)
+  double seg;                    // the longest token segment of a rank (zigzag: half a chunk)
+  bool staged;                   // gathers in natural order go through a staging copy (b > 1 or zigzag)
 
   ScheduleDims(const ModelShape& m, int group) {
     const auto ceil_div = [](std::int64_t x, std::int64_t y) { return double((x + y - 1) / y); };
@@ -52,6 +57,8 @@ struct ScheduleDims {
     f_loc = ceil_div(m.ffn, group);
     g = m.swiglu ? 2 : 1;
     pairs = m.attention_pairs();
+    seg = m.causal && group > 1 ? double((m.seq + 2 * group - 1) / (2 * group)) : s_loc;
+    staged = m.batch > 1 || (m.causal && group > 1);
   }
 
   // Forward attention flops for `heads` heads over a share `fraction` of all query-key pairs.
@@ -62,243 +69,424 @@ namespace schedule {
 
 // ---- pieces shared by several strategies ---------------------------------------------------------------------------
 
-// The block's pre-norm: keeps its input and per-token statistics; its output is the strategy's input.
+// A kernel that reads and writes `elements` elements once each (copies, zero fills, adds, activations).
+inline void stream(Tally& t, const ScheduleDims& x, double elements) { t.compute(t.elementwise_s(2 * elements * x.e)); }
+
+// The block's pre-norm: keeps the residual input and the norm's two per-token statistics; the normalised input is
+// the strategy's input, and its output a block tensor. After the strategy the residual add makes the next
+// sublayer's input (which that sublayer counts as its saved residual).
 inline void norm_forward(Tally& t, const ScheduleDims& x) {
-  t.save_input(x.n * x.h * x.e + 2 * x.n * 4);
-  t.compute(t.elementwise_s(2 * x.n * x.h * x.e));
+  t.save_input(x.n * x.h * x.e);  // the residual input
+  t.save_input(x.n * 4);          // mean
+  t.save_input(x.n * 4);          // rstd
+  t.alloc(x.n * x.h * x.e);       // the normalised input
+  stream(t, x, x.n * x.h);
+  t.alloc(x.n * x.h * x.e);       // the sublayer's output
 }
+inline void block_forward_end(Tally& t, const ScheduleDims& x) {
+  t.alloc(x.n * x.h * x.e);       // input + output: the next sublayer's residual
+  stream(t, x, x.n * x.h);
+  t.free(3 * x.n * x.h * x.e);    // that residual (counted by the next sublayer), the output, the normalised input
+}
+// Backward: the input gradient and the normalised input's gradient, before the strategy runs.
+inline void block_backward_begin(Tally& t, const ScheduleDims& x) { t.alloc(2 * x.n * x.h * x.e); }
 inline void norm_backward(Tally& t, const ScheduleDims& x) {
-  t.compute(t.elementwise_s(3 * x.n * x.h * x.e));
-  t.release(x.n * x.h * x.e + 2 * x.n * 4);
+  t.alloc(2 * x.h * 4);           // the norm's parameter gradients of this call
+  stream(t, x, 3 * x.n * x.h);    // the residual path's copy and the norm's backward
+  t.free(2 * x.h * 4);
+  t.free(2 * x.n * x.h * x.e);    // the normalised input's gradient; the incoming gradient (the input's replaces it)
+  t.release(x.n * x.h * x.e);
+  t.release(x.n * 4);
+  t.release(x.n * 4);
 }
 
-// ZeRO-3 column-sharded linear by a ring: the p shards [rows x h] travel (double-buffered), each step multiplies
-// the local tokens by one and writes its column block of `out`. Returns nothing; `out` is the caller's.
+// The strategy's own copy of its input, kept for backward.
+inline void keep_input_copy(Tally& t, const ScheduleDims& x) {
+  t.save_input(x.n * x.h * x.e);
+  stream(t, x, x.n * x.h);
+}
+
+// One flash-attention call's workspace, as the CPU kernels allocate it (ops/cpu/attention_tiles.hpp): per-query
+// visible key ranges (two int64), float32 tiles of 128 x 256 (forward: the score tile and a 128 x d accumulator;
+// backward: two tiles and two per-query terms).
+inline double attention_scratch(double queries, bool backward, double d) {
+  const double tile = 128.0 * 256.0 * 4;
+  if (backward) return round_allocation(16 * queries) + 2 * round_allocation(tile) + 2 * round_allocation(4 * queries);
+  return round_allocation(16 * queries) + round_allocation(tile) + round_allocation(128 * d * 4) +
+         2 * round_allocation(128 * 4);
+}
+
+// All-gather of the sequence ([b, s, width] from [b, s/p, width]); natural order needs a staging copy unless b = 1
+// and the layout is contiguous.
+inline void gather_sequence(Tally& t, const ScheduleDims& x, double width, bool natural) {
+  const double full = x.N * width * x.e;
+  if (natural && x.staged) t.acquire(full);
+  t.communicate(t.collective_s(Collective::all_gather, full));
+  if (natural && x.staged) stream(t, x, x.N * width), t.give_back(full);
+}
+inline void reduce_scatter_sequence(Tally& t, const ScheduleDims& x, double width, bool natural) {
+  const double full = x.N * width * x.e;
+  if (natural && x.staged) t.acquire(full), stream(t, x, x.N * width);
+  t.communicate(t.collective_s(Collective::reduce_scatter, full));
+  if (natural && x.staged) t.give_back(full);
+}
+// Ulysses' all-to-alls between [p][b n_r, width] chunks and [b, s, width] of one head group.
+inline void all_to_all_sequence(Tally& t, const ScheduleDims& x, double width) {
+  const double full = x.N * width * x.e;
+  if (x.staged) t.acquire(full), stream(t, x, x.N * width);
+  t.communicate(t.collective_s(Collective::all_to_all, x.p * x.n * width * x.e));
+  if (x.staged) t.give_back(full);
+}
+
+// ZeRO-3 column linear by a ring (strategy/zero3_linear.hpp): two shard buffers of [rows, h]; each of the p steps
+// multiplies the local tokens by one shard while the next arrives.
 inline void ring_column_forward(Tally& t, const ScheduleDims& x, double rows) {
   const double shard = rows * x.h * x.e;
-  t.alloc(2 * shard);
+  if (x.p > 1) t.acquire(shard), t.acquire(shard);
   t.ring(int(x.p), t.gemm_s(x.n, rows, x.h, int(x.e)), t.collective_s(Collective::send_recv, shard));
-  t.free(2 * shard);
+  if (x.p > 1) t.give_back(shard), t.give_back(shard);
 }
-// Backward: (w, dw) pairs travel together, dW accumulates on the way and a last hop returns it to its owner.
+// Backward: the shards travel again with their gradient accumulators (two rings of two buffers); a last hop
+// returns each gradient to its owner.
 inline void ring_column_backward(Tally& t, const ScheduleDims& x, double rows) {
   const double shard = rows * x.h * x.e;
-  t.alloc(4 * shard);
+  if (x.p > 1) t.acquire(shard), t.acquire(shard);
+  t.acquire(shard);
+  if (x.p > 1) t.acquire(shard);
+  stream(t, x, rows * x.h);  // the zeroed accumulator
   const double step = t.gemm_s(x.n, x.h, rows, int(x.e)) + t.gemm_s(rows, x.h, x.n, int(x.e));
-  t.ring(int(x.p), step, t.collective_s(Collective::send_recv, 2 * shard), /*final_hop=*/true);
-  t.free(4 * shard);
+  t.ring(int(x.p), step, 2 * t.collective_s(Collective::send_recv, shard));
+  if (x.p > 1) {
+    t.acquire(shard);
+    t.communicate(t.collective_s(Collective::send_recv, shard));
+    t.give_back(shard);
+  }
+  stream(t, x, rows * x.h);  // added into the gradient
+  if (x.p > 1) t.give_back(shard), t.give_back(shard), t.give_back(shard);
+  t.give_back(shard);
 }
 
-// ZeRO-3 row-sharded linear by an all-gather of the whole weight [in x h]: y = x_in W.
-inline void gather_row_forward(Tally& t, const ScheduleDims& x, double in) {
-  const double weight = in * x.h * x.e;
-  t.alloc(weight);
-  t.communicate(t.collective_s(Collective::all_gather, weight));
-  t.compute(t.gemm_s(x.n, x.h, in, int(x.e)));
-  t.free(weight);
-}
-// Backward: gather again, dX_in = dY W^T, a full-size dW = X_in^T dY, reduce-scattered to the owners.
-inline void gather_row_backward(Tally& t, const ScheduleDims& x, double in) {
-  const double weight = in * x.h * x.e;
-  t.alloc(weight);
-  t.communicate(t.collective_s(Collective::all_gather, weight));
-  t.compute(t.gemm_s(x.n, in, x.h, int(x.e)));
-  t.alloc(weight);  // the full dW
-  t.compute(t.gemm_s(in, x.h, x.n, int(x.e)));
-  t.free(weight);
-  t.communicate(t.collective_s(Collective::reduce_scatter, weight));
-  t.free(weight);
-}
-
-// Flash ring attention over the p sequence shards for `heads` local heads: KV blocks travel, one flash call per
-// block, partial outputs merged by log-sum-exp.
-inline void ring_attention_forward(Tally& t, const ScheduleDims& x, double heads, double kv_heads) {
-  const double kv_block = 2 * x.n * kv_heads * x.d * x.e;
-  t.alloc(2 * kv_block + x.n * heads * x.d * 4 + x.b * heads * x.s_loc * 4);  // double buffer + one block's partials
-  const double block = t.attention_forward_s(x.attention_flops(heads, 1 / (x.p * x.p)));
-  t.ring(int(x.p), block + t.elementwise_s(3 * x.n * heads * x.d * 4), t.collective_s(Collective::send_recv, kv_block));
-  t.free(2 * kv_block + x.n * heads * x.d * 4 + x.b * heads * x.s_loc * 4);
-}
-inline void ring_attention_backward(Tally& t, const ScheduleDims& x, double heads, double kv_heads) {
-  const double kv_block = 2 * x.n * kv_heads * x.d * x.e;
-  t.alloc(4 * kv_block);  // (kv, dkv) double-buffered
-  const double block = t.attention_backward_s(x.attention_flops(heads, 1 / (x.p * x.p)));
-  t.ring(int(x.p), block, t.collective_s(Collective::send_recv, 2 * kv_block), /*final_hop=*/true);
-  t.free(4 * kv_block);
-}
-
-// Output of a sublayer (forward) or gradient of its input (backward): [b, s/p, h], handed to the block.
-inline double block_tensor(const ScheduleDims& x) { return x.n * x.h * x.e; }
-
-// ---- attention sublayer ------------------------------------------------------------------------------------------
-
-// MegatronTS: all-gather X along s, QKV for the local heads over the whole sequence, attention, row-parallel
-// projection, reduce-scatter. Backward re-gathers X for dW (overlapped with the dX GEMM).
-inline void megatron_ts_attention_forward(Tally& t, const ScheduleDims& x) {
-  const double full = x.N * x.h * x.e;
-  norm_forward(t, x);
-  t.save_input(block_tensor(x));
-  t.alloc(full);
+// ZeRO-3 row linear: all-gather the whole weight [p rows, h], y = sum_j a_j W_j.
+inline void gathered_row_forward(Tally& t, const ScheduleDims& x, double rows) {
+  const double full = x.p * rows * x.h * x.e;
+  t.acquire(full);
   t.communicate(t.collective_s(Collective::all_gather, full));
-  t.save(x.N * x.qkv_loc * x.e);
-  t.compute(t.gemm_s(x.N, x.qkv_loc, x.h, int(x.e)));
-  t.free(full);
-  t.save(x.N * x.q_loc * x.e + x.b * x.a_loc * x.s * 4);
-  t.compute(t.attention_forward_s(x.attention_flops(x.a_loc, 1)));
-  t.alloc(full);
-  t.compute(t.gemm_s(x.N, x.h, x.q_loc, int(x.e)));
-  t.alloc(block_tensor(x));
+  t.compute(x.p * t.gemm_s(x.n, x.h, rows, int(x.e)));
+  t.give_back(full);
+}
+// Backward: gather again, da_j = dy W_j^T, the full partial dW (block j = a_j^T dy), reduce-scattered.
+inline void gathered_row_backward(Tally& t, const ScheduleDims& x, double rows) {
+  const double full = x.p * rows * x.h * x.e;
+  t.acquire(full);
+  t.communicate(t.collective_s(Collective::all_gather, full));
+  t.acquire(full);
+  t.compute(x.p * (t.gemm_s(x.n, rows, x.h, int(x.e)) + t.gemm_s(rows, x.h, x.n, int(x.e))));
+  t.give_back(full);
+  t.acquire(rows * x.h * x.e);
   t.communicate(t.collective_s(Collective::reduce_scatter, full));
-  t.free(full);
-  t.free(block_tensor(x));
+  stream(t, x, rows * x.h);
+  t.give_back(rows * x.h * x.e);
+  t.give_back(full);
+}
+
+// Ring attention (strategy/ring_attention.hpp) for `heads` query heads over the local tokens: K/V blocks of
+// `kv_heads` heads travel (double-buffered), one flash call per visible block pair, merged by log-sum-exp.
+inline void ring_attention_forward(Tally& t, const ScheduleDims& x, double heads, double kv_heads) {
+  const double block = 2 * x.b * x.s_loc * kv_heads * x.d * x.e;
+  const double partial = x.b * x.seg * heads * x.d * x.e + x.b * heads * x.seg * 4;
+  t.acquire(x.b * x.seg * heads * x.d * x.e);
+  t.acquire(x.b * heads * x.seg * 4);
+  t.acquire(block);
+  t.acquire(x.p > 1 ? block : 0);
+  stream(t, x, block / x.e);  // pack the own block
+  t.alloc(attention_scratch(x.seg, false, x.d));
+  const double step = t.attention_forward_s(x.attention_flops(heads, 1 / (x.p * x.p))) +
+                      t.elementwise_s(3 * partial);  // the log-sum-exp merge
+  t.ring(int(x.p), step, t.collective_s(Collective::send_recv, block));
+  t.free(attention_scratch(x.seg, false, x.d));
+  t.give_back(x.b * x.seg * heads * x.d * x.e);
+  t.give_back(x.b * heads * x.seg * 4);
+  t.give_back(block);
+  t.give_back(x.p > 1 ? block : 0);
+}
+// Backward: (K/V, dK/dV) travel together (five buffers: block, next block, and three sums), dK/dV hop home.
+inline void ring_attention_backward(Tally& t, const ScheduleDims& x, double heads, double kv_heads) {
+  const double block = 2 * x.b * x.s_loc * kv_heads * x.d * x.e;
+  const int buffers = x.p > 1 ? 5 : 2;
+  for (int i = 0; i < buffers; ++i) t.acquire(block);
+  stream(t, x, block / x.e);
+  t.alloc(attention_scratch(x.seg, true, x.d));
+  const double step = t.attention_backward_s(x.attention_flops(heads, 1 / (x.p * x.p))) + t.elementwise_s(2 * block);
+  t.ring(int(x.p), step, 2 * t.collective_s(Collective::send_recv, block), /*final_hop=*/true);
+  t.free(attention_scratch(x.seg, true, x.d));
+  stream(t, x, block / x.e);  // added into dK/dV
+  for (int i = 0; i < buffers; ++i) t.give_back(block);
+}
+
+// ---- MegatronTS (strategy/megatron_ts.hpp) -------------------------------------------------------------------------
+
+inline void megatron_ts_attention_forward(Tally& t, const ScheduleDims& x) {
+  const double R = x.qkv_loc, W = x.q_loc;
+  norm_forward(t, x);
+  keep_input_copy(t, x);
+  t.save(x.N * R * x.e);
+  t.save(x.N * W * x.e);
+  t.save(x.b * x.a_loc * x.s * 4);
+  t.acquire(x.N * x.h * x.e);
+  gather_sequence(t, x, x.h, true);
+  t.compute(t.gemm_s(x.N, R, x.h, int(x.e)));
+  t.give_back(x.N * x.h * x.e);
+  t.alloc(attention_scratch(x.s, false, x.d));
+  t.compute(t.attention_forward_s(x.attention_flops(x.a_loc, 1)));
+  t.free(attention_scratch(x.s, false, x.d));
+  t.acquire(x.N * x.h * x.e);
+  t.compute(t.gemm_s(x.N, x.h, W, int(x.e)));
+  reduce_scatter_sequence(t, x, x.h, true);
+  t.give_back(x.N * x.h * x.e);
+  block_forward_end(t, x);
 }
 inline void megatron_ts_attention_backward(Tally& t, const ScheduleDims& x) {
-  const double full = x.N * x.h * x.e;
-  t.alloc(full);  // gathered dY
-  t.communicate(t.collective_s(Collective::all_gather, full));
-  t.alloc(x.N * x.q_loc * x.e);
-  t.compute(t.gemm_s(x.N, x.q_loc, x.h, int(x.e)) + t.gemm_s(x.q_loc, x.h, x.N, int(x.e)));
-  t.free(full);
-  t.alloc(x.N * x.qkv_loc * x.e);
+  const double R = x.qkv_loc, W = x.q_loc;
+  block_backward_begin(t, x);
+  t.acquire(x.N * R * x.e);
+  stream(t, x, x.N * R);  // zeroed
+  t.acquire(x.N * x.h * x.e);
+  gather_sequence(t, x, x.h, true);
+  t.acquire(x.N * W * x.e);
+  t.compute(t.gemm_s(x.N, W, x.h, int(x.e)) + t.gemm_s(W, x.h, x.N, int(x.e)));
+  t.alloc(attention_scratch(x.s, true, x.d));
   t.compute(t.attention_backward_s(x.attention_flops(x.a_loc, 1)));
-  t.free(x.N * x.q_loc * x.e);
-  t.release(x.N * x.q_loc * x.e + x.b * x.a_loc * x.s * 4);
-  t.alloc(2 * full);  // re-gathered X and the full dX
-  t.overlapped(t.gemm_s(x.N, x.h, x.qkv_loc, int(x.e)), t.collective_s(Collective::all_gather, full));
-  t.compute(t.gemm_s(x.qkv_loc, x.h, x.N, int(x.e)));
-  t.free(x.N * x.qkv_loc * x.e);
-  t.release(x.N * x.qkv_loc * x.e);
-  t.alloc(block_tensor(x));
-  t.communicate(t.collective_s(Collective::reduce_scatter, full));
-  t.free(2 * full);
-  t.free(block_tensor(x));
-  t.release(block_tensor(x));
+  t.free(attention_scratch(x.s, true, x.d));
+  t.give_back(x.N * W * x.e);
+  t.give_back(x.N * x.h * x.e);
+  t.acquire(x.N * x.h * x.e);
+  gather_sequence(t, x, x.h, true);
+  t.compute(t.gemm_s(R, x.h, x.N, int(x.e)) + t.gemm_s(x.N, x.h, R, int(x.e)));
+  reduce_scatter_sequence(t, x, x.h, true);
+  t.give_back(x.N * x.h * x.e);
+  t.give_back(x.N * R * x.e);
+  t.release(x.N * R * x.e + x.N * W * x.e);
+  t.release(x.b * x.a_loc * x.s * 4);
+  t.release(x.n * x.h * x.e);
   norm_backward(t, x);
 }
 
-// MegatronCZ: ZeRO-3 ring for QKV, ring attention over sequence shards (all heads), all-gathered projection.
-inline void megatron_cz_attention_forward(Tally& t, const ScheduleDims& x) {
+inline void megatron_ts_mlp_forward(Tally& t, const ScheduleDims& x) {
+  const double Fin = x.g * x.f_loc, F = x.f_loc;
   norm_forward(t, x);
-  t.save_input(block_tensor(x));
-  t.save(x.n * x.qkv * x.e);
-  ring_column_forward(t, x, x.qkv_loc);
-  t.save(x.n * x.q * x.e + x.b * x.a * x.s_loc * 4);
-  ring_attention_forward(t, x, x.a, x.a_kv);
-  t.alloc(block_tensor(x));
-  gather_row_forward(t, x, x.q);
-  t.free(block_tensor(x));
+  keep_input_copy(t, x);
+  t.save(x.N * Fin * x.e);
+  t.acquire(x.N * x.h * x.e);
+  gather_sequence(t, x, x.h, false);
+  t.compute(t.gemm_s(x.N, Fin, x.h, int(x.e)));
+  t.acquire(x.N * F * x.e);
+  stream(t, x, x.N * (Fin + F) / 2);  // the activation
+  t.compute(t.gemm_s(x.N, x.h, F, int(x.e)));
+  reduce_scatter_sequence(t, x, x.h, false);
+  t.give_back(x.N * F * x.e);
+  t.give_back(x.N * x.h * x.e);
+  block_forward_end(t, x);
+}
+inline void megatron_ts_mlp_backward(Tally& t, const ScheduleDims& x) {
+  const double Fin = x.g * x.f_loc, F = x.f_loc;
+  block_backward_begin(t, x);
+  t.acquire(x.N * Fin * x.e);
+  t.acquire(x.N * x.h * x.e);
+  gather_sequence(t, x, x.h, false);
+  t.acquire(x.N * F * x.e);
+  stream(t, x, x.N * (Fin + F) / 2);  // the activation, recomputed
+  t.compute(t.gemm_s(F, x.h, x.N, int(x.e)) + t.gemm_s(x.N, F, x.h, int(x.e)));
+  stream(t, x, x.N * (Fin + 2 * F) / 2);  // its backward (after zeroing dpre)
+  t.give_back(x.N * F * x.e);
+  t.give_back(x.N * x.h * x.e);
+  t.acquire(x.N * x.h * x.e);
+  gather_sequence(t, x, x.h, false);
+  t.compute(t.gemm_s(Fin, x.h, x.N, int(x.e)) + t.gemm_s(x.N, x.h, Fin, int(x.e)));
+  reduce_scatter_sequence(t, x, x.h, false);
+  t.give_back(x.N * x.h * x.e);
+  t.give_back(x.N * Fin * x.e);
+  t.release(x.N * Fin * x.e);
+  t.release(x.n * x.h * x.e);
+  norm_backward(t, x);
+}
+
+// ---- the ZeRO-3 MLP of MegatronCZ, UlyssesZ and ColossalZ (strategy/zero3_mlp.hpp) ---------------------------------
+
+inline void zero3_mlp_forward(Tally& t, const ScheduleDims& x) {
+  const double Fin = x.g * x.f_loc, F = x.f_loc;
+  norm_forward(t, x);
+  keep_input_copy(t, x);
+  t.save(x.n * x.p * Fin * x.e);
+  ring_column_forward(t, x, Fin);
+  t.acquire(x.n * x.p * F * x.e);
+  stream(t, x, x.n * x.p * (Fin + F) / 2);
+  gathered_row_forward(t, x, F);
+  t.give_back(x.n * x.p * F * x.e);
+  block_forward_end(t, x);
+}
+inline void zero3_mlp_backward(Tally& t, const ScheduleDims& x) {
+  const double Fin = x.g * x.f_loc, F = x.f_loc;
+  block_backward_begin(t, x);
+  t.acquire(x.n * x.p * Fin * x.e);
+  t.acquire(x.n * x.p * F * x.e);
+  t.acquire(x.n * x.p * F * x.e);
+  stream(t, x, x.n * x.p * (Fin + F) / 2);
+  gathered_row_backward(t, x, F);
+  stream(t, x, x.n * x.p * (2 * Fin + 2 * F) / 2);  // zero dpre, activation backward
+  t.give_back(x.n * x.p * F * x.e);
+  t.give_back(x.n * x.p * F * x.e);
+  ring_column_backward(t, x, Fin);
+  t.give_back(x.n * x.p * Fin * x.e);
+  t.release(x.n * x.p * Fin * x.e);
+  t.release(x.n * x.h * x.e);
+  norm_backward(t, x);
+}
+
+// ---- MegatronCZ attention (strategy/megatron_cz.hpp) ---------------------------------------------------------------
+
+inline void megatron_cz_attention_forward(Tally& t, const ScheduleDims& x) {
+  const double R = x.qkv_loc, W = x.q_loc, heads = x.p * x.a_loc, kv_heads = x.p * x.akv_loc;
+  norm_forward(t, x);
+  keep_input_copy(t, x);
+  t.save(x.n * x.p * R * x.e);           // q|k|v heads
+  t.save(x.n * x.p * W * x.e);           // out
+  t.save(x.b * heads * x.s_loc * 4);     // lse
+  t.acquire(x.n * x.p * R * x.e);
+  ring_column_forward(t, x, R);
+  stream(t, x, x.n * x.p * R);           // unpack into heads
+  t.give_back(x.n * x.p * R * x.e);
+  ring_attention_forward(t, x, heads, kv_heads);
+  gathered_row_forward(t, x, W);
+  block_forward_end(t, x);
 }
 inline void megatron_cz_attention_backward(Tally& t, const ScheduleDims& x) {
-  t.alloc(x.n * x.q * x.e);
-  gather_row_backward(t, x, x.q);
-  t.alloc(x.n * x.qkv * x.e);
-  ring_attention_backward(t, x, x.a, x.a_kv);
-  t.free(x.n * x.q * x.e);
-  t.release(x.n * x.q * x.e + x.b * x.a * x.s_loc * 4);
-  t.alloc(block_tensor(x));
-  ring_column_backward(t, x, x.qkv_loc);
-  t.free(x.n * x.qkv * x.e);
-  t.release(x.n * x.qkv * x.e);
-  t.free(block_tensor(x));
-  t.release(block_tensor(x));
+  const double R = x.qkv_loc, W = x.q_loc, heads = x.p * x.a_loc, kv_heads = x.p * x.akv_loc;
+  block_backward_begin(t, x);
+  t.acquire(x.n * x.p * R * x.e);        // dpacked
+  t.acquire(x.n * x.p * R * x.e);        // dheads, zeroed
+  stream(t, x, x.n * x.p * R);
+  t.acquire(x.n * x.p * W * x.e);        // dout
+  gathered_row_backward(t, x, W);
+  ring_attention_backward(t, x, heads, kv_heads);
+  t.give_back(x.n * x.p * W * x.e);
+  stream(t, x, x.n * x.p * R);           // pack the gradients
+  t.give_back(x.n * x.p * R * x.e);
+  ring_column_backward(t, x, R);
+  t.give_back(x.n * x.p * R * x.e);
+  t.release(x.n * x.p * (R + W) * x.e);
+  t.release(x.b * heads * x.s_loc * 4);
+  t.release(x.n * x.h * x.e);
   norm_backward(t, x);
 }
 
-// UlyssesZ: ZeRO-3 ring for QKV, all-to-all to head shards over the whole sequence, attention, all-to-all back,
-// all-gathered projection.
+// ---- UlyssesZ attention (strategy/ulysses_z.hpp) -------------------------------------------------------------------
+
 inline void ulysses_z_attention_forward(Tally& t, const ScheduleDims& x) {
+  const double R = x.qkv_loc, W = x.q_loc;
   norm_forward(t, x);
-  t.save_input(block_tensor(x));
-  t.alloc(x.n * x.qkv * x.e);
-  ring_column_forward(t, x, x.qkv_loc);
-  t.save(x.N * x.qkv_loc * x.e);
-  t.communicate(t.collective_s(Collective::all_to_all, x.n * x.qkv * x.e));
-  t.free(x.n * x.qkv * x.e);
-  t.save(x.N * x.q_loc * x.e + x.b * x.a_loc * x.s * 4);
+  keep_input_copy(t, x);
+  t.save(x.N * R * x.e);
+  t.save(x.N * W * x.e);
+  t.save(x.b * x.a_loc * x.s * 4);
+  t.save(x.p * x.n * W * x.e);           // the projection input, per head group
+  t.acquire(x.p * x.n * R * x.e);
+  ring_column_forward(t, x, R);
+  all_to_all_sequence(t, x, R);
+  t.give_back(x.p * x.n * R * x.e);
+  t.alloc(attention_scratch(x.s, false, x.d));
   t.compute(t.attention_forward_s(x.attention_flops(x.a_loc, 1)));
-  t.save(x.n * x.q * x.e);
-  t.communicate(t.collective_s(Collective::all_to_all, x.n * x.q * x.e));
-  t.alloc(block_tensor(x));
-  gather_row_forward(t, x, x.q);
-  t.free(block_tensor(x));
+  t.free(attention_scratch(x.s, false, x.d));
+  all_to_all_sequence(t, x, W);
+  gathered_row_forward(t, x, W);
+  block_forward_end(t, x);
 }
 inline void ulysses_z_attention_backward(Tally& t, const ScheduleDims& x) {
-  t.alloc(x.n * x.q * x.e);
-  gather_row_backward(t, x, x.q);
-  t.alloc(x.N * x.q_loc * x.e);
-  t.communicate(t.collective_s(Collective::all_to_all, x.n * x.q * x.e));
-  t.free(x.n * x.q * x.e);
-  t.release(x.n * x.q * x.e);
-  t.alloc(x.N * x.qkv_loc * x.e);
+  const double R = x.qkv_loc, W = x.q_loc;
+  block_backward_begin(t, x);
+  t.acquire(x.N * R * x.e);              // dqkv, zeroed
+  stream(t, x, x.N * R);
+  t.acquire(x.N * W * x.e);              // dout
+  t.acquire(x.p * x.n * W * x.e);        // da
+  gathered_row_backward(t, x, W);
+  all_to_all_sequence(t, x, W);
+  t.give_back(x.p * x.n * W * x.e);
+  t.alloc(attention_scratch(x.s, true, x.d));
   t.compute(t.attention_backward_s(x.attention_flops(x.a_loc, 1)));
-  t.free(x.N * x.q_loc * x.e);
-  t.release(x.N * x.q_loc * x.e + x.b * x.a_loc * x.s * 4);
-  t.alloc(x.n * x.qkv * x.e);
-  t.communicate(t.collective_s(Collective::all_to_all, x.n * x.qkv * x.e));
-  t.free(x.N * x.qkv_loc * x.e);
-  t.release(x.N * x.qkv_loc * x.e);
-  t.alloc(block_tensor(x));
-  ring_column_backward(t, x, x.qkv_loc);
-  t.free(x.n * x.qkv * x.e);
-  t.free(block_tensor(x));
-  t.release(block_tensor(x));
+  t.free(attention_scratch(x.s, true, x.d));
+  t.give_back(x.N * W * x.e);
+  t.acquire(x.p * x.n * R * x.e);        // dsend
+  all_to_all_sequence(t, x, R);
+  t.give_back(x.N * R * x.e);
+  ring_column_backward(t, x, R);
+  t.give_back(x.p * x.n * R * x.e);
+  t.release(x.N * (R + W) * x.e + x.p * x.n * W * x.e);
+  t.release(x.b * x.a_loc * x.s * 4);
+  t.release(x.n * x.h * x.e);
   norm_backward(t, x);
 }
 
-// ColossalZ: Ring Self-Attention. Scores for the local queries against all keys are materialised (b a s/p s), K
-// and then V travel the ring; memory grows with s^2 / p.
+// ---- ColossalZ attention: Ring Self-Attention (from the digest; to be aligned with its code) ------------------------
+
+// Scores of the local queries against every key are materialised (b a s/p s); K, then V travel the ring.
 inline void colossal_z_attention_forward(Tally& t, const ScheduleDims& x) {
   const double scores = x.b * x.a * x.s_loc * x.s * x.e;
   const double block = x.n * x.kv * x.e;
   const double score_block = t.gemm_s(x.b * x.a * x.s_loc, x.s_loc, x.d, int(x.e));
   norm_forward(t, x);
-  t.save_input(block_tensor(x));
+  keep_input_copy(t, x);
   t.save(x.n * x.qkv * x.e);
+  t.acquire(x.n * x.qkv * x.e);
   ring_column_forward(t, x, x.qkv_loc);
-  t.alloc(2 * block);
+  t.give_back(x.n * x.qkv * x.e);
+  t.acquire(block);
+  t.acquire(block);
   t.save(scores);
   t.ring(int(x.p), score_block, t.collective_s(Collective::send_recv, block));
   t.compute(t.elementwise_s(4 * scores));  // softmax: max, exp-sum, normalise
   t.save(x.n * x.q * x.e);
   t.ring(int(x.p), score_block, t.collective_s(Collective::send_recv, block));
-  t.free(2 * block);
-  t.alloc(block_tensor(x));
-  gather_row_forward(t, x, x.q);
-  t.free(block_tensor(x));
+  t.give_back(block);
+  t.give_back(block);
+  gathered_row_forward(t, x, x.q_loc);
+  block_forward_end(t, x);
 }
 inline void colossal_z_attention_backward(Tally& t, const ScheduleDims& x) {
   const double scores = x.b * x.a * x.s_loc * x.s * x.e;
   const double block = x.n * x.kv * x.e;
   const double score_block = t.gemm_s(x.b * x.a * x.s_loc, x.s_loc, x.d, int(x.e));
-  t.alloc(x.n * x.q * x.e);
-  gather_row_backward(t, x, x.q);
-  t.alloc(scores + 4 * block);  // dS, and (V, dV) then (K, dK) double-buffered
-  t.ring(int(x.p), 2 * score_block, t.collective_s(Collective::send_recv, 2 * block), true);
+  block_backward_begin(t, x);
+  t.acquire(x.n * x.q * x.e);
+  gathered_row_backward(t, x, x.q_loc);
+  t.acquire(scores);
+  for (int i = 0; i < 4; ++i) t.acquire(block);
+  t.ring(int(x.p), 2 * score_block, 2 * t.collective_s(Collective::send_recv, block), true);
   t.compute(t.elementwise_s(3 * scores));
-  t.free(x.n * x.q * x.e);
+  t.give_back(x.n * x.q * x.e);
   t.release(scores + x.n * x.q * x.e);
-  t.alloc(x.n * x.qkv * x.e);
-  t.ring(int(x.p), 2 * score_block, t.collective_s(Collective::send_recv, 2 * block), true);
-  t.free(scores + 4 * block);
-  t.alloc(block_tensor(x));
+  t.acquire(x.n * x.qkv * x.e);
+  t.ring(int(x.p), 2 * score_block, 2 * t.collective_s(Collective::send_recv, block), true);
+  t.give_back(scores);
+  for (int i = 0; i < 4; ++i) t.give_back(block);
   ring_column_backward(t, x, x.qkv_loc);
-  t.free(x.n * x.qkv * x.e);
+  t.give_back(x.n * x.qkv * x.e);
   t.release(x.n * x.qkv * x.e);
-  t.free(block_tensor(x));
-  t.release(block_tensor(x));
+  t.release(x.n * x.h * x.e);
   norm_backward(t, x);
 }
 
-// METP: an outer loop over the p weight shards, each broadcast by its owner (prefetched, double-buffered); for
+// ---- METP (from the digest; to be aligned with its code) -----------------------------------------------------------
+
+// Attention: an outer loop over the p weight shards, each broadcast by its owner (prefetched, double-buffered); for
 // shard i, qkv_i for the local tokens (heads of rank i), an inner ring attention over sequence shards, and
 // O += A_i W_proj_i. Keeps X and every A_i; backward recomputes qkv_i and reduces dW_i to its owner.
 inline void metp_attention_forward(Tally& t, const ScheduleDims& x) {
   const double shard = (x.qkv_loc + x.q_loc) * x.h * x.e;
   const double kv_block = 2 * x.n * x.kv_loc * x.e;
+  const double step_buffers = x.n * x.qkv_loc * x.e + 2 * kv_block + x.n * x.q_loc * 4 + x.b * x.a_loc * x.s_loc * 4;
   norm_forward(t, x);
-  t.save_input(block_tensor(x));
-  t.alloc(2 * shard + block_tensor(x));
-  t.alloc(x.n * x.qkv_loc * x.e + 2 * kv_block + x.n * x.q_loc * 4 + x.b * x.a_loc * x.s_loc * 4);
+  keep_input_copy(t, x);
+  t.acquire(2 * shard);
+  t.acquire(step_buffers);
   const double inner = t.ring_s(int(x.p), t.attention_forward_s(x.attention_flops(x.a_loc, 1 / (x.p * x.p))),
                                 t.collective_s(Collective::send_recv, kv_block));
   const double step = t.gemm_s(x.n, x.qkv_loc, x.h, int(x.e)) + inner + t.gemm_s(x.n, x.h, x.q_loc, int(x.e));
@@ -307,14 +495,17 @@ inline void metp_attention_forward(Tally& t, const ScheduleDims& x) {
     if (i + 1 < int(x.p)) t.overlapped(step, t.collective_s(Collective::broadcast, shard));
     else t.compute(step);
   }
-  t.free(x.n * x.qkv_loc * x.e + 2 * kv_block + x.n * x.q_loc * 4 + x.b * x.a_loc * x.s_loc * 4);
-  t.free(2 * shard + block_tensor(x));
+  t.give_back(step_buffers);
+  t.give_back(2 * shard);
+  block_forward_end(t, x);
 }
 inline void metp_attention_backward(Tally& t, const ScheduleDims& x) {
   const double shard = (x.qkv_loc + x.q_loc) * x.h * x.e;
   const double kv_block = 2 * x.n * x.kv_loc * x.e;
-  t.alloc(4 * shard + block_tensor(x));  // weight and dW double buffers, dX
-  t.alloc(2 * x.n * x.qkv_loc * x.e + x.n * x.q_loc * x.e + 4 * kv_block);
+  const double step_buffers = 2 * x.n * x.qkv_loc * x.e + x.n * x.q_loc * x.e + 4 * kv_block;
+  block_backward_begin(t, x);
+  t.acquire(4 * shard);  // weight and dW double buffers
+  t.acquire(step_buffers);
   const double inner = t.ring_s(int(x.p), t.attention_backward_s(x.attention_flops(x.a_loc, 1 / (x.p * x.p))),
                                 t.collective_s(Collective::send_recv, 2 * kv_block), true);
   const double step = t.gemm_s(x.n, x.qkv_loc, x.h, int(x.e)) + t.gemm_s(x.n, x.q_loc, x.h, int(x.e)) +
@@ -326,113 +517,42 @@ inline void metp_attention_backward(Tally& t, const ScheduleDims& x) {
     t.release(x.n * x.q_loc * x.e + x.b * x.a_loc * x.s_loc * 4);
   }
   t.communicate(t.collective_s(Collective::reduce, shard));  // the last dW reaches its owner
-  t.free(2 * x.n * x.qkv_loc * x.e + x.n * x.q_loc * x.e + 4 * kv_block);
-  t.free(4 * shard + block_tensor(x));
-  t.release(block_tensor(x));
+  t.give_back(step_buffers);
+  t.give_back(4 * shard);
+  t.release(x.n * x.h * x.e);
   norm_backward(t, x);
 }
 
-// ---- MLP sublayer ------------------------------------------------------------------------------------------------
-
-inline double activation_bytes(const ScheduleDims& x, double tokens, double width) {
-  return tokens * (x.g + 1) * width * x.e;  // reads the g inputs, writes one output
-}
-
-// MegatronTS: all-gather X, column-parallel W_in over all tokens, activation, row-parallel W_out, reduce-scatter.
-inline void megatron_ts_mlp_forward(Tally& t, const ScheduleDims& x) {
-  const double full = x.N * x.h * x.e;
-  norm_forward(t, x);
-  t.save_input(block_tensor(x));
-  t.alloc(full);
-  t.communicate(t.collective_s(Collective::all_gather, full));
-  t.save(x.N * x.g * x.f_loc * x.e);
-  t.compute(t.gemm_s(x.N, x.g * x.f_loc, x.h, int(x.e)));
-  t.free(full);
-  t.save(x.N * x.f_loc * x.e);
-  t.compute(t.elementwise_s(activation_bytes(x, x.N, x.f_loc)));
-  t.alloc(full);
-  t.compute(t.gemm_s(x.N, x.h, x.f_loc, int(x.e)));
-  t.alloc(block_tensor(x));
-  t.communicate(t.collective_s(Collective::reduce_scatter, full));
-  t.free(full);
-  t.free(block_tensor(x));
-}
-inline void megatron_ts_mlp_backward(Tally& t, const ScheduleDims& x) {
-  const double full = x.N * x.h * x.e;
-  t.alloc(full);
-  t.communicate(t.collective_s(Collective::all_gather, full));
-  t.alloc(x.N * x.f_loc * x.e);
-  t.compute(t.gemm_s(x.N, x.f_loc, x.h, int(x.e)) + t.gemm_s(x.f_loc, x.h, x.N, int(x.e)));
-  t.free(full);
-  t.alloc(x.N * x.g * x.f_loc * x.e);
-  t.compute(t.elementwise_s(activation_bytes(x, x.N, x.f_loc) + x.N * x.f_loc * x.e));
-  t.free(x.N * x.f_loc * x.e);
-  t.release(x.N * x.f_loc * x.e);
-  t.alloc(2 * full);
-  t.overlapped(t.gemm_s(x.N, x.h, x.g * x.f_loc, int(x.e)), t.collective_s(Collective::all_gather, full));
-  t.compute(t.gemm_s(x.g * x.f_loc, x.h, x.N, int(x.e)));
-  t.free(x.N * x.g * x.f_loc * x.e);
-  t.release(x.N * x.g * x.f_loc * x.e);
-  t.alloc(block_tensor(x));
-  t.communicate(t.collective_s(Collective::reduce_scatter, full));
-  t.free(2 * full);
-  t.free(block_tensor(x));
-  t.release(block_tensor(x));
-  norm_backward(t, x);
-}
-
-// The ZeRO-3 MLP of MegatronCZ, UlyssesZ and ColossalZ: W_in by the ring, W_out all-gathered.
-inline void zero3_mlp_forward(Tally& t, const ScheduleDims& x) {
-  norm_forward(t, x);
-  t.save_input(block_tensor(x));
-  t.save(x.n * x.g * x.f * x.e);
-  ring_column_forward(t, x, x.g * x.f_loc);
-  t.save(x.n * x.f * x.e);
-  t.compute(t.elementwise_s(activation_bytes(x, x.n, x.f)));
-  t.alloc(block_tensor(x));
-  gather_row_forward(t, x, x.f);
-  t.free(block_tensor(x));
-}
-inline void zero3_mlp_backward(Tally& t, const ScheduleDims& x) {
-  t.alloc(x.n * x.f * x.e);
-  gather_row_backward(t, x, x.f);
-  t.alloc(x.n * x.g * x.f * x.e);
-  t.compute(t.elementwise_s(activation_bytes(x, x.n, x.f) + x.n * x.f * x.e));
-  t.free(x.n * x.f * x.e);
-  t.release(x.n * x.f * x.e);
-  t.alloc(block_tensor(x));
-  ring_column_backward(t, x, x.g * x.f_loc);
-  t.free(x.n * x.g * x.f * x.e);
-  t.release(x.n * x.g * x.f * x.e);
-  t.free(block_tensor(x));
-  t.release(block_tensor(x));
-  norm_backward(t, x);
-}
-
-// METP: the packed shard [W_in_j ; W_out_j] travels the ring; each step adds act(X W_in_j) W_out_j to the output.
+// MLP: the packed shard [W_in_j ; W_out_j] travels the ring; each step adds act(X W_in_j) W_out_j to the output.
 // Keeps only X: backward recomputes each step's intermediate while (w, dw) travel together.
 inline void metp_mlp_forward(Tally& t, const ScheduleDims& x) {
   const double shard = (x.g + 1) * x.f_loc * x.h * x.e;
   const double step_buffers = x.n * (x.g + 1) * x.f_loc * x.e;
   norm_forward(t, x);
-  t.save_input(block_tensor(x));
-  t.alloc(2 * shard + block_tensor(x) + step_buffers);
-  const double step = t.gemm_s(x.n, x.g * x.f_loc, x.h, int(x.e)) +
-                      t.elementwise_s(activation_bytes(x, x.n, x.f_loc)) + t.gemm_s(x.n, x.h, x.f_loc, int(x.e));
+  keep_input_copy(t, x);
+  t.acquire(2 * shard);
+  t.acquire(step_buffers);
+  const double step = t.gemm_s(x.n, x.g * x.f_loc, x.h, int(x.e)) + t.elementwise_s(x.n * (x.g + 1) * x.f_loc * x.e) +
+                      t.gemm_s(x.n, x.h, x.f_loc, int(x.e));
   t.ring(int(x.p), step, t.collective_s(Collective::send_recv, shard));
-  t.free(2 * shard + block_tensor(x) + step_buffers);
+  t.give_back(step_buffers);
+  t.give_back(2 * shard);
+  block_forward_end(t, x);
 }
 inline void metp_mlp_backward(Tally& t, const ScheduleDims& x) {
   const double shard = (x.g + 1) * x.f_loc * x.h * x.e;
   const double step_buffers = 2 * x.n * (x.g + 1) * x.f_loc * x.e;
-  t.alloc(4 * shard + block_tensor(x) + step_buffers);
+  block_backward_begin(t, x);
+  t.acquire(4 * shard);
+  t.acquire(step_buffers);
   const double step = t.gemm_s(x.n, x.g * x.f_loc, x.h, int(x.e)) + t.gemm_s(x.n, x.f_loc, x.h, int(x.e)) +
                       t.gemm_s(x.f_loc, x.h, x.n, int(x.e)) + t.gemm_s(x.n, x.h, x.g * x.f_loc, int(x.e)) +
                       t.gemm_s(x.g * x.f_loc, x.h, x.n, int(x.e)) +
-                      t.elementwise_s(2 * activation_bytes(x, x.n, x.f_loc) + x.n * x.f_loc * x.e);
+                      t.elementwise_s(2 * x.n * (x.g + 2) * x.f_loc * x.e);
   t.ring(int(x.p), step, t.collective_s(Collective::send_recv, 2 * shard), true);
-  t.free(4 * shard + block_tensor(x) + step_buffers);
-  t.release(block_tensor(x));
+  t.give_back(step_buffers);
+  t.give_back(4 * shard);
+  t.release(x.n * x.h * x.e);
   norm_backward(t, x);
 }
 
@@ -479,11 +599,12 @@ inline void backward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x)
 }  // namespace schedule
 
 // Memory (and, with a profile, time) of one sublayer under one strategy on one rank of a group of p.
+// `record_events` keeps the memory events for ordered replays (cost/memory_model.hpp).
 inline SublayerCost evaluate_sublayer(Strategy s, Sublayer part, const ModelShape& m, int p,
-                                      const HardwareProfile* hardware) {
+                                      const HardwareProfile* hardware, bool record_events = false) {
   validate(m, p);
   const ScheduleDims dims(m, p);
-  Tally t(hardware, p, m.recompute);
+  Tally t(hardware, p, m.recompute, record_events);
   schedule::forward(s, part, t, dims);
   t.end_forward();
   if (m.recompute) {

@@ -7,23 +7,40 @@
 // the time model (a HardwareProfile), so the two never disagree about what a strategy does.
 //
 // Memory is counted above a baseline (what earlier layers saved), in 64-byte-rounded allocations like the memory
-// tracker. Three numbers come out: `saved` (kept from this sublayer's forward to its backward), and the forward and
-// backward `transient` (the highest live memory of the sublayer minus its saved bytes). With full recomputation only
-// `save_input` survives forward; backward replays the forward first.
+// tracker. Transient buffers are of two kinds: plain allocations (`alloc`/`free`) and buffers of the per-rank
+// buffer pool (`acquire`/`give_back`), counted in the pool's size classes. The pool keeps what it has handed out up
+// to its high-water mark, so its contribution is the largest set of pooled buffers in use at once (`pool_peak`).
+// Three numbers come out: `saved` (kept from this sublayer's forward to its backward), and the forward and backward
+// `transient`: the highest plain live memory above the saved bytes plus the pool's peak (a bound that is reached
+// when the two peaks coincide, as they do in the strategies, whose transients are all pooled). With full
+// recomputation only `save_input` survives forward; backward replays the forward first.
 #pragma once
 
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace paradyse::cost {
+
+// One change of a rank's memory: plain bytes (+ allocated, - freed), or a pool buffer of a size class lent or
+// returned.
+struct MemoryEvent {
+  enum Kind : std::uint8_t { plain, acquire, give_back } kind = plain;
+  std::int64_t bytes = 0;
+};
 
 // One sublayer's cost on one rank for one training step.
 struct SublayerCost {
   std::int64_t saved_bytes = 0;               // kept from forward to backward
-  std::int64_t forward_transient_bytes = 0;   // peak live memory in forward, minus saved_bytes
-  std::int64_t backward_transient_bytes = 0;  // peak live memory in backward, minus saved_bytes
+  std::int64_t forward_transient_bytes = 0;   // peak live memory in forward, minus saved_bytes (plain + pool)
+  std::int64_t backward_transient_bytes = 0;  // peak live memory in backward, minus saved_bytes (plain + pool)
+  // The two parts: plain allocations above the saved bytes, and the pool's peak (which the pool keeps); and their
+  // joint peak (plain live + the pool's high-water mark so far, at the same moment), for ordered estimates.
+  std::int64_t forward_plain_bytes = 0, forward_pool_bytes = 0, forward_joint_bytes = 0;
+  std::int64_t backward_plain_bytes = 0, backward_pool_bytes = 0, backward_joint_bytes = 0;
   double forward_s = 0;
   double backward_s = 0;                      // includes the forward replay under recomputation
   double compute_s = 0;                       // kernel time, forward + backward
@@ -31,6 +48,8 @@ struct SublayerCost {
 
   std::int64_t transient_bytes() const { return std::max(forward_transient_bytes, backward_transient_bytes); }
   double time_s() const { return forward_s + backward_s; }
+  // Every memory event of forward and of backward in order (recorded on request only: see Tally).
+  std::vector<MemoryEvent> forward_events, backward_events;
 };
 
 inline constexpr std::int64_t round_allocation(double bytes) {
@@ -43,9 +62,10 @@ class Tally {
 public:
   enum class Phase { forward, replay, backward };
 
-  // `hardware` may be null: memory only, every time is 0.
-  Tally(const HardwareProfile* hardware, int group_size, bool recompute)
-      : hw_(hardware), p_(group_size), recompute_(recompute) {}
+  // `hardware` may be null: memory only, every time is 0. `record_events`: keep every memory event for ordered
+  // replays (cost/memory_model.hpp); off for the planner, which needs only the totals.
+  Tally(const HardwareProfile* hardware, int group_size, bool recompute, bool record_events = false)
+      : hw_(hardware), p_(group_size), recompute_(recompute), record_(record_events) {}
 
   int group_size() const { return p_; }
   bool recompute() const { return recompute_; }
@@ -55,6 +75,7 @@ public:
   // After forward: drops what recomputation does not keep. Then backward starts with exactly the saved bytes live.
   void end_forward() {
     live_ -= dropped_;
+    note(MemoryEvent::plain, -dropped_);
     dropped_ = 0;
     phase_ = recompute_ ? Phase::replay : Phase::backward;
   }
@@ -63,7 +84,10 @@ public:
 
   // ---- memory --------------------------------------------------------------------------------------------------
   void alloc(double bytes) { grow(round_allocation(bytes)); }
-  void free(double bytes) { live_ -= round_allocation(bytes); }
+  void free(double bytes) {
+    live_ -= round_allocation(bytes);
+    note(MemoryEvent::plain, -round_allocation(bytes));
+  }
   // The sublayer's input, kept for backward (recomputation keeps it too).
   void save_input(double bytes) {
     if (phase_ == Phase::forward) grow(round_allocation(bytes)), saved_ += round_allocation(bytes);
@@ -77,7 +101,27 @@ public:
   // Turns a live transient allocation into one that backward needs.
   void keep(double bytes) { keep_allocated(round_allocation(bytes)); }
   // Backward is done with a saved tensor.
-  void release(double bytes) { live_ -= round_allocation(bytes); }
+  void release(double bytes) {
+    live_ -= round_allocation(bytes);
+    note(MemoryEvent::plain, -round_allocation(bytes));
+  }
+  // A buffer from the pool (size-class rounded) and its return.
+  void acquire(double bytes) {
+    if (bytes <= 0) return;
+    note(MemoryEvent::acquire, pool_class(bytes));
+    pool_live_ += pool_class(bytes);
+    if (phase_ == Phase::forward) forward_pool_peak_ = std::max(forward_pool_peak_, pool_live_);
+    else backward_pool_peak_ = std::max(backward_pool_peak_, pool_live_);
+    note_joint();
+  }
+  void give_back(double bytes) {
+    if (bytes <= 0) return;
+    note(MemoryEvent::give_back, pool_class(bytes));
+    pool_live_ -= pool_class(bytes);
+  }
+  static std::int64_t pool_class(double bytes) {
+    return bytes <= 0 ? 0 : std::int64_t(BufferPool::size_class(std::size_t(bytes + 0.5)));
+  }
 
   // ---- time ----------------------------------------------------------------------------------------------------
   double gemm_s(double m, double n, double k, int dtype_bytes) const {
@@ -121,8 +165,16 @@ public:
   SublayerCost result() const {
     SublayerCost c;
     c.saved_bytes = saved_;
-    c.forward_transient_bytes = std::max<std::int64_t>(0, forward_peak_ - saved_);
-    c.backward_transient_bytes = std::max<std::int64_t>(0, backward_peak_ - saved_);
+    c.forward_plain_bytes = std::max<std::int64_t>(0, forward_peak_ - saved_);
+    c.backward_plain_bytes = std::max<std::int64_t>(0, backward_peak_ - saved_);
+    c.forward_pool_bytes = forward_pool_peak_;
+    c.backward_pool_bytes = backward_pool_peak_;
+    c.forward_transient_bytes = c.forward_plain_bytes + c.forward_pool_bytes;
+    c.backward_transient_bytes = c.backward_plain_bytes + c.backward_pool_bytes;
+    c.forward_joint_bytes = std::max<std::int64_t>(0, forward_joint_ - saved_);
+    c.backward_joint_bytes = std::max<std::int64_t>(0, backward_joint_ - saved_);
+    c.forward_events = forward_events_;
+    c.backward_events = backward_events_;
     c.forward_s = forward_s_;
     c.backward_s = backward_s_;
     c.compute_s = compute_s_;
@@ -131,10 +183,20 @@ public:
   }
 
 private:
+  void note(MemoryEvent::Kind kind, std::int64_t bytes) {
+    if (record_ && bytes != 0) (phase_ == Phase::forward ? forward_events_ : backward_events_).push_back({kind, bytes});
+  }
   void grow(std::int64_t bytes) {
     live_ += bytes;
+    note(MemoryEvent::plain, bytes);
     if (phase_ == Phase::forward) forward_peak_ = std::max(forward_peak_, live_);
     else backward_peak_ = std::max(backward_peak_, live_);
+    note_joint();
+  }
+  // Plain live memory plus the pool's high-water mark of this phase.
+  void note_joint() {
+    if (phase_ == Phase::forward) forward_joint_ = std::max(forward_joint_, live_ + forward_pool_peak_);
+    else backward_joint_ = std::max(backward_joint_, live_ + backward_pool_peak_);
   }
   void keep_allocated(std::int64_t bytes) {
     if (phase_ != Phase::forward) return;  // in the replay the bytes simply stay live until released
@@ -150,9 +212,13 @@ private:
   const HardwareProfile* hw_;
   int p_;
   bool recompute_;
+  bool record_ = false;
+  std::vector<MemoryEvent> forward_events_, backward_events_;
   Phase phase_ = Phase::forward;
   std::int64_t live_ = 0, saved_ = 0, dropped_ = 0;
   std::int64_t forward_peak_ = 0, backward_peak_ = 0;
+  std::int64_t pool_live_ = 0, forward_pool_peak_ = 0, backward_pool_peak_ = 0;
+  std::int64_t forward_joint_ = 0, backward_joint_ = 0;
   double forward_s_ = 0, backward_s_ = 0, compute_s_ = 0, comm_s_ = 0;
 };
 

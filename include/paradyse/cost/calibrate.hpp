@@ -1,0 +1,299 @@
+// paradyse/cost/calibrate.hpp: measures the machine at hand and fits a hardware profile by least squares.
+//
+//   HardwareProfile profile;
+//   run_ranks(4, [&](ThreadCommunicator& comm) {
+//     const Calibration c = calibrate<ops::Cpu>(comm);   // every rank calls it (SPMD)
+//     if (comm.rank() == 0) profile = c.profile;
+//   });
+//   save_profile(profile, "threads-p4.json");
+//
+// Time source. Thread ranks share the cores of one machine, often with other work; what a rank of a real group of
+// devices would take is the time its thread actually ran: TimeSource::thread_cpu (the default) measures that
+// (the backend's waits block, so waiting is not counted; the copies a collective makes are). Use TimeSource::wall
+// for ranks that own their device (MPI processes on dedicated cores, GPUs).
+//
+// What is measured, every rank at once (so that ranks sharing caches or a network show in the numbers), the
+// slowest rank of each run counting, the median of `repetitions` runs kept:
+//   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
+//   - flash attention forward and backward over several lengths: t = overhead + flops / rate;
+//   - copies of several sizes: elementwise bytes per second;
+//   - every collective of the communicator at several sizes: t = alpha + beta * bytes, for this group size;
+//   - a ring step (a GEMM beside a shift_async) against the two alone: the fraction of overlap the backend gives.
+// The fits minimise relative error with non-negative coefficients (cost/least_squares.hpp); their worst and median
+// errors come back with the samples, so a poor fit is visible.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/cost/least_squares.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/ops/attention_mask.hpp"
+#include "paradyse/ops/backend.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <time.h>
+#include <unistd.h>
+#include <vector>
+
+namespace paradyse::cost {
+
+enum class TimeSource : std::uint8_t { thread_cpu, wall };
+
+// Seconds of CPU time the calling thread has run.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Seconds from `source`: a monotonic clock, or the calling thread's CPU time.
+inline double now_seconds(TimeSource source) {
+  if (source == TimeSource::thread_cpu) return thread_cpu_seconds();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct CalibrationOptions {
+  TimeSource clock = TimeSource::thread_cpu;
+  int repetitions = 5;
+  // GEMM shapes (m, n, k): tall activation products and wide weight-gradient products.
+  std::vector<std::array<std::int64_t, 3>> gemm_shapes = {
+      {128, 256, 256},   {512, 256, 256},   {2048, 256, 256},  {512, 768, 256},  {2048, 768, 256},
+      {512, 256, 1024},  {2048, 256, 1024}, {512, 1024, 256},  {2048, 1024, 256}, {256, 256, 2048},
+      {768, 256, 2048},  {1024, 256, 4096}, {64, 64, 64},      {4096, 256, 256}};
+  std::int64_t attention_heads = 4;
+  std::int64_t head_dim = 32;
+  std::vector<std::int64_t> attention_lengths = {128, 256, 512, 1024, 1536};
+  // Copies and messages over the range strategies move. Collectives get two alpha-beta lines, below and from
+  // `large_message_bytes` (on a CPU, messages that fit in cache move faster).
+  std::vector<std::int64_t> copy_bytes = {std::int64_t(1) << 20, std::int64_t(1) << 23, std::int64_t(1) << 25};
+  std::vector<std::int64_t> message_bytes = {std::int64_t(1) << 15, std::int64_t(1) << 18, std::int64_t(1) << 20,
+                                             std::int64_t(1) << 22, std::int64_t(1) << 23, std::int64_t(1) << 25};
+  std::int64_t large_message_bytes = std::int64_t(1) << 22;
+  std::string name;  // default: "<backend>-p<group size> (calibrated)"
+};
+
+struct CalibrationSample {
+  std::string what;         // "gemm 512x256x1024", "all_gather 1048576 B", ...
+  double measured_s = 0;
+  double fitted_s = 0;
+};
+
+struct Calibration {
+  HardwareProfile profile;
+  std::vector<CalibrationSample> samples;
+  Fit gemm_fit, attention_forward_fit, attention_backward_fit, copy_fit;
+  std::vector<std::pair<Collective, Fit>> collective_fits;
+};
+
+namespace calibrate_detail {
+
+// The slowest rank's seconds for fn(), median over repetitions; every rank calls it.
+template <Communicator C, class Fn>
+double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
+  std::vector<double> times;
+  fn();  // warm up (page faults, first-touch, lazily built state)
+  for (int r = 0; r < repetitions; ++r) {
+    comm.barrier();
+    const double start = now_seconds(clock);
+    fn();
+    const double mine = now_seconds(clock) - start;
+    double slowest = mine;
+    comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
+    times.push_back(slowest);
+  }
+  std::nth_element(times.begin(), times.begin() + repetitions / 2, times.end());
+  return times[std::size_t(repetitions / 2)];
+}
+
+inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
+
+}  // namespace calibrate_detail
+
+template <class Backend = ops::Cpu, Communicator C>
+Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
+  using calibrate_detail::measure;
+  check(options.repetitions >= 1, "calibrate: repetitions = {} must be at least 1", options.repetitions);
+  const int p = comm.size();
+  const int reps = options.repetitions;
+  Calibration result;
+  HardwareProfile& profile = result.profile;
+  profile.name = options.name.empty() ? fmt::format("{}-p{} (calibrated)", Backend::name, p) : options.name;
+  profile.description = fmt::format("{} ranks of the {} backend measured together ({})", p, Backend::name,
+                                    options.clock == TimeSource::thread_cpu ? "thread CPU time" : "wall-clock time");
+  profile.source = "calibrated by paradyse::cost::calibrate";
+  profile.devices_per_node = p;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  profile.memory_bytes = pages > 0 && page > 0 ? std::int64_t(pages) * page / p : std::int64_t(1) << 34;
+  profile.reserved_bytes = 0;
+
+  // ---- GEMMs: t = overhead + flops / rate + bytes / bandwidth ------------------------------------------------------
+  {
+    std::vector<std::vector<double>> rows;
+    std::vector<double> y;
+    std::vector<std::string> names;
+    for (const auto& [m, n, k] : options.gemm_shapes) {
+      Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n});
+      calibrate_detail::fill(a, 0.5f);
+      calibrate_detail::fill(b, 0.25f);
+      const double t = measure(comm, options.clock, reps, [&] {
+        Backend::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view());
+      });
+      rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
+      y.push_back(t);
+      names.push_back(fmt::format("gemm {}x{}x{}", m, n, k));
+    }
+    result.gemm_fit = fit_non_negative(rows, y);
+    const auto& c = result.gemm_fit.coefficients;
+    profile.gemm = {c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0};
+    for (std::size_t i = 0; i < y.size(); ++i)
+      result.samples.push_back({names[i], y[i], c[0] + c[1] * rows[i][1] + c[2] * rows[i][2]});
+  }
+
+  // ---- attention: t = overhead + flops / rate, forward and backward ----------------------------------------------
+  {
+    std::vector<std::vector<double>> rows;
+    std::vector<double> forward, backward;
+    const std::int64_t heads = options.attention_heads, d = options.head_dim;
+    for (std::int64_t len : options.attention_lengths) {
+      Tensor<float> q(Shape{1, len, heads, d}), k(Shape{1, len, heads, d}), v(Shape{1, len, heads, d});
+      Tensor<float> out(Shape{1, len, heads, d}), lse(Shape{1, heads, len}), dout(Shape{1, len, heads, d});
+      Tensor<float> dq(Shape{1, len, heads, d}), dk(Shape{1, len, heads, d}), dv(Shape{1, len, heads, d});
+      calibrate_detail::fill(q, 0.1f);
+      calibrate_detail::fill(k, 0.2f);
+      calibrate_detail::fill(v, 0.3f);
+      calibrate_detail::fill(dout, 0.01f);
+      const ops::AttentionMask mask{};
+      forward.push_back(measure(comm, options.clock, reps, [&] {
+        Backend::attention_forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
+      }));
+      backward.push_back(measure(comm, options.clock, reps, [&] {
+        Backend::attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), mask,
+                                    dq.view(), dk.view(), dv.view());
+      }));
+      rows.push_back({1.0, 4.0 * double(d) * double(len) * double(len) * double(heads)});
+    }
+    result.attention_forward_fit = fit_non_negative(rows, forward);
+    std::vector<std::vector<double>> backward_rows = rows;
+    for (auto& r : backward_rows) r[1] *= 2.5;  // the model's backward flops
+    result.attention_backward_fit = fit_non_negative(backward_rows, backward);
+    const auto& f = result.attention_forward_fit.coefficients;
+    const auto& b = result.attention_backward_fit.coefficients;
+    profile.attention = {(f[0] + b[0]) / 2, f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30};
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      result.samples.push_back({fmt::format("attention forward s={}", options.attention_lengths[i]), forward[i],
+                                f[0] + f[1] * rows[i][1]});
+      result.samples.push_back({fmt::format("attention backward s={}", options.attention_lengths[i]), backward[i],
+                                b[0] + b[1] * backward_rows[i][1]});
+    }
+  }
+
+  // ---- copies: bytes read + written per second --------------------------------------------------------------------
+  {
+    std::vector<std::vector<double>> rows;
+    std::vector<double> y;
+    for (std::int64_t bytes : options.copy_bytes) {
+      Tensor<float> from(Shape{bytes / 4}), to(Shape{bytes / 4});
+      calibrate_detail::fill(from, 1.0f);
+      y.push_back(measure(comm, options.clock, reps, [&] { std::memcpy(to.data(), from.data(), std::size_t(bytes)); }));
+      rows.push_back({2.0 * double(bytes)});
+    }
+    result.copy_fit = fit_non_negative(rows, y);
+    profile.elementwise_bytes_per_s = 1 / std::max(result.copy_fit.coefficients[0], 1e-30);
+    for (std::size_t i = 0; i < y.size(); ++i)
+      result.samples.push_back({fmt::format("copy {} B", options.copy_bytes[i]), y[i],
+                                rows[i][0] * result.copy_fit.coefficients[0]});
+  }
+
+  // ---- collectives: t = alpha + beta * bytes (nccl-tests sizes) ---------------------------------------------------
+  if (p > 1) {
+    for (Collective op : kAllCollectives) {
+      std::vector<std::vector<double>> rows;
+      std::vector<double> y;
+      for (std::int64_t bytes : options.message_bytes) {
+        const std::int64_t count = std::max<std::int64_t>(p, bytes / 4 / p * p);  // divisible by p
+        Tensor<float> whole(Shape{count}), part(Shape{count / p}), other(Shape{count});
+        calibrate_detail::fill(whole, 1.0f);
+        calibrate_detail::fill(part, 1.0f);
+        const std::span<const float> whole_in(whole.data(), std::size_t(count));
+        const std::span<float> whole_out(other.data(), std::size_t(count));
+        const std::span<const float> part_in(part.data(), std::size_t(count / p));
+        const std::span<float> part_out(part.data(), std::size_t(count / p));
+        const double t = measure(comm, options.clock, reps, [&] {
+          switch (op) {
+            case Collective::all_gather: comm.all_gather(part_in, whole_out); break;
+            case Collective::reduce_scatter: comm.reduce_scatter(whole_in, part_out, ReduceOp::sum); break;
+            case Collective::all_reduce: comm.all_reduce(whole_in, whole_out, ReduceOp::sum); break;
+            case Collective::all_to_all: comm.all_to_all(whole_in, whole_out); break;
+            case Collective::broadcast: comm.broadcast(whole_out, 0); break;
+            case Collective::reduce: comm.reduce(whole_in, whole_out, ReduceOp::sum, 0); break;
+            case Collective::send_recv: comm.shift(whole_in, whole_out, 1); break;
+          }
+        });
+        rows.push_back({1.0, double(count) * sizeof(float)});
+        y.push_back(t);
+      }
+      // One line below the large-message size, one from it (each range falls back to all samples when it has
+      // fewer than two).
+      for (const bool large : {false, true}) {
+        std::vector<std::vector<double>> range_rows;
+        std::vector<double> range_y;
+        for (std::size_t i = 0; i < y.size(); ++i)
+          if ((rows[i][1] >= double(options.large_message_bytes)) == large) range_rows.push_back(rows[i]), range_y.push_back(y[i]);
+        if (range_y.size() < 2) range_rows = rows, range_y = y;
+        const Fit fit = fit_non_negative(range_rows, range_y);
+        profile.set_collective(op, LinkLevel::intra_node, p, {fit.coefficients[0], fit.coefficients[1]},
+                               large ? options.large_message_bytes : 0);
+        if (!large) result.collective_fits.emplace_back(op, fit);
+      }
+      for (std::size_t i = 0; i < y.size(); ++i)
+        result.samples.push_back({fmt::format("{} {} B", name_of(op), std::int64_t(rows[i][1])), y[i],
+                                  profile.collective_time(op, p, rows[i][1])});
+    }
+    // The link model for other group sizes: the bus bandwidth and per-step latency of the all-gather.
+    const AlphaBeta& gather = result.collective_fits[0].second.coefficients.empty()
+                                  ? AlphaBeta{}
+                                  : AlphaBeta{result.collective_fits[0].second.coefficients[0],
+                                              result.collective_fits[0].second.coefficients[1]};
+    const double bus = gather.beta_s_per_byte > 0 ? bus_factor(Collective::all_gather, p) / gather.beta_s_per_byte : 1e12;
+    const AlphaBeta& shift = AlphaBeta{result.collective_fits.back().second.coefficients[0],
+                                       result.collective_fits.back().second.coefficients[1]};
+    profile.intra_node = {0, gather.alpha_s / latency_steps(Collective::all_gather, p), bus,
+                          shift.beta_s_per_byte > 0 ? 1 / shift.beta_s_per_byte : 1e12};
+    profile.inter_node = profile.intra_node;
+
+    // ---- overlap: a GEMM beside a ring shift, against the two alone -----------------------------------------------
+    const std::int64_t m = 1024, n = 256, k = 256, message = std::int64_t(1) << 20;
+    Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n}), send(Shape{message}), recv(Shape{message});
+    calibrate_detail::fill(a, 0.5f);
+    calibrate_detail::fill(b, 0.5f);
+    const std::span<const float> send_span(send.data(), std::size_t(message));
+    const std::span<float> recv_span(recv.data(), std::size_t(message));
+    const auto gemm = [&] { Backend::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view()); };
+    const double compute = measure(comm, options.clock, reps, gemm);
+    const double transfer = measure(comm, options.clock, reps, [&] { comm.shift(send_span, recv_span, 1); });
+    const double both = measure(comm, options.clock, reps, [&] {
+      Request r = comm.shift_async(send_span, recv_span, 1);
+      gemm();
+      r.wait();
+    });
+    const double hidden = compute + transfer - both;
+    profile.overlap = std::clamp(hidden / std::max(std::min(compute, transfer), 1e-12), 0.0, 1.0);
+    result.samples.push_back({"ring step: gemm alone", compute, compute});
+    result.samples.push_back({"ring step: shift alone", transfer, transfer});
+    result.samples.push_back({"ring step: both", both,
+                              std::max(compute, transfer) + (1 - profile.overlap) * std::min(compute, transfer)});
+  } else {
+    profile.intra_node = profile.inter_node = {0, 0, 1e12, 1e12};
+    profile.overlap = 1;
+  }
+  return result;
+}
+
+}  // namespace paradyse::cost
