@@ -13,9 +13,8 @@
 // hop the sum arrives back at the block's owner. Forward moves 2·b·(s - n_r)·hkv·d floats into rank r, backward
 // twice that (K/V, then dK/dV).
 //
-// Message order: the backward ring keeps two exchanges in flight (K/V and dK/dV), both on the same neighbour pair.
-// Every rank posts and waits them in one fixed order, so the per-pair FIFO matching of the communicators pairs them
-// correctly and no wait can deadlock (each receive completes before its send is awaited).
+// Both rings are the schedules of strategy/ring_schedule.hpp (rotate_blocks, rotate_blocks_with_sums); blocks of
+// different owners may differ in length (s % p != 0, zigzag), since every receive is sized by its sender's layout.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
