@@ -57,8 +57,10 @@ TEST_CASE("memory_model: the strategies' known memory traits") {
         m.ffn * m.hidden * m.dtype_bytes);
 }
 
-TEST_CASE("memory_model: recomputation keeps only the sublayer's input") {
+TEST_CASE("memory_model: recomputation keeps only the inputs") {
   ModelShape m = shape(8192);
+  const std::int64_t tokens = m.batch * (m.seq / 4);
+  const std::int64_t activation = round_allocation(double(tokens * m.hidden * m.dtype_bytes));
   for (Strategy s : kAllStrategies)
     for (Sublayer part : kAllSublayers) {
       m.recompute = false;
@@ -66,11 +68,12 @@ TEST_CASE("memory_model: recomputation keeps only the sublayer's input") {
       m.recompute = true;
       const SublayerMemory recomputed = sublayer_memory(s, part, m, 4);
       CHECK(recomputed.saved_bytes <= plain.saved_bytes);
-      // The norm's input and statistics plus the strategy's copy of its input: two [b, s/p, h] tensors and 8
-      // bytes per token.
-      const std::int64_t tokens = m.batch * (m.seq / 4);
-      CHECK(recomputed.saved_bytes == 2 * round_allocation(double(tokens * m.hidden * m.dtype_bytes)) +
-                                          round_allocation(double(8 * tokens)));
+      // The layer keeps its input x, the residual y and four statistics per token (counted with attention), and
+      // each strategy its copy of its input.
+      if (part == Sublayer::attention)
+        CHECK(recomputed.saved_bytes == 3 * activation + round_allocation(double(16 * tokens)));
+      else
+        CHECK(recomputed.saved_bytes == activation);
     }
 }
 
@@ -86,26 +89,63 @@ TEST_CASE("memory_model: model states are the unified shards, the same for every
         m.layers * per_layer * 8);
 }
 
-TEST_CASE("memory_model: the whole-model peak is the sum of saved activations plus the largest transient") {
+TEST_CASE("memory_model: the whole-model bound is all saved activations plus the largest transients, once") {
   const ModelShape m = shape(16384);
   const std::vector<LayerStrategies> layers{{Strategy::megatron_ts, Strategy::megatron_ts},
                                             {Strategy::ulysses_z, Strategy::metp},
                                             {Strategy::metp, Strategy::megatron_cz},
                                             {Strategy::metp, Strategy::metp}};
   const MemoryEstimate e = estimate_memory(m, 8, layers);
-  std::int64_t saved = 0, largest = 0;
+  std::int64_t saved = 0, pool = 0, plain = 0;
   for (const LayerStrategies& l : layers) {
-    const SublayerMemory a = sublayer_memory(l.attention, Sublayer::attention, m, 8);
-    const SublayerMemory f = sublayer_memory(l.mlp, Sublayer::mlp, m, 8);
-    saved += a.saved_bytes + f.saved_bytes;
-    largest = std::max({largest, a.transient_bytes(), f.transient_bytes()});
+    for (const SublayerMemory& s :
+         {sublayer_memory(l.attention, Sublayer::attention, m, 8), sublayer_memory(l.mlp, Sublayer::mlp, m, 8)}) {
+      saved += s.saved_bytes;
+      pool = std::max({pool, s.forward_pool_bytes, s.backward_pool_bytes});
+      plain = std::max({plain, s.forward_plain_bytes, s.backward_plain_bytes});
+    }
   }
+  // The stack's own buffers: two activations and the norm gradient sums [L, 4, h].
+  const std::int64_t activation = round_allocation(double(m.batch * (m.seq / 8) * m.hidden * m.dtype_bytes));
+  const std::int64_t stack = 2 * activation + round_allocation(double(m.layers * 4 * m.hidden * 4));
   CHECK(e.saved_activations == saved);
-  CHECK(e.largest_transient == largest);
-  CHECK(e.model_states == model_state_bytes(m, 8));
-  CHECK(e.peak() == saved + largest + model_state_bytes(m, 8));
+  CHECK(e.largest_transient == pool + plain);
+  CHECK(e.model_states == model_state_bytes(m, 8) + stack);
+  CHECK(e.peak() == model_state_bytes(m, 8) + stack + saved + pool + plain);
+  // The ordered peak never exceeds the bound, and is at least everything saved.
+  CHECK(e.ordered_peak() <= e.peak());
+  CHECK(e.ordered_activations >= saved);
   CHECK_THROWS_WITH_AS(estimate_memory(m, 8, std::vector<LayerStrategies>(3)),
                        doctest::Contains("3 layer strategies for a model of 4 layers"), Error);
+}
+
+TEST_CASE("memory_model: the ordered replay follows the buffer pool's rule") {
+  // One layer whose forward lends two buffers (both kept by the pool), then a backward that needs a third size:
+  // the pool evicts the larger cached buffer to stay under its high-water mark.
+  SublayerMemory attention, mlp;
+  attention.forward_events = {{MemoryEvent::plain, 1000}, {MemoryEvent::acquire, 4096}, {MemoryEvent::acquire, 2048},
+                              {MemoryEvent::give_back, 4096}, {MemoryEvent::give_back, 2048}};
+  attention.backward_events = {{MemoryEvent::acquire, 3072}, {MemoryEvent::give_back, 3072},
+                               {MemoryEvent::release, -1000}};
+  mlp.forward_events = {{MemoryEvent::plain, 500}};
+  mlp.backward_events = {{MemoryEvent::plain, 64}, {MemoryEvent::plain, -64}, {MemoryEvent::release, -500}};
+  const std::vector<SublayerMemory> layer{attention, mlp};
+  // Forward: 1500 plain (both saves) with 6144 pooled, kept after the give-backs. Backward runs the MLP first (64
+  // more plain with the pool still holding 6144), then attention: a miss for 3072 under a high-water mark of 6144
+  // evicts the cached 4096 and holds 2048 + 3072.
+  CHECK(ordered_activation_peak(layer) == 1500 + 64 + 6144);
+  // A large request late in backward, after 3000 plain bytes: the peak is just before it (6144 still cached); the
+  // miss evicts both cached buffers, so the 5000 do not add to them (that would make 15644).
+  SublayerMemory late = attention;
+  late.backward_events = {{MemoryEvent::plain, 3000}, {MemoryEvent::acquire, 5000}, {MemoryEvent::give_back, 5000},
+                          {MemoryEvent::plain, -3000}, {MemoryEvent::release, -1000}};
+  const std::vector<SublayerMemory> evicting{late, mlp};
+  CHECK(ordered_activation_peak(evicting) == 1500 + 3000 + 6144);
+  // The layer's saved bytes stay until both sublayers' backward is done.
+  SublayerMemory big = attention;
+  big.backward_events = {{MemoryEvent::release, -1000}, {MemoryEvent::acquire, 8192}, {MemoryEvent::give_back, 8192}};
+  const std::vector<SublayerMemory> deferred{big, mlp};
+  CHECK(ordered_activation_peak(deferred) == 1500 + 8192);
 }
 
 TEST_CASE("memory_model: uneven shards are sized by the rank holding the most tokens") {

@@ -1,15 +1,16 @@
 // paradyse/cost/schedules.hpp: what each strategy does on one rank, per sublayer, as a schedule over a Tally.
 //
 // One function per (strategy, sublayer), forward then backward, written after the strategy's code in
-// include/paradyse/strategy/ (MegatronTS, MegatronCZ, UlyssesZ and the ZeRO-3 MLP; METP and ColossalZ after the
-// ParaDySe digest until their code lands): the tensors it keeps for backward (its Saved struct), the pooled buffers
-// it acquires and when it gives them back, its GEMMs, attention calls, copies and collectives, and which transfers
-// overlap which compute. Memory is that of the rank holding the most tokens (uneven shards: ceil(s/p)). Sizes in
-// elements are turned into bytes with the activation dtype; log-sum-exp and LayerNorm statistics are float32.
+// include/paradyse/strategy/: the tensors it keeps for backward (its Saved struct), the pooled buffers it acquires
+// and when it gives them back, its GEMMs, attention calls, copies and collectives, and which transfers overlap which
+// compute. Memory is that of the rank holding the most tokens (uneven shards: ceil(s/p)). Sizes in elements are
+// turned into bytes with the activation dtype; log-sum-exp and norm statistics are float32.
 //
-// Around each sublayer the model's pre-norm block keeps the sublayer's input (the residual stream, [b, s/p, h]) and
-// two float32 statistics per token, and hands the strategy the normalised input; the strategy's output and, in
-// backward, the gradient of its input are [b, s/p, h] tensors of the block.
+// Around the strategies, the pre-norm layer of model/layer.hpp: forward keeps the layer input x, the post-attention
+// residual y and four statistics per token, and normalises into a pooled buffer for each sublayer; backward holds
+// the layer's residual gradient and one pooled normalised-input gradient per sublayer. A layer's saved tensors are
+// freed when its whole backward is done (model/stack.hpp): releases are marked so that ordered replays
+// (cost/memory_model.hpp) can defer them.
 #pragma once
 
 #include "paradyse/cost/model_shape.hpp"
@@ -30,6 +31,7 @@ struct ScheduleDims {
   double f, f_loc, g;            // ffn, per rank, input projections (2 for SwiGLU)
   double pairs;                  // attention query-key pairs per sample (causal: halved)
   double seg;                    // the longest token segment of a rank (zigzag: half a chunk)
+  bool kv_replicated;            // fewer kv heads than ranks: each rank holds a replica, gradients summed
   bool staged;                   // gathers in natural order go through a staging copy (b > 1 or zigzag)
 
   ScheduleDims(const ModelShape& m, int group) {
@@ -59,6 +61,7 @@ struct ScheduleDims {
     pairs = m.attention_pairs();
     seg = m.causal && group > 1 ? double((m.seq + 2 * group - 1) / (2 * group)) : s_loc;
     staged = m.batch > 1 || (m.causal && group > 1);
+    kv_replicated = m.kv_heads % group != 0;
   }
 
   // Forward attention flops for `heads` heads over a share `fraction` of all query-key pairs.
@@ -72,32 +75,54 @@ namespace schedule {
 // A kernel that reads and writes `elements` elements once each (copies, zero fills, adds, activations).
 inline void stream(Tally& t, const ScheduleDims& x, double elements) { t.compute(t.elementwise_s(2 * elements * x.e)); }
 
-// The block's pre-norm: keeps the residual input and the norm's two per-token statistics; the normalised input is
-// the strategy's input, and its output a block tensor. After the strategy the residual add makes the next
-// sublayer's input (which that sublayer counts as its saved residual).
-inline void norm_forward(Tally& t, const ScheduleDims& x) {
-  t.save_input(x.n * x.h * x.e);  // the residual input
-  t.save_input(x.n * 4);          // mean
-  t.save_input(x.n * 4);          // rstd
-  t.alloc(x.n * x.h * x.e);       // the normalised input
-  stream(t, x, x.n * x.h);
-  t.alloc(x.n * x.h * x.e);       // the sublayer's output
+// The pre-norm layer around the strategies (model/layer.hpp). Forward of attention: keep x (a copy), y and the
+// four statistics; normalise into a pooled buffer; the strategy writes y; y += x. Forward of the MLP: normalise y
+// into a pooled buffer; the strategy writes the layer output z; z += y.
+inline void layer_forward_begin(Tally& t, const ScheduleDims& x, Sublayer part) {
+  if (part == Sublayer::attention) {
+    t.save_input(x.n * x.h * x.e);  // x
+    t.save_input(x.n * x.h * x.e);  // y
+    t.save_input(4 * x.n * 4);      // statistics
+    stream(t, x, x.n * x.h);        // the copy of x
+  }
+  t.acquire(x.n * x.h * x.e);
+  stream(t, x, x.n * x.h);          // the norm
 }
-inline void block_forward_end(Tally& t, const ScheduleDims& x) {
-  t.alloc(x.n * x.h * x.e);       // input + output: the next sublayer's residual
-  stream(t, x, x.n * x.h);
-  t.free(3 * x.n * x.h * x.e);    // that residual (counted by the next sublayer), the output, the normalised input
+inline void layer_forward_end(Tally& t, const ScheduleDims& x) {
+  t.give_back(x.n * x.h * x.e);
+  stream(t, x, 1.5 * x.n * x.h);    // the residual add
 }
-// Backward: the input gradient and the normalised input's gradient, before the strategy runs.
-inline void block_backward_begin(Tally& t, const ScheduleDims& x) { t.alloc(2 * x.n * x.h * x.e); }
-inline void norm_backward(Tally& t, const ScheduleDims& x) {
-  t.alloc(2 * x.h * 4);           // the norm's parameter gradients of this call
-  stream(t, x, 3 * x.n * x.h);    // the residual path's copy and the norm's backward
-  t.free(2 * x.h * 4);
-  t.free(2 * x.n * x.h * x.e);    // the normalised input's gradient; the incoming gradient (the input's replaces it)
-  t.release(x.n * x.h * x.e);
-  t.release(x.n * 4);
-  t.release(x.n * 4);
+// Backward of the MLP (first): the layer's residual gradient dy = dz, then a pooled gradient of the normalised input.
+// Backward of attention: dx = dy, a pooled gradient of the normalised input; at the end the layer's dy goes back and
+// its saved tensors are freed.
+inline void layer_backward_begin(Tally& t, const ScheduleDims& x, Sublayer part) {
+  if (part == Sublayer::mlp) t.acquire(x.n * x.h * x.e), stream(t, x, x.n * x.h);
+  else stream(t, x, x.n * x.h);
+  t.acquire(x.n * x.h * x.e);
+}
+inline void layer_backward_end(Tally& t, const ScheduleDims& x, Sublayer part) {
+  stream(t, x, 2 * x.n * x.h);      // the norm's backward
+  t.give_back(x.n * x.h * x.e);
+  if (part == Sublayer::attention) {
+    t.give_back(x.n * x.h * x.e);   // the layer's dy
+    t.release(x.n * x.h * x.e);
+    t.release(x.n * x.h * x.e);
+    t.release(4 * x.n * 4);
+  }
+}
+
+// The W_qkv^T gradient of replicated kv heads (strategy/policy.hpp QkvGradient): a zeroed scratch shard, then an
+// all-reduce of every kv head's k and v rows over the group.
+inline void qkv_gradient_begin(Tally& t, const ScheduleDims& x) {
+  if (x.kv_replicated) t.acquire(x.qkv_loc * x.h * x.e), stream(t, x, x.qkv_loc * x.h);
+}
+inline void qkv_gradient_end(Tally& t, const ScheduleDims& x) {
+  if (!x.kv_replicated) return;
+  const double all = x.a_kv * 2 * x.d * x.h * x.e;
+  t.acquire(all);
+  t.communicate(t.collective_s(Collective::all_reduce, all));
+  t.give_back(all);
+  t.give_back(x.qkv_loc * x.h * x.e);
 }
 
 // The strategy's own copy of its input, kept for backward.
@@ -227,7 +252,6 @@ inline void ring_attention_backward(Tally& t, const ScheduleDims& x, double head
 
 inline void megatron_ts_attention_forward(Tally& t, const ScheduleDims& x) {
   const double R = x.qkv_loc, W = x.q_loc;
-  norm_forward(t, x);
   keep_input_copy(t, x);
   t.save(x.N * R * x.e);
   t.save(x.N * W * x.e);
@@ -243,11 +267,9 @@ inline void megatron_ts_attention_forward(Tally& t, const ScheduleDims& x) {
   t.compute(t.gemm_s(x.N, x.h, W, int(x.e)));
   reduce_scatter_sequence(t, x, x.h, true);
   t.give_back(x.N * x.h * x.e);
-  block_forward_end(t, x);
 }
 inline void megatron_ts_attention_backward(Tally& t, const ScheduleDims& x) {
   const double R = x.qkv_loc, W = x.q_loc;
-  block_backward_begin(t, x);
   t.acquire(x.N * R * x.e);
   stream(t, x, x.N * R);  // zeroed
   t.acquire(x.N * x.h * x.e);
@@ -261,19 +283,19 @@ inline void megatron_ts_attention_backward(Tally& t, const ScheduleDims& x) {
   t.give_back(x.N * x.h * x.e);
   t.acquire(x.N * x.h * x.e);
   gather_sequence(t, x, x.h, true);
+  qkv_gradient_begin(t, x);
   t.compute(t.gemm_s(R, x.h, x.N, int(x.e)) + t.gemm_s(x.N, x.h, R, int(x.e)));
   reduce_scatter_sequence(t, x, x.h, true);
+  qkv_gradient_end(t, x);
   t.give_back(x.N * x.h * x.e);
   t.give_back(x.N * R * x.e);
   t.release(x.N * R * x.e + x.N * W * x.e);
   t.release(x.b * x.a_loc * x.s * 4);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
 }
 
 inline void megatron_ts_mlp_forward(Tally& t, const ScheduleDims& x) {
   const double Fin = x.g * x.f_loc, F = x.f_loc;
-  norm_forward(t, x);
   keep_input_copy(t, x);
   t.save(x.N * Fin * x.e);
   t.acquire(x.N * x.h * x.e);
@@ -285,11 +307,9 @@ inline void megatron_ts_mlp_forward(Tally& t, const ScheduleDims& x) {
   reduce_scatter_sequence(t, x, x.h, false);
   t.give_back(x.N * F * x.e);
   t.give_back(x.N * x.h * x.e);
-  block_forward_end(t, x);
 }
 inline void megatron_ts_mlp_backward(Tally& t, const ScheduleDims& x) {
   const double Fin = x.g * x.f_loc, F = x.f_loc;
-  block_backward_begin(t, x);
   t.acquire(x.N * Fin * x.e);
   t.acquire(x.N * x.h * x.e);
   gather_sequence(t, x, x.h, false);
@@ -307,14 +327,12 @@ inline void megatron_ts_mlp_backward(Tally& t, const ScheduleDims& x) {
   t.give_back(x.N * Fin * x.e);
   t.release(x.N * Fin * x.e);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
 }
 
 // ---- the ZeRO-3 MLP of MegatronCZ, UlyssesZ and ColossalZ (strategy/zero3_mlp.hpp) ---------------------------------
 
 inline void zero3_mlp_forward(Tally& t, const ScheduleDims& x) {
   const double Fin = x.g * x.f_loc, F = x.f_loc;
-  norm_forward(t, x);
   keep_input_copy(t, x);
   t.save(x.n * x.p * Fin * x.e);
   ring_column_forward(t, x, Fin);
@@ -322,11 +340,9 @@ inline void zero3_mlp_forward(Tally& t, const ScheduleDims& x) {
   stream(t, x, x.n * x.p * (Fin + F) / 2);
   gathered_row_forward(t, x, F);
   t.give_back(x.n * x.p * F * x.e);
-  block_forward_end(t, x);
 }
 inline void zero3_mlp_backward(Tally& t, const ScheduleDims& x) {
   const double Fin = x.g * x.f_loc, F = x.f_loc;
-  block_backward_begin(t, x);
   t.acquire(x.n * x.p * Fin * x.e);
   t.acquire(x.n * x.p * F * x.e);
   t.acquire(x.n * x.p * F * x.e);
@@ -339,14 +355,12 @@ inline void zero3_mlp_backward(Tally& t, const ScheduleDims& x) {
   t.give_back(x.n * x.p * Fin * x.e);
   t.release(x.n * x.p * Fin * x.e);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
 }
 
 // ---- MegatronCZ attention (strategy/megatron_cz.hpp) ---------------------------------------------------------------
 
 inline void megatron_cz_attention_forward(Tally& t, const ScheduleDims& x) {
   const double R = x.qkv_loc, W = x.q_loc, heads = x.p * x.a_loc, kv_heads = x.p * x.akv_loc;
-  norm_forward(t, x);
   keep_input_copy(t, x);
   t.save(x.n * x.p * R * x.e);           // q|k|v heads
   t.save(x.n * x.p * W * x.e);           // out
@@ -357,11 +371,9 @@ inline void megatron_cz_attention_forward(Tally& t, const ScheduleDims& x) {
   t.give_back(x.n * x.p * R * x.e);
   ring_attention_forward(t, x, heads, kv_heads);
   gathered_row_forward(t, x, W);
-  block_forward_end(t, x);
 }
 inline void megatron_cz_attention_backward(Tally& t, const ScheduleDims& x) {
   const double R = x.qkv_loc, W = x.q_loc, heads = x.p * x.a_loc, kv_heads = x.p * x.akv_loc;
-  block_backward_begin(t, x);
   t.acquire(x.n * x.p * R * x.e);        // dpacked
   t.acquire(x.n * x.p * R * x.e);        // dheads, zeroed
   stream(t, x, x.n * x.p * R);
@@ -371,19 +383,19 @@ inline void megatron_cz_attention_backward(Tally& t, const ScheduleDims& x) {
   t.give_back(x.n * x.p * W * x.e);
   stream(t, x, x.n * x.p * R);           // pack the gradients
   t.give_back(x.n * x.p * R * x.e);
+  qkv_gradient_begin(t, x);
   ring_column_backward(t, x, R);
+  qkv_gradient_end(t, x);
   t.give_back(x.n * x.p * R * x.e);
   t.release(x.n * x.p * (R + W) * x.e);
   t.release(x.b * heads * x.s_loc * 4);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
 }
 
 // ---- UlyssesZ attention (strategy/ulysses_z.hpp) -------------------------------------------------------------------
 
 inline void ulysses_z_attention_forward(Tally& t, const ScheduleDims& x) {
   const double R = x.qkv_loc, W = x.q_loc;
-  norm_forward(t, x);
   keep_input_copy(t, x);
   t.save(x.N * R * x.e);
   t.save(x.N * W * x.e);
@@ -398,11 +410,9 @@ inline void ulysses_z_attention_forward(Tally& t, const ScheduleDims& x) {
   t.free(attention_scratch(x.s, false, x.d));
   all_to_all_sequence(t, x, W);
   gathered_row_forward(t, x, W);
-  block_forward_end(t, x);
 }
 inline void ulysses_z_attention_backward(Tally& t, const ScheduleDims& x) {
   const double R = x.qkv_loc, W = x.q_loc;
-  block_backward_begin(t, x);
   t.acquire(x.N * R * x.e);              // dqkv, zeroed
   stream(t, x, x.N * R);
   t.acquire(x.N * W * x.e);              // dout
@@ -417,148 +427,183 @@ inline void ulysses_z_attention_backward(Tally& t, const ScheduleDims& x) {
   t.acquire(x.p * x.n * R * x.e);        // dsend
   all_to_all_sequence(t, x, R);
   t.give_back(x.N * R * x.e);
+  qkv_gradient_begin(t, x);
   ring_column_backward(t, x, R);
+  qkv_gradient_end(t, x);
   t.give_back(x.p * x.n * R * x.e);
   t.release(x.N * (R + W) * x.e + x.p * x.n * W * x.e);
   t.release(x.b * x.a_loc * x.s * 4);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
 }
 
-// ---- ColossalZ attention: Ring Self-Attention (from the digest; to be aligned with its code) ------------------------
+// ---- ColossalZ attention: ring self-attention (strategy/colossal_z.hpp) ---------------------------------------------
 
-// Scores of the local queries against every key are materialised (b a s/p s); K, then V travel the ring.
+// q|k|v as MegatronCZ; K blocks travel and fill the score rows [b, hq, n_r, s] (saved: the probabilities), softmax,
+// V blocks travel for out = P V. Per (batch, head) one small GEMM per block.
 inline void colossal_z_attention_forward(Tally& t, const ScheduleDims& x) {
-  const double scores = x.b * x.a * x.s_loc * x.s * x.e;
-  const double block = x.n * x.kv * x.e;
-  const double score_block = t.gemm_s(x.b * x.a * x.s_loc, x.s_loc, x.d, int(x.e));
-  norm_forward(t, x);
+  const double R = x.qkv_loc, W = x.q_loc, heads = x.p * x.a_loc, kv_heads = x.p * x.akv_loc;
+  const double probs = x.b * heads * x.s_loc * x.s * 4;
+  const double block = x.b * x.s_loc * kv_heads * x.d * x.e;
+  const double calls = x.b * heads;
   keep_input_copy(t, x);
-  t.save(x.n * x.qkv * x.e);
-  t.acquire(x.n * x.qkv * x.e);
-  ring_column_forward(t, x, x.qkv_loc);
-  t.give_back(x.n * x.qkv * x.e);
-  t.acquire(block);
-  t.acquire(block);
-  t.save(scores);
-  t.ring(int(x.p), score_block, t.collective_s(Collective::send_recv, block));
-  t.compute(t.elementwise_s(4 * scores));  // softmax: max, exp-sum, normalise
-  t.save(x.n * x.q * x.e);
-  t.ring(int(x.p), score_block, t.collective_s(Collective::send_recv, block));
-  t.give_back(block);
-  t.give_back(block);
-  gathered_row_forward(t, x, x.q_loc);
-  block_forward_end(t, x);
+  t.save(x.n * x.p * R * x.e);
+  t.save(probs);
+  t.save(x.n * x.p * W * x.e);
+  t.acquire(x.n * x.p * R * x.e);
+  ring_column_forward(t, x, R);
+  stream(t, x, x.n * x.p * R);
+  t.give_back(x.n * x.p * R * x.e);
+  for (int pass = 0; pass < 2; ++pass) {  // K, then V
+    t.acquire(block);
+    t.acquire(x.p > 1 ? block : 0);
+    stream(t, x, block / x.e);
+    const double gemms = calls * (pass == 0 ? t.gemm_s(x.s_loc, x.s_loc, x.d, int(x.e)) : t.gemm_s(x.s_loc, x.d, x.s_loc, int(x.e)));
+    t.ring(int(x.p), gemms, t.collective_s(Collective::send_recv, block));
+    t.give_back(block);
+    t.give_back(x.p > 1 ? block : 0);
+    if (pass == 0) t.compute(t.elementwise_s(3 * probs));  // softmax rows
+  }
+  gathered_row_forward(t, x, W);
 }
 inline void colossal_z_attention_backward(Tally& t, const ScheduleDims& x) {
-  const double scores = x.b * x.a * x.s_loc * x.s * x.e;
-  const double block = x.n * x.kv * x.e;
-  const double score_block = t.gemm_s(x.b * x.a * x.s_loc, x.s_loc, x.d, int(x.e));
-  block_backward_begin(t, x);
-  t.acquire(x.n * x.q * x.e);
-  gathered_row_backward(t, x, x.q_loc);
-  t.acquire(scores);
-  for (int i = 0; i < 4; ++i) t.acquire(block);
-  t.ring(int(x.p), 2 * score_block, 2 * t.collective_s(Collective::send_recv, block), true);
-  t.compute(t.elementwise_s(3 * scores));
-  t.give_back(x.n * x.q * x.e);
-  t.release(scores + x.n * x.q * x.e);
-  t.acquire(x.n * x.qkv * x.e);
-  t.ring(int(x.p), 2 * score_block, 2 * t.collective_s(Collective::send_recv, block), true);
-  t.give_back(scores);
-  for (int i = 0; i < 4; ++i) t.give_back(block);
-  ring_column_backward(t, x, x.qkv_loc);
-  t.give_back(x.n * x.qkv * x.e);
-  t.release(x.n * x.qkv * x.e);
+  const double R = x.qkv_loc, W = x.q_loc, heads = x.p * x.a_loc, kv_heads = x.p * x.akv_loc;
+  const double probs = x.b * heads * x.s_loc * x.s * 4;
+  const double block = x.b * x.s_loc * kv_heads * x.d * x.e;
+  const double calls = x.b * heads;
+  t.acquire(x.n * x.p * R * x.e);        // dpacked
+  t.acquire(x.n * x.p * R * x.e);        // dheads, zeroed
+  stream(t, x, x.n * x.p * R);
+  t.acquire(x.n * x.p * W * x.e);        // dout
+  gathered_row_backward(t, x, W);
+  t.acquire(probs);                      // dP, then dS in place
+  for (int pass = 0; pass < 2; ++pass) {  // (V, dV), then (K, dK)
+    const int buffers = x.p > 1 ? 5 : 2;
+    for (int i = 0; i < buffers; ++i) t.acquire(block);
+    stream(t, x, block / x.e);
+    const double gemms = calls * (t.gemm_s(x.s_loc, x.s_loc, x.d, int(x.e)) + t.gemm_s(x.s_loc, x.d, x.s_loc, int(x.e)));
+    t.ring(int(x.p), gemms + t.elementwise_s(block), 2 * t.collective_s(Collective::send_recv, block), true);
+    stream(t, x, block / x.e);           // the sum comes home
+    for (int i = 0; i < buffers; ++i) t.give_back(block);
+    if (pass == 0) t.compute(t.elementwise_s(4 * probs));  // softmax backward
+  }
+  t.give_back(probs);
+  t.give_back(x.n * x.p * W * x.e);
+  stream(t, x, x.n * x.p * R);           // pack the gradients
+  t.give_back(x.n * x.p * R * x.e);
+  qkv_gradient_begin(t, x);
+  ring_column_backward(t, x, R);
+  qkv_gradient_end(t, x);
+  t.give_back(x.n * x.p * R * x.e);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
+  t.release(x.n * x.p * R * x.e);
+  t.release(probs);
+  t.release(x.n * x.p * W * x.e);
 }
 
-// ---- METP (from the digest; to be aligned with its code) -----------------------------------------------------------
+// ---- METP (strategy/metp.hpp) --------------------------------------------------------------------------------------
 
-// Attention: an outer loop over the p weight shards, each broadcast by its owner (prefetched, double-buffered); for
-// shard i, qkv_i for the local tokens (heads of rank i), an inner ring attention over sequence shards, and
-// O += A_i W_proj_i. Keeps X and every A_i; backward recomputes qkv_i and reduces dW_i to its owner.
+// Attention: the packed shards [W_qkv^T_i; W_proj_i] are broadcast one at a time (double-buffered); for head group
+// i, q|k|v of the rank's tokens, ring attention over the sequence shards, y += a_i W_proj_i. Saved: x, every head
+// group's output and lse.
 inline void metp_attention_forward(Tally& t, const ScheduleDims& x) {
-  const double shard = (x.qkv_loc + x.q_loc) * x.h * x.e;
-  const double kv_block = 2 * x.n * x.kv_loc * x.e;
-  const double step_buffers = x.n * x.qkv_loc * x.e + 2 * kv_block + x.n * x.q_loc * 4 + x.b * x.a_loc * x.s_loc * 4;
-  norm_forward(t, x);
+  const double R = x.qkv_loc, W = x.q_loc, A = (R + W) * x.h * x.e;
   keep_input_copy(t, x);
-  t.acquire(2 * shard);
-  t.acquire(step_buffers);
-  const double inner = t.ring_s(int(x.p), t.attention_forward_s(x.attention_flops(x.a_loc, 1 / (x.p * x.p))),
-                                t.collective_s(Collective::send_recv, kv_block));
-  const double step = t.gemm_s(x.n, x.qkv_loc, x.h, int(x.e)) + inner + t.gemm_s(x.n, x.h, x.q_loc, int(x.e));
+  t.save(x.n * x.p * W * x.e);
+  t.save(x.p * x.b * x.a_loc * x.s_loc * 4);
+  t.acquire(A);
+  t.acquire(A);
+  stream(t, x, A / x.e / 2);             // the owner's own shard into its buffer
   for (int i = 0; i < int(x.p); ++i) {
-    t.save(x.n * x.q_loc * x.e + x.b * x.a_loc * x.s_loc * 4);
-    if (i + 1 < int(x.p)) t.overlapped(step, t.collective_s(Collective::broadcast, shard));
-    else t.compute(step);
+    if (i + 1 < int(x.p)) t.communicate(t.collective_s(Collective::broadcast, A));
+    t.acquire(x.n * R * x.e);            // heads
+    t.acquire(x.n * R * x.e);            // packed
+    t.compute(t.gemm_s(x.n, R, x.h, int(x.e)));
+    stream(t, x, x.n * R);
+    t.give_back(x.n * R * x.e);
+    ring_attention_forward(t, x, x.a_loc, x.akv_loc);
+    t.give_back(x.n * R * x.e);
+    t.compute(t.gemm_s(x.n, x.h, W, int(x.e)));
   }
-  t.give_back(step_buffers);
-  t.give_back(2 * shard);
-  block_forward_end(t, x);
+  t.give_back(A);
+  t.give_back(A);
 }
 inline void metp_attention_backward(Tally& t, const ScheduleDims& x) {
-  const double shard = (x.qkv_loc + x.q_loc) * x.h * x.e;
-  const double kv_block = 2 * x.n * x.kv_loc * x.e;
-  const double step_buffers = 2 * x.n * x.qkv_loc * x.e + x.n * x.q_loc * x.e + 4 * kv_block;
-  block_backward_begin(t, x);
-  t.acquire(4 * shard);  // weight and dW double buffers
-  t.acquire(step_buffers);
-  const double inner = t.ring_s(int(x.p), t.attention_backward_s(x.attention_flops(x.a_loc, 1 / (x.p * x.p))),
-                                t.collective_s(Collective::send_recv, 2 * kv_block), true);
-  const double step = t.gemm_s(x.n, x.qkv_loc, x.h, int(x.e)) + t.gemm_s(x.n, x.q_loc, x.h, int(x.e)) +
-                      t.gemm_s(x.q_loc, x.h, x.n, int(x.e)) + inner + t.gemm_s(x.n, x.h, x.qkv_loc, int(x.e)) +
-                      t.gemm_s(x.qkv_loc, x.h, x.n, int(x.e));
-  const double transfer = t.collective_s(Collective::broadcast, shard) + t.collective_s(Collective::reduce, shard);
+  const double R = x.qkv_loc, W = x.q_loc, A = (R + W) * x.h * x.e;
+  qkv_gradient_begin(t, x);
+  for (int i = 0; i < 5; ++i) t.acquire(A);  // two partial gradients, the received sum, two shard buffers
+  stream(t, x, A / x.e / 2);
   for (int i = 0; i < int(x.p); ++i) {
-    t.overlapped(step, i + 1 < int(x.p) ? transfer : 0);
-    t.release(x.n * x.q_loc * x.e + x.b * x.a_loc * x.s_loc * 4);
+    if (i + 1 < int(x.p)) t.communicate(t.collective_s(Collective::broadcast, A));
+    t.acquire(x.n * R * x.e);            // dpacked
+    t.acquire(x.n * R * x.e);            // dheads, zeroed
+    stream(t, x, x.n * R);
+    t.acquire(x.n * R * x.e);            // heads, recomputed
+    t.acquire(x.n * R * x.e);            // packed
+    t.compute(t.gemm_s(x.n, R, x.h, int(x.e)));
+    stream(t, x, x.n * R);
+    t.give_back(x.n * R * x.e);
+    t.acquire(x.n * W * x.e);            // dout
+    t.compute(t.gemm_s(x.n, W, x.h, int(x.e)) + t.gemm_s(W, x.h, x.n, int(x.e)));
+    ring_attention_backward(t, x, x.a_loc, x.akv_loc);
+    t.give_back(x.n * W * x.e);
+    t.give_back(x.n * R * x.e);
+    stream(t, x, x.n * R);               // pack the gradients
+    t.give_back(x.n * R * x.e);
+    t.compute(t.gemm_s(x.n, x.h, R, int(x.e)) + t.gemm_s(R, x.h, x.n, int(x.e)));
+    t.communicate(t.collective_s(Collective::reduce, A));  // head group i's gradient to its owner
+    t.give_back(x.n * R * x.e);
   }
-  t.communicate(t.collective_s(Collective::reduce, shard));  // the last dW reaches its owner
-  t.give_back(step_buffers);
-  t.give_back(4 * shard);
+  stream(t, x, A / x.e);                 // the own gradient added in
+  qkv_gradient_end(t, x);
+  for (int i = 0; i < 5; ++i) t.give_back(A);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
+  t.release(x.n * x.p * W * x.e);
+  t.release(x.p * x.b * x.a_loc * x.s_loc * 4);
 }
 
-// MLP: the packed shard [W_in_j ; W_out_j] travels the ring; each step adds act(X W_in_j) W_out_j to the output.
-// Keeps only X: backward recomputes each step's intermediate while (w, dw) travel together.
+// MLP: the packed shards [W_in^T_j; W_out_j] rotate (strategy/ring_schedule.hpp); every step adds
+// act(x W_in^T_j) W_out_j. Keeps only x (copied at the end of forward).
 inline void metp_mlp_forward(Tally& t, const ScheduleDims& x) {
-  const double shard = (x.g + 1) * x.f_loc * x.h * x.e;
-  const double step_buffers = x.n * (x.g + 1) * x.f_loc * x.e;
-  norm_forward(t, x);
-  keep_input_copy(t, x);
-  t.acquire(2 * shard);
-  t.acquire(step_buffers);
-  const double step = t.gemm_s(x.n, x.g * x.f_loc, x.h, int(x.e)) + t.elementwise_s(x.n * (x.g + 1) * x.f_loc * x.e) +
-                      t.gemm_s(x.n, x.h, x.f_loc, int(x.e));
+  const double Fin = x.g * x.f_loc, F = x.f_loc, shard = (Fin + F) * x.h * x.e;
+  t.acquire(x.n * Fin * x.e);
+  t.acquire(x.n * F * x.e);
+  t.acquire(shard);
+  t.acquire(x.p > 1 ? shard : 0);
+  stream(t, x, shard / x.e);
+  const double step = t.gemm_s(x.n, Fin, x.h, int(x.e)) + t.elementwise_s(x.n * (Fin + F) * x.e) +
+                      t.gemm_s(x.n, x.h, F, int(x.e));
   t.ring(int(x.p), step, t.collective_s(Collective::send_recv, shard));
-  t.give_back(step_buffers);
-  t.give_back(2 * shard);
-  block_forward_end(t, x);
+  t.give_back(shard);
+  t.give_back(x.p > 1 ? shard : 0);
+  t.give_back(x.n * F * x.e);
+  t.give_back(x.n * Fin * x.e);
+  keep_input_copy(t, x);
 }
 inline void metp_mlp_backward(Tally& t, const ScheduleDims& x) {
-  const double shard = (x.g + 1) * x.f_loc * x.h * x.e;
-  const double step_buffers = 2 * x.n * (x.g + 1) * x.f_loc * x.e;
-  block_backward_begin(t, x);
-  t.acquire(4 * shard);
-  t.acquire(step_buffers);
-  const double step = t.gemm_s(x.n, x.g * x.f_loc, x.h, int(x.e)) + t.gemm_s(x.n, x.f_loc, x.h, int(x.e)) +
-                      t.gemm_s(x.f_loc, x.h, x.n, int(x.e)) + t.gemm_s(x.n, x.h, x.g * x.f_loc, int(x.e)) +
-                      t.gemm_s(x.g * x.f_loc, x.h, x.n, int(x.e)) +
-                      t.elementwise_s(2 * x.n * (x.g + 2) * x.f_loc * x.e);
-  t.ring(int(x.p), step, t.collective_s(Collective::send_recv, 2 * shard), true);
-  t.give_back(step_buffers);
-  t.give_back(4 * shard);
+  const double Fin = x.g * x.f_loc, F = x.f_loc, shard = (Fin + F) * x.h * x.e;
+  t.acquire(x.n * Fin * x.e);
+  t.acquire(x.n * F * x.e);
+  t.acquire(x.n * F * x.e);
+  t.acquire(x.n * Fin * x.e);
+  const int buffers = x.p > 1 ? 5 : 2;
+  for (int i = 0; i < buffers; ++i) t.acquire(shard);
+  stream(t, x, shard / x.e);
+  const double step = t.gemm_s(x.n, Fin, x.h, int(x.e)) + t.gemm_s(x.n, F, x.h, int(x.e)) +
+                      t.gemm_s(F, x.h, x.n, int(x.e)) + t.gemm_s(x.n, x.h, Fin, int(x.e)) +
+                      t.gemm_s(Fin, x.h, x.n, int(x.e)) + t.elementwise_s(x.n * (2 * Fin + 3 * F) * x.e + shard);
+  t.ring(int(x.p), step, 2 * t.collective_s(Collective::send_recv, shard), /*final_hop=*/true);
+  stream(t, x, shard / x.e);             // the gradient comes home
+  for (int i = 0; i < buffers; ++i) t.give_back(shard);
+  t.give_back(x.n * Fin * x.e);
+  t.give_back(x.n * F * x.e);
+  t.give_back(x.n * F * x.e);
+  t.give_back(x.n * Fin * x.e);
   t.release(x.n * x.h * x.e);
-  norm_backward(t, x);
 }
 
 // ---- dispatch ----------------------------------------------------------------------------------------------------
 
-inline void forward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x) {
+inline void strategy_forward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x) {
   if (part == Sublayer::attention) {
     switch (s) {
       case Strategy::megatron_ts: return megatron_ts_attention_forward(t, x);
@@ -577,7 +622,7 @@ inline void forward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x) 
   }
 }
 
-inline void backward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x) {
+inline void strategy_backward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x) {
   if (part == Sublayer::attention) {
     switch (s) {
       case Strategy::megatron_ts: return megatron_ts_attention_backward(t, x);
@@ -594,6 +639,18 @@ inline void backward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x)
     case Strategy::colossal_z: return zero3_mlp_backward(t, x);
     case Strategy::metp: return metp_mlp_backward(t, x);
   }
+}
+
+// A sublayer inside its layer: the layer's norm and residual around the strategy.
+inline void forward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x) {
+  layer_forward_begin(t, x, part);
+  strategy_forward(s, part, t, x);
+  layer_forward_end(t, x);
+}
+inline void backward(Strategy s, Sublayer part, Tally& t, const ScheduleDims& x) {
+  layer_backward_begin(t, x, part);
+  strategy_backward(s, part, t, x);
+  layer_backward_end(t, x, part);
 }
 
 }  // namespace schedule

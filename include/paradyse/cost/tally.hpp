@@ -25,10 +25,10 @@
 
 namespace paradyse::cost {
 
-// One change of a rank's memory: plain bytes (+ allocated, - freed), or a pool buffer of a size class lent or
-// returned.
+// One change of a rank's memory: plain bytes (+ allocated, - freed; `release`: a saved tensor freed, which a layer
+// stack may defer to the end of the layer's backward), or a pool buffer of a size class lent or returned.
 struct MemoryEvent {
-  enum Kind : std::uint8_t { plain, acquire, give_back } kind = plain;
+  enum Kind : std::uint8_t { plain, release, acquire, give_back } kind = plain;
   std::int64_t bytes = 0;
 };
 
@@ -47,6 +47,9 @@ struct SublayerCost {
   double exposed_comm_s = 0;                  // communication not hidden under compute
 
   std::int64_t transient_bytes() const { return std::max(forward_transient_bytes, backward_transient_bytes); }
+  // The largest pooled working set (the pool keeps it) and the largest plain workspace, forward or backward.
+  std::int64_t pool_bytes() const { return std::max(forward_pool_bytes, backward_pool_bytes); }
+  std::int64_t plain_bytes() const { return std::max(forward_plain_bytes, backward_plain_bytes); }
   double time_s() const { return forward_s + backward_s; }
   // Every memory event of forward and of backward in order (recorded on request only: see Tally).
   std::vector<MemoryEvent> forward_events, backward_events;
@@ -103,7 +106,7 @@ public:
   // Backward is done with a saved tensor.
   void release(double bytes) {
     live_ -= round_allocation(bytes);
-    note(MemoryEvent::plain, -round_allocation(bytes));
+    note(MemoryEvent::release, -round_allocation(bytes));
   }
   // A buffer from the pool (size-class rounded) and its return.
   void acquire(double bytes) {

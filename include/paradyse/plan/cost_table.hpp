@@ -63,7 +63,11 @@ struct Batch {
   std::int64_t tokens_per_sample() const { return std::accumulate(lengths.begin(), lengths.end(), std::int64_t(0)); }
 };
 
-// One strategy's cost in one sublayer.
+// Small per-call allocations of kernels that the schedules leave out (RoPE's angle table, ...).
+inline constexpr std::int64_t kKernelAllowanceBytes = 4096;
+
+// One strategy's cost in one sublayer. transient_bytes: its largest pooled working set (the pool keeps the largest
+// of any sublayer, so the planner counts the maximum once).
 struct Option {
   Strategy strategy = Strategy::megatron_ts;
   double time_s = 0;
@@ -80,8 +84,12 @@ struct CostTable {
   Batch batch;
   std::vector<std::string> kind_names;
   std::vector<int> layer_kinds;
-  std::int64_t fixed_bytes = 0;  // model states of all layers + extra bytes
+  // Every plan needs: model states of all layers, the stack's own buffers, the largest plain workspace of any
+  // option (attention kernels' scratch: small, and about the same for every strategy), extra bytes.
+  std::int64_t fixed_bytes = 0;
   std::int64_t model_state_bytes = 0;
+  std::int64_t stack_bytes = 0;
+  std::int64_t plain_bytes = 0;
   std::vector<std::array<std::array<Entry, cost::kStrategyCount>, 2>> entries;  // [kind][sublayer][strategy]
 
   const Entry& entry(int kind, Sublayer part, Strategy s) const {
@@ -127,7 +135,12 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
     shape.layers = 1;
     t.model_state_bytes += cost::model_state_bytes(shape, group_size, model.precision);
   }
-  t.fixed_bytes = t.model_state_bytes + model.extra_bytes;
+  // The layer stack's own buffers (pooled layer outputs, input gradients, norm gradient sums): every plan has them.
+  {
+    cost::ModelShape shape = shape_for_batch(model.kinds[0].shape, batch);
+    shape.layers = model.layer_count();
+    t.stack_bytes = cost::stack_buffer_bytes(cost::stack_buffers(shape, group_size));
+  }
   for (std::size_t k = 0; k < model.kinds.size(); ++k) {
     const cost::ModelShape shape = shape_for_batch(model.kinds[k].shape, batch);
     cost::validate(shape, group_size);
@@ -143,10 +156,13 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
           continue;
         }
         const cost::SublayerCost c = cost::evaluate_sublayer(s, part, shape, group_size, &hardware);
-        e.option = Option{s, c.time_s(), c.saved_bytes, c.transient_bytes()};
+        e.option = Option{s, c.time_s(), c.saved_bytes, c.pool_bytes()};
+        t.plain_bytes = std::max(t.plain_bytes, c.plain_bytes());
       }
     }
   }
+  t.plain_bytes += kKernelAllowanceBytes;
+  t.fixed_bytes = t.model_state_bytes + t.stack_bytes + t.plain_bytes + model.extra_bytes;
   return t;
 }
 
