@@ -1,0 +1,405 @@
+// paradyse/model/gpt.hpp: a GPT language model over the layer stack, trained with a per-layer strategy plan.
+//
+//   tokens [b, n_r] -> embedding -> TransformerStack (plan) -> final norm -> LM head -> logits [b, n_r, vocab]
+//   loss = sum over every rank's counted tokens of cross_entropy(logits, next-token target) / counted tokens
+//
+// Layout. Rank r holds its tokens of the sequence in the unified layout (strategy/sequence_layout.hpp: contiguous
+// chunk r, or chunks r and 2p-1-r when the model is causal-zigzag); `shard_tokens` cuts a global [b, s] token array
+// that way. Targets are given per token (the next token, or ops::cpu::kIgnoreIndex to leave a token out).
+//
+// Weights. The layers hold their unified shards (model/weights.hpp), identical whichever strategy runs. The token
+// embedding [vocab, h], the final norm and the LM head [vocab, h] are small and REPLICATED on every rank; their
+// gradients are partial sums over the rank's tokens, all-reduced over the group once per step (one collective for
+// all of them). The head is untied by default; with `tied_head` the head is the embedding table itself, so its
+// gradient adds into the embedding's. The LM head runs in row chunks (`kHeadChunkRows`), so the logits never exist
+// for all tokens at once: memory O(chunk x vocab), not O(n_r x vocab).
+//
+// Optimizer. AdamW on each rank's own shards and on the replicated weights (every rank applies the same update to
+// them, since their gradients are identical after the all-reduce). Weight decay applies to matrices, not to norms.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/rng.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/config.hpp"
+#include "paradyse/model/layer.hpp"
+#include "paradyse/model/stack.hpp"
+#include "paradyse/model/weights.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/sequence_layout.hpp"
+#include "paradyse/strategy/strategies.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace paradyse {
+
+struct GptConfig {
+  LayerConfig layer;        // every layer's shape; causal and zigzag are the model's
+  int layers = 1;
+  std::int64_t vocab = 256;
+  bool tied_head = false;   // LM head = the embedding table
+
+  void validate() const {
+    layer.validate();
+    check(layers >= 1, "GptConfig: layers = {} must be at least 1", layers);
+    check(vocab >= 2, "GptConfig: vocab = {} must be at least 2", vocab);
+    check(vocab <= std::int64_t(1) << 31, "GptConfig: vocab = {} does not fit int32 token ids", vocab);
+  }
+  void validate_for(int ranks) const {
+    validate();
+    layer.validate_for(ranks);
+  }
+  // Rows of the replicated pack: embedding, head (untied only), final norm gamma and beta.
+  std::int64_t replicated_rows() const { return vocab * (tied_head ? 1 : 2) + 2; }
+  // Parameters of the whole model (global).
+  std::int64_t parameter_count() const {
+    const LayerConfig& c = layer;
+    const std::int64_t per_layer = (2 * c.q_width() + 2 * c.kv_width()) * c.hidden +
+                                   (c.activation == Activation::swiglu ? 3 : 2) * c.ffn * c.hidden + 4 * c.hidden;
+    return per_layer * layers + replicated_rows() * c.hidden;
+  }
+  friend bool operator==(const GptConfig&, const GptConfig&) = default;
+};
+
+// The whole model, unsharded: float64 for references, float for checkpoints.
+template <class T>
+struct GlobalGptWeights {
+  Tensor<T> embedding;    // [vocab, h]
+  Tensor<T> head;         // [vocab, h]; empty when tied
+  Tensor<T> final_gamma;  // [h]
+  Tensor<T> final_beta;   // [h] (unused by RMSNorm)
+  std::vector<GlobalLayerWeights<T>> layers;
+
+  GlobalGptWeights() = default;
+  explicit GlobalGptWeights(const GptConfig& c)
+      : embedding(Shape{c.vocab, c.layer.hidden}), head(Shape{c.tied_head ? 0 : c.vocab, c.layer.hidden}),
+        final_gamma(Shape{c.layer.hidden}), final_beta(Shape{c.layer.hidden}) {
+    for (int l = 0; l < c.layers; ++l) layers.emplace_back(c.layer);
+  }
+};
+
+namespace gpt_detail {
+
+enum class Part : std::uint64_t { embedding = 0x51, head = 0x52 };
+
+// Row `row` of the embedding or head drawn from its own stream, so every rank draws the same replicated weights.
+template <class T>
+void init_row(const GptConfig& c, std::uint64_t seed, Part part, std::int64_t row, std::span<T> out) {
+  // Untied: unit-variance embeddings (the residual stream starts at the scale of the sublayers' outputs) and a head
+  // of std 1/sqrt(h) (unit-variance logits from normalised rows). Tied: both roles share 1/sqrt(h).
+  const double std_dev = part == Part::embedding && !c.tied_head ? 1.0 : 1.0 / std::sqrt(double(c.layer.hidden));
+  Rng mix(seed ^ (std::uint64_t(part) * 0x9e3779b97f4a7c15ull));
+  mix.next_u64();
+  Rng rng(mix.next_u64() ^ (std::uint64_t(row) * 0xd1b54a32d192ed03ull));
+  rng.fill_normal(out, std_dev);
+}
+
+inline std::span<float> row_span(Tensor<float>& t, std::int64_t row) {
+  return {t.data() + row * t.extent(1), std::size_t(t.extent(1))};
+}
+
+}  // namespace gpt_detail
+
+// The global model drawn from `seed` (what Gpt(config, ranks, rank, seed) shards assemble to, for any p).
+template <class T>
+GlobalGptWeights<T> init_global_gpt(const GptConfig& c, std::uint64_t seed) {
+  c.validate();
+  GlobalGptWeights<T> g(c);
+  const std::int64_t h = c.layer.hidden;
+  for (std::int64_t v = 0; v < c.vocab; ++v) {
+    gpt_detail::init_row(c, seed, gpt_detail::Part::embedding, v, std::span<T>(g.embedding.data() + v * h, std::size_t(h)));
+    if (!c.tied_head)
+      gpt_detail::init_row(c, seed, gpt_detail::Part::head, v, std::span<T>(g.head.data() + v * h, std::size_t(h)));
+  }
+  g.final_gamma.fill(T(1));
+  g.final_beta.fill(T(0));
+  for (int l = 0; l < c.layers; ++l) g.layers[std::size_t(l)] = init_global<T>(c.layer, seed + std::uint64_t(l));
+  return g;
+}
+
+// Rank r's tokens [b, n_r] of a global token array [b, s] (row-major), in the order of the unified layout.
+inline Tensor<std::int32_t> shard_tokens(std::span<const std::int32_t> global, std::int64_t batch,
+                                         const SequenceLayout& layout, int rank) {
+  const std::int64_t s = layout.length(), n = layout.local_length(rank);
+  check(std::int64_t(global.size()) == batch * s, "shard_tokens: {} tokens given, expected b x s = {} x {}",
+        global.size(), batch, s);
+  Tensor<std::int32_t> local(Shape{batch, n});
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < n; ++i) local(b, i) = global[std::size_t(b * s + layout.position(rank, i))];
+  return local;
+}
+
+// What one forward-backward measured.
+struct GptStepResult {
+  double loss = 0;              // mean over the counted tokens of every rank
+  std::int64_t counted = 0;     // tokens with a target, over every rank
+};
+
+template <class Strategies = AllStrategies<>, class Backend = ops::Cpu>
+class Gpt {
+public:
+  using Stack = TransformerStack<Strategies, Backend>;
+  static constexpr std::int64_t kHeadChunkRows = 1024;
+
+  // Rank `rank`'s part of the model drawn from `seed` (the same global model for every group size).
+  Gpt(const GptConfig& config, int ranks, int rank, std::uint64_t seed)
+      : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
+        stack_(config.layer, config.layers, ranks, rank, seed) {
+    allocate_replicated();
+    const std::int64_t v = config.vocab;
+    for (std::int64_t i = 0; i < v; ++i) {
+      gpt_detail::init_row(config, seed, gpt_detail::Part::embedding, i, gpt_detail::row_span(replicated_, i));
+      if (!config.tied_head)
+        gpt_detail::init_row(config, seed, gpt_detail::Part::head, i, gpt_detail::row_span(replicated_, v + i));
+    }
+    std::ranges::fill(final_norm_row(0), 1.0f);
+    allocate_optimizer_state();
+  }
+
+  // Rank `rank`'s part of given global weights (any element type, converted to float).
+  template <class T>
+  Gpt(const GptConfig& config, const GlobalGptWeights<T>& global, int ranks, int rank)
+      : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
+        stack_(config.layer, shards_of(config, global, ranks, rank), ranks) {
+    allocate_replicated();
+    load_replicated(global);
+    allocate_optimizer_state();
+  }
+
+  const GptConfig& config() const noexcept { return config_; }
+  int ranks() const noexcept { return ranks_; }
+  int rank() const noexcept { return rank_; }
+  Stack& stack() noexcept { return stack_; }
+  const Stack& stack() const noexcept { return stack_; }
+  std::int64_t steps_taken() const noexcept { return step_; }
+
+  // The replicated weights and their gradients.
+  TensorView<float> embedding() { return replicated_.view().slice(0, 0, config_.vocab); }               // [V, h]
+  TensorView<float> head() { return replicated_.view().slice(0, head_row(), config_.vocab); }           // [V, h]
+  std::span<float> final_gamma() { return final_norm_row(0); }
+  std::span<float> final_beta() { return final_norm_row(1); }
+  TensorView<float> embedding_gradient() { return replicated_grad_.view().slice(0, 0, config_.vocab); }
+  TensorView<float> head_gradient() { return replicated_grad_.view().slice(0, head_row(), config_.vocab); }
+  std::span<float> final_gamma_gradient() { return grad_row(final_row()); }
+  std::span<float> final_beta_gradient() { return grad_row(final_row() + 1); }
+  // The whole replicated pack [rows, h]: embedding, head (untied), final gamma, final beta.
+  Tensor<float>& replicated() noexcept { return replicated_; }
+  Tensor<float>& replicated_gradient() noexcept { return replicated_grad_; }
+
+  void zero_gradients() {
+    stack_.zero_gradients();
+    replicated_grad_.fill(0.0f);
+  }
+
+  // Forward and backward of one batch; gradients ACCUMULATE (call zero_gradients() first for a fresh step).
+  // tokens, targets: [b, n_r] int32, this rank's tokens of a sequence of seq_len tokens in the unified layout.
+  // Every rank of the group calls it with the same plan and seq_len. Returns the loss over every rank's tokens.
+  template <Communicator C>
+  GptStepResult forward_backward(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
+                                 TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets) {
+    check(comm.size() == ranks_ && comm.rank() == rank_, "Gpt: built for rank {} of {}, run on rank {} of {}", rank_,
+          ranks_, comm.rank(), comm.size());
+    const LayerConfig& c = config_.layer;
+    const SequenceLayout layout(seq_len, ranks_, c.zigzag);
+    const std::int64_t n = layout.local_length(rank_), h = c.hidden, vocab = config_.vocab;
+    check(tokens.rank() == 2 && tokens.extent(1) == n && tokens.is_contiguous(),
+          "Gpt: tokens {} must be [b, n_r] with n_r = {} (rank {}'s tokens of a sequence of {} over {} ranks)",
+          tokens.shape(), n, rank_, seq_len, ranks_);
+    check(targets.shape() == tokens.shape() && targets.is_contiguous(), "Gpt: targets {} must have the shape of tokens {}",
+          targets.shape(), tokens.shape());
+    const std::int64_t batch = tokens.extent(0), rows = batch * n;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int32_t t = targets.data()[i];
+      check(t == ops::cpu::kIgnoreIndex || (t >= 0 && t < vocab),
+            "Gpt: target {} at local index {} is outside [0, {}) and not the ignore index {}", t, i, vocab,
+            ops::cpu::kIgnoreIndex);
+    }
+
+    // Counted tokens over the group first: every token's loss gradient is scaled by 1 / total.
+    double counts[2] = {0.0, 0.0};  // loss sum, counted tokens
+    for (std::int64_t i = 0; i < rows; ++i) counts[1] += targets.data()[i] != ops::cpu::kIgnoreIndex ? 1.0 : 0.0;
+    double total_counted = 0.0;
+    comm.all_reduce(std::span<const double>(&counts[1], 1), std::span<double>(&total_counted, 1), ReduceOp::sum);
+    check(total_counted > 0, "Gpt: no token of the batch has a target (all {} are the ignore index)", batch * seq_len);
+    const float grad_scale = float(1.0 / total_counted);
+
+    // This step's contributions to the replicated gradients, all-reduced at the end (so accumulation stays exact).
+    Tensor<float> replicated_partial(replicated_grad_.shape());
+    const Shape activation{batch, n, h};
+    Tensor<float> hidden(activation);  // the stack's output
+    {
+      Tensor<float> x(activation);
+      Backend::embedding_forward(tokens, TensorView<const float>(embedding()), x.view());
+      stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
+    }
+    Tensor<float> dhidden(activation);
+    {
+      Tensor<float> normed(activation), dnormed(activation), stats(Shape{2, rows});
+      TensorView<float> mean = stats.view().slice(0, 0, 1).reshape(Shape{rows});
+      TensorView<float> rstd = stats.view().slice(0, 1, 1).reshape(Shape{rows});
+      norm_forward<Backend>(c, hidden.view(), final_gamma(), final_beta(), normed.view(), mean, rstd);
+      counts[0] = head_forward_backward(normed.view().reshape(Shape{rows, h}), targets.reshape(Shape{rows}),
+                                        dnormed.view().reshape(Shape{rows, h}), grad_scale, replicated_partial);
+      norm_backward<Backend>(c, hidden.view(), final_gamma(), mean, rstd, dnormed.view(), dhidden.view(),
+                             partial_row(replicated_partial, final_row()),
+                             partial_row(replicated_partial, final_row() + 1));
+    }
+    hidden = Tensor<float>();
+    {
+      Tensor<float> dx(activation);
+      stack_.backward(comm, pool, dhidden.view(), dx.view());
+      dhidden = Tensor<float>();
+      Backend::embedding_backward(tokens, dx.view(),
+                                  replicated_partial.view().slice(0, 0, config_.vocab));
+    }
+    comm.all_reduce(std::span<const float>(replicated_partial.span()), replicated_partial.span(), ReduceOp::sum);
+    add_into(replicated_grad_.span(), replicated_partial.span());
+    double loss_sum = 0.0;
+    comm.all_reduce(std::span<const double>(&counts[0], 1), std::span<double>(&loss_sum, 1), ReduceOp::sum);
+    return {loss_sum / total_counted, std::int64_t(total_counted)};
+  }
+
+  // One AdamW step on this rank's shards and the replicated weights with the accumulated gradients.
+  void optimizer_step(const ops::AdamWConfig& adamw) {
+    ++step_;
+    ops::AdamWConfig no_decay = adamw;
+    no_decay.weight_decay = 0.0f;
+    auto step = [&](Tensor<float>& p, Tensor<float>& g, Tensor<float>& m, Tensor<float>& v, const ops::AdamWConfig& a) {
+      Backend::adamw_step(p.view(), g.view(), m.view(), v.view(), a, step_);
+    };
+    for (int l = 0; l < stack_.layers(); ++l) {
+      LayerWeights& w = stack_.weights()[std::size_t(l)];
+      LayerWeights& g = stack_.gradients()[std::size_t(l)];
+      LayerWeights& m = moment1_[std::size_t(l)];
+      LayerWeights& v = moment2_[std::size_t(l)];
+      step(w.attention.packed, g.attention.packed, m.attention.packed, v.attention.packed, adamw);
+      step(w.mlp.packed, g.mlp.packed, m.mlp.packed, v.mlp.packed, adamw);
+      step(w.norms.packed, g.norms.packed, m.norms.packed, v.norms.packed, no_decay);
+    }
+    // The replicated pack: matrices (rows before the final norm) with decay, the final norm without.
+    const std::int64_t matrix_rows = final_row();
+    auto rows_of = [](Tensor<float>& t, std::int64_t start, std::int64_t count) { return t.view().slice(0, start, count); };
+    Backend::adamw_step(rows_of(replicated_, 0, matrix_rows), rows_of(replicated_grad_, 0, matrix_rows),
+                        rows_of(replicated_m_, 0, matrix_rows), rows_of(replicated_v_, 0, matrix_rows), adamw, step_);
+    Backend::adamw_step(rows_of(replicated_, matrix_rows, 2), rows_of(replicated_grad_, matrix_rows, 2),
+                        rows_of(replicated_m_, matrix_rows, 2), rows_of(replicated_v_, matrix_rows, 2), no_decay, step_);
+  }
+
+  // After a failed step (an OutOfMemory on some rank, a communication error): drop what the step kept (saved
+  // activations) and its partial gradients, so the model is as it was before the step.
+  void recover_from_failed_step() {
+    stack_ = Stack(config_.layer, std::move(stack_.weights()), ranks_);
+    zero_gradients();
+  }
+
+  // Bytes this rank holds for the replicated weights, their gradients and AdamW moments.
+  static std::int64_t replicated_state_bytes(const GptConfig& c) {
+    return 4 * c.replicated_rows() * c.layer.hidden * std::int64_t(sizeof(float));
+  }
+  // The most bytes forward_backward allocates outside the stack at any one time on a rank with n_r tokens
+  // (batch b), besides the replicated state: the step's replicated partial gradients plus the largest of the
+  // phases (stack forward: embedding output and stack output; head: stack output, normed rows and their
+  // gradient, norm statistics, one chunk of logits, the stack output's gradient; stack backward: two activations).
+  static std::int64_t activation_bytes(const GptConfig& c, std::int64_t batch, std::int64_t local_tokens) {
+    const auto bytes = [](std::int64_t floats) { return (floats * 4 + 63) / 64 * 64; };  // the tracker's rounding
+    const std::int64_t rows = batch * local_tokens, act = bytes(rows * c.layer.hidden);
+    const std::int64_t chunk = std::min(rows, kHeadChunkRows);
+    const std::int64_t head_phase = 4 * act + bytes(2 * rows) + bytes(chunk * c.vocab);
+    return bytes(c.replicated_rows() * c.layer.hidden) + std::max(2 * act, head_phase);
+  }
+
+private:
+  static const GptConfig& checked(const GptConfig& c, int ranks) {
+    c.validate_for(ranks);
+    return c;
+  }
+  template <class T>
+  static std::vector<LayerWeights> shards_of(const GptConfig& c, const GlobalGptWeights<T>& global, int ranks, int rank) {
+    check(std::int64_t(global.layers.size()) == c.layers, "Gpt: the global weights have {} layers, the config {}",
+          global.layers.size(), c.layers);
+    std::vector<LayerWeights> shards;
+    for (const GlobalLayerWeights<T>& layer : global.layers) shards.push_back(shard_of(layer, c.layer, ranks, rank));
+    return shards;
+  }
+
+  std::int64_t head_row() const noexcept { return config_.tied_head ? 0 : config_.vocab; }
+  std::int64_t final_row() const noexcept { return config_.replicated_rows() - 2; }
+  std::span<float> final_norm_row(int i) { return gpt_detail::row_span(replicated_, final_row() + i); }
+  std::span<float> grad_row(std::int64_t row) { return gpt_detail::row_span(replicated_grad_, row); }
+  static std::span<float> partial_row(Tensor<float>& t, std::int64_t row) { return gpt_detail::row_span(t, row); }
+
+  void allocate_replicated() {
+    const Shape shape{config_.replicated_rows(), config_.layer.hidden};
+    replicated_ = Tensor<float>(shape);
+    replicated_grad_ = Tensor<float>(shape);
+  }
+  void allocate_optimizer_state() {
+    replicated_m_ = Tensor<float>(replicated_.shape());
+    replicated_v_ = Tensor<float>(replicated_.shape());
+    for (int l = 0; l < config_.layers; ++l) {
+      moment1_.emplace_back(config_.layer, ranks_);
+      moment2_.emplace_back(config_.layer, ranks_);
+    }
+  }
+  template <class T>
+  void load_replicated(const GlobalGptWeights<T>& global) {
+    const std::int64_t v = config_.vocab, h = config_.layer.hidden;
+    check(global.embedding.shape() == Shape{v, h}, "Gpt: the global embedding {} must be [vocab, h] = [{}, {}]",
+          global.embedding.shape(), v, h);
+    check(config_.tied_head || global.head.shape() == Shape{v, h}, "Gpt: the global head {} must be [{}, {}]",
+          global.head.shape(), v, h);
+    check(global.final_gamma.numel() == h && global.final_beta.numel() == h,
+          "Gpt: the final norm has {} and {} elements, expected h = {}", global.final_gamma.numel(),
+          global.final_beta.numel(), h);
+    auto copy_rows = [&](const Tensor<T>& from, std::int64_t first_row) {
+      float* to = replicated_.data() + first_row * h;
+      for (std::int64_t i = 0; i < from.numel(); ++i) to[i] = float(from.data()[i]);
+    };
+    copy_rows(global.embedding, 0);
+    if (!config_.tied_head) copy_rows(global.head, v);
+    copy_rows(global.final_gamma, final_row());
+    copy_rows(global.final_beta, final_row() + 1);
+  }
+
+  // The LM head and the loss over `normed` rows, in chunks: returns this rank's loss sum; dnormed (overwritten),
+  // and the head gradient in `partial`, accumulate. normed, dnormed: [rows, h]; targets: [rows].
+  double head_forward_backward(TensorView<const float> normed, TensorView<const std::int32_t> targets,
+                               TensorView<float> dnormed, float grad_scale, Tensor<float>& partial) {
+    const std::int64_t rows = normed.extent(0), vocab = config_.vocab;
+    const TensorView<const float> head_weights = TensorView<const float>(head());
+    const TensorView<float> head_grad = partial.view().slice(0, head_row(), vocab);
+    Tensor<float> logits(Shape{std::min(rows, kHeadChunkRows), vocab});
+    double loss = 0.0;
+    for (std::int64_t start = 0; start < rows; start += kHeadChunkRows) {
+      const std::int64_t count = std::min(kHeadChunkRows, rows - start);
+      const TensorView<float> chunk = logits.view().slice(0, 0, count);
+      const TensorView<const float> x = normed.slice(0, start, count);
+      using ops::Transpose;
+      Backend::matmul(x, Transpose::no, head_weights, Transpose::yes, chunk);  // [count, V] = x [count, h] * W^T
+      // dlogits overwrite the logits (the op allows the alias).
+      loss += Backend::cross_entropy_forward_backward(chunk, targets.slice(0, start, count), chunk, grad_scale).loss_sum;
+      const TensorView<const float> dlogits = chunk;
+      Backend::matmul(dlogits, Transpose::yes, x, Transpose::no, head_grad, 1.0f, 1.0f);  // dW += dlogits^T x
+      Backend::matmul(dlogits, Transpose::no, head_weights, Transpose::no, dnormed.slice(0, start, count));
+    }
+    return loss;
+  }
+
+  GptConfig config_;
+  int ranks_, rank_;
+  Stack stack_;
+  Tensor<float> replicated_, replicated_grad_, replicated_m_, replicated_v_;  // [replicated_rows, h]
+  std::vector<LayerWeights> moment1_, moment2_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace paradyse
