@@ -164,3 +164,46 @@ TEST_CASE("stack: gradients accumulate over steps and plans may change between s
   });
   findings.check_all("two accumulated steps");
 }
+
+TEST_CASE("stack: switching strategies between layers or sublayers moves no extra bytes") {
+  // For every pair of strategies (A, B): the bytes each rank sends for the mixed plans [A A | B B] and [A B | B A]
+  // equal the mean of the uniform plans [A A | A A] and [B B | B B], exactly: nothing is redistributed.
+  const SublayerCase test = standard_cases(4)[1];  // causal, RoPE, zigzag, b = 2
+  const LayerConfig& c = test.config;
+  const int p = 4;
+  std::vector<std::vector<std::uint64_t>> bytes;  // [plan][rank]
+  std::vector<StackPlan> plans;
+  for (std::size_t a = 0; a < Strategies::count; ++a) plans.push_back(StackPlan{{a, a}, {a, a}});
+  for (std::size_t a = 0; a < Strategies::count; ++a)
+    for (std::size_t b = a + 1; b < Strategies::count; ++b) {
+      plans.push_back(StackPlan{{a, a}, {b, b}});
+      plans.push_back(StackPlan{{a, b}, {b, a}});
+    }
+  bytes.assign(plans.size(), std::vector<std::uint64_t>(static_cast<std::size_t>(p)));
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    BufferPool pool;
+    TransformerStack<Strategies> stack(c, 2, p, r, 11);
+    const SequenceLayout layout(test.length, p, c.zigzag);
+    Rng rng{std::uint64_t(r)};
+    const Tensor<float> x = random_uniform<float>(Shape{test.batch, layout.local_length(r), c.hidden}, rng);
+    Tensor<float> z(x.shape()), dx(x.shape());
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      comm.reset_stats();
+      stack.forward(comm, pool, plans[i], test.length, x.view(), z.view());
+      stack.backward(comm, pool, x.view(), dx.view());
+      bytes[i][std::size_t(r)] = comm.stats().bytes_sent;
+    }
+  });
+  std::size_t i = Strategies::count;
+  for (std::size_t a = 0; a < Strategies::count; ++a)
+    for (std::size_t b = a + 1; b < Strategies::count; ++b, i += 2)
+      for (int r = 0; r < p; ++r) {
+        CAPTURE(Strategies::name(a));
+        CAPTURE(Strategies::name(b));
+        CAPTURE(r);
+        const std::uint64_t uniform_sum = bytes[a][std::size_t(r)] + bytes[b][std::size_t(r)];
+        CHECK(2 * bytes[i][std::size_t(r)] == uniform_sum);
+        CHECK(2 * bytes[i + 1][std::size_t(r)] == uniform_sum);
+      }
+}
