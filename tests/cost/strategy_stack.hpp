@@ -27,9 +27,11 @@ struct StackMeasurement {
   double backward_s = 0;
 };
 
-// Runs `layers` layers of `config`, every sublayer on strategy `s`, on p thread ranks.
+// Runs `steps` training steps of `layers` layers of `config`, every sublayer on strategy `s`, on p thread ranks:
+// the memory peak of the first step (from an empty buffer pool), the times of the last.
 inline StackMeasurement measure_stack(Strategy s, const LayerConfig& config, int p, std::int64_t batch,
-                                      std::int64_t seq, int layers, TimeSource clock = TimeSource::thread_cpu) {
+                                      std::int64_t seq, int layers, TimeSource clock = TimeSource::thread_cpu,
+                                      int steps = 1) {
   std::vector<StackMeasurement> per_rank(static_cast<std::size_t>(p));
   run_ranks(p, [&](ThreadCommunicator& comm) {
     const int rank = comm.rank();
@@ -46,13 +48,17 @@ inline StackMeasurement measure_stack(Strategy s, const LayerConfig& config, int
     const std::size_t baseline = tracker.in_use();
     tracker.reset_peak();
     StackMeasurement r;
-    double start = now_seconds(clock);
-    stack.forward(comm, pool, plan, seq, x.view(), out.view());
-    r.forward_s = now_seconds(clock) - start;
-    start = now_seconds(clock);
-    stack.backward(comm, pool, dout.view(), dx.view());
-    r.backward_s = now_seconds(clock) - start;
-    r.activation_peak_bytes = std::int64_t(tracker.peak() - baseline);
+    // Memory: the first step, from an empty pool. Time: the last step, with the pool warmed as in training.
+    for (int step = 0; step < steps; ++step) {
+      comm.barrier();
+      double start = now_seconds(clock);
+      stack.forward(comm, pool, plan, seq, x.view(), out.view());
+      r.forward_s = now_seconds(clock) - start;
+      start = now_seconds(clock);
+      stack.backward(comm, pool, dout.view(), dx.view());
+      r.backward_s = now_seconds(clock) - start;
+      if (step == 0) r.activation_peak_bytes = std::int64_t(tracker.peak() - baseline);
+    }
     per_rank[std::size_t(rank)] = r;
   });
   StackMeasurement worst;

@@ -13,7 +13,8 @@
 // for ranks that own their device (MPI processes on dedicated cores, GPUs).
 //
 // What is measured, every rank at once (so that ranks sharing caches or a network show in the numbers), the
-// slowest rank of each run counting, the median of `repetitions` runs kept:
+// slowest rank of each run counting, the fastest of `repetitions` runs kept (interference from other work on a
+// shared machine, even on a sibling hyperthread, only ever slows a run down):
 //   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
 //   - flash attention forward and backward over several lengths: t = overhead + flops / rate;
 //   - copies of several sizes: elementwise bytes per second;
@@ -94,7 +95,7 @@ struct Calibration {
 
 namespace calibrate_detail {
 
-// The slowest rank's seconds for fn(), median over repetitions; every rank calls it.
+// The slowest rank's seconds for fn(), the fastest of `repetitions` runs; every rank calls it.
 template <Communicator C, class Fn>
 double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
   std::vector<double> times;
@@ -108,8 +109,7 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
     comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
     times.push_back(slowest);
   }
-  std::nth_element(times.begin(), times.begin() + repetitions / 2, times.end());
-  return times[std::size_t(repetitions / 2)];
+  return *std::min_element(times.begin(), times.end());
 }
 
 inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
@@ -209,6 +209,19 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
     for (std::size_t i = 0; i < y.size(); ++i)
       result.samples.push_back({fmt::format("copy {} B", options.copy_bytes[i]), y[i],
                                 rows[i][0] * result.copy_fit.coefficients[0]});
+  }
+
+  // ---- activations: output elements per second of GELU forward + backward (compute-bound on CPUs) -----------------
+  {
+    const std::int64_t elements = std::int64_t(1) << 20;
+    Tensor<float> pre(Shape{1024, elements / 1024}), act(Shape{1024, elements / 1024}), dpre(Shape{1024, elements / 1024});
+    calibrate_detail::fill(pre, 0.3f);
+    const double t = measure(comm, options.clock, reps, [&] {
+      Backend::gelu_forward(pre.view(), act.view());
+      Backend::gelu_backward(pre.view(), act.view(), dpre.view());
+    });
+    profile.activation_elements_per_s = 3.0 * double(elements) / t;  // forward + backward = 3 units (backward 2)
+    result.samples.push_back({fmt::format("gelu forward + backward {} elements", elements), t, t});
   }
 
   // ---- collectives: t = alpha + beta * bytes (nccl-tests sizes) ---------------------------------------------------

@@ -139,6 +139,9 @@ struct HardwareProfile {
   GemmModel gemm;
   AttentionModel attention;
   double elementwise_bytes_per_s = 1; // bytes read + written per second by elementwise kernels
+  // Output elements per second of activation kernels (GELU, SwiGLU, softmax exponentials), which are compute-bound
+  // on CPUs; 0: memory-bound like the other elementwise kernels (GPUs).
+  double activation_elements_per_s = 0;
   // Fraction of a ring step's shorter side (compute or transfer) that hides under the longer one: 1 on GPUs
   // (copy engines and streams), lower where compute and communication share the same cores.
   double overlap = 1;
@@ -184,6 +187,11 @@ struct HardwareProfile {
   }
 
   double elementwise_time(double bytes) const { return bytes > 0 ? bytes / elementwise_bytes_per_s : 0; }
+  // An activation producing `elements` outputs from `bytes` of reads and writes.
+  double activation_time(double elements, double bytes) const {
+    if (elements <= 0) return 0;
+    return activation_elements_per_s > 0 ? elements / activation_elements_per_s : elementwise_time(bytes);
+  }
 
   // Sets (or replaces) the entry for one collective, group size, level and size range.
   void set_collective(Collective op, LinkLevel level, int group_size, AlphaBeta cost, std::int64_t min_bytes = 0) {
@@ -255,6 +263,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   attention.set("backward_flops_per_s", p.attention.backward_flops_per_s);
   v.set("attention", attention);
   v.set("elementwise_bytes_per_s", p.elementwise_bytes_per_s);
+  v.set("activation_elements_per_s", p.activation_elements_per_s);
   v.set("overlap", p.overlap);
   v.set("intra_node", detail::link_to_json(p.intra_node));
   v.set("inter_node", detail::link_to_json(p.inter_node));
@@ -296,6 +305,7 @@ inline HardwareProfile profile_from_json(const json::Value& v) {
   p.attention = {non_negative(attention, "overhead_s"), positive(attention, "forward_flops_per_s"),
                  positive(attention, "backward_flops_per_s")};
   p.elementwise_bytes_per_s = positive(v, "elementwise_bytes_per_s");
+  if (v.find("activation_elements_per_s")) p.activation_elements_per_s = non_negative(v, "activation_elements_per_s");
   p.overlap = v.at("overlap").as_number();
   check(p.overlap >= 0 && p.overlap <= 1, "profile: overlap = {} must be in [0, 1]", p.overlap);
   p.intra_node = detail::link_from_json(v.at("intra_node"));

@@ -111,6 +111,13 @@ inline void layer_backward_end(Tally& t, const ScheduleDims& x, Sublayer part) {
   }
 }
 
+// The MLP activation over `tokens` tokens and `width` ffn columns: forward reads g inputs and writes one output per
+// column; backward (dpre from dact at pre) costs about twice that.
+inline void activation(Tally& t, const ScheduleDims& x, double tokens, double width, bool backward) {
+  const double elements = tokens * width * (backward ? 2 : 1);
+  t.compute(t.activation_s(elements, elements * (x.g + 1) * x.e));
+}
+
 // The W_qkv^T gradient of replicated kv heads (strategy/policy.hpp QkvGradient): a zeroed scratch shard, then an
 // all-reduce of every kv head's k and v rows over the group.
 inline void qkv_gradient_begin(Tally& t, const ScheduleDims& x) {
@@ -302,7 +309,7 @@ inline void megatron_ts_mlp_forward(Tally& t, const ScheduleDims& x) {
   gather_sequence(t, x, x.h, false);
   t.compute(t.gemm_s(x.N, Fin, x.h, int(x.e)));
   t.acquire(x.N * F * x.e);
-  stream(t, x, x.N * (Fin + F) / 2);  // the activation
+  activation(t, x, x.N, F, false);
   t.compute(t.gemm_s(x.N, x.h, F, int(x.e)));
   reduce_scatter_sequence(t, x, x.h, false);
   t.give_back(x.N * F * x.e);
@@ -314,9 +321,10 @@ inline void megatron_ts_mlp_backward(Tally& t, const ScheduleDims& x) {
   t.acquire(x.N * x.h * x.e);
   gather_sequence(t, x, x.h, false);
   t.acquire(x.N * F * x.e);
-  stream(t, x, x.N * (Fin + F) / 2);  // the activation, recomputed
+  activation(t, x, x.N, F, false);  // recomputed
   t.compute(t.gemm_s(F, x.h, x.N, int(x.e)) + t.gemm_s(x.N, F, x.h, int(x.e)));
-  stream(t, x, x.N * (Fin + 2 * F) / 2);  // its backward (after zeroing dpre)
+  stream(t, x, x.N * Fin / 2);      // zero dpre
+  activation(t, x, x.N, F, true);
   t.give_back(x.N * F * x.e);
   t.give_back(x.N * x.h * x.e);
   t.acquire(x.N * x.h * x.e);
@@ -337,7 +345,7 @@ inline void zero3_mlp_forward(Tally& t, const ScheduleDims& x) {
   t.save(x.n * x.p * Fin * x.e);
   ring_column_forward(t, x, Fin);
   t.acquire(x.n * x.p * F * x.e);
-  stream(t, x, x.n * x.p * (Fin + F) / 2);
+  activation(t, x, x.n, x.p * F, false);
   gathered_row_forward(t, x, F);
   t.give_back(x.n * x.p * F * x.e);
 }
@@ -346,9 +354,10 @@ inline void zero3_mlp_backward(Tally& t, const ScheduleDims& x) {
   t.acquire(x.n * x.p * Fin * x.e);
   t.acquire(x.n * x.p * F * x.e);
   t.acquire(x.n * x.p * F * x.e);
-  stream(t, x, x.n * x.p * (Fin + F) / 2);
+  activation(t, x, x.n, x.p * F, false);  // recomputed
   gathered_row_backward(t, x, F);
-  stream(t, x, x.n * x.p * (2 * Fin + 2 * F) / 2);  // zero dpre, activation backward
+  stream(t, x, x.n * x.p * Fin / 2);      // zero dpre
+  activation(t, x, x.n, x.p * F, true);
   t.give_back(x.n * x.p * F * x.e);
   t.give_back(x.n * x.p * F * x.e);
   ring_column_backward(t, x, Fin);
@@ -461,7 +470,7 @@ inline void colossal_z_attention_forward(Tally& t, const ScheduleDims& x) {
     t.ring(int(x.p), gemms, t.collective_s(Collective::send_recv, block));
     t.give_back(block);
     t.give_back(x.p > 1 ? block : 0);
-    if (pass == 0) t.compute(t.elementwise_s(3 * probs));  // softmax rows
+    if (pass == 0) t.compute(t.activation_s(probs / 4, 3 * probs));  // softmax rows: an exponential each
   }
   gathered_row_forward(t, x, W);
 }
@@ -484,7 +493,7 @@ inline void colossal_z_attention_backward(Tally& t, const ScheduleDims& x) {
     t.ring(int(x.p), gemms + t.elementwise_s(block), 2 * t.collective_s(Collective::send_recv, block), true);
     stream(t, x, block / x.e);           // the sum comes home
     for (int i = 0; i < buffers; ++i) t.give_back(block);
-    if (pass == 0) t.compute(t.elementwise_s(4 * probs));  // softmax backward
+    if (pass == 0) t.compute(t.activation_s(probs / 4, 4 * probs));  // softmax backward
   }
   t.give_back(probs);
   t.give_back(x.n * x.p * W * x.e);
@@ -570,7 +579,7 @@ inline void metp_mlp_forward(Tally& t, const ScheduleDims& x) {
   t.acquire(shard);
   t.acquire(x.p > 1 ? shard : 0);
   stream(t, x, shard / x.e);
-  const double step = t.gemm_s(x.n, Fin, x.h, int(x.e)) + t.elementwise_s(x.n * (Fin + F) * x.e) +
+  const double step = t.gemm_s(x.n, Fin, x.h, int(x.e)) + t.activation_s(x.n * F, x.n * (Fin + F) * x.e) +
                       t.gemm_s(x.n, x.h, F, int(x.e));
   t.ring(int(x.p), step, t.collective_s(Collective::send_recv, shard));
   t.give_back(shard);
@@ -590,7 +599,8 @@ inline void metp_mlp_backward(Tally& t, const ScheduleDims& x) {
   stream(t, x, shard / x.e);
   const double step = t.gemm_s(x.n, Fin, x.h, int(x.e)) + t.gemm_s(x.n, F, x.h, int(x.e)) +
                       t.gemm_s(F, x.h, x.n, int(x.e)) + t.gemm_s(x.n, x.h, Fin, int(x.e)) +
-                      t.gemm_s(Fin, x.h, x.n, int(x.e)) + t.elementwise_s(x.n * (2 * Fin + 3 * F) * x.e + shard);
+                      t.gemm_s(Fin, x.h, x.n, int(x.e)) + t.activation_s(3 * x.n * F, 3 * x.n * (Fin + F) * x.e) +
+                      t.elementwise_s(x.n * Fin * x.e + shard);
   t.ring(int(x.p), step, 2 * t.collective_s(Collective::send_recv, shard), /*final_hop=*/true);
   stream(t, x, shard / x.e);             // the gradient comes home
   for (int i = 0; i < buffers; ++i) t.give_back(shard);

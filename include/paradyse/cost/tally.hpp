@@ -136,6 +136,7 @@ public:
     return hw_ ? hw_->attention.backward_time(forward_flops) : 0;
   }
   double elementwise_s(double bytes) const { return hw_ ? hw_->elementwise_time(bytes) : 0; }
+  double activation_s(double elements, double bytes) const { return hw_ ? hw_->activation_time(elements, bytes) : 0; }
 
   void compute(double seconds) { add(seconds, seconds, 0); }
   void communicate(double seconds) { add(seconds, 0, seconds); }

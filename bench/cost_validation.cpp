@@ -1,0 +1,144 @@
+// bench/cost_validation.cpp: the cost models against the machine. Calibrates a profile on the thread backend
+// (cost/calibrate.hpp), then runs the model's layer stack with every strategy over sequence lengths and compares:
+//   - time: measured forward + backward (each rank's thread CPU time, the slowest rank; the fastest of the
+//     repetitions) against the time model with the calibrated profile: error per run, MAPE and worst case per
+//     strategy and overall (goal: MAPE <= 10%);
+//   - memory: the tracker's peak against the ordered memory estimate (goal: within 5%) and the planner's bound.
+// Thread CPU time is what a rank that owned its core would take; it keeps the numbers meaningful on a shared,
+// loaded machine (wall-clock times of p thread ranks on 2 cores say more about the neighbours than about the model).
+//
+//   cost_validation [--p P] [--max-seq S] [--min-seq S] [--layers L] [--hidden H] [--heads A] [--reps R]
+//                   [--profile FILE.json] [--save-profile FILE.json]
+#include "../tests/cost/strategy_stack.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/time_model.hpp"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pd = paradyse;
+using pd::cost::Strategy;
+
+int main(int argc, char** argv) {
+  int p = 4, layers = 1, reps = 2;
+  std::int64_t min_seq = 512, max_seq = 32768, hidden = 128, heads = 4;
+  std::string profile_path, save_path = "threads-calibrated.json";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&] {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "cost_validation: {} needs a value\n", arg);
+        std::exit(2);
+      }
+      return std::string(argv[++i]);
+    };
+    if (arg == "--p") p = std::stoi(value());
+    else if (arg == "--max-seq") max_seq = std::stoll(value());
+    else if (arg == "--min-seq") min_seq = std::stoll(value());
+    else if (arg == "--layers") layers = std::stoi(value());
+    else if (arg == "--hidden") hidden = std::stoll(value());
+    else if (arg == "--heads") heads = std::stoll(value());
+    else if (arg == "--reps") reps = std::stoi(value());
+    else if (arg == "--profile") profile_path = value();
+    else if (arg == "--save-profile") save_path = value();
+    else {
+      fmt::print(stderr, "usage: cost_validation [--p P] [--min-seq S] [--max-seq S] [--layers L] [--hidden H] "
+                         "[--heads A] [--reps R] [--profile FILE] [--save-profile FILE]\n");
+      return 2;
+    }
+  }
+
+  pd::cost::HardwareProfile profile;
+  if (!profile_path.empty()) {
+    profile = pd::cost::load_profile(profile_path);
+    fmt::print("profile: {} (loaded from {})\n", profile.name, profile_path);
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    pd::cost::Calibration calibration;
+    pd::run_ranks(p, [&](pd::ThreadCommunicator& comm) {
+      pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm);
+      if (comm.rank() == 0) calibration = std::move(c);
+    });
+    profile = calibration.profile;
+    pd::cost::save_profile(profile, save_path);
+    fmt::print("calibrated {} in {:.1f} s (saved to {}): GEMM {:.1f} GFLOP/s + {:.1f} GB/s operands (fit: worst {:.1f}%, "
+               "median {:.1f}%), attention {:.1f}/{:.1f} GFLOP/s fwd/bwd (worst {:.1f}%/{:.1f}%), copies {:.1f} GB/s, "
+               "overlap {:.2f}\n",
+               profile.name, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), save_path,
+               profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9,
+               100 * calibration.gemm_fit.worst_relative_error, 100 * calibration.gemm_fit.median_relative_error,
+               profile.attention.forward_flops_per_s / 1e9, profile.attention.backward_flops_per_s / 1e9,
+               100 * calibration.attention_forward_fit.worst_relative_error,
+               100 * calibration.attention_backward_fit.worst_relative_error, profile.elementwise_bytes_per_s / 1e9,
+               profile.overlap);
+  }
+
+  pd::LayerConfig config = pd::LayerConfig::make(hidden, heads);
+  fmt::print("\nlayer stack: {} layer(s) of {}, p = {} thread ranks, b = 1, float32; times: thread CPU time of the "
+             "slowest rank in a second step (the pool warmed), fastest of {} run(s)\n\n",
+             layers, config, p, reps);
+  fmt::print("{:<11} {:>7} | {:>11} {:>11} {:>8} | {:>11} {:>11} {:>8} {:>8}\n", "strategy", "seq", "time ms",
+             "model ms", "error", "peak MiB", "model MiB", "error", "bound");
+  std::map<Strategy, std::vector<double>> errors;
+  std::vector<double> all_errors, memory_errors;
+  double worst = 0;
+  std::string worst_case;
+  for (Strategy s : pd::cost::kAllStrategies) {
+    for (std::int64_t seq = min_seq; seq <= max_seq; seq *= 2) {
+      // ColossalZ keeps b h s^2/p float scores per layer: stop before they take gigabytes.
+      if (s == Strategy::colossal_z && double(heads) * double(seq) * double(seq) / p * 4 * layers > 1.5e9) break;
+      pd::cost::testing::StackMeasurement best;
+      for (int r = 0; r < reps; ++r) {
+        const auto m = pd::cost::testing::measure_stack(s, config, p, 1, seq, layers, pd::cost::TimeSource::thread_cpu, 2);
+        if (r == 0 || m.forward_s + m.backward_s < best.forward_s + best.backward_s) best = m;
+      }
+      const pd::cost::ModelShape shape = pd::cost::shape_of(config, 1, seq, 4, layers);
+      const std::vector<pd::cost::LayerStrategies> plan(std::size_t(layers), {s, s});
+      const double model = pd::cost::model_time(shape, p, plan, profile);
+      const double measured = best.forward_s + best.backward_s;
+      const double error = (model - measured) / measured;
+      const std::int64_t predicted = pd::cost::testing::predicted_activation_peak(s, config, p, 1, seq, layers);
+      const std::int64_t bound = pd::cost::testing::bounded_activation_peak(s, config, p, 1, seq, layers);
+      const double memory_error = double(predicted - best.activation_peak_bytes) / double(best.activation_peak_bytes);
+      errors[s].push_back(std::abs(error));
+      all_errors.push_back(std::abs(error));
+      memory_errors.push_back(std::abs(memory_error));
+      if (std::abs(error) > worst) worst = std::abs(error), worst_case = fmt::format("{} at s = {}", pd::cost::name_of(s), seq);
+      fmt::print("{:<11} {:>7} | {:>11.2f} {:>11.2f} {:>+7.1f}% | {:>11.3f} {:>11.3f} {:>+7.2f}% {:>+7.1f}%\n",
+                 pd::cost::name_of(s), seq, measured * 1e3, model * 1e3, 100 * error,
+                 double(best.activation_peak_bytes) / 1048576.0, double(predicted) / 1048576.0, 100 * memory_error,
+                 100 * (double(bound) / double(best.activation_peak_bytes) - 1));
+      std::fflush(stdout);
+    }
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / double(v.size());
+  };
+  fmt::print("\n(time error: model / measured - 1; memory: the ordered estimate against the tracker's peak above the "
+             "weights and inputs; bound: what the planner budgets, over the peak)\n\n");
+  fmt::print("{:<11} {:>6} {:>12} {:>14} {:>10}\n", "strategy", "runs", "MAPE", "median APE", "worst");
+  for (const auto& [s, e] : errors)
+    fmt::print("{:<11} {:>6} {:>11.1f}% {:>13.1f}% {:>9.1f}%\n", pd::cost::name_of(s), e.size(), 100 * mean(e),
+               100 * median(e), 100 * *std::max_element(e.begin(), e.end()));
+  fmt::print("{:<11} {:>6} {:>11.1f}% {:>13.1f}% {:>9.1f}%   (worst: {}; goal MAPE <= 10%)\n", "all", all_errors.size(),
+             100 * mean(all_errors), 100 * median(all_errors), 100 * worst, worst_case);
+  fmt::print("memory: worst |error| {:.3f}% over {} runs (goal <= 5%)\n",
+             100 * *std::max_element(memory_errors.begin(), memory_errors.end()), memory_errors.size());
+  return 0;
+}
