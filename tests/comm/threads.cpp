@@ -323,22 +323,20 @@ TEST_CASE("threads: run_ranks reports each rank's peak memory and byte counts") 
 }
 
 TEST_CASE("threads: a sender that gives up withdraws its message (no receiver reads a dead buffer)") {
-  // Both ranks send first with blocking sends (a deadlock); rank 1 times out first and unwinds, which completes its
-  // pending receive. Rank 0 must then fail, not receive rank 1's withdrawn (and freed) buffer.
+  // Rank 1's blocking send has no receive posted; it times out and unwinds, freeing its buffer. Rank 0 posts the
+  // matching receive only afterwards: it must fail, not copy from rank 1's withdrawn (and freed) buffer.
   Caught caught(2);
   pd::RunOptions options;
   options.timeout = std::chrono::milliseconds(200);
   std::atomic<bool> rank0_received{false};
   CHECK_THROWS_AS(pd::run_ranks(2, [&](ThreadCommunicator& comm) {
     recording(caught, comm.rank(), [&] {
-      auto mine = std::make_unique<std::vector<float>>(64, float(comm.rank() + 1));
       std::vector<float> back(64, -1.0f);
       if (comm.rank() == 1) {
-        pd::Request received = comm.recv_async(std::span<float>(back), 0);
-        comm.send(std::span<const float>(*mine), 0);  // times out first
+        auto mine = std::make_unique<std::vector<float>>(64, 2.0f);
+        comm.send(std::span<const float>(*mine), 0);  // times out
       } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(80));  // so rank 1's deadline comes first
-        comm.send(std::span<const float>(*mine), 1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));  // after rank 1 gave up
         comm.recv(std::span<float>(back), 1);
         rank0_received = true;
       }
@@ -346,4 +344,39 @@ TEST_CASE("threads: a sender that gives up withdraws its message (no receiver re
   }, options), pd::CommError);
   CHECK_FALSE(rank0_received.load());
   CHECK(caught.kinds[0] == "CommError");
+}
+
+TEST_CASE("threads: pending operations may be waited for in a different order on different ranks") {
+  for (int p : {2, 3, 4}) {
+    pd::run_ranks(p, [&](ThreadCommunicator& comm) {
+      const int r = comm.rank();
+      std::vector<float> mine(5, float(r + 1)), gathered(std::size_t(5 * p)), summed(5);
+      pd::Request gather = comm.all_gather_async(std::span<const float>(mine), std::span<float>(gathered));
+      pd::Request sum = comm.all_reduce_async(std::span<const float>(mine), std::span<float>(summed), ReduceOp::sum);
+      if (r % 2) {  // odd ranks wait for the later operation first
+        sum.wait();
+        gather.wait();
+      } else {
+        gather.wait();
+        sum.wait();
+      }
+      for (int j = 0; j < p; ++j) CHECK(gathered[std::size_t(5 * j)] == float(j + 1));
+      CHECK(summed[4] == float(p * (p + 1) / 2));
+    });
+  }
+}
+
+TEST_CASE("threads: a send completes once its receive is posted, whoever waits first") {
+  // Every rank waits for its send before its receive: matched sends and receives copy on the first wait.
+  for (int p : {1, 2, 3}) {
+    pd::run_ranks(p, [&](ThreadCommunicator& comm) {
+      const int r = comm.rank(), n = comm.size();
+      std::vector<double> out(7, double(r)), in(7, -1.0);
+      pd::Request received = comm.recv_async(std::span<double>(in), (r + n - 1) % n, 3);
+      pd::Request sent = comm.send_async(std::span<const double>(out), (r + 1) % n, 3);
+      sent.wait();
+      received.wait();
+      CHECK(in[6] == double((r + n - 1) % n));
+    });
+  }
 }

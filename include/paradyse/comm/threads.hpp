@@ -7,11 +7,12 @@
 // peak memory of every rank is measured exactly.
 //
 // How an operation runs. Every rank posts a description of its buffers into the group's slot for that operation
-// (the n-th collective of each rank meets the n-th collective of the others) and then, at wait(), pulls what it
-// needs straight from the other ranks' buffers: one copy per byte, no staging. A final rendezvous keeps every send
-// buffer alive until all ranks have read it. Point-to-point messages are rendezvous too: the receiver copies from
-// the sender's buffer, and the sender's wait() returns once it has. So a blocking send() waits for its receive
-// (like MPI_Ssend); use shift() or the async forms for exchanges.
+// (the n-th collective of each rank meets the n-th collective of the others). Waiting ranks then execute the
+// operation's parts straight between the posted buffers (one copy per byte, no staging), each claiming parts no
+// one has claimed, its own first (comm/threads_detail.hpp); a wait returns when every part is done, so every send
+// buffer has been read and every receive buffer written. Ranks may wait on pending operations in any order.
+// Point-to-point: a send and a receive are matched in posting order per (source, dest, tag), and whichever side
+// waits first copies; a blocking send() therefore returns once its receive has been posted and copied.
 //
 // Bytes counted by stats() follow the bandwidth-optimal (ring) algorithms, the convention of nccl-tests' bus
 // bandwidth: all_gather, reduce_scatter, all_to_all: (p-1)/p of the whole buffer; all_reduce: 2(p-1)/p of it;
@@ -19,127 +20,28 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/threads_detail.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/memory.hpp"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <thread>
-#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace paradyse {
-
-namespace threads_detail {
-
-enum class OpKind : std::uint8_t {
-  all_gather, all_gather_v, reduce_scatter, reduce_scatter_v, all_reduce, all_to_all, all_to_all_v, broadcast,
-  reduce, barrier, split
-};
-
-constexpr std::string_view name_of(OpKind kind) {
-  constexpr std::string_view names[] = {"all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v",
-                                        "all_reduce", "all_to_all",   "all_to_all_v",   "broadcast",
-                                        "reduce",     "barrier",      "split"};
-  return names[std::size_t(kind)];
-}
-
-// Element i of chunk `part` of n elements split into `parts`: the first n % parts chunks hold one more element.
-inline std::pair<std::size_t, std::size_t> chunk_bounds(std::size_t n, int parts, int part) {
-  const std::size_t base = n / std::size_t(parts), extra = n % std::size_t(parts), r = std::size_t(part);
-  const std::size_t begin = r * base + std::min(r, extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
-}
-
-// out[i] = in[0][i] (op) in[1][i] (op) ... in rank order; `out` may alias one of the inputs.
-using ReduceFn = void (*)(std::byte* out, const std::byte* const* in, int ranks, std::size_t begin, std::size_t end,
-                          ReduceOp op);
-
-template <class T>
-void reduce_in_rank_order(std::byte* out_bytes, const std::byte* const* in_bytes, int ranks, std::size_t begin,
-                          std::size_t end, ReduceOp op) {
-  using Acc = std::conditional_t<std::is_same_v<T, bf16>, float, T>;
-  auto in = [&](int r) { return reinterpret_cast<const T*>(in_bytes[r]); };
-  T* out = reinterpret_cast<T*>(out_bytes);
-  constexpr std::size_t kBlock = 1024;  // reduce a cache-resident block at a time, all ranks, in rank order
-  Acc acc[kBlock];
-  for (std::size_t b = begin; b < end; b += kBlock) {
-    const std::size_t n = std::min(kBlock, end - b);
-    for (std::size_t i = 0; i < n; ++i) acc[i] = Acc(in(0)[b + i]);
-    for (int r = 1; r < ranks; ++r) {
-      const T* src = in(r) + b;
-      if (op == ReduceOp::max) {
-        for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], Acc(src[i]));
-      } else {
-        for (std::size_t i = 0; i < n; ++i) acc[i] += Acc(src[i]);
-      }
-    }
-    if (op == ReduceOp::avg)
-      for (std::size_t i = 0; i < n; ++i) acc[i] = Acc(acc[i] / Acc(ranks));
-    for (std::size_t i = 0; i < n; ++i) out[b + i] = T(acc[i]);
-  }
-}
-
-// One rank's half of a collective: its buffers, as posted.
-struct Post {
-  OpKind kind{};
-  DType dtype{};
-  ReduceOp op{};
-  int root = 0;
-  const std::byte* send = nullptr;
-  std::size_t send_count = 0;
-  std::byte* recv = nullptr;
-  std::size_t recv_count = 0;
-  std::vector<std::int64_t> send_counts;  // all_to_all_v: per destination; reduce_scatter_v: per rank
-  std::vector<std::int64_t> recv_counts;  // all_to_all_v: per source; all_gather_v: per rank
-  int color = 0, key = 0;                 // split
-  ReduceFn reduce = nullptr;
-};
-
-struct Group;
-
-struct Slot {
-  std::vector<std::optional<Post>> posts;
-  int posted = 0, reduced = 0, finished = 0, left = 0;
-  std::map<int, std::shared_ptr<Group>> split_groups;  // split: the new group of each color
-};
-
-// A point-to-point message: the receiver copies from `data` and then sets `done`.
-struct Message {
-  const std::byte* data = nullptr;
-  std::size_t bytes = 0;
-  bool taken = false;  // a receiver popped it and is copying
-  bool done = false;
-  std::string error;
-};
-
-struct Group {
-  int id = 0;
-  std::vector<int> world_ranks;          // member i of the group is world rank world_ranks[i]
-  std::map<std::uint64_t, Slot> slots;   // by operation sequence number
-  std::map<std::tuple<int, int, int>, std::deque<std::shared_ptr<Message>>> mailboxes;  // (source, dest, tag)
-
-  int size() const { return int(world_ranks.size()); }
-  std::string describe() const {
-    return fmt::format("group #{} (world ranks {})", id, fmt::join(world_ranks, ", "));
-  }
-};
-
-}  // namespace threads_detail
 
 // Options for run_ranks.
 struct RunOptions {
@@ -178,6 +80,8 @@ public:
     std::lock_guard lock(mutex_);
     return failed_rank_;
   }
+  // Whether the run failed; call with mutex() held.
+  bool failed() const noexcept { return failed_rank_ >= 0; }
 
   std::mutex& mutex() noexcept { return mutex_; }
   void notify() { changed_.notify_all(); }
@@ -200,6 +104,11 @@ public:
       }
     }
   }
+  // Waits for a copy in progress to end: a memcpy by a running thread, so no timeout and no failure check.
+  template <class Ready>
+  void wait_for_copy(std::unique_lock<std::mutex>& lock, Ready ready) {
+    changed_.wait(lock, ready);
+  }
 
 private:
   int size_;
@@ -213,7 +122,8 @@ private:
   std::string failure_;
 };
 
-// One rank's handle on a group of thread ranks. Move-only: operations are matched by per-rank sequence numbers.
+// One rank's handle on a group of thread ranks. Move-only: operations are matched by per-rank sequence numbers, and
+// a pending Request refers to its communicator, which must outlive it.
 class ThreadCommunicator {
   // An input span whose element type is deduced from the output span, so that a mutable span converts.
   template <class T>
@@ -378,9 +288,7 @@ public:
     post.key = key;
     const std::uint64_t seq = post_collective(std::move(post));
     std::shared_ptr<threads_detail::Group> mine;
-    int my_index = 0;
-    complete_collective(seq, [&](threads_detail::Slot& slot) {
-      std::lock_guard lock(world_->mutex());
+    complete_collective(seq, [&](threads_detail::Slot& slot) {  // runs with the lock held
       if (slot.split_groups.empty()) {  // the first rank through builds every color's group
         std::map<int, std::vector<std::pair<int, int>>> members;  // color -> (key, rank)
         for (int r = 0; r < size(); ++r) members[slot.posts[r]->color].push_back({slot.posts[r]->key, r});
@@ -393,9 +301,9 @@ public:
         }
       }
       mine = slot.split_groups.at(color);
-      my_index = int(std::find(mine->world_ranks.begin(), mine->world_ranks.end(), world_rank()) -
-                     mine->world_ranks.begin());
     });
+    const int my_index = int(std::find(mine->world_ranks.begin(), mine->world_ranks.end(), world_rank()) -
+                             mine->world_ranks.begin());
     return ThreadCommunicator(world_, std::move(mine), my_index);
   }
 
@@ -403,63 +311,16 @@ public:
   template <CommElement T>
   Request send_async(std::span<const T> in, int dest, int tag = 0) {
     check_peer("send", dest);
-    auto message = std::make_shared<threads_detail::Message>();
-    message->data = reinterpret_cast<const std::byte*>(in.data());
-    message->bytes = in.size_bytes();
-    {
-      std::lock_guard lock(world_->mutex());
-      group_->mailboxes[{rank_, dest, tag}].push_back(message);
-    }
-    world_->notify();
     count_bytes(in.size_bytes(), 0);
-    return Request([this, message, dest, tag] {
-      std::unique_lock lock(world_->mutex());
-      try {
-        world_->wait(lock, world_rank(), [&] { return message->done; }, [&] { return fmt::format("{}", dest); },
-                     fmt::format("send to rank {} (tag {}) on {}", dest, tag, group_->describe()));
-      } catch (...) {
-        // Giving up (failure or timeout): the buffer may die next, so no receiver may copy from it any more.
-        if (!message->taken) {
-          auto& box = group_->mailboxes[{rank_, dest, tag}];
-          box.erase(std::find(box.begin(), box.end(), message));
-        } else {
-          while (!message->done) {  // a receiver is copying right now: a memcpy, it ends
-            lock.unlock();
-            std::this_thread::yield();
-            lock.lock();
-          }
-        }
-        throw;
-      }
-      if (!message->error.empty()) throw Error(message->error);
-    });
+    return post_transfer(true, rank_, dest, tag, reinterpret_cast<const std::byte*>(in.data()), in.size_bytes(), nullptr, 0,
+                         nullptr);
   }
   template <CommElement T>
   Request recv_async(std::span<T> out, int source, int tag = 0) {
     check_peer("recv", source);
     count_bytes(0, out.size_bytes());
-    return Request([this, out, source, tag] {
-      std::unique_lock lock(world_->mutex());
-      auto& box = group_->mailboxes[{source, rank_, tag}];
-      world_->wait(lock, world_rank(), [&] { return !box.empty(); }, [&] { return fmt::format("{}", source); },
-                   fmt::format("recv from rank {} (tag {}) on {}", source, tag, group_->describe()));
-      std::shared_ptr<threads_detail::Message> message = box.front();
-      box.pop_front();
-      message->taken = true;
-      lock.unlock();
-      std::string error;
-      if (message->bytes != out.size_bytes())
-        error = fmt::format("rank {} sent {} bytes to rank {} (tag {}), which expected {} bytes", source,
-                            message->bytes, rank_, tag, out.size_bytes());
-      else if (message->bytes)
-        std::memcpy(out.data(), message->data, message->bytes);
-      lock.lock();
-      message->error = error;
-      message->done = true;
-      lock.unlock();
-      world_->notify();
-      if (!error.empty()) throw Error(error);
-    });
+    return post_transfer(false, source, rank_, tag, nullptr, 0, reinterpret_cast<std::byte*>(out.data()), out.size_bytes(),
+                         nullptr);
   }
   // Sends `in` to rank + offset and receives `out` from rank - offset (mod size): one step of a ring.
   template <CommElement T>
@@ -467,25 +328,28 @@ public:
     const int n = size();
     const int dest = ((rank_ + offset) % n + n) % n, source = ((rank_ - offset) % n + n) % n;
     // In place, this rank may receive into `out` before the next rank has read `in` from it: send a staged copy.
-    std::shared_ptr<Staging> staged;
+    std::shared_ptr<threads_detail::Staging> staged;
+    const std::byte* data = reinterpret_cast<const std::byte*>(in.data());
     if (!in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size()) {
-      staged = std::make_shared<Staging>(in.size_bytes());
+      staged = std::make_shared<threads_detail::Staging>(in.size_bytes());
       std::memcpy(staged->data, in.data(), in.size_bytes());
-      in = std::span<const T>(reinterpret_cast<const T*>(staged->data), in.size());
+      data = staged->data;
     }
-    auto sent = std::make_shared<Request>(send_async(in, dest, kShiftTag));
-    auto received = std::make_shared<Request>(recv_async(out, source, kShiftTag));
-    return Request([sent, received, staged] {
+    count_bytes(in.size_bytes(), 0);  // a send and a receive, as MPI's Sendrecv
+    count_bytes(0, out.size_bytes());
+    auto sent = std::make_shared<Request>(post_transfer(true, rank_, dest, kShiftTag, data, in.size_bytes(), nullptr, 0,
+                                                        std::move(staged)));
+    auto received = std::make_shared<Request>(post_transfer(false, source, rank_, kShiftTag, nullptr, 0,
+                                                            reinterpret_cast<std::byte*>(out.data()), out.size_bytes(),
+                                                            nullptr));
+    return Request([sent, received] {
       received->wait();
       sent->wait();
     });
   }
   template <CommElement T> void send(std::span<const T> in, int dest, int tag = 0) { send_async(in, dest, tag).wait(); }
   template <CommElement T> void recv(std::span<T> out, int source, int tag = 0) { recv_async(out, source, tag).wait(); }
-  template <CommElement T> void shift(In<T> in, std::span<T> out, int offset = 1) {
-    shift_async(in, out, offset).wait();
-  }
-
+  template <CommElement T> void shift(In<T> in, std::span<T> out, int offset = 1) { shift_async(in, out, offset).wait(); }
   // Sending from a mutable span.
   template <CommElement T> Request send_async(std::span<T> in, int dest, int tag = 0) {
     return send_async(std::span<const T>(in), dest, tag);
@@ -511,24 +375,16 @@ private:
   }
 
   // An all-to-all whose output overlaps its input would overwrite data other ranks still read: stage the input.
-  threads_detail::Post stage_if_aliased(threads_detail::Post post) {
+  static threads_detail::Post stage_if_aliased(threads_detail::Post post) {
     const std::size_t bytes = post.send_count * size_of(post.dtype);
     const std::byte *s = post.send, *r = post.recv;
     if (bytes && s < r + post.recv_count * size_of(post.dtype) && r < s + bytes) {
-      staged_ = std::make_shared<Staging>(bytes);
-      std::memcpy(staged_->data, post.send, bytes);
-      post.send = staged_->data;
+      post.staged = std::make_shared<threads_detail::Staging>(bytes);
+      std::memcpy(post.staged->data, post.send, bytes);
+      post.send = post.staged->data;
     }
     return post;
   }
-  struct Staging {  // a tracked copy of an in-place all-to-all's input
-    explicit Staging(std::size_t n) : tracker(&MemoryTracker::current()), bytes(n),
-                                      data(static_cast<std::byte*>(tracker->allocate(n))) {}
-    ~Staging() { tracker->deallocate(data, bytes); }
-    MemoryTracker* tracker;
-    std::size_t bytes;
-    std::byte* data;
-  };
 
   void check_peer(const char* op, int peer) const {
     check(peer >= 0 && peer < size(), "{}: rank {} is not in {} (size {})", op, peer, group_->describe(), size());
@@ -550,10 +406,10 @@ private:
     ++stats_.operations;
   }
 
+  // ---- collectives: post, then complete ------------------------------------------------------------------------
   Request start(threads_detail::Post post) {
     const std::uint64_t seq = post_collective(std::move(post));
-    auto staged = std::exchange(staged_, nullptr);
-    return Request([this, seq, staged] { complete_collective(seq, [](threads_detail::Slot&) {}); });
+    return Request([this, seq] { complete_collective(seq, [](threads_detail::Slot&) {}); });
   }
 
   std::uint64_t post_collective(threads_detail::Post post) {
@@ -573,167 +429,138 @@ private:
     return fmt::format("{} (operation #{}) on {}", threads_detail::name_of(slot.posts[std::size_t(rank_)]->kind), seq,
                        group_->describe());
   }
-
-  // Which ranks have not reached `count` yet, as world ranks.
+  // The world ranks that have not posted the operation yet.
   std::string missing(const threads_detail::Slot& slot) const {
     std::vector<int> absent;
     for (int r = 0; r < size(); ++r)
       if (!slot.posts[std::size_t(r)]) absent.push_back(group_->world_ranks[std::size_t(r)]);
-    return absent.empty() ? std::string("(all arrived; some had not finished)") : fmt::format("{}", fmt::join(absent, ", "));
+    return absent.empty() ? std::string("(none: all posted, parts still running)") : fmt::format("{}", fmt::join(absent, ", "));
   }
 
-  // Every rank posted the same operation with compatible sizes; otherwise a clear error (on every rank).
-  void validate(const threads_detail::Slot& slot, std::uint64_t seq) const {
-    using threads_detail::OpKind;
-    const auto& mine = *slot.posts[std::size_t(rank_)];
-    const auto& first = *slot.posts[0];
-    for (int r = 0; r < size(); ++r) {
-      const auto& other = *slot.posts[std::size_t(r)];
-      check(other.kind == first.kind, "rank {} called {} where rank 0 called {} (operation #{} on {})", r,
-            threads_detail::name_of(other.kind), threads_detail::name_of(first.kind), seq, group_->describe());
-      if (first.kind == OpKind::barrier || first.kind == OpKind::split) continue;
-      check(other.dtype == first.dtype, "{}: rank {} moves {} where rank 0 moves {}", describe_op(slot, seq), r,
-            name_of(other.dtype), name_of(first.dtype));
-      check(other.op == first.op || first.kind == OpKind::all_gather || first.kind == OpKind::all_to_all ||
-                first.kind == OpKind::broadcast || first.kind == OpKind::all_gather_v || first.kind == OpKind::all_to_all_v,
-            "{}: rank {} reduces with {} where rank 0 uses {}", describe_op(slot, seq), r, name_of(other.op), name_of(first.op));
-      check(other.root == first.root, "{}: rank {} names root {} where rank 0 names root {}", describe_op(slot, seq), r,
-            other.root, first.root);
-      switch (first.kind) {
-        case OpKind::all_gather: case OpKind::all_reduce: case OpKind::all_to_all: case OpKind::reduce_scatter:
-          check(other.send_count == mine.send_count, "{}: rank {} sends {} elements but rank {} sends {}",
-                describe_op(slot, seq), r, other.send_count, rank_, mine.send_count);
-          break;
-        case OpKind::broadcast:
-          check(other.recv_count == mine.recv_count, "{}: rank {} has a buffer of {} elements but rank {} has {}",
-                describe_op(slot, seq), r, other.recv_count, rank_, mine.recv_count);
-          break;
-        case OpKind::reduce:
-          check(other.send_count == mine.send_count, "{}: rank {} contributes {} elements but rank {} contributes {}",
-                describe_op(slot, seq), r, other.send_count, rank_, mine.send_count);
-          break;
-        case OpKind::all_gather_v: case OpKind::reduce_scatter_v:
-          check(other.recv_counts == first.recv_counts && other.send_counts == first.send_counts,
-                "{}: rank {} passes different counts than rank 0", describe_op(slot, seq), r);
-          break;
-        case OpKind::all_to_all_v:
-          check(std::size_t(other.send_counts[std::size_t(rank_)]) == std::size_t(mine.recv_counts[std::size_t(r)]),
-                "{}: rank {} sends {} elements to rank {}, which expects {}", describe_op(slot, seq), r,
-                other.send_counts[std::size_t(rank_)], rank_, mine.recv_counts[std::size_t(r)]);
-          break;
-        default: break;
-      }
-    }
-  }
-
-  // Waits for every rank's post, does this rank's part, then waits until every rank has done its part (so every
-  // send buffer stays valid while others read it). `extra` runs once all posts are in (used by split).
-  template <class Extra>
-  void complete_collective(std::uint64_t seq, Extra extra) {
-    using threads_detail::OpKind;
+  // Waits for every rank's post, then executes unclaimed parts (this rank's first) until the operation is done.
+  // `on_done` runs once it is, with the lock held. Throws the validation error, or CommError when a rank failed; in
+  // that case it first waits for parts in progress, which may be reading or writing this rank's buffers.
+  template <class OnDone>
+  void complete_collective(std::uint64_t seq, OnDone on_done) {
     std::unique_lock lock(world_->mutex());
     threads_detail::Slot& slot = group_->slots.at(seq);
     const std::string what = describe_op(slot, seq);
-    world_->wait(lock, world_rank(), [&] { return slot.posted == size(); }, [&] { return missing(slot); }, what);
-    lock.unlock();
+    const int n = size();
     try {
-      validate(slot, seq);
-    } catch (...) {
-      leave(slot, seq);
+      world_->wait(lock, world_rank(), [&] { return slot.posted == n; }, [&] { return missing(slot); }, what);
+      if (!slot.validated) {
+        slot.invalid = threads_detail::validate(slot, *group_, seq);
+        slot.phases = threads_detail::phases_of(slot.posts[0]->kind);
+        slot.claimed.assign(std::size_t(n), false);
+        slot.validated = true;
+      }
+      while (!slot.complete()) {
+        const int part = next_unclaimed_part(slot);
+        if (part < 0) {  // every part of this phase is being executed by someone: wait for them
+          const int phase = slot.phase;
+          world_->wait(lock, world_rank(), [&] { return slot.phase != phase; }, [&] { return missing(slot); }, what);
+          continue;
+        }
+        if (world_->failed()) break;  // let world_->wait below report it
+        slot.claimed[std::size_t(part)] = true;
+        ++slot.claimed_count;
+        const int phase = slot.phase;
+        lock.unlock();
+        threads_detail::execute_part(slot, n, phase, part);
+        lock.lock();
+        if (++slot.done_count == n) {
+          ++slot.phase;
+          slot.claimed.assign(std::size_t(n), false);
+          slot.claimed_count = slot.done_count = 0;
+        }
+        world_->notify();
+      }
+      world_->wait(lock, world_rank(), [&] { return slot.complete(); }, [&] { return missing(slot); }, what);
+    } catch (const CommError&) {
+      world_->wait_for_copy(lock, [&] { return !slot.in_progress(); });
       throw;
     }
-
-    const auto& mine = *slot.posts[std::size_t(rank_)];
-    auto post = [&](int r) -> const threads_detail::Post& { return *slot.posts[std::size_t(r)]; };
-    const std::size_t elem = size_of(mine.dtype);
-    const int n = size();
-    switch (mine.kind) {
-      case OpKind::all_gather:
-        for (int r = 0; r < n; ++r) {
-          std::byte* dst = mine.recv + std::size_t(r) * mine.send_count * elem;
-          if (dst != post(r).send) std::memcpy(dst, post(r).send, mine.send_count * elem);
-        }
-        break;
-      case OpKind::all_gather_v: {
-        std::size_t offset = 0;
-        for (int r = 0; r < n; ++r) {
-          const std::size_t bytes = std::size_t(mine.recv_counts[std::size_t(r)]) * elem;
-          if (bytes && mine.recv + offset != post(r).send) std::memcpy(mine.recv + offset, post(r).send, bytes);
-          offset += bytes;
-        }
-        break;
-      }
-      case OpKind::reduce_scatter: case OpKind::reduce_scatter_v: {
-        std::size_t begin = 0, count = mine.recv_count;
-        if (mine.kind == OpKind::reduce_scatter) begin = std::size_t(rank_) * mine.recv_count;
-        else
-          for (int r = 0; r < rank_; ++r) begin += std::size_t(mine.send_counts[std::size_t(r)]);
-        std::vector<const std::byte*> inputs(static_cast<std::size_t>(n));
-        for (int r = 0; r < n; ++r) inputs[std::size_t(r)] = post(r).send + begin * elem;
-        mine.reduce(mine.recv, inputs.data(), n, 0, count, mine.op);
-        break;
-      }
-      case OpKind::all_reduce: {
-        // Phase 1: rank r reduces chunk r into its own output; phase 2: everyone copies the other chunks.
-        const auto [begin, end] = threads_detail::chunk_bounds(mine.send_count, n, rank_);
-        std::vector<const std::byte*> inputs(static_cast<std::size_t>(n));
-        for (int r = 0; r < n; ++r) inputs[std::size_t(r)] = post(r).send;
-        mine.reduce(mine.recv, inputs.data(), n, begin, end, mine.op);
-        lock.lock();
-        ++slot.reduced;
-        world_->notify();
-        world_->wait(lock, world_rank(), [&] { return slot.reduced == n; }, [&] { return std::string("(reducing)"); },
-                     what);
-        lock.unlock();
-        for (int r = 0; r < n; ++r) {
-          if (r == rank_) continue;
-          const auto [b, e] = threads_detail::chunk_bounds(mine.send_count, n, r);
-          if (e > b) std::memcpy(mine.recv + b * elem, post(r).recv + b * elem, (e - b) * elem);
-        }
-        break;
-      }
-      case OpKind::all_to_all: {
-        const std::size_t chunk = mine.send_count / std::size_t(n) * elem;
-        for (int r = 0; r < n; ++r)
-          if (chunk) std::memcpy(mine.recv + std::size_t(r) * chunk, post(r).send + std::size_t(rank_) * chunk, chunk);
-        break;
-      }
-      case OpKind::all_to_all_v: {
-        std::size_t recv_offset = 0;
-        for (int r = 0; r < n; ++r) {
-          std::size_t send_offset = 0;
-          for (int j = 0; j < rank_; ++j) send_offset += std::size_t(post(r).send_counts[std::size_t(j)]);
-          const std::size_t bytes = std::size_t(mine.recv_counts[std::size_t(r)]) * elem;
-          if (bytes) std::memcpy(mine.recv + recv_offset, post(r).send + send_offset * elem, bytes);
-          recv_offset += bytes;
-        }
-        break;
-      }
-      case OpKind::broadcast:
-        if (rank_ != mine.root && mine.recv_count)
-          std::memcpy(mine.recv, post(mine.root).send, mine.recv_count * elem);
-        break;
-      case OpKind::reduce:
-        if (rank_ == mine.root && mine.send_count) {
-          std::vector<const std::byte*> inputs(static_cast<std::size_t>(n));
-          for (int r = 0; r < n; ++r) inputs[std::size_t(r)] = post(r).send;
-          mine.reduce(mine.recv, inputs.data(), n, 0, mine.send_count, mine.op);
-        }
-        break;
-      case OpKind::barrier: break;
-      case OpKind::split: extra(slot); break;
-    }
-    leave(slot, seq);
+    if (slot.invalid.empty()) on_done(slot);
+    const std::string invalid = slot.invalid;
+    if (++slot.left == n) group_->slots.erase(seq);
+    lock.unlock();
+    if (!invalid.empty()) throw Error(invalid);
   }
 
-  // The closing rendezvous of a collective; the last rank out frees the slot.
-  void leave(threads_detail::Slot& slot, std::uint64_t seq) {
-    std::unique_lock lock(world_->mutex());
-    ++slot.finished;
+  // This rank's own part when unclaimed, else the next unclaimed one after it; -1 when all are claimed.
+  int next_unclaimed_part(const threads_detail::Slot& slot) const {
+    const int n = size();
+    for (int i = 0; i < n; ++i) {
+      const int part = (rank_ + i) % n;
+      if (!slot.claimed[std::size_t(part)]) return part;
+    }
+    return -1;
+  }
+
+  // ---- point to point: match a send with a receive, then whichever side waits first copies ----------------------
+  // The send side (sending) or the receive side of the transfer source -> dest with `tag`.
+  Request post_transfer(bool sending, int source, int dest, int tag, const std::byte* send, std::size_t send_bytes,
+                        std::byte* recv, std::size_t recv_bytes, std::shared_ptr<threads_detail::Staging> staged) {
+    std::shared_ptr<threads_detail::Transfer> transfer;
+    {
+      std::lock_guard lock(world_->mutex());
+      auto& mine = sending ? group_->unmatched_sends[{source, dest, tag}] : group_->unmatched_recvs[{source, dest, tag}];
+      auto& theirs = sending ? group_->unmatched_recvs[{source, dest, tag}] : group_->unmatched_sends[{source, dest, tag}];
+      if (!theirs.empty()) {
+        transfer = theirs.front();
+        theirs.pop_front();
+      } else {
+        transfer = std::make_shared<threads_detail::Transfer>();
+        mine.push_back(transfer);
+      }
+      if (sending) {
+        transfer->source = send;
+        transfer->source_bytes = send_bytes;
+        transfer->has_send = true;
+        transfer->staged = std::move(staged);
+      } else {
+        transfer->dest = recv;
+        transfer->dest_bytes = recv_bytes;
+        transfer->has_recv = true;
+      }
+    }
     world_->notify();
-    world_->wait(lock, world_rank(), [&] { return slot.finished == size(); }, [&] { return missing(slot); },
-                 describe_op(slot, seq));
-    if (++slot.left == size()) group_->slots.erase(seq);
+    const int peer = sending ? dest : source;
+    return Request([this, transfer, sending, source, dest, tag, peer] {
+      using State = threads_detail::Transfer::State;
+      std::unique_lock lock(world_->mutex());
+      const std::string what = fmt::format("{} rank {} (tag {}) on {}", sending ? "send to" : "recv from", peer, tag,
+                                           group_->describe());
+      try {
+        world_->wait(lock, world_rank(), [&] { return transfer->matched() || transfer->state == State::done; },
+                     [&] { return fmt::format("{}", group_->world_ranks[std::size_t(peer)]); }, what);
+      } catch (const CommError&) {
+        if (!transfer->matched()) {  // withdraw: nobody may copy from or into this rank's buffer any more
+          auto& queue = sending ? group_->unmatched_sends[{source, dest, tag}] : group_->unmatched_recvs[{source, dest, tag}];
+          queue.erase(std::find(queue.begin(), queue.end(), transfer));
+        }
+        world_->wait_for_copy(lock, [&] { return transfer->state != State::copying; });
+        throw;
+      }
+      if (transfer->state == State::waiting) {
+        if (transfer->source_bytes != transfer->dest_bytes) {
+          transfer->error = fmt::format("rank {} sent {} bytes to rank {} (tag {}), which expected {} bytes",
+                                        group_->world_ranks[std::size_t(source)], transfer->source_bytes,
+                                        group_->world_ranks[std::size_t(dest)], tag, transfer->dest_bytes);
+          transfer->state = State::done;
+        } else {
+          transfer->state = State::copying;
+          lock.unlock();
+          if (transfer->source_bytes) std::memcpy(transfer->dest, transfer->source, transfer->source_bytes);
+          lock.lock();
+          transfer->state = State::done;
+          transfer->staged.reset();
+        }
+        world_->notify();
+      }
+      world_->wait_for_copy(lock, [&] { return transfer->state == State::done; });
+      if (!transfer->error.empty()) throw Error(transfer->error);
+    });
   }
 
   std::shared_ptr<ThreadWorld> world_;
@@ -741,7 +568,6 @@ private:
   int rank_ = 0;
   std::uint64_t next_seq_ = 0;
   CommStats stats_;
-  std::shared_ptr<Staging> staged_;
 };
 
 static_assert(Communicator<ThreadCommunicator>);
