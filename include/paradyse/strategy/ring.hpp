@@ -15,9 +15,9 @@
 // A block that must change before it travels on (an accumulating gradient) uses mutable_current() and calls
 // start_next() only after the change. Only two buffers of the block's size are alive at a time.
 //
-// Several rings in flight on the same neighbours (weights and their gradients): finish them in the order they were
-// started. Receives from one peer are matched to messages in order, and the threads backend matches a receive when
-// it is waited for, not when it is posted, so finishing out of order would hand one ring the other's block.
+// Several rings may be in flight on the same neighbours (weights and their gradients): receives from one peer are
+// matched to its messages in the order they were posted (MPI's rule, and the threads backend's), so each ring gets
+// its own blocks; the ZeRO-3 backward still finishes them in the order it started them.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"

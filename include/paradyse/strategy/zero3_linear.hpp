@@ -66,7 +66,7 @@ void ring_column_linear_backward(Comm& comm, BufferPool& pool, TensorView<const 
     Backend::matmul(dy, ops::Transpose::yes, x, ops::Transpose::no, dw, 1.0f, 1.0f);
     if (i + 1 < p) {
       grads.start_next();  // the accumulator travels on with the weight it belongs to
-      weights.finish_next();  // waits in the order the exchanges were posted (see ring.hpp)
+      weights.finish_next();
       grads.finish_next();
     }
   }
