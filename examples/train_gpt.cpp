@@ -1,0 +1,433 @@
+// examples/train_gpt.cpp: trains a small byte-level GPT on the State of the Union corpus with ParaDySe's per-layer
+// strategy switching, on p thread ranks with a per-rank memory cap.
+//
+// Each step takes one document window (examples/corpus.hpp: a document drawn with the seed, its length scaled so
+// that the longest speech gives --max-len), asks the exact planner for the fastest strategy of every layer and
+// sublayer that fits the cap (cost models: memory exact per strategy, time from a hardware profile of this machine),
+// and runs forward, backward and AdamW with that plan. It prints per step the length, the plan, the loss, the step
+// time, and each rank's measured peak memory against the cap and against the memory model's prediction.
+// `--strategy NAME` forces one strategy everywhere instead: long inputs then run out of memory under the cap
+// (OutOfMemory is caught, reported and the step skipped; the model is left as it was).
+//
+// Hardware profile: --profile FILE.json, or else the one calibrated on this machine by cost/calibrate.hpp (a quick
+// calibration on the first run, cached in build/train_gpt_profile_p<P>.json). Memory cap: --cap-mib, or else a
+// default from the memory model, between what all-METP needs at --max-len and what all-MegatronTS needs there, so
+// that the longest inputs do not fit with MegatronTS but do with METP.
+//
+//   train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A] [--min-len N] [--max-len N]
+//             [--cap-mib M] [--strategy NAME] [--lr X] [--order random|sorted] [--save PATH] [--profile FILE]
+//             [--corpus DIR]
+#include "corpus.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/from_config.hpp"
+#include "paradyse/cost/memory_model.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/model/checkpoint.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/plan/planner.hpp"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pd = paradyse;
+using pd::cost::Strategy;
+using Strategies = pd::AllStrategies<>;
+using Model = pd::Gpt<Strategies>;
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Options {
+  int steps = 32;
+  std::uint64_t seed = 1;
+  int ranks = 4;
+  int layers = 4;
+  std::int64_t hidden = 128;
+  std::int64_t heads = 4;
+  std::int64_t min_len = 256;
+  std::int64_t max_len = 16384;
+  double cap_mib = -1;          // < 0: from the memory model
+  std::string strategy;         // empty: the planner
+  double lr = 3e-3;
+  bool sorted = false;
+  std::string save;
+  std::string profile;
+  std::string corpus;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  fmt::print(stderr, "train_gpt: {}\n", problem);
+  fmt::print(stderr,
+             "usage: train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A]\n"
+             "                 [--min-len N] [--max-len N] [--cap-mib M] [--strategy NAME] [--lr X]\n"
+             "                 [--order random|sorted] [--save PATH] [--profile FILE.json] [--corpus DIR]\n"
+             "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n");
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(arg + " needs a value");
+      return argv[++i];
+    };
+    const auto integer = [&]() {
+      const std::string v = value();
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end || x < 1) usage(fmt::format("{} expects a positive integer, got \"{}\"", arg, v));
+      return std::int64_t(x);
+    };
+    const auto number = [&]() {
+      const std::string v = value();
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end || !(x > 0)) usage(fmt::format("{} expects a positive number, got \"{}\"", arg, v));
+      return x;
+    };
+    if (arg == "--steps") o.steps = int(integer());
+    else if (arg == "--seed") o.seed = std::uint64_t(integer());
+    else if (arg == "--ranks") o.ranks = int(integer());
+    else if (arg == "--layers") o.layers = int(integer());
+    else if (arg == "--hidden") o.hidden = integer();
+    else if (arg == "--heads") o.heads = integer();
+    else if (arg == "--min-len") o.min_len = integer();
+    else if (arg == "--max-len") o.max_len = integer();
+    else if (arg == "--cap-mib") o.cap_mib = number();
+    else if (arg == "--strategy") {
+      o.strategy = value();
+      if (!pd::cost::strategy_from_name(o.strategy)) usage(fmt::format("no strategy named \"{}\"", o.strategy));
+    } else if (arg == "--lr") o.lr = number();
+    else if (arg == "--order") {
+      const std::string v = value();
+      if (v != "sorted" && v != "random") usage("--order expects sorted or random");
+      o.sorted = v == "sorted";
+    } else if (arg == "--save") o.save = value();
+    else if (arg == "--profile") o.profile = value();
+    else if (arg == "--corpus") o.corpus = value();
+    else if (arg == "--help" || arg == "-h") usage("help");
+    else usage(fmt::format("unknown option \"{}\"", arg));
+  }
+  if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
+  return o;
+}
+
+std::string_view short_name(Strategy s) {
+  switch (s) {
+    case Strategy::megatron_ts: return "TS";
+    case Strategy::megatron_cz: return "CZ";
+    case Strategy::ulysses_z: return "UZ";
+    case Strategy::colossal_z: return "CoZ";
+    case Strategy::metp: return "METP";
+  }
+  return "?";
+}
+
+// "TS/TS TS/METP ..." : attention/mlp per layer.
+std::string compact(const std::vector<pd::cost::LayerStrategies>& layers) {
+  std::string out;
+  for (const auto& l : layers) out += fmt::format("{}{}/{}", out.empty() ? "" : " ", short_name(l.attention), short_name(l.mlp));
+  return out;
+}
+
+pd::StackPlan stack_plan(const std::vector<pd::cost::LayerStrategies>& layers) {
+  pd::StackPlan plan;
+  for (const auto& l : layers)
+    plan.push_back({Strategies::index_of(pd::cost::name_of(l.attention)), Strategies::index_of(pd::cost::name_of(l.mlp))});
+  return plan;
+}
+
+// The per-rank state that lives across steps: each rank's tracker (capped), model and buffer pool. Each step is one
+// run_ranks call whose threads install their rank's tracker, so a failed step (OutOfMemory on one rank ends the
+// collectives of all) leaves the model and the trackers intact for the next one.
+class Ranks {
+public:
+  Ranks(int p, std::size_t cap) {
+    for (int r = 0; r < p; ++r) trackers_.push_back(std::make_unique<pd::MemoryTracker>(cap));
+    models.resize(std::size_t(p));
+    pools.resize(std::size_t(p));
+  }
+  int size() const { return int(trackers_.size()); }
+  pd::MemoryTracker& tracker(int r) { return *trackers_[std::size_t(r)]; }
+
+  template <class Fn>
+  void run(Fn&& fn) {
+    pd::run_ranks(size(), [&](pd::ThreadCommunicator& comm) {
+      pd::ScopedTracker scoped(tracker(comm.rank()));
+      fn(comm, comm.rank());
+    });
+  }
+
+private:
+  std::vector<std::unique_ptr<pd::MemoryTracker>> trackers_;  // first: outlives the models and pools charged to it
+
+public:
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<std::unique_ptr<pd::BufferPool>> pools;
+};
+
+// The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
+pd::cost::HardwareProfile hardware_profile(const Options& o) {
+  if (!o.profile.empty()) {
+    fmt::print("hardware profile: {} (given)\n", o.profile);
+    return pd::cost::load_profile(o.profile);
+  }
+  const std::filesystem::path cache = fmt::format("build/train_gpt_profile_p{}.json", o.ranks);
+  if (std::filesystem::exists(cache)) {
+    fmt::print("hardware profile: calibrated on this machine earlier, {} (delete it to recalibrate)\n", cache.string());
+    return pd::cost::load_profile(cache.string());
+  }
+  fmt::print("hardware profile: calibrating {} thread ranks on this machine (once; cached in {}) ...\n", o.ranks,
+             cache.string());
+  pd::cost::CalibrationOptions options;
+  options.repetitions = 3;
+  options.attention_heads = o.heads;
+  options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
+  options.attention_lengths = {256, 512, 1024, 2048};
+  options.message_bytes = {std::int64_t(1) << 15, std::int64_t(1) << 18, std::int64_t(1) << 20, std::int64_t(1) << 22,
+                           std::int64_t(1) << 24};
+  const auto start = std::chrono::steady_clock::now();
+  pd::cost::HardwareProfile profile;
+  pd::run_ranks(o.ranks, [&](pd::ThreadCommunicator& comm) {
+    pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);
+    if (comm.rank() == 0) profile = std::move(c.profile);
+  });
+  fmt::print("  calibrated in {:.1f} s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::error_code ignored;
+  std::filesystem::create_directories(cache.parent_path(), ignored);
+  pd::cost::save_profile(profile, cache.string());
+  return profile;
+}
+
+// The cost models' view of the GPT for a sequence of s tokens: the layers, plus what the model holds outside them.
+struct CostModel {
+  pd::GptConfig config;
+  int ranks;
+  const pd::cost::HardwareProfile* hardware;
+
+  std::int64_t max_local_tokens(std::int64_t s) const {
+    const pd::SequenceLayout layout(s, ranks, config.layer.zigzag);
+    std::int64_t n = 0;
+    for (int r = 0; r < ranks; ++r) n = std::max(n, layout.local_length(r));
+    return n;
+  }
+  // Replicated weights and states, the step's activations outside the stack, the rank's tokens and targets.
+  std::int64_t extra_bytes(std::int64_t s) const {
+    const std::int64_t n = max_local_tokens(s);
+    return Model::replicated_state_bytes(config) + Model::activation_bytes(config, 1, n) + 2 * ((n * 4 + 63) / 64 * 64);
+  }
+  pd::plan::CostTable table(std::int64_t s) const {
+    pd::plan::ModelConfig model =
+        pd::plan::ModelConfig::uniform(pd::cost::shape_of(config.layer, 1, s, 4, 1), config.layers, "gpt layer");
+    model.precision = {4, 4, 8};  // float32 weights and gradients, two float32 AdamW moments
+    model.extra_bytes = extra_bytes(s);
+    return pd::plan::build_cost_table(model, *hardware, ranks, pd::plan::Batch::single(s));
+  }
+  // The predicted peak per rank of every layer on strategy `s`.
+  std::int64_t uniform_peak(std::int64_t length, Strategy s) const {
+    const pd::plan::CostTable t = table(length);
+    return pd::plan::plan_of(t, pd::plan::uniform_layers(t, s), 0).peak_bytes();
+  }
+};
+
+struct StepRecord {
+  std::int64_t length = 0;
+  double loss = 0;
+  double seconds = 0;
+  bool failed = false;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  try {
+    pd::GptConfig config;
+    config.layer = pd::LayerConfig::make(o.hidden, o.heads);
+    config.layer.causal = true;
+    config.layer.zigzag = true;  // causal ring attention balanced over the ranks
+    config.layer.rope = true;
+    config.layers = o.layers;
+    config.vocab = 256;
+    config.validate_for(o.ranks);
+
+    const std::filesystem::path corpus_dir =
+        o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
+                         : std::filesystem::path(o.corpus);
+    const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
+    const std::int64_t min_len = std::max<std::int64_t>(o.min_len, 2 * o.ranks);  // zigzag: two chunks per rank
+    corpus::WindowSampler sampler(docs, min_len, o.max_len, o.seed);
+    std::vector<corpus::Window> windows = sampler.stratified(o.steps);  // shortest first: the curriculum order
+    if (!o.sorted) sampler.shuffle(windows);
+
+    const pd::cost::HardwareProfile hardware = hardware_profile(o);
+    const CostModel costs{config, o.ranks, &hardware};
+
+    // The cap: METP must fit the longest input, MegatronTS must not (unless --cap-mib says otherwise).
+    const std::int64_t metp_peak = costs.uniform_peak(o.max_len, Strategy::metp);
+    const std::int64_t ts_peak = costs.uniform_peak(o.max_len, Strategy::megatron_ts);
+    std::int64_t cap = 0;
+    if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * kMiB);
+    else {
+      cap = metp_peak + (ts_peak - metp_peak) / 4;  // METP fits with room; TS needs more from ~60% of max-len on
+      cap = (cap + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
+    }
+
+    fmt::print("model: GPT, {} layers, h={}, {} heads, ffn={}, vocab {} (bytes), causal + RoPE, zigzag tokens, untied "
+               "replicated LM head; {:.2f} M parameters\n",
+               o.layers, o.hidden, o.heads, config.layer.ffn, config.vocab, double(config.parameter_count()) / 1e6);
+    const std::size_t shortest =
+        std::min_element(docs.begin(), docs.end(), [](auto& a, auto& b) { return a.bytes.size() < b.bytes.size(); })->bytes.size();
+    fmt::print("data: {} documents in {} ({}..{} bytes); {} steps, one window each, lengths {}..{} (the longest "
+               "document gives {}), documents stratified by length, order {}, seed {}\n",
+               docs.size(), corpus_dir.string(), shortest, sampler.longest_document(), o.steps, min_len, o.max_len,
+               o.max_len, o.sorted ? "sorted (curriculum)" : "random", o.seed);
+    fmt::print("ranks: {} threads; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
+               "all-MegatronTS {:.1f} MiB)\n",
+               o.ranks, double(cap) / kMiB, o.cap_mib > 0 ? " (given)" : " (from the memory model)", o.max_len,
+               double(metp_peak) / kMiB, double(ts_peak) / kMiB);
+    fmt::print("strategies: {}\n\n", o.strategy.empty() ? "chosen per layer and sublayer by the exact planner (attn/mlp per layer)"
+                                                        : fmt::format("{} everywhere (static)", o.strategy));
+
+    Ranks ranks(o.ranks, std::size_t(cap));
+    ranks.run([&](pd::ThreadCommunicator&, int r) {
+      ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
+      ranks.pools[std::size_t(r)] = std::make_unique<pd::BufferPool>();
+    });
+
+    pd::ops::AdamWConfig adamw;
+    adamw.learning_rate = float(o.lr);
+    adamw.weight_decay = 0.01f;
+    const int warmup = std::max(1, std::min(8, o.steps / 8));
+
+    fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7}  {:>9}  {:>9}  {:>6}\n", "step", "len", "plan", 8 * o.layers, "loss",
+               "time s", "peak MiB", "pred MiB", "cap");
+    std::vector<StepRecord> records;
+    std::map<std::string, int> usage;
+    int ooms = 0, unplanned = 0;
+    const auto run_start = std::chrono::steady_clock::now();
+    double planner_seconds = 0;
+    for (int step = 0; step < o.steps; ++step) {
+      const corpus::Window& w = windows[std::size_t(step)];
+      const std::int64_t s = w.length;
+      const std::string& text = docs[w.document].bytes;
+      std::vector<std::int32_t> inputs(static_cast<std::size_t>(s)), targets(static_cast<std::size_t>(s));
+      for (std::int64_t i = 0; i < s; ++i) {
+        inputs[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i)]));
+        targets[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i + 1)]));
+      }
+      // The plan: the exact planner's, or the forced strategy's (with its predicted memory).
+      const auto plan_start = std::chrono::steady_clock::now();
+      const pd::plan::CostTable table = costs.table(s);
+      std::optional<pd::plan::Plan> plan;
+      try {
+        plan = o.strategy.empty()
+                   ? pd::plan::plan_exact(table, cap)
+                   : pd::plan::plan_of(table, pd::plan::uniform_layers(table, *pd::cost::strategy_from_name(o.strategy)), cap);
+      } catch (const pd::plan::NoFeasiblePlan& e) {
+        fmt::print("{:>4}  {:>6}  no plan fits the cap: {}\n", step, s, e.what());
+        ++unplanned;
+        records.push_back({s, 0, 0, true});
+        continue;
+      }
+      planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
+      const std::vector<pd::cost::LayerStrategies> layers = plan->strategies();
+      const pd::StackPlan stack_plan_ = stack_plan(layers);
+
+      adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
+      std::vector<std::size_t> peaks(std::size_t(o.ranks));
+      double loss = 0;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        ranks.run([&](pd::ThreadCommunicator& comm, int r) {
+          Model& model = *ranks.models[std::size_t(r)];
+          pd::BufferPool& pool = *ranks.pools[std::size_t(r)];
+          pool.trim();  // every step starts with an empty pool, as the memory model assumes
+          pool.reset_high_water();
+          ranks.tracker(r).reset_peak();
+          const pd::SequenceLayout layout(s, o.ranks, config.layer.zigzag);
+          const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, 1, layout, r);
+          const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, 1, layout, r);
+          model.zero_gradients();
+          const pd::GptStepResult result = model.forward_backward(comm, pool, stack_plan_, s, x.view(), y.view());
+          model.optimizer_step(adamw);
+          peaks[std::size_t(r)] = ranks.tracker(r).peak();
+          if (r == 0) loss = result.loss;
+        });
+      } catch (const pd::OutOfMemory& e) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY (predicted {:.1f} MiB, cap {:.0f} MiB): {}\n",
+                   step, s, compact(layers), 8 * o.layers, "-", seconds, double(plan->peak_bytes()) / kMiB,
+                   double(cap) / kMiB, e.what());
+        ++ooms;
+        records.push_back({s, 0, seconds, true});
+        ranks.run([&](pd::ThreadCommunicator&, int r) { ranks.models[std::size_t(r)]->recover_from_failed_step(); });
+        continue;
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double peak = double(*std::max_element(peaks.begin(), peaks.end()));
+      fmt::print("{:>4}  {:>6}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, compact(layers),
+                 8 * o.layers, loss, seconds, peak / kMiB, double(plan->peak_bytes()) / kMiB, double(cap) / kMiB);
+      records.push_back({s, loss, seconds, false});
+      for (const auto& l : layers) {
+        ++usage[std::string(pd::cost::name_of(l.attention))];
+        ++usage[std::string(pd::cost::name_of(l.mlp))];
+      }
+    }
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+
+    // Summary.
+    std::vector<const StepRecord*> done;
+    std::int64_t tokens = 0;
+    for (const StepRecord& r : records)
+      if (!r.failed) {
+        done.push_back(&r);
+        tokens += r.length;
+      }
+    const auto mean_loss = [&](std::size_t from, std::size_t to) {
+      double sum = 0;
+      for (std::size_t i = from; i < to; ++i) sum += done[i]->loss;
+      return to > from ? sum / double(to - from) : 0.0;
+    };
+    const std::size_t k = std::min<std::size_t>(10, done.size());
+    fmt::print("\nsummary\n");
+    fmt::print("  steps                      {} run, {} out of memory, {} with no plan that fits\n", done.size(), ooms, unplanned);
+    fmt::print("  tokens trained             {}\n", tokens);
+    fmt::print("  mean loss, first {:>2} steps  {:.4f}\n", k, mean_loss(0, k));
+    fmt::print("  mean loss, last {:>2} steps   {:.4f}\n", k, mean_loss(done.size() - k, done.size()));
+    fmt::print("  total time                 {:.1f} s ({:.0f} tokens/s; planning {:.1f} ms in all)\n", total,
+               double(tokens) / total, planner_seconds * 1e3);
+    fmt::print("  strategy usage (sublayers) ");
+    bool first = true;
+    for (Strategy s : pd::cost::kAllStrategies) {
+      const auto it = usage.find(std::string(pd::cost::name_of(s)));
+      fmt::print("{}{} {}", first ? "" : ", ", pd::cost::name_of(s), it == usage.end() ? 0 : it->second);
+      first = false;
+    }
+    fmt::print("\n");
+    if (!o.strategy.empty()) fmt::print("  OOM steps under --strategy {:<10} {}\n", o.strategy, ooms);
+
+    if (!o.save.empty()) {
+      ranks.run([&](pd::ThreadCommunicator& comm, int r) { pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], o.save); });
+      fmt::print("  checkpoint                 {} (safetensors, global tensors)\n", o.save);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "train_gpt: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,314 @@
+// paradyse/model/checkpoint.hpp: GPT checkpoints in the safetensors format (model/safetensors.hpp).
+//
+// What is saved: the GLOBAL (unsharded) float32 tensors of the model, so a checkpoint saved on p ranks loads on any
+// other group size (and in any safetensors reader): the shards of every rank are gathered layer by layer (one
+// all-gather per sublayer; only one layer's full weights are alive at a time) and rank 0 writes the one file,
+// atomically (a temporary in the same folder, fsync, rename). Names:
+//   embedding [V, h]; head [V, h] (untied only); final_norm.gamma, final_norm.beta [h];
+//   layers.<l>.attention.{w_q, w_k, w_v, w_proj}, layers.<l>.mlp.{w_in, w_up (SwiGLU only), w_out},
+//   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as model/weights.hpp's GlobalLayerWeights)
+// The metadata holds the model configuration, the optimizer step count and an FNV-1a checksum of the data buffer.
+// The AdamW moments are not saved (a resumed run restarts them).
+//
+// Loading is per rank (no communication): every rank validates the whole file (format, configuration, names,
+// dtypes, shapes, checksum) before it changes anything, then reads the global tensors a layer at a time and keeps
+// its shards. Every mismatch is an Error naming the file, the tensor or field, and what was expected.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/model/config.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/safetensors.hpp"
+#include "paradyse/model/weights.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace paradyse {
+
+namespace checkpoint_detail {
+
+inline constexpr std::string_view kFormat = "paradyse.gpt.v1";
+inline constexpr std::string_view kChecksumKey = "data_fnv1a64";
+
+using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+// The configuration as metadata strings (doubles with 17 digits: exact round trips).
+inline Metadata config_metadata(const GptConfig& g) {
+  const LayerConfig& c = g.layer;
+  return {{"format", std::string(kFormat)},
+          {"hidden", fmt::format("{}", c.hidden)},
+          {"heads", fmt::format("{}", c.heads)},
+          {"kv_heads", fmt::format("{}", c.kv_heads)},
+          {"head_dim", fmt::format("{}", c.head_dim)},
+          {"ffn", fmt::format("{}", c.ffn)},
+          {"activation", std::string(name_of(c.activation))},
+          {"norm", std::string(name_of(c.norm))},
+          {"norm_eps", fmt::format("{:.17g}", c.norm_eps)},
+          {"rope", c.rope ? "true" : "false"},
+          {"rope_base", fmt::format("{:.17g}", c.rope_base)},
+          {"causal", c.causal ? "true" : "false"},
+          {"zigzag", c.zigzag ? "true" : "false"},
+          {"layers", fmt::format("{}", g.layers)},
+          {"vocab", fmt::format("{}", g.vocab)},
+          {"tied_head", g.tied_head ? "true" : "false"}};
+}
+
+inline const std::string& required(const safetensors::Header& h, std::string_view key, const std::string& path) {
+  const std::string* v = h.meta(key);
+  check(v != nullptr, "checkpoint {}: the metadata has no '{}' (not a paradyse GPT checkpoint?)", path, key);
+  return *v;
+}
+inline std::int64_t to_integer(const std::string& text, std::string_view key, const std::string& path) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  check(!text.empty() && *end == '\0', "checkpoint {}: metadata '{}' = \"{}\" is not an integer", path, key, text);
+  return v;
+}
+inline double to_double(const std::string& text, std::string_view key, const std::string& path) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  check(!text.empty() && *end == '\0', "checkpoint {}: metadata '{}' = \"{}\" is not a number", path, key, text);
+  return v;
+}
+inline bool to_bool(const std::string& text, std::string_view key, const std::string& path) {
+  check(text == "true" || text == "false", "checkpoint {}: metadata '{}' = \"{}\" is not true or false", path, key, text);
+  return text == "true";
+}
+
+inline GptConfig config_of(const safetensors::Header& h, const std::string& path) {
+  const auto get = [&](std::string_view key) -> const std::string& { return required(h, key, path); };
+  check(get("format") == kFormat, "checkpoint {}: format '{}', expected '{}'", path, get("format"), kFormat);
+  GptConfig g;
+  LayerConfig& c = g.layer;
+  c.hidden = to_integer(get("hidden"), "hidden", path);
+  c.heads = to_integer(get("heads"), "heads", path);
+  c.kv_heads = to_integer(get("kv_heads"), "kv_heads", path);
+  c.head_dim = to_integer(get("head_dim"), "head_dim", path);
+  c.ffn = to_integer(get("ffn"), "ffn", path);
+  const std::string& activation = get("activation");
+  check(activation == "gelu" || activation == "swiglu", "checkpoint {}: activation '{}' is not gelu or swiglu", path, activation);
+  c.activation = activation == "gelu" ? Activation::gelu : Activation::swiglu;
+  const std::string& norm = get("norm");
+  check(norm == "layer_norm" || norm == "rms_norm", "checkpoint {}: norm '{}' is not layer_norm or rms_norm", path, norm);
+  c.norm = norm == "layer_norm" ? NormKind::layer_norm : NormKind::rms_norm;
+  c.norm_eps = to_double(get("norm_eps"), "norm_eps", path);
+  c.rope = to_bool(get("rope"), "rope", path);
+  c.rope_base = to_double(get("rope_base"), "rope_base", path);
+  c.causal = to_bool(get("causal"), "causal", path);
+  c.zigzag = to_bool(get("zigzag"), "zigzag", path);
+  g.layers = int(to_integer(get("layers"), "layers", path));
+  g.vocab = to_integer(get("vocab"), "vocab", path);
+  g.tied_head = to_bool(get("tied_head"), "tied_head", path);
+  try {
+    g.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("checkpoint {}: its configuration is invalid: {}", path, e.what()));
+  }
+  return g;
+}
+
+// The tensors of one global layer with their names in the checkpoint, in data order (w_up is empty under GELU).
+inline std::vector<std::pair<std::string_view, Tensor<float>*>> layer_tensors(GlobalLayerWeights<float>& g) {
+  return {{"attention.w_q", &g.w_q},   {"attention.w_k", &g.w_k}, {"attention.w_v", &g.w_v},
+          {"attention.w_proj", &g.w_proj}, {"mlp.w_in", &g.w_in},  {"mlp.w_up", &g.w_up},
+          {"mlp.w_out", &g.w_out},     {"norm1.gamma", &g.norm1_gamma}, {"norm1.beta", &g.norm1_beta},
+          {"norm2.gamma", &g.norm2_gamma}, {"norm2.beta", &g.norm2_beta}};
+}
+
+// The entries a checkpoint of config `c` holds, in data order (a model with empty tensors: shapes only).
+inline std::vector<safetensors::TensorEntry> entries_of(const GptConfig& c) {
+  std::vector<safetensors::TensorEntry> entries;
+  const LayerConfig& l = c.layer;
+  auto add = [&](std::string name, std::vector<std::int64_t> shape) {
+    entries.push_back({std::move(name), "F32", std::move(shape), 0, 0});
+  };
+  add("embedding", {c.vocab, l.hidden});
+  if (!c.tied_head) add("head", {c.vocab, l.hidden});
+  add("final_norm.gamma", {l.hidden});
+  add("final_norm.beta", {l.hidden});
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string p = fmt::format("layers.{}.", i);
+    add(p + "attention.w_q", {l.q_width(), l.hidden});
+    add(p + "attention.w_k", {l.kv_width(), l.hidden});
+    add(p + "attention.w_v", {l.kv_width(), l.hidden});
+    add(p + "attention.w_proj", {l.q_width(), l.hidden});
+    add(p + "mlp.w_in", {l.ffn, l.hidden});
+    if (l.activation == Activation::swiglu) add(p + "mlp.w_up", {l.ffn, l.hidden});
+    add(p + "mlp.w_out", {l.ffn, l.hidden});
+    for (const char* n : {"norm1.gamma", "norm1.beta", "norm2.gamma", "norm2.beta"}) add(p + n, {l.hidden});
+  }
+  return entries;
+}
+
+// The global weights of one layer from every rank's shards (every rank gets them).
+template <Communicator C>
+GlobalLayerWeights<float> gather_layer(C& comm, const LayerConfig& c, const LayerWeights& shard) {
+  const int p = comm.size();
+  const ShardGeometry geometry(c, p);
+  const std::int64_t h = c.hidden;
+  Tensor<float> attention(Shape{p, geometry.attention_rows(), h}), mlp(Shape{p, geometry.mlp_rows(), h});
+  comm.all_gather(shard.attention.packed.span(), attention.span());
+  comm.all_gather(shard.mlp.packed.span(), mlp.span());
+  GlobalLayerWeights<float> global(c);
+  LayerWeights rank_shard(geometry);
+  for (int q = 0; q < p; ++q) {
+    std::memcpy(rank_shard.attention.packed.data(), attention.data() + q * rank_shard.attention.packed.numel(),
+                rank_shard.attention.packed.bytes());
+    std::memcpy(rank_shard.mlp.packed.data(), mlp.data() + q * rank_shard.mlp.packed.numel(), rank_shard.mlp.packed.bytes());
+    std::memcpy(rank_shard.norms.packed.data(), shard.norms.packed.data(), shard.norms.packed.bytes());  // replicated
+    // Every row rank q holds, to its place in the global matrices (replicated kv rows land twice, identical).
+    using weights_detail::Matrix;
+    weights_detail::for_each_shard_row(c, p, q, rank_shard, [&](Matrix m, std::int64_t row, std::span<float> from) {
+      Tensor<float>* to = nullptr;
+      switch (m) {
+        case Matrix::q: to = &global.w_q; break;
+        case Matrix::k: to = &global.w_k; break;
+        case Matrix::v: to = &global.w_v; break;
+        case Matrix::proj: to = &global.w_proj; break;
+        case Matrix::in: to = &global.w_in; break;
+        case Matrix::up: to = &global.w_up; break;
+        case Matrix::out: to = &global.w_out; break;
+        case Matrix::norm1_gamma: to = &global.norm1_gamma; break;
+        case Matrix::norm1_beta: to = &global.norm1_beta; break;
+        case Matrix::norm2_gamma: to = &global.norm2_gamma; break;
+        case Matrix::norm2_beta: to = &global.norm2_beta; break;
+      }
+      std::memcpy(to->data() + row * h, from.data(), from.size() * sizeof(float));
+    });
+  }
+  return global;
+}
+
+}  // namespace checkpoint_detail
+
+// The configuration a checkpoint holds (reads the header only).
+inline GptConfig read_checkpoint_config(const std::string& path) {
+  const safetensors::File file(path, O_RDONLY);
+  return checkpoint_detail::config_of(safetensors::read_header(file), path);
+}
+
+// Writes `model` (every rank's shards, gathered) to `path` atomically. Collective: every rank of the model's group
+// calls it; rank 0 writes the file.
+template <class Strategies, class Backend, Communicator C>
+void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string& path) {
+  using namespace checkpoint_detail;
+  const GptConfig& config = model.config();
+  const bool writer = comm.rank() == 0;
+  std::vector<safetensors::TensorEntry> entries = entries_of(config);
+  Metadata metadata = config_metadata(config);
+  metadata.emplace_back("step", fmt::format("{}", model.steps_taken()));
+  metadata.emplace_back("saved_on_ranks", fmt::format("{}", comm.size()));
+  metadata.emplace_back(std::string(kChecksumKey), std::string(16, '0'));  // fixed width: rewritten at the end
+  std::optional<safetensors::AtomicFile> out;
+  std::int64_t data_start = 0;
+  if (writer) {
+    const std::string header = safetensors::encode_header(entries, metadata);
+    data_start = std::int64_t(header.size());
+    out.emplace(path);
+    out->file().write_at(header.data(), data_start, 0);
+  }
+  std::uint64_t checksum = safetensors::fnv1a(nullptr, 0);
+  std::size_t next = 0;  // the next entry to write, in data order
+  auto write = [&](std::string_view name, const float* data, std::int64_t count) {
+    const safetensors::TensorEntry& e = entries[next++];
+    check(e.name == name && e.numel() == count, "save_checkpoint: tensor '{}' of {} elements comes where the header has '{}' of {}",
+          name, count, e.name, e.numel());
+    out->file().write_at(data, count * std::int64_t(sizeof(float)), data_start + e.begin);
+    checksum = safetensors::fnv1a(data, std::size_t(count) * sizeof(float), checksum);
+  };
+  if (writer) {
+    const std::int64_t v = config.vocab, h = config.layer.hidden;
+    write("embedding", model.embedding().data(), v * h);
+    if (!config.tied_head) write("head", model.head().data(), v * h);
+    write("final_norm.gamma", model.final_gamma().data(), h);
+    write("final_norm.beta", model.final_beta().data(), h);
+  }
+  for (int l = 0; l < config.layers; ++l) {
+    GlobalLayerWeights<float> g = gather_layer(comm, config.layer, model.stack().weights()[std::size_t(l)]);
+    if (!writer) continue;
+    for (auto [name, t] : layer_tensors(g))
+      if (t->numel() > 0) write(fmt::format("layers.{}.{}", l, name), t->data(), t->numel());
+  }
+  if (writer) {
+    metadata.back().second = fmt::format("{:016x}", checksum);
+    const std::string header = safetensors::encode_header(entries, metadata);
+    check(std::int64_t(header.size()) == data_start, "save_checkpoint: the header changed size");
+    out->file().write_at(header.data(), data_start, 0);
+    out->commit();
+  }
+  comm.barrier();  // the file exists for every rank once this returns
+}
+
+// Replaces `model`'s weights (this rank's shards and the replicated weights) with those of the checkpoint at `path`,
+// saved on any group size. Per rank, no communication. Throws, changing nothing, unless the file is a complete,
+// uncorrupted checkpoint of a model with the same configuration.
+template <class Strategies, class Backend>
+void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path) {
+  using namespace checkpoint_detail;
+  const safetensors::File file(path, O_RDONLY);
+  const safetensors::Header header = safetensors::read_header(file);
+  const GptConfig saved = config_of(header, path);
+  const GptConfig& config = model.config();
+  if (!(saved == config)) {
+    const Metadata a = config_metadata(saved), b = config_metadata(config);
+    std::string diff;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (a[i].second != b[i].second)
+        diff += fmt::format("{}{}: checkpoint {}, model {}", diff.empty() ? "" : "; ", a[i].first, a[i].second, b[i].second);
+    throw Error(fmt::format("checkpoint {}: it holds a different model ({})", path, diff));
+  }
+  // Names, dtypes and shapes.
+  const std::vector<safetensors::TensorEntry> expected = entries_of(config);
+  for (const safetensors::TensorEntry& want : expected) {
+    const safetensors::TensorEntry* got = header.find(want.name);
+    check(got != nullptr, "checkpoint {}: tensor '{}' is missing", path, want.name);
+    check(got->dtype == "F32", "checkpoint {}: tensor '{}' has dtype {}, expected F32", path, want.name, got->dtype);
+    check(got->shape == want.shape, "checkpoint {}: tensor '{}' has shape [{}], expected [{}]", path, want.name,
+          fmt::join(got->shape, ", "), fmt::join(want.shape, ", "));
+  }
+  for (const safetensors::TensorEntry& got : header.tensors) {
+    bool known = false;
+    for (const safetensors::TensorEntry& want : expected) known = known || want.name == got.name;
+    check(known, "checkpoint {}: unexpected tensor '{}' (the model has no such weight)", path, got.name);
+  }
+  // The checksum over the whole data buffer, in blocks.
+  if (const std::string* stored = header.meta(kChecksumKey)) {
+    Tensor<std::byte> block(Shape{std::min<std::int64_t>(std::int64_t(1) << 20, std::max<std::int64_t>(header.data_bytes, 1))});
+    std::uint64_t checksum = safetensors::fnv1a(nullptr, 0);
+    for (std::int64_t at = 0; at < header.data_bytes; at += block.numel()) {
+      const std::int64_t n = std::min(block.numel(), header.data_bytes - at);
+      file.read_at(block.data(), n, header.data_start + at);
+      checksum = safetensors::fnv1a(block.data(), std::size_t(n), checksum);
+    }
+    check(fmt::format("{:016x}", checksum) == *stored,
+          "checkpoint {}: the data is corrupted (checksum {:016x}, the header says {})", path, checksum, *stored);
+  }
+  // Everything checks: read, a layer at a time.
+  auto read = [&](const std::string& name, float* out) {
+    const safetensors::TensorEntry& e = *header.find(name);
+    file.read_at(out, e.end - e.begin, header.data_start + e.begin);
+  };
+  read("embedding", model.embedding().data());
+  if (!config.tied_head) read("head", model.head().data());
+  read("final_norm.gamma", model.final_gamma().data());
+  read("final_norm.beta", model.final_beta().data());
+  for (int l = 0; l < config.layers; ++l) {
+    GlobalLayerWeights<float> g(config.layer);
+    for (auto [name, t] : layer_tensors(g))
+      if (t->numel() > 0) read(fmt::format("layers.{}.{}", l, name), t->data());
+    model.stack().weights()[std::size_t(l)] = shard_of(g, config.layer, model.ranks(), model.rank());
+  }
+}
+
+}  // namespace paradyse

@@ -1,0 +1,434 @@
+// paradyse/model/safetensors.hpp: the safetensors file format (read and write) and atomic file replacement.
+//
+// Format (huggingface/safetensors): 8 bytes little-endian N, then N bytes of JSON header, then the data buffer.
+// The header maps each tensor name to {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]} (offsets into
+// the data buffer, end exclusive), plus an optional "__metadata__" object of string values. The data is raw
+// little-endian, row-major, tensors back to back without holes. The header is padded with spaces to a multiple of
+// 8 bytes so the data starts aligned.
+//
+// Reading validates everything before any tensor is used: the header length against the file size, the JSON, every
+// entry's dtype, shape and offsets (within the buffer, the size its shape needs, no overlaps, no holes) and that
+// the buffer ends where the file ends. Errors name the file, the tensor and what was expected.
+//
+// Writing is atomic: AtomicFile writes to a temporary file in the destination's folder, fsyncs it, renames it over
+// the destination and fsyncs the folder; a crash or an error at any point leaves either the old file or the new
+// one, never a torn one, and the temporary is removed on failure.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace paradyse::safetensors {
+
+struct TensorEntry {
+  std::string name;
+  std::string dtype;                 // "F32", "F64", "BF16", ...
+  std::vector<std::int64_t> shape;
+  std::int64_t begin = 0, end = 0;   // byte offsets into the data buffer
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+struct Header {
+  std::vector<TensorEntry> tensors;                       // in data order
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::int64_t data_start = 0;                            // file offset of the data buffer
+  std::int64_t data_bytes = 0;
+
+  const TensorEntry* find(std::string_view name) const {
+    for (const TensorEntry& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  const std::string* meta(std::string_view key) const {
+    for (const auto& [k, v] : metadata)
+      if (k == key) return &v;
+    return nullptr;
+  }
+};
+
+inline std::int64_t dtype_bytes(std::string_view dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2") return 1;
+  return 0;
+}
+
+namespace detail {
+
+inline void append_json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", int(static_cast<unsigned char>(c)));
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+// A parser for exactly what a safetensors header holds: objects, arrays, strings and non-negative integers.
+class HeaderParser {
+public:
+  HeaderParser(std::string_view text, std::string file) : text_(text), file_(std::move(file)) {}
+
+  Header parse(std::int64_t data_start, std::int64_t data_bytes) {
+    Header header;
+    header.data_start = data_start;
+    header.data_bytes = data_bytes;
+    expect('{');
+    if (!consume('}')) {
+      do {
+        const std::string name = string_value();
+        expect(':');
+        if (name == "__metadata__") parse_metadata(header);
+        else header.tensors.push_back(parse_entry(name));
+      } while (consume(','));
+      expect('}');
+    }
+    skip_space();
+    if (pos_ != text_.size()) fail("unexpected text after the header object");
+    return header;
+  }
+
+private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(fmt::format("safetensors: {}: corrupted header at byte {} of {}: {}", file_, pos_, text_.size(), what));
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\r' || text_[pos_] == '\t'))
+      ++pos_;
+  }
+  bool consume(char c) {
+    skip_space();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!consume(c)) fail(fmt::format("expected '{}'", c));
+  }
+  std::string string_value() {
+    expect('"');
+    std::string out;
+    while (pos_ < text_.size() && text_[pos_] != '"') {
+      char c = text_[pos_++];
+      if (c == '\\') {
+        if (pos_ >= text_.size()) fail("unterminated escape");
+        const char e = text_[pos_++];
+        switch (e) {
+          case '"': case '\\': case '/': c = e; break;
+          case 'n': c = '\n'; break;
+          case 't': c = '\t'; break;
+          case 'r': c = '\r'; break;
+          case 'b': c = '\b'; break;
+          case 'f': c = '\f'; break;
+          case 'u': {
+            if (pos_ + 4 > text_.size()) fail("short \\u escape");
+            unsigned code = 0;
+            for (int i = 0; i < 4; ++i) {
+              const char h = text_[pos_++];
+              code = code * 16 + unsigned(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                          : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (fail("bad \\u escape"), 0));
+            }
+            if (code >= 0x80) fail("non-ASCII \\u escapes are not supported in names");
+            c = char(code);
+            break;
+          }
+          default: fail(fmt::format("bad escape '\\{}'", e));
+        }
+      }
+      out += c;
+    }
+    if (pos_ >= text_.size()) fail("unterminated string");
+    ++pos_;
+    return out;
+  }
+  std::int64_t integer() {
+    skip_space();
+    const std::size_t start = pos_;
+    std::int64_t value = 0;
+    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
+      if (value > (std::int64_t(1) << 53)) fail("integer too large");
+      value = value * 10 + (text_[pos_++] - '0');
+    }
+    if (pos_ == start) fail("expected a non-negative integer");
+    return value;
+  }
+  std::vector<std::int64_t> integers() {
+    std::vector<std::int64_t> out;
+    expect('[');
+    if (consume(']')) return out;
+    do out.push_back(integer());
+    while (consume(','));
+    expect(']');
+    return out;
+  }
+  void parse_metadata(Header& header) {
+    expect('{');
+    if (consume('}')) return;
+    do {
+      std::string key = string_value();
+      expect(':');
+      header.metadata.emplace_back(std::move(key), string_value());
+    } while (consume(','));
+    expect('}');
+  }
+  TensorEntry parse_entry(const std::string& name) {
+    TensorEntry t;
+    t.name = name;
+    bool dtype = false, shape = false, offsets = false;
+    expect('{');
+    do {
+      const std::string key = string_value();
+      expect(':');
+      if (key == "dtype") {
+        t.dtype = string_value();
+        dtype = true;
+      } else if (key == "shape") {
+        t.shape = integers();
+        shape = true;
+      } else if (key == "data_offsets") {
+        const std::vector<std::int64_t> o = integers();
+        if (o.size() != 2) fail(fmt::format("tensor '{}': data_offsets must be [begin, end]", name));
+        t.begin = o[0];
+        t.end = o[1];
+        offsets = true;
+      } else {
+        fail(fmt::format("tensor '{}': unknown key '{}'", name, key));
+      }
+    } while (consume(','));
+    expect('}');
+    if (!dtype || !shape || !offsets) fail(fmt::format("tensor '{}' lacks dtype, shape or data_offsets", name));
+    return t;
+  }
+
+  std::string_view text_;
+  std::string file_;
+  std::size_t pos_ = 0;
+};
+
+// Throws unless the entries tile the data buffer exactly, each with the byte size its dtype and shape need.
+inline void validate_layout(Header& header, const std::string& file) {
+  for (const TensorEntry& t : header.tensors) {
+    const std::int64_t width = dtype_bytes(t.dtype);
+    check(width > 0, "safetensors: {}: tensor '{}' has unknown dtype '{}'", file, t.name, t.dtype);
+    check(t.begin <= t.end && t.end - t.begin == t.numel() * width,
+          "safetensors: {}: tensor '{}' ({} {}) has data_offsets [{}, {}) of {} bytes, its shape needs {}", file,
+          t.name, t.dtype, fmt::join(t.shape, "x"), t.begin, t.end, t.end - t.begin, t.numel() * width);
+    check(t.end <= header.data_bytes,
+          "safetensors: {}: tensor '{}' ends at byte {} of a data buffer of {} bytes: the file is truncated", file,
+          t.name, t.end, header.data_bytes);
+  }
+  std::sort(header.tensors.begin(), header.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::int64_t covered = 0;
+  for (const TensorEntry& t : header.tensors) {
+    check(t.begin == covered, "safetensors: {}: tensor '{}' starts at byte {}, expected {} (tensors overlap or leave a hole)",
+          file, t.name, t.begin, covered);
+    covered = t.end;
+  }
+  check(covered == header.data_bytes,
+        "safetensors: {}: the tensors cover {} bytes but the data buffer holds {}: the file has trailing bytes", file,
+        covered, header.data_bytes);
+}
+
+}  // namespace detail
+
+// A header for `tensors` (their offsets are assigned here, back to back in the given order) and `metadata`,
+// encoded with its 8-byte length prefix and padded so that the data starts at a multiple of 8.
+inline std::string encode_header(std::vector<TensorEntry>& tensors,
+                                 const std::vector<std::pair<std::string, std::string>>& metadata) {
+  std::string json = "{";
+  if (!metadata.empty()) {
+    json += "\"__metadata__\":{";
+    for (std::size_t i = 0; i < metadata.size(); ++i) {
+      if (i) json += ',';
+      detail::append_json_string(json, metadata[i].first);
+      json += ':';
+      detail::append_json_string(json, metadata[i].second);
+    }
+    json += '}';
+  }
+  std::int64_t offset = 0;
+  for (TensorEntry& t : tensors) {
+    const std::int64_t width = dtype_bytes(t.dtype);
+    check(width > 0, "safetensors: tensor '{}' has unknown dtype '{}'", t.name, t.dtype);
+    check(!t.name.empty() && t.name != "__metadata__", "safetensors: '{}' is not a valid tensor name", t.name);
+    t.begin = offset;
+    t.end = offset + t.numel() * width;
+    offset = t.end;
+    if (json.size() > 1) json += ',';
+    detail::append_json_string(json, t.name);
+    json += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", t.dtype, fmt::join(t.shape, ","),
+                        t.begin, t.end);
+  }
+  json += '}';
+  while (json.size() % 8) json += ' ';
+  std::string out(8, '\0');
+  const std::uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out[std::size_t(i)] = char((n >> (8 * i)) & 0xff);
+  return out + json;
+}
+
+// An open file descriptor, closed on destruction.
+class File {
+public:
+  File() = default;
+  File(const std::string& path, int flags, mode_t mode = 0644) : path_(path), fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)) {
+    check(fd_ >= 0, "safetensors: cannot open {}: {}", path, std::strerror(errno));
+  }
+  File(File&& other) noexcept : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+  File& operator=(File&& other) noexcept {
+    std::swap(path_, other.path_);
+    std::swap(fd_, other.fd_);
+    return *this;
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  int fd() const noexcept { return fd_; }
+  const std::string& path() const noexcept { return path_; }
+  std::int64_t size() const {
+    struct stat st {};
+    check(::fstat(fd_, &st) == 0, "safetensors: cannot stat {}: {}", path_, std::strerror(errno));
+    return std::int64_t(st.st_size);
+  }
+  // Reads exactly `bytes` at `offset`; a short read means the file is shorter than its header says.
+  void read_at(void* out, std::int64_t bytes, std::int64_t offset) const {
+    auto* p = static_cast<char*>(out);
+    while (bytes > 0) {
+      const ssize_t got = ::pread(fd_, p, std::size_t(bytes), offset);
+      if (got < 0 && errno == EINTR) continue;
+      check(got > 0, "safetensors: {}: cannot read {} bytes at offset {}: {}", path_, bytes, offset,
+            got == 0 ? "the file is truncated" : std::strerror(errno));
+      p += got;
+      bytes -= got;
+      offset += got;
+    }
+  }
+  void write_at(const void* data, std::int64_t bytes, std::int64_t offset) {
+    const auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t put = ::pwrite(fd_, p, std::size_t(bytes), offset);
+      if (put < 0 && errno == EINTR) continue;
+      check(put > 0, "safetensors: {}: cannot write {} bytes at offset {}: {}", path_, bytes, offset, std::strerror(errno));
+      p += put;
+      bytes -= put;
+      offset += put;
+    }
+  }
+  void sync() {
+    check(::fsync(fd_) == 0, "safetensors: fsync of {} failed: {}", path_, std::strerror(errno));
+  }
+
+private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// A file written under a temporary name in the destination's folder and renamed over the destination by commit().
+// Without commit() (an error, an exception) the temporary is removed and the destination is untouched.
+class AtomicFile {
+public:
+  explicit AtomicFile(const std::string& destination) : destination_(destination) {
+    const std::filesystem::path dest(destination);
+    check(!dest.filename().empty(), "safetensors: '{}' names a folder, not a file", destination);
+    const std::filesystem::path folder = dest.parent_path().empty() ? "." : dest.parent_path();
+    check(std::filesystem::is_directory(folder), "safetensors: the folder {} of {} does not exist", folder.string(),
+          destination);
+    std::string pattern = (folder / ("." + dest.filename().string() + ".tmp.XXXXXX")).string();
+    const int fd = ::mkstemp(pattern.data());
+    check(fd >= 0, "safetensors: cannot create a temporary file {}: {}", pattern, std::strerror(errno));
+    ::close(fd);
+    temporary_ = pattern;
+    file_ = File(temporary_, O_WRONLY | O_TRUNC);
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (!committed_) ::unlink(temporary_.c_str());
+  }
+
+  File& file() noexcept { return file_; }
+  const std::string& temporary_path() const noexcept { return temporary_; }
+
+  // fsync the data, rename over the destination, fsync the folder (so the rename itself is durable).
+  void commit() {
+    file_.sync();
+    file_ = File();
+    check(::rename(temporary_.c_str(), destination_.c_str()) == 0, "safetensors: cannot rename {} to {}: {}",
+          temporary_, destination_, std::strerror(errno));
+    committed_ = true;
+    const std::filesystem::path folder = std::filesystem::path(destination_).parent_path();
+    const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+      ::fsync(dir);
+      ::close(dir);
+    }
+  }
+
+private:
+  std::string destination_, temporary_;
+  File file_;
+  bool committed_ = false;
+};
+
+// Opens `path` and reads and validates its header.
+inline Header read_header(const File& file) {
+  const std::int64_t size = file.size();
+  check(size >= 8, "safetensors: {}: {} bytes is too short for the 8-byte header length: the file is truncated",
+        file.path(), size);
+  unsigned char prefix[8];
+  file.read_at(prefix, 8, 0);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
+  check(n >= 2 && n <= std::uint64_t(size - 8),
+        "safetensors: {}: the header claims {} bytes but the file has {} after the length: the file is truncated or "
+        "not a safetensors file",
+        file.path(), n, size - 8);
+  check(n <= (std::uint64_t(100) << 20), "safetensors: {}: a header of {} bytes exceeds the 100 MB limit", file.path(), n);
+  std::string text(n, '\0');
+  file.read_at(text.data(), std::int64_t(n), 8);
+  Header header = detail::HeaderParser(text, file.path()).parse(8 + std::int64_t(n), size - 8 - std::int64_t(n));
+  detail::validate_layout(header, file.path());
+  return header;
+}
+
+// FNV-1a over bytes, continued from `hash` (a cheap checksum that catches flipped or shuffled bytes).
+inline std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = 0xcbf29ce484222325ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 0x100000001b3ull;
+  return hash;
+}
+
+}  // namespace paradyse::safetensors

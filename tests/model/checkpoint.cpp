@@ -1,0 +1,307 @@
+// GPT checkpoints (safetensors, global tensors, atomic writes): round trips, loading on another group size, and
+// clear rejections of truncated, corrupted and mismatched files.
+#include "paradyse/model/checkpoint.hpp"
+
+#include "strategy/harness.hpp"
+#include "support/tolerance.hpp"
+
+#include "paradyse/comm/threads.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace paradyse;
+using namespace paradyse::testing;
+using Strategies = AllStrategies<>;
+using Model = Gpt<Strategies>;
+namespace fs = std::filesystem;
+
+GptConfig test_config(bool tied = false, Activation activation = Activation::gelu) {
+  GptConfig c;
+  c.layer = small_config(4, 2, 16);  // GQA: kv heads replicated on 4 ranks
+  c.layer.activation = activation;
+  c.layer.causal = c.layer.zigzag = true;
+  c.layers = 2;
+  c.vocab = 11;
+  c.tied_head = tied;
+  return c;
+}
+
+// A fresh folder under the system's temporary folder, removed with its files at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "paradyse_checkpoint_XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
+    return out;
+  }
+};
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// Rank 0's view of a model's global weights: the replicated pack and every layer gathered.
+struct Snapshot {
+  std::vector<float> replicated;
+  std::vector<GlobalLayerWeights<float>> layers;
+};
+
+// Trains `steps` steps on p ranks from `seed` (so the weights are not the initial ones), saves to `path` and returns
+// the global weights.
+Snapshot train_and_save(const GptConfig& c, int p, std::uint64_t seed, int steps, const std::string& path) {
+  Snapshot snapshot;
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    BufferPool pool;
+    Model model(c, p, r, seed);
+    const std::int64_t s = 13;
+    Rng rng(seed);
+    std::vector<std::int32_t> tokens, targets;
+    for (std::int64_t i = 0; i <= s; ++i) tokens.push_back(std::int32_t(rng.below(std::uint64_t(c.vocab))));
+    targets.assign(tokens.begin() + 1, tokens.end());
+    tokens.pop_back();
+    const SequenceLayout layout(s, p, c.layer.zigzag);
+    const Tensor<std::int32_t> x = shard_tokens(tokens, 1, layout, r), y = shard_tokens(targets, 1, layout, r);
+    const StackPlan plan = uniform_plan<Strategies>(std::size_t(c.layers), "METP");
+    for (int i = 0; i < steps; ++i) {
+      model.zero_gradients();
+      model.forward_backward(comm, pool, plan, s, x.view(), y.view());
+      model.optimizer_step({});
+    }
+    save_checkpoint(comm, model, path);
+    // The snapshot outlives this rank's tracker (it ends with run_ranks): charge it to the process's tracker.
+    ScopedTracker process(MemoryTracker::process_default());
+    std::vector<GlobalLayerWeights<float>> layers;
+    for (int l = 0; l < c.layers; ++l)
+      layers.push_back(checkpoint_detail::gather_layer(comm, c.layer, model.stack().weights()[std::size_t(l)]));
+    if (r == 0) {
+      snapshot.replicated.assign(model.replicated().span().begin(), model.replicated().span().end());
+      snapshot.layers = std::move(layers);
+    }
+  });
+  return snapshot;
+}
+
+// Loads `path` into a model drawn from another seed on p ranks and checks every rank holds the snapshot's weights.
+void check_loads_as(const GptConfig& c, int p, const std::string& path, const Snapshot& want) {
+  Findings findings;
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    Model model(c, p, r, 999);
+    load_checkpoint(model, path);
+    findings.compare(model.replicated().span(), want.replicated, fmt::format("p={} rank {} replicated", p, r), {0, 0});
+    for (int l = 0; l < c.layers; ++l) {
+      const LayerWeights shard = shard_of(want.layers[std::size_t(l)], c.layer, p, r);
+      const LayerWeights& got = model.stack().weights()[std::size_t(l)];
+      const std::string where = fmt::format("p={} rank {} layer {}", p, r, l);
+      findings.compare(got.attention.packed.span(), shard.attention.packed.span(), where + " attention", {0, 0});
+      findings.compare(got.mlp.packed.span(), shard.mlp.packed.span(), where + " mlp", {0, 0});
+      findings.compare(got.norms.packed.span(), shard.norms.packed.span(), where + " norms", {0, 0});
+    }
+  });
+  findings.check_all(fmt::format("load {} on p={}", path, p));
+}
+
+// The error message of load_checkpoint on `path` (empty when it loads).
+std::string load_error(const GptConfig& c, const std::string& path) {
+  try {
+    Model model(c, 1, 0, 1);
+    load_checkpoint(model, path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: round trip, bit for bit, untied and tied heads, GELU and SwiGLU") {
+  TempDir dir;
+  for (const GptConfig& c : {test_config(false, Activation::gelu), test_config(true, Activation::swiglu)}) {
+    const std::string path = dir.file(c.tied_head ? "tied.safetensors" : "untied.safetensors");
+    const Snapshot saved = train_and_save(c, 2, 7, 2, path);
+    check_loads_as(c, 2, path, saved);
+    const GptConfig read = read_checkpoint_config(path);
+    CHECK(read == c);
+  }
+  // Only the checkpoints remain: no temporary files.
+  CHECK(dir.names().size() == 2);
+}
+
+TEST_CASE("checkpoint: saved on p=2, loads on p=4, p=3 and p=1 (global tensors)") {
+  TempDir dir;
+  GptConfig c = test_config();
+  c.layer = small_config(12, 12, 24);  // divisible by 1..4
+  c.layer.causal = c.layer.zigzag = true;
+  const std::string path = dir.file("p2.safetensors");
+  const Snapshot saved = train_and_save(c, 2, 3, 2, path);
+  for (int p : {4, 3, 1}) check_loads_as(c, p, path, saved);
+}
+
+TEST_CASE("checkpoint: the file is safetensors (length prefix, JSON header, aligned data, every tensor)") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("m.safetensors");
+  const Snapshot saved = train_and_save(c, 1, 5, 1, path);
+  const std::string bytes = read_all(path);
+  REQUIRE(bytes.size() > 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[std::size_t(i)]);
+  CHECK((8 + n) % 8 == 0);
+  CHECK(bytes[8] == '{');
+  const std::string json = bytes.substr(8, n);
+  CHECK(json.find("\"__metadata__\"") != std::string::npos);
+  CHECK(json.find("\"layers.1.mlp.w_out\":{\"dtype\":\"F32\",\"shape\":[16,16]") != std::string::npos);
+  const safetensors::File file(path, O_RDONLY);
+  const safetensors::Header header = safetensors::read_header(file);
+  CHECK(header.tensors.size() == checkpoint_detail::entries_of(c).size());
+  CHECK(header.data_start + header.data_bytes == std::int64_t(bytes.size()));
+  // The embedding's bytes are the float32 values, little-endian, row-major.
+  const safetensors::TensorEntry* e = header.find("embedding");
+  REQUIRE(e != nullptr);
+  std::vector<float> embedding(std::size_t(c.vocab * c.layer.hidden));
+  std::memcpy(embedding.data(), bytes.data() + header.data_start + e->begin, embedding.size() * sizeof(float));
+  const Tolerance exact{0, 0};
+  CHECK_CLOSE(embedding, std::span<const float>(saved.replicated.data(), embedding.size()), exact);
+}
+
+TEST_CASE("checkpoint: truncated and corrupted files are rejected with a clear message") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("good.safetensors");
+  train_and_save(c, 1, 5, 1, path);
+  REQUIRE(load_error(c, path).empty());
+  const std::string good = read_all(path);
+  const std::string bad = dir.file("bad.safetensors");
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(good[std::size_t(i)]);
+
+  SUBCASE("truncated in the data") {
+    write_all(bad, good.substr(0, good.size() - 5));
+    CHECK(load_error(c, bad).find("truncated") != std::string::npos);
+  }
+  SUBCASE("truncated in the header") {
+    write_all(bad, good.substr(0, 8 + n / 2));
+    CHECK(load_error(c, bad).find("truncated") != std::string::npos);
+  }
+  SUBCASE("shorter than the length prefix") {
+    write_all(bad, good.substr(0, 5));
+    CHECK(load_error(c, bad).find("too short for the 8-byte header length") != std::string::npos);
+  }
+  SUBCASE("a flipped byte in the data") {
+    std::string copy = good;
+    copy[copy.size() - 3] = char(copy[copy.size() - 3] ^ 0x10);
+    write_all(bad, copy);
+    CHECK(load_error(c, bad).find("the data is corrupted (checksum") != std::string::npos);
+  }
+  SUBCASE("garbage in the header") {
+    std::string copy = good;
+    copy[8 + n / 2] = '#';
+    write_all(bad, copy);
+    CHECK(load_error(c, bad).find("corrupted header") != std::string::npos);
+  }
+  SUBCASE("trailing bytes") {
+    write_all(bad, good + "extra!!!");
+    CHECK(load_error(c, bad).find("trailing bytes") != std::string::npos);
+  }
+  SUBCASE("not a file at all") {
+    CHECK(load_error(c, dir.file("missing.safetensors")).find("cannot open") != std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: names, dtypes, shapes and the configuration are checked") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("good.safetensors");
+  train_and_save(c, 1, 5, 1, path);
+
+  SUBCASE("another configuration") {
+    GptConfig other = c;
+    other.layer.ffn = 8;
+    const std::string error = load_error(other, path);
+    CHECK(error.find("holds a different model (ffn: checkpoint 16, model 8)") != std::string::npos);
+  }
+  // Hand-made files: the real entries and metadata (no checksum), one thing changed.
+  auto write_variant = [&](auto&& change) {
+    std::vector<safetensors::TensorEntry> entries = checkpoint_detail::entries_of(c);
+    checkpoint_detail::Metadata metadata = checkpoint_detail::config_metadata(c);
+    change(entries, metadata);
+    const std::string header = safetensors::encode_header(entries, metadata);
+    const std::int64_t data = entries.empty() ? 0 : entries.back().end;
+    const std::string file = dir.file("variant.safetensors");
+    write_all(file, header + std::string(std::size_t(data), '\0'));
+    return file;
+  };
+  using Entries = std::vector<safetensors::TensorEntry>;
+  using Meta = checkpoint_detail::Metadata;
+  SUBCASE("the hand-made file itself loads") {
+    CHECK(load_error(c, write_variant([](Entries&, Meta&) {})).empty());
+  }
+  SUBCASE("a missing tensor") {
+    const std::string file = write_variant([](Entries& e, Meta&) { std::erase_if(e, [](auto& t) { return t.name == "layers.1.mlp.w_out"; }); });
+    CHECK(load_error(c, file).find("tensor 'layers.1.mlp.w_out' is missing") != std::string::npos);
+  }
+  SUBCASE("an unexpected tensor") {
+    const std::string file = write_variant([](Entries& e, Meta&) { e.push_back({"extra.bias", "F32", {3}, 0, 0}); });
+    CHECK(load_error(c, file).find("unexpected tensor 'extra.bias'") != std::string::npos);
+  }
+  SUBCASE("a wrong dtype") {
+    const std::string file = write_variant([](Entries& e, Meta&) { e[0].dtype = "F16"; });
+    CHECK(load_error(c, file).find("tensor 'embedding' has dtype F16, expected F32") != std::string::npos);
+  }
+  SUBCASE("a wrong shape") {
+    const std::string file = write_variant([](Entries& e, Meta&) { e[0].shape = {16, 11}; });
+    CHECK(load_error(c, file).find("tensor 'embedding' has shape [16, 11], expected [11, 16]") != std::string::npos);
+  }
+  SUBCASE("not a paradyse checkpoint") {
+    const std::string file = write_variant([](Entries&, Meta& m) { m.clear(); });
+    CHECK(load_error(c, file).find("the metadata has no 'format'") != std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: writes are atomic (a failed write leaves the old file and no temporary)") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("model.safetensors");
+  train_and_save(c, 1, 5, 1, path);
+  const std::string before = read_all(path);
+  {
+    safetensors::AtomicFile half_written(path);
+    half_written.file().write_at("garbage", 7, 0);
+    CHECK(fs::exists(half_written.temporary_path()));
+    CHECK(fs::path(half_written.temporary_path()).parent_path() == dir.path);  // same folder: rename is atomic
+  }  // destroyed without commit(), as an exception during a save would
+  CHECK(read_all(path) == before);
+  CHECK(dir.names() == std::vector<std::string>{"model.safetensors"});
+  CHECK(load_error(c, path).empty());
+  // A save over an existing checkpoint replaces it whole.
+  train_and_save(c, 2, 6, 1, path);
+  CHECK(read_all(path) != before);
+  CHECK(load_error(c, path).empty());
+  CHECK(dir.names() == std::vector<std::string>{"model.safetensors"});
+  CHECK_THROWS_WITH_AS(safetensors::AtomicFile(dir.file("no/such/folder/x.safetensors")), doctest::Contains("does not exist"), Error);
+}
