@@ -27,6 +27,7 @@
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/plan/planner.hpp"
+#include "paradyse/plan/stack_plan.hpp"
 
 #include <fmt/core.h>
 
@@ -144,13 +145,6 @@ std::string compact(const std::vector<pd::cost::LayerStrategies>& layers) {
   return out;
 }
 
-pd::StackPlan stack_plan(const std::vector<pd::cost::LayerStrategies>& layers) {
-  pd::StackPlan plan;
-  for (const auto& l : layers)
-    plan.push_back({Strategies::index_of(pd::cost::name_of(l.attention)), Strategies::index_of(pd::cost::name_of(l.mlp))});
-  return plan;
-}
-
 // The per-rank state that lives across steps: each rank's tracker (capped), model and buffer pool. Each step is one
 // run_ranks call whose threads install their rank's tracker, so a failed step (OutOfMemory on one rank ends the
 // collectives of all) leaves the model and the trackers intact for the next one.
@@ -188,8 +182,13 @@ pd::cost::HardwareProfile hardware_profile(const Options& o) {
   }
   const std::filesystem::path cache = fmt::format("build/train_gpt_profile_p{}.json", o.ranks);
   if (std::filesystem::exists(cache)) {
-    fmt::print("hardware profile: calibrated on this machine earlier, {} (delete it to recalibrate)\n", cache.string());
-    return pd::cost::load_profile(cache.string());
+    try {
+      pd::cost::HardwareProfile profile = pd::cost::load_profile(cache.string());
+      fmt::print("hardware profile: calibrated on this machine earlier, {} (delete it to recalibrate)\n", cache.string());
+      return profile;
+    } catch (const pd::Error& e) {
+      fmt::print("hardware profile: the cached {} does not load ({}); calibrating again\n", cache.string(), e.what());
+    }
   }
   fmt::print("hardware profile: calibrating {} thread ranks on this machine (once; cached in {}) ...\n", o.ranks,
              cache.string());
@@ -231,9 +230,8 @@ struct CostModel {
     return Model::replicated_state_bytes(config) + Model::activation_bytes(config, 1, n) + 2 * ((n * 4 + 63) / 64 * 64);
   }
   pd::plan::CostTable table(std::int64_t s) const {
-    pd::plan::ModelConfig model =
-        pd::plan::ModelConfig::uniform(pd::cost::shape_of(config.layer, 1, s, 4, 1), config.layers, "gpt layer");
-    model.precision = {4, 4, 8};  // float32 weights and gradients, two float32 AdamW moments
+    // float32 activations, weights and gradients, two float32 AdamW moments
+    pd::plan::ModelConfig model = pd::plan::model_config_of(config.layer, config.layers, 4, {4, 4, 8});
     model.extra_bytes = extra_bytes(s);
     return pd::plan::build_cost_table(model, *hardware, ranks, pd::plan::Batch::single(s));
   }
@@ -346,7 +344,7 @@ int main(int argc, char** argv) {
       }
       planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
       const std::vector<pd::cost::LayerStrategies> layers = plan->strategies();
-      const pd::StackPlan stack_plan_ = stack_plan(layers);
+      const pd::StackPlan stack_plan = pd::plan::stack_plan<Strategies>(*plan);
 
       adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
       std::vector<std::size_t> peaks(std::size_t(o.ranks));
@@ -363,7 +361,7 @@ int main(int argc, char** argv) {
           const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, 1, layout, r);
           const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, 1, layout, r);
           model.zero_gradients();
-          const pd::GptStepResult result = model.forward_backward(comm, pool, stack_plan_, s, x.view(), y.view());
+          const pd::GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
           model.optimizer_step(adamw);
           peaks[std::size_t(r)] = ranks.tracker(r).peak();
           if (r == 0) loss = result.loss;
