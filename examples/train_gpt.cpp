@@ -15,8 +15,10 @@
 // that the longest inputs do not fit with MegatronTS but do with METP.
 //
 //   train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A] [--min-len N] [--max-len N]
-//             [--cap-mib M] [--strategy NAME] [--lr X] [--order random|sorted] [--save PATH] [--profile FILE]
-//             [--corpus DIR]
+//             [--cap-mib M] [--strategy NAME] [--lr X] [--order random|sorted] [--save PATH] [--load PATH]
+//             [--profile FILE] [--corpus DIR]
+// --save writes a safetensors checkpoint of the global weights at the end (model/checkpoint.hpp); --load starts
+// from one (saved on any number of ranks, same model configuration).
 #include "corpus.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -64,6 +66,7 @@ struct Options {
   double lr = 3e-3;
   bool sorted = false;
   std::string save;
+  std::string load;
   std::string profile;
   std::string corpus;
 };
@@ -73,7 +76,8 @@ struct Options {
   fmt::print(stderr,
              "usage: train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A]\n"
              "                 [--min-len N] [--max-len N] [--cap-mib M] [--strategy NAME] [--lr X]\n"
-             "                 [--order random|sorted] [--save PATH] [--profile FILE.json] [--corpus DIR]\n"
+             "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
+             "                 [--corpus DIR]\n"
              "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n");
   std::exit(2);
 }
@@ -118,6 +122,7 @@ Options parse(int argc, char** argv) {
       if (v != "sorted" && v != "random") usage("--order expects sorted or random");
       o.sorted = v == "sorted";
     } else if (arg == "--save") o.save = value();
+    else if (arg == "--load") o.load = value();
     else if (arg == "--profile") o.profile = value();
     else if (arg == "--corpus") o.corpus = value();
     else if (arg == "--help" || arg == "-h") usage("help");
@@ -306,12 +311,18 @@ int main(int argc, char** argv) {
       ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
       ranks.pools[std::size_t(r)] = std::make_unique<pd::BufferPool>();
     });
+    if (!o.load.empty()) {
+      ranks.run([&](pd::ThreadCommunicator&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
+      fmt::print("weights loaded from {}\n\n", o.load);
+    }
 
     pd::ops::AdamWConfig adamw;
     adamw.learning_rate = float(o.lr);
     adamw.weight_decay = 0.01f;
     const int warmup = std::max(1, std::min(8, o.steps / 8));
 
+    fmt::print("peak: the largest per-rank peak measured by the memory trackers; pred: the memory model's peak for the "
+               "plan (what the planner budgets)\n");
     fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7}  {:>9}  {:>9}  {:>6}\n", "step", "len", "plan", 8 * o.layers, "loss",
                "time s", "peak MiB", "pred MiB", "cap");
     std::vector<StepRecord> records;

@@ -369,6 +369,7 @@ public:
     std::string pattern = (folder / ("." + dest.filename().string() + ".tmp.XXXXXX")).string();
     const int fd = ::mkstemp(pattern.data());
     check(fd >= 0, "safetensors: cannot create a temporary file {}: {}", pattern, std::strerror(errno));
+    ::fchmod(fd, 0644);  // mkstemp makes it private; a checkpoint is an ordinary file
     ::close(fd);
     temporary_ = pattern;
     file_ = File(temporary_, O_WRONLY | O_TRUNC);
