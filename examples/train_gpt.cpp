@@ -34,6 +34,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -163,16 +164,26 @@ public:
   int size() const { return int(trackers_.size()); }
   pd::MemoryTracker& tracker(int r) { return *trackers_[std::size_t(r)]; }
 
+  // Runs fn(comm, rank) on every rank; when a rank runs out of memory, out_of_memory_rank() names it.
   template <class Fn>
   void run(Fn&& fn) {
+    oom_rank_ = -1;
     pd::run_ranks(size(), [&](pd::ThreadCommunicator& comm) {
       pd::ScopedTracker scoped(tracker(comm.rank()));
-      fn(comm, comm.rank());
+      try {
+        fn(comm, comm.rank());
+      } catch (const pd::OutOfMemory&) {
+        int none = -1;
+        oom_rank_.compare_exchange_strong(none, comm.rank());
+        throw;
+      }
     });
   }
+  int out_of_memory_rank() const { return oom_rank_; }
 
 private:
   std::vector<std::unique_ptr<pd::MemoryTracker>> trackers_;  // first: outlives the models and pools charged to it
+  std::atomic<int> oom_rank_{-1};
 
 public:
   std::vector<std::unique_ptr<Model>> models;
@@ -379,9 +390,10 @@ int main(int argc, char** argv) {
         });
       } catch (const pd::OutOfMemory& e) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY (predicted {:.1f} MiB, cap {:.0f} MiB): {}\n",
-                   step, s, compact(layers), 8 * o.layers, "-", seconds, double(plan->peak_bytes()) / kMiB,
-                   double(cap) / kMiB, e.what());
+        fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap {:.0f} MiB): "
+                   "{} more bytes asked with {:.1f} MiB in use\n",
+                   step, s, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
+                   double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
         ++ooms;
         records.push_back({s, 0, seconds, true});
         ranks.run([&](pd::ThreadCommunicator&, int r) { ranks.models[std::size_t(r)]->recover_from_failed_step(); });
@@ -410,14 +422,14 @@ int main(int argc, char** argv) {
     const auto mean_loss = [&](std::size_t from, std::size_t to) {
       double sum = 0;
       for (std::size_t i = from; i < to; ++i) sum += done[i]->loss;
-      return to > from ? sum / double(to - from) : 0.0;
+      return to > from ? fmt::format("{:.4f}", sum / double(to - from)) : std::string("-");
     };
     const std::size_t k = std::min<std::size_t>(10, done.size());
     fmt::print("\nsummary\n");
     fmt::print("  steps                      {} run, {} out of memory, {} with no plan that fits\n", done.size(), ooms, unplanned);
     fmt::print("  tokens trained             {}\n", tokens);
-    fmt::print("  mean loss, first {:>2} steps  {:.4f}\n", k, mean_loss(0, k));
-    fmt::print("  mean loss, last {:>2} steps   {:.4f}\n", k, mean_loss(done.size() - k, done.size()));
+    fmt::print("  mean loss, first {:>2} steps  {}\n", k, mean_loss(0, k));
+    fmt::print("  mean loss, last {:>2} steps   {}\n", k, mean_loss(done.size() - k, done.size()));
     fmt::print("  total time                 {:.1f} s ({:.0f} tokens/s; planning {:.1f} ms in all)\n", total,
                double(tokens) / total, planner_seconds * 1e3);
     fmt::print("  strategy usage (sublayers) ");

@@ -8,6 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 program=train_gpt
+if (($#)) && [[ "$1" == --help || "$1" == -h ]]; then
+  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+  echo "examples: $(ls examples/*.cpp | xargs -n1 basename | sed 's/\.cpp$//' | tr '\n' ' ')"
+  echo "each prints its own options with: scripts/run_example.sh PROGRAM --help"
+  exit 0
+fi
 if (($#)) && [[ "$1" != -* ]]; then
   program=$1
   shift

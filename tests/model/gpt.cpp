@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -286,4 +287,104 @@ TEST_CASE("gpt: bad input is rejected with a message naming it") {
   findings.check_all("bad input");
   CHECK_THROWS_WITH_AS(shard_tokens(std::vector<std::int32_t>(7), 1, SequenceLayout(8, 2, false), 0),
                        doctest::Contains("7 tokens given, expected b x s = 1 x 8"), Error);
+}
+
+namespace {
+
+// Ranks whose state outlives run_ranks, as in a training loop: per rank a tracker (first, so it outlives what is
+// charged to it), a model and a buffer pool; every call installs the rank's tracker.
+class Trainer {
+public:
+  Trainer(const GptCase& test, const GlobalGptWeights<double>& start, int p) : test_(test), p_(p) {
+    for (int r = 0; r < p; ++r) trackers_.push_back(std::make_unique<MemoryTracker>());
+    models_.resize(std::size_t(p));
+    pools_.resize(std::size_t(p));
+    run([&](ThreadCommunicator&, int r) {
+      models_[std::size_t(r)] = std::make_unique<Model>(test.config, start, p, r);
+      pools_[std::size_t(r)] = std::make_unique<BufferPool>();
+    });
+  }
+  ~Trainer() {
+    run([&](ThreadCommunicator&, int r) {  // free on the rank's tracker
+      models_[std::size_t(r)].reset();
+      pools_[std::size_t(r)].reset();
+    });
+  }
+  template <class Fn>
+  void run(Fn&& fn) {
+    run_ranks(p_, [&](ThreadCommunicator& comm) {
+      ScopedTracker scoped(*trackers_[std::size_t(comm.rank())]);
+      fn(comm, comm.rank());
+    });
+  }
+  // One training step on `batch` of `seq` tokens; the pool is emptied after it.
+  void step(const GptProblem& batch, std::int64_t seq) {
+    run([&](ThreadCommunicator& comm, int r) {
+      const SequenceLayout layout(seq, p_, test_.config.layer.zigzag);
+      const Tensor<std::int32_t> x = shard_tokens(batch.tokens, 1, layout, r), y = shard_tokens(batch.targets, 1, layout, r);
+      Model& model = *models_[std::size_t(r)];
+      model.zero_gradients();
+      model.forward_backward(comm, *pools_[std::size_t(r)], mixed_plans()[0], seq, x.view(), y.view());
+      model.optimizer_step({});
+      pools_[std::size_t(r)]->trim();
+    });
+  }
+  MemoryTracker& tracker(int r) { return *trackers_[std::size_t(r)]; }
+  Model& model(int r) { return *models_[std::size_t(r)]; }
+  BufferPool& pool(int r) { return *pools_[std::size_t(r)]; }
+  // Every weight of rank r, flattened.
+  std::vector<float> weights(int r) {
+    Model& m = model(r);
+    std::vector<float> out(m.replicated().span().begin(), m.replicated().span().end());
+    for (LayerWeights& w : m.stack().weights())
+      for (Tensor<float>* t : {&w.attention.packed, &w.mlp.packed, &w.norms.packed}) out.insert(out.end(), t->span().begin(), t->span().end());
+    return out;
+  }
+
+private:
+  GptCase test_;
+  int p_;
+  std::vector<std::unique_ptr<MemoryTracker>> trackers_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<std::unique_ptr<BufferPool>> pools_;
+};
+
+}  // namespace
+
+TEST_CASE("gpt: a step that runs out of memory part way leaves the model as it was (recover_from_failed_step)") {
+  const GptCase test = gpt_cases()[0];
+  const int p = 2;
+  GptCase long_case = test;
+  long_case.seq = 4 * test.seq;
+  const GptProblem first = make_gpt_problem(test, 21), last = make_gpt_problem(test, 22);
+  const GptProblem too_long = make_gpt_problem(long_case, 23);
+  // Two steps, and the memory the long step would need after the first.
+  Trainer reference(test, first.weights, p), probe(test, first.weights, p);
+  reference.step(first, test.seq);
+  reference.step(last, test.seq);
+  probe.step(first, test.seq);
+  std::vector<std::size_t> before(p), needed(p);
+  for (int r = 0; r < p; ++r) {
+    before[std::size_t(r)] = probe.tracker(r).in_use();
+    probe.tracker(r).reset_peak();
+  }
+  probe.step(too_long, long_case.seq);
+  for (int r = 0; r < p; ++r) needed[std::size_t(r)] = probe.tracker(r).peak() - before[std::size_t(r)];
+  // The same, with the long step between them under a cap that gives it half of what it needs.
+  Trainer trainer(test, first.weights, p);
+  trainer.step(first, test.seq);
+  for (int r = 0; r < p; ++r) {
+    REQUIRE(trainer.tracker(r).in_use() == before[std::size_t(r)]);
+    trainer.tracker(r).set_cap(before[std::size_t(r)] + needed[std::size_t(r)] / 2);
+  }
+  CHECK_THROWS_AS(trainer.step(too_long, long_case.seq), OutOfMemory);
+  for (int r = 0; r < p; ++r) trainer.tracker(r).set_cap(MemoryTracker::kNoCap);
+  trainer.run([&](ThreadCommunicator&, int r) {
+    trainer.model(r).recover_from_failed_step();
+    trainer.pool(r).trim();
+  });
+  for (int r = 0; r < p; ++r) CHECK(trainer.tracker(r).in_use() == before[std::size_t(r)]);  // the failed step kept nothing
+  trainer.step(last, test.seq);
+  const Tolerance exact{0, 0};
+  for (int r = 0; r < p; ++r) CHECK_CLOSE(trainer.weights(r), reference.weights(r), exact);
 }
