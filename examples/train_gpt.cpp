@@ -212,9 +212,6 @@ pd::cost::HardwareProfile hardware_profile(const Options& o) {
   options.repetitions = 3;
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
-  options.attention_lengths = {256, 512, 1024, 2048};
-  options.message_bytes = {std::int64_t(1) << 15, std::int64_t(1) << 18, std::int64_t(1) << 20, std::int64_t(1) << 22,
-                           std::int64_t(1) << 24};
   const auto start = std::chrono::steady_clock::now();
   pd::cost::HardwareProfile profile;
   pd::run_ranks(o.ranks, [&](pd::ThreadCommunicator& comm) {
