@@ -15,6 +15,7 @@
 //              [--lengths FILE] [--sequences N] [--seed S] [--order sorted|random] [--hidden H] [--heads A]
 //              [--kv-heads A] [--head-dim D] [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G]
 //              [--gamma G] [--causal] [--swiglu]
+#include "command_line.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
@@ -81,50 +82,29 @@ Options parse(int argc, char** argv) {
   o.layer.head_dim = -1;
   o.layer.ffn = -1;
   o.layer.dtype_bytes = 2;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(arg + " needs a value");
-      return argv[++i];
-    };
-    const auto integer = [&]() {
-      const std::string v = value();
-      char* end = nullptr;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end || x < 0) usage(fmt::format("{} expects a non-negative integer, got \"{}\"", arg, v));
-      return std::int64_t(x);
-    };
-    const auto number = [&]() {
-      const std::string v = value();
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end) usage(fmt::format("{} expects a number, got \"{}\"", arg, v));
-      return x;
-    };
-    if (arg == "--profile") o.profile = value();
-    else if (arg == "--dataset") o.dataset = value();
-    else if (arg == "--distribution") o.distribution = value();
-    else if (arg == "--lengths") o.lengths_file = value();
-    else if (arg == "--sequences") o.sequences = int(integer());
-    else if (arg == "--seed") o.seed = std::uint64_t(integer());
-    else if (arg == "--order") {
-      const std::string v = value();
-      if (v != "sorted" && v != "random") usage("--order expects sorted or random");
-      o.sorted = v == "sorted";
-    } else if (arg == "--hidden") o.layer.hidden = integer();
-    else if (arg == "--heads") o.layer.heads = integer();
-    else if (arg == "--kv-heads") o.layer.kv_heads = integer();
-    else if (arg == "--head-dim") o.layer.head_dim = integer();
-    else if (arg == "--ffn") o.layer.ffn = integer();
-    else if (arg == "--layers") o.layers = int(integer());
-    else if (arg == "--p") o.p = int(integer());
-    else if (arg == "--batch") o.batch = integer();
-    else if (arg == "--budget-gib") o.budget_gib = number();
-    else if (arg == "--gamma") o.gamma = number();
+  paradyse::examples::CommandLine cli(argc, argv, [](const std::string& problem) { usage(problem); });
+  while (cli.next()) {
+    const std::string& arg = cli.flag();
+    if (arg == "--profile") o.profile = cli.value();
+    else if (arg == "--dataset") o.dataset = cli.value();
+    else if (arg == "--distribution") o.distribution = cli.value();
+    else if (arg == "--lengths") o.lengths_file = cli.value();
+    else if (arg == "--sequences") o.sequences = int(cli.integer(0));
+    else if (arg == "--seed") o.seed = std::uint64_t(cli.integer(0));
+    else if (arg == "--order") o.sorted = cli.choice("sorted", "random");
+    else if (arg == "--hidden") o.layer.hidden = cli.integer(0);
+    else if (arg == "--heads") o.layer.heads = cli.integer(0);
+    else if (arg == "--kv-heads") o.layer.kv_heads = cli.integer(0);
+    else if (arg == "--head-dim") o.layer.head_dim = cli.integer(0);
+    else if (arg == "--ffn") o.layer.ffn = cli.integer(0);
+    else if (arg == "--layers") o.layers = int(cli.integer(0));
+    else if (arg == "--p") o.p = int(cli.integer(0));
+    else if (arg == "--batch") o.batch = cli.integer(0);
+    else if (arg == "--budget-gib") o.budget_gib = cli.number();
+    else if (arg == "--gamma") o.gamma = cli.number();
     else if (arg == "--causal") o.layer.causal = true;
     else if (arg == "--swiglu") o.layer.swiglu = true;
-    else if (arg == "--help" || arg == "-h") usage("help");
-    else usage(fmt::format("unknown option \"{}\"", arg));
+    else cli.unknown();
   }
   if (o.layer.heads <= 0 || o.layer.hidden <= 0) usage("--hidden and --heads must be positive");
   if (o.layer.kv_heads < 0) o.layer.kv_heads = o.layer.heads;

@@ -19,6 +19,7 @@
 //             [--profile FILE] [--corpus DIR]
 // --save writes a safetensors checkpoint of the global weights at the end (model/checkpoint.hpp); --load starts
 // from one (saved on any number of ranks, same model configuration).
+#include "command_line.hpp"
 #include "corpus.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -85,49 +86,28 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(arg + " needs a value");
-      return argv[++i];
-    };
-    const auto integer = [&]() {
-      const std::string v = value();
-      char* end = nullptr;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end || x < 1) usage(fmt::format("{} expects a positive integer, got \"{}\"", arg, v));
-      return std::int64_t(x);
-    };
-    const auto number = [&]() {
-      const std::string v = value();
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end || !(x > 0)) usage(fmt::format("{} expects a positive number, got \"{}\"", arg, v));
-      return x;
-    };
-    if (arg == "--steps") o.steps = int(integer());
-    else if (arg == "--seed") o.seed = std::uint64_t(integer());
-    else if (arg == "--ranks") o.ranks = int(integer());
-    else if (arg == "--layers") o.layers = int(integer());
-    else if (arg == "--hidden") o.hidden = integer();
-    else if (arg == "--heads") o.heads = integer();
-    else if (arg == "--min-len") o.min_len = integer();
-    else if (arg == "--max-len") o.max_len = integer();
-    else if (arg == "--cap-mib") o.cap_mib = number();
+  paradyse::examples::CommandLine cli(argc, argv, [](const std::string& problem) { usage(problem); });
+  while (cli.next()) {
+    const std::string& arg = cli.flag();
+    if (arg == "--steps") o.steps = int(cli.integer(1));
+    else if (arg == "--seed") o.seed = std::uint64_t(cli.integer(1));
+    else if (arg == "--ranks") o.ranks = int(cli.integer(1));
+    else if (arg == "--layers") o.layers = int(cli.integer(1));
+    else if (arg == "--hidden") o.hidden = cli.integer(1);
+    else if (arg == "--heads") o.heads = cli.integer(1);
+    else if (arg == "--min-len") o.min_len = cli.integer(1);
+    else if (arg == "--max-len") o.max_len = cli.integer(1);
+    else if (arg == "--cap-mib") o.cap_mib = cli.number(true);
     else if (arg == "--strategy") {
-      o.strategy = value();
+      o.strategy = cli.value();
       if (!pd::cost::strategy_from_name(o.strategy)) usage(fmt::format("no strategy named \"{}\"", o.strategy));
-    } else if (arg == "--lr") o.lr = number();
-    else if (arg == "--order") {
-      const std::string v = value();
-      if (v != "sorted" && v != "random") usage("--order expects sorted or random");
-      o.sorted = v == "sorted";
-    } else if (arg == "--save") o.save = value();
-    else if (arg == "--load") o.load = value();
-    else if (arg == "--profile") o.profile = value();
-    else if (arg == "--corpus") o.corpus = value();
-    else if (arg == "--help" || arg == "-h") usage("help");
-    else usage(fmt::format("unknown option \"{}\"", arg));
+    } else if (arg == "--lr") o.lr = cli.number(true);
+    else if (arg == "--order") o.sorted = cli.choice("sorted", "random");
+    else if (arg == "--save") o.save = cli.value();
+    else if (arg == "--load") o.load = cli.value();
+    else if (arg == "--profile") o.profile = cli.value();
+    else if (arg == "--corpus") o.corpus = cli.value();
+    else cli.unknown();
   }
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
   return o;
