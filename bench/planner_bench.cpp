@@ -41,16 +41,7 @@ double median_us(Fn&& fn, int calls, int reps = 9) {
   return samples[std::size_t(reps / 2)];
 }
 
-cost::ModelShape gpt3_layer() {
-  cost::ModelShape m;
-  m.hidden = 12288;
-  m.heads = 96;
-  m.kv_heads = 96;
-  m.head_dim = 128;
-  m.ffn = 4 * 12288;
-  m.dtype_bytes = 2;
-  return m;
-}
+cost::ModelShape gpt3_layer() { return cost::ModelShape::mha(12288, 96); }  // bf16 (the default dtype)
 
 }  // namespace
 

@@ -10,18 +10,7 @@ using namespace paradyse;
 using namespace paradyse::cost;
 
 namespace {
-ModelShape shape(std::int64_t s) {
-  ModelShape m;
-  m.batch = 1;
-  m.seq = s;
-  m.hidden = 1024;
-  m.heads = 16;
-  m.kv_heads = 16;
-  m.head_dim = 64;
-  m.ffn = 4096;
-  m.layers = 4;
-  return m;
-}
+ModelShape shape(std::int64_t s) { return ModelShape::mha(1024, 16, s, 4); }
 }  // namespace
 
 TEST_CASE("memory_model: saved and transient bytes never shrink as sequences grow") {

@@ -9,18 +9,7 @@ using namespace paradyse;
 using namespace paradyse::cost;
 
 namespace {
-ModelShape shape(std::int64_t s) {
-  ModelShape m;
-  m.batch = 1;
-  m.seq = s;
-  m.hidden = 4096;
-  m.heads = 32;
-  m.kv_heads = 32;
-  m.head_dim = 128;
-  m.ffn = 16384;
-  m.layers = 2;
-  return m;
-}
+ModelShape shape(std::int64_t s) { return ModelShape::mha(4096, 32, s, 2); }
 }  // namespace
 
 TEST_CASE("time_model: time grows with the sequence; attention grows faster than linearly") {

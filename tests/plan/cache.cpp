@@ -14,15 +14,7 @@ using namespace paradyse::plan;
 using cost::Strategy;
 
 namespace {
-cost::ModelShape shape() {
-  cost::ModelShape m;
-  m.hidden = 2048;
-  m.heads = 16;
-  m.kv_heads = 16;
-  m.head_dim = 128;
-  m.ffn = 8192;
-  return m;
-}
+cost::ModelShape shape() { return cost::ModelShape::mha(2048, 16); }
 }  // namespace
 
 TEST_CASE("cache: bucket edges cover their lengths, at most 2^bits buckets per octave") {

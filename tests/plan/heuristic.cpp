@@ -31,15 +31,7 @@ double best_two_strategy_time(const CostTable& table, std::int64_t budget) {
   return best;
 }
 
-cost::ModelShape gpt_like() {
-  cost::ModelShape m;
-  m.hidden = 2048;
-  m.heads = 16;
-  m.kv_heads = 16;
-  m.head_dim = 128;
-  m.ffn = 8192;
-  return m;
-}
+cost::ModelShape gpt_like() { return cost::ModelShape::mha(2048, 16); }
 
 }  // namespace
 

@@ -77,6 +77,19 @@ struct ModelShape {
   bool recompute = false;        // full recomputation: keep only each sublayer's input for backward
   std::vector<std::int64_t> packed_lengths;  // empty: one sequence of `seq` tokens per sample
 
+  // The common layer: multi-head attention with d = h / heads and a GELU MLP of f = 4h (as LayerConfig::make).
+  static ModelShape mha(std::int64_t hidden, std::int64_t heads, std::int64_t seq = 0, std::int64_t layers = 1) {
+    ModelShape m;
+    m.seq = seq;
+    m.hidden = hidden;
+    m.heads = heads;
+    m.kv_heads = heads;
+    m.head_dim = heads > 0 ? hidden / heads : 0;
+    m.ffn = 4 * hidden;
+    m.layers = layers;
+    return m;
+  }
+
   // Query-key pairs that attention computes per sample: sum of squared sequence lengths, halved when causal.
   double attention_pairs() const {
     double pairs = 0;
