@@ -10,7 +10,7 @@
 #include "paradyse/cost/memory_model.hpp"
 #include "paradyse/cost/model_shape.hpp"
 #include "paradyse/cost/schedules.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/strategies.hpp"

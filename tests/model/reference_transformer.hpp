@@ -1,6 +1,6 @@
 // tests/model/reference_transformer.hpp: a plain float64, single-rank Transformer layer, forward and backward.
 //
-// Written for clarity, not speed: every sublayer is a few loops over the global weights (model/weights.hpp's
+// Written for clarity, not speed: every sublayer is a few loops over the global weights (contract/weight_shards.hpp's
 // GlobalLayerWeights), tokens in natural order x: [b, s, h]. Backward recomputes what it needs from the inputs.
 // The strategies are checked against these functions; these functions are checked by finite differences
 // (reference_transformer.cpp). Conventions shared with the CPU ops: GELU in its tanh form; SwiGLU = silu(gate) * up;
@@ -8,8 +8,8 @@
 #pragma once
 
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/layer_config.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 
 #include <cmath>
 #include <cstdint>

@@ -12,7 +12,7 @@
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/policy.hpp"
 

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "paradyse/cost/model_shape.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 
 #include <cstdint>
 #include <vector>

@@ -6,7 +6,7 @@
 // atomically (a temporary in the same folder, fsync, rename). Names:
 //   embedding [V, h]; head [V, h] (untied only); final_norm.gamma, final_norm.beta [h];
 //   layers.<l>.attention.{w_q, w_k, w_v, w_proj}, layers.<l>.mlp.{w_in, w_up (SwiGLU only), w_out},
-//   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as model/weights.hpp's GlobalLayerWeights)
+//   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as contract/weight_shards.hpp's GlobalLayerWeights)
 // The metadata holds the model configuration, the optimizer step count and an FNV-1a checksum of the data buffer.
 // The AdamW moments are not saved (a resumed run restarts them).
 //
@@ -18,10 +18,10 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/safetensors.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 
 #include <fmt/format.h>
 

@@ -7,7 +7,7 @@
 // chunk r, or chunks r and 2p-1-r when the model is causal-zigzag); `shard_tokens` cuts a global [b, s] token array
 // that way. Targets are given per token (the next token, or ops::cpu::kIgnoreIndex to leave a token out).
 //
-// Weights. The layers hold their unified shards (model/weights.hpp), identical whichever strategy runs. The token
+// Weights. The layers hold their unified shards (contract/weight_shards.hpp), identical whichever strategy runs. The token
 // embedding [vocab, h], the final norm and the LM head [vocab, h] are small and REPLICATED on every rank; their
 // gradients are partial sums over the rank's tokens, all-reduced over the group once per step (one collective for
 // all of them). The head is untied by default; with `tied_head` the head is the embedding table itself, so its
@@ -22,10 +22,10 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/layer.hpp"
 #include "paradyse/model/stack.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"

@@ -12,8 +12,8 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/layer_config.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/policy.hpp"

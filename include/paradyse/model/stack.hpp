@@ -1,6 +1,6 @@
 // paradyse/model/stack.hpp: a stack of Transformer layers run with a per-layer, per-sublayer strategy plan.
 //
-// Rank r holds, for every layer, its unified shards (model/weights.hpp) and their gradients. forward() runs the
+// Rank r holds, for every layer, its unified shards (contract/weight_shards.hpp) and their gradients. forward() runs the
 // layers with the plan's strategies and keeps what backward needs; backward() runs them in reverse, accumulates
 // every shard gradient (fully reduced, whichever strategy ran) and all-reduces the replicated norm gradients of
 // all layers in one collective. Changing the plan from one step to the next, or from one layer to the next,
@@ -11,9 +11,9 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/layer.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/policy.hpp"

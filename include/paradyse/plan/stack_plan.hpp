@@ -7,7 +7,7 @@
 #pragma once
 
 #include "paradyse/cost/from_config.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/plan/cost_table.hpp"
 #include "paradyse/plan/planner.hpp"

@@ -1,7 +1,7 @@
 // paradyse/strategy/attention_heads.hpp: attention over one rank's head group, read straight out of packed q|k|v
 // buffers (no unpacking copies).
 //
-// A packed buffer [b, len, R] holds, for each token, the W_qkv^T shard's outputs in shard order (model/weights.hpp):
+// A packed buffer [b, len, R] holds, for each token, the W_qkv^T shard's outputs in shard order (contract/weight_shards.hpp):
 // per local kv group, its G query heads, then k, then v, each d wide. The attention op takes 4-D views
 // [b, len, heads, d] with any strides, so a buffer is cut into as few calls as the packing allows:
 //   G == 1 (MHA): one call, every head at stride 3d;  one local kv group: one call (GQA or replicated kv);
@@ -13,7 +13,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 #include "paradyse/ops/attention_mask.hpp"
 
 #include <cstdint>

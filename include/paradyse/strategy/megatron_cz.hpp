@@ -20,7 +20,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/ring_attention.hpp"

@@ -1,11 +1,11 @@
 // paradyse/strategy/mlp_activation.hpp: the MLP activation applied to one shard's block of the pre-activation,
-// following the MLP shard packing (model/weights.hpp): GELU's block is [m, f/p]; SwiGLU's is [m, 2f/p] = the gate
+// following the MLP shard packing (contract/weight_shards.hpp): GELU's block is [m, f/p]; SwiGLU's is [m, 2f/p] = the gate
 // columns, then the up columns, of the same f/p ffn columns. Blocks may be column slices of a wider matrix.
 #pragma once
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 
 #include <algorithm>
 #include <cstdint>

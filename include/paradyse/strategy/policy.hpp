@@ -16,7 +16,7 @@
 // Contract (the unified layout, DESIGN.md):
 //   - x, y, dy, dx: [b, n_r, h], contiguous, rank r's tokens in the order of ctx.sequence (contiguous chunk r, or
 //     zigzag chunks r and 2p-1-r). y and dx are overwritten; no norm and no residual inside a sublayer.
-//   - w: rank r's packed shard (model/weights.hpp), the same for every strategy.
+//   - w: rank r's packed shard (contract/weight_shards.hpp), the same for every strategy.
 //   - grad: ACCUMULATES (+=) the fully reduced gradient of rank r's own shard (summed over every token of every
 //     rank; with replicated kv heads, over every replica too). So the next layer, whatever its strategy, and the
 //     optimizer see the same thing whichever strategy ran, and no redistribution happens between sublayers.
@@ -31,8 +31,8 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/layer_config.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 

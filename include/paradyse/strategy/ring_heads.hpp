@@ -1,6 +1,6 @@
 // paradyse/strategy/ring_heads.hpp: the ring strategies' view of q|k|v: from the packed shard order to heads.
 //
-// A W_qkv^T product comes out packed in shard order (model/weights.hpp): per kv group, its G query heads, then k,
+// A W_qkv^T product comes out packed in shard order (contract/weight_shards.hpp): per kv group, its G query heads, then k,
 // then v, d wide each; a run of consecutive shards is the same packing with more groups (all p shards: every head of
 // the layer, in global order). Ring attention wants q: [b, n, hq, d] and k, v: [b, n, hkv, d] whose K/V it can send
 // as one block, so the ring strategies keep the projection in a heads buffer [b, n, hq + 2 hkv, d]: the query heads,
@@ -11,7 +11,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 #include "paradyse/ops/backend.hpp"  // ops::RopeConfig
 #include "paradyse/strategy/sequence_layout.hpp"
 

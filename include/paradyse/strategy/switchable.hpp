@@ -14,7 +14,7 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/strategy/policy.hpp"
 
 #include <fmt/format.h>

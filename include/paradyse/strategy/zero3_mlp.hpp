@@ -13,7 +13,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/strategy/mlp_activation.hpp"
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/zero3_linear.hpp"

@@ -1,4 +1,4 @@
-// paradyse/model/weights.hpp: the unified per-rank weight shards of one layer, their gradients, deterministic
+// paradyse/contract/weight_shards.hpp: the unified per-rank weight shards of one layer, their gradients, deterministic
 // initialisation, and the bridge to global (unsharded) weights used by tests and checkpoints.
 //
 // Convention: every matrix is stored with one row per output feature, so a linear layer is y = x * W^T with
@@ -27,7 +27,7 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 
 #include <cmath>
 #include <cstdint>

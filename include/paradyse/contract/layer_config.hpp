@@ -1,4 +1,4 @@
-// paradyse/model/config.hpp: the shape of one Transformer layer (LayerConfig) and of its per-rank weight shards
+// paradyse/contract/layer_config.hpp: the shape of one Transformer layer (LayerConfig) and of its per-rank weight shards
 // under the unified layout (ShardGeometry).
 //
 // A layer is pre-norm: y = x + Attn(Norm1(x)); z = y + Mlp(Norm2(y)). Attention has `heads` query heads and
@@ -6,7 +6,7 @@
 // matrix) or SwiGLU (gate and up). Linear layers have no bias. RoPE, causality and the zigzag token order are
 // options; zigzag is a property of the whole model (every layer and every strategy must agree on it).
 //
-// The unified shard layout over p ranks (see model/weights.hpp for the packing) needs:
+// The unified shard layout over p ranks (see contract/weight_shards.hpp for the packing) needs:
 //   - heads % p == 0: rank r owns query heads [r * heads/p, (r+1) * heads/p);
 //   - kv_heads % p == 0 (rank r owns kv heads [r * kv/p, ...)), or, with GQA, p % kv_heads == 0: then the p/kv ranks
 //     whose query heads share kv head g each hold a replica of k_g and v_g and reduce its gradient among themselves;

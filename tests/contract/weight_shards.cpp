@@ -1,6 +1,6 @@
 // The unified shards: packing order (checked row by row against the global weights), initialisation that gives the
 // same global model for every p, and shards that tile the global weights exactly.
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
 // LayerConfig validation and ShardGeometry: clear errors for layers the unified layout cannot shard, and the
 // shard sizes for MHA, GQA and replicated kv heads.
-#include "paradyse/model/config.hpp"
+#include "paradyse/contract/layer_config.hpp"
 
 #include <doctest/doctest.h>
 
