@@ -1,0 +1,87 @@
+# The layering test: no header includes a higher layer.
+#
+#   cmake -DROOT=<repository> -P cmake/CheckLayering.cmake
+#
+# Reads every header under include/paradyse/ (*.hpp, *.h, *.cuh), takes each `#include "paradyse/<folder>/..."` (or
+# <...>) and fails, listing every violation, when <folder> is higher in the order below than the header's own folder.
+# A header may include headers of its own folder and of lower folders only. A folder that is not in the order is an
+# error too, on either side of an include, so a new folder must first be given its place here (and in
+# docs/DESIGN.md). Headers directly in include/paradyse/ (an umbrella header, none today) sit above every folder.
+# Only line-start includes count: a commented-out `// #include` is ignored.
+cmake_minimum_required(VERSION 3.20)
+
+# Lowest first. moe and search are planned (not yet in the tree); they are placed already.
+set(layers core mesh comm layout ops contract strategy model cost plan moe search)
+
+if(NOT DEFINED ROOT)
+  get_filename_component(ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+endif()
+set(include_root "${ROOT}/include/paradyse")
+if(NOT IS_DIRECTORY "${include_root}")
+  message(FATAL_ERROR "layering: ${include_root} is not a directory (pass -DROOT=<repository>)")
+endif()
+
+# The rank of a folder in the order; "" (a header directly in include/paradyse/) ranks above every folder; -1 when
+# the folder is unknown.
+list(LENGTH layers top_rank)
+function(layer_rank folder out)
+  if(folder STREQUAL "")
+    set(${out} ${top_rank} PARENT_SCOPE)
+  else()
+    list(FIND layers "${folder}" rank)
+    set(${out} ${rank} PARENT_SCOPE)
+  endif()
+endfunction()
+
+file(GLOB_RECURSE headers RELATIVE "${include_root}" "${include_root}/*.hpp" "${include_root}/*.h"
+  "${include_root}/*.cuh")
+list(SORT headers)
+if(NOT headers)
+  message(FATAL_ERROR "layering: no headers found under ${include_root}")
+endif()
+
+set(violations "")
+set(checked_includes 0)
+foreach(header IN LISTS headers)
+  set(file "include/paradyse/${header}")
+  if(header MATCHES "^([^/]+)/")
+    set(own_folder "${CMAKE_MATCH_1}")
+  else()
+    set(own_folder "")
+  endif()
+  layer_rank("${own_folder}" own_rank)
+  if(own_rank EQUAL -1)
+    list(APPEND violations "${file} is in folder ${own_folder}/, which has no place in the layer order")
+    continue()
+  endif()
+
+  file(STRINGS "${include_root}/${header}" include_lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]paradyse/")
+  foreach(line IN LISTS include_lines)
+    if(NOT line MATCHES "^[ \t]*#[ \t]*include[ \t]*[<\"]paradyse/([^\">]*)[\">]")
+      list(APPEND violations "${file} has an include it cannot read: ${line}")
+      continue()
+    endif()
+    set(target "${CMAKE_MATCH_1}")
+    math(EXPR checked_includes "${checked_includes} + 1")
+    if(target MATCHES "^([^/]+)/")
+      set(target_folder "${CMAKE_MATCH_1}")
+    else()
+      set(target_folder "")
+    endif()
+    layer_rank("${target_folder}" target_rank)
+    if(target_rank EQUAL -1)
+      list(APPEND violations "${file} includes unknown layer ${target} (folder ${target_folder}/ has no place in the layer order)")
+    elseif(target_rank GREATER own_rank)
+      list(APPEND violations "${file} includes higher layer ${target}")
+    endif()
+  endforeach()
+endforeach()
+
+list(LENGTH headers header_count)
+string(REPLACE ";" " < " order "${layers}")
+if(violations)
+  list(LENGTH violations violation_count)
+  list(JOIN violations "\n  " listing)
+  message(FATAL_ERROR "layering: ${violation_count} violation(s) of the order ${order}:\n  ${listing}\n")
+endif()
+message(STATUS "layering: ${header_count} headers, ${checked_includes} paradyse includes, none of a higher layer (${order})")
