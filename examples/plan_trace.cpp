@@ -64,14 +64,12 @@ struct Bucket {
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  fmt::print(stderr, "plan_trace: {}\n", problem);
-  fmt::print(stderr,
+  paradyse::examples::print_usage_and_exit("plan_trace", problem,
              "usage: plan_trace [--profile a100|h100|h200|FILE.json] [--dataset githubcode|grch38|all]\n"
              "                  [--distribution FILE] [--lengths FILE] [--sequences N] [--seed S]\n"
              "                  [--order sorted|random] [--hidden H] [--heads A] [--kv-heads A] [--head-dim D]\n"
              "                  [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G] [--gamma G]\n"
              "                  [--causal] [--swiglu]\n");
-  std::exit(2);
 }
 
 Options parse(int argc, char** argv) {
@@ -89,25 +87,27 @@ Options parse(int argc, char** argv) {
     else if (arg == "--dataset") o.dataset = cli.value();
     else if (arg == "--distribution") o.distribution = cli.value();
     else if (arg == "--lengths") o.lengths_file = cli.value();
-    else if (arg == "--sequences") o.sequences = int(cli.integer(0));
-    else if (arg == "--seed") o.seed = std::uint64_t(cli.integer(0));
+    else if (arg == "--sequences") o.sequences = cli.integer<int>(1, 10'000'000);
+    else if (arg == "--seed") o.seed = cli.integer<std::uint64_t>(0);
     else if (arg == "--order") o.sorted = cli.choice("sorted", "random");
-    else if (arg == "--hidden") o.layer.hidden = cli.integer(0);
-    else if (arg == "--heads") o.layer.heads = cli.integer(0);
-    else if (arg == "--kv-heads") o.layer.kv_heads = cli.integer(0);
-    else if (arg == "--head-dim") o.layer.head_dim = cli.integer(0);
-    else if (arg == "--ffn") o.layer.ffn = cli.integer(0);
-    else if (arg == "--layers") o.layers = int(cli.integer(0));
-    else if (arg == "--p") o.p = int(cli.integer(0));
-    else if (arg == "--batch") o.batch = cli.integer(0);
-    else if (arg == "--budget-gib") o.budget_gib = cli.number();
-    else if (arg == "--gamma") o.gamma = cli.number();
+    else if (arg == "--hidden") o.layer.hidden = cli.integer<std::int64_t>(1, 1 << 20);
+    else if (arg == "--heads") o.layer.heads = cli.integer<std::int64_t>(1, 1 << 16);
+    else if (arg == "--kv-heads") o.layer.kv_heads = cli.integer<std::int64_t>(1, 1 << 16);
+    else if (arg == "--head-dim") o.layer.head_dim = cli.integer<std::int64_t>(1, 1 << 16);
+    else if (arg == "--ffn") o.layer.ffn = cli.integer<std::int64_t>(1, 1 << 24);
+    else if (arg == "--layers") o.layers = cli.integer<int>(1, 100'000);
+    else if (arg == "--p") o.p = cli.integer<int>(1, 1024);
+    else if (arg == "--batch") o.batch = cli.integer<std::int64_t>(1, 1 << 20);
+    else if (arg == "--budget-gib") o.budget_gib = cli.number({.min = 0, .max = 1 << 20, .min_open = true});
+    else if (arg == "--gamma") o.gamma = cli.number({.min = 0, .max = 1});
     else if (arg == "--causal") o.layer.causal = true;
     else if (arg == "--swiglu") o.layer.swiglu = true;
     else cli.unknown();
   }
   if (o.layer.heads <= 0 || o.layer.hidden <= 0) usage("--hidden and --heads must be positive");
   if (o.layer.kv_heads < 0) o.layer.kv_heads = o.layer.heads;
+  if (o.layer.heads % o.layer.kv_heads)
+    usage(fmt::format("--heads {} must be a multiple of --kv-heads {}", o.layer.heads, o.layer.kv_heads));
   if (o.layer.head_dim < 0) o.layer.head_dim = o.layer.hidden / o.layer.heads;
   if (o.layer.ffn < 0) o.layer.ffn = 4 * o.layer.hidden;
   if (o.layers < 1 || o.p < 1 || o.batch < 1 || o.sequences < 1) usage("--layers, --p, --batch, --sequences >= 1");

@@ -74,14 +74,12 @@ struct Options {
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  fmt::print(stderr, "train_gpt: {}\n", problem);
-  fmt::print(stderr,
+  paradyse::examples::print_usage_and_exit("train_gpt", problem,
              "usage: train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A]\n"
              "                 [--min-len N] [--max-len N] [--cap-mib M] [--strategy NAME] [--lr X]\n"
              "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
              "                 [--corpus DIR]\n"
              "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n");
-  std::exit(2);
 }
 
 Options parse(int argc, char** argv) {
@@ -89,19 +87,19 @@ Options parse(int argc, char** argv) {
   paradyse::examples::CommandLine cli(argc, argv, [](const std::string& problem) { usage(problem); });
   while (cli.next()) {
     const std::string& arg = cli.flag();
-    if (arg == "--steps") o.steps = int(cli.integer(1));
-    else if (arg == "--seed") o.seed = std::uint64_t(cli.integer(1));
-    else if (arg == "--ranks") o.ranks = int(cli.integer(1));
-    else if (arg == "--layers") o.layers = int(cli.integer(1));
-    else if (arg == "--hidden") o.hidden = cli.integer(1);
-    else if (arg == "--heads") o.heads = cli.integer(1);
-    else if (arg == "--min-len") o.min_len = cli.integer(1);
-    else if (arg == "--max-len") o.max_len = cli.integer(1);
-    else if (arg == "--cap-mib") o.cap_mib = cli.number(true);
+    if (arg == "--steps") o.steps = cli.integer<int>(1, 10'000'000);
+    else if (arg == "--seed") o.seed = cli.integer<std::uint64_t>(1);
+    else if (arg == "--ranks") o.ranks = cli.integer<int>(1, 256);
+    else if (arg == "--layers") o.layers = cli.integer<int>(1, 4096);
+    else if (arg == "--hidden") o.hidden = cli.integer<std::int64_t>(1, 1 << 20);
+    else if (arg == "--heads") o.heads = cli.integer<std::int64_t>(1, 1 << 16);
+    else if (arg == "--min-len") o.min_len = cli.integer<std::int64_t>(1, 1 << 24);
+    else if (arg == "--max-len") o.max_len = cli.integer<std::int64_t>(1, 1 << 24);
+    else if (arg == "--cap-mib") o.cap_mib = cli.number({.min = 0, .max = 1 << 30, .min_open = true});
     else if (arg == "--strategy") {
       o.strategy = cli.value();
       if (!pd::cost::strategy_from_name(o.strategy)) usage(fmt::format("no strategy named \"{}\"", o.strategy));
-    } else if (arg == "--lr") o.lr = cli.number(true);
+    } else if (arg == "--lr") o.lr = cli.number({.min = 0, .max = 100, .min_open = true});
     else if (arg == "--order") o.sorted = cli.choice("sorted", "random");
     else if (arg == "--save") o.save = cli.value();
     else if (arg == "--load") o.load = cli.value();
@@ -110,6 +108,9 @@ Options parse(int argc, char** argv) {
     else cli.unknown();
   }
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
+  if (!o.save.empty()) {  // fail now, not after the whole run
+    try { pd::check_writable_target(o.save); } catch (const pd::Error& e) { usage(e.what()); }
+  }
   return o;
 }
 

@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -127,10 +128,10 @@ void check_loads_as(const GptConfig& c, int p, const std::string& path, const Sn
 }
 
 // The error message of load_checkpoint on `path` (empty when it loads).
-std::string load_error(const GptConfig& c, const std::string& path) {
+std::string load_error(const GptConfig& c, const std::string& path, CheckpointLoadOptions options = {}) {
   try {
     Model model(c, 1, 0, 1);
-    load_checkpoint(model, path);
+    load_checkpoint(model, path, options);
   } catch (const Error& e) {
     return e.what();
   }
@@ -245,7 +246,9 @@ TEST_CASE("checkpoint: names, dtypes, shapes and the configuration are checked")
     const std::string error = load_error(other, path);
     CHECK(error.find("holds a different model (ffn: checkpoint 16, model 8)") != std::string::npos);
   }
-  // Hand-made files: the real entries and metadata (no checksum), one thing changed.
+  // Hand-made files: the real entries and metadata (no checksum, so loaded with allow_missing_checksum), one thing
+  // changed.
+  const CheckpointLoadOptions unverified{.allow_missing_checksum = true};
   auto write_variant = [&](auto&& change) {
     std::vector<safetensors::TensorEntry> entries = checkpoint_detail::entries_of(c);
     checkpoint_detail::Metadata metadata = checkpoint_detail::config_metadata(c);
@@ -259,27 +262,27 @@ TEST_CASE("checkpoint: names, dtypes, shapes and the configuration are checked")
   using Entries = std::vector<safetensors::TensorEntry>;
   using Meta = checkpoint_detail::Metadata;
   SUBCASE("the hand-made file itself loads") {
-    CHECK(load_error(c, write_variant([](Entries&, Meta&) {})).empty());
+    CHECK(load_error(c, write_variant([](Entries&, Meta&) {}), unverified).empty());
   }
   SUBCASE("a missing tensor") {
     const std::string file = write_variant([](Entries& e, Meta&) { std::erase_if(e, [](auto& t) { return t.name == "layers.1.mlp.w_out"; }); });
-    CHECK(load_error(c, file).find("tensor 'layers.1.mlp.w_out' is missing") != std::string::npos);
+    CHECK(load_error(c, file, unverified).find("tensor 'layers.1.mlp.w_out' is missing") != std::string::npos);
   }
   SUBCASE("an unexpected tensor") {
     const std::string file = write_variant([](Entries& e, Meta&) { e.push_back({"extra.bias", "F32", {3}, 0, 0}); });
-    CHECK(load_error(c, file).find("unexpected tensor 'extra.bias'") != std::string::npos);
+    CHECK(load_error(c, file, unverified).find("unexpected tensor 'extra.bias'") != std::string::npos);
   }
   SUBCASE("a wrong dtype") {
     const std::string file = write_variant([](Entries& e, Meta&) { e[0].dtype = "F16"; });
-    CHECK(load_error(c, file).find("tensor 'embedding' has dtype F16, expected F32") != std::string::npos);
+    CHECK(load_error(c, file, unverified).find("tensor 'embedding' has dtype F16, expected F32") != std::string::npos);
   }
   SUBCASE("a wrong shape") {
     const std::string file = write_variant([](Entries& e, Meta&) { e[0].shape = {16, 11}; });
-    CHECK(load_error(c, file).find("tensor 'embedding' has shape [16, 11], expected [11, 16]") != std::string::npos);
+    CHECK(load_error(c, file, unverified).find("tensor 'embedding' has shape [16, 11], expected [11, 16]") != std::string::npos);
   }
   SUBCASE("not a paradyse checkpoint") {
     const std::string file = write_variant([](Entries&, Meta& m) { m.clear(); });
-    CHECK(load_error(c, file).find("the metadata has no 'format'") != std::string::npos);
+    CHECK(load_error(c, file, unverified).find("the metadata has no 'format'") != std::string::npos);
   }
 }
 
@@ -304,4 +307,103 @@ TEST_CASE("checkpoint: writes are atomic (a failed write leaves the old file and
   CHECK(load_error(c, path).empty());
   CHECK(dir.names() == std::vector<std::string>{"model.safetensors"});
   CHECK_THROWS_WITH_AS(safetensors::AtomicFile(dir.file("no/such/folder/x.safetensors")), doctest::Contains("does not exist"), Error);
+}
+
+TEST_CASE("checkpoint: a file without the data checksum is refused unless asked for, and says why") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  std::vector<safetensors::TensorEntry> entries = checkpoint_detail::entries_of(c);
+  const std::string header = safetensors::encode_header(entries, checkpoint_detail::config_metadata(c));
+  const std::string file = dir.file("foreign.safetensors");
+  write_all(file, header + std::string(std::size_t(entries.back().end), '\0'));
+  const std::string error = load_error(c, file);
+  CHECK(error.find("has no 'data_fnv1a64' checksum, so its data cannot be verified") != std::string::npos);
+  CHECK(error.find("allow_missing_checksum") != std::string::npos);
+  CHECK(load_error(c, file, {.allow_missing_checksum = true}).empty());
+}
+
+TEST_CASE("checkpoint: metadata integers out of range name the text and the range") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  auto with_meta = [&](const std::string& key, const std::string& value) {
+    std::vector<safetensors::TensorEntry> entries = checkpoint_detail::entries_of(c);
+    checkpoint_detail::Metadata metadata = checkpoint_detail::config_metadata(c);
+    for (auto& [k, v] : metadata)
+      if (k == key) v = value;
+    const std::string file = dir.file("meta.safetensors");
+    const std::string header = safetensors::encode_header(entries, metadata);  // assigns the offsets
+    write_all(file, header + std::string(std::size_t(entries.back().end), '\0'));
+    try {
+      read_checkpoint_config(file);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string error = with_meta("layers", "99999999999999999999");
+  CAPTURE(error);
+  CHECK(error.find("metadata 'layers' = \"99999999999999999999\" is out of range [1, 65536]") != std::string::npos);
+  CHECK(error.find("-1") == std::string::npos);
+  error = with_meta("layers", "4294967298");  // 2^32 + 2: an int cast would read 2
+  CHECK(error.find("metadata 'layers' = \"4294967298\" is out of range") != std::string::npos);
+  CHECK(with_meta("hidden", "-16").find("metadata 'hidden' = \"-16\" is out of range [1, 16777216]") != std::string::npos);
+  CHECK(with_meta("vocab", "12abc").find("metadata 'vocab' = \"12abc\" is not an integer") != std::string::npos);
+  CHECK(with_meta("norm_eps", "nan").find("metadata 'norm_eps' = \"nan\" is not a finite number") != std::string::npos);
+  CHECK(with_meta("rope_base", "1e999").find("is not a finite number") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: a failed rename quotes its own errno, not \"Success\"") {
+  TempDir dir;
+  const std::string path = dir.file("model.safetensors");
+  safetensors::AtomicFile out(path);
+  out.file().write_at("x", 1, 0);
+  fs::create_directories(fs::path(path) / "inside");  // the destination became a non-empty folder: rename fails
+  std::string error;
+  try {
+    out.commit();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  CAPTURE(error);
+  CHECK(error.find("cannot rename") != std::string::npos);
+  CHECK(error.find("Success") == std::string::npos);
+  CHECK((error.find("Is a directory") != std::string::npos || error.find("Directory not empty") != std::string::npos));
+}
+
+TEST_CASE("checkpoint: a save removes the temporaries that killed saves of the same file left, and only those") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("model.safetensors");
+  // What a save killed mid-write leaves: a hidden temporary nobody holds. Another file's temporary stays.
+  write_all(dir.file(".model.safetensors.tmp.Ab12Cd"), std::string(1000, 'x'));
+  write_all(dir.file(".other.safetensors.tmp.Ab12Cd"), "y");
+  write_all(dir.file(".model.safetensors.tmp.longer1"), "z");  // not a mkstemp name
+  {
+    safetensors::AtomicFile in_progress(path);  // a save in progress holds its temporary
+    train_and_save(c, 1, 5, 1, path);
+    CHECK(fs::exists(in_progress.temporary_path()));
+  }
+  std::vector<std::string> names = dir.names();
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{".model.safetensors.tmp.longer1", ".other.safetensors.tmp.Ab12Cd", "model.safetensors"});
+  CHECK(load_error(c, path).empty());
+}
+
+TEST_CASE("checkpoint: check_writable_target fails at once for a missing folder, a folder, a read-only folder") {
+  TempDir dir;
+  CHECK_NOTHROW(check_writable_target(dir.file("model.safetensors")));
+  CHECK(dir.names().empty());  // the probe is gone
+  const std::string missing = "the folder \"" + dir.file("missing") + "\" does not exist";
+  CHECK_THROWS_WITH_AS(check_writable_target(dir.file("missing/model.safetensors")), doctest::Contains(missing.c_str()),
+                       Error);
+  CHECK_THROWS_WITH_AS(check_writable_target(dir.path.string()), doctest::Contains("it is a folder"), Error);
+  CHECK_THROWS_WITH_AS(check_writable_target(dir.path.string() + "/"), doctest::Contains("names a folder"), Error);
+  write_all(dir.file("plain"), "x");
+  CHECK_THROWS_WITH_AS(check_writable_target(dir.file("plain/model.safetensors")), doctest::Contains("is not a folder"), Error);
+  if (::geteuid() != 0) {  // root writes anywhere
+    fs::create_directory(dir.path / "ro");
+    fs::permissions(dir.path / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    CHECK_THROWS_WITH_AS(check_writable_target(dir.file("ro/model.safetensors")), doctest::Contains("cannot create a file"), Error);
+    fs::permissions(dir.path / "ro", fs::perms::owner_all);
+  }
 }

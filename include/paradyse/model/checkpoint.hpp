@@ -12,7 +12,16 @@
 //
 // Loading is per rank (no communication): every rank validates the whole file (format, configuration, names,
 // dtypes, shapes, checksum) before it changes anything, then reads the global tensors a layer at a time and keeps
-// its shards. Every mismatch is an Error naming the file, the tensor or field, and what was expected.
+// its shards. Every mismatch is an Error naming the file, the tensor or field, and what was expected; a metadata
+// integer outside what a checkpoint can hold is reported with its text and the accepted range.
+//
+// The checksum: every checkpoint save_checkpoint writes has one, so a file without it was written by another tool
+// or edited, and its data cannot be verified. load_checkpoint refuses such a file unless the caller asks for it
+// with CheckpointLoadOptions{.allow_missing_checksum = true} (then the data loads unverified).
+//
+// Saving: check_writable_target(path) tells up front (before a long run) whether a save to `path` can work: the
+// folder exists and a file can be created in it. A save also removes temporaries that killed saves of the same
+// file left behind (model/safetensors.hpp).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -25,9 +34,12 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -69,16 +81,27 @@ inline const std::string& required(const safetensors::Header& h, std::string_vie
   check(v != nullptr, "checkpoint {}: the metadata has no '{}' (not a paradyse GPT checkpoint?)", path, key);
   return *v;
 }
-inline std::int64_t to_integer(const std::string& text, std::string_view key, const std::string& path) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  check(!text.empty() && *end == '\0', "checkpoint {}: metadata '{}' = \"{}\" is not an integer", path, key, text);
+// The largest value a checkpoint's size fields may hold (far beyond any model that fits in memory; it keeps
+// every product of them inside 64 bits).
+inline constexpr std::int64_t kMaxExtent = std::int64_t(1) << 24;
+inline constexpr std::int64_t kMaxLayers = std::int64_t(1) << 16;
+
+// A decimal integer in [min, max]; anything else (not a number, trailing text, out of range) names the text.
+inline std::int64_t to_integer(const std::string& text, std::string_view key, const std::string& path,
+                               std::int64_t min = 1, std::int64_t max = kMaxExtent) {
+  std::int64_t v = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v, 10);
+  check(!text.empty() && end == text.data() + text.size() && error != std::errc::invalid_argument,
+        "checkpoint {}: metadata '{}' = \"{}\" is not an integer", path, key, text);
+  check(error == std::errc() && v >= min && v <= max,
+        "checkpoint {}: metadata '{}' = \"{}\" is out of range [{}, {}]", path, key, text, min, max);
   return v;
 }
 inline double to_double(const std::string& text, std::string_view key, const std::string& path) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  check(!text.empty() && *end == '\0', "checkpoint {}: metadata '{}' = \"{}\" is not a number", path, key, text);
+  check(!text.empty() && *end == '\0' && std::isfinite(v), "checkpoint {}: metadata '{}' = \"{}\" is not a finite number",
+        path, key, text);
   return v;
 }
 inline bool to_bool(const std::string& text, std::string_view key, const std::string& path) {
@@ -107,7 +130,7 @@ inline GptConfig config_of(const safetensors::Header& h, const std::string& path
   c.rope_base = to_double(get("rope_base"), "rope_base", path);
   c.causal = to_bool(get("causal"), "causal", path);
   c.zigzag = to_bool(get("zigzag"), "zigzag", path);
-  g.layers = int(to_integer(get("layers"), "layers", path));
+  g.layers = int(to_integer(get("layers"), "layers", path, 1, kMaxLayers));
   g.vocab = to_integer(get("vocab"), "vocab", path);
   g.tied_head = to_bool(get("tied_head"), "tied_head", path);
   try {
@@ -192,6 +215,33 @@ GlobalLayerWeights<float> gather_layer(C& comm, const LayerConfig& c, const Laye
 
 }  // namespace checkpoint_detail
 
+// Throws unless a file can be written at `path`: the folder exists, is a folder, and a file can be created in it (a
+// temporary is created and removed), and `path` itself is not a folder. Call it before a long run that saves at
+// its end.
+inline void check_writable_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  check(!path.empty() && !target.filename().empty(), "cannot save to \"{}\": it names a folder, not a file", path);
+  const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code error;
+  check(fs::exists(folder, error), "cannot save to \"{}\": the folder \"{}\" does not exist", path, folder.string());
+  check(fs::is_directory(folder, error), "cannot save to \"{}\": \"{}\" is not a folder", path, folder.string());
+  check(!fs::is_directory(target, error), "cannot save to \"{}\": it is a folder", path);
+  std::string probe = (folder / ("." + target.filename().string() + ".probe.XXXXXX")).string();
+  const int fd = ::mkstemp(probe.data());
+  const int err = errno;
+  check(fd >= 0, "cannot save to \"{}\": cannot create a file in \"{}\": {}", path, folder.string(),
+        safetensors::detail::errno_text(err));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// What load_checkpoint accepts beyond a complete checkpoint written by save_checkpoint.
+struct CheckpointLoadOptions {
+  // Load a file that has no data checksum (written by another tool), unverified. Off: such a file is refused.
+  bool allow_missing_checksum = false;
+};
+
 // The configuration a checkpoint holds (reads the header only).
 inline GptConfig read_checkpoint_config(const std::string& path) {
   const safetensors::File file(path, O_RDONLY);
@@ -254,7 +304,7 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
 // saved on any group size. Per rank, no communication. Throws, changing nothing, unless the file is a complete,
 // uncorrupted checkpoint of a model with the same configuration.
 template <class Strategies, class Backend>
-void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path) {
+void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path, CheckpointLoadOptions options = {}) {
   using namespace checkpoint_detail;
   const safetensors::File file(path, O_RDONLY);
   const safetensors::Header header = safetensors::read_header(file);
@@ -283,7 +333,12 @@ void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path) {
     check(known, "checkpoint {}: unexpected tensor '{}' (the model has no such weight)", path, got.name);
   }
   // The checksum over the whole data buffer, in blocks.
-  if (const std::string* stored = header.meta(kChecksumKey)) {
+  const std::string* stored = header.meta(kChecksumKey);
+  check(stored != nullptr || options.allow_missing_checksum,
+        "checkpoint {}: the metadata has no '{}' checksum, so its data cannot be verified (not written by "
+        "save_checkpoint?); pass CheckpointLoadOptions{{.allow_missing_checksum = true}} to load it unverified",
+        path, kChecksumKey);
+  if (stored) {
     Tensor<std::byte> block(Shape{std::min<std::int64_t>(std::int64_t(1) << 20, std::max<std::int64_t>(header.data_bytes, 1))});
     std::uint64_t checksum = safetensors::fnv1a(nullptr, 0);
     for (std::int64_t at = 0; at < header.data_bytes; at += block.numel()) {

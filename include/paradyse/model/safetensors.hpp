@@ -12,7 +12,13 @@
 //
 // Writing is atomic: AtomicFile writes to a temporary file in the destination's folder, fsyncs it, renames it over
 // the destination and fsyncs the folder; a crash or an error at any point leaves either the old file or the new
-// one, never a torn one, and the temporary is removed on failure.
+// one, never a torn one, and the temporary is removed on failure. A process killed mid-write cannot remove its
+// temporary (`.NAME.tmp.XXXXXX` next to NAME): the next AtomicFile of the same destination removes such stale
+// temporaries. A temporary is stale when no one holds its lock (every writer holds an flock on its temporary until
+// the rename; the kernel drops it when the process dies), so a save in progress, in this process or another, keeps
+// its temporary.
+//
+// Errors quote errno as it was right after the failing call.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -30,6 +36,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -74,6 +81,10 @@ inline std::int64_t dtype_bytes(std::string_view dtype) {
 }
 
 namespace detail {
+
+// The text of an errno value captured right after a failing call (reading errno in the same check() as the call is
+// wrong: the arguments may be evaluated before the call).
+inline std::string errno_text(int error) { return error ? std::strerror(error) : "unknown error (errno 0)"; }
 
 inline void append_json_string(std::string& out, std::string_view s) {
   out += '"';
@@ -233,14 +244,30 @@ private:
   std::size_t pos_ = 0;
 };
 
+// The bytes a tensor of `shape` and element width needs, or -1 when that exceeds 2^62 (a corrupted shape).
+inline std::int64_t checked_bytes(const std::vector<std::int64_t>& shape, std::int64_t width) {
+  std::int64_t n = width;
+  for (const std::int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n) || n > (std::int64_t(1) << 62)) return -1;
+  return n;
+}
+
 // Throws unless the entries tile the data buffer exactly, each with the byte size its dtype and shape need.
 inline void validate_layout(Header& header, const std::string& file) {
+  std::vector<std::string_view> names;
+  for (const TensorEntry& t : header.tensors) names.push_back(t.name);
+  std::sort(names.begin(), names.end());
+  for (std::size_t i = 1; i < names.size(); ++i)
+    check(names[i] != names[i - 1], "safetensors: {}: tensor '{}' appears twice in the header", file, names[i]);
   for (const TensorEntry& t : header.tensors) {
     const std::int64_t width = dtype_bytes(t.dtype);
     check(width > 0, "safetensors: {}: tensor '{}' has unknown dtype '{}'", file, t.name, t.dtype);
-    check(t.begin <= t.end && t.end - t.begin == t.numel() * width,
+    const std::int64_t needs = checked_bytes(t.shape, width);
+    check(needs >= 0, "safetensors: {}: tensor '{}' has shape [{}], more than 2^62 bytes: the header is corrupted",
+          file, t.name, fmt::join(t.shape, ", "));
+    check(t.begin <= t.end && t.end - t.begin == needs,
           "safetensors: {}: tensor '{}' ({} {}) has data_offsets [{}, {}) of {} bytes, its shape needs {}", file,
-          t.name, t.dtype, fmt::join(t.shape, "x"), t.begin, t.end, t.end - t.begin, t.numel() * width);
+          t.name, t.dtype, fmt::join(t.shape, "x"), t.begin, t.end, t.end - t.begin, needs);
     check(t.end <= header.data_bytes,
           "safetensors: {}: tensor '{}' ends at byte {} of a data buffer of {} bytes: the file is truncated", file,
           t.name, t.end, header.data_bytes);
@@ -302,7 +329,19 @@ class File {
 public:
   File() = default;
   File(const std::string& path, int flags, mode_t mode = 0644) : path_(path), fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)) {
-    check(fd_ >= 0, "safetensors: cannot open {}: {}", path, std::strerror(errno));
+    const int error = errno;
+    check(fd_ >= 0, "safetensors: cannot open {}: {}", path, detail::errno_text(error));
+    if ((flags & O_ACCMODE) == O_RDONLY) {  // opening a folder read-only succeeds: say what it is
+      struct stat st {};
+      check(::fstat(fd_, &st) != 0 || !S_ISDIR(st.st_mode), "safetensors: {} is a folder, not a file", path);
+    }
+  }
+  // Takes ownership of an open descriptor.
+  static File adopt(const std::string& path, int fd) {
+    File file;
+    file.path_ = path;
+    file.fd_ = fd;
+    return file;
   }
   File(File&& other) noexcept : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
   File& operator=(File&& other) noexcept {
@@ -320,7 +359,9 @@ public:
   const std::string& path() const noexcept { return path_; }
   std::int64_t size() const {
     struct stat st {};
-    check(::fstat(fd_, &st) == 0, "safetensors: cannot stat {}: {}", path_, std::strerror(errno));
+    const int rc = ::fstat(fd_, &st);
+    const int error = errno;
+    check(rc == 0, "safetensors: cannot stat {}: {}", path_, detail::errno_text(error));
     return std::int64_t(st.st_size);
   }
   // Reads exactly `bytes` at `offset`; a short read means the file is shorter than its header says.
@@ -328,9 +369,10 @@ public:
     auto* p = static_cast<char*>(out);
     while (bytes > 0) {
       const ssize_t got = ::pread(fd_, p, std::size_t(bytes), offset);
-      if (got < 0 && errno == EINTR) continue;
+      const int error = errno;
+      if (got < 0 && error == EINTR) continue;
       check(got > 0, "safetensors: {}: cannot read {} bytes at offset {}: {}", path_, bytes, offset,
-            got == 0 ? "the file is truncated" : std::strerror(errno));
+            got == 0 ? std::string("the file is truncated") : detail::errno_text(error));
       p += got;
       bytes -= got;
       offset += got;
@@ -340,15 +382,19 @@ public:
     const auto* p = static_cast<const char*>(data);
     while (bytes > 0) {
       const ssize_t put = ::pwrite(fd_, p, std::size_t(bytes), offset);
-      if (put < 0 && errno == EINTR) continue;
-      check(put > 0, "safetensors: {}: cannot write {} bytes at offset {}: {}", path_, bytes, offset, std::strerror(errno));
+      const int error = errno;
+      if (put < 0 && error == EINTR) continue;
+      check(put > 0, "safetensors: {}: cannot write {} bytes at offset {}: {}", path_, bytes, offset,
+            put == 0 ? std::string("no progress (disk full?)") : detail::errno_text(error));
       p += put;
       bytes -= put;
       offset += put;
     }
   }
   void sync() {
-    check(::fsync(fd_) == 0, "safetensors: fsync of {} failed: {}", path_, std::strerror(errno));
+    const int rc = ::fsync(fd_);
+    const int error = errno;
+    check(rc == 0, "safetensors: fsync of {} failed: {}", path_, detail::errno_text(error));
   }
 
 private:
@@ -366,13 +412,18 @@ public:
     const std::filesystem::path folder = dest.parent_path().empty() ? "." : dest.parent_path();
     check(std::filesystem::is_directory(folder), "safetensors: the folder {} of {} does not exist", folder.string(),
           destination);
-    std::string pattern = (folder / ("." + dest.filename().string() + ".tmp.XXXXXX")).string();
+    std::error_code ignored;
+    check(!std::filesystem::is_directory(dest, ignored), "safetensors: {} is a folder; a file cannot replace it",
+          destination);
+    remove_stale_temporaries(folder, dest.filename().string());
+    std::string pattern = (folder / temporary_prefix(dest.filename().string())).string() + "XXXXXX";
     const int fd = ::mkstemp(pattern.data());
-    check(fd >= 0, "safetensors: cannot create a temporary file {}: {}", pattern, std::strerror(errno));
-    ::fchmod(fd, 0644);  // mkstemp makes it private; a checkpoint is an ordinary file
-    ::close(fd);
+    const int error = errno;
+    check(fd >= 0, "safetensors: cannot create a temporary file {}: {}", pattern, detail::errno_text(error));
+    ::flock(fd, LOCK_EX | LOCK_NB);  // ours until the rename: no other save takes it for a stale one
+    ::fchmod(fd, 0644);              // mkstemp makes it private; a checkpoint is an ordinary file
     temporary_ = pattern;
-    file_ = File(temporary_, O_WRONLY | O_TRUNC);
+    file_ = File::adopt(temporary_, fd);
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -383,19 +434,43 @@ public:
   File& file() noexcept { return file_; }
   const std::string& temporary_path() const noexcept { return temporary_; }
 
-  // fsync the data, rename over the destination, fsync the folder (so the rename itself is durable).
+  // fsync the data, rename over the destination (still holding the temporary's lock), fsync the folder (so the
+  // rename itself is durable).
   void commit() {
     file_.sync();
-    file_ = File();
-    check(::rename(temporary_.c_str(), destination_.c_str()) == 0, "safetensors: cannot rename {} to {}: {}",
-          temporary_, destination_, std::strerror(errno));
+    const int rc = ::rename(temporary_.c_str(), destination_.c_str());
+    const int error = errno;
+    check(rc == 0, "safetensors: cannot rename {} to {}: {}", temporary_, destination_, detail::errno_text(error));
     committed_ = true;
+    file_ = File();
     const std::filesystem::path folder = std::filesystem::path(destination_).parent_path();
     const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir >= 0) {
       ::fsync(dir);
       ::close(dir);
     }
+  }
+
+  // The name prefix of the temporaries of a destination named `filename`.
+  static std::string temporary_prefix(const std::string& filename) { return "." + filename + ".tmp."; }
+
+  // Removes the temporaries of `filename` in `folder` that no live writer holds (left by killed saves); returns how
+  // many. Best effort: what cannot be opened, locked or removed stays.
+  static int remove_stale_temporaries(const std::filesystem::path& folder, const std::string& filename) {
+    const std::string prefix = temporary_prefix(filename);
+    int removed = 0;
+    std::error_code error;
+    for (std::filesystem::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+      std::error_code type_error;
+      if (!it->is_regular_file(type_error)) continue;
+      const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) removed += ::unlink(it->path().c_str()) == 0;  // no writer holds it
+      ::close(fd);
+    }
+    return removed;
   }
 
 private:
