@@ -167,7 +167,7 @@ std::vector<std::size_t> check_sublayer(const SublayerCase& test, Sublayer which
     const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);
     Tensor<float> y(x.shape()), dx(x.shape());
     const S strategy;
-    strategy.check_supported(ctx);
+    require(strategy.supports(ctx));
     const LayerWeights want = shard_of(dw, c, p, r);
     const std::string where = fmt::format("{} rank {}", S::name, r);
     if (which == Sublayer::attention) {

@@ -2,7 +2,9 @@
 //
 // Activations and weights are row-major; a view may carry any strides (a slice along an outer dimension stays
 // contiguous, a slice along an inner one does not). Tensors allocate through the MemoryTracker that is current on
-// the constructing thread and give the memory back to that same tracker.
+// the constructing thread and give the memory back to that same tracker; a tensor lives in that tracker's memory
+// space (host, device, or meta: shape and bytes only, see core/memory.hpp). Host code here touches host tensors
+// only; strategies and models touch data through their Backend (ops/backend.hpp), which works in any space.
 #pragma once
 
 #include "paradyse/core/dtype.hpp"
@@ -87,7 +89,7 @@ public:
   explicit Tensor(Shape shape) : shape_(shape), tracker_(&MemoryTracker::current()) {
     const std::size_t bytes = std::size_t(shape.numel()) * sizeof(T);
     data_ = static_cast<T*>(tracker_->allocate(bytes));
-    if (bytes) std::memset(static_cast<void*>(data_), 0, bytes);
+    if (bytes && tracker_->space() == MemorySpace::host) std::memset(static_cast<void*>(data_), 0, bytes);
   }
   static Tensor zeros(Shape shape) { return Tensor(shape); }
   static Tensor copy_of(TensorView<const T> source) {
@@ -114,6 +116,8 @@ public:
   std::int64_t numel() const noexcept { return shape_.numel(); }
   std::int64_t extent(int dim) const { return shape_.extent(dim); }
   std::size_t bytes() const noexcept { return std::size_t(numel()) * sizeof(T); }
+  // Where the storage lives (an empty tensor reports the host).
+  MemorySpace space() const noexcept { return tracker_ ? tracker_->space() : MemorySpace::host; }
 
   TensorView<T> view() noexcept { return {data_, shape_}; }
   TensorView<const T> view() const noexcept { return {data_, shape_}; }
@@ -133,7 +137,12 @@ public:
     shape_ = shape;
   }
 
-  void fill(T value) { std::fill(data_, data_ + numel(), value); }
+  // Host tensors only (meta tensors have nothing to fill: a no-op).
+  void fill(T value) {
+    if (space() == MemorySpace::meta) return;
+    check(space() == MemorySpace::host, "Tensor::fill on a {} tensor: use the backend's fill", name_of(space()));
+    std::fill(data_, data_ + numel(), value);
+  }
 
   void swap(Tensor& other) noexcept {
     std::swap(data_, other.data_);

@@ -262,7 +262,7 @@ public:
                                   replicated_partial.view().slice(0, 0, config_.vocab));
     }
     comm.all_reduce(std::span<const float>(replicated_partial.span()), replicated_partial.span(), ReduceOp::sum);
-    add_into(replicated_grad_.span(), replicated_partial.span());
+    Backend::add_into(replicated_grad_.span(), std::span<const float>(replicated_partial.span()));
     double loss_sum = 0.0;
     comm.all_reduce(std::span<const double>(&counts[0], 1), std::span<double>(&loss_sum, 1), ReduceOp::sum);
     return {loss_sum / total_counted, std::int64_t(total_counted)};

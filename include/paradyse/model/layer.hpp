@@ -20,7 +20,6 @@
 #include "paradyse/strategy/switchable.hpp"
 
 #include <cstdint>
-#include <cstring>
 #include <span>
 
 namespace paradyse {
@@ -64,6 +63,76 @@ struct LayerSaved {
   SublayerChoice choice;
 };
 
+// The layer in two halves, one per sublayer, so that a dry run (cost/dry_run.hpp) can trace each sublayer with the
+// norm and residual around it exactly as the layer runs it.
+
+// saved.x, saved.y, saved.stats and saved.attention <- y = x + Attention(Norm1(x)), x: [b, n_r, h].
+template <class Backend = ops::Cpu, class Strategies, Communicator C>
+void attention_half_forward(const Strategies& strategies, int strategy, C& comm, const SublayerContext& ctx,
+                            const LayerWeights& w, TensorView<const float> x, LayerSaved<Strategies>& saved) {
+  const LayerConfig& c = ctx.layer();
+  const std::int64_t rows = ctx.local_rows(comm.rank());
+  saved.x = copy_tensor<Backend>(x);
+  saved.y = Tensor<float>(x.shape());
+  saved.stats = Tensor<float>(Shape{4, rows});
+  auto stat = [&](int i) { return saved.stats.view().slice(0, i, 1).reshape(Shape{rows}); };
+  {
+    PooledBuffer<float> normed = ctx.pool->acquire<float>(x.shape());
+    norm_forward<Backend>(c, x, w.norms.norm1_gamma(), w.norms.norm1_beta(), normed.view(), stat(0), stat(1));
+    saved.attention = strategies.attention_forward(strategy, comm, ctx, w.attention, normed.view(), saved.y.view());
+  }
+  Backend::add_into(saved.y.view(), x);  // y = x + attention
+}
+
+// z: [b, n_r, h] (overwritten) = y + Mlp(Norm2(y)), y = saved.y; saved.mlp <- what the MLP keeps.
+template <class Backend = ops::Cpu, class Strategies, Communicator C>
+void mlp_half_forward(const Strategies& strategies, int strategy, C& comm, const SublayerContext& ctx,
+                      const LayerWeights& w, LayerSaved<Strategies>& saved, TensorView<float> z) {
+  const LayerConfig& c = ctx.layer();
+  const std::int64_t rows = ctx.local_rows(comm.rank());
+  auto stat = [&](int i) { return saved.stats.view().slice(0, i, 1).reshape(Shape{rows}); };
+  {
+    PooledBuffer<float> normed = ctx.pool->acquire<float>(saved.y.shape());
+    norm_forward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), w.norms.norm2_beta(), normed.view(), stat(2), stat(3));
+    saved.mlp = strategies.mlp_forward(strategy, comm, ctx, w.mlp, normed.view(), z);
+  }
+  Backend::add_into(z, TensorView<const float>(saved.y.view()));  // z = y + mlp
+}
+
+// dy: [b, n_r, h] (overwritten) = dz + Norm2'(Mlp'(dz)); MLP gradients accumulate into grad, norm2's into
+// norm_partial rows 2 and 3.
+template <class Backend = ops::Cpu, class Strategies, Communicator C>
+void mlp_half_backward(const Strategies& strategies, C& comm, const SublayerContext& ctx, const LayerWeights& w,
+                       LayerSaved<Strategies>& saved, TensorView<const float> dz, TensorView<float> dy,
+                       LayerWeights& grad, TensorView<float> norm_partial) {
+  const LayerConfig& c = ctx.layer();
+  const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
+  auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
+  auto partial = [&](int i) { return std::span<float>(norm_partial.data() + i * h, std::size_t(h)); };
+  Backend::copy(dz, dy);
+  PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dz.shape());
+  strategies.mlp_backward(comm, ctx, w.mlp, saved.mlp, dz, dnormed.view(), grad.mlp);
+  norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy, partial(2),
+                         partial(3));
+}
+
+// dx: [b, n_r, h] (overwritten) = dy + Norm1'(Attention'(dy)); attention gradients accumulate into grad, norm1's
+// into norm_partial rows 0 and 1.
+template <class Backend = ops::Cpu, class Strategies, Communicator C>
+void attention_half_backward(const Strategies& strategies, C& comm, const SublayerContext& ctx, const LayerWeights& w,
+                             LayerSaved<Strategies>& saved, TensorView<const float> dy, TensorView<float> dx,
+                             LayerWeights& grad, TensorView<float> norm_partial) {
+  const LayerConfig& c = ctx.layer();
+  const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
+  auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
+  auto partial = [&](int i) { return std::span<float>(norm_partial.data() + i * h, std::size_t(h)); };
+  Backend::copy(dy, dx);
+  PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dy.shape());
+  strategies.attention_backward(comm, ctx, w.attention, saved.attention, dy, dnormed.view(), grad.attention);
+  norm_backward<Backend>(c, saved.x.view(), w.norms.norm1_gamma(), stat(0), stat(1), dnormed.view(), dx, partial(0),
+                         partial(1));
+}
+
 // z: [b, n_r, h] (overwritten) = the layer applied to x: [b, n_r, h], with the strategies of `choice`.
 template <class Backend = ops::Cpu, class Strategies, Communicator C>
 LayerSaved<Strategies> layer_forward(const Strategies& strategies, SublayerChoice choice, C& comm,
@@ -71,26 +140,10 @@ LayerSaved<Strategies> layer_forward(const Strategies& strategies, SublayerChoic
                                      TensorView<float> z) {
   ctx.check_activation("layer_forward", "x", x, comm.rank());
   ctx.check_activation("layer_forward", "z", z, comm.rank());
-  const LayerConfig& c = ctx.layer();
-  const std::int64_t rows = ctx.local_rows(comm.rank());
   LayerSaved<Strategies> saved;
   saved.choice = choice;
-  saved.x = Tensor<float>::copy_of(x);
-  saved.y = Tensor<float>(x.shape());
-  saved.stats = Tensor<float>(Shape{4, rows});
-  auto stat = [&](int i) { return saved.stats.view().slice(0, i, 1).reshape(Shape{rows}); };
-  {
-    PooledBuffer<float> normed = ctx.pool->acquire<float>(x.shape());
-    norm_forward<Backend>(c, x, w.norms.norm1_gamma(), w.norms.norm1_beta(), normed.view(), stat(0), stat(1));
-    saved.attention = strategies.attention_forward(choice.attention, comm, ctx, w.attention, normed.view(), saved.y.view());
-  }
-  add_into(saved.y.span(), x.span());  // y = x + attention
-  {
-    PooledBuffer<float> normed = ctx.pool->acquire<float>(x.shape());
-    norm_forward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), w.norms.norm2_beta(), normed.view(), stat(2), stat(3));
-    saved.mlp = strategies.mlp_forward(choice.mlp, comm, ctx, w.mlp, normed.view(), z);
-  }
-  add_into(z.span(), saved.y.span());  // z = y + mlp
+  attention_half_forward<Backend>(strategies, choice.attention, comm, ctx, w, x, saved);
+  mlp_half_forward<Backend>(strategies, choice.mlp, comm, ctx, w, saved, z);
   return saved;
 }
 
@@ -103,33 +156,16 @@ void layer_backward(const Strategies& strategies, C& comm, const SublayerContext
                     TensorView<float> norm_partial) {
   ctx.check_activation("layer_backward", "dz", dz, comm.rank());
   ctx.check_activation("layer_backward", "dx", dx, comm.rank());
-  const LayerConfig& c = ctx.layer();
-  const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
-  check(norm_partial.shape() == Shape{4, h} && norm_partial.is_contiguous(),
-        "layer_backward: norm_partial {} must be [4, {}]", norm_partial.shape(), h);
-  auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
-  auto partial = [&](int i) { return std::span<float>(norm_partial.data() + i * h, std::size_t(h)); };
-  // dy = dz + Norm2'(Mlp'(dz))
+  check(norm_partial.shape() == Shape{4, ctx.hidden()} && norm_partial.is_contiguous(),
+        "layer_backward: norm_partial {} must be [4, {}]", norm_partial.shape(), ctx.hidden());
   PooledBuffer<float> dy = ctx.pool->acquire<float>(dz.shape());
-  std::memcpy(dy.data(), dz.data(), std::size_t(dz.numel()) * sizeof(float));
-  {
-    PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dz.shape());
-    strategies.mlp_backward(comm, ctx, w.mlp, saved.mlp, dz, dnormed.view(), grad.mlp);
-    norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy.view(),
-                           partial(2), partial(3));
-  }
-  // dx = dy + Norm1'(Attention'(dy))
-  std::memcpy(dx.data(), dy.data(), std::size_t(dz.numel()) * sizeof(float));
-  {
-    PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dz.shape());
-    strategies.attention_backward(comm, ctx, w.attention, saved.attention, dy.view(), dnormed.view(), grad.attention);
-    norm_backward<Backend>(c, saved.x.view(), w.norms.norm1_gamma(), stat(0), stat(1), dnormed.view(), dx,
-                           partial(0), partial(1));
-  }
+  mlp_half_backward<Backend>(strategies, comm, ctx, w, saved, dz, dy.view(), grad, norm_partial);
+  attention_half_backward<Backend>(strategies, comm, ctx, w, saved, TensorView<const float>(dy.view()), dx, grad,
+                                   norm_partial);
 }
 
 // grad_norms (each layer's [4, h]) += the sum over ranks of partial: [layers, 4, h]. One all-reduce.
-template <Communicator C>
+template <class Backend = ops::Cpu, Communicator C>
 void reduce_norm_gradients(C& comm, TensorView<float> partial, std::span<NormWeights*> grad_norms) {
   check(partial.is_contiguous() && partial.extent(0) == std::int64_t(grad_norms.size()),
         "reduce_norm_gradients: partial {} must hold one [4, h] block per layer ({} layers)", partial.shape(),
@@ -137,7 +173,7 @@ void reduce_norm_gradients(C& comm, TensorView<float> partial, std::span<NormWei
   comm.all_reduce(TensorView<const float>(partial).span(), partial.span(), ReduceOp::sum);
   const std::int64_t block = partial.numel() / std::max<std::int64_t>(partial.extent(0), 1);
   for (std::size_t l = 0; l < grad_norms.size(); ++l)
-    add_into(grad_norms[l]->packed.span(), std::span<const float>(partial.data() + std::int64_t(l) * block, std::size_t(block)));
+    Backend::add_into(grad_norms[l]->packed.span(), std::span<const float>(partial.data() + std::int64_t(l) * block, std::size_t(block)));
 }
 
 }  // namespace paradyse

@@ -111,7 +111,8 @@ public:
     check(ctx_.has_value() && saved_.size() == weights_.size(), "TransformerStack: backward without a forward");
     check(&pool == ctx_->pool, "TransformerStack: backward must use the buffer pool its forward used");
     const std::int64_t h = config_.hidden;
-    PooledBuffer<float> norm_partial = pool.acquire<float>(Shape{layers(), 4, h}, /*zero=*/true);
+    PooledBuffer<float> norm_partial = pool.acquire<float>(Shape{layers(), 4, h});
+    Backend::fill(norm_partial.view(), 0.0f);
     PooledBuffer<float> buffers[2];
     TensorView<const float> grad_in = dout;
     for (std::size_t l = weights_.size(); l-- > 0;) {
@@ -128,7 +129,7 @@ public:
     }
     std::vector<NormWeights*> norms;
     for (LayerWeights& g : gradients_) norms.push_back(&g.norms);
-    reduce_norm_gradients(comm, norm_partial.view(), std::span<NormWeights*>(norms));
+    reduce_norm_gradients<Backend>(comm, norm_partial.view(), std::span<NormWeights*>(norms));
     saved_.clear();
   }
 

@@ -5,6 +5,9 @@
 // memory. Each member has exactly the signature and contract of the op it forwards to (see that op's header).
 // Contract shared by every op: forward outputs are overwritten; backward gradients ACCUMULATE (+=) into every input
 // and parameter gradient; cross_entropy_forward_backward overwrites dlogits (it starts the backward pass).
+// Besides the kernels, a backend moves data for the code written over it (copy, fill, add_into, on views of any
+// strides or on contiguous spans): strategy/ and model/ touch tensor data only through these, so they run
+// unchanged on device memory and on meta tensors (ops/counting.hpp records what they would do).
 #pragma once
 
 #include "paradyse/ops/attention_mask.hpp"
@@ -17,6 +20,8 @@
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/ops/cpu/normalization.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
+#include "paradyse/ops/cpu/softmax.hpp"
+#include "paradyse/ops/cpu/tensor_ops.hpp"
 
 #include <cstdint>
 #include <span>
@@ -26,6 +31,14 @@ namespace paradyse::ops {
 
 struct Cpu {
   static constexpr std::string_view name = "cpu";
+
+  // ---- data movement (ops/cpu/tensor_ops.hpp) ----
+  static void copy(TensorView<const float> from, TensorView<float> to) { cpu::copy(from, to); }
+  static void fill(TensorView<float> x, float value) { cpu::fill(x, value); }
+  static void add_into(TensorView<float> to, TensorView<const float> from) { cpu::add_into(to, from); }
+  static void copy(std::span<const float> from, std::span<float> to) { copy(vector(from), vector(to)); }
+  static void fill(std::span<float> x, float value) { fill(vector(x), value); }
+  static void add_into(std::span<float> to, std::span<const float> from) { add_into(vector(to), vector(from)); }
 
   // ---- GEMM (ops/cpu/gemm.hpp) ----
   static void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
@@ -120,6 +133,19 @@ struct Cpu {
   static void convert(TensorView<const From> from, TensorView<To> to) {
     cpu::convert(from, to);
   }
+
+  // ---- materialised softmax (ops/cpu/softmax.hpp) ----
+  static void masked_softmax_forward(TensorView<float> scores, std::span<const std::int64_t> query_positions,
+                                     std::span<const std::int64_t> key_positions, bool causal) {
+    cpu::masked_softmax_forward(scores, query_positions, key_positions, causal);
+  }
+  static void softmax_backward(TensorView<const float> probs, TensorView<float> grads) {
+    cpu::softmax_backward(probs, grads);
+  }
+
+  // A contiguous span as a 1-D view.
+  template <class T>
+  static TensorView<T> vector(std::span<T> x) { return {x.data(), Shape{std::int64_t(x.size())}}; }
 };
 
 }  // namespace paradyse::ops

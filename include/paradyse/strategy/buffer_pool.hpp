@@ -10,7 +10,9 @@
 //
 // Size classes: m * 2^k bytes with m in [8, 16) (at most 12.5% slack), at least 256 bytes. Buffers come from the
 // MemoryTracker current where the pool was created (the rank's), so peaks count them. A pool belongs to one rank
-// and is not thread-safe. Contents of an acquired buffer are unspecified unless acquired with zero = true.
+// and is not thread-safe. Contents of an acquired buffer are unspecified (a strategy that needs zeros fills through
+// its Backend, so the pool works in every memory space). When the tracker records a Trace, every loan and return is
+// recorded (the pool's own allocations and evictions are not: a model replays them through the pool's rule).
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -20,7 +22,6 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <map>
 #include <utility>
 
@@ -72,16 +73,18 @@ public:
     std::swap(pool_, other.pool_);
     storage_.swap(other.storage_);
     std::swap(shape_, other.shape_);
+    std::swap(requested_, other.requested_);
   }
 
 private:
   friend class BufferPool;
-  PooledBuffer(BufferPool* pool, Tensor<std::byte> storage, Shape shape)
-      : pool_(pool), storage_(std::move(storage)), shape_(shape) {}
+  PooledBuffer(BufferPool* pool, Tensor<std::byte> storage, Shape shape, std::size_t requested = 0)
+      : pool_(pool), storage_(std::move(storage)), shape_(shape), requested_(requested) {}
 
   BufferPool* pool_ = nullptr;
   Tensor<std::byte> storage_;
   Shape shape_;
+  std::size_t requested_ = 0;  // bytes asked for (the trace records loans as requested)
 };
 
 class BufferPool {
@@ -100,17 +103,18 @@ public:
 
   // A buffer of `shape` elements of T.
   template <TensorElement T>
-  PooledBuffer<T> acquire(Shape shape, bool zero = false) {
+  PooledBuffer<T> acquire(Shape shape) {
     const std::size_t bytes = std::size_t(shape.numel()) * sizeof(T);
     if (bytes == 0) return PooledBuffer<T>(this, Tensor<std::byte>(), shape);
     const std::size_t size = size_class(bytes);
+    if (Trace* trace = tracker_->trace()) trace->record({.kind = TraceKind::pool_acquire, .bytes = double(bytes)});
+    const Trace::Pause quiet(tracker_->trace());
     Tensor<std::byte> storage;
     if (auto it = cached_.find(size); it != cached_.end()) {
       storage = std::move(it->second);
       cached_.erase(it);
       stats_.cached_bytes -= size;
       ++stats_.hits;
-      if (zero) std::memset(storage.data(), 0, bytes);
     } else {
       ++stats_.misses;
       stats_.high_water_bytes = std::max(stats_.high_water_bytes, stats_.in_use_bytes + size);
@@ -125,11 +129,12 @@ public:
       storage = Tensor<std::byte>(Shape{std::int64_t(size)});  // zeroed by Tensor
     }
     stats_.in_use_bytes += size;
-    return PooledBuffer<T>(this, std::move(storage), shape);
+    return PooledBuffer<T>(this, std::move(storage), shape, bytes);
   }
 
   // Frees every cached buffer (those on loan are unaffected).
   void trim() {
+    const Trace::Pause quiet(tracker_->trace());
     cached_.clear();
     stats_.cached_bytes = 0;
   }
@@ -142,7 +147,8 @@ private:
   template <TensorElement T>
   friend class PooledBuffer;
 
-  void give_back(Tensor<std::byte>&& storage) {
+  void give_back(Tensor<std::byte>&& storage, std::size_t requested) {
+    if (Trace* trace = tracker_->trace()) trace->record({.kind = TraceKind::pool_give_back, .bytes = double(requested)});
     const std::size_t size = storage.bytes();
     stats_.in_use_bytes -= size;
     stats_.cached_bytes += size;
@@ -156,7 +162,7 @@ private:
 
 template <TensorElement T>
 PooledBuffer<T>::~PooledBuffer() {
-  if (pool_ && storage_.data()) pool_->give_back(std::move(storage_));
+  if (pool_ && storage_.data()) pool_->give_back(std::move(storage_), requested_);
 }
 
 }  // namespace paradyse

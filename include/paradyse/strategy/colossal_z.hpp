@@ -48,9 +48,10 @@ struct ColossalZ {
   };
   using MlpSaved = Zero3MlpSaved;
 
-  void check_supported(const SublayerContext& ctx) const {
-    check(ctx.layer().heads % ctx.ranks() == 0, "ColossalZ: heads = {} must be divisible by the group size p = {}",
-          ctx.layer().heads, ctx.ranks());
+  Support supports(const SublayerContext& ctx) const {
+    if (ctx.layer().heads % ctx.ranks() != 0)
+      return {fmt::format("{}: heads = {} must be divisible by the group size p = {}", name, ctx.layer().heads, ctx.ranks())};
+    return common_support(name, ctx);
   }
 
   template <Communicator C>
@@ -58,13 +59,13 @@ struct ColossalZ {
                                    TensorView<const float> x, TensorView<float> y) const {
     ctx.check_activation("ColossalZ attention", "x", x, comm.rank());
     ctx.check_activation("ColossalZ attention", "y", y, comm.rank());
-    check_supported(ctx);
+    require(supports(ctx));
     const ShardGeometry& g = ctx.geometry;
     const int p = ctx.ranks(), rank = comm.rank();
     const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
     const std::int64_t s = ctx.length(), R = g.qkv_rows, d = g.head_dim;
     const QkvPacking packing = QkvPacking::of(g, p);
-    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{b, n, packing.heads(), d}),
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, n, packing.heads(), d}),
                          Tensor<float>(Shape{b, packing.q_heads(), n, s}),
                          Tensor<float>(Shape{b, n, packing.q_heads(), d})};
     {
@@ -114,7 +115,8 @@ struct ColossalZ {
     const Rsa rsa(ctx, packing, rank, saved);
     PooledBuffer<float> dpacked = ctx.pool->acquire<float>(Shape{m, p * R});
     {
-      PooledBuffer<float> dheads = ctx.pool->acquire<float>(saved.heads.shape(), /*zero=*/true);
+      PooledBuffer<float> dheads = ctx.pool->acquire<float>(saved.heads.shape());
+      Backend::fill(dheads.view(), 0.0f);
       const HeadViews<float> dqkv = head_views(dheads.view(), packing);
       {
         PooledBuffer<float> dout = ctx.pool->acquire<float>(saved.out.shape());
@@ -125,7 +127,7 @@ struct ColossalZ {
             [&](int j) { return da.slice(1, j * W, W); }, grad.proj());
         PooledBuffer<float> dprobs = ctx.pool->acquire<float>(saved.probs.shape());
         // dP[:, block] = dout v_block^T; dV_block += P[:, block]^T dout
-        rotate_blocks_with_sums(
+        rotate_blocks_with_sums<Backend>(
             comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.v),
             [&](int owner, std::span<const float> v_block, std::span<float> dv_block) {
               rsa.for_each_head(owner, v_block.data(), [&](std::int64_t batch, std::int64_t head, const float*,
@@ -142,7 +144,7 @@ struct ColossalZ {
             [&](std::span<const float> total) { rsa.add_home(total, dqkv.v); });
         rsa.softmax_backward(saved.probs.view(), dprobs.view());  // dP -> dS, in place
         // dq += scale dS[:, block] k_block; dK_block += scale dS[:, block]^T q
-        rotate_blocks_with_sums(
+        rotate_blocks_with_sums<Backend>(
             comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.k),
             [&](int owner, std::span<const float> k_block, std::span<float> dk_block) {
               rsa.for_each_head(owner, k_block.data(), [&](std::int64_t batch, std::int64_t head, const float* q,
@@ -161,7 +163,7 @@ struct ColossalZ {
                                    dpacked.view().reshape(Shape{b, n, p * R}));
     }
     const TensorView<const float> dcolumns = dpacked.view();
-    QkvGradient qkv_grad(ctx, grad.qkv());
+    QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     ring_column_linear_backward<Backend>(comm, *ctx.pool, TensorView<const float>(saved.x.view()).reshape(Shape{m, h}),
                                          w.qkv(), [&](int j) { return dcolumns.slice(1, j * R, R); },
                                          dx.reshape(Shape{m, h}), qkv_grad.target());
@@ -192,6 +194,7 @@ private:
     TensorView<const float> q, k, v;              // views into saved.heads
     std::vector<std::int64_t> column_of_owner;    // first score column of each owner's keys (rank-major)
     std::vector<std::int64_t> key_position;       // global position of every score column
+    std::vector<std::int64_t> query_position;     // global position of every local token (score row)
 
     Rsa(const SublayerContext& c, const QkvPacking& pk, int r, AttentionSaved& s)
         : ctx(c), packing(pk), rank(r), saved(s), batch(c.batch), tokens(c.local_tokens(r)), length(c.length()),
@@ -206,6 +209,7 @@ private:
         column_of_owner.push_back(std::int64_t(key_position.size()));
         for (std::int64_t t = 0; t < c.local_tokens(owner); ++t) key_position.push_back(c.sequence.position(owner, t));
       }
+      for (std::int64_t t = 0; t < tokens; ++t) query_position.push_back(c.sequence.position(r, t));
     }
 
     // Elements of owner's K (or V) block [b, n_owner, hkv, d].
@@ -214,9 +218,7 @@ private:
     }
     // Writes this rank's K (or V) into a contiguous block.
     auto pack(TensorView<const float> part) const {
-      return [part](std::span<float> own) {
-        copy(part, TensorView<float>(own.data(), part.shape()));
-      };
+      return [part](std::span<float> own) { Backend::copy(part, TensorView<float>(own.data(), part.shape())); };
     }
     // Calls fn(batch, head, q rows, score rows of the owner's columns, the owner's key rows of the head's kv head,
     // key count, out rows) for every (batch, query head).
@@ -230,46 +232,17 @@ private:
              keys, &saved.out(bi, 0, head, 0));
         }
     }
-    bool visible(std::int64_t query_position, std::int64_t column) const {
-      return !ctx.layer().causal || key_position[std::size_t(column)] <= query_position;
-    }
     // Each score row -> its softmax over the visible keys (masked columns 0).
     void softmax(TensorView<float> probs) const {
-      for (std::int64_t bi = 0; bi < batch; ++bi)
-        for (std::int64_t head = 0; head < q_heads; ++head)
-          for (std::int64_t t = 0; t < tokens; ++t) {
-            float* row = &probs(bi, head, t, 0);
-            const std::int64_t position = ctx.sequence.position(rank, t);
-            float top = -std::numeric_limits<float>::infinity();
-            for (std::int64_t c = 0; c < length; ++c)
-              if (visible(position, c)) top = std::max(top, row[c]);
-            float sum = 0.0f;
-            for (std::int64_t c = 0; c < length; ++c) {
-              row[c] = visible(position, c) ? std::exp(row[c] - top) : 0.0f;
-              sum += row[c];
-            }
-            for (std::int64_t c = 0; c < length; ++c) row[c] /= sum;  // a query always sees itself: sum >= 1
-          }
+      Backend::masked_softmax_forward(probs, query_position, key_position, ctx.layer().causal);
     }
     // dP -> dS = P (dP - sum_c P dP), row by row.
     void softmax_backward(TensorView<const float> probs, TensorView<float> grads) const {
-      for (std::int64_t bi = 0; bi < batch; ++bi)
-        for (std::int64_t head = 0; head < q_heads; ++head)
-          for (std::int64_t t = 0; t < tokens; ++t) {
-            const float* p = &probs(bi, head, t, 0);
-            float* g = &grads(bi, head, t, 0);
-            float dot = 0.0f;
-            for (std::int64_t c = 0; c < length; ++c) dot += p[c] * g[c];
-            for (std::int64_t c = 0; c < length; ++c) g[c] = p[c] * (g[c] - dot);
-          }
+      Backend::softmax_backward(probs, grads);
     }
     // part: [b, n_r, hkv, d] (a view into the heads gradient) += this rank's complete block sum.
     void add_home(std::span<const float> total, TensorView<float> part) const {
-      const TensorView<const float> sum(total.data(), part.shape());
-      for (std::int64_t bi = 0; bi < batch; ++bi)
-        for (std::int64_t t = 0; t < tokens; ++t)
-          for (std::int64_t head = 0; head < kv_heads; ++head)
-            for (std::int64_t c = 0; c < d; ++c) part(bi, t, head, c) += sum(bi, t, head, c);
+      Backend::add_into(part, TensorView<const float>(total.data(), part.shape()));
     }
   };
 };

@@ -44,9 +44,10 @@ struct MegatronCZ {
   };
   using MlpSaved = Zero3MlpSaved;
 
-  void check_supported(const SublayerContext& ctx) const {
-    check(ctx.layer().heads % ctx.ranks() == 0, "MegatronCZ: heads = {} must be divisible by the group size p = {}",
-          ctx.layer().heads, ctx.ranks());
+  Support supports(const SublayerContext& ctx) const {
+    if (ctx.layer().heads % ctx.ranks() != 0)
+      return {fmt::format("{}: heads = {} must be divisible by the group size p = {}", name, ctx.layer().heads, ctx.ranks())};
+    return common_support(name, ctx);
   }
 
   template <Communicator C>
@@ -54,13 +55,13 @@ struct MegatronCZ {
                                    TensorView<const float> x, TensorView<float> y) const {
     ctx.check_activation("MegatronCZ attention", "x", x, comm.rank());
     ctx.check_activation("MegatronCZ attention", "y", y, comm.rank());
-    check_supported(ctx);
+    require(supports(ctx));
     const ShardGeometry& g = ctx.geometry;
     const int p = ctx.ranks(), rank = comm.rank();
     const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
     const std::int64_t R = g.qkv_rows;
     const QkvPacking packing = QkvPacking::of(g, p);
-    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{b, n, packing.heads(), g.head_dim}),
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, n, packing.heads(), g.head_dim}),
                          Tensor<float>(Shape{b, n, packing.q_heads(), g.head_dim}),
                          Tensor<float>(Shape{b, packing.q_heads(), n})};
     {
@@ -92,7 +93,8 @@ struct MegatronCZ {
     const QkvPacking packing = QkvPacking::of(g, p);
     PooledBuffer<float> dpacked = ctx.pool->acquire<float>(Shape{m, p * R});
     {
-      PooledBuffer<float> dheads = ctx.pool->acquire<float>(saved.heads.shape(), /*zero=*/true);
+      PooledBuffer<float> dheads = ctx.pool->acquire<float>(saved.heads.shape());
+      Backend::fill(dheads.view(), 0.0f);
       {
         PooledBuffer<float> dout = ctx.pool->acquire<float>(saved.out.shape());
         const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, p * W});
@@ -109,7 +111,7 @@ struct MegatronCZ {
                                    dpacked.view().reshape(Shape{b, n, p * R}));
     }
     const TensorView<const float> dcolumns = dpacked.view();
-    QkvGradient qkv_grad(ctx, grad.qkv());
+    QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     ring_column_linear_backward<Backend>(comm, *ctx.pool, TensorView<const float>(saved.x.view()).reshape(Shape{m, h}),
                                          w.qkv(), [&](int j) { return dcolumns.slice(1, j * R, R); },
                                          dx.reshape(Shape{m, h}), qkv_grad.target());

@@ -43,7 +43,9 @@ struct MegatronTS {
     Tensor<float> pre;  // [b*s (rank-major), ffn_in_rows]: pre-activation of this rank's ffn columns
   };
 
-  void check_supported(const SublayerContext&) const {}  // the unified layout's requirements suffice
+  Support supports(const SublayerContext& ctx) const {  // the unified layout's requirements suffice
+    return common_support(name, ctx);
+  }
 
   template <Communicator C>
   AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
@@ -52,11 +54,11 @@ struct MegatronTS {
     ctx.check_activation("MegatronTS attention", "y", y, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t b = ctx.batch, s = ctx.length(), rows = ctx.global_rows(), h = ctx.hidden();
-    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{b, s, g.qkv_rows}),
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, s, g.qkv_rows}),
                          Tensor<float>(Shape{b, s, g.proj_rows}), Tensor<float>(Shape{b, g.q_heads, s})};
     {
       PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-      gather_sequence(comm, ctx, x, x_full.view(), TokenOrder::natural);
+      gather_sequence<Backend>(comm, ctx, x, x_full.view(), TokenOrder::natural);
       Backend::matmul(x_full.view(), ops::Transpose::no, w.qkv(), ops::Transpose::yes, saved.qkv.view().reshape(Shape{rows, g.qkv_rows}));
     }
     rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
@@ -64,7 +66,7 @@ struct MegatronTS {
     attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
     PooledBuffer<float> partial = ctx.pool->acquire<float>(Shape{rows, h});
     Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::no, w.proj(), ops::Transpose::no, partial.view());
-    reduce_scatter_sequence(comm, ctx, partial.view(), TokenOrder::natural, y);
+    reduce_scatter_sequence<Backend>(comm, ctx, partial.view(), TokenOrder::natural, y);
     return saved;
   }
 
@@ -75,10 +77,11 @@ struct MegatronTS {
     ctx.check_activation("MegatronTS attention backward", "dx", dx, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t b = ctx.batch, s = ctx.length(), rows = ctx.global_rows(), h = ctx.hidden();
-    PooledBuffer<float> dqkv = ctx.pool->acquire<float>(Shape{b, s, g.qkv_rows}, /*zero=*/true);
+    PooledBuffer<float> dqkv = ctx.pool->acquire<float>(Shape{b, s, g.qkv_rows});
+    Backend::fill(dqkv.view(), 0.0f);
     {
       PooledBuffer<float> dy_full = ctx.pool->acquire<float>(Shape{rows, h});
-      gather_sequence(comm, ctx, dy, dy_full.view(), TokenOrder::natural);
+      gather_sequence<Backend>(comm, ctx, dy, dy_full.view(), TokenOrder::natural);
       PooledBuffer<float> dout = ctx.pool->acquire<float>(Shape{b, s, g.proj_rows});
       Backend::matmul(dy_full.view(), ops::Transpose::no, w.proj(), ops::Transpose::yes, dout.view().reshape(Shape{rows, g.proj_rows}));
       Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::yes, dy_full.view(), ops::Transpose::no,
@@ -90,11 +93,11 @@ struct MegatronTS {
     rope_natural<Backend>(ctx, dqkv.view(), RopeDirection::backward);
     const TensorView<const float> dqkv_rows = TensorView<const float>(dqkv.view()).reshape(Shape{rows, g.qkv_rows});
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-    gather_sequence(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::natural);
-    QkvGradient qkv_grad(ctx, grad.qkv());
+    gather_sequence<Backend>(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::natural);
+    QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     Backend::matmul(dqkv_rows, ops::Transpose::yes, x_full.view(), ops::Transpose::no, qkv_grad.target(), 1.0f, 1.0f);
     Backend::matmul(dqkv_rows, ops::Transpose::no, w.qkv(), ops::Transpose::no, x_full.view());  // dx_full overwrites x_full
-    reduce_scatter_sequence(comm, ctx, x_full.view(), TokenOrder::natural, dx);
+    reduce_scatter_sequence<Backend>(comm, ctx, x_full.view(), TokenOrder::natural, dx);
     qkv_grad.finish(comm);
   }
 
@@ -105,14 +108,14 @@ struct MegatronTS {
     ctx.check_activation("MegatronTS mlp", "y", y, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t rows = ctx.global_rows(), h = ctx.hidden();
-    MlpSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{rows, g.ffn_in_rows})};
+    MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{rows, g.ffn_in_rows})};
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-    gather_sequence(comm, ctx, x, x_full.view(), TokenOrder::rank_major);  // the MLP is token-wise: any order
+    gather_sequence<Backend>(comm, ctx, x, x_full.view(), TokenOrder::rank_major);  // the MLP is token-wise: any order
     Backend::matmul(x_full.view(), ops::Transpose::no, w.in(), ops::Transpose::yes, saved.pre.view());
     PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{rows, g.ffn});
     shard_activation_forward<Backend>(g, saved.pre.view(), act.view());
     Backend::matmul(act.view(), ops::Transpose::no, w.out(), ops::Transpose::no, x_full.view());  // partial overwrites x_full
-    reduce_scatter_sequence(comm, ctx, x_full.view(), TokenOrder::rank_major, y);
+    reduce_scatter_sequence<Backend>(comm, ctx, x_full.view(), TokenOrder::rank_major, y);
     return saved;
   }
 
@@ -126,7 +129,7 @@ struct MegatronTS {
     PooledBuffer<float> dpre = ctx.pool->acquire<float>(Shape{rows, g.ffn_in_rows});
     {
       PooledBuffer<float> dy_full = ctx.pool->acquire<float>(Shape{rows, h});
-      gather_sequence(comm, ctx, dy, dy_full.view(), TokenOrder::rank_major);
+      gather_sequence<Backend>(comm, ctx, dy, dy_full.view(), TokenOrder::rank_major);
       PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{rows, g.ffn});
       shard_activation_forward<Backend>(g, saved.pre.view(), act.view());  // recomputed, not saved
       Backend::matmul(act.view(), ops::Transpose::yes, dy_full.view(), ops::Transpose::no, grad.out(), 1.0f, 1.0f);
@@ -134,10 +137,10 @@ struct MegatronTS {
       shard_activation_backward<Backend>(g, saved.pre.view(), act.view(), dpre.view());
     }
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-    gather_sequence(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::rank_major);
+    gather_sequence<Backend>(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::rank_major);
     Backend::matmul(dpre.view(), ops::Transpose::yes, x_full.view(), ops::Transpose::no, grad.in(), 1.0f, 1.0f);
     Backend::matmul(dpre.view(), ops::Transpose::no, w.in(), ops::Transpose::no, x_full.view());  // dx_full overwrites x_full
-    reduce_scatter_sequence(comm, ctx, x_full.view(), TokenOrder::rank_major, dx);
+    reduce_scatter_sequence<Backend>(comm, ctx, x_full.view(), TokenOrder::rank_major, dx);
   }
 };
 

@@ -31,7 +31,6 @@
 #include "paradyse/strategy/ring_heads.hpp"
 #include "paradyse/strategy/ring_schedule.hpp"
 
-#include <cstring>
 #include <span>
 #include <string_view>
 
@@ -50,9 +49,10 @@ struct METP {
     Tensor<float> x;  // [b, n_r, h]
   };
 
-  void check_supported(const SublayerContext& ctx) const {
-    check(ctx.layer().heads % ctx.ranks() == 0, "METP: heads = {} must be divisible by the group size p = {}",
-          ctx.layer().heads, ctx.ranks());
+  Support supports(const SublayerContext& ctx) const {
+    if (ctx.layer().heads % ctx.ranks() != 0)
+      return {fmt::format("{}: heads = {} must be divisible by the group size p = {}", name, ctx.layer().heads, ctx.ranks())};
+    return common_support(name, ctx);
   }
 
   template <Communicator C>
@@ -60,11 +60,11 @@ struct METP {
                                    TensorView<const float> x, TensorView<float> y) const {
     ctx.check_activation("METP attention", "x", x, comm.rank());
     ctx.check_activation("METP attention", "y", y, comm.rank());
-    check_supported(ctx);
+    require(supports(ctx));
     const ShardGeometry& g = ctx.geometry;
     const int p = ctx.ranks(), rank = comm.rank();
     const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
-    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{p, b, n, g.q_heads, g.head_dim}),
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{p, b, n, g.q_heads, g.head_dim}),
                          Tensor<float>(Shape{p, b, g.q_heads, n})};
     const TensorView<const float> x_rows = x.reshape(Shape{m, h});
     const TensorView<float> y_rows = y.reshape(Shape{m, h});
@@ -96,7 +96,7 @@ struct METP {
     const TensorView<const float> x_rows = TensorView<const float>(saved.x.view()).reshape(Shape{m, h});
     const TensorView<const float> dy_rows = dy.reshape(Shape{m, h});
     const TensorView<float> dx_rows = dx.reshape(Shape{m, h});
-    QkvGradient qkv_grad(ctx, grad.qkv());
+    QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     // This rank's tokens' part of head group i's packed gradient, reduced to owner i while group i+1 is computed.
     PooledBuffer<float> partials[2] = {ctx.pool->acquire<float>(Shape{A, h}), ctx.pool->acquire<float>(Shape{A, h})};
     PooledBuffer<float> received = ctx.pool->acquire<float>(Shape{A, h});
@@ -106,8 +106,8 @@ struct METP {
       reduction.wait();
       if (reducing != rank) return;
       const TensorView<const float> total = received.view();
-      add_into(qkv_grad.target().span(), total.slice(0, 0, R).span());
-      add_into(grad.proj().span(), total.slice(0, R, W).span());
+      Backend::add_into(qkv_grad.target(), total.slice(0, 0, R));
+      Backend::add_into(grad.proj(), total.slice(0, R, W));
     };
     ShardBroadcast<C> shards(comm, ctx, w.packed.view());
     for (int i = 0; i < p; ++i) {
@@ -118,7 +118,8 @@ struct METP {
       const TensorView<float> partial = partials[i % 2].view();  // its reduction (i - 2) finished at step i - 1
       PooledBuffer<float> dpacked = ctx.pool->acquire<float>(Shape{m, R});
       {
-        PooledBuffer<float> dheads = ctx.pool->acquire<float>(Shape{b, n, packing(g).heads(), g.head_dim}, true);
+        PooledBuffer<float> dheads = ctx.pool->acquire<float>(Shape{b, n, packing(g).heads(), g.head_dim});
+        Backend::fill(dheads.view(), 0.0f);
         {
           PooledBuffer<float> heads = project_heads(ctx, rank, x_rows, w_qkv);
           PooledBuffer<float> dout = ctx.pool->acquire<float>(Shape{b, n, g.q_heads, g.head_dim});
@@ -166,7 +167,7 @@ struct METP {
                           first ? 0.0f : 1.0f);
           first = false;
         });
-    return MlpSaved{Tensor<float>::copy_of(x)};
+    return MlpSaved{copy_tensor<Backend>(x)};
   }
 
   template <Communicator C>
@@ -185,7 +186,7 @@ struct METP {
     PooledBuffer<float> dpre = ctx.pool->acquire<float>(Shape{m, g.ffn_in_rows});
     bool first = true;
     auto size = [&](int) { return w.packed.numel(); };
-    rotate_blocks_with_sums(
+    rotate_blocks_with_sums<Backend>(
         comm, *ctx.pool, size, size, [&](std::span<float> own) { copy_shard(w, own); },
         [&](int, std::span<const float> block, std::span<float> sum) {
           const MlpBlock<const float> shard(g, block.data());
@@ -202,7 +203,7 @@ struct METP {
           Backend::matmul(dpre.view(), ops::Transpose::yes, x_rows, ops::Transpose::no, shard_grad.in, 1.0f, 1.0f);
           first = false;
         },
-        [&](std::span<const float> total) { add_into(grad.packed.span(), total); });
+        [&](std::span<const float> total) { Backend::add_into(grad.packed.span(), total); });
   }
 
 private:
@@ -226,7 +227,7 @@ private:
   private:
     void start(int owner) {
       PooledBuffer<float>& buffer = buffers_[owner % 2];
-      if (owner == comm_.rank()) std::memcpy(buffer.data(), own_.data(), std::size_t(own_.numel()) * sizeof(float));
+      if (owner == comm_.rank()) Backend::copy(own_, buffer.view());
       pending_ = comm_.broadcast_async(buffer.span(), owner);
     }
     C& comm_;
@@ -244,9 +245,7 @@ private:
         : in(packed, Shape{g.ffn_in_rows, g.hidden}), out(packed + g.ffn_in_rows * g.hidden, Shape{g.ffn, g.hidden}) {}
   };
 
-  static void copy_shard(const MlpShard& w, std::span<float> to) {
-    std::memcpy(to.data(), w.packed.data(), std::size_t(w.packed.numel()) * sizeof(float));
-  }
+  static void copy_shard(const MlpShard& w, std::span<float> to) { Backend::copy(w.packed.span(), to); }
 
   static QkvPacking packing(const ShardGeometry& g) { return QkvPacking::of(g, 1); }
   static RingAttentionSpec ring_spec(const SublayerContext& ctx) {

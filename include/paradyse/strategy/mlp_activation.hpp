@@ -12,13 +12,6 @@
 
 namespace paradyse {
 
-// x = 0 for a 2-D view with any row stride.
-inline void fill_zero(TensorView<float> x) {
-  check(x.rank() == 2 && (x.extent(1) <= 1 || x.strides()[1] == 1), "fill_zero: expected a 2-D view with unit column stride, got {} strides {}",
-        x.shape(), x.strides());
-  for (std::int64_t i = 0; i < x.extent(0); ++i) std::fill_n(&x(i, 0), x.extent(1), 0.0f);
-}
-
 // act: [m, f/p] (overwritten) = activation(pre: [m, ffn_in_rows]).
 template <class Backend>
 void shard_activation_forward(const ShardGeometry& g, TensorView<const float> pre, TensorView<float> act) {
@@ -38,7 +31,7 @@ void shard_activation_backward(const ShardGeometry& g, TensorView<const float> p
   check(dpre.shape() == pre.shape() && dact.shape() == Shape{pre.extent(0), g.ffn},
         "shard_activation_backward: dpre {} must match pre {}, dact {} must be [m, {}]", dpre.shape(), pre.shape(),
         dact.shape(), g.ffn);
-  fill_zero(dpre);  // the ops accumulate
+  Backend::fill(dpre, 0.0f);  // the ops accumulate
   if (!g.swiglu) {
     Backend::gelu_backward(pre, dact, dpre);
     return;

@@ -6,14 +6,14 @@
 // its two sublayers):
 //
 //   static constexpr std::string_view name;                       // "MegatronTS", ...
-//   void check_supported(const SublayerContext&) const;           // throws Error naming what is required
+//   Support supports(const SublayerContext&) const;               // whether it can run this call, and why not
 //   struct AttentionSaved; struct MlpSaved;                       // what forward keeps for backward (move-only)
 //   AttentionSaved attention_forward(comm, ctx, const AttentionShard& w, x, y) const;
 //   void attention_backward(comm, ctx, const AttentionShard& w, AttentionSaved&, dy, dx, AttentionShard& grad) const;
 //   MlpSaved mlp_forward(comm, ctx, const MlpShard& w, x, y) const;
 //   void mlp_backward(comm, ctx, const MlpShard& w, MlpSaved&, dy, dx, MlpShard& grad) const;
 //
-// Contract (the unified layout, DESIGN.md):
+// Contract (the unified layout, docs/DESIGN.md):
 //   - x, y, dy, dx: [b, n_r, h], contiguous, rank r's tokens in the order of ctx.sequence (contiguous chunk r, or
 //     zigzag chunks r and 2p-1-r). y and dx are overwritten; no norm and no residual inside a sublayer.
 //   - w: rank r's packed shard (contract/weight_shards.hpp), the same for every strategy.
@@ -30,6 +30,8 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
+
+#include <fmt/format.h>
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/contract/weight_shards.hpp"
@@ -38,8 +40,8 @@
 
 #include <concepts>
 #include <cstdint>
-#include <cstring>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace paradyse {
@@ -76,6 +78,26 @@ struct SublayerContext {
   }
 };
 
+// Whether a strategy can run a call: an empty reason means yes. Each strategy states its requirements once, in its
+// supports(); the planner skips what is not supported (and shows the reason), the layer stack refuses it.
+struct Support {
+  std::string reason;
+  bool ok() const noexcept { return reason.empty(); }
+  explicit operator bool() const noexcept { return ok(); }
+};
+
+// What every strategy needs of a call besides the unified layout (contract/layer_config.hpp): a token for every rank.
+inline Support common_support(std::string_view strategy, const SublayerContext& ctx) {
+  if (ctx.length() < ctx.ranks())
+    return {fmt::format("{} needs at least p = {} tokens per sample, got {}", strategy, ctx.ranks(), ctx.length())};
+  return {};
+}
+
+// Throws the reason unless supported.
+inline void require(const Support& support) {
+  if (!support.ok()) throw Error(support.reason);
+}
+
 // The concept: the operations above for a communicator C.
 template <class S, class C>
 concept SublayerStrategy =
@@ -86,12 +108,20 @@ concept SublayerStrategy =
                                                                   typename S::MlpSaved& ms, TensorView<const float> in,
                                                                   TensorView<float> out) {
       { S::name } -> std::convertible_to<std::string_view>;
-      s.check_supported(ctx);
+      { s.supports(ctx) } -> std::same_as<Support>;
       { s.attention_forward(comm, ctx, aw, in, out) } -> std::same_as<typename S::AttentionSaved>;
       s.attention_backward(comm, ctx, aw, as, in, out, ag);
       { s.mlp_forward(comm, ctx, mw, in, out) } -> std::same_as<typename S::MlpSaved>;
       s.mlp_backward(comm, ctx, mw, ms, in, out, mg);
     };
+
+// A new tensor (in the current tracker's space) holding a copy of x, through the backend.
+template <class Backend>
+Tensor<float> copy_tensor(TensorView<const float> x) {
+  Tensor<float> t(x.shape());
+  Backend::copy(x, t.view());
+  return t;
+}
 
 // Spans as the communicators take them.
 inline std::span<const float> read_span(TensorView<const float> x) { return x.span(); }
@@ -99,21 +129,19 @@ inline std::span<float> write_span(TensorView<float> x) { return x.span(); }
 template <class T>
 std::span<const T> read_span(const PooledBuffer<T>& x) { return {x.data(), std::size_t(x.numel())}; }
 
-// dst += src (same element count).
-inline void add_into(std::span<float> dst, std::span<const float> src) {
-  check(dst.size() == src.size(), "add_into: {} elements += {} elements", dst.size(), src.size());
-  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
-}
-
 // Where a backward accumulates its W_qkv^T gradient. Without replicated kv heads: straight into the shard's
 // gradient. With them (kv_heads < p), the p/kv ranks sharing a kv head each computed only their own queries' part
 // of its k and v rows' gradient: this call's contribution goes to a zeroed scratch, finish() sums the k and v rows
 // over the replicas (one all-reduce of kv_heads * 2 * d * h elements over the group) and adds the result.
+template <class Backend>
 class QkvGradient {
 public:
   QkvGradient(const SublayerContext& ctx, TensorView<float> grad_qkv /*[qkv_rows, h]*/)
       : geometry_(ctx.geometry), grad_(grad_qkv), pool_(ctx.pool) {
-    if (geometry_.kv_replicated()) scratch_ = pool_->acquire<float>(grad_qkv.shape(), /*zero=*/true);
+    if (geometry_.kv_replicated()) {
+      scratch_ = pool_->acquire<float>(grad_qkv.shape());
+      Backend::fill(scratch_.view(), 0.0f);
+    }
   }
   // The tensor to accumulate into: [qkv_rows, h].
   TensorView<float> target() const { return geometry_.kv_replicated() ? scratch_.view() : grad_; }
@@ -124,13 +152,15 @@ public:
     const ShardGeometry& g = geometry_;
     const std::int64_t d = g.head_dim, h = g.hidden, kv_global = g.ranks / g.kv_replicas;
     const std::int64_t slot = 2 * d * h;  // k rows then v rows of one kv head
-    PooledBuffer<float> all = pool_->acquire<float>(Shape{kv_global, slot}, /*zero=*/true);
-    float* mine = all.data() + g.first_kv_head(comm.rank()) * slot;
-    const float* k_rows = scratch_.data() + g.group_size * d * h;  // the one local group: q rows, then k, then v
-    std::memcpy(mine, k_rows, std::size_t(slot) * sizeof(float));
+    PooledBuffer<float> all = pool_->acquire<float>(Shape{kv_global, slot});
+    Backend::fill(all.view(), 0.0f);
+    const std::span<float> mine = all.span().subspan(std::size_t(g.first_kv_head(comm.rank()) * slot), std::size_t(slot));
+    // the one local group: q rows, then k, then v
+    const std::span<float> k_rows = scratch_.span().subspan(std::size_t(g.group_size * d * h), std::size_t(slot));
+    Backend::copy(std::span<const float>(k_rows), mine);
     comm.all_reduce(read_span(all), all.span(), ReduceOp::sum);
-    std::memcpy(scratch_.data() + g.group_size * d * h, mine, std::size_t(slot) * sizeof(float));
-    add_into(grad_.span(), read_span(scratch_));
+    Backend::copy(std::span<const float>(mine), k_rows);
+    Backend::add_into(grad_, TensorView<const float>(scratch_.view()));
   }
 
 private:

@@ -22,16 +22,16 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <utility>
 
 namespace paradyse {
 
-template <Communicator Comm>
+template <Communicator Comm, class Backend = ops::Cpu>
 class RingPass {
 public:
   // The ring starts on `first` (this rank's block). With copy = false the first block is read in place and must
@@ -42,7 +42,7 @@ public:
     if (copy || comm.size() > 1) buffers_[0] = pool.acquire<float>(Shape{std::int64_t(size_)});
     if (comm.size() > 1) buffers_[1] = pool.acquire<float>(Shape{std::int64_t(size_)});
     if (copy) {
-      if (size_) std::memcpy(buffers_[0].data(), first.data(), size_ * sizeof(float));
+      if (size_) Backend::copy(first, buffers_[0].span());
       current_ = buffers_[0].data();
       current_index_ = 0;
     } else {
@@ -55,7 +55,8 @@ public:
   static RingPass zeros(Comm& comm, BufferPool& pool, std::size_t size) {
     RingPass ring(comm, pool, std::span<const float>(static_cast<const float*>(nullptr), 0), true);
     ring.size_ = size;
-    ring.buffers_[0] = pool.acquire<float>(Shape{std::int64_t(size)}, /*zero=*/true);
+    ring.buffers_[0] = pool.acquire<float>(Shape{std::int64_t(size)});
+    Backend::fill(ring.buffers_[0].view(), 0.0f);
     if (comm.size() > 1) ring.buffers_[1] = pool.acquire<float>(Shape{std::int64_t(size)});
     ring.current_ = ring.buffers_[0].data();
     return ring;

@@ -94,21 +94,11 @@ inline std::int64_t max_segment_length(const SequenceLayout& layout) {
 }
 
 // Writes k and v (any strides) into a packed block.
-inline void pack_kv(const KvGeometry& g, TensorView<const float> k, TensorView<const float> v, float* block) {
+template <class Backend>
+void pack_kv(const KvGeometry& g, TensorView<const float> k, TensorView<const float> v, float* block) {
   const std::int64_t n = k.extent(1);
-  copy(k, g.part(block, n, 0));
-  copy(v, g.part(block, n, 1));
-}
-
-// to (any strides) += from (same shape).
-inline void add_into(TensorView<float> to, TensorView<const float> from) {
-  for (std::int64_t b = 0; b < to.extent(0); ++b)
-    for (std::int64_t t = 0; t < to.extent(1); ++t)
-      for (std::int64_t h = 0; h < to.extent(2); ++h) {
-        float* row = &to(b, t, h, 0);
-        const float* src = &from(b, t, h, 0);
-        for (std::int64_t c = 0; c < to.extent(3); ++c) row[c] += src[c];
-      }
+  Backend::copy(k, g.part(block, n, 0));
+  Backend::copy(v, g.part(block, n, 1));
 }
 
 template <class C>
@@ -186,19 +176,13 @@ void ring_attention_forward(C& comm, const RingAttentionSpec& spec, BufferPool& 
   };
   rotate_blocks(
       comm, pool, [&](int owner) { return geometry.block_elements(layout.local_length(owner)); },
-      [&](std::span<float> own) { pack_kv(geometry, k, v, own.data()); }, visit);
+      [&](std::span<float> own) { pack_kv<Backend>(geometry, k, v, own.data()); }, visit);
   // A segment no key was visible to (possible only with unusual document masks): out = 0, lse = -inf, as the op.
   for (int qi = 0; qi < q_count; ++qi) {
     if (written[std::size_t(qi)]) continue;
     const TokenSegment& qs = q_segments[std::size_t(qi)];
-    const auto out_part = out.slice(1, qs.local, qs.length);
-    const auto lse_part = lse.slice(2, qs.local, qs.length);
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t h = 0; h < q_heads; ++h)
-        for (std::int64_t i = 0; i < qs.length; ++i) {
-          lse_part(b, h, i) = -std::numeric_limits<float>::infinity();
-          for (std::int64_t c = 0; c < d; ++c) out_part(b, i, h, c) = 0.0f;
-        }
+    Backend::fill(out.slice(1, qs.local, qs.length), 0.0f);
+    Backend::fill(lse.slice(2, qs.local, qs.length), -std::numeric_limits<float>::infinity());
   }
 }
 
@@ -261,11 +245,11 @@ void ring_attention_backward(C& comm, const RingAttentionSpec& spec, BufferPool&
   };
   // The complete dK/dV of this rank's own block, after its last hop home.
   auto home = [&](std::span<const float> total) {
-    add_into(dk, geometry.part(total.data(), n, 0));
-    add_into(dv, geometry.part(total.data(), n, 1));
+    Backend::add_into(dk, geometry.part(total.data(), n, 0));
+    Backend::add_into(dv, geometry.part(total.data(), n, 1));
   };
-  rotate_blocks_with_sums(
-      comm, pool, block_size, block_size, [&](std::span<float> own) { pack_kv(geometry, k, v, own.data()); }, visit,
+  rotate_blocks_with_sums<Backend>(
+      comm, pool, block_size, block_size, [&](std::span<float> own) { pack_kv<Backend>(geometry, k, v, own.data()); }, visit,
       home);
 }
 

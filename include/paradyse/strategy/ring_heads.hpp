@@ -16,7 +16,6 @@
 #include "paradyse/strategy/sequence_layout.hpp"
 
 #include <cstdint>
-#include <cstring>
 
 namespace paradyse {
 
@@ -122,10 +121,10 @@ void unpack_heads(const QkvPacking& packing, const TokenPositions& where, Tensor
   for_each_group_run(packing, [&](std::int64_t first, std::int64_t count) {
     const HeadViews<const float> from = packed_groups(packed, packing, first, count);
     const HeadViews<float> to = heads_groups(heads, packing, first, count);
-    copy(from.v, to.v);
+    Backend::copy(from.v, to.v);
     if (!where.config->rope) {
-      copy(from.q, to.q);
-      copy(from.k, to.k);
+      Backend::copy(from.q, to.q);
+      Backend::copy(from.k, to.k);
       return;
     }
     for_each_run(where, [&](std::int64_t local, std::int64_t length, std::int64_t position) {
@@ -142,15 +141,14 @@ void pack_head_gradients(const QkvPacking& packing, const TokenPositions& where,
   using namespace ring_heads_detail;
   check_buffers("pack_head_gradients", packed.shape(), heads.shape(), packing);
   const ops::RopeConfig rope{.theta = where.config->rope_base};
-  if (where.config->rope && packed.numel())
-    std::memset(packed.data(), 0, std::size_t(packed.numel()) * sizeof(float));  // rope_backward accumulates
+  if (where.config->rope) Backend::fill(packed, 0.0f);  // rope_backward accumulates
   for_each_group_run(packing, [&](std::int64_t first, std::int64_t count) {
     const HeadViews<const float> from = heads_groups(heads, packing, first, count);
     const HeadViews<float> to = packed_groups(packed, packing, first, count);
-    copy(from.v, to.v);
+    Backend::copy(from.v, to.v);
     if (!where.config->rope) {
-      copy(from.q, to.q);
-      copy(from.k, to.k);
+      Backend::copy(from.q, to.q);
+      Backend::copy(from.k, to.k);
       return;
     }
     for_each_run(where, [&](std::int64_t local, std::int64_t length, std::int64_t position) {

@@ -20,6 +20,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
 #include <algorithm>
@@ -65,7 +66,7 @@ void rotate_blocks(C& comm, BufferPool& pool, SizeOf&& size_of, PackOwn&& pack_o
 // Calls visit(source, block, sum) for the block of every rank as rotate_blocks does, with sum (std::span<float>,
 // sum_size_of(source) elements) zeroed for visit to accumulate this rank's contribution into. Then calls
 // home(total) once with the sum of every rank's contribution to this rank's own block.
-template <Communicator C, class SizeOf, class SumSizeOf, class PackOwn, class Visit, class Home>
+template <class Backend = ops::Cpu, Communicator C, class SizeOf, class SumSizeOf, class PackOwn, class Visit, class Home>
 void rotate_blocks_with_sums(C& comm, BufferPool& pool, SizeOf&& size_of, SumSizeOf&& sum_size_of, PackOwn&& pack_own,
                          Visit&& visit, Home&& home) {
   using ring_schedule_detail::wrap;
@@ -80,7 +81,7 @@ void rotate_blocks_with_sums(C& comm, BufferPool& pool, SizeOf&& size_of, SumSiz
   PooledBuffer<float> work = pool.acquire<float>(Shape{sum_capacity});
   if (p == 1) {
     const std::span<float> sum = sum_span(work, rank);
-    std::fill(sum.begin(), sum.end(), 0.0f);
+    Backend::fill(sum, 0.0f);
     visit(rank, std::span<const float>(current.data(), std::size_t(size_of(rank))), sum);
     home(std::span<const float>(sum));
     return;
@@ -97,12 +98,11 @@ void rotate_blocks_with_sums(C& comm, BufferPool& pool, SizeOf&& size_of, SumSiz
       block_next =
           comm.shift_async(block, std::span<float>(incoming.data(), std::size_t(size_of(wrap(source - 1, p)))), 1);
     const std::span<float> sum = sum_span(work, source);
-    std::fill(sum.begin(), sum.end(), 0.0f);
+    Backend::fill(sum, 0.0f);
     visit(source, block, sum);
     if (step > 0) {  // the running sum of this block from the ranks before us
       sum_next.wait();
-      const std::span<const float> before = sum_span(arriving, source);
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += before[i];
+      Backend::add_into(sum, std::span<const float>(sum_span(arriving, source)));
     }
     std::swap(work, sending);  // the sum travels on; last step's sent buffer (its send is complete) is the next work
     sum_next = comm.shift_async(std::span<const float>(sum_span(sending, source)), sum_span(arriving, source - 1), 1);

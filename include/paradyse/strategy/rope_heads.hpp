@@ -13,7 +13,6 @@
 #include "paradyse/strategy/policy.hpp"
 
 #include <cstdint>
-#include <cstring>
 
 namespace paradyse {
 
@@ -39,13 +38,11 @@ void rotate_run(const ShardGeometry& g, const ops::RopeConfig& config, TensorVie
 }
 
 // The q and k parts of `buffer` set to zero (before the backward rotation accumulates into them).
-inline void zero_qk(const ShardGeometry& g, TensorView<float> buffer) {
+template <class Backend>
+void zero_qk(const ShardGeometry& g, TensorView<float> buffer) {
   const auto calls = head_calls(g, buffer.data(), buffer.extent(0), buffer.extent(1));
   for (const auto& call : calls)
-    for (const TensorView<float>& part : {call.q, call.k})
-      for (std::int64_t i = 0; i < part.extent(0); ++i)
-        for (std::int64_t t = 0; t < part.extent(1); ++t)
-          for (std::int64_t head = 0; head < part.extent(2); ++head) std::memset(&part(i, t, head, 0), 0, std::size_t(g.head_dim) * sizeof(float));
+    for (const TensorView<float>& part : {call.q, call.k}) Backend::fill(part, 0.0f);
 }
 
 template <class Backend, class Runs>
@@ -65,8 +62,8 @@ void rotate(const SublayerContext& ctx, TensorView<float> buffer, RopeDirection 
   // rope_backward accumulates and must not alias: rotate from a copy into the zeroed q and k parts.
   BufferPool& pool = *ctx.pool;
   PooledBuffer<float> copy = pool.acquire<float>(buffer.shape());
-  std::memcpy(copy.data(), buffer.data(), std::size_t(buffer.numel()) * sizeof(float));
-  zero_qk(g, buffer);
+  Backend::copy(TensorView<const float>(buffer), copy.view());
+  zero_qk<Backend>(g, buffer);
   runs([&](std::int64_t local, std::int64_t length, std::int64_t position) {
     rotate_run<Backend>(g, config, buffer, copy.view(), local, length, position, direction);
   });

@@ -9,6 +9,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
@@ -28,7 +29,7 @@ inline void check_rows(const char* who, const char* what, const Shape& got, std:
 }  // namespace sequence_comm_detail
 
 // full: [b*s, C] (in `order`) <- every rank's local: [b, n_r, C]. All-gather.
-template <Communicator Comm>
+template <class Backend = ops::Cpu, Communicator Comm>
 void gather_sequence(Comm& comm, const SublayerContext& ctx, TensorView<const float> local, TensorView<float> full,
                      TokenOrder order) {
   const std::int64_t width = local.numel() / std::max<std::int64_t>(ctx.local_rows(comm.rank()), 1);
@@ -41,11 +42,11 @@ void gather_sequence(Comm& comm, const SublayerContext& ctx, TensorView<const fl
   }
   PooledBuffer<float> staged = ctx.pool->acquire<float>(Shape{ctx.global_rows(), width});
   comm.all_gather_v(local.span(), staged.span(), std::span<const std::int64_t>(counts));
-  rank_major_to_natural(ctx.sequence, ctx.batch, width, staged.data(), full.data());
+  rank_major_to_natural<Backend>(ctx.sequence, ctx.batch, width, staged.data(), full.data());
 }
 
 // local: [b, n_r, C] <- the sum over ranks of full: [b*s, C] (in `order`), rank r's tokens. Reduce-scatter.
-template <Communicator Comm>
+template <class Backend = ops::Cpu, Communicator Comm>
 void reduce_scatter_sequence(Comm& comm, const SublayerContext& ctx, TensorView<const float> full, TokenOrder order,
                              TensorView<float> local) {
   const std::int64_t width = local.numel() / std::max<std::int64_t>(ctx.local_rows(comm.rank()), 1);
@@ -57,13 +58,13 @@ void reduce_scatter_sequence(Comm& comm, const SublayerContext& ctx, TensorView<
     return;
   }
   PooledBuffer<float> staged = ctx.pool->acquire<float>(Shape{ctx.global_rows(), width});
-  natural_to_rank_major(ctx.sequence, ctx.batch, width, full.data(), staged.data());
+  natural_to_rank_major<Backend>(ctx.sequence, ctx.batch, width, full.data(), staged.data());
   comm.reduce_scatter_v(read_span(staged), local.span(), std::span<const std::int64_t>(counts), ReduceOp::sum);
 }
 
 // Ulysses, sequence -> heads. send: [p][b*n_r, W], chunk j holding this rank's tokens of rank j's head group;
 // natural: [b, s, W], every token of this rank's head group. All-to-all.
-template <Communicator Comm>
+template <class Backend = ops::Cpu, Communicator Comm>
 void sequence_to_heads(Comm& comm, const SublayerContext& ctx, TensorView<const float> send, std::int64_t width,
                        TensorView<float> natural) {
   const int p = ctx.ranks(), r = comm.rank();
@@ -79,12 +80,12 @@ void sequence_to_heads(Comm& comm, const SublayerContext& ctx, TensorView<const 
   PooledBuffer<float> staged = ctx.pool->acquire<float>(Shape{ctx.global_rows(), width});
   comm.all_to_all_v(send.span(), std::span<const std::int64_t>(send_counts), staged.span(),
                     std::span<const std::int64_t>(recv_counts));
-  rank_major_to_natural(ctx.sequence, ctx.batch, width, staged.data(), natural.data());
+  rank_major_to_natural<Backend>(ctx.sequence, ctx.batch, width, staged.data(), natural.data());
 }
 
 // Ulysses, heads -> sequence: the inverse. natural: [b, s, W] of this rank's head group; recv: [p][b*n_r, W], chunk
 // j holding rank j's head group for this rank's tokens.
-template <Communicator Comm>
+template <class Backend = ops::Cpu, Communicator Comm>
 void heads_to_sequence(Comm& comm, const SublayerContext& ctx, TensorView<const float> natural, std::int64_t width,
                        TensorView<float> recv) {
   const int p = ctx.ranks(), r = comm.rank();
@@ -98,7 +99,7 @@ void heads_to_sequence(Comm& comm, const SublayerContext& ctx, TensorView<const 
     return;
   }
   PooledBuffer<float> staged = ctx.pool->acquire<float>(Shape{ctx.global_rows(), width});
-  natural_to_rank_major(ctx.sequence, ctx.batch, width, natural.data(), staged.data());
+  natural_to_rank_major<Backend>(ctx.sequence, ctx.batch, width, natural.data(), staged.data());
   comm.all_to_all_v(read_span(staged), std::span<const std::int64_t>(send_counts), recv.span(),
                     std::span<const std::int64_t>(recv_counts));
 }

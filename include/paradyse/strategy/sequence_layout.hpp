@@ -15,11 +15,12 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/layout/chunking.hpp"
+#include "paradyse/ops/backend.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstring>
+#include <span>
 #include <vector>
 
 namespace paradyse {
@@ -104,21 +105,23 @@ void for_each_run(const SequenceLayout& layout, std::int64_t batch, Fn&& fn) {
 }
 }  // namespace sequence_detail
 
-// natural: [b, s, C] <- rank_major: [sum_r b * n_r, C] (both contiguous, C = width).
-template <class T>
-void rank_major_to_natural(const SequenceLayout& layout, std::int64_t batch, std::int64_t width, const T* rank_major,
-                           T* natural) {
+// natural: [b, s, C] <- rank_major: [sum_r b * n_r, C] (both contiguous, C = width). One copy per run of tokens.
+template <class Backend = ops::Cpu>
+void rank_major_to_natural(const SequenceLayout& layout, std::int64_t batch, std::int64_t width,
+                           const float* rank_major, float* natural) {
   sequence_detail::for_each_run(layout, batch, [&](std::int64_t from, std::int64_t to, std::int64_t rows) {
-    std::memcpy(natural + to * width, rank_major + from * width, std::size_t(rows * width) * sizeof(T));
+    const auto count = std::size_t(rows * width);
+    Backend::copy(std::span<const float>(rank_major + from * width, count), std::span<float>(natural + to * width, count));
   });
 }
 
 // rank_major: [sum_r b * n_r, C] <- natural: [b, s, C].
-template <class T>
-void natural_to_rank_major(const SequenceLayout& layout, std::int64_t batch, std::int64_t width, const T* natural,
-                           T* rank_major) {
+template <class Backend = ops::Cpu>
+void natural_to_rank_major(const SequenceLayout& layout, std::int64_t batch, std::int64_t width, const float* natural,
+                           float* rank_major) {
   sequence_detail::for_each_run(layout, batch, [&](std::int64_t to, std::int64_t from, std::int64_t rows) {
-    std::memcpy(rank_major + to * width, natural + from * width, std::size_t(rows * width) * sizeof(T));
+    const auto count = std::size_t(rows * width);
+    Backend::copy(std::span<const float>(natural + from * width, count), std::span<float>(rank_major + to * width, count));
   });
 }
 

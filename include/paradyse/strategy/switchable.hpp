@@ -75,9 +75,13 @@ public:
     return chosen;
   }
 
-  void check_supported(std::size_t index, const SublayerContext& ctx) const {
-    visit_index(index, [&](auto i) { std::get<decltype(i)::value>(policies_).check_supported(ctx); });
+  // Whether strategy `index` can run this call, and why not (its own supports()).
+  Support supports(std::size_t index, const SublayerContext& ctx) const {
+    Support support;
+    visit_index(index, [&](auto i) { support = std::get<decltype(i)::value>(policies_).supports(ctx); });
+    return support;
   }
+  void check_supported(std::size_t index, const SublayerContext& ctx) const { require(supports(index, ctx)); }
 
   template <Communicator C>
   AttentionSaved attention_forward(std::size_t index, C& comm, const SublayerContext& ctx, const AttentionShard& w,
@@ -165,7 +169,8 @@ public:
 
   explicit operator bool() const noexcept { return bool(impl_); }
   std::string_view name() const { return get().name(); }
-  void check_supported(const SublayerContext& ctx) const { get().check_supported(ctx); }
+  Support supports(const SublayerContext& ctx) const { return get().supports(ctx); }
+  void check_supported(const SublayerContext& ctx) const { require(supports(ctx)); }
   Saved attention_forward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, TensorView<const float> x,
                           TensorView<float> y) const {
     return get().attention_forward(comm, ctx, w, x, y);
@@ -187,7 +192,7 @@ private:
   struct Concept {
     virtual ~Concept() = default;
     virtual std::string_view name() const = 0;
-    virtual void check_supported(const SublayerContext&) const = 0;
+    virtual Support supports(const SublayerContext&) const = 0;
     virtual Saved attention_forward(Comm&, const SublayerContext&, const AttentionShard&, TensorView<const float>,
                                     TensorView<float>) const = 0;
     virtual void attention_backward(Comm&, const SublayerContext&, const AttentionShard&, Saved&,
@@ -222,7 +227,7 @@ private:
     }
 
     std::string_view name() const override { return S::name; }
-    void check_supported(const SublayerContext& ctx) const override { strategy.check_supported(ctx); }
+    Support supports(const SublayerContext& ctx) const override { return strategy.supports(ctx); }
     Saved attention_forward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, TensorView<const float> x,
                             TensorView<float> y) const override {
       return wrap(strategy.attention_forward(comm, ctx, w, x, y));

@@ -43,10 +43,10 @@ struct UlyssesZ {
   };
   using MlpSaved = Zero3MlpSaved;
 
-  void check_supported(const SublayerContext& ctx) const {
-    const LayerConfig& c = ctx.layer();
-    check(c.heads % ctx.ranks() == 0, "UlyssesZ: heads = {} must be divisible by the group size p = {}", c.heads,
-          ctx.ranks());
+  Support supports(const SublayerContext& ctx) const {
+    if (ctx.layer().heads % ctx.ranks() != 0)
+      return {fmt::format("{}: heads = {} must be divisible by the group size p = {}", name, ctx.layer().heads, ctx.ranks())};
+    return common_support(name, ctx);
   }
 
   template <Communicator C>
@@ -54,12 +54,12 @@ struct UlyssesZ {
                                    TensorView<const float> x, TensorView<float> y) const {
     ctx.check_activation("UlyssesZ attention", "x", x, comm.rank());
     ctx.check_activation("UlyssesZ attention", "y", y, comm.rank());
-    check_supported(ctx);
+    require(supports(ctx));
     const ShardGeometry& g = ctx.geometry;
     const int p = ctx.ranks();
     const std::int64_t b = ctx.batch, s = ctx.length(), m = ctx.local_rows(comm.rank()), h = ctx.hidden();
     const std::int64_t R = g.qkv_rows, W = g.proj_rows;
-    AttentionSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{b, s, R}), Tensor<float>(Shape{b, s, W}),
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, s, R}), Tensor<float>(Shape{b, s, W}),
                          Tensor<float>(Shape{b, g.q_heads, s}), Tensor<float>(Shape{p, m, W})};
     {
       PooledBuffer<float> send = ctx.pool->acquire<float>(Shape{p, m, R});
@@ -67,12 +67,12 @@ struct UlyssesZ {
       ring_column_linear_forward<Backend>(comm, *ctx.pool, x.reshape(Shape{m, h}), w.qkv(), [&](int j) {
         return TensorView<float>(chunks.data() + std::int64_t(j) * m * R, Shape{m, R});
       });
-      sequence_to_heads(comm, ctx, chunks.reshape(Shape{p * m, R}), R, saved.qkv.view());
+      sequence_to_heads<Backend>(comm, ctx, chunks.reshape(Shape{p * m, R}), R, saved.qkv.view());
     }
     rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
     const ops::AttentionMask mask{.causal = ctx.layer().causal};
     attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
-    heads_to_sequence(comm, ctx, saved.out.view(), W, saved.a.view().reshape(Shape{p * m, W}));
+    heads_to_sequence<Backend>(comm, ctx, saved.out.view(), W, saved.a.view().reshape(Shape{p * m, W}));
     const TensorView<const float> a = saved.a.view();
     gathered_row_linear_forward<Backend>(comm, *ctx.pool, w.proj(),
                                          [&](int j) { return a.slice(0, j, 1).reshape(Shape{m, W}); },
@@ -89,7 +89,8 @@ struct UlyssesZ {
     const int p = ctx.ranks();
     const std::int64_t b = ctx.batch, s = ctx.length(), m = ctx.local_rows(comm.rank()), h = ctx.hidden();
     const std::int64_t R = g.qkv_rows, W = g.proj_rows;
-    PooledBuffer<float> dqkv = ctx.pool->acquire<float>(Shape{b, s, R}, /*zero=*/true);
+    PooledBuffer<float> dqkv = ctx.pool->acquire<float>(Shape{b, s, R});
+    Backend::fill(dqkv.view(), 0.0f);
     {
       PooledBuffer<float> dout = ctx.pool->acquire<float>(Shape{b, s, W});
       {
@@ -99,7 +100,7 @@ struct UlyssesZ {
         gathered_row_linear_backward<Backend>(
             comm, *ctx.pool, w.proj(), [&](int j) { return a.slice(0, j, 1).reshape(Shape{m, W}); },
             dy.reshape(Shape{m, h}), [&](int j) { return da_view.slice(0, j, 1).reshape(Shape{m, W}); }, grad.proj());
-        sequence_to_heads(comm, ctx, da_view.reshape(Shape{p * m, W}), W, dout.view());
+        sequence_to_heads<Backend>(comm, ctx, da_view.reshape(Shape{p * m, W}), W, dout.view());
       }
       const ops::AttentionMask mask{.causal = ctx.layer().causal};
       attention_backward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), saved.out.view(), saved.lse.view(),
@@ -108,9 +109,9 @@ struct UlyssesZ {
     rope_natural<Backend>(ctx, dqkv.view(), RopeDirection::backward);
     PooledBuffer<float> dsend = ctx.pool->acquire<float>(Shape{p, m, R});
     const TensorView<float> dchunks = dsend.view();
-    heads_to_sequence(comm, ctx, dqkv.view(), R, dchunks.reshape(Shape{p * m, R}));
+    heads_to_sequence<Backend>(comm, ctx, dqkv.view(), R, dchunks.reshape(Shape{p * m, R}));
     dqkv = PooledBuffer<float>();
-    QkvGradient qkv_grad(ctx, grad.qkv());
+    QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     ring_column_linear_backward<Backend>(
         comm, *ctx.pool, TensorView<const float>(saved.x.view()).reshape(Shape{m, h}), w.qkv(),
         [&](int j) { return TensorView<const float>(dchunks.data() + std::int64_t(j) * m * R, Shape{m, R}); },

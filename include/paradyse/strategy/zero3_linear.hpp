@@ -35,7 +35,7 @@ void ring_column_linear_forward(Comm& comm, BufferPool& pool, TensorView<const f
   const std::int64_t rows = shard.extent(0), h = shard.extent(1);
   check(x.rank() == 2 && x.extent(1) == h, "ring_column_linear_forward: x {} must be [m, h = {}]", x.shape(), h);
   const int p = comm.size();
-  RingPass<Comm> ring(comm, pool, shard.span());
+  RingPass<Comm, Backend> ring(comm, pool, shard.span());
   for (int i = 0; i < p; ++i) {
     if (i + 1 < p) ring.start_next();
     const TensorView<const float> w(ring.current().data(), Shape{rows, h});
@@ -55,8 +55,8 @@ void ring_column_linear_backward(Comm& comm, BufferPool& pool, TensorView<const 
   check(grad_shard.shape() == shard.shape(), "ring_column_linear_backward: grad {} must match the shard {}",
         grad_shard.shape(), shard.shape());
   const int p = comm.size();
-  RingPass<Comm> weights(comm, pool, shard.span());
-  RingPass<Comm> grads = RingPass<Comm>::zeros(comm, pool, std::size_t(rows * h));
+  RingPass<Comm, Backend> weights(comm, pool, shard.span());
+  RingPass<Comm, Backend> grads = RingPass<Comm, Backend>::zeros(comm, pool, std::size_t(rows * h));
   for (int i = 0; i < p; ++i) {
     if (i + 1 < p) weights.start_next();
     const TensorView<const float> w(weights.current().data(), Shape{rows, h});
@@ -71,13 +71,13 @@ void ring_column_linear_backward(Comm& comm, BufferPool& pool, TensorView<const 
     }
   }
   if (p == 1) {
-    add_into(grad_shard.span(), grads.current());
+    Backend::add_into(grad_shard.span(), grads.current());
     return;
   }
   // This rank now holds the gradient of rank r + 1's shard: one hop home.
   PooledBuffer<float> mine = pool.acquire<float>(Shape{rows, h});
   comm.shift(grads.current(), mine.span(), 1);
-  add_into(grad_shard.span(), read_span(mine));
+  Backend::add_into(grad_shard.span(), read_span(mine));
 }
 
 // y: [m, h] (overwritten) = sum_j a_block(j) * W_j, a_block(j): [m, R]; the full W: [p*R, h] is all-gathered.
@@ -110,7 +110,7 @@ void gathered_row_linear_backward(Comm& comm, BufferPool& pool, TensorView<const
   full = PooledBuffer<float>();  // free the gathered weight before the reduce-scatter's buffer
   PooledBuffer<float> mine = pool.acquire<float>(Shape{rows, h});
   comm.reduce_scatter(read_span(partial), mine.span(), ReduceOp::sum);
-  add_into(grad_shard.span(), read_span(mine));
+  Backend::add_into(grad_shard.span(), read_span(mine));
 }
 
 }  // namespace paradyse

@@ -33,7 +33,7 @@ Zero3MlpSaved zero3_mlp_forward(C& comm, const SublayerContext& ctx, const MlpSh
   const ShardGeometry& g = ctx.geometry;
   const int p = ctx.ranks();
   const std::int64_t m = ctx.local_rows(comm.rank()), h = ctx.hidden();
-  Zero3MlpSaved saved{Tensor<float>::copy_of(x), Tensor<float>(Shape{m, p * g.ffn_in_rows})};
+  Zero3MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{m, p * g.ffn_in_rows})};
   const TensorView<const float> x_rows = x.reshape(Shape{m, h});
   const TensorView<float> pre = saved.pre.view();
   ring_column_linear_forward<Backend>(comm, *ctx.pool, x_rows, w.in(),

@@ -228,6 +228,13 @@ PARADYSE_TARGET_AVX512 inline void blocked_gemm_avx512(
 }
 #endif
 
+// Floats of packing workspace one fallback GEMM call allocates (the dry run reports the same allocation).
+inline std::size_t fallback_workspace_floats(std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (m == 0 || n == 0 || k == 0) return 0;
+  const std::size_t depth = std::size_t(std::min(k, kFallbackKc));
+  return std::size_t(std::min(m, kFallbackMc) + kMrMax) * depth + std::size_t(std::min(n, kFallbackNc) + kNrMax) * depth;
+}
+
 }  // namespace detail
 
 // The built-in blocked GEMM (also what gemm() uses without CBLAS). Same contract as gemm().
@@ -241,8 +248,7 @@ inline void gemm_fallback(Transpose trans_a, Transpose trans_b, std::int64_t m, 
   // Packed panels sized to the problem (at most ~1.2 MiB), zero-padded by the packing itself.
   const std::size_t depth = std::size_t(std::min(k, detail::kFallbackKc));
   const std::size_t a_floats = std::size_t(std::min(m, detail::kFallbackMc) + detail::kMrMax) * depth;
-  const std::size_t b_floats = std::size_t(std::min(n, detail::kFallbackNc) + detail::kNrMax) * depth;
-  const detail::Workspace<float> workspace(a_floats + b_floats);
+  const detail::Workspace<float> workspace(detail::fallback_workspace_floats(m, n, k));
   float* a_packed = workspace.data();
   float* b_packed = a_packed + a_floats;
   switch (simd_level()) {
@@ -278,6 +284,14 @@ inline void gemm_cblas(Transpose trans_a, Transpose trans_b, std::int64_t m, std
 
 // c: [m, n] = alpha * op(a): [m, k] * op(b): [k, n] + beta * c. Row-major; leading dimensions in elements.
 // op(a) = a ([m, k], lda >= k) or a^T (a stored [k, m], lda >= m). beta = 0 ignores c's old contents (even NaN).
+// Floats of workspace gemm() allocates for this call (0 through CBLAS, or when alpha = 0).
+inline std::size_t gemm_workspace_floats(std::int64_t m, std::int64_t n, std::int64_t k, float alpha) {
+#if defined(PARADYSE_WITH_CBLAS)
+  if (gemm_engine() == GemmEngine::cblas) return 0;
+#endif
+  return alpha == 0.0f ? 0 : detail::fallback_workspace_floats(m, n, k);
+}
+
 inline void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                  std::int64_t ldc) {

@@ -1,0 +1,102 @@
+// paradyse/core/trace.hpp: the ordered record of what one rank does in a dry run (allocations, kernels, transfers).
+//
+// A dry run executes a strategy's real code on meta tensors (core/memory.hpp: shapes and bytes, no storage) with a
+// counting backend (ops/counting.hpp) and a symbolic communicator (comm/symbolic.hpp). Each of the three records
+// into one Trace, in program order:
+//   - the rank's memory tracker: every plain allocation and free, and every buffer lent or taken back by the buffer
+//     pool (bytes as requested, before rounding, so that a model may rescale them to another element size);
+//   - the backend: every kernel with its shape (GEMM m, n, k; attention visible query-key pairs, heads, head dim;
+//     element-wise bytes moved);
+//   - the communicator: every transfer when it is posted (its kind and bytes) and when it is waited for.
+// The cost models (cost/trace_cost.hpp) read memory and time off this record, so a strategy is written once.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace paradyse {
+
+enum class TraceKind : std::uint8_t {
+  allocate,             // bytes: a plain allocation of the tracker
+  deallocate,           // bytes: its release
+  pool_acquire,         // bytes: a buffer lent by the buffer pool (requested bytes; the pool rounds to a size class)
+  pool_give_back,       // bytes: its return
+  gemm,                 // m, n, k
+  attention_forward,    // m: visible query-key pairs summed over the batch, n: query heads, k: head dim
+  attention_backward,   // as attention_forward
+  elementwise,          // bytes read and written by a memory-bound kernel (copy, fill, add, norm, softmax, ...)
+  activation,           // m: elements through GELU/SwiGLU, bytes: moved
+  post,                 // transfer, bytes, request: a transfer starts
+  wait,                 // request: the caller waits for it
+};
+
+// What a posted transfer is; bytes are those of the larger side (the gathered buffer of an all-gather, the
+// scattered input of a reduce-scatter, the whole send buffer of an all-to-all, one block of a ring shift).
+enum class TransferKind : std::uint8_t { all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, reduce, send_recv, barrier };
+
+constexpr std::string_view name_of(TransferKind t) {
+  constexpr std::string_view names[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+                                        "broadcast",  "reduce",         "send_recv",  "barrier"};
+  return names[int(t)];
+}
+
+struct TraceEvent {
+  TraceKind kind = TraceKind::elementwise;
+  TransferKind transfer = TransferKind::barrier;
+  std::int32_t request = -1;  // links a post to its wait
+  double bytes = 0;
+  double m = 0, n = 0, k = 0;
+};
+
+class Trace {
+public:
+  void record(const TraceEvent& event) {
+    if (paused_ == 0) events_.push_back(event);
+  }
+  std::int32_t new_request() noexcept { return next_request_++; }
+  const std::vector<TraceEvent>& events() const noexcept { return events_; }
+  std::size_t size() const noexcept { return events_.size(); }
+  void clear() noexcept { events_.clear(); }
+
+  // Recording stops while a Pause lives (the buffer pool's own storage: its loans are recorded instead).
+  class Pause {
+  public:
+    explicit Pause(Trace* trace) noexcept : trace_(trace) {
+      if (trace_) ++trace_->paused_;
+    }
+    ~Pause() {
+      if (trace_) --trace_->paused_;
+    }
+    Pause(const Pause&) = delete;
+    Pause& operator=(const Pause&) = delete;
+
+  private:
+    Trace* trace_;
+  };
+
+  // The trace the calling thread's counting backend records into (nullptr: none).
+  static Trace*& current() noexcept {
+    thread_local Trace* trace = nullptr;
+    return trace;
+  }
+
+private:
+  std::vector<TraceEvent> events_;
+  int paused_ = 0;
+  std::int32_t next_request_ = 0;
+};
+
+// Makes `trace` the calling thread's current trace for the lifetime of this object.
+class ScopedTrace {
+public:
+  explicit ScopedTrace(Trace& trace) noexcept : previous_(Trace::current()) { Trace::current() = &trace; }
+  ~ScopedTrace() { Trace::current() = previous_; }
+  ScopedTrace(const ScopedTrace&) = delete;
+  ScopedTrace& operator=(const ScopedTrace&) = delete;
+
+private:
+  Trace* previous_;
+};
+
+}  // namespace paradyse

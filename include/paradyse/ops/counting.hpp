@@ -1,0 +1,210 @@
+// paradyse/ops/counting.hpp: ops::Counting, a backend that computes nothing and records every call with its shape.
+//
+// It has every member of ops::Cpu with the same signature. Run over meta tensors (core/memory.hpp) it lets a
+// strategy's real forward and backward execute on shapes alone: each kernel becomes one TraceEvent of the calling
+// thread's Trace (core/trace.hpp) (GEMM m, n, k; attention visible query-key pairs, heads and head dim; bytes moved
+// by memory-bound kernels), and the scratch memory the CPU kernels would allocate (attention tiles, RoPE angles, the
+// fallback GEMM's panels) is allocated and freed on the current tracker in the same order, so the dry run's memory
+// trace is the real run's.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/core/trace.hpp"
+#include "paradyse/ops/attention_mask.hpp"
+#include "paradyse/ops/cpu/adamw.hpp"
+#include "paradyse/ops/cpu/attention.hpp"
+#include "paradyse/ops/cpu/convert.hpp"
+#include "paradyse/ops/cpu/cross_entropy.hpp"
+#include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/ops/cpu/rope.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace paradyse::ops {
+
+// Query-key pairs that `mask` leaves visible between q_len queries and kv_len keys (one batch entry, one head).
+inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::int64_t kv_len) {
+  if (!mask.document_starts.empty()) {
+    double pairs = 0;
+    for (std::int64_t i = 0; i < q_len; ++i) {
+      const KeyRange r = visible_key_range(mask, i, kv_len);
+      pairs += double(r.last - r.first);
+    }
+    return pairs;
+  }
+  if (!mask.causal) return double(q_len) * double(kv_len);
+  // Query i sees clamp(a + i, 0, kv_len) keys, a = q_offset - kv_offset + 1: a ramp, then full rows.
+  const double a = double(mask.q_offset - mask.kv_offset + 1), sq = double(q_len), sk = double(kv_len);
+  const double ramp_begin = std::clamp(1 - a, 0.0, sq), ramp_end = std::clamp(sk - a, ramp_begin, sq);
+  const double ramp = (ramp_end - ramp_begin) * ((a + ramp_begin) + (a + ramp_end - 1)) / 2;
+  return ramp + (sq - ramp_end) * sk;
+}
+
+struct Counting {
+  static constexpr std::string_view name = "counting";
+
+  // ---- data movement ----
+  static void copy(TensorView<const float> from, TensorView<float> to) {
+    check(from.shape() == to.shape(), "copy: source shape {} differs from destination shape {}", from.shape(),
+          to.shape());
+    stream(2 * from.numel());
+  }
+  static void fill(TensorView<float> x, float) { stream(x.numel()); }
+  static void add_into(TensorView<float> to, TensorView<const float> from) {
+    check(to.shape() == from.shape(), "add_into: destination {} and source {} differ in shape", to.shape(),
+          from.shape());
+    stream(3 * to.numel());
+  }
+  static void copy(std::span<const float> from, std::span<float> to) {
+    check(from.size() == to.size(), "copy: {} elements into {}", from.size(), to.size());
+    stream(2 * double(from.size()));
+  }
+  static void fill(std::span<float> x, float) { stream(double(x.size())); }
+  static void add_into(std::span<float> to, std::span<const float> from) {
+    check(from.size() == to.size(), "add_into: {} elements += {} elements", to.size(), from.size());
+    stream(3 * double(to.size()));
+  }
+
+  // ---- GEMM ----
+  static void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float*,
+                   std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
+    if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha)) Tensor<float> panels(Shape{std::int64_t(floats)});
+    record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
+  }
+  static void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
+                     TensorView<float> c, float alpha = 1.0f, float = 0.0f) {
+    check(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul: views must be 2-D; got a {}, b {}, c {}",
+          a.shape(), b.shape(), c.shape());
+    const std::int64_t m = trans_a == Transpose::yes ? a.extent(1) : a.extent(0);
+    const std::int64_t k = trans_a == Transpose::yes ? a.extent(0) : a.extent(1);
+    const std::int64_t kb = trans_b == Transpose::yes ? b.extent(1) : b.extent(0);
+    const std::int64_t n = trans_b == Transpose::yes ? b.extent(0) : b.extent(1);
+    check(k == kb && c.extent(0) == m && c.extent(1) == n, "matmul: op(a) [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n,
+          c.shape());
+    gemm(trans_a, trans_b, m, n, k, alpha, nullptr, 0, nullptr, 0, 0.0f, nullptr, 0);
+  }
+
+  // ---- attention: q [b, sq, hq, d], k/v [b, sk, hkv, d] ----
+  static void attention_forward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
+                                const AttentionMask& mask, TensorView<float>, TensorView<float>) {
+    const cpu::detail::AttentionTiling tiling = cpu::detail::attention_tiling(q.extent(3));
+    const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});  // the CPU kernel's workspace, in its order
+    const cpu::detail::ForwardScratch scratch(tiling, q.extent(3));
+    record_attention(TraceKind::attention_forward, q, k, mask);
+  }
+  static void attention_backward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
+                                 TensorView<const float>, TensorView<const float>, TensorView<const float>,
+                                 const AttentionMask& mask, TensorView<float>, TensorView<float>, TensorView<float>) {
+    const cpu::detail::AttentionTiling tiling = cpu::detail::attention_tiling(q.extent(3));
+    const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});
+    const cpu::detail::BackwardScratch scratch(tiling, q.extent(1));
+    record_attention(TraceKind::attention_backward, q, k, mask);
+  }
+  static void attention_merge(TensorView<float> out, TensorView<float> lse, TensorView<const float>,
+                              TensorView<const float>) {
+    stream(3 * double(out.numel() + lse.numel()));
+  }
+
+  // ---- normalisation ----
+  static void layer_norm_forward(TensorView<const float> x, TensorView<const float>, TensorView<const float>, float,
+                                 TensorView<float>, TensorView<float>, TensorView<float>) {
+    stream(2 * x.numel());
+  }
+  static void layer_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
+                                  TensorView<const float>, TensorView<const float>, TensorView<float>,
+                                  TensorView<float>, TensorView<float>) {
+    stream(3 * x.numel());
+  }
+  static void rms_norm_forward(TensorView<const float> x, TensorView<const float>, float, TensorView<float>,
+                               TensorView<float>) {
+    stream(2 * x.numel());
+  }
+  static void rms_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
+                                TensorView<const float>, TensorView<float>, TensorView<float>) {
+    stream(3 * x.numel());
+  }
+
+  // ---- activations: elements through the function, and the bytes moved ----
+  static void gelu_forward(TensorView<const float> x, TensorView<float>) { activation(x.numel(), 2); }
+  static void gelu_backward(TensorView<const float> x, TensorView<const float>, TensorView<float>) {
+    activation(2 * x.numel(), 2);
+  }
+  static void swiglu_forward(TensorView<const float>, TensorView<const float>, TensorView<float> y) {
+    activation(y.numel(), 3);
+  }
+  static void swiglu_backward(TensorView<const float> gate, TensorView<const float>, TensorView<const float>,
+                              TensorView<float>, TensorView<float>) {
+    activation(2 * gate.numel(), 3);
+  }
+
+  // ---- rotary position embedding: x [b, s, heads, d] ----
+  static void rope_forward(TensorView<const float> x, TensorView<float>, std::int64_t, const RopeConfig& = {},
+                           std::span<const std::int64_t> = {}) {
+    rope(x);
+  }
+  static void rope_backward(TensorView<const float> dy, TensorView<float>, std::int64_t, const RopeConfig& = {},
+                            std::span<const std::int64_t> = {}) {
+    rope(dy);
+  }
+
+  // ---- embedding, loss, optimizer, conversion ----
+  static void embedding_forward(TensorView<const std::int32_t>, TensorView<const float>, TensorView<float> out) {
+    stream(2 * out.numel());
+  }
+  static void embedding_backward(TensorView<const std::int32_t>, TensorView<const float> dout, TensorView<float>) {
+    stream(3 * dout.numel());
+  }
+  static cpu::CrossEntropyResult cross_entropy_forward_backward(TensorView<const float> logits,
+                                                                TensorView<const std::int32_t>, TensorView<float>,
+                                                                float, std::int32_t = cpu::kIgnoreIndex) {
+    stream(3 * logits.numel());
+    return {};
+  }
+  static void adamw_step(TensorView<float> params, TensorView<const float>, TensorView<float>, TensorView<float>,
+                         const AdamWConfig&, std::int64_t) {
+    stream(7 * params.numel());
+  }
+  template <cpu::FloatingStorage From, cpu::FloatingStorage To>
+  static void convert(TensorView<const From> from, TensorView<To>) {
+    record({.kind = TraceKind::elementwise, .bytes = double(from.numel()) * double(sizeof(From) + sizeof(To))});
+  }
+
+  // ---- materialised softmax ----
+  static void masked_softmax_forward(TensorView<float> scores, std::span<const std::int64_t>,
+                                     std::span<const std::int64_t>, bool) {
+    activation(scores.numel(), 2);
+  }
+  static void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }
+
+  template <class T>
+  static TensorView<T> vector(std::span<T> x) { return {x.data(), Shape{std::int64_t(x.size())}}; }
+
+private:
+  static void record(const TraceEvent& event) {
+    Trace* trace = Trace::current();
+    check(trace != nullptr, "ops::Counting: no Trace is installed on this thread (use ScopedTrace)");
+    trace->record(event);
+  }
+  // A memory-bound kernel that reads and writes `elements` float32 elements in all.
+  static void stream(double elements) { record({.kind = TraceKind::elementwise, .bytes = 4 * elements}); }
+  static void stream(std::int64_t elements) { stream(double(elements)); }
+  static void activation(std::int64_t elements, int tensors) {
+    record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements)});
+  }
+  static void rope(TensorView<const float> x) {
+    const Tensor<float> angles(Shape{2, x.extent(3) / 2});  // the CPU kernel's angle table
+    stream(2 * x.numel());
+  }
+  static void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,
+                               const AttentionMask& mask) {
+    check(q.rank() == 4 && k.rank() == 4, "attention: q {} and k {} must be [b, s, heads, d]", q.shape(), k.shape());
+    const double pairs = visible_pairs(mask, q.extent(1), k.extent(1)) * double(q.extent(0));
+    record({.kind = kind, .m = pairs, .n = double(q.extent(2)), .k = double(q.extent(3))});
+  }
+};
+
+}  // namespace paradyse::ops

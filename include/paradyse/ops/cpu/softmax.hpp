@@ -1,0 +1,61 @@
+// paradyse/ops/cpu/softmax.hpp: row softmax over a materialised score matrix, with a causal mask at global
+// positions, and its backward (ColossalZ's ring self-attention keeps whole score rows).
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+
+namespace paradyse::ops::cpu {
+
+// scores: [..., n, c] (last dimension contiguous), in place -> the softmax of every row over its visible columns
+// (masked columns become 0). Row i of every [n, c] block is the query at query_positions[i]; column j is the key at
+// key_positions[j]; with causal a key is visible when its position <= the query's. Every row must see a key.
+inline void masked_softmax_forward(TensorView<float> scores, std::span<const std::int64_t> query_positions,
+                                   std::span<const std::int64_t> key_positions, bool causal) {
+  const int rank = scores.rank();
+  check(rank >= 2 && scores.is_contiguous(), "masked_softmax_forward: scores {} must be contiguous [..., n, c]",
+        scores.shape());
+  const std::int64_t n = scores.extent(rank - 2), c = scores.extent(rank - 1);
+  check(std::int64_t(query_positions.size()) == n && std::int64_t(key_positions.size()) == c,
+        "masked_softmax_forward: {} query and {} key positions for scores {}", query_positions.size(),
+        key_positions.size(), scores.shape());
+  const std::int64_t rows = c ? scores.numel() / c : 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = scores.data() + r * c;
+    const std::int64_t position = query_positions[std::size_t(r % n)];
+    const auto visible = [&](std::int64_t j) { return !causal || key_positions[std::size_t(j)] <= position; };
+    float top = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < c; ++j)
+      if (visible(j)) top = std::max(top, row[j]);
+    check(top > -std::numeric_limits<float>::infinity(), "masked_softmax_forward: the query at position {} sees no key",
+          position);
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < c; ++j) {
+      row[j] = visible(j) ? std::exp(row[j] - top) : 0.0f;
+      sum += row[j];
+    }
+    for (std::int64_t j = 0; j < c; ++j) row[j] /= sum;
+  }
+}
+
+// grads: [..., c] (in place, dP -> dS) = probs * (grads - rowsum(probs * grads)); probs: the forward's output.
+inline void softmax_backward(TensorView<const float> probs, TensorView<float> grads) {
+  check(probs.shape() == grads.shape() && probs.is_contiguous() && grads.is_contiguous() && probs.rank() >= 1,
+        "softmax_backward: probs {} and grads {} must be contiguous and of one shape", probs.shape(), grads.shape());
+  const std::int64_t c = probs.extent(-1), rows = c ? probs.numel() / c : 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* p = probs.data() + r * c;
+    float* g = grads.data() + r * c;
+    float dot = 0.0f;
+    for (std::int64_t j = 0; j < c; ++j) dot += p[j] * g[j];
+    for (std::int64_t j = 0; j < c; ++j) g[j] = p[j] * (g[j] - dot);
+  }
+}
+
+}  // namespace paradyse::ops::cpu
