@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <string>
 
 using namespace paradyse;
@@ -70,4 +72,40 @@ TEST_CASE("json: bad input names the line, column and what was expected") {
 
 TEST_CASE("json: writing a non-finite number is an error") {
   CHECK_THROWS_AS(json::dump(json::Value(std::nan(""))), Error);
+}
+
+TEST_CASE("json: a binary input's message shows the bad byte and is not cut at a NUL") {
+  const std::string binary("{\"name\": \0\x01\x02 more", 18);
+  std::string message;
+  try {
+    json::parse(binary, "profile.bin");
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("json: profile.bin: line 1 column 10 (in name): expected a value, found byte 0x00") != std::string::npos);
+  CHECK(message.find("[json.hpp:") != std::string::npos);  // the source location after the byte: nothing was cut
+  CHECK_THROWS_WITH_AS(json::parse("\x89PNG"), doctest::Contains("found byte 0x89"), Error);
+}
+
+TEST_CASE("json: a number beyond a double is an error naming the member, not infinity") {
+  CHECK_THROWS_WITH_AS(json::parse("{\"gemm\": {\"flops_per_s\": 1e999}}"),
+                       doctest::Contains("(in gemm.flops_per_s): expected a number within the range of a double (|x| < 1.8e308), not 1e999"),
+                       Error);
+  CHECK_THROWS_WITH_AS(json::parse("[1, [2, -1e400]]"), doctest::Contains("(in [1][1])"), Error);
+  CHECK(json::parse("1e-400").as_number() == 0.0);  // underflow to zero is harmless
+  CHECK(json::parse("1.7976931348623157e308").as_number() > 1e308);
+}
+
+TEST_CASE("json: load_file names the file, and a folder is not a JSON file") {
+  const std::string folder = ".";
+  CHECK_THROWS_WITH_AS(json::load_file(folder), doctest::Contains("\".\" is a folder, not a JSON file"), Error);
+  const std::string path = "test_cost_json_bad.json";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "{\n  \"a\": tru\n}";
+  }
+  CHECK_THROWS_WITH_AS(json::load_file(path), doctest::Contains("json: test_cost_json_bad.json: line 2 column 8 (in a)"),
+                       Error);
+  std::remove(path.c_str());
 }

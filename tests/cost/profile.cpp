@@ -4,7 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <limits>
 #include <string>
 
 using namespace paradyse;
@@ -106,4 +109,65 @@ TEST_CASE("profile: loading rejects bad values with a message naming them") {
   json::Array table{entry};
   v.set("collectives", json::Value(table));
   CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("unknown collective \"gather_all\""), Error);
+}
+
+TEST_CASE("profile: infinite, nan, negative and out-of-range values are rejected naming the field") {
+  const json::Value good = to_json(a100_sxm4_80gb_x8());
+  auto with = [&](std::string_view object, std::string_view key, json::Value value) {
+    json::Value v = good;
+    if (object.empty()) {
+      v.set(std::string(key), std::move(value));
+    } else {
+      json::Value inner = v.at(object);
+      inner.set(std::string(key), std::move(value));
+      v.set(std::string(object), inner);
+    }
+    try {
+      profile_from_json(v);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK(with("gemm", "flops_per_s", inf).find("\"flops_per_s\" = inf must be a finite number (gemm.flops_per_s)") != std::string::npos);
+  CHECK(with("attention", "forward_flops_per_s", std::nan("")).find("(attention.forward_flops_per_s)") != std::string::npos);
+  CHECK(with("intra_node", "bus_bytes_per_s", -5.0).find("\"bus_bytes_per_s\" = -5 must be positive (intra_node.bus_bytes_per_s)") != std::string::npos);
+  CHECK(with("", "elementwise_bytes_per_s", inf).find("elementwise_bytes_per_s") != std::string::npos);
+  CHECK(with("", "overlap", std::nan("")).find("overlap") != std::string::npos);
+  CHECK(with("", "devices_per_node", 4294967297.0).find("\"devices_per_node\" = 4294967297 must be an integer in [1, 1048576]") != std::string::npos);
+  CHECK(with("", "memory_bytes", 1e300).find("memory_bytes") != std::string::npos);
+  CHECK(with("", "name", 5).find("profile: name is number, expected a string") != std::string::npos);
+  CHECK(with("gemm", "flops_per_s", "fast").find("profile: gemm.flops_per_s is string, expected a number") != std::string::npos);
+  json::Value v = good;
+  json::Value entry = v.at("collectives").as_array().at(0);
+  entry.set("alpha_s", -1e-6);
+  v.set("collectives", json::Value(json::Array{good.at("collectives").as_array().at(0), entry}));
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("(collectives[1].alpha_s)"), Error);
+}
+
+TEST_CASE("profile: a file with 1e999 flops or binary bytes gives a message naming the field or the byte") {
+  const std::string path = "test_cost_profile_bad.json";
+  std::string text = json::dump(to_json(a100_sxm4_80gb_x8()));
+  const std::size_t at = text.find("\"flops_per_s\": ") + 15;
+  text.replace(at, text.find(',', at) - at, "1e999");
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+  }
+  CHECK_THROWS_WITH_AS(load_profile(path), doctest::Contains("(in gemm.flops_per_s): expected a number within the range"), Error);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << std::string("{\"name\": \"x\0y\", \0\0\0", 19);
+  }
+  std::string message;
+  try {
+    load_profile(path);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("no control character inside a string, found byte 0x00") != std::string::npos);
+  CHECK(message.find("[json.hpp:") != std::string::npos);
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH_AS(load_profile("."), doctest::Contains("is a folder, not a JSON file"), Error);
 }

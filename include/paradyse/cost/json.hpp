@@ -2,7 +2,9 @@
 //
 // Objects keep their keys in insertion order (so a saved profile reads in the order it was written). Numbers are
 // doubles written with 17 significant digits, so a value survives a save/load round trip bit for bit. Errors name
-// the line and column of the bad input and what was expected there.
+// the line and column of the bad input, the member it was in (gemm.flops_per_s, collectives[3].op), what was
+// expected there and what was found (a byte that is not printable ASCII as its hex code, so that a binary file
+// gives a readable message). A number beyond the range of a double (1e999) is an error, not infinity.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -95,11 +98,23 @@ private:
   std::variant<std::monostate, bool, double, std::string, Array, Object> data_;
 };
 
+// `s` for an error message: bytes that are not printable ASCII written as \xNN (a message must not hold a NUL,
+// which would cut it, nor raw binary).
+inline std::string printable(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) out += c;
+    else out += fmt::format("\\x{:02x}", byte);
+  }
+  return out;
+}
+
 namespace detail {
 
 class Parser {
 public:
-  explicit Parser(std::string_view text) : text_(text) {}
+  explicit Parser(std::string_view text, std::string_view source = {}) : text_(text), source_(source) {}
 
   Value parse_document() {
     Value v = parse_value(0);
@@ -115,8 +130,23 @@ private:
       if (text_[i] == '\n') ++line, column = 1;
       else ++column;
     }
-    const std::string found = pos_ < text_.size() ? fmt::format("'{}'", text_[pos_]) : std::string("end of input");
-    throw Error(fmt::format("json: line {} column {}: expected {}, found {}", line, column, expected, found));
+    std::string found = "end of input";
+    if (pos_ < text_.size()) {
+      const auto byte = static_cast<unsigned char>(text_[pos_]);
+      found = byte >= 0x20 && byte < 0x7f ? fmt::format("'{}'", char(byte)) : fmt::format("byte 0x{:02x}", byte);
+    }
+    throw Error(fmt::format("json: {}{}line {} column {}{}: expected {}, found {}", printable(source_),
+                            source_.empty() ? "" : ": ", line, column, where(), expected, found));
+  }
+  // " (in a.b[2].c)" for the member being parsed, or nothing at the top level.
+  std::string where() const {
+    if (path_.empty()) return {};
+    std::string out = " (in ";
+    for (std::size_t i = 0; i < path_.size(); ++i) {
+      if (i && path_[i][0] != '[') out += '.';
+      out += printable(path_[i]);
+    }
+    return out + ")";
   }
   void skip_space() {
     while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
@@ -160,7 +190,10 @@ private:
       if (pos_ >= text_.size() || text_[pos_] != '"') fail("a string key");
       std::string key = parse_string();
       expect(':');
-      object.emplace_back(std::move(key), parse_value(depth + 1));
+      path_.push_back(key);
+      Value value = parse_value(depth + 1);
+      path_.pop_back();
+      object.emplace_back(std::move(key), std::move(value));
     } while (consume(','));
     expect('}');
     return Value(std::move(object));
@@ -170,8 +203,11 @@ private:
     expect('[');
     Array array;
     if (consume(']')) return Value(std::move(array));
-    do array.push_back(parse_value(depth + 1));
-    while (consume(','));
+    do {
+      path_.push_back(fmt::format("[{}]", array.size()));
+      array.push_back(parse_value(depth + 1));
+      path_.pop_back();
+    } while (consume(','));
     expect(']');
     return Value(std::move(array));
   }
@@ -192,7 +228,12 @@ private:
       digits();
     }
     const std::string token(text_.substr(start, pos_ - start));
-    return std::strtod(token.c_str(), nullptr);
+    const double x = std::strtod(token.c_str(), nullptr);
+    if (!std::isfinite(x)) {
+      pos_ = start;
+      fail(fmt::format("a number within the range of a double (|x| < 1.8e308), not {}", token));
+    }
+    return x;
   }
 
   static void append_utf8(std::string& out, std::uint32_t code) {
@@ -256,7 +297,9 @@ private:
   }
 
   std::string_view text_;
+  std::string_view source_;        // the file name, for messages
   std::size_t pos_ = 0;
+  std::vector<std::string> path_;  // the members being parsed, outermost first
 };
 
 inline void write_string(std::string& out, std::string_view s) {
@@ -320,7 +363,10 @@ inline void write_value(std::string& out, const Value& v, int indent, int depth)
 
 }  // namespace detail
 
-inline Value parse(std::string_view text) { return detail::Parser(text).parse_document(); }
+// `source` (a file name) prefixes error messages.
+inline Value parse(std::string_view text, std::string_view source = {}) {
+  return detail::Parser(text, source).parse_document();
+}
 
 // indent 0 writes one line; indent > 0 pretty-prints with that many spaces per level.
 inline std::string dump(const Value& value, int indent = 2) {
@@ -329,12 +375,16 @@ inline std::string dump(const Value& value, int indent = 2) {
   return out;
 }
 
+// Errors name the file.
 inline Value load_file(const std::string& path) {
+  std::error_code error;
+  check(!std::filesystem::is_directory(path, error), "json: \"{}\" is a folder, not a JSON file", path);
   std::ifstream in(path, std::ios::binary);
   check(bool(in), "json: cannot open \"{}\" for reading", path);
   std::ostringstream text;
   text << in.rdbuf();
-  return parse(text.str());
+  check(!in.bad(), "json: reading \"{}\" failed", path);
+  return parse(text.str(), path);
 }
 
 inline void save_file(const Value& value, const std::string& path) {

@@ -214,18 +214,49 @@ Enum enum_from_name(std::string_view name, const std::array<Enum, N>& all, std::
     if (name_of(e) == name) return e;
   std::string known;
   for (Enum e : all) known += fmt::format("{}{}", known.empty() ? "" : ", ", name_of(e));
-  throw Error(fmt::format("profile: unknown {} \"{}\", expected one of {}", what, name, known));
+  throw Error(fmt::format("profile: unknown {} \"{}\", expected one of {}", what, json::printable(name), known));
 }
 
-inline double positive(const json::Value& object, std::string_view key) {
-  const double x = object.at(key).as_number();
-  check(x > 0, "profile: \"{}\" = {} must be positive", key, x);
+// Reading fields: every message names the field by its full path (gemm.flops_per_s, collectives[2].alpha_s), and
+// every number must be finite (a JSON 1e999 does not even parse; this also guards values built in code).
+inline std::string field_name(std::string_view where, std::string_view key) {
+  return where.empty() ? std::string(key) : fmt::format("{}.{}", where, key);
+}
+inline const json::Value& member(const json::Value& object, std::string_view where, std::string_view key) {
+  check(object.is_object(), "profile: {} is {}, expected an object", where.empty() ? "the profile" : where,
+        object.type_name());
+  const json::Value* v = object.find(key);
+  check(v != nullptr, "profile: missing key \"{}\"{}", key, where.empty() ? "" : fmt::format(" in {}", where));
+  return *v;
+}
+inline double number(const json::Value& object, std::string_view where, std::string_view key) {
+  const json::Value& v = member(object, where, key);
+  check(v.is_number(), "profile: {} is {}, expected a number", field_name(where, key), v.type_name());
+  const double x = v.as_number();
+  check(std::isfinite(x), "profile: \"{}\" = {} must be a finite number ({})", key, x, field_name(where, key));
   return x;
 }
-inline double non_negative(const json::Value& object, std::string_view key) {
-  const double x = object.at(key).as_number();
-  check(x >= 0, "profile: \"{}\" = {} must not be negative", key, x);
+inline double positive(const json::Value& object, std::string_view where, std::string_view key) {
+  const double x = number(object, where, key);
+  check(x > 0, "profile: \"{}\" = {} must be positive ({})", key, x, field_name(where, key));
   return x;
+}
+inline double non_negative(const json::Value& object, std::string_view where, std::string_view key) {
+  const double x = number(object, where, key);
+  check(x >= 0, "profile: \"{}\" = {} must not be negative ({})", key, x, field_name(where, key));
+  return x;
+}
+inline std::int64_t integer(const json::Value& object, std::string_view where, std::string_view key,
+                            std::int64_t min, std::int64_t max) {
+  const double x = number(object, where, key);
+  check(std::floor(x) == x && x >= double(min) && x <= double(max), "profile: \"{}\" = {} must be an integer in [{}, {}] ({})",
+        key, x, min, max, field_name(where, key));
+  return std::int64_t(x);
+}
+inline const std::string& text(const json::Value& object, std::string_view where, std::string_view key) {
+  const json::Value& v = member(object, where, key);
+  check(v.is_string(), "profile: {} is {}, expected a string", field_name(where, key), v.type_name());
+  return v.as_string();
 }
 
 inline json::Value link_to_json(const LinkModel& l) {
@@ -236,9 +267,9 @@ inline json::Value link_to_json(const LinkModel& l) {
   v.set("p2p_bytes_per_s", l.p2p_bytes_per_s);
   return v;
 }
-inline LinkModel link_from_json(const json::Value& v) {
-  return {non_negative(v, "launch_s"), non_negative(v, "step_latency_s"), positive(v, "bus_bytes_per_s"),
-          positive(v, "p2p_bytes_per_s")};
+inline LinkModel link_from_json(const json::Value& v, std::string_view where) {
+  return {non_negative(v, where, "launch_s"), non_negative(v, where, "step_latency_s"),
+          positive(v, where, "bus_bytes_per_s"), positive(v, where, "p2p_bytes_per_s")};
 }
 
 }  // namespace detail
@@ -282,46 +313,49 @@ inline json::Value to_json(const HardwareProfile& p) {
   return v;
 }
 
+// Throws Error naming the field for a missing or mistyped one, a non-finite number, a negative time or a rate that
+// is not positive.
 inline HardwareProfile profile_from_json(const json::Value& v) {
-  using detail::non_negative;
-  using detail::positive;
+  using namespace detail;
   check(v.is_object(), "profile: expected a JSON object, found {}", v.type_name());
   if (const json::Value* format = v.find("format"))
-    check(format->as_string() == "paradyse.hardware_profile/1",
-          "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"", format->as_string());
+    check(format->is_string() && format->as_string() == "paradyse.hardware_profile/1",
+          "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
+          format->is_string() ? json::printable(format->as_string()) : std::string(format->type_name()));
   HardwareProfile p;
-  p.name = v.at("name").as_string();
-  if (const json::Value* d = v.find("description")) p.description = d->as_string();
-  if (const json::Value* s = v.find("source")) p.source = s->as_string();
-  p.devices_per_node = int(v.at("devices_per_node").as_int());
-  check(p.devices_per_node >= 1, "profile: devices_per_node = {} must be at least 1", p.devices_per_node);
-  p.memory_bytes = v.at("memory_bytes").as_int();
-  p.reserved_bytes = v.at("reserved_bytes").as_int();
-  check(p.memory_bytes > 0 && p.reserved_bytes >= 0 && p.reserved_bytes < p.memory_bytes,
+  p.name = text(v, "", "name");
+  if (v.find("description")) p.description = text(v, "", "description");
+  if (v.find("source")) p.source = text(v, "", "source");
+  p.devices_per_node = int(integer(v, "", "devices_per_node", 1, 1 << 20));
+  constexpr std::int64_t kMaxBytes = std::int64_t(1) << 53;  // exact in a double
+  p.memory_bytes = integer(v, "", "memory_bytes", 1, kMaxBytes);
+  p.reserved_bytes = integer(v, "", "reserved_bytes", 0, kMaxBytes);
+  check(p.reserved_bytes < p.memory_bytes,
         "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
-  const json::Value& gemm = v.at("gemm");
-  p.gemm = {non_negative(gemm, "overhead_s"), positive(gemm, "flops_per_s"), non_negative(gemm, "bytes_per_s")};
-  const json::Value& attention = v.at("attention");
-  p.attention = {non_negative(attention, "overhead_s"), positive(attention, "forward_flops_per_s"),
-                 positive(attention, "backward_flops_per_s")};
-  p.elementwise_bytes_per_s = positive(v, "elementwise_bytes_per_s");
-  if (v.find("activation_elements_per_s")) p.activation_elements_per_s = non_negative(v, "activation_elements_per_s");
-  p.overlap = v.at("overlap").as_number();
+  const json::Value& gemm = member(v, "", "gemm");
+  p.gemm = {non_negative(gemm, "gemm", "overhead_s"), positive(gemm, "gemm", "flops_per_s"),
+            non_negative(gemm, "gemm", "bytes_per_s")};
+  const json::Value& attention = member(v, "", "attention");
+  p.attention = {non_negative(attention, "attention", "overhead_s"),
+                 positive(attention, "attention", "forward_flops_per_s"),
+                 positive(attention, "attention", "backward_flops_per_s")};
+  p.elementwise_bytes_per_s = positive(v, "", "elementwise_bytes_per_s");
+  if (v.find("activation_elements_per_s")) p.activation_elements_per_s = non_negative(v, "", "activation_elements_per_s");
+  p.overlap = number(v, "", "overlap");
   check(p.overlap >= 0 && p.overlap <= 1, "profile: overlap = {} must be in [0, 1]", p.overlap);
-  p.intra_node = detail::link_from_json(v.at("intra_node"));
-  p.inter_node = detail::link_from_json(v.at("inter_node"));
-  for (const json::Value& entry : v.at("collectives").as_array()) {
+  p.intra_node = link_from_json(member(v, "", "intra_node"), "intra_node");
+  p.inter_node = link_from_json(member(v, "", "inter_node"), "inter_node");
+  const json::Value& table = member(v, "", "collectives");
+  check(table.is_array(), "profile: collectives is {}, expected an array", table.type_name());
+  for (const json::Value& entry : table.as_array()) {
+    const std::string where = fmt::format("collectives[{}]", p.collectives.size());
     CollectiveCost c;
-    c.op = detail::enum_from_name(entry.at("op").as_string(), kAllCollectives, "collective");
-    c.level = detail::enum_from_name(entry.at("level").as_string(),
-                                     std::array{LinkLevel::intra_node, LinkLevel::inter_node}, "link level");
-    c.group_size = int(entry.at("group_size").as_int());
-    check(c.group_size >= 2, "profile: {} group_size = {} must be at least 2", name_of(c.op), c.group_size);
-    c.cost = {non_negative(entry, "alpha_s"), non_negative(entry, "beta_s_per_byte")};
-    if (const json::Value* from = entry.find("min_bytes")) {
-      c.min_bytes = from->as_int();
-      check(c.min_bytes >= 0, "profile: {} min_bytes = {} must not be negative", name_of(c.op), c.min_bytes);
-    }
+    c.op = enum_from_name(text(entry, where, "op"), kAllCollectives, "collective");
+    c.level = enum_from_name(text(entry, where, "level"), std::array{LinkLevel::intra_node, LinkLevel::inter_node},
+                             "link level");
+    c.group_size = int(integer(entry, where, "group_size", 2, 1 << 20));
+    c.cost = {non_negative(entry, where, "alpha_s"), non_negative(entry, where, "beta_s_per_byte")};
+    if (entry.find("min_bytes")) c.min_bytes = integer(entry, where, "min_bytes", 0, kMaxBytes);
     p.collectives.push_back(c);
   }
   return p;
