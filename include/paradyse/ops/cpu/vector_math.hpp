@@ -12,13 +12,16 @@
 
 namespace paradyse::ops::cpu {
 
-// e^x for float x: 0 below -87 (and for -inf), e^88 at most above 88 (the callers only pass x <= ~0).
+// e^x for float x: 0 below -87 (and for -inf), e^88 at most above 88 (and for +inf; the callers only pass
+// x <= ~0), NaN for NaN. The clamp is written so that NaN lands inside the range too (every comparison with NaN is
+// false): the float-to-int conversion of n below then never sees a NaN or an out-of-range value (UB in C++), and
+// the NaN is put back at the end.
 [[gnu::always_inline]] inline float exp_approx(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2High = 0.693145751953125f;        // 13 significant bits: n * kLn2High is exact for |n| < 2^11
   constexpr float kLn2Low = 1.428606765330187045e-06f;  // ln 2 - kLn2High
   constexpr float kRoundMagic = 12582912.0f;            // 1.5 * 2^23: adding it rounds to an integer
-  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float clamped = x >= -87.0f ? (x <= 88.0f ? x : 88.0f) : -87.0f;  // NaN: -87
   const float n = (clamped * kLog2e + kRoundMagic) - kRoundMagic;
   const float r = (clamped - n * kLn2High) - n * kLn2Low;
   // e^r = 1 + r + r^2/2! + ... + r^7/7!, Horner form.
@@ -31,7 +34,7 @@ namespace paradyse::ops::cpu {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const float two_to_n = std::bit_cast<float>(std::uint32_t(std::int32_t(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : p * two_to_n;
+  return x < -87.0f ? 0.0f : (x == x ? p * two_to_n : x);
 }
 
 // Reductions with 16 independent partial results: they vectorise without -ffast-math (a plain float reduction
