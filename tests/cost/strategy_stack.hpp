@@ -9,7 +9,7 @@
 #include "paradyse/cost/from_config.hpp"
 #include "paradyse/cost/memory_model.hpp"
 #include "paradyse/cost/model_shape.hpp"
-#include "paradyse/cost/schedules.hpp"
+#include "paradyse/cost/dry_run.hpp"
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
@@ -29,14 +29,14 @@ struct StackMeasurement {
 
 // Runs `steps` training steps of `layers` layers of `config`, every sublayer on strategy `s`, on p thread ranks:
 // the memory peak of the first step (from an empty buffer pool), the times of the last.
-inline StackMeasurement measure_stack(Strategy s, const LayerConfig& config, int p, std::int64_t batch,
+inline StackMeasurement measure_stack(int s, const LayerConfig& config, int p, std::int64_t batch,
                                       std::int64_t seq, int layers, TimeSource clock = TimeSource::thread_cpu,
                                       int steps = 1) {
   std::vector<StackMeasurement> per_rank(static_cast<std::size_t>(p));
   run_ranks(p, [&](ThreadCommunicator& comm) {
     const int rank = comm.rank();
     TransformerStack<AllStrategies<>> stack(config, layers, p, rank, 4321);
-    const StackPlan plan = uniform_plan<AllStrategies<>>(std::size_t(layers), name_of(s));
+    const StackPlan plan = uniform_plan<AllStrategies<>>(std::size_t(layers), default_catalog().name(s));
     const SequenceLayout sequence(seq, p, config.zigzag);
     const Shape shape{batch, sequence.local_length(rank), config.hidden};
     Tensor<float> x(shape), out(shape), dout(shape), dx(shape);
@@ -71,14 +71,14 @@ inline StackMeasurement measure_stack(Strategy s, const LayerConfig& config, int
 }
 
 // What the memory model predicts for the same stack: the activation peak in execution order.
-inline std::int64_t predicted_activation_peak(Strategy s, const LayerConfig& config, int p, std::int64_t batch,
+inline std::int64_t predicted_activation_peak(int s, const LayerConfig& config, int p, std::int64_t batch,
                                               std::int64_t seq, int layers) {
   const ModelShape shape = shape_of(config, batch, seq, 4, layers);
   return estimate_memory(shape, p, std::vector<LayerStrategies>(std::size_t(layers), {s, s})).ordered_activations;
 }
 
 // What the planner budgets for it: all saved activations + the largest transient + the stack's buffers.
-inline std::int64_t bounded_activation_peak(Strategy s, const LayerConfig& config, int p, std::int64_t batch,
+inline std::int64_t bounded_activation_peak(int s, const LayerConfig& config, int p, std::int64_t batch,
                                             std::int64_t seq, int layers) {
   const ModelShape shape = shape_of(config, batch, seq, 4, layers);
   const MemoryEstimate e = estimate_memory(shape, p, std::vector<LayerStrategies>(std::size_t(layers), {s, s}));

@@ -14,6 +14,16 @@
 // Point-to-point: a send and a receive are matched in posting order per (source, dest, tag), and whichever side
 // waits first copies; a blocking send() therefore returns once its receive has been posted and copied.
 //
+// Collectives out of step. Each rank numbers the collectives it posts on a group (#0, #1, ...) and the numbers
+// meet. A rank that skips one of a sequence of identical collectives therefore meets the others' next one, which
+// nothing can tell apart from the one it skipped; what can be seen is that it runs out of collectives first: it
+// leaves the group (its rank function returns, or a split communicator is destroyed) while the others wait for a
+// collective it never posted. Then every waiting rank fails at once, without waiting for the timeout, with a
+// CommError naming the group, its own collective's number and how many the rank that left had posted ("out of
+// step"), and the rank that left ends its run with the same kind of error (run_ranks throws even though its
+// function returned); the data of the collectives matched since the skip must be considered wrong. A rank that
+// calls a different collective than the others (a barrier where they all_reduce) is reported at that collective.
+//
 // Bytes counted by stats() follow the bandwidth-optimal (ring) algorithms, the convention of nccl-tests' bus
 // bandwidth: all_gather, reduce_scatter, all_to_all: (p-1)/p of the whole buffer; all_reduce: 2(p-1)/p of it;
 // broadcast, reduce and send: the whole buffer once; received bytes likewise.
@@ -132,8 +142,51 @@ class ThreadCommunicator {
 public:
   ThreadCommunicator(std::shared_ptr<ThreadWorld> world, std::shared_ptr<threads_detail::Group> group, int rank)
       : world_(std::move(world)), group_(std::move(group)), rank_(rank) {}
-  ThreadCommunicator(ThreadCommunicator&&) noexcept = default;
-  ThreadCommunicator& operator=(ThreadCommunicator&&) noexcept = default;
+  ThreadCommunicator(ThreadCommunicator&&) noexcept = default;  // leaves the source without a group
+  ThreadCommunicator& operator=(ThreadCommunicator&& other) noexcept {
+    if (this != &other) {
+      leave();
+      world_ = std::move(other.world_);
+      group_ = std::move(other.group_);
+      rank_ = other.rank_;
+      next_seq_ = other.next_seq_;
+      stats_ = other.stats_;
+    }
+    return *this;
+  }
+  ThreadCommunicator(const ThreadCommunicator&) = delete;
+  ThreadCommunicator& operator=(const ThreadCommunicator&) = delete;
+  // Leaves the group: other ranks waiting for a collective this rank never posted fail as out of step. Not when the
+  // destructor runs because of an exception: the failure of the run reports that.
+  ~ThreadCommunicator() { leave(); }
+
+  // Leaves the group, then waits until every other member has left too; throws CommError when one has posted more
+  // collectives on it than this rank (this rank skipped one, or they called one more). run_ranks calls it when the
+  // rank function returns.
+  void finish() {
+    if (!group_) return;
+    leave();
+    std::unique_lock lock(world_->mutex());
+    const int n = size();
+    const auto ahead = [&]() -> int {
+      for (int r = 0; r < n; ++r)
+        if (group_->posted[std::size_t(r)] > next_seq_) return r;
+      return -1;
+    };
+    world_->wait_for_copy(lock, [&] {
+      if (world_->failed() || ahead() >= 0) return true;
+      for (int r = 0; r < n; ++r)
+        if (!group_->left[std::size_t(r)]) return false;
+      return true;
+    });
+    if (const int r = ahead(); r >= 0)
+      throw CommError(fmt::format(
+          "rank {}: collectives out of step on {}: this rank finished after posting {}, but rank {} (world rank {}) "
+          "posted {}: a rank skipped a collective (or called one more), so the collectives matched by number since "
+          "then paired different calls",
+          world_rank(), group_->describe(), group_->posted_by(rank_), r, group_->world_ranks[std::size_t(r)],
+          group_->posted_by(r)));
+  }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return group_->size(); }
@@ -416,6 +469,9 @@ private:
     const std::uint64_t seq = next_seq_++;
     {
       std::lock_guard lock(world_->mutex());
+      group_->track_members();
+      group_->posted[std::size_t(rank_)] = seq + 1;
+      group_->last_kind[std::size_t(rank_)] = post.kind;
       auto& slot = group_->slots[seq];
       if (slot.posts.empty()) slot.posts.resize(std::size_t(size()));
       slot.posts[std::size_t(rank_)] = std::move(post);
@@ -429,6 +485,31 @@ private:
     return fmt::format("{} (operation #{}) on {}", threads_detail::name_of(slot.posts[std::size_t(rank_)]->kind), seq,
                        group_->describe());
   }
+  // Marks this rank as gone from the group (see finish()); nothing during an exception or for a moved-from handle.
+  void leave() noexcept {
+    if (!group_ || !world_ || std::uncaught_exceptions() > 0) return;
+    {
+      std::lock_guard lock(world_->mutex());
+      group_->track_members();
+      group_->left[std::size_t(rank_)] = true;
+    }
+    world_->notify();
+  }
+
+  // Why collective `seq` can never complete: ranks that have not posted it have left the group; empty otherwise.
+  std::string out_of_step(const threads_detail::Slot& slot, std::uint64_t seq) const {
+    std::string gone;
+    for (int r = 0; r < size(); ++r)
+      if (!slot.posts[std::size_t(r)] && group_->left[std::size_t(r)])
+        gone += fmt::format("{}rank {} (world rank {}) left the group after posting {}", gone.empty() ? "" : "; ", r,
+                            group_->world_ranks[std::size_t(r)], group_->posted_by(r));
+    if (gone.empty()) return {};
+    return fmt::format(
+        "rank {}: collectives out of step on {}: this rank is in {} #{}, but {}: a rank skipped a collective (or "
+        "the others called one more), so the collectives matched by number since then paired different calls",
+        world_rank(), group_->describe(), threads_detail::name_of(slot.posts[std::size_t(rank_)]->kind), seq, gone);
+  }
+
   // The world ranks that have not posted the operation yet.
   std::string missing(const threads_detail::Slot& slot) const {
     std::vector<int> absent;
@@ -447,7 +528,13 @@ private:
     const std::string what = describe_op(slot, seq);
     const int n = size();
     try {
-      world_->wait(lock, world_rank(), [&] { return slot.posted == n; }, [&] { return missing(slot); }, what);
+      std::string out_of_step_error;
+      world_->wait(lock, world_rank(), [&] {
+        if (slot.posted == n) return true;
+        out_of_step_error = out_of_step(slot, seq);
+        return !out_of_step_error.empty();
+      }, [&] { return missing(slot); }, what);
+      if (slot.posted != n) throw CommError(out_of_step_error);
       if (!slot.validated) {
         slot.invalid = threads_detail::validate(slot, *group_, seq);
         slot.phases = threads_detail::phases_of(slot.posts[0]->kind);
@@ -597,6 +684,7 @@ RunReport run_ranks(int ranks, Fn&& fn, RunOptions options = {}) {
           ThreadCommunicator comm(world, world->world_group(), r);
           fn(comm);
           report.stats[std::size_t(r)] = comm.stats();
+          comm.finish();  // throws when the ranks' collectives went out of step
         } catch (const std::exception& e) {
           errors[std::size_t(r)] = std::current_exception();
           world->abort(r, e.what());

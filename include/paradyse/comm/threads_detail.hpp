@@ -146,7 +146,27 @@ struct Group {
   // Unmatched sends and receives per (source, dest, tag), in posting order.
   std::map<std::tuple<int, int, int>, std::deque<std::shared_ptr<Transfer>>> unmatched_sends, unmatched_recvs;
 
+  // Per member: how many collectives it has posted on this group (its next sequence number), the kind of its last
+  // one, and whether it has left the group (its communicator finished or was destroyed, other than by an
+  // exception). Sized on first use.
+  std::vector<std::uint64_t> posted;
+  std::vector<OpKind> last_kind;
+  std::vector<bool> left;
+
   int size() const { return int(world_ranks.size()); }
+  void track_members() {
+    if (posted.size() == world_ranks.size()) return;
+    posted.assign(world_ranks.size(), 0);
+    last_kind.assign(world_ranks.size(), OpKind::barrier);
+    left.assign(world_ranks.size(), false);
+  }
+  // "N collectives (#0 to #N-1, the last an all_reduce)" for member r.
+  std::string posted_by(int r) const {
+    const std::uint64_t n = posted[std::size_t(r)];
+    if (n == 0) return "no collective";
+    if (n == 1) return fmt::format("1 collective (#0, {})", name_of(last_kind[std::size_t(r)]));
+    return fmt::format("{} collectives (#0 to #{}, the last a {})", n, n - 1, name_of(last_kind[std::size_t(r)]));
+  }
   std::string describe() const {
     return fmt::format("group #{} (world ranks {})", id, fmt::join(world_ranks, ", "));
   }

@@ -26,6 +26,8 @@ inline ModelShape shape_of(const LayerConfig& config, std::int64_t batch, std::i
   m.dtype_bytes = dtype_bytes;
   m.swiglu = config.activation == Activation::swiglu;
   m.causal = config.causal;
+  m.zigzag = config.zigzag;
+  m.rope = config.rope;
   m.packed_lengths = std::move(packed_lengths);
   return m;
 }

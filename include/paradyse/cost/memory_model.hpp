@@ -1,6 +1,6 @@
 // paradyse/cost/memory_model.hpp: per-rank memory of a strategy, a sublayer and a whole model.
 //
-// Per sublayer (cost/schedules.hpp tallies what the strategy allocates): the activations saved for backward and
+// Per sublayer (from the strategy's own dry run, cost/dry_run.hpp and cost/trace_cost.hpp): the activations saved for backward and
 // the largest transient workspace above them in forward and in backward (communication buffers included). Per
 // rank and model: the model states, identical for every strategy thanks to the unified layout (each rank holds
 // 1/p of every weight, its gradient and optimizer state), plus the sum of all layers' saved activations, plus the
@@ -14,7 +14,7 @@
 #pragma once
 
 #include "paradyse/cost/model_shape.hpp"
-#include "paradyse/cost/schedules.hpp"
+#include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
 #include <algorithm>
@@ -39,8 +39,9 @@ struct SublayerMemory {
   std::int64_t plain_bytes() const { return std::max(forward_plain_bytes, backward_plain_bytes); }
 };
 
-inline SublayerMemory sublayer_memory(Strategy s, Sublayer part, const ModelShape& m, int p) {
-  SublayerCost c = evaluate_sublayer(s, part, m, p, nullptr, /*record_events=*/true);
+inline SublayerMemory sublayer_memory(int strategy, Sublayer part, const ModelShape& m, int p,
+                                      const StrategyCatalog& catalog = default_catalog()) {
+  SublayerCost c = evaluate_sublayer(catalog, strategy, part, m, p, nullptr, /*keep_events=*/true);
   return {c.saved_bytes,          c.forward_transient_bytes, c.backward_transient_bytes,   c.forward_plain_bytes,
           c.forward_pool_bytes,   c.backward_plain_bytes,    c.backward_pool_bytes,        c.forward_joint_bytes,
           c.backward_joint_bytes, std::move(c.forward_events), std::move(c.backward_events)};
@@ -91,8 +92,8 @@ struct StackBuffers {
 };
 
 inline StackBuffers stack_buffers(const ModelShape& m, int p) {
-  const ScheduleDims x(m, p);
-  return {std::int64_t(x.n * x.h * x.e), m.layers * 4 * m.hidden * 4};
+  const std::int64_t tokens = (m.seq + p - 1) / p;  // the rank holding the most
+  return {m.batch * tokens * m.hidden * m.dtype_bytes, m.layers * 4 * m.hidden * 4};
 }
 // What the planner budgets for them: the larger of the forward's and the backward's (a bound).
 inline std::int64_t stack_buffer_bytes(const StackBuffers& b) {
@@ -146,8 +147,9 @@ inline std::int64_t ordered_activation_peak(std::span<const SublayerMemory> subl
 // Parameters of one layer that one rank holds: its shards of the attention and MLP weights (kv heads replicated
 // when there are fewer than p) and the replicated norm parameters.
 inline std::int64_t parameters_per_rank(const ModelShape& m, int p) {
-  const ScheduleDims x(m, p);
-  return std::int64_t((x.qkv_loc + x.q_loc) * x.h + (x.g + 1) * x.f_loc * x.h) + m.norm_parameters();
+  const std::int64_t q_heads = (m.heads + p - 1) / p, kv_heads = m.kv_heads % p == 0 ? m.kv_heads / p : 1;
+  const std::int64_t ffn = (m.ffn + p - 1) / p, inputs = m.swiglu ? 2 : 1;
+  return ((2 * q_heads + 2 * kv_heads) * m.head_dim + (inputs + 1) * ffn) * m.hidden + m.norm_parameters();
 }
 
 // Weights, gradients and optimizer states of all `m.layers` layers on one rank.
@@ -157,8 +159,8 @@ inline std::int64_t model_state_bytes(const ModelShape& m, int p, TrainingPrecis
 
 // The strategies of one layer.
 struct LayerStrategies {
-  Strategy attention = Strategy::megatron_ts;
-  Strategy mlp = Strategy::megatron_ts;
+  int attention = 0;  // indices into the strategy list (StrategyCatalog)
+  int mlp = 0;
   friend bool operator==(const LayerStrategies&, const LayerStrategies&) = default;
 };
 
@@ -175,7 +177,8 @@ struct MemoryEstimate {
 
 // Peak memory per rank of a model of identical layers (m.layers of them) with the given per-layer strategies.
 inline MemoryEstimate estimate_memory(const ModelShape& m, int p, std::span<const LayerStrategies> layers,
-                                      TrainingPrecision precision = {}) {
+                                      TrainingPrecision precision = {},
+                                      const StrategyCatalog& catalog = default_catalog()) {
   check(std::int64_t(layers.size()) == m.layers, "estimate_memory: {} layer strategies for a model of {} layers",
         layers.size(), m.layers);
   MemoryEstimate e;
@@ -184,7 +187,8 @@ inline MemoryEstimate estimate_memory(const ModelShape& m, int p, std::span<cons
   std::int64_t pool = 0, plain = 0;
   for (const LayerStrategies& layer : layers) {
     for (Sublayer part : kAllSublayers) {
-      const SublayerMemory s = sublayer_memory(part == Sublayer::attention ? layer.attention : layer.mlp, part, m, p);
+      const SublayerMemory s =
+          sublayer_memory(part == Sublayer::attention ? layer.attention : layer.mlp, part, m, p, catalog);
       e.saved_activations += s.saved_bytes;
       pool = std::max(pool, s.pool_bytes());
       plain = std::max(plain, s.plain_bytes());

@@ -1,9 +1,8 @@
 // paradyse/cost/model_shape.hpp: what the cost models need to know about a layer, a batch and a strategy.
 //
 // ModelShape is the cost models' own plain description of one Transformer layer and one batch (the model engineer's
-// LayerConfig converts to it). Strategy names the five sequence-parallel strategies of ParaDySe, and
-// `strategy_forbidden` says when a configuration rules one out (Ulysses needs the heads to divide by p), so that the
-// planner never chooses it.
+// LayerConfig converts to it, and back: cost/dry_run.hpp runs the strategies on it). Strategies are named by the
+// strategy list itself (cost/dry_run.hpp's StrategyCatalog); each states its own requirements (supports()).
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -20,29 +19,6 @@
 #include <vector>
 
 namespace paradyse::cost {
-
-enum class Strategy : std::uint8_t { megatron_ts, megatron_cz, ulysses_z, colossal_z, metp };
-inline constexpr std::array<Strategy, 5> kAllStrategies{Strategy::megatron_ts, Strategy::megatron_cz,
-                                                        Strategy::ulysses_z, Strategy::colossal_z, Strategy::metp};
-inline constexpr int kStrategyCount = int(kAllStrategies.size());
-
-constexpr std::string_view name_of(Strategy s) {
-  switch (s) {
-    case Strategy::megatron_ts: return "MegatronTS";
-    case Strategy::megatron_cz: return "MegatronCZ";
-    case Strategy::ulysses_z: return "UlyssesZ";
-    case Strategy::colossal_z: return "ColossalZ";
-    case Strategy::metp: return "METP";
-  }
-  return "?";
-}
-
-// The strategy of a name (as name_of writes it, case-sensitive), or nothing.
-inline std::optional<Strategy> strategy_from_name(std::string_view name) {
-  for (Strategy s : kAllStrategies)
-    if (name_of(s) == name) return s;
-  return std::nullopt;
-}
 
 // A Transformer layer has two sublayers, each with its own strategy.
 enum class Sublayer : std::uint8_t { attention, mlp };
@@ -74,7 +50,8 @@ struct ModelShape {
   int dtype_bytes = 2;           // activations and weights in compute
   bool swiglu = false;           // gated MLP: two input projections of width f
   bool causal = false;
-  bool recompute = false;        // full recomputation: keep only each sublayer's input for backward
+  bool zigzag = false;           // tokens in zigzag order (balances causal ring attention)
+  bool rope = false;             // rotary position embedding on q and k
   std::vector<std::int64_t> packed_lengths;  // empty: one sequence of `seq` tokens per sample
 
   // The common layer: multi-head attention with d = h / heads and a GELU MLP of f = 4h (as LayerConfig::make).
@@ -108,7 +85,7 @@ struct ModelShape {
 inline std::string describe(const ModelShape& m) {
   return fmt::format("b={} s={} h={} heads={} kv_heads={} d={} ffn={} L={} dtype={}B{}{}{}", m.batch, m.seq, m.hidden,
                      m.heads, m.kv_heads, m.head_dim, m.ffn, m.layers, m.dtype_bytes, m.swiglu ? " swiglu" : "",
-                     m.causal ? " causal" : "", m.recompute ? " recompute" : "");
+                     m.causal ? " causal" : "", m.zigzag ? " zigzag" : "");
 }
 
 // Checks that a shape is usable at all (independently of the strategy); throws naming the bad field.
@@ -131,28 +108,6 @@ inline void validate(const ModelShape& m, int p) {
     }
     check(total == m.seq, "packed lengths sum to {}, expected seq = {}", total, m.seq);
   }
-}
-
-// Why strategy `s` cannot run this shape on p ranks, or nothing when it can.
-inline std::optional<std::string> strategy_forbidden(Strategy s, const ModelShape& m, int p) {
-  if (s == Strategy::ulysses_z && p > 1) {
-    // The all-to-all trades a sequence shard for a head shard: every rank needs whole heads, equally many.
-    if (m.heads % p != 0) return fmt::format("UlyssesZ needs heads ({}) divisible by p ({})", m.heads, p);
-    // kv heads: whole ones per rank, or (GQA with fewer kv heads than ranks) one replica per rank.
-    if (m.kv_heads % p != 0 && p % m.kv_heads != 0)
-      return fmt::format("UlyssesZ needs kv_heads ({}) to be a multiple or a divisor of p ({})", m.kv_heads, p);
-  }
-  if (m.seq < p) return fmt::format("{} needs at least p = {} tokens per sample, got {}", name_of(s), p, m.seq);
-  return std::nullopt;
-}
-
-// The strategies of `candidates` that may run this shape on p ranks.
-inline std::vector<Strategy> allowed_strategies(const ModelShape& m, int p,
-                                                std::span<const Strategy> candidates = kAllStrategies) {
-  std::vector<Strategy> allowed;
-  for (Strategy s : candidates)
-    if (!strategy_forbidden(s, m, p)) allowed.push_back(s);
-  return allowed;
 }
 
 }  // namespace paradyse::cost

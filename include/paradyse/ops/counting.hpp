@@ -91,7 +91,7 @@ struct Counting {
   // ---- attention: q [b, sq, hq, d], k/v [b, sk, hkv, d] ----
   static void attention_forward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                                 const AttentionMask& mask, TensorView<float>, TensorView<float>) {
-    const cpu::detail::AttentionTiling tiling = cpu::detail::attention_tiling(q.extent(3));
+    const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
     const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});  // the CPU kernel's workspace, in its order
     const cpu::detail::ForwardScratch scratch(tiling, q.extent(3));
     record_attention(TraceKind::attention_forward, q, k, mask);
@@ -99,7 +99,7 @@ struct Counting {
   static void attention_backward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                                  TensorView<const float>, TensorView<const float>, TensorView<const float>,
                                  const AttentionMask& mask, TensorView<float>, TensorView<float>, TensorView<float>) {
-    const cpu::detail::AttentionTiling tiling = cpu::detail::attention_tiling(q.extent(3));
+    const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
     const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});
     const cpu::detail::BackwardScratch scratch(tiling, q.extent(1));
     record_attention(TraceKind::attention_backward, q, k, mask);

@@ -60,15 +60,14 @@ struct CacheStats {
 
 class PlanCache {
 public:
-  // `candidates`: the strategies plans may use (all five by default).
+  // `candidates`: the strategies plans may use (empty: every strategy of the list).
   PlanCache(ModelConfig model, cost::HardwareProfile hardware, int group_size, std::int64_t budget_bytes,
             PlanSolver solver = exact_solver(), double gamma = 0.05, Bucketing bucketing = {},
-            std::vector<Strategy> candidates = {cost::kAllStrategies.begin(), cost::kAllStrategies.end()})
+            std::vector<Strategy> candidates = {})
       : model_(std::move(model)), hardware_(std::move(hardware)), group_size_(group_size),
         budget_bytes_(budget_bytes), solver_(std::move(solver)), gamma_(gamma), bucketing_(bucketing),
         candidates_(std::move(candidates)) {
     check(gamma >= 0, "PlanCache: gamma = {} must not be negative", gamma);
-    check(!candidates_.empty(), "PlanCache: no candidate strategies");
   }
 
   // The plan for a batch: cached by (samples, bucket), then smoothed against the previous plan. When nothing fits

@@ -10,7 +10,7 @@
 #include "paradyse/cost/memory_model.hpp"
 #include "paradyse/cost/model_shape.hpp"
 #include "paradyse/cost/profile.hpp"
-#include "paradyse/cost/schedules.hpp"
+#include "paradyse/cost/trace_cost.hpp"
 
 #include <fmt/format.h>
 
@@ -26,8 +26,8 @@
 namespace paradyse::plan {
 
 using cost::LayerStrategies;
-using cost::Strategy;
 using cost::Sublayer;
+using Strategy = int;  // an index into the strategy list (cost::StrategyCatalog)
 
 // One kind of layer; the batch fields of `shape` (batch, seq, packed_lengths) and `layers` are ignored.
 struct LayerKind {
@@ -63,13 +63,11 @@ struct Batch {
   std::int64_t tokens_per_sample() const { return std::accumulate(lengths.begin(), lengths.end(), std::int64_t(0)); }
 };
 
-// Small per-call allocations of kernels that the schedules leave out (RoPE's angle table, ...).
-inline constexpr std::int64_t kKernelAllowanceBytes = 4096;
 
 // One strategy's cost in one sublayer. transient_bytes: its largest pooled working set (the pool keeps the largest
 // of any sublayer, so the planner counts the maximum once).
 struct Option {
-  Strategy strategy = Strategy::megatron_ts;
+  Strategy strategy = 0;
   double time_s = 0;
   std::int64_t saved_bytes = 0;
   std::int64_t transient_bytes = 0;
@@ -90,7 +88,11 @@ struct CostTable {
   std::int64_t model_state_bytes = 0;
   std::int64_t stack_bytes = 0;
   std::int64_t plain_bytes = 0;
-  std::vector<std::array<std::array<Entry, cost::kStrategyCount>, 2>> entries;  // [kind][sublayer][strategy]
+  std::vector<std::string> strategy_names;                  // the catalog's, by index
+  std::vector<std::array<std::vector<Entry>, 2>> entries;   // [kind][sublayer][strategy]
+
+  int strategy_count() const { return int(strategy_names.size()); }
+  std::string_view strategy_name(Strategy s) const { return strategy_names.at(std::size_t(s)); }
 
   const Entry& entry(int kind, Sublayer part, Strategy s) const {
     return entries[std::size_t(kind)][std::size_t(part)][std::size_t(s)];
@@ -112,20 +114,28 @@ inline cost::ModelShape shape_for_batch(const cost::ModelShape& kind, const Batc
   return m;
 }
 
-// Predicts every (kind, sublayer, strategy) of `model` for `batch` on a group of `group_size` ranks of `hardware`.
-// Strategies not in `candidates`, or forbidden by the shape, get no option.
+// Predicts every (kind, sublayer, strategy) of `model` for `batch` on a group of `group_size` ranks of `hardware`,
+// each from a dry run of the strategy's own code (cost/dry_run.hpp). Strategies not in `candidates` (empty: all),
+// or not supporting the shape, get no option and say why.
 inline CostTable build_cost_table(const ModelConfig& model, const cost::HardwareProfile& hardware, int group_size,
-                                  const Batch& batch,
-                                  std::span<const Strategy> candidates = cost::kAllStrategies) {
+                                  const Batch& batch, std::span<const Strategy> candidates = {},
+                                  const cost::StrategyCatalog& catalog = cost::default_catalog()) {
   check(!model.kinds.empty() && !model.layer_kinds.empty(), "plan: the model has {} layer kinds and {} layers",
         model.kinds.size(), model.layer_kinds.size());
   check(batch.samples >= 1 && !batch.lengths.empty(), "plan: a batch needs samples >= 1 (got {}) and lengths",
         batch.samples);
   for (std::int64_t length : batch.lengths) check(length >= 1, "plan: sequence length {} must be positive", length);
+  check(batch.lengths.size() == 1,
+        "plan: a packed batch ({} sequences per sample) cannot be planned yet: the strategies take no document mask, "
+        "so their dry runs cannot cost one",
+        batch.lengths.size());
+  for (Strategy s : candidates)
+    check(s >= 0 && s < catalog.count(), "plan: candidate strategy {} is not in the list of {}", s, catalog.count());
   CostTable t;
   t.group_size = group_size;
   t.batch = batch;
   t.layer_kinds = model.layer_kinds;
+  t.strategy_names = catalog.names();
   t.entries.resize(model.kinds.size());
   for (const LayerKind& kind : model.kinds) t.kind_names.push_back(kind.name);
   for (int layer_kind : model.layer_kinds) {
@@ -144,24 +154,24 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
   for (std::size_t k = 0; k < model.kinds.size(); ++k) {
     const cost::ModelShape shape = shape_for_batch(model.kinds[k].shape, batch);
     cost::validate(shape, group_size);
-    for (Strategy s : cost::kAllStrategies) {
-      std::optional<std::string> reason;
-      if (std::find(candidates.begin(), candidates.end(), s) == candidates.end())
-        reason = fmt::format("{} is not a candidate", cost::name_of(s));
-      else reason = cost::strategy_forbidden(s, shape, group_size);
+    for (auto& part : t.entries[k]) part.resize(std::size_t(catalog.count()));
+    for (Strategy s = 0; s < catalog.count(); ++s) {
+      std::string reason;
+      if (!candidates.empty() && std::find(candidates.begin(), candidates.end(), s) == candidates.end())
+        reason = fmt::format("{} is not a candidate", catalog.name(s));
+      else reason = catalog.supports(s, shape, group_size).reason;
       for (Sublayer part : cost::kAllSublayers) {
         CostTable::Entry& e = t.entries[k][std::size_t(part)][std::size_t(s)];
-        if (reason) {
-          e.forbidden_reason = *reason;
+        if (!reason.empty()) {
+          e.forbidden_reason = reason;
           continue;
         }
-        const cost::SublayerCost c = cost::evaluate_sublayer(s, part, shape, group_size, &hardware);
+        const cost::SublayerCost c = cost::evaluate_sublayer(catalog, s, part, shape, group_size, &hardware);
         e.option = Option{s, c.time_s(), c.saved_bytes, c.pool_bytes()};
         t.plain_bytes = std::max(t.plain_bytes, c.plain_bytes());
       }
     }
   }
-  t.plain_bytes += kKernelAllowanceBytes;
   t.fixed_bytes = t.model_state_bytes + t.stack_bytes + t.plain_bytes + model.extra_bytes;
   return t;
 }

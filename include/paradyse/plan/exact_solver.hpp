@@ -321,8 +321,8 @@ inline void validate(const Problem& problem) {
           g.name, g.options.size(), kMaxOptionsPerGroup);
     for (const Option& o : g.options)
       check(o.saved_bytes >= 0 && o.transient_bytes >= 0 && o.time_s >= 0,
-            "plan: group \"{}\" option {} has negative cost (time {}, saved {}, transient {})", g.name,
-            cost::name_of(o.strategy), o.time_s, o.saved_bytes, o.transient_bytes);
+            "plan: group \"{}\" option (strategy {}) has negative cost (time {}, saved {}, transient {})", g.name,
+            o.strategy, o.time_s, o.saved_bytes, o.transient_bytes);
   }
 }
 

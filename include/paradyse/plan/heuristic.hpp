@@ -74,7 +74,7 @@ inline Plan plan_heuristic(const CostTable& table, std::int64_t budget_bytes, He
     std::int64_t peak;
   };
   std::vector<Candidate> all;
-  for (Strategy s : cost::kAllStrategies) {
+  for (Strategy s = 0; s < table.strategy_count(); ++s) {
     detail::LayerSums sums(table, s);
     if (!sums.allowed) continue;
     const std::int64_t peak = table.fixed_bytes + sums.saved[std::size_t(L)] + sums.max_from[0];

@@ -46,6 +46,9 @@ struct Plan {
   double time_s = 0;
   cost::MemoryEstimate memory;  // model_states holds all fixed bytes
   std::int64_t budget_bytes = 0;
+  std::vector<std::string> strategy_names;  // of the list the plan's indices refer to
+
+  std::string_view strategy_name(int s) const { return strategy_names.at(std::size_t(s)); }
 
   std::int64_t peak_bytes() const { return memory.peak(); }
   bool fits() const { return peak_bytes() <= budget_bytes; }
@@ -64,7 +67,7 @@ struct Plan {
       out += fmt::format("{}{} ", out.empty() ? "" : "; ", cost::name_of(part));
       bool first = true;
       for (const auto& [s, n] : counts) {
-        out += fmt::format("{}{}x {}", first ? "" : " + ", n, cost::name_of(Strategy(s)));
+        out += fmt::format("{}{}x {}", first ? "" : " + ", n, strategy_name(s));
         first = false;
       }
     }
@@ -91,6 +94,7 @@ inline Plan plan_of(const CostTable& table, const std::vector<LayerStrategies>& 
   const Evaluation e = evaluate(table, layers);
   check(e.allowed, "plan: forbidden choice: {}", e.forbidden);
   Plan plan;
+  plan.strategy_names = table.strategy_names;
   plan.time_s = e.time_s;
   plan.memory = e.memory;
   plan.budget_bytes = budget_bytes;
@@ -116,7 +120,7 @@ inline Problem problem_of(const CostTable& table, std::int64_t budget_bytes) {
       g.name = fmt::format("{} {}", table.kind_names[k], cost::name_of(part));
       g.count = count;
       std::string reasons;
-      for (Strategy s : cost::kAllStrategies) {
+      for (Strategy s = 0; s < table.strategy_count(); ++s) {
         if (const Option* o = table.option(int(k), part, s)) g.options.push_back(*o);
         else reasons += fmt::format("{}{}", reasons.empty() ? "" : "; ", table.entry(int(k), part, s).forbidden_reason);
       }
@@ -185,7 +189,7 @@ inline Plan plan_exact(const CostTable& table, std::int64_t budget_bytes) {
 // All in one: predicts the costs, then plans. A negative budget means the profile's usable memory.
 inline Plan plan_exact(const ModelConfig& model, const cost::HardwareProfile& hardware, int group_size,
                        const Batch& batch, std::int64_t budget_bytes = -1,
-                       std::span<const Strategy> candidates = cost::kAllStrategies) {
+                       std::span<const Strategy> candidates = {}) {
   const CostTable table = build_cost_table(model, hardware, group_size, batch, candidates);
   return plan_exact(table, budget_bytes < 0 ? hardware.usable_memory_bytes() : budget_bytes);
 }

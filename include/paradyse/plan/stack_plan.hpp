@@ -30,8 +30,8 @@ template <class Strategies>
 StackPlan stack_plan(const Plan& plan) {
   StackPlan out;
   for (const LayerPlan& layer : plan.layers)
-    out.push_back({Strategies::index_of(cost::name_of(layer.strategies.attention)),
-                   Strategies::index_of(cost::name_of(layer.strategies.mlp))});
+    out.push_back({Strategies::index_of(plan.strategy_name(layer.strategies.attention)),
+                   Strategies::index_of(plan.strategy_name(layer.strategies.mlp))});
   return out;
 }
 

@@ -1,0 +1,206 @@
+// paradyse/cost/dry_run.hpp: a strategy's cost, read off its own code run on shapes alone.
+//
+// dry_run_sublayer executes one sublayer of the real pre-norm layer (model/layer.hpp's halves, with the norm and
+// residual around the strategy) on one rank of a p-rank group: meta tensors (core/memory.hpp), the counting
+// backend (ops/counting.hpp) and a symbolic communicator (comm/symbolic.hpp). Its Trace holds every allocation,
+// pooled buffer, kernel and transfer of forward, of backward, and the release of what forward saved; the memory
+// and time models (cost/trace_cost.hpp) are computed from it. No activation memory is allocated: the meta
+// tracker counts the bytes.
+//
+// StrategyCatalog names the strategies a planner may choose, by the index and name of a Switchable list
+// (strategy/strategies.hpp): a new strategy needs no edit here. The dry run uses the list instantiated with
+// ops::Counting; the real run uses the same list with its own backend, so indices and names agree.
+#pragma once
+
+#include "paradyse/comm/symbolic.hpp"
+#include "paradyse/contract/layer_config.hpp"
+#include "paradyse/contract/weight_shards.hpp"
+#include "paradyse/core/memory.hpp"
+#include "paradyse/core/trace.hpp"
+#include "paradyse/cost/model_shape.hpp"
+#include "paradyse/model/layer.hpp"
+#include "paradyse/ops/counting.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/policy.hpp"
+#include "paradyse/strategy/strategies.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace paradyse::cost {
+
+// One sublayer's events on one rank: forward, backward, then the release of the tensors forward saved (the layer
+// stack frees them when the layer's whole backward is done).
+struct SublayerTrace {
+  std::vector<TraceEvent> forward, backward, release;
+  int group_size = 1;
+};
+
+// The layer a cost shape describes (the norm kind does not change the cost; RoPE and zigzag do).
+inline LayerConfig layer_config_of(const ModelShape& m) {
+  LayerConfig c;
+  c.hidden = m.hidden;
+  c.heads = m.heads;
+  c.kv_heads = m.kv_heads;
+  c.head_dim = m.head_dim;
+  c.ffn = m.ffn;
+  c.activation = m.swiglu ? Activation::swiglu : Activation::gelu;
+  c.causal = m.causal;
+  c.rope = m.rope;
+  c.zigzag = m.zigzag;
+  return c;
+}
+
+namespace dry_run_detail {
+// Splits the recorded events at the phase marks.
+inline SublayerTrace split(const Trace& trace, std::size_t forward_end, std::size_t backward_end, int p) {
+  const auto& e = trace.events();
+  SublayerTrace t;
+  t.group_size = p;
+  t.forward.assign(e.begin(), e.begin() + std::ptrdiff_t(forward_end));
+  t.backward.assign(e.begin() + std::ptrdiff_t(forward_end), e.begin() + std::ptrdiff_t(backward_end));
+  t.release.assign(e.begin() + std::ptrdiff_t(backward_end), e.end());
+  return t;
+}
+}  // namespace dry_run_detail
+
+// Why strategy `index` of `strategies` cannot run this shape on p ranks (empty: it can).
+template <class Strategies>
+Support dry_run_support(const Strategies& strategies, std::size_t index, const ModelShape& m, int p) {
+  const LayerConfig config = layer_config_of(m);
+  try {
+    config.validate_for(p);
+  } catch (const Error& e) {
+    return {e.what()};
+  }
+  BufferPool* no_pool = nullptr;
+  MemoryTracker meta(MemorySpace::meta);
+  const ScopedTracker scoped(meta);
+  BufferPool pool;
+  no_pool = &pool;
+  const SublayerContext ctx(config, p, m.batch, m.seq, *no_pool);
+  return strategies.supports(index, ctx);
+}
+
+// The trace of sublayer `part` of strategy `index` for shape `m` on rank `rank` of a group of p (rank 0 holds the
+// most tokens). `strategies` is the list instantiated with ops::Counting.
+template <class Strategies>
+SublayerTrace dry_run_sublayer(const Strategies& strategies, std::size_t index, Sublayer part, const ModelShape& m,
+                               int p, int rank = 0) {
+  using Backend = ops::Counting;
+  const LayerConfig config = layer_config_of(m);
+  MemoryTracker meta(MemorySpace::meta);
+  const ScopedTracker scoped(meta);
+  Trace trace;
+  const ScopedTrace counting(trace);
+  SymbolicCommunicator comm(rank, p, trace);
+  BufferPool pool;
+  const SublayerContext ctx(config, p, m.batch, m.seq, pool);
+  require(strategies.supports(index, ctx));
+  const std::int64_t n = ctx.local_tokens(rank), h = config.hidden;
+  const Shape activation{m.batch, n, h};
+  // What exists around the sublayer (weights, the stack's activations): not part of its trace.
+  LayerWeights weights(config, p), grads(config, p);
+  Tensor<float> x(activation), z(activation), dz(activation), dx(activation), norm_partial(Shape{4, h});
+  LayerSaved<Strategies> saved;
+  std::size_t forward_end = 0, backward_end = 0;
+  if (part == Sublayer::attention) {
+    meta.set_trace(&trace);
+    attention_half_forward<Backend>(strategies, int(index), comm, ctx, weights, x.view(), saved);
+    forward_end = trace.size();
+    PooledBuffer<float> dy;
+    {
+      const Trace::Pause quiet(&trace);  // the layer's residual gradient comes from the MLP half
+      dy = pool.acquire<float>(activation);
+    }
+    attention_half_backward<Backend>(strategies, comm, ctx, weights, saved, TensorView<const float>(dy.view()),
+                                     dx.view(), grads, norm_partial.view());
+    dy = PooledBuffer<float>();  // the layer's dy goes back after the attention half
+    backward_end = trace.size();
+    saved = LayerSaved<Strategies>();  // released with the layer (model/stack.hpp)
+    meta.set_trace(nullptr);
+  } else {
+    {
+      const Trace::Pause quiet(&trace);  // made by the attention half
+      saved.y = Tensor<float>(activation);
+      saved.stats = Tensor<float>(Shape{4, m.batch * n});
+    }
+    meta.set_trace(&trace);
+    mlp_half_forward<Backend>(strategies, int(index), comm, ctx, weights, saved, z.view());
+    forward_end = trace.size();
+    PooledBuffer<float> dy = pool.acquire<float>(activation);
+    mlp_half_backward<Backend>(strategies, comm, ctx, weights, saved, TensorView<const float>(dz.view()), dy.view(),
+                               grads, norm_partial.view());
+    backward_end = trace.size();
+    {
+      auto mlp = std::move(saved.mlp);  // released with the layer
+      (void)mlp;
+    }
+    meta.set_trace(nullptr);
+  }
+  return dry_run_detail::split(trace, forward_end, backward_end, p);
+}
+
+// The strategies a planner chooses among: count, names and a dry run of each, type-erased over a Switchable list
+// instantiated with ops::Counting (for example AllStrategies<ops::Counting>).
+class StrategyCatalog {
+public:
+  template <class Strategies>
+  static StrategyCatalog of() {
+    auto list = std::make_shared<const Strategies>();
+    StrategyCatalog c;
+    for (std::string_view name : Strategies::names) c.names_.emplace_back(name);
+    c.trace_ = [list](std::size_t index, Sublayer part, const ModelShape& m, int p, int rank) {
+      return dry_run_sublayer(*list, index, part, m, p, rank);
+    };
+    c.support_ = [list](std::size_t index, const ModelShape& m, int p) { return dry_run_support(*list, index, m, p); };
+    return c;
+  }
+
+  int count() const noexcept { return int(names_.size()); }
+  std::string_view name(int index) const {
+    check(index >= 0 && index < count(), "strategy index {} is out of range: there are {} strategies", index, count());
+    return names_[std::size_t(index)];
+  }
+  // The index of a name, or -1.
+  int find(std::string_view name) const {
+    for (int i = 0; i < count(); ++i)
+      if (names_[std::size_t(i)] == name) return i;
+    return -1;
+  }
+  int index_of(std::string_view name) const {
+    const int i = find(name);
+    check(i >= 0, "no strategy named '{}'; the strategies are {}", name, fmt::join(names_, ", "));
+    return i;
+  }
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  std::vector<int> all() const {
+    std::vector<int> indices(names_.size());
+    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = int(i);
+    return indices;
+  }
+
+  Support supports(int index, const ModelShape& m, int p) const { return support_(std::size_t(index), m, p); }
+  SublayerTrace trace(int index, Sublayer part, const ModelShape& m, int p, int rank = 0) const {
+    return trace_(std::size_t(index), part, m, p, rank);
+  }
+
+private:
+  std::vector<std::string> names_;
+  std::function<SublayerTrace(std::size_t, Sublayer, const ModelShape&, int, int)> trace_;
+  std::function<Support(std::size_t, const ModelShape&, int)> support_;
+};
+
+// The library's own strategies (strategy/strategies.hpp), in their list order.
+inline const StrategyCatalog& default_catalog() {
+  static const StrategyCatalog catalog = StrategyCatalog::of<AllStrategies<ops::Counting>>();
+  return catalog;
+}
+
+}  // namespace paradyse::cost

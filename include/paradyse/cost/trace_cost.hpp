@@ -1,0 +1,233 @@
+// paradyse/cost/trace_cost.hpp: memory and time of a sublayer, computed from its dry-run trace (cost/dry_run.hpp).
+//
+// Memory. Allocations are replayed in program order, rounded to 64 bytes as the memory tracker rounds them; pooled
+// buffers are counted in the buffer pool's size classes. Three numbers come out, as the planner needs them:
+// `saved` (live at the end of forward: kept for backward), and per phase the highest plain live memory above the
+// saved bytes and the pool's peak (its largest working set, which the pool keeps). The ordered event lists let
+// cost/memory_model.hpp replay a whole stack through the pool's own rule, exactly. Bytes were recorded at float32;
+// `dtype_bytes` rescales them to the activation type of the model (log-sum-exp and norm statistics, float32 in a
+// mixed-precision run, are rescaled too: they are O(tokens x heads), a few per cent of the activations at most).
+//
+// Time. Two streams, as on a device: kernels run one after another on the compute stream at the profile's rates;
+// a transfer starts when it is posted (or when the communication stream frees up) and takes the profile's
+// alpha-beta time for its kind and group size. A wait blocks the compute stream until the transfer ends; the
+// compute that ran between the post and the wait overlaps it, as far as the profile's `overlap` allows.
+#pragma once
+
+#include "paradyse/core/trace.hpp"
+#include "paradyse/cost/dry_run.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace paradyse::cost {
+
+// One change of a rank's memory: plain bytes (+ allocated, - freed; `release`: a saved tensor freed, which a layer
+// stack defers to the end of the layer's backward), or a pool buffer of a size class lent or returned.
+struct MemoryEvent {
+  enum Kind : std::uint8_t { plain, release, acquire, give_back } kind = plain;
+  std::int64_t bytes = 0;
+};
+
+// One sublayer's cost on one rank for one training step.
+struct SublayerCost {
+  std::int64_t saved_bytes = 0;               // kept from forward to backward
+  std::int64_t forward_transient_bytes = 0;   // peak live memory in forward, minus saved_bytes (plain + pool)
+  std::int64_t backward_transient_bytes = 0;  // peak live memory in backward, minus saved_bytes (plain + pool)
+  // The two parts: plain allocations above the saved bytes, and the pool's peak (which the pool keeps); and their
+  // joint peak (plain live + the pool's high-water mark so far, at the same moment), for ordered estimates.
+  std::int64_t forward_plain_bytes = 0, forward_pool_bytes = 0, forward_joint_bytes = 0;
+  std::int64_t backward_plain_bytes = 0, backward_pool_bytes = 0, backward_joint_bytes = 0;
+  double forward_s = 0;
+  double backward_s = 0;
+  double compute_s = 0;                       // kernel time, forward + backward
+  double exposed_comm_s = 0;                  // communication not hidden under compute
+
+  std::int64_t transient_bytes() const { return std::max(forward_transient_bytes, backward_transient_bytes); }
+  std::int64_t pool_bytes() const { return std::max(forward_pool_bytes, backward_pool_bytes); }
+  std::int64_t plain_bytes() const { return std::max(forward_plain_bytes, backward_plain_bytes); }
+  double time_s() const { return forward_s + backward_s; }
+  // Every memory event of forward and of backward (releases last) in order.
+  std::vector<MemoryEvent> forward_events, backward_events;
+};
+
+inline constexpr std::int64_t round_allocation(double bytes) {
+  if (bytes <= 0) return 0;
+  const auto b = std::int64_t(bytes + 0.5);
+  return (b + 63) / 64 * 64;
+}
+inline std::int64_t pool_class(double bytes) {
+  return bytes <= 0 ? 0 : std::int64_t(BufferPool::size_class(std::size_t(bytes + 0.5)));
+}
+
+namespace trace_cost_detail {
+
+constexpr Collective collective_of(TransferKind t) {
+  switch (t) {
+    case TransferKind::all_gather: return Collective::all_gather;
+    case TransferKind::reduce_scatter: return Collective::reduce_scatter;
+    case TransferKind::all_reduce: return Collective::all_reduce;
+    case TransferKind::all_to_all: return Collective::all_to_all;
+    case TransferKind::broadcast: return Collective::broadcast;
+    case TransferKind::reduce: return Collective::reduce;
+    default: return Collective::send_recv;
+  }
+}
+
+class MemoryWalk {
+public:
+  explicit MemoryWalk(double scale) : scale_(scale) {}
+  // Walks one phase's events; `release`: the events free saved tensors.
+  void walk(const std::vector<TraceEvent>& events, std::vector<MemoryEvent>& out, bool release = false) {
+    for (const TraceEvent& e : events) {
+      switch (e.kind) {
+        case TraceKind::allocate: grow(out, round_allocation(e.bytes * scale_)); break;
+        case TraceKind::deallocate: {
+          const std::int64_t b = round_allocation(e.bytes * scale_);
+          live_ -= b;
+          out.push_back({release ? MemoryEvent::release : MemoryEvent::plain, -b});
+          break;
+        }
+        case TraceKind::pool_acquire: {
+          const std::int64_t b = pool_class(e.bytes * scale_);
+          pool_live_ += b;
+          pool_peak_ = std::max(pool_peak_, pool_live_);
+          out.push_back({MemoryEvent::acquire, b});
+          joint_ = std::max(joint_, live_ + pool_peak_);
+          break;
+        }
+        case TraceKind::pool_give_back: {
+          const std::int64_t b = pool_class(e.bytes * scale_);
+          pool_live_ -= b;
+          out.push_back({MemoryEvent::give_back, b});
+          break;
+        }
+        default: break;
+      }
+    }
+  }
+  // Starts a new phase: peaks restart from what is live now.
+  void next_phase() {
+    peak_ = live_;
+    pool_peak_ = pool_live_;
+    joint_ = live_ + pool_peak_;
+  }
+  std::int64_t live() const { return live_; }
+  std::int64_t peak() const { return peak_; }
+  std::int64_t pool_peak() const { return pool_peak_; }
+  std::int64_t joint() const { return joint_; }
+
+private:
+  void grow(std::vector<MemoryEvent>& out, std::int64_t bytes) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+    joint_ = std::max(joint_, live_ + pool_peak_);
+    out.push_back({MemoryEvent::plain, bytes});
+  }
+  double scale_;
+  std::int64_t live_ = 0, peak_ = 0, pool_live_ = 0, pool_peak_ = 0, joint_ = 0;
+};
+
+// The two-stream clock.
+class Clock {
+public:
+  Clock(const HardwareProfile& hw, int group_size, double scale, int dtype_bytes)
+      : hw_(hw), p_(group_size), scale_(scale), dtype_bytes_(dtype_bytes) {}
+
+  void walk(const std::vector<TraceEvent>& events) {
+    for (const TraceEvent& e : events) step(e);
+  }
+  double now() const { return now_; }
+  double compute() const { return compute_; }
+
+private:
+  struct Transfer {
+    double end = 0, duration = 0, posted_at_compute = 0;
+  };
+  void run(double seconds) {
+    now_ += seconds;
+    compute_ += seconds;
+  }
+  void step(const TraceEvent& e) {
+    switch (e.kind) {
+      case TraceKind::gemm: run(hw_.gemm.time(e.m, e.n, e.k, dtype_bytes_)); break;
+      case TraceKind::attention_forward: run(hw_.attention.forward_time(4 * e.k * e.n * e.m)); break;
+      case TraceKind::attention_backward: run(hw_.attention.backward_time(4 * e.k * e.n * e.m)); break;
+      case TraceKind::elementwise: run(hw_.elementwise_time(e.bytes * scale_)); break;
+      case TraceKind::activation: run(hw_.activation_time(e.m, e.bytes * scale_)); break;
+      case TraceKind::post: {
+        const double duration = e.transfer == TransferKind::barrier
+                                    ? 0
+                                    : hw_.collective_time(collective_of(e.transfer), p_, e.bytes * scale_);
+        const double start = std::max(now_, comm_free_);
+        comm_free_ = start + duration;
+        pending_[e.request] = {comm_free_, duration, compute_};
+        break;
+      }
+      case TraceKind::wait: {
+        const auto it = pending_.find(e.request);
+        if (it == pending_.end()) break;
+        const Transfer t = it->second;
+        pending_.erase(it);
+        // Compute that ran while the transfer was in flight slows down as far as overlap is imperfect.
+        const double overlapped = std::min(compute_ - t.posted_at_compute, t.duration);
+        now_ = std::max(now_, t.end) + (1 - hw_.overlap) * std::max(0.0, overlapped);
+        break;
+      }
+      default: break;
+    }
+  }
+
+  const HardwareProfile& hw_;
+  int p_;
+  double scale_;
+  int dtype_bytes_;
+  double now_ = 0, compute_ = 0, comm_free_ = 0;
+  std::unordered_map<std::int32_t, Transfer> pending_;
+};
+
+}  // namespace trace_cost_detail
+
+// Memory (always) and time (when `hardware` is given) of a sublayer trace, bytes rescaled to `dtype_bytes`.
+inline SublayerCost cost_of(const SublayerTrace& trace, const HardwareProfile* hardware, int dtype_bytes = 4,
+                            bool keep_events = true) {
+  const double scale = double(dtype_bytes) / 4.0;
+  SublayerCost c;
+  trace_cost_detail::MemoryWalk memory(scale);
+  memory.walk(trace.forward, c.forward_events);
+  c.saved_bytes = memory.live();
+  c.forward_plain_bytes = std::max<std::int64_t>(0, memory.peak() - c.saved_bytes);
+  c.forward_pool_bytes = memory.pool_peak();
+  c.forward_joint_bytes = std::max<std::int64_t>(0, memory.joint() - c.saved_bytes);
+  memory.next_phase();
+  memory.walk(trace.backward, c.backward_events);
+  memory.walk(trace.release, c.backward_events, /*release=*/true);
+  c.backward_plain_bytes = std::max<std::int64_t>(0, memory.peak() - c.saved_bytes);
+  c.backward_pool_bytes = memory.pool_peak();
+  c.backward_joint_bytes = std::max<std::int64_t>(0, memory.joint() - c.saved_bytes);
+  c.forward_transient_bytes = c.forward_plain_bytes + c.forward_pool_bytes;
+  c.backward_transient_bytes = c.backward_plain_bytes + c.backward_pool_bytes;
+  if (!keep_events) c.forward_events.clear(), c.backward_events.clear();
+  if (hardware) {
+    trace_cost_detail::Clock clock(*hardware, trace.group_size, scale, dtype_bytes);
+    clock.walk(trace.forward);
+    c.forward_s = clock.now();
+    clock.walk(trace.backward);
+    c.backward_s = clock.now() - c.forward_s;
+    c.compute_s = clock.compute();
+    c.exposed_comm_s = clock.now() - clock.compute();
+  }
+  return c;
+}
+
+// The cost of sublayer `part` of catalog strategy `strategy` for shape m on p ranks.
+inline SublayerCost evaluate_sublayer(const StrategyCatalog& catalog, int strategy, Sublayer part, const ModelShape& m,
+                                      int p, const HardwareProfile* hardware, bool keep_events = false) {
+  return cost_of(catalog.trace(strategy, part, m, p), hardware, m.dtype_bytes, keep_events);
+}
+
+}  // namespace paradyse::cost
