@@ -35,7 +35,20 @@ struct Caught {
     kinds[std::size_t(rank)] = kind;
     messages[std::size_t(rank)] = message;
   }
+  bool has(int rank) {
+    std::lock_guard lock(mutex);
+    return !kinds[std::size_t(rank)].empty();
+  }
 };
+
+// Blocks (without communicating) until every rank of `ranks` has recorded an error, or 20 s: a rank that stays away
+// from a collective without leaving the group (one that leaves is reported at once, not by the timeout).
+void stay_away_until_caught(Caught& caught, std::initializer_list<int> ranks) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int r : ranks)
+    while (!caught.has(r) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 // Runs f on the rank and records what it threw (Error, CommError or other), then rethrows it.
 template <class F>
@@ -168,8 +181,8 @@ TEST_CASE("threads: a timeout names the operation, the group and the ranks that 
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
     recording(caught, comm.rank(), [&] {
-      // Ranks 1 and 3 leave early; 0 and 2 wait for them in the all-gather on the world group.
-      if (comm.rank() % 2 == 1) return;
+      // Ranks 1 and 3 stay away (busy elsewhere); 0 and 2 wait for them in the all-gather on the world group.
+      if (comm.rank() % 2 == 1) return stay_away_until_caught(caught, {0, 2});
       std::vector<std::int32_t> x(3), out(3 * ranks);
       comm.all_gather(std::span<const std::int32_t>(x), std::span<std::int32_t>(out));
     });
@@ -198,7 +211,7 @@ TEST_CASE("threads: a timeout in a split group names the group's world ranks") {
   CHECK_THROWS_AS(pd::run_ranks(4, [&](ThreadCommunicator& comm) {
     recording(caught, comm.rank(), [&] {
       ThreadCommunicator odd_even = comm.split(comm.rank() % 2, comm.rank());
-      if (comm.rank() == 3) return;  // missing from the odd group {1, 3}
+      if (comm.rank() == 3) return stay_away_until_caught(caught, {1});  // missing from the odd group {1, 3}
       if (comm.rank() % 2 == 1) odd_even.barrier();
     });
   }, options), pd::CommError);
@@ -379,4 +392,79 @@ TEST_CASE("threads: a send completes once its receive is posted, whoever waits f
       CHECK(in[6] == double((r + n - 1) % n));
     });
   }
+}
+
+TEST_CASE("threads: a rank that skips one of a sequence of identical collectives is reported as out of step, on every rank") {
+  const int ranks = 4;
+  Caught caught(ranks);
+  pd::RunOptions options;
+  options.timeout = std::chrono::seconds(60);  // reported at once, not by the timeout
+  std::vector<float> rank1_results;
+  const auto start = std::chrono::steady_clock::now();
+  std::string thrown;
+  try {
+    pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+      recording(caught, comm.rank(), [&] {
+        for (int i = 0; i < 4; ++i) {
+          if (comm.rank() == 1 && i == 2) continue;  // rank 1 skips all_reduce #2
+          std::vector<float> x(16, float(10 * (i + 1)));
+          comm.all_reduce(std::span<const float>(x), std::span<float>(x), ReduceOp::sum);
+          if (comm.rank() == 1) rank1_results.push_back(x[0]);
+        }
+      });
+    }, options);
+  } catch (const pd::CommError& e) {
+    thrown = e.what();
+  }
+  CHECK(seconds_since(start) < 30.0);
+  CAPTURE(thrown);
+  CHECK(contains(thrown, "collectives out of step on group #0 (world ranks 0, 1, 2, 3)"));
+  for (int r : {0, 2, 3}) {
+    CAPTURE(r);
+    const std::string& message = caught.messages[std::size_t(r)];
+    CAPTURE(message);
+    CHECK(caught.kinds[std::size_t(r)] == "CommError");
+    // Each rank reports it itself (or was told that another rank failed because of it).
+    CHECK(contains(message, "collectives out of step"));
+    CHECK(contains(message, "rank 1 (world rank 1) left the group after posting 3 collectives (#0 to #2, the last: all_reduce)"));
+  }
+  CHECK(contains(caught.messages[0] + caught.messages[2] + caught.messages[3], "this rank is in all_reduce #3"));
+  // Rank 1's function returned: its third all_reduce (40s) met the others' #2 (30s) and gave 3 * 30 + 40 = 130,
+  // another collective's data, which nothing at the meeting can tell; its run still ends in the error, so run_ranks
+  // throws instead of returning.
+  CHECK(caught.messages[1].empty());
+  CHECK(rank1_results == std::vector<float>{40, 80, 130});
+}
+
+TEST_CASE("threads: ranks that leave while others wait for them are reported at once, naming them") {
+  const int ranks = 4;
+  Caught caught(ranks);
+  pd::RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(pd::run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    recording(caught, comm.rank(), [&] {
+      if (comm.rank() % 2 == 1) return;  // ranks 1 and 3 leave
+      std::vector<std::int32_t> x(3), out(3 * ranks);
+      comm.all_gather(std::span<const std::int32_t>(x), std::span<std::int32_t>(out));
+    });
+  }, options), pd::CommError);
+  CHECK(seconds_since(start) < 30.0);
+  const std::string& message = caught.messages[0];
+  CAPTURE(message);
+  CHECK(contains(message, "this rank is in all_gather #0"));
+  CHECK(contains(message, "rank 1 (world rank 1) left the group after posting no collective"));
+  // A split group: rank 3 destroys its handle on the odd group {1, 3} while rank 1 waits in its barrier.
+  Caught split_caught(4);
+  CHECK_THROWS_AS(pd::run_ranks(4, [&](ThreadCommunicator& comm) {
+    recording(split_caught, comm.rank(), [&] {
+      ThreadCommunicator odd_even = comm.split(comm.rank() % 2, comm.rank());
+      if (comm.rank() == 3) return;
+      if (comm.rank() % 2 == 1) odd_even.barrier();
+    });
+  }, options), pd::CommError);
+  CHECK(contains(split_caught.messages[1], "out of step on group #"));
+  CHECK(contains(split_caught.messages[1], "(world ranks 1, 3)"));
+  CHECK(contains(split_caught.messages[1], "rank 1 (world rank 3) left the group after posting no collective"));
+  CHECK(seconds_since(start) < 30.0);
 }

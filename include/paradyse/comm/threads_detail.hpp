@@ -160,12 +160,12 @@ struct Group {
     last_kind.assign(world_ranks.size(), OpKind::barrier);
     left.assign(world_ranks.size(), false);
   }
-  // "N collectives (#0 to #N-1, the last an all_reduce)" for member r.
+  // "N collectives (#0 to #N-1, the last: all_reduce)" for member r.
   std::string posted_by(int r) const {
     const std::uint64_t n = posted[std::size_t(r)];
     if (n == 0) return "no collective";
     if (n == 1) return fmt::format("1 collective (#0, {})", name_of(last_kind[std::size_t(r)]));
-    return fmt::format("{} collectives (#0 to #{}, the last a {})", n, n - 1, name_of(last_kind[std::size_t(r)]));
+    return fmt::format("{} collectives (#0 to #{}, the last: {})", n, n - 1, name_of(last_kind[std::size_t(r)]));
   }
   std::string describe() const {
     return fmt::format("group #{} (world ranks {})", id, fmt::join(world_ranks, ", "));
