@@ -1,12 +1,14 @@
 // tests/plan/brute_force.hpp: plain exhaustive references for the planner tests.
 #pragma once
 
+#include "paradyse/cost/dry_run.hpp"
 #include "paradyse/plan/cost_table.hpp"
 #include "paradyse/plan/exact_solver.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -80,7 +82,7 @@ inline BruteForceResult brute_force_layers(const CostTable& table, std::int64_t 
       }
       return;
     }
-    for (Strategy s : cost::kAllStrategies) {
+    for (Strategy s = 0; s < table.strategy_count(); ++s) {
       (slot % 2 == 0 ? layers[std::size_t(slot / 2)].attention : layers[std::size_t(slot / 2)].mlp) = s;
       visit(slot + 1);
     }
@@ -89,25 +91,45 @@ inline BruteForceResult brute_force_layers(const CostTable& table, std::int64_t 
   return r;
 }
 
-// A cost table written by hand: one layer kind per entry of `kinds`, options[kind][sublayer] per strategy (an
-// option with negative time means forbidden).
-inline CostTable synthetic_table(const std::vector<std::array<std::array<Option, cost::kStrategyCount>, 2>>& kinds,
-                                 std::vector<int> layer_kinds, std::int64_t fixed_bytes) {
+// The options of one layer kind written by hand: [sublayer][strategy], one per strategy of the default catalog.
+using KindOptions = std::array<std::vector<Option>, 2>;
+
+// Options for every strategy of the default catalog, all equal to `o` (each with its own strategy index).
+inline KindOptions uniform_kind(Option o) {
+  KindOptions kind;
+  for (auto& part : kind)
+    for (Strategy s = 0; s < cost::default_catalog().count(); ++s) {
+      o.strategy = s;
+      part.push_back(o);
+    }
+  return kind;
+}
+
+// A cost table written by hand: one layer kind per entry of `kinds`, options[kind][sublayer] per strategy of the
+// default catalog (an option with negative time means forbidden).
+inline CostTable synthetic_table(const std::vector<KindOptions>& kinds, std::vector<int> layer_kinds,
+                                 std::int64_t fixed_bytes) {
+  const std::size_t count = std::size_t(cost::default_catalog().count());
   CostTable t;
   t.group_size = 8;
   t.batch = Batch::single(1024);
   t.layer_kinds = std::move(layer_kinds);
   t.fixed_bytes = fixed_bytes;
+  t.strategy_names = cost::default_catalog().names();
   t.entries.resize(kinds.size());
   for (std::size_t k = 0; k < kinds.size(); ++k) {
     t.kind_names.push_back(fmt::format("kind{}", k));
-    for (std::size_t part = 0; part < 2; ++part)
-      for (std::size_t s = 0; s < std::size_t(cost::kStrategyCount); ++s) {
+    for (std::size_t part = 0; part < 2; ++part) {
+      check(kinds[k][part].size() == count, "synthetic_table: {} options, expected one per strategy ({})",
+            kinds[k][part].size(), count);
+      t.entries[k][part].resize(count);
+      for (std::size_t s = 0; s < count; ++s) {
         Option o = kinds[k][part][s];
         o.strategy = Strategy(s);
         if (o.time_s < 0) t.entries[k][part][s].forbidden_reason = "forbidden by the test";
         else t.entries[k][part][s].option = o;
       }
+    }
   }
   return t;
 }

@@ -8,13 +8,14 @@
 #include <doctest/doctest.h>
 
 #include <set>
+#include <string_view>
 
 using namespace paradyse;
 using namespace paradyse::plan;
-using cost::Strategy;
 
 namespace {
 cost::ModelShape shape() { return cost::ModelShape::mha(2048, 16); }
+Strategy id(std::string_view name) { return cost::default_catalog().index_of(name); }
 }  // namespace
 
 TEST_CASE("cache: bucket edges cover their lengths, at most 2^bits buckets per octave") {
@@ -62,34 +63,35 @@ TEST_CASE("cache: smoothing keeps the previous plan within gamma, and only then"
   const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
   const ModelConfig model = ModelConfig::uniform(shape(), 4);
   const std::int64_t budget = std::int64_t(1) << 50;
-  const PlanSolver by_length = [](const CostTable& t, std::int64_t b) {
-    return plan_of(t, uniform_layers(t, t.batch.lengths[0] < 10000 ? Strategy::megatron_ts : Strategy::metp), b);
+  const Strategy ts = id("MegatronTS"), metp = id("METP");
+  const PlanSolver by_length = [ts, metp](const CostTable& t, std::int64_t b) {
+    return plan_of(t, uniform_layers(t, t.batch.lengths[0] < 10000 ? ts : metp), b);
   };
   const Bucketing buckets;
   const CostTable long_table = build_cost_table(model, hw, 8, Batch::single(buckets.edge(65536)));
-  const double ratio = evaluate(long_table, uniform_layers(long_table, Strategy::megatron_ts)).time_s /
-                       evaluate(long_table, uniform_layers(long_table, Strategy::metp)).time_s;
+  const double ratio = evaluate(long_table, uniform_layers(long_table, ts)).time_s /
+                       evaluate(long_table, uniform_layers(long_table, metp)).time_s;
   {
     PlanCache keep(model, hw, 8, budget, by_length, std::max(0.0, ratio - 1) + 0.01);
-    CHECK(keep.plan_for(Batch::single(4096)).layers[0].strategies.attention == Strategy::megatron_ts);
+    CHECK(keep.plan_for(Batch::single(4096)).layers[0].strategies.attention == ts);
     const Plan kept = keep.plan_for(Batch::single(65536));
-    CHECK(kept.layers[0].strategies.attention == Strategy::megatron_ts);
+    CHECK(kept.layers[0].strategies.attention == ts);
     CHECK(keep.stats().kept_previous == 1);
     CHECK(kept.time_s == doctest::Approx(evaluate(long_table, kept.strategies()).time_s));
   }
   if (ratio > 1.01) {
     PlanCache change(model, hw, 8, budget, by_length, ratio - 1 - 0.01);
     change.plan_for(Batch::single(4096));
-    CHECK(change.plan_for(Batch::single(65536)).layers[0].strategies.attention == Strategy::metp);
+    CHECK(change.plan_for(Batch::single(65536)).layers[0].strategies.attention == metp);
     CHECK(change.stats().kept_previous == 0);
   }
   // A previous plan that no longer fits is never kept, whatever gamma.
   const CostTable short_table = build_cost_table(model, hw, 8, Batch::single(4096));
-  const std::int64_t tight = evaluate(long_table, uniform_layers(long_table, Strategy::metp)).peak_bytes();
-  if (evaluate(long_table, uniform_layers(long_table, Strategy::megatron_ts)).peak_bytes() > tight) {
+  const std::int64_t tight = evaluate(long_table, uniform_layers(long_table, metp)).peak_bytes();
+  if (evaluate(long_table, uniform_layers(long_table, ts)).peak_bytes() > tight) {
     PlanCache fit(model, hw, 8, tight, by_length, 100.0);
     fit.plan_for(Batch::single(4096));
-    CHECK(fit.plan_for(Batch::single(65536)).layers[0].strategies.attention == Strategy::metp);
+    CHECK(fit.plan_for(Batch::single(65536)).layers[0].strategies.attention == metp);
   }
   CHECK(short_table.layer_count() == 4);
 }
@@ -109,15 +111,16 @@ TEST_CASE("cache: when the bucket's edge does not fit but the length does, the l
   CHECK_THROWS_AS(cache.plan_for(Batch::single(buckets.edge(length))), NoFeasiblePlan);
 }
 
-TEST_CASE("cache: a bucket where nothing fits throws every time; packed batches are planned directly") {
+TEST_CASE("cache: a bucket where nothing fits throws every time; packed batches are refused clearly") {
   const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
   const ModelConfig model = ModelConfig::uniform(shape(), 4);
   PlanCache cache(model, hw, 8, std::int64_t(1) << 28);  // 256 MiB: not even the model states fit
   CHECK_THROWS_AS(cache.plan_for(Batch::single(4096)), NoFeasiblePlan);
   CHECK_THROWS_AS(cache.plan_for(Batch::single(4096)), NoFeasiblePlan);
   CHECK(cache.stats().misses == 1);
+  // The strategies take no document mask, so nothing can cost a packed batch: a clear error, nothing cached.
   PlanCache roomy(model, hw, 8, std::int64_t(1) << 40);
-  const Plan packed = roomy.plan_for(Batch::packed({3000, 1000}));
-  CHECK(packed.fits());
+  CHECK_THROWS_WITH_AS(roomy.plan_for(Batch::packed({3000, 1000})),
+                       doctest::Contains("a packed batch (2 sequences per sample) cannot be planned"), Error);
   CHECK(roomy.size() == 0);
 }

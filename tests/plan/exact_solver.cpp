@@ -1,5 +1,6 @@
 // Tests of paradyse/plan/exact_solver.hpp against exhaustive search on fresh random problems.
 #include "paradyse/core/rng.hpp"
+#include "paradyse/cost/dry_run.hpp"
 #include "paradyse/plan/exact_solver.hpp"
 
 #include "plan/brute_force.hpp"
@@ -7,11 +8,14 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string_view>
 
 using namespace paradyse;
 using namespace paradyse::plan;
 
 namespace {
+
+Strategy id(std::string_view name) { return cost::default_catalog().index_of(name); }
 
 Problem random_problem(Rng& rng, int max_groups, int max_count, int max_options) {
   Problem p;
@@ -23,7 +27,7 @@ Problem random_problem(Rng& rng, int max_groups, int max_count, int max_options)
     const int options = 1 + int(rng.next_u64() % std::uint64_t(max_options));
     for (int i = 0; i < options; ++i) {
       Option o;
-      o.strategy = cost::kAllStrategies[std::size_t(i % cost::kStrategyCount)];
+      o.strategy = i % cost::default_catalog().count();
       o.time_s = 1 + rng.uniform() * 9;
       o.saved_bytes = std::int64_t(rng.next_u64() % 1000);
       o.transient_bytes = std::int64_t(rng.next_u64() % 400);
@@ -76,9 +80,9 @@ TEST_CASE("exact_solver: matches exhaustive search with many identical slots") {
 TEST_CASE("exact_solver: finds an optimum that needs three strategies in one group") {
   // Two strategies (any prefix/suffix split) cannot reach the optimum here: one slot on each option is best.
   SlotGroup g{"attention", 3, {}};
-  g.options.push_back({cost::Strategy::metp, 10.0, 0, 0});
-  g.options.push_back({cost::Strategy::ulysses_z, 5.1, 4, 0});
-  g.options.push_back({cost::Strategy::megatron_ts, 0.0, 10, 0});
+  g.options.push_back({id("METP"), 10.0, 0, 0});
+  g.options.push_back({id("UlyssesZ"), 5.1, 4, 0});
+  g.options.push_back({id("MegatronTS"), 0.0, 10, 0});
   Problem p{{g}, 0, 14};
   const auto a = solve_exact(p);
   REQUIRE(a);
@@ -90,8 +94,8 @@ TEST_CASE("exact_solver: finds an optimum that needs three strategies in one gro
 TEST_CASE("exact_solver: the largest transient counts once, not per slot") {
   // A: fast, little saved, a big transient; B: slow, no transient. Budget admits A's transient once.
   SlotGroup g{"mlp", 4, {}};
-  g.options.push_back({cost::Strategy::megatron_ts, 1.0, 10, 100});
-  g.options.push_back({cost::Strategy::metp, 2.0, 10, 0});
+  g.options.push_back({id("MegatronTS"), 1.0, 10, 100});
+  g.options.push_back({id("METP"), 2.0, 10, 0});
   Problem p{{g}, 0, 4 * 10 + 100};
   const auto a = solve_exact(p);
   REQUIRE(a);
@@ -107,7 +111,7 @@ TEST_CASE("exact_solver: the largest transient counts once, not per slot") {
 TEST_CASE("exact_solver: bad problems are rejected with a message") {
   Problem p{{SlotGroup{"g", -1, {}}}, 0, 10};
   CHECK_THROWS_WITH_AS(solve_exact(p), doctest::Contains("count -1"), Error);
-  p.groups[0] = SlotGroup{"g", 1, {Option{cost::Strategy::metp, -1.0, 0, 0}}};
+  p.groups[0] = SlotGroup{"g", 1, {Option{id("METP"), -1.0, 0, 0}}};
   CHECK_THROWS_WITH_AS(solve_exact(p), doctest::Contains("negative cost"), Error);
   p.groups[0] = SlotGroup{"empty", 2, {}};
   CHECK_FALSE(solve_exact(p));

@@ -9,10 +9,10 @@
 #include <doctest/doctest.h>
 
 #include <limits>
+#include <string_view>
 
 using namespace paradyse;
 using namespace paradyse::plan;
-using cost::Strategy;
 
 namespace {
 
@@ -20,8 +20,8 @@ namespace {
 double best_two_strategy_time(const CostTable& table, std::int64_t budget) {
   const int L = table.layer_count();
   double best = std::numeric_limits<double>::infinity();
-  for (Strategy a : cost::kAllStrategies)
-    for (Strategy b : cost::kAllStrategies)
+  for (Strategy a = 0; a < table.strategy_count(); ++a)
+    for (Strategy b = 0; b < table.strategy_count(); ++b)
       for (int e = 1; e <= L; ++e) {
         std::vector<LayerStrategies> layers;
         for (int l = 0; l < L; ++l) layers.push_back(l < e ? LayerStrategies{a, a} : LayerStrategies{b, b});
@@ -32,6 +32,7 @@ double best_two_strategy_time(const CostTable& table, std::int64_t budget) {
 }
 
 cost::ModelShape gpt_like() { return cost::ModelShape::mha(2048, 16); }
+Strategy id(std::string_view name) { return cost::default_catalog().index_of(name); }
 
 }  // namespace
 
@@ -60,21 +61,20 @@ TEST_CASE("heuristic: finds the best plan of its own space, and never beats the 
 TEST_CASE("heuristic: whole layers cannot mix sublayers; the exact planner can") {
   // Attention is fastest on A, the MLP on B; both are uniform-feasible. The exact plan mixes per sublayer.
   using testing::synthetic_table;
-  std::array<std::array<Option, cost::kStrategyCount>, 2> kind{};
-  for (auto& part : kind)
-    for (auto& o : part) o = {Strategy::metp, 10.0, 100, 0};
-  kind[0][std::size_t(Strategy::megatron_ts)] = {Strategy::megatron_ts, 1.0, 100, 0};
-  kind[0][std::size_t(Strategy::metp)] = {Strategy::metp, 5.0, 100, 0};
-  kind[1][std::size_t(Strategy::megatron_ts)] = {Strategy::megatron_ts, 5.0, 100, 0};
-  kind[1][std::size_t(Strategy::metp)] = {Strategy::metp, 1.0, 100, 0};
+  const Strategy ts = id("MegatronTS"), metp = id("METP");
+  testing::KindOptions kind = testing::uniform_kind({metp, 10.0, 100, 0});
+  kind[0][std::size_t(ts)] = {ts, 1.0, 100, 0};
+  kind[0][std::size_t(metp)] = {metp, 5.0, 100, 0};
+  kind[1][std::size_t(ts)] = {ts, 5.0, 100, 0};
+  kind[1][std::size_t(metp)] = {metp, 1.0, 100, 0};
   const CostTable table = synthetic_table({kind}, {0, 0, 0}, 0);
   const Plan h = plan_heuristic(table, 10000);
   const Plan exact = plan_exact(table, 10000);
   CHECK(h.time_s == doctest::Approx(18.0));
   CHECK(exact.time_s == doctest::Approx(6.0));
   for (const LayerPlan& l : exact.layers) {
-    CHECK(l.strategies.attention == Strategy::megatron_ts);
-    CHECK(l.strategies.mlp == Strategy::metp);
+    CHECK(l.strategies.attention == ts);
+    CHECK(l.strategies.mlp == metp);
   }
 }
 
@@ -93,9 +93,9 @@ TEST_CASE("heuristic: when nothing fits it returns the least-memory strategy, an
   CHECK(none.peak_bytes() == evaluate(long_table, uniform_layers(long_table, s)).peak_bytes());
   // With the shortcut a later short batch gets the least-memory uniform strategy too; without it, the fastest.
   const std::int64_t roomy = std::int64_t(1) << 50;
-  Strategy least_short = Strategy::metp;
+  Strategy least_short = id("METP");
   std::int64_t least_peak = std::numeric_limits<std::int64_t>::max();
-  for (Strategy c : cost::kAllStrategies) {
+  for (Strategy c = 0; c < short_table.strategy_count(); ++c) {
     const Evaluation e = evaluate(short_table, uniform_layers(short_table, c));
     if (e.peak_bytes() < least_peak) least_peak = e.peak_bytes(), least_short = c;
   }

@@ -7,9 +7,12 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
+#include <string_view>
+#include <vector>
+
 using namespace paradyse;
 using namespace paradyse::plan;
-using cost::Strategy;
 
 namespace {
 
@@ -24,19 +27,30 @@ cost::ModelShape layer_shape(std::int64_t heads, std::int64_t ffn) {
   return m;
 }
 
-// Dense layers with 8 heads and "wide" layers with 6 heads (Ulysses cannot run them on 4 ranks) and a wider MLP.
+Strategy id(std::string_view name) { return cost::default_catalog().index_of(name); }
+
+// Dense layers with 8 heads and "wide" layers with 4 heads and a wider MLP (both run on 4 ranks).
 ModelConfig mixed_model() {
   ModelConfig m;
   m.kinds.push_back({"dense", layer_shape(8, 2048)});
-  m.kinds.push_back({"wide", layer_shape(6, 8192)});
+  m.kinds.push_back({"wide", layer_shape(4, 8192)});
   m.layer_kinds = {0, 1, 0};
+  return m;
+}
+
+// The same with a kind of 6 heads, which no strategy runs on 4 ranks (the unified layout gives each rank heads/p
+// whole heads).
+ModelConfig model_with_six_heads() {
+  ModelConfig m = mixed_model();
+  m.kinds.push_back({"six", layer_shape(6, 2048)});
+  m.layer_kinds = {0, 2, 0};
   return m;
 }
 
 void check_budgets(const CostTable& table) {
   const auto all = testing::brute_force_layers(table, std::int64_t(1) << 60);
   std::int64_t largest = 0;
-  for (Strategy s : cost::kAllStrategies) {
+  for (Strategy s = 0; s < table.strategy_count(); ++s) {
     const Evaluation e = evaluate(table, uniform_layers(table, s));
     if (e.allowed) largest = std::max(largest, e.peak_bytes());
   }
@@ -65,39 +79,67 @@ TEST_CASE("planner: the exact plan equals exhaustive search over every layer and
   for (std::int64_t s : {1024, 8192, 65536}) check_budgets(build_cost_table(model, hw, 4, Batch::single(s)));
 }
 
-TEST_CASE("planner: the exact plan equals exhaustive search on mixed layer kinds and packed batches") {
+TEST_CASE("planner: the exact plan equals exhaustive search on mixed layer kinds; packed batches are refused") {
   const cost::HardwareProfile hw = cost::h100_sxm_80gb_x8();
   check_budgets(build_cost_table(mixed_model(), hw, 4, Batch::single(16384)));
-  check_budgets(build_cost_table(mixed_model(), hw, 4, Batch::packed({12000, 3000, 1384}, 2)));
+  check_budgets(build_cost_table(mixed_model(), hw, 4, Batch::single(16384, 2)));
+  // The strategies take no document mask, so no dry run can cost a packed sample: a clear error instead of a plan.
+  CHECK_THROWS_WITH_AS(build_cost_table(mixed_model(), hw, 4, Batch::packed({12000, 3000, 1384}, 2)),
+                       doctest::Contains("a packed batch (3 sequences per sample) cannot be planned"), Error);
+  CHECK_THROWS_WITH_AS(plan_exact(mixed_model(), hw, 4, Batch::packed({12000, 3000, 1384}, 2)),
+                       doctest::Contains("document mask"), Error);
 }
 
 TEST_CASE("planner: forbidden strategies are never chosen") {
   const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
-  // Make Ulysses the fastest on the wide layers if it were allowed: a profile whose all-to-all is free.
+  const Strategy ulysses = id("UlyssesZ");
+  // Make Ulysses the fastest attention if it were allowed: a profile whose all-to-all is free. It is not a
+  // candidate, so it is forbidden everywhere, with the reason.
   cost::HardwareProfile free_all_to_all = hw;
   free_all_to_all.set_collective(cost::Collective::all_to_all, cost::LinkLevel::intra_node, 4, {0, 0});
-  const CostTable table = build_cost_table(mixed_model(), free_all_to_all, 4, Batch::single(32768));
-  CHECK(table.option(1, Sublayer::attention, Strategy::ulysses_z) == nullptr);
-  CHECK(table.entry(1, Sublayer::attention, Strategy::ulysses_z).forbidden_reason.find("heads (6)") !=
+  std::vector<Strategy> others;
+  for (Strategy s = 0; s < cost::default_catalog().count(); ++s)
+    if (s != ulysses) others.push_back(s);
+  const CostTable table = build_cost_table(mixed_model(), free_all_to_all, 4, Batch::single(32768), others);
+  CHECK(table.option(1, Sublayer::attention, ulysses) == nullptr);
+  CHECK(table.entry(1, Sublayer::attention, ulysses).forbidden_reason.find("UlyssesZ is not a candidate") !=
         std::string::npos);
-  CHECK(table.option(0, Sublayer::attention, Strategy::ulysses_z) != nullptr);
-  const Evaluation uniform_ulysses = evaluate(table, uniform_layers(table, Strategy::ulysses_z));
+  CHECK(table.option(0, Sublayer::attention, ulysses) == nullptr);
+  for (Strategy s : others) CHECK(table.option(1, Sublayer::attention, s) != nullptr);
+  const Evaluation uniform_ulysses = evaluate(table, uniform_layers(table, ulysses));
   CHECK_FALSE(uniform_ulysses.allowed);
-  CHECK(uniform_ulysses.forbidden.find("layer 1 attention") != std::string::npos);
-  CHECK_THROWS_WITH_AS(plan_of(table, uniform_layers(table, Strategy::ulysses_z), 1 << 30),
+  CHECK(uniform_ulysses.forbidden.find("layer 0 attention") != std::string::npos);
+  CHECK_THROWS_WITH_AS(plan_of(table, uniform_layers(table, ulysses), 1 << 30),
                        doctest::Contains("forbidden choice"), Error);
   const auto all = testing::brute_force_layers(table, std::int64_t(1) << 60);
   for (int k = 0; k <= 10; ++k) {
     const std::int64_t budget = all.least_peak + (std::int64_t(1) << 24) * k * k;
     const Plan plan = plan_exact(table, budget);
-    for (std::size_t l = 0; l < plan.layers.size(); ++l)
-      if (table.layer_kinds[l] == 1) CHECK(plan.layers[l].strategies.attention != Strategy::ulysses_z);
+    for (std::size_t l = 0; l < plan.layers.size(); ++l) {
+      CHECK(plan.layers[l].strategies.attention != ulysses);
+      CHECK(plan.layers[l].strategies.mlp != ulysses);
+    }
   }
-  // Only Ulysses as a candidate: no strategy for the wide layers, and the error says why.
-  const std::array only{Strategy::ulysses_z};
-  const CostTable ulysses_only = build_cost_table(mixed_model(), hw, 4, Batch::single(4096), only);
-  CHECK_THROWS_WITH_AS(plan_exact(ulysses_only, std::int64_t(1) << 40),
-                       doctest::Contains("wide attention has no allowed strategy"), Error);
+  // A kind no strategy supports (6 heads on 4 ranks: the unified layout needs heads/p whole heads per rank): every
+  // strategy is forbidden there with the strategies' own reason, and the planner's error says so.
+  const CostTable six = build_cost_table(model_with_six_heads(), hw, 4, Batch::single(4096));
+  for (Strategy s = 0; s < six.strategy_count(); ++s) {
+    CHECK(six.option(2, Sublayer::attention, s) == nullptr);
+    CHECK(six.entry(2, Sublayer::attention, s).forbidden_reason.find("heads = 6 must be divisible by the group size "
+                                                                     "p = 4") != std::string::npos);
+    CHECK(six.option(0, Sublayer::attention, s) != nullptr);
+  }
+  CHECK_THROWS_WITH_AS(plan_exact(six, std::int64_t(1) << 40), doctest::Contains("six attention has no allowed strategy"),
+                       Error);
+  // Only Ulysses as a candidate: every layer gets it.
+  const std::array only{ulysses};
+  const Plan ulysses_only = plan_exact(build_cost_table(mixed_model(), hw, 4, Batch::single(4096), only),
+                                       std::int64_t(1) << 40);
+  for (const LayerPlan& l : ulysses_only.layers) CHECK(l.strategies == LayerStrategies{ulysses, ulysses});
+  // A candidate outside the list is an error.
+  const std::array bad{Strategy(cost::default_catalog().count())};
+  CHECK_THROWS_WITH_AS(build_cost_table(mixed_model(), hw, 4, Batch::single(4096), bad),
+                       doctest::Contains("is not in the list"), Error);
 }
 
 TEST_CASE("planner: nothing fits: the error says by how much, from the least-memory plan") {

@@ -8,23 +8,30 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string_view>
 #include <vector>
 
 using namespace paradyse;
 using namespace paradyse::plan;
 
+namespace {
+Strategy id(std::string_view name) { return cost::default_catalog().index_of(name); }
+}  // namespace
+
 TEST_CASE("stack_plan: strategy names map to the stack's indices") {
   const LayerConfig config = LayerConfig::make(64, 4);
   const ModelConfig model = model_config_of(config, 3);
   const CostTable table = build_cost_table(model, cost::a100_sxm4_80gb_x8(), 4, Batch::single(512));
-  const std::vector<LayerStrategies> layers{{cost::Strategy::metp, cost::Strategy::megatron_ts},
-                                            {cost::Strategy::ulysses_z, cost::Strategy::colossal_z},
-                                            {cost::Strategy::megatron_cz, cost::Strategy::metp}};
-  const StackPlan sp = stack_plan<AllStrategies<>>(plan_of(table, layers, std::int64_t(1) << 40));
+  const std::vector<LayerStrategies> layers{{id("METP"), id("MegatronTS")},
+                                            {id("UlyssesZ"), id("ColossalZ")},
+                                            {id("MegatronCZ"), id("METP")}};
+  const Plan plan = plan_of(table, layers, std::int64_t(1) << 40);
+  const StackPlan sp = stack_plan<AllStrategies<>>(plan);
   REQUIRE(sp.size() == 3);
   for (std::size_t l = 0; l < 3; ++l) {
-    CHECK(AllStrategies<>::names[sp[l].attention] == cost::name_of(layers[l].attention));
-    CHECK(AllStrategies<>::names[sp[l].mlp] == cost::name_of(layers[l].mlp));
+    CHECK(AllStrategies<>::names[sp[l].attention] == cost::default_catalog().name(layers[l].attention));
+    CHECK(AllStrategies<>::names[sp[l].mlp] == cost::default_catalog().name(layers[l].mlp));
+    CHECK(plan.strategy_name(layers[l].attention) == table.strategy_name(layers[l].attention));
   }
 }
 
