@@ -82,6 +82,17 @@ inline std::int64_t dtype_bytes(std::string_view dtype) {
 
 namespace detail {
 
+// `s` for an error message: bytes that are not printable ASCII written as \xNN (a NUL would cut the message).
+inline std::string printable(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) out += c;
+    else out += fmt::format("\\x{:02x}", byte);
+  }
+  return out;
+}
+
 // The text of an errno value captured right after a failing call (reading errno in the same check() as the call is
 // wrong: the arguments may be evaluated before the call).
 inline std::string errno_text(int error) { return error ? std::strerror(error) : "unknown error (errno 0)"; }
@@ -114,6 +125,9 @@ public:
     if (!consume('}')) {
       do {
         const std::string name = string_value();
+        for (const char c : name)
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+            fail(fmt::format("tensor name '{}' holds a control character", printable(name)));
         expect(':');
         if (name == "__metadata__") parse_metadata(header);
         else header.tensors.push_back(parse_entry(name));
@@ -148,6 +162,7 @@ private:
     expect('"');
     std::string out;
     while (pos_ < text_.size() && text_[pos_] != '"') {
+      if (static_cast<unsigned char>(text_[pos_]) < 0x20) fail("a control character inside a string (JSON forbids it)");
       char c = text_[pos_++];
       if (c == '\\') {
         if (pos_ >= text_.size()) fail("unterminated escape");
@@ -226,16 +241,17 @@ private:
         shape = true;
       } else if (key == "data_offsets") {
         const std::vector<std::int64_t> o = integers();
-        if (o.size() != 2) fail(fmt::format("tensor '{}': data_offsets must be [begin, end]", name));
+        if (o.size() != 2) fail(fmt::format("tensor '{}': data_offsets must be [begin, end]", printable(name)));
         t.begin = o[0];
         t.end = o[1];
         offsets = true;
       } else {
-        fail(fmt::format("tensor '{}': unknown key '{}'", name, key));
+        fail(fmt::format("tensor '{}': unknown key '{}'", printable(name), printable(key)));
       }
     } while (consume(','));
     expect('}');
-    if (!dtype || !shape || !offsets) fail(fmt::format("tensor '{}' lacks dtype, shape or data_offsets", name));
+    if (!dtype || !shape || !offsets)
+      fail(fmt::format("tensor '{}' lacks dtype, shape or data_offsets", printable(name)));
     return t;
   }
 
@@ -261,7 +277,7 @@ inline void validate_layout(Header& header, const std::string& file) {
     check(names[i] != names[i - 1], "safetensors: {}: tensor '{}' appears twice in the header", file, names[i]);
   for (const TensorEntry& t : header.tensors) {
     const std::int64_t width = dtype_bytes(t.dtype);
-    check(width > 0, "safetensors: {}: tensor '{}' has unknown dtype '{}'", file, t.name, t.dtype);
+    check(width > 0, "safetensors: {}: tensor '{}' has unknown dtype '{}'", file, t.name, printable(t.dtype));
     const std::int64_t needs = checked_bytes(t.shape, width);
     check(needs >= 0, "safetensors: {}: tensor '{}' has shape [{}], more than 2^62 bytes: the header is corrupted",
           file, t.name, fmt::join(t.shape, ", "));
