@@ -27,7 +27,7 @@
 #include <vector>
 
 namespace pd = paradyse;
-using pd::cost::Strategy;
+using Strategy = int;  // an index into pd::cost::default_catalog()
 
 int main(int argc, char** argv) {
   int p = 4, layers = 1, reps = 2;
@@ -93,10 +93,11 @@ int main(int argc, char** argv) {
   std::vector<double> all_errors, memory_errors;
   double worst = 0;
   std::string worst_case;
-  for (Strategy s : pd::cost::kAllStrategies) {
+  const pd::cost::StrategyCatalog& catalog = pd::cost::default_catalog();
+  for (Strategy s : catalog.all()) {
     for (std::int64_t seq = min_seq; seq <= max_seq; seq *= 2) {
       // ColossalZ keeps b h s^2/p float scores per layer: stop before they take gigabytes.
-      if (s == Strategy::colossal_z && double(heads) * double(seq) * double(seq) / p * 4 * layers > 1.5e9) break;
+      if (catalog.name(s) == "ColossalZ" && double(heads) * double(seq) * double(seq) / p * 4 * layers > 1.5e9) break;
       pd::cost::testing::StackMeasurement best;
       for (int r = 0; r < reps; ++r) {
         const auto m = pd::cost::testing::measure_stack(s, config, p, 1, seq, layers, pd::cost::TimeSource::thread_cpu, 2);
@@ -113,9 +114,9 @@ int main(int argc, char** argv) {
       errors[s].push_back(std::abs(error));
       all_errors.push_back(std::abs(error));
       memory_errors.push_back(std::abs(memory_error));
-      if (std::abs(error) > worst) worst = std::abs(error), worst_case = fmt::format("{} at s = {}", pd::cost::name_of(s), seq);
+      if (std::abs(error) > worst) worst = std::abs(error), worst_case = fmt::format("{} at s = {}", catalog.name(s), seq);
       fmt::print("{:<11} {:>7} | {:>11.2f} {:>11.2f} {:>+7.1f}% | {:>11.3f} {:>11.3f} {:>+7.2f}% {:>+7.1f}%\n",
-                 pd::cost::name_of(s), seq, measured * 1e3, model * 1e3, 100 * error,
+                 catalog.name(s), seq, measured * 1e3, model * 1e3, 100 * error,
                  double(best.activation_peak_bytes) / 1048576.0, double(predicted) / 1048576.0, 100 * memory_error,
                  100 * (double(bound) / double(best.activation_peak_bytes) - 1));
       std::fflush(stdout);
@@ -134,7 +135,7 @@ int main(int argc, char** argv) {
              "weights and inputs; bound: what the planner budgets, over the peak)\n\n");
   fmt::print("{:<11} {:>6} {:>12} {:>14} {:>10}\n", "strategy", "runs", "MAPE", "median APE", "worst");
   for (const auto& [s, e] : errors)
-    fmt::print("{:<11} {:>6} {:>11.1f}% {:>13.1f}% {:>9.1f}%\n", pd::cost::name_of(s), e.size(), 100 * mean(e),
+    fmt::print("{:<11} {:>6} {:>11.1f}% {:>13.1f}% {:>9.1f}%\n", catalog.name(s), e.size(), 100 * mean(e),
                100 * median(e), 100 * *std::max_element(e.begin(), e.end()));
   fmt::print("{:<11} {:>6} {:>11.1f}% {:>13.1f}% {:>9.1f}%   (worst: {}; goal MAPE <= 10%)\n", "all", all_errors.size(),
              100 * mean(all_errors), 100 * median(all_errors), 100 * worst, worst_case);

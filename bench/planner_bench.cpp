@@ -52,9 +52,10 @@ int main(int argc, char** argv) {
   const int p = 8;
 
   fmt::print("planner_bench: {} layers x 5 strategies x 2 sublayers, GPT h=12288 on {}, p = {}\n", layers, hw.name, p);
-  fmt::print("times are per call, median of 9 repetitions; goal: exact solve <= 20 us\n\n");
-  fmt::print("{:>8} {:>6} | {:>10} {:>10} {:>10} {:>10} {:>9} | {:>8} | {:>9} {:>9} | {}\n", "seq", "budget", "solve us",
-             "plan us", "table us", "heur us", "hit us", "exact/h", "t exact", "t heur", "exact plan");
+  fmt::print("times are per call, median of 9 repetitions; goals: a new length (table from dry runs + exact solve, "
+             "'new us') <= 200 us, a cached length ('hit us') <= 5 us\n\n");
+  fmt::print("{:>8} {:>6} | {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} | {:>8} | {:>9} {:>9} | {}\n", "seq", "budget", "solve us",
+             "plan us", "table us", "new us", "heur us", "hit us", "exact/h", "t exact", "t heur", "exact plan");
   for (std::int64_t s : {4096, 32768, 131072, 262144}) {
     const CostTable table = build_cost_table(model, hw, p, Batch::single(s));
     const std::int64_t least = least_memory_plan(table, 0).peak_bytes();
@@ -65,14 +66,16 @@ int main(int argc, char** argv) {
       const double solve = median_us([&] { return solve_exact(problem)->time_s; }, 200);
       const double whole = median_us([&] { return plan_exact(table, budget).time_s; }, 100);
       const double build = median_us([&] { return double(build_cost_table(model, hw, p, Batch::single(s)).fixed_bytes); }, 50);
+      // A length never seen: the cost table from ten dry runs, then the exact solve.
+      const double fresh = median_us([&] { return plan_exact(build_cost_table(model, hw, p, Batch::single(s)), budget).time_s; }, 50);
       const double heuristic = median_us([&] { return plan_heuristic(table, budget).time_s; }, 50);
       PlanCache cache(model, hw, p, budget);
       cache.plan_for(Batch::single(s));
       const double hit = median_us([&] { return cache.plan_for(Batch::single(s)).time_s; }, 200);
       const Plan exact = plan_exact(table, budget);
       const Plan heur = plan_heuristic(table, budget);
-      fmt::print("{:>8} {:>6.2f} | {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.2f} | {:>8.2f} | {:>9.2f} {:>9.2f}{} | {}\n", s,
-                 fraction, solve, whole, build, heuristic, hit, whole / heuristic, exact.time_s, heur.time_s,
+      fmt::print("{:>8} {:>6.2f} | {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.2f} | {:>8.2f} | {:>9.2f} {:>9.2f}{} | {}\n", s,
+                 fraction, solve, whole, build, fresh, heuristic, hit, whole / heuristic, exact.time_s, heur.time_s,
                  heur.fits() ? " " : "*", exact.summary());
     }
   }
@@ -87,7 +90,7 @@ int main(int argc, char** argv) {
     Problem problem;
     for (int g = 0; g < 2; ++g) {
       SlotGroup group{g == 0 ? "attention" : "mlp", layers, {}};
-      for (cost::Strategy st : cost::kAllStrategies)
+      for (int st = 0; st < 5; ++st)
         group.options.push_back({st, rng.uniform(1, 10), std::int64_t(rng.below(1u << 30)), std::int64_t(rng.below(1u << 30))});
       problem.groups.push_back(group);
     }

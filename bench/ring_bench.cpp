@@ -17,7 +17,7 @@
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/ring_attention.hpp"
 #include "paradyse/strategy/strategies.hpp"

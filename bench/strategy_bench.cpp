@@ -23,7 +23,7 @@
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/model/layer.hpp"
 #include "paradyse/model/stack.hpp"
-#include "paradyse/model/weights.hpp"
+#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/strategies.hpp"
 

@@ -38,7 +38,7 @@
 #include <vector>
 
 namespace pd = paradyse;
-using pd::cost::Strategy;
+using Strategy = int;  // an index into the strategy list (cost::default_catalog())
 
 namespace {
 
@@ -100,7 +100,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--batch") o.batch = cli.integer<std::int64_t>(1, 1 << 20);
     else if (arg == "--budget-gib") o.budget_gib = cli.number({.min = 0, .max = 1 << 20, .min_open = true});
     else if (arg == "--gamma") o.gamma = cli.number({.min = 0, .max = 1});
-    else if (arg == "--causal") o.layer.causal = true;
+    else if (arg == "--causal") o.layer.causal = o.layer.zigzag = true;  // causal ring attention runs zigzag
     else if (arg == "--swiglu") o.layer.swiglu = true;
     else cli.unknown();
   }
@@ -197,14 +197,15 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
   const std::int64_t budget =
       o.budget_gib > 0 ? std::int64_t(o.budget_gib * 1073741824.0) : hw.usable_memory_bytes();
   std::vector<Variant> variants;
-  for (Strategy s : pd::cost::kAllStrategies) variants.push_back({std::string(pd::cost::name_of(s)), s, {}});
+  const pd::cost::StrategyCatalog& catalog = pd::cost::default_catalog();
+  for (Strategy s : catalog.all()) variants.push_back({std::string(catalog.name(s)), s, {}});
   const auto planner = [&](std::string name, pd::plan::PlanSolver solver, double gamma,
                            std::vector<Strategy> candidates) {
     auto cache = std::make_shared<pd::plan::PlanCache>(model, hw, o.p, budget, std::move(solver), gamma,
                                                        pd::plan::Bucketing{}, std::move(candidates));
     variants.push_back({std::move(name), std::nullopt, [cache](const pd::plan::Batch& b) { return cache->plan_for(b); }});
   };
-  const std::vector<Strategy> all(pd::cost::kAllStrategies.begin(), pd::cost::kAllStrategies.end());
+  const std::vector<Strategy> all = catalog.all();
   planner("exact planner", pd::plan::exact_solver(), o.gamma, all);
   auto heuristic_state = std::make_shared<pd::plan::HeuristicState>();
   planner("ParaDySe heuristic", [heuristic_state](const pd::plan::CostTable& t, std::int64_t b) {
@@ -214,11 +215,12 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
                         return pd::plan::plan_exact(pd::plan::build_cost_table(model, hw, o.p, b), budget);
                       }});
   planner("exact w/o smoothing", pd::plan::exact_solver(), 0.0, all);
-  for (Strategy without : {Strategy::megatron_ts, Strategy::megatron_cz, Strategy::ulysses_z, Strategy::metp}) {
+  for (const char* name : {"MegatronTS", "MegatronCZ", "UlyssesZ", "METP"}) {
+    const Strategy without = catalog.index_of(name);
     std::vector<Strategy> rest;
     for (Strategy s : all)
       if (s != without) rest.push_back(s);
-    planner(fmt::format("exact w/o {}", pd::cost::name_of(without)), pd::plan::exact_solver(), o.gamma, rest);
+    planner(fmt::format("exact w/o {}", name), pd::plan::exact_solver(), o.gamma, rest);
   }
 
   // Every sequence through every variant; times are evaluated at the sequence's own length.
@@ -267,7 +269,7 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
              o.sorted ? "sorted short to long" : "in random order");
   fmt::print("{:<22} {:>12} {:>9} {:>10} {:>12} {:>9} | {:>12} {:>9}\n", "variant", "total (s)", "no fit",
              "longest", "common (s)", "vs exact", "overhead ms", "us/call");
-  const Variant& exact = variants[pd::cost::kStrategyCount];
+  const Variant& exact = variants[std::size_t(catalog.count())];
   for (const Variant& v : variants) {
     fmt::print("{:<22} {:>12.1f} {:>9} {:>10} {:>12.1f} {:>8.2f}x | ", v.name, v.total_s, v.failed, v.longest,
                v.common_s, v.common_s / exact.common_s);

@@ -29,13 +29,16 @@
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
+#include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -46,7 +49,6 @@
 #include <vector>
 
 namespace pd = paradyse;
-using pd::cost::Strategy;
 using Strategies = pd::AllStrategies<>;
 using Model = pd::Gpt<Strategies>;
 
@@ -98,7 +100,9 @@ Options parse(int argc, char** argv) {
     else if (arg == "--cap-mib") o.cap_mib = cli.number({.min = 0, .max = 1 << 30, .min_open = true});
     else if (arg == "--strategy") {
       o.strategy = cli.value();
-      if (!pd::cost::strategy_from_name(o.strategy)) usage(fmt::format("no strategy named \"{}\"", o.strategy));
+      if (pd::cost::default_catalog().find(o.strategy) < 0)
+        usage(fmt::format("no strategy named \"{}\"; the strategies are {}", o.strategy,
+                          fmt::join(pd::cost::default_catalog().names(), ", ")));
     } else if (arg == "--lr") o.lr = cli.number({.min = 0, .max = 100, .min_open = true});
     else if (arg == "--order") o.sorted = cli.choice("sorted", "random");
     else if (arg == "--save") o.save = cli.value();
@@ -114,15 +118,12 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string_view short_name(Strategy s) {
-  switch (s) {
-    case Strategy::megatron_ts: return "TS";
-    case Strategy::megatron_cz: return "CZ";
-    case Strategy::ulysses_z: return "UZ";
-    case Strategy::colossal_z: return "CoZ";
-    case Strategy::metp: return "METP";
-  }
-  return "?";
+// A short name for the per-step table: the capitals of the strategy's name ("MegatronTS" -> "MTS").
+std::string short_name(int s) {
+  std::string out;
+  for (char c : pd::cost::default_catalog().name(s))
+    if (std::isupper(static_cast<unsigned char>(c))) out += c;
+  return out;
 }
 
 // "TS/TS TS/METP ..." : attention/mlp per layer.
@@ -206,36 +207,6 @@ pd::cost::HardwareProfile hardware_profile(const Options& o) {
   return profile;
 }
 
-// The cost models' view of the GPT for a sequence of s tokens: the layers, plus what the model holds outside them.
-struct CostModel {
-  pd::GptConfig config;
-  int ranks;
-  const pd::cost::HardwareProfile* hardware;
-
-  std::int64_t max_local_tokens(std::int64_t s) const {
-    const pd::SequenceLayout layout(s, ranks, config.layer.zigzag);
-    std::int64_t n = 0;
-    for (int r = 0; r < ranks; ++r) n = std::max(n, layout.local_length(r));
-    return n;
-  }
-  // Replicated weights and states, the step's activations outside the stack, the rank's tokens and targets.
-  std::int64_t extra_bytes(std::int64_t s) const {
-    const std::int64_t n = max_local_tokens(s);
-    return Model::replicated_state_bytes(config) + Model::activation_bytes(config, 1, n) + 2 * ((n * 4 + 63) / 64 * 64);
-  }
-  pd::plan::CostTable table(std::int64_t s) const {
-    // float32 activations, weights and gradients, two float32 AdamW moments
-    pd::plan::ModelConfig model = pd::plan::model_config_of(config.layer, config.layers, 4, {4, 4, 8});
-    model.extra_bytes = extra_bytes(s);
-    return pd::plan::build_cost_table(model, *hardware, ranks, pd::plan::Batch::single(s));
-  }
-  // The predicted peak per rank of every layer on strategy `s`.
-  std::int64_t uniform_peak(std::int64_t length, Strategy s) const {
-    const pd::plan::CostTable t = table(length);
-    return pd::plan::plan_of(t, pd::plan::uniform_layers(t, s), 0).peak_bytes();
-  }
-};
-
 struct StepRecord {
   std::int64_t length = 0;
   double loss = 0;
@@ -267,11 +238,11 @@ int main(int argc, char** argv) {
     if (!o.sorted) sampler.shuffle(windows);
 
     const pd::cost::HardwareProfile hardware = hardware_profile(o);
-    const CostModel costs{config, o.ranks, &hardware};
+    const pd::plan::GptCosts<Model> costs{config, o.ranks, &hardware};
 
     // The cap: METP must fit the longest input, MegatronTS must not (unless --cap-mib says otherwise).
-    const std::int64_t metp_peak = costs.uniform_peak(o.max_len, Strategy::metp);
-    const std::int64_t ts_peak = costs.uniform_peak(o.max_len, Strategy::megatron_ts);
+    const std::int64_t metp_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("METP"));
+    const std::int64_t ts_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("MegatronTS"));
     std::int64_t cap = 0;
     if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * kMiB);
     else {
@@ -335,7 +306,7 @@ int main(int argc, char** argv) {
       try {
         plan = o.strategy.empty()
                    ? pd::plan::plan_exact(table, cap)
-                   : pd::plan::plan_of(table, pd::plan::uniform_layers(table, *pd::cost::strategy_from_name(o.strategy)), cap);
+                   : pd::plan::plan_of(table, pd::plan::uniform_layers(table, pd::cost::default_catalog().index_of(o.strategy)), cap);
       } catch (const pd::plan::NoFeasiblePlan& e) {
         fmt::print("{:>4}  {:>6}  no plan fits the cap: {}\n", step, s, e.what());
         ++unplanned;
@@ -383,8 +354,8 @@ int main(int argc, char** argv) {
                  8 * o.layers, loss, seconds, peak / kMiB, double(plan->peak_bytes()) / kMiB, double(cap) / kMiB);
       records.push_back({s, loss, seconds, false});
       for (const auto& l : layers) {
-        ++usage[std::string(pd::cost::name_of(l.attention))];
-        ++usage[std::string(pd::cost::name_of(l.mlp))];
+        ++usage[std::string(plan->strategy_name(l.attention))];
+        ++usage[std::string(plan->strategy_name(l.mlp))];
       }
     }
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
@@ -412,9 +383,9 @@ int main(int argc, char** argv) {
                double(tokens) / total, planner_seconds * 1e3);
     fmt::print("  strategy usage (sublayers) ");
     bool first = true;
-    for (Strategy s : pd::cost::kAllStrategies) {
-      const auto it = usage.find(std::string(pd::cost::name_of(s)));
-      fmt::print("{}{} {}", first ? "" : ", ", pd::cost::name_of(s), it == usage.end() ? 0 : it->second);
+    for (const std::string& name : pd::cost::default_catalog().names()) {
+      const auto it = usage.find(name);
+      fmt::print("{}{} {}", first ? "" : ", ", name, it == usage.end() ? 0 : it->second);
       first = false;
     }
     fmt::print("\n");

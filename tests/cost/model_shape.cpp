@@ -96,7 +96,7 @@ TEST_CASE("model_shape: the strategies' own requirements (catalog supports), eve
     Support refused{"supports() threw"};
     CHECK_NOTHROW(refused = catalog.supports(s, m, 4));
     REQUIRE_FALSE(refused.ok());
-    CHECK(refused.reason.find("at least p = 4 tokens per sample, got 3") != std::string::npos);
+    CHECK(refused.reason.find("a sequence of 3 tokens cannot give each of the 4 chunks (4 ranks) a token") != std::string::npos);
     CHECK(refused.reason.find(catalog.name(s)) != std::string::npos);
     CHECK(catalog.supports(s, m, 2).ok());
   }

@@ -142,7 +142,10 @@ TEST_CASE("profile: infinite, nan, negative and out-of-range values are rejected
   json::Value v = good;
   json::Value entry = v.at("collectives").as_array().at(0);
   entry.set("alpha_s", -1e-6);
-  v.set("collectives", json::Value(json::Array{good.at("collectives").as_array().at(0), entry}));
+  json::Array two;
+  two.push_back(good.at("collectives").as_array().at(0));
+  two.push_back(entry);
+  v.set("collectives", json::Value(std::move(two)));
   CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("(collectives[1].alpha_s)"), Error);
 }
 

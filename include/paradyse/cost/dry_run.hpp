@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,13 +80,16 @@ Support dry_run_support(const Strategies& strategies, std::size_t index, const M
   } catch (const Error& e) {
     return {e.what()};
   }
-  BufferPool* no_pool = nullptr;
   MemoryTracker meta(MemorySpace::meta);
   const ScopedTracker scoped(meta);
   BufferPool pool;
-  no_pool = &pool;
-  const SublayerContext ctx(config, p, m.batch, m.seq, *no_pool);
-  return strategies.supports(index, ctx);
+  std::optional<SublayerContext> ctx;
+  try {
+    ctx.emplace(config, p, m.batch, m.seq, pool);  // the sequence layout refuses fewer tokens than ranks
+  } catch (const Error& e) {
+    return {fmt::format("{}: {}", Strategies::name(index), e.what())};
+  }
+  return strategies.supports(index, *ctx);
 }
 
 // The trace of sublayer `part` of strategy `index` for shape `m` on rank `rank` of a group of p (rank 0 holds the
