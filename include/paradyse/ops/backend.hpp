@@ -135,9 +135,9 @@ struct Cpu {
   }
 
   // ---- materialised softmax (ops/cpu/softmax.hpp) ----
-  static void masked_softmax_forward(TensorView<float> scores, std::span<const std::int64_t> query_positions,
-                                     std::span<const std::int64_t> key_positions, bool causal) {
-    cpu::masked_softmax_forward(scores, query_positions, key_positions, causal);
+  static void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun> query_runs,
+                                     std::span<const PositionRun> key_runs, bool causal) {
+    cpu::masked_softmax_forward(scores, query_runs, key_runs, causal);
   }
   static void softmax_backward(TensorView<const float> probs, TensorView<float> grads) {
     cpu::softmax_backward(probs, grads);

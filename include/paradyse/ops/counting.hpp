@@ -18,6 +18,7 @@
 #include "paradyse/ops/cpu/cross_entropy.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
+#include "paradyse/ops/cpu/softmax.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -174,8 +175,8 @@ struct Counting {
   }
 
   // ---- materialised softmax ----
-  static void masked_softmax_forward(TensorView<float> scores, std::span<const std::int64_t>,
-                                     std::span<const std::int64_t>, bool) {
+  static void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun>,
+                                     std::span<const PositionRun>, bool) {
     activation(scores.numel(), 2);
   }
   static void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }

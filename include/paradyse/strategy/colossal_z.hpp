@@ -193,8 +193,8 @@ private:
     float scale;
     TensorView<const float> q, k, v;              // views into saved.heads
     std::vector<std::int64_t> column_of_owner;    // first score column of each owner's keys (rank-major)
-    std::vector<std::int64_t> key_position;       // global position of every score column
-    std::vector<std::int64_t> query_position;     // global position of every local token (score row)
+    std::vector<ops::PositionRun> key_runs;        // global positions of the score columns (rank-major)
+    std::vector<ops::PositionRun> query_runs;      // global positions of the local tokens (score rows)
 
     Rsa(const SublayerContext& c, const QkvPacking& pk, int r, AttentionSaved& s)
         : ctx(c), packing(pk), rank(r), saved(s), batch(c.batch), tokens(c.local_tokens(r)), length(c.length()),
@@ -205,11 +205,16 @@ private:
       q = views.q;
       k = views.k;
       v = views.v;
+      std::int64_t column = 0;
       for (int owner = 0; owner < c.ranks(); ++owner) {
-        column_of_owner.push_back(std::int64_t(key_position.size()));
-        for (std::int64_t t = 0; t < c.local_tokens(owner); ++t) key_position.push_back(c.sequence.position(owner, t));
+        column_of_owner.push_back(column);
+        for (int i = 0; i < c.sequence.segment_count(); ++i) {
+          const TokenSegment seg = c.sequence.segment(owner, i);
+          if (seg.length) key_runs.push_back({column + seg.local, seg.begin, seg.length});
+          if (seg.length && owner == r) query_runs.push_back({seg.local, seg.begin, seg.length});
+        }
+        column += c.local_tokens(owner);
       }
-      for (std::int64_t t = 0; t < tokens; ++t) query_position.push_back(c.sequence.position(r, t));
     }
 
     // Elements of owner's K (or V) block [b, n_owner, hkv, d].
@@ -234,7 +239,7 @@ private:
     }
     // Each score row -> its softmax over the visible keys (masked columns 0).
     void softmax(TensorView<float> probs) const {
-      Backend::masked_softmax_forward(probs, query_position, key_position, ctx.layer().causal);
+      Backend::masked_softmax_forward(probs, query_runs, key_runs, ctx.layer().causal);
     }
     // dP -> dS = P (dP - sum_c P dP), row by row.
     void softmax_backward(TensorView<const float> probs, TensorView<float> grads) const {

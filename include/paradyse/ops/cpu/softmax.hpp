@@ -10,21 +10,48 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
+
+namespace paradyse::ops {
+
+// `length` consecutive rows (or columns) starting at index `index` hold consecutive global positions from
+// `position` on: a few runs describe the positions of a whole sharded sequence (contiguous or zigzag chunks).
+struct PositionRun {
+  std::int64_t index = 0;
+  std::int64_t position = 0;
+  std::int64_t length = 0;
+};
+
+}  // namespace paradyse::ops
 
 namespace paradyse::ops::cpu {
 
+namespace softmax_detail {
+inline std::vector<std::int64_t> expand(std::span<const PositionRun> runs, std::int64_t count, const char* what) {
+  std::vector<std::int64_t> positions(std::size_t(count), -1);
+  for (const PositionRun& run : runs) {
+    check(run.index >= 0 && run.length >= 0 && run.index + run.length <= count,
+          "masked_softmax_forward: {} run [{}, {}) is outside [0, {})", what, run.index, run.index + run.length, count);
+    for (std::int64_t i = 0; i < run.length; ++i) positions[std::size_t(run.index + i)] = run.position + i;
+  }
+  for (std::int64_t i = 0; i < count; ++i)
+    check(positions[std::size_t(i)] >= 0, "masked_softmax_forward: {} {} has no position", what, i);
+  return positions;
+}
+}  // namespace softmax_detail
+
 // scores: [..., n, c] (last dimension contiguous), in place -> the softmax of every row over its visible columns
-// (masked columns become 0). Row i of every [n, c] block is the query at query_positions[i]; column j is the key at
-// key_positions[j]; with causal a key is visible when its position <= the query's. Every row must see a key.
-inline void masked_softmax_forward(TensorView<float> scores, std::span<const std::int64_t> query_positions,
-                                   std::span<const std::int64_t> key_positions, bool causal) {
+// (masked columns become 0). Row i of every [n, c] block is the query at the position `query_runs` give it; column
+// j the key at the position `key_runs` give it; with causal a key is visible when its position <= the query's.
+// Every row must see a key.
+inline void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun> query_runs,
+                                   std::span<const PositionRun> key_runs, bool causal) {
   const int rank = scores.rank();
   check(rank >= 2 && scores.is_contiguous(), "masked_softmax_forward: scores {} must be contiguous [..., n, c]",
         scores.shape());
   const std::int64_t n = scores.extent(rank - 2), c = scores.extent(rank - 1);
-  check(std::int64_t(query_positions.size()) == n && std::int64_t(key_positions.size()) == c,
-        "masked_softmax_forward: {} query and {} key positions for scores {}", query_positions.size(),
-        key_positions.size(), scores.shape());
+  const std::vector<std::int64_t> query_positions = softmax_detail::expand(query_runs, n, "query");
+  const std::vector<std::int64_t> key_positions = softmax_detail::expand(key_runs, c, "key");
   const std::int64_t rows = c ? scores.numel() / c : 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = scores.data() + r * c;
