@@ -18,6 +18,7 @@
 #include "paradyse/ops/cpu/cross_entropy.hpp"
 #include "paradyse/ops/cpu/embedding.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cpu/normalization.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
 #include "paradyse/ops/cpu/softmax.hpp"
@@ -141,6 +142,37 @@ struct Cpu {
   }
   static void softmax_backward(TensorView<const float> probs, TensorView<float> grads) {
     cpu::softmax_backward(probs, grads);
+  }
+
+  // ---- mixture of experts (ops/cpu/moe_ops.hpp) ----
+  static void router_forward(TensorView<const float> logits, RouterScoring scoring, bool normalize, float scale,
+                             std::span<const std::int64_t> offsets, TensorView<float> probs, TensorView<float> lse,
+                             std::span<std::int64_t> experts, TensorView<float> gates, TensorView<float> stats) {
+    cpu::router_forward(logits, scoring, normalize, scale, offsets, probs, lse, experts, gates, stats);
+  }
+  static void router_backward(TensorView<const float> logits, TensorView<const float> probs,
+                              TensorView<const float> lse, RouterScoring scoring, bool normalize, float scale,
+                              std::span<const std::int64_t> offsets, std::span<const std::int64_t> experts,
+                              TensorView<const float> dgates, TensorView<const float> aux_grad, float z_grad,
+                              TensorView<float> dlogits) {
+    cpu::router_backward(logits, probs, lse, scoring, normalize, scale, offsets, experts, dgates, aux_grad, z_grad,
+                         dlogits);
+  }
+  static void gather_rows(TensorView<const float> from, std::span<const std::int64_t> rows,
+                          TensorView<const float> scale, TensorView<float> to) {
+    cpu::gather_rows(from, rows, scale, to);
+  }
+  static void scatter_add_rows(TensorView<float> to, std::span<const std::int64_t> rows, TensorView<const float> from,
+                               TensorView<const float> scale) {
+    cpu::scatter_add_rows(to, rows, from, scale);
+  }
+  static void gathered_row_dot(TensorView<const float> a, std::span<const std::int64_t> rows,
+                               TensorView<const float> b, TensorView<float> out) {
+    cpu::gathered_row_dot(a, rows, b, out);
+  }
+  static void sigmoid_forward(TensorView<const float> x, TensorView<float> y) { cpu::sigmoid_forward(x, y); }
+  static void sigmoid_backward(TensorView<const float> y, TensorView<const float> dy, TensorView<float> dx) {
+    cpu::sigmoid_backward(y, dy, dx);
   }
 
   // A contiguous span as a 1-D view.

@@ -17,6 +17,7 @@
 #include "paradyse/ops/cpu/convert.hpp"
 #include "paradyse/ops/cpu/cross_entropy.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
 #include "paradyse/ops/cpu/softmax.hpp"
 
@@ -180,6 +181,43 @@ struct Counting {
     activation(scores.numel(), 2);
   }
   static void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }
+
+  // ---- mixture of experts: bytes moved. The router has no logits to read on meta tensors, so it writes a balanced
+  // stand-in routing (token t selects experts t, t+1, ... mod E), which lets the rest of a layer run on shapes. ----
+  static void router_forward(TensorView<const float> logits, RouterScoring, bool, float,
+                             std::span<const std::int64_t> offsets, TensorView<float>, TensorView<float>,
+                             std::span<std::int64_t> experts, TensorView<float>, TensorView<float>) {
+    check(logits.rank() == 2 && std::int64_t(offsets.size()) == logits.extent(0) + 1 &&
+              std::int64_t(experts.size()) == offsets.back(),
+          "router_forward: logits {} with {} offsets and {} experts", logits.shape(), offsets.size(), experts.size());
+    const std::int64_t n = logits.extent(0), e_count = logits.extent(1);
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t j = offsets[std::size_t(t)]; j < offsets[std::size_t(t + 1)]; ++j)
+        experts[std::size_t(j)] = (t + j - offsets[std::size_t(t)]) % e_count;
+    stream(2 * double(n) * double(e_count) + double(n) + 3 * double(experts.size()));
+  }
+  static void router_backward(TensorView<const float> logits, TensorView<const float>, TensorView<const float>,
+                              RouterScoring, bool, float, std::span<const std::int64_t>,
+                              std::span<const std::int64_t> experts, TensorView<const float>, TensorView<const float>,
+                              float, TensorView<float>) {
+    stream(4 * double(logits.numel()) + 3 * double(experts.size()));
+  }
+  static void gather_rows(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> scale,
+                          TensorView<float> to) {
+    stream(2 * double(to.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
+  }
+  static void scatter_add_rows(TensorView<float>, std::span<const std::int64_t>, TensorView<const float> from,
+                               TensorView<const float> scale) {
+    stream(3 * double(from.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
+  }
+  static void gathered_row_dot(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> b,
+                               TensorView<float> out) {
+    stream(2 * double(b.numel()) + double(out.numel()));
+  }
+  static void sigmoid_forward(TensorView<const float> x, TensorView<float>) { activation(x.numel(), 2); }
+  static void sigmoid_backward(TensorView<const float> y, TensorView<const float>, TensorView<float>) {
+    stream(4 * y.numel());
+  }
 
   template <class T>
   static TensorView<T> vector(std::span<T> x) { return {x.data(), Shape{std::int64_t(x.size())}}; }

@@ -1,0 +1,101 @@
+// paradyse/moe/moe_config.hpp: the shape of one MoE FFN sublayer (MoeConfig), the fixed expert layout (rank r owns
+// whole experts, a contiguous range by the chunking rule) and the per-rank weight shard (MoeShard).
+//
+// The families it expresses: Mixtral (softmax, top-2, norm_topk_prob), Qwen1.5/Qwen2-MoE (softmax, top-k, shared
+// experts behind a sigmoid gate), OLMoE (softmax, top-8, no renormalisation), DeepSeek-MoE (shared experts, routed
+// scaling factor; sigmoid scoring with renormalisation as in V3).
+//
+// Shared experts are fused into one SwiGLU of width shared_experts * shared_ffn (the sum of N SwiGLU experts over
+// the same tokens is one SwiGLU with their ffn columns side by side), replicated on every rank like the router.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/layout/chunking.hpp"
+#include "paradyse/ops/cpu/moe_ops.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+
+namespace paradyse {
+
+using ops::RouterScoring;
+
+struct MoeConfig {
+  std::int64_t hidden = 0;       // h
+  std::int64_t experts = 0;      // E routed experts
+  std::int64_t top_k = 1;        // default experts per token (a call may override it, or give one count per token)
+  std::int64_t expert_ffn = 0;   // f: ffn width of one routed expert
+  RouterScoring scoring = RouterScoring::softmax;
+  bool norm_topk_prob = false;   // renormalise the selected experts' scores to sum to 1
+  double routed_scaling_factor = 1.0;
+  std::int64_t shared_experts = 0;  // always-on experts (0: none)
+  std::int64_t shared_ffn = 0;      // ffn width of one shared expert
+  bool shared_gate = false;         // Qwen-MoE: the shared output times sigmoid(x . w_gate)
+  double capacity_factor = 0;       // 0: dropless; else each expert keeps ceil(cf * assignments / E) per rank
+  double aux_loss_coef = 0;         // Switch load-balancing loss coefficient
+  double z_loss_coef = 0;           // router z-loss coefficient
+
+  std::int64_t shared_width() const noexcept { return shared_experts * shared_ffn; }
+  bool has_shared() const noexcept { return shared_experts > 0; }
+
+  // Throws paradyse::Error naming the first bad value and what is expected.
+  void validate() const {
+    check(hidden >= 1, "MoeConfig: hidden = {} must be at least 1", hidden);
+    check(experts >= 1, "MoeConfig: experts = {} must be at least 1", experts);
+    check(top_k >= 1 && top_k <= experts, "MoeConfig: top_k = {} must be in [1, experts = {}]", top_k, experts);
+    check(expert_ffn >= 1, "MoeConfig: expert_ffn = {} must be at least 1", expert_ffn);
+    check(scoring == RouterScoring::softmax || scoring == RouterScoring::sigmoid,
+          "MoeConfig: scoring = {} must be softmax or sigmoid", int(scoring));
+    check(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0,
+          "MoeConfig: routed_scaling_factor = {} must be finite and positive", routed_scaling_factor);
+    check(shared_experts >= 0, "MoeConfig: shared_experts = {} must be non-negative", shared_experts);
+    check(shared_experts == 0 || shared_ffn >= 1, "MoeConfig: shared_ffn = {} must be at least 1 with {} shared experts",
+          shared_ffn, shared_experts);
+    check(!shared_gate || shared_experts > 0, "MoeConfig: shared_gate needs shared experts (shared_experts = 0)");
+    check(std::isfinite(capacity_factor) && (capacity_factor == 0 || capacity_factor > 0),
+          "MoeConfig: capacity_factor = {} must be 0 (dropless) or finite and positive", capacity_factor);
+    check(std::isfinite(aux_loss_coef) && aux_loss_coef >= 0,
+          "MoeConfig: aux_loss_coef = {} must be finite and non-negative", aux_loss_coef);
+    check(std::isfinite(z_loss_coef) && z_loss_coef >= 0, "MoeConfig: z_loss_coef = {} must be finite and non-negative",
+          z_loss_coef);
+  }
+};
+
+// How many experts each token of one call selects: the config's top_k, a per-call k (Alloc-L: per layer), or one
+// count per token (Alloc-T). Counts must lie in [0, E].
+struct TopK {
+  std::int64_t k = 0;                            // 0: the config's top_k
+  std::span<const std::int64_t> per_token = {};  // non-empty: one count per local token (overrides k)
+};
+
+// Experts [first, first + count) of rank `rank` of `ranks`: the chunking rule (the first E % p ranks own one more).
+inline ChunkRange owned_experts(const MoeConfig& c, int ranks, int rank) { return chunk_range(c.experts, ranks, rank); }
+
+// Rank r's weights of one MoE sublayer. Router and shared experts are replicated; routed experts are whole on their
+// owner. Gradients use the same type (ACCUMULATED, fully reduced over every token of every rank).
+struct MoeShard {
+  Tensor<float> router;       // [E, h]: W_r (logits = x W_r^T)
+  Tensor<float> expert_in;    // [E_r, 2f, h]: W_in^T per owned expert, gate rows then up rows
+  Tensor<float> expert_out;   // [E_r, f, h]: W_out per owned expert
+  Tensor<float> shared_in;    // [2 fs, h] (fs = shared_experts * shared_ffn; empty without shared experts)
+  Tensor<float> shared_out;   // [fs, h]
+  Tensor<float> shared_gate;  // [1, h] (empty without shared_gate)
+
+  // Zeros of rank `rank`'s shapes.
+  static MoeShard zeros(const MoeConfig& c, int ranks, int rank) {
+    const std::int64_t h = c.hidden, f = c.expert_ffn, fs = c.shared_width(),
+                       owned = owned_experts(c, ranks, rank).length;
+    MoeShard s;
+    s.router = Tensor<float>(Shape{c.experts, h});
+    s.expert_in = Tensor<float>(Shape{owned, 2 * f, h});
+    s.expert_out = Tensor<float>(Shape{owned, f, h});
+    s.shared_in = Tensor<float>(Shape{2 * fs, h});
+    s.shared_out = Tensor<float>(Shape{fs, h});
+    s.shared_gate = Tensor<float>(Shape{c.shared_gate ? 1 : 0, h});
+    return s;
+  }
+};
+
+}  // namespace paradyse

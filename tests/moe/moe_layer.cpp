@@ -1,0 +1,383 @@
+// tests/moe/moe_layer.cpp: the MoE sublayer on one rank and under ExpertParallel and ExpertTensorParallel, against
+// the float64 reference (tests/moe/reference_moe.hpp): output, losses, drops, input gradient and the gradient of
+// every weight each rank owns (router, each owned expert, shared experts, shared gate), over p in {1, 2, 3, 4},
+// uneven expert counts (E = 6 and 5 on p = 4, E = 3 on p = 4 leaves a rank without experts), variable experts per
+// token, a per-call k, a capacity factor, skewed routing; the reference's own gradients against finite differences;
+// the two strategies against each other; a dry run over meta tensors with the counting backend.
+#include "moe/reference_moe.hpp"
+#include "support/tolerance.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/core/trace.hpp"
+#include "paradyse/moe/moe_layer.hpp"
+#include "paradyse/ops/counting.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::testing;
+
+namespace {
+
+struct LayerCase {
+  std::string name;
+  MoeConfig config;
+  std::int64_t batch = 2;
+  std::int64_t length = 7;
+  bool k_per_token = false;
+  std::int64_t call_k = 0;  // a per-call k (0: the config's)
+  bool skewed = false;      // every token prefers expert 1
+};
+
+MoeConfig base_config(std::int64_t experts, std::int64_t top_k) {
+  MoeConfig c;
+  c.hidden = 8;
+  c.experts = experts;
+  c.top_k = top_k;
+  c.expert_ffn = 6;
+  return c;
+}
+
+std::vector<LayerCase> layer_cases(int p) {
+  std::vector<LayerCase> cases;
+  const std::int64_t length = 3 * p + 2;
+  {
+    LayerCase lc{"Mixtral-like softmax top-2 norm E=6", base_config(6, 2), 2, length};
+    lc.config.norm_topk_prob = true;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"Qwen-like softmax top-2 shared x2 gated, aux and z losses E=5", base_config(5, 2), 2, length};
+    lc.config.shared_experts = 2;
+    lc.config.shared_ffn = 4;
+    lc.config.shared_gate = true;
+    lc.config.aux_loss_coef = 0.3;
+    lc.config.z_loss_coef = 0.05;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"DeepSeek-like sigmoid top-3 norm scale 2.5 shared x1, aux E=6", base_config(6, 3), 1, length + 3};
+    lc.config.scoring = RouterScoring::sigmoid;
+    lc.config.norm_topk_prob = true;
+    lc.config.routed_scaling_factor = 2.5;
+    lc.config.shared_experts = 1;
+    lc.config.shared_ffn = 5;
+    lc.config.aux_loss_coef = 0.2;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"variable experts per token (0..E) softmax aux z E=5", base_config(5, 2), 2, length};
+    lc.k_per_token = true;
+    lc.config.aux_loss_coef = 0.1;
+    lc.config.z_loss_coef = 0.02;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"variable experts per token sigmoid norm E=4", base_config(4, 1), 1, length + 1};
+    lc.k_per_token = true;
+    lc.config.scoring = RouterScoring::sigmoid;
+    lc.config.norm_topk_prob = true;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"per-call k = 3 (config top_k 1) E=6", base_config(6, 1), 2, length};
+    lc.call_k = 3;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"capacity factor 1.0 top-2 E=4 (drops)", base_config(4, 2), 2, 2 * length};
+    lc.config.capacity_factor = 1.0;
+    lc.config.aux_loss_coef = 0.1;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"skewed: every token to expert 1, top-1 E=4", base_config(4, 1), 2, length};
+    lc.skewed = true;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"E=3 top-1 (a rank may own no expert)", base_config(3, 1), 2, length};
+    cases.push_back(lc);
+  }
+  return cases;
+}
+
+MoeProblem make_problem(const LayerCase& lc, std::uint64_t seed) {
+  MoeProblem prob = random_problem(lc.config, lc.batch, lc.length, seed, lc.k_per_token);
+  if (lc.call_k) prob.k.assign(prob.k.size(), lc.call_k);
+  if (lc.skewed) {
+    const std::int64_t h = lc.config.hidden;
+    for (std::size_t t = 0; t * std::size_t(h) < prob.x.size(); ++t) prob.x[t * std::size_t(h)] = 2.0 + prob.x[t * std::size_t(h)];
+    for (std::int64_t col = 0; col < h; ++col) prob.model.router[std::size_t(1 * h + col)] = col == 0 ? 6.0 : 0.1;
+  }
+  return prob;
+}
+
+// What one rank computed.
+struct RankResult {
+  std::vector<std::int64_t> ids;
+  Tensor<float> y, dx;
+  MoeShard grad;
+  double aux = 0, z = 0;
+  std::int64_t dropped = 0;
+  std::vector<std::int64_t> routed;
+};
+
+using Forward = std::function<MoeSaved(ThreadCommunicator&, const MoeContext&, const MoeShard&, TensorView<const float>,
+                                       TensorView<float>)>;
+using Backward = std::function<void(ThreadCommunicator&, const MoeContext&, const MoeShard&, MoeSaved&,
+                                    TensorView<const float>, TensorView<float>, MoeShard&)>;
+
+template <class S>
+Forward forward_of() {
+  return [](ThreadCommunicator& comm, const MoeContext& ctx, const MoeShard& w, TensorView<const float> x,
+            TensorView<float> y) { return S{}.forward(comm, ctx, w, x, y); };
+}
+template <class S>
+Backward backward_of() {
+  return [](ThreadCommunicator& comm, const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorView<const float> dy,
+            TensorView<float> dx, MoeShard& g) { S{}.backward(comm, ctx, w, s, dy, dx, g); };
+}
+const Forward single_forward = [](ThreadCommunicator&, const MoeContext& ctx, const MoeShard& w,
+                                  TensorView<const float> x, TensorView<float> y) { return moe_forward(ctx, w, x, y); };
+const Backward single_backward = [](ThreadCommunicator&, const MoeContext& ctx, const MoeShard& w, MoeSaved& s,
+                                    TensorView<const float> dy, TensorView<float> dx,
+                                    MoeShard& g) { moe_backward(ctx, w, s, dy, dx, g); };
+
+// Runs forward and backward on p thread ranks. The gradients start from the weights themselves (so the test also
+// sees that backward accumulates).
+std::vector<RankResult> run_layer(const MoeProblem& prob, int p, Forward fwd, Backward bwd) {
+  const MoeConfig& c = prob.model.config;
+  const std::int64_t h = c.hidden;
+  std::vector<RankResult> results(static_cast<std::size_t>(p));
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    RankResult& out = results[std::size_t(r)];
+    out.ids = rank_tokens(prob, p, r);
+    const std::int64_t n_r = std::int64_t(out.ids.size()) / prob.batch;
+    const Shape shape{prob.batch, n_r, h};
+    const Tensor<float> x = float_rows(prob.x, h, out.ids, shape), dy = float_rows(prob.dy, h, out.ids, shape);
+    std::vector<std::int64_t> k;
+    for (const std::int64_t id : out.ids) k.push_back(prob.k[std::size_t(id)]);
+    BufferPool pool;
+    const MoeContext ctx(c, pool, TopK{prob.k.empty() ? 0 : prob.k[0], k});
+    const MoeShard w = float_shard(prob.model, p, r);
+    out.grad = float_shard(prob.model, p, r);
+    out.y = Tensor<float>(shape);
+    out.dx = Tensor<float>(shape);
+    MoeSaved saved = fwd(comm, ctx, w, x.view(), out.y.view());
+    bwd(comm, ctx, w, saved, dy.view(), out.dx.view(), out.grad);
+    out.aux = saved.losses.aux;
+    out.z = saved.losses.z;
+    out.dropped = saved.dropped;
+    out.routed = saved.losses.routed;
+  });
+  return results;
+}
+
+// Every rank's output, losses and gradients against the reference.
+void check_against_reference(const MoeProblem& prob, int p, const std::vector<RankResult>& results) {
+  const MoeConfig& c = prob.model.config;
+  const std::int64_t h = c.hidden, f = c.expert_ffn;
+  const ReferenceResult ref = reference_moe(prob.model, prob.x, prob.dy, prob.k, rank_groups(prob, p));
+  const auto plus = [](const std::vector<double>& a, std::span<const double> b) {
+    std::vector<double> s(a);
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] += b[i];
+    return s;
+  };
+  const std::vector<double> aux{ref.aux, ref.z};
+  for (int r = 0; r < p; ++r) {
+    const RankResult& got = results[std::size_t(r)];
+    INFO("rank " << r << " of " << p);
+    const ReferenceMoe& m = prob.model;
+    const std::vector<double> losses{got.aux, got.z};
+    CHECK_CLOSE(losses, aux, kFloat32);
+    CHECK(got.dropped == ref.dropped);
+    CHECK(got.routed == ref.routed);
+    {
+      INFO("y");
+      CHECK_CLOSE(got.y.span(), double_rows(ref.y, h, got.ids), kFloat32);
+    }
+    {
+      INFO("dx");
+      CHECK_CLOSE(got.dx.span(), double_rows(ref.dx, h, got.ids), kFloat32);
+    }
+    {
+      INFO("router gradient");
+      CHECK_CLOSE(got.grad.router.span(), plus(m.router, ref.drouter), kFloat32);
+    }
+    {
+      INFO("owned experts' W_in^T gradient");
+      CHECK_CLOSE(got.grad.expert_in.span(),
+                  owned_slice(c, plus(m.expert_in, ref.dexpert_in), 2 * f * h, p, r), kFloat32);
+    }
+    {
+      INFO("owned experts' W_out gradient");
+      CHECK_CLOSE(got.grad.expert_out.span(), owned_slice(c, plus(m.expert_out, ref.dexpert_out), f * h, p, r),
+                  kFloat32);
+    }
+    {
+      INFO("shared experts' gradients");
+      CHECK_CLOSE(got.grad.shared_in.span(), plus(m.shared_in, ref.dshared_in), kFloat32);
+      CHECK_CLOSE(got.grad.shared_out.span(), plus(m.shared_out, ref.dshared_out), kFloat32);
+      CHECK_CLOSE(got.grad.shared_gate.span(), plus(m.shared_gate, ref.dshared_gate), kFloat32);
+    }
+  }
+}
+
+void check_cases(int p, const Forward& fwd, const Backward& bwd, std::uint64_t seed) {
+  for (const LayerCase& lc : layer_cases(p)) {
+    CAPTURE(lc.name);
+    CAPTURE(p);
+    const MoeProblem prob = make_problem(lc, seed++);
+    check_against_reference(prob, p, run_layer(prob, p, fwd, bwd));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("moe reference: gradients agree with finite differences of its loss") {
+  for (int variant = 0; variant < 3; ++variant) {
+    MoeConfig c = base_config(5, 2);
+    c.hidden = 5;
+    c.expert_ffn = 3;
+    bool per_token = false;
+    if (variant == 0) {
+      c.norm_topk_prob = true;
+      c.shared_experts = 2;
+      c.shared_ffn = 2;
+      c.shared_gate = true;
+      c.aux_loss_coef = 0.3;
+      c.z_loss_coef = 0.1;
+    } else if (variant == 1) {
+      c.scoring = RouterScoring::sigmoid;
+      c.norm_topk_prob = true;
+      c.routed_scaling_factor = 1.7;
+      c.capacity_factor = 1.0;
+      c.aux_loss_coef = 0.2;
+      per_token = true;
+    } else {
+      c.top_k = 3;
+      c.shared_experts = 1;
+      c.shared_ffn = 3;
+      c.z_loss_coef = 0.2;
+    }
+    CAPTURE(variant);
+    MoeProblem prob = random_problem(c, 2, 5, 900 + std::uint64_t(variant), per_token);
+    const auto groups = rank_groups(prob, 2);
+    const ReferenceResult ref = reference_moe(prob.model, prob.x, prob.dy, prob.k, groups);
+    const double step = 1e-6;
+    const auto numeric = [&](std::vector<double>& param) {
+      std::vector<double> grad(param.size());
+      for (std::size_t i = 0; i < param.size(); ++i) {
+        const double saved = param[i];
+        param[i] = saved + step;
+        const double up = reference_loss(prob.model, prob.x, prob.dy, prob.k, groups);
+        param[i] = saved - step;
+        const double down = reference_loss(prob.model, prob.x, prob.dy, prob.k, groups);
+        param[i] = saved;
+        grad[i] = (up - down) / (2 * step);
+      }
+      return grad;
+    };
+    CHECK_CLOSE(ref.dx, numeric(prob.x), kFiniteDifference);
+    CHECK_CLOSE(ref.drouter, numeric(prob.model.router), kFiniteDifference);
+    CHECK_CLOSE(ref.dexpert_in, numeric(prob.model.expert_in), kFiniteDifference);
+    CHECK_CLOSE(ref.dexpert_out, numeric(prob.model.expert_out), kFiniteDifference);
+    CHECK_CLOSE(ref.dshared_in, numeric(prob.model.shared_in), kFiniteDifference);
+    CHECK_CLOSE(ref.dshared_out, numeric(prob.model.shared_out), kFiniteDifference);
+    CHECK_CLOSE(ref.dshared_gate, numeric(prob.model.shared_gate), kFiniteDifference);
+    if (variant == 1) CHECK(ref.dropped > 0);
+  }
+}
+
+TEST_CASE("moe layer on one rank matches the float64 reference") { check_cases(1, single_forward, single_backward, 100); }
+
+TEST_CASE("ExpertParallel matches the float64 reference, p in {1, 2, 3, 4}") {
+  for (int p = 1; p <= 4; ++p) check_cases(p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>(), 200 + 20 * p);
+}
+
+TEST_CASE("ExpertTensorParallel matches the float64 reference, p in {1, 2, 3, 4}") {
+  for (int p = 1; p <= 4; ++p)
+    check_cases(p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>(), 300 + 20 * p);
+}
+
+TEST_CASE("ExpertParallel and ExpertTensorParallel agree on the same shards") {
+  for (int p : {2, 3, 4}) {
+    for (const LayerCase& lc : layer_cases(p)) {
+      CAPTURE(lc.name);
+      CAPTURE(p);
+      const MoeProblem prob = make_problem(lc, 700 + std::uint64_t(p));
+      const auto ep = run_layer(prob, p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>());
+      const auto etp = run_layer(prob, p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>());
+      for (int r = 0; r < p; ++r) {
+        const RankResult &a = ep[std::size_t(r)], &b = etp[std::size_t(r)];
+        CAPTURE(r);
+        CHECK_CLOSE(a.y.span(), b.y.span(), kFloat32);
+        CHECK_CLOSE(a.dx.span(), b.dx.span(), kFloat32);
+        CHECK_CLOSE(a.grad.router.span(), b.grad.router.span(), kFloat32);
+        CHECK_CLOSE(a.grad.expert_in.span(), b.grad.expert_in.span(), kFloat32);
+        CHECK_CLOSE(a.grad.expert_out.span(), b.grad.expert_out.span(), kFloat32);
+        CHECK_CLOSE(a.grad.shared_in.span(), b.grad.shared_in.span(), kFloat32);
+        CHECK_CLOSE(a.grad.shared_out.span(), b.grad.shared_out.span(), kFloat32);
+        CHECK_CLOSE(a.grad.shared_gate.span(), b.grad.shared_gate.span(), kFloat32);
+        CHECK(a.grad.expert_in.shape() == b.grad.expert_in.shape());
+        CHECK(a.dropped == b.dropped);
+      }
+    }
+  }
+}
+
+TEST_CASE("moe layer: the strategies refuse a shard of the wrong rank's shape, bad calls are errors") {
+  MoeConfig c = base_config(6, 2);
+  CHECK_THROWS_WITH_AS(run_ranks(4,
+                                 [&](ThreadCommunicator& comm) {
+                                   BufferPool pool;
+                                   const MoeContext ctx(c, pool);
+                                   const MoeShard w = MoeShard::zeros(c, 4, (comm.rank() + 1) % 4);
+                                   Tensor<float> x(Shape{1, 2, 8}), y(Shape{1, 2, 8});
+                                   (void)ExpertParallel<>{}.forward(comm, ctx, w, x.view(), y.view());
+                                 }),
+                       doctest::Contains("owns"), Error);
+  BufferPool pool;
+  const MoeContext ctx(c, pool, TopK{7});
+  const MoeShard w = MoeShard::zeros(c, 1, 0);
+  Tensor<float> x(Shape{1, 2, 8}), y(Shape{1, 2, 8}), bad(Shape{1, 2, 7});
+  CHECK_THROWS_WITH_AS((void)moe_forward(ctx, w, x.view(), y.view()), doctest::Contains("k = 7"), Error);
+  const MoeContext fine(c, pool);
+  CHECK_THROWS_WITH_AS((void)moe_forward(fine, w, bad.view(), y.view()), doctest::Contains("h = 8"), Error);
+  c.top_k = 0;
+  CHECK_THROWS_WITH_AS(MoeContext(c, pool), doctest::Contains("top_k = 0"), Error);
+}
+
+TEST_CASE("moe layer: a dry run over meta tensors with the counting backend records the layer's kernels") {
+  MoeConfig c = base_config(4, 2);
+  c.shared_experts = 1;
+  c.shared_ffn = 4;
+  c.shared_gate = true;
+  MemoryTracker meta(MemorySpace::meta);
+  Trace trace;
+  {
+    ScopedTracker scoped(meta);
+    ScopedTrace recording(trace);
+    BufferPool pool;
+    const MoeContext ctx(c, pool);
+    const MoeShard w = MoeShard::zeros(c, 1, 0);
+    MoeShard g = MoeShard::zeros(c, 1, 0);
+    Tensor<float> x(Shape{2, 8, 8}), y(Shape{2, 8, 8}), dx(Shape{2, 8, 8});
+    MoeSaved saved = moe_forward<ops::Counting>(ctx, w, x.view(), y.view());
+    // The stand-in routing is balanced: each expert gets 16 tokens x 2 / 4 experts rows.
+    for (std::int64_t e = 0; e < 4; ++e) CHECK(saved.dispatch.count(e) == 8);
+    moe_backward<ops::Counting>(ctx, w, saved, y.view(), dx.view(), g);
+  }
+  std::int64_t gemms = 0;
+  for (const TraceEvent& e : trace.events()) gemms += e.kind == TraceKind::gemm;
+  // Forward: router 1, experts 4 x 2, shared 2 + gate 1; backward: router 2, experts 4 x 4, shared 4 + gate 2.
+  CHECK(gemms == 1 + 8 + 3 + 2 + 16 + 6);
+}
