@@ -2,6 +2,8 @@
 // ragged counts for the _v forms), bitwise reproducibility of the reductions, async overlap, failure propagation,
 // timeouts and mismatched calls. Expected values come from tests/comm/collective_checks.hpp (shared with MPI).
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
 
 #include "comm/collective_checks.hpp"
 
@@ -10,6 +12,7 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -467,4 +470,32 @@ TEST_CASE("threads: ranks that leave while others wait for them are reported at 
   CHECK(contains(split_caught.messages[1], "(world ranks 1, 3)"));
   CHECK(contains(split_caught.messages[1], "rank 1 (world rank 3) left the group after posting no collective"));
   CHECK(seconds_since(start) < 30.0);
+}
+
+TEST_CASE("threads: tensors, pooled buffers and pools made on a rank may outlive run_ranks (issue 15)") {
+  // Each rank's tracker is gone when run_ranks returns; what was allocated through it keeps its counts alive and
+  // gives its memory back to them when destroyed later (heap-use-after-free under ASan before).
+  std::vector<pd::Tensor<float>> kept(3);
+  std::vector<std::unique_ptr<pd::BufferPool>> pools(3);
+  std::vector<pd::PooledBuffer<float>> loans(3);
+  pd::run_ranks(3, [&](ThreadCommunicator& comm) {
+    const auto r = std::size_t(comm.rank());
+    pd::Tensor<float> t(pd::Shape{1000 + 10 * std::int64_t(r)});
+    t.fill(float(r));
+    kept[r] = std::move(t);
+    pools[r] = std::make_unique<pd::BufferPool>();
+    loans[r] = pools[r]->acquire<float>(pd::Shape{256});
+    pd::PooledBuffer<float> returned = pools[r]->acquire<float>(pd::Shape{4096});  // cached in the pool
+  });
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK(kept[r](0) == float(r));
+    CHECK(kept[r].tracker().in_use() > 0);
+  }
+  // Destroyed after the trackers: the counts they return to are still alive, and they reach zero.
+  const pd::MemoryTracker::Handle first = kept[0].tracker();
+  kept.clear();
+  loans.clear();
+  CHECK(first.in_use() > 0);  // rank 0's pool still caches a buffer
+  pools.clear();
+  CHECK(first.in_use() == 0);
 }

@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <optional>
+#include <string>
 #include <thread>
 
 using namespace paradyse;
@@ -39,4 +41,44 @@ TEST_CASE("peaks are per tracker and per thread, and reset_peak opens a new wind
   CHECK(b.in_use() == 0);
   b.reset_peak();
   CHECK(b.peak() == 0);
+}
+
+TEST_CASE("a tensor keeps its tracker's counts alive: destroying the tracker first is safe (issue 15)") {
+  std::optional<Tensor<float>> outlives;
+  MemoryTracker::Handle handle;
+  {
+    MemoryTracker tracker;
+    ScopedTracker scoped(tracker);
+    outlives.emplace(Shape{100});
+    handle = tracker.handle();
+    CHECK(handle.in_use() == 448);
+    CHECK(outlives->tracker() == handle);
+  }
+  CHECK(handle.in_use() == 448);
+  outlives.reset();  // after its tracker: returns the bytes to the counts the handle shares
+  CHECK(handle.in_use() == 0);
+}
+
+TEST_CASE("sizes beyond 2^60 bytes, or beyond 64 bits, throw OutOfMemory naming the shape; nothing wraps (issue 15)") {
+  MemoryTracker meta(MemorySpace::meta);
+  ScopedTracker scoped(meta);
+  const Tensor<float> big(Shape{std::int64_t(1) << 40, 1 << 16});  // 2^58 bytes: counted, not stored
+  CHECK(meta.in_use() == std::size_t(1) << 58);
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const OutOfMemory& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  // A shape whose bytes overflow 64 bits (the element count alone is 2^80).
+  CHECK(message([] { Tensor<float> t(Shape{std::int64_t(1) << 40, std::int64_t(1) << 40}); })
+            .find("a tensor of shape [1099511627776, 1099511627776] (4 bytes per element) needs 4.836e+24 bytes, "
+                  "beyond the 2^60 bytes (1 EiB)") != std::string::npos);
+  // Fits in 64 bits, but would take the tracker past 2^60 bytes.
+  CHECK(message([] { Tensor<float> t(Shape{std::int64_t(1) << 58}); })
+            .find("requested 1152921504606846976 bytes with 288230376151711744 in use, beyond the 2^60 bytes (1 EiB) "
+                  "that any memory tracker counts") != std::string::npos);
+  CHECK(meta.in_use() == std::size_t(1) << 58);  // the failed allocations left no trace
 }

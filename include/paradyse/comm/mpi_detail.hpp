@@ -34,15 +34,15 @@ template <class T>
 class Scratch {
 public:
   explicit Scratch(std::size_t count)
-      : tracker_(&MemoryTracker::current()), count_(count),
-        data_(static_cast<T*>(tracker_->allocate(count * sizeof(T)))) {}
+      : tracker_(MemoryTracker::current().handle()), count_(count),
+        data_(static_cast<T*>(tracker_.allocate(count * sizeof(T)))) {}
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() { tracker_->deallocate(data_, count_ * sizeof(T)); }
+  ~Scratch() { tracker_.deallocate(data_, count_ * sizeof(T)); }
   std::span<T> span() const noexcept { return {data_, count_}; }
 
 private:
-  MemoryTracker* tracker_;
+  MemoryTracker::Handle tracker_;
   std::size_t count_;
   T* data_;
 };

@@ -667,6 +667,8 @@ struct RunReport {
 
 // Runs fn(comm) on `ranks` thread ranks, each with its own MemoryTracker installed. If a rank throws, every other
 // rank's communication fails promptly with a CommError naming it, and run_ranks rethrows the first failure.
+// Tensors, pooled buffers and pools a rank makes may outlive the run: each keeps its tracker's counts alive
+// (core/memory.hpp), so destroying them after run_ranks returns is safe.
 template <class Fn>
 RunReport run_ranks(int ranks, Fn&& fn, RunOptions options = {}) {
   auto world = std::make_shared<ThreadWorld>(ranks, options);

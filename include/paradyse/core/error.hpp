@@ -33,14 +33,28 @@ private:
   std::source_location where_;
 };
 
-// An allocation beyond the per-rank memory cap (see core/memory.hpp).
+// The most bytes any memory tracker counts (1 EiB, far beyond any device): an allocation that would take a tracker
+// past it, or whose size does not even fit in 64 bits, throws OutOfMemory. Keeping every byte count below 2^60 is
+// what lets the memory models add and scale them in 64-bit integers without overflow.
+inline constexpr std::size_t kMaxTrackedBytes = std::size_t(1) << 60;
+
+// An allocation beyond the per-rank memory cap (see core/memory.hpp), or beyond kMaxTrackedBytes.
 class OutOfMemory : public Error {
 public:
   OutOfMemory(std::size_t requested, std::size_t in_use, std::size_t cap,
               std::source_location where = std::source_location::current())
-      : Error(fmt::format("out of memory: requested {} bytes with {} in use, cap is {} bytes", requested, in_use, cap),
+      : Error(cap >= kMaxTrackedBytes
+                  ? fmt::format("out of memory: requested {} bytes with {} in use, beyond the 2^60 bytes (1 EiB) that "
+                                "any memory tracker counts",
+                                requested, in_use)
+                  : fmt::format("out of memory: requested {} bytes with {} in use, cap is {} bytes", requested, in_use,
+                                cap),
               where),
         requested_(requested), in_use_(in_use), cap_(cap) {}
+  // With a message of its own (a size that does not fit in 64 bits, ...).
+  OutOfMemory(const std::string& message, std::size_t requested, std::size_t in_use, std::size_t cap,
+              std::source_location where = std::source_location::current())
+      : Error(message, where), requested_(requested), in_use_(in_use), cap_(cap) {}
 
   std::size_t requested() const noexcept { return requested_; }
   std::size_t in_use() const noexcept { return in_use_; }

@@ -9,6 +9,11 @@
 // storage: an allocation returns an address inside a reserved, inaccessible range (any touch faults), so that code
 // can run on shapes alone while the tracker still counts every byte (the dry run, core/trace.hpp). A tracker may
 // also record every allocation into a Trace.
+//
+// A tracker's counts outlive the tracker object for as long as an allocation made through it is alive: every
+// allocation holds a MemoryTracker::Handle, so a tensor may be destroyed after its tracker (a tensor made inside
+// run_ranks and moved out of it) and still give its bytes back to the right counts. Destroying a tracker is always
+// safe; nothing has to be kept alive by hand.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -22,6 +27,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string_view>
 
 namespace paradyse {
@@ -50,34 +56,43 @@ inline void* meta_address(std::size_t rounded) {
 }
 }  // namespace memory_detail
 
-class MemoryTracker {
-public:
-  static constexpr std::size_t kNoCap = std::numeric_limits<std::size_t>::max();
+namespace memory_detail {
+// What a tracker counts. Shared by the tracker and by every allocation made through it (MemoryTracker::Handle), so
+// that memory freed after the tracker object is gone (a tensor moved out of the run_ranks whose tracker held it)
+// still goes back to these counts instead of to freed memory.
+struct Accounts {
+  Accounts(MemorySpace s, std::size_t c) : cap(c), space(s) {}
+  std::atomic<std::size_t> in_use{0};
+  std::atomic<std::size_t> peak{0};
+  std::size_t cap;
+  MemorySpace space;
+  Trace* trace = nullptr;
 
-  MemoryTracker() = default;
-  explicit MemoryTracker(std::size_t cap) : cap_(cap) {}
-  explicit MemoryTracker(MemorySpace space, std::size_t cap = kNoCap) : cap_(cap), space_(space) {}
-  MemoryTracker(const MemoryTracker&) = delete;
-  MemoryTracker& operator=(const MemoryTracker&) = delete;
+  void raise_peak(std::size_t value) noexcept {
+    std::size_t seen = peak.load(std::memory_order_relaxed);
+    while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+    }
+  }
 
-  // Bytes of `bytes`, 64-byte aligned; throws OutOfMemory beyond the cap. Zero bytes gives nullptr.
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
+    const std::size_t limit = std::min(cap, kMaxTrackedBytes);
+    if (bytes > limit) throw OutOfMemory(bytes, in_use.load(std::memory_order_relaxed), limit);
     const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    const std::size_t before = in_use_.fetch_add(rounded, std::memory_order_relaxed);
-    if (before + rounded > cap_) {
-      in_use_.fetch_sub(rounded, std::memory_order_relaxed);
-      throw OutOfMemory(rounded, before, cap_);
+    const std::size_t before = in_use.fetch_add(rounded, std::memory_order_relaxed);
+    if (before + rounded > limit) {
+      in_use.fetch_sub(rounded, std::memory_order_relaxed);
+      throw OutOfMemory(rounded, before, limit);
     }
-    if (trace_) trace_->record({.kind = TraceKind::allocate, .bytes = double(bytes)});
-    if (space_ == MemorySpace::meta) {
+    if (trace) trace->record({.kind = TraceKind::allocate, .bytes = double(bytes)});
+    if (space == MemorySpace::meta) {
       raise_peak(before + rounded);
-      return memory_detail::meta_address(rounded);
+      return meta_address(rounded);
     }
     void* p = std::aligned_alloc(kAlignment, rounded);
     if (!p) {
-      in_use_.fetch_sub(rounded, std::memory_order_relaxed);
-      throw OutOfMemory(rounded, before, cap_);
+      in_use.fetch_sub(rounded, std::memory_order_relaxed);
+      throw OutOfMemory(rounded, before, limit);
     }
     raise_peak(before + rounded);
     return p;
@@ -86,27 +101,71 @@ public:
   void deallocate(void* p, std::size_t bytes) noexcept {
     if (!p) return;
     const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    in_use_.fetch_sub(rounded, std::memory_order_relaxed);
-    if (trace_) trace_->record({.kind = TraceKind::deallocate, .bytes = double(bytes)});
-    if (space_ != MemorySpace::meta) std::free(p);
+    in_use.fetch_sub(rounded, std::memory_order_relaxed);
+    if (trace) trace->record({.kind = TraceKind::deallocate, .bytes = double(bytes)});
+    if (space != MemorySpace::meta) std::free(p);
   }
+};
+}  // namespace memory_detail
 
-  std::size_t in_use() const noexcept { return in_use_.load(std::memory_order_relaxed); }
-  std::size_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
-  std::size_t cap() const noexcept { return cap_; }
-  MemorySpace space() const noexcept { return space_; }
+class MemoryTracker {
+public:
+  static constexpr std::size_t kNoCap = std::numeric_limits<std::size_t>::max();
+
+  // A share in a tracker's counts: what every allocation (Tensor, pooled buffer, workspace) holds, so that it can
+  // always give its memory back, whichever of it and the tracker object goes first. Empty when default-constructed.
+  class Handle {
+  public:
+    Handle() = default;
+    void* allocate(std::size_t bytes) const { return accounts_->allocate(bytes); }
+    void deallocate(void* p, std::size_t bytes) const noexcept { accounts_->deallocate(p, bytes); }
+    MemorySpace space() const noexcept { return accounts_ ? accounts_->space : MemorySpace::host; }
+    Trace* trace() const noexcept { return accounts_ ? accounts_->trace : nullptr; }
+    std::size_t in_use() const noexcept { return accounts_ ? accounts_->in_use.load(std::memory_order_relaxed) : 0; }
+    explicit operator bool() const noexcept { return accounts_ != nullptr; }
+    // Handles of the same tracker compare equal.
+    friend bool operator==(const Handle&, const Handle&) = default;
+
+  private:
+    friend class MemoryTracker;
+    explicit Handle(std::shared_ptr<memory_detail::Accounts> accounts) : accounts_(std::move(accounts)) {}
+    std::shared_ptr<memory_detail::Accounts> accounts_;
+  };
+
+  MemoryTracker() : MemoryTracker(MemorySpace::host, kNoCap) {}
+  explicit MemoryTracker(std::size_t cap) : MemoryTracker(MemorySpace::host, cap) {}
+  explicit MemoryTracker(MemorySpace space, std::size_t cap = kNoCap)
+      : accounts_(std::make_shared<memory_detail::Accounts>(space, cap)) {}
+  MemoryTracker(const MemoryTracker&) = delete;
+  MemoryTracker& operator=(const MemoryTracker&) = delete;
+  // Allocations still alive keep the counts (and give their memory back later); the trace stops with the tracker.
+  ~MemoryTracker() { accounts_->trace = nullptr; }
+
+  // Bytes of `bytes`, 64-byte aligned; throws OutOfMemory beyond the cap (or kMaxTrackedBytes). Zero bytes gives
+  // nullptr.
+  void* allocate(std::size_t bytes) { return accounts_->allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept { accounts_->deallocate(p, bytes); }
+
+  // A share in this tracker's counts for an allocation to hold (see Handle).
+  Handle handle() const noexcept { return Handle(accounts_); }
+
+  std::size_t in_use() const noexcept { return accounts_->in_use.load(std::memory_order_relaxed); }
+  std::size_t peak() const noexcept { return accounts_->peak.load(std::memory_order_relaxed); }
+  std::size_t cap() const noexcept { return accounts_->cap; }
+  MemorySpace space() const noexcept { return accounts_->space; }
   // Every allocation and free from now on is recorded into `trace` (nullptr: none).
-  void set_trace(Trace* trace) noexcept { trace_ = trace; }
-  Trace* trace() const noexcept { return trace_; }
-  void set_cap(std::size_t cap) noexcept { cap_ = cap; }
+  void set_trace(Trace* trace) noexcept { accounts_->trace = trace; }
+  Trace* trace() const noexcept { return accounts_->trace; }
+  void set_cap(std::size_t cap) noexcept { accounts_->cap = cap; }
   // Starts a new measurement window: the peak becomes the current usage.
-  void reset_peak() noexcept { peak_.store(in_use(), std::memory_order_relaxed); }
+  void reset_peak() noexcept { accounts_->peak.store(in_use(), std::memory_order_relaxed); }
 
   // The tracker of the calling thread.
   static MemoryTracker& current() noexcept { return slot() ? *slot() : process_default(); }
+  // Never destroyed: memory freed during static destruction still has its tracker.
   static MemoryTracker& process_default() noexcept {
-    static MemoryTracker tracker;
-    return tracker;
+    static MemoryTracker* const tracker = new MemoryTracker;
+    return *tracker;
   }
 
 private:
@@ -115,17 +174,8 @@ private:
     thread_local MemoryTracker* tracker = nullptr;
     return tracker;
   }
-  void raise_peak(std::size_t value) noexcept {
-    std::size_t seen = peak_.load(std::memory_order_relaxed);
-    while (value > seen && !peak_.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-    }
-  }
 
-  std::atomic<std::size_t> in_use_{0};
-  std::atomic<std::size_t> peak_{0};
-  std::size_t cap_ = kNoCap;
-  MemorySpace space_ = MemorySpace::host;
-  Trace* trace_ = nullptr;
+  std::shared_ptr<memory_detail::Accounts> accounts_;
 };
 
 // Makes `tracker` the calling thread's tracker for the lifetime of this object.

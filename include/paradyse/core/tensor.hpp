@@ -2,7 +2,8 @@
 //
 // Activations and weights are row-major; a view may carry any strides (a slice along an outer dimension stays
 // contiguous, a slice along an inner one does not). Tensors allocate through the MemoryTracker that is current on
-// the constructing thread and give the memory back to that same tracker; a tensor lives in that tracker's memory
+// the constructing thread and give the memory back to that same tracker (whose counts the tensor keeps alive, so
+// the tensor may outlive the tracker object: see core/memory.hpp); a tensor lives in that tracker's memory
 // space (host, device, or meta: shape and bytes only, see core/memory.hpp). Host code here touches host tensors
 // only; strategies and models touch data through their Backend (ops/backend.hpp), which works in any space.
 #pragma once
@@ -13,6 +14,7 @@
 #include "paradyse/core/shape.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -81,15 +83,37 @@ private:
   Shape strides_;
 };
 
+// The bytes of `shape` elements of `element_bytes` each; OutOfMemory (naming the shape) when they exceed
+// kMaxTrackedBytes, checked without overflow however large the extents.
+inline std::size_t storage_bytes(const Shape& shape, std::size_t element_bytes) {
+  std::uint64_t bytes = element_bytes;
+  bool beyond = false;
+  for (const std::int64_t e : shape) {
+    if (e == 0) return 0;
+    if (!beyond && (__builtin_mul_overflow(bytes, std::uint64_t(e), &bytes) || bytes > kMaxTrackedBytes)) beyond = true;
+  }
+  if (beyond) {
+    double exact = double(element_bytes);
+    for (const std::int64_t e : shape) exact *= double(e);
+    throw OutOfMemory(fmt::format("out of memory: a tensor of shape {} ({} bytes per element) needs {:.4g} bytes, "
+                                  "beyond the 2^60 bytes (1 EiB) that any memory tracker counts",
+                                  shape, element_bytes, exact),
+                      MemoryTracker::kNoCap, MemoryTracker::current().in_use(), kMaxTrackedBytes);
+  }
+  return std::size_t(bytes);
+}
+
 template <TensorElement T>
 class Tensor {
 public:
   Tensor() = default;
-  // Zero-initialised storage for `shape`.
-  explicit Tensor(Shape shape) : shape_(shape), tracker_(&MemoryTracker::current()) {
-    const std::size_t bytes = std::size_t(shape.numel()) * sizeof(T);
-    data_ = static_cast<T*>(tracker_->allocate(bytes));
-    if (bytes && tracker_->space() == MemorySpace::host) std::memset(static_cast<void*>(data_), 0, bytes);
+  // Zero-initialised storage for `shape`, from the calling thread's tracker.
+  explicit Tensor(Shape shape) : Tensor(shape, MemoryTracker::current().handle()) {}
+  // Zero-initialised storage for `shape`, from `tracker`.
+  Tensor(Shape shape, MemoryTracker::Handle tracker) : shape_(shape), tracker_(std::move(tracker)) {
+    const std::size_t bytes = storage_bytes(shape, sizeof(T));
+    data_ = static_cast<T*>(tracker_.allocate(bytes));
+    if (bytes && tracker_.space() == MemorySpace::host) std::memset(static_cast<void*>(data_), 0, bytes);
   }
   static Tensor zeros(Shape shape) { return Tensor(shape); }
   static Tensor copy_of(TensorView<const T> source) {
@@ -107,7 +131,7 @@ public:
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
   ~Tensor() {
-    if (data_) tracker_->deallocate(data_, std::size_t(shape_.numel()) * sizeof(T));
+    if (data_) tracker_.deallocate(data_, std::size_t(shape_.numel()) * sizeof(T));
   }
 
   T* data() noexcept { return data_; }
@@ -117,7 +141,9 @@ public:
   std::int64_t extent(int dim) const { return shape_.extent(dim); }
   std::size_t bytes() const noexcept { return std::size_t(numel()) * sizeof(T); }
   // Where the storage lives (an empty tensor reports the host).
-  MemorySpace space() const noexcept { return tracker_ ? tracker_->space() : MemorySpace::host; }
+  MemorySpace space() const noexcept { return tracker_.space(); }
+  // The tracker the storage came from (kept alive by the tensor: it may outlive the tracker object).
+  const MemoryTracker::Handle& tracker() const noexcept { return tracker_; }
 
   TensorView<T> view() noexcept { return {data_, shape_}; }
   TensorView<const T> view() const noexcept { return {data_, shape_}; }
@@ -153,7 +179,7 @@ public:
 private:
   T* data_ = nullptr;
   Shape shape_;
-  MemoryTracker* tracker_ = nullptr;
+  MemoryTracker::Handle tracker_;  // shares the tracker's counts: freeing after the tracker is gone is safe
 };
 
 // Element-wise copy between views of equal shape (any strides).

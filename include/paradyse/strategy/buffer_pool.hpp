@@ -64,7 +64,7 @@ public:
   std::span<T> span() const noexcept { return {data(), std::size_t(numel())}; }
   // Reinterpret the same bytes under another shape of no more elements.
   void reshape(Shape shape) {
-    check(std::size_t(shape.numel()) * sizeof(T) <= storage_.bytes(), "PooledBuffer: shape {} needs {} bytes, the buffer has {}",
+    check(storage_bytes(shape, sizeof(T)) <= storage_.bytes(), "PooledBuffer: shape {} needs {} bytes, the buffer has {}",
           shape, std::size_t(shape.numel()) * sizeof(T), storage_.bytes());
     shape_ = shape;
   }
@@ -89,7 +89,7 @@ private:
 
 class BufferPool {
 public:
-  BufferPool() : tracker_(&MemoryTracker::current()) {}
+  BufferPool() : tracker_(MemoryTracker::current().handle()) {}
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
@@ -104,11 +104,11 @@ public:
   // A buffer of `shape` elements of T.
   template <TensorElement T>
   PooledBuffer<T> acquire(Shape shape) {
-    const std::size_t bytes = std::size_t(shape.numel()) * sizeof(T);
+    const std::size_t bytes = storage_bytes(shape, sizeof(T));  // OutOfMemory beyond kMaxTrackedBytes
     if (bytes == 0) return PooledBuffer<T>(this, Tensor<std::byte>(), shape);
     const std::size_t size = size_class(bytes);
-    if (Trace* trace = tracker_->trace()) trace->record({.kind = TraceKind::pool_acquire, .bytes = double(bytes)});
-    const Trace::Pause quiet(tracker_->trace());
+    if (Trace* trace = tracker_.trace()) trace->record({.kind = TraceKind::pool_acquire, .bytes = double(bytes)});
+    const Trace::Pause quiet(tracker_.trace());
     Tensor<std::byte> storage;
     if (auto it = cached_.find(size); it != cached_.end()) {
       storage = std::move(it->second);
@@ -125,8 +125,7 @@ public:
         cached_.erase(largest);
         ++stats_.evictions;
       }
-      ScopedTracker scoped(*tracker_);
-      storage = Tensor<std::byte>(Shape{std::int64_t(size)});  // zeroed by Tensor
+      storage = Tensor<std::byte>(Shape{std::int64_t(size)}, tracker_);  // zeroed by Tensor
     }
     stats_.in_use_bytes += size;
     return PooledBuffer<T>(this, std::move(storage), shape, bytes);
@@ -134,7 +133,7 @@ public:
 
   // Frees every cached buffer (those on loan are unaffected).
   void trim() {
-    const Trace::Pause quiet(tracker_->trace());
+    const Trace::Pause quiet(tracker_.trace());
     cached_.clear();
     stats_.cached_bytes = 0;
   }
@@ -148,14 +147,14 @@ private:
   friend class PooledBuffer;
 
   void give_back(Tensor<std::byte>&& storage, std::size_t requested) {
-    if (Trace* trace = tracker_->trace()) trace->record({.kind = TraceKind::pool_give_back, .bytes = double(requested)});
+    if (Trace* trace = tracker_.trace()) trace->record({.kind = TraceKind::pool_give_back, .bytes = double(requested)});
     const std::size_t size = storage.bytes();
     stats_.in_use_bytes -= size;
     stats_.cached_bytes += size;
     cached_.emplace(size, std::move(storage));
   }
 
-  MemoryTracker* tracker_;
+  MemoryTracker::Handle tracker_;  // the rank's tracker, kept alive by the pool (it may outlive the tracker object)
   std::multimap<std::size_t, Tensor<std::byte>> cached_;
   BufferPoolStats stats_;
 };

@@ -14,16 +14,16 @@ template <class T>
 class Workspace {
 public:
   explicit Workspace(std::size_t count)
-      : tracker_(&MemoryTracker::current()), bytes_(count * sizeof(T)),
-        data_(static_cast<T*>(tracker_->allocate(bytes_))) {}
-  ~Workspace() { tracker_->deallocate(data_, bytes_); }
+      : tracker_(MemoryTracker::current().handle()), bytes_(count * sizeof(T)),
+        data_(static_cast<T*>(tracker_.allocate(bytes_))) {}
+  ~Workspace() { tracker_.deallocate(data_, bytes_); }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
   T* data() const noexcept { return data_; }
 
 private:
-  MemoryTracker* tracker_;
+  MemoryTracker::Handle tracker_;  // keeps the tracker's counts alive
   std::size_t bytes_;
   T* data_;
 };
