@@ -1,8 +1,9 @@
 // tests/moe/moe_layer.cpp: the MoE sublayer on one rank and under ExpertParallel and ExpertTensorParallel, against
 // the float64 reference (tests/moe/reference_moe.hpp): output, losses, drops, input gradient and the gradient of
-// every weight each rank owns (router, each owned expert, shared experts, shared gate), over p in {1, 2, 3, 4},
-// uneven expert counts (E = 6 and 5 on p = 4, E = 3 on p = 4 leaves a rank without experts), variable experts per
-// token, a per-call k, a capacity factor, skewed routing; the reference's own gradients against finite differences;
+// every weight each rank owns (router, each owned expert, shared experts, shared gate), over p in {1, 2, 3, 4, 8},
+// E in {3, 4, 5, 6, 8, 16} with k in {1, 2, 3, 4}, uneven expert counts (E = 6 and 5 on p = 4; E = 3 on p = 4 and
+// E = 5, 6 on p = 8 leave ranks without experts), variable experts per token, a per-call k, capacity factors,
+// skewed routing (ranks whose experts get no token); a 2-layer stack with mixed strategies; the reference's own gradients against finite differences;
 // the two strategies against each other; a dry run over meta tensors with the counting backend.
 #include "moe/reference_moe.hpp"
 #include "support/tolerance.hpp"
@@ -105,6 +106,19 @@ std::vector<LayerCase> layer_cases(int p) {
     LayerCase lc{"E=3 top-1 (a rank may own no expert)", base_config(3, 1), 2, length};
     cases.push_back(lc);
   }
+  {
+    LayerCase lc{"E=16 top-4 softmax norm, shared x1, aux E=16", base_config(16, 4), 2, length};
+    lc.config.norm_topk_prob = true;
+    lc.config.shared_experts = 1;
+    lc.config.shared_ffn = 4;
+    lc.config.aux_loss_coef = 0.1;
+    cases.push_back(lc);
+  }
+  {
+    LayerCase lc{"E=8 top-1 capacity factor 1.25", base_config(8, 1), 2, 2 * length};
+    lc.config.capacity_factor = 1.25;
+    cases.push_back(lc);
+  }
   return cases;
 }
 
@@ -181,16 +195,39 @@ std::vector<RankResult> run_layer(const MoeProblem& prob, int p, Forward fwd, Ba
   return results;
 }
 
-// Every rank's output, losses and gradients against the reference.
-void check_against_reference(const MoeProblem& prob, int p, const std::vector<RankResult>& results) {
-  const MoeConfig& c = prob.model.config;
+// Rank r's accumulated gradients (which started from the weights themselves) against weights + reference gradient.
+void check_gradients(const ReferenceMoe& m, const ReferenceResult& ref, int p, int r, const MoeShard& grad) {
+  const MoeConfig& c = m.config;
   const std::int64_t h = c.hidden, f = c.expert_ffn;
-  const ReferenceResult ref = reference_moe(prob.model, prob.x, prob.dy, prob.k, rank_groups(prob, p));
   const auto plus = [](const std::vector<double>& a, std::span<const double> b) {
     std::vector<double> s(a);
     for (std::size_t i = 0; i < s.size(); ++i) s[i] += b[i];
     return s;
   };
+  {
+    INFO("router gradient");
+    CHECK_CLOSE(grad.router.span(), plus(m.router, ref.drouter), kFloat32);
+  }
+  {
+    INFO("owned experts' W_in^T gradient");
+    CHECK_CLOSE(grad.expert_in.span(), owned_slice(c, plus(m.expert_in, ref.dexpert_in), 2 * f * h, p, r), kFloat32);
+  }
+  {
+    INFO("owned experts' W_out gradient");
+    CHECK_CLOSE(grad.expert_out.span(), owned_slice(c, plus(m.expert_out, ref.dexpert_out), f * h, p, r), kFloat32);
+  }
+  {
+    INFO("shared experts' gradients");
+    CHECK_CLOSE(grad.shared_in.span(), plus(m.shared_in, ref.dshared_in), kFloat32);
+    CHECK_CLOSE(grad.shared_out.span(), plus(m.shared_out, ref.dshared_out), kFloat32);
+    CHECK_CLOSE(grad.shared_gate.span(), plus(m.shared_gate, ref.dshared_gate), kFloat32);
+  }
+}
+
+// Every rank's output, losses and gradients against the reference.
+void check_against_reference(const MoeProblem& prob, int p, const std::vector<RankResult>& results) {
+  const std::int64_t h = prob.model.config.hidden;
+  const ReferenceResult ref = reference_moe(prob.model, prob.x, prob.dy, prob.k, rank_groups(prob, p));
   const std::vector<double> aux{ref.aux, ref.z};
   for (int r = 0; r < p; ++r) {
     const RankResult& got = results[std::size_t(r)];
@@ -208,26 +245,7 @@ void check_against_reference(const MoeProblem& prob, int p, const std::vector<Ra
       INFO("dx");
       CHECK_CLOSE(got.dx.span(), double_rows(ref.dx, h, got.ids), kFloat32);
     }
-    {
-      INFO("router gradient");
-      CHECK_CLOSE(got.grad.router.span(), plus(m.router, ref.drouter), kFloat32);
-    }
-    {
-      INFO("owned experts' W_in^T gradient");
-      CHECK_CLOSE(got.grad.expert_in.span(),
-                  owned_slice(c, plus(m.expert_in, ref.dexpert_in), 2 * f * h, p, r), kFloat32);
-    }
-    {
-      INFO("owned experts' W_out gradient");
-      CHECK_CLOSE(got.grad.expert_out.span(), owned_slice(c, plus(m.expert_out, ref.dexpert_out), f * h, p, r),
-                  kFloat32);
-    }
-    {
-      INFO("shared experts' gradients");
-      CHECK_CLOSE(got.grad.shared_in.span(), plus(m.shared_in, ref.dshared_in), kFloat32);
-      CHECK_CLOSE(got.grad.shared_out.span(), plus(m.shared_out, ref.dshared_out), kFloat32);
-      CHECK_CLOSE(got.grad.shared_gate.span(), plus(m.shared_gate, ref.dshared_gate), kFloat32);
-    }
+    check_gradients(m, ref, p, r, got.grad);
   }
 }
 
@@ -299,12 +317,12 @@ TEST_CASE("moe reference: gradients agree with finite differences of its loss") 
 
 TEST_CASE("moe layer on one rank matches the float64 reference") { check_cases(1, single_forward, single_backward, 100); }
 
-TEST_CASE("ExpertParallel matches the float64 reference, p in {1, 2, 3, 4}") {
-  for (int p = 1; p <= 4; ++p) check_cases(p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>(), 200 + 20 * p);
+TEST_CASE("ExpertParallel matches the float64 reference, p in {1, 2, 3, 4, 8}") {
+  for (int p : {1, 2, 3, 4, 8}) check_cases(p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>(), 200 + 20 * p);
 }
 
-TEST_CASE("ExpertTensorParallel matches the float64 reference, p in {1, 2, 3, 4}") {
-  for (int p = 1; p <= 4; ++p)
+TEST_CASE("ExpertTensorParallel matches the float64 reference, p in {1, 2, 3, 4, 8}") {
+  for (int p : {1, 2, 3, 4, 8})
     check_cases(p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>(), 300 + 20 * p);
 }
 
@@ -380,4 +398,62 @@ TEST_CASE("moe layer: a dry run over meta tensors with the counting backend reco
   for (const TraceEvent& e : trace.events()) gemms += e.kind == TraceKind::gemm;
   // Forward: router 1, experts 4 x 2, shared 2 + gate 1; backward: router 2, experts 4 x 4, shared 4 + gate 2.
   CHECK(gemms == 1 + 8 + 3 + 2 + 16 + 6);
+}
+
+TEST_CASE("a 2-layer MoE stack with mixed strategies matches the reference: layers switch with no redistribution") {
+  MoeConfig first = base_config(5, 2);
+  first.shared_experts = 2;
+  first.shared_ffn = 3;
+  first.shared_gate = true;
+  first.aux_loss_coef = 0.2;
+  MoeConfig second = base_config(6, 2);
+  second.scoring = RouterScoring::sigmoid;
+  second.norm_topk_prob = true;
+  second.z_loss_coef = 0.1;
+  const std::vector<std::pair<Forward, Backward>> strategies = {
+      {forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>()},
+      {forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>()}};
+  for (int p : {2, 3, 4})
+    for (int plan = 0; plan < 4; ++plan) {  // layer 1 and layer 2 each EP (0) or ETP (1)
+      const auto& [fwd1, bwd1] = strategies[std::size_t(plan & 1)];
+      const auto& [fwd2, bwd2] = strategies[std::size_t(plan >> 1)];
+      CAPTURE(p);
+      CAPTURE(plan);
+      const MoeProblem one = random_problem(first, 2, 3 * p + 1, 1000 + std::uint64_t(p));
+      const MoeProblem two = random_problem(second, 2, 3 * p + 1, 2000 + std::uint64_t(p));
+      const auto groups = rank_groups(one, p);
+      const ReferenceResult ahead = reference_moe(one.model, one.x, {}, one.k, groups);
+      const ReferenceResult ref2 = reference_moe(two.model, ahead.y, two.dy, two.k, groups);
+      const ReferenceResult ref1 = reference_moe(one.model, one.x, ref2.dx, one.k, groups);
+      const std::int64_t h = first.hidden;
+      std::vector<RankResult> results(static_cast<std::size_t>(p));
+      std::vector<MoeShard> second_grads(static_cast<std::size_t>(p));
+      run_ranks(p, [&](ThreadCommunicator& comm) {
+        const int r = comm.rank();
+        RankResult& out = results[std::size_t(r)];
+        out.ids = rank_tokens(one, p, r);
+        const Shape shape{2, std::int64_t(out.ids.size()) / 2, h};
+        const Tensor<float> x = float_rows(one.x, h, out.ids, shape), dy = float_rows(two.dy, h, out.ids, shape);
+        BufferPool pool;
+        const MoeContext ctx1(first, pool), ctx2(second, pool);
+        const MoeShard w1 = float_shard(one.model, p, r), w2 = float_shard(two.model, p, r);
+        out.grad = float_shard(one.model, p, r);
+        second_grads[std::size_t(r)] = float_shard(two.model, p, r);
+        Tensor<float> y1(shape), dy1(shape);
+        out.y = Tensor<float>(shape);
+        out.dx = Tensor<float>(shape);
+        MoeSaved s1 = fwd1(comm, ctx1, w1, x.view(), y1.view());
+        MoeSaved s2 = fwd2(comm, ctx2, w2, y1.view(), out.y.view());
+        bwd2(comm, ctx2, w2, s2, dy.view(), dy1.view(), second_grads[std::size_t(r)]);
+        bwd1(comm, ctx1, w1, s1, dy1.view(), out.dx.view(), out.grad);
+      });
+      for (int r = 0; r < p; ++r) {
+        CAPTURE(r);
+        const RankResult& got = results[std::size_t(r)];
+        CHECK_CLOSE(got.y.span(), double_rows(ref2.y, h, got.ids), kFloat32);
+        CHECK_CLOSE(got.dx.span(), double_rows(ref1.dx, h, got.ids), kFloat32);
+        check_gradients(one.model, ref1, p, r, got.grad);
+        check_gradients(two.model, ref2, p, r, second_grads[std::size_t(r)]);
+      }
+    }
 }
