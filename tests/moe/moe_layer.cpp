@@ -370,6 +370,22 @@ TEST_CASE("moe layer: the strategies refuse a shard of the wrong rank's shape, b
   CHECK_THROWS_WITH_AS((void)moe_forward(ctx, w, x.view(), y.view()), doctest::Contains("k = 7"), Error);
   const MoeContext fine(c, pool);
   CHECK_THROWS_WITH_AS((void)moe_forward(fine, w, bad.view(), y.view()), doctest::Contains("h = 8"), Error);
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    BufferPool own;
+    const MoeContext both(c, own);
+    const MoeShard mine = MoeShard::zeros(c, 2, comm.rank());
+    MoeShard grad = MoeShard::zeros(c, 2, comm.rank());
+    Tensor<float> xs(Shape{1, 2, 8}), ys(Shape{1, 2, 8});
+    MoeSaved saved = ExpertParallel<>{}.forward(comm, both, mine, xs.view(), ys.view());
+    try {  // doctest's assertions are made on the main thread
+      ExpertTensorParallel<>{}.backward(comm, both, mine, saved, ys.view(), xs.view(), grad);
+    } catch (const Error& e) {
+      messages[std::size_t(comm.rank())] = e.what();
+    }
+  });
+  for (const std::string& m : messages)
+    CHECK_MESSAGE(m.find("ExpertTensorParallel was given what ExpertParallel forward saved") != std::string::npos, m);
   c.top_k = 0;
   CHECK_THROWS_WITH_AS(MoeContext(c, pool), doctest::Contains("top_k = 0"), Error);
 }

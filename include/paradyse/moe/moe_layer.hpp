@@ -51,6 +51,7 @@ struct MoeContext {
 
 // What forward keeps for backward, and what it reports (losses, load, drops over the whole group).
 struct MoeSaved {
+  std::string_view strategy;  // who made it ("single rank", or a strategy's name): backward checks it is its own
   Tensor<float> x;           // [n, h]
   Routing routing;
   RouterLosses losses;       // aux, z, load over the group
@@ -133,8 +134,8 @@ ReplicatedGrads replicated_grads(const MoeShard& w, BufferPool& pool) {
 // The sublayer around the experts. all_reduce(std::span<double>) and all_reduce(std::span<float>) sum over the
 // group in place (nothing on one rank); experts(saved, xp, hp) runs the routed experts on this rank's permuted rows.
 template <class Backend, class AllReduce, class Experts>
-MoeSaved forward(const MoeContext& ctx, const MoeShard& w, TensorView<const float> x_in, TensorView<float> y_in,
-                 AllReduce&& all_reduce, Experts&& experts) {
+MoeSaved forward(std::string_view strategy, const MoeContext& ctx, const MoeShard& w, TensorView<const float> x_in,
+                 TensorView<float> y_in, AllReduce&& all_reduce, Experts&& experts) {
   const MoeConfig& c = ctx.moe();
   const TensorView<const float> x = rows_of(c, "moe forward", "x", x_in);
   const TensorView<float> y = rows_of(c, "moe forward", "y", y_in);
@@ -142,6 +143,7 @@ MoeSaved forward(const MoeContext& ctx, const MoeShard& w, TensorView<const floa
   const std::int64_t n = x.extent(0), h = c.hidden;
   BufferPool& pool = *ctx.pool;
   MoeSaved s;
+  s.strategy = strategy;
   s.x = copy_of<Backend>(x);
   s.routing = route<Backend>(c, w.router.view(), x, ctx.k);
   s.dispatch = dispatch_by_expert(s.routing.offsets, s.routing.expert, c.experts,
@@ -187,9 +189,12 @@ MoeSaved forward(const MoeContext& ctx, const MoeShard& w, TensorView<const floa
 
 // experts_backward(saved, dhp, dxp, grad) runs the routed experts' backward (dxp overwritten, grad accumulated).
 template <class Backend, class AllReduce, class ExpertsBackward>
-void backward(const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorView<const float> dy_in,
-              TensorView<float> dx_in, MoeShard& grad, AllReduce&& all_reduce, ExpertsBackward&& run_experts_backward) {
+void backward(std::string_view strategy, const MoeContext& ctx, const MoeShard& w, MoeSaved& s,
+              TensorView<const float> dy_in, TensorView<float> dx_in, MoeShard& grad, AllReduce&& all_reduce,
+              ExpertsBackward&& run_experts_backward) {
   const MoeConfig& c = ctx.moe();
+  check(s.strategy == strategy, "moe backward: {} was given what {} forward saved", strategy,
+        s.strategy.empty() ? std::string_view("no") : s.strategy);
   const TensorView<const float> dy = rows_of(c, "moe backward", "dy", dy_in);
   const TensorView<float> dx = rows_of(c, "moe backward", "dx", dx_in);
   check(dy.shape() == s.x.shape() && dx.shape() == s.x.shape(), "moe backward: dy {} and dx {} must match x {}",
@@ -262,7 +267,7 @@ template <class Backend = ops::Cpu>
 MoeSaved moe_forward(const MoeContext& ctx, const MoeShard& w, TensorView<const float> x, TensorView<float> y) {
   moe_detail::check_shard("moe_forward", ctx.moe(), w, 1, 0);
   return moe_detail::forward<Backend>(
-      ctx, w, x, y, [](auto) {},
+      "single rank", ctx, w, x, y, [](auto) {},
       [&](MoeSaved& s, Tensor<float>&& xp, TensorView<float> hp) {
         moe_detail::local_experts_forward<Backend>(s, {w.expert_in.view(), w.expert_out.view()}, std::move(xp), hp,
                                                    *ctx.pool);
@@ -275,7 +280,7 @@ void moe_backward(const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorV
                   TensorView<float> dx, MoeShard& grad) {
   moe_detail::check_shard("moe_backward", ctx.moe(), grad, 1, 0);
   moe_detail::backward<Backend>(
-      ctx, w, s, dy, dx, grad, [](auto) {},
+      "single rank", ctx, w, s, dy, dx, grad, [](auto) {},
       [&](MoeSaved& saved, TensorView<const float> dhp, TensorView<float> dxp, MoeShard& g) {
         experts_backward<Backend>({w.expert_in.view(), w.expert_out.view()}, saved.expert_offsets,
                                   saved.expert_x.view(), saved.expert_pre.view(), dhp, dxp,
@@ -296,7 +301,7 @@ struct ExpertParallel {
     const int p = comm.size(), r = comm.rank();
     moe_detail::check_shard("ExpertParallel forward", c, w, p, r);
     return moe_detail::forward<Backend>(
-        ctx, w, x, y, [&](auto span) { moe_detail::sum_in_place(comm, span); },
+        name, ctx, w, x, y, [&](auto span) { moe_detail::sum_in_place(comm, span); },
         [&](MoeSaved& s, Tensor<float>&& xp, TensorView<float> hp) {
           const std::int64_t h = c.hidden;
           BufferPool& pool = *ctx.pool;
@@ -361,7 +366,7 @@ struct ExpertParallel {
     const MoeConfig& c = ctx.moe();
     moe_detail::check_shard("ExpertParallel backward", c, grad, comm.size(), comm.rank());
     moe_detail::backward<Backend>(
-        ctx, w, s, dy, dx, grad, [&](auto span) { moe_detail::sum_in_place(comm, span); },
+        name, ctx, w, s, dy, dx, grad, [&](auto span) { moe_detail::sum_in_place(comm, span); },
         [&](MoeSaved& saved, TensorView<const float> dhp, TensorView<float> dxp, MoeShard& g) {
           const std::int64_t h = c.hidden, total = saved.expert_x.extent(0);
           BufferPool& pool = *ctx.pool;
@@ -402,7 +407,7 @@ struct ExpertTensorParallel {
     const MoeConfig& c = ctx.moe();
     moe_detail::check_shard("ExpertTensorParallel forward", c, w, comm.size(), comm.rank());
     return moe_detail::forward<Backend>(
-        ctx, w, x, y, [&](auto span) { moe_detail::sum_in_place(comm, span); },
+        name, ctx, w, x, y, [&](auto span) { moe_detail::sum_in_place(comm, span); },
         [&](MoeSaved& s, Tensor<float>&& xp, TensorView<float> hp) {
           Gathered all = gather(comm, c, w, *ctx.pool);
           moe_detail::local_experts_forward<Backend>(s, {all.in.view(), all.out.view()}, std::move(xp), hp, *ctx.pool);
@@ -416,7 +421,7 @@ struct ExpertTensorParallel {
     const int p = comm.size();
     moe_detail::check_shard("ExpertTensorParallel backward", c, grad, p, comm.rank());
     moe_detail::backward<Backend>(
-        ctx, w, s, dy, dx, grad, [&](auto span) { moe_detail::sum_in_place(comm, span); },
+        name, ctx, w, s, dy, dx, grad, [&](auto span) { moe_detail::sum_in_place(comm, span); },
         [&](MoeSaved& saved, TensorView<const float> dhp, TensorView<float> dxp, MoeShard& g) {
           BufferPool& pool = *ctx.pool;
           const std::int64_t h = c.hidden, f = c.expert_ffn;
