@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -114,9 +115,31 @@ inline cost::ModelShape shape_for_batch(const cost::ModelShape& kind, const Batc
   return m;
 }
 
+// The most bytes per rank a plan may need (1 EiB, the most a memory tracker counts: core/error.hpp): a model or a
+// length that needs more is beyond what any plan can hold, and build_cost_table says so instead of computing byte
+// counts that overflow 64 bits. Below it, every sum a planner forms (model states + every layer's saved
+// activations + the largest transient) stays far from overflow.
+inline constexpr std::int64_t kMaxPlanBytes = std::int64_t(kMaxTrackedBytes);
+// The longest sequence a cost table is built for: 2^50 tokens.
+inline constexpr std::int64_t kMaxPlanLength = std::int64_t(1) << 50;
+
+namespace cost_table_detail {
+// cost::model_state_bytes in double (no overflow for any shape): weights, gradients and optimizer states of one
+// layer on one rank.
+inline double state_bytes(const cost::ModelShape& m, int p, const cost::TrainingPrecision& precision) {
+  const double q_heads = std::ceil(double(m.heads) / p), kv_heads = m.kv_heads % p == 0 ? double(m.kv_heads / p) : 1;
+  const double ffn = std::ceil(double(m.ffn) / p), inputs = m.swiglu ? 2 : 1;
+  const double parameters =
+      ((2 * q_heads + 2 * kv_heads) * double(m.head_dim) + (inputs + 1) * ffn) * double(m.hidden) + 4.0 * double(m.hidden);
+  return parameters * precision.bytes_per_parameter();
+}
+}  // namespace cost_table_detail
+
 // Predicts every (kind, sublayer, strategy) of `model` for `batch` on a group of `group_size` ranks of `hardware`,
 // each from a dry run of the strategy's own code (cost/dry_run.hpp). Strategies not in `candidates` (empty: all),
-// or not supporting the shape, get no option and say why.
+// or not supporting the shape, get no option and say why. A length (or a model) whose memory per rank would exceed
+// kMaxPlanBytes under every strategy throws Error saying that it is beyond what any plan can hold; a strategy that
+// alone exceeds it is forbidden, saying so.
 inline CostTable build_cost_table(const ModelConfig& model, const cost::HardwareProfile& hardware, int group_size,
                                   const Batch& batch, std::span<const Strategy> candidates = {},
                                   const cost::StrategyCatalog& catalog = cost::default_catalog()) {
@@ -131,6 +154,30 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
         batch.lengths.size());
   for (Strategy s : candidates)
     check(s >= 0 && s < catalog.count(), "plan: candidate strategy {} is not in the list of {}", s, catalog.count());
+  check(group_size >= 1, "plan: group size p = {} must be at least 1", group_size);
+  const std::int64_t length = batch.tokens_per_sample();
+  for (std::int64_t l : batch.lengths)
+    check(l <= kMaxPlanLength && length <= kMaxPlanLength,
+          "plan: length {} is beyond what any plan can hold (lengths up to 2^50 = {} tokens are planned)", l,
+          kMaxPlanLength);
+  // What every plan needs, in double first: byte counts that would overflow 64 bits are refused here.
+  {
+    double states = 0;
+    for (int layer_kind : model.layer_kinds)
+      if (layer_kind >= 0 && layer_kind < int(model.kinds.size()))
+        states += cost_table_detail::state_bytes(model.kinds[std::size_t(layer_kind)].shape, group_size, model.precision);
+    check(states <= double(kMaxPlanBytes),
+          "plan: the model is beyond what any plan can hold: its weights, gradients and optimizer states need {:.4g} "
+          "bytes per rank on {} ranks (at most 2^60 are planned)",
+          states, group_size);
+    const cost::ModelShape& first = model.kinds[0].shape;
+    const double activation = double(batch.samples) * std::ceil(double(length) / group_size) * double(first.hidden) *
+                              double(first.dtype_bytes);
+    check(activation <= double(kMaxPlanBytes / 4) && double(model.extra_bytes) <= double(kMaxPlanBytes),
+          "plan: length {} is beyond what any plan can hold: one activation of {} x {} tokens x {} on each of {} "
+          "ranks alone needs {:.4g} bytes per rank (at most 2^60 are planned)",
+          length, batch.samples, length, first.hidden, group_size, activation);
+  }
   CostTable t;
   t.group_size = group_size;
   t.batch = batch;
@@ -151,10 +198,15 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
     shape.layers = model.layer_count();
     t.stack_bytes = cost::stack_buffer_bytes(cost::stack_buffers(shape, group_size));
   }
+  // Each sublayer group's share of kMaxPlanBytes: an option whose saved bytes over all layers of its kind, or whose
+  // transient, exceeds it is beyond what any plan can hold (so no sum of allowed options overflows).
+  const double share = double(kMaxPlanBytes) / double(2 * model.kinds.size() + 2);
   for (std::size_t k = 0; k < model.kinds.size(); ++k) {
     const cost::ModelShape shape = shape_for_batch(model.kinds[k].shape, batch);
     cost::validate(shape, group_size);
+    const auto count = double(std::count(model.layer_kinds.begin(), model.layer_kinds.end(), int(k)));
     for (auto& part : t.entries[k]) part.resize(std::size_t(catalog.count()));
+    std::array<std::string, 2> too_large;  // per sublayer: the strategies refused for their size, and why
     for (Strategy s = 0; s < catalog.count(); ++s) {
       std::string reason;
       if (!candidates.empty() && std::find(candidates.begin(), candidates.end(), s) == candidates.end())
@@ -166,10 +218,37 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
           e.forbidden_reason = reason;
           continue;
         }
-        const cost::SublayerCost c = cost::evaluate_sublayer(catalog, s, part, shape, group_size, &hardware);
-        e.option = Option{s, c.time_s(), c.saved_bytes, c.pool_bytes()};
-        t.plain_bytes = std::max(t.plain_bytes, c.plain_bytes());
+        std::optional<cost::SublayerCost> c;
+        try {
+          c = cost::evaluate_sublayer(catalog, s, part, shape, group_size, &hardware);
+        } catch (const OutOfMemory& oom) {  // the dry run's tensors exceed what a tracker counts (2^60 bytes)
+          e.forbidden_reason = fmt::format("{}: length {} is beyond what it can hold on {} ranks ({})", catalog.name(s),
+                                           length, group_size, oom.what());
+        }
+        if (c && (count * double(c->saved_bytes) > share || double(c->pool_bytes()) > share ||
+                  double(c->plain_bytes()) > share)) {
+          e.forbidden_reason = fmt::format(
+              "{}: length {} is beyond what it can hold on {} ranks ({} layers save {:.4g} bytes per rank, with a "
+              "transient of {:.4g})",
+              catalog.name(s), length, group_size, count, count * double(c->saved_bytes),
+              double(c->pool_bytes() + c->plain_bytes()));
+          c.reset();
+        }
+        if (!c) {
+          too_large[std::size_t(part)] += fmt::format("; {}", e.forbidden_reason);
+          continue;
+        }
+        e.option = Option{s, c->time_s(), c->saved_bytes, c->pool_bytes()};
+        t.plain_bytes = std::max(t.plain_bytes, c->plain_bytes());
       }
+    }
+    for (Sublayer part : cost::kAllSublayers) {
+      const auto& options = t.entries[k][std::size_t(part)];
+      const bool any = std::any_of(options.begin(), options.end(), [](const CostTable::Entry& e) { return e.option.has_value(); });
+      check(any || too_large[std::size_t(part)].empty() || count == 0,
+            "plan: length {} is beyond what any plan can hold on {} ranks: no strategy fits the {} of a {} layer in "
+            "2^60 bytes per rank{}",
+            length, group_size, cost::name_of(part), t.kind_names[k], too_large[std::size_t(part)]);
     }
   }
   t.fixed_bytes = t.model_state_bytes + t.stack_bytes + t.plain_bytes + model.extra_bytes;
