@@ -11,11 +11,17 @@
 // paper's Table 3 (data/lengths/paradyse_table3.csv): a bucket by its probability, then a length uniform within
 // it (log-uniform in the open-ended last bucket), at least 64 tokens.
 //
+// Inputs are read strictly (examples/trace_input.hpp): a bad option or file exits 2 naming the flag or the file, line
+// and field. A sequence no strategy can run (shorter than p, or beyond what any plan can hold) is reported with the
+// reason and counts as not fitting; anything else the library refuses exits 1 with its message, never an uncaught
+// exception.
+//
 //   plan_trace [--profile a100|h100|h200|FILE.json] [--dataset githubcode|grch38|all] [--distribution FILE]
 //              [--lengths FILE] [--sequences N] [--seed S] [--order sorted|random] [--hidden H] [--heads A]
 //              [--kv-heads A] [--head-dim D] [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G]
 //              [--gamma G] [--causal] [--swiglu]
 #include "command_line.hpp"
+#include "trace_input.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
@@ -24,6 +30,7 @@
 #include "paradyse/plan/planner.hpp"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -58,10 +65,10 @@ struct Options {
   double gamma = 0.05;
 };
 
-struct Bucket {
-  std::int64_t lo, hi;
-  double probability;
-};
+using paradyse::examples::LengthBucket;
+
+// The longest length read from a file (the planner's own limit: longer is beyond what any plan can hold).
+constexpr std::int64_t kMaxLength = pd::plan::kMaxPlanLength;
 
 [[noreturn]] void usage(const std::string& problem) {
   paradyse::examples::print_usage_and_exit("plan_trace", problem,
@@ -111,6 +118,17 @@ Options parse(int argc, char** argv) {
   if (o.layer.head_dim < 0) o.layer.head_dim = o.layer.hidden / o.layer.heads;
   if (o.layer.ffn < 0) o.layer.ffn = 4 * o.layer.hidden;
   if (o.layers < 1 || o.p < 1 || o.batch < 1 || o.sequences < 1) usage("--layers, --p, --batch, --sequences >= 1");
+  // The layer must shard over p ranks at all (heads, kv heads and ffn divisible): a setting, not a sequence, problem.
+  try {
+    pd::cost::ModelShape m = o.layer;
+    m.seq = 1;
+    m.batch = o.batch;
+    m.layers = o.layers;
+    pd::cost::validate(m, o.p);
+    pd::cost::layer_config_of(m).validate_for(o.p);
+  } catch (const pd::Error& e) {
+    usage(e.what());
+  }
   return o;
 }
 
@@ -122,35 +140,16 @@ std::string find_distribution(const std::string& given) {
   usage("cannot find data/lengths/paradyse_table3.csv from here; pass --distribution FILE");
 }
 
-std::map<std::string, std::vector<Bucket>> read_distribution(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) usage(fmt::format("cannot open \"{}\"", path));
-  std::map<std::string, std::vector<Bucket>> out;
-  std::string line;
-  int number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty() || line[0] == '#' || line.rfind("dataset,", 0) == 0) continue;
-    std::stringstream fields(line);
-    std::string name, lo, hi, prob;
-    if (!std::getline(fields, name, ',') || !std::getline(fields, lo, ',') || !std::getline(fields, hi, ',') ||
-        !std::getline(fields, prob, ','))
-      usage(fmt::format("{}:{}: expected dataset,lo,hi,prob", path, number));
-    out[name].push_back({std::stoll(lo), std::stoll(hi), std::stod(prob)});
-  }
-  return out;
-}
-
-std::vector<std::int64_t> sample(const std::vector<Bucket>& buckets, int count, std::uint64_t seed) {
+std::vector<std::int64_t> sample(const std::vector<LengthBucket>& buckets, int count, std::uint64_t seed) {
   pd::Rng rng(seed);
   double total = 0;
-  for (const Bucket& b : buckets) total += b.probability;
+  for (const LengthBucket& b : buckets) total += b.probability;
   std::vector<std::int64_t> lengths;
   for (int i = 0; i < count; ++i) {
     double u = rng.uniform() * total;
     std::size_t k = 0;
     while (k + 1 < buckets.size() && u >= buckets[k].probability) u -= buckets[k++].probability;
-    const Bucket& b = buckets[k];
+    const LengthBucket& b = buckets[k];
     double length;
     if (k + 1 == buckets.size() && b.lo > 0)
       length = std::exp(rng.uniform(std::log(double(b.lo)), std::log(double(b.hi))));  // the long tail
@@ -160,26 +159,11 @@ std::vector<std::int64_t> sample(const std::vector<Bucket>& buckets, int count, 
   return lengths;
 }
 
-std::vector<std::int64_t> read_lengths(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) usage(fmt::format("cannot open \"{}\"", path));
-  std::vector<std::int64_t> lengths;
-  std::string token;
-  while (in >> token) {
-    char* end = nullptr;
-    const long long x = std::strtoll(token.c_str(), &end, 10);
-    if (end == token.c_str() || *end || x < 1) usage(fmt::format("{}: \"{}\" is not a positive length", path, token));
-    lengths.push_back(x);
-  }
-  if (lengths.empty()) usage(fmt::format("{} holds no lengths", path));
-  return lengths;
-}
-
 // One way of choosing strategies: a static strategy, or a planner.
 struct Variant {
   std::string name;
   std::optional<Strategy> fixed;
-  std::function<pd::plan::Plan(const pd::plan::Batch&)> plan;  // may throw NoFeasiblePlan
+  std::function<pd::plan::Plan(const pd::plan::Batch&)> plan;  // may throw NoFeasiblePlan (or Error: no plan at all)
   // Results over the trace.
   double total_s = 0, common_s = 0, overhead_s = 0;
   int failed = 0, calls = 0;
@@ -223,15 +207,26 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
     planner(fmt::format("exact w/o {}", name), pd::plan::exact_solver(), o.gamma, rest);
   }
 
-  // Every sequence through every variant; times are evaluated at the sequence's own length.
+  // Every sequence through every variant; times are evaluated at the sequence's own length. A sequence that no
+  // strategy can run at all (shorter than p, beyond what any plan can hold, ...) fails in every variant and is
+  // reported with the reason.
   std::vector<bool> common(lengths.size(), true);
+  std::map<std::string, std::vector<std::int64_t>> unplannable;  // reason -> lengths
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     const pd::plan::Batch batch = pd::plan::Batch::single(lengths[i], o.batch);
-    const pd::plan::CostTable table = pd::plan::build_cost_table(model, hw, o.p, batch);
+    std::optional<pd::plan::CostTable> table;
+    try {
+      table = pd::plan::build_cost_table(model, hw, o.p, batch);
+      pd::plan::least_memory_plan(*table, budget);  // throws when a sublayer has no allowed strategy
+    } catch (const pd::Error& e) {
+      table.reset();
+      unplannable[e.what()].push_back(lengths[i]);
+    }
     for (Variant& v : variants) {
       std::optional<pd::plan::Evaluation> e;
-      if (v.fixed) {
-        e = pd::plan::evaluate(table, pd::plan::uniform_layers(table, *v.fixed));
+      if (!table) {
+      } else if (v.fixed) {
+        e = pd::plan::evaluate(*table, pd::plan::uniform_layers(*table, *v.fixed));
         if (!e->allowed) e.reset();
       } else {
         const auto start = std::chrono::steady_clock::now();
@@ -239,10 +234,12 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
         try {
           plan = v.plan(batch);
         } catch (const pd::plan::NoFeasiblePlan&) {
+        } catch (const pd::Error& error) {  // the planner's bucket edge may be beyond what a plan can hold
+          unplannable[fmt::format("{} (in {})", error.what(), v.name)].push_back(lengths[i]);
         }
         v.overhead_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         ++v.calls;
-        if (plan) e = pd::plan::evaluate(table, plan->strategies());
+        if (plan) e = pd::plan::evaluate(*table, plan->strategies());
       }
       const bool fits = e && e->peak_bytes() <= budget;
       v.step_s.push_back(fits ? e->time_s : std::nan(""));
@@ -271,8 +268,8 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
              "longest", "common (s)", "vs exact", "overhead ms", "us/call");
   const Variant& exact = variants[std::size_t(catalog.count())];
   for (const Variant& v : variants) {
-    fmt::print("{:<22} {:>12.1f} {:>9} {:>10} {:>12.1f} {:>8.2f}x | ", v.name, v.total_s, v.failed, v.longest,
-               v.common_s, v.common_s / exact.common_s);
+    fmt::print("{:<22} {:>12.1f} {:>9} {:>10} {:>12.1f} {:>9} | ", v.name, v.total_s, v.failed, v.longest,
+               v.common_s, exact.common_s > 0 ? fmt::format("{:.2f}x", v.common_s / exact.common_s) : "-");
     if (v.fixed) fmt::print("{:>12} {:>9}\n", "-", "-");
     else fmt::print("{:>12.3f} {:>9.2f}\n", v.overhead_s * 1e3, v.overhead_s * 1e6 / std::max(1, v.calls));
   }
@@ -287,6 +284,11 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
     if (any && std::isnan(exact.step_s[i])) ++lost;
   }
   fmt::print("check: sequences some static strategy runs but the exact planner does not: {}\n", lost);
+  for (const auto& [reason, which] : unplannable) {
+    std::vector<std::int64_t> shown(which.begin(), which.begin() + std::ptrdiff_t(std::min<std::size_t>(which.size(), 5)));
+    fmt::print("cannot plan {} sequence{} (length {}{}): {}\n", which.size(), which.size() == 1 ? "" : "s",
+               fmt::join(shown, ", "), which.size() > shown.size() ? ", ..." : "", reason);
+  }
 
   if (!o.sorted) return;
   // The paper's Table 5: the longest length reached before the first failure and the time to get there.
@@ -302,14 +304,28 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
   fmt::print("(saving: how much less time the exact planner needs to reach the same length)\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   pd::cost::HardwareProfile hw;
   try {
     hw = o.profile.find(".json") != std::string::npos ? pd::cost::load_profile(o.profile)
                                                       : pd::cost::builtin_profile(o.profile);
+  } catch (const pd::Error& e) {
+    usage(e.what());
+  }
+  // The inputs, read strictly (examples/trace_input.hpp): a bad file is a usage error naming the file, line and field.
+  // Lengths shorter than p are read: they are reported per sequence (no strategy can run them).
+  std::vector<std::int64_t> file_lengths;
+  std::string path;
+  std::map<std::string, std::vector<LengthBucket>> distributions;
+  try {
+    if (!o.lengths_file.empty()) file_lengths = paradyse::examples::read_lengths(o.lengths_file, 1, kMaxLength);
+    else {
+      path = find_distribution(o.distribution);
+      distributions = paradyse::examples::read_distribution(path, kMaxLength);
+      if (o.dataset != "all" && !distributions.count(o.dataset))
+        usage(fmt::format("no dataset \"{}\" in {}", o.dataset, path));
+    }
   } catch (const pd::Error& e) {
     usage(e.what());
   }
@@ -322,21 +338,29 @@ int main(int argc, char** argv) {
              }()),
              pd::plan::format_bytes(o.budget_gib > 0 ? o.budget_gib * 1073741824.0 : double(hw.usable_memory_bytes())));
   if (!o.lengths_file.empty()) {
-    std::vector<std::int64_t> lengths = read_lengths(o.lengths_file);
-    if (o.sorted) std::sort(lengths.begin(), lengths.end());
-    run_trace(o.lengths_file, lengths, o, hw);
+    if (o.sorted) std::sort(file_lengths.begin(), file_lengths.end());
+    run_trace(o.lengths_file, file_lengths, o, hw);
     return 0;
   }
-  const std::string path = find_distribution(o.distribution);
-  const auto distributions = read_distribution(path);
-  bool any = false;
   for (const auto& [name, buckets] : distributions) {
     if (o.dataset != "all" && o.dataset != name) continue;
-    any = true;
     std::vector<std::int64_t> lengths = sample(buckets, o.sequences, o.seed);
     if (o.sorted) std::sort(lengths.begin(), lengths.end());
     run_trace(fmt::format("{} ({}, seed {})", name, path, o.seed), lengths, o, hw);
   }
-  if (!any) usage(fmt::format("no dataset \"{}\" in {}", o.dataset, path));
   return 0;
+}
+
+}  // namespace
+
+// Nothing ends in an uncaught exception: a bad option or input file exits 2 with the usage (above); anything the
+// library refuses while planning exits 1 with its message.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "plan_trace: {}\n", e.what());
+    return 1;
+  }
 }

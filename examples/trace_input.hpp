@@ -8,7 +8,8 @@
 // dataset's shares adding up to more than 0.
 //
 // Lengths: integers separated by white space or commas ('#' starts a comment to the end of the line), each in
-// [min_length, max_length] (plan_trace passes min_length = p: a sequence needs a token per rank).
+// [min_length, max_length] (plan_trace passes min_length = 1 and the planner's longest length: a sequence shorter
+// than p, which no strategy can run, is reported per sequence, not refused with the whole file).
 #pragma once
 
 #include "paradyse/core/error.hpp"
