@@ -152,7 +152,8 @@ TEST_CASE("route_backward: dx and the router gradient agree with finite differen
         Rng rng(seed * 3);
         const Tensor<float> dgates = random_uniform<float>(Shape{r.assignments()}, rng);
         Tensor<float> dx(Shape{n, h}), dw(Shape{5, h});
-        route_backward<ops::Cpu>(c, w.view(), x.view(), r, losses, dgates.view(), dx.view(), dw.view());
+        BufferPool pool;
+        route_backward<ops::Cpu>(c, w.view(), x.view(), r, losses, dgates.view(), dx.view(), dw.view(), pool);
 
         std::vector<std::vector<std::int64_t>> chosen(static_cast<std::size_t>(n));
         for (std::int64_t t = 0; t < n; ++t)

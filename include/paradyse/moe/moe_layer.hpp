@@ -215,7 +215,7 @@ void backward(std::string_view strategy, const MoeContext& ctx, const MoeShard& 
     unpermute_add<Backend>(s.dispatch, dxp, dx);
   }
   ReplicatedGrads g = replicated_grads<Backend>(w, pool);
-  route_backward<Backend>(c, w.router.view(), x, s.routing, s.losses, dgates, dx, g.router);
+  route_backward<Backend>(c, w.router.view(), x, s.routing, s.losses, dgates, dx, g.router, pool);
 
   if (c.has_shared()) {
     const std::int64_t fs = c.shared_width();

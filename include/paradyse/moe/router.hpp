@@ -16,6 +16,7 @@
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/moe/moe_config.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
 
 #include <cstdint>
 #include <span>
@@ -138,22 +139,22 @@ inline RouterLosses router_losses(const MoeConfig& c, std::span<const double> su
 }
 
 // Backward: dgates [M] (dL/dgate of each assignment) and the losses' gradients to the logits, then
-// dx [n, h] += dlogits W_r and drouter [E, h] += dlogits^T x. dlogits comes from the current tracker (a transient).
+// dx [n, h] += dlogits W_r and drouter [E, h] += dlogits^T x. dlogits is a transient from `pool`.
 template <class Backend>
 void route_backward(const MoeConfig& c, TensorView<const float> router, TensorView<const float> x, const Routing& r,
                     const RouterLosses& losses, TensorView<const float> dgates, TensorView<float> dx,
-                    TensorView<float> drouter) {
+                    TensorView<float> drouter, BufferPool& pool) {
   check(dx.shape() == x.shape() && drouter.shape() == router.shape(),
         "route_backward: dx {} must match x {} and drouter {} the router {}", dx.shape(), x.shape(), drouter.shape(),
         router.shape());
-  Tensor<float> dlogits(Shape{r.tokens, c.experts});
+  PooledBuffer<float> dlogits = pool.acquire<float>(Shape{r.tokens, c.experts});
   Backend::fill(dlogits.view(), 0.0f);
   Backend::router_backward(r.logits.view(), r.probs.view(), r.lse.view(), c.scoring, c.norm_topk_prob,
                            float(c.routed_scaling_factor), r.offsets, r.expert, dgates, losses.aux_grad.view(),
                            losses.z_grad, dlogits.view());
   if (r.tokens == 0) return;
-  Backend::matmul(dlogits.view(), ops::Transpose::no, router, ops::Transpose::no, dx, 1.0f, 1.0f);
-  Backend::matmul(dlogits.view(), ops::Transpose::yes, x, ops::Transpose::no, drouter, 1.0f, 1.0f);
+  Backend::matmul(dlogits, ops::Transpose::no, router, ops::Transpose::no, dx, 1.0f, 1.0f);
+  Backend::matmul(dlogits, ops::Transpose::yes, x, ops::Transpose::no, drouter, 1.0f, 1.0f);
 }
 
 }  // namespace paradyse
