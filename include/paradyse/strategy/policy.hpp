@@ -25,7 +25,7 @@
 //     tensors are owned by the Saved struct and freed when it dies.
 // "Reshard" (moving tensors between the unified layout and the layout a strategy computes in) is done by the
 // communication helpers of strategy/sequence_comm.hpp (sequence gather/scatter, sequence <-> head all-to-all)
-// and strategy/ring.hpp (blocks passed around the ring), so a strategy file holds only its schedule.
+// and strategy/ring_schedule.hpp (blocks passed around the ring), so a strategy file holds only its schedule.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"

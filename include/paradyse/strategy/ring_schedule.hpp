@@ -1,10 +1,9 @@
-// paradyse/strategy/ring_schedule.hpp: the two ring schedules of the ring strategies, as functions over visits.
-// (strategy/ring.hpp's RingPass is the step-by-step form the ZeRO-3 linears use; these add uneven block sizes and
-// sums that overlap their hop home with the next visit.)
+// paradyse/strategy/ring_schedule.hpp: the ring engine: the two ring schedules every ring in the library runs on,
+// as functions over visits (ZeRO-3 column linears, ring attention, METP's shard rings, ColossalZ's RSA).
 //
 //   rotate_blocks: every rank's block visits every rank once (p - 1 hops of shift_async). Double-buffered: the next
-//     hop is posted before the current block is visited, so the transfer overlaps the visit. Ring attention's K/V,
-//     METP's MLP weight shards and RSA's K and V travel this way.
+//     hop is posted before the current block is visited, so the transfer overlaps the visit. ZeRO-3 weight shards,
+//     ring attention's K/V, METP's MLP weight shards and RSA's K and V travel this way.
 //   rotate_blocks_with_sums: the same, and a running sum (a gradient) travels with each block: every rank adds its
 //     contribution and passes the sum on; one extra hop brings the complete sum home to the block's owner (a
 //     reduce-scatter fused into the ring). Used by every backward of the above.

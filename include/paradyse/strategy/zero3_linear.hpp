@@ -2,11 +2,11 @@
 // whole: every rank keeps its shard, and a layer borrows the others' shards for the duration of one product.
 //
 // Column linear (W_qkv^T, W_in^T: shards are row blocks W_j: [R, h] of W^T, i.e. column blocks of the output):
-//   the shards rotate around the ring (strategy/ring.hpp), so at most two shard buffers are alive and the
-//   transfer of the next overlaps the product with the current. Forward: out_j = x * W_j^T for every owner j.
-//   Backward: the shards rotate again together with their gradient accumulators; dW_j collects every rank's
-//   dy_j^T * x as it travels and one last hop returns it to its owner (a ring reduce-scatter fused with the
-//   products); dx = sum_j dy_j * W_j.
+//   the shards rotate around the ring (strategy/ring_schedule.hpp's rotate_blocks), so at most two shard buffers
+//   are alive and the transfer of the next overlaps the product with the current. Forward: out_j = x * W_j^T for
+//   every owner j. Backward (rotate_blocks_with_sums): the shards rotate again, each with the running sum of its
+//   gradient; dW_j collects every rank's dy_j^T * x as it travels and one last hop returns it to its owner (a ring
+//   reduce-scatter fused with the products); dx = sum_j dy_j * W_j.
 // Row linear (W_proj, W_out: shards are row blocks W_j: [R, h] of W, i.e. of the input dimension):
 //   all-gather the full weight [p*R, h], y = sum_j a_j * W_j. Backward: all-gather again, da_j = dy * W_j^T, the
 //   full partial dW (block j = a_j^T dy) is reduce-scattered to the owners.
@@ -20,7 +20,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/policy.hpp"
-#include "paradyse/strategy/ring.hpp"
+#include "paradyse/strategy/ring_schedule.hpp"
 
 #include <cstdint>
 #include <span>
@@ -34,14 +34,12 @@ void ring_column_linear_forward(Comm& comm, BufferPool& pool, TensorView<const f
                                 BlockOut&& out_block) {
   const std::int64_t rows = shard.extent(0), h = shard.extent(1);
   check(x.rank() == 2 && x.extent(1) == h, "ring_column_linear_forward: x {} must be [m, h = {}]", x.shape(), h);
-  const int p = comm.size();
-  RingPass<Comm, Backend> ring(comm, pool, shard.span());
-  for (int i = 0; i < p; ++i) {
-    if (i + 1 < p) ring.start_next();
-    const TensorView<const float> w(ring.current().data(), Shape{rows, h});
-    Backend::matmul(x, ops::Transpose::no, w, ops::Transpose::yes, out_block(ring.owner()));
-    if (i + 1 < p) ring.finish_next();
-  }
+  rotate_blocks(
+      comm, pool, [&](int) { return rows * h; }, [&](std::span<float> own) { Backend::copy(shard.span(), own); },
+      [&](int owner, std::span<const float> block) {
+        const TensorView<const float> w(block.data(), Shape{rows, h});
+        Backend::matmul(x, ops::Transpose::no, w, ops::Transpose::yes, out_block(owner));
+      });
 }
 
 // dx: [m, h] (overwritten) = sum_j dy_block(j) * W_j; grad_shard: [R, h] += sum over ranks of dy_block(j)^T * x
@@ -54,30 +52,19 @@ void ring_column_linear_backward(Comm& comm, BufferPool& pool, TensorView<const 
         "ring_column_linear_backward: x {} and dx {} must be [m, h = {}]", x.shape(), dx.shape(), h);
   check(grad_shard.shape() == shard.shape(), "ring_column_linear_backward: grad {} must match the shard {}",
         grad_shard.shape(), shard.shape());
-  const int p = comm.size();
-  RingPass<Comm, Backend> weights(comm, pool, shard.span());
-  RingPass<Comm, Backend> grads = RingPass<Comm, Backend>::zeros(comm, pool, std::size_t(rows * h));
-  for (int i = 0; i < p; ++i) {
-    if (i + 1 < p) weights.start_next();
-    const TensorView<const float> w(weights.current().data(), Shape{rows, h});
-    const TensorView<const float> dy = dy_block(weights.owner());
-    Backend::matmul(dy, ops::Transpose::no, w, ops::Transpose::no, dx, 1.0f, i == 0 ? 0.0f : 1.0f);
-    const TensorView<float> dw(grads.mutable_current().data(), Shape{rows, h});
-    Backend::matmul(dy, ops::Transpose::yes, x, ops::Transpose::no, dw, 1.0f, 1.0f);
-    if (i + 1 < p) {
-      grads.start_next();  // the accumulator travels on with the weight it belongs to
-      weights.finish_next();
-      grads.finish_next();
-    }
-  }
-  if (p == 1) {
-    Backend::add_into(grad_shard.span(), grads.current());
-    return;
-  }
-  // This rank now holds the gradient of rank r + 1's shard: one hop home.
-  PooledBuffer<float> mine = pool.acquire<float>(Shape{rows, h});
-  comm.shift(grads.current(), mine.span(), 1);
-  Backend::add_into(grad_shard.span(), read_span(mine));
+  bool first = true;
+  rotate_blocks_with_sums<Backend>(
+      comm, pool, [&](int) { return rows * h; }, [&](int) { return rows * h; },
+      [&](std::span<float> own) { Backend::copy(shard.span(), own); },
+      [&](int owner, std::span<const float> block, std::span<float> sum) {
+        const TensorView<const float> w(block.data(), Shape{rows, h});
+        const TensorView<const float> dy = dy_block(owner);
+        Backend::matmul(dy, ops::Transpose::no, w, ops::Transpose::no, dx, 1.0f, first ? 0.0f : 1.0f);
+        Backend::matmul(dy, ops::Transpose::yes, x, ops::Transpose::no, TensorView<float>(sum.data(), Shape{rows, h}),
+                        1.0f, 1.0f);  // sum arrives zeroed
+        first = false;
+      },
+      [&](std::span<const float> total) { Backend::add_into(grad_shard.span(), total); });
 }
 
 // y: [m, h] (overwritten) = sum_j a_block(j) * W_j, a_block(j): [m, R]; the full W: [p*R, h] is all-gathered.
