@@ -407,3 +407,36 @@ TEST_CASE("checkpoint: check_writable_target fails at once for a missing folder,
     fs::permissions(dir.path / "ro", fs::perms::owner_all);
   }
 }
+
+TEST_CASE("checkpoint: save_checkpoint_bytes is what a save allocates beyond the model, so a save can be budgeted") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const int p = 2;
+  const std::int64_t predicted = save_checkpoint_bytes(c, p);
+  CHECK(predicted > 0);
+  std::vector<std::size_t> growth(p);
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    Model model(c, p, comm.rank(), 5);
+    MemoryTracker& tracker = MemoryTracker::current();
+    const std::size_t before = tracker.in_use();
+    tracker.reset_peak();
+    save_checkpoint(comm, model, dir.file("budget.safetensors"));
+    growth[std::size_t(comm.rank())] = tracker.peak() - before;
+    // Under a cap of the model plus the budget, the save fits (below, with half the budget, it runs out of memory
+    // and leaves the previous file as it was).
+    tracker.set_cap(before + std::size_t(predicted));
+    save_checkpoint(comm, model, dir.file("budget.safetensors"));
+    tracker.set_cap(MemoryTracker::kNoCap);
+  });
+  for (int r = 0; r < p; ++r) CHECK(growth[std::size_t(r)] == std::size_t(predicted));
+  const std::string saved = read_all(dir.file("budget.safetensors"));
+  CHECK_THROWS_AS(run_ranks(p, [&](ThreadCommunicator& comm) {
+                    Model model(c, p, comm.rank(), 6);
+                    MemoryTracker& tracker = MemoryTracker::current();
+                    tracker.set_cap(tracker.in_use() + std::size_t(predicted) / 2);
+                    save_checkpoint(comm, model, dir.file("budget.safetensors"));
+                  }),
+                  OutOfMemory);
+  CHECK(read_all(dir.file("budget.safetensors")) == saved);
+  CHECK(dir.names().size() == 1);  // no temporary left
+}

@@ -378,11 +378,19 @@ TEST_CASE("gpt: a step that runs out of memory part way leaves the model as it w
     trainer.tracker(r).set_cap(before[std::size_t(r)] + needed[std::size_t(r)] / 2);
   }
   CHECK_THROWS_AS(trainer.step(too_long, long_case.seq), OutOfMemory);
-  for (int r = 0; r < p; ++r) trainer.tracker(r).set_cap(MemoryTracker::kNoCap);
+  // The recovery runs under the cap the step ran out of and allocates nothing (it built a second stack, gradients
+  // included, while the first was alive, and ran out of memory itself: issue 15).
+  std::vector<std::size_t> at_failure(p);
+  for (int r = 0; r < p; ++r) {
+    at_failure[std::size_t(r)] = trainer.tracker(r).in_use();
+    trainer.tracker(r).reset_peak();
+  }
   trainer.run([&](ThreadCommunicator&, int r) {
     trainer.model(r).recover_from_failed_step();
     trainer.pool(r).trim();
   });
+  for (int r = 0; r < p; ++r) CHECK(trainer.tracker(r).peak() == at_failure[std::size_t(r)]);
+  for (int r = 0; r < p; ++r) trainer.tracker(r).set_cap(MemoryTracker::kNoCap);
   for (int r = 0; r < p; ++r) CHECK(trainer.tracker(r).in_use() == before[std::size_t(r)]);  // the failed step kept nothing
   trainer.step(last, test.seq);
   const Tolerance exact{0, 0};

@@ -252,8 +252,26 @@ inline GptConfig read_checkpoint_config(const std::string& path) {
   return checkpoint_detail::config_of(safetensors::read_header(file), path);
 }
 
+// The most bytes save_checkpoint allocates on one rank at a time, beyond the model itself (gather_layer's tensors:
+// one layer gathered from every rank and its global matrices), counted on a meta tracker. A run under a memory cap
+// budgets a save with it: the model's bytes + this must fit the cap.
+inline std::int64_t save_checkpoint_bytes(const GptConfig& config, int ranks) {
+  config.validate_for(ranks);
+  MemoryTracker meta(MemorySpace::meta);
+  {
+    const ScopedTracker scoped(meta);
+    const ShardGeometry geometry(config.layer, ranks);
+    const std::int64_t h = config.layer.hidden;
+    const Tensor<float> attention(Shape{ranks, geometry.attention_rows(), h}), mlp(Shape{ranks, geometry.mlp_rows(), h});
+    const GlobalLayerWeights<float> global(config.layer);
+    const LayerWeights rank_shard(geometry);
+  }
+  return std::int64_t(meta.peak());
+}
+
 // Writes `model` (every rank's shards, gathered) to `path` atomically. Collective: every rank of the model's group
-// calls it; rank 0 writes the file.
+// calls it; rank 0 writes the file. Beyond the model, it allocates save_checkpoint_bytes(config, ranks) per rank.
+// When it throws (out of memory, a write error), the file at `path` is unchanged.
 template <class Strategies, class Backend, Communicator C>
 void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string& path) {
   using namespace checkpoint_detail;

@@ -295,9 +295,10 @@ public:
   }
 
   // After a failed step (an OutOfMemory on some rank, a communication error): drop what the step kept (saved
-  // activations) and its partial gradients, so the model is as it was before the step.
+  // activations) and its partial gradients, so the model is as it was before the step. Allocates nothing, so it
+  // works under the memory cap the step ran out of.
   void recover_from_failed_step() {
-    stack_ = Stack(config_.layer, std::move(stack_.weights()), ranks_);
+    stack_.discard_step();
     zero_gradients();
   }
 

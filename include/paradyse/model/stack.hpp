@@ -66,6 +66,12 @@ public:
   void zero_gradients() {
     for (LayerWeights& g : gradients_) g.fill_zero();
   }
+  // Drops what a step kept (the saved activations of the layers its forward ran, its context) and allocates
+  // nothing: after a failed step the stack holds its weights and gradients only, as before the step.
+  void discard_step() noexcept {
+    saved_.clear();
+    ctx_.reset();
+  }
 
   // Throws unless every layer's choices exist and their strategies support this layer on this group and length.
   void check_plan(const StackPlan& plan, const SublayerContext& ctx) const {
