@@ -17,9 +17,10 @@
 //   - ExpertParallel moves tokens: all-to-all-v of the permuted rows to the experts' owners (per-expert counts
 //     exchanged first), one GEMM per owned expert over the rows of all ranks (expert-major), all-to-all-v back.
 //     Traffic grows with the routing skew.
-//   - ExpertTensorParallel (ZeRO-style) moves weights: every rank all-gathers the experts and computes its own
-//     tokens with all of them; backward gathers them again and reduce-scatters the weight gradients to the owners.
-//     Traffic is 3 E f h per pass whatever the routing.
+//   - ExpertTensorParallel (ZeRO-style) moves weights: each owner's experts are broadcast in turn (the next owner's
+//     while the current ones compute) and every rank runs its own tokens through them; backward broadcasts them again
+//     and reduces each owner's weight gradients onto it. Traffic is 3 E f h per pass whatever the routing; a rank
+//     holds at most two owners' experts at once, never all E.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -32,6 +33,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -96,8 +98,6 @@ inline void check_shard(const char* who, const MoeConfig& c, const MoeShard& w, 
   check(w.shared_gate.shape() == Shape{c.shared_gate ? 1 : 0, h}, "{}: shared_gate is {}, expected [{}, {}]", who,
         w.shared_gate.shape(), c.shared_gate ? 1 : 0, h);
 }
-
-inline ExpertBank<const float> bank_of(TensorView<const float> in, TensorView<const float> out) { return {in, out}; }
 
 // Sums `x` over the group, in place.
 template <Communicator C, class T>
@@ -409,8 +409,15 @@ struct ExpertTensorParallel {
     return moe_detail::forward<Backend>(
         name, ctx, w, x, y, [&](auto span) { moe_detail::sum_in_place(comm, span); },
         [&](MoeSaved& s, Tensor<float>&& xp, TensorView<float> hp) {
-          Gathered all = gather(comm, c, w, *ctx.pool);
-          moe_detail::local_experts_forward<Backend>(s, {all.in.view(), all.out.view()}, std::move(xp), hp, *ctx.pool);
+          s.expert_x = std::move(xp);
+          s.expert_pre = Tensor<float>(Shape{s.expert_x.extent(0), 2 * c.expert_ffn});
+          s.expert_offsets = s.dispatch.offsets;
+          for_each_owner(comm, c, w, *ctx.pool, [&](int, ChunkRange experts, const ExpertBank<const float>& bank) {
+            const Block b = block_of(s.expert_offsets, experts);
+            experts_forward<Backend>(bank, b.offsets, s.expert_x.view().slice(0, b.first, b.rows),
+                                     s.expert_pre.view().slice(0, b.first, b.rows), hp.slice(0, b.first, b.rows),
+                                     *ctx.pool);
+          });
         });
   }
 
@@ -418,54 +425,85 @@ struct ExpertTensorParallel {
   void backward(C& comm, const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorView<const float> dy,
                 TensorView<float> dx, MoeShard& grad) const {
     const MoeConfig& c = ctx.moe();
-    const int p = comm.size();
-    moe_detail::check_shard("ExpertTensorParallel backward", c, grad, p, comm.rank());
+    moe_detail::check_shard("ExpertTensorParallel backward", c, grad, comm.size(), comm.rank());
     moe_detail::backward<Backend>(
         name, ctx, w, s, dy, dx, grad, [&](auto span) { moe_detail::sum_in_place(comm, span); },
         [&](MoeSaved& saved, TensorView<const float> dhp, TensorView<float> dxp, MoeShard& g) {
           BufferPool& pool = *ctx.pool;
           const std::int64_t h = c.hidden, f = c.expert_ffn;
-          PooledBuffer<float> gin = pool.acquire<float>(Shape{c.experts, 2 * f, h}),
-                              gout = pool.acquire<float>(Shape{c.experts, f, h});
-          Backend::fill(gin.view(), 0.0f);
-          Backend::fill(gout.view(), 0.0f);
-          {
-            Gathered all = gather(comm, c, w, pool);
-            experts_backward<Backend>({all.in.view(), all.out.view()}, saved.expert_offsets, saved.expert_x.view(),
-                                      saved.expert_pre.view(), dhp, dxp, {gin.view(), gout.view()}, pool);
-          }
-          reduce_to_owners(comm, c, gin, 2 * f * h, g.expert_in.view(), pool);
-          reduce_to_owners(comm, c, gout, f * h, g.expert_out.view(), pool);
+          for_each_owner(comm, c, w, pool, [&](int owner, ChunkRange experts, const ExpertBank<const float>& bank) {
+            const Block b = block_of(saved.expert_offsets, experts);
+            // This rank's part of the owner's experts' gradient, summed onto the owner.
+            PooledBuffer<float> part = pool.acquire<float>(Shape{experts.length * 3 * f * h});
+            Backend::fill(part.view(), 0.0f);
+            const ExpertBank<float> gbank{{part.data(), Shape{experts.length, 2 * f, h}},
+                                          {part.data() + experts.length * 2 * f * h, Shape{experts.length, f, h}}};
+            experts_backward<Backend>(bank, b.offsets, saved.expert_x.view().slice(0, b.first, b.rows),
+                                      saved.expert_pre.view().slice(0, b.first, b.rows), dhp.slice(0, b.first, b.rows),
+                                      dxp.slice(0, b.first, b.rows), gbank, pool);
+            const bool mine = owner == comm.rank();
+            PooledBuffer<float> sum = pool.acquire<float>(Shape{mine ? part.numel() : 0});
+            comm.reduce(std::span<const float>(part.span()), sum.span(), ReduceOp::sum, owner);
+            if (mine) {
+              Backend::add_into(g.expert_in.span(), std::span<const float>(sum.span()).first(std::size_t(g.expert_in.numel())));
+              Backend::add_into(g.expert_out.span(), std::span<const float>(sum.span()).subspan(std::size_t(g.expert_in.numel())));
+            }
+          });
         });
   }
 
 private:
-  struct Gathered {
-    PooledBuffer<float> in, out;  // [E, 2f, h], [E, f, h]
+  // The permuted rows of experts [first, first + count): block offsets relative to their first row.
+  struct Block {
+    std::int64_t first = 0, rows = 0;
+    std::vector<std::int64_t> offsets;
   };
-  // Elements of each rank's experts, `per_expert` elements each.
-  static std::vector<std::int64_t> owner_counts(const MoeConfig& c, int p, std::int64_t per_expert) {
-    std::vector<std::int64_t> counts(static_cast<std::size_t>(p));
-    for (int q = 0; q < p; ++q) counts[std::size_t(q)] = owned_experts(c, p, q).length * per_expert;
-    return counts;
+  static Block block_of(const std::vector<std::int64_t>& offsets, ChunkRange experts) {
+    Block b;
+    b.first = offsets[std::size_t(experts.start)];
+    b.rows = offsets[std::size_t(experts.end())] - b.first;
+    for (std::int64_t e = experts.start; e <= experts.end(); ++e) b.offsets.push_back(offsets[std::size_t(e)] - b.first);
+    return b;
   }
-  template <Communicator C>
-  static Gathered gather(C& comm, const MoeConfig& c, const MoeShard& w, BufferPool& pool) {
-    const std::int64_t h = c.hidden, f = c.expert_ffn;
-    Gathered g{pool.acquire<float>(Shape{c.experts, 2 * f, h}), pool.acquire<float>(Shape{c.experts, f, h})};
-    comm.all_gather_v(w.expert_in.span(), g.in.span(), owner_counts(c, comm.size(), 2 * f * h));
-    comm.all_gather_v(w.expert_out.span(), g.out.span(), owner_counts(c, comm.size(), f * h));
-    return g;
+
+  // Calls body(owner, its experts, their weights) for every rank that owns experts, in rank order, each owner's
+  // experts broadcast from it; the next owner's experts travel while body runs on the current ones. So a rank holds
+  // at most two owners' experts at a time, never all E (ZeRO-3's prefetch of the next layer, per owner).
+  template <Communicator C, class Body>
+  static void for_each_owner(C& comm, const MoeConfig& c, const MoeShard& w, BufferPool& pool, Body&& body) {
+    const int p = comm.size();
+    const std::int64_t per_expert = 3 * c.expert_ffn * c.hidden, in_size = 2 * c.expert_ffn * c.hidden;
+    std::vector<int> owners;
+    std::int64_t most = 0;
+    for (int q = 0; q < p; ++q) {
+      const std::int64_t count = owned_experts(c, p, q).length;
+      if (count > 0) owners.push_back(q);
+      most = std::max(most, count);
+    }
+    PooledBuffer<float> buffers[2] = {pool.acquire<float>(Shape{most * per_expert}),
+                                      pool.acquire<float>(Shape{owners.size() > 1 ? most * per_expert : 0})};
+    const auto post = [&](std::size_t i) {
+      const int q = owners[i];
+      const std::int64_t count = owned_experts(c, p, q).length;
+      const std::span<float> weights = buffers[i % 2].span().first(std::size_t(count * per_expert));
+      if (q == comm.rank()) {  // the owner sends its own experts: [in of every expert | out of every expert]
+        Backend::copy(w.expert_in.span(), weights.first(std::size_t(count * in_size)));
+        Backend::copy(w.expert_out.span(), weights.subspan(std::size_t(count * in_size)));
+      }
+      return comm.broadcast_async(weights, q);
+    };
+    Request pending = owners.empty() ? Request() : post(0);
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      pending.wait();
+      Request next = i + 1 < owners.size() ? post(i + 1) : Request();
+      const ChunkRange experts = owned_experts(c, p, owners[i]);
+      const float* at = buffers[i % 2].data();
+      const ExpertBank<const float> bank{{at, Shape{experts.length, 2 * c.expert_ffn, c.hidden}},
+                                         {at + experts.length * in_size, Shape{experts.length, c.expert_ffn, c.hidden}}};
+      body(owners[i], experts, bank);
+      pending = std::move(next);
+    }
   }
-  // grad [E_r, ...] += the sum over ranks of full's block of this rank's experts.
-  template <Communicator C>
-  static void reduce_to_owners(C& comm, const MoeConfig& c, const PooledBuffer<float>& full, std::int64_t per_expert,
-                               TensorView<float> grad, BufferPool& pool) {
-    PooledBuffer<float> mine = pool.acquire<float>(grad.shape());
-    comm.reduce_scatter_v(read_span(full), mine.span(), owner_counts(c, comm.size(), per_expert), ReduceOp::sum);
-    Backend::add_into(grad, mine);
-  }
-  static std::span<const float> read_span(const PooledBuffer<float>& x) { return {x.data(), std::size_t(x.numel())}; }
 };
 
 }  // namespace paradyse
