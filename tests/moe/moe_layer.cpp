@@ -115,8 +115,9 @@ std::vector<LayerCase> layer_cases(int p) {
     cases.push_back(lc);
   }
   {
-    LayerCase lc{"E=8 top-1 capacity factor 1.25", base_config(8, 1), 2, 2 * length};
+    LayerCase lc{"E=8 capacity factor 1.25, variable experts per token", base_config(8, 1), 2, 2 * length};
     lc.config.capacity_factor = 1.25;
+    lc.k_per_token = true;
     cases.push_back(lc);
   }
   return cases;
@@ -324,6 +325,22 @@ TEST_CASE("ExpertParallel matches the float64 reference, p in {1, 2, 3, 4, 8}") 
 TEST_CASE("ExpertTensorParallel matches the float64 reference, p in {1, 2, 3, 4, 8}") {
   for (int p : {1, 2, 3, 4, 8})
     check_cases(p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>(), 300 + 20 * p);
+}
+
+TEST_CASE("ranks without tokens (s < p) take part in every collective and get their experts' gradients") {
+  for (int p : {2, 3, 4}) {
+    LayerCase lc{"one short sample", base_config(6, 2), 1, p - 1};
+    lc.config.shared_experts = 1;
+    lc.config.shared_ffn = 3;
+    lc.config.shared_gate = true;
+    lc.config.aux_loss_coef = 0.1;
+    lc.config.z_loss_coef = 0.1;
+    CAPTURE(p);
+    const MoeProblem prob = make_problem(lc, 800 + std::uint64_t(p));
+    check_against_reference(prob, p, run_layer(prob, p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>()));
+    check_against_reference(
+        prob, p, run_layer(prob, p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>()));
+  }
 }
 
 TEST_CASE("ExpertParallel and ExpertTensorParallel agree on the same shards") {
