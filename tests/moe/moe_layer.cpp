@@ -8,6 +8,7 @@
 #include "moe/reference_moe.hpp"
 #include "support/tolerance.hpp"
 
+#include "paradyse/comm/symbolic.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/trace.hpp"
 #include "paradyse/moe/moe_layer.hpp"
@@ -489,4 +490,55 @@ TEST_CASE("a 2-layer MoE stack with mixed strategies matches the reference: laye
         check_gradients(two.model, ref2, p, r, second_grads[std::size_t(r)]);
       }
     }
+}
+
+namespace {
+// Forward and backward of strategy S on rank `rank` of `p` over meta tensors, with the counting backend and a
+// symbolic communicator: the trace of a balanced routing (the counting router's stand-in).
+template <template <class> class S>
+Trace dry_run(const MoeConfig& c, int p, int rank, std::int64_t batch, std::int64_t tokens) {
+  Trace trace;
+  MemoryTracker meta(MemorySpace::meta);
+  ScopedTracker scoped(meta);
+  ScopedTrace recording(trace);
+  SymbolicCommunicator comm(rank, p, trace);
+  BufferPool pool;
+  const MoeContext ctx(c, pool);
+  const MoeShard w = MoeShard::zeros(c, p, rank);
+  MoeShard g = MoeShard::zeros(c, p, rank);
+  Tensor<float> x(Shape{batch, tokens, c.hidden}), y(x.shape()), dx(x.shape());
+  MoeSaved saved = S<ops::Counting>{}.forward(comm, ctx, w, x.view(), y.view());
+  S<ops::Counting>{}.backward(comm, ctx, w, saved, y.view(), dx.view(), g);
+  return trace;
+}
+std::int64_t count(const Trace& t, TraceKind kind, TransferKind transfer = TransferKind::barrier) {
+  std::int64_t n = 0;
+  for (const TraceEvent& e : t.events()) n += e.kind == kind && (kind != TraceKind::post || e.transfer == transfer);
+  return n;
+}
+}  // namespace
+
+TEST_CASE("both strategies run as a dry run (meta tensors, counting backend, symbolic communicator)") {
+  MoeConfig c = base_config(8, 2);
+  c.shared_experts = 1;
+  c.shared_ffn = 4;
+  c.shared_gate = true;
+  // Rank 1 of 4 owns experts 2 and 3; 16 local tokens x 2 / 8 experts = 4 rows per expert from every rank.
+  const Trace ep = dry_run<ExpertParallel>(c, 4, 1, 2, 8);
+  CHECK(count(ep, TraceKind::post, TransferKind::all_to_all) == 3 + 2);  // counts, rows out and back; twice back
+  CHECK(count(ep, TraceKind::post, TransferKind::all_reduce) == 2);      // router statistics; replicated gradients
+  // GEMMs: router 1 + 2 owned experts x 2 + shared 2 + gate 1; backward: experts 2 x 4 + router 2 + shared 4 + gate 2.
+  CHECK(count(ep, TraceKind::gemm) == 8 + 16);
+  for (const TraceEvent& e : ep.events()) {
+    if (e.kind == TraceKind::gemm && e.n == 2 * c.expert_ffn && e.k == c.hidden) CHECK(e.m == 16);  // 4 ranks x 4 rows
+    if (e.kind == TraceKind::post && e.transfer == TransferKind::all_to_all && e.bytes > 100)
+      CHECK(e.bytes == 32 * 8 * 4);  // this rank's 32 routed rows of h floats
+  }
+  const Trace etp = dry_run<ExpertTensorParallel>(c, 4, 1, 2, 8);
+  CHECK(count(etp, TraceKind::post, TransferKind::broadcast) == 4 + 4);  // each owner's experts, forward and backward
+  CHECK(count(etp, TraceKind::post, TransferKind::reduce) == 4);         // each owner's expert gradients
+  CHECK(count(etp, TraceKind::post, TransferKind::all_to_all) == 0);
+  CHECK(count(etp, TraceKind::gemm) == (1 + 16 + 3) + (32 + 2 + 6));
+  for (const TraceEvent& e : etp.events())
+    if (e.kind == TraceKind::post && e.transfer == TransferKind::broadcast) CHECK(e.bytes == 2 * 3 * 6 * 8 * 4);
 }

@@ -318,7 +318,12 @@ struct ExpertParallel {
               s.send_rows[std::size_t(q)] += s.dispatch.count(e);
             }
           }
-          std::vector<std::int64_t> received(static_cast<std::size_t>(p * mine.length));  // [source][local expert]
+          // [source][local expert]. Pre-filled with this rank's own counts: a real exchange overwrites them, and a
+          // communicator that moves nothing (the dry run's) leaves the assumption that every rank routes like this one.
+          std::vector<std::int64_t> received(static_cast<std::size_t>(p * mine.length));
+          for (int q = 0; q < p; ++q)
+            for (std::int64_t e = 0; e < mine.length; ++e)
+              received[std::size_t(q * mine.length + e)] = s.dispatch.count(mine.start + e);
           comm.all_to_all_v(std::span<const std::int64_t>(block), counts_out, std::span<std::int64_t>(received),
                             counts_in);
           // Received rows are source-major; the experts want them expert-major.
