@@ -36,10 +36,13 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -207,6 +210,22 @@ pd::cost::HardwareProfile hardware_profile(const Options& o) {
   return profile;
 }
 
+// Whether every weight this rank holds (its shards and the replicated pack) is finite.
+bool finite_weights(Model& model) {
+  const auto finite = [](const pd::Tensor<float>& t) {
+    return std::all_of(t.span().begin(), t.span().end(), [](float x) { return std::isfinite(x); });
+  };
+  for (const pd::LayerWeights& w : model.stack().weights())
+    if (!finite(w.attention.packed) || !finite(w.mlp.packed) || !finite(w.norms.packed)) return false;
+  return finite(model.replicated());
+}
+
+// This machine's memory, 0 when unknown.
+double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
+}
+
 struct StepRecord {
   std::int64_t length = 0;
   double loss = 0;
@@ -249,6 +268,40 @@ int main(int argc, char** argv) {
       cap = metp_peak + (ts_peak - metp_peak) / 4;  // METP fits with room; TS needs more from ~60% of max-len on
       cap = (cap + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
     }
+    // The model's size before anything is allocated: its states (weights, gradients, AdamW moments) per rank, and
+    // what a save adds (one layer gathered). Refused with the numbers when it cannot fit the cap or this machine.
+    const pd::plan::CostTable longest = costs.table(o.max_len);
+    const std::int64_t state_bytes = longest.model_state_bytes + Model::replicated_state_bytes(config);
+    const std::int64_t save_bytes = o.save.empty() ? 0 : pd::save_checkpoint_bytes(config, o.ranks);
+    bool cap_raised_for_save = false;
+    const std::int64_t least_peak = std::max(std::min(metp_peak, ts_peak), state_bytes + save_bytes);
+    if (const double machine = physical_memory_bytes(); machine > 0 && double(least_peak) * o.ranks > 0.9 * machine) {
+      fmt::print(stderr,
+                 "train_gpt: the model does not fit this machine: {} layers of h={} ({:.3g} M parameters) need at "
+                 "least {:.1f} MiB per rank (states {:.1f} MiB{}; the least-memory plan at --max-len {} peaks at "
+                 "{:.1f} MiB), {:.2f} GiB for {} ranks; this machine has {:.2f} GiB\n",
+                 o.layers, o.hidden, double(config.parameter_count()) / 1e6, double(least_peak) / kMiB,
+                 double(state_bytes) / kMiB,
+                 save_bytes ? fmt::format(", + {:.1f} MiB to save", double(save_bytes) / kMiB) : std::string(),
+                 o.max_len, double(std::min(metp_peak, ts_peak)) / kMiB, double(least_peak) * o.ranks / (kMiB * 1024),
+                 o.ranks, machine / (kMiB * 1024));
+      return 2;
+    }
+    if (state_bytes + save_bytes > cap) {
+      if (o.cap_mib > 0) {
+        fmt::print(stderr,
+                   "train_gpt: the model needs {:.1f} MiB per rank for its weights, gradients and AdamW moments{}, "
+                   "above the cap of {:.1f} MiB (--cap-mib): raise the cap to at least {:.1f} MiB{}\n",
+                   double(state_bytes) / kMiB,
+                   save_bytes ? fmt::format(" and {:.1f} MiB more to save the checkpoint", double(save_bytes) / kMiB)
+                              : std::string(),
+                   double(cap) / kMiB, double(state_bytes + save_bytes) / kMiB,
+                   save_bytes ? " or drop --save" : "");
+        return 2;
+      }
+      cap = (state_bytes + save_bytes + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
+      cap_raised_for_save = true;
+    }
 
     fmt::print("model: GPT, {} layers, h={}, {} heads, ffn={}, vocab {} (bytes), causal + RoPE, zigzag tokens, untied "
                "replicated LM head; {:.2f} M parameters\n",
@@ -261,7 +314,11 @@ int main(int argc, char** argv) {
                o.max_len, o.sorted ? "sorted (curriculum)" : "random", o.seed);
     fmt::print("ranks: {} threads; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
                "all-MegatronTS {:.1f} MiB)\n",
-               o.ranks, double(cap) / kMiB, o.cap_mib > 0 ? " (given)" : " (from the memory model)", o.max_len,
+               o.ranks, double(cap) / kMiB,
+               o.cap_mib > 0 ? " (given)"
+               : cap_raised_for_save ? " (from the memory model, raised to fit the model and its save)"
+                                     : " (from the memory model)",
+               o.max_len,
                double(metp_peak) / kMiB, double(ts_peak) / kMiB);
     fmt::print("strategies: {}\n\n", o.strategy.empty() ? "chosen per layer and sublayer by the exact planner (attn/mlp per layer)"
                                                         : fmt::format("{} everywhere (static)", o.strategy));
@@ -271,6 +328,23 @@ int main(int argc, char** argv) {
       ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
       ranks.pools[std::size_t(r)] = std::make_unique<pd::BufferPool>();
     });
+    // The states as allocated (the estimate above rounds no tensor): the save must still fit beside them.
+    if (save_bytes > 0) {
+      std::size_t held = 0;
+      for (int r = 0; r < o.ranks; ++r) held = std::max(held, ranks.tracker(r).in_use());
+      const std::int64_t need = std::int64_t(held) + save_bytes;
+      if (need > cap) {
+        if (o.cap_mib > 0) {
+          fmt::print(stderr, "train_gpt: the model holds {:.1f} MiB per rank and saving it needs {:.1f} MiB more, above "
+                             "the cap of {:.1f} MiB (--cap-mib): raise the cap or drop --save\n",
+                     double(held) / kMiB, double(save_bytes) / kMiB, double(cap) / kMiB);
+          return 2;
+        }
+        cap = (need + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
+        for (int r = 0; r < o.ranks; ++r) ranks.tracker(r).set_cap(std::size_t(cap));
+        fmt::print("memory cap raised to {:.0f} MiB per rank to fit the model and its save\n", double(cap) / kMiB);
+      }
+    }
     if (!o.load.empty()) {
       ranks.run([&](pd::ThreadCommunicator&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
       fmt::print("weights loaded from {}\n\n", o.load);
@@ -345,8 +419,19 @@ int main(int argc, char** argv) {
                    double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
         ++ooms;
         records.push_back({s, 0, seconds, true});
-        ranks.run([&](pd::ThreadCommunicator&, int r) { ranks.models[std::size_t(r)]->recover_from_failed_step(); });
+        // Under the same cap: the recovery allocates nothing, and the pool gives back what the step cached.
+        ranks.run([&](pd::ThreadCommunicator&, int r) {
+          ranks.models[std::size_t(r)]->recover_from_failed_step();
+          ranks.pools[std::size_t(r)]->trim();
+        });
         continue;
+      }
+      if (!std::isfinite(loss)) {
+        fmt::print(stderr,
+                   "train_gpt: step {}: the training loss is {} (learning rate {:g}, length {}): training diverged; "
+                   "stopping without saving a checkpoint\n",
+                   step, loss, double(adamw.learning_rate), s);
+        return 1;
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double peak = double(*std::max_element(peaks.begin(), peaks.end()));
@@ -392,7 +477,27 @@ int main(int argc, char** argv) {
     if (!o.strategy.empty()) fmt::print("  OOM steps under --strategy {:<10} {}\n", o.strategy, ooms);
 
     if (!o.save.empty()) {
-      ranks.run([&](pd::ThreadCommunicator& comm, int r) { pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], o.save); });
+      // No checkpoint of weights that are not finite (a last optimizer step that diverged).
+      std::atomic<int> bad_rank{-1};
+      ranks.run([&](pd::ThreadCommunicator&, int r) {
+        if (!finite_weights(*ranks.models[std::size_t(r)])) bad_rank = r;
+      });
+      if (bad_rank >= 0) {
+        fmt::print(stderr, "train_gpt: rank {} holds weights that are not finite (nan or inf) after training: the "
+                           "checkpoint is not saved\n", int(bad_rank));
+        return 1;
+      }
+      // Within the cap: the pools give back their buffers first (the cap was budgeted for the model + the save).
+      try {
+        ranks.run([&](pd::ThreadCommunicator& comm, int r) {
+          ranks.pools[std::size_t(r)]->trim();
+          pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], o.save);
+        });
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "train_gpt: saving the checkpoint to {} failed after {} steps of training (any earlier file "
+                           "there is unchanged): {}\n", o.save, done.size(), e.what());
+        return 1;
+      }
       fmt::print("  checkpoint                 {} (safetensors, global tensors)\n", o.save);
     }
     return 0;
