@@ -159,6 +159,8 @@ public:
   void set_cap(std::size_t cap) noexcept { accounts_->cap = cap; }
   // Starts a new measurement window: the peak becomes the current usage.
   void reset_peak() noexcept { accounts_->peak.store(in_use(), std::memory_order_relaxed); }
+  // The peak becomes at least `bytes` (restores a window after a nested measurement).
+  void raise_peak_to(std::size_t bytes) noexcept { accounts_->raise_peak(bytes); }
 
   // The tracker of the calling thread.
   static MemoryTracker& current() noexcept { return slot() ? *slot() : process_default(); }

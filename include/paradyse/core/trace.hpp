@@ -19,6 +19,7 @@ namespace paradyse {
 
 enum class TraceKind : std::uint8_t {
   allocate,             // bytes: a plain allocation of the tracker
+  scratch,              // bytes: a kernel's workspace, allocated and freed within the kernel call
   deallocate,           // bytes: its release
   pool_acquire,         // bytes: a buffer lent by the buffer pool (requested bytes; the pool rounds to a size class)
   pool_give_back,       // bytes: its return
@@ -45,14 +46,25 @@ struct TraceEvent {
   TraceKind kind = TraceKind::elementwise;
   TransferKind transfer = TransferKind::barrier;
   std::int32_t request = -1;  // links a post to its wait
+  std::int32_t count = 1;     // identical kernels in a row (a per-head loop) are one event
   double bytes = 0;
   double m = 0, n = 0, k = 0;
+
+  bool is_kernel() const noexcept { return kind >= TraceKind::gemm && kind <= TraceKind::activation; }
+  bool same_kernel(const TraceEvent& e) const noexcept {
+    return kind == e.kind && bytes == e.bytes && m == e.m && n == e.n && k == e.k;
+  }
 };
 
 class Trace {
 public:
   void record(const TraceEvent& event) {
-    if (paused_ == 0) events_.push_back(event);
+    if (paused_ != 0) return;
+    if (event.is_kernel() && !events_.empty() && events_.back().is_kernel() && events_.back().same_kernel(event)) {
+      events_.back().count += event.count;
+      return;
+    }
+    events_.push_back(event);
   }
   std::int32_t new_request() noexcept { return next_request_++; }
   const std::vector<TraceEvent>& events() const noexcept { return events_; }

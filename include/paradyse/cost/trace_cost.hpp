@@ -86,6 +86,13 @@ public:
     for (const TraceEvent& e : events) {
       switch (e.kind) {
         case TraceKind::allocate: grow(out, round_allocation(e.bytes * scale_)); break;
+        case TraceKind::scratch: {  // tracker bytes (already rounded), there and gone within one kernel
+          const std::int64_t b = std::int64_t(e.bytes * scale_ + 0.5) / 64 * 64;
+          grow(out, b);
+          live_ -= b;
+          out.push_back({MemoryEvent::plain, -b});
+          break;
+        }
         case TraceKind::deallocate: {
           const std::int64_t b = round_allocation(e.bytes * scale_);
           live_ -= b;
@@ -153,6 +160,14 @@ private:
     compute_ += seconds;
   }
   void step(const TraceEvent& e) {
+    if (e.is_kernel() && e.count > 1) {
+      TraceEvent one = e;
+      one.count = 1;
+      const double before = now_;
+      step(one);
+      run((now_ - before) * (e.count - 1));
+      return;
+    }
     switch (e.kind) {
       case TraceKind::gemm: run(hw_.gemm.time(e.m, e.n, e.k, dtype_bytes_)); break;
       case TraceKind::attention_forward: run(hw_.attention.forward_time(4 * e.k * e.n * e.m)); break;

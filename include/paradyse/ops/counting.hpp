@@ -74,7 +74,8 @@ struct Counting {
   // ---- GEMM ----
   static void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float*,
                    std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
-    if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha)) Tensor<float> panels(Shape{std::int64_t(floats)});
+    if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
+      scratch([&] { const Tensor<float> panels(Shape{std::int64_t(floats)}); });
     record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
   }
   static void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
@@ -93,17 +94,21 @@ struct Counting {
   // ---- attention: q [b, sq, hq, d], k/v [b, sk, hkv, d] ----
   static void attention_forward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                                 const AttentionMask& mask, TensorView<float>, TensorView<float>) {
-    const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
-    const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});  // the CPU kernel's workspace, in its order
-    const cpu::detail::ForwardScratch scratch(tiling, q.extent(3));
+    scratch([&] {  // the CPU kernel's workspace, in its order
+      const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
+      const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});
+      const cpu::detail::ForwardScratch scratch(tiling, q.extent(3));
+    });
     record_attention(TraceKind::attention_forward, q, k, mask);
   }
   static void attention_backward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                                  TensorView<const float>, TensorView<const float>, TensorView<const float>,
                                  const AttentionMask& mask, TensorView<float>, TensorView<float>, TensorView<float>) {
-    const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
-    const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});
-    const cpu::detail::BackwardScratch scratch(tiling, q.extent(1));
+    scratch([&] {
+      const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
+      const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});
+      const cpu::detail::BackwardScratch scratch(tiling, q.extent(1));
+    });
     record_attention(TraceKind::attention_backward, q, k, mask);
   }
   static void attention_merge(TensorView<float> out, TensorView<float> lse, TensorView<const float>,
@@ -223,6 +228,21 @@ struct Counting {
   static TensorView<T> vector(std::span<T> x) { return {x.data(), Shape{std::int64_t(x.size())}}; }
 
 private:
+  // The workspace `allocate` makes (and frees) on the current tracker, as one scratch event of its peak bytes.
+  template <class Allocate>
+  static void scratch(Allocate&& allocate) {
+    MemoryTracker& tracker = MemoryTracker::current();
+    const std::size_t before = tracker.in_use();
+    const std::size_t peak_before = tracker.peak();
+    tracker.reset_peak();
+    {
+      const Trace::Pause quiet(tracker.trace());
+      allocate();
+    }
+    const std::size_t bytes = tracker.peak() - before;
+    tracker.raise_peak_to(peak_before);
+    if (Trace* trace = tracker.trace(); trace && bytes) trace->record({.kind = TraceKind::scratch, .bytes = double(bytes)});
+  }
   static void record(const TraceEvent& event) {
     Trace* trace = Trace::current();
     check(trace != nullptr, "ops::Counting: no Trace is installed on this thread (use ScopedTrace)");
@@ -235,7 +255,7 @@ private:
     record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements)});
   }
   static void rope(TensorView<const float> x) {
-    const Tensor<float> angles(Shape{2, x.extent(3) / 2});  // the CPU kernel's angle table
+    scratch([&] { const Tensor<float> angles(Shape{2, x.extent(3) / 2}); });  // the CPU kernel's angle table
     stream(2 * x.numel());
   }
   static void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,
