@@ -1,11 +1,13 @@
 // Tests of paradyse/comm/mpi_watchdog.hpp: the arrival board names the ranks that have not entered an operation,
 // the watchdog stays quiet for waits that finish, and (run alone by ctest, since they end the job) a timeout and a
-// failed rank abort every process with a message naming the operation, the group and the missing or failed rank.
+// failed rank abort every process with a message naming the operation, the group and the missing or failed rank,
+// and a process killed mid-collective ends the whole job within the timeout.
 #include "paradyse/comm/mpi.hpp"
 
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <csignal>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -89,4 +91,22 @@ TEST_CASE("mpi: a failed rank aborts the job naming it" * doctest::skip()) {
     world.all_reduce(std::span<const float>(x), std::span<float>(x), pd::ReduceOp::sum);  // waits for rank 1
     FAIL("the all-reduce cannot complete without rank 1");
   });
+}
+
+// Run alone by ctest (mpi_killed_np2): rank 1 is killed (SIGKILL: no handler, no MPI_Abort of its own) while rank 0
+// waits in a collective of a running sequence. The job must end within the test's timeout, by mpirun noticing the
+// dead process or by rank 0's watchdog (5 s) aborting the job; ctest judges what mpirun prints.
+TEST_CASE("mpi: a killed process ends the job" * doctest::skip()) {
+  MpiCommunicator world = MpiCommunicator::world();
+  world.set_timeout(std::chrono::seconds(5));
+  std::vector<float> x(1 << 16, 1.0f), y(x.size());
+  for (int step = 0; step < 1000; ++step) {
+    if (world.rank() == 1 && step == 10) {
+      // Mid-sequence, with its part of the next all-reduce posted: the peer is inside the collective.
+      pd::Request pending = world.all_reduce_async(std::span<const float>(x), std::span<float>(y), pd::ReduceOp::sum);
+      std::raise(SIGKILL);
+    }
+    world.all_reduce(std::span<const float>(x), std::span<float>(y), pd::ReduceOp::sum);
+  }
+  FAIL("the all-reduces cannot complete without rank 1");
 }
