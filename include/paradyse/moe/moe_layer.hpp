@@ -248,8 +248,7 @@ void backward(std::string_view strategy, const MoeContext& ctx, const MoeShard& 
   Backend::add_into(grad.shared_gate.view(), g.shared_gate);
 }
 
-// The routed experts of the whole bank on this rank's own rows (one rank, and ExpertTensorParallel after its
-// gather): xp is kept for backward.
+// The routed experts of the whole bank on this rank's own rows (one rank): xp is kept for backward.
 template <class Backend>
 void local_experts_forward(MoeSaved& s, const ExpertBank<const float>& bank, Tensor<float>&& xp, TensorView<float> hp,
                            BufferPool& pool) {
