@@ -61,7 +61,8 @@ struct MoeSaved {
   std::int64_t dropped = 0;  // assignments dropped by the capacity, over the group
   Tensor<float> wp;          // [rows]: gate weight of each permuted row
   Tensor<float> hp;          // [rows, h]: the experts' outputs for this rank's permuted rows
-  // The rows this rank's experts computed (expert-major), their pre-activations and block offsets.
+  // The rows this rank's experts computed (expert-major), their pre-activations and block offsets. expert_x is kept
+  // by ExpertParallel only (rows that came from other ranks); one rank and ExpertTensorParallel permute x again.
   Tensor<float> expert_x, expert_pre;
   std::vector<std::int64_t> expert_offsets;
   // ExpertParallel: rows sent to / received from each rank, and the received rows' permutation to expert-major.
@@ -159,6 +160,7 @@ MoeSaved forward(std::string_view strategy, const MoeContext& ctx, const MoeShar
   permute_tokens<Backend>(s.dispatch, x, xp.view());
   s.hp = Tensor<float>(Shape{rows, h});
   experts(s, std::move(xp), s.hp.view());
+  xp = Tensor<float>();  // a transient: backward permutes x again where it needs these rows
   s.wp = Tensor<float>(Shape{rows});
   permuted_gates<Backend>(s.dispatch, s.routing.gates.view(), s.wp.view());
   Backend::fill(y, 0.0f);
@@ -250,12 +252,19 @@ void backward(std::string_view strategy, const MoeContext& ctx, const MoeShard& 
 
 // The routed experts of the whole bank on this rank's own rows (one rank): xp is kept for backward.
 template <class Backend>
-void local_experts_forward(MoeSaved& s, const ExpertBank<const float>& bank, Tensor<float>&& xp, TensorView<float> hp,
-                           BufferPool& pool) {
-  s.expert_x = std::move(xp);
-  s.expert_pre = Tensor<float>(Shape{s.expert_x.extent(0), 2 * bank.ffn()});
+void local_experts_forward(MoeSaved& s, const ExpertBank<const float>& bank, TensorView<const float> xp,
+                           TensorView<float> hp, BufferPool& pool) {
+  s.expert_pre = Tensor<float>(Shape{xp.extent(0), 2 * bank.ffn()});
   s.expert_offsets = s.dispatch.offsets;
-  experts_forward<Backend>(bank, s.expert_offsets, s.expert_x.view(), s.expert_pre.view(), hp, pool);
+  experts_forward<Backend>(bank, s.expert_offsets, xp, s.expert_pre.view(), hp, pool);
+}
+
+// This rank's rows in dispatch order again (backward), instead of keeping them from forward: [rows, h].
+template <class Backend>
+PooledBuffer<float> permuted_again(const MoeSaved& s, BufferPool& pool) {
+  PooledBuffer<float> xp = pool.acquire<float>(Shape{s.dispatch.rows(), s.x.extent(1)});
+  permute_tokens<Backend>(s.dispatch, s.x.view(), xp.view());
+  return xp;
 }
 
 }  // namespace moe_detail
@@ -268,7 +277,7 @@ MoeSaved moe_forward(const MoeContext& ctx, const MoeShard& w, TensorView<const 
   return moe_detail::forward<Backend>(
       "single rank", ctx, w, x, y, [](auto) {},
       [&](MoeSaved& s, Tensor<float>&& xp, TensorView<float> hp) {
-        moe_detail::local_experts_forward<Backend>(s, {w.expert_in.view(), w.expert_out.view()}, std::move(xp), hp,
+        moe_detail::local_experts_forward<Backend>(s, {w.expert_in.view(), w.expert_out.view()}, xp.view(), hp,
                                                    *ctx.pool);
       });
 }
@@ -281,9 +290,10 @@ void moe_backward(const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorV
   moe_detail::backward<Backend>(
       "single rank", ctx, w, s, dy, dx, grad, [](auto) {},
       [&](MoeSaved& saved, TensorView<const float> dhp, TensorView<float> dxp, MoeShard& g) {
-        experts_backward<Backend>({w.expert_in.view(), w.expert_out.view()}, saved.expert_offsets,
-                                  saved.expert_x.view(), saved.expert_pre.view(), dhp, dxp,
-                                  {g.expert_in.view(), g.expert_out.view()}, *ctx.pool);
+        const PooledBuffer<float> xp = moe_detail::permuted_again<Backend>(saved, *ctx.pool);
+        experts_backward<Backend>({w.expert_in.view(), w.expert_out.view()}, saved.expert_offsets, xp,
+                                  saved.expert_pre.view(), dhp, dxp, {g.expert_in.view(), g.expert_out.view()},
+                                  *ctx.pool);
       });
 }
 
@@ -413,12 +423,11 @@ struct ExpertTensorParallel {
     return moe_detail::forward<Backend>(
         name, ctx, w, x, y, [&](auto span) { moe_detail::sum_in_place(comm, span); },
         [&](MoeSaved& s, Tensor<float>&& xp, TensorView<float> hp) {
-          s.expert_x = std::move(xp);
-          s.expert_pre = Tensor<float>(Shape{s.expert_x.extent(0), 2 * c.expert_ffn});
+          s.expert_pre = Tensor<float>(Shape{xp.extent(0), 2 * c.expert_ffn});
           s.expert_offsets = s.dispatch.offsets;
           for_each_owner(comm, c, w, *ctx.pool, [&](int, ChunkRange experts, const ExpertBank<const float>& bank) {
             const Block b = block_of(s.expert_offsets, experts);
-            experts_forward<Backend>(bank, b.offsets, s.expert_x.view().slice(0, b.first, b.rows),
+            experts_forward<Backend>(bank, b.offsets, TensorView<const float>(xp.view()).slice(0, b.first, b.rows),
                                      s.expert_pre.view().slice(0, b.first, b.rows), hp.slice(0, b.first, b.rows),
                                      *ctx.pool);
           });
@@ -435,6 +444,7 @@ struct ExpertTensorParallel {
         [&](MoeSaved& saved, TensorView<const float> dhp, TensorView<float> dxp, MoeShard& g) {
           BufferPool& pool = *ctx.pool;
           const std::int64_t h = c.hidden, f = c.expert_ffn;
+          const PooledBuffer<float> xp = moe_detail::permuted_again<Backend>(saved, pool);
           for_each_owner(comm, c, w, pool, [&](int owner, ChunkRange experts, const ExpertBank<const float>& bank) {
             const Block b = block_of(saved.expert_offsets, experts);
             // This rank's part of the owner's experts' gradient, summed onto the owner.
@@ -442,7 +452,7 @@ struct ExpertTensorParallel {
             Backend::fill(part.view(), 0.0f);
             const ExpertBank<float> gbank{{part.data(), Shape{experts.length, 2 * f, h}},
                                           {part.data() + experts.length * 2 * f * h, Shape{experts.length, f, h}}};
-            experts_backward<Backend>(bank, b.offsets, saved.expert_x.view().slice(0, b.first, b.rows),
+            experts_backward<Backend>(bank, b.offsets, TensorView<const float>(xp.view()).slice(0, b.first, b.rows),
                                       saved.expert_pre.view().slice(0, b.first, b.rows), dhp.slice(0, b.first, b.rows),
                                       dxp.slice(0, b.first, b.rows), gbank, pool);
             const bool mine = owner == comm.rank();
