@@ -175,7 +175,7 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
                               double(first.dtype_bytes);
     check(activation <= double(kMaxPlanBytes / 4) && double(model.extra_bytes) <= double(kMaxPlanBytes),
           "plan: length {} is beyond what any plan can hold: one activation of {} x {} tokens x {} on each of {} "
-          "ranks alone needs {:.4g} bytes per rank (at most 2^60 are planned)",
+          "ranks alone needs {:.4g} bytes per rank (at most 2^58 per activation, 2^60 in all, are planned)",
           length, batch.samples, length, first.hidden, group_size, activation);
   }
   CostTable t;
