@@ -75,7 +75,7 @@ struct Counting {
   static void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float*,
                    std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
     if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
-      scratch([&] { const Tensor<float> panels(Shape{std::int64_t(floats)}); });
+      scratch(cpu::detail::tracked(floats * sizeof(float)));
     record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
   }
   static void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
@@ -94,21 +94,14 @@ struct Counting {
   // ---- attention: q [b, sq, hq, d], k/v [b, sk, hkv, d] ----
   static void attention_forward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                                 const AttentionMask& mask, TensorView<float>, TensorView<float>) {
-    scratch([&] {  // the CPU kernel's workspace, in its order
-      const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
-      const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});
-      const cpu::detail::ForwardScratch scratch(tiling, q.extent(3));
-    });
+    // the CPU kernel's workspace
+    scratch(cpu::detail::forward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1), q.extent(3)));
     record_attention(TraceKind::attention_forward, q, k, mask);
   }
   static void attention_backward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                                  TensorView<const float>, TensorView<const float>, TensorView<const float>,
                                  const AttentionMask& mask, TensorView<float>, TensorView<float>, TensorView<float>) {
-    scratch([&] {
-      const cpu::AttentionTiling tiling = cpu::attention_tiling(q.extent(3));
-      const Tensor<std::int64_t> ranges(Shape{q.extent(1), 2});
-      const cpu::detail::BackwardScratch scratch(tiling, q.extent(1));
-    });
+    scratch(cpu::detail::backward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1)));
     record_attention(TraceKind::attention_backward, q, k, mask);
   }
   static void attention_merge(TensorView<float> out, TensorView<float> lse, TensorView<const float>,
@@ -228,20 +221,13 @@ struct Counting {
   static TensorView<T> vector(std::span<T> x) { return {x.data(), Shape{std::int64_t(x.size())}}; }
 
 private:
-  // The workspace `allocate` makes (and frees) on the current tracker, as one scratch event of its peak bytes.
-  template <class Allocate>
-  static void scratch(Allocate&& allocate) {
+  // A kernel's workspace of `bytes` (as the tracker counts them), allocated and freed within the call: one scratch
+  // event, and the meta tracker's peak sees it.
+  static void scratch(std::size_t bytes) {
+    if (bytes == 0) return;
     MemoryTracker& tracker = MemoryTracker::current();
-    const std::size_t before = tracker.in_use();
-    const std::size_t peak_before = tracker.peak();
-    tracker.reset_peak();
-    {
-      const Trace::Pause quiet(tracker.trace());
-      allocate();
-    }
-    const std::size_t bytes = tracker.peak() - before;
-    tracker.raise_peak_to(peak_before);
-    if (Trace* trace = tracker.trace(); trace && bytes) trace->record({.kind = TraceKind::scratch, .bytes = double(bytes)});
+    tracker.raise_peak_to(tracker.in_use() + bytes);
+    if (Trace* trace = tracker.trace()) trace->record({.kind = TraceKind::scratch, .bytes = double(bytes)});
   }
   static void record(const TraceEvent& event) {
     Trace* trace = Trace::current();
@@ -255,7 +241,7 @@ private:
     record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements)});
   }
   static void rope(TensorView<const float> x) {
-    scratch([&] { const Tensor<float> angles(Shape{2, x.extent(3) / 2}); });  // the CPU kernel's angle table
+    scratch(cpu::detail::tracked(std::size_t(x.extent(3) / 2) * 2 * sizeof(float)));  // the CPU kernel's angle table
     stream(2 * x.numel());
   }
   static void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,

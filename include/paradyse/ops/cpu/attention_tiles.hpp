@@ -183,6 +183,21 @@ struct ForwardScratch {
   }
 };
 
+// Tracker bytes of one attention_forward call's workspace: the per-query visible ranges [sq, 2] int64 and
+// ForwardScratch, each allocation rounded as the tracker rounds it (the dry run reports this; the memory validation
+// test holds it equal to what the kernel allocates).
+inline std::size_t tracked(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+inline std::size_t forward_workspace_bytes(const AttentionTiling& t, std::int64_t q_len, std::int64_t head_dim) {
+  const auto f = [](std::int64_t n) { return tracked(std::size_t(n) * sizeof(float)); };
+  return tracked(std::size_t(q_len) * 2 * sizeof(std::int64_t)) + f(t.q_block * t.kv_block) + f(t.q_block * head_dim) +
+         2 * f(t.q_block);
+}
+// The same for attention_backward: the ranges and BackwardScratch.
+inline std::size_t backward_workspace_bytes(const AttentionTiling& t, std::int64_t q_len) {
+  const auto f = [](std::int64_t n) { return tracked(std::size_t(n) * sizeof(float)); };
+  return tracked(std::size_t(q_len) * 2 * sizeof(std::int64_t)) + 2 * f(t.q_block * t.kv_block) + 2 * f(q_len);
+}
+
 // Workspace of one attention_backward call: two tiles plus O(sq) per-query terms, tracked.
 struct BackwardScratch {
   Tensor<float> probabilities, probability_grads, delta, lse;
