@@ -10,7 +10,7 @@
 # Only line-start includes count: a commented-out `// #include` is ignored.
 cmake_minimum_required(VERSION 3.20)
 
-# Lowest first. moe and search are planned (not yet in the tree); they are placed already.
+# Lowest first. search is planned (not yet in the tree); it is placed already.
 set(layers core mesh comm layout ops contract strategy model cost plan moe search)
 
 if(NOT DEFINED ROOT)
