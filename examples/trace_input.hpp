@@ -13,6 +13,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
 
 #include <fmt/format.h>
 
@@ -36,17 +37,6 @@ struct LengthBucket {
 };
 
 namespace trace_detail {
-
-// `s` for an error message: bytes that are not printable ASCII as \xNN.
-inline std::string printable(std::string_view s) {
-  std::string out;
-  for (const char c : s) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f) out += c;
-    else out += fmt::format("\\x{:02x}", byte);
-  }
-  return out;
-}
 
 inline std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);

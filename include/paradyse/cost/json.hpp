@@ -8,6 +8,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
 
 #include <fmt/format.h>
 
@@ -97,18 +98,6 @@ private:
   }
   std::variant<std::monostate, bool, double, std::string, Array, Object> data_;
 };
-
-// `s` for an error message: bytes that are not printable ASCII written as \xNN (a message must not hold a NUL,
-// which would cut it, nor raw binary).
-inline std::string printable(std::string_view s) {
-  std::string out;
-  for (const char c : s) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f) out += c;
-    else out += fmt::format("\\x{:02x}", byte);
-  }
-  return out;
-}
 
 namespace detail {
 

@@ -214,7 +214,7 @@ Enum enum_from_name(std::string_view name, const std::array<Enum, N>& all, std::
     if (name_of(e) == name) return e;
   std::string known;
   for (Enum e : all) known += fmt::format("{}{}", known.empty() ? "" : ", ", name_of(e));
-  throw Error(fmt::format("profile: unknown {} \"{}\", expected one of {}", what, json::printable(name), known));
+  throw Error(fmt::format("profile: unknown {} \"{}\", expected one of {}", what, printable(name), known));
 }
 
 // Reading fields: every message names the field by its full path (gemm.flops_per_s, collectives[2].alpha_s), and
@@ -321,7 +321,7 @@ inline HardwareProfile profile_from_json(const json::Value& v) {
   if (const json::Value* format = v.find("format"))
     check(format->is_string() && format->as_string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
-          format->is_string() ? json::printable(format->as_string()) : std::string(format->type_name()));
+          format->is_string() ? printable(format->as_string()) : std::string(format->type_name()));
   HardwareProfile p;
   p.name = text(v, "", "name");
   if (v.find("description")) p.description = text(v, "", "description");

@@ -92,7 +92,7 @@ inline std::int64_t to_integer(const std::string& text, std::string_view key, co
   std::int64_t v = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v, 10);
   check(!text.empty() && end == text.data() + text.size() && error != std::errc::invalid_argument,
-        "checkpoint {}: metadata '{}' = \"{}\" is not an integer", path, key, safetensors::detail::printable(text));
+        "checkpoint {}: metadata '{}' = \"{}\" is not an integer", path, key, printable(text));
   check(error == std::errc() && v >= min && v <= max,
         "checkpoint {}: metadata '{}' = \"{}\" is out of range [{}, {}]", path, key, text, min, max);
   return v;
@@ -101,19 +101,19 @@ inline double to_double(const std::string& text, std::string_view key, const std
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   check(!text.empty() && *end == '\0' && std::isfinite(v), "checkpoint {}: metadata '{}' = \"{}\" is not a finite number",
-        path, key, safetensors::detail::printable(text));
+        path, key, printable(text));
   return v;
 }
 inline bool to_bool(const std::string& text, std::string_view key, const std::string& path) {
   check(text == "true" || text == "false", "checkpoint {}: metadata '{}' = \"{}\" is not true or false", path, key,
-        safetensors::detail::printable(text));
+        printable(text));
   return text == "true";
 }
 
 inline GptConfig config_of(const safetensors::Header& h, const std::string& path) {
   const auto get = [&](std::string_view key) -> const std::string& { return required(h, key, path); };
   check(get("format") == kFormat, "checkpoint {}: format '{}', expected '{}'", path,
-        safetensors::detail::printable(get("format")), kFormat);
+        printable(get("format")), kFormat);
   GptConfig g;
   LayerConfig& c = g.layer;
   c.hidden = to_integer(get("hidden"), "hidden", path);
@@ -123,11 +123,11 @@ inline GptConfig config_of(const safetensors::Header& h, const std::string& path
   c.ffn = to_integer(get("ffn"), "ffn", path);
   const std::string& activation = get("activation");
   check(activation == "gelu" || activation == "swiglu", "checkpoint {}: activation '{}' is not gelu or swiglu", path,
-        safetensors::detail::printable(activation));
+        printable(activation));
   c.activation = activation == "gelu" ? Activation::gelu : Activation::swiglu;
   const std::string& norm = get("norm");
   check(norm == "layer_norm" || norm == "rms_norm", "checkpoint {}: norm '{}' is not layer_norm or rms_norm", path,
-        safetensors::detail::printable(norm));
+        printable(norm));
   c.norm = norm == "layer_norm" ? NormKind::layer_norm : NormKind::rms_norm;
   c.norm_eps = to_double(get("norm_eps"), "norm_eps", path);
   c.rope = to_bool(get("rope"), "rope", path);
@@ -370,7 +370,7 @@ void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path, C
     }
     check(fmt::format("{:016x}", checksum) == *stored,
           "checkpoint {}: the data is corrupted (checksum {:016x}, the header says {})", path, checksum,
-          safetensors::detail::printable(*stored));
+          printable(*stored));
   }
   // Everything checks: read, a layer at a time.
   auto read = [&](const std::string& name, float* out) {

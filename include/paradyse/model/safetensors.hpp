@@ -22,6 +22,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
 
 #include <fmt/format.h>
 
@@ -81,17 +82,6 @@ inline std::int64_t dtype_bytes(std::string_view dtype) {
 }
 
 namespace detail {
-
-// `s` for an error message: bytes that are not printable ASCII written as \xNN (a NUL would cut the message).
-inline std::string printable(std::string_view s) {
-  std::string out;
-  for (const char c : s) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f) out += c;
-    else out += fmt::format("\\x{:02x}", byte);
-  }
-  return out;
-}
 
 // The text of an errno value captured right after a failing call (reading errno in the same check() as the call is
 // wrong: the arguments may be evaluated before the call).
