@@ -58,18 +58,46 @@ inline LayerConfig layer_config_of(const ModelShape& m) {
   return c;
 }
 
-namespace dry_run_detail {
-// Splits the recorded events at the phase marks.
-inline SublayerTrace split(const Trace& trace, std::size_t forward_end, std::size_t backward_end, int p) {
-  const auto& e = trace.events();
-  SublayerTrace t;
-  t.group_size = p;
-  t.forward.assign(e.begin(), e.begin() + std::ptrdiff_t(forward_end));
-  t.backward.assign(e.begin() + std::ptrdiff_t(forward_end), e.begin() + std::ptrdiff_t(backward_end));
-  t.release.assign(e.begin() + std::ptrdiff_t(backward_end), e.end());
-  return t;
-}
-}  // namespace dry_run_detail
+// The setting of one dry run on rank `rank` of a p-rank group, for as long as the object lives: a meta tracker
+// (current on this thread), the trace that it, the counting backend and `comm` record into, and the buffer pool.
+// Between record() and stop() every allocation and pooled buffer is part of the trace; end_forward() and
+// end_backward() mark the phases, and what follows end_backward() is the release of what forward saved.
+class DryRun {
+public:
+  DryRun(int rank, int p) : scoped_(meta_), counting_(trace_), comm(rank, p, trace_) {}
+  ~DryRun() { stop(); }
+  DryRun(const DryRun&) = delete;
+  DryRun& operator=(const DryRun&) = delete;
+
+  void record() noexcept { meta_.set_trace(&trace_); }
+  void stop() noexcept { meta_.set_trace(nullptr); }
+  void end_forward() noexcept { forward_end_ = trace_.size(); }
+  void end_backward() noexcept { backward_end_ = trace_.size(); }
+  Trace& trace() noexcept { return trace_; }
+
+  // The recorded events, split at the marks.
+  SublayerTrace phases() const {
+    const auto& e = trace_.events();
+    const auto at = [&](std::size_t i) { return e.begin() + std::ptrdiff_t(i); };
+    SublayerTrace t;
+    t.group_size = comm.size();
+    t.forward.assign(e.begin(), at(forward_end_));
+    t.backward.assign(at(forward_end_), at(backward_end_));
+    t.release.assign(at(backward_end_), e.end());
+    return t;
+  }
+
+private:
+  MemoryTracker meta_{MemorySpace::meta};
+  ScopedTracker scoped_;
+  Trace trace_;
+  ScopedTrace counting_;
+  std::size_t forward_end_ = 0, backward_end_ = 0;
+
+public:
+  SymbolicCommunicator comm;
+  BufferPool pool;  // made under the meta tracker (after scoped_)
+};
 
 // Why strategy `index` of `strategies` cannot run this shape on p ranks (empty: it can).
 template <class Strategies>
@@ -80,12 +108,10 @@ Support dry_run_support(const Strategies& strategies, std::size_t index, const M
   } catch (const Error& e) {
     return {e.what()};
   }
-  MemoryTracker meta(MemorySpace::meta);
-  const ScopedTracker scoped(meta);
-  BufferPool pool;
+  DryRun run(0, p);
   std::optional<SublayerContext> ctx;
   try {
-    ctx.emplace(config, p, m.batch, m.seq, pool);  // the sequence layout refuses fewer tokens than ranks
+    ctx.emplace(config, p, m.batch, m.seq, run.pool);  // the sequence layout refuses fewer tokens than ranks
   } catch (const Error& e) {
     return {fmt::format("{}: {}", Strategies::name(index), e.what())};
   }
@@ -99,12 +125,9 @@ SublayerTrace dry_run_sublayer(const Strategies& strategies, std::size_t index, 
                                int p, int rank = 0) {
   using Backend = ops::Counting;
   const LayerConfig config = layer_config_of(m);
-  MemoryTracker meta(MemorySpace::meta);
-  const ScopedTracker scoped(meta);
-  Trace trace;
-  const ScopedTrace counting(trace);
-  SymbolicCommunicator comm(rank, p, trace);
-  BufferPool pool;
+  DryRun run(rank, p);
+  SymbolicCommunicator& comm = run.comm;
+  BufferPool& pool = run.pool;
   const SublayerContext ctx(config, p, m.batch, m.seq, pool);
   require(strategies.supports(index, ctx));
   const std::int64_t n = ctx.local_tokens(rank), h = config.hidden;
@@ -113,42 +136,41 @@ SublayerTrace dry_run_sublayer(const Strategies& strategies, std::size_t index, 
   LayerWeights weights(config, p), grads(config, p);
   Tensor<float> x(activation), z(activation), dz(activation), dx(activation), norm_partial(Shape{4, h});
   LayerSaved<Strategies> saved;
-  std::size_t forward_end = 0, backward_end = 0;
   if (part == Sublayer::attention) {
-    meta.set_trace(&trace);
+    run.record();
     attention_half_forward<Backend>(strategies, int(index), comm, ctx, weights, x.view(), saved);
-    forward_end = trace.size();
+    run.end_forward();
     PooledBuffer<float> dy;
     {
-      const Trace::Pause quiet(&trace);  // the layer's residual gradient comes from the MLP half
+      const Trace::Pause quiet(&run.trace());  // the layer's residual gradient comes from the MLP half
       dy = pool.acquire<float>(activation);
     }
     attention_half_backward<Backend>(strategies, comm, ctx, weights, saved, TensorView<const float>(dy.view()),
                                      dx.view(), grads, norm_partial.view());
     dy = PooledBuffer<float>();  // the layer's dy goes back after the attention half
-    backward_end = trace.size();
+    run.end_backward();
     saved = LayerSaved<Strategies>();  // released with the layer (model/stack.hpp)
-    meta.set_trace(nullptr);
+    run.stop();
   } else {
     {
-      const Trace::Pause quiet(&trace);  // made by the attention half
+      const Trace::Pause quiet(&run.trace());  // made by the attention half
       saved.y = Tensor<float>(activation);
       saved.stats = Tensor<float>(Shape{4, m.batch * n});
     }
-    meta.set_trace(&trace);
+    run.record();
     mlp_half_forward<Backend>(strategies, int(index), comm, ctx, weights, saved, z.view());
-    forward_end = trace.size();
+    run.end_forward();
     PooledBuffer<float> dy = pool.acquire<float>(activation);
     mlp_half_backward<Backend>(strategies, comm, ctx, weights, saved, TensorView<const float>(dz.view()), dy.view(),
                                grads, norm_partial.view());
-    backward_end = trace.size();
+    run.end_backward();
     {
       auto mlp = std::move(saved.mlp);  // released with the layer
       (void)mlp;
     }
-    meta.set_trace(nullptr);
+    run.stop();  // before dy goes back: that return belongs to the attention half
   }
-  return dry_run_detail::split(trace, forward_end, backward_end, p);
+  return run.phases();
 }
 
 // The strategies a planner chooses among: count, names and a dry run of each, type-erased over a Switchable list

@@ -35,25 +35,20 @@ cost::SublayerTrace moe_dry_run(const MoeConfig& c, int p, int rank, std::int64_
   using Backend = ops::Counting;
   check(batch >= 1 && local_tokens >= 0, "moe_dry_run: batch = {} must be at least 1 and local_tokens = {} >= 0", batch,
         local_tokens);
-  MemoryTracker meta(MemorySpace::meta);
-  const ScopedTracker scoped(meta);
-  Trace trace;
-  const ScopedTrace counting(trace);
-  SymbolicCommunicator comm(rank, p, trace);
-  BufferPool pool;
-  const MoeContext ctx(c, pool, k);
+  cost::DryRun run(rank, p);
+  const MoeContext ctx(c, run.pool, k);
   const MoeShard w = MoeShard::zeros(c, p, rank);
   MoeShard grad = MoeShard::zeros(c, p, rank);
   const Shape activation{batch, local_tokens, c.hidden};
   Tensor<float> x(activation), y(activation), dy(activation), dx(activation);
-  meta.set_trace(&trace);
-  std::optional<MoeSaved> saved = Strategy<Backend>{}.forward(comm, ctx, w, x.view(), y.view());
-  const std::size_t forward_end = trace.size();
-  Strategy<Backend>{}.backward(comm, ctx, w, *saved, dy.view(), dx.view(), grad);
-  const std::size_t backward_end = trace.size();
+  run.record();
+  std::optional<MoeSaved> saved = Strategy<Backend>{}.forward(run.comm, ctx, w, x.view(), y.view());
+  run.end_forward();
+  Strategy<Backend>{}.backward(run.comm, ctx, w, *saved, dy.view(), dx.view(), grad);
+  run.end_backward();
   saved.reset();
-  meta.set_trace(nullptr);
-  return cost::dry_run_detail::split(trace, forward_end, backward_end, p);
+  run.stop();
+  return run.phases();
 }
 
 // Memory (always) and time (with a hardware profile) of one MoE sublayer call of Strategy on rank `rank` of p.
