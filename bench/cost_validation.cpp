@@ -9,6 +9,7 @@
 //
 //   cost_validation [--p P] [--max-seq S] [--min-seq S] [--layers L] [--hidden H] [--heads A] [--reps R]
 //                   [--profile FILE.json] [--save-profile FILE.json]
+#include "bench_usage.hpp"
 #include "../tests/cost/strategy_stack.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -30,6 +31,10 @@ namespace pd = paradyse;
 using Strategy = int;  // an index into pd::cost::default_catalog()
 
 int main(int argc, char** argv) {
+  paradyse::bench::exit_with_usage_on_help(argc, argv,
+      "usage: cost_validation [--p P] [--min-seq S] [--max-seq S] [--layers L] [--hidden H] [--heads A] [--reps R]\n"
+      "                       [--profile FILE.json] [--save-profile FILE.json]\n"
+      "the time and memory models against the layer stack on thread ranks (MAPE per strategy)\n");
   int p = 4, layers = 1, reps = 2;
   std::int64_t min_seq = 512, max_seq = 32768, hidden = 128, heads = 4;
   std::string profile_path, save_path = "threads-calibrated.json";

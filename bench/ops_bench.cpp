@@ -8,6 +8,7 @@
 // FLOPs: GEMM 2mnk. Attention forward 4 s^2 d per head (half that causal); backward 2.5x forward (five GEMM-shaped
 // products against forward's two, the FlashAttention-2 convention). Times are medians of several repetitions
 // of thread CPU time (the machine is shared). "ratio" = GFLOP/s over the sgemm yardstick. Every kernel runs on one thread.
+#include "bench_usage.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/tensor.hpp"
@@ -92,6 +93,9 @@ struct GemmRow {
 }  // namespace
 
 int main(int argc, char** argv) {
+  paradyse::bench::exit_with_usage_on_help(argc, argv,
+      "usage: ops_bench [--quick | --full]\n"
+      "GEMM and attention kernels against OpenBLAS sgemm measured in the same run\n");
   bool quick = false, full = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;

@@ -5,6 +5,7 @@
 // of repetitions: the exact solver alone (the 20 us goal), the whole exact planner (problem and plan assembly), the
 // cost table (the cost models), ParaDySe's heuristic on the same table (the baseline: ratio = exact / heuristic), and
 // a cache hit. Then a stress run over random problems of the same size. Benchmarks print; they never fail.
+#include "bench_usage.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/plan/cache.hpp"
@@ -46,7 +47,14 @@ cost::ModelShape gpt3_layer() { return cost::ModelShape::mha(12288, 96); }  // b
 }  // namespace
 
 int main(int argc, char** argv) {
+  paradyse::bench::exit_with_usage_on_help(argc, argv,
+      "usage: planner_bench [LAYERS]   (default 96)\n"
+      "planning time for a GPT of LAYERS layers x 5 strategies x 2 sublayers: a new length, a cached one, the solve\n");
   const int layers = argc > 1 ? std::atoi(argv[1]) : 96;
+  if (layers < 1 || layers > 100000) {
+    fmt::print(stderr, "planner_bench: LAYERS = \"{}\" must be an integer in [1, 100000]\n", argc > 1 ? argv[1] : "");
+    return 2;
+  }
   const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
   const ModelConfig model = ModelConfig::uniform(gpt3_layer(), layers);
   const int p = 8;

@@ -13,6 +13,7 @@
 // Table 2, one layer's sublayers (forward + backward) per strategy on 2 ranks: busiest-rank CPU time, its ratio to
 // MegatronTS (the baseline), and the per-rank peak bytes above the inputs (saved + transient, from the tracker).
 // Medians of several repetitions; never asserted.
+#include "bench_usage.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
@@ -201,7 +202,14 @@ void strategy_table(std::int64_t s, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  paradyse::bench::exit_with_usage_on_help(argc, argv,
+      "usage: ring_bench [--quick]\n"
+      "ring attention balance and speedup vs single-rank flash; per-strategy sublayer time and peak vs MegatronTS\n");
+  if (argc > 2 || (argc == 2 && std::strcmp(argv[1], "--quick") != 0)) {
+    fmt::print(stderr, "usage: ring_bench [--quick]\n");
+    return 2;
+  }
+  const bool quick = argc > 1;
   ring_attention_table(quick ? 1024 : 4096, quick ? 3 : 5);
   strategy_table(quick ? 1024 : 2048, 3);
   return 0;

@@ -17,6 +17,7 @@
 // strategy runs under the cap (dry runs, doubling then bisection); and the switching cost of mixing strategies in a
 // 2-layer stack: time and bytes of a mixed plan minus the mean of the two uniform plans (bytes: exactly zero).
 // Medians of --reps repetitions; nothing is asserted.
+#include "bench_usage.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
@@ -69,6 +70,10 @@ struct Options {
 };
 
 Options parse(int argc, char** argv) {
+  paradyse::bench::exit_with_usage_on_help(argc, argv,
+      "usage: strategy_bench [--quick] [--p N] [--h N] [--heads N] [--ffn N] [--reps N] [--time-max S] [--mem-max S]\n"
+      "                      [--cap-mib M] [--causal] [--switch-seq S] [--no-cap-search]\n"
+      "every strategy on one layer over p thread ranks: time vs 1 rank, peak memory, bytes sent\n");
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
