@@ -10,8 +10,8 @@
 # Only line-start includes count: a commented-out `// #include` is ignored.
 cmake_minimum_required(VERSION 3.20)
 
-# Lowest first. search is planned (not yet in the tree); it is placed already.
-set(layers core mesh comm layout ops contract strategy model cost plan moe search)
+# Lowest first. serve (the inference engine) and search (Hypertron) are placed before their first header lands.
+set(layers core mesh comm layout ops contract strategy model cost plan moe serve search)
 
 if(NOT DEFINED ROOT)
   get_filename_component(ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
