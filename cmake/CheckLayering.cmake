@@ -10,8 +10,9 @@
 # Only line-start includes count: a commented-out `// #include` is ignored.
 cmake_minimum_required(VERSION 3.20)
 
-# Lowest first. serve (the inference engine) and search (Hypertron) are placed before their first header lands.
-set(layers core mesh comm layout ops contract strategy model cost plan moe serve search)
+# Lowest first. moe sits below model (the layer stack runs the MoE sublayer); serve (the inference engine) and
+# search (Hypertron) are placed before their first header lands.
+set(layers core mesh comm ops layout contract strategy moe model cost plan serve search)
 
 if(NOT DEFINED ROOT)
   get_filename_component(ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)

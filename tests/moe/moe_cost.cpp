@@ -3,7 +3,7 @@
 // ExpertTensorParallel's does not; the time model reads both traces.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
-#include "paradyse/moe/moe_cost.hpp"
+#include "paradyse/cost/moe_cost.hpp"
 
 #include <doctest/doctest.h>
 

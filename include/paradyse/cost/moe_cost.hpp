@@ -1,4 +1,4 @@
-// paradyse/moe/moe_cost.hpp: an MoE strategy's memory and time on one rank, read off a dry run of its own code.
+// paradyse/cost/moe_cost.hpp: an MoE strategy's memory and time on one rank, read off a dry run of its own code.
 //
 // moe_dry_run executes the strategy's real forward and backward (moe/moe_layer.hpp) on one rank of a p-rank group
 // over meta tensors, with the counting backend (ops/counting.hpp) and a symbolic communicator (comm/symbolic.hpp),
