@@ -1,0 +1,209 @@
+// paradyse/search/cluster.hpp: a cluster as the parallelism search sees it: one device model (the hardware
+// profile's GEMM, attention, elementwise rates and memory) and a hierarchy of link levels (inside a node, inside a
+// supernode, across the network), each with an alpha-beta cost; and the time of a collective over a mesh group
+// from the levels its members span.
+//
+// A group is described by its size n and its span (the number of consecutive ranks its members lie in: a group
+// over mesh axes that are contiguous in the mesh has span = n * stride). It runs on the lowest level whose domain
+// holds its span (and divides evenly by it, so that every such group lies inside one domain). Bandwidth: a ring
+// over a group that leaves a domain of level l-1 crosses level l on every member it holds inside one domain of
+// level l-1 (one rail per device, rail-optimised), so its bus bandwidth is min(bw_0, min over crossed levels l of
+// members_in_domain(l-1) * bw_l); an all-to-all instead sends each part of its buffer over the level it crosses,
+// one device's own link. Members per domain assume the group spreads evenly over its span (exact for strided
+// groups).
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/json.hpp"
+#include "paradyse/cost/profile.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace paradyse::search {
+
+using cost::Collective;
+
+struct LinkLevel {
+  std::string name;
+  std::int64_t domain_devices = 0;  // devices in one domain of this level (0: the whole cluster, the last level)
+  double alpha_s = 0;               // latency per ring step (or per all-to-all peer)
+  double bytes_per_s = 1;           // achieved bandwidth of one device's link(s) at this level, one direction
+};
+
+// A mesh group: `size` members spread evenly over `span` consecutive ranks.
+struct GroupSpan {
+  int size = 1;
+  std::int64_t span = 1;
+};
+
+struct ClusterProfile {
+  std::string name;
+  std::string source;                 // datasheets the figures come from
+  cost::HardwareProfile device;       // compute rates and memory of one device (its own links are unused here)
+  double peak_flops_per_s = 0;        // datasheet dense bf16 peak, for MFU
+  std::vector<LinkLevel> levels;      // lowest (fastest) first; the last has domain_devices = 0
+
+  // The level a group runs on: the lowest whose domain holds the span evenly.
+  int level_of(const GroupSpan& g) const {
+    for (std::size_t l = 0; l + 1 < levels.size(); ++l) {
+      const std::int64_t d = levels[l].domain_devices;
+      if (g.span <= d && d % g.span == 0) return int(l);
+    }
+    return int(levels.size()) - 1;
+  }
+  // Members of the group inside one domain of level l (at least 1, at most the group).
+  static double members_in(const GroupSpan& g, std::int64_t domain_devices) {
+    if (domain_devices <= 0 || domain_devices >= g.span) return g.size;
+    return std::max(1.0, double(g.size) * double(domain_devices) / double(g.span));
+  }
+  // Bus bandwidth of a ring over the group.
+  double ring_bandwidth(const GroupSpan& g) const {
+    const int top = level_of(g);
+    double bw = levels[0].bytes_per_s;
+    for (int l = 1; l <= top; ++l)
+      bw = std::min(bw, members_in(g, levels[std::size_t(l - 1)].domain_devices) * levels[std::size_t(l)].bytes_per_s);
+    return bw;
+  }
+
+  // Seconds of one collective of `bytes` (nccl-tests sizes, see cost/profile.hpp) over the group.
+  double collective_time(Collective op, const GroupSpan& g, double bytes) const {
+    if (g.size <= 1 || bytes <= 0) return 0;
+    const int top = level_of(g);
+    const double alpha = levels[std::size_t(top)].alpha_s;
+    if (op == Collective::all_to_all) {
+      // Each peer's part crosses the lowest level that holds both ends, on one device link.
+      double t = alpha * (g.size - 1), inside = 1;
+      for (int l = 0; l <= top; ++l) {
+        const double members = l == top ? g.size : members_in(g, levels[std::size_t(l)].domain_devices);
+        t += bytes * (members - inside) / g.size / levels[std::size_t(l)].bytes_per_s;
+        inside = members;
+      }
+      return t;
+    }
+    if (op == Collective::send_recv) {  // neighbours `span / size` ranks apart
+      const GroupSpan pair{2, 2 * std::max<std::int64_t>(1, g.span / g.size)};
+      return levels[std::size_t(level_of(pair))].alpha_s + bytes / levels[std::size_t(level_of(pair))].bytes_per_s;
+    }
+    return alpha * cost::latency_steps(op, g.size) + cost::bus_factor(op, g.size) * bytes / ring_bandwidth(g);
+  }
+};
+
+inline void validate(const ClusterProfile& c) {
+  check(!c.levels.empty(), "cluster {}: no link levels", c.name);
+  check(c.peak_flops_per_s > 0, "cluster {}: peak_flops_per_s = {} must be positive", c.name, c.peak_flops_per_s);
+  check(c.device.memory_bytes > c.device.reserved_bytes,
+        "cluster {}: memory_bytes = {} must exceed reserved_bytes = {}", c.name, c.device.memory_bytes,
+        c.device.reserved_bytes);
+  for (std::size_t l = 0; l < c.levels.size(); ++l) {
+    const LinkLevel& level = c.levels[l];
+    check(level.bytes_per_s > 0 && level.alpha_s >= 0, "cluster {}: level {} needs bytes_per_s > 0 (got {}) and "
+          "alpha_s >= 0 (got {})", c.name, level.name, level.bytes_per_s, level.alpha_s);
+    const bool last = l + 1 == c.levels.size();
+    check(last ? level.domain_devices == 0 : level.domain_devices >= 1,
+          "cluster {}: level {} has domain_devices = {}; expected {}", c.name, level.name, level.domain_devices,
+          last ? "0 (the last level spans the cluster)" : "at least 1");
+    if (l > 0 && !last)
+      check(level.domain_devices > c.levels[l - 1].domain_devices && level.domain_devices % c.levels[l - 1].domain_devices == 0,
+            "cluster {}: level {} domain {} must be a multiple of the level below ({})", c.name, level.name,
+            level.domain_devices, c.levels[l - 1].domain_devices);
+  }
+}
+
+// ---- presets ------------------------------------------------------------------------------------------------------
+
+// DGX A100 SuperPOD: 8x A100-SXM4-80GB per node. Device rates: cost/builtin_profiles.hpp's a100_sxm4_80gb_x8 (A100
+// datasheet: 312 TFLOPS dense bf16, 2,039 GB/s HBM2e, 80 GB). NVLink 3 through NVSwitch: 300 GB/s per direction per
+// GPU (A100 datasheet); nccl-tests reach ~230 GB/s bus bandwidth on a DGX A100. Network: 8x HDR 200 Gb/s
+// InfiniBand, one per GPU (DGX A100 datasheet), 25 GB/s, of which ~90% is achieved.
+inline ClusterProfile dgx_a100() {
+  ClusterProfile c;
+  c.name = "dgx-a100";
+  c.device = cost::a100_sxm4_80gb_x8();
+  c.source = "NVIDIA A100 datasheet (312 TFLOPS bf16 dense, 80 GB, NVLink 600 GB/s bidirectional); DGX A100 "
+             "datasheet (8x HDR 200 Gb/s InfiniBand)";
+  c.peak_flops_per_s = 312e12;
+  c.levels = {{"nvlink", 8, 6e-6, 230e9}, {"infiniband", 0, 10e-6, 0.9 * 25e9}};
+  return c;
+}
+
+// DGX H100 SuperPOD: 8x H100-SXM5-80GB per node. Device rates: cost/builtin_profiles.hpp's h100_sxm_80gb_x8 (H100
+// datasheet: 989 TFLOPS dense bf16, 3.35 TB/s HBM3, 80 GB). NVLink 4: 450 GB/s per direction per GPU, ~360 GB/s
+// nccl-tests bus bandwidth. Network: 8x NDR 400 Gb/s ConnectX-7, one per GPU (DGX H100 datasheet), 50 GB/s.
+inline ClusterProfile dgx_h100() {
+  ClusterProfile c;
+  c.name = "dgx-h100";
+  c.device = cost::h100_sxm_80gb_x8();
+  c.source = "NVIDIA H100 datasheet (989 TFLOPS bf16 dense, 80 GB, NVLink 900 GB/s bidirectional); DGX H100 "
+             "datasheet (8x NDR 400 Gb/s)";
+  c.peak_flops_per_s = 989e12;
+  c.levels = {{"nvlink", 8, 6e-6, 360e9}, {"infiniband", 0, 10e-6, 0.9 * 50e9}};
+  return c;
+}
+
+// Ascend supernode (Huawei CloudMatrix384; Zuo et al., "Serving Large Language Models on Huawei CloudMatrix384",
+// arXiv 2506.12708, 2025): 48 nodes of 8 Ascend 910C in one Unified Bus domain of 384 NPUs. Per 910C package: 752
+// TFLOPS bf16 dense, 128 GB HBM at 3.2 TB/s; UB: 392 GB/s per direction per NPU, non-blocking across the supernode
+// with under 1 us added latency across nodes; RDMA plane between supernodes: 400 Gb/s per NPU. Achieved fractions
+// as on NVIDIA devices (GEMM 70%, HBM 80%, links 80% on UB and 90% on RDMA): no published Ascend measurements are
+// at hand, so these are assumptions, stated here.
+inline ClusterProfile ascend_supernode() {
+  ClusterProfile c;
+  c.name = "ascend-supernode";
+  c.source = "CloudMatrix384 (arXiv 2506.12708): Ascend 910C 752 TFLOPS bf16, 128 GB HBM 3.2 TB/s, UB 392 GB/s "
+             "per NPU over 384 NPUs, RDMA 400 Gb/s per NPU";
+  cost::HardwareProfile& d = c.device;
+  d.name = "Ascend-910C";
+  d.devices_per_node = 8;
+  d.memory_bytes = 128 * cost::detail::kGiB;
+  d.reserved_bytes = 4 * cost::detail::kGiB;  // runtime, HCCL buffers, allocator slack (assumed, twice CUDA's)
+  d.gemm = {.overhead_s = 8e-6, .flops_per_s = 0.70 * 752e12, .bytes_per_s = 0.8 * 3.2e12};
+  d.attention = {.overhead_s = 10e-6, .forward_flops_per_s = 0.50 * 752e12, .backward_flops_per_s = 0.42 * 752e12};
+  d.elementwise_bytes_per_s = 0.8 * 3.2e12;
+  c.peak_flops_per_s = 752e12;
+  c.levels = {{"node-ub", 8, 3e-6, 0.8 * 392e9},
+              {"supernode-ub", 384, 4e-6, 0.8 * 392e9},
+              {"rdma", 0, 10e-6, 0.9 * 50e9}};
+  return c;
+}
+
+inline constexpr std::array<std::string_view, 3> kClusterPresets{"dgx-a100", "dgx-h100", "ascend-supernode"};
+
+inline ClusterProfile cluster_preset(std::string_view name) {
+  if (name == "dgx-a100") return dgx_a100();
+  if (name == "dgx-h100") return dgx_h100();
+  if (name == "ascend-supernode") return ascend_supernode();
+  throw Error(fmt::format("unknown cluster \"{}\"; expected one of {}, {}, {} or a .json file", printable(name),
+                          kClusterPresets[0], kClusterPresets[1], kClusterPresets[2]));
+}
+
+// A cluster from JSON: {"name", "peak_flops_per_s", "device": <a hardware profile, cost/profile.hpp>,
+// "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...]}.
+inline ClusterProfile cluster_from_json(const json::Value& v) {
+  using namespace cost::detail;
+  check(v.is_object(), "cluster: expected a JSON object, found {}", v.type_name());
+  ClusterProfile c;
+  c.name = text(v, "", "name");
+  if (v.find("source")) c.source = text(v, "", "source");
+  c.peak_flops_per_s = positive(v, "", "peak_flops_per_s");
+  c.device = cost::profile_from_json(member(v, "", "device"));
+  const json::Value& levels = member(v, "", "levels");
+  check(levels.is_array(), "cluster: levels is {}, expected an array", levels.type_name());
+  for (const json::Value& entry : levels.as_array()) {
+    const std::string where = fmt::format("levels[{}]", c.levels.size());
+    c.levels.push_back({text(entry, where, "name"), integer(entry, where, "domain_devices", 0, 1 << 30),
+                        non_negative(entry, where, "alpha_s"), positive(entry, where, "bytes_per_s")});
+  }
+  validate(c);
+  return c;
+}
+
+}  // namespace paradyse::search

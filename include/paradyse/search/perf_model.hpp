@@ -1,0 +1,351 @@
+// paradyse/search/perf_model.hpp: step time, its breakdown, memory and MFU of one parallel configuration.
+//
+// Per micro-batch and layer, on one device (T = mb * s / cp tokens of the local sequence chunk, x = tp_x,
+// y = tp_y, t = x * y):
+// - compute: every GEMM at its local shape through the device's GEMM model (the planner's time model, cost/
+//   profile.hpp): forward (m, n, k), backward dgrad (m, k, n) and wgrad (k, n, m); attention through the flash model
+//   (or, without flash, two batched GEMMs and the softmax's memory traffic); norms, residuals, activations and
+//   dropout as elementwise memory traffic over T / t tokens.
+// - 2D tensor parallelism, layout X [T / y, h / x]: a linear all-gathers its input over tp_y, multiplies
+//   [T, k / x] x [k / x, n / y] and reduce-scatters the partial sums over tp_x to [T / x, n / y]; the second linear
+//   of a block swaps the axes and returns to X (MindSpore's "high dimension tensor parallel"). Attention
+//   all-gathers K and V over tp_x. With x = 1 this is Megatron's tensor + sequence parallelism. Not overlapped.
+// - cp: K and V circulate in a ring over cp (cp - 1 sends forward, twice in backward), hidden under the attention
+//   block's compute where it is shorter.
+// - ep (folded over dp x cp) and etp (over tp): all-to-all dispatch and combine of k copies of each token, all-gather
+//   and reduce-scatter over etp; balanced routing.
+// - pp: one send of the stage's output per chunk and micro-batch, each direction.
+// - recomputation: selective re-runs attention's core and the activation functions; full re-runs the layer's
+//   forward (its communication included).
+// Per step: (m + (pp - 1) / v) * (slowest stage's micro-batch time) [1F1B / interleaved bubble], plus the data-
+// parallel reduction: ZeRO 0/1 reduce once per step, hidden under the last micro-batch's backward when overlap is
+// on; ZeRO 2 reduce-scatters every micro-batch and ZeRO 3 also gathers the parameters every micro-batch, each
+// hidden under that micro-batch's compute where shorter; ZeRO 1-3 all-gather updated parameters; plus the
+// optimizer's memory traffic.
+#pragma once
+
+#include "paradyse/search/cluster.hpp"
+#include "paradyse/search/memory_estimate.hpp"
+#include "paradyse/search/parallel_config.hpp"
+#include "paradyse/search/training_model.hpp"
+#include "paradyse/search/training_setup.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace paradyse::search {
+
+enum class CommDim : std::uint8_t { tp, cp, ep, pp, dp };
+inline constexpr std::array<CommDim, 5> kAllCommDims{CommDim::tp, CommDim::cp, CommDim::ep, CommDim::pp, CommDim::dp};
+constexpr std::string_view name_of(CommDim d) {
+  constexpr std::string_view names[] = {"tp", "cp", "ep", "pp", "dp"};
+  return names[int(d)];
+}
+
+struct Estimate {
+  bool feasible = false;
+  std::string problem;            // why not, when not feasible
+  double step_s = 0;
+  double compute_s = 0;           // compute on the critical path (m micro-batches of the slowest stage)
+  double recompute_s = 0;         // the part of compute_s that recomputes activations
+  std::array<double, 5> exposed_comm_s{};  // per CommDim, on the critical path
+  double bubble_s = 0;            // pipeline fill and drain
+  double optimizer_s = 0;
+  MemoryEstimate memory;
+  double capacity_bytes = 0;
+  double model_flops = 0;         // per step (3 x forward, attention over the full sequence: Megatron's count)
+  double mfu = 0;                 // model_flops / (step_s * devices * peak)
+  double exposed(CommDim d) const { return exposed_comm_s[std::size_t(d)]; }
+  double total_exposed_comm_s() const {
+    double t = 0;
+    for (double x : exposed_comm_s) t += x;
+    return t;
+  }
+};
+
+class PerformanceModel {
+public:
+  PerformanceModel(TrainingModel model, ClusterProfile cluster, TrainingSetup setup, std::int64_t devices)
+      : model_(std::move(model)), cluster_(std::move(cluster)), setup_(setup), devices_(devices) {
+    validate(model_);
+    validate(cluster_);
+    validate(setup_);
+    check(devices_ >= 1 && devices_ <= (std::int64_t(1) << 24), "devices = {} must be in [1, 2^24]", devices_);
+  }
+
+  const TrainingModel& model() const { return model_; }
+  const ClusterProfile& cluster() const { return cluster_; }
+  const TrainingSetup& setup() const { return setup_; }
+  std::int64_t devices() const { return devices_; }
+  double capacity_bytes() const { return double(cluster_.device.usable_memory_bytes()); }
+
+  // Model FLOPs of one step (MFU's numerator).
+  double model_flops_per_step() const {
+    return 3.0 * model_.forward_flops_per_token(double(setup_.seq)) * double(setup_.seq) * double(setup_.global_batch);
+  }
+
+  Estimate evaluate(const ParallelConfig& c) const;
+
+private:
+  // Per micro-batch and device, one layer: compute and exposed communication, forward and backward.
+  struct LayerTime {
+    double forward_compute = 0, backward_compute = 0, recompute = 0;
+    std::array<double, 5> forward_comm{}, backward_comm{};  // exposed, per CommDim
+  };
+
+  GroupSpan group(int size, std::int64_t stride) const { return {size, std::int64_t(size) * stride}; }
+
+  double gemm_forward(double m, double n, double k) const {
+    return cluster_.device.gemm.time(m, n, k, setup_.activation_bytes);
+  }
+  double gemm_backward(double m, double n, double k) const {
+    return cluster_.device.gemm.time(m, k, n, setup_.activation_bytes) +
+           cluster_.device.gemm.time(k, n, m, setup_.activation_bytes);
+  }
+
+  LayerTime layer_time(const ParallelConfig& c, bool moe_layer) const;
+  double stage_micro_batch_time(const ParallelConfig& c, std::int64_t first, std::int64_t layers, bool last,
+                                Estimate& e, double& forward_s, double& backward_s) const;
+
+  TrainingModel model_;
+  ClusterProfile cluster_;
+  TrainingSetup setup_;
+  std::int64_t devices_;
+};
+
+inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelConfig& c, bool moe_layer) const {
+  const TrainingModel& m = model_;
+  const cost::HardwareProfile& d = cluster_.device;
+  const double w = setup_.activation_bytes;
+  const double T = double(c.micro_batch) * double(setup_.seq) / c.cp;  // tokens of the local chunk
+  const double x = c.tp_x, y = c.tp_y, t = c.tp();
+  const double h = double(m.hidden);
+  LayerTime r;
+  const GroupSpan tp_y{c.tp_y, c.tp_y}, tp_x = group(c.tp_x, c.tp_y);
+  auto ag_y = [&](double bytes) { return cluster_.collective_time(Collective::all_gather, tp_y, bytes); };
+  auto rs_x = [&](double bytes) { return cluster_.collective_time(Collective::reduce_scatter, tp_x, bytes); };
+  auto ag_x = [&](double bytes) { return cluster_.collective_time(Collective::all_gather, tp_x, bytes); };
+  auto rs_y = [&](double bytes) { return cluster_.collective_time(Collective::reduce_scatter, tp_y, bytes); };
+  auto add_comm = [&](CommDim dim, double forward, double backward) {
+    r.forward_comm[std::size_t(dim)] += forward;
+    r.backward_comm[std::size_t(dim)] += backward;
+  };
+  double recompute_forward = 0;  // the part of the forward that selective recomputation re-runs
+
+  // ---- attention block ------------------------------------------------------------------------------------------
+  const double qkv_in = (m.attention_parameters() - m.context_width() * h) / h;  // input projections' width
+  const double kv_width = m.qkv_width() - double(m.heads) * double(m.key_dim());
+  double forward = gemm_forward(T, qkv_in / y, h / x) + gemm_forward(T, h / x, m.context_width() / y);
+  double backward = gemm_backward(T, qkv_in / y, h / x) + gemm_backward(T, h / x, m.context_width() / y);
+  {
+    const double tp_comm = ag_y(T * h / x * w) + rs_x(T * m.qkv_width() / y * w) + ag_x(T * kv_width / y * w) +
+                           ag_x(T * m.context_width() / y * w) + rs_y(T * h / x * w);
+    add_comm(CommDim::tp, tp_comm, tp_comm);
+  }
+  // Attention core: T / x queries of a / y heads against all s keys (the cp ring brings the other chunks).
+  const double queries = T / x, heads = double(m.heads) / y;
+  double core_forward = 0, core_backward = 0;
+  if (setup_.flash_attention) {
+    const double context = setup_.causal ? setup_.seq / 2.0 : double(setup_.seq);
+    const double flops = 2.0 * queries * context * heads * double(m.key_dim() + m.value_dim());
+    core_forward = d.attention.forward_time(flops);
+    core_backward = d.attention.backward_time(flops);
+  } else {  // scores materialised: two batched GEMMs over the full s x s square and softmax/dropout traffic
+    const double scores = queries * heads * double(setup_.seq);
+    core_forward = gemm_forward(queries * heads, double(setup_.seq), double(m.key_dim())) +
+                   gemm_forward(queries * heads, double(m.value_dim()), double(setup_.seq)) +
+                   d.elementwise_time(scores * 9.0);  // scale-mask-softmax (read, write 2 B) and dropout (+1 B mask)
+    core_backward = gemm_backward(queries * heads, double(setup_.seq), double(m.key_dim())) +
+                    gemm_backward(queries * heads, double(m.value_dim()), double(setup_.seq)) +
+                    d.elementwise_time(scores * 13.0);
+  }
+  forward += core_forward;
+  backward += core_backward;
+  recompute_forward += core_forward;
+  if (c.cp > 1) {  // K, V of the local chunk [T, kv_width / y] around the ring
+    const GroupSpan cp_ring = group(c.cp, c.tp());
+    const double step = cluster_.collective_time(Collective::send_recv, cp_ring, T * kv_width / y * w);
+    add_comm(CommDim::cp, std::max(0.0, (c.cp - 1) * step - core_forward),
+             std::max(0.0, 2.0 * (c.cp - 1) * step - core_backward));
+  }
+  // Norms, residuals, dropout: ~26 h bytes per token read and written over the layer (two of each).
+  double elementwise = T / t * 26.0 * h;
+
+  // ---- MLP block ------------------------------------------------------------------------------------------------
+  if (!moe_layer) {
+    const double f = double(m.ffn), f_in = m.swiglu ? 2 * f : f;
+    forward += gemm_forward(T, f_in / y, h / x) + gemm_forward(T, h / x, f / y);
+    backward += gemm_backward(T, f_in / y, h / x) + gemm_backward(T, h / x, f / y);
+    const double activation = d.elementwise_time(T / t * (m.swiglu ? 6.0 : 4.0) * f);
+    forward += activation;
+    backward += 2 * activation;
+    recompute_forward += activation;
+    const double tp_comm = ag_y(T * h / x * w) + rs_x(T * f_in / y * w) + ag_x(T * f / y * w) + rs_y(T * h / x * w);
+    add_comm(CommDim::tp, tp_comm, tp_comm);
+  } else {
+    // Tokens [T / y, h / x] -> full h on T / t tokens per device (all-gather over x), and back after the combine.
+    const double tokens = T / t;
+    const double layout = ag_x(T / y * h * w);
+    add_comm(CommDim::tp, 2 * layout, 2 * layout);
+    forward += gemm_forward(tokens, double(m.experts), h);  // router
+    backward += gemm_backward(tokens, double(m.experts), h);
+    // Experts: assignments per device (k copies per token, gathered over etp), spread over the local experts.
+    const double local_experts = double(m.experts) / c.ep;
+    const double assignments = tokens * double(m.top_k) * c.etp;
+    const double per_expert = assignments / local_experts;
+    const double fe = double(m.expert_ffn) / c.etp;
+    forward += local_experts * (gemm_forward(per_expert, 2 * fe, h) + gemm_forward(per_expert, h, fe));
+    backward += local_experts * (gemm_backward(per_expert, 2 * fe, h) + gemm_backward(per_expert, h, fe));
+    const double activation = d.elementwise_time(assignments * 6.0 * fe) +
+                              d.elementwise_time(tokens * double(m.top_k) * h * w * 4);  // permute, unpermute
+    forward += activation;
+    backward += 2 * activation;
+    recompute_forward += d.elementwise_time(assignments * 6.0 * fe);
+    if (m.shared_experts > 0) {  // a dense SwiGLU MLP over the 2D layout
+      const double fs = double(m.shared_experts * m.shared_ffn);
+      forward += gemm_forward(T, 2 * fs / y, h / x) + gemm_forward(T, h / x, fs / y);
+      backward += gemm_backward(T, 2 * fs / y, h / x) + gemm_backward(T, h / x, fs / y);
+      const double tp_comm = ag_y(T * h / x * w) + rs_x(T * 2 * fs / y * w) + ag_x(T * fs / y * w) + rs_y(T * h / x * w);
+      add_comm(CommDim::tp, tp_comm, tp_comm);
+    }
+    // ep: all-to-all of k copies of the device's tokens, dispatch and combine; etp: gather and scatter them.
+    const GroupSpan ep_group = group(c.ep, c.tp());
+    const GroupSpan etp_group{c.etp, c.etp};
+    const double dispatched = tokens * double(m.top_k) * h * w;
+    const double a2a = 2 * cluster_.collective_time(Collective::all_to_all, ep_group, dispatched);
+    const double etp_comm = cluster_.collective_time(Collective::all_gather, etp_group, dispatched * c.etp) +
+                            cluster_.collective_time(Collective::reduce_scatter, etp_group, dispatched * c.etp);
+    add_comm(CommDim::ep, a2a + etp_comm, a2a + etp_comm);
+  }
+  forward += d.elementwise_time(elementwise);
+  backward += 2 * d.elementwise_time(elementwise);
+
+  r.forward_compute = forward;
+  r.backward_compute = backward;
+  if (c.recompute == Recompute::selective) r.recompute = recompute_forward;
+  else if (c.recompute == Recompute::full) {
+    r.recompute = forward;
+    for (std::size_t i = 0; i < r.forward_comm.size(); ++i) r.backward_comm[i] += r.forward_comm[i];
+  }
+  return r;
+}
+
+// Forward + backward seconds of one micro-batch through `layers` layers from `first` (all chunks of one stage),
+// with the stage's pipeline sends; accumulates the per-dimension exposed communication of one micro-batch into e.
+inline double PerformanceModel::stage_micro_batch_time(const ParallelConfig& c, std::int64_t first,
+                                                       std::int64_t layers, bool last, Estimate& e,
+                                                       double& forward_s, double& backward_s) const {
+  const LayerTime dense = layer_time(c, false);
+  const LayerTime moe = model_.is_moe() ? layer_time(c, true) : dense;
+  std::array<double, 5> comm{};
+  double compute = 0, recompute = 0;
+  forward_s = backward_s = 0;
+  for (std::int64_t l = first; l < first + layers; ++l) {
+    const LayerTime& lt = model_.is_moe() && l >= model_.dense_layers ? moe : dense;
+    compute += lt.forward_compute + lt.backward_compute + lt.recompute;
+    recompute += lt.recompute;
+    forward_s += lt.forward_compute;
+    backward_s += lt.backward_compute + lt.recompute;
+    for (std::size_t i = 0; i < comm.size(); ++i) {
+      comm[i] += lt.forward_comm[i] + lt.backward_comm[i];
+      forward_s += lt.forward_comm[i];
+      backward_s += lt.backward_comm[i];
+    }
+  }
+  if (last) {  // logits [T, V / y] from [T, h / x] (2D-sharded output layer) and the cross-entropy
+    const double T = double(c.micro_batch) * double(setup_.seq) / c.cp;
+    const double V = double(model_.vocab), h = double(model_.hidden);
+    const double f = gemm_forward(T, V / c.tp_y, h / c.tp_x) + cluster_.device.elementwise_time(T * V / c.tp() * 12);
+    const double b = gemm_backward(T, V / c.tp_y, h / c.tp_x) + cluster_.device.elementwise_time(T * V / c.tp() * 8);
+    compute += f + b;
+    forward_s += f;
+    backward_s += b;
+  }
+  if (c.pp > 1) {  // one send per chunk and direction of the stage's output [T / t, h]
+    const double T = double(c.micro_batch) * double(setup_.seq) / c.cp;
+    const GroupSpan pp_group = group(c.pp, std::int64_t(c.dp) * c.cp * c.tp());
+    const double send = cluster_.collective_time(Collective::send_recv, pp_group,
+                                                 T / c.tp() * double(model_.hidden) * setup_.activation_bytes);
+    comm[std::size_t(CommDim::pp)] += 2.0 * c.virtual_stages * send;
+    forward_s += c.virtual_stages * send;
+    backward_s += c.virtual_stages * send;
+  }
+  double total = compute;
+  for (double x : comm) total += x;
+  e.compute_s = compute;  // per micro-batch for now; scaled by the caller
+  e.recompute_s = recompute;
+  e.exposed_comm_s = comm;
+  return total;
+}
+
+inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
+  Estimate e;
+  e.capacity_bytes = capacity_bytes();
+  e.model_flops = model_flops_per_step();
+  e.problem = structural_problem(model_, setup_, c, devices_);
+  if (!e.problem.empty()) return e;
+  e.memory = estimate_memory(model_, setup_, c);
+  const std::int64_t mbs = micro_batches(setup_, c);
+
+  // The slowest stage sets the pace: the first (embedding, dense layers of MoE models) or the last (logits).
+  const std::int64_t per_stage = model_.layers / c.pp;
+  Estimate stage_e;
+  double stage_s = -1, stage_forward = 0, stage_backward = 0;
+  for (int stage : {0, c.pp - 1}) {
+    Estimate candidate;
+    double f = 0, b = 0;
+    const double t = stage_micro_batch_time(c, std::int64_t(stage) * per_stage, per_stage, stage == c.pp - 1,
+                                            candidate, f, b);
+    if (t > stage_s) stage_s = t, stage_e = candidate, stage_forward = f, stage_backward = b;
+  }
+  const double m = double(mbs);
+  e.compute_s = stage_e.compute_s * m;
+  e.recompute_s = stage_e.recompute_s * m;
+  for (std::size_t i = 0; i < e.exposed_comm_s.size(); ++i) e.exposed_comm_s[i] = stage_e.exposed_comm_s[i] * m;
+  e.bubble_s = double(c.pp - 1) / c.virtual_stages * stage_s;
+
+  // ---- data parallelism and the optimizer ---------------------------------------------------------------------
+  const StageParameters p = stage_parameters(model_, c, 0, per_stage, true, c.pp == 1);
+  const StageParameters p_last = stage_parameters(model_, c, std::int64_t(c.pp - 1) * per_stage, per_stage, c.pp == 1, true);
+  const double dense = std::max(p.dense, p_last.dense), experts = std::max(p.experts, p_last.experts);
+  const GroupSpan dp_group = group(c.dp * c.cp, c.tp());  // dense weights are replicated over dp x cp
+  // Experts are replicated over edp: the devices of dp x cp x tp outside one (ep, etp) group.
+  const GroupSpan edp_group{c.expert_dp(), c.expert_dp() == 1 ? 1 : std::int64_t(c.dp) * c.cp * c.tp()};
+  const double g = setup_.gradient_reduce_bytes, wb = setup_.precision.parameter_bytes;
+  // One collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units), each paying its
+  // latency.
+  const double buckets = double(per_stage);
+  auto reduce = [&](Collective op, double bytes_dense, double bytes_experts) {
+    return buckets * (cluster_.collective_time(op, dp_group, bytes_dense / buckets) +
+                      cluster_.collective_time(op, edp_group, bytes_experts / buckets));
+  };
+  const bool overlap = setup_.overlap_grad_reduce;
+  double dp_s = 0;
+  if (c.zero <= 1) {
+    const double grads = c.zero == 0 ? reduce(Collective::all_reduce, dense * g, experts * g)
+                                     : reduce(Collective::reduce_scatter, dense * g, experts * g);
+    dp_s += overlap ? std::max(0.0, grads - stage_backward) : grads;
+  } else {  // every micro-batch: reduce-scatter its gradients (and for ZeRO-3 gather the weights twice, or 3 times)
+    double per_mb = reduce(Collective::reduce_scatter, dense * g, experts * g);
+    if (c.zero == 3)
+      per_mb += (c.recompute == Recompute::full ? 3 : 2) * reduce(Collective::all_gather, dense * wb, experts * wb);
+    dp_s += m * (overlap ? std::max(0.0, per_mb - (stage_forward + stage_backward)) : per_mb);
+  }
+  if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, dense * wb, experts * wb);  // updated weights
+  e.exposed_comm_s[std::size_t(CommDim::dp)] += dp_s;
+  // Adam: read weights, gradient, master weights and two moments, write back all but the gradient (~36 B/param).
+  const double shard_dense = c.zero >= 1 ? double(c.dp) * c.cp : 1.0, shard_experts = c.zero >= 1 ? c.expert_dp() : 1.0;
+  e.optimizer_s = cluster_.device.elementwise_time(36.0 * (dense / shard_dense + experts / shard_experts));
+
+  e.step_s = e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s;
+  e.mfu = e.model_flops / (e.step_s * double(devices_) * cluster_.peak_flops_per_s);
+  e.feasible = e.memory.total() <= e.capacity_bytes;
+  if (!e.feasible)
+    e.problem = fmt::format("needs {:.1f} GiB per device, {:.1f} GiB usable", e.memory.total() / (1 << 30),
+                            e.capacity_bytes / (1 << 30));
+  return e;
+}
+
+}  // namespace paradyse::search
