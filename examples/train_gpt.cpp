@@ -21,8 +21,10 @@
 // from one (saved on any number of ranks, same model configuration).
 #include "command_line.hpp"
 #include "corpus.hpp"
+#include "train_ranks.hpp"
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/from_config.hpp"
 #include "paradyse/cost/memory_model.hpp"
@@ -43,8 +45,10 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -76,6 +80,7 @@ struct Options {
   std::string load;
   std::string profile;
   std::string corpus;
+  pd::examples::RankBackend backend = pd::examples::RankBackend::threads;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -83,7 +88,9 @@ struct Options {
              "usage: train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A]\n"
              "                 [--min-len N] [--max-len N] [--cap-mib M] [--strategy NAME] [--lr X]\n"
              "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
-             "                 [--corpus DIR]\n"
+             "                 [--corpus DIR] [--backend threads|mpi]\n"
+             "--backend mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi --ranks P ...\n"
+             "--profile: a JSON file, or a built-in profile name (A100-SXM4-80GB-x8, H100-SXM-80GB-x8, H200-SXM-141GB-x8)\n"
              "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n");
 }
 
@@ -112,6 +119,8 @@ Options parse(int argc, char** argv) {
     else if (arg == "--load") o.load = cli.value();
     else if (arg == "--profile") o.profile = cli.value();
     else if (arg == "--corpus") o.corpus = cli.value();
+    else if (arg == "--backend")
+      o.backend = cli.choice("threads", "mpi") ? pd::examples::RankBackend::threads : pd::examples::RankBackend::mpi;
     else cli.unknown();
   }
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
@@ -136,53 +145,28 @@ std::string compact(const std::vector<pd::cost::LayerStrategies>& layers) {
   return out;
 }
 
-// The per-rank state that lives across steps: each rank's tracker (capped), model and buffer pool. Each step is one
-// run_ranks call whose threads install their rank's tracker, so a failed step (OutOfMemory on one rank ends the
-// collectives of all) leaves the model and the trackers intact for the next one.
-class Ranks {
-public:
-  Ranks(int p, std::size_t cap) {
-    for (int r = 0; r < p; ++r) trackers_.push_back(std::make_unique<pd::MemoryTracker>(cap));
-    models.resize(std::size_t(p));
-    pools.resize(std::size_t(p));
-  }
-  int size() const { return int(trackers_.size()); }
-  pd::MemoryTracker& tracker(int r) { return *trackers_[std::size_t(r)]; }
-
-  // Runs fn(comm, rank) on every rank; when a rank runs out of memory, out_of_memory_rank() names it.
-  template <class Fn>
-  void run(Fn&& fn) {
-    oom_rank_ = -1;
-    pd::run_ranks(size(), [&](pd::ThreadCommunicator& comm) {
-      pd::ScopedTracker scoped(tracker(comm.rank()));
-      try {
-        fn(comm, comm.rank());
-      } catch (const pd::OutOfMemory&) {
-        int none = -1;
-        oom_rank_.compare_exchange_strong(none, comm.rank());
-        throw;
-      }
-    });
-  }
-  int out_of_memory_rank() const { return oom_rank_; }
-
-private:
-  std::vector<std::unique_ptr<pd::MemoryTracker>> trackers_;  // first: outlives the models and pools charged to it
-  std::atomic<int> oom_rank_{-1};
-
-public:
-  std::vector<std::unique_ptr<Model>> models;
-  std::vector<std::unique_ptr<pd::BufferPool>> pools;
-};
+// The per-rank state that lives across steps (threads or MPI processes): each rank's tracker (capped), model and
+// buffer pool. Each step is one collective run whose ranks install their tracker, so a failed step (OutOfMemory on
+// one thread rank ends the collectives of all) leaves the model and the trackers intact for the next one.
+using Ranks = pd::examples::Ranks<Model>;
 
 // The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
-pd::cost::HardwareProfile hardware_profile(const Options& o) {
+pd::cost::HardwareProfile hardware_profile(const Options& o, Ranks& ranks) {
   if (!o.profile.empty()) {
+    for (std::string_view name : pd::cost::kBuiltinProfileNames)
+      if (name == o.profile) {
+        fmt::print("hardware profile: {} (built in)\n", o.profile);
+        return pd::cost::builtin_profile(name);
+      }
     fmt::print("hardware profile: {} (given)\n", o.profile);
     return pd::cost::load_profile(o.profile);
   }
-  const std::filesystem::path cache = fmt::format("build/train_gpt_profile_p{}.json", o.ranks);
-  if (std::filesystem::exists(cache)) {
+  const bool mpi = o.backend == pd::examples::RankBackend::mpi;
+  const std::filesystem::path cache = fmt::format("build/train_gpt_profile_{}p{}.json", mpi ? "mpi_" : "", o.ranks);
+  // Under MPI every process decides from the same state: rank 0 writes the cache only after all have looked.
+  const bool cached = std::filesystem::exists(cache);
+  ranks.run([](auto& comm, int) { comm.barrier(); });
+  if (cached) {
     try {
       pd::cost::HardwareProfile profile = pd::cost::load_profile(cache.string());
       fmt::print("hardware profile: calibrated on this machine earlier, {} (delete it to recalibrate)\n", cache.string());
@@ -191,22 +175,28 @@ pd::cost::HardwareProfile hardware_profile(const Options& o) {
       fmt::print("hardware profile: the cached {} does not load ({}); calibrating again\n", cache.string(), e.what());
     }
   }
-  fmt::print("hardware profile: calibrating {} thread ranks on this machine (once; cached in {}) ...\n", o.ranks,
-             cache.string());
+  fmt::print("hardware profile: calibrating {} {} ranks on this machine (once; cached in {}) ...\n", o.ranks,
+             mpi ? "MPI" : "thread", cache.string());
   pd::cost::CalibrationOptions options;
   options.repetitions = 3;
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
   const auto start = std::chrono::steady_clock::now();
   pd::cost::HardwareProfile profile;
-  pd::run_ranks(o.ranks, [&](pd::ThreadCommunicator& comm) {
+  ranks.run([&](auto& comm, int r) {
     pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);
-    if (comm.rank() == 0) profile = std::move(c.profile);
+    if (r == 0) profile = std::move(c.profile);
   });
   fmt::print("  calibrated in {:.1f} s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  std::error_code ignored;
-  std::filesystem::create_directories(cache.parent_path(), ignored);
-  pd::cost::save_profile(profile, cache.string());
+  if (ranks.reports()) {
+    std::error_code ignored;
+    std::filesystem::create_directories(cache.parent_path(), ignored);
+    pd::cost::save_profile(profile, cache.string());
+  }
+  if (mpi) {  // every process plans with rank 0's profile
+    ranks.run([](auto& comm, int) { comm.barrier(); });
+    profile = pd::cost::load_profile(cache.string());
+  }
   return profile;
 }
 
@@ -237,7 +227,16 @@ struct StepRecord {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+#if PARADYSE_WITH_MPI
+  std::optional<pd::MpiSession> mpi_session;
+  if (o.backend == pd::examples::RankBackend::mpi) mpi_session.emplace(&argc, &argv);
+#endif
+  const bool mpi = o.backend == pd::examples::RankBackend::mpi;
   try {
+    // The group first (under MPI: this process's rank; the others print nothing), capped once the cap is known.
+    Ranks ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
+    if (!ranks.reports() && !std::freopen("/dev/null", "w", stdout))
+      throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
     pd::GptConfig config;
     config.layer = pd::LayerConfig::make(o.hidden, o.heads);
     config.layer.causal = true;
@@ -256,7 +255,7 @@ int main(int argc, char** argv) {
     std::vector<corpus::Window> windows = sampler.stratified(o.steps);  // shortest first: the curriculum order
     if (!o.sorted) sampler.shuffle(windows);
 
-    const pd::cost::HardwareProfile hardware = hardware_profile(o);
+    const pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
     const pd::plan::GptCosts<Model> costs{config, o.ranks, &hardware};
 
     // The cap: METP must fit the longest input, MegatronTS must not (unless --cap-mib says otherwise).
@@ -312,9 +311,9 @@ int main(int argc, char** argv) {
                "document gives {}), documents stratified by length, order {}, seed {}\n",
                docs.size(), corpus_dir.string(), shortest, sampler.longest_document(), o.steps, min_len, o.max_len,
                o.max_len, o.sorted ? "sorted (curriculum)" : "random", o.seed);
-    fmt::print("ranks: {} threads; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
+    fmt::print("ranks: {} {}; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
                "all-MegatronTS {:.1f} MiB)\n",
-               o.ranks, double(cap) / kMiB,
+               o.ranks, mpi ? "MPI processes" : "threads", double(cap) / kMiB,
                o.cap_mib > 0 ? " (given)"
                : cap_raised_for_save ? " (from the memory model, raised to fit the model and its save)"
                                      : " (from the memory model)",
@@ -323,15 +322,19 @@ int main(int argc, char** argv) {
     fmt::print("strategies: {}\n\n", o.strategy.empty() ? "chosen per layer and sublayer by the exact planner (attn/mlp per layer)"
                                                         : fmt::format("{} everywhere (static)", o.strategy));
 
-    Ranks ranks(o.ranks, std::size_t(cap));
-    ranks.run([&](pd::ThreadCommunicator&, int r) {
+    for (int r = 0; r < o.ranks; ++r) ranks.tracker(r).set_cap(std::size_t(cap));
+    ranks.run([&](auto&, int r) {
       ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
       ranks.pools[std::size_t(r)] = std::make_unique<pd::BufferPool>();
     });
     // The states as allocated (the estimate above rounds no tensor): the save must still fit beside them.
     if (save_bytes > 0) {
       std::size_t held = 0;
-      for (int r = 0; r < o.ranks; ++r) held = std::max(held, ranks.tracker(r).in_use());
+      std::vector<double> in_use(std::size_t(o.ranks), 0.0);
+      for (int r = 0; r < o.ranks; ++r)
+        if (ranks.is_local(r)) in_use[std::size_t(r)] = double(ranks.tracker(r).in_use());
+      ranks.share(in_use);
+      held = std::size_t(*std::max_element(in_use.begin(), in_use.end()));
       const std::int64_t need = std::int64_t(held) + save_bytes;
       if (need > cap) {
         if (o.cap_mib > 0) {
@@ -346,7 +349,7 @@ int main(int argc, char** argv) {
       }
     }
     if (!o.load.empty()) {
-      ranks.run([&](pd::ThreadCommunicator&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
+      ranks.run([&](auto&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
       fmt::print("weights loaded from {}\n\n", o.load);
     }
 
@@ -390,13 +393,13 @@ int main(int argc, char** argv) {
       planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
       const std::vector<pd::cost::LayerStrategies> layers = plan->strategies();
       const pd::StackPlan stack_plan = pd::plan::stack_plan<Strategies>(*plan);
-
       adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
-      std::vector<std::size_t> peaks(std::size_t(o.ranks));
+      std::vector<double> peaks(std::size_t(o.ranks), 0.0);
       double loss = 0;
+      bool over_cap = false;  // MPI: the step went over the cap on some rank (and was undone)
       const auto start = std::chrono::steady_clock::now();
       try {
-        ranks.run([&](pd::ThreadCommunicator& comm, int r) {
+        ranks.run([&](auto& comm, int r) {
           Model& model = *ranks.models[std::size_t(r)];
           pd::BufferPool& pool = *ranks.pools[std::size_t(r)];
           pool.trim();  // every step starts with an empty pool, as the memory model assumes
@@ -406,10 +409,26 @@ int main(int argc, char** argv) {
           const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, 1, layout, r);
           const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, 1, layout, r);
           model.zero_gradients();
+          // Under MPI an out-of-memory rank could not stop the others inside a collective: the step runs uncapped
+          // and is undone when any rank's peak passed the cap, which is exactly when the thread run's step fails.
+          if (mpi) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
           const pd::GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
+          if (mpi) {
+            const double mine = double(ranks.tracker(r).peak());
+            double most = 0;
+            comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&most, 1), pd::ReduceOp::max);
+            ranks.tracker(r).set_cap(std::size_t(cap));
+            if (most > double(cap)) {
+              over_cap = true;
+              peaks[std::size_t(r)] = most;
+              model.recover_from_failed_step();
+              pool.trim();
+              return;
+            }
+          }
           model.optimizer_step(adamw);
-          peaks[std::size_t(r)] = ranks.tracker(r).peak();
-          if (r == 0) loss = result.loss;
+          peaks[std::size_t(r)] = double(ranks.tracker(r).peak());
+          if (r == ranks.first_local()) loss = result.loss;  // the same on every rank
         });
       } catch (const pd::OutOfMemory& e) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -420,10 +439,22 @@ int main(int argc, char** argv) {
         ++ooms;
         records.push_back({s, 0, seconds, true});
         // Under the same cap: the recovery allocates nothing, and the pool gives back what the step cached.
-        ranks.run([&](pd::ThreadCommunicator&, int r) {
+        ranks.run([&](auto&, int r) {
           ranks.models[std::size_t(r)]->recover_from_failed_step();
           ranks.pools[std::size_t(r)]->trim();
         });
+        continue;
+      }
+      if (over_cap) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        ranks.share(peaks);
+        fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY: a rank peaked at {:.1f} MiB, over the cap of "
+                   "{:.0f} MiB (predicted {:.1f} MiB); the step is undone\n",
+                   step, s, compact(layers), 8 * o.layers, "-", seconds,
+                   *std::max_element(peaks.begin(), peaks.end()) / kMiB, double(cap) / kMiB,
+                   double(plan->peak_bytes()) / kMiB);
+        ++ooms;
+        records.push_back({s, 0, seconds, true});
         continue;
       }
       if (!std::isfinite(loss)) {
@@ -434,7 +465,8 @@ int main(int argc, char** argv) {
         return 1;
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double peak = double(*std::max_element(peaks.begin(), peaks.end()));
+      ranks.share(peaks);
+      const double peak = *std::max_element(peaks.begin(), peaks.end());
       fmt::print("{:>4}  {:>6}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, compact(layers),
                  8 * o.layers, loss, seconds, peak / kMiB, double(plan->peak_bytes()) / kMiB, double(cap) / kMiB);
       records.push_back({s, loss, seconds, false});
@@ -479,8 +511,12 @@ int main(int argc, char** argv) {
     if (!o.save.empty()) {
       // No checkpoint of weights that are not finite (a last optimizer step that diverged).
       std::atomic<int> bad_rank{-1};
-      ranks.run([&](pd::ThreadCommunicator&, int r) {
-        if (!finite_weights(*ranks.models[std::size_t(r)])) bad_rank = r;
+      ranks.run([&](auto& comm, int r) {
+        // Every process learns the highest rank whose weights are not finite (-1: none).
+        const int mine = finite_weights(*ranks.models[std::size_t(r)]) ? -1 : r;
+        int worst = -1;
+        comm.all_reduce(std::span<const int>(&mine, 1), std::span<int>(&worst, 1), pd::ReduceOp::max);
+        if (r == ranks.first_local()) bad_rank = worst;
       });
       if (bad_rank >= 0) {
         fmt::print(stderr, "train_gpt: rank {} holds weights that are not finite (nan or inf) after training: the "
@@ -489,19 +525,26 @@ int main(int argc, char** argv) {
       }
       // Within the cap: the pools give back their buffers first (the cap was budgeted for the model + the save).
       try {
-        ranks.run([&](pd::ThreadCommunicator& comm, int r) {
+        ranks.run([&](auto& comm, int r) {
           ranks.pools[std::size_t(r)]->trim();
           pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], o.save);
         });
       } catch (const std::exception& e) {
-        fmt::print(stderr, "train_gpt: saving the checkpoint to {} failed after {} steps of training (any earlier file "
-                           "there is unchanged): {}\n", o.save, done.size(), e.what());
+        const std::string message = fmt::format("saving the checkpoint to {} failed after {} steps of training (any "
+                                                "earlier file there is unchanged): {}", o.save, done.size(), e.what());
+#if PARADYSE_WITH_MPI
+        if (mpi) pd::abort_mpi_job(message);  // the other processes wait in the save's collectives
+#endif
+        fmt::print(stderr, "train_gpt: {}\n", message);
         return 1;
       }
       fmt::print("  checkpoint                 {} (safetensors, global tensors)\n", o.save);
     }
     return 0;
   } catch (const std::exception& e) {
+#if PARADYSE_WITH_MPI
+    if (mpi) pd::abort_mpi_job(e.what());  // the other processes may be waiting in a collective
+#endif
     fmt::print(stderr, "train_gpt: {}\n", e.what());
     return 1;
   }
