@@ -68,6 +68,10 @@ struct MoeConfig {
 struct TopK {
   std::int64_t k = 0;                            // 0: the config's top_k
   std::span<const std::int64_t> per_token = {};  // non-empty: one count per local token (overrides k)
+  // Alloc-T (moe/alloc_tokens.hpp): the k * n largest scores of the call's [n, E] score matrix, at least one expert
+  // per token, instead of k in every row; `pools` (row counts summing to n, e.g. one per sequence) pools separately.
+  bool pool_tokens = false;
+  std::span<const std::int64_t> pools = {};
 };
 
 // Experts [first, first + count) of rank `rank` of `ranks`: the chunking rule (the first E % p ranks own one more).

@@ -2,6 +2,7 @@
 // (the largest first; equal logits: the lower expert index wins), optional renormalisation of the selected scores,
 // routed scaling; the routing it returns lists, per token, the chosen experts and their gate weights, flattened
 // with per-token offsets so that the number of experts may vary from token to token (TopK, moe/moe_config.hpp).
+// With TopK::pool_tokens the counts come from the scores themselves (Alloc-T, moe/alloc_tokens.hpp).
 //
 // Losses (both logged; each enters the training loss times its coefficient, and its gradient goes to the logits):
 //   - load balancing (Switch form): aux = E * sum_i f_i P_i, f_i = the fraction of all (token, expert) assignments
@@ -14,6 +15,7 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/moe/alloc_tokens.hpp"
 #include "paradyse/moe/moe_config.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
@@ -60,6 +62,22 @@ inline std::vector<std::int64_t> routing_offsets(const MoeConfig& c, std::int64_
   return offsets;
 }
 
+// Alloc-T's per-token counts (moe/alloc_tokens.hpp) from a call's logits: the scores are computed by the router's
+// own op (router_forward with no assignment), so that they are bit for bit those the routing uses.
+template <class Backend>
+std::vector<std::int64_t> pooled_counts(const MoeConfig& c, TensorView<const float> logits, TopK k) {
+  const std::int64_t n = logits.extent(0), each = k.k == 0 ? c.top_k : k.k;
+  check(k.per_token.empty(), "router: pool_tokens and per-token counts exclude each other");
+  Tensor<float> probs(Shape{n, c.experts}), lse(Shape{n}), gates(Shape{0}), stats(Shape{c.experts + 1});
+  const std::vector<std::int64_t> none(static_cast<std::size_t>(n + 1), 0);
+  std::vector<std::int64_t> no_experts;
+  Backend::router_forward(logits, c.scoring, false, 1.0f, none, probs.view(), lse.view(), no_experts, gates.view(),
+                          stats.view());
+  return allocate_tokens(probs.span(), std::span<const float>(logits.data(), std::size_t(logits.numel())), n,
+                         c.experts, each, k.pools)
+      .counts;
+}
+
 // router: [E, h]; x: [n, h].
 template <class Backend>
 Routing route(const MoeConfig& c, TensorView<const float> router, TensorView<const float> x, TopK k = {}) {
@@ -70,6 +88,21 @@ Routing route(const MoeConfig& c, TensorView<const float> router, TensorView<con
   Routing r;
   r.tokens = x.extent(0);
   r.experts = c.experts;
+  if (k.pool_tokens) {  // Alloc-T: the logits first, then each token's count from the pooled scores
+    r.logits = Tensor<float>(Shape{r.tokens, c.experts});
+    check(r.logits.space() == MemorySpace::host, "route: pool_tokens reads the scores; they must be on the host");
+    if (r.tokens > 0) Backend::matmul(x, ops::Transpose::no, router, ops::Transpose::yes, r.logits.view());
+    const std::vector<std::int64_t> counts = pooled_counts<Backend>(c, r.logits.view(), k);
+    r.offsets = routing_offsets(c, r.tokens, TopK{0, counts});
+    r.expert.assign(std::size_t(r.assignments()), 0);
+    r.gates = Tensor<float>(Shape{r.assignments()});
+    r.probs = Tensor<float>(Shape{r.tokens, c.experts});
+    r.lse = Tensor<float>(Shape{r.tokens});
+    r.stats = Tensor<float>(Shape{c.experts + 1});
+    Backend::router_forward(r.logits.view(), c.scoring, c.norm_topk_prob, float(c.routed_scaling_factor), r.offsets,
+                            r.probs.view(), r.lse.view(), r.expert, r.gates.view(), r.stats.view());
+    return r;
+  }
   r.offsets = routing_offsets(c, r.tokens, k);
   r.expert.assign(std::size_t(r.assignments()), 0);
   r.gates = Tensor<float>(Shape{r.assignments()});
