@@ -1,7 +1,7 @@
 // paradyse/search/memory_estimate.hpp: bytes per device of a parallel configuration: model states per ZeRO stage
 // and activations per recomputation policy and in-flight micro-batches, on the pipeline stage that needs most.
 //
-// Model states (bytes per parameter from TrainingPrecision: w weights, g gradients, o optimizer; 2 + 2 + 12):
+// Model states (bytes per parameter from TrainingPrecision: w weights, g gradients, o optimizer; 2 + 4 + 12):
 //   ZeRO 0: (w + g + o) P;  1: (w + g) P + o P / d;  2: w P + (g + o) P / d;  3: (w + g + o) P / d
 // with P the parameters the device holds after tensor/pipeline/expert sharding and d the data-parallel group of
 // those parameters (dp * cp for dense ones, edp for experts); ZeRO-3 also holds two layers gathered (prefetch).

@@ -150,8 +150,9 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
   if (setup_.flash_attention) {
     const double context = setup_.causal ? setup_.seq / 2.0 : double(setup_.seq);
     const double flops = 2.0 * queries * context * heads * double(m.key_dim() + m.value_dim());
-    core_forward = d.attention.forward_time(flops);
-    core_backward = d.attention.backward_time(flops);
+    // With cp > 1 the ring runs one kernel per K/V block it receives, each paying the kernel overhead.
+    core_forward = d.attention.forward_time(flops) + (c.cp - 1) * d.attention.overhead_s;
+    core_backward = d.attention.backward_time(flops) + (c.cp - 1) * d.attention.overhead_s;
   } else {  // scores materialised: two batched GEMMs over the full s x s square and softmax/dropout traffic
     const double scores = queries * heads * double(setup_.seq);
     core_forward = gemm_forward(queries * heads, double(setup_.seq), double(m.key_dim())) +

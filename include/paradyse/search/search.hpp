@@ -45,11 +45,12 @@ struct SearchResult {
   double seconds = 0;
 };
 
+// The order among configurations of equal step time: the simpler first (no cp, 1D tp, no ep, no pipeline, ...).
 inline auto config_key(const ParallelConfig& c) {
-  return std::make_tuple(c.dp, c.pp, c.cp, c.tp_x, c.tp_y, c.ep, c.etp, c.zero, c.micro_batch, c.virtual_stages,
-                         int(c.recompute));
+  return std::make_tuple(c.cp, c.tp_x, c.ep, c.etp, c.pp, c.tp_y, c.virtual_stages, c.zero, int(c.recompute),
+                         c.micro_batch, c.dp);
 }
-// Strict order: faster first, then by the configuration's fields.
+// Strict order: faster first, then by config_key.
 inline bool better(const Candidate& a, const Candidate& b) {
   if (a.estimate.step_s != b.estimate.step_s) return a.estimate.step_s < b.estimate.step_s;
   return config_key(a.config) < config_key(b.config);

@@ -17,9 +17,9 @@ namespace paradyse::search {
 struct TrainingSetup {
   std::int64_t seq = 4096;             // s: tokens per sequence
   std::int64_t global_batch = 1024;    // B: sequences per optimizer step
-  cost::TrainingPrecision precision;   // bf16 weights and gradients, fp32 Adam states (16 bytes per parameter)
-  // Gradients are reduced in fp32 (Megatron-LM's default: bf16 gradients accumulate into fp32 main gradients, and
-  // those are what data parallelism reduces).
+  // bf16 weights, fp32 gradients, fp32 master weights and Adam moments (18 bytes per parameter): Megatron-LM's
+  // default, whose bf16 gradients accumulate into fp32 main gradients; those are what data parallelism reduces.
+  cost::TrainingPrecision precision{.parameter_bytes = 2, .gradient_bytes = 4, .optimizer_bytes = 12};
   int gradient_reduce_bytes = 4;
   int activation_bytes = 2;            // bf16
   bool causal = true;                  // decoder: flash attention skips the masked half
