@@ -440,3 +440,127 @@ TEST_CASE("checkpoint: save_checkpoint_bytes is what a save allocates beyond the
   CHECK(read_all(dir.file("budget.safetensors")) == saved);
   CHECK(dir.names().size() == 1);  // no temporary left
 }
+
+namespace {
+
+// Steps [from, to) of a deterministic training run: step i trains on its own random sequence (drawn from the step
+// index, so a resumed run sees the same data) under a plan that mixes strategies. Returns the losses.
+std::vector<double> train_steps(Model& model, ThreadCommunicator& comm, BufferPool& pool, int from, int to) {
+  const GptConfig& c = model.config();
+  const int p = comm.size(), r = comm.rank();
+  const StackPlan plan = uniform_plan<Strategies>(std::size_t(c.layers), "MegatronTS");
+  const StackPlan other = uniform_plan<Strategies>(std::size_t(c.layers), "METP");
+  std::vector<double> losses;
+  for (int step = from; step < to; ++step) {
+    const std::int64_t s = 9 + step;  // lengths change from step to step
+    Rng rng(1000 + std::uint64_t(step));
+    std::vector<std::int32_t> tokens, targets;
+    for (std::int64_t i = 0; i <= s; ++i) tokens.push_back(std::int32_t(rng.below(std::uint64_t(c.vocab))));
+    targets.assign(tokens.begin() + 1, tokens.end());
+    tokens.pop_back();
+    const SequenceLayout layout(s, p, c.layer.zigzag);
+    const Tensor<std::int32_t> x = shard_tokens(tokens, 1, layout, r), y = shard_tokens(targets, 1, layout, r);
+    model.zero_gradients();
+    losses.push_back(model.forward_backward(comm, pool, step % 2 ? other : plan, s, x.view(), y.view()).loss);
+    ops::AdamWConfig adamw;
+    adamw.learning_rate = 0.01f;
+    adamw.weight_decay = 0.1f;
+    model.optimizer_step(adamw);
+  }
+  return losses;
+}
+
+// Everything the optimizer holds on this rank, flattened: weights, both moments (layers and replicated pack).
+std::vector<float> optimizer_state_of(Model& model) {
+  std::vector<float> out;
+  const auto add = [&](const Tensor<float>& t) { out.insert(out.end(), t.span().begin(), t.span().end()); };
+  for (auto* layers : {&model.stack().weights(), &model.moment1(), &model.moment2()})
+    for (const LayerWeights& w : *layers) {
+      add(w.attention.packed);
+      add(w.mlp.packed);
+      add(w.norms.packed);
+    }
+  add(model.replicated());
+  add(model.replicated_moment1());
+  add(model.replicated_moment2());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a run stopped at step k and resumed from its checkpoint gives the uninterrupted losses, bit for bit") {
+  TempDir dir;
+  for (const bool tied : {false, true})
+    for (const int p : {1, 2, 4}) {
+      const GptConfig c = test_config(tied, tied ? Activation::swiglu : Activation::gelu);
+      const int total = 5, k = 2;
+      const std::string path = dir.file(fmt::format("resume_p{}_{}.safetensors", p, tied));
+      std::vector<double> straight, resumed, weights_only;
+      std::vector<std::vector<float>> straight_state(static_cast<std::size_t>(p)), resumed_state(static_cast<std::size_t>(p));
+      std::vector<std::int64_t> resumed_steps(static_cast<std::size_t>(p));
+      run_ranks(p, [&](ThreadCommunicator& comm) {
+        const int r = comm.rank();
+        BufferPool pool;
+        {  // uninterrupted
+          Model model(c, p, r, 7);
+          const std::vector<double> losses = train_steps(model, comm, pool, 0, total);
+          if (r == 0) straight = losses;
+          straight_state[std::size_t(r)] = optimizer_state_of(model);
+        }
+        {  // stopped after k steps: saved with the optimizer state and the caller's metadata
+          Model model(c, p, r, 7);
+          train_steps(model, comm, pool, 0, k);
+          save_checkpoint(comm, model, path, {.optimizer_state = true, .extra = {{"train.next_step", "2"}}});
+        }
+        {  // resumed in a model drawn from another seed
+          Model model(c, p, r, 12345);
+          load_checkpoint(model, path, {.optimizer_state = true});
+          resumed_steps[std::size_t(r)] = model.steps_taken();
+          const std::vector<double> losses = train_steps(model, comm, pool, k, total);
+          if (r == 0) resumed = losses;
+          resumed_state[std::size_t(r)] = optimizer_state_of(model);
+        }
+        {  // the weights alone (AdamW restarted): a different continuation, so the moments are what made it exact
+          Model model(c, p, r, 12345);
+          load_checkpoint(model, path);
+          const std::vector<double> losses = train_steps(model, comm, pool, k, total);
+          if (r == 0) weights_only = losses;
+        }
+      });
+      CAPTURE(p);
+      CAPTURE(tied);
+      REQUIRE(resumed.size() == std::size_t(total - k));
+      for (int i = k; i < total; ++i) CHECK(resumed[std::size_t(i - k)] == straight[std::size_t(i)]);  // bitwise
+      for (int r = 0; r < p; ++r) {
+        CHECK(resumed_steps[std::size_t(r)] == k);
+        CHECK(resumed_state[std::size_t(r)] == straight_state[std::size_t(r)]);  // weights and moments, bitwise
+      }
+      CHECK(weights_only[0] == straight[std::size_t(k)]);  // the first step's loss depends on the weights only
+      CHECK(weights_only.back() != straight.back());        // later ones on the moments too
+      // The caller's metadata comes back; a weights-only load of the same file still works (done above).
+      const auto metadata = read_checkpoint_metadata(path);
+      CHECK(std::find(metadata.begin(), metadata.end(), std::pair<std::string, std::string>("train.next_step", "2")) !=
+            metadata.end());
+    }
+}
+
+TEST_CASE("checkpoint: resuming needs the optimizer state, and extra metadata may not shadow the checkpoint's own") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string weights = dir.file("weights.safetensors"), training = dir.file("training.safetensors");
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Model model(c, 2, comm.rank(), 3);
+    save_checkpoint(comm, model, weights);
+    std::string error;
+    try {
+      save_checkpoint(comm, model, training, {.optimizer_state = true, .extra = {{"hidden", "7"}}});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find("extra metadata key 'hidden'") != std::string::npos);
+    comm.barrier();
+  });
+  CHECK(!fs::exists(training));
+  const std::string error = load_error(c, weights, {.optimizer_state = true});
+  CHECK(error.find("holds the weights only") != std::string::npos);
+}

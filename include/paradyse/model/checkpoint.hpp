@@ -8,7 +8,14 @@
 //   layers.<l>.attention.{w_q, w_k, w_v, w_proj}, layers.<l>.mlp.{w_in, w_up (SwiGLU only), w_out},
 //   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as contract/weight_shards.hpp's GlobalLayerWeights)
 // The metadata holds the model configuration, the optimizer step count and an FNV-1a checksum of the data buffer.
-// The AdamW moments are not saved (a resumed run restarts them).
+//
+// Resuming training: with CheckpointSaveOptions{.optimizer_state = true} the AdamW moments are saved too, as global
+// tensors of the same shapes named "adamw.m.<name>" and "adamw.v.<name>" (metadata optimizer = adamw), and the
+// caller's own metadata (`extra`: for train_gpt its options, the data position) goes beside the configuration.
+// load_checkpoint with CheckpointLoadOptions{.optimizer_state = true} restores the weights, both moments and the
+// step count, so that training continues exactly as if it had never stopped: the floats are copied, not computed,
+// so on the same group size the continued run is bit for bit the uninterrupted one. read_checkpoint_metadata gives
+// the extra metadata back.
 //
 // Loading is per rank (no communication): every rank validates the whole file (format, configuration, names,
 // dtypes, shapes, checksum) before it changes anything, then reads the global tensors a layer at a time and keeps
@@ -40,6 +47,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,6 +60,9 @@ namespace checkpoint_detail {
 
 inline constexpr std::string_view kFormat = "paradyse.gpt.v1";
 inline constexpr std::string_view kChecksumKey = "data_fnv1a64";
+inline constexpr std::string_view kOptimizerKey = "optimizer";  // "adamw" when the moments are in the file
+// The states a checkpoint can hold, by name prefix: the weights, then AdamW's first and second moments.
+inline constexpr std::string_view kStatePrefixes[3] = {"", "adamw.m.", "adamw.v."};
 
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 
@@ -153,13 +164,17 @@ inline std::vector<std::pair<std::string_view, Tensor<float>*>> layer_tensors(Gl
           {"norm2.gamma", &g.norm2_gamma}, {"norm2.beta", &g.norm2_beta}};
 }
 
-// The entries a checkpoint of config `c` holds, in data order (a model with empty tensors: shapes only).
-inline std::vector<safetensors::TensorEntry> entries_of(const GptConfig& c) {
+// The entries a checkpoint of config `c` holds, in data order (a model with empty tensors: shapes only): the weights,
+// then with `optimizer_state` the same entries again for each AdamW moment.
+inline std::vector<safetensors::TensorEntry> entries_of(const GptConfig& c, bool optimizer_state = false) {
   std::vector<safetensors::TensorEntry> entries;
   const LayerConfig& l = c.layer;
+  std::string_view state;  // the name prefix of the state being listed
   auto add = [&](std::string name, std::vector<std::int64_t> shape) {
-    entries.push_back({std::move(name), "F32", std::move(shape), 0, 0});
+    entries.push_back({std::string(state) + name, "F32", std::move(shape), 0, 0});
   };
+  for (int s = 0; s < (optimizer_state ? 3 : 1); ++s) {
+  state = kStatePrefixes[s];
   add("embedding", {c.vocab, l.hidden});
   if (!c.tied_head) add("head", {c.vocab, l.hidden});
   add("final_norm.gamma", {l.hidden});
@@ -174,6 +189,7 @@ inline std::vector<safetensors::TensorEntry> entries_of(const GptConfig& c) {
     if (l.activation == Activation::swiglu) add(p + "mlp.w_up", {l.ffn, l.hidden});
     add(p + "mlp.w_out", {l.ffn, l.hidden});
     for (const char* n : {"norm1.gamma", "norm1.beta", "norm2.gamma", "norm2.beta"}) add(p + n, {l.hidden});
+  }
   }
   return entries;
 }
@@ -240,11 +256,27 @@ inline void check_writable_target(const std::string& path) {
   ::unlink(probe.c_str());
 }
 
-// What load_checkpoint accepts beyond a complete checkpoint written by save_checkpoint.
+// What load_checkpoint accepts beyond a complete checkpoint written by save_checkpoint, and what it restores.
 struct CheckpointLoadOptions {
   // Load a file that has no data checksum (written by another tool), unverified. Off: such a file is refused.
   bool allow_missing_checksum = false;
+  // Also restore the AdamW moments and the step count (the file must hold them): to resume training.
+  bool optimizer_state = false;
 };
+
+// What save_checkpoint writes beyond the weights.
+struct CheckpointSaveOptions {
+  bool optimizer_state = false;  // the AdamW moments too (to resume training)
+  // The caller's metadata (string keys and values), saved beside the configuration; its keys must not be ones the
+  // checkpoint uses itself (format, the configuration's fields, step, saved_on_ranks, optimizer, the checksum).
+  std::vector<std::pair<std::string, std::string>> extra;
+};
+
+// The metadata of a checkpoint (reads the header only): the configuration, step, and the caller's extra entries.
+inline std::vector<std::pair<std::string, std::string>> read_checkpoint_metadata(const std::string& path) {
+  const safetensors::File file(path, O_RDONLY);
+  return safetensors::read_header(file).metadata;
+}
 
 // The configuration a checkpoint holds (reads the header only).
 inline GptConfig read_checkpoint_config(const std::string& path) {
@@ -273,14 +305,22 @@ inline std::int64_t save_checkpoint_bytes(const GptConfig& config, int ranks) {
 // calls it; rank 0 writes the file. Beyond the model, it allocates save_checkpoint_bytes(config, ranks) per rank.
 // When it throws (out of memory, a write error), the file at `path` is unchanged.
 template <class Strategies, class Backend, Communicator C>
-void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string& path) {
+void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string& path,
+                     const CheckpointSaveOptions& options = {}) {
   using namespace checkpoint_detail;
   const GptConfig& config = model.config();
   const bool writer = comm.rank() == 0;
-  std::vector<safetensors::TensorEntry> entries = entries_of(config);
+  std::vector<safetensors::TensorEntry> entries = entries_of(config, options.optimizer_state);
   Metadata metadata = config_metadata(config);
   metadata.emplace_back("step", fmt::format("{}", model.steps_taken()));
   metadata.emplace_back("saved_on_ranks", fmt::format("{}", comm.size()));
+  if (options.optimizer_state) metadata.emplace_back(std::string(kOptimizerKey), "adamw");
+  for (const auto& [key, value] : options.extra) {
+    for (const auto& [taken, ignored] : metadata)
+      check(key != taken, "save_checkpoint: the extra metadata key '{}' is one the checkpoint uses itself", key);
+    check(key != kChecksumKey, "save_checkpoint: the extra metadata key '{}' is the checksum's", key);
+    metadata.emplace_back(key, value);
+  }
   metadata.emplace_back(std::string(kChecksumKey), std::string(16, '0'));  // fixed width: rewritten at the end
   std::optional<safetensors::AtomicFile> out;
   std::int64_t data_start = 0;
@@ -299,18 +339,24 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
     out->file().write_at(data, count * std::int64_t(sizeof(float)), data_start + e.begin);
     checksum = safetensors::fnv1a(data, std::size_t(count) * sizeof(float), checksum);
   };
-  if (writer) {
-    const std::int64_t v = config.vocab, h = config.layer.hidden;
-    write("embedding", model.embedding().data(), v * h);
-    if (!config.tied_head) write("head", model.head().data(), v * h);
-    write("final_norm.gamma", model.final_gamma().data(), h);
-    write("final_norm.beta", model.final_beta().data(), h);
-  }
-  for (int l = 0; l < config.layers; ++l) {
-    GlobalLayerWeights<float> g = gather_layer(comm, config.layer, model.stack().weights()[std::size_t(l)]);
-    if (!writer) continue;
-    for (auto [name, t] : layer_tensors(g))
-      if (t->numel() > 0) write(fmt::format("layers.{}.{}", l, name), t->data(), t->numel());
+  for (int s = 0; s < (options.optimizer_state ? 3 : 1); ++s) {
+    const std::string prefix(kStatePrefixes[s]);
+    // The replicated pack [rows, h] of this state: embedding, head (untied), final gamma, final beta.
+    const Tensor<float>& pack = s == 0 ? model.replicated() : s == 1 ? model.replicated_moment1() : model.replicated_moment2();
+    const std::vector<LayerWeights>& layers = s == 0 ? model.stack().weights() : s == 1 ? model.moment1() : model.moment2();
+    if (writer) {
+      const std::int64_t v = config.vocab, h = config.layer.hidden, final_row = config.replicated_rows() - 2;
+      write(prefix + "embedding", pack.data(), v * h);
+      if (!config.tied_head) write(prefix + "head", pack.data() + v * h, v * h);
+      write(prefix + "final_norm.gamma", pack.data() + final_row * h, h);
+      write(prefix + "final_norm.beta", pack.data() + (final_row + 1) * h, h);
+    }
+    for (int l = 0; l < config.layers; ++l) {
+      GlobalLayerWeights<float> g = gather_layer(comm, config.layer, layers[std::size_t(l)]);
+      if (!writer) continue;
+      for (auto [name, t] : layer_tensors(g))
+        if (t->numel() > 0) write(fmt::format("{}layers.{}.{}", prefix, l, name), t->data(), t->numel());
+    }
   }
   if (writer) {
     metadata.back().second = fmt::format("{:016x}", checksum);
@@ -340,8 +386,17 @@ void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path, C
         diff += fmt::format("{}{}: checkpoint {}, model {}", diff.empty() ? "" : "; ", a[i].first, a[i].second, b[i].second);
     throw Error(fmt::format("checkpoint {}: it holds a different model ({})", path, diff));
   }
-  // Names, dtypes and shapes.
-  const std::vector<safetensors::TensorEntry> expected = entries_of(config);
+  // Names, dtypes and shapes (the moments too when the file has them).
+  const std::string* optimizer = header.meta(kOptimizerKey);
+  check(optimizer == nullptr || *optimizer == "adamw", "checkpoint {}: optimizer state '{}', expected adamw", path,
+        printable(optimizer ? *optimizer : std::string()));
+  check(!options.optimizer_state || optimizer != nullptr,
+        "checkpoint {}: it holds the weights only, not the optimizer state needed to resume training (saved without "
+        "CheckpointSaveOptions::optimizer_state)", path);
+  const std::int64_t saved_step = options.optimizer_state ? to_integer(required(header, "step", path), "step", path, 0,
+                                                                      std::numeric_limits<std::int64_t>::max())
+                                                         : 0;
+  const std::vector<safetensors::TensorEntry> expected = entries_of(config, optimizer != nullptr);
   for (const safetensors::TensorEntry& want : expected) {
     const safetensors::TensorEntry* got = header.find(want.name);
     check(got != nullptr, "checkpoint {}: tensor '{}' is missing", path, want.name);
@@ -372,21 +427,28 @@ void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path, C
           "checkpoint {}: the data is corrupted (checksum {:016x}, the header says {})", path, checksum,
           printable(*stored));
   }
-  // Everything checks: read, a layer at a time.
+  // Everything checks: read, a layer at a time (the weights, then the moments when asked for).
   auto read = [&](const std::string& name, float* out) {
     const safetensors::TensorEntry& e = *header.find(name);
     file.read_at(out, e.end - e.begin, header.data_start + e.begin);
   };
-  read("embedding", model.embedding().data());
-  if (!config.tied_head) read("head", model.head().data());
-  read("final_norm.gamma", model.final_gamma().data());
-  read("final_norm.beta", model.final_beta().data());
-  for (int l = 0; l < config.layers; ++l) {
-    GlobalLayerWeights<float> g(config.layer);
-    for (auto [name, t] : layer_tensors(g))
-      if (t->numel() > 0) read(fmt::format("layers.{}.{}", l, name), t->data());
-    model.stack().weights()[std::size_t(l)] = shard_of(g, config.layer, model.ranks(), model.rank());
+  for (int s = 0; s < (options.optimizer_state ? 3 : 1); ++s) {
+    const std::string prefix(kStatePrefixes[s]);
+    Tensor<float>& pack = s == 0 ? model.replicated() : s == 1 ? model.replicated_moment1() : model.replicated_moment2();
+    std::vector<LayerWeights>& layers = s == 0 ? model.stack().weights() : s == 1 ? model.moment1() : model.moment2();
+    const std::int64_t v = config.vocab, h = config.layer.hidden, final_row = config.replicated_rows() - 2;
+    read(prefix + "embedding", pack.data());
+    if (!config.tied_head) read(prefix + "head", pack.data() + v * h);
+    read(prefix + "final_norm.gamma", pack.data() + final_row * h);
+    read(prefix + "final_norm.beta", pack.data() + (final_row + 1) * h);
+    for (int l = 0; l < config.layers; ++l) {
+      GlobalLayerWeights<float> g(config.layer);
+      for (auto [name, t] : layer_tensors(g))
+        if (t->numel() > 0) read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
+      layers[std::size_t(l)] = shard_of(g, config.layer, model.ranks(), model.rank());
+    }
   }
+  if (options.optimizer_state) model.set_steps_taken(saved_step);
 }
 
 }  // namespace paradyse

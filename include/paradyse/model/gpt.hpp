@@ -181,6 +181,16 @@ public:
   Stack& stack() noexcept { return stack_; }
   const Stack& stack() const noexcept { return stack_; }
   std::int64_t steps_taken() const noexcept { return step_; }
+  // The AdamW state, for checkpoints that resume training (model/checkpoint.hpp): the first and second moments of
+  // the layer shards (per layer, shaped as the weights) and of the replicated pack, and the step count.
+  std::vector<LayerWeights>& moment1() noexcept { return moment1_; }
+  std::vector<LayerWeights>& moment2() noexcept { return moment2_; }
+  Tensor<float>& replicated_moment1() noexcept { return replicated_m_; }
+  Tensor<float>& replicated_moment2() noexcept { return replicated_v_; }
+  void set_steps_taken(std::int64_t steps) {
+    check(steps >= 0, "Gpt: steps taken = {} must be non-negative", steps);
+    step_ = steps;
+  }
 
   // The replicated weights and their gradients.
   TensorView<float> embedding() { return replicated_.view().slice(0, 0, config_.vocab); }               // [V, h]
