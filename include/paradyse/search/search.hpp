@@ -134,8 +134,14 @@ inline SearchResult search(const PerformanceModel& model, const SearchOptions& o
   const double capacity = model.capacity_bytes();
   SearchResult result;
 
+  const std::vector<ParallelConfig> all_meshes = meshes(model, options.space);
+  if (all_meshes.empty())
+    throw Error(fmt::format("no factorisation of {} devices into the {} space fits model {} (heads = {}, layers = {}, "
+                            "hidden = {}) with seq = {} and global batch = {}",
+                            model.devices(), options.space.name, m.name, m.heads, m.layers, m.hidden, setup.seq,
+                            setup.global_batch));
   std::vector<std::pair<double, ParallelConfig>> ordered;
-  for (const ParallelConfig& mesh : meshes(model, options.space)) ordered.emplace_back(mesh_lower_bound(model, options.space, mesh), mesh);
+  for (const ParallelConfig& mesh : all_meshes) ordered.emplace_back(mesh_lower_bound(model, options.space, mesh), mesh);
   result.meshes = std::int64_t(ordered.size());
   std::sort(ordered.begin(), ordered.end(),
             [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : config_key(a.second) < config_key(b.second); });
