@@ -1,0 +1,141 @@
+// paradyse/serve/decoder_weights.hpp: the whole float32 weights of a Hugging Face MoE decoder, loaded and validated.
+//
+// Names follow each family's convention (serve/hf_config.hpp); every tensor's shape is checked against the config
+// and a missing one is named. Layouts (y = x W^T for a [out, in] weight, as Hugging Face stores them):
+//   wq [H d, h], wk, wv [KV d, h] (+ biases), wo_t [H d, h] (o_proj transposed: out = attn wo_t),
+//   q_norm [H d], k_norm [KV d] (OLMoE), dense SwiGLU as an ExpertBank of one: in [1, 2F, h] (gate rows, then up
+//   rows), out [1, F, h] (down_proj transposed), and the MoE sublayer as a one-rank MoeShard (moe/moe_config.hpp).
+#pragma once
+
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/moe/moe_config.hpp"
+#include "paradyse/serve/hf_checkpoint.hpp"
+#include "paradyse/serve/hf_config.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace paradyse::serve {
+
+struct DecoderLayerWeights {
+  Tensor<float> attn_norm, ffn_norm;  // [h]
+  Tensor<float> wq, wk, wv;           // [H d, h], [KV d, h], [KV d, h]
+  Tensor<float> bq, bk, bv;           // [H d], [KV d], [KV d] (empty without biases)
+  Tensor<float> q_norm, k_norm;       // [H d], [KV d] (empty without q/k norms)
+  Tensor<float> wo_t;                 // [H d, h]
+  Tensor<float> dense_in, dense_out;  // [1, 2F, h], [1, F, h] (dense layers)
+  MoeShard moe;                       // one rank's MoeShard holding every expert (MoE layers)
+};
+
+struct DecoderWeights {
+  Tensor<float> embed;    // [V, h]
+  Tensor<float> norm;     // [h]
+  Tensor<float> lm_head;  // [V, h]
+  std::vector<DecoderLayerWeights> layers;
+};
+
+struct LoadedDecoder {
+  DecoderConfig config;
+  DecoderWeights weights;
+};
+
+namespace weights_detail {
+
+// rows [0, a) of `first` then [0, b) of `second` into one [a + b, cols] (gate then up).
+inline void stack_rows(TensorView<const float> first, TensorView<const float> second, TensorView<float> out) {
+  copy(first, out.slice(0, 0, first.extent(0)));
+  copy(second, out.slice(0, first.extent(0), second.extent(0)));
+}
+// out [cols, rows] = in [rows, cols]^T.
+inline void transpose_into(TensorView<const float> in, TensorView<float> out) {
+  for (std::int64_t i = 0; i < in.extent(0); ++i)
+    for (std::int64_t j = 0; j < in.extent(1); ++j) out(j, i) = in(i, j);
+}
+// A SwiGLU of width f from gate/up [f, h] and down [h, f] into in [2f, h] and out [f, h].
+inline void load_swiglu(const HfCheckpoint& ck, const std::string& gate, const std::string& up, const std::string& down,
+                        std::int64_t f, std::int64_t h, TensorView<float> in, TensorView<float> out) {
+  const Tensor<float> g = ck.load(gate, Shape{f, h}), u = ck.load(up, Shape{f, h}), d = ck.load(down, Shape{h, f});
+  stack_rows(g.view(), u.view(), in);
+  transpose_into(d.view(), out);
+}
+
+}  // namespace weights_detail
+
+inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheckpoint& ck) {
+  using namespace weights_detail;
+  const std::int64_t h = c.hidden, qw = c.q_width(), kw = c.kv_width(), V = c.vocab;
+  DecoderWeights w;
+  w.embed = ck.load("model.embed_tokens.weight", Shape{V, h});
+  w.norm = ck.load("model.norm.weight", Shape{h});
+  if (c.tied_embeddings && !ck.has("lm_head.weight"))
+    w.lm_head = Tensor<float>::copy_of(w.embed.view());
+  else
+    w.lm_head = ck.load("lm_head.weight", Shape{V, h});
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    DecoderLayerWeights L;
+    L.attn_norm = ck.load(p + "input_layernorm.weight", Shape{h});
+    L.ffn_norm = ck.load(p + "post_attention_layernorm.weight", Shape{h});
+    L.wq = ck.load(p + "self_attn.q_proj.weight", Shape{qw, h});
+    L.wk = ck.load(p + "self_attn.k_proj.weight", Shape{kw, h});
+    L.wv = ck.load(p + "self_attn.v_proj.weight", Shape{kw, h});
+    {
+      const Tensor<float> wo = ck.load(p + "self_attn.o_proj.weight", Shape{h, qw});
+      L.wo_t = Tensor<float>(Shape{qw, h});
+      transpose_into(wo.view(), L.wo_t.view());
+    }
+    if (c.qkv_bias) {
+      L.bq = ck.load(p + "self_attn.q_proj.bias", Shape{qw});
+      L.bk = ck.load(p + "self_attn.k_proj.bias", Shape{kw});
+      L.bv = ck.load(p + "self_attn.v_proj.bias", Shape{kw});
+    }
+    if (c.qk_norm) {
+      L.q_norm = ck.load(p + "self_attn.q_norm.weight", Shape{qw});
+      L.k_norm = ck.load(p + "self_attn.k_norm.weight", Shape{kw});
+    }
+    if (!c.is_moe(l)) {
+      const std::int64_t F = c.dense_ffn;
+      L.dense_in = Tensor<float>(Shape{1, 2 * F, h});
+      L.dense_out = Tensor<float>(Shape{1, F, h});
+      load_swiglu(ck, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight", F, h,
+                  L.dense_in.view().reshape(Shape{2 * F, h}), L.dense_out.view().reshape(Shape{F, h}));
+    } else {
+      const MoeConfig& m = c.moe;
+      const std::int64_t E = m.experts, f = m.expert_ffn;
+      L.moe = MoeShard::zeros(m, 1, 0);
+      const bool mixtral = c.family == Family::mixtral;
+      const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      L.moe.router = ck.load(block + "gate.weight", Shape{E, h});
+      for (std::int64_t e = 0; e < E; ++e) {
+        const std::string x = fmt::format("{}experts.{}.", block, e);
+        const TensorView<float> in = L.moe.expert_in.view().slice(0, e, 1).reshape(Shape{2 * f, h});
+        const TensorView<float> out = L.moe.expert_out.view().slice(0, e, 1).reshape(Shape{f, h});
+        if (mixtral)
+          load_swiglu(ck, x + "w1.weight", x + "w3.weight", x + "w2.weight", f, h, in, out);
+        else
+          load_swiglu(ck, x + "gate_proj.weight", x + "up_proj.weight", x + "down_proj.weight", f, h, in, out);
+      }
+      if (m.has_shared()) {
+        const std::int64_t fs = m.shared_width();
+        const std::string s = block + "shared_expert.";
+        load_swiglu(ck, s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight", fs, h,
+                    L.moe.shared_in.view(), L.moe.shared_out.view());
+        if (m.shared_gate) L.moe.shared_gate = ck.load(block + "shared_expert_gate.weight", Shape{1, h});
+      }
+    }
+    w.layers.push_back(std::move(L));
+  }
+  return w;
+}
+
+// config.json and the weights of a Hugging Face model folder.
+inline LoadedDecoder load_decoder(const std::string& folder) {
+  LoadedDecoder d;
+  d.config = read_decoder_config(folder);
+  const HfCheckpoint ck(folder);
+  d.weights = load_decoder_weights(d.config, ck);
+  return d;
+}
+
+}  // namespace paradyse::serve

@@ -1,0 +1,116 @@
+// paradyse/serve/hf_checkpoint.hpp: the tensors of a Hugging Face checkpoint folder, read as float32.
+//
+// A folder holds model.safetensors, or shards listed by model.safetensors.index.json ({"weight_map": {name: file}}).
+// Every file's header is read and validated up front (model/safetensors.hpp); tensors are stored in F32, F16 or
+// BF16 and converted to float32 on reading. Errors name the folder, the tensor and what was expected: a missing
+// tensor, a wrong shape, an unsupported dtype, an index entry that names a file without that tensor.
+#pragma once
+
+#include "paradyse/core/dtype.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/cost/json.hpp"
+#include "paradyse/model/safetensors.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace paradyse::serve {
+
+class HfCheckpoint {
+public:
+  explicit HfCheckpoint(std::string folder) : folder_(std::move(folder)) {
+    namespace fs = std::filesystem;
+    const fs::path dir(folder_);
+    check(fs::is_directory(dir), "hf checkpoint: \"{}\" is not a folder", folder_);
+    const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+    if (fs::exists(single)) {
+      open_file("model.safetensors");
+      for (const safetensors::TensorEntry& t : files_[0].header.tensors) where_[t.name] = 0;
+    } else {
+      check(fs::exists(index), "hf checkpoint: \"{}\" has neither model.safetensors nor model.safetensors.index.json",
+            folder_);
+      const json::Value doc = json::load_file(index.string());
+      const json::Value* map = doc.is_object() ? doc.find("weight_map") : nullptr;
+      check(map && map->is_object(), "hf checkpoint: {} has no \"weight_map\" object", index.string());
+      std::map<std::string, std::size_t> opened;
+      for (const auto& [name, file] : map->as_object()) {
+        check(file.is_string(), "hf checkpoint: {}: weight_map[\"{}\"] must be a file name", index.string(), name);
+        const std::string& f = file.as_string();
+        check(f.find('/') == std::string::npos, "hf checkpoint: {}: weight_map[\"{}\"] = \"{}\" must name a file of the "
+              "folder", index.string(), name, f);
+        auto it = opened.find(f);
+        if (it == opened.end()) it = opened.emplace(f, open_file(f)).first;
+        check(files_[it->second].header.find(name) != nullptr,
+              "hf checkpoint: {} maps \"{}\" to {}, which does not hold it", index.string(), name, f);
+        where_[name] = it->second;
+      }
+    }
+  }
+
+  const std::string& folder() const noexcept { return folder_; }
+  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, f] : where_) out.push_back(n);
+    return out;
+  }
+  // Bytes the tensors take on disk.
+  std::int64_t bytes_on_disk() const {
+    std::int64_t total = 0;
+    for (const OpenFile& f : files_) total += f.header.data_bytes;
+    return total;
+  }
+
+  // `name` as float32, checked to have `shape`.
+  Tensor<float> load(const std::string& name, const Shape& shape) const {
+    auto it = where_.find(name);
+    check(it != where_.end(), "hf checkpoint {}: tensor \"{}\" is missing (expected shape {})", folder_, name, shape);
+    const OpenFile& file = files_[it->second];
+    const safetensors::TensorEntry& e = *file.header.find(name);
+    bool same = std::int64_t(e.shape.size()) == shape.rank();
+    for (std::size_t d = 0; same && d < e.shape.size(); ++d) same = e.shape[d] == shape[int(d)];
+    check(same, "hf checkpoint {}: tensor \"{}\" has shape [{}], expected {}", folder_, name, fmt::join(e.shape, ", "),
+          shape);
+    Tensor<float> out(shape);
+    const std::int64_t n = e.numel();
+    if (e.dtype == "F32") {
+      file.file->read_at(out.data(), n * 4, file.header.data_start + e.begin);
+      return out;
+    }
+    check(e.dtype == "BF16" || e.dtype == "F16", "hf checkpoint {}: tensor \"{}\" is stored as {}; expected F32, F16 or "
+          "BF16", folder_, name, e.dtype);
+    std::vector<std::uint16_t> raw(static_cast<std::size_t>(n));
+    file.file->read_at(raw.data(), n * 2, file.header.data_start + e.begin);
+    float* o = out.data();
+    if (e.dtype == "BF16")
+      for (std::int64_t i = 0; i < n; ++i) o[i] = float(bf16::from_bits(raw[std::size_t(i)]));
+    else
+      for (std::int64_t i = 0; i < n; ++i) o[i] = f16::to_float(raw[std::size_t(i)]);
+    return out;
+  }
+
+private:
+  struct OpenFile {
+    std::unique_ptr<safetensors::File> file;
+    safetensors::Header header;
+  };
+  std::size_t open_file(const std::string& name) {
+    OpenFile f;
+    f.file = std::make_unique<safetensors::File>((std::filesystem::path(folder_) / name).string(), O_RDONLY);
+    f.header = safetensors::read_header(*f.file);
+    files_.push_back(std::move(f));
+    return files_.size() - 1;
+  }
+
+  std::string folder_;
+  std::vector<OpenFile> files_;
+  std::map<std::string, std::size_t> where_;
+};
+
+}  // namespace paradyse::serve

@@ -1,0 +1,192 @@
+// paradyse/serve/hf_config.hpp: the shape of a Hugging Face MoE decoder (DecoderConfig) read from its config.json.
+//
+// Families (config.json "architectures"[0], or "model_type"):
+//   - MixtralForCausalLM (mixtral): every layer MoE, softmax top-k, always renormalised, no shared expert;
+//   - Qwen2MoeForCausalLM (qwen2_moe): q/k/v biases; MoE layers every decoder_sparse_step except mlp_only_layers
+//     (those are dense SwiGLU of intermediate_size); a shared expert behind a sigmoid gate; norm_topk_prob;
+//   - OlmoeForCausalLM (olmoe): RMSNorm of q and of k over the whole projection (all heads together), norm_topk_prob.
+// Attention is GQA with RoPE (the Hugging Face "halves" pairing), pre-norm RMSNorm layers, a final RMSNorm and an
+// untied (or tied, tie_word_embeddings) lm_head. Anything else (an unknown architecture, sliding windows, clip_qkv,
+// rope scaling) is refused with the value named.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/cost/json.hpp"
+#include "paradyse/moe/moe_config.hpp"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace paradyse::serve {
+
+enum class Family { mixtral, qwen2_moe, olmoe };
+
+constexpr std::string_view name_of(Family f) {
+  switch (f) {
+    case Family::mixtral: return "mixtral";
+    case Family::qwen2_moe: return "qwen2_moe";
+    case Family::olmoe: return "olmoe";
+  }
+  return "?";
+}
+
+struct DecoderConfig {
+  Family family = Family::mixtral;
+  std::int64_t vocab = 0;
+  std::int64_t hidden = 0;
+  std::int64_t layers = 0;
+  std::int64_t heads = 0;       // query heads
+  std::int64_t kv_heads = 0;    // key/value heads (GQA: heads % kv_heads == 0)
+  std::int64_t head_dim = 0;
+  double rms_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool qkv_bias = false;        // Qwen2-MoE
+  bool qk_norm = false;         // OLMoE: RMSNorm over the whole q and k projections
+  bool tied_embeddings = false; // lm_head = embed_tokens
+  std::int64_t dense_ffn = 0;   // width of the dense SwiGLU layers (0: none)
+  std::vector<bool> moe_layer;  // [layers]: MoE FFN (else dense)
+  MoeConfig moe;                // the routed (and shared) experts of every MoE layer
+
+  bool is_moe(std::int64_t layer) const { return moe_layer[std::size_t(layer)]; }
+  std::int64_t q_width() const { return heads * head_dim; }
+  std::int64_t kv_width() const { return kv_heads * head_dim; }
+
+  void validate() const {
+    check(vocab >= 1 && hidden >= 1 && layers >= 1, "DecoderConfig: vocab {}, hidden {}, layers {} must be positive",
+          vocab, hidden, layers);
+    check(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0,
+          "DecoderConfig: num_attention_heads = {} must be a positive multiple of num_key_value_heads = {}", heads,
+          kv_heads);
+    check(head_dim >= 2 && head_dim % 2 == 0, "DecoderConfig: head_dim = {} must be even and positive (RoPE pairs)",
+          head_dim);
+    check(std::int64_t(moe_layer.size()) == layers, "DecoderConfig: {} MoE flags for {} layers", moe_layer.size(),
+          layers);
+    bool any_moe = false, any_dense = false;
+    for (bool m : moe_layer) (m ? any_moe : any_dense) = true;
+    if (any_moe) moe.validate();
+    check(!any_dense || dense_ffn >= 1, "DecoderConfig: dense layers need intermediate_size >= 1, got {}", dense_ffn);
+  }
+};
+
+namespace hf_detail {
+
+inline const json::Value& member(const json::Value& c, std::string_view key, const std::string& source) {
+  const json::Value* v = c.find(key);
+  check(v != nullptr && !v->is_null(), "hf config {}: \"{}\" is missing", source, key);
+  return *v;
+}
+inline std::int64_t integer(const json::Value& c, std::string_view key, const std::string& source) {
+  const json::Value& v = member(c, key, source);
+  check(v.is_number(), "hf config {}: \"{}\" must be a number, found {}", source, key, v.type_name());
+  return v.as_int();
+}
+inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::int64_t fallback) {
+  const json::Value* v = c.find(key);
+  return v && v->is_number() ? v->as_int() : fallback;
+}
+inline double number_or(const json::Value& c, std::string_view key, double fallback) {
+  const json::Value* v = c.find(key);
+  return v && v->is_number() ? v->as_number() : fallback;
+}
+inline bool flag_or(const json::Value& c, std::string_view key, bool fallback) {
+  const json::Value* v = c.find(key);
+  return v && v->is_bool() ? v->as_bool() : fallback;
+}
+inline void refuse_if_set(const json::Value& c, std::string_view key, const std::string& source, std::string_view why) {
+  const json::Value* v = c.find(key);
+  check(v == nullptr || v->is_null() || (v->is_bool() && !v->as_bool()), "hf config {}: \"{}\" is set: {}", source,
+        key, why);
+}
+
+inline Family family_of(const json::Value& c, const std::string& source) {
+  std::string name;
+  if (const json::Value* a = c.find("architectures"); a && a->is_array() && !a->as_array().empty() &&
+                                                        a->as_array()[0].is_string())
+    name = a->as_array()[0].as_string();
+  else if (const json::Value* t = c.find("model_type"); t && t->is_string())
+    name = t->as_string();
+  if (name == "MixtralForCausalLM" || name == "mixtral") return Family::mixtral;
+  if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Family::qwen2_moe;
+  if (name == "OlmoeForCausalLM" || name == "olmoe") return Family::olmoe;
+  throw Error(fmt::format("hf config {}: unknown architecture \"{}\"; expected MixtralForCausalLM, "
+                          "Qwen2MoeForCausalLM or OlmoeForCausalLM",
+                          source, name.empty() ? "(none: no architectures or model_type)" : name));
+}
+
+}  // namespace hf_detail
+
+// The config of a parsed config.json; `source` names it in errors.
+inline DecoderConfig decoder_config(const json::Value& c, const std::string& source) {
+  using namespace hf_detail;
+  check(c.is_object(), "hf config {}: expected a JSON object, found {}", source, c.type_name());
+  DecoderConfig d;
+  d.family = family_of(c, source);
+  d.vocab = integer(c, "vocab_size", source);
+  d.hidden = integer(c, "hidden_size", source);
+  d.layers = integer(c, "num_hidden_layers", source);
+  d.heads = integer(c, "num_attention_heads", source);
+  d.kv_heads = integer_or(c, "num_key_value_heads", d.heads);
+  check(d.heads >= 1 && d.hidden % d.heads == 0, "hf config {}: hidden_size {} is not a multiple of {} heads", source,
+        d.hidden, d.heads);
+  d.head_dim = integer_or(c, "head_dim", d.hidden / d.heads);
+  d.rms_eps = number_or(c, "rms_norm_eps", 1e-6);
+  d.rope_theta = number_or(c, "rope_theta", 10000.0);
+  d.tied_embeddings = flag_or(c, "tie_word_embeddings", false);
+  refuse_if_set(c, "rope_scaling", source, "rope scaling is not supported");
+  refuse_if_set(c, "clip_qkv", source, "clipping q/k/v is not supported");
+  refuse_if_set(c, "use_sliding_window", source, "sliding-window attention is not supported");
+  if (d.family == Family::mixtral) refuse_if_set(c, "sliding_window", source, "sliding-window attention is not supported");
+  d.moe_layer.assign(std::size_t(std::max<std::int64_t>(d.layers, 0)), true);
+  MoeConfig& m = d.moe;
+  m.hidden = d.hidden;
+  m.scoring = RouterScoring::softmax;
+  switch (d.family) {
+    case Family::mixtral:
+      m.experts = integer(c, "num_local_experts", source);
+      m.top_k = integer(c, "num_experts_per_tok", source);
+      m.expert_ffn = integer(c, "intermediate_size", source);
+      m.norm_topk_prob = true;
+      break;
+    case Family::qwen2_moe: {
+      d.qkv_bias = true;
+      m.experts = integer(c, "num_experts", source);
+      m.top_k = integer(c, "num_experts_per_tok", source);
+      m.expert_ffn = integer(c, "moe_intermediate_size", source);
+      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false);
+      const std::int64_t shared = integer_or(c, "shared_expert_intermediate_size", 0);
+      m.shared_experts = shared > 0 ? 1 : 0;
+      m.shared_ffn = shared;
+      m.shared_gate = shared > 0;
+      d.dense_ffn = integer_or(c, "intermediate_size", 0);
+      const std::int64_t step = integer_or(c, "decoder_sparse_step", 1);
+      check(step >= 1, "hf config {}: decoder_sparse_step = {} must be at least 1", source, step);
+      std::vector<std::int64_t> dense_only;
+      if (const json::Value* list = c.find("mlp_only_layers"); list && list->is_array())
+        for (const json::Value& v : list->as_array()) dense_only.push_back(v.as_int());
+      for (std::int64_t l = 0; l < d.layers; ++l) {
+        const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
+        d.moe_layer[std::size_t(l)] = !listed && m.experts > 0 && (l + 1) % step == 0;
+      }
+      break;
+    }
+    case Family::olmoe:
+      d.qk_norm = true;
+      m.experts = integer(c, "num_experts", source);
+      m.top_k = integer(c, "num_experts_per_tok", source);
+      m.expert_ffn = integer(c, "intermediate_size", source);
+      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false);
+      break;
+  }
+  d.validate();
+  return d;
+}
+
+// config.json of a model folder.
+inline DecoderConfig read_decoder_config(const std::string& folder) {
+  const std::string path = folder + "/config.json";
+  return decoder_config(json::load_file(path), path);
+}
+
+}  // namespace paradyse::serve
