@@ -3,6 +3,7 @@
 //   reshard_walkthrough                                   # 4 ranks, a [1, 10, 4] tensor: 10 tokens, uneven over 4
 //   reshard_walkthrough --ranks 3 --shape 2,7,3
 //   reshard_walkthrough --mesh dp=2,sp=2 --path "S0,R S0,S1 S0,Z1 S0,S2 R,R"
+//   reshard_walkthrough --strategies                      # the layouts each strategy computes in, per rank
 //
 // Element values are their global linear index, so each printed shard shows which part of the tensor it is. Each
 // step prints the collectives the planner chose, the bytes every rank sent, and checks that every rank holds exactly
@@ -10,6 +11,7 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/layout/reshard.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/strategy/strategies.hpp"
 
 #include <fmt/format.h>
 
@@ -27,6 +29,7 @@ namespace pd = paradyse;
 namespace {
 
 constexpr const char* kUsage = R"(usage: reshard_walkthrough [--ranks N] [--shape D0,D1,...] [--mesh name=size,...] [--path "L1 L2 ..."]
+       reshard_walkthrough --strategies [--ranks N] [--shape B,S,H]
 
   --ranks N      thread ranks (default 4); the default mesh is one axis sp=N
   --shape S      the global tensor's shape (default 1,10,4: [batch, tokens, hidden])
@@ -34,6 +37,8 @@ constexpr const char* kUsage = R"(usage: reshard_walkthrough [--ranks N] [--shap
   --path P       layouts to visit, separated by spaces; each lists one placement per mesh axis, comma-separated:
                  R (replicate), S<d> (shard dim d), Z<d> (zigzag shard of dim d), P (partial sum)
                  default: "R S1 Z1 S2 R P S1 R" on the last mesh axis, the other axes replicating
+  --strategies   print the layouts every strategy's sublayers compute in, for activations [B, S, H] on N ranks
+                 (a layer with N heads of H / N, f = 4H), with each rank's local shape; no data moves
 )";
 
 std::vector<std::string> split(std::string_view text, char separator) {
@@ -122,6 +127,7 @@ struct Options {
   int ranks = 4;
   pd::Shape shape{1, 10, 4};
   std::string mesh_text, path_text;
+  bool strategies = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -148,6 +154,8 @@ Options parse(int argc, char** argv) {
       options.mesh_text = value();
     } else if (arg == "--path") {
       options.path_text = value();
+    } else if (arg == "--strategies") {
+      options.strategies = true;
     } else {
       throw pd::Error(fmt::format("unknown argument '{}' (try --help)", arg));
     }
@@ -155,7 +163,39 @@ Options parse(int argc, char** argv) {
   return options;
 }
 
+// Every strategy's compute layouts for a small layer: what its reshard moves the unified activations into.
+int print_strategy_layouts(const Options& options) {
+  const pd::Shape& shape = options.shape;
+  pd::check(shape.rank() == 3, "--strategies needs a shape B,S,H; got {}", shape);
+  const int p = options.ranks;
+  pd::check(shape[2] % p == 0, "--strategies: H = {} must be divisible by the {} ranks (one head per rank)", shape[2], p);
+  const pd::LayerConfig layer = pd::LayerConfig::make(shape[2], p);
+  pd::BufferPool pool;
+  const pd::SublayerContext ctx(layer, p, shape[0], shape[1], pool);
+  const pd::AllStrategies<> strategies;
+  auto print = [&](std::string_view what, const pd::TensorLayout& layout) {
+    std::vector<std::string> locals;
+    for (int r = 0; r < p; ++r) locals.push_back(fmt::format("{}", layout.local_shape(p, r)));
+    fmt::print("    {:<7} {:<36} ranks hold {}\n", what, layout.to_string(), fmt::join(locals, " "));
+  };
+  fmt::print("the unified layout of [b, s, h] = {} over {} ranks:\n", shape, p);
+  print("", ctx.unified(ctx.hidden()));
+  for (std::size_t i = 0; i < strategies.count; ++i) {
+    const pd::Support support = strategies.supports(i, ctx);
+    fmt::print("{}{}\n", strategies.name(i), support ? "" : fmt::format(" (cannot run: {})", support.reason));
+    const pd::ComputeLayouts attention = strategies.attention_layouts(i, ctx), mlp = strategies.mlp_layouts(i, ctx);
+    fmt::print("  attention computes in\n");
+    print("reads", attention.input);
+    print("writes", attention.output);
+    fmt::print("  mlp computes in\n");
+    print("reads", mlp.input);
+    print("writes", mlp.output);
+  }
+  return 0;
+}
+
 int run(const Options& options) {
+  if (options.strategies) return print_strategy_layouts(options);
   // The mesh: --mesh, or one axis "sp" over every rank.
   std::vector<pd::MeshAxis> axes;
   if (options.mesh_text.empty()) {
@@ -200,11 +240,12 @@ int run(const Options& options) {
   pd::run_ranks(ranks, [&](pd::ThreadCommunicator& world) {
     pd::MeshCommunicator comm(mesh, world);
     const auto me = std::size_t(world.rank());
-    pd::Tensor<float> shard = pd::distribute(tensor, path[0], mesh, comm.coordinate());
+    // The shard carries its layout (and through it the global shape): reshard needs only the target.
+    pd::ShardedTensor<float> shard{pd::distribute(tensor, path[0], mesh, comm.coordinate()), pd::TensorLayout(global, path[0])};
     for (std::size_t step = 0; step < path.size(); ++step) {
       pd::ReshardReport report;
-      if (step > 0) shard = pd::reshard(comm, shard, global, path[step - 1], path[step], &report);
-      shards[me] = describe(shard, path[step], global, mesh, comm.coordinate());
+      if (step > 0) shard = pd::reshard(comm, shard, path[step], &report);
+      shards[me] = describe(shard.local, path[step], global, mesh, comm.coordinate());
       bytes[me] = report.bytes_sent;
       // The post-condition: my shard is the slice the layout names (on Partial axes, the terms sum to it).
       pd::DynamicLayout summed = path[step];
@@ -214,7 +255,7 @@ int run(const Options& options) {
           summed = summed.with(a, pd::Placement::replicate());
           partial_axes.push_back(a);
         }
-      pd::Tensor<float> total = pd::Tensor<float>::copy_of(shard.view());
+      pd::Tensor<float> total = pd::Tensor<float>::copy_of(shard.local.view());
       if (!partial_axes.empty()) {
         pd::ThreadCommunicator group = mesh.group(world, std::span<const int>(partial_axes));
         group.all_reduce(total.span(), total.span(), pd::ReduceOp::sum);

@@ -99,10 +99,10 @@ void sweep(const DeviceMesh& mesh, const Shape& shape, const std::vector<std::pa
     for (std::size_t k = 0; k < n; ++k) {
       const auto& [from, to] = pairs[k];
       const Tensor<double> x = make_shard(global, from, mesh, world.rank(), seed + k);
-      const Tensor<double> y = reshard(comm, x, shape, from, to);
-      const Tensor<double> z = reshard(comm, y, shape, to, from);
+      const ShardedTensor<double> y = reshard(comm, ShardedView<const double>{x.view(), TensorLayout(shape, from)}, to);
+      const Tensor<double> z = reshard(comm, y, from).local;
       inputs[k][r].assign(x.data(), x.data() + x.numel());
-      there[k][r].assign(y.data(), y.data() + y.numel());
+      there[k][r].assign(y.local.data(), y.local.data() + y.local.numel());
       back[k][r].assign(z.data(), z.data() + z.numel());
     }
   });
@@ -205,21 +205,23 @@ TEST_CASE("reshard: the issue's examples on [b, s, h] activations, with compile-
       if (got.shape() != want.shape() || !std::equal(want.span().begin(), want.span().end(), got.span().begin()))
         failure += fmt::format("{} differs; ", what);
     };
-    const Tensor<float> seq = distribute(x, Sequence{}, mesh, me);
+    const ShardedTensor<float> seq{distribute(x, Sequence{}, mesh, me), TensorLayout(global, Sequence{})};
     ReshardReport report;
-    const Tensor<float> heads = reshard(comm, seq, global, Sequence{}, Heads{}, &report);
-    expect(heads, Heads{}, "heads");
+    const ShardedTensor<float> heads = reshard(comm, seq, Heads{}, &report);  // the layout travels with the shard
+    expect(heads.local, Heads{}, "heads");
+    if (!(heads.layout == TensorLayout(global, Heads{}))) failure += "the result's layout is not the target; ";
     if (report.plan.steps.size() != 1 || report.plan.steps[0].kind != ReshardStep::Kind::all_to_all)
       failure += "sequence -> heads is not one all_to_all; ";
     // All-to-all sends everything but the block a rank keeps.
-    const std::uint64_t kept = std::uint64_t(seq.shape().with(2, 2).numel()) * sizeof(float);
-    if (report.bytes_sent != seq.bytes() - kept) failure += fmt::format("all_to_all sent {} bytes; ", report.bytes_sent);
-    const Tensor<float> zigzag = reshard(comm, heads, global, Heads{}, Zigzag{});
-    expect(zigzag, Zigzag{}, "zigzag");
-    const Tensor<float> full = reshard(comm, zigzag, global, Zigzag{}, Full{});
-    expect(full, Full{}, "replicated");
-    const Tensor<float> back = reshard(comm, full, global, Full{}, Sequence{}, &report);
-    expect(back, Sequence{}, "sequence again");
+    const std::uint64_t kept = std::uint64_t(seq.local.shape().with(2, 2).numel()) * sizeof(float);
+    if (report.bytes_sent != seq.local.bytes() - kept)
+      failure += fmt::format("all_to_all sent {} bytes; ", report.bytes_sent);
+    const ShardedTensor<float> zigzag = reshard(comm, heads, Zigzag{});
+    expect(zigzag.local, Zigzag{}, "zigzag");
+    const ShardedTensor<float> full = reshard(comm, zigzag, Full{});
+    expect(full.local, Full{}, "replicated");
+    const ShardedTensor<float> back = reshard(comm, full, Sequence{}, &report);
+    expect(back.local, Sequence{}, "sequence again");
     if (report.bytes_sent != 0) failure += "Replicate -> Shard communicated; ";
   });
   for (const std::string& f : failures) CHECK_MESSAGE(f.empty(), f);
@@ -246,13 +248,13 @@ TEST_CASE("reshard: float and bf16 elements; Partial reductions within the float
     // float: the dp-partial terms are half the value each; reduce-scatter them into zigzag columns.
     Tensor<float> terms = distribute(x32, without_partials(partial_rows), mesh, me);
     for (float& v : terms.span()) v *= 0.5f;
-    const Tensor<float> y = reshard(comm, terms, global, partial_rows, zigzag_cols);
+    const Tensor<float> y = reshard(comm, ShardedView<const float>{terms.view(), TensorLayout(global, partial_rows)}, zigzag_cols).local;
     const Tensor<double> want = distribute(x64, zigzag_cols, mesh, me);
     const std::string miss = first_mismatch(std::span<const float>(y.span()), std::span<const double>(want.span()), kFloat32);
     if (!miss.empty()) failure += "float: " + miss + "; ";
     // bf16 moves data only: bitwise.
     const DynamicLayout a{Placement::shard(1), Placement::zigzag(0)}, b{Placement::zigzag(0), Placement::shard(1)};
-    const Tensor<bf16> z = reshard(comm, distribute(x16, a, mesh, me), global, a, b);
+    const Tensor<bf16> z = reshard(comm, ShardedTensor<bf16>{distribute(x16, a, mesh, me), TensorLayout(global, a)}, b).local;
     const Tensor<bf16> z_want = distribute(x16, b, mesh, me);
     if (z.shape() != z_want.shape() ||
         !std::equal(z.span().begin(), z.span().end(), z_want.span().begin(),
@@ -275,15 +277,15 @@ TEST_CASE("reshard: Partial(max) and Partial(avg) reduce with their op") {
     Tensor<double> terms = Tensor<double>::copy_of(x.view());
     if (world.rank() != 0)
       for (double& v : terms.span()) v -= 0.25 + 0.125 * world.rank();
-    const Tensor<double> maxed = reshard(comm, terms, global, StaticLayout<Partial<ReduceOp::max>>{},
-                                         StaticLayout<Shard<1>>{});
+    const TensorLayout maxes(global, StaticLayout<Partial<ReduceOp::max>>{});
+    const Tensor<double> maxed = reshard(comm, ShardedView<const double>{terms.view(), maxes}, StaticLayout<Shard<1>>{}).local;
     const Tensor<double> want = distribute(x, StaticLayout<Shard<1>>{}, mesh, comm.coordinate());
     if (!first_mismatch(std::span<const double>(maxed.span()), std::span<const double>(want.span()), kFloat64).empty())
       failure += "max; ";
     // avg: terms x + (r - 1.5) average to x.
     for (std::int64_t i = 0; i < terms.numel(); ++i) terms.data()[i] = x.data()[i] + (world.rank() - 1.5);
-    const Tensor<double> averaged = reshard(comm, terms, global, StaticLayout<Partial<ReduceOp::avg>>{},
-                                            StaticLayout<Replicate>{});
+    const TensorLayout sums(global, StaticLayout<Partial<ReduceOp::avg>>{});
+    const Tensor<double> averaged = reshard(comm, ShardedView<const double>{terms.view(), sums}, StaticLayout<Replicate>{}).local;
     if (!first_mismatch(std::span<const double>(averaged.span()), std::span<const double>(x.span()), kFloat64).empty())
       failure += "avg; ";
   });
@@ -296,9 +298,10 @@ TEST_CASE("reshard: a shard of the wrong shape is a clear error") {
                                  [&](ThreadCommunicator& world) {
                                    MeshCommunicator comm(mesh, world);
                                    const Tensor<float> x(Shape{2, 3});  // the Shard(1) shard of [2, 7] is [2, 4] / [2, 3]
-                                   (void)reshard(comm, x, Shape{2, 7}, StaticLayout<Shard<1>>{}, StaticLayout<Replicate>{});
+                                   const TensorLayout wrong(Shape{2, 7}, StaticLayout<Shard<1>>{});
+                                   (void)reshard(comm, ShardedView<const float>{x.view(), wrong}, StaticLayout<Replicate>{});
                                  }),
-                       doctest::Contains("holds a shard of shape [2, 3], but layout (Shard(1)) of global shape [2, 7] gives it [2, 4]"),
+                       doctest::Contains("holds a shard of shape [2, 3], but layout (Shard(1)) of [2, 7] gives it [2, 4]"),
                        Error);
   CHECK_THROWS_WITH_AS(run_ranks(2,
                                  [&](ThreadCommunicator& world) {

@@ -37,8 +37,13 @@
 namespace paradyse {
 
 template <class Backend = ops::Cpu>
-struct ColossalZ {
+struct ColossalZ : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "ColossalZ";
+  // Both sublayers compute in the unified layout: K/V blocks pass around the ring and the ZeRO-3 weights move, not tokens.
+  ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
+    return {ctx.unified(ctx.hidden()), ctx.unified(ctx.hidden())};
+  }
+  ComputeLayouts mlp_layouts(const SublayerContext& ctx) const { return attention_layouts(ctx); }
 
   struct AttentionSaved {
     Tensor<float> x;      // [b, n_r, h]

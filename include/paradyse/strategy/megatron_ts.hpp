@@ -6,6 +6,10 @@
 // f/p ffn columns, reduce-scatter. Backward re-gathers the saved local input instead of keeping the gathered one
 // (saves b*s*h per sublayer for one extra all-gather), and all-gathers dy.
 //
+// Layouts: both sublayers compute on the whole sequence in natural token order, Replicate of [b, s, h], and write
+// full-size partial sums, Partial(sum); the moves to and from the unified layout are the engine's all-gather and
+// reduce-scatter (layout/reshard.hpp).
+//
 // Per rank and sublayer, with s tokens and p ranks. Communication: forward 2 collectives of b*s*h (all-gather,
 // reduce-scatter), backward 3 (2 all-gathers, 1 reduce-scatter); weights: none. Saved for backward: attention
 // x [b, n_r, h], q|k|v [b, s, R], out [b, s, h_q/p], lse [b, heads/p, s]; MLP x and the pre-activation
@@ -22,14 +26,13 @@
 #include "paradyse/strategy/mlp_activation.hpp"
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/rope_heads.hpp"
-#include "paradyse/strategy/sequence_comm.hpp"
 
 #include <string_view>
 
 namespace paradyse {
 
 template <class Backend = ops::Cpu>
-struct MegatronTS {
+struct MegatronTS : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "MegatronTS";
 
   struct AttentionSaved {
@@ -40,12 +43,16 @@ struct MegatronTS {
   };
   struct MlpSaved {
     Tensor<float> x;    // [b, n_r, h]
-    Tensor<float> pre;  // [b*s (rank-major), ffn_in_rows]: pre-activation of this rank's ffn columns
+    Tensor<float> pre;  // [b*s, ffn_in_rows]: pre-activation of this rank's ffn columns
   };
 
   Support supports(const SublayerContext& ctx) const {  // the unified layout's requirements suffice
     return common_support(name, ctx);
   }
+  ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
+    return {ctx.replicated(ctx.hidden()), ctx.partial_sums(ctx.hidden())};
+  }
+  ComputeLayouts mlp_layouts(const SublayerContext& ctx) const { return attention_layouts(ctx); }
 
   template <Communicator C>
   AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
@@ -58,7 +65,7 @@ struct MegatronTS {
                          Tensor<float>(Shape{b, s, g.proj_rows}), Tensor<float>(Shape{b, g.q_heads, s})};
     {
       PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-      gather_sequence<Backend>(comm, ctx, x, x_full.view(), TokenOrder::natural);
+      gather(comm, ctx, x, x_full.view());
       Backend::matmul(x_full.view(), ops::Transpose::no, w.qkv(), ops::Transpose::yes, saved.qkv.view().reshape(Shape{rows, g.qkv_rows}));
     }
     rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
@@ -66,7 +73,7 @@ struct MegatronTS {
     attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
     PooledBuffer<float> partial = ctx.pool->acquire<float>(Shape{rows, h});
     Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::no, w.proj(), ops::Transpose::no, partial.view());
-    reduce_scatter_sequence<Backend>(comm, ctx, partial.view(), TokenOrder::natural, y);
+    scatter(comm, ctx, partial.view(), y);
     return saved;
   }
 
@@ -81,7 +88,7 @@ struct MegatronTS {
     Backend::fill(dqkv.view(), 0.0f);
     {
       PooledBuffer<float> dy_full = ctx.pool->acquire<float>(Shape{rows, h});
-      gather_sequence<Backend>(comm, ctx, dy, dy_full.view(), TokenOrder::natural);
+      gather(comm, ctx, dy, dy_full.view());
       PooledBuffer<float> dout = ctx.pool->acquire<float>(Shape{b, s, g.proj_rows});
       Backend::matmul(dy_full.view(), ops::Transpose::no, w.proj(), ops::Transpose::yes, dout.view().reshape(Shape{rows, g.proj_rows}));
       Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::yes, dy_full.view(), ops::Transpose::no,
@@ -93,11 +100,11 @@ struct MegatronTS {
     rope_natural<Backend>(ctx, dqkv.view(), RopeDirection::backward);
     const TensorView<const float> dqkv_rows = TensorView<const float>(dqkv.view()).reshape(Shape{rows, g.qkv_rows});
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-    gather_sequence<Backend>(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::natural);
+    gather(comm, ctx, saved.x.view(), x_full.view());
     QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     Backend::matmul(dqkv_rows, ops::Transpose::yes, x_full.view(), ops::Transpose::no, qkv_grad.target(), 1.0f, 1.0f);
     Backend::matmul(dqkv_rows, ops::Transpose::no, w.qkv(), ops::Transpose::no, x_full.view());  // dx_full overwrites x_full
-    reduce_scatter_sequence<Backend>(comm, ctx, x_full.view(), TokenOrder::natural, dx);
+    scatter(comm, ctx, x_full.view(), dx);
     qkv_grad.finish(comm);
   }
 
@@ -110,12 +117,12 @@ struct MegatronTS {
     const std::int64_t rows = ctx.global_rows(), h = ctx.hidden();
     MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{rows, g.ffn_in_rows})};
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-    gather_sequence<Backend>(comm, ctx, x, x_full.view(), TokenOrder::rank_major);  // the MLP is token-wise: any order
+    gather(comm, ctx, x, x_full.view());
     Backend::matmul(x_full.view(), ops::Transpose::no, w.in(), ops::Transpose::yes, saved.pre.view());
     PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{rows, g.ffn});
     shard_activation_forward<Backend>(g, saved.pre.view(), act.view());
     Backend::matmul(act.view(), ops::Transpose::no, w.out(), ops::Transpose::no, x_full.view());  // partial overwrites x_full
-    reduce_scatter_sequence<Backend>(comm, ctx, x_full.view(), TokenOrder::rank_major, y);
+    scatter(comm, ctx, x_full.view(), y);
     return saved;
   }
 
@@ -129,7 +136,7 @@ struct MegatronTS {
     PooledBuffer<float> dpre = ctx.pool->acquire<float>(Shape{rows, g.ffn_in_rows});
     {
       PooledBuffer<float> dy_full = ctx.pool->acquire<float>(Shape{rows, h});
-      gather_sequence<Backend>(comm, ctx, dy, dy_full.view(), TokenOrder::rank_major);
+      gather(comm, ctx, dy, dy_full.view());
       PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{rows, g.ffn});
       shard_activation_forward<Backend>(g, saved.pre.view(), act.view());  // recomputed, not saved
       Backend::matmul(act.view(), ops::Transpose::yes, dy_full.view(), ops::Transpose::no, grad.out(), 1.0f, 1.0f);
@@ -137,10 +144,24 @@ struct MegatronTS {
       shard_activation_backward<Backend>(g, saved.pre.view(), act.view(), dpre.view());
     }
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
-    gather_sequence<Backend>(comm, ctx, saved.x.view(), x_full.view(), TokenOrder::rank_major);
+    gather(comm, ctx, saved.x.view(), x_full.view());
     Backend::matmul(dpre.view(), ops::Transpose::yes, x_full.view(), ops::Transpose::no, grad.in(), 1.0f, 1.0f);
     Backend::matmul(dpre.view(), ops::Transpose::no, w.in(), ops::Transpose::no, x_full.view());  // dx_full overwrites x_full
-    reduce_scatter_sequence<Backend>(comm, ctx, x_full.view(), TokenOrder::rank_major, dx);
+    scatter(comm, ctx, x_full.view(), dx);
+  }
+
+private:
+  // full: [b*s, h], every token in natural order <- the unified x: [b, n_r, h] (all-gather).
+  template <Communicator C>
+  void gather(C& comm, const SublayerContext& ctx, TensorView<const float> x, TensorView<float> full) const {
+    const std::int64_t h = ctx.hidden();
+    this->reshard(comm, ctx, {x, ctx.unified(h)}, {full.reshape(Shape{ctx.batch, ctx.length(), h}), ctx.replicated(h)});
+  }
+  // y: [b, n_r, h] <- the sum over the group of partial: [b*s, h] (reduce-scatter).
+  template <Communicator C>
+  void scatter(C& comm, const SublayerContext& ctx, TensorView<const float> partial, TensorView<float> y) const {
+    const std::int64_t h = ctx.hidden();
+    this->reshard(comm, ctx, {partial.reshape(Shape{ctx.batch, ctx.length(), h}), ctx.partial_sums(h)}, {y, ctx.unified(h)});
   }
 };
 

@@ -37,8 +37,13 @@
 namespace paradyse {
 
 template <class Backend = ops::Cpu>
-struct METP {
+struct METP : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "METP";
+  // Both sublayers compute in the unified layout: weight shards and K/V blocks pass around the ring, not tokens.
+  ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
+    return {ctx.unified(ctx.hidden()), ctx.unified(ctx.hidden())};
+  }
+  ComputeLayouts mlp_layouts(const SublayerContext& ctx) const { return attention_layouts(ctx); }
 
   struct AttentionSaved {
     Tensor<float> x;    // [b, n_r, h]

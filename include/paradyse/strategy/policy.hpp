@@ -7,6 +7,8 @@
 //
 //   static constexpr std::string_view name;                       // "MegatronTS", ...
 //   Support supports(const SublayerContext&) const;               // whether it can run this call, and why not
+//   ComputeLayouts attention_layouts(ctx) const, mlp_layouts(ctx) const;   // the layouts it computes in
+//   void reshard(comm, ctx, ShardedView<const float> from, ShardedView<float> to) const;  // between layouts
 //   struct AttentionSaved; struct MlpSaved;                       // what forward keeps for backward (move-only)
 //   AttentionSaved attention_forward(comm, ctx, const AttentionShard& w, x, y) const;
 //   void attention_backward(comm, ctx, const AttentionShard& w, AttentionSaved&, dy, dx, AttentionShard& grad) const;
@@ -23,20 +25,26 @@
 //   - Every rank of the group calls the same sublayer with the same strategy in the same order (collectives).
 //   - Transient buffers come from ctx.pool (one pool per rank, keyed by size, shared by all strategies); saved
 //     tensors are owned by the Saved struct and freed when it dies.
-// "Reshard" (moving tensors between the unified layout and the layout a strategy computes in) is done by the
-// communication helpers of strategy/sequence_comm.hpp (sequence gather/scatter, sequence <-> head all-to-all)
-// and strategy/ring_schedule.hpp (blocks passed around the ring), so a strategy file holds only its schedule.
+// Layouts. A strategy is a policy over the Layout concept of layout/: the group is a one-axis mesh, the unified
+// layout of an activation [b, s, W] is Shard(1) (zigzag when the layer is), and each strategy names the layouts
+// its sublayers compute in (ComputeLayouts: the tensor the core reads and the one it writes). reshard moves a
+// tensor between the two through layout/'s engine (LayoutPolicy below; the sequence all-gather / reduce-scatter
+// and the sequence <-> head all-to-all are the engine's steps). Strategies that compute in the unified layout
+// itself (MegatronCZ, ColossalZ, METP) move weights or K/V blocks around the ring instead
+// (strategy/ring_schedule.hpp), so a strategy file holds only its schedule.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
-
-#include <fmt/format.h>
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/contract/weight_shards.hpp"
+#include "paradyse/layout/reshard.hpp"
+#include "paradyse/layout/tensor_layout.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
+
+#include <fmt/format.h>
 
 #include <concepts>
 #include <cstdint>
@@ -70,6 +78,17 @@ struct SublayerContext {
   std::int64_t local_rows(int rank) const { return batch * sequence.local_length(rank); }  // b * n_r
   std::int64_t global_rows() const noexcept { return batch * sequence.length(); }  // b * s
 
+  // Layouts over the group of a [b, s, width] activation: the unified one (tokens cut by the sequence's chunking),
+  // every token on every rank, and full-size partial sums over the group.
+  Placement sequence_placement(int dim = 1) const noexcept {
+    return Placement::shard(dim, sequence.zigzag() ? Chunking::zigzag : Chunking::contiguous);
+  }
+  TensorLayout unified(std::int64_t width) const { return {Shape{batch, length(), width}, DynamicLayout{sequence_placement()}}; }
+  TensorLayout replicated(std::int64_t width) const { return {Shape{batch, length(), width}, StaticLayout<Replicate>{}}; }
+  TensorLayout partial_sums(std::int64_t width) const {
+    return {Shape{batch, length(), width}, StaticLayout<Partial<ReduceOp::sum>>{}};
+  }
+
   // Throws unless `x` is this rank's activation [b, n_r, h], contiguous.
   void check_activation(const char* who, const char* what, TensorView<const float> x, int rank) const {
     const Shape want{batch, sequence.local_length(rank), config->hidden};
@@ -93,6 +112,23 @@ inline Support common_support(std::string_view strategy, const SublayerContext& 
   return {};
 }
 
+// The layouts a strategy computes one sublayer in, over its group: the tensor its core reads, after the input's
+// move from the unified layout, and the one it writes, before the output's move back.
+struct ComputeLayouts {
+  TensorLayout input;
+  TensorLayout output;
+};
+
+// The reshard every strategy exposes: a tensor from one layout over the group to another, through layout/'s engine,
+// staging in the call's buffer pool. Collective over the group.
+template <class Backend>
+struct LayoutPolicy {
+  template <Communicator C>
+  void reshard(C& comm, const SublayerContext& ctx, ShardedView<const float> from, ShardedView<float> to) const {
+    reshard_into<Backend>(comm, from, to, *ctx.pool);
+  }
+};
+
 // Throws the reason unless supported.
 inline void require(const Support& support) {
   if (!support.ok()) throw Error(support.reason);
@@ -109,6 +145,9 @@ concept SublayerStrategy =
                                                                   TensorView<float> out) {
       { S::name } -> std::convertible_to<std::string_view>;
       { s.supports(ctx) } -> std::same_as<Support>;
+      { s.attention_layouts(ctx) } -> std::same_as<ComputeLayouts>;
+      { s.mlp_layouts(ctx) } -> std::same_as<ComputeLayouts>;
+      s.reshard(comm, ctx, ShardedView<const float>{in, ctx.unified(1)}, ShardedView<float>{out, ctx.unified(1)});
       { s.attention_forward(comm, ctx, aw, in, out) } -> std::same_as<typename S::AttentionSaved>;
       s.attention_backward(comm, ctx, aw, as, in, out, ag);
       { s.mlp_forward(comm, ctx, mw, in, out) } -> std::same_as<typename S::MlpSaved>;

@@ -36,6 +36,7 @@ namespace paradyse {
 struct SublayerChoice {
   std::size_t attention = 0;
   std::size_t mlp = 0;
+  std::size_t moe = 0;  // an MoE layer's FFN strategy (moe/moe_strategies.hpp) instead of mlp; dense layers ignore it
   friend bool operator==(const SublayerChoice&, const SublayerChoice&) = default;
 };
 
@@ -82,6 +83,17 @@ public:
     return support;
   }
   void check_supported(std::size_t index, const SublayerContext& ctx) const { require(supports(index, ctx)); }
+  // The layouts strategy `index` computes the attention / MLP sublayer in (its own attention_layouts, mlp_layouts).
+  ComputeLayouts attention_layouts(std::size_t index, const SublayerContext& ctx) const {
+    ComputeLayouts layouts;
+    visit_index(index, [&](auto i) { layouts = std::get<decltype(i)::value>(policies_).attention_layouts(ctx); });
+    return layouts;
+  }
+  ComputeLayouts mlp_layouts(std::size_t index, const SublayerContext& ctx) const {
+    ComputeLayouts layouts;
+    visit_index(index, [&](auto i) { layouts = std::get<decltype(i)::value>(policies_).mlp_layouts(ctx); });
+    return layouts;
+  }
 
   template <Communicator C>
   AttentionSaved attention_forward(std::size_t index, C& comm, const SublayerContext& ctx, const AttentionShard& w,

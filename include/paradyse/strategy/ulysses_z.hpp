@@ -8,6 +8,11 @@
 // W_proj all-gather and gradient reduce-scatter, the rotating W_qkv^T shards with their gradients).
 // MLP: the ZeRO-3 MLP (strategy/zero3_mlp.hpp).
 //
+// Layouts: q|k|v and the attention output per head group form [p, b, s, W] (group j at index j). The ring linear
+// leaves each rank its own tokens of every group, Shard(2) (zigzag when the layer is); attention computes on one
+// group over every token, Shard(0). The all-to-all between the two is the engine's Shard(2) <-> Shard(0) step,
+// whose head-group chunks are sent in place. The MLP computes in the unified layout (its weights move, not tokens).
+//
 // Per rank and sublayer. Communication: activations 2 all-to-alls forward (b*n_r*(R + h_q/p) elements out of rank
 // r, about 4bsh/p per rank for MHA), 2 backward; weights ~ (3h/p + h/p) h (p-1) forward, twice that plus the
 // gradients backward, independent of s. Saved: x [b, n_r, h], q|k|v [b, s, R], out [b, s, h_q/p], lse, and the
@@ -22,7 +27,6 @@
 #include "paradyse/strategy/attention_heads.hpp"
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/rope_heads.hpp"
-#include "paradyse/strategy/sequence_comm.hpp"
 #include "paradyse/strategy/zero3_linear.hpp"
 #include "paradyse/strategy/zero3_mlp.hpp"
 
@@ -31,7 +35,7 @@
 namespace paradyse {
 
 template <class Backend = ops::Cpu>
-struct UlyssesZ {
+struct UlyssesZ : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "UlyssesZ";
 
   struct AttentionSaved {
@@ -48,6 +52,10 @@ struct UlyssesZ {
       return {fmt::format("{}: heads = {} must be divisible by the group size p = {}", name, ctx.layer().heads, ctx.ranks())};
     return common_support(name, ctx);
   }
+  ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
+    return {by_heads(ctx, ctx.geometry.qkv_rows), by_heads(ctx, ctx.geometry.proj_rows)};
+  }
+  ComputeLayouts mlp_layouts(const SublayerContext& ctx) const { return {ctx.unified(ctx.hidden()), ctx.unified(ctx.hidden())}; }
 
   template <Communicator C>
   AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
@@ -67,12 +75,12 @@ struct UlyssesZ {
       ring_column_linear_forward<Backend>(comm, *ctx.pool, x.reshape(Shape{m, h}), w.qkv(), [&](int j) {
         return TensorView<float>(chunks.data() + std::int64_t(j) * m * R, Shape{m, R});
       });
-      sequence_to_heads<Backend>(comm, ctx, chunks.reshape(Shape{p * m, R}), R, saved.qkv.view());
+      to_heads(comm, ctx, chunks, saved.qkv.view());
     }
     rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
     const ops::AttentionMask mask{.causal = ctx.layer().causal};
     attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
-    heads_to_sequence<Backend>(comm, ctx, saved.out.view(), W, saved.a.view().reshape(Shape{p * m, W}));
+    to_tokens(comm, ctx, saved.out.view(), saved.a.view());
     const TensorView<const float> a = saved.a.view();
     gathered_row_linear_forward<Backend>(comm, *ctx.pool, w.proj(),
                                          [&](int j) { return a.slice(0, j, 1).reshape(Shape{m, W}); },
@@ -100,7 +108,7 @@ struct UlyssesZ {
         gathered_row_linear_backward<Backend>(
             comm, *ctx.pool, w.proj(), [&](int j) { return a.slice(0, j, 1).reshape(Shape{m, W}); },
             dy.reshape(Shape{m, h}), [&](int j) { return da_view.slice(0, j, 1).reshape(Shape{m, W}); }, grad.proj());
-        sequence_to_heads<Backend>(comm, ctx, da_view.reshape(Shape{p * m, W}), W, dout.view());
+        to_heads(comm, ctx, da_view, dout.view());
       }
       const ops::AttentionMask mask{.causal = ctx.layer().causal};
       attention_backward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), saved.out.view(), saved.lse.view(),
@@ -109,7 +117,7 @@ struct UlyssesZ {
     rope_natural<Backend>(ctx, dqkv.view(), RopeDirection::backward);
     PooledBuffer<float> dsend = ctx.pool->acquire<float>(Shape{p, m, R});
     const TensorView<float> dchunks = dsend.view();
-    heads_to_sequence<Backend>(comm, ctx, dqkv.view(), R, dchunks.reshape(Shape{p * m, R}));
+    to_tokens(comm, ctx, dqkv.view(), dchunks);
     dqkv = PooledBuffer<float>();
     QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     ring_column_linear_backward<Backend>(
@@ -128,6 +136,32 @@ struct UlyssesZ {
   void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
                     TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
     zero3_mlp_backward<Backend>(comm, ctx, w, saved, dy, dx, grad, "UlyssesZ mlp backward");
+  }
+
+private:
+  // [p, b, s, width] per head group: this rank's tokens of every group, or one group over every token.
+  static TensorLayout by_tokens(const SublayerContext& ctx, std::int64_t width) {
+    return {Shape{ctx.ranks(), ctx.batch, ctx.length(), width}, DynamicLayout{ctx.sequence_placement(2)}};
+  }
+  static TensorLayout by_heads(const SublayerContext& ctx, std::int64_t width) {
+    return {Shape{ctx.ranks(), ctx.batch, ctx.length(), width}, StaticLayout<Shard<0>>{}};
+  }
+  // natural: [b, s, W], this rank's head group over every token <- chunks: [p, b*n_r, W], chunk j this rank's
+  // tokens of head group j (all-to-all).
+  template <Communicator C>
+  void to_heads(C& comm, const SublayerContext& ctx, TensorView<const float> chunks, TensorView<float> natural) const {
+    const std::int64_t W = natural.shape()[2];
+    const Shape local{ctx.ranks(), ctx.batch, ctx.local_tokens(comm.rank()), W};
+    this->reshard(comm, ctx, {chunks.reshape(local), by_tokens(ctx, W)},
+                  {natural.reshape(Shape{1, ctx.batch, ctx.length(), W}), by_heads(ctx, W)});
+  }
+  // The inverse: chunks: [p, b*n_r, W] <- natural: [b, s, W].
+  template <Communicator C>
+  void to_tokens(C& comm, const SublayerContext& ctx, TensorView<const float> natural, TensorView<float> chunks) const {
+    const std::int64_t W = natural.shape()[2];
+    const Shape local{ctx.ranks(), ctx.batch, ctx.local_tokens(comm.rank()), W};
+    this->reshard(comm, ctx, {natural.reshape(Shape{1, ctx.batch, ctx.length(), W}), by_heads(ctx, W)},
+                  {chunks.reshape(local), by_tokens(ctx, W)});
   }
 };
 
