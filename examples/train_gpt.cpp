@@ -21,6 +21,7 @@
 // from one (saved on any number of ranks, same model configuration).
 #include "command_line.hpp"
 #include "corpus.hpp"
+#include "csv_table.hpp"
 #include "train_ranks.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -81,6 +82,13 @@ struct Options {
   std::string profile;
   std::string corpus;
   pd::examples::RankBackend backend = pd::examples::RankBackend::threads;
+  int checkpoint_every = 0;     // 0: no training checkpoints
+  int keep = 2;                 // training checkpoints kept (the newest)
+  std::string checkpoint_dir = "checkpoints";
+  std::string resume;           // a training checkpoint to continue from
+  int stop_after = 0;           // > 0: stop after this many steps of this invocation, with a training checkpoint
+  std::string csv;              // the per-step table as CSV
+  std::vector<std::string> args;  // the options as given (without --resume and --load): saved in checkpoints
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -88,7 +96,16 @@ struct Options {
              "usage: train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A]\n"
              "                 [--min-len N] [--max-len N] [--cap-mib M] [--strategy NAME] [--lr X]\n"
              "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
-             "                 [--corpus DIR] [--backend threads|mpi]\n"
+             "                 [--corpus DIR] [--backend threads|mpi] [--checkpoint-every N] [--keep K]\n"
+             "                 [--checkpoint-dir DIR] [--resume PATH] [--stop-after N] [--csv FILE]\n"
+             "--checkpoint-every N: every N steps a training checkpoint (weights, AdamW moments, step, data position,\n"
+             "  options) DIR/step_<next step>.safetensors (default DIR: checkpoints), keeping the newest K (default 2)\n"
+             "--resume PATH: continue the run a training checkpoint was saved in, with its options (options given\n"
+             "  here override them); on the same number of thread ranks the losses are bit for bit those of a run\n"
+             "  that never stopped\n"
+             "--stop-after N: stop after N steps of this run and write a training checkpoint there (the data\n"
+             "  schedule stays that of --steps; --resume continues)\n"
+             "--csv FILE: the per-step table as CSV (scripts/plot.py draws it)\n"
              "--backend mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi --ranks P ...\n"
              "--profile: a JSON file, or a built-in profile name (A100-SXM4-80GB-x8, H100-SXM-80GB-x8, H200-SXM-141GB-x8)\n"
              "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n");
@@ -121,13 +138,73 @@ Options parse(int argc, char** argv) {
     else if (arg == "--corpus") o.corpus = cli.value();
     else if (arg == "--backend")
       o.backend = cli.choice("threads", "mpi") ? pd::examples::RankBackend::threads : pd::examples::RankBackend::mpi;
+    else if (arg == "--checkpoint-every") o.checkpoint_every = cli.integer<int>(1, 10'000'000);
+    else if (arg == "--keep") o.keep = cli.integer<int>(1, 1'000'000);
+    else if (arg == "--checkpoint-dir") o.checkpoint_dir = cli.value();
+    else if (arg == "--resume") o.resume = cli.value();
+    else if (arg == "--stop-after") o.stop_after = cli.integer<int>(1, 10'000'000);
+    else if (arg == "--csv") o.csv = cli.value();
     else cli.unknown();
   }
+  // The options as given, for training checkpoints: every flag takes one value; --resume, --load and --stop-after
+  // are not saved (a resumed run starts from its checkpoint and runs to the end).
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--resume" || flag == "--load" || flag == "--stop-after") continue;
+    o.args.push_back(flag);
+    o.args.emplace_back(argv[i + 1]);
+  }
+  if (!o.resume.empty() && !o.load.empty()) usage("--resume and --load exclude each other (--resume loads the weights)");
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
   if (!o.save.empty()) {  // fail now, not after the whole run
     try { pd::check_writable_target(o.save); } catch (const pd::Error& e) { usage(e.what()); }
   }
   return o;
+}
+
+// With --resume PATH: the options the checkpoint's run was started with, then those given now (which win).
+Options parse_resuming(int argc, char** argv) {
+  Options given = parse(argc, argv);
+  if (given.resume.empty()) return given;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  try {
+    metadata = pd::read_checkpoint_metadata(given.resume);
+  } catch (const pd::Error& e) {
+    usage(fmt::format("--resume: {}", e.what()));
+  }
+  const auto stored = std::find_if(metadata.begin(), metadata.end(), [](auto& kv) { return kv.first == "train.args"; });
+  if (stored == metadata.end())
+    usage(fmt::format("--resume {}: not a training checkpoint of train_gpt (no train.args; --save writes the weights "
+                      "only: start from those with --load)", given.resume));
+  std::vector<std::string> args{argv[0]};
+  for (std::size_t from = 0; from < stored->second.size();) {
+    const std::size_t end = std::min(stored->second.find('\n', from), stored->second.size());
+    args.push_back(stored->second.substr(from, end - from));
+    from = end + 1;
+  }
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> pointers;
+  for (std::string& a : args) pointers.push_back(a.data());
+  return parse(int(pointers.size()), pointers.data());
+}
+
+// The next step a training checkpoint continues with.
+int checkpoint_next_step(const std::string& path) {
+  for (const auto& [key, value] : pd::read_checkpoint_metadata(path))
+    if (key == "train.next_step") return std::stoi(value);
+  throw pd::Error(fmt::format("checkpoint {}: no train.next_step (not a training checkpoint of train_gpt)", path));
+}
+
+// Removes all but the newest `keep` training checkpoints (step_<n>.safetensors) of `dir`.
+void prune_checkpoints(const std::filesystem::path& dir, int keep) {
+  std::vector<std::pair<long, std::filesystem::path>> found;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && entry.path().extension() == ".safetensors")
+      found.emplace_back(std::atol(name.c_str() + 5), entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  for (std::size_t i = 0; i + std::size_t(keep) < found.size(); ++i) std::filesystem::remove(found[i].second);
 }
 
 // A short name for the per-step table: the capitals of the strategy's name ("MegatronTS" -> "MTS").
@@ -226,7 +303,7 @@ struct StepRecord {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  const Options o = parse_resuming(argc, argv);
 #if PARADYSE_WITH_MPI
   std::optional<pd::MpiSession> mpi_session;
   if (o.backend == pd::examples::RankBackend::mpi) mpi_session.emplace(&argc, &argv);
@@ -271,7 +348,9 @@ int main(int argc, char** argv) {
     // what a save adds (one layer gathered). Refused with the numbers when it cannot fit the cap or this machine.
     const pd::plan::CostTable longest = costs.table(o.max_len);
     const std::int64_t state_bytes = longest.model_state_bytes + Model::replicated_state_bytes(config);
-    const std::int64_t save_bytes = o.save.empty() ? 0 : pd::save_checkpoint_bytes(config, o.ranks);
+    // Saving (--save, training checkpoints) and resuming gather or read one global layer at a time.
+    const bool saves = !o.save.empty() || o.checkpoint_every > 0 || !o.resume.empty();
+    const std::int64_t save_bytes = saves ? pd::save_checkpoint_bytes(config, o.ranks) : 0;
     bool cap_raised_for_save = false;
     const std::int64_t least_peak = std::max(std::min(metp_peak, ts_peak), state_bytes + save_bytes);
     if (const double machine = physical_memory_bytes(); machine > 0 && double(least_peak) * o.ranks > 0.9 * machine) {
@@ -352,6 +431,51 @@ int main(int argc, char** argv) {
       ranks.run([&](auto&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
       fmt::print("weights loaded from {}\n\n", o.load);
     }
+    int first_step = 0;
+    if (!o.resume.empty()) {
+      ranks.run([&](auto&, int r) {
+        pd::load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true});
+      });
+      first_step = checkpoint_next_step(o.resume);
+      fmt::print("resumed from {}: weights, AdamW moments and optimizer step {}; the data continues at step {} of "
+                 "{}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(), first_step, o.steps);
+    }
+    // Training checkpoints: everything a restart needs, atomically, the newest --keep kept.
+    const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
+    if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) {
+      std::filesystem::create_directories(checkpoint_dir);
+      pd::check_writable_target((checkpoint_dir / "step_0.safetensors").string());
+    }
+    std::string joined_args;
+    for (const std::string& a : o.args) {
+      pd::check(a.find('\n') == std::string::npos, "an option holds a line break: \"{}\"", a);
+      joined_args += (joined_args.empty() ? "" : "\n") + a;
+    }
+    const auto save_training_checkpoint = [&](int next_step) {
+      const std::string path = (checkpoint_dir / fmt::format("step_{:06}.safetensors", next_step)).string();
+      const pd::CheckpointSaveOptions options{
+          .optimizer_state = true,
+          .extra = {{"train.args", joined_args}, {"train.next_step", std::to_string(next_step)},
+                    {"train.data", fmt::format("seed {}, {} steps, windows stratified by length{}", o.seed, o.steps,
+                                               o.sorted ? "" : ", shuffled")}}};
+      ranks.run([&](auto& comm, int r) {
+        ranks.pools[std::size_t(r)]->trim();
+        pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
+      });
+      if (ranks.reports()) prune_checkpoints(checkpoint_dir, o.keep);
+      fmt::print("      checkpoint {} (continues at step {})\n", path, next_step);
+    };
+    pd::examples::CsvTable csv(ranks.reports() ? o.csv : std::string(),
+                               {"step", "length", "plan", "loss", "seconds", "peak_mib", "predicted_mib", "cap_mib",
+                                "status"});
+    // The plan in full names, "attention/mlp" per layer.
+    const auto full_plan = [&](const std::vector<pd::cost::LayerStrategies>& layers) {
+      std::string out;
+      for (const auto& l : layers)
+        out += fmt::format("{}{}/{}", out.empty() ? "" : " ", pd::cost::default_catalog().name(l.attention),
+                           pd::cost::default_catalog().name(l.mlp));
+      return out;
+    };
 
     pd::ops::AdamWConfig adamw;
     adamw.learning_rate = float(o.lr);
@@ -367,7 +491,9 @@ int main(int argc, char** argv) {
     int ooms = 0, unplanned = 0;
     const auto run_start = std::chrono::steady_clock::now();
     double planner_seconds = 0;
-    for (int step = 0; step < o.steps; ++step) {
+    const int end_step = o.stop_after > 0 ? std::min(o.steps, first_step + o.stop_after) : o.steps;
+    for (int step = first_step; step < end_step; ++step) {
+      if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
       const corpus::Window& w = windows[std::size_t(step)];
       const std::int64_t s = w.length;
       const std::string& text = docs[w.document].bytes;
@@ -388,6 +514,7 @@ int main(int argc, char** argv) {
         fmt::print("{:>4}  {:>6}  no plan fits the cap: {}\n", step, s, e.what());
         ++unplanned;
         records.push_back({s, 0, 0, true});
+        csv.row(step, s, "", "", 0, "", "", double(cap) / kMiB, "no plan fits");
         continue;
       }
       planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
@@ -438,6 +565,8 @@ int main(int argc, char** argv) {
                    double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
         ++ooms;
         records.push_back({s, 0, seconds, true});
+        csv.row(step, s, full_plan(layers), "", seconds, "", double(plan->peak_bytes()) / kMiB, double(cap) / kMiB,
+                "out of memory");
         // Under the same cap: the recovery allocates nothing, and the pool gives back what the step cached.
         ranks.run([&](auto&, int r) {
           ranks.models[std::size_t(r)]->recover_from_failed_step();
@@ -455,6 +584,8 @@ int main(int argc, char** argv) {
                    double(plan->peak_bytes()) / kMiB);
         ++ooms;
         records.push_back({s, 0, seconds, true});
+        csv.row(step, s, full_plan(layers), "", seconds, *std::max_element(peaks.begin(), peaks.end()) / kMiB,
+                double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "out of memory");
         continue;
       }
       if (!std::isfinite(loss)) {
@@ -470,12 +601,17 @@ int main(int argc, char** argv) {
       fmt::print("{:>4}  {:>6}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, compact(layers),
                  8 * o.layers, loss, seconds, peak / kMiB, double(plan->peak_bytes()) / kMiB, double(cap) / kMiB);
       records.push_back({s, loss, seconds, false});
+      csv.row(step, s, full_plan(layers), fmt::format("{:.17g}", loss), seconds, peak / kMiB,
+              double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "ok");
       for (const auto& l : layers) {
         ++usage[std::string(plan->strategy_name(l.attention))];
         ++usage[std::string(plan->strategy_name(l.mlp))];
       }
     }
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+    if (end_step > first_step &&
+        ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < o.steps)))
+      save_training_checkpoint(end_step);
 
     // Summary.
     std::vector<const StepRecord*> done;
