@@ -1,5 +1,7 @@
-// Tests of paradyse/cost/profile.hpp and builtin_profiles.hpp: collective costs, JSON round trips, validation.
+// Tests of paradyse/cost/profile.hpp and builtin_profiles.hpp: collective costs, JSON round trips, validation, the
+// recorded GEMM engine choice (applied through cost/calibrate.hpp).
 #include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile.hpp"
 
 #include <doctest/doctest.h>
@@ -173,4 +175,50 @@ TEST_CASE("profile: a file with 1e999 flops or binary bytes gives a message nami
   CHECK(message.find("[json.hpp:") != std::string::npos);
   std::remove(path.c_str());
   CHECK_THROWS_WITH_AS(load_profile("."), doctest::Contains("is a folder, not a JSON file"), Error);
+}
+
+TEST_CASE("profile: the GEMM engine choice round-trips, gives the MFU rate, is validated and applied to gemm()") {
+  HardwareProfile p = h100_sxm_80gb_x8();
+  CHECK(p.gemm_peak_flops_per_s() == p.gemm.flops_per_s);  // no choice recorded: the fitted rate
+  p.gemm_engines = {{"small", "cblas", 2e10, 1e10}, {"medium", "fallback", 2e10, 3e10}, {"large", "fallback", 3e10, 9e10}};
+  CHECK(p.gemm_peak_flops_per_s() == 9e10);
+  const std::string path = "test_cost_profile_gemm_engines.json";
+  save_profile(p, path);
+  const HardwareProfile q = load_profile(path);
+  std::remove(path.c_str());
+  CHECK(q.gemm_engines == p.gemm_engines);
+
+  // One field of the second entry changed in the JSON text.
+  const auto rejected = [&](const std::string& from, const std::string& to) {
+    std::string text = json::dump(to_json(p));
+    const std::size_t at = text.find(from, text.find("\"gemm_engines\""));
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    try {
+      (void)profile_from_json(json::parse(text));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(rejected("\"fallback\"", "\"turbo\"").find("gemm_engines[1].engine = \"turbo\", expected cblas or fallback") !=
+        std::string::npos);
+  CHECK(rejected("\"medium\"", "\"huge\"").find("gemm_engines[1].size_class = \"huge\"") != std::string::npos);
+
+  // Applying a choice: gemm() follows it per size class; the process's measured choice is restored after.
+  const ops::cpu::GemmMeasurement before = ops::cpu::gemm_measurement();
+  HardwareProfile cpu = p;
+  cpu.gemm_engines = gemm_engine_choices(before);
+  cpu.gemm_engines[0].engine = "fallback";
+  cpu.gemm_engines[0].fallback_flops_per_s = 1e9;
+  use_gemm_engines(cpu);
+  CHECK(ops::cpu::gemm_engine_for(16, 16, 16) == ops::cpu::GemmEngine::fallback);
+  CHECK(ops::cpu::gemm_measurement().fallback_flops_per_s[0] == 1e9);
+  if (!ops::cpu::kGemmUsesCblas) {
+    cpu.gemm_engines[2].engine = "cblas";
+    cpu.gemm_engines[2].cblas_flops_per_s = 1e9;
+    CHECK_THROWS_WITH_AS(use_gemm_engines(cpu), doctest::Contains("chose cblas for large GEMMs"), Error);
+  }
+  ops::cpu::set_gemm_measurement(before);
+  CHECK(ops::cpu::gemm_measurement() == before);
 }

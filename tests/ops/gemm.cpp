@@ -1,5 +1,6 @@
-// Tests of paradyse/ops/cpu/gemm.hpp: gemm (CBLAS when built with it) and gemm_fallback against the float64
-// reference, every transpose combination, padded leading dimensions, alpha/beta, edge sizes, bad input.
+// Tests of paradyse/ops/cpu/gemm.hpp: gemm (the measured engine per size class) and both engines against the float64
+// reference, every transpose combination, padded leading dimensions, alpha/beta, edge sizes, bad input; the
+// measured choice (gemm_choice.hpp), its cache text and its determinism.
 #include "paradyse/ops/cpu/gemm.hpp"
 
 #include "paradyse/core/rng.hpp"
@@ -9,6 +10,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
 #include <limits>
 #include <vector>
 
@@ -105,6 +109,81 @@ TEST_CASE("set_gemm_engine switches gemm() to the fallback and back") {
   } else {
     CHECK_THROWS_AS(ops::cpu::set_gemm_engine(ops::cpu::GemmEngine::cblas), Error);
   }
+  ops::cpu::use_measured_gemm_engines();
+}
+
+TEST_CASE("the measured GEMM choice: the faster engine per size class, applied per call, deterministic") {
+  using ops::cpu::GemmEngine;
+  using ops::cpu::GemmSizeClass;
+  CHECK(ops::cpu::gemm_size_class(64, 64, 64) == GemmSizeClass::small);
+  CHECK(ops::cpu::gemm_size_class(128, 256, 128) == GemmSizeClass::medium);
+  CHECK(ops::cpu::gemm_size_class(1024, 1024, 1024) == GemmSizeClass::large);
+
+  const ops::cpu::GemmMeasurement measured = ops::cpu::measure_gemm_engines(1);
+  for (std::size_t i = 0; i < measured.engine.size(); ++i) {
+    CAPTURE(i);
+    CHECK(measured.fallback_flops_per_s[i] > 1e6);  // a real rate, not a placeholder
+    if (ops::cpu::kGemmUsesCblas) {
+      CHECK(measured.cblas_flops_per_s[i] > 1e6);
+      const bool fallback_faster = measured.fallback_flops_per_s[i] > 1.05 * measured.cblas_flops_per_s[i];
+      CHECK(measured.engine[i] == (fallback_faster ? GemmEngine::fallback : GemmEngine::cblas));
+      // Never more than the margin slower than the faster engine.
+      CHECK(measured.flops_per_s(ops::cpu::GemmSizeClass(i)) * 1.05 >=
+            std::max(measured.cblas_flops_per_s[i], measured.fallback_flops_per_s[i]));
+    } else {
+      CHECK(measured.engine[i] == GemmEngine::fallback);
+    }
+  }
+  CHECK(measured.peak_flops_per_s() == measured.flops_per_s(GemmSizeClass::large));
+
+  // A measurement that mixes the engines by size: gemm() follows it per call, the workspace report with it.
+  ops::cpu::GemmMeasurement mixed = measured;
+  mixed.engine = {GemmEngine::fallback, ops::cpu::kGemmUsesCblas ? GemmEngine::cblas : GemmEngine::fallback,
+                  GemmEngine::fallback};
+  ops::cpu::set_gemm_measurement(mixed);
+  CHECK(ops::cpu::gemm_measurement() == mixed);
+  CHECK(ops::cpu::gemm_engine_for(8, 8, 8) == GemmEngine::fallback);
+  CHECK(ops::cpu::gemm_workspace_floats(8, 8, 8, 1.0f) > 0);
+  if (ops::cpu::kGemmUsesCblas) {
+    CHECK(ops::cpu::gemm_engine_for(128, 256, 128) == GemmEngine::cblas);
+    CHECK(ops::cpu::gemm_workspace_floats(128, 256, 128, 1.0f) == 0);
+  }
+  check_gemm_sizes(&ops::cpu::gemm);  // sizes of both classes, against float64
+
+  // Deterministic for a choice: the same product twice, and from four threads at once, gives the same bits.
+  Rng rng(0xde7);
+  const std::int64_t m = 96, n = 200, k = 130;
+  Tensor<float> a = random_uniform<float>(Shape{m, k}, rng), b = random_uniform<float>(Shape{k, n}, rng);
+  Tensor<float> first(Shape{m, n});
+  ops::cpu::gemm(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, first.data(), n);
+  std::vector<Tensor<float>> again;
+  for (int t = 0; t < 4; ++t) again.emplace_back(Shape{m, n});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      ops::cpu::gemm(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, again[t].data(), n);
+    });
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < 4; ++t) CHECK(std::memcmp(again[t].data(), first.data(), sizeof(float) * m * n) == 0);
+  ops::cpu::set_gemm_measurement(measured);
+}
+
+TEST_CASE("the GEMM choice's cache text: round trip, and refused for another machine or when malformed") {
+  ops::cpu::GemmMeasurement m;
+  m.engine = {ops::cpu::GemmEngine::fallback, ops::cpu::GemmEngine::fallback, ops::cpu::GemmEngine::fallback};
+  m.cblas_flops_per_s = {1e9, 2e9, 3e9};
+  m.fallback_flops_per_s = {4e9, 5.5e9, 6e9};
+  const std::string key = ops::cpu::gemm_machine_key();
+  CHECK(key.find('\n') == std::string::npos);
+  const std::string text = ops::cpu::gemm_measurement_text(m, key);
+  ops::cpu::GemmMeasurement back;
+  REQUIRE(ops::cpu::parse_gemm_measurement(text, key, back));
+  CHECK(back == m);
+  CHECK_FALSE(ops::cpu::parse_gemm_measurement(text, key + " (another machine)", back));
+  CHECK_FALSE(ops::cpu::parse_gemm_measurement(text.substr(0, text.size() / 2), key, back));
+  std::string bad = text;
+  bad.replace(bad.find("fallback"), 8, "turbo123");
+  CHECK_FALSE(ops::cpu::parse_gemm_measurement(bad, key, back));
 }
 
 TEST_CASE("set_gemm_threads changes the thread count and results stay right") {

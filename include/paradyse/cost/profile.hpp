@@ -129,6 +129,16 @@ struct AttentionModel {
   }
 };
 
+// A CPU's GEMM engine for one size class ("small", "medium", "large" by flops; ops/cpu/gemm_choice.hpp), as measured
+// when the profile was calibrated: the engine chosen and both engines' rates (0: not built in).
+struct GemmEngineChoice {
+  std::string size_class;
+  std::string engine;  // "cblas" or "fallback"
+  double cblas_flops_per_s = 0;
+  double fallback_flops_per_s = 0;
+  friend bool operator==(const GemmEngineChoice&, const GemmEngineChoice&) = default;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string description;
@@ -147,6 +157,16 @@ struct HardwareProfile {
   double overlap = 1;
   LinkModel intra_node, inter_node;
   std::vector<CollectiveCost> collectives;
+  // Calibrated CPU profiles: gemm()'s engine per size class (empty for devices and built-in profiles).
+  std::vector<GemmEngineChoice> gemm_engines;
+
+  // The device's GEMM rate, what model-FLOPs utilisation is measured against: the chosen engine's measured rate on
+  // large GEMMs where the profile has one, else the fitted asymptotic rate.
+  double gemm_peak_flops_per_s() const {
+    for (const GemmEngineChoice& c : gemm_engines)
+      if (c.size_class == "large") return c.engine == "cblas" ? c.cblas_flops_per_s : c.fallback_flops_per_s;
+    return gemm.flops_per_s;
+  }
 
   std::int64_t usable_memory_bytes() const { return memory_bytes - reserved_bytes; }
 
@@ -310,6 +330,18 @@ inline json::Value to_json(const HardwareProfile& p) {
     table.push_back(entry);
   }
   v.set("collectives", json::Value(std::move(table)));
+  if (!p.gemm_engines.empty()) {
+    json::Array engines;
+    for (const GemmEngineChoice& c : p.gemm_engines) {
+      json::Value entry;
+      entry.set("size_class", c.size_class);
+      entry.set("engine", c.engine);
+      entry.set("cblas_flops_per_s", c.cblas_flops_per_s);
+      entry.set("fallback_flops_per_s", c.fallback_flops_per_s);
+      engines.push_back(entry);
+    }
+    v.set("gemm_engines", json::Value(std::move(engines)));
+  }
   return v;
 }
 
@@ -357,6 +389,24 @@ inline HardwareProfile profile_from_json(const json::Value& v) {
     c.cost = {non_negative(entry, where, "alpha_s"), non_negative(entry, where, "beta_s_per_byte")};
     if (entry.find("min_bytes")) c.min_bytes = integer(entry, where, "min_bytes", 0, kMaxBytes);
     p.collectives.push_back(c);
+  }
+  if (const json::Value* engines = v.find("gemm_engines")) {
+    check(engines->is_array(), "profile: gemm_engines is {}, expected an array", engines->type_name());
+    for (const json::Value& entry : engines->as_array()) {
+      const std::string where = fmt::format("gemm_engines[{}]", p.gemm_engines.size());
+      GemmEngineChoice c;
+      c.size_class = text(entry, where, "size_class");
+      check(c.size_class == "small" || c.size_class == "medium" || c.size_class == "large",
+            "profile: {}.size_class = \"{}\", expected small, medium or large", where, printable(c.size_class));
+      c.engine = text(entry, where, "engine");
+      check(c.engine == "cblas" || c.engine == "fallback", "profile: {}.engine = \"{}\", expected cblas or fallback",
+            where, printable(c.engine));
+      c.cblas_flops_per_s = non_negative(entry, where, "cblas_flops_per_s");
+      c.fallback_flops_per_s = non_negative(entry, where, "fallback_flops_per_s");
+      check((c.engine == "cblas" ? c.cblas_flops_per_s : c.fallback_flops_per_s) > 0,
+            "profile: {} chose {} but gives it no rate", where, c.engine);
+      p.gemm_engines.push_back(c);
+    }
   }
   return p;
 }
