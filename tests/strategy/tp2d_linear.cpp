@@ -1,0 +1,174 @@
+// 2D tensor-parallel linear and GELU MLP (strategy/tp2d_linear.hpp) on thread ranks, grids 2x2, 2x3, 3x2, 1x3 and
+// 3x1, against a float64 single-rank reference: the output, the input gradient and every rank's weight-block
+// gradient, in both directions of the linear (layout A -> B and B -> A), on fresh random inputs.
+#include "paradyse/strategy/tp2d_linear.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/core/rng.hpp"
+#include "strategy/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <utility>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::testing;
+
+namespace {
+
+const std::vector<std::pair<int, int>> kGrids{{2, 2}, {2, 3}, {3, 2}, {1, 3}, {3, 1}};
+
+// c = a b (or with a or b transposed), float64.
+Tensor<double> product(const Tensor<double>& a, bool ta, const Tensor<double>& b, bool tb) {
+  const std::int64_t m = ta ? a.extent(1) : a.extent(0), k = ta ? a.extent(0) : a.extent(1);
+  const std::int64_t n = tb ? b.extent(0) : b.extent(1);
+  Tensor<double> c(Shape{m, n});
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (std::int64_t l = 0; l < k; ++l) sum += (ta ? a(l, i) : a(i, l)) * (tb ? b(j, l) : b(l, j));
+      c(i, j) = sum;
+    }
+  return c;
+}
+
+// Block (row_block of row_blocks, col_block of col_blocks) of a float64 matrix, as float32.
+Tensor<float> block(const Tensor<double>& t, int row_block, int row_blocks, int col_block, int col_blocks) {
+  const std::int64_t r = t.extent(0) / row_blocks, c = t.extent(1) / col_blocks;
+  Tensor<float> b(Shape{r, c});
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t j = 0; j < c; ++j) b(i, j) = float(t(row_block * r + i, col_block * c + j));
+  return b;
+}
+std::vector<double> block64(const Tensor<double>& t, int row_block, int row_blocks, int col_block, int col_blocks,
+                            double offset = 0) {
+  const std::int64_t r = t.extent(0) / row_blocks, c = t.extent(1) / col_blocks;
+  std::vector<double> b;
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t j = 0; j < c; ++j) b.push_back(offset + t(row_block * r + i, col_block * c + j));
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("tp2d linear: output, input gradient and every weight block's gradient, both directions") {
+  std::uint64_t seed = 1;
+  for (auto [gx, gy] : kGrids)
+    for (bool a_to_b : {true, false}) {
+      CAPTURE(gx);
+      CAPTURE(gy);
+      CAPTURE(a_to_b);
+      const std::int64_t T = 12, k = 12, n = 18;
+      Rng rng(seed++);
+      const Tensor<double> x = random_uniform<double>(Shape{T, k}, rng);
+      const Tensor<double> w = random_uniform<double>(Shape{k, n}, rng);
+      const Tensor<double> dy = random_uniform<double>(Shape{T, n}, rng);
+      const Tensor<double> y = product(x, false, w, false);
+      const Tensor<double> dx = product(dy, false, w, true);
+      const Tensor<double> dw = product(x, true, dy, false);
+      const DeviceMesh mesh({{"tp_x", gx}, {"tp_y", gy}});
+      Findings findings;
+      run_ranks(gx * gy, [&](ThreadCommunicator& world) {
+        const int i = mesh.coordinate(world.rank(), "tp_x"), j = mesh.coordinate(world.rank(), "tp_y");
+        Tp2dGrid<ThreadCommunicator> grid = Tp2dGrid<ThreadCommunicator>::make(mesh, world);
+        BufferPool pool;
+        // A -> B gathers over tp_y and scatters over tp_x; B -> A the reverse. With (g, G) my index and size in the
+        // gather group and (s, S) in the scatter group: x and dx are block (g, s) of [G, S] blocks, W, dW, y and dy
+        // block (s, g) of [S, G].
+        const int g = a_to_b ? j : i, G = a_to_b ? gy : gx, s = a_to_b ? i : j, S = a_to_b ? gx : gy;
+        ThreadCommunicator& gather = a_to_b ? grid.y : grid.x;
+        ThreadCommunicator& scatter = a_to_b ? grid.x : grid.y;
+        const Tensor<float> xl = block(x, g, G, s, S), wl = block(w, s, S, g, G), dyl = block(dy, s, S, g, G);
+        Tensor<float> yl(Shape{T / S, n / G});
+        tp2d_linear_forward<ops::Cpu>(gather, scatter, pool, xl.view(), wl.view(), yl.view());
+        const std::string where = fmt::format("rank ({}, {})", i, j);
+        findings.compare(yl.span(), block64(y, s, S, g, G), where + " y");
+        Tensor<float> dxl(xl.shape()), dwl(wl.shape());
+        dwl.fill(1.0f);  // accumulates on top
+        tp2d_linear_backward<ops::Cpu>(gather, scatter, pool, xl.view(), wl.view(), dyl.view(), dxl.view(),
+                                       dwl.view());
+        findings.compare(dxl.span(), block64(dx, g, G, s, S), where + " dx");
+        findings.compare(dwl.span(), block64(dw, s, S, g, G, 1.0), where + " dw");
+      });
+      findings.check_all("tp2d linear");
+    }
+}
+
+TEST_CASE("tp2d MLP: gelu(x W1) W2 from layout A back to layout A, forward and every gradient") {
+  std::uint64_t seed = 100;
+  for (auto [gx, gy] : kGrids) {
+    CAPTURE(gx);
+    CAPTURE(gy);
+    const std::int64_t T = 12, h = 12, f = 18;
+    Rng rng(seed++);
+    const Tensor<double> x = random_uniform<double>(Shape{T, h}, rng);
+    const Tensor<double> w1 = random_uniform<double>(Shape{h, f}, rng);
+    const Tensor<double> w2 = random_uniform<double>(Shape{f, h}, rng);
+    const Tensor<double> dout = random_uniform<double>(Shape{T, h}, rng);
+    // Reference: pre = x W1, act = gelu(pre), out = act W2, and the chain rule back.
+    const Tensor<double> pre = product(x, false, w1, false);
+    Tensor<double> act(pre.shape());
+    for (std::int64_t e = 0; e < pre.numel(); ++e) act.span()[std::size_t(e)] = ref::gelu(pre.span()[std::size_t(e)]);
+    const Tensor<double> out = product(act, false, w2, false);
+    const Tensor<double> dw2 = product(act, true, dout, false);
+    Tensor<double> dpre = product(dout, false, w2, true);
+    for (std::int64_t e = 0; e < pre.numel(); ++e)
+      dpre.span()[std::size_t(e)] *= ref::gelu_derivative(pre.span()[std::size_t(e)]);
+    const Tensor<double> dx = product(dpre, false, w1, true);
+    const Tensor<double> dw1 = product(x, true, dpre, false);
+    const DeviceMesh mesh({{"tp_x", gx}, {"tp_y", gy}});
+    Findings findings;
+    run_ranks(gx * gy, [&](ThreadCommunicator& world) {
+      const int i = mesh.coordinate(world.rank(), "tp_x"), j = mesh.coordinate(world.rank(), "tp_y");
+      Tp2dGrid<ThreadCommunicator> grid = Tp2dGrid<ThreadCommunicator>::make(mesh, world);
+      BufferPool pool;
+      const Tensor<float> xl = block(x, j, gy, i, gx);     // [T / y, h / x]
+      const Tensor<float> w1l = block(w1, i, gx, j, gy);   // [h / x, f / y]
+      const Tensor<float> w2l = block(w2, j, gy, i, gx);   // [f / y, h / x]
+      const Tensor<float> doutl = block(dout, j, gy, i, gx);
+      Tensor<float> prel(Shape{T / gx, f / gy}), outl(xl.shape());
+      tp2d_mlp_forward<ops::Cpu>(grid, pool, xl.view(), w1l.view(), w2l.view(), prel.view(), outl.view());
+      const std::string where = fmt::format("rank ({}, {})", i, j);
+      findings.compare(prel.span(), block64(pre, i, gx, j, gy), where + " pre");
+      findings.compare(outl.span(), block64(out, j, gy, i, gx), where + " out");
+      Tensor<float> dxl(xl.shape()), dw1l(w1l.shape()), dw2l(w2l.shape());
+      dw1l.fill(0.0f);
+      dw2l.fill(0.0f);
+      tp2d_mlp_backward<ops::Cpu>(grid, pool, xl.view(), w1l.view(), w2l.view(), prel.view(), doutl.view(),
+                                  dxl.view(), dw1l.view(), dw2l.view());
+      findings.compare(dxl.span(), block64(dx, j, gy, i, gx), where + " dx");
+      findings.compare(dw1l.span(), block64(dw1, i, gx, j, gy), where + " dW1");
+      findings.compare(dw2l.span(), block64(dw2, j, gy, i, gx), where + " dW2");
+    });
+    findings.check_all("tp2d MLP");
+  }
+}
+
+TEST_CASE("tp2d linear: shapes that do not split and meshes without the axes are refused naming them") {
+  Findings findings;
+  auto expect_error = [&](auto&& f, const std::string& needle) {
+    try {
+      f();
+      findings.fail("no error; expected one containing \"" + needle + "\"");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find(needle) == std::string::npos)
+        findings.fail(fmt::format("error \"{}\" does not contain \"{}\"", e.what(), needle));
+    }
+  };
+  run_ranks(2, [&](ThreadCommunicator& world) {
+    Tp2dGrid<ThreadCommunicator> grid = Tp2dGrid<ThreadCommunicator>::make(DeviceMesh({{"tp_x", 2}, {"tp_y", 1}}), world);
+    BufferPool pool;
+    Tensor<float> x(Shape{3, 4}), w(Shape{4, 5}), y(Shape{1, 5}), wrong(Shape{5, 5});
+    x.fill(0.0f);
+    w.fill(0.0f);
+    wrong.fill(0.0f);
+    // 3 tokens gathered over tp_y (1) do not split over tp_x (2).
+    expect_error([&] { tp2d_linear_forward<ops::Cpu>(grid.y, grid.x, pool, x.view(), w.view(), y.view()); },
+                 "3 tokens do not split over the scatter group of 2");
+    expect_error([&] { tp2d_linear_forward<ops::Cpu>(grid.y, grid.x, pool, x.view(), wrong.view(), y.view()); },
+                 "must be [T / 1, k = 5]");
+    expect_error([&] { Tp2dGrid<ThreadCommunicator>::make(DeviceMesh({{"dp", 2}}), world); }, "unknown mesh axis 'tp_x'");
+  });
+  findings.check_all("tp2d errors");
+}
