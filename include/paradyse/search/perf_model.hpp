@@ -13,7 +13,7 @@
 // - cp: K and V circulate in a ring over cp (cp - 1 sends forward, twice in backward), hidden under the attention
 //   block's compute where it is shorter.
 // - ep (folded over dp x cp) and etp (over tp): all-to-all dispatch and combine of k copies of each token, all-gather
-//   and reduce-scatter over etp; balanced routing.
+//   and reduce-scatter over etp; balanced routing; the local experts in one grouped GEMM.
 // - pp: one send of the stage's output per chunk and micro-batch, each direction.
 // - recomputation: selective re-runs attention's core and the activation functions; full re-runs the layer's
 //   forward (its communication included).
@@ -45,7 +45,8 @@ constexpr std::string_view name_of(CommDim d) {
 }
 
 struct Estimate {
-  bool feasible = false;
+  bool valid = false;             // the model can be sharded this way (structural_problem is empty)
+  bool feasible = false;          // valid and fits in memory
   std::string problem;            // why not, when not feasible
   double step_s = 0;
   double compute_s = 0;           // compute on the critical path (m micro-batches of the slowest stage)
@@ -197,8 +198,12 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     const double assignments = tokens * double(m.top_k) * c.etp;
     const double per_expert = assignments / local_experts;
     const double fe = double(m.expert_ffn) / c.etp;
-    forward += local_experts * (gemm_forward(per_expert, 2 * fe, h) + gemm_forward(per_expert, h, fe));
-    backward += local_experts * (gemm_backward(per_expert, 2 * fe, h) + gemm_backward(per_expert, h, fe));
+    // One grouped GEMM over the local experts (Megatron-Core's grouped GEMM): one launch, each expert's block at
+    // its own shape.
+    const double launch = d.gemm.overhead_s;
+    auto grouped = [&](double single, int launches) { return local_experts * (single - launches * launch) + launches * launch; };
+    forward += grouped(gemm_forward(per_expert, 2 * fe, h), 1) + grouped(gemm_forward(per_expert, h, fe), 1);
+    backward += grouped(gemm_backward(per_expert, 2 * fe, h), 2) + grouped(gemm_backward(per_expert, h, fe), 2);
     const double activation = d.elementwise_time(assignments * 6.0 * fe) +
                               d.elementwise_time(tokens * double(m.top_k) * h * w * 4);  // permute, unpermute
     forward += activation;
@@ -287,6 +292,7 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   e.model_flops = model_flops_per_step();
   e.problem = structural_problem(model_, setup_, c, devices_);
   if (!e.problem.empty()) return e;
+  e.valid = true;
   e.memory = estimate_memory(model_, setup_, c);
   const std::int64_t mbs = micro_batches(setup_, c);
 

@@ -120,7 +120,7 @@ inline double mesh_lower_bound(const PerformanceModel& model, const SearchSpace&
     c.ep = ep, c.etp = etp, c.micro_batch = largest_micro_batch(model.setup(), space, mesh);
     c.recompute = Recompute::none;
     const Estimate e = model.evaluate(c);
-    if (!e.problem.empty() && e.memory.total() == 0) continue;  // not a valid layout
+    if (!e.valid) continue;
     least = std::min(least, e.compute_s + e.exposed(CommDim::tp) + e.exposed(CommDim::ep));
   }
   return least;
@@ -196,8 +196,7 @@ inline SearchResult search(const PerformanceModel& model, const SearchOptions& o
               c.virtual_stages = v, c.zero = zero;
               Estimate e = model.evaluate(c);
               ++result.evaluated;
-              if (!e.problem.empty() && e.memory.total() == 0) continue;  // structurally invalid (v, mb)
-              if (!e.feasible) continue;
+              if (!e.feasible) continue;  // invalid (v, mb) or out of memory
               ++result.feasible;
               offer({c, std::move(e)});
             }
