@@ -9,9 +9,10 @@
 //   partial outputs summed by an all-reduce; residual.
 //   FFN: RMSNorm; dense SwiGLU sliced by columns, or the MoE sublayer: the router (replicated, so every rank routes
 //   alike), the tokens permuted by expert (moe/dispatch.hpp), the routed experts in the layer's mode (tp: every
-//   expert's column slice over its whole block; ep: this rank's whole experts over the rows an ExpertWork assigns
-//   it), the shared expert sliced by columns times its sigmoid gate; the partial outputs all-reduced; residual.
+//   expert's column slice over its whole block; ep: whole experts over the rows the ExpertTasks assign the rank), the shared expert sliced by columns times its sigmoid gate; the partial outputs all-reduced; residual.
 // Logits (replicated lm_head) for the last token of each chunk, or for every token when the chunk asks.
+// after_layer(l), when given, runs after layer l (the engine posts layer l's weight redistribution there, so that it
+// travels while the next layers compute).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -48,33 +49,41 @@ struct StepResult {
   std::vector<MoeLayerLoad> moe_load;      // per layer (empty for dense layers)
 };
 
-// Which rows of each expert block a rank computes in EP mode, given the dispatch. The default splits an expert's
-// block evenly over the ranks that hold it (replicas). `work(rank, dispatch)` returns, per slot of the rank, the
-// [begin, end) range of permuted rows (a slot may take rows of its expert only).
-struct ExpertWork {
-  std::vector<std::int64_t> begin, end;  // per slot
+// EP mode: what a rank computes. A task runs expert `expert` over the permuted rows [begin, end) of its block with
+// the given weights (in [1, 2f, h], out [1, f, h]): a slot the rank holds, or an expert it fetched (token sorting with
+// on-demand loading, serve/expert_balance.hpp). Over all ranks the tasks must cover every row exactly once.
+struct ExpertTask {
+  std::int64_t expert = 0, begin = 0, end = 0;
+  TensorView<const float> in, out;
 };
-using ExpertWorkFn = std::function<ExpertWork(const RankShard&, std::int64_t layer, const Dispatch&)>;
+using ExpertWorkFn = std::function<std::vector<ExpertTask>(const RankShard&, std::int64_t layer, const Dispatch&)>;
 
-// Replicas split their expert's block evenly (holder i of m takes part i).
-inline ExpertWork split_over_replicas(const std::vector<std::vector<std::int64_t>>& experts_of_rank, int rank,
-                                      const Dispatch& d) {
-  ExpertWork w;
-  const std::vector<std::int64_t>& mine = experts_of_rank[std::size_t(rank)];
+// The weights of slot `slot` of a rank's EP layer as a bank of one.
+inline ExpertTask slot_task(const RankLayer& L, std::int64_t slot, std::int64_t begin, std::int64_t end) {
+  return {L.slot_expert[std::size_t(slot)], begin, end, L.expert_in.view().slice(0, slot, 1),
+          L.expert_out.view().slice(0, slot, 1)};
+}
+
+// The default EP work: each held slot computes its expert's rows; replicas of an expert split its block evenly
+// (holder i of m, in rank then slot order, takes part i).
+inline std::vector<ExpertTask> split_over_replicas(const RankLayer& L, int rank, const Dispatch& d) {
+  std::vector<ExpertTask> tasks;
+  const std::vector<std::vector<std::int64_t>>& placement = L.placement;
+  const std::vector<std::int64_t>& mine = placement[std::size_t(rank)];
   for (std::size_t s = 0; s < mine.size(); ++s) {
     const std::int64_t e = mine[s];
     std::int64_t holders = 0, index = 0;
-    for (int q = 0; q < int(experts_of_rank.size()); ++q)
-      for (std::size_t t = 0; t < experts_of_rank[std::size_t(q)].size(); ++t)
-        if (experts_of_rank[std::size_t(q)][t] == e) {
+    for (int q = 0; q < int(placement.size()); ++q)
+      for (std::size_t t = 0; t < placement[std::size_t(q)].size(); ++t)
+        if (placement[std::size_t(q)][t] == e) {
           if (q < rank || (q == rank && t < s)) ++index;
           ++holders;
         }
     const ChunkRange part = chunk_range(d.count(e), holders, index);
-    w.begin.push_back(d.offsets[std::size_t(e)] + part.start);
-    w.end.push_back(d.offsets[std::size_t(e)] + part.end());
+    tasks.push_back(slot_task(L, std::int64_t(s), d.offsets[std::size_t(e)] + part.start,
+                              d.offsets[std::size_t(e)] + part.end()));
   }
-  return w;
+  return tasks;
 }
 
 namespace step_detail {
@@ -139,32 +148,29 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
     combine<Backend>(d, hp.view(), wp.view(), y);
     for (int q = 0; q < s.ranks; ++q) load.rank_rows[std::size_t(q)] = rows;
   } else {
-    const ExpertWork w = work ? work(s, layer_index, d) : split_over_replicas(L.placement, s.rank, d);
-    const std::int64_t slots = std::int64_t(L.slot_expert.size());
-    check(std::int64_t(w.begin.size()) == slots && std::int64_t(w.end.size()) == slots,
-          "moe_partial: the expert work lists {} slots, rank {} holds {}", w.begin.size(), s.rank, slots);
-    std::vector<std::int64_t> offsets{0}, tokens, assignment;
-    for (std::int64_t k = 0; k < slots; ++k) {
-      const std::int64_t e = L.slot_expert[std::size_t(k)];
-      check(w.begin[std::size_t(k)] >= d.offsets[std::size_t(e)] && w.end[std::size_t(k)] <= d.offsets[std::size_t(e + 1)] &&
-                w.begin[std::size_t(k)] <= w.end[std::size_t(k)],
-            "moe_partial: slot {} (expert {}) is given rows [{}, {}) outside its block [{}, {})", k, e,
-            w.begin[std::size_t(k)], w.end[std::size_t(k)], d.offsets[std::size_t(e)], d.offsets[std::size_t(e + 1)]);
-      for (std::int64_t row = w.begin[std::size_t(k)]; row < w.end[std::size_t(k)]; ++row) {
-        tokens.push_back(d.token[std::size_t(row)]);
-        assignment.push_back(d.slot[std::size_t(row)]);
-      }
-      offsets.push_back(std::int64_t(tokens.size()));
-    }
-    const std::int64_t rows = std::int64_t(tokens.size());
-    Tensor<float> xs(Shape{rows, h}), hs(Shape{rows, h}), ws(Shape{rows}), pre(Shape{rows, 2 * m.expert_ffn});
-    for (std::int64_t i = 0; i < rows; ++i) ws.data()[i] = r.gates.data()[assignment[std::size_t(i)]];
-    if (rows > 0) {
+    const std::vector<ExpertTask> tasks = work ? work(s, layer_index, d) : split_over_replicas(L, s.rank, d);
+    std::int64_t rows = 0;
+    for (const ExpertTask& t : tasks) {
+      check(t.expert >= 0 && t.expert < m.experts && t.begin >= d.offsets[std::size_t(t.expert)] &&
+                t.end <= d.offsets[std::size_t(t.expert + 1)] && t.begin <= t.end,
+            "moe_partial: a task of expert {} is given rows [{}, {}), outside its block [{}, {})", t.expert, t.begin,
+            t.end, d.offsets[std::size_t(std::clamp<std::int64_t>(t.expert, 0, m.experts - 1))],
+            d.offsets[std::size_t(std::clamp<std::int64_t>(t.expert, 0, m.experts - 1) + 1)]);
+      check(t.in.shape() == Shape{1, 2 * m.expert_ffn, h} && t.out.shape() == Shape{1, m.expert_ffn, h},
+            "moe_partial: a task of expert {} has weights in {} out {}, expected [1, {}, {}] and [1, {}, {}]", t.expert,
+            t.in.shape(), t.out.shape(), 2 * m.expert_ffn, h, m.expert_ffn, h);
+      const std::int64_t count = t.end - t.begin;
+      if (count == 0) continue;
+      rows += count;
+      const std::span<const std::int64_t> tokens(d.token.data() + t.begin, std::size_t(count));
+      Tensor<float> xs(Shape{count, h}), hs(Shape{count, h}), ws(Shape{count}), pre(Shape{count, 2 * m.expert_ffn});
+      for (std::int64_t i = 0; i < count; ++i) ws.data()[i] = r.gates.data()[d.slot[std::size_t(t.begin + i)]];
       Backend::gather_rows(x, tokens, {}, xs.view());
-      experts_forward<Backend>({L.expert_in.view(), L.expert_out.view()}, offsets, xs.view(), pre.view(), hs.view(), pool);
+      const std::int64_t offsets[] = {0, count};
+      experts_forward<Backend>({t.in, t.out}, offsets, xs.view(), pre.view(), hs.view(), pool);
       Backend::scatter_add_rows(y, tokens, hs.view(), ws.view());
     }
-    std::vector<std::int64_t> counts(std::size_t(s.ranks), 0);
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(s.ranks), 0);
     counts[std::size_t(s.rank)] = rows;
     if (s.ranks > 1) comm.all_reduce(std::span<const std::int64_t>(counts), std::span<std::int64_t>(counts), ReduceOp::sum);
     load.rank_rows = counts;
@@ -187,7 +193,8 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
 // One step over `batch` on this rank. The cache must have room (PagedKvCache::reserve) for every chunk's tokens.
 template <Communicator C>
 StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, PagedKvCache& cache,
-                        std::span<const SequenceChunk> batch, BufferPool& pool, const ExpertWorkFn& work = {}) {
+                        std::span<const SequenceChunk> batch, BufferPool& pool, const ExpertWorkFn& work = {},
+                        const std::function<void(std::int64_t layer)>& after_layer = {}) {
   using Backend = ops::Cpu;
   using namespace step_detail;
   const std::int64_t h = c.hidden, d = c.head_dim, hq = s.q_heads.length, hk = s.kv_heads.length,
@@ -211,7 +218,7 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
       copy(s.whole->embed.view().slice(0, t, 1), x.view().slice(0, first[b] + std::int64_t(i), 1));
     }
   // How many ranks hold each of this rank's key/value heads (their k-norm statistics are counted once).
-  std::vector<float> kv_share(std::size_t(hk), 0.0f);
+  std::vector<float> kv_share(static_cast<std::size_t>(hk), 0.0f);
   for (int r = 0; r < s.ranks; ++r) {
     const ChunkRange other = kv_heads_of(c, s.ranks, r);
     for (std::int64_t j = 0; j < hk; ++j)
@@ -227,7 +234,7 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
     linear(xn.view(), L.wk, L.bk, k.view());
     linear(xn.view(), L.wv, L.bv, v.view());
     if (c.qk_norm) {  // RMSNorm over the whole projections: sums of squares over every rank's heads
-      std::vector<float> sums(std::size_t(2 * n), 0.0f);
+      std::vector<float> sums(static_cast<std::size_t>(2 * n), 0.0f);
       for (std::int64_t i = 0; i < n; ++i) {
         double sq = 0, sk = 0;
         for (std::int64_t j = 0; j < hq * d; ++j) sq += double(q(i, j)) * q(i, j);
@@ -291,6 +298,7 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
       dense_swiglu(L.dense_in.view(), L.dense_out.view(), xn.view(), y.view(), pool);
     sum_over_ranks(comm, y.view());
     Backend::add_into(x.view(), y.view());
+    if (after_layer) after_layer(l);
   }
   // ---- final norm and logits ----
   Backend::rms_norm_forward(x.view(), s.whole->norm.view(), float(c.rms_eps), xn.view(), rstd.view());

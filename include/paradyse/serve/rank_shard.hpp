@@ -40,7 +40,7 @@ struct ExpertPlacement {
   // Every expert placed at least once, and every listed one in [0, E).
   void validate(std::int64_t experts, int ranks_expected) const {
     check(ranks() == ranks_expected, "ExpertPlacement: {} ranks listed, expected {}", ranks(), ranks_expected);
-    std::vector<int> seen(std::size_t(experts), 0);
+    std::vector<int> seen(static_cast<std::size_t>(experts), 0);
     for (int r = 0; r < ranks(); ++r)
       for (const std::int64_t e : experts_of_rank[std::size_t(r)]) {
         check(e >= 0 && e < experts, "ExpertPlacement: rank {} lists expert {}, outside [0, {})", r, e, experts);

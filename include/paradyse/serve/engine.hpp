@@ -1,0 +1,367 @@
+// paradyse/serve/engine.hpp: the MoE serving loop on p ranks: continuous batching over a paged KV cache, chunked
+// prefill, greedy or seeded sampling, and the MoE layout policy (static TP, static EP, EP + EPLB, token sorting with
+// on-demand expert loading, dynamic TP<->EP switching with the redistribution pipelined behind compute).
+//
+// Every rank runs serve_requests with the same requests (SPMD). Rank 0 plans each step and broadcasts the plan:
+//   - admission: requests that have arrived (arrival in steps, or in seconds of wall clock), in arrival order, while
+//     fewer than max_running run and the KV pool has the blocks of prompt + max_new_tokens (reserved at admission,
+//     so a running request never waits for memory);
+//   - the batch: one decode token of every running request that finished its prompt, then prompt chunks of the
+//     others in admission order while the step's token budget lasts (a long prompt takes several steps);
+//   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) predicts both modes' cost for this
+//     batch from its token count and the last step's expert loads; a change is carried out during the step: each
+//     layer's weights are posted for redistribution right after the layer computed in the old layout, and the new
+//     layout is installed before the next step (exposed time: what the posting and the final waits took);
+//   - EPLB (EP only): every eplb_interval steps the expert loads gathered since the last rebalance give a new
+//     placement (serve/eplb.hpp) with redundant slots, installed the same way.
+// Rank 0 samples (each request from its own seeded Rng) and broadcasts the tokens. Requests leave when they have
+// max_new_tokens tokens; their blocks go back to the pool.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/serve/decoder_step.hpp"
+#include "paradyse/serve/eplb.hpp"
+#include "paradyse/serve/expert_balance.hpp"
+#include "paradyse/serve/redistribute.hpp"
+#include "paradyse/serve/sampling.hpp"
+#include "paradyse/serve/switch_policy.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace paradyse::serve {
+
+struct ServeRequest {
+  std::int64_t id = 0;
+  std::vector<std::int32_t> prompt;
+  std::int64_t max_new_tokens = 8;
+  SamplingParams sampling;
+  double arrival = 0;  // steps, or seconds since the start with EngineOptions::wall_clock
+};
+
+struct RequestOutcome {
+  std::int64_t id = 0, prompt_tokens = 0;
+  std::vector<std::int32_t> tokens;
+  double arrival = 0, first_token = 0, finish = 0;  // seconds since the start (wall clock) or steps
+};
+
+enum class ModePolicy { static_tp, static_ep, dynamic };
+
+struct EnginePolicy {
+  ModePolicy mode = ModePolicy::static_tp;
+  bool eplb = false;                  // EP: rebalance the placement from the gathered loads
+  std::int64_t eplb_interval = 8;     // steps between rebalances
+  std::int64_t redundant_slots = 1;   // extra expert slots per rank for EPLB's replicas
+  bool token_sorting = false;         // EP: equal pairs per rank, fetching the experts a rank lacks
+  std::int64_t fetch_capacity = 4;    // fetched experts a rank caches
+  bool pipelined_switch = true;       // redistribute layer by layer during the step (else stall before it)
+  SwitchPolicy switching;
+  MachineRates rates;
+};
+
+struct EngineOptions {
+  std::int64_t step_tokens = 32;   // tokens per step (decodes first, prompt chunks fill the rest)
+  std::int64_t max_running = 16;
+  std::int64_t kv_blocks = 256;
+  std::int64_t block_size = 16;
+  bool wall_clock = false;
+};
+
+struct EngineStats {
+  std::int64_t steps = 0, tokens = 0, switches = 0, rebalances = 0;
+  double elapsed_s = 0;
+  double switch_exposed_s = 0;      // time the layout changes took on the critical path
+  std::size_t switch_bytes = 0;     // expert bytes this rank sent for layout changes
+  std::vector<MoeMode> mode_of_step;
+  std::vector<double> expert_max, expert_mean;  // per layer: sums over steps of max / mean tokens per expert
+  std::vector<double> rank_max, rank_mean;      // per layer: sums over steps of max / mean rows per rank
+  FetchStats fetch;
+};
+
+struct EngineProgress {
+  std::int64_t step = 0, finished = 0, total = 0, running = 0;
+  MoeMode mode = MoeMode::tp;
+};
+
+namespace engine_detail {
+
+struct Live {
+  const ServeRequest* request = nullptr;
+  std::int64_t done_prompt = 0;  // prompt positions processed
+  RequestOutcome outcome;
+  std::optional<Rng> rng;
+};
+
+inline std::vector<std::vector<std::int64_t>> placement_of(const std::vector<std::int64_t>& phy2log, int ranks) {
+  std::vector<std::vector<std::int64_t>> pl(static_cast<std::size_t>(ranks));
+  const std::size_t per = phy2log.size() / std::size_t(ranks);
+  for (std::size_t i = 0; i < phy2log.size(); ++i) pl[i / per].push_back(phy2log[i]);
+  return pl;
+}
+
+}  // namespace engine_detail
+
+// Serves `requests` on this rank; rank 0 returns the outcomes (in request order), the others an empty list.
+template <Communicator C>
+std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, const std::vector<ServeRequest>& requests,
+                                           const EngineOptions& opt, const EnginePolicy& policy,
+                                           EngineStats* stats_out = nullptr,
+                                           const std::function<void(const EngineProgress&)>& progress = {}) {
+  using namespace engine_detail;
+  using Clock = std::chrono::steady_clock;
+  const DecoderConfig& c = model.config;
+  const int p = comm.size(), me = comm.rank();
+  for (const ServeRequest& r : requests) {
+    check(!r.prompt.empty() && r.max_new_tokens >= 1, "serve_requests: request {} needs a prompt and max_new_tokens >= 1",
+          r.id);
+    r.sampling.validate();
+  }
+  check(opt.step_tokens >= 1 && opt.max_running >= 1, "serve_requests: step_tokens {} and max_running {} must be >= 1",
+        opt.step_tokens, opt.max_running);
+  const bool any_moe = std::find(c.moe_layer.begin(), c.moe_layer.end(), true) != c.moe_layer.end();
+  const ExpertPlacement chunked = any_moe ? ExpertPlacement::chunked(c.moe.experts, p) : ExpertPlacement{};
+  MoeMode mode = policy.mode == ModePolicy::static_ep ? MoeMode::ep : MoeMode::tp;
+  RankShard shard = make_rank_shard(c, model.weights, p, me, mode);
+  PagedKvCache cache({c.layers, opt.kv_blocks, opt.block_size, shard.kv_heads.length, c.head_dim});
+  BufferPool pool;
+  ModeSwitcher switcher(policy.switching, mode);
+  std::optional<TokenSortingWork> sorting;
+  if (policy.token_sorting) sorting.emplace(model.weights, policy.fetch_capacity);
+  ExpertWorkFn work;
+  if (sorting) work = [&](const RankShard& s, std::int64_t l, const Dispatch& d) { return (*sorting)(s, l, d); };
+
+  EngineStats stats;
+  stats.expert_max.assign(std::size_t(c.layers), 0.0);
+  stats.expert_mean = stats.rank_max = stats.rank_mean = stats.expert_max;
+  std::vector<std::vector<double>> window(static_cast<std::size_t>(c.layers), std::vector<double>(std::size_t(c.moe.experts), 0.0));
+  std::vector<std::vector<std::int64_t>> last_routed(static_cast<std::size_t>(c.layers));
+  std::int64_t last_tokens = 0;
+
+  std::vector<Live> live(requests.size());
+  std::vector<std::size_t> order(requests.size());  // by arrival
+  for (std::size_t i = 0; i < requests.size(); ++i) live[i].request = &requests[i], order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return requests[a].arrival < requests[b].arrival; });
+  std::size_t next_arrival = 0, finished = 0;
+  std::vector<std::size_t> running;  // admission order
+  const Clock::time_point start = Clock::now();
+  auto now = [&]() { return opt.wall_clock ? std::chrono::duration<double>(Clock::now() - start).count() : double(stats.steps); };
+  std::vector<std::int64_t> plan;
+
+  while (finished < requests.size()) {
+    // ---- rank 0 plans the step ----
+    plan.clear();
+    if (me == 0) {
+      std::vector<std::int64_t> admitted;
+      std::int64_t free_blocks = cache.free_blocks();
+      while (next_arrival < order.size() && requests[order[next_arrival]].arrival <= now() &&
+             std::int64_t(running.size() + admitted.size()) < opt.max_running) {
+        const ServeRequest& r = requests[order[next_arrival]];
+        const std::int64_t need = cache.blocks_for(std::int64_t(r.prompt.size()) + r.max_new_tokens);
+        check(need <= opt.kv_blocks, "serve_requests: request {} needs {} KV blocks, the pool has {}", r.id, need,
+              opt.kv_blocks);
+        if (need > free_blocks) break;
+        free_blocks -= need;
+        admitted.push_back(std::int64_t(order[next_arrival++]));
+      }
+      if (running.empty() && admitted.empty() && opt.wall_clock && next_arrival < order.size()) {
+        const double wait = requests[order[next_arrival]].arrival - now();
+        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
+      }
+      // Chunks: decodes, then prompt chunks under the budget.
+      std::vector<std::size_t> all = running;
+      for (const std::int64_t a : admitted) all.push_back(std::size_t(a));
+      std::vector<std::pair<std::int64_t, std::int64_t>> chunks;  // (request index, tokens)
+      std::int64_t budget = opt.step_tokens;
+      for (const std::size_t i : all)
+        if (live[i].done_prompt == std::int64_t(requests[i].prompt.size())) chunks.push_back({std::int64_t(i), 1}), --budget;
+      for (const std::size_t i : all) {
+        const std::int64_t left = std::int64_t(requests[i].prompt.size()) - live[i].done_prompt;
+        if (left > 0 && budget > 0) {
+          const std::int64_t take = std::min(left, budget);
+          chunks.push_back({std::int64_t(i), take});
+          budget -= take;
+        }
+      }
+      std::int64_t n = 0;
+      for (const auto& ch : chunks) n += ch.second;
+      // The layout after this step.
+      MoeMode target = mode;
+      if (policy.mode == ModePolicy::dynamic && any_moe && n > 0 && last_tokens > 0) {
+        ModeCosts total;
+        for (std::int64_t l = 0; l < c.layers; ++l) {
+          if (!c.is_moe(l)) continue;
+          std::vector<std::int64_t> scaled(last_routed[std::size_t(l)]);
+          for (std::int64_t& x : scaled) x = (x * n + last_tokens - 1) / last_tokens;
+          const ModeCosts cost = moe_mode_costs(c.moe, scaled, chunked.experts_of_rank, policy.rates);
+          total.tp_s += cost.tp_s;
+          total.ep_s += cost.ep_s;
+        }
+        target = switcher.decide(total);
+      }
+      const bool rebalance = policy.eplb && mode == MoeMode::ep && target == MoeMode::ep && any_moe &&
+                             stats.steps > 0 && stats.steps % policy.eplb_interval == 0;
+      plan = {std::int64_t(admitted.size()), std::int64_t(chunks.size()), std::int64_t(target), rebalance ? 1 : 0};
+      plan.insert(plan.end(), admitted.begin(), admitted.end());
+      for (const auto& ch : chunks) plan.push_back(ch.first), plan.push_back(ch.second);
+    }
+    std::int64_t size = std::int64_t(plan.size());
+    if (p > 1) comm.broadcast(std::span<std::int64_t>(&size, 1), 0);
+    plan.resize(std::size_t(size));
+    if (p > 1) comm.broadcast(std::span<std::int64_t>(plan), 0);
+    const std::int64_t n_admit = plan[0], n_chunks = plan[1];
+    const MoeMode target = MoeMode(plan[2]);
+    const bool rebalance = plan[3] != 0;
+    for (std::int64_t a = 0; a < n_admit; ++a) {
+      const std::size_t i = std::size_t(plan[std::size_t(4 + a)]);
+      const ServeRequest& r = requests[i];
+      cache.reserve(r.id, std::int64_t(r.prompt.size()) + r.max_new_tokens);
+      running.push_back(i);
+      live[i].outcome.id = r.id;
+      live[i].outcome.prompt_tokens = std::int64_t(r.prompt.size());
+      live[i].outcome.arrival = r.arrival;
+      if (me == 0) live[i].rng.emplace(request_rng(r.sampling, r.id));
+    }
+    if (n_chunks == 0) {
+      if (!opt.wall_clock) ++stats.steps;  // nothing arrived yet: time passes
+      continue;
+    }
+    std::vector<SequenceChunk> batch;
+    std::vector<std::size_t> index_of_chunk;
+    for (std::int64_t k = 0; k < n_chunks; ++k) {
+      const std::size_t i = std::size_t(plan[std::size_t(4 + n_admit + 2 * k)]);
+      const std::int64_t len = plan[std::size_t(5 + n_admit + 2 * k)];
+      const ServeRequest& r = requests[i];
+      SequenceChunk ch{r.id, {}, false};
+      if (live[i].done_prompt < std::int64_t(r.prompt.size()))
+        ch.tokens.assign(r.prompt.begin() + live[i].done_prompt, r.prompt.begin() + live[i].done_prompt + len);
+      else
+        ch.tokens = {live[i].outcome.tokens.back()};
+      batch.push_back(std::move(ch));
+      index_of_chunk.push_back(i);
+    }
+    // ---- the layout change (or EPLB's new placement) this step carries out ----
+    std::optional<ExpertLayout> to;
+    if (target != mode) {
+      to = target == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(chunked.experts_of_rank);
+    } else if (rebalance) {
+      to = ExpertLayout::ep({});  // the placement differs per layer: layer_target gives it
+    }
+    std::vector<LayerRedistribution> moving(static_cast<std::size_t>(c.layers));
+    double exposed = 0;
+    auto layer_target = [&](std::int64_t l) -> ExpertLayout {
+      if (!rebalance || target != mode) return *to;
+      const std::int64_t slots = (c.moe.experts + p - 1) / p + policy.redundant_slots;
+      const std::vector<std::int64_t> phy2log =
+          eplb_place(window[std::size_t(l)], {slots * p, 1, 1, std::int64_t(p)});
+      return ExpertLayout::ep(placement_of(phy2log, p));
+    };
+    auto layout_of = [&](const RankLayer& L) {
+      return L.mode == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(L.placement);
+    };
+    auto post = [&](std::int64_t l) {
+      if (!to || !c.is_moe(l)) return;
+      const Clock::time_point t0 = Clock::now();
+      RankLayer& L = shard.layers[std::size_t(l)];
+      moving[std::size_t(l)].begin(comm, c, L, layout_of(L), layer_target(l));
+      exposed += std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    auto finish_all = [&]() {
+      if (!to) return;
+      const Clock::time_point t0 = Clock::now();
+      for (std::int64_t l = 0; l < c.layers; ++l)
+        if (c.is_moe(l)) {
+          moving[std::size_t(l)].finish(c, p, me);
+          stats.switch_bytes += moving[std::size_t(l)].bytes_sent();
+        }
+      exposed += std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    const bool pipelined = policy.pipelined_switch;
+    if (to && !pipelined) {
+      for (std::int64_t l = 0; l < c.layers; ++l) post(l);
+      finish_all();
+    }
+    // The layout this step computes in (token sorting is an EP policy; TP layers take the plain path).
+    const MoeMode ran = (to && !pipelined) ? target : mode;
+    const StepResult out = decoder_step(
+        comm, c, shard, cache, std::span<const SequenceChunk>(batch), pool, ran == MoeMode::ep ? work : ExpertWorkFn{},
+        (to && pipelined) ? std::function<void(std::int64_t)>(post) : std::function<void(std::int64_t)>{});
+    if (to && pipelined) finish_all();
+    if (to) {
+      stats.switch_exposed_s += exposed;
+      if (target != mode) ++stats.switches;
+      else ++stats.rebalances;
+      if (rebalance)
+        for (auto& w : window) std::fill(w.begin(), w.end(), 0.0);
+    }
+    mode = target;
+    // ---- statistics ----
+    std::int64_t n = 0;
+    for (const SequenceChunk& ch : batch) n += std::int64_t(ch.tokens.size());
+    last_tokens = n;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      if (!c.is_moe(l)) continue;
+      const MoeLayerLoad& load = out.moe_load[std::size_t(l)];
+      last_routed[std::size_t(l)] = load.routed;
+      double mx = 0, sum = 0;
+      for (std::size_t e = 0; e < load.routed.size(); ++e) {
+        window[std::size_t(l)][e] += double(load.routed[e]);
+        mx = std::max(mx, double(load.routed[e]));
+        sum += double(load.routed[e]);
+      }
+      stats.expert_max[std::size_t(l)] += mx;
+      stats.expert_mean[std::size_t(l)] += sum / double(std::max<std::size_t>(1, load.routed.size()));
+      double rmax = 0, rsum = 0;
+      for (const std::int64_t rows : load.rank_rows) rmax = std::max(rmax, double(rows)), rsum += double(rows);
+      stats.rank_max[std::size_t(l)] += rmax;
+      stats.rank_mean[std::size_t(l)] += rsum / double(p);
+    }
+    stats.mode_of_step.push_back(ran);
+    ++stats.steps;
+    stats.tokens += n;
+    // ---- sampling on rank 0, tokens to every rank ----
+    std::vector<std::int64_t> sampled;
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      Live& L = live[index_of_chunk[k]];
+      const ServeRequest& r = *L.request;
+      const bool prompt_chunk = L.done_prompt < std::int64_t(r.prompt.size());
+      if (prompt_chunk) L.done_prompt += std::int64_t(batch[k].tokens.size());
+      if (L.done_prompt < std::int64_t(r.prompt.size())) continue;  // more prompt to come
+      std::int64_t token = 0;
+      if (me == 0) token = sample_token(out.logits[k].span(), r.sampling, *L.rng);
+      sampled.push_back(token);
+    }
+    if (p > 1 && !sampled.empty()) comm.broadcast(std::span<std::int64_t>(sampled), 0);
+    std::size_t next = 0;
+    const double t = opt.wall_clock ? now() : double(stats.steps);
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      const std::size_t i = index_of_chunk[k];
+      Live& L = live[i];
+      if (L.done_prompt < std::int64_t(L.request->prompt.size())) continue;
+      if (L.outcome.tokens.empty()) L.outcome.first_token = t;
+      L.outcome.tokens.push_back(std::int32_t(sampled[next++]));
+      if (std::int64_t(L.outcome.tokens.size()) == L.request->max_new_tokens) {
+        L.outcome.finish = t;
+        cache.release(L.request->id);
+        running.erase(std::find(running.begin(), running.end(), i));
+        ++finished;
+      }
+    }
+    if (progress && me == 0)
+      progress({stats.steps, std::int64_t(finished), std::int64_t(requests.size()), std::int64_t(running.size()), mode});
+  }
+  stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (sorting) stats.fetch = sorting->stats();
+  if (stats_out) *stats_out = stats;
+  std::vector<RequestOutcome> outcomes;
+  if (me == 0)
+    for (const Live& L : live) outcomes.push_back(L.outcome);
+  return outcomes;
+}
+
+}  // namespace paradyse::serve

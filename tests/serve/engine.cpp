@@ -1,0 +1,344 @@
+// tests/serve/engine.cpp: the serving engine over the transformers fixtures (tests/data/hf/): continuous batching
+// with staggered arrivals and chunked prefill, every MoE policy (static TP, static EP, EP + EPLB, EP + token sorting
+// with on-demand loading, dynamic TP<->EP switching, pipelined or stalled) on p in {1, 2, 4} gives the reference's
+// greedy tokens; seeded sampling; the paged cache; the layout redistribution round trip; EPLB against DeepSeek's
+// published example; the switcher's hysteresis.
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/json.hpp"
+#include "paradyse/serve/engine.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::serve;
+
+namespace {
+
+std::filesystem::path repo() { return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path(); }
+std::filesystem::path fixture(const std::string& family) { return repo() / "tests" / "data" / "hf" / family; }
+
+struct Reference {
+  std::vector<std::vector<std::int32_t>> prompts, tokens;  // the greedy tokens transformers generated
+};
+
+Reference read_reference(const std::string& family) {
+  const json::Value doc = json::load_file((fixture(family) / "expected.json").string());
+  Reference r;
+  for (const json::Value& c : doc.at("cases").as_array()) {
+    r.prompts.emplace_back();
+    r.tokens.emplace_back();
+    for (const json::Value& t : c.at("prompt").as_array()) r.prompts.back().push_back(std::int32_t(t.as_int()));
+    for (const json::Value& t : c.at("generated").as_array()) r.tokens.back().push_back(std::int32_t(t.as_int()));
+  }
+  return r;
+}
+
+// Six requests over the fixture's prompts, arriving at steps 0, 0, 1, 3, 4, 9 (they join and leave mid-run).
+std::vector<ServeRequest> staggered(const Reference& ref, SamplingParams sampling = {}) {
+  const double arrivals[] = {0, 0, 1, 3, 4, 9};
+  std::vector<ServeRequest> out;
+  for (std::int64_t i = 0; i < 6; ++i) {
+    ServeRequest r;
+    r.id = 100 + i;
+    r.prompt = ref.prompts[std::size_t(i) % ref.prompts.size()];
+    r.max_new_tokens = std::int64_t(ref.tokens[0].size());
+    r.sampling = sampling;
+    r.arrival = arrivals[i];
+    out.push_back(r);
+  }
+  return out;
+}
+
+struct Served {
+  std::vector<RequestOutcome> outcomes;
+  EngineStats stats;
+};
+
+Served serve_on(const LoadedDecoder& m, const std::vector<ServeRequest>& requests, int p, const EngineOptions& opt,
+             const EnginePolicy& policy) {
+  Served s;
+  std::vector<EngineStats> stats(static_cast<std::size_t>(p));
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    auto out = serve_requests(comm, m, requests, opt, policy, &stats[std::size_t(comm.rank())]);
+    if (comm.rank() == 0) s.outcomes = std::move(out);
+  });
+  s.stats = stats[0];
+  return s;
+}
+
+// Rates under which prefill steps favour EP and decode steps TP (skinny GEMMs cost TP at large batches, weight reads
+// cost EP at small ones), and a switcher with no hysteresis, so the fixtures' runs switch both ways.
+EnginePolicy dynamic_policy(bool pipelined) {
+  EnginePolicy p;
+  p.mode = ModePolicy::dynamic;
+  p.pipelined_switch = pipelined;
+  p.switching = {0.0, 1, 1};
+  p.rates = {1e9, 1e12, 1e4};
+  return p;
+}
+
+std::map<std::string, EnginePolicy> policies() {
+  std::map<std::string, EnginePolicy> all;
+  all["static TP"] = {};
+  all["static EP"].mode = ModePolicy::static_ep;
+  EnginePolicy eplb;
+  eplb.mode = ModePolicy::static_ep;
+  eplb.eplb = true;
+  eplb.eplb_interval = 3;
+  all["EP + EPLB"] = eplb;
+  EnginePolicy sorting;
+  sorting.mode = ModePolicy::static_ep;
+  sorting.token_sorting = true;
+  sorting.fetch_capacity = 1;
+  all["EP + token sorting"] = sorting;
+  all["dynamic (pipelined)"] = dynamic_policy(true);
+  all["dynamic (stalled)"] = dynamic_policy(false);
+  EnginePolicy everything = dynamic_policy(true);
+  everything.eplb = true;
+  everything.eplb_interval = 2;
+  everything.token_sorting = true;
+  all["dynamic + EPLB + token sorting"] = everything;
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("engine: every policy on p in {1, 2, 4} gives transformers' greedy tokens under continuous batching") {
+  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+    const LoadedDecoder m = load_decoder(fixture(family).string());
+    const Reference ref = read_reference(family);
+    const std::vector<ServeRequest> requests = staggered(ref);
+    EngineOptions opt;
+    opt.step_tokens = 6;  // prompts of 5 and 9 tokens: the long one is prefilled in chunks
+    opt.block_size = 4;
+    opt.kv_blocks = 64;
+    for (const auto& [name, policy] : policies())
+      for (const int p : {1, 2, 4}) {
+        INFO(family, ", ", name, ", p = ", p);
+        const Served s = serve_on(m, requests, p, opt, policy);
+        REQUIRE(s.outcomes.size() == requests.size());
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+          CHECK(s.outcomes[i].id == requests[i].id);
+          CHECK(s.outcomes[i].tokens == ref.tokens[i % ref.tokens.size()]);
+          CHECK(s.outcomes[i].first_token > requests[i].arrival);
+          CHECK(s.outcomes[i].finish >= s.outcomes[i].first_token + 7);
+        }
+        if (policy.mode == ModePolicy::dynamic && p > 1) {
+          CHECK(s.stats.switches >= 2);  // prefill steps went EP and decode steps back to TP
+          CHECK(s.stats.switch_bytes > 0);
+        }
+        if (policy.eplb && policy.mode == ModePolicy::static_ep && p > 1) CHECK(s.stats.rebalances >= 1);
+        if (policy.token_sorting && policy.mode == ModePolicy::static_ep && p > 1) {
+          CHECK(s.stats.fetch.fetches > 0);
+          // Equal pairs per rank: the largest rank share exceeds the mean by less than one row per step.
+          for (std::int64_t l = 0; l < m.config.layers; ++l)
+            if (m.config.is_moe(l))
+              CHECK(s.stats.rank_max[std::size_t(l)] < s.stats.rank_mean[std::size_t(l)] + double(s.stats.steps));
+        }
+      }
+  }
+}
+
+TEST_CASE("engine: a KV pool for one request at a time serves them one after another with the same tokens") {
+  const LoadedDecoder m = load_decoder(fixture("qwen2_moe").string());
+  const Reference ref = read_reference("qwen2_moe");
+  EngineOptions opt;
+  opt.block_size = 4;
+  opt.kv_blocks = 5;  // 9 + 8 positions: 5 blocks of 4
+  const Served s = serve_on(m, staggered(ref), 2, opt, {});
+  for (std::size_t i = 0; i < s.outcomes.size(); ++i) CHECK(s.outcomes[i].tokens == ref.tokens[i % ref.tokens.size()]);
+  // One request at a time: each starts after the previous one finished.
+  for (std::size_t i = 1; i < s.outcomes.size(); ++i) CHECK(s.outcomes[i].first_token > s.outcomes[i - 1].finish);
+  opt.kv_blocks = 4;
+  CHECK_THROWS_WITH_AS(serve_on(m, staggered(ref), 1, opt, {}), doctest::Contains("needs 5 KV blocks, the pool has 4"), Error);
+}
+
+TEST_CASE("engine: seeded sampling gives each request the same tokens whatever the ranks and the batch") {
+  const LoadedDecoder m = load_decoder(fixture("mixtral").string());
+  const Reference ref = read_reference("mixtral");
+  const SamplingParams sampling{1.5, 0.9, 7};
+  std::vector<ServeRequest> together = staggered(ref, sampling), alone = together;
+  for (ServeRequest& r : together) r.arrival = 0;
+  EngineOptions opt;
+  const Served a = serve_on(m, together, 1, opt, {});
+  EnginePolicy ep;
+  ep.mode = ModePolicy::static_ep;
+  const Served b = serve_on(m, alone, 4, opt, ep);
+  bool differs_from_greedy = false;
+  for (std::size_t i = 0; i < together.size(); ++i) {
+    CHECK(a.outcomes[i].tokens == b.outcomes[i].tokens);
+    differs_from_greedy |= a.outcomes[i].tokens != ref.tokens[i % ref.tokens.size()];
+  }
+  CHECK(differs_from_greedy);  // temperature 1.5 over these logits does not always pick the argmax
+  // Requests 0 and 2 share a prompt but not an id: their streams are independent draws.
+  CHECK(a.outcomes[0].tokens != a.outcomes[2].tokens);
+  // Another seed, other tokens.
+  for (ServeRequest& r : together) r.sampling.seed = 8;
+  const Served c = serve_on(m, together, 1, opt, {});
+  bool differs = false;
+  for (std::size_t i = 0; i < together.size(); ++i) differs |= c.outcomes[i].tokens != a.outcomes[i].tokens;
+  CHECK(differs);
+  // A nucleus that keeps only the top token is greedy.
+  for (ServeRequest& r : together) r.sampling = {2.0, 1e-6, 3};
+  const Served g = serve_on(m, together, 2, opt, {});
+  for (std::size_t i = 0; i < together.size(); ++i) CHECK(g.outcomes[i].tokens == ref.tokens[i % ref.tokens.size()]);
+}
+
+TEST_CASE("sampling: frequencies follow softmax(logits / T) truncated to the nucleus") {
+  const std::vector<float> logits{2.0f, 1.0f, 0.5f, -1.0f, 0.0f};
+  for (const double top_p : {1.0, 0.8}) {
+    const SamplingParams s{0.7, top_p, 11};
+    const auto kept = nucleus(logits, s);
+    // Reference probabilities in double.
+    std::vector<double> p(logits.size());
+    double total = 0;
+    for (std::size_t i = 0; i < logits.size(); ++i) total += (p[i] = std::exp(double(logits[i]) / 0.7));
+    for (double& x : p) x /= total;
+    // The kept set: the most likely tokens until their mass reaches top_p.
+    std::vector<std::size_t> order{0, 1, 2, 4, 3};
+    double mass = 0;
+    std::size_t count = 0;
+    while (count < order.size() && (count == 0 || mass < top_p - 1e-12)) mass += p[order[count++]];
+    REQUIRE(kept.size() == count);
+    Rng rng = request_rng(s, 5);
+    std::vector<int> hits(logits.size(), 0);
+    const int draws = 40000;
+    for (int i = 0; i < draws; ++i) ++hits[std::size_t(sample_token(logits, s, rng))];
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const std::size_t token = order[k];
+      const double want = k < count ? p[token] / mass : 0.0;
+      CHECK(kept.size() > 0);
+      if (k < count) CHECK(kept[k].first == std::int32_t(token));
+      const double sigma = std::sqrt(want * (1 - want) / draws);
+      CHECK(std::abs(double(hits[token]) / draws - want) <= 5 * sigma + 1e-12);
+    }
+  }
+  CHECK_THROWS_WITH_AS(sample_token(logits, SamplingParams{-1.0, 1.0, 0}, *std::make_unique<Rng>(1)),
+                       doctest::Contains("temperature = -1 must be >= 0"), Error);
+}
+
+TEST_CASE("paged KV cache: blocks are taken as requests grow and given back when they leave") {
+  PagedKvCache cache({2, 6, 4, 1, 2});
+  cache.reserve(1, 9);  // 3 blocks
+  CHECK(cache.free_blocks() == 3);
+  cache.reserve(2, 4);
+  CHECK(cache.free_blocks() == 2);
+  CHECK_THROWS_WITH_AS(cache.reserve(3, 12), doctest::Contains("request 3 needs 3 more blocks, 2 of 6 are free"), Error);
+  Tensor<float> k(Shape{9, 1, 2}), v(Shape{9, 1, 2});
+  for (std::int64_t i = 0; i < 18; ++i) k.data()[i] = float(i), v.data()[i] = float(-i);
+  for (std::int64_t l = 0; l < 2; ++l) cache.append(1, l, k.view(), v.view());
+  CHECK(cache.length(1) == 9);
+  for (std::int64_t pos = 0; pos < 9; ++pos) {
+    CHECK(cache.key(1, 1, pos, 0)[1] == float(2 * pos + 1));
+    CHECK(cache.value(1, 0, pos, 0)[0] == float(-2 * pos));
+  }
+  Tensor<float> one(Shape{1, 1, 2});
+  CHECK_THROWS_WITH_AS(cache.append(1, 0, one.view(), one.view()), doctest::Contains("past its reservation"), Error);
+  cache.release(1);
+  CHECK(cache.free_blocks() == 5);
+}
+
+TEST_CASE("redistribution: TP -> EP -> EPLB placement with replicas -> TP moves every weight back into place") {
+  const LoadedDecoder m = load_decoder(fixture("olmoe").string());
+  const DecoderConfig& c = m.config;
+  for (const int p : {2, 3, 4}) {
+    std::vector<std::string> failures(static_cast<std::size_t>(p));
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      const int me = comm.rank();
+      RankShard s = make_rank_shard(c, m.weights, p, me, MoeMode::tp);
+      const RankShard tp = make_rank_shard(c, m.weights, p, me, MoeMode::tp);
+      const ExpertPlacement chunked = ExpertPlacement::chunked(c.moe.experts, p);
+      // An uneven placement with replicas: expert 0 on every rank, the rest chunked.
+      std::vector<std::vector<std::int64_t>> replicas = chunked.experts_of_rank;
+      for (auto& slots : replicas)
+        if (std::find(slots.begin(), slots.end(), 0) == slots.end()) slots.push_back(0);
+      const RankShard ep = make_rank_shard(c, m.weights, p, me, MoeMode::ep);
+      const ExpertPlacement rep{replicas};
+      const RankShard ep2 = make_rank_shard(c, m.weights, p, me, MoeMode::ep, &rep);
+      auto same = [](const Tensor<float>& a, const Tensor<float>& b) {
+        return a.shape() == b.shape() && std::equal(a.span().begin(), a.span().end(), b.span().begin());
+      };
+      const std::vector<ExpertLayout> path{ExpertLayout::ep(chunked.experts_of_rank), ExpertLayout::ep(replicas),
+                                           ExpertLayout::tp()};
+      const std::vector<const RankShard*> want{&ep, &ep2, &tp};
+      ExpertLayout from = ExpertLayout::tp();
+      for (std::size_t step = 0; step < path.size(); ++step) {
+        std::vector<LayerRedistribution> moving(static_cast<std::size_t>(c.layers));
+        for (std::int64_t l = 0; l < c.layers; ++l) moving[std::size_t(l)].begin(comm, c, s.layers[std::size_t(l)], from, path[step]);
+        for (std::int64_t l = 0; l < c.layers; ++l) moving[std::size_t(l)].finish(c, p, me);
+        for (std::int64_t l = 0; l < c.layers; ++l) {
+          const RankLayer &got = s.layers[std::size_t(l)], &exp = want[step]->layers[std::size_t(l)];
+          if (!same(got.expert_in, exp.expert_in) || !same(got.expert_out, exp.expert_out) ||
+              got.slot_expert != exp.slot_expert || got.mode != exp.mode)
+            failures[std::size_t(me)] += fmt::format("step {} layer {} differs; ", step, l);
+        }
+        from = path[step];
+      }
+    });
+    for (int r = 0; r < p; ++r) CHECK_MESSAGE(failures[std::size_t(r)] == "", "p = ", p, " rank ", r);
+  }
+}
+
+TEST_CASE("EPLB: DeepSeek's example balances no worse than the published placement") {
+  // A copy of ../shared/data/moe/eplb_example.json (DeepSeek's EPLB README example).
+  const json::Value ex = json::load_file((repo() / "tests" / "data" / "hf" / "eplb_example.json").string());
+  const EplbShape shape{ex.at("num_replicas").as_int(), ex.at("num_groups").as_int(), ex.at("num_nodes").as_int(),
+                        ex.at("num_gpus").as_int()};
+  const auto& weights = ex.at("weight").as_array();
+  const auto& published = ex.at("hierarchical_phy2log").as_array();
+  for (std::size_t l = 0; l < weights.size(); ++l) {
+    std::vector<double> load;
+    for (const json::Value& w : weights[l].as_array()) load.push_back(w.as_number());
+    std::vector<std::int64_t> theirs;
+    for (const json::Value& e : published[l].as_array()) theirs.push_back(e.as_int());
+    const std::vector<std::int64_t> ours = eplb_place(load, shape);
+    REQUIRE(ours.size() == std::size_t(shape.replicas));
+    const double ours_imbalance = eplb_imbalance(load, ours, shape.ranks);
+    const double their_imbalance = eplb_imbalance(load, theirs, shape.ranks);
+    MESSAGE(fmt::format("layer {}: max/mean rank load ours {:.4f}, published {:.4f}, unbalanced (one replica each, "
+                        "chunked) {:.4f}", l, ours_imbalance, their_imbalance,
+                        eplb_imbalance(load, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2, 3}, shape.ranks)));
+    CHECK(ours_imbalance <= their_imbalance + 1e-12);
+    // Every expert placed; the node's groups are whole (hierarchical: group g = experts 3g..3g+2 on one node).
+    for (std::int64_t e = 0; e < 12; ++e) CHECK(std::find(ours.begin(), ours.end(), e) != ours.end());
+    for (std::size_t i = 0; i < ours.size(); ++i)
+      for (std::size_t j = 0; j < ours.size(); ++j)
+        if (ours[i] / 3 == ours[j] / 3) CHECK(i / 8 == j / 8);
+  }
+  // Global mode (groups not divisible by nodes) and a bad shape.
+  CHECK(eplb_imbalance({5, 1, 1, 1}, eplb_place({5, 1, 1, 1}, {8, 3, 2, 4}), 4) <= 1.25 + 1e-12);
+  CHECK_THROWS_WITH_AS(eplb_place({1, 2, 3}, {7, 1, 1, 2}), doctest::Contains("replicas must split evenly"), Error);
+}
+
+TEST_CASE("switcher: switches after `patience` steps that favour the other mode, never within `dwell` steps") {
+  ModeSwitcher s({0.1, 2, 3}, MoeMode::tp);
+  const ModeCosts ep_better{1.0, 0.5}, tp_better{0.5, 1.0}, close{1.0, 0.95};
+  CHECK(s.decide(ep_better) == MoeMode::tp);  // one step is not enough
+  CHECK(s.decide(close) == MoeMode::tp);      // within the margin: the streak restarts
+  CHECK(s.decide(ep_better) == MoeMode::tp);
+  CHECK(s.decide(ep_better) == MoeMode::ep);  // two in a row
+  CHECK(s.decide(tp_better) == MoeMode::ep);
+  CHECK(s.decide(tp_better) == MoeMode::ep);  // patience met but only 2 steps since the switch
+  CHECK(s.decide(tp_better) == MoeMode::tp);  // dwell of 3 met
+  CHECK(s.switches() == 2);
+  // Alternating load never switches (no thrash).
+  ModeSwitcher t({0.1, 2, 0}, MoeMode::tp);
+  for (int i = 0; i < 20; ++i) t.decide(i % 2 ? ep_better : tp_better);
+  CHECK(t.switches() == 0);
+  // The cost model: TP's weight reads are split p ways (decode), EP's GEMMs are wide (prefill), skew costs EP.
+  MoeConfig mc;
+  mc.hidden = 64, mc.experts = 8, mc.top_k = 2, mc.expert_ffn = 256;
+  const auto placement = ExpertPlacement::chunked(8, 4).experts_of_rank;
+  const MachineRates rates{1e10, 1e11, 128};
+  const ModeCosts decode = moe_mode_costs(mc, {1, 0, 0, 1, 0, 0, 0, 0}, placement, rates);
+  CHECK(decode.tp_s < decode.ep_s);
+  const ModeCosts prefill = moe_mode_costs(mc, {4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096}, placement, rates);
+  CHECK(prefill.ep_s < prefill.tp_s);
+  const ModeCosts skewed = moe_mode_costs(mc, {32768, 0, 0, 0, 0, 0, 0, 0}, placement, rates);
+  CHECK(skewed.tp_s < skewed.ep_s);
+}
