@@ -1,9 +1,12 @@
 // tests/moe/moe_cost.cpp: the dry run of the MoE strategies. The bytes forward saves equal, to the byte, what a real
 // run on thread ranks saves under the same (balanced) routing; ExpertParallel's traffic grows with the tokens and
-// ExpertTensorParallel's does not; the time model reads both traces.
+// ExpertTensorParallel's does not; the time model reads both traces. The MoE half of a layer (norm, MoE, residual)
+// costs its MoE's dry run plus the norm; the MoE planner (plan/moe_plan.hpp) against brute force over every per-layer
+// choice, its plan runs on the layer stack, and it says clearly when nothing fits.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/moe_cost.hpp"
+#include "paradyse/plan/moe_plan.hpp"
 
 #include <doctest/doctest.h>
 
@@ -101,4 +104,104 @@ TEST_CASE("moe dry run: ExpertParallel's traffic grows with the tokens, ExpertTe
   CHECK(etp.forward_s > 0);
   CHECK(etp.backward_s > etp.forward_s);
   CHECK(ep.saved_bytes > 0);
+}
+
+namespace {
+
+plan::MoeGptCosts<Gpt<>> planner_costs(int p) {
+  GptConfig config;
+  config.layer.hidden = 64;
+  config.layer.heads = 4;
+  config.layer.kv_heads = 4;
+  config.layer.head_dim = 16;
+  config.layer.ffn = 128;
+  config.layer.activation = Activation::swiglu;
+  config.layer.causal = true;
+  config.layers = 3;
+  config.vocab = 256;
+  MoeConfig m;
+  m.hidden = 64;
+  m.experts = 6;
+  m.top_k = 2;
+  m.expert_ffn = 64;
+  m.shared_experts = 1;
+  m.shared_ffn = 32;
+  config.moe = MoeLayers{m, 1};
+  static const cost::HardwareProfile h100 = cost::builtin_profile("h100");
+  return {config, p, &h100};
+}
+
+}  // namespace
+
+TEST_CASE("moe half dry run: the MoE's saved bytes, and the norm's and residual's work on top") {
+  const auto costs = planner_costs(4);
+  const MoeConfig& m = costs.config.moe->moe;
+  for (std::size_t s = 0; s < MoeStrategies<>::count; ++s) {
+    const cost::SublayerCost half = moe_half_cost(costs.config.layer, m, s, 4, 1, 256, nullptr);
+    const cost::SublayerCost alone = s == 0 ? moe_cost<ExpertParallel>(m, 4, 0, 1, 64, nullptr)
+                                            : moe_cost<ExpertTensorParallel>(m, 4, 0, 1, 64, nullptr);
+    CHECK(half.saved_bytes == alone.saved_bytes);  // the norm's statistics belong to the attention half
+    CHECK(half.pool_bytes() >= alone.pool_bytes());
+  }
+}
+
+TEST_CASE("moe planner: the exact plan against brute force over every per-layer choice, and on the stack") {
+  for (int p : {2, 4}) {
+    const auto costs = planner_costs(p);
+    for (std::int64_t s : {64, 1024}) {
+      const plan::MoeCostTable table = costs.table(s);
+      const int n = table.dense.strategy_count();
+      // Every choice: attention x (mlp or moe) per layer.
+      std::vector<plan::MoePlan> all;
+      std::vector<plan::MoeLayerPlan> choice(3);
+      const int moe_count = int(MoeStrategies<>::count);
+      for (int a0 = 0; a0 < n; ++a0)
+        for (int f0 = 0; f0 < n; ++f0)
+          for (int a1 = 0; a1 < n; ++a1)
+            for (int f1 = 0; f1 < moe_count; ++f1)
+              for (int a2 = 0; a2 < n; ++a2)
+                for (int f2 = 0; f2 < moe_count; ++f2) {
+                  choice[0] = {false, a0, f0};
+                  choice[1] = {true, a1, f1};
+                  choice[2] = {true, a2, f2};
+                  try {
+                    all.push_back(plan::moe_plan_of(table, choice, 0));
+                  } catch (const Error&) {  // a forbidden strategy
+                  }
+                }
+      REQUIRE(!all.empty());
+      std::int64_t least = all.front().peak_bytes(), most = least;
+      for (const plan::MoePlan& q : all) least = std::min(least, q.peak_bytes()), most = std::max(most, q.peak_bytes());
+      for (const std::int64_t budget : {most, (least + most) / 2, least + (most - least) / 10}) {
+        double best = std::numeric_limits<double>::infinity();
+        for (const plan::MoePlan& q : all)
+          if (q.peak_bytes() <= budget) best = std::min(best, q.time_s);
+        const plan::MoePlan got = plan::plan_moe_exact(table, budget);
+        INFO("p = " << p << ", s = " << s << ", budget " << budget << ": " << got.summary());
+        CHECK(got.fits());
+        CHECK(got.time_s == doctest::Approx(best).epsilon(1e-9));
+        // Its own accounting agrees with the table's.
+        const plan::MoePlan again = plan::moe_plan_of(table, got.layers, budget);
+        CHECK(again.time_s == doctest::Approx(got.time_s).epsilon(1e-12));
+        CHECK(again.peak_bytes() == got.peak_bytes());
+        CHECK_FALSE(got.layers[0].moe);
+        CHECK(got.layers[1].moe);
+      }
+      CHECK_THROWS_WITH_AS(plan::plan_moe_exact(table, least - 1), doctest::Contains("no plan fits the memory budget"),
+                           plan::NoFeasiblePlan);
+    }
+  }
+  // The plan runs on the stack of the GPT it was made for.
+  const auto costs = planner_costs(2);
+  const plan::MoePlan best = plan::plan_moe_exact(costs.table(16), std::int64_t(1) << 40);
+  const StackPlan stack_plan = best.stack_plan<AllStrategies<>>();
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Gpt<> model(costs.config, 2, comm.rank(), 7);
+    BufferPool pool;
+    Tensor<std::int32_t> tokens(Shape{1, 8}), targets(Shape{1, 8});
+    for (std::int64_t i = 0; i < 8; ++i) tokens(0, i) = std::int32_t(i + comm.rank()), targets(0, i) = std::int32_t(i);
+    const GptStepResult r = model.forward_backward(comm, pool, stack_plan, 16, tokens.view(), targets.view());
+    CHECK(std::isfinite(r.loss));
+    CHECK(model.stack().moe_stats().size() == 2);
+  });
 }

@@ -16,6 +16,11 @@
 //
 // Optimizer. AdamW on each rank's own shards and on the replicated weights (every rank applies the same update to
 // them, since their gradients are identical after the all-reduce). Weight decay applies to matrices, not to norms.
+//
+// MoE. With GptConfig::moe the layers from first_k_dense on are MoE layers (model/moe_half.hpp): their FFN is the
+// MoE sublayer, its expert shards are in stack().moe_weights(), the plan's SublayerChoice::moe picks its strategy,
+// and its router losses (aux, z; their gradients enter backward times their coefficients) and expert load are in
+// stack().moe_stats() after each forward. forward_backward's loss is the cross-entropy alone.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -24,6 +29,8 @@
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/layer.hpp"
+#include "paradyse/model/moe_half.hpp"
+#include "paradyse/moe/moe_weights.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -36,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -47,10 +55,14 @@ struct GptConfig {
   int layers = 1;
   std::int64_t vocab = 256;
   bool tied_head = false;   // LM head = the embedding table
+  std::optional<MoeLayers> moe;  // MoE layers from moe->first_k_dense on (none: a dense GPT)
+
+  bool is_moe_layer(int l) const noexcept { return moe.has_value() && moe->is_moe(l); }
 
   void validate() const {
     layer.validate();
     check(layers >= 1, "GptConfig: layers = {} must be at least 1", layers);
+    if (moe) moe->validate_for(layer, layers);
     check(vocab >= 2, "GptConfig: vocab = {} must be at least 2", vocab);
     check(vocab <= std::int64_t(1) << 31, "GptConfig: vocab = {} does not fit int32 token ids", vocab);
   }
@@ -63,9 +75,20 @@ struct GptConfig {
   // Parameters of the whole model (global).
   std::int64_t parameter_count() const {
     const LayerConfig& c = layer;
-    const std::int64_t per_layer = (2 * c.q_width() + 2 * c.kv_width()) * c.hidden +
-                                   (c.activation == Activation::swiglu ? 3 : 2) * c.ffn * c.hidden + 4 * c.hidden;
-    return per_layer * layers + replicated_rows() * c.hidden;
+    const std::int64_t attention = (2 * c.q_width() + 2 * c.kv_width()) * c.hidden + 4 * c.hidden;
+    const std::int64_t mlp = (c.activation == Activation::swiglu ? 3 : 2) * c.ffn * c.hidden;
+    std::int64_t total = replicated_rows() * c.hidden;
+    for (int l = 0; l < layers; ++l) {
+      total += attention;
+      if (!is_moe_layer(l)) {
+        total += mlp;
+        continue;
+      }
+      const MoeConfig& m = moe->moe;
+      total += m.experts * c.hidden + 3 * m.experts * m.expert_ffn * c.hidden + 3 * m.shared_width() * c.hidden +
+               (m.shared_gate ? c.hidden : 0);
+    }
+    return total;
   }
   friend bool operator==(const GptConfig&, const GptConfig&) = default;
 };
@@ -77,13 +100,16 @@ struct GlobalGptWeights {
   Tensor<T> head;         // [vocab, h]; empty when tied
   Tensor<T> final_gamma;  // [h]
   Tensor<T> final_beta;   // [h] (unused by RMSNorm)
-  std::vector<GlobalLayerWeights<T>> layers;
+  std::vector<GlobalLayerWeights<T>> layers;  // the dense MLP of an MoE layer is unused
+  std::vector<GlobalMoeWeights<T>> moe_layers;  // per layer with MoE layers (empty weights for dense layers)
 
   GlobalGptWeights() = default;
   explicit GlobalGptWeights(const GptConfig& c)
       : embedding(Shape{c.vocab, c.layer.hidden}), head(Shape{c.tied_head ? 0 : c.vocab, c.layer.hidden}),
         final_gamma(Shape{c.layer.hidden}), final_beta(Shape{c.layer.hidden}) {
     for (int l = 0; l < c.layers; ++l) layers.emplace_back(c.layer);
+    if (c.moe)
+      for (int l = 0; l < c.layers; ++l) moe_layers.push_back(c.is_moe_layer(l) ? GlobalMoeWeights<T>(c.moe->moe) : GlobalMoeWeights<T>());
   }
 };
 
@@ -123,6 +149,8 @@ GlobalGptWeights<T> init_global_gpt(const GptConfig& c, std::uint64_t seed) {
   g.final_gamma.fill(T(1));
   g.final_beta.fill(T(0));
   for (int l = 0; l < c.layers; ++l) g.layers[std::size_t(l)] = init_global<T>(c.layer, seed + std::uint64_t(l));
+  for (int l = 0; l < c.layers; ++l)
+    if (c.is_moe_layer(l)) g.moe_layers[std::size_t(l)] = init_global_moe<T>(c.moe->moe, seed + std::uint64_t(l));
   return g;
 }
 
@@ -153,7 +181,7 @@ public:
   // Rank `rank`'s part of the model drawn from `seed` (the same global model for every group size).
   Gpt(const GptConfig& config, int ranks, int rank, std::uint64_t seed)
       : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
-        stack_(config.layer, config.layers, ranks, rank, seed) {
+        stack_(make_stack(config, ranks, rank, seed)) {
     allocate_replicated();
     const std::int64_t v = config.vocab;
     for (std::int64_t i = 0; i < v; ++i) {
@@ -169,7 +197,7 @@ public:
   template <class T>
   Gpt(const GptConfig& config, const GlobalGptWeights<T>& global, int ranks, int rank)
       : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
-        stack_(config.layer, shards_of(config, global, ranks, rank), ranks) {
+        stack_(stack_of(config, global, ranks, rank)) {
     allocate_replicated();
     load_replicated(global);
     allocate_optimizer_state();
@@ -294,6 +322,17 @@ public:
       step(w.attention.packed, g.attention.packed, m.attention.packed, v.attention.packed, adamw);
       step(w.mlp.packed, g.mlp.packed, m.mlp.packed, v.mlp.packed, adamw);
       step(w.norms.packed, g.norms.packed, m.norms.packed, v.norms.packed, no_decay);
+      if (!stack_.is_moe_layer(l)) continue;
+      MoeShard& mw = stack_.moe_weights()[std::size_t(l)];
+      MoeShard& mg = stack_.moe_gradients()[std::size_t(l)];
+      MoeShard& mm = moe_moment1_[std::size_t(l)];
+      MoeShard& mv = moe_moment2_[std::size_t(l)];
+      step(mw.router, mg.router, mm.router, mv.router, adamw);
+      step(mw.expert_in, mg.expert_in, mm.expert_in, mv.expert_in, adamw);
+      step(mw.expert_out, mg.expert_out, mm.expert_out, mv.expert_out, adamw);
+      step(mw.shared_in, mg.shared_in, mm.shared_in, mv.shared_in, adamw);
+      step(mw.shared_out, mg.shared_out, mm.shared_out, mv.shared_out, adamw);
+      step(mw.shared_gate, mg.shared_gate, mm.shared_gate, mv.shared_gate, adamw);
     }
     // The replicated pack: matrices (rows before the final norm) with decay, the final norm without.
     const std::int64_t matrix_rows = final_row();
@@ -333,6 +372,21 @@ private:
     c.validate_for(ranks);
     return c;
   }
+  static Stack make_stack(const GptConfig& c, int ranks, int rank, std::uint64_t seed) {
+    if (c.moe) return Stack(c.layer, c.layers, ranks, rank, seed, *c.moe);
+    return Stack(c.layer, c.layers, ranks, rank, seed);
+  }
+  template <class T>
+  static Stack stack_of(const GptConfig& c, const GlobalGptWeights<T>& global, int ranks, int rank) {
+    if (!c.moe) return Stack(c.layer, shards_of(c, global, ranks, rank), ranks);
+    check(std::int64_t(global.moe_layers.size()) == c.layers, "Gpt: the global weights have {} MoE layer entries, "
+          "the config {} layers", global.moe_layers.size(), c.layers);
+    std::vector<MoeShard> experts;
+    for (int l = 0; l < c.layers; ++l)
+      experts.push_back(c.is_moe_layer(l) ? moe_shard_of(global.moe_layers[std::size_t(l)], c.moe->moe, ranks, rank)
+                                          : empty_moe_shard());
+    return Stack(c.layer, shards_of(c, global, ranks, rank), std::move(experts), *c.moe, ranks);
+  }
   template <class T>
   static std::vector<LayerWeights> shards_of(const GptConfig& c, const GlobalGptWeights<T>& global, int ranks, int rank) {
     check(std::int64_t(global.layers.size()) == c.layers, "Gpt: the global weights have {} layers, the config {}",
@@ -359,6 +413,22 @@ private:
     for (int l = 0; l < config_.layers; ++l) {
       moment1_.emplace_back(config_.layer, ranks_);
       moment2_.emplace_back(config_.layer, ranks_);
+      MoeShard& m1 = moe_moment1_.emplace_back(empty_moe_shard());
+      MoeShard& m2 = moe_moment2_.emplace_back(empty_moe_shard());
+      if (!config_.is_moe_layer(l)) continue;
+      moment1_.back().mlp = MlpShard();  // an MoE layer has no dense MLP: empty moments [0, h]
+      moment2_.back().mlp = MlpShard();
+      moment1_.back().mlp.packed = Tensor<float>(Shape{0, config_.layer.hidden});
+      moment2_.back().mlp.packed = Tensor<float>(Shape{0, config_.layer.hidden});
+      const MoeShard& w = stack_.moe_weights()[std::size_t(l)];
+      for (MoeShard* m : {&m1, &m2}) {
+        m->router = Tensor<float>(w.router.shape());
+        m->expert_in = Tensor<float>(w.expert_in.shape());
+        m->expert_out = Tensor<float>(w.expert_out.shape());
+        m->shared_in = Tensor<float>(w.shared_in.shape());
+        m->shared_out = Tensor<float>(w.shared_out.shape());
+        m->shared_gate = Tensor<float>(w.shared_gate.shape());
+      }
     }
   }
   template <class T>
@@ -410,6 +480,7 @@ private:
   Stack stack_;
   Tensor<float> replicated_, replicated_grad_, replicated_m_, replicated_v_;  // [replicated_rows, h]
   std::vector<LayerWeights> moment1_, moment2_;
+  std::vector<MoeShard> moe_moment1_, moe_moment2_;  // per layer (empty for dense layers)
   std::int64_t step_ = 0;
 };
 

@@ -6,6 +6,12 @@
 // all layers in one collective. Changing the plan from one step to the next, or from one layer to the next,
 // moves no data: there is nothing to redistribute. The plan is checked against every strategy's requirements
 // before any rank communicates, and every rank must pass the same plan.
+//
+// MoE layers (MoeLayers, model/moe_half.hpp): layers from first_k_dense on run the MoE FFN instead of the dense MLP,
+// with the strategy SublayerChoice::moe of the plan; their expert shards (MoeShard) and gradients are held beside
+// the dense shards (moe_weights(), moe_gradients()), their LayerWeights keep the attention and norms only (no MLP
+// shard). A per-layer top-k override (set_moe_top_k) serves Alloc-MoE; each forward records every MoE layer's
+// router losses and expert load (moe_stats()).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -13,6 +19,8 @@
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/layer.hpp"
+#include "paradyse/model/moe_half.hpp"
+#include "paradyse/moe/moe_weights.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
@@ -50,6 +58,35 @@ public:
     for (int l = 0; l < layers; ++l) weights_.push_back(init_shard(config, ranks, rank, seed + std::uint64_t(l)));
     allocate_gradients();
   }
+  // With MoE layers: layers from moe.first_k_dense on run the MoE FFN (their expert shards drawn from
+  // seed + layer as well, from streams of their own).
+  TransformerStack(const LayerConfig& config, int layers, int ranks, int rank, std::uint64_t seed,
+                   const MoeLayers& moe, Strategies strategies = {})
+      : config_(config), ranks_(ranks), strategies_(std::move(strategies)), moe_(moe) {
+    check(layers >= 1, "TransformerStack: layers = {} must be at least 1", layers);
+    moe.validate_for(config, layers);
+    for (int l = 0; l < layers; ++l) {
+      weights_.push_back(init_shard(config, ranks, rank, seed + std::uint64_t(l)));
+      moe_weights_.push_back(moe.is_moe(l) ? init_moe_shard(moe.moe, ranks, rank, seed + std::uint64_t(l)) : empty_moe_shard());
+    }
+    drop_moe_layers_mlp(weights_);
+    allocate_gradients();
+  }
+  // With MoE layers, from given shards: expert shards for the MoE layers (anything, ignored, for the dense ones).
+  TransformerStack(const LayerConfig& config, std::vector<LayerWeights> weights, std::vector<MoeShard> moe_weights,
+                   const MoeLayers& moe, int ranks, Strategies strategies = {})
+      : config_(config), ranks_(ranks), strategies_(std::move(strategies)), weights_(std::move(weights)),
+        moe_weights_(std::move(moe_weights)), moe_(moe) {
+    check(!weights_.empty(), "TransformerStack: no layers given");
+    check(moe_weights_.size() == weights_.size(), "TransformerStack: {} expert shards for {} layers",
+          moe_weights_.size(), weights_.size());
+    config.validate_for(ranks);
+    moe.validate_for(config, layers());
+    for (std::size_t l = 0; l < moe_weights_.size(); ++l)
+      if (!moe.is_moe(int(l))) moe_weights_[l] = empty_moe_shard();
+    drop_moe_layers_mlp(weights_);
+    allocate_gradients();
+  }
   // From given shards (for example built by shard_of from global weights).
   TransformerStack(const LayerConfig& config, std::vector<LayerWeights> weights, int ranks, Strategies strategies = {})
       : config_(config), ranks_(ranks), strategies_(std::move(strategies)), weights_(std::move(weights)) {
@@ -65,11 +102,33 @@ public:
   std::vector<LayerWeights>& gradients() noexcept { return gradients_; }
   void zero_gradients() {
     for (LayerWeights& g : gradients_) g.fill_zero();
+    for (MoeShard& g : moe_gradients_) fill_moe_shard(g, 0.0f);
   }
+
+  // MoE layers (none unless built with MoeLayers).
+  const std::optional<MoeLayers>& moe_layers() const noexcept { return moe_; }
+  bool is_moe_layer(int layer) const noexcept { return moe_.has_value() && moe_->is_moe(layer); }
+  std::vector<MoeShard>& moe_weights() noexcept { return moe_weights_; }      // per layer (empty for dense layers)
+  std::vector<MoeShard>& moe_gradients() noexcept { return moe_gradients_; }  // per layer (empty for dense layers)
+  const std::vector<MoeShard>& moe_weights() const noexcept { return moe_weights_; }
+  // Experts per token of each MoE layer from the next forward on (an entry per layer; 0: the config's top_k);
+  // empty: the config's everywhere.
+  void set_moe_top_k(std::vector<std::int64_t> per_layer) {
+    check(per_layer.empty() || per_layer.size() == weights_.size(), "set_moe_top_k: {} entries for {} layers",
+          per_layer.size(), weights_.size());
+    for (std::size_t l = 0; l < per_layer.size(); ++l)
+      check(per_layer[l] == 0 || (moe_ && per_layer[l] >= 1 && per_layer[l] <= moe_->moe.experts),
+            "set_moe_top_k: layer {} asks for k = {}, expected 0 (the config's) or 1..E{}", l, per_layer[l],
+            moe_ ? fmt::format(" = {}", moe_->moe.experts) : std::string(" (the stack has no MoE layers)"));
+    moe_top_k_ = std::move(per_layer);
+  }
+  // Router losses and expert load of every MoE layer in the last forward (in layer order).
+  const std::vector<MoeLayerStats>& moe_stats() const noexcept { return moe_stats_; }
   // Drops what a step kept (the saved activations of the layers its forward ran, its context) and allocates
   // nothing: after a failed step the stack holds its weights and gradients only, as before the step.
   void discard_step() noexcept {
     saved_.clear();
+    moe_saved_.clear();
     ctx_.reset();
   }
 
@@ -79,7 +138,8 @@ public:
     for (std::size_t l = 0; l < plan.size(); ++l) {
       try {
         strategies_.check_supported(plan[l].attention, ctx);
-        strategies_.check_supported(plan[l].mlp, ctx);
+        if (is_moe_layer(int(l))) (void)MoeStrategies<Backend>::name(plan[l].moe);
+        else strategies_.check_supported(plan[l].mlp, ctx);
       } catch (const Error& e) {
         throw Error(fmt::format("layer {} of the plan: {}", l, e.what()));
       }
@@ -96,6 +156,9 @@ public:
     check_plan(plan, *ctx_);
     saved_.clear();
     saved_.reserve(weights_.size());
+    moe_saved_.clear();
+    moe_saved_.resize(weights_.size());
+    moe_stats_.clear();
     PooledBuffer<float> buffers[2];
     TensorView<const float> input = x;
     for (std::size_t l = 0; l < weights_.size(); ++l) {
@@ -106,7 +169,18 @@ public:
         if (next.empty()) next = pool.acquire<float>(x.shape());
         output = next.view();
       }
-      saved_.push_back(layer_forward<Backend>(strategies_, plan[l], comm, *ctx_, weights_[l], input, output));
+      if (is_moe_layer(int(l))) {
+        ctx_->check_activation("TransformerStack", "x", input, comm.rank());
+        LayerSaved<Strategies>& saved = saved_.emplace_back();
+        saved.choice = plan[l];
+        attention_half_forward<Backend>(strategies_, int(plan[l].attention), comm, *ctx_, weights_[l], input, saved);
+        const MoeContext moe(moe_->moe, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
+        moe_saved_[l] = moe_half_forward<Backend>(plan[l].moe, comm, *ctx_, moe, weights_[l], moe_weights_[l], saved,
+                                                  output);
+        moe_stats_.push_back(moe_layer_stats(int(l), *moe_saved_[l]));
+      } else {
+        saved_.push_back(layer_forward<Backend>(strategies_, plan[l], comm, *ctx_, weights_[l], input, output));
+      }
       input = output;
     }
   }
@@ -128,8 +202,19 @@ public:
         if (next.empty()) next = pool.acquire<float>(dout.shape());
         grad_out = next.view();
       }
-      layer_backward<Backend>(strategies_, comm, *ctx_, weights_[l], saved_[l], grad_in, grad_out, gradients_[l],
-                              norm_partial.view().slice(0, std::int64_t(l), 1).reshape(Shape{4, h}));
+      const TensorView<float> partial = norm_partial.view().slice(0, std::int64_t(l), 1).reshape(Shape{4, h});
+      if (is_moe_layer(int(l))) {
+        PooledBuffer<float> dy = pool.acquire<float>(dout.shape());
+        const MoeContext moe(moe_->moe, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
+        moe_half_backward<Backend>(comm, *ctx_, moe, weights_[l], moe_weights_[l], saved_[l], *moe_saved_[l], grad_in,
+                                   dy.view(), moe_gradients_[l], partial);
+        moe_saved_[l].reset();
+        attention_half_backward<Backend>(strategies_, comm, *ctx_, weights_[l], saved_[l],
+                                         TensorView<const float>(dy.view()), grad_out, gradients_[l], partial);
+      } else {
+        layer_backward<Backend>(strategies_, comm, *ctx_, weights_[l], saved_[l], grad_in, grad_out, gradients_[l],
+                                partial);
+      }
       saved_[l] = LayerSaved<Strategies>();  // free as we go
       grad_in = grad_out;
     }
@@ -137,12 +222,45 @@ public:
     for (LayerWeights& g : gradients_) norms.push_back(&g.norms);
     reduce_norm_gradients<Backend>(comm, norm_partial.view(), std::span<NormWeights*>(norms));
     saved_.clear();
+    moe_saved_.clear();
   }
 
 private:
   void allocate_gradients() {
     gradients_.clear();
     for (std::size_t l = 0; l < weights_.size(); ++l) gradients_.emplace_back(config_, ranks_);
+    drop_moe_layers_mlp(gradients_);
+    moe_gradients_.clear();
+    if (moe_) {
+      check(moe_weights_.size() == weights_.size(), "TransformerStack: {} expert shards for {} layers",
+            moe_weights_.size(), weights_.size());
+      for (std::size_t l = 0; l < weights_.size(); ++l) {
+        MoeShard& g = moe_gradients_.emplace_back(empty_moe_shard());
+        if (!moe_->is_moe(int(l))) continue;
+        const MoeShard& w = moe_weights_[l];
+        g.router = Tensor<float>(w.router.shape());
+        g.expert_in = Tensor<float>(w.expert_in.shape());
+        g.expert_out = Tensor<float>(w.expert_out.shape());
+        g.shared_in = Tensor<float>(w.shared_in.shape());
+        g.shared_out = Tensor<float>(w.shared_out.shape());
+        g.shared_gate = Tensor<float>(w.shared_gate.shape());
+      }
+    }
+  }
+  // An MoE layer has no dense MLP shard (an empty one: [0, h]).
+  void drop_moe_layers_mlp(std::vector<LayerWeights>& layers) const {
+    if (!moe_) return;
+    for (std::size_t l = 0; l < layers.size(); ++l)
+      if (moe_->is_moe(int(l))) layers[l].mlp = empty_mlp_shard(config_.hidden);
+  }
+  static MlpShard empty_mlp_shard(std::int64_t hidden) {
+    MlpShard m;
+    m.packed = Tensor<float>(Shape{0, hidden});
+    return m;
+  }
+  static void fill_moe_shard(MoeShard& s, float value) {
+    for (Tensor<float>* t : {&s.router, &s.expert_in, &s.expert_out, &s.shared_in, &s.shared_out, &s.shared_gate})
+      t->fill(value);
   }
 
   LayerConfig config_;
@@ -151,6 +269,11 @@ private:
   std::vector<LayerWeights> weights_, gradients_;
   std::vector<LayerSaved<Strategies>> saved_;
   std::optional<SublayerContext> ctx_;
+  std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
+  std::optional<MoeLayers> moe_;
+  std::vector<std::int64_t> moe_top_k_;
+  std::vector<std::optional<MoeSaved>> moe_saved_;
+  std::vector<MoeLayerStats> moe_stats_;
 };
 
 }  // namespace paradyse

@@ -37,6 +37,8 @@ struct MoeConfig {
   double aux_loss_coef = 0;         // Switch load-balancing loss coefficient
   double z_loss_coef = 0;           // router z-loss coefficient
 
+  friend bool operator==(const MoeConfig&, const MoeConfig&) = default;
+
   std::int64_t shared_width() const noexcept { return shared_experts * shared_ffn; }
   bool has_shared() const noexcept { return shared_experts > 0; }
 

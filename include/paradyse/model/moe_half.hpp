@@ -1,0 +1,97 @@
+// paradyse/model/moe_half.hpp: the MoE half of a pre-norm Transformer layer, the third sublayer kind of the stack.
+//
+//   z = y + MoE(Norm2(y))        y, z: [b, n_r, h] on rank r (y: after the attention residual, model/layer.hpp)
+//
+// An MoE layer is the attention half of model/layer.hpp followed by this half instead of the dense MLP half; the
+// layer's norm weights and statistics are the same (Norm2 is the MoE's pre-norm). The MoE FFN runs the strategy of
+// this call (MoeStrategies index: ExpertParallel or ExpertTensorParallel); every strategy takes and returns the
+// unified layout and leaves the gradients of the same expert layout, so the choice may change per layer and per step.
+// MoeLayers says which layers of a stack are MoE layers (all from first_k_dense on) and their shape.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/contract/layer_config.hpp"
+#include "paradyse/contract/weight_shards.hpp"
+#include "paradyse/model/layer.hpp"
+#include "paradyse/moe/moe_config.hpp"
+#include "paradyse/moe/moe_layer.hpp"
+#include "paradyse/moe/moe_strategies.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/policy.hpp"
+
+#include <cstdint>
+#include <span>
+
+namespace paradyse {
+
+// The MoE layers of a stack: layers [first_k_dense, layers) run `moe` instead of the dense MLP (DeepSeek's
+// first_k_dense_replace; Mixtral and Qwen2-MoE have 0).
+struct MoeLayers {
+  MoeConfig moe;
+  int first_k_dense = 0;
+
+  friend bool operator==(const MoeLayers&, const MoeLayers&) = default;
+
+  bool is_moe(int layer) const noexcept { return layer >= first_k_dense; }
+  void validate_for(const LayerConfig& layer, int layers) const {
+    moe.validate();
+    check(moe.hidden == layer.hidden, "MoeLayers: the MoE hidden size {} differs from the layer's {}", moe.hidden,
+          layer.hidden);
+    check(first_k_dense >= 0 && first_k_dense < layers,
+          "MoeLayers: first_k_dense = {} must be in [0, layers = {}) (at least one MoE layer)", first_k_dense, layers);
+  }
+};
+
+// What an MoE layer's forward reports: its router losses and expert load over the whole group.
+struct MoeLayerStats {
+  int layer = 0;
+  double aux = 0;                      // E * sum_i f_i P_i (1: balanced)
+  double z = 0;                        // mean logsumexp^2
+  std::vector<std::int64_t> routed;    // [E]: assignments per expert over the group (before capacity drops)
+  std::int64_t dropped = 0;            // assignments dropped by the capacity, over the group
+  std::int64_t tokens = 0;             // over the group
+};
+
+inline MoeLayerStats moe_layer_stats(int layer, const MoeSaved& s) {
+  return {layer, s.losses.aux, s.losses.z, s.losses.routed, s.dropped, s.losses.tokens};
+}
+
+// z: [b, n_r, h] (overwritten) = y + MoE(Norm2(y)), y = saved.y (a LayerSaved, model/layer.hpp); returns what the
+// MoE keeps. The norm statistics go to saved.stats rows 2 and 3, as mlp_half_forward's.
+template <class Backend = ops::Cpu, Communicator C, class Saved>
+MoeSaved moe_half_forward(std::size_t strategy, C& comm, const SublayerContext& ctx, const MoeContext& moe,
+                          const LayerWeights& w, const MoeShard& experts, Saved& saved, TensorView<float> z) {
+  const LayerConfig& c = ctx.layer();
+  const std::int64_t rows = ctx.local_rows(comm.rank());
+  auto stat = [&](int i) { return saved.stats.view().slice(0, i, 1).reshape(Shape{rows}); };
+  MoeSaved out;
+  {
+    PooledBuffer<float> normed = ctx.pool->acquire<float>(saved.y.shape());
+    norm_forward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), w.norms.norm2_beta(), normed.view(), stat(2), stat(3));
+    out = MoeStrategies<Backend>::forward(strategy, comm, moe, experts, normed.view(), z);
+  }
+  Backend::add_into(z, TensorView<const float>(saved.y.view()));  // z = y + moe
+  return out;
+}
+
+// dy: [b, n_r, h] (overwritten) = dz + Norm2'(MoE'(dz)); the MoE gradients accumulate into grad (fully reduced),
+// norm2's into norm_partial rows 2 and 3 (this rank's tokens).
+template <class Backend = ops::Cpu, Communicator C, class Saved>
+void moe_half_backward(C& comm, const SublayerContext& ctx, const MoeContext& moe, const LayerWeights& w,
+                       const MoeShard& experts, Saved& saved, MoeSaved& moe_saved, TensorView<const float> dz,
+                       TensorView<float> dy, MoeShard& grad, TensorView<float> norm_partial) {
+  const LayerConfig& c = ctx.layer();
+  const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
+  auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
+  auto partial = [&](int i) { return std::span<float>(norm_partial.data() + i * h, std::size_t(h)); };
+  Backend::copy(dz, dy);
+  PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dz.shape());
+  MoeStrategies<Backend>::backward(comm, moe, experts, moe_saved, dz, dnormed.view(), grad);
+  norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy, partial(2),
+                         partial(3));
+}
+
+}  // namespace paradyse

@@ -1,0 +1,347 @@
+// tests/model/moe_stack.cpp: MoE layers in the layer stack (model/moe_half.hpp, model/stack.hpp) and the MoE GPT
+// (model/gpt.hpp), against a float64 single-rank reference built from the dense layer's reference
+// (tests/model/reference_transformer.hpp) and the MoE reference (tests/moe/reference_moe.hpp): the output, the input
+// gradient and every gradient each rank holds (attention, norms, the dense MLP of the first_k_dense layers, router,
+// each owned expert, shared experts and gate), on p in {1, 2, 3, 4} thread ranks with E = 5 (uneven expert counts,
+// p = 4 leaves... every rank one or two experts), under mixed plans (ExpertParallel and ExpertTensorParallel per
+// layer, different attention strategies), first_k_dense 0 and 1, shared experts off and on (gated), aux and z losses;
+// a per-layer top-k override; bad plans refused by name. The MoE GPT: the same global model on p = 1 and p = 2
+// gives the same loss and the same update; its parameter count is the sum of its tensors.
+#include "model/reference_transformer.hpp"
+#include "moe/reference_moe.hpp"
+#include "strategy/harness.hpp"
+#include "support/tolerance.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/stack.hpp"
+#include "paradyse/moe/moe_weights.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::testing;
+
+namespace {
+
+using Strategies = AllStrategies<>;
+using Matrix = Tensor<double>;
+
+struct MoeStackCase {
+  std::string name;
+  int ranks = 1;
+  int layers = 2;
+  int first_k_dense = 0;
+  MoeConfig moe;
+  std::int64_t batch = 2, length = 8;
+  std::vector<std::int64_t> top_k;  // per-layer override (empty: the config's)
+};
+
+MoeConfig moe_config(bool shared) {
+  MoeConfig m;
+  m.hidden = 16;
+  m.experts = 5;
+  m.top_k = 2;
+  m.expert_ffn = 6;
+  m.norm_topk_prob = true;
+  if (shared) {
+    m.shared_experts = 2;
+    m.shared_ffn = 3;
+    m.shared_gate = true;
+    m.aux_loss_coef = 0.2;
+    m.z_loss_coef = 0.05;
+  }
+  return m;
+}
+
+LayerConfig layer_config(int p) {
+  LayerConfig c = small_config(2 * p, p, 4 * p);
+  c.activation = Activation::swiglu;
+  c.causal = true;
+  c.norm = NormKind::rms_norm;
+  return c;
+}
+
+std::vector<double> flat(const Matrix& m) { return {m.span().begin(), m.span().end()}; }
+Matrix matrix_of(const std::vector<double>& v, Shape shape) {
+  Matrix m(shape);
+  std::copy(v.begin(), v.end(), m.span().begin());
+  return m;
+}
+
+GlobalMoeWeights<double> global_of(const ReferenceMoe& r) {
+  GlobalMoeWeights<double> g(r.config);
+  std::copy(r.router.begin(), r.router.end(), g.router.span().begin());
+  std::copy(r.expert_in.begin(), r.expert_in.end(), g.expert_in.span().begin());
+  std::copy(r.expert_out.begin(), r.expert_out.end(), g.expert_out.span().begin());
+  std::copy(r.shared_in.begin(), r.shared_in.end(), g.shared_in.span().begin());
+  std::copy(r.shared_out.begin(), r.shared_out.end(), g.shared_out.span().begin());
+  std::copy(r.shared_gate.begin(), r.shared_gate.end(), g.shared_gate.span().begin());
+  return g;
+}
+
+// The float64 stack: dense layers by ref::layer_*, MoE layers as the attention half then norm2 + MoE + residual.
+struct ReferenceStack {
+  LayerConfig config;
+  MoeLayers moe;
+  std::vector<GlobalLayerWeights<double>> dense;  // every layer's attention and norms; the dense layers' MLP
+  std::vector<ReferenceMoe> experts;              // per layer (unused for dense layers)
+  std::vector<std::int64_t> top_k;                // per layer
+  std::vector<std::vector<std::int64_t>> groups;  // each rank's token ids (the capacity's groups; dropless here)
+
+  std::vector<std::int64_t> ks(int l, std::int64_t tokens) const {
+    return std::vector<std::int64_t>(std::size_t(tokens), top_k[std::size_t(l)]);
+  }
+  Matrix forward_layer(int l, const Matrix& x) const {
+    const GlobalLayerWeights<double>& w = dense[std::size_t(l)];
+    if (!moe.is_moe(l)) return ref::layer_forward(config, w, x);
+    const Matrix y = ref::add(x, ref::attention_forward(config, w, ref::norm_forward(config, x, w.norm1_gamma, w.norm1_beta)));
+    const Matrix n2 = ref::norm_forward(config, y, w.norm2_gamma, w.norm2_beta);
+    const ReferenceResult r = reference_moe(experts[std::size_t(l)], flat(n2), {}, ks(l, n2.numel() / config.hidden), groups);
+    return ref::add(y, matrix_of(r.y, y.shape()));
+  }
+  // dx; gradients accumulate into dw (dense) and are returned per MoE layer in moe_grads.
+  Matrix backward(const Matrix& x, const Matrix& dz, std::vector<GlobalLayerWeights<double>>& dw,
+                  std::vector<ReferenceResult>& moe_grads) const {
+    std::vector<Matrix> inputs;
+    inputs.push_back(Matrix::copy_of(x.view()));
+    for (int l = 0; l + 1 < int(dense.size()); ++l) inputs.push_back(forward_layer(l, inputs.back()));
+    moe_grads.assign(dense.size(), {});
+    Matrix grad = Matrix::copy_of(dz.view());
+    for (int l = int(dense.size()); l-- > 0;) {
+      const GlobalLayerWeights<double>& w = dense[std::size_t(l)];
+      const Matrix& in = inputs[std::size_t(l)];
+      if (!moe.is_moe(l)) {
+        grad = ref::layer_backward(config, w, in, grad, dw[std::size_t(l)]);
+        continue;
+      }
+      GlobalLayerWeights<double>& g = dw[std::size_t(l)];
+      const Matrix n1 = ref::norm_forward(config, in, w.norm1_gamma, w.norm1_beta);
+      const Matrix y = ref::add(in, ref::attention_forward(config, w, n1));
+      const Matrix n2 = ref::norm_forward(config, y, w.norm2_gamma, w.norm2_beta);
+      ReferenceResult& r = moe_grads[std::size_t(l)];
+      r = reference_moe(experts[std::size_t(l)], flat(n2), flat(grad), ks(l, n2.numel() / config.hidden), groups);
+      const Matrix dy = ref::add(grad, ref::norm_backward(config, y, w.norm2_gamma, matrix_of(r.dx, y.shape()),
+                                                          g.norm2_gamma, g.norm2_beta));
+      const Matrix dn1 = ref::attention_backward(config, w, n1, dy, g);
+      grad = ref::add(dy, ref::norm_backward(config, in, w.norm1_gamma, dn1, g.norm1_gamma, g.norm1_beta));
+    }
+    return grad;
+  }
+};
+
+std::string plan_name(const StackPlan& plan, const MoeLayers& moe) {
+  std::string name;
+  for (std::size_t l = 0; l < plan.size(); ++l)
+    name += fmt::format("[{} | {}] ", Strategies::name(plan[l].attention),
+                        moe.is_moe(int(l)) ? MoeStrategies<>::name(plan[l].moe) : Strategies::name(plan[l].mlp));
+  return name;
+}
+
+void check_moe_stack(const MoeStackCase& test, const std::vector<StackPlan>& plans, std::uint64_t seed) {
+  const int p = test.ranks, layers = test.layers;
+  const LayerConfig c = layer_config(p);
+  ReferenceStack ref_stack{c, MoeLayers{test.moe, test.first_k_dense}, {}, {}, {}, {}};
+  Matrix x, dz;
+  for (int l = 0; l < layers; ++l) {
+    Problem one = make_problem(c, test.batch, test.length, seed + std::uint64_t(l));
+    if (l == 0) {
+      x = std::move(one.x);
+      dz = std::move(one.dy);
+    }
+    ref_stack.dense.push_back(std::move(one.weights));
+    ref_stack.experts.push_back(random_problem(test.moe, 1, 1, seed + 50 + std::uint64_t(l)).model);
+    ref_stack.top_k.push_back(test.top_k.empty() || test.top_k[std::size_t(l)] == 0 ? test.moe.top_k
+                                                                                   : test.top_k[std::size_t(l)]);
+  }
+  {
+    MoeProblem shape = random_problem(test.moe, test.batch, test.length, 0);
+    ref_stack.groups = rank_groups(shape, p);
+  }
+  const Matrix z_ref = [&] {
+    Matrix h = Matrix::copy_of(x.view());
+    for (int l = 0; l < layers; ++l) h = ref_stack.forward_layer(l, h);
+    return h;
+  }();
+  std::vector<GlobalLayerWeights<double>> dw;
+  for (int l = 0; l < layers; ++l) dw.emplace_back(c);
+  std::vector<ReferenceResult> moe_grads;
+  const Matrix dx_ref = ref_stack.backward(x, dz, dw, moe_grads);
+
+  Findings findings;
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    BufferPool pool;
+    std::vector<LayerWeights> shards;
+    std::vector<MoeShard> experts;
+    for (int l = 0; l < layers; ++l) {
+      shards.push_back(shard_of(ref_stack.dense[std::size_t(l)], c, p, r));
+      experts.push_back(ref_stack.moe.is_moe(l) ? moe_shard_of(global_of(ref_stack.experts[std::size_t(l)]), test.moe, p, r)
+                                                : MoeShard{});
+    }
+    TransformerStack<Strategies> stack(c, std::move(shards), std::move(experts), ref_stack.moe, p);
+    if (!test.top_k.empty()) stack.set_moe_top_k(test.top_k);
+    const SequenceLayout layout(test.length, p, c.zigzag);
+    const Tensor<float> xl = local_tokens(x, layout, r), dzl = local_tokens(dz, layout, r);
+    const ChunkRange mine = owned_experts(test.moe, p, r);
+    const std::int64_t h = test.moe.hidden, f = test.moe.expert_ffn;
+    for (const StackPlan& plan : plans) {
+      const std::string where = fmt::format("plan {}rank {}", plan_name(plan, ref_stack.moe), r);
+      Tensor<float> z(xl.shape()), dx(xl.shape());
+      stack.zero_gradients();
+      stack.forward(comm, pool, plan, test.length, xl.view(), z.view());
+      stack.backward(comm, pool, dzl.view(), dx.view());
+      findings.compare(z, z_ref, layout, r, where + " output");
+      findings.compare(dx, dx_ref, layout, r, where + " input gradient");
+      int moe_index = 0;
+      for (int l = 0; l < layers; ++l) {
+        const LayerWeights want = shard_of(dw[std::size_t(l)], c, p, r);
+        const LayerWeights& got = stack.gradients()[std::size_t(l)];
+        const std::string at = fmt::format("{} layer {}", where, l);
+        findings.compare(got.attention.packed.span(), want.attention.packed.span(), at + " attention gradient");
+        findings.compare(got.norms.packed.span(), want.norms.packed.span(), at + " norm gradients");
+        if (!ref_stack.moe.is_moe(l)) {
+          findings.compare(got.mlp.packed.span(), want.mlp.packed.span(), at + " mlp gradient");
+          continue;
+        }
+        if (got.mlp.packed.numel() != 0) findings.fail(at + ": an MoE layer holds a dense MLP gradient");
+        const ReferenceResult& g = moe_grads[std::size_t(l)];
+        const MoeShard& mg = stack.moe_gradients()[std::size_t(l)];
+        findings.compare(mg.router.span(), g.drouter, at + " router gradient");
+        findings.compare(mg.expert_in.span(), owned_slice(test.moe, g.dexpert_in, 2 * f * h, p, r), at + " expert_in gradient");
+        findings.compare(mg.expert_out.span(), owned_slice(test.moe, g.dexpert_out, f * h, p, r), at + " expert_out gradient");
+        findings.compare(mg.shared_in.span(), g.dshared_in, at + " shared_in gradient");
+        findings.compare(mg.shared_out.span(), g.dshared_out, at + " shared_out gradient");
+        findings.compare(mg.shared_gate.span(), g.dshared_gate, at + " shared gate gradient");
+        // The recorded statistics are the group's.
+        const auto& stats = stack.moe_stats();
+        if (moe_index >= int(stats.size()) || stats[std::size_t(moe_index)].layer != l) {
+          findings.fail(fmt::format("{}: no statistics recorded", at));
+        } else {
+          const MoeLayerStats& s = stats[std::size_t(moe_index)];
+          findings.compare(std::vector<double>{s.aux, s.z}, std::vector<double>{g.aux, g.z}, at + " aux and z losses");
+          if (s.routed != g.routed) findings.fail(fmt::format("{}: routed {} expected {}", at, fmt::join(s.routed, " "), fmt::join(g.routed, " ")));
+        }
+        ++moe_index;
+        (void)mine;
+      }
+    }
+  });
+  findings.check_all(fmt::format("{} on p = {} ({} plans)", test.name, p, plans.size()));
+}
+
+// Plans over `layers` layers: every MoE strategy mix, with the attention strategies rotating through the list.
+std::vector<StackPlan> mixed_plans(int layers, int p) {
+  std::vector<StackPlan> plans;
+  const int mixes = 1 << layers;
+  for (int mix = 0; mix < mixes; ++mix) {
+    StackPlan plan;
+    for (int l = 0; l < layers; ++l) {
+      const std::size_t attention = std::size_t(mix + l) % Strategies::count;
+      const std::size_t mlp = std::size_t(mix + 2 * l + 1) % Strategies::count;
+      plan.push_back({attention, mlp, std::size_t((mix >> l) & 1)});
+    }
+    plans.push_back(plan);
+  }
+  (void)p;
+  return plans;
+}
+
+}  // namespace
+
+TEST_CASE("moe stack: mixed ExpertParallel / ExpertTensorParallel plans against the float64 reference") {
+  for (int p : {1, 2, 3, 4}) {
+    const std::int64_t length = 3 * p + 2;
+    check_moe_stack({"2 MoE layers, no shared experts", p, 2, 0, moe_config(false), 2, length, {}}, mixed_plans(2, p),
+                    11 * std::uint64_t(p));
+    check_moe_stack({"first_k_dense 1 then 2 MoE layers, gated shared experts, aux and z", p, 3, 1, moe_config(true), 1,
+                     length + 1, {}},
+                    mixed_plans(3, p), 13 * std::uint64_t(p));
+  }
+}
+
+TEST_CASE("moe stack: a per-layer top-k override (Alloc-MoE) on every rank count") {
+  for (int p : {1, 3}) {
+    check_moe_stack({"per-layer k 1 then 4", p, 2, 0, moe_config(true), 2, 3 * p + 1, {1, 4}}, mixed_plans(2, p),
+                    17 * std::uint64_t(p));
+  }
+}
+
+TEST_CASE("moe stack: bad plans and overrides are refused by name") {
+  const LayerConfig c = layer_config(2);
+  BufferPool pool;
+  TransformerStack<Strategies> stack(c, 2, 1, 0, 3, MoeLayers{moe_config(false), 1});
+  CHECK(stack.is_moe_layer(1));
+  CHECK_FALSE(stack.is_moe_layer(0));
+  CHECK(stack.weights()[1].mlp.packed.numel() == 0);
+  CHECK_THROWS_WITH_AS(stack.set_moe_top_k({0, 9}), doctest::Contains("layer 1 asks for k = 9"), Error);
+  CHECK_THROWS_WITH_AS(stack.set_moe_top_k({1}), doctest::Contains("1 entries for 2 layers"), Error);
+  CHECK_THROWS_WITH_AS(TransformerStack<Strategies>(c, 2, 1, 0, 3, MoeLayers{moe_config(false), 2}),
+                       doctest::Contains("first_k_dense = 2"), Error);
+  Tensor<float> x(Shape{1, 4, c.hidden}), z(x.shape());
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    const StackPlan bad{{0, 0, 0}, {0, 0, 7}};
+    CHECK_THROWS_WITH_AS(stack.forward(comm, pool, bad, 4, x.view(), z.view()),
+                         doctest::Contains("MoE strategy index 7 is out of range"), Error);
+  });
+}
+
+TEST_CASE("moe gpt: the same global model on 1 and 2 ranks gives the same loss, gradients and update") {
+  GptConfig config;
+  config.layer = layer_config(2);
+  config.layers = 2;
+  config.vocab = 40;
+  config.moe = MoeLayers{moe_config(true), 1};
+  const std::int64_t s = 9;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(s)), targets(static_cast<std::size_t>(s));
+  Rng rng(5);
+  for (std::int64_t i = 0; i < s; ++i) {
+    tokens[std::size_t(i)] = std::int32_t(rng.below(40));
+    targets[std::size_t(i)] = std::int32_t(rng.below(40));
+  }
+  // Parameters: the sum of every tensor of the global model.
+  const GlobalGptWeights<float> global = init_global_gpt<float>(config, 21);
+  std::int64_t count = global.embedding.numel() + global.head.numel() + 2 * config.layer.hidden;
+  for (int l = 0; l < config.layers; ++l) {
+    const GlobalLayerWeights<float>& w = global.layers[std::size_t(l)];
+    count += w.w_q.numel() + w.w_k.numel() + w.w_v.numel() + w.w_proj.numel() + 4 * config.layer.hidden;
+    if (!config.is_moe_layer(l)) count += w.w_in.numel() + w.w_up.numel() + w.w_out.numel();
+    const GlobalMoeWeights<float>& m = global.moe_layers[std::size_t(l)];
+    count += m.router.numel() + m.expert_in.numel() + m.expert_out.numel() + m.shared_in.numel() +
+             m.shared_out.numel() + m.shared_gate.numel();
+  }
+  CHECK(config.parameter_count() == count);
+
+  std::vector<double> losses(3, 0.0);
+  std::vector<std::vector<float>> routers(3);
+  for (int p : {1, 2}) {
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      Gpt<Strategies> model(config, global, p, comm.rank());
+      BufferPool pool;
+      const SequenceLayout layout(s, p, config.layer.zigzag);
+      const Tensor<std::int32_t> t = shard_tokens(tokens, 1, layout, comm.rank());
+      const Tensor<std::int32_t> y = shard_tokens(targets, 1, layout, comm.rank());
+      const StackPlan plan{{0, 0, 0}, {1, 1, std::size_t(p - 1)}};
+      model.zero_gradients();
+      const GptStepResult step = model.forward_backward(comm, pool, plan, s, t.view(), y.view());
+      model.optimizer_step(ops::AdamWConfig{});
+      if (comm.rank() == 0) {
+        losses[std::size_t(p)] = step.loss;
+        const Tensor<float>& router = model.stack().moe_weights()[1].router;
+        routers[std::size_t(p)].assign(router.span().begin(), router.span().end());
+        CHECK(model.stack().moe_stats().size() == 1);
+      }
+    });
+  }
+  CHECK(losses[1] == doctest::Approx(losses[2]).epsilon(1e-5));
+  CHECK_CLOSE(routers[2], routers[1], kFloat32);
+  // The update moved the router (its gradient reached the optimizer).
+  const GlobalMoeWeights<float>& before = global.moe_layers[1];
+  double moved = 0;
+  for (std::size_t i = 0; i < routers[1].size(); ++i) moved += std::abs(routers[1][i] - before.router.span()[i]);
+  CHECK(moved > 0);
+}
