@@ -326,3 +326,38 @@ TEST_CASE("search: bad input is refused naming the value") {
       "hidden_act": "silu", "num_local_experts": 8, "num_experts_per_tok": 2})"), "mixtral");
   CHECK(mixtral.total_parameters() == mixtral_8x22b().total_parameters());
 }
+
+TEST_CASE("search: a cluster read from JSON equals the preset it was written from; bad levels are refused") {
+  const ClusterProfile preset = ascend_supernode();
+  auto to_json = [](const ClusterProfile& c) {
+    json::Value v;
+    v.set("name", c.name);
+    v.set("peak_flops_per_s", c.peak_flops_per_s);
+    v.set("device", cost::to_json(c.device));
+    json::Array levels;
+    for (const LinkLevel& l : c.levels) {
+      json::Value level;
+      level.set("name", l.name);
+      level.set("domain_devices", l.domain_devices);
+      level.set("alpha_s", l.alpha_s);
+      level.set("bytes_per_s", l.bytes_per_s);
+      levels.push_back(level);
+    }
+    v.set("levels", json::Value(std::move(levels)));
+    return v;
+  };
+  const ClusterProfile read = cluster_from_json(json::parse(json::dump(to_json(preset))));
+  REQUIRE(read.levels.size() == 3);
+  CHECK(read.device.gemm.flops_per_s == preset.device.gemm.flops_per_s);
+  for (const GroupSpan g : {GroupSpan{8, 8}, GroupSpan{64, 512}, GroupSpan{256, 2048}})
+    CHECK(read.collective_time(Collective::all_to_all, g, 1e8) == preset.collective_time(Collective::all_to_all, g, 1e8));
+  ClusterProfile bad = preset;
+  bad.levels[1].domain_devices = 12;  // not a multiple of the node's 8
+  try {
+    cluster_from_json(to_json(bad));
+    FAIL("a supernode of 12 over nodes of 8 was accepted");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("level supernode-ub domain 12 must be a multiple of the level below (8)") !=
+          std::string::npos);
+  }
+}
