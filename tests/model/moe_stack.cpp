@@ -6,7 +6,9 @@
 // p = 4 leaves... every rank one or two experts), under mixed plans (ExpertParallel and ExpertTensorParallel per
 // layer, different attention strategies), first_k_dense 0 and 1, shared experts off and on (gated), aux and z losses;
 // a per-layer top-k override; bad plans refused by name. The MoE GPT: the same global model on p = 1 and p = 2
-// gives the same loss and the same update; its parameter count is the sum of its tensors.
+// gives the same loss and the same update; its parameter count is the sum of its tensors. The Hugging Face export
+// (model/hf_checkpoint.hpp), saved from 2 and 4 ranks, read back by the inference engine's loader (serve/): Mixtral
+// and Qwen2-MoE names, shapes and values, config.json's shape; what the formats cannot express is refused.
 #include "model/reference_transformer.hpp"
 #include "moe/reference_moe.hpp"
 #include "strategy/harness.hpp"
@@ -14,8 +16,15 @@
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/model/gpt.hpp"
+#include "paradyse/model/hf_checkpoint.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/moe/moe_weights.hpp"
+#include "paradyse/serve/decoder_weights.hpp"
+#include "paradyse/serve/hf_checkpoint.hpp"
+#include "paradyse/serve/hf_config.hpp"
+
+#include <filesystem>
+#include <unistd.h>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -344,4 +353,96 @@ TEST_CASE("moe gpt: the same global model on 1 and 2 ranks gives the same loss, 
   double moved = 0;
   for (std::size_t i = 0; i < routers[1].size(); ++i) moved += std::abs(routers[1][i] - before.router.span()[i]);
   CHECK(moved > 0);
+}
+
+namespace {
+
+GptConfig hf_test_config(bool qwen) {
+  GptConfig config;
+  config.layer = layer_config(1);
+  config.layer.heads = 4;
+  config.layer.kv_heads = 2;
+  config.layer.ffn = 12;
+  config.layer.rope = true;
+  config.layers = 3;
+  config.vocab = 30;
+  MoeConfig m = moe_config(qwen);
+  m.norm_topk_prob = true;
+  config.moe = MoeLayers{m, qwen ? 1 : 0};
+  return config;
+}
+
+void check_same(const Tensor<float>& got, const Tensor<float>& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.shape() == want.shape());
+  CHECK_CLOSE(got.span(), want.span(), kFloat64);
+}
+
+}  // namespace
+
+TEST_CASE("moe gpt: the Hugging Face export reads back through the inference engine's loader") {
+  for (const bool qwen : {false, true}) {
+    const GptConfig config = hf_test_config(qwen);
+    const int p = qwen ? 4 : 2;
+    const std::string folder =
+        (std::filesystem::temp_directory_path() / fmt::format("paradyse_hf_{}_{}", ::getpid(), qwen ? "qwen" : "mixtral")).string();
+    std::filesystem::remove_all(folder);
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      Gpt<Strategies> model(config, p, comm.rank(), 33);
+      save_hf_checkpoint(comm, model, folder, 256);
+    });
+    const serve::DecoderConfig d = serve::read_decoder_config(folder);
+    CHECK(d.family == (qwen ? serve::Family::qwen2_moe : serve::Family::mixtral));
+    CHECK(d.vocab == config.vocab);
+    CHECK(d.layers == config.layers);
+    CHECK(d.heads == config.layer.heads);
+    CHECK(d.kv_heads == config.layer.kv_heads);
+    CHECK(d.head_dim == config.layer.head_dim);
+    CHECK(d.moe.experts == config.moe->moe.experts);
+    CHECK(d.moe.top_k == config.moe->moe.top_k);
+    CHECK(d.moe.expert_ffn == config.moe->moe.expert_ffn);
+    CHECK(d.moe.shared_width() == config.moe->moe.shared_width());
+    CHECK(d.moe.shared_gate == config.moe->moe.shared_gate);
+    for (int l = 0; l < config.layers; ++l) CHECK(d.is_moe(l) == config.is_moe_layer(l));
+    const serve::HfCheckpoint ck(folder);
+    const serve::DecoderWeights w = serve::load_decoder_weights(d, ck);
+    const GlobalGptWeights<float> g = init_global_gpt<float>(config, 33);  // what every rank's shards assemble to
+    check_same(w.embed, g.embedding, "embedding");
+    check_same(w.lm_head, g.head, "lm head");
+    for (int l = 0; l < config.layers; ++l) {
+      const serve::DecoderLayerWeights& got = w.layers[std::size_t(l)];
+      const GlobalLayerWeights<float>& want = g.layers[std::size_t(l)];
+      const std::string at = fmt::format("{} layer {}", qwen ? "qwen2_moe" : "mixtral", l);
+      check_same(got.wq, want.w_q, at + " q");
+      check_same(got.wk, want.w_k, at + " k");
+      check_same(got.wv, want.w_v, at + " v");
+      check_same(got.wo_t, want.w_proj, at + " o");
+      check_same(got.attn_norm, want.norm1_gamma, at + " input norm");
+      check_same(got.ffn_norm, want.norm2_gamma, at + " post-attention norm");
+      if (!config.is_moe_layer(l)) {
+        const std::int64_t f = config.layer.ffn, h = config.layer.hidden;
+        REQUIRE(got.dense_in.numel() == 2 * f * h);
+        CHECK_CLOSE(got.dense_in.span().first(std::size_t(f * h)), want.w_in.span(), kFloat64);
+        CHECK_CLOSE(got.dense_in.span().subspan(std::size_t(f * h)), want.w_up.span(), kFloat64);
+        CHECK_CLOSE(got.dense_out.span(), want.w_out.span(), kFloat64);
+        continue;
+      }
+      const GlobalMoeWeights<float>& e = g.moe_layers[std::size_t(l)];
+      check_same(got.moe.router, e.router, at + " router");
+      check_same(got.moe.expert_in, e.expert_in, at + " experts in");
+      check_same(got.moe.expert_out, e.expert_out, at + " experts out");
+      if (qwen) {
+        check_same(got.moe.shared_in, e.shared_in, at + " shared in");
+        check_same(got.moe.shared_out, e.shared_out, at + " shared out");
+        check_same(got.moe.shared_gate, e.shared_gate, at + " shared gate");
+      }
+    }
+    std::filesystem::remove_all(folder);
+  }
+  GptConfig layer_norm = hf_test_config(false);
+  layer_norm.layer.norm = NormKind::layer_norm;
+  CHECK_THROWS_WITH_AS(check_hf_exportable(layer_norm), doctest::Contains("LayerNorm"), Error);
+  GptConfig ungated = hf_test_config(true);
+  ungated.moe->moe.shared_gate = false;
+  CHECK_THROWS_WITH_AS(check_hf_exportable(ungated), doctest::Contains("without the sigmoid gate"), Error);
 }

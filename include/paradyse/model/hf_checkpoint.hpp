@@ -1,0 +1,269 @@
+// paradyse/model/hf_checkpoint.hpp: an MoE GPT (model/gpt.hpp with GptConfig::moe) saved as a Hugging Face model
+// folder: model.safetensors (float32) and config.json, named as Mixtral's, or as Qwen2-MoE's when the model has
+// shared experts or dense layers before its MoE layers, so that the inference engine (serve/) and other tools load it.
+//
+// Tensor names (l: layer, e: expert; [rows, columns] as stored, y = x W^T):
+//   model.embed_tokens.weight [V, h], model.norm.weight [h], lm_head.weight [V, h] (absent when tied)
+//   model.layers.l.input_layernorm.weight [h], model.layers.l.post_attention_layernorm.weight [h]
+//   model.layers.l.self_attn.{q,k,v}_proj.weight [heads d | kv d, h], o_proj.weight [h, heads d]
+//   Qwen2-MoE only: model.layers.l.self_attn.{q,k,v}_proj.bias (zeros: this model has no attention biases)
+//   Mixtral MoE:    model.layers.l.block_sparse_moe.gate.weight [E, h],
+//                   ...block_sparse_moe.experts.e.w1.weight [f, h] (gate), w3 [f, h] (up), w2 [h, f] (down)
+//   Qwen2-MoE MoE:  model.layers.l.mlp.gate.weight [E, h], mlp.experts.e.{gate,up}_proj.weight [f, h],
+//                   down_proj [h, f]; mlp.shared_expert.{gate,up,down}_proj (the shared experts fused, width
+//                   shared_experts x shared_ffn), mlp.shared_expert_gate.weight [1, h]
+//   Qwen2-MoE dense (the first_k_dense layers, listed in mlp_only_layers): mlp.{gate,up,down}_proj.
+// What the formats cannot express is refused with the value named: LayerNorm (they are RMSNorm), no RoPE, a GELU
+// MLP, a non-causal model, sigmoid scoring, a routed scaling factor, Mixtral without renormalised top-k, shared
+// experts without the sigmoid gate (Qwen2-MoE gates them always).
+//
+// Both files are written atomically (a temporary renamed over the destination): an interrupted save leaves the
+// previous files. Collective: every rank of the model's group calls it; rank 0 writes.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/contract/layer_config.hpp"
+#include "paradyse/contract/weight_shards.hpp"
+#include "paradyse/model/checkpoint.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/safetensors.hpp"
+#include "paradyse/moe/moe_config.hpp"
+#include "paradyse/moe/moe_weights.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace paradyse {
+
+enum class HfMoeFamily { mixtral, qwen2_moe };
+
+// Mixtral unless the model has shared experts or dense layers (then Qwen2-MoE).
+inline HfMoeFamily hf_family_of(const GptConfig& c) {
+  check(c.moe.has_value(), "hf checkpoint: the model has no MoE layers (GptConfig::moe is empty)");
+  return c.moe->moe.has_shared() || c.moe->first_k_dense > 0 ? HfMoeFamily::qwen2_moe : HfMoeFamily::mixtral;
+}
+
+// Throws unless the Hugging Face formats can express `c`, naming what they cannot.
+inline void check_hf_exportable(const GptConfig& c) {
+  c.validate();
+  const HfMoeFamily family = hf_family_of(c);
+  const LayerConfig& l = c.layer;
+  const MoeConfig& m = c.moe->moe;
+  check(l.norm == NormKind::rms_norm, "hf checkpoint: the model uses LayerNorm; Mixtral and Qwen2-MoE use RMSNorm");
+  check(l.rope, "hf checkpoint: the model has no RoPE; Mixtral and Qwen2-MoE use rotary positions");
+  check(l.activation == Activation::swiglu, "hf checkpoint: the dense MLP is GELU; Qwen2-MoE's is SwiGLU");
+  check(l.causal, "hf checkpoint: the model is not causal; Mixtral and Qwen2-MoE are decoders");
+  check(m.scoring == RouterScoring::softmax, "hf checkpoint: the router scores by sigmoid; Mixtral and Qwen2-MoE by softmax");
+  check(m.routed_scaling_factor == 1.0, "hf checkpoint: routed_scaling_factor = {}; the formats have none",
+        m.routed_scaling_factor);
+  check(family != HfMoeFamily::mixtral || m.norm_topk_prob,
+        "hf checkpoint: Mixtral renormalises the top-k weights; the model has norm_topk_prob = false");
+  check(!m.has_shared() || m.shared_gate,
+        "hf checkpoint: {} shared experts without the sigmoid gate; Qwen2-MoE gates its shared expert", m.shared_experts);
+}
+
+// config.json for `c` (max_positions: the longest sequence it is meant for).
+inline std::string hf_config_json(const GptConfig& c, std::int64_t max_positions) {
+  check_hf_exportable(c);
+  const LayerConfig& l = c.layer;
+  const MoeConfig& m = c.moe->moe;
+  const bool mixtral = hf_family_of(c) == HfMoeFamily::mixtral;
+  std::vector<std::string> fields;
+  const auto add = [&](std::string_view key, const std::string& value) { fields.push_back(fmt::format("  \"{}\": {}", key, value)); };
+  const auto text = [](std::string_view v) { return fmt::format("\"{}\"", v); };
+  add("architectures", mixtral ? "[\"MixtralForCausalLM\"]" : "[\"Qwen2MoeForCausalLM\"]");
+  add("model_type", text(mixtral ? "mixtral" : "qwen2_moe"));
+  add("vocab_size", fmt::format("{}", c.vocab));
+  add("hidden_size", fmt::format("{}", l.hidden));
+  add("num_hidden_layers", fmt::format("{}", c.layers));
+  add("num_attention_heads", fmt::format("{}", l.heads));
+  add("num_key_value_heads", fmt::format("{}", l.kv_heads));
+  add("head_dim", fmt::format("{}", l.head_dim));
+  add("hidden_act", text("silu"));
+  add("max_position_embeddings", fmt::format("{}", max_positions));
+  add("rms_norm_eps", fmt::format("{}", l.norm_eps));
+  add("rope_theta", fmt::format("{}", l.rope_base));
+  add("tie_word_embeddings", c.tied_head ? "true" : "false");
+  add("attention_dropout", "0.0");
+  add("initializer_range", "0.02");
+  add("torch_dtype", text("float32"));
+  add("num_experts_per_tok", fmt::format("{}", m.top_k));
+  add("router_aux_loss_coef", fmt::format("{}", m.aux_loss_coef));
+  add("output_router_logits", "false");
+  if (mixtral) {
+    add("num_local_experts", fmt::format("{}", m.experts));
+    add("intermediate_size", fmt::format("{}", m.expert_ffn));
+    add("sliding_window", "null");
+  } else {
+    add("num_experts", fmt::format("{}", m.experts));
+    add("moe_intermediate_size", fmt::format("{}", m.expert_ffn));
+    add("intermediate_size", fmt::format("{}", l.ffn));
+    add("shared_expert_intermediate_size", fmt::format("{}", m.shared_width()));
+    add("norm_topk_prob", m.norm_topk_prob ? "true" : "false");
+    add("decoder_sparse_step", "1");
+    std::vector<int> dense;
+    for (int i = 0; i < c.moe->first_k_dense; ++i) dense.push_back(i);
+    add("mlp_only_layers", fmt::format("[{}]", fmt::join(dense, ", ")));
+    add("use_sliding_window", "false");
+    add("qkv_bias", "true");
+  }
+  return fmt::format("{{\n{}\n}}\n", fmt::join(fields, ",\n"));
+}
+
+namespace hf_detail {
+
+// One named tensor to write: [rows, cols] float32.
+struct Named {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> data;
+};
+
+inline std::vector<float> rows_of(const float* from, std::int64_t count) { return {from, from + count}; }
+// [cols, rows] of a row-major [rows, cols] block.
+inline std::vector<float> transposed(const float* from, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out[std::size_t(c * rows + r)] = from[r * cols + c];
+  return out;
+}
+
+// The global MoE weights of one layer from every rank's shard (every rank gets them): experts gathered (padded to
+// the most any rank owns), the replicated router and shared experts taken from this rank.
+template <Communicator C>
+GlobalMoeWeights<float> gather_moe(C& comm, const MoeConfig& c, const MoeShard& shard) {
+  const int p = comm.size();
+  const std::int64_t per_expert = 3 * c.expert_ffn * c.hidden, in_size = 2 * c.expert_ffn * c.hidden;
+  std::int64_t most = 0;
+  for (int q = 0; q < p; ++q) most = std::max(most, owned_experts(c, p, q).length);
+  const std::int64_t mine = owned_experts(c, p, comm.rank()).length;
+  std::vector<float> send(static_cast<std::size_t>(most * per_expert), 0.0f), all(static_cast<std::size_t>(p * most * per_expert));
+  std::copy(shard.expert_in.span().begin(), shard.expert_in.span().end(), send.begin());
+  std::copy(shard.expert_out.span().begin(), shard.expert_out.span().end(), send.begin() + mine * in_size);
+  comm.all_gather(std::span<const float>(send), std::span<float>(all));
+  std::vector<MoeShard> shards;
+  for (int q = 0; q < p; ++q) {
+    MoeShard s = MoeShard::zeros(c, p, q);
+    const std::int64_t owned = owned_experts(c, p, q).length;
+    const float* at = all.data() + q * most * per_expert;
+    std::copy(at, at + owned * in_size, s.expert_in.data());
+    std::copy(at + owned * in_size, at + owned * per_expert, s.expert_out.data());
+    if (q == 0) {  // the replicated weights (identical on every rank)
+      s.router = Tensor<float>::copy_of(shard.router.view());
+      s.shared_in = Tensor<float>::copy_of(shard.shared_in.view());
+      s.shared_out = Tensor<float>::copy_of(shard.shared_out.view());
+      s.shared_gate = Tensor<float>::copy_of(shard.shared_gate.view());
+    }
+    shards.push_back(std::move(s));
+  }
+  return global_moe_of<float>(shards, c);
+}
+
+// The attention and norms of one layer, gathered (checkpoint.hpp's gather_layer over a full-geometry copy, since an
+// MoE layer holds no dense MLP shard).
+template <Communicator C>
+GlobalLayerWeights<float> gather_attention(C& comm, const LayerConfig& c, const LayerWeights& shard) {
+  const ShardGeometry geometry(c, comm.size());
+  LayerWeights full(geometry);
+  full.attention.packed = Tensor<float>::copy_of(shard.attention.packed.view());
+  full.norms.packed = Tensor<float>::copy_of(shard.norms.packed.view());
+  if (shard.mlp.packed.numel() == full.mlp.packed.numel()) full.mlp.packed = Tensor<float>::copy_of(shard.mlp.packed.view());
+  return checkpoint_detail::gather_layer(comm, c, full);
+}
+
+// Writes `content` to `path` atomically.
+inline void write_text_atomically(const std::string& path, const std::string& content) {
+  safetensors::AtomicFile out(path);
+  out.file().write_at(content.data(), std::int64_t(content.size()), 0);
+  out.commit();
+}
+
+}  // namespace hf_detail
+
+// Writes `model` to the folder `folder` (created if missing) as model.safetensors and config.json. Collective.
+template <class Strategies, class Backend, Communicator C>
+void save_hf_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string& folder,
+                        std::int64_t max_positions) {
+  using hf_detail::Named;
+  const GptConfig& c = model.config();
+  check_hf_exportable(c);
+  check(max_positions >= 1, "hf checkpoint: max_positions = {} must be positive", max_positions);
+  const bool writer = comm.rank() == 0, mixtral = hf_family_of(c) == HfMoeFamily::mixtral;
+  const LayerConfig& l = c.layer;
+  const MoeConfig& m = c.moe->moe;
+  const std::int64_t h = l.hidden, v = c.vocab, qw = l.q_width(), kw = l.kv_width();
+  std::vector<Named> tensors;
+  auto add = [&](std::string name, std::vector<std::int64_t> shape, std::vector<float> data) {
+    if (writer) tensors.push_back({std::move(name), std::move(shape), std::move(data)});
+  };
+  const Tensor<float>& pack = model.replicated();
+  add("model.embed_tokens.weight", {v, h}, hf_detail::rows_of(pack.data(), v * h));
+  for (int layer = 0; layer < c.layers; ++layer) {
+    const std::string p = fmt::format("model.layers.{}.", layer);
+    const GlobalLayerWeights<float> g = hf_detail::gather_attention(comm, l, model.stack().weights()[std::size_t(layer)]);
+    add(p + "input_layernorm.weight", {h}, hf_detail::rows_of(g.norm1_gamma.data(), h));
+    add(p + "post_attention_layernorm.weight", {h}, hf_detail::rows_of(g.norm2_gamma.data(), h));
+    add(p + "self_attn.q_proj.weight", {qw, h}, hf_detail::rows_of(g.w_q.data(), qw * h));
+    add(p + "self_attn.k_proj.weight", {kw, h}, hf_detail::rows_of(g.w_k.data(), kw * h));
+    add(p + "self_attn.v_proj.weight", {kw, h}, hf_detail::rows_of(g.w_v.data(), kw * h));
+    add(p + "self_attn.o_proj.weight", {h, qw}, hf_detail::transposed(g.w_proj.data(), qw, h));
+    if (!mixtral) {
+      add(p + "self_attn.q_proj.bias", {qw}, std::vector<float>(static_cast<std::size_t>(qw), 0.0f));
+      add(p + "self_attn.k_proj.bias", {kw}, std::vector<float>(static_cast<std::size_t>(kw), 0.0f));
+      add(p + "self_attn.v_proj.bias", {kw}, std::vector<float>(static_cast<std::size_t>(kw), 0.0f));
+    }
+    if (!c.is_moe_layer(layer)) {
+      const std::int64_t f = l.ffn;
+      add(p + "mlp.gate_proj.weight", {f, h}, hf_detail::rows_of(g.w_in.data(), f * h));
+      add(p + "mlp.up_proj.weight", {f, h}, hf_detail::rows_of(g.w_up.data(), f * h));
+      add(p + "mlp.down_proj.weight", {h, f}, hf_detail::transposed(g.w_out.data(), f, h));
+      continue;
+    }
+    const GlobalMoeWeights<float> e = hf_detail::gather_moe(comm, m, model.stack().moe_weights()[std::size_t(layer)]);
+    const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const std::int64_t f = m.expert_ffn;
+    add(block + "gate.weight", {m.experts, h}, hf_detail::rows_of(e.router.data(), m.experts * h));
+    for (std::int64_t x = 0; x < m.experts; ++x) {
+      const std::string at = fmt::format("{}experts.{}.", block, x);
+      const float* in = e.expert_in.data() + x * 2 * f * h;
+      const float* out = e.expert_out.data() + x * f * h;
+      add(at + (mixtral ? "w1.weight" : "gate_proj.weight"), {f, h}, hf_detail::rows_of(in, f * h));
+      add(at + (mixtral ? "w3.weight" : "up_proj.weight"), {f, h}, hf_detail::rows_of(in + f * h, f * h));
+      add(at + (mixtral ? "w2.weight" : "down_proj.weight"), {h, f}, hf_detail::transposed(out, f, h));
+    }
+    if (m.has_shared()) {
+      const std::int64_t fs = m.shared_width();
+      add(block + "shared_expert.gate_proj.weight", {fs, h}, hf_detail::rows_of(e.shared_in.data(), fs * h));
+      add(block + "shared_expert.up_proj.weight", {fs, h}, hf_detail::rows_of(e.shared_in.data() + fs * h, fs * h));
+      add(block + "shared_expert.down_proj.weight", {h, fs}, hf_detail::transposed(e.shared_out.data(), fs, h));
+      add(block + "shared_expert_gate.weight", {1, h}, hf_detail::rows_of(e.shared_gate.data(), h));
+    }
+  }
+  const std::int64_t final_row = c.replicated_rows() - 2;
+  add("model.norm.weight", {h}, hf_detail::rows_of(pack.data() + final_row * h, h));
+  if (!c.tied_head) add("lm_head.weight", {v, h}, hf_detail::rows_of(pack.data() + v * h, v * h));
+  if (writer) {
+    std::filesystem::create_directories(folder);
+    std::vector<safetensors::TensorEntry> entries;
+    for (const Named& t : tensors) entries.push_back({t.name, "F32", t.shape, 0, 0});
+    const std::string header = safetensors::encode_header(entries, {{"format", "pt"}});
+    safetensors::AtomicFile out((std::filesystem::path(folder) / "model.safetensors").string());
+    out.file().write_at(header.data(), std::int64_t(header.size()), 0);
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      out.file().write_at(tensors[i].data.data(), std::int64_t(tensors[i].data.size() * sizeof(float)),
+                          std::int64_t(header.size()) + entries[i].begin);
+    out.commit();
+    hf_detail::write_text_atomically((std::filesystem::path(folder) / "config.json").string(), hf_config_json(c, max_positions));
+  }
+  comm.barrier();  // the files exist for every rank once this returns
+}
+
+}  // namespace paradyse
