@@ -3,10 +3,12 @@
 // link levels), the search against brute force (same top K; the bound never above a configuration it skips), the
 // Megatron-LM validation, and bad input.
 #include "paradyse/search/search.hpp"
+#include "paradyse/search/mesh_groups.hpp"
 #include "paradyse/search/validation.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -359,5 +361,51 @@ TEST_CASE("search: a cluster read from JSON equals the preset it was written fro
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("level supernode-ub domain 12 must be a multiple of the level below (8)") !=
           std::string::npos);
+  }
+}
+
+TEST_CASE("search: every group's size and span agree with the ranks DeviceMesh gives it") {
+  // Each span is an aligned block holding the whole group; strided groups have equal gaps of span / size.
+  auto check_group = [](const DeviceMesh& mesh, std::initializer_list<std::string_view> axes, const GroupSpan& g,
+                        bool strided) {
+    INFO(mesh.to_string());
+    INFO(fmt::format("{}", fmt::join(axes, "x")));
+    for (int rank = 0; rank < mesh.size(); ++rank) {
+      const std::vector<int> ranks = mesh.group_ranks(rank, axes);
+      REQUIRE(int(ranks.size()) == g.size);
+      std::vector<int> sorted = ranks;
+      std::sort(sorted.begin(), sorted.end());
+      CHECK(sorted.front() / g.span == sorted.back() / g.span);
+      if (strided)
+        for (std::size_t i = 1; i < sorted.size(); ++i) CHECK(sorted[i] - sorted[i - 1] == g.span / g.size);
+    }
+  };
+  const std::vector<ParallelConfig> configs{
+      {.dp = 2, .pp = 2, .cp = 2, .tp_x = 2, .tp_y = 2, .ep = 2, .etp = 2},
+      {.dp = 4, .pp = 1, .cp = 2, .tp_x = 1, .tp_y = 4, .ep = 8, .etp = 1},
+      {.dp = 3, .pp = 2, .cp = 1, .tp_x = 2, .tp_y = 3, .ep = 3, .etp = 3},
+      {.dp = 4, .pp = 3, .cp = 2, .tp_x = 1, .tp_y = 2, .ep = 2, .etp = 2},
+      {.dp = 2, .pp = 1, .cp = 1, .tp_x = 3, .tp_y = 1, .ep = 1, .etp = 1}};
+  for (const ParallelConfig& c : configs) {
+    CAPTURE(to_string(c));
+    const DeviceMesh a = attention_mesh(c), e = expert_mesh(c);
+    REQUIRE(a.size() == c.devices());
+    REQUIRE(e.size() == c.devices());
+    const MeshGroups g = mesh_groups(c);
+    check_group(a, {"tp_x"}, g.tp_x, true);
+    check_group(a, {"tp_y"}, g.tp_y, true);
+    check_group(a, {"cp"}, g.cp, true);
+    check_group(a, {"dp", "cp"}, g.dp_cp, true);
+    check_group(a, {"pp"}, g.pp, true);
+    check_group(e, {"ep"}, g.ep, true);
+    check_group(e, {"etp"}, g.etp, true);
+    check_group(e, {"edp_outer", "edp_inner"}, g.edp, c.dp * c.cp == c.ep);
+    // The fold: a rank's MoE coordinates name the same device as its attention coordinates (both row-major over
+    // the same ranks), so ep x edp_outer covers exactly the dp x cp positions and etp x edp_inner the tp ones.
+    for (int rank = 0; rank < a.size(); ++rank) {
+      const MeshCoordinate ac = a.coordinate(rank), ec = e.coordinate(rank);
+      CHECK(ac[1] * c.cp + ac[2] == ec[1] * c.ep + ec[2]);
+      CHECK(ac[3] * c.tp_y + ac[4] == ec[3] * c.etp + ec[4]);
+    }
   }
 }

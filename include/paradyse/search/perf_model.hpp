@@ -26,6 +26,7 @@
 
 #include "paradyse/search/cluster.hpp"
 #include "paradyse/search/memory_estimate.hpp"
+#include "paradyse/search/mesh_groups.hpp"
 #include "paradyse/search/parallel_config.hpp"
 #include "paradyse/search/training_model.hpp"
 #include "paradyse/search/training_setup.hpp"
@@ -96,8 +97,6 @@ private:
     std::array<double, 5> forward_comm{}, backward_comm{};  // exposed, per CommDim
   };
 
-  GroupSpan group(int size, std::int64_t stride) const { return {size, std::int64_t(size) * stride}; }
-
   double gemm_forward(double m, double n, double k) const {
     return cluster_.device.gemm.time(m, n, k, setup_.activation_bytes);
   }
@@ -124,7 +123,8 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
   const double x = c.tp_x, y = c.tp_y, t = c.tp();
   const double h = double(m.hidden);
   LayerTime r;
-  const GroupSpan tp_y{c.tp_y, c.tp_y}, tp_x = group(c.tp_x, c.tp_y);
+  const MeshGroups groups = mesh_groups(c);
+  const GroupSpan tp_y = groups.tp_y, tp_x = groups.tp_x;
   auto ag_y = [&](double bytes) { return cluster_.collective_time(Collective::all_gather, tp_y, bytes); };
   auto rs_x = [&](double bytes) { return cluster_.collective_time(Collective::reduce_scatter, tp_x, bytes); };
   auto ag_x = [&](double bytes) { return cluster_.collective_time(Collective::all_gather, tp_x, bytes); };
@@ -167,7 +167,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
   backward += core_backward;
   recompute_forward += core_forward;
   if (c.cp > 1) {  // K, V of the local chunk [T, kv_width / y] around the ring
-    const GroupSpan cp_ring = group(c.cp, c.tp());
+    const GroupSpan cp_ring = groups.cp;
     const double step = cluster_.collective_time(Collective::send_recv, cp_ring, T * kv_width / y * w);
     add_comm(CommDim::cp, std::max(0.0, (c.cp - 1) * step - core_forward),
              std::max(0.0, 2.0 * (c.cp - 1) * step - core_backward));
@@ -217,8 +217,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
       add_comm(CommDim::tp, tp_comm, tp_comm);
     }
     // ep: all-to-all of k copies of the device's tokens, dispatch and combine; etp: gather and scatter them.
-    const GroupSpan ep_group = group(c.ep, c.tp());
-    const GroupSpan etp_group{c.etp, c.etp};
+    const GroupSpan ep_group = groups.ep, etp_group = groups.etp;
     const double dispatched = tokens * double(m.top_k) * h * w;
     const double a2a = 2 * cluster_.collective_time(Collective::all_to_all, ep_group, dispatched);
     const double etp_comm = cluster_.collective_time(Collective::all_gather, etp_group, dispatched * c.etp) +
@@ -271,7 +270,7 @@ inline double PerformanceModel::stage_micro_batch_time(const ParallelConfig& c, 
   }
   if (c.pp > 1) {  // one send per chunk and direction of the stage's output [T / t, h]
     const double T = double(c.micro_batch) * double(setup_.seq) / c.cp;
-    const GroupSpan pp_group = group(c.pp, std::int64_t(c.dp) * c.cp * c.tp());
+    const GroupSpan pp_group = mesh_groups(c).pp;
     const double send = cluster_.collective_time(Collective::send_recv, pp_group,
                                                  T / c.tp() * double(model_.hidden) * setup_.activation_bytes);
     comm[std::size_t(CommDim::pp)] += 2.0 * c.virtual_stages * send;
@@ -317,9 +316,9 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   const StageParameters p = stage_parameters(model_, c, 0, per_stage, true, c.pp == 1);
   const StageParameters p_last = stage_parameters(model_, c, std::int64_t(c.pp - 1) * per_stage, per_stage, c.pp == 1, true);
   const double dense = std::max(p.dense, p_last.dense), experts = std::max(p.experts, p_last.experts);
-  const GroupSpan dp_group = group(c.dp * c.cp, c.tp());  // dense weights are replicated over dp x cp
-  // Experts are replicated over edp: the devices of dp x cp x tp outside one (ep, etp) group.
-  const GroupSpan edp_group{c.expert_dp(), c.expert_dp() == 1 ? 1 : std::int64_t(c.dp) * c.cp * c.tp()};
+  const MeshGroups groups = mesh_groups(c);
+  const GroupSpan dp_group = groups.dp_cp;  // dense weights are replicated over dp x cp
+  const GroupSpan edp_group = groups.edp;  // experts are replicated over edp
   const double g = setup_.gradient_reduce_bytes, wb = setup_.precision.parameter_bytes;
   // One collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units), each paying its
   // latency.
