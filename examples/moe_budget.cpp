@@ -481,6 +481,10 @@ int main(int argc, char** argv) {
     double full_prefill = 0, full_decode = 0;
     const std::vector<std::int64_t> prefill_pool{seq};
     for (const int percent : {100, 75, 50, 25}) {
+      if (std::llround(percent / 100.0 * double(full_budget(top_k))) < o.layers) {
+        fmt::print("budget {}%: below one expert in each of the {} layers, skipped\n", percent, o.layers);
+        continue;
+      }
       const std::int64_t budget = resolve_budget(BudgetSpec::of_share(percent / 100.0), top_k);
       const std::vector<std::int64_t> uniform = uniform_allocation(top_k, budget);
       const std::vector<std::int64_t> alloc_l = allocate_layers(table.delta, budget).k;
