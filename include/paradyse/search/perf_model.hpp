@@ -158,10 +158,12 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     const double scores = queries * heads * double(setup_.seq);
     core_forward = gemm_forward(queries * heads, double(setup_.seq), double(m.key_dim())) +
                    gemm_forward(queries * heads, double(m.value_dim()), double(setup_.seq)) +
-                   d.elementwise_time(scores * 9.0);  // scale-mask-softmax (read, write 2 B) and dropout (+1 B mask)
+                   d.elementwise_time(scores * 9.0);  // per score: fused scale-mask-softmax reads and writes 2 B,
+                                                      // dropout reads 2 B and writes 2 B and a 1 B mask
     core_backward = gemm_backward(queries * heads, double(setup_.seq), double(m.key_dim())) +
                     gemm_backward(queries * heads, double(m.value_dim()), double(setup_.seq)) +
-                    d.elementwise_time(scores * 13.0);
+                    d.elementwise_time(scores * 11.0);  // dropout backward (2 B + 1 B mask in, 2 B out),
+                                                        // softmax backward (probabilities and gradient in, 2 B out)
   }
   forward += core_forward;
   backward += core_backward;
