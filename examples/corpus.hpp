@@ -10,6 +10,13 @@
 // next-token targets (the last s). The documents of a run are drawn stratified by length (seeded): with N steps, the
 // documents sorted by length are cut into N strata and step i draws one document of stratum i, so even a short run
 // covers the whole distribution, from the shortest speeches to the longest.
+//
+// Steps (pack_steps): a step is one or more windows, each a row of its own (attention never crosses rows, and
+// positions restart at 0 in every row: each document is masked from the others), padded to the step's length s with
+// masked tokens (input 0, target ignored). s is at least the group's minimum (zigzag: two tokens per rank), so a
+// window of any length from 1 token up runs: shorter ones are padded. With a token budget B the loader packs the
+// windows, sorted by length, into steps of b rows x s tokens with b x s <= B (at least one row), so rows of similar
+// length share a step and little is padded; without one (B = 0) each window is a step of its own.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -75,7 +82,7 @@ class WindowSampler {
 public:
   WindowSampler(const std::vector<Document>& docs, std::int64_t min_len, std::int64_t max_len, std::uint64_t seed)
       : docs_(docs), min_len_(min_len), max_len_(max_len), rng_(seed) {
-    paradyse::check(min_len >= 2 && min_len <= max_len, "corpus: lengths must satisfy 2 <= min ({}) <= max ({})",
+    paradyse::check(min_len >= 1 && min_len <= max_len, "corpus: lengths must satisfy 1 <= min ({}) <= max ({})",
                     min_len, max_len);
     for (const Document& d : docs) longest_ = std::max(longest_, std::int64_t(d.bytes.size()));
   }
@@ -92,8 +99,8 @@ public:
   std::vector<Window> stratified(int steps) {
     std::vector<std::size_t> by_length;
     for (std::size_t i = 0; i < docs_.size(); ++i)
-      if (length_of(i) >= 2) by_length.push_back(i);  // not an empty or one-byte document
-    paradyse::check(!by_length.empty(), "corpus: every document is shorter than 3 bytes");
+      if (length_of(i) >= 1) by_length.push_back(i);  // not an empty or one-byte document (nothing to predict)
+    paradyse::check(!by_length.empty(), "corpus: every document is shorter than 2 bytes");
     std::stable_sort(by_length.begin(), by_length.end(),
                      [&](std::size_t a, std::size_t b) { return docs_[a].bytes.size() < docs_[b].bytes.size(); });
     const std::size_t n = by_length.size();
@@ -112,8 +119,9 @@ public:
     return {i, std::int64_t(rng_.below(std::uint64_t(room + 1))), s};
   }
   // Shuffles (Fisher-Yates, seeded).
-  void shuffle(std::vector<Window>& windows) {
-    for (std::size_t i = windows.size(); i > 1; --i) std::swap(windows[i - 1], windows[std::size_t(rng_.below(i))]);
+  template <class T>
+  void shuffle(std::vector<T>& items) {
+    for (std::size_t i = items.size(); i > 1; --i) std::swap(items[i - 1], items[std::size_t(rng_.below(i))]);
   }
 
 private:
@@ -121,5 +129,61 @@ private:
   std::int64_t min_len_, max_len_, longest_ = 0;
   paradyse::Rng rng_;
 };
+
+// One training step: rows of windows padded to a common length.
+struct Step {
+  std::vector<Window> rows;
+  std::int64_t length = 0;  // s: every row's length after padding
+  std::int64_t real_tokens() const {
+    std::int64_t n = 0;
+    for (const Window& w : rows) n += w.length;
+    return n;
+  }
+  std::int64_t padded_tokens() const { return std::int64_t(rows.size()) * length - real_tokens(); }
+};
+
+// The steps of `windows` (see the top): one per window (token_budget 0, in the given order), or packed up to
+// token_budget tokens per step from the windows sorted by length (shortest first; the caller may shuffle the steps).
+// Every step's length is at least min_length.
+inline std::vector<Step> pack_steps(const std::vector<Window>& windows, std::int64_t token_budget,
+                                    std::int64_t min_length) {
+  paradyse::check(token_budget >= 0 && min_length >= 1, "pack_steps: token budget {} and minimum length {}",
+                  token_budget, min_length);
+  std::vector<Step> steps;
+  const auto padded = [&](std::int64_t length) { return std::max(length, min_length); };
+  if (token_budget == 0) {
+    for (const Window& w : windows) steps.push_back({{w}, padded(w.length)});
+    return steps;
+  }
+  std::vector<Window> sorted = windows;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const Window& a, const Window& b) { return a.length < b.length; });
+  for (const Window& w : sorted) {
+    const std::int64_t s = padded(w.length);  // the longest so far: sorted
+    if (!steps.empty() && std::int64_t(steps.back().rows.size() + 1) * s <= token_budget) {
+      steps.back().rows.push_back(w);
+      steps.back().length = s;
+    } else {
+      steps.push_back({{w}, s});
+    }
+  }
+  return steps;
+}
+
+// The inputs and next-token targets of a step, [rows, s] row-major: row i holds window i's bytes, then padding
+// (input 0, target ignore_index).
+inline void step_tokens(const Step& step, const std::vector<Document>& docs, std::int32_t ignore_index,
+                        std::vector<std::int32_t>& inputs, std::vector<std::int32_t>& targets) {
+  const std::size_t s = std::size_t(step.length);
+  inputs.assign(step.rows.size() * s, 0);
+  targets.assign(step.rows.size() * s, ignore_index);
+  for (std::size_t row = 0; row < step.rows.size(); ++row) {
+    const Window& w = step.rows[row];
+    const std::string& text = docs[w.document].bytes;
+    for (std::int64_t i = 0; i < w.length; ++i) {
+      inputs[row * s + std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i)]));
+      targets[row * s + std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i + 1)]));
+    }
+  }
+}
 
 }  // namespace corpus

@@ -22,6 +22,7 @@
 #include "command_line.hpp"
 #include "corpus.hpp"
 #include "csv_table.hpp"
+#include "model_flops.hpp"
 #include "train_ranks.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -88,6 +89,7 @@ struct Options {
   std::string resume;           // a training checkpoint to continue from
   int stop_after = 0;           // > 0: stop after this many steps of this invocation, with a training checkpoint
   std::string csv;              // the per-step table as CSV
+  std::int64_t pack_tokens = 0; // > 0: documents packed into steps of up to this many tokens (rows x length)
   std::vector<std::string> args;  // the options as given (without --resume and --load): saved in checkpoints
 };
 
@@ -98,6 +100,9 @@ struct Options {
              "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
              "                 [--corpus DIR] [--backend threads|mpi] [--checkpoint-every N] [--keep K]\n"
              "                 [--checkpoint-dir DIR] [--resume PATH] [--stop-after N] [--csv FILE]\n"
+             "                 [--pack-tokens B]\n"
+             "--steps N: N documents (windows) are drawn; one per step, or with --pack-tokens B packed into steps of\n"
+             "  up to B tokens (rows of similar length, one document per row, padded with masked tokens)\n"
              "--checkpoint-every N: every N steps a training checkpoint (weights, AdamW moments, step, data position,\n"
              "  options) DIR/step_<next step>.safetensors (default DIR: checkpoints), keeping the newest K (default 2)\n"
              "--resume PATH: continue the run a training checkpoint was saved in, with its options (options given\n"
@@ -144,6 +149,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--resume") o.resume = cli.value();
     else if (arg == "--stop-after") o.stop_after = cli.integer<int>(1, 10'000'000);
     else if (arg == "--csv") o.csv = cli.value();
+    else if (arg == "--pack-tokens") o.pack_tokens = cli.integer<std::int64_t>(1, 1 << 30);
     else cli.unknown();
   }
   // The options as given, for training checkpoints: every flag takes one value; --resume, --load and --stop-after
@@ -294,7 +300,9 @@ double physical_memory_bytes() {
 }
 
 struct StepRecord {
-  std::int64_t length = 0;
+  std::int64_t length = 0;  // real tokens
+  std::int64_t padding = 0;  // masked tokens the step padded with
+  double flops = 0;          // model FLOPs
   double loss = 0;
   double seconds = 0;
   bool failed = false;
@@ -327,10 +335,15 @@ int main(int argc, char** argv) {
         o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
                          : std::filesystem::path(o.corpus);
     const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
-    const std::int64_t min_len = std::max<std::int64_t>(o.min_len, 2 * o.ranks);  // zigzag: two chunks per rank
+    const std::int64_t min_len = o.min_len;
     corpus::WindowSampler sampler(docs, min_len, o.max_len, o.seed);
     std::vector<corpus::Window> windows = sampler.stratified(o.steps);  // shortest first: the curriculum order
     if (!o.sorted) sampler.shuffle(windows);
+    // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens.
+    const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
+    std::vector<corpus::Step> steps = corpus::pack_steps(windows, o.pack_tokens, group_min_len);
+    if (o.pack_tokens > 0 && !o.sorted) sampler.shuffle(steps);
+    const int n_steps = int(steps.size());
 
     const pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
     const pd::plan::GptCosts<Model> costs{config, o.ranks, &hardware};
@@ -390,6 +403,9 @@ int main(int argc, char** argv) {
                "document gives {}), documents stratified by length, order {}, seed {}\n",
                docs.size(), corpus_dir.string(), shortest, sampler.longest_document(), o.steps, min_len, o.max_len,
                o.max_len, o.sorted ? "sorted (curriculum)" : "random", o.seed);
+    if (o.pack_tokens > 0)
+      fmt::print("packing: {} documents in {} steps of up to {} tokens (one document per row, rows padded to the "
+                 "step's longest with masked tokens)\n", windows.size(), n_steps, o.pack_tokens);
     fmt::print("ranks: {} {}; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
                "all-MegatronTS {:.1f} MiB)\n",
                o.ranks, mpi ? "MPI processes" : "threads", double(cap) / kMiB,
@@ -438,7 +454,7 @@ int main(int argc, char** argv) {
       });
       first_step = checkpoint_next_step(o.resume);
       fmt::print("resumed from {}: weights, AdamW moments and optimizer step {}; the data continues at step {} of "
-                 "{}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(), first_step, o.steps);
+                 "{}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(), first_step, n_steps);
     }
     // Training checkpoints: everything a restart needs, atomically, the newest --keep kept.
     const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
@@ -456,8 +472,10 @@ int main(int argc, char** argv) {
       const pd::CheckpointSaveOptions options{
           .optimizer_state = true,
           .extra = {{"train.args", joined_args}, {"train.next_step", std::to_string(next_step)},
-                    {"train.data", fmt::format("seed {}, {} steps, windows stratified by length{}", o.seed, o.steps,
-                                               o.sorted ? "" : ", shuffled")}}};
+                    {"train.data", fmt::format("seed {}, {} documents stratified by length{}, {} steps{}", o.seed,
+                                               o.steps, o.sorted ? "" : ", shuffled", n_steps,
+                                               o.pack_tokens ? fmt::format(" of up to {} tokens", o.pack_tokens)
+                                                             : std::string())}}};
       ranks.run([&](auto& comm, int r) {
         ranks.pools[std::size_t(r)]->trim();
         pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
@@ -466,8 +484,8 @@ int main(int argc, char** argv) {
       fmt::print("      checkpoint {} (continues at step {})\n", path, next_step);
     };
     pd::examples::CsvTable csv(ranks.reports() ? o.csv : std::string(),
-                               {"step", "length", "plan", "loss", "seconds", "peak_mib", "predicted_mib", "cap_mib",
-                                "status"});
+                               {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "mfu",
+                                "peak_mib", "predicted_mib", "cap_mib", "status"});
     // The plan in full names, "attention/mlp" per layer.
     const auto full_plan = [&](const std::vector<pd::cost::LayerStrategies>& layers) {
       std::string out;
@@ -480,41 +498,46 @@ int main(int argc, char** argv) {
     pd::ops::AdamWConfig adamw;
     adamw.learning_rate = float(o.lr);
     adamw.weight_decay = 0.01f;
-    const int warmup = std::max(1, std::min(8, o.steps / 8));
+    const int warmup = std::max(1, std::min(8, n_steps / 8));
+    const double gemm_rate = pd::examples::gemm_rate_per_rank(hardware);
 
     fmt::print("peak: the largest per-rank peak measured by the memory trackers; pred: the memory model's peak for the "
                "plan (what the planner budgets)\n");
-    fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7}  {:>9}  {:>9}  {:>6}\n", "step", "len", "plan", 8 * o.layers, "loss",
-               "time s", "peak MiB", "pred MiB", "cap");
+    fmt::print("MFU: model FLOPs per second against the GEMM rate of the profile, {:.1f} GFLOP/s per rank x {} ranks{}\n",
+               gemm_rate / 1e9, o.ranks, hardware.source.find("calibrated") == std::string::npos
+                                               ? " (not calibrated on this machine: MFU against that device)" : "");
+    fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>5}  {:>9}  {:>9}  {:>6}\n", "step", "len", "docs", "plan",
+               8 * o.layers, "loss", "time s", "MFU%", "peak MiB", "pred MiB", "cap");
     std::vector<StepRecord> records;
     std::map<std::string, int> usage;
     int ooms = 0, unplanned = 0;
     const auto run_start = std::chrono::steady_clock::now();
     double planner_seconds = 0;
-    const int end_step = o.stop_after > 0 ? std::min(o.steps, first_step + o.stop_after) : o.steps;
+    const int end_step = o.stop_after > 0 ? std::min(n_steps, first_step + o.stop_after) : n_steps;
     for (int step = first_step; step < end_step; ++step) {
       if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
-      const corpus::Window& w = windows[std::size_t(step)];
-      const std::int64_t s = w.length;
-      const std::string& text = docs[w.document].bytes;
-      std::vector<std::int32_t> inputs(static_cast<std::size_t>(s)), targets(static_cast<std::size_t>(s));
-      for (std::int64_t i = 0; i < s; ++i) {
-        inputs[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i)]));
-        targets[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i + 1)]));
-      }
+      // The step's rows [b, s]: one document each, padded with masked tokens.
+      const corpus::Step& batch = steps[std::size_t(step)];
+      const std::int64_t s = batch.length, rows = std::int64_t(batch.rows.size());
+      std::vector<std::int32_t> inputs, targets;
+      corpus::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
+      std::vector<std::int64_t> lengths;
+      for (const corpus::Window& w : batch.rows) lengths.push_back(w.length);
+      const double step_flops = pd::examples::training_flops(config, lengths);
+      const std::int64_t real = batch.real_tokens(), padding = batch.padded_tokens();
       // The plan: the exact planner's, or the forced strategy's (with its predicted memory).
       const auto plan_start = std::chrono::steady_clock::now();
-      const pd::plan::CostTable table = costs.table(s);
+      const pd::plan::CostTable table = costs.table(s, rows);
       std::optional<pd::plan::Plan> plan;
       try {
         plan = o.strategy.empty()
                    ? pd::plan::plan_exact(table, cap)
                    : pd::plan::plan_of(table, pd::plan::uniform_layers(table, pd::cost::default_catalog().index_of(o.strategy)), cap);
       } catch (const pd::plan::NoFeasiblePlan& e) {
-        fmt::print("{:>4}  {:>6}  no plan fits the cap: {}\n", step, s, e.what());
+        fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap: {}\n", step, s, rows, e.what());
         ++unplanned;
-        records.push_back({s, 0, 0, true});
-        csv.row(step, s, "", "", 0, "", "", double(cap) / kMiB, "no plan fits");
+        records.push_back({real, padding, step_flops, 0, 0, true});
+        csv.row(step, s, rows, real, padding, "", "", 0, "", "", "", double(cap) / kMiB, "no plan fits");
         continue;
       }
       planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
@@ -533,8 +556,8 @@ int main(int argc, char** argv) {
           pool.reset_high_water();
           ranks.tracker(r).reset_peak();
           const pd::SequenceLayout layout(s, o.ranks, config.layer.zigzag);
-          const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, 1, layout, r);
-          const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, 1, layout, r);
+          const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, rows, layout, r);
+          const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, rows, layout, r);
           model.zero_gradients();
           // Under MPI an out-of-memory rank could not stop the others inside a collective: the step runs uncapped
           // and is undone when any rank's peak passed the cap, which is exactly when the thread run's step fails.
@@ -559,14 +582,14 @@ int main(int argc, char** argv) {
         });
       } catch (const pd::OutOfMemory& e) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap {:.0f} MiB): "
-                   "{} more bytes asked with {:.1f} MiB in use\n",
-                   step, s, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
+        fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap {:.0f} "
+                   "MiB): {} more bytes asked with {:.1f} MiB in use\n",
+                   step, s, rows, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
                    double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
         ++ooms;
-        records.push_back({s, 0, seconds, true});
-        csv.row(step, s, full_plan(layers), "", seconds, "", double(plan->peak_bytes()) / kMiB, double(cap) / kMiB,
-                "out of memory");
+        records.push_back({real, padding, step_flops, 0, seconds, true});
+        csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "", "", double(plan->peak_bytes()) / kMiB,
+                double(cap) / kMiB, "out of memory");
         // Under the same cap: the recovery allocates nothing, and the pool gives back what the step cached.
         ranks.run([&](auto&, int r) {
           ranks.models[std::size_t(r)]->recover_from_failed_step();
@@ -577,14 +600,15 @@ int main(int argc, char** argv) {
       if (over_cap) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         ranks.share(peaks);
-        fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY: a rank peaked at {:.1f} MiB, over the cap of "
-                   "{:.0f} MiB (predicted {:.1f} MiB); the step is undone\n",
-                   step, s, compact(layers), 8 * o.layers, "-", seconds,
+        fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY: a rank peaked at {:.1f} MiB, over the cap "
+                   "of {:.0f} MiB (predicted {:.1f} MiB); the step is undone\n",
+                   step, s, rows, compact(layers), 8 * o.layers, "-", seconds,
                    *std::max_element(peaks.begin(), peaks.end()) / kMiB, double(cap) / kMiB,
                    double(plan->peak_bytes()) / kMiB);
         ++ooms;
-        records.push_back({s, 0, seconds, true});
-        csv.row(step, s, full_plan(layers), "", seconds, *std::max_element(peaks.begin(), peaks.end()) / kMiB,
+        records.push_back({real, padding, step_flops, 0, seconds, true});
+        csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "",
+                *std::max_element(peaks.begin(), peaks.end()) / kMiB,
                 double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "out of memory");
         continue;
       }
@@ -598,10 +622,12 @@ int main(int argc, char** argv) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       ranks.share(peaks);
       const double peak = *std::max_element(peaks.begin(), peaks.end());
-      fmt::print("{:>4}  {:>6}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, compact(layers),
-                 8 * o.layers, loss, seconds, peak / kMiB, double(plan->peak_bytes()) / kMiB, double(cap) / kMiB);
-      records.push_back({s, loss, seconds, false});
-      csv.row(step, s, full_plan(layers), fmt::format("{:.17g}", loss), seconds, peak / kMiB,
+      const double mfu = pd::examples::model_flops_utilisation(step_flops, seconds, o.ranks, hardware);
+      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, rows,
+                 compact(layers), 8 * o.layers, loss, seconds, 100 * mfu, peak / kMiB, double(plan->peak_bytes()) / kMiB,
+                 double(cap) / kMiB);
+      records.push_back({real, padding, step_flops, loss, seconds, false});
+      csv.row(step, s, rows, real, padding, full_plan(layers), fmt::format("{:.17g}", loss), seconds, mfu, peak / kMiB,
               double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "ok");
       for (const auto& l : layers) {
         ++usage[std::string(plan->strategy_name(l.attention))];
@@ -610,16 +636,20 @@ int main(int argc, char** argv) {
     }
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
     if (end_step > first_step &&
-        ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < o.steps)))
+        ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < n_steps)))
       save_training_checkpoint(end_step);
 
     // Summary.
     std::vector<const StepRecord*> done;
-    std::int64_t tokens = 0;
+    std::int64_t tokens = 0, padded = 0;
+    double flops = 0, step_seconds = 0;
     for (const StepRecord& r : records)
       if (!r.failed) {
         done.push_back(&r);
         tokens += r.length;
+        padded += r.padding;
+        flops += r.flops;
+        step_seconds += r.seconds;
       }
     const auto mean_loss = [&](std::size_t from, std::size_t to) {
       double sum = 0;
@@ -629,11 +659,17 @@ int main(int argc, char** argv) {
     const std::size_t k = std::min<std::size_t>(10, done.size());
     fmt::print("\nsummary\n");
     fmt::print("  steps                      {} run, {} out of memory, {} with no plan that fits\n", done.size(), ooms, unplanned);
-    fmt::print("  tokens trained             {}\n", tokens);
+    fmt::print("  tokens trained             {} in {} documents; {} padding tokens ({:.1f}% of the tokens run)\n", tokens,
+               [&] { std::size_t n = 0; for (int i = first_step; i < end_step; ++i) n += steps[std::size_t(i)].rows.size(); return n; }(),
+               padded, tokens + padded > 0 ? 100.0 * double(padded) / double(tokens + padded) : 0.0);
     fmt::print("  mean loss, first {:>2} steps  {}\n", k, mean_loss(0, k));
     fmt::print("  mean loss, last {:>2} steps   {}\n", k, mean_loss(done.size() - k, done.size()));
     fmt::print("  total time                 {:.1f} s ({:.0f} tokens/s; planning {:.1f} ms in all)\n", total,
                double(tokens) / total, planner_seconds * 1e3);
+    fmt::print("  model FLOPs utilisation    {:.1f}% over the steps run ({:.2f} GFLOP/s of model FLOPs; GEMM rate {:.1f} "
+               "GFLOP/s x {} ranks)\n",
+               100 * pd::examples::model_flops_utilisation(flops, step_seconds, o.ranks, hardware),
+               step_seconds > 0 ? flops / step_seconds / 1e9 : 0.0, gemm_rate / 1e9, o.ranks);
     fmt::print("  strategy usage (sublayers) ");
     bool first = true;
     for (const std::string& name : pd::cost::default_catalog().names()) {

@@ -1,6 +1,6 @@
 # tests/examples/train_gpt_mpi.cmake: train_gpt run as MPI processes (mpirun -np NP train_gpt --backend mpi) prints
 # the same per-step table as the thread-rank run of the same command: length, plan, loss (4 decimals), measured and
-# predicted peak memory, step by step (only the time column may differ). Run by ctest (examples/CMakeLists.txt):
+# predicted peak memory, step by step (only the time and MFU columns may differ). Run by ctest (examples/CMakeLists.txt):
 #   cmake -DEXE=train_gpt -DMPIEXEC=mpiexec -DNP=2 -DARGS="--steps;4;..." -P train_gpt_mpi.cmake
 foreach(var EXE MPIEXEC NP ARGS)
   if(NOT DEFINED ${var})
@@ -14,8 +14,9 @@ function(step_rows output out_var)
   set(rows "")
   foreach(line IN LISTS lines)
     if(line MATCHES "^ +[0-9]+ +[0-9]+ ")
-      # The time column is the one number with two decimals after the 4-decimal loss.
-      string(REGEX REPLACE "([0-9]+\\.[0-9][0-9][0-9][0-9]) +[0-9]+\\.[0-9][0-9] " "\\1 <time> " row "${line}")
+      # The timed columns follow the 4-decimal loss: the time (2 decimals) and the MFU (1 decimal).
+      string(REGEX REPLACE "([0-9]+\\.[0-9][0-9][0-9][0-9]) +[0-9]+\\.[0-9][0-9] +[0-9]+\\.[0-9] " "\\1 <timed> "
+             row "${line}")
       list(APPEND rows "${row}")
     endif()
   endforeach()

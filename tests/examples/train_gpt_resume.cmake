@@ -18,7 +18,8 @@ function(run_train what)
   endif()
   set(last_output "${out}" PARENT_SCOPE)
 endfunction()
-# The CSV rows of steps >= first, without the seconds column (the 5th): step,length,plan,loss,...
+# The CSV rows of steps >= first, without the timed columns (seconds and mfu, the 8th and 9th):
+# step,length,rows,tokens,padding,plan,loss,<timed>,peak_mib,predicted_mib,cap_mib,status
 function(rows_from csv first out_var)
   file(STRINGS ${csv} lines)
   list(REMOVE_AT lines 0)
@@ -26,7 +27,7 @@ function(rows_from csv first out_var)
   foreach(line IN LISTS lines)
     string(REGEX MATCH "^([0-9]+)," step "${line}")
     if(CMAKE_MATCH_1 GREATER_EQUAL first)
-      string(REGEX REPLACE "^([^,]*,[^,]*,[^,]*,[^,]*),[^,]*," "\\1,<seconds>," row "${line}")
+      string(REGEX REPLACE "^([^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*),[^,]*,[^,]*," "\\1,<timed>," row "${line}")
       list(APPEND rows "${row}")
     endif()
   endforeach()

@@ -33,16 +33,19 @@ struct GptCosts {
     for (int r = 0; r < ranks; ++r) n = std::max(n, layout.local_length(r));
     return n;
   }
-  // Replicated weights and states, the step's activations outside the stack, the rank's tokens and targets.
-  std::int64_t extra_bytes(std::int64_t s) const {
+  // Replicated weights and states, the step's activations outside the stack, the rank's tokens and targets (of
+  // `batch` sequences).
+  std::int64_t extra_bytes(std::int64_t s, std::int64_t batch = 1) const {
     const std::int64_t n = max_local_tokens(s);
-    return Model::replicated_state_bytes(config) + Model::activation_bytes(config, 1, n) + 2 * ((n * 4 + 63) / 64 * 64);
+    return Model::replicated_state_bytes(config) + Model::activation_bytes(config, batch, n) +
+           2 * ((batch * n * 4 + 63) / 64 * 64);
   }
-  // The cost table for one sequence of s tokens: float32 activations, weights and gradients, two AdamW moments.
-  CostTable table(std::int64_t s) const {
+  // The cost table for `batch` sequences of s tokens (a step of several documents, one per row, padded to s):
+  // float32 activations, weights and gradients, two AdamW moments.
+  CostTable table(std::int64_t s, std::int64_t batch = 1) const {
     ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
-    model.extra_bytes = extra_bytes(s);
-    return build_cost_table(model, *hardware, ranks, Batch::single(s), {}, *catalog);
+    model.extra_bytes = extra_bytes(s, batch);
+    return build_cost_table(model, *hardware, ranks, Batch::single(s, batch), {}, *catalog);
   }
   // The predicted peak per rank with every sublayer on `strategy` (an index of the catalog).
   std::int64_t uniform_peak(std::int64_t s, int strategy) const {

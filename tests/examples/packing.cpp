@@ -1,0 +1,188 @@
+// The train_gpt data path (examples/corpus.hpp): steps of one or several documents, one per row, padded with masked
+// tokens. pack_steps keeps every window once within the token budget; step_tokens pads with ignored targets; and a
+// padded or packed step trains the model exactly as its documents alone would: its loss is their token-weighted
+// mean and its gradients the token-weighted mean of theirs (causal attention never reaches the padding after a
+// document, rows never see each other, positions restart in every row), on group sizes where short documents need
+// padding (p = 2, 3) against one rank without padding.
+#include "../../examples/corpus.hpp"
+
+#include "support/tolerance.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/megatron_ts.hpp"
+#include "paradyse/strategy/switchable.hpp"
+#include "paradyse/strategy/ulysses_z.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace paradyse;
+using Strategies = Switchable<MegatronTS<>, UlyssesZ<>>;
+using Model = Gpt<Strategies>;
+
+std::vector<corpus::Document> documents_of(const std::vector<std::int64_t>& sizes, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<corpus::Document> docs;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    std::string bytes;
+    for (std::int64_t j = 0; j < sizes[i]; ++j) bytes += char('a' + rng.below(26));
+    docs.push_back({fmt::format("d{}", i), bytes});
+  }
+  return docs;
+}
+
+}  // namespace
+
+TEST_CASE("pack_steps: every window once, within the token budget, rows padded to the step's length") {
+  Rng rng(5);
+  std::vector<corpus::Window> windows;
+  for (std::size_t i = 0; i < 50; ++i) windows.push_back({i, 0, 1 + std::int64_t(rng.below(90))});
+  for (const std::int64_t budget : {0, 1, 64, 100, 333}) {
+    const std::int64_t min_length = 6;
+    const std::vector<corpus::Step> steps = corpus::pack_steps(windows, budget, min_length);
+    std::vector<std::size_t> seen;
+    std::int64_t real = 0, padding = 0;
+    for (const corpus::Step& step : steps) {
+      REQUIRE(!step.rows.empty());
+      CHECK(step.length >= min_length);
+      std::int64_t longest = 0;
+      for (const corpus::Window& w : step.rows) {
+        seen.push_back(w.document);
+        longest = std::max(longest, w.length);
+      }
+      CHECK(step.length == std::max(longest, min_length));  // padded to its longest row, no further
+      if (budget > 0 && step.rows.size() > 1) CHECK(std::int64_t(step.rows.size()) * step.length <= budget);
+      real += step.real_tokens();
+      padding += step.padded_tokens();
+      CHECK(step.padded_tokens() == std::int64_t(step.rows.size()) * step.length - step.real_tokens());
+    }
+    std::sort(seen.begin(), seen.end());
+    for (std::size_t i = 0; i < windows.size(); ++i) CHECK(seen[i] == i);
+    std::int64_t want = 0;
+    for (const corpus::Window& w : windows) want += w.length;
+    CHECK(real == want);
+    if (budget == 0) {
+      CHECK(steps.size() == windows.size());
+      for (std::size_t i = 0; i < steps.size(); ++i) CHECK(steps[i].rows[0].document == windows[i].document);  // order kept
+    }
+    if (budget == 333) CHECK(steps.size() < windows.size() / 2);  // packed
+    CAPTURE(budget);
+    CAPTURE(padding);
+  }
+  CHECK_THROWS_AS(corpus::pack_steps(windows, -1, 6), Error);
+}
+
+TEST_CASE("step_tokens: row i holds window i's bytes and next bytes, then padding with ignored targets") {
+  const std::vector<corpus::Document> docs = documents_of({5, 12, 2}, 3);
+  const corpus::Step step{{{0, 1, 3}, {1, 4, 7}, {2, 0, 1}}, 8};
+  std::vector<std::int32_t> inputs, targets;
+  corpus::step_tokens(step, docs, -100, inputs, targets);
+  REQUIRE(inputs.size() == 24);
+  for (std::size_t row = 0; row < 3; ++row) {
+    const corpus::Window& w = step.rows[row];
+    for (std::int64_t i = 0; i < 8; ++i) {
+      const std::size_t at = row * 8 + std::size_t(i);
+      if (i < w.length) {
+        CHECK(inputs[at] == std::int32_t(std::uint8_t(docs[w.document].bytes[std::size_t(w.offset + i)])));
+        CHECK(targets[at] == std::int32_t(std::uint8_t(docs[w.document].bytes[std::size_t(w.offset + i + 1)])));
+      } else {
+        CHECK(inputs[at] == 0);
+        CHECK(targets[at] == -100);
+      }
+    }
+  }
+}
+
+TEST_CASE("a padded, packed step trains as its documents alone: loss and gradients are their token-weighted means") {
+  GptConfig c;
+  c.layer = LayerConfig::make(24, 6);  // heads divisible by p = 1, 2, 3
+  c.layer.causal = c.layer.zigzag = c.layer.rope = true;
+  c.layers = 2;
+  c.vocab = 256;
+  // Documents shorter than the group's minimum (2p tokens) and longer ones; one of a single token.
+  const std::vector<corpus::Document> docs = documents_of({2, 4, 9, 14}, 11);
+  const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 3}, {2, 1, 7}, {3, 0, 13}};
+
+  // One document alone on one rank, unpadded (zigzag needs 2 tokens: the 1-token one gets one padded token).
+  struct Result {
+    double loss = 0;
+    std::int64_t counted = 0;
+    std::vector<float> replicated_grad, layer_grad;  // rank 0's
+  };
+  const auto run = [&](const corpus::Step& step, int p, const char* strategy) {
+    Result result;
+    std::vector<std::int32_t> inputs, targets;
+    corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+    const std::int64_t rows = std::int64_t(step.rows.size()), s = step.length;
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      const int r = comm.rank();
+      BufferPool pool;
+      Model model(c, p, r, 21);
+      const SequenceLayout layout(s, p, c.layer.zigzag);
+      const Tensor<std::int32_t> x = shard_tokens(inputs, rows, layout, r), y = shard_tokens(targets, rows, layout, r);
+      model.zero_gradients();
+      const GptStepResult out =
+          model.forward_backward(comm, pool, uniform_plan<Strategies>(2, strategy), s, x.view(), y.view());
+      if (r != 0) return;
+      result.loss = out.loss;
+      result.counted = out.counted;
+      result.replicated_grad.assign(model.replicated_gradient().span().begin(), model.replicated_gradient().span().end());
+      if (p == 1) {  // the one-rank shards are the global weights
+        const LayerWeights& g = model.stack().gradients()[0];
+        result.layer_grad.assign(g.attention.packed.span().begin(), g.attention.packed.span().end());
+        result.layer_grad.insert(result.layer_grad.end(), g.mlp.packed.span().begin(), g.mlp.packed.span().end());
+      }
+    });
+    return result;
+  };
+  std::vector<Result> alone;
+  for (const corpus::Window& w : windows) alone.push_back(run({{w}, std::max<std::int64_t>(w.length, 2)}, 1, "MegatronTS"));
+
+  for (const int p : {2, 3})
+    for (const std::int64_t budget : {std::int64_t(0), std::int64_t(40)})
+      for (const char* strategy : {"MegatronTS", "UlyssesZ"}) {
+        const std::vector<corpus::Step> steps = corpus::pack_steps(windows, budget, 2 * p);
+        for (const corpus::Step& step : steps) {
+          CAPTURE(p);
+          CAPTURE(budget);
+          CAPTURE(strategy);
+          CAPTURE(step.rows.size());
+          CAPTURE(step.length);
+          const Result got = run(step, p, strategy);
+          double loss = 0;
+          std::int64_t counted = 0;
+          std::vector<double> grad(got.replicated_grad.size(), 0.0);
+          for (const corpus::Window& w : step.rows) {
+            const Result& a = alone[w.document];
+            loss += a.loss * double(a.counted);
+            counted += a.counted;
+            for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += double(a.replicated_grad[i]) * double(a.counted);
+          }
+          for (double& g : grad) g /= double(counted);
+          CHECK(got.counted == counted);  // the padding is not counted
+          CHECK(got.loss == doctest::Approx(loss / double(counted)).epsilon(1e-5));
+          CHECK(testing::first_mismatch(std::span<const float>(got.replicated_grad), std::span<const double>(grad),
+                                        testing::kFloat32) == "");
+        }
+      }
+  // The layer gradients too, on one rank: a packed step of all four against the documents alone.
+  const corpus::Step all = corpus::pack_steps(windows, 1000, 2)[0];
+  REQUIRE(all.rows.size() == windows.size());
+  const Result packed = run(all, 1, "MegatronTS");
+  std::vector<double> want(packed.layer_grad.size(), 0.0);
+  for (const corpus::Window& w : all.rows) {
+    const Result& a = alone[w.document];
+    for (std::size_t i = 0; i < want.size(); ++i)
+      want[i] += double(a.layer_grad[i]) * double(a.counted) / double(packed.counted);
+  }
+  CHECK(testing::first_mismatch(std::span<const float>(packed.layer_grad), std::span<const double>(want),
+                                testing::kFloat32) == "");
+}
