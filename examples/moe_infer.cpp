@@ -1,0 +1,238 @@
+// examples/moe_infer.cpp: serves a request trace with the MoE inference engine (serve/engine.hpp) on p thread ranks
+// under each layout policy, measured in the same run: static TP, static EP, EP + EPLB (the vLLM baselines), EP +
+// token sorting, and dynamic TP<->EP switching (ours). Prints TTFT and TPOT (p50, p99), throughput, switches and
+// the time they exposed, and the expert load imbalance per layer, with a progress line while each policy runs.
+//
+// The model: a Hugging Face folder (--model DIR: Mixtral, Qwen2-MoE or OLMoE), or by default a synthetic
+// Mixtral-shaped MoE with seeded random weights (serve/synthetic_decoder.hpp; --skew makes the router favour some
+// experts). Arrivals: Poisson at --rate requests/s, or --bursty (bursts of --burst requests every --period seconds).
+// Prompt and output lengths are uniform in the given ranges (seeded), token ids uniform over the vocabulary.
+#include "command_line.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/serve/engine.hpp"
+#include "paradyse/serve/synthetic_decoder.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::serve;
+
+namespace {
+
+constexpr std::string_view kUsage = R"(usage: moe_infer [options]
+Serves a request trace on p thread ranks under each MoE layout policy and compares them.
+  --model DIR          Hugging Face model folder (default: synthetic Mixtral-shaped MoE)
+  --hidden H           synthetic: hidden size (default 256)
+  --layers L           synthetic: layers (default 2)
+  --experts E          synthetic: experts (default 8)
+  --top-k K            synthetic: experts per token (default 2)
+  --ffn F              synthetic: expert width (default 512)
+  --skew S             synthetic: router skew >= 0 (default 0.3)
+  --ranks P            thread ranks (default 2)
+  --requests N         requests in the trace (default 32)
+  --rate R             Poisson arrivals, requests/s (default 8)
+  --bursty             bursts instead: --burst requests every --period seconds
+  --burst B            requests per burst (default 12)
+  --period T           seconds between bursts (default 1.5)
+  --prompt MIN MAX     prompt length range (default 8 64)
+  --output MIN MAX     output length range (default 8 32)
+  --step-tokens T      tokens per engine step (default 64)
+  --policies LIST      comma-separated subset of tp,ep,eplb,sort,dynamic (default all)
+  --seed S             trace and weights seed (default 1)
+  --help               this text
+)";
+
+[[noreturn]] void usage(const std::string& problem) { examples::print_usage_and_exit("moe_infer", problem, kUsage); }
+
+struct Options {
+  std::string model;
+  std::int64_t hidden = 256, layers = 2, experts = 8, top_k = 2, ffn = 512;
+  double skew = 0.3;
+  int ranks = 2;
+  std::int64_t requests = 32;
+  double rate = 8;
+  bool bursty = false;
+  std::int64_t burst = 12;
+  double period = 1.5;
+  std::int64_t prompt_min = 8, prompt_max = 64, output_min = 8, output_max = 32;
+  std::int64_t step_tokens = 64;
+  std::string policies = "tp,ep,eplb,sort,dynamic";
+  std::uint64_t seed = 1;
+};
+
+std::vector<ServeRequest> make_trace(const Options& o, std::int64_t vocab) {
+  Rng rng(o.seed * 7919 + 13);
+  std::vector<ServeRequest> trace;
+  double t = 0;
+  for (std::int64_t i = 0; i < o.requests; ++i) {
+    ServeRequest r;
+    r.id = i;
+    if (o.bursty)
+      r.arrival = double(i / o.burst) * o.period + 0.001 * double(i % o.burst);
+    else
+      r.arrival = (t += -std::log(1.0 - rng.uniform()) / o.rate);
+    const std::int64_t len = o.prompt_min + std::int64_t(rng.below(std::uint64_t(o.prompt_max - o.prompt_min + 1)));
+    for (std::int64_t k = 0; k < len; ++k) r.prompt.push_back(std::int32_t(rng.below(std::uint64_t(vocab))));
+    r.max_new_tokens = o.output_min + std::int64_t(rng.below(std::uint64_t(o.output_max - o.output_min + 1)));
+    trace.push_back(std::move(r));
+  }
+  return trace;
+}
+
+double percentile(std::vector<double> x, double q) {
+  if (x.empty()) return 0;
+  std::sort(x.begin(), x.end());
+  const double at = q * double(x.size() - 1);
+  const std::size_t lo = std::size_t(at), hi = std::min(lo + 1, x.size() - 1);
+  return x[lo] + (at - double(lo)) * (x[hi] - x[lo]);
+}
+
+struct Row {
+  std::string name;
+  double ttft50 = 0, ttft99 = 0, tpot50 = 0, tpot99 = 0, throughput = 0, exposed_ms = 0;
+  std::int64_t switches = 0, steps = 0, ep_steps = 0;
+  std::vector<double> expert_imbalance, rank_imbalance;
+  FetchStats fetch;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  examples::CommandLine cli(argc, argv, usage);
+  while (cli.next()) {
+    const std::string& f = cli.flag();
+    if (f == "--model") o.model = cli.value();
+    else if (f == "--hidden") o.hidden = cli.integer<std::int64_t>(8, 8192);
+    else if (f == "--layers") o.layers = cli.integer<std::int64_t>(1, 256);
+    else if (f == "--experts") o.experts = cli.integer<std::int64_t>(1, 1024);
+    else if (f == "--top-k") o.top_k = cli.integer<std::int64_t>(1, 1024);
+    else if (f == "--ffn") o.ffn = cli.integer<std::int64_t>(1, 65536);
+    else if (f == "--skew") o.skew = cli.number({.min = 0, .max = 10});
+    else if (f == "--ranks") o.ranks = cli.integer<int>(1, 64);
+    else if (f == "--requests") o.requests = cli.integer<std::int64_t>(1, 1'000'000);
+    else if (f == "--rate") o.rate = cli.number({.min = 0, .max = 1e6, .min_open = true});
+    else if (f == "--bursty") o.bursty = true;
+    else if (f == "--burst") o.burst = cli.integer<std::int64_t>(1, 1'000'000);
+    else if (f == "--period") o.period = cli.number({.min = 0, .max = 1e6, .min_open = true});
+    else if (f == "--prompt") o.prompt_min = cli.integer<std::int64_t>(1, 1 << 20), o.prompt_max = cli.integer<std::int64_t>(1, 1 << 20);
+    else if (f == "--output") o.output_min = cli.integer<std::int64_t>(1, 1 << 20), o.output_max = cli.integer<std::int64_t>(1, 1 << 20);
+    else if (f == "--step-tokens") o.step_tokens = cli.integer<std::int64_t>(1, 1 << 20);
+    else if (f == "--policies") o.policies = cli.value();
+    else if (f == "--seed") o.seed = cli.integer<std::uint64_t>(0);
+    else cli.unknown();
+  }
+  if (o.prompt_min > o.prompt_max) usage(fmt::format("--prompt {} {}: the minimum exceeds the maximum", o.prompt_min, o.prompt_max));
+  if (o.output_min > o.output_max) usage(fmt::format("--output {} {}: the minimum exceeds the maximum", o.output_min, o.output_max));
+  try {
+    const LoadedDecoder model =
+        o.model.empty()
+            ? synthetic_decoder(synthetic_config(o.hidden, o.layers, 8, 4, o.experts, o.top_k, o.ffn, 1024), o.seed, o.skew)
+            : load_decoder(o.model);
+    const DecoderConfig& c = model.config;
+    const std::vector<ServeRequest> trace = make_trace(o, c.vocab);
+    std::int64_t max_len = 0;
+    for (const ServeRequest& r : trace) max_len = std::max(max_len, std::int64_t(r.prompt.size()) + r.max_new_tokens);
+    EngineOptions opt;
+    opt.wall_clock = true;
+    opt.step_tokens = o.step_tokens;
+    opt.max_running = 64;
+    opt.block_size = 16;
+    opt.kv_blocks = 64 * ((max_len + 15) / 16);
+    fmt::print("moe_infer: {} ({} layers, h {}, {} experts top-{}, expert ffn {}), {} thread ranks, {} requests, {}\n",
+               o.model.empty() ? "synthetic MoE" : o.model, c.layers, c.hidden, c.moe.experts, c.moe.top_k,
+               c.moe.expert_ffn, o.ranks, o.requests,
+               o.bursty ? fmt::format("bursts of {} every {} s", o.burst, o.period) : fmt::format("Poisson {} req/s", o.rate));
+
+    struct Named { std::string key, name; EnginePolicy policy; };
+    std::vector<Named> all;
+    EnginePolicy tp, ep, eplb, sort, dyn;
+    ep.mode = ModePolicy::static_ep;
+    eplb.mode = ModePolicy::static_ep;
+    eplb.eplb = true;
+    eplb.eplb_interval = 32;
+    sort.mode = ModePolicy::static_ep;
+    sort.token_sorting = true;
+    dyn.mode = ModePolicy::dynamic;
+    dyn.switching = {0.1, 2, 8};
+    all.push_back({"tp", "static TP", tp});
+    all.push_back({"ep", "static EP", ep});
+    all.push_back({"eplb", "EP + EPLB", eplb});
+    all.push_back({"sort", "EP + token sorting", sort});
+    all.push_back({"dynamic", "dynamic TP/EP", dyn});
+    std::vector<Row> rows;
+    for (const Named& n : all) {
+      if (("," + o.policies + ",").find("," + n.key + ",") == std::string::npos) continue;
+      EngineStats stats;
+      std::vector<RequestOutcome> out;
+      run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+        auto got = serve_requests(comm, model, trace, opt, n.policy, comm.rank() == 0 ? &stats : nullptr,
+                                  [&](const EngineProgress& p) {
+                                    if (p.step % 8 == 0 || p.finished == p.total)
+                                      fmt::print(stderr, "\r  {:<20} step {:>5}  done {:>4}/{:<4} running {:>3}  mode {}   ",
+                                                 n.name, p.step, p.finished, p.total, p.running, name_of(p.mode));
+                                  });
+        if (comm.rank() == 0) out = std::move(got);
+      });
+      fmt::print(stderr, "\n");
+      Row row;
+      row.name = n.name;
+      std::vector<double> ttft, tpot;
+      std::int64_t tokens = 0;
+      for (const RequestOutcome& r : out) {
+        ttft.push_back(r.first_token - r.arrival);
+        if (r.tokens.size() > 1) tpot.push_back((r.finish - r.first_token) / double(r.tokens.size() - 1));
+        tokens += std::int64_t(r.tokens.size());
+      }
+      row.ttft50 = percentile(ttft, 0.5) * 1e3;
+      row.ttft99 = percentile(ttft, 0.99) * 1e3;
+      row.tpot50 = percentile(tpot, 0.5) * 1e3;
+      row.tpot99 = percentile(tpot, 0.99) * 1e3;
+      row.throughput = double(tokens) / stats.elapsed_s;
+      row.switches = stats.switches;
+      row.exposed_ms = stats.switch_exposed_s * 1e3;
+      row.steps = stats.steps;
+      row.ep_steps = std::count(stats.mode_of_step.begin(), stats.mode_of_step.end(), MoeMode::ep);
+      for (std::int64_t l = 0; l < c.layers; ++l) {
+        row.expert_imbalance.push_back(stats.expert_mean[std::size_t(l)] > 0 ? stats.expert_max[std::size_t(l)] / stats.expert_mean[std::size_t(l)] : 1.0);
+        row.rank_imbalance.push_back(stats.rank_mean[std::size_t(l)] > 0 ? stats.rank_max[std::size_t(l)] / stats.rank_mean[std::size_t(l)] : 1.0);
+      }
+      row.fetch = stats.fetch;
+      rows.push_back(std::move(row));
+    }
+    fmt::print("\n{:<20} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>11} {:>14}\n", "policy", "TTFT p50", "TTFT p99",
+               "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "switches", "exposed ms", "rank max/mean");
+    for (const Row& r : rows) {
+      std::string imbalance;
+      for (double x : r.rank_imbalance) imbalance += fmt::format("{}{:.2f}", imbalance.empty() ? "" : " ", x);
+      fmt::print("{:<20} {:>7.1f}ms {:>7.1f}ms {:>7.2f}ms {:>7.2f}ms {:>10.1f} {:>6} {:>8} {:>9} {:>11.2f} {:>14}\n", r.name,
+                 r.ttft50, r.ttft99, r.tpot50, r.tpot99, r.throughput, r.steps, r.ep_steps, r.switches, r.exposed_ms,
+                 imbalance);
+    }
+    if (!rows.empty()) {
+      std::string experts;
+      for (double x : rows[0].expert_imbalance) experts += fmt::format(" {:.2f}", x);
+      fmt::print("expert load max/mean per layer (routing, same for every policy):{}\n", experts);
+    }
+    for (const Row& r : rows)
+      if (r.fetch.fetches) fmt::print("{}: {} experts fetched on demand ({:.1f} MB), {} cache hits, {} evictions\n", r.name,
+                                      r.fetch.fetches, double(r.fetch.bytes_fetched) / 1e6, r.fetch.hits, r.fetch.evictions);
+    const auto dyn_row = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.name == "dynamic TP/EP"; });
+    if (dyn_row != rows.end())
+      for (const Row& r : rows)
+        if (&r != &*dyn_row)
+          fmt::print("dynamic vs {:<20}: TTFT p50 {:.2f}x, TPOT p50 {:.2f}x lower; throughput {:.2f}x\n", r.name,
+                     r.ttft50 / std::max(1e-9, dyn_row->ttft50), r.tpot50 / std::max(1e-9, dyn_row->tpot50),
+                     dyn_row->throughput / std::max(1e-9, r.throughput));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moe_infer: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
