@@ -1,0 +1,247 @@
+// examples/train_moe.hpp: train_gpt's MoE mode (--experts E --top-k K [--shared-experts N] [--first-dense N]): a
+// small byte-level MoE GPT trained on the bundled corpus, every step planned per layer and sublayer (attention,
+// the dense MLP of the first_k_dense layers, the MoE FFN: ExpertParallel or ExpertTensorParallel) by the exact
+// planner (plan/moe_plan.hpp), with the router's load-balancing and z losses logged and, every few steps, each MoE
+// layer's expert load (min / mean / max assignments per expert over the group). --save writes a Hugging Face folder
+// (model/hf_checkpoint.hpp: Mixtral names, or Qwen2-MoE's with shared experts or dense layers).
+//
+// The model: RMSNorm, RoPE, causal, SwiGLU; experts of width ffn / K (so that the active FFN width is the dense
+// one's), shared experts of the same width behind a sigmoid gate (Qwen2-MoE), softmax routing with renormalised
+// top-k weights; aux-loss coefficient 0.01 and z-loss 0.001 unless given.
+#pragma once
+
+#include "corpus.hpp"
+#include "train_ranks.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/hf_checkpoint.hpp"
+#include "paradyse/moe/moe_strategies.hpp"
+#include "paradyse/plan/moe_plan.hpp"
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace paradyse::examples {
+
+struct MoeTrainOptions {
+  int steps = 32;
+  std::uint64_t seed = 1;
+  int ranks = 4;
+  int layers = 4;
+  std::int64_t hidden = 128;
+  std::int64_t heads = 4;
+  std::int64_t min_len = 256;
+  std::int64_t max_len = 16384;
+  double lr = 3e-3;
+  bool sorted = false;
+  std::int64_t experts = 8;
+  std::int64_t top_k = 2;
+  std::int64_t shared_experts = 0;
+  int first_dense = 0;
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0.001;
+  int load_every = 4;            // expert load printed every this many steps
+  double budget_mib = -1;        // the planner's memory budget per rank (< 0: the profile's usable memory)
+  std::string save;              // a folder: the Hugging Face export at the end
+  std::string corpus;
+  RankBackend backend = RankBackend::threads;
+};
+
+// The MoE GPT train_gpt --experts trains.
+inline GptConfig moe_gpt_config(const MoeTrainOptions& o) {
+  GptConfig config;
+  config.layer = LayerConfig::make(o.hidden, o.heads);
+  config.layer.causal = true;
+  config.layer.zigzag = true;
+  config.layer.rope = true;
+  config.layer.norm = NormKind::rms_norm;
+  config.layer.activation = Activation::swiglu;
+  config.layers = o.layers;
+  config.vocab = 256;
+  MoeConfig m;
+  m.hidden = o.hidden;
+  m.experts = o.experts;
+  m.top_k = o.top_k;
+  m.expert_ffn = std::max<std::int64_t>(1, config.layer.ffn / o.top_k);
+  m.norm_topk_prob = true;
+  m.shared_experts = o.shared_experts;
+  m.shared_ffn = o.shared_experts > 0 ? m.expert_ffn : 0;
+  m.shared_gate = o.shared_experts > 0;
+  m.aux_loss_coef = o.aux_loss_coef;
+  m.z_loss_coef = o.z_loss_coef;
+  config.moe = MoeLayers{m, o.first_dense};
+  return config;
+}
+
+namespace train_moe_detail {
+
+using Strategies = AllStrategies<>;
+using Model = Gpt<Strategies>;
+
+// "MTS/EP": capitals of the attention strategy, then the FFN's (MoE: EP or ETP).
+inline std::string compact(const plan::MoePlan& plan) {
+  const auto capitals = [](std::string_view name) {
+    std::string out;
+    for (char c : name)
+      if (std::isupper(static_cast<unsigned char>(c))) out += c;
+    return out;
+  };
+  std::string out;
+  for (const plan::MoeLayerPlan& l : plan.layers)
+    out += fmt::format("{}{}/{}", out.empty() ? "" : " ", capitals(plan.strategy_names.at(std::size_t(l.attention))),
+                       capitals(plan.ffn_name(l)));
+  return out;
+}
+
+struct Load {
+  std::int64_t min = 0, max = 0;
+  double mean = 0;
+};
+inline Load load_of(const std::vector<std::int64_t>& routed) {
+  Load l;
+  if (routed.empty()) return l;
+  l.min = *std::min_element(routed.begin(), routed.end());
+  l.max = *std::max_element(routed.begin(), routed.end());
+  l.mean = double(std::accumulate(routed.begin(), routed.end(), std::int64_t(0))) / double(routed.size());
+  return l;
+}
+
+}  // namespace train_moe_detail
+
+// Runs the MoE training; returns the exit status. `hardware`: the profile the planner predicts with.
+inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hardware) {
+  using namespace train_moe_detail;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const GptConfig config = moe_gpt_config(o);
+  config.validate_for(o.ranks);
+  if (!o.save.empty()) check_hf_exportable(config);
+  Ranks<Model> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
+
+  const std::filesystem::path corpus_dir =
+      o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu") : std::filesystem::path(o.corpus);
+  const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
+  corpus::WindowSampler sampler(docs, o.min_len, o.max_len, o.seed);
+  std::vector<corpus::Window> windows = sampler.stratified(o.steps);
+  if (!o.sorted) sampler.shuffle(windows);
+  const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
+
+  const plan::MoeGptCosts<Model> costs{config, o.ranks, &hardware};
+  const std::int64_t budget =
+      o.budget_mib > 0 ? std::int64_t(o.budget_mib * kMiB) : hardware.usable_memory_bytes();
+  const MoeConfig& m = config.moe->moe;
+  fmt::print("model: MoE GPT, {} layers ({} dense first, {} MoE), h={}, {} heads, {} experts of ffn {} (top-{}, "
+             "renormalised){}, vocab {} (bytes), RMSNorm + RoPE + causal; {:.2f} M parameters\n",
+             o.layers, o.first_dense, o.layers - o.first_dense, o.hidden, o.heads, m.experts, m.expert_ffn, m.top_k,
+             m.has_shared() ? fmt::format(", {} shared expert(s) of ffn {} behind a sigmoid gate", m.shared_experts, m.shared_ffn)
+                            : std::string(),
+             config.vocab, double(config.parameter_count()) / 1e6);
+  fmt::print("router losses: load balancing x {}, z-loss x {} (both in the gradient; the loss column is the "
+             "cross-entropy)\n", m.aux_loss_coef, m.z_loss_coef);
+  fmt::print("data: {} documents in {}; {} steps, one window each, lengths {}..{}, order {}, seed {}\n", docs.size(),
+             corpus_dir.string(), o.steps, o.min_len, o.max_len, o.sorted ? "sorted" : "random", o.seed);
+  fmt::print("ranks: {} {}; the planner's budget {:.0f} MiB per rank; plan: attention/ffn per layer (ffn: the dense "
+             "MLP's strategy, or EP = ExpertParallel, ETP = ExpertTensorParallel)\n\n",
+             o.ranks, o.backend == RankBackend::mpi ? "MPI processes" : "threads", double(budget) / kMiB);
+
+  ranks.run([&](auto&, int r) {
+    ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
+    ranks.pools[std::size_t(r)] = std::make_unique<BufferPool>();
+  });
+
+  ops::AdamWConfig adamw;
+  adamw.weight_decay = 0.01f;
+  const int warmup = std::max(1, std::min(8, o.steps / 8));
+  fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7}  {:>8}  {:>7}\n", "step", "len", "plan", 8 * o.layers, "loss", "aux",
+             "z", "time s");
+  std::vector<double> losses;
+  std::map<std::string, int> usage;
+  std::int64_t tokens = 0;
+  double seconds = 0;
+  for (int step = 0; step < o.steps; ++step) {
+    const corpus::Window& w = windows[std::size_t(step)];
+    const std::int64_t s = std::max(w.length, group_min_len);
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(s), 0), targets(static_cast<std::size_t>(s), ops::cpu::kIgnoreIndex);
+    const std::string& text = docs[w.document].bytes;
+    for (std::int64_t i = 0; i < w.length; ++i) {
+      inputs[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i)]));
+      targets[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i + 1)]));
+    }
+    const plan::MoePlan plan = plan::plan_moe_exact(costs.table(s), budget);
+    const StackPlan stack_plan = plan.stack_plan<Strategies>();
+    for (const plan::MoeLayerPlan& l : plan.layers) {
+      ++usage[fmt::format("attention {}", plan.strategy_names.at(std::size_t(l.attention)))];
+      ++usage[fmt::format("{} {}", l.moe ? "moe" : "mlp", plan.ffn_name(l))];
+    }
+    adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
+    double loss = 0;
+    std::vector<MoeLayerStats> stats;
+    const auto start = std::chrono::steady_clock::now();
+    ranks.run([&](auto& comm, int r) {
+      Model& model = *ranks.models[std::size_t(r)];
+      BufferPool& pool = *ranks.pools[std::size_t(r)];
+      const SequenceLayout layout(s, o.ranks, config.layer.zigzag);
+      const Tensor<std::int32_t> x = shard_tokens(inputs, 1, layout, r), y = shard_tokens(targets, 1, layout, r);
+      model.zero_gradients();
+      const GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
+      check(std::isfinite(result.loss), "train_gpt --experts: the loss at step {} is {}", step, result.loss);
+      model.optimizer_step(adamw);
+      if (r == ranks.first_local()) {
+        loss = result.loss;
+        stats = model.stack().moe_stats();
+      }
+    });
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds += elapsed;
+    tokens += w.length;
+    losses.push_back(loss);
+    double aux = 0, z = 0;
+    for (const MoeLayerStats& st : stats) aux += st.aux / double(stats.size()), z += st.z / double(stats.size());
+    fmt::print("{:>4}  {:>6}  {:<{}}  {:>7.4f}  {:>7.4f}  {:>8.4f}  {:>7.3f}\n", step, s, compact(plan), 8 * o.layers,
+               loss, aux, z, elapsed);
+    if (o.load_every > 0 && (step % o.load_every == 0 || step + 1 == o.steps)) {
+      std::string line;
+      for (const MoeLayerStats& st : stats) {
+        const Load l = load_of(st.routed);
+        line += fmt::format("{}L{} {}/{:.1f}/{}", line.empty() ? "" : "  ", st.layer, l.min, l.mean, l.max);
+      }
+      fmt::print("      expert load (tokens per expert, min/mean/max): {}\n", line);
+    }
+  }
+  fmt::print("\nsummary\n");
+  if (!losses.empty()) {
+    const std::size_t window = std::max<std::size_t>(1, std::min<std::size_t>(4, losses.size() / 2));
+    const double first = std::accumulate(losses.begin(), losses.begin() + std::ptrdiff_t(window), 0.0) / double(window);
+    const double last = std::accumulate(losses.end() - std::ptrdiff_t(window), losses.end(), 0.0) / double(window);
+    fmt::print("  loss                       first {:.4f}, last {:.4f} (means of the first and last {} steps: {:.4f} -> {:.4f})\n",
+               losses.front(), losses.back(), window, first, last);
+  }
+  fmt::print("  total time                 {:.1f} s ({:.0f} tokens/s)\n", seconds, seconds > 0 ? double(tokens) / seconds : 0.0);
+  std::string used;
+  for (const auto& [name, count] : usage) used += fmt::format("{}{}x {}", used.empty() ? "" : ", ", count, name);
+  fmt::print("  sublayers run              {}\n", used);
+  if (!o.save.empty()) {
+    ranks.run([&](auto& comm, int r) {
+      save_hf_checkpoint(comm, *ranks.models[std::size_t(r)], o.save, o.max_len);
+    });
+    fmt::print("  saved                      {} (model.safetensors + config.json, {} layout)\n", o.save,
+               hf_family_of(config) == HfMoeFamily::mixtral ? "Mixtral" : "Qwen2-MoE");
+  }
+  return 0;
+}
+
+}  // namespace paradyse::examples
