@@ -16,9 +16,11 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -31,6 +33,42 @@ struct MachineRates {
 
   double gemm_rate(double columns) const { return flops_per_s * columns / (columns + half_rate_columns); }
 };
+
+// The rates of this machine for experts of width f over p ranks, measured: the GEMM rate of an expert's W_in
+// product (256 rows) at f / p and at f columns gives F and c_half; one row against the whole W_in gives the
+// bandwidth at which a decode step streams weights. Medians of 5 runs.
+inline MachineRates measure_machine_rates(const MoeConfig& m, int ranks) {
+  using Clock = std::chrono::steady_clock;
+  const std::int64_t h = m.hidden, rows = 256;
+  auto median_seconds = [](auto&& body) {
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      const Clock::time_point start = Clock::now();
+      body();
+      t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::sort(t.begin(), t.end());
+    return std::max(t[2], 1e-9);
+  };
+  auto gemm_rate = [&](std::int64_t cols) {
+    Tensor<float> x(Shape{rows, h}), w(Shape{2 * cols, h}), y(Shape{rows, 2 * cols});
+    x.fill(0.5f);
+    w.fill(0.25f);
+    const double t = median_seconds([&] { ops::Cpu::matmul(x.view(), ops::Transpose::no, w.view(), ops::Transpose::yes, y.view()); });
+    return 2.0 * double(rows) * double(h) * double(2 * cols) / t;
+  };
+  const double c1 = double(std::max<std::int64_t>(1, m.expert_ffn / ranks)), c2 = double(m.expert_ffn);
+  const double r1 = gemm_rate(std::int64_t(c1)), r2 = gemm_rate(std::int64_t(c2));
+  MachineRates rates;
+  rates.half_rate_columns = (c2 > c1 && r2 > r1) ? std::max(0.0, (r2 - r1) / (r1 / c1 - r2 / c2)) : 0.0;
+  rates.flops_per_s = r2 * (c2 + rates.half_rate_columns) / c2;
+  Tensor<float> one(Shape{1, h}), w(Shape{2 * m.expert_ffn, h}), y(Shape{1, 2 * m.expert_ffn});
+  one.fill(0.5f);
+  w.fill(0.25f);
+  const double t = median_seconds([&] { ops::Cpu::matmul(one.view(), ops::Transpose::no, w.view(), ops::Transpose::yes, y.view()); });
+  rates.memory_bytes_per_s = double(w.bytes()) / t;
+  return rates;
+}
 
 struct ModeCosts {
   double tp_s = 0, ep_s = 0;
