@@ -1,0 +1,105 @@
+// paradyse/model/data_parallel.hpp: data parallelism over a dp group: gradient averaging and ZeRO stages 0-2 of the
+// optimizer (Rajbhandari et al., SC'20), over a model's parameters seen as one flat vector.
+//
+//   DataParallelOptimizer optimizer(ZeroStage::two, dp_group.size(), dp_group.rank(), params.size(), adamw);
+//   optimizer.step(dp_group, params, grads, step);   // grads: this replica's; params: the same on every replica
+//
+// Every replica holds the parameters and computes the gradients of its own micro-batch; the step leaves every
+// replica with the same parameters, updated by AdamW with the gradient averaged over the group:
+//   ZeRO-0  all-reduce (average) the gradients; every replica runs AdamW over every parameter (m and v of all).
+//   ZeRO-1  all-reduce (average) the gradients; replica d updates only its chunk d of the flat vector (it holds m and
+//           v of that chunk only: 1/dp of the optimizer state), then the chunks are all-gathered.
+//   ZeRO-2  reduce-scatter (average) the gradients: replica d receives the reduced gradient of its chunk only, then as
+//           ZeRO-1. Half the gradient traffic of an all-reduce before the all-gather.
+// Chunks follow the library's chunking rule (layout/chunking.hpp: uneven sizes allowed). Reductions run in rank
+// order on the thread communicator, so every stage gives the same parameters on every replica.
+// ZeRO-3 (parameters sharded too) is what the sequence strategies do inside their group (strategy/zero3_*.hpp).
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/layout/chunking.hpp"
+#include "paradyse/ops/backend.hpp"
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace paradyse {
+
+enum class ZeroStage : std::uint8_t { zero = 0, one = 1, two = 2 };
+
+constexpr std::string_view name_of(ZeroStage stage) {
+  switch (stage) {
+    case ZeroStage::zero: return "ZeRO-0";
+    case ZeroStage::one: return "ZeRO-1";
+    case ZeroStage::two: return "ZeRO-2";
+  }
+  return "?";
+}
+
+template <class Backend = ops::Cpu>
+class DataParallelOptimizer {
+public:
+  // The optimizer of replica `rank` of `replicas` for a model of `elements` parameters.
+  DataParallelOptimizer(ZeroStage stage, int replicas, int rank, std::int64_t elements, const ops::AdamWConfig& config)
+      : stage_(stage), replicas_(replicas), rank_(rank), elements_(elements), config_(config) {
+    check(replicas >= 1, "DataParallelOptimizer: replicas = {} must be at least 1", replicas);
+    check(rank >= 0 && rank < replicas, "DataParallelOptimizer: rank {} is outside 0..{}", rank, replicas - 1);
+    check(elements >= 0, "DataParallelOptimizer: elements = {} must not be negative", elements);
+    chunk_ = stage == ZeroStage::zero ? ChunkRange{0, elements} : chunk_range(elements, replicas, rank);
+    m_ = Tensor<float>(Shape{chunk_.length});
+    v_ = Tensor<float>(Shape{chunk_.length});
+    Backend::fill(m_.view(), 0.0f);
+    Backend::fill(v_.view(), 0.0f);
+    if (stage == ZeroStage::two) reduced_ = Tensor<float>(Shape{chunk_.length});
+    for (int r = 0; r < replicas; ++r) counts_.push_back(chunk_range(elements, replicas, r).length);
+  }
+
+  ZeroStage stage() const noexcept { return stage_; }
+  // The range of the flat vector this replica updates (all of it under ZeRO-0).
+  ChunkRange owned() const noexcept { return chunk_; }
+  // Bytes of optimizer state (m and v) this replica holds.
+  std::int64_t state_bytes() const noexcept { return 2 * chunk_.length * std::int64_t(sizeof(float)); }
+
+  // One optimizer step (step >= 1). Collective over `group` (the dp replicas, in rank order). `grads` is consumed:
+  // under ZeRO-0 and ZeRO-1 it holds the averaged gradient afterwards, under ZeRO-2 it is left as it was.
+  template <Communicator C>
+  void step(C& group, std::span<float> params, std::span<float> grads, std::int64_t step) {
+    check(int(group.size()) == replicas_ && int(group.rank()) == rank_,
+          "DataParallelOptimizer: built for rank {} of {} replicas, called on rank {} of a group of {}", rank_,
+          replicas_, group.rank(), group.size());
+    check(std::int64_t(params.size()) == elements_ && std::int64_t(grads.size()) == elements_,
+          "DataParallelOptimizer: params ({}) and grads ({}) must hold the model's {} elements", params.size(),
+          grads.size(), elements_);
+    const auto start = std::size_t(chunk_.start), length = std::size_t(chunk_.length);
+    TensorView<const float> gradient;
+    if (stage_ == ZeroStage::two) {
+      group.reduce_scatter_v(std::span<const float>(grads), reduced_.span(), std::span<const std::int64_t>(counts_),
+                             ReduceOp::avg);
+      gradient = reduced_.view();
+    } else {
+      group.all_reduce(std::span<const float>(grads), grads, ReduceOp::avg);
+      gradient = TensorView<const float>(grads.data() + start, Shape{chunk_.length});
+    }
+    Backend::adamw_step(TensorView<float>(params.data() + start, Shape{chunk_.length}), gradient, m_.view(), v_.view(),
+                        config_, step);
+    if (stage_ == ZeroStage::zero) return;
+    Tensor<float> mine(Shape{chunk_.length});
+    Backend::copy(std::span<const float>(params.subspan(start, length)), mine.span());
+    group.all_gather_v(std::span<const float>(mine.span()), params, std::span<const std::int64_t>(counts_));
+  }
+
+private:
+  ZeroStage stage_;
+  int replicas_, rank_;
+  std::int64_t elements_;
+  ops::AdamWConfig config_;
+  ChunkRange chunk_;
+  Tensor<float> m_, v_, reduced_;
+  std::vector<std::int64_t> counts_;
+};
+
+}  // namespace paradyse
