@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace paradyse {
@@ -58,6 +59,11 @@ struct TraceEvent {
 
 class Trace {
 public:
+  Trace() = default;
+  // A trace that records into `storage` (emptied, its capacity kept): dry runs recycle one buffer per thread
+  // (recycled_storage()) instead of growing and freeing a fresh one each time.
+  explicit Trace(std::vector<TraceEvent>&& storage) : events_(std::move(storage)) { events_.clear(); }
+
   void record(const TraceEvent& event) {
     if (paused_ != 0) return;
     if (event.is_kernel() && !events_.empty() && events_.back().is_kernel() && events_.back().same_kernel(event)) {
@@ -70,6 +76,19 @@ public:
   const std::vector<TraceEvent>& events() const noexcept { return events_; }
   std::size_t size() const noexcept { return events_.size(); }
   void clear() noexcept { events_.clear(); }
+  // The recorded events, moved out (the trace is empty afterwards).
+  std::vector<TraceEvent> take() noexcept { return std::exchange(events_, {}); }
+
+  // The calling thread's spare event buffer: take it with std::exchange(recycled_storage(), {}), give a buffer back
+  // with give_back_storage (the larger of the two is kept). Only capacity matters; contents are cleared on use.
+  static std::vector<TraceEvent>& recycled_storage() noexcept {
+    thread_local std::vector<TraceEvent> spare;
+    return spare;
+  }
+  static void give_back_storage(std::vector<TraceEvent>&& storage) noexcept {
+    std::vector<TraceEvent>& spare = recycled_storage();
+    if (storage.capacity() > spare.capacity()) spare = std::move(storage);
+  }
 
   // Recording stops while a Pause lives (the buffer pool's own storage: its loans are recorded instead).
   class Pause {

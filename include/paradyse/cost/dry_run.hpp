@@ -30,17 +30,31 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace paradyse::cost {
 
 // One sublayer's events on one rank: forward, backward, then the release of the tensors forward saved (the layer
 // stack frees them when the layer's whole backward is done).
+// The same events in place (spans into a trace that outlives the view): what the cost models read.
+struct SublayerTraceView {
+  std::span<const TraceEvent> forward, backward, release;
+  int group_size = 1;
+};
+
 struct SublayerTrace {
   std::vector<TraceEvent> forward, backward, release;
   int group_size = 1;
+
+  SublayerTrace() = default;
+  explicit SublayerTrace(const SublayerTraceView& v)
+      : forward(v.forward.begin(), v.forward.end()), backward(v.backward.begin(), v.backward.end()),
+        release(v.release.begin(), v.release.end()), group_size(v.group_size) {}
+  SublayerTraceView view() const { return {forward, backward, release, group_size}; }
 };
 
 // The layer a cost shape describes (the norm kind does not change the cost; RoPE and zigzag do).
@@ -64,8 +78,12 @@ inline LayerConfig layer_config_of(const ModelShape& m) {
 // end_backward() mark the phases, and what follows end_backward() is the release of what forward saved.
 class DryRun {
 public:
-  DryRun(int rank, int p) : scoped_(meta_), counting_(trace_), comm(rank, p, trace_) {}
-  ~DryRun() { stop(); }
+  DryRun(int rank, int p)
+      : scoped_(meta_), trace_(std::exchange(Trace::recycled_storage(), {})), counting_(trace_), comm(rank, p, trace_) {}
+  ~DryRun() {
+    stop();
+    Trace::give_back_storage(trace_.take());  // the next dry run on this thread records into the same buffer
+  }
   DryRun(const DryRun&) = delete;
   DryRun& operator=(const DryRun&) = delete;
 
@@ -75,17 +93,13 @@ public:
   void end_backward() noexcept { backward_end_ = trace_.size(); }
   Trace& trace() noexcept { return trace_; }
 
-  // The recorded events, split at the marks.
-  SublayerTrace phases() const {
-    const auto& e = trace_.events();
-    const auto at = [&](std::size_t i) { return e.begin() + std::ptrdiff_t(i); };
-    SublayerTrace t;
-    t.group_size = comm.size();
-    t.forward.assign(e.begin(), at(forward_end_));
-    t.backward.assign(at(forward_end_), at(backward_end_));
-    t.release.assign(at(backward_end_), e.end());
-    return t;
+  // The recorded events, split at the marks: in place (valid while this DryRun lives and records no more), or copied.
+  SublayerTraceView phases_view() const {
+    const std::span<const TraceEvent> e(trace_.events());
+    return {e.first(forward_end_), e.subspan(forward_end_, backward_end_ - forward_end_), e.subspan(backward_end_),
+            comm.size()};
   }
+  SublayerTrace phases() const { return SublayerTrace(phases_view()); }
 
 private:
   MemoryTracker meta_{MemorySpace::meta};
@@ -118,11 +132,12 @@ Support dry_run_support(const Strategies& strategies, std::size_t index, const M
   return strategies.supports(index, *ctx);
 }
 
-// The trace of sublayer `part` of strategy `index` for shape `m` on rank `rank` of a group of p (rank 0 holds the
-// most tokens). `strategies` is the list instantiated with ops::Counting.
-template <class Strategies>
-SublayerTrace dry_run_sublayer(const Strategies& strategies, std::size_t index, Sublayer part, const ModelShape& m,
-                               int p, int rank = 0) {
+// Runs sublayer `part` of strategy `index` for shape `m` on rank `rank` of a group of p (rank 0 holds the most
+// tokens) and returns on_trace(view) for its trace, read in place (the view is valid during the call only).
+// `strategies` is the list instantiated with ops::Counting.
+template <class Strategies, class OnTrace>
+decltype(auto) visit_sublayer_trace(const Strategies& strategies, std::size_t index, Sublayer part,
+                                    const ModelShape& m, int p, int rank, OnTrace&& on_trace) {
   using Backend = ops::Counting;
   const LayerConfig config = layer_config_of(m);
   DryRun run(rank, p);
@@ -170,7 +185,15 @@ SublayerTrace dry_run_sublayer(const Strategies& strategies, std::size_t index, 
     }
     run.stop();  // before dy goes back: that return belongs to the attention half
   }
-  return run.phases();
+  return on_trace(run.phases_view());
+}
+
+// The trace of sublayer `part` of strategy `index` for shape `m` on rank `rank` of a group of p, copied out.
+template <class Strategies>
+SublayerTrace dry_run_sublayer(const Strategies& strategies, std::size_t index, Sublayer part, const ModelShape& m,
+                               int p, int rank = 0) {
+  return visit_sublayer_trace(strategies, index, part, m, p, rank,
+                              [](const SublayerTraceView& view) { return SublayerTrace(view); });
 }
 
 // The strategies a planner chooses among: count, names and a dry run of each, type-erased over a Switchable list
@@ -184,6 +207,9 @@ public:
     for (std::string_view name : Strategies::names) c.names_.emplace_back(name);
     c.trace_ = [list](std::size_t index, Sublayer part, const ModelShape& m, int p, int rank) {
       return dry_run_sublayer(*list, index, part, m, p, rank);
+    };
+    c.visit_ = [list](std::size_t index, Sublayer part, const ModelShape& m, int p, int rank, const TraceVisitor& fn) {
+      visit_sublayer_trace(*list, index, part, m, p, rank, fn);
     };
     c.support_ = [list](std::size_t index, const ModelShape& m, int p) { return dry_run_support(*list, index, m, p); };
     return c;
@@ -216,10 +242,16 @@ public:
   SublayerTrace trace(int index, Sublayer part, const ModelShape& m, int p, int rank = 0) const {
     return trace_(std::size_t(index), part, m, p, rank);
   }
+  // Calls fn(view) with the same trace read in place (no copy; the view is valid during the call only).
+  using TraceVisitor = std::function<void(const SublayerTraceView&)>;
+  void visit_trace(int index, Sublayer part, const ModelShape& m, int p, int rank, const TraceVisitor& fn) const {
+    visit_(std::size_t(index), part, m, p, rank, fn);
+  }
 
 private:
   std::vector<std::string> names_;
   std::function<SublayerTrace(std::size_t, Sublayer, const ModelShape&, int, int)> trace_;
+  std::function<void(std::size_t, Sublayer, const ModelShape&, int, int, const TraceVisitor&)> visit_;
   std::function<Support(std::size_t, const ModelShape&, int)> support_;
 };
 

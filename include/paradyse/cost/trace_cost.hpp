@@ -21,7 +21,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <unordered_map>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace paradyse::cost {
@@ -81,36 +82,46 @@ constexpr Collective collective_of(TransferKind t) {
 class MemoryWalk {
 public:
   explicit MemoryWalk(double scale) : scale_(scale) {}
-  // Walks one phase's events; `release`: the events free saved tensors.
-  void walk(const std::vector<TraceEvent>& events, std::vector<MemoryEvent>& out, bool release = false) {
+  // Walks one phase's events, appending the memory events to *out (nullptr: peaks only); `release`: the events free
+  // saved tensors.
+  void walk(std::span<const TraceEvent> events, std::vector<MemoryEvent>* out, bool release = false) {
+    const auto emit = [out](MemoryEvent::Kind kind, std::int64_t bytes) {
+      if (out) out->push_back({kind, bytes});
+    };
     for (const TraceEvent& e : events) {
       switch (e.kind) {
-        case TraceKind::allocate: grow(out, round_allocation(e.bytes * scale_)); break;
+        case TraceKind::allocate: {
+          const std::int64_t b = round_allocation(e.bytes * scale_);
+          grow(b);
+          emit(MemoryEvent::plain, b);
+          break;
+        }
         case TraceKind::scratch: {  // tracker bytes (already rounded), there and gone within one kernel
           const std::int64_t b = std::int64_t(e.bytes * scale_ + 0.5) / 64 * 64;
-          grow(out, b);
+          grow(b);
           live_ -= b;
-          out.push_back({MemoryEvent::plain, -b});
+          emit(MemoryEvent::plain, b);
+          emit(MemoryEvent::plain, -b);
           break;
         }
         case TraceKind::deallocate: {
           const std::int64_t b = round_allocation(e.bytes * scale_);
           live_ -= b;
-          out.push_back({release ? MemoryEvent::release : MemoryEvent::plain, -b});
+          emit(release ? MemoryEvent::release : MemoryEvent::plain, -b);
           break;
         }
         case TraceKind::pool_acquire: {
           const std::int64_t b = pool_class(e.bytes * scale_);
           pool_live_ += b;
           pool_peak_ = std::max(pool_peak_, pool_live_);
-          out.push_back({MemoryEvent::acquire, b});
+          emit(MemoryEvent::acquire, b);
           joint_ = std::max(joint_, live_ + pool_peak_);
           break;
         }
         case TraceKind::pool_give_back: {
           const std::int64_t b = pool_class(e.bytes * scale_);
           pool_live_ -= b;
-          out.push_back({MemoryEvent::give_back, b});
+          emit(MemoryEvent::give_back, b);
           break;
         }
         default: break;
@@ -129,11 +140,10 @@ public:
   std::int64_t joint() const { return joint_; }
 
 private:
-  void grow(std::vector<MemoryEvent>& out, std::int64_t bytes) {
+  void grow(std::int64_t bytes) {
     live_ += bytes;
     peak_ = std::max(peak_, live_);
     joint_ = std::max(joint_, live_ + pool_peak_);
-    out.push_back({MemoryEvent::plain, bytes});
   }
   double scale_;
   std::int64_t live_ = 0, peak_ = 0, pool_live_ = 0, pool_peak_ = 0, joint_ = 0;
@@ -145,7 +155,7 @@ public:
   Clock(const HardwareProfile& hw, int group_size, double scale, int dtype_bytes)
       : hw_(hw), p_(group_size), scale_(scale), dtype_bytes_(dtype_bytes) {}
 
-  void walk(const std::vector<TraceEvent>& events) {
+  void walk(std::span<const TraceEvent> events) {
     for (const TraceEvent& e : events) step(e);
   }
   double now() const { return now_; }
@@ -154,40 +164,50 @@ public:
 private:
   struct Transfer {
     double end = 0, duration = 0, posted_at_compute = 0;
+    bool pending = false;
   };
   void run(double seconds) {
     now_ += seconds;
     compute_ += seconds;
   }
+  // Seconds of one call of kernel event e.
+  double kernel_time(const TraceEvent& e) const {
+    switch (e.kind) {
+      case TraceKind::gemm: return hw_.gemm.time(e.m, e.n, e.k, dtype_bytes_);
+      case TraceKind::attention_forward: return hw_.attention.forward_time(4 * e.k * e.n * e.m);
+      case TraceKind::attention_backward: return hw_.attention.backward_time(4 * e.k * e.n * e.m);
+      case TraceKind::elementwise: return hw_.elementwise_time(e.bytes * scale_);
+      case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_);
+      default: return 0;
+    }
+  }
+  // Seconds of a transfer (the profile's lookup, remembered per kind for the last size: a ring posts one size p
+  // times in a row).
+  double transfer_time(TransferKind kind, double bytes) {
+    if (kind == TransferKind::barrier) return 0;
+    Memo& memo = transfer_memo_[std::size_t(kind)];
+    if (memo.bytes != bytes) memo = {bytes, hw_.collective_time(collective_of(kind), p_, bytes)};
+    return memo.seconds;
+  }
   void step(const TraceEvent& e) {
-    if (e.is_kernel() && e.count > 1) {
-      TraceEvent one = e;
-      one.count = 1;
+    if (e.is_kernel()) {  // `count` identical calls in a row: the first, then the others at its duration
       const double before = now_;
-      step(one);
-      run((now_ - before) * (e.count - 1));
+      run(kernel_time(e));
+      if (e.count > 1) run((now_ - before) * (e.count - 1));
       return;
     }
     switch (e.kind) {
-      case TraceKind::gemm: run(hw_.gemm.time(e.m, e.n, e.k, dtype_bytes_)); break;
-      case TraceKind::attention_forward: run(hw_.attention.forward_time(4 * e.k * e.n * e.m)); break;
-      case TraceKind::attention_backward: run(hw_.attention.backward_time(4 * e.k * e.n * e.m)); break;
-      case TraceKind::elementwise: run(hw_.elementwise_time(e.bytes * scale_)); break;
-      case TraceKind::activation: run(hw_.activation_time(e.m, e.bytes * scale_)); break;
       case TraceKind::post: {
-        const double duration = e.transfer == TransferKind::barrier
-                                    ? 0
-                                    : hw_.collective_time(collective_of(e.transfer), p_, e.bytes * scale_);
+        const double duration = transfer_time(e.transfer, e.bytes * scale_);
         const double start = std::max(now_, comm_free_);
         comm_free_ = start + duration;
-        pending_[e.request] = {comm_free_, duration, compute_};
+        transfer(e.request) = {comm_free_, duration, compute_, true};
         break;
       }
       case TraceKind::wait: {
-        const auto it = pending_.find(e.request);
-        if (it == pending_.end()) break;
-        const Transfer t = it->second;
-        pending_.erase(it);
+        if (e.request < 0 || std::size_t(e.request) >= transfers_.size() || !transfers_[std::size_t(e.request)].pending)
+          break;
+        const Transfer t = std::exchange(transfers_[std::size_t(e.request)], Transfer{});
         // Compute that ran while the transfer was in flight slows down as far as overlap is imperfect.
         const double overlapped = std::min(compute_ - t.posted_at_compute, t.duration);
         now_ = std::max(now_, t.end) + (1 - hw_.overlap) * std::max(0.0, overlapped);
@@ -201,32 +221,45 @@ private:
   int p_;
   double scale_;
   int dtype_bytes_;
+  // The transfer of a request id (a trace numbers its requests 0, 1, 2, ...).
+  Transfer& transfer(std::int32_t request) {
+    check(request >= 0, "cost_of: a posted transfer has request id {}; ids are numbered from 0", request);
+    if (std::size_t(request) >= transfers_.size()) transfers_.resize(std::size_t(request) + 1);
+    return transfers_[std::size_t(request)];
+  }
+
+  struct Memo {
+    double bytes = -1, seconds = 0;
+  };
   double now_ = 0, compute_ = 0, comm_free_ = 0;
-  std::unordered_map<std::int32_t, Transfer> pending_;
+  std::vector<Transfer> transfers_;  // by request id
+  Memo transfer_memo_[std::size_t(TransferKind::barrier) + 1];  // by TransferKind
 };
 
 }  // namespace trace_cost_detail
 
-// Memory (always) and time (when `hardware` is given) of a sublayer trace, bytes rescaled to `dtype_bytes`.
-inline SublayerCost cost_of(const SublayerTrace& trace, const HardwareProfile* hardware, int dtype_bytes = 4,
+// Memory (always) and time (when `hardware` is given) of a sublayer trace, bytes rescaled to `dtype_bytes`;
+// keep_events: fill forward_events and backward_events (the ordered replay needs them; a cost table does not).
+inline SublayerCost cost_of(const SublayerTraceView& trace, const HardwareProfile* hardware, int dtype_bytes = 4,
                             bool keep_events = true) {
   const double scale = double(dtype_bytes) / 4.0;
   SublayerCost c;
   trace_cost_detail::MemoryWalk memory(scale);
-  memory.walk(trace.forward, c.forward_events);
+  std::vector<MemoryEvent>* forward_events = keep_events ? &c.forward_events : nullptr;
+  std::vector<MemoryEvent>* backward_events = keep_events ? &c.backward_events : nullptr;
+  memory.walk(trace.forward, forward_events);
   c.saved_bytes = memory.live();
   c.forward_plain_bytes = std::max<std::int64_t>(0, memory.peak() - c.saved_bytes);
   c.forward_pool_bytes = memory.pool_peak();
   c.forward_joint_bytes = std::max<std::int64_t>(0, memory.joint() - c.saved_bytes);
   memory.next_phase();
-  memory.walk(trace.backward, c.backward_events);
-  memory.walk(trace.release, c.backward_events, /*release=*/true);
+  memory.walk(trace.backward, backward_events);
+  memory.walk(trace.release, backward_events, /*release=*/true);
   c.backward_plain_bytes = std::max<std::int64_t>(0, memory.peak() - c.saved_bytes);
   c.backward_pool_bytes = memory.pool_peak();
   c.backward_joint_bytes = std::max<std::int64_t>(0, memory.joint() - c.saved_bytes);
   c.forward_transient_bytes = c.forward_plain_bytes + c.forward_pool_bytes;
   c.backward_transient_bytes = c.backward_plain_bytes + c.backward_pool_bytes;
-  if (!keep_events) c.forward_events.clear(), c.backward_events.clear();
   if (hardware) {
     trace_cost_detail::Clock clock(*hardware, trace.group_size, scale, dtype_bytes);
     clock.walk(trace.forward);
@@ -239,10 +272,19 @@ inline SublayerCost cost_of(const SublayerTrace& trace, const HardwareProfile* h
   return c;
 }
 
-// The cost of sublayer `part` of catalog strategy `strategy` for shape m on p ranks.
+inline SublayerCost cost_of(const SublayerTrace& trace, const HardwareProfile* hardware, int dtype_bytes = 4,
+                            bool keep_events = true) {
+  return cost_of(trace.view(), hardware, dtype_bytes, keep_events);
+}
+
+// The cost of sublayer `part` of catalog strategy `strategy` for shape m on p ranks (its trace read in place).
 inline SublayerCost evaluate_sublayer(const StrategyCatalog& catalog, int strategy, Sublayer part, const ModelShape& m,
                                       int p, const HardwareProfile* hardware, bool keep_events = false) {
-  return cost_of(catalog.trace(strategy, part, m, p), hardware, m.dtype_bytes, keep_events);
+  SublayerCost c;
+  catalog.visit_trace(strategy, part, m, p, 0, [&](const SublayerTraceView& trace) {
+    c = cost_of(trace, hardware, m.dtype_bytes, keep_events);
+  });
+  return c;
 }
 
 }  // namespace paradyse::cost

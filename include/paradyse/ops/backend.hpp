@@ -18,6 +18,7 @@
 #include "paradyse/ops/cpu/cross_entropy.hpp"
 #include "paradyse/ops/cpu/embedding.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/ops/cpu/gemm_batched.hpp"
 #include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cpu/normalization.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
@@ -50,6 +51,13 @@ struct Cpu {
   static void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
                      TensorView<float> c, float alpha = 1.0f, float beta = 0.0f) {
     cpu::matmul(a, trans_a, b, trans_b, c, alpha, beta);
+  }
+  // count GEMMs of one size, in order (ops/cpu/gemm_batched.hpp): a per-head loop as one op.
+  static void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                           float alpha, std::span<const float* const> a, std::int64_t lda,
+                           std::span<const float* const> b, std::int64_t ldb, float beta, std::span<float* const> c,
+                           std::int64_t ldc) {
+    cpu::gemm_batched(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
   // ---- attention (ops/cpu/attention.hpp) ----

@@ -17,6 +17,7 @@
 #include "paradyse/ops/cpu/convert.hpp"
 #include "paradyse/ops/cpu/cross_entropy.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/ops/cpu/gemm_batched.hpp"
 #include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
 #include "paradyse/ops/cpu/softmax.hpp"
@@ -77,6 +78,17 @@ struct Counting {
     if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
       scratch(cpu::detail::tracked(floats * sizeof(float)));
     record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
+  }
+  // count GEMMs of one size: one event with a count. The CPU op allocates and frees each item's workspace in turn,
+  // so one scratch event of that size gives the same peak.
+  static void gemm_batched(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                           std::span<const float* const> a, std::int64_t, std::span<const float* const> b,
+                           std::int64_t, float, std::span<float* const> c, std::int64_t) {
+    cpu::check_gemm_batch(a.size(), b.size(), c.size());
+    if (a.empty()) return;
+    if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
+      scratch(cpu::detail::tracked(floats * sizeof(float)));
+    record({.kind = TraceKind::gemm, .count = std::int32_t(a.size()), .m = double(m), .n = double(n), .k = double(k)});
   }
   static void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
                      TensorView<float> c, float alpha = 1.0f, float = 0.0f) {

@@ -1,0 +1,158 @@
+// Tests of ops/cpu/gemm_batched.hpp (through ops::Cpu) and its ops::Counting record: every item against the float64
+// reference on fresh random inputs, every transpose combination, alpha/beta, padded leading dimensions, items that
+// share an input (a GQA group's key head) and items that share an output with beta = 1 (summed in order); mismatched
+// pointer counts are refused; the dry run records one GEMM event with a count and the CPU kernel's workspace.
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/ops/counting.hpp"
+
+#include "paradyse/core/rng.hpp"
+#include "support/tolerance.hpp"
+#include "ops/reference.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::testing;
+using ops::Transpose;
+
+namespace {
+
+struct BatchCase {
+  std::int64_t count, m, n, k, pad;
+  float alpha, beta;
+  int share_b;  // items per b (a GQA group: 2 means items 2j and 2j + 1 read the same b)
+  int share_c;  // items per c (with beta = 1 they sum into it, in order)
+};
+
+// Items i of a, b and c live at i * stride in one buffer each (padded leading dimensions, gaps between items).
+void check_batch(const BatchCase& t, bool ta, bool tb, Rng& rng) {
+  CAPTURE(t.count); CAPTURE(t.m); CAPTURE(t.n); CAPTURE(t.k); CAPTURE(ta); CAPTURE(tb); CAPTURE(t.alpha);
+  CAPTURE(t.beta); CAPTURE(t.share_b); CAPTURE(t.share_c);
+  const std::int64_t a_rows = ta ? t.k : t.m, a_cols = ta ? t.m : t.k;
+  const std::int64_t b_rows = tb ? t.n : t.k, b_cols = tb ? t.k : t.n;
+  const std::int64_t lda = a_cols + t.pad, ldb = b_cols + t.pad, ldc = t.n + t.pad;
+  const std::int64_t a_stride = a_rows * lda + 5, b_stride = b_rows * ldb + 3, c_stride = t.m * ldc + 7;
+  const std::int64_t b_items = (t.count + t.share_b - 1) / t.share_b, c_items = (t.count + t.share_c - 1) / t.share_c;
+  std::vector<float> a(std::size_t(t.count * a_stride)), b(std::size_t(b_items * b_stride)),
+      c(std::size_t(c_items * c_stride));
+  rng.fill_uniform(std::span<float>(a));
+  rng.fill_uniform(std::span<float>(b));
+  rng.fill_uniform(std::span<float>(c));
+  // The reference: the items one after another in float64 (an output shared by items sums them in this order).
+  Vec want(c.begin(), c.end());
+  const Vec a64(a.begin(), a.end());
+  for (std::int64_t i = 0; i < t.count; ++i) {
+    const Vec ai(a64.begin() + i * a_stride, a64.begin() + (i + 1) * a_stride);
+    const Vec bi(b.begin() + (i / t.share_b) * b_stride, b.begin() + (i / t.share_b + 1) * b_stride);
+    Vec ci(want.begin() + (i / t.share_c) * c_stride, want.begin() + (i / t.share_c + 1) * c_stride);
+    reference_gemm(ta, tb, t.m, t.n, t.k, t.alpha, ai, lda, bi, ldb, t.beta, ci, ldc);
+    std::copy(ci.begin(), ci.end(), want.begin() + (i / t.share_c) * c_stride);
+  }
+  std::vector<const float*> a_items, b_items_ptrs;
+  std::vector<float*> c_items_ptrs;
+  for (std::int64_t i = 0; i < t.count; ++i) {
+    a_items.push_back(a.data() + i * a_stride);
+    b_items_ptrs.push_back(b.data() + (i / t.share_b) * b_stride);
+    c_items_ptrs.push_back(c.data() + (i / t.share_c) * c_stride);
+  }
+  ops::Cpu::gemm_batched(ta ? Transpose::yes : Transpose::no, tb ? Transpose::yes : Transpose::no, t.m, t.n, t.k,
+                         t.alpha, a_items, lda, b_items_ptrs, ldb, t.beta, c_items_ptrs, ldc);
+  // The whole buffer: padding columns and the gaps between items stay untouched.
+  CHECK_CLOSE(c, want, kFloat32);
+}
+
+}  // namespace
+
+TEST_CASE("gemm_batched: every item matches the float64 reference, in order") {
+  Rng rng(0x6a7c);
+  const BatchCase cases[] = {
+      {1, 5, 7, 3, 0, 1.0f, 0.0f, 1, 1},      // one item
+      {4, 17, 9, 33, 0, 1.0f, 0.0f, 1, 1},    // a per-head loop: scores of 4 heads
+      {6, 8, 16, 12, 2, 0.35f, 0.0f, 2, 1},   // GQA: pairs of query heads read one key head; scaled; padded
+      {6, 12, 5, 9, 1, 1.0f, 1.0f, 1, 3},     // three items sum into each output (beta = 1), in order
+      {3, 31, 40, 7, 3, -1.5f, 0.5f, 1, 1},   // alpha and beta
+      {4, 6, 5, 3, 0, 1.0f, 0.5f, 1, 2},      // a shared output with beta = 0.5: only the in-order result matches
+      {5, 1, 1, 1, 0, 1.0f, 1.0f, 5, 5},      // edge sizes, everything shared
+  };
+  for (const BatchCase& t : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) check_batch(t, ta, tb, rng);
+}
+
+TEST_CASE("gemm_batched: an empty batch does nothing; mismatched pointer counts are refused") {
+  std::vector<float> x(16, 1.0f);
+  std::vector<const float*> two{x.data(), x.data()}, one{x.data()};
+  std::vector<float*> out_two{x.data(), x.data() + 4}, none;
+  ops::Cpu::gemm_batched(Transpose::no, Transpose::no, 2, 2, 2, 1.0f, {}, 2, {}, 2, 0.0f, none, 2);
+  CHECK(x == std::vector<float>(16, 1.0f));
+  try {
+    ops::Cpu::gemm_batched(Transpose::no, Transpose::no, 2, 2, 2, 1.0f, two, 2, one, 2, 0.0f, out_two, 2);
+    FAIL("a batch of 2 a, 1 b and 2 c pointers was accepted");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("got 2 a, 1 b and 2 c pointers") != std::string::npos);
+  }
+  Trace trace;
+  const ScopedTrace recording(trace);
+  CHECK_THROWS_AS(ops::Counting::gemm_batched(Transpose::no, Transpose::no, 2, 2, 2, 1.0f, two, 2, one, 2, 0.0f,
+                                              out_two, 2),
+                  Error);
+  ops::Counting::gemm_batched(Transpose::no, Transpose::no, 2, 2, 2, 1.0f, {}, 2, {}, 2, 0.0f, none, 2);
+  CHECK(trace.size() == 0);
+}
+
+TEST_CASE("gemm_batched on the counting backend: one GEMM event with a count, the workspace of one item") {
+  MemoryTracker meta(MemorySpace::meta);
+  const ScopedTracker scoped(meta);
+  for (const auto& [m, n, k] : {std::array<std::int64_t, 3>{4096, 4096, 128}, std::array<std::int64_t, 3>{3, 5, 7}}) {
+    CAPTURE(m);
+    // Meta buffers: addresses only (never read); 12 heads' scores against one key block.
+    Tensor<float> q(Shape{12, m, k}), keys(Shape{n, k}), scores(Shape{12, m, n});
+    std::vector<const float*> a, b;
+    std::vector<float*> c;
+    for (std::int64_t h = 0; h < 12; ++h) {
+      a.push_back(q.data() + h * m * k);
+      b.push_back(keys.data());
+      c.push_back(scores.data() + h * m * n);
+    }
+    Trace batched, looped;
+    meta.set_trace(&batched);
+    {
+      const ScopedTrace recording(batched);
+      ops::Counting::gemm_batched(Transpose::no, Transpose::yes, m, n, k, 0.5f, a, k, b, k, 0.0f, c, n);
+    }
+    meta.set_trace(&looped);
+    {
+      const ScopedTrace recording(looped);
+      for (std::size_t h = 0; h < 12; ++h)
+        ops::Counting::gemm(Transpose::no, Transpose::yes, m, n, k, 0.5f, a[h], k, b[h], k, 0.0f, c[h], n);
+    }
+    meta.set_trace(nullptr);
+    // The batch: one GEMM event of count 12 (after its workspace, when the engine for this size takes one).
+    const TraceEvent& gemm = batched.events().back();
+    CHECK(gemm.kind == TraceKind::gemm);
+    CHECK(gemm.count == 12);
+    CHECK(gemm.m == double(m));
+    CHECK(gemm.n == double(n));
+    CHECK(gemm.k == double(k));
+    // The loop: the same GEMMs (12 calls in all) and the same largest workspace.
+    std::int64_t calls = 0;
+    double loop_scratch = 0, batch_scratch = 0;
+    for (const TraceEvent& e : looped.events()) {
+      if (e.kind == TraceKind::gemm) {
+        calls += e.count;
+        CHECK(e.m == double(m));
+      }
+      if (e.kind == TraceKind::scratch) loop_scratch = std::max(loop_scratch, e.bytes);
+    }
+    for (const TraceEvent& e : batched.events())
+      if (e.kind == TraceKind::scratch) batch_scratch = std::max(batch_scratch, e.bytes);
+    CHECK(calls == 12);
+    CHECK(batch_scratch == loop_scratch);
+    CHECK(batched.size() == (batch_scratch > 0 ? 2u : 1u));
+  }
+}
