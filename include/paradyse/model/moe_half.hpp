@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace paradyse {
 
