@@ -559,6 +559,25 @@ TEST_CASE("alloc routing: the router's pooled counts are Alloc-T's on the router
       }
       CHECK(selected == doctest::Approx(17.0));  // norm_topk_prob: each token's gates sum to 1
     }
+    // Pools of one row (batch-1 decode, or one pool per token): plain top-k, the same routing as TopK{k}.
+    for (const std::int64_t k : {1, 3, 6}) {
+      CAPTURE(k);
+      const std::vector<std::int64_t> singles(17, 1);
+      TopK one_row{k};
+      one_row.pool_tokens = true;
+      one_row.pools = singles;
+      const Routing pooled = route<ops::Cpu>(c, w.router.view(), x.view(), one_row);
+      const Routing plain = route<ops::Cpu>(c, w.router.view(), x.view(), TopK{k});
+      CHECK(pooled.offsets == plain.offsets);
+      CHECK(pooled.expert == plain.expert);
+      CHECK(std::equal(pooled.gates.span().begin(), pooled.gates.span().end(), plain.gates.span().begin()));
+      TopK first{k};
+      first.pool_tokens = true;
+      const Routing lone = route<ops::Cpu>(c, w.router.view(), x.view().slice(0, 0, 1), first);
+      const TokenAllocation want = allocate_tokens(plain.probs.span().first(8), plain.logits.span().first(8), 1, 8, k);
+      CHECK(lone.count(0) == k);
+      for (std::int64_t a = 0; a < k; ++a) CHECK(want.chosen[std::size_t(lone.expert[std::size_t(a)])] == 1);
+    }
     TopK both{2, ids};
     both.pool_tokens = true;
     CHECK_THROWS_WITH_AS((void)route<ops::Cpu>(c, w.router.view(), x.view(), both),

@@ -20,7 +20,9 @@
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -88,7 +90,18 @@ Routing route(const MoeConfig& c, TensorView<const float> router, TensorView<con
   Routing r;
   r.tokens = x.extent(0);
   r.experts = c.experts;
-  if (k.pool_tokens) {  // Alloc-T: the logits first, then each token's count from the pooled scores
+  // A pool of one row is plain top-k (batch-1 decode): the pooled path is taken only when some pool has two rows.
+  bool pooled = k.pool_tokens && r.tokens > 1;
+  if (pooled && !k.pools.empty())
+    pooled = std::any_of(k.pools.begin(), k.pools.end(), [](std::int64_t rows) { return rows > 1; });
+  if (k.pool_tokens && !pooled) {
+    check(k.per_token.empty(), "router: pool_tokens and per-token counts exclude each other");
+    const std::int64_t pooled_rows = std::accumulate(k.pools.begin(), k.pools.end(), std::int64_t(0));
+    check(k.pools.empty() || pooled_rows == r.tokens, "route: the pools hold {} tokens, expected {}", pooled_rows,
+          r.tokens);
+    k = TopK{k.k};
+  }
+  if (pooled) {  // Alloc-T: the logits first, then each token's count from the pooled scores
     r.logits = Tensor<float>(Shape{r.tokens, c.experts});
     check(r.logits.space() == MemorySpace::host, "route: pool_tokens reads the scores; they must be on the host");
     if (r.tokens > 0) Backend::matmul(x, ops::Transpose::no, router, ops::Transpose::yes, r.logits.view());
