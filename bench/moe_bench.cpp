@@ -1,14 +1,17 @@
 // bench/moe_bench: one MoE FFN sublayer (moe/moe_layer.hpp), forward + backward, on one rank and under
 // ExpertParallel and ExpertTensorParallel on p thread ranks, at a few token counts, with balanced and skewed routing.
 //
-//   moe_bench                 h = 256, E = 8, k = 2, f = 512, p = 4, tokens 256, 1024, 4096
+//   moe_bench                 h = 256, E = 8, k = 2, f = 512, p = 4, tokens 256, 1024, 4096, 16384, 32768
 //   options: --h N --experts N --k N --ffn N --p N --reps N --tokens A,B,C --quick
 //
 // Table 1, per token count (global, over the p ranks), routing and strategy: forward + backward as the busiest
 // rank's thread CPU time (the machine may have fewer cores than ranks; CPU time counts each rank's own work) and
 // wall time, medians of --reps; the speedup of the busiest rank over the same layer on ONE rank holding every token
 // (measured in this run); the largest expert load over the mean (routing skew); bytes sent by the busiest rank; the
-// per-rank peak bytes of the tracker. "skewed" biases the router towards a Zipf(1.2) load through a constant input
+// per-rank peak bytes of the tracker. Then the crossover per routing: the fewest tokens from which
+// ExpertTensorParallel is faster than ExpertParallel, measured here (busiest rank's CPU time: thread ranks copy
+// instead of sending, so traffic costs little here) and predicted by the cost model for an H100 node (the strategies'
+// dry runs, cost/moe_cost.hpp, balanced routing: where moving the experts' 3 E f h weights beats moving the tokens). "skewed" biases the router towards a Zipf(1.2) load through a constant input
 // feature (the measured max/mean load is printed, not assumed). Weights and tokens are the same for every strategy.
 // Table 2, the machine ratio the grouped GEMM is judged by: the experts' forward over E ragged blocks against one
 // GEMM of the same FLOPs (an expert block of T k / E rows) in the same run. Nothing is asserted.
@@ -16,6 +19,8 @@
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/moe_cost.hpp"
 #include "paradyse/moe/moe_layer.hpp"
 #include "paradyse/ops/backend.hpp"
 
@@ -50,7 +55,7 @@ double median(std::vector<double> v) {
 struct Options {
   std::int64_t h = 256, experts = 8, k = 2, ffn = 512;
   int p = 4, reps = 3;
-  std::vector<std::int64_t> tokens = {256, 1024, 4096};
+  std::vector<std::int64_t> tokens = {256, 1024, 4096, 16384, 32768};
 };
 
 Options parse(int argc, char** argv) {
@@ -207,6 +212,8 @@ int main(int argc, char** argv) try {
   fmt::print("{:>7} {:>9} {:>21} {:>10} {:>10} {:>8} {:>8} {:>11} {:>10}\n", "tokens", "routing", "strategy", "cpu ms",
              "wall ms", "speedup", "max/mean", "sent MiB", "peak MiB");
   const char* names[] = {"one rank (baseline)", "ExpertParallel", "ExpertTensorParallel"};
+  // [routing][token count]: EP's and ETP's busiest-rank CPU time.
+  std::vector<double> ep_cpu[2], etp_cpu[2];
   for (const std::int64_t tokens : o.tokens)
     for (const bool skewed : {false, true}) {
       const Problem pr = make_problem(o, tokens, skewed);
@@ -214,6 +221,8 @@ int main(int argc, char** argv) try {
       for (int kind = 0; kind < 3; ++kind) {
         const Row row = measure(o, pr, kind);
         if (kind == 0) baseline = row.cpu;
+        if (kind == 1) ep_cpu[skewed].push_back(row.cpu);
+        if (kind == 2) etp_cpu[skewed].push_back(row.cpu);
         fmt::print("{:>7} {:>9} {:>21} {:>10.2f} {:>10.2f} {:>7.2f}x {:>8.2f} {:>11.2f} {:>10.2f}\n", tokens,
                    skewed ? "skewed" : "balanced", names[kind], 1e3 * row.cpu, 1e3 * row.wall,
                    row.cpu > 0 ? baseline / row.cpu : 0.0, row.skew, double(row.bytes) / (1 << 20),
@@ -221,10 +230,51 @@ int main(int argc, char** argv) try {
       }
     }
 
+  // The crossover: the fewest tokens from which ETP stays faster than EP (every larger count too).
+  const auto crossover = [&](const std::vector<double>& ep, const std::vector<double>& etp) -> std::string {
+    std::size_t from = ep.size();
+    while (from > 0 && etp[from - 1] < ep[from - 1]) --from;
+    if (from == ep.size()) return fmt::format("EP faster at every count ({}..{} tokens)", o.tokens.front(), o.tokens.back());
+    if (from == 0) return fmt::format("ETP faster at every count ({}..{} tokens)", o.tokens.front(), o.tokens.back());
+    return fmt::format("ETP faster from {} tokens on (EP at {})", o.tokens[from], o.tokens[from - 1]);
+  };
+  fmt::print("\ncrossover, measured here (busiest rank's CPU time): balanced: {}; skewed: {}\n", crossover(ep_cpu[0], etp_cpu[0]),
+             crossover(ep_cpu[1], etp_cpu[1]));
+  {
+    const cost::HardwareProfile h100 = cost::builtin_profile("H100-SXM-80GB-x8");
+    MoeConfig c;
+    c.hidden = o.h;
+    c.experts = o.experts;
+    c.top_k = o.k;
+    c.expert_ffn = o.ffn;
+    c.norm_topk_prob = true;
+    fmt::print("predicted on {} by the strategies' dry runs (balanced routing, p = {}, fp32):\n", h100.name, o.p);
+    fmt::print("{:>7} {:>12} {:>12} {:>10} {:>10} {:>8}\n", "tokens", "EP ms", "ETP ms", "EP MiB", "ETP MiB", "faster");
+    std::vector<double> ep, etp;
+    for (const std::int64_t tokens : o.tokens) {
+      const std::int64_t local = (tokens + o.p - 1) / o.p;
+      const cost::SublayerTrace ep_trace = moe_dry_run<ExpertParallel>(c, o.p, 0, 1, local);
+      const cost::SublayerTrace etp_trace = moe_dry_run<ExpertTensorParallel>(c, o.p, 0, 1, local);
+      const cost::SublayerCost a = cost::cost_of(ep_trace, &h100), b = cost::cost_of(etp_trace, &h100);
+      const auto sent = [](const cost::SublayerTrace& t) {
+        double bytes = 0;
+        for (const auto* phase : {&t.forward, &t.backward})
+          for (const TraceEvent& e : *phase)
+            if (e.kind == TraceKind::post) bytes += e.bytes;
+        return bytes / (1 << 20);
+      };
+      ep.push_back(a.time_s());
+      etp.push_back(b.time_s());
+      fmt::print("{:>7} {:>12.3f} {:>12.3f} {:>10.2f} {:>10.2f} {:>8}\n", tokens, 1e3 * a.time_s(), 1e3 * b.time_s(),
+                 sent(ep_trace), sent(etp_trace), b.time_s() < a.time_s() ? "ETP" : "EP");
+    }
+    fmt::print("crossover, predicted: {} (MiB: bytes each rank posts, forward + backward)\n", crossover(ep, etp));
+  }
+
   // Grouped GEMM against one GEMM of the same FLOPs: the experts' forward over E equal blocks of T k / E rows vs
   // one [E * rows, h] x [h, 2f] and [E * rows, f] x [f, h] pair (both with the SwiGLU between).
   fmt::print("\ngrouped GEMM (experts_forward over E blocks) vs one GEMM of the same FLOPs, one thread:\n");
-  fmt::print("{:>12} {:>14} {:>14} {:>8}\n", "block rows", "grouped GF/s", "single GF/s", "ratio");
+  fmt::print("{:>12} {:>14} {:>14} {:>8} {:>10}\n", "block rows", "grouped GF/s", "single GF/s", "ratio", "goal 70%");
   for (const std::int64_t block : {std::int64_t(64), std::int64_t(256), std::int64_t(1024)}) {
     const Problem pr = make_problem(o, 1, false);
     const std::int64_t rows = block * o.experts;
@@ -251,7 +301,8 @@ int main(int argc, char** argv) try {
       if (rep > 0) single.push_back(t1 - t0);
     }
     const double g = flops / median(grouped) / 1e9, s = flops / median(single) / 1e9;
-    fmt::print("{:>12} {:>14.2f} {:>14.2f} {:>7.0f}%\n", block, g, s, 100 * g / s);
+    fmt::print("{:>12} {:>14.2f} {:>14.2f} {:>7.0f}% {:>10}\n", block, g, s, 100 * g / s,
+               block < 256 ? "(n/a)" : g >= 0.7 * s ? "met" : "missed");
   }
   return 0;
 } catch (const std::exception& e) {
