@@ -11,13 +11,13 @@
 //     states that reach layer l in the full model), Y the block's output at its top-k. No model needed beyond the
 //     block; cheap, but blind to how the error propagates to the loss.
 // Either table feeds allocate_layers (moe/alloc_layers.hpp). Saved and loaded through the library's JSON reader and
-// writer (cost/json.hpp); numbers keep 17 digits, so a table survives a round trip bit for bit.
+// writer (core/json.hpp); numbers keep 17 digits, so a table survives a round trip bit for bit.
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/core/printable.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/cost/json.hpp"
 #include "paradyse/moe/moe_layer.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
