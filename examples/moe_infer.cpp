@@ -96,7 +96,7 @@ double percentile(std::vector<double> x, double q) {
 struct Row {
   std::string name;
   double ttft50 = 0, ttft99 = 0, tpot50 = 0, tpot99 = 0, throughput = 0, exposed_ms = 0;
-  std::int64_t switches = 0, steps = 0, ep_steps = 0;
+  std::int64_t switches = 0, rebalances = 0, steps = 0, ep_steps = 0;
   std::vector<double> expert_imbalance, rank_imbalance;
   FetchStats fetch;
 };
@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
       row.tpot99 = percentile(tpot, 0.99) * 1e3;
       row.throughput = double(tokens) / stats.elapsed_s;
       row.switches = stats.switches;
+      row.rebalances = stats.rebalances;
       row.exposed_ms = stats.switch_exposed_s * 1e3;
       row.steps = stats.steps;
       row.ep_steps = std::count(stats.mode_of_step.begin(), stats.mode_of_step.end(), MoeMode::ep);
@@ -216,19 +217,21 @@ int main(int argc, char** argv) {
       rows.push_back(std::move(row));
     }
     fmt::print("\n{:<20} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>11} {:>14}\n", "policy", "TTFT p50", "TTFT p99",
-               "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "switches", "exposed ms", "rank max/mean");
+               "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "sw/rebal", "exposed ms", "rank max/mean");
     for (const Row& r : rows) {
       std::string imbalance;
       for (double x : r.rank_imbalance) imbalance += fmt::format("{}{:.2f}", imbalance.empty() ? "" : " ", x);
       fmt::print("{:<20} {:>7.1f}ms {:>7.1f}ms {:>7.2f}ms {:>7.2f}ms {:>10.1f} {:>6} {:>8} {:>9} {:>11.2f} {:>14}\n", r.name,
-                 r.ttft50, r.ttft99, r.tpot50, r.tpot99, r.throughput, r.steps, r.ep_steps, r.switches, r.exposed_ms,
-                 imbalance);
+                 r.ttft50, r.ttft99, r.tpot50, r.tpot99, r.throughput, r.steps, r.ep_steps,
+                 fmt::format("{}/{}", r.switches, r.rebalances), r.exposed_ms, imbalance);
     }
     if (!rows.empty()) {
       std::string experts;
       for (double x : rows[0].expert_imbalance) experts += fmt::format(" {:.2f}", x);
       fmt::print("expert load max/mean per layer (routing, same for every policy):{}\n", experts);
     }
+    fmt::print("(sw/rebal: TP<->EP switches / EPLB placements installed; exposed ms: the time both took on the critical "
+               "path; rank max/mean: per MoE layer, the rows of the busiest rank over the mean, summed over steps)\n");
     for (const Row& r : rows)
       if (r.fetch.fetches) fmt::print("{}: {} experts fetched on demand ({:.1f} MB), {} cache hits, {} evictions\n", r.name,
                                       r.fetch.fetches, double(r.fetch.bytes_fetched) / 1e6, r.fetch.hits, r.fetch.evictions);

@@ -1,6 +1,6 @@
 // tests/serve/engine.cpp: the serving engine over the transformers fixtures (tests/data/hf/): continuous batching
 // with staggered arrivals and chunked prefill, every MoE policy (static TP, static EP, EP + EPLB, EP + token sorting
-// with on-demand loading, dynamic TP<->EP switching, pipelined or stalled) on p in {1, 2, 4} gives the reference's
+// with on-demand loading, dynamic TP<->EP switching, pipelined or stalled) on p in {1, 2, 3, 4} gives the reference's
 // greedy tokens; seeded sampling; the paged cache; the layout redistribution round trip; EPLB against DeepSeek's
 // published example; the switcher's hysteresis.
 #include "paradyse/comm/threads.hpp"
@@ -108,7 +108,7 @@ std::map<std::string, EnginePolicy> policies() {
 
 }  // namespace
 
-TEST_CASE("engine: every policy on p in {1, 2, 4} gives transformers' greedy tokens under continuous batching") {
+TEST_CASE("engine: every policy on p in {1, 2, 3, 4} gives transformers' greedy tokens under continuous batching") {
   for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
     const LoadedDecoder m = load_decoder(fixture(family).string());
     const Reference ref = read_reference(family);
@@ -118,7 +118,7 @@ TEST_CASE("engine: every policy on p in {1, 2, 4} gives transformers' greedy tok
     opt.block_size = 4;
     opt.kv_blocks = 64;
     for (const auto& [name, policy] : policies())
-      for (const int p : {1, 2, 4}) {
+      for (const int p : {1, 2, 3, 4}) {
         INFO(family, ", ", name, ", p = ", p);
         const Served s = serve_on(m, requests, p, opt, policy);
         REQUIRE(s.outcomes.size() == requests.size());

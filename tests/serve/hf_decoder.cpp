@@ -1,7 +1,7 @@
 // tests/serve/hf_decoder.cpp: the Hugging Face loader and the decoder step against the transformers fixtures of
 // tests/data/hf/ (made by scripts/make_hf_fixtures.py: Mixtral stored in bf16, Qwen2-MoE in f32 over two shards with
 // an index, OLMoE in f16): prefill logits of every prompt position and 8 greedy decode steps with the paged KV cache,
-// for p in {1, 2, 4} thread ranks with the experts tensor-parallel (TP) and whole (EP); chunked prefill; the
+// for p in {1, 2, 3, 4} thread ranks with the experts tensor-parallel (TP) and whole (EP); chunked prefill; the
 // loader's errors (missing tensor, wrong shape, unknown architecture, bad index).
 #include "support/tolerance.hpp"
 
@@ -125,12 +125,12 @@ constexpr double kLogitTolerance = 2e-5;  // float32 reassociation over 2 layers
 
 }  // namespace
 
-TEST_CASE("hf fixtures: prefill and 8 cached decode steps match transformers for p in {1, 2, 4}, TP and EP experts") {
+TEST_CASE("hf fixtures: prefill and 8 cached decode steps match transformers for p in {1, 2, 3, 4}, TP and EP experts") {
   for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
     const LoadedDecoder m = load_decoder((fixtures() / family).string());
     const std::vector<FixtureCase> cases = read_expected(family);
     const std::vector<std::int32_t> want = reference_greedy(cases);
-    for (const int p : {1, 2, 4})
+    for (const int p : {1, 2, 3, 4})
       for (const MoeMode mode : {MoeMode::tp, MoeMode::ep}) {
         const std::vector<FixtureRun> reports = run_fixture(m, cases, p, mode);
         for (int r = 0; r < p; ++r) {
