@@ -335,8 +335,16 @@ TEST_CASE("moe gpt: the same global model on 1 and 2 ranks gives the same loss, 
       const Tensor<std::int32_t> t = shard_tokens(tokens, 1, layout, comm.rank());
       const Tensor<std::int32_t> y = shard_tokens(targets, 1, layout, comm.rank());
       const StackPlan plan{{0, 0, 0}, {1, 1, std::size_t(p - 1)}};
+      // Forward only gives forward_backward's loss and touches no gradient; a per-layer k changes it.
+      const GptStepResult evaluated = model.evaluate(comm, pool, plan, s, t.view(), y.view());
+      model.stack().set_moe_top_k({0, 4});
+      const GptStepResult more_experts = model.evaluate(comm, pool, plan, s, t.view(), y.view());
+      model.stack().set_moe_top_k({});
       model.zero_gradients();
       const GptStepResult step = model.forward_backward(comm, pool, plan, s, t.view(), y.view());
+      CHECK(evaluated.loss == doctest::Approx(step.loss).epsilon(1e-6));
+      CHECK(evaluated.counted == step.counted);
+      CHECK(more_experts.loss != doctest::Approx(step.loss).epsilon(1e-6));
       model.optimizer_step(ops::AdamWConfig{});
       if (comm.rank() == 0) {
         losses[std::size_t(p)] = step.loss;

@@ -306,6 +306,57 @@ public:
     return {loss_sum / total_counted, std::int64_t(total_counted)};
   }
 
+  // Forward only (evaluation, inference-time studies such as Alloc-MoE's with stack().set_moe_top_k): the mean
+  // loss over every rank's counted tokens, as forward_backward's, with no gradient touched. Collective, as
+  // forward_backward; stack().moe_stats() holds the MoE layers' losses and load afterwards.
+  template <Communicator C>
+  GptStepResult evaluate(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
+                         TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets) {
+    check(comm.size() == ranks_ && comm.rank() == rank_, "Gpt: built for rank {} of {}, run on rank {} of {}", rank_,
+          ranks_, comm.rank(), comm.size());
+    const LayerConfig& c = config_.layer;
+    const SequenceLayout layout(seq_len, ranks_, c.zigzag);
+    const std::int64_t n = layout.local_length(rank_), h = c.hidden, vocab = config_.vocab;
+    check(tokens.rank() == 2 && tokens.extent(1) == n && tokens.is_contiguous() && targets.shape() == tokens.shape() &&
+              targets.is_contiguous(),
+          "Gpt::evaluate: tokens {} and targets {} must be [b, n_r] with n_r = {}", tokens.shape(), targets.shape(), n);
+    const std::int64_t batch = tokens.extent(0), rows = batch * n;
+    double counts[2] = {0.0, 0.0};  // loss sum, counted tokens
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int32_t t = targets.data()[i];
+      check(t == ops::cpu::kIgnoreIndex || (t >= 0 && t < vocab),
+            "Gpt::evaluate: target {} at local index {} is outside [0, {}) and not the ignore index", t, i, vocab);
+      counts[1] += t != ops::cpu::kIgnoreIndex ? 1.0 : 0.0;
+    }
+    const Shape activation{batch, n, h};
+    Tensor<float> hidden(activation);
+    {
+      Tensor<float> x(activation);
+      Backend::embedding_forward(tokens, TensorView<const float>(embedding()), x.view());
+      stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
+      stack_.discard_step();  // what forward kept for a backward
+    }
+    {
+      Tensor<float> normed(activation), stats(Shape{2, rows});
+      norm_forward<Backend>(c, hidden.view(), final_gamma(), final_beta(), normed.view(),
+                            stats.view().slice(0, 0, 1).reshape(Shape{rows}), stats.view().slice(0, 1, 1).reshape(Shape{rows}));
+      const TensorView<const float> x = TensorView<const float>(normed.view()).reshape(Shape{rows, h});
+      const TensorView<const float> head_weights = TensorView<const float>(head());
+      Tensor<float> logits(Shape{std::min(rows, kHeadChunkRows), vocab});
+      for (std::int64_t start = 0; start < rows; start += kHeadChunkRows) {
+        const std::int64_t count = std::min(kHeadChunkRows, rows - start);
+        const TensorView<float> chunk = logits.view().slice(0, 0, count);
+        Backend::matmul(x.slice(0, start, count), ops::Transpose::no, head_weights, ops::Transpose::yes, chunk);
+        counts[0] += Backend::cross_entropy_forward_backward(chunk, targets.reshape(Shape{rows}).slice(0, start, count),
+                                                             chunk, 1.0f).loss_sum;
+      }
+    }
+    double sums[2] = {0.0, 0.0};
+    comm.all_reduce(std::span<const double>(counts, 2), std::span<double>(sums, 2), ReduceOp::sum);
+    check(sums[1] > 0, "Gpt::evaluate: no token of the batch has a target");
+    return {sums[0] / sums[1], std::int64_t(sums[1])};
+  }
+
   // One AdamW step on this rank's shards and the replicated weights with the accumulated gradients.
   void optimizer_step(const ops::AdamWConfig& adamw) {
     ++step_;
