@@ -19,8 +19,12 @@
 //   plan_trace [--profile a100|h100|h200|FILE.json] [--dataset githubcode|grch38|all] [--distribution FILE]
 //              [--lengths FILE] [--sequences N] [--seed S] [--order sorted|random] [--hidden H] [--heads A]
 //              [--kv-heads A] [--head-dim D] [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G]
-//              [--gamma G] [--causal] [--swiglu]
+//              [--gamma G] [--causal] [--swiglu] [--csv FILE]
+// --csv FILE: every sequence's predicted step time and peak memory per variant (empty when it does not fit), with
+// the memory budget: scripts/plot.py draws time per strategy against length with each strategy's memory limit.
 #include "command_line.hpp"
+#include "csv_table.hpp"
+#include "progress.hpp"
 #include "trace_input.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
@@ -63,6 +67,7 @@ struct Options {
   std::int64_t batch = 1;
   double budget_gib = -1;
   double gamma = 0.05;
+  std::string csv;
 };
 
 using paradyse::examples::LengthBucket;
@@ -76,7 +81,7 @@ constexpr std::int64_t kMaxLength = pd::plan::kMaxPlanLength;
              "                  [--distribution FILE] [--lengths FILE] [--sequences N] [--seed S]\n"
              "                  [--order sorted|random] [--hidden H] [--heads A] [--kv-heads A] [--head-dim D]\n"
              "                  [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G] [--gamma G]\n"
-             "                  [--causal] [--swiglu]\n");
+             "                  [--causal] [--swiglu] [--csv FILE]\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -109,6 +114,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--gamma") o.gamma = cli.number({.min = 0, .max = 1});
     else if (arg == "--causal") o.layer.causal = o.layer.zigzag = true;  // causal ring attention runs zigzag
     else if (arg == "--swiglu") o.layer.swiglu = true;
+    else if (arg == "--csv") o.csv = cli.value();
     else cli.unknown();
   }
   if (o.layer.heads <= 0 || o.layer.hidden <= 0) usage("--hidden and --heads must be positive");
@@ -173,10 +179,11 @@ struct Variant {
   std::int64_t reached = 0;
   double reached_s = 0;
   std::vector<double> step_s;  // per sequence, NaN when it did not fit
+  std::vector<double> step_peak;  // per sequence, the predicted peak bytes (NaN when no plan)
 };
 
-void run_trace(const std::string& title, const std::vector<std::int64_t>& lengths, const Options& o,
-               const pd::cost::HardwareProfile& hw) {
+void run_trace(const std::string& title, const std::string& dataset, const std::vector<std::int64_t>& lengths,
+               const Options& o, const pd::cost::HardwareProfile& hw, paradyse::examples::CsvTable& csv) {
   pd::plan::ModelConfig model = pd::plan::ModelConfig::uniform(o.layer, o.layers);
   const std::int64_t budget =
       o.budget_gib > 0 ? std::int64_t(o.budget_gib * 1073741824.0) : hw.usable_memory_bytes();
@@ -212,7 +219,9 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
   // reported with the reason.
   std::vector<bool> common(lengths.size(), true);
   std::map<std::string, std::vector<std::int64_t>> unplannable;  // reason -> lengths
+  paradyse::examples::Progress progress(dataset, std::int64_t(lengths.size()), "sequences");
   for (std::size_t i = 0; i < lengths.size(); ++i) {
+    progress.show(std::int64_t(i), double(i));
     const pd::plan::Batch batch = pd::plan::Batch::single(lengths[i], o.batch);
     std::optional<pd::plan::CostTable> table;
     try {
@@ -243,6 +252,7 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
       }
       const bool fits = e && e->peak_bytes() <= budget;
       v.step_s.push_back(fits ? e->time_s : std::nan(""));
+      v.step_peak.push_back(e ? double(e->peak_bytes()) : std::nan(""));
       if (fits) {
         v.total_s += e->time_s;
         v.longest = std::max(v.longest, lengths[i]);
@@ -254,6 +264,12 @@ void run_trace(const std::string& title, const std::vector<std::int64_t>& length
       }
     }
   }
+  progress.finish();
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    for (const Variant& v : variants)
+      csv.row(dataset, i, lengths[i], v.name, v.fixed ? "static" : "planner",
+              std::isnan(v.step_s[i]) ? std::string() : fmt::format("{:.9g}", v.step_s[i]),
+              std::isnan(v.step_peak[i]) ? std::string() : fmt::format("{:.0f}", v.step_peak[i]), budget);
   int common_count = 0;
   for (std::size_t i = 0; i < lengths.size(); ++i) common_count += common[i];
   for (Variant& v : variants)
@@ -337,16 +353,18 @@ int run(int argc, char** argv) {
                return m;
              }()),
              pd::plan::format_bytes(o.budget_gib > 0 ? o.budget_gib * 1073741824.0 : double(hw.usable_memory_bytes())));
+  paradyse::examples::CsvTable csv(o.csv, {"dataset", "sequence", "length", "variant", "kind", "time_s", "peak_bytes",
+                                            "budget_bytes"});
   if (!o.lengths_file.empty()) {
     if (o.sorted) std::sort(file_lengths.begin(), file_lengths.end());
-    run_trace(o.lengths_file, file_lengths, o, hw);
+    run_trace(o.lengths_file, "lengths", file_lengths, o, hw, csv);
     return 0;
   }
   for (const auto& [name, buckets] : distributions) {
     if (o.dataset != "all" && o.dataset != name) continue;
     std::vector<std::int64_t> lengths = sample(buckets, o.sequences, o.seed);
     if (o.sorted) std::sort(lengths.begin(), lengths.end());
-    run_trace(fmt::format("{} ({}, seed {})", name, path, o.seed), lengths, o, hw);
+    run_trace(fmt::format("{} ({}, seed {})", name, path, o.seed), name, lengths, o, hw, csv);
   }
   return 0;
 }

@@ -2,7 +2,8 @@
 # Installs the Debian packages paradyse needs to build and test on the CPU (run as root, or with sudo available).
 # The CUDA toolkit (nvcc, cuBLAS, CCCL, NCCL) is optional and expected under /usr/local/cuda.
 set -euo pipefail
-packages=(g++ cmake ninja-build ccache libfmt-dev doctest-dev libopenmpi-dev openmpi-bin libopenblas-dev)
+packages=(g++ cmake ninja-build ccache libfmt-dev doctest-dev libopenmpi-dev openmpi-bin libopenblas-dev
+          python3-matplotlib)  # scripts/plot.py
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
