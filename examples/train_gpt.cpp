@@ -24,6 +24,7 @@
 #include "csv_table.hpp"
 #include "model_flops.hpp"
 #include "progress.hpp"
+#include "train_moe.hpp"
 #include "train_ranks.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -83,6 +84,10 @@ struct Options {
   std::string load;
   std::string profile;
   std::string corpus;
+  std::int64_t experts = 0;       // > 0: an MoE GPT (examples/train_moe.hpp)
+  std::int64_t top_k = 2;
+  std::int64_t shared_experts = 0;
+  int first_dense = 0;
   pd::examples::RankBackend backend = pd::examples::RankBackend::threads;
   int checkpoint_every = 0;     // 0: no training checkpoints
   int keep = 2;                 // training checkpoints kept (the newest)
@@ -114,7 +119,11 @@ struct Options {
              "--csv FILE: the per-step table as CSV (scripts/plot.py draws it)\n"
              "--backend mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi --ranks P ...\n"
              "--profile: a JSON file, or a built-in profile name (A100-SXM4-80GB-x8, H100-SXM-80GB-x8, H200-SXM-141GB-x8)\n"
-             "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n");
+             "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n"
+             "--experts E --top-k K [--shared-experts N] [--first-dense N]: an MoE GPT (E experts of width ffn/K,\n"
+             "  top-K routing, N shared experts, the first N layers dense), every sublayer planned (MoE: ExpertParallel\n"
+             "  or ExpertTensorParallel), expert load and router losses printed; --save DIR then writes a Hugging Face\n"
+             "  folder (Mixtral, or Qwen2-MoE with shared experts or dense layers); --cap-mib is the planner's budget\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -142,6 +151,10 @@ Options parse(int argc, char** argv) {
     else if (arg == "--load") o.load = cli.value();
     else if (arg == "--profile") o.profile = cli.value();
     else if (arg == "--corpus") o.corpus = cli.value();
+    else if (arg == "--experts") o.experts = cli.integer<std::int64_t>(1, 1 << 16);
+    else if (arg == "--top-k") o.top_k = cli.integer<std::int64_t>(1, 1 << 16);
+    else if (arg == "--shared-experts") o.shared_experts = cli.integer<std::int64_t>(0, 1 << 10);
+    else if (arg == "--first-dense") o.first_dense = cli.integer<int>(0, 4096);
     else if (arg == "--backend")
       o.backend = cli.choice("threads", "mpi") ? pd::examples::RankBackend::threads : pd::examples::RankBackend::mpi;
     else if (arg == "--checkpoint-every") o.checkpoint_every = cli.integer<int>(1, 10'000'000);
@@ -163,6 +176,15 @@ Options parse(int argc, char** argv) {
   }
   if (!o.resume.empty() && !o.load.empty()) usage("--resume and --load exclude each other (--resume loads the weights)");
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
+  if (o.experts > 0) {  // the MoE mode (examples/train_moe.hpp) plans every sublayer and saves a Hugging Face folder
+    if (o.top_k > o.experts) usage(fmt::format("--top-k {} exceeds --experts {}", o.top_k, o.experts));
+    if (o.first_dense >= o.layers)
+      usage(fmt::format("--first-dense {} leaves no MoE layer of --layers {}", o.first_dense, o.layers));
+    if (!o.strategy.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 || o.stop_after > 0)
+      usage("--experts: --strategy, --load, --resume, --checkpoint-every and --stop-after are for the dense GPT");
+  } else if (o.shared_experts > 0 || o.first_dense > 0) {
+    usage("--shared-experts and --first-dense need --experts");
+  }
   if (!o.save.empty()) {  // fail now, not after the whole run
     try { pd::check_writable_target(o.save); } catch (const pd::Error& e) { usage(e.what()); }
   }
@@ -323,6 +345,16 @@ int main(int argc, char** argv) {
     Ranks ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
     if (!ranks.reports() && !std::freopen("/dev/null", "w", stdout))
       throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
+    if (o.experts > 0) {
+      const pd::examples::MoeTrainOptions moe{.steps = o.steps, .seed = o.seed, .ranks = o.ranks, .layers = o.layers,
+                                              .hidden = o.hidden, .heads = o.heads, .min_len = o.min_len,
+                                              .max_len = o.max_len, .lr = o.lr, .sorted = o.sorted,
+                                              .experts = o.experts, .top_k = o.top_k,
+                                              .shared_experts = o.shared_experts, .first_dense = o.first_dense,
+                                              .budget_mib = o.cap_mib, .save = o.save, .corpus = o.corpus,
+                                              .backend = o.backend};
+      return pd::examples::train_moe(moe, hardware_profile(o, ranks));
+    }
     pd::GptConfig config;
     config.layer = pd::LayerConfig::make(o.hidden, o.heads);
     config.layer.causal = true;
