@@ -1,7 +1,8 @@
 // bench/comm_bench: collective bandwidth of the communicator backends, nccl-tests style.
 //
 //   comm_bench                                  threads backend, 2 and 4 ranks, 4 KiB .. 256 MiB per rank
-//   mpirun -np 4 comm_bench --backend mpi       MPI backend on the launched processes
+//   mpirun -np 4 comm_bench --backend mpi       MPI backend on the launched processes: raw OpenMPI (the backend's
+//                                               Engine::mpi) beside ours (Engine::automatic), and a goal table
 //   comm_bench --ranks 2,8 --max 64M --ops all_gather,all_to_all --reps 7
 //
 // For each collective, size and form (out of place, in place) it prints the median time and the nccl-tests
@@ -21,6 +22,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -262,11 +264,11 @@ std::optional<double> seconds_at(const std::vector<Row>& rows, std::size_t bytes
 // 64 MiB (rank 0, the other ranks waiting) with one all_gather and one all_to_all of 64 MiB per rank.
 struct Goal {
   int ranks;
-  double memcpy_seconds, seconds[2];  // all_gather, all_to_all (out of place)
+  double memcpy_seconds, seconds[3];  // all_gather, all_to_all (out of place), all_to_all in place
 };
 Goal measure_goal(int n, int reps) {
   constexpr std::size_t bytes = 64 * MiB;
-  Goal goal{n, 0, {0, 0}};
+  Goal goal{n, 0, {0, 0, 0}};
   pd::run_ranks(n, [&](pd::ThreadCommunicator& comm) {
     pd::Tensor<float> a(pd::Shape{std::int64_t(bytes / sizeof(float))}), b(pd::Shape{std::int64_t(bytes / sizeof(float))});
     std::optional<pd::Tensor<std::byte>> from, to;
@@ -275,7 +277,7 @@ Goal measure_goal(int n, int reps) {
       to.emplace(pd::Shape{std::int64_t(bytes)});
       std::memset(from->data(), 1, bytes);
     }
-    std::vector<double> copy_times, times[2];
+    std::vector<double> copy_times, times[3];
     for (int r = 0; r < reps; ++r) {
       comm.barrier();
       if (comm.rank() == 0) {
@@ -285,8 +287,9 @@ Goal measure_goal(int n, int reps) {
       }
       const Collective pair[2] = {Collective::all_gather, Collective::all_to_all};
       for (int i = 0; i < 2; ++i) times[i].push_back(time_collective(comm, pair[i], false, bytes, a.span(), b.span(), 1));
+      times[2].push_back(time_collective(comm, Collective::all_to_all, true, bytes, a.span(), b.span(), 1));
     }
-    if (comm.rank() == 0) goal = {n, median(copy_times), {median(times[0]), median(times[1])}};
+    if (comm.rank() == 0) goal = {n, median(copy_times), {median(times[0]), median(times[1]), median(times[2])}};
   });
   return goal;
 }
@@ -301,7 +304,7 @@ int run_threads(const Options& o, double memcpy_bw) {
     for (const auto& [c, table] : rows) print_table("threads", n, c, table);
     std::fflush(stdout);
   }
-  fmt::print("\n# goal: threads all_gather / all_to_all at 64 MiB per rank, out of place, against single-thread memcpy "
+  fmt::print("\n# goal: threads all_gather / all_to_all at 64 MiB per rank (and all_to_all in place), against single-thread memcpy "
              "(copied bytes/s)\n# measured in alternation (median of {} pairs), so both see the same machine load. "
              "Each rank copies 64 MiB per call:\n# 'per rank' is one rank's copy rate, 'all ranks' the ranks' copies "
              "together (memcpy at the start: {:.2f} GB/s)\n", o.reps > 0 ? o.reps : 7, memcpy_bw / 1e9);
@@ -310,10 +313,10 @@ int run_threads(const Options& o, double memcpy_bw) {
   for (int n : o.ranks) {
     const Goal g = measure_goal(n, o.reps > 0 ? o.reps : 7);
     const double copy_bw = double(64 * MiB) / g.memcpy_seconds;
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 3; ++i) {
       const double per_rank = double(64 * MiB) / g.seconds[i], all = per_rank * n;
       fmt::print("  {:>5} {:>12} {:>12.2f} {:>10.2f} {:>14.2f} {:>7.0f}% {:>14.2f} {:>7.0f}%\n", n,
-                 i == 0 ? "all_gather" : "all_to_all", copy_bw / 1e9, g.seconds[i] * 1e3, per_rank / 1e9,
+                 i == 0 ? "all_gather" : i == 1 ? "all_to_all" : "a2a in place", copy_bw / 1e9, g.seconds[i] * 1e3, per_rank / 1e9,
                  100 * per_rank / copy_bw, all / 1e9, 100 * all / copy_bw);
     }
   }
@@ -321,6 +324,53 @@ int run_threads(const Options& o, double memcpy_bw) {
 }
 
 #if defined(PARADYSE_WITH_MPI)
+// The MPI goal: all_gather, reduce_scatter, all_reduce at 4, 16, 64 MiB (nccl-tests sizes), out of place, through
+// raw OpenMPI (Engine::mpi) and through this backend (Engine::automatic: shared memory above the measured
+// crossover), each against a memcpy of the same size by rank 0 measured in alternation with them.
+void mpi_goal(pd::MpiCommunicator& comm, int reps) {
+  using Engine = pd::MpiCommunicator::Engine;
+  const Collective ops[3] = {Collective::all_gather, Collective::reduce_scatter, Collective::all_reduce};
+  const std::size_t sizes[3] = {4 * MiB, 16 * MiB, 64 * MiB};
+  pd::Tensor<float> a(pd::Shape{std::int64_t(64 * MiB / sizeof(float))}), b(pd::Shape{std::int64_t(64 * MiB / sizeof(float))});
+  std::optional<pd::Tensor<std::byte>> from, to;
+  if (comm.rank() == 0) {
+    from.emplace(pd::Shape{std::int64_t(64 * MiB)});
+    to.emplace(pd::Shape{std::int64_t(64 * MiB)});
+    std::memset(from->data(), 1, 64 * MiB);
+  }
+  const std::array<std::int64_t, 3> crossover = comm.collective_crossover_bytes();
+  if (comm.rank() == 0) {
+    fmt::print("\n# goal: {} ranks, out of place; 'raw' = OpenMPI's own collective, 'ours' = this backend (shared "
+               "memory from the measured crossover: all_gather {}, reduce_scatter {}, all_reduce {} bytes; -1 never)\n"
+               "# memcpy = rank 0 copying the same S bytes, alternated with the collectives (median of {}); ratio = "
+               "memcpy time / collective time (per rank)\n",
+               comm.size(), crossover[0], crossover[1], crossover[2], reps);
+    fmt::print("# {:>14} {:>8} {:>11} {:>11} {:>11} {:>8} {:>8} {:>9}\n", "collective", "S", "memcpy ms", "raw ms",
+               "ours ms", "raw %", "ours %", "speed-up");
+  }
+  for (const Collective c : ops)
+    for (const std::size_t bytes : sizes) {
+      if (bytes % (sizeof(float) * std::size_t(comm.size())) != 0) continue;
+      std::vector<double> copy_times, raw_times, our_times;
+      for (int r = 0; r < reps; ++r) {
+        comm.barrier();
+        if (comm.rank() == 0) {
+          const auto t0 = std::chrono::steady_clock::now();
+          std::memcpy(to->data(), from->data(), bytes);
+          copy_times.push_back(seconds_since(t0));
+        }
+        comm.set_collective_engine(Engine::mpi);
+        raw_times.push_back(time_collective(comm, c, false, bytes, a.span(), b.span(), 1));
+        comm.set_collective_engine(Engine::automatic);
+        our_times.push_back(time_collective(comm, c, false, bytes, a.span(), b.span(), 1));
+      }
+      if (comm.rank() != 0) continue;
+      const double copy = median(copy_times), raw = median(raw_times), ours = median(our_times);
+      fmt::print("  {:>14} {:>6}Mi {:>11.2f} {:>11.2f} {:>11.2f} {:>7.0f}% {:>7.0f}% {:>8.1f}x\n", name_of(c),
+                 bytes / MiB, copy * 1e3, raw * 1e3, ours * 1e3, 100 * copy / raw, 100 * copy / ours, raw / ours);
+    }
+}
+
 int run_mpi_backend(int argc, char** argv, const Options& o) {
   pd::MpiSession session(&argc, &argv);
   int world_rank = 0;
@@ -329,10 +379,19 @@ int run_mpi_backend(int argc, char** argv, const Options& o) {
   if (world_rank == 0) memcpy_bw = measure_memcpy(256 * MiB, 5);  // alone: the others wait at the barrier
   pd::run_mpi([&](pd::MpiCommunicator& comm) {
     comm.barrier();
-    auto rows = sweep(comm, o);
-    if (comm.rank() != 0) return;
-    fmt::print("# memcpy, 1 thread, 256 MiB: {:.2f} GB/s copied (the ceiling)\n", memcpy_bw / 1e9);
-    for (const auto& [c, table] : rows) print_table("mpi", comm.size(), c, table);
+    using Engine = pd::MpiCommunicator::Engine;
+    std::map<Collective, std::vector<Row>> rows[2];
+    for (int e = 0; e < 2; ++e) {
+      comm.set_collective_engine(e == 0 ? Engine::mpi : Engine::automatic);
+      rows[e] = sweep(comm, o);
+    }
+    if (comm.rank() == 0) {
+      fmt::print("# memcpy, 1 thread, 256 MiB: {:.2f} GB/s copied (the ceiling)\n", memcpy_bw / 1e9);
+      for (int e = 0; e < 2; ++e)
+        for (const auto& [c, table] : rows[e]) print_table(e == 0 ? "raw OpenMPI" : "mpi (ours)", comm.size(), c, table);
+    }
+    std::fflush(stdout);
+    mpi_goal(comm, o.reps > 0 ? o.reps : 5);
   });
   return 0;
 }

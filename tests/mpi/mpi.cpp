@@ -1,12 +1,16 @@
 // Tests of paradyse/comm/mpi.hpp, run by mpiexec with 2 and 4 processes: every operation and element type, in place
 // and out of place, blocking and async, on the world and on split groups of uneven sizes (1 and size-1 ranks),
-// against expected values computed independently (tests/comm/collective_checks.hpp, shared with the threads tests).
+// against expected values computed independently (tests/comm/collective_checks.hpp, shared with the threads tests);
+// the same through the shared-memory collectives (mpi_shm.hpp) on ragged multi-round sizes, bitwise in rank order.
 #include "paradyse/comm/mpi.hpp"
 
 #include "comm/collective_checks.hpp"
 
 #include <doctest/doctest.h>
 
+#include <array>
+#include <numeric>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,6 +19,10 @@ using pd::MpiCommunicator;
 using pd::ReduceOp;
 
 namespace {
+
+// Small shared-memory slots (64 KiB, set before any window exists), so the shared-memory collectives below run many
+// rounds even on test-sized buffers; an explicit setting from the environment wins.
+const bool small_shared_slots = (setenv("PARADYSE_MPI_SHM_SLOT_KIB", "64", 0), true);
 
 // Error messages are compared by substring.
 template <class F>
@@ -53,6 +61,88 @@ TEST_CASE("mpi: every operation on uneven split groups") {
   CHECK(part.size() == (world.rank() == 0 ? 1 : world.size() - 1));
   pd::testing::check_every_operation(part, 23);
   pd::testing::check_split(world, 5);
+}
+
+TEST_CASE("mpi: the shared-memory collectives: every operation, on the world and on uneven split groups") {
+  MpiCommunicator world = MpiCommunicator::world();
+  world.set_collective_engine(MpiCommunicator::Engine::shared_memory);
+  pd::testing::check_every_operation(world, 13);
+  MpiCommunicator part = world.split(world.rank() == 0 ? 0 : 1, world.rank());
+  part.set_collective_engine(MpiCommunicator::Engine::shared_memory);
+  pd::testing::check_every_operation(part, 29);
+  pd::testing::check_overlap(world, 37);
+}
+
+TEST_CASE("mpi: shared-memory collectives over many rounds and ragged counts, bitwise in rank order") {
+  MpiCommunicator world = MpiCommunicator::world();
+  world.set_collective_engine(MpiCommunicator::Engine::shared_memory);
+  const int p = world.size(), me = world.rank();
+  // Counts of several slot rounds (slots of 64 KiB here: $PARADYSE_MPI_SHM_SLOT_KIB), a few elements, and none.
+  std::vector<std::int64_t> counts;
+  for (int r = 0; r < p; ++r) counts.push_back(r % 3 == 0 ? 300001 + r : r % 3 == 1 ? 7 : 0);
+  if (p == 2) counts[1] = 140003;
+  const std::size_t total = std::size_t(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
+  const std::size_t offset = pd::testing::offset_of(counts, me);
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < p; ++r) inputs.push_back(pd::testing::input_of<float>(r, total, 71));
+  // The rank-order float sum, written out: ((x0 + x1) + x2) + ...
+  std::vector<float> sum(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    float acc = inputs[0][i];
+    for (int r = 1; r < p; ++r) acc += inputs[std::size_t(r)][i];
+    sum[i] = acc;
+  }
+  for (const bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    // all_gather_v: rank r's chunk is its input's first counts[r] elements.
+    std::vector<float> gathered(total, -9.0f), want_gathered;
+    for (int r = 0; r < p; ++r)
+      want_gathered.insert(want_gathered.end(), inputs[std::size_t(r)].begin(),
+                           inputs[std::size_t(r)].begin() + std::ptrdiff_t(counts[std::size_t(r)]));
+    std::span<const float> chunk(inputs[std::size_t(me)].data(), std::size_t(counts[std::size_t(me)]));
+    if (in_place) {
+      std::copy(chunk.begin(), chunk.end(), gathered.begin() + std::ptrdiff_t(offset));
+      chunk = std::span<const float>(gathered.data() + offset, chunk.size());
+    }
+    world.all_gather_v(chunk, std::span<float>(gathered), std::span<const std::int64_t>(counts));
+    pd::testing::check_same<float>(gathered, want_gathered, "all_gather_v through shared memory");
+    // reduce_scatter_v: bitwise the rank-order sum of this rank's part.
+    std::vector<float> in = inputs[std::size_t(me)], scattered(static_cast<std::size_t>(counts[std::size_t(me)]));
+    const std::span<float> out = in_place ? std::span<float>(in.data() + offset, scattered.size()) : std::span<float>(scattered);
+    world.reduce_scatter_v(std::span<const float>(in), out, std::span<const std::int64_t>(counts), ReduceOp::sum);
+    pd::testing::check_same<float>(out, std::span<const float>(sum.data() + offset, out.size()),
+                                   "reduce_scatter_v through shared memory, rank order");
+    // all_reduce: bitwise the rank-order sum everywhere.
+    std::vector<float> reduced(total), buffer = inputs[std::size_t(me)];
+    const std::span<float> target = in_place ? std::span<float>(buffer) : std::span<float>(reduced);
+    world.all_reduce(std::span<const float>(buffer), target, ReduceOp::sum);
+    pd::testing::check_same<float>(target, sum, "all_reduce through shared memory, rank order");
+  }
+  // The same through MPI's own collectives, for comparison: equal within float rounding (MPI's order is its own).
+  world.set_collective_engine(MpiCommunicator::Engine::mpi);
+  std::vector<float> reduced(total);
+  world.all_reduce(std::span<const float>(inputs[std::size_t(me)]), std::span<float>(reduced), ReduceOp::sum);
+  std::vector<std::vector<float>> all(inputs.begin(), inputs.end());
+  pd::testing::check_reduced<float>(reduced, pd::testing::reduce_reference(all, ReduceOp::sum, 0, total),
+                                    "all_reduce through MPI");
+}
+
+TEST_CASE("mpi: the measured crossover is one of the measured sizes (or never) and the same on every rank") {
+  MpiCommunicator world = MpiCommunicator::world();
+  CHECK(world.collective_engine() == MpiCommunicator::Engine::automatic);
+  const std::array<std::int64_t, 3> crossover = world.collective_crossover_bytes();
+  for (const std::int64_t bytes : crossover) {
+    CAPTURE(bytes);
+    CHECK((bytes == -1 || bytes == (64 << 10) || bytes == (256 << 10) || bytes == (1 << 20) || bytes == (4 << 20) ||
+           bytes == (16 << 20)));
+  }
+  std::vector<std::int64_t> everyone(3 * std::size_t(world.size()));
+  world.all_gather(std::span<const std::int64_t>(crossover), std::span<std::int64_t>(everyone));
+  for (int r = 0; r < world.size(); ++r)
+    for (int i = 0; i < 3; ++i) CHECK(everyone[std::size_t(3 * r + i)] == crossover[std::size_t(i)]);
+  // A second group of the same size adopts the verdict without measuring again, and agrees with it.
+  MpiCommunicator again = world.split(0, world.rank());
+  CHECK(again.collective_crossover_bytes() == crossover);
 }
 
 TEST_CASE("mpi: async operations overlap with compute and with other collectives") {

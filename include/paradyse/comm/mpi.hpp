@@ -11,8 +11,11 @@
 // reduce_scatter(_v), and the same span on the root of reduce. avg is a sum divided by the group size on the
 // receiving rank; bf16 is reduced in float and rounded once (mpi_detail.hpp), like the threads backend; raw bytes
 // are not reduced (a compile-time error). stats() counts bytes by threads.hpp's rule (ring volumes), so both
-// backends report the same numbers for the same program. Operations are the blocking MPI collectives; the async
-// forms are the MPI-3 non-blocking ones (MPI_Iallgather, ...), completed by Request::wait().
+// backends report the same numbers for the same program. Operations are the blocking MPI collectives, except that
+// all_gather(_v), reduce_scatter(_v) and all_reduce go through a shared-memory window when all ranks share a node
+// and a measured crossover says it is faster (mpi_shm.hpp; set_collective_engine); those reduce in rank order, bitwise
+// like the threads backend. The async forms are the MPI-3 non-blocking ones (MPI_Iallgather, ...), completed by
+// Request::wait().
 //
 // Differences from the threads backend, because MPI cannot do better:
 // - Failure of one rank: run_mpi catches the exception, prints "MPI world rank R failed: ..." and calls MPI_Abort,
@@ -117,6 +120,24 @@ public:
     check(timeout.count() > 0, "timeout {} ms must be positive", timeout.count());
     state_->timeout = timeout;
   }
+  // Which implementation runs the blocking all_gather(_v), reduce_scatter(_v) and all_reduce (mpi_shm.hpp): MPI's
+  // own, the shared-memory window (when every rank is on one node; otherwise MPI's), or automatic: shared memory
+  // from a message size measured on this machine (the first large collective of a group measures both, about a
+  // tenth of a second, once per group size and process). Set the same on every rank. Default automatic, or
+  // $PARADYSE_MPI_COLLECTIVES = mpi | shm | auto. The async forms always use MPI's non-blocking collectives.
+  enum class Engine : std::uint8_t { mpi, shared_memory, automatic };
+  Engine collective_engine() const noexcept { return Engine(state_->engine); }
+  void set_collective_engine(Engine engine) noexcept { state_->engine = std::uint8_t(engine); }
+  // The measured crossovers in bytes (nccl-tests sizes: all_gather's output, reduce_scatter's input, all_reduce's
+  // buffer) from which shared memory is used, for all_gather, reduce_scatter and all_reduce; -1: never (MPI was
+  // faster at every measured size, or the ranks span nodes). Collective: measures when not yet measured.
+  std::array<std::int64_t, 3> collective_crossover_bytes() {
+    enter();
+    if (!shared_window()) return {-1, -1, -1};
+    if (!state_->crossover_bytes) measure_crossover();
+    return *state_->crossover_bytes;
+  }
+
   // Cross-rank checks of every collective's sizes (set the same on every rank).
   bool validating() const noexcept { return state_->validate; }
   void set_validate(bool on) noexcept { state_->validate = on; }
@@ -406,6 +427,112 @@ private:
   }
   static constexpr auto kNothing = [] {};
 
+  // ---- shared-memory collectives (mpi_shm.hpp) ------------------------------------------------------------------
+  enum SharedOp { kSharedAllGather = 0, kSharedReduceScatter = 1, kSharedAllReduce = 2 };
+  static constexpr std::size_t kMinSharedBytes = std::size_t(16) << 10;  // automatic never goes below
+
+  // The window, made on first use (collective: every rank reaches this in the same collective with the same size).
+  mpi_detail::SharedWindow* shared_window() {
+    if (!state_->shared_tried) {
+      state_->shared_tried = true;
+      if (size() > 1) state_->shared = mpi_detail::SharedWindow::create(state_->comm);
+    }
+    return state_->shared.get();
+  }
+
+  // Whether this blocking collective of `bytes` (identical on every rank) goes through shared memory.
+  bool use_shared(SharedOp op, std::size_t bytes) {
+    if (size() == 1 || state_->engine == std::uint8_t(Engine::mpi)) return false;
+    if (state_->engine == std::uint8_t(Engine::automatic) && bytes < kMinSharedBytes) return false;
+    if (!shared_window()) return false;
+    if (state_->engine == std::uint8_t(Engine::shared_memory)) return true;
+    if (!state_->crossover_bytes) measure_crossover();
+    const std::int64_t from = (*state_->crossover_bytes)[op];
+    return from >= 0 && std::int64_t(bytes) >= from;
+  }
+
+  // Runs fn (a shared-memory collective) as collective `op`: sequence number, watchdog.
+  template <class Fn>
+  void run_shared(const char* op, Fn&& fn) {
+    const std::uint64_t sequence = enter();
+    auto watch = watch_wait(op, sequence);
+    fn();
+  }
+
+  // Times MPI's and the shared-memory all_gather, reduce_scatter and all_reduce at 64 KiB .. 16 MiB (slowest rank,
+  // fastest of 3) and keeps, per collective, the smallest measured size from which shared memory wins at every
+  // larger measured size (above the largest, its verdict there holds). Rank 0's verdict is broadcast, so every rank
+  // decides alike; it is kept per group size for the process, and a later group of that size adopts it when all its
+  // ranks have it (they agree on the largest), so a group whose ranks measured apart never decides differently.
+  void measure_crossover() {
+    using Crossover = std::array<std::int64_t, 3>;
+    static std::vector<std::pair<int, Crossover>> known;  // per group size; the ranks' own threads never share it
+    const auto found = std::find_if(known.begin(), known.end(), [&](const auto& e) { return e.first == size(); });
+    int have = found != known.end(), all_have = 0;
+    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, state_->comm);
+    if (all_have) {
+      Crossover agreed{};
+      MPI_Allreduce(found->second.data(), agreed.data(), 3, MPI_INT64_T, MPI_MAX, state_->comm);
+      state_->crossover_bytes = agreed;
+      return;
+    }
+    const std::vector<std::int64_t> sizes = {std::int64_t(64) << 10, std::int64_t(256) << 10, std::int64_t(1) << 20,
+                                             std::int64_t(4) << 20, std::int64_t(16) << 20};
+    mpi_detail::SharedWindow& w = *state_->shared;
+    const int n = size();
+    Crossover result{};
+    for (int op = 0; op < 3; ++op) {
+      std::vector<bool> shared_wins;
+      for (const std::int64_t bytes : sizes) {
+        const std::size_t count = std::size_t(bytes) / sizeof(float) / std::size_t(n) * std::size_t(n);
+        std::vector<float> whole(count, 1.0f), other(count), part(count / std::size_t(n), 1.0f);
+        std::vector<std::size_t> counts(std::size_t(n), count / std::size_t(n)), displacements;
+        for (int r = 0; r < n; ++r) displacements.push_back(std::size_t(r) * (count / std::size_t(n)));
+        const auto time = [&](bool shared) {
+          const auto run = [&] {
+            if (op == kSharedAllGather) {
+              if (shared) mpi_detail::shm_all_gather_v<float>(w, part, other, counts, displacements);
+              else MPI_Allgather(part.data(), int(part.size()), MPI_FLOAT, other.data(), int(part.size()), MPI_FLOAT, state_->comm);
+            } else if (op == kSharedReduceScatter) {
+              if (shared) mpi_detail::shm_reduce_scatter_v<float>(w, whole, part, counts, displacements, ReduceOp::sum);
+              else MPI_Reduce_scatter_block(whole.data(), part.data(), int(part.size()), MPI_FLOAT, MPI_SUM, state_->comm);
+            } else {
+              if (shared) mpi_detail::shm_all_reduce<float>(w, whole, other, ReduceOp::sum);
+              else MPI_Allreduce(whole.data(), other.data(), int(count), MPI_FLOAT, MPI_SUM, state_->comm);
+            }
+          };
+          run();
+          double best = 1e30;
+          for (int r = 0; r < 3; ++r) {
+            MPI_Barrier(state_->comm);
+            const double start = MPI_Wtime();
+            run();
+            double mine = MPI_Wtime() - start, slowest = 0;
+            MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, state_->comm);
+            best = std::min(best, slowest);
+          }
+          return best;
+        };
+        const double mpi = time(false), shared = time(true);
+        shared_wins.push_back(shared < mpi);
+      }
+      std::int64_t from = -1;
+      for (std::size_t i = sizes.size(); i-- > 0 && shared_wins[i];) from = sizes[i];
+      result[std::size_t(op)] = from;
+    }
+    MPI_Bcast(result.data(), 3, MPI_INT64_T, 0, state_->comm);
+    known.emplace_back(size(), result);
+    state_->crossover_bytes = result;
+  }
+  static std::vector<std::size_t> to_sizes(std::span<const std::int64_t> counts) {
+    return std::vector<std::size_t>(counts.begin(), counts.end());
+  }
+  static std::vector<std::size_t> displacements_of(const std::vector<std::size_t>& counts) {
+    std::vector<std::size_t> d(counts.size());
+    for (std::size_t r = 1; r < counts.size(); ++r) d[r] = d[r - 1] + counts[r - 1];
+    return d;
+  }
+
   // Every rank passed the same signature (only when validating); otherwise Error on every rank.
   void validate(const char* op, mpi_detail::Signature mine) {
     if (state_->validate) mpi_detail::validate_signature(*state_, op, mine);
@@ -432,6 +559,13 @@ private:
     const int count = count_of(in.size(), "all_gather");
     validate("all_gather", signature<T>(in.size()));
     count_bytes((n - 1) * in.size_bytes(), (n - 1) * in.size_bytes());
+    if constexpr (!Async) {
+      if (use_shared(kSharedAllGather, out.size_bytes())) {
+        const std::vector<std::size_t> counts(std::size_t(n), in.size()), displacements = displacements_of(counts);
+        run_shared("all_gather", [&] { mpi_detail::shm_all_gather_v<T>(*state_->shared, in, out, counts, displacements); });
+        return {};
+      }
+    }
     const void* send = in_place ? MPI_IN_PLACE : in.data();
     const auto type = mpi_detail::datatype<T>();
     MPI_Comm comm = state_->comm;
@@ -454,6 +588,13 @@ private:
           "all_gather_v: the input overlaps the output without being this rank's chunk of it");
     validate("all_gather_v", signature<T>(mpi_detail::fingerprint(counts)));
     count_bytes((size() - 1) * in.size_bytes(), (out.size() - in.size()) * sizeof(T));
+    if constexpr (!Async) {
+      if (use_shared(kSharedAllGather, out.size_bytes())) {
+        const std::vector<std::size_t> sizes = to_sizes(counts), displacements = displacements_of(sizes);
+        run_shared("all_gather_v", [&] { mpi_detail::shm_all_gather_v<T>(*state_->shared, in, out, sizes, displacements); });
+        return {};
+      }
+    }
     const void* send = in_place ? MPI_IN_PLACE : in.data();
     const int count = int(in.size());
     const auto type = mpi_detail::datatype<T>();
@@ -477,6 +618,15 @@ private:
     const int count = count_of(out.size(), "reduce_scatter");
     validate("reduce_scatter", signature<T>(out.size(), op));
     count_bytes((n - 1) * out.size_bytes(), (n - 1) * out.size_bytes());
+    if constexpr (!Async) {
+      if (use_shared(kSharedReduceScatter, in.size_bytes())) {
+        const std::vector<std::size_t> counts(std::size_t(n), out.size()), displacements = displacements_of(counts);
+        run_shared("reduce_scatter", [&] {
+          mpi_detail::shm_reduce_scatter_v<T>(*state_->shared, in, out, counts, displacements, op);
+        });
+        return {};
+      }
+    }
     return reduce_scatter_common<Async>("reduce_scatter", in, out, in_place, op, [=](const void* send, void* recv,
                                                                                     MPI_Datatype type, MPI_Op mpi_op,
                                                                                     MPI_Comm comm, MPI_Request* r) {
@@ -501,6 +651,15 @@ private:
           "reduce_scatter_v: the output overlaps the input without being this rank's chunk of it");
     validate("reduce_scatter_v", signature<T>(mpi_detail::fingerprint(counts), op));
     count_bytes((in.size() - out.size()) * sizeof(T), (size() - 1) * out.size_bytes());
+    if constexpr (!Async) {
+      if (use_shared(kSharedReduceScatter, in.size_bytes())) {
+        const std::vector<std::size_t> sizes = to_sizes(counts), displacements = displacements_of(sizes);
+        run_shared("reduce_scatter_v", [&] {
+          mpi_detail::shm_reduce_scatter_v<T>(*state_->shared, in, out, sizes, displacements, op);
+        });
+        return {};
+      }
+    }
     return reduce_scatter_common<Async>("reduce_scatter_v", in, out, in_place, op, [=](const void* send, void* recv,
                                                                                       MPI_Datatype type, MPI_Op mpi_op,
                                                                                       MPI_Comm comm, MPI_Request* r) {
@@ -541,6 +700,12 @@ private:
     const int n = size();
     const std::size_t ring = 2 * (n - 1) * in.size_bytes() / std::size_t(n);
     count_bytes(ring, ring);
+    if constexpr (!Async) {
+      if (use_shared(kSharedAllReduce, in.size_bytes())) {
+        run_shared("all_reduce", [&] { mpi_detail::shm_all_reduce<T>(*state_->shared, in, out, op); });
+        return {};
+      }
+    }
     // bf16 always reduces its float copy in place.
     const auto reduction =
         mpi_detail::Reduction<T>::prepare(in, out.data(), out.size(), in_place || std::is_same_v<T, bf16>, true);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/mpi_shm.hpp"
 #include "paradyse/comm/mpi_types.hpp"
 #include "paradyse/comm/mpi_watchdog.hpp"
 #include "paradyse/core/dtype.hpp"
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -158,6 +160,12 @@ struct CommState {
   std::chrono::milliseconds timeout = comm_timeout();
   bool validate = false;
   CommStats stats;
+  // The large collectives through shared memory (mpi_shm.hpp): the window (made at the first collective that could
+  // use it), the engine setting, and per collective the measured size from which shared memory is faster.
+  std::unique_ptr<SharedWindow> shared;
+  bool shared_tried = false;
+  std::uint8_t engine = 2;  // MpiCollectiveEngine: 0 mpi, 1 shared_memory, 2 automatic
+  std::optional<std::array<std::int64_t, 3>> crossover_bytes;
 
   // Takes ownership of `owned`; collective over it.
   explicit CommState(MPI_Comm owned) : comm(owned) {
@@ -176,10 +184,16 @@ struct CommState {
     description = fmt::format("MPI group of {} (world ranks {})", size, fmt::join(world_ranks, ", "));
     board = std::make_unique<ArrivalBoard>(comm, world_ranks, rank);
     if (const char* v = std::getenv("PARADYSE_COMM_VALIDATE")) validate = std::string_view(v) == "1";
+    if (const char* v = std::getenv("PARADYSE_MPI_COLLECTIVES")) {
+      const std::string_view e(v);
+      check(e == "mpi" || e == "shm" || e == "auto", "PARADYSE_MPI_COLLECTIVES = \"{}\": expected mpi, shm or auto", e);
+      engine = e == "mpi" ? 0 : e == "shm" ? 1 : 2;
+    }
   }
   CommState(const CommState&) = delete;
   CommState& operator=(const CommState&) = delete;
   ~CommState() {
+    shared.reset();
     board.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);

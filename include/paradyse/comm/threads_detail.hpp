@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -26,6 +27,31 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
+
+namespace paradyse {
+
+// Interconnect emulation for the thread communicator (threads.hpp, set_link_pacing / RunOptions::pacing): every
+// operation of a paced group completes no earlier than
+//   start + launch_s + alpha_s * latency steps + (bytes this rank moves) * s_per_byte
+// where start is the moment the last rank posted it (the match, for point to point), the bytes are this rank's
+// share as stats() counts them (ring volumes), latency steps are the ring algorithm's (p - 1; all_reduce 2 (p - 1);
+// point to point and shift 1), and s_per_byte is collective_s_per_byte for collectives (1 / bus bandwidth) and
+// p2p_s_per_byte for send, recv and shift. Plain numbers: comm/ sits below cost/, so the caller converts a hardware
+// profile (cost/emulation.hpp does, scaled by the ratio of this machine's compute rate to the device's). The copy
+// itself still happens when a rank waits; the pacing only holds the completion back, so compute between post and
+// wait overlaps the emulated transfer as it would on the device.
+struct LinkPacing {
+  double launch_s = 0;  // per operation
+  double alpha_s = 0;   // per latency step
+  double collective_s_per_byte = 0;
+  double p2p_s_per_byte = 0;
+  bool enabled() const noexcept {
+    return launch_s > 0 || alpha_s > 0 || collective_s_per_byte > 0 || p2p_s_per_byte > 0;
+  }
+  friend bool operator==(const LinkPacing&, const LinkPacing&) = default;
+};
+
+}  // namespace paradyse
 
 namespace paradyse::threads_detail {
 
@@ -108,6 +134,8 @@ struct Post {
 
 struct Group;
 
+using PacingClock = std::chrono::steady_clock;
+
 // The rendezvous of one collective: every rank's post, and the progress of its parts.
 struct Slot {
   std::vector<std::optional<Post>> posts;
@@ -120,6 +148,7 @@ struct Slot {
   int claimed_count = 0, done_count = 0;
   int left = 0;                    // ranks whose wait has returned
   std::map<int, std::shared_ptr<Group>> split_groups;  // split: the new group of each color
+  PacingClock::time_point ready;   // when the last rank posted (link pacing counts from there)
 
   bool complete() const noexcept { return validated && (!invalid.empty() || phase == phases); }
   bool in_progress() const noexcept { return claimed_count != done_count; }
@@ -135,12 +164,14 @@ struct Transfer {
   enum class State : std::uint8_t { waiting, copying, done } state = State::waiting;
   std::string error;
   std::shared_ptr<Staging> staged;  // an in-place shift's staged input
+  PacingClock::time_point matched_at;  // when the second side was posted (link pacing counts from there)
 
   bool matched() const noexcept { return has_send && has_recv; }
 };
 
 struct Group {
   int id = 0;
+  LinkPacing pacing;                    // interconnect emulation of this group (threads.hpp); off by default
   std::vector<int> world_ranks;         // member i of the group is world rank world_ranks[i]
   std::map<std::uint64_t, Slot> slots;  // by operation sequence number
   // Unmatched sends and receives per (source, dest, tag), in posting order.
@@ -226,6 +257,25 @@ inline std::string validate(const Slot& slot, const Group& group, std::uint64_t 
 
 inline int phases_of(OpKind kind) { return kind == OpKind::all_reduce ? 2 : 1; }
 
+// One pair of an all-to-all: rank i sends `from_i` (its chunk for j) and receives `to_i` (its chunk from j), rank j
+// likewise; either may be in place (from == to). Both sources are read before either destination is written, a
+// block at a time, so an in-place exchange needs no staged copy of the whole input. i == j: one chunk to itself.
+inline void exchange_chunks(const std::byte* from_i, std::byte* to_i, const std::byte* from_j, std::byte* to_j,
+                            std::size_t bytes) {
+  if (from_i == from_j) {  // the diagonal
+    if (to_i != from_i && bytes) std::memcpy(to_i, from_i, bytes);
+    return;
+  }
+  constexpr std::size_t kBlock = std::size_t(32) << 10;
+  alignas(64) std::byte block[kBlock];
+  for (std::size_t at = 0; at < bytes; at += kBlock) {
+    const std::size_t n = std::min(kBlock, bytes - at);
+    std::memcpy(block, from_i + at, n);         // what j receives, kept aside
+    std::memcpy(to_i + at, from_j + at, n);     // i receives j's chunk (may overwrite from_i: it is saved)
+    std::memcpy(to_j + at, block, n);           // j receives i's chunk (may overwrite from_j: already read)
+  }
+}
+
 // Executes part `part` (the receiving side of rank `part`) of phase `phase` of a validated collective.
 inline void execute_part(const Slot& slot, int n, int phase, int part) {
   const Post& mine = *slot.posts[std::size_t(part)];
@@ -270,8 +320,19 @@ inline void execute_part(const Slot& slot, int n, int phase, int part) {
     }
     case OpKind::all_to_all: {
       const std::size_t chunk = mine.send_count / std::size_t(n) * elem;
-      for (int r = 0; r < n; ++r)
-        if (chunk) std::memcpy(mine.recv + std::size_t(r) * chunk, post(r).send + std::size_t(part) * chunk, chunk);
+      bool any_in_place = false;
+      for (int r = 0; r < n; ++r) any_in_place = any_in_place || (post(r).send == post(r).recv && chunk);
+      if (!any_in_place) {
+        for (int r = 0; r < n; ++r)
+          if (chunk) std::memcpy(mine.recv + std::size_t(r) * chunk, post(r).send + std::size_t(part) * chunk, chunk);
+        break;
+      }
+      // Some rank works in place (unstaged): chunk j of rank i's input sits exactly where rank i receives from
+      // rank j. So the pair (i, j) is one exchange of two chunks, done here by part min(i, j), reading both sources
+      // before writing either (through a cache-sized block).
+      for (int r = part; r < n; ++r)
+        exchange_chunks(post(part).send + std::size_t(r) * chunk, post(part).recv + std::size_t(r) * chunk,
+                        post(r).send + std::size_t(part) * chunk, post(r).recv + std::size_t(part) * chunk, chunk);
       break;
     }
     case OpKind::all_to_all_v: {
