@@ -342,3 +342,32 @@ TEST_CASE("switcher: switches after `patience` steps that favour the other mode,
   const ModeCosts skewed = moe_mode_costs(mc, {32768, 0, 0, 0, 0, 0, 0, 0}, placement, rates);
   CHECK(skewed.tp_s < skewed.ep_s);
 }
+
+TEST_CASE("expert fetch cache: bounded, least recently used out first, never an expert the current layer uses") {
+  const LoadedDecoder m = load_decoder(fixture("olmoe").string());
+  const MoeShard& whole = m.weights.layers[1].moe;
+  ExpertFetchCache cache(2);
+  const auto [in0, out0] = cache.get(m.weights, 1, 0, 1);
+  const auto same = [](TensorView<const float> a, TensorView<const float> b) {
+    return a.shape() == b.shape() && std::equal(a.span().begin(), a.span().end(), b.span().begin());
+  };
+  CHECK(same(in0, whole.expert_in.view().slice(0, 0, 1)));
+  CHECK(same(out0, whole.expert_out.view().slice(0, 0, 1)));
+  cache.get(m.weights, 1, 1, 1);
+  cache.get(m.weights, 1, 2, 2);  // full: expert 0 (least recently used) goes
+  CHECK(cache.size() == 2);
+  CHECK(cache.stats().evictions == 1);
+  cache.get(m.weights, 1, 1, 3);  // a hit
+  CHECK(cache.stats().hits == 1);
+  cache.get(m.weights, 1, 3, 3);  // expert 1 serves call 3: expert 2 goes
+  CHECK(cache.stats().evictions == 2);
+  const auto [in4, out4] = cache.get(m.weights, 1, 4, 3);  // experts 1 and 3 both serve call 3: the cache overflows
+  CHECK(cache.stats().overflows == 1);
+  CHECK(cache.size() == 3);
+  CHECK(same(in4, whole.expert_in.view().slice(0, 4, 1)));
+  cache.get(m.weights, 1, 5, 4);  // back under the bound
+  CHECK(cache.size() == 2);
+  CHECK(cache.stats().fetches == 6);  // experts 0 to 5, each once
+  CHECK(cache.stats().bytes_fetched == 6 * 3 * std::size_t(m.config.moe.expert_ffn * m.config.hidden) * sizeof(float));
+  CHECK_THROWS_WITH_AS(ExpertFetchCache(0), doctest::Contains("capacity = 0 must be at least 1"), Error);
+}

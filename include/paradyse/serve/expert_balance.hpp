@@ -38,7 +38,11 @@ public:
     if (it != entries_.end()) {
       ++stats_.hits;
     } else {
-      if (std::int64_t(entries_.size()) >= capacity_) evict_one(call);
+      while (std::int64_t(entries_.size()) >= capacity_)
+        if (!evict_one(call)) {
+          ++stats_.overflows;  // every cached expert serves the current layer: the cache grows past its capacity
+          break;
+        }
       const DecoderLayerWeights& L = whole.layers[std::size_t(layer)];
       auto e = std::make_unique<Entry>();
       e->in = Tensor<float>::copy_of(L.moe.expert_in.view().slice(0, expert, 1));
@@ -59,17 +63,16 @@ private:
     Tensor<float> in, out;
     std::int64_t last_use = 0, call = -1;
   };
-  void evict_one(std::int64_t call) {
+  // Evicts the least recently used expert not serving the current call; false when there is none.
+  bool evict_one(std::int64_t call) {
     auto victim = entries_.end();
     for (auto it = entries_.begin(); it != entries_.end(); ++it)
       if (it->second->call != call && (victim == entries_.end() || it->second->last_use < victim->second->last_use))
         victim = it;
-    if (victim == entries_.end()) {
-      ++stats_.overflows;  // every cached expert serves the current layer
-      return;
-    }
+    if (victim == entries_.end()) return false;
     entries_.erase(victim);
     ++stats_.evictions;
+    return true;
   }
 
   std::int64_t capacity_;
