@@ -125,10 +125,11 @@ TEST_CASE("the measured GEMM choice: the faster engine per size class, applied p
     CHECK(measured.fallback_flops_per_s[i] > 1e6);  // a real rate, not a placeholder
     if (ops::cpu::kGemmUsesCblas) {
       CHECK(measured.cblas_flops_per_s[i] > 1e6);
-      const bool fallback_faster = measured.fallback_flops_per_s[i] > 1.05 * measured.cblas_flops_per_s[i];
+      const bool fallback_faster =
+          measured.fallback_flops_per_s[i] > ops::cpu::kFallbackMargin * measured.cblas_flops_per_s[i];
       CHECK(measured.engine[i] == (fallback_faster ? GemmEngine::fallback : GemmEngine::cblas));
       // Never more than the margin slower than the faster engine.
-      CHECK(measured.flops_per_s(ops::cpu::GemmSizeClass(i)) * 1.05 >=
+      CHECK(measured.flops_per_s(ops::cpu::GemmSizeClass(i)) * ops::cpu::kFallbackMargin >=
             std::max(measured.cblas_flops_per_s[i], measured.fallback_flops_per_s[i]));
     } else {
       CHECK(measured.engine[i] == GemmEngine::fallback);
