@@ -4,7 +4,8 @@
 // (fraction 0) and the fastest plan (fraction 1), where the solver has the most to decide. Measured per call, median
 // of repetitions: the exact solver alone (the 20 us goal), the whole exact planner (problem and plan assembly), the
 // cost table (the cost models), ParaDySe's heuristic on the same table (the baseline: ratio = exact / heuristic), and
-// a cache hit. Then a stress run over random problems of the same size. Benchmarks print; they never fail.
+// a cache hit. Then where a new length's time goes (each strategy's dry run and cost walk), and a stress run over
+// random problems of the same size. Benchmarks print; they never fail.
 #include "bench_usage.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
@@ -89,6 +90,33 @@ int main(int argc, char** argv) {
   }
   fmt::print("(budget: fraction of the way from the least-memory plan's peak to the fastest plan's; t: predicted step "
              "seconds; * = the heuristic found nothing that fits)\n\n");
+
+  // Where a new length's time goes: each strategy's dry run per sublayer (its own code on meta tensors, the counting
+  // backend and the symbolic communicator) and the cost walk over its trace (memory replay and two-stream clock).
+  {
+    const std::int64_t s = 32768;
+    const cost::StrategyCatalog& catalog = cost::default_catalog();
+    const cost::ModelShape shape = shape_for_batch(model.kinds[0].shape, Batch::single(s));
+    fmt::print("one new length (s = {}), per strategy and sublayer: trace events, dry-run us, cost-walk us\n", s);
+    fmt::print("{:>12} {:>10} | {:>7} {:>7} {:>7} | {:>9} {:>9}\n", "strategy", "sublayer", "forward", "backward",
+               "release", "dry us", "walk us");
+    double dry_total = 0, walk_total = 0;
+    for (int st = 0; st < catalog.count(); ++st)
+      for (cost::Sublayer part : cost::kAllSublayers) {
+        const cost::SublayerTrace trace = catalog.trace(st, part, shape, p);
+        const double dry = median_us([&] {
+          double events = 0;
+          catalog.visit_trace(st, part, shape, p, 0, [&](const cost::SublayerTraceView& v) { events = double(v.forward.size()); });
+          return events;
+        }, 20);
+        const double walk = median_us([&] { return cost::cost_of(trace, &hw, shape.dtype_bytes, false).time_s(); }, 50);
+        dry_total += dry;
+        walk_total += walk;
+        fmt::print("{:>12} {:>10} | {:>7} {:>7} {:>7} | {:>9.2f} {:>9.2f}\n", catalog.name(st), cost::name_of(part),
+                   trace.forward.size(), trace.backward.size(), trace.release.size(), dry, walk);
+      }
+    fmt::print("{:>12} {:>10} | {:>23} | {:>9.2f} {:>9.2f}\n\n", "all", "", "", dry_total, walk_total);
+  }
 
   // Stress: random problems of the same size (2 groups of `layers` slots, 5 options each, budgets anywhere).
   Rng rng(2026);
