@@ -1,7 +1,7 @@
 // examples/progress.hpp: a progress line for long runs (train_gpt's steps, plan_trace's sequences): how far, the
 // rate and the time left, redrawn in place at most every 0.2 s.
 //
-//   Progress progress("steps", total, "tokens");   // quiet when stdout is not a terminal (a log or a pipe)
+//   Progress progress("steps", total, "tokens");   // quiet when stdout is not a terminal (a log, a pipe, mpirun)
 //   progress.clear();                               // before printing a table row over it
 //   progress.show(done, units_done);                // "steps 12/32 (37%)  4210 tokens/s  ETA 0:41"
 //   progress.finish();                              // erase it at the end
@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace paradyse::examples {
@@ -25,13 +26,19 @@ class Progress {
 public:
   using Clock = std::chrono::steady_clock;
 
-  Progress(std::string what, std::int64_t total, std::string unit = {}, bool enabled = ::isatty(STDOUT_FILENO) == 1)
+  Progress(std::string what, std::int64_t total, std::string unit = {}, bool enabled = stdout_is_terminal())
       : what_(std::move(what)), unit_(std::move(unit)), total_(total), enabled_(enabled), start_(Clock::now()) {}
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
   ~Progress() { finish(); }
 
   bool enabled() const noexcept { return enabled_; }
+
+  // Whether stdout is a terminal a person watches. Under mpirun it never counts as one: OpenMPI gives the processes
+  // a pseudo-terminal even when mpirun's own output goes to a file or a pipe.
+  static bool stdout_is_terminal() {
+    return ::isatty(STDOUT_FILENO) == 1 && !std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMI_SIZE");
+  }
 
   // `done` of the total items (and `units` of the unit, e.g. tokens, for the rate; 0: the rate is in items).
   void show(std::int64_t done, double units = 0, bool force = false) {
