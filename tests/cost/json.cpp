@@ -1,5 +1,5 @@
-// Tests of paradyse/cost/json.hpp: parsing, writing, round trips and error messages.
-#include "paradyse/cost/json.hpp"
+// Tests of paradyse/core/json.hpp: parsing, writing, round trips and error messages.
+#include "paradyse/core/json.hpp"
 
 #include <doctest/doctest.h>
 

@@ -3,7 +3,7 @@
 // either load or throw paradyse::Error with a whole message (never crash, never another exception type). The
 // counts are printed (MESSAGE) for the record. Deterministic: a fixed seed and a fixed number of inputs.
 #include "paradyse/cost/builtin_profiles.hpp"
-#include "paradyse/cost/json.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/cost/profile.hpp"
 
 #include <doctest/doctest.h>

@@ -4,7 +4,7 @@
 // greedy tokens; seeded sampling; the paged cache; the layout redistribution round trip; EPLB against DeepSeek's
 // published example; the switcher's hysteresis.
 #include "paradyse/comm/threads.hpp"
-#include "paradyse/cost/json.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/serve/engine.hpp"
 
 #include <doctest/doctest.h>

@@ -6,7 +6,7 @@
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
-#include "paradyse/cost/json.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 #include "paradyse/serve/decoder_weights.hpp"
 

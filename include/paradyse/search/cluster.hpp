@@ -16,7 +16,7 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/printable.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
-#include "paradyse/cost/json.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/cost/profile.hpp"
 
 #include <fmt/format.h>

@@ -10,7 +10,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/printable.hpp"
-#include "paradyse/cost/json.hpp"
+#include "paradyse/core/json.hpp"
 
 #include <fmt/format.h>
 

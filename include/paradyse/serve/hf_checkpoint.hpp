@@ -9,7 +9,7 @@
 #include "paradyse/core/dtype.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/cost/json.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/model/safetensors.hpp"
 
 #include <cstdint>

@@ -11,7 +11,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
-#include "paradyse/cost/json.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/moe/moe_config.hpp"
 
 #include <cstdint>
