@@ -244,27 +244,12 @@ public:
   template <Communicator C>
   GptStepResult forward_backward(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
                                  TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets) {
-    check(comm.size() == ranks_ && comm.rank() == rank_, "Gpt: built for rank {} of {}, run on rank {} of {}", rank_,
-          ranks_, comm.rank(), comm.size());
     const LayerConfig& c = config_.layer;
-    const SequenceLayout layout(seq_len, ranks_, c.zigzag);
-    const std::int64_t n = layout.local_length(rank_), h = c.hidden, vocab = config_.vocab;
-    check(tokens.rank() == 2 && tokens.extent(1) == n && tokens.is_contiguous(),
-          "Gpt: tokens {} must be [b, n_r] with n_r = {} (rank {}'s tokens of a sequence of {} over {} ranks)",
-          tokens.shape(), n, rank_, seq_len, ranks_);
-    check(targets.shape() == tokens.shape() && targets.is_contiguous(), "Gpt: targets {} must have the shape of tokens {}",
-          targets.shape(), tokens.shape());
+    const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
     const std::int64_t batch = tokens.extent(0), rows = batch * n;
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const std::int32_t t = targets.data()[i];
-      check(t == ops::cpu::kIgnoreIndex || (t >= 0 && t < vocab),
-            "Gpt: target {} at local index {} is outside [0, {}) and not the ignore index {}", t, i, vocab,
-            ops::cpu::kIgnoreIndex);
-    }
 
     // Counted tokens over the group first: every token's loss gradient is scaled by 1 / total.
-    double counts[2] = {0.0, 0.0};  // loss sum, counted tokens
-    for (std::int64_t i = 0; i < rows; ++i) counts[1] += targets.data()[i] != ops::cpu::kIgnoreIndex ? 1.0 : 0.0;
+    double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
     double total_counted = 0.0;
     comm.all_reduce(std::span<const double>(&counts[1], 1), std::span<double>(&total_counted, 1), ReduceOp::sum);
     check(total_counted > 0, "Gpt: no token of the batch has a target (all {} are the ignore index)", batch * seq_len);
@@ -312,22 +297,10 @@ public:
   template <Communicator C>
   GptStepResult evaluate(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
                          TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets) {
-    check(comm.size() == ranks_ && comm.rank() == rank_, "Gpt: built for rank {} of {}, run on rank {} of {}", rank_,
-          ranks_, comm.rank(), comm.size());
     const LayerConfig& c = config_.layer;
-    const SequenceLayout layout(seq_len, ranks_, c.zigzag);
-    const std::int64_t n = layout.local_length(rank_), h = c.hidden, vocab = config_.vocab;
-    check(tokens.rank() == 2 && tokens.extent(1) == n && tokens.is_contiguous() && targets.shape() == tokens.shape() &&
-              targets.is_contiguous(),
-          "Gpt::evaluate: tokens {} and targets {} must be [b, n_r] with n_r = {}", tokens.shape(), targets.shape(), n);
-    const std::int64_t batch = tokens.extent(0), rows = batch * n;
-    double counts[2] = {0.0, 0.0};  // loss sum, counted tokens
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const std::int32_t t = targets.data()[i];
-      check(t == ops::cpu::kIgnoreIndex || (t >= 0 && t < vocab),
-            "Gpt::evaluate: target {} at local index {} is outside [0, {}) and not the ignore index", t, i, vocab);
-      counts[1] += t != ops::cpu::kIgnoreIndex ? 1.0 : 0.0;
-    }
+    const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
+    const std::int64_t vocab = config_.vocab, batch = tokens.extent(0), rows = batch * n;
+    double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
     const Shape activation{batch, n, h};
     Tensor<float> hidden(activation);
     {
@@ -419,6 +392,31 @@ public:
   }
 
 private:
+  // Throws unless this is the rank the model was built for and tokens, targets are its [b, n_r] of a sequence of
+  // seq_len tokens with every target in [0, vocab) or the ignore index; returns how many targets are counted.
+  template <Communicator C>
+  double check_batch(C& comm, std::int64_t seq_len, TensorView<const std::int32_t> tokens,
+                     TensorView<const std::int32_t> targets) const {
+    check(comm.size() == ranks_ && comm.rank() == rank_, "Gpt: built for rank {} of {}, run on rank {} of {}", rank_,
+          ranks_, comm.rank(), comm.size());
+    const std::int64_t n = SequenceLayout(seq_len, ranks_, config_.layer.zigzag).local_length(rank_);
+    const std::int64_t vocab = config_.vocab;
+    check(tokens.rank() == 2 && tokens.extent(1) == n && tokens.is_contiguous(),
+          "Gpt: tokens {} must be [b, n_r] with n_r = {} (rank {}'s tokens of a sequence of {} over {} ranks)",
+          tokens.shape(), n, rank_, seq_len, ranks_);
+    check(targets.shape() == tokens.shape() && targets.is_contiguous(), "Gpt: targets {} must have the shape of tokens {}",
+          targets.shape(), tokens.shape());
+    double counted = 0.0;
+    for (std::int64_t i = 0; i < targets.numel(); ++i) {
+      const std::int32_t t = targets.data()[i];
+      check(t == ops::cpu::kIgnoreIndex || (t >= 0 && t < vocab),
+            "Gpt: target {} at local index {} is outside [0, {}) and not the ignore index {}", t, i, vocab,
+            ops::cpu::kIgnoreIndex);
+      counted += t != ops::cpu::kIgnoreIndex ? 1.0 : 0.0;
+    }
+    return counted;
+  }
+
   static const GptConfig& checked(const GptConfig& c, int ranks) {
     c.validate_for(ranks);
     return c;
