@@ -27,6 +27,7 @@
 #include "paradyse/moe/moe_strategies.hpp"
 #include "paradyse/plan/cost_table.hpp"
 #include "paradyse/plan/exact_solver.hpp"
+#include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
@@ -285,20 +286,16 @@ struct MoeGptCosts {
   const cost::HardwareProfile* hardware = nullptr;
   const cost::StrategyCatalog* catalog = &cost::default_catalog();
 
-  std::int64_t max_local_tokens(std::int64_t s) const {
-    const SequenceLayout layout(s, ranks, config.layer.zigzag);
-    std::int64_t n = 0;
-    for (int r = 0; r < ranks; ++r) n = std::max(n, layout.local_length(r));
-    return n;
-  }
-  std::int64_t extra_bytes(std::int64_t s) const {
-    const std::int64_t n = max_local_tokens(s);
-    return Model::replicated_state_bytes(config) + Model::activation_bytes(config, 1, n) + 2 * ((n * 4 + 63) / 64 * 64);
-  }
+  // The most tokens any rank holds, and the bytes outside the stack: as for a dense GPT of the same config.
+  std::int64_t max_local_tokens(std::int64_t s) const { return dense().max_local_tokens(s); }
+  std::int64_t extra_bytes(std::int64_t s) const { return dense().extra_bytes(s); }
   // One sequence of s tokens: float32 activations, weights and gradients, two AdamW moments.
   MoeCostTable table(std::int64_t s) const {
     return build_moe_cost_table(config, *hardware, ranks, Batch::single(s), {4, 4, 8}, extra_bytes(s), *catalog);
   }
+
+private:
+  GptCosts<Model> dense() const { return {config, ranks, hardware, catalog}; }
 };
 
 }  // namespace paradyse::plan
