@@ -12,7 +12,7 @@ cmake_minimum_required(VERSION 3.20)
 
 # Lowest first. moe sits below model (the layer stack runs the MoE sublayer); serve (the inference engine) and
 # search (Hypertron) are placed before their first header lands.
-set(layers core mesh comm ops layout contract strategy moe model cost plan serve search)
+set(layers core device mesh comm ops kernels layout contract strategy moe model cost plan serve search)
 
 if(NOT DEFINED ROOT)
   get_filename_component(ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)

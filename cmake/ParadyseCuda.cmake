@@ -35,11 +35,22 @@ if(PARADYSE_HAVE_CUDA)
   add_library(paradyse_cuda INTERFACE)
   add_library(paradyse::cuda ALIAS paradyse_cuda)
   set_target_properties(paradyse_cuda PROPERTIES EXPORT_NAME cuda)
-  target_link_libraries(paradyse_cuda INTERFACE paradyse CUDA::cudart CUDA::cublas)
+  # cudart static: a program carries its runtime and needs only the driver, cuBLAS and NCCL on the machine it runs on.
+  target_link_libraries(paradyse_cuda INTERFACE paradyse CUDA::cudart_static CUDA::cublas)
   target_compile_definitions(paradyse_cuda INTERFACE PARADYSE_WITH_CUDA=1
     $<$<COMPILE_LANGUAGE:CUDA>:FMT_USE_CONSTEXPR=1>)  # fmt 9 disables constexpr under nvcc, then fails to compile
   target_compile_features(paradyse_cuda INTERFACE cuda_std_20)
   list(APPEND PARADYSE_EXPORTED_TARGETS paradyse_cuda)
+
+  # The kernels: the library stays header-only, and its CUDA kernels (include/paradyse/kernels/) are compiled by nvcc
+  # once per program, in one translation unit that includes kernels/all.cuh (as a consumer of the installed package
+  # does in one .cu file of its own). Everything else of the CUDA path, ops::Cuda, the device memory and the
+  # communicators, is host code that the host compiler builds. Here the one translation unit is an object library
+  # that every CUDA test, benchmark and example links.
+  add_library(paradyse_cuda_kernels OBJECT ${PROJECT_SOURCE_DIR}/cmake/paradyse_kernels.cu)
+  target_link_libraries(paradyse_cuda_kernels PUBLIC paradyse_cuda)
+  target_compile_options(paradyse_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+  set_target_properties(paradyse_cuda_kernels PROPERTIES CUDA_STANDARD 20)
 
   find_package(NCCL)
   if(NCCL_FOUND)

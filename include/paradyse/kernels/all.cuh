@@ -1,0 +1,5 @@
+// paradyse/kernels/all.cuh: every CUDA kernel of the library and the launchers that ops/cuda/ and the CUDA
+// communicators declare. Compile it in exactly one .cu translation unit of a program (nvcc, -std=c++20,
+// --expt-relaxed-constexpr); cmake/paradyse_kernels.cu is that unit for this repository's own programs.
+#pragma once
+
