@@ -5,7 +5,10 @@
 // counts current and peak bytes exactly, and an optional cap makes an allocation beyond it throw `OutOfMemory`, so a
 // CPU run can emulate the memory of a GPU and the memory model can be checked against reality.
 //
-// Every tracker serves one memory space: host (aligned_alloc), device (the GPU path), or meta. Meta memory has no
+// Every tracker serves one memory space: host (aligned_alloc), device (the GPU path), or meta. A tracker may be given
+// a SpaceAllocator that provides its storage (the device path's caching allocator, device/caching_allocator.hpp);
+// without one, host and device trackers use aligned_alloc (a "device" tracker without an allocator is host memory
+// counted as device memory, as the dry runs and tests of the CPU path use it). Meta memory has no
 // storage: an allocation returns an address inside a reserved, inaccessible range (any touch faults), so that code
 // can run on shapes alone while the tracker still counts every byte (the dry run, core/trace.hpp). A tracker may
 // also record every allocation into a Trace.
@@ -26,8 +29,10 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace paradyse {
@@ -56,17 +61,36 @@ inline void* meta_address(std::size_t rounded) {
 }
 }  // namespace memory_detail
 
+// Where a tracker's bytes come from when they are not host memory: the device path plugs its allocator in here, so
+// that core/ knows nothing of CUDA. The tracker does the counting (current, peak, cap, trace) before it calls
+// allocate(); the allocator only provides storage.
+class SpaceAllocator {
+public:
+  virtual ~SpaceAllocator() = default;
+  // Storage for `bytes` (> 0, a multiple of kAlignment), aligned to at least kAlignment; nullptr when the space is
+  // exhausted (the tracker then throws OutOfMemory); other failures throw.
+  virtual void* allocate(std::size_t bytes) = 0;
+  // Gives back what allocate(bytes) returned, with the same `bytes`.
+  virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
+  // Sets `bytes` bytes at p to zero (asynchronously where the space allows: the device's stream order).
+  virtual void zero(void* p, std::size_t bytes) = 0;
+  // Says where the space stands, for an out-of-memory message ("device 0: 3 GiB reserved, ..."); may be empty.
+  virtual std::string describe() const { return {}; }
+};
+
 namespace memory_detail {
 // What a tracker counts. Shared by the tracker and by every allocation made through it (MemoryTracker::Handle), so
 // that memory freed after the tracker object is gone (a tensor moved out of the run_ranks whose tracker held it)
 // still goes back to these counts instead of to freed memory.
 struct Accounts {
   Accounts(MemorySpace s, std::size_t c) : cap(c), space(s) {}
+  Accounts(MemorySpace s, std::shared_ptr<SpaceAllocator> a, std::size_t c) : cap(c), space(s), allocator(std::move(a)) {}
   std::atomic<std::size_t> in_use{0};
   std::atomic<std::size_t> peak{0};
   std::size_t cap;
   MemorySpace space;
   Trace* trace = nullptr;
+  std::shared_ptr<SpaceAllocator> allocator;  // null: aligned_alloc (host), or no storage (meta)
 
   void raise_peak(std::size_t value) noexcept {
     std::size_t seen = peak.load(std::memory_order_relaxed);
@@ -89,7 +113,27 @@ struct Accounts {
       raise_peak(before + rounded);
       return meta_address(rounded);
     }
-    void* p = std::aligned_alloc(kAlignment, rounded);
+    void* p = nullptr;
+    if (allocator) {
+      try {
+        p = allocator->allocate(rounded);
+      } catch (...) {
+        in_use.fetch_sub(rounded, std::memory_order_relaxed);
+        throw;
+      }
+      if (!p) {
+        in_use.fetch_sub(rounded, std::memory_order_relaxed);
+        std::string where = allocator->describe();
+        throw OutOfMemory(fmt::format("out of {} memory: requested {} bytes with {} in use, {}; the {} has no more{}{}",
+                                      name_of(space), rounded, before,
+                                      limit >= kMaxTrackedBytes ? std::string("no cap")
+                                                                : fmt::format("cap is {} bytes", limit),
+                                      name_of(space), where.empty() ? "" : " (", where.empty() ? "" : where + ")"),
+                          rounded, before, limit);
+      }
+    } else {
+      p = std::aligned_alloc(kAlignment, rounded);
+    }
     if (!p) {
       in_use.fetch_sub(rounded, std::memory_order_relaxed);
       throw OutOfMemory(rounded, before, limit);
@@ -98,12 +142,25 @@ struct Accounts {
     return p;
   }
 
+  // Zeroes a fresh allocation of `bytes`: memset on the host, the allocator's zero() (the device), nothing on meta.
+  void zero(void* p, std::size_t bytes) {
+    if (!p || bytes == 0 || space == MemorySpace::meta) return;
+    if (allocator)
+      allocator->zero(p, bytes);
+    else
+      std::memset(p, 0, bytes);
+  }
+
   void deallocate(void* p, std::size_t bytes) noexcept {
     if (!p) return;
     const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
     in_use.fetch_sub(rounded, std::memory_order_relaxed);
     if (trace) trace->record({.kind = TraceKind::deallocate, .bytes = double(bytes)});
-    if (space != MemorySpace::meta) std::free(p);
+    if (space == MemorySpace::meta) return;
+    if (allocator)
+      allocator->deallocate(p, rounded);
+    else
+      std::free(p);
   }
 };
 }  // namespace memory_detail
@@ -119,6 +176,8 @@ public:
     Handle() = default;
     void* allocate(std::size_t bytes) const { return accounts_->allocate(bytes); }
     void deallocate(void* p, std::size_t bytes) const noexcept { accounts_->deallocate(p, bytes); }
+    // Zeroes `bytes` bytes of an allocation of this tracker (see MemoryTracker::zero).
+    void zero(void* p, std::size_t bytes) const { accounts_->zero(p, bytes); }
     MemorySpace space() const noexcept { return accounts_ ? accounts_->space : MemorySpace::host; }
     Trace* trace() const noexcept { return accounts_ ? accounts_->trace : nullptr; }
     std::size_t in_use() const noexcept { return accounts_ ? accounts_->in_use.load(std::memory_order_relaxed) : 0; }
@@ -136,6 +195,9 @@ public:
   explicit MemoryTracker(std::size_t cap) : MemoryTracker(MemorySpace::host, cap) {}
   explicit MemoryTracker(MemorySpace space, std::size_t cap = kNoCap)
       : accounts_(std::make_shared<memory_detail::Accounts>(space, cap)) {}
+  // A tracker whose storage comes from `allocator` (device::make_tracker builds the device's).
+  MemoryTracker(MemorySpace space, std::shared_ptr<SpaceAllocator> allocator, std::size_t cap = kNoCap)
+      : accounts_(std::make_shared<memory_detail::Accounts>(space, std::move(allocator), cap)) {}
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
   // Allocations still alive keep the counts (and give their memory back later); the trace stops with the tracker.
@@ -145,6 +207,11 @@ public:
   // nullptr.
   void* allocate(std::size_t bytes) { return accounts_->allocate(bytes); }
   void deallocate(void* p, std::size_t bytes) noexcept { accounts_->deallocate(p, bytes); }
+  // Sets `bytes` bytes at p (an allocation of this tracker) to zero: memset on the host, the allocator's zero() (on
+  // the device: asynchronous, on the calling thread's stream), nothing for meta memory.
+  void zero(void* p, std::size_t bytes) { accounts_->zero(p, bytes); }
+  // The allocator that provides this tracker's storage; null for plain host (aligned_alloc) and meta trackers.
+  SpaceAllocator* allocator() const noexcept { return accounts_->allocator.get(); }
 
   // A share in this tracker's counts for an allocation to hold (see Handle).
   Handle handle() const noexcept { return Handle(accounts_); }

@@ -113,7 +113,7 @@ public:
   Tensor(Shape shape, MemoryTracker::Handle tracker) : shape_(shape), tracker_(std::move(tracker)) {
     const std::size_t bytes = storage_bytes(shape, sizeof(T));
     data_ = static_cast<T*>(tracker_.allocate(bytes));
-    if (bytes && tracker_.space() == MemorySpace::host) std::memset(static_cast<void*>(data_), 0, bytes);
+    if (bytes) tracker_.zero(data_, bytes);  // host: memset; device: the allocator's (stream-ordered); meta: none
   }
   static Tensor zeros(Shape shape) { return Tensor(shape); }
   static Tensor copy_of(TensorView<const T> source) {
