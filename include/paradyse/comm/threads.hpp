@@ -42,6 +42,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +60,11 @@ struct RunOptions {
   std::size_t memory_cap_per_rank = MemoryTracker::kNoCap;
   std::chrono::milliseconds timeout = comm_timeout();
   LinkPacing pacing;  // interconnect emulation of the world group (threads_detail.hpp); off by default
+  // How bytes move between the ranks' buffers; null: host memcpy and host reductions (this backend). The CUDA
+  // ranks on one GPU (comm/cuda_local.hpp) move them with device copies on each rank's stream.
+  std::shared_ptr<const threads_detail::DataMovement> movement;
+  // Makes rank r's tracker from the cap; null: a host tracker (MemoryTracker(memory_cap_per_rank)).
+  std::function<std::unique_ptr<MemoryTracker>(int rank, std::size_t cap)> make_tracker;
 };
 
 // The state shared by the thread ranks of one run: the lock every rendezvous uses, the failure flag, the trackers.
@@ -66,7 +72,12 @@ class ThreadWorld {
 public:
   ThreadWorld(int size, RunOptions options) : size_(size), options_(options) {
     check(size >= 1, "a thread world needs at least one rank, got {}", size);
-    for (int r = 0; r < size; ++r) trackers_.push_back(std::make_unique<MemoryTracker>(options.memory_cap_per_rank));
+    for (int r = 0; r < size; ++r)
+      trackers_.push_back(options.make_tracker ? options.make_tracker(r, options.memory_cap_per_rank)
+                                               : std::make_unique<MemoryTracker>(options.memory_cap_per_rank));
+    if (!options_.movement)
+      options_.movement = std::shared_ptr<const threads_detail::DataMovement>(
+          std::shared_ptr<const threads_detail::DataMovement>(), &threads_detail::host_data_movement());
     auto world = std::make_shared<threads_detail::Group>();
     for (int r = 0; r < size; ++r) world->world_ranks.push_back(r);
     world->pacing = options.pacing;
@@ -77,6 +88,7 @@ public:
   MemoryTracker& tracker(int rank) { return *trackers_.at(std::size_t(rank)); }
   const std::shared_ptr<threads_detail::Group>& world_group() const { return world_group_; }
   std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
+  const threads_detail::DataMovement& movement() const noexcept { return *options_.movement; }
   int next_group_id() { return ++group_count_; }
 
   // Marks the run failed because of `rank`; every rank waiting or about to wait throws CommError.
@@ -404,7 +416,7 @@ public:
     const std::byte* data = reinterpret_cast<const std::byte*>(in.data());
     if (!in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size()) {
       staged = std::make_shared<threads_detail::Staging>(in.size_bytes());
-      std::memcpy(staged->data, in.data(), in.size_bytes());
+      world_->movement().copy(staged->data, reinterpret_cast<const std::byte*>(in.data()), in.size_bytes());
       data = staged->data;
     }
     count_bytes(in.size_bytes(), 0);  // a send and a receive, as MPI's Sendrecv
@@ -450,13 +462,13 @@ private:
   // Except an exactly in-place all_to_all (equal chunks): it runs as pairwise exchanges of chunks, each pair read
   // before it is written (threads_detail::exchange_chunks), with no copy of the whole input (64 MiB on 4 ranks:
   // 214 ms staged, the copy's page faults included).
-  static threads_detail::Post stage_if_aliased(threads_detail::Post post) {
+  threads_detail::Post stage_if_aliased(threads_detail::Post post) const {
     const std::size_t bytes = post.send_count * size_of(post.dtype);
     const std::byte *s = post.send, *r = post.recv;
     if (post.kind == threads_detail::OpKind::all_to_all && s == r && post.send_count == post.recv_count) return post;
     if (bytes && s < r + post.recv_count * size_of(post.dtype) && r < s + bytes) {
       post.staged = std::make_shared<threads_detail::Staging>(bytes);
-      std::memcpy(post.staged->data, post.send, bytes);
+      world_->movement().copy(post.staged->data, post.send, bytes);  // complete once posted (before_post)
       post.send = post.staged->data;
     }
     return post;
@@ -516,6 +528,7 @@ private:
   }
 
   std::uint64_t post_collective(threads_detail::Post post) {
+    world_->movement().before_post();
     const std::uint64_t seq = next_seq_++;
     {
       std::lock_guard lock(world_->mutex());
@@ -603,7 +616,15 @@ private:
         ++slot.claimed_count;
         const int phase = slot.phase;
         lock.unlock();
-        threads_detail::execute_part(slot, n, phase, part);
+        try {
+          threads_detail::execute_part(slot, n, phase, part, world_->movement());
+        } catch (const std::exception& e) {  // a device copy failed: fail the run, let no one wait for this part
+          world_->abort(world_rank(), fmt::format("{} failed on rank {}: {}", what, world_rank(), e.what()));
+          lock.lock();
+          ++slot.done_count;
+          world_->notify();
+          throw;
+        }
         lock.lock();
         if (++slot.done_count == n) {
           ++slot.phase;
@@ -638,6 +659,7 @@ private:
   // The send side (sending) or the receive side of the transfer source -> dest with `tag`.
   Request post_transfer(bool sending, int source, int dest, int tag, const std::byte* send, std::size_t send_bytes,
                         std::byte* recv, std::size_t recv_bytes, std::shared_ptr<threads_detail::Staging> staged) {
+    world_->movement().before_post();
     std::shared_ptr<threads_detail::Transfer> transfer;
     {
       std::lock_guard lock(world_->mutex());
@@ -690,7 +712,17 @@ private:
         } else {
           transfer->state = State::copying;
           lock.unlock();
-          if (transfer->source_bytes) std::memcpy(transfer->dest, transfer->source, transfer->source_bytes);
+          try {
+            world_->movement().copy(transfer->dest, transfer->source, transfer->source_bytes);
+            world_->movement().finish_part();
+          } catch (const std::exception& e) {  // a device copy failed: fail the run, release the other side
+            world_->abort(world_rank(), fmt::format("{} failed on rank {}: {}", what, world_rank(), e.what()));
+            lock.lock();
+            transfer->error = e.what();
+            transfer->state = State::done;
+            world_->notify();
+            throw;
+          }
           lock.lock();
           transfer->state = State::done;
           transfer->staged.reset();
@@ -721,13 +753,13 @@ struct RunReport {
   std::vector<CommStats> stats;         // the world communicator's byte counts of each rank
 };
 
-// Runs fn(comm) on `ranks` thread ranks, each with its own MemoryTracker installed. If a rank throws, every other
-// rank's communication fails promptly with a CommError naming it, and run_ranks rethrows the first failure.
-// Tensors, pooled buffers and pools a rank makes may outlive the run: each keeps its tracker's counts alive
-// (core/memory.hpp), so destroying them after run_ranks returns is safe.
-template <class Fn>
-RunReport run_ranks(int ranks, Fn&& fn, RunOptions options = {}) {
-  auto world = std::make_shared<ThreadWorld>(ranks, options);
+namespace threads_detail {
+// run_ranks with a communicator type built on ThreadCommunicator (constructible from (world, group, rank)) and a
+// per-rank setup: `rank_context(r)` runs first on rank r's thread, its result lives until the thread ends (the CUDA
+// ranks install their device and stream this way, comm/cuda_local.hpp).
+template <class Comm, class Fn, class RankContext>
+RunReport run_thread_ranks(int ranks, Fn& fn, RunOptions options, RankContext rank_context) {
+  auto world = std::make_shared<ThreadWorld>(ranks, std::move(options));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
   RunReport report;
   report.peak_bytes.resize(std::size_t(ranks));
@@ -739,7 +771,8 @@ RunReport run_ranks(int ranks, Fn&& fn, RunOptions options = {}) {
       threads.emplace_back([&, r] {
         ScopedTracker scoped(world->tracker(r));
         try {
-          ThreadCommunicator comm(world, world->world_group(), r);
+          [[maybe_unused]] auto context = rank_context(r);
+          Comm comm(world, world->world_group(), r);
           fn(comm);
           report.stats[std::size_t(r)] = comm.stats();
           comm.finish();  // throws when the ranks' collectives went out of step
@@ -760,6 +793,16 @@ RunReport run_ranks(int ranks, Fn&& fn, RunOptions options = {}) {
       if (e) std::rethrow_exception(e);
   }
   return report;
+}
+}  // namespace threads_detail
+
+// Runs fn(comm) on `ranks` thread ranks, each with its own MemoryTracker installed. If a rank throws, every other
+// rank's communication fails promptly with a CommError naming it, and run_ranks rethrows the first failure.
+// Tensors, pooled buffers and pools a rank makes may outlive the run: each keeps its tracker's counts alive
+// (core/memory.hpp), so destroying them after run_ranks returns is safe.
+template <class Fn>
+RunReport run_ranks(int ranks, Fn&& fn, RunOptions options = {}) {
+  return threads_detail::run_thread_ranks<ThreadCommunicator>(ranks, fn, std::move(options), [](int) { return 0; });
 }
 
 }  // namespace paradyse

@@ -276,8 +276,43 @@ inline void exchange_chunks(const std::byte* from_i, std::byte* to_i, const std:
   }
 }
 
-// Executes part `part` (the receiving side of rank `part`) of phase `phase` of a validated collective.
-inline void execute_part(const Slot& slot, int n, int phase, int part) {
+// How the bytes of an operation move between the posted buffers. The default is the threads backend's: memcpy and
+// the host reduction in rank order, complete when each call returns. The CUDA backend on one GPU
+// (comm/cuda_local.hpp) overrides it with device copies and a reduction kernel on the executing thread's stream.
+// Whoever executes a part calls copy/exchange/reduce for it, then finish_part() before the part is marked done, so
+// a done part's bytes are in place for every rank; a rank calls before_post() before it posts an operation, so the
+// data it posts is final (and nothing of its own is still reading or writing its buffers).
+struct DataMovement {
+  virtual ~DataMovement() = default;
+  virtual void before_post() const {}
+  virtual void copy(std::byte* dst, const std::byte* src, std::size_t bytes) const {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  // One pair of an in-place all-to-all (see exchange_chunks).
+  virtual void exchange(const std::byte* from_i, std::byte* to_i, const std::byte* from_j, std::byte* to_j,
+                        std::size_t bytes) const {
+    exchange_chunks(from_i, to_i, from_j, to_j, bytes);
+  }
+  // out[i] = in[0][i] (op) ... (op) in[ranks-1][i] in rank order for i in [begin, end); `host` is the dtype's host
+  // reduction (Post::reduce).
+  virtual void reduce(DType dtype, ReduceFn host, std::byte* out, const std::byte* const* in, int ranks,
+                      std::size_t begin, std::size_t end, ReduceOp op) const {
+    (void)dtype;
+    host(out, in, ranks, begin, end, op);
+  }
+  virtual void finish_part() const {}
+};
+
+// The threads backend's data movement (host memory).
+inline const DataMovement& host_data_movement() {
+  static const DataMovement movement;
+  return movement;
+}
+
+// Executes part `part` (the receiving side of rank `part`) of phase `phase` of a validated collective, moving bytes
+// through `move` (complete when this returns).
+inline void execute_part(const Slot& slot, int n, int phase, int part,
+                         const DataMovement& move = host_data_movement()) {
   const Post& mine = *slot.posts[std::size_t(part)];
   const auto post = [&](int r) -> const Post& { return *slot.posts[std::size_t(r)]; };
   const std::size_t elem = size_of(mine.dtype);
@@ -286,14 +321,14 @@ inline void execute_part(const Slot& slot, int n, int phase, int part) {
     case OpKind::all_gather:
       for (int r = 0; r < n; ++r) {
         std::byte* dst = mine.recv + std::size_t(r) * mine.send_count * elem;
-        if (dst != post(r).send && mine.send_count) std::memcpy(dst, post(r).send, mine.send_count * elem);
+        if (dst != post(r).send && mine.send_count) move.copy(dst, post(r).send, mine.send_count * elem);
       }
       break;
     case OpKind::all_gather_v: {
       std::size_t offset = 0;
       for (int r = 0; r < n; ++r) {
         const std::size_t bytes = std::size_t(mine.recv_counts[std::size_t(r)]) * elem;
-        if (bytes && mine.recv + offset != post(r).send) std::memcpy(mine.recv + offset, post(r).send, bytes);
+        if (bytes && mine.recv + offset != post(r).send) move.copy(mine.recv + offset, post(r).send, bytes);
         offset += bytes;
       }
       break;
@@ -304,17 +339,17 @@ inline void execute_part(const Slot& slot, int n, int phase, int part) {
       else
         for (int r = 0; r < part; ++r) begin += std::size_t(mine.send_counts[std::size_t(r)]);
       for (int r = 0; r < n; ++r) inputs[std::size_t(r)] = post(r).send + begin * elem;
-      mine.reduce(mine.recv, inputs.data(), n, 0, mine.recv_count, mine.op);
+      move.reduce(mine.dtype, mine.reduce, mine.recv, inputs.data(), n, 0, mine.recv_count, mine.op);
       break;
     }
     case OpKind::all_reduce: {
       const auto [begin, end] = chunk_bounds(mine.send_count, n, part);
       if (phase == 0) {  // reduce chunk `part` into its owner's output
         for (int r = 0; r < n; ++r) inputs[std::size_t(r)] = post(r).send;
-        mine.reduce(mine.recv, inputs.data(), n, begin, end, mine.op);
+        move.reduce(mine.dtype, mine.reduce, mine.recv, inputs.data(), n, begin, end, mine.op);
       } else {  // copy the reduced chunk `part` from its owner to everyone
         for (int r = 0; r < n; ++r)
-          if (r != part && end > begin) std::memcpy(post(r).recv + begin * elem, mine.recv + begin * elem, (end - begin) * elem);
+          if (r != part && end > begin) move.copy(post(r).recv + begin * elem, mine.recv + begin * elem, (end - begin) * elem);
       }
       break;
     }
@@ -324,14 +359,14 @@ inline void execute_part(const Slot& slot, int n, int phase, int part) {
       for (int r = 0; r < n; ++r) any_in_place = any_in_place || (post(r).send == post(r).recv && chunk);
       if (!any_in_place) {
         for (int r = 0; r < n; ++r)
-          if (chunk) std::memcpy(mine.recv + std::size_t(r) * chunk, post(r).send + std::size_t(part) * chunk, chunk);
+          if (chunk) move.copy(mine.recv + std::size_t(r) * chunk, post(r).send + std::size_t(part) * chunk, chunk);
         break;
       }
       // Some rank works in place (unstaged): chunk j of rank i's input sits exactly where rank i receives from
       // rank j. So the pair (i, j) is one exchange of two chunks, done here by part min(i, j), reading both sources
       // before writing either (through a cache-sized block).
       for (int r = part; r < n; ++r)
-        exchange_chunks(post(part).send + std::size_t(r) * chunk, post(part).recv + std::size_t(r) * chunk,
+        move.exchange(post(part).send + std::size_t(r) * chunk, post(part).recv + std::size_t(r) * chunk,
                         post(r).send + std::size_t(part) * chunk, post(r).recv + std::size_t(part) * chunk, chunk);
       break;
     }
@@ -341,22 +376,23 @@ inline void execute_part(const Slot& slot, int n, int phase, int part) {
         std::size_t send_offset = 0;
         for (int j = 0; j < part; ++j) send_offset += std::size_t(post(r).send_counts[std::size_t(j)]);
         const std::size_t bytes = std::size_t(mine.recv_counts[std::size_t(r)]) * elem;
-        if (bytes) std::memcpy(mine.recv + recv_offset, post(r).send + send_offset * elem, bytes);
+        if (bytes) move.copy(mine.recv + recv_offset, post(r).send + send_offset * elem, bytes);
         recv_offset += bytes;
       }
       break;
     }
     case OpKind::broadcast:
-      if (part != mine.root && mine.recv_count) std::memcpy(mine.recv, post(mine.root).send, mine.recv_count * elem);
+      if (part != mine.root && mine.recv_count) move.copy(mine.recv, post(mine.root).send, mine.recv_count * elem);
       break;
     case OpKind::reduce:
       if (part == mine.root && mine.send_count) {
         for (int r = 0; r < n; ++r) inputs[std::size_t(r)] = post(r).send;
-        mine.reduce(mine.recv, inputs.data(), n, 0, mine.send_count, mine.op);
+        move.reduce(mine.dtype, mine.reduce, mine.recv, inputs.data(), n, 0, mine.send_count, mine.op);
       }
       break;
     case OpKind::barrier: case OpKind::split: break;
   }
+  move.finish_part();
 }
 
 }  // namespace paradyse::threads_detail
