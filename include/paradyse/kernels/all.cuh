@@ -3,3 +3,5 @@
 // --expt-relaxed-constexpr); cmake/paradyse_kernels.cu is that unit for this repository's own programs.
 #pragma once
 
+#include "paradyse/kernels/softmax.cuh"
+#include "paradyse/kernels/moe_ops.cuh"
