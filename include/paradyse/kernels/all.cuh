@@ -5,3 +5,4 @@
 
 #include "paradyse/kernels/softmax.cuh"
 #include "paradyse/kernels/moe_ops.cuh"
+#include "paradyse/kernels/tensor_ops.cuh"
