@@ -6,3 +6,4 @@
 #include "paradyse/kernels/softmax.cuh"
 #include "paradyse/kernels/moe_ops.cuh"
 #include "paradyse/kernels/tensor_ops.cuh"
+#include "paradyse/kernels/comm_reduce.cuh"
