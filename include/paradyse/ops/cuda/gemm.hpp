@@ -1,0 +1,261 @@
+// paradyse/ops/cuda/gemm.hpp: GEMM on the device through cuBLAS: gemm, matmul and gemm_batched with exactly the
+// signatures and row-major contracts of ops::cpu (ops/cpu/gemm.hpp, ops/cpu/gemm_batched.hpp) over device pointers,
+// and bf16 GEMMs with float accumulation (mixed precision, benchmarks).
+//
+// Row-major to cuBLAS: a row-major [m, n] matrix with leading dimension ldc is the column-major [n, m] matrix C^T
+// with the same leading dimension, and C = op(A) op(B) is C^T = op(B)^T op(A)^T, so each call passes b before a and
+// n before m, with each operand's own transpose flag. No data moves.
+//
+// Host code only (cuBLAS, no kernel). Each thread has its own cuBLAS handle per device (created on first use,
+// destroyed when the thread ends); every call sets it to the calling thread's stream (device::current_stream()), so
+// a GEMM is ordered with the thread's other device work and runs asynchronously. Math is full fp32 by default
+// (CUBLAS_DEFAULT_MATH: the results agree with the CPU's to fp32 rounding); set_gemm_tf32(true) lets fp32 GEMMs use
+// TF32 tensor cores (10-bit mantissa products, about 1e-3 relative error) process-wide.
+#pragma once
+
+#include "paradyse/core/dtype.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/device/runtime.hpp"
+#include "paradyse/ops/cpu/gemm_batched.hpp"
+#include "paradyse/ops/cpu/gemm_kernels.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace paradyse::ops::cuda {
+
+// fp32 GEMMs may use TF32 tensor cores (process-wide; off by default: full fp32, as the tests compare with the CPU).
+inline std::atomic<bool>& gemm_tf32_setting() noexcept {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
+inline void set_gemm_tf32(bool enabled) noexcept { gemm_tf32_setting().store(enabled); }
+inline bool gemm_tf32() noexcept { return gemm_tf32_setting().load(); }
+
+namespace gemm_detail {
+
+// Throws DeviceError naming the cuBLAS call and its status unless `status` is CUBLAS_STATUS_SUCCESS.
+inline void check_cublas(cublasStatus_t status, std::string_view what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw device::DeviceError(
+        fmt::format("cuBLAS error {} ({}) in {}", cublasGetStatusName(status), cublasGetStatusString(status), what));
+}
+
+// The calling thread's cuBLAS handles, one per device, destroyed when the thread ends.
+struct ThreadHandles {
+  std::vector<cublasHandle_t> by_device;
+  ThreadHandles() = default;
+  ThreadHandles(const ThreadHandles&) = delete;
+  ThreadHandles& operator=(const ThreadHandles&) = delete;
+  ~ThreadHandles() {
+    for (cublasHandle_t handle : by_device)
+      if (handle) (void)cublasDestroy(handle);  // at process exit the driver may be gone: nothing to report then
+    (void)cudaGetLastError();
+  }
+};
+
+// The calling thread's handle for the current device, on the thread's current stream, with the math mode set.
+inline cublasHandle_t handle() {
+  thread_local ThreadHandles handles;
+  int device = 0;
+  PARADYSE_CUDA_CHECK(cudaGetDevice(&device));
+  if (std::size_t(device) >= handles.by_device.size()) handles.by_device.resize(std::size_t(device) + 1, nullptr);
+  cublasHandle_t& h = handles.by_device[std::size_t(device)];
+  if (!h) check_cublas(cublasCreate(&h), "cublasCreate");
+  check_cublas(cublasSetStream(h, device::current_stream()), "cublasSetStream");
+  check_cublas(cublasSetMathMode(h, gemm_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+               "cublasSetMathMode");
+  return h;
+}
+
+inline cublasOperation_t op(Transpose t) noexcept { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// cuBLAS's 32-bit sizes: the value, or an Error naming it.
+inline int as_int(std::int64_t value, std::string_view name) {
+  check(value <= INT_MAX, "gemm: {} = {} exceeds cuBLAS's 32-bit limit {}", name, value, INT_MAX);
+  return int(value);
+}
+
+inline void check_sizes(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
+                        std::int64_t ldc) {
+  (void)as_int(m, "m");
+  (void)as_int(n, "n");
+  (void)as_int(k, "k");
+  (void)as_int(lda, "lda");
+  (void)as_int(ldb, "ldb");
+  (void)as_int(ldc, "ldc");
+}
+
+// c = beta * c for a row-major [m, n] matrix (leading dimension ldc); beta = 0 writes zeros whatever c held.
+inline void scale_matrix(cublasHandle_t h, std::int64_t m, std::int64_t n, float beta, float* c, std::int64_t ldc) {
+  if (beta == 1.0f) return;
+  if (beta == 0.0f) {
+    PARADYSE_CUDA_CHECK(cudaMemset2DAsync(c, std::size_t(ldc) * sizeof(float), 0, std::size_t(n) * sizeof(float),
+                                          std::size_t(m), device::current_stream()));
+    return;
+  }
+  // In place (C = A with lda = ldc, no transpose): c = beta * c + 0 * c.
+  const float zero = 0.0f;
+  check_cublas(cublasSgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(m), &beta, c, int(ldc), &zero, c, int(ldc), c,
+                           int(ldc)),
+               "cublasSgeam (c = beta * c)");
+}
+
+// Whether the row-major [m, n] matrices at c[i] (leading dimension ldc) share an element. Exact for matrices in one
+// allocation (equal pointers, column blocks of one wider matrix: the per-head outputs of attention are disjoint);
+// says "shared" when the test would take too long (then the caller takes the ordered path, also correct).
+inline bool outputs_overlap(std::int64_t m, std::int64_t n, std::int64_t ldc, std::span<float* const> c) {
+  std::vector<std::uintptr_t> starts(c.size());
+  for (std::size_t i = 0; i < c.size(); ++i) starts[i] = reinterpret_cast<std::uintptr_t>(c[i]);
+  std::sort(starts.begin(), starts.end());
+  const std::uintptr_t extent = (std::uintptr_t((m - 1) * ldc + n)) * sizeof(float);  // bytes from first to last
+  const std::int64_t kMaxPairs = 1 << 20;
+  std::int64_t pairs = 0;
+  for (std::size_t i = 0; i < starts.size(); ++i) {
+    for (std::size_t j = i + 1; j < starts.size() && starts[j] < starts[i] + extent; ++j) {
+      if (++pairs > kMaxPairs) return true;
+      const std::uintptr_t bytes = starts[j] - starts[i];
+      if (bytes % sizeof(float) != 0) return true;  // not on a float boundary of the other: assume shared
+      // Element (r2, c2) of j is element (r1, c1) of i when delta = (r1 - r2) * ldc + (c1 - c2), |r1 - r2| < m,
+      // |c1 - c2| < n: the multiples of ldc nearest to delta decide.
+      const std::int64_t delta = std::int64_t(bytes / sizeof(float));
+      const std::int64_t q = delta / ldc, rem = delta % ldc;
+      if ((rem < n && q < m) || (ldc - rem < n && q + 1 < m)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace gemm_detail
+
+// c: [m, n] = alpha * op(a): [m, k] * op(b): [k, n] + beta * c, device pointers, row-major, leading dimensions in
+// elements (ops::cpu::gemm's contract: op(a) = a ([m, k], lda >= k) or a^T (a stored [k, m], lda >= m); beta = 0
+// ignores c's old contents, even NaN). Asynchronous on the calling thread's stream.
+inline void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                 std::int64_t ldc) {
+  cpu::detail::check_gemm_arguments(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  gemm_detail::check_sizes(m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  const cublasHandle_t h = gemm_detail::handle();
+  if (k == 0 || alpha == 0.0f) return gemm_detail::scale_matrix(h, m, n, beta, c, ldc);
+  gemm_detail::check_cublas(cublasSgemm(h, gemm_detail::op(trans_b), gemm_detail::op(trans_a), int(n), int(m), int(k),
+                                        &alpha, b, int(ldb), a, int(lda), &beta, c, int(ldc)),
+                            "cublasSgemm");
+}
+
+// The same over 2-D device views (rows may be strided, columns contiguous): c = alpha * op(a) op(b) + beta * c.
+// a: [m, k] (or [k, m] with trans_a), b: [k, n] (or [n, k] with trans_b), c: [m, n].
+inline void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
+                   TensorView<float> c, float alpha = 1.0f, float beta = 0.0f) {
+  check(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul: views must be 2-D; got a {}, b {}, c {}", a.shape(),
+        b.shape(), c.shape());
+  const auto unit_columns = [](const TensorView<const float>& x) { return x.extent(1) <= 1 || x.strides()[1] == 1; };
+  check(unit_columns(a) && unit_columns(b) && unit_columns(TensorView<const float>(c)),
+        "matmul: columns must be contiguous; strides are a {}, b {}, c {}", a.strides(), b.strides(), c.strides());
+  const std::int64_t m = trans_a == Transpose::yes ? a.extent(1) : a.extent(0);
+  const std::int64_t k = trans_a == Transpose::yes ? a.extent(0) : a.extent(1);
+  const std::int64_t kb = trans_b == Transpose::yes ? b.extent(1) : b.extent(0);
+  const std::int64_t n = trans_b == Transpose::yes ? b.extent(0) : b.extent(1);
+  check(k == kb, "matmul: inner dimensions differ: op(a) is [{}, {}], op(b) is [{}, {}]", m, k, kb, n);
+  check(c.extent(0) == m && c.extent(1) == n, "matmul: c is {}, expected [{}, {}]", c.shape(), m, n);
+  // A one-row (or empty) view's row stride is arbitrary; give cuBLAS a valid leading dimension.
+  const auto leading = [](const TensorView<const float>& x) {
+    return x.extent(0) <= 1 ? std::max<std::int64_t>(1, x.extent(1)) : x.strides()[0];
+  };
+  gemm(trans_a, trans_b, m, n, k, alpha, a.data(), leading(a), b.data(), leading(b), beta, c.data(),
+       leading(TensorView<const float>(c)));
+}
+
+// For i = 0, 1, ..., count - 1 in that order: c[i] = alpha * op(a[i]) op(b[i]) + beta * c[i] (ops::cpu's
+// gemm_batched contract; the pointer spans are host memory holding device pointers). When no two outputs share an
+// element, one cublasSgemmBatched runs every item (its pointer arrays go to stream-ordered device scratch,
+// cudaMallocAsync/cudaFreeAsync, alive until the call has read them). When outputs are shared (the key gradient of a
+// GQA group summed over its query heads with beta = 1), the items run as single GEMMs in order on the stream, so the
+// sum accumulates exactly as the CPU's loop.
+inline void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         float alpha, std::span<const float* const> a, std::int64_t lda,
+                         std::span<const float* const> b, std::int64_t ldb, float beta, std::span<float* const> c,
+                         std::int64_t ldc) {
+  cpu::check_gemm_batch(a.size(), b.size(), c.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    cpu::detail::check_gemm_arguments(trans_a, trans_b, m, n, k, a[i], lda, b[i], ldb, c[i], ldc);
+  gemm_detail::check_sizes(m, n, k, lda, ldb, ldc);
+  const int count = gemm_detail::as_int(std::int64_t(a.size()), "the item count");
+  if (count == 0 || m == 0 || n == 0) return;
+  if (count == 1 || k == 0 || alpha == 0.0f || gemm_detail::outputs_overlap(m, n, ldc, c)) {
+    for (std::size_t i = 0; i < a.size(); ++i)
+      gemm(trans_a, trans_b, m, n, k, alpha, a[i], lda, b[i], ldb, beta, c[i], ldc);
+    return;
+  }
+  const cublasHandle_t h = gemm_detail::handle();
+  const cudaStream_t stream = device::current_stream();
+  // Device pointer arrays, in cuBLAS's operand order: [b[0..count), a[0..count), c[0..count)].
+  std::vector<const void*> pointers;
+  pointers.reserve(3 * a.size());
+  pointers.insert(pointers.end(), b.begin(), b.end());
+  pointers.insert(pointers.end(), a.begin(), a.end());
+  pointers.insert(pointers.end(), c.begin(), c.end());
+  const std::size_t bytes = pointers.size() * sizeof(void*);
+  void* scratch = nullptr;
+  PARADYSE_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, stream));
+  // The pageable source is staged before cudaMemcpyAsync returns, so `pointers` may go at the end of this call.
+  cudaError_t copied = cudaMemcpyAsync(scratch, pointers.data(), bytes, cudaMemcpyHostToDevice, stream);
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (copied == cudaSuccess) {
+    const auto* arrays = static_cast<const float* const*>(scratch);
+    status = cublasSgemmBatched(h, gemm_detail::op(trans_b), gemm_detail::op(trans_a), int(n), int(m), int(k), &alpha,
+                                arrays, int(ldb), arrays + count, int(lda), &beta,
+                                const_cast<float* const*>(arrays + 2 * count), int(ldc), count);
+  }
+  PARADYSE_CUDA_CHECK(cudaFreeAsync(scratch, stream));  // stream-ordered: after the batched GEMM has read the arrays
+  device::check(copied, "cudaMemcpyAsync (gemm_batched pointer arrays)");
+  gemm_detail::check_cublas(status, "cublasSgemmBatched");
+}
+
+// ---- bf16 operands, fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F) ----------------------------------------
+
+namespace gemm_detail {
+inline void gemm_bf16(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                      const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, void* c,
+                      cudaDataType_t c_type, std::int64_t ldc) {
+  // The shape checks look at pointers only for null: the element type does not matter to them.
+  cpu::detail::check_gemm_arguments(trans_a, trans_b, m, n, k, reinterpret_cast<const float*>(a), lda,
+                                    reinterpret_cast<const float*>(b), ldb, static_cast<const float*>(c), ldc);
+  check_sizes(m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  // bf16 is bit-compatible with __nv_bfloat16 (CUDA_R_16BF).
+  check_cublas(cublasGemmEx(handle(), op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha, b, CUDA_R_16BF,
+                            int(ldb), a, CUDA_R_16BF, int(lda), &beta, c, c_type, int(ldc), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               c_type == CUDA_R_32F ? "cublasGemmEx (bf16 x bf16 -> fp32)" : "cublasGemmEx (bf16 x bf16 -> bf16)");
+}
+}  // namespace gemm_detail
+
+// c (fp32): [m, n] = alpha * op(a) op(b) + beta * c with bf16 a and b, products summed in fp32. Row-major, the
+// contract of the fp32 gemm.
+inline void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+                 std::int64_t ldc) {
+  gemm_detail::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, CUDA_R_32F, ldc);
+}
+
+// c (bf16): the same, the fp32 result rounded to bf16 once at the end.
+inline void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, bf16* c,
+                 std::int64_t ldc) {
+  gemm_detail::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, CUDA_R_16BF, ldc);
+}
+
+}  // namespace paradyse::ops::cuda
