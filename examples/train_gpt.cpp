@@ -38,6 +38,9 @@
 #include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
+#if PARADYSE_WITH_CUDA
+#include "paradyse/ops/cuda_backend.hpp"
+#endif
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -60,8 +63,16 @@
 #include <vector>
 
 namespace pd = paradyse;
-using Strategies = pd::AllStrategies<>;
-using Model = pd::Gpt<Strategies>;
+using Model = pd::Gpt<pd::AllStrategies<>>;  // on the host (ops::Cpu)
+#if PARADYSE_WITH_CUDA
+using DeviceModel = pd::Gpt<pd::AllStrategies<pd::ops::Cuda>, pd::ops::Cuda>;  // --device cuda: on one GPU
+#endif
+template <class M>
+struct StrategiesOf;
+template <class S, class B>
+struct StrategiesOf<pd::Gpt<S, B>> {
+  using type = S;
+};
 
 namespace {
 
@@ -89,6 +100,7 @@ struct Options {
   std::int64_t shared_experts = 0;
   int first_dense = 0;
   pd::examples::RankBackend backend = pd::examples::RankBackend::threads;
+  std::string device = "cpu";   // cuda: the ranks are cuda_local threads on one GPU (ops::Cuda)
   int checkpoint_every = 0;     // 0: no training checkpoints
   int keep = 2;                 // training checkpoints kept (the newest)
   std::string checkpoint_dir = "checkpoints";
@@ -106,7 +118,7 @@ struct Options {
              "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
              "                 [--corpus DIR] [--backend threads|mpi] [--checkpoint-every N] [--keep K]\n"
              "                 [--checkpoint-dir DIR] [--resume PATH] [--stop-after N] [--csv FILE]\n"
-             "                 [--pack-tokens B]\n"
+             "                 [--pack-tokens B] [--device cpu|cuda]\n"
              "--steps N: N documents (windows) are drawn; one per step, or with --pack-tokens B packed into steps of\n"
              "  up to B tokens (rows of similar length, one document per row, padded with masked tokens)\n"
              "--checkpoint-every N: every N steps a training checkpoint (weights, AdamW moments, step, data position,\n"
@@ -118,6 +130,8 @@ struct Options {
              "  schedule stays that of --steps; --resume continues)\n"
              "--csv FILE: the per-step table as CSV (scripts/plot.py draws it)\n"
              "--backend mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi --ranks P ...\n"
+             "--device cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile\n"
+             "  H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now\n"
              "--profile: a JSON file, or a built-in profile name (A100-SXM4-80GB-x8, H100-SXM-80GB-x8, H200-SXM-141GB-x8)\n"
              "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n"
              "--experts E --top-k K [--shared-experts N] [--first-dense N]: an MoE GPT (E experts of width ffn/K,\n"
@@ -155,6 +169,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--top-k") o.top_k = cli.integer<std::int64_t>(1, 1 << 16);
     else if (arg == "--shared-experts") o.shared_experts = cli.integer<std::int64_t>(0, 1 << 10);
     else if (arg == "--first-dense") o.first_dense = cli.integer<int>(0, 4096);
+    else if (arg == "--device") o.device = cli.choice("cpu", "cuda") ? "cpu" : "cuda";
     else if (arg == "--backend")
       o.backend = cli.choice("threads", "mpi") ? pd::examples::RankBackend::threads : pd::examples::RankBackend::mpi;
     else if (arg == "--checkpoint-every") o.checkpoint_every = cli.integer<int>(1, 10'000'000);
@@ -257,7 +272,8 @@ std::string compact(const std::vector<pd::cost::LayerStrategies>& layers) {
 using Ranks = pd::examples::Ranks<Model>;
 
 // The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
-pd::cost::HardwareProfile hardware_profile(const Options& o, Ranks& ranks) {
+template <class RanksT>
+pd::cost::HardwareProfile hardware_profile(const Options& o, RanksT& ranks) {
   if (!o.profile.empty()) {
     for (std::string_view name : pd::cost::kBuiltinProfileNames)
       if (name == o.profile) {
@@ -307,7 +323,8 @@ pd::cost::HardwareProfile hardware_profile(const Options& o, Ranks& ranks) {
 }
 
 // Whether every weight this rank holds (its shards and the replicated pack) is finite.
-bool finite_weights(Model& model) {
+template <class ModelT>
+bool finite_weights(ModelT& model) {
   const auto finite = [](const pd::Tensor<float>& t) {
     return std::all_of(t.span().begin(), t.span().end(), [](float x) { return std::isfinite(x); });
   };
@@ -330,6 +347,416 @@ struct StepRecord {
   double seconds = 0;
   bool failed = false;
 };
+
+// Trains the dense GPT on `ranks` (threads or MPI processes over ops::Cpu, or cuda_local ranks over ops::Cuda): the
+// data, the memory cap, the per-step plans, the table and the summary. Returns the exit code.
+template <class ModelT, class RanksT>
+int train_dense(const Options& o, RanksT& ranks) {
+  using Strategies = typename StrategiesOf<ModelT>::type;
+  using Model = ModelT;
+  const bool mpi = o.backend == pd::examples::RankBackend::mpi;
+  pd::GptConfig config;
+  config.layer = pd::LayerConfig::make(o.hidden, o.heads);
+  config.layer.causal = true;
+  config.layer.zigzag = true;  // causal ring attention balanced over the ranks
+  config.layer.rope = true;
+  config.layers = o.layers;
+  config.vocab = 256;
+  config.validate_for(o.ranks);
+
+  const std::filesystem::path corpus_dir =
+      o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
+                       : std::filesystem::path(o.corpus);
+  const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
+  const std::int64_t min_len = o.min_len;
+  corpus::WindowSampler sampler(docs, min_len, o.max_len, o.seed);
+  std::vector<corpus::Window> windows = sampler.stratified(o.steps);  // shortest first: the curriculum order
+  if (!o.sorted) sampler.shuffle(windows);
+  // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens.
+  const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
+  std::vector<corpus::Step> steps = corpus::pack_steps(windows, o.pack_tokens, group_min_len);
+  if (o.pack_tokens > 0 && !o.sorted) sampler.shuffle(steps);
+  const int n_steps = int(steps.size());
+
+  const pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
+  const pd::plan::GptCosts<Model> costs{config, o.ranks, &hardware};
+
+  // The cap: METP must fit the longest input, MegatronTS must not (unless --cap-mib says otherwise).
+  const std::int64_t metp_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("METP"));
+  const std::int64_t ts_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("MegatronTS"));
+  std::int64_t cap = 0;
+  if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * kMiB);
+  else {
+    cap = metp_peak + (ts_peak - metp_peak) / 4;  // METP fits with room; TS needs more from ~60% of max-len on
+    cap = (cap + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
+  }
+  // The model's size before anything is allocated: its states (weights, gradients, AdamW moments) per rank, and
+  // what a save adds (one layer gathered). Refused with the numbers when it cannot fit the cap or this machine.
+  const pd::plan::CostTable longest = costs.table(o.max_len);
+  const std::int64_t state_bytes = longest.model_state_bytes + Model::replicated_state_bytes(config);
+  // Saving (--save, training checkpoints) and resuming gather or read one global layer at a time.
+  const bool saves = !o.save.empty() || o.checkpoint_every > 0 || !o.resume.empty();
+  const std::int64_t save_bytes = saves ? pd::save_checkpoint_bytes(config, o.ranks) : 0;
+  bool cap_raised_for_save = false;
+  const std::int64_t least_peak = std::max(std::min(metp_peak, ts_peak), state_bytes + save_bytes);
+  if (const double machine = physical_memory_bytes(); machine > 0 && double(least_peak) * o.ranks > 0.9 * machine) {
+    fmt::print(stderr,
+               "train_gpt: the model does not fit this machine: {} layers of h={} ({:.3g} M parameters) need at "
+               "least {:.1f} MiB per rank (states {:.1f} MiB{}; the least-memory plan at --max-len {} peaks at "
+               "{:.1f} MiB), {:.2f} GiB for {} ranks; this machine has {:.2f} GiB\n",
+               o.layers, o.hidden, double(config.parameter_count()) / 1e6, double(least_peak) / kMiB,
+               double(state_bytes) / kMiB,
+               save_bytes ? fmt::format(", + {:.1f} MiB to save", double(save_bytes) / kMiB) : std::string(),
+               o.max_len, double(std::min(metp_peak, ts_peak)) / kMiB, double(least_peak) * o.ranks / (kMiB * 1024),
+               o.ranks, machine / (kMiB * 1024));
+    return 2;
+  }
+  if (state_bytes + save_bytes > cap) {
+    if (o.cap_mib > 0) {
+      fmt::print(stderr,
+                 "train_gpt: the model needs {:.1f} MiB per rank for its weights, gradients and AdamW moments{}, "
+                 "above the cap of {:.1f} MiB (--cap-mib): raise the cap to at least {:.1f} MiB{}\n",
+                 double(state_bytes) / kMiB,
+                 save_bytes ? fmt::format(" and {:.1f} MiB more to save the checkpoint", double(save_bytes) / kMiB)
+                            : std::string(),
+                 double(cap) / kMiB, double(state_bytes + save_bytes) / kMiB,
+                 save_bytes ? " or drop --save" : "");
+      return 2;
+    }
+    cap = (state_bytes + save_bytes + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
+    cap_raised_for_save = true;
+  }
+
+  fmt::print("model: GPT, {} layers, h={}, {} heads, ffn={}, vocab {} (bytes), causal + RoPE, zigzag tokens, untied "
+             "replicated LM head; {:.2f} M parameters\n",
+             o.layers, o.hidden, o.heads, config.layer.ffn, config.vocab, double(config.parameter_count()) / 1e6);
+  const std::size_t shortest =
+      std::min_element(docs.begin(), docs.end(), [](auto& a, auto& b) { return a.bytes.size() < b.bytes.size(); })->bytes.size();
+  fmt::print("data: {} documents in {} ({}..{} bytes); {} steps, one window each, lengths {}..{} (the longest "
+             "document gives {}), documents stratified by length, order {}, seed {}\n",
+             docs.size(), corpus_dir.string(), shortest, sampler.longest_document(), o.steps, min_len, o.max_len,
+             o.max_len, o.sorted ? "sorted (curriculum)" : "random", o.seed);
+  if (o.pack_tokens > 0)
+    fmt::print("packing: {} documents in {} steps of up to {} tokens (one document per row, rows padded to the "
+               "step's longest with masked tokens)\n", windows.size(), n_steps, o.pack_tokens);
+  fmt::print("ranks: {} {}; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
+             "all-MegatronTS {:.1f} MiB)\n",
+             o.ranks, mpi ? "MPI processes" : "threads", double(cap) / kMiB,
+             o.cap_mib > 0 ? " (given)"
+             : cap_raised_for_save ? " (from the memory model, raised to fit the model and its save)"
+                                   : " (from the memory model)",
+             o.max_len,
+             double(metp_peak) / kMiB, double(ts_peak) / kMiB);
+  fmt::print("strategies: {}\n\n", o.strategy.empty() ? "chosen per layer and sublayer by the exact planner (attn/mlp per layer)"
+                                                      : fmt::format("{} everywhere (static)", o.strategy));
+
+  for (int r = 0; r < o.ranks; ++r) ranks.tracker(r).set_cap(std::size_t(cap));
+  ranks.run([&](auto&, int r) {
+    ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
+    ranks.pools[std::size_t(r)] = std::make_unique<pd::BufferPool>();
+  });
+  // The states as allocated (the estimate above rounds no tensor): the save must still fit beside them.
+  if (save_bytes > 0) {
+    std::size_t held = 0;
+    std::vector<double> in_use(std::size_t(o.ranks), 0.0);
+    for (int r = 0; r < o.ranks; ++r)
+      if (ranks.is_local(r)) in_use[std::size_t(r)] = double(ranks.tracker(r).in_use());
+    ranks.share(in_use);
+    held = std::size_t(*std::max_element(in_use.begin(), in_use.end()));
+    const std::int64_t need = std::int64_t(held) + save_bytes;
+    if (need > cap) {
+      if (o.cap_mib > 0) {
+        fmt::print(stderr, "train_gpt: the model holds {:.1f} MiB per rank and saving it needs {:.1f} MiB more, above "
+                           "the cap of {:.1f} MiB (--cap-mib): raise the cap or drop --save\n",
+                   double(held) / kMiB, double(save_bytes) / kMiB, double(cap) / kMiB);
+        return 2;
+      }
+      cap = (need + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
+      for (int r = 0; r < o.ranks; ++r) ranks.tracker(r).set_cap(std::size_t(cap));
+      fmt::print("memory cap raised to {:.0f} MiB per rank to fit the model and its save\n", double(cap) / kMiB);
+    }
+  }
+  if (!o.load.empty()) {
+    ranks.run([&](auto&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
+    fmt::print("weights loaded from {}\n\n", o.load);
+  }
+  int first_step = 0;
+  if (!o.resume.empty()) {
+    ranks.run([&](auto&, int r) {
+      pd::load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true});
+    });
+    first_step = checkpoint_next_step(o.resume);
+    fmt::print("resumed from {}: weights, AdamW moments and optimizer step {}; the data continues at step {} of "
+               "{}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(), first_step, n_steps);
+  }
+  // Training checkpoints: everything a restart needs, atomically, the newest --keep kept.
+  const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
+  if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) {
+    std::filesystem::create_directories(checkpoint_dir);
+    pd::check_writable_target((checkpoint_dir / "step_0.safetensors").string());
+  }
+  std::string joined_args;
+  for (const std::string& a : o.args) {
+    pd::check(a.find('\n') == std::string::npos, "an option holds a line break: \"{}\"", a);
+    joined_args += (joined_args.empty() ? "" : "\n") + a;
+  }
+  const auto save_training_checkpoint = [&](int next_step) {
+    const std::string path = (checkpoint_dir / fmt::format("step_{:06}.safetensors", next_step)).string();
+    const pd::CheckpointSaveOptions options{
+        .optimizer_state = true,
+        .extra = {{"train.args", joined_args}, {"train.next_step", std::to_string(next_step)},
+                  {"train.data", fmt::format("seed {}, {} documents stratified by length{}, {} steps{}", o.seed,
+                                             o.steps, o.sorted ? "" : ", shuffled", n_steps,
+                                             o.pack_tokens ? fmt::format(" of up to {} tokens", o.pack_tokens)
+                                                           : std::string())}}};
+    ranks.run([&](auto& comm, int r) {
+      ranks.pools[std::size_t(r)]->trim();
+      pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
+    });
+    if (ranks.reports()) prune_checkpoints(checkpoint_dir, o.keep);
+    fmt::print("      checkpoint {} (continues at step {})\n", path, next_step);
+  };
+  pd::examples::CsvTable csv(ranks.reports() ? o.csv : std::string(),
+                             {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "mfu",
+                              "peak_mib", "predicted_mib", "cap_mib", "status", "predicted_s"});
+  // The plan in full names, "attention/mlp" per layer.
+  const auto full_plan = [&](const std::vector<pd::cost::LayerStrategies>& layers) {
+    std::string out;
+    for (const auto& l : layers)
+      out += fmt::format("{}{}/{}", out.empty() ? "" : " ", pd::cost::default_catalog().name(l.attention),
+                         pd::cost::default_catalog().name(l.mlp));
+    return out;
+  };
+
+  pd::ops::AdamWConfig adamw;
+  adamw.learning_rate = float(o.lr);
+  adamw.weight_decay = 0.01f;
+  const int warmup = std::max(1, std::min(8, n_steps / 8));
+  const double gemm_rate = pd::examples::gemm_rate_per_rank(hardware);
+
+  fmt::print("peak: the largest per-rank peak measured by the memory trackers; pred: the memory model's peak for the "
+             "plan (what the planner budgets)\n");
+  fmt::print("MFU: model FLOPs per second against the GEMM rate of the profile, {:.1f} GFLOP/s per rank x {} ranks{}\n",
+             gemm_rate / 1e9, o.ranks, hardware.source.find("calibrated") == std::string::npos
+                                             ? " (not calibrated on this machine: MFU against that device)" : "");
+  fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>5}  {:>9}  {:>9}  {:>6}\n", "step", "len", "docs", "plan",
+             8 * o.layers, "loss", "time s", "MFU%", "peak MiB", "pred MiB", "cap");
+  std::vector<StepRecord> records;
+  std::map<std::string, int> usage;
+  int ooms = 0, unplanned = 0;
+  const auto run_start = std::chrono::steady_clock::now();
+  double planner_seconds = 0;
+  const int end_step = o.stop_after > 0 ? std::min(n_steps, first_step + o.stop_after) : n_steps;
+  pd::examples::Progress progress("step", end_step - first_step, "tokens");  // on a terminal only
+  std::int64_t progress_tokens = 0;
+  for (int step = first_step; step < end_step; ++step) {
+    progress.clear();  // the rows print over it; it is drawn again when the step ends, however it ends
+    struct ShowProgress {
+      pd::examples::Progress& progress;
+      std::int64_t done;
+      double tokens;
+      ~ShowProgress() { progress.show(done, tokens, true); }
+    } show_progress{progress, step + 1 - first_step, double(progress_tokens += steps[std::size_t(step)].real_tokens())};
+    if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
+    // The step's rows [b, s]: one document each, padded with masked tokens.
+    const corpus::Step& batch = steps[std::size_t(step)];
+    const std::int64_t s = batch.length, rows = std::int64_t(batch.rows.size());
+    std::vector<std::int32_t> inputs, targets;
+    corpus::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
+    std::vector<std::int64_t> lengths;
+    for (const corpus::Window& w : batch.rows) lengths.push_back(w.length);
+    const double step_flops = pd::examples::training_flops(config, lengths);
+    const std::int64_t real = batch.real_tokens(), padding = batch.padded_tokens();
+    // The plan: the exact planner's, or the forced strategy's (with its predicted memory).
+    const auto plan_start = std::chrono::steady_clock::now();
+    const pd::plan::CostTable table = costs.table(s, rows);
+    std::optional<pd::plan::Plan> plan;
+    try {
+      plan = o.strategy.empty()
+                 ? pd::plan::plan_exact(table, cap)
+                 : pd::plan::plan_of(table, pd::plan::uniform_layers(table, pd::cost::default_catalog().index_of(o.strategy)), cap);
+    } catch (const pd::plan::NoFeasiblePlan& e) {
+      fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap: {}\n", step, s, rows, e.what());
+      ++unplanned;
+      records.push_back({real, padding, step_flops, 0, 0, true});
+      csv.row(step, s, rows, real, padding, "", "", 0, "", "", "", double(cap) / kMiB, "no plan fits", "");
+      continue;
+    }
+    planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
+    const std::vector<pd::cost::LayerStrategies> layers = plan->strategies();
+    const pd::StackPlan stack_plan = pd::plan::stack_plan<Strategies>(*plan);
+    adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
+    std::vector<double> peaks(std::size_t(o.ranks), 0.0);
+    double loss = 0;
+    bool over_cap = false;  // MPI: the step went over the cap on some rank (and was undone)
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ranks.run([&](auto& comm, int r) {
+        Model& model = *ranks.models[std::size_t(r)];
+        pd::BufferPool& pool = *ranks.pools[std::size_t(r)];
+        pool.trim();  // every step starts with an empty pool, as the memory model assumes
+        pool.reset_high_water();
+        ranks.tracker(r).reset_peak();
+        const pd::SequenceLayout layout(s, o.ranks, config.layer.zigzag);
+        const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, rows, layout, r);
+        const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, rows, layout, r);
+        model.zero_gradients();
+        // Under MPI an out-of-memory rank could not stop the others inside a collective: the step runs uncapped
+        // and is undone when any rank's peak passed the cap, which is exactly when the thread run's step fails.
+        if (mpi) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
+        const pd::GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
+        if (mpi) {
+          const double mine = double(ranks.tracker(r).peak());
+          double most = 0;
+          comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&most, 1), pd::ReduceOp::max);
+          ranks.tracker(r).set_cap(std::size_t(cap));
+          if (most > double(cap)) {
+            over_cap = true;
+            peaks[std::size_t(r)] = most;
+            model.recover_from_failed_step();
+            pool.trim();
+            return;
+          }
+        }
+        model.optimizer_step(adamw);
+        peaks[std::size_t(r)] = double(ranks.tracker(r).peak());
+        if (r == ranks.first_local()) loss = result.loss;  // the same on every rank
+      });
+    } catch (const pd::OutOfMemory& e) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap {:.0f} "
+                 "MiB): {} more bytes asked with {:.1f} MiB in use\n",
+                 step, s, rows, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
+                 double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
+      ++ooms;
+      records.push_back({real, padding, step_flops, 0, seconds, true});
+      csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "", "", double(plan->peak_bytes()) / kMiB,
+              double(cap) / kMiB, "out of memory", plan->time_s);
+      // Under the same cap: the recovery allocates nothing, and the pool gives back what the step cached.
+      ranks.run([&](auto&, int r) {
+        ranks.models[std::size_t(r)]->recover_from_failed_step();
+        ranks.pools[std::size_t(r)]->trim();
+      });
+      continue;
+    }
+    if (over_cap) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ranks.share(peaks);
+      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY: a rank peaked at {:.1f} MiB, over the cap "
+                 "of {:.0f} MiB (predicted {:.1f} MiB); the step is undone\n",
+                 step, s, rows, compact(layers), 8 * o.layers, "-", seconds,
+                 *std::max_element(peaks.begin(), peaks.end()) / kMiB, double(cap) / kMiB,
+                 double(plan->peak_bytes()) / kMiB);
+      ++ooms;
+      records.push_back({real, padding, step_flops, 0, seconds, true});
+      csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "",
+              *std::max_element(peaks.begin(), peaks.end()) / kMiB,
+              double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "out of memory", plan->time_s);
+      continue;
+    }
+    if (!std::isfinite(loss)) {
+      fmt::print(stderr,
+                 "train_gpt: step {}: the training loss is {} (learning rate {:g}, length {}): training diverged; "
+                 "stopping without saving a checkpoint\n",
+                 step, loss, double(adamw.learning_rate), s);
+      return 1;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ranks.share(peaks);
+    const double peak = *std::max_element(peaks.begin(), peaks.end());
+    const double mfu = pd::examples::model_flops_utilisation(step_flops, seconds, o.ranks, hardware);
+    fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, rows,
+               compact(layers), 8 * o.layers, loss, seconds, 100 * mfu, peak / kMiB, double(plan->peak_bytes()) / kMiB,
+               double(cap) / kMiB);
+    records.push_back({real, padding, step_flops, loss, seconds, false});
+    csv.row(step, s, rows, real, padding, full_plan(layers), fmt::format("{:.17g}", loss), seconds, mfu, peak / kMiB,
+            double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "ok", plan->time_s);
+    for (const auto& l : layers) {
+      ++usage[std::string(plan->strategy_name(l.attention))];
+      ++usage[std::string(plan->strategy_name(l.mlp))];
+    }
+  }
+  progress.finish();
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  if (end_step > first_step &&
+      ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < n_steps)))
+    save_training_checkpoint(end_step);
+
+  // Summary.
+  std::vector<const StepRecord*> done;
+  std::int64_t tokens = 0, padded = 0;
+  double flops = 0, step_seconds = 0;
+  for (const StepRecord& r : records)
+    if (!r.failed) {
+      done.push_back(&r);
+      tokens += r.length;
+      padded += r.padding;
+      flops += r.flops;
+      step_seconds += r.seconds;
+    }
+  const auto mean_loss = [&](std::size_t from, std::size_t to) {
+    double sum = 0;
+    for (std::size_t i = from; i < to; ++i) sum += done[i]->loss;
+    return to > from ? fmt::format("{:.4f}", sum / double(to - from)) : std::string("-");
+  };
+  const std::size_t k = std::min<std::size_t>(10, done.size());
+  fmt::print("\nsummary\n");
+  fmt::print("  steps                      {} run, {} out of memory, {} with no plan that fits\n", done.size(), ooms, unplanned);
+  fmt::print("  tokens trained             {} in {} documents; {} padding tokens ({:.1f}% of the tokens run)\n", tokens,
+             [&] { std::size_t n = 0; for (int i = first_step; i < end_step; ++i) n += steps[std::size_t(i)].rows.size(); return n; }(),
+             padded, tokens + padded > 0 ? 100.0 * double(padded) / double(tokens + padded) : 0.0);
+  fmt::print("  mean loss, first {:>2} steps  {}\n", k, mean_loss(0, k));
+  fmt::print("  mean loss, last {:>2} steps   {}\n", k, mean_loss(done.size() - k, done.size()));
+  fmt::print("  total time                 {:.1f} s ({:.0f} tokens/s; planning {:.1f} ms in all)\n", total,
+             double(tokens) / total, planner_seconds * 1e3);
+  fmt::print("  model FLOPs utilisation    {:.1f}% over the steps run ({:.2f} GFLOP/s of model FLOPs; GEMM rate {:.1f} "
+             "GFLOP/s x {} ranks)\n",
+             100 * pd::examples::model_flops_utilisation(flops, step_seconds, o.ranks, hardware),
+             step_seconds > 0 ? flops / step_seconds / 1e9 : 0.0, gemm_rate / 1e9, o.ranks);
+  fmt::print("  strategy usage (sublayers) ");
+  bool first = true;
+  for (const std::string& name : pd::cost::default_catalog().names()) {
+    const auto it = usage.find(name);
+    fmt::print("{}{} {}", first ? "" : ", ", name, it == usage.end() ? 0 : it->second);
+    first = false;
+  }
+  fmt::print("\n");
+  if (!o.strategy.empty()) fmt::print("  OOM steps under --strategy {:<10} {}\n", o.strategy, ooms);
+
+  if (!o.save.empty()) {
+    // No checkpoint of weights that are not finite (a last optimizer step that diverged).
+    std::atomic<int> bad_rank{-1};
+    ranks.run([&](auto& comm, int r) {
+      // Every process learns the highest rank whose weights are not finite (-1: none).
+      const int mine = finite_weights(*ranks.models[std::size_t(r)]) ? -1 : r;
+      int worst = -1;
+      comm.all_reduce(std::span<const int>(&mine, 1), std::span<int>(&worst, 1), pd::ReduceOp::max);
+      if (r == ranks.first_local()) bad_rank = worst;
+    });
+    if (bad_rank >= 0) {
+      fmt::print(stderr, "train_gpt: rank {} holds weights that are not finite (nan or inf) after training: the "
+                         "checkpoint is not saved\n", int(bad_rank));
+      return 1;
+    }
+    // Within the cap: the pools give back their buffers first (the cap was budgeted for the model + the save).
+    try {
+      ranks.run([&](auto& comm, int r) {
+        ranks.pools[std::size_t(r)]->trim();
+        pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], o.save);
+      });
+    } catch (const std::exception& e) {
+      const std::string message = fmt::format("saving the checkpoint to {} failed after {} steps of training (any "
+                                              "earlier file there is unchanged): {}", o.save, done.size(), e.what());
+#if PARADYSE_WITH_MPI
+      if (mpi) pd::abort_mpi_job(message);  // the other processes wait in the save's collectives
+#endif
+      fmt::print(stderr, "train_gpt: {}\n", message);
+      return 1;
+    }
+    fmt::print("  checkpoint                 {} (safetensors, global tensors)\n", o.save);
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -355,407 +782,15 @@ int main(int argc, char** argv) {
                                               .backend = o.backend};
       return pd::examples::train_moe(moe, hardware_profile(o, ranks));
     }
-    pd::GptConfig config;
-    config.layer = pd::LayerConfig::make(o.hidden, o.heads);
-    config.layer.causal = true;
-    config.layer.zigzag = true;  // causal ring attention balanced over the ranks
-    config.layer.rope = true;
-    config.layers = o.layers;
-    config.vocab = 256;
-    config.validate_for(o.ranks);
-
-    const std::filesystem::path corpus_dir =
-        o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
-                         : std::filesystem::path(o.corpus);
-    const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
-    const std::int64_t min_len = o.min_len;
-    corpus::WindowSampler sampler(docs, min_len, o.max_len, o.seed);
-    std::vector<corpus::Window> windows = sampler.stratified(o.steps);  // shortest first: the curriculum order
-    if (!o.sorted) sampler.shuffle(windows);
-    // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens.
-    const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
-    std::vector<corpus::Step> steps = corpus::pack_steps(windows, o.pack_tokens, group_min_len);
-    if (o.pack_tokens > 0 && !o.sorted) sampler.shuffle(steps);
-    const int n_steps = int(steps.size());
-
-    const pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
-    const pd::plan::GptCosts<Model> costs{config, o.ranks, &hardware};
-
-    // The cap: METP must fit the longest input, MegatronTS must not (unless --cap-mib says otherwise).
-    const std::int64_t metp_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("METP"));
-    const std::int64_t ts_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("MegatronTS"));
-    std::int64_t cap = 0;
-    if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * kMiB);
-    else {
-      cap = metp_peak + (ts_peak - metp_peak) / 4;  // METP fits with room; TS needs more from ~60% of max-len on
-      cap = (cap + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
-    }
-    // The model's size before anything is allocated: its states (weights, gradients, AdamW moments) per rank, and
-    // what a save adds (one layer gathered). Refused with the numbers when it cannot fit the cap or this machine.
-    const pd::plan::CostTable longest = costs.table(o.max_len);
-    const std::int64_t state_bytes = longest.model_state_bytes + Model::replicated_state_bytes(config);
-    // Saving (--save, training checkpoints) and resuming gather or read one global layer at a time.
-    const bool saves = !o.save.empty() || o.checkpoint_every > 0 || !o.resume.empty();
-    const std::int64_t save_bytes = saves ? pd::save_checkpoint_bytes(config, o.ranks) : 0;
-    bool cap_raised_for_save = false;
-    const std::int64_t least_peak = std::max(std::min(metp_peak, ts_peak), state_bytes + save_bytes);
-    if (const double machine = physical_memory_bytes(); machine > 0 && double(least_peak) * o.ranks > 0.9 * machine) {
-      fmt::print(stderr,
-                 "train_gpt: the model does not fit this machine: {} layers of h={} ({:.3g} M parameters) need at "
-                 "least {:.1f} MiB per rank (states {:.1f} MiB{}; the least-memory plan at --max-len {} peaks at "
-                 "{:.1f} MiB), {:.2f} GiB for {} ranks; this machine has {:.2f} GiB\n",
-                 o.layers, o.hidden, double(config.parameter_count()) / 1e6, double(least_peak) / kMiB,
-                 double(state_bytes) / kMiB,
-                 save_bytes ? fmt::format(", + {:.1f} MiB to save", double(save_bytes) / kMiB) : std::string(),
-                 o.max_len, double(std::min(metp_peak, ts_peak)) / kMiB, double(least_peak) * o.ranks / (kMiB * 1024),
-                 o.ranks, machine / (kMiB * 1024));
-      return 2;
-    }
-    if (state_bytes + save_bytes > cap) {
-      if (o.cap_mib > 0) {
-        fmt::print(stderr,
-                   "train_gpt: the model needs {:.1f} MiB per rank for its weights, gradients and AdamW moments{}, "
-                   "above the cap of {:.1f} MiB (--cap-mib): raise the cap to at least {:.1f} MiB{}\n",
-                   double(state_bytes) / kMiB,
-                   save_bytes ? fmt::format(" and {:.1f} MiB more to save the checkpoint", double(save_bytes) / kMiB)
-                              : std::string(),
-                   double(cap) / kMiB, double(state_bytes + save_bytes) / kMiB,
-                   save_bytes ? " or drop --save" : "");
-        return 2;
-      }
-      cap = (state_bytes + save_bytes + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
-      cap_raised_for_save = true;
-    }
-
-    fmt::print("model: GPT, {} layers, h={}, {} heads, ffn={}, vocab {} (bytes), causal + RoPE, zigzag tokens, untied "
-               "replicated LM head; {:.2f} M parameters\n",
-               o.layers, o.hidden, o.heads, config.layer.ffn, config.vocab, double(config.parameter_count()) / 1e6);
-    const std::size_t shortest =
-        std::min_element(docs.begin(), docs.end(), [](auto& a, auto& b) { return a.bytes.size() < b.bytes.size(); })->bytes.size();
-    fmt::print("data: {} documents in {} ({}..{} bytes); {} steps, one window each, lengths {}..{} (the longest "
-               "document gives {}), documents stratified by length, order {}, seed {}\n",
-               docs.size(), corpus_dir.string(), shortest, sampler.longest_document(), o.steps, min_len, o.max_len,
-               o.max_len, o.sorted ? "sorted (curriculum)" : "random", o.seed);
-    if (o.pack_tokens > 0)
-      fmt::print("packing: {} documents in {} steps of up to {} tokens (one document per row, rows padded to the "
-                 "step's longest with masked tokens)\n", windows.size(), n_steps, o.pack_tokens);
-    fmt::print("ranks: {} {}; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
-               "all-MegatronTS {:.1f} MiB)\n",
-               o.ranks, mpi ? "MPI processes" : "threads", double(cap) / kMiB,
-               o.cap_mib > 0 ? " (given)"
-               : cap_raised_for_save ? " (from the memory model, raised to fit the model and its save)"
-                                     : " (from the memory model)",
-               o.max_len,
-               double(metp_peak) / kMiB, double(ts_peak) / kMiB);
-    fmt::print("strategies: {}\n\n", o.strategy.empty() ? "chosen per layer and sublayer by the exact planner (attn/mlp per layer)"
-                                                        : fmt::format("{} everywhere (static)", o.strategy));
-
-    for (int r = 0; r < o.ranks; ++r) ranks.tracker(r).set_cap(std::size_t(cap));
-    ranks.run([&](auto&, int r) {
-      ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
-      ranks.pools[std::size_t(r)] = std::make_unique<pd::BufferPool>();
-    });
-    // The states as allocated (the estimate above rounds no tensor): the save must still fit beside them.
-    if (save_bytes > 0) {
-      std::size_t held = 0;
-      std::vector<double> in_use(std::size_t(o.ranks), 0.0);
-      for (int r = 0; r < o.ranks; ++r)
-        if (ranks.is_local(r)) in_use[std::size_t(r)] = double(ranks.tracker(r).in_use());
-      ranks.share(in_use);
-      held = std::size_t(*std::max_element(in_use.begin(), in_use.end()));
-      const std::int64_t need = std::int64_t(held) + save_bytes;
-      if (need > cap) {
-        if (o.cap_mib > 0) {
-          fmt::print(stderr, "train_gpt: the model holds {:.1f} MiB per rank and saving it needs {:.1f} MiB more, above "
-                             "the cap of {:.1f} MiB (--cap-mib): raise the cap or drop --save\n",
-                     double(held) / kMiB, double(save_bytes) / kMiB, double(cap) / kMiB);
-          return 2;
-        }
-        cap = (need + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
-        for (int r = 0; r < o.ranks; ++r) ranks.tracker(r).set_cap(std::size_t(cap));
-        fmt::print("memory cap raised to {:.0f} MiB per rank to fit the model and its save\n", double(cap) / kMiB);
-      }
-    }
-    if (!o.load.empty()) {
-      ranks.run([&](auto&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
-      fmt::print("weights loaded from {}\n\n", o.load);
-    }
-    int first_step = 0;
-    if (!o.resume.empty()) {
-      ranks.run([&](auto&, int r) {
-        pd::load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true});
-      });
-      first_step = checkpoint_next_step(o.resume);
-      fmt::print("resumed from {}: weights, AdamW moments and optimizer step {}; the data continues at step {} of "
-                 "{}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(), first_step, n_steps);
-    }
-    // Training checkpoints: everything a restart needs, atomically, the newest --keep kept.
-    const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
-    if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) {
-      std::filesystem::create_directories(checkpoint_dir);
-      pd::check_writable_target((checkpoint_dir / "step_0.safetensors").string());
-    }
-    std::string joined_args;
-    for (const std::string& a : o.args) {
-      pd::check(a.find('\n') == std::string::npos, "an option holds a line break: \"{}\"", a);
-      joined_args += (joined_args.empty() ? "" : "\n") + a;
-    }
-    const auto save_training_checkpoint = [&](int next_step) {
-      const std::string path = (checkpoint_dir / fmt::format("step_{:06}.safetensors", next_step)).string();
-      const pd::CheckpointSaveOptions options{
-          .optimizer_state = true,
-          .extra = {{"train.args", joined_args}, {"train.next_step", std::to_string(next_step)},
-                    {"train.data", fmt::format("seed {}, {} documents stratified by length{}, {} steps{}", o.seed,
-                                               o.steps, o.sorted ? "" : ", shuffled", n_steps,
-                                               o.pack_tokens ? fmt::format(" of up to {} tokens", o.pack_tokens)
-                                                             : std::string())}}};
-      ranks.run([&](auto& comm, int r) {
-        ranks.pools[std::size_t(r)]->trim();
-        pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
-      });
-      if (ranks.reports()) prune_checkpoints(checkpoint_dir, o.keep);
-      fmt::print("      checkpoint {} (continues at step {})\n", path, next_step);
-    };
-    pd::examples::CsvTable csv(ranks.reports() ? o.csv : std::string(),
-                               {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "mfu",
-                                "peak_mib", "predicted_mib", "cap_mib", "status", "predicted_s"});
-    // The plan in full names, "attention/mlp" per layer.
-    const auto full_plan = [&](const std::vector<pd::cost::LayerStrategies>& layers) {
-      std::string out;
-      for (const auto& l : layers)
-        out += fmt::format("{}{}/{}", out.empty() ? "" : " ", pd::cost::default_catalog().name(l.attention),
-                           pd::cost::default_catalog().name(l.mlp));
-      return out;
-    };
-
-    pd::ops::AdamWConfig adamw;
-    adamw.learning_rate = float(o.lr);
-    adamw.weight_decay = 0.01f;
-    const int warmup = std::max(1, std::min(8, n_steps / 8));
-    const double gemm_rate = pd::examples::gemm_rate_per_rank(hardware);
-
-    fmt::print("peak: the largest per-rank peak measured by the memory trackers; pred: the memory model's peak for the "
-               "plan (what the planner budgets)\n");
-    fmt::print("MFU: model FLOPs per second against the GEMM rate of the profile, {:.1f} GFLOP/s per rank x {} ranks{}\n",
-               gemm_rate / 1e9, o.ranks, hardware.source.find("calibrated") == std::string::npos
-                                               ? " (not calibrated on this machine: MFU against that device)" : "");
-    fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>5}  {:>9}  {:>9}  {:>6}\n", "step", "len", "docs", "plan",
-               8 * o.layers, "loss", "time s", "MFU%", "peak MiB", "pred MiB", "cap");
-    std::vector<StepRecord> records;
-    std::map<std::string, int> usage;
-    int ooms = 0, unplanned = 0;
-    const auto run_start = std::chrono::steady_clock::now();
-    double planner_seconds = 0;
-    const int end_step = o.stop_after > 0 ? std::min(n_steps, first_step + o.stop_after) : n_steps;
-    pd::examples::Progress progress("step", end_step - first_step, "tokens");  // on a terminal only
-    std::int64_t progress_tokens = 0;
-    for (int step = first_step; step < end_step; ++step) {
-      progress.clear();  // the rows print over it; it is drawn again when the step ends, however it ends
-      struct ShowProgress {
-        pd::examples::Progress& progress;
-        std::int64_t done;
-        double tokens;
-        ~ShowProgress() { progress.show(done, tokens, true); }
-      } show_progress{progress, step + 1 - first_step, double(progress_tokens += steps[std::size_t(step)].real_tokens())};
-      if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
-      // The step's rows [b, s]: one document each, padded with masked tokens.
-      const corpus::Step& batch = steps[std::size_t(step)];
-      const std::int64_t s = batch.length, rows = std::int64_t(batch.rows.size());
-      std::vector<std::int32_t> inputs, targets;
-      corpus::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
-      std::vector<std::int64_t> lengths;
-      for (const corpus::Window& w : batch.rows) lengths.push_back(w.length);
-      const double step_flops = pd::examples::training_flops(config, lengths);
-      const std::int64_t real = batch.real_tokens(), padding = batch.padded_tokens();
-      // The plan: the exact planner's, or the forced strategy's (with its predicted memory).
-      const auto plan_start = std::chrono::steady_clock::now();
-      const pd::plan::CostTable table = costs.table(s, rows);
-      std::optional<pd::plan::Plan> plan;
-      try {
-        plan = o.strategy.empty()
-                   ? pd::plan::plan_exact(table, cap)
-                   : pd::plan::plan_of(table, pd::plan::uniform_layers(table, pd::cost::default_catalog().index_of(o.strategy)), cap);
-      } catch (const pd::plan::NoFeasiblePlan& e) {
-        fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap: {}\n", step, s, rows, e.what());
-        ++unplanned;
-        records.push_back({real, padding, step_flops, 0, 0, true});
-        csv.row(step, s, rows, real, padding, "", "", 0, "", "", "", double(cap) / kMiB, "no plan fits", "");
-        continue;
-      }
-      planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
-      const std::vector<pd::cost::LayerStrategies> layers = plan->strategies();
-      const pd::StackPlan stack_plan = pd::plan::stack_plan<Strategies>(*plan);
-      adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
-      std::vector<double> peaks(std::size_t(o.ranks), 0.0);
-      double loss = 0;
-      bool over_cap = false;  // MPI: the step went over the cap on some rank (and was undone)
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        ranks.run([&](auto& comm, int r) {
-          Model& model = *ranks.models[std::size_t(r)];
-          pd::BufferPool& pool = *ranks.pools[std::size_t(r)];
-          pool.trim();  // every step starts with an empty pool, as the memory model assumes
-          pool.reset_high_water();
-          ranks.tracker(r).reset_peak();
-          const pd::SequenceLayout layout(s, o.ranks, config.layer.zigzag);
-          const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, rows, layout, r);
-          const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, rows, layout, r);
-          model.zero_gradients();
-          // Under MPI an out-of-memory rank could not stop the others inside a collective: the step runs uncapped
-          // and is undone when any rank's peak passed the cap, which is exactly when the thread run's step fails.
-          if (mpi) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
-          const pd::GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
-          if (mpi) {
-            const double mine = double(ranks.tracker(r).peak());
-            double most = 0;
-            comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&most, 1), pd::ReduceOp::max);
-            ranks.tracker(r).set_cap(std::size_t(cap));
-            if (most > double(cap)) {
-              over_cap = true;
-              peaks[std::size_t(r)] = most;
-              model.recover_from_failed_step();
-              pool.trim();
-              return;
-            }
-          }
-          model.optimizer_step(adamw);
-          peaks[std::size_t(r)] = double(ranks.tracker(r).peak());
-          if (r == ranks.first_local()) loss = result.loss;  // the same on every rank
-        });
-      } catch (const pd::OutOfMemory& e) {
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap {:.0f} "
-                   "MiB): {} more bytes asked with {:.1f} MiB in use\n",
-                   step, s, rows, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
-                   double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
-        ++ooms;
-        records.push_back({real, padding, step_flops, 0, seconds, true});
-        csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "", "", double(plan->peak_bytes()) / kMiB,
-                double(cap) / kMiB, "out of memory", plan->time_s);
-        // Under the same cap: the recovery allocates nothing, and the pool gives back what the step cached.
-        ranks.run([&](auto&, int r) {
-          ranks.models[std::size_t(r)]->recover_from_failed_step();
-          ranks.pools[std::size_t(r)]->trim();
-        });
-        continue;
-      }
-      if (over_cap) {
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        ranks.share(peaks);
-        fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY: a rank peaked at {:.1f} MiB, over the cap "
-                   "of {:.0f} MiB (predicted {:.1f} MiB); the step is undone\n",
-                   step, s, rows, compact(layers), 8 * o.layers, "-", seconds,
-                   *std::max_element(peaks.begin(), peaks.end()) / kMiB, double(cap) / kMiB,
-                   double(plan->peak_bytes()) / kMiB);
-        ++ooms;
-        records.push_back({real, padding, step_flops, 0, seconds, true});
-        csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "",
-                *std::max_element(peaks.begin(), peaks.end()) / kMiB,
-                double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "out of memory", plan->time_s);
-        continue;
-      }
-      if (!std::isfinite(loss)) {
-        fmt::print(stderr,
-                   "train_gpt: step {}: the training loss is {} (learning rate {:g}, length {}): training diverged; "
-                   "stopping without saving a checkpoint\n",
-                   step, loss, double(adamw.learning_rate), s);
-        return 1;
-      }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      ranks.share(peaks);
-      const double peak = *std::max_element(peaks.begin(), peaks.end());
-      const double mfu = pd::examples::model_flops_utilisation(step_flops, seconds, o.ranks, hardware);
-      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, rows,
-                 compact(layers), 8 * o.layers, loss, seconds, 100 * mfu, peak / kMiB, double(plan->peak_bytes()) / kMiB,
-                 double(cap) / kMiB);
-      records.push_back({real, padding, step_flops, loss, seconds, false});
-      csv.row(step, s, rows, real, padding, full_plan(layers), fmt::format("{:.17g}", loss), seconds, mfu, peak / kMiB,
-              double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "ok", plan->time_s);
-      for (const auto& l : layers) {
-        ++usage[std::string(plan->strategy_name(l.attention))];
-        ++usage[std::string(plan->strategy_name(l.mlp))];
-      }
-    }
-    progress.finish();
-    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-    if (end_step > first_step &&
-        ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < n_steps)))
-      save_training_checkpoint(end_step);
-
-    // Summary.
-    std::vector<const StepRecord*> done;
-    std::int64_t tokens = 0, padded = 0;
-    double flops = 0, step_seconds = 0;
-    for (const StepRecord& r : records)
-      if (!r.failed) {
-        done.push_back(&r);
-        tokens += r.length;
-        padded += r.padding;
-        flops += r.flops;
-        step_seconds += r.seconds;
-      }
-    const auto mean_loss = [&](std::size_t from, std::size_t to) {
-      double sum = 0;
-      for (std::size_t i = from; i < to; ++i) sum += done[i]->loss;
-      return to > from ? fmt::format("{:.4f}", sum / double(to - from)) : std::string("-");
-    };
-    const std::size_t k = std::min<std::size_t>(10, done.size());
-    fmt::print("\nsummary\n");
-    fmt::print("  steps                      {} run, {} out of memory, {} with no plan that fits\n", done.size(), ooms, unplanned);
-    fmt::print("  tokens trained             {} in {} documents; {} padding tokens ({:.1f}% of the tokens run)\n", tokens,
-               [&] { std::size_t n = 0; for (int i = first_step; i < end_step; ++i) n += steps[std::size_t(i)].rows.size(); return n; }(),
-               padded, tokens + padded > 0 ? 100.0 * double(padded) / double(tokens + padded) : 0.0);
-    fmt::print("  mean loss, first {:>2} steps  {}\n", k, mean_loss(0, k));
-    fmt::print("  mean loss, last {:>2} steps   {}\n", k, mean_loss(done.size() - k, done.size()));
-    fmt::print("  total time                 {:.1f} s ({:.0f} tokens/s; planning {:.1f} ms in all)\n", total,
-               double(tokens) / total, planner_seconds * 1e3);
-    fmt::print("  model FLOPs utilisation    {:.1f}% over the steps run ({:.2f} GFLOP/s of model FLOPs; GEMM rate {:.1f} "
-               "GFLOP/s x {} ranks)\n",
-               100 * pd::examples::model_flops_utilisation(flops, step_seconds, o.ranks, hardware),
-               step_seconds > 0 ? flops / step_seconds / 1e9 : 0.0, gemm_rate / 1e9, o.ranks);
-    fmt::print("  strategy usage (sublayers) ");
-    bool first = true;
-    for (const std::string& name : pd::cost::default_catalog().names()) {
-      const auto it = usage.find(name);
-      fmt::print("{}{} {}", first ? "" : ", ", name, it == usage.end() ? 0 : it->second);
-      first = false;
-    }
-    fmt::print("\n");
-    if (!o.strategy.empty()) fmt::print("  OOM steps under --strategy {:<10} {}\n", o.strategy, ooms);
-
-    if (!o.save.empty()) {
-      // No checkpoint of weights that are not finite (a last optimizer step that diverged).
-      std::atomic<int> bad_rank{-1};
-      ranks.run([&](auto& comm, int r) {
-        // Every process learns the highest rank whose weights are not finite (-1: none).
-        const int mine = finite_weights(*ranks.models[std::size_t(r)]) ? -1 : r;
-        int worst = -1;
-        comm.all_reduce(std::span<const int>(&mine, 1), std::span<int>(&worst, 1), pd::ReduceOp::max);
-        if (r == ranks.first_local()) bad_rank = worst;
-      });
-      if (bad_rank >= 0) {
-        fmt::print(stderr, "train_gpt: rank {} holds weights that are not finite (nan or inf) after training: the "
-                           "checkpoint is not saved\n", int(bad_rank));
-        return 1;
-      }
-      // Within the cap: the pools give back their buffers first (the cap was budgeted for the model + the save).
-      try {
-        ranks.run([&](auto& comm, int r) {
-          ranks.pools[std::size_t(r)]->trim();
-          pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], o.save);
-        });
-      } catch (const std::exception& e) {
-        const std::string message = fmt::format("saving the checkpoint to {} failed after {} steps of training (any "
-                                                "earlier file there is unchanged): {}", o.save, done.size(), e.what());
-#if PARADYSE_WITH_MPI
-        if (mpi) pd::abort_mpi_job(message);  // the other processes wait in the save's collectives
+    if (o.device == "cuda") {
+#if PARADYSE_WITH_CUDA
+      pd::examples::DeviceRanks<DeviceModel> device_ranks(o.ranks, std::numeric_limits<std::size_t>::max());
+      return train_dense<DeviceModel>(o, device_ranks);
+#else
+      throw pd::Error("--device cuda: this train_gpt was built without CUDA (no nvcc found by CMake)");
 #endif
-        fmt::print(stderr, "train_gpt: {}\n", message);
-        return 1;
-      }
-      fmt::print("  checkpoint                 {} (safetensors, global tensors)\n", o.save);
     }
-    return 0;
+    return train_dense<Model>(o, ranks);
   } catch (const std::exception& e) {
 #if PARADYSE_WITH_MPI
     if (mpi) pd::abort_mpi_job(e.what());  // the other processes may be waiting in a collective
