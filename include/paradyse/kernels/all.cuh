@@ -7,3 +7,6 @@
 #include "paradyse/kernels/moe_ops.cuh"
 #include "paradyse/kernels/tensor_ops.cuh"
 #include "paradyse/kernels/comm_reduce.cuh"
+#include "paradyse/kernels/attention_forward.cuh"
+#include "paradyse/kernels/attention_backward.cuh"
+#include "paradyse/kernels/attention_tensor_core.cuh"
