@@ -13,8 +13,9 @@
 namespace paradyse::ops::cpu {
 
 namespace detail {
-inline void check_embedding(const char* op, const TensorView<const std::int32_t>& tokens,
-                            const TensorView<const float>& table, const TensorView<const float>& rows_view) {
+// The shapes only (tokens may live in device memory: ops::cuda checks their range on the device).
+inline void check_embedding_shapes(const char* op, const TensorView<const std::int32_t>& tokens,
+                                   const TensorView<const float>& table, const TensorView<const float>& rows_view) {
   check(tokens.is_contiguous(), "{}: tokens must be contiguous; shape {} has strides {}", op, tokens.shape(),
         tokens.strides());
   check(table.rank() == 2, "{}: the table must be [vocab, h]; got {}", op, table.shape());
@@ -27,6 +28,11 @@ inline void check_embedding(const char* op, const TensorView<const std::int32_t>
           tokens.shape());
   check(rows_view.extent(-1) == table.extent(1), "{}: out has width {}, the table has h = {}", op,
         rows_view.extent(-1), table.extent(1));
+}
+
+inline void check_embedding(const char* op, const TensorView<const std::int32_t>& tokens,
+                            const TensorView<const float>& table, const TensorView<const float>& rows_view) {
+  check_embedding_shapes(op, tokens, table, rows_view);
   const std::int64_t vocab = table.extent(0);
   for (std::int64_t i = 0; i < tokens.numel(); ++i) {
     const std::int32_t t = tokens.data()[i];
