@@ -14,3 +14,6 @@
 #include "paradyse/kernels/attention_forward.cuh"
 #include "paradyse/kernels/attention_backward.cuh"
 #include "paradyse/kernels/attention_tensor_core.cuh"
+#include "paradyse/kernels/cross_entropy.cuh"
+#include "paradyse/kernels/adamw.cuh"
+#include "paradyse/kernels/convert.cuh"
