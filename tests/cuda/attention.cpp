@@ -177,7 +177,7 @@ void check_f32(const AttentionShape& s, const ReferenceMask& rmask, bool packed,
 // ---- bf16 tolerance --------------------------------------------------------------------------------------------------
 // The bf16 kernels see inputs that are exact bf16 values (the reference gets the same values in float64), multiply
 // them exactly in fp32 and accumulate in fp32 (error ~1e-6 relative, negligible). The bf16 roundings, each of
-// relative size at most u = 2^-9, are:
+// relative size at most u = 2^-8 (8 significant bits, round to nearest), are:
 //   forward: P rounded before P V, then out rounded:        |err out_ic| <= u sum_j p_ij |v_jc| + u |out_ic|
 //   backward: P rounded before dV = P^T dO                  |err dv_jc|  <= u sum_i p_ij |dO_ic|
 //             dS = P (dP - delta) rounded before dQ = dS K and dK = dS^T Q, where delta = rowsum(dO * out) uses the
@@ -188,7 +188,7 @@ void check_f32(const AttentionShape& s, const ReferenceMask& rmask, bool packed,
 //   and the accumulation dx = bf16(dx + grad) rounds once more: + u |want|.
 // check_bf16 computes these sums from the reference probabilities and compares element by element with
 // |got - want| <= 2 * bound + u |want| + 1e-5 (a factor 2 over the bound for the fp32 accumulation and exp2f).
-constexpr double kBf16Unit = 1.0 / 512.0;  // 2^-9
+constexpr double kBf16Unit = 1.0 / 256.0;  // 2^-8: the unit roundoff of bf16
 
 struct Bf16Bounds {
   Vec out, dq, dk, dv;
