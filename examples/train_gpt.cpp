@@ -72,6 +72,7 @@ struct StrategiesOf;
 template <class S, class B>
 struct StrategiesOf<pd::Gpt<S, B>> {
   using type = S;
+  static constexpr bool on_device = pd::ops::memory_space_of<B> == pd::MemorySpace::device;
 };
 
 namespace {
@@ -333,6 +334,15 @@ bool finite_weights(ModelT& model) {
   return finite(model.replicated());
 }
 
+// The GPU's memory (--device cuda), 0 when unknown.
+double device_memory_bytes() {
+#if PARADYSE_WITH_CUDA
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess) return double(total);
+#endif
+  return 0.0;
+}
+
 // This machine's memory, 0 when unknown.
 double physical_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
@@ -355,6 +365,10 @@ int train_dense(const Options& o, RanksT& ranks) {
   using Strategies = typename StrategiesOf<ModelT>::type;
   using Model = ModelT;
   const bool mpi = o.backend == pd::examples::RankBackend::mpi;
+  constexpr bool on_device = StrategiesOf<ModelT>::on_device;
+  if (on_device && (!o.save.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 || o.stop_after > 0))
+    throw pd::Error("--device cuda: checkpoints (--save, --load, --resume, --checkpoint-every, --stop-after) are not "
+                    "written from device memory yet; train on the host (--device cpu) to save");
   pd::GptConfig config;
   config.layer = pd::LayerConfig::make(o.hidden, o.heads);
   config.layer.causal = true;
@@ -399,7 +413,8 @@ int train_dense(const Options& o, RanksT& ranks) {
   const std::int64_t save_bytes = saves ? pd::save_checkpoint_bytes(config, o.ranks) : 0;
   bool cap_raised_for_save = false;
   const std::int64_t least_peak = std::max(std::min(metp_peak, ts_peak), state_bytes + save_bytes);
-  if (const double machine = physical_memory_bytes(); machine > 0 && double(least_peak) * o.ranks > 0.9 * machine) {
+  if (const double machine = on_device ? device_memory_bytes() : physical_memory_bytes();
+        machine > 0 && double(least_peak) * o.ranks > 0.9 * machine) {
     fmt::print(stderr,
                "train_gpt: the model does not fit this machine: {} layers of h={} ({:.3g} M parameters) need at "
                "least {:.1f} MiB per rank (states {:.1f} MiB{}; the least-memory plan at --max-len {} peaks at "
@@ -772,6 +787,8 @@ int main(int argc, char** argv) {
     Ranks ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
     if (!ranks.reports() && !std::freopen("/dev/null", "w", stdout))
       throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
+    if (o.experts > 0 && o.device == "cuda")
+      throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
     if (o.experts > 0) {
       const pd::examples::MoeTrainOptions moe{.steps = o.steps, .seed = o.seed, .ranks = o.ranks, .layers = o.layers,
                                               .hidden = o.hidden, .heads = o.heads, .min_len = o.min_len,
@@ -784,8 +801,11 @@ int main(int argc, char** argv) {
     }
     if (o.device == "cuda") {
 #if PARADYSE_WITH_CUDA
+      pd::check(pd::device::available(), "--device cuda: {}", pd::device::unavailable_reason());
+      Options on_gpu = o;
+      if (on_gpu.profile.empty()) on_gpu.profile = "H200-SXM-141GB-x8";  // calibration times host ops
       pd::examples::DeviceRanks<DeviceModel> device_ranks(o.ranks, std::numeric_limits<std::size_t>::max());
-      return train_dense<DeviceModel>(o, device_ranks);
+      return train_dense<DeviceModel>(on_gpu, device_ranks);
 #else
       throw pd::Error("--device cuda: this train_gpt was built without CUDA (no nvcc found by CMake)");
 #endif

@@ -23,6 +23,10 @@
 #if PARADYSE_WITH_MPI
 #include "paradyse/comm/mpi.hpp"
 #endif
+#if PARADYSE_WITH_CUDA
+#include "paradyse/comm/cuda_local.hpp"
+#include "paradyse/device/caching_allocator.hpp"
+#endif
 
 #include <fmt/format.h>
 
@@ -132,5 +136,61 @@ public:
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<BufferPool>> pools;
 };
+
+#if PARADYSE_WITH_CUDA
+// p ranks as threads on one GPU (comm/cuda_local.hpp), with Ranks' interface: each rank has its own device tracker
+// (capped; its caching allocator keeps freed blocks for the next step) that outlives the runs, so the models stay in
+// device memory from step to step. An OutOfMemory on one rank fails the others and run() rethrows it, as with
+// threads.
+template <class Model>
+class DeviceRanks {
+public:
+  DeviceRanks(int p, std::size_t cap) {
+    check(p >= 1, "DeviceRanks: {} ranks; expected at least 1", p);
+    PARADYSE_CUDA_CHECK(cudaGetDevice(&device_));
+    for (int r = 0; r < p; ++r)
+      trackers_.push_back(std::make_unique<MemoryTracker>(
+          MemorySpace::device, std::make_shared<device::CachingAllocator>(device_), cap));
+    models.resize(std::size_t(p));
+    pools.resize(std::size_t(p));
+  }
+
+  RankBackend backend() const noexcept { return RankBackend::threads; }
+  int size() const noexcept { return int(trackers_.size()); }
+  bool is_local(int) const noexcept { return true; }
+  int first_local() const noexcept { return 0; }
+  bool reports() const noexcept { return true; }
+  MemoryTracker& tracker(int r) { return *trackers_[std::size_t(r)]; }
+
+  template <class Fn>
+  void run(Fn&& fn) {
+    oom_rank_ = -1;
+    CudaLocalOptions options;
+    options.device = device_;
+    run_cuda_local_ranks(size(), [&](CudaLocalCommunicator& comm) {
+      ScopedTracker scoped(tracker(comm.rank()));
+      try {
+        fn(comm, comm.rank());
+        device::synchronize();  // the step's work is done when run() returns (timing, peaks)
+      } catch (const OutOfMemory&) {
+        int none = -1;
+        oom_rank_.compare_exchange_strong(none, comm.rank());
+        throw;
+      }
+    }, options);
+  }
+  int out_of_memory_rank() const { return oom_rank_; }
+  void share(std::vector<double>&) {}  // every rank is in this process
+
+private:
+  int device_ = 0;
+  std::vector<std::unique_ptr<MemoryTracker>> trackers_;  // first: outlives the models and pools charged to it
+  std::atomic<int> oom_rank_{-1};
+
+public:
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<std::unique_ptr<BufferPool>> pools;
+};
+#endif
 
 }  // namespace paradyse::examples

@@ -18,7 +18,9 @@
 // in place (the executing streams were synchronised), visible to any later work. Asynchronous forms overlap compute
 // issued between post and wait only on the host side: the copies run when some rank waits.
 //
-// Buffers are device pointers (or any pointer cudaMemcpyDefault understands); reductions need device memory.
+// Buffers are device pointers (or any pointer cudaMemcpyDefault understands); a reduction runs on the device when its
+// buffers are device memory and on the host, as the threads backend's, when they are all host memory (a model's
+// scalars). A reduction mixing the two is not supported.
 // Memory. Each rank's tracker (installed as its current one) is a device tracker over its own caching allocator
 // (device/caching_allocator.hpp), so the tensors a rank makes are device memory on its GPU, counted and capped per
 // rank; a block freed by a rank comes back only to that rank's stream. Staged copies of a collective's input (an
@@ -71,11 +73,30 @@ public:
     copy(to_j, staged, bytes);    // j receives i's chunk (may overwrite from_j: already read)
     PARADYSE_CUDA_CHECK(cudaFreeAsync(scratch, stream));
   }
-  void reduce(DType dtype, threads_detail::ReduceFn, std::byte* out, const std::byte* const* in, int ranks,
+  // Device buffers: the rank-order kernel. Host buffers (a loss or a token count on the stack, as a model
+  // all-reduces its scalars): the threads backend's own host reduction, in the same rank order.
+  void reduce(DType dtype, threads_detail::ReduceFn host_reduce, std::byte* out, const std::byte* const* in, int ranks,
               std::size_t begin, std::size_t end, ReduceOp op) const override {
+    bool host = !on_device(out);
+    for (int r = 0; r < ranks && host; ++r) host = !on_device(in[r]);
+    if (host) {
+      host_reduce(out, in, ranks, begin, end, op);
+      return;
+    }
     comm_cuda::reduce_in_rank_order(dtype, out, in, ranks, begin, end, op, device::current_stream());
   }
   void finish_part() const override { device::synchronize(); }
+
+private:
+  // Whether p is device (or managed) memory; plain host memory is unknown to CUDA.
+  static bool on_device(const void* p) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
 };
 
 // One rank's handle on a group of CUDA ranks on one GPU: a ThreadCommunicator whose bytes move on the device, and

@@ -30,6 +30,7 @@
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/layer.hpp"
 #include "paradyse/model/moe_half.hpp"
+#include "paradyse/model/placement.hpp"
 #include "paradyse/moe/moe_weights.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/contract/weight_shards.hpp"
@@ -183,13 +184,17 @@ public:
       : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
         stack_(make_stack(config, ranks, rank, seed)) {
     allocate_replicated();
-    const std::int64_t v = config.vocab;
-    for (std::int64_t i = 0; i < v; ++i) {
-      gpt_detail::init_row(config, seed, gpt_detail::Part::embedding, i, gpt_detail::row_span(replicated_, i));
-      if (!config.tied_head)
-        gpt_detail::init_row(config, seed, gpt_detail::Part::head, i, gpt_detail::row_span(replicated_, v + i));
-    }
-    std::ranges::fill(final_norm_row(0), 1.0f);
+    replicated_ = drawn_on_host<Backend>([&] {
+      Tensor<float> pack(replicated_.shape());
+      const std::int64_t v = config.vocab;
+      for (std::int64_t i = 0; i < v; ++i) {
+        gpt_detail::init_row(config, seed, gpt_detail::Part::embedding, i, gpt_detail::row_span(pack, i));
+        if (!config.tied_head)
+          gpt_detail::init_row(config, seed, gpt_detail::Part::head, i, gpt_detail::row_span(pack, v + i));
+      }
+      std::ranges::fill(gpt_detail::row_span(pack, final_row()), 1.0f);  // the final norm's gamma
+      return pack;
+    });
     allocate_optimizer_state();
   }
 
@@ -199,7 +204,11 @@ public:
       : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
         stack_(stack_of(config, global, ranks, rank)) {
     allocate_replicated();
-    load_replicated(global);
+    replicated_ = drawn_on_host<Backend>([&] {
+      Tensor<float> pack(replicated_.shape());
+      load_replicated(global, pack);
+      return pack;
+    });
     allocate_optimizer_state();
   }
 
@@ -235,7 +244,7 @@ public:
 
   void zero_gradients() {
     stack_.zero_gradients();
-    replicated_grad_.fill(0.0f);
+    zero_state<Backend>(replicated_grad_);
   }
 
   // Forward and backward of one batch; gradients ACCUMULATE (call zero_gradients() first for a fresh step).
@@ -250,6 +259,9 @@ public:
 
     // Counted tokens over the group first: every token's loss gradient is scaled by 1 / total.
     double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
+    Tensor<std::int32_t> token_storage, target_storage;  // a device backend's copies of the batch
+    tokens = placed_ids(tokens, token_storage);
+    targets = placed_ids(targets, target_storage);
     double total_counted = 0.0;
     comm.all_reduce(std::span<const double>(&counts[1], 1), std::span<double>(&total_counted, 1), ReduceOp::sum);
     check(total_counted > 0, "Gpt: no token of the batch has a target (all {} are the ignore index)", batch * seq_len);
@@ -301,6 +313,9 @@ public:
     const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
     const std::int64_t vocab = config_.vocab, batch = tokens.extent(0), rows = batch * n;
     double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
+    Tensor<std::int32_t> token_storage, target_storage;  // a device backend's copies of the batch
+    tokens = placed_ids(tokens, token_storage);
+    targets = placed_ids(targets, target_storage);
     const Shape activation{batch, n, h};
     Tensor<float> hidden(activation);
     {
@@ -417,6 +432,21 @@ private:
     return counted;
   }
 
+  // Token ids (host memory, as the caller gives them) where Backend computes: the view itself for a host backend;
+  // for a device backend a copy in the calling thread's tracker, held by `storage`.
+  static TensorView<const std::int32_t> placed_ids(TensorView<const std::int32_t> ids, Tensor<std::int32_t>& storage) {
+    if constexpr (ops::memory_space_of<Backend> != MemorySpace::device) {
+      return ids;
+    } else {
+      storage = Tensor<std::int32_t>(ids.shape());
+      // A bit copy (the backend copies floats; ids are contiguous, checked by check_batch): no arithmetic touches them.
+      const std::size_t n = std::size_t(ids.numel());
+      Backend::copy(std::span<const float>(reinterpret_cast<const float*>(ids.data()), n),
+                    std::span<float>(reinterpret_cast<float*>(storage.data()), n));
+      return storage.view();
+    }
+  }
+
   static const GptConfig& checked(const GptConfig& c, int ranks) {
     c.validate_for(ranks);
     return c;
@@ -432,8 +462,9 @@ private:
           "the config {} layers", global.moe_layers.size(), c.layers);
     std::vector<MoeShard> experts;
     for (int l = 0; l < c.layers; ++l)
-      experts.push_back(c.is_moe_layer(l) ? moe_shard_of(global.moe_layers[std::size_t(l)], c.moe->moe, ranks, rank)
-                                          : empty_moe_shard());
+      experts.push_back(c.is_moe_layer(l) ? drawn_on_host<Backend>([&] {
+        return moe_shard_of(global.moe_layers[std::size_t(l)], c.moe->moe, ranks, rank);
+      }) : empty_moe_shard());
     return Stack(c.layer, shards_of(c, global, ranks, rank), std::move(experts), *c.moe, ranks);
   }
   template <class T>
@@ -441,7 +472,8 @@ private:
     check(std::int64_t(global.layers.size()) == c.layers, "Gpt: the global weights have {} layers, the config {}",
           global.layers.size(), c.layers);
     std::vector<LayerWeights> shards;
-    for (const GlobalLayerWeights<T>& layer : global.layers) shards.push_back(shard_of(layer, c.layer, ranks, rank));
+    for (const GlobalLayerWeights<T>& layer : global.layers)
+      shards.push_back(drawn_on_host<Backend>([&] { return shard_of(layer, c.layer, ranks, rank); }));
     return shards;
   }
 
@@ -480,8 +512,9 @@ private:
       }
     }
   }
+  // The global embedding, head and final norm into `pack` (host memory, [rows, h]).
   template <class T>
-  void load_replicated(const GlobalGptWeights<T>& global) {
+  void load_replicated(const GlobalGptWeights<T>& global, Tensor<float>& pack) const {
     const std::int64_t v = config_.vocab, h = config_.layer.hidden;
     check(global.embedding.shape() == Shape{v, h}, "Gpt: the global embedding {} must be [vocab, h] = [{}, {}]",
           global.embedding.shape(), v, h);
@@ -491,7 +524,7 @@ private:
           "Gpt: the final norm has {} and {} elements, expected h = {}", global.final_gamma.numel(),
           global.final_beta.numel(), h);
     auto copy_rows = [&](const Tensor<T>& from, std::int64_t first_row) {
-      float* to = replicated_.data() + first_row * h;
+      float* to = pack.data() + first_row * h;
       for (std::int64_t i = 0; i < from.numel(); ++i) to[i] = float(from.data()[i]);
     };
     copy_rows(global.embedding, 0);

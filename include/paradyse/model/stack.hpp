@@ -20,6 +20,7 @@
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/model/layer.hpp"
 #include "paradyse/model/moe_half.hpp"
+#include "paradyse/model/placement.hpp"
 #include "paradyse/moe/moe_weights.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -55,7 +56,8 @@ public:
                    Strategies strategies = {})
       : config_(config), ranks_(ranks), strategies_(std::move(strategies)) {
     check(layers >= 1, "TransformerStack: layers = {} must be at least 1", layers);
-    for (int l = 0; l < layers; ++l) weights_.push_back(init_shard(config, ranks, rank, seed + std::uint64_t(l)));
+    for (int l = 0; l < layers; ++l)
+      weights_.push_back(drawn_on_host<Backend>([&] { return init_shard(config, ranks, rank, seed + std::uint64_t(l)); }));
     allocate_gradients();
   }
   // With MoE layers: layers from moe.first_k_dense on run the MoE FFN (their expert shards drawn from
@@ -66,8 +68,10 @@ public:
     check(layers >= 1, "TransformerStack: layers = {} must be at least 1", layers);
     moe.validate_for(config, layers);
     for (int l = 0; l < layers; ++l) {
-      weights_.push_back(init_shard(config, ranks, rank, seed + std::uint64_t(l)));
-      moe_weights_.push_back(moe.is_moe(l) ? init_moe_shard(moe.moe, ranks, rank, seed + std::uint64_t(l)) : empty_moe_shard());
+      weights_.push_back(drawn_on_host<Backend>([&] { return init_shard(config, ranks, rank, seed + std::uint64_t(l)); }));
+      moe_weights_.push_back(moe.is_moe(l) ? drawn_on_host<Backend>([&] {
+        return init_moe_shard(moe.moe, ranks, rank, seed + std::uint64_t(l));
+      }) : empty_moe_shard());
     }
     drop_moe_layers_mlp(weights_);
     allocate_gradients();
@@ -101,8 +105,8 @@ public:
   std::vector<LayerWeights>& weights() noexcept { return weights_; }
   std::vector<LayerWeights>& gradients() noexcept { return gradients_; }
   void zero_gradients() {
-    for (LayerWeights& g : gradients_) g.fill_zero();
-    for (MoeShard& g : moe_gradients_) fill_moe_shard(g, 0.0f);
+    for (LayerWeights& g : gradients_) zero_state<Backend>(g);
+    for (MoeShard& g : moe_gradients_) zero_state<Backend>(g);
   }
 
   // MoE layers (none unless built with MoeLayers).
@@ -258,11 +262,6 @@ private:
     m.packed = Tensor<float>(Shape{0, hidden});
     return m;
   }
-  static void fill_moe_shard(MoeShard& s, float value) {
-    for (Tensor<float>* t : {&s.router, &s.expert_in, &s.expert_out, &s.shared_in, &s.shared_out, &s.shared_gate})
-      t->fill(value);
-  }
-
   LayerConfig config_;
   int ranks_;
   Strategies strategies_;

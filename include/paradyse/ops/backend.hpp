@@ -10,6 +10,7 @@
 // unchanged on device memory and on meta tensors (ops/counting.hpp records what they would do).
 #pragma once
 
+#include "paradyse/core/memory.hpp"
 #include "paradyse/ops/attention_mask.hpp"
 #include "paradyse/ops/cpu/activation.hpp"
 #include "paradyse/ops/cpu/adamw.hpp"
@@ -33,6 +34,7 @@ namespace paradyse::ops {
 
 struct Cpu {
   static constexpr std::string_view name = "cpu";
+  static constexpr MemorySpace space = MemorySpace::host;  // where the tensors it computes on live
 
   // ---- data movement (ops/cpu/tensor_ops.hpp) ----
   static void copy(TensorView<const float> from, TensorView<float> to) { cpu::copy(from, to); }
@@ -187,5 +189,12 @@ struct Cpu {
   template <class T>
   static TensorView<T> vector(std::span<T> x) { return {x.data(), Shape{std::int64_t(x.size())}}; }
 };
+
+// Where a backend's tensors live: its `space` member, or the host for a backend that names none.
+template <class Backend>
+inline constexpr MemorySpace memory_space_of = [] {
+  if constexpr (requires { Backend::space; }) return MemorySpace(Backend::space);
+  else return MemorySpace::host;
+}();
 
 }  // namespace paradyse::ops
