@@ -1,15 +1,15 @@
-// paradyse/kernels/attention_tensor_core.cuh: bf16 flash attention on tensor cores (nvcuda::wmma, bf16 16x16x16 with
-// fp32 accumulation), head_dim 64 or 128, every mask; and the bf16 launchers of ops/cuda/attention.hpp.
+// paradyse/kernels/attention_tensor_core.cuh: bf16 flash attention on tensor cores (bf16 products, fp32 accumulation),
+// head_dim 64 or 128, every mask; and the bf16 launchers of ops/cuda/attention.hpp.
 //
 // Tiles of 64 queries x 64 keys; a block has 4 warps and each warp owns 16 rows of the tile (queries in forward and
-// dq, keys in dk/dv). Score tiles go through shared memory (fp32) for the softmax, whose probabilities are rounded
-// to bf16 for the next product; the output / gradient accumulators stay in wmma fragments for the whole loop.
-// Softmax runs in base 2 (scores scaled by scale * log2(e); lse is converted back to natural log).
-//   forward:  S = Q K^T, online softmax, O = O * corr + P V (corr is applied to the accumulator fragment through a
-//             map from fragment element to row, read once by loading a matrix of row numbers into a fragment);
-//   backward: delta = rowsum(dO * O); dk/dv kernel (one block per key tile, walking the GQA group's heads and the
-//             queries that see the keys): S^T = K Q^T, dP^T = V dO^T, P^T = exp2(S^T - lse), dS^T = P^T (dP^T -
-//             delta), dV += P^T dO, dK += dS^T Q; dq kernel (one block per query tile): dQ += dS K.
+// dq, keys in dk/dv). Softmax runs in base 2 (scores scaled by scale * log2(e); lse is converted back to natural log);
+// probabilities are rounded to bf16 for the next product.
+//   forward:  PTX mma.sync m16n8k16 with its documented fragment layout: S = Q K^T, the online softmax and
+//             O = O * corr + P V all stay in registers (FlashAttention-2);
+//   backward (nvcuda::wmma 16x16x16, score tiles through shared memory): delta = rowsum(dO * O); dk/dv kernel (one
+//             block per key tile, walking the GQA group's heads and the queries that see the keys): S^T = K Q^T,
+//             dP^T = V dO^T, P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q; dq kernel
+//             (one block per query tile): dQ += dS K.
 #pragma once
 
 #include "paradyse/kernels/attention_backward.cuh"
@@ -60,54 +60,71 @@ __device__ void load_tile(Bf* dst, HeadView<const Bf> src, Index b, Index h, Ind
   }
 }
 
-// ---- forward -----------------------------------------------------------------------------------------------------
+// ---- forward (mma.sync m16n8k16, register-resident softmax) ------------------------------------------------------
+// The forward keeps scores, probabilities and the output accumulator in registers, in the documented fragment layout
+// of PTX mma.m16n8k16 (g = lane / 4, t = lane % 4):
+//   A (16 x 16, row major): reg 0 = row g, cols 2t, 2t+1; reg 1 = row g+8, same cols; regs 2, 3 = the same at +8 cols
+//   B (16 x 8, "col"):      reg 0 = rows (k) 2t, 2t+1 of col g; reg 1 = rows 2t+8, 2t+9
+//   C (16 x 8, fp32):       c0, c1 = row g, cols 2t, 2t+1; c2, c3 = row g+8, cols 2t, 2t+1
+// so each lane holds two rows (g and g + 8) of the score tile and the row reductions are shuffles among the four
+// lanes of a group; the probabilities of two adjacent 8-key score tiles are exactly the A operand of P V.
+__device__ inline void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ inline std::uint32_t load_pair(const Bf* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
+__device__ inline std::uint32_t pack_pair(Bf lo, Bf hi) {
+  return std::uint32_t(__bfloat16_as_ushort(lo)) | (std::uint32_t(__bfloat16_as_ushort(hi)) << 16);
+}
+__device__ inline std::uint32_t pack_floats(float lo, float hi) {
+  return pack_pair(__float2bfloat16(lo), __float2bfloat16(hi));
+}
+
 template <int D>
 struct ForwardLayout {
-  static constexpr std::size_t q = 0, k = q + kTileBytes<D>, v = k + kTileBytes<D>, s = v + kTileBytes<D>,
-                               p = s + kScoreBytes, corr = p + kProbBytes, bytes = corr + kWarps * 16 * sizeof(float);
-  static_assert(std::size_t(kWarps) * 16 * D * sizeof(float) <= 2 * kTileBytes<D>, "output staging fits in k, v");
+  static constexpr std::size_t q = 0, k = q + kTileBytes<D>, v = k + kTileBytes<D>, bytes = v + kTileBytes<D>;
 };
 
-// grid: (query tiles of 64, q heads, batch), block: 128 threads.
+// grid: (query tiles of 64, q heads, batch), block: 128 threads; warp w owns queries 16w .. 16w + 15 of the tile.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(HeadView<const Bf> q, HeadView<const Bf> k, HeadView<const Bf> v, HeadView<Bf> out,
                    LseView<float> lse, DeviceMask mask, int group, float scale_log2) {
   using L = ForwardLayout<D>;
+  constexpr int ld = kLd<D>;
   extern __shared__ __align__(128) unsigned char tc_forward_smem[];
   unsigned char* smem = tc_forward_smem;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
   Bf* q_s = reinterpret_cast<Bf*>(smem + L::q);
   Bf* k_s = reinterpret_cast<Bf*>(smem + L::k);
   Bf* v_s = reinterpret_cast<Bf*>(smem + L::v);
-  float* s_w = reinterpret_cast<float*>(smem + L::s) + warp * 16 * kLdS;
-  Bf* p_w = reinterpret_cast<Bf*>(smem + L::p) + warp * 16 * kLdP;
-  float* corr_w = reinterpret_cast<float*>(smem + L::corr) + warp * 16;
 
   const Index b = blockIdx.z, h = blockIdx.y, kvh = h / group;
   const Index i0 = Index(blockIdx.x) * kTile;
   load_tile<D>(q_s, q, b, h, i0, mask.q_len);
-
-  // Which row of the 16 x 16 tile each accumulator element of this lane holds.
-  for (int idx = lane; idx < 256; idx += 32) s_w[(idx / 16) * kLdS + idx % 16] = float(idx / 16);
-  __syncwarp();
-  FragC map;
-  wmma::load_matrix_sync(map, s_w, kLdS, wmma::mem_row_major);
-  int row_of[FragC::num_elements];
-  for (int t = 0; t < FragC::num_elements; ++t) row_of[t] = int(map.x[t]);
   __syncthreads();
+  std::uint32_t q_a[D / 16][4];
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const Bf* base = q_s + (warp * 16 + g) * ld + kk * 16 + 2 * t;
+    q_a[kk][0] = load_pair(base);
+    q_a[kk][1] = load_pair(base + 8 * ld);
+    q_a[kk][2] = load_pair(base + 8);
+    q_a[kk][3] = load_pair(base + 8 * ld + 8);
+  }
+  float o[D / 8][4];
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-  FragA q_frag[D / 16];
-  for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(q_frag[kk], q_s + warp * 16 * kLd<D> + kk * 16, kLd<D>);
-  FragC o[D / 16];
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(o[n], 0.0f);
-
-  // Softmax layout: two lanes per row, 32 columns each.
-  const int r = lane / 2, half = lane % 2;
-  const Index i = i0 + warp * 16 + r;
-  Index first = 0, last = 0;
-  if (i < mask.q_len) mask.key_range(i, first, last);
-  float m = kNegInf, l = 0.0f;
+  // This lane's two rows: g (index 0) and g + 8 (index 1).
+  Index first[2] = {0, 0}, last[2] = {0, 0};
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};  // l: this lane's partial sums (reduced at the end)
+  for (int x = 0; x < 2; ++x) {
+    const Index i = i0 + warp * 16 + g + 8 * x;
+    if (i < mask.q_len) mask.key_range(i, first[x], last[x]);
+  }
   const Index rows = min(Index(kTile), mask.q_len - i0);
   Index keys_first, keys_last;
   mask.tile_key_range(i0, i0 + rows, keys_first, keys_last);
@@ -117,65 +134,68 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<D>(k_s, k, b, kvh, j0, mask.kv_len);
     load_tile<D>(v_s, v, b, kvh, j0, mask.kv_len);
     __syncthreads();
-    for (int n = 0; n < kTile / 16; ++n) {  // S [16][64] = Q_w K^T
-      FragC s;
-      wmma::fill_fragment(s, 0.0f);
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragBCol kb;
-        wmma::load_matrix_sync(kb, k_s + n * 16 * kLd<D> + kk * 16, kLd<D>);
-        wmma::mma_sync(s, q_frag[kk], kb, s);
+    float s[kTile / 8][4];  // S [16][64] as 8 tiles of 16 x 8
+    for (int n = 0; n < kTile / 8; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const Bf* base = k_s + (n * 8 + g) * ld + 2 * t;
+      for (int kk = 0; kk < D / 16; ++kk) mma_16816(s[n], q_a[kk], load_pair(base + kk * 16), load_pair(base + kk * 16 + 8));
+    }
+    float top[2] = {kNegInf, kNegInf};
+    for (int n = 0; n < kTile / 8; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int x = e / 2;
+        const Index j = j0 + n * 8 + 2 * t + (e & 1);
+        const float value = (j >= first[x] && j < last[x]) ? s[n][e] * scale_log2 : kNegInf;
+        s[n][e] = value;
+        top[x] = fmaxf(top[x], value);
       }
-      wmma::store_matrix_sync(s_w + n * 16, s, kLdS, wmma::mem_row_major);
+    float corr[2];
+    for (int x = 0; x < 2; ++x) {
+      top[x] = fmaxf(top[x], __shfl_xor_sync(0xffffffffu, top[x], 1));
+      top[x] = fmaxf(top[x], __shfl_xor_sync(0xffffffffu, top[x], 2));
+      const float m_new = fmaxf(m[x], top[x]);
+      corr[x] = m_new == kNegInf ? 1.0f : exp2f(m[x] - m_new);  // m = -inf: 0
+      top[x] = m_new;  // the exponent's offset below (-inf: every probability of the row is 0)
+      m[x] = m_new;
     }
-    __syncwarp();
-    float* s_row = s_w + r * kLdS + half * 32;
-    Bf* p_row = p_w + r * kLdP + half * 32;
-    float top = kNegInf;
-    for (int c = 0; c < 32; ++c) {
-      const Index j = j0 + half * 32 + c;
-      const float x = (j >= first && j < last) ? s_row[c] * scale_log2 : kNegInf;
-      s_row[c] = x;
-      top = fmaxf(top, x);
-    }
-    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-    const float m_new = fmaxf(m, top);
-    float corr = 1.0f, sum = 0.0f;
-    if (m_new == kNegInf) {
-      for (int c = 0; c < 32; ++c) p_row[c] = __float2bfloat16(0.0f);
-    } else {
-      corr = exp2f(m - m_new);  // m = -inf: 0
-      for (int c = 0; c < 32; ++c) {
-        const float p = exp2f(s_row[c] - m_new);  // masked: exp2(-inf) = 0
-        p_row[c] = __float2bfloat16(p);
-        sum += p;
+    float sum[2] = {0.0f, 0.0f};
+    for (int n = 0; n < kTile / 8; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int x = e / 2;
+        const float p = top[x] == kNegInf ? 0.0f : exp2f(s[n][e] - top[x]);
+        s[n][e] = p;
+        sum[x] += p;
       }
+    for (int x = 0; x < 2; ++x) l[x] = l[x] * corr[x] + sum[x];
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * corr + sum;
-    m = m_new;
-    if (half == 0) corr_w[r] = corr;
-    __syncwarp();
-    for (int n = 0; n < D / 16; ++n)
-      for (int t = 0; t < FragC::num_elements; ++t) o[n].x[t] *= corr_w[row_of[t]];
-    for (int kk = 0; kk < kTile / 16; ++kk) {  // O [16][D] += P [16][64] V [64][D]
-      FragA pa;
-      wmma::load_matrix_sync(pa, p_w + kk * 16, kLdP);
-      for (int n = 0; n < D / 16; ++n) {
-        FragBRow vb;
-        wmma::load_matrix_sync(vb, v_s + kk * 16 * kLd<D> + n * 16, kLd<D>);
-        wmma::mma_sync(o[n], pa, vb, o[n]);
+    for (int kc = 0; kc < kTile / 16; ++kc) {  // O [16][D] += P [16][16 keys] V [16 keys][D]
+      const std::uint32_t p_a[4] = {pack_floats(s[2 * kc][0], s[2 * kc][1]), pack_floats(s[2 * kc][2], s[2 * kc][3]),
+                                    pack_floats(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                    pack_floats(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+      const Bf* base = v_s + (kc * 16 + 2 * t) * ld + g;
+      for (int n = 0; n < D / 8; ++n) {
+        const Bf* col = base + n * 8;
+        mma_16816(o[n], p_a, pack_pair(col[0], col[ld]), pack_pair(col[8 * ld], col[9 * ld]));
       }
     }
   }
-  __syncthreads();  // k, v become the output staging area
-  float* stage = reinterpret_cast<float*>(smem + L::k) + warp * 16 * D;
-  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(stage + n * 16, o[n], D, wmma::mem_row_major);
-  __syncwarp();
-  if (i < mask.q_len) {
+  for (int x = 0; x < 2; ++x) {
+    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
+    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
+  }
+  for (int x = 0; x < 2; ++x) {
+    const Index i = i0 + warp * 16 + g + 8 * x;
+    if (i >= mask.q_len) continue;
+    const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
     Bf* out_row = out.row(b, i, h);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) out_row[c] = __float2bfloat16(stage[r * D + c] * inv);
-    if (half == 0) lse.at(b, h, i) = l > 0.0f ? (m + log2f(l)) * kLn2 : kNegInf;
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<std::uint32_t*>(out_row + n * 8 + 2 * t) = pack_floats(o[n][2 * x] * inv, o[n][2 * x + 1] * inv);
+    if (t == 0) lse.at(b, h, i) = l[x] > 0.0f ? (m[x] + log2f(l[x])) * kLn2 : kNegInf;
   }
 }
 
