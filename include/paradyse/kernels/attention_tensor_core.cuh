@@ -6,17 +6,16 @@
 // probabilities are rounded to bf16 for the next product.
 //   forward:  PTX mma.sync m16n8k16 with its documented fragment layout: S = Q K^T, the online softmax and
 //             O = O * corr + P V all stay in registers (FlashAttention-2);
-//   backward (nvcuda::wmma 16x16x16, score tiles through shared memory): delta = rowsum(dO * O); dk/dv kernel (one
-//             block per key tile, walking the GQA group's heads and the queries that see the keys): S^T = K Q^T,
-//             dP^T = V dO^T, P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q; dq kernel
-//             (one block per query tile): dQ += dS K.
+//   backward (the same fragments): delta = rowsum(dO * O); dk/dv kernel (one block per key tile, walking the GQA
+//             group's heads and the queries that see the keys): S^T = K Q^T, dP^T = V dO^T, P^T = exp2(S^T - lse),
+//             dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q; dq kernel (one block per query tile, as forward):
+//             dQ += dS K. Two kernels instead of atomics: deterministic, at the cost of computing S and dP twice.
 #pragma once
 
 #include "paradyse/kernels/attention_backward.cuh"
 #include "paradyse/kernels/attention_common.cuh"
 
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <cstdint>
 
@@ -24,29 +23,20 @@ namespace paradyse::kernels::attention {
 
 namespace tc {
 
-namespace wmma = nvcuda::wmma;
 using Bf = __nv_bfloat16;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf, wmma::col_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf, wmma::row_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTile = 64;          // queries and keys per tile
-constexpr int kLdS = kTile + 4;    // fp32 score rows (wmma ldm: multiple of 4 floats)
-constexpr int kLdP = kTile + 8;    // bf16 probability rows (multiple of 8 elements)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// bf16 rows of a [64][D] tile, padded by 8 elements (16 bytes) against bank conflicts; every fragment pointer stays
-// 32-byte aligned (16 rows * (D + 8) * 2 bytes and 16 columns * 2 bytes are multiples of 32).
+// bf16 rows of a [64][D] tile, padded by 8 elements (16 bytes): rows stay 16-byte aligned for the tile loads, and the
+// eight rows g of a fragment load fall on different banks.
 template <int D>
 constexpr int kLd = D + 8;
 template <int D>
 constexpr std::size_t kTileBytes = std::size_t(kTile) * kLd<D> * sizeof(Bf);
-constexpr std::size_t kScoreBytes = std::size_t(kWarps) * 16 * kLdS * sizeof(float);  // per-warp [16][68] fp32
-constexpr std::size_t kProbBytes = std::size_t(kWarps) * 16 * kLdP * sizeof(Bf);      // per-warp [16][72] bf16
 
 // Rows [r0, r0 + 64) of head h of `src` into `dst` ([64][D + 8]); rows at or beyond `limit` are zero. 16-byte loads.
 template <int D>
@@ -199,16 +189,61 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- backward: dk, dv ----------------------------------------------------------------------------------------------
+// ---- backward: dk, dv (mma.sync, fragments as in forward) ----------------------------------------------------------
 template <int D>
 struct DkdvLayout {
   static constexpr std::size_t k = 0, v = k + kTileBytes<D>, q = v + kTileBytes<D>, dout = q + kTileBytes<D>,
-                               s = dout + kTileBytes<D>, dp = s + kScoreBytes, p = dp + kScoreBytes,
-                               ds = p + kProbBytes, lse = ds + kProbBytes, delta = lse + kTile * sizeof(float),
+                               lse = dout + kTileBytes<D>, delta = lse + kTile * sizeof(float),
                                first = delta + kTile * sizeof(float), last = first + kTile * sizeof(Index),
                                bytes = last + kTile * sizeof(Index);
-  static_assert(std::size_t(kWarps) * 2 * 16 * D * sizeof(float) <= p - q, "dk, dv staging fits in q .. dp");
 };
+
+// The A fragment (16 x 16, row major) of rows [row0, row0 + 16) and columns [col0, col0 + 16) of a [64][ld] tile.
+__device__ inline void load_a(std::uint32_t (&a)[4], const Bf* tile, int ld, int row0, int col0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const Bf* base = tile + (row0 + g) * ld + col0 + 2 * t;
+  a[0] = load_pair(base);
+  a[1] = load_pair(base + 8 * ld);
+  a[2] = load_pair(base + 8);
+  a[3] = load_pair(base + 8 * ld + 8);
+}
+
+// The probabilities (or their gradients) of two adjacent 16 x 8 score tiles as one A fragment (16 x 16).
+__device__ inline void pack_a(std::uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_floats(lo[0], lo[1]);
+  a[1] = pack_floats(lo[2], lo[3]);
+  a[2] = pack_floats(hi[0], hi[1]);
+  a[3] = pack_floats(hi[2], hi[3]);
+}
+
+// acc [16][D] += a [16][16 rows of x] x [16][D], x a [64][ld] tile read from row `row0` (B fragments of a row-major
+// matrix: two bf16 of adjacent rows per register).
+template <int D>
+__device__ inline void mma_rows(float (&acc)[D / 8][4], const std::uint32_t (&a)[4], const Bf* x, int ld, int row0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const Bf* base = x + (row0 + 2 * t) * ld + g;
+  for (int n = 0; n < D / 8; ++n) {
+    const Bf* col = base + n * 8;
+    mma_16816(acc[n], a, pack_pair(col[0], col[ld]), pack_pair(col[8 * ld], col[9 * ld]));
+  }
+}
+
+// dst [2 rows of this lane][D] += factor * acc, bf16 read-modify-write (rows beyond `limit` skipped).
+template <int D>
+__device__ inline void add_rows(const float (&acc)[D / 8][4], HeadView<Bf> dst, Index b, Index row0, Index h,
+                                Index limit, float factor) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  for (int x = 0; x < 2; ++x) {
+    const Index r = row0 + g + 8 * x;
+    if (r >= limit) continue;
+    Bf* row = dst.row(b, r, h);
+    for (int n = 0; n < D / 8; ++n) {
+      Bf* p = row + n * 8 + 2 * t;
+      p[0] = __float2bfloat16(__bfloat162float(p[0]) + factor * acc[n][2 * x]);
+      p[1] = __float2bfloat16(__bfloat162float(p[1]) + factor * acc[n][2 * x + 1]);
+    }
+  }
+}
 
 // grid: (key tiles of 64, kv heads, batch), block: 128 threads; warp w owns keys 16w .. 16w + 15 of the tile.
 template <int D>
@@ -217,17 +252,15 @@ __global__ void __launch_bounds__(kThreads)
                 LseView<const float> lse, const float* delta, HeadView<Bf> dk, HeadView<Bf> dv, DeviceMask mask,
                 int group, Index q_heads, float scale, float scale_log2) {
   using L = DkdvLayout<D>;
+  constexpr int ld = kLd<D>;
   extern __shared__ __align__(128) unsigned char tc_dkdv_smem[];
   unsigned char* smem = tc_dkdv_smem;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
   Bf* k_s = reinterpret_cast<Bf*>(smem + L::k);
   Bf* v_s = reinterpret_cast<Bf*>(smem + L::v);
   Bf* q_s = reinterpret_cast<Bf*>(smem + L::q);
   Bf* do_s = reinterpret_cast<Bf*>(smem + L::dout);
-  float* s_w = reinterpret_cast<float*>(smem + L::s) + warp * 16 * kLdS;
-  float* dp_w = reinterpret_cast<float*>(smem + L::dp) + warp * 16 * kLdS;
-  Bf* p_w = reinterpret_cast<Bf*>(smem + L::p) + warp * 16 * kLdP;
-  Bf* ds_w = reinterpret_cast<Bf*>(smem + L::ds) + warp * 16 * kLdP;
   float* lse_s = reinterpret_cast<float*>(smem + L::lse);
   float* delta_s = reinterpret_cast<float*>(smem + L::delta);
   Index* first_s = reinterpret_cast<Index*>(smem + L::first);
@@ -241,16 +274,13 @@ __global__ void __launch_bounds__(kThreads)
   Index q_lo, q_hi;
   mask.query_range(j0, j0 + cols, q_lo, q_hi);
 
-  FragC dk_acc[D / 16], dv_acc[D / 16];
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk_acc[n], 0.0f);
-    wmma::fill_fragment(dv_acc[n], 0.0f);
-  }
-  const int r = lane / 2, half = lane % 2;  // elementwise layout: key row r, query columns half*32 .. +32
-  const Index j = j0 + warp * 16 + r;
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+  for (int n = 0; n < D / 8; ++n)
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  const Index key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};  // this lane's two key rows
 
-  for (int g = 0; g < group; ++g) {
-    const Index h = kvh * group + g;
+  for (int gi = 0; gi < group; ++gi) {
+    const Index h = kvh * group + gi;
     for (Index i0 = q_lo; i0 < q_hi; i0 += kTile) {
       __syncthreads();  // the previous query tile is consumed
       load_tile<D>(q_s, q, b, h, i0, q_hi);
@@ -271,70 +301,47 @@ __global__ void __launch_bounds__(kThreads)
         delta_s[tid] = row_delta;
       }
       __syncthreads();
-      for (int n = 0; n < kTile / 16; ++n) {  // S^T [16 keys][64 queries] = K_w Q^T, dP^T = V_w dO^T
-        FragC s, dp;
-        wmma::fill_fragment(s, 0.0f);
-        wmma::fill_fragment(dp, 0.0f);
-        for (int kk = 0; kk < D / 16; ++kk) {
-          FragA ka, va;
-          FragBCol qb, dob;
-          wmma::load_matrix_sync(ka, k_s + warp * 16 * kLd<D> + kk * 16, kLd<D>);
-          wmma::load_matrix_sync(qb, q_s + n * 16 * kLd<D> + kk * 16, kLd<D>);
-          wmma::mma_sync(s, ka, qb, s);
-          wmma::load_matrix_sync(va, v_s + warp * 16 * kLd<D> + kk * 16, kLd<D>);
-          wmma::load_matrix_sync(dob, do_s + n * 16 * kLd<D> + kk * 16, kLd<D>);
-          wmma::mma_sync(dp, va, dob, dp);
+      float s[kTile / 8][4], dp[kTile / 8][4];  // S^T, dP^T [16 keys][64 queries] as 8 tiles of 16 x 8
+      for (int n = 0; n < kTile / 8; ++n)
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t k_a[4], v_a[4];
+        load_a(k_a, k_s, ld, warp * 16, kk * 16);
+        load_a(v_a, v_s, ld, warp * 16, kk * 16);
+        for (int n = 0; n < kTile / 8; ++n) {
+          const Bf* qb = q_s + (n * 8 + g) * ld + kk * 16 + 2 * t;
+          const Bf* dob = do_s + (n * 8 + g) * ld + kk * 16 + 2 * t;
+          mma_16816(s[n], k_a, load_pair(qb), load_pair(qb + 8));
+          mma_16816(dp[n], v_a, load_pair(dob), load_pair(dob + 8));
         }
-        wmma::store_matrix_sync(s_w + n * 16, s, kLdS, wmma::mem_row_major);
-        wmma::store_matrix_sync(dp_w + n * 16, dp, kLdS, wmma::mem_row_major);
       }
-      __syncwarp();
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
-        const bool visible = j >= first_s[c] && j < last_s[c];
-        const float p = visible ? exp2f(s_w[r * kLdS + c] * scale_log2 - lse_s[c]) : 0.0f;
-        p_w[r * kLdP + c] = __float2bfloat16(p);
-        ds_w[r * kLdP + c] = __float2bfloat16(p * (dp_w[r * kLdS + c] - delta_s[c]));
-      }
-      __syncwarp();
-      for (int kk = 0; kk < kTile / 16; ++kk) {  // dV_w += P^T dO, dK_w += dS^T Q
-        FragA pa, dsa;
-        wmma::load_matrix_sync(pa, p_w + kk * 16, kLdP);
-        wmma::load_matrix_sync(dsa, ds_w + kk * 16, kLdP);
-        for (int n = 0; n < D / 16; ++n) {
-          FragBRow dob, qb;
-          wmma::load_matrix_sync(dob, do_s + kk * 16 * kLd<D> + n * 16, kLd<D>);
-          wmma::mma_sync(dv_acc[n], pa, dob, dv_acc[n]);
-          wmma::load_matrix_sync(qb, q_s + kk * 16 * kLd<D> + n * 16, kLd<D>);
-          wmma::mma_sync(dk_acc[n], dsa, qb, dk_acc[n]);
+      for (int n = 0; n < kTile / 8; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const Index j = key[e / 2];
+          const int c = n * 8 + 2 * t + (e & 1);  // query of the tile
+          const bool visible = j >= first_s[c] && j < last_s[c];
+          const float p = visible ? exp2f(s[n][e] * scale_log2 - lse_s[c]) : 0.0f;
+          s[n][e] = p;
+          dp[n][e] = p * (dp[n][e] - delta_s[c]);  // dS^T
         }
+      for (int kc = 0; kc < kTile / 16; ++kc) {  // dV_w += P^T dO, dK_w += dS^T Q (16 queries at a time)
+        std::uint32_t p_a[4], ds_a[4];
+        pack_a(p_a, s[2 * kc], s[2 * kc + 1]);
+        pack_a(ds_a, dp[2 * kc], dp[2 * kc + 1]);
+        mma_rows<D>(dv_acc, p_a, do_s, ld, kc * 16);
+        mma_rows<D>(dk_acc, ds_a, q_s, ld, kc * 16);
       }
     }
   }
-  __syncthreads();  // q .. dp become the staging area
-  float* dk_stage = reinterpret_cast<float*>(smem + L::q) + warp * 2 * 16 * D;
-  float* dv_stage = dk_stage + 16 * D;
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::store_matrix_sync(dk_stage + n * 16, dk_acc[n], D, wmma::mem_row_major);
-    wmma::store_matrix_sync(dv_stage + n * 16, dv_acc[n], D, wmma::mem_row_major);
-  }
-  __syncwarp();
-  if (j < mask.kv_len) {
-    Bf* dk_row = dk.row(b, j, kvh);
-    Bf* dv_row = dv.row(b, j, kvh);
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-      dk_row[c] = __float2bfloat16(__bfloat162float(dk_row[c]) + scale * dk_stage[r * D + c]);
-      dv_row[c] = __float2bfloat16(__bfloat162float(dv_row[c]) + dv_stage[r * D + c]);
-    }
-  }
+  add_rows<D>(dk_acc, dk, b, j0 + warp * 16, kvh, mask.kv_len, scale);
+  add_rows<D>(dv_acc, dv, b, j0 + warp * 16, kvh, mask.kv_len, 1.0f);
 }
 
-// ---- backward: dq --------------------------------------------------------------------------------------------------
+// ---- backward: dq (mma.sync) ----------------------------------------------------------------------------------------
 template <int D>
 struct DqLayout {
   static constexpr std::size_t q = 0, dout = q + kTileBytes<D>, k = dout + kTileBytes<D>, v = k + kTileBytes<D>,
-                               s = v + kTileBytes<D>, dp = s + kScoreBytes, ds = dp + kScoreBytes,
-                               bytes = ds + kProbBytes;
-  static_assert(std::size_t(kWarps) * 16 * D * sizeof(float) <= 2 * kTileBytes<D>, "dq staging fits in k, v");
+                               bytes = v + kTileBytes<D>;
 };
 
 // grid: (query tiles of 64, q heads, batch), block: 128 threads; warp w owns queries 16w .. 16w + 15 of the tile.
@@ -344,91 +351,74 @@ __global__ void __launch_bounds__(kThreads)
               LseView<const float> lse, const float* delta, HeadView<Bf> dq, DeviceMask mask, int group,
               Index q_heads, float scale, float scale_log2) {
   using L = DqLayout<D>;
+  constexpr int ld = kLd<D>;
   extern __shared__ __align__(128) unsigned char tc_dq_smem[];
   unsigned char* smem = tc_dq_smem;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
   Bf* q_s = reinterpret_cast<Bf*>(smem + L::q);
   Bf* do_s = reinterpret_cast<Bf*>(smem + L::dout);
   Bf* k_s = reinterpret_cast<Bf*>(smem + L::k);
   Bf* v_s = reinterpret_cast<Bf*>(smem + L::v);
-  float* s_w = reinterpret_cast<float*>(smem + L::s) + warp * 16 * kLdS;
-  float* dp_w = reinterpret_cast<float*>(smem + L::dp) + warp * 16 * kLdS;
-  Bf* ds_w = reinterpret_cast<Bf*>(smem + L::ds) + warp * 16 * kLdP;
 
   const Index b = blockIdx.z, h = blockIdx.y, kvh = h / group;
   const Index i0 = Index(blockIdx.x) * kTile;
   load_tile<D>(q_s, q, b, h, i0, mask.q_len);
   load_tile<D>(do_s, dout, b, h, i0, mask.q_len);
-  __syncthreads();
-  FragA q_frag[D / 16], do_frag[D / 16];
-  for (int kk = 0; kk < D / 16; ++kk) {
-    wmma::load_matrix_sync(q_frag[kk], q_s + warp * 16 * kLd<D> + kk * 16, kLd<D>);
-    wmma::load_matrix_sync(do_frag[kk], do_s + warp * 16 * kLd<D> + kk * 16, kLd<D>);
-  }
-  FragC dq_acc[D / 16];
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq_acc[n], 0.0f);
 
-  const int r = lane / 2, half = lane % 2;  // elementwise layout: query row r, key columns half*32 .. +32
-  const Index i = i0 + warp * 16 + r;
-  Index first = 0, last = 0;
-  float row_lse = kNegInf, row_delta = 0.0f;
-  if (i < mask.q_len) {
-    mask.key_range(i, first, last);
-    row_lse = lse.at(b, h, i);
-    row_delta = delta[(b * q_heads + h) * mask.q_len + i];
+  float dq_acc[D / 8][4];
+  for (int n = 0; n < D / 8; ++n)
+    for (int e = 0; e < 4; ++e) dq_acc[n][e] = 0.0f;
+  // This lane's two query rows: g (index 0) and g + 8 (index 1).
+  Index first[2] = {0, 0}, last[2] = {0, 0};
+  float row_lse2[2] = {kNegInf, kNegInf}, row_delta[2] = {0.0f, 0.0f};
+  for (int x = 0; x < 2; ++x) {
+    const Index i = i0 + warp * 16 + g + 8 * x;
+    if (i < mask.q_len) {
+      mask.key_range(i, first[x], last[x]);
+      row_lse2[x] = lse.at(b, h, i) * kLog2e;
+      row_delta[x] = delta[(b * q_heads + h) * mask.q_len + i];
+    }
+    if (row_lse2[x] == kNegInf) last[x] = first[x];
   }
-  if (row_lse == kNegInf) last = first;
-  const float row_lse2 = row_lse * kLog2e;
   const Index rows = min(Index(kTile), mask.q_len - i0);
   Index keys_first, keys_last;
   mask.tile_key_range(i0, i0 + rows, keys_first, keys_last);
 
   for (Index j0 = keys_first / kTile * kTile; j0 < keys_last; j0 += kTile) {
-    __syncthreads();
+    __syncthreads();  // the previous k, v tiles are consumed (and q, dout are loaded before the first)
     load_tile<D>(k_s, k, b, kvh, j0, mask.kv_len);
     load_tile<D>(v_s, v, b, kvh, j0, mask.kv_len);
     __syncthreads();
-    for (int n = 0; n < kTile / 16; ++n) {  // S [16][64] = Q_w K^T, dP = dO_w V^T
-      FragC s, dp;
-      wmma::fill_fragment(s, 0.0f);
-      wmma::fill_fragment(dp, 0.0f);
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragBCol kb, vb;
-        wmma::load_matrix_sync(kb, k_s + n * 16 * kLd<D> + kk * 16, kLd<D>);
-        wmma::mma_sync(s, q_frag[kk], kb, s);
-        wmma::load_matrix_sync(vb, v_s + n * 16 * kLd<D> + kk * 16, kLd<D>);
-        wmma::mma_sync(dp, do_frag[kk], vb, dp);
-      }
-      wmma::store_matrix_sync(s_w + n * 16, s, kLdS, wmma::mem_row_major);
-      wmma::store_matrix_sync(dp_w + n * 16, dp, kLdS, wmma::mem_row_major);
-    }
-    __syncwarp();
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const Index j = j0 + c;
-      const bool visible = j >= first && j < last;
-      const float p = visible ? exp2f(s_w[r * kLdS + c] * scale_log2 - row_lse2) : 0.0f;
-      ds_w[r * kLdP + c] = __float2bfloat16(p * (dp_w[r * kLdS + c] - row_delta));
-    }
-    __syncwarp();
-    for (int kk = 0; kk < kTile / 16; ++kk) {  // dQ_w += dS [16][64] K [64][D]
-      FragA dsa;
-      wmma::load_matrix_sync(dsa, ds_w + kk * 16, kLdP);
-      for (int n = 0; n < D / 16; ++n) {
-        FragBRow kb;
-        wmma::load_matrix_sync(kb, k_s + kk * 16 * kLd<D> + n * 16, kLd<D>);
-        wmma::mma_sync(dq_acc[n], dsa, kb, dq_acc[n]);
+    float s[kTile / 8][4], dp[kTile / 8][4];  // S, dP [16 queries][64 keys]
+    for (int n = 0; n < kTile / 8; ++n)
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t q_a[4], do_a[4];
+      load_a(q_a, q_s, ld, warp * 16, kk * 16);
+      load_a(do_a, do_s, ld, warp * 16, kk * 16);
+      for (int n = 0; n < kTile / 8; ++n) {
+        const Bf* kb = k_s + (n * 8 + g) * ld + kk * 16 + 2 * t;
+        const Bf* vb = v_s + (n * 8 + g) * ld + kk * 16 + 2 * t;
+        mma_16816(s[n], q_a, load_pair(kb), load_pair(kb + 8));
+        mma_16816(dp[n], do_a, load_pair(vb), load_pair(vb + 8));
       }
     }
+    for (int n = 0; n < kTile / 8; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int x = e / 2;
+        const Index j = j0 + n * 8 + 2 * t + (e & 1);
+        const bool visible = j >= first[x] && j < last[x];
+        const float p = visible ? exp2f(s[n][e] * scale_log2 - row_lse2[x]) : 0.0f;
+        s[n][e] = p * (dp[n][e] - row_delta[x]);  // dS
+      }
+    for (int kc = 0; kc < kTile / 16; ++kc) {  // dQ_w += dS [16][16 keys] K [16 keys][D]
+      std::uint32_t ds_a[4];
+      pack_a(ds_a, s[2 * kc], s[2 * kc + 1]);
+      mma_rows<D>(dq_acc, ds_a, k_s, ld, kc * 16);
+    }
   }
-  __syncthreads();  // k, v become the staging area
-  float* stage = reinterpret_cast<float*>(smem + L::k) + warp * 16 * D;
-  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(stage + n * 16, dq_acc[n], D, wmma::mem_row_major);
-  __syncwarp();
-  if (i < mask.q_len) {
-    Bf* dq_row = dq.row(b, i, h);
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c)
-      dq_row[c] = __float2bfloat16(__bfloat162float(dq_row[c]) + scale * stage[r * D + c]);
-  }
+  add_rows<D>(dq_acc, dq, b, i0 + warp * 16, h, mask.q_len, scale);
 }
 
 // ---- launch helpers --------------------------------------------------------------------------------------------------
