@@ -109,8 +109,10 @@ void copy(TensorView<const float> from, TensorView<float> to) {
   if (n == 0) return;
   const cudaStream_t stream = device::current_stream();
   if (from.is_contiguous() && to.is_contiguous()) {
+    // cudaMemcpyDefault: either side may also be host memory (a model placing its host-drawn weights, a test
+    // reading a result back); strided copies are device to device.
     PARADYSE_CUDA_CHECK(
-        cudaMemcpyAsync(to.data(), from.data(), std::size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        cudaMemcpyAsync(to.data(), from.data(), std::size_t(n) * sizeof(float), cudaMemcpyDefault, stream));
     return;
   }
   k::copy_strided_kernel<<<k::blocks_for(n), k::kThreads, 0, stream>>>(from.data(), to.data(),
