@@ -30,6 +30,7 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/emulation.hpp"
 #include "paradyse/cost/from_config.hpp"
 #include "paradyse/cost/memory_model.hpp"
 #include "paradyse/cost/profile.hpp"
@@ -102,6 +103,7 @@ struct Options {
   int first_dense = 0;
   pd::examples::RankBackend backend = pd::examples::RankBackend::threads;
   std::string device = "cpu";   // cuda: the ranks are cuda_local threads on one GPU (ops::Cuda)
+  std::string emulate;          // a100, h100 or h200: thread ranks paced like that 8-GPU node's links
   int checkpoint_every = 0;     // 0: no training checkpoints
   int keep = 2;                 // training checkpoints kept (the newest)
   std::string checkpoint_dir = "checkpoints";
@@ -119,7 +121,7 @@ struct Options {
              "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
              "                 [--corpus DIR] [--backend threads|mpi] [--checkpoint-every N] [--keep K]\n"
              "                 [--checkpoint-dir DIR] [--resume PATH] [--stop-after N] [--csv FILE]\n"
-             "                 [--pack-tokens B] [--device cpu|cuda]\n"
+             "                 [--pack-tokens B] [--device cpu|cuda] [--emulate a100|h100|h200]\n"
              "--steps N: N documents (windows) are drawn; one per step, or with --pack-tokens B packed into steps of\n"
              "  up to B tokens (rows of similar length, one document per row, padded with masked tokens)\n"
              "--checkpoint-every N: every N steps a training checkpoint (weights, AdamW moments, step, data position,\n"
@@ -131,6 +133,8 @@ struct Options {
              "  schedule stays that of --steps; --resume continues)\n"
              "--csv FILE: the per-step table as CSV (scripts/plot.py draws it)\n"
              "--backend mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi --ranks P ...\n"
+             "--emulate a100: thread ranks paced like an 8-GPU node's links (latency and bandwidth stretched by its\n"
+             "  GEMM rate over this machine's), planned with those links (see also bench/emulated_switching)\n"
              "--device cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile\n"
              "  H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now\n"
              "--profile: a JSON file, or a built-in profile name (A100-SXM4-80GB-x8, H100-SXM-80GB-x8, H200-SXM-141GB-x8)\n"
@@ -171,6 +175,11 @@ Options parse(int argc, char** argv) {
     else if (arg == "--shared-experts") o.shared_experts = cli.integer<std::int64_t>(0, 1 << 10);
     else if (arg == "--first-dense") o.first_dense = cli.integer<int>(0, 4096);
     else if (arg == "--device") o.device = cli.choice("cpu", "cuda") ? "cpu" : "cuda";
+    else if (arg == "--emulate") {
+      o.emulate = cli.value();
+      if (o.emulate != "a100" && o.emulate != "h100" && o.emulate != "h200")
+        usage(fmt::format("--emulate expects a100, h100 or h200, got \"{}\"", o.emulate));
+    }
     else if (arg == "--backend")
       o.backend = cli.choice("threads", "mpi") ? pd::examples::RankBackend::threads : pd::examples::RankBackend::mpi;
     else if (arg == "--checkpoint-every") o.checkpoint_every = cli.integer<int>(1, 10'000'000);
@@ -366,6 +375,9 @@ int train_dense(const Options& o, RanksT& ranks) {
   using Model = ModelT;
   const bool mpi = o.backend == pd::examples::RankBackend::mpi;
   constexpr bool on_device = StrategiesOf<ModelT>::on_device;
+  pd::check(o.emulate.empty() || (!on_device && !mpi && o.profile.empty()),
+            "--emulate paces the thread communicator against this machine's calibrated profile: it needs --backend "
+            "threads, --device cpu and no --profile");
   if (on_device && (!o.save.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 || o.stop_after > 0))
     throw pd::Error("--device cuda: checkpoints (--save, --load, --resume, --checkpoint-every, --stop-after) are not "
                     "written from device memory yet; train on the host (--device cpu) to save");
@@ -392,7 +404,17 @@ int train_dense(const Options& o, RanksT& ranks) {
   if (o.pack_tokens > 0 && !o.sorted) sampler.shuffle(steps);
   const int n_steps = int(steps.size());
 
-  const pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
+  pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
+  if (!o.emulate.empty()) {
+    // An 8-GPU node's balance of compute and communication on this machine: transfers paced at the device's link
+    // latency and bandwidth, stretched by how much slower this machine computes (cost/emulation.hpp).
+    const pd::cost::Emulation e = pd::cost::emulate(pd::cost::builtin_profile(o.emulate), hardware);
+    if constexpr (!on_device) ranks.set_link_pacing(e.pacing);
+    fmt::print("emulated node: {} ranks with the links of {}, slowed {:.0f}x (its GEMM rate over this machine's); "
+               "plans and predictions use the emulated links\n", o.ranks, pd::cost::builtin_profile(o.emulate).name,
+               e.slowdown);
+    hardware = e.profile;
+  }
   const pd::plan::GptCosts<Model> costs{config, o.ranks, &hardware};
 
   // The cap: METP must fit the longest input, MegatronTS must not (unless --cap-mib says otherwise).

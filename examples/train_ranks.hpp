@@ -102,6 +102,7 @@ public:
 #endif
     run_ranks(size(), [&](ThreadCommunicator& comm) {
       ScopedTracker scoped(tracker(comm.rank()));
+      if (pacing_) comm.set_link_pacing(*pacing_);
       try {
         fn(comm, comm.rank());
       } catch (const OutOfMemory&) {
@@ -112,6 +113,11 @@ public:
     });
   }
   int out_of_memory_rank() const { return oom_rank_; }
+  // Thread ranks: every transfer from now on paced like an emulated interconnect (cost/emulation.hpp).
+  void set_link_pacing(const LinkPacing& pacing) {
+    check(backend_ == RankBackend::threads, "link pacing emulates an interconnect on thread ranks only");
+    pacing_ = pacing;
+  }
 
   // values[r] set by the ranks of this process (the others 0): afterwards every entry holds rank r's value in
   // every process. Collective.
@@ -128,6 +134,7 @@ private:
   int local_rank_ = 0;
   std::vector<std::unique_ptr<MemoryTracker>> trackers_;  // first: outlives the models and pools charged to it
   std::atomic<int> oom_rank_{-1};
+  std::optional<LinkPacing> pacing_;
 #if PARADYSE_WITH_MPI
   std::optional<MpiCommunicator> world_;
 #endif
