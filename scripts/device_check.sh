@@ -84,9 +84,30 @@ part() {  # $1: name, $2: time limit in seconds, rest: the command
 echo "# paradyse device check, $(date -u '+%Y-%m-%d %H:%M UTC')"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1
 export PARADYSE_COMM_TIMEOUT=120
-part tests 240 "$(bin tests/test_cuda)" --duration=true
-part attention 150 "$(bin bench/cuda_attention)" "${quick[@]}"
-part collectives 90 "$(bin bench/cuda_comm)" "${quick[@]}"
-part train_gpt 90 "$(bin examples/train_gpt)" --device cuda --steps 20 --layers 4 --hidden 512 --heads 8 \
+part tests 180 "$(bin tests/test_cuda)" --duration=true
+part attention 90 "$(bin bench/cuda_attention)" "${quick[@]}"
+part collectives 60 "$(bin bench/cuda_comm)" "${quick[@]}"
+# The same short run on the host and on the GPU (same plans: same profile and cap): the losses must follow each other
+# (fp32 on both; only summation orders differ).
+small=(--steps 8 --ranks 2 --layers 2 --hidden 128 --heads 4 --min-len 256 --max-len 2048 --profile H200-SXM-141GB-x8)
+part train_gpt_cpu 60 "$(bin examples/train_gpt)" --device cpu "${small[@]}" --csv "$logs/train_cpu.csv"
+part train_gpt_gpu 60 "$(bin examples/train_gpt)" --device cuda "${small[@]}" --csv "$logs/train_gpu.csv"
+echo; echo "## train_gpt: the GPU's losses against the host's"; echo
+python3 - "$logs/train_cpu.csv" "$logs/train_gpu.csv" <<'PY' || status=1
+import csv, sys
+rows = [list(csv.DictReader(open(f))) for f in sys.argv[1:3]]
+print("| step | length | host loss | GPU loss | relative difference |\n|---:|---:|---:|---:|---:|")
+worst = 0.0
+for c, g in zip(*rows):
+    if not c["loss"] or not g["loss"]:
+        continue
+    a, b = float(c["loss"]), float(g["loss"])
+    worst = max(worst, abs(a - b) / abs(a))
+    print(f"| {c['step']} | {c['length']} | {a:.6f} | {b:.6f} | {abs(a - b) / abs(a):.2e} |")
+print(f"\nlargest relative difference {worst:.2e} over {len(rows[0])} steps")
+sys.exit(0 if len(rows[0]) == len(rows[1]) and rows[0] and worst < 1e-3 else 1)
+PY
+# Tokens per second and model FLOPs utilisation on one GPU (4 cuda_local ranks share it).
+part train_gpt 60 "$(bin examples/train_gpt)" --device cuda --steps 20 --layers 4 --hidden 512 --heads 8 \
   --min-len 1024 --max-len 8192
 exit $status
