@@ -1,15 +1,21 @@
 // examples/moe_infer.cpp: serves a request trace with the MoE inference engine (serve/engine.hpp) on p thread ranks
 // under each layout policy, measured in the same run: static TP, static EP, EP + EPLB (the vLLM baselines), EP +
-// token sorting, and dynamic TP<->EP switching (ours). Prints TTFT and TPOT (p50, p99), throughput, switches and
-// the time they exposed, and the expert load imbalance per layer, with a progress line while each policy runs.
+// token sorting, EP + on-demand expert loading from the owning rank, and dynamic TP<->EP switching (ours). Prints
+// TTFT and TPOT (p50, p99), throughput, switches and the time they exposed, and the expert load imbalance per
+// layer, with a progress line while each policy runs.
 //
 // The model: a Hugging Face folder (--model DIR: Mixtral, Qwen2-MoE or OLMoE), or by default a synthetic
 // Mixtral-shaped MoE with seeded random weights (serve/synthetic_decoder.hpp; --skew makes the router favour some
 // experts). Arrivals: Poisson at --rate requests/s, or --bursty (bursts of --burst requests every --period seconds).
 // Prompt and output lengths are uniform in the given ranges (seeded), token ids uniform over the vocabulary.
+// --budget X runs every policy under an Alloc-MoE activation budget (serve/routing_budget.hpp): K_l per MoE layer by
+// Alloc-L from --sensitivity FILE (the table moe_budget --table writes for this model) or by uniform top-k reduction,
+// and with --alloc-t pooled over each chunk's tokens; the first policy is also run at the full budget, in the same
+// run, as the baseline.
 #include "command_line.hpp"
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/moe/sensitivity.hpp"
 #include "paradyse/serve/engine.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
@@ -43,8 +49,11 @@ Serves a request trace on p thread ranks under each MoE layout policy and compar
   --prompt MIN MAX     prompt length range (default 8 64)
   --output MIN MAX     output length range (default 8 32)
   --step-tokens T      tokens per engine step (default 64)
-  --policies LIST      comma-separated subset of tp,ep,eplb,sort,dynamic (default all)
+  --policies LIST      comma-separated subset of tp,ep,eplb,sort,ondemand,dynamic (default all)
   --seed S             trace and weights seed (default 1)
+  --budget X           Alloc-MoE activation budget: a share ("0.5", "50%") of sum_l top-k or a count ("3")
+  --sensitivity FILE   Alloc-L: K_l from this sensitivity table (moe_budget --table); default uniform top-k
+  --alloc-t            Alloc-T: the budget's K_l * T activations pooled over each chunk's T tokens
   --help               this text
 )";
 
@@ -62,8 +71,10 @@ struct Options {
   double period = 1.5;
   std::int64_t prompt_min = 8, prompt_max = 64, output_min = 8, output_max = 32;
   std::int64_t step_tokens = 64;
-  std::string policies = "tp,ep,eplb,sort,dynamic";
+  std::string policies = "tp,ep,eplb,sort,ondemand,dynamic";
   std::uint64_t seed = 1;
+  std::string budget, sensitivity;
+  bool alloc_t = false;
 };
 
 std::vector<ServeRequest> make_trace(const Options& o, std::int64_t vocab) {
@@ -95,7 +106,7 @@ double percentile(std::vector<double> x, double q) {
 
 struct Row {
   std::string name;
-  double ttft50 = 0, ttft99 = 0, tpot50 = 0, tpot99 = 0, throughput = 0, exposed_ms = 0;
+  double ttft50 = 0, ttft99 = 0, tpot50 = 0, tpot99 = 0, throughput = 0, exposed_ms = 0, activations = 0;
   std::int64_t switches = 0, rebalances = 0, steps = 0, ep_steps = 0;
   std::vector<double> expert_imbalance, rank_imbalance;
   FetchStats fetch;
@@ -126,8 +137,12 @@ int main(int argc, char** argv) {
     else if (f == "--step-tokens") o.step_tokens = cli.integer<std::int64_t>(1, 1 << 20);
     else if (f == "--policies") o.policies = cli.value();
     else if (f == "--seed") o.seed = cli.integer<std::uint64_t>(0);
+    else if (f == "--budget") o.budget = cli.value();
+    else if (f == "--sensitivity") o.sensitivity = cli.value();
+    else if (f == "--alloc-t") o.alloc_t = true;
     else cli.unknown();
   }
+  if (o.budget.empty() && (!o.sensitivity.empty() || o.alloc_t)) usage("--sensitivity and --alloc-t need --budget");
   if (o.prompt_min > o.prompt_max) usage(fmt::format("--prompt {} {}: the minimum exceeds the maximum", o.prompt_min, o.prompt_max));
   if (o.output_min > o.output_max) usage(fmt::format("--output {} {}: the minimum exceeds the maximum", o.output_min, o.output_max));
   try {
@@ -152,13 +167,15 @@ int main(int argc, char** argv) {
 
     struct Named { std::string key, name; EnginePolicy policy; };
     std::vector<Named> all;
-    EnginePolicy tp, ep, eplb, sort, dyn;
+    EnginePolicy tp, ep, eplb, sort, ondemand, dyn;
     ep.mode = ModePolicy::static_ep;
     eplb.mode = ModePolicy::static_ep;
     eplb.eplb = true;
     eplb.eplb_interval = 32;
     sort.mode = ModePolicy::static_ep;
     sort.token_sorting = true;
+    ondemand.mode = ModePolicy::static_ep;
+    ondemand.on_demand = true;
     dyn.mode = ModePolicy::dynamic;
     dyn.switching = {0.1, 2, 8};
     dyn.rates = measure_machine_rates(c.moe, o.ranks);
@@ -169,7 +186,26 @@ int main(int argc, char** argv) {
     all.push_back({"ep", "static EP", ep});
     all.push_back({"eplb", "EP + EPLB", eplb});
     all.push_back({"sort", "EP + token sorting", sort});
+    all.push_back({"ondemand", "EP + on-demand", ondemand});
     all.push_back({"dynamic", "dynamic TP/EP", dyn});
+    if (!o.budget.empty()) {  // every policy under the budget; the first selected one also at the full budget
+      SensitivityTable table;
+      if (!o.sensitivity.empty()) table = load_sensitivity(o.sensitivity);
+      const RoutingBudget budget =
+          make_routing_budget(c, parse_budget(o.budget), o.sensitivity.empty() ? nullptr : &table, o.alloc_t);
+      fmt::print("budget {}: {} ({})\n", o.budget, describe(c, budget),
+                 o.sensitivity.empty() ? "uniform top-k reduction" : "Alloc-L from " + o.sensitivity);
+      std::vector<Named> budgeted;
+      for (const Named& n : all) {
+        if (("," + o.policies + ",").find("," + n.key + ",") == std::string::npos) continue;
+        if (budgeted.empty()) budgeted.push_back({n.key, n.name + " (full)", n.policy});
+        Named b = n;
+        b.name += " (budget)";
+        b.policy.budget = budget;
+        budgeted.push_back(b);
+      }
+      all = budgeted;
+    }
     {  // a short untimed run first, so that no policy pays the first touch of the weights and pools
       std::vector<ServeRequest> warm(trace.begin(), trace.begin() + std::min<std::size_t>(4, trace.size()));
       for (ServeRequest& r : warm) r.arrival = 0, r.max_new_tokens = std::min<std::int64_t>(r.max_new_tokens, 4);
@@ -177,7 +213,7 @@ int main(int argc, char** argv) {
     }
     std::vector<Row> rows;
     for (const Named& n : all) {
-      if (("," + o.policies + ",").find("," + n.key + ",") == std::string::npos) continue;
+      if (o.budget.empty() && ("," + o.policies + ",").find("," + n.key + ",") == std::string::npos) continue;
       EngineStats stats;
       std::vector<RequestOutcome> out;
       run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
@@ -214,16 +250,18 @@ int main(int argc, char** argv) {
         row.rank_imbalance.push_back(stats.rank_mean[std::size_t(l)] > 0 ? stats.rank_max[std::size_t(l)] / stats.rank_mean[std::size_t(l)] : 1.0);
       }
       row.fetch = stats.fetch;
+      row.activations = stats.tokens > 0 ? double(stats.routed_activations) / double(stats.tokens) : 0.0;
       rows.push_back(std::move(row));
     }
-    fmt::print("\n{:<20} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>11} {:>14}\n", "policy", "TTFT p50", "TTFT p99",
-               "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "sw/rebal", "exposed ms", "rank max/mean");
+    fmt::print("\n{:<29} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>11} {:>14} {:>9}\n", "policy", "TTFT p50", "TTFT p99",
+               "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "sw/rebal", "exposed ms", "rank max/mean",
+               "act/token");
     for (const Row& r : rows) {
       std::string imbalance;
       for (double x : r.rank_imbalance) imbalance += fmt::format("{}{:.2f}", imbalance.empty() ? "" : " ", x);
-      fmt::print("{:<20} {:>7.1f}ms {:>7.1f}ms {:>7.2f}ms {:>7.2f}ms {:>10.1f} {:>6} {:>8} {:>9} {:>11.2f} {:>14}\n", r.name,
-                 r.ttft50, r.ttft99, r.tpot50, r.tpot99, r.throughput, r.steps, r.ep_steps,
-                 fmt::format("{}/{}", r.switches, r.rebalances), r.exposed_ms, imbalance);
+      fmt::print("{:<29} {:>7.1f}ms {:>7.1f}ms {:>7.2f}ms {:>7.2f}ms {:>10.1f} {:>6} {:>8} {:>9} {:>11.2f} {:>14} {:>9.2f}\n",
+                 r.name, r.ttft50, r.ttft99, r.tpot50, r.tpot99, r.throughput, r.steps, r.ep_steps,
+                 fmt::format("{}/{}", r.switches, r.rebalances), r.exposed_ms, imbalance, r.activations);
     }
     if (!rows.empty()) {
       std::string experts;
@@ -231,7 +269,8 @@ int main(int argc, char** argv) {
       fmt::print("expert load max/mean per layer (routing, same for every policy):{}\n", experts);
     }
     fmt::print("(sw/rebal: TP<->EP switches / EPLB placements installed; exposed ms: the time both took on the critical "
-               "path; rank max/mean: per MoE layer, the rows of the busiest rank over the mean, summed over steps)\n");
+               "path; rank max/mean: per MoE layer, the rows of the busiest rank over the mean, summed over steps; act/token: routed "
+               "expert activations per token summed over the MoE layers)\n");
     for (const Row& r : rows)
       if (r.fetch.fetches) fmt::print("{}: {} experts fetched on demand ({:.1f} MB), {} cache hits, {} evictions\n", r.name,
                                       r.fetch.fetches, double(r.fetch.bytes_fetched) / 1e6, r.fetch.hits, r.fetch.evictions);
@@ -242,6 +281,10 @@ int main(int argc, char** argv) {
           fmt::print("dynamic vs {:<20}: TTFT p50 {:.2f}x, TPOT p50 {:.2f}x lower; throughput {:.2f}x\n", r.name,
                      r.ttft50 / std::max(1e-9, dyn_row->ttft50), r.tpot50 / std::max(1e-9, dyn_row->tpot50),
                      dyn_row->throughput / std::max(1e-9, r.throughput));
+    if (!o.budget.empty() && rows.size() >= 2)  // rows[0]: the first policy at the full budget, rows[1]: budgeted
+      fmt::print("{} vs {}: TTFT p50 {:.2f}x, TPOT p50 {:.2f}x lower; throughput {:.2f}x\n", rows[1].name, rows[0].name,
+                 rows[0].ttft50 / std::max(1e-9, rows[1].ttft50), rows[0].tpot50 / std::max(1e-9, rows[1].tpot50),
+                 rows[1].throughput / std::max(1e-9, rows[0].throughput));
   } catch (const std::exception& e) {
     fmt::print(stderr, "moe_infer: {}\n", e.what());
     return 1;

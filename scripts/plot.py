@@ -8,6 +8,8 @@ Each CSV is recognised by its columns:
                       layer and sublayer, coloured by strategy), predicted against measured memory and time per step
   plan_trace --csv    predicted step time per strategy against length, each strategy's memory limit (the longest
                       length that fits the budget) marked, the planners drawn over them
+  moe_budget --csv    held-out perplexity and greedy agreement with the full budget against the activation budget,
+                      one line per method (uniform top-k, Alloc-L, Alloc-L + Alloc-T)
 Charts are written to DIR (default: the folder of the first CSV) as <csv name>_<chart>.png, and listed.
 Needs matplotlib (Debian: python3-matplotlib, installed by scripts/setup.sh).
 """
@@ -26,6 +28,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 TRAIN_COLUMNS = {"step", "plan", "loss", "seconds", "peak_mib", "predicted_mib"}
 TRACE_COLUMNS = {"length", "variant", "kind", "time_s", "peak_bytes", "budget_bytes"}
+BUDGET_COLUMNS = {"budget_percent", "method", "perplexity", "agreement"}
 # One colour per strategy, the same in every chart.
 STRATEGY_COLOURS = {
     "MegatronTS": "#4e79a7",
@@ -180,6 +183,29 @@ def plot_trace(name, rows, out_dir):
     return save(fig, out_dir, name, "time_per_strategy")
 
 
+def plot_budget(name, rows, out_dir):
+    """moe_budget: quality against the activation budget, one line per method."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    methods = []
+    for r in rows:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    for i, method in enumerate(methods):
+        points = sorted((number(r["budget_percent"]), number(r["perplexity"]), 100 * number(r["agreement"]))
+                        for r in rows if r["method"] == method)
+        for ax, column in zip(axes, (1, 2)):
+            ax.plot([p[0] for p in points], [p[column] for p in points], marker="o", label=method,
+                    color=colour_of(method, i))
+    for ax, label in zip(axes, ("held-out perplexity", "greedy agreement with the full budget (%)")):
+        ax.set_xlabel("activation budget (% of sum of top-k)")
+        ax.set_ylabel(label)
+        ax.invert_xaxis()
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{name}: quality against the activation budget")
+    return save(fig, out_dir, name, "quality_vs_budget")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -204,8 +230,10 @@ def main():
             plot_predicted_vs_measured(name, rows, out_dir)
         elif TRACE_COLUMNS <= columns:
             plot_trace(name, rows, out_dir)
+        elif BUDGET_COLUMNS <= columns:
+            plot_budget(name, rows, out_dir)
         else:
-            sys.exit(f"plot.py: {path}: neither a train_gpt nor a plan_trace CSV (columns: {', '.join(sorted(columns))})")
+            sys.exit(f"plot.py: {path}: not a train_gpt, plan_trace or moe_budget CSV (columns: {', '.join(sorted(columns))})")
     if runs:
         plot_loss(runs, out_dir)
 

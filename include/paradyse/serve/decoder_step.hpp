@@ -11,6 +11,7 @@
 //   alike), the tokens permuted by expert (moe/dispatch.hpp), the routed experts in the layer's mode (tp: every
 //   expert's column slice over its whole block; ep: whole experts over the rows the ExpertTasks assign the rank), the shared expert sliced by columns times its sigmoid gate; the partial outputs all-reduced; residual.
 // Logits (replicated lm_head) for the last token of each chunk, or for every token when the chunk asks.
+// budget (serve/routing_budget.hpp), when active, routes MoE layer l with its K_l, pooled per chunk under Alloc-T.
 // after_layer(l), when given, runs after layer l (the engine posts layer l's weight redistribution there, so that it
 // travels while the next layers compute).
 #pragma once
@@ -22,6 +23,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/paged_kv_cache.hpp"
 #include "paradyse/serve/rank_shard.hpp"
+#include "paradyse/serve/routing_budget.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
 #include <cmath>
@@ -52,11 +54,19 @@ struct StepResult {
 // EP mode: what a rank computes. A task runs expert `expert` over the permuted rows [begin, end) of its block with
 // the given weights (in [1, 2f, h], out [1, f, h]): a slot the rank holds, or an expert it fetched (token sorting with
 // on-demand loading, serve/expert_balance.hpp). Over all ranks the tasks must cover every row exactly once.
+// `ready`, when set, is called before the task computes (on-demand loading waits there for the fetched weights).
 struct ExpertTask {
   std::int64_t expert = 0, begin = 0, end = 0;
   TensorView<const float> in, out;
+  std::function<void()> ready = {};
 };
-using ExpertWorkFn = std::function<std::vector<ExpertTask>(const RankShard&, std::int64_t layer, const Dispatch&)>;
+// A rank's EP work in one layer: its tasks in the order they compute, then `finish` (when set) after the last one
+// (on-demand loading completes the weights it sent to other ranks there).
+struct ExpertWork {
+  std::vector<ExpertTask> tasks;
+  std::function<void()> finish = {};
+};
+using ExpertWorkFn = std::function<ExpertWork(const RankShard&, std::int64_t layer, const Dispatch&)>;
 
 // The weights of slot `slot` of a rank's EP layer as a bank of one.
 inline ExpertTask slot_task(const RankLayer& L, std::int64_t slot, std::int64_t begin, std::int64_t end) {
@@ -126,7 +136,8 @@ inline void scale_rows(TensorView<float> x, std::span<const float> rstd, const T
 // The MoE sublayer's partial output y [n, h] on this rank (summed over ranks by the caller).
 template <Communicator C>
 MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, std::int64_t layer_index,
-                         TensorView<const float> x, TensorView<float> y, BufferPool& pool, const ExpertWorkFn& work) {
+                         TensorView<const float> x, TensorView<float> y, BufferPool& pool, const ExpertWorkFn& work,
+                         TopK k = {}) {
   using Backend = ops::Cpu;
   const RankLayer& L = s.layers[std::size_t(layer_index)];
   const MoeConfig& m = c.moe;
@@ -134,7 +145,7 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
   MoeLayerLoad load;
   load.rank_rows.assign(std::size_t(s.ranks), 0);
   Backend::fill(y, 0.0f);
-  const Routing r = route<Backend>(m, L.router.view(), x);
+  const Routing r = route<Backend>(m, L.router.view(), x, k);
   const Dispatch d = dispatch_by_expert(r.offsets, r.expert, m.experts);
   load.routed = d.routed;
   if (L.mode == MoeMode::tp) {
@@ -148,9 +159,9 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
     combine<Backend>(d, hp.view(), wp.view(), y);
     for (int q = 0; q < s.ranks; ++q) load.rank_rows[std::size_t(q)] = rows;
   } else {
-    const std::vector<ExpertTask> tasks = work ? work(s, layer_index, d) : split_over_replicas(L, s.rank, d);
+    const ExpertWork assigned = work ? work(s, layer_index, d) : ExpertWork{split_over_replicas(L, s.rank, d)};
     std::int64_t rows = 0;
-    for (const ExpertTask& t : tasks) {
+    for (const ExpertTask& t : assigned.tasks) {
       check(t.expert >= 0 && t.expert < m.experts && t.begin >= d.offsets[std::size_t(t.expert)] &&
                 t.end <= d.offsets[std::size_t(t.expert + 1)] && t.begin <= t.end,
             "moe_partial: a task of expert {} is given rows [{}, {}), outside its block [{}, {})", t.expert, t.begin,
@@ -161,6 +172,7 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
             t.in.shape(), t.out.shape(), 2 * m.expert_ffn, h, m.expert_ffn, h);
       const std::int64_t count = t.end - t.begin;
       if (count == 0) continue;
+      if (t.ready) t.ready();
       rows += count;
       const std::span<const std::int64_t> tokens(d.token.data() + t.begin, std::size_t(count));
       Tensor<float> xs(Shape{count, h}), hs(Shape{count, h}), ws(Shape{count}), pre(Shape{count, 2 * m.expert_ffn});
@@ -170,6 +182,7 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
       experts_forward<Backend>({t.in, t.out}, offsets, xs.view(), pre.view(), hs.view(), pool);
       Backend::scatter_add_rows(y, tokens, hs.view(), ws.view());
     }
+    if (assigned.finish) assigned.finish();
     std::vector<std::int64_t> counts(static_cast<std::size_t>(s.ranks), 0);
     counts[std::size_t(s.rank)] = rows;
     if (s.ranks > 1) comm.all_reduce(std::span<const std::int64_t>(counts), std::span<std::int64_t>(counts), ReduceOp::sum);
@@ -194,7 +207,8 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
 template <Communicator C>
 StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, PagedKvCache& cache,
                         std::span<const SequenceChunk> batch, BufferPool& pool, const ExpertWorkFn& work = {},
-                        const std::function<void(std::int64_t layer)>& after_layer = {}) {
+                        const std::function<void(std::int64_t layer)>& after_layer = {},
+                        const RoutingBudget& budget = {}) {
   using Backend = ops::Cpu;
   using namespace step_detail;
   const std::int64_t h = c.hidden, d = c.head_dim, hq = s.q_heads.length, hk = s.kv_heads.length,
@@ -206,6 +220,9 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
     first.push_back(n);
     n += std::int64_t(ch.tokens.size());
   }
+  budget.validate(c);
+  std::vector<std::int64_t> chunk_rows;  // Alloc-T's pools: one per chunk
+  for (const SequenceChunk& ch : batch) chunk_rows.push_back(std::int64_t(ch.tokens.size()));
   StepResult result;
   result.moe_load.resize(std::size_t(c.layers));
   Tensor<float> x(Shape{n, h}), xn(Shape{n, h}), rstd(Shape{n}), q(Shape{n, hq * d}), k(Shape{n, hk * d}),
@@ -293,7 +310,8 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
     // ---- FFN ----
     Backend::rms_norm_forward(x.view(), L.ffn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
     if (c.is_moe(l))
-      result.moe_load[std::size_t(l)] = moe_partial(comm, c, s, l, xn.view(), y.view(), pool, work);
+      result.moe_load[std::size_t(l)] = moe_partial(comm, c, s, l, xn.view(), y.view(), pool, work,
+                                                   budget.top_k(l, chunk_rows));
     else
       dense_swiglu(L.dense_in.view(), L.dense_out.view(), xn.view(), y.view(), pool);
     sum_over_ranks(comm, y.view());

@@ -1,6 +1,7 @@
 // paradyse/serve/engine.hpp: the MoE serving loop on p ranks: continuous batching over a paged KV cache, chunked
-// prefill, greedy or seeded sampling, and the MoE layout policy (static TP, static EP, EP + EPLB, token sorting with
-// on-demand expert loading, dynamic TP<->EP switching with the redistribution pipelined behind compute).
+// prefill, greedy or seeded sampling, an Alloc-MoE activation budget, and the MoE layout policy (static TP, static EP,
+// EP + EPLB, token sorting, on-demand expert loading from the owning rank, dynamic TP<->EP switching with the
+// redistribution pipelined behind compute).
 //
 // Every rank runs serve_requests with the same requests (SPMD). Rank 0 plans each step and broadcasts the plan:
 //   - admission: requests that have arrived (arrival in steps, or in seconds of wall clock), in arrival order, while
@@ -57,11 +58,14 @@ struct EnginePolicy {
   bool eplb = false;                  // EP: rebalance the placement from the gathered loads
   std::int64_t eplb_interval = 8;     // steps between rebalances
   std::int64_t redundant_slots = 1;   // extra expert slots per rank for EPLB's replicas
-  bool token_sorting = false;         // EP: equal pairs per rank, fetching the experts a rank lacks
+  bool token_sorting = false;         // EP: equal pairs per rank (the experts a rank lacks from the host copy)
+  bool on_demand = false;             // EP: lacking experts fetched from their owner, overlapped (alone: rows moved
+                                      // from the busiest rank to the least busy; with token_sorting: its cut)
   std::int64_t fetch_capacity = 4;    // fetched experts a rank caches
   bool pipelined_switch = true;       // redistribute layer by layer during the step (else stall before it)
   SwitchPolicy switching;
   MachineRates rates;
+  RoutingBudget budget;               // Alloc-MoE: K_l per MoE layer, Alloc-T per chunk (serve/routing_budget.hpp)
 };
 
 struct EngineOptions {
@@ -74,6 +78,7 @@ struct EngineOptions {
 
 struct EngineStats {
   std::int64_t steps = 0, tokens = 0, switches = 0, rebalances = 0;
+  std::int64_t routed_activations = 0;  // (token, expert) pairs over every MoE layer and step (B per token)
   double elapsed_s = 0;
   double switch_exposed_s = 0;      // time the layout changes took on the critical path
   std::size_t switch_bytes = 0;     // expert bytes this rank sent for layout changes
@@ -121,6 +126,7 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
           r.id);
     r.sampling.validate();
   }
+  policy.budget.validate(c);
   check(opt.step_tokens >= 1 && opt.max_running >= 1, "serve_requests: step_tokens {} and max_running {} must be >= 1",
         opt.step_tokens, opt.max_running);
   const bool any_moe = std::find(c.moe_layer.begin(), c.moe_layer.end(), true) != c.moe_layer.end();
@@ -131,9 +137,14 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
   BufferPool pool;
   ModeSwitcher switcher(policy.switching, mode);
   std::optional<TokenSortingWork> sorting;
-  if (policy.token_sorting) sorting.emplace(model.weights, policy.fetch_capacity);
+  std::optional<PeerFetchWork<C>> on_demand;
+  if (policy.on_demand)
+    on_demand.emplace(comm, policy.token_sorting, policy.fetch_capacity);
+  else if (policy.token_sorting)
+    sorting.emplace(model.weights, policy.fetch_capacity);
   ExpertWorkFn work;
   if (sorting) work = [&](const RankShard& s, std::int64_t l, const Dispatch& d) { return (*sorting)(s, l, d); };
+  if (on_demand) work = [&](const RankShard& s, std::int64_t l, const Dispatch& d) { return (*on_demand)(s, l, d); };
 
   EngineStats stats;
   stats.expert_max.assign(std::size_t(c.layers), 0.0);
@@ -290,7 +301,8 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
     const MoeMode ran = (to && !pipelined) ? target : mode;
     const StepResult out = decoder_step(
         comm, c, shard, cache, std::span<const SequenceChunk>(batch), pool, ran == MoeMode::ep ? work : ExpertWorkFn{},
-        (to && pipelined) ? std::function<void(std::int64_t)>(post) : std::function<void(std::int64_t)>{});
+        (to && pipelined) ? std::function<void(std::int64_t)>(post) : std::function<void(std::int64_t)>{},
+        policy.budget);
     if (to && pipelined) finish_all();
     if (to) {
       stats.switch_exposed_s += exposed;
@@ -308,6 +320,7 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
       if (!c.is_moe(l)) continue;
       const MoeLayerLoad& load = out.moe_load[std::size_t(l)];
       last_routed[std::size_t(l)] = load.routed;
+      for (const std::int64_t pairs : load.routed) stats.routed_activations += pairs;
       double mx = 0, sum = 0;
       for (std::size_t e = 0; e < load.routed.size(); ++e) {
         window[std::size_t(l)][e] += double(load.routed[e]);
@@ -357,6 +370,7 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
   }
   stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (sorting) stats.fetch = sorting->stats();
+  if (on_demand) stats.fetch = on_demand->stats();
   if (stats_out) *stats_out = stats;
   std::vector<RequestOutcome> outcomes;
   if (me == 0)
