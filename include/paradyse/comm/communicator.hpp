@@ -50,15 +50,23 @@ struct CommStats {
 
 // The pending completion of an asynchronous operation. wait() is idempotent; destroying a Request that was not
 // waited for waits (errors then surface on the next operation, since a destructor must not throw).
+// Two ways to complete: any callable (std::function), or a plain function of two words of state,
+// complete(context, argument), which costs no type erasure (the symbolic communicator of dry runs posts thousands).
 class Request {
 public:
+  using PlainCompletion = void (*)(void* context, std::int64_t argument);
+
   Request() = default;
   explicit Request(std::function<void()> complete) : complete_(std::move(complete)) {}
-  Request(Request&& other) noexcept : complete_(std::exchange(other.complete_, nullptr)) {}
+  Request(PlainCompletion complete, void* context, std::int64_t argument) noexcept
+      : plain_{complete, context, argument} {}
+  Request(Request&& other) noexcept
+      : complete_(std::exchange(other.complete_, nullptr)), plain_(std::exchange(other.plain_, Plain{})) {}
   Request& operator=(Request&& other) noexcept {
     if (this != &other) {
       finish_quietly();
       complete_ = std::exchange(other.complete_, nullptr);
+      plain_ = std::exchange(other.plain_, Plain{});
     }
     return *this;
   }
@@ -67,18 +75,30 @@ public:
   ~Request() { finish_quietly(); }
 
   void wait() {
+    if (plain_.complete) {
+      const Plain plain = std::exchange(plain_, Plain{});
+      plain.complete(plain.context, plain.argument);
+      return;
+    }
     if (auto complete = std::exchange(complete_, nullptr)) complete();
   }
-  bool pending() const noexcept { return bool(complete_); }
+  bool pending() const noexcept { return plain_.complete != nullptr || bool(complete_); }
 
 private:
+  struct Plain {
+    PlainCompletion complete = nullptr;
+    void* context = nullptr;
+    std::int64_t argument = 0;
+  };
   void finish_quietly() noexcept {
+    if (!pending()) return;
     try {
       wait();
     } catch (...) {
     }
   }
   std::function<void()> complete_;
+  Plain plain_;
 };
 
 // The timeout every wait uses: PARADYSE_COMM_TIMEOUT seconds from the environment, default 300.

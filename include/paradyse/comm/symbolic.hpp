@@ -127,8 +127,11 @@ private:
     trace_->record({.kind = TraceKind::post, .transfer = kind, .request = id, .bytes = bytes});
     stats_.bytes_sent += std::uint64_t(sent);
     ++stats_.operations;
-    Trace* trace = trace_;
-    return Request([trace, id] { trace->record({.kind = TraceKind::wait, .request = id}); });
+    return Request(&record_wait, trace_, id);
+  }
+  // A Request's completion: the `wait` event of request `id` (no type-erased callable per transfer).
+  static void record_wait(void* trace, std::int64_t id) {
+    static_cast<Trace*>(trace)->record({.kind = TraceKind::wait, .request = std::int32_t(id)});
   }
   static void complete(Request request) { request.wait(); }
 

@@ -82,23 +82,24 @@ struct ColossalZ : LayoutPolicy<Backend> {
                             columns.reshape(Shape{b, n, p * R}), saved.heads.view());
     }
     const Rsa rsa(ctx, packing, rank, saved);
+    HeadGemms gemms;  // one GEMM per (batch, query head), issued as one batched call per block
     // S: every key block fills its columns of the score rows; then the softmax over whole rows.
     rotate_blocks(comm, *ctx.pool, rsa.block_size(), rsa.pack(rsa.k), [&](int owner, std::span<const float> k_block) {
+      gemms.clear();
       rsa.for_each_head(owner, k_block.data(), [&](std::int64_t, std::int64_t, const float* q, float* probs,
-                                                    const float* key, std::int64_t keys, float*) {
-        // probs[:, block] = scale * q k_block^T
-        Backend::gemm(ops::Transpose::no, ops::Transpose::yes, n, keys, d, rsa.scale, q, rsa.head_stride, key,
-                      rsa.kv_stride, 0.0f, probs, s);
-      });
+                                                    const float* key, float*) { gemms.add(q, key, probs); });
+      // probs[:, block] = scale * q k_block^T, per head
+      Backend::gemm_batched(ops::Transpose::no, ops::Transpose::yes, n, rsa.keys(owner), d, rsa.scale, gemms.a,
+                            rsa.head_stride, gemms.b, rsa.kv_stride, 0.0f, gemms.c, s);
     });
     rsa.softmax(saved.probs.view());
     // out = P V: every value block adds its columns' share.
     rotate_blocks(comm, *ctx.pool, rsa.block_size(), rsa.pack(rsa.v), [&](int owner, std::span<const float> v_block) {
+      gemms.clear();
       rsa.for_each_head(owner, v_block.data(), [&](std::int64_t, std::int64_t, const float*, float* probs,
-                                                    const float* value, std::int64_t keys, float* out) {
-        Backend::gemm(ops::Transpose::no, ops::Transpose::no, n, d, keys, 1.0f, probs, s, value, rsa.kv_stride, 1.0f,
-                      out, rsa.out_stride);
-      });
+                                                    const float* value, float* out) { gemms.add(probs, value, out); });
+      Backend::gemm_batched(ops::Transpose::no, ops::Transpose::no, n, d, rsa.keys(owner), 1.0f, gemms.a, s, gemms.b,
+                            rsa.kv_stride, 1.0f, gemms.c, rsa.out_stride);
     });
     const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, p * g.proj_rows});
     gathered_row_linear_forward<Backend>(comm, *ctx.pool, w.proj(),
@@ -131,20 +132,28 @@ struct ColossalZ : LayoutPolicy<Backend> {
             comm, *ctx.pool, w.proj(), [&](int j) { return a.slice(1, j * W, W); }, dy.reshape(Shape{m, h}),
             [&](int j) { return da.slice(1, j * W, W); }, grad.proj());
         PooledBuffer<float> dprobs = ctx.pool->acquire<float>(saved.probs.shape());
+        // The per-head GEMMs of a block, two kinds, each issued as one batched call. Within a kind the items run in
+        // head order, so the heads of a GQA group add into their shared K/V gradient rows in the order of the loop
+        // they replace; the two kinds touch disjoint outputs, so issuing one kind after the other changes no bits.
+        HeadGemms first, second;
+        const TensorView<const float> dout_heads = dout.view();
         // dP[:, block] = dout v_block^T; dV_block += P[:, block]^T dout
         rotate_blocks_with_sums<Backend>(
             comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.v),
             [&](int owner, std::span<const float> v_block, std::span<float> dv_block) {
+              first.clear();
+              second.clear();
               rsa.for_each_head(owner, v_block.data(), [&](std::int64_t batch, std::int64_t head, const float*,
-                                                            float* probs, const float* value, std::int64_t keys, float*) {
-                const float* dout_head = &dout.view()(batch, 0, head, 0);
-                float* dprobs_block = dprobs.data() + (probs - saved.probs.data());
-                float* dvalue = dv_block.data() + (value - v_block.data());
-                Backend::gemm(ops::Transpose::no, ops::Transpose::yes, n, keys, d, 1.0f, dout_head, rsa.out_stride,
-                              value, rsa.kv_stride, 0.0f, dprobs_block, s);
-                Backend::gemm(ops::Transpose::yes, ops::Transpose::no, keys, d, n, 1.0f, probs, s, dout_head,
-                              rsa.out_stride, 1.0f, dvalue, rsa.kv_stride);
+                                                            float* probs, const float* value, float*) {
+                const float* dout_head = &dout_heads(batch, 0, head, 0);
+                first.add(dout_head, value, dprobs.data() + (probs - saved.probs.data()));
+                second.add(probs, dout_head, dv_block.data() + (value - v_block.data()));
               });
+              const std::int64_t keys = rsa.keys(owner);
+              Backend::gemm_batched(ops::Transpose::no, ops::Transpose::yes, n, keys, d, 1.0f, first.a, rsa.out_stride,
+                                    first.b, rsa.kv_stride, 0.0f, first.c, s);
+              Backend::gemm_batched(ops::Transpose::yes, ops::Transpose::no, keys, d, n, 1.0f, second.a, s, second.b,
+                                    rsa.out_stride, 1.0f, second.c, rsa.kv_stride);
             },
             [&](std::span<const float> total) { rsa.add_home(total, dqkv.v); });
         rsa.softmax_backward(saved.probs.view(), dprobs.view());  // dP -> dS, in place
@@ -152,15 +161,19 @@ struct ColossalZ : LayoutPolicy<Backend> {
         rotate_blocks_with_sums<Backend>(
             comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.k),
             [&](int owner, std::span<const float> k_block, std::span<float> dk_block) {
+              first.clear();
+              second.clear();
               rsa.for_each_head(owner, k_block.data(), [&](std::int64_t batch, std::int64_t head, const float* q,
-                                                            float* probs, const float* key, std::int64_t keys, float*) {
+                                                            float* probs, const float* key, float*) {
                 const float* dscores = dprobs.data() + (probs - saved.probs.data());
-                float* dkey = dk_block.data() + (key - k_block.data());
-                Backend::gemm(ops::Transpose::no, ops::Transpose::no, n, d, keys, rsa.scale, dscores, s, key,
-                              rsa.kv_stride, 1.0f, &dqkv.q(batch, 0, head, 0), rsa.head_stride);
-                Backend::gemm(ops::Transpose::yes, ops::Transpose::no, keys, d, n, rsa.scale, dscores, s, q,
-                              rsa.head_stride, 1.0f, dkey, rsa.kv_stride);
+                first.add(dscores, key, &dqkv.q(batch, 0, head, 0));
+                second.add(dscores, q, dk_block.data() + (key - k_block.data()));
               });
+              const std::int64_t keys = rsa.keys(owner);
+              Backend::gemm_batched(ops::Transpose::no, ops::Transpose::no, n, d, keys, rsa.scale, first.a, s, first.b,
+                                    rsa.kv_stride, 1.0f, first.c, rsa.head_stride);
+              Backend::gemm_batched(ops::Transpose::yes, ops::Transpose::no, keys, d, n, rsa.scale, second.a, s,
+                                    second.b, rsa.head_stride, 1.0f, second.c, rsa.kv_stride);
             },
             [&](std::span<const float> total) { rsa.add_home(total, dqkv.k); });
       }
@@ -187,6 +200,22 @@ struct ColossalZ : LayoutPolicy<Backend> {
   }
 
 private:
+  // The operands of one GEMM per head (item i: c[i] = op(a[i]) op(b[i])), gathered for one Backend::gemm_batched.
+  struct HeadGemms {
+    std::vector<const float*> a, b;
+    std::vector<float*> c;
+    void clear() noexcept {
+      a.clear();
+      b.clear();
+      c.clear();
+    }
+    void add(const float* x, const float* y, float* z) {
+      a.push_back(x);
+      b.push_back(y);
+      c.push_back(z);
+    }
+  };
+
   // The bookkeeping of RSA on one rank: where every head's rows, score columns and K/V block rows live.
   struct Rsa {
     const SublayerContext& ctx;
@@ -222,6 +251,8 @@ private:
       }
     }
 
+    // Keys in owner's K (or V) block: its token count.
+    std::int64_t keys(int owner) const { return ctx.local_tokens(owner); }
     // Elements of owner's K (or V) block [b, n_owner, hkv, d].
     auto block_size() const {
       return [this](int owner) { return batch * ctx.local_tokens(owner) * kv_heads * d; };
@@ -231,7 +262,7 @@ private:
       return [part](std::span<float> own) { Backend::copy(part, TensorView<float>(own.data(), part.shape())); };
     }
     // Calls fn(batch, head, q rows, score rows of the owner's columns, the owner's key rows of the head's kv head,
-    // key count, out rows) for every (batch, query head).
+    // out rows) for every (batch, query head), in that order.
     template <class Fn>
     void for_each_head(int owner, const float* block, Fn&& fn) const {
       const std::int64_t keys = ctx.local_tokens(owner), column = column_of_owner[std::size_t(owner)];
@@ -239,7 +270,7 @@ private:
         for (std::int64_t head = 0; head < q_heads; ++head) {
           const std::int64_t kv_head = head / packing.group_size;
           fn(bi, head, &q(bi, 0, head, 0), &saved.probs(bi, head, 0, column), block + (bi * keys * kv_heads + kv_head) * d,
-             keys, &saved.out(bi, 0, head, 0));
+             &saved.out(bi, 0, head, 0));
         }
     }
     // Each score row -> its softmax over the visible keys (masked columns 0).

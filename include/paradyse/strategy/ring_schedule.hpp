@@ -47,15 +47,18 @@ void rotate_blocks(C& comm, BufferPool& pool, SizeOf&& size_of, PackOwn&& pack_o
   using ring_schedule_detail::wrap;
   const int p = comm.size(), rank = comm.rank();
   const std::int64_t capacity = ring_schedule_detail::largest(p, size_of);
-  PooledBuffer<float> current = pool.acquire<float>(Shape{capacity});
-  PooledBuffer<float> incoming = pool.acquire<float>(Shape{p > 1 ? capacity : 0});
-  pack_own(std::span<float>(current.data(), std::size_t(size_of(rank))));
+  PooledBuffer<float> first = pool.acquire<float>(Shape{capacity});
+  PooledBuffer<float> second = pool.acquire<float>(Shape{p > 1 ? capacity : 0});
+  // The two buffers trade roles each step (pointers swap, the loans stay put).
+  float* current = first.data();
+  float* incoming = second.data();
+  pack_own(std::span<float>(current, std::size_t(size_of(rank))));
   for (int step = 0; step < p; ++step) {
     const int source = wrap(rank - step, p);
-    const std::span<const float> block(current.data(), std::size_t(size_of(source)));
+    const std::span<const float> block(current, std::size_t(size_of(source)));
     Request next;
     if (step + 1 < p)
-      next = comm.shift_async(block, std::span<float>(incoming.data(), std::size_t(size_of(wrap(source - 1, p)))), 1);
+      next = comm.shift_async(block, std::span<float>(incoming, std::size_t(size_of(wrap(source - 1, p)))), 1);
     visit(source, block);
     next.wait();
     std::swap(current, incoming);
@@ -71,31 +74,36 @@ void rotate_blocks_with_sums(C& comm, BufferPool& pool, SizeOf&& size_of, SumSiz
   using ring_schedule_detail::wrap;
   const int p = comm.size(), rank = comm.rank();
   const std::int64_t capacity = ring_schedule_detail::largest(p, size_of);
-  PooledBuffer<float> current = pool.acquire<float>(Shape{capacity});
-  pack_own(std::span<float>(current.data(), std::size_t(size_of(rank))));
+  PooledBuffer<float> block_a = pool.acquire<float>(Shape{capacity});
+  float* current = block_a.data();
+  pack_own(std::span<float>(current, std::size_t(size_of(rank))));
   const std::int64_t sum_capacity = ring_schedule_detail::largest(p, sum_size_of);
-  auto sum_span = [&](PooledBuffer<float>& buffer, int owner) {
-    return std::span<float>(buffer.data(), std::size_t(sum_size_of(wrap(owner, p))));
+  auto sum_span = [&](float* buffer, int owner) {
+    return std::span<float>(buffer, std::size_t(sum_size_of(wrap(owner, p))));
   };
-  PooledBuffer<float> work = pool.acquire<float>(Shape{sum_capacity});
+  PooledBuffer<float> sum_a = pool.acquire<float>(Shape{sum_capacity});
+  float* work = sum_a.data();
   if (p == 1) {
     const std::span<float> sum = sum_span(work, rank);
     Backend::fill(sum, 0.0f);
-    visit(rank, std::span<const float>(current.data(), std::size_t(size_of(rank))), sum);
+    visit(rank, std::span<const float>(current, std::size_t(size_of(rank))), sum);
     home(std::span<const float>(sum));
     return;
   }
-  PooledBuffer<float> incoming = pool.acquire<float>(Shape{capacity});
+  PooledBuffer<float> block_b = pool.acquire<float>(Shape{capacity});
+  float* incoming = block_b.data();
   // The sums: the one this step adds into, the one on its way to the next rank, the one arriving from the last.
-  PooledBuffer<float> sending = pool.acquire<float>(Shape{sum_capacity});
-  PooledBuffer<float> arriving = pool.acquire<float>(Shape{sum_capacity});
+  // Buffers trade roles by pointer; the loans stay put.
+  PooledBuffer<float> sum_b = pool.acquire<float>(Shape{sum_capacity});
+  PooledBuffer<float> sum_c = pool.acquire<float>(Shape{sum_capacity});
+  float* sending = sum_b.data();
+  float* arriving = sum_c.data();
   Request block_next, sum_next;
   for (int step = 0; step < p; ++step) {
     const int source = wrap(rank - step, p);
-    const std::span<const float> block(current.data(), std::size_t(size_of(source)));
+    const std::span<const float> block(current, std::size_t(size_of(source)));
     if (step + 1 < p)
-      block_next =
-          comm.shift_async(block, std::span<float>(incoming.data(), std::size_t(size_of(wrap(source - 1, p)))), 1);
+      block_next = comm.shift_async(block, std::span<float>(incoming, std::size_t(size_of(wrap(source - 1, p)))), 1);
     const std::span<float> sum = sum_span(work, source);
     Backend::fill(sum, 0.0f);
     visit(source, block, sum);
