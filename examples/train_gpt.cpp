@@ -635,8 +635,14 @@ int train_dense(const Options& o, RanksT& ranks) {
         pool.reset_high_water();
         ranks.tracker(r).reset_peak();
         const pd::SequenceLayout layout(s, o.ranks, config.layer.zigzag);
+        // The rank's token ids are host memory on every backend (a device model copies them where it computes);
+        // on the GPU the rank's current tracker is its device tracker, so they come from a host one.
+        std::optional<pd::MemoryTracker> host_ids;
+        std::optional<pd::ScopedTracker> on_host;
+        if constexpr (on_device) on_host.emplace(host_ids.emplace());
         const pd::Tensor<std::int32_t> x = pd::shard_tokens(inputs, rows, layout, r);
         const pd::Tensor<std::int32_t> y = pd::shard_tokens(targets, rows, layout, r);
+        on_host.reset();
         model.zero_gradients();
         // Under MPI an out-of-memory rank could not stop the others inside a collective: the step runs uncapped
         // and is undone when any rank's peak passed the cap, which is exactly when the thread run's step fails.
