@@ -1,14 +1,19 @@
 // tests/serve/engine.cpp: the serving engine over the transformers fixtures (tests/data/hf/): continuous batching
-// with staggered arrivals and chunked prefill, every MoE policy (static TP, static EP, EP + EPLB, EP + token sorting
-// with on-demand loading, dynamic TP<->EP switching, pipelined or stalled) on p in {1, 2, 3, 4} gives the reference's
-// greedy tokens; seeded sampling; the paged cache; the layout redistribution round trip; EPLB against DeepSeek's
+// with staggered arrivals and chunked prefill, every MoE policy (static TP, static EP, EP + EPLB, EP + token sorting,
+// on-demand loading from the owning rank alone and with sorting, dynamic TP<->EP switching, pipelined or stalled) on
+// p in {1, 2, 3, 4} gives the reference's greedy tokens; Alloc-MoE budgets (the full budget gives the unbudgeted
+// tokens; B activations per token; the same tokens on every p and mode; Alloc-T per chunk); the work pieces and the
+// fetch directory; seeded sampling; the paged cache; the layout redistribution round trip; EPLB against DeepSeek's
 // published example; the switcher's hysteresis.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/json.hpp"
+#include "paradyse/core/rng.hpp"
 #include "paradyse/serve/engine.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -56,7 +61,8 @@ std::vector<ServeRequest> staggered(const Reference& ref, SamplingParams samplin
 
 struct Served {
   std::vector<RequestOutcome> outcomes;
-  EngineStats stats;
+  EngineStats stats;         // rank 0's
+  std::int64_t fetches = 0;  // experts fetched, over every rank
 };
 
 Served serve_on(const LoadedDecoder& m, const std::vector<ServeRequest>& requests, int p, const EngineOptions& opt,
@@ -68,6 +74,7 @@ Served serve_on(const LoadedDecoder& m, const std::vector<ServeRequest>& request
     if (comm.rank() == 0) s.outcomes = std::move(out);
   });
   s.stats = stats[0];
+  for (const EngineStats& r : stats) s.fetches += r.fetch.fetches;
   return s;
 }
 
@@ -96,6 +103,13 @@ std::map<std::string, EnginePolicy> policies() {
   sorting.token_sorting = true;
   sorting.fetch_capacity = 1;
   all["EP + token sorting"] = sorting;
+  EnginePolicy on_demand;
+  on_demand.mode = ModePolicy::static_ep;
+  on_demand.on_demand = true;
+  on_demand.fetch_capacity = 1;
+  all["EP + on-demand loading"] = on_demand;
+  on_demand.token_sorting = true;
+  all["EP + token sorting + on-demand loading"] = on_demand;
   all["dynamic (pipelined)"] = dynamic_policy(true);
   all["dynamic (stalled)"] = dynamic_policy(false);
   EnginePolicy everything = dynamic_policy(true);
@@ -103,6 +117,8 @@ std::map<std::string, EnginePolicy> policies() {
   everything.eplb_interval = 2;
   everything.token_sorting = true;
   all["dynamic + EPLB + token sorting"] = everything;
+  everything.on_demand = true;
+  all["dynamic + EPLB + token sorting + on-demand"] = everything;
   return all;
 }
 
@@ -133,8 +149,8 @@ TEST_CASE("engine: every policy on p in {1, 2, 3, 4} gives transformers' greedy 
           CHECK(s.stats.switch_bytes > 0);
         }
         if (policy.eplb && policy.mode == ModePolicy::static_ep && p > 1) CHECK(s.stats.rebalances >= 1);
-        if (policy.token_sorting && policy.mode == ModePolicy::static_ep && p > 1) {
-          CHECK(s.stats.fetch.fetches > 0);
+        if ((policy.token_sorting || policy.on_demand) && policy.mode == ModePolicy::static_ep && p > 1) {
+          CHECK(s.fetches > 0);
           // Equal pairs per rank: the largest rank share exceeds the mean by less than one row per step.
           for (std::int64_t l = 0; l < m.config.layers; ++l)
             if (m.config.is_moe(l))
@@ -370,4 +386,190 @@ TEST_CASE("expert fetch cache: bounded, least recently used out first, never an 
   CHECK(cache.stats().fetches == 6);  // experts 0 to 5, each once
   CHECK(cache.stats().bytes_fetched == 6 * 3 * std::size_t(m.config.moe.expert_ffn * m.config.hidden) * sizeof(float));
   CHECK_THROWS_WITH_AS(ExpertFetchCache(0), doctest::Contains("capacity = 0 must be at least 1"), Error);
+}
+
+// ---- Alloc-MoE budgets in the engine (serve/routing_budget.hpp) ----
+
+namespace {
+
+std::vector<std::int64_t> moe_ks(const DecoderConfig& c, const RoutingBudget& b) {
+  std::vector<std::int64_t> k;
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe(l)) k.push_back(b.layer_k[std::size_t(l)]);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("engine budget: the full budget (uniform, Alloc-L) gives the unbudgeted greedy tokens on p in {1, 2}, TP and EP") {
+  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+    const LoadedDecoder m = load_decoder(fixture(family).string());
+    const Reference ref = read_reference(family);
+    const std::vector<ServeRequest> requests = staggered(ref);
+    EngineOptions opt;
+    opt.step_tokens = 6;
+    opt.block_size = 4;
+    opt.kv_blocks = 64;
+    SensitivityTable table;  // any table: at the full budget every layer keeps its top-k
+    table.top_k = moe_layer_top_k(m.config);
+    for (const std::int64_t k : table.top_k) table.delta.push_back(std::vector<double>(std::size_t(k), 0.5));
+    for (const SensitivityTable* t : std::array<const SensitivityTable*, 2>{nullptr, &table})
+      for (const ModePolicy mode : {ModePolicy::static_tp, ModePolicy::static_ep})
+        for (const int p : {1, 2}) {
+          INFO(family, t ? ", Alloc-L" : ", uniform", ", ", mode == ModePolicy::static_tp ? "TP" : "EP", ", p = ", p);
+          EnginePolicy policy;
+          policy.mode = mode;
+          policy.budget = make_routing_budget(m.config, parse_budget("100%"), t, false);
+          CHECK(moe_ks(m.config, policy.budget) == moe_layer_top_k(m.config));
+          const Served s = serve_on(m, requests, p, opt, policy);
+          for (std::size_t i = 0; i < requests.size(); ++i) CHECK(s.outcomes[i].tokens == ref.tokens[i % ref.tokens.size()]);
+          CHECK(s.stats.routed_activations == full_budget(moe_layer_top_k(m.config)) * s.stats.tokens);
+        }
+  }
+}
+
+TEST_CASE("engine budget: every budget B runs B routed activations per token (Alloc-L, Alloc-T), the same tokens on "
+          "p in {1, 2, 3}, TP and EP") {
+  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+    const LoadedDecoder m = load_decoder(fixture(family).string());
+    const DecoderConfig& c = m.config;
+    const Reference ref = read_reference(family);
+    const std::vector<ServeRequest> requests = staggered(ref);
+    EngineOptions opt;
+    opt.step_tokens = 6;
+    opt.block_size = 4;
+    opt.kv_blocks = 64;
+    const std::vector<std::int64_t> top_k = moe_layer_top_k(c);
+    // A table whose last MoE layer is the sensitive one: Alloc-L cuts the others first.
+    SensitivityTable table;
+    table.top_k = top_k;
+    for (std::size_t l = 0; l < top_k.size(); ++l) {
+      std::vector<double> row(std::size_t(c.moe.top_k), 0.0);
+      for (std::int64_t k = 1; k < c.moe.top_k; ++k) row[std::size_t(k - 1)] = double(c.moe.top_k - k) * (l + 1 == top_k.size() ? 10.0 : 1.0);
+      table.delta.push_back(row);
+    }
+    bool some_differ = false;
+    for (std::int64_t B = std::int64_t(top_k.size()); B <= full_budget(top_k); ++B)
+      for (const bool pooled : {false, true})
+        for (const SensitivityTable* t : std::array<const SensitivityTable*, 2>{nullptr, &table}) {
+          const RoutingBudget budget = make_routing_budget(c, BudgetSpec::of_count(B), t, pooled);
+          CHECK(budget.activations_per_token(c) == B);
+          if (t && B < full_budget(top_k) && top_k.size() > 1)  // the sensitive last layer keeps its top-k first
+            CHECK(moe_ks(c, budget).back() == std::min<std::int64_t>(c.moe.top_k, B - std::int64_t(top_k.size()) + 1));
+          std::vector<std::vector<std::int32_t>> first;
+          for (const ModePolicy mode : {ModePolicy::static_tp, ModePolicy::static_ep})
+            for (const int p : {1, 2, 3}) {
+              INFO(family, ", B = ", B, pooled ? ", Alloc-T" : "", t ? ", Alloc-L" : ", uniform", ", ",
+                   mode == ModePolicy::static_tp ? "TP" : "EP", ", p = ", p);
+              EnginePolicy policy;
+              policy.mode = mode;
+              policy.budget = budget;
+              const Served s = serve_on(m, requests, p, opt, policy);
+              CHECK(s.stats.routed_activations == B * s.stats.tokens);
+              std::vector<std::vector<std::int32_t>> tokens;
+              for (const RequestOutcome& o : s.outcomes) tokens.push_back(o.tokens);
+              if (first.empty()) first = tokens;
+              CHECK(tokens == first);
+            }
+          for (std::size_t i = 0; i < first.size(); ++i) some_differ |= first[i] != ref.tokens[i % ref.tokens.size()];
+        }
+    CHECK(some_differ);  // a cut budget changes some greedy token
+  }
+}
+
+TEST_CASE("engine budget: Alloc-T pools each chunk, so a request's tokens do not depend on its batch mates") {
+  const LoadedDecoder m = load_decoder(fixture("olmoe").string());
+  const Reference ref = read_reference("olmoe");
+  std::vector<ServeRequest> together = staggered(ref);
+  EngineOptions opt;
+  opt.step_tokens = 64;  // every prompt in one chunk, in every run
+  opt.block_size = 4;
+  opt.kv_blocks = 64;
+  EnginePolicy policy;
+  policy.budget = make_routing_budget(m.config, parse_budget("75%"), nullptr, true);
+  const Served all = serve_on(m, together, 2, opt, policy);
+  for (std::size_t i = 0; i < together.size(); ++i) {
+    std::vector<ServeRequest> alone{together[i]};
+    alone[0].arrival = 0;
+    CHECK(serve_on(m, alone, 1, opt, policy).outcomes[0].tokens == all.outcomes[i].tokens);
+  }
+}
+
+TEST_CASE("routing budget: Alloc-L follows the table, uniform spreads the cut; errors name the mismatch") {
+  const LoadedDecoder m = load_decoder(fixture("mixtral").string());
+  const DecoderConfig& c = m.config;
+  SensitivityTable table;
+  table.top_k = {2, 2};
+  table.delta = {{0.9, 0.0}, {0.1, 0.0}};  // layer 1 loses less at k = 1
+  CHECK(moe_ks(c, make_routing_budget(c, parse_budget("3"), &table, false)) == std::vector<std::int64_t>{2, 1});
+  CHECK(moe_ks(c, make_routing_budget(c, parse_budget("3"), nullptr, false)) == std::vector<std::int64_t>{2, 1});
+  table.delta = {{0.1, 0.0}, {0.9, 0.0}};
+  CHECK(moe_ks(c, make_routing_budget(c, parse_budget("0.75"), &table, false)) == std::vector<std::int64_t>{1, 2});
+  CHECK(moe_ks(c, make_routing_budget(c, parse_budget("50%"), &table, true)) == std::vector<std::int64_t>{1, 1});
+  SensitivityTable other = table;
+  other.top_k = {2, 2, 2};
+  other.delta.push_back({0.5, 0.0});
+  CHECK_THROWS_WITH_AS(make_routing_budget(c, parse_budget("3"), &other, false),
+                       doctest::Contains("the sensitivity table has 3 MoE layers"), Error);
+  CHECK_THROWS_WITH_AS(make_routing_budget(c, parse_budget("1"), nullptr, false),
+                       doctest::Contains("1 activations per token; expected 2"), Error);
+  RoutingBudget bad;
+  bad.layer_k = {2, 7};
+  CHECK_THROWS_WITH_AS(bad.validate(c), doctest::Contains("MoE layer 1 has K = 7; expected 1 to E = 4"), Error);
+}
+
+TEST_CASE("expert pieces: every permuted row once; token sorting cuts equal shares, on-demand alone evens the ranks "
+          "to one row") {
+  Rng rng(77);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int p = 1 + int(rng.below(5));
+    const std::int64_t E = 1 + std::int64_t(rng.below(9)), n = std::int64_t(rng.below(40));
+    std::vector<std::int64_t> offsets{0}, expert;
+    for (std::int64_t t = 0; t < n; ++t) {
+      offsets.push_back(offsets.back() + 1);
+      // skewed: expert 0 takes about half the tokens
+      expert.push_back(rng.below(2) == 0 ? 0 : std::int64_t(rng.below(std::uint64_t(E))));
+    }
+    const Dispatch d = dispatch_by_expert(offsets, expert, E);
+    // a placement with a replica of expert 0 on the last rank when there is room
+    std::vector<std::vector<std::int64_t>> placement = ExpertPlacement::chunked(E, p).experts_of_rank;
+    for (int r = 0; r < p; ++r)
+      if (placement[std::size_t(r)].empty()) placement[std::size_t(r)].push_back(std::int64_t(r) % E);
+    if (trial % 2 == 0) placement.back().push_back(0);
+    for (const bool sorting : {false, true}) {
+      INFO("trial ", trial, ", p = ", p, ", E = ", E, ", n = ", n, sorting ? ", sorting" : ", on-demand alone");
+      const std::vector<std::vector<ExpertPiece>> pieces = assign_pieces(placement, d, sorting);
+      REQUIRE(pieces.size() == std::size_t(p));
+      std::vector<int> seen(static_cast<std::size_t>(d.rows()), 0);
+      std::vector<std::int64_t> load;
+      for (const auto& mine : pieces) {
+        load.push_back(0);
+        for (const ExpertPiece& piece : mine) {
+          CHECK(piece.rows() > 0);
+          CHECK(piece.begin >= d.offsets[std::size_t(piece.expert)]);
+          CHECK(piece.end <= d.offsets[std::size_t(piece.expert + 1)]);
+          for (std::int64_t i = piece.begin; i < piece.end; ++i) ++seen[std::size_t(i)];
+          load.back() += piece.rows();
+        }
+      }
+      CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+      CHECK(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()) <= 1);
+    }
+  }
+}
+
+TEST_CASE("fetch directory: bounded LRU of keys, never evicting what the current call uses") {
+  FetchDirectory dir(2);
+  FetchStats st;
+  CHECK_FALSE(dir.use(0, 1, 1, st).hit);
+  CHECK_FALSE(dir.use(0, 2, 1, st).hit);
+  CHECK(dir.use(0, 1, 2, st).hit);
+  CHECK_FALSE(dir.use(0, 3, 2, st).hit);  // expert 2 (least recently used, not in call 2) goes
+  CHECK(dir.take_evicted() == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}});
+  CHECK_FALSE(dir.use(1, 4, 2, st).hit);  // 1 and 3 serve call 2: overflow
+  CHECK(st.overflows == 1);
+  CHECK(dir.size() == 3);
+  CHECK(st.fetches == 4);
+  CHECK(st.hits == 1);
+  CHECK_THROWS_WITH_AS(FetchDirectory(0), doctest::Contains("capacity = 0 must be at least 1"), Error);
 }
