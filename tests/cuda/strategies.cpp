@@ -7,6 +7,7 @@
 #include "strategy/harness.hpp"
 
 #include "paradyse/comm/cuda_local.hpp"
+#include "paradyse/model/placement.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/ops/cuda_backend.hpp"
 #include "paradyse/strategy/strategies.hpp"
@@ -19,25 +20,14 @@ using namespace paradyse;
 using namespace paradyse::testing;
 using Device = ops::Cuda;
 
-// A host tensor's copy on the calling thread's (device) tracker, and back.
-Tensor<float> on_device(const Tensor<float>& host) {
-  Tensor<float> d(host.shape());
-  Device::copy(host.view(), d.view());
-  return d;
-}
+// A device tensor's copy on the host tracker `host` (the way to the host is the test's; the way to the device is the
+// model's own, model/placement.hpp).
 Tensor<float> on_host(const Tensor<float>& device_tensor, MemoryTracker& host) {
   ScopedTracker scope(host);
   Tensor<float> h(device_tensor.shape());
   Device::copy(device_tensor.view(), h.view());
   device::synchronize();
   return h;
-}
-LayerWeights on_device(const LayerWeights& host, const LayerConfig& c, int p) {
-  LayerWeights d(c, p);
-  Device::copy(host.attention.packed.view(), d.attention.packed.view());
-  Device::copy(host.mlp.packed.view(), d.mlp.packed.view());
-  Device::copy(host.norms.packed.view(), d.norms.packed.view());
-  return d;
 }
 
 // One sublayer of strategy S (over ops::Cuda) on p cuda_local ranks against the reference.
@@ -71,9 +61,9 @@ void check_device_sublayer(const SublayerCase& test, Sublayer which) {
     }
     BufferPool pool;
     const SublayerContext ctx(c, p, test.batch, test.length, pool);
-    const LayerWeights weights = on_device(host_weights, c, p);
+    const LayerWeights weights = placed<Device>(std::move(host_weights));
     LayerWeights grads(c, p);
-    const Tensor<float> x = on_device(host_x), dy = on_device(host_dy);
+    const Tensor<float> x = placed<Device>(host_x), dy = placed<Device>(host_dy);
     Tensor<float> y(x.shape()), dx(x.shape());
     const S strategy;
     if (!strategy.supports(ctx)) return;
@@ -168,17 +158,17 @@ TEST_CASE("cuda_local: a mixed plan over a 2-layer stack on device matches the f
       {
         ScopedTracker scope(host);
         for (int l = 0; l < 2; ++l) {
-          const LayerWeights w = shard_of(weights[std::size_t(l)], c, p, r);
+          LayerWeights w = shard_of(weights[std::size_t(l)], c, p, r);
           want.push_back(shard_of(dw[std::size_t(l)], c, p, r));
           ScopedTracker device_scope(device_tracker);
-          shards.push_back(on_device(w, c, p));
+          shards.push_back(placed<Device>(std::move(w)));
         }
         host_x = local_tokens(x_global, layout, r);
         host_dz = local_tokens(dz_global, layout, r);
       }
       BufferPool pool;
       TransformerStack<Strategies, Device> stack(c, std::move(shards), p);
-      const Tensor<float> x = on_device(host_x), dz = on_device(host_dz);
+      const Tensor<float> x = placed<Device>(host_x), dz = placed<Device>(host_dz);
       Tensor<float> z(x.shape()), dx(x.shape());
       stack.zero_gradients();
       stack.forward(comm, pool, plan, test.length, x.view(), z.view());

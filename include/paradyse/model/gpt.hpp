@@ -183,9 +183,8 @@ public:
   Gpt(const GptConfig& config, int ranks, int rank, std::uint64_t seed)
       : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
         stack_(make_stack(config, ranks, rank, seed)) {
-    allocate_replicated();
     replicated_ = drawn_on_host<Backend>([&] {
-      Tensor<float> pack(replicated_.shape());
+      Tensor<float> pack(replicated_shape());
       const std::int64_t v = config.vocab;
       for (std::int64_t i = 0; i < v; ++i) {
         gpt_detail::init_row(config, seed, gpt_detail::Part::embedding, i, gpt_detail::row_span(pack, i));
@@ -195,7 +194,7 @@ public:
       std::ranges::fill(gpt_detail::row_span(pack, final_row()), 1.0f);  // the final norm's gamma
       return pack;
     });
-    allocate_optimizer_state();
+    allocate_training_state();
   }
 
   // Rank `rank`'s part of given global weights (any element type, converted to float).
@@ -203,13 +202,12 @@ public:
   Gpt(const GptConfig& config, const GlobalGptWeights<T>& global, int ranks, int rank)
       : config_(checked(config, ranks)), ranks_(ranks), rank_(rank),
         stack_(stack_of(config, global, ranks, rank)) {
-    allocate_replicated();
     replicated_ = drawn_on_host<Backend>([&] {
-      Tensor<float> pack(replicated_.shape());
+      Tensor<float> pack(replicated_shape());
       load_replicated(global, pack);
       return pack;
     });
-    allocate_optimizer_state();
+    allocate_training_state();
   }
 
   const GptConfig& config() const noexcept { return config_; }
@@ -483,12 +481,11 @@ private:
   std::span<float> grad_row(std::int64_t row) { return gpt_detail::row_span(replicated_grad_, row); }
   static std::span<float> partial_row(Tensor<float>& t, std::int64_t row) { return gpt_detail::row_span(t, row); }
 
-  void allocate_replicated() {
-    const Shape shape{config_.replicated_rows(), config_.layer.hidden};
-    replicated_ = Tensor<float>(shape);
-    replicated_grad_ = Tensor<float>(shape);
-  }
-  void allocate_optimizer_state() {
+  // The replicated pack [rows, h]: embedding, head (untied), final gamma, final beta.
+  Shape replicated_shape() const { return Shape{config_.replicated_rows(), config_.layer.hidden}; }
+  // The replicated gradient and every AdamW moment (zeros, in the calling thread's tracker).
+  void allocate_training_state() {
+    replicated_grad_ = Tensor<float>(replicated_shape());
     replicated_m_ = Tensor<float>(replicated_.shape());
     replicated_v_ = Tensor<float>(replicated_.shape());
     for (int l = 0; l < config_.layers; ++l) {
