@@ -74,10 +74,20 @@ inline Matrix as_tokens(const Matrix& x) {  // [b, s, h] -> [b*s, h] (a copy)
 // ---- RoPE --------------------------------------------------------------------------------------------------------
 // Rotates every head of x: [T, heads * d] (token t of batch row t / s at position t % s); inverse = true undoes it
 // (the backward of a rotation is the rotation by the opposite angle).
-inline void rope(Matrix& x, std::int64_t seq, std::int64_t d, double base, bool inverse) {
+// With `documents` (packed documents: the start of each in the sequence, first 0) a position counts from its
+// document's start.
+inline std::int64_t document_of(const std::vector<std::int64_t>& documents, std::int64_t position) {
+  std::int64_t doc = -1;
+  for (std::int64_t start : documents) doc += start <= position ? 1 : 0;
+  return doc;
+}
+inline void rope(Matrix& x, std::int64_t seq, std::int64_t d, double base, bool inverse,
+                 const std::vector<std::int64_t>& documents = {}) {
   const std::int64_t tokens = x.extent(0), heads = x.extent(1) / d, half = d / 2;
   for (std::int64_t t = 0; t < tokens; ++t) {
-    const double position = double(t % seq);
+    const std::int64_t in_sequence = t % seq;
+    const double position =
+        double(documents.empty() ? in_sequence : in_sequence - documents[std::size_t(document_of(documents, in_sequence))]);
     for (std::int64_t head = 0; head < heads; ++head)
       for (std::int64_t i = 0; i < half; ++i) {
         const double angle = position * std::pow(base, -2.0 * double(i) / double(d)) * (inverse ? -1.0 : 1.0);
@@ -96,9 +106,12 @@ inline void rope(Matrix& x, std::int64_t seq, std::int64_t d, double base, bool 
 struct AttentionCore {
   std::int64_t batch, seq, q_heads, kv_heads, d;
   bool causal;
+  std::vector<std::int64_t> documents = {};  // packed documents: a query sees keys of its own document only
 
   std::int64_t kv_of(std::int64_t head) const { return head / (q_heads / kv_heads); }
-  bool visible(std::int64_t i, std::int64_t j) const { return !causal || j <= i; }
+  bool visible(std::int64_t i, std::int64_t j) const {
+    return (!causal || j <= i) && (documents.empty() || document_of(documents, i) == document_of(documents, j));
+  }
 
   // probabilities [b, hq, s, s]
   Matrix probabilities(const Matrix& q, const Matrix& k) const {
@@ -167,15 +180,17 @@ struct AttentionCore {
 
 // ---- sublayers -----------------------------------------------------------------------------------------------------
 // y: [b, s, h] = Attention(x: [b, s, h]) (no norm, no residual).
-inline Matrix attention_forward(const LayerConfig& c, const GlobalLayerWeights<double>& w, const Matrix& x) {
+// documents: packed documents of every sample (the start of each, first 0); empty: one document.
+inline Matrix attention_forward(const LayerConfig& c, const GlobalLayerWeights<double>& w, const Matrix& x,
+                                const std::vector<std::int64_t>& documents = {}) {
   const std::int64_t batch = x.extent(0), seq = x.extent(1);
   const Matrix tokens = as_tokens(x);
   Matrix q = linear(tokens, w.w_q), k = linear(tokens, w.w_k), v = linear(tokens, w.w_v);
   if (c.rope) {
-    rope(q, seq, c.head_dim, c.rope_base, false);
-    rope(k, seq, c.head_dim, c.rope_base, false);
+    rope(q, seq, c.head_dim, c.rope_base, false, documents);
+    rope(k, seq, c.head_dim, c.rope_base, false, documents);
   }
-  const AttentionCore core{batch, seq, c.heads, c.kv_heads, c.head_dim, c.causal};
+  const AttentionCore core{batch, seq, c.heads, c.kv_heads, c.head_dim, c.causal, documents};
   Matrix y = linear_rows(core.forward(q, k, v), w.w_proj);
   y.reshape(x.shape());
   return y;
@@ -183,23 +198,24 @@ inline Matrix attention_forward(const LayerConfig& c, const GlobalLayerWeights<d
 
 // dx = d Attention / dx * dy (overwritten); weight gradients accumulate into dw's w_q, w_k, w_v, w_proj.
 inline Matrix attention_backward(const LayerConfig& c, const GlobalLayerWeights<double>& w, const Matrix& x,
-                                 const Matrix& dy, GlobalLayerWeights<double>& dw) {
+                                 const Matrix& dy, GlobalLayerWeights<double>& dw,
+                                 const std::vector<std::int64_t>& documents = {}) {
   const std::int64_t batch = x.extent(0), seq = x.extent(1);
   const Matrix tokens = as_tokens(x), dy_tokens = as_tokens(dy);
   Matrix q = linear(tokens, w.w_q), k = linear(tokens, w.w_k), v = linear(tokens, w.w_v);
   if (c.rope) {
-    rope(q, seq, c.head_dim, c.rope_base, false);
-    rope(k, seq, c.head_dim, c.rope_base, false);
+    rope(q, seq, c.head_dim, c.rope_base, false, documents);
+    rope(k, seq, c.head_dim, c.rope_base, false, documents);
   }
-  const AttentionCore core{batch, seq, c.heads, c.kv_heads, c.head_dim, c.causal};
+  const AttentionCore core{batch, seq, c.heads, c.kv_heads, c.head_dim, c.causal, documents};
   const Matrix out = core.forward(q, k, v);
   Matrix dout(out.shape());
   linear_rows_backward(out, w.w_proj, dy_tokens, dout, dw.w_proj);
   Matrix dq(q.shape()), dk(k.shape()), dv(v.shape());
   core.backward(q, k, v, dout, dq, dk, dv);
   if (c.rope) {
-    rope(dq, seq, c.head_dim, c.rope_base, true);
-    rope(dk, seq, c.head_dim, c.rope_base, true);
+    rope(dq, seq, c.head_dim, c.rope_base, true, documents);
+    rope(dk, seq, c.head_dim, c.rope_base, true, documents);
   }
   Matrix dx(tokens.shape());
   linear_backward(tokens, w.w_q, dq, dx, dw.w_q);

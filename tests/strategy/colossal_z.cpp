@@ -13,3 +13,7 @@ TEST_CASE("ColossalZ: both sublayers match the float64 reference on 1, 2, 3, 4 a
 TEST_CASE("ColossalZ: models the strategy concept") {
   static_assert(paradyse::SublayerStrategy<paradyse::ColossalZ<>, paradyse::ThreadCommunicator>);
 }
+
+TEST_CASE("ColossalZ: packed documents (1 token, fewer than p, across a chunk boundary) match the float64 reference on 1-4 ranks") {
+  paradyse::testing::check_packed_sublayers<paradyse::ColossalZ<>>();
+}

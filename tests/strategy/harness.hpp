@@ -1,7 +1,8 @@
 // tests/strategy/harness.hpp: checks a strategy's sublayers on thread ranks against the float64 single-rank
 // reference (tests/model/reference_transformer.hpp): output, input gradient and the gradient of every rank's own
 // shard, over the standard cases (p in {1, 2, 3, 4, 8}, MHA/GQA with and without replicated kv heads, causal or
-// not, RoPE, zigzag, GELU/SwiGLU, uneven sequence lengths, batch 1 and 2).
+// not, RoPE, zigzag, GELU/SwiGLU, uneven sequence lengths, batch 1 and 2) and the packed-document cases (p in
+// {1, 2, 3, 4}: a 1-token document, one shorter than p, one across a chunk boundary; causal or not, RoPE, zigzag).
 //
 // Use: paradyse::testing::check_sublayers<MegatronTS<>>(). Each rank collects its mismatches; the main thread checks
 // them (doctest assertions are not made from rank threads).
@@ -18,7 +19,9 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -31,6 +34,7 @@ struct SublayerCase {
   int ranks = 1;
   std::int64_t batch = 1;
   std::int64_t length = 8;
+  std::vector<std::int64_t> documents = {};  // packed documents (starts, first 0); empty: one document
 };
 
 inline LayerConfig small_config(std::int64_t heads, std::int64_t kv_heads, std::int64_t ffn) {
@@ -73,6 +77,43 @@ inline std::vector<SublayerCase> standard_cases(int p) {
     groups.zigzag = true;
     add("GQA 2 groups/rank causal zigzag", groups, 1, 4 * p + 1);
   }
+  return cases;
+}
+
+// Starts of packed documents in a sequence of `length` >= 3p + 3 tokens: a 1-token document, one of p - 1 tokens
+// (shorter than the group), one of 2p + 1 (it spans a chunk boundary, contiguous or zigzag), the rest in two.
+inline std::vector<std::int64_t> packed_documents(int p, std::int64_t length) {
+  const std::int64_t lengths[] = {1, std::max(p - 1, 1), 2 * p + 1};
+  std::vector<std::int64_t> starts{0};
+  for (std::int64_t l : lengths) starts.push_back(starts.back() + l);
+  const std::int64_t rest = length - starts.back();
+  REQUIRE(rest >= 2);
+  starts.push_back(starts.back() + rest / 2);
+  return starts;
+}
+
+// Packed-document cases for group size p: causal with RoPE (zigzag and contiguous), non-causal with RoPE, GQA.
+inline std::vector<SublayerCase> packed_cases(int p) {
+  std::vector<SublayerCase> cases;
+  auto add = [&](std::string name, LayerConfig c, std::int64_t batch, std::int64_t length) {
+    const std::vector<std::int64_t> docs = packed_documents(p, length);
+    cases.push_back({fmt::format("p={} {} b={} s={} documents {}", p, name, batch, length, fmt::join(docs, ",")), c, p,
+                     batch, length, docs});
+  };
+  LayerConfig causal = small_config(2 * p, 2 * p, 4 * p);
+  causal.causal = true;
+  causal.rope = true;
+  causal.zigzag = true;
+  add("MHA causal RoPE zigzag", causal, 2, 5 * p + 3);
+  const std::int64_t kv = p <= 3 ? p : 2;
+  LayerConfig gqa = small_config(2 * p, kv, 4 * p);
+  gqa.causal = true;
+  gqa.rope = true;
+  gqa.activation = Activation::swiglu;
+  add(fmt::format("GQA kv={} causal RoPE", kv), gqa, 1, 4 * p + 5);
+  LayerConfig bidirectional = small_config(2 * p, 2 * p, 4 * p);
+  bidirectional.rope = true;
+  add("MHA non-causal RoPE", bidirectional, 1, 3 * p + 4);
   return cases;
 }
 
@@ -150,8 +191,13 @@ std::vector<std::size_t> check_sublayer(const SublayerCase& test, Sublayer which
   GlobalLayerWeights<double> dw(c);
   Tensor<double> y_ref, dx_ref;
   if (which == Sublayer::attention) {
-    y_ref = ref::attention_forward(c, problem.weights, problem.x);
-    dx_ref = ref::attention_backward(c, problem.weights, problem.x, problem.dy, dw);
+    y_ref = ref::attention_forward(c, problem.weights, problem.x, test.documents);
+    dx_ref = ref::attention_backward(c, problem.weights, problem.x, problem.dy, dw, test.documents);
+    if (!test.documents.empty()) {  // the documents must matter, or the case could not catch a strategy ignoring them
+      const Tensor<double> unpacked = ref::attention_forward(c, problem.weights, problem.x);
+      CHECK_MESSAGE(!first_mismatch(std::span<const double>(unpacked.span()), std::span<const double>(y_ref.span()), kFloat32).empty(),
+                    "packed documents leave the reference unchanged: ", test.name);
+    }
   } else {
     y_ref = ref::mlp_forward(c, problem.weights, problem.x);
     dx_ref = ref::mlp_backward(c, problem.weights, problem.x, problem.dy, dw);
@@ -161,7 +207,8 @@ std::vector<std::size_t> check_sublayer(const SublayerCase& test, Sublayer which
   const RunReport report = run_ranks(p, [&](ThreadCommunicator& comm) {
     const int r = comm.rank();
     BufferPool pool;
-    const SublayerContext ctx(c, p, test.batch, test.length, pool);
+    SublayerContext ctx(c, p, test.batch, test.length, pool);
+    ctx.set_documents(test.documents);
     const LayerWeights weights = shard_of(problem.weights, c, p, r);
     LayerWeights grads(c, p);
     const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);
@@ -185,6 +232,16 @@ std::vector<std::size_t> check_sublayer(const SublayerCase& test, Sublayer which
   });
   findings.check_all(fmt::format("{} {} {}", S::name, which == Sublayer::attention ? "attention" : "mlp", test.name));
   return report.peak_bytes;
+}
+
+// Every packed-document case, both sublayers, p in {1, 2, 3, 4}.
+template <class S>
+void check_packed_sublayers() {
+  for (int p : {1, 2, 3, 4})
+    for (const SublayerCase& test : packed_cases(p)) {
+      check_sublayer<S>(test, Sublayer::attention);
+      check_sublayer<S>(test, Sublayer::mlp);
+    }
 }
 
 // Every standard case, both sublayers, p in {1, 2, 3, 4, 8}.

@@ -13,3 +13,7 @@ TEST_CASE("MegatronCZ: both sublayers match the float64 reference on 1, 2, 3, 4 
 TEST_CASE("MegatronCZ: models the strategy concept") {
   static_assert(paradyse::SublayerStrategy<paradyse::MegatronCZ<>, paradyse::ThreadCommunicator>);
 }
+
+TEST_CASE("MegatronCZ: packed documents (1 token, fewer than p, across a chunk boundary) match the float64 reference on 1-4 ranks") {
+  paradyse::testing::check_packed_sublayers<paradyse::MegatronCZ<>>();
+}

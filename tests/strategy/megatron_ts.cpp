@@ -9,3 +9,7 @@
 TEST_CASE("MegatronTS: both sublayers match the float64 reference on 1, 2, 3, 4 and 8 ranks") {
   paradyse::testing::check_sublayers<paradyse::MegatronTS<>>();
 }
+
+TEST_CASE("MegatronTS: packed documents (1 token, fewer than p, across a chunk boundary) match the float64 reference on 1-4 ranks") {
+  paradyse::testing::check_packed_sublayers<paradyse::MegatronTS<>>();
+}

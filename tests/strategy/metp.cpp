@@ -13,3 +13,7 @@ TEST_CASE("METP: both sublayers match the float64 reference on 1, 2, 3, 4 and 8 
 TEST_CASE("METP: models the strategy concept") {
   static_assert(paradyse::SublayerStrategy<paradyse::METP<>, paradyse::ThreadCommunicator>);
 }
+
+TEST_CASE("METP: packed documents (1 token, fewer than p, across a chunk boundary) match the float64 reference on 1-4 ranks") {
+  paradyse::testing::check_packed_sublayers<paradyse::METP<>>();
+}

@@ -17,3 +17,7 @@ TEST_CASE("UlyssesZ: constraints are checked before running") {
   // The unified layout itself refuses heads = 6 on 4 ranks, with a message naming both.
   CHECK_THROWS_WITH_AS(SublayerContext(c, 4, 1, 16, pool), doctest::Contains("heads = 6 must be divisible by the group size p = 4"), Error);
 }
+
+TEST_CASE("UlyssesZ: packed documents (1 token, fewer than p, across a chunk boundary) match the float64 reference on 1-4 ranks") {
+  paradyse::testing::check_packed_sublayers<paradyse::UlyssesZ<>>();
+}

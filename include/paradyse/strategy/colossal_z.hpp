@@ -4,7 +4,8 @@
 // Attention: q|k|v of every head for the rank's own tokens, as in MegatronCZ (the ring column linear, then heads
 // with RoPE). RSA then works the way attention reads on paper, with no flash-style tiling: the K blocks go around
 // the ring and fill the rank's score rows S = q K^T / sqrt(d) against every key of the sequence
-// ([b, hq, n_r, s] per rank), the rows are soft-maxed (causal mask at global positions), and the V blocks go
+// ([b, hq, n_r, s] per rank), the rows are soft-maxed (causal mask at global positions; packed documents: the scores
+// across documents set to -inf first), and the V blocks go
 // around the ring a second time for out = P V. Backward: the V blocks travel again with their dV sums (dP = dout V^T,
 // dV_j = P_j^T dout), dS = P (dP - rowsum(P dP)), and the K blocks with their dK sums (dq += dS K, dK_j = dS_j^T q);
 // each sum returns to its owner after its last hop (strategy/ring_schedule.hpp). Projections and MLP: ZeRO-3, as
@@ -78,7 +79,7 @@ struct ColossalZ : LayoutPolicy<Backend> {
       const TensorView<float> columns = packed.view();
       ring_column_linear_forward<Backend>(comm, *ctx.pool, x.reshape(Shape{m, h}), w.qkv(),
                                           [&](int j) { return columns.slice(1, j * R, R); });
-      unpack_heads<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank},
+      unpack_heads<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank, ctx.document_starts},
                             columns.reshape(Shape{b, n, p * R}), saved.heads.view());
     }
     const Rsa rsa(ctx, packing, rank, saved);
@@ -92,6 +93,7 @@ struct ColossalZ : LayoutPolicy<Backend> {
       Backend::gemm_batched(ops::Transpose::no, ops::Transpose::yes, n, rsa.keys(owner), d, rsa.scale, gemms.a,
                             rsa.head_stride, gemms.b, rsa.kv_stride, 0.0f, gemms.c, s);
     });
+    rsa.mask_documents(saved.probs.view());
     rsa.softmax(saved.probs.view());
     // out = P V: every value block adds its columns' share.
     rotate_blocks(comm, *ctx.pool, rsa.block_size(), rsa.pack(rsa.v), [&](int owner, std::span<const float> v_block) {
@@ -177,7 +179,7 @@ struct ColossalZ : LayoutPolicy<Backend> {
             },
             [&](std::span<const float> total) { rsa.add_home(total, dqkv.k); });
       }
-      pack_head_gradients<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank}, dheads.view(),
+      pack_head_gradients<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank, ctx.document_starts}, dheads.view(),
                                    dpacked.view().reshape(Shape{b, n, p * R}));
     }
     const TensorView<const float> dcolumns = dpacked.view();
@@ -271,6 +273,29 @@ private:
           const std::int64_t kv_head = head / packing.group_size;
           fn(bi, head, &q(bi, 0, head, 0), &saved.probs(bi, head, 0, column), block + (bi * keys * kv_heads + kv_head) * d,
              &saved.out(bi, 0, head, 0));
+        }
+    }
+    // Packed documents: the scores of keys outside their query's document set to -inf, so the softmax gives them 0
+    // (and its backward a zero gradient). Per run of query rows within one document, the columns of every key run
+    // before and after that document: a few rectangles per document, whatever the chunking.
+    void mask_documents(TensorView<float> probs) const {
+      const std::span<const std::int64_t> starts = ctx.document_starts;
+      if (starts.empty()) return;
+      const float hidden = -std::numeric_limits<float>::infinity();
+      for (const ops::PositionRun& rows : query_runs)
+        for (std::int64_t i = 0; i < rows.length;) {
+          const std::int64_t position = rows.position + i;
+          const auto next = std::upper_bound(starts.begin(), starts.end(), position);
+          const std::int64_t first = *(next - 1), last = next == starts.end() ? length : *next;
+          const std::int64_t count = std::min(rows.length - i, last - position);
+          const TensorView<float> block = probs.slice(2, rows.index + i, count);  // [b, hq, count, s]
+          for (const ops::PositionRun& keys : key_runs) {
+            const std::int64_t before = std::clamp<std::int64_t>(first - keys.position, 0, keys.length);
+            const std::int64_t after = std::clamp<std::int64_t>(last - keys.position, 0, keys.length);
+            if (before > 0) Backend::fill(block.slice(3, keys.index, before), hidden);
+            if (after < keys.length) Backend::fill(block.slice(3, keys.index + after, keys.length - after), hidden);
+          }
+          i += count;
         }
     }
     // Each score row -> its softmax over the visible keys (masked columns 0).

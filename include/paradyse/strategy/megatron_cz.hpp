@@ -136,10 +136,10 @@ struct MegatronCZ : LayoutPolicy<Backend> {
 
 private:
   static RingAttentionSpec ring_spec(const SublayerContext& ctx) {
-    return RingAttentionSpec{ctx.sequence, ctx.layer().causal};
+    return RingAttentionSpec{.layout = ctx.sequence, .causal = ctx.layer().causal, .document_starts = ctx.document_starts};
   }
   static TokenPositions positions(const SublayerContext& ctx, int rank) {
-    return TokenPositions{&ctx.layer(), &ctx.sequence, rank};
+    return TokenPositions{&ctx.layer(), &ctx.sequence, rank, ctx.document_starts};
   }
 };
 

@@ -69,7 +69,7 @@ struct MegatronTS : LayoutPolicy<Backend> {
       Backend::matmul(x_full.view(), ops::Transpose::no, w.qkv(), ops::Transpose::yes, saved.qkv.view().reshape(Shape{rows, g.qkv_rows}));
     }
     rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
-    const ops::AttentionMask mask{.causal = ctx.layer().causal};
+    const ops::AttentionMask mask = ctx.attention_mask();
     attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
     PooledBuffer<float> partial = ctx.pool->acquire<float>(Shape{rows, h});
     Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::no, w.proj(), ops::Transpose::no, partial.view());
@@ -93,7 +93,7 @@ struct MegatronTS : LayoutPolicy<Backend> {
       Backend::matmul(dy_full.view(), ops::Transpose::no, w.proj(), ops::Transpose::yes, dout.view().reshape(Shape{rows, g.proj_rows}));
       Backend::matmul(saved.out.view().reshape(Shape{rows, g.proj_rows}), ops::Transpose::yes, dy_full.view(), ops::Transpose::no,
                       grad.proj(), 1.0f, 1.0f);
-      const ops::AttentionMask mask{.causal = ctx.layer().causal};
+      const ops::AttentionMask mask = ctx.attention_mask();
       attention_backward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), saved.out.view(), saved.lse.view(),
                                         dout.view(), mask, dqkv.view(), dqkv.view());
     }

@@ -254,10 +254,10 @@ private:
 
   static QkvPacking packing(const ShardGeometry& g) { return QkvPacking::of(g, 1); }
   static RingAttentionSpec ring_spec(const SublayerContext& ctx) {
-    return RingAttentionSpec{ctx.sequence, ctx.layer().causal};
+    return RingAttentionSpec{.layout = ctx.sequence, .causal = ctx.layer().causal, .document_starts = ctx.document_starts};
   }
   static TokenPositions positions(const SublayerContext& ctx, int rank) {
-    return TokenPositions{&ctx.layer(), &ctx.sequence, rank};
+    return TokenPositions{&ctx.layer(), &ctx.sequence, rank, ctx.document_starts};
   }
 
   // Head group i's output [b, n_r, hq/p, d] and lse [b, hq/p, n_r] in the saved tensors.

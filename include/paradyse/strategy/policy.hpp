@@ -41,6 +41,7 @@
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/layout/reshard.hpp"
 #include "paradyse/layout/tensor_layout.hpp"
+#include "paradyse/ops/attention_mask.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 
@@ -61,6 +62,12 @@ struct SublayerContext {
   SequenceLayout sequence;   // which tokens each rank holds
   std::int64_t batch = 0;    // b
   BufferPool* pool = nullptr;
+  // Packed documents: the sorted GLOBAL start position of every document of the sequence (first = 0, each < s),
+  // the same for every sample of the batch; empty: the sequence is one document. Attention stays within a
+  // document and RoPE positions restart at each start. Global positions need no translation per shard: every
+  // strategy hands the ops its tokens' global positions (mask offsets, RoPE runs), so the ops read the same starts.
+  // The span must outlive the context (the stack keeps a copy for its step).
+  std::span<const std::int64_t> document_starts = {};
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.
@@ -71,6 +78,28 @@ struct SublayerContext {
   }
 
   const LayerConfig& layer() const noexcept { return *config; }
+  // Sets the packed documents (see document_starts); throws unless they are 0 first, strictly increasing and < s.
+  void set_documents(std::span<const std::int64_t> starts) {
+    check_document_starts(starts, length());
+    document_starts = starts;
+  }
+  // The mask of a self-attention over this call's sequence: the layer's causality, the documents, global positions
+  // from `q_offset` and `kv_offset`.
+  ops::AttentionMask attention_mask(std::int64_t q_offset = 0, std::int64_t kv_offset = 0) const {
+    return ops::AttentionMask{.causal = config->causal, .q_offset = q_offset, .kv_offset = kv_offset,
+                              .document_starts = document_starts};
+  }
+  // Throws unless `starts` are packed-document starts of a sequence of `length` tokens: empty, or 0 first, strictly
+  // increasing, each < length.
+  static void check_document_starts(std::span<const std::int64_t> starts, std::int64_t length) {
+    if (starts.empty()) return;
+    check(starts[0] == 0, "document starts: the first document must start at position 0, not {}", starts[0]);
+    for (std::size_t i = 1; i < starts.size(); ++i)
+      check(starts[i] > starts[i - 1], "document starts: entry {} = {} must be greater than entry {} = {} (sorted, "
+            "no empty document)", i, starts[i], i - 1, starts[i - 1]);
+    check(starts.back() < length, "document starts: the last document starts at {}, expected < the sequence length {}",
+          starts.back(), length);
+  }
   int ranks() const noexcept { return sequence.ranks(); }
   std::int64_t hidden() const noexcept { return config->hidden; }
   std::int64_t length() const noexcept { return sequence.length(); }  // s, global

@@ -16,6 +16,7 @@
 #include "paradyse/strategy/sequence_layout.hpp"
 
 #include <cstdint>
+#include <span>
 
 namespace paradyse {
 
@@ -57,6 +58,7 @@ struct TokenPositions {
   const LayerConfig* config = nullptr;
   const SequenceLayout* layout = nullptr;
   int rank = 0;
+  std::span<const std::int64_t> document_starts = {};  // packed documents (global starts): positions restart at each
 };
 
 namespace ring_heads_detail {
@@ -128,8 +130,8 @@ void unpack_heads(const QkvPacking& packing, const TokenPositions& where, Tensor
       return;
     }
     for_each_run(where, [&](std::int64_t local, std::int64_t length, std::int64_t position) {
-      Backend::rope_forward(from.q.slice(1, local, length), to.q.slice(1, local, length), position, rope);
-      Backend::rope_forward(from.k.slice(1, local, length), to.k.slice(1, local, length), position, rope);
+      Backend::rope_forward(from.q.slice(1, local, length), to.q.slice(1, local, length), position, rope, where.document_starts);
+      Backend::rope_forward(from.k.slice(1, local, length), to.k.slice(1, local, length), position, rope, where.document_starts);
     });
   });
 }
@@ -152,8 +154,8 @@ void pack_head_gradients(const QkvPacking& packing, const TokenPositions& where,
       return;
     }
     for_each_run(where, [&](std::int64_t local, std::int64_t length, std::int64_t position) {
-      Backend::rope_backward(from.q.slice(1, local, length), to.q.slice(1, local, length), position, rope);
-      Backend::rope_backward(from.k.slice(1, local, length), to.k.slice(1, local, length), position, rope);
+      Backend::rope_backward(from.q.slice(1, local, length), to.q.slice(1, local, length), position, rope, where.document_starts);
+      Backend::rope_backward(from.k.slice(1, local, length), to.k.slice(1, local, length), position, rope, where.document_starts);
     });
   });
 }

@@ -13,6 +13,7 @@
 #include "paradyse/strategy/policy.hpp"
 
 #include <cstdint>
+#include <span>
 
 namespace paradyse {
 
@@ -24,7 +25,7 @@ namespace rope_detail {
 template <class Backend>
 void rotate_run(const ShardGeometry& g, const ops::RopeConfig& config, TensorView<float> buffer,
                 TensorView<const float> source, std::int64_t local, std::int64_t length, std::int64_t position,
-                RopeDirection direction) {
+                RopeDirection direction, std::span<const std::int64_t> document_starts) {
   const std::int64_t b = buffer.extent(0), len = buffer.extent(1);
   const auto targets = head_calls(g, buffer.data(), b, len);
   const auto sources = head_calls(g, source.data(), b, len);
@@ -32,8 +33,8 @@ void rotate_run(const ShardGeometry& g, const ops::RopeConfig& config, TensorVie
     for (int part = 0; part < 2; ++part) {  // q, then k
       const TensorView<float> to = (part == 0 ? targets[c].q : targets[c].k).slice(1, local, length);
       const TensorView<const float> from = (part == 0 ? sources[c].q : sources[c].k).slice(1, local, length);
-      if (direction == RopeDirection::forward) Backend::rope_forward(from, to, position, config);
-      else Backend::rope_backward(from, to, position, config);
+      if (direction == RopeDirection::forward) Backend::rope_forward(from, to, position, config, document_starts);
+      else Backend::rope_backward(from, to, position, config, document_starts);
     }
 }
 
@@ -55,7 +56,7 @@ void rotate(const SublayerContext& ctx, TensorView<float> buffer, RopeDirection 
   const ops::RopeConfig config{.theta = c.rope_base};
   if (direction == RopeDirection::forward) {
     runs([&](std::int64_t local, std::int64_t length, std::int64_t position) {
-      rotate_run<Backend>(g, config, buffer, buffer, local, length, position, direction);
+      rotate_run<Backend>(g, config, buffer, buffer, local, length, position, direction, ctx.document_starts);
     });
     return;
   }
@@ -65,7 +66,7 @@ void rotate(const SublayerContext& ctx, TensorView<float> buffer, RopeDirection 
   Backend::copy(TensorView<const float>(buffer), copy.view());
   zero_qk<Backend>(g, buffer);
   runs([&](std::int64_t local, std::int64_t length, std::int64_t position) {
-    rotate_run<Backend>(g, config, buffer, copy.view(), local, length, position, direction);
+    rotate_run<Backend>(g, config, buffer, copy.view(), local, length, position, direction, ctx.document_starts);
   });
 }
 

@@ -78,7 +78,7 @@ struct UlyssesZ : LayoutPolicy<Backend> {
       to_heads(comm, ctx, chunks, saved.qkv.view());
     }
     rope_natural<Backend>(ctx, saved.qkv.view(), RopeDirection::forward);
-    const ops::AttentionMask mask{.causal = ctx.layer().causal};
+    const ops::AttentionMask mask = ctx.attention_mask();
     attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), mask, saved.out.view(), saved.lse.view());
     to_tokens(comm, ctx, saved.out.view(), saved.a.view());
     const TensorView<const float> a = saved.a.view();
@@ -110,7 +110,7 @@ struct UlyssesZ : LayoutPolicy<Backend> {
             dy.reshape(Shape{m, h}), [&](int j) { return da_view.slice(0, j, 1).reshape(Shape{m, W}); }, grad.proj());
         to_heads(comm, ctx, da_view, dout.view());
       }
-      const ops::AttentionMask mask{.causal = ctx.layer().causal};
+      const ops::AttentionMask mask = ctx.attention_mask();
       attention_backward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), saved.out.view(), saved.lse.view(),
                                         dout.view(), mask, dqkv.view(), dqkv.view());
     }
