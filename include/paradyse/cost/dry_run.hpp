@@ -72,6 +72,17 @@ inline LayerConfig layer_config_of(const ModelShape& m) {
   return c;
 }
 
+// The document starts of a packed sample (ModelShape::packed_lengths, summing to seq): empty for one sequence.
+inline std::vector<std::int64_t> document_starts_of(const ModelShape& m) {
+  std::vector<std::int64_t> starts;
+  std::int64_t at = 0;
+  for (std::int64_t length : m.packed_lengths) {
+    starts.push_back(at);
+    at += length;
+  }
+  return starts;
+}
+
 // The setting of one dry run on rank `rank` of a p-rank group, for as long as the object lives: a meta tracker
 // (current on this thread), the trace that it, the counting backend and `comm` record into, and the buffer pool.
 // Between record() and stop() every allocation and pooled buffer is part of the trace; end_forward() and
@@ -123,9 +134,11 @@ Support dry_run_support(const Strategies& strategies, std::size_t index, const M
     return {e.what()};
   }
   DryRun run(0, p);
+  const std::vector<std::int64_t> starts = document_starts_of(m);
   std::optional<SublayerContext> ctx;
   try {
     ctx.emplace(config, p, m.batch, m.seq, run.pool);  // the sequence layout refuses fewer tokens than ranks
+    ctx->set_documents(starts);
   } catch (const Error& e) {
     return {fmt::format("{}: {}", Strategies::name(index), e.what())};
   }
@@ -143,7 +156,9 @@ decltype(auto) visit_sublayer_trace(const Strategies& strategies, std::size_t in
   DryRun run(rank, p);
   SymbolicCommunicator& comm = run.comm;
   BufferPool& pool = run.pool;
-  const SublayerContext ctx(config, p, m.batch, m.seq, pool);
+  SublayerContext ctx(config, p, m.batch, m.seq, pool);
+  const std::vector<std::int64_t> starts = document_starts_of(m);  // a packed sample: attention within documents
+  ctx.set_documents(starts);
   require(strategies.supports(index, ctx));
   const std::int64_t n = ctx.local_tokens(rank), h = config.hidden;
   const Shape activation{m.batch, n, h};

@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace paradyse::plan {
 
@@ -46,6 +48,15 @@ struct GptCosts {
     ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
     model.extra_bytes = extra_bytes(s, batch);
     return build_cost_table(model, *hardware, ranks, Batch::single(s, batch), {}, *catalog);
+  }
+  // The cost table for one sequence of packed documents of these lengths (attention within each document, so the
+  // dry runs cost the causal-within-document fraction of the pairs).
+  CostTable packed_table(std::vector<std::int64_t> lengths) const {
+    if (lengths.size() == 1) return table(lengths[0]);
+    ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
+    const Batch batch = Batch::packed(std::move(lengths));
+    model.extra_bytes = extra_bytes(batch.tokens_per_sample());
+    return build_cost_table(model, *hardware, ranks, batch, {}, *catalog);
   }
   // The predicted peak per rank with every sublayer on `strategy` (an index of the catalog).
   std::int64_t uniform_peak(std::int64_t s, int strategy) const {
