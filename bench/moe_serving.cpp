@@ -7,10 +7,16 @@
 // Table 2: the TP -> EP redistribution of every MoE layer against its bytes, for growing expert widths: stalled
 // (all layers moved between steps, nothing to hide behind) and pipelined (each layer posted right after it
 // computed during a step of 64 tokens, waited for at the end: the exposed part), with that step's own time.
+// Table 3: on-demand expert loading (serve/expert_balance.hpp, PeerFetchWork) on a router-skewed model: one EP step
+// of B single-token requests with the default split (the baseline, same run) and with on-demand loading from a cold
+// cache (every moved piece fetched), its fetches overlapped with the held experts' compute or waited for at once:
+// step time, the busiest rank's rows over the mean, bytes fetched, and the time spent waiting on the fetch messages
+// (summed over the ranks); hidden = 1 - overlapped wait / at-once wait.
 #include "bench_usage.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/serve/decoder_step.hpp"
+#include "paradyse/serve/expert_balance.hpp"
 #include "paradyse/serve/redistribute.hpp"
 #include "paradyse/serve/switch_policy.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -63,6 +69,57 @@ double step_seconds(const LoadedDecoder& m, int p, MoeMode mode, std::int64_t ba
     }
   });
   return median(times);
+}
+
+// One EP step of `batch` single-token requests on `p` ranks in three ways, alternated within each repetition (a load
+// change on the shared machine hits all three alike): [0] the default split, [1] on-demand loading waiting for every
+// fetch at once, [2] on-demand loading overlapped; both from a cold cache (every moved piece fetched). Medians over
+// `reps` of the step (rank 0's clock) and of the fetch waits summed over the ranks; the bytes fetched (all ranks);
+// the busiest rank's rows over the mean rank's (over the MoE layers).
+struct EpPoint {
+  double step_s = 0, wait_s = 0, bytes = 0, rank_imbalance = 0;
+};
+std::vector<EpPoint> ep_steps(const LoadedDecoder& m, int p, std::int64_t batch, int reps) {
+  std::vector<std::vector<double>> times(3), waits(3);
+  std::vector<EpPoint> points(3);
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const DecoderConfig& c = m.config;
+    const RankShard s = make_rank_shard(c, m.weights, p, comm.rank(), MoeMode::ep);
+    PagedKvCache cache({c.layers, batch + 1, 4, s.kv_heads.length, c.head_dim});
+    BufferPool pool;
+    std::vector<SequenceChunk> chunks;
+    for (std::int64_t i = 0; i < batch; ++i) chunks.push_back({i, {std::int32_t((i * 37) % c.vocab)}, false});
+    for (int r = -1; r < reps; ++r)  // one warm-up
+      for (std::size_t way = 0; way < 3; ++way) {
+        PeerFetchWork<ThreadCommunicator> fetch(comm, false, c.moe.experts, way == 2);  // cold: every piece fetched
+        ExpertWorkFn work;
+        if (way > 0) work = [&](const RankShard& rs, std::int64_t l, const Dispatch& d) { return fetch(rs, l, d); };
+        for (std::int64_t i = 0; i < batch; ++i) cache.reserve(i, 1);
+        comm.barrier();
+        const Clock::time_point start = Clock::now();
+        const StepResult out = decoder_step(comm, c, s, cache, std::span<const SequenceChunk>(chunks), pool, work);
+        const double t = std::chrono::duration<double>(Clock::now() - start).count();
+        std::vector<double> sums{fetch.stats().wait_s, double(fetch.stats().bytes_fetched)};
+        comm.all_reduce(std::span<const double>(sums), std::span<double>(sums), ReduceOp::sum);
+        for (std::int64_t i = 0; i < batch; ++i) cache.release(i);
+        if (comm.rank() != 0 || r < 0) continue;
+        times[way].push_back(t);
+        waits[way].push_back(sums[0]);
+        points[way].bytes = sums[1];
+        double max_rows = 0, all_rows = 0, moe_layers = 0;
+        for (const MoeLayerLoad& load : out.moe_load) {
+          if (load.rank_rows.empty()) continue;
+          ++moe_layers;
+          for (const std::int64_t rows : load.rank_rows) {
+            max_rows = std::max(max_rows, double(rows));
+            all_rows += double(rows);
+          }
+        }
+        points[way].rank_imbalance = all_rows > 0 ? max_rows / (all_rows / (double(p) * moe_layers)) : 1.0;
+      }
+  });
+  for (std::size_t way = 0; way < 3; ++way) points[way].step_s = median(times[way]), points[way].wait_s = median(waits[way]);
+  return points;
 }
 
 }  // namespace
@@ -160,5 +217,26 @@ int main(int argc, char** argv) {
   }
   fmt::print("(thread ranks share one address space: a redistribution is a memory copy, and with as many ranks as "
              "cores nothing runs beside the compute, so the pipelined exposed time is close to the stalled one here)\n");
+
+  const double skew = 1.0;
+  const DecoderConfig cs = synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024);
+  const LoadedDecoder ms = synthetic_decoder(cs, 3, skew);
+  fmt::print("\non-demand expert loading (router skew {}: expert e's router row scaled by (1 + skew)^-e; rows: the "
+             "busiest rank's over the mean; wt: ms waiting on fetch messages, summed over the ranks)\n",
+             skew);
+  fmt::print("{:>6} {:>9} {:>8} {:>9} {:>8} {:>11} {:>11} {:>11} {:>11} {:>11} {:>7}\n", "batch", "EP ms", "EP rows",
+             "OD ms", "OD rows", "MB fetched", "at-once ms", "at-once wt", "overlap ms", "overlap wt", "hidden");
+  for (const std::int64_t batch : {16, 64, 256}) {
+    const std::vector<EpPoint> w = ep_steps(ms, p, batch, reps);
+    const EpPoint &ep = w[0], &late = w[1], &hidden = w[2];
+    fmt::print("{:>6} {:>9.3f} {:>8.2f} {:>9.3f} {:>8.2f} {:>11.2f} {:>11.3f} {:>11.3f} {:>11.3f} {:>11.3f} {:>6.0f}%\n",
+               batch, ep.step_s * 1e3, ep.rank_imbalance, hidden.step_s * 1e3, hidden.rank_imbalance,
+               hidden.bytes / 1e6, late.step_s * 1e3, late.wait_s * 1e3, hidden.step_s * 1e3, hidden.wait_s * 1e3,
+               late.wait_s > 0 ? 100 * (1 - hidden.wait_s / late.wait_s) : 0.0);
+  }
+  fmt::print("(EP: the default split, each expert's rows to its holder; OD: on-demand loading, rows moved from the "
+             "busiest rank to the least busy, which fetches the expert from its owner; at-once: every fetch waited "
+             "for as soon as it is posted, the baseline of the overlap; thread ranks copy the weights inside the wait, "
+             "so the overlap can hide only the owner's late arrival, not the copy)\n");
   return 0;
 }

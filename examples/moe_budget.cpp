@@ -65,7 +65,7 @@ constexpr const char* kUsage =
     "  --seq T             tokens per sequence: evaluation rows, a prefill, and Alloc-T's pool (default 256)\n"
     "  --batch S           sequences per evaluation step (default 8)\n"
     "  --decode N          tokens decoded one at a time for the decode timing (default 64)\n"
-    "  --repeats R         timing repeats, the median is reported (default 3)\n"
+    "  --repeats R         timing rounds (every row once per round), the median is reported (default 3)\n"
     "  --budgets LIST      comma-separated percentages (default 100,75,50,25)\n"
     "  --table FILE        save the sensitivity table as JSON (moe_infer --sensitivity FILE)\n"
     "  --csv FILE          also write the table as CSV (scripts/plot.py draws quality against budget)\n";
@@ -307,11 +307,12 @@ int run(const Options& o) {
       int percent;
       std::int64_t budget;
       std::string method, k;
-      double ppl, agreement, prefill_us, decode_us, prefill_speedup, decode_speedup;
+      RoutingBudget routing;
+      double ppl, agreement, prefill_us = 0, decode_us = 0, prefill_speedup = 0, decode_speedup = 0;
+      std::vector<double> prefill, decode;  // seconds per token, one per timing round
     };
     std::vector<Row> rows;
     std::vector<std::int32_t> full_argmax;
-    double full_prefill = 0, full_decode = 0;
     for (const int percent : percentages) {
       const std::int64_t budget = std::llround(percent / 100.0 * double(full_budget(top_k)));
       if (budget < std::int64_t(top_k.size())) {
@@ -332,24 +333,29 @@ int run(const Options& o) {
         if (full_argmax.empty()) full_argmax = q.argmax;  // the first row: the full budget, uniform
         std::int64_t same = 0;
         for (std::size_t i = 0; i < q.argmax.size(); ++i) same += q.argmax[i] == full_argmax[i];
-        std::vector<double> prefill, decode;
-        for (int rep = 0; rep < o.repeats; ++rep) {
-          prefill.push_back(ev.prefill_time(eval[std::size_t(rep) % eval.size()], method.routing));
-          decode.push_back(ev.decode_time(decode_text, context, method.routing));
-        }
-        const double prefill_us = 1e6 * median(prefill), decode_us = 1e6 * median(decode);
-        if (rows.empty()) full_prefill = prefill_us, full_decode = decode_us;
         std::vector<std::int64_t> ks;
         for (std::int64_t l = 0; l < c.layers; ++l)
           if (c.is_moe(l)) ks.push_back(method.routing.layer_k[std::size_t(l)]);
-        rows.push_back({percent, budget, method.name, join(ks), std::exp(q.loss),
-                        double(same) / double(std::max<std::size_t>(1, q.argmax.size())), prefill_us, decode_us,
-                        full_prefill / prefill_us, full_decode / decode_us});
-        fmt::print(stderr, "\r  {}% {:<18} done   ", percent, method.name);
+        rows.push_back({percent, budget, method.name, join(ks), method.routing, std::exp(q.loss),
+                        double(same) / double(std::max<std::size_t>(1, q.argmax.size()))});
+        fmt::print(stderr, "\r  quality: {}% {:<18} done   ", percent, method.name);
       }
     }
+    // Timing in rounds, every row once per round (a load change on the shared machine hits every row alike).
+    for (int rep = 0; rep < o.repeats; ++rep) {
+      for (Row& r : rows) {
+        r.prefill.push_back(ev.prefill_time(eval[std::size_t(rep) % eval.size()], r.routing));
+        r.decode.push_back(ev.decode_time(decode_text, context, r.routing));
+      }
+      fmt::print(stderr, "\r  timing: round {} of {} done            ", rep + 1, o.repeats);
+    }
     fmt::print(stderr, "\n");
-    fmt::print("\nheld-out: {} tokens in sequences of {} (Alloc-T pools each sequence); time per token, median of {}: "
+    for (Row& r : rows) {
+      r.prefill_us = 1e6 * median(r.prefill), r.decode_us = 1e6 * median(r.decode);
+      r.prefill_speedup = rows.front().prefill_us / r.prefill_us;
+      r.decode_speedup = rows.front().decode_us / r.decode_us;
+    }
+    fmt::print("\nheld-out: {} tokens in sequences of {} (Alloc-T pools each sequence); time per token, median of {} rounds (each row once per round): "
                "prefill = one sequence of {} tokens per step, decode = {} steps of one token after a context of {}\n",
                full_argmax.size(), o.seq, o.repeats, o.seq, std::int64_t(decode_text.size()) - context, context);
     fmt::print("{:>6} {:>4} {:<18} {:<12} {:>9} {:>8} {:>11} {:>11} {:>8} {:>8}\n", "budget", "B", "method", "K_l",

@@ -59,6 +59,24 @@ std::vector<ServeRequest> staggered(const Reference& ref, SamplingParams samplin
   return out;
 }
 
+// A family's fixture, its reference and the six staggered requests, with the engine options these tests share:
+// blocks of 4 positions, and steps of `step_tokens` tokens (6: the prompts of 5 and 9 tokens are prefilled in chunks).
+struct ServedFixture {
+  LoadedDecoder model;
+  Reference ref;
+  std::vector<ServeRequest> requests;
+  EngineOptions opt;
+};
+
+ServedFixture served_fixture(const std::string& family, std::int64_t step_tokens = 6) {
+  ServedFixture f{load_decoder(fixture(family).string()), read_reference(family), {}, {}};
+  f.requests = staggered(f.ref);
+  f.opt.step_tokens = step_tokens;
+  f.opt.block_size = 4;
+  f.opt.kv_blocks = 64;
+  return f;
+}
+
 struct Served {
   std::vector<RequestOutcome> outcomes;
   EngineStats stats;         // rank 0's
@@ -126,13 +144,7 @@ std::map<std::string, EnginePolicy> policies() {
 
 TEST_CASE("engine: every policy on p in {1, 2, 3, 4} gives transformers' greedy tokens under continuous batching") {
   for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
-    const LoadedDecoder m = load_decoder(fixture(family).string());
-    const Reference ref = read_reference(family);
-    const std::vector<ServeRequest> requests = staggered(ref);
-    EngineOptions opt;
-    opt.step_tokens = 6;  // prompts of 5 and 9 tokens: the long one is prefilled in chunks
-    opt.block_size = 4;
-    opt.kv_blocks = 64;
+    const auto [m, ref, requests, opt] = served_fixture(family);
     for (const auto& [name, policy] : policies())
       for (const int p : {1, 2, 3, 4}) {
         INFO(family, ", ", name, ", p = ", p);
@@ -403,13 +415,7 @@ std::vector<std::int64_t> moe_ks(const DecoderConfig& c, const RoutingBudget& b)
 
 TEST_CASE("engine budget: the full budget (uniform, Alloc-L) gives the unbudgeted greedy tokens on p in {1, 2}, TP and EP") {
   for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
-    const LoadedDecoder m = load_decoder(fixture(family).string());
-    const Reference ref = read_reference(family);
-    const std::vector<ServeRequest> requests = staggered(ref);
-    EngineOptions opt;
-    opt.step_tokens = 6;
-    opt.block_size = 4;
-    opt.kv_blocks = 64;
+    const auto [m, ref, requests, opt] = served_fixture(family);
     SensitivityTable table;  // any table: at the full budget every layer keeps its top-k
     table.top_k = moe_layer_top_k(m.config);
     for (const std::int64_t k : table.top_k) table.delta.push_back(std::vector<double>(std::size_t(k), 0.5));
@@ -431,14 +437,8 @@ TEST_CASE("engine budget: the full budget (uniform, Alloc-L) gives the unbudgete
 TEST_CASE("engine budget: every budget B runs B routed activations per token (Alloc-L, Alloc-T), the same tokens on "
           "p in {1, 2, 3}, TP and EP") {
   for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
-    const LoadedDecoder m = load_decoder(fixture(family).string());
+    const auto [m, ref, requests, opt] = served_fixture(family);
     const DecoderConfig& c = m.config;
-    const Reference ref = read_reference(family);
-    const std::vector<ServeRequest> requests = staggered(ref);
-    EngineOptions opt;
-    opt.step_tokens = 6;
-    opt.block_size = 4;
-    opt.kv_blocks = 64;
     const std::vector<std::int64_t> top_k = moe_layer_top_k(c);
     // A table whose last MoE layer is the sensitive one: Alloc-L cuts the others first.
     SensitivityTable table;
@@ -478,13 +478,7 @@ TEST_CASE("engine budget: every budget B runs B routed activations per token (Al
 }
 
 TEST_CASE("engine budget: Alloc-T pools each chunk, so a request's tokens do not depend on its batch mates") {
-  const LoadedDecoder m = load_decoder(fixture("olmoe").string());
-  const Reference ref = read_reference("olmoe");
-  std::vector<ServeRequest> together = staggered(ref);
-  EngineOptions opt;
-  opt.step_tokens = 64;  // every prompt in one chunk, in every run
-  opt.block_size = 4;
-  opt.kv_blocks = 64;
+  const auto [m, ref, together, opt] = served_fixture("olmoe", 64);  // every prompt in one chunk, in every run
   EnginePolicy policy;
   policy.budget = make_routing_budget(m.config, parse_budget("75%"), nullptr, true);
   const Served all = serve_on(m, together, 2, opt, policy);
@@ -572,4 +566,49 @@ TEST_CASE("fetch directory: bounded LRU of keys, never evicting what the current
   CHECK(st.fetches == 4);
   CHECK(st.hits == 1);
   CHECK_THROWS_WITH_AS(FetchDirectory(0), doctest::Contains("capacity = 0 must be at least 1"), Error);
+}
+
+TEST_CASE("on-demand loading waited at once (the overlap's baseline) computes what the overlapped one does; both "
+          "count their fetch waits") {
+  const LoadedDecoder m = load_decoder(fixture("olmoe").string());
+  const DecoderConfig& c = m.config;
+  Rng rng(5);
+  std::vector<SequenceChunk> chunks;  // 3 prompts of 7 random tokens: enough rows for uneven expert loads
+  for (std::int64_t i = 0; i < 3; ++i) {
+    chunks.push_back({i, {}, false});
+    for (int t = 0; t < 7; ++t) chunks.back().tokens.push_back(std::int32_t(rng.below(std::uint64_t(c.vocab))));
+  }
+  for (const int p : {2, 3}) {
+    INFO("p = ", p);
+    std::vector<std::vector<float>> logits(3);  // rank 0's: default split, overlapped, at once
+    std::vector<FetchStats> stats(2);  // over all ranks: overlapped, at once
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      const RankShard s = make_rank_shard(c, m.weights, p, comm.rank(), MoeMode::ep);
+      for (int run = 0; run < 3; ++run) {
+        PagedKvCache cache({c.layers, 8, 4, s.kv_heads.length, c.head_dim});
+        BufferPool pool;
+        PeerFetchWork<ThreadCommunicator> fetch(comm, false, 1, run == 1);
+        ExpertWorkFn work;
+        if (run > 0) work = [&](const RankShard& rs, std::int64_t l, const Dispatch& d) { return fetch(rs, l, d); };
+        for (const SequenceChunk& ch : chunks) cache.reserve(ch.request, std::int64_t(ch.tokens.size()));
+        const StepResult out = decoder_step(comm, c, s, cache, std::span<const SequenceChunk>(chunks), pool, work);
+        std::vector<double> all{fetch.stats().wait_s, double(fetch.stats().bytes_fetched)};  // over the ranks
+        comm.all_reduce(std::span<const double>(all), std::span<double>(all), ReduceOp::sum);
+        if (comm.rank() != 0) continue;
+        for (const Tensor<float>& l : out.logits) logits[std::size_t(run)].insert(logits[std::size_t(run)].end(), l.span().begin(), l.span().end());
+        if (run > 0) {
+          stats[std::size_t(run - 1)].wait_s = all[0];
+          stats[std::size_t(run - 1)].bytes_fetched = std::size_t(all[1]);
+        }
+      }
+    });
+    CHECK(logits[1] == logits[2]);  // the same tasks in the same order: only the waits move
+    REQUIRE(logits[0].size() == logits[1].size());
+    for (std::size_t i = 0; i < logits[0].size(); ++i) CHECK(logits[1][i] == doctest::Approx(logits[0][i]).epsilon(1e-5));
+    for (const FetchStats& st : stats) {
+      CHECK(st.bytes_fetched > 0);  // the uneven routing moved rows, so some rank fetched
+      CHECK(st.wait_s > 0);         // and waited on the fetches
+    }
+    CHECK(stats[0].bytes_fetched == stats[1].bytes_fetched);
+  }
 }

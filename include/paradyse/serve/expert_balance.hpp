@@ -17,12 +17,16 @@
 // split (each expert's rows to its holders) and moves rows from the busiest rank to the least busy one (largest piece
 // first, at most half the gap each time) until the gap is at most one row: the receiving rank fetches the expert.
 // Experts needed by the current layer are never evicted while it runs (the cache overflows instead, counted). Every
-// rank derives the same pieces, so every pair is computed exactly once.
+// rank derives the same pieces, so every pair is computed exactly once. With `overlap` off (a measurement baseline,
+// bench/moe_serving) every fetch is waited for as soon as it is posted, before any expert computes; FetchStats::wait_s
+// then holds the fetches' whole time, against their exposed time with overlap on. On thread ranks the waiting rank
+// copies the weights itself (comm/threads.hpp), so there the overlap hides only the owner's late arrival, not the copy.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -35,6 +39,8 @@ namespace paradyse::serve {
 struct FetchStats {
   std::int64_t hits = 0, fetches = 0, evictions = 0, overflows = 0;
   std::size_t bytes_fetched = 0;
+  double wait_s = 0;  // PeerFetchWork: seconds this rank waited on fetch messages (its receives and its sends): the
+                      // fetches' exposed time (with overlap off, all of their time)
 };
 
 class ExpertFetchCache {
@@ -242,7 +248,8 @@ private:
 template <Communicator C>
 class PeerFetchWork {
 public:
-  PeerFetchWork(C& comm, bool sorting, std::int64_t capacity) : comm_(&comm), sorting_(sorting) {
+  PeerFetchWork(C& comm, bool sorting, std::int64_t capacity, bool overlap = true)
+      : comm_(&comm), sorting_(sorting), overlap_(overlap) {
     for (int q = 0; q < comm.size(); ++q) directories_.emplace_back(capacity);
   }
   PeerFetchWork(const PeerFetchWork&) = delete;
@@ -298,6 +305,7 @@ public:
         store_[{layer, e}] = std::move(entry);
       }
     }
+    if (!overlap_) complete_pending();  // the baseline: every fetch whole on the critical path
     // The held experts first (they compute while the fetches travel), then the fetched ones.
     ExpertWork work;
     std::vector<ExpertTask> fetched;
@@ -308,9 +316,8 @@ public:
         continue;
       }
       Fetched* entry = store_.at({layer, piece.expert}).get();
-      fetched.push_back({piece.expert, piece.begin, piece.end, entry->in.view(), entry->out.view(), [entry] {
-                           for (Request& r : entry->pending) r.wait();
-                           entry->pending.clear();
+      fetched.push_back({piece.expert, piece.begin, piece.end, entry->in.view(), entry->out.view(), [this, entry] {
+                           timed_wait(entry->pending);
                          }});
     }
     for (ExpertTask& t : fetched) work.tasks.push_back(std::move(t));
@@ -326,17 +333,21 @@ private:
     Tensor<float> in, out;
     std::vector<Request> pending;  // the receives, until the first task of this expert waits for them
   };
+  // Waits for `requests` and clears them, adding the time to FetchStats::wait_s.
+  void timed_wait(std::vector<Request>& requests) {
+    if (requests.empty()) return;
+    const auto start = std::chrono::steady_clock::now();
+    for (Request& r : requests) r.wait();
+    requests.clear();
+    stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   void complete_pending() {
-    for (Request& r : sends_) r.wait();
-    sends_.clear();
-    for (auto& [key, entry] : store_) {
-      for (Request& r : entry->pending) r.wait();
-      entry->pending.clear();
-    }
+    timed_wait(sends_);
+    for (auto& [key, entry] : store_) timed_wait(entry->pending);
   }
 
   C* comm_;
-  bool sorting_;
+  bool sorting_, overlap_;
   std::vector<FetchDirectory> directories_;
   std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Fetched>> store_;
   std::vector<Request> sends_;
