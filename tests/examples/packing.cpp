@@ -3,19 +3,26 @@
 // padded or packed step trains the model exactly as its documents alone would: its loss is their token-weighted
 // mean and its gradients the token-weighted mean of theirs (causal attention never reaches the padding after a
 // document, rows never see each other, positions restart in every row), on group sizes where short documents need
-// padding (p = 2, 3) against one rank without padding.
+// padding (p = 2, 3) against one rank without padding. Packed sequences (pack_sequences: the documents back to back
+// in one sequence, document-masked attention, RoPE restarting per document) train the same way on every strategy
+// and on the planner's plan, with documents of 1 and p - 1 tokens on p = 3 and 4.
 #include "../../examples/corpus.hpp"
 
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/model/gpt.hpp"
+#include "paradyse/plan/gpt_costs.hpp"
+#include "paradyse/plan/planner.hpp"
+#include "paradyse/strategy/strategies.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/megatron_ts.hpp"
 #include "paradyse/strategy/switchable.hpp"
 #include "paradyse/strategy/ulysses_z.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -185,4 +192,142 @@ TEST_CASE("a padded, packed step trains as its documents alone: loss and gradien
   }
   CHECK(testing::first_mismatch(std::span<const float>(packed.layer_grad), std::span<const double>(want),
                                 testing::kFloat32) == "");
+}
+
+TEST_CASE("pack_sequences: every window once, one sequence per step within the budget, documents back to back") {
+  Rng rng(9);
+  std::vector<corpus::Window> windows;
+  for (std::size_t i = 0; i < 60; ++i) windows.push_back({i, 0, 1 + std::int64_t(rng.below(90))});
+  for (const std::int64_t budget : {1, 50, 128, 400}) {
+    CAPTURE(budget);
+    const std::int64_t min_length = 8;
+    const std::vector<corpus::Step> steps = corpus::pack_sequences(windows, budget, min_length);
+    std::vector<std::size_t> seen;
+    std::int64_t real = 0;
+    for (const corpus::Step& step : steps) {
+      REQUIRE(!step.rows.empty());
+      CHECK(step.packed);
+      CHECK(step.sequences() == 1);
+      CHECK(step.length == std::max(step.real_tokens(), min_length));  // padded only up to the group's minimum
+      if (step.rows.size() > 1) CHECK(step.real_tokens() <= budget);  // one window longer than B is a step alone
+      const std::vector<std::int64_t> starts = step.document_starts(), lengths = step.document_lengths();
+      REQUIRE(starts.size() == lengths.size());
+      CHECK(starts.size() == step.rows.size() + (step.padded_tokens() > 0 ? 1 : 0));  // the padding: a document
+      std::int64_t at = 0;
+      for (std::size_t d = 0; d < starts.size(); ++d) {
+        CHECK(starts[d] == at);
+        CHECK(lengths[d] >= 1);
+        at += lengths[d];
+      }
+      CHECK(at == step.length);
+      for (const corpus::Window& w : step.rows) seen.push_back(w.document);
+      real += step.real_tokens();
+    }
+    std::sort(seen.begin(), seen.end());
+    REQUIRE(seen.size() == windows.size());
+    for (std::size_t i = 0; i < windows.size(); ++i) CHECK(seen[i] == i);
+    std::int64_t want = 0;
+    for (const corpus::Window& w : windows) want += w.length;
+    CHECK(real == want);
+    if (budget == 1) CHECK(steps.size() == windows.size());
+    if (budget == 400) CHECK(std::int64_t(steps.size()) <= want / 400 + 2);  // first-fit decreasing fills the steps
+  }
+  CHECK_THROWS_WITH_AS(corpus::pack_sequences(windows, 0, 8), doctest::Contains("token budget 0"), Error);
+}
+
+TEST_CASE("step_tokens, packed: one row, the windows back to back with their own next bytes, padding at the end") {
+  const std::vector<corpus::Document> docs = documents_of({5, 12, 2}, 3);
+  const corpus::Step step{{{0, 1, 3}, {1, 4, 7}, {2, 0, 1}}, 13, true};
+  std::vector<std::int32_t> inputs, targets;
+  corpus::step_tokens(step, docs, -100, inputs, targets);
+  REQUIRE(inputs.size() == 13);
+  CHECK(step.document_starts() == std::vector<std::int64_t>{0, 3, 10, 11});
+  std::size_t at = 0;
+  for (const corpus::Window& w : step.rows)
+    for (std::int64_t i = 0; i < w.length; ++i, ++at) {
+      CHECK(inputs[at] == std::int32_t(std::uint8_t(docs[w.document].bytes[std::size_t(w.offset + i)])));
+      CHECK(targets[at] == std::int32_t(std::uint8_t(docs[w.document].bytes[std::size_t(w.offset + i + 1)])));
+    }
+  for (; at < 13; ++at) {
+    CHECK(inputs[at] == 0);
+    CHECK(targets[at] == -100);
+  }
+}
+
+TEST_CASE("a packed sequence trains as its documents alone on every strategy, planned, with documents of 1 and p-1 "
+          "tokens (p = 3, 4)") {
+  using All = AllStrategies<>;
+  using Packed = Gpt<All>;
+  GptConfig c;
+  c.layer = LayerConfig::make(48, 12);  // heads divisible by p = 1, 3, 4
+  c.layer.causal = c.layer.zigzag = c.layer.rope = true;
+  c.layers = 2;
+  c.vocab = 256;
+  const std::vector<corpus::Document> docs = documents_of({2, 3, 4, 9, 14}, 17);
+  // 1 token, 2 and 3 tokens (p - 1 for p = 3, 4), and two longer ones that span chunk boundaries.
+  const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 2}, {2, 0, 3}, {3, 1, 7}, {4, 0, 13}};
+  struct Result {
+    double loss = 0;
+    std::int64_t counted = 0;
+    std::vector<float> replicated_grad;  // rank 0's (replicated: the same on every rank)
+  };
+  const auto run = [&](const corpus::Step& step, int p, const StackPlan& plan) {
+    Result result;
+    std::vector<std::int32_t> inputs, targets;
+    corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+    const std::vector<std::int64_t> starts = step.document_starts();
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      const int r = comm.rank();
+      BufferPool pool;
+      Packed model(c, p, r, 23);
+      const SequenceLayout layout(step.length, p, c.layer.zigzag);
+      const Tensor<std::int32_t> x = shard_tokens(inputs, step.sequences(), layout, r);
+      const Tensor<std::int32_t> y = shard_tokens(targets, step.sequences(), layout, r);
+      model.zero_gradients();
+      const GptStepResult out = model.forward_backward(comm, pool, plan, step.length, x.view(), y.view(), starts);
+      if (r != 0) return;
+      result.loss = out.loss;
+      result.counted = out.counted;
+      result.replicated_grad.assign(model.replicated_gradient().span().begin(), model.replicated_gradient().span().end());
+    });
+    return result;
+  };
+  const StackPlan ts = uniform_plan<All>(2, "MegatronTS");
+  std::vector<Result> alone;  // each document alone on one rank (zigzag: at least 2 tokens, a 1-token one padded)
+  for (const corpus::Window& w : windows) alone.push_back(run({{w}, std::max<std::int64_t>(w.length, 2)}, 1, ts));
+
+  const cost::HardwareProfile hardware = cost::a100_sxm4_80gb_x8();
+  for (const int p : {3, 4}) {
+    const std::vector<corpus::Step> steps = corpus::pack_sequences(windows, 17, 2 * p);
+    REQUIRE(steps.size() >= 2);
+    for (const corpus::Step& step : steps) {
+      // The planner plans the packed step from its documents (dry runs with the document mask).
+      const plan::GptCosts<Packed> costs{c, p, &hardware};
+      const plan::Plan planned = plan::plan_exact(costs.packed_table(step.document_lengths()), std::int64_t(1) << 40);
+      std::vector<StackPlan> plans{plan::stack_plan<All>(planned), {{0, 2}, {3, 4}}};  // the plan, and a mix
+      for (const std::string_view name : {"MegatronTS", "MegatronCZ", "UlyssesZ", "ColossalZ", "METP"})
+        plans.push_back(uniform_plan<All>(2, name));
+      double loss = 0;
+      std::int64_t counted = 0;
+      std::vector<double> grad(alone[0].replicated_grad.size(), 0.0);
+      for (const corpus::Window& w : step.rows) {
+        const Result& a = alone[w.document];
+        loss += a.loss * double(a.counted);
+        counted += a.counted;
+        for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += double(a.replicated_grad[i]) * double(a.counted);
+      }
+      for (double& g : grad) g /= double(counted);
+      for (std::size_t k = 0; k < plans.size(); ++k) {
+        CAPTURE(p);
+        CAPTURE(k);
+        CAPTURE(step.length);
+        CAPTURE(fmt::format("{}", fmt::join(step.document_starts(), ",")));
+        const Result got = run(step, p, plans[k]);
+        CHECK(got.counted == counted);
+        CHECK(got.loss == doctest::Approx(loss / double(counted)).epsilon(1e-5));
+        CHECK(testing::first_mismatch(std::span<const float>(got.replicated_grad), std::span<const double>(grad),
+                                      testing::kFloat32) == "");
+      }
+    }
+  }
 }

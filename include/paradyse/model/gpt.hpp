@@ -222,6 +222,10 @@ public:
   std::vector<LayerWeights>& moment2() noexcept { return moment2_; }
   Tensor<float>& replicated_moment1() noexcept { return replicated_m_; }
   Tensor<float>& replicated_moment2() noexcept { return replicated_v_; }
+  // The AdamW moments of the MoE layers' expert shards (per layer, shaped as stack().moe_weights(); empty for dense
+  // layers).
+  std::vector<MoeShard>& moe_moment1() noexcept { return moe_moment1_; }
+  std::vector<MoeShard>& moe_moment2() noexcept { return moe_moment2_; }
   void set_steps_taken(std::int64_t steps) {
     check(steps >= 0, "Gpt: steps taken = {} must be non-negative", steps);
     step_ = steps;
@@ -247,10 +251,15 @@ public:
 
   // Forward and backward of one batch; gradients ACCUMULATE (call zero_gradients() first for a fresh step).
   // tokens, targets: [b, n_r] int32, this rank's tokens of a sequence of seq_len tokens in the unified layout.
-  // Every rank of the group calls it with the same plan and seq_len. Returns the loss over every rank's tokens.
+  // Every rank of the group calls it with the same plan, seq_len and documents. Returns the loss over every rank's
+  // tokens. document_starts: packed documents of every sequence (global starts, first 0; attention within a
+  // document, RoPE positions restarting at each); the caller keeps the loss inside documents: a token's target is
+  // the next token of its own document or the ignore index (examples/corpus.hpp's packed windows carry their own
+  // next bytes).
   template <Communicator C>
   GptStepResult forward_backward(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
-                                 TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets) {
+                                 TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets,
+                                 std::span<const std::int64_t> document_starts = {}) {
     const LayerConfig& c = config_.layer;
     const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
     const std::int64_t batch = tokens.extent(0), rows = batch * n;
@@ -272,6 +281,7 @@ public:
     {
       Tensor<float> x(activation);
       Backend::embedding_forward(tokens, TensorView<const float>(embedding()), x.view());
+      stack_.set_documents(document_starts);
       stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
     }
     Tensor<float> dhidden(activation);
@@ -306,7 +316,8 @@ public:
   // forward_backward; stack().moe_stats() holds the MoE layers' losses and load afterwards.
   template <Communicator C>
   GptStepResult evaluate(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
-                         TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets) {
+                         TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets,
+                         std::span<const std::int64_t> document_starts = {}) {
     const LayerConfig& c = config_.layer;
     const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
     const std::int64_t vocab = config_.vocab, batch = tokens.extent(0), rows = batch * n;
@@ -319,6 +330,7 @@ public:
     {
       Tensor<float> x(activation);
       Backend::embedding_forward(tokens, TensorView<const float>(embedding()), x.view());
+      stack_.set_documents(document_starts);
       stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
       stack_.discard_step();  // what forward kept for a backward
     }

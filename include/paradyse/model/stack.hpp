@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -128,6 +129,11 @@ public:
   }
   // Router losses and expert load of every MoE layer in the last forward (in layer order).
   const std::vector<MoeLayerStats>& moe_stats() const noexcept { return moe_stats_; }
+  // Packed documents of the sequences of the next forwards (the global start of each, first 0: attention stays
+  // within a document and RoPE restarts at each; strategy/policy.hpp's SublayerContext::document_starts); empty:
+  // each sequence is one document. Kept (copied) until set again; checked against the sequence length by forward.
+  void set_documents(std::span<const std::int64_t> starts) { documents_.assign(starts.begin(), starts.end()); }
+  std::span<const std::int64_t> documents() const noexcept { return documents_; }
   // Drops what a step kept (the saved activations of the layers its forward ran, its context) and allocates
   // nothing: after a failed step the stack holds its weights and gradients only, as before the step.
   void discard_step() noexcept {
@@ -157,6 +163,7 @@ public:
     check(comm.size() == ranks_, "TransformerStack: built for {} ranks, run on a group of {}", ranks_, comm.size());
     check(x.rank() == 3, "TransformerStack: x {} must be [b, n_r, h]", x.shape());
     ctx_.emplace(config_, ranks_, x.extent(0), seq_len, pool);
+    ctx_->set_documents(documents_);
     check_plan(plan, *ctx_);
     saved_.clear();
     saved_.reserve(weights_.size());
@@ -268,6 +275,7 @@ private:
   std::vector<LayerWeights> weights_, gradients_;
   std::vector<LayerSaved<Strategies>> saved_;
   std::optional<SublayerContext> ctx_;
+  std::vector<std::int64_t> documents_;  // the packed documents ctx_ points to
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;
