@@ -26,6 +26,7 @@
 #include "progress.hpp"
 #include "train_moe.hpp"
 #include "train_ranks.hpp"
+#include "training_checkpoints.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
@@ -111,6 +112,7 @@ struct Options {
   int stop_after = 0;           // > 0: stop after this many steps of this invocation, with a training checkpoint
   std::string csv;              // the per-step table as CSV
   std::int64_t pack_tokens = 0; // > 0: documents packed into steps of up to this many tokens (rows x length)
+  std::int64_t pack_documents = 0;  // > 0: documents packed back to back into ONE sequence of up to this many tokens
   std::vector<std::string> args;  // the options as given (without --resume and --load): saved in checkpoints
 };
 
@@ -121,9 +123,14 @@ struct Options {
              "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
              "                 [--corpus DIR] [--backend threads|mpi] [--checkpoint-every N] [--keep K]\n"
              "                 [--checkpoint-dir DIR] [--resume PATH] [--stop-after N] [--csv FILE]\n"
-             "                 [--pack-tokens B] [--device cpu|cuda] [--emulate a100|h100|h200]\n"
+             "                 [--pack-tokens B | --pack-documents B] [--device cpu|cuda] [--emulate a100|h100|h200]\n"
              "--steps N: N documents (windows) are drawn; one per step, or with --pack-tokens B packed into steps of\n"
              "  up to B tokens (rows of similar length, one document per row, padded with masked tokens)\n"
+             "--pack-documents B: the documents back to back in ONE sequence of up to B tokens per step (first-fit\n"
+             "  decreasing), attention masked to each document and RoPE positions restarting at each, the loss never\n"
+             "  crossing documents; nothing padded beyond the group's minimum, and the planner plans each step from its\n"
+             "  documents. A flag of its own, not a mode of --pack-tokens: the same budget gives a different shape\n"
+             "  (1 x B instead of rows x length), and the two are compared on the same run\n"
              "--checkpoint-every N: every N steps a training checkpoint (weights, AdamW moments, step, data position,\n"
              "  options) DIR/step_<next step>.safetensors (default DIR: checkpoints), keeping the newest K (default 2)\n"
              "--resume PATH: continue the run a training checkpoint was saved in, with its options (options given\n"
@@ -142,7 +149,9 @@ struct Options {
              "--experts E --top-k K [--shared-experts N] [--first-dense N]: an MoE GPT (E experts of width ffn/K,\n"
              "  top-K routing, N shared experts, the first N layers dense), every sublayer planned (MoE: ExpertParallel\n"
              "  or ExpertTensorParallel), expert load and router losses printed; --save DIR then writes a Hugging Face\n"
-             "  folder (Mixtral, or Qwen2-MoE with shared experts or dense layers); --cap-mib is the planner's budget\n");
+             "  folder (Mixtral, or Qwen2-MoE with shared experts or dense layers); --cap-mib is the planner's budget;\n"
+             "  training checkpoints (--checkpoint-every, --stop-after, --resume) hold the expert and router weights\n"
+             "  and their AdamW moments too\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -189,6 +198,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--stop-after") o.stop_after = cli.integer<int>(1, 10'000'000);
     else if (arg == "--csv") o.csv = cli.value();
     else if (arg == "--pack-tokens") o.pack_tokens = cli.integer<std::int64_t>(1, 1 << 30);
+    else if (arg == "--pack-documents") o.pack_documents = cli.integer<std::int64_t>(1, 1 << 30);
     else cli.unknown();
   }
   // The options as given, for training checkpoints: every flag takes one value; --resume, --load and --stop-after
@@ -201,12 +211,16 @@ Options parse(int argc, char** argv) {
   }
   if (!o.resume.empty() && !o.load.empty()) usage("--resume and --load exclude each other (--resume loads the weights)");
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
+  if (o.pack_documents > 0 && o.pack_tokens > 0)
+    usage("--pack-tokens (documents as rows) and --pack-documents (documents in one sequence) exclude each other");
+  if (o.pack_documents > 0 && o.experts > 0)
+    usage("--pack-documents trains the dense GPT: not with --experts yet (use --pack-tokens)");
   if (o.experts > 0) {  // the MoE mode (examples/train_moe.hpp) plans every sublayer and saves a Hugging Face folder
     if (o.top_k > o.experts) usage(fmt::format("--top-k {} exceeds --experts {}", o.top_k, o.experts));
     if (o.first_dense >= o.layers)
       usage(fmt::format("--first-dense {} leaves no MoE layer of --layers {}", o.first_dense, o.layers));
-    if (!o.strategy.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 || o.stop_after > 0)
-      usage("--experts: --strategy, --load, --resume, --checkpoint-every and --stop-after are for the dense GPT");
+    if (!o.strategy.empty() || !o.load.empty())
+      usage("--experts: --strategy and --load are for the dense GPT (the MoE GPT resumes with --resume)");
   } else if (o.shared_experts > 0 || o.first_dense > 0) {
     usage("--shared-experts and --first-dense need --experts");
   }
@@ -242,24 +256,8 @@ Options parse_resuming(int argc, char** argv) {
   return parse(int(pointers.size()), pointers.data());
 }
 
-// The next step a training checkpoint continues with.
-int checkpoint_next_step(const std::string& path) {
-  for (const auto& [key, value] : pd::read_checkpoint_metadata(path))
-    if (key == "train.next_step") return std::stoi(value);
-  throw pd::Error(fmt::format("checkpoint {}: no train.next_step (not a training checkpoint of train_gpt)", path));
-}
-
-// Removes all but the newest `keep` training checkpoints (step_<n>.safetensors) of `dir`.
-void prune_checkpoints(const std::filesystem::path& dir, int keep) {
-  std::vector<std::pair<long, std::filesystem::path>> found;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && entry.path().extension() == ".safetensors")
-      found.emplace_back(std::atol(name.c_str() + 5), entry.path());
-  }
-  std::sort(found.begin(), found.end());
-  for (std::size_t i = 0; i + std::size_t(keep) < found.size(); ++i) std::filesystem::remove(found[i].second);
-}
+using pd::examples::checkpoint_next_step;  // examples/training_checkpoints.hpp
+using pd::examples::prune_checkpoints;
 
 // A short name for the per-step table: the capitals of the strategy's name ("MegatronTS" -> "MTS").
 std::string short_name(int s) {
@@ -400,8 +398,10 @@ int train_dense(const Options& o, RanksT& ranks) {
   if (!o.sorted) sampler.shuffle(windows);
   // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens.
   const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
-  std::vector<corpus::Step> steps = corpus::pack_steps(windows, o.pack_tokens, group_min_len);
-  if (o.pack_tokens > 0 && !o.sorted) sampler.shuffle(steps);
+  std::vector<corpus::Step> steps = o.pack_documents > 0
+                                        ? corpus::pack_sequences(windows, o.pack_documents, group_min_len)
+                                        : corpus::pack_steps(windows, o.pack_tokens, group_min_len);
+  if ((o.pack_tokens > 0 || o.pack_documents > 0) && !o.sorted) sampler.shuffle(steps);
   const int n_steps = int(steps.size());
 
   pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
@@ -476,6 +476,9 @@ int train_dense(const Options& o, RanksT& ranks) {
   if (o.pack_tokens > 0)
     fmt::print("packing: {} documents in {} steps of up to {} tokens (one document per row, rows padded to the "
                "step's longest with masked tokens)\n", windows.size(), n_steps, o.pack_tokens);
+  if (o.pack_documents > 0)
+    fmt::print("packing: {} documents in {} steps, each one sequence of up to {} tokens (documents back to back, "
+               "attention within each, positions restarting at each)\n", windows.size(), n_steps, o.pack_documents);
   fmt::print("ranks: {} {}; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
              "all-MegatronTS {:.1f} MiB)\n",
              o.ranks, mpi ? "MPI processes" : "threads", double(cap) / kMiB,
@@ -544,8 +547,10 @@ int train_dense(const Options& o, RanksT& ranks) {
         .extra = {{"train.args", joined_args}, {"train.next_step", std::to_string(next_step)},
                   {"train.data", fmt::format("seed {}, {} documents stratified by length{}, {} steps{}", o.seed,
                                              o.steps, o.sorted ? "" : ", shuffled", n_steps,
-                                             o.pack_tokens ? fmt::format(" of up to {} tokens", o.pack_tokens)
-                                                           : std::string())}}};
+                                             o.pack_tokens      ? fmt::format(" of up to {} tokens", o.pack_tokens)
+                                             : o.pack_documents ? fmt::format(" of one sequence of up to {} tokens",
+                                                                              o.pack_documents)
+                                                                : std::string())}}};
     ranks.run([&](auto& comm, int r) {
       ranks.pools[std::size_t(r)]->trim();
       pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
@@ -595,9 +600,12 @@ int train_dense(const Options& o, RanksT& ranks) {
       ~ShowProgress() { progress.show(done, tokens, true); }
     } show_progress{progress, step + 1 - first_step, double(progress_tokens += steps[std::size_t(step)].real_tokens())};
     if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
-    // The step's rows [b, s]: one document each, padded with masked tokens.
+    // The step's rows [b, s]: one document each, padded with masked tokens; or (--pack-documents) one row holding
+    // the documents back to back.
     const corpus::Step& batch = steps[std::size_t(step)];
-    const std::int64_t s = batch.length, rows = std::int64_t(batch.rows.size());
+    const std::int64_t s = batch.length, rows = batch.sequences();
+    const std::vector<std::int64_t> document_starts = batch.document_starts();  // empty: one document per row
+    const std::int64_t documents = std::int64_t(batch.rows.size());  // the "docs" column
     std::vector<std::int32_t> inputs, targets;
     corpus::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
     std::vector<std::int64_t> lengths;
@@ -606,14 +614,15 @@ int train_dense(const Options& o, RanksT& ranks) {
     const std::int64_t real = batch.real_tokens(), padding = batch.padded_tokens();
     // The plan: the exact planner's, or the forced strategy's (with its predicted memory).
     const auto plan_start = std::chrono::steady_clock::now();
-    const pd::plan::CostTable table = costs.table(s, rows);
+    const pd::plan::CostTable table =
+        document_starts.size() > 1 ? costs.packed_table(batch.document_lengths()) : costs.table(s, rows);
     std::optional<pd::plan::Plan> plan;
     try {
       plan = o.strategy.empty()
                  ? pd::plan::plan_exact(table, cap)
                  : pd::plan::plan_of(table, pd::plan::uniform_layers(table, pd::cost::default_catalog().index_of(o.strategy)), cap);
     } catch (const pd::plan::NoFeasiblePlan& e) {
-      fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap: {}\n", step, s, rows, e.what());
+      fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap: {}\n", step, s, documents, e.what());
       ++unplanned;
       records.push_back({real, padding, step_flops, 0, 0, true});
       csv.row(step, s, rows, real, padding, "", "", 0, "", "", "", double(cap) / kMiB, "no plan fits", "");
@@ -647,7 +656,8 @@ int train_dense(const Options& o, RanksT& ranks) {
         // Under MPI an out-of-memory rank could not stop the others inside a collective: the step runs uncapped
         // and is undone when any rank's peak passed the cap, which is exactly when the thread run's step fails.
         if (mpi) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
-        const pd::GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
+        const pd::GptStepResult result =
+            model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view(), document_starts);
         if (mpi) {
           const double mine = double(ranks.tracker(r).peak());
           double most = 0;
@@ -669,7 +679,7 @@ int train_dense(const Options& o, RanksT& ranks) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap {:.0f} "
                  "MiB): {} more bytes asked with {:.1f} MiB in use\n",
-                 step, s, rows, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
+                 step, s, documents, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
                  double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
       ++ooms;
       records.push_back({real, padding, step_flops, 0, seconds, true});
@@ -687,7 +697,7 @@ int train_dense(const Options& o, RanksT& ranks) {
       ranks.share(peaks);
       fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY: a rank peaked at {:.1f} MiB, over the cap "
                  "of {:.0f} MiB (predicted {:.1f} MiB); the step is undone\n",
-                 step, s, rows, compact(layers), 8 * o.layers, "-", seconds,
+                 step, s, documents, compact(layers), 8 * o.layers, "-", seconds,
                  *std::max_element(peaks.begin(), peaks.end()) / kMiB, double(cap) / kMiB,
                  double(plan->peak_bytes()) / kMiB);
       ++ooms;
@@ -708,7 +718,7 @@ int train_dense(const Options& o, RanksT& ranks) {
     ranks.share(peaks);
     const double peak = *std::max_element(peaks.begin(), peaks.end());
     const double mfu = pd::examples::model_flops_utilisation(step_flops, seconds, o.ranks, hardware);
-    fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, rows,
+    fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, documents,
                compact(layers), 8 * o.layers, loss, seconds, 100 * mfu, peak / kMiB, double(plan->peak_bytes()) / kMiB,
                double(cap) / kMiB);
     records.push_back({real, padding, step_flops, loss, seconds, false});
@@ -824,7 +834,10 @@ int main(int argc, char** argv) {
                                               .experts = o.experts, .top_k = o.top_k,
                                               .shared_experts = o.shared_experts, .first_dense = o.first_dense,
                                               .budget_mib = o.cap_mib, .save = o.save, .corpus = o.corpus,
-                                              .backend = o.backend};
+                                              .backend = o.backend, .csv = o.csv,
+                                              .checkpoint_every = o.checkpoint_every, .keep = o.keep,
+                                              .checkpoint_dir = o.checkpoint_dir, .resume = o.resume,
+                                              .stop_after = o.stop_after, .args = fmt::format("{}", fmt::join(o.args, "\n"))};
       return pd::examples::train_moe(moe, hardware_profile(o, ranks));
     }
     if (o.device == "cuda") {

@@ -3,7 +3,11 @@
 // the dense MLP of the first_k_dense layers, the MoE FFN: ExpertParallel or ExpertTensorParallel) by the exact
 // planner (plan/moe_plan.hpp), with the router's load-balancing and z losses logged and, every few steps, each MoE
 // layer's expert load (min / mean / max assignments per expert over the group). --save writes a Hugging Face folder
-// (model/hf_checkpoint.hpp: Mixtral names, or Qwen2-MoE's with shared experts or dense layers).
+// (model/hf_checkpoint.hpp: Mixtral names, or Qwen2-MoE's with shared experts or dense layers). Training
+// checkpoints (--checkpoint-every, --keep, --stop-after, --resume; examples/training_checkpoints.hpp) hold the
+// attention and expert weights, the router, every AdamW moment, the step and the data position (the schedule is a
+// function of the seed and options, saved with it): a run stopped and resumed gives the uninterrupted run's losses
+// bit for bit on thread ranks. --csv writes the per-step table.
 //
 // The model: RMSNorm, RoPE, causal, SwiGLU; experts of width ffn / K (so that the active FFN width is the dense
 // one's), shared experts of the same width behind a sigmoid gate (Qwen2-MoE), softmax routing with renormalised
@@ -11,10 +15,13 @@
 #pragma once
 
 #include "corpus.hpp"
+#include "csv_table.hpp"
 #include "train_ranks.hpp"
+#include "training_checkpoints.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/hf_checkpoint.hpp"
 #include "paradyse/moe/moe_strategies.hpp"
@@ -60,6 +67,13 @@ struct MoeTrainOptions {
   std::string save;              // a folder: the Hugging Face export at the end
   std::string corpus;
   RankBackend backend = RankBackend::threads;
+  std::string csv;               // the per-step table as CSV
+  int checkpoint_every = 0;      // 0: no training checkpoints
+  int keep = 2;                  // training checkpoints kept (the newest)
+  std::string checkpoint_dir = "checkpoints";
+  std::string resume;            // a training checkpoint to continue from
+  int stop_after = 0;            // > 0: stop after this many steps of this invocation, with a training checkpoint
+  std::string args;              // the options as given, one per line (saved in training checkpoints)
 };
 
 // The MoE GPT train_gpt --experts trains.
@@ -162,6 +176,35 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
     ranks.pools[std::size_t(r)] = std::make_unique<BufferPool>();
   });
+  int first_step = 0;
+  if (!o.resume.empty()) {
+    ranks.run([&](auto&, int r) { load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true}); });
+    first_step = checkpoint_next_step(o.resume);
+    fmt::print("resumed from {}: attention, expert and router weights, AdamW moments and optimizer step {}; the data "
+               "continues at step {} of {}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(),
+               first_step, o.steps);
+  }
+  const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
+  if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) {
+    std::filesystem::create_directories(checkpoint_dir);
+    check_writable_target(training_checkpoint_path(checkpoint_dir, 0).string());
+  }
+  const auto save_training_checkpoint = [&](int next_step) {
+    const std::string path = training_checkpoint_path(checkpoint_dir, next_step).string();
+    const CheckpointSaveOptions options{
+        .optimizer_state = true,
+        .extra = {{"train.args", o.args}, {"train.next_step", std::to_string(next_step)},
+                  {"train.data", fmt::format("seed {}, {} documents stratified by length{}, one window per step", o.seed,
+                                             o.steps, o.sorted ? "" : ", shuffled")}}};
+    ranks.run([&](auto& comm, int r) {
+      ranks.pools[std::size_t(r)]->trim();
+      save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
+    });
+    if (ranks.reports()) prune_checkpoints(checkpoint_dir, o.keep);
+    fmt::print("      checkpoint {} (continues at step {})\n", path, next_step);
+  };
+  CsvTable csv(ranks.reports() ? o.csv : std::string(),
+               {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "tokens_per_s", "aux", "z"});
 
   ops::AdamWConfig adamw;
   adamw.weight_decay = 0.01f;
@@ -172,7 +215,9 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
   std::map<std::string, int> usage;
   std::int64_t tokens = 0;
   double seconds = 0;
-  for (int step = 0; step < o.steps; ++step) {
+  const int end_step = o.stop_after > 0 ? std::min(o.steps, first_step + o.stop_after) : o.steps;
+  for (int step = first_step; step < end_step; ++step) {
+    if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
     const corpus::Window& w = windows[std::size_t(step)];
     const std::int64_t s = std::max(w.length, group_min_len);
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(s), 0), targets(static_cast<std::size_t>(s), ops::cpu::kIgnoreIndex);
@@ -213,6 +258,8 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     for (const MoeLayerStats& st : stats) aux += st.aux / double(stats.size()), z += st.z / double(stats.size());
     fmt::print("{:>4}  {:>6}  {:<{}}  {:>7.4f}  {:>7.4f}  {:>8.4f}  {:>7.3f}\n", step, s, compact(plan), 8 * o.layers,
                loss, aux, z, elapsed);
+    csv.row(step, s, 1, w.length, s - w.length, compact(plan), fmt::format("{:.17g}", loss), elapsed,
+            elapsed > 0 ? double(w.length) / elapsed : 0.0, fmt::format("{:.17g}", aux), fmt::format("{:.17g}", z));
     if (o.load_every > 0 && (step % o.load_every == 0 || step + 1 == o.steps)) {
       std::string line;
       for (const MoeLayerStats& st : stats) {
@@ -222,6 +269,9 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
       fmt::print("      expert load (tokens per expert, min/mean/max): {}\n", line);
     }
   }
+  if (end_step > first_step &&
+      ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < o.steps)))
+    save_training_checkpoint(end_step);
   fmt::print("\nsummary\n");
   if (!losses.empty()) {
     const std::size_t window = std::max<std::size_t>(1, std::min<std::size_t>(4, losses.size() / 2));

@@ -1,7 +1,8 @@
 # tests/examples/train_gpt_resume.cmake: train_gpt stopped at step K and resumed from its training checkpoint
 # (--resume) prints, in its CSV, the same losses as the run that never stopped, to the last bit (17 digits), with
 # the same plans and lengths, peaks and predictions. The uninterrupted run writes a checkpoint every K steps and
-# keeps the newest 1; the stopped one stops with --stop-after K (which writes its checkpoint).
+# keeps the newest 1; the stopped one stops with --stop-after K (which writes its checkpoint). The same for the MoE
+# GPT (ARGS plus --experts 4 --top-k 2).
 #   cmake -DEXE=train_gpt -DWORK=dir -DK=3 -DARGS="--steps;6;..." -P train_gpt_resume.cmake
 foreach(var EXE WORK K ARGS)
   if(NOT DEFINED ${var})
@@ -34,37 +35,47 @@ function(rows_from csv first out_var)
   set(${out_var} "${rows}" PARENT_SCOPE)
 endfunction()
 
-run_train("the uninterrupted run" ${ARGS} --csv ${WORK}/straight.csv --checkpoint-every ${K} --keep 1
-          --checkpoint-dir ${WORK}/checkpoints)
-file(GLOB kept ${WORK}/checkpoints/*.safetensors)
-list(LENGTH kept kept_count)
-if(NOT kept_count EQUAL 1)
-  message(FATAL_ERROR "--keep 1 left ${kept_count} checkpoints: ${kept}")
-endif()
-run_train("the run stopped at step ${K}" ${ARGS} --stop-after ${K} --csv ${WORK}/first.csv
-          --checkpoint-dir ${WORK}/stopped)
-string(LENGTH "${K}" digits)
-math(EXPR pad "6 - ${digits}")
-string(REPEAT "0" ${pad} zeros)
-set(checkpoint ${WORK}/stopped/step_${zeros}${K}.safetensors)
-if(NOT EXISTS ${checkpoint})
-  message(FATAL_ERROR "no checkpoint ${checkpoint} after the stopped run")
-endif()
-# Resumed with the options saved in the checkpoint.
-list(FIND ARGS --steps at)
-math(EXPR at "${at} + 1")
-list(GET ARGS ${at} steps)
-run_train("the resumed run" --resume ${checkpoint} --csv ${WORK}/resumed.csv --checkpoint-dir ${WORK}/resumed)
-if(NOT last_output MATCHES "data continues at step ${K} of ${steps}")
-  message(FATAL_ERROR "the resumed run does not say it continues at step ${K}:\n${last_output}")
-endif()
-rows_from(${WORK}/straight.csv ${K} want)
-rows_from(${WORK}/resumed.csv 0 got)
-list(LENGTH want n)
-if(n EQUAL 0 OR NOT want STREQUAL got)
-  string(REPLACE ";" "\n" a "${want}")
-  string(REPLACE ";" "\n" b "${got}")
-  message(FATAL_ERROR "resumed run differs from the uninterrupted one\nuninterrupted:\n${a}\nresumed:\n${b}")
-endif()
-message(STATUS "steps ${K}.. of the resumed run equal the uninterrupted run's (${n} rows, losses to 17 digits)")
+# The check for one configuration, `args`, in folder `dir`.
+function(check_resume label dir)
+  set(args ${ARGN})
+  file(MAKE_DIRECTORY ${dir})
+  run_train("${label}: the uninterrupted run" ${args} --csv ${dir}/straight.csv --checkpoint-every ${K} --keep 1
+            --checkpoint-dir ${dir}/checkpoints)
+  file(GLOB kept ${dir}/checkpoints/*.safetensors)
+  list(LENGTH kept kept_count)
+  if(NOT kept_count EQUAL 1)
+    message(FATAL_ERROR "${label}: --keep 1 left ${kept_count} checkpoints: ${kept}")
+  endif()
+  run_train("${label}: the run stopped at step ${K}" ${args} --stop-after ${K} --csv ${dir}/first.csv
+            --checkpoint-dir ${dir}/stopped)
+  string(LENGTH "${K}" digits)
+  math(EXPR pad "6 - ${digits}")
+  string(REPEAT "0" ${pad} zeros)
+  set(checkpoint ${dir}/stopped/step_${zeros}${K}.safetensors)
+  if(NOT EXISTS ${checkpoint})
+    message(FATAL_ERROR "${label}: no checkpoint ${checkpoint} after the stopped run")
+  endif()
+  # Resumed with the options saved in the checkpoint.
+  list(FIND args --steps at)
+  math(EXPR at "${at} + 1")
+  list(GET args ${at} steps)
+  run_train("${label}: the resumed run" --resume ${checkpoint} --csv ${dir}/resumed.csv --checkpoint-dir ${dir}/resumed)
+  if(NOT last_output MATCHES "data continues at step ${K} of ${steps}")
+    message(FATAL_ERROR "${label}: the resumed run does not say it continues at step ${K}:\n${last_output}")
+  endif()
+  rows_from(${dir}/straight.csv ${K} want)
+  rows_from(${dir}/resumed.csv 0 got)
+  list(LENGTH want n)
+  if(n EQUAL 0 OR NOT want STREQUAL got)
+    string(REPLACE ";" "\n" a "${want}")
+    string(REPLACE ";" "\n" b "${got}")
+    message(FATAL_ERROR "${label}: resumed run differs from the uninterrupted one\nuninterrupted:\n${a}\nresumed:\n${b}")
+  endif()
+  message(STATUS "${label}: steps ${K}.. of the resumed run equal the uninterrupted run's (${n} rows, losses to 17 digits)")
+endfunction()
+
+check_resume("dense" ${WORK}/dense ${ARGS})
+# The MoE GPT (--experts): its checkpoint holds the expert and router weights and their AdamW moments too; its CSV
+# has the columns step,length,rows,tokens,padding,plan,loss,<seconds,tokens_per_s>,aux,z (router losses to 17 digits).
+check_resume("MoE" ${WORK}/moe ${ARGS} --experts 4 --top-k 2)
 file(REMOVE_RECURSE ${WORK})

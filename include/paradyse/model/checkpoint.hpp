@@ -8,6 +8,10 @@
 //   layers.<l>.attention.{w_q, w_k, w_v, w_proj}, layers.<l>.mlp.{w_in, w_up (SwiGLU only), w_out},
 //   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as contract/weight_shards.hpp's GlobalLayerWeights)
 // The metadata holds the model configuration, the optimizer step count and an FNV-1a checksum of the data buffer.
+// MoE GPTs (GptConfig::moe): the MoE configuration is in the metadata ("moe.*"), and an MoE layer holds, instead of
+// its dense MLP, layers.<l>.moe.{router [E, h], expert_in [E, 2f, h], expert_out [E, f, h]} and, with shared
+// experts, layers.<l>.moe.{shared_in [2 fs, h], shared_out [fs, h]} (+ shared_gate [1, h]): the global expert
+// weights (moe/moe_weights.hpp's GlobalMoeWeights), gathered from the expert-parallel shards like the layers'.
 //
 // Resuming training: with CheckpointSaveOptions{.optimizer_state = true} the AdamW moments are saved too, as global
 // tensors of the same shapes named "adamw.m.<name>" and "adamw.v.<name>" (metadata optimizer = adamw), and the
@@ -38,9 +42,11 @@
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/safetensors.hpp"
 #include "paradyse/contract/weight_shards.hpp"
+#include "paradyse/moe/moe_weights.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -85,6 +91,30 @@ inline Metadata config_metadata(const GptConfig& g) {
           {"layers", fmt::format("{}", g.layers)},
           {"vocab", fmt::format("{}", g.vocab)},
           {"tied_head", g.tied_head ? "true" : "false"}};
+}
+// The MoE layers' configuration (none for a dense GPT).
+inline Metadata moe_metadata(const GptConfig& g) {
+  if (!g.moe) return {};
+  const MoeConfig& m = g.moe->moe;
+  return {{"moe.first_k_dense", fmt::format("{}", g.moe->first_k_dense)},
+          {"moe.experts", fmt::format("{}", m.experts)},
+          {"moe.top_k", fmt::format("{}", m.top_k)},
+          {"moe.expert_ffn", fmt::format("{}", m.expert_ffn)},
+          {"moe.scoring", m.scoring == RouterScoring::softmax ? "softmax" : "sigmoid"},
+          {"moe.norm_topk_prob", m.norm_topk_prob ? "true" : "false"},
+          {"moe.routed_scaling_factor", fmt::format("{:.17g}", m.routed_scaling_factor)},
+          {"moe.shared_experts", fmt::format("{}", m.shared_experts)},
+          {"moe.shared_ffn", fmt::format("{}", m.shared_ffn)},
+          {"moe.shared_gate", m.shared_gate ? "true" : "false"},
+          {"moe.capacity_factor", fmt::format("{:.17g}", m.capacity_factor)},
+          {"moe.aux_loss_coef", fmt::format("{:.17g}", m.aux_loss_coef)},
+          {"moe.z_loss_coef", fmt::format("{:.17g}", m.z_loss_coef)}};
+}
+// Everything of the configuration: the dense model's fields, then the MoE layers' (if any).
+inline Metadata full_config_metadata(const GptConfig& g) {
+  Metadata all = config_metadata(g);
+  for (auto& entry : moe_metadata(g)) all.push_back(std::move(entry));
+  return all;
 }
 
 inline const std::string& required(const safetensors::Header& h, std::string_view key, const std::string& path) {
@@ -148,6 +178,26 @@ inline GptConfig config_of(const safetensors::Header& h, const std::string& path
   g.layers = int(to_integer(get("layers"), "layers", path, 1, kMaxLayers));
   g.vocab = to_integer(get("vocab"), "vocab", path);
   g.tied_head = to_bool(get("tied_head"), "tied_head", path);
+  if (h.meta("moe.experts") != nullptr) {  // an MoE GPT
+    MoeConfig m;
+    m.hidden = c.hidden;
+    m.experts = to_integer(get("moe.experts"), "moe.experts", path);
+    m.top_k = to_integer(get("moe.top_k"), "moe.top_k", path);
+    m.expert_ffn = to_integer(get("moe.expert_ffn"), "moe.expert_ffn", path);
+    const std::string& scoring = get("moe.scoring");
+    check(scoring == "softmax" || scoring == "sigmoid", "checkpoint {}: moe.scoring '{}' is not softmax or sigmoid",
+          path, printable(scoring));
+    m.scoring = scoring == "softmax" ? RouterScoring::softmax : RouterScoring::sigmoid;
+    m.norm_topk_prob = to_bool(get("moe.norm_topk_prob"), "moe.norm_topk_prob", path);
+    m.routed_scaling_factor = to_double(get("moe.routed_scaling_factor"), "moe.routed_scaling_factor", path);
+    m.shared_experts = to_integer(get("moe.shared_experts"), "moe.shared_experts", path, 0);
+    m.shared_ffn = to_integer(get("moe.shared_ffn"), "moe.shared_ffn", path, 0);
+    m.shared_gate = to_bool(get("moe.shared_gate"), "moe.shared_gate", path);
+    m.capacity_factor = to_double(get("moe.capacity_factor"), "moe.capacity_factor", path);
+    m.aux_loss_coef = to_double(get("moe.aux_loss_coef"), "moe.aux_loss_coef", path);
+    m.z_loss_coef = to_double(get("moe.z_loss_coef"), "moe.z_loss_coef", path);
+    g.moe = MoeLayers{m, int(to_integer(get("moe.first_k_dense"), "moe.first_k_dense", path, 0, kMaxLayers))};
+  }
   try {
     g.validate();
   } catch (const Error& e) {
@@ -162,6 +212,13 @@ inline std::vector<std::pair<std::string_view, Tensor<float>*>> layer_tensors(Gl
           {"attention.w_proj", &g.w_proj}, {"mlp.w_in", &g.w_in},  {"mlp.w_up", &g.w_up},
           {"mlp.w_out", &g.w_out},     {"norm1.gamma", &g.norm1_gamma}, {"norm1.beta", &g.norm1_beta},
           {"norm2.gamma", &g.norm2_gamma}, {"norm2.beta", &g.norm2_beta}};
+}
+
+// The tensors of one layer's global MoE weights with their names in the checkpoint, in data order (the shared
+// experts' are empty without them; entries_of lists the same names and shapes).
+inline std::vector<std::pair<std::string_view, Tensor<float>*>> moe_tensors(GlobalMoeWeights<float>& g) {
+  return {{"moe.router", &g.router},       {"moe.expert_in", &g.expert_in},   {"moe.expert_out", &g.expert_out},
+          {"moe.shared_in", &g.shared_in}, {"moe.shared_out", &g.shared_out}, {"moe.shared_gate", &g.shared_gate}};
 }
 
 // The entries a checkpoint of config `c` holds, in data order (a model with empty tensors: shapes only): the weights,
@@ -185,10 +242,23 @@ inline std::vector<safetensors::TensorEntry> entries_of(const GptConfig& c, bool
     add(p + "attention.w_k", {l.kv_width(), l.hidden});
     add(p + "attention.w_v", {l.kv_width(), l.hidden});
     add(p + "attention.w_proj", {l.q_width(), l.hidden});
-    add(p + "mlp.w_in", {l.ffn, l.hidden});
-    if (l.activation == Activation::swiglu) add(p + "mlp.w_up", {l.ffn, l.hidden});
-    add(p + "mlp.w_out", {l.ffn, l.hidden});
+    if (!c.is_moe_layer(i)) {
+      add(p + "mlp.w_in", {l.ffn, l.hidden});
+      if (l.activation == Activation::swiglu) add(p + "mlp.w_up", {l.ffn, l.hidden});
+      add(p + "mlp.w_out", {l.ffn, l.hidden});
+    }
     for (const char* n : {"norm1.gamma", "norm1.beta", "norm2.gamma", "norm2.beta"}) add(p + n, {l.hidden});
+    if (c.is_moe_layer(i)) {
+      const MoeConfig& m = c.moe->moe;
+      add(p + "moe.router", {m.experts, l.hidden});
+      add(p + "moe.expert_in", {m.experts, 2 * m.expert_ffn, l.hidden});
+      add(p + "moe.expert_out", {m.experts, m.expert_ffn, l.hidden});
+      if (m.has_shared()) {
+        add(p + "moe.shared_in", {2 * m.shared_width(), l.hidden});
+        add(p + "moe.shared_out", {m.shared_width(), l.hidden});
+      }
+      if (m.shared_gate) add(p + "moe.shared_gate", {1, l.hidden});
+    }
   }
   }
   return entries;
@@ -232,6 +302,51 @@ GlobalLayerWeights<float> gather_layer(C& comm, const LayerConfig& c, const Laye
   }
   return global;
 }
+
+// The global MoE weights of one layer from every rank's shard (every rank gets them): experts gathered (padded to
+// the most any rank owns), the replicated router and shared experts taken from this rank.
+template <Communicator C>
+GlobalMoeWeights<float> gather_moe(C& comm, const MoeConfig& c, const MoeShard& shard) {
+  const int p = comm.size();
+  const std::int64_t per_expert = 3 * c.expert_ffn * c.hidden, in_size = 2 * c.expert_ffn * c.hidden;
+  std::int64_t most = 0;
+  for (int q = 0; q < p; ++q) most = std::max(most, owned_experts(c, p, q).length);
+  const std::int64_t mine = owned_experts(c, p, comm.rank()).length;
+  std::vector<float> send(static_cast<std::size_t>(most * per_expert), 0.0f), all(static_cast<std::size_t>(p * most * per_expert));
+  std::copy(shard.expert_in.span().begin(), shard.expert_in.span().end(), send.begin());
+  std::copy(shard.expert_out.span().begin(), shard.expert_out.span().end(), send.begin() + mine * in_size);
+  comm.all_gather(std::span<const float>(send), std::span<float>(all));
+  std::vector<MoeShard> shards;
+  for (int q = 0; q < p; ++q) {
+    MoeShard s = MoeShard::zeros(c, p, q);
+    const std::int64_t owned = owned_experts(c, p, q).length;
+    const float* at = all.data() + q * most * per_expert;
+    std::copy(at, at + owned * in_size, s.expert_in.data());
+    std::copy(at + owned * in_size, at + owned * per_expert, s.expert_out.data());
+    if (q == 0) {  // the replicated weights (identical on every rank)
+      s.router = Tensor<float>::copy_of(shard.router.view());
+      s.shared_in = Tensor<float>::copy_of(shard.shared_in.view());
+      s.shared_out = Tensor<float>::copy_of(shard.shared_out.view());
+      s.shared_gate = Tensor<float>::copy_of(shard.shared_gate.view());
+    }
+    shards.push_back(std::move(s));
+  }
+  return global_moe_of<float>(shards, c);
+}
+
+// The attention and norms of one layer, gathered (gather_layer over a full-geometry copy, since an MoE layer holds no
+// dense MLP shard; its global MLP comes back zero).
+template <Communicator C>
+GlobalLayerWeights<float> gather_attention(C& comm, const LayerConfig& c, const LayerWeights& shard) {
+  const ShardGeometry geometry(c, comm.size());
+  LayerWeights full(geometry);
+  full.attention.packed = Tensor<float>::copy_of(shard.attention.packed.view());
+  full.norms.packed = Tensor<float>::copy_of(shard.norms.packed.view());
+  if (shard.mlp.packed.numel() == full.mlp.packed.numel()) full.mlp.packed = Tensor<float>::copy_of(shard.mlp.packed.view());
+  return gather_layer(comm, c, full);
+}
+
+inline bool is_mlp_tensor(std::string_view name) { return name.substr(0, 4) == "mlp."; }
 
 }  // namespace checkpoint_detail
 
@@ -297,6 +412,12 @@ inline std::int64_t save_checkpoint_bytes(const GptConfig& config, int ranks) {
     const Tensor<float> attention(Shape{ranks, geometry.attention_rows(), h}), mlp(Shape{ranks, geometry.mlp_rows(), h});
     const GlobalLayerWeights<float> global(config.layer);
     const LayerWeights rank_shard(geometry);
+    if (config.moe) {  // an MoE layer's gather: the global experts and every rank's shard of them
+      const MoeConfig& m = config.moe->moe;
+      const GlobalMoeWeights<float> experts(m);
+      std::vector<MoeShard> shards;
+      for (int q = 0; q < ranks; ++q) shards.push_back(MoeShard::zeros(m, ranks, q));
+    }
   }
   return std::int64_t(meta.peak());
 }
@@ -311,7 +432,7 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
   const GptConfig& config = model.config();
   const bool writer = comm.rank() == 0;
   std::vector<safetensors::TensorEntry> entries = entries_of(config, options.optimizer_state);
-  Metadata metadata = config_metadata(config);
+  Metadata metadata = full_config_metadata(config);
   metadata.emplace_back("step", fmt::format("{}", model.steps_taken()));
   metadata.emplace_back("saved_on_ranks", fmt::format("{}", comm.size()));
   if (options.optimizer_state) metadata.emplace_back(std::string(kOptimizerKey), "adamw");
@@ -344,6 +465,8 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
     // The replicated pack [rows, h] of this state: embedding, head (untied), final gamma, final beta.
     const Tensor<float>& pack = s == 0 ? model.replicated() : s == 1 ? model.replicated_moment1() : model.replicated_moment2();
     const std::vector<LayerWeights>& layers = s == 0 ? model.stack().weights() : s == 1 ? model.moment1() : model.moment2();
+    const std::vector<MoeShard>& experts =
+        s == 0 ? model.stack().moe_weights() : s == 1 ? model.moe_moment1() : model.moe_moment2();
     if (writer) {
       const std::int64_t v = config.vocab, h = config.layer.hidden, final_row = config.replicated_rows() - 2;
       write(prefix + "embedding", pack.data(), v * h);
@@ -352,6 +475,16 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
       write(prefix + "final_norm.beta", pack.data() + (final_row + 1) * h, h);
     }
     for (int l = 0; l < config.layers; ++l) {
+      if (config.is_moe_layer(l)) {  // attention and norms, then the experts (no dense MLP)
+        GlobalLayerWeights<float> g = gather_attention(comm, config.layer, layers[std::size_t(l)]);
+        GlobalMoeWeights<float> e = gather_moe(comm, config.moe->moe, experts[std::size_t(l)]);
+        if (!writer) continue;
+        for (auto [name, t] : layer_tensors(g))
+          if (t->numel() > 0 && !is_mlp_tensor(name)) write(fmt::format("{}layers.{}.{}", prefix, l, name), t->data(), t->numel());
+        for (auto [name, t] : moe_tensors(e))
+          if (t->numel() > 0) write(fmt::format("{}layers.{}.{}", prefix, l, name), t->data(), t->numel());
+        continue;
+      }
       GlobalLayerWeights<float> g = gather_layer(comm, config.layer, layers[std::size_t(l)]);
       if (!writer) continue;
       for (auto [name, t] : layer_tensors(g))
@@ -379,11 +512,20 @@ void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path, C
   const GptConfig saved = config_of(header, path);
   const GptConfig& config = model.config();
   if (!(saved == config)) {
-    const Metadata a = config_metadata(saved), b = config_metadata(config);
+    const Metadata a = full_config_metadata(saved), b = full_config_metadata(config);
+    const auto value = [](const Metadata& m, const std::string& key) {
+      for (const auto& [k, v] : m)
+        if (k == key) return v;
+      return std::string("none (a dense GPT)");  // only MoE keys can be absent
+    };
+    std::vector<std::string> keys;  // of either, in order
+    for (const Metadata* m : {&a, &b})
+      for (const auto& [key, ignored] : *m)
+        if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
     std::string diff;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (a[i].second != b[i].second)
-        diff += fmt::format("{}{}: checkpoint {}, model {}", diff.empty() ? "" : "; ", a[i].first, a[i].second, b[i].second);
+    for (const std::string& key : keys)
+      if (value(a, key) != value(b, key))
+        diff += fmt::format("{}{}: checkpoint {}, model {}", diff.empty() ? "" : "; ", key, value(a, key), value(b, key));
     throw Error(fmt::format("checkpoint {}: it holds a different model ({})", path, diff));
   }
   // Names, dtypes and shapes (the moments too when the file has them).
@@ -436,16 +578,27 @@ void load_checkpoint(Gpt<Strategies, Backend>& model, const std::string& path, C
     const std::string prefix(kStatePrefixes[s]);
     Tensor<float>& pack = s == 0 ? model.replicated() : s == 1 ? model.replicated_moment1() : model.replicated_moment2();
     std::vector<LayerWeights>& layers = s == 0 ? model.stack().weights() : s == 1 ? model.moment1() : model.moment2();
+    std::vector<MoeShard>& experts = s == 0 ? model.stack().moe_weights() : s == 1 ? model.moe_moment1() : model.moe_moment2();
     const std::int64_t v = config.vocab, h = config.layer.hidden, final_row = config.replicated_rows() - 2;
     read(prefix + "embedding", pack.data());
     if (!config.tied_head) read(prefix + "head", pack.data() + v * h);
     read(prefix + "final_norm.gamma", pack.data() + final_row * h);
     read(prefix + "final_norm.beta", pack.data() + (final_row + 1) * h);
     for (int l = 0; l < config.layers; ++l) {
+      const bool moe = config.is_moe_layer(l);
       GlobalLayerWeights<float> g(config.layer);
       for (auto [name, t] : layer_tensors(g))
-        if (t->numel() > 0) read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
-      layers[std::size_t(l)] = shard_of(g, config.layer, model.ranks(), model.rank());
+        if (t->numel() > 0 && !(moe && is_mlp_tensor(name))) read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
+      LayerWeights shard = shard_of(g, config.layer, model.ranks(), model.rank());
+      if (moe) {  // no dense MLP shard: the experts instead
+        shard.mlp = MlpShard();
+        shard.mlp.packed = Tensor<float>(Shape{0, h});
+        GlobalMoeWeights<float> e(config.moe->moe);
+        for (auto [name, t] : moe_tensors(e))
+          if (t->numel() > 0) read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
+        experts[std::size_t(l)] = moe_shard_of(e, config.moe->moe, model.ranks(), model.rank());
+      }
+      layers[std::size_t(l)] = std::move(shard);
     }
   }
   if (options.optimizer_state) model.set_steps_taken(saved_step);
