@@ -11,7 +11,8 @@
 // of B single-token requests with the default split (the baseline, same run) and with on-demand loading from a cold
 // cache (every moved piece fetched), its fetches overlapped with the held experts' compute or waited for at once:
 // step time, the busiest rank's rows over the mean, bytes fetched, and the time spent waiting on the fetch messages
-// (summed over the ranks); hidden = 1 - overlapped wait / at-once wait.
+// (summed over the ranks); hidden = 1 - overlapped wait / at-once wait. Twice: with the thread ranks' plain copies,
+// and with point-to-point messages paced to an emulated 1 GB/s link (comm/threads_detail.hpp, LinkPacing).
 #include "bench_usage.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -79,16 +80,18 @@ double step_seconds(const LoadedDecoder& m, int p, MoeMode mode, std::int64_t ba
 struct EpPoint {
   double step_s = 0, wait_s = 0, bytes = 0, rank_imbalance = 0;
 };
-std::vector<EpPoint> ep_steps(const LoadedDecoder& m, int p, std::int64_t batch, int reps) {
+std::vector<EpPoint> ep_steps(const LoadedDecoder& m, int p, std::int64_t batch, int reps, double p2p_bytes_per_s) {
   std::vector<std::vector<double>> times(3), waits(3);
   std::vector<EpPoint> points(3);
   run_ranks(p, [&](ThreadCommunicator& comm) {
     const DecoderConfig& c = m.config;
+    if (p2p_bytes_per_s > 0) comm.set_link_pacing({0, 0, 0, 1.0 / p2p_bytes_per_s});  // point-to-point only
     const RankShard s = make_rank_shard(c, m.weights, p, comm.rank(), MoeMode::ep);
     PagedKvCache cache({c.layers, batch + 1, 4, s.kv_heads.length, c.head_dim});
     BufferPool pool;
     std::vector<SequenceChunk> chunks;
     for (std::int64_t i = 0; i < batch; ++i) chunks.push_back({i, {std::int32_t((i * 37) % c.vocab)}, false});
+    comm.barrier();
     for (int r = -1; r < reps; ++r)  // one warm-up
       for (std::size_t way = 0; way < 3; ++way) {
         PeerFetchWork<ThreadCommunicator> fetch(comm, false, c.moe.experts, way == 2);  // cold: every piece fetched
@@ -224,19 +227,24 @@ int main(int argc, char** argv) {
   fmt::print("\non-demand expert loading (router skew {}: expert e's router row scaled by (1 + skew)^-e; rows: the "
              "busiest rank's over the mean; wt: ms waiting on fetch messages, summed over the ranks)\n",
              skew);
-  fmt::print("{:>6} {:>9} {:>8} {:>9} {:>8} {:>11} {:>11} {:>11} {:>11} {:>11} {:>7}\n", "batch", "EP ms", "EP rows",
-             "OD ms", "OD rows", "MB fetched", "at-once ms", "at-once wt", "overlap ms", "overlap wt", "hidden");
-  for (const std::int64_t batch : {16, 64, 256}) {
-    const std::vector<EpPoint> w = ep_steps(ms, p, batch, reps);
-    const EpPoint &ep = w[0], &late = w[1], &hidden = w[2];
-    fmt::print("{:>6} {:>9.3f} {:>8.2f} {:>9.3f} {:>8.2f} {:>11.2f} {:>11.3f} {:>11.3f} {:>11.3f} {:>11.3f} {:>6.0f}%\n",
-               batch, ep.step_s * 1e3, ep.rank_imbalance, hidden.step_s * 1e3, hidden.rank_imbalance,
-               hidden.bytes / 1e6, late.step_s * 1e3, late.wait_s * 1e3, hidden.step_s * 1e3, hidden.wait_s * 1e3,
-               late.wait_s > 0 ? 100 * (1 - hidden.wait_s / late.wait_s) : 0.0);
-  }
+  fmt::print("{:>9} {:>6} {:>9} {:>8} {:>9} {:>8} {:>11} {:>11} {:>11} {:>11} {:>11} {:>7}\n", "p2p link", "batch",
+             "EP ms", "EP rows", "OD ms", "OD rows", "MB fetched", "at-once ms", "at-once wt", "overlap ms",
+             "overlap wt", "hidden");
+  for (const double link : {0.0, 1e9})
+    for (const std::int64_t batch : {16, 64, 256}) {
+      const std::vector<EpPoint> w = ep_steps(ms, p, batch, reps, link);
+      const EpPoint &ep = w[0], &late = w[1], &hidden = w[2];
+      fmt::print("{:>9} {:>6} {:>9.3f} {:>8.2f} {:>9.3f} {:>8.2f} {:>11.2f} {:>11.3f} {:>11.3f} {:>11.3f} {:>11.3f} "
+                 "{:>6.0f}%\n", link > 0 ? fmt::format("{:g} GB/s", link / 1e9) : "memcpy", batch, ep.step_s * 1e3,
+                 ep.rank_imbalance, hidden.step_s * 1e3, hidden.rank_imbalance, hidden.bytes / 1e6,
+                 late.step_s * 1e3, late.wait_s * 1e3, hidden.step_s * 1e3, hidden.wait_s * 1e3,
+                 late.wait_s > 0 ? 100 * (1 - hidden.wait_s / late.wait_s) : 0.0);
+    }
   fmt::print("(EP: the default split, each expert's rows to its holder; OD: on-demand loading, rows moved from the "
              "busiest rank to the least busy, which fetches the expert from its owner; at-once: every fetch waited "
              "for as soon as it is posted, the baseline of the overlap; thread ranks copy the weights inside the wait, "
-             "so the overlap can hide only the owner's late arrival, not the copy)\n");
+             "so unpaced (memcpy) the overlap can hide only the owner's late arrival, not the copy; 1 GB/s: point-to-point "
+             "messages held to 1 GB/s from their match (LinkPacing), an emulated link whose transfer the held experts' "
+             "compute can hide)\n");
   return 0;
 }

@@ -272,8 +272,11 @@ int main(int argc, char** argv) {
                "path; rank max/mean: per MoE layer, the rows of the busiest rank over the mean, summed over steps; act/token: routed "
                "expert activations per token summed over the MoE layers)\n");
     for (const Row& r : rows)
-      if (r.fetch.fetches) fmt::print("{}: {} experts fetched on demand ({:.1f} MB), {} cache hits, {} evictions\n", r.name,
-                                      r.fetch.fetches, double(r.fetch.bytes_fetched) / 1e6, r.fetch.hits, r.fetch.evictions);
+      if (r.fetch.fetches)
+        fmt::print("{}: {} experts fetched ({:.1f} MB), {} cache hits, {} evictions{}\n", r.name, r.fetch.fetches,
+                   double(r.fetch.bytes_fetched) / 1e6, r.fetch.hits, r.fetch.evictions,
+                   r.fetch.wait_s > 0 ? fmt::format("; rank 0 waited {:.1f} ms on fetch messages", r.fetch.wait_s * 1e3)
+                                      : std::string());
     const auto dyn_row = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.name == "dynamic TP/EP"; });
     if (dyn_row != rows.end())
       for (const Row& r : rows)
