@@ -24,6 +24,7 @@
 #include "csv_table.hpp"
 #include "model_flops.hpp"
 #include "progress.hpp"
+#include "train_mesh.hpp"
 #include "train_moe.hpp"
 #include "train_ranks.hpp"
 #include "training_checkpoints.hpp"
@@ -113,6 +114,8 @@ struct Options {
   std::string csv;              // the per-step table as CSV
   std::int64_t pack_tokens = 0; // > 0: documents packed into steps of up to this many tokens (rows x length)
   std::int64_t pack_documents = 0;  // > 0: documents packed back to back into ONE sequence of up to this many tokens
+  std::string mesh;             // "dp=2,pp=2,cp=2": train on a mesh (examples/train_mesh.hpp)
+  pd::ZeroStage zero = pd::ZeroStage::zero;  // --mesh: the ZeRO stage over dp
   std::vector<std::string> args;  // the options as given (without --resume and --load): saved in checkpoints
 };
 
@@ -124,6 +127,7 @@ struct Options {
              "                 [--corpus DIR] [--backend threads|mpi] [--checkpoint-every N] [--keep K]\n"
              "                 [--checkpoint-dir DIR] [--resume PATH] [--stop-after N] [--csv FILE]\n"
              "                 [--pack-tokens B | --pack-documents B] [--device cpu|cuda] [--emulate a100|h100|h200]\n"
+             "                 [--mesh dp=D,pp=P,cp=C [--zero 0|1|2]]\n"
              "--steps N: N documents (windows) are drawn; one per step, or with --pack-tokens B packed into steps of\n"
              "  up to B tokens (rows of similar length, one document per row, padded with masked tokens)\n"
              "--pack-documents B: the documents back to back in ONE sequence of up to B tokens per step (first-fit\n"
@@ -144,6 +148,10 @@ struct Options {
              "  GEMM rate over this machine's), planned with those links (see also bench/emulated_switching)\n"
              "--device cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile\n"
              "  H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now\n"
+             "--mesh dp=D,pp=P,cp=C: D x P x C ranks (--ranks may be left out): dp replicas (ZeRO --zero over dp), P\n"
+             "  pipeline stages (1F1B, one row per micro-batch), cp groups in which the strategies switch per layer;\n"
+             "  the losses of the single group (--ranks C) on the same batches (use --pack-tokens to batch rows);\n"
+             "  with --experts the MoE layers run over dp x cp (ep folded over the replicas and the cp group)\n"
              "--profile: a JSON file, or a built-in profile name (A100-SXM4-80GB-x8, H100-SXM-80GB-x8, H200-SXM-141GB-x8)\n"
              "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n"
              "--experts E --top-k K [--shared-experts N] [--first-dense N]: an MoE GPT (E experts of width ffn/K,\n"
@@ -199,6 +207,8 @@ Options parse(int argc, char** argv) {
     else if (arg == "--csv") o.csv = cli.value();
     else if (arg == "--pack-tokens") o.pack_tokens = cli.integer<std::int64_t>(1, 1 << 30);
     else if (arg == "--pack-documents") o.pack_documents = cli.integer<std::int64_t>(1, 1 << 30);
+    else if (arg == "--mesh") o.mesh = cli.value();
+    else if (arg == "--zero") o.zero = pd::ZeroStage(cli.integer<int>(0, 2));
     else cli.unknown();
   }
   // The options as given, for training checkpoints: every flag takes one value; --resume, --load and --stop-after
@@ -213,8 +223,8 @@ Options parse(int argc, char** argv) {
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
   if (o.pack_documents > 0 && o.pack_tokens > 0)
     usage("--pack-tokens (documents as rows) and --pack-documents (documents in one sequence) exclude each other");
-  if (o.pack_documents > 0 && o.experts > 0)
-    usage("--pack-documents trains the dense GPT: not with --experts yet (use --pack-tokens)");
+  if (o.pack_documents > 0 && (o.experts > 0 || !o.mesh.empty()))
+    usage("--pack-documents trains the dense GPT on one group: not with --experts or --mesh yet (use --pack-tokens)");
   if (o.experts > 0) {  // the MoE mode (examples/train_moe.hpp) plans every sublayer and saves a Hugging Face folder
     if (o.top_k > o.experts) usage(fmt::format("--top-k {} exceeds --experts {}", o.top_k, o.experts));
     if (o.first_dense >= o.layers)
@@ -223,6 +233,17 @@ Options parse(int argc, char** argv) {
       usage("--experts: --strategy and --load are for the dense GPT (the MoE GPT resumes with --resume)");
   } else if (o.shared_experts > 0 || o.first_dense > 0) {
     usage("--shared-experts and --first-dense need --experts");
+  }
+  if (!o.mesh.empty()) {  // examples/train_mesh.hpp
+    int mesh_ranks = 0;
+    try { mesh_ranks = pd::examples::parse_mesh(o.mesh).size(); } catch (const pd::Error& e) { usage(e.what()); }
+    const bool ranks_given = std::find(o.args.begin(), o.args.end(), "--ranks") != o.args.end();
+    if (ranks_given && o.ranks != mesh_ranks)
+      usage(fmt::format("--ranks {} but --mesh {} holds {} ranks", o.ranks, o.mesh, mesh_ranks));
+    o.ranks = mesh_ranks;
+    if (o.device != "cpu" || !o.emulate.empty() || !o.save.empty() || !o.load.empty() || !o.resume.empty() ||
+        o.checkpoint_every > 0 || o.stop_after > 0)
+      usage("--mesh trains on the host: --device cuda, --emulate and checkpoints are not available with it yet");
   }
   if (!o.save.empty()) {  // fail now, not after the whole run
     try { pd::check_writable_target(o.save); } catch (const pd::Error& e) { usage(e.what()); }
@@ -827,6 +848,17 @@ int main(int argc, char** argv) {
       throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
     if (o.experts > 0 && o.device == "cuda")
       throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
+    if (!o.mesh.empty()) {
+      const pd::examples::MeshTrainOptions mesh{.mesh = o.mesh, .zero = o.zero, .steps = o.steps, .seed = o.seed,
+                                                .layers = o.layers, .hidden = o.hidden, .heads = o.heads,
+                                                .min_len = o.min_len, .max_len = o.max_len, .lr = o.lr,
+                                                .sorted = o.sorted, .pack_tokens = o.pack_tokens, .cap_mib = o.cap_mib,
+                                                .strategy = o.strategy, .experts = o.experts, .top_k = o.top_k,
+                                                .shared_experts = o.shared_experts, .first_dense = o.first_dense,
+                                                .corpus = o.corpus, .csv = o.csv,
+                                                .backend = o.backend};
+      return pd::examples::train_mesh<pd::AllStrategies<>>(mesh, hardware_profile(o, ranks), ranks);
+    }
     if (o.experts > 0) {
       const pd::examples::MoeTrainOptions moe{.steps = o.steps, .seed = o.seed, .ranks = o.ranks, .layers = o.layers,
                                               .hidden = o.hidden, .heads = o.heads, .min_len = o.min_len,

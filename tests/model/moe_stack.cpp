@@ -15,6 +15,7 @@
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/mesh/device_mesh.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/hf_checkpoint.hpp"
 #include "paradyse/model/stack.hpp"
@@ -277,6 +278,111 @@ TEST_CASE("moe stack: a per-layer top-k override (Alloc-MoE) on every rank count
   for (int p : {1, 3}) {
     check_moe_stack({"per-layer k 1 then 4", p, 2, 0, moe_config(true), 2, 3 * p + 1, {1, 4}}, mixed_plans(2, p),
                     17 * std::uint64_t(p));
+  }
+}
+
+// Dimension fusion (issue 13): the MoE layers run over an expert group folded over dp x cp (ep = dp * cp) while
+// attention runs in each replica's cp group, on the same ranks. Replica d holds rows chunk d of the batch (uneven);
+// against the float64 reference over the whole batch: every rank's output and input gradient, the dense gradients
+// summed over dp, and the expert group's gradients (router, the ep rank's own experts, shared experts and gate) as
+// they are, already reduced over every replica's tokens, with the aux and z losses of the whole batch.
+TEST_CASE("moe stack: experts folded over dp x cp (the expert group spans the replicas) against the float64 reference") {
+  for (auto [dp, cp] : std::vector<std::pair<int, int>>{{2, 1}, {2, 2}, {3, 2}}) {
+    CAPTURE(dp);
+    CAPTURE(cp);
+    const int ep = dp * cp, layers = 2;
+    MoeConfig m = moe_config(true);
+    m.experts = 7;  // uneven over ep = 2, 4 and 6
+    const LayerConfig c = layer_config(cp);
+    const std::int64_t batch = dp + 1, length = 3 * cp + 2;
+    const std::uint64_t seed = 29 * std::uint64_t(ep + cp);
+    ReferenceStack ref_stack{c, MoeLayers{m, 1}, {}, {}, {}, {}};
+    Matrix x, dz;
+    for (int l = 0; l < layers; ++l) {
+      Problem one = make_problem(c, batch, length, seed + std::uint64_t(l));
+      if (l == 0) {
+        x = std::move(one.x);
+        dz = std::move(one.dy);
+      }
+      ref_stack.dense.push_back(std::move(one.weights));
+      ref_stack.experts.push_back(random_problem(m, 1, 1, seed + 50 + std::uint64_t(l)).model);
+      ref_stack.top_k.push_back(m.top_k);
+    }
+    ref_stack.groups = rank_groups(random_problem(m, batch, length, 0), ep);
+    Matrix z_ref = Matrix::copy_of(x.view());
+    for (int l = 0; l < layers; ++l) z_ref = ref_stack.forward_layer(l, z_ref);
+    std::vector<GlobalLayerWeights<double>> dw;
+    for (int l = 0; l < layers; ++l) dw.emplace_back(c);
+    std::vector<ReferenceResult> moe_grads;
+    const Matrix dx_ref = ref_stack.backward(x, dz, dw, moe_grads);
+    // Rows `rows` of a [batch, length, h] matrix.
+    const auto rows_of = [&](const Matrix& t, ChunkRange rows) {
+      Matrix out(Shape{rows.length, t.extent(1), t.extent(2)});
+      const std::int64_t row = t.extent(1) * t.extent(2);
+      std::copy(t.data() + rows.start * row, t.data() + rows.end() * row, out.data());
+      return out;
+    };
+
+    const DeviceMesh mesh({{"dp", dp}, {"cp", cp}});
+    Findings findings;
+    run_ranks(ep, [&](ThreadCommunicator& world) {
+      ThreadCommunicator cp_group = mesh.group(world, {"cp"});
+      ThreadCommunicator dp_group = mesh.group(world, {"dp"});
+      ThreadCommunicator ep_group = mesh.group(world, {"dp", "cp"});
+      const int d = mesh.coordinate(world.rank(), "dp"), r = mesh.coordinate(world.rank(), "cp");
+      const int e = int(ep_group.rank());
+      if (e != d * cp + r) findings.fail(fmt::format("ep rank {} of (dp {}, cp {}), expected {}", e, d, r, d * cp + r));
+      std::vector<LayerWeights> shards;
+      std::vector<MoeShard> experts;
+      for (int l = 0; l < layers; ++l) {
+        shards.push_back(shard_of(ref_stack.dense[std::size_t(l)], c, cp, r));
+        experts.push_back(ref_stack.moe.is_moe(l) ? moe_shard_of(global_of(ref_stack.experts[std::size_t(l)]), m, ep, e)
+                                                  : MoeShard{});
+      }
+      TransformerStack<Strategies> stack(c, std::move(shards), std::move(experts), ref_stack.moe, cp);
+      BufferPool pool;
+      const ChunkRange mine = chunk_range(batch, dp, d);
+      const Matrix x_d = rows_of(x, mine), dz_d = rows_of(dz, mine), z_d = rows_of(z_ref, mine), dx_d = rows_of(dx_ref, mine);
+      const SequenceLayout layout(length, cp, c.zigzag);
+      const Tensor<float> xl = local_tokens(x_d, layout, r), dzl = local_tokens(dz_d, layout, r);
+      const std::int64_t h = m.hidden, f = m.expert_ffn;
+      for (const StackPlan& plan : mixed_plans(layers, cp)) {
+        const std::string where = fmt::format("plan {}rank (dp {}, cp {})", plan_name(plan, ref_stack.moe), d, r);
+        Tensor<float> z(xl.shape()), dx(xl.shape());
+        stack.zero_gradients();
+        stack.forward(cp_group, ep_group, pool, plan, length, xl.view(), z.view());
+        stack.backward(cp_group, ep_group, pool, dzl.view(), dx.view());
+        findings.compare(z, z_d, layout, r, where + " output");
+        findings.compare(dx, dx_d, layout, r, where + " input gradient");
+        for (int l = 0; l < layers; ++l) {
+          const std::string at = fmt::format("{} layer {}", where, l);
+          const LayerWeights want = shard_of(dw[std::size_t(l)], c, cp, r);
+          LayerWeights& got = stack.gradients()[std::size_t(l)];
+          for (Tensor<float>* g : {&got.attention.packed, &got.mlp.packed, &got.norms.packed})
+            dp_group.all_reduce(std::span<const float>(g->span()), g->span(), ReduceOp::sum);
+          findings.compare(got.attention.packed.span(), want.attention.packed.span(), at + " attention gradient (dp sum)");
+          findings.compare(got.norms.packed.span(), want.norms.packed.span(), at + " norm gradients (dp sum)");
+          if (!ref_stack.moe.is_moe(l)) {
+            findings.compare(got.mlp.packed.span(), want.mlp.packed.span(), at + " mlp gradient (dp sum)");
+            continue;
+          }
+          const ReferenceResult& g = moe_grads[std::size_t(l)];
+          const MoeShard& mg = stack.moe_gradients()[std::size_t(l)];
+          findings.compare(mg.router.span(), g.drouter, at + " router gradient");
+          findings.compare(mg.expert_in.span(), owned_slice(m, g.dexpert_in, 2 * f * h, ep, e), at + " expert_in gradient");
+          findings.compare(mg.expert_out.span(), owned_slice(m, g.dexpert_out, f * h, ep, e), at + " expert_out gradient");
+          findings.compare(mg.shared_in.span(), g.dshared_in, at + " shared_in gradient");
+          findings.compare(mg.shared_out.span(), g.dshared_out, at + " shared_out gradient");
+          findings.compare(mg.shared_gate.span(), g.dshared_gate, at + " shared gate gradient");
+          const MoeLayerStats& stats = stack.moe_stats().at(0);
+          findings.compare(std::vector<double>{stats.aux, stats.z}, std::vector<double>{g.aux, g.z},
+                           at + " aux and z losses of the whole batch");
+          if (stats.routed != g.routed)
+            findings.fail(fmt::format("{}: routed {} expected {}", at, fmt::join(stats.routed, " "), fmt::join(g.routed, " ")));
+        }
+      }
+    });
+    findings.check_all(fmt::format("experts over dp {} x cp {}", dp, cp));
   }
 }
 

@@ -257,3 +257,133 @@ TEST_CASE("run_pipeline: a first stage without an input, or an input of the wron
                          doctest::Contains("input(0) has shape [2, 4, 8], expected the boundary shape [2, 3, 8]"), Error);
   });
 }
+
+TEST_CASE("interleaved_one_f_one_b: every (chunk, micro-batch) forward then backward once, in order per chunk, no deadlock") {
+  for (int p = 1; p <= 4; ++p)
+    for (int v = 1; v <= 3; ++v)
+      for (int m = p; m <= 3 * p; m += p) {
+        INFO("p=", p, " v=", v, " m=", m);
+        // Virtual stage c * p + s: its ops in the order rank s runs them.
+        std::vector<std::vector<PipelineOp>> ops;
+        for (int s = 0; s < p; ++s) {
+          ops.push_back(interleaved_one_f_one_b(p, s, v, m));
+          REQUIRE(ops.back().size() == std::size_t(2 * v * m));
+          std::vector<int> next_forward(static_cast<std::size_t>(v), 0), next_backward(static_cast<std::size_t>(v), 0);
+          for (const PipelineOp& op : ops.back()) {
+            REQUIRE((op.chunk >= 0 && op.chunk < v));
+            auto& next = (op.pass == PipelinePass::forward ? next_forward : next_backward)[std::size_t(op.chunk)];
+            CHECK(op.micro_batch == next++);  // each chunk's micro-batches in increasing order, each once
+            if (op.pass == PipelinePass::backward) CHECK(next_forward[std::size_t(op.chunk)] > op.micro_batch);
+          }
+          if (v == 1) CHECK(ops.back() == one_f_one_b(p, s, m));
+        }
+        // Dependencies across virtual stages: F(vs, i) needs F(vs - 1, i); B(vs, i) needs B(vs + 1, i), or F(vs, i)
+        // on the last virtual stage.
+        const int stages = p * v;
+        std::vector<std::vector<bool>> done_f(static_cast<std::size_t>(stages), std::vector<bool>(static_cast<std::size_t>(m))),
+            done_b = done_f;
+        std::vector<std::size_t> at(static_cast<std::size_t>(p), 0);
+        for (bool progress = true; progress;) {
+          progress = false;
+          for (int s = 0; s < p; ++s) {
+            auto& k = at[std::size_t(s)];
+            if (k == ops[std::size_t(s)].size()) continue;
+            const PipelineOp op = ops[std::size_t(s)][k];
+            const int vs = op.chunk * p + s;
+            const auto i = std::size_t(op.micro_batch);
+            const bool ready = op.pass == PipelinePass::forward
+                                   ? (vs == 0 || done_f[std::size_t(vs - 1)][i])
+                                   : (vs == stages - 1 ? done_f[std::size_t(vs)][i] : done_b[std::size_t(vs + 1)][i]);
+            if (!ready) continue;
+            (op.pass == PipelinePass::forward ? done_f : done_b)[std::size_t(vs)][i] = true;
+            ++k;
+            progress = true;
+          }
+        }
+        for (int s = 0; s < p; ++s) CHECK_MESSAGE(at[std::size_t(s)] == ops[std::size_t(s)].size(), "rank ", s, " stuck");
+      }
+  CHECK(interleaved_one_f_one_b(2, 0, 2, 2)[2].to_string() == "F0c1");
+  CHECK_THROWS_WITH_AS(interleaved_one_f_one_b(2, 0, 2, 3), doctest::Contains("multiple of the 2 stages"), Error);
+  CHECK_THROWS_WITH_AS(interleaved_one_f_one_b(2, 0, 0, 2), doctest::Contains("chunks = 0"), Error);
+}
+
+TEST_CASE("run_interleaved_pipeline: p ranks x v chunks x m micro-batches give the float64 reference's gradients, and bitwise the unpipelined run's") {
+  const int layers_per_stage = 1;
+  for (int p : {1, 2, 3})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p}) {
+        const int stages = p * v;
+        Rng rng(std::uint64_t(1000 + 100 * p + 10 * v + m));
+        Problem problem;
+        for (int l = 0; l < stages * layers_per_stage; ++l)
+          problem.weights.push_back(random_values(std::size_t(kWidth * kWidth), rng, 0.4));
+        for (int i = 0; i < m; ++i) {
+          problem.inputs.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
+          problem.targets.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
+        }
+        std::vector<Tensor<float>> inputs, targets;
+        for (int i = 0; i < m; ++i) {
+          Tensor<float> x(Shape{2, 3, kWidth}), t(Shape{2, 3, kWidth});
+          for (std::int64_t k = 0; k < x.numel(); ++k) {
+            x.data()[k] = float(problem.inputs[std::size_t(i)][std::size_t(k)]);
+            t.data()[k] = float(problem.targets[std::size_t(i)][std::size_t(k)]);
+          }
+          inputs.push_back(std::move(x));
+          targets.push_back(std::move(t));
+        }
+        auto loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
+          for (std::int64_t k = 0; k < y.numel(); ++k) dy.data()[k] = y.data()[k] - targets[std::size_t(i)].data()[k];
+        };
+
+        // Virtual stage vs (all stages in order); rank r holds chunks vs = c * p + r.
+        std::vector<GeluStage> pipelined = make_stages(problem, stages, layers_per_stage);
+        std::vector<std::vector<float>> input_gradients(static_cast<std::size_t>(m));
+        std::vector<std::vector<GeluStage>> per_rank(static_cast<std::size_t>(p));
+        for (int r = 0; r < p; ++r)
+          for (int c = 0; c < v; ++c) per_rank[std::size_t(r)].push_back(std::move(pipelined[std::size_t(c * p + r)]));
+        run_ranks(p, [&](ThreadCommunicator& comm) {
+          PipelineIo io;
+          io.input = [&](int i) { return TensorView<const float>(inputs[std::size_t(i)].view()); };
+          io.loss_gradient = loss_gradient;
+          io.input_gradient = [&](int i, TensorView<const float> dx) {
+            input_gradients[std::size_t(i)].assign(dx.data(), dx.data() + dx.numel());
+          };
+          run_interleaved_pipeline(comm, std::span<GeluStage>(per_rank[std::size_t(comm.rank())]), m,
+                                   Shape{2, 3, kWidth}, io);
+        });
+
+        // Unpipelined: every micro-batch forward through all virtual stages, then backward in order.
+        std::vector<GeluStage> plain = make_stages(problem, stages, layers_per_stage);
+        std::vector<std::vector<GeluStage::Saved>> saved(static_cast<std::size_t>(m));
+        std::vector<Tensor<float>> outputs;
+        for (int i = 0; i < m; ++i) {
+          Tensor<float> current = Tensor<float>::copy_of(inputs[std::size_t(i)].view());
+          for (GeluStage& stage : plain) {
+            Tensor<float> y(current.shape());
+            saved[std::size_t(i)].push_back(stage.forward(i, current.view(), y.view()));
+            current = std::move(y);
+          }
+          outputs.push_back(std::move(current));
+        }
+        for (int i = 0; i < m; ++i) {
+          Tensor<float> g(outputs[std::size_t(i)].shape());
+          loss_gradient(i, outputs[std::size_t(i)].view(), g.view());
+          for (int s = stages; s-- > 0;) {
+            Tensor<float> dx(g.shape());
+            plain[std::size_t(s)].backward(i, saved[std::size_t(i)][std::size_t(s)], g.view(), dx.view());
+            g = std::move(dx);
+          }
+          CHECK(std::equal(input_gradients[std::size_t(i)].begin(), input_gradients[std::size_t(i)].end(), g.data()));
+        }
+
+        const auto want = reference_gradients(problem);
+        for (int vs = 0; vs < stages; ++vs)
+          for (int l = 0; l < layers_per_stage; ++l) {
+            INFO("p=", p, " v=", v, " m=", m, " virtual stage ", vs, " layer ", l);
+            const Tensor<float>& got = per_rank[std::size_t(vs % p)][std::size_t(vs / p)].gradients[std::size_t(l)];
+            const Tensor<float>& unpipelined = plain[std::size_t(vs)].gradients[std::size_t(l)];
+            CHECK_CLOSE(got.span(), want[std::size_t(vs * layers_per_stage + l)], kFloat32);
+            CHECK(std::equal(got.span().begin(), got.span().end(), unpipelined.span().begin()));
+          }
+      }
+}

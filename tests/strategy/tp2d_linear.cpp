@@ -5,6 +5,7 @@
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
+#include "ops/reference.hpp"
 #include "strategy/harness.hpp"
 
 #include <doctest/doctest.h>
@@ -48,6 +49,35 @@ std::vector<double> block64(const Tensor<double>& t, int row_block, int row_bloc
   for (std::int64_t i = 0; i < r; ++i)
     for (std::int64_t j = 0; j < c; ++j) b.push_back(offset + t(row_block * r + i, col_block * c + j));
   return b;
+}
+
+// The columns of several float64 matrices of equal rows, side by side.
+Tensor<double> side_by_side(const Tensor<double>& a, const Tensor<double>& b, const Tensor<double>& c) {
+  const Tensor<double>* parts[] = {&a, &b, &c};
+  std::int64_t cols = 0;
+  for (const Tensor<double>* p : parts) cols += p->extent(1);
+  Tensor<double> out(Shape{a.extent(0), cols});
+  std::int64_t at = 0;
+  for (const Tensor<double>* part : parts) {
+    const Tensor<double>& p = *part;
+    for (std::int64_t i = 0; i < p.extent(0); ++i)
+      for (std::int64_t j = 0; j < p.extent(1); ++j) out(i, at + j) = p(i, j);
+    at += p.extent(1);
+  }
+  return out;
+}
+// Block (r, c) of [rows, cols] blocks of a float64 matrix, as float64.
+Tensor<double> block_of(const Tensor<double>& t, int r, int rows, int c, int cols) {
+  const std::int64_t br = t.extent(0) / rows, bc = t.extent(1) / cols;
+  Tensor<double> b(Shape{br, bc});
+  for (std::int64_t i = 0; i < br; ++i)
+    for (std::int64_t j = 0; j < bc; ++j) b(i, j) = t(r * br + i, c * bc + j);
+  return b;
+}
+Tensor<double> from_vec(const std::vector<double>& v, std::int64_t rows, std::int64_t cols) {
+  Tensor<double> t(Shape{rows, cols});
+  std::copy(v.begin(), v.end(), t.data());
+  return t;
 }
 
 }  // namespace
@@ -171,4 +201,98 @@ TEST_CASE("tp2d linear: shapes that do not split and meshes without the axes are
     expect_error([&] { Tp2dGrid<ThreadCommunicator>::make(DeviceMesh({{"dp", 2}}), world); }, "unknown mesh axis 'tp_x'");
   });
   findings.check_all("tp2d errors");
+}
+
+TEST_CASE("tp2d attention: q, k, v and output projections on 2x2 and 2x3 grids, forward and every gradient") {
+  std::uint64_t seed = 300;
+  struct Heads {
+    std::int64_t q, kv, d;
+    bool causal;
+  };
+  for (auto [gx, gy] : std::vector<std::pair<int, int>>{{2, 2}, {2, 3}, {3, 2}, {1, 2}, {2, 1}})
+    for (const Heads heads : {Heads{6, 6, 2, true}, Heads{12, 6, 2, false}, Heads{6, 6, 2, false}, Heads{12, 6, 1, true}}) {
+      CAPTURE(gx);
+      CAPTURE(gy);
+      CAPTURE(heads.q);
+      CAPTURE(heads.causal);
+      const std::int64_t T = 12, h = 12, q = heads.q * heads.d, kv = heads.kv * heads.d;
+      Rng rng(seed++);
+      const Tensor<double> x = random_uniform<double>(Shape{T, h}, rng);
+      const Tensor<double> wq = random_uniform<double>(Shape{h, q}, rng), wk = random_uniform<double>(Shape{h, kv}, rng);
+      const Tensor<double> wv = random_uniform<double>(Shape{h, kv}, rng), wo = random_uniform<double>(Shape{q, h}, rng);
+      const Tensor<double> dout = random_uniform<double>(Shape{T, h}, rng);
+      // Reference: Q = x Wq, K = x Wk, V = x Wv, A = attention(Q, K, V), out = A Wo, and the chain rule back.
+      const Tensor<double> Q = product(x, false, wq, false), K = product(x, false, wk, false),
+                           V = product(x, false, wv, false);
+      const AttentionShape shape{1, T, T, heads.q, heads.kv, heads.d};
+      ReferenceMask mask;
+      mask.causal = heads.causal;
+      const auto vec = [](const Tensor<double>& t) { return std::vector<double>(t.data(), t.data() + t.numel()); };
+      const ReferenceAttention attention = reference_attention_forward(shape, mask, vec(Q), vec(K), vec(V));
+      const Tensor<double> A = from_vec(attention.out, T, q);
+      const Tensor<double> out = product(A, false, wo, false);
+      const Tensor<double> dwo = product(A, true, dout, false), dA = product(dout, false, wo, true);
+      const ReferenceAttentionGrads g = reference_attention_backward(shape, mask, vec(Q), vec(K), vec(V), vec(dA));
+      const Tensor<double> dQ = from_vec(g.dq, T, q), dK = from_vec(g.dk, T, kv), dV = from_vec(g.dv, T, kv);
+      const Tensor<double> dwq = product(x, true, dQ, false), dwk = product(x, true, dK, false),
+                           dwv = product(x, true, dV, false);
+      Tensor<double> dx = product(dQ, false, wq, true);
+      const Tensor<double> dxk = product(dK, false, wk, true), dxv = product(dV, false, wv, true);
+      for (std::int64_t e = 0; e < dx.numel(); ++e) dx.data()[e] += dxk.data()[e] + dxv.data()[e];
+
+      const DeviceMesh mesh({{"tp_x", gx}, {"tp_y", gy}});
+      const Tp2dAttentionHeads layout{heads.q, heads.kv, heads.d, heads.causal};
+      Findings findings;
+      run_ranks(gx * gy, [&](ThreadCommunicator& world) {
+        const int i = mesh.coordinate(world.rank(), "tp_x"), j = mesh.coordinate(world.rank(), "tp_y");
+        Tp2dGrid<ThreadCommunicator> grid = Tp2dGrid<ThreadCommunicator>::make(mesh, world);
+        BufferPool pool;
+        // Rank (i, j): rows block i of Wq, Wk, Wv with their head block j side by side; block (j, i) of Wo.
+        const auto packed = [&](const Tensor<double>& a, const Tensor<double>& b, const Tensor<double>& c, int r,
+                                int rows) {
+          return side_by_side(block_of(a, r, rows, j, gy), block_of(b, r, rows, j, gy), block_of(c, r, rows, j, gy));
+        };
+        const Tensor<float> xl = block(x, j, gy, i, gx);
+        const Tensor<float> wqkv = block(packed(wq, wk, wv, i, gx), 0, 1, 0, 1);
+        const Tensor<float> wol = block(wo, j, gy, i, gx), doutl = block(dout, j, gy, i, gx);
+        const std::int64_t hq = layout.local_q(gy);
+        Tensor<float> qkv(Shape{T / gx, layout.local_qkv_width(gy)}), attn(Shape{T / gx, hq * heads.d});
+        Tensor<float> lse(Shape{1, hq, T / gx}), outl(xl.shape());
+        tp2d_attention_forward<ops::Cpu>(grid, pool, layout, xl.view(), wqkv.view(), wol.view(), qkv.view(),
+                                         attn.view(), lse.view(), outl.view());
+        const std::string where = fmt::format("rank ({}, {})", i, j);
+        findings.compare(qkv.span(), block64(packed(Q, K, V, i, gx), 0, 1, 0, 1), where + " qkv");
+        findings.compare(attn.span(), block64(A, i, gx, j, gy), where + " attention output");
+        findings.compare(outl.span(), block64(out, j, gy, i, gx), where + " out");
+        Tensor<float> dxl(xl.shape()), dwqkv(wqkv.shape()), dwol(wol.shape());
+        dwqkv.fill(1.0f);  // accumulate on top
+        dwol.fill(1.0f);
+        tp2d_attention_backward<ops::Cpu>(grid, pool, layout, xl.view(), wqkv.view(), wol.view(), qkv.view(),
+                                          attn.view(), lse.view(), doutl.view(), dxl.view(), dwqkv.view(), dwol.view());
+        findings.compare(dxl.span(), block64(dx, j, gy, i, gx), where + " dx");
+        findings.compare(dwqkv.span(), block64(packed(dwq, dwk, dwv, i, gx), 0, 1, 0, 1, 1.0), where + " dW_qkv");
+        findings.compare(dwol.span(), block64(dwo, j, gy, i, gx, 1.0), where + " dW_o");
+      });
+      findings.check_all("tp2d attention");
+    }
+  // Heads that do not split over tp_y are refused, naming the sizes.
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ThreadCommunicator& world) {
+    Tp2dGrid<ThreadCommunicator> grid = Tp2dGrid<ThreadCommunicator>::make(DeviceMesh({{"tp_x", 1}, {"tp_y", 2}}), world);
+    BufferPool pool;
+    Tensor<float> x(Shape{2, 4}), w(Shape{4, 6}), wo(Shape{1, 4}), qkv(Shape{4, 6}), attn(Shape{4, 3}),
+        lse(Shape{1, 1, 4}), out(Shape{2, 4});
+    x.fill(0.0f);
+    w.fill(0.0f);
+    wo.fill(0.0f);
+    const Tp2dAttentionHeads odd{3, 3, 1, false};
+    try {
+      tp2d_attention_forward<ops::Cpu>(grid, pool, odd, x.view(), w.view(), wo.view(), qkv.view(), attn.view(),
+                                       lse.view(), out.view());
+    } catch (const Error& e) {
+      messages[std::size_t(world.rank())] = e.what();
+    }
+  });
+  for (const std::string& message : messages)
+    CHECK_MESSAGE(message.find("q_heads = 3 and kv_heads = 3 must split over tp_y of 2") != std::string::npos, message);
 }

@@ -5,7 +5,8 @@
 //   optimizer.step(dp_group, params, grads, step);   // grads: this replica's; params: the same on every replica
 //
 // Every replica holds the parameters and computes the gradients of its own micro-batch; the step leaves every
-// replica with the same parameters, updated by AdamW with the gradient averaged over the group:
+// replica with the same parameters, updated by AdamW with the gradient averaged over the group (or summed, with
+// set_reduce_op(ReduceOp::sum), when each replica's gradient is already scaled to the whole batch):
 //   ZeRO-0  all-reduce (average) the gradients; every replica runs AdamW over every parameter (m and v of all).
 //   ZeRO-1  all-reduce (average) the gradients; replica d updates only its chunk d of the flat vector (it holds m and
 //           v of that chunk only: 1/dp of the optimizer state), then the chunks are all-gathered.
@@ -63,6 +64,18 @@ public:
   ChunkRange owned() const noexcept { return chunk_; }
   // Bytes of optimizer state (m and v) this replica holds.
   std::int64_t state_bytes() const noexcept { return 2 * chunk_.length * std::int64_t(sizeof(float)); }
+  // The AdamW hyper-parameters of the next steps (a learning-rate schedule changes them between steps).
+  void set_config(const ops::AdamWConfig& config) noexcept { config_ = config; }
+  const ops::AdamWConfig& config() const noexcept { return config_; }
+  // How the replicas' gradients combine: ReduceOp::avg (the default: each replica's gradient is the mean over its own
+  // micro-batch) or ReduceOp::sum (each is already scaled to the whole batch, as when expert layers folded over dp
+  // reduce theirs over every replica's tokens).
+  void set_reduce_op(ReduceOp op) {
+    check(op == ReduceOp::avg || op == ReduceOp::sum, "DataParallelOptimizer: gradients combine by avg or sum, not "
+          "by {}", name_of(op));
+    reduce_op_ = op;
+  }
+  ReduceOp reduce_op() const noexcept { return reduce_op_; }
 
   // One optimizer step (step >= 1). Collective over `group` (the dp replicas, in rank order). `grads` is consumed:
   // under ZeRO-0 and ZeRO-1 it holds the averaged gradient afterwards, under ZeRO-2 it is left as it was.
@@ -78,10 +91,10 @@ public:
     TensorView<const float> gradient;
     if (stage_ == ZeroStage::two) {
       group.reduce_scatter_v(std::span<const float>(grads), reduced_.span(), std::span<const std::int64_t>(counts_),
-                             ReduceOp::avg);
+                             reduce_op_);
       gradient = reduced_.view();
     } else {
-      group.all_reduce(std::span<const float>(grads), grads, ReduceOp::avg);
+      group.all_reduce(std::span<const float>(grads), grads, reduce_op_);
       gradient = TensorView<const float>(grads.data() + start, Shape{chunk_.length});
     }
     Backend::adamw_step(TensorView<float>(params.data() + start, Shape{chunk_.length}), gradient, m_.view(), v_.view(),
@@ -97,6 +110,7 @@ private:
   int replicas_, rank_;
   std::int64_t elements_;
   ops::AdamWConfig config_;
+  ReduceOp reduce_op_ = ReduceOp::avg;
   ChunkRange chunk_;
   Tensor<float> m_, v_, reduced_;
   std::vector<std::int64_t> counts_;

@@ -62,9 +62,14 @@ inline MoeLayerStats moe_layer_stats(int layer, const MoeSaved& s) {
 
 // z: [b, n_r, h] (overwritten) = y + MoE(Norm2(y)), y = saved.y (a LayerSaved, model/layer.hpp); returns what the
 // MoE keeps. The norm statistics go to saved.stats rows 2 and 3, as mlp_half_forward's.
-template <class Backend = ops::Cpu, Communicator C, class Saved>
-MoeSaved moe_half_forward(std::size_t strategy, C& comm, const SublayerContext& ctx, const MoeContext& moe,
-                          const LayerWeights& w, const MoeShard& experts, Saved& saved, TensorView<float> z) {
+//
+// Expert group: the MoE FFN may run over another group than the attention's `comm` (dimension fusion: ep folded
+// over dp x cp, each rank bringing the tokens of its own cp group and replica); `experts` is then that group's
+// shard (owned_experts over expert_comm) and the rows are still this rank's of `comm`'s sequence layout.
+template <class Backend = ops::Cpu, Communicator C, Communicator E, class Saved>
+MoeSaved moe_half_forward(std::size_t strategy, C& comm, E& expert_comm, const SublayerContext& ctx,
+                          const MoeContext& moe, const LayerWeights& w, const MoeShard& experts, Saved& saved,
+                          TensorView<float> z) {
   const LayerConfig& c = ctx.layer();
   const std::int64_t rows = ctx.local_rows(comm.rank());
   auto stat = [&](int i) { return saved.stats.view().slice(0, i, 1).reshape(Shape{rows}); };
@@ -72,27 +77,40 @@ MoeSaved moe_half_forward(std::size_t strategy, C& comm, const SublayerContext& 
   {
     PooledBuffer<float> normed = ctx.pool->acquire<float>(saved.y.shape());
     norm_forward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), w.norms.norm2_beta(), normed.view(), stat(2), stat(3));
-    out = MoeStrategies<Backend>::forward(strategy, comm, moe, experts, normed.view(), z);
+    out = MoeStrategies<Backend>::forward(strategy, expert_comm, moe, experts, normed.view(), z);
   }
   Backend::add_into(z, TensorView<const float>(saved.y.view()));  // z = y + moe
   return out;
 }
+template <class Backend = ops::Cpu, Communicator C, class Saved>
+MoeSaved moe_half_forward(std::size_t strategy, C& comm, const SublayerContext& ctx, const MoeContext& moe,
+                          const LayerWeights& w, const MoeShard& experts, Saved& saved, TensorView<float> z) {
+  return moe_half_forward<Backend>(strategy, comm, comm, ctx, moe, w, experts, saved, z);
+}
 
 // dy: [b, n_r, h] (overwritten) = dz + Norm2'(MoE'(dz)); the MoE gradients accumulate into grad (fully reduced),
 // norm2's into norm_partial rows 2 and 3 (this rank's tokens).
-template <class Backend = ops::Cpu, Communicator C, class Saved>
-void moe_half_backward(C& comm, const SublayerContext& ctx, const MoeContext& moe, const LayerWeights& w,
-                       const MoeShard& experts, Saved& saved, MoeSaved& moe_saved, TensorView<const float> dz,
-                       TensorView<float> dy, MoeShard& grad, TensorView<float> norm_partial) {
+// With an expert group (see moe_half_forward): grad is reduced over expert_comm.
+template <class Backend = ops::Cpu, Communicator C, Communicator E, class Saved>
+void moe_half_backward(C& comm, E& expert_comm, const SublayerContext& ctx, const MoeContext& moe,
+                       const LayerWeights& w, const MoeShard& experts, Saved& saved, MoeSaved& moe_saved,
+                       TensorView<const float> dz, TensorView<float> dy, MoeShard& grad,
+                       TensorView<float> norm_partial) {
   const LayerConfig& c = ctx.layer();
   const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
   auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
   auto partial = [&](int i) { return std::span<float>(norm_partial.data() + i * h, std::size_t(h)); };
   Backend::copy(dz, dy);
   PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dz.shape());
-  MoeStrategies<Backend>::backward(comm, moe, experts, moe_saved, dz, dnormed.view(), grad);
+  MoeStrategies<Backend>::backward(expert_comm, moe, experts, moe_saved, dz, dnormed.view(), grad);
   norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy, partial(2),
                          partial(3));
+}
+template <class Backend = ops::Cpu, Communicator C, class Saved>
+void moe_half_backward(C& comm, const SublayerContext& ctx, const MoeContext& moe, const LayerWeights& w,
+                       const MoeShard& experts, Saved& saved, MoeSaved& moe_saved, TensorView<const float> dz,
+                       TensorView<float> dy, MoeShard& grad, TensorView<float> norm_partial) {
+  moe_half_backward<Backend>(comm, comm, ctx, moe, w, experts, saved, moe_saved, dz, dy, grad, norm_partial);
 }
 
 }  // namespace paradyse

@@ -160,6 +160,13 @@ public:
   template <Communicator C>
   void forward(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len, TensorView<const float> x,
                TensorView<float> out) {
+    forward(comm, comm, pool, plan, seq_len, x, out);
+  }
+  // The same with the MoE layers run over `expert_comm` (ep folded over other devices than the attention's group,
+  // such as dp x cp: model/moe_half.hpp); the stack's expert shards are then expert_comm's.
+  template <Communicator C, Communicator E>
+  void forward(C& comm, E& expert_comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
+               TensorView<const float> x, TensorView<float> out) {
     check(comm.size() == ranks_, "TransformerStack: built for {} ranks, run on a group of {}", ranks_, comm.size());
     check(x.rank() == 3, "TransformerStack: x {} must be [b, n_r, h]", x.shape());
     ctx_.emplace(config_, ranks_, x.extent(0), seq_len, pool);
@@ -186,8 +193,8 @@ public:
         saved.choice = plan[l];
         attention_half_forward<Backend>(strategies_, int(plan[l].attention), comm, *ctx_, weights_[l], input, saved);
         const MoeContext moe(moe_->moe, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
-        moe_saved_[l] = moe_half_forward<Backend>(plan[l].moe, comm, *ctx_, moe, weights_[l], moe_weights_[l], saved,
-                                                  output);
+        moe_saved_[l] = moe_half_forward<Backend>(plan[l].moe, comm, expert_comm, *ctx_, moe, weights_[l],
+                                                  moe_weights_[l], saved, output);
         moe_stats_.push_back(moe_layer_stats(int(l), *moe_saved_[l]));
       } else {
         saved_.push_back(layer_forward<Backend>(strategies_, plan[l], comm, *ctx_, weights_[l], input, output));
@@ -199,6 +206,11 @@ public:
   // dx: [b, n_r, h] (overwritten) from dout: [b, n_r, h]; gradients accumulate into gradients().
   template <Communicator C>
   void backward(C& comm, BufferPool& pool, TensorView<const float> dout, TensorView<float> dx) {
+    backward(comm, comm, pool, dout, dx);
+  }
+  // The same over the forward's expert group.
+  template <Communicator C, Communicator E>
+  void backward(C& comm, E& expert_comm, BufferPool& pool, TensorView<const float> dout, TensorView<float> dx) {
     check(ctx_.has_value() && saved_.size() == weights_.size(), "TransformerStack: backward without a forward");
     check(&pool == ctx_->pool, "TransformerStack: backward must use the buffer pool its forward used");
     const std::int64_t h = config_.hidden;
@@ -217,8 +229,8 @@ public:
       if (is_moe_layer(int(l))) {
         PooledBuffer<float> dy = pool.acquire<float>(dout.shape());
         const MoeContext moe(moe_->moe, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
-        moe_half_backward<Backend>(comm, *ctx_, moe, weights_[l], moe_weights_[l], saved_[l], *moe_saved_[l], grad_in,
-                                   dy.view(), moe_gradients_[l], partial);
+        moe_half_backward<Backend>(comm, expert_comm, *ctx_, moe, weights_[l], moe_weights_[l], saved_[l],
+                                   *moe_saved_[l], grad_in, dy.view(), moe_gradients_[l], partial);
         moe_saved_[l].reset();
         attention_half_backward<Backend>(strategies_, comm, *ctx_, weights_[l], saved_[l],
                                          TensorView<const float>(dy.view()), grad_out, gradients_[l], partial);
