@@ -564,3 +564,77 @@ TEST_CASE("checkpoint: resuming needs the optimizer state, and extra metadata ma
   const std::string error = load_error(c, weights, {.optimizer_state = true});
   CHECK(error.find("holds the weights only") != std::string::npos);
 }
+
+namespace {
+// optimizer_state_of plus every MoE layer's expert shards and their moments.
+std::vector<float> moe_state_of(Model& model) {
+  std::vector<float> out = optimizer_state_of(model);
+  for (auto* shards : {&model.stack().moe_weights(), &model.moe_moment1(), &model.moe_moment2()})
+    for (const MoeShard& s : *shards)
+      for (const Tensor<float>* t : {&s.router, &s.expert_in, &s.expert_out, &s.shared_in, &s.shared_out, &s.shared_gate})
+        out.insert(out.end(), t->span().begin(), t->span().end());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("checkpoint: an MoE GPT (router, routed and shared experts) resumes bit for bit and loads on other group sizes") {
+  TempDir dir;
+  GptConfig c = test_config(false, Activation::swiglu);
+  MoeConfig m;
+  m.hidden = c.layer.hidden;
+  m.experts = 5;  // uneven over 2 and 4 ranks
+  m.top_k = 2;
+  m.expert_ffn = 8;
+  m.norm_topk_prob = true;
+  m.shared_experts = 1;
+  m.shared_ffn = 8;
+  m.shared_gate = true;
+  m.aux_loss_coef = 0.01;
+  m.z_loss_coef = 0.001;
+  c.moe = MoeLayers{m, 1};  // layer 0 dense, layer 1 MoE
+  const int p = 2, total = 5, k = 2;
+  const std::string path = dir.file("moe.safetensors"), moved = dir.file("moe_p4.safetensors");
+  std::vector<double> straight, resumed;
+  std::vector<std::vector<float>> straight_state(p), resumed_state(p);
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    BufferPool pool;
+    {  // uninterrupted
+      Model model(c, p, r, 7);
+      const std::vector<double> losses = train_steps(model, comm, pool, 0, total);
+      if (r == 0) straight = losses;
+      straight_state[std::size_t(r)] = moe_state_of(model);
+    }
+    {  // stopped after k steps
+      Model model(c, p, r, 7);
+      train_steps(model, comm, pool, 0, k);
+      save_checkpoint(comm, model, path, {.optimizer_state = true});
+    }
+    {  // resumed in a model drawn from another seed
+      Model model(c, p, r, 12345);
+      load_checkpoint(model, path, {.optimizer_state = true});
+      const std::vector<double> losses = train_steps(model, comm, pool, k, total);
+      if (r == 0) resumed = losses;
+      resumed_state[std::size_t(r)] = moe_state_of(model);
+    }
+  });
+  REQUIRE(resumed.size() == std::size_t(total - k));
+  for (int i = k; i < total; ++i) CHECK(resumed[std::size_t(i - k)] == straight[std::size_t(i)]);  // bitwise
+  for (int r = 0; r < p; ++r) CHECK(resumed_state[std::size_t(r)] == straight_state[std::size_t(r)]);
+  CHECK(read_checkpoint_config(path) == c);
+  // Global tensors: loaded on 4 ranks and saved again, then both files read on one rank hold the same states.
+  run_ranks(4, [&](ThreadCommunicator& comm) {
+    Model model(c, 4, comm.rank(), 99);
+    load_checkpoint(model, path, {.optimizer_state = true});
+    save_checkpoint(comm, model, moved, {.optimizer_state = true});
+  });
+  Model first(c, 1, 0, 5), second(c, 1, 0, 6);
+  load_checkpoint(first, path, {.optimizer_state = true});
+  load_checkpoint(second, moved, {.optimizer_state = true});
+  CHECK(moe_state_of(first) == moe_state_of(second));
+  CHECK(first.steps_taken() == k);
+  // A dense model refuses the MoE checkpoint, naming the difference.
+  CHECK_MESSAGE(load_error(test_config(false, Activation::swiglu), path).find("moe.experts: checkpoint 5, model none") !=
+                    std::string::npos,
+                load_error(test_config(false, Activation::swiglu), path));
+}
