@@ -184,8 +184,10 @@ def plot_trace(name, rows, out_dir):
 
 
 def plot_budget(name, rows, out_dir):
-    """moe_budget: quality against the activation budget, one line per method."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    """moe_budget: quality against the activation budget, one line per method; with the timing columns, a third
+    panel: prefill (solid) and decode (dashed) speed-up over the full budget."""
+    timed = {"prefill_speedup", "decode_speedup"} <= set(rows[0].keys())
+    fig, axes = plt.subplots(1, 3 if timed else 2, figsize=(18 if timed else 12, 4.5))
     methods = []
     for r in rows:
         if r["method"] not in methods:
@@ -196,7 +198,16 @@ def plot_budget(name, rows, out_dir):
         for ax, column in zip(axes, (1, 2)):
             ax.plot([p[0] for p in points], [p[column] for p in points], marker="o", label=method,
                     color=colour_of(method, i))
-    for ax, label in zip(axes, ("held-out perplexity", "greedy agreement with the full budget (%)")):
+        if timed:
+            speed = sorted((number(r["budget_percent"]), number(r["prefill_speedup"]), number(r["decode_speedup"]))
+                           for r in rows if r["method"] == method)
+            for column, style, kind in ((1, "-", "prefill"), (2, "--", "decode")):
+                axes[2].plot([p[0] for p in speed], [p[column] for p in speed], linestyle=style, marker="o",
+                             label=f"{method}, {kind}", color=colour_of(method, i))
+    labels = ["held-out perplexity", "greedy agreement with the full budget (%)"]
+    if timed:
+        labels.append("time per token: full budget / this budget")
+    for ax, label in zip(axes, labels):
         ax.set_xlabel("activation budget (% of sum of top-k)")
         ax.set_ylabel(label)
         ax.invert_xaxis()
