@@ -136,48 +136,10 @@ inline std::vector<float> transposed(const float* from, std::int64_t rows, std::
   return out;
 }
 
-// The global MoE weights of one layer from every rank's shard (every rank gets them): experts gathered (padded to
-// the most any rank owns), the replicated router and shared experts taken from this rank.
-template <Communicator C>
-GlobalMoeWeights<float> gather_moe(C& comm, const MoeConfig& c, const MoeShard& shard) {
-  const int p = comm.size();
-  const std::int64_t per_expert = 3 * c.expert_ffn * c.hidden, in_size = 2 * c.expert_ffn * c.hidden;
-  std::int64_t most = 0;
-  for (int q = 0; q < p; ++q) most = std::max(most, owned_experts(c, p, q).length);
-  const std::int64_t mine = owned_experts(c, p, comm.rank()).length;
-  std::vector<float> send(static_cast<std::size_t>(most * per_expert), 0.0f), all(static_cast<std::size_t>(p * most * per_expert));
-  std::copy(shard.expert_in.span().begin(), shard.expert_in.span().end(), send.begin());
-  std::copy(shard.expert_out.span().begin(), shard.expert_out.span().end(), send.begin() + mine * in_size);
-  comm.all_gather(std::span<const float>(send), std::span<float>(all));
-  std::vector<MoeShard> shards;
-  for (int q = 0; q < p; ++q) {
-    MoeShard s = MoeShard::zeros(c, p, q);
-    const std::int64_t owned = owned_experts(c, p, q).length;
-    const float* at = all.data() + q * most * per_expert;
-    std::copy(at, at + owned * in_size, s.expert_in.data());
-    std::copy(at + owned * in_size, at + owned * per_expert, s.expert_out.data());
-    if (q == 0) {  // the replicated weights (identical on every rank)
-      s.router = Tensor<float>::copy_of(shard.router.view());
-      s.shared_in = Tensor<float>::copy_of(shard.shared_in.view());
-      s.shared_out = Tensor<float>::copy_of(shard.shared_out.view());
-      s.shared_gate = Tensor<float>::copy_of(shard.shared_gate.view());
-    }
-    shards.push_back(std::move(s));
-  }
-  return global_moe_of<float>(shards, c);
-}
-
-// The attention and norms of one layer, gathered (checkpoint.hpp's gather_layer over a full-geometry copy, since an
-// MoE layer holds no dense MLP shard).
-template <Communicator C>
-GlobalLayerWeights<float> gather_attention(C& comm, const LayerConfig& c, const LayerWeights& shard) {
-  const ShardGeometry geometry(c, comm.size());
-  LayerWeights full(geometry);
-  full.attention.packed = Tensor<float>::copy_of(shard.attention.packed.view());
-  full.norms.packed = Tensor<float>::copy_of(shard.norms.packed.view());
-  if (shard.mlp.packed.numel() == full.mlp.packed.numel()) full.mlp.packed = Tensor<float>::copy_of(shard.mlp.packed.view());
-  return checkpoint_detail::gather_layer(comm, c, full);
-}
+// One layer's global MoE weights, and its attention and norms, gathered from every rank's shards (the gathers
+// model/checkpoint.hpp's training checkpoints use too).
+using checkpoint_detail::gather_attention;
+using checkpoint_detail::gather_moe;
 
 // Writes `content` to `path` atomically.
 inline void write_text_atomically(const std::string& path, const std::string& content) {
