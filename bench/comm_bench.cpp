@@ -75,6 +75,8 @@ struct Options {
   std::size_t min_bytes = 4 * KiB, max_bytes = 256 * MiB;
   std::vector<Collective> collectives{std::begin(kAll), std::end(kAll)};
   int reps = 0;  // 0: 5 below 64 MiB, 3 from 64 MiB
+  bool goal_only = false;  // only the goal table
+  std::string ours = "auto";  // the engine of "ours" under MPI: auto (measured crossover) or shm (always)
 };
 
 std::size_t parse_size(std::string_view text) {
@@ -115,6 +117,8 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--min") o.min_bytes = parse_size(value());
     else if (arg == "--max") o.max_bytes = parse_size(value());
     else if (arg == "--reps") o.reps = std::stoi(std::string(value()));
+    else if (arg == "--goal-only") o.goal_only = true;
+    else if (arg == "--ours") o.ours = value();
     else if (arg == "--ops") {
       o.collectives.clear();
       for (const auto& name : split_list(value())) {
@@ -124,6 +128,7 @@ Options parse(int argc, char** argv) {
       }
     } else {
       std::fputs("usage: comm_bench [--backend threads|mpi] [--ranks 2,4] [--min 4K] [--max 256M] [--reps N]\n"
+                 "                  [--goal-only] [--ours auto|shm]\n"
                  "                  [--ops all_gather,reduce_scatter,all_reduce,all_to_all,broadcast,reduce,shift]\n"
                  "under mpirun the backend is mpi and the ranks are the launched processes\n",
                  stderr);
@@ -131,6 +136,7 @@ Options parse(int argc, char** argv) {
     }
   }
   pd::check(o.backend == "threads" || o.backend == "mpi", "--backend {} must be threads or mpi", o.backend);
+  pd::check(o.ours == "auto" || o.ours == "shm", "--ours {} must be auto or shm", o.ours);
   pd::check(o.min_bytes >= 64 && o.min_bytes <= o.max_bytes, "sizes --min {} --max {} are not a range", o.min_bytes,
             o.max_bytes);
   return o;
@@ -324,50 +330,61 @@ int run_threads(const Options& o, double memcpy_bw) {
 }
 
 #if defined(PARADYSE_WITH_MPI)
-// The MPI goal: all_gather, reduce_scatter, all_reduce at 4, 16, 64 MiB (nccl-tests sizes), out of place, through
+// The MPI goal: all_gather, reduce_scatter, all_reduce at 4, 16, 64 MiB (nccl-tests sizes S, out of place), through
 // raw OpenMPI (Engine::mpi) and through this backend (Engine::automatic: shared memory above the measured
-// crossover), each against a memcpy of the same size by rank 0 measured in alternation with them.
-void mpi_goal(pd::MpiCommunicator& comm, int reps) {
+// crossover). Per rank, a collective of size S moves at least what a memcpy of S bytes moves (all_gather: writes its
+// S-byte output, reads S / p of it; reduce_scatter: reads its S-byte input, writes S / p; all_reduce: reads S,
+// writes S), so its rate is S / time per rank (nccl-tests' algbw), compared against two memcpy rates measured in
+// alternation with the collectives (median of the repetitions, so all see the same load):
+//   alone:     rank 0 copies S bytes while the others wait (one core's memcpy);
+//   all ranks: every rank copies S bytes at the same time (the slowest rank's time): what each rank gets of the
+//              memory bandwidth when all copy, the ceiling of a collective in which all ranks copy at once.
+void mpi_goal(pd::MpiCommunicator& comm, int reps, pd::MpiCommunicator::Engine ours) {
   using Engine = pd::MpiCommunicator::Engine;
   const Collective ops[3] = {Collective::all_gather, Collective::reduce_scatter, Collective::all_reduce};
   const std::size_t sizes[3] = {4 * MiB, 16 * MiB, 64 * MiB};
   pd::Tensor<float> a(pd::Shape{std::int64_t(64 * MiB / sizeof(float))}), b(pd::Shape{std::int64_t(64 * MiB / sizeof(float))});
-  std::optional<pd::Tensor<std::byte>> from, to;
-  if (comm.rank() == 0) {
-    from.emplace(pd::Shape{std::int64_t(64 * MiB)});
-    to.emplace(pd::Shape{std::int64_t(64 * MiB)});
-    std::memset(from->data(), 1, 64 * MiB);
-  }
+  pd::Tensor<std::byte> from(pd::Shape{std::int64_t(64 * MiB)}), to(pd::Shape{std::int64_t(64 * MiB)});
+  std::memset(from.data(), 1, 64 * MiB);
+  std::memset(to.data(), 1, 64 * MiB);
   const std::array<std::int64_t, 3> crossover = comm.collective_crossover_bytes();
   if (comm.rank() == 0) {
-    fmt::print("\n# goal: {} ranks, out of place; 'raw' = OpenMPI's own collective, 'ours' = this backend (shared "
-               "memory from the measured crossover: all_gather {}, reduce_scatter {}, all_reduce {} bytes; -1 never)\n"
-               "# memcpy = rank 0 copying the same S bytes, alternated with the collectives (median of {}); ratio = "
-               "memcpy time / collective time (per rank)\n",
+    fmt::print("\n# goal: {} ranks, out of place; raw = OpenMPI's own collective, ours = this backend (shared memory "
+               "from the measured crossover: all_gather {}, reduce_scatter {}, all_reduce {} bytes; -1 never)\n"
+               "# GB/s per rank = S / time; memcpy alone = one rank copying S bytes while the others wait; memcpy all "
+               "= every rank copying S bytes at once (per rank);\n# % = ours against each memcpy rate; medians of {} "
+               "repetitions alternating memcpy and collectives\n",
                comm.size(), crossover[0], crossover[1], crossover[2], reps);
-    fmt::print("# {:>14} {:>8} {:>11} {:>11} {:>11} {:>8} {:>8} {:>9}\n", "collective", "S", "memcpy ms", "raw ms",
-               "ours ms", "raw %", "ours %", "speed-up");
+    fmt::print("# {:>14} {:>6} {:>12} {:>10} {:>8} {:>8} {:>12} {:>10} {:>8}\n", "collective", "S", "memcpy alone",
+               "memcpy all", "raw", "ours", "ours/alone", "ours/all", "vs raw");
+    fmt::print("# {:>14} {:>6} {:>12} {:>10} {:>8} {:>8} {:>12} {:>10} {:>8}\n", "", "", "GB/s", "GB/s", "GB/s",
+               "GB/s", "%", "%", "x");
   }
+  const auto timed_copy = [&](std::size_t bytes, bool copies) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (copies) std::memcpy(to.data(), from.data(), bytes);
+    double seconds = seconds_since(t0);
+    comm.all_reduce(std::span<const double>(&seconds, 1), std::span<double>(&seconds, 1), pd::ReduceOp::max);
+    return seconds;
+  };
   for (const Collective c : ops)
     for (const std::size_t bytes : sizes) {
       if (bytes % (sizeof(float) * std::size_t(comm.size())) != 0) continue;
-      std::vector<double> copy_times, raw_times, our_times;
+      std::vector<double> alone_times, all_times, raw_times, our_times;
       for (int r = 0; r < reps; ++r) {
-        comm.barrier();
-        if (comm.rank() == 0) {
-          const auto t0 = std::chrono::steady_clock::now();
-          std::memcpy(to->data(), from->data(), bytes);
-          copy_times.push_back(seconds_since(t0));
-        }
+        alone_times.push_back(timed_copy(bytes, comm.rank() == 0));
+        all_times.push_back(timed_copy(bytes, true));
         comm.set_collective_engine(Engine::mpi);
         raw_times.push_back(time_collective(comm, c, false, bytes, a.span(), b.span(), 1));
-        comm.set_collective_engine(Engine::automatic);
+        comm.set_collective_engine(ours);
         our_times.push_back(time_collective(comm, c, false, bytes, a.span(), b.span(), 1));
       }
       if (comm.rank() != 0) continue;
-      const double copy = median(copy_times), raw = median(raw_times), ours = median(our_times);
-      fmt::print("  {:>14} {:>6}Mi {:>11.2f} {:>11.2f} {:>11.2f} {:>7.0f}% {:>7.0f}% {:>8.1f}x\n", name_of(c),
-                 bytes / MiB, copy * 1e3, raw * 1e3, ours * 1e3, 100 * copy / raw, 100 * copy / ours, raw / ours);
+      const double s = double(bytes), alone = s / median(alone_times) / 1e9, all = s / median(all_times) / 1e9,
+                   raw = s / median(raw_times) / 1e9, ours = s / median(our_times) / 1e9;
+      fmt::print("  {:>14} {:>4}Mi {:>12.2f} {:>10.2f} {:>8.2f} {:>8.2f} {:>11.0f}% {:>9.0f}% {:>7.1f}x\n", name_of(c),
+                 bytes / MiB, alone, all, raw, ours, 100 * ours / alone, 100 * ours / all, ours / raw);
     }
 }
 
@@ -380,18 +397,19 @@ int run_mpi_backend(int argc, char** argv, const Options& o) {
   pd::run_mpi([&](pd::MpiCommunicator& comm) {
     comm.barrier();
     using Engine = pd::MpiCommunicator::Engine;
+    const Engine ours = o.ours == "shm" ? Engine::shared_memory : Engine::automatic;
     std::map<Collective, std::vector<Row>> rows[2];
-    for (int e = 0; e < 2; ++e) {
-      comm.set_collective_engine(e == 0 ? Engine::mpi : Engine::automatic);
+    for (int e = 0; e < 2 && !o.goal_only; ++e) {
+      comm.set_collective_engine(e == 0 ? Engine::mpi : ours);
       rows[e] = sweep(comm, o);
     }
-    if (comm.rank() == 0) {
+    if (comm.rank() == 0 && !o.goal_only) {
       fmt::print("# memcpy, 1 thread, 256 MiB: {:.2f} GB/s copied (the ceiling)\n", memcpy_bw / 1e9);
       for (int e = 0; e < 2; ++e)
         for (const auto& [c, table] : rows[e]) print_table(e == 0 ? "raw OpenMPI" : "mpi (ours)", comm.size(), c, table);
     }
     std::fflush(stdout);
-    mpi_goal(comm, o.reps > 0 ? o.reps : 5);
+    mpi_goal(comm, o.reps > 0 ? o.reps : 5, ours);
   });
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace pd = paradyse;
@@ -20,9 +21,9 @@ using pd::ReduceOp;
 
 namespace {
 
-// Small shared-memory slots (64 KiB, set before any window exists), so the shared-memory collectives below run many
-// rounds even on test-sized buffers; an explicit setting from the environment wins.
-const bool small_shared_slots = (setenv("PARADYSE_MPI_SHM_SLOT_KIB", "64", 0), true);
+// Small shared-memory pieces (64 KiB, read once at the first window), so the shared-memory collectives below have many
+// parts even on test-sized buffers; an explicit setting from the environment wins.
+const bool small_shared_slots = (setenv("PARADYSE_MPI_SHM_PIECE_KIB", "64", 0), true);
 
 // Error messages are compared by substring.
 template <class F>
@@ -77,7 +78,7 @@ TEST_CASE("mpi: shared-memory collectives over many rounds and ragged counts, bi
   MpiCommunicator world = MpiCommunicator::world();
   world.set_collective_engine(MpiCommunicator::Engine::shared_memory);
   const int p = world.size(), me = world.rank();
-  // Counts of several slot rounds (slots of 64 KiB here: $PARADYSE_MPI_SHM_SLOT_KIB), a few elements, and none.
+  // Counts of several slot rounds (pieces of 64 KiB here: $PARADYSE_MPI_SHM_PIECE_KIB), a few elements, and none.
   std::vector<std::int64_t> counts;
   for (int r = 0; r < p; ++r) counts.push_back(r % 3 == 0 ? 300001 + r : r % 3 == 1 ? 7 : 0);
   if (p == 2) counts[1] = 140003;
@@ -125,6 +126,61 @@ TEST_CASE("mpi: shared-memory collectives over many rounds and ragged counts, bi
   std::vector<std::vector<float>> all(inputs.begin(), inputs.end());
   pd::testing::check_reduced<float>(reduced, pd::testing::reduce_reference(all, ReduceOp::sum, 0, total),
                                     "all_reduce through MPI");
+}
+
+TEST_CASE("mpi: shared-memory collectives when one rank is late: the others execute its parts, same bits") {
+  MpiCommunicator world = MpiCommunicator::world();
+  world.set_collective_engine(MpiCommunicator::Engine::shared_memory);
+  const int p = world.size(), me = world.rank();
+  // Odd, uneven counts over many 64 KiB pieces; the last rank arrives 30 ms late to every collective, so the others
+  // claim (nearly) all parts, reading its input and writing its output from their processes.
+  std::vector<std::int64_t> counts;
+  for (int r = 0; r < p; ++r) counts.push_back(40001 + 9973 * r);
+  const std::size_t total = std::size_t(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
+  const std::size_t offset = pd::testing::offset_of(counts, me);
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < p; ++r) inputs.push_back(pd::testing::input_of<float>(r, total, 83));
+  const auto late = [&] {
+    if (me == p - 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  };
+  for (const ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+    CAPTURE(pd::name_of(op));
+    // The rank-order reduction, written out as the threads backend computes it.
+    std::vector<float> want(total);
+    for (std::size_t i = 0; i < total; ++i) {
+      float acc = inputs[0][i];
+      for (int r = 1; r < p; ++r) acc = op == ReduceOp::max ? std::max(acc, inputs[std::size_t(r)][i]) : acc + inputs[std::size_t(r)][i];
+      want[i] = op == ReduceOp::avg ? acc / float(p) : acc;
+    }
+    std::vector<float> buffer = inputs[std::size_t(me)];
+    late();
+    world.all_reduce(std::span<const float>(buffer), std::span<float>(buffer), op);  // in place
+    pd::testing::check_same<float>(buffer, want, "all_reduce with a late rank");
+    std::vector<float> scattered(static_cast<std::size_t>(counts[std::size_t(me)]));
+    late();
+    world.reduce_scatter_v(std::span<const float>(inputs[std::size_t(me)]), std::span<float>(scattered),
+                           std::span<const std::int64_t>(counts), op);
+    pd::testing::check_same<float>(scattered, std::span<const float>(want.data() + offset, scattered.size()),
+                                   "reduce_scatter_v with a late rank");
+  }
+  std::vector<float> gathered(total), want_gathered;
+  for (int r = 0; r < p; ++r)
+    want_gathered.insert(want_gathered.end(), inputs[std::size_t(r)].begin(),
+                         inputs[std::size_t(r)].begin() + std::ptrdiff_t(counts[std::size_t(r)]));
+  late();
+  world.all_gather_v(std::span<const float>(inputs[std::size_t(me)].data(), std::size_t(counts[std::size_t(me)])),
+                     std::span<float>(gathered), std::span<const std::int64_t>(counts));
+  pd::testing::check_same<float>(gathered, want_gathered, "all_gather_v with a late rank");
+  // bf16 and int64 through the generic rank-order reduction: bf16 sums in float and rounds once.
+  std::vector<pd::bf16> halves(total), halves_out(total);
+  for (std::size_t i = 0; i < total; ++i) halves[i] = pd::bf16(inputs[std::size_t(me)][i]);
+  late();
+  world.all_reduce(std::span<const pd::bf16>(halves), std::span<pd::bf16>(halves_out), ReduceOp::sum);
+  for (std::size_t i = 0; i < total; i += 997) {
+    float acc = 0;
+    for (int r = 0; r < p; ++r) acc += float(pd::bf16(inputs[std::size_t(r)][i]));
+    CHECK(float(halves_out[i]) == float(pd::bf16(acc)));
+  }
 }
 
 TEST_CASE("mpi: the measured crossover is one of the measured sizes (or never) and the same on every rank") {

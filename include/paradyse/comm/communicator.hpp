@@ -21,6 +21,7 @@
 #include <functional>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace paradyse {
@@ -143,6 +144,46 @@ concept Communicator = requires(C& c, const C& cc, std::span<const float> in, st
   { c.recv_async(out, peer) } -> std::same_as<Request>;
   { c.shift_async(in, out, peer) } -> std::same_as<Request>;
   { c.split(peer, peer) } -> std::same_as<C>;  // (color, key): the ranks of one color, ordered by key then rank
+};
+
+// The blocking collectives of a backend whose blocking form is its async form waited for at once (threads, nccl,
+// and cuda_local through threads): `class X : public BlockingCollectives<X>` gives X all_gather(...) =
+// all_gather_async(...).wait() and so on, for the collectives and shift (send and recv differ between backends).
+// The MPI backend has blocking forms of its own (its shared-memory collectives are blocking only).
+template <class Derived>
+class BlockingCollectives {
+  template <class T>
+  using In = std::type_identity_t<std::span<const T>>;  // deduced from the output span, so a mutable span converts
+  Derived& self() { return static_cast<Derived&>(*this); }
+
+public:
+  template <CommElement T> void all_gather(In<T> in, std::span<T> out) { self().all_gather_async(in, out).wait(); }
+  template <CommElement T> void all_gather_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts) {
+    self().all_gather_v_async(in, out, counts).wait();
+  }
+  template <CommElement T> void reduce_scatter(In<T> in, std::span<T> out, ReduceOp op) {
+    self().reduce_scatter_async(in, out, op).wait();
+  }
+  template <CommElement T>
+  void reduce_scatter_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp op) {
+    self().reduce_scatter_v_async(in, out, counts, op).wait();
+  }
+  template <CommElement T> void all_reduce(In<T> in, std::span<T> out, ReduceOp op) {
+    self().all_reduce_async(in, out, op).wait();
+  }
+  template <CommElement T> void all_to_all(In<T> in, std::span<T> out) { self().all_to_all_async(in, out).wait(); }
+  template <CommElement T>
+  void all_to_all_v(In<T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
+                    std::span<const std::int64_t> recv_counts) {
+    self().all_to_all_v_async(in, send_counts, out, recv_counts).wait();
+  }
+  template <CommElement T> void broadcast(std::span<T> buffer, int root) { self().broadcast_async(buffer, root).wait(); }
+  template <CommElement T> void reduce(In<T> in, std::span<T> out, ReduceOp op, int root) {
+    self().reduce_async(in, out, op, root).wait();
+  }
+  template <CommElement T> void shift(In<T> in, std::span<T> out, int offset = 1) {
+    self().shift_async(in, out, offset).wait();
+  }
 };
 
 }  // namespace paradyse

@@ -1,22 +1,31 @@
 // paradyse/comm/mpi_shm.hpp: the large collectives of the MPI backend through a shared-memory window within a node.
 //
 // OpenMPI 4.1 on one machine moves large messages slowly (measured here: reduce_scatter 0.3-1.3 GB/s and a 64 MiB
-// send/recv at 1.4 GB/s, against 8 GB/s memcpy; single-copy CMA reads ran at 1-3 GB/s). So when every rank of a
-// communicator is on one node, all_gather(_v), reduce_scatter(_v) and all_reduce go through a window of shared
-// memory (MPI_Win_allocate_shared) instead: each rank has two slots of slot_bytes(); in rounds, every rank copies a
-// segment of its data into its slot (alternating slots), the ranks meet at a barrier of shared counters, and each
-// reads what it needs straight from the others' slots. Segments are small enough that the slots of all ranks stay
-// in the shared last-level cache, so the staging copy costs cache bandwidth, not memory bandwidth.
+// send/recv at 1.4 GB/s, against 5-7 GB/s memcpy). On this machine one core's memcpy already takes most of the
+// memory bandwidth (two cores copying at once get 5.6-6.2 GB/s together against 6.7 GB/s for one alone).
 //
-// Reductions add in rank order, element by element (threads_detail::reduce_in_rank_order, the threads backend's
-// own), so results are bitwise the threads backend's and identical on every rank and from run to run; bf16 adds in
-// float and rounds once; avg divides once at the end.
+// The machine is also shared: when a job runs beside the ranks, one rank's core is busy with it and that rank copies
+// at a third of the other's speed (measured: a 64 MiB memcpy at the same time on both ranks, 10 ms on one and 30 ms
+// on the other). A collective that gives each rank a fixed share of the work (MPI's rings, or a pipeline through
+// shared slots, tried first here: 40-70 ms for 64 MiB on 2 ranks) runs at the slowest rank's speed.
 //
-// Slots are reused by alternating: a rank writes slot (round % 2) only after the barrier of the previous round, by
-// which every rank has finished reading the slot it wrote two rounds ago. The round counter persists across calls.
-// The barrier spins on one counter per rank (each rank only increments its own) and yields the core while it waits,
-// so oversubscribed runs (more ranks than cores) still progress. Blocking only: the async forms stay on MPI's
-// non-blocking collectives, which progress on their own.
+// So when every rank of a communicator is on one node, all_gather(_v), reduce_scatter(_v) and all_reduce are cut
+// into parts (pieces of piece_bytes()) that any rank can execute, and the ranks share them out as they go, like the
+// threads backend: every rank publishes its buffers' addresses in a small window of shared memory
+// (MPI_Win_allocate_shared), then claims unclaimed parts from a shared counter and executes them, reading the
+// other processes' inputs and writing their outputs directly with single-copy system calls (process_vm_readv /
+// process_vm_writev, Linux cross-memory attach), then waits until every part is finished. A fast rank does most
+// parts; a descheduled one holds nobody up but by the part it is in. Per part: all_gather copies a piece of one
+// rank's input into every output; reduce_scatter reads a piece of one rank's chunk from every input, reduces it and
+// writes it to that rank's output; all_reduce reads a piece from every input, reduces it once and writes it to every
+// output. Local copies and reductions into this process's output use streaming stores.
+//
+// Reductions add in rank order, element by element, exactly as the threads backend's
+// threads_detail::reduce_in_rank_order (which they call, except for a vectorised float path with the same order),
+// so results are bitwise the threads backend's and identical on every rank and from run to run, whichever rank
+// executed a part; bf16 adds in float and rounds once; avg divides once at the end. The window is used only when
+// every process could read the others' memory at creation (otherwise MPI's collectives are). Blocking only: the
+// async forms stay on MPI's non-blocking collectives, which progress on their own.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -25,36 +34,148 @@
 
 #include <mpi.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <cerrno>
 #include <sched.h>
 #include <span>
+#include <sys/uio.h>
+#include <tuple>
+#include <unistd.h>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace paradyse::mpi_detail {
 
+// ---- copy and reduce kernels --------------------------------------------------------------------------------------
+
+// memcpy with streaming stores for a destination written once and not read again soon (a collective's output): the
+// store does not first read the line from memory, nor evict the channels' slots from the cache. Small copies and
+// machines without SSE2 use memcpy. Call stream_fence() before another rank or the caller relies on the data.
+inline void stream_copy(void* destination, const void* source, std::size_t bytes) {
+#if defined(__SSE2__)
+  if (bytes >= 4096) {
+    auto* d = static_cast<std::byte*>(destination);
+    const auto* s = static_cast<const std::byte*>(source);
+    const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    bytes -= head;
+    const std::size_t body = bytes / 64 * 64;
+    for (std::size_t i = 0; i < body; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    std::memcpy(d + body, s + body, bytes - body);
+    return;
+  }
+#endif
+  std::memcpy(destination, source, bytes);
+}
+
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// out[i] = sources[0][i] (op) sources[1][i] (op) ... (op) sources[p-1][i] for i < n, in rank order; avg divides once
+// at the end. Bitwise threads_detail::reduce_in_rank_order; float uses SSE2 lanes in the same order (max as
+// std::max(acc, x): MAXPS(x, acc) keeps acc unless x > acc, NaN included), with streaming stores when `stream`.
+// `out` may be one of the sources (each element is read before it is written).
+template <CommElement T>
+void reduce_sources(T* out, const T* const* sources, int p, std::size_t n, ReduceOp op, bool stream) {
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<T, float>) {
+    const auto scalar = [&](std::size_t i) {
+      float acc = sources[0][i];
+      for (int r = 1; r < p; ++r) acc = op == ReduceOp::max ? std::max(acc, sources[r][i]) : acc + sources[r][i];
+      out[i] = op == ReduceOp::avg ? acc / float(p) : acc;
+    };
+    std::size_t i = 0;
+    for (; i < n && reinterpret_cast<std::uintptr_t>(out + i) % 16 != 0; ++i) scalar(i);
+    const __m128 ranks = _mm_set1_ps(float(p));
+    const auto lanes = [&](std::size_t at) {
+      __m128 acc = _mm_loadu_ps(sources[0] + at);
+      if (op == ReduceOp::max)
+        for (int r = 1; r < p; ++r) acc = _mm_max_ps(_mm_loadu_ps(sources[r] + at), acc);
+      else
+        for (int r = 1; r < p; ++r) acc = _mm_add_ps(acc, _mm_loadu_ps(sources[r] + at));
+      return op == ReduceOp::avg ? _mm_div_ps(acc, ranks) : acc;
+    };
+    if (stream) {
+      for (; i + 8 <= n; i += 8) {
+        const __m128 a = lanes(i), b = lanes(i + 4);
+        _mm_stream_ps(out + i, a);
+        _mm_stream_ps(out + i + 4, b);
+      }
+    } else {
+      for (; i + 8 <= n; i += 8) {
+        const __m128 a = lanes(i), b = lanes(i + 4);
+        _mm_store_ps(out + i, a);
+        _mm_store_ps(out + i + 4, b);
+      }
+    }
+    for (; i < n; ++i) scalar(i);
+    return;
+  }
+#endif
+  (void)stream;
+  threads_detail::reduce_in_rank_order<T>(reinterpret_cast<std::byte*>(out),
+                                          reinterpret_cast<const std::byte* const*>(sources), p, 0, n, op);
+}
+
+// ---- the window: arrival, buffers, claimed and finished parts --------------------------------------------------
+
+// Waiting with nothing to do: spin briefly, then give the core away (more ranks than cores, or other load).
+struct IdleWait {
+  int idle = 0;
+  void wait() {
+    if (++idle > 32) {
+      sched_yield();
+    } else {
+#if defined(__SSE2__)
+      _mm_pause();
+#endif
+    }
+  }
+};
+
 class SharedWindow {
 public:
-  // Bytes per slot (two slots per rank): $PARADYSE_MPI_SHM_SLOT_KIB, default 16 MiB. Small slots stay in the last-level
-  // cache but need a barrier per slot; on a loaded machine each barrier may wait for a descheduled peer, so fewer,
-  // larger rounds won (measured with bench/comm_bench).
-  static std::size_t slot_bytes() {
+  // Bytes per part: $PARADYSE_MPI_SHM_PIECE_KIB, default 512 KiB (measured with bench/comm_bench on 2 ranks at 64 MiB:
+  // 256 KiB - 1 MiB within noise, smaller pieces slower: a system call and page pinning per piece and peer).
+  static std::size_t piece_bytes() {
     static const std::size_t bytes = [] {
-      const char* v = std::getenv("PARADYSE_MPI_SHM_SLOT_KIB");
-      const long kib = v ? std::atol(v) : 16384;
-      return std::size_t(std::clamp(kib, 64L, 1L << 20)) << 10;
+      const char* v = std::getenv("PARADYSE_MPI_SHM_PIECE_KIB");
+      return std::size_t(std::clamp(v ? std::atol(v) : 512L, 4L, 1L << 20)) << 10;
     }();
     return bytes;
   }
-  static constexpr std::size_t kHeaderBytes = 128;                   // this rank's barrier counter, own cache lines
+  static constexpr std::size_t kLine = 128;  // one counter per line pair (the adjacent-line prefetcher)
 
-  // Collective over `comm`. Null when the ranks are not all on one node or the window cannot be created.
+  // Collective over `comm`. Null when the ranks are not all on one node, the window cannot be created, or one
+  // process cannot read another's memory (process_vm_readv refused, e.g. by ptrace restrictions).
   static std::unique_ptr<SharedWindow> create(MPI_Comm comm) {
     int size = 0, rank = 0;
     MPI_Comm_size(comm, &size);
@@ -69,8 +190,8 @@ public:
     window->rank_ = rank;
     window->size_ = size;
     void* base = nullptr;
-    const MPI_Aint bytes = MPI_Aint(kHeaderBytes + 2 * slot_bytes());
-    int ok = MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm, &base, &window->window_) == MPI_SUCCESS;
+    int ok = MPI_Win_allocate_shared(MPI_Aint(kLines * kLine), 1, MPI_INFO_NULL, comm, &base, &window->window_) ==
+             MPI_SUCCESS;
     int all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
     if (!all_ok) return nullptr;
@@ -82,8 +203,23 @@ public:
       MPI_Win_shared_query(window->window_, r, &length, &unit, &pointer);
       window->bases_[std::size_t(r)] = static_cast<std::byte*>(pointer);
     }
-    new (window->bases_[std::size_t(rank)]) std::atomic<std::uint64_t>(0);
-    MPI_Barrier(comm);  // every counter is initialised before anyone reads it
+    for (int line = 0; line < kLines; ++line) new (window->line(rank, line)) std::atomic<std::uint64_t>(0);
+    window->pids_.resize(std::size_t(size));
+    const int pid = int(getpid());
+    MPI_Allgather(&pid, 1, MPI_INT, window->pids_.data(), 1, MPI_INT, comm);
+    // Every rank reads a word of every other rank's memory once: single-copy transfers work, or nobody uses them.
+    std::uint64_t probe = std::uint64_t(rank) + 1, seen = 0;
+    std::vector<std::uint64_t> addresses(static_cast<std::size_t>(size));
+    const auto mine = std::uint64_t(reinterpret_cast<std::uintptr_t>(&probe));
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, addresses.data(), 1, MPI_UINT64_T, comm);
+    ok = 1;
+    for (int r = 0; r < size && ok; ++r) {
+      iovec local{&seen, sizeof seen}, remote{reinterpret_cast<void*>(addresses[std::size_t(r)]), sizeof seen};
+      ok = process_vm_readv(window->pids_[std::size_t(r)], &local, 1, &remote, 1, 0) == ssize_t(sizeof seen) &&
+           seen == std::uint64_t(r) + 1;
+    }
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);  // also: nobody's probe is read after this
+    if (!all_ok) return nullptr;
     return window;
   }
   SharedWindow(const SharedWindow&) = delete;
@@ -96,129 +232,190 @@ public:
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // Rank r's slot for `round` (alternating between its two).
-  std::byte* slot(int r, std::uint64_t round) const {
-    return bases_[std::size_t(r)] + kHeaderBytes + (round % 2) * slot_bytes();
-  }
-  std::uint64_t next_round() { return round_++; }
 
-  // Every rank has reached this barrier (and its writes before it are visible after it).
-  void barrier() {
-    const std::uint64_t mine = counter(rank_).fetch_add(1, std::memory_order_acq_rel) + 1;
-    for (int r = 0; r < size_; ++r) {
-      int spins = 0;
-      while (counter(r).load(std::memory_order_acquire) < mine) {
-        if (++spins > 64) sched_yield();
-        else __builtin_ia32_pause();
+  // Starts a collective of `parts` parts: publishes this rank's buffers and waits until every rank has published.
+  void arrive(const void* in, const void* out) {
+    line(rank_, kIn)->store(std::uint64_t(reinterpret_cast<std::uintptr_t>(in)), std::memory_order_relaxed);
+    line(rank_, kOut)->store(std::uint64_t(reinterpret_cast<std::uintptr_t>(out)), std::memory_order_relaxed);
+    line(rank_, kArrived)->store(++calls_, std::memory_order_release);
+    IdleWait idle;
+    for (int r = 0; r < size_; ++r)
+      while (line(r, kArrived)->load(std::memory_order_acquire) < calls_) idle.wait();
+  }
+  // Rank r's buffers in this collective (addresses in r's process).
+  std::uintptr_t in_of(int r) const { return std::uintptr_t(line(r, kIn)->load(std::memory_order_relaxed)); }
+  std::uintptr_t out_of(int r) const { return std::uintptr_t(line(r, kOut)->load(std::memory_order_relaxed)); }
+
+  // Claims the next unclaimed part of this collective (0 .. parts - 1), or returns false when all are claimed.
+  bool claim(std::uint64_t parts, std::uint64_t& part) {
+    std::atomic<std::uint64_t>& next = *line(0, kClaimed);
+    std::uint64_t ticket = next.load(std::memory_order_relaxed);
+    while (ticket < first_part_ + parts)
+      if (next.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) {
+        part = ticket - first_part_;
+        return true;
       }
-    }
+    return false;
+  }
+  // A part is complete (its stores visible); then, after the last claim: every part of the collective is complete.
+  void finished_part() {
+    stream_fence();
+    line(0, kFinished)->fetch_add(1, std::memory_order_acq_rel);
+  }
+  void wait_finished(std::uint64_t parts) {
+    first_part_ += parts;
+    IdleWait idle;
+    while (line(0, kFinished)->load(std::memory_order_acquire) < first_part_) idle.wait();
+  }
+
+  // Copies between this process and rank r's (memcpy for this rank's own memory): single-copy, by the kernel.
+  void read(int r, std::uintptr_t from, void* to, std::size_t bytes) const {
+    if (r == rank_) return void(std::memcpy(to, reinterpret_cast<const void*>(from), bytes));
+    move(r, reinterpret_cast<std::byte*>(to), from, bytes, false);
+  }
+  void write(int r, const void* from, std::uintptr_t to, std::size_t bytes) const {
+    if (r == rank_) return void(stream_copy(reinterpret_cast<void*>(to), from, bytes));
+    move(r, const_cast<std::byte*>(static_cast<const std::byte*>(from)), to, bytes, true);
+  }
+  // Scratch of this process for `count` pieces (kept between collectives).
+  std::byte* scratch(std::size_t count) {
+    if (scratch_.size() < count * piece_bytes()) scratch_.resize(count * piece_bytes());
+    return scratch_.data();
   }
 
 private:
+  enum Line { kArrived = 0, kIn = 1, kOut = 2, kClaimed = 3, kFinished = 4, kLines = 5 };  // kClaimed, kFinished: rank 0's
   SharedWindow() = default;
-  std::atomic<std::uint64_t>& counter(int r) const {
-    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(bases_[std::size_t(r)]));
+  std::atomic<std::uint64_t>* line(int r, int which) const {
+    return std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(bases_[std::size_t(r)] + std::size_t(which) * kLine));
+  }
+  void move(int r, std::byte* local, std::uintptr_t remote, std::size_t bytes, bool to_remote) const {
+    while (bytes > 0) {
+      iovec mine{local, bytes}, theirs{reinterpret_cast<void*>(remote), bytes};
+      const ssize_t moved = to_remote ? process_vm_writev(pids_[std::size_t(r)], &mine, 1, &theirs, 1, 0)
+                                      : process_vm_readv(pids_[std::size_t(r)], &mine, 1, &theirs, 1, 0);
+      if (moved <= 0)
+        throw CommError(fmt::format("shared-memory collective: {} {} bytes {} rank {} (pid {}) failed: {}",
+                                    to_remote ? "writing" : "reading", bytes, to_remote ? "to" : "from", r,
+                                    pids_[std::size_t(r)], std::strerror(errno)));
+      local += moved;
+      remote += std::uintptr_t(moved);
+      bytes -= std::size_t(moved);
+    }
   }
   MPI_Win window_ = MPI_WIN_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<std::byte*> bases_;
-  std::uint64_t round_ = 0;
+  std::vector<int> pids_;
+  std::uint64_t calls_ = 0, first_part_ = 0;  // collectives entered; parts of the earlier collectives
+  std::vector<std::byte> scratch_;
+};
+
+// Runs `parts` parts of a collective: every rank publishes its buffers, then claims and executes parts
+// (run(part, scratch)) until none is left, then waits until every part is finished. A rank that is descheduled or
+// late does fewer parts; the others do more.
+template <class Run>
+void run_parts(SharedWindow& w, const void* in, const void* out, std::uint64_t parts, Run&& run) {
+  if (parts == 0) return;  // every rank computes the same count: all skip together
+  w.arrive(in, out);
+  std::uint64_t part = 0;
+  while (w.claim(parts, part)) {
+    run(part);
+    w.finished_part();
+  }
+  w.wait_finished(parts);
+}
+
+// The pieces of counts[r] elements per rank: part k is piece k - first[r] of rank first[r] <= k < first[r + 1].
+struct Pieces {
+  std::vector<std::uint64_t> first;  // p + 1 entries
+  std::size_t piece = 0;             // elements
+  Pieces(std::span<const std::size_t> counts, std::size_t piece_elements) : piece(piece_elements) {
+    first.push_back(0);
+    for (const std::size_t c : counts) first.push_back(first.back() + (c + piece - 1) / piece);
+  }
+  std::uint64_t total() const { return first.back(); }
+  // (rank, element offset within its chunk, elements) of part k.
+  std::tuple<int, std::size_t, std::size_t> at(std::uint64_t k, std::span<const std::size_t> counts) const {
+    const int r = int(std::upper_bound(first.begin(), first.end(), k) - first.begin()) - 1;
+    const std::size_t begin = std::size_t(k - first[std::size_t(r)]) * piece;
+    return {r, begin, std::min(piece, counts[std::size_t(r)] - begin)};
+  }
 };
 
 // out: the chunks of every rank (counts[r] elements of rank r at displacements[r]); in: this rank's chunk (or that
-// chunk of out: in place). Rounds of slot_bytes() per rank.
+// chunk of out: in place). Part: one piece of one rank's chunk, copied to every rank's output.
 template <CommElement T>
 void shm_all_gather_v(SharedWindow& w, std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
                       std::span<const std::size_t> displacements) {
   const int me = w.rank(), p = w.size();
-  const std::size_t segment = SharedWindow::slot_bytes() / sizeof(T);
-  const std::size_t longest = *std::max_element(counts.begin(), counts.end());
-  T* mine_out = out.data() + displacements[std::size_t(me)];
-  if (in.data() != mine_out && !in.empty()) std::memcpy(mine_out, in.data(), in.size_bytes());
-  for (std::size_t begin = 0; begin < longest; begin += segment) {
-    const std::uint64_t round = w.next_round();
-    const std::size_t n_mine = begin < counts[std::size_t(me)] ? std::min(segment, counts[std::size_t(me)] - begin) : 0;
-    if (n_mine) std::memcpy(w.slot(me, round), in.data() + begin, n_mine * sizeof(T));
-    w.barrier();
-    for (int k = 1; k < p; ++k) {  // start with the next rank, so the ranks do not all read one slot at once
-      const int r = (me + k) % p;
-      const std::size_t count = counts[std::size_t(r)];
-      if (begin >= count) continue;
-      std::memcpy(out.data() + displacements[std::size_t(r)] + begin, w.slot(r, round),
-                  std::min(segment, count - begin) * sizeof(T));
+  const Pieces pieces(counts, SharedWindow::piece_bytes() / sizeof(T));
+  run_parts(w, in.data(), out.data(), pieces.total(), [&](std::uint64_t k) {
+    const auto [r, begin, n] = pieces.at(k, counts);
+    const std::size_t at = (displacements[std::size_t(r)] + begin) * sizeof(T), bytes = n * sizeof(T);
+    const std::uintptr_t source = w.in_of(r) + begin * sizeof(T);
+    // The piece in this rank's output: its own input, or read from rank r.
+    auto* mine = reinterpret_cast<std::byte*>(out.data()) + at;
+    if (r != me) w.read(r, source, mine, bytes);
+    else if (reinterpret_cast<std::uintptr_t>(mine) != source) w.write(me, reinterpret_cast<const void*>(source), std::uintptr_t(mine), bytes);
+    for (int q = 0; q < p; ++q)
+      if (q != me && !(q == r && w.out_of(q) + at == source))  // (rank r in place: its piece is there already)
+        w.write(q, r == me ? reinterpret_cast<const void*>(source) : mine, w.out_of(q) + at, bytes);
+  });
+}
+
+// Reduces elements [at, at + n) of every rank's input in rank order into `result` (this process): this rank's input
+// (`mine`) in place, the others' read into this process's scratch first. stream: streaming stores into `result`.
+template <CommElement T>
+void reduce_remote(SharedWindow& w, const T* mine, std::size_t at, std::size_t n, T* result, ReduceOp op, bool stream) {
+  const int me = w.rank(), p = w.size();
+  std::byte* scratch = w.scratch(std::size_t(p));
+  std::vector<const T*> sources(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    if (r == me) {
+      sources[std::size_t(r)] = mine + at;
+      continue;
     }
+    T* copy = reinterpret_cast<T*>(scratch + std::size_t(r) * SharedWindow::piece_bytes());
+    w.read(r, w.in_of(r) + at * sizeof(T), copy, n * sizeof(T));
+    sources[std::size_t(r)] = copy;
   }
+  reduce_sources<T>(result, sources.data(), p, n, op, stream);
 }
 
 // in: every rank's chunk (counts[r] elements at displacements[r]); out: the rank-order reduction of this rank's
-// chunk over all ranks (out may be this rank's chunk of in: in place).
+// chunk over all ranks (out may be this rank's chunk of in: in place). Part: one piece of one rank's result.
 template <CommElement T>
 void shm_reduce_scatter_v(SharedWindow& w, std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
                           std::span<const std::size_t> displacements, ReduceOp op) {
   const int me = w.rank(), p = w.size();
-  // Each round a rank posts one segment of every other rank's chunk: p segments per slot.
-  const std::size_t segment = std::max<std::size_t>(1, SharedWindow::slot_bytes() / sizeof(T) / std::size_t(p));
-  const std::size_t longest = *std::max_element(counts.begin(), counts.end());
-  std::vector<const std::byte*> sources(static_cast<std::size_t>(p));
-  for (std::size_t begin = 0; begin < longest; begin += segment) {
-    const std::uint64_t round = w.next_round();
-    for (int r = 0; r < p; ++r) {
-      const std::size_t count = counts[std::size_t(r)];
-      if (r == me || begin >= count) continue;
-      std::memcpy(w.slot(me, round) + std::size_t(r) * segment * sizeof(T), in.data() + displacements[std::size_t(r)] + begin,
-                  std::min(segment, count - begin) * sizeof(T));
-    }
-    w.barrier();
-    const std::size_t count = counts[std::size_t(me)];
-    if (begin < count) {
-      const std::size_t n = std::min(segment, count - begin);
-      for (int r = 0; r < p; ++r)
-        sources[std::size_t(r)] = r == me ? reinterpret_cast<const std::byte*>(in.data() + displacements[std::size_t(me)] + begin)
-                                          : w.slot(r, round) + std::size_t(me) * segment * sizeof(T);
-      threads_detail::reduce_in_rank_order<T>(reinterpret_cast<std::byte*>(out.data() + begin), sources.data(), p, 0,
-                                              n, op);
-    }
-  }
+  const Pieces pieces(counts, SharedWindow::piece_bytes() / sizeof(T));
+  run_parts(w, in.data(), out.data(), pieces.total(), [&](std::uint64_t k) {
+    const auto [q, begin, n] = pieces.at(k, counts);
+    const std::size_t at = displacements[std::size_t(q)] + begin;
+    if (q == me) return reduce_remote<T>(w, in.data(), at, n, out.data() + begin, op, true);
+    T* result = reinterpret_cast<T*>(w.scratch(std::size_t(p) + 1) + std::size_t(p) * SharedWindow::piece_bytes());
+    reduce_remote<T>(w, in.data(), at, n, result, op, false);
+    w.write(q, result, w.out_of(q) + begin * sizeof(T), n * sizeof(T));
+  });
 }
 
-// out = the rank-order reduction of every rank's in (out may be in: in place). Each round reduces one segment of
-// each rank's share of the buffer (a reduce-scatter) and hands the shares around (an all-gather) through the slots.
+// out = the rank-order reduction of every rank's in (out may be in: in place). Part: one piece of the buffer,
+// reduced once into the executing rank's output and copied from there to every other rank's output.
 template <CommElement T>
 void shm_all_reduce(SharedWindow& w, std::span<const T> in, std::span<T> out, ReduceOp op) {
   const int me = w.rank(), p = w.size();
-  const std::size_t total = in.size();
-  // A slot holds p input segments and this rank's reduced segment.
-  const std::size_t segment = std::max<std::size_t>(1, SharedWindow::slot_bytes() / sizeof(T) / std::size_t(p + 1));
-  const auto share_begin = [&](int r) { return total * std::size_t(r) / std::size_t(p); };
-  const std::size_t longest = share_begin(1) + (total % std::size_t(p) ? 1 : 0);
-  std::vector<const std::byte*> sources(static_cast<std::size_t>(p));
-  for (std::size_t begin = 0; begin < longest; begin += segment) {
-    const std::uint64_t round = w.next_round();
-    const auto segment_of = [&](int r) -> std::size_t {  // elements of rank r's share in this round
-      const std::size_t count = share_begin(r + 1) - share_begin(r);
-      return begin < count ? std::min(segment, count - begin) : 0;
-    };
-    for (int r = 0; r < p; ++r)
-      if (r != me && segment_of(r))
-        std::memcpy(w.slot(me, round) + std::size_t(r) * segment * sizeof(T), in.data() + share_begin(r) + begin,
-                    segment_of(r) * sizeof(T));
-    w.barrier();
-    if (const std::size_t n = segment_of(me)) {
-      for (int r = 0; r < p; ++r)
-        sources[std::size_t(r)] = r == me ? reinterpret_cast<const std::byte*>(in.data() + share_begin(me) + begin)
-                                          : w.slot(r, round) + std::size_t(me) * segment * sizeof(T);
-      std::byte* reduced = w.slot(me, round) + std::size_t(p) * segment * sizeof(T);
-      threads_detail::reduce_in_rank_order<T>(reduced, sources.data(), p, 0, n, op);
-      std::memcpy(out.data() + share_begin(me) + begin, reduced, n * sizeof(T));
-    }
-    w.barrier();
-    for (int k = 1; k < p; ++k) {
-      const int r = (me + k) % p;
-      if (const std::size_t n = segment_of(r))
-        std::memcpy(out.data() + share_begin(r) + begin, w.slot(r, round) + std::size_t(p) * segment * sizeof(T),
-                    n * sizeof(T));
-    }
-  }
+  const std::size_t whole[1] = {in.size()};
+  const Pieces pieces(whole, SharedWindow::piece_bytes() / sizeof(T));
+  run_parts(w, in.data(), out.data(), pieces.total(), [&](std::uint64_t k) {
+    const auto [zero, begin, n] = pieces.at(k, whole);
+    (void)zero;
+    // Into this rank's output with ordinary stores (the piece stays in cache), then from there to the others'.
+    T* result = out.data() + begin;
+    reduce_remote<T>(w, in.data(), begin, n, result, op, false);
+    for (int q = 0; q < p; ++q)
+      if (q != me) w.write(q, result, w.out_of(q) + begin * sizeof(T), n * sizeof(T));
+  });
 }
 
 }  // namespace paradyse::mpi_detail

@@ -133,7 +133,7 @@ struct State {
 
 // One rank's handle on an NCCL communicator. Move-only; a pending Request refers to its communicator, which must
 // outlive it.
-class NcclCommunicator {
+class NcclCommunicator : public BlockingCollectives<NcclCommunicator> {
   template <class T>
   using In = std::type_identity_t<std::span<const T>>;
 
@@ -366,30 +366,7 @@ public:
     });
   }
 
-  template <CommElement T> void all_gather(In<T> in, std::span<T> out) { all_gather_async(in, out).wait(); }
-  template <CommElement T> void all_gather_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts) {
-    all_gather_v_async(in, out, counts).wait();
-  }
-  template <CommElement T> void reduce_scatter(In<T> in, std::span<T> out, ReduceOp op) {
-    reduce_scatter_async(in, out, op).wait();
-  }
-  template <CommElement T>
-  void reduce_scatter_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp op) {
-    reduce_scatter_v_async(in, out, counts, op).wait();
-  }
-  template <CommElement T> void all_reduce(In<T> in, std::span<T> out, ReduceOp op) {
-    all_reduce_async(in, out, op).wait();
-  }
-  template <CommElement T> void all_to_all(In<T> in, std::span<T> out) { all_to_all_async(in, out).wait(); }
-  template <CommElement T>
-  void all_to_all_v(In<T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
-                    std::span<const std::int64_t> recv_counts) {
-    all_to_all_v_async(in, send_counts, out, recv_counts).wait();
-  }
-  template <CommElement T> void broadcast(std::span<T> buffer, int root) { broadcast_async(buffer, root).wait(); }
-  template <CommElement T> void reduce(In<T> in, std::span<T> out, ReduceOp op, int root) {
-    reduce_async(in, out, op, root).wait();
-  }
+  // The blocking collectives and shift: BlockingCollectives (communicator.hpp), each the async form waited for.
 
   // Returns when every rank has called it (a one-element all-reduce, waited for on the host).
   void barrier() {
@@ -466,7 +443,6 @@ public:
   }
   template <CommElement T> void send(std::span<const T> in, int dest) { send_async(in, dest).wait(); }
   template <CommElement T> void recv(std::span<T> out, int source) { recv_async(out, source).wait(); }
-  template <CommElement T> void shift(In<T> in, std::span<T> out, int offset = 1) { shift_async(in, out, offset).wait(); }
   template <CommElement T> Request send_async(std::span<T> in, int dest) {
     return send_async(std::span<const T>(in), dest);
   }

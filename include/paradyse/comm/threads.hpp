@@ -149,7 +149,7 @@ private:
 
 // One rank's handle on a group of thread ranks. Move-only: operations are matched by per-rank sequence numbers, and
 // a pending Request refers to its communicator, which must outlive it.
-class ThreadCommunicator {
+class ThreadCommunicator : public BlockingCollectives<ThreadCommunicator> {
   // An input span whose element type is deduced from the output span, so that a mutable span converts.
   template <class T>
   using In = std::type_identity_t<std::span<const T>>;
@@ -318,30 +318,7 @@ public:
     return start(std::move(post));
   }
 
-  template <CommElement T> void all_gather(In<T> in, std::span<T> out) { all_gather_async(in, out).wait(); }
-  template <CommElement T> void all_gather_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts) {
-    all_gather_v_async(in, out, counts).wait();
-  }
-  template <CommElement T> void reduce_scatter(In<T> in, std::span<T> out, ReduceOp op) {
-    reduce_scatter_async(in, out, op).wait();
-  }
-  template <CommElement T>
-  void reduce_scatter_v(In<T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp op) {
-    reduce_scatter_v_async(in, out, counts, op).wait();
-  }
-  template <CommElement T> void all_reduce(In<T> in, std::span<T> out, ReduceOp op) {
-    all_reduce_async(in, out, op).wait();
-  }
-  template <CommElement T> void all_to_all(In<T> in, std::span<T> out) { all_to_all_async(in, out).wait(); }
-  template <CommElement T>
-  void all_to_all_v(In<T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
-                    std::span<const std::int64_t> recv_counts) {
-    all_to_all_v_async(in, send_counts, out, recv_counts).wait();
-  }
-  template <CommElement T> void broadcast(std::span<T> buffer, int root) { broadcast_async(buffer, root).wait(); }
-  template <CommElement T> void reduce(In<T> in, std::span<T> out, ReduceOp op, int root) {
-    reduce_async(in, out, op, root).wait();
-  }
+  // The blocking collectives and shift: BlockingCollectives (communicator.hpp), each the async form waited for.
   // Interconnect emulation (LinkPacing, threads_detail.hpp) of this communicator's group: from the next operation
   // on, for every rank of the group and the groups split from it later. Set it between operations (every rank
   // reaches the same setting before the next collective, e.g. on every rank with the same value).
@@ -433,7 +410,6 @@ public:
   }
   template <CommElement T> void send(std::span<const T> in, int dest, int tag = 0) { send_async(in, dest, tag).wait(); }
   template <CommElement T> void recv(std::span<T> out, int source, int tag = 0) { recv_async(out, source, tag).wait(); }
-  template <CommElement T> void shift(In<T> in, std::span<T> out, int offset = 1) { shift_async(in, out, offset).wait(); }
   // Sending from a mutable span.
   template <CommElement T> Request send_async(std::span<T> in, int dest, int tag = 0) {
     return send_async(std::span<const T>(in), dest, tag);
