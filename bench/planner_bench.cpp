@@ -4,7 +4,8 @@
 // (fraction 0) and the fastest plan (fraction 1), where the solver has the most to decide. Measured per call, median
 // of repetitions: the exact solver alone (the 20 us goal), the whole exact planner (problem and plan assembly), the
 // cost table (the cost models), ParaDySe's heuristic on the same table (the baseline: ratio = exact / heuristic), and
-// a cache hit. Then where a new length's time goes (each strategy's dry run and cost walk), and a stress run over
+// a cache hit. A new length is timed twice: with the cost table's dry runs on the job pool (plan/job_pool.hpp: the
+// caller and hardware threads - 1 workers) and on one thread (JobPool::Serial). Then where a new length's time goes (each strategy's dry run and cost walk), and a stress run over
 // random problems of the same size. Benchmarks print; they never fail.
 #include "bench_usage.hpp"
 #include "paradyse/core/rng.hpp"
@@ -12,6 +13,7 @@
 #include "paradyse/plan/cache.hpp"
 #include "paradyse/plan/exact_solver.hpp"
 #include "paradyse/plan/heuristic.hpp"
+#include "paradyse/plan/job_pool.hpp"
 #include "paradyse/plan/planner.hpp"
 
 #include <fmt/core.h>
@@ -48,23 +50,23 @@ cost::ModelShape gpt3_layer() { return cost::ModelShape::mha(12288, 96); }  // b
 }  // namespace
 
 int main(int argc, char** argv) {
-  paradyse::bench::exit_with_usage_on_help(argc, argv,
-      "usage: planner_bench [LAYERS]   (default 96)\n"
-      "planning time for a GPT of LAYERS layers x 5 strategies x 2 sublayers: a new length, a cached one, the solve\n");
-  const int layers = argc > 1 ? std::atoi(argv[1]) : 96;
-  if (layers < 1 || layers > 100000) {
-    fmt::print(stderr, "planner_bench: LAYERS = \"{}\" must be an integer in [1, 100000]\n", argc > 1 ? argv[1] : "");
-    return 2;
-  }
+  int layers = 96;
+  paradyse::bench::Flags flags("planner_bench", "Planning time for a GPT of LAYERS layers x 5 strategies x 2 "
+                                                "sublayers: a new length, a cached one, the solve.");
+  flags.integer("LAYERS", layers, 1, 100000, "layers of the model");
+  flags.parse(argc, argv);
   const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
   const ModelConfig model = ModelConfig::uniform(gpt3_layer(), layers);
   const int p = 8;
 
   fmt::print("planner_bench: {} layers x 5 strategies x 2 sublayers, GPT h=12288 on {}, p = {}\n", layers, hw.name, p);
   fmt::print("times are per call, median of 9 repetitions; goals: a new length (table from dry runs + exact solve, "
-             "'new us') <= 200 us, a cached length ('hit us') <= 5 us\n\n");
-  fmt::print("{:>8} {:>6} | {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} | {:>8} | {:>9} {:>9} | {}\n", "seq", "budget", "solve us",
-             "plan us", "table us", "new us", "heur us", "hit us", "exact/h", "t exact", "t heur", "exact plan");
+             "'new us') <= 200 us, a cached length ('hit us') <= 5 us\n");
+  fmt::print("the dry runs run on the job pool: this thread and {} worker(s); 'new 1t us': the same on this thread "
+             "alone\n\n", JobPool::shared().workers());
+  fmt::print("{:>8} {:>6} | {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} | {:>8} | {:>9} {:>9} | {}\n", "seq", "budget",
+             "solve us", "plan us", "table us", "new us", "new 1t us", "heur us", "hit us", "exact/h", "t exact", "t heur",
+             "exact plan");
   for (std::int64_t s : {4096, 32768, 131072, 262144}) {
     const CostTable table = build_cost_table(model, hw, p, Batch::single(s));
     const std::int64_t least = least_memory_plan(table, 0).peak_bytes();
@@ -77,14 +79,20 @@ int main(int argc, char** argv) {
       const double build = median_us([&] { return double(build_cost_table(model, hw, p, Batch::single(s)).fixed_bytes); }, 50);
       // A length never seen: the cost table from ten dry runs, then the exact solve.
       const double fresh = median_us([&] { return plan_exact(build_cost_table(model, hw, p, Batch::single(s)), budget).time_s; }, 50);
+      double fresh_one_thread = 0;
+      {
+        const JobPool::Serial one_thread(JobPool::shared());
+        fresh_one_thread =
+            median_us([&] { return plan_exact(build_cost_table(model, hw, p, Batch::single(s)), budget).time_s; }, 50);
+      }
       const double heuristic = median_us([&] { return plan_heuristic(table, budget).time_s; }, 50);
       PlanCache cache(model, hw, p, budget);
       cache.plan_for(Batch::single(s));
       const double hit = median_us([&] { return cache.plan_for(Batch::single(s)).time_s; }, 200);
       const Plan exact = plan_exact(table, budget);
       const Plan heur = plan_heuristic(table, budget);
-      fmt::print("{:>8} {:>6.2f} | {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.2f} | {:>8.2f} | {:>9.2f} {:>9.2f}{} | {}\n", s,
-                 fraction, solve, whole, build, fresh, heuristic, hit, whole / heuristic, exact.time_s, heur.time_s,
+      fmt::print("{:>8} {:>6.2f} | {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.2f} | {:>8.2f} | {:>9.2f} {:>9.2f}{} | {}\n", s,
+                 fraction, solve, whole, build, fresh, fresh_one_thread, heuristic, hit, whole / heuristic, exact.time_s, heur.time_s,
                  heur.fits() ? " " : "*", exact.summary());
     }
   }

@@ -19,9 +19,11 @@ class Shape {
 public:
   constexpr Shape() = default;
   constexpr Shape(std::initializer_list<std::int64_t> extents) {
-    if (extents.size() > std::size_t(kMaxRank)) throw Error(fmt::format("rank {} exceeds kMaxRank = {}", extents.size(), kMaxRank));
+    if (extents.size() > std::size_t(kMaxRank)) [[unlikely]]
+      rank_too_large(extents.size());
     for (std::int64_t e : extents) {
-      check(e >= 0, "extent {} must be non-negative", e);
+      if (e < 0) [[unlikely]]
+        negative_extent(e);
       extents_[rank_++] = e;
     }
   }
@@ -42,8 +44,8 @@ public:
   std::int64_t extent(int dim) const { return extents_[normalize(dim)]; }
   int normalize(int dim) const {
     const int d = dim < 0 ? dim + rank_ : dim;
-    if (d < 0 || d >= rank_) [[unlikely]]  // to_string() formats: only on the failure path (extent() is hot)
-      check(false, "dim {} is out of range for a rank-{} shape {}", dim, rank_, to_string());
+    if (d < 0 || d >= rank_) [[unlikely]]  // out of line: extent() and slicing are hot, and inline this
+      dim_out_of_range(dim);
     return d;
   }
 
@@ -66,12 +68,28 @@ public:
   }
 
   friend constexpr bool operator==(const Shape& a, const Shape& b) noexcept {
-    return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
+    if (a.rank_ != b.rank_) return false;
+    for (int d = 0; d < a.rank_; ++d)  // a plain loop: std::equal becomes a memcmp call, slow for <= 6 extents
+      if (a.extents_[d] != b.extents_[d]) return false;
+    return true;
   }
 
   std::string to_string() const { return fmt::format("[{}]", fmt::join(begin(), end(), ", ")); }
 
 private:
+  // The failure paths, out of line: shapes are built and indexed on every kernel call of a dry run.
+  [[noreturn, gnu::cold, gnu::noinline]] static void rank_too_large(std::size_t rank) {
+    throw Error(fmt::format("rank {} exceeds kMaxRank = {}", rank, kMaxRank));
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] static void negative_extent(std::int64_t e) {
+    check(false, "extent {} must be non-negative", e);
+    __builtin_unreachable();
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void dim_out_of_range(int dim) const {
+    check(false, "dim {} is out of range for a rank-{} shape {}", dim, rank_, to_string());
+    __builtin_unreachable();
+  }
+
   std::array<std::int64_t, kMaxRank> extents_{};
   int rank_ = 0;
 };

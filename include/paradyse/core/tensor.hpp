@@ -64,9 +64,11 @@ public:
   // Elements [start, start + length) of `dim`; other dimensions untouched.
   TensorView slice(int dim, std::int64_t start, std::int64_t length) const {
     const int d = shape_.normalize(dim);
-    check(start >= 0 && length >= 0 && start + length <= shape_[d],
-          "slice [{}, {}) of dim {} is outside extent {} of shape {}", start, start + length, dim, shape_[d], shape_);
-    return TensorView(data_ + start * strides_[d], shape_.with(d, length), strides_);
+    if (start < 0 || length < 0 || start + length > shape_[d]) [[unlikely]]
+      slice_out_of_range(dim, start, length);
+    Shape shape = shape_;
+    shape[d] = length;  // d is normalized already
+    return TensorView(data_ + start * strides_[d], shape, strides_);
   }
 
   // The same elements under another shape (contiguous views only).
@@ -78,6 +80,13 @@ public:
   }
 
 private:
+  // Out of line: slicing is hot (the dry runs slice per kernel) and inlines the check.
+  [[noreturn, gnu::cold, gnu::noinline]] void slice_out_of_range(int dim, std::int64_t start, std::int64_t length) const {
+    check(false, "slice [{}, {}) of dim {} is outside extent {} of shape {}", start, start + length, dim,
+          shape_[shape_.normalize(dim)], shape_);
+    __builtin_unreachable();
+  }
+
   T* data_ = nullptr;
   Shape shape_;
   Shape strides_;
@@ -153,9 +162,9 @@ public:
   std::span<const T> span() const noexcept { return {data_, std::size_t(numel())}; }
 
   template <class... I>
-  T& operator()(I... index) noexcept { return view()(index...); }
+  T& operator()(I... index) noexcept { return data_[offset_of(index...)]; }
   template <class... I>
-  const T& operator()(I... index) const noexcept { return view()(index...); }
+  const T& operator()(I... index) const noexcept { return data_[offset_of(index...)]; }
 
   // A new shape over the same storage (same element count).
   void reshape(Shape shape) {
@@ -177,6 +186,17 @@ public:
   }
 
 private:
+  // The row-major offset of an index (fewer indices than dimensions: the first ones, as view() would index).
+  template <class... I>
+  std::int64_t offset_of(I... index) const noexcept {
+    static_assert(sizeof...(I) <= kMaxRank);
+    if (int(sizeof...(I)) != shape_.rank()) return &view()(index...) - data_;
+    std::int64_t offset = 0;
+    int d = 0;
+    ((offset = offset * shape_[d++] + std::int64_t(index)), ...);  // Horner: no stride vector to build
+    return offset;
+  }
+
   T* data_ = nullptr;
   Shape shape_;
   MemoryTracker::Handle tracker_;  // shares the tracker's counts: freeing after the tracker is gone is safe

@@ -11,6 +11,7 @@
 #include "paradyse/cost/model_shape.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/trace_cost.hpp"
+#include "paradyse/plan/job_pool.hpp"
 
 #include <fmt/format.h>
 
@@ -197,30 +198,54 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
   // Each sublayer group's share of kMaxPlanBytes: an option whose saved bytes over all layers of its kind, or whose
   // transient, exceeds it is beyond what any plan can hold (so no sum of allowed options overflows).
   const double share = double(kMaxPlanBytes) / double(2 * model.kinds.size() + 2);
-  for (std::size_t k = 0; k < model.kinds.size(); ++k) {
-    const cost::ModelShape shape = shape_for_batch(model.kinds[k].shape, batch);
-    cost::validate(shape, group_size);
+  std::vector<cost::ModelShape> shapes;
+  for (const LayerKind& kind : model.kinds) {
+    shapes.push_back(shape_for_batch(kind.shape, batch));
+    cost::validate(shapes.back(), group_size);
+  }
+  // The dry runs, one job per (sublayer, kind, strategy), attention first (the longer runs start first); each job
+  // fills only its own result, so the table is the same whichever thread ran which (plan/job_pool.hpp).
+  struct DryRunResult {
+    std::string reason;                      // not a candidate, or not supported
+    std::optional<cost::SublayerCost> cost;  // empty with an empty reason: beyond what a tracker counts
+    std::string beyond;                      // why, then
+  };
+  const std::size_t kinds = model.kinds.size(), strategies = std::size_t(catalog.count());
+  std::vector<DryRunResult> results(2 * kinds * strategies);
+  const auto result_index = [&](std::size_t k, Sublayer part, Strategy s) {
+    return (std::size_t(part) * kinds + k) * strategies + std::size_t(s);
+  };
+  JobPool::shared().run(results.size(), [&](std::size_t job) {
+    const auto s = Strategy(job % strategies);
+    const std::size_t k = job / strategies % kinds;
+    const auto part = Sublayer(job / strategies / kinds);
+    DryRunResult& r = results[job];
+    if (!candidates.empty() && std::find(candidates.begin(), candidates.end(), s) == candidates.end())
+      r.reason = fmt::format("{} is not a candidate", catalog.name(s));
+    else r.reason = catalog.supports(s, shapes[k], group_size).reason;
+    if (!r.reason.empty()) return;
+    try {
+      r.cost = cost::evaluate_sublayer(catalog, s, part, shapes[k], group_size, &hardware);
+    } catch (const OutOfMemory& oom) {  // the dry run's tensors exceed what a tracker counts (2^60 bytes)
+      r.beyond = oom.what();
+    }
+  });
+  for (std::size_t k = 0; k < kinds; ++k) {
     const auto count = double(std::count(model.layer_kinds.begin(), model.layer_kinds.end(), int(k)));
-    for (auto& part : t.entries[k]) part.resize(std::size_t(catalog.count()));
+    for (auto& part : t.entries[k]) part.resize(strategies);
     std::array<std::string, 2> too_large;  // per sublayer: the strategies refused for their size, and why
-    for (Strategy s = 0; s < catalog.count(); ++s) {
-      std::string reason;
-      if (!candidates.empty() && std::find(candidates.begin(), candidates.end(), s) == candidates.end())
-        reason = fmt::format("{} is not a candidate", catalog.name(s));
-      else reason = catalog.supports(s, shape, group_size).reason;
+    for (Strategy s = 0; s < catalog.count(); ++s)
       for (Sublayer part : cost::kAllSublayers) {
         CostTable::Entry& e = t.entries[k][std::size_t(part)][std::size_t(s)];
-        if (!reason.empty()) {
-          e.forbidden_reason = reason;
+        DryRunResult& r = results[result_index(k, part, s)];
+        if (!r.reason.empty()) {
+          e.forbidden_reason = std::move(r.reason);
           continue;
         }
-        std::optional<cost::SublayerCost> c;
-        try {
-          c = cost::evaluate_sublayer(catalog, s, part, shape, group_size, &hardware);
-        } catch (const OutOfMemory& oom) {  // the dry run's tensors exceed what a tracker counts (2^60 bytes)
+        std::optional<cost::SublayerCost>& c = r.cost;
+        if (!c)
           e.forbidden_reason = fmt::format("{}: length {} is beyond what it can hold on {} ranks ({})", catalog.name(s),
-                                           length, group_size, oom.what());
-        }
+                                           length, group_size, r.beyond);
         if (c && (count * double(c->saved_bytes) > share || double(c->pool_bytes()) > share ||
                   double(c->plain_bytes()) > share)) {
           e.forbidden_reason = fmt::format(
@@ -237,7 +262,6 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
         e.option = Option{s, c->time_s(), c->saved_bytes, c->pool_bytes()};
         t.plain_bytes = std::max(t.plain_bytes, c->plain_bytes());
       }
-    }
     for (Sublayer part : cost::kAllSublayers) {
       const auto& options = t.entries[k][std::size_t(part)];
       const bool any = std::any_of(options.begin(), options.end(), [](const CostTable::Entry& e) { return e.option.has_value(); });

@@ -19,10 +19,11 @@
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/tensor.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <map>
+#include <vector>
 #include <utility>
 
 namespace paradyse {
@@ -110,7 +111,7 @@ public:
     if (Trace* trace = tracker_.trace()) trace->record({.kind = TraceKind::pool_acquire, .bytes = double(bytes)});
     const Trace::Pause quiet(tracker_.trace());
     Tensor<std::byte> storage;
-    if (auto it = cached_.find(size); it != cached_.end()) {
+    if (auto it = find_cached(size); it != cached_.end()) {
       storage = std::move(it->second);
       cached_.erase(it);
       stats_.cached_bytes -= size;
@@ -120,9 +121,8 @@ public:
       stats_.high_water_bytes = std::max(stats_.high_water_bytes, stats_.in_use_bytes + size);
       // Free cached buffers, largest first, until the pool stays within its high-water mark.
       while (!cached_.empty() && stats_.in_use_bytes + stats_.cached_bytes + size > stats_.high_water_bytes) {
-        auto largest = std::prev(cached_.end());
-        stats_.cached_bytes -= largest->first;
-        cached_.erase(largest);
+        stats_.cached_bytes -= cached_.back().first;  // the largest, the latest of its size
+        cached_.pop_back();
         ++stats_.evictions;
       }
       storage = Tensor<std::byte>(Shape{std::int64_t(size)}, tracker_);  // zeroed by Tensor
@@ -151,11 +151,21 @@ private:
     const std::size_t size = storage.bytes();
     stats_.in_use_bytes -= size;
     stats_.cached_bytes += size;
-    cached_.emplace(size, std::move(storage));
+    // After every cached buffer of the same size (multimap order: a hit takes the earliest of its size).
+    const auto after = std::upper_bound(cached_.begin(), cached_.end(), size,
+                                        [](std::size_t bytes, const Cached& c) { return bytes < c.first; });
+    cached_.emplace(after, size, std::move(storage));
+  }
+  using Cached = std::pair<std::size_t, Tensor<std::byte>>;
+  // The earliest cached buffer of class `size`, or end().
+  std::vector<Cached>::iterator find_cached(std::size_t size) {
+    const auto it = std::lower_bound(cached_.begin(), cached_.end(), size,
+                                     [](const Cached& c, std::size_t bytes) { return c.first < bytes; });
+    return it != cached_.end() && it->first == size ? it : cached_.end();
   }
 
   MemoryTracker::Handle tracker_;  // the rank's tracker, kept alive by the pool (it may outlive the tracker object)
-  std::multimap<std::size_t, Tensor<std::byte>> cached_;
+  std::vector<Cached> cached_;  // by size class, ascending; a few entries (a flat list beats a tree's allocations)
   BufferPoolStats stats_;
 };
 
