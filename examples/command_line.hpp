@@ -1,20 +1,22 @@
-// examples/command_line.hpp: the small flag reader the example programs share.
+// examples/command_line.hpp: the command lines of the example programs and benchmarks, through CLI11 (Debian
+// libcli11-dev). Each program states its flags once; the usage (--help) is generated from that statement.
 //
-//   [[noreturn]] void usage(const std::string& problem) { print_usage_and_exit("train_gpt", problem, kUsageText); }
-//   CommandLine cli(argc, argv, usage);
-//   while (cli.next()) {
-//     if (cli.flag() == "--steps") o.steps = cli.integer<int>(1, 1'000'000);
-//     else if (cli.flag() == "--lr") o.lr = cli.number({.min = 0, .max = 10, .min_open = true});
-//     else cli.unknown();
-//   }
+//   paradyse::examples::Flags flags("plan_trace", "Plans a trace of sequence lengths ...");
+//   flags.integer("--steps", o.steps, 1, 1'000'000, "optimizer steps");
+//   flags.number("--lr", o.lr, {.min = 0, .max = 10, .min_open = true}, "learning rate");
+//   flags.choice("--order", o.order, {"sorted", "random"}, "sequence order");
+//   flags.flag("--causal", o.causal, "causal attention");
+//   flags.parse(argc, argv);                    // --help: usage on stdout, exit 0; a bad flag: exit 2
+//   if (...) flags.fail("--heads must divide --hidden");   // a problem found after parsing: exit 2
 //
 // Every numeric flag states the range it accepts: integers are parsed straight into the destination type (no
-// 64-bit value silently wrapping into an int), numbers must be finite (no nan, no inf) and inside their interval,
-// and a value outside is an error naming the flag, the value and the accepted range. `--help` / `-h` calls the
-// usage with an empty problem: print_usage_and_exit then prints the usage to stdout and exits 0; with a problem it
-// prints "program: problem" and the usage to stderr and exits 2.
+// 64-bit value silently wrapping into an int, no hex or octal), numbers must be finite (no nan, no inf) and inside
+// their interval, and a value outside is an error naming the flag, the value and the accepted range. A flag given
+// twice takes its last value. With a problem the program prints "program: problem" and the usage to stderr and
+// exits 2.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <cctype>
@@ -25,10 +27,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 namespace paradyse::examples {
 
@@ -83,6 +89,144 @@ inline bool parse_number(std::string_view text, const Interval& range, double& o
   return true;
 }
 
+// One program's flags (a CLI::App): stated once, parsed, and printed as the usage.
+class Flags {
+public:
+  Flags(std::string program, std::string description) : program_(std::move(program)), app_(std::move(description), program_) {
+    app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app_.get_formatter()->column_width(34);
+  }
+  Flags(const Flags&) = delete;
+  Flags& operator=(const Flags&) = delete;
+
+  CLI::App& app() { return app_; }
+  const std::string& program() const { return program_; }
+
+  // An integer of type T in [min, max] (both inclusive).
+  template <std::integral T>
+  CLI::Option* integer(const std::string& name, T& out, T min, T max, const std::string& help) {
+    return value(name, help, fmt::format("INT in [{}, {}]", min, max), fmt::format("{}", out),
+                 [&out, min, max, name](const std::string& v) {
+                   if (!parse_integer(v, min, max, out))
+                     throw CLI::ValidationError(
+                         fmt::format("{} expects an integer in [{}, {}], got \"{}\"", name, min, max, v));
+                 });
+  }
+  // Two integers of type T in [min, max] after one flag (--prompt MIN MAX).
+  template <std::integral T>
+  CLI::Option* integers(const std::string& name, T& first, T& second, T min, T max, const std::string& help) {
+    CLI::Option* o = app_.add_option_function<std::vector<std::string>>(
+        name,
+        [&first, &second, min, max, name](const std::vector<std::string>& v) {
+          T a{}, b{};
+          for (const std::string& x : v)
+            if (!parse_integer(x, min, max, a))
+              throw CLI::ValidationError(
+                  fmt::format("{} expects two integers in [{}, {}], got \"{}\"", name, min, max, x));
+          if (v.size() != 2) throw CLI::ValidationError(fmt::format("{} expects two integers", name));
+          (void)parse_integer(v[0], min, max, a);
+          (void)parse_integer(v[1], min, max, b);
+          first = a;
+          second = b;
+        },
+        help);
+    o->expected(2);
+    o->type_name(fmt::format("INT INT in [{}, {}]", min, max));
+    o->default_str(fmt::format("{} {}", first, second));
+    return o;
+  }
+  // A finite number inside `range`.
+  CLI::Option* number(const std::string& name, double& out, const Interval& range, const std::string& help) {
+    return value(name, help, fmt::format("NUM in {}", range.describe()), fmt::format("{}", out),
+                 [&out, range, name](const std::string& v) {
+                   if (!parse_number(v, range, out))
+                     throw CLI::ValidationError(
+                         fmt::format("{} expects a finite number in {}, got \"{}\"", name, range.describe(), v));
+                 });
+  }
+  // Any text (a file name, a list parsed by the program).
+  CLI::Option* text(const std::string& name, std::string& out, const std::string& help,
+                    const std::string& type = "TEXT") {
+    return value(name, help, type, out, [&out](const std::string& v) { out = v; });
+  }
+  // One word of `choices`.
+  CLI::Option* choice(const std::string& name, std::string& out, std::vector<std::string> choices,
+                      const std::string& help) {
+    std::string names;
+    for (const std::string& c : choices) names += (names.empty() ? "" : "|") + c;
+    return value(name, help, names, out, [&out, choices, name, names](const std::string& v) {
+      for (const std::string& c : choices)
+        if (v == c) {
+          out = v;
+          return;
+        }
+      throw CLI::ValidationError(fmt::format("{} expects one of {}, got \"{}\"", name, names, v));
+    });
+  }
+  // One of two words: `out` is true for the first.
+  CLI::Option* choice(const std::string& name, bool& out, const std::string& first, const std::string& second,
+                      const std::string& help) {
+    return value(name, help, first + "|" + second, out ? first : second,
+                 [&out, first, second, name](const std::string& v) {
+                   if (v != first && v != second)
+                     throw CLI::ValidationError(fmt::format("{} expects {} or {}, got \"{}\"", name, first, second, v));
+                   out = v == first;
+                 });
+  }
+  // A flag without a value: sets `out` to true.
+  CLI::Option* flag(const std::string& name, bool& out, const std::string& help) {
+    return app_.add_flag_callback(name, [&out] { out = true; }, help);
+  }
+  // A flag without a value that runs `action`.
+  CLI::Option* flag(const std::string& name, std::function<void()> action, const std::string& help) {
+    return app_.add_flag_callback(name, std::move(action), help);
+  }
+
+  // The usage text, generated from the flags.
+  std::string usage() const { return app_.help(); }
+
+  // Parses; std::nullopt when the flags are good, "" for --help, else the problem.
+  std::optional<std::string> problem(int argc, const char* const* argv) {
+    try {
+      app_.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      return std::string();
+    } catch (const CLI::ExtrasError& e) {
+      return fmt::format("{} (try --help)", e.what());
+    } catch (const CLI::ParseError& e) {
+      return std::string(e.what());
+    }
+    return std::nullopt;
+  }
+  // Parses, or exits: --help prints the usage and exits 0; a problem exits 2 (see print_usage_and_exit).
+  void parse(int argc, const char* const* argv) {
+    if (const std::optional<std::string> p = problem(argc, argv)) print_usage_and_exit(program_, *p, usage());
+  }
+  // A problem found after parsing (flags that do not fit together): exits 2 with the usage.
+  [[noreturn]] void fail(const std::string& problem) const {
+    print_usage_and_exit(program_, problem.empty() ? std::string("invalid arguments") : problem, usage());
+  }
+
+private:
+  CLI::Option* value(const std::string& name, const std::string& help, const std::string& type,
+                     const std::string& default_text, std::function<void(const std::string&)> store) {
+    CLI::Option* o = app_.add_option_function<std::string>(name, std::move(store), help);
+    o->type_name(type);
+    if (!default_text.empty()) o->default_str(default_text);
+    return o;
+  }
+
+  std::string program_;
+  CLI::App app_;
+};
+
+// The hand-rolled reader that programs not yet moved to Flags still use (their usage text is written by hand):
+//   CommandLine cli(argc, argv, usage);
+//   while (cli.next()) {
+//     if (cli.flag() == "--steps") o.steps = cli.integer<int>(1, 1'000'000);
+//     else cli.unknown();
+//   }
+// --help / -h calls the usage with an empty problem.
 class CommandLine {
 public:
   using Usage = std::function<void(const std::string& problem)>;  // must not return; an empty problem is --help

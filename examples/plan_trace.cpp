@@ -16,10 +16,7 @@
 // reason and counts as not fitting; anything else the library refuses exits 1 with its message, never an uncaught
 // exception.
 //
-//   plan_trace [--profile a100|h100|h200|FILE.json] [--dataset githubcode|grch38|all] [--distribution FILE]
-//              [--lengths FILE] [--sequences N] [--seed S] [--order sorted|random] [--hidden H] [--heads A]
-//              [--kv-heads A] [--head-dim D] [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G]
-//              [--gamma G] [--causal] [--swiglu] [--csv FILE]
+//   plan_trace --help     (the flags, their ranges and defaults: generated from parse() below)
 // --csv FILE: every sequence's predicted step time and peak memory per variant (empty when it does not fit), with
 // the memory budget: scripts/plot.py draws time per strategy against length with each strategy's memory limit.
 #include "command_line.hpp"
@@ -29,6 +26,7 @@
 #include "paradyse/core/rng.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/profile_json.hpp"
 #include "paradyse/plan/cache.hpp"
 #include "paradyse/plan/heuristic.hpp"
 #include "paradyse/plan/planner.hpp"
@@ -42,6 +40,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -75,13 +74,13 @@ using paradyse::examples::LengthBucket;
 // The longest length read from a file (the planner's own limit: longer is beyond what any plan can hold).
 constexpr std::int64_t kMaxLength = pd::plan::kMaxPlanLength;
 
+// The usage, generated from the flags in parse() (usage() is also called for bad input files).
+std::string& usage_text() {
+  static std::string text;
+  return text;
+}
 [[noreturn]] void usage(const std::string& problem) {
-  paradyse::examples::print_usage_and_exit("plan_trace", problem,
-             "usage: plan_trace [--profile a100|h100|h200|FILE.json] [--dataset githubcode|grch38|all]\n"
-             "                  [--distribution FILE] [--lengths FILE] [--sequences N] [--seed S]\n"
-             "                  [--order sorted|random] [--hidden H] [--heads A] [--kv-heads A] [--head-dim D]\n"
-             "                  [--ffn F] [--layers L] [--p P] [--batch B] [--budget-gib G] [--gamma G]\n"
-             "                  [--causal] [--swiglu] [--csv FILE]\n");
+  paradyse::examples::print_usage_and_exit("plan_trace", problem, usage_text());
 }
 
 Options parse(int argc, char** argv) {
@@ -92,31 +91,39 @@ Options parse(int argc, char** argv) {
   o.layer.head_dim = -1;
   o.layer.ffn = -1;
   o.layer.dtype_bytes = 2;
-  paradyse::examples::CommandLine cli(argc, argv, [](const std::string& problem) { usage(problem); });
-  while (cli.next()) {
-    const std::string& arg = cli.flag();
-    if (arg == "--profile") o.profile = cli.value();
-    else if (arg == "--dataset") o.dataset = cli.value();
-    else if (arg == "--distribution") o.distribution = cli.value();
-    else if (arg == "--lengths") o.lengths_file = cli.value();
-    else if (arg == "--sequences") o.sequences = cli.integer<int>(1, 10'000'000);
-    else if (arg == "--seed") o.seed = cli.integer<std::uint64_t>(0);
-    else if (arg == "--order") o.sorted = cli.choice("sorted", "random");
-    else if (arg == "--hidden") o.layer.hidden = cli.integer<std::int64_t>(1, 1 << 20);
-    else if (arg == "--heads") o.layer.heads = cli.integer<std::int64_t>(1, 1 << 16);
-    else if (arg == "--kv-heads") o.layer.kv_heads = cli.integer<std::int64_t>(1, 1 << 16);
-    else if (arg == "--head-dim") o.layer.head_dim = cli.integer<std::int64_t>(1, 1 << 16);
-    else if (arg == "--ffn") o.layer.ffn = cli.integer<std::int64_t>(1, 1 << 24);
-    else if (arg == "--layers") o.layers = cli.integer<int>(1, 100'000);
-    else if (arg == "--p") o.p = cli.integer<int>(1, 1024);
-    else if (arg == "--batch") o.batch = cli.integer<std::int64_t>(1, 1 << 20);
-    else if (arg == "--budget-gib") o.budget_gib = cli.number({.min = 0, .max = 1 << 20, .min_open = true});
-    else if (arg == "--gamma") o.gamma = cli.number({.min = 0, .max = 1});
-    else if (arg == "--causal") o.layer.causal = o.layer.zigzag = true;  // causal ring attention runs zigzag
-    else if (arg == "--swiglu") o.layer.swiglu = true;
-    else if (arg == "--csv") o.csv = cli.value();
-    else cli.unknown();
-  }
+  paradyse::examples::Flags flags(
+      "plan_trace", "Replays a trace of sequence lengths through the cost models and planners: each static strategy, "
+                    "the exact planner, ParaDySe's heuristic and the planner without each strategy.");
+  flags.text("--profile", o.profile, "hardware profile", "a100|h100|h200|FILE.json");
+  flags.text("--dataset", o.dataset, "length distribution of the paper's Table 3", "githubcode|grch38|all");
+  flags.text("--distribution", o.distribution, "length distribution CSV (default: data/lengths/paradyse_table3.csv)",
+             "FILE");
+  flags.text("--lengths", o.lengths_file, "sequence lengths to replay, one per line (instead of sampling)", "FILE");
+  flags.integer("--sequences", o.sequences, 1, 10'000'000, "sequences to sample");
+  flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "sampling seed");
+  flags.choice("--order", o.sorted, "sorted", "random", "replay order");
+  flags.integer("--hidden", o.layer.hidden, std::int64_t(1), std::int64_t(1) << 20, "hidden size");
+  flags.integer("--heads", o.layer.heads, std::int64_t(1), std::int64_t(1) << 16, "attention heads");
+  flags.integer("--kv-heads", o.layer.kv_heads, std::int64_t(1), std::int64_t(1) << 16, "key/value heads (default: --heads)")
+      ->default_str("");
+  flags.integer("--head-dim", o.layer.head_dim, std::int64_t(1), std::int64_t(1) << 16,
+                "head dimension (default: hidden / heads)")
+      ->default_str("");
+  flags.integer("--ffn", o.layer.ffn, std::int64_t(1), std::int64_t(1) << 24, "FFN width (default: 4 x hidden)")
+      ->default_str("");
+  flags.integer("--layers", o.layers, 1, 100'000, "layers on the node");
+  flags.integer("--p", o.p, 1, 1024, "ranks (devices)");
+  flags.integer("--batch", o.batch, std::int64_t(1), std::int64_t(1) << 20, "sequences per step");
+  flags.number("--budget-gib", o.budget_gib, {.min = 0, .max = 1 << 20, .min_open = true},
+               "memory budget per device in GiB (default: the profile's)")
+      ->default_str("");
+  flags.number("--gamma", o.gamma, {.min = 0, .max = 1}, "the heuristic's gamma");
+  flags.flag("--causal", [&o] { o.layer.causal = o.layer.zigzag = true; },  // causal ring attention runs zigzag
+             "causal attention");
+  flags.flag("--swiglu", o.layer.swiglu, "SwiGLU FFN");
+  flags.text("--csv", o.csv, "write every sequence's predicted time and memory per variant", "FILE");
+  usage_text() = flags.usage();
+  flags.parse(argc, argv);
   if (o.layer.heads <= 0 || o.layer.hidden <= 0) usage("--hidden and --heads must be positive");
   if (o.layer.kv_heads < 0) o.layer.kv_heads = o.layer.heads;
   if (o.layer.heads % o.layer.kv_heads)

@@ -3,6 +3,7 @@
 # The CUDA toolkit (nvcc, cuBLAS, CCCL, NCCL) is optional and expected under /usr/local/cuda.
 set -euo pipefail
 packages=(g++ cmake ninja-build ccache libfmt-dev doctest-dev libopenmpi-dev openmpi-bin libopenblas-dev
+          nlohmann-json3-dev libcli11-dev  # JSON (core/json.hpp) and command lines (examples/, bench/)
           python3-matplotlib)  # scripts/plot.py
 missing=()
 for p in "${packages[@]}"; do

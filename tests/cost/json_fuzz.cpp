@@ -5,6 +5,7 @@
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/core/json.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/profile_json.hpp"
 
 #include <doctest/doctest.h>
 

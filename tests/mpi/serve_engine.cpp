@@ -32,11 +32,11 @@ TEST_CASE("mpi serve: the engine on p processes gives the thread ranks' tokens u
     const LoadedDecoder m = load_decoder(fixture(family).string());
     const json::Value doc = json::load_file((fixture(family) / "expected.json").string());
     std::vector<std::vector<std::int32_t>> prompts, expected;
-    for (const json::Value& c : doc.at("cases").as_array()) {
+    for (const json::Value& c : doc.at("cases")) {
       prompts.emplace_back();
       expected.emplace_back();
-      for (const json::Value& t : c.at("prompt").as_array()) prompts.back().push_back(std::int32_t(t.as_int()));
-      for (const json::Value& t : c.at("generated").as_array()) expected.back().push_back(std::int32_t(t.as_int()));
+      for (const json::Value& t : c.at("prompt")) prompts.back().push_back(t.get<std::int32_t>());
+      for (const json::Value& t : c.at("generated")) expected.back().push_back(t.get<std::int32_t>());
     }
     std::vector<ServeRequest> requests;
     const double arrivals[] = {0, 0, 1, 3, 4};

@@ -332,20 +332,12 @@ TEST_CASE("search: bad input is refused naming the value") {
 TEST_CASE("search: a cluster read from JSON equals the preset it was written from; bad levels are refused") {
   const ClusterProfile preset = ascend_supernode();
   auto to_json = [](const ClusterProfile& c) {
-    json::Value v;
-    v.set("name", c.name);
-    v.set("peak_flops_per_s", c.peak_flops_per_s);
-    v.set("device", cost::to_json(c.device));
-    json::Array levels;
-    for (const LinkLevel& l : c.levels) {
-      json::Value level;
-      level.set("name", l.name);
-      level.set("domain_devices", l.domain_devices);
-      level.set("alpha_s", l.alpha_s);
-      level.set("bytes_per_s", l.bytes_per_s);
-      levels.push_back(level);
-    }
-    v.set("levels", json::Value(std::move(levels)));
+    json::Value v = {{"name", c.name}, {"peak_flops_per_s", c.peak_flops_per_s}, {"device", cost::to_json(c.device)}};
+    json::Value levels = json::Value::array();
+    for (const LinkLevel& l : c.levels)
+      levels.push_back(
+          {{"name", l.name}, {"domain_devices", l.domain_devices}, {"alpha_s", l.alpha_s}, {"bytes_per_s", l.bytes_per_s}});
+    v["levels"] = std::move(levels);
     return v;
   };
   const ClusterProfile read = cluster_from_json(json::parse(json::dump(to_json(preset))));

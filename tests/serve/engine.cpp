@@ -34,11 +34,11 @@ struct Reference {
 Reference read_reference(const std::string& family) {
   const json::Value doc = json::load_file((fixture(family) / "expected.json").string());
   Reference r;
-  for (const json::Value& c : doc.at("cases").as_array()) {
+  for (const json::Value& c : doc.at("cases")) {
     r.prompts.emplace_back();
     r.tokens.emplace_back();
-    for (const json::Value& t : c.at("prompt").as_array()) r.prompts.back().push_back(std::int32_t(t.as_int()));
-    for (const json::Value& t : c.at("generated").as_array()) r.tokens.back().push_back(std::int32_t(t.as_int()));
+    for (const json::Value& t : c.at("prompt")) r.prompts.back().push_back(t.get<std::int32_t>());
+    for (const json::Value& t : c.at("generated")) r.tokens.back().push_back(t.get<std::int32_t>());
   }
   return r;
 }
@@ -315,15 +315,15 @@ TEST_CASE("redistribution: TP -> EP -> EPLB placement with replicas -> TP moves 
 TEST_CASE("EPLB: DeepSeek's example balances no worse than the published placement") {
   // A copy of ../shared/data/moe/eplb_example.json (DeepSeek's EPLB README example).
   const json::Value ex = json::load_file((repo() / "tests" / "data" / "hf" / "eplb_example.json").string());
-  const EplbShape shape{ex.at("num_replicas").as_int(), ex.at("num_groups").as_int(), ex.at("num_nodes").as_int(),
-                        ex.at("num_gpus").as_int()};
-  const auto& weights = ex.at("weight").as_array();
-  const auto& published = ex.at("hierarchical_phy2log").as_array();
+  const EplbShape shape{ex.at("num_replicas").get<std::int64_t>(), ex.at("num_groups").get<std::int64_t>(),
+                        ex.at("num_nodes").get<std::int64_t>(), ex.at("num_gpus").get<std::int64_t>()};
+  const json::Value& weights = ex.at("weight");
+  const json::Value& published = ex.at("hierarchical_phy2log");
   for (std::size_t l = 0; l < weights.size(); ++l) {
     std::vector<double> load;
-    for (const json::Value& w : weights[l].as_array()) load.push_back(w.as_number());
+    for (const json::Value& w : weights[l]) load.push_back(w.get<double>());
     std::vector<std::int64_t> theirs;
-    for (const json::Value& e : published[l].as_array()) theirs.push_back(e.as_int());
+    for (const json::Value& e : published[l]) theirs.push_back(e.get<std::int64_t>());
     const std::vector<std::int64_t> ours = eplb_place(load, shape);
     REQUIRE(ours.size() == std::size_t(shape.replicas));
     const double ours_imbalance = eplb_imbalance(load, ours, shape.ranks);

@@ -33,9 +33,9 @@ struct FixtureCase {
 
 std::vector<std::vector<float>> matrix(const json::Value& v) {
   std::vector<std::vector<float>> out;
-  for (const json::Value& row : v.as_array()) {
+  for (const json::Value& row : v) {
     out.emplace_back();
-    for (const json::Value& x : row.as_array()) out.back().push_back(float(x.as_number()));
+    for (const json::Value& x : row) out.back().push_back(x.get<float>());
   }
   return out;
 }
@@ -43,10 +43,10 @@ std::vector<std::vector<float>> matrix(const json::Value& v) {
 std::vector<FixtureCase> read_expected(const std::string& family) {
   const json::Value doc = json::load_file((fixtures() / family / "expected.json").string());
   std::vector<FixtureCase> cases;
-  for (const json::Value& c : doc.at("cases").as_array()) {
+  for (const json::Value& c : doc.at("cases")) {
     FixtureCase f;
-    for (const json::Value& t : c.at("prompt").as_array()) f.prompt.push_back(std::int32_t(t.as_int()));
-    for (const json::Value& t : c.at("decode_tokens").as_array()) f.decode_tokens.push_back(std::int32_t(t.as_int()));
+    for (const json::Value& t : c.at("prompt")) f.prompt.push_back(t.get<std::int32_t>());
+    for (const json::Value& t : c.at("decode_tokens")) f.decode_tokens.push_back(t.get<std::int32_t>());
     f.prefill = matrix(c.at("prefill_logits"));
     f.decode = matrix(c.at("decode_logits"));
     cases.push_back(std::move(f));

@@ -1,368 +1,256 @@
-// paradyse/core/json.hpp: a small JSON value with a reader and a writer, enough for hardware profiles (cost/) and
-// Alloc-MoE's sensitivity tables (moe/). It depends on core/ only, so every layer may use it.
+// paradyse/core/json.hpp: JSON for hardware profiles (cost/), sensitivity tables (moe/), cluster and model files
+// (search/), Hugging Face config.json and safetensors headers (serve/, model/) and the programs' JSON output.
 //
-// Objects keep their keys in insertion order (so a saved profile reads in the order it was written). Numbers are
-// doubles written with 17 significant digits, so a value survives a save/load round trip bit for bit. Errors name
-// the line and column of the bad input, the member it was in (gemm.flops_per_s, collectives[3].op), what was
-// expected there and what was found (a byte that is not printable ASCII as its hex code, so that a binary file
-// gives a readable message). A number beyond the range of a double (1e999) is an error, not infinity.
+// The values are nlohmann/json's ordered_json (Debian nlohmann-json3-dev): objects keep their keys in insertion
+// order, so a saved file reads in the order it was written. This header adds what the library's users rely on:
+//   - parse(): errors name the file, the line and column, the member being read (gemm.flops_per_s,
+//     collectives[3].op) and what nlohmann's parser expected and found, quoted printably (a binary file gives a
+//     readable message, never one cut at a NUL). A number beyond the range of a double (1e999) is an error, not
+//     infinity, and nesting deeper than 256 levels is refused.
+//   - dump(): doubles are written in the shortest form that reads back to the same bits (nlohmann's to_chars), and
+//     a non-finite number is an error naming its member (nlohmann would write null).
+//   - Field: typed reading of a parsed document. Every error names the member by its full path, what was expected
+//     and what was found: "profile: gemm.flops_per_s is string, expected a number".
+// Include it only where JSON is read or written: nlohmann's header is large, and core headers that every unit
+// includes must not pull it in.
 #pragma once
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/printable.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace paradyse::json {
 
-class Value;
-using Array = std::vector<Value>;
-using Object = std::vector<std::pair<std::string, Value>>;
+// A JSON value: null, boolean, number (integer or double), string, array or object (keys in insertion order).
+using Value = nlohmann::ordered_json;
 
-class Value {
-public:
-  Value() = default;                                     // null
-  Value(std::nullptr_t) {}
-  Value(bool b) : data_(b) {}
-  Value(double x) : data_(x) {}
-  Value(int x) : data_(double(x)) {}
-  Value(std::int64_t x) : data_(double(x)) {}
-  Value(const char* s) : data_(std::string(s)) {}
-  Value(std::string s) : data_(std::move(s)) {}
-  Value(Array a) : data_(std::move(a)) {}
-  Value(Object o) : data_(std::move(o)) {}
+// "null", "boolean", "number", "string", "array" or "object".
+inline std::string_view type_name(const Value& v) {
+  if (v.is_number()) return "number";
+  return v.type_name();
+}
 
-  bool is_null() const { return std::holds_alternative<std::monostate>(data_); }
-  bool is_bool() const { return std::holds_alternative<bool>(data_); }
-  bool is_number() const { return std::holds_alternative<double>(data_); }
-  bool is_string() const { return std::holds_alternative<std::string>(data_); }
-  bool is_array() const { return std::holds_alternative<Array>(data_); }
-  bool is_object() const { return std::holds_alternative<Object>(data_); }
-
-  bool as_bool() const { return get<bool>("a boolean"); }
-  double as_number() const { return get<double>("a number"); }
-  std::int64_t as_int() const {
-    const double x = as_number();
-    check(std::floor(x) == x && std::abs(x) < 9.007199254740992e15, "json: {} is not an integer", x);
-    return std::int64_t(x);
-  }
-  const std::string& as_string() const { return get<std::string>("a string"); }
-  const Array& as_array() const { return get<Array>("an array"); }
-  Array& as_array() { return const_cast<Array&>(std::as_const(*this).as_array()); }
-  const Object& as_object() const { return get<Object>("an object"); }
-  Object& as_object() { return const_cast<Object&>(std::as_const(*this).as_object()); }
-
-  // The member `key` of an object, or nullptr when absent.
-  const Value* find(std::string_view key) const {
-    for (const auto& [k, v] : as_object())
-      if (k == key) return &v;
-    return nullptr;
-  }
-  // The member `key` of an object; throws naming the key when absent.
-  const Value& at(std::string_view key) const {
-    const Value* v = find(key);
-    check(v != nullptr, "json: missing key \"{}\"", key);
-    return *v;
-  }
-  // Adds or replaces a member of an object (a null value becomes an empty object first).
-  Value& set(std::string key, Value value) {
-    if (is_null()) data_ = Object{};
-    for (auto& [k, v] : as_object())
-      if (k == key) return v = std::move(value);
-    as_object().emplace_back(std::move(key), std::move(value));
-    return as_object().back().second;
-  }
-
-  std::string_view type_name() const {
-    constexpr std::string_view names[] = {"null", "boolean", "number", "string", "array", "object"};
-    return names[data_.index()];
-  }
-
-private:
-  template <class T>
-  const T& get(std::string_view what) const {
-    const T* p = std::get_if<T>(&data_);
-    check(p != nullptr, "json: expected {}, found {}", what, type_name());
-    return *p;
-  }
-  std::variant<std::monostate, bool, double, std::string, Array, Object> data_;
-};
+inline constexpr int kMaxDepth = 256;
 
 namespace detail {
 
-class Parser {
-public:
-  explicit Parser(std::string_view text, std::string_view source = {}) : text_(text), source_(source) {}
-
-  Value parse_document() {
-    Value v = parse_value(0);
-    skip_space();
-    if (pos_ != text_.size()) fail("end of input");
-    return v;
+// A char iterator that records how far the parser has read, so that an error found by our own checks (a number
+// out of range, too deep a nesting) gets a line and column like nlohmann's own parse errors.
+struct CountingIterator {
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+  const char* at = nullptr;
+  const char** furthest = nullptr;
+  reference operator*() const { return *at; }
+  CountingIterator& operator++() {
+    if (++at > *furthest) *furthest = at;
+    return *this;
   }
+  CountingIterator operator++(int) {
+    CountingIterator before = *this;
+    ++*this;
+    return before;
+  }
+  bool operator==(const CountingIterator& other) const { return at == other.at; }
+};
+
+// Builds the Value through nlohmann's SAX interface while keeping the path of the member being parsed.
+class Builder {
+public:
+  Builder(std::string_view text, const char** furthest) : text_(text), furthest_(furthest) {}
+
+  bool null() { return add(Value(nullptr)); }
+  bool boolean(bool b) { return add(Value(b)); }
+  bool number_integer(Value::number_integer_t x) { return add(Value(x)); }
+  bool number_unsigned(Value::number_unsigned_t x) { return add(Value(x)); }
+  bool number_float(Value::number_float_t x, const std::string& token) {
+    if (std::isfinite(x)) return add(Value(x));
+    // The token ends at the furthest byte read or one before it (the parser reads one past a number).
+    const std::size_t start = text_.rfind(token, consumed());
+    return fail(start == std::string_view::npos ? consumed() : start,
+                fmt::format("expected a number within the range of a double (|x| < 1.8e308), not {}", printable(token)));
+  }
+  bool string(std::string& s) { return add(Value(std::move(s))); }
+  bool binary(Value::binary_t&) { return fail(consumed(), "expected no binary value"); }
+  bool start_object(std::size_t) { return open(Value::object()); }
+  bool key(std::string& k) {
+    frames_.back().key = std::move(k);
+    frames_.back().has_key = true;
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool start_array(std::size_t) { return open(Value::array()); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t byte, const std::string& token, const nlohmann::detail::exception& e) {
+    if (e.id == 406) {  // out_of_range.406: a number beyond a double; point at its first byte
+      const std::size_t start = text_.rfind(token, byte);
+      return fail(start == std::string_view::npos ? (byte > 0 ? byte - 1 : 0) : start,
+                  fmt::format("expected a number within the range of a double (|x| < 1.8e308), not {}", token));
+    }
+    // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 5: syntax error while ...".
+    std::string_view what = e.what();
+    const std::size_t head = what.find("parse error");
+    const std::size_t colon = what.find(": ", head == std::string_view::npos ? 0 : head);
+    if (colon != std::string_view::npos) what.remove_prefix(colon + 2);
+    return fail(byte > 0 ? byte - 1 : 0, std::string(what));
+  }
+
+  Value root;
+  std::size_t error_at = 0;  // byte offset of the error
+  std::string error;         // empty when the parse succeeded
+  std::string error_path;    // the member being parsed at the error
 
 private:
-  [[noreturn]] void fail(std::string_view expected) const {
-    std::size_t line = 1, column = 1;
-    for (std::size_t i = 0; i < pos_ && i < text_.size(); ++i) {
-      if (text_[i] == '\n') ++line, column = 1;
-      else ++column;
-    }
-    std::string found = "end of input";
-    if (pos_ < text_.size()) {
-      const auto byte = static_cast<unsigned char>(text_[pos_]);
-      found = byte >= 0x20 && byte < 0x7f ? fmt::format("'{}'", char(byte)) : fmt::format("byte 0x{:02x}", byte);
-    }
-    throw Error(fmt::format("json: {}{}line {} column {}{}: expected {}, found {}", printable(source_),
-                            source_.empty() ? "" : ": ", line, column, where(), expected, found));
-  }
-  // " (in a.b[2].c)" for the member being parsed, or nothing at the top level.
-  std::string where() const {
-    if (path_.empty()) return {};
-    std::string out = " (in ";
-    for (std::size_t i = 0; i < path_.size(); ++i) {
-      if (i && path_[i][0] != '[') out += '.';
-      out += printable(path_[i]);
-    }
-    return out + ")";
-  }
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
-                                   text_[pos_] == '\r'))
-      ++pos_;
-  }
-  bool consume(char c) {
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == c) return ++pos_, true;
+  struct Frame {
+    Value* value;
+    std::string key;
+    bool has_key = false;
+  };
+  std::size_t consumed() const { return std::size_t(*furthest_ - text_.data()); }
+
+  bool fail(std::size_t at, std::string message) {
+    if (!error.empty()) return false;
+    error_at = at;
+    error = std::move(message);
+    error_path = path();
     return false;
   }
-  void expect(char c) {
-    if (!consume(c)) fail(fmt::format("'{}'", c));
-  }
-  bool consume_word(std::string_view word) {
-    if (text_.substr(pos_, word.size()) == word) return pos_ += word.size(), true;
-    return false;
-  }
-
-  Value parse_value(int depth) {
-    if (depth > 256) fail("less nesting (256 levels at most)");
-    skip_space();
-    if (pos_ >= text_.size()) fail("a value");
-    const char c = text_[pos_];
-    if (c == '{') return parse_object(depth);
-    if (c == '[') return parse_array(depth);
-    if (c == '"') return Value(parse_string());
-    if (consume_word("true")) return Value(true);
-    if (consume_word("false")) return Value(false);
-    if (consume_word("null")) return Value();
-    if (c == '-' || (c >= '0' && c <= '9')) return Value(parse_number());
-    fail("a value");
-  }
-
-  Value parse_object(int depth) {
-    expect('{');
-    Object object;
-    if (consume('}')) return Value(std::move(object));
-    do {
-      skip_space();
-      if (pos_ >= text_.size() || text_[pos_] != '"') fail("a string key");
-      std::string key = parse_string();
-      expect(':');
-      path_.push_back(key);
-      Value value = parse_value(depth + 1);
-      path_.pop_back();
-      object.emplace_back(std::move(key), std::move(value));
-    } while (consume(','));
-    expect('}');
-    return Value(std::move(object));
-  }
-
-  Value parse_array(int depth) {
-    expect('[');
-    Array array;
-    if (consume(']')) return Value(std::move(array));
-    do {
-      path_.push_back(fmt::format("[{}]", array.size()));
-      array.push_back(parse_value(depth + 1));
-      path_.pop_back();
-    } while (consume(','));
-    expect(']');
-    return Value(std::move(array));
-  }
-
-  double parse_number() {
-    const std::size_t start = pos_;
-    if (text_[pos_] == '-') ++pos_;
-    auto digits = [&] {
-      const std::size_t from = pos_;
-      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-      if (pos_ == from) fail("a digit");
-    };
-    digits();
-    if (pos_ < text_.size() && text_[pos_] == '.') ++pos_, digits();
-    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
-      digits();
-    }
-    const std::string token(text_.substr(start, pos_ - start));
-    const double x = std::strtod(token.c_str(), nullptr);
-    if (!std::isfinite(x)) {
-      pos_ = start;
-      fail(fmt::format("a number within the range of a double (|x| < 1.8e308), not {}", token));
-    }
-    return x;
-  }
-
-  static void append_utf8(std::string& out, std::uint32_t code) {
-    if (code < 0x80) out += char(code);
-    else if (code < 0x800) out += char(0xc0 | (code >> 6)), out += char(0x80 | (code & 0x3f));
-    else if (code < 0x10000)
-      out += char(0xe0 | (code >> 12)), out += char(0x80 | ((code >> 6) & 0x3f)), out += char(0x80 | (code & 0x3f));
-    else
-      out += char(0xf0 | (code >> 18)), out += char(0x80 | ((code >> 12) & 0x3f)),
-          out += char(0x80 | ((code >> 6) & 0x3f)), out += char(0x80 | (code & 0x3f));
-  }
-
-  std::uint32_t parse_hex4() {
-    std::uint32_t code = 0;
-    for (int i = 0; i < 4; ++i, ++pos_) {
-      if (pos_ >= text_.size()) fail("four hex digits");
-      const char h = text_[pos_];
-      code <<= 4;
-      if (h >= '0' && h <= '9') code |= std::uint32_t(h - '0');
-      else if (h >= 'a' && h <= 'f') code |= std::uint32_t(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') code |= std::uint32_t(h - 'A' + 10);
-      else fail("a hex digit");
-    }
-    return code;
-  }
-
-  std::string parse_string() {
-    ++pos_;  // the opening quote
+  // "a.b[2].c": the members being parsed, outermost first (an object's key until its value is complete, an
+  // array's index of the element being parsed).
+  std::string path() const {
     std::string out;
-    while (true) {
-      if (pos_ >= text_.size()) fail("a closing '\"'");
-      const char c = text_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) --pos_, fail("no control character inside a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= text_.size()) fail("an escape character");
-      switch (text_[pos_++]) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          std::uint32_t code = parse_hex4();
-          if (code >= 0xd800 && code < 0xdc00 && consume_word("\\u")) {  // a surrogate pair
-            const std::uint32_t low = parse_hex4();
-            code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
-          }
-          append_utf8(out, code);
-          break;
-        }
-        default: --pos_, fail("one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u");
-      }
+    for (std::size_t i = 0; i < frames_.size(); ++i) {
+      const Frame& f = frames_[i];
+      const bool innermost = i + 1 == frames_.size();
+      if (f.value->is_array()) out += fmt::format("[{}]", f.value->size() - (innermost ? 0 : 1));
+      else if (f.has_key) out += (out.empty() ? "" : ".") + printable(f.key);
+      else break;
     }
+    return out;
+  }
+  Value* insert(Value v) {
+    if (frames_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    Frame& top = frames_.back();
+    if (top.value->is_array()) {
+      top.value->push_back(std::move(v));
+      return &top.value->back();
+    }
+    // Appended without a lookup (ordered_json's find is linear: a lookup per key would make a safetensors header
+    // of 10^4 tensors quadratic). A repeated key is kept as in the file; find() and Field see its first value.
+    auto& members = top.value->get_ref<Value::object_t&>();
+    members.emplace_back(top.key, std::move(v));  // a copy: the path names an open member by its key
+    return &members.back().second;
+  }
+  bool add(Value v) {
+    insert(std::move(v));
+    if (!frames_.empty()) frames_.back().has_key = false;  // the member is complete
+    return true;
+  }
+  bool open(Value container) {
+    if (frames_.size() >= std::size_t(kMaxDepth))
+      return fail(consumed() > 0 ? consumed() - 1 : 0, fmt::format("expected less nesting ({} levels at most)", kMaxDepth));
+    frames_.push_back({insert(std::move(container)), {}, false});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    if (!frames_.empty() && !frames_.back().value->is_array()) frames_.back().has_key = false;
+    return true;
   }
 
   std::string_view text_;
-  std::string_view source_;        // the file name, for messages
-  std::size_t pos_ = 0;
-  std::vector<std::string> path_;  // the members being parsed, outermost first
+  const char** furthest_;
+  std::vector<Frame> frames_;
 };
 
-inline void write_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", int(c));
-        else out += c;
-    }
+inline std::pair<std::size_t, std::size_t> line_and_column(std::string_view text, std::size_t at) {
+  std::size_t line = 1, column = 1;
+  for (std::size_t i = 0; i < at && i < text.size(); ++i) {
+    if (text[i] == '\n') ++line, column = 1;
+    else ++column;
   }
-  out += '"';
+  return {line, column};
 }
 
-inline void write_value(std::string& out, const Value& v, int indent, int depth) {
-  const auto newline = [&](int d) {
-    if (indent <= 0) return;
-    out += '\n';
-    out.append(std::size_t(indent * d), ' ');
-  };
-  if (v.is_null()) out += "null";
-  else if (v.is_bool()) out += v.as_bool() ? "true" : "false";
-  else if (v.is_number()) {
-    const double x = v.as_number();
-    check(std::isfinite(x), "json: cannot write the non-finite number {}", x);
-    if (std::floor(x) == x && std::abs(x) < 1e15) out += fmt::format("{}", std::int64_t(x));
-    else out += fmt::format("{:.17g}", x);
-  } else if (v.is_string()) write_string(out, v.as_string());
-  else if (v.is_array()) {
-    const Array& a = v.as_array();
-    // Arrays of numbers stay on one line: tables of fitted coefficients read better that way.
-    bool flat = true;
-    for (const Value& e : a) flat = flat && (e.is_number() || e.is_bool() || e.is_null());
-    out += '[';
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (i) out += flat ? ", " : ",";
-      if (!flat) newline(depth + 1);
-      write_value(out, a[i], indent, depth + 1);
+inline void check_finite(const Value& v, std::string& path) {
+  if (v.is_number_float()) {
+    const double x = v.get<double>();
+    check(std::isfinite(x), "json: cannot write the non-finite number {}{}", x,
+          path.empty() ? "" : fmt::format(" (in {})", path));
+  } else if (v.is_array()) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const std::size_t length = path.size();
+      path += fmt::format("[{}]", i);
+      check_finite(v[i], path);
+      path.resize(length);
     }
-    if (!flat && !a.empty()) newline(depth);
-    out += ']';
-  } else {
-    const Object& o = v.as_object();
-    out += '{';
-    for (std::size_t i = 0; i < o.size(); ++i) {
-      if (i) out += ',';
-      newline(depth + 1);
-      write_string(out, o[i].first);
-      out += indent > 0 ? ": " : ":";
-      write_value(out, o[i].second, indent, depth + 1);
+  } else if (v.is_object()) {
+    for (const auto& [key, member] : v.items()) {
+      const std::size_t length = path.size();
+      path += (path.empty() ? "" : ".") + printable(key);
+      check_finite(member, path);
+      path.resize(length);
     }
-    if (!o.empty()) newline(depth);
-    out += '}';
   }
 }
 
 }  // namespace detail
 
-// `source` (a file name) prefixes error messages.
+// Parses one JSON document; `source` (a file name) prefixes error messages:
+//   json: profile.json: line 3 column 18 (in gemm.flops_per_s): expected a number within the range of a double ...
 inline Value parse(std::string_view text, std::string_view source = {}) {
-  return detail::Parser(text, source).parse_document();
+  const char* furthest = text.data();
+  detail::Builder builder(text, &furthest);
+  const detail::CountingIterator first{text.data(), &furthest}, last{text.data() + text.size(), &furthest};
+  bool ok = false;
+  try {
+    ok = Value::sax_parse(first, last, &builder);
+  } catch (const nlohmann::json::exception& e) {  // defensive: the SAX interface reports through parse_error
+    throw Error(fmt::format("json: {}{}{}", printable(source), source.empty() ? "" : ": ", printable(e.what())));
+  }
+  if (!ok || !builder.error.empty()) {
+    const auto [line, column] = detail::line_and_column(text, builder.error_at);
+    // nlohmann reads a NUL as the end of the input: name the byte that stopped it when it is not printable text.
+    std::string found;
+    if (builder.error_at < text.size()) {
+      const auto byte = static_cast<unsigned char>(text[builder.error_at]);
+      if ((byte < 0x20 || byte >= 0x7f) && byte != '\n' && byte != '\r' && byte != '\t')
+        found = fmt::format(", found byte 0x{:02x}", byte);
+    }
+    throw Error(fmt::format("json: {}{}line {} column {}{}: {}{}", printable(source), source.empty() ? "" : ": ", line,
+                            column, builder.error_path.empty() ? "" : fmt::format(" (in {})", builder.error_path),
+                            printable(builder.error), found));
+  }
+  return std::move(builder.root);
 }
 
-// indent 0 writes one line; indent > 0 pretty-prints with that many spaces per level.
+// indent 0 writes one line; indent > 0 pretty-prints with that many spaces per level. Throws for a non-finite number.
 inline std::string dump(const Value& value, int indent = 2) {
-  std::string out;
-  detail::write_value(out, value, indent, 0);
-  return out;
+  std::string path;
+  detail::check_finite(value, path);
+  return value.dump(indent > 0 ? indent : -1);
 }
 
 // Errors name the file.
@@ -378,10 +266,123 @@ inline Value load_file(const std::string& path) {
 }
 
 inline void save_file(const Value& value, const std::string& path) {
+  const std::string text = dump(value);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   check(bool(out), "json: cannot open \"{}\" for writing", path);
-  out << dump(value) << '\n';
+  out << text << '\n';
   check(bool(out), "json: writing \"{}\" failed", path);
 }
+
+// A member of a parsed document, for reading it with errors that name it. `context` begins every message (the
+// format and file being read: "profile", "hf config model/config.json"); `path` is the member's full path.
+//   const json::Field doc(value, "profile");
+//   double rate = doc["gemm"]["flops_per_s"].number();   // profile: gemm.flops_per_s is string, expected a number
+class Field {
+public:
+  Field(const Value& value, std::string context, std::string path = {})
+      : value_(&value), context_(std::move(context)), path_(std::move(path)) {}
+
+  const Value& value() const { return *value_; }
+  const std::string& path() const { return path_; }
+  const std::string& context() const { return context_; }
+  // The path, or "the document" at the top level.
+  std::string name() const { return path_.empty() ? std::string("the document") : path_; }
+
+  // Throws "<context>: <message>".
+  [[noreturn]] void fail(std::string_view message,
+                         std::source_location where = std::source_location::current()) const {
+    throw Error(fmt::format("{}: {}", context_, message), where);
+  }
+  // Throws "<context>: <path> is <type>, expected <what>" unless `ok`.
+  void expect(bool ok, std::string_view what) const {
+    if (!ok) fail(fmt::format("{} is {}, expected {}", name(), type_name(*value_), what));
+  }
+
+  bool is_null() const { return value_->is_null(); }
+  bool is_object() const { return value_->is_object(); }
+  bool is_array() const { return value_->is_array(); }
+  bool has(std::string_view key) const { return value_->is_object() && value_->contains(key); }
+
+  // The member `key` of an object; an error names the key when absent.
+  Field operator[](std::string_view key) const {
+    expect(value_->is_object(), "an object");
+    const auto it = value_->find(key);
+    if (it == value_->end())
+      fail(fmt::format("missing key \"{}\"{}", printable(key), path_.empty() ? "" : fmt::format(" in {}", path_)));
+    return Field(*it, context_, child(key));
+  }
+  // The member `key`, or nothing when it is absent (or null).
+  std::optional<Field> find(std::string_view key) const {
+    expect(value_->is_object(), "an object");
+    const auto it = value_->find(key);
+    if (it == value_->end() || it->is_null()) return std::nullopt;
+    return Field(*it, context_, child(key));
+  }
+  // The elements of an array.
+  std::vector<Field> elements() const {
+    expect(value_->is_array(), "an array");
+    std::vector<Field> out;
+    out.reserve(value_->size());
+    for (std::size_t i = 0; i < value_->size(); ++i)
+      out.emplace_back((*value_)[i], context_, fmt::format("{}[{}]", path_, i));
+    return out;
+  }
+  // The members of an object, in file order.
+  std::vector<std::pair<std::string, Field>> members() const {
+    expect(value_->is_object(), "an object");
+    std::vector<std::pair<std::string, Field>> out;
+    for (const auto& [key, v] : value_->items()) out.emplace_back(key, Field(v, context_, child(key)));
+    return out;
+  }
+  std::size_t size() const {
+    expect(value_->is_array() || value_->is_object(), "an array or an object");
+    return value_->size();
+  }
+
+  // A finite number.
+  double number() const {
+    expect(value_->is_number(), "a number");
+    const double x = value_->get<double>();
+    if (!std::isfinite(x)) fail(fmt::format("{} = {} must be a finite number", name(), x));
+    return x;
+  }
+  // An integer in [min, max] (a double with an integral value counts).
+  std::int64_t integer(std::int64_t min = std::numeric_limits<std::int64_t>::min(),
+                       std::int64_t max = std::numeric_limits<std::int64_t>::max()) const {
+    expect(value_->is_number(), "an integer");
+    if (value_->is_number_integer() && !value_->is_number_unsigned()) {
+      const std::int64_t x = value_->get<std::int64_t>();
+      if (x < min || x > max) fail(fmt::format("{} = {} must be an integer in [{}, {}]", name(), x, min, max));
+      return x;
+    }
+    if (value_->is_number_unsigned() && value_->get<std::uint64_t>() <= std::uint64_t(max))
+      return integer_in(std::int64_t(value_->get<std::uint64_t>()), min, max);
+    const double x = value_->get<double>();
+    if (!(std::floor(x) == x && x >= double(min) && x <= double(max)) || std::abs(x) >= 9.2e18)
+      fail(fmt::format("{} = {} must be an integer in [{}, {}]", name(), x, min, max));
+    return std::int64_t(x);
+  }
+  const std::string& string() const {
+    expect(value_->is_string(), "a string");
+    return value_->get_ref<const std::string&>();
+  }
+  bool boolean() const {
+    expect(value_->is_boolean(), "a boolean");
+    return value_->get<bool>();
+  }
+
+private:
+  std::string child(std::string_view key) const {
+    return path_.empty() ? printable(key) : fmt::format("{}.{}", path_, printable(key));
+  }
+  std::int64_t integer_in(std::int64_t x, std::int64_t min, std::int64_t max) const {
+    if (x < min || x > max) fail(fmt::format("{} = {} must be an integer in [{}, {}]", name(), x, min, max));
+    return x;
+  }
+
+  const Value* value_;
+  std::string context_;
+  std::string path_;
+};
 
 }  // namespace paradyse::json

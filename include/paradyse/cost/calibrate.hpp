@@ -31,6 +31,7 @@
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/cost/least_squares.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/profile_json.hpp"  // save_profile / load_profile for what is calibrated
 #include "paradyse/ops/attention_mask.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/ops/cpu/gemm_choice.hpp"

@@ -3,7 +3,8 @@
 // A profile says, per device: its memory, how fast it runs GEMMs (with their dependence on size), attention and
 // elementwise kernels, and per collective and group size an alpha-beta cost for each link level (inside a node,
 // across nodes). Built-in profiles are in cost/builtin_profiles.hpp; `calibrate` (cost/calibrate.hpp) measures the
-// machine at hand and fits one. Profiles load from and save to JSON.
+// machine at hand and fits one. Profiles load from and save to JSON through cost/profile_json.hpp (kept apart so that
+// the many headers that need only the profile do not compile the JSON library).
 //
 // Collective sizes follow nccl-tests: `bytes` is the size of the whole array, i.e. the output of all_gather, the
 // input of reduce_scatter, the buffer of all_reduce / broadcast / reduce, one rank's input of all_to_all and one
@@ -11,7 +12,6 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
-#include "paradyse/core/json.hpp"
 
 #include <fmt/format.h>
 
@@ -223,195 +223,5 @@ struct HardwareProfile {
     collectives.push_back({op, level, group_size, cost, min_bytes});
   }
 };
-
-// ---- JSON ---------------------------------------------------------------------------------------------------------
-
-namespace detail {
-
-template <class Enum, std::size_t N>
-Enum enum_from_name(std::string_view name, const std::array<Enum, N>& all, std::string_view what) {
-  for (Enum e : all)
-    if (name_of(e) == name) return e;
-  std::string known;
-  for (Enum e : all) known += fmt::format("{}{}", known.empty() ? "" : ", ", name_of(e));
-  throw Error(fmt::format("profile: unknown {} \"{}\", expected one of {}", what, printable(name), known));
-}
-
-// Reading fields: every message names the field by its full path (gemm.flops_per_s, collectives[2].alpha_s), and
-// every number must be finite (a JSON 1e999 does not even parse; this also guards values built in code).
-inline std::string field_name(std::string_view where, std::string_view key) {
-  return where.empty() ? std::string(key) : fmt::format("{}.{}", where, key);
-}
-inline const json::Value& member(const json::Value& object, std::string_view where, std::string_view key) {
-  check(object.is_object(), "profile: {} is {}, expected an object", where.empty() ? "the profile" : where,
-        object.type_name());
-  const json::Value* v = object.find(key);
-  check(v != nullptr, "profile: missing key \"{}\"{}", key, where.empty() ? "" : fmt::format(" in {}", where));
-  return *v;
-}
-inline double number(const json::Value& object, std::string_view where, std::string_view key) {
-  const json::Value& v = member(object, where, key);
-  check(v.is_number(), "profile: {} is {}, expected a number", field_name(where, key), v.type_name());
-  const double x = v.as_number();
-  check(std::isfinite(x), "profile: \"{}\" = {} must be a finite number ({})", key, x, field_name(where, key));
-  return x;
-}
-inline double positive(const json::Value& object, std::string_view where, std::string_view key) {
-  const double x = number(object, where, key);
-  check(x > 0, "profile: \"{}\" = {} must be positive ({})", key, x, field_name(where, key));
-  return x;
-}
-inline double non_negative(const json::Value& object, std::string_view where, std::string_view key) {
-  const double x = number(object, where, key);
-  check(x >= 0, "profile: \"{}\" = {} must not be negative ({})", key, x, field_name(where, key));
-  return x;
-}
-inline std::int64_t integer(const json::Value& object, std::string_view where, std::string_view key,
-                            std::int64_t min, std::int64_t max) {
-  const double x = number(object, where, key);
-  check(std::floor(x) == x && x >= double(min) && x <= double(max), "profile: \"{}\" = {} must be an integer in [{}, {}] ({})",
-        key, x, min, max, field_name(where, key));
-  return std::int64_t(x);
-}
-inline const std::string& text(const json::Value& object, std::string_view where, std::string_view key) {
-  const json::Value& v = member(object, where, key);
-  check(v.is_string(), "profile: {} is {}, expected a string", field_name(where, key), v.type_name());
-  return v.as_string();
-}
-
-inline json::Value link_to_json(const LinkModel& l) {
-  json::Value v;
-  v.set("launch_s", l.launch_s);
-  v.set("step_latency_s", l.step_latency_s);
-  v.set("bus_bytes_per_s", l.bus_bytes_per_s);
-  v.set("p2p_bytes_per_s", l.p2p_bytes_per_s);
-  return v;
-}
-inline LinkModel link_from_json(const json::Value& v, std::string_view where) {
-  return {non_negative(v, where, "launch_s"), non_negative(v, where, "step_latency_s"),
-          positive(v, where, "bus_bytes_per_s"), positive(v, where, "p2p_bytes_per_s")};
-}
-
-}  // namespace detail
-
-inline json::Value to_json(const HardwareProfile& p) {
-  json::Value v;
-  v.set("format", "paradyse.hardware_profile/1");
-  v.set("name", p.name);
-  v.set("description", p.description);
-  v.set("source", p.source);
-  v.set("devices_per_node", p.devices_per_node);
-  v.set("memory_bytes", p.memory_bytes);
-  v.set("reserved_bytes", p.reserved_bytes);
-  json::Value gemm;
-  gemm.set("overhead_s", p.gemm.overhead_s);
-  gemm.set("flops_per_s", p.gemm.flops_per_s);
-  gemm.set("bytes_per_s", p.gemm.bytes_per_s);
-  v.set("gemm", gemm);
-  json::Value attention;
-  attention.set("overhead_s", p.attention.overhead_s);
-  attention.set("forward_flops_per_s", p.attention.forward_flops_per_s);
-  attention.set("backward_flops_per_s", p.attention.backward_flops_per_s);
-  v.set("attention", attention);
-  v.set("elementwise_bytes_per_s", p.elementwise_bytes_per_s);
-  v.set("activation_elements_per_s", p.activation_elements_per_s);
-  v.set("overlap", p.overlap);
-  v.set("intra_node", detail::link_to_json(p.intra_node));
-  v.set("inter_node", detail::link_to_json(p.inter_node));
-  json::Array table;
-  for (const CollectiveCost& c : p.collectives) {
-    json::Value entry;
-    entry.set("op", std::string(name_of(c.op)));
-    entry.set("level", std::string(name_of(c.level)));
-    entry.set("group_size", c.group_size);
-    entry.set("alpha_s", c.cost.alpha_s);
-    entry.set("beta_s_per_byte", c.cost.beta_s_per_byte);
-    if (c.min_bytes > 0) entry.set("min_bytes", c.min_bytes);
-    table.push_back(entry);
-  }
-  v.set("collectives", json::Value(std::move(table)));
-  if (!p.gemm_engines.empty()) {
-    json::Array engines;
-    for (const GemmEngineChoice& c : p.gemm_engines) {
-      json::Value entry;
-      entry.set("size_class", c.size_class);
-      entry.set("engine", c.engine);
-      entry.set("cblas_flops_per_s", c.cblas_flops_per_s);
-      entry.set("fallback_flops_per_s", c.fallback_flops_per_s);
-      engines.push_back(entry);
-    }
-    v.set("gemm_engines", json::Value(std::move(engines)));
-  }
-  return v;
-}
-
-// Throws Error naming the field for a missing or mistyped one, a non-finite number, a negative time or a rate that
-// is not positive.
-inline HardwareProfile profile_from_json(const json::Value& v) {
-  using namespace detail;
-  check(v.is_object(), "profile: expected a JSON object, found {}", v.type_name());
-  if (const json::Value* format = v.find("format"))
-    check(format->is_string() && format->as_string() == "paradyse.hardware_profile/1",
-          "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
-          format->is_string() ? printable(format->as_string()) : std::string(format->type_name()));
-  HardwareProfile p;
-  p.name = text(v, "", "name");
-  if (v.find("description")) p.description = text(v, "", "description");
-  if (v.find("source")) p.source = text(v, "", "source");
-  p.devices_per_node = int(integer(v, "", "devices_per_node", 1, 1 << 20));
-  constexpr std::int64_t kMaxBytes = std::int64_t(1) << 53;  // exact in a double
-  p.memory_bytes = integer(v, "", "memory_bytes", 1, kMaxBytes);
-  p.reserved_bytes = integer(v, "", "reserved_bytes", 0, kMaxBytes);
-  check(p.reserved_bytes < p.memory_bytes,
-        "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
-  const json::Value& gemm = member(v, "", "gemm");
-  p.gemm = {non_negative(gemm, "gemm", "overhead_s"), positive(gemm, "gemm", "flops_per_s"),
-            non_negative(gemm, "gemm", "bytes_per_s")};
-  const json::Value& attention = member(v, "", "attention");
-  p.attention = {non_negative(attention, "attention", "overhead_s"),
-                 positive(attention, "attention", "forward_flops_per_s"),
-                 positive(attention, "attention", "backward_flops_per_s")};
-  p.elementwise_bytes_per_s = positive(v, "", "elementwise_bytes_per_s");
-  if (v.find("activation_elements_per_s")) p.activation_elements_per_s = non_negative(v, "", "activation_elements_per_s");
-  p.overlap = number(v, "", "overlap");
-  check(p.overlap >= 0 && p.overlap <= 1, "profile: overlap = {} must be in [0, 1]", p.overlap);
-  p.intra_node = link_from_json(member(v, "", "intra_node"), "intra_node");
-  p.inter_node = link_from_json(member(v, "", "inter_node"), "inter_node");
-  const json::Value& table = member(v, "", "collectives");
-  check(table.is_array(), "profile: collectives is {}, expected an array", table.type_name());
-  for (const json::Value& entry : table.as_array()) {
-    const std::string where = fmt::format("collectives[{}]", p.collectives.size());
-    CollectiveCost c;
-    c.op = enum_from_name(text(entry, where, "op"), kAllCollectives, "collective");
-    c.level = enum_from_name(text(entry, where, "level"), std::array{LinkLevel::intra_node, LinkLevel::inter_node},
-                             "link level");
-    c.group_size = int(integer(entry, where, "group_size", 2, 1 << 20));
-    c.cost = {non_negative(entry, where, "alpha_s"), non_negative(entry, where, "beta_s_per_byte")};
-    if (entry.find("min_bytes")) c.min_bytes = integer(entry, where, "min_bytes", 0, kMaxBytes);
-    p.collectives.push_back(c);
-  }
-  if (const json::Value* engines = v.find("gemm_engines")) {
-    check(engines->is_array(), "profile: gemm_engines is {}, expected an array", engines->type_name());
-    for (const json::Value& entry : engines->as_array()) {
-      const std::string where = fmt::format("gemm_engines[{}]", p.gemm_engines.size());
-      GemmEngineChoice c;
-      c.size_class = text(entry, where, "size_class");
-      check(c.size_class == "small" || c.size_class == "medium" || c.size_class == "large",
-            "profile: {}.size_class = \"{}\", expected small, medium or large", where, printable(c.size_class));
-      c.engine = text(entry, where, "engine");
-      check(c.engine == "cblas" || c.engine == "fallback", "profile: {}.engine = \"{}\", expected cblas or fallback",
-            where, printable(c.engine));
-      c.cblas_flops_per_s = non_negative(entry, where, "cblas_flops_per_s");
-      c.fallback_flops_per_s = non_negative(entry, where, "fallback_flops_per_s");
-      check((c.engine == "cblas" ? c.cblas_flops_per_s : c.fallback_flops_per_s) > 0,
-            "profile: {} chose {} but gives it no rate", where, c.engine);
-      p.gemm_engines.push_back(c);
-    }
-  }
-  return p;
-}
-
-inline void save_profile(const HardwareProfile& p, const std::string& path) { json::save_file(to_json(p), path); }
-inline HardwareProfile load_profile(const std::string& path) { return profile_from_json(json::load_file(path)); }
 
 }  // namespace paradyse::cost

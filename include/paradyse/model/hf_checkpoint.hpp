@@ -23,6 +23,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/contract/weight_shards.hpp"
@@ -76,46 +77,43 @@ inline std::string hf_config_json(const GptConfig& c, std::int64_t max_positions
   const LayerConfig& l = c.layer;
   const MoeConfig& m = c.moe->moe;
   const bool mixtral = hf_family_of(c) == HfMoeFamily::mixtral;
-  std::vector<std::string> fields;
-  const auto add = [&](std::string_view key, const std::string& value) { fields.push_back(fmt::format("  \"{}\": {}", key, value)); };
-  const auto text = [](std::string_view v) { return fmt::format("\"{}\"", v); };
-  add("architectures", mixtral ? "[\"MixtralForCausalLM\"]" : "[\"Qwen2MoeForCausalLM\"]");
-  add("model_type", text(mixtral ? "mixtral" : "qwen2_moe"));
-  add("vocab_size", fmt::format("{}", c.vocab));
-  add("hidden_size", fmt::format("{}", l.hidden));
-  add("num_hidden_layers", fmt::format("{}", c.layers));
-  add("num_attention_heads", fmt::format("{}", l.heads));
-  add("num_key_value_heads", fmt::format("{}", l.kv_heads));
-  add("head_dim", fmt::format("{}", l.head_dim));
-  add("hidden_act", text("silu"));
-  add("max_position_embeddings", fmt::format("{}", max_positions));
-  add("rms_norm_eps", fmt::format("{}", l.norm_eps));
-  add("rope_theta", fmt::format("{}", l.rope_base));
-  add("tie_word_embeddings", c.tied_head ? "true" : "false");
-  add("attention_dropout", "0.0");
-  add("initializer_range", "0.02");
-  add("torch_dtype", text("float32"));
-  add("num_experts_per_tok", fmt::format("{}", m.top_k));
-  add("router_aux_loss_coef", fmt::format("{}", m.aux_loss_coef));
-  add("output_router_logits", "false");
+  json::Value v = {{"architectures", json::Value::array({mixtral ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM"})},
+                   {"model_type", mixtral ? "mixtral" : "qwen2_moe"},
+                   {"vocab_size", c.vocab},
+                   {"hidden_size", l.hidden},
+                   {"num_hidden_layers", c.layers},
+                   {"num_attention_heads", l.heads},
+                   {"num_key_value_heads", l.kv_heads},
+                   {"head_dim", l.head_dim},
+                   {"hidden_act", "silu"},
+                   {"max_position_embeddings", max_positions},
+                   {"rms_norm_eps", l.norm_eps},
+                   {"rope_theta", l.rope_base},
+                   {"tie_word_embeddings", c.tied_head},
+                   {"attention_dropout", 0.0},
+                   {"initializer_range", 0.02},
+                   {"torch_dtype", "float32"},
+                   {"num_experts_per_tok", m.top_k},
+                   {"router_aux_loss_coef", m.aux_loss_coef},
+                   {"output_router_logits", false}};
   if (mixtral) {
-    add("num_local_experts", fmt::format("{}", m.experts));
-    add("intermediate_size", fmt::format("{}", m.expert_ffn));
-    add("sliding_window", "null");
+    v["num_local_experts"] = m.experts;
+    v["intermediate_size"] = m.expert_ffn;
+    v["sliding_window"] = nullptr;
   } else {
-    add("num_experts", fmt::format("{}", m.experts));
-    add("moe_intermediate_size", fmt::format("{}", m.expert_ffn));
-    add("intermediate_size", fmt::format("{}", l.ffn));
-    add("shared_expert_intermediate_size", fmt::format("{}", m.shared_width()));
-    add("norm_topk_prob", m.norm_topk_prob ? "true" : "false");
-    add("decoder_sparse_step", "1");
+    v["num_experts"] = m.experts;
+    v["moe_intermediate_size"] = m.expert_ffn;
+    v["intermediate_size"] = l.ffn;
+    v["shared_expert_intermediate_size"] = m.shared_width();
+    v["norm_topk_prob"] = m.norm_topk_prob;
+    v["decoder_sparse_step"] = 1;
     std::vector<int> dense;
     for (int i = 0; i < c.moe->first_k_dense; ++i) dense.push_back(i);
-    add("mlp_only_layers", fmt::format("[{}]", fmt::join(dense, ", ")));
-    add("use_sliding_window", "false");
-    add("qkv_bias", "true");
+    v["mlp_only_layers"] = dense;
+    v["use_sliding_window"] = false;
+    v["qkv_bias"] = true;
   }
-  return fmt::format("{{\n{}\n}}\n", fmt::join(fields, ",\n"));
+  return json::dump(v) + "\n";
 }
 
 namespace hf_detail {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/json.hpp"
 #include "paradyse/core/printable.hpp"
 
 #include <fmt/format.h>
@@ -87,168 +88,59 @@ namespace detail {
 // wrong: the arguments may be evaluated before the call).
 inline std::string errno_text(int error) { return error ? std::strerror(error) : "unknown error (errno 0)"; }
 
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", int(static_cast<unsigned char>(c)));
-    } else {
-      out += c;
+// The header's JSON (core/json.hpp) read into a Header: every entry must have exactly dtype, shape and
+// data_offsets, shapes and offsets non-negative integers below 2^53, metadata values strings.
+inline Header parse_header(std::string_view text, const std::string& file, std::int64_t data_start,
+                           std::int64_t data_bytes) {
+  const std::string context = fmt::format("safetensors: {}: corrupted header", file);
+  json::Value value;
+  try {
+    value = json::parse(text, "the header");
+  } catch (const Error& e) {  // the JSON message without its "paradyse: " prefix and source location
+    std::string_view what = e.what();
+    if (what.starts_with("paradyse: ")) what.remove_prefix(10);
+    if (const std::size_t at = what.rfind(" ["); at != std::string_view::npos) what = what.substr(0, at);
+    throw Error(fmt::format("{}: {}", context, what));
+  }
+  const json::Field doc(value, context);
+  Header header;
+  header.data_start = data_start;
+  header.data_bytes = data_bytes;
+  constexpr std::int64_t kMaxInteger = std::int64_t(1) << 53;
+  for (const auto& [name, entry] : doc.members()) {
+    for (const char c : name)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        doc.fail(fmt::format("tensor name '{}' holds a control character", printable(name)));
+    if (name == "__metadata__") {
+      for (const auto& [key, text_value] : entry.members()) header.metadata.emplace_back(key, text_value.string());
+      continue;
     }
-  }
-  out += '"';
-}
-
-// A parser for exactly what a safetensors header holds: objects, arrays, strings and non-negative integers.
-class HeaderParser {
-public:
-  HeaderParser(std::string_view text, std::string file) : text_(text), file_(std::move(file)) {}
-
-  Header parse(std::int64_t data_start, std::int64_t data_bytes) {
-    Header header;
-    header.data_start = data_start;
-    header.data_bytes = data_bytes;
-    expect('{');
-    if (!consume('}')) {
-      do {
-        const std::string name = string_value();
-        for (const char c : name)
-          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-            fail(fmt::format("tensor name '{}' holds a control character", printable(name)));
-        expect(':');
-        if (name == "__metadata__") parse_metadata(header);
-        else header.tensors.push_back(parse_entry(name));
-      } while (consume(','));
-      expect('}');
-    }
-    skip_space();
-    if (pos_ != text_.size()) fail("unexpected text after the header object");
-    return header;
-  }
-
-private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(fmt::format("safetensors: {}: corrupted header at byte {} of {}: {}", file_, pos_, text_.size(), what));
-  }
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\r' || text_[pos_] == '\t'))
-      ++pos_;
-  }
-  bool consume(char c) {
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!consume(c)) fail(fmt::format("expected '{}'", c));
-  }
-  std::string string_value() {
-    expect('"');
-    std::string out;
-    while (pos_ < text_.size() && text_[pos_] != '"') {
-      if (static_cast<unsigned char>(text_[pos_]) < 0x20) fail("a control character inside a string (JSON forbids it)");
-      char c = text_[pos_++];
-      if (c == '\\') {
-        if (pos_ >= text_.size()) fail("unterminated escape");
-        const char e = text_[pos_++];
-        switch (e) {
-          case '"': case '\\': case '/': c = e; break;
-          case 'n': c = '\n'; break;
-          case 't': c = '\t'; break;
-          case 'r': c = '\r'; break;
-          case 'b': c = '\b'; break;
-          case 'f': c = '\f'; break;
-          case 'u': {
-            if (pos_ + 4 > text_.size()) fail("short \\u escape");
-            unsigned code = 0;
-            for (int i = 0; i < 4; ++i) {
-              const char h = text_[pos_++];
-              code = code * 16 + unsigned(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                          : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (fail("bad \\u escape"), 0));
-            }
-            if (code >= 0x80) fail("non-ASCII \\u escapes are not supported in names");
-            c = char(code);
-            break;
-          }
-          default: fail(fmt::format("bad escape '\\{}'", e));
-        }
-      }
-      out += c;
-    }
-    if (pos_ >= text_.size()) fail("unterminated string");
-    ++pos_;
-    return out;
-  }
-  std::int64_t integer() {
-    skip_space();
-    const std::size_t start = pos_;
-    std::int64_t value = 0;
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-      if (value > (std::int64_t(1) << 53)) fail("integer too large");
-      value = value * 10 + (text_[pos_++] - '0');
-    }
-    if (pos_ == start) fail("expected a non-negative integer");
-    return value;
-  }
-  std::vector<std::int64_t> integers() {
-    std::vector<std::int64_t> out;
-    expect('[');
-    if (consume(']')) return out;
-    do out.push_back(integer());
-    while (consume(','));
-    expect(']');
-    return out;
-  }
-  void parse_metadata(Header& header) {
-    expect('{');
-    if (consume('}')) return;
-    do {
-      std::string key = string_value();
-      expect(':');
-      header.metadata.emplace_back(std::move(key), string_value());
-    } while (consume(','));
-    expect('}');
-  }
-  TensorEntry parse_entry(const std::string& name) {
     TensorEntry t;
     t.name = name;
     bool dtype = false, shape = false, offsets = false;
-    expect('{');
-    do {
-      const std::string key = string_value();
-      expect(':');
+    for (const auto& [key, field] : entry.members()) {
       if (key == "dtype") {
-        t.dtype = string_value();
+        t.dtype = field.string();
         dtype = true;
       } else if (key == "shape") {
-        t.shape = integers();
+        for (const json::Field& d : field.elements()) t.shape.push_back(d.integer(0, kMaxInteger));
         shape = true;
       } else if (key == "data_offsets") {
-        const std::vector<std::int64_t> o = integers();
-        if (o.size() != 2) fail(fmt::format("tensor '{}': data_offsets must be [begin, end]", printable(name)));
-        t.begin = o[0];
-        t.end = o[1];
+        const std::vector<json::Field> o = field.elements();
+        if (o.size() != 2) doc.fail(fmt::format("tensor '{}': data_offsets must be [begin, end]", printable(name)));
+        t.begin = o[0].integer(0, kMaxInteger);
+        t.end = o[1].integer(0, kMaxInteger);
         offsets = true;
       } else {
-        fail(fmt::format("tensor '{}': unknown key '{}'", printable(name), printable(key)));
+        doc.fail(fmt::format("tensor '{}': unknown key '{}'", printable(name), printable(key)));
       }
-    } while (consume(','));
-    expect('}');
+    }
     if (!dtype || !shape || !offsets)
-      fail(fmt::format("tensor '{}' lacks dtype, shape or data_offsets", printable(name)));
-    return t;
+      doc.fail(fmt::format("tensor '{}' lacks dtype, shape or data_offsets", printable(name)));
+    header.tensors.push_back(std::move(t));
   }
-
-  std::string_view text_;
-  std::string file_;
-  std::size_t pos_ = 0;
-};
+  return header;
+}
 
 // The bytes a tensor of `shape` and element width needs, or -1 when that exceeds 2^62 (a corrupted shape).
 inline std::int64_t checked_bytes(const std::vector<std::int64_t>& shape, std::int64_t width) {
@@ -298,16 +190,10 @@ inline void validate_layout(Header& header, const std::string& file) {
 // encoded with its 8-byte length prefix and padded so that the data starts at a multiple of 8.
 inline std::string encode_header(std::vector<TensorEntry>& tensors,
                                  const std::vector<std::pair<std::string, std::string>>& metadata) {
-  std::string json = "{";
+  json::Value doc = json::Value::object();
   if (!metadata.empty()) {
-    json += "\"__metadata__\":{";
-    for (std::size_t i = 0; i < metadata.size(); ++i) {
-      if (i) json += ',';
-      detail::append_json_string(json, metadata[i].first);
-      json += ':';
-      detail::append_json_string(json, metadata[i].second);
-    }
-    json += '}';
+    json::Value& meta = doc["__metadata__"] = json::Value::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
   }
   std::int64_t offset = 0;
   for (TensorEntry& t : tensors) {
@@ -317,17 +203,14 @@ inline std::string encode_header(std::vector<TensorEntry>& tensors,
     t.begin = offset;
     t.end = offset + t.numel() * width;
     offset = t.end;
-    if (json.size() > 1) json += ',';
-    detail::append_json_string(json, t.name);
-    json += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", t.dtype, fmt::join(t.shape, ","),
-                        t.begin, t.end);
+    doc[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
   }
-  json += '}';
-  while (json.size() % 8) json += ' ';
+  std::string text = json::dump(doc, 0);
+  while (text.size() % 8) text += ' ';
   std::string out(8, '\0');
-  const std::uint64_t n = json.size();
+  const std::uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out[std::size_t(i)] = char((n >> (8 * i)) & 0xff);
-  return out + json;
+  return out + text;
 }
 
 // An open file descriptor, closed on destruction.
@@ -501,7 +384,7 @@ inline Header read_header(const File& file) {
   check(n <= (std::uint64_t(100) << 20), "safetensors: {}: a header of {} bytes exceeds the 100 MB limit", file.path(), n);
   std::string text(n, '\0');
   file.read_at(text.data(), std::int64_t(n), 8);
-  Header header = detail::HeaderParser(text, file.path()).parse(8 + std::int64_t(n), size - 8 - std::int64_t(n));
+  Header header = detail::parse_header(text, file.path(), 8 + std::int64_t(n), size - 8 - std::int64_t(n));
   detail::validate_layout(header, file.path());
   return header;
 }

@@ -78,40 +78,29 @@ inline constexpr std::string_view kSensitivityFormat = "paradyse.alloc_moe.sensi
 
 inline json::Value sensitivity_to_json(const SensitivityTable& t) {
   t.validate();
-  json::Array layers;
-  for (std::size_t l = 0; l < t.top_k.size(); ++l) {
-    json::Array row;
-    for (const double d : t.delta[l]) row.emplace_back(d);
-    json::Value layer{json::Object{}};
-    layer.set("top_k", t.top_k[l]);
-    layer.set("delta", std::move(row));
-    layers.push_back(std::move(layer));
-  }
-  json::Value v{json::Object{}};
-  v.set("format", std::string(kSensitivityFormat));
-  v.set("version", 1);
-  v.set("metric", std::string(metric_name(t.metric)));
-  v.set("base", t.base);
-  v.set("calibration_tokens", t.calibration_tokens);
-  v.set("layers", std::move(layers));
-  return v;
+  json::Value layers = json::Value::array();
+  for (std::size_t l = 0; l < t.top_k.size(); ++l) layers.push_back({{"top_k", t.top_k[l]}, {"delta", t.delta[l]}});
+  return {{"format", kSensitivityFormat},      {"version", 1},
+          {"metric", metric_name(t.metric)},   {"base", t.base},
+          {"calibration_tokens", t.calibration_tokens}, {"layers", std::move(layers)}};
 }
 
-inline SensitivityTable sensitivity_from_json(const json::Value& v) {
-  check(v.is_object(), "sensitivity: the JSON document is {}, expected an object", v.type_name());
-  const json::Value* format = v.find("format");
-  check(format && format->is_string() && format->as_string() == kSensitivityFormat,
+inline SensitivityTable sensitivity_from_json(const json::Value& value) {
+  const json::Field v(value, "sensitivity");
+  v.expect(v.is_object(), "an object");
+  const auto format = v.find("format");
+  check(format && format->value().is_string() && format->string() == kSensitivityFormat,
         "sensitivity: \"format\" must be \"{}\" (not a sensitivity table?)", kSensitivityFormat);
-  check(v.at("version").as_int() == 1, "sensitivity: version {}; this reader knows version 1",
-        v.at("version").as_int());
+  const std::int64_t version = v["version"].integer();
+  check(version == 1, "sensitivity: version {}; this reader knows version 1", version);
   SensitivityTable t;
-  t.metric = parse_metric(v.at("metric").as_string());
-  t.base = v.at("base").as_number();
-  t.calibration_tokens = v.at("calibration_tokens").as_int();
-  for (const json::Value& layer : v.at("layers").as_array()) {
-    t.top_k.push_back(layer.at("top_k").as_int());
+  t.metric = parse_metric(v["metric"].string());
+  t.base = v["base"].number();
+  t.calibration_tokens = v["calibration_tokens"].integer();
+  for (const json::Field& layer : v["layers"].elements()) {
+    t.top_k.push_back(layer["top_k"].integer());
     std::vector<double> row;
-    for (const json::Value& d : layer.at("delta").as_array()) row.push_back(d.as_number());
+    for (const json::Field& d : layer["delta"].elements()) row.push_back(d.number());
     t.delta.push_back(std::move(row));
   }
   t.validate();

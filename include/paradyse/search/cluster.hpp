@@ -18,6 +18,7 @@
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/core/json.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/profile_json.hpp"
 
 #include <fmt/format.h>
 
@@ -189,19 +190,16 @@ inline ClusterProfile cluster_preset(std::string_view name) {
 // "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...]}.
 inline ClusterProfile cluster_from_json(const json::Value& v) {
   using namespace cost::detail;
-  check(v.is_object(), "cluster: expected a JSON object, found {}", v.type_name());
+  const json::Field doc(v, "cluster");
+  doc.expect(doc.is_object(), "a JSON object");
   ClusterProfile c;
-  c.name = text(v, "", "name");
-  if (v.find("source")) c.source = text(v, "", "source");
-  c.peak_flops_per_s = positive(v, "", "peak_flops_per_s");
-  c.device = cost::profile_from_json(member(v, "", "device"));
-  const json::Value& levels = member(v, "", "levels");
-  check(levels.is_array(), "cluster: levels is {}, expected an array", levels.type_name());
-  for (const json::Value& entry : levels.as_array()) {
-    const std::string where = fmt::format("levels[{}]", c.levels.size());
-    c.levels.push_back({text(entry, where, "name"), integer(entry, where, "domain_devices", 0, 1 << 30),
-                        non_negative(entry, where, "alpha_s"), positive(entry, where, "bytes_per_s")});
-  }
+  c.name = text(doc, "name");
+  if (doc.has("source")) c.source = text(doc, "source");
+  c.peak_flops_per_s = positive(doc, "peak_flops_per_s");
+  c.device = cost::profile_from_json(doc["device"]);
+  for (const json::Field& entry : doc["levels"].elements())
+    c.levels.push_back({text(entry, "name"), integer(entry, "domain_devices", 0, 1 << 30),
+                        non_negative(entry, "alpha_s"), positive(entry, "bytes_per_s")});
   validate(c);
   return c;
 }

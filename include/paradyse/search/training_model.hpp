@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -186,17 +187,18 @@ inline TrainingModel model_preset(std::string_view name) {
 // n_shared_experts, first_k_dense_replace], [q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
 // v_head_dim]. Throws naming a missing or bad key.
 inline TrainingModel model_from_json(const json::Value& v, std::string name) {
-  check(v.is_object(), "model {}: expected a JSON object, found {}", name, v.type_name());
+  const json::Field doc(v, fmt::format("model {}", name));
+  doc.expect(doc.is_object(), "a JSON object");
   auto integer = [&](std::string_view key, std::int64_t fallback, bool required) -> std::int64_t {
-    const json::Value* x = v.find(key);
-    if (!x || x->is_null()) {
-      check(!required, "model {}: missing key \"{}\"", name, key);
+    const std::optional<json::Field> x = doc.find(key);
+    if (!x) {
+      check(!required, "{}: missing key \"{}\"", doc.context(), key);
       return fallback;
     }
-    check(x->is_number(), "model {}: \"{}\" is {}, expected an integer", name, key, x->type_name());
-    const double d = x->as_number();
-    check(d >= 0 && d < 1e12 && double(std::int64_t(d)) == d, "model {}: \"{}\" = {} must be a non-negative integer",
-          name, key, d);
+    x->expect(x->value().is_number(), "an integer");
+    const double d = x->value().get<double>();
+    check(d >= 0 && d < 1e12 && double(std::int64_t(d)) == d, "{}: \"{}\" = {} must be a non-negative integer",
+          doc.context(), key, d);
     return std::int64_t(d);
   };
   TrainingModel m;
@@ -212,9 +214,9 @@ inline TrainingModel model_from_json(const json::Value& v, std::string name) {
   m.head_dim = m.kv_lora_rank > 0 ? integer("qk_nope_head_dim", 0, true)
                                   : integer("head_dim", m.heads > 0 ? m.hidden / m.heads : 0, false);
   m.vocab = integer("vocab_size", 0, true);
-  if (const json::Value* act = v.find("hidden_act"); act && act->is_string())
-    m.swiglu = act->as_string() == "silu" || act->as_string() == "swiglu";
-  if (const json::Value* tie = v.find("tie_word_embeddings"); tie && tie->is_bool()) m.tied_embeddings = tie->as_bool();
+  if (const auto act = doc.find("hidden_act"); act && act->value().is_string())
+    m.swiglu = act->string() == "silu" || act->string() == "swiglu";
+  if (const auto tie = doc.find("tie_word_embeddings"); tie && tie->value().is_boolean()) m.tied_embeddings = tie->boolean();
   m.experts = integer("num_local_experts", integer("n_routed_experts", 0, false), false);
   m.ffn = integer("intermediate_size", 0, m.experts == 0);
   if (m.experts > 0) {

@@ -36,12 +36,12 @@ public:
       check(fs::exists(index), "hf checkpoint: \"{}\" has neither model.safetensors nor model.safetensors.index.json",
             folder_);
       const json::Value doc = json::load_file(index.string());
-      const json::Value* map = doc.is_object() ? doc.find("weight_map") : nullptr;
-      check(map && map->is_object(), "hf checkpoint: {} has no \"weight_map\" object", index.string());
+      const auto map = doc.is_object() ? doc.find("weight_map") : doc.end();
+      check(map != doc.end() && map->is_object(), "hf checkpoint: {} has no \"weight_map\" object", index.string());
       std::map<std::string, std::size_t> opened;
-      for (const auto& [name, file] : map->as_object()) {
+      for (const auto& [name, file] : map->items()) {
         check(file.is_string(), "hf checkpoint: {}: weight_map[\"{}\"] must be a file name", index.string(), name);
-        const std::string& f = file.as_string();
+        const std::string& f = file.get_ref<const std::string&>();
         check(f.find('/') == std::string::npos, "hf checkpoint: {}: weight_map[\"{}\"] = \"{}\" must name a file of the "
               "folder", index.string(), name, f);
         auto it = opened.find(f);

@@ -15,6 +15,7 @@
 #include "paradyse/moe/moe_config.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,41 +73,37 @@ struct DecoderConfig {
 
 namespace hf_detail {
 
-inline const json::Value& member(const json::Value& c, std::string_view key, const std::string& source) {
-  const json::Value* v = c.find(key);
-  check(v != nullptr && !v->is_null(), "hf config {}: \"{}\" is missing", source, key);
-  return *v;
-}
+// Members of config.json through json::Field: errors read "hf config <file>: <key> is string, expected an integer".
+inline json::Field field(const json::Value& c, const std::string& source) { return {c, "hf config " + source}; }
 inline std::int64_t integer(const json::Value& c, std::string_view key, const std::string& source) {
-  const json::Value& v = member(c, key, source);
-  check(v.is_number(), "hf config {}: \"{}\" must be a number, found {}", source, key, v.type_name());
-  return v.as_int();
+  const std::optional<json::Field> v = field(c, source).find(key);
+  check(v.has_value(), "hf config {}: \"{}\" is missing", source, key);
+  return v->integer();
 }
 inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::int64_t fallback) {
-  const json::Value* v = c.find(key);
-  return v && v->is_number() ? v->as_int() : fallback;
+  const auto v = c.find(key);
+  return v != c.end() && v->is_number() ? json::Field(*v, "hf config", std::string(key)).integer() : fallback;
 }
 inline double number_or(const json::Value& c, std::string_view key, double fallback) {
-  const json::Value* v = c.find(key);
-  return v && v->is_number() ? v->as_number() : fallback;
+  const auto v = c.find(key);
+  return v != c.end() && v->is_number() ? v->get<double>() : fallback;
 }
 inline bool flag_or(const json::Value& c, std::string_view key, bool fallback) {
-  const json::Value* v = c.find(key);
-  return v && v->is_bool() ? v->as_bool() : fallback;
+  const auto v = c.find(key);
+  return v != c.end() && v->is_boolean() ? v->get<bool>() : fallback;
 }
 inline void refuse_if_set(const json::Value& c, std::string_view key, const std::string& source, std::string_view why) {
-  const json::Value* v = c.find(key);
-  check(v == nullptr || v->is_null() || (v->is_bool() && !v->as_bool()), "hf config {}: \"{}\" is set: {}", source,
-        key, why);
+  const auto v = c.find(key);
+  check(v == c.end() || v->is_null() || (v->is_boolean() && !v->get<bool>()), "hf config {}: \"{}\" is set: {}",
+        source, key, why);
 }
 
 inline Family family_of(const json::Value& c, const std::string& source) {
   std::string name;
-  if (const json::Value* a = c.find("architectures"); a && a->is_array() && !a->as_array().empty() &&
-                                                        a->as_array()[0].is_string())
-    name = a->as_array()[0].as_string();
-  else if (const json::Value* t = c.find("model_type"); t && t->is_string())
-    name = t->as_string();
+  if (const auto a = c.find("architectures"); a != c.end() && a->is_array() && !a->empty() && (*a)[0].is_string())
+    name = (*a)[0].get<std::string>();
+  else if (const auto t = c.find("model_type"); t != c.end() && t->is_string())
+    name = t->get<std::string>();
   if (name == "MixtralForCausalLM" || name == "mixtral") return Family::mixtral;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Family::qwen2_moe;
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Family::olmoe;
@@ -163,8 +160,8 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       const std::int64_t step = integer_or(c, "decoder_sparse_step", 1);
       check(step >= 1, "hf config {}: decoder_sparse_step = {} must be at least 1", source, step);
       std::vector<std::int64_t> dense_only;
-      if (const json::Value* list = c.find("mlp_only_layers"); list && list->is_array())
-        for (const json::Value& v : list->as_array()) dense_only.push_back(v.as_int());
+      if (const auto list = c.find("mlp_only_layers"); list != c.end() && list->is_array())
+        for (const json::Field& v : field(c, source)["mlp_only_layers"].elements()) dense_only.push_back(v.integer());
       for (std::int64_t l = 0; l < d.layers; ++l) {
         const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
         d.moe_layer[std::size_t(l)] = !listed && m.experts > 0 && (l + 1) % step == 0;
