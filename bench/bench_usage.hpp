@@ -1,5 +1,12 @@
-// bench/bench_usage.hpp: what every benchmark does with --help (or -h): print its usage and exit 0.
+// bench/bench_usage.hpp: the benchmarks' command lines. Each benchmark states its flags once through
+// paradyse::bench::Flags (examples/command_line.hpp, over CLI11); --help prints the usage generated from them and
+// exits 0, a bad flag or value prints the problem and the usage and exits 2.
+//
+// exit_with_usage_on_help stays for the CUDA benchmarks, which are only built on a GPU machine and still write their
+// usage by hand.
 #pragma once
+
+#include "../examples/command_line.hpp"
 
 #include <fmt/core.h>
 
@@ -7,6 +14,9 @@
 #include <string_view>
 
 namespace paradyse::bench {
+
+using examples::Flags;
+using examples::Interval;
 
 // Prints `usage` and exits 0 when any argument asks for help; returns otherwise.
 inline void exit_with_usage_on_help(int argc, char** argv, std::string_view usage) {

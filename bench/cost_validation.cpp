@@ -7,8 +7,7 @@
 // Thread CPU time is what a rank that owned its core would take; it keeps the numbers meaningful on a shared,
 // loaded machine (wall-clock times of p thread ranks on 2 cores say more about the neighbours than about the model).
 //
-//   cost_validation [--p P] [--max-seq S] [--min-seq S] [--layers L] [--hidden H] [--heads A] [--reps R]
-//                   [--profile FILE.json] [--save-profile FILE.json]
+//   cost_validation --help    (the flags and their defaults, generated from main's statement of them)
 #include "bench_usage.hpp"
 #include "../tests/cost/strategy_stack.hpp"
 
@@ -31,37 +30,21 @@ namespace pd = paradyse;
 using Strategy = int;  // an index into pd::cost::default_catalog()
 
 int main(int argc, char** argv) {
-  paradyse::bench::exit_with_usage_on_help(argc, argv,
-      "usage: cost_validation [--p P] [--min-seq S] [--max-seq S] [--layers L] [--hidden H] [--heads A] [--reps R]\n"
-      "                       [--profile FILE.json] [--save-profile FILE.json]\n"
-      "the time and memory models against the layer stack on thread ranks (MAPE per strategy)\n");
   int p = 4, layers = 1, reps = 2;
   std::int64_t min_seq = 512, max_seq = 32768, hidden = 128, heads = 4;
   std::string profile_path, save_path = "threads-calibrated.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&] {
-      if (i + 1 >= argc) {
-        fmt::print(stderr, "cost_validation: {} needs a value\n", arg);
-        std::exit(2);
-      }
-      return std::string(argv[++i]);
-    };
-    if (arg == "--p") p = std::stoi(value());
-    else if (arg == "--max-seq") max_seq = std::stoll(value());
-    else if (arg == "--min-seq") min_seq = std::stoll(value());
-    else if (arg == "--layers") layers = std::stoi(value());
-    else if (arg == "--hidden") hidden = std::stoll(value());
-    else if (arg == "--heads") heads = std::stoll(value());
-    else if (arg == "--reps") reps = std::stoi(value());
-    else if (arg == "--profile") profile_path = value();
-    else if (arg == "--save-profile") save_path = value();
-    else {
-      fmt::print(stderr, "usage: cost_validation [--p P] [--min-seq S] [--max-seq S] [--layers L] [--hidden H] "
-                         "[--heads A] [--reps R] [--profile FILE] [--save-profile FILE]\n");
-      return 2;
-    }
-  }
+  paradyse::bench::Flags flags(
+      "cost_validation", "The time and memory models against the layer stack on thread ranks (MAPE per strategy).");
+  flags.integer("--p", p, 1, 1024, "thread ranks");
+  flags.integer("--min-seq", min_seq, std::int64_t(1), std::int64_t(1) << 24, "shortest sequence");
+  flags.integer("--max-seq", max_seq, std::int64_t(1), std::int64_t(1) << 24, "longest sequence");
+  flags.integer("--layers", layers, 1, 1000, "layers");
+  flags.integer("--hidden", hidden, std::int64_t(1), std::int64_t(1) << 20, "hidden size");
+  flags.integer("--heads", heads, std::int64_t(1), std::int64_t(1) << 16, "attention heads");
+  flags.integer("--reps", reps, 1, 1000, "repetitions per measurement");
+  flags.text("--profile", profile_path, "hardware profile to use instead of calibrating", "FILE.json");
+  flags.text("--save-profile", save_path, "where the calibrated profile is saved", "FILE.json");
+  flags.parse(argc, argv);
 
   pd::cost::HardwareProfile profile;
   if (!profile_path.empty()) {

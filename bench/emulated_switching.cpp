@@ -9,9 +9,7 @@
 // the exact planner's plan and with every strategy used everywhere, and prints each one's measured step time (median
 // of --reps, wall clock, the slowest rank) next to the cost model's prediction for the emulated node.
 //
-//   emulated_switching [--device a100|h100|h200] [--ranks 2] [--layers 2] [--hidden 128] [--heads 4]
-//                      [--dataset githubcode|grch38] [--count 5] [--scale 64] [--seed 7] [--reps 3]
-//                      [--cap-mib M] [--profile FILE.json]
+//   emulated_switching --help    (the flags and their defaults, generated from parse())
 //
 // --profile: this machine's calibrated profile (else a quick wall-clock calibration at the start). --cap-mib: the
 // memory budget per rank (the planner plans within it; a static strategy whose predicted peak is above it is
@@ -48,13 +46,6 @@ using Model = pd::Gpt<Strategies>;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: emulated_switching [--device a100|h100|h200] [--ranks P] [--layers L] [--hidden H] [--heads N]\n"
-    "                          [--dataset githubcode|grch38] [--count K] [--scale F] [--seed S] [--reps R]\n"
-    "                          [--cap-mib M] [--profile FILE.json]\n"
-    "the planner's plan against every static strategy, one training step each, on thread ranks whose transfers are\n"
-    "paced like the device node's links (scaled by the ratio of the device's GEMM rate to this machine's)\n";
-
 struct Options {
   std::string device = "a100", dataset = "githubcode", profile;
   int ranks = 2, layers = 2, count = 5, reps = 3;
@@ -65,41 +56,25 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&]() -> std::string {
-      pd::check(i + 1 < argc, "{} needs a value", arg);
-      return argv[++i];
-    };
-    const auto integer = [&](std::int64_t min) {
-      const std::string v = value();
-      std::size_t used = 0;
-      long long x = 0;
-      try {
-        x = std::stoll(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      pd::check(used == v.size() && x >= min, "{} {}: expected an integer of at least {}", arg, v, min);
-      return std::int64_t(x);
-    };
-    if (arg == "--device") o.device = value();
-    else if (arg == "--dataset") o.dataset = value();
-    else if (arg == "--profile") o.profile = value();
-    else if (arg == "--ranks") o.ranks = int(integer(1));
-    else if (arg == "--layers") o.layers = int(integer(1));
-    else if (arg == "--count") o.count = int(integer(1));
-    else if (arg == "--reps") o.reps = int(integer(1));
-    else if (arg == "--hidden") o.hidden = integer(8);
-    else if (arg == "--heads") o.heads = integer(1);
-    else if (arg == "--scale") o.scale = integer(1);
-    else if (arg == "--seed") o.seed = std::uint64_t(integer(0));
-    else if (arg == "--cap-mib") o.cap_mib = double(integer(1));
-    else {
-      std::fputs(kUsage, stderr);
-      std::exit(2);
-    }
-  }
+  pd::bench::Flags flags("emulated_switching",
+                         "The planner's plan against every static strategy, one training step each, on thread ranks "
+                         "whose transfers are paced like the device node's links (scaled by the ratio of the device's "
+                         "GEMM rate to this machine's).");
+  flags.text("--device", o.device, "the emulated node (a built-in hardware profile)", "a100|h100|h200");
+  flags.integer("--ranks", o.ranks, 1, 1024, "thread ranks");
+  flags.integer("--layers", o.layers, 1, 100'000, "layers");
+  flags.integer("--hidden", o.hidden, std::int64_t(8), std::int64_t(1) << 20, "hidden size");
+  flags.integer("--heads", o.heads, std::int64_t(1), std::int64_t(1) << 16, "attention heads");
+  flags.text("--dataset", o.dataset, "length distribution of the paper's Table 3", "githubcode|grch38");
+  flags.integer("--count", o.count, 1, 1'000'000, "sequences (steps)");
+  flags.integer("--scale", o.scale, std::int64_t(1), std::int64_t(1) << 30, "divides the dataset's lengths");
+  flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "sampling seed");
+  flags.integer("--reps", o.reps, 1, 1000, "repetitions per step (the median is printed)");
+  flags.number("--cap-mib", o.cap_mib, {.min = 1, .max = double(std::int64_t(1) << 40)},
+               "memory cap per rank in MiB (default: none)")
+      ->default_str("");
+  flags.text("--profile", o.profile, "this machine's calibrated profile (default: calibrate)", "FILE.json");
+  flags.parse(argc, argv);
   return o;
 }
 
@@ -193,7 +168,6 @@ std::optional<double> measure_step(const pd::GptConfig& config, const Options& o
 }  // namespace
 
 int main(int argc, char** argv) {
-  pd::bench::exit_with_usage_on_help(argc, argv, kUsage);
   try {
     const Options o = parse(argc, argv);
     const pd::cost::HardwareProfile device = pd::cost::builtin_profile(o.device);

@@ -2,7 +2,7 @@
 // ExpertParallel and ExpertTensorParallel on p thread ranks, at a few token counts, with balanced and skewed routing.
 //
 //   moe_bench                 h = 256, E = 8, k = 2, f = 512, p = 4, tokens 256, 1024, 4096, 16384, 32768
-//   options: --h N --experts N --k N --ffn N --p N --reps N --tokens A,B,C --quick
+//   moe_bench --help          (the flags, generated from parse())
 //
 // Table 1, per token count (global, over the p ranks), routing and strategy: forward + backward as the busiest
 // rank's thread CPU time (the machine may have fewer cores than ranks; CPU time counts each rank's own work) and
@@ -15,6 +15,7 @@
 // feature (the measured max/mean load is printed, not assumed). Weights and tokens are the same for every strategy.
 // Table 2, the machine ratio the grouped GEMM is judged by: the experts' forward over E ragged blocks against one
 // GEMM of the same FLOPs (an expert block of T k / E rows) in the same run. Nothing is asserted.
+#include "bench_usage.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
@@ -60,41 +61,30 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  const auto number = [&](int& i, const char* flag) -> std::int64_t {
-    if (i + 1 >= argc) throw Error(fmt::format("{} needs a value", flag));
-    char* end = nullptr;
-    const long long v = std::strtoll(argv[++i], &end, 10);
-    if (*end != '\0' || v < 1 || v > (1ll << 24)) throw Error(fmt::format("{} = {} must be an integer in [1, 2^24]", flag, argv[i]));
-    return std::int64_t(v);
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--h") o.h = number(i, "--h");
-    else if (a == "--experts") o.experts = number(i, "--experts");
-    else if (a == "--k") o.k = number(i, "--k");
-    else if (a == "--ffn") o.ffn = number(i, "--ffn");
-    else if (a == "--p") o.p = int(number(i, "--p"));
-    else if (a == "--reps") o.reps = int(number(i, "--reps"));
-    else if (a == "--quick") o.tokens = {256, 1024}, o.reps = 2;
-    else if (a == "--tokens") {
-      if (i + 1 >= argc) throw Error("--tokens needs a list, e.g. 256,1024");
-      o.tokens.clear();
-      std::string list = argv[++i];
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        char* end = nullptr;
-        const std::string item = list.substr(at, comma - at);
-        const long long v = std::strtoll(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < 1 || v > (1ll << 24))
-          throw Error(fmt::format("--tokens: '{}' must be an integer in [1, 2^24]", item));
-        o.tokens.push_back(v);
-        at = comma + 1;
-      }
-    } else if (a == "--help") {
-      fmt::print("moe_bench [--h N] [--experts N] [--k N] [--ffn N] [--p N] [--reps N] [--tokens A,B,...] [--quick]\n");
-      std::exit(0);
-    } else {
-      throw Error(fmt::format("unknown option '{}' (try --help)", a));
+  std::string tokens;
+  paradyse::bench::Flags flags("moe_bench", "One MoE FFN sublayer, forward + backward, on one rank and under "
+                                            "ExpertParallel and ExpertTensorParallel on p thread ranks.");
+  // First, so that flags given with it override what it sets (CLI11 applies options in the order defined here).
+  flags.flag("--quick", [&o] { o.tokens = {256, 1024}, o.reps = 2; }, "tokens 256,1024 and 2 repetitions");
+  constexpr std::int64_t kMax = std::int64_t(1) << 24;
+  flags.integer("--h", o.h, std::int64_t(1), kMax, "hidden size");
+  flags.integer("--experts", o.experts, std::int64_t(1), kMax, "experts");
+  flags.integer("--k", o.k, std::int64_t(1), kMax, "experts per token");
+  flags.integer("--ffn", o.ffn, std::int64_t(1), kMax, "expert FFN width");
+  flags.integer("--p", o.p, 1, 1 << 24, "thread ranks");
+  flags.integer("--reps", o.reps, 1, 1 << 24, "repetitions");
+  flags.text("--tokens", tokens, "token counts, each in [1, 2^24] (default: 256,1024,4096,16384,32768)", "A,B,...");
+  flags.parse(argc, argv);
+  if (!tokens.empty()) {
+    o.tokens.clear();
+    for (std::size_t at = 0; at <= tokens.size();) {
+      const std::size_t comma = std::min(tokens.find(',', at), tokens.size());
+      const std::string item = tokens.substr(at, comma - at);
+      std::int64_t v = 0;
+      if (!paradyse::examples::parse_integer(item, std::int64_t(1), kMax, v))
+        flags.fail(fmt::format("--tokens: '{}' must be an integer in [1, 2^24]", item));
+      o.tokens.push_back(v);
+      at = comma + 1;
     }
   }
   if (o.k > o.experts) throw Error(fmt::format("--k = {} exceeds --experts = {}", o.k, o.experts));

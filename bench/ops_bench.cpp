@@ -95,18 +95,11 @@ struct GemmRow {
 }  // namespace
 
 int main(int argc, char** argv) {
-  paradyse::bench::exit_with_usage_on_help(argc, argv,
-      "usage: ops_bench [--quick | --full]\n"
-      "GEMM and attention kernels against OpenBLAS sgemm measured in the same run\n");
   bool quick = false, full = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else if (std::strcmp(argv[i], "--full") == 0) full = true;
-    else {
-      fmt::print("usage: ops_bench [--quick | --full]\n");
-      return 2;
-    }
-  }
+  paradyse::bench::Flags flags("ops_bench", "GEMM and attention kernels against the best GEMM measured in the same run.");
+  flags.flag("--quick", quick, "fewer sizes and repetitions");
+  flags.flag("--full", full, "more sizes");
+  flags.parse(argc, argv);
   Rng rng(2024);
 
   // ---- GEMM ----------------------------------------------------------------------------------------------------

@@ -202,14 +202,11 @@ void strategy_table(std::int64_t s, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  paradyse::bench::exit_with_usage_on_help(argc, argv,
-      "usage: ring_bench [--quick]\n"
-      "ring attention balance and speedup vs single-rank flash; per-strategy sublayer time and peak vs MegatronTS\n");
-  if (argc > 2 || (argc == 2 && std::strcmp(argv[1], "--quick") != 0)) {
-    fmt::print(stderr, "usage: ring_bench [--quick]\n");
-    return 2;
-  }
-  const bool quick = argc > 1;
+  bool quick = false;
+  paradyse::bench::Flags flags("ring_bench", "Ring attention balance and speedup vs single-rank flash; per-strategy "
+                                             "sublayer time and peak vs MegatronTS.");
+  flags.flag("--quick", quick, "shorter sequences (1024) and fewer repetitions");
+  flags.parse(argc, argv);
   ring_attention_table(quick ? 1024 : 4096, quick ? 3 : 5);
   strategy_table(quick ? 1024 : 2048, 3);
   return 0;

@@ -19,12 +19,6 @@ namespace search = paradyse::search;
 
 namespace {
 
-constexpr std::string_view kUsage =
-    "usage: search_bench [--repeats N] [--quick]\n"
-    "  times the pruned search against brute force (median of N repeats, default 3) for GPT-175B, Llama-3 405B,\n"
-    "  Mixtral 8x22B and DeepSeek-V3 on 2,048 devices of DGX H100 and the Ascend supernode, 3-D and 7-D spaces;\n"
-    "  --quick: Mixtral 8x22B on the Ascend supernode only, one repeat.\n";
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -33,23 +27,14 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  paradyse::bench::exit_with_usage_on_help(argc, argv, kUsage);
   int repeats = 3;
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") quick = true;
-    else if (arg == "--repeats" && i + 1 < argc) {
-      repeats = std::atoi(argv[++i]);
-      if (repeats < 1 || repeats > 100) {
-        fmt::print(stderr, "search_bench: --repeats expects 1 to 100, got \"{}\"\n{}", argv[i], kUsage);
-        return 2;
-      }
-    } else {
-      fmt::print(stderr, "search_bench: unknown option \"{}\"\n{}", arg, kUsage);
-      return 2;
-    }
-  }
+  paradyse::bench::Flags flags(
+      "search_bench", "Times the pruned search against brute force for GPT-175B, Llama-3 405B, Mixtral 8x22B and "
+                      "DeepSeek-V3 on 2,048 devices of DGX H100 and the Ascend supernode, 3-D and 7-D spaces.");
+  flags.integer("--repeats", repeats, 1, 100, "repeats (the median is printed)");
+  flags.flag("--quick", quick, "Mixtral 8x22B on the Ascend supernode only, one repeat");
+  flags.parse(argc, argv);
   if (quick) repeats = 1;
   std::vector<std::string> models{"gpt-175b", "llama3-405b", "mixtral-8x22b", "deepseek-v3"};
   std::vector<std::string> clusters{"dgx-h100", "ascend-supernode"};

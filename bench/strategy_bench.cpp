@@ -70,37 +70,30 @@ struct Options {
 };
 
 Options parse(int argc, char** argv) {
-  paradyse::bench::exit_with_usage_on_help(argc, argv,
-      "usage: strategy_bench [--quick] [--p N] [--h N] [--heads N] [--ffn N] [--reps N] [--time-max S] [--mem-max S]\n"
-      "                      [--cap-mib M] [--causal] [--switch-seq S] [--no-cap-search]\n"
-      "every strategy on one layer over p thread ranks: time vs 1 rank, peak memory, bytes sent\n");
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> long long {
-      check(i + 1 < argc, "strategy_bench: {} needs a value", a);
-      return std::atoll(argv[++i]);
-    };
-    if (a == "--p") o.ranks = int(next());
-    else if (a == "--h") o.hidden = next();
-    else if (a == "--heads") o.heads = next();
-    else if (a == "--ffn") o.ffn = next();
-    else if (a == "--reps") o.reps = int(next());
-    else if (a == "--time-max") o.time_max = next();
-    else if (a == "--mem-max") o.mem_max = next();
-    else if (a == "--switch-seq") o.switch_seq = next();
-    else if (a == "--cap-mib") o.cap_mib = std::size_t(next());
-    else if (a == "--causal") o.causal = true;
-    else if (a == "--no-cap-search") o.cap_search = false;
-    else if (a == "--quick") {
-      o.quick = true;
-      o.time_max = 2048;
-      o.mem_max = 16384;
-      o.reps = 3;
-      o.cap_search = false;
-      o.switch_seq = 1024;
-    } else throw Error(fmt::format("strategy_bench: unknown option {}", a));
-  }
+  paradyse::bench::Flags flags("strategy_bench", "Every strategy on one layer over p thread ranks: time vs 1 rank, "
+                                                 "peak memory, bytes sent.");
+  // First, so that flags given with it override what it sets (CLI11 applies options in the order defined here).
+  flags.flag("--quick", [&o] {
+    o.quick = true;
+    o.time_max = 2048;
+    o.mem_max = 16384;
+    o.reps = 3;
+    o.cap_search = false;
+    o.switch_seq = 1024;
+  }, "shorter sweeps: --time-max 2048 --mem-max 16384 --reps 3 --switch-seq 1024 --no-cap-search");
+  flags.integer("--p", o.ranks, 1, 1024, "thread ranks");
+  flags.integer("--h", o.hidden, std::int64_t(1), std::int64_t(1) << 20, "hidden size");
+  flags.integer("--heads", o.heads, std::int64_t(1), std::int64_t(1) << 16, "attention heads");
+  flags.integer("--ffn", o.ffn, std::int64_t(1), std::int64_t(1) << 24, "FFN width");
+  flags.integer("--reps", o.reps, 1, 1000, "repetitions per measurement");
+  flags.integer("--time-max", o.time_max, std::int64_t(1), std::int64_t(1) << 24, "longest sequence timed");
+  flags.integer("--mem-max", o.mem_max, std::int64_t(1), std::int64_t(1) << 24, "longest sequence of the memory sweep");
+  flags.integer("--cap-mib", o.cap_mib, std::size_t(1), std::size_t(1) << 30, "memory cap per rank in MiB");
+  flags.flag("--causal", o.causal, "causal attention");
+  flags.integer("--switch-seq", o.switch_seq, std::int64_t(1), std::int64_t(1) << 24, "sequence of the switching table");
+  flags.flag("--no-cap-search", [&o] { o.cap_search = false; }, "skip the search for the memory cap");
+  flags.parse(argc, argv);
   return o;
 }
 
