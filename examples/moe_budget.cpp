@@ -48,29 +48,14 @@ using namespace paradyse::serve;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: moe_budget [--model DIR] [--corpus DIR] [--eval-tokens N] [--calib-tokens N] [--seq T] [--batch S]\n"
-    "                  [--decode N] [--repeats R] [--budgets LIST] [--table FILE] [--csv FILE]\n"
-    "       moe_budget --write-train-corpus DIR [--corpus DIR]\n"
-    "\n"
-    "Alloc-MoE on a Hugging Face MoE decoder (train_gpt --experts ... --save DIR, or a Mixtral / Qwen2-MoE / OLMoE\n"
-    "folder): profiles each MoE layer's sensitivity on calibration speeches, then compares uniform top-k reduction,\n"
-    "Alloc-L and Alloc-L + Alloc-T at budgets of 100/75/50/25% of sum_l top-k: perplexity on held-out speeches\n"
-    "(every 8th document), greedy next-token agreement with the full budget, prefill and decode time per token.\n"
-    "  --model DIR         the model folder (default tests/data/hf/mixtral, a tiny random fixture)\n"
-    "  --corpus DIR        a folder of .txt documents (default: data/corpus/sotu.tar.xz extracted into build/)\n"
-    "  --write-train-corpus DIR  write the documents that are not held out to DIR (train_gpt --corpus DIR) and exit\n"
-    "  --eval-tokens N     held-out tokens evaluated (default 16384)\n"
-    "  --calib-tokens N    calibration tokens for the sensitivity profile (default 4096)\n"
-    "  --seq T             tokens per sequence: evaluation rows, a prefill, and Alloc-T's pool (default 256)\n"
-    "  --batch S           sequences per evaluation step (default 8)\n"
-    "  --decode N          tokens decoded one at a time for the decode timing (default 64)\n"
-    "  --repeats R         timing rounds (every row once per round), the median is reported (default 3)\n"
-    "  --budgets LIST      comma-separated percentages (default 100,75,50,25)\n"
-    "  --table FILE        save the sensitivity table as JSON (moe_infer --sensitivity FILE)\n"
-    "  --csv FILE          also write the table as CSV (scripts/plot.py draws quality against budget)\n";
-
-[[noreturn]] void usage(const std::string& problem) { examples::print_usage_and_exit("moe_budget", problem, kUsage); }
+// The usage, generated from the flags in parse() (usage() is also called for a bad --budgets list).
+std::string& usage_text() {
+  static std::string text;
+  return text;
+}
+[[noreturn]] void usage(const std::string& problem) {
+  examples::print_usage_and_exit("moe_budget", problem, usage_text());
+}
 
 struct Options {
   std::string model = "tests/data/hf/mixtral", corpus, write_train, table, csv, budgets = "100,75,50,25";
@@ -80,23 +65,32 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  examples::CommandLine cli(argc, argv, usage);
-  while (cli.next()) {
-    const std::string& f = cli.flag();
-    if (f == "--model") o.model = cli.value();
-    else if (f == "--corpus") o.corpus = cli.value();
-    else if (f == "--write-train-corpus") o.write_train = cli.value();
-    else if (f == "--eval-tokens") o.eval_tokens = cli.integer<std::int64_t>(1, 1 << 26);
-    else if (f == "--calib-tokens") o.calib_tokens = cli.integer<std::int64_t>(1, 1 << 26);
-    else if (f == "--seq") o.seq = cli.integer<std::int64_t>(2, 1 << 16);
-    else if (f == "--batch") o.batch = cli.integer<std::int64_t>(1, 4096);
-    else if (f == "--decode") o.decode = cli.integer<std::int64_t>(1, 1 << 16);
-    else if (f == "--repeats") o.repeats = cli.integer<int>(1, 1000);
-    else if (f == "--budgets") o.budgets = cli.value();
-    else if (f == "--table") o.table = cli.value();
-    else if (f == "--csv") o.csv = cli.value();
-    else cli.unknown();
-  }
+  examples::Flags flags(
+      "moe_budget",
+      "Alloc-MoE on a Hugging Face MoE decoder (train_gpt --experts ... --save DIR, or a Mixtral / Qwen2-MoE / OLMoE "
+      "folder): profiles each MoE layer's sensitivity on calibration speeches, then compares uniform top-k "
+      "reduction, Alloc-L and Alloc-L + Alloc-T at budgets of 100/75/50/25% of sum_l top-k: perplexity on held-out "
+      "speeches (every 8th document), greedy next-token agreement with the full budget, prefill and decode time per "
+      "token. With --write-train-corpus DIR it writes the documents that are not held out and exits.");
+  flags.text("--model", o.model, "the model folder (default: a tiny random fixture)", "DIR");
+  flags.text("--corpus", o.corpus, "a folder of .txt documents (default: data/corpus/sotu.tar.xz extracted into build/)",
+             "DIR");
+  flags.text("--write-train-corpus", o.write_train,
+             "write the documents that are not held out to DIR (train_gpt --corpus DIR) and exit", "DIR");
+  flags.integer("--eval-tokens", o.eval_tokens, std::int64_t(1), std::int64_t(1) << 26, "held-out tokens evaluated");
+  flags.integer("--calib-tokens", o.calib_tokens, std::int64_t(1), std::int64_t(1) << 26,
+                "calibration tokens for the sensitivity profile");
+  flags.integer("--seq", o.seq, std::int64_t(2), std::int64_t(1) << 16,
+                "tokens per sequence: evaluation rows, a prefill, and Alloc-T's pool");
+  flags.integer("--batch", o.batch, std::int64_t(1), std::int64_t(4096), "sequences per evaluation step");
+  flags.integer("--decode", o.decode, std::int64_t(1), std::int64_t(1) << 16,
+                "tokens decoded one at a time for the decode timing");
+  flags.integer("--repeats", o.repeats, 1, 1000, "timing rounds (every row once per round); the median is reported");
+  flags.text("--budgets", o.budgets, "comma-separated percentages, starting with 100", "LIST");
+  flags.text("--table", o.table, "save the sensitivity table as JSON (moe_infer --sensitivity FILE)", "FILE");
+  flags.text("--csv", o.csv, "also write the table as CSV (scripts/plot.py draws quality against budget)", "FILE");
+  usage_text() = flags.usage();
+  flags.parse(argc, argv);
   return o;
 }
 

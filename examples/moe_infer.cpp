@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -30,34 +31,6 @@ using namespace paradyse;
 using namespace paradyse::serve;
 
 namespace {
-
-constexpr std::string_view kUsage = R"(usage: moe_infer [options]
-Serves a request trace on p thread ranks under each MoE layout policy and compares them.
-  --model DIR          Hugging Face model folder (default: synthetic Mixtral-shaped MoE)
-  --hidden H           synthetic: hidden size (default 256)
-  --layers L           synthetic: layers (default 2)
-  --experts E          synthetic: experts (default 8)
-  --top-k K            synthetic: experts per token (default 2)
-  --ffn F              synthetic: expert width (default 512)
-  --skew S             synthetic: router skew >= 0 (default 0.3)
-  --ranks P            thread ranks (default 2)
-  --requests N         requests in the trace (default 32)
-  --rate R             Poisson arrivals, requests/s (default 8)
-  --bursty             bursts instead: --burst requests every --period seconds
-  --burst B            requests per burst (default 12)
-  --period T           seconds between bursts (default 1.5)
-  --prompt MIN MAX     prompt length range (default 8 64)
-  --output MIN MAX     output length range (default 8 32)
-  --step-tokens T      tokens per engine step (default 64)
-  --policies LIST      comma-separated subset of tp,ep,eplb,sort,ondemand,dynamic (default all)
-  --seed S             trace and weights seed (default 1)
-  --budget X           Alloc-MoE activation budget: a share ("0.5", "50%") of sum_l top-k or a count ("3")
-  --sensitivity FILE   Alloc-L: K_l from this sensitivity table (moe_budget --table); default uniform top-k
-  --alloc-t            Alloc-T: the budget's K_l * T activations pooled over each chunk's T tokens
-  --help               this text
-)";
-
-[[noreturn]] void usage(const std::string& problem) { examples::print_usage_and_exit("moe_infer", problem, kUsage); }
 
 struct Options {
   std::string model;
@@ -116,32 +89,36 @@ struct Row {
 
 int main(int argc, char** argv) {
   Options o;
-  examples::CommandLine cli(argc, argv, usage);
-  while (cli.next()) {
-    const std::string& f = cli.flag();
-    if (f == "--model") o.model = cli.value();
-    else if (f == "--hidden") o.hidden = cli.integer<std::int64_t>(8, 8192);
-    else if (f == "--layers") o.layers = cli.integer<std::int64_t>(1, 256);
-    else if (f == "--experts") o.experts = cli.integer<std::int64_t>(1, 1024);
-    else if (f == "--top-k") o.top_k = cli.integer<std::int64_t>(1, 1024);
-    else if (f == "--ffn") o.ffn = cli.integer<std::int64_t>(1, 65536);
-    else if (f == "--skew") o.skew = cli.number({.min = 0, .max = 10});
-    else if (f == "--ranks") o.ranks = cli.integer<int>(1, 64);
-    else if (f == "--requests") o.requests = cli.integer<std::int64_t>(1, 1'000'000);
-    else if (f == "--rate") o.rate = cli.number({.min = 0, .max = 1e6, .min_open = true});
-    else if (f == "--bursty") o.bursty = true;
-    else if (f == "--burst") o.burst = cli.integer<std::int64_t>(1, 1'000'000);
-    else if (f == "--period") o.period = cli.number({.min = 0, .max = 1e6, .min_open = true});
-    else if (f == "--prompt") o.prompt_min = cli.integer<std::int64_t>(1, 1 << 20), o.prompt_max = cli.integer<std::int64_t>(1, 1 << 20);
-    else if (f == "--output") o.output_min = cli.integer<std::int64_t>(1, 1 << 20), o.output_max = cli.integer<std::int64_t>(1, 1 << 20);
-    else if (f == "--step-tokens") o.step_tokens = cli.integer<std::int64_t>(1, 1 << 20);
-    else if (f == "--policies") o.policies = cli.value();
-    else if (f == "--seed") o.seed = cli.integer<std::uint64_t>(0);
-    else if (f == "--budget") o.budget = cli.value();
-    else if (f == "--sensitivity") o.sensitivity = cli.value();
-    else if (f == "--alloc-t") o.alloc_t = true;
-    else cli.unknown();
-  }
+  examples::Flags flags("moe_infer", "Serves a request trace on p thread ranks under each MoE layout policy and "
+                                     "compares them.");
+  flags.text("--model", o.model, "Hugging Face model folder (default: synthetic Mixtral-shaped MoE)", "DIR");
+  flags.integer("--hidden", o.hidden, std::int64_t(8), std::int64_t(8192), "synthetic: hidden size");
+  flags.integer("--layers", o.layers, std::int64_t(1), std::int64_t(256), "synthetic: layers");
+  flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1024), "synthetic: experts");
+  flags.integer("--top-k", o.top_k, std::int64_t(1), std::int64_t(1024), "synthetic: experts per token");
+  flags.integer("--ffn", o.ffn, std::int64_t(1), std::int64_t(65536), "synthetic: expert width");
+  flags.number("--skew", o.skew, {.min = 0, .max = 10}, "synthetic: router skew");
+  flags.integer("--ranks", o.ranks, 1, 64, "thread ranks");
+  flags.integer("--requests", o.requests, std::int64_t(1), std::int64_t(1'000'000), "requests in the trace");
+  flags.number("--rate", o.rate, {.min = 0, .max = 1e6, .min_open = true}, "Poisson arrivals, requests/s");
+  flags.flag("--bursty", o.bursty, "bursts instead: --burst requests every --period seconds");
+  flags.integer("--burst", o.burst, std::int64_t(1), std::int64_t(1'000'000), "requests per burst");
+  flags.number("--period", o.period, {.min = 0, .max = 1e6, .min_open = true}, "seconds between bursts");
+  flags.integers("--prompt", o.prompt_min, o.prompt_max, std::int64_t(1), std::int64_t(1) << 20,
+                 "prompt length range MIN MAX");
+  flags.integers("--output", o.output_min, o.output_max, std::int64_t(1), std::int64_t(1) << 20,
+                 "output length range MIN MAX");
+  flags.integer("--step-tokens", o.step_tokens, std::int64_t(1), std::int64_t(1) << 20, "tokens per engine step");
+  flags.text("--policies", o.policies, "comma-separated subset of tp,ep,eplb,sort,ondemand,dynamic", "LIST");
+  flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(),
+                "trace and weights seed");
+  flags.text("--budget", o.budget,
+             "Alloc-MoE activation budget: a share (\"0.5\", \"50%\") of sum_l top-k or a count (\"3\")", "X");
+  flags.text("--sensitivity", o.sensitivity,
+             "Alloc-L: K_l from this sensitivity table (moe_budget --table); default uniform top-k", "FILE");
+  flags.flag("--alloc-t", o.alloc_t, "Alloc-T: the budget's K_l * T activations pooled over each chunk's T tokens");
+  flags.parse(argc, argv);
+  const auto usage = [&flags](const std::string& problem) { flags.fail(problem); };
   if (o.budget.empty() && (!o.sensitivity.empty() || o.alloc_t)) usage("--sensitivity and --alloc-t need --budget");
   if (o.prompt_min > o.prompt_max) usage(fmt::format("--prompt {} {}: the minimum exceeds the maximum", o.prompt_min, o.prompt_max));
   if (o.output_min > o.output_max) usage(fmt::format("--output {} {}: the minimum exceeds the maximum", o.output_min, o.output_max));

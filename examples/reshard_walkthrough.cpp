@@ -4,10 +4,12 @@
 //   reshard_walkthrough --ranks 3 --shape 2,7,3
 //   reshard_walkthrough --mesh dp=2,sp=2 --path "S0,R S0,S1 S0,Z1 S0,S2 R,R"
 //   reshard_walkthrough --strategies                      # the layouts each strategy computes in, per rank
+//   reshard_walkthrough --help                            # the flags (generated from parse())
 //
 // Element values are their global linear index, so each printed shard shows which part of the tensor it is. Each
 // step prints the collectives the planner chose, the bytes every rank sent, and checks that every rank holds exactly
 // the slice its layout names.
+#include "command_line.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/layout/reshard.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
@@ -27,19 +29,6 @@
 namespace pd = paradyse;
 
 namespace {
-
-constexpr const char* kUsage = R"(usage: reshard_walkthrough [--ranks N] [--shape D0,D1,...] [--mesh name=size,...] [--path "L1 L2 ..."]
-       reshard_walkthrough --strategies [--ranks N] [--shape B,S,H]
-
-  --ranks N      thread ranks (default 4); the default mesh is one axis sp=N
-  --shape S      the global tensor's shape (default 1,10,4: [batch, tokens, hidden])
-  --mesh M       named mesh axes, outermost first, e.g. dp=2,sp=2 (product = ranks)
-  --path P       layouts to visit, separated by spaces; each lists one placement per mesh axis, comma-separated:
-                 R (replicate), S<d> (shard dim d), Z<d> (zigzag shard of dim d), P (partial sum)
-                 default: "R S1 Z1 S2 R P S1 R" on the last mesh axis, the other axes replicating
-  --strategies   print the layouts every strategy's sublayers compute in, for activations [B, S, H] on N ranks
-                 (a layer with N heads of H / N, f = 4H), with each rank's local shape; no data moves
-)";
 
 std::vector<std::string> split(std::string_view text, char separator) {
   std::vector<std::string> parts;
@@ -132,34 +121,30 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&]() -> std::string {
-      pd::check(i + 1 < argc, "{} needs a value", arg);
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (arg == "--ranks") {
-      options.ranks = parse_int(value(), "--ranks");
-    } else if (arg == "--shape") {
-      const auto parts = split(value(), ',');
-      pd::check(!parts.empty() && parts.size() <= std::size_t(pd::kMaxRank), "--shape needs 1 to {} extents",
-                pd::kMaxRank);
-      std::vector<std::int64_t> extents;
-      for (const std::string& part : parts) extents.push_back(parse_int(part, "--shape extent"));
-      options.shape = shape_of(extents);
-    } else if (arg == "--mesh") {
-      options.mesh_text = value();
-    } else if (arg == "--path") {
-      options.path_text = value();
-    } else if (arg == "--strategies") {
-      options.strategies = true;
-    } else {
-      throw pd::Error(fmt::format("unknown argument '{}' (try --help)", arg));
-    }
-  }
+  std::string shape_text = "1,10,4";
+  pd::examples::Flags flags(
+      "reshard_walkthrough",
+      "Moves one tensor through a path of layouts on thread ranks and prints every rank's shard, or (--strategies) "
+      "the layouts each strategy computes in.");
+  flags.integer("--ranks", options.ranks, 1, (1 << 30) - 1, "thread ranks; the default mesh is one axis sp=N");
+  flags.text("--shape", shape_text, "the global tensor's shape ([batch, tokens, hidden])", "D0,D1,...");
+  flags.text("--mesh", options.mesh_text, "named mesh axes, outermost first, e.g. dp=2,sp=2 (product = ranks)",
+             "name=size,...");
+  flags.text("--path", options.path_text,
+             "layouts to visit, separated by spaces; each lists one placement per mesh axis, comma-separated: R "
+             "(replicate), S<d> (shard dim d), Z<d> (zigzag shard of dim d), P (partial sum). Default: \"R S1 Z1 S2 R "
+             "P S1 R\" on the last mesh axis, the other axes replicating",
+             "\"L1 L2 ...\"");
+  flags.flag("--strategies", options.strategies,
+             "print the layouts every strategy's sublayers compute in, for activations [B, S, H] on N ranks (a layer "
+             "with N heads of H / N, f = 4H), with each rank's local shape; no data moves");
+  flags.parse(argc, argv);
+  const auto parts = split(shape_text, ',');
+  pd::check(!parts.empty() && parts.size() <= std::size_t(pd::kMaxRank), "--shape needs 1 to {} extents",
+            pd::kMaxRank);
+  std::vector<std::int64_t> extents;
+  for (const std::string& part : parts) extents.push_back(parse_int(part, "--shape extent"));
+  options.shape = shape_of(extents);
   return options;
 }
 

@@ -5,9 +5,7 @@
 // that the gain of the high-dimensional space shows. --validate prints the performance model against Megatron-LM's
 // published runs (SC'21, Table 1) and what the search picks in their 3-D space and in the full space.
 //
-//   search_parallel --model gpt-175b|llama3-405b|mixtral-8x22b|deepseek-v3|FILE.json --devices N
-//                   --cluster dgx-a100|dgx-h100|ascend-supernode|FILE.json [--seq S] [--global-batch B]
-//                   [--space 3d|4d|7d] [--top K] [--validate]
+//   search_parallel --help    (the flags and their defaults, generated from main's statement of them)
 #include "command_line.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/validation.hpp"
@@ -34,19 +32,6 @@ struct Options {
   int top = 5;
   bool validate = false;
 };
-
-[[noreturn]] void usage(const std::string& problem) {
-  pd::examples::print_usage_and_exit(
-      "search_parallel", problem,
-      "usage: search_parallel [--model gpt-175b|llama3-405b|mixtral-8x22b|deepseek-v3|FILE.json] [--devices N]\n"
-      "                       [--cluster dgx-a100|dgx-h100|ascend-supernode|FILE.json] [--seq S]\n"
-      "                       [--global-batch B] [--space 3d|4d|7d] [--top K] [--validate]\n"
-      "defaults: --model mixtral-8x22b --devices 2048 --cluster ascend-supernode --seq 4096 --global-batch 1024\n"
-      "          --space 7d --top 5\n"
-      "A model file has the keys of a Hugging Face config.json; a cluster file is {name, peak_flops_per_s, device:\n"
-      "<hardware profile>, levels: [{name, domain_devices, alpha_s, bytes_per_s}]}.\n"
-      "--validate: the performance model against Megatron-LM's SC'21 Table 1, and the search in their space.\n");
-}
 
 bool is_json_file(const std::string& name) { return name.size() > 5 && name.substr(name.size() - 5) == ".json"; }
 
@@ -147,21 +132,21 @@ void validate_against_megatron() {
 
 int main(int argc, char** argv) {
   Options o;
-  pd::examples::CommandLine cli(argc, argv, usage);
-  while (cli.next()) {
-    if (cli.flag() == "--model") o.model = cli.value();
-    else if (cli.flag() == "--cluster") o.cluster = cli.value();
-    else if (cli.flag() == "--devices") o.devices = cli.integer<std::int64_t>(1, 1 << 24);
-    else if (cli.flag() == "--seq") o.seq = cli.integer<std::int64_t>(1, 1 << 24);
-    else if (cli.flag() == "--global-batch") o.global_batch = cli.integer<std::int64_t>(1, 1 << 24);
-    else if (cli.flag() == "--space") {
-      o.space = cli.value();
-      if (o.space != "3d" && o.space != "4d" && o.space != "7d")
-        cli.fail(fmt::format("--space expects 3d, 4d or 7d, got \"{}\"", o.space));
-    } else if (cli.flag() == "--top") o.top = cli.integer<int>(1, 1000);
-    else if (cli.flag() == "--validate") o.validate = true;
-    else cli.unknown();
-  }
+  pd::examples::Flags flags(
+      "search_parallel",
+      "Hypertron's search of the N-D parallel training space for a model on a cluster. A model file has the keys of "
+      "a Hugging Face config.json; a cluster file is {name, peak_flops_per_s, device: <hardware profile>, levels: "
+      "[{name, domain_devices, alpha_s, bytes_per_s}]}.");
+  flags.text("--model", o.model, "model preset or config.json file", "gpt-175b|llama3-405b|mixtral-8x22b|deepseek-v3|FILE.json");
+  flags.integer("--devices", o.devices, std::int64_t(1), std::int64_t(1) << 24, "devices");
+  flags.text("--cluster", o.cluster, "cluster preset or file", "dgx-a100|dgx-h100|ascend-supernode|FILE.json");
+  flags.integer("--seq", o.seq, std::int64_t(1), std::int64_t(1) << 24, "sequence length");
+  flags.integer("--global-batch", o.global_batch, std::int64_t(1), std::int64_t(1) << 24, "sequences per step");
+  flags.choice("--space", o.space, {"3d", "4d", "7d"}, "the largest space searched");
+  flags.integer("--top", o.top, 1, 1000, "configurations printed");
+  flags.flag("--validate", o.validate,
+             "the performance model against Megatron-LM's SC'21 Table 1, and the search in their space");
+  flags.parse(argc, argv);
   try {
     if (o.validate) {
       validate_against_megatron();
