@@ -72,7 +72,7 @@ Options parse(int argc, char** argv) {
   flags.integer("--reps", o.reps, 1, 1000, "repetitions per step (the median is printed)");
   flags.number("--cap-mib", o.cap_mib, {.min = 1, .max = double(std::int64_t(1) << 40)},
                "memory cap per rank in MiB (default: none)")
-      ->default_str("");
+      .without_default();
   flags.text("--profile", o.profile, "this machine's calibrated profile (default: calibrate)", "FILE.json");
   flags.parse(argc, argv);
   return o;

@@ -16,7 +16,6 @@
 // exits 2.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <cctype>
@@ -29,12 +28,19 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
+
+namespace CLI {
+class App;
+class Option;
+}
 
 namespace paradyse::examples {
 
@@ -89,115 +95,77 @@ inline bool parse_number(std::string_view text, const Interval& range, double& o
   return true;
 }
 
-// One program's flags (a CLI::App): stated once, parsed, and printed as the usage.
+// The error a flag's value check throws while Flags parses (Flags turns it into CLI11's validation error).
+struct FlagValueError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// What stating a flag returns: `.without_default()` keeps the usage from showing a default, for flags whose default
+// is derived from other flags (--kv-heads: default --heads).
+class FlagOption {
+public:
+  explicit FlagOption(CLI::Option* option) : option_(option) {}
+  FlagOption& without_default();
+
+private:
+  CLI::Option* option_;
+};
+
+// One program's flags (a CLI::App): stated once, parsed, and printed as the usage. CLI11 itself is compiled once, in
+// examples/command_line.cpp (the library paradyse_command_line that every program links): it is a large header, and
+// each program that included it paid about 10 s of compile time.
 class Flags {
 public:
-  Flags(std::string program, std::string description) : program_(std::move(program)), app_(std::move(description), program_) {
-    app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    app_.get_formatter()->column_width(34);
-  }
+  Flags(std::string program, std::string description);
+  ~Flags();
   Flags(const Flags&) = delete;
   Flags& operator=(const Flags&) = delete;
 
-  CLI::App& app() { return app_; }
   const std::string& program() const { return program_; }
 
   // An integer of type T in [min, max] (both inclusive).
   template <std::integral T>
-  CLI::Option* integer(const std::string& name, T& out, T min, T max, const std::string& help) {
+  FlagOption integer(const std::string& name, T& out, T min, T max, const std::string& help) {
     return value(name, help, fmt::format("INT in [{}, {}]", min, max), fmt::format("{}", out),
-                 [&out, min, max, name](const std::string& v) {
-                   if (!parse_integer(v, min, max, out))
-                     throw CLI::ValidationError(
-                         fmt::format("{} expects an integer in [{}, {}], got \"{}\"", name, min, max, v));
-                 });
+          [&out, min, max, name](const std::string& v) {
+            if (!parse_integer(v, min, max, out))
+              throw FlagValueError(fmt::format("{} expects an integer in [{}, {}], got \"{}\"", name, min, max, v));
+          });
   }
   // Two integers of type T in [min, max] after one flag (--prompt MIN MAX).
   template <std::integral T>
-  CLI::Option* integers(const std::string& name, T& first, T& second, T min, T max, const std::string& help) {
-    CLI::Option* o = app_.add_option_function<std::vector<std::string>>(
-        name,
-        [&first, &second, min, max, name](const std::vector<std::string>& v) {
-          T a{}, b{};
-          for (const std::string& x : v)
-            if (!parse_integer(x, min, max, a))
-              throw CLI::ValidationError(
-                  fmt::format("{} expects two integers in [{}, {}], got \"{}\"", name, min, max, x));
-          if (v.size() != 2) throw CLI::ValidationError(fmt::format("{} expects two integers", name));
-          (void)parse_integer(v[0], min, max, a);
-          (void)parse_integer(v[1], min, max, b);
-          first = a;
-          second = b;
-        },
-        help);
-    o->expected(2);
-    o->type_name(fmt::format("INT INT in [{}, {}]", min, max));
-    o->default_str(fmt::format("{} {}", first, second));
-    return o;
+  FlagOption integers(const std::string& name, T& first, T& second, T min, T max, const std::string& help) {
+    return values(name, help, 2, fmt::format("INT INT in [{}, {}]", min, max), fmt::format("{} {}", first, second),
+           [&first, &second, min, max, name](const std::vector<std::string>& v) {
+             if (v.size() != 2) throw FlagValueError(fmt::format("{} expects two integers", name));
+             T a{}, b{};
+             for (const auto& [x, into] : {std::pair{&v[0], &a}, std::pair{&v[1], &b}})
+               if (!parse_integer(*x, min, max, *into))
+                 throw FlagValueError(
+                     fmt::format("{} expects two integers in [{}, {}], got \"{}\"", name, min, max, *x));
+             first = a;
+             second = b;
+           });
   }
   // A finite number inside `range`.
-  CLI::Option* number(const std::string& name, double& out, const Interval& range, const std::string& help) {
-    return value(name, help, fmt::format("NUM in {}", range.describe()), fmt::format("{}", out),
-                 [&out, range, name](const std::string& v) {
-                   if (!parse_number(v, range, out))
-                     throw CLI::ValidationError(
-                         fmt::format("{} expects a finite number in {}, got \"{}\"", name, range.describe(), v));
-                 });
-  }
+  FlagOption number(const std::string& name, double& out, const Interval& range, const std::string& help);
   // Any text (a file name, a list parsed by the program).
-  CLI::Option* text(const std::string& name, std::string& out, const std::string& help,
-                    const std::string& type = "TEXT") {
-    return value(name, help, type, out, [&out](const std::string& v) { out = v; });
-  }
+  FlagOption text(const std::string& name, std::string& out, const std::string& help, const std::string& type = "TEXT");
   // One word of `choices`.
-  CLI::Option* choice(const std::string& name, std::string& out, std::vector<std::string> choices,
-                      const std::string& help) {
-    std::string names;
-    for (const std::string& c : choices) names += (names.empty() ? "" : "|") + c;
-    return value(name, help, names, out, [&out, choices, name, names](const std::string& v) {
-      for (const std::string& c : choices)
-        if (v == c) {
-          out = v;
-          return;
-        }
-      throw CLI::ValidationError(fmt::format("{} expects one of {}, got \"{}\"", name, names, v));
-    });
-  }
+  FlagOption choice(const std::string& name, std::string& out, std::vector<std::string> choices, const std::string& help);
   // One of two words: `out` is true for the first.
-  CLI::Option* choice(const std::string& name, bool& out, const std::string& first, const std::string& second,
-                      const std::string& help) {
-    return value(name, help, first + "|" + second, out ? first : second,
-                 [&out, first, second, name](const std::string& v) {
-                   if (v != first && v != second)
-                     throw CLI::ValidationError(fmt::format("{} expects {} or {}, got \"{}\"", name, first, second, v));
-                   out = v == first;
-                 });
-  }
+  FlagOption choice(const std::string& name, bool& out, const std::string& first, const std::string& second,
+              const std::string& help);
   // A flag without a value: sets `out` to true.
-  CLI::Option* flag(const std::string& name, bool& out, const std::string& help) {
-    return app_.add_flag_callback(name, [&out] { out = true; }, help);
-  }
+  FlagOption flag(const std::string& name, bool& out, const std::string& help);
   // A flag without a value that runs `action`.
-  CLI::Option* flag(const std::string& name, std::function<void()> action, const std::string& help) {
-    return app_.add_flag_callback(name, std::move(action), help);
-  }
+  FlagOption flag(const std::string& name, std::function<void()> action, const std::string& help);
 
   // The usage text, generated from the flags.
-  std::string usage() const { return app_.help(); }
+  std::string usage() const;
 
   // Parses; std::nullopt when the flags are good, "" for --help, else the problem.
-  std::optional<std::string> problem(int argc, const char* const* argv) {
-    try {
-      app_.parse(argc, argv);
-    } catch (const CLI::CallForHelp&) {
-      return std::string();
-    } catch (const CLI::ExtrasError& e) {
-      return fmt::format("{} (try --help)", e.what());
-    } catch (const CLI::ParseError& e) {
-      return std::string(e.what());
-    }
-    return std::nullopt;
-  }
+  std::optional<std::string> problem(int argc, const char* const* argv);
   // Parses, or exits: --help prints the usage and exits 0; a problem exits 2 (see print_usage_and_exit).
   void parse(int argc, const char* const* argv) {
     if (const std::optional<std::string> p = problem(argc, argv)) print_usage_and_exit(program_, *p, usage());
@@ -208,16 +176,15 @@ public:
   }
 
 private:
-  CLI::Option* value(const std::string& name, const std::string& help, const std::string& type,
-                     const std::string& default_text, std::function<void(const std::string&)> store) {
-    CLI::Option* o = app_.add_option_function<std::string>(name, std::move(store), help);
-    o->type_name(type);
-    if (!default_text.empty()) o->default_str(default_text);
-    return o;
-  }
+  // An option with one value (`count` values) of the given type text and default, checked and stored by `store`,
+  // which throws FlagValueError for a bad value.
+  FlagOption value(const std::string& name, const std::string& help, const std::string& type,
+             const std::string& default_text, std::function<void(const std::string&)> store);
+  FlagOption values(const std::string& name, const std::string& help, int count, const std::string& type,
+              const std::string& default_text, std::function<void(const std::vector<std::string>&)> store);
 
   std::string program_;
-  CLI::App app_;
+  std::unique_ptr<CLI::App> app_;
 };
 
 // The hand-rolled reader that programs not yet moved to Flags still use (their usage text is written by hand):

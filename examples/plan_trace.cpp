@@ -105,18 +105,18 @@ Options parse(int argc, char** argv) {
   flags.integer("--hidden", o.layer.hidden, std::int64_t(1), std::int64_t(1) << 20, "hidden size");
   flags.integer("--heads", o.layer.heads, std::int64_t(1), std::int64_t(1) << 16, "attention heads");
   flags.integer("--kv-heads", o.layer.kv_heads, std::int64_t(1), std::int64_t(1) << 16, "key/value heads (default: --heads)")
-      ->default_str("");
+      .without_default();
   flags.integer("--head-dim", o.layer.head_dim, std::int64_t(1), std::int64_t(1) << 16,
                 "head dimension (default: hidden / heads)")
-      ->default_str("");
+      .without_default();
   flags.integer("--ffn", o.layer.ffn, std::int64_t(1), std::int64_t(1) << 24, "FFN width (default: 4 x hidden)")
-      ->default_str("");
+      .without_default();
   flags.integer("--layers", o.layers, 1, 100'000, "layers on the node");
   flags.integer("--p", o.p, 1, 1024, "ranks (devices)");
   flags.integer("--batch", o.batch, std::int64_t(1), std::int64_t(1) << 20, "sequences per step");
   flags.number("--budget-gib", o.budget_gib, {.min = 0, .max = 1 << 20, .min_open = true},
                "memory budget per device in GiB (default: the profile's)")
-      ->default_str("");
+      .without_default();
   flags.number("--gamma", o.gamma, {.min = 0, .max = 1}, "the heuristic's gamma");
   flags.flag("--causal", [&o] { o.layer.causal = o.layer.zigzag = true; },  // causal ring attention runs zigzag
              "causal attention");
