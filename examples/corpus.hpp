@@ -38,7 +38,10 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <system_error>
 #include <vector>
+
+#include <unistd.h>  // getpid
 
 namespace corpus {
 
@@ -57,11 +60,21 @@ inline std::filesystem::path ensure_extracted(const std::filesystem::path& archi
                   "corpus: neither the folder {} nor the archive {} exists (run from the repository root, or pass "
                   "--corpus DIR)",
                   folder.string(), archive.string());
-  std::filesystem::create_directories(into);
+  // Extracted into a folder of this process's own, then renamed into place: the rename is atomic, so a process that
+  // finds `folder` finds it whole even while another one (a test running in parallel) is still extracting.
+  const std::filesystem::path staging = into / fmt::format(".{}.extracting.{}", folder_name, ::getpid());
+  std::filesystem::remove_all(staging);
+  std::filesystem::create_directories(staging);
   fmt::print("extracting {} into {}\n", archive.string(), into.string());
-  const std::string command = fmt::format("tar xJf '{}' -C '{}'", archive.string(), into.string());
+  const std::string command = fmt::format("tar xJf '{}' -C '{}'", archive.string(), staging.string());
   paradyse::check(std::system(command.c_str()) == 0, "corpus: '{}' failed", command);
-  paradyse::check(std::filesystem::is_directory(folder), "corpus: {} holds no folder {}", archive.string(), folder_name);
+  paradyse::check(std::filesystem::is_directory(staging / folder_name), "corpus: {} holds no folder {}",
+                  archive.string(), folder_name);
+  std::error_code moved;
+  std::filesystem::rename(staging / folder_name, folder, moved);  // fails when another process got there first
+  std::filesystem::remove_all(staging);
+  paradyse::check(std::filesystem::is_directory(folder), "corpus: could not move the extracted {} to {}: {}",
+                  folder_name, folder.string(), moved.message());
   return folder;
 }
 
