@@ -5,7 +5,10 @@
 // document, rows never see each other, positions restart in every row), on group sizes where short documents need
 // padding (p = 2, 3) against one rank without padding. Packed sequences (pack_sequences: the documents back to back
 // in one sequence, document-masked attention, RoPE restarting per document) train the same way on every strategy
-// and on the planner's plan, with documents of 1 and p - 1 tokens on p = 3 and 4.
+// and on the planner's plan, with documents of 1 and p - 1 tokens on p = 3 and 4. The MoE GPT (train_gpt --experts
+// --pack-documents) too: a packed sequence of documents of 1, 2, 3, 7 and 13 tokens gives the loss and every
+// gradient of every rank (attention, dense MLP, norms, router, experts, shared experts, embedding, head) of its
+// documents trained alone on the same ranks, on p = 3 and 4, under the MoE planner's plan and fixed mixes.
 #include "../../examples/corpus.hpp"
 
 #include "support/tolerance.hpp"
@@ -13,7 +16,9 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/model/gpt.hpp"
+#include "paradyse/moe/moe_strategies.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
+#include "paradyse/plan/moe_plan.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/strategy/strategies.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -44,6 +49,36 @@ std::vector<corpus::Document> documents_of(const std::vector<std::int64_t>& size
     docs.push_back({fmt::format("d{}", i), bytes});
   }
   return docs;
+}
+
+// One run's loss, counted tokens and rank 0's replicated gradient (the same on every rank), and on one rank the
+// layer gradients (the one-rank shards are the global weights).
+struct RunResult {
+  double loss = 0;
+  std::int64_t counted = 0;
+  std::vector<float> replicated_grad, layer_grad;
+};
+
+// What a padded or packed step must give: the token-weighted mean of its documents' results alone (`alone`: one
+// per window, indexed by the window's document), for the gradient `member`.
+struct DocumentsMean {
+  double loss = 0;
+  std::int64_t counted = 0;
+  std::vector<double> grad;
+};
+DocumentsMean documents_mean(const std::vector<RunResult>& alone, const corpus::Step& step,
+                             std::vector<float> RunResult::*member = &RunResult::replicated_grad) {
+  DocumentsMean mean;
+  mean.grad.assign((alone.at(step.rows.at(0).document).*member).size(), 0.0);
+  for (const corpus::Window& w : step.rows) {
+    const RunResult& a = alone.at(w.document);
+    mean.loss += a.loss * double(a.counted);
+    mean.counted += a.counted;
+    for (std::size_t i = 0; i < mean.grad.size(); ++i) mean.grad[i] += double((a.*member)[i]) * double(a.counted);
+  }
+  mean.loss /= double(mean.counted);
+  for (double& g : mean.grad) g /= double(mean.counted);
+  return mean;
 }
 
 }  // namespace
@@ -119,13 +154,8 @@ TEST_CASE("a padded, packed step trains as its documents alone: loss and gradien
   const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 3}, {2, 1, 7}, {3, 0, 13}};
 
   // One document alone on one rank, unpadded (zigzag needs 2 tokens: the 1-token one gets one padded token).
-  struct Result {
-    double loss = 0;
-    std::int64_t counted = 0;
-    std::vector<float> replicated_grad, layer_grad;  // rank 0's
-  };
   const auto run = [&](const corpus::Step& step, int p, const char* strategy) {
-    Result result;
+    RunResult result;
     std::vector<std::int32_t> inputs, targets;
     corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
     const std::int64_t rows = std::int64_t(step.rows.size()), s = step.length;
@@ -150,7 +180,7 @@ TEST_CASE("a padded, packed step trains as its documents alone: loss and gradien
     });
     return result;
   };
-  std::vector<Result> alone;
+  std::vector<RunResult> alone;
   for (const corpus::Window& w : windows) alone.push_back(run({{w}, std::max<std::int64_t>(w.length, 2)}, 1, "MegatronTS"));
 
   for (const int p : {2, 3})
@@ -163,34 +193,21 @@ TEST_CASE("a padded, packed step trains as its documents alone: loss and gradien
           CAPTURE(strategy);
           CAPTURE(step.rows.size());
           CAPTURE(step.length);
-          const Result got = run(step, p, strategy);
-          double loss = 0;
-          std::int64_t counted = 0;
-          std::vector<double> grad(got.replicated_grad.size(), 0.0);
-          for (const corpus::Window& w : step.rows) {
-            const Result& a = alone[w.document];
-            loss += a.loss * double(a.counted);
-            counted += a.counted;
-            for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += double(a.replicated_grad[i]) * double(a.counted);
-          }
-          for (double& g : grad) g /= double(counted);
-          CHECK(got.counted == counted);  // the padding is not counted
-          CHECK(got.loss == doctest::Approx(loss / double(counted)).epsilon(1e-5));
-          CHECK(testing::first_mismatch(std::span<const float>(got.replicated_grad), std::span<const double>(grad),
+          const RunResult got = run(step, p, strategy);
+          const DocumentsMean want = documents_mean(alone, step);
+          CHECK(got.counted == want.counted);  // the padding is not counted
+          CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-5));
+          CHECK(testing::first_mismatch(std::span<const float>(got.replicated_grad), std::span<const double>(want.grad),
                                         testing::kFloat32) == "");
         }
       }
   // The layer gradients too, on one rank: a packed step of all four against the documents alone.
   const corpus::Step all = corpus::pack_steps(windows, 1000, 2)[0];
   REQUIRE(all.rows.size() == windows.size());
-  const Result packed = run(all, 1, "MegatronTS");
-  std::vector<double> want(packed.layer_grad.size(), 0.0);
-  for (const corpus::Window& w : all.rows) {
-    const Result& a = alone[w.document];
-    for (std::size_t i = 0; i < want.size(); ++i)
-      want[i] += double(a.layer_grad[i]) * double(a.counted) / double(packed.counted);
-  }
-  CHECK(testing::first_mismatch(std::span<const float>(packed.layer_grad), std::span<const double>(want),
+  const RunResult packed = run(all, 1, "MegatronTS");
+  const DocumentsMean want = documents_mean(alone, all, &RunResult::layer_grad);
+  CHECK(packed.counted == want.counted);
+  CHECK(testing::first_mismatch(std::span<const float>(packed.layer_grad), std::span<const double>(want.grad),
                                 testing::kFloat32) == "");
 }
 
@@ -266,13 +283,8 @@ TEST_CASE("a packed sequence trains as its documents alone on every strategy, pl
   const std::vector<corpus::Document> docs = documents_of({2, 3, 4, 9, 14}, 17);
   // 1 token, 2 and 3 tokens (p - 1 for p = 3, 4), and two longer ones that span chunk boundaries.
   const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 2}, {2, 0, 3}, {3, 1, 7}, {4, 0, 13}};
-  struct Result {
-    double loss = 0;
-    std::int64_t counted = 0;
-    std::vector<float> replicated_grad;  // rank 0's (replicated: the same on every rank)
-  };
   const auto run = [&](const corpus::Step& step, int p, const StackPlan& plan) {
-    Result result;
+    RunResult result;
     std::vector<std::int32_t> inputs, targets;
     corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
     const std::vector<std::int64_t> starts = step.document_starts();
@@ -293,7 +305,7 @@ TEST_CASE("a packed sequence trains as its documents alone on every strategy, pl
     return result;
   };
   const StackPlan ts = uniform_plan<All>(2, "MegatronTS");
-  std::vector<Result> alone;  // each document alone on one rank (zigzag: at least 2 tokens, a 1-token one padded)
+  std::vector<RunResult> alone;  // each document alone on one rank (zigzag: at least 2 tokens, a 1-token one padded)
   for (const corpus::Window& w : windows) alone.push_back(run({{w}, std::max<std::int64_t>(w.length, 2)}, 1, ts));
 
   const cost::HardwareProfile hardware = cost::a100_sxm4_80gb_x8();
@@ -307,27 +319,160 @@ TEST_CASE("a packed sequence trains as its documents alone on every strategy, pl
       std::vector<StackPlan> plans{plan::stack_plan<All>(planned), {{0, 2}, {3, 4}}};  // the plan, and a mix
       for (const std::string_view name : {"MegatronTS", "MegatronCZ", "UlyssesZ", "ColossalZ", "METP"})
         plans.push_back(uniform_plan<All>(2, name));
-      double loss = 0;
-      std::int64_t counted = 0;
-      std::vector<double> grad(alone[0].replicated_grad.size(), 0.0);
-      for (const corpus::Window& w : step.rows) {
-        const Result& a = alone[w.document];
-        loss += a.loss * double(a.counted);
-        counted += a.counted;
-        for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += double(a.replicated_grad[i]) * double(a.counted);
-      }
-      for (double& g : grad) g /= double(counted);
+      const DocumentsMean want = documents_mean(alone, step);
       for (std::size_t k = 0; k < plans.size(); ++k) {
         CAPTURE(p);
         CAPTURE(k);
         CAPTURE(step.length);
         CAPTURE(fmt::format("{}", fmt::join(step.document_starts(), ",")));
-        const Result got = run(step, p, plans[k]);
-        CHECK(got.counted == counted);
-        CHECK(got.loss == doctest::Approx(loss / double(counted)).epsilon(1e-5));
-        CHECK(testing::first_mismatch(std::span<const float>(got.replicated_grad), std::span<const double>(grad),
+        const RunResult got = run(step, p, plans[k]);
+        CHECK(got.counted == want.counted);
+        CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-5));
+        CHECK(testing::first_mismatch(std::span<const float>(got.replicated_grad), std::span<const double>(want.grad),
                                       testing::kFloat32) == "");
       }
     }
+  }
+}
+
+TEST_CASE("an MoE GPT trains a packed sequence as its documents alone: the loss and every gradient of every rank "
+          "(attention, dense MLP, norms, router, experts, shared experts, embedding, head), p = 3 and 4") {
+  using All = AllStrategies<>;
+  using MoeModel = Gpt<All>;
+  GptConfig c;
+  c.layer = LayerConfig::make(48, 12);  // heads divisible by p = 3, 4
+  c.layer.causal = c.layer.zigzag = c.layer.rope = true;
+  c.layer.norm = NormKind::rms_norm;
+  c.layer.activation = Activation::swiglu;
+  c.layers = 2;
+  c.vocab = 256;
+  MoeConfig m;
+  m.hidden = 48;
+  m.experts = 5;  // uneven over p = 3 and 4
+  m.top_k = 2;
+  m.expert_ffn = 8;
+  m.norm_topk_prob = true;
+  m.shared_experts = 1;
+  m.shared_ffn = 8;
+  m.shared_gate = true;
+  // No router losses here: the load-balancing loss is a statistic of the whole batch (the fraction of ALL its tokens
+  // routed to each expert), not a sum over documents, and both it and the z-loss see the padding tokens; the MoE FFN
+  // itself is per token (dropless), so packing must not change a document's loss or gradients.
+  c.moe = MoeLayers{m, 1};  // layer 0 dense, layer 1 MoE
+  const std::vector<corpus::Document> docs = documents_of({2, 3, 4, 8, 14}, 29);
+  const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 2}, {2, 0, 3}, {3, 0, 7}, {4, 0, 13}};
+
+  // Every gradient every rank holds, named, rank by rank (the expert shards differ per rank).
+  struct Gradients {
+    double loss = 0;
+    std::int64_t counted = 0;
+    std::vector<std::string> names;
+    std::vector<std::vector<float>> values;
+  };
+  const auto run = [&](const corpus::Step& step, int p, const StackPlan& plan) {
+    std::vector<std::int32_t> inputs, targets;
+    corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+    const std::vector<std::int64_t> starts = step.document_starts();
+    std::vector<Gradients> per_rank(static_cast<std::size_t>(p));
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      const int r = comm.rank();
+      BufferPool pool;
+      MoeModel model(c, p, r, 31);
+      const SequenceLayout layout(step.length, p, c.layer.zigzag);
+      const Tensor<std::int32_t> x = shard_tokens(inputs, step.sequences(), layout, r);
+      const Tensor<std::int32_t> y = shard_tokens(targets, step.sequences(), layout, r);
+      model.zero_gradients();
+      const GptStepResult out = model.forward_backward(comm, pool, plan, step.length, x.view(), y.view(), starts);
+      Gradients& mine = per_rank[std::size_t(r)];
+      mine.loss = out.loss;
+      mine.counted = out.counted;
+      const auto add = [&](std::string name, const Tensor<float>& t) {
+        mine.names.push_back(fmt::format("rank {} {}", r, name));
+        mine.values.emplace_back(t.span().begin(), t.span().end());
+      };
+      for (int l = 0; l < c.layers; ++l) {
+        const LayerWeights& g = model.stack().gradients()[std::size_t(l)];
+        add(fmt::format("layer {} attention", l), g.attention.packed);
+        add(fmt::format("layer {} norms", l), g.norms.packed);
+        if (!model.stack().is_moe_layer(l)) {
+          add(fmt::format("layer {} dense mlp", l), g.mlp.packed);
+          continue;
+        }
+        const MoeShard& e = model.stack().moe_gradients()[std::size_t(l)];
+        add(fmt::format("layer {} router", l), e.router);
+        add(fmt::format("layer {} experts in", l), e.expert_in);
+        add(fmt::format("layer {} experts out", l), e.expert_out);
+        add(fmt::format("layer {} shared in", l), e.shared_in);
+        add(fmt::format("layer {} shared out", l), e.shared_out);
+        add(fmt::format("layer {} shared gate", l), e.shared_gate);
+      }
+      add("embedding, head, final norm", model.replicated_gradient());
+    });
+    Gradients all = per_rank[0];
+    for (std::size_t r = 1; r < per_rank.size(); ++r) {
+      all.names.insert(all.names.end(), per_rank[r].names.begin(), per_rank[r].names.end());
+      all.values.insert(all.values.end(), per_rank[r].values.begin(), per_rank[r].values.end());
+    }
+    return all;
+  };
+  const auto choice = [](std::string_view attention, std::string_view mlp, std::string_view moe) {
+    return SublayerChoice{All::index_of(attention), All::index_of(mlp), MoeStrategies<>::index_of(moe)};
+  };
+  const cost::HardwareProfile hardware = cost::a100_sxm4_80gb_x8();
+  for (const int p : {3, 4}) {
+    CAPTURE(p);
+    // Each document alone on the same p ranks (padded at its end to the group's minimum of 2p tokens).
+    std::vector<Gradients> alone;
+    for (const corpus::Window& w : windows)
+      alone.push_back(run({{w}, std::max<std::int64_t>(w.length, 2 * p)}, p,
+                          StackPlan(2, choice("MegatronTS", "MegatronTS", "ExpertParallel"))));
+    const std::vector<corpus::Step> steps = corpus::pack_sequences(windows, 17, 2 * p);
+    REQUIRE(steps.size() >= 2);
+    for (const corpus::Step& step : steps) {
+      CAPTURE(fmt::format("{}", fmt::join(step.document_starts(), ",")));
+      // The planner's plan for the packed step (the MoE cost table of its documents), and fixed mixes.
+      const plan::MoeGptCosts<MoeModel> costs{c, p, &hardware};
+      const plan::MoePlan planned = plan::plan_moe_exact(
+          plan::build_moe_cost_table(c, hardware, p, plan::Batch::packed(step.document_lengths()), {4, 4, 8},
+                                     costs.extra_bytes(step.length)),
+          std::int64_t(1) << 40);
+      const std::vector<StackPlan> plans{
+          planned.stack_plan<All>(),
+          StackPlan(2, choice("UlyssesZ", "UlyssesZ", "ExpertTensorParallel")),
+          StackPlan(2, choice("METP", "METP", "ExpertParallel")),
+          {choice("MegatronCZ", "ColossalZ", "ExpertParallel"), choice("ColossalZ", "MegatronTS", "ExpertTensorParallel")}};
+      // The token-weighted mean of the documents alone.
+      double loss = 0;
+      std::int64_t counted = 0;
+      std::vector<std::vector<double>> want;
+      for (const std::vector<float>& v : alone[0].values) want.emplace_back(v.size(), 0.0);
+      for (const corpus::Window& w : step.rows) {
+        const Gradients& a = alone[w.document];
+        loss += a.loss * double(a.counted);
+        counted += a.counted;
+        for (std::size_t t = 0; t < want.size(); ++t)
+          for (std::size_t i = 0; i < want[t].size(); ++i) want[t][i] += double(a.values[t][i]) * double(a.counted);
+      }
+      for (std::vector<double>& v : want)
+        for (double& g : v) g /= double(counted);
+      for (std::size_t k = 0; k < plans.size(); ++k) {
+        CAPTURE(k);
+        const Gradients got = run(step, p, plans[k]);
+        CHECK(got.counted == counted);
+        CHECK(got.loss == doctest::Approx(loss / double(counted)).epsilon(1e-5));
+        REQUIRE(got.names == alone[0].names);
+        for (std::size_t t = 0; t < want.size(); ++t) {
+          CAPTURE(got.names[t]);
+          CHECK(testing::first_mismatch(std::span<const float>(got.values[t]), std::span<const double>(want[t]),
+                                        testing::kFloat32) == "");
+        }
+      }
+    }
+    // The comparison can fail: the router and the experts do receive gradient.
+    for (std::size_t t = 0; t < alone[4].names.size(); ++t)
+      if (alone[4].names[t].ends_with("router") || alone[4].names[t].ends_with("experts in")) {
+        CAPTURE(alone[4].names[t]);
+        CHECK(std::ranges::any_of(alone[4].values[t], [](float g) { return g != 0.0f; }));
+      }
   }
 }
