@@ -486,6 +486,40 @@ std::vector<float> optimizer_state_of(Model& model) {
   return out;
 }
 
+// One rank's stop-and-resume: `total` steps uninterrupted; then k steps in a model of the same seed, saved to path
+// with `save`; then resumed from path in a model drawn from another seed, for the remaining steps. state_of(model)
+// reads the state compared bitwise after both runs.
+struct StopAndResume {
+  std::vector<double> straight, resumed;   // losses: steps 0..total, and k..total
+  std::vector<float> straight_state, resumed_state;
+  std::int64_t resumed_steps = -1;         // the resumed model's steps_taken() right after loading
+};
+
+template <class StateOf>
+StopAndResume stop_and_resume(const GptConfig& c, ThreadCommunicator& comm, BufferPool& pool, int total, int k,
+                              const std::string& path, const CheckpointSaveOptions& save, StateOf state_of) {
+  const int p = comm.size(), r = comm.rank();
+  StopAndResume out;
+  {  // uninterrupted
+    Model model(c, p, r, 7);
+    out.straight = train_steps(model, comm, pool, 0, total);
+    out.straight_state = state_of(model);
+  }
+  {  // stopped after k steps
+    Model model(c, p, r, 7);
+    train_steps(model, comm, pool, 0, k);
+    save_checkpoint(comm, model, path, save);
+  }
+  {  // resumed in a model drawn from another seed
+    Model model(c, p, r, 12345);
+    load_checkpoint(model, path, {.optimizer_state = true});
+    out.resumed_steps = model.steps_taken();
+    out.resumed = train_steps(model, comm, pool, k, total);
+    out.resumed_state = state_of(model);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("checkpoint: a run stopped at step k and resumed from its checkpoint gives the uninterrupted losses, bit for bit") {
@@ -501,25 +535,13 @@ TEST_CASE("checkpoint: a run stopped at step k and resumed from its checkpoint g
       run_ranks(p, [&](ThreadCommunicator& comm) {
         const int r = comm.rank();
         BufferPool pool;
-        {  // uninterrupted
-          Model model(c, p, r, 7);
-          const std::vector<double> losses = train_steps(model, comm, pool, 0, total);
-          if (r == 0) straight = losses;
-          straight_state[std::size_t(r)] = optimizer_state_of(model);
-        }
-        {  // stopped after k steps: saved with the optimizer state and the caller's metadata
-          Model model(c, p, r, 7);
-          train_steps(model, comm, pool, 0, k);
-          save_checkpoint(comm, model, path, {.optimizer_state = true, .extra = {{"train.next_step", "2"}}});
-        }
-        {  // resumed in a model drawn from another seed
-          Model model(c, p, r, 12345);
-          load_checkpoint(model, path, {.optimizer_state = true});
-          resumed_steps[std::size_t(r)] = model.steps_taken();
-          const std::vector<double> losses = train_steps(model, comm, pool, k, total);
-          if (r == 0) resumed = losses;
-          resumed_state[std::size_t(r)] = optimizer_state_of(model);
-        }
+        const StopAndResume run =
+            stop_and_resume(c, comm, pool, total, k, path, {.optimizer_state = true, .extra = {{"train.next_step", "2"}}},
+                            [](Model& model) { return optimizer_state_of(model); });
+        if (r == 0) straight = run.straight, resumed = run.resumed;
+        straight_state[std::size_t(r)] = run.straight_state;
+        resumed_state[std::size_t(r)] = run.resumed_state;
+        resumed_steps[std::size_t(r)] = run.resumed_steps;
         {  // the weights alone (AdamW restarted): a different continuation, so the moments are what made it exact
           Model model(c, p, r, 12345);
           load_checkpoint(model, path);
@@ -599,24 +621,12 @@ TEST_CASE("checkpoint: an MoE GPT (router, routed and shared experts) resumes bi
   run_ranks(p, [&](ThreadCommunicator& comm) {
     const int r = comm.rank();
     BufferPool pool;
-    {  // uninterrupted
-      Model model(c, p, r, 7);
-      const std::vector<double> losses = train_steps(model, comm, pool, 0, total);
-      if (r == 0) straight = losses;
-      straight_state[std::size_t(r)] = moe_state_of(model);
-    }
-    {  // stopped after k steps
-      Model model(c, p, r, 7);
-      train_steps(model, comm, pool, 0, k);
-      save_checkpoint(comm, model, path, {.optimizer_state = true});
-    }
-    {  // resumed in a model drawn from another seed
-      Model model(c, p, r, 12345);
-      load_checkpoint(model, path, {.optimizer_state = true});
-      const std::vector<double> losses = train_steps(model, comm, pool, k, total);
-      if (r == 0) resumed = losses;
-      resumed_state[std::size_t(r)] = moe_state_of(model);
-    }
+    const StopAndResume run = stop_and_resume(c, comm, pool, total, k, path, {.optimizer_state = true, .extra = {}},
+                                              [](Model& model) { return moe_state_of(model); });
+    if (r == 0) straight = run.straight, resumed = run.resumed;
+    straight_state[std::size_t(r)] = run.straight_state;
+    resumed_state[std::size_t(r)] = run.resumed_state;
+    CHECK(run.resumed_steps == k);
   });
   REQUIRE(resumed.size() == std::size_t(total - k));
   for (int i = k; i < total; ++i) CHECK(resumed[std::size_t(i - k)] == straight[std::size_t(i)]);  // bitwise
@@ -626,7 +636,7 @@ TEST_CASE("checkpoint: an MoE GPT (router, routed and shared experts) resumes bi
   run_ranks(4, [&](ThreadCommunicator& comm) {
     Model model(c, 4, comm.rank(), 99);
     load_checkpoint(model, path, {.optimizer_state = true});
-    save_checkpoint(comm, model, moved, {.optimizer_state = true});
+    save_checkpoint(comm, model, moved, {.optimizer_state = true, .extra = {}});
   });
   Model first(c, 1, 0, 5), second(c, 1, 0, 6);
   load_checkpoint(first, path, {.optimizer_state = true});

@@ -169,6 +169,72 @@ std::vector<GeluStage> make_stages(const Problem& problem, int stages, int layer
   return out;
 }
 
+// A problem of `layers` [h, h] weights and m micro-batches, drawn from rng, with its float copies of the inputs and
+// targets and the loss gradient dy = y - target.
+struct Batches {
+  Problem problem;
+  std::vector<Tensor<float>> inputs, targets;
+
+  Batches(int layers, int m, Rng& rng) {
+    for (int l = 0; l < layers; ++l) problem.weights.push_back(random_values(std::size_t(kWidth * kWidth), rng, 0.4));
+    for (int i = 0; i < m; ++i) {
+      problem.inputs.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
+      problem.targets.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
+      Tensor<float> x(Shape{2, 3, kWidth}), t(Shape{2, 3, kWidth});
+      for (std::int64_t k = 0; k < x.numel(); ++k) {
+        x.data()[k] = float(problem.inputs.back()[std::size_t(k)]);
+        t.data()[k] = float(problem.targets.back()[std::size_t(k)]);
+      }
+      inputs.push_back(std::move(x));
+      targets.push_back(std::move(t));
+    }
+  }
+  void loss_gradient(int i, TensorView<const float> y, TensorView<float> dy) const {
+    for (std::int64_t k = 0; k < y.numel(); ++k) dy.data()[k] = y.data()[k] - targets[std::size_t(i)].data()[k];
+  }
+  // The PipelineIo of these batches; each micro-batch's input gradient lands in input_gradients.
+  PipelineIo io(std::vector<std::vector<float>>& input_gradients) const {
+    PipelineIo io;
+    io.input = [this](int i) { return TensorView<const float>(inputs[std::size_t(i)].view()); };
+    io.loss_gradient = [this](int i, TensorView<const float> y, TensorView<float> dy) { loss_gradient(i, y, dy); };
+    io.input_gradient = [&input_gradients](int i, TensorView<const float> dx) {
+      input_gradients[std::size_t(i)].assign(dx.data(), dx.data() + dx.numel());
+    };
+    return io;
+  }
+};
+
+// Unpipelined, on one thread: every micro-batch forward through all stages in order, then backward; checks that
+// each micro-batch's input gradient equals the pipelined run's bitwise. Returns the stages with their gradients.
+std::vector<GeluStage> run_unpipelined(const Batches& batches, int stages, int layers_per_stage,
+                                       const std::vector<std::vector<float>>& pipelined_input_gradients) {
+  std::vector<GeluStage> plain = make_stages(batches.problem, stages, layers_per_stage);
+  const int m = int(batches.inputs.size());
+  std::vector<std::vector<GeluStage::Saved>> saved(static_cast<std::size_t>(m));
+  std::vector<Tensor<float>> outputs;
+  for (int i = 0; i < m; ++i) {
+    Tensor<float> current = Tensor<float>::copy_of(batches.inputs[std::size_t(i)].view());
+    for (GeluStage& stage : plain) {
+      Tensor<float> y(current.shape());
+      saved[std::size_t(i)].push_back(stage.forward(i, current.view(), y.view()));
+      current = std::move(y);
+    }
+    outputs.push_back(std::move(current));
+  }
+  for (int i = 0; i < m; ++i) {
+    Tensor<float> g(outputs[std::size_t(i)].shape());
+    batches.loss_gradient(i, outputs[std::size_t(i)].view(), g.view());
+    for (int s = stages; s-- > 0;) {
+      Tensor<float> dx(g.shape());
+      plain[std::size_t(s)].backward(i, saved[std::size_t(i)][std::size_t(s)], g.view(), dx.view());
+      g = std::move(dx);
+    }
+    const auto& piped = pipelined_input_gradients[std::size_t(i)];
+    CHECK(std::equal(piped.begin(), piped.end(), g.data()));
+  }
+  return plain;
+}
+
 }  // namespace
 
 TEST_CASE("run_pipeline: p stages x m micro-batches give the float64 reference's gradients, and bitwise the unpipelined run's") {
@@ -176,64 +242,17 @@ TEST_CASE("run_pipeline: p stages x m micro-batches give the float64 reference's
   for (int p : {1, 2, 3, 4})
     for (int m : {1, 3, 5}) {
       Rng rng(std::uint64_t(100 * p + m));
-      Problem problem;
-      for (int l = 0; l < p * layers_per_stage; ++l) problem.weights.push_back(random_values(std::size_t(kWidth * kWidth), rng, 0.4));
-      for (int i = 0; i < m; ++i) {
-        problem.inputs.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
-        problem.targets.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
-      }
-      std::vector<Tensor<float>> inputs, targets;
-      for (int i = 0; i < m; ++i) {
-        Tensor<float> x(Shape{2, 3, kWidth}), t(Shape{2, 3, kWidth});
-        for (std::int64_t k = 0; k < x.numel(); ++k) {
-          x.data()[k] = float(problem.inputs[std::size_t(i)][std::size_t(k)]);
-          t.data()[k] = float(problem.targets[std::size_t(i)][std::size_t(k)]);
-        }
-        inputs.push_back(std::move(x));
-        targets.push_back(std::move(t));
-      }
-      auto loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
-        for (std::int64_t k = 0; k < y.numel(); ++k) dy.data()[k] = y.data()[k] - targets[std::size_t(i)].data()[k];
-      };
+      const Batches batches(p * layers_per_stage, m, rng);
 
       // Pipelined: rank s of p threads is stage s.
-      std::vector<GeluStage> pipelined = make_stages(problem, p, layers_per_stage);
+      std::vector<GeluStage> pipelined = make_stages(batches.problem, p, layers_per_stage);
       std::vector<std::vector<float>> input_gradients(static_cast<std::size_t>(m));
       run_ranks(p, [&](ThreadCommunicator& comm) {
-        PipelineIo io;
-        io.input = [&](int i) { return TensorView<const float>(inputs[std::size_t(i)].view()); };
-        io.loss_gradient = loss_gradient;
-        io.input_gradient = [&](int i, TensorView<const float> dx) {
-          input_gradients[std::size_t(i)].assign(dx.data(), dx.data() + dx.numel());
-        };
-        run_pipeline(comm, pipelined[std::size_t(comm.rank())], m, Shape{2, 3, kWidth}, io);
+        run_pipeline(comm, pipelined[std::size_t(comm.rank())], m, Shape{2, 3, kWidth}, batches.io(input_gradients));
       });
+      const std::vector<GeluStage> plain = run_unpipelined(batches, p, layers_per_stage, input_gradients);
 
-      // Unpipelined: every micro-batch forward through all stages, then backward in order, on one thread.
-      std::vector<GeluStage> plain = make_stages(problem, p, layers_per_stage);
-      std::vector<std::vector<GeluStage::Saved>> saved(static_cast<std::size_t>(m));
-      std::vector<Tensor<float>> outputs;
-      for (int i = 0; i < m; ++i) {
-        Tensor<float> current = Tensor<float>::copy_of(inputs[std::size_t(i)].view());
-        for (GeluStage& stage : plain) {
-          Tensor<float> y(current.shape());
-          saved[std::size_t(i)].push_back(stage.forward(i, current.view(), y.view()));
-          current = std::move(y);
-        }
-        outputs.push_back(std::move(current));
-      }
-      for (int i = 0; i < m; ++i) {
-        Tensor<float> g(outputs[std::size_t(i)].shape());
-        loss_gradient(i, outputs[std::size_t(i)].view(), g.view());
-        for (int s = p; s-- > 0;) {
-          Tensor<float> dx(g.shape());
-          plain[std::size_t(s)].backward(i, saved[std::size_t(i)][std::size_t(s)], g.view(), dx.view());
-          g = std::move(dx);
-        }
-        CHECK(std::equal(input_gradients[std::size_t(i)].begin(), input_gradients[std::size_t(i)].end(), g.data()));
-      }
-
-      const auto want = reference_gradients(problem);
+      const auto want = reference_gradients(batches.problem);
       for (int s = 0; s < p; ++s)
         for (int l = 0; l < layers_per_stage; ++l) {
           INFO("p=", p, " m=", m, " stage ", s, " layer ", l);
@@ -314,69 +333,21 @@ TEST_CASE("run_interleaved_pipeline: p ranks x v chunks x m micro-batches give t
       for (int m : {p, 2 * p}) {
         const int stages = p * v;
         Rng rng(std::uint64_t(1000 + 100 * p + 10 * v + m));
-        Problem problem;
-        for (int l = 0; l < stages * layers_per_stage; ++l)
-          problem.weights.push_back(random_values(std::size_t(kWidth * kWidth), rng, 0.4));
-        for (int i = 0; i < m; ++i) {
-          problem.inputs.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
-          problem.targets.push_back(random_values(std::size_t(kRows * kWidth), rng, 1.0));
-        }
-        std::vector<Tensor<float>> inputs, targets;
-        for (int i = 0; i < m; ++i) {
-          Tensor<float> x(Shape{2, 3, kWidth}), t(Shape{2, 3, kWidth});
-          for (std::int64_t k = 0; k < x.numel(); ++k) {
-            x.data()[k] = float(problem.inputs[std::size_t(i)][std::size_t(k)]);
-            t.data()[k] = float(problem.targets[std::size_t(i)][std::size_t(k)]);
-          }
-          inputs.push_back(std::move(x));
-          targets.push_back(std::move(t));
-        }
-        auto loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
-          for (std::int64_t k = 0; k < y.numel(); ++k) dy.data()[k] = y.data()[k] - targets[std::size_t(i)].data()[k];
-        };
+        const Batches batches(stages * layers_per_stage, m, rng);
 
         // Virtual stage vs (all stages in order); rank r holds chunks vs = c * p + r.
-        std::vector<GeluStage> pipelined = make_stages(problem, stages, layers_per_stage);
+        std::vector<GeluStage> pipelined = make_stages(batches.problem, stages, layers_per_stage);
         std::vector<std::vector<float>> input_gradients(static_cast<std::size_t>(m));
         std::vector<std::vector<GeluStage>> per_rank(static_cast<std::size_t>(p));
         for (int r = 0; r < p; ++r)
           for (int c = 0; c < v; ++c) per_rank[std::size_t(r)].push_back(std::move(pipelined[std::size_t(c * p + r)]));
         run_ranks(p, [&](ThreadCommunicator& comm) {
-          PipelineIo io;
-          io.input = [&](int i) { return TensorView<const float>(inputs[std::size_t(i)].view()); };
-          io.loss_gradient = loss_gradient;
-          io.input_gradient = [&](int i, TensorView<const float> dx) {
-            input_gradients[std::size_t(i)].assign(dx.data(), dx.data() + dx.numel());
-          };
           run_interleaved_pipeline(comm, std::span<GeluStage>(per_rank[std::size_t(comm.rank())]), m,
-                                   Shape{2, 3, kWidth}, io);
+                                   Shape{2, 3, kWidth}, batches.io(input_gradients));
         });
+        const std::vector<GeluStage> plain = run_unpipelined(batches, stages, layers_per_stage, input_gradients);
 
-        // Unpipelined: every micro-batch forward through all virtual stages, then backward in order.
-        std::vector<GeluStage> plain = make_stages(problem, stages, layers_per_stage);
-        std::vector<std::vector<GeluStage::Saved>> saved(static_cast<std::size_t>(m));
-        std::vector<Tensor<float>> outputs;
-        for (int i = 0; i < m; ++i) {
-          Tensor<float> current = Tensor<float>::copy_of(inputs[std::size_t(i)].view());
-          for (GeluStage& stage : plain) {
-            Tensor<float> y(current.shape());
-            saved[std::size_t(i)].push_back(stage.forward(i, current.view(), y.view()));
-            current = std::move(y);
-          }
-          outputs.push_back(std::move(current));
-        }
-        for (int i = 0; i < m; ++i) {
-          Tensor<float> g(outputs[std::size_t(i)].shape());
-          loss_gradient(i, outputs[std::size_t(i)].view(), g.view());
-          for (int s = stages; s-- > 0;) {
-            Tensor<float> dx(g.shape());
-            plain[std::size_t(s)].backward(i, saved[std::size_t(i)][std::size_t(s)], g.view(), dx.view());
-            g = std::move(dx);
-          }
-          CHECK(std::equal(input_gradients[std::size_t(i)].begin(), input_gradients[std::size_t(i)].end(), g.data()));
-        }
-
-        const auto want = reference_gradients(problem);
+        const auto want = reference_gradients(batches.problem);
         for (int vs = 0; vs < stages; ++vs)
           for (int l = 0; l < layers_per_stage; ++l) {
             INFO("p=", p, " v=", v, " m=", m, " virtual stage ", vs, " layer ", l);
