@@ -13,6 +13,9 @@
 // step time, the busiest rank's rows over the mean, bytes fetched, and the time spent waiting on the fetch messages
 // (summed over the ranks); hidden = 1 - overlapped wait / at-once wait. Twice: with the thread ranks' plain copies,
 // and with point-to-point messages paced to an emulated 1 GB/s link (comm/threads_detail.hpp, LinkPacing).
+//
+//   moe_serving [--p P] [--reps R]     P thread ranks (default 2), R timed repetitions per point (default 5)
+//   moe_serving --help                (the flags, generated)
 #include "bench_usage.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -26,7 +29,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -35,12 +37,6 @@ using namespace paradyse::serve;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr std::string_view kUsage = R"(usage: moe_serving [P] [REPS]
-MoE serving: one decoder step against batch size in TP and EP layouts on P thread ranks (default 2) against one
-rank, the crossover batch, and the exposed time of a TP -> EP switch against its bytes. REPS (default 5) timed
-repetitions per point; medians are printed.
-)";
 
 double median(std::vector<double> x) {
   std::sort(x.begin(), x.end());
@@ -128,13 +124,13 @@ std::vector<EpPoint> ep_steps(const LoadedDecoder& m, int p, std::int64_t batch,
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::exit_with_usage_on_help(argc, argv, kUsage);
-  const int p = argc > 1 ? std::atoi(argv[1]) : 2;
-  const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
-  if (p < 1 || p > 8 || reps < 1 || reps > 1000) {
-    fmt::print(stderr, "moe_serving: P = {} must be in [1, 8] and REPS = {} in [1, 1000]\n{}", p, reps, kUsage);
-    return 2;
-  }
+  int p = 2, reps = 5;
+  bench::Flags flags("moe_serving", "MoE serving: one decoder step against batch size in TP and EP layouts on p "
+                                    "thread ranks against one rank, the crossover batch, the exposed time of a TP -> EP "
+                                    "switch against its bytes, and on-demand expert loading's fetch wait.");
+  flags.integer("--p", p, 1, 8, "thread ranks");
+  flags.integer("--reps", reps, 1, 1000, "timed repetitions per point (medians are printed)");
+  flags.parse(argc, argv);
   const DecoderConfig c = synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024);
   const LoadedDecoder m = synthetic_decoder(c, 1);
   const MachineRates rates = measure_machine_rates(c.moe, p);

@@ -4,11 +4,13 @@
 // p in {1, 2, 3, 4} gives the reference's greedy tokens; Alloc-MoE budgets (the full budget gives the unbudgeted
 // tokens; B activations per token; the same tokens on every p and mode; Alloc-T per chunk); the work pieces and the
 // fetch directory; seeded sampling; the paged cache; the layout redistribution round trip; EPLB against DeepSeek's
-// published example; the switcher's hysteresis.
+// published example; the switcher's hysteresis; the per-step statistics (time, tokens, the cost model's prediction);
+// the rounds that compare policies (rotation, medians and spreads, the verdict against the best baseline).
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/json.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/serve/engine.hpp"
+#include "paradyse/serve/policy_rounds.hpp"
 
 #include <doctest/doctest.h>
 
@@ -16,6 +18,7 @@
 #include <array>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -369,6 +372,89 @@ TEST_CASE("switcher: switches after `patience` steps that favour the other mode,
   CHECK(prefill.ep_s < prefill.tp_s);
   const ModeCosts skewed = moe_mode_costs(mc, {32768, 0, 0, 0, 0, 0, 0, 0}, placement, rates);
   CHECK(skewed.tp_s < skewed.ep_s);
+}
+
+TEST_CASE("engine: per-step time, tokens and the cost model's prediction for the step's routing, whatever the mode") {
+  const auto [m, ref, requests, opt] = served_fixture("mixtral");
+  EnginePolicy tp, ep;
+  tp.rates = ep.rates = {1e9, 1e10, 64};
+  ep.mode = ModePolicy::static_ep;
+  const Served one = serve_on(m, requests, 1, opt, tp);
+  const Served a = serve_on(m, requests, 2, opt, tp), b = serve_on(m, requests, 2, opt, ep);
+  for (const Served* s : {&one, &a, &b}) {
+    const EngineStats& st = s->stats;
+    REQUIRE(std::int64_t(st.step_seconds.size()) == st.steps);
+    REQUIRE(std::int64_t(st.step_tokens.size()) == st.steps);
+    REQUIRE(std::int64_t(st.predicted.size()) == st.steps);
+    CHECK(std::accumulate(st.step_tokens.begin(), st.step_tokens.end(), std::int64_t(0)) == st.tokens);
+    for (std::size_t k = 0; k < st.step_seconds.size(); ++k) {
+      CHECK(st.step_seconds[k] > 0);
+      CHECK(st.predicted[k].tp_s > 0);
+      CHECK(st.predicted[k].ep_s > 0);
+    }
+  }
+  // One rank: both layouts read every active expert whole and compute every pair at full width.
+  for (const ModeCosts& c : one.stats.predicted) CHECK(c.tp_s == doctest::Approx(c.ep_s).epsilon(1e-12));
+  // Steps are counted (not timed), so both modes schedule the same batches and route alike: the same predictions.
+  REQUIRE(a.stats.steps == b.stats.steps);
+  for (std::size_t k = 0; k < a.stats.predicted.size(); ++k) {
+    CHECK(a.stats.step_tokens[k] == b.stats.step_tokens[k]);
+    CHECK(a.stats.predicted[k].tp_s == doctest::Approx(b.stats.predicted[k].tp_s).epsilon(1e-12));
+    CHECK(a.stats.predicted[k].ep_s == doctest::Approx(b.stats.predicted[k].ep_s).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("policy rounds: each policy takes every position once over n rounds; medians, spreads and the verdict") {
+  for (const std::size_t n : {1, 2, 3, 6, 7}) {
+    std::vector<std::vector<int>> seen(n, std::vector<int>(n, 0));  // [policy][position]
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::vector<std::size_t> order = rotated_order(n, r);
+      REQUIRE(order.size() == n);
+      std::vector<std::size_t> sorted = order, all(n);
+      std::sort(sorted.begin(), sorted.end());
+      std::iota(all.begin(), all.end(), std::size_t(0));
+      CHECK(sorted == all);  // a permutation
+      for (std::size_t at = 0; at < n; ++at) ++seen[order[at]][at];
+    }
+    for (const auto& row : seen) CHECK(std::all_of(row.begin(), row.end(), [](int x) { return x == 1; }));
+    CHECK(rotated_order(n, n + 1) == rotated_order(n, 1));
+  }
+  Rng rng(20261201);
+  for (const std::size_t count : {1, 2, 3, 4, 5, 10}) {
+    std::vector<double> v;
+    for (std::size_t i = 0; i < count; ++i) v.push_back(100 * rng.uniform() - 20);
+    std::vector<double> s = v;
+    std::sort(s.begin(), s.end());
+    const double median = count % 2 ? s[count / 2] : 0.5 * (s[count / 2 - 1] + s[count / 2]);
+    const Spread got = spread_of(v);
+    CHECK(got.median == median);
+    CHECK(got.min == s.front());
+    CHECK(got.max == s.back());
+  }
+  CHECK_THROWS_WITH_AS(spread_of({}), doctest::Contains("no values"), Error);
+  // Latencies (lower is better): the baselines' best by median; ratio best / policy; noise when the ranges overlap.
+  const Spread slow{20, 19, 21}, fast{10, 9, 11};
+  PolicyComparison c = compare_to_best({12, 11.5, 13}, {slow, fast}, Better::lower);
+  CHECK(c.best == 1);
+  CHECK(c.ratio == doctest::Approx(10.0 / 12.0));
+  CHECK(c.verdict == Verdict::slower);
+  c = compare_to_best({10.5, 10, 12}, {slow, fast}, Better::lower);
+  CHECK(c.verdict == Verdict::within_noise);
+  CHECK(c.ratio == doctest::Approx(10.0 / 10.5));
+  c = compare_to_best({8, 7.5, 8.5}, {fast, slow}, Better::lower);
+  CHECK(c.best == 0);
+  CHECK(c.ratio == doctest::Approx(1.25));
+  CHECK(c.verdict == Verdict::faster);
+  // Throughput (higher is better): ratio policy / best.
+  c = compare_to_best({25, 24, 26}, {fast, slow}, Better::higher);
+  CHECK(c.best == 1);
+  CHECK(c.ratio == doctest::Approx(1.25));
+  CHECK(c.verdict == Verdict::faster);
+  c = compare_to_best({15, 14, 16}, {fast, slow}, Better::higher);
+  CHECK(c.verdict == Verdict::slower);
+  CHECK(c.ratio == doctest::Approx(0.75));
+  CHECK(std::string(name_of(Verdict::within_noise)) == "matches within noise");
+  CHECK_THROWS_WITH_AS(compare_to_best(fast, {}, Better::lower), doctest::Contains("no baselines"), Error);
 }
 
 TEST_CASE("expert fetch cache: bounded, least recently used out first, never an expert the current layer uses") {

@@ -86,6 +86,11 @@ struct EngineStats {
   std::vector<double> expert_max, expert_mean;  // per layer: sums over steps of max / mean tokens per expert
   std::vector<double> rank_max, rank_mean;      // per layer: sums over steps of max / mean rows per rank
   FetchStats fetch;
+  // Per step that computed (for --explain style reports: the cost model against the measured step):
+  std::vector<double> step_seconds;       // wall time of the step on this rank, planning to the sampled tokens
+  std::vector<std::int64_t> step_tokens;  // tokens the step computed
+  std::vector<ModeCosts> predicted;       // the MoE layers' predicted time in TP and in EP for the step's actual
+                                          // routing (policy.rates, summed over layers; zero without MoE layers)
 };
 
 struct EngineProgress {
@@ -165,6 +170,7 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
   std::vector<std::int64_t> plan;
 
   while (finished < requests.size()) {
+    const Clock::time_point step_start = Clock::now();
     // ---- rank 0 plans the step ----
     plan.clear();
     if (me == 0) {
@@ -316,9 +322,13 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
     std::int64_t n = 0;
     for (const SequenceChunk& ch : batch) n += std::int64_t(ch.tokens.size());
     last_tokens = n;
+    ModeCosts predicted;
     for (std::int64_t l = 0; l < c.layers; ++l) {
       if (!c.is_moe(l)) continue;
       const MoeLayerLoad& load = out.moe_load[std::size_t(l)];
+      const ModeCosts cost = moe_mode_costs(c.moe, load.routed, chunked.experts_of_rank, policy.rates);
+      predicted.tp_s += cost.tp_s;
+      predicted.ep_s += cost.ep_s;
       last_routed[std::size_t(l)] = load.routed;
       for (const std::int64_t pairs : load.routed) stats.routed_activations += pairs;
       double mx = 0, sum = 0;
@@ -365,6 +375,9 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
         ++finished;
       }
     }
+    stats.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
+    stats.step_tokens.push_back(n);
+    stats.predicted.push_back(predicted);
     if (progress && me == 0)
       progress({stats.steps, std::int64_t(finished), std::int64_t(requests.size()), std::int64_t(running.size()), mode});
   }
