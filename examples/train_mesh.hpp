@@ -18,6 +18,12 @@
 //       reduced over the group by the MoE layer itself, so they take a plain AdamW step (no dp reduction, no ZeRO).
 //       Every replica must hold at least one row of every step (checked); pp with experts is refused for now.
 //
+// Packed documents (--pack-documents B, as train_gpt's single group): each step is ONE sequence holding several
+// documents back to back (examples/corpus.hpp's pack_sequences); every stage's stack masks attention to each
+// document and restarts RoPE positions at each (TransformerStack::set_documents), across cp and pp alike, and the
+// planner plans the step from its documents' lengths. A step being one sequence, dp must be 1 (a second replica
+// would have no row: refused by name; --pack-tokens batches rows for dp).
+//
 // The loss and every gradient are those of the whole step's batch: each token's loss gradient is scaled by
 // 1 / (counted tokens of the whole batch) and the dp reduction sums, so the losses equal those of the single cp group
 // training on the same batch (`train_gpt --ranks C` with the same --pack-tokens; with --experts, `--mesh cp=C`) within
@@ -67,6 +73,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -118,6 +125,7 @@ struct MeshTrainOptions {
   double lr = 3e-3;
   bool sorted = false;
   std::int64_t pack_tokens = 0;
+  std::int64_t pack_documents = 0;  // > 0: ONE sequence of packed documents of up to this many tokens per step
   double cap_mib = -1;          // < 0: the single-group default (between all-METP and all-MegatronTS at max_len)
   std::string strategy;         // empty: the planner
   std::int64_t experts = 0;     // > 0: the MoE GPT of train_moe.hpp, ep folded over dp x cp
@@ -174,8 +182,10 @@ public:
   Stack& stack() noexcept { return stack_; }
 
   // The step's context: the cp group, the expert group (the cp group itself without experts), the pool, the
-  // stage's slice of the plan, the sequence length.
-  void begin_step(C& cp, C& ep, BufferPool& pool, StackPlan plan, std::int64_t seq_len) {
+  // stage's slice of the plan, the sequence length and its packed documents (global starts; empty: one document).
+  void begin_step(C& cp, C& ep, BufferPool& pool, StackPlan plan, std::int64_t seq_len,
+                  std::span<const std::int64_t> document_starts = {}) {
+    stack_.set_documents(document_starts);
     cp_ = &cp;
     ep_ = &ep;
     pool_ = &pool;
@@ -437,6 +447,11 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
   }
   config.validate_for(cp);
   check(!experts || o.strategy.empty(), "--mesh --experts: the planner picks every sublayer (no --strategy)");
+  check(o.pack_documents == 0 || o.pack_tokens == 0, "--mesh {}: --pack-tokens {} (documents as rows) and "
+        "--pack-documents {} (documents in one sequence) exclude each other", o.mesh, o.pack_tokens, o.pack_documents);
+  check(o.pack_documents == 0 || dp == 1, "--mesh {} --pack-documents {}: a packed step is ONE sequence, so only one "
+        "of the {} dp replicas would hold a row; use dp=1 (cp and pp split the sequence and the layers) or "
+        "--pack-tokens to batch rows over dp", o.mesh, o.pack_documents, dp);
 
   // The data: the single-group run's (examples/train_gpt.cpp with --ranks C).
   const std::filesystem::path corpus_dir =
@@ -446,18 +461,19 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
   corpus::WindowSampler sampler(docs, o.min_len, o.max_len, o.seed);
   std::vector<corpus::Window> windows = sampler.stratified(o.steps);
   if (!o.sorted) sampler.shuffle(windows);
-  std::vector<corpus::Step> steps = corpus::pack_steps(windows, o.pack_tokens, 2 * cp);
-  if (o.pack_tokens > 0 && !o.sorted) sampler.shuffle(steps);
+  std::vector<corpus::Step> steps = o.pack_documents > 0 ? corpus::pack_sequences(windows, o.pack_documents, 2 * cp)
+                                                         : corpus::pack_steps(windows, o.pack_tokens, 2 * cp);
+  if ((o.pack_tokens > 0 || o.pack_documents > 0) && !o.sorted) sampler.shuffle(steps);
   const int n_steps = int(steps.size());
   if (experts && dp > 1)  // the expert group spans the replicas: each must bring tokens to every MoE layer
     for (int k = 0; k < n_steps; ++k)
-      check(std::int64_t(steps[std::size_t(k)].rows.size()) >= dp, "--mesh {} --experts: step {} holds {} row(s), "
+      check(steps[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
             "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
-            steps[std::size_t(k)].rows.size(), dp);
+            steps[std::size_t(k)].sequences(), dp);
 
   // Micro-batches: without pp a replica's rows are one micro-batch; with pp each row is one.
   const auto micro_rows = [&](const corpus::Step& step) {
-    const auto rows = std::int64_t(step.rows.size());
+    const std::int64_t rows = step.sequences();
     return pp > 1 ? std::int64_t(1) : (rows + dp - 1) / dp;
   };
   // Every step's plan for a cp group running one micro-batch, computed before training.
@@ -475,19 +491,21 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
   // With experts the MoE FFN's row models the expert group as the cp group (the planner's view of train_gpt
   // --experts); the choice between ExpertParallel and ExpertTensorParallel is exact either way, its cost approximate.
   std::vector<std::optional<mesh_detail::StepPlan>> plans(steps.size());
-  std::map<std::pair<std::int64_t, std::int64_t>, std::optional<mesh_detail::StepPlan>> planned;
+  // Keyed by the step's shape: its length, or its packed documents' lengths, and the micro-batch's rows.
+  std::map<std::pair<std::vector<std::int64_t>, std::int64_t>, std::optional<mesh_detail::StepPlan>> planned;
   for (std::size_t k = 0; k < steps.size(); ++k) {
-    const std::pair key{steps[k].length, micro_rows(steps[k])};
+    const bool packed = steps[k].document_starts().size() > 1;
+    const std::int64_t length = steps[k].length;
+    const std::pair key{packed ? steps[k].document_lengths() : std::vector<std::int64_t>{length}, micro_rows(steps[k])};
     if (!planned.count(key)) {
       try {
         if (experts) {
+          const plan::Batch batch = packed ? plan::Batch::packed(key.first) : plan::Batch::single(length, key.second);
           const plan::MoePlan plan = plan::plan_moe_exact(
-              plan::build_moe_cost_table(config, hardware, cp, plan::Batch::single(key.first, key.second), {4, 4, 8},
-                                         moe_costs.extra_bytes(key.first)),
-              cap);
+              plan::build_moe_cost_table(config, hardware, cp, batch, {4, 4, 8}, moe_costs.extra_bytes(length)), cap);
           planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), train_moe_detail::compact(plan)};
         } else {
-          const plan::CostTable table = costs.table(key.first, key.second);
+          const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           const plan::Plan plan = o.strategy.empty()
               ? plan::plan_exact(table, cap)
               : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(o.strategy)), cap);
@@ -520,7 +538,10 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
   fmt::print("data: {} documents, {} steps (lengths {}..{}, {}), rows dealt over dp, {} per micro-batch; plans "
              "for a cp group of {} under a cap of {:.0f} MiB ({:.1f} ms of planning)\n",
              docs.size(), n_steps, o.min_len, o.max_len,
-             o.pack_tokens > 0 ? fmt::format("packed up to {} tokens", o.pack_tokens) : std::string("one window each"),
+             o.pack_tokens > 0      ? fmt::format("packed up to {} tokens", o.pack_tokens)
+             : o.pack_documents > 0 ? fmt::format("each one sequence of documents packed up to {} tokens, attention "
+                                                  "within each", o.pack_documents)
+                                    : std::string("one window each"),
              pp > 1 ? "one row" : "a replica's rows", cp, double(cap) / (1024 * 1024), planning_s * 1e3);
   fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>9}\n", "step", "len", "docs", "plan", 8 * o.layers, "loss",
              "time s", "peak MiB");
@@ -550,9 +571,10 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
     BufferPool pool;
     for (int k = 0; k < n_steps; ++k) {
       const corpus::Step& step = steps[std::size_t(k)];
-      const std::int64_t s = step.length, rows = std::int64_t(step.rows.size());
+      const std::int64_t s = step.length, rows = step.sequences(), documents = std::int64_t(step.rows.size());
+      const std::vector<std::int64_t> document_starts = step.document_starts();  // empty: one document per row
       if (!plans[std::size_t(k)]) {
-        if (rank == 0) fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap\n", k, s, rows);
+        if (rank == 0) fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap\n", k, s, documents);
         continue;
       }
       const auto start = std::chrono::steady_clock::now();
@@ -580,7 +602,7 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
       const StackPlan& full = plan.stack;
       const ChunkRange layers = chunk_range(o.layers, pp, stage_index);
       stage.begin_step(cp_group, ep_group ? *ep_group : cp_group, pool,
-                       StackPlan(full.begin() + layers.start, full.begin() + layers.end()), s);
+                       StackPlan(full.begin() + layers.start, full.begin() + layers.end()), s, document_starts);
       pool.trim();
       ranks.tracker(rank).reset_peak();
       double loss_sum = 0.0;
@@ -608,7 +630,7 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
       const double loss = total[0] / counted;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       losses.push_back(loss);
-      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}\n", k, s, rows, plan.name, 8 * o.layers,
+      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}\n", k, s, documents, plan.name, 8 * o.layers,
                  loss, seconds, total[1] / (1024 * 1024));
       std::fflush(stdout);
       csv.row(k, s, rows, plan.name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));

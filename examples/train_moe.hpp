@@ -7,7 +7,10 @@
 // checkpoints (--checkpoint-every, --keep, --stop-after, --resume; examples/training_checkpoints.hpp) hold the
 // attention and expert weights, the router, every AdamW moment, the step and the data position (the schedule is a
 // function of the seed and options, saved with it): a run stopped and resumed gives the uninterrupted run's losses
-// bit for bit on thread ranks. --csv writes the per-step table.
+// bit for bit on thread ranks. --csv writes the per-step table. --pack-documents B packs the windows back to back
+// into ONE sequence of up to B tokens per step (examples/corpus.hpp's pack_sequences): attention is masked to each
+// document and RoPE positions restart at each (the stack's set_documents), the MoE FFN is per token, every target is
+// the next byte of the same document, and the planner plans the step from its documents' lengths.
 //
 // The model: RMSNorm, RoPE, causal, SwiGLU; experts of width ffn / K (so that the active FFN width is the dense
 // one's), shared experts of the same width behind a sigmoid gate (Qwen2-MoE), softmax routing with renormalised
@@ -56,6 +59,7 @@ struct MoeTrainOptions {
   std::int64_t max_len = 16384;
   double lr = 3e-3;
   bool sorted = false;
+  std::int64_t pack_documents = 0;  // > 0: the documents back to back in ONE sequence of up to this many tokens
   std::int64_t experts = 8;
   std::int64_t top_k = 2;
   std::int64_t shared_experts = 0;
@@ -153,6 +157,13 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
   std::vector<corpus::Window> windows = sampler.stratified(o.steps);
   if (!o.sorted) sampler.shuffle(windows);
   const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
+  // The steps: one window each, padded at its end to the group's minimum with masked tokens; or (--pack-documents)
+  // the windows back to back in one sequence each, first-fit decreasing up to the budget.
+  std::vector<corpus::Step> steps = o.pack_documents > 0
+                                        ? corpus::pack_sequences(windows, o.pack_documents, group_min_len)
+                                        : corpus::pack_steps(windows, 0, group_min_len);
+  if (o.pack_documents > 0 && !o.sorted) sampler.shuffle(steps);
+  const int n_steps = int(steps.size());
 
   const plan::MoeGptCosts<Model> costs{config, o.ranks, &hardware};
   const std::int64_t budget =
@@ -166,8 +177,13 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
              config.vocab, double(config.parameter_count()) / 1e6);
   fmt::print("router losses: load balancing x {}, z-loss x {} (both in the gradient; the loss column is the "
              "cross-entropy)\n", m.aux_loss_coef, m.z_loss_coef);
-  fmt::print("data: {} documents in {}; {} steps, one window each, lengths {}..{}, order {}, seed {}\n", docs.size(),
+  fmt::print("data: {} documents in {}; {} windows, lengths {}..{}, order {}, seed {}\n", docs.size(),
              corpus_dir.string(), o.steps, o.min_len, o.max_len, o.sorted ? "sorted" : "random", o.seed);
+  if (o.pack_documents > 0)
+    fmt::print("packing: {} windows in {} steps, each one sequence of up to {} tokens (documents back to back, "
+               "attention within each, positions restarting at each)\n", windows.size(), n_steps, o.pack_documents);
+  else
+    fmt::print("steps: one window each\n");
   fmt::print("ranks: {} {}; the planner's budget {:.0f} MiB per rank; plan: attention/ffn per layer (ffn: the dense "
              "MLP's strategy, or EP = ExpertParallel, ETP = ExpertTensorParallel)\n\n",
              o.ranks, o.backend == RankBackend::mpi ? "MPI processes" : "threads", double(budget) / kMiB);
@@ -182,7 +198,7 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     first_step = checkpoint_next_step(o.resume);
     fmt::print("resumed from {}: attention, expert and router weights, AdamW moments and optimizer step {}; the data "
                "continues at step {} of {}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(),
-               first_step, o.steps);
+               first_step, n_steps);
   }
   const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
   if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) {
@@ -194,8 +210,12 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     const CheckpointSaveOptions options{
         .optimizer_state = true,
         .extra = {{"train.args", o.args}, {"train.next_step", std::to_string(next_step)},
-                  {"train.data", fmt::format("seed {}, {} documents stratified by length{}, one window per step", o.seed,
-                                             o.steps, o.sorted ? "" : ", shuffled")}}};
+                  {"train.data", fmt::format("seed {}, {} documents stratified by length{}, {}", o.seed, o.steps,
+                                             o.sorted ? "" : ", shuffled",
+                                             o.pack_documents > 0
+                                                 ? fmt::format("{} steps of one sequence of up to {} tokens", n_steps,
+                                                               o.pack_documents)
+                                                 : std::string("one window per step"))}}};
     ranks.run([&](auto& comm, int r) {
       ranks.pools[std::size_t(r)]->trim();
       save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
@@ -208,25 +228,29 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
 
   ops::AdamWConfig adamw;
   adamw.weight_decay = 0.01f;
-  const int warmup = std::max(1, std::min(8, o.steps / 8));
-  fmt::print("{:>4}  {:>6}  {:<{}}  {:>7}  {:>7}  {:>8}  {:>7}\n", "step", "len", "plan", 8 * o.layers, "loss", "aux",
-             "z", "time s");
+  const int warmup = std::max(1, std::min(8, n_steps / 8));
+  fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>8}  {:>7}\n", "step", "len", "docs", "plan", 8 * o.layers,
+             "loss", "aux", "z", "time s");
   std::vector<double> losses;
   std::map<std::string, int> usage;
-  std::int64_t tokens = 0;
+  std::int64_t tokens = 0, padding = 0;
   double seconds = 0;
-  const int end_step = o.stop_after > 0 ? std::min(o.steps, first_step + o.stop_after) : o.steps;
+  const int end_step = o.stop_after > 0 ? std::min(n_steps, first_step + o.stop_after) : n_steps;
   for (int step = first_step; step < end_step; ++step) {
     if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
-    const corpus::Window& w = windows[std::size_t(step)];
-    const std::int64_t s = std::max(w.length, group_min_len);
-    std::vector<std::int32_t> inputs(static_cast<std::size_t>(s), 0), targets(static_cast<std::size_t>(s), ops::cpu::kIgnoreIndex);
-    const std::string& text = docs[w.document].bytes;
-    for (std::int64_t i = 0; i < w.length; ++i) {
-      inputs[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i)]));
-      targets[std::size_t(i)] = std::int32_t(static_cast<unsigned char>(text[std::size_t(w.offset + i + 1)]));
-    }
-    const plan::MoePlan plan = plan::plan_moe_exact(costs.table(s), budget);
+    // The step's one sequence [1, s]: a window padded with masked tokens, or the packed windows back to back.
+    const corpus::Step& batch = steps[std::size_t(step)];
+    const std::int64_t s = batch.length, real = batch.real_tokens();
+    const std::vector<std::int64_t> document_starts = batch.document_starts();  // empty: one document
+    std::vector<std::int32_t> inputs, targets;
+    corpus::step_tokens(batch, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+    // Packed: the planner's table of the step's documents (attention costed within each document).
+    const plan::MoePlan plan = plan::plan_moe_exact(
+        document_starts.size() > 1
+            ? plan::build_moe_cost_table(config, hardware, o.ranks, plan::Batch::packed(batch.document_lengths()),
+                                         {4, 4, 8}, costs.extra_bytes(s), *costs.catalog)
+            : costs.table(s),
+        budget);
     const StackPlan stack_plan = plan.stack_plan<Strategies>();
     for (const plan::MoeLayerPlan& l : plan.layers) {
       ++usage[fmt::format("attention {}", plan.strategy_names.at(std::size_t(l.attention)))];
@@ -242,7 +266,8 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
       const SequenceLayout layout(s, o.ranks, config.layer.zigzag);
       const Tensor<std::int32_t> x = shard_tokens(inputs, 1, layout, r), y = shard_tokens(targets, 1, layout, r);
       model.zero_gradients();
-      const GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
+      const GptStepResult result =
+          model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view(), document_starts);
       check(std::isfinite(result.loss), "train_gpt --experts: the loss at step {} is {}", step, result.loss);
       model.optimizer_step(adamw);
       if (r == ranks.first_local()) {
@@ -252,15 +277,16 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     });
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     seconds += elapsed;
-    tokens += w.length;
+    tokens += real;
+    padding += s - real;
     losses.push_back(loss);
     double aux = 0, z = 0;
     for (const MoeLayerStats& st : stats) aux += st.aux / double(stats.size()), z += st.z / double(stats.size());
-    fmt::print("{:>4}  {:>6}  {:<{}}  {:>7.4f}  {:>7.4f}  {:>8.4f}  {:>7.3f}\n", step, s, compact(plan), 8 * o.layers,
-               loss, aux, z, elapsed);
-    csv.row(step, s, 1, w.length, s - w.length, compact(plan), fmt::format("{:.17g}", loss), elapsed,
-            elapsed > 0 ? double(w.length) / elapsed : 0.0, fmt::format("{:.17g}", aux), fmt::format("{:.17g}", z));
-    if (o.load_every > 0 && (step % o.load_every == 0 || step + 1 == o.steps)) {
+    fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.4f}  {:>8.4f}  {:>7.3f}\n", step, s, batch.rows.size(),
+               compact(plan), 8 * o.layers, loss, aux, z, elapsed);
+    csv.row(step, s, 1, real, s - real, compact(plan), fmt::format("{:.17g}", loss), elapsed,
+            elapsed > 0 ? double(real) / elapsed : 0.0, fmt::format("{:.17g}", aux), fmt::format("{:.17g}", z));
+    if (o.load_every > 0 && (step % o.load_every == 0 || step + 1 == n_steps)) {
       std::string line;
       for (const MoeLayerStats& st : stats) {
         const Load l = load_of(st.routed);
@@ -270,7 +296,7 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     }
   }
   if (end_step > first_step &&
-      ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < o.steps)))
+      ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < n_steps)))
     save_training_checkpoint(end_step);
   fmt::print("\nsummary\n");
   if (!losses.empty()) {
@@ -281,6 +307,8 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
                losses.front(), losses.back(), window, first, last);
   }
   fmt::print("  total time                 {:.1f} s ({:.0f} tokens/s)\n", seconds, seconds > 0 ? double(tokens) / seconds : 0.0);
+  fmt::print("  tokens trained             {}; {} padding tokens ({:.1f}% of the tokens run)\n", tokens, padding,
+             tokens + padding > 0 ? 100.0 * double(padding) / double(tokens + padding) : 0.0);
   std::string used;
   for (const auto& [name, count] : usage) used += fmt::format("{}{}x {}", used.empty() ? "" : ", ", count, name);
   fmt::print("  sublayers run              {}\n", used);
