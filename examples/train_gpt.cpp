@@ -223,8 +223,6 @@ Options parse(int argc, char** argv) {
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
   if (o.pack_documents > 0 && o.pack_tokens > 0)
     usage("--pack-tokens (documents as rows) and --pack-documents (documents in one sequence) exclude each other");
-  if (o.pack_documents > 0 && (o.experts > 0 || !o.mesh.empty()))
-    usage("--pack-documents trains the dense GPT on one group: not with --experts or --mesh yet (use --pack-tokens)");
   if (o.experts > 0) {  // the MoE mode (examples/train_moe.hpp) plans every sublayer and saves a Hugging Face folder
     if (o.top_k > o.experts) usage(fmt::format("--top-k {} exceeds --experts {}", o.top_k, o.experts));
     if (o.first_dense >= o.layers)
@@ -852,7 +850,8 @@ int main(int argc, char** argv) {
       const pd::examples::MeshTrainOptions mesh{.mesh = o.mesh, .zero = o.zero, .steps = o.steps, .seed = o.seed,
                                                 .layers = o.layers, .hidden = o.hidden, .heads = o.heads,
                                                 .min_len = o.min_len, .max_len = o.max_len, .lr = o.lr,
-                                                .sorted = o.sorted, .pack_tokens = o.pack_tokens, .cap_mib = o.cap_mib,
+                                                .sorted = o.sorted, .pack_tokens = o.pack_tokens,
+                                                .pack_documents = o.pack_documents, .cap_mib = o.cap_mib,
                                                 .strategy = o.strategy, .experts = o.experts, .top_k = o.top_k,
                                                 .shared_experts = o.shared_experts, .first_dense = o.first_dense,
                                                 .corpus = o.corpus, .csv = o.csv,
@@ -863,6 +862,7 @@ int main(int argc, char** argv) {
       const pd::examples::MoeTrainOptions moe{.steps = o.steps, .seed = o.seed, .ranks = o.ranks, .layers = o.layers,
                                               .hidden = o.hidden, .heads = o.heads, .min_len = o.min_len,
                                               .max_len = o.max_len, .lr = o.lr, .sorted = o.sorted,
+                                              .pack_documents = o.pack_documents,
                                               .experts = o.experts, .top_k = o.top_k,
                                               .shared_experts = o.shared_experts, .first_dense = o.first_dense,
                                               .budget_mib = o.cap_mib, .save = o.save, .corpus = o.corpus,
