@@ -7,10 +7,13 @@
 #      the same steps give the same losses (the mesh's single group is the MoE GPT's);
 #   2. with MOE_PACK added (packed steps of several rows), --mesh cp=C and each of MOE_MESHES (dp x cp: the MoE layers
 #      over the expert group of every replica's and cp rank's tokens) give the same losses.
+# With PACK_DOCUMENTS (--pack-documents;B: each step one sequence of packed documents, attention within each), ARGS
+# without its --pack-tokens and with PACK_DOCUMENTS instead: --ranks C against each of PACK_MESHES (dp = 1); and with
+# MOE_ARGS, train_gpt --experts --ranks C against --experts --mesh cp=C on the same packed sequences.
 # Run by ctest (examples/CMakeLists.txt):
 #   cmake -DEXE=train_gpt -DCP=2 -DMESHES="dp=2,cp=2;pp=2,cp=2" -DTOL=100 -DWORK=dir -DARGS="--steps;4;..." \
 #         [-DMPIEXEC=mpiexec -DMPI_MESH=dp=2,cp=2] [-DMOE_ARGS=... -DMOE_PACK=... -DMOE_MESHES=...] \
-#         [-DMOE_MPI_MESH=dp=2,cp=2@2] \
+#         [-DMOE_MPI_MESH=dp=2,cp=2@2] [-DPACK_DOCUMENTS=--pack-documents;512 -DPACK_MESHES=pp=2,cp=2] \
 #         -P train_gpt_mesh.cmake
 foreach(var EXE CP MESHES TOL WORK ARGS)
   if(NOT DEFINED ${var})
@@ -155,4 +158,31 @@ if(DEFINED MOE_ARGS)
     train_on_mesh(moe ${backend} ${spec} moe_meshed ${MOE_ARGS} ${MOE_PACK})
     compare_losses("--experts ${last_run}, ep = dp x cp, against --mesh cp=${CP}" "${moe_reference}" "${moe_meshed}")
   endforeach()
+endif()
+
+if(DEFINED PACK_DOCUMENTS)
+  # Packed sequences: ARGS with --pack-documents instead of --pack-tokens (the two exclude each other).
+  set(pack_args ${ARGS})
+  list(FIND pack_args "--pack-tokens" at)
+  if(NOT at LESS 0)
+    math(EXPR value "${at} + 1")
+    list(REMOVE_AT pack_args ${at} ${value})
+  endif()
+  list(APPEND pack_args ${PACK_DOCUMENTS})
+  run_train("one cp group of ${CP} threads, packed documents" ${WORK}/packed_single.csv ${EXE} ${pack_args} --ranks ${CP})
+  csv_losses(${WORK}/packed_single.csv packed_single)
+  foreach(spec IN LISTS PACK_MESHES)
+    train_on_mesh(packed threads ${spec} packed_meshed ${pack_args})
+    compare_losses("${last_run}, packed documents, against --ranks ${CP}" "${packed_single}" "${packed_meshed}")
+  endforeach()
+  if(DEFINED MOE_ARGS)
+    run_train("train_gpt --experts on ${CP} threads, packed documents" ${WORK}/moe_packed_single.csv ${EXE} ${MOE_ARGS}
+              ${PACK_DOCUMENTS} --ranks ${CP})
+    csv_losses(${WORK}/moe_packed_single.csv moe_packed_single)
+    run_train("--experts --mesh cp=${CP}, packed documents" ${WORK}/moe_packed_cp.csv ${EXE} ${MOE_ARGS} ${PACK_DOCUMENTS}
+              --mesh cp=${CP})
+    csv_losses(${WORK}/moe_packed_cp.csv moe_packed_cp)
+    compare_losses("--experts --mesh cp=${CP}, packed documents, against train_gpt --experts --ranks ${CP}"
+                   "${moe_packed_single}" "${moe_packed_cp}")
+  endif()
 endif()
