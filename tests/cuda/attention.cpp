@@ -4,6 +4,7 @@
 // one packed qkv tensor; merge of key blocks == attention over all keys; the bf16 tensor-core kernels with a derived
 // bf16 tolerance; bad input.
 #include "cuda/device_test.hpp"
+#include "ops/attention_checks.hpp"
 #include "ops/reference.hpp"
 #include "support/tolerance.hpp"
 
@@ -38,29 +39,6 @@ template <class T>
 Tensor<T> upload(const Tensor<T>& host) { return device::to_device(host.view(), device_tracker()); }
 template <class T>
 Tensor<T> download(const Tensor<T>& dev) { return device::to_host(dev); }
-
-// lse may be -inf (a query without keys): require -inf exactly where the reference has it, compare the rest.
-void check_lse(const Vec& got, const Vec& want, Tolerance tol) {
-  REQUIRE(got.size() == want.size());
-  Vec g = got, w = want;
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    if (std::isinf(w[i]) && w[i] < 0) {
-      CHECK_MESSAGE((std::isinf(g[i]) && g[i] < 0), "lse element ", i, " is ", g[i], ", want -inf");
-      g[i] = w[i] = 0.0;
-    }
-  }
-  CHECK_CLOSE(g, w, tol);
-}
-
-AttentionMask to_mask(const ReferenceMask& r) {
-  AttentionMask m;
-  m.causal = r.causal;
-  m.q_offset = r.q_offset;
-  m.kv_offset = r.kv_offset;
-  m.document_starts = r.document_starts;
-  m.scale = float(r.scale);
-  return m;
-}
 
 // bf16 views in float64 (the reference's to_double converts through double(), which bf16 does not offer).
 Vec to_double(TensorView<const bf16> x) {

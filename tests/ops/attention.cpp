@@ -6,6 +6,7 @@
 
 #include "paradyse/core/rng.hpp"
 #include "support/tolerance.hpp"
+#include "ops/attention_checks.hpp"
 #include "ops/reference.hpp"
 
 #include <doctest/doctest.h>
@@ -22,29 +23,6 @@ using ops::AttentionMask;
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// lse may be -inf (a query without keys): require -inf exactly where the reference has it, compare the rest.
-void check_lse(const Vec& got, const Vec& want) {
-  REQUIRE(got.size() == want.size());
-  Vec g = got, w = want;
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    if (std::isinf(w[i]) && w[i] < 0) {
-      CHECK_MESSAGE((std::isinf(g[i]) && g[i] < 0), "lse element ", i, " is ", g[i], ", want -inf");
-      g[i] = w[i] = 0.0;
-    }
-  }
-  CHECK_CLOSE(g, w, kFloat32);
-}
-
-AttentionMask to_mask(const ReferenceMask& r) {
-  AttentionMask m;
-  m.causal = r.causal;
-  m.q_offset = r.q_offset;
-  m.kv_offset = r.kv_offset;
-  m.document_starts = r.document_starts;
-  m.scale = float(r.scale);
-  return m;
-}
 
 // q, k, v as views: either separate contiguous tensors, or (packed, sq == skv) slices of one [b, s, hq+2hkv, d].
 struct Inputs {
