@@ -239,13 +239,16 @@ int main(int argc, char** argv) {
     dyn.mode = ModePolicy::dynamic;
     dyn.switching = {0.1, 2, 8};
     const MachineRates rates = measure_machine_rates(c.moe, o.ranks);
-    fmt::print("cost model rates (measured): GEMM {:.1f} GFLOP/s, half rate at {:.0f} columns, weights streamed at "
-               "{:.1f} GB/s\n", rates.flops_per_s / 1e9, rates.half_rate_columns, rates.memory_bytes_per_s / 1e9);
+    const double tp_cols = double(std::max<std::int64_t>(1, c.moe.expert_ffn / o.ranks)), ep_cols = double(c.moe.expert_ffn);
+    fmt::print("cost model rates (measured): GEMM {:.1f} GFLOP/s at the TP slice's {:g} columns, {:.1f} at the EP "
+               "expert's {:g} (F {:.1f}, half rate at {:.0f} columns), weights streamed at {:.1f} GB/s\n",
+               rates.gemm_rate(tp_cols) / 1e9, tp_cols, rates.gemm_rate(ep_cols) / 1e9, ep_cols,
+               rates.flops_per_s / 1e9, rates.half_rate_columns, rates.memory_bytes_per_s / 1e9);
     RunOptions run_options;
     if (!o.emulate.empty()) {
       cost::HardwareProfile machine;
       machine.name = "this machine";
-      machine.gemm.flops_per_s = rates.flops_per_s;
+      machine.gemm.flops_per_s = rates.gemm_rate(ep_cols);  // measured, not the fit's extrapolated peak
       const cost::Emulation e = cost::emulate(cost::builtin_profile(o.emulate), machine);
       run_options.pacing = e.pacing;
       fmt::print("emulated links: {}'s NVLink slowed {:.0f}x (its GEMM rate over this machine's): launch {:.3g} ms, "
@@ -453,33 +456,41 @@ int main(int argc, char** argv) {
       for (const Run& r : dyn_row->runs) ep_share.push_back(r.steps ? double(r.ep_steps) / double(r.steps) : 0.0);
       const double dyn_ep = median_of(ep_share), dyn_switches = metric_spread(*dyn_row, switches).median,
                    dyn_exposed = metric_spread(*dyn_row, exposed_ms).median;
+      // Dynamic with no switch and no EP step did exactly static TP's work: a measured gap to static TP is the
+      // machine's run-to-run error (beyond the rounds' spread), not the policy.
+      const bool same_as_tp = dyn_switches == 0 && dyn_ep == 0;
       int slower = 0, faster = 0;
-      std::string which;
+      std::string which, noise;
       for (const Metric m : {ttft50, tpot50, tokens_per_s}) {
         const PolicyComparison& cmp = versus[m];
-        if (cmp.verdict == Verdict::slower) ++slower;
-        if (cmp.verdict == Verdict::faster) ++faster;
-        if (cmp.verdict != Verdict::within_noise)
-          which += fmt::format("{}{} {:.2f}x vs {}", which.empty() ? "" : ", ", kMetricName[m], cmp.ratio,
-                               statics[cmp.best]->name);
+        if (cmp.verdict == Verdict::within_noise) continue;
+        const std::string text = fmt::format("{} {:.2f}x vs {}", kMetricName[m], cmp.ratio, statics[cmp.best]->name);
+        if (same_as_tp && statics[cmp.best]->key == "tp") {
+          noise += (noise.empty() ? "" : ", ") + text;
+          continue;
+        }
+        (cmp.verdict == Verdict::slower ? slower : faster) += 1;
+        which += (which.empty() ? "" : ", ") + text;
       }
-      std::string why;
-      const bool best_is_tp = statics[versus[tpot50].best]->key == "tp";
-      if (dyn_switches == 0 && dyn_ep == 0)
-        why = best_is_tp ? "dynamic stayed in TP on every step, the same work as static TP: the gap is run-to-run "
-                           "error beyond the rounds' spread"
-                         : "dynamic stayed in TP on every step while " + statics[versus[tpot50].best]->name +
-                               " measured faster: the cost model did not predict EP cheaper by the margin";
-      else
-        why = fmt::format("dynamic ran {:.0f}% of its steps in EP, {:g} switches exposing {:.1f} ms", 100 * dyn_ep,
-                          dyn_switches, dyn_exposed);
+      const std::string how =
+          same_as_tp ? std::string("it stayed in TP on every step, as static TP")
+                     : fmt::format("it ran {:.0f}% of its steps in EP, {:g} switches exposing {:.1f} ms", 100 * dyn_ep,
+                                   dyn_switches, dyn_exposed);
+      const std::string noise_note =
+          noise.empty() ? std::string()
+                        : fmt::format("; {}: the same work as static TP, so run-to-run error beyond the rounds' spread",
+                                      noise);
       if (slower == 0 && faster == 0)
-        fmt::print("verdict ({}): dynamic matches the best static policy within noise ({})\n", trace_name,
-                   dyn_switches == 0 && dyn_ep == 0 ? "it stayed in TP on every step" : why);
+        fmt::print("verdict ({}): dynamic matches the best static policy within noise ({}{})\n", trace_name, how,
+                   noise_note);
       else if (slower == 0)
-        fmt::print("verdict ({}): dynamic faster ({}; {})\n", trace_name, which, why);
+        fmt::print("verdict ({}): dynamic faster ({}; {}{})\n", trace_name, which, how, noise_note);
       else
-        fmt::print("verdict ({}): dynamic slower ({}; why: {})\n", trace_name, which, why);
+        fmt::print("verdict ({}): dynamic slower ({}; why: {}{}{})\n", trace_name, which, how,
+                   same_as_tp ? ", the cost model predicting TP cheaper than EP by the margin at the batches it saw "
+                                "(--explain) while an EP policy measured faster"
+                              : "",
+                   noise_note);
     }
     if (!o.budget.empty() && all.size() >= 2)  // all[0]: the first policy at the full budget, all[1]: budgeted
       fmt::print("{} vs {}: TTFT p50 {:.2f}x, TPOT p50 {:.2f}x lower; throughput {:.2f}x (medians)\n", all[1].name,
@@ -496,11 +507,11 @@ int main(int argc, char** argv) {
       } else {
         fmt::print("\nthe cost model against the measured steps (every step of every round; medians per batch size): "
                    "measured: whole decoder step in static TP / static EP; model: the MoE layers only (the rest is the "
-                   "same in both layouts), for each step's routing, at the measured rates; dynamic switches to EP when "
-                   "the model's EP is {:.0f}% below TP\n", 100 * dyn.switching.margin);
-        fmt::print("{:>10} {:>11} {:>10} {:>10} {:>10} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}\n", "tokens", "steps TP/EP",
-                   "TP ms", "EP ms", "TP/EP", "model TP ms", "model EP ms", "model TP/EP", "faster", "model",
-                   "dyn EP %");
+                   "same in both layouts, so compare the TP-EP differences), for each step's routing, at the measured "
+                   "rates; dynamic switches to EP when the model's EP is {:.0f}% below TP\n", 100 * dyn.switching.margin);
+        fmt::print("{:>10} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>11} {:>12} {:>7} {:>11} {:>8}\n", "tokens",
+                   "steps TP/EP", "TP ms", "EP ms", "TP-EP ms", "model TP ms", "model EP ms", "model TP-EP",
+                   "TP/EP model", "faster", "model picks", "dyn EP %");
         for (std::int64_t lo = 1; lo <= o.step_tokens; lo *= 2) {
           const std::int64_t hi = std::min(2 * lo - 1, o.step_tokens);
           auto pick = [&](const Named* n, const std::vector<double>& of) {
@@ -522,10 +533,11 @@ int main(int argc, char** argv) {
             if (!is_ep.empty())
               dyn_ep = fmt::format("{:.0f}", 100 * std::accumulate(is_ep.begin(), is_ep.end(), 0.0) / double(is_ep.size()));
           }
-          fmt::print("{:>10} {:>11} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.3f} {:>12.3f} {:>12.2f} {:>9} {:>9} {:>9}\n",
+          fmt::print("{:>10} {:>11} {:>9.2f} {:>9.2f} {:>9.2f} {:>11.3f} {:>11.3f} {:>11.3f} {:>12} {:>7} {:>11} {:>8}\n",
                      lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi),
-                     fmt::format("{}/{}", tp_s.size(), ep_s.size()), t_tp * 1e3, t_ep * 1e3, t_tp / t_ep, m_tp * 1e3,
-                     m_ep * 1e3, m_tp / std::max(1e-12, m_ep), t_tp <= t_ep ? "TP" : "EP",
+                     fmt::format("{}/{}", tp_s.size(), ep_s.size()), t_tp * 1e3, t_ep * 1e3, (t_tp - t_ep) * 1e3,
+                     m_tp * 1e3, m_ep * 1e3, (m_tp - m_ep) * 1e3,
+                     fmt::format("{:.2f} {:.2f}", t_tp / t_ep, m_tp / std::max(1e-12, m_ep)), t_tp <= t_ep ? "TP" : "EP",
                      m_ep < (1 - dyn.switching.margin) * m_tp ? "EP" : (m_tp <= m_ep ? "TP" : "TP (margin)"), dyn_ep);
         }
       }

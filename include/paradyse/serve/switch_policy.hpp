@@ -35,38 +35,48 @@ struct MachineRates {
 };
 
 // The rates of this machine for experts of width f over p ranks, measured: the GEMM rate of an expert's W_in
-// product (256 rows) at f / p and at f columns gives F and c_half; one row against the whole W_in gives the
-// bandwidth at which a decode step streams weights. Medians of 5 runs.
-inline MachineRates measure_machine_rates(const MoeConfig& m, int ranks) {
+// product (256 rows) at f / p and at f columns gives F and c_half (the model evaluates F(cols) only at these two
+// widths, so the fit passes through both); one row against the whole W_in gives the bandwidth at which a decode step
+// streams weights. The TP/EP choice rests on the ratio of the two GEMM rates, and a shared machine's load comes and
+// goes: so the three measurements alternate within each of `repetitions` rounds (a burst of load hits them alike),
+// after one untimed round, and each is the median of its rounds. (Measured one after the other with 5 repetitions
+// each, c_half came out anywhere from 0 to 1148 columns between runs here, and F from 17 to 93 GFLOP/s.)
+inline MachineRates measure_machine_rates(const MoeConfig& m, int ranks, int repetitions = 9) {
   using Clock = std::chrono::steady_clock;
+  check(ranks >= 1 && repetitions >= 1, "measure_machine_rates: ranks {} and repetitions {} must be >= 1", ranks,
+        repetitions);
   const std::int64_t h = m.hidden, rows = 256;
-  auto median_seconds = [](auto&& body) {
-    std::vector<double> t;
-    for (int i = 0; i < 5; ++i) {
-      const Clock::time_point start = Clock::now();
-      body();
-      t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    std::sort(t.begin(), t.end());
-    return std::max(t[2], 1e-9);
-  };
-  auto gemm_rate = [&](std::int64_t cols) {
-    Tensor<float> x(Shape{rows, h}), w(Shape{2 * cols, h}), y(Shape{rows, 2 * cols});
-    x.fill(0.5f);
-    w.fill(0.25f);
-    const double t = median_seconds([&] { ops::Cpu::matmul(x.view(), ops::Transpose::no, w.view(), ops::Transpose::yes, y.view()); });
-    return 2.0 * double(rows) * double(h) * double(2 * cols) / t;
-  };
-  const double c1 = double(std::max<std::int64_t>(1, m.expert_ffn / ranks)), c2 = double(m.expert_ffn);
-  const double r1 = gemm_rate(std::int64_t(c1)), r2 = gemm_rate(std::int64_t(c2));
-  MachineRates rates;
-  rates.half_rate_columns = (c2 > c1 && r2 > r1) ? std::max(0.0, (r2 - r1) / (r1 / c1 - r2 / c2)) : 0.0;
-  rates.flops_per_s = r2 * (c2 + rates.half_rate_columns) / c2;
-  Tensor<float> one(Shape{1, h}), w(Shape{2 * m.expert_ffn, h}), y(Shape{1, 2 * m.expert_ffn});
+  const std::int64_t c1 = std::max<std::int64_t>(1, m.expert_ffn / ranks), c2 = m.expert_ffn;
+  Tensor<float> x(Shape{rows, h}), w1(Shape{2 * c1, h}), y1(Shape{rows, 2 * c1}), w2(Shape{2 * c2, h}),
+      y2(Shape{rows, 2 * c2}), one(Shape{1, h}), y(Shape{1, 2 * c2});
+  x.fill(0.5f);
+  w1.fill(0.25f);
+  w2.fill(0.25f);
   one.fill(0.5f);
-  w.fill(0.25f);
-  const double t = median_seconds([&] { ops::Cpu::matmul(one.view(), ops::Transpose::no, w.view(), ops::Transpose::yes, y.view()); });
-  rates.memory_bytes_per_s = double(w.bytes()) / t;
+  auto seconds = [](auto&& body) {
+    const Clock::time_point start = Clock::now();
+    body();
+    return std::max(std::chrono::duration<double>(Clock::now() - start).count(), 1e-9);
+  };
+  std::vector<double> t1, t2, tm;
+  for (int r = -1; r < repetitions; ++r) {
+    const double a = seconds([&] { ops::Cpu::matmul(x.view(), ops::Transpose::no, w1.view(), ops::Transpose::yes, y1.view()); });
+    const double b = seconds([&] { ops::Cpu::matmul(x.view(), ops::Transpose::no, w2.view(), ops::Transpose::yes, y2.view()); });
+    const double c = seconds([&] { ops::Cpu::matmul(one.view(), ops::Transpose::no, w2.view(), ops::Transpose::yes, y.view()); });
+    if (r < 0) continue;
+    t1.push_back(a), t2.push_back(b), tm.push_back(c);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double r1 = 2.0 * double(rows) * double(h) * double(2 * c1) / median(t1);
+  const double r2 = 2.0 * double(rows) * double(h) * double(2 * c2) / median(t2);
+  MachineRates rates;
+  const double d1 = double(c1), d2 = double(c2);
+  rates.half_rate_columns = (d2 > d1 && r2 > r1 && r1 / d1 > r2 / d2) ? (r2 - r1) / (r1 / d1 - r2 / d2) : 0.0;
+  rates.flops_per_s = r2 * (d2 + rates.half_rate_columns) / d2;
+  rates.memory_bytes_per_s = double(w2.bytes()) / median(tm);
   return rates;
 }
 
