@@ -179,6 +179,7 @@ public:
 
   bool first() const noexcept { return first_; }
   bool last() const noexcept { return last_; }
+  const GptConfig& config() const noexcept { return config_; }
   Stack& stack() noexcept { return stack_; }
 
   // The step's context: the cp group, the expert group (the cp group itself without experts), the pool, the
@@ -397,6 +398,47 @@ private:
   std::vector<Local> local_;
 };
 
+// The forward and backward of one step on this rank: `stage` (begun with begin_step) runs this replica's rows `mine`
+// of the step's sequences (inputs, targets: the whole step's [rows, s] tokens), in micro-batches of one row with pp
+// stages (pp_group's size) and all at once without, through the 1F1B schedule; each token's loss gradient is scaled by
+// grad_scale (1 / the step's counted tokens); then the replicated gradients are summed over cp_group. Returns this
+// rank's loss sum (the last stage's tokens; 0 on the others and on a replica without rows).
+template <class Strategies, Communicator C>
+double mesh_forward_backward(MeshGptStage<Strategies, C>& stage, C& pp_group, C& cp_group, ChunkRange mine,
+                             std::int64_t s, std::span<const std::int32_t> inputs,
+                             std::span<const std::int32_t> targets, float grad_scale) {
+  const bool pipelined = pp_group.size() > 1;
+  const int cp_rank = int(cp_group.rank());
+  // Micro-batches of the rows: [b, n_r] tokens and targets of this cp rank.
+  const std::int64_t per_micro = pipelined ? 1 : std::max<std::int64_t>(mine.length, 1);
+  const int micro_batches = int((mine.length + per_micro - 1) / per_micro);
+  const SequenceLayout layout(s, int(cp_group.size()), stage.config().layer.zigzag);
+  const std::int64_t n = layout.local_length(cp_rank), h = stage.config().layer.hidden;
+  std::vector<Tensor<std::int32_t>> x_tokens, y_tokens;
+  for (int i = 0; i < micro_batches; ++i) {
+    const std::int64_t first_row = mine.start + i * per_micro, b = std::min(per_micro, mine.end() - first_row);
+    const auto slice = [&](std::span<const std::int32_t> all) { return all.subspan(std::size_t(first_row * s), std::size_t(b * s)); };
+    x_tokens.push_back(shard_tokens(slice(inputs), b, layout, cp_rank));
+    y_tokens.push_back(shard_tokens(slice(targets), b, layout, cp_rank));
+  }
+  double loss_sum = 0.0;
+  if (micro_batches > 0) {
+    Tensor<float> embedded(Shape{per_micro, n, h});
+    PipelineIo io;
+    io.input = [&](int i) {
+      stage.embed(x_tokens[std::size_t(i)].view(), embedded.view());
+      return TensorView<const float>(embedded.view());
+    };
+    io.loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
+      loss_sum += stage.head_loss(y, y_tokens[std::size_t(i)].view(), dy, grad_scale);
+    };
+    io.input_gradient = [&](int i, TensorView<const float> dx) { stage.embed_backward(x_tokens[std::size_t(i)].view(), dx); };
+    run_pipeline(pp_group, stage, micro_batches, Shape{per_micro, n, h}, io);
+  }
+  stage.reduce_replicated(cp_group);
+  return loss_sum;
+}
+
 namespace mesh_detail {
 
 // A step's plan for the stack, and its compact name for the table.
@@ -583,21 +625,6 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
       const double counted = double(std::count_if(targets.begin(), targets.end(),
                                                   [](std::int32_t t) { return t != ops::cpu::kIgnoreIndex; }));
       const float grad_scale = float(1.0 / counted);
-      // This replica's rows, and its micro-batches of them: [b, n_r] tokens and targets of this cp rank.
-      const ChunkRange mine = chunk_range(rows, dp, replica);
-      const std::int64_t per_micro = pp > 1 ? 1 : std::max<std::int64_t>(mine.length, 1);
-      const int micro_batches = int((mine.length + per_micro - 1) / per_micro);
-      const SequenceLayout layout(s, cp, config.layer.zigzag);
-      const std::int64_t n = layout.local_length(cp_rank), h = config.layer.hidden;
-      std::vector<Tensor<std::int32_t>> x_tokens, y_tokens;
-      for (int i = 0; i < micro_batches; ++i) {
-        const std::int64_t first_row = mine.start + i * per_micro, b = std::min(per_micro, mine.end() - first_row);
-        const auto slice = [&](const std::vector<std::int32_t>& all) {
-          return std::span<const std::int32_t>(all.data() + first_row * s, std::size_t(b * s));
-        };
-        x_tokens.push_back(shard_tokens(slice(inputs), b, layout, cp_rank));
-        y_tokens.push_back(shard_tokens(slice(targets), b, layout, cp_rank));
-      }
       const mesh_detail::StepPlan& plan = *plans[std::size_t(k)];
       const StackPlan& full = plan.stack;
       const ChunkRange layers = chunk_range(o.layers, pp, stage_index);
@@ -605,22 +632,9 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
                        StackPlan(full.begin() + layers.start, full.begin() + layers.end()), s, document_starts);
       pool.trim();
       ranks.tracker(rank).reset_peak();
-      double loss_sum = 0.0;
-      if (micro_batches > 0) {
-        Tensor<float> embedded(Shape{per_micro, n, h});
-        PipelineIo io;
-        io.input = [&](int i) {
-          stage.embed(x_tokens[std::size_t(i)].view(), embedded.view());
-          return TensorView<const float>(embedded.view());
-        };
-        io.loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
-          loss_sum += stage.head_loss(y, y_tokens[std::size_t(i)].view(), dy, grad_scale);
-        };
-        io.input_gradient = [&](int i, TensorView<const float> dx) { stage.embed_backward(x_tokens[std::size_t(i)].view(), dx); };
-        check(pp == 1 || per_micro == 1, "train_mesh: pipelined micro-batches are single rows");
-        run_pipeline(pp_group, stage, micro_batches, Shape{per_micro, n, h}, io);
-      }
-      stage.reduce_replicated(cp_group);
+      // This replica's rows, run through the stages.
+      const double loss_sum =
+          mesh_forward_backward(stage, pp_group, cp_group, chunk_range(rows, dp, replica), s, inputs, targets, grad_scale);
       adamw.learning_rate = float(o.lr * std::min(1.0, double(k + 1) / warmup));
       optimizer.step(dp_group, adamw.learning_rate, k + 1);
       double sums[2] = {loss_sum, double(ranks.tracker(rank).peak())}, total[2] = {0, 0};

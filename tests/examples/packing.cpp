@@ -8,13 +8,18 @@
 // and on the planner's plan, with documents of 1 and p - 1 tokens on p = 3 and 4. The MoE GPT (train_gpt --experts
 // --pack-documents) too: a packed sequence of documents of 1, 2, 3, 7 and 13 tokens gives the loss and every
 // gradient of every rank (attention, dense MLP, norms, router, experts, shared experts, embedding, head) of its
-// documents trained alone on the same ranks, on p = 3 and 4, under the MoE planner's plan and fixed mixes.
+// documents trained alone on the same ranks, on p = 3 and 4, under the MoE planner's plan and fixed mixes. And
+// train_gpt --mesh's step (examples/train_mesh.hpp: MeshGptStage, mesh_forward_backward) on pp = 2 x cp = 2 and
+// pp = 2 x cp = 3 (the dense GPT, 3 layers over 2 stages) and cp = 2 (the MoE GPT of train_gpt --experts): a
+// packed sequence gives the loss and every gradient of every rank of its documents alone on the same mesh.
 #include "../../examples/corpus.hpp"
+#include "../../examples/train_mesh.hpp"
 
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/mesh/device_mesh.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/moe/moe_strategies.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
@@ -474,5 +479,105 @@ TEST_CASE("an MoE GPT trains a packed sequence as its documents alone: the loss 
         CAPTURE(alone[4].names[t]);
         CHECK(std::ranges::any_of(alone[4].values[t], [](float g) { return g != 0.0f; }));
       }
+  }
+}
+
+TEST_CASE("train_gpt --mesh trains a packed sequence as its documents alone: pp = 2 x cp = 2, pp = 2 x cp = 3 "
+          "(uneven), and the MoE GPT on cp = 2: the loss and every gradient of every rank") {
+  GptConfig dense;
+  dense.layer = LayerConfig::make(48, 12);  // heads divisible by cp = 2, 3
+  dense.layer.causal = dense.layer.zigzag = dense.layer.rope = true;
+  dense.layers = 3;  // uneven over 2 stages
+  dense.vocab = 256;
+  const GptConfig moe = examples::moe_gpt_config(examples::MoeTrainOptions{
+      .layers = 2, .hidden = 48, .heads = 12, .experts = 5, .top_k = 2, .shared_experts = 1, .first_dense = 1,
+      .aux_loss_coef = 0, .z_loss_coef = 0});  // no router losses: see the MoE GPT's case above
+  const std::vector<corpus::Document> docs = documents_of({2, 3, 4, 8, 14}, 37);
+  const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 2}, {2, 0, 3}, {3, 0, 7}, {4, 0, 13}};
+
+  struct Mesh {
+    const GptConfig* config;
+    int pp, cp;
+  };
+  struct Gradients {
+    double loss = 0;
+    std::vector<std::vector<float>> values;  // every rank's parameters' gradients, rank by rank
+  };
+  // One step of `step` on the mesh pp x cp (dp = 1) as train_mesh runs it, all layers on `choice`.
+  const auto run = [&](const Mesh& mesh, const corpus::Step& step, SublayerChoice choice) {
+    const GptConfig& c = *mesh.config;
+    std::vector<std::int32_t> inputs, targets;
+    corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+    const std::vector<std::int64_t> starts = step.document_starts();
+    const double counted = double(std::count_if(targets.begin(), targets.end(),
+                                                [](std::int32_t t) { return t != ops::cpu::kIgnoreIndex; }));
+    const DeviceMesh grid({{"pp", mesh.pp}, {"cp", mesh.cp}});
+    std::vector<double> losses(std::size_t(grid.size()), 0.0);
+    std::vector<std::vector<std::vector<float>>> per_rank(std::size_t(grid.size()));
+    run_ranks(grid.size(), [&](ThreadCommunicator& world) {
+      ThreadCommunicator pp_group = grid.group(world, {"pp"}), cp_group = grid.group(world, {"cp"});
+      const int stage_index = grid.coordinate(world.rank())[0], cp_rank = grid.coordinate(world.rank())[1];
+      const ChunkRange layers = chunk_range(c.layers, mesh.pp, stage_index);
+      examples::MeshGptStage<AllStrategies<>, ThreadCommunicator> stage(c, stage_index, mesh.pp, layers, mesh.cp,
+                                                                        cp_rank, mesh.cp, cp_rank, 41);
+      BufferPool pool;
+      stage.begin_step(cp_group, cp_group, pool, StackPlan(std::size_t(layers.length), choice), step.length, starts);
+      losses[std::size_t(world.rank())] = examples::mesh_forward_backward(
+          stage, pp_group, cp_group, {0, 1}, step.length, inputs, targets, float(1.0 / counted));
+      for (const auto& parameter : stage.parameters())
+        per_rank[std::size_t(world.rank())].emplace_back(parameter.gradient->span().begin(), parameter.gradient->span().end());
+    });
+    Gradients out;
+    for (std::size_t r = 0; r < per_rank.size(); ++r) {
+      out.loss += losses[r] / counted;
+      out.values.insert(out.values.end(), per_rank[r].begin(), per_rank[r].end());
+    }
+    return std::pair{out, std::int64_t(counted)};
+  };
+  const auto choice = [](std::string_view attention, std::string_view mlp, std::string_view experts) {
+    return SublayerChoice{AllStrategies<>::index_of(attention), AllStrategies<>::index_of(mlp),
+                          MoeStrategies<>::index_of(experts)};
+  };
+  for (const Mesh& mesh : {Mesh{&dense, 2, 2}, Mesh{&dense, 2, 3}, Mesh{&moe, 1, 2}}) {
+    CAPTURE(mesh.pp);
+    CAPTURE(mesh.cp);
+    CAPTURE(mesh.config->moe.has_value());
+    const SublayerChoice reference = choice("MegatronTS", "MegatronTS", "ExpertParallel");
+    std::vector<std::pair<Gradients, std::int64_t>> alone;  // each document alone on the same mesh
+    for (const corpus::Window& w : windows)
+      alone.push_back(run(mesh, {{w}, std::max<std::int64_t>(w.length, 2 * mesh.cp)}, reference));
+    const std::vector<corpus::Step> steps = corpus::pack_sequences(windows, 17, 2 * mesh.cp);
+    REQUIRE(steps.size() >= 2);
+    for (std::size_t j = 0; j < steps.size(); ++j) {
+      const corpus::Step& step = steps[j];
+      CAPTURE(fmt::format("{}", fmt::join(step.document_starts(), ",")));
+      double loss = 0;
+      std::int64_t counted = 0;
+      std::vector<std::vector<double>> want;
+      for (const std::vector<float>& v : alone[0].first.values) want.emplace_back(v.size(), 0.0);
+      for (const corpus::Window& w : step.rows) {
+        const auto& [a, n] = alone[w.document];
+        loss += a.loss * double(n);
+        counted += n;
+        for (std::size_t t = 0; t < want.size(); ++t)
+          for (std::size_t i = 0; i < want[t].size(); ++i) want[t][i] += double(a.values[t][i]) * double(n);
+      }
+      for (std::vector<double>& v : want)
+        for (double& g : v) g /= double(counted);
+      // MegatronTS, and a ring-attention or all-to-all mix (alternating over the steps).
+      for (const SublayerChoice& on : {reference, j % 2 == 0 ? choice("UlyssesZ", "METP", "ExpertTensorParallel")
+                                                             : choice("MegatronCZ", "ColossalZ", "ExpertParallel")}) {
+        CAPTURE(on.attention);
+        const auto [got, got_counted] = run(mesh, step, on);
+        CHECK(got_counted == counted);
+        CHECK(got.loss == doctest::Approx(loss / double(counted)).epsilon(1e-5));
+        REQUIRE(got.values.size() == want.size());
+        for (std::size_t t = 0; t < want.size(); ++t) {
+          CAPTURE(t);
+          CHECK(testing::first_mismatch(std::span<const float>(got.values[t]), std::span<const double>(want[t]),
+                                        testing::kFloat32) == "");
+        }
+      }
+    }
   }
 }
