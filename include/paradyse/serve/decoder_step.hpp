@@ -10,8 +10,8 @@
 //   FFN: RMSNorm; dense SwiGLU sliced by columns, or the MoE sublayer: the router (replicated, so every rank routes
 //   alike), the tokens permuted by expert (moe/dispatch.hpp), the routed experts in the layer's mode (tp: every
 //   expert's column slice over its whole block; ep: whole experts over the rows the ExpertTasks assign the rank), the shared expert sliced by columns times its sigmoid gate; the partial outputs all-reduced; residual.
-// The rows each rank computed in EP (statistics: MoeLayerLoad::rank_rows) are summed in one all-reduce per step
-// after the last layer, not one per layer (on a latency-bound link each extra collective costs EP a launch).
+// The rows each rank computed in EP (statistics: MoeLayerLoad::rank_rows) travel at the tail of the layer's partial
+// outputs' all-reduce: EP runs no collective that TP does not (on a latency-bound link each would cost a launch).
 // Logits (replicated lm_head) for the last token of each chunk, or for every token when the chunk asks.
 // budget (serve/routing_budget.hpp), when active, routes MoE layer l with its K_l, pooled per chunk under Alloc-T.
 // after_layer(l), when given, runs after layer l (the engine posts layer l's weight redistribution there, so that it
@@ -46,7 +46,7 @@ struct SequenceChunk {
 struct MoeLayerLoad {
   std::vector<std::int64_t> routed;      // [E]: (token, expert) pairs per expert
   std::vector<std::int64_t> rank_rows;   // [p]: rows each rank computed (moe_partial in EP: this rank's only;
-                                         // decoder_step sums every EP layer's over the ranks in one all-reduce)
+                                         // decoder_step sums them with the partial outputs)
 };
 
 struct StepResult {
@@ -243,7 +243,9 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
   }
   const float scale = 1.0f / std::sqrt(float(d));
   std::vector<float> scores;
-  std::vector<std::int64_t> ep_layers;  // MoE layers computed in EP (their rank_rows are summed after the last layer)
+  Tensor<float> y_ep(Shape{n * h + s.ranks});  // an EP MoE layer's partial output [n, h], then the rows per rank [p]
+  check(n * c.moe.top_k < (std::int64_t(1) << 24), "decoder_step: {} tokens x top-{} rows exceed float's exact "
+        "integers (the EP row counts)", n, c.moe.top_k);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const RankLayer& L = s.layers[std::size_t(l)];
     // ---- attention ----
@@ -310,25 +312,27 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
     Backend::add_into(x.view(), y.view());
     // ---- FFN ----
     Backend::rms_norm_forward(x.view(), L.ffn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
-    if (c.is_moe(l)) {
-      if (L.mode == MoeMode::ep) ep_layers.push_back(l);
-      result.moe_load[std::size_t(l)] = moe_partial(comm, c, s, l, xn.view(), y.view(), pool, work,
-                                                   budget.top_k(l, chunk_rows));
-    } else
-      dense_swiglu(L.dense_in.view(), L.dense_out.view(), xn.view(), y.view(), pool);
-    sum_over_ranks(comm, y.view());
-    Backend::add_into(x.view(), y.view());
+    if (c.is_moe(l) && L.mode == MoeMode::ep) {
+      // EP: each rank's row count (statistics) rides at the tail of the partial outputs' all-reduce, exact in float
+      // (rows <= n k < 2^24), so EP runs no collective of its own (on a latency-bound link each costs a launch).
+      const TensorView<float> partial = y_ep.view().slice(0, 0, n * h).reshape(Shape{n, h});
+      MoeLayerLoad& load = result.moe_load[std::size_t(l)];
+      load = moe_partial(comm, c, s, l, xn.view(), partial, pool, work, budget.top_k(l, chunk_rows));
+      float* tail = y_ep.data() + n * h;
+      for (int q = 0; q < s.ranks; ++q) tail[q] = float(load.rank_rows[std::size_t(q)]);
+      sum_over_ranks(comm, y_ep.view());
+      for (int q = 0; q < s.ranks; ++q) load.rank_rows[std::size_t(q)] = std::int64_t(std::llround(tail[q]));
+      Backend::add_into(x.view(), partial);
+    } else {
+      if (c.is_moe(l))
+        result.moe_load[std::size_t(l)] = moe_partial(comm, c, s, l, xn.view(), y.view(), pool, work,
+                                                     budget.top_k(l, chunk_rows));
+      else
+        dense_swiglu(L.dense_in.view(), L.dense_out.view(), xn.view(), y.view(), pool);
+      sum_over_ranks(comm, y.view());
+      Backend::add_into(x.view(), y.view());
+    }
     if (after_layer) after_layer(l);
-  }
-  // Every EP layer's rows per rank in one all-reduce (statistics only: not one collective per layer).
-  if (s.ranks > 1 && !ep_layers.empty()) {
-    std::vector<std::int64_t> rows;
-    for (const std::int64_t l : ep_layers)
-      rows.insert(rows.end(), result.moe_load[std::size_t(l)].rank_rows.begin(), result.moe_load[std::size_t(l)].rank_rows.end());
-    comm.all_reduce(std::span<const std::int64_t>(rows), std::span<std::int64_t>(rows), ReduceOp::sum);
-    for (std::size_t i = 0; i < ep_layers.size(); ++i)
-      std::copy(rows.begin() + std::ptrdiff_t(i) * s.ranks, rows.begin() + std::ptrdiff_t(i + 1) * s.ranks,
-                result.moe_load[std::size_t(ep_layers[i])].rank_rows.begin());
   }
   // ---- final norm and logits ----
   Backend::rms_norm_forward(x.view(), s.whole->norm.view(), float(c.rms_eps), xn.view(), rstd.view());
