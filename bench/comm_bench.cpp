@@ -4,6 +4,7 @@
 //   mpirun -np 4 comm_bench --backend mpi       MPI backend on the launched processes: raw OpenMPI (the backend's
 //                                               Engine::mpi) beside ours (Engine::automatic), and a goal table
 //   comm_bench --ranks 2,8 --max 64M --ops all_gather,all_to_all --reps 7
+//   comm_bench --help                           every flag with its range and default (generated from parse())
 //
 // For each collective, size and form (out of place, in place) it prints the median time and the nccl-tests
 // bandwidths: algbw = S / time, where S is the per-rank size of the nccl-tests "size" column (all_gather: the
@@ -13,6 +14,8 @@
 // second), measured first in the same run; the summary compares the threads backend's all_gather and all_to_all at
 // 64 MiB per rank to memcpy measured in alternation with them (out of place each rank copies S bytes per call).
 // Times are medians over repetitions (fewer at large sizes); the machine is shared, so expect noise.
+#include "bench_usage.hpp"
+
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/tensor.hpp"
 #if defined(PARADYSE_WITH_MPI)
@@ -32,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace pd = paradyse;
@@ -79,7 +83,9 @@ struct Options {
   std::string ours = "auto";  // the engine of "ours" under MPI: auto (measured crossover) or shm (always)
 };
 
-std::size_t parse_size(std::string_view text) {
+// A size in bytes with an optional unit: 4096, 4K, 64M, 1G (binary units); false when `text` is not one or the
+// size exceeds `max`.
+bool parse_size(std::string_view text, std::size_t max, std::size_t& out) {
   std::size_t multiplier = 1;
   if (!text.empty()) {
     const char unit = text.back();
@@ -88,7 +94,10 @@ std::size_t parse_size(std::string_view text) {
     if (unit == 'G' || unit == 'g') multiplier = 1024 * MiB;
     if (multiplier != 1) text.remove_suffix(1);
   }
-  return std::size_t(std::stoull(std::string(text))) * multiplier;
+  std::size_t count = 0;
+  if (!pd::examples::parse_integer(text, std::size_t(0), max / multiplier, count)) return false;
+  out = count * multiplier;
+  return true;
 }
 
 std::vector<std::string> split_list(std::string_view text) {
@@ -104,41 +113,53 @@ std::vector<std::string> split_list(std::string_view text) {
 Options parse(int argc, char** argv) {
   Options o;
   if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) o.backend = "mpi";  // launched by mpirun
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&]() -> std::string_view {
-      pd::check(i + 1 < argc, "{} needs a value", arg);
-      return argv[++i];
-    };
-    if (arg == "--backend") o.backend = value();
-    else if (arg == "--ranks") {
-      o.ranks.clear();
-      for (const auto& r : split_list(value())) o.ranks.push_back(std::stoi(r));
-    } else if (arg == "--min") o.min_bytes = parse_size(value());
-    else if (arg == "--max") o.max_bytes = parse_size(value());
-    else if (arg == "--reps") o.reps = std::stoi(std::string(value()));
-    else if (arg == "--goal-only") o.goal_only = true;
-    else if (arg == "--ours") o.ours = value();
-    else if (arg == "--ops") {
-      o.collectives.clear();
-      for (const auto& name : split_list(value())) {
-        const auto* c = std::find_if(std::begin(kAll), std::end(kAll), [&](Collective c) { return name_of(c) == name; });
-        pd::check(c != std::end(kAll), "unknown collective '{}'", name);
-        o.collectives.push_back(*c);
-      }
-    } else {
-      std::fputs("usage: comm_bench [--backend threads|mpi] [--ranks 2,4] [--min 4K] [--max 256M] [--reps N]\n"
-                 "                  [--goal-only] [--ours auto|shm]\n"
-                 "                  [--ops all_gather,reduce_scatter,all_reduce,all_to_all,broadcast,reduce,shift]\n"
-                 "under mpirun the backend is mpi and the ranks are the launched processes\n",
-                 stderr);
-      std::exit(arg == "--help" ? 0 : 2);
-    }
+  constexpr int kMaxRanks = 256;
+  constexpr std::size_t kMinBytes = 64, kMaxBytes = std::size_t(64) * 1024 * MiB;
+  std::string ranks = "2,4", min_size = "4K", max_size = "256M", ops;
+  for (const Collective c : kAll) ops += (ops.empty() ? "" : ",") + std::string(name_of(c));
+  const std::string all_ops = ops;
+  pd::bench::Flags flags("comm_bench",
+                         "Collective bandwidth of the communicator backends, nccl-tests style: per collective, size and "
+                         "form (out of place, in place) the median time, algbw and busbw, against single-thread memcpy "
+                         "measured in the same run. Under mpirun the backend is mpi and the ranks are the launched "
+                         "processes: raw OpenMPI beside ours, and a goal table.");
+  flags.choice("--backend", o.backend, {"threads", "mpi"}, "communicator backend (default: mpi under mpirun)");
+  flags.text("--ranks", ranks, fmt::format("threads: rank counts to run, each in [1, {}]", kMaxRanks), "LIST");
+  flags.text("--min", min_size, "smallest size per rank (bytes, or with a unit K, M, G; at least 64)", "SIZE");
+  flags.text("--max", max_size, "largest size per rank (at most 64G)", "SIZE");
+  flags.integer("--reps", o.reps, 1, 1'000'000, "repetitions per size (default: 5 below 64 MiB, 3 from 64 MiB)")
+      .without_default();
+  flags.flag("--goal-only", o.goal_only, "only the goal table");
+  flags.choice("--ours", o.ours, {"auto", "shm"},
+               "MPI: the engine of ours: auto (chosen by the measured crossover) or shm (always)");
+  flags.text("--ops", ops, "collectives to run, comma-separated, of " + all_ops, "LIST");
+  flags.parse(argc, argv);
+
+  o.ranks.clear();
+  for (const std::string& r : split_list(ranks)) {
+    int n = 0;
+    if (!pd::examples::parse_integer(std::string_view(r), 1, kMaxRanks, n))
+      flags.fail(fmt::format("--ranks expects a comma-separated list of rank counts in [1, {}], got \"{}\"", kMaxRanks,
+                             ranks));
+    o.ranks.push_back(n);
   }
-  pd::check(o.backend == "threads" || o.backend == "mpi", "--backend {} must be threads or mpi", o.backend);
-  pd::check(o.ours == "auto" || o.ours == "shm", "--ours {} must be auto or shm", o.ours);
-  pd::check(o.min_bytes >= 64 && o.min_bytes <= o.max_bytes, "sizes --min {} --max {} are not a range", o.min_bytes,
-            o.max_bytes);
+  if (o.ranks.empty()) flags.fail("--ranks expects at least one rank count, got \"\"");
+  for (const auto& [flag, text, into] : {std::tuple{"--min", &min_size, &o.min_bytes},
+                                         std::tuple{"--max", &max_size, &o.max_bytes}})
+    if (!parse_size(*text, kMaxBytes, *into) || *into < kMinBytes)
+      flags.fail(fmt::format("{} expects a size in [64, 64G] bytes (a number, optionally with K, M or G), got \"{}\"",
+                             flag, *text));
+  if (o.min_bytes > o.max_bytes)
+    flags.fail(fmt::format("--min {} exceeds --max {}", min_size, max_size));
+  o.collectives.clear();
+  for (const std::string& name : split_list(ops)) {
+    const auto* c = std::find_if(std::begin(kAll), std::end(kAll), [&](Collective c) { return name_of(c) == name; });
+    if (c == std::end(kAll))
+      flags.fail(fmt::format("--ops expects a comma-separated list of {}, got \"{}\" (\"{}\" is none of them)", all_ops,
+                             ops, name));
+    o.collectives.push_back(*c);
+  }
+  if (o.collectives.empty()) flags.fail("--ops expects at least one collective, got \"\"");
   return o;
 }
 

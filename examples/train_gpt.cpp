@@ -14,9 +14,7 @@
 // default from the memory model, between what all-METP needs at --max-len and what all-MegatronTS needs there, so
 // that the longest inputs do not fit with MegatronTS but do with METP.
 //
-//   train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A] [--min-len N] [--max-len N]
-//             [--cap-mib M] [--strategy NAME] [--lr X] [--order random|sorted] [--save PATH] [--load PATH]
-//             [--profile FILE] [--corpus DIR]
+//   train_gpt --help     (every flag with its range and default: generated from parse() below)
 // --save writes a safetensors checkpoint of the global weights at the end (model/checkpoint.hpp); --load starts
 // from one (saved on any number of ranks, same model configuration).
 #include "command_line.hpp"
@@ -104,6 +102,7 @@ struct Options {
   std::int64_t shared_experts = 0;
   int first_dense = 0;
   pd::examples::RankBackend backend = pd::examples::RankBackend::threads;
+  std::string backend_name = "threads";  // --backend, read into `backend`
   std::string device = "cpu";   // cuda: the ranks are cuda_local threads on one GPU (ops::Cuda)
   std::string emulate;          // a100, h100 or h200: thread ranks paced like that 8-GPU node's links
   int checkpoint_every = 0;     // 0: no training checkpoints
@@ -119,105 +118,119 @@ struct Options {
   std::vector<std::string> args;  // the options as given (without --resume and --load): saved in checkpoints
 };
 
+// The usage, generated from the flags parse() states (usage() is also called for problems found after parsing).
+std::string& usage_text() {
+  static std::string text;
+  return text;
+}
 [[noreturn]] void usage(const std::string& problem) {
-  paradyse::examples::print_usage_and_exit("train_gpt", problem,
-             "usage: train_gpt [--steps N] [--seed S] [--ranks P] [--layers L] [--hidden H] [--heads A]\n"
-             "                 [--min-len N] [--max-len N] [--cap-mib M] [--strategy NAME] [--lr X]\n"
-             "                 [--order random|sorted] [--save PATH] [--load PATH] [--profile FILE.json]\n"
-             "                 [--corpus DIR] [--backend threads|mpi] [--checkpoint-every N] [--keep K]\n"
-             "                 [--checkpoint-dir DIR] [--resume PATH] [--stop-after N] [--csv FILE]\n"
-             "                 [--pack-tokens B | --pack-documents B] [--device cpu|cuda] [--emulate a100|h100|h200]\n"
-             "                 [--mesh dp=D,pp=P,cp=C [--zero 0|1|2]]\n"
-             "--steps N: N documents (windows) are drawn; one per step, or with --pack-tokens B packed into steps of\n"
-             "  up to B tokens (rows of similar length, one document per row, padded with masked tokens)\n"
-             "--pack-documents B: the documents back to back in ONE sequence of up to B tokens per step (first-fit\n"
-             "  decreasing), attention masked to each document and RoPE positions restarting at each, the loss never\n"
-             "  crossing documents; nothing padded beyond the group's minimum, and the planner plans each step from its\n"
-             "  documents. A flag of its own, not a mode of --pack-tokens: the same budget gives a different shape\n"
-             "  (1 x B instead of rows x length), and the two are compared on the same run\n"
-             "--checkpoint-every N: every N steps a training checkpoint (weights, AdamW moments, step, data position,\n"
-             "  options) DIR/step_<next step>.safetensors (default DIR: checkpoints), keeping the newest K (default 2)\n"
-             "--resume PATH: continue the run a training checkpoint was saved in, with its options (options given\n"
-             "  here override them); on the same number of thread ranks the losses are bit for bit those of a run\n"
-             "  that never stopped\n"
-             "--stop-after N: stop after N steps of this run and write a training checkpoint there (the data\n"
-             "  schedule stays that of --steps; --resume continues)\n"
-             "--csv FILE: the per-step table as CSV (scripts/plot.py draws it)\n"
-             "--backend mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi --ranks P ...\n"
-             "--emulate a100: thread ranks paced like an 8-GPU node's links (latency and bandwidth stretched by its\n"
-             "  GEMM rate over this machine's), planned with those links (see also bench/emulated_switching)\n"
-             "--device cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile\n"
-             "  H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now\n"
-             "--mesh dp=D,pp=P,cp=C: D x P x C ranks (--ranks may be left out): dp replicas (ZeRO --zero over dp), P\n"
-             "  pipeline stages (1F1B, one row per micro-batch), cp groups in which the strategies switch per layer;\n"
-             "  the losses of the single group (--ranks C) on the same batches (use --pack-tokens to batch rows);\n"
-             "  with --experts the MoE layers run over dp x cp (ep folded over the replicas and the cp group)\n"
-             "--profile: a JSON file, or a built-in profile name (A100-SXM4-80GB-x8, H100-SXM-80GB-x8, H200-SXM-141GB-x8)\n"
-             "strategies: MegatronTS, MegatronCZ, UlyssesZ, ColossalZ, METP\n"
-             "--experts E --top-k K [--shared-experts N] [--first-dense N]: an MoE GPT (E experts of width ffn/K,\n"
-             "  top-K routing, N shared experts, the first N layers dense), every sublayer planned (MoE: ExpertParallel\n"
-             "  or ExpertTensorParallel), expert load and router losses printed; --save DIR then writes a Hugging Face\n"
-             "  folder (Mixtral, or Qwen2-MoE with shared experts or dense layers); --cap-mib is the planner's budget;\n"
-             "  training checkpoints (--checkpoint-every, --stop-after, --resume) hold the expert and router weights\n"
-             "  and their AdamW moments too\n");
+  paradyse::examples::print_usage_and_exit("train_gpt", problem, usage_text());
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  paradyse::examples::CommandLine cli(argc, argv, [](const std::string& problem) { usage(problem); });
-  while (cli.next()) {
-    const std::string& arg = cli.flag();
-    if (arg == "--steps") o.steps = cli.integer<int>(1, 10'000'000);
-    else if (arg == "--seed") o.seed = cli.integer<std::uint64_t>(1);
-    else if (arg == "--ranks") o.ranks = cli.integer<int>(1, 256);
-    else if (arg == "--layers") o.layers = cli.integer<int>(1, 4096);
-    else if (arg == "--hidden") o.hidden = cli.integer<std::int64_t>(1, 1 << 20);
-    else if (arg == "--heads") o.heads = cli.integer<std::int64_t>(1, 1 << 16);
-    else if (arg == "--min-len") o.min_len = cli.integer<std::int64_t>(1, 1 << 24);
-    else if (arg == "--max-len") o.max_len = cli.integer<std::int64_t>(1, 1 << 24);
-    else if (arg == "--cap-mib") o.cap_mib = cli.number({.min = 0, .max = 1 << 30, .min_open = true});
-    else if (arg == "--strategy") {
-      o.strategy = cli.value();
-      if (pd::cost::default_catalog().find(o.strategy) < 0)
-        usage(fmt::format("no strategy named \"{}\"; the strategies are {}", o.strategy,
-                          fmt::join(pd::cost::default_catalog().names(), ", ")));
-    } else if (arg == "--lr") o.lr = cli.number({.min = 0, .max = 100, .min_open = true});
-    else if (arg == "--order") o.sorted = cli.choice("sorted", "random");
-    else if (arg == "--save") o.save = cli.value();
-    else if (arg == "--load") o.load = cli.value();
-    else if (arg == "--profile") o.profile = cli.value();
-    else if (arg == "--corpus") o.corpus = cli.value();
-    else if (arg == "--experts") o.experts = cli.integer<std::int64_t>(1, 1 << 16);
-    else if (arg == "--top-k") o.top_k = cli.integer<std::int64_t>(1, 1 << 16);
-    else if (arg == "--shared-experts") o.shared_experts = cli.integer<std::int64_t>(0, 1 << 10);
-    else if (arg == "--first-dense") o.first_dense = cli.integer<int>(0, 4096);
-    else if (arg == "--device") o.device = cli.choice("cpu", "cuda") ? "cpu" : "cuda";
-    else if (arg == "--emulate") {
-      o.emulate = cli.value();
-      if (o.emulate != "a100" && o.emulate != "h100" && o.emulate != "h200")
-        usage(fmt::format("--emulate expects a100, h100 or h200, got \"{}\"", o.emulate));
+  std::int64_t zero_stage = 0;
+  paradyse::examples::Flags flags(
+      "train_gpt",
+      "Trains a byte-level GPT on the bundled State of the Union corpus (or --corpus DIR) on p ranks under a per-rank "
+      "memory cap, the exact planner choosing a strategy for every attention and MLP sublayer of every layer and "
+      "step (or --strategy NAME everywhere). Prints per step the length, the plan, the loss, the time, the model "
+      "FLOPs utilisation and the measured peak memory against the model's prediction; a summary at the end.");
+  flags.integer("--steps", o.steps, 1, 10'000'000,
+                "documents (windows) drawn: one per step, or with --pack-tokens / --pack-documents packed into steps");
+  flags.integer("--seed", o.seed, std::uint64_t(1), std::numeric_limits<std::uint64_t>::max(),
+                "seed of the weights and the data");
+  flags.integer("--ranks", o.ranks, 1, 256, "ranks (with --mesh: may be left out)");
+  flags.integer("--layers", o.layers, 1, 4096, "transformer layers");
+  flags.integer("--hidden", o.hidden, std::int64_t(1), std::int64_t(1) << 20, "hidden size");
+  flags.integer("--heads", o.heads, std::int64_t(1), std::int64_t(1) << 16, "attention heads");
+  flags.integer("--min-len", o.min_len, std::int64_t(1), std::int64_t(1) << 24, "shortest window (tokens)");
+  flags.integer("--max-len", o.max_len, std::int64_t(1), std::int64_t(1) << 24,
+                "longest window: the longest document is scaled to it");
+  flags.number("--cap-mib", o.cap_mib, {.min = 0, .max = 1 << 30, .min_open = true},
+               "memory cap per rank in MiB (default: from the memory model, between what all-METP and all-MegatronTS "
+               "need at --max-len; with --experts: the planner's budget)")
+      .without_default();
+  flags.choice("--strategy", o.strategy, pd::cost::default_catalog().names(),
+               "one strategy everywhere instead of the planner (long inputs may then run out of memory: the step is "
+               "reported and skipped)")
+      .without_default();
+  flags.number("--lr", o.lr, {.min = 0, .max = 100, .min_open = true}, "peak learning rate (AdamW, linear warm-up)");
+  flags.choice("--order", o.sorted, "sorted", "random", "document order: sorted by length (curriculum) or shuffled");
+  flags.text("--save", o.save,
+             "write the global weights at the end as safetensors (with --experts: a Hugging Face folder, Mixtral or "
+             "Qwen2-MoE)", "PATH");
+  flags.text("--load", o.load, "start from weights --save wrote (on any number of ranks, same model)", "PATH");
+  flags.text("--profile", o.profile,
+             "hardware profile: a JSON file or a built-in name (default: calibrated on this machine once, cached in "
+             "build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json");
+  flags.text("--corpus", o.corpus, "a folder of text documents (default: the bundled data/corpus/sotu.tar.xz)", "DIR");
+  flags.choice("--backend", o.backend_name, {"threads", "mpi"},
+               "threads: P thread ranks; mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi "
+               "--ranks P ...");
+  flags.integer("--checkpoint-every", o.checkpoint_every, 1, 10'000'000,
+                "every N steps a training checkpoint (weights, AdamW moments, step, data position, options) "
+                "DIR/step_<next step>.safetensors")
+      .without_default();
+  flags.integer("--keep", o.keep, 1, 1'000'000, "training checkpoints kept (the newest)");
+  flags.text("--checkpoint-dir", o.checkpoint_dir, "the folder of the training checkpoints", "DIR");
+  flags.text("--resume", o.resume,
+             "continue the run a training checkpoint was saved in, with its options (options given here override "
+             "them); on the same number of thread ranks the losses are bit for bit those of a run that never stopped",
+             "PATH");
+  flags.integer("--stop-after", o.stop_after, 1, 10'000'000,
+                "stop after N steps of this run and write a training checkpoint there (the data schedule stays that "
+                "of --steps; --resume continues)")
+      .without_default();
+  flags.text("--csv", o.csv, "the per-step table as CSV (scripts/plot.py draws it)", "FILE");
+  flags.integer("--pack-tokens", o.pack_tokens, std::int64_t(1), std::int64_t(1) << 30,
+                "documents packed into steps of up to B tokens: rows of similar length, one document per row, padded "
+                "with masked tokens")
+      .without_default();
+  flags.integer("--pack-documents", o.pack_documents, std::int64_t(1), std::int64_t(1) << 30,
+                "the documents back to back in ONE sequence of up to B tokens per step (first-fit decreasing), "
+                "attention masked to each document, RoPE positions restarting at each, the loss never crossing "
+                "documents; the planner plans each step from its documents (not with --pack-tokens)")
+      .without_default();
+  flags.choice("--device", o.device, {"cpu", "cuda"},
+               "cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile "
+               "H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now");
+  flags.choice("--emulate", o.emulate, {"a100", "h100", "h200"},
+               "thread ranks paced like that 8-GPU node's links (latency and bandwidth stretched by its GEMM rate over "
+               "this machine's), planned with those links (see also bench/emulated_switching)")
+      .without_default();
+  flags.text("--mesh", o.mesh,
+             "D x P x C ranks: dp replicas (ZeRO --zero over dp), P pipeline stages (1F1B, one row per micro-batch), "
+             "cp groups in which the strategies switch per layer; the losses of the single group (--ranks C) on the "
+             "same batches (use --pack-tokens to batch rows); with --experts the MoE layers run over dp x cp",
+             "dp=D,pp=P,cp=C");
+  flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(2), "--mesh: the ZeRO stage over dp");
+  flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
+                "an MoE GPT of E experts of width ffn/K, every sublayer planned (MoE: ExpertParallel or "
+                "ExpertTensorParallel), expert load and router losses printed")
+      .without_default();
+  flags.integer("--top-k", o.top_k, std::int64_t(1), std::int64_t(1) << 16, "--experts: experts per token");
+  flags.integer("--shared-experts", o.shared_experts, std::int64_t(0), std::int64_t(1) << 10,
+                "--experts: shared experts");
+  flags.integer("--first-dense", o.first_dense, 0, 4096, "--experts: the first N layers dense");
+  usage_text() = flags.usage();
+  flags.parse(argc, argv);
+  o.zero = pd::ZeroStage(int(zero_stage));
+  o.backend = o.backend_name == "mpi" ? pd::examples::RankBackend::mpi : pd::examples::RankBackend::threads;
+  // The options as given, for training checkpoints, as "--flag value" pairs (every flag takes one value, given as
+  // "--flag value" or "--flag=value"); --resume, --load and --stop-after are not saved (a resumed run starts from its
+  // checkpoint and runs to the end).
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (const std::size_t equals = flag.find('='); flag.starts_with("--") && equals != std::string::npos) {
+      value = flag.substr(equals + 1);
+      flag.resize(equals);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
     }
-    else if (arg == "--backend")
-      o.backend = cli.choice("threads", "mpi") ? pd::examples::RankBackend::threads : pd::examples::RankBackend::mpi;
-    else if (arg == "--checkpoint-every") o.checkpoint_every = cli.integer<int>(1, 10'000'000);
-    else if (arg == "--keep") o.keep = cli.integer<int>(1, 1'000'000);
-    else if (arg == "--checkpoint-dir") o.checkpoint_dir = cli.value();
-    else if (arg == "--resume") o.resume = cli.value();
-    else if (arg == "--stop-after") o.stop_after = cli.integer<int>(1, 10'000'000);
-    else if (arg == "--csv") o.csv = cli.value();
-    else if (arg == "--pack-tokens") o.pack_tokens = cli.integer<std::int64_t>(1, 1 << 30);
-    else if (arg == "--pack-documents") o.pack_documents = cli.integer<std::int64_t>(1, 1 << 30);
-    else if (arg == "--mesh") o.mesh = cli.value();
-    else if (arg == "--zero") o.zero = pd::ZeroStage(cli.integer<int>(0, 2));
-    else cli.unknown();
-  }
-  // The options as given, for training checkpoints: every flag takes one value; --resume, --load and --stop-after
-  // are not saved (a resumed run starts from its checkpoint and runs to the end).
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
     if (flag == "--resume" || flag == "--load" || flag == "--stop-after") continue;
     o.args.push_back(flag);
-    o.args.emplace_back(argv[i + 1]);
+    o.args.push_back(value);
   }
   if (!o.resume.empty() && !o.load.empty()) usage("--resume and --load exclude each other (--resume loads the weights)");
   if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));

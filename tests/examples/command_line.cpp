@@ -1,8 +1,7 @@
 // Tests of examples/command_line.hpp, the command lines of the example programs and benchmarks (CLI11 through
 // Flags): integers parse into their destination type without wrapping, numbers must be finite and inside their
 // interval, errors name the flag, the value and the accepted range, --help is not a problem, and the usage is
-// generated from the flags (each flag with its range and default). The hand-rolled CommandLine that programs not yet
-// moved to Flags use is checked once at the end.
+// generated from the flags (each flag with its range and default).
 #include "../../examples/command_line.hpp"
 
 #include <doctest/doctest.h>
@@ -14,7 +13,6 @@
 #include <string>
 #include <vector>
 
-using paradyse::examples::CommandLine;
 using paradyse::examples::Flags;
 using paradyse::examples::Interval;
 
@@ -146,21 +144,4 @@ TEST_CASE("command line: the usage is generated from the flags, with ranges and 
   CHECK(contains(usage, "--order random|sorted=random"));
   CHECK(contains(usage, "--check"));
   CHECK(contains(usage, "--help"));
-}
-
-TEST_CASE("command line: the hand-rolled reader still names the flag, value and range") {
-  std::vector<std::string> args = {"program", "--steps", "3000000000"};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  struct UsageCalled {
-    std::string problem;
-  };
-  CommandLine cli(int(argv.size()), argv.data(), [](const std::string& problem) { throw UsageCalled{problem}; });
-  std::string problem = "none";
-  try {
-    while (cli.next()) (void)cli.integer<int>(1, 10);
-  } catch (const UsageCalled& u) {
-    problem = u.problem;
-  }
-  CHECK(problem == "--steps expects an integer in [1, 10], got \"3000000000\"");
 }
