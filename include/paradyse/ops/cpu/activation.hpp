@@ -2,13 +2,14 @@
 //
 // Element-wise over views of one shape (any outer strides, unit-stride last dimension; gate and up may be two
 // halves of one packed [..., 2f] tensor). Forward outputs are overwritten (and may alias an input); backward
-// gradients ACCUMULATE (+=). tanh and the sigmoid go through exp_approx so the loops vectorise.
+// gradients ACCUMULATE (+=). tanh and the sigmoid go through exp_approx (GELU: exp_approx_in_place over chunks of a row).
 #pragma once
 
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/ops/cpu/rows.hpp"
 #include "paradyse/ops/cpu/vector_math.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace paradyse::ops::cpu {
@@ -16,6 +17,18 @@ namespace paradyse::ops::cpu {
 namespace detail {
 inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluCubic = 0.044715f;
+inline constexpr std::int64_t kGeluChunk = 256;  // elements per pass: the tanh of a chunk on the stack
+
+// t[0..n) = tanh(sqrt(2/pi) (x + 0.044715 x^3)) as tanh_approx computes it (1 - 2 / (e^{2u} + 1)), with the exps of
+// the chunk in one exp_approx_in_place pass (the scalar exp_approx does not vectorise in a loop). n <= kGeluChunk.
+inline void gelu_tanh(const float* x, std::int64_t n, float* t) {
+  for (std::int64_t c = 0; c < n; ++c) {
+    const float v = x[c];
+    t[c] = 2.0f * (kGeluSqrt2OverPi * (v + kGeluCubic * v * v * v));
+  }
+  exp_approx_in_place(t, n);
+  for (std::int64_t c = 0; c < n; ++c) t[c] = 1.0f - 2.0f / (t[c] + 1.0f);
+}
 }  // namespace detail
 
 // x, y: [..., f]. y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -28,10 +41,11 @@ inline void gelu_forward(TensorView<const float> x, TensorView<float> y) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = detail::row_pointer(x, r);
     float* yr = detail::row_pointer(y, r);
-    for (std::int64_t c = 0; c < f; ++c) {
-      const float v = xr[c];
-      const float t = tanh_approx(detail::kGeluSqrt2OverPi * (v + detail::kGeluCubic * v * v * v));
-      yr[c] = 0.5f * v * (1.0f + t);
+    for (std::int64_t c0 = 0; c0 < f; c0 += detail::kGeluChunk) {
+      const std::int64_t n = std::min(detail::kGeluChunk, f - c0);
+      float t[detail::kGeluChunk];
+      detail::gelu_tanh(xr + c0, n, t);
+      for (std::int64_t c = 0; c < n; ++c) yr[c0 + c] = 0.5f * xr[c0 + c] * (1.0f + t[c]);
     }
   }
 }
@@ -49,11 +63,15 @@ inline void gelu_backward(TensorView<const float> x, TensorView<const float> dy,
     const float* xr = detail::row_pointer(x, r);
     const float* dyr = detail::row_pointer(dy, r);
     float* dxr = detail::row_pointer(dx, r);
-    for (std::int64_t c = 0; c < f; ++c) {
-      const float v = xr[c];
-      const float t = tanh_approx(detail::kGeluSqrt2OverPi * (v + detail::kGeluCubic * v * v * v));
-      const float du = detail::kGeluSqrt2OverPi * (1.0f + 3.0f * detail::kGeluCubic * v * v);
-      dxr[c] += dyr[c] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    for (std::int64_t c0 = 0; c0 < f; c0 += detail::kGeluChunk) {
+      const std::int64_t n = std::min(detail::kGeluChunk, f - c0);
+      float t[detail::kGeluChunk];
+      detail::gelu_tanh(xr + c0, n, t);
+      for (std::int64_t c = 0; c < n; ++c) {
+        const float v = xr[c0 + c];
+        const float du = detail::kGeluSqrt2OverPi * (1.0f + 3.0f * detail::kGeluCubic * v * v);
+        dxr[c0 + c] += dyr[c0 + c] * (0.5f * (1.0f + t[c]) + 0.5f * v * (1.0f - t[c] * t[c]) * du);
+      }
     }
   }
 }

@@ -90,7 +90,8 @@ inline void mask_row(float* row, std::int64_t cols, KeyRange visible) {
     const float new_max = std::max(old_max, maximum(row, cols));
     // A row that has seen no key yet keeps max -inf; shift by 0 so that exp(-inf - shift) = 0, never NaN.
     const float shift = new_max == kNegativeInfinity ? 0.0f : new_max;
-    for (std::int64_t c = 0; c < cols; ++c) row[c] = exp_approx(row[c] - shift);
+    for (std::int64_t c = 0; c < cols; ++c) row[c] -= shift;
+    exp_approx_in_place(row, cols);
     const float correction = exp_approx(old_max - shift);  // 0 when old_max = -inf
     row_sum[r] = row_sum[r] * correction + sum(row, cols);
     row_max[r] = new_max;
@@ -113,8 +114,9 @@ inline void mask_row(float* row, std::int64_t cols, KeyRange visible) {
     // s <= lse holds in exact arithmetic; the clamp keeps rounding from ever giving p > 1.
     for (std::int64_t c = 0; c < cols; ++c) {
       const float x = row[c] - l;
-      row[c] = exp_approx(x > 0.0f ? 0.0f : x);  // NaN stays NaN
+      row[c] = x > 0.0f ? 0.0f : x;  // NaN stays NaN
     }
+    exp_approx_in_place(row, cols);
   }
 }
 

@@ -37,6 +37,52 @@ namespace paradyse::ops::cpu {
   return x < -87.0f ? 0.0f : (x == x ? p * two_to_n : x);
 }
 
+// exp_approx of x[0..n) in place, eight lanes at a time. GCC does not vectorise a loop over the scalar exp_approx: it
+// threads the clamps' constants into the polynomial as branches, which if-conversion then cannot undo (the
+// operations might trap), so the loops of attention's softmax ran one exp per instruction. Here each block of eight
+// goes through GCC vector extensions (one AVX register under the avx2 and avx512 targets of simd.hpp, two SSE
+// registers otherwise) with lane for lane the operations of exp_approx, selects instead of branches; 2^n comes from
+// the rounded sum's bits (t = x log2e + 1.5 * 2^23 holds n in its low mantissa bits) rather than a float-to-int
+// conversion. The tail (n % 8 elements) runs exp_approx. No vector crosses a function boundary (that would change the
+// ABI between the targets): the block is read from and written back to memory.
+[[gnu::always_inline]] inline void exp_approx_in_place(float* x, std::int64_t n) {
+#if defined(__GNUC__)
+  using Floats8 = float __attribute__((vector_size(32)));
+  using Ints8 = std::int32_t __attribute__((vector_size(32)));
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2High = 0.693145751953125f;
+  constexpr float kLn2Low = 1.428606765330187045e-06f;
+  constexpr float kRoundMagic = 12582912.0f;
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Floats8 v;
+    __builtin_memcpy(&v, x + i, sizeof v);
+    const Floats8 low = Floats8{} - 87.0f, high = Floats8{} + 88.0f, zero = {};
+    Floats8 clamped = v >= low ? v : low;  // NaN: -87
+    clamped = clamped <= high ? clamped : high;
+    const Floats8 t = clamped * kLog2e + kRoundMagic;
+    const Floats8 rounded = t - kRoundMagic;
+    const Floats8 r = (clamped - rounded * kLn2High) - rounded * kLn2Low;
+    Floats8 p = Floats8{} + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const Ints8 exponent = (Ints8)t - (Ints8)(Floats8{} + kRoundMagic);  // n, in [-126, 127]
+    const Floats8 e = p * (Floats8)((exponent + 127) << 23);
+    const Floats8 result = v < low ? zero : e;
+    v = v == v ? result : v;  // NaN stays NaN
+    __builtin_memcpy(x + i, &v, sizeof v);
+  }
+  for (; i < n; ++i) x[i] = exp_approx(x[i]);
+#else
+  for (std::int64_t i = 0; i < n; ++i) x[i] = exp_approx(x[i]);
+#endif
+}
+
 // Reductions with 16 independent partial results: they vectorise without -ffast-math (a plain float reduction
 // does not, since reassociating it changes the rounding). The tail runs from an explicit bound so that GCC sees
 // both loops' trip counts.
