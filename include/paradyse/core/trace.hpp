@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -66,6 +67,7 @@ public:
 
   void record(const TraceEvent& event) {
     if (paused_ != 0) return;
+    if (open_) open_->events.push_back(event);  // as called, before merging (a replay calls record() the same way)
     if (event.is_kernel() && !events_.empty() && events_.back().is_kernel() && events_.back().same_kernel(event)) {
       events_.back().count += event.count;
       return;
@@ -112,11 +114,89 @@ public:
     return trace;
   }
 
+  // ---- Repeated calls in a dry run ----
+  // Code that makes one call again on the same shapes (METP's ring attention, once per head group) records the same
+  // events again. record_or_replay (below) records such a call's events once under a key that names everything they
+  // depend on, and appends them again, requests renumbered, for each later call with that key: a shortcut that
+  // leaves the trace exactly as running the call would (tests/cost/dry_run_shortcuts.cpp compares both).
+  using SegmentKey = std::vector<std::int64_t>;
+  bool segment_open() const noexcept { return open_ != nullptr; }
+  // Whether record_or_replay may record or replay now (replays are on, and no segment is open: a call inside one runs).
+  bool replays_now() const noexcept { return replays_enabled() && !open_; }
+  // Appends the events recorded under `key` (false: none, or they are not replayable).
+  bool replay(const SegmentKey& key) {
+    for (const Segment& s : segments_) {
+      if (s.key != key) continue;
+      if (!s.replayable) return false;
+      const std::int32_t shift = next_request_ - s.first_request;
+      next_request_ += s.requests;
+      for (TraceEvent e : s.events) {
+        if (e.request >= 0) e.request += shift;
+        record(e);
+      }
+      return true;
+    }
+    return false;
+  }
+  void open_segment(SegmentKey key) {
+    open_ = std::make_unique<Segment>();
+    open_->key = std::move(key);
+    open_->first_request = next_request_;
+  }
+  // Ends the open segment and keeps it, replayable when its events hold every request it numbered, posted and
+  // waited for (a communicator that records elsewhere, or a pause, leaves it unreplayable); `keep` false drops it.
+  void close_segment(bool keep) {
+    std::unique_ptr<Segment> s = std::move(open_);
+    if (!keep || !s) return;
+    s->requests = next_request_ - s->first_request;
+    std::int32_t posts = 0, waits = 0;
+    for (const TraceEvent& e : s->events) {
+      if (e.kind != TraceKind::post && e.kind != TraceKind::wait) continue;
+      s->replayable &= e.request >= s->first_request && e.request < next_request_;
+      (e.kind == TraceKind::post ? posts : waits) += 1;
+    }
+    s->replayable &= posts == s->requests && waits == s->requests;
+    segments_.push_back(std::move(*s));
+  }
+  // Replays stay off on this thread while it is false (to compare a replayed trace with one that ran).
+  static bool& replays_enabled() noexcept {
+    thread_local bool enabled = true;
+    return enabled;
+  }
+
 private:
+  struct Segment {
+    SegmentKey key;
+    std::vector<TraceEvent> events;
+    std::int32_t first_request = 0, requests = 0;
+    bool replayable = true;
+  };
   std::vector<TraceEvent> events_;
   int paused_ = 0;
   std::int32_t next_request_ = 0;
+  std::vector<Segment> segments_;
+  std::unique_ptr<Segment> open_;
 };
+
+// Runs `call` (which records into `trace`) or, when `trace` holds a replayable recording under `key`, appends that
+// instead. The caller guarantees that `key` names everything the call's events depend on. Calls made while a
+// segment is open run (their events are part of it).
+template <class Call>
+void record_or_replay(Trace& trace, Trace::SegmentKey key, Call&& call) {
+  if (!trace.replays_now()) {
+    call();
+    return;
+  }
+  if (trace.replay(key)) return;
+  trace.open_segment(std::move(key));
+  try {
+    call();
+  } catch (...) {
+    trace.close_segment(false);
+    throw;
+  }
+  trace.close_segment(true);
+}
 
 // Makes `trace` the calling thread's current trace for the lifetime of this object.
 class ScopedTrace {

@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -211,8 +212,34 @@ SublayerTrace dry_run_sublayer(const Strategies& strategies, std::size_t index, 
                               [](const SublayerTraceView& view) { return SublayerTrace(view); });
 }
 
+namespace dry_run_detail {
+// A strategy's declared sublayer code (its optional `attention_sublayer` / `mlp_sublayer`; empty: its own).
+template <class P>
+constexpr std::string_view declared_sublayer(Sublayer part) {
+  if (part == Sublayer::attention) {
+    if constexpr (requires { std::string_view(P::attention_sublayer); }) return P::attention_sublayer;
+  } else {
+    if constexpr (requires { std::string_view(P::mlp_sublayer); }) return P::mlp_sublayer;
+  }
+  return {};
+}
+template <class Strategies>
+struct DeclaredSublayers {  // a list that is not a Switchable: no declarations
+  static std::vector<std::string> of(Sublayer) { return std::vector<std::string>(Strategies::count); }
+};
+template <class... Ps>
+struct DeclaredSublayers<Switchable<Ps...>> {
+  static std::vector<std::string> of(Sublayer part) { return {std::string(declared_sublayer<Ps>(part))...}; }
+};
+}  // namespace dry_run_detail
+
 // The strategies a planner chooses among: count, names and a dry run of each, type-erased over a Switchable list
 // instantiated with ops::Counting (for example AllStrategies<ops::Counting>).
+//
+// A strategy whose sublayer runs code shared op for op with others says so in one statement, naming that code
+// (`static constexpr std::string_view mlp_sublayer = "zero3_mlp";`, or `attention_sublayer`): strategies that
+// declare the same name have the same trace whenever both are supported, so a cost table dry-runs it once
+// (shared_sublayer). tests/cost/dry_run_shortcuts.cpp holds every declaration to it, event for event.
 class StrategyCatalog {
 public:
   template <class Strategies>
@@ -220,6 +247,8 @@ public:
     auto list = std::make_shared<const Strategies>();
     StrategyCatalog c;
     for (std::string_view name : Strategies::names) c.names_.emplace_back(name);
+    for (Sublayer part : kAllSublayers)
+      c.declared_[std::size_t(part)] = dry_run_detail::DeclaredSublayers<Strategies>::of(part);
     c.trace_ = [list](std::size_t index, Sublayer part, const ModelShape& m, int p, int rank) {
       return dry_run_sublayer(*list, index, part, m, p, rank);
     };
@@ -253,6 +282,11 @@ public:
     return indices;
   }
 
+  // The sublayer code strategy `index` declares for `part` (empty: its own, shared with no other).
+  std::string_view shared_sublayer(int index, Sublayer part) const {
+    return declared_[std::size_t(part)].at(std::size_t(index));
+  }
+
   Support supports(int index, const ModelShape& m, int p) const { return support_(std::size_t(index), m, p); }
   SublayerTrace trace(int index, Sublayer part, const ModelShape& m, int p, int rank = 0) const {
     return trace_(std::size_t(index), part, m, p, rank);
@@ -265,6 +299,7 @@ public:
 
 private:
   std::vector<std::string> names_;
+  std::array<std::vector<std::string>, 2> declared_;  // [sublayer][strategy]
   std::function<SublayerTrace(std::size_t, Sublayer, const ModelShape&, int, int)> trace_;
   std::function<void(std::size_t, Sublayer, const ModelShape&, int, int, const TraceVisitor&)> visit_;
   std::function<Support(std::size_t, const ModelShape&, int)> support_;

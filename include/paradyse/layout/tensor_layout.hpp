@@ -42,7 +42,7 @@ struct TensorLayout {
   }
   // One-axis layouts over a group of `parts` ranks: the shape of rank `index`'s shard.
   Shape local_shape(int parts, int index) const {
-    check(mesh_ndim() == 1, "layout {} places {} mesh axes; a group is one axis", placements.to_string(), mesh_ndim());
+    check(mesh_ndim() == 1, "layout {} places {} mesh axes; a group is one axis", placements, mesh_ndim());
     const Placement p = placements[0];
     if (!p.is_shard()) return global;
     return global.with(p.dim, shard_ranges(global[p.dim], parts, index, p.chunking).length());

@@ -203,33 +203,64 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
     shapes.push_back(shape_for_batch(kind.shape, batch));
     cost::validate(shapes.back(), group_size);
   }
-  // The dry runs, one job per (sublayer, kind, strategy), attention first (the longer runs start first); each job
-  // fills only its own result, so the table is the same whichever thread ran which (plan/job_pool.hpp).
+  // Which (sublayer, kind, strategy) need a dry run: candidates that support the shape (asked once per kind and
+  // strategy). Strategies that declare the same sublayer code (StrategyCatalog::shared_sublayer) share one dry run:
+  // the lowest supported index of them runs it, the others copy its result.
   struct DryRunResult {
     std::string reason;                      // not a candidate, or not supported
     std::optional<cost::SublayerCost> cost;  // empty with an empty reason: beyond what a tracker counts
     std::string beyond;                      // why, then
+    std::size_t source = 0;                  // the result this one copies (its own index: it runs)
   };
   const std::size_t kinds = model.kinds.size(), strategies = std::size_t(catalog.count());
   std::vector<DryRunResult> results(2 * kinds * strategies);
   const auto result_index = [&](std::size_t k, Sublayer part, Strategy s) {
     return (std::size_t(part) * kinds + k) * strategies + std::size_t(s);
   };
-  JobPool::shared().run(results.size(), [&](std::size_t job) {
-    const auto s = Strategy(job % strategies);
-    const std::size_t k = job / strategies % kinds;
-    const auto part = Sublayer(job / strategies / kinds);
-    DryRunResult& r = results[job];
-    if (!candidates.empty() && std::find(candidates.begin(), candidates.end(), s) == candidates.end())
-      r.reason = fmt::format("{} is not a candidate", catalog.name(s));
-    else r.reason = catalog.supports(s, shapes[k], group_size).reason;
-    if (!r.reason.empty()) return;
+  std::vector<std::size_t> jobs;  // the results that run a dry run, attention first (the longer runs start first)
+  for (std::size_t k = 0; k < kinds; ++k)
+    for (Strategy s = 0; s < catalog.count(); ++s) {
+      std::string reason;
+      if (!candidates.empty() && std::find(candidates.begin(), candidates.end(), s) == candidates.end())
+        reason = fmt::format("{} is not a candidate", catalog.name(s));
+      else reason = catalog.supports(s, shapes[k], group_size).reason;
+      for (Sublayer part : cost::kAllSublayers) {
+        DryRunResult& r = results[result_index(k, part, s)];
+        r.reason = reason;
+        r.source = result_index(k, part, s);
+        if (!reason.empty()) continue;
+        const std::string_view code = catalog.shared_sublayer(s, part);
+        for (Strategy t = 0; t < s && !code.empty(); ++t)
+          if (catalog.shared_sublayer(t, part) == code && results[result_index(k, part, t)].reason.empty()) {
+            r.source = result_index(k, part, t);
+            break;
+          }
+      }
+    }
+  for (Sublayer part : cost::kAllSublayers)
+    for (std::size_t k = 0; k < kinds; ++k)
+      for (Strategy s = 0; s < catalog.count(); ++s) {
+        const std::size_t i = result_index(k, part, s);
+        if (results[i].reason.empty() && results[i].source == i) jobs.push_back(i);
+      }
+  // Each job fills only its own result, so the table is the same whichever thread ran which (plan/job_pool.hpp).
+  JobPool::shared().run(jobs.size(), [&](std::size_t job) {
+    const std::size_t i = jobs[job];
+    const auto s = Strategy(i % strategies);
+    const std::size_t k = i / strategies % kinds;
+    const auto part = Sublayer(i / strategies / kinds);
+    DryRunResult& r = results[i];
     try {
       r.cost = cost::evaluate_sublayer(catalog, s, part, shapes[k], group_size, &hardware);
     } catch (const OutOfMemory& oom) {  // the dry run's tensors exceed what a tracker counts (2^60 bytes)
       r.beyond = oom.what();
     }
   });
+  for (DryRunResult& r : results)
+    if (r.reason.empty() && r.source != std::size_t(&r - results.data())) {
+      r.cost = results[r.source].cost;
+      r.beyond = results[r.source].beyond;
+    }
   for (std::size_t k = 0; k < kinds; ++k) {
     const auto count = double(std::count(model.layer_kinds.begin(), model.layer_kinds.end(), int(k)));
     for (auto& part : t.entries[k]) part.resize(strategies);

@@ -35,6 +35,8 @@ namespace paradyse {
 template <class Backend = ops::Cpu>
 struct MegatronCZ : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "MegatronCZ";
+  // Its MLP sublayer is zero3_mlp.hpp's, op for op: a planner dry-runs it once for every strategy that says so.
+  static constexpr std::string_view mlp_sublayer = "zero3_mlp";
   // Both sublayers compute in the unified layout: K/V blocks pass around the ring and the ZeRO-3 weights move, not tokens.
   ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
     return {ctx.unified(ctx.hidden()), ctx.unified(ctx.hidden())};

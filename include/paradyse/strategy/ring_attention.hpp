@@ -19,7 +19,9 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/memory.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/trace.hpp"
 #include "paradyse/ops/attention_mask.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
@@ -28,6 +30,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -119,6 +122,30 @@ void check_ring_inputs(const char* op, const C& comm, const RingAttentionSpec& s
         op, q.extent(2), k.extent(2));
 }
 
+// A dry run (the counting backend, recording into the trace of the current tracker): the trace, else nullptr.
+template <class Backend>
+Trace* dry_run_trace() {
+  if constexpr (requires { Backend::name; }) {
+    if constexpr (Backend::name == std::string_view("counting")) {
+      Trace* trace = Trace::current();
+      return trace && trace == MemoryTracker::current().trace() ? trace : nullptr;
+    }
+  }
+  return nullptr;
+}
+
+// Everything a ring's events depend on besides the backend: the direction, the rank in its group, the layout, the
+// mask and the shapes of the tensors (a dry run replays a repeated call from it: core/trace.hpp).
+template <class C, class... Views>
+Trace::SegmentKey segment_key(int direction, const C& comm, const RingAttentionSpec& spec, const Views&... views) {
+  Trace::SegmentKey key{direction, comm.rank(), comm.size(), spec.layout.length(), spec.layout.ranks(),
+                        spec.layout.zigzag(), spec.causal, std::int64_t(std::bit_cast<std::uint32_t>(spec.scale))};
+  key.insert(key.end(), spec.document_starts.begin(), spec.document_starts.end());
+  key.push_back(std::int64_t(spec.document_starts.size()));
+  (key.insert(key.end(), views.shape().begin(), views.shape().end()), ...);
+  return key;
+}
+
 }  // namespace ring_detail
 
 // Forward. q: [b, n_r, hq, d]; k, v: [b, n_r, hkv, d] (this rank's tokens in layout order; any strides, unit stride
@@ -130,6 +157,9 @@ void ring_attention_forward(C& comm, const RingAttentionSpec& spec, BufferPool& 
                             TensorView<float> lse) {
   using namespace ring_detail;
   check_ring_inputs("ring_attention_forward", comm, spec, q, k, v);
+  if (Trace* trace = dry_run_trace<Backend>(); trace && trace->replays_now())  // a repeat records what the first did
+    return record_or_replay(*trace, segment_key(0, comm, spec, q, k, v, out, lse),
+                            [&] { ring_attention_forward<Backend>(comm, spec, pool, q, k, v, out, lse); });
   const int rank = comm.rank();
   const std::int64_t batch = q.extent(0), q_heads = q.extent(2), d = q.extent(3), n = q.extent(1);
   check(out.shape() == q.shape(), "ring_attention_forward: out {} must have the shape of q {}", out.shape(), q.shape());
@@ -205,6 +235,10 @@ void ring_attention_backward(C& comm, const RingAttentionSpec& spec, BufferPool&
                              TensorView<float> dk, TensorView<float> dv) {
   using namespace ring_detail;
   check_ring_inputs("ring_attention_backward", comm, spec, q, k, v);
+  if (Trace* trace = dry_run_trace<Backend>(); trace && trace->replays_now())  // a repeat records what the first did
+    return record_or_replay(*trace, segment_key(1, comm, spec, q, k, v, out, lse, dout, dq, dk, dv), [&] {
+      ring_attention_backward<Backend>(comm, spec, pool, q, k, v, out, lse, dout, dq, dk, dv);
+    });
   const int rank = comm.rank();
   const std::int64_t batch = q.extent(0), q_heads = q.extent(2), d = q.extent(3), n = q.extent(1);
   check(out.shape() == q.shape() && dout.shape() == q.shape() && dq.shape() == q.shape(),

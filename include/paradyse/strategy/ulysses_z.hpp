@@ -37,6 +37,8 @@ namespace paradyse {
 template <class Backend = ops::Cpu>
 struct UlyssesZ : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "UlyssesZ";
+  // Its MLP sublayer is zero3_mlp.hpp's, op for op: a planner dry-runs it once for every strategy that says so.
+  static constexpr std::string_view mlp_sublayer = "zero3_mlp";
 
   struct AttentionSaved {
     Tensor<float> x;    // [b, n_r, h]
