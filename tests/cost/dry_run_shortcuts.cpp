@@ -180,6 +180,10 @@ TEST_CASE("dry run shortcuts: Trace replay renumbers requests, merges as recordi
       trace.record(gemm);
     });
   CHECK(runs == 2);
+  // A call that must transfer but whose recording holds no post (its communicator records elsewhere): never replayed.
+  runs = 0;
+  for (int i = 0; i < 2; ++i) record_or_replay(trace, {3}, [&] { ++runs, trace.record(gemm); }, 1);
+  CHECK(runs == 2);
 }
 
 TEST_CASE("dry run shortcuts: the cost table's shared dry runs hold each strategy's own cost") {

@@ -144,8 +144,9 @@ public:
     open_->first_request = next_request_;
   }
   // Ends the open segment and keeps it, replayable when its events hold every request it numbered, posted and
-  // waited for (a communicator that records elsewhere, or a pause, leaves it unreplayable); `keep` false drops it.
-  void close_segment(bool keep) {
+  // waited for, and at least `min_posts` posts (a communicator that records elsewhere, or a pause, leaves it
+  // unreplayable); `keep` false drops it.
+  void close_segment(bool keep, std::int32_t min_posts = 0) {
     std::unique_ptr<Segment> s = std::move(open_);
     if (!keep || !s) return;
     s->requests = next_request_ - s->first_request;
@@ -155,7 +156,7 @@ public:
       s->replayable &= e.request >= s->first_request && e.request < next_request_;
       (e.kind == TraceKind::post ? posts : waits) += 1;
     }
-    s->replayable &= posts == s->requests && waits == s->requests;
+    s->replayable &= posts == s->requests && waits == s->requests && posts >= min_posts;
     segments_.push_back(std::move(*s));
   }
   // Replays stay off on this thread while it is false (to compare a replayed trace with one that ran).
@@ -179,10 +180,11 @@ private:
 };
 
 // Runs `call` (which records into `trace`) or, when `trace` holds a replayable recording under `key`, appends that
-// instead. The caller guarantees that `key` names everything the call's events depend on. Calls made while a
-// segment is open run (their events are part of it).
+// instead. The caller guarantees that `key` names everything the call's events depend on; `min_posts`: the
+// transfers the call makes at least (fewer in the recording: its communicator records elsewhere, never replayed).
+// Calls made while a segment is open run (their events are part of it).
 template <class Call>
-void record_or_replay(Trace& trace, Trace::SegmentKey key, Call&& call) {
+void record_or_replay(Trace& trace, Trace::SegmentKey key, Call&& call, std::int32_t min_posts = 0) {
   if (!trace.replays_now()) {
     call();
     return;
@@ -195,7 +197,7 @@ void record_or_replay(Trace& trace, Trace::SegmentKey key, Call&& call) {
     trace.close_segment(false);
     throw;
   }
-  trace.close_segment(true);
+  trace.close_segment(true, min_posts);
 }
 
 // Makes `trace` the calling thread's current trace for the lifetime of this object.

@@ -159,7 +159,8 @@ void ring_attention_forward(C& comm, const RingAttentionSpec& spec, BufferPool& 
   check_ring_inputs("ring_attention_forward", comm, spec, q, k, v);
   if (Trace* trace = dry_run_trace<Backend>(); trace && trace->replays_now())  // a repeat records what the first did
     return record_or_replay(*trace, segment_key(0, comm, spec, q, k, v, out, lse),
-                            [&] { ring_attention_forward<Backend>(comm, spec, pool, q, k, v, out, lse); });
+                            [&] { ring_attention_forward<Backend>(comm, spec, pool, q, k, v, out, lse); },
+                            comm.size() > 1 ? 1 : 0);  // a ring of p > 1 shifts: its posts must be in this trace
   const int rank = comm.rank();
   const std::int64_t batch = q.extent(0), q_heads = q.extent(2), d = q.extent(3), n = q.extent(1);
   check(out.shape() == q.shape(), "ring_attention_forward: out {} must have the shape of q {}", out.shape(), q.shape());
@@ -238,7 +239,7 @@ void ring_attention_backward(C& comm, const RingAttentionSpec& spec, BufferPool&
   if (Trace* trace = dry_run_trace<Backend>(); trace && trace->replays_now())  // a repeat records what the first did
     return record_or_replay(*trace, segment_key(1, comm, spec, q, k, v, out, lse, dout, dq, dk, dv), [&] {
       ring_attention_backward<Backend>(comm, spec, pool, q, k, v, out, lse, dout, dq, dk, dv);
-    });
+    }, comm.size() > 1 ? 1 : 0);
   const int rank = comm.rank();
   const std::int64_t batch = q.extent(0), q_heads = q.extent(2), d = q.extent(3), n = q.extent(1);
   check(out.shape() == q.shape() && dout.shape() == q.shape() && dq.shape() == q.shape(),
