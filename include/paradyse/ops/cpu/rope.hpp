@@ -62,10 +62,18 @@ inline void rope_apply(TensorView<const float> x, TensorView<float> y, std::int6
   // Pair j: elements (first + j * step_pair, first + j * step_pair + partner).
   const bool halves = config.layout == RopeLayout::halves;
   const std::int64_t pair_stride = halves ? 1 : 2, partner = halves ? half : 1;
+  // theta^(-2j/d) per pair, once per call instead of once per token (the same values): on the stack for heads up to
+  // 2 x kStackPairs wide, else computed per token as before.
+  constexpr std::int64_t kStackPairs = 256;
+  double frequencies[kStackPairs];
+  const bool tabled = half <= kStackPairs;
+  if (tabled)
+    for (std::int64_t j = 0; j < half; ++j) frequencies[j] = std::pow(config.theta, -2.0 * double(j) / double(d));
   for (std::int64_t i = 0; i < s; ++i) {
     const double position = double(rope_position(position_offset + i, document_starts));
     for (std::int64_t j = 0; j < half; ++j) {
-      const double angle = position * std::pow(config.theta, -2.0 * double(j) / double(d));
+      const double angle =
+          position * (tabled ? frequencies[j] : std::pow(config.theta, -2.0 * double(j) / double(d)));
       cosine[j] = float(std::cos(angle));
       sine[j] = float(inverse ? -std::sin(angle) : std::sin(angle));
     }
