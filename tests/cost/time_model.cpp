@@ -1,10 +1,12 @@
-// Tests of paradyse/cost/time_model.hpp: properties of the time model and one schedule written out by hand.
+// Tests of paradyse/cost/time_model.hpp: properties of the time model, one schedule written out by hand, and a packed
+// sample timed on its slowest rank.
 // (The model is checked against measured times of the CPU strategies by bench/cost_validation.cpp.)
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/time_model.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string_view>
 #include <vector>
 
@@ -77,4 +79,49 @@ TEST_CASE("time_model: model_time sums the layers") {
                         sublayer_time(id("MegatronTS"), Sublayer::mlp, m, 8, hw).total_s() +
                         sublayer_time(id("UlyssesZ"), Sublayer::attention, m, 8, hw).total_s() +
                         sublayer_time(id("MegatronCZ"), Sublayer::mlp, m, 8, hw).total_s()));
+}
+
+TEST_CASE("time_model: a packed sample is timed on its slowest rank (ring attention's work differs by rank)") {
+  const HardwareProfile hw = a100_sxm4_80gb_x8();
+  const StrategyCatalog& catalog = default_catalog();
+  // 4,096 tokens as one long document then four short ones, on p = 4 contiguous chunks: rank 0's chunk lies in the
+  // long document's causal start, rank 3's at its end, and the short documents' ranks skip most key blocks.
+  ModelShape m = ModelShape::mha(256, 8, 4096, 1);
+  m.causal = true;
+  const int p = 4;
+  for (const std::vector<std::int64_t>& docs : {std::vector<std::int64_t>{3072, 256, 256, 256, 256},
+                                                std::vector<std::int64_t>{256, 256, 256, 256, 3072}})
+    for (int s : catalog.all())
+      for (Sublayer part : kAllSublayers) {
+        m.packed_lengths = docs;
+        CAPTURE(catalog.name(s));
+        CAPTURE(docs.front());
+        CAPTURE(int(part));
+        if (!catalog.supports(s, m, p).ok()) continue;
+        // Each rank's own cost, from its own trace.
+        std::vector<SublayerCost> per_rank;
+        for (int rank = 0; rank < p; ++rank)
+          catalog.visit_trace(s, part, m, p, rank, [&](const SublayerTraceView& trace) {
+            per_rank.push_back(cost_of(trace, &hw, m.dtype_bytes, false));
+          });
+        double slowest = 0;
+        for (const SublayerCost& c : per_rank) slowest = std::max(slowest, c.time_s());
+        const SublayerCost group = evaluate_sublayer(catalog, s, part, m, p, &hw);
+        CHECK(group.time_s() == slowest);
+        CHECK(group.saved_bytes == per_rank[0].saved_bytes);  // memory: rank 0, which holds the most tokens
+        CHECK(group.transient_bytes() == per_rank[0].transient_bytes());
+      }
+  // The case that made this necessary: MegatronCZ's ring attention over a long sample whose long document comes
+  // first. Rank 0's chunk is that document's causal start (a quarter of the pairs of the chunk after it); the
+  // short documents' chunks skip most key blocks. On the A100 profile: 89, 173, 257 and 57 ms on ranks 0..3.
+  ModelShape big = ModelShape::mha(4096, 32, 65536, 1);
+  big.causal = true;
+  big.packed_lengths = {49152, 4096, 4096, 4096, 4096};
+  const int cz = id("MegatronCZ");
+  std::vector<double> times;
+  for (int rank = 0; rank < p; ++rank)
+    catalog.visit_trace(cz, Sublayer::attention, big, p, rank, [&](const SublayerTraceView& trace) {
+      times.push_back(cost_of(trace, &hw, big.dtype_bytes, false).time_s());
+    });
+  CHECK(evaluate_sublayer(catalog, cz, Sublayer::attention, big, p, &hw).time_s() > 2 * times[0]);
 }

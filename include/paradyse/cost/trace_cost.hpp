@@ -278,12 +278,27 @@ inline SublayerCost cost_of(const SublayerTrace& trace, const HardwareProfile* h
 }
 
 // The cost of sublayer `part` of catalog strategy `strategy` for shape m on p ranks (its trace read in place).
+// Rank 0 stands for the group: it holds the most tokens, and with one sequence per sample every rank does the same
+// work. A packed sample's documents do not: under ring attention a rank whose chunks fall in short documents skips
+// most key blocks (4,096 tokens as 3,072 + 4 x 256 on p = 4: rank 0 does a tenth of rank 3's attention). So a packed
+// shape is also dry-run on ranks 1..p-1, and the group's time is the slowest rank's (the ranks meet at every shift);
+// its memory stays rank 0's.
 inline SublayerCost evaluate_sublayer(const StrategyCatalog& catalog, int strategy, Sublayer part, const ModelShape& m,
                                       int p, const HardwareProfile* hardware, bool keep_events = false) {
   SublayerCost c;
   catalog.visit_trace(strategy, part, m, p, 0, [&](const SublayerTraceView& trace) {
     c = cost_of(trace, hardware, m.dtype_bytes, keep_events);
   });
+  if (m.packed_lengths.empty() || !hardware) return c;
+  for (int rank = 1; rank < p; ++rank)
+    catalog.visit_trace(strategy, part, m, p, rank, [&](const SublayerTraceView& trace) {
+      const SublayerCost other = cost_of(trace, hardware, m.dtype_bytes, /*keep_events=*/false);
+      if (other.time_s() <= c.time_s()) return;
+      c.forward_s = other.forward_s;
+      c.backward_s = other.backward_s;
+      c.compute_s = other.compute_s;
+      c.exposed_comm_s = other.exposed_comm_s;
+    });
   return c;
 }
 
