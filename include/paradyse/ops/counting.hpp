@@ -49,6 +49,9 @@ inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::
 
 struct Counting {
   static constexpr std::string_view name = "counting";
+  // Records each op into the trace of the current tracker instead of computing: code above ops/ may shortcut a dry
+  // run on this (strategy/ring_attention.hpp replays a repeated ring, core/trace.hpp's record_or_replay).
+  static constexpr bool records_trace = true;
 
   // ---- data movement ----
   static void copy(TensorView<const float> from, TensorView<float> to) {

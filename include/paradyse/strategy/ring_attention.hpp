@@ -125,11 +125,9 @@ void check_ring_inputs(const char* op, const C& comm, const RingAttentionSpec& s
 // A dry run (the counting backend, recording into the trace of the current tracker): the trace, else nullptr.
 template <class Backend>
 Trace* dry_run_trace() {
-  if constexpr (requires { Backend::name; }) {
-    if constexpr (Backend::name == std::string_view("counting")) {
-      Trace* trace = Trace::current();
-      return trace && trace == MemoryTracker::current().trace() ? trace : nullptr;
-    }
+  if constexpr (requires { requires Backend::records_trace; }) {  // ops::Counting
+    Trace* trace = Trace::current();
+    return trace && trace == MemoryTracker::current().trace() ? trace : nullptr;
   }
   return nullptr;
 }

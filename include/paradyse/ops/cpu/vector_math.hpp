@@ -9,18 +9,22 @@
 #include <bit>
 #include <cstdint>
 
-
 namespace paradyse::ops::cpu {
+
+// The constants of exp_approx and exp_approx_in_place (which must compute lane for lane the same).
+namespace exp_approx_constants {
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2High = 0.693145751953125f;        // 13 significant bits: n * kLn2High is exact for |n| < 2^11
+inline constexpr float kLn2Low = 1.428606765330187045e-06f;  // ln 2 - kLn2High
+inline constexpr float kRoundMagic = 12582912.0f;            // 1.5 * 2^23: adding it rounds to an integer
+}  // namespace exp_approx_constants
 
 // e^x for float x: 0 below -87 (and for -inf), e^88 at most above 88 (and for +inf; the callers only pass
 // x <= ~0), NaN for NaN. The clamp is written so that NaN lands inside the range too (every comparison with NaN is
 // false): the float-to-int conversion of n below then never sees a NaN or an out-of-range value (UB in C++), and
 // the NaN is put back at the end.
 [[gnu::always_inline]] inline float exp_approx(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2High = 0.693145751953125f;        // 13 significant bits: n * kLn2High is exact for |n| < 2^11
-  constexpr float kLn2Low = 1.428606765330187045e-06f;  // ln 2 - kLn2High
-  constexpr float kRoundMagic = 12582912.0f;            // 1.5 * 2^23: adding it rounds to an integer
+  using namespace exp_approx_constants;
   const float clamped = x >= -87.0f ? (x <= 88.0f ? x : 88.0f) : -87.0f;  // NaN: -87
   const float n = (clamped * kLog2e + kRoundMagic) - kRoundMagic;
   const float r = (clamped - n * kLn2High) - n * kLn2Low;
@@ -49,10 +53,7 @@ namespace paradyse::ops::cpu {
 #if defined(__GNUC__)
   using Floats8 = float __attribute__((vector_size(32)));
   using Ints8 = std::int32_t __attribute__((vector_size(32)));
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2High = 0.693145751953125f;
-  constexpr float kLn2Low = 1.428606765330187045e-06f;
-  constexpr float kRoundMagic = 12582912.0f;
+  using namespace exp_approx_constants;
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     Floats8 v;
