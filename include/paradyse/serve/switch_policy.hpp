@@ -17,6 +17,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/ops/backend.hpp"
+#include "paradyse/serve/policy_rounds.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 
 #include <algorithm>
@@ -66,10 +67,7 @@ inline MachineRates measure_machine_rates(const MoeConfig& m, int ranks, int rep
     if (r < 0) continue;
     t1.push_back(a), t2.push_back(b), tm.push_back(c);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
+  auto median = [](std::vector<double> v) { return spread_of(std::move(v)).median; };
   const double r1 = 2.0 * double(rows) * double(h) * double(2 * c1) / median(t1);
   const double r2 = 2.0 * double(rows) * double(h) * double(2 * c2) / median(t2);
   MachineRates rates;
