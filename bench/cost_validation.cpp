@@ -12,6 +12,7 @@
 #include "../tests/cost/strategy_stack.hpp"
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/time_model.hpp"
@@ -110,10 +111,6 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   const auto mean = [](const std::vector<double>& v) {
     double sum = 0;
     for (double x : v) sum += x;
@@ -124,9 +121,9 @@ int main(int argc, char** argv) {
   fmt::print("{:<11} {:>6} {:>12} {:>14} {:>10}\n", "strategy", "runs", "MAPE", "median APE", "worst");
   for (const auto& [s, e] : errors)
     fmt::print("{:<11} {:>6} {:>11.1f}% {:>13.1f}% {:>9.1f}%\n", catalog.name(s), e.size(), 100 * mean(e),
-               100 * median(e), 100 * *std::max_element(e.begin(), e.end()));
+               100 * pd::median(e), 100 * *std::max_element(e.begin(), e.end()));
   fmt::print("{:<11} {:>6} {:>11.1f}% {:>13.1f}% {:>9.1f}%   (worst: {}; goal MAPE <= 10%)\n", "all", all_errors.size(),
-             100 * mean(all_errors), 100 * median(all_errors), 100 * worst, worst_case);
+             100 * mean(all_errors), 100 * pd::median(all_errors), 100 * worst, worst_case);
   fmt::print("memory: worst |error| {:.3f}% over {} runs (goal <= 5%)\n",
              100 * *std::max_element(memory_errors.begin(), memory_errors.end()), memory_errors.size());
   return 0;

@@ -29,11 +29,6 @@ namespace pd = paradyse;
 
 namespace {
 
-constexpr std::string_view kUsage =
-    "usage: cuda_attention [--quick]\n"
-    "  CUDA flash attention (bf16 tensor cores, head_dim 128; fp32 general kernel at one size) against the cuBLAS\n"
-    "  bf16 GEMM rate (8192^3, fp32 accumulation) of the same run; prints a markdown table.\n"
-    "  --quick  s in {1K, 4K} only (a few seconds)\n";
 
 void check_cublas(cublasStatus_t status, const char* what) {
   pd::check(status == CUBLAS_STATUS_SUCCESS, "cuBLAS error {} in {}", int(status), what);
@@ -116,15 +111,13 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  pd::bench::exit_with_usage_on_help(argc, argv, kUsage);
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--quick") quick = true;
-    else {
-      fmt::print(stderr, "cuda_attention: unknown argument {}\n{}", argv[i], kUsage);
-      return 2;
-    }
-  }
+  pd::bench::Flags flags("cuda_attention",
+                         "CUDA flash attention (bf16 tensor cores, head_dim 128; fp32 general kernel at one size) "
+                         "against the cuBLAS bf16 GEMM rate (8192^3, fp32 accumulation) of the same run; prints a "
+                         "markdown table.");
+  flags.flag("--quick", quick, "s in {1K, 4K} only (a few seconds)");
+  flags.parse(argc, argv);
   if (!pd::device::available()) {
     fmt::print("cuda_attention: {}; nothing to measure\n", pd::device::unavailable_reason());
     return 0;

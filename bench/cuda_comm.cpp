@@ -14,6 +14,7 @@
 
 #if defined(PARADYSE_WITH_CUDA)
 #include "paradyse/comm/cuda_local.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/device/runtime.hpp"
 #include "paradyse/device/stream.hpp"
 #if defined(PARADYSE_WITH_NCCL)
@@ -34,25 +35,36 @@
 
 namespace {
 
-constexpr std::string_view kUsage = R"(cuda_comm: CUDA collectives (cuda_local p = 2, 4; NCCL p = 1) against cudaMemcpy
-device-to-device bandwidth, as a Markdown table.
+struct Options {
+  bool quick = false;
+  int reps = 0;  // 0: 10, or 5 with --quick
+};
 
-usage: cuda_comm [--quick] [--reps N]
-  --quick   sizes 1 and 16 MiB only, 5 repetitions (a smoke run)
-  --reps N  timed repetitions per point (default 10; the median is reported)
-)";
+// The command line: --help prints the usage generated from these flags (exit 0), a bad one exits 2.
+Options parse(int argc, char** argv) {
+  Options o;
+  paradyse::bench::Flags flags("cuda_comm",
+                               "CUDA collectives (cuda_local p = 2, 4; NCCL p = 1) against cudaMemcpy device-to-device "
+                               "bandwidth, as a Markdown table.");
+  flags.flag("--quick", o.quick, "sizes 1 and 16 MiB only, 5 repetitions unless --reps says (a smoke run)");
+  flags.integer("--reps", o.reps, 0, 1000, "timed repetitions per point, the median reported (0: 10, or 5 with --quick)");
+  flags.parse(argc, argv);
+  if (o.reps == 0) o.reps = o.quick ? 5 : 10;
+  return o;
+}
 
 }  // namespace
 
 #if !defined(PARADYSE_WITH_CUDA)
 int main(int argc, char** argv) {
-  paradyse::bench::exit_with_usage_on_help(argc, argv, kUsage);
+  parse(argc, argv);
   fmt::print("cuda_comm: built without CUDA; nothing to measure\n");
   return 0;
 }
 #else
 
 namespace pd = paradyse;
+using pd::median;
 
 namespace {
 
@@ -72,12 +84,6 @@ std::string_view name_of(Op op) {
 double bus_factor(Op op, int p) {
   const double q = p;
   return op == Op::all_reduce ? 2 * (q - 1) / q : (q - 1) / q;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 // Device memory of `bytes` (cudaMalloc), freed on destruction.
@@ -153,21 +159,9 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  pd::bench::exit_with_usage_on_help(argc, argv, kUsage);
-  bool quick = false;
-  int reps = 10;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--quick") {
-      quick = true;
-      reps = 5;
-    } else if (arg == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-    } else {
-      fmt::print(stderr, "cuda_comm: unknown argument '{}'\n{}", arg, kUsage);
-      return 2;
-    }
-  }
+  const Options options = parse(argc, argv);
+  const bool quick = options.quick;
+  const int reps = options.reps;
   if (!pd::device::available()) {
     fmt::print("cuda_comm: {}; nothing to measure\n", pd::device::unavailable_reason());
     return 0;

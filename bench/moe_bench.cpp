@@ -19,6 +19,7 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/moe_cost.hpp"
@@ -48,11 +49,6 @@ double thread_seconds() {
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 struct Options {
   std::int64_t h = 256, experts = 8, k = 2, ffn = 512;
   int p = 4, reps = 3;

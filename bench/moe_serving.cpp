@@ -19,6 +19,7 @@
 #include "bench_usage.hpp"
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 #include "paradyse/serve/expert_balance.hpp"
 #include "paradyse/serve/redistribute.hpp"
@@ -37,11 +38,6 @@ using namespace paradyse::serve;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
 
 // Median seconds of one step of `batch` single-token requests on `p` ranks in `mode` (rank 0's clock, ranks
 // aligned by a barrier before each repetition).

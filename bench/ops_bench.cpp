@@ -12,6 +12,7 @@
 #include "bench_usage.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/ops/cpu/attention.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
@@ -51,8 +52,7 @@ double median_seconds(int reps, const std::function<void()>& fn, bool warm_up = 
   if (warm_up) fn();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) t.push_back(seconds_of(fn));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return paradyse::median(std::move(t));
 }
 
 // The plain i-k-j triple loop: what a GEMM costs without blocking.

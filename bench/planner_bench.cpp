@@ -10,6 +10,7 @@
 // random problems of the same size. Benchmarks print; they never fail.
 #include "bench_usage.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/plan/cache.hpp"
 #include "paradyse/plan/exact_solver.hpp"
@@ -42,8 +43,7 @@ double median_us(Fn&& fn, int calls, int reps = 9) {
     const auto stop = std::chrono::steady_clock::now();
     samples.push_back(std::chrono::duration<double, std::micro>(stop - start).count() / calls);
   }
-  std::nth_element(samples.begin(), samples.begin() + reps / 2, samples.end());
-  return samples[std::size_t(reps / 2)];
+  return median(std::move(samples));
 }
 
 cost::ModelShape gpt3_layer() { return cost::ModelShape::mha(12288, 96); }  // bf16 (the default dtype)

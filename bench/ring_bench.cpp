@@ -17,6 +17,7 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -41,11 +42,6 @@ double thread_seconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Per repetition: the busiest and the mean rank CPU seconds.

@@ -5,6 +5,7 @@
 //
 //   search_bench [--repeats N] [--quick]
 #include "bench_usage.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/search/search.hpp"
 
 #include <fmt/core.h>
@@ -16,15 +17,7 @@
 #include <vector>
 
 namespace search = paradyse::search;
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+using paradyse::median;
 
 int main(int argc, char** argv) {
   int repeats = 3;

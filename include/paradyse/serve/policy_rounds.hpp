@@ -13,6 +13,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/statistics.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -28,22 +29,9 @@ inline std::vector<std::size_t> rotated_order(std::size_t policies, std::size_t 
   return order;
 }
 
-// One metric over the rounds: the median (the mean of the middle two for an even count) and the extremes.
-struct Spread {
-  double median = 0, min = 0, max = 0;
-
-  // (max - min) / median: the run-to-run error relative to the value (0 for a zero median).
-  double relative() const { return median != 0 ? (max - min) / median : 0.0; }
-  bool overlaps(const Spread& other) const { return min <= other.max && other.min <= max; }
-};
-
-inline Spread spread_of(std::vector<double> values) {
-  check(!values.empty(), "spread_of: no values (a metric needs at least one round)");
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  const double median = n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-  return {median, values.front(), values.back()};
-}
+// One metric over the rounds: core/statistics.hpp's median and extremes.
+using paradyse::Spread;
+using paradyse::spread_of;
 
 enum class Better { lower, higher };  // latencies: lower; throughput: higher
 

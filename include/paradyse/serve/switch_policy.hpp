@@ -67,7 +67,6 @@ inline MachineRates measure_machine_rates(const MoeConfig& m, int ranks, int rep
     if (r < 0) continue;
     t1.push_back(a), t2.push_back(b), tm.push_back(c);
   }
-  auto median = [](std::vector<double> v) { return spread_of(std::move(v)).median; };
   const double r1 = 2.0 * double(rows) * double(h) * double(2 * c1) / median(t1);
   const double r2 = 2.0 * double(rows) * double(h) * double(2 * c2) / median(t2);
   MachineRates rates;
