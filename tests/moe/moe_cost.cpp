@@ -2,10 +2,12 @@
 // run on thread ranks saves under the same (balanced) routing; ExpertParallel's traffic grows with the tokens and
 // ExpertTensorParallel's does not; the time model reads both traces. The MoE half of a layer (norm, MoE, residual)
 // costs its MoE's dry run plus the norm; the MoE planner (plan/moe_plan.hpp) against brute force over every per-layer
-// choice, its plan runs on the layer stack, and it says clearly when nothing fits.
+// choice, its plan runs on the layer stack, and it says clearly when nothing fits. MoeGptCosts::packed_table is the
+// MoE table over Batch::packed (one document: table(s)), and its ring attention sees the documents' order.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/moe_cost.hpp"
+#include "paradyse/layout/document_balance.hpp"
 #include "paradyse/plan/moe_plan.hpp"
 
 #include <doctest/doctest.h>
@@ -204,4 +206,61 @@ TEST_CASE("moe planner: the exact plan against brute force over every per-layer 
     CHECK(std::isfinite(r.loss));
     CHECK(model.stack().moe_stats().size() == 2);
   });
+}
+
+namespace {
+
+// Two MoE cost tables hold the same numbers (every entry, its option or its reason, and the fixed bytes).
+void check_same_table(const plan::MoeCostTable& a, const plan::MoeCostTable& b) {
+  CHECK(a.dense.batch.lengths == b.dense.batch.lengths);
+  CHECK(a.dense.batch.samples == b.dense.batch.samples);
+  CHECK(a.dense.fixed_bytes == b.dense.fixed_bytes);
+  CHECK(a.dense.model_state_bytes == b.dense.model_state_bytes);
+  CHECK(a.dense.plain_bytes == b.dense.plain_bytes);
+  CHECK(a.is_moe == b.is_moe);
+  const auto same_entry = [](const plan::CostTable::Entry& x, const plan::CostTable::Entry& y) {
+    REQUIRE(x.option.has_value() == y.option.has_value());
+    CHECK(x.forbidden_reason == y.forbidden_reason);
+    if (!x.option) return;
+    CHECK(x.option->time_s == y.option->time_s);
+    CHECK(x.option->saved_bytes == y.option->saved_bytes);
+    CHECK(x.option->transient_bytes == y.option->transient_bytes);
+  };
+  REQUIRE(a.dense.entries.size() == b.dense.entries.size());
+  for (std::size_t k = 0; k < a.dense.entries.size(); ++k)
+    for (std::size_t part = 0; part < 2; ++part) {
+      REQUIRE(a.dense.entries[k][part].size() == b.dense.entries[k][part].size());
+      for (std::size_t s = 0; s < a.dense.entries[k][part].size(); ++s)
+        same_entry(a.dense.entries[k][part][s], b.dense.entries[k][part][s]);
+    }
+  REQUIRE(a.moe.size() == b.moe.size());
+  for (std::size_t s = 0; s < a.moe.size(); ++s) same_entry(a.moe[s], b.moe[s]);
+}
+
+}  // namespace
+
+TEST_CASE("MoeGptCosts::packed_table: the MoE table of Batch::packed; one document is table(s); the order counts") {
+  for (int p : {2, 4}) {
+    CAPTURE(p);
+    auto costs = planner_costs(p);
+    costs.config.layer.zigzag = true;
+    const std::vector<std::int64_t> lengths{40, 5, 7, 12};
+    const std::int64_t s = 64;
+    check_same_table(costs.packed_table(lengths),
+                     plan::build_moe_cost_table(costs.config, *costs.hardware, p, plan::Batch::packed(lengths),
+                                                {4, 4, 8}, costs.extra_bytes(s), *costs.catalog));
+    check_same_table(costs.packed_table({s}), costs.table(s));
+    // The order of the documents is the order on the zigzag ranks: the long document first gives its slowest rank
+    // more query-key pairs than last does (layout/document_balance.hpp), and the ring's time follows the slowest rank.
+    const std::vector<std::int64_t> reordered{5, 7, 12, 40};
+    REQUIRE(max_rank_causal_pairs(lengths, {p, true}) > max_rank_causal_pairs(reordered, {p, true}));
+    const plan::MoeCostTable first = costs.packed_table(lengths), last = costs.packed_table(reordered);
+    const int cz = cost::default_catalog().index_of("MegatronCZ");
+    const plan::CostTable::Entry& a = first.dense.entry(plan::MoeCostTable::kMoeKind, plan::Sublayer::attention, cz);
+    const plan::CostTable::Entry& b = last.dense.entry(plan::MoeCostTable::kMoeKind, plan::Sublayer::attention, cz);
+    REQUIRE(a.option.has_value());
+    REQUIRE(b.option.has_value());
+    CHECK(a.option->time_s > b.option->time_s);
+  }
+  CHECK_THROWS_WITH_AS(planner_costs(2).packed_table({}), doctest::Contains("at least one document"), Error);
 }

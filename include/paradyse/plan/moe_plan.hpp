@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace paradyse::plan {
@@ -292,6 +293,16 @@ struct MoeGptCosts {
   // One sequence of s tokens: float32 activations, weights and gradients, two AdamW moments.
   MoeCostTable table(std::int64_t s) const {
     return build_moe_cost_table(config, *hardware, ranks, Batch::single(s), {4, 4, 8}, extra_bytes(s), *catalog);
+  }
+  // One sequence of packed documents of these lengths, in this order (attention within each document, so the dry
+  // runs cost the causal-within-document pairs of every rank and the group is timed by its slowest); one document
+  // is table(s).
+  MoeCostTable packed_table(std::vector<std::int64_t> lengths) const {
+    check(!lengths.empty(), "MoeGptCosts::packed_table: a packed sequence needs at least one document");
+    if (lengths.size() == 1) return table(lengths[0]);
+    const Batch batch = Batch::packed(std::move(lengths));
+    return build_moe_cost_table(config, *hardware, ranks, batch, {4, 4, 8}, extra_bytes(batch.tokens_per_sample()),
+                                *catalog);
   }
 
 private:
