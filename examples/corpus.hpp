@@ -24,10 +24,18 @@
 // to the token budget B first-fit decreasing (windows longest first, each into the first step with room; a window
 // longer than B is a step alone). Only a step shorter than the group's minimum is padded, at its end, with masked
 // tokens that form a document of their own.
+//
+// The order of a packed sequence's documents (PackedOrder): under the group's layout (zigzag: rank r holds chunks r
+// and 2p-1-r of 2p) the order decides how many causal query-key pairs each rank's ring attention computes, and the
+// ring runs at the slowest rank's pace. Balanced (the default when the group is given) reorders each step's
+// documents by layout/document_balance.hpp's balanced_document_order (the padding, if any, stays last); as packed
+// keeps first-fit decreasing's order (longest first). Positions restart at each document and attention never
+// crosses one, so the order changes no document's loss or gradient.
 #pragma once
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/layout/document_balance.hpp"
 
 #include <fmt/core.h>
 
@@ -39,6 +47,7 @@
 #include <iterator>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>  // getpid
@@ -212,11 +221,36 @@ inline std::vector<Step> pack_steps(const std::vector<Window>& windows, std::int
   return steps;
 }
 
+// The order of the documents within a packed sequence (see the top).
+struct PackedOrder {
+  paradyse::SequenceSplit split;  // the group that holds the sequence (1 rank: nothing to balance)
+  bool balanced = true;           // false: as packed (first-fit decreasing: longest first)
+};
+
+// Each rank's causal query-key pairs for packed step `step` held by `split` (the padding is a document of its own).
+inline std::vector<std::int64_t> rank_causal_pairs(const Step& step, paradyse::SequenceSplit split) {
+  paradyse::check(step.packed, "rank_causal_pairs: the step is not a packed sequence (its documents are rows)");
+  return paradyse::rank_causal_pairs(step.document_lengths(), split);
+}
+
+// Reorders packed step `step`'s documents so that `split`'s ranks get a small maximum of causal pairs (never a larger
+// one than the order given); the padding stays at the end.
+inline void balance_documents(Step& step, paradyse::SequenceSplit split) {
+  paradyse::check(step.packed, "balance_documents: the step is not a packed sequence (its documents are rows)");
+  std::vector<std::int64_t> lengths;
+  for (const Window& w : step.rows) lengths.push_back(w.length);
+  const std::vector<std::size_t> order =
+      paradyse::balanced_document_order(lengths, split, step.length - step.real_tokens());
+  std::vector<Window> rows;
+  for (std::size_t i : order) rows.push_back(step.rows[i]);
+  step.rows = std::move(rows);
+}
+
 // Packed sequences (see the top): windows into steps of one sequence of at most token_budget tokens (> 0), first-fit
-// decreasing; a step shorter than min_length is padded to it. The steps come in order of their longest window; the
-// caller may shuffle them.
+// decreasing; a step shorter than min_length is padded to it; each step's documents in `order` (by default as
+// packed: no group given). The steps come in order of their longest window; the caller may shuffle them.
 inline std::vector<Step> pack_sequences(const std::vector<Window>& windows, std::int64_t token_budget,
-                                        std::int64_t min_length) {
+                                        std::int64_t min_length, const PackedOrder& order = {}) {
   paradyse::check(token_budget >= 1 && min_length >= 1, "pack_sequences: token budget {} and minimum length {}",
                   token_budget, min_length);
   std::vector<Window> sorted = windows;
@@ -228,7 +262,10 @@ inline std::vector<Step> pack_sequences(const std::vector<Window>& windows, std:
     if (room != steps.end()) room->rows.push_back(w);
     else steps.push_back({{w}, 0, true});
   }
-  for (Step& s : steps) s.length = std::max(s.real_tokens(), min_length);
+  for (Step& s : steps) {
+    s.length = std::max(s.real_tokens(), min_length);
+    if (order.balanced) balance_documents(s, order.split);
+  }
   return steps;
 }
 

@@ -82,7 +82,7 @@ inline std::int64_t max_rank_causal_pairs(std::span<const std::int64_t> lengths,
 // An order of the documents `lengths` (a permutation of 0..n-1: the document placed first, second, ...) whose packed
 // sequence, followed by `trailing` tokens of padding (a document of its own, always last), gives the ranks of
 // `split` a small maximum of causal pairs (see the top). Its maximum is never larger than that of the given order.
-// `max_evaluations` bounds the search (each evaluation costs O(n + p)).
+// `max_evaluations` bounds the search: orders evaluated, the given one included (each costs O(n + p)).
 inline std::vector<std::size_t> balanced_document_order(std::span<const std::int64_t> lengths, SequenceSplit split,
                                                         std::int64_t trailing = 0,
                                                         std::int64_t max_evaluations = 20'000) {
@@ -127,6 +127,7 @@ inline std::vector<std::size_t> balanced_document_order(std::span<const std::int
   std::vector<std::size_t> best = given;
   Cost best_cost = cost_of(given);
   for (const std::vector<std::size_t>* shape : {&longest_first, &longest_last, &middle, &alternating}) {
+    if (evaluations >= max_evaluations) break;
     const Cost c = cost_of(*shape);
     if (c < best_cost) best = *shape, best_cost = c;
   }
