@@ -26,6 +26,8 @@
 #include "train_moe.hpp"
 #include "train_ranks.hpp"
 #include "training_checkpoints.hpp"
+#include "training_data.hpp"
+#include "training_options.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
@@ -80,43 +82,7 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-struct Options {
-  int steps = 32;
-  std::uint64_t seed = 1;
-  int ranks = 4;
-  int layers = 4;
-  std::int64_t hidden = 128;
-  std::int64_t heads = 4;
-  std::int64_t min_len = 256;
-  std::int64_t max_len = 16384;
-  double cap_mib = -1;          // < 0: from the memory model
-  std::string strategy;         // empty: the planner
-  double lr = 3e-3;
-  bool sorted = false;
-  std::string save;
-  std::string load;
-  std::string profile;
-  std::string corpus;
-  std::int64_t experts = 0;       // > 0: an MoE GPT (examples/train_moe.hpp)
-  std::int64_t top_k = 2;
-  std::int64_t shared_experts = 0;
-  int first_dense = 0;
-  pd::examples::RankBackend backend = pd::examples::RankBackend::threads;
-  std::string backend_name = "threads";  // --backend, read into `backend`
-  std::string device = "cpu";   // cuda: the ranks are cuda_local threads on one GPU (ops::Cuda)
-  std::string emulate;          // a100, h100 or h200: thread ranks paced like that 8-GPU node's links
-  int checkpoint_every = 0;     // 0: no training checkpoints
-  int keep = 2;                 // training checkpoints kept (the newest)
-  std::string checkpoint_dir = "checkpoints";
-  std::string resume;           // a training checkpoint to continue from
-  int stop_after = 0;           // > 0: stop after this many steps of this invocation, with a training checkpoint
-  std::string csv;              // the per-step table as CSV
-  std::int64_t pack_tokens = 0; // > 0: documents packed into steps of up to this many tokens (rows x length)
-  std::int64_t pack_documents = 0;  // > 0: documents packed back to back into ONE sequence of up to this many tokens
-  std::string mesh;             // "dp=2,pp=2,cp=2": train on a mesh (examples/train_mesh.hpp)
-  pd::ZeroStage zero = pd::ZeroStage::zero;  // --mesh: the ZeRO stage over dp
-  std::vector<std::string> args;  // the options as given (without --resume and --load): saved in checkpoints
-};
+using pd::examples::TrainingOptions;  // examples/training_options.hpp: what the flags below parse into
 
 // The usage, generated from the flags parse() states (usage() is also called for problems found after parsing).
 std::string& usage_text() {
@@ -127,9 +93,10 @@ std::string& usage_text() {
   paradyse::examples::print_usage_and_exit("train_gpt", problem, usage_text());
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
+TrainingOptions parse(int argc, char** argv) {
+  TrainingOptions o;
   std::int64_t zero_stage = 0;
+  std::string backend_name = "threads";  // --backend, read into o.backend
   paradyse::examples::Flags flags(
       "train_gpt",
       "Trains a byte-level GPT on the bundled State of the Union corpus (or --corpus DIR) on p ranks under a per-rank "
@@ -165,7 +132,7 @@ Options parse(int argc, char** argv) {
              "hardware profile: a JSON file or a built-in name (default: calibrated on this machine once, cached in "
              "build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json");
   flags.text("--corpus", o.corpus, "a folder of text documents (default: the bundled data/corpus/sotu.tar.xz)", "DIR");
-  flags.choice("--backend", o.backend_name, {"threads", "mpi"},
+  flags.choice("--backend", backend_name, {"threads", "mpi"},
                "threads: P thread ranks; mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi "
                "--ranks P ...");
   flags.integer("--checkpoint-every", o.checkpoint_every, 1, 10'000'000,
@@ -192,6 +159,9 @@ Options parse(int argc, char** argv) {
                 "attention masked to each document, RoPE positions restarting at each, the loss never crossing "
                 "documents; the planner plans each step from its documents (not with --pack-tokens)")
       .without_default();
+  flags.choice("--pack-order", o.pack_balanced, "balanced", "as-packed",
+               "--pack-documents: each sequence's documents ordered to even out the ranks' causal attention under the "
+               "zigzag layout, or as packed (longest first)");
   flags.choice("--device", o.device, {"cpu", "cuda"},
                "cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile "
                "H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now");
@@ -216,7 +186,7 @@ Options parse(int argc, char** argv) {
   usage_text() = flags.usage();
   flags.parse(argc, argv);
   o.zero = pd::ZeroStage(int(zero_stage));
-  o.backend = o.backend_name == "mpi" ? pd::examples::RankBackend::mpi : pd::examples::RankBackend::threads;
+  o.backend = backend_name == "mpi" ? pd::examples::RankBackend::mpi : pd::examples::RankBackend::threads;
   // The options as given, for training checkpoints, as "--flag value" pairs (every flag takes one value, given as
   // "--flag value" or "--flag=value"); --resume, --load and --stop-after are not saved (a resumed run starts from its
   // checkpoint and runs to the end).
@@ -263,8 +233,8 @@ Options parse(int argc, char** argv) {
 }
 
 // With --resume PATH: the options the checkpoint's run was started with, then those given now (which win).
-Options parse_resuming(int argc, char** argv) {
-  Options given = parse(argc, argv);
+TrainingOptions parse_resuming(int argc, char** argv) {
+  TrainingOptions given = parse(argc, argv);
   if (given.resume.empty()) return given;
   std::vector<std::pair<std::string, std::string>> metadata;
   try {
@@ -288,9 +258,6 @@ Options parse_resuming(int argc, char** argv) {
   return parse(int(pointers.size()), pointers.data());
 }
 
-using pd::examples::checkpoint_next_step;  // examples/training_checkpoints.hpp
-using pd::examples::prune_checkpoints;
-
 // A short name for the per-step table: the capitals of the strategy's name ("MegatronTS" -> "MTS").
 std::string short_name(int s) {
   std::string out;
@@ -313,7 +280,7 @@ using Ranks = pd::examples::Ranks<Model>;
 
 // The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
 template <class RanksT>
-pd::cost::HardwareProfile hardware_profile(const Options& o, RanksT& ranks) {
+pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ranks) {
   if (!o.profile.empty()) {
     for (std::string_view name : pd::cost::kBuiltinProfileNames)
       if (name == o.profile) {
@@ -400,7 +367,7 @@ struct StepRecord {
 // Trains the dense GPT on `ranks` (threads or MPI processes over ops::Cpu, or cuda_local ranks over ops::Cuda): the
 // data, the memory cap, the per-step plans, the table and the summary. Returns the exit code.
 template <class ModelT, class RanksT>
-int train_dense(const Options& o, RanksT& ranks) {
+int train_dense(const TrainingOptions& o, RanksT& ranks) {
   using Strategies = typename StrategiesOf<ModelT>::type;
   using Model = ModelT;
   const bool mpi = o.backend == pd::examples::RankBackend::mpi;
@@ -420,20 +387,11 @@ int train_dense(const Options& o, RanksT& ranks) {
   config.vocab = 256;
   config.validate_for(o.ranks);
 
-  const std::filesystem::path corpus_dir =
-      o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
-                       : std::filesystem::path(o.corpus);
-  const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
-  const std::int64_t min_len = o.min_len;
-  corpus::WindowSampler sampler(docs, min_len, o.max_len, o.seed);
-  std::vector<corpus::Window> windows = sampler.stratified(o.steps);  // shortest first: the curriculum order
-  if (!o.sorted) sampler.shuffle(windows);
-  // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens.
-  const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
-  std::vector<corpus::Step> steps = o.pack_documents > 0
-                                        ? corpus::pack_sequences(windows, o.pack_documents, group_min_len)
-                                        : corpus::pack_steps(windows, o.pack_tokens, group_min_len);
-  if ((o.pack_tokens > 0 || o.pack_documents > 0) && !o.sorted) sampler.shuffle(steps);
+  // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens, or packed
+  // sequences (examples/training_data.hpp).
+  const pd::examples::TrainingData data = pd::examples::training_data(o, {o.ranks, config.layer.zigzag}, o.pack_tokens);
+  const std::vector<corpus::Document>& docs = data.docs;
+  const std::vector<corpus::Step>& steps = data.steps;
   const int n_steps = int(steps.size());
 
   pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
@@ -503,14 +461,14 @@ int train_dense(const Options& o, RanksT& ranks) {
       std::min_element(docs.begin(), docs.end(), [](auto& a, auto& b) { return a.bytes.size() < b.bytes.size(); })->bytes.size();
   fmt::print("data: {} documents in {} ({}..{} bytes); {} steps, one window each, lengths {}..{} (the longest "
              "document gives {}), documents stratified by length, order {}, seed {}\n",
-             docs.size(), corpus_dir.string(), shortest, sampler.longest_document(), o.steps, min_len, o.max_len,
+             docs.size(), data.corpus_dir.string(), shortest, data.longest_document, o.steps, o.min_len, o.max_len,
              o.max_len, o.sorted ? "sorted (curriculum)" : "random", o.seed);
   if (o.pack_tokens > 0)
     fmt::print("packing: {} documents in {} steps of up to {} tokens (one document per row, rows padded to the "
-               "step's longest with masked tokens)\n", windows.size(), n_steps, o.pack_tokens);
+               "step's longest with masked tokens)\n", o.steps, n_steps, o.pack_tokens);
   if (o.pack_documents > 0)
     fmt::print("packing: {} documents in {} steps, each one sequence of up to {} tokens (documents back to back, "
-               "attention within each, positions restarting at each)\n", windows.size(), n_steps, o.pack_documents);
+               "attention within each, positions restarting at each)\n", o.steps, n_steps, o.pack_documents);
   fmt::print("ranks: {} {}; memory cap {:.0f} MiB per rank{} (predicted peak at s={}: all-METP {:.1f} MiB, "
              "all-MegatronTS {:.1f} MiB)\n",
              o.ranks, mpi ? "MPI processes" : "threads", double(cap) / kMiB,
@@ -552,44 +510,13 @@ int train_dense(const Options& o, RanksT& ranks) {
     ranks.run([&](auto&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
     fmt::print("weights loaded from {}\n\n", o.load);
   }
-  int first_step = 0;
-  if (!o.resume.empty()) {
-    ranks.run([&](auto&, int r) {
-      pd::load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true});
-    });
-    first_step = checkpoint_next_step(o.resume);
+  // Training checkpoints (examples/training_checkpoints.hpp): resumed from, and written on the way.
+  const pd::examples::TrainingCheckpoints checkpoints(o, n_steps, pd::examples::data_description(o, n_steps, o.pack_tokens),
+                                                      ranks);
+  const int first_step = checkpoints.first_step(), end_step = checkpoints.end_step();
+  if (!o.resume.empty())
     fmt::print("resumed from {}: weights, AdamW moments and optimizer step {}; the data continues at step {} of "
                "{}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(), first_step, n_steps);
-  }
-  // Training checkpoints: everything a restart needs, atomically, the newest --keep kept.
-  const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
-  if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) {
-    std::filesystem::create_directories(checkpoint_dir);
-    pd::check_writable_target((checkpoint_dir / "step_0.safetensors").string());
-  }
-  std::string joined_args;
-  for (const std::string& a : o.args) {
-    pd::check(a.find('\n') == std::string::npos, "an option holds a line break: \"{}\"", a);
-    joined_args += (joined_args.empty() ? "" : "\n") + a;
-  }
-  const auto save_training_checkpoint = [&](int next_step) {
-    const std::string path = (checkpoint_dir / fmt::format("step_{:06}.safetensors", next_step)).string();
-    const pd::CheckpointSaveOptions options{
-        .optimizer_state = true,
-        .extra = {{"train.args", joined_args}, {"train.next_step", std::to_string(next_step)},
-                  {"train.data", fmt::format("seed {}, {} documents stratified by length{}, {} steps{}", o.seed,
-                                             o.steps, o.sorted ? "" : ", shuffled", n_steps,
-                                             o.pack_tokens      ? fmt::format(" of up to {} tokens", o.pack_tokens)
-                                             : o.pack_documents ? fmt::format(" of one sequence of up to {} tokens",
-                                                                              o.pack_documents)
-                                                                : std::string())}}};
-    ranks.run([&](auto& comm, int r) {
-      ranks.pools[std::size_t(r)]->trim();
-      pd::save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
-    });
-    if (ranks.reports()) prune_checkpoints(checkpoint_dir, o.keep);
-    fmt::print("      checkpoint {} (continues at step {})\n", path, next_step);
-  };
   pd::examples::CsvTable csv(ranks.reports() ? o.csv : std::string(),
                              {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "mfu",
                               "peak_mib", "predicted_mib", "cap_mib", "status", "predicted_s"});
@@ -620,7 +547,6 @@ int train_dense(const Options& o, RanksT& ranks) {
   int ooms = 0, unplanned = 0;
   const auto run_start = std::chrono::steady_clock::now();
   double planner_seconds = 0;
-  const int end_step = o.stop_after > 0 ? std::min(n_steps, first_step + o.stop_after) : n_steps;
   pd::examples::Progress progress("step", end_step - first_step, "tokens");  // on a terminal only
   std::int64_t progress_tokens = 0;
   for (int step = first_step; step < end_step; ++step) {
@@ -631,7 +557,7 @@ int train_dense(const Options& o, RanksT& ranks) {
       double tokens;
       ~ShowProgress() { progress.show(done, tokens, true); }
     } show_progress{progress, step + 1 - first_step, double(progress_tokens += steps[std::size_t(step)].real_tokens())};
-    if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
+    checkpoints.before_step(ranks, step);
     // The step's rows [b, s]: one document each, padded with masked tokens; or (--pack-documents) one row holding
     // the documents back to back.
     const corpus::Step& batch = steps[std::size_t(step)];
@@ -763,9 +689,7 @@ int train_dense(const Options& o, RanksT& ranks) {
   }
   progress.finish();
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  if (end_step > first_step &&
-      ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < n_steps)))
-    save_training_checkpoint(end_step);
+  checkpoints.at_end(ranks);
 
   // Summary.
   std::vector<const StepRecord*> done;
@@ -846,7 +770,7 @@ int train_dense(const Options& o, RanksT& ranks) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse_resuming(argc, argv);
+  const TrainingOptions o = parse_resuming(argc, argv);
 #if PARADYSE_WITH_MPI
   std::optional<pd::MpiSession> mpi_session;
   if (o.backend == pd::examples::RankBackend::mpi) mpi_session.emplace(&argc, &argv);
@@ -859,36 +783,12 @@ int main(int argc, char** argv) {
       throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
     if (o.experts > 0 && o.device == "cuda")
       throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
-    if (!o.mesh.empty()) {
-      const pd::examples::MeshTrainOptions mesh{.mesh = o.mesh, .zero = o.zero, .steps = o.steps, .seed = o.seed,
-                                                .layers = o.layers, .hidden = o.hidden, .heads = o.heads,
-                                                .min_len = o.min_len, .max_len = o.max_len, .lr = o.lr,
-                                                .sorted = o.sorted, .pack_tokens = o.pack_tokens,
-                                                .pack_documents = o.pack_documents, .cap_mib = o.cap_mib,
-                                                .strategy = o.strategy, .experts = o.experts, .top_k = o.top_k,
-                                                .shared_experts = o.shared_experts, .first_dense = o.first_dense,
-                                                .corpus = o.corpus, .csv = o.csv,
-                                                .backend = o.backend};
-      return pd::examples::train_mesh<pd::AllStrategies<>>(mesh, hardware_profile(o, ranks), ranks);
-    }
-    if (o.experts > 0) {
-      const pd::examples::MoeTrainOptions moe{.steps = o.steps, .seed = o.seed, .ranks = o.ranks, .layers = o.layers,
-                                              .hidden = o.hidden, .heads = o.heads, .min_len = o.min_len,
-                                              .max_len = o.max_len, .lr = o.lr, .sorted = o.sorted,
-                                              .pack_documents = o.pack_documents,
-                                              .experts = o.experts, .top_k = o.top_k,
-                                              .shared_experts = o.shared_experts, .first_dense = o.first_dense,
-                                              .budget_mib = o.cap_mib, .save = o.save, .corpus = o.corpus,
-                                              .backend = o.backend, .csv = o.csv,
-                                              .checkpoint_every = o.checkpoint_every, .keep = o.keep,
-                                              .checkpoint_dir = o.checkpoint_dir, .resume = o.resume,
-                                              .stop_after = o.stop_after, .args = fmt::format("{}", fmt::join(o.args, "\n"))};
-      return pd::examples::train_moe(moe, hardware_profile(o, ranks));
-    }
+    if (!o.mesh.empty()) return pd::examples::train_mesh<pd::AllStrategies<>>(o, hardware_profile(o, ranks), ranks);
+    if (o.experts > 0) return pd::examples::train_moe(o, hardware_profile(o, ranks));
     if (o.device == "cuda") {
 #if PARADYSE_WITH_CUDA
       pd::check(pd::device::available(), "--device cuda: {}", pd::device::unavailable_reason());
-      Options on_gpu = o;
+      TrainingOptions on_gpu = o;
       if (on_gpu.profile.empty()) on_gpu.profile = "H200-SXM-141GB-x8";  // calibration times host ops
       pd::examples::DeviceRanks<DeviceModel> device_ranks(o.ranks, std::numeric_limits<std::size_t>::max());
       return train_dense<DeviceModel>(on_gpu, device_ranks);

@@ -18,16 +18,22 @@
 //       reduced over the group by the MoE layer itself, so they take a plain AdamW step (no dp reduction, no ZeRO).
 //       Every replica must hold at least one row of every step (checked); pp with experts is refused for now.
 //
-// Packed documents (--pack-documents B, as train_gpt's single group): each step is ONE sequence holding several
-// documents back to back (examples/corpus.hpp's pack_sequences); every stage's stack masks attention to each
-// document and restarts RoPE positions at each (TransformerStack::set_documents), across cp and pp alike, and the
-// planner plans the step from its documents' lengths. A step being one sequence, dp must be 1 (a second replica
-// would have no row: refused by name; --pack-tokens batches rows for dp).
+// Packed documents (--pack-documents B, as train_gpt's single group): a packed sequence holds several documents back
+// to back (examples/corpus.hpp's pack_sequences); every stage's stack masks attention to each document and restarts
+// RoPE positions at each (TransformerStack::set_documents), across cp and pp alike, and the planner plans a sequence
+// from its documents' lengths. A mesh step holds D packed sequences, one per dp replica (MeshStep, mesh_steps; the
+// last step may leave replicas idle), each with its own length and document starts, weighted by real tokens as rows
+// are. Each replica's cp group plans its own sequence: strategies must agree only within a cp group and along its pp
+// stages, and the replicas meet only in the gradient reduction, so the step's time is its slowest replica's and
+// planning each for its own sequence minimises each. With --experts the MoE layers span the replicas, so every
+// replica runs the plan of the step's most expensive sequence (the largest predicted time), and every replica must
+// hold a sequence in every step (checked).
 //
 // The loss and every gradient are those of the whole step's batch: each token's loss gradient is scaled by
 // 1 / (counted tokens of the whole batch) and the dp reduction sums, so the losses equal those of the single cp group
 // training on the same batch (`train_gpt --ranks C` with the same --pack-tokens; with --experts, `--mesh cp=C`) within
-// float rounding; the ctest train_gpt_mesh checks it. The AdamW step is the single-group model's (weight decay on
+// float rounding; the ctest train_gpt_mesh checks it (packed sequences over dp > 1, which no single group trains
+// together: tests/examples/packing.cpp against the documents alone, and the ctest between two meshes). The AdamW step is the single-group model's (weight decay on
 // matrices, none on norms; the same warm-up), elementwise, so ZeRO's chunking changes no value.
 //
 // Pipeline activations: a stage keeps only each in-flight micro-batch's input and recomputes its layers' forward
@@ -45,6 +51,8 @@
 #include "model_flops.hpp"
 #include "train_moe.hpp"
 #include "train_ranks.hpp"
+#include "training_data.hpp"
+#include "training_options.hpp"
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/cost/profile.hpp"
@@ -111,31 +119,6 @@ inline DeviceMesh parse_mesh(std::string_view text) {
   }
   return DeviceMesh({{"dp", std::max(sizes[0], 1)}, {"pp", std::max(sizes[1], 1)}, {"cp", std::max(sizes[2], 1)}});
 }
-
-struct MeshTrainOptions {
-  std::string mesh;             // "dp=2,cp=2"
-  ZeroStage zero = ZeroStage::zero;
-  int steps = 32;
-  std::uint64_t seed = 1;
-  int layers = 4;
-  std::int64_t hidden = 128;
-  std::int64_t heads = 4;
-  std::int64_t min_len = 256;
-  std::int64_t max_len = 16384;
-  double lr = 3e-3;
-  bool sorted = false;
-  std::int64_t pack_tokens = 0;
-  std::int64_t pack_documents = 0;  // > 0: ONE sequence of packed documents of up to this many tokens per step
-  double cap_mib = -1;          // < 0: the single-group default (between all-METP and all-MegatronTS at max_len)
-  std::string strategy;         // empty: the planner
-  std::int64_t experts = 0;     // > 0: the MoE GPT of train_moe.hpp, ep folded over dp x cp
-  std::int64_t top_k = 2;
-  std::int64_t shared_experts = 0;
-  int first_dense = 0;
-  std::string corpus;
-  std::string csv;
-  RankBackend backend = RankBackend::threads;
-};
 
 // One rank's part of the GPT on the mesh: the layers of its pp stage sharded over its cp group, plus the embedding
 // (first stage) or the final norm and LM head (last stage), their gradients, and an optimizer per tensor over dp.
@@ -439,12 +422,71 @@ double mesh_forward_backward(MeshGptStage<Strategies, C>& stage, C& pp_group, C&
   return loss_sum;
 }
 
+// One step of the mesh: what each dp replica trains.
+//   rows (one window per step, or --pack-tokens): ONE corpus::Step whose rows are dealt to the D replicas in
+//     contiguous chunks (uneven allowed; a replica past the rows trains nothing that step);
+//   packed sequences (--pack-documents): up to D corpus::Steps, each ONE sequence of packed documents, replica d
+//     training the d-th with its own length and document starts (a replica past the last trains nothing).
+// The loss and every gradient are those of the whole step: each token's loss gradient is scaled by 1 / real_tokens()
+// and the dp reduction sums, so the replicas are weighted by their real tokens.
+struct MeshStep {
+  std::vector<corpus::Step> parts;  // rows: one step; packed: one sequence per replica, at most D
+  bool per_replica = false;         // packed: parts[d] is replica d's
+
+  // The part replica `replica` of `dp` trains (nullptr: none) and its rows of that part.
+  std::pair<const corpus::Step*, ChunkRange> work(int replica, int dp) const {
+    if (!per_replica) return {&parts.at(0), chunk_range(parts.at(0).sequences(), dp, replica)};
+    if (std::size_t(replica) >= parts.size()) return {nullptr, ChunkRange{0, 0}};
+    return {&parts[std::size_t(replica)], ChunkRange{0, 1}};
+  }
+  // The counted tokens of the whole step (every real token has a target; padding has none).
+  std::int64_t real_tokens() const {
+    std::int64_t n = 0;
+    for (const corpus::Step& p : parts) n += p.real_tokens();
+    return n;
+  }
+  std::int64_t documents() const {
+    std::int64_t n = 0;
+    for (const corpus::Step& p : parts) n += std::int64_t(p.rows.size());
+    return n;
+  }
+  std::int64_t longest() const {
+    std::int64_t n = 0;
+    for (const corpus::Step& p : parts) n = std::max(n, p.length);
+    return n;
+  }
+  // Rows of the whole step: sequences over every part.
+  std::int64_t sequences() const {
+    std::int64_t n = 0;
+    for (const corpus::Step& p : parts) n += p.sequences();
+    return n;
+  }
+};
+
+// The mesh's steps: each of `steps` alone, its rows dealt over the dp replicas; or, when the steps are packed
+// sequences (corpus::pack_sequences), `dp` consecutive ones per mesh step, one per replica (the last step may hold
+// fewer).
+inline std::vector<MeshStep> mesh_steps(const std::vector<corpus::Step>& steps, int dp) {
+  check(dp >= 1, "mesh_steps: dp = {}, expected at least 1", dp);
+  std::vector<MeshStep> out;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    if (!steps[k].packed) {
+      out.push_back({{steps[k]}, false});
+      continue;
+    }
+    if (k % std::size_t(dp) == 0) out.push_back({{}, true});
+    out.back().parts.push_back(steps[k]);
+  }
+  return out;
+}
+
 namespace mesh_detail {
 
 // A step's plan for the stack, and its compact name for the table.
 struct StepPlan {
   StackPlan stack;
   std::string name;
+  double time_s = 0;  // the planner's predicted time
 };
 
 // "TS/TS TS/METP ...": the capitals of each layer's attention/mlp strategy names.
@@ -466,7 +508,7 @@ inline std::string compact_plan(const plan::Plan& plan) {
 
 // Trains the dense GPT on `ranks` (threads or MPI processes, as many as the mesh holds). Returns the exit code.
 template <class Strategies, class RanksT>
-int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware, RanksT& ranks) {
+int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, RanksT& ranks) {
   using Model = Gpt<Strategies>;
   const DeviceMesh mesh = parse_mesh(o.mesh);
   mesh.check_world_size(ranks.size());
@@ -478,9 +520,7 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
         "be 1)", o.mesh, o.experts);
   GptConfig config;
   if (experts) {  // the MoE GPT of train_gpt --experts (examples/train_moe.hpp)
-    config = moe_gpt_config(MoeTrainOptions{.layers = o.layers, .hidden = o.hidden, .heads = o.heads,
-                                            .experts = o.experts, .top_k = o.top_k,
-                                            .shared_experts = o.shared_experts, .first_dense = o.first_dense});
+    config = moe_gpt_config(o);
   } else {
     config.layer = LayerConfig::make(o.hidden, o.heads);
     config.layer.causal = config.layer.zigzag = config.layer.rope = true;
@@ -491,27 +531,24 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
   check(!experts || o.strategy.empty(), "--mesh --experts: the planner picks every sublayer (no --strategy)");
   check(o.pack_documents == 0 || o.pack_tokens == 0, "--mesh {}: --pack-tokens {} (documents as rows) and "
         "--pack-documents {} (documents in one sequence) exclude each other", o.mesh, o.pack_tokens, o.pack_documents);
-  check(o.pack_documents == 0 || dp == 1, "--mesh {} --pack-documents {}: a packed step is ONE sequence, so only one "
-        "of the {} dp replicas would hold a row; use dp=1 (cp and pp split the sequence and the layers) or "
-        "--pack-tokens to batch rows over dp", o.mesh, o.pack_documents, dp);
 
-  // The data: the single-group run's (examples/train_gpt.cpp with --ranks C).
-  const std::filesystem::path corpus_dir =
-      o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
-                       : std::filesystem::path(o.corpus);
-  const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
-  corpus::WindowSampler sampler(docs, o.min_len, o.max_len, o.seed);
-  std::vector<corpus::Window> windows = sampler.stratified(o.steps);
-  if (!o.sorted) sampler.shuffle(windows);
-  std::vector<corpus::Step> steps = o.pack_documents > 0 ? corpus::pack_sequences(windows, o.pack_documents, 2 * cp)
-                                                         : corpus::pack_steps(windows, o.pack_tokens, 2 * cp);
-  if ((o.pack_tokens > 0 || o.pack_documents > 0) && !o.sorted) sampler.shuffle(steps);
-  const int n_steps = int(steps.size());
-  if (experts && dp > 1)  // the expert group spans the replicas: each must bring tokens to every MoE layer
+  // The data: the single-group run's (examples/train_gpt.cpp with --ranks C; examples/training_data.hpp).
+  const TrainingData data = training_data(o, {cp, config.layer.zigzag}, o.pack_tokens);
+  const std::vector<corpus::Document>& docs = data.docs;
+  const std::vector<corpus::Step>& steps = data.steps;
+  // Rows are dealt over dp; packed sequences go one per replica, D per mesh step.
+  const std::vector<MeshStep> mesh_steps_ = mesh_steps(steps, dp);
+  const int n_steps = int(mesh_steps_.size());
+  if (experts && dp > 1) {  // the expert group spans the replicas: each must bring tokens to every MoE layer
+    check(o.pack_documents == 0 || steps.size() % std::size_t(dp) == 0, "--mesh {} --experts --pack-documents {}: "
+          "the {} documents make {} packed sequences, not a multiple of the {} dp replicas (each replica must bring a "
+          "sequence to every step's MoE layers): change --steps or --pack-documents", o.mesh, o.pack_documents,
+          o.steps, steps.size(), dp);
     for (int k = 0; k < n_steps; ++k)
-      check(steps[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
+      check(mesh_steps_[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
             "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
-            steps[std::size_t(k)].sequences(), dp);
+            mesh_steps_[std::size_t(k)].sequences(), dp);
+  }
 
   // Micro-batches: without pp a replica's rows are one micro-batch; with pp each row is one.
   const auto micro_rows = [&](const corpus::Step& step) {
@@ -532,33 +569,57 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
   const auto plan_start = std::chrono::steady_clock::now();
   // With experts the MoE FFN's row models the expert group as the cp group (the planner's view of train_gpt
   // --experts); the choice between ExpertParallel and ExpertTensorParallel is exact either way, its cost approximate.
-  std::vector<std::optional<mesh_detail::StepPlan>> plans(steps.size());
-  // Keyed by the step's shape: its length, or its packed documents' lengths, and the micro-batch's rows.
+  //
+  // Packed sequences over dp > 1: each replica's cp group plans its own sequence (the strategies must agree within
+  // a cp group and along its pp stages only; the replicas meet only in the gradient reduction, so the step takes as
+  // long as its slowest replica, and planning each for its own sequence minimises each). With experts the MoE layers
+  // span the replicas (ep = dp x cp), so every sublayer's strategy must agree over the whole mesh: the step runs
+  // every replica on the plan of its most expensive sequence (the largest predicted time).
+  // plans[k][d]: replica d's plan in step k (std::nullopt: no plan fits the cap, and the step is skipped).
+  std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
+  // Keyed by a part's shape: its length, or its packed documents' lengths, and the micro-batch's rows.
   std::map<std::pair<std::vector<std::int64_t>, std::int64_t>, std::optional<mesh_detail::StepPlan>> planned;
-  for (std::size_t k = 0; k < steps.size(); ++k) {
-    const bool packed = steps[k].document_starts().size() > 1;
-    const std::int64_t length = steps[k].length;
-    const std::pair key{packed ? steps[k].document_lengths() : std::vector<std::int64_t>{length}, micro_rows(steps[k])};
+  const auto plan_of = [&](const corpus::Step& step) {
+    const bool packed = step.document_starts().size() > 1;
+    const std::int64_t length = step.length;
+    const std::pair key{packed ? step.document_lengths() : std::vector<std::int64_t>{length}, micro_rows(step)};
     if (!planned.count(key)) {
       try {
         if (experts) {
-          const plan::Batch batch = packed ? plan::Batch::packed(key.first) : plan::Batch::single(length, key.second);
           const plan::MoePlan plan = plan::plan_moe_exact(
-              plan::build_moe_cost_table(config, hardware, cp, batch, {4, 4, 8}, moe_costs.extra_bytes(length)), cap);
-          planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), train_moe_detail::compact(plan)};
+              packed ? moe_costs.packed_table(key.first)
+                     : plan::build_moe_cost_table(config, hardware, cp, plan::Batch::single(length, key.second),
+                                                  {4, 4, 8}, moe_costs.extra_bytes(length)),
+              cap);
+          planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), train_moe_detail::compact(plan),
+                                               plan.time_s};
         } else {
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           const plan::Plan plan = o.strategy.empty()
               ? plan::plan_exact(table, cap)
               : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(o.strategy)), cap);
-          planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), mesh_detail::compact_plan(plan)};
+          planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), mesh_detail::compact_plan(plan),
+                                               plan.time_s};
         }
       } catch (const plan::NoFeasiblePlan&) {
         planned[key] = std::nullopt;
       }
     }
-    plans[k] = planned[key];
+    return planned[key];
+  };
+  for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
+    const MeshStep& step = mesh_steps_[k];
+    for (const corpus::Step& part : step.parts) plans[k].push_back(plan_of(part));
+    const bool all_fit = std::all_of(plans[k].begin(), plans[k].end(), [](const auto& p) { return p.has_value(); });
+    if (!all_fit) plans[k].assign(1, std::nullopt);
+    else if (experts && plans[k].size() > 1)  // one plan over the expert group: the most expensive part's
+      plans[k].assign(1, *std::max_element(plans[k].begin(), plans[k].end(),
+                                           [](const auto& a, const auto& b) { return a->time_s < b->time_s; }));
   }
+  // Replica d's plan in step k (a replica without a part runs none: any plan of the step).
+  const auto replica_plan = [&](std::size_t k, int d) -> const std::optional<mesh_detail::StepPlan>& {
+    return plans[k][std::min(std::size_t(d), plans[k].size() - 1)];
+  };
   const double planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
 
   fmt::print("model: GPT, {} layers, h={}, {} heads, ffn={}, vocab {} (bytes), causal + RoPE, zigzag tokens; {:.2f} M "
@@ -577,13 +638,17 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
                for (int s = 0; s < pp; ++s) n.push_back(chunk_range(o.layers, pp, s).length);
                return n;
              }(), "+"), name_of(o.zero));
-  fmt::print("data: {} documents, {} steps (lengths {}..{}, {}), rows dealt over dp, {} per micro-batch; plans "
+  fmt::print("data: {} documents, {} steps (lengths {}..{}, {}), {}, {} per micro-batch; plans "
              "for a cp group of {} under a cap of {:.0f} MiB ({:.1f} ms of planning)\n",
              docs.size(), n_steps, o.min_len, o.max_len,
              o.pack_tokens > 0      ? fmt::format("packed up to {} tokens", o.pack_tokens)
-             : o.pack_documents > 0 ? fmt::format("each one sequence of documents packed up to {} tokens, attention "
+             : o.pack_documents > 0 ? fmt::format("sequences of documents packed up to {} tokens, attention "
                                                   "within each", o.pack_documents)
                                     : std::string("one window each"),
+             o.pack_documents > 0 ? fmt::format("one sequence per dp replica ({} per step, each replica's cp group "
+                                                "planning its own{})", dp, experts && dp > 1 ? ": with experts the "
+                                                "most expensive's plan for all" : "")
+                                  : std::string("rows dealt over dp"),
              pp > 1 ? "one row" : "a replica's rows", cp, double(cap) / (1024 * 1024), planning_s * 1e3);
   fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>9}\n", "step", "len", "docs", "plan", 8 * o.layers, "loss",
              "time s", "peak MiB");
@@ -612,29 +677,31 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
     MeshOptimizer optimizer(stage, o.zero, dp, replica, adamw);
     BufferPool pool;
     for (int k = 0; k < n_steps; ++k) {
-      const corpus::Step& step = steps[std::size_t(k)];
-      const std::int64_t s = step.length, rows = step.sequences(), documents = std::int64_t(step.rows.size());
-      const std::vector<std::int64_t> document_starts = step.document_starts();  // empty: one document per row
-      if (!plans[std::size_t(k)]) {
+      const MeshStep& step = mesh_steps_[std::size_t(k)];
+      const std::int64_t s = step.longest(), rows = step.sequences(), documents = step.documents();
+      if (!plans[std::size_t(k)][0]) {
         if (rank == 0) fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap\n", k, s, documents);
         continue;
       }
       const auto start = std::chrono::steady_clock::now();
+      // This replica's part of the step (rows: the one step, of which it trains `mine`; packed: its own sequence).
+      const auto [part, mine] = step.work(replica, dp);
+      const corpus::Step& tokens_of = part ? *part : step.parts[0];
       std::vector<std::int32_t> inputs, targets;
-      corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
-      const double counted = double(std::count_if(targets.begin(), targets.end(),
-                                                  [](std::int32_t t) { return t != ops::cpu::kIgnoreIndex; }));
+      corpus::step_tokens(tokens_of, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+      const double counted = double(step.real_tokens());  // the whole step's: every replica's tokens
       const float grad_scale = float(1.0 / counted);
-      const mesh_detail::StepPlan& plan = *plans[std::size_t(k)];
-      const StackPlan& full = plan.stack;
+      const StackPlan& full = replica_plan(std::size_t(k), replica)->stack;
       const ChunkRange layers = chunk_range(o.layers, pp, stage_index);
+      const std::vector<std::int64_t> document_starts = tokens_of.document_starts();  // empty: one document per row
       stage.begin_step(cp_group, ep_group ? *ep_group : cp_group, pool,
-                       StackPlan(full.begin() + layers.start, full.begin() + layers.end()), s, document_starts);
+                       StackPlan(full.begin() + layers.start, full.begin() + layers.end()), tokens_of.length,
+                       document_starts);
       pool.trim();
       ranks.tracker(rank).reset_peak();
       // This replica's rows, run through the stages.
-      const double loss_sum =
-          mesh_forward_backward(stage, pp_group, cp_group, chunk_range(rows, dp, replica), s, inputs, targets, grad_scale);
+      const double loss_sum = mesh_forward_backward(stage, pp_group, cp_group, mine, tokens_of.length, inputs, targets,
+                                                    grad_scale);
       adamw.learning_rate = float(o.lr * std::min(1.0, double(k + 1) / warmup));
       optimizer.step(dp_group, adamw.learning_rate, k + 1);
       double sums[2] = {loss_sum, double(ranks.tracker(rank).peak())}, total[2] = {0, 0};
@@ -644,10 +711,15 @@ int train_mesh(const MeshTrainOptions& o, const cost::HardwareProfile& hardware,
       const double loss = total[0] / counted;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       losses.push_back(loss);
-      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}\n", k, s, documents, plan.name, 8 * o.layers,
+      // The plan, or with packed sequences over dp each replica's, "|" between them where they differ.
+      std::vector<std::string> names;
+      for (const auto& p : plans[std::size_t(k)]) names.push_back(p->name);
+      const bool one_plan = std::all_of(names.begin(), names.end(), [&](const std::string& n) { return n == names[0]; });
+      const std::string plan_name = one_plan ? names[0] : fmt::format("{}", fmt::join(names, " | "));
+      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}\n", k, s, documents, plan_name, 8 * o.layers,
                  loss, seconds, total[1] / (1024 * 1024));
       std::fflush(stdout);
-      csv.row(k, s, rows, plan.name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));
+      csv.row(k, s, rows, plan_name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));
     }
   });
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();

@@ -21,6 +21,8 @@
 #include "csv_table.hpp"
 #include "train_ranks.hpp"
 #include "training_checkpoints.hpp"
+#include "training_data.hpp"
+#include "training_options.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/profile.hpp"
@@ -48,40 +50,8 @@
 
 namespace paradyse::examples {
 
-struct MoeTrainOptions {
-  int steps = 32;
-  std::uint64_t seed = 1;
-  int ranks = 4;
-  int layers = 4;
-  std::int64_t hidden = 128;
-  std::int64_t heads = 4;
-  std::int64_t min_len = 256;
-  std::int64_t max_len = 16384;
-  double lr = 3e-3;
-  bool sorted = false;
-  std::int64_t pack_documents = 0;  // > 0: the documents back to back in ONE sequence of up to this many tokens
-  std::int64_t experts = 8;
-  std::int64_t top_k = 2;
-  std::int64_t shared_experts = 0;
-  int first_dense = 0;
-  double aux_loss_coef = 0.01;
-  double z_loss_coef = 0.001;
-  int load_every = 4;            // expert load printed every this many steps
-  double budget_mib = -1;        // the planner's memory budget per rank (< 0: the profile's usable memory)
-  std::string save;              // a folder: the Hugging Face export at the end
-  std::string corpus;
-  RankBackend backend = RankBackend::threads;
-  std::string csv;               // the per-step table as CSV
-  int checkpoint_every = 0;      // 0: no training checkpoints
-  int keep = 2;                  // training checkpoints kept (the newest)
-  std::string checkpoint_dir = "checkpoints";
-  std::string resume;            // a training checkpoint to continue from
-  int stop_after = 0;            // > 0: stop after this many steps of this invocation, with a training checkpoint
-  std::string args;              // the options as given, one per line (saved in training checkpoints)
-};
-
 // The MoE GPT train_gpt --experts trains.
-inline GptConfig moe_gpt_config(const MoeTrainOptions& o) {
+inline GptConfig moe_gpt_config(const TrainingOptions& o) {
   GptConfig config;
   config.layer = LayerConfig::make(o.hidden, o.heads);
   config.layer.causal = true;
@@ -142,7 +112,7 @@ inline Load load_of(const std::vector<std::int64_t>& routed) {
 }  // namespace train_moe_detail
 
 // Runs the MoE training; returns the exit status. `hardware`: the profile the planner predicts with.
-inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hardware) {
+inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hardware) {
   using namespace train_moe_detail;
   constexpr double kMiB = 1024.0 * 1024.0;
   const GptConfig config = moe_gpt_config(o);
@@ -150,24 +120,16 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
   if (!o.save.empty()) check_hf_exportable(config);
   Ranks<Model> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
 
-  const std::filesystem::path corpus_dir =
-      o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu") : std::filesystem::path(o.corpus);
-  const std::vector<corpus::Document> docs = corpus::load(corpus_dir);
-  corpus::WindowSampler sampler(docs, o.min_len, o.max_len, o.seed);
-  std::vector<corpus::Window> windows = sampler.stratified(o.steps);
-  if (!o.sorted) sampler.shuffle(windows);
-  const std::int64_t group_min_len = config.layer.zigzag ? 2 * o.ranks : o.ranks;
   // The steps: one window each, padded at its end to the group's minimum with masked tokens; or (--pack-documents)
-  // the windows back to back in one sequence each, first-fit decreasing up to the budget.
-  std::vector<corpus::Step> steps = o.pack_documents > 0
-                                        ? corpus::pack_sequences(windows, o.pack_documents, group_min_len)
-                                        : corpus::pack_steps(windows, 0, group_min_len);
-  if (o.pack_documents > 0 && !o.sorted) sampler.shuffle(steps);
+  // the windows back to back in one sequence each, first-fit decreasing up to the budget (examples/training_data.hpp).
+  const TrainingData data = training_data(o, {o.ranks, config.layer.zigzag}, 0);
+  const std::vector<corpus::Document>& docs = data.docs;
+  const std::vector<corpus::Step>& steps = data.steps;
   const int n_steps = int(steps.size());
 
   const plan::MoeGptCosts<Model> costs{config, o.ranks, &hardware};
   const std::int64_t budget =
-      o.budget_mib > 0 ? std::int64_t(o.budget_mib * kMiB) : hardware.usable_memory_bytes();
+      o.cap_mib > 0 ? std::int64_t(o.cap_mib * kMiB) : hardware.usable_memory_bytes();
   const MoeConfig& m = config.moe->moe;
   fmt::print("model: MoE GPT, {} layers ({} dense first, {} MoE), h={}, {} heads, {} experts of ffn {} (top-{}, "
              "renormalised){}, vocab {} (bytes), RMSNorm + RoPE + causal; {:.2f} M parameters\n",
@@ -178,10 +140,10 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
   fmt::print("router losses: load balancing x {}, z-loss x {} (both in the gradient; the loss column is the "
              "cross-entropy)\n", m.aux_loss_coef, m.z_loss_coef);
   fmt::print("data: {} documents in {}; {} windows, lengths {}..{}, order {}, seed {}\n", docs.size(),
-             corpus_dir.string(), o.steps, o.min_len, o.max_len, o.sorted ? "sorted" : "random", o.seed);
+             data.corpus_dir.string(), o.steps, o.min_len, o.max_len, o.sorted ? "sorted" : "random", o.seed);
   if (o.pack_documents > 0)
     fmt::print("packing: {} windows in {} steps, each one sequence of up to {} tokens (documents back to back, "
-               "attention within each, positions restarting at each)\n", windows.size(), n_steps, o.pack_documents);
+               "attention within each, positions restarting at each)\n", o.steps, n_steps, o.pack_documents);
   else
     fmt::print("steps: one window each\n");
   fmt::print("ranks: {} {}; the planner's budget {:.0f} MiB per rank; plan: attention/ffn per layer (ffn: the dense "
@@ -192,37 +154,13 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
     ranks.pools[std::size_t(r)] = std::make_unique<BufferPool>();
   });
-  int first_step = 0;
-  if (!o.resume.empty()) {
-    ranks.run([&](auto&, int r) { load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true}); });
-    first_step = checkpoint_next_step(o.resume);
+  // Training checkpoints (examples/training_checkpoints.hpp): resumed from, and written on the way.
+  const TrainingCheckpoints checkpoints(o, n_steps, data_description(o, n_steps, 0), ranks);
+  const int first_step = checkpoints.first_step(), end_step = checkpoints.end_step();
+  if (!o.resume.empty())
     fmt::print("resumed from {}: attention, expert and router weights, AdamW moments and optimizer step {}; the data "
                "continues at step {} of {}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(),
                first_step, n_steps);
-  }
-  const std::filesystem::path checkpoint_dir(o.checkpoint_dir);
-  if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) {
-    std::filesystem::create_directories(checkpoint_dir);
-    check_writable_target(training_checkpoint_path(checkpoint_dir, 0).string());
-  }
-  const auto save_training_checkpoint = [&](int next_step) {
-    const std::string path = training_checkpoint_path(checkpoint_dir, next_step).string();
-    const CheckpointSaveOptions options{
-        .optimizer_state = true,
-        .extra = {{"train.args", o.args}, {"train.next_step", std::to_string(next_step)},
-                  {"train.data", fmt::format("seed {}, {} documents stratified by length{}, {}", o.seed, o.steps,
-                                             o.sorted ? "" : ", shuffled",
-                                             o.pack_documents > 0
-                                                 ? fmt::format("{} steps of one sequence of up to {} tokens", n_steps,
-                                                               o.pack_documents)
-                                                 : std::string("one window per step"))}}};
-    ranks.run([&](auto& comm, int r) {
-      ranks.pools[std::size_t(r)]->trim();
-      save_checkpoint(comm, *ranks.models[std::size_t(r)], path, options);
-    });
-    if (ranks.reports()) prune_checkpoints(checkpoint_dir, o.keep);
-    fmt::print("      checkpoint {} (continues at step {})\n", path, next_step);
-  };
   CsvTable csv(ranks.reports() ? o.csv : std::string(),
                {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "tokens_per_s", "aux", "z"});
 
@@ -235,9 +173,8 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
   std::map<std::string, int> usage;
   std::int64_t tokens = 0, padding = 0;
   double seconds = 0;
-  const int end_step = o.stop_after > 0 ? std::min(n_steps, first_step + o.stop_after) : n_steps;
   for (int step = first_step; step < end_step; ++step) {
-    if (o.checkpoint_every > 0 && step > first_step && step % o.checkpoint_every == 0) save_training_checkpoint(step);
+    checkpoints.before_step(ranks, step);
     // The step's one sequence [1, s]: a window padded with masked tokens, or the packed windows back to back.
     const corpus::Step& batch = steps[std::size_t(step)];
     const std::int64_t s = batch.length, real = batch.real_tokens();
@@ -246,11 +183,7 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
     corpus::step_tokens(batch, docs, ops::cpu::kIgnoreIndex, inputs, targets);
     // Packed: the planner's table of the step's documents (attention costed within each document).
     const plan::MoePlan plan = plan::plan_moe_exact(
-        document_starts.size() > 1
-            ? plan::build_moe_cost_table(config, hardware, o.ranks, plan::Batch::packed(batch.document_lengths()),
-                                         {4, 4, 8}, costs.extra_bytes(s), *costs.catalog)
-            : costs.table(s),
-        budget);
+        document_starts.size() > 1 ? costs.packed_table(batch.document_lengths()) : costs.table(s), budget);
     const StackPlan stack_plan = plan.stack_plan<Strategies>();
     for (const plan::MoeLayerPlan& l : plan.layers) {
       ++usage[fmt::format("attention {}", plan.strategy_names.at(std::size_t(l.attention)))];
@@ -295,9 +228,7 @@ inline int train_moe(const MoeTrainOptions& o, const cost::HardwareProfile& hard
       fmt::print("      expert load (tokens per expert, min/mean/max): {}\n", line);
     }
   }
-  if (end_step > first_step &&
-      ((o.checkpoint_every > 0 && end_step % o.checkpoint_every == 0) || (o.stop_after > 0 && end_step < n_steps)))
-    save_training_checkpoint(end_step);
+  checkpoints.at_end(ranks);
   fmt::print("\nsummary\n");
   if (!losses.empty()) {
     const std::size_t window = std::max<std::size_t>(1, std::min<std::size_t>(4, losses.size() / 2));

@@ -489,9 +489,18 @@ TEST_CASE("train_gpt --mesh trains a packed sequence as its documents alone: pp 
   dense.layer.causal = dense.layer.zigzag = dense.layer.rope = true;
   dense.layers = 3;  // uneven over 2 stages
   dense.vocab = 256;
-  const GptConfig moe = examples::moe_gpt_config(examples::MoeTrainOptions{
-      .layers = 2, .hidden = 48, .heads = 12, .experts = 5, .top_k = 2, .shared_experts = 1, .first_dense = 1,
-      .aux_loss_coef = 0, .z_loss_coef = 0});  // no router losses: see the MoE GPT's case above
+  const GptConfig moe = examples::moe_gpt_config([] {
+    examples::TrainingOptions o;
+    o.layers = 2;
+    o.hidden = 48;
+    o.heads = 12;
+    o.experts = 5;
+    o.top_k = 2;
+    o.shared_experts = 1;
+    o.first_dense = 1;
+    o.aux_loss_coef = o.z_loss_coef = 0;  // no router losses: see the MoE GPT's case above
+    return o;
+  }());
   const std::vector<corpus::Document> docs = documents_of({2, 3, 4, 8, 14}, 37);
   const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 2}, {2, 0, 3}, {3, 0, 7}, {4, 0, 13}};
 
@@ -576,6 +585,126 @@ TEST_CASE("train_gpt --mesh trains a packed sequence as its documents alone: pp 
           CAPTURE(t);
           CHECK(testing::first_mismatch(std::span<const float>(got.values[t]), std::span<const double>(want[t]),
                                         testing::kFloat32) == "");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("train_gpt --mesh --pack-documents over dp = 2: one packed sequence per replica, each on its own plan; the "
+          "loss and every gradient of every rank are those of the documents alone (dp = 2 x cp = 2, dp = 2 x pp = 2 x "
+          "cp = 2, a last step with an idle replica)") {
+  GptConfig c;
+  c.layer = LayerConfig::make(48, 12);
+  c.layer.causal = c.layer.zigzag = c.layer.rope = true;
+  c.layers = 3;  // uneven over 2 stages
+  c.vocab = 256;
+  const std::vector<corpus::Document> docs = documents_of({2, 3, 4, 8, 14}, 43);
+  const std::vector<corpus::Window> windows{{0, 0, 1}, {1, 0, 2}, {2, 0, 3}, {3, 0, 7}, {4, 0, 13}};
+  const auto choice = [](std::string_view attention, std::string_view mlp) {
+    return SublayerChoice{AllStrategies<>::index_of(attention), AllStrategies<>::index_of(mlp)};
+  };
+  struct Run {
+    double loss = 0;
+    std::int64_t counted = 0;
+    std::vector<std::vector<std::vector<float>>> per_rank;  // [world rank][parameter] gradients after the dp sum
+  };
+  // One mesh step as train_mesh runs it: MeshStep::work deals the parts (replica d on choices[d]), every token's
+  // loss gradient scaled by 1 / the step's real tokens; then the gradients summed over dp, as the ZeRO-0
+  // DataParallelOptimizer with ReduceOp::sum (train_mesh's MeshOptimizer) does before its AdamW step.
+  const auto run = [&](int dp, int pp, int cp, const examples::MeshStep& step, const std::vector<SublayerChoice>& choices) {
+    const DeviceMesh grid({{"dp", dp}, {"pp", pp}, {"cp", cp}});
+    const double counted = double(step.real_tokens());
+    std::vector<double> losses(std::size_t(grid.size()), 0.0);
+    Run out;
+    out.counted = step.real_tokens();
+    out.per_rank.resize(std::size_t(grid.size()));
+    run_ranks(grid.size(), [&](ThreadCommunicator& world) {
+      ThreadCommunicator dp_group = grid.group(world, {"dp"}), pp_group = grid.group(world, {"pp"});
+      ThreadCommunicator cp_group = grid.group(world, {"cp"});
+      const MeshCoordinate at = grid.coordinate(world.rank());
+      const int replica = at[0], stage_index = at[1], cp_rank = at[2];
+      const ChunkRange layers = chunk_range(c.layers, pp, stage_index);
+      examples::MeshGptStage<AllStrategies<>, ThreadCommunicator> stage(c, stage_index, pp, layers, cp, cp_rank, cp,
+                                                                        cp_rank, 47);
+      const auto [part, mine] = step.work(replica, dp);
+      const corpus::Step& tokens_of = part ? *part : step.parts[0];
+      std::vector<std::int32_t> inputs, targets;
+      corpus::step_tokens(tokens_of, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+      BufferPool pool;
+      stage.begin_step(cp_group, cp_group, pool, StackPlan(std::size_t(layers.length), choices.at(std::size_t(replica))),
+                       tokens_of.length, tokens_of.document_starts());
+      losses[std::size_t(world.rank())] = examples::mesh_forward_backward(
+          stage, pp_group, cp_group, mine, tokens_of.length, inputs, targets, float(1.0 / counted));
+      for (const auto& parameter : stage.parameters()) {
+        dp_group.all_reduce(std::span<const float>(parameter.gradient->span()), parameter.gradient->span(), ReduceOp::sum);
+        out.per_rank[std::size_t(world.rank())].emplace_back(parameter.gradient->span().begin(),
+                                                             parameter.gradient->span().end());
+      }
+    });
+    for (const double l : losses) out.loss += l / counted;
+    return out;
+  };
+  struct Mesh {
+    int pp, cp;
+  };
+  for (const Mesh& mesh : {Mesh{1, 2}, Mesh{2, 2}}) {
+    CAPTURE(mesh.pp);
+    CAPTURE(mesh.cp);
+    const SublayerChoice ts = choice("MegatronTS", "MegatronTS");
+    std::vector<Run> alone;  // each document alone on the mesh pp x cp of one replica
+    for (const corpus::Window& w : windows)
+      alone.push_back(run(1, mesh.pp, mesh.cp, {{{{w}, std::max<std::int64_t>(w.length, 2 * mesh.cp)}}, false}, {ts}));
+    // Budget 10: the 13-token document alone, then two more sequences: two mesh steps, the second leaving replica 1
+    // idle.
+    const std::vector<corpus::Step> sequences = corpus::pack_sequences(windows, 10, 2 * mesh.cp);
+    const std::vector<examples::MeshStep> steps = examples::mesh_steps(sequences, 2);
+    REQUIRE(sequences.size() == 3);
+    REQUIRE(steps.size() == 2);
+    CHECK(steps[0].parts.size() == 2);
+    CHECK(steps[1].parts.size() == 1);
+    CHECK(steps[1].work(1, 2).first == nullptr);
+    CHECK(steps[1].work(1, 2).second.length == 0);
+    for (const examples::MeshStep& step : steps) {
+      CAPTURE(step.parts.size());
+      // The token-weighted mean of every document of every part alone, rank by rank of one replica.
+      double loss = 0;
+      std::int64_t counted = 0;
+      std::vector<std::vector<std::vector<double>>> want;
+      for (const auto& rank : alone[0].per_rank) {
+        want.emplace_back();
+        for (const std::vector<float>& g : rank) want.back().emplace_back(g.size(), 0.0);
+      }
+      for (const corpus::Step& part : step.parts)
+        for (const corpus::Window& w : part.rows) {
+          const Run& a = alone[w.document];
+          loss += a.loss * double(a.counted);
+          counted += a.counted;
+          for (std::size_t r = 0; r < want.size(); ++r)
+            for (std::size_t t = 0; t < want[r].size(); ++t)
+              for (std::size_t i = 0; i < want[r][t].size(); ++i)
+                want[r][t][i] += double(a.per_rank[r][t][i]) * double(a.counted);
+        }
+      for (auto& rank : want)
+        for (std::vector<double>& g : rank)
+          for (double& x : g) x /= double(counted);
+      // Each replica on its own plan: MegatronTS everywhere, or ring attention / all-to-all mixes that differ.
+      for (const std::vector<SublayerChoice>& choices :
+           {std::vector<SublayerChoice>{ts, ts},
+            std::vector<SublayerChoice>{choice("MegatronCZ", "METP"), choice("UlyssesZ", "ColossalZ")}}) {
+        const Run got = run(2, mesh.pp, mesh.cp, step, choices);
+        CHECK(got.counted == counted);
+        CHECK(got.loss == doctest::Approx(loss / double(counted)).epsilon(1e-5));
+        REQUIRE(got.per_rank.size() == 2 * want.size());
+        for (std::size_t r = 0; r < got.per_rank.size(); ++r) {
+          CAPTURE(r);
+          const auto& reference = want[r % want.size()];  // replica r / (pp x cp) holds the same shards
+          REQUIRE(got.per_rank[r].size() == reference.size());
+          for (std::size_t t = 0; t < reference.size(); ++t) {
+            CAPTURE(t);
+            CHECK(testing::first_mismatch(std::span<const float>(got.per_rank[r][t]),
+                                          std::span<const double>(reference[t]), testing::kFloat32) == "");
+          }
         }
       }
     }

@@ -8,12 +8,14 @@
 #   2. with MOE_PACK added (packed steps of several rows), --mesh cp=C and each of MOE_MESHES (dp x cp: the MoE layers
 #      over the expert group of every replica's and cp rank's tokens) give the same losses.
 # With PACK_DOCUMENTS (--pack-documents;B: each step one sequence of packed documents, attention within each), ARGS
-# without its --pack-tokens and with PACK_DOCUMENTS instead: --ranks C against each of PACK_MESHES (dp = 1); and with
-# MOE_ARGS, train_gpt --experts --ranks C against --experts --mesh cp=C on the same packed sequences.
+# without its --pack-tokens and with PACK_DOCUMENTS instead: --ranks C against each of PACK_MESHES (dp = 1); the
+# first of PACK_DP_MESHES (dp > 1: one packed sequence per replica per step) against the others of the same dp; and
+# with MOE_ARGS, train_gpt --experts --ranks C against --experts --mesh cp=C on the same packed sequences.
 # Run by ctest (examples/CMakeLists.txt):
 #   cmake -DEXE=train_gpt -DCP=2 -DMESHES="dp=2,cp=2;pp=2,cp=2" -DTOL=100 -DWORK=dir -DARGS="--steps;4;..." \
 #         [-DMPIEXEC=mpiexec -DMPI_MESH=dp=2,cp=2] [-DMOE_ARGS=... -DMOE_PACK=... -DMOE_MESHES=...] \
 #         [-DMOE_MPI_MESH=dp=2,cp=2@2] [-DPACK_DOCUMENTS=--pack-documents;512 -DPACK_MESHES=pp=2,cp=2] \
+#         [-DPACK_DP_MESHES=dp=2,cp=2@0;dp=2,pp=2,cp=2@2] \
 #         -P train_gpt_mesh.cmake
 foreach(var EXE CP MESHES TOL WORK ARGS)
   if(NOT DEFINED ${var})
@@ -22,19 +24,13 @@ foreach(var EXE CP MESHES TOL WORK ARGS)
 endforeach()
 file(MAKE_DIRECTORY ${WORK})
 
+include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_column
+
 # The losses of a CSV table, in millionths (integers: CMake has no floating point), into out_var.
 function(csv_losses path out_var)
-  file(STRINGS ${path} lines)
-  list(POP_FRONT lines header)
-  string(REPLACE "," ";" columns "${header}")
-  list(FIND columns "loss" column)
-  if(column LESS 0)
-    message(FATAL_ERROR "${path}: no loss column in \"${header}\"")
-  endif()
+  step_column(${path} loss column)
   set(losses "")
-  foreach(line IN LISTS lines)
-    string(REPLACE "," ";" fields "${line}")
-    list(GET fields ${column} loss)
+  foreach(loss IN LISTS column)
     if(NOT loss MATCHES "^([0-9]+)\\.([0-9]*)$")
       message(FATAL_ERROR "${path}: the loss \"${loss}\" is not a plain decimal")
     endif()
@@ -76,12 +72,10 @@ function(compare_losses label reference meshed)
   message(STATUS "${label}: ${n} steps, losses within ${worst} millionths of the reference's")
 endfunction()
 
-function(run_train label csv)
-  execute_process(COMMAND ${ARGN} --csv ${csv} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${label} failed (${rc}):\n${out}\n${err}")
-  endif()
-  message(STATUS "${label}:\n${out}")
+# Runs the command with --csv CSV appended, and prints its output.
+function(train_to label csv)
+  run_train("${label}" ${ARGN} --csv ${csv})
+  message(STATUS "${label}:\n${last_output}")
 endfunction()
 
 # Trains on BACKEND (threads or mpi) on the mesh SPEC (MESH or MESH@Z: --zero Z) with the arguments after the
@@ -102,17 +96,17 @@ function(train_on_mesh prefix backend spec out_var)
     foreach(size IN LISTS sizes)
       math(EXPR np "${np} * ${size}")
     endforeach()
-    run_train("--mesh ${mesh} --zero ${zero} on ${np} MPI processes" ${WORK}/${name}.csv
+    train_to("--mesh ${mesh} --zero ${zero} on ${np} MPI processes" ${WORK}/${name}.csv
               ${MPIEXEC} -np ${np} --oversubscribe ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero} --backend mpi)
   else()
-    run_train("--mesh ${mesh} --zero ${zero} on threads" ${WORK}/${name}.csv ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero})
+    train_to("--mesh ${mesh} --zero ${zero} on threads" ${WORK}/${name}.csv ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero})
   endif()
   csv_losses(${WORK}/${name}.csv losses)
   set(${out_var} "${losses}" PARENT_SCOPE)
   set(last_run "--mesh ${mesh} --zero ${zero} (${backend})" PARENT_SCOPE)
 endfunction()
 
-run_train("one cp group of ${CP} threads" ${WORK}/single.csv ${EXE} ${ARGS} --ranks ${CP})
+train_to("one cp group of ${CP} threads" ${WORK}/single.csv ${EXE} ${ARGS} --ranks ${CP})
 csv_losses(${WORK}/single.csv single)
 list(LENGTH single n)
 if(n EQUAL 0)
@@ -136,13 +130,13 @@ endforeach()
 
 if(DEFINED MOE_ARGS)
   # 1. The mesh's single group is train_gpt --experts's MoE GPT (unpacked: one window per step).
-  run_train("train_gpt --experts on ${CP} threads" ${WORK}/moe_single.csv ${EXE} ${MOE_ARGS} --ranks ${CP})
+  train_to("train_gpt --experts on ${CP} threads" ${WORK}/moe_single.csv ${EXE} ${MOE_ARGS} --ranks ${CP})
   csv_losses(${WORK}/moe_single.csv moe_single)
-  run_train("--experts --mesh cp=${CP}" ${WORK}/moe_cp.csv ${EXE} ${MOE_ARGS} --mesh cp=${CP})
+  train_to("--experts --mesh cp=${CP}" ${WORK}/moe_cp.csv ${EXE} ${MOE_ARGS} --mesh cp=${CP})
   csv_losses(${WORK}/moe_cp.csv moe_cp)
   compare_losses("--experts --mesh cp=${CP} against train_gpt --experts --ranks ${CP}" "${moe_single}" "${moe_cp}")
   # 2. Packed steps: the experts folded over dp x cp against the single cp group.
-  run_train("--experts --mesh cp=${CP}, packed" ${WORK}/moe_cp_packed.csv ${EXE} ${MOE_ARGS} ${MOE_PACK} --mesh cp=${CP})
+  train_to("--experts --mesh cp=${CP}, packed" ${WORK}/moe_cp_packed.csv ${EXE} ${MOE_ARGS} ${MOE_PACK} --mesh cp=${CP})
   csv_losses(${WORK}/moe_cp_packed.csv moe_reference)
   set(moe_runs "")
   foreach(spec IN LISTS MOE_MESHES)
@@ -169,17 +163,30 @@ if(DEFINED PACK_DOCUMENTS)
     list(REMOVE_AT pack_args ${at} ${value})
   endif()
   list(APPEND pack_args ${PACK_DOCUMENTS})
-  run_train("one cp group of ${CP} threads, packed documents" ${WORK}/packed_single.csv ${EXE} ${pack_args} --ranks ${CP})
+  train_to("one cp group of ${CP} threads, packed documents" ${WORK}/packed_single.csv ${EXE} ${pack_args} --ranks ${CP})
   csv_losses(${WORK}/packed_single.csv packed_single)
   foreach(spec IN LISTS PACK_MESHES)
     train_on_mesh(packed threads ${spec} packed_meshed ${pack_args})
     compare_losses("${last_run}, packed documents, against --ranks ${CP}" "${packed_single}" "${packed_meshed}")
   endforeach()
+  # Over dp > 1 a mesh step holds one packed sequence per replica, which no single group trains together: the first
+  # of PACK_DP_MESHES is the reference of the others (tests/examples/packing.cpp checks it against the documents alone).
+  set(packed_dp_reference "")
+  foreach(spec IN LISTS PACK_DP_MESHES)
+    train_on_mesh(packed_dp threads ${spec} packed_dp_meshed ${pack_args})
+    if(packed_dp_reference STREQUAL "")
+      set(packed_dp_reference "${packed_dp_meshed}")
+      set(packed_dp_label "${last_run}")
+    else()
+      compare_losses("${last_run}, packed documents, against ${packed_dp_label}" "${packed_dp_reference}"
+                     "${packed_dp_meshed}")
+    endif()
+  endforeach()
   if(DEFINED MOE_ARGS)
-    run_train("train_gpt --experts on ${CP} threads, packed documents" ${WORK}/moe_packed_single.csv ${EXE} ${MOE_ARGS}
+    train_to("train_gpt --experts on ${CP} threads, packed documents" ${WORK}/moe_packed_single.csv ${EXE} ${MOE_ARGS}
               ${PACK_DOCUMENTS} --ranks ${CP})
     csv_losses(${WORK}/moe_packed_single.csv moe_packed_single)
-    run_train("--experts --mesh cp=${CP}, packed documents" ${WORK}/moe_packed_cp.csv ${EXE} ${MOE_ARGS} ${PACK_DOCUMENTS}
+    train_to("--experts --mesh cp=${CP}, packed documents" ${WORK}/moe_packed_cp.csv ${EXE} ${MOE_ARGS} ${PACK_DOCUMENTS}
               --mesh cp=${CP})
     csv_losses(${WORK}/moe_packed_cp.csv moe_packed_cp)
     compare_losses("--experts --mesh cp=${CP}, packed documents, against train_gpt --experts --ranks ${CP}"

@@ -1,55 +1,33 @@
-# tests/examples/train_gpt_mpi.cmake: train_gpt run as MPI processes (mpirun -np NP train_gpt --backend mpi) prints
-# the same per-step table as the thread-rank run of the same command: length, plan, loss (4 decimals), measured and
-# predicted peak memory, step by step (only the time and MFU columns may differ). Run by ctest (examples/CMakeLists.txt):
-#   cmake -DEXE=train_gpt -DMPIEXEC=mpiexec -DNP=2 -DARGS="--steps;4;..." -P train_gpt_mpi.cmake
-foreach(var EXE MPIEXEC NP ARGS)
+# tests/examples/train_gpt_mpi.cmake: train_gpt run as MPI processes (mpirun -np NP train_gpt --backend mpi) writes the
+# same per-step table as the thread-rank run of the same command: lengths, plans, losses to 17 digits, measured and
+# predicted peak memory, step by step (only the timed columns of step_rows.cmake may differ), with the planner and
+# with METP everywhere. Run by ctest (examples/CMakeLists.txt):
+#   cmake -DEXE=train_gpt -DMPIEXEC=mpiexec -DNP=2 -DWORK=dir -DARGS="--steps;4;..." -P train_gpt_mpi.cmake
+foreach(var EXE MPIEXEC NP WORK ARGS)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "train_gpt_mpi.cmake: -D${var}=... is required")
   endif()
 endforeach()
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
 
-# The step rows of a run's output, without the time column: "step len plan... loss peak pred cap".
-function(step_rows output out_var)
-  string(REPLACE "\n" ";" lines "${output}")
-  set(rows "")
-  foreach(line IN LISTS lines)
-    if(line MATCHES "^ +[0-9]+ +[0-9]+ ")
-      # The timed columns follow the 4-decimal loss: the time (2 decimals) and the MFU (1 decimal).
-      string(REGEX REPLACE "([0-9]+\\.[0-9][0-9][0-9][0-9]) +[0-9]+\\.[0-9][0-9] +[0-9]+\\.[0-9] " "\\1 <timed> "
-             row "${line}")
-      list(APPEND rows "${row}")
-    endif()
-  endforeach()
-  set(${out_var} "${rows}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_rows, same_step_rows
 
 foreach(variant IN ITEMS planner METP)
   set(args ${ARGS} --ranks ${NP})
   if(NOT variant STREQUAL "planner")
     list(APPEND args --strategy ${variant})
   endif()
-  execute_process(COMMAND ${EXE} ${args} RESULT_VARIABLE rc_threads OUTPUT_VARIABLE out_threads ERROR_VARIABLE err_threads)
-  if(NOT rc_threads EQUAL 0)
-    message(FATAL_ERROR "thread run (${variant}) failed (${rc_threads}):\n${out_threads}\n${err_threads}")
+  run_train("thread run (${variant})" ${EXE} ${args} --csv ${WORK}/${variant}_threads.csv)
+  run_train("MPI run (${variant})" ${MPIEXEC} -np ${NP} --oversubscribe ${EXE} --backend mpi ${args}
+            --csv ${WORK}/${variant}_mpi.csv)
+  if(NOT last_output MATCHES "ranks: ${NP} MPI processes")
+    message(FATAL_ERROR "the MPI run does not say it ran on ${NP} MPI processes:\n${last_output}")
   endif()
-  execute_process(COMMAND ${MPIEXEC} -np ${NP} --oversubscribe ${EXE} --backend mpi ${args}
-                  RESULT_VARIABLE rc_mpi OUTPUT_VARIABLE out_mpi ERROR_VARIABLE err_mpi)
-  if(NOT rc_mpi EQUAL 0)
-    message(FATAL_ERROR "MPI run (${variant}) failed (${rc_mpi}):\n${out_mpi}\n${err_mpi}")
-  endif()
-  step_rows("${out_threads}" rows_threads)
-  step_rows("${out_mpi}" rows_mpi)
+  step_rows(${WORK}/${variant}_threads.csv 0 rows_threads)
+  step_rows(${WORK}/${variant}_mpi.csv 0 rows_mpi)
+  same_step_rows("${variant}: the MPI run against the thread run" "${rows_threads}" "${rows_mpi}")
   list(LENGTH rows_threads n)
-  if(n EQUAL 0)
-    message(FATAL_ERROR "no step rows in the thread run's output (${variant}):\n${out_threads}")
-  endif()
-  if(NOT out_mpi MATCHES "ranks: ${NP} MPI processes")
-    message(FATAL_ERROR "the MPI run does not say it ran on ${NP} MPI processes:\n${out_mpi}")
-  endif()
-  if(NOT rows_threads STREQUAL rows_mpi)
-    string(REPLACE ";" "\n" a "${rows_threads}")
-    string(REPLACE ";" "\n" b "${rows_mpi}")
-    message(FATAL_ERROR "${variant}: MPI and thread runs differ\nthreads:\n${a}\nmpi:\n${b}")
-  endif()
   message(STATUS "${variant}: ${n} steps equal on ${NP} MPI processes and ${NP} threads")
 endforeach()
+file(REMOVE_RECURSE ${WORK})

@@ -12,41 +12,20 @@ endforeach()
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 
-function(run_train what)
-  execute_process(COMMAND ${EXE} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
-  endif()
-  set(last_output "${out}" PARENT_SCOPE)
-endfunction()
-# The CSV rows of steps >= first, without the timed columns (seconds and mfu, the 8th and 9th):
-# step,length,rows,tokens,padding,plan,loss,<timed>,peak_mib,predicted_mib,cap_mib,status
-function(rows_from csv first out_var)
-  file(STRINGS ${csv} lines)
-  list(REMOVE_AT lines 0)
-  set(rows "")
-  foreach(line IN LISTS lines)
-    string(REGEX MATCH "^([0-9]+)," step "${line}")
-    if(CMAKE_MATCH_1 GREATER_EQUAL first)
-      string(REGEX REPLACE "^([^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*),[^,]*,[^,]*," "\\1,<timed>," row "${line}")
-      list(APPEND rows "${row}")
-    endif()
-  endforeach()
-  set(${out_var} "${rows}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_rows, same_step_rows
 
 # The check for one configuration, `args`, in folder `dir`.
 function(check_resume label dir)
   set(args ${ARGN})
   file(MAKE_DIRECTORY ${dir})
-  run_train("${label}: the uninterrupted run" ${args} --csv ${dir}/straight.csv --checkpoint-every ${K} --keep 1
+  run_train("${label}: the uninterrupted run" ${EXE} ${args} --csv ${dir}/straight.csv --checkpoint-every ${K} --keep 1
             --checkpoint-dir ${dir}/checkpoints)
   file(GLOB kept ${dir}/checkpoints/*.safetensors)
   list(LENGTH kept kept_count)
   if(NOT kept_count EQUAL 1)
     message(FATAL_ERROR "${label}: --keep 1 left ${kept_count} checkpoints: ${kept}")
   endif()
-  run_train("${label}: the run stopped at step ${K}" ${args} --stop-after ${K} --csv ${dir}/first.csv
+  run_train("${label}: the run stopped at step ${K}" ${EXE} ${args} --stop-after ${K} --csv ${dir}/first.csv
             --checkpoint-dir ${dir}/stopped)
   string(LENGTH "${K}" digits)
   math(EXPR pad "6 - ${digits}")
@@ -59,23 +38,19 @@ function(check_resume label dir)
   list(FIND args --steps at)
   math(EXPR at "${at} + 1")
   list(GET args ${at} steps)
-  run_train("${label}: the resumed run" --resume ${checkpoint} --csv ${dir}/resumed.csv --checkpoint-dir ${dir}/resumed)
+  run_train("${label}: the resumed run" ${EXE} --resume ${checkpoint} --csv ${dir}/resumed.csv --checkpoint-dir ${dir}/resumed)
   if(NOT last_output MATCHES "data continues at step ${K} of ${steps}")
     message(FATAL_ERROR "${label}: the resumed run does not say it continues at step ${K}:\n${last_output}")
   endif()
-  rows_from(${dir}/straight.csv ${K} want)
-  rows_from(${dir}/resumed.csv 0 got)
+  step_rows(${dir}/straight.csv ${K} want)
+  step_rows(${dir}/resumed.csv 0 got)
+  same_step_rows("${label}: the resumed run against the uninterrupted one (from step ${K})" "${want}" "${got}")
   list(LENGTH want n)
-  if(n EQUAL 0 OR NOT want STREQUAL got)
-    string(REPLACE ";" "\n" a "${want}")
-    string(REPLACE ";" "\n" b "${got}")
-    message(FATAL_ERROR "${label}: resumed run differs from the uninterrupted one\nuninterrupted:\n${a}\nresumed:\n${b}")
-  endif()
   message(STATUS "${label}: steps ${K}.. of the resumed run equal the uninterrupted run's (${n} rows, losses to 17 digits)")
 endfunction()
 
 check_resume("dense" ${WORK}/dense ${ARGS})
 # The MoE GPT (--experts): its checkpoint holds the expert and router weights and their AdamW moments too; its CSV
-# has the columns step,length,rows,tokens,padding,plan,loss,<seconds,tokens_per_s>,aux,z (router losses to 17 digits).
+# holds the router losses (aux, z) to 17 digits too.
 check_resume("MoE" ${WORK}/moe ${ARGS} --experts 4 --top-k 2)
 file(REMOVE_RECURSE ${WORK})

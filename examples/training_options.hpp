@@ -1,0 +1,68 @@
+// examples/training_options.hpp: the one set of options train_gpt trains with. train_gpt's command line
+// (examples/train_gpt.cpp: every flag, its range and default) parses into it, and each training loop takes it by
+// const reference: the dense loop (train_gpt.cpp), the mesh one (examples/train_mesh.hpp: --mesh) and the MoE one
+// (examples/train_moe.hpp: --experts). A field read by one loop only says so; the defaults are train_gpt's.
+#pragma once
+
+#include "train_ranks.hpp"  // RankBackend
+
+#include "paradyse/model/data_parallel.hpp"  // ZeroStage
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace paradyse::examples {
+
+struct TrainingOptions {
+  // The run and its data.
+  int steps = 32;                   // documents (windows) drawn: one step each, or packed into steps
+  std::uint64_t seed = 1;           // of the weights and the data
+  int ranks = 4;                    // ranks of the group (with --mesh: the mesh's size)
+  // The model.
+  int layers = 4;                   // transformer layers
+  std::int64_t hidden = 128;        // hidden size h
+  std::int64_t heads = 4;           // attention heads
+  // The windows: a document's length scaled so that the longest document gives max_len, clamped to [min_len, max_len].
+  std::int64_t min_len = 256;
+  std::int64_t max_len = 16384;
+  double cap_mib = -1;              // memory cap per rank in MiB (MoE: the planner's budget); <= 0: the loop's default
+  std::string strategy;             // one strategy everywhere instead of the planner; empty: the planner (dense only)
+  double lr = 3e-3;                 // peak learning rate (AdamW, linear warm-up)
+  bool sorted = false;              // documents in curriculum order (sorted by length) instead of shuffled
+  std::string save;                 // at the end, the global weights (dense: safetensors; MoE: a Hugging Face folder)
+  std::string load;                 // dense: start from weights --save wrote
+  std::string profile;              // a hardware profile, built-in name or JSON file; empty: calibrated and cached
+  std::string corpus;               // a folder of .txt documents; empty: the bundled State of the Union corpus
+  RankBackend backend = RankBackend::threads;  // threads of this process, or one MPI process per rank
+  std::string device = "cpu";       // dense: cuda runs the ranks as cuda_local threads on one GPU (ops::Cuda)
+  std::string emulate;              // dense: a100, h100 or h200: thread ranks paced like that 8-GPU node's links
+  // Training checkpoints (examples/training_checkpoints.hpp; dense and MoE).
+  int checkpoint_every = 0;         // every this many steps a training checkpoint; 0: none
+  int keep = 2;                     // training checkpoints kept (the newest)
+  std::string checkpoint_dir = "checkpoints";
+  std::string resume;               // a training checkpoint to continue from
+  int stop_after = 0;               // > 0: stop after this many steps of this invocation, with a training checkpoint
+  std::string csv;                  // the per-step table as CSV
+  // Packing (examples/corpus.hpp); the two exclude each other.
+  std::int64_t pack_tokens = 0;     // > 0: documents as rows, packed into steps of up to this many tokens (rows x s)
+  std::int64_t pack_documents = 0;  // > 0: documents back to back in one sequence of up to this many tokens
+  bool pack_balanced = true;        // --pack-order: a packed sequence's documents ordered to even out the ranks' causal
+                                    // attention (corpus.hpp's PackedOrder), or kept as packed (longest first)
+  // The mesh (examples/train_mesh.hpp).
+  std::string mesh;                 // "dp=2,pp=2,cp=2"; empty: one group of `ranks`
+  ZeroStage zero = ZeroStage::zero; // --mesh: the ZeRO stage over dp
+  // The MoE GPT (examples/train_moe.hpp; also on the mesh).
+  std::int64_t experts = 0;         // > 0: an MoE GPT of this many experts; 0: the dense GPT
+  std::int64_t top_k = 2;           // experts per token
+  std::int64_t shared_experts = 0;  // shared experts behind a sigmoid gate (Qwen2-MoE)
+  int first_dense = 0;              // the first this many layers dense
+  double aux_loss_coef = 0.01;      // the router's load-balancing loss coefficient (no flag)
+  double z_loss_coef = 0.001;       // the router's z-loss coefficient (no flag)
+  int load_every = 4;               // expert load printed every this many steps (no flag)
+  // The options as given on the command line, "--flag", "value" pairs, without --resume, --load and --stop-after:
+  // saved in training checkpoints (train.args, one per line), read back by --resume.
+  std::vector<std::string> args;
+};
+
+}  // namespace paradyse::examples
