@@ -172,7 +172,8 @@ TrainingOptions parse(int argc, char** argv) {
   flags.text("--mesh", o.mesh,
              "D x P x C ranks: dp replicas (ZeRO --zero over dp), P pipeline stages (1F1B, one row per micro-batch), "
              "cp groups in which the strategies switch per layer; the losses of the single group (--ranks C) on the "
-             "same batches (use --pack-tokens to batch rows); with --experts the MoE layers run over dp x cp",
+             "same batches (use --pack-tokens to batch rows; with --pack-documents each dp replica trains a packed "
+             "sequence of its own, planned by its cp group); with --experts the MoE layers run over dp x cp",
              "dp=D,pp=P,cp=C");
   flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(2), "--mesh: the ZeRO stage over dp");
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
