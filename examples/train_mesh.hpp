@@ -21,13 +21,13 @@
 // Packed documents (--pack-documents B, as train_gpt's single group): a packed sequence holds several documents back
 // to back (examples/corpus.hpp's pack_sequences); every stage's stack masks attention to each document and restarts
 // RoPE positions at each (TransformerStack::set_documents), across cp and pp alike, and the planner plans a sequence
-// from its documents' lengths. A mesh step holds D packed sequences, one per dp replica (MeshStep, mesh_steps; the
-// last step may leave replicas idle), each with its own length and document starts, weighted by real tokens as rows
-// are. Each replica's cp group plans its own sequence: strategies must agree only within a cp group and along its pp
-// stages, and the replicas meet only in the gradient reduction, so the step's time is its slowest replica's and
-// planning each for its own sequence minimises each. With --experts the MoE layers span the replicas, so every
-// replica runs the plan of the step's most expensive sequence (the largest predicted time), and every replica must
-// hold a sequence in every step (checked).
+// from its documents' lengths. A mesh step holds D packed sequences, one per dp replica (MeshStep, mesh_steps: grouped
+// by the planner's predicted time so that a step's replicas finish together; the last step may leave replicas idle),
+// each with its own length and document starts, weighted by real tokens as rows are. Each replica's cp group plans
+// its own sequence: strategies must agree only within a cp group and along its pp stages, and the replicas meet only
+// in the gradient reduction, so the step's time is its slowest replica's and planning each for its own sequence
+// minimises each. With --experts the MoE layers span the replicas, so every replica runs the plan of the step's most
+// expensive sequence (the largest predicted time), and every replica must hold a sequence in every step (checked).
 //
 // The loss and every gradient are those of the whole step's batch: each token's loss gradient is scaled by
 // 1 / (counted tokens of the whole batch) and the dp reduction sums, so the losses equal those of the single cp group
@@ -464,18 +464,33 @@ struct MeshStep {
 };
 
 // The mesh's steps: each of `steps` alone, its rows dealt over the dp replicas; or, when the steps are packed
-// sequences (corpus::pack_sequences), `dp` consecutive ones per mesh step, one per replica (the last step may hold
-// fewer).
-inline std::vector<MeshStep> mesh_steps(const std::vector<corpus::Step>& steps, int dp) {
+// sequences (corpus::pack_sequences), dp of them per mesh step, one per replica (the last step may hold fewer). With
+// `cost` (one per step, e.g. the planner's predicted time) the sequences are grouped by cost: sorted by it, the most
+// expensive first, and cut into groups of dp, so that a step's replicas take about as long as each other (the step
+// waits for its slowest); the steps then come in the order of their first sequence in `steps` (the shuffle or the
+// curriculum), each step's parts in that order too. Without costs, dp consecutive sequences make a step.
+inline std::vector<MeshStep> mesh_steps(const std::vector<corpus::Step>& steps, int dp,
+                                        std::span<const double> cost = {}) {
   check(dp >= 1, "mesh_steps: dp = {}, expected at least 1", dp);
+  check(cost.empty() || cost.size() == steps.size(), "mesh_steps: {} costs for {} steps", cost.size(), steps.size());
   std::vector<MeshStep> out;
+  std::vector<std::size_t> packed;  // the packed sequences, by index
   for (std::size_t k = 0; k < steps.size(); ++k) {
-    if (!steps[k].packed) {
-      out.push_back({{steps[k]}, false});
-      continue;
-    }
-    if (k % std::size_t(dp) == 0) out.push_back({{}, true});
-    out.back().parts.push_back(steps[k]);
+    if (steps[k].packed) packed.push_back(k);
+    else out.push_back({{steps[k]}, false});
+  }
+  if (!cost.empty() && dp > 1)
+    std::stable_sort(packed.begin(), packed.end(), [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+  std::vector<std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < packed.size(); i += std::size_t(dp)) {
+    groups.emplace_back(packed.begin() + std::ptrdiff_t(i),
+                        packed.begin() + std::ptrdiff_t(std::min(packed.size(), i + std::size_t(dp))));
+    std::sort(groups.back().begin(), groups.back().end());
+  }
+  std::sort(groups.begin(), groups.end());  // by their first sequence
+  for (const std::vector<std::size_t>& group : groups) {
+    out.push_back({{}, true});
+    for (const std::size_t k : group) out.back().parts.push_back(steps[k]);
   }
   return out;
 }
@@ -536,19 +551,6 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   const TrainingData data = training_data(o, {cp, config.layer.zigzag}, o.pack_tokens);
   const std::vector<corpus::Document>& docs = data.docs;
   const std::vector<corpus::Step>& steps = data.steps;
-  // Rows are dealt over dp; packed sequences go one per replica, D per mesh step.
-  const std::vector<MeshStep> mesh_steps_ = mesh_steps(steps, dp);
-  const int n_steps = int(mesh_steps_.size());
-  if (experts && dp > 1) {  // the expert group spans the replicas: each must bring tokens to every MoE layer
-    check(o.pack_documents == 0 || steps.size() % std::size_t(dp) == 0, "--mesh {} --experts --pack-documents {}: "
-          "the {} documents make {} packed sequences, not a multiple of the {} dp replicas (each replica must bring a "
-          "sequence to every step's MoE layers): change --steps or --pack-documents", o.mesh, o.pack_documents,
-          o.steps, steps.size(), dp);
-    for (int k = 0; k < n_steps; ++k)
-      check(mesh_steps_[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
-            "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
-            mesh_steps_[std::size_t(k)].sequences(), dp);
-  }
 
   // Micro-batches: without pp a replica's rows are one micro-batch; with pp each row is one.
   const auto micro_rows = [&](const corpus::Step& step) {
@@ -576,7 +578,6 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // span the replicas (ep = dp x cp), so every sublayer's strategy must agree over the whole mesh: the step runs
   // every replica on the plan of its most expensive sequence (the largest predicted time).
   // plans[k][d]: replica d's plan in step k (std::nullopt: no plan fits the cap, and the step is skipped).
-  std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
   // Keyed by a part's shape: its length, or its packed documents' lengths, and the micro-batch's rows.
   std::map<std::pair<std::vector<std::int64_t>, std::int64_t>, std::optional<mesh_detail::StepPlan>> planned;
   const auto plan_of = [&](const corpus::Step& step) {
@@ -607,6 +608,26 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     }
     return planned[key];
   };
+  // Rows are dealt over dp; packed sequences go one per replica, D per mesh step, grouped by their predicted time
+  // (the planner's, for the cp group) so that a step's replicas wait little for each other.
+  std::vector<double> predicted;
+  for (const corpus::Step& step : steps) {
+    const std::optional<mesh_detail::StepPlan>& plan = plan_of(step);
+    predicted.push_back(plan ? plan->time_s : std::numeric_limits<double>::infinity());
+  }
+  const std::vector<MeshStep> mesh_steps_ = mesh_steps(steps, dp, predicted);
+  const int n_steps = int(mesh_steps_.size());
+  if (experts && dp > 1) {  // the expert group spans the replicas: each must bring tokens to every MoE layer
+    check(o.pack_documents == 0 || steps.size() % std::size_t(dp) == 0, "--mesh {} --experts --pack-documents {}: "
+          "the {} documents make {} packed sequences, not a multiple of the {} dp replicas (each replica must bring a "
+          "sequence to every step's MoE layers): change --steps or --pack-documents", o.mesh, o.pack_documents,
+          o.steps, steps.size(), dp);
+    for (int k = 0; k < n_steps; ++k)
+      check(mesh_steps_[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
+            "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
+            mesh_steps_[std::size_t(k)].sequences(), dp);
+  }
+  std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
   for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
     const MeshStep& step = mesh_steps_[k];
     for (const corpus::Step& part : step.parts) plans[k].push_back(plan_of(part));

@@ -710,3 +710,49 @@ TEST_CASE("train_gpt --mesh --pack-documents over dp = 2: one packed sequence pe
     }
   }
 }
+
+TEST_CASE("mesh_steps: rows one step each; packed sequences dp per step, consecutive or grouped by cost") {
+  std::vector<corpus::Step> rows, packed;
+  for (std::size_t i = 0; i < 5; ++i) {
+    rows.push_back({{{i, 0, 3}, {i, 1, 2}}, 4});
+    packed.push_back({{{i, 0, 3}, {i, 1, 2}}, 5, true});
+  }
+  const std::vector<double> cost{1, 5, 2, 4, 3};
+  const auto documents = [](const examples::MeshStep& step) {
+    std::vector<std::size_t> out;
+    for (const corpus::Step& part : step.parts) out.push_back(part.rows.at(0).document);
+    return out;
+  };
+  // Rows: each step alone (its rows dealt over dp), costs or not.
+  for (const std::vector<examples::MeshStep>& steps : {examples::mesh_steps(rows, 2), examples::mesh_steps(rows, 2, cost)}) {
+    REQUIRE(steps.size() == 5);
+    for (std::size_t k = 0; k < 5; ++k) {
+      CHECK(documents(steps[k]) == std::vector<std::size_t>{k});
+      CHECK_FALSE(steps[k].per_replica);
+      CHECK(steps[k].work(0, 2).second == ChunkRange{0, 1});
+      CHECK(steps[k].work(1, 2).second == ChunkRange{1, 1});
+      CHECK(steps[k].real_tokens() == 5);
+    }
+  }
+  // Packed, no costs: dp consecutive sequences per step, the last short.
+  const std::vector<examples::MeshStep> consecutive = examples::mesh_steps(packed, 2);
+  REQUIRE(consecutive.size() == 3);
+  CHECK(documents(consecutive[0]) == std::vector<std::size_t>{0, 1});
+  CHECK(documents(consecutive[1]) == std::vector<std::size_t>{2, 3});
+  CHECK(documents(consecutive[2]) == std::vector<std::size_t>{4});
+  CHECK(consecutive[0].real_tokens() == 10);
+  // Packed with costs 1, 5, 2, 4, 3: groups {5, 4}, {3, 2}, {1} of sequences {1, 3}, {4, 2}, {0}, in the order of
+  // their first sequence, each group's parts in their order.
+  const std::vector<examples::MeshStep> by_cost = examples::mesh_steps(packed, 2, cost);
+  REQUIRE(by_cost.size() == 3);
+  CHECK(documents(by_cost[0]) == std::vector<std::size_t>{0});
+  CHECK(documents(by_cost[1]) == std::vector<std::size_t>{1, 3});
+  CHECK(documents(by_cost[2]) == std::vector<std::size_t>{2, 4});
+  CHECK(by_cost[0].work(1, 2).first == nullptr);
+  CHECK(by_cost[1].work(1, 2).first->rows[0].document == 3);
+  // dp = 1: one sequence per step in the given order, whatever the costs.
+  const std::vector<examples::MeshStep> one = examples::mesh_steps(packed, 1, cost);
+  REQUIRE(one.size() == 5);
+  for (std::size_t k = 0; k < 5; ++k) CHECK(documents(one[k]) == std::vector<std::size_t>{k});
+  CHECK_THROWS_AS(examples::mesh_steps(packed, 2, std::vector<double>{1, 2}), Error);
+}
