@@ -132,8 +132,10 @@ TEST_CASE("mpi: shared-memory collectives when one rank is late: the others exec
   MpiCommunicator world = MpiCommunicator::world();
   world.set_collective_engine(MpiCommunicator::Engine::shared_memory);
   const int p = world.size(), me = world.rank();
-  // Odd, uneven counts over many 64 KiB pieces; the last rank arrives 30 ms late to every collective, so the others
-  // claim (nearly) all parts, reading its input and writing its output from their processes.
+  // Odd, uneven counts over many 64 KiB pieces; the last rank arrives 30 ms late to every collective (the others wait
+  // for it to publish its buffers) and then sleeps 3 ms after each part it executes, so the others claim nearly all
+  // parts, its own queue included, reading its input and writing its output from their processes.
+  pd::mpi_detail::shm_test_part_delay_us = me == p - 1 ? 3000 : 0;
   std::vector<std::int64_t> counts;
   for (int r = 0; r < p; ++r) counts.push_back(40001 + 9973 * r);
   const std::size_t total = std::size_t(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
@@ -180,6 +182,94 @@ TEST_CASE("mpi: shared-memory collectives when one rank is late: the others exec
     float acc = 0;
     for (int r = 0; r < p; ++r) acc += float(pd::bf16(inputs[std::size_t(r)][i]));
     CHECK(float(halves_out[i]) == float(pd::bf16(acc)));
+  }
+  pd::mpi_detail::shm_test_part_delay_us = 0;
+}
+
+namespace {
+
+// The rank-order reduction the threads backend computes, written out: acc = x0 (op) x1 (op) ... in the accumulation
+// type (float for bf16, which rounds once at the end).
+template <pd::CommElement T>
+std::vector<T> rank_order(const std::vector<std::vector<T>>& inputs, ReduceOp op, std::size_t begin, std::size_t n) {
+  using Acc = std::conditional_t<std::is_same_v<T, pd::bf16>, float, T>;
+  std::vector<T> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    Acc acc = Acc(inputs[0][begin + i]);
+    for (std::size_t r = 1; r < inputs.size(); ++r)
+      acc = op == ReduceOp::max ? std::max(acc, Acc(inputs[r][begin + i])) : Acc(acc + Acc(inputs[r][begin + i]));
+    out[i] = T(acc);
+  }
+  return out;
+}
+
+// all_gather_v, reduce_scatter_v (sum, max) and all_reduce through shared memory, in place and out of place, with
+// uneven counts of about `n` elements per rank (one rank none when p > 2), bitwise against the rank-order reference.
+template <pd::CommElement T>
+void check_shared_forms(MpiCommunicator& comm, std::size_t n, std::uint64_t seed) {
+  const int p = comm.size(), me = comm.rank();
+  std::vector<std::int64_t> counts;
+  for (int r = 0; r < p; ++r) counts.push_back(p > 2 && r == 1 ? 0 : std::int64_t(n + std::size_t(r) * 3));
+  const std::size_t total = std::size_t(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
+  const std::size_t offset = pd::testing::offset_of(counts, me), mine = std::size_t(counts[std::size_t(me)]);
+  std::vector<std::vector<T>> inputs;
+  for (int r = 0; r < p; ++r) inputs.push_back(pd::testing::input_of<T>(r, total, seed));
+  const std::string type = pd::testing::type_name<T>();
+  for (const bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    std::vector<T> want_gathered;
+    for (int r = 0; r < p; ++r)
+      want_gathered.insert(want_gathered.end(), inputs[std::size_t(r)].begin() + std::ptrdiff_t(pd::testing::offset_of(counts, r)),
+                           inputs[std::size_t(r)].begin() + std::ptrdiff_t(pd::testing::offset_of(counts, r + 1)));
+    std::vector<T> gathered(total, pd::testing::sentinel<T>());
+    std::span<const T> chunk(inputs[std::size_t(me)].data() + offset, mine);
+    if (in_place) {
+      std::copy(chunk.begin(), chunk.end(), gathered.begin() + std::ptrdiff_t(offset));
+      chunk = std::span<const T>(gathered.data() + offset, mine);
+    }
+    comm.all_gather_v(chunk, std::span<T>(gathered), std::span<const std::int64_t>(counts));
+    pd::testing::check_same<T>(gathered, want_gathered, "shared all_gather_v " + type);
+    for (const ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      CAPTURE(pd::name_of(op));
+      std::vector<T> in = inputs[std::size_t(me)], scattered(mine, pd::testing::sentinel<T>());
+      const std::span<T> out = in_place ? std::span<T>(in.data() + offset, mine) : std::span<T>(scattered);
+      comm.reduce_scatter_v(std::span<const T>(in), out, std::span<const std::int64_t>(counts), op);
+      pd::testing::check_same<T>(out, rank_order(inputs, op, offset, mine), "shared reduce_scatter_v " + type);
+      std::vector<T> buffer = inputs[std::size_t(me)], reduced(total, pd::testing::sentinel<T>());
+      const std::span<T> target = in_place ? std::span<T>(buffer) : std::span<T>(reduced);
+      comm.all_reduce(std::span<const T>(buffer), target, op);
+      pd::testing::check_same<T>(target, rank_order(inputs, op, 0, total), "shared all_reduce " + type);
+    }
+  }
+}
+
+template <pd::CommElement T>
+void check_shared_sizes(MpiCommunicator& comm, std::uint64_t seed) {
+  const std::size_t piece = pd::mpi_detail::SharedWindow::piece_bytes() / sizeof(T);
+  for (const std::size_t n : {std::size_t(1), piece - 1, piece, piece + 1, 2 * piece + 5}) {
+    CAPTURE(n);
+    check_shared_forms<T>(comm, n, seed + n);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpi: shared-memory collectives with a slow rank: its queue executed by the others, same bits, every type") {
+  MpiCommunicator world = MpiCommunicator::world();
+  // The last rank sleeps after each part it executes, so the others take most of its queue (and its pieces are
+  // read from and written to its process by theirs); on every rank of the world, then of a group of size - 1.
+  for (int group = 0; group < 2; ++group) {
+    MpiCommunicator comm = group == 0 ? world.split(0, world.rank()) : world.split(world.rank() == 0 ? 0 : 1, world.rank());
+    if (comm.size() < 2) continue;
+    CAPTURE(comm.size());
+    comm.set_collective_engine(MpiCommunicator::Engine::shared_memory);
+    pd::mpi_detail::shm_test_part_delay_us = comm.rank() == comm.size() - 1 ? 2000 : 0;
+    check_shared_sizes<float>(comm, 101);
+    check_shared_sizes<double>(comm, 103);
+    check_shared_sizes<pd::bf16>(comm, 107);
+    check_shared_sizes<std::int32_t>(comm, 109);
+    check_shared_sizes<std::int64_t>(comm, 113);
+    pd::mpi_detail::shm_test_part_delay_us = 0;
   }
 }
 

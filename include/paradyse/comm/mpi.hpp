@@ -460,10 +460,12 @@ private:
   }
 
   // Times MPI's and the shared-memory all_gather, reduce_scatter and all_reduce at 64 KiB .. 16 MiB (slowest rank,
-  // fastest of 3) and keeps, per collective, the smallest measured size from which shared memory wins at every
-  // larger measured size (above the largest, its verdict there holds). Rank 0's verdict is broadcast, so every rank
+  // fastest of kCrossoverRounds calls of each, the two alternated so that both see the same load) and keeps, per
+  // collective, the smallest measured size from which shared memory wins at every larger measured size (above the
+  // largest, its verdict there holds). Rank 0's verdict is broadcast, so every rank
   // decides alike; it is kept per group size for the process, and a later group of that size adopts it when all its
   // ranks have it (they agree on the largest), so a group whose ranks measured apart never decides differently.
+  static constexpr int kCrossoverRounds = 4;
   void measure_crossover() {
     using Crossover = std::array<std::int64_t, 3>;
     static std::vector<std::pair<int, Crossover>> known;  // per group size; the ranks' own threads never share it
@@ -488,32 +490,35 @@ private:
         std::vector<float> whole(count, 1.0f), other(count), part(count / std::size_t(n), 1.0f);
         std::vector<std::size_t> counts(std::size_t(n), count / std::size_t(n)), displacements;
         for (int r = 0; r < n; ++r) displacements.push_back(std::size_t(r) * (count / std::size_t(n)));
-        const auto time = [&](bool shared) {
-          const auto run = [&] {
-            if (op == kSharedAllGather) {
-              if (shared) mpi_detail::shm_all_gather_v<float>(w, part, other, counts, displacements);
-              else MPI_Allgather(part.data(), int(part.size()), MPI_FLOAT, other.data(), int(part.size()), MPI_FLOAT, state_->comm);
-            } else if (op == kSharedReduceScatter) {
-              if (shared) mpi_detail::shm_reduce_scatter_v<float>(w, whole, part, counts, displacements, ReduceOp::sum);
-              else MPI_Reduce_scatter_block(whole.data(), part.data(), int(part.size()), MPI_FLOAT, MPI_SUM, state_->comm);
-            } else {
-              if (shared) mpi_detail::shm_all_reduce<float>(w, whole, other, ReduceOp::sum);
-              else MPI_Allreduce(whole.data(), other.data(), int(count), MPI_FLOAT, MPI_SUM, state_->comm);
-            }
-          };
-          run();
-          double best = 1e30;
-          for (int r = 0; r < 3; ++r) {
-            MPI_Barrier(state_->comm);
-            const double start = MPI_Wtime();
-            run();
-            double mine = MPI_Wtime() - start, slowest = 0;
-            MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, state_->comm);
-            best = std::min(best, slowest);
+        const auto run = [&](bool shared) {
+          if (op == kSharedAllGather) {
+            if (shared) mpi_detail::shm_all_gather_v<float>(w, part, other, counts, displacements);
+            else MPI_Allgather(part.data(), int(part.size()), MPI_FLOAT, other.data(), int(part.size()), MPI_FLOAT, state_->comm);
+          } else if (op == kSharedReduceScatter) {
+            if (shared) mpi_detail::shm_reduce_scatter_v<float>(w, whole, part, counts, displacements, ReduceOp::sum);
+            else MPI_Reduce_scatter_block(whole.data(), part.data(), int(part.size()), MPI_FLOAT, MPI_SUM, state_->comm);
+          } else {
+            if (shared) mpi_detail::shm_all_reduce<float>(w, whole, other, ReduceOp::sum);
+            else MPI_Allreduce(whole.data(), other.data(), int(count), MPI_FLOAT, MPI_SUM, state_->comm);
           }
-          return best;
         };
-        const double mpi = time(false), shared = time(true);
+        // The slowest rank's time of one call.
+        const auto time = [&](bool shared) {
+          MPI_Barrier(state_->comm);
+          const double start = MPI_Wtime();
+          run(shared);
+          double mine = MPI_Wtime() - start, slowest = 0;
+          MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, state_->comm);
+          return slowest;
+        };
+        run(false);
+        run(true);
+        // Alternated, so both see the same load (other jobs on a shared machine); fastest of each.
+        double mpi = 1e30, shared = 1e30;
+        for (int r = 0; r < kCrossoverRounds; ++r) {
+          mpi = std::min(mpi, time(false));
+          shared = std::min(shared, time(true));
+        }
         shared_wins.push_back(shared < mpi);
       }
       std::int64_t from = -1;

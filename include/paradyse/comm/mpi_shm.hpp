@@ -12,13 +12,32 @@
 // So when every rank of a communicator is on one node, all_gather(_v), reduce_scatter(_v) and all_reduce are cut
 // into parts (pieces of piece_bytes()) that any rank can execute, and the ranks share them out as they go, like the
 // threads backend: every rank publishes its buffers' addresses in a small window of shared memory
-// (MPI_Win_allocate_shared), then claims unclaimed parts from a shared counter and executes them, reading the
-// other processes' inputs and writing their outputs directly with single-copy system calls (process_vm_readv /
-// process_vm_writev, Linux cross-memory attach), then waits until every part is finished. A fast rank does most
-// parts; a descheduled one holds nobody up but by the part it is in. Per part: all_gather copies a piece of one
-// rank's input into every output; reduce_scatter reads a piece of one rank's chunk from every input, reduces it and
-// writes it to that rank's output; all_reduce reads a piece from every input, reduces it once and writes it to every
-// output. Local copies and reductions into this process's output use streaming stores.
+// (MPI_Win_allocate_shared), then claims unclaimed parts and executes them, reading the other processes' inputs and
+// writing their outputs directly with single-copy system calls (process_vm_readv / process_vm_writev, Linux
+// cross-memory attach), then waits until every part is finished. Every rank has a queue of parts (a counter in the
+// window); a rank claims from its own queue first, then from the others'. A fast rank does most parts; a descheduled
+// one holds nobody up but by the part it is in.
+// - all_gather: rank q's queue is the pieces of q's output. Its own parts q pulls (its own chunk copied locally;
+//   another rank's piece read into scratch, which stays in cache, then streamed into its output); a part of another
+//   rank's queue is pushed into that rank's output, from this rank's output when it pulled the same piece there (so
+//   a descheduled rank's pieces are read from its process once, not once per output).
+// - reduce_scatter: rank q's queue is the pieces of q's result; each reads that piece of every other input into
+//   scratch and reduces it, straight into q's output when q executes it (streaming stores), else through scratch
+//   and a write into q's process. Before the queues (one shared counter, parts in rank order) both ranks of a pair
+//   started on rank 0's chunk, so half the parts took a second cross-process copy.
+// - all_reduce: one queue (rank 0's): a part reads a piece from every input, reduces it once into the executing
+//   rank's output and writes it from there (in cache) to every other output.
+// Measured on the 2-core EPYC VM (no ERMS: the kernel copies with rep movsq, no streaming stores): the kernel copies
+// 64 MiB from another process at 4.5-5.7 GB/s into a cache-sized buffer and 3.3-3.7 GB/s straight into a large one
+// (process_vm_writev 3.8-4.0), against 8-9 GB/s for a streaming copy in user space; perf of all_reduce on 2 ranks:
+// 34% kernel copy, 27% reduction, 8% page pinning. all_reduce on 2 ranks moves S per rank across processes either
+// way, so it costs about reduce_scatter's time plus all_gather's. Also tried, slower and not kept: all_reduce on 2
+// ranks as "each rank reads the other's whole input and reduces into its own output" (within noise of the split,
+// 2.3-2.6 against 2.4-2.8 GB/s per rank at 64 MiB), and a pipeline through small shared slots that stay in cache
+// (each rank copies its input into its slot, every rank reduces from all slots, idle ranks take over stalled ranks'
+// steps): 31-46 ms at 64 MiB against the split's 32-36 ms at load 2, and 68-75 ms against 35-60 ms at load 3.5-5
+// (other jobs beside the ranks), as every piece waits for every rank's copy. Pieces of 128 KiB - 512 KiB measured
+// within noise of each other.
 //
 // Reductions add in rank order, element by element, exactly as the threads backend's
 // threads_detail::reduce_in_rank_order (which they call, except for a vectorised float path with the same order),
@@ -38,6 +57,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -48,6 +68,7 @@
 #include <sched.h>
 #include <span>
 #include <sys/uio.h>
+#include <thread>
 #include <tuple>
 #include <unistd.h>
 #include <type_traits>
@@ -196,6 +217,7 @@ public:
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
     if (!all_ok) return nullptr;
     window->bases_.resize(std::size_t(size));
+    window->queue_base_.assign(std::size_t(size), 0);
     for (int r = 0; r < size; ++r) {
       MPI_Aint length = 0;
       int unit = 0;
@@ -246,26 +268,33 @@ public:
   std::uintptr_t in_of(int r) const { return std::uintptr_t(line(r, kIn)->load(std::memory_order_relaxed)); }
   std::uintptr_t out_of(int r) const { return std::uintptr_t(line(r, kOut)->load(std::memory_order_relaxed)); }
 
-  // Claims the next unclaimed part of this collective (0 .. parts - 1), or returns false when all are claimed.
-  bool claim(std::uint64_t parts, std::uint64_t& part) {
-    std::atomic<std::uint64_t>& next = *line(0, kClaimed);
+  // Claims the next unclaimed part (0 .. parts - 1) of rank `owner`'s queue in this collective, or returns false
+  // when all are claimed. Every rank has a queue (a counter in its own lines); the counters only move on a claim,
+  // so each starts a collective where the last one left it (queue_base_, the same on every rank).
+  bool claim(int owner, std::uint64_t parts, std::uint64_t& part) {
+    std::atomic<std::uint64_t>& next = *line(owner, kClaimed);
+    const std::uint64_t base = queue_base_[std::size_t(owner)];
     std::uint64_t ticket = next.load(std::memory_order_relaxed);
-    while (ticket < first_part_ + parts)
+    while (ticket < base + parts)
       if (next.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) {
-        part = ticket - first_part_;
+        part = ticket - base;
         return true;
       }
     return false;
   }
-  // A part is complete (its stores visible); then, after the last claim: every part of the collective is complete.
+  // A part is complete (its stores visible); then, after the last claim: every part of the collective is complete
+  // (parts[r]: the parts of rank r's queue; identical on every rank).
   void finished_part() {
     stream_fence();
     line(0, kFinished)->fetch_add(1, std::memory_order_acq_rel);
   }
-  void wait_finished(std::uint64_t parts) {
-    first_part_ += parts;
+  void wait_finished(std::span<const std::uint64_t> parts) {
+    for (int r = 0; r < size_; ++r) {
+      queue_base_[std::size_t(r)] += parts[std::size_t(r)];
+      finished_base_ += parts[std::size_t(r)];
+    }
     IdleWait idle;
-    while (line(0, kFinished)->load(std::memory_order_acquire) < first_part_) idle.wait();
+    while (line(0, kFinished)->load(std::memory_order_acquire) < finished_base_) idle.wait();
   }
 
   // Copies between this process and rank r's (memcpy for this rank's own memory): single-copy, by the kernel.
@@ -284,7 +313,7 @@ public:
   }
 
 private:
-  enum Line { kArrived = 0, kIn = 1, kOut = 2, kClaimed = 3, kFinished = 4, kLines = 5 };  // kClaimed, kFinished: rank 0's
+  enum Line { kArrived = 0, kIn = 1, kOut = 2, kClaimed = 3, kFinished = 4, kLines = 5 };  // kFinished: rank 0's
   SharedWindow() = default;
   std::atomic<std::uint64_t>* line(int r, int which) const {
     return std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(bases_[std::size_t(r)] + std::size_t(which) * kLine));
@@ -307,21 +336,33 @@ private:
   int rank_ = 0, size_ = 1;
   std::vector<std::byte*> bases_;
   std::vector<int> pids_;
-  std::uint64_t calls_ = 0, first_part_ = 0;  // collectives entered; parts of the earlier collectives
+  std::uint64_t calls_ = 0, finished_base_ = 0;  // collectives entered; parts of the earlier collectives
+  std::vector<std::uint64_t> queue_base_;          // per rank: the parts of its queue in earlier collectives
   std::vector<std::byte> scratch_;
 };
 
-// Runs `parts` parts of a collective: every rank publishes its buffers, then claims and executes parts
-// (run(part, scratch)) until none is left, then waits until every part is finished. A rank that is descheduled or
-// late does fewer parts; the others do more.
-template <class Run>
-void run_parts(SharedWindow& w, const void* in, const void* out, std::uint64_t parts, Run&& run) {
-  if (parts == 0) return;  // every rank computes the same count: all skip together
+// Runs a collective's parts: parts()[q] in rank q's queue, called once every rank has published its buffers (it may
+// look at them; identical on every rank). Every rank publishes its buffers, then claims and executes parts
+// (run(q, part)): first from its own queue, then from the others' (q = me + 1, ...), until none is left, then waits
+// until every part is finished. A rank that is descheduled or late does fewer parts; the others do more of its
+// queue. Call only when the collective has parts (every rank decides alike).
+// Tests only: microseconds this process sleeps after each part it executes, to make it the slow rank whose queue the
+// others execute; 0 (never sleeps) unless a test sets it.
+inline int shm_test_part_delay_us = 0;
+
+template <class Parts, class Run>
+void run_parts(SharedWindow& w, const void* in, const void* out, Parts&& parts_of_queues, Run&& run) {
   w.arrive(in, out);
-  std::uint64_t part = 0;
-  while (w.claim(parts, part)) {
-    run(part);
-    w.finished_part();
+  const std::vector<std::uint64_t> parts = parts_of_queues();
+  const int p = w.size();
+  for (int i = 0; i < p; ++i) {
+    const int q = (w.rank() + i) % p;
+    std::uint64_t part = 0;
+    while (w.claim(q, parts[std::size_t(q)], part)) {
+      run(q, part);
+      w.finished_part();
+      if (shm_test_part_delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(shm_test_part_delay_us));
+    }
   }
   w.wait_finished(parts);
 }
@@ -344,23 +385,31 @@ struct Pieces {
 };
 
 // out: the chunks of every rank (counts[r] elements of rank r at displacements[r]); in: this rank's chunk (or that
-// chunk of out: in place). Part: one piece of one rank's chunk, copied to every rank's output.
+// chunk of out: in place). Rank q's queue: the pieces of q's output. Its own parts q pulls: its own chunk copied
+// locally, a piece of rank r's chunk read from r's input into scratch (in cache) and streamed into its output. A
+// part of another rank's queue is pushed: from this rank's input, from this rank's output when this rank pulled that
+// piece there, else read from r's input into scratch first.
 template <CommElement T>
 void shm_all_gather_v(SharedWindow& w, std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
                       std::span<const std::size_t> displacements) {
   const int me = w.rank(), p = w.size();
   const Pieces pieces(counts, SharedWindow::piece_bytes() / sizeof(T));
-  run_parts(w, in.data(), out.data(), pieces.total(), [&](std::uint64_t k) {
+  if (pieces.total() == 0) return;
+  const auto parts = [&] { return std::vector<std::uint64_t>(std::size_t(p), pieces.total()); };
+  std::vector<bool> pulled(pieces.total());  // this rank's own parts it executed: the piece is in its output
+  run_parts(w, in.data(), out.data(), parts, [&](int q, std::uint64_t k) {
     const auto [r, begin, n] = pieces.at(k, counts);
     const std::size_t at = (displacements[std::size_t(r)] + begin) * sizeof(T), bytes = n * sizeof(T);
-    const std::uintptr_t source = w.in_of(r) + begin * sizeof(T);
-    // The piece in this rank's output: its own input, or read from rank r.
-    auto* mine = reinterpret_cast<std::byte*>(out.data()) + at;
-    if (r != me) w.read(r, source, mine, bytes);
-    else if (reinterpret_cast<std::uintptr_t>(mine) != source) w.write(me, reinterpret_cast<const void*>(source), std::uintptr_t(mine), bytes);
-    for (int q = 0; q < p; ++q)
-      if (q != me && !(q == r && w.out_of(q) + at == source))  // (rank r in place: its piece is there already)
-        w.write(q, r == me ? reinterpret_cast<const void*>(source) : mine, w.out_of(q) + at, bytes);
+    const std::uintptr_t source = w.in_of(r) + begin * sizeof(T), target = w.out_of(q) + at;
+    if (q == me) pulled[k] = true;
+    if (q == r && target == source) return;  // rank r's own chunk in place: there already
+    if (r == me) return w.write(q, reinterpret_cast<const void*>(source), target, bytes);
+    // Another rank's piece for another rank: from this rank's output when this rank pulled it there (own queues
+    // come first), so it is read from r's process once.
+    if (q != me && pulled[k]) return w.write(q, reinterpret_cast<const std::byte*>(out.data()) + at, target, bytes);
+    std::byte* staged = w.scratch(1);
+    w.read(r, source, staged, bytes);
+    w.write(q, staged, target, bytes);
   });
 }
 
@@ -383,38 +432,54 @@ void reduce_remote(SharedWindow& w, const T* mine, std::size_t at, std::size_t n
   reduce_sources<T>(result, sources.data(), p, n, op, stream);
 }
 
+// Part (q, k): piece k of rank q's result, the rank-order reduction of elements [from + k * piece, ...) over every
+// rank's input, written to q's output at element k * piece: reduced straight into this rank's output when q is this
+// rank (streaming stores), else reduced into scratch and written to q's output.
+template <CommElement T>
+void reduce_piece(SharedWindow& w, const T* in, T* out, int q, std::size_t from, std::size_t begin, std::size_t n,
+                  ReduceOp op) {
+  if (q == w.rank()) return reduce_remote<T>(w, in, from + begin, n, out + begin, op, true);
+  T* result = reinterpret_cast<T*>(w.scratch(std::size_t(w.size()) + 1) + std::size_t(w.size()) * SharedWindow::piece_bytes());
+  reduce_remote<T>(w, in, from + begin, n, result, op, false);
+  w.write(q, result, w.out_of(q) + begin * sizeof(T), n * sizeof(T));
+}
+
 // in: every rank's chunk (counts[r] elements at displacements[r]); out: the rank-order reduction of this rank's
-// chunk over all ranks (out may be this rank's chunk of in: in place). Part: one piece of one rank's result.
+// chunk over all ranks (out may be this rank's chunk of in: in place). Rank q's queue: the pieces of q's result.
 template <CommElement T>
 void shm_reduce_scatter_v(SharedWindow& w, std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
                           std::span<const std::size_t> displacements, ReduceOp op) {
-  const int me = w.rank(), p = w.size();
-  const Pieces pieces(counts, SharedWindow::piece_bytes() / sizeof(T));
-  run_parts(w, in.data(), out.data(), pieces.total(), [&](std::uint64_t k) {
-    const auto [q, begin, n] = pieces.at(k, counts);
-    const std::size_t at = displacements[std::size_t(q)] + begin;
-    if (q == me) return reduce_remote<T>(w, in.data(), at, n, out.data() + begin, op, true);
-    T* result = reinterpret_cast<T*>(w.scratch(std::size_t(p) + 1) + std::size_t(p) * SharedWindow::piece_bytes());
-    reduce_remote<T>(w, in.data(), at, n, result, op, false);
-    w.write(q, result, w.out_of(q) + begin * sizeof(T), n * sizeof(T));
+  const std::size_t piece = SharedWindow::piece_bytes() / sizeof(T);
+  std::vector<std::uint64_t> pieces;
+  for (const std::size_t c : counts) pieces.push_back((c + piece - 1) / piece);
+  if (std::all_of(pieces.begin(), pieces.end(), [](std::uint64_t n) { return n == 0; })) return;
+  run_parts(w, in.data(), out.data(), [&] { return pieces; }, [&](int q, std::uint64_t k) {
+    const std::size_t begin = std::size_t(k) * piece;
+    reduce_piece<T>(w, in.data(), out.data(), q, displacements[std::size_t(q)], begin,
+                    std::min(piece, counts[std::size_t(q)] - begin), op);
   });
 }
 
-// out = the rank-order reduction of every rank's in (out may be in: in place). Part: one piece of the buffer,
-// reduced once into the executing rank's output and copied from there to every other rank's output.
+// out = the rank-order reduction of every rank's in (out may be in: in place). One queue (rank 0's) of pieces of
+// the buffer; a part reduces its piece once into the executing rank's output (ordinary stores: the piece stays in
+// cache) and copies it from there to every other rank's output.
 template <CommElement T>
 void shm_all_reduce(SharedWindow& w, std::span<const T> in, std::span<T> out, ReduceOp op) {
   const int me = w.rank(), p = w.size();
-  const std::size_t whole[1] = {in.size()};
-  const Pieces pieces(whole, SharedWindow::piece_bytes() / sizeof(T));
-  run_parts(w, in.data(), out.data(), pieces.total(), [&](std::uint64_t k) {
-    const auto [zero, begin, n] = pieces.at(k, whole);
-    (void)zero;
-    // Into this rank's output with ordinary stores (the piece stays in cache), then from there to the others'.
+  const std::size_t piece = SharedWindow::piece_bytes() / sizeof(T);
+  const std::uint64_t pieces = (in.size() + piece - 1) / piece;
+  if (pieces == 0) return;  // every rank alike
+  const auto parts = [&] {
+    std::vector<std::uint64_t> queues(std::size_t(p), 0);
+    queues[0] = pieces;
+    return queues;
+  };
+  run_parts(w, in.data(), out.data(), parts, [&](int, std::uint64_t k) {
+    const std::size_t begin = std::size_t(k) * piece, n = std::min(piece, in.size() - begin);
     T* result = out.data() + begin;
     reduce_remote<T>(w, in.data(), begin, n, result, op, false);
-    for (int q = 0; q < p; ++q)
-      if (q != me) w.write(q, result, w.out_of(q) + begin * sizeof(T), n * sizeof(T));
+    for (int r = 0; r < p; ++r)
+      if (r != me) w.write(r, result, w.out_of(r) + begin * sizeof(T), n * sizeof(T));
   });
 }
 
