@@ -21,6 +21,7 @@
 #include "corpus.hpp"
 #include "csv_table.hpp"
 #include "model_flops.hpp"
+#include "plan_names.hpp"
 #include "progress.hpp"
 #include "train_mesh.hpp"
 #include "train_moe.hpp"
@@ -259,20 +260,8 @@ TrainingOptions parse_resuming(int argc, char** argv) {
   return parse(int(pointers.size()), pointers.data());
 }
 
-// A short name for the per-step table: the capitals of the strategy's name ("MegatronTS" -> "MTS").
-std::string short_name(int s) {
-  std::string out;
-  for (char c : pd::cost::default_catalog().name(s))
-    if (std::isupper(static_cast<unsigned char>(c))) out += c;
-  return out;
-}
-
-// "TS/TS TS/METP ..." : attention/mlp per layer.
-std::string compact(const std::vector<pd::cost::LayerStrategies>& layers) {
-  std::string out;
-  for (const auto& l : layers) out += fmt::format("{}{}/{}", out.empty() ? "" : " ", short_name(l.attention), short_name(l.mlp));
-  return out;
-}
+using pd::examples::compact_plan;  // examples/plan_names.hpp: "MTS/MTS UZ/METP"
+using pd::examples::full_plan;     // "MegatronTS/MegatronTS UlyssesZ/METP"
 
 // The per-rank state that lives across steps (threads or MPI processes): each rank's tracker (capped), model and
 // buffer pool. Each step is one collective run whose ranks install their tracker, so a failed step (OutOfMemory on
@@ -521,14 +510,6 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   pd::examples::CsvTable csv(ranks.reports() ? o.csv : std::string(),
                              {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "mfu",
                               "peak_mib", "predicted_mib", "cap_mib", "status", "predicted_s"});
-  // The plan in full names, "attention/mlp" per layer.
-  const auto full_plan = [&](const std::vector<pd::cost::LayerStrategies>& layers) {
-    std::string out;
-    for (const auto& l : layers)
-      out += fmt::format("{}{}/{}", out.empty() ? "" : " ", pd::cost::default_catalog().name(l.attention),
-                         pd::cost::default_catalog().name(l.mlp));
-    return out;
-  };
 
   pd::ops::AdamWConfig adamw;
   adamw.learning_rate = float(o.lr);
@@ -638,11 +619,11 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap {:.0f} "
                  "MiB): {} more bytes asked with {:.1f} MiB in use\n",
-                 step, s, documents, compact(layers), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
+                 step, s, documents, compact_plan(*plan), 8 * o.layers, "-", seconds, ranks.out_of_memory_rank(),
                  double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, e.requested(), double(e.in_use()) / kMiB);
       ++ooms;
       records.push_back({real, padding, step_flops, 0, seconds, true});
-      csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "", "", double(plan->peak_bytes()) / kMiB,
+      csv.row(step, s, rows, real, padding, full_plan(*plan), "", seconds, "", "", double(plan->peak_bytes()) / kMiB,
               double(cap) / kMiB, "out of memory", plan->time_s);
       // Under the same cap: the recovery allocates nothing, and the pool gives back what the step cached.
       ranks.run([&](auto&, int r) {
@@ -656,12 +637,12 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
       ranks.share(peaks);
       fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY: a rank peaked at {:.1f} MiB, over the cap "
                  "of {:.0f} MiB (predicted {:.1f} MiB); the step is undone\n",
-                 step, s, documents, compact(layers), 8 * o.layers, "-", seconds,
+                 step, s, documents, compact_plan(*plan), 8 * o.layers, "-", seconds,
                  *std::max_element(peaks.begin(), peaks.end()) / kMiB, double(cap) / kMiB,
                  double(plan->peak_bytes()) / kMiB);
       ++ooms;
       records.push_back({real, padding, step_flops, 0, seconds, true});
-      csv.row(step, s, rows, real, padding, full_plan(layers), "", seconds, "",
+      csv.row(step, s, rows, real, padding, full_plan(*plan), "", seconds, "",
               *std::max_element(peaks.begin(), peaks.end()) / kMiB,
               double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "out of memory", plan->time_s);
       continue;
@@ -678,10 +659,10 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
     const double peak = *std::max_element(peaks.begin(), peaks.end());
     const double mfu = pd::examples::model_flops_utilisation(step_flops, seconds, o.ranks, hardware);
     fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, documents,
-               compact(layers), 8 * o.layers, loss, seconds, 100 * mfu, peak / kMiB, double(plan->peak_bytes()) / kMiB,
+               compact_plan(*plan), 8 * o.layers, loss, seconds, 100 * mfu, peak / kMiB, double(plan->peak_bytes()) / kMiB,
                double(cap) / kMiB);
     records.push_back({real, padding, step_flops, loss, seconds, false});
-    csv.row(step, s, rows, real, padding, full_plan(layers), fmt::format("{:.17g}", loss), seconds, mfu, peak / kMiB,
+    csv.row(step, s, rows, real, padding, full_plan(*plan), fmt::format("{:.17g}", loss), seconds, mfu, peak / kMiB,
             double(plan->peak_bytes()) / kMiB, double(cap) / kMiB, "ok", plan->time_s);
     for (const auto& l : layers) {
       ++usage[std::string(plan->strategy_name(l.attention))];

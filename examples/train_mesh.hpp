@@ -49,6 +49,7 @@
 #include "corpus.hpp"
 #include "csv_table.hpp"
 #include "model_flops.hpp"
+#include "plan_names.hpp"
 #include "train_moe.hpp"
 #include "train_ranks.hpp"
 #include "training_data.hpp"
@@ -504,21 +505,6 @@ struct StepPlan {
   double time_s = 0;  // the planner's predicted time
 };
 
-// "TS/TS TS/METP ...": the capitals of each layer's attention/mlp strategy names.
-inline std::string compact_plan(const plan::Plan& plan) {
-  const auto short_name = [&](int s) {
-    std::string out;
-    for (char c : plan.strategy_name(s))
-      if (std::isupper(static_cast<unsigned char>(c))) out += c;
-    return out;
-  };
-  std::string out;
-  for (const auto& layer : plan.layers)
-    out += fmt::format("{}{}/{}", out.empty() ? "" : " ", short_name(layer.strategies.attention),
-                       short_name(layer.strategies.mlp));
-  return out;
-}
-
 }  // namespace mesh_detail
 
 // Trains the dense GPT on `ranks` (threads or MPI processes, as many as the mesh holds). Returns the exit code.
@@ -592,14 +578,14 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                      : plan::build_moe_cost_table(config, hardware, cp, plan::Batch::single(length, key.second),
                                                   {4, 4, 8}, moe_costs.extra_bytes(length)),
               cap);
-          planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), train_moe_detail::compact(plan),
+          planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), compact_plan(plan),
                                                plan.time_s};
         } else {
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           const plan::Plan plan = o.strategy.empty()
               ? plan::plan_exact(table, cap)
               : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(o.strategy)), cap);
-          planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), mesh_detail::compact_plan(plan),
+          planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
                                                plan.time_s};
         }
       } catch (const plan::NoFeasiblePlan&) {

@@ -19,6 +19,7 @@
 
 #include "corpus.hpp"
 #include "csv_table.hpp"
+#include "plan_names.hpp"
 #include "train_ranks.hpp"
 #include "training_checkpoints.hpp"
 #include "training_data.hpp"
@@ -80,21 +81,6 @@ namespace train_moe_detail {
 
 using Strategies = AllStrategies<>;
 using Model = Gpt<Strategies>;
-
-// "MTS/EP": capitals of the attention strategy, then the FFN's (MoE: EP or ETP).
-inline std::string compact(const plan::MoePlan& plan) {
-  const auto capitals = [](std::string_view name) {
-    std::string out;
-    for (char c : name)
-      if (std::isupper(static_cast<unsigned char>(c))) out += c;
-    return out;
-  };
-  std::string out;
-  for (const plan::MoeLayerPlan& l : plan.layers)
-    out += fmt::format("{}{}/{}", out.empty() ? "" : " ", capitals(plan.strategy_names.at(std::size_t(l.attention))),
-                       capitals(plan.ffn_name(l)));
-  return out;
-}
 
 struct Load {
   std::int64_t min = 0, max = 0;
@@ -216,8 +202,8 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
     double aux = 0, z = 0;
     for (const MoeLayerStats& st : stats) aux += st.aux / double(stats.size()), z += st.z / double(stats.size());
     fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.4f}  {:>8.4f}  {:>7.3f}\n", step, s, batch.rows.size(),
-               compact(plan), 8 * o.layers, loss, aux, z, elapsed);
-    csv.row(step, s, 1, real, s - real, compact(plan), fmt::format("{:.17g}", loss), elapsed,
+               compact_plan(plan), 8 * o.layers, loss, aux, z, elapsed);
+    csv.row(step, s, 1, real, s - real, compact_plan(plan), fmt::format("{:.17g}", loss), elapsed,
             elapsed > 0 ? double(real) / elapsed : 0.0, fmt::format("{:.17g}", aux), fmt::format("{:.17g}", z));
     if (o.load_every > 0 && (step % o.load_every == 0 || step + 1 == n_steps)) {
       std::string line;
