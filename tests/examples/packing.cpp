@@ -11,7 +11,11 @@
 // documents trained alone on the same ranks, on p = 3 and 4, under the MoE planner's plan and fixed mixes. And
 // train_gpt --mesh's step (examples/train_mesh.hpp: MeshGptStage, mesh_forward_backward) on pp = 2 x cp = 2 and
 // pp = 2 x cp = 3 (the dense GPT, 3 layers over 2 stages) and cp = 2 (the MoE GPT of train_gpt --experts): a
-// packed sequence gives the loss and every gradient of every rank of its documents alone on the same mesh.
+// packed sequence gives the loss and every gradient of every rank of its documents alone on the same mesh. Over
+// dp = 2 (x cp = 2, and x pp = 2 x cp = 2) a mesh step of one packed sequence per replica (mesh_steps, MeshStep::work),
+// each replica on a plan of its own, one replica idle in the last step, gives after the dp sum the loss and every
+// gradient of every rank of all its documents alone; and mesh_steps deals rows, consecutive sequences, or sequences
+// grouped by cost.
 #include "../../examples/corpus.hpp"
 #include "../../examples/train_mesh.hpp"
 
