@@ -9,6 +9,7 @@
 // attention (MegatronCZ) and UlyssesZ.
 #include "../../examples/corpus.hpp"
 
+#include "packed_documents.hpp"
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -181,23 +182,11 @@ TEST_CASE("a balanced packed step trains as its documents alone under ring atten
   c.layer.causal = c.layer.zigzag = c.layer.rope = true;
   c.layers = 2;
   c.vocab = 256;
-  Rng rng(53);
-  const std::vector<std::int64_t> sizes{30, 3, 4, 5, 9};
-  std::vector<corpus::Document> docs;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    std::string bytes;
-    for (std::int64_t j = 0; j < sizes[i]; ++j) bytes += char('a' + rng.below(26));
-    docs.push_back({fmt::format("d{}", i), bytes});
-  }
+  const std::vector<corpus::Document> docs = testing::documents_of({30, 3, 4, 5, 9}, 53);
   // A long document and short ones (1 token, p - 1 tokens, ...): as packed, the long one comes first.
   const std::vector<corpus::Window> windows{{0, 1, 27}, {1, 0, 1}, {2, 0, 2}, {3, 0, 3}, {4, 0, 7}};
-  struct Result {
-    double loss = 0;
-    std::int64_t counted = 0;
-    std::vector<float> grad;  // the replicated gradient (embedding, head, final norm): the same on every rank
-  };
   const auto run = [&](const corpus::Step& step, int p, const StackPlan& plan) {
-    Result result;
+    testing::RunResult result;
     std::vector<std::int32_t> inputs, targets;
     corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
     const std::vector<std::int64_t> starts = step.document_starts();
@@ -212,12 +201,12 @@ TEST_CASE("a balanced packed step trains as its documents alone under ring atten
       if (r != 0) return;
       result.loss = out.loss;
       result.counted = out.counted;
-      result.grad.assign(model.replicated_gradient().span().begin(), model.replicated_gradient().span().end());
+      result.replicated_grad.assign(model.replicated_gradient().span().begin(), model.replicated_gradient().span().end());
     });
     return result;
   };
   // Each document alone on one rank (zigzag: at least 2 tokens; the 1-token one padded with a masked token).
-  std::vector<Result> alone;
+  std::vector<testing::RunResult> alone;
   for (const corpus::Window& w : windows)
     alone.push_back(run({{w}, std::max<std::int64_t>(w.length, 2), false}, 1, uniform_plan<All>(2, "MegatronTS")));
   for (const int p : {3, 4}) {
@@ -230,24 +219,13 @@ TEST_CASE("a balanced packed step trains as its documents alone under ring atten
     REQUIRE(step.document_lengths() != as_packed[0].document_lengths());  // reordered
     CHECK(max_rank_causal_pairs(step.document_lengths(), {p, true}) <
           max_rank_causal_pairs(as_packed[0].document_lengths(), {p, true}));
-    // What the step must give: the token-weighted mean of its documents alone.
-    double want_loss = 0;
-    std::int64_t want_counted = 0;
-    std::vector<double> want_grad(alone[0].grad.size(), 0.0);
-    for (const corpus::Window& w : step.rows) {
-      const Result& a = alone[w.document];
-      want_loss += a.loss * double(a.counted);
-      want_counted += a.counted;
-      for (std::size_t i = 0; i < want_grad.size(); ++i) want_grad[i] += double(a.grad[i]) * double(a.counted);
-    }
-    want_loss /= double(want_counted);
-    for (double& g : want_grad) g /= double(want_counted);
+    const testing::DocumentsMean want = testing::documents_mean(alone, step);
     for (const std::string_view strategy : {"MegatronCZ", "UlyssesZ"}) {
       CAPTURE(strategy);
-      const Result got = run(step, p, uniform_plan<All>(2, strategy));
-      CHECK(got.counted == want_counted);
-      CHECK(got.loss == doctest::Approx(want_loss).epsilon(1e-5));
-      CHECK(testing::first_mismatch(std::span<const float>(got.grad), std::span<const double>(want_grad),
+      const testing::RunResult got = run(step, p, uniform_plan<All>(2, strategy));
+      CHECK(got.counted == want.counted);
+      CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-5));
+      CHECK(testing::first_mismatch(std::span<const float>(got.replicated_grad), std::span<const double>(want.grad),
                                     testing::kFloat32) == "");
     }
   }

@@ -19,6 +19,7 @@
 #include "../../examples/corpus.hpp"
 #include "../../examples/train_mesh.hpp"
 
+#include "packed_documents.hpp"
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -49,46 +50,10 @@ using namespace paradyse;
 using Strategies = Switchable<MegatronTS<>, UlyssesZ<>>;
 using Model = Gpt<Strategies>;
 
-std::vector<corpus::Document> documents_of(const std::vector<std::int64_t>& sizes, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<corpus::Document> docs;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    std::string bytes;
-    for (std::int64_t j = 0; j < sizes[i]; ++j) bytes += char('a' + rng.below(26));
-    docs.push_back({fmt::format("d{}", i), bytes});
-  }
-  return docs;
-}
-
-// One run's loss, counted tokens and rank 0's replicated gradient (the same on every rank), and on one rank the
-// layer gradients (the one-rank shards are the global weights).
-struct RunResult {
-  double loss = 0;
-  std::int64_t counted = 0;
-  std::vector<float> replicated_grad, layer_grad;
-};
-
-// What a padded or packed step must give: the token-weighted mean of its documents' results alone (`alone`: one
-// per window, indexed by the window's document), for the gradient `member`.
-struct DocumentsMean {
-  double loss = 0;
-  std::int64_t counted = 0;
-  std::vector<double> grad;
-};
-DocumentsMean documents_mean(const std::vector<RunResult>& alone, const corpus::Step& step,
-                             std::vector<float> RunResult::*member = &RunResult::replicated_grad) {
-  DocumentsMean mean;
-  mean.grad.assign((alone.at(step.rows.at(0).document).*member).size(), 0.0);
-  for (const corpus::Window& w : step.rows) {
-    const RunResult& a = alone.at(w.document);
-    mean.loss += a.loss * double(a.counted);
-    mean.counted += a.counted;
-    for (std::size_t i = 0; i < mean.grad.size(); ++i) mean.grad[i] += double((a.*member)[i]) * double(a.counted);
-  }
-  mean.loss /= double(mean.counted);
-  for (double& g : mean.grad) g /= double(mean.counted);
-  return mean;
-}
+using testing::documents_mean;
+using testing::documents_of;
+using testing::DocumentsMean;
+using testing::RunResult;
 
 }  // namespace
 
