@@ -345,19 +345,17 @@ private:
   std::vector<std::byte> scratch_;
 };
 
-// Runs a collective's parts: parts()[q] in rank q's queue, called once every rank has published its buffers (it may
-// look at them; identical on every rank). Every rank publishes its buffers, then claims and executes parts
-// (run(q, part)): first from its own queue, then from the others' (q = me + 1, ...), until none is left, then waits
-// until every part is finished. A rank that is descheduled or late does fewer parts; the others do more of its
-// queue. Call only when the collective has parts (every rank decides alike).
 // Tests only: microseconds this process sleeps after each part it executes, to make it the slow rank whose queue the
 // others execute; 0 (never sleeps) unless a test sets it.
 inline int shm_test_part_delay_us = 0;
 
-template <class Parts, class Run>
-void run_parts(SharedWindow& w, const void* in, const void* out, Parts&& parts_of_queues, Run&& run) {
+// Runs a collective's parts: parts[q] in rank q's queue (identical on every rank). Every rank publishes its
+// buffers, then claims and executes parts (run(q, part)): first from its own queue, then from the others'
+// (q = me + 1, ...), until none is left, then waits until every part is finished. A rank that is descheduled or late does fewer parts; the others do more of its
+// queue. Call only when the collective has parts (every rank decides alike).
+template <class Run>
+void run_parts(SharedWindow& w, const void* in, const void* out, std::span<const std::uint64_t> parts, Run&& run) {
   w.arrive(in, out);
-  const std::vector<std::uint64_t> parts = parts_of_queues();
   const int p = w.size();
   for (int i = 0; i < p; ++i) {
     const int q = (w.rank() + i) % p;
@@ -399,7 +397,7 @@ void shm_all_gather_v(SharedWindow& w, std::span<const T> in, std::span<T> out, 
   const int me = w.rank(), p = w.size();
   const Pieces pieces(counts, SharedWindow::piece_bytes() / sizeof(T));
   if (pieces.total() == 0) return;
-  const auto parts = [&] { return std::vector<std::uint64_t>(std::size_t(p), pieces.total()); };
+  const std::vector<std::uint64_t> parts(std::size_t(p), pieces.total());
   std::vector<bool> pulled(pieces.total());  // this rank's own parts it executed: the piece is in its output
   run_parts(w, in.data(), out.data(), parts, [&](int q, std::uint64_t k) {
     const auto [r, begin, n] = pieces.at(k, counts);
@@ -457,7 +455,7 @@ void shm_reduce_scatter_v(SharedWindow& w, std::span<const T> in, std::span<T> o
   std::vector<std::uint64_t> pieces;
   for (const std::size_t c : counts) pieces.push_back((c + piece - 1) / piece);
   if (std::all_of(pieces.begin(), pieces.end(), [](std::uint64_t n) { return n == 0; })) return;
-  run_parts(w, in.data(), out.data(), [&] { return pieces; }, [&](int q, std::uint64_t k) {
+  run_parts(w, in.data(), out.data(), pieces, [&](int q, std::uint64_t k) {
     const std::size_t begin = std::size_t(k) * piece;
     reduce_piece<T>(w, in.data(), out.data(), q, displacements[std::size_t(q)], begin,
                     std::min(piece, counts[std::size_t(q)] - begin), op);
@@ -473,11 +471,8 @@ void shm_all_reduce(SharedWindow& w, std::span<const T> in, std::span<T> out, Re
   const std::size_t piece = SharedWindow::piece_bytes() / sizeof(T);
   const std::uint64_t pieces = (in.size() + piece - 1) / piece;
   if (pieces == 0) return;  // every rank alike
-  const auto parts = [&] {
-    std::vector<std::uint64_t> queues(std::size_t(p), 0);
-    queues[0] = pieces;
-    return queues;
-  };
+  std::vector<std::uint64_t> parts(std::size_t(p), 0);  // one queue, rank 0's
+  parts[0] = pieces;
   run_parts(w, in.data(), out.data(), parts, [&](int, std::uint64_t k) {
     const std::size_t begin = std::size_t(k) * piece, n = std::min(piece, in.size() - begin);
     T* result = out.data() + begin;
