@@ -2,7 +2,8 @@
 #
 #   cmake -DROOT=<repository> -P cmake/CheckLayering.cmake
 #
-# Reads every header under include/paradyse/ (*.hpp, *.h, *.cuh), takes each `#include "paradyse/<folder>/..."` (or
+# Reads every header under include/paradyse/ (*.hpp, *.h, *.cuh) and the CUDA kernels of the top-level kernels/
+# (*.cuh, *.cu: folder kernels, installed as include/paradyse/kernels/), takes each `#include "paradyse/<folder>/..."` (or
 # <...>) and fails, listing every violation, when <folder> is higher in the order below than the header's own folder.
 # A header may include headers of its own folder and of lower folders only. A folder that is not in the order is an
 # error too, on either side of an include, so a new folder must first be given its place here (and in
@@ -39,6 +40,10 @@ endfunction()
 
 file(GLOB_RECURSE headers RELATIVE "${include_root}" "${include_root}/*.hpp" "${include_root}/*.h"
   "${include_root}/*.cuh")
+# The kernels sit at the top level (device code apart from the host templates) in layer `kernels`.
+file(GLOB kernel_files RELATIVE "${ROOT}/kernels" "${ROOT}/kernels/*.cuh" "${ROOT}/kernels/*.cu")
+list(TRANSFORM kernel_files PREPEND "kernels/")
+list(APPEND headers ${kernel_files})
 list(SORT headers)
 if(NOT headers)
   message(FATAL_ERROR "layering: no headers found under ${include_root}")
@@ -47,14 +52,18 @@ endif()
 set(violations "")
 set(checked_includes 0)
 foreach(header IN LISTS headers)
-  set(file "include/paradyse/${header}")
+  if(header IN_LIST kernel_files)
+    set(file "${header}")
+  else()
+    set(file "include/paradyse/${header}")
+  endif()
   layer_of("${header}" own_folder own_rank)
   if(own_rank EQUAL -1)
     list(APPEND violations "${file} is in folder ${own_folder}/, which has no place in the layer order")
     continue()
   endif()
 
-  file(STRINGS "${include_root}/${header}" include_lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]paradyse/")
+  file(STRINGS "${ROOT}/${file}" include_lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]paradyse/")
   foreach(line IN LISTS include_lines)
     if(NOT line MATCHES "^[ \t]*#[ \t]*include[ \t]*[<\"]paradyse/([^\">]*)[\">]")
       list(APPEND violations "${file} has an include it cannot read: ${line}")

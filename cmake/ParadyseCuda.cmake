@@ -42,15 +42,27 @@ if(PARADYSE_HAVE_CUDA)
   target_compile_features(paradyse_cuda INTERFACE cuda_std_20)
   list(APPEND PARADYSE_EXPORTED_TARGETS paradyse_cuda)
 
-  # The kernels: the library stays header-only, and its CUDA kernels (include/paradyse/kernels/) are compiled by nvcc
-  # once per program, in one translation unit that includes kernels/all.cuh (as a consumer of the installed package
-  # does in one .cu file of its own). Everything else of the CUDA path, ops::Cuda, the device memory and the
-  # communicators, is host code that the host compiler builds. Here the one translation unit is an object library
-  # that every CUDA test, benchmark and example links.
-  add_library(paradyse_cuda_kernels OBJECT ${PROJECT_SOURCE_DIR}/cmake/paradyse_kernels.cu)
+  # The kernels: the library stays header-only, and its CUDA kernels (the top-level kernels/, device code apart from
+  # the host templates under include/) are compiled by nvcc once per program, in one translation unit,
+  # kernels/paradyse_kernels.cu, that includes kernels/all.cuh. Everything else of the CUDA path, ops::Cuda, the
+  # device memory and the communicators, is host code that the host compiler builds. Here the one translation unit
+  # is an object library that every CUDA test, benchmark and example links.
+  add_library(paradyse_cuda_kernels OBJECT ${PROJECT_SOURCE_DIR}/kernels/paradyse_kernels.cu)
   target_link_libraries(paradyse_cuda_kernels PUBLIC paradyse_cuda)
   target_compile_options(paradyse_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
   set_target_properties(paradyse_cuda_kernels PROPERTIES CUDA_STANDARD 20)
+
+  # The package's CUDA component for a consumer: kernels/ is installed as include/paradyse/kernels/ (CMakeLists.txt),
+  # and a program that links paradyse::cuda_kernels compiles the installed paradyse_kernels.cu once into itself
+  # (its project enables CUDA). Empty in this build tree, whose programs link the object library above instead.
+  add_library(paradyse_cuda_kernel_source INTERFACE)
+  add_library(paradyse::cuda_kernels ALIAS paradyse_cuda_kernel_source)
+  set_target_properties(paradyse_cuda_kernel_source PROPERTIES EXPORT_NAME cuda_kernels)
+  target_link_libraries(paradyse_cuda_kernel_source INTERFACE paradyse_cuda)
+  target_sources(paradyse_cuda_kernel_source INTERFACE
+    $<INSTALL_INTERFACE:$<INSTALL_PREFIX>/${CMAKE_INSTALL_INCLUDEDIR}/paradyse/kernels/paradyse_kernels.cu>)
+  target_compile_options(paradyse_cuda_kernel_source INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+  list(APPEND PARADYSE_EXPORTED_TARGETS paradyse_cuda_kernel_source)
 
   find_package(NCCL)
   if(NCCL_FOUND)

@@ -1,4 +1,4 @@
-// paradyse/kernels/embedding.cuh: the embedding kernels and the launchers ops/cuda/embedding.hpp declares.
+// kernels/embedding.cuh: the embedding kernels and the launchers ops/cuda/embedding.hpp declares.
 //
 // Forward: one block per token copies its table row. Backward, deterministic without atomics: CUB's stable radix
 // sort orders the pairs (token id, token index) by id, keeping index order within an id; then one block per sorted
@@ -6,7 +6,7 @@
 // dtable row: acc = dtable[id][c]; acc += dout[i][c] for each i in order, exactly the CPU's sequence of additions.
 #pragma once
 
-#include "paradyse/kernels/rows.cuh"
+#include "rows.cuh"
 #include "paradyse/ops/cpu/rows.hpp"
 #include "paradyse/ops/cuda/embedding.hpp"
 

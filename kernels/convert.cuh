@@ -1,4 +1,4 @@
-// paradyse/kernels/convert.cuh: the element conversion kernel and ops::cuda::convert (ops/cuda/convert.hpp) with its
+// kernels/convert.cuh: the element conversion kernel and ops::cuda::convert (ops/cuda/convert.hpp) with its
 // nine explicit instantiations.
 //
 // The roundings are core/dtype.hpp's bit manipulations written again as device functions (the host ones are not
@@ -7,7 +7,7 @@
 #pragma once
 
 #include "paradyse/core/dtype.hpp"
-#include "paradyse/kernels/stream_scratch.cuh"
+#include "stream_scratch.cuh"
 #include "paradyse/ops/cuda/convert.hpp"
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// paradyse/kernels/cross_entropy.cuh: the fused cross-entropy kernels and the launcher ops/cuda/cross_entropy.hpp
+// kernels/cross_entropy.cuh: the fused cross-entropy kernels and the launcher ops/cuda/cross_entropy.hpp
 // declares.
 //
 // cross_entropy_rows_kernel: one block per row (grid-stride): the target logit is read first (dlogits may alias
@@ -8,7 +8,7 @@
 // block in a fixed order.
 #pragma once
 
-#include "paradyse/kernels/rows.cuh"
+#include "rows.cuh"
 #include "paradyse/ops/cpu/rows.hpp"
 #include "paradyse/ops/cuda/cross_entropy.hpp"
 

@@ -1,4 +1,4 @@
-// paradyse/kernels/normalization.cuh: the LayerNorm / RMSNorm kernels and the launchers ops/cuda/normalization.hpp
+// kernels/normalization.cuh: the LayerNorm / RMSNorm kernels and the launchers ops/cuda/normalization.hpp
 // declares.
 //
 // Forward: one block per row (grid-stride over rows): two-pass mean and variance (as ops::cpu: no cancellation),
@@ -8,7 +8,7 @@
 // summation order depends on the shape only, so every run gives the same bits.
 #pragma once
 
-#include "paradyse/kernels/rows.cuh"
+#include "rows.cuh"
 #include "paradyse/ops/cpu/rows.hpp"
 #include "paradyse/ops/cuda/normalization.hpp"
 

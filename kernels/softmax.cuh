@@ -1,10 +1,10 @@
-// paradyse/kernels/softmax.cuh: kernels and launchers of ops/cuda/softmax.hpp: the masked row softmax over a
+// kernels/softmax.cuh: kernels and launchers of ops/cuda/softmax.hpp: the masked row softmax over a
 // materialised score matrix and its backward. One block per row (grid-stride over rows), block reductions in fp32
 // over the row's columns. nvcc only; included once per program through kernels/all.cuh.
 #pragma once
 
 #include "paradyse/device/runtime.hpp"
-#include "paradyse/kernels/stream_scratch.cuh"
+#include "stream_scratch.cuh"
 #include "paradyse/ops/cpu/softmax.hpp"
 #include "paradyse/ops/cuda/softmax.hpp"
 

@@ -1,4 +1,4 @@
-// paradyse/kernels/rope.cuh: the rotary position embedding kernel and the launchers ops/cuda/rope.hpp declares.
+// kernels/rope.cuh: the rotary position embedding kernel and the launchers ops/cuda/rope.hpp declares.
 //
 // One thread per rotated pair (token, head, frequency j), grid-stride. The token's position is its global index
 // minus the start of its document (binary search in the uploaded document_starts); the angle position * freq[j] is
@@ -6,7 +6,7 @@
 // float, then the pair is rotated in float exactly as ops::cpu::detail::rope_apply does.
 #pragma once
 
-#include "paradyse/kernels/rows.cuh"
+#include "rows.cuh"
 #include "paradyse/ops/cuda/rope.hpp"
 
 #include <cmath>

@@ -1,10 +1,10 @@
-// paradyse/kernels/activation.cuh: the GELU / SwiGLU kernels and the launchers ops/cuda/activation.hpp declares.
+// kernels/activation.cuh: the GELU / SwiGLU kernels and the launchers ops/cuda/activation.hpp declares.
 //
 // One grid-stride loop over the elements of the [rows, f] views; element i is (row i / f, column i % f), each view
 // located through its RowLayout (any outer strides). The math is ops::cpu's, expf in place of exp_approx.
 #pragma once
 
-#include "paradyse/kernels/rows.cuh"
+#include "rows.cuh"
 #include "paradyse/ops/cpu/rows.hpp"
 #include "paradyse/ops/cuda/activation.hpp"
 

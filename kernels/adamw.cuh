@@ -1,8 +1,8 @@
-// paradyse/kernels/adamw.cuh: the AdamW kernel and the launcher ops/cuda/adamw.hpp declares. One thread per element
+// kernels/adamw.cuh: the AdamW kernel and the launcher ops/cuda/adamw.hpp declares. One thread per element
 // (grid-stride); the bias corrections are computed on the host in double, as ops::cpu does.
 #pragma once
 
-#include "paradyse/kernels/stream_scratch.cuh"
+#include "stream_scratch.cuh"
 #include "paradyse/ops/cuda/adamw.hpp"
 
 #include <cmath>

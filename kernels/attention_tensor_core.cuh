@@ -1,4 +1,4 @@
-// paradyse/kernels/attention_tensor_core.cuh: bf16 flash attention on tensor cores (bf16 products, fp32 accumulation),
+// kernels/attention_tensor_core.cuh: bf16 flash attention on tensor cores (bf16 products, fp32 accumulation),
 // head_dim 64 or 128, every mask; and the bf16 launchers of ops/cuda/attention.hpp.
 //
 // Tiles of 64 queries x 64 keys; a block has 4 warps and each warp owns 16 rows of the tile (queries in forward and
@@ -12,8 +12,8 @@
 //             dQ += dS K. Two kernels instead of atomics: deterministic, at the cost of computing S and dP twice.
 #pragma once
 
-#include "paradyse/kernels/attention_backward.cuh"
-#include "paradyse/kernels/attention_common.cuh"
+#include "attention_backward.cuh"
+#include "attention_common.cuh"
 
 #include <cuda_bf16.h>
 

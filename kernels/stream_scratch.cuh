@@ -1,4 +1,4 @@
-// paradyse/kernels/stream_scratch.cuh: device scratch for the host metadata of one op (index lists, positions,
+// kernels/stream_scratch.cuh: device scratch for the host metadata of one op (index lists, positions,
 // partial sums), allocated and freed in the order of a stream (cudaMallocAsync / cudaFreeAsync), so the memory stays
 // alive until every kernel issued before the free on that stream has consumed it, without a synchronization.
 // Host code (runtime API only); used by the launchers in kernels/.

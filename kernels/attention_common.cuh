@@ -1,4 +1,4 @@
-// paradyse/kernels/attention_common.cuh: what the CUDA attention kernels share: strided head views, the mask on the
+// kernels/attention_common.cuh: what the CUDA attention kernels share: strided head views, the mask on the
 // device (which keys each query sees), the upload of document starts, and the argument checks of the launchers.
 //
 // The launchers are defined (not inline) in these .cuh files: kernels/all.cuh is compiled in exactly one translation

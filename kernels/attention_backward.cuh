@@ -1,4 +1,4 @@
-// paradyse/kernels/attention_backward.cuh: the float32 flash-attention backward on the GPU (the general path: every
+// kernels/attention_backward.cuh: the float32 flash-attention backward on the GPU (the general path: every
 // shape and mask) and its launcher.
 //
 // Three kernels, each writing only what it owns (no atomics, deterministic):
@@ -11,8 +11,8 @@
 // Each result is added once to the caller's gradient (+=, the Backend contract).
 #pragma once
 
-#include "paradyse/kernels/attention_common.cuh"
-#include "paradyse/kernels/attention_forward.cuh"
+#include "attention_common.cuh"
+#include "attention_forward.cuh"
 
 namespace paradyse::kernels::attention {
 

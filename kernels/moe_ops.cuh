@@ -1,4 +1,4 @@
-// paradyse/kernels/moe_ops.cuh: kernels and launchers of ops/cuda/moe_ops.hpp (router scores and top-k, the router's
+// kernels/moe_ops.cuh: kernels and launchers of ops/cuda/moe_ops.hpp (router scores and top-k, the router's
 // backward, row gathers, deterministic scatter-adds, gathered row dots, sigmoid). nvcc only; included once per
 // program through kernels/all.cuh.
 //
@@ -8,7 +8,7 @@
 #pragma once
 
 #include "paradyse/device/runtime.hpp"
-#include "paradyse/kernels/stream_scratch.cuh"
+#include "stream_scratch.cuh"
 #include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cuda/moe_ops.hpp"
 

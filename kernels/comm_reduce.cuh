@@ -1,4 +1,4 @@
-// paradyse/kernels/comm_reduce.cuh: the kernels of the CUDA communicators' reductions and the definitions of their
+// kernels/comm_reduce.cuh: the kernels of the CUDA communicators' reductions and the definitions of their
 // launchers (declared in comm/cuda_reduce.hpp).
 //
 // nvcc only. A grid-stride loop over elements; each thread reads every rank's element in rank order, accumulates in

@@ -1,4 +1,4 @@
-// paradyse/kernels/tensor_ops.cuh: the kernels of copy, fill and add-into over device views of any strides, and the
+// kernels/tensor_ops.cuh: the kernels of copy, fill and add-into over device views of any strides, and the
 // definitions of the launchers that ops/cuda/tensor_ops.hpp declares (nvcc only; included once per program through
 // kernels/all.cuh).
 //

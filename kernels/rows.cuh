@@ -1,4 +1,4 @@
-// paradyse/kernels/rows.cuh: what the row-wise kernels (normalization, activation, rope, embedding, cross-entropy,
+// kernels/rows.cuh: what the row-wise kernels (normalization, activation, rope, embedding, cross-entropy,
 // adamw, convert; namespace kernels::dense) share: a view's row layout passed by value to a kernel and
 // deterministic block reductions. Grid sizes (kernels::grid_for) and stream-ordered scratch (kernels::StreamScratch)
 // come from kernels/stream_scratch.cuh.
@@ -11,7 +11,7 @@
 #include "paradyse/core/shape.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/device/runtime.hpp"
-#include "paradyse/kernels/stream_scratch.cuh"
+#include "stream_scratch.cuh"
 
 #include <cuda_runtime.h>
 

@@ -1,4 +1,4 @@
-// paradyse/kernels/attention_forward.cuh: the float32 flash-attention forward and the merge of partial results on the
+// kernels/attention_forward.cuh: the float32 flash-attention forward and the merge of partial results on the
 // GPU (the general path: every shape and mask), and the launchers of ops/cuda/attention.hpp for them. The bf16
 // tensor-core kernels are in attention_tensor_core.cuh.
 //
@@ -8,7 +8,7 @@
 // lane accumulates output columns c = lane, lane + 32, ... in shared memory. Arithmetic is fp32 throughout.
 #pragma once
 
-#include "paradyse/kernels/attention_common.cuh"
+#include "attention_common.cuh"
 
 #include <algorithm>
 
