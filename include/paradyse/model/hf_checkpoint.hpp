@@ -29,6 +29,7 @@
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
+#include "paradyse/model/hf_names.hpp"
 #include "paradyse/model/safetensors.hpp"
 #include "paradyse/moe/moe_config.hpp"
 #include "paradyse/moe/moe_weights.hpp"
@@ -165,51 +166,54 @@ void save_hf_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::str
     if (writer) tensors.push_back({std::move(name), std::move(shape), std::move(data)});
   };
   const Tensor<float>& pack = model.replicated();
-  add("model.embed_tokens.weight", {v, h}, hf_detail::rows_of(pack.data(), v * h));
+  add(hf_names::kEmbedding, {v, h}, hf_detail::rows_of(pack.data(), v * h));
   for (int layer = 0; layer < c.layers; ++layer) {
-    const std::string p = fmt::format("model.layers.{}.", layer);
+    const std::string p = hf_names::layer(layer);
     const GlobalLayerWeights<float> g = hf_detail::gather_attention(comm, l, model.stack().weights()[std::size_t(layer)]);
-    add(p + "input_layernorm.weight", {h}, hf_detail::rows_of(g.norm1_gamma.data(), h));
-    add(p + "post_attention_layernorm.weight", {h}, hf_detail::rows_of(g.norm2_gamma.data(), h));
-    add(p + "self_attn.q_proj.weight", {qw, h}, hf_detail::rows_of(g.w_q.data(), qw * h));
-    add(p + "self_attn.k_proj.weight", {kw, h}, hf_detail::rows_of(g.w_k.data(), kw * h));
-    add(p + "self_attn.v_proj.weight", {kw, h}, hf_detail::rows_of(g.w_v.data(), kw * h));
-    add(p + "self_attn.o_proj.weight", {h, qw}, hf_detail::transposed(g.w_proj.data(), qw, h));
+    add(p + hf_names::kInputNorm, {h}, hf_detail::rows_of(g.norm1_gamma.data(), h));
+    add(p + hf_names::kPostAttentionNorm, {h}, hf_detail::rows_of(g.norm2_gamma.data(), h));
+    add(p + hf_names::kQ, {qw, h}, hf_detail::rows_of(g.w_q.data(), qw * h));
+    add(p + hf_names::kK, {kw, h}, hf_detail::rows_of(g.w_k.data(), kw * h));
+    add(p + hf_names::kV, {kw, h}, hf_detail::rows_of(g.w_v.data(), kw * h));
+    add(p + hf_names::kO, {h, qw}, hf_detail::transposed(g.w_proj.data(), qw, h));
     if (!mixtral) {
-      add(p + "self_attn.q_proj.bias", {qw}, std::vector<float>(static_cast<std::size_t>(qw), 0.0f));
-      add(p + "self_attn.k_proj.bias", {kw}, std::vector<float>(static_cast<std::size_t>(kw), 0.0f));
-      add(p + "self_attn.v_proj.bias", {kw}, std::vector<float>(static_cast<std::size_t>(kw), 0.0f));
+      add(p + hf_names::kQBias, {qw}, std::vector<float>(static_cast<std::size_t>(qw), 0.0f));
+      add(p + hf_names::kKBias, {kw}, std::vector<float>(static_cast<std::size_t>(kw), 0.0f));
+      add(p + hf_names::kVBias, {kw}, std::vector<float>(static_cast<std::size_t>(kw), 0.0f));
     }
     if (!c.is_moe_layer(layer)) {
       const std::int64_t f = l.ffn;
-      add(p + "mlp.gate_proj.weight", {f, h}, hf_detail::rows_of(g.w_in.data(), f * h));
-      add(p + "mlp.up_proj.weight", {f, h}, hf_detail::rows_of(g.w_up.data(), f * h));
-      add(p + "mlp.down_proj.weight", {h, f}, hf_detail::transposed(g.w_out.data(), f, h));
+      const std::string mlp = p + hf_names::kDenseMlp;
+      add(mlp + hf_names::swiglu.gate, {f, h}, hf_detail::rows_of(g.w_in.data(), f * h));
+      add(mlp + hf_names::swiglu.up, {f, h}, hf_detail::rows_of(g.w_up.data(), f * h));
+      add(mlp + hf_names::swiglu.down, {h, f}, hf_detail::transposed(g.w_out.data(), f, h));
       continue;
     }
     const GlobalMoeWeights<float> e = hf_detail::gather_moe(comm, m, model.stack().moe_weights()[std::size_t(layer)]);
-    const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const std::string block = hf_names::moe_block(p, mixtral);
     const std::int64_t f = m.expert_ffn;
-    add(block + "gate.weight", {m.experts, h}, hf_detail::rows_of(e.router.data(), m.experts * h));
+    add(block + hf_names::kRouter, {m.experts, h}, hf_detail::rows_of(e.router.data(), m.experts * h));
     for (std::int64_t x = 0; x < m.experts; ++x) {
-      const std::string at = fmt::format("{}experts.{}.", block, x);
+      const std::string at = hf_names::expert(block, x);
+      const hf_names::Swiglu names = hf_names::expert_swiglu(mixtral);
       const float* in = e.expert_in.data() + x * 2 * f * h;
       const float* out = e.expert_out.data() + x * f * h;
-      add(at + (mixtral ? "w1.weight" : "gate_proj.weight"), {f, h}, hf_detail::rows_of(in, f * h));
-      add(at + (mixtral ? "w3.weight" : "up_proj.weight"), {f, h}, hf_detail::rows_of(in + f * h, f * h));
-      add(at + (mixtral ? "w2.weight" : "down_proj.weight"), {h, f}, hf_detail::transposed(out, f, h));
+      add(at + names.gate, {f, h}, hf_detail::rows_of(in, f * h));
+      add(at + names.up, {f, h}, hf_detail::rows_of(in + f * h, f * h));
+      add(at + names.down, {h, f}, hf_detail::transposed(out, f, h));
     }
     if (m.has_shared()) {
       const std::int64_t fs = m.shared_width();
-      add(block + "shared_expert.gate_proj.weight", {fs, h}, hf_detail::rows_of(e.shared_in.data(), fs * h));
-      add(block + "shared_expert.up_proj.weight", {fs, h}, hf_detail::rows_of(e.shared_in.data() + fs * h, fs * h));
-      add(block + "shared_expert.down_proj.weight", {h, fs}, hf_detail::transposed(e.shared_out.data(), fs, h));
-      add(block + "shared_expert_gate.weight", {1, h}, hf_detail::rows_of(e.shared_gate.data(), h));
+      const std::string s = block + hf_names::kSharedExpert;
+      add(s + hf_names::swiglu.gate, {fs, h}, hf_detail::rows_of(e.shared_in.data(), fs * h));
+      add(s + hf_names::swiglu.up, {fs, h}, hf_detail::rows_of(e.shared_in.data() + fs * h, fs * h));
+      add(s + hf_names::swiglu.down, {h, fs}, hf_detail::transposed(e.shared_out.data(), fs, h));
+      add(block + hf_names::kSharedExpertGate, {1, h}, hf_detail::rows_of(e.shared_gate.data(), h));
     }
   }
   const std::int64_t final_row = c.replicated_rows() - 2;
-  add("model.norm.weight", {h}, hf_detail::rows_of(pack.data() + final_row * h, h));
-  if (!c.tied_head) add("lm_head.weight", {v, h}, hf_detail::rows_of(pack.data() + v * h, v * h));
+  add(hf_names::kFinalNorm, {h}, hf_detail::rows_of(pack.data() + final_row * h, h));
+  if (!c.tied_head) add(hf_names::kLmHead, {v, h}, hf_detail::rows_of(pack.data() + v * h, v * h));
   if (writer) {
     std::filesystem::create_directories(folder);
     std::vector<safetensors::TensorEntry> entries;

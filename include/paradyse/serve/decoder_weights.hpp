@@ -8,6 +8,7 @@
 #pragma once
 
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/model/hf_names.hpp"
 #include "paradyse/moe/moe_config.hpp"
 #include "paradyse/serve/hf_checkpoint.hpp"
 #include "paradyse/serve/hf_config.hpp"
@@ -52,10 +53,11 @@ inline void transpose_into(TensorView<const float> in, TensorView<float> out) {
   for (std::int64_t i = 0; i < in.extent(0); ++i)
     for (std::int64_t j = 0; j < in.extent(1); ++j) out(j, i) = in(i, j);
 }
-// A SwiGLU of width f from gate/up [f, h] and down [h, f] into in [2f, h] and out [f, h].
-inline void load_swiglu(const HfCheckpoint& ck, const std::string& gate, const std::string& up, const std::string& down,
+// A SwiGLU of width f from gate/up [f, h] and down [h, f] (named `prefix` + names) into in [2f, h] and out [f, h].
+inline void load_swiglu(const HfCheckpoint& ck, const std::string& prefix, const hf_names::Swiglu& names,
                         std::int64_t f, std::int64_t h, TensorView<float> in, TensorView<float> out) {
-  const Tensor<float> g = ck.load(gate, Shape{f, h}), u = ck.load(up, Shape{f, h}), d = ck.load(down, Shape{h, f});
+  const Tensor<float> g = ck.load(prefix + names.gate, Shape{f, h}), u = ck.load(prefix + names.up, Shape{f, h}),
+                      d = ck.load(prefix + names.down, Shape{h, f});
   stack_rows(g.view(), u.view(), in);
   transpose_into(d.view(), out);
 }
@@ -66,62 +68,58 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
   using namespace weights_detail;
   const std::int64_t h = c.hidden, qw = c.q_width(), kw = c.kv_width(), V = c.vocab;
   DecoderWeights w;
-  w.embed = ck.load("model.embed_tokens.weight", Shape{V, h});
-  w.norm = ck.load("model.norm.weight", Shape{h});
-  if (c.tied_embeddings && !ck.has("lm_head.weight"))
+  w.embed = ck.load(hf_names::kEmbedding, Shape{V, h});
+  w.norm = ck.load(hf_names::kFinalNorm, Shape{h});
+  if (c.tied_embeddings && !ck.has(hf_names::kLmHead))
     w.lm_head = Tensor<float>::copy_of(w.embed.view());
   else
-    w.lm_head = ck.load("lm_head.weight", Shape{V, h});
+    w.lm_head = ck.load(hf_names::kLmHead, Shape{V, h});
   for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string p = hf_names::layer(l);
     DecoderLayerWeights L;
-    L.attn_norm = ck.load(p + "input_layernorm.weight", Shape{h});
-    L.ffn_norm = ck.load(p + "post_attention_layernorm.weight", Shape{h});
-    L.wq = ck.load(p + "self_attn.q_proj.weight", Shape{qw, h});
-    L.wk = ck.load(p + "self_attn.k_proj.weight", Shape{kw, h});
-    L.wv = ck.load(p + "self_attn.v_proj.weight", Shape{kw, h});
+    L.attn_norm = ck.load(p + hf_names::kInputNorm, Shape{h});
+    L.ffn_norm = ck.load(p + hf_names::kPostAttentionNorm, Shape{h});
+    L.wq = ck.load(p + hf_names::kQ, Shape{qw, h});
+    L.wk = ck.load(p + hf_names::kK, Shape{kw, h});
+    L.wv = ck.load(p + hf_names::kV, Shape{kw, h});
     {
-      const Tensor<float> wo = ck.load(p + "self_attn.o_proj.weight", Shape{h, qw});
+      const Tensor<float> wo = ck.load(p + hf_names::kO, Shape{h, qw});
       L.wo_t = Tensor<float>(Shape{qw, h});
       transpose_into(wo.view(), L.wo_t.view());
     }
     if (c.qkv_bias) {
-      L.bq = ck.load(p + "self_attn.q_proj.bias", Shape{qw});
-      L.bk = ck.load(p + "self_attn.k_proj.bias", Shape{kw});
-      L.bv = ck.load(p + "self_attn.v_proj.bias", Shape{kw});
+      L.bq = ck.load(p + hf_names::kQBias, Shape{qw});
+      L.bk = ck.load(p + hf_names::kKBias, Shape{kw});
+      L.bv = ck.load(p + hf_names::kVBias, Shape{kw});
     }
     if (c.qk_norm) {
-      L.q_norm = ck.load(p + "self_attn.q_norm.weight", Shape{qw});
-      L.k_norm = ck.load(p + "self_attn.k_norm.weight", Shape{kw});
+      L.q_norm = ck.load(p + hf_names::kQNorm, Shape{qw});
+      L.k_norm = ck.load(p + hf_names::kKNorm, Shape{kw});
     }
     if (!c.is_moe(l)) {
       const std::int64_t F = c.dense_ffn;
       L.dense_in = Tensor<float>(Shape{1, 2 * F, h});
       L.dense_out = Tensor<float>(Shape{1, F, h});
-      load_swiglu(ck, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight", F, h,
+      load_swiglu(ck, p + hf_names::kDenseMlp, hf_names::swiglu, F, h,
                   L.dense_in.view().reshape(Shape{2 * F, h}), L.dense_out.view().reshape(Shape{F, h}));
     } else {
       const MoeConfig& m = c.moe;
       const std::int64_t E = m.experts, f = m.expert_ffn;
       L.moe = MoeShard::zeros(m, 1, 0);
       const bool mixtral = c.family == Family::mixtral;
-      const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
-      L.moe.router = ck.load(block + "gate.weight", Shape{E, h});
+      const std::string block = hf_names::moe_block(p, mixtral);
+      L.moe.router = ck.load(block + hf_names::kRouter, Shape{E, h});
       for (std::int64_t e = 0; e < E; ++e) {
-        const std::string x = fmt::format("{}experts.{}.", block, e);
+        const std::string x = hf_names::expert(block, e);
         const TensorView<float> in = L.moe.expert_in.view().slice(0, e, 1).reshape(Shape{2 * f, h});
         const TensorView<float> out = L.moe.expert_out.view().slice(0, e, 1).reshape(Shape{f, h});
-        if (mixtral)
-          load_swiglu(ck, x + "w1.weight", x + "w3.weight", x + "w2.weight", f, h, in, out);
-        else
-          load_swiglu(ck, x + "gate_proj.weight", x + "up_proj.weight", x + "down_proj.weight", f, h, in, out);
+        load_swiglu(ck, x, hf_names::expert_swiglu(mixtral), f, h, in, out);
       }
       if (m.has_shared()) {
         const std::int64_t fs = m.shared_width();
-        const std::string s = block + "shared_expert.";
-        load_swiglu(ck, s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight", fs, h,
+        load_swiglu(ck, block + hf_names::kSharedExpert, hf_names::swiglu, fs, h,
                     L.moe.shared_in.view(), L.moe.shared_out.view());
-        if (m.shared_gate) L.moe.shared_gate = ck.load(block + "shared_expert_gate.weight", Shape{1, h});
+        if (m.shared_gate) L.moe.shared_gate = ck.load(block + hf_names::kSharedExpertGate, Shape{1, h});
       }
     }
     w.layers.push_back(std::move(L));
