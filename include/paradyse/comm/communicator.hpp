@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -48,6 +49,23 @@ struct CommStats {
   std::uint64_t bytes_received = 0;
   std::uint64_t operations = 0;
 };
+
+namespace comm_detail {
+// The counts of a v-collective (all_gather_v, reduce_scatter_v, all_to_all_v): one per rank of a group of `ranks`,
+// none negative; otherwise Error naming `op`.
+inline void check_counts(const char* op, std::span<const std::int64_t> counts, int ranks) {
+  check(counts.size() == std::size_t(ranks), "{}: {} counts given, expected one per rank ({})", op, counts.size(),
+        ranks);
+  for (std::size_t r = 0; r < counts.size(); ++r)
+    check(counts[r] >= 0, "{}: counts[{}] = {} must be non-negative", op, r, counts[r]);
+}
+// sum(counts), in elements.
+inline std::size_t total(std::span<const std::int64_t> counts) {
+  std::size_t n = 0;
+  for (auto c : counts) n += std::size_t(c);
+  return n;
+}
+}  // namespace comm_detail
 
 // The pending completion of an asynchronous operation. wait() is idempotent; destroying a Request that was not
 // waited for waits (errors then surface on the next operation, since a destructor must not throw).

@@ -38,7 +38,7 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/memory.hpp"
 
-#include <mpi.h>
+#include "paradyse/comm/mpi_h.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

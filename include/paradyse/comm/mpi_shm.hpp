@@ -55,7 +55,7 @@
 #include "paradyse/comm/threads_detail.hpp"
 #include "paradyse/core/error.hpp"
 
-#include <mpi.h>
+#include "paradyse/comm/mpi_h.hpp"
 
 #include <fmt/format.h>
 

@@ -12,16 +12,9 @@
 // created, or more than 64 communicators are alive) the report says so.
 #pragma once
 
+#include "paradyse/comm/mpi_h.hpp"
 #include "paradyse/core/error.hpp"
 
-// The deprecated MPI C++ bindings are not used (and warn under -Wextra).
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -222,12 +222,13 @@ public:
   // out: [sum(counts)], counts[r] elements from rank r; in.size() must equal counts[rank()].
   template <CommElement T>
   Request all_gather_v_async(In<T> in, std::span<T> out, std::span<const std::int64_t> counts) {
-    check_counts("all_gather_v", counts);
+    comm_detail::check_counts("all_gather_v", counts, size());
     paradyse::check(in.size() == std::size_t(counts[rank()]),
                     "all_gather_v: rank {} sends {} elements but counts[{}] = {}", rank(), in.size(), rank(),
                     counts[rank()]);
-    paradyse::check(out.size() == total(counts), "all_gather_v: output holds {} elements, expected sum(counts) = {}",
-                    out.size(), total(counts));
+    paradyse::check(out.size() == comm_detail::total(counts),
+                    "all_gather_v: output holds {} elements, expected sum(counts) = {}",
+                    out.size(), comm_detail::total(counts));
     count_bytes((size() - 1) * in.size_bytes(), (out.size() - in.size()) * sizeof(T));
     return launch("all_gather_v", [&](cudaStream_t s) {
       group("all_gather_v", [&] {
@@ -263,9 +264,10 @@ public:
   template <CommElement T>
   Request reduce_scatter_v_async(In<T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp op) {
     static_assert(!std::is_same_v<T, std::byte>, "raw bytes cannot be reduced");
-    check_counts("reduce_scatter_v", counts);
-    paradyse::check(in.size() == total(counts), "reduce_scatter_v: input holds {} elements, expected sum(counts) = {}",
-                    in.size(), total(counts));
+    comm_detail::check_counts("reduce_scatter_v", counts, size());
+    paradyse::check(in.size() == comm_detail::total(counts),
+                    "reduce_scatter_v: input holds {} elements, expected sum(counts) = {}",
+                    in.size(), comm_detail::total(counts));
     paradyse::check(out.size() == std::size_t(counts[rank()]),
                     "reduce_scatter_v: rank {} receives into {} elements but counts[{}] = {}", rank(), out.size(),
                     rank(), counts[rank()]);
@@ -323,14 +325,14 @@ public:
   template <CommElement T>
   Request all_to_all_v_async(In<T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
                              std::span<const std::int64_t> recv_counts) {
-    check_counts("all_to_all_v (send counts)", send_counts);
-    check_counts("all_to_all_v (receive counts)", recv_counts);
-    paradyse::check(in.size() == total(send_counts),
+    comm_detail::check_counts("all_to_all_v (send counts)", send_counts, size());
+    comm_detail::check_counts("all_to_all_v (receive counts)", recv_counts, size());
+    paradyse::check(in.size() == comm_detail::total(send_counts),
                     "all_to_all_v: input holds {} elements, expected sum(send_counts) = {}", in.size(),
-                    total(send_counts));
-    paradyse::check(out.size() == total(recv_counts),
+                    comm_detail::total(send_counts));
+    paradyse::check(out.size() == comm_detail::total(recv_counts),
                     "all_to_all_v: output holds {} elements, expected sum(recv_counts) = {}", out.size(),
-                    total(recv_counts));
+                    comm_detail::total(recv_counts));
     paradyse::check(send_counts[rank()] == recv_counts[rank()],
                     "all_to_all_v: rank {} sends {} elements to itself but expects {}", rank(), send_counts[rank()],
                     recv_counts[rank()]);
@@ -586,17 +588,6 @@ private:
   void check_peer(const char* op, int peer) const {
     paradyse::check(peer >= 0 && peer < size(), "{}: rank {} is not in the NCCL communicator (size {})", op, peer,
                     size());
-  }
-  void check_counts(const char* op, std::span<const std::int64_t> counts) const {
-    paradyse::check(counts.size() == std::size_t(size()), "{}: {} counts given, expected one per rank ({})", op,
-                    counts.size(), size());
-    for (std::size_t r = 0; r < counts.size(); ++r)
-      paradyse::check(counts[r] >= 0, "{}: counts[{}] = {} must be non-negative", op, r, counts[r]);
-  }
-  static std::size_t total(std::span<const std::int64_t> counts) {
-    std::size_t n = 0;
-    for (auto c : counts) n += std::size_t(c);
-    return n;
   }
   void count_bytes(std::size_t sent, std::size_t received) {
     stats_.bytes_sent += sent;
