@@ -112,7 +112,7 @@ protected:
   // A received message has exactly `expected` elements; otherwise Error naming both sizes.
   template <CommElement T>
   void check_received(int rc, const MPI_Status& status, std::size_t expected, int source, const char* op) const {
-    check_received<T>(state_.get(), rc, status, expected, source, op);
+    mpi_detail::check_received<T>(state_.get(), rc, status, expected, source, op);
   }
 
   // Enters the next collective: same sequence number on every rank of the group.
