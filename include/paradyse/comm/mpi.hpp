@@ -453,11 +453,7 @@ private:
     // Blocking and exactly in place: MPI_IN_PLACE. Otherwise an overlapping input is staged.
     const bool in_place = !Async && !in.empty() && in.data() == out.data();
     std::shared_ptr<mpi_detail::Scratch<T>> staged;
-    if (!in_place && mpi_detail::overlaps(in, out)) {
-      staged = std::make_shared<mpi_detail::Scratch<T>>(in.size());
-      std::memcpy(staged->span().data(), in.data(), in.size_bytes());
-    }
-    const void* send = in_place ? MPI_IN_PLACE : staged ? staged->span().data() : in.data();
+    const void* send = send_buffer(in, out, in_place, staged);
     const auto type = mpi_detail::datatype<T>();
     MPI_Comm comm = state_->comm;
     return collective<Async>("all_to_all", [=](MPI_Request* r) {
@@ -483,11 +479,7 @@ private:
                 (out.size() - std::size_t(recv_counts[std::size_t(rank())])) * sizeof(T));
     const bool in_place = !Async && !in.empty() && in.data() == out.data() && s->counts == c->counts;
     std::shared_ptr<mpi_detail::Scratch<T>> staged;
-    if (!in_place && mpi_detail::overlaps(in, out)) {
-      staged = std::make_shared<mpi_detail::Scratch<T>>(in.size());
-      std::memcpy(staged->span().data(), in.data(), in.size_bytes());
-    }
-    const void* send = in_place ? MPI_IN_PLACE : staged ? staged->span().data() : in.data();
+    const void* send = send_buffer(in, out, in_place, staged);
     const auto type = mpi_detail::datatype<T>();
     MPI_Comm comm = state_->comm;
     return collective<Async>("all_to_all_v", [=](MPI_Request* r) {

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -293,6 +294,18 @@ protected:
     std::vector<std::size_t> d(counts.size());
     for (std::size_t r = 1; r < counts.size(); ++r) d[r] = d[r - 1] + counts[r - 1];
     return d;
+  }
+
+  // The send buffer of an exchange (all_to_all(_v)): MPI_IN_PLACE when in place, else a copy of `in` when it overlaps
+  // `out` (kept alive by `staged` until completion), else `in` itself.
+  template <CommElement T>
+  static const void* send_buffer(std::span<const T> in, std::span<T> out, bool in_place,
+                                 std::shared_ptr<Scratch<T>>& staged) {
+    if (in_place) return MPI_IN_PLACE;
+    if (!overlaps(in, out)) return in.data();
+    staged = std::make_shared<Scratch<T>>(in.size());
+    std::memcpy(staged->span().data(), in.data(), in.size_bytes());
+    return staged->span().data();
   }
 
   // Every rank passed the same signature (only when validating); otherwise Error on every rank.
