@@ -1,11 +1,11 @@
 // paradyse/ops/counting.hpp: ops::Counting, a backend that computes nothing and records every call with its shape.
 //
-// It has every member of ops::Cpu with the same signature. Run over meta tensors (core/memory.hpp) it lets a
-// strategy's real forward and backward execute on shapes alone: each kernel becomes one TraceEvent of the calling
-// thread's Trace (core/trace.hpp) (GEMM m, n, k; attention visible query-key pairs, heads and head dim; bytes moved
-// by memory-bound kernels), and the scratch memory the CPU kernels would allocate (attention tiles, RoPE angles, the
-// fallback GEMM's panels) is allocated and freed on the current tracker in the same order, so the dry run's memory
-// trace is the real run's.
+// It has the members of ops/op_table.inc, as ops::Cpu, each forwarded to a counting rule below. Run over meta
+// tensors (core/memory.hpp) it lets a strategy's real forward and backward execute on shapes alone: each kernel
+// becomes one TraceEvent of the calling thread's Trace (core/trace.hpp) (GEMM m, n, k; attention visible query-key
+// pairs, heads and head dim; bytes moved by memory-bound kernels), and the scratch memory the CPU kernels would
+// allocate (attention tiles, RoPE angles, the fallback GEMM's panels) is allocated and freed on the current tracker
+// in the same order, so the dry run's memory trace is the real run's.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -47,224 +47,224 @@ inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::
   return ramp + (sq - ramp_end) * sk;
 }
 
+// The counting rules: one function for each op of ops/op_table.inc, with its signature, recording what the op would
+// do. ops::Counting forwards to them.
+namespace counting {
+
+// ---- recording ----
+// A kernel's workspace of `bytes` (as the tracker counts them), allocated and freed within the call: one scratch
+// event, and the meta tracker's peak sees it.
+inline void scratch(std::size_t bytes) {
+  if (bytes == 0) return;
+  MemoryTracker& tracker = MemoryTracker::current();
+  tracker.raise_peak_to(tracker.in_use() + bytes);
+  if (Trace* trace = tracker.trace()) trace->record({.kind = TraceKind::scratch, .bytes = double(bytes)});
+}
+inline void record(const TraceEvent& event) {
+  Trace* trace = Trace::current();
+  check(trace != nullptr, "ops::Counting: no Trace is installed on this thread (use ScopedTrace)");
+  trace->record(event);
+}
+// A memory-bound kernel that reads and writes `elements` float32 elements in all.
+inline void stream(double elements) { record({.kind = TraceKind::elementwise, .bytes = 4 * elements}); }
+inline void stream(std::int64_t elements) { stream(double(elements)); }
+inline void activation(std::int64_t elements, int tensors) {
+  record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements)});
+}
+inline void rope(TensorView<const float> x) {
+  scratch(cpu::detail::tracked(std::size_t(x.extent(3) / 2) * 2 * sizeof(float)));  // the CPU kernel's angle table
+  stream(2 * x.numel());
+}
+inline void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,
+                             const AttentionMask& mask) {
+  check(q.rank() == 4 && k.rank() == 4, "attention: q {} and k {} must be [b, s, heads, d]", q.shape(), k.shape());
+  const double pairs = visible_pairs(mask, q.extent(1), k.extent(1)) * double(q.extent(0));
+  record({.kind = kind, .m = pairs, .n = double(q.extent(2)), .k = double(q.extent(3))});
+}
+
+// ---- data movement ----
+inline void copy(TensorView<const float> from, TensorView<float> to) {
+  check(from.shape() == to.shape(), "copy: source shape {} differs from destination shape {}", from.shape(),
+        to.shape());
+  stream(2 * from.numel());
+}
+inline void fill(TensorView<float> x, float) { stream(x.numel()); }
+inline void add_into(TensorView<float> to, TensorView<const float> from) {
+  check(to.shape() == from.shape(), "add_into: destination {} and source {} differ in shape", to.shape(),
+        from.shape());
+  stream(3 * to.numel());
+}
+
+// ---- GEMM ----
+inline void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float*,
+                 std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
+  if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
+    scratch(cpu::detail::tracked(floats * sizeof(float)));
+  record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
+}
+// count GEMMs of one size: one event with a count. The CPU op allocates and frees each item's workspace in turn,
+// so one scratch event of that size gives the same peak.
+inline void gemm_batched(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                         std::span<const float* const> a, std::int64_t, std::span<const float* const> b,
+                         std::int64_t, float, std::span<float* const> c, std::int64_t) {
+  cpu::check_gemm_batch(a.size(), b.size(), c.size());
+  if (a.empty()) return;
+  if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
+    scratch(cpu::detail::tracked(floats * sizeof(float)));
+  record({.kind = TraceKind::gemm, .count = std::int32_t(a.size()), .m = double(m), .n = double(n), .k = double(k)});
+}
+inline void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
+                   TensorView<float> c, float alpha, float) {
+  check(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul: views must be 2-D; got a {}, b {}, c {}",
+        a.shape(), b.shape(), c.shape());
+  const std::int64_t m = trans_a == Transpose::yes ? a.extent(1) : a.extent(0);
+  const std::int64_t k = trans_a == Transpose::yes ? a.extent(0) : a.extent(1);
+  const std::int64_t kb = trans_b == Transpose::yes ? b.extent(1) : b.extent(0);
+  const std::int64_t n = trans_b == Transpose::yes ? b.extent(0) : b.extent(1);
+  check(k == kb && c.extent(0) == m && c.extent(1) == n, "matmul: op(a) [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n,
+        c.shape());
+  gemm(trans_a, trans_b, m, n, k, alpha, nullptr, 0, nullptr, 0, 0.0f, nullptr, 0);
+}
+
+// ---- attention: q [b, sq, hq, d], k/v [b, sk, hkv, d] ----
+inline void attention_forward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
+                              const AttentionMask& mask, TensorView<float>, TensorView<float>) {
+  // the CPU kernel's workspace
+  scratch(cpu::detail::forward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1), q.extent(3)));
+  record_attention(TraceKind::attention_forward, q, k, mask);
+}
+inline void attention_backward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
+                               TensorView<const float>, TensorView<const float>, TensorView<const float>,
+                               const AttentionMask& mask, TensorView<float>, TensorView<float>, TensorView<float>) {
+  scratch(cpu::detail::backward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1)));
+  record_attention(TraceKind::attention_backward, q, k, mask);
+}
+inline void attention_merge(TensorView<float> out, TensorView<float> lse, TensorView<const float>,
+                            TensorView<const float>) {
+  stream(3 * double(out.numel() + lse.numel()));
+}
+
+// ---- normalisation ----
+inline void layer_norm_forward(TensorView<const float> x, TensorView<const float>, TensorView<const float>, float,
+                               TensorView<float>, TensorView<float>, TensorView<float>) {
+  stream(2 * x.numel());
+}
+inline void layer_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
+                                TensorView<const float>, TensorView<const float>, TensorView<float>,
+                                TensorView<float>, TensorView<float>) {
+  stream(3 * x.numel());
+}
+inline void rms_norm_forward(TensorView<const float> x, TensorView<const float>, float, TensorView<float>,
+                             TensorView<float>) {
+  stream(2 * x.numel());
+}
+inline void rms_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
+                              TensorView<const float>, TensorView<float>, TensorView<float>) {
+  stream(3 * x.numel());
+}
+
+// ---- activations: elements through the function, and the bytes moved ----
+inline void gelu_forward(TensorView<const float> x, TensorView<float>) { activation(x.numel(), 2); }
+inline void gelu_backward(TensorView<const float> x, TensorView<const float>, TensorView<float>) {
+  activation(2 * x.numel(), 2);
+}
+inline void swiglu_forward(TensorView<const float>, TensorView<const float>, TensorView<float> y) {
+  activation(y.numel(), 3);
+}
+inline void swiglu_backward(TensorView<const float> gate, TensorView<const float>, TensorView<const float>,
+                            TensorView<float>, TensorView<float>) {
+  activation(2 * gate.numel(), 3);
+}
+
+// ---- rotary position embedding: x [b, s, heads, d] ----
+inline void rope_forward(TensorView<const float> x, TensorView<float>, std::int64_t, const RopeConfig&,
+                         std::span<const std::int64_t>) {
+  rope(x);
+}
+inline void rope_backward(TensorView<const float> dy, TensorView<float>, std::int64_t, const RopeConfig&,
+                          std::span<const std::int64_t>) {
+  rope(dy);
+}
+
+// ---- embedding, loss, optimizer, conversion ----
+inline void embedding_forward(TensorView<const std::int32_t>, TensorView<const float>, TensorView<float> out) {
+  stream(2 * out.numel());
+}
+inline void embedding_backward(TensorView<const std::int32_t>, TensorView<const float> dout, TensorView<float>) {
+  stream(3 * dout.numel());
+}
+inline cpu::CrossEntropyResult cross_entropy_forward_backward(TensorView<const float> logits,
+                                                              TensorView<const std::int32_t>, TensorView<float>,
+                                                              float, std::int32_t) {
+  stream(3 * logits.numel());
+  return {};
+}
+inline void adamw_step(TensorView<float> params, TensorView<const float>, TensorView<float>, TensorView<float>,
+                       const AdamWConfig&, std::int64_t) {
+  stream(7 * params.numel());
+}
+template <cpu::FloatingStorage From, cpu::FloatingStorage To>
+inline void convert(TensorView<const From> from, TensorView<To>) {
+  record({.kind = TraceKind::elementwise, .bytes = double(from.numel()) * double(sizeof(From) + sizeof(To))});
+}
+
+// ---- materialised softmax ----
+inline void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun>,
+                                   std::span<const PositionRun>, bool) {
+  activation(scores.numel(), 2);
+}
+inline void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }
+
+// ---- mixture of experts: bytes moved. The router has no logits to read on meta tensors, so it writes a balanced
+// stand-in routing (token t selects experts t, t+1, ... mod E), which lets the rest of a layer run on shapes. ----
+inline void router_forward(TensorView<const float> logits, RouterScoring, bool, float,
+                           std::span<const std::int64_t> offsets, TensorView<float>, TensorView<float>,
+                           std::span<std::int64_t> experts, TensorView<float>, TensorView<float>) {
+  check(logits.rank() == 2 && std::int64_t(offsets.size()) == logits.extent(0) + 1 &&
+            std::int64_t(experts.size()) == offsets.back(),
+        "router_forward: logits {} with {} offsets and {} experts", logits.shape(), offsets.size(), experts.size());
+  const std::int64_t n = logits.extent(0), e_count = logits.extent(1);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t j = offsets[std::size_t(t)]; j < offsets[std::size_t(t + 1)]; ++j)
+      experts[std::size_t(j)] = (t + j - offsets[std::size_t(t)]) % e_count;
+  stream(2 * double(n) * double(e_count) + double(n) + 3 * double(experts.size()));
+}
+inline void router_backward(TensorView<const float> logits, TensorView<const float>, TensorView<const float>,
+                            RouterScoring, bool, float, std::span<const std::int64_t>,
+                            std::span<const std::int64_t> experts, TensorView<const float>, TensorView<const float>,
+                            float, TensorView<float>) {
+  stream(4 * double(logits.numel()) + 3 * double(experts.size()));
+}
+inline void gather_rows(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> scale,
+                        TensorView<float> to) {
+  stream(2 * double(to.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
+}
+inline void scatter_add_rows(TensorView<float>, std::span<const std::int64_t>, TensorView<const float> from,
+                             TensorView<const float> scale) {
+  stream(3 * double(from.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
+}
+inline void gathered_row_dot(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> b,
+                             TensorView<float> out) {
+  stream(2 * double(b.numel()) + double(out.numel()));
+}
+inline void sigmoid_forward(TensorView<const float> x, TensorView<float>) { activation(x.numel(), 2); }
+inline void sigmoid_backward(TensorView<const float> y, TensorView<const float>, TensorView<float>) {
+  stream(4 * y.numel());
+}
+
+}  // namespace counting
+
+// The dry-run backend: every op of ops/op_table.inc, forwarded to its counting rule.
+namespace counting_backend {
+namespace impl = counting;
 struct Counting {
   static constexpr std::string_view name = "counting";
   // Records each op into the trace of the current tracker instead of computing: code above ops/ may shortcut a dry
   // run on this (strategy/ring_attention.hpp replays a repeated ring, core/trace.hpp's record_or_replay).
   static constexpr bool records_trace = true;
-
-  // ---- data movement ----
-  static void copy(TensorView<const float> from, TensorView<float> to) {
-    check(from.shape() == to.shape(), "copy: source shape {} differs from destination shape {}", from.shape(),
-          to.shape());
-    stream(2 * from.numel());
-  }
-  static void fill(TensorView<float> x, float) { stream(x.numel()); }
-  static void add_into(TensorView<float> to, TensorView<const float> from) {
-    check(to.shape() == from.shape(), "add_into: destination {} and source {} differ in shape", to.shape(),
-          from.shape());
-    stream(3 * to.numel());
-  }
-  static void copy(std::span<const float> from, std::span<float> to) {
-    check(from.size() == to.size(), "copy: {} elements into {}", from.size(), to.size());
-    stream(2 * double(from.size()));
-  }
-  static void fill(std::span<float> x, float) { stream(double(x.size())); }
-  static void add_into(std::span<float> to, std::span<const float> from) {
-    check(from.size() == to.size(), "add_into: {} elements += {} elements", to.size(), from.size());
-    stream(3 * double(to.size()));
-  }
-
-  // ---- GEMM ----
-  static void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float*,
-                   std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
-    if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
-      scratch(cpu::detail::tracked(floats * sizeof(float)));
-    record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
-  }
-  // count GEMMs of one size: one event with a count. The CPU op allocates and frees each item's workspace in turn,
-  // so one scratch event of that size gives the same peak.
-  static void gemm_batched(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                           std::span<const float* const> a, std::int64_t, std::span<const float* const> b,
-                           std::int64_t, float, std::span<float* const> c, std::int64_t) {
-    cpu::check_gemm_batch(a.size(), b.size(), c.size());
-    if (a.empty()) return;
-    if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
-      scratch(cpu::detail::tracked(floats * sizeof(float)));
-    record({.kind = TraceKind::gemm, .count = std::int32_t(a.size()), .m = double(m), .n = double(n), .k = double(k)});
-  }
-  static void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
-                     TensorView<float> c, float alpha = 1.0f, float = 0.0f) {
-    check(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul: views must be 2-D; got a {}, b {}, c {}",
-          a.shape(), b.shape(), c.shape());
-    const std::int64_t m = trans_a == Transpose::yes ? a.extent(1) : a.extent(0);
-    const std::int64_t k = trans_a == Transpose::yes ? a.extent(0) : a.extent(1);
-    const std::int64_t kb = trans_b == Transpose::yes ? b.extent(1) : b.extent(0);
-    const std::int64_t n = trans_b == Transpose::yes ? b.extent(0) : b.extent(1);
-    check(k == kb && c.extent(0) == m && c.extent(1) == n, "matmul: op(a) [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n,
-          c.shape());
-    gemm(trans_a, trans_b, m, n, k, alpha, nullptr, 0, nullptr, 0, 0.0f, nullptr, 0);
-  }
-
-  // ---- attention: q [b, sq, hq, d], k/v [b, sk, hkv, d] ----
-  static void attention_forward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
-                                const AttentionMask& mask, TensorView<float>, TensorView<float>) {
-    // the CPU kernel's workspace
-    scratch(cpu::detail::forward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1), q.extent(3)));
-    record_attention(TraceKind::attention_forward, q, k, mask);
-  }
-  static void attention_backward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
-                                 TensorView<const float>, TensorView<const float>, TensorView<const float>,
-                                 const AttentionMask& mask, TensorView<float>, TensorView<float>, TensorView<float>) {
-    scratch(cpu::detail::backward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1)));
-    record_attention(TraceKind::attention_backward, q, k, mask);
-  }
-  static void attention_merge(TensorView<float> out, TensorView<float> lse, TensorView<const float>,
-                              TensorView<const float>) {
-    stream(3 * double(out.numel() + lse.numel()));
-  }
-
-  // ---- normalisation ----
-  static void layer_norm_forward(TensorView<const float> x, TensorView<const float>, TensorView<const float>, float,
-                                 TensorView<float>, TensorView<float>, TensorView<float>) {
-    stream(2 * x.numel());
-  }
-  static void layer_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
-                                  TensorView<const float>, TensorView<const float>, TensorView<float>,
-                                  TensorView<float>, TensorView<float>) {
-    stream(3 * x.numel());
-  }
-  static void rms_norm_forward(TensorView<const float> x, TensorView<const float>, float, TensorView<float>,
-                               TensorView<float>) {
-    stream(2 * x.numel());
-  }
-  static void rms_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
-                                TensorView<const float>, TensorView<float>, TensorView<float>) {
-    stream(3 * x.numel());
-  }
-
-  // ---- activations: elements through the function, and the bytes moved ----
-  static void gelu_forward(TensorView<const float> x, TensorView<float>) { activation(x.numel(), 2); }
-  static void gelu_backward(TensorView<const float> x, TensorView<const float>, TensorView<float>) {
-    activation(2 * x.numel(), 2);
-  }
-  static void swiglu_forward(TensorView<const float>, TensorView<const float>, TensorView<float> y) {
-    activation(y.numel(), 3);
-  }
-  static void swiglu_backward(TensorView<const float> gate, TensorView<const float>, TensorView<const float>,
-                              TensorView<float>, TensorView<float>) {
-    activation(2 * gate.numel(), 3);
-  }
-
-  // ---- rotary position embedding: x [b, s, heads, d] ----
-  static void rope_forward(TensorView<const float> x, TensorView<float>, std::int64_t, const RopeConfig& = {},
-                           std::span<const std::int64_t> = {}) {
-    rope(x);
-  }
-  static void rope_backward(TensorView<const float> dy, TensorView<float>, std::int64_t, const RopeConfig& = {},
-                            std::span<const std::int64_t> = {}) {
-    rope(dy);
-  }
-
-  // ---- embedding, loss, optimizer, conversion ----
-  static void embedding_forward(TensorView<const std::int32_t>, TensorView<const float>, TensorView<float> out) {
-    stream(2 * out.numel());
-  }
-  static void embedding_backward(TensorView<const std::int32_t>, TensorView<const float> dout, TensorView<float>) {
-    stream(3 * dout.numel());
-  }
-  static cpu::CrossEntropyResult cross_entropy_forward_backward(TensorView<const float> logits,
-                                                                TensorView<const std::int32_t>, TensorView<float>,
-                                                                float, std::int32_t = cpu::kIgnoreIndex) {
-    stream(3 * logits.numel());
-    return {};
-  }
-  static void adamw_step(TensorView<float> params, TensorView<const float>, TensorView<float>, TensorView<float>,
-                         const AdamWConfig&, std::int64_t) {
-    stream(7 * params.numel());
-  }
-  template <cpu::FloatingStorage From, cpu::FloatingStorage To>
-  static void convert(TensorView<const From> from, TensorView<To>) {
-    record({.kind = TraceKind::elementwise, .bytes = double(from.numel()) * double(sizeof(From) + sizeof(To))});
-  }
-
-  // ---- materialised softmax ----
-  static void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun>,
-                                     std::span<const PositionRun>, bool) {
-    activation(scores.numel(), 2);
-  }
-  static void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }
-
-  // ---- mixture of experts: bytes moved. The router has no logits to read on meta tensors, so it writes a balanced
-  // stand-in routing (token t selects experts t, t+1, ... mod E), which lets the rest of a layer run on shapes. ----
-  static void router_forward(TensorView<const float> logits, RouterScoring, bool, float,
-                             std::span<const std::int64_t> offsets, TensorView<float>, TensorView<float>,
-                             std::span<std::int64_t> experts, TensorView<float>, TensorView<float>) {
-    check(logits.rank() == 2 && std::int64_t(offsets.size()) == logits.extent(0) + 1 &&
-              std::int64_t(experts.size()) == offsets.back(),
-          "router_forward: logits {} with {} offsets and {} experts", logits.shape(), offsets.size(), experts.size());
-    const std::int64_t n = logits.extent(0), e_count = logits.extent(1);
-    for (std::int64_t t = 0; t < n; ++t)
-      for (std::int64_t j = offsets[std::size_t(t)]; j < offsets[std::size_t(t + 1)]; ++j)
-        experts[std::size_t(j)] = (t + j - offsets[std::size_t(t)]) % e_count;
-    stream(2 * double(n) * double(e_count) + double(n) + 3 * double(experts.size()));
-  }
-  static void router_backward(TensorView<const float> logits, TensorView<const float>, TensorView<const float>,
-                              RouterScoring, bool, float, std::span<const std::int64_t>,
-                              std::span<const std::int64_t> experts, TensorView<const float>, TensorView<const float>,
-                              float, TensorView<float>) {
-    stream(4 * double(logits.numel()) + 3 * double(experts.size()));
-  }
-  static void gather_rows(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> scale,
-                          TensorView<float> to) {
-    stream(2 * double(to.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
-  }
-  static void scatter_add_rows(TensorView<float>, std::span<const std::int64_t>, TensorView<const float> from,
-                               TensorView<const float> scale) {
-    stream(3 * double(from.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
-  }
-  static void gathered_row_dot(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> b,
-                               TensorView<float> out) {
-    stream(2 * double(b.numel()) + double(out.numel()));
-  }
-  static void sigmoid_forward(TensorView<const float> x, TensorView<float>) { activation(x.numel(), 2); }
-  static void sigmoid_backward(TensorView<const float> y, TensorView<const float>, TensorView<float>) {
-    stream(4 * y.numel());
-  }
-
-  template <class T>
-  static TensorView<T> vector(std::span<T> x) { return {x.data(), Shape{std::int64_t(x.size())}}; }
-
-private:
-  // A kernel's workspace of `bytes` (as the tracker counts them), allocated and freed within the call: one scratch
-  // event, and the meta tracker's peak sees it.
-  static void scratch(std::size_t bytes) {
-    if (bytes == 0) return;
-    MemoryTracker& tracker = MemoryTracker::current();
-    tracker.raise_peak_to(tracker.in_use() + bytes);
-    if (Trace* trace = tracker.trace()) trace->record({.kind = TraceKind::scratch, .bytes = double(bytes)});
-  }
-  static void record(const TraceEvent& event) {
-    Trace* trace = Trace::current();
-    check(trace != nullptr, "ops::Counting: no Trace is installed on this thread (use ScopedTrace)");
-    trace->record(event);
-  }
-  // A memory-bound kernel that reads and writes `elements` float32 elements in all.
-  static void stream(double elements) { record({.kind = TraceKind::elementwise, .bytes = 4 * elements}); }
-  static void stream(std::int64_t elements) { stream(double(elements)); }
-  static void activation(std::int64_t elements, int tensors) {
-    record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements)});
-  }
-  static void rope(TensorView<const float> x) {
-    scratch(cpu::detail::tracked(std::size_t(x.extent(3) / 2) * 2 * sizeof(float)));  // the CPU kernel's angle table
-    stream(2 * x.numel());
-  }
-  static void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,
-                               const AttentionMask& mask) {
-    check(q.rank() == 4 && k.rank() == 4, "attention: q {} and k {} must be [b, s, heads, d]", q.shape(), k.shape());
-    const double pairs = visible_pairs(mask, q.extent(1), k.extent(1)) * double(q.extent(0));
-    record({.kind = kind, .m = pairs, .n = double(q.extent(2)), .k = double(q.extent(3))});
-  }
+#include "paradyse/ops/op_table.inc"
 };
+}  // namespace counting_backend
+using counting_backend::Counting;
 
 }  // namespace paradyse::ops
