@@ -14,10 +14,12 @@
 // second), measured first in the same run; the summary compares the threads backend's all_gather and all_to_all at
 // 64 MiB per rank to memcpy measured in alternation with them (out of place each rank copies S bytes per call).
 // Times are medians over repetitions (fewer at large sizes); the machine is shared, so expect noise.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/timer.hpp"
 #if defined(PARADYSE_WITH_MPI)
 #include "paradyse/comm/mpi.hpp"
 #endif
@@ -26,7 +28,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -95,7 +96,7 @@ bool parse_size(std::string_view text, std::size_t max, std::size_t& out) {
     if (multiplier != 1) text.remove_suffix(1);
   }
   std::size_t count = 0;
-  if (!pd::examples::parse_integer(text, std::size_t(0), max / multiplier, count)) return false;
+  if (!pd::cli::parse_integer(text, std::size_t(0), max / multiplier, count)) return false;
   out = count * multiplier;
   return true;
 }
@@ -118,7 +119,7 @@ Options parse(int argc, char** argv) {
   std::string ranks = "2,4", min_size = "4K", max_size = "256M", ops;
   for (const Collective c : kAll) ops += (ops.empty() ? "" : ",") + std::string(name_of(c));
   const std::string all_ops = ops;
-  pd::bench::Flags flags("comm_bench",
+  pd::cli::Flags flags("comm_bench",
                          "Collective bandwidth of the communicator backends, nccl-tests style: per collective, size and "
                          "form (out of place, in place) the median time, algbw and busbw, against single-thread memcpy "
                          "measured in the same run. Under mpirun the backend is mpi and the ranks are the launched "
@@ -138,7 +139,7 @@ Options parse(int argc, char** argv) {
   o.ranks.clear();
   for (const std::string& r : split_list(ranks)) {
     int n = 0;
-    if (!pd::examples::parse_integer(std::string_view(r), 1, kMaxRanks, n))
+    if (!pd::cli::parse_integer(std::string_view(r), 1, kMaxRanks, n))
       flags.fail(fmt::format("--ranks expects a comma-separated list of rank counts in [1, {}], got \"{}\"", kMaxRanks,
                              ranks));
     o.ranks.push_back(n);
@@ -163,14 +164,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using pd::median;  // core/statistics.hpp
 
 // Single-thread memcpy bandwidth in copied bytes per second (pre-faulted buffers larger than the caches).
 double measure_memcpy(std::size_t bytes, int reps) {
@@ -179,9 +173,9 @@ double measure_memcpy(std::size_t bytes, int reps) {
   std::memcpy(to.data(), from.data(), bytes);  // warm up
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const pd::Timer timer;
     std::memcpy(to.data(), from.data(), bytes);
-    times.push_back(seconds_since(t0));
+    times.push_back(timer.seconds());
   }
   return double(bytes) / median(times);
 }
@@ -227,10 +221,10 @@ double time_collective(C& comm, Collective c, bool in_place, std::size_t bytes, 
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
     comm.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
+    const pd::Timer timer;
     for (int i = 0; i < iterations; ++i) run_once(comm, c, in_place, bytes, a, b);
     comm.barrier();
-    double seconds = seconds_since(t0) / iterations;
+    double seconds = timer.seconds() / iterations;
     comm.all_reduce(std::span<const double>(&seconds, 1), std::span<double>(&seconds, 1), pd::ReduceOp::max);
     times.push_back(seconds);
   }
@@ -308,9 +302,9 @@ Goal measure_goal(int n, int reps) {
     for (int r = 0; r < reps; ++r) {
       comm.barrier();
       if (comm.rank() == 0) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const pd::Timer timer;
         std::memcpy(to->data(), from->data(), bytes);
-        copy_times.push_back(seconds_since(t0));
+        copy_times.push_back(timer.seconds());
       }
       const Collective pair[2] = {Collective::all_gather, Collective::all_to_all};
       for (int i = 0; i < 2; ++i) times[i].push_back(time_collective(comm, pair[i], false, bytes, a.span(), b.span(), 1));
@@ -383,9 +377,9 @@ void mpi_goal(pd::MpiCommunicator& comm, int reps, pd::MpiCommunicator::Engine o
   }
   const auto timed_copy = [&](std::size_t bytes, bool copies) {
     comm.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
+    const pd::Timer timer;
     if (copies) std::memcpy(to.data(), from.data(), bytes);
-    double seconds = seconds_since(t0);
+    double seconds = timer.seconds();
     comm.all_reduce(std::span<const double>(&seconds, 1), std::span<double>(&seconds, 1), pd::ReduceOp::max);
     return seconds;
   };

@@ -8,19 +8,18 @@
 // loaded machine (wall-clock times of p thread ranks on 2 cores say more about the neighbours than about the model).
 //
 //   cost_validation --help    (the flags and their defaults, generated from main's statement of them)
-#include "bench_usage.hpp"
-#include "../tests/cost/strategy_stack.hpp"
-
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/statistics.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/stack_measurement.hpp"
 #include "paradyse/cost/time_model.hpp"
 
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -34,7 +33,7 @@ int main(int argc, char** argv) {
   int p = 4, layers = 1, reps = 2;
   std::int64_t min_seq = 512, max_seq = 32768, hidden = 128, heads = 4;
   std::string profile_path, save_path = "threads-calibrated.json";
-  paradyse::bench::Flags flags(
+  paradyse::cli::Flags flags(
       "cost_validation", "The time and memory models against the layer stack on thread ranks (MAPE per strategy).");
   flags.integer("--p", p, 1, 1024, "thread ranks");
   flags.integer("--min-seq", min_seq, std::int64_t(1), std::int64_t(1) << 24, "shortest sequence");
@@ -52,7 +51,7 @@ int main(int argc, char** argv) {
     profile = pd::cost::load_profile(profile_path);
     fmt::print("profile: {} (loaded from {})\n", profile.name, profile_path);
   } else {
-    const auto start = std::chrono::steady_clock::now();
+    const pd::Timer timer;
     pd::cost::Calibration calibration;
     pd::run_ranks(p, [&](pd::ThreadCommunicator& comm) {
       pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm);
@@ -63,7 +62,7 @@ int main(int argc, char** argv) {
     fmt::print("calibrated {} in {:.1f} s (saved to {}): GEMM {:.1f} GFLOP/s + {:.1f} GB/s operands (fit: worst {:.1f}%, "
                "median {:.1f}%), attention {:.1f}/{:.1f} GFLOP/s fwd/bwd (worst {:.1f}%/{:.1f}%), copies {:.1f} GB/s, "
                "overlap {:.2f}\n",
-               profile.name, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), save_path,
+               profile.name, timer.seconds(), save_path,
                profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9,
                100 * calibration.gemm_fit.worst_relative_error, 100 * calibration.gemm_fit.median_relative_error,
                profile.attention.forward_flops_per_s / 1e9, profile.attention.backward_flops_per_s / 1e9,
@@ -87,9 +86,9 @@ int main(int argc, char** argv) {
     for (std::int64_t seq = min_seq; seq <= max_seq; seq *= 2) {
       // ColossalZ keeps b h s^2/p float scores per layer: stop before they take gigabytes.
       if (catalog.name(s) == "ColossalZ" && double(heads) * double(seq) * double(seq) / p * 4 * layers > 1.5e9) break;
-      pd::cost::testing::StackMeasurement best;
+      pd::cost::StackMeasurement best;
       for (int r = 0; r < reps; ++r) {
-        const auto m = pd::cost::testing::measure_stack(s, config, p, 1, seq, layers, pd::cost::TimeSource::thread_cpu, 2);
+        const auto m = pd::cost::measure_stack(s, config, p, 1, seq, layers, pd::cost::TimeSource::thread_cpu, 2);
         if (r == 0 || m.forward_s + m.backward_s < best.forward_s + best.backward_s) best = m;
       }
       const pd::cost::ModelShape shape = pd::cost::shape_of(config, 1, seq, 4, layers);
@@ -97,8 +96,8 @@ int main(int argc, char** argv) {
       const double model = pd::cost::model_time(shape, p, plan, profile);
       const double measured = best.forward_s + best.backward_s;
       const double error = (model - measured) / measured;
-      const std::int64_t predicted = pd::cost::testing::predicted_activation_peak(s, config, p, 1, seq, layers);
-      const std::int64_t bound = pd::cost::testing::bounded_activation_peak(s, config, p, 1, seq, layers);
+      const std::int64_t predicted = pd::cost::predicted_activation_peak(s, config, p, 1, seq, layers);
+      const std::int64_t bound = pd::cost::bounded_activation_peak(s, config, p, 1, seq, layers);
       const double memory_error = double(predicted - best.activation_peak_bytes) / double(best.activation_peak_bytes);
       errors[s].push_back(std::abs(error));
       all_errors.push_back(std::abs(error));

@@ -6,7 +6,7 @@
 // the median of >= 10 runs timed with CUDA events after warm-ups. FLOPs follow the FlashAttention convention:
 // forward 4 s^2 d per head (two GEMMs), halved when causal; backward 2.5x forward (five GEMMs of the same size).
 // The fp32 general kernel is timed at one size for reference. --quick: s in {1K, 4K} only.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 
 #include "paradyse/core/dtype.hpp"
 #include "paradyse/core/tensor.hpp"
@@ -112,7 +112,7 @@ struct Row {
 
 int main(int argc, char** argv) {
   bool quick = false;
-  pd::bench::Flags flags("cuda_attention",
+  pd::cli::Flags flags("cuda_attention",
                          "CUDA flash attention (bf16 tensor cores, head_dim 128; fp32 general kernel at one size) "
                          "against the cuBLAS bf16 GEMM rate (8192^3, fp32 accumulation) of the same run; prints a "
                          "markdown table.");

@@ -8,7 +8,7 @@
 // cudaMemcpy device-to-device bandwidth (bytes copied / time) measured in the same run: on one GPU every collective
 // byte is a device copy, so that is cuda_local's ceiling. Times are medians of wall-clock times on rank 0 from a
 // barrier to the blocking collective's return.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 
 #include <fmt/format.h>
 
@@ -43,7 +43,7 @@ struct Options {
 // The command line: --help prints the usage generated from these flags (exit 0), a bad one exits 2.
 Options parse(int argc, char** argv) {
   Options o;
-  paradyse::bench::Flags flags("cuda_comm",
+  paradyse::cli::Flags flags("cuda_comm",
                                "CUDA collectives (cuda_local p = 2, 4; NCCL p = 1) against cudaMemcpy device-to-device "
                                "bandwidth, as a Markdown table.");
   flags.flag("--quick", o.quick, "sizes 1 and 16 MiB only, 5 repetitions unless --reps says (a smoke run)");

@@ -14,11 +14,13 @@
 // --profile: this machine's calibrated profile (else a quick wall-clock calibration at the start). --cap-mib: the
 // memory budget per rank (the planner plans within it; a static strategy whose predicted peak is above it is
 // reported as not fitting and not run); default: no cap.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/statistics.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/emulation.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
@@ -29,7 +31,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -56,7 +57,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  pd::bench::Flags flags("emulated_switching",
+  pd::cli::Flags flags("emulated_switching",
                          "The planner's plan against every static strategy, one training step each, on thread ranks "
                          "whose transfers are paced like the device node's links (scaled by the ratio of the device's "
                          "GEMM rate to this machine's).");
@@ -151,9 +152,9 @@ std::optional<double> measure_step(const pd::GptConfig& config, const Options& o
         model.zero_gradients();
         pool.trim();
         comm.barrier();
-        const auto start = std::chrono::steady_clock::now();
+        const pd::Timer timer;
         (void)model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view());
-        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), slowest = 0;
+        double seconds = timer.seconds(), slowest = 0;
         comm.all_reduce(std::span<const double>(&seconds, 1), std::span<double>(&slowest, 1), pd::ReduceOp::max);
         if (r > 0 && comm.rank() == 0) times.push_back(slowest);
       }
@@ -161,8 +162,7 @@ std::optional<double> measure_step(const pd::GptConfig& config, const Options& o
   } catch (const pd::OutOfMemory&) {
     return std::nullopt;
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return pd::median(std::move(times));
 }
 
 }  // namespace
@@ -191,13 +191,13 @@ int main(int argc, char** argv) {
       options.repetitions = 3;
       options.attention_heads = o.heads;
       options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
-      const auto start = std::chrono::steady_clock::now();
+      const pd::Timer timer;
       pd::run_ranks(o.ranks, [&](pd::ThreadCommunicator& comm) {
         pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);
         if (comm.rank() == 0) machine = c.profile;
       });
       fmt::print("# calibrated {} ranks in {:.1f} s (wall clock)\n", o.ranks,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                 timer.seconds());
     }
     const pd::cost::Emulation emulation = pd::cost::emulate(device, machine);
     const pd::plan::GptCosts<Model> costs{config, o.ranks, &emulation.profile};

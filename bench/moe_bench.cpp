@@ -15,12 +15,13 @@
 // feature (the measured max/mean load is printed, not assumed). Weights and tokens are the same for every strategy.
 // Table 2, the machine ratio the grouped GEMM is judged by: the experts' forward over E ragged blocks against one
 // GEMM of the same FLOPs (an expert block of T k / E rows) in the same run. Nothing is asserted.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/moe_cost.hpp"
 #include "paradyse/moe/moe_layer.hpp"
@@ -29,11 +30,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <string>
 #include <vector>
 
@@ -41,14 +40,6 @@ using namespace paradyse;
 
 namespace {
 
-double thread_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 struct Options {
   std::int64_t h = 256, experts = 8, k = 2, ffn = 512;
   int p = 4, reps = 3;
@@ -58,7 +49,7 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   std::string tokens;
-  paradyse::bench::Flags flags("moe_bench", "One MoE FFN sublayer, forward + backward, on one rank and under "
+  paradyse::cli::Flags flags("moe_bench", "One MoE FFN sublayer, forward + backward, on one rank and under "
                                             "ExpertParallel and ExpertTensorParallel on p thread ranks.");
   // First, so that flags given with it override what it sets (CLI11 applies options in the order defined here).
   flags.flag("--quick", [&o] { o.tokens = {256, 1024}, o.reps = 2; }, "tokens 256,1024 and 2 repetitions");
@@ -77,7 +68,7 @@ Options parse(int argc, char** argv) {
       const std::size_t comma = std::min(tokens.find(',', at), tokens.size());
       const std::string item = tokens.substr(at, comma - at);
       std::int64_t v = 0;
-      if (!paradyse::examples::parse_integer(item, std::int64_t(1), kMax, v))
+      if (!paradyse::cli::parse_integer(item, std::int64_t(1), kMax, v))
         flags.fail(fmt::format("--tokens: '{}' must be an integer in [1, 2^24]", item));
       o.tokens.push_back(v);
       at = comma + 1;
@@ -158,14 +149,14 @@ Row measure(const Options& o, const Problem& pr, int kind) {
     for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms up
       comm.barrier();
       comm.reset_stats();
-      const double c0 = thread_seconds(), w0 = wall_seconds();
+      const double c0 = thread_cpu_seconds(), w0 = wall_seconds();
       MoeSaved saved = kind == 0   ? moe_forward(ctx, w, x.view(), y.view())
                        : kind == 1 ? ExpertParallel<>{}.forward(comm, ctx, w, x.view(), y.view())
                                    : ExpertTensorParallel<>{}.forward(comm, ctx, w, x.view(), y.view());
       if (kind == 0) moe_backward(ctx, w, saved, dy.view(), dx.view(), grad);
       else if (kind == 1) ExpertParallel<>{}.backward(comm, ctx, w, saved, dy.view(), dx.view(), grad);
       else ExpertTensorParallel<>{}.backward(comm, ctx, w, saved, dy.view(), dx.view(), grad);
-      const double c1 = thread_seconds();
+      const double c1 = thread_cpu_seconds();
       comm.barrier();
       const double w1 = wall_seconds();
       if (rep > 0) cpu_reps.push_back(c1 - c0), wall_reps.push_back(w1 - w0);
@@ -273,17 +264,17 @@ int main(int argc, char** argv) try {
     const double flops = 2.0 * double(rows) * double(o.h) * double(3 * o.ffn);
     std::vector<double> grouped, single;
     for (int rep = 0; rep <= o.reps; ++rep) {
-      double t0 = thread_seconds();
+      double t0 = thread_cpu_seconds();
       experts_forward<ops::Cpu>({pr.expert_in.view(), pr.expert_out.view()}, offsets, x.view(), pre.view(), y.view(), pool);
-      double t1 = thread_seconds();
+      double t1 = thread_cpu_seconds();
       if (rep > 0) grouped.push_back(t1 - t0);
-      t0 = thread_seconds();
+      t0 = thread_cpu_seconds();
       ops::Cpu::matmul(x.view(), ops::Transpose::no,
                        pr.expert_in.view().slice(0, 0, 1).reshape(Shape{2 * o.ffn, o.h}), ops::Transpose::yes, pre.view());
       ops::Cpu::swiglu_forward(pre.view().slice(1, 0, o.ffn), pre.view().slice(1, o.ffn, o.ffn), act.view());
       ops::Cpu::matmul(act.view(), ops::Transpose::no, pr.expert_out.view().slice(0, 0, 1).reshape(Shape{o.ffn, o.h}),
                        ops::Transpose::no, y.view());
-      t1 = thread_seconds();
+      t1 = thread_cpu_seconds();
       if (rep > 0) single.push_back(t1 - t0);
     }
     const double g = flops / median(grouped) / 1e9, s = flops / median(single) / 1e9;

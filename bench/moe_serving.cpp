@@ -16,10 +16,11 @@
 //
 //   moe_serving [--p P] [--reps R]     P thread ranks (default 2), R timed repetitions per point (default 5)
 //   moe_serving --help                (the flags, generated)
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/statistics.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 #include "paradyse/serve/expert_balance.hpp"
 #include "paradyse/serve/redistribute.hpp"
@@ -29,13 +30,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 #include <vector>
 
 using namespace paradyse;
 using namespace paradyse::serve;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -54,9 +53,9 @@ double step_seconds(const LoadedDecoder& m, int p, MoeMode mode, std::int64_t ba
     for (int r = -1; r < reps; ++r) {  // one warm-up
       for (std::int64_t i = 0; i < batch; ++i) cache.reserve(i, 1);
       comm.barrier();
-      const Clock::time_point start = Clock::now();
+      const Timer timer;
       const StepResult out = decoder_step(comm, c, s, cache, std::span<const SequenceChunk>(chunks), pool);
-      if (comm.rank() == 0 && r >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      if (comm.rank() == 0 && r >= 0) times.push_back(timer.seconds());
       if (comm.rank() == 0 && routed && r < 0) *routed = out.moe_load[0].routed;
       for (std::int64_t i = 0; i < batch; ++i) cache.release(i);
     }
@@ -91,9 +90,9 @@ std::vector<EpPoint> ep_steps(const LoadedDecoder& m, int p, std::int64_t batch,
         if (way > 0) work = [&](const RankShard& rs, std::int64_t l, const Dispatch& d) { return fetch(rs, l, d); };
         for (std::int64_t i = 0; i < batch; ++i) cache.reserve(i, 1);
         comm.barrier();
-        const Clock::time_point start = Clock::now();
+        const Timer timer;
         const StepResult out = decoder_step(comm, c, s, cache, std::span<const SequenceChunk>(chunks), pool, work);
-        const double t = std::chrono::duration<double>(Clock::now() - start).count();
+        const double t = timer.seconds();
         std::vector<double> sums{fetch.stats().wait_s, double(fetch.stats().bytes_fetched)};
         comm.all_reduce(std::span<const double>(sums), std::span<double>(sums), ReduceOp::sum);
         for (std::int64_t i = 0; i < batch; ++i) cache.release(i);
@@ -121,7 +120,7 @@ std::vector<EpPoint> ep_steps(const LoadedDecoder& m, int p, std::int64_t batch,
 
 int main(int argc, char** argv) {
   int p = 2, reps = 5;
-  bench::Flags flags("moe_serving", "MoE serving: one decoder step against batch size in TP and EP layouts on p "
+  cli::Flags flags("moe_serving", "MoE serving: one decoder step against batch size in TP and EP layouts on p "
                                     "thread ranks against one rank, the crossover batch, the exposed time of a TP -> EP "
                                     "switch against its bytes, and on-demand expert loading's fetch wait.");
   flags.integer("--p", p, 1, 8, "thread ranks");
@@ -174,10 +173,10 @@ int main(int argc, char** argv) {
         RankShard s = make_rank_shard(cf, mf.weights, p, me, MoeMode::tp);
         std::vector<LayerRedistribution> moving(std::size_t(cf.layers));
         comm.barrier();
-        Clock::time_point t0 = Clock::now();
+        Timer step_timer;
         for (std::int64_t l = 0; l < cf.layers; ++l) moving[std::size_t(l)].begin(comm, cf, s.layers[std::size_t(l)], ExpertLayout::tp(), ep);
         for (std::int64_t l = 0; l < cf.layers; ++l) moving[std::size_t(l)].finish(cf, p, me);
-        const double t_stalled = std::chrono::duration<double>(Clock::now() - t0).count();
+        const double t_stalled = step_timer.seconds();
         std::size_t sent = 0;
         for (const auto& mv : moving) sent += mv.bytes_sent();
         // Pipelined: posted after each layer of a 64-token step, finished at its end.
@@ -186,16 +185,16 @@ int main(int argc, char** argv) {
         double t_exposed = 0;
         for (std::int64_t i = 0; i < 64; ++i) cache.reserve(i, 1);
         comm.barrier();
-        t0 = Clock::now();
+        step_timer.restart();
         decoder_step(comm, cf, s2, cache, std::span<const SequenceChunk>(chunks), pool, {}, [&](std::int64_t l) {
-          const Clock::time_point a = Clock::now();
+          const Timer posting;
           moving2[std::size_t(l)].begin(comm, cf, s2.layers[std::size_t(l)], ExpertLayout::tp(), ep);
-          t_exposed += std::chrono::duration<double>(Clock::now() - a).count();
+          t_exposed += posting.seconds();
         });
-        const Clock::time_point a = Clock::now();
+        const Timer finishing;
         for (std::int64_t l = 0; l < cf.layers; ++l) moving2[std::size_t(l)].finish(cf, p, me);
-        t_exposed += std::chrono::duration<double>(Clock::now() - a).count();
-        const double t_step = std::chrono::duration<double>(Clock::now() - t0).count() - t_exposed;
+        t_exposed += finishing.seconds();
+        const double t_step = step_timer.seconds() - t_exposed;
         for (std::int64_t i = 0; i < 64; ++i) cache.release(i);
         if (me == 0 && r >= 0) {
           stalled.push_back(t_stalled);

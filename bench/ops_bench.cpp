@@ -9,11 +9,12 @@
 // products against forward's two, the FlashAttention-2 convention). Times are medians of several repetitions
 // // of thread CPU time (the machine is shared). "ratio" = GFLOP/s over the yardstick. Every kernel runs on one thread.
 // The first table also shows the engine gemm() chose per size class (ops/cpu/gemm_choice.hpp) and its measured rates.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/ops/cpu/attention.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 
@@ -21,7 +22,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <ctime>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -33,18 +33,12 @@ using ops::Transpose;
 
 namespace {
 
-// CPU time of the calling thread: on a shared machine, wall time also counts the time other processes held the
-// core; kernel and yardstick are measured the same way, so the ratios compare like with like.
-double thread_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
+// CPU time of the calling thread (core/timer.hpp): on a shared machine, wall time also counts the time other
+// processes held the core; kernel and yardstick are measured the same way, so the ratios compare like with like.
 double seconds_of(const std::function<void()>& fn) {
-  const double start = thread_seconds();
+  const double start = thread_cpu_seconds();
   fn();
-  return thread_seconds() - start;
+  return thread_cpu_seconds() - start;
 }
 
 // Median of `reps` timed runs after one warm-up run (skipped when reps == 1 and the run is long).
@@ -96,7 +90,7 @@ struct GemmRow {
 
 int main(int argc, char** argv) {
   bool quick = false, full = false;
-  paradyse::bench::Flags flags("ops_bench", "GEMM and attention kernels against the best GEMM measured in the same run.");
+  paradyse::cli::Flags flags("ops_bench", "GEMM and attention kernels against the best GEMM measured in the same run.");
   flags.flag("--quick", quick, "fewer sizes and repetitions");
   flags.flag("--full", full, "more sizes");
   flags.parse(argc, argv);

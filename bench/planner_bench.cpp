@@ -8,9 +8,10 @@
 // caller and hardware threads - 1 workers) and on one thread (JobPool::Serial). Then where a new length's time goes (each strategy's dry run and cost walk;
 // sublayers declared shared are run once by the table), and a stress run over
 // random problems of the same size. Benchmarks print; they never fail.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/statistics.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/plan/cache.hpp"
 #include "paradyse/plan/exact_solver.hpp"
@@ -21,7 +22,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -38,10 +38,9 @@ template <class Fn>
 double median_us(Fn&& fn, int calls, int reps = 9) {
   std::vector<double> samples;
   for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
+    const Timer timer;
     for (int c = 0; c < calls; ++c) sink = sink + fn();
-    const auto stop = std::chrono::steady_clock::now();
-    samples.push_back(std::chrono::duration<double, std::micro>(stop - start).count() / calls);
+    samples.push_back(1e6 * timer.seconds() / calls);
   }
   return median(std::move(samples));
 }
@@ -52,7 +51,7 @@ cost::ModelShape gpt3_layer() { return cost::ModelShape::mha(12288, 96); }  // b
 
 int main(int argc, char** argv) {
   int layers = 96;
-  paradyse::bench::Flags flags("planner_bench", "Planning time for a GPT of LAYERS layers x 5 strategies x 2 "
+  paradyse::cli::Flags flags("planner_bench", "Planning time for a GPT of LAYERS layers x 5 strategies x 2 "
                                                 "sublayers: a new length, a cached one, the solve.");
   flags.integer("LAYERS", layers, 1, 100000, "layers of the model");
   flags.parse(argc, argv);
@@ -153,9 +152,9 @@ int main(int argc, char** argv) {
     double fastest = 1e300;
     bool found = false;
     for (int repeat = 0; repeat < 3; ++repeat) {
-      const auto start = std::chrono::steady_clock::now();
+      const Timer timer;
       found = solve_exact(problem).has_value();
-      fastest = std::min(fastest, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+      fastest = std::min(fastest, 1e6 * timer.seconds());
     }
     times.push_back(fastest);
     feasible += found;
@@ -163,7 +162,7 @@ int main(int argc, char** argv) {
   std::sort(times.begin(), times.end());
   fmt::print("random problems ({} of them, {} feasible; each the fastest of 3 runs): exact solve median {:.2f} us, p90 {:.2f} us, p99 {:.2f} us, "
              "max {:.2f} us\n",
-             times.size(), feasible, times[times.size() / 2], times[times.size() * 9 / 10],
+             times.size(), feasible, median(times), times[times.size() * 9 / 10],
              times[times.size() * 99 / 100], times.back());
   return 0;
 }

@@ -13,12 +13,13 @@
 // Table 2, one layer's sublayers (forward + backward) per strategy on 2 ranks: busiest-rank CPU time, its ratio to
 // MegatronTS (the baseline), and the per-rank peak bytes above the inputs (saved + transient, from the tracker).
 // Medians of several repetitions; never asserted.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/ring_attention.hpp"
@@ -28,7 +29,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <ctime>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -37,12 +37,6 @@
 using namespace paradyse;
 
 namespace {
-
-double thread_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
 
 // Per repetition: the busiest and the mean rank CPU seconds.
 struct RankTimes {
@@ -58,9 +52,9 @@ RankTimes time_ranks(int p, int reps, const std::function<void(ThreadCommunicato
     body();  // warm-up: fills the pools, faults the pages
     for (int rep = 0; rep < reps; ++rep) {
       comm.barrier();
-      const double start = thread_seconds();
+      const double start = thread_cpu_seconds();
       body();
-      per_rank[std::size_t(comm.rank())][std::size_t(rep)] = thread_seconds() - start;
+      per_rank[std::size_t(comm.rank())][std::size_t(rep)] = thread_cpu_seconds() - start;
       comm.barrier();
     }
   });
@@ -91,10 +85,10 @@ void ring_attention_table(std::int64_t s, int reps) {
     const ops::AttentionMask mask{.causal = true};
     std::vector<double> t;
     for (int rep = 0; rep <= reps; ++rep) {
-      const double start = thread_seconds();
+      const double start = thread_cpu_seconds();
       ops::Cpu::attention_forward(q, k, v, mask, out, lse);
       ops::Cpu::attention_backward(q, k, v, out, lse, dout, mask, dq, dk, dv);
-      if (rep > 0) t.push_back(thread_seconds() - start);
+      if (rep > 0) t.push_back(thread_cpu_seconds() - start);
     }
     baseline = median(t);
   }
@@ -199,7 +193,7 @@ void strategy_table(std::int64_t s, int reps) {
 
 int main(int argc, char** argv) {
   bool quick = false;
-  paradyse::bench::Flags flags("ring_bench", "Ring attention balance and speedup vs single-rank flash; per-strategy "
+  paradyse::cli::Flags flags("ring_bench", "Ring attention balance and speedup vs single-rank flash; per-strategy "
                                              "sublayer time and peak vs MegatronTS.");
   flags.flag("--quick", quick, "shorter sequences (1024) and fewer repetitions");
   flags.parse(argc, argv);

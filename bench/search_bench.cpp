@@ -4,7 +4,7 @@
 // best configuration (they must). Issue 13's target: the 7-D space of Mixtral 8x22B on 2,048 devices under 10 s.
 //
 //   search_bench [--repeats N] [--quick]
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/search/search.hpp"
 
@@ -22,7 +22,7 @@ using paradyse::median;
 int main(int argc, char** argv) {
   int repeats = 3;
   bool quick = false;
-  paradyse::bench::Flags flags(
+  paradyse::cli::Flags flags(
       "search_bench", "Times the pruned search against brute force for GPT-175B, Llama-3 405B, Mixtral 8x22B and "
                       "DeepSeek-V3 on 2,048 devices of DGX H100 and the Ascend supernode, 3-D and 7-D spaces.");
   flags.integer("--repeats", repeats, 1, 100, "repeats (the median is printed)");

@@ -17,11 +17,13 @@
 // strategy runs under the cap (dry runs, doubling then bisection); and the switching cost of mixing strategies in a
 // 2-layer stack: time and bytes of a mixed plan minus the mean of the two uniform plans (bytes: exactly zero).
 // Medians of --reps repetitions; nothing is asserted.
-#include "bench_usage.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/model/layer.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/contract/weight_shards.hpp"
@@ -31,11 +33,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <optional>
 #include <string>
@@ -71,7 +71,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  paradyse::bench::Flags flags("strategy_bench", "Every strategy on one layer over p thread ranks: time vs 1 rank, "
+  paradyse::cli::Flags flags("strategy_bench", "Every strategy on one layer over p thread ranks: time vs 1 rank, "
                                                  "peak memory, bytes sent.");
   // First, so that flags given with it override what it sets (CLI11 applies options in the order defined here).
   flags.flag("--quick", [&o] {
@@ -103,20 +103,6 @@ LayerConfig layer_config(const Options& o) {
   c.causal = o.causal;
   c.zigzag = o.causal;  // causal ring attention balances with zigzag; every strategy takes the same order
   return c;
-}
-
-double thread_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Measurement {
@@ -153,10 +139,10 @@ Measurement run(const LayerConfig& c, int p, std::int64_t s, const StackPlan& pl
           for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up (pool, page faults)
             comm.barrier();
             comm.reset_stats();
-            const double t0 = thread_seconds(), w0 = wall_seconds();
+            const double t0 = thread_cpu_seconds(), w0 = wall_seconds();
             stack.forward(comm, pool, plan, s, x.view(), z.view());
             stack.backward(comm, pool, dz.view(), dx.view());
-            const double t1 = thread_seconds();
+            const double t1 = thread_cpu_seconds();
             sent[std::size_t(r)] = std::max<std::uint64_t>(sent[std::size_t(r)], comm.stats().bytes_sent);
             comm.barrier();
             if (rep >= 0) {

@@ -12,8 +12,9 @@
 cmake_minimum_required(VERSION 3.20)
 
 # Lowest first. moe sits below model (the layer stack runs the MoE sublayer); serve (the inference engine) and
-# search (Hypertron) are placed before their first header lands.
-set(layers core device mesh comm ops kernels layout contract strategy moe model cost plan serve search)
+# search (Hypertron) are placed before their first header lands. cli (programs' command lines, paradyse::cli) is the
+# top: it serves programs and includes no other layer.
+set(layers core device mesh comm ops kernels layout contract strategy moe model cost plan serve search cli)
 
 if(NOT DEFINED ROOT)
   get_filename_component(ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)

@@ -1,75 +1,10 @@
-// examples/csv_table.hpp: the tables the example programs print, also written as CSV (`--csv FILE`) for
-// scripts/plot.py and spreadsheets.
-//
-//   CsvTable csv(path, {"step", "length", "loss"});   // an empty path writes nothing
-//   csv.row(step, length, fmt::format("{:.17g}", loss));
-//
-// One header line, then one line per row; a field holding a comma, a quote or a line break is quoted (RFC 4180).
-// Every row is flushed as it is written, so a run stopped early leaves the rows so far. Numbers are written by fmt
-// (doubles as the shortest text that reads back to the same value).
+// examples/csv_table.hpp: TRANSITIONAL, for train_gpt's files only (examples/train_gpt.cpp, train_mesh.hpp,
+// train_moe.hpp, owned by another branch of issue 23): the CSV writer moved to paradyse/core/csv_table.hpp
+// (paradyse::CsvTable). Delete this file when they include paradyse/core/csv_table.hpp.
 #pragma once
 
-#include "paradyse/core/error.hpp"
-
-#include <fmt/format.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <initializer_list>
-#include <string>
-#include <string_view>
-#include <vector>
+#include "paradyse/core/csv_table.hpp"
 
 namespace paradyse::examples {
-
-class CsvTable {
-public:
-  CsvTable() = default;
-  CsvTable(const std::string& path, std::vector<std::string> columns) : columns_(columns.size()) {
-    if (path.empty()) return;
-    file_ = std::fopen(path.c_str(), "w");
-    check(file_ != nullptr, "--csv {}: cannot create the file: {}", path, std::strerror(errno));
-    write_line(columns);
-  }
-  CsvTable(const CsvTable&) = delete;
-  CsvTable& operator=(const CsvTable&) = delete;
-  ~CsvTable() {
-    if (file_) std::fclose(file_);
-  }
-  bool enabled() const noexcept { return file_ != nullptr; }
-
-  // One row: as many fields as columns, each formatted by fmt ("{}").
-  template <class... Fields>
-  void row(const Fields&... fields) {
-    if (!file_) return;
-    std::vector<std::string> texts{fmt::format("{}", fields)...};
-    check(texts.size() == columns_, "CsvTable: a row of {} fields for {} columns", texts.size(), columns_);
-    write_line(texts);
-  }
-
-  // A field as CSV writes it: quoted when it holds a comma, a quote or a line break (quotes doubled).
-  static std::string quoted(std::string_view field) {
-    if (field.find_first_of(",\"\n\r") == std::string_view::npos) return std::string(field);
-    std::string out = "\"";
-    for (char c : field) {
-      if (c == '"') out += '"';
-      out += c;
-    }
-    return out + '"';
-  }
-
-private:
-  void write_line(const std::vector<std::string>& fields) {
-    std::string line;
-    for (std::size_t i = 0; i < fields.size(); ++i) line += (i ? "," : "") + quoted(fields[i]);
-    line += '\n';
-    check(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
-          "--csv: writing failed: {}", std::strerror(errno));
-  }
-
-  std::FILE* file_ = nullptr;
-  std::size_t columns_ = 0;
-};
-
+using paradyse::CsvTable;
 }  // namespace paradyse::examples

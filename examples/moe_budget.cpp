@@ -18,11 +18,14 @@
 //      (prefill: one sequence per step; decode: one token per step after a prefilled context, T = 1), all measured
 //      in this run against the full budget;
 //   3. the DP's time for a DeepSeek-V2-Lite-shaped problem (26 layers, top-6, B = 78).
-#include "command_line.hpp"
 #include "corpus.hpp"
 
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/csv_table.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/statistics.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/moe/alloc_layers.hpp"
 #include "paradyse/moe/budget.hpp"
 #include "paradyse/moe/sensitivity.hpp"
@@ -33,7 +36,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -54,7 +56,7 @@ std::string& usage_text() {
   return text;
 }
 [[noreturn]] void usage(const std::string& problem) {
-  examples::print_usage_and_exit("moe_budget", problem, usage_text());
+  cli::print_usage_and_exit("moe_budget", problem, usage_text());
 }
 
 struct Options {
@@ -65,7 +67,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  examples::Flags flags(
+  cli::Flags flags(
       "moe_budget",
       "Alloc-MoE on a Hugging Face MoE decoder (train_gpt --experts ... --save DIR, or a Mixtral / Qwen2-MoE / OLMoE "
       "folder): profiles each MoE layer's sensitivity on calibration speeches, then compares uniform top-k "
@@ -182,10 +184,10 @@ public:
   double prefill_time(const std::vector<std::int32_t>& s, const RoutingBudget& budget) {
     const SequenceChunk chunk{0, std::vector<std::int32_t>(s.begin(), s.end() - 1), false};
     cache_.reserve(0, std::int64_t(chunk.tokens.size()));
-    const auto t0 = std::chrono::steady_clock::now();
+    const Timer timer;
     (void)decoder_step(comm_, m_.config, shard_, cache_, std::span<const SequenceChunk>(&chunk, 1), pool_, {}, {},
                        budget);
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double t = timer.seconds();
     cache_.release(0);
     return t / double(chunk.tokens.size());
   }
@@ -198,13 +200,13 @@ public:
     const SequenceChunk prompt{0, std::vector<std::int32_t>(s.begin(), s.begin() + context), false};
     (void)decoder_step(comm_, m_.config, shard_, cache_, std::span<const SequenceChunk>(&prompt, 1), pool_, {}, {},
                        budget);
-    const auto t0 = std::chrono::steady_clock::now();
+    const Timer timer;
     for (std::int64_t i = 0; i < steps; ++i) {
       const SequenceChunk token{0, {s[std::size_t(context + i)]}, false};
       (void)decoder_step(comm_, m_.config, shard_, cache_, std::span<const SequenceChunk>(&token, 1), pool_, {}, {},
                          budget);
     }
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double t = timer.seconds();
     cache_.release(0);
     return t / double(steps);
   }
@@ -217,11 +219,6 @@ private:
   PagedKvCache cache_;
   BufferPool pool_;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 std::string join(const std::vector<std::int64_t>& k) {
   std::string s;
@@ -274,7 +271,7 @@ int run(const Options& o) {
   run_ranks(1, [&](ThreadCommunicator& comm) {
     Evaluator ev(comm, m, o.batch, std::max<std::int64_t>(o.seq + 1, std::int64_t(decode_text.size())));
     // ---- Alloc-L: sensitivity by calibration loss ----
-    const auto t0 = std::chrono::steady_clock::now();
+    const Timer calibration_timer;
     std::int64_t calib_tokens = 0;
     for (const auto& s : calib) calib_tokens += std::int64_t(s.size()) - 1;
     const SensitivityTable table =
@@ -282,7 +279,7 @@ int run(const Options& o) {
           return ev.quality(calib, routing_budget_of(c, std::vector<std::int64_t>(k.begin(), k.end()), false)).loss;
         });
     fmt::print("\nsensitivity Delta_l(k): calibration loss increase over {} tokens (base loss {:.4f}), {:.1f} s\n",
-               calib_tokens, table.base, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+               calib_tokens, table.base, calibration_timer.seconds());
     fmt::print("  MoE layer");
     for (std::int64_t k = 1; k <= c.moe.top_k; ++k) fmt::print(" {:>9}", fmt::format("k={}", k));
     fmt::print("\n");
@@ -359,14 +356,12 @@ int run(const Options& o) {
                  r.budget, r.method, r.k, r.ppl, 100 * r.agreement, r.prefill_us, r.decode_us, r.prefill_speedup,
                  r.decode_speedup);
     if (!o.csv.empty()) {
-      std::FILE* out = std::fopen(o.csv.c_str(), "w");
-      check(out != nullptr, "moe_budget: cannot open {} for writing", o.csv);
-      fmt::print(out, "budget_percent,budget,method,k,perplexity,agreement,prefill_us_per_token,decode_us_per_token,"
-                      "prefill_speedup,decode_speedup\n");
+      CsvTable csv(o.csv, {"budget_percent", "budget", "method", "k", "perplexity", "agreement", "prefill_us_per_token",
+                           "decode_us_per_token", "prefill_speedup", "decode_speedup"});
       for (const Row& r : rows)
-        fmt::print(out, "{},{},{},{},{:.6f},{:.6f},{:.4f},{:.4f},{:.4f},{:.4f}\n", r.percent, r.budget, r.method, r.k,
-                   r.ppl, r.agreement, r.prefill_us, r.decode_us, r.prefill_speedup, r.decode_speedup);
-      check(std::fclose(out) == 0, "moe_budget: writing {} failed", o.csv);
+        csv.row(r.percent, r.budget, r.method, r.k, fmt::format("{:.6f}", r.ppl), fmt::format("{:.6f}", r.agreement),
+                fmt::format("{:.4f}", r.prefill_us), fmt::format("{:.4f}", r.decode_us),
+                fmt::format("{:.4f}", r.prefill_speedup), fmt::format("{:.4f}", r.decode_speedup));
       fmt::print("table written to {}\n", o.csv);
     }
 
@@ -378,9 +373,9 @@ int run(const Options& o) {
     std::vector<double> times;
     std::int64_t sink = 0;
     for (int rep = 0; rep < 2000; ++rep) {
-      const auto a = std::chrono::steady_clock::now();
+      const Timer timer;
       sink += allocate_layers(delta, 78).k[0];
-      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+      times.push_back(timer.seconds());
     }
     fmt::print("\nAlloc-L DP: 26 layers, K_max 6, B = 78 (DeepSeek-V2-Lite at half budget): median {:.2f} us over 2000 "
                "runs [{}]\n",

@@ -19,11 +19,13 @@
 //   plan_trace --help     (the flags, their ranges and defaults: generated from parse() below)
 // --csv FILE: every sequence's predicted step time and peak memory per variant (empty when it does not fit), with
 // the memory budget: scripts/plot.py draws time per strategy against length with each strategy's memory limit.
-#include "command_line.hpp"
-#include "csv_table.hpp"
-#include "progress.hpp"
 #include "trace_input.hpp"
+
+#include "paradyse/cli/flags.hpp"
+#include "paradyse/core/csv_table.hpp"
+#include "paradyse/core/progress.hpp"
 #include "paradyse/core/rng.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
@@ -35,7 +37,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -80,7 +81,7 @@ std::string& usage_text() {
   return text;
 }
 [[noreturn]] void usage(const std::string& problem) {
-  paradyse::examples::print_usage_and_exit("plan_trace", problem, usage_text());
+  paradyse::cli::print_usage_and_exit("plan_trace", problem, usage_text());
 }
 
 Options parse(int argc, char** argv) {
@@ -91,7 +92,7 @@ Options parse(int argc, char** argv) {
   o.layer.head_dim = -1;
   o.layer.ffn = -1;
   o.layer.dtype_bytes = 2;
-  paradyse::examples::Flags flags(
+  paradyse::cli::Flags flags(
       "plan_trace", "Replays a trace of sequence lengths through the cost models and planners: each static strategy, "
                     "the exact planner, ParaDySe's heuristic and the planner without each strategy.");
   flags.text("--profile", o.profile, "hardware profile", "a100|h100|h200|FILE.json");
@@ -190,7 +191,7 @@ struct Variant {
 };
 
 void run_trace(const std::string& title, const std::string& dataset, const std::vector<std::int64_t>& lengths,
-               const Options& o, const pd::cost::HardwareProfile& hw, paradyse::examples::CsvTable& csv) {
+               const Options& o, const pd::cost::HardwareProfile& hw, paradyse::CsvTable& csv) {
   pd::plan::ModelConfig model = pd::plan::ModelConfig::uniform(o.layer, o.layers);
   const std::int64_t budget =
       o.budget_gib > 0 ? std::int64_t(o.budget_gib * 1073741824.0) : hw.usable_memory_bytes();
@@ -226,7 +227,7 @@ void run_trace(const std::string& title, const std::string& dataset, const std::
   // reported with the reason.
   std::vector<bool> common(lengths.size(), true);
   std::map<std::string, std::vector<std::int64_t>> unplannable;  // reason -> lengths
-  paradyse::examples::Progress progress(dataset, std::int64_t(lengths.size()), "sequences");
+  paradyse::Progress progress(dataset, std::int64_t(lengths.size()), "sequences");
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     progress.show(std::int64_t(i), double(i));
     const pd::plan::Batch batch = pd::plan::Batch::single(lengths[i], o.batch);
@@ -245,7 +246,7 @@ void run_trace(const std::string& title, const std::string& dataset, const std::
         e = pd::plan::evaluate(*table, pd::plan::uniform_layers(*table, *v.fixed));
         if (!e->allowed) e.reset();
       } else {
-        const auto start = std::chrono::steady_clock::now();
+        const pd::Timer timer;
         std::optional<pd::plan::Plan> plan;
         try {
           plan = v.plan(batch);
@@ -253,7 +254,7 @@ void run_trace(const std::string& title, const std::string& dataset, const std::
         } catch (const pd::Error& error) {  // the planner's bucket edge may be beyond what a plan can hold
           unplannable[fmt::format("{} (in {})", error.what(), v.name)].push_back(lengths[i]);
         }
-        v.overhead_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        v.overhead_s += timer.seconds();
         ++v.calls;
         if (plan) e = pd::plan::evaluate(*table, plan->strategies());
       }
@@ -360,7 +361,7 @@ int run(int argc, char** argv) {
                return m;
              }()),
              pd::plan::format_bytes(o.budget_gib > 0 ? o.budget_gib * 1073741824.0 : double(hw.usable_memory_bytes())));
-  paradyse::examples::CsvTable csv(o.csv, {"dataset", "sequence", "length", "variant", "kind", "time_s", "peak_bytes",
+  paradyse::CsvTable csv(o.csv, {"dataset", "sequence", "length", "variant", "kind", "time_s", "peak_bytes",
                                             "budget_bytes"});
   if (!o.lengths_file.empty()) {
     if (o.sorted) std::sort(file_lengths.begin(), file_lengths.end());

@@ -9,7 +9,7 @@
 // Element values are their global linear index, so each printed shard shows which part of the tensor it is. Each
 // step prints the collectives the planner chose, the bytes every rank sent, and checks that every rank holds exactly
 // the slice its layout names.
-#include "command_line.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/layout/reshard.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
@@ -122,7 +122,7 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options options;
   std::string shape_text = "1,10,4";
-  pd::examples::Flags flags(
+  pd::cli::Flags flags(
       "reshard_walkthrough",
       "Moves one tensor through a path of layouts on thread ranks and prints every rank's shard, or (--strategies) "
       "the layouts each strategy computes in.");

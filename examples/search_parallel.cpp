@@ -6,7 +6,7 @@
 // published runs (SC'21, Table 1) and what the search picks in their 3-D space and in the full space.
 //
 //   search_parallel --help    (the flags and their defaults, generated from main's statement of them)
-#include "command_line.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/validation.hpp"
 
@@ -132,7 +132,7 @@ void validate_against_megatron() {
 
 int main(int argc, char** argv) {
   Options o;
-  pd::examples::Flags flags(
+  pd::cli::Flags flags(
       "search_parallel",
       "Hypertron's search of the N-D parallel training space for a model on a cluster. A model file has the keys of "
       "a Hugging Face config.json; a cluster file is {name, peak_flops_per_s, device: <hardware profile>, levels: "

@@ -27,3 +27,4 @@ cmake --install "$build_dir" --prefix "$prefix" >/dev/null
 cmake -S tests/package -B "$build_dir/package" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$build_dir/package"
 "$build_dir/package/package_consumer"
+if [[ -x "$build_dir/package/cli_consumer" ]]; then "$build_dir/package/cli_consumer" --ranks 3; fi

@@ -1,4 +1,4 @@
-# tests/examples/command_line_usage.cmake: a program's command line as a user meets it (examples/command_line.hpp):
+# tests/examples/command_line_usage.cmake: a program's command line as a user meets it (paradyse/cli/flags.hpp):
 # --help prints the generated usage on stdout and exits 0, naming every flag of FLAGS; each bad value of BAD exits 2
 # with a message on stderr naming the flag, the value and what was expected, before the program does any work.
 #   cmake -DEXE=train_gpt "-DFLAGS=--steps;--ranks" "-DBAD=--steps 0=>--steps expects an integer in [1, 10000000]@@..."

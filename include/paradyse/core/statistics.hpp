@@ -1,4 +1,4 @@
-// paradyse/core/statistics.hpp: the median and spread of repeated measurements.
+// paradyse/core/statistics.hpp: the median and spread of repeated measurements, and percentiles.
 //
 // Timings on a shared machine are noisy, so every benchmark and every measured comparison in the library reports
 // the median of its repetitions (the mean of the middle two for an even count), with the extremes beside it where
@@ -34,5 +34,15 @@ inline Spread spread_of(std::vector<double> values) {
 }
 
 inline double median(std::vector<double> values) { return spread_of(std::move(values)).median; }
+
+// The q-quantile of `values` (q in [0, 1]), linear between the two nearest of the sorted values (0 for no values):
+// percentile(v, 0.5) is the median, percentile(v, 0.99) the p99 of a latency distribution.
+inline double percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double at = q * double(values.size() - 1);
+  const std::size_t lo = std::size_t(at), hi = std::min(lo + 1, values.size() - 1);
+  return values[lo] + (at - double(lo)) * (values[hi] - values[lo]);
+}
 
 }  // namespace paradyse

@@ -29,6 +29,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/least_squares.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"  // save_profile / load_profile for what is calibrated
@@ -40,11 +41,9 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <time.h>
 #include <unistd.h>
 #include <vector>
 
@@ -52,17 +51,9 @@ namespace paradyse::cost {
 
 enum class TimeSource : std::uint8_t { thread_cpu, wall };
 
-// Seconds of CPU time the calling thread has run.
-inline double thread_cpu_seconds() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// Seconds from `source`: a monotonic clock, or the calling thread's CPU time.
+// Seconds from `source`: a monotonic clock, or the calling thread's CPU time (core/timer.hpp's two clocks).
 inline double now_seconds(TimeSource source) {
-  if (source == TimeSource::thread_cpu) return thread_cpu_seconds();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return source == TimeSource::thread_cpu ? thread_cpu_seconds() : wall_seconds();
 }
 
 struct CalibrationOptions {

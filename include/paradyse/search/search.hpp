@@ -13,11 +13,11 @@
 // Ties in step time are broken by the configuration's fields, so the result does not depend on the visiting order.
 #pragma once
 
+#include "paradyse/core/timer.hpp"
 #include "paradyse/search/parallel_config.hpp"
 #include "paradyse/search/perf_model.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -128,7 +128,7 @@ inline double mesh_lower_bound(const PerformanceModel& model, const SearchSpace&
 
 inline SearchResult search(const PerformanceModel& model, const SearchOptions& options) {
   check(options.top_k >= 1, "top_k = {} must be at least 1", options.top_k);
-  const auto start = std::chrono::steady_clock::now();
+  const Timer timer;
   const TrainingModel& m = model.model();
   const TrainingSetup& setup = model.setup();
   const double capacity = model.capacity_bytes();
@@ -204,7 +204,7 @@ inline SearchResult search(const PerformanceModel& model, const SearchOptions& o
         }
     }
   }
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = timer.seconds();
   return result;
 }
 

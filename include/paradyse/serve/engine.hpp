@@ -20,6 +20,7 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 #include "paradyse/serve/eplb.hpp"
 #include "paradyse/serve/expert_balance.hpp"
@@ -123,7 +124,6 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
                                            EngineStats* stats_out = nullptr,
                                            const std::function<void(const EngineProgress&)>& progress = {}) {
   using namespace engine_detail;
-  using Clock = std::chrono::steady_clock;
   const DecoderConfig& c = model.config;
   const int p = comm.size(), me = comm.rank();
   for (const ServeRequest& r : requests) {
@@ -165,12 +165,12 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
                    [&](std::size_t a, std::size_t b) { return requests[a].arrival < requests[b].arrival; });
   std::size_t next_arrival = 0, finished = 0;
   std::vector<std::size_t> running;  // admission order
-  const Clock::time_point start = Clock::now();
-  auto now = [&]() { return opt.wall_clock ? std::chrono::duration<double>(Clock::now() - start).count() : double(stats.steps); };
+  const Timer run_timer;
+  auto now = [&]() { return opt.wall_clock ? run_timer.seconds() : double(stats.steps); };
   std::vector<std::int64_t> plan;
 
   while (finished < requests.size()) {
-    const Clock::time_point step_start = Clock::now();
+    const Timer step_timer;
     // ---- rank 0 plans the step ----
     plan.clear();
     if (me == 0) {
@@ -283,20 +283,20 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
     };
     auto post = [&](std::int64_t l) {
       if (!to || !c.is_moe(l)) return;
-      const Clock::time_point t0 = Clock::now();
+      const Timer timer;
       RankLayer& L = shard.layers[std::size_t(l)];
       moving[std::size_t(l)].begin(comm, c, L, layout_of(L), layer_target(l));
-      exposed += std::chrono::duration<double>(Clock::now() - t0).count();
+      exposed += timer.seconds();
     };
     auto finish_all = [&]() {
       if (!to) return;
-      const Clock::time_point t0 = Clock::now();
+      const Timer timer;
       for (std::int64_t l = 0; l < c.layers; ++l)
         if (c.is_moe(l)) {
           moving[std::size_t(l)].finish(c, p, me);
           stats.switch_bytes += moving[std::size_t(l)].bytes_sent();
         }
-      exposed += std::chrono::duration<double>(Clock::now() - t0).count();
+      exposed += timer.seconds();
     };
     const bool pipelined = policy.pipelined_switch;
     if (to && !pipelined) {
@@ -375,13 +375,13 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
         ++finished;
       }
     }
-    stats.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
+    stats.step_seconds.push_back(step_timer.seconds());
     stats.step_tokens.push_back(n);
     stats.predicted.push_back(predicted);
     if (progress && me == 0)
       progress({stats.steps, std::int64_t(finished), std::int64_t(requests.size()), std::int64_t(running.size()), mode});
   }
-  stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  stats.elapsed_s = run_timer.seconds();
   if (sorting) stats.fetch = sorting->stats();
   if (on_demand) stats.fetch = on_demand->stats();
   if (stats_out) *stats_out = stats;

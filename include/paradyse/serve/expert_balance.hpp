@@ -24,9 +24,9 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -336,10 +336,10 @@ private:
   // Waits for `requests` and clears them, adding the time to FetchStats::wait_s.
   void timed_wait(std::vector<Request>& requests) {
     if (requests.empty()) return;
-    const auto start = std::chrono::steady_clock::now();
+    const Timer timer;
     for (Request& r : requests) r.wait();
     requests.clear();
-    stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats_.wait_s += timer.seconds();
   }
   void complete_pending() {
     timed_wait(sends_);

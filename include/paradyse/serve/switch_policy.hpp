@@ -16,12 +16,12 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/policy_rounds.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -43,7 +43,6 @@ struct MachineRates {
 // after one untimed round, and each is the median of its rounds. (Measured one after the other with 5 repetitions
 // each, c_half came out anywhere from 0 to 1148 columns between runs here, and F from 17 to 93 GFLOP/s.)
 inline MachineRates measure_machine_rates(const MoeConfig& m, int ranks, int repetitions = 9) {
-  using Clock = std::chrono::steady_clock;
   check(ranks >= 1 && repetitions >= 1, "measure_machine_rates: ranks {} and repetitions {} must be >= 1", ranks,
         repetitions);
   const std::int64_t h = m.hidden, rows = 256;
@@ -55,9 +54,7 @@ inline MachineRates measure_machine_rates(const MoeConfig& m, int ranks, int rep
   w2.fill(0.25f);
   one.fill(0.5f);
   auto seconds = [](auto&& body) {
-    const Clock::time_point start = Clock::now();
-    body();
-    return std::max(std::chrono::duration<double>(Clock::now() - start).count(), 1e-9);
+    return std::max(time_seconds(body), 1e-9);
   };
   std::vector<double> t1, t2, tm;
   for (int r = -1; r < repetitions; ++r) {

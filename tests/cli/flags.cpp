@@ -1,8 +1,8 @@
-// Tests of examples/command_line.hpp, the command lines of the example programs and benchmarks (CLI11 through
+// Tests of paradyse/cli/flags.hpp, the command lines of the example programs and benchmarks (CLI11 through
 // Flags): integers parse into their destination type without wrapping, numbers must be finite and inside their
 // interval, errors name the flag, the value and the accepted range, --help is not a problem, and the usage is
 // generated from the flags (each flag with its range and default).
-#include "../../examples/command_line.hpp"
+#include "paradyse/cli/flags.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-using paradyse::examples::Flags;
-using paradyse::examples::Interval;
+using paradyse::cli::Flags;
+using paradyse::cli::Interval;
 
 namespace {
 

@@ -1,7 +1,11 @@
-// tests/cost/strategy_stack.hpp: the model's layer stack (model/stack.hpp) on thread ranks, every sublayer on one
-// strategy, measuring what the cost models predict: the peak memory of each rank (its MemoryTracker) above the
-// weights and the stack's inputs, and the time of forward and backward (each rank's thread CPU time, the slowest
-// rank counting). Shared by tests/cost/memory_validation.cpp and bench/cost_validation.cpp.
+// paradyse/cost/stack_measurement.hpp: the cost models against the machine, on the model's layer stack
+// (model/stack.hpp) on thread ranks, every sublayer on one strategy: what the stack measures (the peak memory of each
+// rank's MemoryTracker above the weights and the stack's inputs; the time of forward and backward, each rank's
+// thread CPU time or wall time, the slowest rank counting) beside what the memory model predicts for it and what the
+// planner budgets. Used by tests/cost/memory_validation.cpp (to the byte) and bench/cost_validation.cpp.
+//
+//   const StackMeasurement m = measure_stack(s, config, p, batch, seq, layers);
+//   predicted_activation_peak(s, config, p, batch, seq, layers) == m.activation_peak_bytes
 #pragma once
 
 #include "paradyse/comm/threads.hpp"
@@ -19,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace paradyse::cost::testing {
+namespace paradyse::cost {
 
 struct StackMeasurement {
   std::int64_t activation_peak_bytes = 0;  // tracker peak minus what was in use before forward (the largest rank)
@@ -85,7 +89,4 @@ inline std::int64_t bounded_activation_peak(int s, const LayerConfig& config, in
   return e.saved_activations + e.largest_transient + stack_buffer_bytes(stack_buffers(shape, p));
 }
 
-// The small kernel allocations the planner allows for beside its bound (plan/cost_table.hpp).
-inline std::int64_t plan_kernel_allowance() { return 4096; }
-
-}  // namespace paradyse::cost::testing
+}  // namespace paradyse::cost

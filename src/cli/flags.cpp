@@ -1,10 +1,10 @@
-// examples/command_line.cpp: the CLI11 side of paradyse::examples::Flags (examples/command_line.hpp), compiled once
-// into the library paradyse_command_line that every example program and benchmark links.
-#include "command_line.hpp"
+// src/cli/flags.cpp: the CLI11 side of paradyse::cli::Flags (include/paradyse/cli/flags.hpp), compiled once into the
+// static library paradyse_cli (the package component paradyse::cli) that every example program and benchmark links.
+#include "paradyse/cli/flags.hpp"
 
 #include <CLI/CLI.hpp>
 
-namespace paradyse::examples {
+namespace paradyse::cli {
 
 namespace {
 
@@ -111,4 +111,4 @@ std::optional<std::string> Flags::problem(int argc, const char* const* argv) {
   return std::nullopt;
 }
 
-}  // namespace paradyse::examples
+}  // namespace paradyse::cli
