@@ -71,3 +71,22 @@ TEST_CASE("Switchable and AnyStrategy: the same results as the strategy itself, 
   });
   findings.check_all("Switchable vs AnyStrategy");
 }
+
+namespace {
+// MegatronTS's schedule declared over another unified layout, and one that declares none.
+struct OtherLayout {};
+struct OtherLayoutTS : MegatronTS<> {
+  using unified_layout = OtherLayout;
+};
+struct Undeclared {};
+}  // namespace
+
+TEST_CASE("Switchable: its policies share one unified layout, checked at compile time") {
+  static_assert(std::same_as<unified_layout_t<MegatronTS<>>, SequenceShardedLayout>);
+  static_assert(std::same_as<unified_layout_t<METP<>>, SequenceShardedLayout>);
+  static_assert(ShareUnifiedLayout<MegatronTS<>, UlyssesZ<>, MegatronCZ<>, METP<>, ColossalZ<>>);
+  static_assert(!ShareUnifiedLayout<MegatronTS<>, OtherLayoutTS>);  // Switchable's static_assert would fire
+  static_assert(!ShareUnifiedLayout<Undeclared>);
+  static_assert(SublayerStrategy<OtherLayoutTS, ThreadCommunicator>);  // a strategy, but not one to mix with these
+  CHECK(Strategies::count == 5);
+}

@@ -32,6 +32,7 @@
 #include "paradyse/moe/router.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/owner_broadcast.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -494,28 +495,22 @@ private:
       if (count > 0) owners.push_back(q);
       most = std::max(most, count);
     }
-    PooledBuffer<float> buffers[2] = {pool.acquire<float>(Shape{most * per_expert}),
-                                      pool.acquire<float>(Shape{owners.size() > 1 ? most * per_expert : 0})};
-    const auto post = [&](std::size_t i) {
-      const int q = owners[i];
-      const std::int64_t count = owned_experts(c, p, q).length;
-      const std::span<float> weights = buffers[i % 2].span().first(std::size_t(count * per_expert));
-      if (q == comm.rank()) {  // the owner sends its own experts: [in of every expert | out of every expert]
-        Backend::copy(w.expert_in.span(), weights.first(std::size_t(count * in_size)));
-        Backend::copy(w.expert_out.span(), weights.subspan(std::size_t(count * in_size)));
-      }
-      return comm.broadcast_async(weights, q);
-    };
-    Request pending = owners.empty() ? Request() : post(0);
-    for (std::size_t i = 0; i < owners.size(); ++i) {
-      pending.wait();
-      Request next = i + 1 < owners.size() ? post(i + 1) : Request();
-      const ChunkRange experts = owned_experts(c, p, owners[i]);
-      const float* at = buffers[i % 2].data();
+    OwnerBroadcast broadcast(
+        comm,
+        {pool.acquire<float>(Shape{most * per_expert}),
+         pool.acquire<float>(Shape{owners.size() > 1 ? most * per_expert : 0})},
+        owners, [&](int q) { return owned_experts(c, p, q).length * per_expert; },
+        [&](std::span<float> weights) {  // the owner sends its own experts: [in of every expert | out of every expert]
+          const std::size_t ins = std::size_t(owned_experts(c, p, comm.rank()).length * in_size);
+          Backend::copy(w.expert_in.span(), weights.first(ins));
+          Backend::copy(w.expert_out.span(), weights.subspan(ins));
+        });
+    for (const int owner : owners) {
+      const float* at = broadcast.next().data();
+      const ChunkRange experts = owned_experts(c, p, owner);
       const ExpertBank<const float> bank{{at, Shape{experts.length, 2 * c.expert_ffn, c.hidden}},
                                          {at + experts.length * in_size, Shape{experts.length, c.expert_ffn, c.hidden}}};
-      body(owners[i], experts, bank);
-      pending = std::move(next);
+      body(owner, experts, bank);
     }
   }
 };

@@ -16,17 +16,16 @@
 // so the set is complete and the planner can weigh it. Communication: K and V each circulate once forward
 // (2 b s hkv d (p-1)/p per rank, as ring attention), twice with their gradient sums backward. Exact: the same
 // float64 reference as every strategy. Requirements: those of the unified layout only.
+// The projections, checks, requirement and MLP are strategy/unified_ring.hpp's Zero3Ring; this file holds RSA.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
-#include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/ring_heads.hpp"
 #include "paradyse/strategy/ring_schedule.hpp"
-#include "paradyse/strategy/zero3_linear.hpp"
-#include "paradyse/strategy/zero3_mlp.hpp"
+#include "paradyse/strategy/unified_ring.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -38,15 +37,8 @@
 namespace paradyse {
 
 template <class Backend = ops::Cpu>
-struct ColossalZ : LayoutPolicy<Backend> {
+struct ColossalZ : Zero3Ring<ColossalZ<Backend>, Backend> {
   static constexpr std::string_view name = "ColossalZ";
-  // Its MLP sublayer is zero3_mlp.hpp's, op for op: a planner dry-runs it once for every strategy that says so.
-  static constexpr std::string_view mlp_sublayer = "zero3_mlp";
-  // Both sublayers compute in the unified layout: K/V blocks pass around the ring and the ZeRO-3 weights move, not tokens.
-  ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
-    return {ctx.unified(ctx.hidden()), ctx.unified(ctx.hidden())};
-  }
-  ComputeLayouts mlp_layouts(const SublayerContext& ctx) const { return attention_layouts(ctx); }
 
   struct AttentionSaved {
     Tensor<float> x;      // [b, n_r, h]
@@ -54,37 +46,22 @@ struct ColossalZ : LayoutPolicy<Backend> {
     Tensor<float> probs;  // [b, hq, n_r, s]: softmax rows against every key, columns rank-major (owner 0's first)
     Tensor<float> out;    // [b, n_r, hq, d]
   };
-  using MlpSaved = Zero3MlpSaved;
 
-  Support supports(const SublayerContext& ctx) const {
-    if (ctx.layer().heads % ctx.ranks() != 0)
-      return {fmt::format("{}: heads = {} must be divisible by the group size p = {}", name, ctx.layer().heads, ctx.ranks())};
-    return common_support(name, ctx);
+private:
+  friend struct Zero3Ring<ColossalZ, Backend>;
+
+  static AttentionSaved make_saved(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
+                                   TensorView<const float> x) {
+    const std::int64_t b = call.b, n = call.n, d = ctx.geometry.head_dim;
+    return {copy_tensor<Backend>(x), Tensor<float>(Shape{b, n, packing.heads(), d}),
+            Tensor<float>(Shape{b, packing.q_heads(), n, ctx.length()}), Tensor<float>(Shape{b, n, packing.q_heads(), d})};
   }
 
   template <Communicator C>
-  AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
-                                   TensorView<const float> x, TensorView<float> y) const {
-    ctx.check_activation("ColossalZ attention", "x", x, comm.rank());
-    ctx.check_activation("ColossalZ attention", "y", y, comm.rank());
-    require(supports(ctx));
-    const ShardGeometry& g = ctx.geometry;
-    const int p = ctx.ranks(), rank = comm.rank();
-    const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
-    const std::int64_t s = ctx.length(), R = g.qkv_rows, d = g.head_dim;
-    const QkvPacking packing = QkvPacking::of(g, p);
-    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, n, packing.heads(), d}),
-                         Tensor<float>(Shape{b, packing.q_heads(), n, s}),
-                         Tensor<float>(Shape{b, n, packing.q_heads(), d})};
-    {
-      PooledBuffer<float> packed = ctx.pool->acquire<float>(Shape{m, p * R});
-      const TensorView<float> columns = packed.view();
-      ring_column_linear_forward<Backend>(comm, *ctx.pool, x.reshape(Shape{m, h}), w.qkv(),
-                                          [&](int j) { return columns.slice(1, j * R, R); });
-      unpack_heads<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank, ctx.document_starts},
-                            columns.reshape(Shape{b, n, p * R}), saved.heads.view());
-    }
-    const Rsa rsa(ctx, packing, rank, saved);
+  void core_forward(C& comm, const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
+                    AttentionSaved& saved) const {
+    const std::int64_t n = call.n, s = ctx.length(), d = ctx.geometry.head_dim;
+    const Rsa rsa(ctx, packing, call.rank, saved);
     HeadGemms gemms;  // one GEMM per (batch, query head), issued as one batched call per block
     // S: every key block fills its columns of the score rows; then the softmax over whole rows.
     rotate_blocks(comm, *ctx.pool, rsa.block_size(), rsa.pack(rsa.k), [&](int owner, std::span<const float> k_block) {
@@ -105,105 +82,59 @@ struct ColossalZ : LayoutPolicy<Backend> {
       Backend::gemm_batched(ops::Transpose::no, ops::Transpose::no, n, d, rsa.keys(owner), 1.0f, gemms.a, s, gemms.b,
                             rsa.kv_stride, 1.0f, gemms.c, rsa.out_stride);
     });
-    const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, p * g.proj_rows});
-    gathered_row_linear_forward<Backend>(comm, *ctx.pool, w.proj(),
-                                         [&](int j) { return a.slice(1, j * g.proj_rows, g.proj_rows); },
-                                         y.reshape(Shape{m, h}));
-    return saved;
   }
 
   template <Communicator C>
-  void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
-                          TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
-    ctx.check_activation("ColossalZ attention backward", "dy", dy, comm.rank());
-    ctx.check_activation("ColossalZ attention backward", "dx", dx, comm.rank());
-    const ShardGeometry& g = ctx.geometry;
-    const int p = ctx.ranks(), rank = comm.rank();
-    const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
-    const std::int64_t s = ctx.length(), R = g.qkv_rows, W = g.proj_rows, d = g.head_dim;
-    const QkvPacking packing = QkvPacking::of(g, p);
-    const Rsa rsa(ctx, packing, rank, saved);
-    PooledBuffer<float> dpacked = ctx.pool->acquire<float>(Shape{m, p * R});
-    {
-      PooledBuffer<float> dheads = ctx.pool->acquire<float>(saved.heads.shape());
-      Backend::fill(dheads.view(), 0.0f);
-      const HeadViews<float> dqkv = head_views(dheads.view(), packing);
-      {
-        PooledBuffer<float> dout = ctx.pool->acquire<float>(saved.out.shape());
-        const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, p * W});
-        const TensorView<float> da = dout.view().reshape(Shape{m, p * W});
-        gathered_row_linear_backward<Backend>(
-            comm, *ctx.pool, w.proj(), [&](int j) { return a.slice(1, j * W, W); }, dy.reshape(Shape{m, h}),
-            [&](int j) { return da.slice(1, j * W, W); }, grad.proj());
-        PooledBuffer<float> dprobs = ctx.pool->acquire<float>(saved.probs.shape());
-        // The per-head GEMMs of a block, two kinds, each issued as one batched call. Within a kind the items run in
-        // head order, so the heads of a GQA group add into their shared K/V gradient rows in the order of the loop
-        // they replace; the two kinds touch disjoint outputs, so issuing one kind after the other changes no bits.
-        HeadGemms first, second;
-        const TensorView<const float> dout_heads = dout.view();
-        // dP[:, block] = dout v_block^T; dV_block += P[:, block]^T dout
-        rotate_blocks_with_sums<Backend>(
-            comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.v),
-            [&](int owner, std::span<const float> v_block, std::span<float> dv_block) {
-              first.clear();
-              second.clear();
-              rsa.for_each_head(owner, v_block.data(), [&](std::int64_t batch, std::int64_t head, const float*,
-                                                            float* probs, const float* value, float*) {
-                const float* dout_head = &dout_heads(batch, 0, head, 0);
-                first.add(dout_head, value, dprobs.data() + (probs - saved.probs.data()));
-                second.add(probs, dout_head, dv_block.data() + (value - v_block.data()));
-              });
-              const std::int64_t keys = rsa.keys(owner);
-              Backend::gemm_batched(ops::Transpose::no, ops::Transpose::yes, n, keys, d, 1.0f, first.a, rsa.out_stride,
-                                    first.b, rsa.kv_stride, 0.0f, first.c, s);
-              Backend::gemm_batched(ops::Transpose::yes, ops::Transpose::no, keys, d, n, 1.0f, second.a, s, second.b,
-                                    rsa.out_stride, 1.0f, second.c, rsa.kv_stride);
-            },
-            [&](std::span<const float> total) { rsa.add_home(total, dqkv.v); });
-        rsa.softmax_backward(saved.probs.view(), dprobs.view());  // dP -> dS, in place
-        // dq += scale dS[:, block] k_block; dK_block += scale dS[:, block]^T q
-        rotate_blocks_with_sums<Backend>(
-            comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.k),
-            [&](int owner, std::span<const float> k_block, std::span<float> dk_block) {
-              first.clear();
-              second.clear();
-              rsa.for_each_head(owner, k_block.data(), [&](std::int64_t batch, std::int64_t head, const float* q,
-                                                            float* probs, const float* key, float*) {
-                const float* dscores = dprobs.data() + (probs - saved.probs.data());
-                first.add(dscores, key, &dqkv.q(batch, 0, head, 0));
-                second.add(dscores, q, dk_block.data() + (key - k_block.data()));
-              });
-              const std::int64_t keys = rsa.keys(owner);
-              Backend::gemm_batched(ops::Transpose::no, ops::Transpose::no, n, d, keys, rsa.scale, first.a, s, first.b,
-                                    rsa.kv_stride, 1.0f, first.c, rsa.head_stride);
-              Backend::gemm_batched(ops::Transpose::yes, ops::Transpose::no, keys, d, n, rsa.scale, second.a, s,
-                                    second.b, rsa.head_stride, 1.0f, second.c, rsa.kv_stride);
-            },
-            [&](std::span<const float> total) { rsa.add_home(total, dqkv.k); });
-      }
-      pack_head_gradients<Backend>(packing, TokenPositions{&ctx.layer(), &ctx.sequence, rank, ctx.document_starts}, dheads.view(),
-                                   dpacked.view().reshape(Shape{b, n, p * R}));
-    }
-    const TensorView<const float> dcolumns = dpacked.view();
-    QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
-    ring_column_linear_backward<Backend>(comm, *ctx.pool, TensorView<const float>(saved.x.view()).reshape(Shape{m, h}),
-                                         w.qkv(), [&](int j) { return dcolumns.slice(1, j * R, R); },
-                                         dx.reshape(Shape{m, h}), qkv_grad.target());
-    qkv_grad.finish(comm);
+  void core_backward(C& comm, const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
+                     AttentionSaved& saved, TensorView<const float> dout_heads, const HeadViews<float>& dqkv) const {
+    const std::int64_t n = call.n, s = ctx.length(), d = ctx.geometry.head_dim;
+    const Rsa rsa(ctx, packing, call.rank, saved);
+    PooledBuffer<float> dprobs = ctx.pool->acquire<float>(saved.probs.shape());
+    // The per-head GEMMs of a block, two kinds, each issued as one batched call. Within a kind the items run in
+    // head order, so the heads of a GQA group add into their shared K/V gradient rows in the order of the loop
+    // they replace; the two kinds touch disjoint outputs, so issuing one kind after the other changes no bits.
+    HeadGemms first, second;
+    // dP[:, block] = dout v_block^T; dV_block += P[:, block]^T dout
+    rotate_blocks_with_sums<Backend>(
+        comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.v),
+        [&](int owner, std::span<const float> v_block, std::span<float> dv_block) {
+          first.clear();
+          second.clear();
+          rsa.for_each_head(owner, v_block.data(), [&](std::int64_t batch, std::int64_t head, const float*,
+                                                        float* probs, const float* value, float*) {
+            const float* dout_head = &dout_heads(batch, 0, head, 0);
+            first.add(dout_head, value, dprobs.data() + (probs - saved.probs.data()));
+            second.add(probs, dout_head, dv_block.data() + (value - v_block.data()));
+          });
+          const std::int64_t keys = rsa.keys(owner);
+          Backend::gemm_batched(ops::Transpose::no, ops::Transpose::yes, n, keys, d, 1.0f, first.a, rsa.out_stride,
+                                first.b, rsa.kv_stride, 0.0f, first.c, s);
+          Backend::gemm_batched(ops::Transpose::yes, ops::Transpose::no, keys, d, n, 1.0f, second.a, s, second.b,
+                                rsa.out_stride, 1.0f, second.c, rsa.kv_stride);
+        },
+        [&](std::span<const float> total) { rsa.add_home(total, dqkv.v); });
+    rsa.softmax_backward(saved.probs.view(), dprobs.view());  // dP -> dS, in place
+    // dq += scale dS[:, block] k_block; dK_block += scale dS[:, block]^T q
+    rotate_blocks_with_sums<Backend>(
+        comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.k),
+        [&](int owner, std::span<const float> k_block, std::span<float> dk_block) {
+          first.clear();
+          second.clear();
+          rsa.for_each_head(owner, k_block.data(), [&](std::int64_t batch, std::int64_t head, const float* q,
+                                                        float* probs, const float* key, float*) {
+            const float* dscores = dprobs.data() + (probs - saved.probs.data());
+            first.add(dscores, key, &dqkv.q(batch, 0, head, 0));
+            second.add(dscores, q, dk_block.data() + (key - k_block.data()));
+          });
+          const std::int64_t keys = rsa.keys(owner);
+          Backend::gemm_batched(ops::Transpose::no, ops::Transpose::no, n, d, keys, rsa.scale, first.a, s, first.b,
+                                rsa.kv_stride, 1.0f, first.c, rsa.head_stride);
+          Backend::gemm_batched(ops::Transpose::yes, ops::Transpose::no, keys, d, n, rsa.scale, second.a, s,
+                                second.b, rsa.head_stride, 1.0f, second.c, rsa.kv_stride);
+        },
+        [&](std::span<const float> total) { rsa.add_home(total, dqkv.k); });
   }
 
-  template <Communicator C>
-  MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
-                       TensorView<float> y) const {
-    return zero3_mlp_forward<Backend>(comm, ctx, w, x, y, "ColossalZ mlp");
-  }
-  template <Communicator C>
-  void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
-                    TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
-    zero3_mlp_backward<Backend>(comm, ctx, w, saved, dy, dx, grad, "ColossalZ mlp backward");
-  }
-
-private:
   // The operands of one GEMM per head (item i: c[i] = op(a[i]) op(b[i])), gathered for one Backend::gemm_batched.
   struct HeadGemms {
     std::vector<const float*> a, b;

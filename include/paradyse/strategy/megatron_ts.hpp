@@ -34,6 +34,8 @@ namespace paradyse {
 template <class Backend = ops::Cpu>
 struct MegatronTS : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "MegatronTS";
+  // Between calls x, y, dy, dx are cut along the sequence and the weights are the packed shards (policy.hpp).
+  using unified_layout = SequenceShardedLayout;
 
   struct AttentionSaved {
     Tensor<float> x;    // [b, n_r, h]: the local input, re-gathered in backward

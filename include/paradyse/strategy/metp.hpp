@@ -18,7 +18,8 @@
 // paper's figure; MHA, f = 4h), K/V 2 b s h (p-1)/p as ring attention; backward about twice that. Saved: x and the
 // attention output and lse ([b, n_r, h] + [b, hq, n_r]); the MLP saves only x. Requirements: those of the unified
 // layout only; replicated kv heads (kv_heads < p) travel with every replica's head group and their gradients are
-// summed over the replicas.
+// summed over the replicas. The layouts, checks and requirement are strategy/unified_ring.hpp's UnifiedRing; the
+// shards' broadcast is strategy/owner_broadcast.hpp's.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -29,21 +30,20 @@
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/ring_attention.hpp"
 #include "paradyse/strategy/ring_heads.hpp"
+#include "paradyse/strategy/owner_broadcast.hpp"
 #include "paradyse/strategy/ring_schedule.hpp"
+#include "paradyse/strategy/unified_ring.hpp"
 
 #include <span>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace paradyse {
 
 template <class Backend = ops::Cpu>
-struct METP : LayoutPolicy<Backend> {
+struct METP : UnifiedRing<METP<Backend>, Backend> {
   static constexpr std::string_view name = "METP";
-  // Both sublayers compute in the unified layout: weight shards and K/V blocks pass around the ring, not tokens.
-  ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
-    return {ctx.unified(ctx.hidden()), ctx.unified(ctx.hidden())};
-  }
-  ComputeLayouts mlp_layouts(const SublayerContext& ctx) const { return attention_layouts(ctx); }
 
   struct AttentionSaved {
     Tensor<float> x;    // [b, n_r, h]
@@ -54,28 +54,17 @@ struct METP : LayoutPolicy<Backend> {
     Tensor<float> x;  // [b, n_r, h]
   };
 
-  Support supports(const SublayerContext& ctx) const {
-    if (ctx.layer().heads % ctx.ranks() != 0)
-      return {fmt::format("{}: heads = {} must be divisible by the group size p = {}", name, ctx.layer().heads, ctx.ranks())};
-    return common_support(name, ctx);
-  }
-
   template <Communicator C>
   AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
                                    TensorView<const float> x, TensorView<float> y) const {
-    ctx.check_activation("METP attention", "x", x, comm.rank());
-    ctx.check_activation("METP attention", "y", y, comm.rank());
-    require(supports(ctx));
-    const ShardGeometry& g = ctx.geometry;
-    const int p = ctx.ranks(), rank = comm.rank();
-    const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
+    const auto [g, p, rank, b, n, m, h] = this->attention_call(comm, ctx, x, y);
     AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{p, b, n, g.q_heads, g.head_dim}),
                          Tensor<float>(Shape{p, b, g.q_heads, n})};
     const TensorView<const float> x_rows = x.reshape(Shape{m, h});
     const TensorView<float> y_rows = y.reshape(Shape{m, h});
-    ShardBroadcast<C> shards(comm, ctx, w.packed.view());
+    auto shards = shard_broadcast(comm, ctx, w);
     for (int i = 0; i < p; ++i) {
-      const TensorView<const float> shard = shards.next();  // [qkv_rows + proj_rows, h] of rank i
+      const TensorView<const float> shard(shards.next().data(), w.packed.shape());  // [qkv_rows + proj_rows, h] of rank i
       const auto [out_i, lse_i] = head_group(saved, i);
       {
         PooledBuffer<float> heads = project_heads(ctx, rank, x_rows, shard.slice(0, 0, g.qkv_rows));
@@ -92,11 +81,7 @@ struct METP : LayoutPolicy<Backend> {
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
-    ctx.check_activation("METP attention backward", "dy", dy, comm.rank());
-    ctx.check_activation("METP attention backward", "dx", dx, comm.rank());
-    const ShardGeometry& g = ctx.geometry;
-    const int p = ctx.ranks(), rank = comm.rank();
-    const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
+    const auto [g, p, rank, b, n, m, h] = this->attention_backward_call(comm, ctx, dy, dx);
     const std::int64_t R = g.qkv_rows, W = g.proj_rows, A = g.attention_rows();
     const TensorView<const float> x_rows = TensorView<const float>(saved.x.view()).reshape(Shape{m, h});
     const TensorView<const float> dy_rows = dy.reshape(Shape{m, h});
@@ -114,9 +99,9 @@ struct METP : LayoutPolicy<Backend> {
       Backend::add_into(qkv_grad.target(), total.slice(0, 0, R));
       Backend::add_into(grad.proj(), total.slice(0, R, W));
     };
-    ShardBroadcast<C> shards(comm, ctx, w.packed.view());
+    auto shards = shard_broadcast(comm, ctx, w);
     for (int i = 0; i < p; ++i) {
-      const TensorView<const float> shard = shards.next();
+      const TensorView<const float> shard(shards.next().data(), w.packed.shape());
       const TensorView<const float> w_qkv = shard.slice(0, 0, R), w_proj = shard.slice(0, R, W);
       const auto [out_i, lse_i] = head_group(saved, i);
       const TensorView<const float> a_i = TensorView<const float>(out_i).reshape(Shape{m, W});
@@ -153,8 +138,8 @@ struct METP : LayoutPolicy<Backend> {
   template <Communicator C>
   MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
                        TensorView<float> y) const {
-    ctx.check_activation("METP mlp", "x", x, comm.rank());
-    ctx.check_activation("METP mlp", "y", y, comm.rank());
+    ctx.check_activation(this->mlp_label(), "x", x, comm.rank());
+    ctx.check_activation(this->mlp_label(), "y", y, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t m = ctx.local_rows(comm.rank()), h = ctx.hidden();
     const TensorView<const float> x_rows = x.reshape(Shape{m, h});
@@ -178,8 +163,8 @@ struct METP : LayoutPolicy<Backend> {
   template <Communicator C>
   void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
                     TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
-    ctx.check_activation("METP mlp backward", "dy", dy, comm.rank());
-    ctx.check_activation("METP mlp backward", "dx", dx, comm.rank());
+    ctx.check_activation(this->mlp_backward_label(), "dy", dy, comm.rank());
+    ctx.check_activation(this->mlp_backward_label(), "dx", dx, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t m = ctx.local_rows(comm.rank()), h = ctx.hidden();
     const TensorView<const float> x_rows = TensorView<const float>(saved.x.view()).reshape(Shape{m, h});
@@ -212,35 +197,19 @@ struct METP : LayoutPolicy<Backend> {
   }
 
 private:
-  // Rank i's shards, one at a time, in rank order: next() waits for shard i and starts the broadcast of shard i+1
-  // into the other buffer (the owner copies its own shard in first). The shard returned stays valid until the call
-  // after next.
-  template <Communicator C>
-  class ShardBroadcast {
-  public:
-    ShardBroadcast(C& comm, const SublayerContext& ctx, TensorView<const float> own /*[A, h]*/)
-        : comm_(comm), own_(own), buffers_{ctx.pool->acquire<float>(own.shape()), ctx.pool->acquire<float>(own.shape())} {
-      start(0);
-    }
-    TensorView<const float> next() {
-      pending_.wait();
-      const int i = next_++;
-      if (next_ < comm_.size()) start(next_);
-      return buffers_[i % 2].view();
-    }
+  using UnifiedRing<METP, Backend>::positions;
+  using UnifiedRing<METP, Backend>::ring_spec;
 
-  private:
-    void start(int owner) {
-      PooledBuffer<float>& buffer = buffers_[owner % 2];
-      if (owner == comm_.rank()) Backend::copy(own_, buffer.view());
-      pending_ = comm_.broadcast_async(buffer.span(), owner);
-    }
-    C& comm_;
-    TensorView<const float> own_;
-    PooledBuffer<float> buffers_[2];
-    Request pending_;
-    int next_ = 0;
-  };
+  // Rank i's attention shard [A, h], one at a time, in rank order, double-buffered (the owner copies its own in).
+  template <Communicator C>
+  static auto shard_broadcast(C& comm, const SublayerContext& ctx, const AttentionShard& w) {
+    const TensorView<const float> own = w.packed.view();
+    std::vector<int> owners(std::size_t(ctx.ranks()));
+    for (int i = 0; i < ctx.ranks(); ++i) owners[std::size_t(i)] = i;
+    return OwnerBroadcast(comm, {ctx.pool->acquire<float>(own.shape()), ctx.pool->acquire<float>(own.shape())},
+                          std::move(owners), [n = own.numel()](int) { return n; },
+                          [own](std::span<float> block) { Backend::copy(own, TensorView<float>(block.data(), own.shape())); });
+  }
 
   // W_in^T_j: [ffn_in_rows, h] and W_out_j: [f/p, h] of a packed MLP shard (or of its gradient).
   template <class T>
@@ -253,12 +222,6 @@ private:
   static void copy_shard(const MlpShard& w, std::span<float> to) { Backend::copy(w.packed.span(), to); }
 
   static QkvPacking packing(const ShardGeometry& g) { return QkvPacking::of(g, 1); }
-  static RingAttentionSpec ring_spec(const SublayerContext& ctx) {
-    return RingAttentionSpec{.layout = ctx.sequence, .causal = ctx.layer().causal, .document_starts = ctx.document_starts};
-  }
-  static TokenPositions positions(const SublayerContext& ctx, int rank) {
-    return TokenPositions{&ctx.layer(), &ctx.sequence, rank, ctx.document_starts};
-  }
 
   // Head group i's output [b, n_r, hq/p, d] and lse [b, hq/p, n_r] in the saved tensors.
   struct HeadGroupViews {

@@ -148,6 +148,15 @@ struct ComputeLayouts {
   TensorLayout output;
 };
 
+// The unified layout as a type: activations [b, s, h] cut along s (dim 1) over the group, contiguous or zigzag
+// chunks (the layer's run-time choice, ctx.sequence), and weights in contract/weight_shards.hpp's packed shards.
+// Every strategy states the layout it takes and gives its tensors in between calls as
+// `using unified_layout = SequenceShardedLayout;`, so that strategy/switchable.hpp can check at compile time that the
+// policies it switches between share one (which is what makes switching free).
+struct SequenceShardedLayout {
+  static constexpr int sequence_dim = 1;
+};
+
 // The reshard every strategy exposes: a tensor from one layout over the group to another, through layout/'s engine,
 // staging in the call's buffer pool. Collective over the group.
 template <class Backend>
@@ -173,6 +182,7 @@ concept SublayerStrategy =
                                                                   typename S::MlpSaved& ms, TensorView<const float> in,
                                                                   TensorView<float> out) {
       { S::name } -> std::convertible_to<std::string_view>;
+      typename S::unified_layout;
       { s.supports(ctx) } -> std::same_as<Support>;
       { s.attention_layouts(ctx) } -> std::same_as<ComputeLayouts>;
       { s.mlp_layouts(ctx) } -> std::same_as<ComputeLayouts>;

@@ -4,7 +4,8 @@
 // state as a std::variant whose index records which strategy produced it, so backward always runs the strategy
 // that ran forward. Choices are indices into the list (index_of(name) maps the names a planner uses). Because every
 // strategy shares the unified layout and the same shards, a choice may change from call to call with no
-// redistribution. AnyStrategy<Comm> is a type-erased handle to one strategy, for code that does not want the
+// redistribution; that is checked at compile time (each policy's `unified_layout` type must be the same, a
+// static_assert with its reason otherwise). AnyStrategy<Comm> is a type-erased handle to one strategy, for code that does not want the
 // template (its saved state is opaque and checked on use).
 //
 // Adding a strategy: write its file (strategy/policy.hpp's concept) and add its name to the list in
@@ -21,16 +22,43 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <typeinfo>
 #include <utility>
 #include <variant>
 
 namespace paradyse {
+
+// The unified layout policy P declares (P::unified_layout, strategy/policy.hpp), or NoUnifiedLayout if it declares
+// none.
+struct NoUnifiedLayout {};
+template <class P>
+struct unified_layout_of {
+  using type = NoUnifiedLayout;
+};
+template <class P>
+  requires requires { typename P::unified_layout; }
+struct unified_layout_of<P> {
+  using type = typename P::unified_layout;
+};
+template <class P>
+using unified_layout_t = typename unified_layout_of<P>::type;
+
+// Whether policies Ps... declare one and the same unified layout: what makes switching among them free.
+template <class... Ps>
+struct shares_unified_layout : std::false_type {};
+template <class P, class... Ps>
+struct shares_unified_layout<P, Ps...>
+    : std::bool_constant<!std::same_as<unified_layout_t<P>, NoUnifiedLayout> &&
+                         (std::same_as<unified_layout_t<Ps>, unified_layout_t<P>> && ...)> {};
+template <class... Ps>
+concept ShareUnifiedLayout = shares_unified_layout<Ps...>::value;
 
 // The strategy of each sublayer of one layer, as indices into a Switchable's list.
 struct SublayerChoice {
@@ -43,6 +71,13 @@ struct SublayerChoice {
 template <class... Ps>
 class Switchable {
   static_assert(sizeof...(Ps) >= 1, "Switchable needs at least one strategy");
+  static_assert((!std::same_as<unified_layout_t<Ps>, NoUnifiedLayout> && ...),
+                "Switchable<Ps...>: every policy must declare the layout it takes and gives its tensors in between "
+                "calls, `using unified_layout = SequenceShardedLayout;` (strategy/policy.hpp)");
+  static_assert(!(!std::same_as<unified_layout_t<Ps>, NoUnifiedLayout> && ...) || ShareUnifiedLayout<Ps...>,
+                "Switchable<Ps...>: the policies must share ONE unified layout (the same `unified_layout` type): a "
+                "choice may change from call to call with no redistribution only because every policy takes and gives "
+                "its tensors in that layout, so a policy that computes in another layout cannot be mixed in");
 
 public:
   static constexpr std::size_t count = sizeof...(Ps);

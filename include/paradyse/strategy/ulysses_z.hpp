@@ -39,6 +39,8 @@ struct UlyssesZ : LayoutPolicy<Backend> {
   static constexpr std::string_view name = "UlyssesZ";
   // Its MLP sublayer is zero3_mlp.hpp's, op for op: a planner dry-runs it once for every strategy that says so.
   static constexpr std::string_view mlp_sublayer = "zero3_mlp";
+  // Between calls its tensors are in the unified layout (policy.hpp), though attention computes by head groups.
+  using unified_layout = SequenceShardedLayout;
 
   struct AttentionSaved {
     Tensor<float> x;    // [b, n_r, h]
