@@ -1,7 +1,7 @@
 // examples/train_gpt.cpp: trains a small byte-level GPT on the State of the Union corpus with ParaDySe's per-layer
 // strategy switching, on p thread ranks with a per-rank memory cap.
 //
-// Each step takes one document window (examples/corpus.hpp: a document drawn with the seed, its length scaled so
+// Each step takes one document window (data/corpus.hpp: a document drawn with the seed, its length scaled so
 // that the longest speech gives --max-len), asks the exact planner for the fastest strategy of every layer and
 // sublayer that fits the cap (cost models: memory exact per strategy, time from a hardware profile of this machine),
 // and runs forward, backward and AdamW with that plan. It prints per step the length, the plan, the loss, the step
@@ -18,28 +18,30 @@
 // --save writes a safetensors checkpoint of the global weights at the end (model/checkpoint.hpp); --load starts
 // from one (saved on any number of ranks, same model configuration).
 #include "command_line.hpp"
-#include "corpus.hpp"
 #include "csv_table.hpp"
-#include "model_flops.hpp"
-#include "plan_names.hpp"
 #include "progress.hpp"
-#include "train_mesh.hpp"
-#include "train_moe.hpp"
-#include "train_ranks.hpp"
-#include "training_checkpoints.hpp"
-#include "training_data.hpp"
-#include "training_options.hpp"
+#include "train_gpt/train_mesh.hpp"
+#include "train_gpt/train_moe.hpp"
+#include "train_gpt/training_data.hpp"
+#include "train_gpt/training_options.hpp"
 
+#include "paradyse/comm/ranks.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/emulation.hpp"
 #include "paradyse/cost/from_config.hpp"
 #include "paradyse/cost/memory_model.hpp"
+#include "paradyse/cost/model_flops.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/data/packing.hpp"
+#include "paradyse/model/byte_gpt.hpp"
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
+#include "paradyse/model/resume.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
+#include "paradyse/plan/memory_cap.hpp"
+#include "paradyse/plan/plan_names.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
 #if PARADYSE_WITH_CUDA
@@ -188,7 +190,7 @@ TrainingOptions parse(int argc, char** argv) {
   usage_text() = flags.usage();
   flags.parse(argc, argv);
   o.zero = pd::ZeroStage(int(zero_stage));
-  o.backend = backend_name == "mpi" ? pd::examples::RankBackend::mpi : pd::examples::RankBackend::threads;
+  o.backend = backend_name == "mpi" ? pd::RankBackend::mpi : pd::RankBackend::threads;
   // The options as given, for training checkpoints, as "--flag value" pairs (every flag takes one value, given as
   // "--flag value" or "--flag=value"); --resume, --load and --stop-after are not saved (a resumed run starts from its
   // checkpoint and runs to the end).
@@ -260,13 +262,13 @@ TrainingOptions parse_resuming(int argc, char** argv) {
   return parse(int(pointers.size()), pointers.data());
 }
 
-using pd::examples::compact_plan;  // examples/plan_names.hpp: "MTS/MTS UZ/METP"
-using pd::examples::full_plan;     // "MegatronTS/MegatronTS UlyssesZ/METP"
+using pd::plan::compact_plan;  // plan/plan_names.hpp: "MTS/MTS UZ/METP"
+using pd::plan::full_plan;        // "MegatronTS/MegatronTS UlyssesZ/METP"
 
 // The per-rank state that lives across steps (threads or MPI processes): each rank's tracker (capped), model and
 // buffer pool. Each step is one collective run whose ranks install their tracker, so a failed step (OutOfMemory on
 // one thread rank ends the collectives of all) leaves the model and the trackers intact for the next one.
-using Ranks = pd::examples::Ranks<Model>;
+using Ranks = pd::Ranks<Model, pd::BufferPool>;
 
 // The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
 template <class RanksT>
@@ -280,7 +282,7 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
     fmt::print("hardware profile: {} (given)\n", o.profile);
     return pd::cost::load_profile(o.profile);
   }
-  const bool mpi = o.backend == pd::examples::RankBackend::mpi;
+  const bool mpi = o.backend == pd::RankBackend::mpi;
   const std::filesystem::path cache = fmt::format("build/train_gpt_profile_{}p{}.json", mpi ? "mpi_" : "", o.ranks);
   // Under MPI every process decides from the same state: rank 0 writes the cache only after all have looked.
   const bool cached = std::filesystem::exists(cache);
@@ -360,7 +362,7 @@ template <class ModelT, class RanksT>
 int train_dense(const TrainingOptions& o, RanksT& ranks) {
   using Strategies = typename StrategiesOf<ModelT>::type;
   using Model = ModelT;
-  const bool mpi = o.backend == pd::examples::RankBackend::mpi;
+  const bool mpi = o.backend == pd::RankBackend::mpi;
   constexpr bool on_device = StrategiesOf<ModelT>::on_device;
   pd::check(o.emulate.empty() || (!on_device && !mpi && o.profile.empty()),
             "--emulate paces the thread communicator against this machine's calibrated profile: it needs --backend "
@@ -368,20 +370,14 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   if (on_device && (!o.save.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 || o.stop_after > 0))
     throw pd::Error("--device cuda: checkpoints (--save, --load, --resume, --checkpoint-every, --stop-after) are not "
                     "written from device memory yet; train on the host (--device cpu) to save");
-  pd::GptConfig config;
-  config.layer = pd::LayerConfig::make(o.hidden, o.heads);
-  config.layer.causal = true;
-  config.layer.zigzag = true;  // causal ring attention balanced over the ranks
-  config.layer.rope = true;
-  config.layers = o.layers;
-  config.vocab = 256;
+  const pd::GptConfig config = pd::byte_gpt_config(pd::examples::byte_gpt_shape(o));  // model/byte_gpt.hpp
   config.validate_for(o.ranks);
 
   // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens, or packed
-  // sequences (examples/training_data.hpp).
+  // sequences (examples/train_gpt/training_data.hpp).
   const pd::examples::TrainingData data = pd::examples::training_data(o, {o.ranks, config.layer.zigzag}, o.pack_tokens);
-  const std::vector<corpus::Document>& docs = data.docs;
-  const std::vector<corpus::Step>& steps = data.steps;
+  const std::vector<pd::data::Document>& docs = data.docs;
+  const std::vector<pd::data::Step>& steps = data.steps;
   const int n_steps = int(steps.size());
 
   pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
@@ -398,14 +394,9 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   const pd::plan::GptCosts<Model> costs{config, o.ranks, &hardware};
 
   // The cap: METP must fit the longest input, MegatronTS must not (unless --cap-mib says otherwise).
-  const std::int64_t metp_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("METP"));
-  const std::int64_t ts_peak = costs.uniform_peak(o.max_len, pd::cost::default_catalog().index_of("MegatronTS"));
-  std::int64_t cap = 0;
-  if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * kMiB);
-  else {
-    cap = metp_peak + (ts_peak - metp_peak) / 4;  // METP fits with room; TS needs more from ~60% of max-len on
-    cap = (cap + std::int64_t(kMiB) - 1) / std::int64_t(kMiB) * std::int64_t(kMiB);
-  }
+  const pd::plan::DefaultCap default_cap = pd::plan::default_memory_cap(costs, o.max_len);  // plan/memory_cap.hpp
+  const std::int64_t metp_peak = default_cap.metp_peak, ts_peak = default_cap.ts_peak;
+  std::int64_t cap = o.cap_mib > 0 ? std::int64_t(o.cap_mib * kMiB) : default_cap.cap;
   // The model's size before anything is allocated: its states (weights, gradients, AdamW moments) per rank, and
   // what a save adds (one layer gathered). Refused with the numbers when it cannot fit the cap or this machine.
   const pd::plan::CostTable longest = costs.table(o.max_len);
@@ -500,8 +491,8 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
     ranks.run([&](auto&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
     fmt::print("weights loaded from {}\n\n", o.load);
   }
-  // Training checkpoints (examples/training_checkpoints.hpp): resumed from, and written on the way.
-  const pd::examples::TrainingCheckpoints checkpoints(o, n_steps, pd::examples::data_description(o, n_steps, o.pack_tokens),
+  // Training checkpoints (model/resume.hpp): resumed from, and written on the way.
+  const pd::TrainingCheckpoints checkpoints(pd::examples::resume_options(o), n_steps, pd::examples::data_description(o, n_steps, o.pack_tokens),
                                                       ranks);
   const int first_step = checkpoints.first_step(), end_step = checkpoints.end_step();
   if (!o.resume.empty())
@@ -515,7 +506,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   adamw.learning_rate = float(o.lr);
   adamw.weight_decay = 0.01f;
   const int warmup = std::max(1, std::min(8, n_steps / 8));
-  const double gemm_rate = pd::examples::gemm_rate_per_rank(hardware);
+  const double gemm_rate = pd::cost::gemm_rate_per_rank(hardware);
 
   fmt::print("peak: the largest per-rank peak measured by the memory trackers; pred: the memory model's peak for the "
              "plan (what the planner budgets)\n");
@@ -542,15 +533,15 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
     checkpoints.before_step(ranks, step);
     // The step's rows [b, s]: one document each, padded with masked tokens; or (--pack-documents) one row holding
     // the documents back to back.
-    const corpus::Step& batch = steps[std::size_t(step)];
+    const pd::data::Step& batch = steps[std::size_t(step)];
     const std::int64_t s = batch.length, rows = batch.sequences();
     const std::vector<std::int64_t> document_starts = batch.document_starts();  // empty: one document per row
     const std::int64_t documents = std::int64_t(batch.rows.size());  // the "docs" column
     std::vector<std::int32_t> inputs, targets;
-    corpus::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
+    pd::data::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
     std::vector<std::int64_t> lengths;
-    for (const corpus::Window& w : batch.rows) lengths.push_back(w.length);
-    const double step_flops = pd::examples::training_flops(config, lengths);
+    for (const pd::data::Window& w : batch.rows) lengths.push_back(w.length);
+    const double step_flops = pd::cost::training_flops(config, lengths);
     const std::int64_t real = batch.real_tokens(), padding = batch.padded_tokens();
     // The plan: the exact planner's, or the forced strategy's (with its predicted memory).
     const auto plan_start = std::chrono::steady_clock::now();
@@ -657,7 +648,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ranks.share(peaks);
     const double peak = *std::max_element(peaks.begin(), peaks.end());
-    const double mfu = pd::examples::model_flops_utilisation(step_flops, seconds, o.ranks, hardware);
+    const double mfu = pd::cost::model_flops_utilisation(step_flops, seconds, o.ranks, hardware);
     fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", step, s, documents,
                compact_plan(*plan), 8 * o.layers, loss, seconds, 100 * mfu, peak / kMiB, double(plan->peak_bytes()) / kMiB,
                double(cap) / kMiB);
@@ -702,7 +693,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
              double(tokens) / total, planner_seconds * 1e3);
   fmt::print("  model FLOPs utilisation    {:.1f}% over the steps run ({:.2f} GFLOP/s of model FLOPs; GEMM rate {:.1f} "
              "GFLOP/s x {} ranks)\n",
-             100 * pd::examples::model_flops_utilisation(flops, step_seconds, o.ranks, hardware),
+             100 * pd::cost::model_flops_utilisation(flops, step_seconds, o.ranks, hardware),
              step_seconds > 0 ? flops / step_seconds / 1e9 : 0.0, gemm_rate / 1e9, o.ranks);
   fmt::print("  strategy usage (sublayers) ");
   bool first = true;
@@ -755,9 +746,9 @@ int main(int argc, char** argv) {
   const TrainingOptions o = parse_resuming(argc, argv);
 #if PARADYSE_WITH_MPI
   std::optional<pd::MpiSession> mpi_session;
-  if (o.backend == pd::examples::RankBackend::mpi) mpi_session.emplace(&argc, &argv);
+  if (o.backend == pd::RankBackend::mpi) mpi_session.emplace(&argc, &argv);
 #endif
-  const bool mpi = o.backend == pd::examples::RankBackend::mpi;
+  const bool mpi = o.backend == pd::RankBackend::mpi;
   try {
     // The group first (under MPI: this process's rank; the others print nothing), capped once the cap is known.
     Ranks ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
@@ -772,7 +763,7 @@ int main(int argc, char** argv) {
       pd::check(pd::device::available(), "--device cuda: {}", pd::device::unavailable_reason());
       TrainingOptions on_gpu = o;
       if (on_gpu.profile.empty()) on_gpu.profile = "H200-SXM-141GB-x8";  // calibration times host ops
-      pd::examples::DeviceRanks<DeviceModel> device_ranks(o.ranks, std::numeric_limits<std::size_t>::max());
+      pd::DeviceRanks<DeviceModel, pd::BufferPool> device_ranks(o.ranks, std::numeric_limits<std::size_t>::max());
       return train_dense<DeviceModel>(on_gpu, device_ranks);
 #else
       throw pd::Error("--device cuda: this train_gpt was built without CUDA (no nvcc found by CMake)");
