@@ -26,9 +26,6 @@
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/strategy/strategies.hpp"
 #include "paradyse/ops/backend.hpp"
-#include "paradyse/strategy/megatron_ts.hpp"
-#include "paradyse/strategy/switchable.hpp"
-#include "paradyse/strategy/ulysses_z.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/ranges.h>
@@ -41,13 +38,7 @@
 namespace {
 
 using namespace paradyse;
-using Strategies = Switchable<MegatronTS<>, UlyssesZ<>>;
-using Model = Gpt<Strategies>;
-
-using testing::documents_mean;
 using testing::documents_of;
-using testing::DocumentsMean;
-using testing::RunResult;
 
 }  // namespace
 
