@@ -11,10 +11,11 @@
 # Only line-start includes count: a commented-out `// #include` is ignored.
 cmake_minimum_required(VERSION 3.20)
 
-# Lowest first. moe sits below model (the layer stack runs the MoE sublayer); serve (the inference engine) and
-# search (Hypertron) are placed before their first header lands. cli (programs' command lines, paradyse::cli) is the
-# top: it serves programs and includes no other layer.
-set(layers core device mesh comm ops kernels layout contract strategy moe model cost plan serve search cli)
+# Lowest first. moe sits below model (the layer stack runs the MoE sublayer); data (corpora, packing, document order)
+# sits on layout (the chunking rule its document order balances); serve (the inference engine) and search
+# (Hypertron) are placed before their first header lands. cli (programs' command lines, paradyse::cli) is the top: it
+# serves programs and includes no other layer.
+set(layers core device mesh comm ops kernels layout data contract strategy moe model cost plan serve search cli)
 
 if(NOT DEFINED ROOT)
   get_filename_component(ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)

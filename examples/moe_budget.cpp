@@ -18,7 +18,6 @@
 //      (prefill: one sequence per step; decode: one token per step after a prefilled context, T = 1), all measured
 //      in this run against the full budget;
 //   3. the DP's time for a DeepSeek-V2-Lite-shaped problem (26 layers, top-6, B = 78).
-#include "corpus.hpp"
 
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
@@ -26,6 +25,7 @@
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/core/timer.hpp"
+#include "paradyse/data/corpus.hpp"
 #include "paradyse/moe/alloc_layers.hpp"
 #include "paradyse/moe/budget.hpp"
 #include "paradyse/moe/sensitivity.hpp"
@@ -115,10 +115,10 @@ std::vector<int> parse_percentages(const std::string& list) {
 
 // Sequences of seq + 1 tokens (seq inputs; each position's target is the next token) cut from the documents in
 // order, until `tokens` inputs (or the documents run out).
-std::vector<std::vector<std::int32_t>> sequences_of(const std::vector<const corpus::Document*>& docs,
+std::vector<std::vector<std::int32_t>> sequences_of(const std::vector<const paradyse::data::Document*>& docs,
                                                     std::int64_t tokens, std::int64_t seq, std::int64_t vocab) {
   std::vector<std::vector<std::int32_t>> out;
-  for (const corpus::Document* d : docs) {
+  for (const paradyse::data::Document* d : docs) {
     const std::string& b = d->bytes;
     for (std::int64_t at = 0; at + seq + 1 <= std::int64_t(b.size()); at += seq) {
       if (std::int64_t(out.size()) * seq >= tokens) return out;
@@ -227,16 +227,16 @@ std::string join(const std::vector<std::int64_t>& k) {
 }
 
 int run(const Options& o) {
-  const std::filesystem::path dir = o.corpus.empty() ? corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
+  const std::filesystem::path dir = o.corpus.empty() ? paradyse::data::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu")
                                                      : std::filesystem::path(o.corpus);
-  const std::vector<corpus::Document> docs = corpus::load(dir);
-  std::vector<const corpus::Document*> calibration, held_out;
+  const std::vector<paradyse::data::Document> docs = paradyse::data::load(dir);
+  std::vector<const paradyse::data::Document*> calibration, held_out;
   for (std::size_t i = 0; i < docs.size(); ++i) (i % 8 == 7 ? held_out : calibration).push_back(&docs[i]);
   check(!calibration.empty() && !held_out.empty(), "moe_budget: {} documents in {}: too few to hold some out",
         docs.size(), dir.string());
   if (!o.write_train.empty()) {
     std::filesystem::create_directories(o.write_train);
-    for (const corpus::Document* d : calibration) {
+    for (const paradyse::data::Document* d : calibration) {
       std::ofstream f(std::filesystem::path(o.write_train) / d->name, std::ios::binary);
       f.write(d->bytes.data(), std::streamsize(d->bytes.size()));
       check(bool(f), "moe_budget: writing {} failed", (std::filesystem::path(o.write_train) / d->name).string());

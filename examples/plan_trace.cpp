@@ -11,7 +11,7 @@
 // paper's Table 3 (data/lengths/paradyse_table3.csv): a bucket by its probability, then a length uniform within
 // it (log-uniform in the open-ended last bucket), at least 64 tokens.
 //
-// Inputs are read strictly (examples/trace_input.hpp): a bad option or file exits 2 naming the flag or the file, line
+// Inputs are read strictly (data/trace_input.hpp): a bad option or file exits 2 naming the flag or the file, line
 // and field. A sequence no strategy can run (shorter than p, or beyond what any plan can hold) is reported with the
 // reason and counts as not fitting; anything else the library refuses exits 1 with its message, never an uncaught
 // exception.
@@ -19,8 +19,6 @@
 //   plan_trace --help     (the flags, their ranges and defaults: generated from parse() below)
 // --csv FILE: every sequence's predicted step time and peak memory per variant (empty when it does not fit), with
 // the memory budget: scripts/plot.py draws time per strategy against length with each strategy's memory limit.
-#include "trace_input.hpp"
-
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/core/csv_table.hpp"
 #include "paradyse/core/progress.hpp"
@@ -29,6 +27,7 @@
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
+#include "paradyse/data/trace_input.hpp"
 #include "paradyse/plan/cache.hpp"
 #include "paradyse/plan/heuristic.hpp"
 #include "paradyse/plan/planner.hpp"
@@ -70,7 +69,7 @@ struct Options {
   std::string csv;
 };
 
-using paradyse::examples::LengthBucket;
+using paradyse::data::LengthBucket;
 
 // The longest length read from a file (the planner's own limit: longer is beyond what any plan can hold).
 constexpr std::int64_t kMaxLength = pd::plan::kMaxPlanLength;
@@ -337,16 +336,16 @@ int run(int argc, char** argv) {
   } catch (const pd::Error& e) {
     usage(e.what());
   }
-  // The inputs, read strictly (examples/trace_input.hpp): a bad file is a usage error naming the file, line and field.
+  // The inputs, read strictly (data/trace_input.hpp): a bad file is a usage error naming the file, line and field.
   // Lengths shorter than p are read: they are reported per sequence (no strategy can run them).
   std::vector<std::int64_t> file_lengths;
   std::string path;
   std::map<std::string, std::vector<LengthBucket>> distributions;
   try {
-    if (!o.lengths_file.empty()) file_lengths = paradyse::examples::read_lengths(o.lengths_file, 1, kMaxLength);
+    if (!o.lengths_file.empty()) file_lengths = paradyse::data::read_lengths(o.lengths_file, 1, kMaxLength);
     else {
       path = find_distribution(o.distribution);
-      distributions = paradyse::examples::read_distribution(path, kMaxLength);
+      distributions = paradyse::data::read_distribution(path, kMaxLength);
       if (o.dataset != "all" && !distributions.count(o.dataset))
         usage(fmt::format("no dataset \"{}\" in {}", o.dataset, path));
     }

@@ -3,7 +3,7 @@
 # millionths of the loss, absolute). A mesh given as MESH@Z trains with --zero Z. Both runs write their table as CSV
 # (losses to 17 digits).
 # With MOE_ARGS (an MoE GPT: --experts ...), two more checks of the experts folded over dp x cp:
-#   1. train_gpt --experts --ranks C (examples/train_moe.hpp, the Gpt class; one window per step) and --mesh cp=C on
+#   1. train_gpt --experts --ranks C (examples/train_gpt/train_moe.hpp, the Gpt class; one window per step) and --mesh cp=C on
 #      the same steps give the same losses (the mesh's single group is the MoE GPT's);
 #   2. with MOE_PACK added (packed steps of several rows), --mesh cp=C and each of MOE_MESHES (dp x cp: the MoE layers
 #      over the expert group of every replica's and cp rank's tokens) give the same losses.

@@ -7,7 +7,7 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/moe_cost.hpp"
-#include "paradyse/layout/document_balance.hpp"
+#include "paradyse/data/document_balance.hpp"
 #include "paradyse/plan/moe_plan.hpp"
 
 #include <doctest/doctest.h>
@@ -15,6 +15,7 @@
 #include <vector>
 
 using namespace paradyse;
+using paradyse::data::max_rank_causal_pairs;
 
 namespace {
 
@@ -251,7 +252,7 @@ TEST_CASE("MoeGptCosts::packed_table: the MoE table of Batch::packed; one docume
                                                 {4, 4, 8}, costs.extra_bytes(s), *costs.catalog));
     check_same_table(costs.packed_table({s}), costs.table(s));
     // The order of the documents is the order on the zigzag ranks: the long document first gives its slowest rank
-    // more query-key pairs than last does (layout/document_balance.hpp), and the ring's time follows the slowest rank.
+    // more query-key pairs than last does (data/document_balance.hpp), and the ring's time follows the slowest rank.
     const std::vector<std::int64_t> reordered{5, 7, 12, 40};
     REQUIRE(max_rank_causal_pairs(lengths, {p, true}) > max_rank_causal_pairs(reordered, {p, true}));
     const plan::MoeCostTable first = costs.packed_table(lengths), last = costs.packed_table(reordered);

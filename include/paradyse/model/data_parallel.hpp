@@ -14,13 +14,15 @@
 //           ZeRO-1. Half the gradient traffic of an all-reduce before the all-gather.
 // Chunks follow the library's chunking rule (layout/chunking.hpp: uneven sizes allowed). Reductions run in rank
 // order on the thread communicator, so every stage gives the same parameters on every replica.
-// ZeRO-3 (parameters sharded too) is what the sequence strategies do inside their group (strategy/zero3_*.hpp).
+// The AdamW step is model/adamw.hpp's (with this optimizer's config as given: a caller without weight decay passes it
+// so). ZeRO-3 (parameters sharded too) is what the sequence strategies do inside their group (strategy/zero3_*.hpp).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/layout/chunking.hpp"
+#include "paradyse/model/adamw.hpp"
 #include "paradyse/ops/backend.hpp"
 
 #include <cstdint>
@@ -97,8 +99,7 @@ public:
       group.all_reduce(std::span<const float>(grads), grads, reduce_op_);
       gradient = TensorView<const float>(grads.data() + start, Shape{chunk_.length});
     }
-    Backend::adamw_step(TensorView<float>(params.data() + start, Shape{chunk_.length}), gradient, m_.view(), v_.view(),
-                        config_, step);
+    adamw_update<Backend>({flat_view(params.subspan(start, length)), gradient, m_.view(), v_.view()}, config_, step);
     if (stage_ == ZeroStage::zero) return;
     Tensor<float> mine(Shape{chunk_.length});
     Backend::copy(std::span<const float>(params.subspan(start, length)), mine.span());

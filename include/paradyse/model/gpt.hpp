@@ -11,8 +11,8 @@
 // embedding [vocab, h], the final norm and the LM head [vocab, h] are small and REPLICATED on every rank; their
 // gradients are partial sums over the rank's tokens, all-reduced over the group once per step (one collective for
 // all of them). The head is untied by default; with `tied_head` the head is the embedding table itself, so its
-// gradient adds into the embedding's. The LM head runs in row chunks (`kHeadChunkRows`), so the logits never exist
-// for all tokens at once: memory O(chunk x vocab), not O(n_r x vocab).
+// gradient adds into the embedding's. The final norm, the LM head and the loss are model/head_loss.hpp's (in row
+// chunks of kHeadChunkRows: memory O(chunk x vocab), not O(n_r x vocab)).
 //
 // Optimizer. AdamW on each rank's own shards and on the replicated weights (every rank applies the same update to
 // them, since their gradients are identical after the all-reduce). Weight decay applies to matrices, not to norms.
@@ -28,6 +28,8 @@
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
+#include "paradyse/model/adamw.hpp"
+#include "paradyse/model/head_loss.hpp"
 #include "paradyse/model/layer.hpp"
 #include "paradyse/model/moe_half.hpp"
 #include "paradyse/model/placement.hpp"
@@ -46,6 +48,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -177,7 +180,7 @@ template <class Strategies = AllStrategies<>, class Backend = ops::Cpu>
 class Gpt {
 public:
   using Stack = TransformerStack<Strategies, Backend>;
-  static constexpr std::int64_t kHeadChunkRows = 1024;
+  static constexpr std::int64_t kHeadChunkRows = paradyse::kHeadChunkRows;  // model/head_loss.hpp
 
   // Rank `rank`'s part of the model drawn from `seed` (the same global model for every group size).
   Gpt(const GptConfig& config, int ranks, int rank, std::uint64_t seed)
@@ -254,7 +257,7 @@ public:
   // Every rank of the group calls it with the same plan, seq_len and documents. Returns the loss over every rank's
   // tokens. document_starts: packed documents of every sequence (global starts, first 0; attention within a
   // document, RoPE positions restarting at each); the caller keeps the loss inside documents: a token's target is
-  // the next token of its own document or the ignore index (examples/corpus.hpp's packed windows carry their own
+  // the next token of its own document or the ignore index (data/packing.hpp's packed windows carry their own
   // next bytes).
   template <Communicator C>
   GptStepResult forward_backward(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
@@ -262,7 +265,7 @@ public:
                                  std::span<const std::int64_t> document_starts = {}) {
     const LayerConfig& c = config_.layer;
     const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
-    const std::int64_t batch = tokens.extent(0), rows = batch * n;
+    const std::int64_t batch = tokens.extent(0);
 
     // Counted tokens over the group first: every token's loss gradient is scaled by 1 / total.
     double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
@@ -285,17 +288,8 @@ public:
       stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
     }
     Tensor<float> dhidden(activation);
-    {
-      Tensor<float> normed(activation), dnormed(activation), stats(Shape{2, rows});
-      TensorView<float> mean = stats.view().slice(0, 0, 1).reshape(Shape{rows});
-      TensorView<float> rstd = stats.view().slice(0, 1, 1).reshape(Shape{rows});
-      norm_forward<Backend>(c, hidden.view(), final_gamma(), final_beta(), normed.view(), mean, rstd);
-      counts[0] = head_forward_backward(normed.view().reshape(Shape{rows, h}), targets.reshape(Shape{rows}),
-                                        dnormed.view().reshape(Shape{rows, h}), grad_scale, replicated_partial);
-      norm_backward<Backend>(c, hidden.view(), final_gamma(), mean, rstd, dnormed.view(), dhidden.view(),
-                             partial_row(replicated_partial, final_row()),
-                             partial_row(replicated_partial, final_row() + 1));
-    }
+    counts[0] = norm_head_loss<Backend>(c, hidden.view(), targets, head_parameters(replicated_partial), grad_scale,
+                                        dhidden.view());
     hidden = Tensor<float>();
     {
       Tensor<float> dx(activation);
@@ -320,7 +314,7 @@ public:
                          std::span<const std::int64_t> document_starts = {}) {
     const LayerConfig& c = config_.layer;
     const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
-    const std::int64_t vocab = config_.vocab, batch = tokens.extent(0), rows = batch * n;
+    const std::int64_t batch = tokens.extent(0);
     double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
     Tensor<std::int32_t> token_storage, target_storage;  // a device backend's copies of the batch
     tokens = placed_ids(tokens, token_storage);
@@ -334,62 +328,47 @@ public:
       stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
       stack_.discard_step();  // what forward kept for a backward
     }
-    {
-      Tensor<float> normed(activation), stats(Shape{2, rows});
-      norm_forward<Backend>(c, hidden.view(), final_gamma(), final_beta(), normed.view(),
-                            stats.view().slice(0, 0, 1).reshape(Shape{rows}), stats.view().slice(0, 1, 1).reshape(Shape{rows}));
-      const TensorView<const float> x = TensorView<const float>(normed.view()).reshape(Shape{rows, h});
-      const TensorView<const float> head_weights = TensorView<const float>(head());
-      Tensor<float> logits(Shape{std::min(rows, kHeadChunkRows), vocab});
-      for (std::int64_t start = 0; start < rows; start += kHeadChunkRows) {
-        const std::int64_t count = std::min(kHeadChunkRows, rows - start);
-        const TensorView<float> chunk = logits.view().slice(0, 0, count);
-        Backend::matmul(x.slice(0, start, count), ops::Transpose::no, head_weights, ops::Transpose::yes, chunk);
-        counts[0] += Backend::cross_entropy_forward_backward(chunk, targets.reshape(Shape{rows}).slice(0, start, count),
-                                                             chunk, 1.0f).loss_sum;
-      }
-    }
+    counts[0] = norm_head_loss_forward<Backend>(c, hidden.view(), targets, final_gamma(), final_beta(),
+                                                TensorView<const float>(head()));
     double sums[2] = {0.0, 0.0};
     comm.all_reduce(std::span<const double>(counts, 2), std::span<double>(sums, 2), ReduceOp::sum);
     check(sums[1] > 0, "Gpt::evaluate: no token of the batch has a target");
     return {sums[0] / sums[1], std::int64_t(sums[1])};
   }
 
-  // One AdamW step on this rank's shards and the replicated weights with the accumulated gradients.
+  // One AdamW step (model/adamw.hpp) on this rank's shards and the replicated weights with the accumulated gradients:
+  // decay on the matrices, none on the norms.
   void optimizer_step(const ops::AdamWConfig& adamw) {
     ++step_;
-    ops::AdamWConfig no_decay = adamw;
-    no_decay.weight_decay = 0.0f;
-    auto step = [&](Tensor<float>& p, Tensor<float>& g, Tensor<float>& m, Tensor<float>& v, const ops::AdamWConfig& a) {
-      Backend::adamw_step(p.view(), g.view(), m.view(), v.view(), a, step_);
+    std::vector<AdamWTensor> tensors;
+    const auto add = [&](Tensor<float>& p, Tensor<float>& g, Tensor<float>& m, Tensor<float>& v, bool decays) {
+      tensors.push_back({p.view(), g.view(), m.view(), v.view(), decays});
     };
     for (int l = 0; l < stack_.layers(); ++l) {
       LayerWeights& w = stack_.weights()[std::size_t(l)];
       LayerWeights& g = stack_.gradients()[std::size_t(l)];
       LayerWeights& m = moment1_[std::size_t(l)];
       LayerWeights& v = moment2_[std::size_t(l)];
-      step(w.attention.packed, g.attention.packed, m.attention.packed, v.attention.packed, adamw);
-      step(w.mlp.packed, g.mlp.packed, m.mlp.packed, v.mlp.packed, adamw);
-      step(w.norms.packed, g.norms.packed, m.norms.packed, v.norms.packed, no_decay);
+      add(w.attention.packed, g.attention.packed, m.attention.packed, v.attention.packed, true);
+      add(w.mlp.packed, g.mlp.packed, m.mlp.packed, v.mlp.packed, true);
+      add(w.norms.packed, g.norms.packed, m.norms.packed, v.norms.packed, false);
       if (!stack_.is_moe_layer(l)) continue;
       MoeShard& mw = stack_.moe_weights()[std::size_t(l)];
       MoeShard& mg = stack_.moe_gradients()[std::size_t(l)];
       MoeShard& mm = moe_moment1_[std::size_t(l)];
       MoeShard& mv = moe_moment2_[std::size_t(l)];
-      step(mw.router, mg.router, mm.router, mv.router, adamw);
-      step(mw.expert_in, mg.expert_in, mm.expert_in, mv.expert_in, adamw);
-      step(mw.expert_out, mg.expert_out, mm.expert_out, mv.expert_out, adamw);
-      step(mw.shared_in, mg.shared_in, mm.shared_in, mv.shared_in, adamw);
-      step(mw.shared_out, mg.shared_out, mm.shared_out, mv.shared_out, adamw);
-      step(mw.shared_gate, mg.shared_gate, mm.shared_gate, mv.shared_gate, adamw);
+      for (auto member : {&MoeShard::router, &MoeShard::expert_in, &MoeShard::expert_out, &MoeShard::shared_in,
+                          &MoeShard::shared_out, &MoeShard::shared_gate})
+        add(mw.*member, mg.*member, mm.*member, mv.*member, true);
     }
     // The replicated pack: matrices (rows before the final norm) with decay, the final norm without.
     const std::int64_t matrix_rows = final_row();
-    auto rows_of = [](Tensor<float>& t, std::int64_t start, std::int64_t count) { return t.view().slice(0, start, count); };
-    Backend::adamw_step(rows_of(replicated_, 0, matrix_rows), rows_of(replicated_grad_, 0, matrix_rows),
-                        rows_of(replicated_m_, 0, matrix_rows), rows_of(replicated_v_, 0, matrix_rows), adamw, step_);
-    Backend::adamw_step(rows_of(replicated_, matrix_rows, 2), rows_of(replicated_grad_, matrix_rows, 2),
-                        rows_of(replicated_m_, matrix_rows, 2), rows_of(replicated_v_, matrix_rows, 2), no_decay, step_);
+    const auto rows_of = [](Tensor<float>& t, std::int64_t start, std::int64_t count) { return t.view().slice(0, start, count); };
+    for (const auto& [start, count, decays] : {std::tuple{std::int64_t(0), matrix_rows, true},
+                                              std::tuple{matrix_rows, std::int64_t(2), false}})
+      tensors.push_back({rows_of(replicated_, start, count), rows_of(replicated_grad_, start, count),
+                         rows_of(replicated_m_, start, count), rows_of(replicated_v_, start, count), decays});
+    adamw_update<Backend>(tensors, adamw, step_);
   }
 
   // After a failed step (an OutOfMemory on some rank, a communication error): drop what the step kept (saved
@@ -542,28 +521,10 @@ private:
     copy_rows(global.final_beta, final_row() + 1);
   }
 
-  // The LM head and the loss over `normed` rows, in chunks: returns this rank's loss sum; dnormed (overwritten),
-  // and the head gradient in `partial`, accumulate. normed, dnormed: [rows, h]; targets: [rows].
-  double head_forward_backward(TensorView<const float> normed, TensorView<const std::int32_t> targets,
-                               TensorView<float> dnormed, float grad_scale, Tensor<float>& partial) {
-    const std::int64_t rows = normed.extent(0), vocab = config_.vocab;
-    const TensorView<const float> head_weights = TensorView<const float>(head());
-    const TensorView<float> head_grad = partial.view().slice(0, head_row(), vocab);
-    Tensor<float> logits(Shape{std::min(rows, kHeadChunkRows), vocab});
-    double loss = 0.0;
-    for (std::int64_t start = 0; start < rows; start += kHeadChunkRows) {
-      const std::int64_t count = std::min(kHeadChunkRows, rows - start);
-      const TensorView<float> chunk = logits.view().slice(0, 0, count);
-      const TensorView<const float> x = normed.slice(0, start, count);
-      using ops::Transpose;
-      Backend::matmul(x, Transpose::no, head_weights, Transpose::yes, chunk);  // [count, V] = x [count, h] * W^T
-      // dlogits overwrite the logits (the op allows the alias).
-      loss += Backend::cross_entropy_forward_backward(chunk, targets.slice(0, start, count), chunk, grad_scale).loss_sum;
-      const TensorView<const float> dlogits = chunk;
-      Backend::matmul(dlogits, Transpose::yes, x, Transpose::no, head_grad, 1.0f, 1.0f);  // dW += dlogits^T x
-      Backend::matmul(dlogits, Transpose::no, head_weights, Transpose::no, dnormed.slice(0, start, count));
-    }
-    return loss;
+  // The final norm and the head with their gradients in `partial` (the step's replicated partial gradients).
+  HeadParameters head_parameters(Tensor<float>& partial) {
+    return {final_gamma(), final_beta(), TensorView<const float>(head()), partial_row(partial, final_row()),
+            partial_row(partial, final_row() + 1), partial.view().slice(0, head_row(), config_.vocab)};
   }
 
   GptConfig config_;

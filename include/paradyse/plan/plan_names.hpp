@@ -1,4 +1,4 @@
-// examples/plan_names.hpp: a plan as train_gpt's per-step tables name it, "attention/ffn" per layer, layers apart by
+// paradyse/plan/plan_names.hpp: a plan as train_gpt's per-step tables name it, "attention/ffn" per layer, layers apart by
 // a space: compact (each strategy by the capitals of its name, "MegatronTS" -> "MTS": "MTS/MTS UZ/METP") for the
 // printed tables, or in full names for the CSV. The dense GPT's plans (plan::Plan) and the MoE GPT's (plan::MoePlan:
 // the FFN's strategy, "EP" or "ETP" for an MoE layer).
@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-namespace paradyse::examples {
+namespace paradyse::plan {
 
 // The capitals of a strategy's name: "MegatronTS" -> "MTS", "ExpertParallel" -> "EP".
 inline std::string initials(std::string_view name) {
@@ -24,7 +24,7 @@ inline std::string initials(std::string_view name) {
 }
 
 // "MTS/MTS UZ/METP": each layer's attention/mlp strategy by its initials.
-inline std::string compact_plan(const plan::Plan& plan) {
+inline std::string compact_plan(const Plan& plan) {
   std::string out;
   for (const auto& layer : plan.layers)
     out += fmt::format("{}{}/{}", out.empty() ? "" : " ", initials(plan.strategy_name(layer.strategies.attention)),
@@ -33,7 +33,7 @@ inline std::string compact_plan(const plan::Plan& plan) {
 }
 
 // "MegatronTS/MegatronTS UlyssesZ/METP": each layer's attention/mlp strategy by its full name.
-inline std::string full_plan(const plan::Plan& plan) {
+inline std::string full_plan(const Plan& plan) {
   std::string out;
   for (const auto& layer : plan.layers)
     out += fmt::format("{}{}/{}", out.empty() ? "" : " ", plan.strategy_name(layer.strategies.attention),
@@ -42,12 +42,12 @@ inline std::string full_plan(const plan::Plan& plan) {
 }
 
 // "MTS/MTS MTS/EP": each layer's attention strategy, then its FFN's (the dense MLP's, or the MoE layer's EP or ETP).
-inline std::string compact_plan(const plan::MoePlan& plan) {
+inline std::string compact_plan(const MoePlan& plan) {
   std::string out;
-  for (const plan::MoeLayerPlan& l : plan.layers)
+  for (const MoeLayerPlan& l : plan.layers)
     out += fmt::format("{}{}/{}", out.empty() ? "" : " ", initials(plan.strategy_names.at(std::size_t(l.attention))),
                        initials(plan.ffn_name(l)));
   return out;
 }
 
-}  // namespace paradyse::examples
+}  // namespace paradyse::plan

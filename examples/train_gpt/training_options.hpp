@@ -1,12 +1,14 @@
-// examples/training_options.hpp: the one set of options train_gpt trains with. train_gpt's command line
+// examples/train_gpt/training_options.hpp: the one set of options train_gpt trains with. train_gpt's command line
 // (examples/train_gpt.cpp: every flag, its range and default) parses into it, and each training loop takes it by
-// const reference: the dense loop (train_gpt.cpp), the mesh one (examples/train_mesh.hpp: --mesh) and the MoE one
-// (examples/train_moe.hpp: --experts). A field read by one loop only says so; the defaults are train_gpt's.
+// const reference: the dense loop (train_gpt.cpp), the mesh one (examples/train_gpt/train_mesh.hpp: --mesh) and the
+// MoE one (examples/train_gpt/train_moe.hpp: --experts). A field read by one loop only says so; the defaults are
+// train_gpt's.
 #pragma once
 
-#include "train_ranks.hpp"  // RankBackend
-
+#include "paradyse/comm/ranks.hpp"          // RankBackend
+#include "paradyse/model/byte_gpt.hpp"       // ByteGptShape
 #include "paradyse/model/data_parallel.hpp"  // ZeroStage
+#include "paradyse/model/resume.hpp"         // ResumeOptions
 
 #include <cstdint>
 #include <string>
@@ -37,22 +39,22 @@ struct TrainingOptions {
   RankBackend backend = RankBackend::threads;  // threads of this process, or one MPI process per rank
   std::string device = "cpu";       // dense: cuda runs the ranks as cuda_local threads on one GPU (ops::Cuda)
   std::string emulate;              // dense: a100, h100 or h200: thread ranks paced like that 8-GPU node's links
-  // Training checkpoints (examples/training_checkpoints.hpp; dense and MoE).
+  // Training checkpoints (model/resume.hpp; dense and MoE).
   int checkpoint_every = 0;         // every this many steps a training checkpoint; 0: none
   int keep = 2;                     // training checkpoints kept (the newest)
   std::string checkpoint_dir = "checkpoints";
   std::string resume;               // a training checkpoint to continue from
   int stop_after = 0;               // > 0: stop after this many steps of this invocation, with a training checkpoint
   std::string csv;                  // the per-step table as CSV
-  // Packing (examples/corpus.hpp); the two exclude each other.
+  // Packing (data/packing.hpp); the two exclude each other.
   std::int64_t pack_tokens = 0;     // > 0: documents as rows, packed into steps of up to this many tokens (rows x s)
   std::int64_t pack_documents = 0;  // > 0: documents back to back in one sequence of up to this many tokens
   bool pack_balanced = true;        // --pack-order: a packed sequence's documents ordered to even out the ranks' causal
-                                    // attention (corpus.hpp's PackedOrder), or kept as packed (longest first)
-  // The mesh (examples/train_mesh.hpp).
+                                    // attention (data/packing.hpp's PackedOrder), or kept as packed (longest first)
+  // The mesh (examples/train_gpt/train_mesh.hpp).
   std::string mesh;                 // "dp=2,pp=2,cp=2"; empty: one group of `ranks`
   ZeroStage zero = ZeroStage::zero; // --mesh: the ZeRO stage over dp
-  // The MoE GPT (examples/train_moe.hpp; also on the mesh).
+  // The MoE GPT (examples/train_gpt/train_moe.hpp; also on the mesh).
   std::int64_t experts = 0;         // > 0: an MoE GPT of this many experts; 0: the dense GPT
   std::int64_t top_k = 2;           // experts per token
   std::int64_t shared_experts = 0;  // shared experts behind a sigmoid gate (Qwen2-MoE)
@@ -60,9 +62,20 @@ struct TrainingOptions {
   double aux_loss_coef = 0.01;      // the router's load-balancing loss coefficient (no flag)
   double z_loss_coef = 0.001;       // the router's z-loss coefficient (no flag)
   int load_every = 4;               // expert load printed every this many steps (no flag)
-  // The options as given on the command line, "--flag", "value" pairs, without --resume, --load and --stop-after:
-  // saved in training checkpoints (train.args, one per line), read back by --resume.
+  // The options that differ from the defaults as "--flag", "value" pairs, without --resume, --load and --stop-after
+  // (examples/train_gpt/flags.hpp): saved in training checkpoints (train.args, one per line), read back by --resume.
   std::vector<std::string> args;
 };
+
+// The model's shape (model/byte_gpt.hpp).
+inline ByteGptShape byte_gpt_shape(const TrainingOptions& o) {
+  return {o.layers, o.hidden, o.heads, o.experts, o.top_k, o.shared_experts, o.first_dense, o.aux_loss_coef,
+          o.z_loss_coef};
+}
+
+// The training checkpoints' options (model/resume.hpp).
+inline ResumeOptions resume_options(const TrainingOptions& o) {
+  return {o.checkpoint_every, o.keep, o.checkpoint_dir, o.resume, o.stop_after, o.args};
+}
 
 }  // namespace paradyse::examples

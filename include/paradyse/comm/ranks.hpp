@@ -1,7 +1,8 @@
-// examples/train_ranks.hpp: the ranks train_gpt runs on, behind one interface: p threads of this process
-// (comm/threads.hpp), or one rank per process under mpirun (comm/mpi.hpp, when built with PARADYSE_WITH_MPI).
+// paradyse/comm/ranks.hpp: the ranks a training program runs on, behind one interface: p threads of this process
+// (comm/threads.hpp), or one rank per process under mpirun (comm/mpi.hpp, when built with PARADYSE_WITH_MPI), or
+// (DeviceRanks) p threads on one GPU (comm/cuda_local.hpp).
 //
-//   Ranks ranks(RankBackend::threads, p, cap);            // or RankBackend::mpi under `mpirun -np p`
+//   Ranks<Model, BufferPool> ranks(RankBackend::threads, p, cap);   // or RankBackend::mpi under `mpirun -np p`
 //   ranks.run([&](auto& comm, int r) { ... model(r) ... });   // every rank of this process, collectively
 //
 // Each rank has its own memory tracker (capped), model and buffer pool; a process holds those of its own ranks
@@ -18,7 +19,6 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/memory.hpp"
-#include "paradyse/strategy/buffer_pool.hpp"
 
 #if PARADYSE_WITH_MPI
 #include "paradyse/comm/mpi.hpp"
@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-namespace paradyse::examples {
+namespace paradyse {
 
 enum class RankBackend { threads, mpi };
 
@@ -52,7 +52,8 @@ constexpr bool mpi_available() {
 #endif
 }
 
-template <class Model>
+// Each rank holds a Model and a Pool (e.g. strategy/buffer_pool.hpp's BufferPool) of its own.
+template <class Model, class Pool>
 class Ranks {
 public:
   // threads: p ranks in this process. mpi: this process is one rank of an MPI job of exactly p processes (MPI must be
@@ -141,7 +142,7 @@ private:
 
 public:
   std::vector<std::unique_ptr<Model>> models;
-  std::vector<std::unique_ptr<BufferPool>> pools;
+  std::vector<std::unique_ptr<Pool>> pools;
 };
 
 #if PARADYSE_WITH_CUDA
@@ -149,7 +150,7 @@ public:
 // (capped; its caching allocator keeps freed blocks for the next step) that outlives the runs, so the models stay in
 // device memory from step to step. An OutOfMemory on one rank fails the others and run() rethrows it, as with
 // threads.
-template <class Model>
+template <class Model, class Pool>
 class DeviceRanks {
 public:
   DeviceRanks(int p, std::size_t cap) {
@@ -196,8 +197,8 @@ private:
 
 public:
   std::vector<std::unique_ptr<Model>> models;
-  std::vector<std::unique_ptr<BufferPool>> pools;
+  std::vector<std::unique_ptr<Pool>> pools;
 };
 #endif
 
-}  // namespace paradyse::examples
+}  // namespace paradyse

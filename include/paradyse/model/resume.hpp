@@ -1,13 +1,11 @@
-// examples/training_checkpoints.hpp: train_gpt's training checkpoints (--checkpoint-every, --keep, --stop-after,
-// --resume): their files, and when a run resumes, saves and stops (TrainingCheckpoints), shared by the dense loop
-// (train_gpt.cpp) and the MoE one (train_moe.hpp).
+// paradyse/model/resume.hpp: training checkpoints (train_gpt's --checkpoint-every, --keep, --stop-after, --resume):
+// their files, and when a run resumes, saves and stops (TrainingCheckpoints), for any training loop over a
+// comm/ranks.hpp group of models that model/checkpoint.hpp saves.
 //
 // A training checkpoint is DIR/step_<next step, 6 digits>.safetensors (model/checkpoint.hpp, with the AdamW moments)
 // whose metadata holds train.args (the options the run was started with, one per line), train.next_step (where the
 // data continues) and train.data (a description of the data schedule, which the seed and options fix).
 #pragma once
-
-#include "training_options.hpp"
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/model/checkpoint.hpp"
@@ -22,14 +20,24 @@
 #include <utility>
 #include <vector>
 
-namespace paradyse::examples {
+namespace paradyse {
+
+// When a run writes training checkpoints and where it resumes from.
+struct ResumeOptions {
+  int checkpoint_every = 0;                   // every this many steps a training checkpoint; 0: none
+  int keep = 2;                               // training checkpoints kept (the newest)
+  std::string checkpoint_dir = "checkpoints";
+  std::string resume;                         // a training checkpoint to continue from
+  int stop_after = 0;                         // > 0: stop after this many steps of this invocation, with a checkpoint
+  std::vector<std::string> args;              // the run's options as given, saved as train.args (one per line)
+};
 
 // The file of the training checkpoint that continues at `next_step`.
 inline std::filesystem::path training_checkpoint_path(const std::filesystem::path& dir, int next_step) {
   return dir / fmt::format("step_{:06}.safetensors", next_step);
 }
 
-// The options a run was started with (TrainingOptions::args) as a checkpoint's train.args: one per line.
+// The options a run was started with (ResumeOptions::args) as a checkpoint's train.args: one per line.
 inline std::string saved_args(const std::vector<std::string>& args) {
   std::string joined;
   for (const std::string& a : args) {
@@ -67,7 +75,7 @@ public:
   // --resume every rank of `ranks` loads its weights and AdamW moments from the checkpoint; the folder of the
   // checkpoints to write is made and checked now, not after the training.
   template <class RanksT>
-  TrainingCheckpoints(const TrainingOptions& o, int n_steps, std::string data_description, RanksT& ranks)
+  TrainingCheckpoints(const ResumeOptions& o, int n_steps, std::string data_description, RanksT& ranks)
       : o_(o), n_steps_(n_steps), data_(std::move(data_description)), args_(saved_args(o.args)), dir_(o.checkpoint_dir) {
     if (!o.resume.empty()) {
       ranks.run([&](auto&, int r) { load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true}); });
@@ -112,21 +120,11 @@ public:
   }
 
 private:
-  const TrainingOptions& o_;
+  ResumeOptions o_;
   int n_steps_;
   std::string data_, args_;
   std::filesystem::path dir_;
   int first_step_ = 0, end_step_ = 0;
 };
 
-// train.data: the data schedule of `o` in words (the seed and options fix it) for `n_steps` steps of rows packed up
-// to `pack_tokens` tokens (0: one window each) or of packed sequences.
-inline std::string data_description(const TrainingOptions& o, int n_steps, std::int64_t pack_tokens) {
-  return fmt::format("seed {}, {} documents stratified by length{}, {} steps{}", o.seed, o.steps,
-                     o.sorted ? "" : ", shuffled", n_steps,
-                     pack_tokens > 0        ? fmt::format(" of up to {} tokens", pack_tokens)
-                     : o.pack_documents > 0 ? fmt::format(" of one sequence of up to {} tokens", o.pack_documents)
-                                            : std::string(" of one window"));
-}
-
-}  // namespace paradyse::examples
+}  // namespace paradyse

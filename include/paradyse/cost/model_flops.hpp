@@ -1,4 +1,4 @@
-// examples/model_flops.hpp: the model FLOPs of a GPT training step and the model FLOPs utilisation (MFU) they give.
+// paradyse/cost/model_flops.hpp: the model FLOPs of a GPT training step and the model FLOPs utilisation (MFU) they give.
 //
 // Model FLOPs count the multiply-adds the model needs, whatever the strategy does on top (recomputation, padding,
 // communication): per real token of a row of l tokens, forward
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <span>
 
-namespace paradyse::examples {
+namespace paradyse::cost {
 
 // Forward + backward FLOPs of one training step whose rows hold `lengths` real tokens each (padding excluded).
 inline double training_flops(const GptConfig& c, std::span<const std::int64_t> lengths) {
@@ -32,7 +32,7 @@ inline double training_flops(const GptConfig& c, std::span<const std::int64_t> l
 
 // The per-rank GEMM rate MFU is measured against: the profile's calibrated large-GEMM rate where it has one
 // (HardwareProfile::gemm_peak_flops_per_s), else its fitted GEMM rate.
-template <class Profile = cost::HardwareProfile>
+template <class Profile = HardwareProfile>
 double gemm_rate_per_rank(const Profile& profile) {
   if constexpr (requires { profile.gemm_peak_flops_per_s(); })
     return profile.gemm_peak_flops_per_s();
@@ -41,9 +41,9 @@ double gemm_rate_per_rank(const Profile& profile) {
 }
 
 // Model FLOPs utilisation of `flops` done in `seconds` on `ranks` ranks (0 when nothing was timed).
-inline double model_flops_utilisation(double flops, double seconds, int ranks, const cost::HardwareProfile& profile) {
+inline double model_flops_utilisation(double flops, double seconds, int ranks, const HardwareProfile& profile) {
   const double available = seconds * double(ranks) * gemm_rate_per_rank(profile);
   return available > 0 ? flops / available : 0.0;
 }
 
-}  // namespace paradyse::examples
+}  // namespace paradyse::cost

@@ -1,4 +1,4 @@
-// paradyse/layout/document_balance.hpp: how much causal attention each rank computes for a packed sequence of
+// paradyse/data/document_balance.hpp: how much causal attention each rank computes for a packed sequence of
 // documents, and an order of the documents that evens it out.
 //
 // A packed sequence holds documents back to back (attention stays within each document and is causal: the query at
@@ -30,7 +30,7 @@
 #include <span>
 #include <vector>
 
-namespace paradyse {
+namespace paradyse::data {
 
 // How the group holds a sequence: `ranks` ranks, zigzag (2p chunks) or contiguous (p chunks).
 struct SequenceSplit {
@@ -151,4 +151,4 @@ inline std::vector<std::size_t> balanced_document_order(std::span<const std::int
   return best;
 }
 
-}  // namespace paradyse
+}  // namespace paradyse::data

@@ -1,14 +1,14 @@
-// examples/train_moe.hpp: train_gpt's MoE mode (--experts E --top-k K [--shared-experts N] [--first-dense N]): a
+// examples/train_gpt/train_moe.hpp: train_gpt's MoE mode (--experts E --top-k K [--shared-experts N] [--first-dense N]): a
 // small byte-level MoE GPT trained on the bundled corpus, every step planned per layer and sublayer (attention,
 // the dense MLP of the first_k_dense layers, the MoE FFN: ExpertParallel or ExpertTensorParallel) by the exact
 // planner (plan/moe_plan.hpp), with the router's load-balancing and z losses logged and, every few steps, each MoE
 // layer's expert load (min / mean / max assignments per expert over the group). --save writes a Hugging Face folder
 // (model/hf_checkpoint.hpp: Mixtral names, or Qwen2-MoE's with shared experts or dense layers). Training
-// checkpoints (--checkpoint-every, --keep, --stop-after, --resume; examples/training_checkpoints.hpp) hold the
+// checkpoints (--checkpoint-every, --keep, --stop-after, --resume; model/resume.hpp) hold the
 // attention and expert weights, the router, every AdamW moment, the step and the data position (the schedule is a
 // function of the seed and options, saved with it): a run stopped and resumed gives the uninterrupted run's losses
 // bit for bit on thread ranks. --csv writes the per-step table. --pack-documents B packs the windows back to back
-// into ONE sequence of up to B tokens per step (examples/corpus.hpp's pack_sequences): attention is masked to each
+// into ONE sequence of up to B tokens per step (data/packing.hpp's pack_sequences): attention is masked to each
 // document and RoPE positions restart at each (the stack's set_documents), the MoE FFN is per token, every target is
 // the next byte of the same document, and the planner plans the step from its documents' lengths.
 //
@@ -17,21 +17,21 @@
 // top-k weights; aux-loss coefficient 0.01 and z-loss 0.001 unless given.
 #pragma once
 
-#include "corpus.hpp"
-#include "csv_table.hpp"
-#include "plan_names.hpp"
-#include "train_ranks.hpp"
-#include "training_checkpoints.hpp"
+#include "../csv_table.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"
 
+#include "paradyse/comm/ranks.hpp"
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/data/packing.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/hf_checkpoint.hpp"
+#include "paradyse/model/resume.hpp"
 #include "paradyse/moe/moe_strategies.hpp"
 #include "paradyse/plan/moe_plan.hpp"
+#include "paradyse/plan/plan_names.hpp"
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -51,31 +51,8 @@
 
 namespace paradyse::examples {
 
-// The MoE GPT train_gpt --experts trains.
-inline GptConfig moe_gpt_config(const TrainingOptions& o) {
-  GptConfig config;
-  config.layer = LayerConfig::make(o.hidden, o.heads);
-  config.layer.causal = true;
-  config.layer.zigzag = true;
-  config.layer.rope = true;
-  config.layer.norm = NormKind::rms_norm;
-  config.layer.activation = Activation::swiglu;
-  config.layers = o.layers;
-  config.vocab = 256;
-  MoeConfig m;
-  m.hidden = o.hidden;
-  m.experts = o.experts;
-  m.top_k = o.top_k;
-  m.expert_ffn = std::max<std::int64_t>(1, config.layer.ffn / o.top_k);
-  m.norm_topk_prob = true;
-  m.shared_experts = o.shared_experts;
-  m.shared_ffn = o.shared_experts > 0 ? m.expert_ffn : 0;
-  m.shared_gate = o.shared_experts > 0;
-  m.aux_loss_coef = o.aux_loss_coef;
-  m.z_loss_coef = o.z_loss_coef;
-  config.moe = MoeLayers{m, o.first_dense};
-  return config;
-}
+// The MoE GPT train_gpt --experts trains (model/byte_gpt.hpp).
+inline GptConfig moe_gpt_config(const TrainingOptions& o) { return paradyse::moe_gpt_config(byte_gpt_shape(o)); }
 
 namespace train_moe_detail {
 
@@ -104,13 +81,13 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
   const GptConfig config = moe_gpt_config(o);
   config.validate_for(o.ranks);
   if (!o.save.empty()) check_hf_exportable(config);
-  Ranks<Model> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
+  Ranks<Model, BufferPool> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
 
   // The steps: one window each, padded at its end to the group's minimum with masked tokens; or (--pack-documents)
-  // the windows back to back in one sequence each, first-fit decreasing up to the budget (examples/training_data.hpp).
+  // the windows back to back in one sequence each, first-fit decreasing up to the budget (examples/train_gpt/training_data.hpp).
   const TrainingData data = training_data(o, {o.ranks, config.layer.zigzag}, 0);
-  const std::vector<corpus::Document>& docs = data.docs;
-  const std::vector<corpus::Step>& steps = data.steps;
+  const std::vector<data::Document>& docs = data.docs;
+  const std::vector<data::Step>& steps = data.steps;
   const int n_steps = int(steps.size());
 
   const plan::MoeGptCosts<Model> costs{config, o.ranks, &hardware};
@@ -140,8 +117,8 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
     ranks.models[std::size_t(r)] = std::make_unique<Model>(config, o.ranks, r, o.seed);
     ranks.pools[std::size_t(r)] = std::make_unique<BufferPool>();
   });
-  // Training checkpoints (examples/training_checkpoints.hpp): resumed from, and written on the way.
-  const TrainingCheckpoints checkpoints(o, n_steps, data_description(o, n_steps, 0), ranks);
+  // Training checkpoints (model/resume.hpp): resumed from, and written on the way.
+  const TrainingCheckpoints checkpoints(resume_options(o), n_steps, data_description(o, n_steps, 0), ranks);
   const int first_step = checkpoints.first_step(), end_step = checkpoints.end_step();
   if (!o.resume.empty())
     fmt::print("resumed from {}: attention, expert and router weights, AdamW moments and optimizer step {}; the data "
@@ -162,11 +139,11 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
   for (int step = first_step; step < end_step; ++step) {
     checkpoints.before_step(ranks, step);
     // The step's one sequence [1, s]: a window padded with masked tokens, or the packed windows back to back.
-    const corpus::Step& batch = steps[std::size_t(step)];
+    const data::Step& batch = steps[std::size_t(step)];
     const std::int64_t s = batch.length, real = batch.real_tokens();
     const std::vector<std::int64_t> document_starts = batch.document_starts();  // empty: one document
     std::vector<std::int32_t> inputs, targets;
-    corpus::step_tokens(batch, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+    data::step_tokens(batch, docs, ops::cpu::kIgnoreIndex, inputs, targets);
     // Packed: the planner's table of the step's documents (attention costed within each document).
     const plan::MoePlan plan = plan::plan_moe_exact(
         document_starts.size() > 1 ? costs.packed_table(batch.document_lengths()) : costs.table(s), budget);

@@ -1,4 +1,4 @@
-// The order of a packed sequence's documents (layout/document_balance.hpp, examples/corpus.hpp's PackedOrder).
+// The order of a packed sequence's documents (data/document_balance.hpp, data/packing.hpp's PackedOrder).
 // rank_causal_pairs equals a brute-force count over the ranks' actual token positions (every token's keys from its
 // document's start up to itself, the owner of each position by layout/chunking.hpp's zigzag_owner / chunk_owner) for
 // random document lengths on p = 1..5 (uneven lengths, documents shorter than p, empty ones, a single document).
@@ -7,14 +7,13 @@
 // every step (a permutation of the as-packed step, the padding still last), and a GPT trains a reordered step as its
 // documents alone: the loss and the replicated gradients are their token-weighted means, on p = 3 and 4 under ring
 // attention (MegatronCZ) and UlyssesZ.
-#include "../../examples/corpus.hpp"
-
 #include "packed_documents.hpp"
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/layout/chunking.hpp"
-#include "paradyse/layout/document_balance.hpp"
+#include "paradyse/data/document_balance.hpp"
+#include "paradyse/data/packing.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
@@ -35,6 +34,7 @@
 namespace pack_order_test {
 
 using namespace paradyse;
+using namespace paradyse::data;
 
 // Each rank's pairs, one token at a time: the token at position t of a document starting at d sees t - d + 1 keys.
 std::vector<std::int64_t> brute_force_pairs(const std::vector<std::int64_t>& lengths, SequenceSplit split) {
@@ -131,36 +131,36 @@ TEST_CASE("balanced_document_order: a permutation, never a larger maximum than t
 
 TEST_CASE("pack_sequences with a group: every step a permutation of the as-packed step, the padding last, balanced") {
   Rng rng(47);
-  std::vector<corpus::Window> windows;
+  std::vector<data::Window> windows;
   for (std::size_t i = 0; i < 80; ++i) windows.push_back({i, 0, 1 + std::int64_t(rng.below(rng.below(4) == 0 ? 400 : 40))});
   for (const int p : {2, 3, 4})
     for (const std::int64_t budget : {std::int64_t(5), std::int64_t(300), std::int64_t(1000)}) {
       CAPTURE(p);
       CAPTURE(budget);
       const SequenceSplit split{p, true};
-      const std::vector<corpus::Step> as_packed = corpus::pack_sequences(windows, budget, 2 * p);
-      const std::vector<corpus::Step> balanced =
-          corpus::pack_sequences(windows, budget, 2 * p, {.split = split, .balanced = true});
-      const std::vector<corpus::Step> kept =
-          corpus::pack_sequences(windows, budget, 2 * p, {.split = split, .balanced = false});
+      const std::vector<data::Step> as_packed = data::pack_sequences(windows, budget, 2 * p);
+      const std::vector<data::Step> balanced =
+          data::pack_sequences(windows, budget, 2 * p, {.split = split, .balanced = true});
+      const std::vector<data::Step> kept =
+          data::pack_sequences(windows, budget, 2 * p, {.split = split, .balanced = false});
       REQUIRE(balanced.size() == as_packed.size());
       REQUIRE(kept.size() == as_packed.size());
       std::int64_t most_before = 0, most_after = 0;
       for (std::size_t k = 0; k < as_packed.size(); ++k) {
-        const corpus::Step &a = as_packed[k], &b = balanced[k];
+        const data::Step &a = as_packed[k], &b = balanced[k];
         CHECK(b.length == a.length);
         CHECK(b.packed);
         std::vector<std::size_t> da, db, dk;
-        for (const corpus::Window& w : a.rows) da.push_back(w.document);
-        for (const corpus::Window& w : b.rows) db.push_back(w.document);
-        for (const corpus::Window& w : kept[k].rows) dk.push_back(w.document);
+        for (const data::Window& w : a.rows) da.push_back(w.document);
+        for (const data::Window& w : b.rows) db.push_back(w.document);
+        for (const data::Window& w : kept[k].rows) dk.push_back(w.document);
         CHECK(dk == da);  // as packed: first-fit decreasing's order
         std::sort(da.begin(), da.end());
         std::sort(db.begin(), db.end());
         CHECK(db == da);
         CHECK(b.padded_tokens() == a.padded_tokens());
         if (a.padded_tokens() > 0) CHECK(b.document_lengths().back() == a.padded_tokens());  // the padding stays last
-        const std::vector<std::int64_t> pa = corpus::rank_causal_pairs(a, split), pb = corpus::rank_causal_pairs(b, split);
+        const std::vector<std::int64_t> pa = data::rank_causal_pairs(a, split), pb = data::rank_causal_pairs(b, split);
         CHECK(std::accumulate(pb.begin(), pb.end(), std::int64_t(0)) ==
               std::accumulate(pa.begin(), pa.end(), std::int64_t(0)));  // the same work, spread differently
         CHECK(*std::max_element(pb.begin(), pb.end()) <= *std::max_element(pa.begin(), pa.end()));
@@ -169,9 +169,9 @@ TEST_CASE("pack_sequences with a group: every step a permutation of the as-packe
       }
       if (budget == 1000) CHECK(most_after < most_before);  // the long windows come first as packed
     }
-  const corpus::Step rows{{{0, 0, 3}, {1, 0, 5}}, 5};
-  corpus::Step copy = rows;
-  CHECK_THROWS_WITH_AS(corpus::balance_documents(copy, {2, true}), doctest::Contains("not a packed sequence"), Error);
+  const data::Step rows{{{0, 0, 3}, {1, 0, 5}}, 5};
+  data::Step copy = rows;
+  CHECK_THROWS_WITH_AS(data::balance_documents(copy, {2, true}), doctest::Contains("not a packed sequence"), Error);
 }
 
 TEST_CASE("a balanced packed step trains as its documents alone under ring attention and UlyssesZ (p = 3, 4)") {
@@ -182,13 +182,13 @@ TEST_CASE("a balanced packed step trains as its documents alone under ring atten
   c.layer.causal = c.layer.zigzag = c.layer.rope = true;
   c.layers = 2;
   c.vocab = 256;
-  const std::vector<corpus::Document> docs = testing::documents_of({30, 3, 4, 5, 9}, 53);
+  const std::vector<data::Document> docs = testing::documents_of({30, 3, 4, 5, 9}, 53);
   // A long document and short ones (1 token, p - 1 tokens, ...): as packed, the long one comes first.
-  const std::vector<corpus::Window> windows{{0, 1, 27}, {1, 0, 1}, {2, 0, 2}, {3, 0, 3}, {4, 0, 7}};
-  const auto run = [&](const corpus::Step& step, int p, const StackPlan& plan) {
+  const std::vector<data::Window> windows{{0, 1, 27}, {1, 0, 1}, {2, 0, 2}, {3, 0, 3}, {4, 0, 7}};
+  const auto run = [&](const data::Step& step, int p, const StackPlan& plan) {
     testing::RunResult result;
     std::vector<std::int32_t> inputs, targets;
-    corpus::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+    data::step_tokens(step, docs, ops::cpu::kIgnoreIndex, inputs, targets);
     const std::vector<std::int64_t> starts = step.document_starts();
     run_ranks(p, [&](ThreadCommunicator& comm) {
       const int r = comm.rank();
@@ -207,14 +207,14 @@ TEST_CASE("a balanced packed step trains as its documents alone under ring atten
   };
   // Each document alone on one rank (zigzag: at least 2 tokens; the 1-token one padded with a masked token).
   std::vector<testing::RunResult> alone;
-  for (const corpus::Window& w : windows)
+  for (const data::Window& w : windows)
     alone.push_back(run({{w}, std::max<std::int64_t>(w.length, 2), false}, 1, uniform_plan<All>(2, "MegatronTS")));
   for (const int p : {3, 4}) {
     CAPTURE(p);
-    const std::vector<corpus::Step> as_packed = corpus::pack_sequences(windows, 64, 2 * p);
-    const std::vector<corpus::Step> balanced = corpus::pack_sequences(windows, 64, 2 * p, {.split = {p, true}});
+    const std::vector<data::Step> as_packed = data::pack_sequences(windows, 64, 2 * p);
+    const std::vector<data::Step> balanced = data::pack_sequences(windows, 64, 2 * p, {.split = {p, true}});
     REQUIRE(balanced.size() == 1);
-    const corpus::Step& step = balanced[0];
+    const data::Step& step = balanced[0];
     CAPTURE(fmt::format("{}", fmt::join(step.document_lengths(), ",")));
     REQUIRE(step.document_lengths() != as_packed[0].document_lengths());  // reordered
     CHECK(max_rank_causal_pairs(step.document_lengths(), {p, true}) <

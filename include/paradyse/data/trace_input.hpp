@@ -1,4 +1,4 @@
-// examples/trace_input.hpp: plan_trace's input files, read strictly: a sequence-length distribution (CSV) and a
+// paradyse/data/trace_input.hpp: plan_trace's input files, read strictly: a sequence-length distribution (CSV) and a
 // list of sequence lengths. Every bad input is a paradyse::Error naming the file, the line, the field and the
 // accepted range; nothing is clamped or wraps, and no exception other than paradyse::Error escapes.
 //
@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-namespace paradyse::examples {
+namespace paradyse::data {
 
 struct LengthBucket {
   std::int64_t lo = 0, hi = 0;  // lo < length <= hi
@@ -154,4 +154,4 @@ inline std::vector<std::int64_t> read_lengths(const std::string& path, std::int6
   return parse_lengths(trace_detail::read_file(path), path, min_length, max_length);
 }
 
-}  // namespace paradyse::examples
+}  // namespace paradyse::data

@@ -1,8 +1,9 @@
-// tests/examples/packed_documents.hpp: what the packing tests share. Random documents, one run's results, and
+// tests/data/packed_documents.hpp: what the packing tests share. Random documents, one run's results, and
 // what a padded or packed step must give: the token-weighted mean of its documents trained alone.
 #pragma once
 
-#include "../../examples/corpus.hpp"
+#include "paradyse/data/corpus.hpp"
+#include "paradyse/data/packing.hpp"
 
 #include "paradyse/core/rng.hpp"
 
@@ -15,9 +16,9 @@
 namespace paradyse::testing {
 
 // Documents of `sizes` random lowercase bytes, named d0, d1, ...
-inline std::vector<corpus::Document> documents_of(const std::vector<std::int64_t>& sizes, std::uint64_t seed) {
+inline std::vector<data::Document> documents_of(const std::vector<std::int64_t>& sizes, std::uint64_t seed) {
   Rng rng(seed);
-  std::vector<corpus::Document> docs;
+  std::vector<data::Document> docs;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     std::string bytes;
     for (std::int64_t j = 0; j < sizes[i]; ++j) bytes += char('a' + rng.below(26));
@@ -41,11 +42,11 @@ struct DocumentsMean {
   std::int64_t counted = 0;
   std::vector<double> grad;
 };
-inline DocumentsMean documents_mean(const std::vector<RunResult>& alone, const corpus::Step& step,
+inline DocumentsMean documents_mean(const std::vector<RunResult>& alone, const data::Step& step,
                                     std::vector<float> RunResult::*member = &RunResult::replicated_grad) {
   DocumentsMean mean;
   mean.grad.assign((alone.at(step.rows.at(0).document).*member).size(), 0.0);
-  for (const corpus::Window& w : step.rows) {
+  for (const data::Window& w : step.rows) {
     const RunResult& a = alone.at(w.document);
     mean.loss += a.loss * double(a.counted);
     mean.counted += a.counted;

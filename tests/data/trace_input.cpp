@@ -1,7 +1,7 @@
-// Tests of examples/trace_input.hpp (plan_trace's distribution CSV and lengths readers): every bad field is a
+// Tests of data/trace_input.hpp (plan_trace's distribution CSV and lengths readers): every bad field is a
 // paradyse::Error naming the file, the line, the field and the range, and a seeded mutation fuzz of both formats
 // (every input loads or throws paradyse::Error; counts printed).
-#include "../../examples/trace_input.hpp"
+#include "paradyse/data/trace_input.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,7 +13,7 @@
 #include <typeinfo>
 
 using paradyse::Error;
-using namespace paradyse::examples;
+using namespace paradyse::data;
 
 namespace {
 

@@ -1,0 +1,111 @@
+// examples/train_gpt/dense_step.hpp: one step of the dense GPT on a group of ranks: its plan (the exact planner's,
+// or --strategy everywhere, under the cap), and the collective forward, backward and AdamW step of every rank of
+// this process, with the MPI undo: under MPI an out-of-memory rank could not stop the others inside a collective,
+// so the step runs uncapped and is undone when any rank's peak passed the cap (exactly when the thread run's step
+// fails with OutOfMemory, which run() rethrows).
+#pragma once
+
+#include "training_options.hpp"
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/memory.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/cost/dry_run.hpp"
+#include "paradyse/data/packing.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/plan/planner.hpp"
+#include "paradyse/plan/stack_plan.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/sequence_layout.hpp"
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace paradyse::examples {
+
+template <class M>
+struct StrategiesOf;
+template <class S, class B>
+struct StrategiesOf<Gpt<S, B>> {
+  using type = S;
+  static constexpr bool on_device = ops::memory_space_of<B> == MemorySpace::device;
+};
+
+// The plan of `batch`: the exact planner's, or the forced strategy's (with its predicted memory). Throws
+// plan::NoFeasiblePlan when none fits `cap`.
+template <class Costs>
+plan::Plan plan_dense_step(const TrainingOptions& o, const Costs& costs, const data::Step& batch, std::int64_t cap) {
+  const plan::CostTable table = batch.document_starts().size() > 1 ? costs.packed_table(batch.document_lengths())
+                                                                   : costs.table(batch.length, batch.sequences());
+  return o.strategy.empty()
+             ? plan::plan_exact(table, cap)
+             : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(o.strategy)), cap);
+}
+
+// What a step gave: the loss (the same on every rank), each rank's peak, and whether it went over the cap (MPI).
+struct DenseStepResult {
+  double loss = 0;
+  std::vector<double> peaks;  // per rank, bytes (this process's ranks; ranks.share() fills in the others)
+  bool over_cap = false;      // MPI: the step went over the cap on some rank (and was undone)
+};
+
+// Runs `batch` on every rank of this process with `plan` and takes the AdamW step. Collective. Rethrows an
+// OutOfMemory of a thread rank (every model left as it was before the step: the caller recovers).
+template <class Model, class RanksT>
+DenseStepResult run_dense_step(RanksT& ranks, const TrainingOptions& o, const GptConfig& config,
+                               const data::Step& batch, const std::vector<data::Document>& docs,
+                               const plan::Plan& plan, const ops::AdamWConfig& adamw, std::int64_t cap, bool mpi) {
+  using Strategies = typename StrategiesOf<Model>::type;
+  constexpr bool on_device = StrategiesOf<Model>::on_device;
+  // The step's rows [b, s]: one document each, padded with masked tokens; or (--pack-documents) one row holding
+  // the documents back to back.
+  const std::int64_t s = batch.length, rows = batch.sequences();
+  const std::vector<std::int64_t> document_starts = batch.document_starts();  // empty: one document per row
+  std::vector<std::int32_t> inputs, targets;
+  data::step_tokens(batch, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+  const StackPlan stack_plan = plan::stack_plan<Strategies>(plan);
+  DenseStepResult out;
+  out.peaks.assign(std::size_t(o.ranks), 0.0);
+  ranks.run([&](auto& comm, int r) {
+    Model& model = *ranks.models[std::size_t(r)];
+    BufferPool& pool = *ranks.pools[std::size_t(r)];
+    pool.trim();  // every step starts with an empty pool, as the memory model assumes
+    pool.reset_high_water();
+    ranks.tracker(r).reset_peak();
+    const SequenceLayout layout(s, o.ranks, config.layer.zigzag);
+    // The rank's token ids are host memory on every backend (a device model copies them where it computes);
+    // on the GPU the rank's current tracker is its device tracker, so they come from a host one.
+    std::optional<MemoryTracker> host_ids;
+    std::optional<ScopedTracker> on_host;
+    if constexpr (on_device) on_host.emplace(host_ids.emplace());
+    const Tensor<std::int32_t> x = shard_tokens(inputs, rows, layout, r);
+    const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, r);
+    on_host.reset();
+    model.zero_gradients();
+    // Under MPI the step runs uncapped and is undone when any rank's peak passed the cap (see the top).
+    if (mpi) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
+    const GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view(), document_starts);
+    if (mpi) {
+      const double mine = double(ranks.tracker(r).peak());
+      double most = 0;
+      comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&most, 1), ReduceOp::max);
+      ranks.tracker(r).set_cap(std::size_t(cap));
+      if (most > double(cap)) {
+        out.over_cap = true;
+        out.peaks[std::size_t(r)] = most;
+        model.recover_from_failed_step();
+        pool.trim();
+        return;
+      }
+    }
+    model.optimizer_step(adamw);
+    out.peaks[std::size_t(r)] = double(ranks.tracker(r).peak());
+    if (r == ranks.first_local()) out.loss = result.loss;  // the same on every rank
+  });
+  return out;
+}
+
+}  // namespace paradyse::examples

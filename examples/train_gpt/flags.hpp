@@ -1,0 +1,262 @@
+// examples/train_gpt/flags.hpp: train_gpt's command line (CLI11 through examples/command_line.hpp): every flag,
+// its range and default (the usage, --help, is generated from them), the checks across flags, and --resume's
+// options (those the checkpoint's run was started with, then those given now, which win).
+#pragma once
+
+#include "../command_line.hpp"
+#include "train_mesh.hpp"  // parse_mesh
+#include "training_options.hpp"
+
+#include "paradyse/comm/ranks.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/cost/dry_run.hpp"
+#include "paradyse/model/checkpoint.hpp"
+#include "paradyse/model/data_parallel.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace paradyse::examples {
+
+namespace train_gpt_flags {
+
+namespace pd = paradyse;
+
+// The usage, generated from the flags parse() states (usage() is also called for problems found after parsing).
+inline std::string& usage_text() {
+  static std::string text;
+  return text;
+}
+[[noreturn]] inline void usage(const std::string& problem) {
+  paradyse::examples::print_usage_and_exit("train_gpt", problem, usage_text());
+}
+
+// Every flag of train_gpt into `o` (--zero and --backend into `zero_stage` and `backend_name`).
+inline void declare(Flags& flags, TrainingOptions& o, std::int64_t& zero_stage, std::string& backend_name) {
+  flags.integer("--steps", o.steps, 1, 10'000'000,
+                "documents (windows) drawn: one per step, or with --pack-tokens / --pack-documents packed into steps");
+  flags.integer("--seed", o.seed, std::uint64_t(1), std::numeric_limits<std::uint64_t>::max(),
+                "seed of the weights and the data");
+  flags.integer("--ranks", o.ranks, 1, 256, "ranks (with --mesh: may be left out)");
+  flags.integer("--layers", o.layers, 1, 4096, "transformer layers");
+  flags.integer("--hidden", o.hidden, std::int64_t(1), std::int64_t(1) << 20, "hidden size");
+  flags.integer("--heads", o.heads, std::int64_t(1), std::int64_t(1) << 16, "attention heads");
+  flags.integer("--min-len", o.min_len, std::int64_t(1), std::int64_t(1) << 24, "shortest window (tokens)");
+  flags.integer("--max-len", o.max_len, std::int64_t(1), std::int64_t(1) << 24,
+                "longest window: the longest document is scaled to it");
+  flags.number("--cap-mib", o.cap_mib, {.min = 0, .max = 1 << 30, .min_open = true},
+               "memory cap per rank in MiB (default: from the memory model, between what all-METP and all-MegatronTS "
+               "need at --max-len; with --experts: the planner's budget)")
+      .without_default();
+  flags.choice("--strategy", o.strategy, pd::cost::default_catalog().names(),
+               "one strategy everywhere instead of the planner (long inputs may then run out of memory: the step is "
+               "reported and skipped)")
+      .without_default();
+  flags.number("--lr", o.lr, {.min = 0, .max = 100, .min_open = true}, "peak learning rate (AdamW, linear warm-up)");
+  flags.choice("--order", o.sorted, "sorted", "random", "document order: sorted by length (curriculum) or shuffled");
+  flags.text("--save", o.save,
+             "write the global weights at the end as safetensors (with --experts: a Hugging Face folder, Mixtral or "
+             "Qwen2-MoE)", "PATH");
+  flags.text("--load", o.load, "start from weights --save wrote (on any number of ranks, same model)", "PATH");
+  flags.text("--profile", o.profile,
+             "hardware profile: a JSON file or a built-in name (default: calibrated on this machine once, cached in "
+             "build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json");
+  flags.text("--corpus", o.corpus, "a folder of text documents (default: the bundled data/corpus/sotu.tar.xz)", "DIR");
+  flags.choice("--backend", backend_name, {"threads", "mpi"},
+               "threads: P thread ranks; mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi "
+               "--ranks P ...");
+  flags.integer("--checkpoint-every", o.checkpoint_every, 1, 10'000'000,
+                "every N steps a training checkpoint (weights, AdamW moments, step, data position, options) "
+                "DIR/step_<next step>.safetensors")
+      .without_default();
+  flags.integer("--keep", o.keep, 1, 1'000'000, "training checkpoints kept (the newest)");
+  flags.text("--checkpoint-dir", o.checkpoint_dir, "the folder of the training checkpoints", "DIR");
+  flags.text("--resume", o.resume,
+             "continue the run a training checkpoint was saved in, with its options (options given here override "
+             "them); on the same number of thread ranks the losses are bit for bit those of a run that never stopped",
+             "PATH");
+  flags.integer("--stop-after", o.stop_after, 1, 10'000'000,
+                "stop after N steps of this run and write a training checkpoint there (the data schedule stays that "
+                "of --steps; --resume continues)")
+      .without_default();
+  flags.text("--csv", o.csv, "the per-step table as CSV (scripts/plot.py draws it)", "FILE");
+  flags.integer("--pack-tokens", o.pack_tokens, std::int64_t(1), std::int64_t(1) << 30,
+                "documents packed into steps of up to B tokens: rows of similar length, one document per row, padded "
+                "with masked tokens")
+      .without_default();
+  flags.integer("--pack-documents", o.pack_documents, std::int64_t(1), std::int64_t(1) << 30,
+                "the documents back to back in ONE sequence of up to B tokens per step (first-fit decreasing), "
+                "attention masked to each document, RoPE positions restarting at each, the loss never crossing "
+                "documents; the planner plans each step from its documents (not with --pack-tokens)")
+      .without_default();
+  flags.choice("--pack-order", o.pack_balanced, "balanced", "as-packed",
+               "--pack-documents: each sequence's documents ordered to even out the ranks' causal attention under the "
+               "zigzag layout, or as packed (longest first)");
+  flags.choice("--device", o.device, {"cpu", "cuda"},
+               "cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile "
+               "H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now");
+  flags.choice("--emulate", o.emulate, {"a100", "h100", "h200"},
+               "thread ranks paced like that 8-GPU node's links (latency and bandwidth stretched by its GEMM rate over "
+               "this machine's), planned with those links (see also bench/emulated_switching)")
+      .without_default();
+  flags.text("--mesh", o.mesh,
+             "D x P x C ranks: dp replicas (ZeRO --zero over dp), P pipeline stages (1F1B, one row per micro-batch), "
+             "cp groups in which the strategies switch per layer; the losses of the single group (--ranks C) on the "
+             "same batches (use --pack-tokens to batch rows; with --pack-documents each dp replica trains a packed "
+             "sequence of its own, planned by its cp group); with --experts the MoE layers run over dp x cp",
+             "dp=D,pp=P,cp=C");
+  flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(2), "--mesh: the ZeRO stage over dp");
+  flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
+                "an MoE GPT of E experts of width ffn/K, every sublayer planned (MoE: ExpertParallel or "
+                "ExpertTensorParallel), expert load and router losses printed")
+      .without_default();
+  flags.integer("--top-k", o.top_k, std::int64_t(1), std::int64_t(1) << 16, "--experts: experts per token");
+  flags.integer("--shared-experts", o.shared_experts, std::int64_t(0), std::int64_t(1) << 10,
+                "--experts: shared experts");
+  flags.integer("--first-dense", o.first_dense, 0, 4096, "--experts: the first N layers dense");
+}
+
+inline Flags make_flags() {
+  return Flags("train_gpt",
+      "Trains a byte-level GPT on the bundled State of the Union corpus (or --corpus DIR) on p ranks under a per-rank "
+      "memory cap, the exact planner choosing a strategy for every attention and MLP sublayer of every layer and "
+      "step (or --strategy NAME everywhere). Prints per step the length, the plan, the loss, the time, the model "
+      "FLOPs utilisation and the measured peak memory against the model's prediction; a summary at the end.");
+}
+
+// Whether --ranks is on the command line (CLI11 parses it again into a probe whose --ranks is 0, no rank count).
+inline bool ranks_given(int argc, char** argv) {
+  TrainingOptions probe;
+  probe.ranks = 0;
+  std::int64_t zero_stage = 0;
+  std::string backend_name = "threads";
+  Flags flags = make_flags();
+  declare(flags, probe, zero_stage, backend_name);
+  flags.parse(argc, argv);
+  return probe.ranks != 0;
+}
+
+// The options of `o` that differ from the defaults as "--flag", "value" pairs, without --resume, --load and
+// --stop-after (a resumed run starts from its checkpoint and runs to the end): what training checkpoints save as
+// train.args, so that parsing them gives `o` again.
+inline std::vector<std::string> given_args(const TrainingOptions& o) {
+  const TrainingOptions d;
+  std::vector<std::string> args;
+  const auto add = [&](const char* flag, bool differs, const std::string& value) {
+    if (!differs) return;
+    args.push_back(flag);
+    args.push_back(value);
+  };
+  const auto text = [](const auto& v) { return fmt::format("{}", v); };
+  add("--steps", o.steps != d.steps, text(o.steps));
+  add("--seed", o.seed != d.seed, text(o.seed));
+  add("--ranks", o.ranks != d.ranks, text(o.ranks));
+  add("--layers", o.layers != d.layers, text(o.layers));
+  add("--hidden", o.hidden != d.hidden, text(o.hidden));
+  add("--heads", o.heads != d.heads, text(o.heads));
+  add("--min-len", o.min_len != d.min_len, text(o.min_len));
+  add("--max-len", o.max_len != d.max_len, text(o.max_len));
+  add("--cap-mib", o.cap_mib != d.cap_mib, text(o.cap_mib));
+  add("--strategy", o.strategy != d.strategy, o.strategy);
+  add("--lr", o.lr != d.lr, text(o.lr));
+  add("--order", o.sorted != d.sorted, o.sorted ? "sorted" : "random");
+  add("--save", o.save != d.save, o.save);
+  add("--profile", o.profile != d.profile, o.profile);
+  add("--corpus", o.corpus != d.corpus, o.corpus);
+  add("--backend", o.backend != d.backend, o.backend == RankBackend::mpi ? "mpi" : "threads");
+  add("--checkpoint-every", o.checkpoint_every != d.checkpoint_every, text(o.checkpoint_every));
+  add("--keep", o.keep != d.keep, text(o.keep));
+  add("--checkpoint-dir", o.checkpoint_dir != d.checkpoint_dir, o.checkpoint_dir);
+  add("--csv", o.csv != d.csv, o.csv);
+  add("--pack-tokens", o.pack_tokens != d.pack_tokens, text(o.pack_tokens));
+  add("--pack-documents", o.pack_documents != d.pack_documents, text(o.pack_documents));
+  add("--pack-order", o.pack_balanced != d.pack_balanced, o.pack_balanced ? "balanced" : "as-packed");
+  add("--device", o.device != d.device, o.device);
+  add("--emulate", o.emulate != d.emulate, o.emulate);
+  add("--mesh", o.mesh != d.mesh, o.mesh);
+  add("--zero", o.zero != d.zero, text(int(o.zero)));
+  add("--experts", o.experts != d.experts, text(o.experts));
+  add("--top-k", o.top_k != d.top_k, text(o.top_k));
+  add("--shared-experts", o.shared_experts != d.shared_experts, text(o.shared_experts));
+  add("--first-dense", o.first_dense != d.first_dense, text(o.first_dense));
+  return args;
+}
+
+inline TrainingOptions parse(int argc, char** argv) {
+  TrainingOptions o;
+  std::int64_t zero_stage = 0;
+  std::string backend_name = "threads";  // --backend, read into o.backend
+  Flags flags = make_flags();
+  declare(flags, o, zero_stage, backend_name);
+  usage_text() = flags.usage();
+  flags.parse(argc, argv);
+  o.zero = pd::ZeroStage(int(zero_stage));
+  o.backend = backend_name == "mpi" ? pd::RankBackend::mpi : pd::RankBackend::threads;
+  o.args = given_args(o);
+  if (!o.resume.empty() && !o.load.empty()) usage("--resume and --load exclude each other (--resume loads the weights)");
+  if (o.min_len > o.max_len) usage(fmt::format("--min-len {} exceeds --max-len {}", o.min_len, o.max_len));
+  if (o.pack_documents > 0 && o.pack_tokens > 0)
+    usage("--pack-tokens (documents as rows) and --pack-documents (documents in one sequence) exclude each other");
+  if (o.experts > 0) {  // the MoE mode (examples/train_gpt/train_moe.hpp) plans every sublayer and saves a Hugging Face folder
+    if (o.top_k > o.experts) usage(fmt::format("--top-k {} exceeds --experts {}", o.top_k, o.experts));
+    if (o.first_dense >= o.layers)
+      usage(fmt::format("--first-dense {} leaves no MoE layer of --layers {}", o.first_dense, o.layers));
+    if (!o.strategy.empty() || !o.load.empty())
+      usage("--experts: --strategy and --load are for the dense GPT (the MoE GPT resumes with --resume)");
+  } else if (o.shared_experts > 0 || o.first_dense > 0) {
+    usage("--shared-experts and --first-dense need --experts");
+  }
+  if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
+    int mesh_ranks = 0;
+    try { mesh_ranks = pd::examples::parse_mesh(o.mesh).size(); } catch (const pd::Error& e) { usage(e.what()); }
+    if (ranks_given(argc, argv) && o.ranks != mesh_ranks)
+      usage(fmt::format("--ranks {} but --mesh {} holds {} ranks", o.ranks, o.mesh, mesh_ranks));
+    o.ranks = mesh_ranks;
+    if (o.device != "cpu" || !o.emulate.empty() || !o.save.empty() || !o.load.empty() || !o.resume.empty() ||
+        o.checkpoint_every > 0 || o.stop_after > 0)
+      usage("--mesh trains on the host: --device cuda, --emulate and checkpoints are not available with it yet");
+  }
+  if (!o.save.empty()) {  // fail now, not after the whole run
+    try { pd::check_writable_target(o.save); } catch (const pd::Error& e) { usage(e.what()); }
+  }
+  return o;
+}
+
+// With --resume PATH: the options the checkpoint's run was started with, then those given now (which win).
+inline TrainingOptions parse_resuming(int argc, char** argv) {
+  TrainingOptions given = parse(argc, argv);
+  if (given.resume.empty()) return given;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  try {
+    metadata = pd::read_checkpoint_metadata(given.resume);
+  } catch (const pd::Error& e) {
+    usage(fmt::format("--resume: {}", e.what()));
+  }
+  const auto stored = std::find_if(metadata.begin(), metadata.end(), [](auto& kv) { return kv.first == "train.args"; });
+  if (stored == metadata.end())
+    usage(fmt::format("--resume {}: not a training checkpoint of train_gpt (no train.args; --save writes the weights "
+                      "only: start from those with --load)", given.resume));
+  std::vector<std::string> args{argv[0]};
+  for (std::size_t from = 0; from < stored->second.size();) {
+    const std::size_t end = std::min(stored->second.find('\n', from), stored->second.size());
+    args.push_back(stored->second.substr(from, end - from));
+    from = end + 1;
+  }
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> pointers;
+  for (std::string& a : args) pointers.push_back(a.data());
+  return parse(int(pointers.size()), pointers.data());
+}
+
+}  // namespace train_gpt_flags
+
+using train_gpt_flags::parse_resuming;
+using train_gpt_flags::usage;
+
+}  // namespace paradyse::examples

@@ -1,0 +1,114 @@
+// examples/train_gpt/hardware.hpp: what train_gpt plans with and against: the hardware profile (--profile, or
+// calibrated on this machine once and cached), the emulated node of --emulate, and this machine's (or GPU's) memory.
+#pragma once
+
+#include "training_options.hpp"
+
+#include "paradyse/comm/ranks.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/emulation.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/cost/profile_json.hpp"
+#include "paradyse/ops/backend.hpp"
+#if PARADYSE_WITH_CUDA
+#include "paradyse/device/runtime.hpp"
+#endif
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace paradyse::examples {
+
+namespace pd = paradyse;
+
+// The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
+template <class RanksT>
+pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ranks) {
+  if (!o.profile.empty()) {
+    for (std::string_view name : pd::cost::kBuiltinProfileNames)
+      if (name == o.profile) {
+        fmt::print("hardware profile: {} (built in)\n", o.profile);
+        return pd::cost::builtin_profile(name);
+      }
+    fmt::print("hardware profile: {} (given)\n", o.profile);
+    return pd::cost::load_profile(o.profile);
+  }
+  const bool mpi = o.backend == pd::RankBackend::mpi;
+  const std::filesystem::path cache = fmt::format("build/train_gpt_profile_{}p{}.json", mpi ? "mpi_" : "", o.ranks);
+  // Under MPI every process decides from the same state: rank 0 writes the cache only after all have looked.
+  const bool cached = std::filesystem::exists(cache);
+  ranks.run([](auto& comm, int) { comm.barrier(); });
+  if (cached) {
+    try {
+      pd::cost::HardwareProfile profile = pd::cost::load_profile(cache.string());
+      fmt::print("hardware profile: calibrated on this machine earlier, {} (delete it to recalibrate)\n", cache.string());
+      return profile;
+    } catch (const pd::Error& e) {
+      fmt::print("hardware profile: the cached {} does not load ({}); calibrating again\n", cache.string(), e.what());
+    }
+  }
+  fmt::print("hardware profile: calibrating {} {} ranks on this machine (once; cached in {}) ...\n", o.ranks,
+             mpi ? "MPI" : "thread", cache.string());
+  pd::cost::CalibrationOptions options;
+  options.repetitions = 3;
+  options.attention_heads = o.heads;
+  options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
+  const auto start = std::chrono::steady_clock::now();
+  pd::cost::HardwareProfile profile;
+  ranks.run([&](auto& comm, int r) {
+    pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);
+    if (r == 0) profile = std::move(c.profile);
+  });
+  fmt::print("  calibrated in {:.1f} s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (ranks.reports()) {
+    std::error_code ignored;
+    std::filesystem::create_directories(cache.parent_path(), ignored);
+    pd::cost::save_profile(profile, cache.string());
+  }
+  if (mpi) {  // every process plans with rank 0's profile
+    ranks.run([](auto& comm, int) { comm.barrier(); });
+    profile = pd::cost::load_profile(cache.string());
+  }
+  return profile;
+}
+
+// The GPU's memory (--device cuda), 0 when unknown.
+inline double device_memory_bytes() {
+#if PARADYSE_WITH_CUDA
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess) return double(total);
+#endif
+  return 0.0;
+}
+
+// This machine's memory, 0 when unknown.
+inline double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
+}
+
+// --emulate: an 8-GPU node's balance of compute and communication on this machine: transfers paced at the device's
+// link latency and bandwidth, stretched by how much slower this machine computes (cost/emulation.hpp). Returns the
+// profile to plan with (the emulated links).
+template <class RanksT>
+pd::cost::HardwareProfile emulated(const TrainingOptions& o, const pd::cost::HardwareProfile& hardware, RanksT& ranks) {
+  const pd::cost::Emulation e = pd::cost::emulate(pd::cost::builtin_profile(o.emulate), hardware);
+  if constexpr (requires { ranks.set_link_pacing(e.pacing); }) ranks.set_link_pacing(e.pacing);  // thread ranks
+  fmt::print("emulated node: {} ranks with the links of {}, slowed {:.0f}x (its GEMM rate over this machine's); "
+             "plans and predictions use the emulated links\n", o.ranks, pd::cost::builtin_profile(o.emulate).name,
+             e.slowdown);
+  return e.profile;
+}
+
+}  // namespace paradyse::examples

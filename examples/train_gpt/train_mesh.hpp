@@ -1,0 +1,338 @@
+// examples/train_gpt/train_mesh.hpp: train_gpt --mesh dp=D,pp=P,cp=C: the dense GPT trained on a D x P x C mesh of
+// ranks (mesh/device_mesh.hpp; cp innermost, so a cp group holds consecutive ranks). Each rank runs its stage of the
+// model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer, pp stages on the 1F1B schedule,
+// and with --experts the MoE layers over an expert group folded over dp x cp), the dp replicas train the rows or
+// packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in model/mesh_optimizer.hpp's
+// MeshOptimizer (ZeRO --zero over dp).
+//
+// Packed documents (--pack-documents B): each replica's cp group plans its own sequence (strategies must agree only
+// within a cp group and along its pp stages; the replicas meet only in the gradient reduction, so the step's time is
+// its slowest replica's). With --experts the MoE layers span the replicas, so every replica runs the plan of the
+// step's most expensive sequence, and every replica must hold a sequence in every step (checked); pp with experts is
+// refused for now.
+//
+// The loss and every gradient are those of the whole step's batch: each token's loss gradient is scaled by
+// 1 / (counted tokens of the whole batch) and the dp reduction sums, so the losses equal those of the single cp group
+// training on the same batch (`train_gpt --ranks C` with the same --pack-tokens; with --experts, `--mesh cp=C`) within
+// float rounding; the ctest train_gpt_mesh checks it (and tests/model/mesh_stage.cpp against the documents alone).
+//
+// The whole run is one collective call over the world's ranks (thread ranks, or MPI processes under mpirun): the
+// mesh groups are split once, every step's plan is computed before training (it depends on the step's shape
+// only), and world rank 0 prints the table. Memory: planned under the cap (--cap-mib, or the single-group default);
+// the trackers measure the peak but do not enforce the cap.
+#pragma once
+
+#include "../csv_table.hpp"
+#include "train_moe.hpp"
+#include "training_data.hpp"
+#include "training_options.hpp"
+
+#include "paradyse/comm/ranks.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/data/mesh_steps.hpp"
+#include "paradyse/data/packing.hpp"
+#include "paradyse/layout/chunking.hpp"
+#include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/model/byte_gpt.hpp"
+#include "paradyse/model/data_parallel.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/mesh_optimizer.hpp"
+#include "paradyse/model/mesh_stage.hpp"
+#include "paradyse/plan/gpt_costs.hpp"
+#include "paradyse/plan/memory_cap.hpp"
+#include "paradyse/plan/moe_plan.hpp"
+#include "paradyse/plan/plan_names.hpp"
+#include "paradyse/plan/planner.hpp"
+#include "paradyse/plan/stack_plan.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace paradyse::examples {
+
+// "dp=2,pp=2,cp=2" (any order, each axis at most once, missing axes of size 1) as the mesh {dp, pp, cp}, cp
+// innermost. Throws an Error naming the bad part.
+inline DeviceMesh parse_mesh(std::string_view text) {
+  int sizes[3] = {0, 0, 0};
+  constexpr std::string_view names[3] = {"dp", "pp", "cp"};
+  std::size_t from = 0;
+  check(!text.empty(), "--mesh: empty; expected axes such as dp=2,cp=2 (axes dp, pp, cp)");
+  while (from <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', from), text.size());
+    const std::string_view part = text.substr(from, comma - from);
+    const std::size_t eq = part.find('=');
+    check(eq != std::string_view::npos, "--mesh {}: \"{}\" is not AXIS=SIZE (axes dp, pp, cp)", text, part);
+    const std::string_view name = part.substr(0, eq), value = part.substr(eq + 1);
+    const auto axis = std::find(std::begin(names), std::end(names), name) - std::begin(names);
+    check(axis < 3, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp and cp (tensor and expert "
+          "axes are search_parallel's)", text, name);
+    check(sizes[axis] == 0, "--mesh {}: axis {} is given twice", text, name);
+    int size = 0;
+    for (char ch : value) {
+      check(std::isdigit(static_cast<unsigned char>(ch)) && size < 100000, "--mesh {}: the size of {} is \"{}\", "
+            "expected a positive integer", text, name, value);
+      size = size * 10 + (ch - '0');
+    }
+    check(!value.empty() && size >= 1, "--mesh {}: the size of {} is \"{}\", expected a positive integer", text, name,
+          value);
+    sizes[axis] = size;
+    from = comma + 1;
+  }
+  return DeviceMesh({{"dp", std::max(sizes[0], 1)}, {"pp", std::max(sizes[1], 1)}, {"cp", std::max(sizes[2], 1)}});
+}
+
+namespace mesh_detail {
+
+// A step's plan for the stack, and its compact name for the table.
+struct StepPlan {
+  StackPlan stack;
+  std::string name;
+  double time_s = 0;  // the planner's predicted time
+};
+
+}  // namespace mesh_detail
+
+// Trains the dense GPT on `ranks` (threads or MPI processes, as many as the mesh holds). Returns the exit code.
+template <class Strategies, class RanksT>
+int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, RanksT& ranks) {
+  using Model = Gpt<Strategies>;
+  const DeviceMesh mesh = parse_mesh(o.mesh);
+  mesh.check_world_size(ranks.size());
+  const int dp = mesh.axis_size("dp"), pp = mesh.axis_size("pp"), cp = mesh.axis_size("cp");
+  check(o.layers >= pp, "--mesh {}: {} pipeline stages need at least as many layers (--layers {})", o.mesh, pp,
+        o.layers);
+  const bool experts = o.experts > 0;
+  check(!experts || pp == 1, "--mesh {} --experts {}: pipeline stages with MoE layers are not supported yet (pp must "
+        "be 1)", o.mesh, o.experts);
+  // The MoE GPT of train_gpt --experts, or the dense one (model/byte_gpt.hpp).
+  GptConfig config = experts ? moe_gpt_config(o) : byte_gpt_config(byte_gpt_shape(o));
+  config.validate_for(cp);
+  check(!experts || o.strategy.empty(), "--mesh --experts: the planner picks every sublayer (no --strategy)");
+  check(o.pack_documents == 0 || o.pack_tokens == 0, "--mesh {}: --pack-tokens {} (documents as rows) and "
+        "--pack-documents {} (documents in one sequence) exclude each other", o.mesh, o.pack_tokens, o.pack_documents);
+
+  // The data: the single-group run's (examples/train_gpt.cpp with --ranks C; examples/train_gpt/training_data.hpp).
+  const TrainingData data = training_data(o, {cp, config.layer.zigzag}, o.pack_tokens);
+  const std::vector<data::Document>& docs = data.docs;
+  const std::vector<data::Step>& steps = data.steps;
+
+  // Micro-batches: without pp a replica's rows are one micro-batch; with pp each row is one.
+  const auto micro_rows = [&](const data::Step& step) {
+    const std::int64_t rows = step.sequences();
+    return pp > 1 ? std::int64_t(1) : (rows + dp - 1) / dp;
+  };
+  // Every step's plan for a cp group running one micro-batch, computed before training.
+  const plan::GptCosts<Model> costs{config, cp, &hardware};
+  const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware};
+  std::int64_t cap = 0;
+  if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
+  else if (experts) cap = hardware.usable_memory_bytes();  // as train_gpt --experts
+  else cap = plan::default_memory_cap(costs, o.max_len).cap;  // the single group's default
+  const auto plan_start = std::chrono::steady_clock::now();
+  // With experts the MoE FFN's row models the expert group as the cp group (the planner's view of train_gpt
+  // --experts); the choice between ExpertParallel and ExpertTensorParallel is exact either way, its cost approximate.
+  //
+  // Packed sequences over dp > 1: each replica's cp group plans its own sequence (the strategies must agree within
+  // a cp group and along its pp stages only; the replicas meet only in the gradient reduction, so the step takes as
+  // long as its slowest replica, and planning each for its own sequence minimises each). With experts the MoE layers
+  // span the replicas (ep = dp x cp), so every sublayer's strategy must agree over the whole mesh: the step runs
+  // every replica on the plan of its most expensive sequence (the largest predicted time).
+  // plans[k][d]: replica d's plan in step k (std::nullopt: no plan fits the cap, and the step is skipped).
+  // Keyed by a part's shape: its length, or its packed documents' lengths, and the micro-batch's rows.
+  std::map<std::pair<std::vector<std::int64_t>, std::int64_t>, std::optional<mesh_detail::StepPlan>> planned;
+  const auto plan_of = [&](const data::Step& step) {
+    const bool packed = step.document_starts().size() > 1;
+    const std::int64_t length = step.length;
+    const std::pair key{packed ? step.document_lengths() : std::vector<std::int64_t>{length}, micro_rows(step)};
+    if (!planned.count(key)) {
+      try {
+        if (experts) {
+          const plan::MoePlan plan = plan::plan_moe_exact(
+              packed ? moe_costs.packed_table(key.first)
+                     : plan::build_moe_cost_table(config, hardware, cp, plan::Batch::single(length, key.second),
+                                                  {4, 4, 8}, moe_costs.extra_bytes(length)),
+              cap);
+          planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), compact_plan(plan),
+                                               plan.time_s};
+        } else {
+          const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
+          const plan::Plan plan = o.strategy.empty()
+              ? plan::plan_exact(table, cap)
+              : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(o.strategy)), cap);
+          planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
+                                               plan.time_s};
+        }
+      } catch (const plan::NoFeasiblePlan&) {
+        planned[key] = std::nullopt;
+      }
+    }
+    return planned[key];
+  };
+  // Rows are dealt over dp; packed sequences go one per replica, D per mesh step, grouped by their predicted time
+  // (the planner's, for the cp group) so that a step's replicas wait little for each other.
+  std::vector<double> predicted;
+  for (const data::Step& step : steps) {
+    const std::optional<mesh_detail::StepPlan>& plan = plan_of(step);
+    predicted.push_back(plan ? plan->time_s : std::numeric_limits<double>::infinity());
+  }
+  const std::vector<data::MeshStep> mesh_steps_ = data::mesh_steps(steps, dp, predicted);
+  const int n_steps = int(mesh_steps_.size());
+  if (experts && dp > 1) {  // the expert group spans the replicas: each must bring tokens to every MoE layer
+    check(o.pack_documents == 0 || steps.size() % std::size_t(dp) == 0, "--mesh {} --experts --pack-documents {}: "
+          "the {} documents make {} packed sequences, not a multiple of the {} dp replicas (each replica must bring a "
+          "sequence to every step's MoE layers): change --steps or --pack-documents", o.mesh, o.pack_documents,
+          o.steps, steps.size(), dp);
+    for (int k = 0; k < n_steps; ++k)
+      check(mesh_steps_[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
+            "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
+            mesh_steps_[std::size_t(k)].sequences(), dp);
+  }
+  std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
+  for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
+    const data::MeshStep& step = mesh_steps_[k];
+    for (const data::Step& part : step.parts) plans[k].push_back(plan_of(part));
+    const bool all_fit = std::all_of(plans[k].begin(), plans[k].end(), [](const auto& p) { return p.has_value(); });
+    if (!all_fit) plans[k].assign(1, std::nullopt);
+    else if (experts && plans[k].size() > 1)  // one plan over the expert group: the most expensive part's
+      plans[k].assign(1, *std::max_element(plans[k].begin(), plans[k].end(),
+                                           [](const auto& a, const auto& b) { return a->time_s < b->time_s; }));
+  }
+  // Replica d's plan in step k (a replica without a part runs none: any plan of the step).
+  const auto replica_plan = [&](std::size_t k, int d) -> const std::optional<mesh_detail::StepPlan>& {
+    return plans[k][std::min(std::size_t(d), plans[k].size() - 1)];
+  };
+  const double planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
+
+  fmt::print("model: GPT, {} layers, h={}, {} heads, ffn={}, vocab {} (bytes), causal + RoPE, zigzag tokens; {:.2f} M "
+             "parameters\n", o.layers, o.hidden, o.heads, config.layer.ffn, config.vocab,
+             double(config.parameter_count()) / 1e6);
+  if (experts)
+    fmt::print("experts: {} MoE layers of {} experts (top-{}, ffn {}), {} dense first; ep = dp x cp = {} ranks "
+               "(attention in cp groups of {}, the MoE layers over the {} devices of dp x cp)\n",
+               o.layers - o.first_dense, o.experts, o.top_k, config.moe->moe.expert_ffn, o.first_dense, dp * cp, cp,
+               dp * cp);
+  fmt::print("mesh: {} on {} {} (dp outermost, cp innermost); {} stage{} of {} layers; {}; activations of pp "
+             "stages recomputed for the backward\n", mesh.to_string(), mesh.size(),
+             o.backend == RankBackend::mpi ? "MPI processes" : "threads", pp, pp > 1 ? "s" : "",
+             fmt::join([&] {
+               std::vector<std::int64_t> n;
+               for (int s = 0; s < pp; ++s) n.push_back(chunk_range(o.layers, pp, s).length);
+               return n;
+             }(), "+"), name_of(o.zero));
+  fmt::print("data: {} documents, {} steps (lengths {}..{}, {}), {}, {} per micro-batch; plans "
+             "for a cp group of {} under a cap of {:.0f} MiB ({:.1f} ms of planning)\n",
+             docs.size(), n_steps, o.min_len, o.max_len,
+             o.pack_tokens > 0      ? fmt::format("packed up to {} tokens", o.pack_tokens)
+             : o.pack_documents > 0 ? fmt::format("sequences of documents packed up to {} tokens, attention "
+                                                  "within each", o.pack_documents)
+                                    : std::string("one window each"),
+             o.pack_documents > 0 ? fmt::format("one sequence per dp replica ({} per step, each replica's cp group "
+                                                "planning its own{})", dp, experts && dp > 1 ? ": with experts the "
+                                                "most expensive's plan for all" : "")
+                                  : std::string("rows dealt over dp"),
+             pp > 1 ? "one row" : "a replica's rows", cp, double(cap) / (1024 * 1024), planning_s * 1e3);
+  fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>9}\n", "step", "len", "docs", "plan", 8 * o.layers, "loss",
+             "time s", "peak MiB");
+
+  CsvTable csv(ranks.reports() ? o.csv : std::string(), {"step", "length", "rows", "plan", "loss", "seconds", "peak_mib"});
+  ops::AdamWConfig adamw;
+  adamw.learning_rate = float(o.lr);
+  adamw.weight_decay = 0.01f;
+  const int warmup = std::max(1, std::min(8, n_steps / 8));
+  std::vector<double> losses;
+  for (int r = 0; r < ranks.size(); ++r) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
+  const auto run_start = std::chrono::steady_clock::now();
+
+  ranks.run([&](auto& world, int rank) {
+    using Comm = std::remove_reference_t<decltype(world)>;
+    Comm dp_group = mesh.group(world, {"dp"});
+    Comm pp_group = mesh.group(world, {"pp"});
+    Comm cp_group = mesh.group(world, {"cp"});
+    std::optional<Comm> ep_group;  // experts: dp x cp, rank replica * cp + cp_rank
+    if (experts) ep_group.emplace(mesh.group(world, {"dp", "cp"}));
+    const MeshCoordinate at = mesh.coordinate(rank);
+    const int replica = at[0], stage_index = at[1], cp_rank = at[2];
+    MeshGptStage<Strategies, Comm> stage(config, stage_index, pp, chunk_range(o.layers, pp, stage_index), cp,
+                                         cp_rank, experts ? dp * cp : cp, experts ? replica * cp + cp_rank : cp_rank,
+                                         o.seed);
+    MeshOptimizer optimizer(stage, o.zero, dp, replica, adamw);
+    BufferPool pool;
+    for (int k = 0; k < n_steps; ++k) {
+      const data::MeshStep& step = mesh_steps_[std::size_t(k)];
+      const std::int64_t s = step.longest(), rows = step.sequences(), documents = step.documents();
+      if (!plans[std::size_t(k)][0]) {
+        if (rank == 0) fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap\n", k, s, documents);
+        continue;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      // This replica's part of the step (rows: the one step, of which it trains `mine`; packed: its own sequence).
+      const auto [part, mine] = step.work(replica, dp);
+      const data::Step& tokens_of = part ? *part : step.parts[0];
+      std::vector<std::int32_t> inputs, targets;
+      data::step_tokens(tokens_of, docs, ops::cpu::kIgnoreIndex, inputs, targets);
+      const double counted = double(step.real_tokens());  // the whole step's: every replica's tokens
+      const float grad_scale = float(1.0 / counted);
+      const StackPlan& full = replica_plan(std::size_t(k), replica)->stack;
+      const ChunkRange layers = chunk_range(o.layers, pp, stage_index);
+      const std::vector<std::int64_t> document_starts = tokens_of.document_starts();  // empty: one document per row
+      stage.begin_step(cp_group, ep_group ? *ep_group : cp_group, pool,
+                       StackPlan(full.begin() + layers.start, full.begin() + layers.end()), tokens_of.length,
+                       document_starts);
+      pool.trim();
+      ranks.tracker(rank).reset_peak();
+      // This replica's rows, run through the stages.
+      const double loss_sum = mesh_forward_backward(stage, pp_group, cp_group, mine, tokens_of.length, inputs, targets,
+                                                    grad_scale);
+      adamw.learning_rate = float(o.lr * std::min(1.0, double(k + 1) / warmup));
+      optimizer.step(dp_group, adamw.learning_rate, k + 1);
+      double sums[2] = {loss_sum, double(ranks.tracker(rank).peak())}, total[2] = {0, 0};
+      world.all_reduce(std::span<const double>(&sums[0], 1), std::span<double>(&total[0], 1), ReduceOp::sum);
+      world.all_reduce(std::span<const double>(&sums[1], 1), std::span<double>(&total[1], 1), ReduceOp::max);
+      if (rank != 0) continue;
+      const double loss = total[0] / counted;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      losses.push_back(loss);
+      // The plan, or with packed sequences over dp each replica's, "|" between them where they differ.
+      std::vector<std::string> names;
+      for (const auto& p : plans[std::size_t(k)]) names.push_back(p->name);
+      const bool one_plan = std::all_of(names.begin(), names.end(), [&](const std::string& n) { return n == names[0]; });
+      const std::string plan_name = one_plan ? names[0] : fmt::format("{}", fmt::join(names, " | "));
+      fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>9.1f}\n", k, s, documents, plan_name, 8 * o.layers,
+                 loss, seconds, total[1] / (1024 * 1024));
+      std::fflush(stdout);
+      csv.row(k, s, rows, plan_name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));
+    }
+  });
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  const std::size_t k = std::min<std::size_t>(10, losses.size());
+  const auto mean = [&](std::size_t from, std::size_t to) {
+    double sum = 0;
+    for (std::size_t i = from; i < to; ++i) sum += losses[i];
+    return to > from ? sum / double(to - from) : 0.0;
+  };
+  fmt::print("\nsummary\n  steps                      {} run on the mesh {}\n", losses.size(), mesh.to_string());
+  fmt::print("  mean loss, first {:>2} steps  {:.4f}\n  mean loss, last {:>2} steps   {:.4f}\n", k, mean(0, k), k,
+             mean(losses.size() - k, losses.size()));
+  fmt::print("  total time                 {:.1f} s\n", total);
+  return 0;
+}
+
+}  // namespace paradyse::examples

@@ -1,0 +1,247 @@
+// paradyse/model/mesh_stage.hpp: one rank's part of the GPT (model/gpt.hpp) on a dp x pp x cp mesh
+// (mesh/device_mesh.hpp, cp innermost) and the forward and backward of its step.
+//
+//   cp  every stage of every replica is a cp group of C ranks: the sequence is sharded over it in the unified layout
+//       and the strategies switch per layer inside it, as in the single-group Gpt;
+//   pp  the L layers are cut into P stages (uneven allowed); the stages run the 1F1B schedule of model/pipeline.hpp
+//       over the micro-batches, activations [b, n_r, h] passed point to point between the cp ranks of the same cp
+//       index. Stage 0 holds the embedding, stage P-1 the final norm, the LM head and the loss
+//       (model/head_loss.hpp, as Gpt's);
+//   dp  each replica trains its own rows or packed sequence (data/mesh_steps.hpp); the gradients are summed over the
+//       dp group by model/mesh_optimizer.hpp's MeshOptimizer;
+//   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group.
+//
+// Weights are drawn from the seed as Gpt(config, cp, cp_rank, seed) draws them (gpt_detail::init_row), so a mesh
+// trains the single group's model. Pipeline activations: a stage keeps only each in-flight micro-batch's input and
+// recomputes its layers' forward before the backward, unless the micro-batch is the one its last forward ran.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/layout/chunking.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/head_loss.hpp"
+#include "paradyse/model/pipeline.hpp"
+#include "paradyse/model/stack.hpp"
+#include "paradyse/moe/moe_weights.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+#include "paradyse/strategy/sequence_layout.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace paradyse {
+
+// One rank's part of the GPT on the mesh: the layers of its pp stage sharded over its cp group, plus the embedding
+// (first stage) or the final norm and LM head (last stage), their gradients, and an optimizer per tensor over dp.
+// A PipelineStage (model/pipeline.hpp) over the cp group `C`.
+template <class Strategies, Communicator C>
+class MeshGptStage {
+public:
+  using Stack = TransformerStack<Strategies>;
+  struct Saved {
+    Tensor<float> input;  // [b, n_r, h]: the stage's input, to recompute its forward
+  };
+
+  // Stage `stage` of `stages` holds layers `layers` (global indices) of `config`, sharded over cp rank `cp_rank`
+  // of `cp_size` (the MoE layers' experts over ep rank `ep_rank` of `ep_size`), drawn from `seed` as
+  // Gpt(config, cp_size, cp_rank, seed) draws them.
+  MeshGptStage(const GptConfig& config, int stage, int stages, ChunkRange layers, int cp_size, int cp_rank,
+               int ep_size, int ep_rank, std::uint64_t seed)
+      : config_(config), first_(stage == 0), last_(stage == stages - 1), layers_(layers),
+        stack_(make_stack(config, layers, cp_size, cp_rank, ep_size, ep_rank, seed)) {
+    const std::int64_t v = config.vocab, h = config.layer.hidden;
+    check(!config.tied_head, "--mesh: the GPT's head is untied");
+    // Stages without the embedding or the head hold them empty ([0, h]; a default Tensor is a scalar).
+    embedding_ = Tensor<float>(Shape{0, h});
+    embedding_grad_ = Tensor<float>(Shape{0, h});
+    head_ = Tensor<float>(Shape{0, h});
+    head_grad_ = Tensor<float>(Shape{0, h});
+    if (first_) {
+      embedding_ = Tensor<float>(Shape{v, h});
+      embedding_grad_ = Tensor<float>(Shape{v, h});
+      for (std::int64_t i = 0; i < v; ++i)
+        gpt_detail::init_row(config, seed, gpt_detail::Part::embedding, i, gpt_detail::row_span(embedding_, i));
+    }
+    if (last_) {  // rows: head [v], final gamma, final beta
+      head_ = Tensor<float>(Shape{v + 2, h});
+      head_grad_ = Tensor<float>(Shape{v + 2, h});
+      for (std::int64_t i = 0; i < v; ++i)
+        gpt_detail::init_row(config, seed, gpt_detail::Part::head, i, gpt_detail::row_span(head_, i));
+      std::ranges::fill(gpt_detail::row_span(head_, v), 1.0f);
+    }
+  }
+
+  bool first() const noexcept { return first_; }
+  bool last() const noexcept { return last_; }
+  const GptConfig& config() const noexcept { return config_; }
+  Stack& stack() noexcept { return stack_; }
+
+  // The step's context: the cp group, the expert group (the cp group itself without experts), the pool, the
+  // stage's slice of the plan, the sequence length and its packed documents (global starts; empty: one document).
+  void begin_step(C& cp, C& ep, BufferPool& pool, StackPlan plan, std::int64_t seq_len,
+                  std::span<const std::int64_t> document_starts = {}) {
+    stack_.set_documents(document_starts);
+    cp_ = &cp;
+    ep_ = &ep;
+    pool_ = &pool;
+    plan_ = std::move(plan);
+    seq_len_ = seq_len;
+    held_ = -1;
+    stack_.zero_gradients();
+    if (first_) Backend::fill(embedding_grad_.view(), 0.0f);
+    if (last_) Backend::fill(head_grad_.view(), 0.0f);
+  }
+
+  Saved forward(int micro_batch, TensorView<const float> x, TensorView<float> y) {
+    stack_.forward(*cp_, *ep_, *pool_, plan_, seq_len_, x, y);
+    held_ = micro_batch;
+    return Saved{Tensor<float>::copy_of(x)};
+  }
+  void backward(int micro_batch, Saved& saved, TensorView<const float> dy, TensorView<float> dx) {
+    if (held_ != micro_batch) {  // recompute the forward of this micro-batch
+      PooledBuffer<float> y = pool_->acquire<float>(saved.input.shape());
+      stack_.forward(*cp_, *ep_, *pool_, plan_, seq_len_, saved.input.view(), y.view());
+    }
+    stack_.backward(*cp_, *ep_, *pool_, dy, dx);
+    held_ = -1;
+    saved.input = Tensor<float>();
+  }
+
+  // First stage: x [b, n_r, h] <- the embedding of tokens [b, n_r]; and its backward (accumulates).
+  void embed(TensorView<const std::int32_t> tokens, TensorView<float> x) {
+    Backend::embedding_forward(tokens, TensorView<const float>(embedding_.view()), x);
+  }
+  void embed_backward(TensorView<const std::int32_t> tokens, TensorView<const float> dx) {
+    Backend::embedding_backward(tokens, dx, embedding_grad_.view());
+  }
+
+  // Last stage: the final norm, the LM head and the cross-entropy of y [b, n_r, h] against targets [b, n_r]; dy
+  // (zeroed by the caller) <- the loss gradient, each token's scaled by grad_scale. Returns the loss sum.
+  double head_loss(TensorView<const float> y, TensorView<const std::int32_t> targets, TensorView<float> dy,
+                   float grad_scale) {
+    const std::int64_t v = config_.vocab;
+    const HeadParameters head{gpt_detail::row_span(head_, v), gpt_detail::row_span(head_, v + 1),
+                              TensorView<const float>(head_.view()).slice(0, 0, v), gpt_detail::row_span(head_grad_, v),
+                              gpt_detail::row_span(head_grad_, v + 1), head_grad_.view().slice(0, 0, v)};
+    return norm_head_loss<Backend>(config_.layer, y, targets, head, grad_scale, dy);
+  }
+
+  // After the step's micro-batches: the replicated gradients summed over the cp group (they are partial sums over
+  // the rank's tokens; the layers' norm gradients the stack reduced already).
+  void reduce_replicated(C& cp) {
+    for (Tensor<float>* g : {&embedding_grad_, &head_grad_})
+      if (g->numel() > 0) cp.all_reduce(std::span<const float>(g->span()), g->span(), ReduceOp::sum);
+  }
+
+  // Every (parameter, gradient, decays, replicated over dp) of this rank, in a fixed order (the same on every dp
+  // replica for those replicated over dp; the MoE layers' expert shards, router and shared experts are not: their
+  // gradients are already reduced over the expert group, which spans dp).
+  struct Parameter {
+    Tensor<float>* value;
+    Tensor<float>* gradient;
+    bool decays;
+    bool over_dp = true;
+  };
+  std::vector<Parameter> parameters() {
+    std::vector<Parameter> out;
+    for (std::size_t l = 0; l < stack_.weights().size(); ++l) {
+      LayerWeights& w = stack_.weights()[l];
+      LayerWeights& g = stack_.gradients()[l];
+      out.push_back({&w.attention.packed, &g.attention.packed, true});
+      out.push_back({&w.mlp.packed, &g.mlp.packed, true});
+      out.push_back({&w.norms.packed, &g.norms.packed, false});
+    }
+    for (std::size_t l = 0; l < stack_.weights().size(); ++l) {
+      if (!stack_.is_moe_layer(int(l))) continue;
+      MoeShard& w = stack_.moe_weights()[l];
+      MoeShard& g = stack_.moe_gradients()[l];
+      for (auto member : {&MoeShard::router, &MoeShard::expert_in, &MoeShard::expert_out, &MoeShard::shared_in,
+                          &MoeShard::shared_out, &MoeShard::shared_gate})
+        out.push_back({&(w.*member), &(g.*member), true, false});
+    }
+    if (first_) out.push_back({&embedding_, &embedding_grad_, true});
+    if (last_) out.push_back({&head_, &head_grad_, true});  // the norm rows are split off by the caller
+    return out;
+  }
+  std::int64_t head_matrix_elements() const { return config_.vocab * config_.layer.hidden; }
+
+private:
+  using Backend = ops::Cpu;
+  // This stage's slice of the layers; with MoE layers, dense shards over cp and expert shards over ep, each drawn
+  // from seed + global layer index as Gpt's stack draws them.
+  static Stack make_stack(const GptConfig& config, ChunkRange layers, int cp_size, int cp_rank, int ep_size,
+                          int ep_rank, std::uint64_t seed) {
+    const int count = int(layers.length);
+    const std::uint64_t first = seed + std::uint64_t(layers.start);
+    if (!config.moe || config.moe->first_k_dense >= layers.end()) return Stack(config.layer, count, cp_size, cp_rank, first);
+    const MoeLayers moe{config.moe->moe, int(std::max<std::int64_t>(0, config.moe->first_k_dense - layers.start))};
+    std::vector<LayerWeights> dense;
+    std::vector<MoeShard> experts;
+    for (int l = 0; l < count; ++l) {
+      dense.push_back(init_shard(config.layer, cp_size, cp_rank, first + std::uint64_t(l)));
+      experts.push_back(moe.is_moe(l) ? init_moe_shard(moe.moe, ep_size, ep_rank, first + std::uint64_t(l)) : MoeShard{});
+    }
+    return Stack(config.layer, std::move(dense), std::move(experts), moe, cp_size);
+  }
+  GptConfig config_;
+  bool first_, last_;
+  ChunkRange layers_;
+  Stack stack_;
+  Tensor<float> embedding_, embedding_grad_;  // first stage: [V, h]
+  Tensor<float> head_, head_grad_;            // last stage: [V + 2, h]: the head, the final gamma and beta
+  C* cp_ = nullptr;
+  C* ep_ = nullptr;
+  BufferPool* pool_ = nullptr;
+  StackPlan plan_;
+  std::int64_t seq_len_ = 0;
+  int held_ = -1;  // the micro-batch whose activations the stack holds (-1: none)
+};
+
+// The forward and backward of one step on this rank: `stage` (begun with begin_step) runs this replica's rows `mine`
+// of the step's sequences (inputs, targets: the whole step's [rows, s] tokens), in micro-batches of one row with pp
+// stages (pp_group's size) and all at once without, through the 1F1B schedule; each token's loss gradient is scaled by
+// grad_scale (1 / the step's counted tokens); then the replicated gradients are summed over cp_group. Returns this
+// rank's loss sum (the last stage's tokens; 0 on the others and on a replica without rows).
+template <class Strategies, Communicator C>
+double mesh_forward_backward(MeshGptStage<Strategies, C>& stage, C& pp_group, C& cp_group, ChunkRange mine,
+                             std::int64_t s, std::span<const std::int32_t> inputs,
+                             std::span<const std::int32_t> targets, float grad_scale) {
+  const bool pipelined = pp_group.size() > 1;
+  const int cp_rank = int(cp_group.rank());
+  // Micro-batches of the rows: [b, n_r] tokens and targets of this cp rank.
+  const std::int64_t per_micro = pipelined ? 1 : std::max<std::int64_t>(mine.length, 1);
+  const int micro_batches = int((mine.length + per_micro - 1) / per_micro);
+  const SequenceLayout layout(s, int(cp_group.size()), stage.config().layer.zigzag);
+  const std::int64_t n = layout.local_length(cp_rank), h = stage.config().layer.hidden;
+  std::vector<Tensor<std::int32_t>> x_tokens, y_tokens;
+  for (int i = 0; i < micro_batches; ++i) {
+    const std::int64_t first_row = mine.start + i * per_micro, b = std::min(per_micro, mine.end() - first_row);
+    const auto slice = [&](std::span<const std::int32_t> all) { return all.subspan(std::size_t(first_row * s), std::size_t(b * s)); };
+    x_tokens.push_back(shard_tokens(slice(inputs), b, layout, cp_rank));
+    y_tokens.push_back(shard_tokens(slice(targets), b, layout, cp_rank));
+  }
+  double loss_sum = 0.0;
+  if (micro_batches > 0) {
+    Tensor<float> embedded(Shape{per_micro, n, h});
+    PipelineIo io;
+    io.input = [&](int i) {
+      stage.embed(x_tokens[std::size_t(i)].view(), embedded.view());
+      return TensorView<const float>(embedded.view());
+    };
+    io.loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
+      loss_sum += stage.head_loss(y, y_tokens[std::size_t(i)].view(), dy, grad_scale);
+    };
+    io.input_gradient = [&](int i, TensorView<const float> dx) { stage.embed_backward(x_tokens[std::size_t(i)].view(), dx); };
+    run_pipeline(pp_group, stage, micro_batches, Shape{per_micro, n, h}, io);
+  }
+  stage.reduce_replicated(cp_group);
+  return loss_sum;
+}
+
+}  // namespace paradyse
