@@ -1,6 +1,14 @@
 // paradyse/strategy/policy.hpp: what a strategy is (the SublayerStrategy concept), the context every call gets, and
 // the gradient rule every strategy follows.
 //
+// This is PUBLIC API, the contract between a strategy and the model around it (the library's layer, or a user's own
+// block: examples/parallel_block.hpp); docs/CONTRACT.md states both sides in full. A strategy promises the unified
+// layout in and out, the same weight shards, gradients fully reduced on the owning rank, its requirements in
+// supports(), its compute layouts and a reshard between them, and a Saved state that owns what its backward needs.
+// A model hands it a SublayerContext, the contract's weight shards, activations in the unified layout, zeroed
+// gradient buffers, and the Saved state of the forward back to its backward; norms, residuals and the reduction of
+// whatever the model replicates are the model's.
+//
 // A strategy is a small default-constructible type, templated on the compute Backend (ops::Cpu by default), with
 // two sublayers, attention and MLP, each with a forward and a backward (a layer may use different strategies for
 // its two sublayers):
@@ -15,7 +23,7 @@
 //   MlpSaved mlp_forward(comm, ctx, const MlpShard& w, x, y) const;
 //   void mlp_backward(comm, ctx, const MlpShard& w, MlpSaved&, dy, dx, MlpShard& grad) const;
 //
-// Contract (the unified layout, docs/DESIGN.md):
+// Contract (the unified layout, docs/DESIGN.md and docs/CONTRACT.md):
 //   - x, y, dy, dx: [b, n_r, h], contiguous, rank r's tokens in the order of ctx.sequence (contiguous chunk r, or
 //     zigzag chunks r and 2p-1-r). y and dx are overwritten; no norm and no residual inside a sublayer.
 //   - w: rank r's packed shard (contract/weight_shards.hpp), the same for every strategy.
@@ -23,6 +31,8 @@
 //     rank; with replicated kv heads, over every replica too). So the next layer, whatever its strategy, and the
 //     optimizer see the same thing whichever strategy ran, and no redistribution happens between sublayers.
 //   - Every rank of the group calls the same sublayer with the same strategy in the same order (collectives).
+//   - Saved: move-only and default-constructible; backward takes the Saved of its own forward, with the same ctx and
+//     w; the strategy object keeps no state (one object serves every layer).
 //   - Transient buffers come from ctx.pool (one pool per rank, keyed by size, shared by all strategies); saved
 //     tensors are owned by the Saved struct and freed when it dies.
 // Layouts. A strategy is a policy over the Layout concept of layout/: the group is a one-axis mesh, the unified

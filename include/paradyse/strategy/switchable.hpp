@@ -5,8 +5,7 @@
 // that ran forward. Choices are indices into the list (index_of(name) maps the names a planner uses). Because every
 // strategy shares the unified layout and the same shards, a choice may change from call to call with no
 // redistribution; that is checked at compile time (each policy's `unified_layout` type must be the same, a
-// static_assert with its reason otherwise). AnyStrategy<Comm> is a type-erased handle to one strategy, for code that does not want the
-// template (its saved state is opaque and checked on use).
+// static_assert with its reason otherwise).
 //
 // Adding a strategy: write its file (strategy/policy.hpp's concept) and add its name to the list in
 // strategy/strategies.hpp.
@@ -24,12 +23,10 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
-#include <typeinfo>
 #include <utility>
 #include <variant>
 
@@ -178,138 +175,5 @@ private:
 
   std::tuple<Ps...> policies_;
 };
-
-// A type-erased handle to one strategy for communicator type Comm.
-template <Communicator Comm>
-class AnyStrategy {
-public:
-  // The opaque saved state of one forward; only the strategy that made it accepts it.
-  class Saved {
-  public:
-    Saved() = default;
-    bool empty() const noexcept { return !holder_; }
-    std::string_view strategy() const noexcept { return holder_ ? holder_->strategy : std::string_view(); }
-
-  private:
-    friend class AnyStrategy;
-    struct HolderBase {
-      virtual ~HolderBase() = default;
-      std::string_view strategy;
-      const std::type_info* type = nullptr;
-    };
-    template <class T>
-    struct Holder : HolderBase {
-      explicit Holder(T v) : value(std::move(v)) {}
-      T value;
-    };
-    std::unique_ptr<HolderBase> holder_;
-  };
-
-  AnyStrategy() = default;
-  template <class S>
-    requires SublayerStrategy<S, Comm>
-  static AnyStrategy of(S strategy = {}) {
-    AnyStrategy any;
-    any.impl_ = std::make_shared<const Model<S>>(std::move(strategy));
-    return any;
-  }
-
-  explicit operator bool() const noexcept { return bool(impl_); }
-  std::string_view name() const { return get().name(); }
-  Support supports(const SublayerContext& ctx) const { return get().supports(ctx); }
-  void check_supported(const SublayerContext& ctx) const { require(supports(ctx)); }
-  Saved attention_forward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, TensorView<const float> x,
-                          TensorView<float> y) const {
-    return get().attention_forward(comm, ctx, w, x, y);
-  }
-  void attention_backward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, Saved& saved,
-                          TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
-    get().attention_backward(comm, ctx, w, saved, dy, dx, grad);
-  }
-  Saved mlp_forward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
-                    TensorView<float> y) const {
-    return get().mlp_forward(comm, ctx, w, x, y);
-  }
-  void mlp_backward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, Saved& saved, TensorView<const float> dy,
-                    TensorView<float> dx, MlpShard& grad) const {
-    get().mlp_backward(comm, ctx, w, saved, dy, dx, grad);
-  }
-
-private:
-  struct Concept {
-    virtual ~Concept() = default;
-    virtual std::string_view name() const = 0;
-    virtual Support supports(const SublayerContext&) const = 0;
-    virtual Saved attention_forward(Comm&, const SublayerContext&, const AttentionShard&, TensorView<const float>,
-                                    TensorView<float>) const = 0;
-    virtual void attention_backward(Comm&, const SublayerContext&, const AttentionShard&, Saved&,
-                                    TensorView<const float>, TensorView<float>, AttentionShard&) const = 0;
-    virtual Saved mlp_forward(Comm&, const SublayerContext&, const MlpShard&, TensorView<const float>,
-                              TensorView<float>) const = 0;
-    virtual void mlp_backward(Comm&, const SublayerContext&, const MlpShard&, Saved&, TensorView<const float>,
-                              TensorView<float>, MlpShard&) const = 0;
-  };
-
-  template <class S>
-  struct Model final : Concept {
-    explicit Model(S s) : strategy(std::move(s)) {}
-    S strategy;
-
-    template <class T>
-    static Saved wrap(T value) {
-      Saved saved;
-      auto holder = std::make_unique<typename Saved::template Holder<T>>(std::move(value));
-      holder->strategy = S::name;
-      holder->type = &typeid(T);
-      saved.holder_ = std::move(holder);
-      return saved;
-    }
-    template <class T>
-    static T& unwrap(Saved& saved) {
-      check(!saved.empty(), "{}: backward was given an empty saved state (no forward ran)", S::name);
-      check(*saved.holder_->type == typeid(T) && saved.holder_->strategy == S::name,
-            "{}: backward was given the saved state of {} (forward and backward must use the same strategy)", S::name,
-            saved.holder_->strategy);
-      return static_cast<typename Saved::template Holder<T>&>(*saved.holder_).value;
-    }
-
-    std::string_view name() const override { return S::name; }
-    Support supports(const SublayerContext& ctx) const override { return strategy.supports(ctx); }
-    Saved attention_forward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, TensorView<const float> x,
-                            TensorView<float> y) const override {
-      return wrap(strategy.attention_forward(comm, ctx, w, x, y));
-    }
-    void attention_backward(Comm& comm, const SublayerContext& ctx, const AttentionShard& w, Saved& saved,
-                            TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const override {
-      strategy.attention_backward(comm, ctx, w, unwrap<typename S::AttentionSaved>(saved), dy, dx, grad);
-    }
-    Saved mlp_forward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
-                      TensorView<float> y) const override {
-      return wrap(strategy.mlp_forward(comm, ctx, w, x, y));
-    }
-    void mlp_backward(Comm& comm, const SublayerContext& ctx, const MlpShard& w, Saved& saved, TensorView<const float> dy,
-                      TensorView<float> dx, MlpShard& grad) const override {
-      strategy.mlp_backward(comm, ctx, w, unwrap<typename S::MlpSaved>(saved), dy, dx, grad);
-    }
-  };
-
-  const Concept& get() const {
-    check(bool(impl_), "AnyStrategy: the handle is empty");
-    return *impl_;
-  }
-
-  std::shared_ptr<const Concept> impl_;
-};
-
-// The handle of strategy `index` of a Switchable list.
-template <Communicator Comm, class... Ps>
-AnyStrategy<Comm> erase_strategy(const Switchable<Ps...>& strategies, std::size_t index) {
-  AnyStrategy<Comm> any;
-  Switchable<Ps...>::check_index(index);
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (void)((index == I ? (any = AnyStrategy<Comm>::of(strategies.template policy<I>()), true) : false) || ...);
-  }(std::index_sequence_for<Ps...>{});
-  return any;
-}
 
 }  // namespace paradyse
