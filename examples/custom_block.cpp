@@ -11,13 +11,14 @@
 // layer and per sublayer. The steps are windows of the bundled corpus (data/corpus/) drawn stratified by length, on
 // thread ranks; each step prints the loss and the plan. The replicated embedding and norms reduce their gradients
 // once per step; the strategies hand back their shards' gradients already reduced; AdamW updates every tensor.
-#include "command_line.hpp"
-#include "corpus.hpp"
 #include "parallel_block.hpp"
 
+#include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/from_config.hpp"
+#include "paradyse/data/corpus.hpp"
+#include "paradyse/data/packing.hpp"
 #include "paradyse/model/gpt.hpp"  // shard_tokens
 #include "paradyse/model/layer.hpp"
 #include "paradyse/plan/planner.hpp"
@@ -87,7 +88,7 @@ Model zeros_like(const Model& m, const pd::LayerConfig& c, int ranks) {
 
 int main(int argc, char** argv) {
   Options o;
-  pd::examples::Flags flags("custom_block",
+  pd::cli::Flags flags("custom_block",
                             "Trains a model of the user's own blocks (parallel attention + MLP, alternating with the "
                             "library's pre-norm layer) on the bundled corpus, every sublayer's strategy planned per step.");
   flags.integer("--steps", o.steps, 1, 100000, "training steps (one corpus window each)");
@@ -116,17 +117,17 @@ int main(int argc, char** argv) {
   const pd::cost::HardwareProfile hardware = pd::cost::builtin_profile(o.profile);
   const std::int64_t budget = o.budget_mib > 0 ? std::int64_t(o.budget_mib * 1024 * 1024) : hardware.usable_memory_bytes();
 
-  const std::vector<corpus::Document> docs =
-      corpus::load(corpus::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu"));
-  corpus::WindowSampler sampler(docs, o.min_len, o.max_len, 7);
-  std::vector<corpus::Window> windows = sampler.stratified(o.steps);
+  const std::vector<pd::data::Document> docs =
+      pd::data::load(pd::data::ensure_extracted("data/corpus/sotu.tar.xz", "build", "sotu"));
+  pd::data::WindowSampler sampler(docs, o.min_len, o.max_len, 7);
+  std::vector<pd::data::Window> windows = sampler.stratified(o.steps);
   sampler.shuffle(windows);
-  const std::vector<corpus::Step> steps = corpus::pack_steps(windows, 0, 2 * o.ranks);  // one window a step
+  const std::vector<pd::data::Step> steps = pd::data::pack_steps(windows, 0, 2 * o.ranks);  // one window a step
 
   // Every step's plan, from the cost model: per layer, an attention and an MLP strategy of the list.
   std::vector<pd::plan::Plan> plans;
   std::vector<std::vector<pd::SublayerChoice>> plan_choices;
-  for (const corpus::Step& step : steps) {
+  for (const pd::data::Step& step : steps) {
     const pd::plan::CostTable table = pd::plan::build_cost_table(model, hardware, o.ranks, pd::plan::Batch::single(step.length));
     plans.push_back(pd::plan::plan_exact(table, budget));
     plan_choices.emplace_back();
@@ -143,9 +144,9 @@ int main(int argc, char** argv) {
     const Strategies strategies;
     for (int step = 0; step < o.steps; ++step) {
       // The input, its plan, and this rank's tokens.
-      const corpus::Step& batch = steps[std::size_t(step)];
+      const pd::data::Step& batch = steps[std::size_t(step)];
       std::vector<std::int32_t> inputs, targets;
-      corpus::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
+      pd::data::step_tokens(batch, docs, pd::ops::cpu::kIgnoreIndex, inputs, targets);
       const std::int64_t s = batch.length, h = layer.hidden;
       const pd::plan::Plan& plan = plans[std::size_t(step)];
       const std::vector<pd::SublayerChoice>& choices = plan_choices[std::size_t(step)];

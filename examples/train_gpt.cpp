@@ -21,7 +21,7 @@
 // This file is the dense training loop; its helpers are the program's own files in examples/train_gpt/ (flags,
 // hardware profile, memory cap, the step, the report, the save), and the other loops are there too (--mesh:
 // train_mesh.hpp, --experts: train_moe.hpp).
-#include "progress.hpp"
+#include "paradyse/core/progress.hpp"
 #include "train_gpt/caps.hpp"
 #include "train_gpt/dense_step.hpp"
 #include "train_gpt/flags.hpp"

@@ -3,7 +3,7 @@
 // options (those the checkpoint's run was started with, then those given now, which win).
 #pragma once
 
-#include "../command_line.hpp"
+#include "paradyse/cli/flags.hpp"
 #include "train_mesh.hpp"  // parse_mesh
 #include "training_options.hpp"
 
@@ -34,11 +34,11 @@ inline std::string& usage_text() {
   return text;
 }
 [[noreturn]] inline void usage(const std::string& problem) {
-  paradyse::examples::print_usage_and_exit("train_gpt", problem, usage_text());
+  cli::print_usage_and_exit("train_gpt", problem, usage_text());
 }
 
 // Every flag of train_gpt into `o` (--zero and --backend into `zero_stage` and `backend_name`).
-inline void declare(Flags& flags, TrainingOptions& o, std::int64_t& zero_stage, std::string& backend_name) {
+inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_stage, std::string& backend_name) {
   flags.integer("--steps", o.steps, 1, 10'000'000,
                 "documents (windows) drawn: one per step, or with --pack-tokens / --pack-documents packed into steps");
   flags.integer("--seed", o.seed, std::uint64_t(1), std::numeric_limits<std::uint64_t>::max(),
@@ -122,8 +122,8 @@ inline void declare(Flags& flags, TrainingOptions& o, std::int64_t& zero_stage, 
   flags.integer("--first-dense", o.first_dense, 0, 4096, "--experts: the first N layers dense");
 }
 
-inline Flags make_flags() {
-  return Flags("train_gpt",
+inline cli::Flags make_flags() {
+  return cli::Flags("train_gpt",
       "Trains a byte-level GPT on the bundled State of the Union corpus (or --corpus DIR) on p ranks under a per-rank "
       "memory cap, the exact planner choosing a strategy for every attention and MLP sublayer of every layer and "
       "step (or --strategy NAME everywhere). Prints per step the length, the plan, the loss, the time, the model "
@@ -136,7 +136,7 @@ inline bool ranks_given(int argc, char** argv) {
   probe.ranks = 0;
   std::int64_t zero_stage = 0;
   std::string backend_name = "threads";
-  Flags flags = make_flags();
+  cli::Flags flags = make_flags();
   declare(flags, probe, zero_stage, backend_name);
   flags.parse(argc, argv);
   return probe.ranks != 0;
@@ -192,7 +192,7 @@ inline TrainingOptions parse(int argc, char** argv) {
   TrainingOptions o;
   std::int64_t zero_stage = 0;
   std::string backend_name = "threads";  // --backend, read into o.backend
-  Flags flags = make_flags();
+  cli::Flags flags = make_flags();
   declare(flags, o, zero_stage, backend_name);
   usage_text() = flags.usage();
   flags.parse(argc, argv);

@@ -3,7 +3,7 @@
 // that fits) with its CSV (--csv), and the summary.
 #pragma once
 
-#include "../csv_table.hpp"
+#include "paradyse/core/csv_table.hpp"
 #include "caps.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"

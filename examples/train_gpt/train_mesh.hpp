@@ -22,7 +22,7 @@
 // the trackers measure the peak but do not enforce the cap.
 #pragma once
 
-#include "../csv_table.hpp"
+#include "paradyse/core/csv_table.hpp"
 #include "train_moe.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"

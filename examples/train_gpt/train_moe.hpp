@@ -17,7 +17,7 @@
 // top-k weights; aux-loss coefficient 0.01 and z-loss 0.001 unless given.
 #pragma once
 
-#include "../csv_table.hpp"
+#include "paradyse/core/csv_table.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"
 

@@ -20,7 +20,7 @@ using namespace paradyse;
 using namespace paradyse::serve;
 
 std::filesystem::path fixture(const std::string& family) {
-  return std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "hf" / family;
+  return std::filesystem::path(PARADYSE_TEST_DATA_DIR) / "hf" / family;
 }
 
 }  // namespace

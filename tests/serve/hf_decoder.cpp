@@ -22,7 +22,7 @@ using namespace paradyse::serve;
 
 namespace {
 
-std::filesystem::path fixtures() { return std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "hf"; }
+std::filesystem::path fixtures() { return std::filesystem::path(PARADYSE_TEST_DATA_DIR) / "hf"; }
 
 struct FixtureCase {
   std::vector<std::int32_t> prompt;

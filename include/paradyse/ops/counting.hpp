@@ -130,13 +130,15 @@ inline void matmul(TensorView<const float> a, Transpose trans_a, TensorView<cons
 inline void attention_forward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                               const AttentionMask& mask, TensorView<float>, TensorView<float>) {
   // the CPU kernel's workspace
-  scratch(cpu::detail::forward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1), q.extent(3)));
+  scratch(cpu::detail::forward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1), k.extent(1),
+                                                 q.extent(3)));
   record_attention(TraceKind::attention_forward, q, k, mask);
 }
 inline void attention_backward(TensorView<const float> q, TensorView<const float> k, TensorView<const float>,
                                TensorView<const float>, TensorView<const float>, TensorView<const float>,
                                const AttentionMask& mask, TensorView<float>, TensorView<float>, TensorView<float>) {
-  scratch(cpu::detail::backward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1)));
+  scratch(cpu::detail::backward_workspace_bytes(cpu::attention_tiling(q.extent(3)), q.extent(1), k.extent(1),
+                                                  q.extent(3)));
   record_attention(TraceKind::attention_backward, q, k, mask);
 }
 inline void attention_merge(TensorView<float> out, TensorView<float> lse, TensorView<const float>,

@@ -6,6 +6,7 @@
 
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/ops/attention_mask.hpp"
+#include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/ops/cpu/simd.hpp"
 #include "paradyse/ops/cpu/vector_math.hpp"
 
@@ -185,19 +186,41 @@ struct ForwardScratch {
   }
 };
 
-// Tracker bytes of one attention_forward call's workspace: the per-query visible ranges [sq, 2] int64 and
-// ForwardScratch, each allocation rounded as the tracker rounds it (the dry run reports this; the memory validation
-// test holds it equal to what the kernel allocates).
+// Tracker bytes of one attention_forward / attention_backward call's workspace, each allocation rounded as the tracker
+// rounds it (the dry run reports this; the memory validation test holds it equal to what the kernel allocates): the
+// per-query visible ranges [sq, 2] int64, the call's scratch (ForwardScratch or BackwardScratch), and on top of them
+// the largest packing workspace of a tile GEMM (the built-in GEMM packs its panels into a workspace that comes and goes
+// within each product; none where every tile product runs through CBLAS: gemm.hpp's choice per size class).
 inline std::size_t tracked(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-inline std::size_t forward_workspace_bytes(const AttentionTiling& t, std::int64_t q_len, std::int64_t head_dim) {
+// A tile is [rows, cols]: rows a full q_block or the sequence's last rows, cols a full kv_block or the last keys.
+// Forward: scores [rows, cols] = q k^T (k = d), acc [rows, d] += p v (k = cols). Backward adds dp [rows, cols] =
+// do v^T, dq [rows, d] += dp k, and dk, dv [cols, d] += dp^T q, p^T do (k = rows).
+inline std::size_t tile_gemm_workspace_bytes(const AttentionTiling& t, std::int64_t q_len, std::int64_t kv_len,
+                                             std::int64_t head_dim, bool backward) {
+  std::size_t most = 0;
+  const auto product = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
+    most = std::max(most, tracked(gemm_workspace_floats(m, n, k, 1.0f) * sizeof(float)));
+  };
+  for (const std::int64_t rows : {std::min(t.q_block, q_len), q_len % t.q_block})
+    for (const std::int64_t cols : {std::min(t.kv_block, kv_len), kv_len % t.kv_block}) {
+      if (rows == 0 || cols == 0) continue;
+      product(rows, cols, head_dim);
+      product(rows, head_dim, cols);
+      if (backward) product(cols, head_dim, rows);
+    }
+  return most;
+}
+inline std::size_t forward_workspace_bytes(const AttentionTiling& t, std::int64_t q_len, std::int64_t kv_len,
+                                           std::int64_t head_dim) {
   const auto f = [](std::int64_t n) { return tracked(std::size_t(n) * sizeof(float)); };
   return tracked(std::size_t(q_len) * 2 * sizeof(std::int64_t)) + f(t.q_block * t.kv_block) + f(t.q_block * head_dim) +
-         2 * f(t.q_block);
+         2 * f(t.q_block) + tile_gemm_workspace_bytes(t, q_len, kv_len, head_dim, false);
 }
-// The same for attention_backward: the ranges and BackwardScratch.
-inline std::size_t backward_workspace_bytes(const AttentionTiling& t, std::int64_t q_len) {
+inline std::size_t backward_workspace_bytes(const AttentionTiling& t, std::int64_t q_len, std::int64_t kv_len,
+                                            std::int64_t head_dim) {
   const auto f = [](std::int64_t n) { return tracked(std::size_t(n) * sizeof(float)); };
-  return tracked(std::size_t(q_len) * 2 * sizeof(std::int64_t)) + 2 * f(t.q_block * t.kv_block) + 2 * f(q_len);
+  return tracked(std::size_t(q_len) * 2 * sizeof(std::int64_t)) + 2 * f(t.q_block * t.kv_block) + 2 * f(q_len) +
+         tile_gemm_workspace_bytes(t, q_len, kv_len, head_dim, true);
 }
 
 // Workspace of one attention_backward call: two tiles plus O(sq) per-query terms, tracked.
