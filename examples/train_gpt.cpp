@@ -120,12 +120,12 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   const int warmup = std::max(1, std::min(8, n_steps / 8));
   const auto run_start = std::chrono::steady_clock::now();
   double planner_seconds = 0;
-  Progress progress("step", end_step - first_step, "tokens");  // on a terminal only
+  paradyse::Progress progress("step", end_step - first_step, "tokens");  // on a terminal only
   std::int64_t progress_tokens = 0;
   for (int step = first_step; step < end_step; ++step) {
     progress.clear();  // the rows print over it; it is drawn again when the step ends, however it ends
     struct ShowProgress {
-      Progress& progress;
+      paradyse::Progress& progress;
       std::int64_t done;
       double tokens;
       ~ShowProgress() { progress.show(done, tokens, true); }

@@ -1,4 +1,4 @@
-// examples/train_gpt/flags.hpp: train_gpt's command line (CLI11 through examples/command_line.hpp): every flag,
+// examples/train_gpt/flags.hpp: train_gpt's command line (CLI11 through paradyse/cli/flags.hpp): every flag,
 // its range and default (the usage, --help, is generated from them), the checks across flags, and --resume's
 // options (those the checkpoint's run was started with, then those given now, which win).
 #pragma once
