@@ -70,7 +70,9 @@ TEST_CASE("config file: a configuration written and read back is the same config
     REQUIRE(read.cluster);
     REQUIRE(read.devices);
     CHECK(*read.devices == k.config.devices());
-    const Scored direct = score(ConfigFile{.config = k.config}, k.model, cluster, s);
+    ConfigFile given;
+    given.config = k.config;
+    const Scored direct = score(given, k.model, cluster, s);
     const Scored through = score(read, {}, {}, {});
     REQUIRE(direct.estimate.valid);
     CHECK(through.estimate.step_s == direct.estimate.step_s);

@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -86,7 +87,7 @@ inline ClusterProfile load_cluster(const std::string& name, const std::filesyste
 
 // ---- the configuration's keys -----------------------------------------------------------------------------------
 
-inline constexpr std::initializer_list<std::string_view> kConfigKeys{
+inline constexpr std::array<std::string_view, 14> kConfigKeys{
     "dp", "pp", "cp", "tp", "tp_x", "tp_y", "ep", "etp", "zero", "virtual_stages", "micro_batch", "recompute",
     "sequence_parallel", "cp_scheme"};
 

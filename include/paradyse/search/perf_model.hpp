@@ -324,8 +324,8 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   // The slowest stage sets the pace: the first (embedding, dense layers of MoE models), the last (logits) or,
   // when the ends hold a layer fewer, a full stage.
   const StageLayout layout = stage_layout(model_.layers, c.pp);
-  const LayerTime dense = layer_time(c, false);
-  const LayerTime moe = model_.is_moe() ? layer_time(c, true) : dense;
+  const LayerTime dense_layer = layer_time(c, false);
+  const LayerTime moe_layer = model_.is_moe() ? layer_time(c, true) : dense_layer;
   Estimate stage_e;
   double stage_s = -1, stage_forward = 0, stage_backward = 0;
   std::int64_t per_stage = 0;  // layers of the slowest stage
@@ -334,7 +334,8 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     Estimate candidate;
     double f = 0, b = 0;
     const std::int64_t first = layout.first_of(stage), layers = layout.layers_of(stage);
-    const double t = stage_micro_batch_time(c, dense, moe, first, layers, stage == c.pp - 1, candidate, f, b);
+    const double t =
+        stage_micro_batch_time(c, dense_layer, moe_layer, first, layers, stage == c.pp - 1, candidate, f, b);
     if (t > stage_s) stage_s = t, stage_e = candidate, stage_forward = f, stage_backward = b, per_stage = layers;
     const StageParameters q = stage_parameters(model_, c, first, layers, stage == 0, stage == c.pp - 1);
     p.dense = std::max(p.dense, q.dense), p.experts = std::max(p.experts, q.experts);
