@@ -117,20 +117,23 @@ struct PublishedRow {
   json::Value file;  // search/config_file.hpp's schema
 };
 
-// `base` with the micro-batch size (from `micro_batches`) and virtual stage count (1..max_v) the model predicts
-// fastest, among those that fit.
+// `base` with the micro-batch size (from `micro_batches`), virtual stage count (1..max_v) and, unless
+// `keep_recompute`, recomputation policy the model predicts fastest, among those that fit.
 inline ParallelConfig best_schedule(const TrainingModel& m, const ClusterProfile& cluster, const TrainingSetup& s,
-                                    ParallelConfig base, std::initializer_list<int> micro_batches, int max_v) {
+                                    ParallelConfig base, std::initializer_list<int> micro_batches, int max_v,
+                                    bool keep_recompute) {
   const PerformanceModel model(m, cluster, s, base.devices());
   ParallelConfig best = base;
   double best_s = 0;
   for (int mb : micro_batches)
-    for (int v = 1; v <= max_v; ++v) {
-      ParallelConfig c = base;
-      c.micro_batch = mb, c.virtual_stages = v;
-      const Estimate e = model.evaluate(c);
-      if (e.feasible && (best_s == 0 || e.step_s < best_s)) best = c, best_s = e.step_s;
-    }
+    for (int v = 1; v <= max_v; ++v)
+      for (Recompute r : kAllRecompute) {
+        if (keep_recompute && r != base.recompute) continue;
+        ParallelConfig c = base;
+        c.micro_batch = mb, c.virtual_stages = v, c.recompute = r;
+        const Estimate e = model.evaluate(c);
+        if (e.feasible && (best_s == 0 || e.step_s < best_s)) best = c, best_s = e.step_s;
+      }
   return best;
 }
 
@@ -143,15 +146,16 @@ inline std::vector<PublishedRow> published_rows() {
     const ParallelConfig c = best_schedule(megatron_model(run), dgx_a100(), s,
                                            {.dp = run.gpus / (run.tp * run.pp), .pp = run.pp, .tp_y = run.tp,
                                             .recompute = Recompute::full, .sequence_parallel = false},
-                                           {1, 2, 4, 8, 16}, 16);
+                                           {1, 2, 4, 8, 16}, 16, true);
     rows.push_back({"megatron-sc21-" + run.name,
                     config_file_to_json(c, megatron_model(run), "", dgx_a100(), "dgx-a100", s,
                                         PublishedThroughput{run.tflops_per_gpu, FlopCounting::megatron,
                                                             "Narayanan et al. SC'21, Table 1"})});
   }
   // Llama 3 405B, Table 4: tp 8, pp 16 (126 layers: the first and last stage one layer fewer), 16M tokens per
-  // step; FSDP-style sharding of optimizer states and gradients (ZeRO 1 here), no recomputation, bf16; the 131K
-  // row's context parallelism is the all-gather scheme; micro-batches of one sequence, v the model's best.
+  // step; FSDP-style sharding of optimizer states and gradients (ZeRO 1 here), bf16; the 131K row's context
+  // parallelism is the all-gather scheme; micro-batches of one sequence; v and recomputation (the paper gives
+  // neither) the model's best.
   struct Llama {
     std::string name;
     int dp, cp;
@@ -168,7 +172,7 @@ inline std::vector<PublishedRow> published_rows() {
         llama3_405b(), dgx_h100(), s,
         {.dp = l.dp, .pp = 16, .cp = l.cp, .tp_y = 8, .zero = 1,
          .cp_scheme = l.cp > 1 ? CpScheme::all_gather : CpScheme::ring},
-        {1}, 7);
+        {1}, 7, false);
     rows.push_back({l.name, config_file_to_json(c, llama3_405b(), "llama3-405b", dgx_h100(), "dgx-h100", s,
                                                 PublishedThroughput{l.tflops, FlopCounting::model,
                                                                     "Dubey et al. 2024 (Llama 3), Table 4"})});
