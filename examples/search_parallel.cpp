@@ -2,11 +2,15 @@
 //
 // Prints the best configurations of the chosen space (MFU, step time, memory per device, and the breakdown:
 // compute, exposed communication per dimension, pipeline bubble), then the best of each smaller space beside it, so
-// that the gain of the high-dimensional space shows. --validate prints the performance model against Megatron-LM's
-// published runs (SC'21, Table 1) and what the search picks in their 3-D space and in the full space.
+// that the gain of the high-dimensional space shows. --emit FILE writes the best configuration as a configuration
+// file (search/config_file.hpp); --score FILE (or --config dp=..,pp=..,tp=..) predicts that one configuration with
+// its full breakdown instead of searching. --validate scores the published rows (Megatron-LM SC'21 Table 1, Llama 3
+// 405B) as configuration files, beside the published throughput under both FLOP conventions, and shows what the
+// search picks in Megatron's 3-D space and in the full space (--validate --emit DIR writes the rows' files).
 //
 //   search_parallel --help    (the flags and their defaults, generated from main's statement of them)
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/search/config_file.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/validation.hpp"
 
@@ -31,18 +35,17 @@ struct Options {
   std::string space = "7d";
   int top = 5;
   bool validate = false;
+  std::string flops = "causal";
+  std::string cp_scheme = "ring";
+  std::string score;   // a configuration file to predict
+  std::string config;  // or the configuration as key=value text
+  std::string emit;    // where to write the best configuration (with --validate: a folder for the rows)
 };
 
-bool is_json_file(const std::string& name) { return name.size() > 5 && name.substr(name.size() - 5) == ".json"; }
-
-search::TrainingModel load_model(const std::string& name) {
-  if (!is_json_file(name)) return search::model_preset(name);
-  return search::model_from_json(pd::json::load_file(name), std::filesystem::path(name).stem().string());
-}
-search::ClusterProfile load_cluster(const std::string& name) {
-  if (!is_json_file(name)) return search::cluster_preset(name);
-  return search::cluster_from_json(pd::json::load_file(name));
-}
+search::TrainingModel load_model(const std::string& name) { return search::load_training_model(name); }
+// How an emitted file names a model or cluster: a preset by its name, anything else inline.
+std::string spec_to_emit(const std::string& spec) { return search::is_json_file(spec) ? std::string() : spec; }
+search::ClusterProfile load_cluster(const std::string& name) { return search::load_cluster(name); }
 
 constexpr double kGiB = double(1 << 30);
 
@@ -66,10 +69,12 @@ void print_statistics(const search::SearchResult& r) {
 
 // The best of each space up to `largest`, side by side.
 std::vector<search::SearchResult> search_spaces(const search::PerformanceModel& model, const std::string& largest,
-                                                int top) {
+                                                int top, const std::string& cp_scheme) {
   std::vector<search::SearchResult> results;
   for (const char* name : {"3d", "4d", "7d"}) {
     search::SearchOptions options{.space = search::space_by_name(name), .top_k = top};
+    if (cp_scheme == "all-gather") options.space.cp_schemes = {search::CpScheme::all_gather};
+    if (cp_scheme == "both") options.space.cp_schemes = {search::CpScheme::ring, search::CpScheme::all_gather};
     results.push_back(search::search(model, options));
     if (largest == name) break;
   }
@@ -92,6 +97,66 @@ void print_gains(const std::vector<search::SearchResult>& results) {
                search::to_string(best.config), best.estimate.step_s, 100 * best.estimate.mfu,
                best.estimate.memory.total() / kGiB, r.seconds, gain);
   }
+}
+
+// One configuration's prediction with every term, and the published figure beside it when the file gives one.
+void print_score(const search::Scored& r) {
+  const search::Estimate& e = r.estimate;
+  using search::CommDim;
+  fmt::print("{}\n", search::describe(r.model));
+  fmt::print("cluster {}, {} devices; seq {}, global batch {}; FLOPs counted {}\n", r.cluster.name,
+             r.config.devices(), r.setup.seq, r.setup.global_batch, search::name_of(r.setup.flops));
+  fmt::print("configuration {}\n", search::to_string(r.config));
+  if (!e.valid) {
+    fmt::print("  cannot run: {}\n", e.problem);
+    return;
+  }
+  fmt::print("  step            {:>10.4f} s   MFU {:.1f}%  ({:.1f} TFLOP/s per device, {} FLOPs)\n", e.step_s,
+             100 * e.mfu, e.model_flops / (e.step_s * double(r.config.devices())) / 1e12,
+             search::name_of(r.setup.flops));
+  fmt::print("  compute         {:>10.4f} s   (of which recomputation {:.4f} s)\n", e.compute_s, e.recompute_s);
+  for (CommDim d : search::kAllCommDims)
+    fmt::print("  exposed {:<7} {:>10.4f} s\n", search::name_of(d), e.exposed(d));
+  fmt::print("  bubble          {:>10.4f} s\n", e.bubble_s);
+  fmt::print("  optimizer       {:>10.4f} s\n", e.optimizer_s);
+  const search::MemoryEstimate& m = e.memory;
+  fmt::print("  memory per device {:.2f} GiB of {:.2f} GiB usable: {} (weights {:.2f}, gradients {:.2f}, optimizer "
+             "{:.2f}, activations {:.2f} for {:.1f} micro-batches in flight, transient {:.2f})\n",
+             m.total() / kGiB, e.capacity_bytes / kGiB, e.feasible ? "fits" : "DOES NOT FIT", m.weights / kGiB,
+             m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, m.in_flight, m.transient / kGiB);
+  if (r.published) {
+    fmt::print("  published {:.0f} TFLOP/s per device ({} count{}); predicted {:.1f} (attention full square, "
+               "{:+.1f}%), {:.1f} (causal half, {:+.1f}%)\n",
+               r.published->tflops_per_gpu, search::name_of(r.published->counting),
+               r.published->source.empty() ? "" : ", " + r.published->source,
+               r.tflops_per_gpu(search::FlopConvention::full),
+               100 * (r.tflops_per_gpu(search::FlopConvention::full) / r.published->tflops_per_gpu - 1),
+               r.tflops_per_gpu(search::FlopConvention::causal),
+               100 * (r.tflops_per_gpu(search::FlopConvention::causal) / r.published->tflops_per_gpu - 1));
+  }
+}
+
+// The published rows scored as configuration files, one line each.
+void print_published_rows(const std::string& emit_folder) {
+  fmt::print("Published rows scored as fixed configurations (search_parallel --score; TFLOP/s per device counted as "
+             "each paper counts, attention as the full square and as the causal half):\n");
+  fmt::print("{:<27} {:<62} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7}\n", "row", "configuration", "step s", "published",
+             "full", "error", "causal", "error");
+  for (const search::PublishedRow& row : search::published_rows()) {
+    if (!emit_folder.empty()) {
+      std::filesystem::create_directories(emit_folder);
+      pd::json::save_file(row.file, (std::filesystem::path(emit_folder) / (row.name + ".json")).string());
+    }
+    const search::Scored r = search::score(search::config_file_from_json(row.file, row.name), {}, {}, {});
+    const double published = r.published->tflops_per_gpu;
+    const double full = r.tflops_per_gpu(search::FlopConvention::full);
+    const double causal = r.tflops_per_gpu(search::FlopConvention::causal);
+    fmt::print("{:<27} {:<62} {:>8.2f} {:>9.0f} {:>10.1f} {:>+6.1f}% {:>10.1f} {:>+6.1f}%\n", row.name,
+               search::to_string(r.config), r.estimate.step_s, published, full, 100 * (full / published - 1), causal,
+               100 * (causal / published - 1));
+  }
+  if (!emit_folder.empty()) fmt::print("(the rows' configuration files are in {})\n", emit_folder);
+  fmt::print("\n");
 }
 
 void validate_against_megatron() {
@@ -145,21 +210,56 @@ int main(int argc, char** argv) {
   flags.choice("--space", o.space, {"3d", "4d", "7d"}, "the largest space searched");
   flags.integer("--top", o.top, 1, 1000, "configurations printed");
   flags.flag("--validate", o.validate,
-             "the performance model against Megatron-LM's SC'21 Table 1, and the search in their space");
+             "the performance model against Megatron-LM's SC'21 Table 1 and Llama 3 405B (the published rows as "
+             "configuration files), and the search in Megatron's space");
+  flags.choice("--flops", o.flops, {"causal", "full"},
+               "how MFU counts causal attention: the half square (causal) or the full square");
+  flags.choice("--cp-scheme", o.cp_scheme, {"ring", "all-gather", "both"},
+               "context parallelism searched as a ring, as Llama 3's all-gather, or both");
+  flags.text("--score", o.score, "predict this configuration file instead of searching (the --emit schema)",
+             "FILE.json");
+  flags.text("--config", o.config, "predict this configuration instead of searching",
+             "dp=N,pp=N,cp=N,tp=N|tp_x=N,tp_y=N,ep=N,etp=N,zero=N,virtual_stages=N,micro_batch=N,recompute=none|"
+             "selective|full,sequence_parallel=true|false,cp_scheme=ring|all-gather");
+  flags.text("--emit", o.emit, "write the best configuration to this file (with --validate: the rows to this folder)",
+             "FILE.json|DIR");
   flags.parse(argc, argv);
+  if (!o.score.empty() && !o.config.empty()) flags.fail("--score and --config both name a configuration; give one");
+  if (o.validate && (!o.score.empty() || !o.config.empty()))
+    flags.fail("--validate scores its own rows; drop --score/--config");
   try {
     if (o.validate) {
+      print_published_rows(o.emit);
       validate_against_megatron();
       return 0;
     }
     search::TrainingSetup setup;
     setup.seq = o.seq;
     setup.global_batch = o.global_batch;
+    setup.flops = o.flops == "causal" ? search::FlopConvention::causal : search::FlopConvention::full;
+    if (!o.score.empty() || !o.config.empty()) {
+      search::ConfigFile file;
+      if (!o.score.empty()) file = search::load_config_file(o.score);
+      else file.config = search::config_from_text(o.config);
+      const search::TrainingModel model = file.model ? *file.model : load_model(o.model);
+      const search::ClusterProfile cluster = file.cluster ? *file.cluster : load_cluster(o.cluster);
+      const search::Scored r = search::score(file, model, cluster, setup);
+      print_score(r);
+      if (!o.emit.empty()) {
+        pd::json::save_file(search::config_file_to_json(r.config, r.model,
+                                                        spec_to_emit(file.model ? file.model_spec : o.model), r.cluster,
+                                                        spec_to_emit(file.cluster ? file.cluster_spec : o.cluster),
+                                                        r.setup, r.published),
+                            o.emit);
+        fmt::print("wrote {}\n", o.emit);
+      }
+      return r.estimate.feasible ? 0 : 1;
+    }
     const search::PerformanceModel model(load_model(o.model), load_cluster(o.cluster), setup, o.devices);
     fmt::print("{}\n", search::describe(model.model()));
     fmt::print("cluster {} ({}), {} devices, {:.0f} GiB usable each; seq {}, global batch {}\n", model.cluster().name,
                model.cluster().source, o.devices, model.capacity_bytes() / kGiB, o.seq, o.global_batch);
-    const std::vector<search::SearchResult> results = search_spaces(model, o.space, o.top);
+    const std::vector<search::SearchResult> results = search_spaces(model, o.space, o.top, o.cp_scheme);
     const search::SearchResult& chosen = results.back();
     fmt::print("\nbest {} configurations in the {} space (seconds per step; tp..dp: exposed communication):\n",
                chosen.top.size(), o.space);
@@ -172,6 +272,17 @@ int main(int argc, char** argv) {
     print_statistics(chosen);
     fmt::print("\n");
     print_gains(results);
+    if (!o.emit.empty()) {
+      if (chosen.top.empty()) {
+        fmt::print(stderr, "search_parallel: nothing fits, so nothing was written to {}\n", o.emit);
+        return 1;
+      }
+      pd::json::save_file(search::config_file_to_json(chosen.top.front().config, model.model(), spec_to_emit(o.model),
+                                                      model.cluster(), spec_to_emit(o.cluster), setup),
+                          o.emit);
+      fmt::print("\nwrote the best configuration to {} (search_parallel --score {} predicts it again)\n", o.emit,
+                 o.emit);
+    }
   } catch (const pd::Error& e) {
     fmt::print(stderr, "search_parallel: {}\n", e.what());
     return 1;

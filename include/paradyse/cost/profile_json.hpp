@@ -6,7 +6,8 @@
 //    "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...], ["gemm_engines": [...]]}
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
-// mistyped fields, non-finite numbers, negative times and rates that are not positive.
+// mistyped fields, unknown and repeated keys, non-finite numbers, times outside [0, 1] s and rates outside [1, 1e30]
+// per second (with the key, the value and the range).
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -16,11 +17,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace paradyse::cost {
 
@@ -57,6 +62,26 @@ inline double non_negative(const json::Field& object, std::string_view key) {
   check(x >= 0, "profile: \"{}\" = {} must not be negative ({})", key, x, object[key].path());
   return x;
 }
+// Rates (FLOP/s, bytes/s, elements/s) in [1, 1e30] per second and times (overheads, latencies) in [0, 1] s: a rate
+// of 1e-300 or a time of 1e300 makes every prediction infinite (MFU inf%), a rate of 1e300 makes it 0 (0 / 0 =
+// nan); no device or link is near these bounds (1e30 is calibration's stand-in for a term it could not measure,
+// cost/calibrate.hpp).
+inline constexpr double kMinRate = 1, kMaxRate = 1e30, kMaxSeconds = 1;
+inline double in_range(const json::Field& object, std::string_view key, double x, double min, double max,
+                       std::string_view unit) {
+  check(x >= min && x <= max, "profile: \"{}\" = {} is outside the accepted range [{}, {}] {} ({})", key, x, min, max,
+        unit, object[key].path());
+  return x;
+}
+// A rate: positive and in [kMinRate, kMaxRate]; with `zero_allowed`, 0 also (the term is unused).
+inline double rate(const json::Field& object, std::string_view key, bool zero_allowed = false) {
+  const double x = zero_allowed ? non_negative(object, key) : positive(object, key);
+  return zero_allowed && x == 0 ? 0 : in_range(object, key, x, kMinRate, kMaxRate, "per second");
+}
+// A time in [0, kMaxSeconds].
+inline double seconds(const json::Field& object, std::string_view key) {
+  return in_range(object, key, non_negative(object, key), 0, kMaxSeconds, "seconds");
+}
 inline std::int64_t integer(const json::Field& object, std::string_view key, std::int64_t min, std::int64_t max) {
   const double x = number(object, key);
   check(std::floor(x) == x && x >= double(min) && x <= double(max),
@@ -65,6 +90,28 @@ inline std::int64_t integer(const json::Field& object, std::string_view key, std
 }
 inline const std::string& text(const json::Field& object, std::string_view key) { return object[key].string(); }
 
+// Refuses a key of `object` that is not in `known`, or that appears twice (the parser keeps a repeated key and
+// every reader sees only its first value), naming the key, where it is and the keys expected.
+inline void only_keys(const json::Field& object, std::span<const std::string_view> known) {
+  object.expect(object.is_object(), "a JSON object");
+  std::vector<std::string_view> seen;
+  for (const auto& [key, member] : object.value().items()) {
+    const std::string_view k = key;
+    const std::string where = object.path().empty() ? std::string(k) : fmt::format("{}.{}", object.path(), k);
+    if (std::find(seen.begin(), seen.end(), k) != seen.end())
+      object.fail(fmt::format("duplicate key \"{}\" ({}): each key may appear once", printable(k), printable(where)));
+    seen.push_back(k);
+    if (std::find(known.begin(), known.end(), k) == known.end()) {
+      std::string expected;
+      for (std::string_view x : known) expected += fmt::format("{}{}", expected.empty() ? "" : ", ", x);
+      object.fail(fmt::format("unknown key \"{}\" ({}); expected {}", printable(k), printable(where), expected));
+    }
+  }
+}
+inline void only_keys(const json::Field& object, std::initializer_list<std::string_view> known) {
+  only_keys(object, std::span<const std::string_view>(known.begin(), known.size()));
+}
+
 inline json::Value link_to_json(const LinkModel& l) {
   return {{"launch_s", l.launch_s},
           {"step_latency_s", l.step_latency_s},
@@ -72,8 +119,9 @@ inline json::Value link_to_json(const LinkModel& l) {
           {"p2p_bytes_per_s", l.p2p_bytes_per_s}};
 }
 inline LinkModel link_from_json(const json::Field& v) {
-  return {non_negative(v, "launch_s"), non_negative(v, "step_latency_s"), positive(v, "bus_bytes_per_s"),
-          positive(v, "p2p_bytes_per_s")};
+  only_keys(v, {"launch_s", "step_latency_s", "bus_bytes_per_s", "p2p_bytes_per_s"});
+  return {seconds(v, "launch_s"), seconds(v, "step_latency_s"), rate(v, "bus_bytes_per_s"),
+          rate(v, "p2p_bytes_per_s")};
 }
 
 }  // namespace detail
@@ -120,11 +168,14 @@ inline json::Value to_json(const HardwareProfile& p) {
   return v;
 }
 
-// Throws Error naming the field for a missing or mistyped one, a non-finite number, a negative time or a rate that
-// is not positive.
+// Throws Error naming the field for a missing, mistyped, unknown or repeated one, a non-finite number, a time
+// outside [0, 1] s or a rate outside [1, 1e30] per second.
 inline HardwareProfile profile_from_json(const json::Field& v) {
   using namespace detail;
   v.expect(v.is_object(), "a JSON object");
+  only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
+                "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "overlap", "intra_node",
+                "inter_node", "collectives", "gemm_engines"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -140,29 +191,35 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   check(p.reserved_bytes < p.memory_bytes,
         "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
   const json::Field gemm = v["gemm"];
-  p.gemm = {non_negative(gemm, "overhead_s"), positive(gemm, "flops_per_s"), non_negative(gemm, "bytes_per_s")};
+  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s"});
+  p.gemm = {seconds(gemm, "overhead_s"), rate(gemm, "flops_per_s"), rate(gemm, "bytes_per_s", true)};
   const json::Field attention = v["attention"];
-  p.attention = {non_negative(attention, "overhead_s"), positive(attention, "forward_flops_per_s"),
-                 positive(attention, "backward_flops_per_s")};
-  p.elementwise_bytes_per_s = positive(v, "elementwise_bytes_per_s");
-  if (v.has("activation_elements_per_s")) p.activation_elements_per_s = non_negative(v, "activation_elements_per_s");
+  only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s"});
+  p.attention = {seconds(attention, "overhead_s"), rate(attention, "forward_flops_per_s"),
+                 rate(attention, "backward_flops_per_s")};
+  p.elementwise_bytes_per_s = rate(v, "elementwise_bytes_per_s");
+  if (v.has("activation_elements_per_s")) p.activation_elements_per_s = rate(v, "activation_elements_per_s", true);
   p.overlap = number(v, "overlap");
   check(p.overlap >= 0 && p.overlap <= 1, "profile: overlap = {} must be in [0, 1]", p.overlap);
   p.intra_node = link_from_json(v["intra_node"]);
   p.inter_node = link_from_json(v["inter_node"]);
   for (const json::Field& entry : v["collectives"].elements()) {
+    only_keys(entry, {"op", "level", "group_size", "alpha_s", "beta_s_per_byte", "min_bytes"});
     CollectiveCost c;
     c.op = enum_from_name(text(entry, "op"), kAllCollectives, "collective");
     c.level = enum_from_name(text(entry, "level"), std::array{LinkLevel::intra_node, LinkLevel::inter_node},
                              "link level");
     c.group_size = int(integer(entry, "group_size", 2, 1 << 20));
-    c.cost = {non_negative(entry, "alpha_s"), non_negative(entry, "beta_s_per_byte")};
+    c.cost = {seconds(entry, "alpha_s"),
+              in_range(entry, "beta_s_per_byte", non_negative(entry, "beta_s_per_byte"), 0, 1 / kMinRate,
+                       "seconds per byte")};
     if (entry.has("min_bytes")) c.min_bytes = integer(entry, "min_bytes", 0, kMaxBytes);
     p.collectives.push_back(c);
   }
   if (const auto engines = v.find("gemm_engines")) {
     for (const json::Field& entry : engines->elements()) {
       const std::string& where = entry.path();
+      only_keys(entry, {"size_class", "engine", "cblas_flops_per_s", "fallback_flops_per_s"});
       GemmEngineChoice c;
       c.size_class = text(entry, "size_class");
       check(c.size_class == "small" || c.size_class == "medium" || c.size_class == "large",
@@ -170,8 +227,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
       c.engine = text(entry, "engine");
       check(c.engine == "cblas" || c.engine == "fallback", "profile: {}.engine = \"{}\", expected cblas or fallback",
             where, printable(c.engine));
-      c.cblas_flops_per_s = non_negative(entry, "cblas_flops_per_s");
-      c.fallback_flops_per_s = non_negative(entry, "fallback_flops_per_s");
+      c.cblas_flops_per_s = rate(entry, "cblas_flops_per_s", true);
+      c.fallback_flops_per_s = rate(entry, "fallback_flops_per_s", true);
       check((c.engine == "cblas" ? c.cblas_flops_per_s : c.fallback_flops_per_s) > 0,
             "profile: {} chose {} but gives it no rate", where, c.engine);
       p.gemm_engines.push_back(c);

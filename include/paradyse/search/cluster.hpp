@@ -10,7 +10,8 @@
 // level l-1 (one rail per device, rail-optimised), so its bus bandwidth is min(bw_0, min over crossed levels l of
 // members_in_domain(l-1) * bw_l); an all-to-all instead sends each part of its buffer over the level it crosses,
 // one device's own link. Members per domain assume the group spreads evenly over its span (exact for strided
-// groups).
+// groups). A send/recv step over a group (pipeline neighbours, a cp ring) runs on the group's level: its slowest hop
+// straddles the largest domain boundary the group crosses.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -90,9 +91,12 @@ struct ClusterProfile {
       }
       return t;
     }
-    if (op == Collective::send_recv) {  // neighbours `span / size` ranks apart
-      const GroupSpan pair{2, 2 * std::max<std::int64_t>(1, g.span / g.size)};
-      return levels[std::size_t(level_of(pair))].alpha_s + bytes / levels[std::size_t(level_of(pair))].bytes_per_s;
+    if (op == Collective::send_recv) {
+      // One step of a chain or ring of neighbours `span / size` ranks apart (pipeline stages, the cp ring): every
+      // member sends at once, and the step lasts as long as its slowest hop. A chain over more than one domain of a
+      // level has a hop that straddles two domains (ranks s apart with s < domain still straddle a boundary when
+      // the group leaves the domain), so the step runs on the group's own level, over one device's link there.
+      return alpha + bytes / levels[std::size_t(top)].bytes_per_s;
     }
     return alpha * cost::latency_steps(op, g.size) + cost::bus_factor(op, g.size) * bytes / ring_bandwidth(g);
   }
@@ -188,20 +192,35 @@ inline ClusterProfile cluster_preset(std::string_view name) {
 
 // A cluster from JSON: {"name", "peak_flops_per_s", "device": <a hardware profile, cost/profile.hpp>,
 // "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...]}.
+// Unknown and repeated keys are refused by name; rates and times in the ranges of cost/profile_json.hpp.
 inline ClusterProfile cluster_from_json(const json::Value& v) {
   using namespace cost::detail;
   const json::Field doc(v, "cluster");
   doc.expect(doc.is_object(), "a JSON object");
+  only_keys(doc, {"name", "source", "peak_flops_per_s", "device", "levels"});
   ClusterProfile c;
   c.name = text(doc, "name");
   if (doc.has("source")) c.source = text(doc, "source");
-  c.peak_flops_per_s = positive(doc, "peak_flops_per_s");
+  c.peak_flops_per_s = rate(doc, "peak_flops_per_s");
   c.device = cost::profile_from_json(doc["device"]);
-  for (const json::Field& entry : doc["levels"].elements())
-    c.levels.push_back({text(entry, "name"), integer(entry, "domain_devices", 0, 1 << 30),
-                        non_negative(entry, "alpha_s"), positive(entry, "bytes_per_s")});
+  for (const json::Field& entry : doc["levels"].elements()) {
+    only_keys(entry, {"name", "domain_devices", "alpha_s", "bytes_per_s"});
+    c.levels.push_back({text(entry, "name"), integer(entry, "domain_devices", 0, 1 << 30), seconds(entry, "alpha_s"),
+                        rate(entry, "bytes_per_s")});
+  }
   validate(c);
   return c;
+}
+
+inline json::Value cluster_to_json(const ClusterProfile& c) {
+  json::Value v = {{"name", c.name}, {"source", c.source}, {"peak_flops_per_s", c.peak_flops_per_s}};
+  v["device"] = cost::to_json(c.device);
+  json::Value levels = json::Value::array();
+  for (const LinkLevel& l : c.levels)
+    levels.push_back({{"name", l.name}, {"domain_devices", l.domain_devices}, {"alpha_s", l.alpha_s},
+                      {"bytes_per_s", l.bytes_per_s}});
+  v["levels"] = std::move(levels);
+  return v;
 }
 
 }  // namespace paradyse::search

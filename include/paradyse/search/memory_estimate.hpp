@@ -6,8 +6,10 @@
 // with P the parameters the device holds after tensor/pipeline/expert sharding and d the data-parallel group of
 // those parameters (dp * cp for dense ones, edp for experts); ZeRO-3 also holds two layers gathered (prefetch).
 // Activations per layer and micro-batch follow Korthikanti et al. (MLSys'23) term by term, sharded over tp (the
-// 2D layout and sequence parallelism shard every stored tensor) and cp; in flight on the first stage: 1 micro-batch
-// without a pipeline, min(m, pp) for 1F1B, pp + (pp - 1) / v for interleaved 1F1B (Megatron-LM's factor).
+// 2D layout and sequence parallelism shard every stored tensor; without sequence parallelism the norms' inputs,
+// the projections' inputs and the dropout masks, Korthikanti's 10 s b h, are whole on every tp rank) and cp; in
+// flight on the first stage: 1 micro-batch without a pipeline, min(m, pp) for 1F1B, pp + (pp - 1) / v for
+// interleaved 1F1B (Megatron-LM's factor). Stages hold the layers of training_setup.hpp's StageLayout.
 #pragma once
 
 #include "paradyse/search/parallel_config.hpp"
@@ -16,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace paradyse::search {
 
@@ -38,14 +41,11 @@ inline StageParameters stage_parameters(const TrainingModel& m, const ParallelCo
                                         std::int64_t layers, bool embedding, bool output_layer) {
   StageParameters p;
   const double tp = c.tp();
-  for (std::int64_t l = first; l < first + layers; ++l) {
-    p.dense += (m.attention_parameters() + m.norm_parameters()) / tp;
-    if (l < m.dense_layers || !m.is_moe()) p.dense += m.dense_mlp_parameters() / tp;
-    else {
-      p.dense += m.shared_expert_parameters() / tp + m.router_parameters();
-      p.experts += double(m.experts) * m.expert_parameters() / double(c.ep * c.etp);
-    }
-  }
+  const std::int64_t moe = m.is_moe() ? std::clamp<std::int64_t>(first + layers - m.dense_layers, 0, layers) : 0;
+  p.dense += double(layers) * (m.attention_parameters() + m.norm_parameters()) / tp;
+  p.dense += double(layers - moe) * m.dense_mlp_parameters() / tp;
+  p.dense += double(moe) * (m.shared_expert_parameters() / tp + m.router_parameters());
+  p.experts += double(moe) * double(m.experts) * m.expert_parameters() / double(c.ep * c.etp);
   if (embedding) p.dense += m.embedding_parameters() / tp;
   if (output_layer && !(m.tied_embeddings && embedding)) p.dense += m.embedding_parameters() / tp;
   return p;
@@ -63,22 +63,24 @@ inline void add_model_states(MemoryEstimate& e, double parameters, int stage, do
 inline double stored_bytes_per_token(const TrainingModel& m, const TrainingSetup& s, const ParallelConfig& c,
                                      bool moe_layer, Recompute policy) {
   const double h = double(m.hidden), w = s.activation_bytes;
-  if (policy == Recompute::full) return w * h;  // the layer's input only
+  // Tensors sharded by sequence parallelism are whole on each tp rank without it: tp times the per-token bytes.
+  const double replicated = c.sequence_parallel ? 1.0 : double(c.tp());
+  if (policy == Recompute::full) return w * h * replicated;  // the layer's input only
   // Attention: norm input, projection input, q/k/v, context, dropout mask; scores when not flash (5 a s: softmax
   // output, its dropout mask and dropout output, Korthikanti's term), unless recomputed (selective).
-  double attention = w * (2 * h + m.qkv_width() + m.context_width()) + h;
+  double attention = w * m.qkv_width() + w * m.context_width() + (w * 2 * h + h) * replicated;
   if (!s.flash_attention && policy == Recompute::none) attention += 5.0 * double(m.heads) * double(s.seq);
   // MLP: norm input, first projection input and output, activation output (recomputed by selective), mask.
   double mlp = 0;
   const bool drop_activation = policy == Recompute::selective;
   if (!moe_layer) {
     const double f = double(m.ffn), f_in = m.swiglu ? 2 * f : f;
-    mlp = w * (2 * h + f_in + (drop_activation ? 0 : f)) + h;
+    mlp = w * (f_in + (drop_activation ? 0 : f)) + (w * 2 * h + h) * replicated;
   } else {
     // Each token goes to k experts; with etp > 1 the dispatched tokens are gathered over etp, each etp rank
     // computing 1/etp of the width for etp times the tokens.
     const double fe = double(m.expert_ffn) / c.etp, k = double(m.top_k) * c.etp;
-    mlp = w * (2 * h + k * (h + 2 * fe + (drop_activation ? 0 : fe))) + h + 4.0 * double(m.experts);
+    mlp = w * k * (h + 2 * fe + (drop_activation ? 0 : fe)) + (w * 2 * h + h) * replicated + 4.0 * double(m.experts);
     if (m.shared_experts > 0) {
       const double fs = double(m.shared_experts * m.shared_ffn);
       mlp += w * (h + 2 * fs + (drop_activation ? 0 : fs));
@@ -90,13 +92,13 @@ inline double stored_bytes_per_token(const TrainingModel& m, const TrainingSetup
 // The whole estimate for the stage that needs most (the first, holding most micro-batches, or the last, holding
 // the logits).
 inline MemoryEstimate estimate_memory(const TrainingModel& m, const TrainingSetup& s, const ParallelConfig& c) {
-  const std::int64_t per_stage = m.layers / c.pp;
+  const StageLayout layout = stage_layout(m.layers, c.pp);
   const double tokens = double(c.micro_batch) * double(s.seq) / c.cp / c.tp();  // per device per micro-batch
   const std::int64_t mbs = micro_batches(s, c);
   MemoryEstimate best;
-  for (int stage : {0, c.pp - 1}) {
+  for (int stage : layout.candidates()) {
     MemoryEstimate e;
-    const std::int64_t first = std::int64_t(stage) * per_stage;
+    const std::int64_t first = layout.first_of(stage), per_stage = layout.layers_of(stage);
     const StageParameters p = stage_parameters(m, c, first, per_stage, stage == 0, stage == c.pp - 1);
     add_model_states(e, p.dense, c.zero, double(c.dp) * c.cp, s.precision);
     add_model_states(e, p.experts, c.zero, c.expert_dp(), s.precision);
@@ -105,9 +107,11 @@ inline MemoryEstimate estimate_memory(const TrainingModel& m, const TrainingSetu
     else if (c.virtual_stages == 1) e.in_flight = double(std::min<std::int64_t>(mbs, c.pp - stage));
     else e.in_flight = std::min(double(mbs), double(c.pp - stage) + double(c.pp - 1) / c.virtual_stages);
     double stored = 0, working = 0;
-    for (std::int64_t l = first; l < first + per_stage; ++l) {
-      const bool moe_layer = m.is_moe() && l >= m.dense_layers;
-      stored += stored_bytes_per_token(m, s, c, moe_layer, c.recompute) * tokens;
+    const std::int64_t moe_layers = m.is_moe() ? std::clamp<std::int64_t>(first + per_stage - m.dense_layers, 0,
+                                                                          per_stage) : 0;
+    for (const auto& [moe_layer, count] : {std::pair{false, per_stage - moe_layers}, std::pair{true, moe_layers}}) {
+      if (count == 0) continue;
+      stored += stored_bytes_per_token(m, s, c, moe_layer, c.recompute) * tokens * double(count);
       if (c.recompute == Recompute::full)  // one layer recomputed at a time, all its activations
         working = std::max(working, stored_bytes_per_token(m, s, c, moe_layer, Recompute::none) * tokens);
     }

@@ -7,7 +7,9 @@
 // devices of dp x cp (ep consecutive positions of the flattened dp x cp axis) and etp over tp (the innermost etp
 // positions); the expert-data-parallel group is what remains, edp = dp * cp * tp / (ep * etp).
 // Schedule knobs: ZeRO stage over the data-parallel group, micro-batch size, virtual pipeline stages (interleaved
-// 1F1B), activation recomputation.
+// 1F1B), activation recomputation. Variants: 1D tensor parallelism without sequence parallelism (the 2021
+// Megatron: all-reduces, norms and dropout replicated over tp), and context parallelism as a ring (K and V passed
+// around, overlapped with attention) or as Llama 3's all-gather of K and V before attention.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace paradyse::search {
 
@@ -28,6 +31,10 @@ constexpr std::string_view name_of(Recompute r) {
   return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
 }
 
+enum class CpScheme : std::uint8_t { ring, all_gather };
+inline constexpr std::array<CpScheme, 2> kAllCpSchemes{CpScheme::ring, CpScheme::all_gather};
+constexpr std::string_view name_of(CpScheme s) { return s == CpScheme::ring ? "ring" : "all-gather"; }
+
 struct ParallelConfig {
   int dp = 1, pp = 1, cp = 1, tp_x = 1, tp_y = 1;  // the mesh
   int ep = 1, etp = 1;                             // MoE layers, fused onto dp x cp and tp
@@ -35,6 +42,8 @@ struct ParallelConfig {
   int micro_batch = 1;                             // sequences per micro-batch
   int virtual_stages = 1;                          // model chunks per pipeline stage (interleaved 1F1B when > 1)
   Recompute recompute = Recompute::none;
+  bool sequence_parallel = true;                   // 1D tp (tp_x = 1) only: false = all-reduce, norms replicated
+  CpScheme cp_scheme = CpScheme::ring;             // cp > 1 only
 
   int tp() const { return tp_x * tp_y; }
   std::int64_t devices() const { return std::int64_t(dp) * pp * cp * tp_x * tp_y; }
@@ -43,9 +52,14 @@ struct ParallelConfig {
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 
+// The variants are named only when they are not the default, so that tables of the default space read as before.
 inline std::string to_string(const ParallelConfig& c) {
-  return fmt::format("dp={} pp={} cp={} tp={}x{} ep={} etp={} zero={} mb={} v={} rc={}", c.dp, c.pp, c.cp, c.tp_x,
-                     c.tp_y, c.ep, c.etp, c.zero, c.micro_batch, c.virtual_stages, name_of(c.recompute));
+  std::string s = fmt::format("dp={} pp={} cp={} tp={}x{} ep={} etp={} zero={} mb={} v={} rc={}", c.dp, c.pp, c.cp,
+                              c.tp_x, c.tp_y, c.ep, c.etp, c.zero, c.micro_batch, c.virtual_stages,
+                              name_of(c.recompute));
+  if (!c.sequence_parallel) s += " sp=off";
+  if (c.cp_scheme != CpScheme::ring) s += fmt::format(" cp-scheme={}", name_of(c.cp_scheme));
+  return s;
 }
 
 // Which dimensions a search may use: "3d" = dp x tp x pp (Megatron-LM's space: 1D tp, no cp/ep), "4d" adds cp
@@ -59,6 +73,7 @@ struct SearchSpace {
   bool expert_tensor = true;      // etp != tp allowed (otherwise etp = tp, experts sharded like dense layers)
   int max_virtual_stages = 8;
   int max_micro_batch = 16;
+  std::vector<CpScheme> cp_schemes{CpScheme::ring};  // the schemes tried when cp > 1 (search_parallel --cp-scheme)
 };
 
 inline SearchSpace space_3d() {

@@ -9,19 +9,25 @@
 // - 2D tensor parallelism, layout X [T / y, h / x]: a linear all-gathers its input over tp_y, multiplies
 //   [T, k / x] x [k / x, n / y] and reduce-scatters the partial sums over tp_x to [T / x, n / y]; the second linear
 //   of a block swaps the axes and returns to X (MindSpore's "high dimension tensor parallel"). Attention
-//   all-gathers K and V over tp_x. With x = 1 this is Megatron's tensor + sequence parallelism. Not overlapped.
+//   all-gathers K and V over tp_x. With x = 1 this is Megatron's tensor + sequence parallelism; without sequence
+//   parallelism (the 2021 Megatron) each block all-reduces its output over tp, forward and backward, and norms,
+//   residuals and dropout run on all T tokens of every tp rank. Not overlapped.
 // - cp: K and V circulate in a ring over cp (cp - 1 sends forward, twice in backward), hidden under the attention
-//   block's compute where it is shorter.
+//   block's compute where it is shorter; or (Llama 3's scheme) K and V are all-gathered over cp before attention
+//   (again in backward, whose K and V gradients are reduce-scattered), exposed, one attention kernel per block.
 // - ep (folded over dp x cp) and etp (over tp): all-to-all dispatch and combine of k copies of each token, all-gather
 //   and reduce-scatter over etp; balanced routing; the local experts in one grouped GEMM.
-// - pp: one send of the stage's output per chunk and micro-batch, each direction.
+// - pp: one send of the stage's output per chunk and micro-batch, each direction, priced on the level the pipeline
+//   group spans (its slowest hop). Stages hold ceil(L / pp) layers or one fewer (training_setup.hpp's StageLayout).
 // - recomputation: selective re-runs attention's core and the activation functions; full re-runs the layer's
 //   forward (its communication included).
 // Per step: (m + (pp - 1) / v) * (slowest stage's micro-batch time) [1F1B / interleaved bubble], plus the data-
 // parallel reduction: ZeRO 0/1 reduce once per step, hidden under the last micro-batch's backward when overlap is
-// on; ZeRO 2 reduce-scatters every micro-batch and ZeRO 3 also gathers the parameters every micro-batch, each
-// hidden under that micro-batch's compute where shorter; ZeRO 1-3 all-gather updated parameters; plus the
-// optimizer's memory traffic.
+// on; ZeRO 2 reduce-scatters every micro-batch, hidden under that micro-batch's compute where shorter; ZeRO 3
+// gathers each layer's parameters ahead of use (one layer ahead, as FSDP prefetches) and reduce-scatters its
+// gradients after its backward: the first gather of each pass and the last reduce-scatter are exposed, every
+// other gather (and reduce-scatter) hides under one layer's compute where shorter; ZeRO 1-2 all-gather updated
+// parameters; plus the optimizer's memory traffic.
 #pragma once
 
 #include "paradyse/search/cluster.hpp"
@@ -35,6 +41,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace paradyse::search {
 
@@ -57,7 +64,7 @@ struct Estimate {
   double optimizer_s = 0;
   MemoryEstimate memory;
   double capacity_bytes = 0;
-  double model_flops = 0;         // per step (3 x forward, attention over the full sequence: Megatron's count)
+  double model_flops = 0;         // per step (3 x forward, attention counted by the setup's FlopConvention)
   double mfu = 0;                 // model_flops / (step_s * devices * peak)
   double exposed(CommDim d) const { return exposed_comm_s[std::size_t(d)]; }
   double total_exposed_comm_s() const {
@@ -83,9 +90,10 @@ public:
   std::int64_t devices() const { return devices_; }
   double capacity_bytes() const { return double(cluster_.device.usable_memory_bytes()); }
 
-  // Model FLOPs of one step (MFU's numerator).
+  // Model FLOPs of one step (MFU's numerator), attention counted by the setup's FlopConvention.
   double model_flops_per_step() const {
-    return 3.0 * model_.forward_flops_per_token(double(setup_.seq)) * double(setup_.seq) * double(setup_.global_batch);
+    return 3.0 * model_.forward_flops_per_token(setup_.flop_context()) * double(setup_.seq) *
+           double(setup_.global_batch);
   }
 
   Estimate evaluate(const ParallelConfig& c) const;
@@ -106,8 +114,9 @@ private:
   }
 
   LayerTime layer_time(const ParallelConfig& c, bool moe_layer) const;
-  double stage_micro_batch_time(const ParallelConfig& c, std::int64_t first, std::int64_t layers, bool last,
-                                Estimate& e, double& forward_s, double& backward_s) const;
+  double stage_micro_batch_time(const ParallelConfig& c, const LayerTime& dense, const LayerTime& moe,
+                                std::int64_t first, std::int64_t layers, bool last, Estimate& e, double& forward_s,
+                                double& backward_s) const;
 
   TrainingModel model_;
   ClusterProfile cluster_;
@@ -129,6 +138,12 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
   auto rs_x = [&](double bytes) { return cluster_.collective_time(Collective::reduce_scatter, tp_x, bytes); };
   auto ag_x = [&](double bytes) { return cluster_.collective_time(Collective::all_gather, tp_x, bytes); };
   auto rs_y = [&](double bytes) { return cluster_.collective_time(Collective::reduce_scatter, tp_y, bytes); };
+  // Entering and leaving a block over tp_y: with sequence parallelism an all-gather of the input and a
+  // reduce-scatter of the output; without, one all-reduce of the output (forward; the input's in backward).
+  const bool sp = c.sequence_parallel;
+  auto enter_leave_y = [&](double bytes) {
+    return sp ? ag_y(bytes) + rs_y(bytes) : cluster_.collective_time(Collective::all_reduce, tp_y, bytes);
+  };
   auto add_comm = [&](CommDim dim, double forward, double backward) {
     r.forward_comm[std::size_t(dim)] += forward;
     r.backward_comm[std::size_t(dim)] += backward;
@@ -141,8 +156,8 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
   double forward = gemm_forward(T, qkv_in / y, h / x) + gemm_forward(T, h / x, m.context_width() / y);
   double backward = gemm_backward(T, qkv_in / y, h / x) + gemm_backward(T, h / x, m.context_width() / y);
   {
-    const double tp_comm = ag_y(T * h / x * w) + rs_x(T * m.qkv_width() / y * w) + ag_x(T * kv_width / y * w) +
-                           ag_x(T * m.context_width() / y * w) + rs_y(T * h / x * w);
+    const double tp_comm = enter_leave_y(T * h / x * w) + rs_x(T * m.qkv_width() / y * w) +
+                           ag_x(T * kv_width / y * w) + ag_x(T * m.context_width() / y * w);
     add_comm(CommDim::tp, tp_comm, tp_comm);
   }
   // Attention core: T / x queries of a / y heads against all s keys (the cp ring brings the other chunks).
@@ -152,8 +167,9 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     const double context = setup_.causal ? setup_.seq / 2.0 : double(setup_.seq);
     const double flops = 2.0 * queries * context * heads * double(m.key_dim() + m.value_dim());
     // With cp > 1 the ring runs one kernel per K/V block it receives, each paying the kernel overhead.
-    core_forward = d.attention.forward_time(flops) + (c.cp - 1) * d.attention.overhead_s;
-    core_backward = d.attention.backward_time(flops) + (c.cp - 1) * d.attention.overhead_s;
+    const double blocks = c.cp_scheme == CpScheme::ring ? c.cp - 1 : 0;
+    core_forward = d.attention.forward_time(flops) + blocks * d.attention.overhead_s;
+    core_backward = d.attention.backward_time(flops) + blocks * d.attention.overhead_s;
   } else {  // scores materialised: two batched GEMMs over the full s x s square and softmax/dropout traffic
     const double scores = queries * heads * double(setup_.seq);
     core_forward = gemm_forward(queries * heads, double(setup_.seq), double(m.key_dim())) +
@@ -168,14 +184,19 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
   forward += core_forward;
   backward += core_backward;
   recompute_forward += core_forward;
-  if (c.cp > 1) {  // K, V of the local chunk [T, kv_width / y] around the ring
+  if (c.cp > 1 && c.cp_scheme == CpScheme::ring) {  // K, V of the local chunk [T, kv_width / y] around the ring
     const GroupSpan cp_ring = groups.cp;
     const double step = cluster_.collective_time(Collective::send_recv, cp_ring, T * kv_width / y * w);
     add_comm(CommDim::cp, std::max(0.0, (c.cp - 1) * step - core_forward),
              std::max(0.0, 2.0 * (c.cp - 1) * step - core_backward));
+  } else if (c.cp > 1) {  // all-gather K, V [cp T, kv_width / y]; backward gathers again, reduce-scatters dK, dV
+    const double gathered = c.cp * T * kv_width / y * w;
+    const double ag = cluster_.collective_time(Collective::all_gather, groups.cp, gathered);
+    add_comm(CommDim::cp, ag, ag + cluster_.collective_time(Collective::reduce_scatter, groups.cp, gathered));
   }
-  // Norms, residuals, dropout: ~26 h bytes per token read and written over the layer (two of each).
-  double elementwise = T / t * 26.0 * h;
+  // Norms, residuals, dropout: ~26 h bytes per token read and written over the layer (two of each), on T / t tokens
+  // with sequence parallelism (or the 2D layout), on all T without.
+  double elementwise = T / (sp ? t : 1.0) * 26.0 * h;
 
   // ---- MLP block ------------------------------------------------------------------------------------------------
   if (!moe_layer) {
@@ -186,7 +207,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     forward += activation;
     backward += 2 * activation;
     recompute_forward += activation;
-    const double tp_comm = ag_y(T * h / x * w) + rs_x(T * f_in / y * w) + ag_x(T * f / y * w) + rs_y(T * h / x * w);
+    const double tp_comm = enter_leave_y(T * h / x * w) + rs_x(T * f_in / y * w) + ag_x(T * f / y * w);
     add_comm(CommDim::tp, tp_comm, tp_comm);
   } else {
     // Tokens [T / y, h / x] -> full h on T / t tokens per device (all-gather over x), and back after the combine.
@@ -241,24 +262,27 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
 
 // Forward + backward seconds of one micro-batch through `layers` layers from `first` (all chunks of one stage),
 // with the stage's pipeline sends; accumulates the per-dimension exposed communication of one micro-batch into e.
-inline double PerformanceModel::stage_micro_batch_time(const ParallelConfig& c, std::int64_t first,
-                                                       std::int64_t layers, bool last, Estimate& e,
-                                                       double& forward_s, double& backward_s) const {
-  const LayerTime dense = layer_time(c, false);
-  const LayerTime moe = model_.is_moe() ? layer_time(c, true) : dense;
+inline double PerformanceModel::stage_micro_batch_time(const ParallelConfig& c, const LayerTime& dense,
+                                                       const LayerTime& moe, std::int64_t first, std::int64_t layers,
+                                                       bool last, Estimate& e, double& forward_s,
+                                                       double& backward_s) const {
   std::array<double, 5> comm{};
   double compute = 0, recompute = 0;
   forward_s = backward_s = 0;
-  for (std::int64_t l = first; l < first + layers; ++l) {
-    const LayerTime& lt = model_.is_moe() && l >= model_.dense_layers ? moe : dense;
-    compute += lt.forward_compute + lt.backward_compute + lt.recompute;
-    recompute += lt.recompute;
-    forward_s += lt.forward_compute;
-    backward_s += lt.backward_compute + lt.recompute;
+  // The stage's MoE layers are those at or after dense_layers; every layer of a kind costs the same.
+  const std::int64_t moe_layers =
+      model_.is_moe() ? std::clamp<std::int64_t>(first + layers - model_.dense_layers, 0, layers) : 0;
+  for (const auto& [lt, count] : {std::pair{&dense, layers - moe_layers}, std::pair{&moe, moe_layers}}) {
+    if (count == 0) continue;
+    const double n = double(count);
+    compute += n * (lt->forward_compute + lt->backward_compute + lt->recompute);
+    recompute += n * lt->recompute;
+    forward_s += n * lt->forward_compute;
+    backward_s += n * (lt->backward_compute + lt->recompute);
     for (std::size_t i = 0; i < comm.size(); ++i) {
-      comm[i] += lt.forward_comm[i] + lt.backward_comm[i];
-      forward_s += lt.forward_comm[i];
-      backward_s += lt.backward_comm[i];
+      comm[i] += n * (lt->forward_comm[i] + lt->backward_comm[i]);
+      forward_s += n * lt->forward_comm[i];
+      backward_s += n * lt->backward_comm[i];
     }
   }
   if (last) {  // logits [T, V / y] from [T, h / x] (2D-sharded output layer) and the cross-entropy
@@ -297,16 +321,24 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   e.memory = estimate_memory(model_, setup_, c);
   const std::int64_t mbs = micro_batches(setup_, c);
 
-  // The slowest stage sets the pace: the first (embedding, dense layers of MoE models) or the last (logits).
-  const std::int64_t per_stage = model_.layers / c.pp;
+  // The slowest stage sets the pace: the first (embedding, dense layers of MoE models), the last (logits) or,
+  // when the ends hold a layer fewer, a full stage.
+  const StageLayout layout = stage_layout(model_.layers, c.pp);
+  const LayerTime dense_layer = layer_time(c, false);
+  const LayerTime moe_layer = model_.is_moe() ? layer_time(c, true) : dense_layer;
   Estimate stage_e;
   double stage_s = -1, stage_forward = 0, stage_backward = 0;
-  for (int stage : {0, c.pp - 1}) {
+  std::int64_t per_stage = 0;  // layers of the slowest stage
+  StageParameters p{};         // the largest parameters of a stage, dense and experts apart
+  for (int stage : layout.candidates()) {
     Estimate candidate;
     double f = 0, b = 0;
-    const double t = stage_micro_batch_time(c, std::int64_t(stage) * per_stage, per_stage, stage == c.pp - 1,
-                                            candidate, f, b);
-    if (t > stage_s) stage_s = t, stage_e = candidate, stage_forward = f, stage_backward = b;
+    const std::int64_t first = layout.first_of(stage), layers = layout.layers_of(stage);
+    const double t =
+        stage_micro_batch_time(c, dense_layer, moe_layer, first, layers, stage == c.pp - 1, candidate, f, b);
+    if (t > stage_s) stage_s = t, stage_e = candidate, stage_forward = f, stage_backward = b, per_stage = layers;
+    const StageParameters q = stage_parameters(model_, c, first, layers, stage == 0, stage == c.pp - 1);
+    p.dense = std::max(p.dense, q.dense), p.experts = std::max(p.experts, q.experts);
   }
   const double m = double(mbs);
   e.compute_s = stage_e.compute_s * m;
@@ -315,16 +347,14 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   e.bubble_s = double(c.pp - 1) / c.virtual_stages * stage_s;
 
   // ---- data parallelism and the optimizer ---------------------------------------------------------------------
-  const StageParameters p = stage_parameters(model_, c, 0, per_stage, true, c.pp == 1);
-  const StageParameters p_last = stage_parameters(model_, c, std::int64_t(c.pp - 1) * per_stage, per_stage, c.pp == 1, true);
-  const double dense = std::max(p.dense, p_last.dense), experts = std::max(p.experts, p_last.experts);
+  const double dense = p.dense, experts = p.experts;
   const MeshGroups groups = mesh_groups(c);
   const GroupSpan dp_group = groups.dp_cp;  // dense weights are replicated over dp x cp
   const GroupSpan edp_group = groups.edp;  // experts are replicated over edp
   const double g = setup_.gradient_reduce_bytes, wb = setup_.precision.parameter_bytes;
   // One collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units), each paying its
   // latency.
-  const double buckets = double(per_stage);
+  const double buckets = double(std::max<std::int64_t>(1, per_stage));
   auto reduce = [&](Collective op, double bytes_dense, double bytes_experts) {
     return buckets * (cluster_.collective_time(op, dp_group, bytes_dense / buckets) +
                       cluster_.collective_time(op, edp_group, bytes_experts / buckets));
@@ -335,11 +365,23 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     const double grads = c.zero == 0 ? reduce(Collective::all_reduce, dense * g, experts * g)
                                      : reduce(Collective::reduce_scatter, dense * g, experts * g);
     dp_s += overlap ? std::max(0.0, grads - stage_backward) : grads;
-  } else {  // every micro-batch: reduce-scatter its gradients (and for ZeRO-3 gather the weights twice, or 3 times)
-    double per_mb = reduce(Collective::reduce_scatter, dense * g, experts * g);
-    if (c.zero == 3)
-      per_mb += (c.recompute == Recompute::full ? 3 : 2) * reduce(Collective::all_gather, dense * wb, experts * wb);
+  } else if (c.zero == 2) {  // every micro-batch: reduce-scatter its gradients
+    const double per_mb = reduce(Collective::reduce_scatter, dense * g, experts * g);
     dp_s += m * (overlap ? std::max(0.0, per_mb - (stage_forward + stage_backward)) : per_mb);
+  } else {  // ZeRO-3, every micro-batch: per layer a gather before the forward, one (two with full recomputation)
+            // before the backward, a reduce-scatter after it; each hidden under one layer's compute at most
+    const double gather = reduce(Collective::all_gather, dense * wb, experts * wb) / buckets;
+    const double scatter = reduce(Collective::reduce_scatter, dense * g, experts * g) / buckets;
+    const double backward_gathers = c.recompute == Recompute::full ? 2 : 1;
+    const double per_mb = buckets * ((1 + backward_gathers) * gather + scatter);
+    double exposed = per_mb;
+    if (overlap) {
+      const double layer_forward = stage_forward / buckets, layer_backward = stage_backward / buckets;
+      exposed = gather + (buckets - 1) * std::max(0.0, gather - layer_forward) +   // forward pass
+                backward_gathers * gather + scatter +                               // backward's first and last
+                (buckets - 1) * std::max(0.0, backward_gathers * gather + scatter - layer_backward);
+    }
+    dp_s += m * exposed;
   }
   if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, dense * wb, experts * wb);  // updated weights
   e.exposed_comm_s[std::size_t(CommDim::dp)] += dp_s;

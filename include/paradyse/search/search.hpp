@@ -48,7 +48,7 @@ struct SearchResult {
 // The order among configurations of equal step time: the simpler first (no cp, 1D tp, no ep, no pipeline, ...).
 inline auto config_key(const ParallelConfig& c) {
   return std::make_tuple(c.cp, c.tp_x, c.ep, c.etp, c.pp, c.tp_y, c.virtual_stages, c.zero, int(c.recompute),
-                         c.micro_batch, c.dp);
+                         c.micro_batch, c.dp, !c.sequence_parallel, int(c.cp_scheme));
 }
 // Strict order: faster first, then by config_key.
 inline bool better(const Candidate& a, const Candidate& b) {
@@ -56,11 +56,16 @@ inline bool better(const Candidate& a, const Candidate& b) {
   return config_key(a.config) < config_key(b.config);
 }
 
+// The divisors of n in increasing order, in O(sqrt n) (a global batch of 2^24 has 25).
 inline std::vector<int> divisors(std::int64_t n) {
-  std::vector<int> d;
-  for (std::int64_t i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(int(i));
-  return d;
+  std::vector<int> low, high;
+  for (std::int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      low.push_back(int(i));
+      if (i * i != n) high.push_back(int(n / i));
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 // Every mesh (dp, pp, cp, tp_x, tp_y) of the space whose product is `devices` and that the model can be sharded on
@@ -98,6 +103,12 @@ inline std::vector<std::pair<int, int>> expert_layouts(const TrainingModel& m, c
   return out;
 }
 
+// The context-parallel schemes of a mesh in the space: the space's when cp > 1, the ring (no cp traffic) otherwise.
+inline std::vector<CpScheme> cp_schemes_of(const SearchSpace& space, const ParallelConfig& mesh) {
+  if (mesh.cp == 1 || space.cp_schemes.empty()) return {CpScheme::ring};
+  return space.cp_schemes;
+}
+
 // The largest micro-batch size of a mesh in the space: a divisor of B / dp.
 inline int largest_micro_batch(const TrainingSetup& setup, const SearchSpace& space, const ParallelConfig& mesh) {
   int largest = 1;
@@ -115,14 +126,15 @@ inline int largest_micro_batch(const TrainingSetup& setup, const SearchSpace& sp
 // bubble, data parallelism, optimizer) are non-negative.
 inline double mesh_lower_bound(const PerformanceModel& model, const SearchSpace& space, const ParallelConfig& mesh) {
   double least = 1e300;
-  for (auto [ep, etp] : expert_layouts(model.model(), space, mesh)) {
-    ParallelConfig c = mesh;
-    c.ep = ep, c.etp = etp, c.micro_batch = largest_micro_batch(model.setup(), space, mesh);
-    c.recompute = Recompute::none;
-    const Estimate e = model.evaluate(c);
-    if (!e.valid) continue;
-    least = std::min(least, e.compute_s + e.exposed(CommDim::tp) + e.exposed(CommDim::ep));
-  }
+  for (auto [ep, etp] : expert_layouts(model.model(), space, mesh))
+    for (CpScheme scheme : cp_schemes_of(space, mesh)) {
+      ParallelConfig c = mesh;
+      c.ep = ep, c.etp = etp, c.micro_batch = largest_micro_batch(model.setup(), space, mesh);
+      c.recompute = Recompute::none, c.cp_scheme = scheme;
+      const Estimate e = model.evaluate(c);
+      if (!e.valid) continue;
+      least = std::min(least, e.compute_s + e.exposed(CommDim::tp) + e.exposed(CommDim::ep));
+    }
   return least;
 }
 
@@ -185,21 +197,28 @@ inline SearchResult search(const PerformanceModel& model, const SearchOptions& o
           ParallelConfig base = mesh;
           base.ep = ep, base.etp = etp, base.micro_batch = mb, base.recompute = r;
           if (options.prune) {  // m x slowest stage at v = 1 bounds every ZeRO stage and v of this point
-            const Estimate e = model.evaluate(base);
-            ++result.evaluated;
-            if (e.compute_s + e.total_exposed_comm_s() - e.exposed(CommDim::dp) > worst()) continue;
+            double least = 1e300;
+            for (CpScheme scheme : cp_schemes_of(options.space, mesh)) {
+              ParallelConfig c = base;
+              c.cp_scheme = scheme;
+              const Estimate e = model.evaluate(c);
+              ++result.evaluated;
+              least = std::min(least, e.compute_s + e.total_exposed_comm_s() - e.exposed(CommDim::dp));
+            }
+            if (least > worst()) continue;
           }
           for (int v = 1; v <= options.space.max_virtual_stages; ++v) {
-            if (v > 1 && (mesh.pp == 1 || m.layers % (std::int64_t(mesh.pp) * v) != 0)) continue;
-            for (int zero = 0; zero <= 3; ++zero) {
-              ParallelConfig c = base;
-              c.virtual_stages = v, c.zero = zero;
-              Estimate e = model.evaluate(c);
-              ++result.evaluated;
-              if (!e.feasible) continue;  // invalid (v, mb) or out of memory
-              ++result.feasible;
-              offer({c, std::move(e)});
-            }
+            if (v > 1 && (mesh.pp == 1 || stage_layout(m.layers, mesh.pp).fewest() < v)) continue;
+            for (int zero = 0; zero <= 3; ++zero)
+              for (CpScheme scheme : cp_schemes_of(options.space, mesh)) {
+                ParallelConfig c = base;
+                c.virtual_stages = v, c.zero = zero, c.cp_scheme = scheme;
+                Estimate e = model.evaluate(c);
+                ++result.evaluated;
+                if (!e.feasible) continue;  // invalid (v, mb) or out of memory
+                ++result.feasible;
+                offer({c, std::move(e)});
+              }
           }
         }
     }

@@ -14,11 +14,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace paradyse::search {
 
@@ -117,7 +119,20 @@ inline std::string describe(const TrainingModel& m) {
 
 // Throws naming the field that makes the model unusable.
 inline void validate(const TrainingModel& m) {
-  check(m.layers >= 1, "model {}: layers = {} must be at least 1", m.name, m.layers);
+  // Limits far above any model trained (10^2 layers, widths of 10^4 to 10^5): beyond them a search would only
+  // spend time on a shape no device holds.
+  constexpr std::int64_t kMaxLayers = 100'000, kMaxWidth = std::int64_t(1) << 24, kMaxCount = std::int64_t(1) << 20;
+  check(m.layers >= 1 && m.layers <= kMaxLayers, "model {}: layers = {} must be in [1, {}]", m.name, m.layers,
+        kMaxLayers);
+  check(m.hidden <= kMaxWidth && m.head_dim <= kMaxWidth && m.ffn <= kMaxWidth && m.expert_ffn <= kMaxWidth &&
+            m.shared_ffn <= kMaxWidth && m.vocab <= kMaxWidth * 64 && m.q_lora_rank <= kMaxWidth &&
+            m.kv_lora_rank <= kMaxWidth && m.rope_head_dim <= kMaxWidth && m.v_head_dim <= kMaxWidth,
+        "model {}: a width above the limit (hidden = {}, head_dim = {}, ffn = {}, expert_ffn = {}, vocab = {}; each "
+        "at most {}, vocab at most {})", m.name, m.hidden, m.head_dim, m.ffn, m.expert_ffn, m.vocab, kMaxWidth,
+        kMaxWidth * 64);
+  check(m.heads <= kMaxCount && m.experts <= kMaxCount && m.shared_experts <= kMaxCount,
+        "model {}: heads = {}, experts = {}, shared_experts = {} must each be at most {}", m.name, m.heads, m.experts,
+        m.shared_experts, kMaxCount);
   check(m.hidden >= 1 && m.head_dim >= 1 && m.vocab >= 1, "model {}: hidden = {}, head_dim = {}, vocab = {} must be "
         "positive", m.name, m.hidden, m.head_dim, m.vocab);
   check(m.heads >= 1 && m.kv_heads >= 1 && m.heads % m.kv_heads == 0,
@@ -186,9 +201,47 @@ inline TrainingModel model_preset(std::string_view name) {
 // SwiGLU], [tie_word_embeddings], [num_local_experts | n_routed_experts, num_experts_per_tok, moe_intermediate_size,
 // n_shared_experts, first_k_dense_replace], [q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
 // v_head_dim]. Throws naming a missing or bad key.
+// Keys of config.json files that do not change the shape the search prices (accepted and ignored); any other key
+// is refused by name, so that a misspelt or unsupported shape key is never silently dropped.
+inline constexpr std::array<std::string_view, 52> kModelKeysIgnored{
+    "_name_or_path", "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id",
+    "eos_token_id", "pad_token_id", "max_position_embeddings", "rope_theta", "rope_scaling", "rms_norm_eps",
+    "layer_norm_eps", "layer_norm_epsilon", "initializer_range", "use_cache", "attention_dropout", "attention_bias",
+    "mlp_bias", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "sliding_window", "use_sliding_window",
+    "max_window_layers", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "norm_topk_prob",
+    "routed_scaling_factor", "topk_method", "n_group", "topk_group", "scoring_func", "aux_loss_alpha", "seq_aux",
+    "moe_layer_freq", "ep_size", "num_nextn_predict_layers", "pretraining_tp", "quantization_config",
+    "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "rope_interleave", "partial_rotary_factor",
+    "tie_encoder_decoder", "n_positions", "n_ctx", "use_qk_norm"};
+inline constexpr std::array<std::string_view, 21> kModelKeysRead{
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "hidden_act", "tie_word_embeddings", "num_local_experts", "n_routed_experts",
+    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+    "shared_expert_intermediate_size", "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim"};
+
 inline TrainingModel model_from_json(const json::Value& v, std::string name) {
   const json::Field doc(v, fmt::format("model {}", name));
   doc.expect(doc.is_object(), "a JSON object");
+  {  // unknown and repeated keys, by name
+    std::vector<std::string_view> seen;
+    for (const auto& [key, member] : v.items()) {
+      (void)member;
+      const std::string_view k = key;
+      if (std::find(seen.begin(), seen.end(), k) != seen.end())
+        doc.fail(fmt::format("duplicate key \"{}\": each key may appear once", printable(k)));
+      seen.push_back(k);
+      const bool known = k == "v_head_dim" ||
+                         std::find(kModelKeysRead.begin(), kModelKeysRead.end(), k) != kModelKeysRead.end() ||
+                         std::find(kModelKeysIgnored.begin(), kModelKeysIgnored.end(), k) != kModelKeysIgnored.end();
+      if (!known) {
+        std::string expected;
+        for (std::string_view x : kModelKeysRead) expected += fmt::format("{}{}", expected.empty() ? "" : ", ", x);
+        doc.fail(fmt::format("unknown key \"{}\" (a key that may change the shape is not read silently); the keys "
+                             "read are {}, v_head_dim", printable(k), expected));
+      }
+    }
+  }
   auto integer = [&](std::string_view key, std::int64_t fallback, bool required) -> std::int64_t {
     const std::optional<json::Field> x = doc.find(key);
     if (!x) {
@@ -217,7 +270,7 @@ inline TrainingModel model_from_json(const json::Value& v, std::string name) {
   if (const auto act = doc.find("hidden_act"); act && act->value().is_string())
     m.swiglu = act->string() == "silu" || act->string() == "swiglu";
   if (const auto tie = doc.find("tie_word_embeddings"); tie && tie->value().is_boolean()) m.tied_embeddings = tie->boolean();
-  m.experts = integer("num_local_experts", integer("n_routed_experts", 0, false), false);
+  m.experts = integer("num_local_experts", integer("n_routed_experts", integer("num_experts", 0, false), false), false);
   m.ffn = integer("intermediate_size", 0, m.experts == 0);
   if (m.experts > 0) {
     m.swiglu = true;
@@ -225,10 +278,50 @@ inline TrainingModel model_from_json(const json::Value& v, std::string name) {
     m.expert_ffn = integer("moe_intermediate_size", m.ffn, m.ffn == 0);
     m.shared_experts = integer("n_shared_experts", 0, false);
     m.shared_ffn = m.shared_experts > 0 ? m.expert_ffn : 0;
+    const std::int64_t shared = integer("shared_expert_intermediate_size", 0, false);
+    if (shared > 0 && m.shared_experts == 0) m.shared_experts = 1, m.shared_ffn = shared;  // Qwen2-MoE: its own width
     m.dense_layers = integer("first_k_dense_replace", 0, false);
   }
   validate(m);
+  // head_dim defaults to hidden / heads: refused when that is not an integer (it was truncated).
+  if (m.kv_lora_rank == 0 && !doc.find("head_dim"))
+    check(m.hidden % m.heads == 0, "{}: hidden_size = {} is not divisible by num_attention_heads = {} (head_dim "
+          "would be {:.6g}, not an integer); give head_dim", doc.context(), m.hidden, m.heads,
+          double(m.hidden) / double(m.heads));
   return m;
+}
+
+// The config.json keys of a model (what model_from_json reads back to the same shape).
+inline json::Value model_to_json(const TrainingModel& m) {
+  json::Value v = {{"_name_or_path", m.name},
+                   {"num_hidden_layers", m.layers},
+                   {"hidden_size", m.hidden},
+                   {"num_attention_heads", m.heads},
+                   {"num_key_value_heads", m.kv_heads},
+                   {"vocab_size", m.vocab},
+                   {"hidden_act", m.swiglu ? "silu" : "gelu"},
+                   {"tie_word_embeddings", m.tied_embeddings}};
+  if (m.is_mla()) {
+    v["q_lora_rank"] = m.q_lora_rank;
+    v["kv_lora_rank"] = m.kv_lora_rank;
+    v["qk_rope_head_dim"] = m.rope_head_dim;
+    v["qk_nope_head_dim"] = m.head_dim;
+  } else {
+    v["head_dim"] = m.head_dim;
+  }
+  if (m.v_head_dim > 0) v["v_head_dim"] = m.v_head_dim;
+  if (m.ffn > 0) v["intermediate_size"] = m.ffn;
+  if (m.is_moe()) {
+    v["n_routed_experts"] = m.experts;
+    v["num_experts_per_tok"] = m.top_k;
+    v["moe_intermediate_size"] = m.expert_ffn;
+    if (m.shared_experts > 0) {
+      if (m.shared_ffn == m.expert_ffn) v["n_shared_experts"] = m.shared_experts;
+      else v["shared_expert_intermediate_size"] = m.shared_experts * m.shared_ffn;
+    }
+    if (m.dense_layers > 0) v["first_k_dense_replace"] = m.dense_layers;
+  }
+  return v;
 }
 
 }  // namespace paradyse::search

@@ -1,5 +1,6 @@
 // paradyse/search/training_setup.hpp: what a training run fixes besides the model and the cluster (sequence
-// length, global batch, precision, software features), and the structural checks of a configuration against them.
+// length, global batch, precision, software features, the FLOP convention of MFU), how the layers are cut into
+// pipeline stages, and the structural checks of a configuration against them.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -9,10 +10,21 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace paradyse::search {
+
+// How the model FLOPs of MFU (and of TFLOP/s per device) count causal attention: the half square a causal kernel
+// computes (Llama 3's and most MFU figures' count; the default for causal models) or the full s x s square
+// (Megatron-LM's eq. 3, PaLM's appendix B). At 131K tokens the two differ by 1.4x on Llama 3 405B.
+enum class FlopConvention : std::uint8_t { causal, full };
+inline constexpr std::array<FlopConvention, 2> kAllFlopConventions{FlopConvention::causal, FlopConvention::full};
+constexpr std::string_view name_of(FlopConvention f) { return f == FlopConvention::causal ? "causal" : "full"; }
 
 struct TrainingSetup {
   std::int64_t seq = 4096;             // s: tokens per sequence
@@ -27,7 +39,58 @@ struct TrainingSetup {
   // reduction with the backward pass. Megatron-LM as of SC'21 had neither: the validation turns them off.
   bool flash_attention = true;
   bool overlap_grad_reduce = true;
+  FlopConvention flops = FlopConvention::causal;  // the model FLOPs of MFU (a non-causal model counts the full square)
+
+  // Keys each token attends to in the model FLOPs of MFU.
+  double flop_context() const {
+    return causal && flops == FlopConvention::causal ? double(seq) / 2.0 : double(seq);
+  }
 };
+
+// The layers of each pipeline stage: L layers on pp stages, q = ceil(L / pp) each, except that the d = q pp - L
+// stages one layer short are taken from the ends, the first and the last first (the first stage holds the
+// embedding, the last the logits): Llama 3 405B's 126 layers on 16 stages give 7, 8 x 14, 7. Each stage holds a
+// contiguous range of layers (the model does not follow which chunk an interleaved schedule gives which stage; the
+// chunks of a stage are cut from its layers, so every stage holds the same layers for every v).
+struct StageLayout {
+  std::int64_t layers = 0;  // L
+  int pp = 1;
+  std::int64_t q = 0;       // layers of a full stage
+  std::int64_t short_front = 0, short_back = 0;  // stages one layer short at each end
+
+  std::int64_t layers_of(int stage) const {
+    const bool short_stage = stage < short_front || stage >= pp - short_back;
+    return q - (short_stage ? 1 : 0);
+  }
+  std::int64_t first_of(int stage) const {
+    const std::int64_t before = std::min<std::int64_t>(stage, short_front) +
+                                std::max<std::int64_t>(0, std::int64_t(stage) - (pp - short_back));
+    return std::int64_t(stage) * q - before;
+  }
+  std::int64_t fewest() const { return short_front + short_back > 0 ? q - 1 : q; }
+  // The stages whose time or memory can be the largest: the first (embedding, most micro-batches in flight), the
+  // last (logits) and, when the ends are short, the first full stage from each end.
+  std::vector<int> candidates() const {
+    std::vector<int> s{0};
+    if (short_front + short_back > 0) {
+      s.push_back(int(short_front));
+      s.push_back(pp - 1 - int(short_back));
+    }
+    s.push_back(pp - 1);
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    return s;
+  }
+};
+
+inline StageLayout stage_layout(std::int64_t layers, int pp) {
+  StageLayout s{.layers = layers, .pp = pp};
+  s.q = (layers + pp - 1) / pp;
+  const std::int64_t d = s.q * pp - layers;
+  s.short_front = (d + 1) / 2;
+  s.short_back = d / 2;
+  return s;
+}
 
 inline void validate(const TrainingSetup& s) {
   check(s.seq >= 1 && s.global_batch >= 1, "seq = {} and global_batch = {} must be positive", s.seq, s.global_batch);
@@ -44,8 +107,9 @@ inline std::int64_t micro_batches(const TrainingSetup& s, const ParallelConfig& 
 
 // Why a configuration cannot run this model and setup on `devices` devices; empty when it can. Every divisibility
 // the sharding needs: heads over tp_y (key/value heads over tp_y or replicated), the sequence chunk over cp and
-// tp, widths over their axes, layers over pp * v, experts over ep, ep inside dp x cp, etp inside tp, the batch over
-// dp * mb, and interleaving's micro-batches over pp.
+// tp, widths over their axes, layers into pp * v chunks of at least one layer (uneven stages allowed), experts over
+// ep, ep inside dp x cp, etp inside tp, the batch over dp * mb, and interleaving's micro-batches over pp; and
+// sequence parallelism off only where it can be (1D tp, no experts under tp).
 inline std::string structural_problem(const TrainingModel& m, const TrainingSetup& s, const ParallelConfig& c,
                                       std::int64_t devices) {
   if (c.dp < 1 || c.pp < 1 || c.cp < 1 || c.tp_x < 1 || c.tp_y < 1 || c.ep < 1 || c.etp < 1 || c.micro_batch < 1 ||
@@ -62,13 +126,19 @@ inline std::string structural_problem(const TrainingModel& m, const TrainingSetu
   if (m.vocab % c.tp_y != 0) return fmt::format("vocab = {} not divisible by tp_y = {}", m.vocab, c.tp_y);
   if (s.seq % (std::int64_t(c.cp) * c.tp()) != 0)
     return fmt::format("seq = {} not divisible by cp * tp = {}", s.seq, c.cp * c.tp());
-  if (m.layers % (std::int64_t(c.pp) * c.virtual_stages) != 0)
-    return fmt::format("layers = {} not divisible by pp * v = {}", m.layers, c.pp * c.virtual_stages);
+  if (const StageLayout stages = stage_layout(m.layers, c.pp); stages.fewest() < c.virtual_stages)
+    return fmt::format("layers = {} cannot be cut into pp = {} stages of v = {} chunks of at least one layer (the "
+                       "shortest stage would hold {})", m.layers, c.pp, c.virtual_stages, stages.fewest());
   if (c.virtual_stages > 1 && c.pp == 1) return "virtual stages need pp > 1";
   if (s.global_batch % (std::int64_t(c.dp) * c.micro_batch) != 0)
     return fmt::format("global batch {} not divisible by dp * mb = {}", s.global_batch, c.dp * c.micro_batch);
   if (c.virtual_stages > 1 && micro_batches(s, c) % c.pp != 0)
     return fmt::format("interleaving needs micro-batches ({}) divisible by pp = {}", micro_batches(s, c), c.pp);
+  if (!c.sequence_parallel && c.tp_x > 1)
+    return fmt::format("sequence parallelism off needs 1D tensor parallelism (tp_x = 1, not {}): the 2D layout "
+                       "always shards the sequence", c.tp_x);
+  if (!c.sequence_parallel && m.is_moe() && c.tp() > 1)
+    return "sequence parallelism off with experts needs tp = 1 (expert layers dispatch the tp ranks' sequence shards)";
   if (!m.is_moe()) {
     if (c.ep != 1 || c.etp != 1) return "ep and etp must be 1 for a dense model";
   } else {
