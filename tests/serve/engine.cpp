@@ -27,8 +27,8 @@ using namespace paradyse::serve;
 
 namespace {
 
-std::filesystem::path fixtures() { return std::filesystem::path(PARADYSE_TEST_DATA_DIR) / "hf"; }
-std::filesystem::path fixture(const std::string& family) { return fixtures() / family; }
+std::filesystem::path hf_root() { return std::filesystem::path(PARADYSE_TEST_DATA_DIR) / "hf"; }
+std::filesystem::path fixture(const std::string& family) { return hf_root() / family; }
 
 struct Reference {
   std::vector<std::vector<std::int32_t>> prompts, tokens;  // the greedy tokens transformers generated
@@ -317,7 +317,7 @@ TEST_CASE("redistribution: TP -> EP -> EPLB placement with replicas -> TP moves 
 
 TEST_CASE("EPLB: DeepSeek's example balances no worse than the published placement") {
   // A copy of ../shared/data/moe/eplb_example.json (DeepSeek's EPLB README example).
-  const json::Value ex = json::load_file((fixtures() / "eplb_example.json").string());
+  const json::Value ex = json::load_file((hf_root() / "eplb_example.json").string());
   const EplbShape shape{ex.at("num_replicas").get<std::int64_t>(), ex.at("num_groups").get<std::int64_t>(),
                         ex.at("num_nodes").get<std::int64_t>(), ex.at("num_gpus").get<std::int64_t>()};
   const json::Value& weights = ex.at("weight");
