@@ -35,6 +35,7 @@
 
 #include "paradyse/comm/ranks.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/data/packing.hpp"
 #include "paradyse/model/byte_gpt.hpp"
@@ -50,7 +51,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -118,7 +118,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   adamw.learning_rate = float(o.lr);
   adamw.weight_decay = 0.01f;
   const int warmup = std::max(1, std::min(8, n_steps / 8));
-  const auto run_start = std::chrono::steady_clock::now();
+  const pd::Timer run_start;
   double planner_seconds = 0;
   paradyse::Progress progress("step", end_step - first_step, "tokens");  // on a terminal only
   std::int64_t progress_tokens = 0;
@@ -133,7 +133,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
     checkpoints.before_step(ranks, step);
     const pd::data::Step& batch = steps[std::size_t(step)];
     const DenseStepRow row(step, batch, config);
-    const auto plan_start = std::chrono::steady_clock::now();
+    const pd::Timer plan_start;
     std::optional<pd::plan::Plan> plan;
     try {
       plan = plan_dense_step(o, costs, batch, cap->cap);
@@ -141,10 +141,10 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
       report.no_plan(row, e.what());
       continue;
     }
-    planner_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
+    planner_seconds += plan_start.seconds();
     adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
-    const auto start = std::chrono::steady_clock::now();
-    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    const pd::Timer start;
+    const auto seconds = [&] { return start.seconds(); };
     DenseStepResult result;
     try {
       result = run_dense_step<ModelT>(ranks, o, config, batch, data.docs, *plan, adamw, cap->cap, mpi);
@@ -171,7 +171,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
     else report.trained(row, *plan, result.loss, elapsed, peak);
   }
   progress.finish();
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  const double total = run_start.seconds();
   checkpoints.at_end(ranks);
   std::size_t documents = 0;
   for (int i = first_step; i < end_step; ++i) documents += steps[std::size_t(i)].rows.size();

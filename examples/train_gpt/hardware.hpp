@@ -5,6 +5,7 @@
 #include "training_options.hpp"
 
 #include "paradyse/comm/ranks.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/emulation.hpp"
@@ -20,7 +21,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -64,13 +64,13 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
   options.repetitions = 3;
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
-  const auto start = std::chrono::steady_clock::now();
+  const Timer start;
   pd::cost::HardwareProfile profile;
   ranks.run([&](auto& comm, int r) {
     pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);
     if (r == 0) profile = std::move(c.profile);
   });
-  fmt::print("  calibrated in {:.1f} s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  fmt::print("  calibrated in {:.1f} s\n", start.seconds());
   if (ranks.reports()) {
     std::error_code ignored;
     std::filesystem::create_directories(cache.parent_path(), ignored);

@@ -29,6 +29,7 @@
 
 #include "paradyse/comm/ranks.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/data/mesh_steps.hpp"
 #include "paradyse/data/packing.hpp"
@@ -52,7 +53,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -146,7 +146,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
   else if (experts) cap = hardware.usable_memory_bytes();  // as train_gpt --experts
   else cap = plan::default_memory_cap(costs, o.max_len).cap;  // the single group's default
-  const auto plan_start = std::chrono::steady_clock::now();
+  const Timer plan_start;
   // With experts the MoE FFN's row models the expert group as the cp group (the planner's view of train_gpt
   // --experts); the choice between ExpertParallel and ExpertTensorParallel is exact either way, its cost approximate.
   //
@@ -219,7 +219,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   const auto replica_plan = [&](std::size_t k, int d) -> const std::optional<mesh_detail::StepPlan>& {
     return plans[k][std::min(std::size_t(d), plans[k].size() - 1)];
   };
-  const double planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
+  const double planning_s = plan_start.seconds();
 
   fmt::print("model: GPT, {} layers, h={}, {} heads, ffn={}, vocab {} (bytes), causal + RoPE, zigzag tokens; {:.2f} M "
              "parameters\n", o.layers, o.hidden, o.heads, config.layer.ffn, config.vocab,
@@ -259,7 +259,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   const int warmup = std::max(1, std::min(8, n_steps / 8));
   std::vector<double> losses;
   for (int r = 0; r < ranks.size(); ++r) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
-  const auto run_start = std::chrono::steady_clock::now();
+  const Timer run_start;
 
   ranks.run([&](auto& world, int rank) {
     using Comm = std::remove_reference_t<decltype(world)>;
@@ -282,7 +282,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         if (rank == 0) fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap\n", k, s, documents);
         continue;
       }
-      const auto start = std::chrono::steady_clock::now();
+      const Timer start;
       // This replica's part of the step (rows: the one step, of which it trains `mine`; packed: its own sequence).
       const auto [part, mine] = step.work(replica, dp);
       const data::Step& tokens_of = part ? *part : step.parts[0];
@@ -308,7 +308,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       world.all_reduce(std::span<const double>(&sums[1], 1), std::span<double>(&total[1], 1), ReduceOp::max);
       if (rank != 0) continue;
       const double loss = total[0] / counted;
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double seconds = start.seconds();
       losses.push_back(loss);
       // The plan, or with packed sequences over dp each replica's, "|" between them where they differ.
       std::vector<std::string> names;
@@ -321,7 +321,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       csv.row(k, s, rows, plan_name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));
     }
   });
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  const double total = run_start.seconds();
   const std::size_t k = std::min<std::size_t>(10, losses.size());
   const auto mean = [&](std::size_t from, std::size_t to) {
     double sum = 0;

@@ -23,6 +23,7 @@
 
 #include "paradyse/comm/ranks.hpp"
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/data/packing.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/model/checkpoint.hpp"
@@ -37,7 +38,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -155,7 +155,7 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
     adamw.learning_rate = float(o.lr * std::min(1.0, double(step + 1) / warmup));
     double loss = 0;
     std::vector<MoeLayerStats> stats;
-    const auto start = std::chrono::steady_clock::now();
+    const Timer start;
     ranks.run([&](auto& comm, int r) {
       Model& model = *ranks.models[std::size_t(r)];
       BufferPool& pool = *ranks.pools[std::size_t(r)];
@@ -171,7 +171,7 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
         stats = model.stack().moe_stats();
       }
     });
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double elapsed = start.seconds();
     seconds += elapsed;
     tokens += real;
     padding += s - real;
