@@ -464,6 +464,7 @@ int main(int argc, char** argv) {
             row.push_back(&n == dyn_row && !versus.empty() ? fmt::format("{:.4f}", versus[m].ratio) : std::string());
         csv.row_of(row);
       }
+      csv.close();  // throws (naming the file and the reason) before saying it was written
       fmt::print("wrote {}\n", o.csv);
     }
   } catch (const std::exception& e) {

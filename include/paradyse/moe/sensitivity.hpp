@@ -107,8 +107,10 @@ inline SensitivityTable sensitivity_from_json(const json::Value& value) {
   return t;
 }
 
-inline void save_sensitivity(const SensitivityTable& t, const std::string& path) {
-  json::save_file(sensitivity_to_json(t), path);
+// Atomically (core/atomic_file.hpp); `what` names the file in errors (the flag that gave it).
+inline void save_sensitivity(const SensitivityTable& t, const std::string& path,
+                             const std::string& what = "sensitivity table") {
+  json::save_file(sensitivity_to_json(t), path, what);
 }
 inline SensitivityTable load_sensitivity(const std::string& path) { return sensitivity_from_json(json::load_file(path)); }
 
