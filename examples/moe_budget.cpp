@@ -273,10 +273,11 @@ int run(const Options& o) {
     const Timer calibration_timer;
     std::int64_t calib_tokens = 0;
     for (const auto& s : calib) calib_tokens += std::int64_t(s.size()) - 1;
-    const SensitivityTable table =
+    SensitivityTable table =
         profile_loss_sensitivity(top_k, top_k, calib_tokens, [&](std::span<const std::int64_t> k) {
           return ev.quality(calib, routing_budget_of(c, std::vector<std::int64_t>(k.begin(), k.end()), false)).loss;
         });
+    table.model = model_identity(c);  // a table is applied only to the model it was measured on
     fmt::print("\nsensitivity Delta_l(k): calibration loss increase over {} tokens (base loss {:.4f}), {:.1f} s\n",
                calib_tokens, table.base, calibration_timer.seconds());
     fmt::print("  MoE layer");
