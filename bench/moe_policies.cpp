@@ -128,6 +128,11 @@ int main(int argc, char** argv) {
   flags.parse(argc, argv);
   const auto usage = [&flags](const std::string& problem) { flags.fail(problem); };
   if (o.budget.empty() && (!o.sensitivity.empty() || o.alloc_t)) usage("--sensitivity and --alloc-t need --budget");
+  try {
+    check_policy_keys(o.policies);
+  } catch (const Error& e) {
+    usage(fmt::format("--policies: {}", e.what()));
+  }
   if (o.trace.prompt_min > o.trace.prompt_max)
     usage(fmt::format("--prompt {} {}: the minimum exceeds the maximum", o.trace.prompt_min, o.trace.prompt_max));
   if (o.trace.output_min > o.trace.output_max)
@@ -135,7 +140,11 @@ int main(int argc, char** argv) {
   try {
     const LoadedDecoder model =
         o.model.empty()
-            ? synthetic_decoder(synthetic_config(o.hidden, o.layers, 8, 4, o.experts, o.top_k, o.ffn, 1024), o.trace.seed, o.skew)
+            ? synthetic_decoder([&] {
+                const DecoderConfig sc = synthetic_config(o.hidden, o.layers, 8, 4, o.experts, o.top_k, o.ffn, 1024);
+                check_fits_host(sc, 2, "--experts, --ffn, --hidden or --layers");
+                return sc;
+              }(), o.trace.seed, o.skew)
             : load_decoder(o.model);
     const DecoderConfig& c = model.config;
     const std::vector<ServeRequest> trace = make_trace(o.trace, c.vocab);
@@ -172,7 +181,10 @@ int main(int argc, char** argv) {
     for (const NamedPolicy& n : chosen) all.push_back({n.key, n.name, n.policy});
     if (!o.budget.empty()) {  // every policy under the budget; the first selected one also at the full budget
       SensitivityTable table;
-      if (!o.sensitivity.empty()) table = load_sensitivity(o.sensitivity);
+      if (!o.sensitivity.empty()) {
+        table = load_sensitivity(o.sensitivity);
+        check_sensitivity_model(table, model_identity(c), o.sensitivity);
+      }
       const RoutingBudget budget =
           make_routing_budget(c, parse_budget(o.budget), o.sensitivity.empty() ? nullptr : &table, o.alloc_t);
       fmt::print("budget {}: {} ({})\n", o.budget, describe(c, budget),
@@ -267,6 +279,17 @@ int main(int argc, char** argv) {
                  all.size() * std::size_t(o.rounds));
 
     // ---- the table: medians over the rounds, then the spreads ----
+    // TPOT is the time per output token after the first: with one output token per request it does not exist, and a
+    // ratio of two zeros says nothing ("TPOT 0.00x"), so it is reported as undefined.
+    bool tpot_defined = false;
+    for (const Named& n : all)
+      for (const ServeRun& r : n.runs) tpot_defined = tpot_defined || r.tpot_requests > 0;
+    const auto tpot_ratio = [&](const Named& a, const Named& b) {
+      return tpot_defined ? fmt::format("{:.2f}x", metric_spread(a, tpot50).median /
+                                                       std::max(1e-9, metric_spread(b, tpot50).median))
+                          : std::string("undefined (1 output token)");
+    };
+    if (!tpot_defined) fmt::print("\nTPOT is undefined: every request outputs 1 token (--output); its columns show 0\n");
     fmt::print("\nmedians over {} rounds\n{:<29} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>9} {:>10} {:>14} {:>9}\n",
                o.rounds, "policy", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps",
                "sw/rebal", "exposed ms", "rank max/mean", "act/token");
@@ -331,6 +354,11 @@ int main(int argc, char** argv) {
                  [&] { std::string s; for (const Named* n : statics) s += (s.empty() ? "" : ", ") + n->name; return s; }(),
                  "metric", "dynamic (min-max)", "best static (min-max)", "ratio", "verdict");
       for (const ServeMetric m : {ttft50, ttft99, tpot50, tpot99, tokens_per_s}) {
+        if (!tpot_defined && (m == tpot50 || m == tpot99)) {
+          fmt::print("{:<12} undefined: every request outputs 1 token (TPOT is the time per token after the first)\n",
+                     kMetricName[m]);
+          continue;
+        }
         std::vector<Spread> base;
         for (const Named* n : statics) base.push_back(metric_spread(*n, m));
         const Spread d = metric_spread(*dyn_row, m);
@@ -343,9 +371,9 @@ int main(int argc, char** argv) {
                    cmp.ratio, name_of(cmp.verdict));
       }
       for (const Named* n : statics)
-        fmt::print("dynamic vs {:<10}: TTFT p50 {:.2f}x, TPOT p50 {:.2f}x lower; throughput {:.2f}x (medians)\n", n->name,
+        fmt::print("dynamic vs {:<10}: TTFT p50 {:.2f}x, TPOT p50 {} lower; throughput {:.2f}x (medians)\n", n->name,
                    metric_spread(*n, ttft50).median / std::max(1e-9, metric_spread(*dyn_row, ttft50).median),
-                   metric_spread(*n, tpot50).median / std::max(1e-9, metric_spread(*dyn_row, tpot50).median),
+                   tpot_ratio(*n, *dyn_row),
                    metric_spread(*dyn_row, tokens_per_s).median / std::max(1e-9, metric_spread(*n, tokens_per_s).median));
       // The verdict of the trace, on the metrics a user sees: TTFT p50, TPOT p50 and throughput.
       std::vector<double> ep_share;
@@ -358,8 +386,9 @@ int main(int argc, char** argv) {
       int slower = 0, faster = 0;
       std::string which, noise;
       for (const ServeMetric m : {ttft50, tpot50, tokens_per_s}) {
+        if (!versus.count(m)) continue;  // TPOT undefined
         const PolicyComparison& cmp = versus[m];
-        if (cmp.verdict == Verdict::within_noise) continue;
+        if (cmp.verdict == Verdict::within_noise || cmp.verdict == Verdict::no_spread) continue;
         const std::string text = fmt::format("{} {:.2f}x vs {}", kMetricName[m], cmp.ratio, statics[cmp.best]->name);
         if (same_as_tp && statics[cmp.best]->key == "tp") {
           noise += (noise.empty() ? "" : ", ") + text;
@@ -376,7 +405,10 @@ int main(int argc, char** argv) {
           noise.empty() ? std::string()
                         : fmt::format("; {}: the same work as static TP, so run-to-run error beyond the rounds' spread",
                                       noise);
-      if (slower == 0 && faster == 0)
+      if (o.rounds == 1)
+        fmt::print("verdict ({}): none: no spread with 1 round to tell a difference from run-to-run error (--rounds 3 "
+                   "or more; {})\n", trace_name, how);
+      else if (slower == 0 && faster == 0)
         fmt::print("verdict ({}): dynamic matches the best static policy within noise ({}{})\n", trace_name, how,
                    noise_note);
       else if (slower == 0)
@@ -389,9 +421,9 @@ int main(int argc, char** argv) {
                    noise_note);
     }
     if (!o.budget.empty() && all.size() >= 2)  // all[0]: the first policy at the full budget, all[1]: budgeted
-      fmt::print("{} vs {}: TTFT p50 {:.2f}x, TPOT p50 {:.2f}x lower; throughput {:.2f}x (medians)\n", all[1].name,
+      fmt::print("{} vs {}: TTFT p50 {:.2f}x, TPOT p50 {} lower; throughput {:.2f}x (medians)\n", all[1].name,
                  all[0].name, metric_spread(all[0], ttft50).median / std::max(1e-9, metric_spread(all[1], ttft50).median),
-                 metric_spread(all[0], tpot50).median / std::max(1e-9, metric_spread(all[1], tpot50).median),
+                 tpot_ratio(all[0], all[1]),
                  metric_spread(all[1], tokens_per_s).median / std::max(1e-9, metric_spread(all[0], tokens_per_s).median));
 
     // ---- --explain: the cost model against the measured steps, per batch size ----
@@ -464,6 +496,7 @@ int main(int argc, char** argv) {
             row.push_back(&n == dyn_row && !versus.empty() ? fmt::format("{:.4f}", versus[m].ratio) : std::string());
         csv.row_of(row);
       }
+      csv.close();  // throws (naming the file and the reason) before saying it was written
       fmt::print("wrote {}\n", o.csv);
     }
   } catch (const std::exception& e) {

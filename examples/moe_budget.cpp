@@ -237,9 +237,8 @@ int run(const Options& o) {
   if (!o.write_train.empty()) {
     std::filesystem::create_directories(o.write_train);
     for (const paradyse::data::Document* d : calibration) {
-      std::ofstream f(std::filesystem::path(o.write_train) / d->name, std::ios::binary);
-      f.write(d->bytes.data(), std::streamsize(d->bytes.size()));
-      check(bool(f), "moe_budget: writing {} failed", (std::filesystem::path(o.write_train) / d->name).string());
+      paradyse::write_file_atomically((std::filesystem::path(o.write_train) / d->name).string(),
+                                      std::string_view(d->bytes.data(), d->bytes.size()), "--write-train");
     }
     fmt::print("wrote {} of {} documents (every 8th by name is held out) to {}\n", calibration.size(), docs.size(),
                o.write_train);
@@ -274,10 +273,11 @@ int run(const Options& o) {
     const Timer calibration_timer;
     std::int64_t calib_tokens = 0;
     for (const auto& s : calib) calib_tokens += std::int64_t(s.size()) - 1;
-    const SensitivityTable table =
+    SensitivityTable table =
         profile_loss_sensitivity(top_k, top_k, calib_tokens, [&](std::span<const std::int64_t> k) {
           return ev.quality(calib, routing_budget_of(c, std::vector<std::int64_t>(k.begin(), k.end()), false)).loss;
         });
+    table.model = model_identity(c);  // a table is applied only to the model it was measured on
     fmt::print("\nsensitivity Delta_l(k): calibration loss increase over {} tokens (base loss {:.4f}), {:.1f} s\n",
                calib_tokens, table.base, calibration_timer.seconds());
     fmt::print("  MoE layer");
@@ -289,7 +289,7 @@ int run(const Options& o) {
       fmt::print("\n");
     }
     if (!o.table.empty()) {
-      save_sensitivity(table, o.table);
+      save_sensitivity(table, o.table, "--table");
       fmt::print("sensitivity table saved to {} (moe_infer --sensitivity)\n", o.table);
     }
 
@@ -362,6 +362,7 @@ int run(const Options& o) {
         csv.row(r.percent, r.budget, r.method, r.k, fmt::format("{:.6f}", r.ppl), fmt::format("{:.6f}", r.agreement),
                 fmt::format("{:.4f}", r.prefill_us), fmt::format("{:.4f}", r.decode_us),
                 fmt::format("{:.4f}", r.prefill_speedup), fmt::format("{:.4f}", r.decode_speedup));
+      csv.close();  // throws (naming the file and the reason) before saying it was written
       fmt::print("table written to {}\n", o.csv);
     }
 

@@ -73,7 +73,11 @@ int main(int argc, char** argv) {
   try {
     const LoadedDecoder model =
         model_dir.empty()
-            ? synthetic_decoder(synthetic_config(hidden, layers, 8, 4, experts, top_k, ffn, 1024), shape.seed, skew)
+            ? synthetic_decoder([&] {
+                const DecoderConfig sc = synthetic_config(hidden, layers, 8, 4, experts, top_k, ffn, 1024);
+                check_fits_host(sc, 2, "--experts, --ffn, --hidden or --layers");
+                return sc;
+              }(), shape.seed, skew)
             : load_decoder(model_dir);
     const DecoderConfig& c = model.config;
     const std::vector<ServeRequest> trace = make_trace(shape, c.vocab);
@@ -81,7 +85,10 @@ int main(int argc, char** argv) {
     NamedPolicy named = select_policies(standard_policies(measure_machine_rates(c.moe, ranks)), policy_key).at(0);
     if (!budget_text.empty()) {
       SensitivityTable table;
-      if (!sensitivity.empty()) table = load_sensitivity(sensitivity);
+      if (!sensitivity.empty()) {
+        table = load_sensitivity(sensitivity);
+        check_sensitivity_model(table, model_identity(c), sensitivity);
+      }
       named.policy.budget =
           make_routing_budget(c, parse_budget(budget_text), sensitivity.empty() ? nullptr : &table, alloc_t);
       fmt::print("budget {}: {}\n", budget_text, describe(c, named.policy.budget));
@@ -110,6 +117,9 @@ int main(int argc, char** argv) {
     fmt::print("{:<22} {:>7.1f}ms {:>7.1f}ms {:>7.2f}ms {:>7.2f}ms {:>9.1f} {:>6} {:>8} {:>9.0f} {:>10.2f}\n", named.name,
                run.metric[ttft50], run.metric[ttft99], run.metric[tpot50], run.metric[tpot99],
                run.metric[tokens_per_s], run.steps, run.ep_steps, run.metric[switches], run.metric[exposed_ms]);
+    if (run.tpot_requests == 0)
+      fmt::print("TPOT is undefined: every request output 1 token (TPOT is the time per token after the first; "
+                 "--output 2 or more); its columns show 0\n");
     std::string imbalance;
     for (const double x : run.rank_imbalance) imbalance += fmt::format(" {:.2f}", x);
     fmt::print("rank load max/mean per layer:{}; {:.2f} routed expert activations per token\n", imbalance,

@@ -365,6 +365,7 @@ int run(int argc, char** argv) {
   if (!o.lengths_file.empty()) {
     if (o.sorted) std::sort(file_lengths.begin(), file_lengths.end());
     run_trace(o.lengths_file, "lengths", file_lengths, o, hw, csv);
+    csv.close();  // throws (naming the file and the reason) when the table cannot be put in place
     return 0;
   }
   for (const auto& [name, buckets] : distributions) {
@@ -373,6 +374,7 @@ int run(int argc, char** argv) {
     if (o.sorted) std::sort(lengths.begin(), lengths.end());
     run_trace(fmt::format("{} ({}, seed {})", name, path, o.seed), name, lengths, o, hw, csv);
   }
+  csv.close();  // throws (naming the file and the reason) when the table cannot be put in place
   return 0;
 }
 

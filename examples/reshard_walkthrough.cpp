@@ -126,10 +126,11 @@ Options parse(int argc, char** argv) {
       "reshard_walkthrough",
       "Moves one tensor through a path of layouts on thread ranks and prints every rank's shard, or (--strategies) "
       "the layouts each strategy computes in.");
-  flags.integer("--ranks", options.ranks, 1, (1 << 30) - 1, "thread ranks; the default mesh is one axis sp=N");
+  // One thread per rank, each printing its shard: beyond 256 the walkthrough neither starts reliably nor reads.
+  flags.integer("--ranks", options.ranks, 1, 256, "thread ranks; the default mesh is one axis sp=N");
   flags.text("--shape", shape_text, "the global tensor's shape ([batch, tokens, hidden])", "D0,D1,...");
   flags.text("--mesh", options.mesh_text, "named mesh axes, outermost first, e.g. dp=2,sp=2 (product = ranks)",
-             "name=size,...");
+             "name=size,...").nonempty("axes such as dp=2,sp=2");
   flags.text("--path", options.path_text,
              "layouts to visit, separated by spaces; each lists one placement per mesh axis, comma-separated: R "
              "(replicate), S<d> (shard dim d), Z<d> (zigzag shard of dim d), P (partial sum). Default: \"R S1 Z1 S2 R "

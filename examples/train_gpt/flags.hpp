@@ -110,7 +110,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
              "cp groups in which the strategies switch per layer; the losses of the single group (--ranks C) on the "
              "same batches (use --pack-tokens to batch rows; with --pack-documents each dp replica trains a packed "
              "sequence of its own, planned by its cp group); with --experts the MoE layers run over dp x cp",
-             "dp=D,pp=P,cp=C");
+             "dp=D,pp=P,cp=C")
+      .nonempty("axes such as dp=2,cp=2");
   flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(2), "--mesh: the ZeRO stage over dp");
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
                 "an MoE GPT of E experts of width ffn/K, every sublayer planned (MoE: ExpertParallel or "
@@ -215,6 +216,8 @@ inline TrainingOptions parse(int argc, char** argv) {
   if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
     int mesh_ranks = 0;
     try { mesh_ranks = pd::examples::parse_mesh(o.mesh).size(); } catch (const pd::Error& e) { usage(e.what()); }
+    if (mesh_ranks > 256)  // the --ranks limit holds for a mesh too (each rank is a thread or a process)
+      usage(fmt::format("--mesh \"{}\" holds {} ranks; at most 256 (as --ranks)", o.mesh, mesh_ranks));
     if (ranks_given(argc, argv) && o.ranks != mesh_ranks)
       usage(fmt::format("--ranks {} but --mesh {} holds {} ranks", o.ranks, o.mesh, mesh_ranks));
     o.ranks = mesh_ranks;

@@ -33,6 +33,15 @@ FlagOption& FlagOption::without_default() {
   return *this;
 }
 
+FlagOption& FlagOption::nonempty(const std::string& expected) {
+  option_->check(
+      [name = option_->get_name(), expected](const std::string& v) {
+        return v.empty() ? fmt::format("{} is empty; expected {}", name, expected) : std::string();
+      },
+      "");
+  return *this;
+}
+
 FlagOption Flags::value(const std::string& name, const std::string& help, const std::string& type,
                   const std::string& default_text, std::function<void(const std::string&)> store) {
   CLI::Option* o = app_->add_option_function<std::string>(

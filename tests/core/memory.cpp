@@ -82,3 +82,18 @@ TEST_CASE("sizes beyond 2^60 bytes, or beyond 64 bits, throw OutOfMemory naming 
                   "that any memory tracker counts") != std::string::npos);
   CHECK(meta.in_use() == std::size_t(1) << 58);  // the failed allocations left no trace
 }
+
+TEST_CASE("a host allocation the system refuses names its real size and reason, not the 2^60-byte limit (issue 27)") {
+  MemoryTracker tracker;  // no cap
+  ScopedTracker scoped(tracker);
+  try {
+    Tensor<float> huge({std::int64_t(1) << 55});  // 2^57 bytes: below the tracked limit, beyond any host
+    FAIL("expected OutOfMemory");
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    CHECK(what.find("out of host memory: requested 144115188075855872 bytes (1.342e+08 GiB)") != std::string::npos);
+    CHECK(what.find("no cap; the system's allocator refused it: Cannot allocate memory") != std::string::npos);
+    CHECK(what.find("2^60") == std::string::npos);
+  }
+  CHECK(tracker.in_use() == 0);
+}

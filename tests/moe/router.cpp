@@ -193,3 +193,20 @@ TEST_CASE("route: bad k, per-token counts and shapes are Errors naming the value
   const Routing empty = route<ops::Cpu>(c, w.view(), x.view(), TopK{0, none});
   CHECK(empty.assignments() == 0);
 }
+
+TEST_CASE("router losses: the default aux is 1/k of Hugging Face's Mixtral value; per_token_hf gives it (issue 27)") {
+  // E = 4, top-2, 3 tokens. Score sums per expert 1.2, 0.9, 0.6, 0.3 (each token's softmax sums to 1); assignments
+  // 3, 2, 1, 0 (6 = 3 tokens x 2). Mixtral's load_balancing_loss_func: E * sum_i (count_i / tokens) * P_i
+  // = 4 * (1 * 0.4 + 2/3 * 0.3 + 1/3 * 0.2) = 8/3.
+  MoeConfig c;
+  c.hidden = 8, c.experts = 4, c.top_k = 2, c.expert_ffn = 8, c.aux_loss_coef = 0.5;
+  const std::vector<double> sums = {1.2, 0.9, 0.6, 0.3, 3, 2, 1, 0, /*lse^2*/ 0, /*tokens*/ 3, /*assignments*/ 6};
+  const RouterLosses switch_form = router_losses(c, sums);
+  CHECK(switch_form.aux == doctest::Approx(4.0 / 3.0));
+  c.aux_scaling = AuxLossScaling::per_token_hf;
+  const RouterLosses hf = router_losses(c, sums);
+  CHECK(hf.aux == doctest::Approx(8.0 / 3.0));
+  // The gradient follows: d(coef * aux) / d score[t, i] = coef * E * f_i / tokens, f_i = count_i / tokens.
+  CHECK(hf.aux_grad.span()[0] == doctest::Approx(0.5 * 4 * (3.0 / 3.0) / 3.0));
+  CHECK(switch_form.aux_grad.span()[0] == doctest::Approx(0.5 * 4 * (3.0 / 6.0) / 3.0));
+}

@@ -108,6 +108,8 @@ class FlagOption {
 public:
   explicit FlagOption(CLI::Option* option) : option_(option) {}
   FlagOption& without_default();
+  // Refuses an empty value (`--mesh ""`) instead of taking it as "not given": "<flag> is empty; expected <what>".
+  FlagOption& nonempty(const std::string& expected);
 
 private:
   CLI::Option* option_;

@@ -6,18 +6,23 @@
 //   csv.row_of(fields);                                 // a std::vector<std::string>, one per column
 //
 // One header line, then one line per row; a field holding a comma, a quote or a line break is quoted (RFC 4180).
-// Every row is flushed as it is written, so a run stopped early leaves the rows so far. Numbers are written by fmt
-// (doubles as the shortest text that reads back to the same value).
+// Numbers are written by fmt (doubles as the shortest text that reads back to the same value).
+//
+// Written through core/atomic_file.hpp: the rows go to a temporary file beside the target, each written (and
+// checked) as it comes, and close() puts the table in place (fsync, rename), so a full disk or an unwritable folder
+// throws, naming the file and the system's reason, before a program says "wrote", and never truncates an old table.
+// A table destroyed without close() (a run stopped by an error elsewhere) is put in place with the rows so far; one
+// whose writing failed leaves the old table untouched. A run killed outright leaves its rows in PATH.tmp.<pid>.<n>.
 #pragma once
 
+#include "paradyse/core/atomic_file.hpp"
 #include "paradyse/core/error.hpp"
 
 #include <fmt/format.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,22 +34,22 @@ public:
   CsvTable() = default;
   CsvTable(const std::string& path, std::vector<std::string> columns) : columns_(columns.size()) {
     if (path.empty()) return;
-    errno = 0;
-    file_ = std::fopen(path.c_str(), "w");
-    const int error = errno;  // read before check's arguments are formed (their order is unspecified)
-    check(file_ != nullptr, "--csv {}: cannot create the file: {}", path, std::strerror(error));
-    path_ = path;
-    try {
-      write_line(columns);
-    } catch (...) {  // the destructor does not run for a constructor that throws
-      std::fclose(file_);
-      throw;
-    }
+    file_ = std::make_unique<AtomicFile>(path, "--csv");
+    write_line(columns);
   }
   CsvTable(const CsvTable&) = delete;
   CsvTable& operator=(const CsvTable&) = delete;
   ~CsvTable() {
-    if (file_) std::fclose(file_);
+    if (!file_ || !file_->open()) return;
+    try {
+      file_->commit();
+    } catch (const std::exception& e) {  // a destructor cannot throw: say so instead of losing it silently
+      std::fprintf(stderr, "warning: %s\n", e.what());
+    }
+  }
+  // Puts the table in place; throws (naming the file and the reason) when it cannot. Later rows are refused.
+  void close() {
+    if (file_ && file_->open()) file_->commit();
   }
   bool enabled() const noexcept { return file_ != nullptr; }
 
@@ -80,16 +85,10 @@ private:
     std::string line;
     for (std::size_t i = 0; i < fields.size(); ++i) line += (i ? "," : "") + quoted(fields[i]);
     line += '\n';
-    // The error is taken right after the failing call: errno read inside check's argument list could be read before
-    // the write (unspecified order) and say "Success"; a short write that sets no errno says so.
-    errno = 0;
-    const bool written = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-    const int error = errno;
-    check(written, "--csv {}: writing failed: {}", path_, error != 0 ? std::strerror(error) : "short write");
+    file_->write(line);  // throws naming the file and the system's reason; the old table is kept
   }
 
-  std::FILE* file_ = nullptr;
-  std::string path_;
+  std::unique_ptr<AtomicFile> file_;
   std::size_t columns_ = 0;
 };
 

@@ -15,6 +15,7 @@
 // includes must not pull it in.
 #pragma once
 
+#include "paradyse/core/atomic_file.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/printable.hpp"
 
@@ -265,12 +266,10 @@ inline Value load_file(const std::string& path) {
   return parse(text.str(), path);
 }
 
-inline void save_file(const Value& value, const std::string& path) {
-  const std::string text = dump(value);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  check(bool(out), "json: cannot open \"{}\" for writing", path);
-  out << text << '\n';
-  check(bool(out), "json: writing \"{}\" failed", path);
+// Written atomically (core/atomic_file.hpp): a full disk or an unwritable folder throws naming the file and the
+// reason, and the old file stays as it was. `what` names the file's role in messages (the flag that gave it).
+inline void save_file(const Value& value, const std::string& path, const std::string& what = "json") {
+  write_file_atomically(path, dump(value) + '\n', what);
 }
 
 // A member of a parsed document, for reading it with errors that name it. `context` begins every message (the

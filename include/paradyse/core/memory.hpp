@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdlib>
 #include <cstdint>
@@ -132,11 +133,19 @@ struct Accounts {
                           rounded, before, limit);
       }
     } else {
+      errno = 0;
       p = std::aligned_alloc(kAlignment, rounded);
     }
-    if (!p) {
+    if (!p) {  // the system refused, below any cap: say so with the real size and reason (not the 2^60 limit)
+      const int error = errno;
       in_use.fetch_sub(rounded, std::memory_order_relaxed);
-      throw OutOfMemory(rounded, before, limit);
+      throw OutOfMemory(fmt::format("out of host memory: requested {} bytes ({:.4g} GiB) with {} in use, {}; the "
+                                    "system's allocator refused it: {}",
+                                    rounded, double(rounded) / 1073741824.0, before,
+                                    limit >= kMaxTrackedBytes ? std::string("no cap")
+                                                              : fmt::format("cap is {} bytes", limit),
+                                    error != 0 ? std::strerror(error) : "no reason given"),
+                        rounded, before, limit);
     }
     raise_peak(before + rounded);
     return p;

@@ -12,6 +12,7 @@
 #include "paradyse/core/error.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 namespace paradyse {
@@ -19,6 +20,7 @@ namespace paradyse {
 // One metric over repetitions: the median and the extremes.
 struct Spread {
   double median = 0, min = 0, max = 0;
+  std::size_t count = 0;  // the repetitions (spread_of sets it; 0: not known). One repetition has no spread.
 
   // (max - min) / median: the run-to-run error relative to the value (0 for a zero median).
   double relative() const { return median != 0 ? (max - min) / median : 0.0; }
@@ -30,7 +32,7 @@ inline Spread spread_of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t n = values.size();
   const double median = n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-  return {median, values.front(), values.back()};
+  return {median, values.front(), values.back(), n};
 }
 
 inline double median(std::vector<double> values) { return spread_of(std::move(values)).median; }

@@ -23,7 +23,8 @@ struct ByteGptShape {
   std::int64_t top_k = 2;           // experts per token
   std::int64_t shared_experts = 0;  // shared experts behind a sigmoid gate
   int first_dense = 0;              // the first this many layers dense
-  double aux_loss_coef = 0.01;      // the router's load-balancing loss coefficient
+  double aux_loss_coef = 0.01;      // the router's load-balancing loss coefficient, Switch convention (f_i per
+                                    // assignment, MoeConfig::aux_scaling): a Hugging Face value times top-k
   double z_loss_coef = 0.001;       // the router's z-loss coefficient
 };
 

@@ -95,7 +95,11 @@ inline std::string hf_config_json(const GptConfig& c, std::int64_t max_positions
                    {"initializer_range", 0.02},
                    {"torch_dtype", "float32"},
                    {"num_experts_per_tok", m.top_k},
-                   {"router_aux_loss_coef", m.aux_loss_coef},
+                   // In Hugging Face's convention (its aux is top-k times this library's default one, see
+                   // MoeConfig::aux_scaling), so that training it in transformers weighs the loss the same.
+                   {"router_aux_loss_coef", m.aux_scaling == AuxLossScaling::per_token_hf
+                                                ? m.aux_loss_coef
+                                                : m.aux_loss_coef / double(m.top_k)},
                    {"output_router_logits", false}};
   if (mixtral) {
     v["num_local_experts"] = m.experts;

@@ -22,6 +22,14 @@ namespace paradyse {
 
 using ops::RouterScoring;
 
+// The convention of the load-balancing loss aux = E * sum_i f_i P_i (moe/router.hpp), which a coefficient is tied to:
+//   - per_assignment (the default): f_i = assignments to expert i / all (token, expert) assignments, as Switch and
+//     GShard write it; aux = 1 when perfectly balanced, whatever top-k;
+//   - per_token_hf: f_i = assignments to expert i / tokens, as Hugging Face's load_balancing_loss_func (Mixtral,
+//     Qwen2-MoE, OLMoE) computes it; aux = top-k when balanced, k times the default for the same routing. Choose it
+//     to use a router_aux_loss_coef from a Hugging Face config unchanged (with the default, multiply it by k).
+enum class AuxLossScaling { per_assignment, per_token_hf };
+
 struct MoeConfig {
   std::int64_t hidden = 0;       // h
   std::int64_t experts = 0;      // E routed experts
@@ -34,8 +42,9 @@ struct MoeConfig {
   std::int64_t shared_ffn = 0;      // ffn width of one shared expert
   bool shared_gate = false;         // Qwen-MoE: the shared output times sigmoid(x . w_gate)
   double capacity_factor = 0;       // 0: dropless; else each expert keeps ceil(cf * assignments / E) per rank
-  double aux_loss_coef = 0;         // Switch load-balancing loss coefficient
+  double aux_loss_coef = 0;         // load-balancing loss coefficient, in the convention of aux_scaling
   double z_loss_coef = 0;           // router z-loss coefficient
+  AuxLossScaling aux_scaling = AuxLossScaling::per_assignment;  // Switch's f_i (default) or Hugging Face's (k times)
 
   friend bool operator==(const MoeConfig&, const MoeConfig&) = default;
 

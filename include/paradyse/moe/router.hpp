@@ -6,7 +6,9 @@
 //
 // Losses (both logged; each enters the training loss times its coefficient, and its gradient goes to the logits):
 //   - load balancing (Switch form): aux = E * sum_i f_i P_i, f_i = the fraction of all (token, expert) assignments
-//     that go to expert i (before any capacity drop), P_i = the mean over tokens of the score of expert i;
+//     that go to expert i (before any capacity drop), P_i = the mean over tokens of the score of expert i; with
+//     MoeConfig::aux_scaling = per_token_hf, f_i = assignments to i per token, Hugging Face's Mixtral value (k times
+//     the default for top-k routing), so that a Hugging Face router_aux_loss_coef carries over;
 //   - z-loss: z = mean over tokens of logsumexp(logits)^2.
 // Both are over every token of the group: router_statistics gives a rank's sums, which a parallel layer all-reduces
 // before router_losses (a single rank uses its own).
@@ -148,7 +150,7 @@ inline std::vector<double> router_statistics(const Routing& r) {
 // The losses of a group from its summed statistics, and their gradients with respect to each token's scores and
 // logsumexp (the same for every token, so one vector serves every rank).
 struct RouterLosses {
-  double aux = 0;                   // E * sum_i f_i P_i (1 when perfectly balanced); the loss adds aux_loss_coef * aux
+  double aux = 0;                   // E * sum_i f_i P_i (1 when balanced; k with per_token_hf); loss += aux_loss_coef * aux
   double z = 0;                     // mean of lse^2; the loss adds z_loss_coef * z
   std::vector<double> load;         // [E]: f_i
   std::vector<std::int64_t> routed;  // [E]: assignments per expert over the group (before capacity drops)
@@ -170,7 +172,8 @@ inline RouterLosses router_losses(const MoeConfig& c, std::span<const double> su
   for (std::int64_t e = 0; e < e_count; ++e) {
     const double routed = sums[std::size_t(e_count + e)];
     l.routed[std::size_t(e)] = std::int64_t(routed);
-    const double f = assignments > 0 ? routed / assignments : 0.0;
+    const double per = c.aux_scaling == AuxLossScaling::per_token_hf ? n : assignments;  // see MoeConfig::aux_scaling
+    const double f = per > 0 ? routed / per : 0.0;
     const double mean_score = n > 0 ? sums[std::size_t(e)] / n : 0.0;
     l.load[std::size_t(e)] = f;
     l.aux += double(e_count) * f * mean_score;

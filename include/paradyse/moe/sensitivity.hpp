@@ -48,6 +48,7 @@ struct SensitivityTable {
   std::vector<std::vector<double>> delta;   // [L][K_max_l]: delta[l][k-1] = Delta_l(k)
   double base = 0;                          // loss_increase: the full model's calibration loss; distortion: 0
   std::int64_t calibration_tokens = 0;      // tokens the table was measured on
+  std::string model;                        // the measured model's identity (serve::model_identity); empty: unknown
 
   std::int64_t layers() const { return std::int64_t(top_k.size()); }
   std::vector<std::int64_t> k_max() const {
@@ -72,7 +73,10 @@ struct SensitivityTable {
 
 // ---- JSON ----
 //   {"format": "paradyse.alloc_moe.sensitivity", "version": 1, "metric": "loss_increase", "base": 3.21,
-//    "calibration_tokens": 4096, "layers": [{"top_k": 2, "delta": [0.41, 0, -0.002, ...]}, ...]}
+//    "calibration_tokens": 4096, "layers": [{"top_k": 2, "delta": [0.41, 0, -0.002, ...]}, ...],
+//    "model": "mixtral layers 2 (2 MoE) hidden 32 experts 4 top-k 2 config 0123456789abcdef"}
+// "model" (optional: tables written before it have none) names the model the table was measured on, so that a
+// table is not applied to another model (check_sensitivity_model).
 
 inline constexpr std::string_view kSensitivityFormat = "paradyse.alloc_moe.sensitivity";
 
@@ -80,9 +84,11 @@ inline json::Value sensitivity_to_json(const SensitivityTable& t) {
   t.validate();
   json::Value layers = json::Value::array();
   for (std::size_t l = 0; l < t.top_k.size(); ++l) layers.push_back({{"top_k", t.top_k[l]}, {"delta", t.delta[l]}});
-  return {{"format", kSensitivityFormat},      {"version", 1},
-          {"metric", metric_name(t.metric)},   {"base", t.base},
-          {"calibration_tokens", t.calibration_tokens}, {"layers", std::move(layers)}};
+  json::Value doc = {{"format", kSensitivityFormat},      {"version", 1},
+                     {"metric", metric_name(t.metric)},   {"base", t.base},
+                     {"calibration_tokens", t.calibration_tokens}, {"layers", std::move(layers)}};
+  if (!t.model.empty()) doc["model"] = t.model;
+  return doc;
 }
 
 inline SensitivityTable sensitivity_from_json(const json::Value& value) {
@@ -103,12 +109,23 @@ inline SensitivityTable sensitivity_from_json(const json::Value& value) {
     for (const json::Field& d : layer["delta"].elements()) row.push_back(d.number());
     t.delta.push_back(std::move(row));
   }
+  if (const auto model = v.find("model")) t.model = model->string();
   t.validate();
   return t;
 }
 
-inline void save_sensitivity(const SensitivityTable& t, const std::string& path) {
-  json::save_file(sensitivity_to_json(t), path);
+// Throws unless the table was measured on the model `identity` names (a table without an identity is taken as is;
+// its layer count is still checked where it is used). `source` names the table in the message.
+inline void check_sensitivity_model(const SensitivityTable& t, const std::string& identity, const std::string& source) {
+  check(t.model.empty() || t.model == identity,
+        "sensitivity table {} was measured on another model: it names \"{}\", this model is \"{}\"", source, t.model,
+        identity);
+}
+
+// Atomically (core/atomic_file.hpp); `what` names the file in errors (the flag that gave it).
+inline void save_sensitivity(const SensitivityTable& t, const std::string& path,
+                             const std::string& what = "sensitivity table") {
+  json::save_file(sensitivity_to_json(t), path, what);
 }
 inline SensitivityTable load_sensitivity(const std::string& path) { return sensitivity_from_json(json::load_file(path)); }
 

@@ -13,6 +13,7 @@
 #include "paradyse/serve/hf_checkpoint.hpp"
 #include "paradyse/serve/hf_config.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -70,10 +71,18 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
   DecoderWeights w;
   w.embed = ck.load(hf_names::kEmbedding, Shape{V, h});
   w.norm = ck.load(hf_names::kFinalNorm, Shape{h});
-  if (c.tied_embeddings && !ck.has(hf_names::kLmHead))
+  if (c.tied_embeddings) {  // lm_head is the embedding; a file that also holds lm_head must hold the same tensor
     w.lm_head = Tensor<float>::copy_of(w.embed.view());
-  else
+    if (ck.has(hf_names::kLmHead)) {
+      const Tensor<float> stored = ck.load(hf_names::kLmHead, Shape{V, h});
+      check(std::equal(stored.span().begin(), stored.span().end(), w.embed.span().begin()),
+            "hf checkpoint {}: config.json says tie_word_embeddings = true, but \"{}\" differs from \"{}\"; expected "
+            "no {} (tied) or tie_word_embeddings = false (untied)",
+            ck.folder(), hf_names::kLmHead, hf_names::kEmbedding, hf_names::kLmHead);
+    }
+  } else {
     w.lm_head = ck.load(hf_names::kLmHead, Shape{V, h});
+  }
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string p = hf_names::layer(l);
     DecoderLayerWeights L;
@@ -123,6 +132,17 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
       }
     }
     w.layers.push_back(std::move(L));
+  }
+  // Every tensor of the file must be one this configuration computes with: a config with fewer layers than the file,
+  // or without the biases or norms it holds, would serve a different model than the one saved.
+  const std::vector<std::string> extra = ck.unused();
+  if (!extra.empty()) {
+    std::string some;
+    for (std::size_t i = 0; i < std::min<std::size_t>(extra.size(), 4); ++i) some += (i ? ", \"" : "\"") + extra[i] + "\"";
+    throw Error(fmt::format("hf checkpoint {}: {} tensor(s) that config.json ({} layers, {}) does not use: {}{}; "
+                            "expected the config the weights were saved with",
+                            ck.folder(), extra.size(), c.layers, name_of(c.family), some,
+                            extra.size() > 4 ? ", ..." : ""));
   }
   return w;
 }

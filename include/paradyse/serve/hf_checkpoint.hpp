@@ -3,7 +3,10 @@
 // A folder holds model.safetensors, or shards listed by model.safetensors.index.json ({"weight_map": {name: file}}).
 // Every file's header is read and validated up front (model/safetensors.hpp); tensors are stored in F32, F16 or
 // BF16 and converted to float32 on reading. Errors name the folder, the tensor and what was expected: a missing
-// tensor, a wrong shape, an unsupported dtype, an index entry that names a file without that tensor.
+// tensor, a wrong shape, an unsupported dtype, an index entry that names a file without that tensor, a non-finite
+// value (inf or NaN: damaged weights would otherwise surface as a NaN logit far from the tensor that held it). The
+// checkpoint remembers what was loaded, so that the loader can refuse tensors the configuration does not use
+// (unused()): a config with fewer layers, or without the biases the file holds, would serve another model.
 #pragma once
 
 #include "paradyse/core/dtype.hpp"
@@ -12,11 +15,14 @@
 #include "paradyse/core/json.hpp"
 #include "paradyse/model/safetensors.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,10 +83,12 @@ public:
     for (std::size_t d = 0; same && d < e.shape.size(); ++d) same = e.shape[d] == shape[int(d)];
     check(same, "hf checkpoint {}: tensor \"{}\" has shape [{}], expected {}", folder_, name, fmt::join(e.shape, ", "),
           shape);
+    used_.insert(name);
     Tensor<float> out(shape);
     const std::int64_t n = e.numel();
     if (e.dtype == "F32") {
       file.file->read_at(out.data(), n * 4, file.header.data_start + e.begin);
+      check_finite(name, out);
       return out;
     }
     check(e.dtype == "BF16" || e.dtype == "F16", "hf checkpoint {}: tensor \"{}\" is stored as {}; expected F32, F16 or "
@@ -92,10 +100,26 @@ public:
       for (std::int64_t i = 0; i < n; ++i) o[i] = float(bf16::from_bits(raw[std::size_t(i)]));
     else
       for (std::int64_t i = 0; i < n; ++i) o[i] = f16::to_float(raw[std::size_t(i)]);
+    check_finite(name, out);
+    return out;
+  }
+
+  // Tensors of the folder that no load() has read, sorted (rotary inv_freq buffers, recomputed, are not counted).
+  std::vector<std::string> unused() const {
+    std::vector<std::string> out;
+    for (const auto& [n, f] : where_)
+      if (!used_.count(n) && !n.ends_with("rotary_emb.inv_freq")) out.push_back(n);
     return out;
   }
 
 private:
+  void check_finite(const std::string& name, const Tensor<float>& t) const {
+    const std::span<const float> v = t.span();
+    for (std::size_t i = 0; i < v.size(); ++i)
+      check(std::isfinite(v[i]), "hf checkpoint {}: tensor \"{}\" holds {} at element {} of shape {}; expected finite "
+            "weights (the file is damaged or was saved after a diverged run)", folder_, name, v[i], i, t.shape());
+  }
+
   struct OpenFile {
     std::unique_ptr<safetensors::File> file;
     safetensors::Header header;
@@ -111,6 +135,7 @@ private:
   std::string folder_;
   std::vector<OpenFile> files_;
   std::map<std::string, std::size_t> where_;
+  mutable std::set<std::string> used_;  // what load() has read
 };
 
 }  // namespace paradyse::serve

@@ -7,13 +7,15 @@
 //   - OlmoeForCausalLM (olmoe): RMSNorm of q and of k over the whole projection (all heads together), norm_topk_prob.
 // Attention is GQA with RoPE (the Hugging Face "halves" pairing), pre-norm RMSNorm layers, a final RMSNorm and an
 // untied (or tied, tie_word_embeddings) lm_head. Anything else (an unknown architecture, sliding windows, clip_qkv,
-// rope scaling) is refused with the value named.
+// rope scaling, hidden_act other than silu, attention_bias outside Qwen2-MoE, mlp_bias, partial rotary, a key of the
+// wrong type) is refused with the key and value named.
 #pragma once
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/json.hpp"
 #include "paradyse/moe/moe_config.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -80,17 +82,34 @@ inline std::int64_t integer(const json::Value& c, std::string_view key, const st
   check(v.has_value(), "hf config {}: \"{}\" is missing", source, key);
   return v->integer();
 }
+// A key that is absent or null takes `fallback`; one of another type is refused (a string "1e-6" must not become
+// the default quietly), naming the key, what it holds and what was expected.
+inline void expect_type(const json::Value& v, std::string_view key, bool ok, std::string_view expected) {
+  check(ok, "hf config: \"{}\" is {} ({}); expected {}", key, v.dump(), v.type_name(), expected);
+}
 inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::int64_t fallback) {
   const auto v = c.find(key);
-  return v != c.end() && v->is_number() ? json::Field(*v, "hf config", std::string(key)).integer() : fallback;
+  if (v == c.end() || v->is_null()) return fallback;
+  expect_type(*v, key, v->is_number(), "an integer");
+  return json::Field(*v, "hf config", std::string(key)).integer();
 }
 inline double number_or(const json::Value& c, std::string_view key, double fallback) {
   const auto v = c.find(key);
-  return v != c.end() && v->is_number() ? v->get<double>() : fallback;
+  if (v == c.end() || v->is_null()) return fallback;
+  expect_type(*v, key, v->is_number() && std::isfinite(v->get<double>()), "a finite number");
+  return v->get<double>();
 }
 inline bool flag_or(const json::Value& c, std::string_view key, bool fallback) {
   const auto v = c.find(key);
-  return v != c.end() && v->is_boolean() ? v->get<bool>() : fallback;
+  if (v == c.end() || v->is_null()) return fallback;
+  expect_type(*v, key, v->is_boolean(), "true or false");
+  return v->get<bool>();
+}
+inline std::string text_or(const json::Value& c, std::string_view key, const std::string& fallback) {
+  const auto v = c.find(key);
+  if (v == c.end() || v->is_null()) return fallback;
+  expect_type(*v, key, v->is_string(), "a string");
+  return v->get<std::string>();
 }
 inline void refuse_if_set(const json::Value& c, std::string_view key, const std::string& source, std::string_view why) {
   const auto v = c.find(key);
@@ -131,6 +150,18 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   d.rms_eps = number_or(c, "rms_norm_eps", 1e-6);
   d.rope_theta = number_or(c, "rope_theta", 10000.0);
   d.tied_embeddings = flag_or(c, "tie_word_embeddings", false);
+  // Keys that change the mathematics and that the decoder does not implement: refused by name, never computed wrongly.
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    const std::string act = text_or(c, key, "silu");
+    check(act == "silu", "hf config {}: \"{}\" is \"{}\"; supported: \"silu\" (SwiGLU experts and MLPs)", source, key,
+          act);
+  }
+  if (d.family != Family::qwen2_moe)  // Qwen2-MoE's q/k/v biases are fixed by the architecture, not this key
+    refuse_if_set(c, "attention_bias", source, "q/k/v/o projection biases are supported only as Qwen2-MoE's q/k/v biases");
+  refuse_if_set(c, "mlp_bias", source, "MLP biases are not supported");
+  const double rotary = number_or(c, "partial_rotary_factor", 1.0);
+  check(rotary == 1.0, "hf config {}: \"partial_rotary_factor\" is {}; supported: 1 (rotary embedding on every head "
+        "dimension)", source, rotary);
   refuse_if_set(c, "rope_scaling", source, "rope scaling is not supported");
   refuse_if_set(c, "clip_qkv", source, "clipping q/k/v is not supported");
   refuse_if_set(c, "use_sliding_window", source, "sliding-window attention is not supported");
@@ -178,6 +209,26 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   }
   d.validate();
   return d;
+}
+
+// The model's identity as sensitivity tables record it (moe/sensitivity.hpp): the shape a reader can check at a
+// glance, and a 64-bit FNV-1a hash of every field of the config (so two configs that differ anywhere differ here).
+inline std::string model_identity(const DecoderConfig& c) {
+  std::uint64_t hash = 14695981039346656037ull;
+  const auto mix = [&hash](const std::string& text) {
+    for (const unsigned char ch : text) hash = (hash ^ ch) * 1099511628211ull;
+  };
+  const MoeConfig& m = c.moe;
+  std::int64_t moe_layers = 0;
+  std::string flags;
+  for (const bool b : c.moe_layer) flags += b ? 'M' : 'D', moe_layers += b;
+  mix(fmt::format("{}|{}|{}|{}|{}|{}|{}|{:.17g}|{:.17g}|{}|{}|{}|{}|{}", name_of(c.family), c.vocab, c.hidden, c.layers,
+                  c.heads, c.kv_heads, c.head_dim, c.rms_eps, c.rope_theta, c.qkv_bias, c.qk_norm, c.tied_embeddings,
+                  c.dense_ffn, flags));
+  mix(fmt::format("|{}|{}|{}|{}|{}|{:.17g}|{}|{}|{}", m.experts, m.top_k, m.expert_ffn, int(m.scoring), m.norm_topk_prob,
+                  m.routed_scaling_factor, m.shared_experts, m.shared_ffn, m.shared_gate));
+  return fmt::format("{} layers {} ({} MoE) hidden {} experts {} top-k {} config {:016x}", name_of(c.family), c.layers,
+                     moe_layers, c.hidden, m.experts, m.top_k, hash);
 }
 
 // config.json of a model folder.

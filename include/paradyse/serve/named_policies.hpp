@@ -8,6 +8,7 @@
 
 #include "paradyse/serve/engine.hpp"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,24 @@ inline std::vector<NamedPolicy> standard_policies(const MachineRates& rates) {
 }
 
 // The policies of `all` whose keys are in the comma-separated `keys`, in all's order (empty when none is).
+// Throws unless `keys` is a comma-separated list of names from kPolicyKeys, naming the first that is not (a typo
+// such as "tp,dynamc" must not quietly run tp alone).
+inline void check_policy_keys(const std::string& keys) {
+  const std::string known = std::string(",") + kPolicyKeys + ",";
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t comma = std::min(keys.find(',', from), keys.size());
+    const std::string key = keys.substr(from, comma - from);
+    check(!key.empty() && known.find("," + key + ",") != std::string::npos,
+          "policies \"{}\": {} policy; expected a comma-separated subset of {}", keys,
+          key.empty() ? std::string("an empty") : fmt::format("unknown \"{}\"", key), kPolicyKeys);
+    if (comma == keys.size()) return;
+    from = comma + 1;
+  }
+}
+
 inline std::vector<NamedPolicy> select_policies(const std::vector<NamedPolicy>& all, const std::string& keys) {
+  check_policy_keys(keys);
   std::vector<NamedPolicy> selected;
   for (const NamedPolicy& n : all)
     if (("," + keys + ",").find("," + n.key + ",") != std::string::npos) selected.push_back(n);

@@ -35,17 +35,21 @@ using paradyse::spread_of;
 
 enum class Better { lower, higher };  // latencies: lower; throughput: higher
 
-enum class Verdict { within_noise, faster, slower };
+// no_spread: a side measured once has no run-to-run error to judge a difference by, so no verdict is given.
+enum class Verdict { within_noise, faster, slower, no_spread };
 
 inline const char* name_of(Verdict v) {
-  return v == Verdict::within_noise ? "matches within noise" : v == Verdict::faster ? "faster" : "slower";
+  return v == Verdict::within_noise ? "matches within noise"
+         : v == Verdict::faster     ? "faster"
+         : v == Verdict::slower     ? "slower"
+                                    : "no verdict: no spread with 1 round";
 }
 
 // A policy's metric against the best of some baselines (by median).
 struct PolicyComparison {
   std::size_t best = 0;  // index into the baselines
   double ratio = 1;      // > 1: the policy is better (best / policy for lower-is-better, policy / best otherwise)
-  Verdict verdict = Verdict::within_noise;  // within noise when the spreads overlap
+  Verdict verdict = Verdict::within_noise;  // within noise when the spreads overlap; no_spread after 1 repetition
 };
 
 inline PolicyComparison compare_to_best(const Spread& policy, const std::vector<Spread>& baselines, Better better) {
@@ -60,7 +64,9 @@ inline PolicyComparison compare_to_best(const Spread& policy, const std::vector<
   const double num = better == Better::lower ? best.median : policy.median;
   const double den = better == Better::lower ? policy.median : best.median;
   c.ratio = den > 0 ? num / den : (num > 0 ? 1e300 : 1.0);
-  if (policy.overlaps(best))
+  if (policy.count == 1 || best.count == 1)
+    c.verdict = Verdict::no_spread;
+  else if (policy.overlaps(best))
     c.verdict = Verdict::within_noise;
   else
     c.verdict = c.ratio > 1 ? Verdict::faster : Verdict::slower;

@@ -33,6 +33,10 @@ struct TraceShape {
   std::uint64_t seed = 1;
 };
 
+// The longest trace served, in seconds of arrivals (an hour): a rate such as 1e-300 requests/s would otherwise make
+// the engine wait for arrivals for ever.
+inline constexpr double kMaxTraceSeconds = 3600;
+
 inline std::vector<ServeRequest> make_trace(const TraceShape& shape, std::int64_t vocab) {
   check(shape.prompt_min >= 1 && shape.prompt_min <= shape.prompt_max && shape.output_min >= 1 &&
             shape.output_min <= shape.output_max && vocab >= 1,
@@ -53,6 +57,12 @@ inline std::vector<ServeRequest> make_trace(const TraceShape& shape, std::int64_
     for (std::int64_t k = 0; k < len; ++k) r.prompt.push_back(std::int32_t(rng.below(std::uint64_t(vocab))));
     r.max_new_tokens =
         shape.output_min + std::int64_t(rng.below(std::uint64_t(shape.output_max - shape.output_min + 1)));
+    check(r.arrival <= kMaxTraceSeconds,
+          "make_trace: request {} of {} would arrive at {:.4g} s ({}); at most {} s of arrivals are served: raise the "
+          "rate (--rate) or lower --requests", i + 1, shape.requests, r.arrival,
+          shape.bursty ? fmt::format("bursts of {} every {} s", shape.burst, shape.period)
+                       : fmt::format("Poisson at {} requests/s", shape.rate),
+          kMaxTraceSeconds);
     trace.push_back(std::move(r));
   }
   return trace;

@@ -30,6 +30,7 @@ struct ServeRun {
   std::vector<double> expert_imbalance, rank_imbalance;  // per layer: max over mean, summed over steps
   FetchStats fetch;
   double activations = 0;  // routed expert activations per token, summed over the MoE layers
+  std::int64_t tpot_requests = 0;  // requests with 2+ output tokens: TPOT (tpot50, tpot99) is undefined when 0
 };
 
 inline ServeRun summarize_run(const std::vector<RequestOutcome>& out, const EngineStats& stats, const DecoderConfig& c) {
@@ -45,6 +46,7 @@ inline ServeRun summarize_run(const std::vector<RequestOutcome>& out, const Engi
   run.metric[ttft99] = percentile(ttft, 0.99) * 1e3;
   run.metric[tpot50] = percentile(tpot, 0.5) * 1e3;
   run.metric[tpot99] = percentile(tpot, 0.99) * 1e3;
+  run.tpot_requests = std::int64_t(tpot.size());
   run.metric[tokens_per_s] = double(tokens) / stats.elapsed_s;
   run.metric[switches] = double(stats.switches);
   run.metric[exposed_ms] = stats.switch_exposed_s * 1e3;

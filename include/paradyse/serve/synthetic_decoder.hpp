@@ -10,6 +10,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
+
+#include <unistd.h>
 
 namespace paradyse::serve {
 
@@ -35,6 +38,33 @@ inline DecoderConfig synthetic_config(std::int64_t hidden, std::int64_t layers, 
   c.moe.norm_topk_prob = true;
   c.validate();
   return c;
+}
+
+// Bytes of the float32 weights of a decoder of config `c` (embedding, lm_head, attention, experts, dense MLPs).
+inline double decoder_weight_bytes(const DecoderConfig& c) {
+  const double h = double(c.hidden), qw = double(c.q_width()), kw = double(c.kv_width());
+  double per_layer = 2 * h + qw * h * 2 + kw * h * 2;  // norms, q and o, k and v
+  double total = 2 * double(c.vocab) * h + h;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const MoeConfig& m = c.moe;
+    total += per_layer + (c.is_moe(l) ? double(m.experts) * (3 * double(m.expert_ffn) * h + h) +
+                                            3 * double(m.shared_width()) * h
+                                      : 3 * double(c.dense_ffn) * h);
+  }
+  return 4 * total;
+}
+
+// Throws, before any weight is made, unless `copies` copies of the weights of `c` fit in this machine's memory
+// (sysconf): the programs hold the model and its rank shards. `flags` names what sets the size, for the message.
+inline void check_fits_host(const DecoderConfig& c, double copies, std::string_view flags) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: nothing to compare with
+  const double have = double(pages) * double(page), need = copies * decoder_weight_bytes(c);
+  check(need <= have,
+        "the model ({} layers, hidden {}, {} experts of width {}) needs {:.4g} GiB ({:g} copies of {:.4g} GiB of "
+        "float32 weights: the model and its rank shards), this machine has {:.4g} GiB; lower {}",
+        c.layers, c.hidden, c.moe.experts, c.moe.expert_ffn, need / 1073741824.0, copies,
+        decoder_weight_bytes(c) / 1073741824.0, have / 1073741824.0, flags);
 }
 
 inline LoadedDecoder synthetic_decoder(const DecoderConfig& c, std::uint64_t seed, double router_skew = 0) {

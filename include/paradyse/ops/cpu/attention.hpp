@@ -122,7 +122,7 @@ inline void attention_forward(TensorView<const float> q, TensorView<const float>
           float* out_row = &out(bi, i0 + r, h, 0);
           const float l = scratch.row_sum(r), m = scratch.row_max(r);
           const float* acc_row = scratch.acc.data() + r * d;
-          if (l > 0.0f) {
+          if (l > 0.0f || l != l) {  // a NaN score (NaN in q, k or v) stays NaN: never turned into "no key seen"
             const float inv = 1.0f / l;
             for (std::int64_t c = 0; c < d; ++c) out_row[c] = acc_row[c] * inv;
             lse(bi, h, i0 + r) = m + std::log(l);
@@ -233,6 +233,11 @@ inline void attention_merge(TensorView<float> out, TensorView<float> lse, Tensor
     for (std::int64_t h = 0; h < out.extent(2); ++h)
       for (std::int64_t i = 0; i < out.extent(1); ++i) {
         const float mine = lse(bi, h, i), theirs = block_lse(bi, h, i);
+        if (mine != mine || theirs != theirs) {  // a NaN side (NaN inputs) makes the merged row NaN, not the other side
+          for (std::int64_t c = 0; c < d; ++c) out(bi, i, h, c) = std::numeric_limits<float>::quiet_NaN();
+          lse(bi, h, i) = std::numeric_limits<float>::quiet_NaN();
+          continue;
+        }
         const float top = std::max(mine, theirs);
         if (top == kNegInf) continue;  // neither side saw a key: out stays 0, lse -inf
         const float w_mine = std::exp(mine - top), w_theirs = std::exp(theirs - top);  // exp(-inf) = 0
