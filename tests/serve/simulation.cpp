@@ -24,7 +24,8 @@
 using namespace paradyse;
 using namespace paradyse::serve;
 
-namespace {
+// A named namespace (the unity build puts engine.cpp's anonymous helpers beside these): its test cases find these.
+namespace simulation_test {
 
 std::filesystem::path repo() { return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path(); }
 std::string scratch(const std::string& name) {
@@ -92,8 +93,6 @@ void same_schedule(const Run& a, const Run& b) {
   CHECK(a.stats.rebalances == b.stats.rebalances);
   CHECK(a.stats.tokens == b.stats.tokens);
 }
-
-}  // namespace
 
 TEST_CASE("simulation: wall, step and simulated clocks give the same tokens, batches, layouts and switches") {
   const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
@@ -315,3 +314,5 @@ TEST_CASE("clusters: built-in names and profile files; bad ones give clear error
   CHECK_THROWS_WITH_AS(simulated_cluster(bad, 2), doctest::Contains("bad_cluster.json"), Error);
   CHECK_THROWS_WITH_AS(simulated_cluster("h100", 3), doctest::Contains("expected 2 (bf16) or 4"), Error);
 }
+
+}  // namespace simulation_test

@@ -97,8 +97,8 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
         "step_cost: a trace of {} ranks with {} layouts, {} routings, {} next layouts for {} layers", p,
         t.layout.size(), t.routed.size(), t.next.size(), c.layers);
   const double n = double(t.tokens()), h = double(c.hidden), d = double(c.head_dim);
-  StepCost cost;
-  if (n <= 0) return cost;
+  StepCost out;
+  if (n <= 0) return out;
   const double reduce_s = hw.collective_time(cost::Collective::all_reduce, p, n * h * b);
   std::vector<double> layer_end;  // seconds from the step's start to the end of each layer
   double clock = 0;
@@ -150,15 +150,13 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
     if (c.qk_norm) comm += hw.collective_time(cost::Collective::all_reduce, p, 2 * n * 4);
     if (c.is_moe(l) && L.mode == MoeMode::ep)
       comm += hw.collective_time(cost::Collective::all_reduce, p, (n * h + p) * b) - reduce_s;
-    cost.compute_s += attention + ffn;
-    cost.communication_s += comm;
+    out.compute_s += attention + ffn;
+    out.communication_s += comm;
     clock += attention + ffn + comm;
     layer_end.push_back(clock);
   }
-  double logit_rows = 0;
-  for (const ChunkShape& ch : t.chunks) logit_rows += 1;
-  const double logits = gemm(hw, logit_rows, double(c.vocab), h, b);
-  cost.compute_s += logits;
+  const double logits = gemm(hw, double(t.chunks.size()), double(c.vocab), h, b);  // the last row of each chunk
+  out.compute_s += logits;
   clock += logits;
   // The layout change: layer l's pieces leave after layer l, one exchange after another on the links.
   double link_free = 0, stall = 0;
@@ -172,8 +170,8 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
       stall += x;
     }
   }
-  cost.switch_s = t.pipelined_switch ? std::max(0.0, link_free - clock) : stall;
-  return cost;
+  out.switch_s = t.pipelined_switch ? std::max(0.0, link_free - clock) : stall;
+  return out;
 }
 
 }  // namespace paradyse::serve

@@ -11,6 +11,7 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/serve/redistribute.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
