@@ -52,6 +52,7 @@ struct Options {
   std::string model = "data/model_shapes/mixtral-8x7b.json", cluster = "h100", routing = "zipf:0.5";
   std::string traces = "poisson", rates = "1,2,4,8,16,32,64", policies = "tp,ep,eplb,dynamic";
   int ranks = 8, dtype_bytes = 2, rounds = 3;
+  std::int64_t eplb_interval = 1000;
   std::int64_t requests = 200, burst = 32, step_tokens = 512, max_running = 256, prompt_min = 64, prompt_max = 1024,
                output_min = 16, output_max = 256, block_size = 16, azure_requests = 1000;
   double period = 4;
@@ -112,14 +113,14 @@ struct Policy {
   EnginePolicy policy;
 };
 
-std::vector<Policy> make_policies(const std::string& list, const MachineRates& rates) {
+std::vector<Policy> make_policies(const std::string& list, const MachineRates& rates, std::int64_t eplb_interval) {
   std::vector<Policy> all(4);
   all[0] = {"tp", "static TP", {}};
   all[1] = {"ep", "static EP", {}};
   all[1].policy.mode = ModePolicy::static_ep;
   all[2] = {"eplb", "EP + EPLB", all[1].policy};
   all[2].policy.eplb = true;
-  all[2].policy.eplb_interval = 32;
+  all[2].policy.eplb_interval = eplb_interval;
   all[3] = {"dynamic", "dynamic TP/EP", {}};
   all[3].policy.mode = ModePolicy::dynamic;
   all[3].policy.switching = {0.1, 2, 8};
@@ -246,7 +247,7 @@ int simulate(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   opt.kv_blocks = kv_blocks_for(shape, cluster, o.ranks, o.block_size);
-  const std::vector<Policy> policies = make_policies(o.policies, machine_rates_of(cluster));
+  const std::vector<Policy> policies = make_policies(o.policies, machine_rates_of(cluster), o.eplb_interval);
   fmt::print("moe_simulate: {} ({}: {} layers, h {}, {} heads / {} kv, {} experts top-{}, expert ffn {}, shared {}; "
              "{:.1f}B parameters){} on {} ranks of {} ({} bytes per value), KV pool {} blocks of {}; routing: {}; "
              "step {} tokens, at most {} running\n",
@@ -354,7 +355,7 @@ int measure(const Options& o) {
   const SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   cost::use_gemm_engines(cluster.profile);
   const MachineRates rates = measure_machine_rates(c.moe, o.ranks);
-  const std::vector<Policy> policies = make_policies(o.policies, rates);
+  const std::vector<Policy> policies = make_policies(o.policies, rates, o.eplb_interval);
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -438,6 +439,8 @@ int main(int argc, char** argv) {
   flags.integers("--output", o.output_min, o.output_max, std::int64_t(1), std::int64_t(1) << 20, "output lengths MIN MAX");
   flags.integer("--step-tokens", o.step_tokens, std::int64_t(1), std::int64_t(1) << 20, "tokens per engine step");
   flags.integer("--max-running", o.max_running, std::int64_t(1), std::int64_t(1) << 20, "requests running at once");
+  flags.integer("--eplb-interval", o.eplb_interval, std::int64_t(1), std::int64_t(1) << 40,
+                "EP + EPLB: steps between rebalances (moe_infer: 32; vLLM's default: 3000)");
   flags.text("--policies", o.policies, "comma-separated subset of tp,ep,eplb,dynamic", "LIST");
   flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "traces and routing seed");
   flags.text("--switch-csv", o.switch_csv, "write every step (trace, policy, time, tokens, layout) to FILE", "FILE");
