@@ -10,6 +10,8 @@ Each CSV is recognised by its columns:
                       length that fits the budget) marked, the planners drawn over them
   moe_budget --csv    held-out perplexity and greedy agreement with the full budget against the activation budget,
                       one line per method (uniform top-k, Alloc-L, Alloc-L + Alloc-T)
+  moe_simulate --switch-csv   where the dynamic policy switched: each step's batch size (tokens) against simulated
+                      time, coloured by the layout it ran in (TP or EP), one panel per trace
 Charts are written to DIR (default: the folder of the first CSV) as <csv name>_<chart>.png, and listed.
 Needs matplotlib (Debian: python3-matplotlib, installed by scripts/setup.sh).
 """
@@ -29,6 +31,7 @@ from matplotlib.patches import Patch  # noqa: E402
 TRAIN_COLUMNS = {"step", "plan", "loss", "seconds", "peak_mib", "predicted_mib"}
 TRACE_COLUMNS = {"length", "variant", "kind", "time_s", "peak_bytes", "budget_bytes"}
 BUDGET_COLUMNS = {"budget_percent", "method", "perplexity", "agreement"}
+SWITCH_COLUMNS = {"trace", "policy", "step", "time_s", "tokens", "layout"}
 # One colour per strategy, the same in every chart.
 STRATEGY_COLOURS = {
     "MegatronTS": "#4e79a7",
@@ -217,6 +220,31 @@ def plot_budget(name, rows, out_dir):
     return save(fig, out_dir, name, "quality_vs_budget")
 
 
+def plot_switches(name, rows, out_dir):
+    """moe_simulate --switch-csv: batch size against time, one dot per step coloured by its layout, one panel per
+    trace (the dynamic policy's rows; the first policy's when there is no dynamic one)."""
+    traces = []
+    for r in rows:
+        if r["trace"] not in traces:
+            traces.append(r["trace"])
+    fig, axes = plt.subplots(len(traces), 1, figsize=(12, 3.2 * len(traces)), squeeze=False)
+    for ax, trace in zip(axes[:, 0], traces):
+        mine = [r for r in rows if r["trace"] == trace]
+        policies = sorted({r["policy"] for r in mine})
+        policy = next((p for p in policies if "dynamic" in p), policies[0])
+        mine = [r for r in mine if r["policy"] == policy]
+        for layout, colour in (("TP", "#4e79a7"), ("EP", "#e15759")):
+            points = [(number(r["time_s"]), number(r["tokens"])) for r in mine if r["layout"] == layout]
+            ax.scatter([p[0] for p in points], [p[1] for p in points], s=4, color=colour, label=layout)
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("tokens in the step")
+        ax.set_title(f"{trace}: {policy}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, markerscale=3)
+    fig.suptitle(f"{name}: batch size and layout over time")
+    return save(fig, out_dir, name, "switches")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -243,8 +271,10 @@ def main():
             plot_trace(name, rows, out_dir)
         elif BUDGET_COLUMNS <= columns:
             plot_budget(name, rows, out_dir)
+        elif SWITCH_COLUMNS <= columns:
+            plot_switches(name, rows, out_dir)
         else:
-            sys.exit(f"plot.py: {path}: not a train_gpt, plan_trace or moe_budget CSV (columns: {', '.join(sorted(columns))})")
+            sys.exit(f"plot.py: {path}: not a train_gpt, plan_trace, moe_budget or moe_simulate CSV (columns: {', '.join(sorted(columns))})")
     if runs:
         plot_loss(runs, out_dir)
 

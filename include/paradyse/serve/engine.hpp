@@ -4,7 +4,8 @@
 // redistribution pipelined behind compute).
 //
 // Every rank runs serve_requests with the same requests (SPMD). Rank 0 plans each step and broadcasts the plan:
-//   - admission: requests that have arrived (arrival in steps, or in seconds of wall clock), in arrival order, while
+//   - admission: requests that have arrived (on the engine's clock, serve/clock.hpp: in steps, seconds of the wall
+//     clock, or seconds of a simulated cluster), in arrival order, while
 //     fewer than max_running run and the KV pool has the blocks of prompt + max_new_tokens (reserved at admission,
 //     so a running request never waits for memory);
 //   - the batch: one decode token of every running request that finished its prompt, then prompt chunks of the
@@ -16,24 +17,27 @@
 //   - EPLB (EP only): every eplb_interval steps the expert loads gathered since the last rebalance give a new
 //     placement (serve/eplb.hpp) with redundant slots, installed the same way.
 // Rank 0 samples (each request from its own seeded Rng) and broadcasts the tokens. Requests leave when they have
-// max_new_tokens tokens; their blocks go back to the pool.
+// max_new_tokens tokens; their blocks go back to the pool. The scheduler (serve_loop) drives a stepper: ModelStepper
+// computes on the weights; serve/shape_step.hpp's ShapeStepper only accounts (a shape that does not fit here, its
+// routing from a routing source). Each step's trace (serve/step_trace.hpp) goes to the clock.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
-#include "paradyse/core/timer.hpp"
+#include "paradyse/serve/clock.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 #include "paradyse/serve/eplb.hpp"
 #include "paradyse/serve/expert_balance.hpp"
 #include "paradyse/serve/redistribute.hpp"
 #include "paradyse/serve/sampling.hpp"
+#include "paradyse/serve/step_trace.hpp"
 #include "paradyse/serve/switch_policy.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
-#include <thread>
 #include <vector>
 
 namespace paradyse::serve {
@@ -74,7 +78,8 @@ struct EngineOptions {
   std::int64_t max_running = 16;
   std::int64_t kv_blocks = 256;
   std::int64_t block_size = 16;
-  bool wall_clock = false;
+  bool wall_clock = false;         // without `clock`: seconds of the wall clock, else steps
+  EngineClock* clock = nullptr;    // when set, the clock the engine runs on (serve/clock.hpp; wall_clock ignored)
 };
 
 struct EngineStats {
@@ -88,7 +93,8 @@ struct EngineStats {
   std::vector<double> rank_max, rank_mean;      // per layer: sums over steps of max / mean rows per rank
   FetchStats fetch;
   // Per step that computed (for --explain style reports: the cost model against the measured step):
-  std::vector<double> step_seconds;       // wall time of the step on this rank, planning to the sampled tokens
+  std::vector<double> step_seconds;       // the step's time on the engine's clock (wall: on this rank), planning to
+                                          // the sampled tokens
   std::vector<std::int64_t> step_tokens;  // tokens the step computed
   std::vector<ModeCosts> predicted;       // the MoE layers' predicted time in TP and in EP for the step's actual
                                           // routing (policy.rates, summed over layers; zero without MoE layers)
@@ -97,6 +103,13 @@ struct EngineStats {
 struct EngineProgress {
   std::int64_t step = 0, finished = 0, total = 0, running = 0;
   MoeMode mode = MoeMode::tp;
+};
+
+// What a stepper's step computed, for the scheduler.
+struct StepOutput {
+  std::vector<MoeLayerLoad> moe_load;  // per layer (empty for dense layers)
+  double switch_wall_s = 0;            // wall time the layout change took on the critical path
+  std::size_t switch_bytes = 0;        // expert bytes this rank sent for it
 };
 
 namespace engine_detail {
@@ -117,15 +130,113 @@ inline std::vector<std::vector<std::int64_t>> placement_of(const std::vector<std
 
 }  // namespace engine_detail
 
-// Serves `requests` on this rank; rank 0 returns the outcomes (in request order), the others an empty list.
+// The engine's work on real weights, rank comm.rank() of comm.size(): the rank's shard, its paged KV cache, the
+// decoder step in the current layout (token sorting or on-demand loading in EP), the layout changes (each MoE layer
+// posted for redistribution right after it computed in the old layout when pipelined, else all before the step) and
+// sampling from the step's logits. The scheduler (serve_loop) drives it; serve/shape_step.hpp is the same interface
+// without weights, for shapes that do not fit here.
 template <Communicator C>
-std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, const std::vector<ServeRequest>& requests,
-                                           const EngineOptions& opt, const EnginePolicy& policy,
-                                           EngineStats* stats_out = nullptr,
-                                           const std::function<void(const EngineProgress&)>& progress = {}) {
+class ModelStepper {
+public:
+  ModelStepper(C& comm, const LoadedDecoder& model, const EngineOptions& opt, const EnginePolicy& policy, MoeMode start)
+      : comm_(comm), model_(model), budget_(policy.budget),
+        shard_(make_rank_shard(model.config, model.weights, comm.size(), comm.rank(), start)),
+        cache_({model.config.layers, opt.kv_blocks, opt.block_size, shard_.kv_heads.length, model.config.head_dim}) {
+    if (policy.on_demand)
+      on_demand_.emplace(comm, policy.token_sorting, policy.fetch_capacity);
+    else if (policy.token_sorting)
+      sorting_.emplace(model.weights, policy.fetch_capacity);
+    if (sorting_) work_ = [this](const RankShard& s, std::int64_t l, const Dispatch& d) { return (*sorting_)(s, l, d); };
+    if (on_demand_) work_ = [this](const RankShard& s, std::int64_t l, const Dispatch& d) { return (*on_demand_)(s, l, d); };
+  }
+  ModelStepper(const ModelStepper&) = delete;
+  ModelStepper& operator=(const ModelStepper&) = delete;
+
+  const DecoderConfig& config() const noexcept { return model_.config; }
+  int ranks() const noexcept { return comm_.size(); }
+  PagedKvCache& cache() noexcept { return cache_; }
+  ExpertLayout layout(std::int64_t l) const {
+    const RankLayer& L = shard_.layers[std::size_t(l)];
+    return L.mode == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(L.placement);
+  }
+  FetchStats fetch_stats() const {
+    if (sorting_) return sorting_->stats();
+    if (on_demand_) return on_demand_->stats();
+    return {};
+  }
+
+  // One step over `batch` computed in `ran` (the layout of every MoE layer); next[l], when set, is installed for
+  // layer l by this step (pipelined: posted after layer l computed; else before the step, and `ran` is the new one).
+  StepOutput run(std::span<const SequenceChunk> batch, MoeMode ran, const std::vector<std::optional<ExpertLayout>>& next,
+                 bool pipelined) {
+    using Clock = std::chrono::steady_clock;
+    const DecoderConfig& c = model_.config;
+    const int p = comm_.size(), me = comm_.rank();
+    bool any = false;
+    for (const auto& n : next) any = any || n.has_value();
+    std::vector<LayerRedistribution> moving(static_cast<std::size_t>(c.layers));
+    StepOutput result;
+    auto layout_of = [&](const RankLayer& L) {
+      return L.mode == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(L.placement);
+    };
+    auto post = [&](std::int64_t l) {
+      if (!any || !c.is_moe(l) || !next[std::size_t(l)]) return;
+      const Clock::time_point t0 = Clock::now();
+      RankLayer& L = shard_.layers[std::size_t(l)];
+      moving[std::size_t(l)].begin(comm_, c, L, layout_of(L), *next[std::size_t(l)]);
+      result.switch_wall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    auto finish_all = [&]() {
+      if (!any) return;
+      const Clock::time_point t0 = Clock::now();
+      for (std::int64_t l = 0; l < c.layers; ++l)
+        if (c.is_moe(l) && next[std::size_t(l)]) {
+          moving[std::size_t(l)].finish(c, p, me);
+          result.switch_bytes += moving[std::size_t(l)].bytes_sent();
+        }
+      result.switch_wall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    if (any && !pipelined) {
+      for (std::int64_t l = 0; l < c.layers; ++l) post(l);
+      finish_all();
+    }
+    // Token sorting is an EP policy; TP layers take the plain path.
+    out_ = decoder_step(comm_, c, shard_, cache_, batch, pool_, ran == MoeMode::ep ? work_ : ExpertWorkFn{},
+                        (any && pipelined) ? std::function<void(std::int64_t)>(post) : std::function<void(std::int64_t)>{},
+                        budget_);
+    if (any && pipelined) finish_all();
+    result.moe_load = out_.moe_load;
+    return result;
+  }
+  // Rank 0: the next token of chunk k of the last step.
+  std::int32_t sample(std::size_t k, const SamplingParams& s, Rng& rng) const {
+    return sample_token(out_.logits[k].span(), s, rng);
+  }
+
+private:
+  C& comm_;
+  const LoadedDecoder& model_;
+  RoutingBudget budget_;
+  RankShard shard_;
+  PagedKvCache cache_;
+  BufferPool pool_;
+  std::optional<TokenSortingWork> sorting_;
+  std::optional<PeerFetchWork<C>> on_demand_;
+  ExpertWorkFn work_;
+  StepResult out_;
+};
+
+// The scheduler over any stepper (ModelStepper, or serve/shape_step.hpp's ShapeStepper), on `clock`. Rank 0 plans;
+// the plans and sampled tokens are broadcast over `comm` (which may have one rank while the stepper models p).
+template <Communicator C, class Stepper>
+std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vector<ServeRequest>& requests,
+                                       const EngineOptions& opt, const EnginePolicy& policy, EngineClock& clock,
+                                       EngineStats* stats_out = nullptr,
+                                       const std::function<void(const EngineProgress&)>& progress = {}) {
   using namespace engine_detail;
-  const DecoderConfig& c = model.config;
-  const int p = comm.size(), me = comm.rank();
+  const DecoderConfig& c = stepper.config();
+  const int p = stepper.ranks(), me = comm.rank();
+  const bool share = comm.size() > 1;
   for (const ServeRequest& r : requests) {
     check(!r.prompt.empty() && r.max_new_tokens >= 1, "serve_requests: request {} needs a prompt and max_new_tokens >= 1",
           r.id);
@@ -137,19 +248,8 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
   const bool any_moe = std::find(c.moe_layer.begin(), c.moe_layer.end(), true) != c.moe_layer.end();
   const ExpertPlacement chunked = any_moe ? ExpertPlacement::chunked(c.moe.experts, p) : ExpertPlacement{};
   MoeMode mode = policy.mode == ModePolicy::static_ep ? MoeMode::ep : MoeMode::tp;
-  RankShard shard = make_rank_shard(c, model.weights, p, me, mode);
-  PagedKvCache cache({c.layers, opt.kv_blocks, opt.block_size, shard.kv_heads.length, c.head_dim});
-  BufferPool pool;
+  PagedKvCache& cache = stepper.cache();
   ModeSwitcher switcher(policy.switching, mode);
-  std::optional<TokenSortingWork> sorting;
-  std::optional<PeerFetchWork<C>> on_demand;
-  if (policy.on_demand)
-    on_demand.emplace(comm, policy.token_sorting, policy.fetch_capacity);
-  else if (policy.token_sorting)
-    sorting.emplace(model.weights, policy.fetch_capacity);
-  ExpertWorkFn work;
-  if (sorting) work = [&](const RankShard& s, std::int64_t l, const Dispatch& d) { return (*sorting)(s, l, d); };
-  if (on_demand) work = [&](const RankShard& s, std::int64_t l, const Dispatch& d) { return (*on_demand)(s, l, d); };
 
   EngineStats stats;
   stats.expert_max.assign(std::size_t(c.layers), 0.0);
@@ -165,18 +265,17 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
                    [&](std::size_t a, std::size_t b) { return requests[a].arrival < requests[b].arrival; });
   std::size_t next_arrival = 0, finished = 0;
   std::vector<std::size_t> running;  // admission order
-  const Timer run_timer;
-  auto now = [&]() { return opt.wall_clock ? run_timer.seconds() : double(stats.steps); };
+  clock.start();
   std::vector<std::int64_t> plan;
 
   while (finished < requests.size()) {
-    const Timer step_timer;
+    clock.step_begin();
     // ---- rank 0 plans the step ----
     plan.clear();
     if (me == 0) {
       std::vector<std::int64_t> admitted;
       std::int64_t free_blocks = cache.free_blocks();
-      while (next_arrival < order.size() && requests[order[next_arrival]].arrival <= now() &&
+      while (next_arrival < order.size() && requests[order[next_arrival]].arrival <= clock.now() &&
              std::int64_t(running.size() + admitted.size()) < opt.max_running) {
         const ServeRequest& r = requests[order[next_arrival]];
         const std::int64_t need = cache.blocks_for(std::int64_t(r.prompt.size()) + r.max_new_tokens);
@@ -186,10 +285,8 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
         free_blocks -= need;
         admitted.push_back(std::int64_t(order[next_arrival++]));
       }
-      if (running.empty() && admitted.empty() && opt.wall_clock && next_arrival < order.size()) {
-        const double wait = requests[order[next_arrival]].arrival - now();
-        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
-      }
+      if (running.empty() && admitted.empty() && next_arrival < order.size())
+        clock.wait_for(requests[order[next_arrival]].arrival);
       // Chunks: decodes, then prompt chunks under the budget.
       std::vector<std::size_t> all = running;
       for (const std::int64_t a : admitted) all.push_back(std::size_t(a));
@@ -228,9 +325,9 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
       for (const auto& ch : chunks) plan.push_back(ch.first), plan.push_back(ch.second);
     }
     std::int64_t size = std::int64_t(plan.size());
-    if (p > 1) comm.broadcast(std::span<std::int64_t>(&size, 1), 0);
+    if (share) comm.broadcast(std::span<std::int64_t>(&size, 1), 0);
     plan.resize(std::size_t(size));
-    if (p > 1) comm.broadcast(std::span<std::int64_t>(plan), 0);
+    if (share) comm.broadcast(std::span<std::int64_t>(plan), 0);
     const std::int64_t n_admit = plan[0], n_chunks = plan[1];
     const MoeMode target = MoeMode(plan[2]);
     const bool rebalance = plan[3] != 0;
@@ -244,74 +341,56 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
       live[i].outcome.arrival = r.arrival;
       if (me == 0) live[i].rng.emplace(request_rng(r.sampling, r.id));
     }
-    if (n_chunks == 0) {
-      if (!opt.wall_clock) ++stats.steps;  // nothing arrived yet: time passes
+    if (n_chunks == 0) {  // nothing arrived yet: time passes
+      double next = std::numeric_limits<double>::infinity();
+      for (const ServeRequest& r : requests)
+        if (r.arrival > clock.now()) next = std::min(next, r.arrival);
+      clock.idle(next);
+      if (clock.counts_idle_steps()) ++stats.steps;
       continue;
     }
     std::vector<SequenceChunk> batch;
     std::vector<std::size_t> index_of_chunk;
+    StepTrace trace;
+    trace.ranks = p;
     for (std::int64_t k = 0; k < n_chunks; ++k) {
       const std::size_t i = std::size_t(plan[std::size_t(4 + n_admit + 2 * k)]);
       const std::int64_t len = plan[std::size_t(5 + n_admit + 2 * k)];
       const ServeRequest& r = requests[i];
       SequenceChunk ch{r.id, {}, false};
-      if (live[i].done_prompt < std::int64_t(r.prompt.size()))
+      const bool decode = live[i].done_prompt >= std::int64_t(r.prompt.size());
+      if (!decode)
         ch.tokens.assign(r.prompt.begin() + live[i].done_prompt, r.prompt.begin() + live[i].done_prompt + len);
       else
         ch.tokens = {live[i].outcome.tokens.back()};
+      trace.chunks.push_back({std::int64_t(ch.tokens.size()), cache.length(r.id), decode});
       batch.push_back(std::move(ch));
       index_of_chunk.push_back(i);
     }
     // ---- the layout change (or EPLB's new placement) this step carries out ----
-    std::optional<ExpertLayout> to;
-    if (target != mode) {
-      to = target == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(chunked.experts_of_rank);
-    } else if (rebalance) {
-      to = ExpertLayout::ep({});  // the placement differs per layer: layer_target gives it
+    const bool change = target != mode || rebalance;
+    trace.layout.resize(std::size_t(c.layers));
+    trace.next.resize(std::size_t(c.layers));
+    trace.routed.resize(std::size_t(c.layers));
+    trace.pipelined_switch = policy.pipelined_switch;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      if (!c.is_moe(l)) continue;
+      trace.layout[std::size_t(l)] = stepper.layout(l);
+      if (!change) continue;
+      if (target != mode) {
+        trace.next[std::size_t(l)] = target == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(chunked.experts_of_rank);
+      } else {  // EPLB: the placement differs per layer
+        const std::int64_t slots = (c.moe.experts + p - 1) / p + policy.redundant_slots;
+        const std::vector<std::int64_t> phy2log = eplb_place(window[std::size_t(l)], {slots * p, 1, 1, std::int64_t(p)});
+        trace.next[std::size_t(l)] = ExpertLayout::ep(placement_of(phy2log, p));
+      }
     }
-    std::vector<LayerRedistribution> moving(static_cast<std::size_t>(c.layers));
-    double exposed = 0;
-    auto layer_target = [&](std::int64_t l) -> ExpertLayout {
-      if (!rebalance || target != mode) return *to;
-      const std::int64_t slots = (c.moe.experts + p - 1) / p + policy.redundant_slots;
-      const std::vector<std::int64_t> phy2log =
-          eplb_place(window[std::size_t(l)], {slots * p, 1, 1, std::int64_t(p)});
-      return ExpertLayout::ep(placement_of(phy2log, p));
-    };
-    auto layout_of = [&](const RankLayer& L) {
-      return L.mode == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(L.placement);
-    };
-    auto post = [&](std::int64_t l) {
-      if (!to || !c.is_moe(l)) return;
-      const Timer timer;
-      RankLayer& L = shard.layers[std::size_t(l)];
-      moving[std::size_t(l)].begin(comm, c, L, layout_of(L), layer_target(l));
-      exposed += timer.seconds();
-    };
-    auto finish_all = [&]() {
-      if (!to) return;
-      const Timer timer;
-      for (std::int64_t l = 0; l < c.layers; ++l)
-        if (c.is_moe(l)) {
-          moving[std::size_t(l)].finish(c, p, me);
-          stats.switch_bytes += moving[std::size_t(l)].bytes_sent();
-        }
-      exposed += timer.seconds();
-    };
     const bool pipelined = policy.pipelined_switch;
-    if (to && !pipelined) {
-      for (std::int64_t l = 0; l < c.layers; ++l) post(l);
-      finish_all();
-    }
-    // The layout this step computes in (token sorting is an EP policy; TP layers take the plain path).
-    const MoeMode ran = (to && !pipelined) ? target : mode;
-    const StepResult out = decoder_step(
-        comm, c, shard, cache, std::span<const SequenceChunk>(batch), pool, ran == MoeMode::ep ? work : ExpertWorkFn{},
-        (to && pipelined) ? std::function<void(std::int64_t)>(post) : std::function<void(std::int64_t)>{},
-        policy.budget);
-    if (to && pipelined) finish_all();
-    if (to) {
-      stats.switch_exposed_s += exposed;
+    // The layout this step computes in.
+    const MoeMode ran = (change && !pipelined) ? target : mode;
+    const StepOutput out = stepper.run(std::span<const SequenceChunk>(batch), ran, trace.next, pipelined);
+    if (change) {
+      stats.switch_bytes += out.switch_bytes;
       if (target != mode) ++stats.switches;
       else ++stats.rebalances;
       if (rebalance)
@@ -326,6 +405,7 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
     for (std::int64_t l = 0; l < c.layers; ++l) {
       if (!c.is_moe(l)) continue;
       const MoeLayerLoad& load = out.moe_load[std::size_t(l)];
+      trace.routed[std::size_t(l)] = load.routed;
       const ModeCosts cost = moe_mode_costs(c.moe, load.routed, chunked.experts_of_rank, policy.rates);
       predicted.tp_s += cost.tp_s;
       predicted.ep_s += cost.ep_s;
@@ -356,12 +436,14 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
       if (prompt_chunk) L.done_prompt += std::int64_t(batch[k].tokens.size());
       if (L.done_prompt < std::int64_t(r.prompt.size())) continue;  // more prompt to come
       std::int64_t token = 0;
-      if (me == 0) token = sample_token(out.logits[k].span(), r.sampling, *L.rng);
+      if (me == 0) token = stepper.sample(k, r.sampling, *L.rng);
       sampled.push_back(token);
     }
-    if (p > 1 && !sampled.empty()) comm.broadcast(std::span<std::int64_t>(sampled), 0);
+    if (share && !sampled.empty()) comm.broadcast(std::span<std::int64_t>(sampled), 0);
+    const StepTiming timing = clock.step_end(trace, out.switch_wall_s);
+    if (change) stats.switch_exposed_s += timing.switch_exposed_s;
     std::size_t next = 0;
-    const double t = opt.wall_clock ? now() : double(stats.steps);
+    const double t = clock.now();
     for (std::size_t k = 0; k < batch.size(); ++k) {
       const std::size_t i = index_of_chunk[k];
       Live& L = live[i];
@@ -375,20 +457,32 @@ std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, 
         ++finished;
       }
     }
-    stats.step_seconds.push_back(step_timer.seconds());
+    stats.step_seconds.push_back(timing.step_s);
     stats.step_tokens.push_back(n);
     stats.predicted.push_back(predicted);
     if (progress && me == 0)
       progress({stats.steps, std::int64_t(finished), std::int64_t(requests.size()), std::int64_t(running.size()), mode});
   }
-  stats.elapsed_s = run_timer.seconds();
-  if (sorting) stats.fetch = sorting->stats();
-  if (on_demand) stats.fetch = on_demand->stats();
+  stats.elapsed_s = clock.elapsed_s();
+  stats.fetch = stepper.fetch_stats();
   if (stats_out) *stats_out = stats;
   std::vector<RequestOutcome> outcomes;
   if (me == 0)
     for (const Live& L : live) outcomes.push_back(L.outcome);
   return outcomes;
+}
+
+// Serves `requests` on this rank; rank 0 returns the outcomes (in request order), the others an empty list.
+template <Communicator C>
+std::vector<RequestOutcome> serve_requests(C& comm, const LoadedDecoder& model, const std::vector<ServeRequest>& requests,
+                                           const EngineOptions& opt, const EnginePolicy& policy,
+                                           EngineStats* stats_out = nullptr,
+                                           const std::function<void(const EngineProgress&)>& progress = {}) {
+  StepClock steps;
+  WallClock wall;
+  EngineClock& clock = opt.clock ? *opt.clock : opt.wall_clock ? static_cast<EngineClock&>(wall) : steps;
+  ModelStepper<C> stepper(comm, model, opt, policy, policy.mode == ModePolicy::static_ep ? MoeMode::ep : MoeMode::tp);
+  return serve_loop(comm, stepper, requests, opt, policy, clock, stats_out, progress);
 }
 
 }  // namespace paradyse::serve

@@ -1,0 +1,459 @@
+// examples/moe_simulate.cpp: the serving engine (serve/engine.hpp) on simulated time (issue 25): a model shape read
+// from a Hugging Face config.json alone (serve/model_shape_hf.hpp; data/model_shapes/ holds Mixtral-8x7B and 8x22B,
+// Qwen2-57B-A14B, DeepSeek-V2-Lite) served by the engine's own scheduler, policies and KV accounting on p modelled
+// ranks of a named cluster (serve/cluster_spec.hpp: a100 / h100 / h200 8-GPU NVLink nodes from their datasheets,
+// more than 8 ranks across InfiniBand, or a profile JSON), each step advancing the clock by the time model's cost of
+// its trace (serve/step_cost.hpp). The router's choices come from a routing source (serve/routing_source.hpp:
+// zipf:S, published:FILE, recorded:FILE) named in the output. Traces: Poisson at each of --rates, bursts, or a
+// production CSV (Azure LLM inference trace 2023 format).
+//
+// Prints, per trace, the table of a measured run (moe_infer's columns: TTFT and TPOT p50/p99, tokens/s, steps, EP
+// steps, switches/rebalances, exposed switch ms, rank max/mean) for static TP, static EP, EP + EPLB and dynamic
+// TP/EP, the step-time breakdown (compute, exposed communication, exposed switch), and the dynamic policy's ratio to
+// the best static policy per metric beside the Dynamo-MoE paper's (6.75x TTFT, 1.59x TPOT, 1.5x throughput).
+// --switch-csv FILE writes every step of every run (time, tokens, layout; scripts/plot.py draws the dynamic policy's
+// batch size and layout over time); --csv FILE one row per trace and policy.
+//
+// --measure: the validation on this machine. A model that runs here (the synthetic default of moe_infer, or --hf DIR)
+// is served on --ranks thread ranks on the wall clock (--rounds rounds after a warm-up, medians) and on the
+// simulated clock of this machine's calibrated profile (--cluster FILE.json; written by calibrating the thread ranks
+// first when FILE does not exist), the same requests and policies; the table gives both and the relative error.
+// --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
+// which --routing recorded:FILE replays for any shape with the same expert count.
+#include "command_line.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/serve/cluster_spec.hpp"
+#include "paradyse/serve/engine.hpp"
+#include "paradyse/serve/model_shape_hf.hpp"
+#include "paradyse/serve/request_trace.hpp"
+#include "paradyse/serve/routing_source.hpp"
+#include "paradyse/serve/shape_step.hpp"
+#include "paradyse/serve/synthetic_decoder.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::serve;
+
+namespace {
+
+struct Options {
+  std::string model = "data/model_shapes/mixtral-8x7b.json", cluster = "h100", routing = "zipf:0.5";
+  std::string traces = "poisson", rates = "1,2,4,8,16,32,64", policies = "tp,ep,eplb,dynamic";
+  int ranks = 8, dtype_bytes = 2, rounds = 3;
+  std::int64_t eplb_interval = 1000;
+  std::int64_t requests = 200, burst = 32, step_tokens = 512, max_running = 256, prompt_min = 64, prompt_max = 1024,
+               output_min = 16, output_max = 256, block_size = 16, azure_requests = 1000;
+  double period = 4;
+  std::uint64_t seed = 1;
+  std::string switch_csv, csv, record_routing, hf;
+  bool measure = false;
+};
+
+double percentile(std::vector<double> x, double q) {
+  if (x.empty()) return 0;
+  std::sort(x.begin(), x.end());
+  const double at = q * double(x.size() - 1);
+  const std::size_t lo = std::size_t(at), hi = std::min(lo + 1, x.size() - 1);
+  return x[lo] + (at - double(lo)) * (x[hi] - x[lo]);
+}
+
+enum Metric { ttft50, ttft99, tpot50, tpot99, tokens_per_s, metric_count };
+constexpr const char* kMetric[metric_count] = {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"};
+
+struct Result {
+  std::string key, name;
+  double metric[metric_count] = {};
+  std::int64_t steps = 0, ep_steps = 0, switches = 0, rebalances = 0;
+  double exposed_ms = 0, rank_imbalance = 1;
+  StepCost totals;
+};
+
+Result summarize(const std::vector<RequestOutcome>& out, const EngineStats& stats, const DecoderConfig& c) {
+  Result r;
+  std::vector<double> ttft, tpot;
+  std::int64_t tokens = 0;
+  for (const RequestOutcome& o : out) {
+    ttft.push_back(o.first_token - o.arrival);
+    if (o.tokens.size() > 1) tpot.push_back((o.finish - o.first_token) / double(o.tokens.size() - 1));
+    tokens += std::int64_t(o.tokens.size());
+  }
+  r.metric[ttft50] = percentile(ttft, 0.5) * 1e3;
+  r.metric[ttft99] = percentile(ttft, 0.99) * 1e3;
+  r.metric[tpot50] = percentile(tpot, 0.5) * 1e3;
+  r.metric[tpot99] = percentile(tpot, 0.99) * 1e3;
+  r.metric[tokens_per_s] = double(tokens) / std::max(1e-12, stats.elapsed_s);
+  r.steps = stats.steps;
+  r.ep_steps = std::count(stats.mode_of_step.begin(), stats.mode_of_step.end(), MoeMode::ep);
+  r.switches = stats.switches;
+  r.rebalances = stats.rebalances;
+  r.exposed_ms = stats.switch_exposed_s * 1e3;
+  double sum = 0;
+  int layers = 0;
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe(l) && stats.rank_mean[std::size_t(l)] > 0)
+      sum += stats.rank_max[std::size_t(l)] / stats.rank_mean[std::size_t(l)], ++layers;
+  r.rank_imbalance = layers ? sum / layers : 1.0;
+  return r;
+}
+
+struct Policy {
+  std::string key, name;
+  EnginePolicy policy;
+};
+
+std::vector<Policy> make_policies(const std::string& list, const MachineRates& rates, std::int64_t eplb_interval) {
+  std::vector<Policy> all(4);
+  all[0] = {"tp", "static TP", {}};
+  all[1] = {"ep", "static EP", {}};
+  all[1].policy.mode = ModePolicy::static_ep;
+  all[2] = {"eplb", "EP + EPLB", all[1].policy};
+  all[2].policy.eplb = true;
+  all[2].policy.eplb_interval = eplb_interval;
+  all[3] = {"dynamic", "dynamic TP/EP", {}};
+  all[3].policy.mode = ModePolicy::dynamic;
+  all[3].policy.switching = {0.1, 2, 8};
+  std::vector<Policy> chosen;
+  for (Policy& p : all) {
+    p.policy.rates = rates;
+    if (("," + list + ",").find("," + p.key + ",") != std::string::npos) chosen.push_back(p);
+  }
+  check(!chosen.empty(), "--policies {}: none of tp,ep,eplb,dynamic", list);
+  return chosen;
+}
+
+std::vector<std::string> split(const std::string& s, char by) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t next = s.find(by, at);
+    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) break;
+    at = next + 1;
+  }
+  return out;
+}
+
+struct NamedTrace {
+  std::string name;
+  std::vector<TraceRequest> requests;
+};
+
+std::vector<NamedTrace> make_traces(const Options& o) {
+  const LengthRanges lengths{o.prompt_min, o.prompt_max, o.output_min, o.output_max};
+  std::vector<NamedTrace> out;
+  for (const std::string& spec : split(o.traces, ',')) {
+    if (spec == "poisson") {
+      for (const std::string& rate : split(o.rates, ',')) {
+        double r = 0;
+        try {
+          r = std::stod(rate);
+        } catch (const std::exception&) {
+          throw Error(fmt::format("--rates: \"{}\" is not a number", rate));
+        }
+        out.push_back({fmt::format("Poisson {:g} req/s", r), poisson_trace(r, o.requests, lengths, o.seed)});
+      }
+    } else if (spec == "bursty") {
+      out.push_back({fmt::format("bursts of {} every {:g} s", o.burst, o.period),
+                     bursty_trace(o.burst, o.period, o.requests, lengths, o.seed)});
+    } else if (spec.rfind("azure:", 0) == 0) {
+      out.push_back({fmt::format("Azure code trace ({} requests of {})", o.azure_requests, spec.substr(6)),
+                     read_azure_trace(spec.substr(6), o.azure_requests)});
+    } else {
+      throw Error(fmt::format("--traces: \"{}\" is none of poisson, bursty, azure:FILE", spec));
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<RoutingSource> make_routing(const std::string& spec, std::uint64_t seed) {
+  const std::size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  if (kind == "zipf") {
+    double s = 0;
+    try {
+      s = std::stod(arg);
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--routing {}: zipf:S needs an exponent S >= 0", spec));
+    }
+    return std::make_unique<ZipfRouting>(s, seed);
+  }
+  if (kind == "published") return std::make_unique<WeightedRouting>(published_routing(arg, seed));
+  if (kind == "recorded") return std::make_unique<RecordedRouting>(load_routing_record(arg), arg);
+  throw Error(fmt::format("--routing {}: expected zipf:S, published:FILE or recorded:FILE", spec));
+}
+
+// KV blocks of `block` positions one device holds beside its share of the weights (EPLB's redundant slots too).
+std::int64_t kv_blocks_for(const ModelShape& shape, const SimulatedCluster& cluster, int p, std::int64_t block) {
+  const DecoderConfig& c = shape.config;
+  const double b = cluster.dtype_bytes;
+  double weights = shape.parameters() * b / p;
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe(l)) weights += 3.0 * double(c.hidden) * double(c.moe.expert_ffn) * b;  // one redundant slot
+  const double kv_heads = double(kv_heads_of(c, p, 0).length);
+  const double per_block = double(block) * double(c.layers) * 2 * kv_heads * double(c.head_dim) * b;
+  const double free = double(cluster.profile.usable_memory_bytes()) - weights;
+  check(free > per_block, "the weights ({:.1f} GB per device) leave no room for the KV cache on {} ({:.1f} GB usable)",
+        weights / 1e9, cluster.profile.name, double(cluster.profile.usable_memory_bytes()) / 1e9);
+  return std::min<std::int64_t>(std::int64_t(free / per_block), std::int64_t(1) << 20);
+}
+
+void print_table(const std::vector<Result>& rows) {
+  fmt::print("{:<16} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10}\n", "policy",
+             "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "sw/rebal", "exposed ms",
+             "rank max", "compute s", "comm s", "switch s");
+  for (const Result& r : rows)
+    fmt::print("{:<16} {:>8.1f}ms {:>8.1f}ms {:>7.2f}ms {:>7.2f}ms {:>9.0f} {:>6} {:>8} {:>8} {:>10.2f} {:>9.2f} {:>10.3f} "
+               "{:>10.3f} {:>10.4f}\n",
+               r.name, r.metric[ttft50], r.metric[ttft99], r.metric[tpot50], r.metric[tpot99], r.metric[tokens_per_s],
+               r.steps, r.ep_steps, fmt::format("{}/{}", r.switches, r.rebalances), r.exposed_ms, r.rank_imbalance,
+               r.totals.compute_s, r.totals.communication_s, r.totals.switch_s);
+}
+
+// Dynamic over the best static policy per metric (> 1: dynamic better), beside the paper's claims.
+std::vector<double> dynamic_ratios(const std::vector<Result>& rows) {
+  const Result* dyn = nullptr;
+  for (const Result& r : rows)
+    if (r.key == "dynamic") dyn = &r;
+  std::vector<double> ratio;
+  if (!dyn) return ratio;
+  for (int m = 0; m < metric_count; ++m) {
+    double best = m == tokens_per_s ? 0 : std::numeric_limits<double>::infinity();
+    for (const Result& r : rows)
+      if (r.key != "dynamic") best = m == tokens_per_s ? std::max(best, r.metric[m]) : std::min(best, r.metric[m]);
+    ratio.push_back(m == tokens_per_s ? dyn->metric[m] / std::max(1e-12, best) : best / std::max(1e-12, dyn->metric[m]));
+  }
+  return ratio;
+}
+
+int simulate(const Options& o) {
+  const ModelShape shape = read_model_shape(o.model);
+  const DecoderConfig& c = shape.config;
+  const SimulatedCluster cluster = simulated_cluster(o.cluster, o.dtype_bytes);
+  std::unique_ptr<RoutingSource> routing = make_routing(o.routing, o.seed);
+  EngineOptions opt;
+  opt.step_tokens = o.step_tokens;
+  opt.max_running = o.max_running;
+  opt.block_size = o.block_size;
+  opt.kv_blocks = kv_blocks_for(shape, cluster, o.ranks, o.block_size);
+  const std::vector<Policy> policies = make_policies(o.policies, machine_rates_of(cluster), o.eplb_interval);
+  fmt::print("moe_simulate: {} ({}: {} layers, h {}, {} heads / {} kv, {} experts top-{}, expert ffn {}, shared {}; "
+             "{:.1f}B parameters){} on {} ranks of {} ({} bytes per value), KV pool {} blocks of {}; routing: {}; "
+             "step {} tokens, at most {} running\n",
+             o.model, shape.architecture, c.layers, c.hidden, c.heads, c.kv_heads, c.moe.experts, c.moe.top_k,
+             c.moe.expert_ffn, c.moe.shared_width(), shape.parameters() / 1e9,
+             shape.note.empty() ? "" : " [" + shape.note + "]", o.ranks, cluster.profile.name, cluster.dtype_bytes,
+             opt.kv_blocks, o.block_size, routing->describe(), o.step_tokens, o.max_running);
+  std::ofstream switch_csv, csv;
+  if (!o.switch_csv.empty()) {
+    switch_csv.open(o.switch_csv);
+    check(bool(switch_csv), "cannot write --switch-csv {}", o.switch_csv);
+    switch_csv << "trace,policy,step,time_s,tokens,layout\n";
+  }
+  if (!o.csv.empty()) {
+    csv.open(o.csv);
+    check(bool(csv), "cannot write --csv {}", o.csv);
+    csv << "trace,policy,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,tokens_per_s,steps,ep_steps,switches,"
+           "rebalances,exposed_ms,rank_imbalance,compute_s,communication_s,switch_s\n";
+  }
+  std::vector<std::pair<std::string, std::vector<double>>> summary;
+  for (const NamedTrace& trace : make_traces(o)) {
+    const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
+    std::vector<Result> rows;
+    for (const Policy& pol : policies) {
+      SimulatedClock clock(c, cluster);
+      EngineOptions run = opt;
+      run.clock = &clock;
+      std::int64_t step = 0;
+      clock.observer = [&](const StepTrace& t, const StepTiming&, double end) {
+        if (!switch_csv.is_open()) return;
+        bool ep = false;
+        for (std::int64_t l = 0; l < c.layers; ++l)
+          if (c.is_moe(l)) {
+            const auto& next = t.next[std::size_t(l)];
+            ep = (!t.pipelined_switch && next ? next->mode : t.layout[std::size_t(l)].mode) == MoeMode::ep;
+            break;
+          }
+        switch_csv << '"' << trace.name << "\",\"" << pol.name << "\"," << step++ << ',' << fmt::format("{:.6g}", end)
+                   << ',' << t.tokens() << ',' << (ep ? "EP" : "TP") << '\n';
+      };
+      EngineStats stats;
+      std::vector<RequestOutcome> out;
+      run_ranks(1, [&](ThreadCommunicator& comm) {
+        ShapeStepper stepper(c, o.ranks, run, pol.policy.mode == ModePolicy::static_ep ? MoeMode::ep : MoeMode::tp,
+                             *routing);
+        out = serve_loop(comm, stepper, requests, run, pol.policy, clock, &stats);
+      });
+      Result r = summarize(out, stats, c);
+      r.key = pol.key;
+      r.name = pol.name;
+      r.totals = clock.totals();
+      rows.push_back(r);
+      if (csv.is_open())
+        csv << fmt::format("\"{}\",\"{}\",{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+                           trace.name, r.name, r.metric[ttft50], r.metric[ttft99], r.metric[tpot50], r.metric[tpot99],
+                           r.metric[tokens_per_s], r.steps, r.ep_steps, r.switches, r.rebalances, r.exposed_ms,
+                           r.rank_imbalance, r.totals.compute_s, r.totals.communication_s, r.totals.switch_s);
+    }
+    fmt::print("\n{} ({} requests)\n", trace.name, requests.size());
+    print_table(rows);
+    const std::vector<double> ratio = dynamic_ratios(rows);
+    if (!ratio.empty()) {
+      fmt::print("dynamic vs best static (> 1: dynamic better):");
+      for (int m = 0; m < metric_count; ++m) fmt::print(" {} {:.2f}x", kMetric[m], ratio[std::size_t(m)]);
+      fmt::print("\n");
+      summary.push_back({trace.name, ratio});
+    }
+  }
+  if (!summary.empty()) {
+    fmt::print("\ndynamic vs the best static policy per metric (> 1: dynamic better; the best static is chosen per "
+               "metric and trace)\n{:<44}", "trace");
+    for (int m = 0; m < metric_count; ++m) fmt::print(" {:>9}", kMetric[m]);
+    fmt::print("\n");
+    for (const auto& [name, ratio] : summary) {
+      fmt::print("{:<44}", name);
+      for (const double x : ratio) fmt::print(" {:>8.2f}x", x);
+      fmt::print("\n");
+    }
+    fmt::print("{:<44} {:>8}x {:>9} {:>8}x {:>9} {:>8}x\n", "Dynamo-MoE paper (best case, vs vLLM)", "6.75", "", "1.59",
+               "", "1.5");
+  }
+  if (!o.switch_csv.empty()) fmt::print("wrote {}\n", o.switch_csv);
+  if (!o.csv.empty()) fmt::print("wrote {}\n", o.csv);
+  return 0;
+}
+
+// ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
+int measure(const Options& o) {
+  const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
+                                           : load_decoder(o.hf);
+  const DecoderConfig& c = model.config;
+  if (!std::filesystem::exists(o.cluster)) {
+    check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
+          "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
+    fmt::print("calibrating {} thread ranks (wall clock) into {} ...\n", o.ranks, o.cluster);
+    cost::HardwareProfile profile;
+    run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+      cost::CalibrationOptions options;
+      options.clock = cost::TimeSource::wall;
+      const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
+      if (comm.rank() == 0) profile = cal.profile;
+    });
+    cost::save_profile(profile, o.cluster);
+  }
+  const SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
+  cost::use_gemm_engines(cluster.profile);
+  const MachineRates rates = measure_machine_rates(c.moe, o.ranks);
+  const std::vector<Policy> policies = make_policies(o.policies, rates, o.eplb_interval);
+  EngineOptions opt;
+  opt.step_tokens = o.step_tokens;
+  opt.max_running = o.max_running;
+  opt.block_size = o.block_size;
+  for (const NamedTrace& trace : make_traces(o)) {
+    const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
+    std::int64_t max_len = 0;
+    for (const ServeRequest& r : requests) max_len = std::max(max_len, std::int64_t(r.prompt.size()) + r.max_new_tokens);
+    opt.kv_blocks = o.max_running * ((max_len + o.block_size - 1) / o.block_size);
+    fmt::print("\nmoe_simulate --measure: {} ({} layers, h {}, {} experts top-{}, ffn {}), {} thread ranks, {} ({} "
+               "requests); simulated on {}\n",
+               o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
+               o.ranks, trace.name, requests.size(), cluster.profile.name);
+    fmt::print("{:<16} {:>8} {:>27} {:>27} {:>27} {:>27} {:>27}\n", "policy", "", "TTFT p50 ms", "TTFT p99 ms",
+               "TPOT p50 ms", "TPOT p99 ms", "tokens/s");
+    fmt::print("{:<16} {:>8}", "", "");
+    for (int m = 0; m < metric_count; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
+    fmt::print("\n");
+    for (const Policy& pol : policies) {
+      auto serve = [&](bool simulated, RoutingRecorder* recorder) {
+        std::vector<RequestOutcome> out;
+        EngineStats stats;
+        run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+          std::unique_ptr<EngineClock> own;
+          EngineOptions run = opt;
+          if (simulated) {  // every rank its own simulated clock (they advance alike)
+            own = std::make_unique<SimulatedClock>(c, cluster);
+          } else {
+            own = std::make_unique<WallClock>();
+          }
+          if (recorder && comm.rank() == 0) own->observer = [&](const StepTrace& t, const StepTiming&, double) { recorder->add(t); };
+          run.clock = own.get();
+          EngineStats s;
+          auto got = serve_requests(comm, model, requests, run, pol.policy, &s);
+          if (comm.rank() == 0) out = std::move(got), stats = s;
+        });
+        return summarize(out, stats, c);
+      };
+      std::vector<Result> measured;
+      RoutingRecorder recorder;
+      serve(false, nullptr);  // warm-up
+      for (int round = 0; round < o.rounds; ++round)
+        measured.push_back(serve(false, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr));
+      if (pol.key == "tp" && !o.record_routing.empty()) {
+        recorder.save(o.record_routing);
+        fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
+      }
+      const Result sim = serve(true, nullptr);
+      fmt::print("{:<16} {:>8}", pol.name, "");
+      for (int m = 0; m < metric_count; ++m) {
+        std::vector<double> v;
+        for (const Result& r : measured) v.push_back(r.metric[m]);
+        const double med = percentile(v, 0.5);
+        fmt::print(" {:>9.2f} {:>9.2f} {:>6.0f}%", med, sim.metric[m], 100 * (sim.metric[m] - med) / std::max(1e-12, med));
+      }
+      fmt::print("\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  examples::Flags flags("moe_simulate", "Serves request traces with the MoE engine on simulated time on a named "
+                                        "cluster, every layout policy; --measure validates against thread ranks.");
+  flags.text("--model", o.model, "model shape: a Hugging Face config.json (or its folder)", "FILE");
+  flags.text("--cluster", o.cluster, "a100, h100, h200 (8-GPU NVLink nodes) or a hardware profile .json", "NAME");
+  flags.integer("--ranks", o.ranks, 1, 4096, "ranks (GPUs) the engine runs on");
+  flags.integer("--dtype-bytes", o.dtype_bytes, 2, 4, "bytes per weight and activation (2: bf16)");
+  flags.text("--routing", o.routing, "zipf:S, published:FILE (EPLB statistics JSON) or recorded:FILE", "SOURCE");
+  flags.text("--traces", o.traces, "comma-separated: poisson (at each of --rates), bursty, azure:FILE", "LIST");
+  flags.text("--rates", o.rates, "Poisson rates, requests/s (comma-separated)", "LIST");
+  flags.integer("--requests", o.requests, std::int64_t(1), std::int64_t(10'000'000), "requests per synthetic trace");
+  flags.integer("--azure-requests", o.azure_requests, std::int64_t(0), std::int64_t(10'000'000),
+                "first rows of an azure trace (0: all)");
+  flags.integer("--burst", o.burst, std::int64_t(1), std::int64_t(1'000'000), "bursty: requests per burst");
+  flags.number("--period", o.period, {.min = 0, .max = 1e6, .min_open = true}, "bursty: seconds between bursts");
+  flags.integers("--prompt", o.prompt_min, o.prompt_max, std::int64_t(1), std::int64_t(1) << 20, "prompt lengths MIN MAX");
+  flags.integers("--output", o.output_min, o.output_max, std::int64_t(1), std::int64_t(1) << 20, "output lengths MIN MAX");
+  flags.integer("--step-tokens", o.step_tokens, std::int64_t(1), std::int64_t(1) << 20, "tokens per engine step");
+  flags.integer("--max-running", o.max_running, std::int64_t(1), std::int64_t(1) << 20, "requests running at once");
+  flags.integer("--eplb-interval", o.eplb_interval, std::int64_t(1), std::int64_t(1) << 40,
+                "EP + EPLB: steps between rebalances (moe_infer: 32; vLLM's default: 3000)");
+  flags.text("--policies", o.policies, "comma-separated subset of tp,ep,eplb,dynamic", "LIST");
+  flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "traces and routing seed");
+  flags.text("--switch-csv", o.switch_csv, "write every step (trace, policy, time, tokens, layout) to FILE", "FILE");
+  flags.text("--csv", o.csv, "write one row per trace and policy to FILE", "FILE");
+  flags.flag("--measure", o.measure, "validate: measured thread ranks against the calibrated profile's simulation");
+  flags.text("--hf", o.hf, "--measure: a Hugging Face model folder (default: moe_infer's synthetic MoE)", "DIR");
+  flags.integer("--rounds", o.rounds, 1, 100, "--measure: measured rounds per policy (medians)");
+  flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE");
+  flags.parse(argc, argv);
+  try {
+    return o.measure ? measure(o) : simulate(o);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moe_simulate: {}\n", e.what());
+    return 1;
+  }
+}

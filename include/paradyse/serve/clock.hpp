@@ -1,0 +1,138 @@
+// paradyse/serve/clock.hpp: the clock the serving engine (serve/engine.hpp) runs on. Nothing but the clock differs
+// between the modes: the engine admits, batches, accounts KV blocks, decides layouts and samples alike; the clock
+// says what time it is (arrivals are admitted when their time has come; outcomes are stamped with it) and how long
+// a step and its exposed layout change took.
+//   StepClock: time counts engine steps (a request arriving at 3 joins at step 3), steps measured on the wall clock.
+//   WallClock: seconds of std::chrono::steady_clock since start(); waiting for an arrival sleeps (up to 50 ms).
+//   SimulatedClock: seconds of a cluster (serve/step_cost.hpp): each step advances it by the time model's cost of
+//     the step's trace; with nothing to run it jumps to the next arrival. Deterministic: the same trace sequence
+//     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch).
+// Every clock calls `observer`, when set, after each step with the step's trace, its timing and the time it ended
+// (recording the routing, or the layout over time).
+#pragma once
+
+#include "paradyse/serve/step_cost.hpp"
+#include "paradyse/serve/step_trace.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <string_view>
+#include <thread>
+
+namespace paradyse::serve {
+
+struct StepTiming {
+  double step_s = 0;            // the step, planning to sampled tokens
+  double switch_exposed_s = 0;  // of which the layout change on the critical path
+};
+
+class EngineClock {
+public:
+  virtual ~EngineClock() = default;
+  virtual std::string_view name() const = 0;
+  // The run begins: time 0.
+  virtual void start() = 0;
+  // Now, in the clock's unit (steps or seconds).
+  virtual double now() const = 0;
+  // Seconds the run has taken so far.
+  virtual double elapsed_s() const = 0;
+  // Rank 0 has nothing to run before `arrival` (called while planning).
+  virtual void wait_for(double /*arrival*/) {}
+  // A step found no work; the earliest arrival still to come is `next_arrival`.
+  virtual void idle(double next_arrival) = 0;
+  // The engine counts the idle step in its statistics (the step clock's time is the step count).
+  virtual bool counts_idle_steps() const { return false; }
+  virtual void step_begin() { wall_step_start_ = std::chrono::steady_clock::now(); }
+  // The step described by `trace` ended; `measured_switch_s`: the wall time its layout change took on the critical
+  // path.
+  StepTiming step_end(const StepTrace& trace, double measured_switch_s) {
+    const StepTiming t = advance(trace, measured_switch_s);
+    if (observer) observer(trace, t, now());
+    return t;
+  }
+
+  std::function<void(const StepTrace&, const StepTiming&, double end)> observer;
+
+protected:
+  virtual StepTiming advance(const StepTrace& trace, double measured_switch_s) = 0;
+  double wall_step_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_step_start_).count();
+  }
+  std::chrono::steady_clock::time_point wall_step_start_{};
+};
+
+class StepClock final : public EngineClock {
+public:
+  std::string_view name() const override { return "steps"; }
+  void start() override { steps_ = 0, wall_start_ = std::chrono::steady_clock::now(); }
+  double now() const override { return double(steps_); }
+  double elapsed_s() const override {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start_).count();
+  }
+  void idle(double) override { ++steps_; }
+  bool counts_idle_steps() const override { return true; }
+
+private:
+  StepTiming advance(const StepTrace&, double measured_switch_s) override {
+    ++steps_;
+    return {wall_step_s(), measured_switch_s};
+  }
+  std::int64_t steps_ = 0;
+  std::chrono::steady_clock::time_point wall_start_{};
+};
+
+class WallClock final : public EngineClock {
+public:
+  std::string_view name() const override { return "wall"; }
+  void start() override { start_ = std::chrono::steady_clock::now(); }
+  double now() const override { return elapsed_s(); }
+  double elapsed_s() const override {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  void wait_for(double arrival) override {
+    const double wait = arrival - now();
+    if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
+  }
+  void idle(double) override {}
+
+private:
+  StepTiming advance(const StepTrace&, double measured_switch_s) override { return {wall_step_s(), measured_switch_s}; }
+  std::chrono::steady_clock::time_point start_{};
+};
+
+class SimulatedClock final : public EngineClock {
+public:
+  // `shape`: the model the time model costs (the engine's own, or a shape that does not fit here).
+  SimulatedClock(DecoderConfig shape, SimulatedCluster cluster) : shape_(std::move(shape)), cluster_(std::move(cluster)) {}
+
+  std::string_view name() const override { return "simulated"; }
+  void start() override { now_ = 0, total_ = {}; }
+  double now() const override { return now_; }
+  double elapsed_s() const override { return now_; }
+  void idle(double next_arrival) override {
+    if (std::isfinite(next_arrival)) now_ = std::max(now_, next_arrival);
+  }
+  void step_begin() override {}
+  // The totals over the steps since start().
+  const StepCost& totals() const noexcept { return total_; }
+  const SimulatedCluster& cluster() const noexcept { return cluster_; }
+  const DecoderConfig& shape() const noexcept { return shape_; }
+
+private:
+  StepTiming advance(const StepTrace& trace, double) override {
+    const StepCost c = step_cost(shape_, trace, cluster_);
+    total_.compute_s += c.compute_s;
+    total_.communication_s += c.communication_s;
+    total_.switch_s += c.switch_s;
+    now_ += c.total_s();
+    return {c.total_s(), c.switch_s};
+  }
+  DecoderConfig shape_;
+  SimulatedCluster cluster_;
+  double now_ = 0;
+  StepCost total_;
+};
+
+}  // namespace paradyse::serve

@@ -1,0 +1,177 @@
+// paradyse/serve/step_cost.hpp: the time of one engine step on a cluster, from the step's trace (serve/step_trace.hpp)
+// and a hardware profile (cost/profile.hpp): what the simulated clock (serve/clock.hpp) advances by.
+//
+// NOT YET THE DRY RUN: the issue asks for the cost of a dry run of decoder_step (meta tensors, ops::Counting, the
+// symbolic communicator); decoder_step runs on ops::Cpu with element loops over the KV cache, so it cannot run on
+// meta tensors yet. This function instead costs the same work decoder_step does, from the quantities the step
+// computes on (n = the batch's tokens, each chunk's new tokens and cached positions, the layout and the routing):
+// on rank r of p, per layer (d head width, hq_r / hk_r the rank's query / key-value heads, f the expert width,
+// b the dtype's bytes, every GEMM through the profile's GemmModel: overhead + 2mnk / rate + (mk + kn + mn) b / HBM
+// bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline that makes TP win there):
+//   attention: GEMMs q, k, v [n, h] x [h, (hq_r | hk_r | hk_r) d] and o [n, hq_r d] x [hq_r d, h]; the attention
+//     kernel at 4 d hq_r (query-key pairs) flops (AttentionModel) plus reading each chunk's keys and values
+//     (2 (cached + tokens) hk_r d b bytes, elementwise bandwidth); then all-reduce [n, h] (b bytes per element).
+//   FFN, dense: GEMMs [n, h] x [h, 2 F_r] and [n, F_r] x [F_r, h], F_r = chunk_range(F, p, r); SwiGLU n F_r outputs.
+//   FFN, MoE: router GEMM [n, h] x [h, E] on every rank; per expert e with rows m_e on the rank (TP: every pair, a
+//     slice of f_r = chunk_range(f, p, r) columns; EP: the rank's share, rows_per_rank's rule, whole f columns):
+//     GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs; the permute and combine
+//     (2 rows h b bytes each way); the shared expert as a dense FFN of its width; then all-reduce [n, h] (EP: plus
+//     the p row counts). OLMoE's q/k norm: an all-reduce of 2n floats.
+//   elementwise per layer: two RMSNorms and two residual adds over [n, h], RoPE over q and k, the KV append.
+// Logits: the lm_head GEMM [chunks, h] x [h, V] on every rank. Each layer's compute time is its slowest rank's
+// (the all-reduces synchronise the ranks); the code waits on every collective, so nothing overlaps there.
+// Layout changes (a TP<->EP switch or an EPLB placement): layer l's pieces (redistribution_plan, 3 columns h b bytes
+// each) leave after layer l computed and travel one layer after another on the links (an all-to-all-v: the link's
+// launch plus (p - 1) step latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth); the
+// exposed time is what is still in flight when the step's compute ends. Unpipelined, the whole change stalls
+// before the step. Not counted: the plan and sampled-token broadcasts (a few hundred bytes), the embedding lookup,
+// sampling, token sorting's and on-demand loading's fetches (costed as the plain EP split).
+#pragma once
+
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/serve/hf_config.hpp"
+#include "paradyse/serve/rank_shard.hpp"
+#include "paradyse/serve/step_trace.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace paradyse::serve {
+
+// A named cluster: a device and link profile, the ranks it runs on and the bytes of the weights' and activations'
+// dtype there (2 for bf16 on GPUs; 4 for this library's float CPU ranks).
+struct SimulatedCluster {
+  cost::HardwareProfile profile;
+  int dtype_bytes = 2;
+};
+
+struct StepCost {
+  double compute_s = 0;         // GEMMs, attention, elementwise (the slowest rank per layer)
+  double communication_s = 0;   // the all-reduces (exposed: the code waits on each)
+  double switch_s = 0;          // the layout change's exposed time
+  double total_s() const { return compute_s + communication_s + switch_s; }
+};
+
+namespace step_cost_detail {
+
+inline double gemm(const cost::HardwareProfile& hw, double m, double n, double k, int b) { return hw.gemm.time(m, n, k, b); }
+
+// One SwiGLU bank of width w over m rows: in [m, h] x [h, 2w], out [m, w] x [w, h], the activation.
+inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double h, int b) {
+  if (m <= 0 || w <= 0) return 0;
+  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.activation_time(m * w, 3 * m * w * b);
+}
+
+// Seconds of one all-to-all-v whose busiest rank moves `bytes` (in or out) among p ranks.
+inline double exchange_time(const cost::HardwareProfile& hw, int p, double bytes) {
+  if (p <= 1 || bytes <= 0) return 0;
+  const cost::LinkModel& l = hw.link(hw.level_of(p));
+  return l.launch_s + l.step_latency_s * (p - 1) + bytes / l.p2p_bytes_per_s;
+}
+
+}  // namespace step_cost_detail
+
+// The busiest rank's bytes (sent or received) of changing one MoE layer from `from` to `to`.
+inline double switch_bytes(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p, int b) {
+  std::vector<double> in(static_cast<std::size_t>(p), 0.0), out(in);
+  for (const WeightPiece& w : redistribution_plan(from, to, c.moe.experts, c.moe.expert_ffn, p)) {
+    if (w.src == w.dst) continue;
+    const double bytes = 3.0 * double(w.c1 - w.c0) * double(c.hidden) * b;
+    out[std::size_t(w.src)] += bytes;
+    in[std::size_t(w.dst)] += bytes;
+  }
+  double most = 0;
+  for (int r = 0; r < p; ++r) most = std::max({most, in[std::size_t(r)], out[std::size_t(r)]});
+  return most;
+}
+
+// Seconds of each layer of the step on the cluster (compute, then its collectives), and the totals.
+inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
+  using namespace step_cost_detail;
+  const cost::HardwareProfile& hw = cluster.profile;
+  const int p = t.ranks, b = cluster.dtype_bytes;
+  check(p >= 1 && std::int64_t(t.layout.size()) == c.layers && std::int64_t(t.routed.size()) == c.layers &&
+            std::int64_t(t.next.size()) == c.layers,
+        "step_cost: a trace of {} ranks with {} layouts, {} routings, {} next layouts for {} layers", p,
+        t.layout.size(), t.routed.size(), t.next.size(), c.layers);
+  const double n = double(t.tokens()), h = double(c.hidden), d = double(c.head_dim);
+  StepCost out;
+  if (n <= 0) return out;
+  const double reduce_s = hw.collective_time(cost::Collective::all_reduce, p, n * h * b);
+  std::vector<double> layer_end;  // seconds from the step's start to the end of each layer
+  double clock = 0;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::size_t li = std::size_t(l);
+    double attention = 0, ffn = 0;
+    // The layout the layer computed in: unpipelined, the change was installed before the step.
+    const ExpertLayout& L = (!t.pipelined_switch && t.next[li]) ? *t.next[li] : t.layout[li];
+    std::vector<std::int64_t> rows;
+    if (c.is_moe(l)) rows = rows_per_rank(L, t.routed[li], p);
+    for (int r = 0; r < p; ++r) {
+      const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
+      double pairs = 0, kv_bytes = 0;
+      for (const ChunkShape& ch : t.chunks) {
+        const double len = double(ch.tokens), start = double(ch.cached);
+        pairs += len * start + len * (len + 1) / 2;
+        kv_bytes += 2 * (start + len) * hk * d * b;
+      }
+      double a = gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b) +
+                 hw.attention.forward_time(4 * d * hq * pairs) + hw.elementwise_time(kv_bytes);
+      a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq + hk) * d + 2 * n * hk * d));  // norm, RoPE, KV append
+      attention = std::max(attention, a);
+      double f = hw.elementwise_time(b * (2 * n * h + 3 * n * h));  // norm, residual adds
+      if (!c.is_moe(l)) {
+        f += swiglu(hw, n, double(chunk_range(c.dense_ffn, p, r).length), h, b);
+      } else {
+        f += gemm(hw, n, double(c.moe.experts), h, b);
+        const std::vector<std::int64_t>& routed = t.routed[li];
+        if (L.mode == MoeMode::tp) {
+          const double fr = double(chunk_range(c.moe.expert_ffn, p, r).length);
+          for (const std::int64_t m : routed) f += swiglu(hw, double(m), fr, h, b);
+        } else {
+          std::vector<std::int64_t> holders(routed.size(), 0), seen(routed.size(), 0);
+          for (const auto& slots : L.placement)
+            for (const std::int64_t e : slots) ++holders[std::size_t(e)];
+          for (int q = 0; q <= r; ++q)
+            for (const std::int64_t e : L.placement[std::size_t(q)]) {
+              const std::size_t i = std::size_t(e);
+              const double m = double(chunk_range(routed[i], holders[i], seen[i]++).length);
+              if (q == r) f += swiglu(hw, m, double(c.moe.expert_ffn), h, b);
+            }
+        }
+        f += hw.elementwise_time(4.0 * double(rows[std::size_t(r)]) * h * b);  // permute and combine
+        if (c.moe.has_shared()) f += swiglu(hw, n, double(chunk_range(c.moe.shared_width(), p, r).length), h, b);
+      }
+      ffn = std::max(ffn, f);
+    }
+    double comm = 2 * reduce_s;
+    if (c.qk_norm) comm += hw.collective_time(cost::Collective::all_reduce, p, 2 * n * 4);
+    if (c.is_moe(l) && L.mode == MoeMode::ep)
+      comm += hw.collective_time(cost::Collective::all_reduce, p, (n * h + p) * b) - reduce_s;
+    out.compute_s += attention + ffn;
+    out.communication_s += comm;
+    clock += attention + ffn + comm;
+    layer_end.push_back(clock);
+  }
+  const double logits = gemm(hw, double(t.chunks.size()), double(c.vocab), h, b);  // the last row of each chunk
+  out.compute_s += logits;
+  clock += logits;
+  // The layout change: layer l's pieces leave after layer l, one exchange after another on the links.
+  double link_free = 0, stall = 0;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::size_t li = std::size_t(l);
+    if (!t.next[li] || !c.is_moe(l)) continue;
+    const double x = exchange_time(hw, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
+    if (t.pipelined_switch) {
+      link_free = std::max(link_free, layer_end[li]) + x;
+    } else {
+      stall += x;
+    }
+  }
+  out.switch_s = t.pipelined_switch ? std::max(0.0, link_free - clock) : stall;
+  return out;
+}
+
+}  // namespace paradyse::serve

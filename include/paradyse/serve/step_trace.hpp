@@ -1,0 +1,74 @@
+// paradyse/serve/step_trace.hpp: what one engine step did, as the time model needs it: the batch (each chunk's new
+// tokens and the positions its request had cached before), the layout every MoE layer computed in, the expert loads
+// of its routing, and the layouts installed by the step (a TP<->EP switch or an EPLB placement), plus the rows each
+// rank computes in a layout (shared by the engine's statistics and the cost).
+//
+// The engine fills one per step (serve/engine.hpp) and hands it to its clock (serve/clock.hpp): the simulated clock
+// advances by its cost (serve/step_cost.hpp), observers record the routing (serve/routing_source.hpp) or the layout
+// over time.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/serve/redistribute.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace paradyse::serve {
+
+struct ChunkShape {
+  std::int64_t tokens = 0;  // new positions this step
+  std::int64_t cached = 0;  // positions the request's cache held before the step
+  bool decode = false;      // a decode token (else a prompt chunk)
+};
+
+struct StepTrace {
+  int ranks = 1;
+  std::vector<ChunkShape> chunks;
+  std::vector<std::vector<std::int64_t>> routed;      // [layers][E]: (token, expert) pairs; empty for dense layers
+  std::vector<ExpertLayout> layout;                   // [layers]: each MoE layer's layout before the step
+  std::vector<std::optional<ExpertLayout>> next;      // [layers]: the layout installed by this step, when it changes
+  bool pipelined_switch = true;                       // the change travels layer by layer behind compute (the step
+                                                      // computes in `layout`); else it stalls before the step, which
+                                                      // computes in `next`
+
+  std::int64_t tokens() const {
+    std::int64_t n = 0;
+    for (const ChunkShape& c : chunks) n += c.tokens;
+    return n;
+  }
+  bool changes_layout() const {
+    for (const auto& n : next)
+      if (n) return true;
+    return false;
+  }
+};
+
+// Rows (token, expert pairs) each of p ranks computes in one MoE layer: TP: every pair (a slice of every expert);
+// EP: the pairs of its slots, an expert held by m ranks split evenly over them (holder i of m, in rank then slot
+// order, takes chunk_range(count, m, i)), as the engine's default EP work does (serve/decoder_step.hpp).
+inline std::vector<std::int64_t> rows_per_rank(const ExpertLayout& layout, const std::vector<std::int64_t>& routed,
+                                               int p) {
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(p), 0);
+  if (layout.mode == MoeMode::tp) {
+    std::int64_t all = 0;
+    for (const std::int64_t r : routed) all += r;
+    std::fill(rows.begin(), rows.end(), all);
+    return rows;
+  }
+  check(int(layout.placement.size()) == p, "rows_per_rank: an EP placement of {} ranks for p = {}",
+        layout.placement.size(), p);
+  std::vector<std::int64_t> holders(routed.size(), 0), seen(routed.size(), 0);
+  for (const auto& slots : layout.placement)
+    for (const std::int64_t e : slots) ++holders[std::size_t(e)];
+  for (int q = 0; q < p; ++q)
+    for (const std::int64_t e : layout.placement[std::size_t(q)]) {
+      const std::size_t i = std::size_t(e);
+      rows[std::size_t(q)] += chunk_range(routed[i], holders[i], seen[i]++).length;
+    }
+  return rows;
+}
+
+}  // namespace paradyse::serve

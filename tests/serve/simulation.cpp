@@ -1,0 +1,318 @@
+// tests/serve/simulation.cpp: the engine on simulated time (issue 25). The same requests served on the wall clock,
+// the step clock and the simulated clock give the same tokens and the same scheduling (steps, batches, layouts,
+// switches, rebalances); a shape-only run replaying the routing recorded from a real run takes the same decisions;
+// the simulated clock is deterministic and advances by exactly step_cost of each step's trace; the cost of a
+// hand-built step matches its formula; TP is cheaper than EP at batch 1 and the reverse at large batches on an H100
+// node (the roofline); routing sources, request traces, model shapes and clusters read and fail clearly.
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/serve/cluster_spec.hpp"
+#include "paradyse/serve/engine.hpp"
+#include "paradyse/serve/model_shape_hf.hpp"
+#include "paradyse/serve/request_trace.hpp"
+#include "paradyse/serve/routing_source.hpp"
+#include "paradyse/serve/shape_step.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::serve;
+
+// A named namespace (the unity build puts engine.cpp's anonymous helpers beside these): its test cases find these.
+namespace simulation_test {
+
+std::filesystem::path repo() { return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path(); }
+std::string scratch(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("paradyse_sim_" + name)).string();
+}
+
+// Twelve requests arriving at time 0 (admission then depends on the KV pool and max_running, not on the clock).
+std::vector<ServeRequest> at_once(std::int64_t vocab) {
+  std::vector<TraceRequest> t = poisson_trace(1.0, 12, {3, 11, 2, 7}, 5);
+  for (TraceRequest& r : t) r.arrival_s = 0;
+  return to_serve_requests(t, vocab, 3);
+}
+
+struct Run {
+  std::vector<RequestOutcome> out;
+  EngineStats stats;
+  std::vector<StepTrace> traces;
+};
+
+Run run_on(const LoadedDecoder& m, const std::vector<ServeRequest>& requests, int p, EngineOptions opt,
+           const EnginePolicy& policy, EngineClock* (*make)(const DecoderConfig&)) {
+  Run r;
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    std::unique_ptr<EngineClock> clock(make ? make(m.config) : nullptr);
+    EngineOptions o = opt;
+    o.clock = clock.get();
+    if (clock && comm.rank() == 0) clock->observer = [&](const StepTrace& t, const StepTiming&, double) { r.traces.push_back(t); };
+    EngineStats stats;
+    auto got = serve_requests(comm, m, requests, o, policy, &stats);
+    if (comm.rank() == 0) r.out = std::move(got), r.stats = stats;
+  });
+  return r;
+}
+
+EngineClock* wall(const DecoderConfig&) { return new WallClock; }
+EngineClock* steps(const DecoderConfig&) { return new StepClock; }
+EngineClock* simulated(const DecoderConfig& c) { return new SimulatedClock(c, simulated_cluster("h100", 2)); }
+
+EnginePolicy switching_policy() {  // prefill favours EP, decode TP: the runs switch both ways
+  EnginePolicy p;
+  p.mode = ModePolicy::dynamic;
+  p.switching = {0.0, 1, 1};
+  p.rates = {1e9, 1e12, 1e4};
+  p.eplb = true;
+  p.eplb_interval = 2;
+  return p;
+}
+
+EngineOptions small_pool() {
+  EngineOptions o;
+  o.step_tokens = 8;
+  o.max_running = 5;
+  o.block_size = 4;
+  o.kv_blocks = 24;
+  return o;
+}
+
+void same_schedule(const Run& a, const Run& b) {
+  REQUIRE(a.out.size() == b.out.size());
+  for (std::size_t i = 0; i < a.out.size(); ++i) CHECK(a.out[i].tokens == b.out[i].tokens);
+  CHECK(a.stats.steps == b.stats.steps);
+  CHECK(a.stats.step_tokens == b.stats.step_tokens);
+  CHECK(a.stats.mode_of_step == b.stats.mode_of_step);
+  CHECK(a.stats.switches == b.stats.switches);
+  CHECK(a.stats.rebalances == b.stats.rebalances);
+  CHECK(a.stats.tokens == b.stats.tokens);
+}
+
+TEST_CASE("simulation: wall, step and simulated clocks give the same tokens, batches, layouts and switches") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  const std::vector<ServeRequest> requests = at_once(m.config.vocab);
+  for (const int p : {1, 2}) {
+    INFO("p = ", p);
+    const Run w = run_on(m, requests, p, small_pool(), switching_policy(), wall);
+    const Run s = run_on(m, requests, p, small_pool(), switching_policy(), steps);
+    const Run sim = run_on(m, requests, p, small_pool(), switching_policy(), simulated);
+    same_schedule(w, s);
+    same_schedule(w, sim);
+    if (p == 2) CHECK(sim.stats.switches > 0);
+    // On the simulated clock the outcomes are stamped in the cluster's seconds: each step's cost, in order.
+    double t = 0;
+    for (const double x : sim.stats.step_seconds) t += x;
+    CHECK(sim.stats.elapsed_s == doctest::Approx(t).epsilon(1e-12));
+    for (const RequestOutcome& r : sim.out) CHECK((r.first_token > 0 && r.finish >= r.first_token && r.finish <= t));
+  }
+}
+
+TEST_CASE("simulation: the simulated clock is deterministic and advances by step_cost of each step's trace") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  std::vector<ServeRequest> requests = at_once(m.config.vocab);
+  for (std::size_t i = 0; i < requests.size(); ++i) requests[i].arrival = 2e-5 * double(i);  // staggered, in seconds
+  const Run a = run_on(m, requests, 2, small_pool(), switching_policy(), simulated);
+  const Run b = run_on(m, requests, 2, small_pool(), switching_policy(), simulated);
+  REQUIRE(a.out.size() == b.out.size());
+  for (std::size_t i = 0; i < a.out.size(); ++i) {
+    CHECK(a.out[i].first_token == b.out[i].first_token);  // to the bit
+    CHECK(a.out[i].finish == b.out[i].finish);
+  }
+  CHECK(a.stats.step_seconds == b.stats.step_seconds);
+  REQUIRE(a.traces.size() == a.stats.step_seconds.size());
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  for (std::size_t k = 0; k < a.traces.size(); ++k) {
+    CHECK(a.traces[k].tokens() == a.stats.step_tokens[k]);
+    CHECK(a.stats.step_seconds[k] == step_cost(m.config, a.traces[k], h100).total_s());
+  }
+}
+
+TEST_CASE("simulation: a shape-only run replaying the recorded routing takes the real run's decisions") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  const std::vector<ServeRequest> requests = at_once(m.config.vocab);
+  const Run real = run_on(m, requests, 2, small_pool(), switching_policy(), simulated);
+  RoutingRecorder rec;
+  for (const StepTrace& t : real.traces) rec.add(t);
+  const std::string path = scratch("routing.csv");
+  rec.save(path);
+  RecordedRouting routing(load_routing_record(path), "routing.csv");
+  Run shape;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    SimulatedClock clock(m.config, simulated_cluster("h100", 2));
+    EngineOptions o = small_pool();
+    o.clock = &clock;
+    const EnginePolicy policy = switching_policy();
+    ShapeStepper stepper(m.config, 2, o, MoeMode::tp, routing);
+    shape.out = serve_loop(comm, stepper, requests, o, policy, clock, &shape.stats);
+  });
+  CHECK(shape.stats.steps == real.stats.steps);
+  CHECK(shape.stats.step_tokens == real.stats.step_tokens);
+  CHECK(shape.stats.mode_of_step == real.stats.mode_of_step);
+  CHECK(shape.stats.switches == real.stats.switches);
+  CHECK(shape.stats.rebalances == real.stats.rebalances);
+  CHECK(shape.stats.step_seconds == real.stats.step_seconds);  // the same traces cost the same
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    CHECK(shape.out[i].tokens.size() == real.out[i].tokens.size());
+    CHECK(shape.out[i].first_token == real.out[i].first_token);
+  }
+}
+
+TEST_CASE("step cost: a hand-built step costs its formula; TP wins batch 1 and EP large batches on an H100 node") {
+  DecoderConfig c = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string()).config;
+  cost::HardwareProfile hw;  // GEMMs only: no overhead, 1 TFLOP/s, operands at 1 TB/s; the rest free
+  hw.gemm = {0, 1e12, 1e12};
+  hw.attention = {0, 1e30, 1e30};
+  hw.elementwise_bytes_per_s = 1e30;
+  hw.intra_node = {0, 0, 1e30, 1e30};
+  const SimulatedCluster free_links{hw, 2};
+  StepTrace t;
+  t.ranks = 1;
+  t.chunks = {{1, 0, true}};
+  t.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
+  t.next.resize(std::size_t(c.layers));
+  t.routed.assign(std::size_t(c.layers), std::vector<std::int64_t>(8, 0));
+  for (auto& r : t.routed) r[0] = r[3] = 1;
+  const double h = 4096, f = 14336, d = 128, b = 2;
+  auto g = [&](double m, double n, double k) { return 2 * m * n * k / 1e12 + (m * k + k * n + m * n) * b / 1e12; };
+  const double per_layer = g(1, 32 * d, h) + 2 * g(1, 8 * d, h) + g(1, h, 32 * d) + g(1, 8, h) + 2 * (g(1, 2 * f, h) + g(1, h, f));
+  const StepCost one = step_cost(c, t, free_links);
+  CHECK(one.compute_s == doctest::Approx(32 * per_layer + g(1, 32000, h)).epsilon(1e-9));
+  CHECK(one.communication_s == 0);
+  CHECK(one.switch_s == 0);
+
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  auto moe_time = [&](std::int64_t tokens, MoeMode mode) {
+    StepTrace s;
+    s.ranks = 8;
+    s.chunks = {{tokens, 0, false}};
+    s.layout.assign(std::size_t(c.layers), mode == MoeMode::tp ? ExpertLayout::tp()
+                                                              : ExpertLayout::ep(ExpertPlacement::chunked(8, 8).experts_of_rank));
+    s.next.resize(std::size_t(c.layers));
+    ZipfRouting z(0.0, 1);
+    for (std::int64_t l = 0; l < c.layers; ++l) s.routed.push_back(z.counts(0, l, tokens, 8, 2));
+    return step_cost(c, s, h100).total_s();
+  };
+  CHECK(moe_time(1, MoeMode::tp) < moe_time(1, MoeMode::ep));
+  CHECK(moe_time(4096, MoeMode::ep) < moe_time(4096, MoeMode::tp));
+
+  // A switch pipelined behind 32 layers hides; stalled, it is exposed whole.
+  StepTrace s = t;
+  s.ranks = 8;
+  s.chunks = {{256, 0, false}};
+  ZipfRouting z(0.0, 1);
+  for (std::int64_t l = 0; l < c.layers; ++l) s.routed[std::size_t(l)] = z.counts(0, l, 256, 8, 2);
+  for (auto& n : s.next) n = ExpertLayout::ep(ExpertPlacement::chunked(8, 8).experts_of_rank);
+  const StepCost piped = step_cost(c, s, h100);
+  s.pipelined_switch = false;
+  const StepCost stalled = step_cost(c, s, h100);
+  CHECK(stalled.switch_s > piped.switch_s);
+  const double bytes = switch_bytes(c, ExpertLayout::tp(), *s.next[0], 8, 2);
+  CHECK(bytes == doctest::Approx(3.0 * 14336 * 4096 * 2 * 7.0 / 8));  // one expert, 7/8 of it from the others
+}
+
+TEST_CASE("routing sources: counts sum to n k with at most n per expert; seeded; Zipf skews; records round-trip") {
+  ZipfRouting uniform(0.0, 7), skewed(1.5, 7);
+  const std::vector<std::int64_t> a = uniform.counts(3, 1, 500, 8, 2), b = uniform.counts(3, 1, 500, 8, 2);
+  CHECK(a == b);
+  CHECK(std::accumulate(a.begin(), a.end(), std::int64_t(0)) == 1000);
+  for (const std::int64_t x : a) CHECK(x <= 500);
+  const std::vector<std::int64_t> s = skewed.counts(3, 1, 500, 8, 2);
+  CHECK(*std::max_element(s.begin(), s.end()) > *std::max_element(a.begin(), a.end()));
+  CHECK(uniform.describe().find("Zipf") != std::string::npos);
+
+  WeightedRouting published = published_routing((repo() / "tests" / "data" / "hf" / "eplb_example.json").string(), 1);
+  const std::vector<std::int64_t> p = published.counts(0, 0, 100, 8, 2);
+  CHECK(std::accumulate(p.begin(), p.end(), std::int64_t(0)) == 200);
+  CHECK(published.describe().find("eplb_example.json") != std::string::npos);
+
+  RoutingRecord rec;
+  rec.experts = 4;
+  rec.rows = {{0, 0, 3, {3, 2, 1, 0}}, {0, 1, 3, {1, 1, 2, 2}}, {1, 0, 1, {1, 0, 0, 1}}, {1, 1, 1, {0, 1, 1, 0}}};
+  RecordedRouting replay(rec, "hand");
+  CHECK(replay.counts(0, 0, 3, 4, 2) == std::vector<std::int64_t>{3, 2, 1, 0});
+  CHECK(replay.counts(1, 1, 1, 4, 2) == std::vector<std::int64_t>{0, 1, 1, 0});
+  CHECK(replay.counts(2, 0, 3, 4, 2) == std::vector<std::int64_t>{3, 2, 1, 0});  // cyclic
+  const std::vector<std::int64_t> scaled = replay.counts(0, 0, 6, 4, 2);
+  CHECK(scaled == std::vector<std::int64_t>{6, 4, 2, 0});
+  CHECK_THROWS_WITH_AS(replay.counts(0, 0, 3, 8, 2), doctest::Contains("recorded with 4 experts, the model has 8"),
+                       Error);
+  const std::string bad = scratch("bad_routing.csv");
+  std::ofstream(bad) << "step,layer,tokens,e0,e1\n0,0,2,1,3\n0,1,2,x,1\n";
+  CHECK_THROWS_WITH_AS(load_routing_record(bad), doctest::Contains("bad_routing.csv:3:7: \"x\" is not a count"), Error);
+}
+
+TEST_CASE("request traces: Poisson and bursts seeded; the Azure CSV reads; bad rows name file, line and column") {
+  const auto p = poisson_trace(4.0, 2000, {}, 1);
+  CHECK(p == poisson_trace(4.0, 2000, {}, 1));
+  CHECK(p.back().arrival_s / 2000 == doctest::Approx(0.25).epsilon(0.1));
+  const auto b = bursty_trace(5, 2.0, 12, {}, 1);
+  CHECK(b[5].arrival_s == 2.0);
+  CHECK(b[11].arrival_s == doctest::Approx(4.001));
+  const auto azure = read_azure_trace((repo() / "tests" / "data" / "traces" / "azure_code_head20.csv").string());
+  REQUIRE(azure.size() == 20);
+  CHECK(azure[0].arrival_s == 0);
+  CHECK(azure[0].prompt_tokens == 4808);
+  CHECK(azure[0].output_tokens == 10);
+  CHECK(azure[1].arrival_s == doctest::Approx(0.052).epsilon(1e-6));
+  const auto requests = to_serve_requests(azure, 32000, 1);
+  CHECK(requests[2].prompt.size() == 110);
+  CHECK(requests[2].max_new_tokens == 27);
+
+  const std::string bad = scratch("bad_trace.csv");
+  std::ofstream(bad) << "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,10,2\n2023-11-16 18:17:04,ten,3\n";
+  CHECK_THROWS_WITH_AS(read_azure_trace(bad), doctest::Contains("bad_trace.csv:3:21: ContextTokens \"ten\""), Error);
+  std::ofstream(bad) << "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-16 18:17:03,10,2\n";
+  CHECK_THROWS_WITH_AS(read_azure_trace(bad), doctest::Contains("bad_trace.csv:2:1: TIMESTAMP"), Error);
+  std::ofstream(bad) << "when,ContextTokens\n1,2\n";
+  CHECK_THROWS_WITH_AS(read_azure_trace(bad), doctest::Contains("lacks TIMESTAMP GeneratedTokens"), Error);
+  CHECK_THROWS_WITH_AS(read_azure_trace(scratch("missing.csv")), doctest::Contains("cannot open"), Error);
+}
+
+TEST_CASE("model shapes: Mixtral-8x7B and 8x22B, Qwen2-57B-A14B and DeepSeek-V2-Lite from config.json alone") {
+  const auto shape = [](const std::string& name) {
+    return read_model_shape((repo() / "data" / "model_shapes" / (name + ".json")).string());
+  };
+  const ModelShape m7 = shape("mixtral-8x7b");
+  CHECK(m7.config.hidden == 4096);
+  CHECK(m7.config.layers == 32);
+  CHECK(m7.config.kv_heads == 8);
+  CHECK(m7.config.moe.experts == 8);
+  CHECK(m7.config.moe.top_k == 2);
+  CHECK(m7.config.moe.expert_ffn == 14336);
+  CHECK(m7.parameters() / 1e9 == doctest::Approx(46.7).epsilon(0.01));  // "46.7B parameters"
+  const ModelShape m22 = shape("mixtral-8x22b");
+  CHECK(m22.parameters() / 1e9 == doctest::Approx(140.6).epsilon(0.01));  // "141B"
+  const ModelShape q = shape("qwen2-57b-a14b");
+  CHECK(q.config.moe.experts == 64);
+  CHECK(q.config.moe.top_k == 8);
+  CHECK(q.config.moe.shared_width() == 20480);
+  CHECK(q.parameters() / 1e9 == doctest::Approx(57.4).epsilon(0.01));  // "57B"
+  const ModelShape ds = shape("deepseek-v2-lite");
+  CHECK(ds.architecture == "DeepseekV2ForCausalLM");
+  CHECK(!ds.config.is_moe(0));
+  CHECK(ds.config.is_moe(1));
+  CHECK(ds.config.moe.shared_width() == 2 * 1408);
+  CHECK(ds.config.moe.top_k == 6);
+  CHECK(!ds.note.empty());
+  CHECK_THROWS_WITH_AS(read_model_shape(scratch("nowhere.json")), doctest::Contains("does not exist"), Error);
+}
+
+TEST_CASE("clusters: built-in names and profile files; bad ones give clear errors") {
+  CHECK(simulated_cluster("h100", 2).profile.name == "H100-SXM-80GB-x8");
+  CHECK_THROWS_WITH_AS(simulated_cluster("h900", 2), doctest::Contains("no built-in profile \"h900\""), Error);
+  CHECK_THROWS_WITH_AS(simulated_cluster(scratch("absent.json"), 2), doctest::Contains("no such file"), Error);
+  const std::string bad = scratch("bad_cluster.json");
+  std::ofstream(bad) << "{\"name\": \"x\", \"gemm\": 3}";
+  CHECK_THROWS_WITH_AS(simulated_cluster(bad, 2), doctest::Contains("bad_cluster.json"), Error);
+  std::ofstream(bad) << "{\"name\": ";
+  CHECK_THROWS_WITH_AS(simulated_cluster(bad, 2), doctest::Contains("bad_cluster.json"), Error);
+  CHECK_THROWS_WITH_AS(simulated_cluster("h100", 3), doctest::Contains("expected 2 (bf16) or 4"), Error);
+}
+
+}  // namespace simulation_test
