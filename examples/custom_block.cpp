@@ -12,12 +12,13 @@
 // thread ranks; each step prints the loss and the plan. The replicated embedding and norms reduce their gradients
 // once per step; the strategies hand back their shards' gradients already reduced; AdamW updates every tensor.
 #include "command_line.hpp"
-#include "corpus.hpp"
 #include "parallel_block.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/from_config.hpp"
+#include "paradyse/data/corpus.hpp"
+#include "paradyse/data/packing.hpp"
 #include "paradyse/model/gpt.hpp"  // shard_tokens
 #include "paradyse/model/layer.hpp"
 #include "paradyse/plan/planner.hpp"
@@ -33,6 +34,7 @@
 #include <vector>
 
 namespace pd = paradyse;
+namespace corpus = paradyse::data;  // the corpus and its packing (paradyse/data/), as the example names them
 using Strategies = pd::AllStrategies<>;
 using Cpu = pd::ops::Cpu;
 
