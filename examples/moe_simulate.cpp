@@ -20,7 +20,7 @@
 // first when FILE does not exist), the same requests and policies; the table gives both and the relative error.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
-#include "command_line.hpp"
+#include "paradyse/cli/flags.hpp"
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/calibrate.hpp"
@@ -421,7 +421,7 @@ int measure(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  examples::Flags flags("moe_simulate", "Serves request traces with the MoE engine on simulated time on a named "
+  cli::Flags flags("moe_simulate", "Serves request traces with the MoE engine on simulated time on a named "
                                         "cluster, every layout policy; --measure validates against thread ranks.");
   flags.text("--model", o.model, "model shape: a Hugging Face config.json (or its folder)", "FILE");
   flags.text("--cluster", o.cluster, "a100, h100, h200 (8-GPU NVLink nodes) or a hardware profile .json", "NAME");
