@@ -21,8 +21,8 @@
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
 #include "paradyse/cli/flags.hpp"
-
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
@@ -60,14 +60,6 @@ struct Options {
   std::string switch_csv, csv, record_routing, hf;
   bool measure = false;
 };
-
-double percentile(std::vector<double> x, double q) {
-  if (x.empty()) return 0;
-  std::sort(x.begin(), x.end());
-  const double at = q * double(x.size() - 1);
-  const std::size_t lo = std::size_t(at), hi = std::min(lo + 1, x.size() - 1);
-  return x[lo] + (at - double(lo)) * (x[hi] - x[lo]);
-}
 
 enum Metric { ttft50, ttft99, tpot50, tpot99, tokens_per_s, metric_count };
 constexpr const char* kMetric[metric_count] = {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"};
