@@ -3,8 +3,7 @@
 # with a message on stderr naming the flag, the value and what was expected, before the program does any work.
 #   cmake -DEXE=train_gpt "-DFLAGS=--steps;--ranks" "-DBAD=--steps 0=>--steps expects an integer in [1, 10000000]@@..."
 #         -P command_line_usage.cmake
-# BAD: cases "ARGS=>EXPECTED" separated by "@@" (not a CMake list: a range's unmatched ']' of "(0, 100]" would keep
-# list splitting from seeing the next ';'), ARGS split at spaces; stderr must hold EXPECTED and the last of ARGS (the
+# BAD: cases "ARGS=>EXPECTED" separated by "@@" (tests/examples/cases.cmake), ARGS split at spaces; stderr must hold EXPECTED and the last of ARGS (the
 # bad value) in quotes.
 foreach(var EXE FLAGS BAD)
   if(NOT DEFINED ${var})
@@ -23,19 +22,8 @@ foreach(flag IN LISTS FLAGS)
   endif()
 endforeach()
 
-set(rest "${BAD}@@")
-while(NOT rest STREQUAL "")
-  string(FIND "${rest}" "@@" end)
-  string(SUBSTRING "${rest}" 0 ${end} case)
-  math(EXPR next "${end} + 2")
-  string(SUBSTRING "${rest}" ${next} -1 rest)
-  string(FIND "${case}" "=>" split)
-  if(split EQUAL -1)
-    message(FATAL_ERROR "command_line_usage.cmake: the case \"${case}\" has no \"=>\"")
-  endif()
-  string(SUBSTRING "${case}" 0 ${split} args)
-  math(EXPR from "${split} + 2")
-  string(SUBSTRING "${case}" ${from} -1 expected)
+include(${CMAKE_CURRENT_LIST_DIR}/cases.cmake)
+function(check_case args expected)
   separate_arguments(args UNIX_COMMAND "${args}")
   execute_process(COMMAND ${EXE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
   if(NOT rc EQUAL 2)
@@ -54,5 +42,6 @@ while(NOT rest STREQUAL "")
   if(usage_at EQUAL -1)
     message(FATAL_ERROR "${EXE} ${args}: no usage after the problem:\n${err}")
   endif()
-endwhile()
+endfunction()
+for_each_case("${BAD}" check_case)
 message(STATUS "${EXE}: --help names the flags; the bad values exit 2 naming flag, value and range")
