@@ -3,7 +3,7 @@
 // says what time it is (arrivals are admitted when their time has come; outcomes are stamped with it) and how long
 // a step and its exposed layout change took.
 //   StepClock: time counts engine steps (a request arriving at 3 joins at step 3), steps measured on the wall clock.
-//   WallClock: seconds of std::chrono::steady_clock since start(); waiting for an arrival sleeps (up to 50 ms).
+//   WallClock: wall seconds since start() (core/timer.hpp); waiting for an arrival sleeps (up to 50 ms).
 //   SimulatedClock: seconds of a cluster (serve/step_cost.hpp): each step advances it by the time model's cost of
 //     the step's trace; with nothing to run it jumps to the next arrival. Deterministic: the same trace sequence
 //     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch).
@@ -11,6 +11,7 @@
 // (recording the routing, or the layout over time).
 #pragma once
 
+#include "paradyse/core/timer.hpp"
 #include "paradyse/serve/step_cost.hpp"
 #include "paradyse/serve/step_trace.hpp"
 
@@ -44,7 +45,7 @@ public:
   virtual void idle(double next_arrival) = 0;
   // The engine counts the idle step in its statistics (the step clock's time is the step count).
   virtual bool counts_idle_steps() const { return false; }
-  virtual void step_begin() { wall_step_start_ = std::chrono::steady_clock::now(); }
+  virtual void step_begin() { wall_step_.restart(); }
   // The step described by `trace` ended; `measured_switch_s`: the wall time its layout change took on the critical
   // path.
   StepTiming step_end(const StepTrace& trace, double measured_switch_s) {
@@ -57,20 +58,16 @@ public:
 
 protected:
   virtual StepTiming advance(const StepTrace& trace, double measured_switch_s) = 0;
-  double wall_step_s() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_step_start_).count();
-  }
-  std::chrono::steady_clock::time_point wall_step_start_{};
+  double wall_step_s() const { return wall_step_.seconds(); }
+  Timer wall_step_;
 };
 
 class StepClock final : public EngineClock {
 public:
   std::string_view name() const override { return "steps"; }
-  void start() override { steps_ = 0, wall_start_ = std::chrono::steady_clock::now(); }
+  void start() override { steps_ = 0, wall_.restart(); }
   double now() const override { return double(steps_); }
-  double elapsed_s() const override {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start_).count();
-  }
+  double elapsed_s() const override { return wall_.seconds(); }
   void idle(double) override { ++steps_; }
   bool counts_idle_steps() const override { return true; }
 
@@ -80,17 +77,15 @@ private:
     return {wall_step_s(), measured_switch_s};
   }
   std::int64_t steps_ = 0;
-  std::chrono::steady_clock::time_point wall_start_{};
+  Timer wall_;
 };
 
 class WallClock final : public EngineClock {
 public:
   std::string_view name() const override { return "wall"; }
-  void start() override { start_ = std::chrono::steady_clock::now(); }
+  void start() override { wall_.restart(); }
   double now() const override { return elapsed_s(); }
-  double elapsed_s() const override {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  double elapsed_s() const override { return wall_.seconds(); }
   void wait_for(double arrival) override {
     const double wait = arrival - now();
     if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
@@ -99,7 +94,7 @@ public:
 
 private:
   StepTiming advance(const StepTrace&, double measured_switch_s) override { return {wall_step_s(), measured_switch_s}; }
-  std::chrono::steady_clock::time_point start_{};
+  Timer wall_;
 };
 
 class SimulatedClock final : public EngineClock {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/serve/clock.hpp"
 #include "paradyse/serve/decoder_step.hpp"
 #include "paradyse/serve/eplb.hpp"
@@ -33,7 +34,6 @@
 #include "paradyse/serve/switch_policy.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -169,7 +169,6 @@ public:
   // layer l by this step (pipelined: posted after layer l computed; else before the step, and `ran` is the new one).
   StepOutput run(std::span<const SequenceChunk> batch, MoeMode ran, const std::vector<std::optional<ExpertLayout>>& next,
                  bool pipelined) {
-    using Clock = std::chrono::steady_clock;
     const DecoderConfig& c = model_.config;
     const int p = comm_.size(), me = comm_.rank();
     bool any = false;
@@ -181,20 +180,20 @@ public:
     };
     auto post = [&](std::int64_t l) {
       if (!any || !c.is_moe(l) || !next[std::size_t(l)]) return;
-      const Clock::time_point t0 = Clock::now();
+      const Timer t0;
       RankLayer& L = shard_.layers[std::size_t(l)];
       moving[std::size_t(l)].begin(comm_, c, L, layout_of(L), *next[std::size_t(l)]);
-      result.switch_wall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      result.switch_wall_s += t0.seconds();
     };
     auto finish_all = [&]() {
       if (!any) return;
-      const Clock::time_point t0 = Clock::now();
+      const Timer t0;
       for (std::int64_t l = 0; l < c.layers; ++l)
         if (c.is_moe(l) && next[std::size_t(l)]) {
           moving[std::size_t(l)].finish(c, p, me);
           result.switch_bytes += moving[std::size_t(l)].bytes_sent();
         }
-      result.switch_wall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      result.switch_wall_s += t0.seconds();
     };
     if (any && !pipelined) {
       for (std::int64_t l = 0; l < c.layers; ++l) post(l);
