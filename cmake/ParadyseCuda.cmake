@@ -1,7 +1,7 @@
 # The optional CUDA (cudart, cuBLAS, CCCL) and NCCL components.
 #
-# CMake 3.25.1 rejects CUDA_STANDARD 20 for nvcc (Kitware issue 23079, fixed in 3.25.2): it does not know the flag.
-# We teach it the flag right after enabling CUDA. CMAKE_CUDA_ARCHITECTURES must be chosen before enable_language;
+# CMake 3.25.1 rejects CUDA_STANDARD 20 for nvcc (Kitware issue 23079, fixed in 3.25.2): we teach it the flag right
+# after enabling CUDA (cmake/ParadyseCudaStd20.cmake, installed for consumers too). CMAKE_CUDA_ARCHITECTURES must be chosen before enable_language;
 # the default here is 90 (H100/H200), one architecture to keep CI builds short.
 set(PARADYSE_HAVE_CUDA OFF)
 if(NOT PARADYSE_ENABLE_CUDA STREQUAL "OFF")
@@ -18,12 +18,8 @@ if(NOT PARADYSE_ENABLE_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
     endif()
     enable_language(CUDA)
-    if(CMAKE_CUDA_COMPILER_ID STREQUAL "NVIDIA" AND CMAKE_VERSION VERSION_LESS 3.25.2 AND NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
-      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
-      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
-      list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
-      set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
-    endif()
+    include(ParadyseCudaStd20)
+    paradyse_teach_cuda_std20()
     find_package(CUDAToolkit REQUIRED)
     set(PARADYSE_HAVE_CUDA ON)
   elseif(PARADYSE_ENABLE_CUDA STREQUAL "ON")

@@ -27,3 +27,4 @@ cmake -S tests/package -B "$build_dir/package" -G Ninja -DCMAKE_PREFIX_PATH="$pr
 cmake --build "$build_dir/package"
 "$build_dir/package/package_consumer"
 if [[ -x "$build_dir/package/cli_consumer" ]]; then "$build_dir/package/cli_consumer" --ranks 3; fi
+if [[ -x "$build_dir/package/cuda_consumer" ]]; then "$build_dir/package/cuda_consumer"; fi
