@@ -42,6 +42,7 @@
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/resume.hpp"
+#include "paradyse/ops/cpu/gemm_agreement.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/plan/planner.hpp"
 #if PARADYSE_WITH_CUDA
@@ -193,6 +194,7 @@ int main(int argc, char** argv) {
     pd::Ranks<Model, pd::BufferPool> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
     if (!ranks.reports() && !std::freopen("/dev/null", "w", stdout))
       throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
+    if (mpi) ranks.run([](auto& world, int) { pd::ops::cpu::agree_gemm_engines(world); });  // bitwise-equal replicas
     if (o.experts > 0 && o.device == "cuda")
       throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
     if (!o.mesh.empty()) return pd::examples::train_mesh<pd::AllStrategies<>>(o, hardware_profile(o, ranks), ranks);

@@ -7,6 +7,13 @@
 # digits, measured and predicted peaks, status) is a result and must match where the runs must agree.
 set(STEP_ROWS_TIMED_COLUMNS seconds mfu tokens_per_s)
 
+# The runs of one script compare results to the bit, so they must run the same GEMM engines. The engine choice is
+# measured once per machine and program and cached (ops/cpu/gemm_choice.hpp); a test's own cache folder keeps another
+# test's train_gpt, measuring at the same time under a different load, from replacing the choice between two runs.
+if(DEFINED WORK)
+  set(ENV{PARADYSE_GEMM_CACHE} ${WORK}/gemm-cache)
+endif()
+
 # run_train(label command...): runs the command; fails naming `label` with its exit code and output unless it exits 0.
 # Sets last_output (stdout) in the caller's scope.
 function(run_train label)
