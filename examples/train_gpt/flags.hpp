@@ -112,6 +112,9 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
              "sequence of its own, planned by its cp group); with --experts the MoE layers run over dp x cp",
              "dp=D,pp=P,cp=C")
       .nonempty("axes such as dp=2,cp=2");
+  flags.text("--mesh-file", o.mesh_file,
+             "run the configuration a file of search_parallel --emit holds (its dp, pp, cp and zero; axes train_gpt "
+             "cannot run yet and a model other than these flags' are refused by name)", "FILE");
   flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(2), "--mesh: the ZeRO stage over dp");
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
                 "an MoE GPT of E experts of width ffn/K, every sublayer planned (MoE: ExpertParallel or "
@@ -181,6 +184,7 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--device", o.device != d.device, o.device);
   add("--emulate", o.emulate != d.emulate, o.emulate);
   add("--mesh", o.mesh != d.mesh, o.mesh);
+  add("--mesh-file", o.mesh_file != d.mesh_file, o.mesh_file);
   add("--zero", o.zero != d.zero, text(int(o.zero)));
   add("--experts", o.experts != d.experts, text(o.experts));
   add("--top-k", o.top_k != d.top_k, text(o.top_k));
@@ -212,6 +216,18 @@ inline TrainingOptions parse(int argc, char** argv) {
       usage("--experts: --strategy and --load are for the dense GPT (the MoE GPT resumes with --resume)");
   } else if (o.shared_experts > 0 || o.first_dense > 0) {
     usage("--shared-experts and --first-dense need --experts");
+  }
+  if (!o.mesh_file.empty()) {  // --mesh-file: the mesh and ZeRO stage of a search_parallel --emit file
+    if (!o.mesh.empty()) usage(fmt::format("--mesh {} and --mesh-file {} both give the mesh; give one", o.mesh,
+                                           o.mesh_file));
+    pd::examples::MeshFileRun run;
+    try { run = pd::examples::mesh_file_run(o.mesh_file, pd::examples::mesh_model_config(o)); }
+    catch (const pd::Error& e) { usage(e.what()); }
+    if (zero_stage != 0 && pd::ZeroStage(int(zero_stage)) != run.zero)
+      usage(fmt::format("--zero {} but --mesh-file {} gives zero={}; give it in one place", zero_stage, o.mesh_file,
+                        int(run.zero)));
+    o.mesh = run.mesh;
+    o.zero = run.zero;
   }
   if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
     int mesh_ranks = 0;

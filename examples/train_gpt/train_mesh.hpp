@@ -46,6 +46,7 @@
 #include "paradyse/plan/plan_names.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
+#include "paradyse/search/config_file.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -99,6 +100,128 @@ inline DeviceMesh parse_mesh(std::string_view text) {
   return DeviceMesh({{"dp", std::max(sizes[0], 1)}, {"pp", std::max(sizes[1], 1)}, {"cp", std::max(sizes[2], 1)}});
 }
 
+// ---- train_gpt --mesh-file: a configuration file of search_parallel --emit (search/config_file.hpp) ----------------
+
+// The model train_gpt's flags build (`config`), as the search describes a model (search/training_model.hpp).
+inline search::TrainingModel training_model_of(const GptConfig& config) {
+  search::TrainingModel m;
+  m.name = "train_gpt";
+  m.layers = config.layers;
+  m.hidden = config.layer.hidden;
+  m.heads = config.layer.heads;
+  m.kv_heads = config.layer.kv_heads;
+  m.head_dim = config.layer.head_dim;
+  m.ffn = config.layer.ffn;
+  m.vocab = config.vocab;
+  m.swiglu = config.layer.activation == Activation::swiglu;
+  m.tied_embeddings = config.tied_head;
+  if (config.moe) {
+    m.experts = config.moe->moe.experts;
+    m.top_k = config.moe->moe.top_k;
+    m.expert_ffn = config.moe->moe.expert_ffn;
+    m.shared_experts = config.moe->moe.shared_experts;
+    m.shared_ffn = config.moe->moe.shared_ffn;
+    m.dense_layers = config.moe->first_k_dense;
+  }
+  return m;
+}
+
+// The model of the mesh: the MoE GPT of train_gpt --experts, or the dense one (model/byte_gpt.hpp).
+inline GptConfig mesh_model_config(const TrainingOptions& o) {
+  return o.experts > 0 ? moe_gpt_config(o) : byte_gpt_config(byte_gpt_shape(o));
+}
+
+// What train_gpt runs for a configuration file: the --mesh text and the ZeRO stage.
+struct MeshFileRun {
+  std::string mesh;  // "dp=D,pp=P,cp=C,tp=T"
+  ZeroStage zero = ZeroStage::zero;
+  search::ConfigFile file;
+};
+
+// Reads `path` (search/config_file.hpp's reader) for train_gpt's model `config`. Refused, by name and value: a
+// model whose shape differs from the flags' (both named), and every axis or knob train_gpt cannot run yet (the
+// configuration is never run as something else). What the file states about the run's setup (seq, global_batch,
+// flops, flash_attention, overlap_grad_reduce, cluster, published) is the prediction's: train_gpt's own flags say
+// what it trains on.
+inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& config) {
+  MeshFileRun run;
+  run.file = search::load_config_file(path);
+  const search::ParallelConfig& c = run.file.config;
+  const std::string where = fmt::format("--mesh-file {}", path);
+  if (run.file.model) {  // the file's model must be the one train_gpt's flags build
+    const search::TrainingModel& f = *run.file.model;
+    const search::TrainingModel m = training_model_of(config);
+    const auto same = [&](std::string_view key, std::int64_t file_value, std::int64_t flags_value,
+                          std::string_view flags_name) {
+      check(file_value == flags_value, "{}: the model's {} is {} but train_gpt's {} gives {} (the file describes "
+            "another model: run search_parallel --emit on this one, or change the flags)", where, key, file_value,
+            flags_name, flags_value);
+    };
+    same("num_hidden_layers", f.layers, m.layers, "--layers");
+    same("hidden_size", f.hidden, m.hidden, "--hidden");
+    same("num_attention_heads", f.heads, m.heads, "--heads");
+    same("num_key_value_heads", f.kv_heads, m.kv_heads, "--heads (multi-head attention)");
+    same("head_dim", f.head_dim, m.head_dim, "--hidden / --heads");
+    same("intermediate_size", f.ffn, m.ffn, "4 x --hidden");
+    same("vocab_size", f.vocab, m.vocab, "byte vocabulary");
+    same("gated MLP (hidden_act silu)", f.swiglu, m.swiglu, "--experts (SwiGLU) or its absence (GELU)");
+    same("tie_word_embeddings", f.tied_embeddings, m.tied_embeddings, "untied head");
+    same("multi-head latent attention (kv_lora_rank)", f.kv_lora_rank, 0, "attention (no MLA)");
+    same("experts", f.experts, m.experts, "--experts");
+    if (m.experts > 0) {
+      same("experts per token", f.top_k, m.top_k, "--top-k");
+      same("expert width", f.expert_ffn, m.expert_ffn, "ffn / --top-k");
+      same("shared experts", f.shared_experts, m.shared_experts, "--shared-experts");
+      same("shared expert width", f.shared_ffn, m.shared_ffn, "ffn / --top-k");
+      same("first dense layers", f.dense_layers, m.dense_layers, "--first-dense");
+    }
+  }
+  // The axes and knobs train_gpt cannot run yet, refused by name and value.
+  const auto refuse_unless = [&](bool trainable, std::string what) {
+    check(trainable, "{}: {} (issue 26)", where, what);
+  };
+  refuse_unless(c.tp_x == 1, fmt::format("tp_x={}: 2-D tensor parallelism is not trainable yet", c.tp_x));
+  refuse_unless(c.tp_y == 1, fmt::format("tp={}: tensor parallelism is not trainable yet", c.tp_y));
+  refuse_unless(c.zero <= 2, fmt::format("zero={}: ZeRO-3 is not trainable yet (train_gpt runs ZeRO 0 to 2)", c.zero));
+  refuse_unless(c.virtual_stages == 1, fmt::format("virtual_stages={}: interleaved 1F1B is not wired into train_gpt "
+                                                   "yet", c.virtual_stages));
+  refuse_unless(c.etp == 1, fmt::format("etp={}: expert tensor parallelism folded over tp is not trainable yet",
+                                        c.etp));
+  if (config.moe)
+    refuse_unless(c.ep == c.dp * c.cp, fmt::format("ep={}: train_gpt folds the experts over all of dp x cp = {} "
+                                                   "ranks (other expert-parallel degrees are not trainable yet)",
+                                                   c.ep, c.dp * c.cp));
+  else
+    refuse_unless(c.ep == 1, fmt::format("ep={}: the model has no experts (train_gpt --experts E)", c.ep));
+  refuse_unless(c.cp == 1 || c.cp_scheme == search::CpScheme::ring,
+                fmt::format("cp_scheme={}: the cp groups switch strategies per layer (ring attention among them); "
+                            "the all-gather scheme is not a trainable strategy yet", name_of(c.cp_scheme)));
+  refuse_unless(c.tp() == 1 || c.sequence_parallel,
+                "sequence_parallel=false: tensor parallelism trains with sequence parallelism only");
+  // Micro-batches and recomputation as train_gpt runs them: with pp stages one row per micro-batch, each stage's
+  // forward recomputed before its backward (recompute=full); without, a replica's rows as one micro-batch and
+  // every activation kept (recompute=none).
+  if (c.pp > 1) {
+    refuse_unless(c.micro_batch == 1, fmt::format("micro_batch={}: with pipeline stages train_gpt runs one row per "
+                                                  "micro-batch (micro_batch=1)", c.micro_batch));
+    refuse_unless(c.recompute == search::Recompute::full,
+                  fmt::format("recompute={}: with pipeline stages train_gpt recomputes each stage's forward before "
+                              "its backward (recompute=full)", name_of(c.recompute)));
+  } else {
+    if (run.file.global_batch)
+      refuse_unless(c.micro_batch * c.dp == *run.file.global_batch,
+                    fmt::format("micro_batch={}: without pipeline stages train_gpt runs each replica's rows as one "
+                                "micro-batch (micro_batch = global_batch / dp = {} / {})", c.micro_batch,
+                                *run.file.global_batch, c.dp));
+    refuse_unless(c.recompute == search::Recompute::none,
+                  fmt::format("recompute={}: without pipeline stages train_gpt keeps every activation "
+                              "(recompute=none)", name_of(c.recompute)));
+  }
+  run.mesh = fmt::format("dp={},pp={},cp={}", c.dp, c.pp, c.cp);
+  run.zero = ZeroStage(c.zero);
+  return run;
+}
+
 namespace mesh_detail {
 
 // A step's plan for the stack, and its compact name for the table.
@@ -122,8 +245,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   const bool experts = o.experts > 0;
   check(!experts || pp == 1, "--mesh {} --experts {}: pipeline stages with MoE layers are not supported yet (pp must "
         "be 1)", o.mesh, o.experts);
-  // The MoE GPT of train_gpt --experts, or the dense one (model/byte_gpt.hpp).
-  GptConfig config = experts ? moe_gpt_config(o) : byte_gpt_config(byte_gpt_shape(o));
+  GptConfig config = mesh_model_config(o);
   config.validate_for(cp);
   check(!experts || o.strategy.empty(), "--mesh --experts: the planner picks every sublayer (no --strategy)");
   check(o.pack_documents == 0 || o.pack_tokens == 0, "--mesh {}: --pack-tokens {} (documents as rows) and "
@@ -237,6 +359,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                for (int s = 0; s < pp; ++s) n.push_back(chunk_range(o.layers, pp, s).length);
                return n;
              }(), "+"), name_of(o.zero));
+  if (!o.mesh_file.empty())
+    fmt::print("configuration: {} (search_parallel --emit; its seq, global batch and cluster are the prediction's, "
+               "the data flags say what trains)\n", o.mesh_file);
   fmt::print("data: {} documents, {} steps (lengths {}..{}, {}), {}, {} per micro-batch; plans "
              "for a cp group of {} under a cap of {:.0f} MiB ({:.1f} ms of planning)\n",
              docs.size(), n_steps, o.min_len, o.max_len,
