@@ -1,9 +1,11 @@
-// examples/train_gpt/train_mesh.hpp: train_gpt --mesh dp=D,pp=P,cp=C: the dense GPT trained on a D x P x C mesh of
-// ranks (mesh/device_mesh.hpp; cp innermost, so a cp group holds consecutive ranks). Each rank runs its stage of the
-// model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer, pp stages on the 1F1B schedule,
-// and with --experts the MoE layers over an expert group folded over dp x cp), the dp replicas train the rows or
-// packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in model/mesh_optimizer.hpp's
-// MeshOptimizer (ZeRO --zero over dp).
+// examples/train_gpt/train_mesh.hpp: train_gpt --mesh dp=D,pp=P,cp=C (or tp=T in place of cp): the GPT trained on a
+// D x P x C (or D x P x T) mesh of ranks (mesh/device_mesh.hpp; the group innermost, so it holds consecutive ranks).
+// Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
+// or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
+// stages on the 1F1B schedule, and with --experts the MoE layers over an expert group folded over dp x cp), the dp
+// replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
+// model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp). --mesh-file FILE runs a configuration file of
+// search_parallel --emit (mesh_file_run below).
 //
 // Packed documents (--pack-documents B): each replica's cp group plans its own sequence (strategies must agree only
 // within a cp group and along its pp stages; the replicas meet only in the gradient reduction, so the step's time is
@@ -69,22 +71,25 @@
 
 namespace paradyse::examples {
 
-// "dp=2,pp=2,cp=2" (any order, each axis at most once, missing axes of size 1) as the mesh {dp, pp, cp}, cp
-// innermost. Throws an Error naming the bad part.
+// "dp=2,pp=2,cp=2" or "dp=2,tp=2" (any order, each axis at most once, missing axes of size 1) as the mesh
+// {dp, pp, cp, tp}, the innermost last. The group of each stage (consecutive ranks) is the cp group, in which the
+// strategies switch per layer, or the tp group, which runs Megatron's tensor parallelism with sequence parallelism
+// (MegatronTS) in every sublayer; cp and tp together are refused (tensor parallelism inside a cp group is not
+// trainable yet). Throws an Error naming the bad part.
 inline DeviceMesh parse_mesh(std::string_view text) {
-  int sizes[3] = {0, 0, 0};
-  constexpr std::string_view names[3] = {"dp", "pp", "cp"};
+  int sizes[4] = {0, 0, 0, 0};
+  constexpr std::string_view names[4] = {"dp", "pp", "cp", "tp"};
   std::size_t from = 0;
-  check(!text.empty(), "--mesh: empty; expected axes such as dp=2,cp=2 (axes dp, pp, cp)");
+  check(!text.empty(), "--mesh: empty; expected axes such as dp=2,cp=2 (axes dp, pp, cp, tp)");
   while (from <= text.size()) {
     const std::size_t comma = std::min(text.find(',', from), text.size());
     const std::string_view part = text.substr(from, comma - from);
     const std::size_t eq = part.find('=');
-    check(eq != std::string_view::npos, "--mesh {}: \"{}\" is not AXIS=SIZE (axes dp, pp, cp)", text, part);
+    check(eq != std::string_view::npos, "--mesh {}: \"{}\" is not AXIS=SIZE (axes dp, pp, cp, tp)", text, part);
     const std::string_view name = part.substr(0, eq), value = part.substr(eq + 1);
     const auto axis = std::find(std::begin(names), std::end(names), name) - std::begin(names);
-    check(axis < 3, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp and cp (tensor and expert "
-          "axes are search_parallel's)", text, name);
+    check(axis < 4, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp, cp and tp (2-D tensor "
+          "and expert axes are search_parallel's)", text, name);
     check(sizes[axis] == 0, "--mesh {}: axis {} is given twice", text, name);
     int size = 0;
     for (char ch : value) {
@@ -97,7 +102,10 @@ inline DeviceMesh parse_mesh(std::string_view text) {
     sizes[axis] = size;
     from = comma + 1;
   }
-  return DeviceMesh({{"dp", std::max(sizes[0], 1)}, {"pp", std::max(sizes[1], 1)}, {"cp", std::max(sizes[2], 1)}});
+  for (int& size : sizes) size = std::max(size, 1);
+  check(sizes[2] == 1 || sizes[3] == 1, "--mesh {}: cp={} with tp={}: tensor parallelism inside a cp group is not "
+        "trainable yet (issue 26); give cp or tp", text, sizes[2], sizes[3]);
+  return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
 }
 
 // ---- train_gpt --mesh-file: a configuration file of search_parallel --emit (search/config_file.hpp) ----------------
@@ -181,7 +189,10 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
     check(trainable, "{}: {} (issue 26)", where, what);
   };
   refuse_unless(c.tp_x == 1, fmt::format("tp_x={}: 2-D tensor parallelism is not trainable yet", c.tp_x));
-  refuse_unless(c.tp_y == 1, fmt::format("tp={}: tensor parallelism is not trainable yet", c.tp_y));
+  refuse_unless(c.tp_y == 1 || c.cp == 1, fmt::format("tp={} with cp={}: tensor parallelism inside a cp group is "
+                                                      "not trainable yet", c.tp_y, c.cp));
+  refuse_unless(c.tp_y == 1 || !config.moe, fmt::format("tp={} with experts: tensor parallelism with MoE layers "
+                                                        "is not trainable yet", c.tp_y));
   refuse_unless(c.zero <= 2, fmt::format("zero={}: ZeRO-3 is not trainable yet (train_gpt runs ZeRO 0 to 2)", c.zero));
   refuse_unless(c.virtual_stages == 1, fmt::format("virtual_stages={}: interleaved 1F1B is not wired into train_gpt "
                                                    "yet", c.virtual_stages));
@@ -217,7 +228,7 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                   fmt::format("recompute={}: without pipeline stages train_gpt keeps every activation "
                               "(recompute=none)", name_of(c.recompute)));
   }
-  run.mesh = fmt::format("dp={},pp={},cp={}", c.dp, c.pp, c.cp);
+  run.mesh = fmt::format("dp={},pp={},cp={},tp={}", c.dp, c.pp, c.cp, c.tp_y);
   run.zero = ZeroStage(c.zero);
   return run;
 }
@@ -239,10 +250,20 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   using Model = Gpt<Strategies>;
   const DeviceMesh mesh = parse_mesh(o.mesh);
   mesh.check_world_size(ranks.size());
-  const int dp = mesh.axis_size("dp"), pp = mesh.axis_size("pp"), cp = mesh.axis_size("cp");
+  const bool experts = o.experts > 0;
+  const int dp = mesh.axis_size("dp"), pp = mesh.axis_size("pp"), tp = mesh.axis_size("tp");
+  // The group of each stage: the cp group (the strategies switch per layer), or the tp group (MegatronTS, Megatron's
+  // tensor parallelism with sequence parallelism, in every sublayer); parse_mesh refuses both at once. Everything
+  // below that says cp means this group.
+  const int cp = mesh.axis_size("cp") * tp;
+  check(tp == 1 || !experts, "--mesh {} --experts {}: tensor parallelism with MoE layers is not trainable yet "
+        "(issue 26)", o.mesh, o.experts);
+  check(tp == 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp axis runs "
+        "MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)", o.mesh,
+        o.strategy);
+  const std::string strategy = tp > 1 ? std::string("MegatronTS") : o.strategy;
   check(o.layers >= pp, "--mesh {}: {} pipeline stages need at least as many layers (--layers {})", o.mesh, pp,
         o.layers);
-  const bool experts = o.experts > 0;
   check(!experts || pp == 1, "--mesh {} --experts {}: pipeline stages with MoE layers are not supported yet (pp must "
         "be 1)", o.mesh, o.experts);
   GptConfig config = mesh_model_config(o);
@@ -296,9 +317,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                                                plan.time_s};
         } else {
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
-          const plan::Plan plan = o.strategy.empty()
+          const plan::Plan plan = strategy.empty()
               ? plan::plan_exact(table, cap)
-              : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(o.strategy)), cap);
+              : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(strategy)), cap);
           planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
                                                plan.time_s};
         }
@@ -351,7 +372,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                "(attention in cp groups of {}, the MoE layers over the {} devices of dp x cp)\n",
                o.layers - o.first_dense, o.experts, o.top_k, config.moe->moe.expert_ffn, o.first_dense, dp * cp, cp,
                dp * cp);
-  fmt::print("mesh: {} on {} {} (dp outermost, cp innermost); {} stage{} of {} layers; {}; activations of pp "
+  if (tp > 1)
+    fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
+               "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
+  fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{} of {} layers; {}; activations of pp "
              "stages recomputed for the backward\n", mesh.to_string(), mesh.size(),
              o.backend == RankBackend::mpi ? "MPI processes" : "threads", pp, pp > 1 ? "s" : "",
              fmt::join([&] {
@@ -390,11 +414,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     using Comm = std::remove_reference_t<decltype(world)>;
     Comm dp_group = mesh.group(world, {"dp"});
     Comm pp_group = mesh.group(world, {"pp"});
-    Comm cp_group = mesh.group(world, {"cp"});
+    Comm cp_group = mesh.group(world, {"cp", "tp"});  // the stage's group: cp or tp (one of them 1)
     std::optional<Comm> ep_group;  // experts: dp x cp, rank replica * cp + cp_rank
     if (experts) ep_group.emplace(mesh.group(world, {"dp", "cp"}));
     const MeshCoordinate at = mesh.coordinate(rank);
-    const int replica = at[0], stage_index = at[1], cp_rank = at[2];
+    const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(rank, {"cp", "tp"});
     MeshGptStage<Strategies, Comm> stage(config, stage_index, pp, chunk_range(o.layers, pp, stage_index), cp,
                                          cp_rank, experts ? dp * cp : cp, experts ? replica * cp + cp_rank : cp_rank,
                                          o.seed);

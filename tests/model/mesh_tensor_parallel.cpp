@@ -1,0 +1,152 @@
+// train_gpt --mesh with a tp axis (examples/train_gpt/train_mesh.hpp): each stage's group of T consecutive ranks runs
+// Megatron's tensor parallelism with sequence parallelism (MegatronTS) in every sublayer, the stages on the 1F1B
+// schedule (model/mesh_stage.hpp: MeshGptStage, mesh_forward_backward, one row per micro-batch) and the replicas'
+// gradients summed over dp, as train_mesh runs them. On tp = 2 and 3, alone, with dp = 2 (rows dealt unevenly), with
+// pp = 2 (3 layers: uneven stages) and with both (8 ranks), fresh random rows give the loss and every gradient of every
+// rank (each layer's attention, MLP and norm shards, the embedding, the head and the final norm) of the single tp
+// group (Gpt on T ranks, every row in one batch, MegatronTS everywhere) within float rounding.
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/core/rng.hpp"
+#include "paradyse/layout/chunking.hpp"
+#include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/mesh_stage.hpp"
+#include "paradyse/strategy/sequence_layout.hpp"
+#include "paradyse/strategy/strategies.hpp"
+#include "support/tolerance.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace paradyse;
+
+// Every gradient of a tp group rank, by name ("layer 2 attention", "embedding", "head"), and the batch's mean loss.
+struct TpGradients {
+  double loss = 0;
+  std::map<std::pair<int, std::string>, std::vector<float>> by_rank_and_name;  // (tp rank, name)
+};
+
+void add_tp_layer_gradients(TpGradients& out, std::mutex& lock, int tp_rank, int first_layer, TransformerStack<AllStrategies<>>& stack) {
+  const std::lock_guard guard(lock);
+  for (std::size_t l = 0; l < stack.gradients().size(); ++l) {
+    const LayerWeights& g = stack.gradients()[l];
+    const int layer = first_layer + int(l);
+    for (const auto& [part, tensor] : {std::pair{"attention", &g.attention.packed}, std::pair{"mlp", &g.mlp.packed},
+                                       std::pair{"norms", &g.norms.packed}})
+      out.by_rank_and_name[{tp_rank, fmt::format("layer {} {}", layer, part)}].assign(tensor->span().begin(),
+                                                                                     tensor->span().end());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) trains as the single tp group: tp = 2, 3 alone, with "
+          "dp = 2, with pp = 2 (uneven stages) and with both; the loss and every gradient of every rank") {
+  GptConfig config;
+  config.layer = LayerConfig::make(48, 6);  // heads divisible by tp = 2 and 3
+  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
+  config.layers = 3;  // uneven over 2 stages
+  config.vocab = 23;
+  const std::int64_t rows = 3, seq = 12;  // 3 rows: uneven over dp = 2; seq divisible by 2T for the zigzag layout
+  const std::uint64_t seed = 17;
+  const StackPlan plan(std::size_t(config.layers), SublayerChoice{AllStrategies<>::index_of("MegatronTS"),
+                                                                  AllStrategies<>::index_of("MegatronTS"), 0});
+
+  struct Mesh {
+    int dp, pp, tp;
+  };
+  for (const Mesh& m : {Mesh{1, 1, 2}, Mesh{2, 1, 2}, Mesh{1, 2, 2}, Mesh{2, 2, 2}, Mesh{2, 1, 3}, Mesh{1, 2, 3}}) {
+    CAPTURE(m.dp);
+    CAPTURE(m.pp);
+    CAPTURE(m.tp);
+    // Fresh random rows for every mesh (every target counted).
+    Rng rng(1000 + std::uint64_t(m.dp * 100 + m.pp * 10 + m.tp));
+    std::vector<std::int32_t> inputs, targets;
+    for (std::int64_t i = 0; i < rows * seq; ++i) {
+      inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+      targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+    }
+    const double counted = double(rows * seq);
+    const SequenceLayout layout(seq, m.tp, config.layer.zigzag);
+    std::mutex lock;
+
+    // The single tp group: every row in one batch.
+    TpGradients want;
+    run_ranks(m.tp, [&](ThreadCommunicator& comm) {
+      Gpt<AllStrategies<>> model(config, m.tp, comm.rank(), seed);
+      BufferPool pool;
+      const Tensor<std::int32_t> x = shard_tokens(inputs, rows, layout, comm.rank());
+      const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, comm.rank());
+      model.zero_gradients();
+      const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
+      add_tp_layer_gradients(want, lock, comm.rank(), 0, model.stack());
+      const std::lock_guard guard(lock);
+      if (comm.rank() == 0) want.loss = r.loss;
+      const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
+      const std::size_t embedding = std::size_t(config.vocab * config.layer.hidden);
+      want.by_rank_and_name[{comm.rank(), "embedding"}].assign(g.begin(), g.begin() + std::ptrdiff_t(embedding));
+      want.by_rank_and_name[{comm.rank(), "head"}].assign(g.begin() + std::ptrdiff_t(embedding), g.end());
+    });
+
+    // The mesh {dp, pp, tp}, as train_mesh builds it.
+    const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", 1}, {"tp", m.tp}});
+    std::vector<TpGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
+    double loss_sum = 0;
+    run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
+      ThreadCommunicator dp_group = mesh.group(world, {"dp"});
+      ThreadCommunicator pp_group = mesh.group(world, {"pp"});
+      ThreadCommunicator tp_group = mesh.group(world, {"cp", "tp"});
+      const MeshCoordinate at = mesh.coordinate(world.rank());
+      const int replica = at[0], stage_index = at[1], tp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
+      const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
+      MeshGptStage<AllStrategies<>, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.tp, tp_rank, m.tp,
+                                                             tp_rank, seed);
+      BufferPool pool;
+      stage.begin_step(tp_group, tp_group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()),
+                       seq);
+      const ChunkRange mine = chunk_range(rows, m.dp, replica);
+      const double loss = mesh_forward_backward(stage, pp_group, tp_group, mine, seq, inputs, targets,
+                                                float(1.0 / counted));
+      for (const auto& p : stage.parameters())
+        dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
+      TpGradients& out = got[std::size_t(replica)];
+      add_tp_layer_gradients(out, lock, tp_rank, int(layers.start), stage.stack());
+      const std::lock_guard guard(lock);
+      loss_sum += loss;
+      for (const auto& p : stage.parameters()) {
+        const bool embedding = stage.first() && p.gradient->numel() == config.vocab * config.layer.hidden &&
+                               p.gradient->shape()[0] == config.vocab;
+        const bool head = stage.last() && p.gradient->shape()[0] == config.vocab + 2;
+        if (embedding || head)
+          out.by_rank_and_name[{tp_rank, embedding ? "embedding" : "head"}].assign(p.gradient->span().begin(),
+                                                                                   p.gradient->span().end());
+      }
+    });
+    CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
+    for (int d = 0; d < m.dp; ++d) {
+      CAPTURE(d);
+      REQUIRE(got[std::size_t(d)].by_rank_and_name.size() == want.by_rank_and_name.size());
+      for (const auto& [key, values] : want.by_rank_and_name) {
+        CAPTURE(key.first);
+        CAPTURE(key.second);
+        REQUIRE(got[std::size_t(d)].by_rank_and_name.count(key) == 1);
+        const std::vector<float>& mine = got[std::size_t(d)].by_rank_and_name.at(key);
+        CHECK(testing::first_mismatch(std::span<const float>(mine), std::span<const float>(values),
+                                      testing::kFloat32) == "");
+        // The comparison can fail: every tensor receives gradient.
+        double norm = 0;
+        for (float v : values) norm += double(v) * double(v);
+        CHECK(norm > 0);
+      }
+    }
+  }
+}
