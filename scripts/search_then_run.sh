@@ -98,13 +98,14 @@ for entry in "${ranked[@]}"; do
     continue
   fi
   ran=$((ran + 1))
-  measured=$(python3 - "$csv" "$predicted" <<'EOF'
+  measured=$(python3 - "$csv" "$predicted" "$RANKS" "$(nproc)" <<'EOF'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 times = [float(r["seconds"]) for r in rows[1:]] or [float(r["seconds"]) for r in rows]  # the first step warms up
 med = statistics.median(times)
-pred = float(sys.argv[2])
-print(f"{pred:10.4f}  {med:10.4f}  {min(times):8.4f}..{max(times):<8.4f}  {len(times):5d}  {med / pred:7.2f}")
+pred, ranks, cores = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+shared = pred * max(1.0, ranks / cores)  # the ranks' threads time-share the cores
+print(f"{pred:10.4f}  {shared:12.4f}  {med:10.4f}  {min(times):8.4f}..{max(times):<8.4f}  {len(times):5d}  {med / pred:9.2f}  {med / shared:9.2f}")
 EOF
 )
   rows+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "$measured")")
@@ -114,7 +115,9 @@ profile_name=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); prin
 echo
 echo "search, then run: train_gpt ${model_flags[*]} on $RANKS thread ranks, $BATCH rows of $SEQ tokens per step"
 echo "profile $profile ($profile_name); search space $SPACE; step times in seconds (measured: median of steps 1..$((STEPS - 1)), min..max)"
-printf '%3s  %-60s  %10s  %10s  %-18s  %5s  %7s\n' "#" "configuration (search's rank)" "predicted" "measured" "spread" "steps" "meas/pred"
+echo "the profile is calibrated in each thread's CPU time (cost/calibrate.hpp), so a prediction is the time of $RANKS devices of"
+echo "their own; here the $RANKS threads share $(nproc) cores (and whatever else runs): 'x ranks/cores' scales it by $RANKS/$(nproc)"
+printf '%3s  %-60s  %10s  %12s  %10s  %-18s  %5s  %9s  %9s\n' "#" "configuration (search's rank)" "predicted" "x ranks/cores" "measured" "spread" "steps" "meas/pred" "meas/x"
 for r in "${rows[@]}"; do echo "$r"; done
 if [[ ${#refused[@]} -gt 0 ]]; then
   echo

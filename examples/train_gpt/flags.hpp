@@ -115,6 +115,9 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
   flags.text("--mesh-file", o.mesh_file,
              "run the configuration a file of search_parallel --emit holds (its dp, pp, cp and zero; axes train_gpt "
              "cannot run yet and a model other than these flags' are refused by name)", "FILE");
+  flags.integer("--virtual-stages", o.virtual_stages, 1, 64,
+                "--mesh: model chunks per pipeline stage, on the interleaved 1F1B schedule (each replica's rows per "
+                "step a multiple of pp)");
   flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(2), "--mesh: the ZeRO stage over dp");
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
                 "an MoE GPT of E experts of width ffn/K, every sublayer planned (MoE: ExpertParallel or "
@@ -185,6 +188,7 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--emulate", o.emulate != d.emulate, o.emulate);
   add("--mesh", o.mesh != d.mesh, o.mesh);
   add("--mesh-file", o.mesh_file != d.mesh_file, o.mesh_file);
+  add("--virtual-stages", o.virtual_stages != d.virtual_stages, text(o.virtual_stages));
   add("--zero", o.zero != d.zero, text(int(o.zero)));
   add("--experts", o.experts != d.experts, text(o.experts));
   add("--top-k", o.top_k != d.top_k, text(o.top_k));
@@ -226,9 +230,14 @@ inline TrainingOptions parse(int argc, char** argv) {
     if (zero_stage != 0 && pd::ZeroStage(int(zero_stage)) != run.zero)
       usage(fmt::format("--zero {} but --mesh-file {} gives zero={}; give it in one place", zero_stage, o.mesh_file,
                         int(run.zero)));
+    if (o.virtual_stages != 1 && o.virtual_stages != run.virtual_stages)
+      usage(fmt::format("--virtual-stages {} but --mesh-file {} gives virtual_stages={}; give it in one place",
+                        o.virtual_stages, o.mesh_file, run.virtual_stages));
     o.mesh = run.mesh;
     o.zero = run.zero;
+    o.virtual_stages = run.virtual_stages;
   }
+  if (o.virtual_stages > 1 && o.mesh.empty()) usage("--virtual-stages needs --mesh (pipeline stages)");
   if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
     int mesh_ranks = 0;
     try { mesh_ranks = pd::examples::parse_mesh(o.mesh).size(); } catch (const pd::Error& e) { usage(e.what()); }

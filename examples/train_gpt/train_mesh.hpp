@@ -143,6 +143,7 @@ inline GptConfig mesh_model_config(const TrainingOptions& o) {
 struct MeshFileRun {
   std::string mesh;  // "dp=D,pp=P,cp=C,tp=T"
   ZeroStage zero = ZeroStage::zero;
+  int virtual_stages = 1;
   search::ConfigFile file;
 };
 
@@ -194,8 +195,9 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   refuse_unless(c.tp_y == 1 || !config.moe, fmt::format("tp={} with experts: tensor parallelism with MoE layers "
                                                         "is not trainable yet", c.tp_y));
   refuse_unless(c.zero <= 2, fmt::format("zero={}: ZeRO-3 is not trainable yet (train_gpt runs ZeRO 0 to 2)", c.zero));
-  refuse_unless(c.virtual_stages == 1, fmt::format("virtual_stages={}: interleaved 1F1B is not wired into train_gpt "
-                                                   "yet", c.virtual_stages));
+  refuse_unless(c.virtual_stages == 1 || !config.moe, fmt::format("virtual_stages={} with experts: interleaved "
+                                                                  "stages with MoE layers are not trainable yet",
+                                                                  c.virtual_stages));
   refuse_unless(c.etp == 1, fmt::format("etp={}: expert tensor parallelism folded over tp is not trainable yet",
                                         c.etp));
   if (config.moe)
@@ -230,6 +232,7 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   }
   run.mesh = fmt::format("dp={},pp={},cp={},tp={}", c.dp, c.pp, c.cp, c.tp_y);
   run.zero = ZeroStage(c.zero);
+  run.virtual_stages = c.virtual_stages;
   return run;
 }
 
@@ -262,8 +265,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         "MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)", o.mesh,
         o.strategy);
   const std::string strategy = tp > 1 ? std::string("MegatronTS") : o.strategy;
-  check(o.layers >= pp, "--mesh {}: {} pipeline stages need at least as many layers (--layers {})", o.mesh, pp,
-        o.layers);
+  // Interleaved 1F1B: v model chunks per pp rank, virtual stage c * pp + r of pp * v (model/pipeline.hpp).
+  const int v = o.virtual_stages;
+  check(o.layers >= pp * v, "--mesh {}: {} pipeline stages of {} chunks need at least as many layers (--layers {})",
+        o.mesh, pp, v, o.layers);
+  check(v == 1 || !experts, "--mesh {} --virtual-stages {}: interleaved stages with MoE layers are not trainable "
+        "yet (issue 26)", o.mesh, v);
+  check(v == 1 || pp == 1 || o.pack_documents == 0, "--mesh {} --virtual-stages {} --pack-documents {}: a replica's "
+        "one packed sequence is one micro-batch, and the interleaved schedule needs a multiple of the {} stages",
+        o.mesh, v, o.pack_documents, pp);
   check(!experts || pp == 1, "--mesh {} --experts {}: pipeline stages with MoE layers are not supported yet (pp must "
         "be 1)", o.mesh, o.experts);
   GptConfig config = mesh_model_config(o);
@@ -348,6 +358,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
             "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
             mesh_steps_[std::size_t(k)].sequences(), dp);
   }
+  if (v > 1 && pp > 1)  // the interleaved schedule runs a multiple of pp micro-batches (one row each)
+    for (int k = 0; k < n_steps; ++k)
+      for (int d = 0; d < dp; ++d) {
+        const std::int64_t mine = mesh_steps_[std::size_t(k)].work(d, dp).second.length;
+        check(mine % pp == 0, "--mesh {} --virtual-stages {}: step {} gives dp replica {} {} row(s), not a multiple of "
+              "the {} pipeline stages (interleaved 1F1B runs whole rounds of micro-batches): give every step a "
+              "multiple of dp x pp rows (e.g. --min-len = --max-len and --pack-tokens a multiple of it)", o.mesh, v,
+              k, d, mine, pp);
+      }
   std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
   for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
     const data::MeshStep& step = mesh_steps_[k];
@@ -375,12 +394,13 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
-  fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{} of {} layers; {}; activations of pp "
+  fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{}{} of {} layers; {}; activations of pp "
              "stages recomputed for the backward\n", mesh.to_string(), mesh.size(),
              o.backend == RankBackend::mpi ? "MPI processes" : "threads", pp, pp > 1 ? "s" : "",
+             v > 1 ? fmt::format(" x {} interleaved chunks (1F1B, virtual stage c x {} + rank)", v, pp) : std::string(),
              fmt::join([&] {
                std::vector<std::int64_t> n;
-               for (int s = 0; s < pp; ++s) n.push_back(chunk_range(o.layers, pp, s).length);
+               for (int s = 0; s < pp * v; ++s) n.push_back(chunk_range(o.layers, pp * v, s).length);
                return n;
              }(), "+"), name_of(o.zero));
   if (!o.mesh_file.empty())
@@ -419,10 +439,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     if (experts) ep_group.emplace(mesh.group(world, {"dp", "cp"}));
     const MeshCoordinate at = mesh.coordinate(rank);
     const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(rank, {"cp", "tp"});
-    MeshGptStage<Strategies, Comm> stage(config, stage_index, pp, chunk_range(o.layers, pp, stage_index), cp,
-                                         cp_rank, experts ? dp * cp : cp, experts ? replica * cp + cp_rank : cp_rank,
-                                         o.seed);
-    MeshOptimizer optimizer(stage, o.zero, dp, replica, adamw);
+    const auto chunk_layers = [&](int c) { return chunk_range(o.layers, pp * v, c * pp + stage_index); };
+    // This rank's model chunks: virtual stages c * pp + stage_index of pp * v (one chunk without interleaving).
+    std::vector<MeshGptStage<Strategies, Comm>> chunks;
+    chunks.reserve(std::size_t(v));
+    for (int c = 0; c < v; ++c)
+      chunks.emplace_back(config, c * pp + stage_index, pp * v, chunk_layers(c), cp, cp_rank, experts ? dp * cp : cp,
+                          experts ? replica * cp + cp_rank : cp_rank, o.seed);
+    std::vector<MeshOptimizer> optimizers;
+    for (auto& chunk : chunks) optimizers.emplace_back(chunk, o.zero, dp, replica, adamw);
     BufferPool pool;
     for (int k = 0; k < n_steps; ++k) {
       const data::MeshStep& step = mesh_steps_[std::size_t(k)];
@@ -440,18 +465,20 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       const double counted = double(step.real_tokens());  // the whole step's: every replica's tokens
       const float grad_scale = float(1.0 / counted);
       const StackPlan& full = replica_plan(std::size_t(k), replica)->stack;
-      const ChunkRange layers = chunk_range(o.layers, pp, stage_index);
       const std::vector<std::int64_t> document_starts = tokens_of.document_starts();  // empty: one document per row
-      stage.begin_step(cp_group, ep_group ? *ep_group : cp_group, pool,
-                       StackPlan(full.begin() + layers.start, full.begin() + layers.end()), tokens_of.length,
-                       document_starts);
+      for (int c = 0; c < v; ++c) {
+        const ChunkRange layers = chunk_layers(c);
+        chunks[std::size_t(c)].begin_step(cp_group, ep_group ? *ep_group : cp_group, pool,
+                                          StackPlan(full.begin() + layers.start, full.begin() + layers.end()),
+                                          tokens_of.length, document_starts);
+      }
       pool.trim();
       ranks.tracker(rank).reset_peak();
       // This replica's rows, run through the stages.
-      const double loss_sum = mesh_forward_backward(stage, pp_group, cp_group, mine, tokens_of.length, inputs, targets,
-                                                    grad_scale);
+      const double loss_sum = mesh_forward_backward(std::span(chunks), pp_group, cp_group, mine, tokens_of.length,
+                                                    inputs, targets, grad_scale);
       adamw.learning_rate = float(o.lr * std::min(1.0, double(k + 1) / warmup));
-      optimizer.step(dp_group, adamw.learning_rate, k + 1);
+      for (MeshOptimizer& optimizer : optimizers) optimizer.step(dp_group, adamw.learning_rate, k + 1);
       double sums[2] = {loss_sum, double(ranks.tracker(rank).peak())}, total[2] = {0, 0};
       world.all_reduce(std::span<const double>(&sums[0], 1), std::span<double>(&total[0], 1), ReduceOp::sum);
       world.all_reduce(std::span<const double>(&sums[1], 1), std::span<double>(&total[1], 1), ReduceOp::max);

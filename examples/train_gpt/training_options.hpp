@@ -55,6 +55,7 @@ struct TrainingOptions {
   std::string mesh;                 // "dp=2,pp=2,cp=2"; empty: one group of `ranks`
   ZeroStage zero = ZeroStage::zero; // --mesh: the ZeRO stage over dp
   std::string mesh_file;            // a configuration file of search_parallel --emit: sets mesh and zero
+  int virtual_stages = 1;           // --mesh: model chunks per pipeline stage (interleaved 1F1B when > 1)
   // The MoE GPT (examples/train_gpt/train_moe.hpp; also on the mesh).
   std::int64_t experts = 0;         // > 0: an MoE GPT of this many experts; 0: the dense GPT
   std::int64_t top_k = 2;           // experts per token

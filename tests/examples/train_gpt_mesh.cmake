@@ -11,6 +11,7 @@
 # without its --pack-tokens and with PACK_DOCUMENTS instead: --ranks C against each of PACK_MESHES (dp = 1); the
 # first of PACK_DP_MESHES (dp > 1: one packed sequence per replica per step) against the others of the same dp; and
 # with MOE_ARGS, train_gpt --experts --ranks C against --experts --mesh cp=C on the same packed sequences.
+# MESH_ARGS (optional): arguments for the mesh runs only (e.g. --virtual-stages;2), not for the single group's.
 # Run by ctest (examples/CMakeLists.txt):
 #   cmake -DEXE=train_gpt -DCP=2 -DMESHES="dp=2,cp=2;pp=2,cp=2" -DTOL=100 -DWORK=dir -DARGS="--steps;4;..." \
 #         [-DMPIEXEC=mpiexec -DMPI_MESH=dp=2,cp=2] [-DMOE_ARGS=... -DMOE_PACK=... -DMOE_MESHES=...] \
@@ -124,7 +125,7 @@ foreach(run IN LISTS runs)
   string(REPLACE "|" ";" parts "${run}")
   list(GET parts 0 backend)
   list(GET parts 1 spec)
-  train_on_mesh(dense ${backend} ${spec} meshed ${ARGS})
+  train_on_mesh(dense ${backend} ${spec} meshed ${ARGS} ${MESH_ARGS})
   compare_losses("${last_run} against --ranks ${CP}" "${single}" "${meshed}")
 endforeach()
 

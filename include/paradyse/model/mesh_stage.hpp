@@ -3,7 +3,8 @@
 //
 //   cp  every stage of every replica is a cp group of C ranks: the sequence is sharded over it in the unified layout
 //       and the strategies switch per layer inside it, as in the single-group Gpt;
-//   pp  the L layers are cut into P stages (uneven allowed); the stages run the 1F1B schedule of model/pipeline.hpp
+//   pp  the L layers are cut into P stages (uneven allowed; or into P * v virtual stages, v chunks per rank, on the
+//       interleaved 1F1B schedule); the stages run the 1F1B schedule of model/pipeline.hpp
 //       over the micro-batches, activations [b, n_r, h] passed point to point between the cp ranks of the same cp
 //       index. Stage 0 holds the embedding, stage P-1 the final norm, the LM head and the loss
 //       (model/head_loss.hpp, as Gpt's);
@@ -203,15 +204,20 @@ private:
   int held_ = -1;  // the micro-batch whose activations the stack holds (-1: none)
 };
 
-// The forward and backward of one step on this rank: `stage` (begun with begin_step) runs this replica's rows `mine`
+// The forward and backward of one step on this rank: `chunks` (begun with begin_step) run this replica's rows `mine`
 // of the step's sequences (inputs, targets: the whole step's [rows, s] tokens), in micro-batches of one row with pp
-// stages (pp_group's size) and all at once without, through the 1F1B schedule; each token's loss gradient is scaled by
+// stages (pp_group's size) and all at once without, through the 1F1B schedule, or with v > 1 chunks per rank the
+// interleaved 1F1B schedule (chunk c of pp rank r is virtual stage c * P + r of P * v, each built as stage c * P + r
+// of P * v; the rows per micro-batch count must then be a multiple of P); each token's loss gradient is scaled by
 // grad_scale (1 / the step's counted tokens); then the replicated gradients are summed over cp_group. Returns this
-// rank's loss sum (the last stage's tokens; 0 on the others and on a replica without rows).
+// rank's loss sum (the last virtual stage's tokens; 0 on the others and on a replica without rows).
 template <class Strategies, Communicator C>
-double mesh_forward_backward(MeshGptStage<Strategies, C>& stage, C& pp_group, C& cp_group, ChunkRange mine,
+double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& pp_group, C& cp_group, ChunkRange mine,
                              std::int64_t s, std::span<const std::int32_t> inputs,
                              std::span<const std::int32_t> targets, float grad_scale) {
+  check(!chunks.empty(), "mesh_forward_backward: no model chunk");
+  MeshGptStage<Strategies, C>& stage = chunks.front();  // the embedding's, if any
+  MeshGptStage<Strategies, C>& end = chunks.back();     // the head's, if any
   const bool pipelined = pp_group.size() > 1;
   const int cp_rank = int(cp_group.rank());
   // Micro-batches of the rows: [b, n_r] tokens and targets of this cp rank.
@@ -235,13 +241,22 @@ double mesh_forward_backward(MeshGptStage<Strategies, C>& stage, C& pp_group, C&
       return TensorView<const float>(embedded.view());
     };
     io.loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
-      loss_sum += stage.head_loss(y, y_tokens[std::size_t(i)].view(), dy, grad_scale);
+      loss_sum += end.head_loss(y, y_tokens[std::size_t(i)].view(), dy, grad_scale);
     };
     io.input_gradient = [&](int i, TensorView<const float> dx) { stage.embed_backward(x_tokens[std::size_t(i)].view(), dx); };
-    run_pipeline(pp_group, stage, micro_batches, Shape{per_micro, n, h}, io);
+    if (chunks.size() == 1) run_pipeline(pp_group, stage, micro_batches, Shape{per_micro, n, h}, io);
+    else run_interleaved_pipeline(pp_group, chunks, micro_batches, Shape{per_micro, n, h}, io);
   }
-  stage.reduce_replicated(cp_group);
+  for (MeshGptStage<Strategies, C>& chunk : chunks) chunk.reduce_replicated(cp_group);
   return loss_sum;
+}
+// One chunk per rank (the 1F1B schedule).
+template <class Strategies, Communicator C>
+double mesh_forward_backward(MeshGptStage<Strategies, C>& stage, C& pp_group, C& cp_group, ChunkRange mine,
+                             std::int64_t s, std::span<const std::int32_t> inputs,
+                             std::span<const std::int32_t> targets, float grad_scale) {
+  return mesh_forward_backward(std::span<MeshGptStage<Strategies, C>>(&stage, 1), pp_group, cp_group, mine, s, inputs,
+                               targets, grad_scale);
 }
 
 }  // namespace paradyse
