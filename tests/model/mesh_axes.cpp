@@ -1,10 +1,14 @@
-// train_gpt --mesh with a tp axis (examples/train_gpt/train_mesh.hpp): each stage's group of T consecutive ranks runs
-// Megatron's tensor parallelism with sequence parallelism (MegatronTS) in every sublayer, the stages on the 1F1B
-// schedule (model/mesh_stage.hpp: MeshGptStage, mesh_forward_backward, one row per micro-batch) and the replicas'
-// gradients summed over dp, as train_mesh runs them. On tp = 2 and 3, alone, with dp = 2 (rows dealt unevenly), with
-// pp = 2 (3 layers: uneven stages) and with both (8 ranks), fresh random rows give the loss and every gradient of every
-// rank (each layer's attention, MLP and norm shards, the embedding, the head and the final norm) of the single tp
-// group (Gpt on T ranks, every row in one batch, MegatronTS everywhere) within float rounding.
+// The mesh axes of train_gpt --mesh beyond dp x pp x cp (examples/train_gpt/train_mesh.hpp), as train_mesh runs them
+// (model/mesh_stage.hpp: MeshGptStage, mesh_forward_backward, one row per micro-batch with pp; the replicas' gradients
+// summed over dp):
+//   tp  each stage's group of T consecutive ranks runs Megatron's tensor parallelism with sequence parallelism
+//       (MegatronTS) in every sublayer: on tp = 2 and 3, alone, with dp = 2 (rows dealt unevenly), with pp = 2 (uneven
+//       stages) and with both (8 ranks);
+//   v   interleaved 1F1B: each pp rank holds v model chunks (virtual stage c * P + r of P * v, uneven): pp = 2 x v = 2
+//       over 5 layers, with tp = 2 and with dp = 2 (8 ranks), and pp = 3 x v = 2 (6 virtual stages, 7 layers).
+// Fresh random rows give the loss and every gradient of every rank (each layer's attention, MLP and norm shards, the
+// embedding, the head and the final norm) of the single group (Gpt on T ranks, every row in one batch, MegatronTS
+// everywhere) within float rounding.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
@@ -49,27 +53,34 @@ void add_tp_layer_gradients(TpGradients& out, std::mutex& lock, int tp_rank, int
 
 }  // namespace
 
-TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) trains as the single tp group: tp = 2, 3 alone, with "
-          "dp = 2, with pp = 2 (uneven stages) and with both; the loss and every gradient of every rank") {
+TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved pipeline chunks train as the single "
+          "group: tp = 2, 3 alone, with dp = 2, with pp = 2 (uneven stages), with both, and v = 2 chunks; the loss and "
+          "every gradient of every rank") {
   GptConfig config;
   config.layer = LayerConfig::make(48, 6);  // heads divisible by tp = 2 and 3
   config.layer.causal = config.layer.zigzag = config.layer.rope = true;
-  config.layers = 3;  // uneven over 2 stages
   config.vocab = 23;
-  const std::int64_t rows = 3, seq = 12;  // 3 rows: uneven over dp = 2; seq divisible by 2T for the zigzag layout
+  const std::int64_t seq = 12;  // divisible by 2T for the zigzag layout
   const std::uint64_t seed = 17;
-  const StackPlan plan(std::size_t(config.layers), SublayerChoice{AllStrategies<>::index_of("MegatronTS"),
-                                                                  AllStrategies<>::index_of("MegatronTS"), 0});
 
   struct Mesh {
-    int dp, pp, tp;
+    int dp, pp, tp, v;
+    int layers;        // uneven over the pp * v (virtual) stages
+    std::int64_t rows;  // uneven over dp without v; a multiple of dp * pp with v > 1
   };
-  for (const Mesh& m : {Mesh{1, 1, 2}, Mesh{2, 1, 2}, Mesh{1, 2, 2}, Mesh{2, 2, 2}, Mesh{2, 1, 3}, Mesh{1, 2, 3}}) {
+  for (const Mesh& m : {Mesh{1, 1, 2, 1, 3, 3}, Mesh{2, 1, 2, 1, 3, 3}, Mesh{1, 2, 2, 1, 3, 3}, Mesh{2, 2, 2, 1, 3, 3},
+                        Mesh{2, 1, 3, 1, 3, 3}, Mesh{1, 2, 3, 1, 3, 3}, Mesh{1, 2, 1, 2, 5, 4}, Mesh{1, 2, 2, 2, 5, 4},
+                        Mesh{2, 2, 2, 2, 5, 4}, Mesh{1, 3, 1, 2, 7, 3}}) {
     CAPTURE(m.dp);
     CAPTURE(m.pp);
     CAPTURE(m.tp);
+    CAPTURE(m.v);
+    config.layers = m.layers;
+    const std::int64_t rows = m.rows;
+    const StackPlan plan(std::size_t(config.layers), SublayerChoice{AllStrategies<>::index_of("MegatronTS"),
+                                                                    AllStrategies<>::index_of("MegatronTS"), 0});
     // Fresh random rows for every mesh (every target counted).
-    Rng rng(1000 + std::uint64_t(m.dp * 100 + m.pp * 10 + m.tp));
+    Rng rng(1000 + std::uint64_t(m.v * 1000 + m.dp * 100 + m.pp * 10 + m.tp));
     std::vector<std::int32_t> inputs, targets;
     for (std::int64_t i = 0; i < rows * seq; ++i) {
       inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
@@ -107,29 +118,38 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) trains as the si
       ThreadCommunicator tp_group = mesh.group(world, {"cp", "tp"});
       const MeshCoordinate at = mesh.coordinate(world.rank());
       const int replica = at[0], stage_index = at[1], tp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
-      const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
-      MeshGptStage<AllStrategies<>, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.tp, tp_rank, m.tp,
-                                                             tp_rank, seed);
+      // Chunk c holds virtual stage c * pp + stage_index of pp * v (one chunk without interleaving).
+      const int stages = m.pp * m.v;
+      std::vector<MeshGptStage<AllStrategies<>, ThreadCommunicator>> chunks;
+      chunks.reserve(std::size_t(m.v));
       BufferPool pool;
-      stage.begin_step(tp_group, tp_group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()),
-                       seq);
+      for (int c = 0; c < m.v; ++c) {
+        const ChunkRange layers = chunk_range(config.layers, stages, c * m.pp + stage_index);
+        chunks.emplace_back(config, c * m.pp + stage_index, stages, layers, m.tp, tp_rank, m.tp, tp_rank, seed);
+        chunks.back().begin_step(tp_group, tp_group, pool,
+                                 StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
+      }
       const ChunkRange mine = chunk_range(rows, m.dp, replica);
-      const double loss = mesh_forward_backward(stage, pp_group, tp_group, mine, seq, inputs, targets,
+      const double loss = mesh_forward_backward(std::span(chunks), pp_group, tp_group, mine, seq, inputs, targets,
                                                 float(1.0 / counted));
-      for (const auto& p : stage.parameters())
-        dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
+      for (auto& stage : chunks)
+        for (const auto& p : stage.parameters())
+          dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
       TpGradients& out = got[std::size_t(replica)];
-      add_tp_layer_gradients(out, lock, tp_rank, int(layers.start), stage.stack());
+      for (int c = 0; c < m.v; ++c)
+        add_tp_layer_gradients(out, lock, tp_rank, int(chunk_range(config.layers, stages, c * m.pp + stage_index).start),
+                               chunks[std::size_t(c)].stack());
       const std::lock_guard guard(lock);
       loss_sum += loss;
-      for (const auto& p : stage.parameters()) {
-        const bool embedding = stage.first() && p.gradient->numel() == config.vocab * config.layer.hidden &&
-                               p.gradient->shape()[0] == config.vocab;
-        const bool head = stage.last() && p.gradient->shape()[0] == config.vocab + 2;
-        if (embedding || head)
-          out.by_rank_and_name[{tp_rank, embedding ? "embedding" : "head"}].assign(p.gradient->span().begin(),
-                                                                                   p.gradient->span().end());
-      }
+      for (auto& stage : chunks)
+        for (const auto& p : stage.parameters()) {
+          const bool embedding = stage.first() && p.gradient->numel() == config.vocab * config.layer.hidden &&
+                                 p.gradient->shape()[0] == config.vocab;
+          const bool head = stage.last() && p.gradient->shape()[0] == config.vocab + 2;
+          if (embedding || head)
+            out.by_rank_and_name[{tp_rank, embedding ? "embedding" : "head"}].assign(p.gradient->span().begin(),
+                                                                                     p.gradient->span().end());
+        }
     });
     CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {
