@@ -154,9 +154,13 @@ struct MeshFileRun {
 // what it trains on.
 inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& config) {
   MeshFileRun run;
-  run.file = search::load_config_file(path);
-  const search::ParallelConfig& c = run.file.config;
   const std::string where = fmt::format("--mesh-file {}", path);
+  try {
+    run.file = search::load_config_file(path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {} (expected a configuration file of search_parallel --emit)", where, e.what()));
+  }
+  const search::ParallelConfig& c = run.file.config;
   if (run.file.model) {  // the file's model must be the one train_gpt's flags build
     const search::TrainingModel& f = *run.file.model;
     const search::TrainingModel m = training_model_of(config);
