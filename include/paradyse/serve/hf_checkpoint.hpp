@@ -13,8 +13,10 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/core/json.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/model/safetensors.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -46,14 +48,19 @@ public:
       check(map != doc.end() && map->is_object(), "hf checkpoint: {} has no \"weight_map\" object", index.string());
       std::map<std::string, std::size_t> opened;
       for (const auto& [name, file] : map->items()) {
-        check(file.is_string(), "hf checkpoint: {}: weight_map[\"{}\"] must be a file name", index.string(), name);
+        check(file.is_string(), "hf checkpoint: {}: weight_map[\"{}\"] must be a file name", index.string(),
+              printable(name));
         const std::string& f = file.get_ref<const std::string&>();
-        check(f.find('/') == std::string::npos, "hf checkpoint: {}: weight_map[\"{}\"] = \"{}\" must name a file of the "
-              "folder", index.string(), name, f);
+        // A plain file name of the folder: not empty, ".", "..", a path or a name with control characters (a NUL
+        // would cut the name, and every message naming it).
+        const bool plain = !f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
+                           std::none_of(f.begin(), f.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20; });
+        check(plain, "hf checkpoint: {}: weight_map[\"{}\"] = \"{}\" must name a file of the folder", index.string(),
+              printable(name), printable(f));
         auto it = opened.find(f);
         if (it == opened.end()) it = opened.emplace(f, open_file(f)).first;
         check(files_[it->second].header.find(name) != nullptr,
-              "hf checkpoint: {} maps \"{}\" to {}, which does not hold it", index.string(), name, f);
+              "hf checkpoint: {} maps \"{}\" to {}, which does not hold it", index.string(), printable(name), f);
         where_[name] = it->second;
       }
     }

@@ -13,10 +13,12 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/json.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/moe/moe_config.hpp"
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -75,12 +77,19 @@ struct DecoderConfig {
 
 namespace hf_detail {
 
+// The largest value an integer of config.json may hold (far beyond any model's width, vocabulary or expert count),
+// and the most layers: a corrupt "num_hidden_layers": 4294967297 must be refused, not looped over (it hung).
+inline constexpr std::int64_t kMaxExtent = std::int64_t(1) << 24;
+inline constexpr std::int64_t kMaxLayers = std::int64_t(1) << 16;
+
 // Members of config.json through json::Field: errors read "hf config <file>: <key> is string, expected an integer".
 inline json::Field field(const json::Value& c, const std::string& source) { return {c, "hf config " + source}; }
-inline std::int64_t integer(const json::Value& c, std::string_view key, const std::string& source) {
+// An integer in [0, max] (a negative one is refused where the shape is validated, naming what it must be).
+inline std::int64_t integer(const json::Value& c, std::string_view key, const std::string& source,
+                            std::int64_t max = kMaxExtent) {
   const std::optional<json::Field> v = field(c, source).find(key);
   check(v.has_value(), "hf config {}: \"{}\" is missing", source, key);
-  return v->integer();
+  return v->integer(std::numeric_limits<std::int64_t>::min(), max);
 }
 // A key that is absent or null takes `fallback`; one of another type is refused (a string "1e-6" must not become
 // the default quietly), naming the key, what it holds and what was expected.
@@ -91,7 +100,7 @@ inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
   expect_type(*v, key, v->is_number(), "an integer");
-  return json::Field(*v, "hf config", std::string(key)).integer();
+  return json::Field(*v, "hf config", std::string(key)).integer(std::numeric_limits<std::int64_t>::min(), kMaxExtent);
 }
 inline double number_or(const json::Value& c, std::string_view key, double fallback) {
   const auto v = c.find(key);
@@ -128,7 +137,7 @@ inline Family family_of(const json::Value& c, const std::string& source) {
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Family::olmoe;
   throw Error(fmt::format("hf config {}: unknown architecture \"{}\"; expected MixtralForCausalLM, "
                           "Qwen2MoeForCausalLM or OlmoeForCausalLM",
-                          source, name.empty() ? "(none: no architectures or model_type)" : name));
+                          source, name.empty() ? "(none: no architectures or model_type)" : printable(name)));
 }
 
 }  // namespace hf_detail
@@ -141,7 +150,7 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   d.family = family_of(c, source);
   d.vocab = integer(c, "vocab_size", source);
   d.hidden = integer(c, "hidden_size", source);
-  d.layers = integer(c, "num_hidden_layers", source);
+  d.layers = integer(c, "num_hidden_layers", source, kMaxLayers);
   d.heads = integer(c, "num_attention_heads", source);
   d.kv_heads = integer_or(c, "num_key_value_heads", d.heads);
   check(d.heads >= 1 && d.hidden % d.heads == 0, "hf config {}: hidden_size {} is not a multiple of {} heads", source,
@@ -190,13 +199,14 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       d.dense_ffn = integer_or(c, "intermediate_size", 0);
       const std::int64_t step = integer_or(c, "decoder_sparse_step", 1);
       check(step >= 1, "hf config {}: decoder_sparse_step = {} must be at least 1", source, step);
-      std::vector<std::int64_t> dense_only;
+      std::vector<bool> dense_only(d.moe_layer.size(), false);  // marks, not a search per layer (L x list: a hang)
       if (const auto list = c.find("mlp_only_layers"); list != c.end() && list->is_array())
-        for (const json::Field& v : field(c, source)["mlp_only_layers"].elements()) dense_only.push_back(v.integer());
-      for (std::int64_t l = 0; l < d.layers; ++l) {
-        const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
-        d.moe_layer[std::size_t(l)] = !listed && m.experts > 0 && (l + 1) % step == 0;
-      }
+        for (const json::Field& v : field(c, source)["mlp_only_layers"].elements()) {
+          const std::int64_t l = v.integer(0, kMaxLayers);
+          if (l < d.layers) dense_only[std::size_t(l)] = true;
+        }
+      for (std::int64_t l = 0; l < d.layers; ++l)
+        d.moe_layer[std::size_t(l)] = !dense_only[std::size_t(l)] && m.experts > 0 && (l + 1) % step == 0;
       break;
     }
     case Family::olmoe:

@@ -63,7 +63,7 @@ inline DecoderConfig deepseek_v2_config(const json::Value& c, const std::string&
   d.family = Family::qwen2_moe;  // the family only selects a weight loader; a shape has no weights
   d.vocab = integer(c, "vocab_size", source);
   d.hidden = integer(c, "hidden_size", source);
-  d.layers = integer(c, "num_hidden_layers", source);
+  d.layers = integer(c, "num_hidden_layers", source, kMaxLayers);
   d.heads = integer(c, "num_attention_heads", source);
   d.kv_heads = integer_or(c, "num_key_value_heads", d.heads);
   d.head_dim = integer_or(c, "v_head_dim", d.hidden / std::max<std::int64_t>(1, d.heads));
