@@ -31,6 +31,7 @@ namespace {
 
 using namespace paradyse;
 namespace fs = std::filesystem;
+using namespace std::string_literals;
 
 const std::string kTestData = PARADYSE_TEST_DATA_DIR;                 // tests/data
 const std::string kRepositoryData = kTestData + "/../../data";        // data/
@@ -155,10 +156,25 @@ TEST_CASE("fuzz sensitivity table: moe::sensitivity_from_json") {
 }
 
 TEST_CASE("fuzz Hugging Face config.json: serve::decoder_config and serve::model_shape") {
+  // Found by this target: 4294967297 layers hung (a loop over them, 512 MiB of layer flags); a NUL byte in the
+  // architecture or hidden_act cut the message; a negative mlp_only_layers entry was accepted.
+  std::vector<std::string> regressions;
+  const json::Value qwen = json::parse(fuzz::read_file(kTestData + "/hf/qwen2_moe/config.json"));
+  auto edited = [&](const char* key, json::Value value) {
+    json::Value c = qwen;
+    c[key] = std::move(value);
+    return json::dump(c, 2);
+  };
+  regressions.push_back(edited("num_hidden_layers", 4294967297));
+  regressions.push_back(edited("num_hidden_layers", 1 << 20));
+  regressions.push_back(edited("vocab_size", 99999999999));
+  regressions.push_back(edited("architectures", json::Value::array({"Mixtral\0ForCausalLM"s})));
+  regressions.push_back(edited("hidden_act", "si\0lu"s));
+  regressions.push_back(edited("mlp_only_layers", json::Value::array({-1})));
   fuzz::run("hf_config", model_config_seeds(), [](const std::string& text) {
     const serve::DecoderConfig c = serve::decoder_config(json::parse(text, "config.json"), "config.json");
     CHECK(c.layers >= 1);
-  });
+  }, regressions);
   std::vector<std::string> shapes = model_config_seeds();
   for (const char* shape : {"deepseek-v2-lite", "mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b"})
     shapes.push_back(fuzz::read_file(kRepositoryData + "/model_shapes/" + shape + ".json"));

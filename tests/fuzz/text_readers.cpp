@@ -24,6 +24,7 @@ namespace {
 
 using namespace paradyse;
 namespace fs = std::filesystem;
+using namespace std::string_literals;
 
 const std::string kTextTestData = PARADYSE_TEST_DATA_DIR;                   // tests/data
 const std::string kTextRepositoryData = kTextTestData + "/../../data";      // data/
@@ -69,6 +70,14 @@ TEST_CASE("fuzz Azure request trace: serve::read_azure_trace") {
   const std::vector<std::string> seeds = {
       fuzz::read_file(kTextTestData + "/traces/azure_code_head20.csv"),
       "ContextTokens,TIMESTAMP,GeneratedTokens\r\n12,0.5,3\r\n7,0.75,1\r\n9,2,8\r\n"};
+  // Found by this target: a NUL byte in a cell cut the message; a row earlier than the one before gave a negative
+  // arrival; 9223372036854775807 prompt tokens were accepted (and materialised as a prompt by to_serve_requests).
+  const std::vector<std::string> regressions = {
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n1\0,5,5\n"s,
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5\0,5\n"s,
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n2,5,5\n1,5,5\n",
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n1,9223372036854775807,5\n",
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5,99999999999\n"};
   fuzz::run("request_trace", seeds, [&](const std::string& text) {
     const std::vector<serve::TraceRequest> trace = serve::read_azure_trace(dir.write("trace.csv", text));
     for (const serve::TraceRequest& r : trace)
@@ -77,7 +86,7 @@ TEST_CASE("fuzz Azure request trace: serve::read_azure_trace") {
     std::int64_t tokens = 0;
     for (const serve::ServeRequest& r : serve::to_serve_requests(trace, 32, 1)) tokens += std::int64_t(r.prompt.size());
     CHECK(tokens >= std::int64_t(trace.size()));
-  });
+  }, regressions);
 }
 
 TEST_CASE("fuzz routing record: serve::load_routing_record") {
@@ -93,6 +102,11 @@ TEST_CASE("fuzz routing record: serve::load_routing_record") {
   }
   const std::string written = (dir.path / "seed.csv").string();
   recorder.save(written);
+  // Found by this target: a NUL byte in a cell cut the message; counts beyond the step's tokens (or near 2^63, whose
+  // sum overflowed) were accepted.
+  const std::vector<std::string> regressions = {"step,layer,tokens,e0,e1\n0,0,2,1\0,1\n"s,
+                                                "step,layer,tokens,e0,e1\n0,0,2,3,1\n",
+                                                "step,layer,tokens,e0,e1\n0,0,9223372036854775807,9223372036854775807,5\n"};
   fuzz::run("routing_record", {fuzz::read_file(written)}, [&](const std::string& text) {
     serve::RoutingRecord record = serve::load_routing_record(dir.write("record.csv", text));
     const std::int64_t experts = record.experts;
@@ -104,7 +118,7 @@ TEST_CASE("fuzz routing record: serve::load_routing_record") {
       pairs += c;
     }
     CHECK(pairs <= 12);
-  });
+  }, regressions);
 }
 
 TEST_CASE("fuzz GEMM engine cache: ops::cpu::parse_gemm_measurement never throws") {

@@ -163,7 +163,7 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   for (const char* key : {"hidden_act", "hidden_activation"}) {
     const std::string act = text_or(c, key, "silu");
     check(act == "silu", "hf config {}: \"{}\" is \"{}\"; supported: \"silu\" (SwiGLU experts and MLPs)", source, key,
-          act);
+          printable(act));
   }
   if (d.family != Family::qwen2_moe)  // Qwen2-MoE's q/k/v biases are fixed by the architecture, not this key
     refuse_if_set(c, "attention_bias", source, "q/k/v/o projection biases are supported only as Qwen2-MoE's q/k/v biases");
