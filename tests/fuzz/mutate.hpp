@@ -342,8 +342,9 @@ inline void on_signal(int signal) {
     }
   }
   say("\n");
-  std::signal(signal, SIG_DFL);
-  std::raise(signal == SIGALRM ? SIGABRT : signal);
+  const int end = signal == SIGALRM ? SIGABRT : signal;  // a hang ends as an abort
+  std::signal(end, SIG_DFL);
+  std::raise(end);
 }
 }  // namespace detail
 

@@ -1,11 +1,12 @@
 // Fuzz targets (tests/fuzz/mutate.hpp) of the line-oriented readers of user files: plan_trace's length lists and
 // length distributions (data/trace_input.hpp), Azure request traces (serve/request_trace.hpp), routing records
-// (serve/routing_source.hpp) and the GEMM engine cache (ops/cpu/gemm_choice.hpp, whose documented answer to a bad
+// (serve/routing_source.hpp), a corpus folder of .txt documents (data/corpus.hpp) and the GEMM engine cache (ops/cpu/gemm_choice.hpp, whose documented answer to a bad
 // file is "no cached choice": it must never throw). Seeds: the repository's data/lengths/ distribution, the bundled
 // Azure trace head, a routing record written by the library's RoutingRecorder and a cache text written by the
 // library.
 #include "fuzz/mutate.hpp"
 
+#include "paradyse/data/corpus.hpp"
 #include "paradyse/data/trace_input.hpp"
 #include "paradyse/ops/cpu/gemm_choice.hpp"
 #include "paradyse/serve/request_trace.hpp"
@@ -119,6 +120,18 @@ TEST_CASE("fuzz routing record: serve::load_routing_record") {
     }
     CHECK(pairs <= 12);
   }, regressions);
+}
+
+TEST_CASE("fuzz corpus document: data::load and the windows a run draws from it") {
+  TextTempFolder dir;
+  const std::string seed = "Mr. Speaker, Mr. President, and distinguished Members of the Congress, I come before you.\n";
+  fuzz::run("corpus", {seed, seed + seed + seed}, [&](const std::string& text) {
+    (void)dir.write("speech.txt", text);
+    const std::vector<data::Document> docs = data::load(dir.path);
+    data::WindowSampler sampler(docs, 4, 64, 1);
+    for (const data::Window& w : sampler.stratified(8))
+      CHECK((w.length >= 1 && w.offset >= 0 && w.offset + w.length + 1 <= std::int64_t(docs[w.document].bytes.size())));
+  });
 }
 
 TEST_CASE("fuzz GEMM engine cache: ops::cpu::parse_gemm_measurement never throws") {
