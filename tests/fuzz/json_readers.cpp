@@ -131,12 +131,21 @@ TEST_CASE("fuzz search configuration file: search::config_file_from_json and --c
                                              search::PublishedThroughput{.tflops_per_gpu = 138, .source = "paper"}),
                  2),
       json::dump(search::config_file_to_json(c, gpt, "", a100, "", setup), 2)};
-  fuzz::run("config_file", seeds, [](const std::string& text) {
+  // Found by this target: degrees of 2^24 each multiplied past 64 bits (devices() wrapped; "devices" was then
+  // compared with the wrapped product).
+  const std::vector<std::string> regressions = {
+      R"({"dp": 16777216, "pp": 16777216, "cp": 16777216, "tp": 16777216, "devices": 1})",
+      R"({"dp": 4096, "pp": 8192})"};
+  const auto devices_in_range = [](const search::ParallelConfig& config) {
+    CHECK((config.devices() >= 1 && config.devices() <= (std::int64_t(1) << 24)));
+  };
+  fuzz::run("config_file", seeds, [&](const std::string& text) {
     const search::ConfigFile f = search::config_file_from_json(json::parse(text, "config.json"), "config fuzz.json");
-    CHECK(f.config.dp >= 1);
-  });
+    devices_in_range(f.config);
+  }, regressions);
   fuzz::run("config_text", {"dp=2,pp=8,tp=4,recompute=full", "dp=1,tp_x=2,tp_y=2,cp=2,cp_scheme=ring,zero=3"},
-            [](const std::string& text) { (void)search::config_from_text(text); });
+            [&](const std::string& text) { devices_in_range(search::config_from_text(text)); },
+            {"dp=16777216,pp=16777216,cp=16777216,tp=16777216", "dp=65536,tp_x=65536,tp_y=65536"});
 }
 
 TEST_CASE("fuzz sensitivity table: moe::sensitivity_from_json") {
