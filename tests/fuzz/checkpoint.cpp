@@ -131,13 +131,14 @@ TEST_CASE("fuzz checkpoint: metadata, configuration, next step and load of mutat
   }
   fuzz::run("checkpoint_training", {dense_file.header},
             [&](const std::string& header) { read_checkpoint(write(join(header, dense_file.data)), dense_target, true); },
-            regressions);
+            regressions, input);
 
   const SplitFile moe_file = split(fuzz::read_file(moe_path));
   fuzz::run("checkpoint_moe", {moe_file.header},
-            [&](const std::string& header) { read_checkpoint(write(join(header, moe_file.data)), moe_target, false); });
+            [&](const std::string& header) { read_checkpoint(write(join(header, moe_file.data)), moe_target, false); },
+            {}, input);
 
   // Whole files: the length prefix and the data are mutated too.
   fuzz::run("checkpoint_file", {fuzz::read_file(dense_path)},
-            [&](const std::string& file) { read_checkpoint(write(file), dense_target, true); });
+            [&](const std::string& file) { read_checkpoint(write(file), dense_target, true); }, {}, input);
 }

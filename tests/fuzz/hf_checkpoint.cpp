@@ -60,12 +60,13 @@ TEST_CASE("fuzz Hugging Face checkpoint: serve::load_decoder of mutated headers,
       std::string prefix(8, '\0');
       for (int i = 0; i < 8; ++i) prefix[std::size_t(i)] = char((std::uint64_t(mutated.size()) >> (8 * i)) & 0xff);
       load(mixtral.with("model.safetensors", prefix + mutated + data));
-    });
+    }, {}, mixtral.path.string());
   }
   {
     FolderCopy mixtral(kHfData + "/mixtral");
     fuzz::run("hf_config_with_weights", {fuzz::read_file(kHfData + "/mixtral/config.json")},
-              [&](const std::string& config) { load(mixtral.with("config.json", config)); });
+              [&](const std::string& config) { load(mixtral.with("config.json", config)); }, {},
+              mixtral.path.string());
   }
   {
     FolderCopy qwen(kHfData + "/qwen2_moe");
@@ -79,6 +80,7 @@ TEST_CASE("fuzz Hugging Face checkpoint: serve::load_decoder of mutated headers,
       regressions.push_back(bad);
     }
     fuzz::run("hf_shard_index", {index},
-              [&](const std::string& text) { load(qwen.with("model.safetensors.index.json", text)); }, regressions);
+              [&](const std::string& text) { load(qwen.with("model.safetensors.index.json", text)); }, regressions,
+              qwen.path.string());
   }
 }

@@ -93,7 +93,7 @@ TEST_CASE("fuzz serving cluster spec: serve::simulated_cluster of a profile file
     const serve::SimulatedCluster c = serve::simulated_cluster(write_input(dir.path, "cluster.json", text), 2);
     const serve::MachineRates r = serve::machine_rates_of(c);
     CHECK((std::isfinite(r.flops_per_s) && r.flops_per_s > 0 && std::isfinite(r.memory_bytes_per_s)));
-  });
+  }, {}, (dir.path / "cluster.json").string());
 }
 
 TEST_CASE("fuzz search cluster JSON: search::cluster_from_json") {
@@ -157,11 +157,19 @@ TEST_CASE("fuzz sensitivity table: moe::sensitivity_from_json") {
   SensitivityTable untagged = t;
   t.model = "mixtral layers 3 (3 MoE) hidden 32 experts 4 top-k 2 config 0123456789abcdef";
   untagged.metric = SensitivityMetric::output_distortion;
-  fuzz::run("sensitivity", {json::dump(sensitivity_to_json(t), 2), json::dump(sensitivity_to_json(untagged), 0)},
-            [](const std::string& text) {
-              const SensitivityTable s = sensitivity_from_json(json::parse(text, "table.json"));
-              CHECK(s.layers() >= 1);
-            });
+  const std::vector<std::string> seeds = {json::dump(sensitivity_to_json(t), 2), json::dump(sensitivity_to_json(untagged), 0)};
+  fuzz::run("sensitivity", seeds, [](const std::string& text) {
+    const SensitivityTable s = sensitivity_from_json(json::parse(text, "table.json"));
+    CHECK(s.layers() >= 1);
+  });
+  // From a file, every error names it (sensitivity_from_json's said only "sensitivity: ...").
+  TempFolder dir;
+  const std::string path = (dir.path / "table.json").string();
+  fuzz::run("sensitivity_file", seeds, [&](const std::string& text) {
+    const SensitivityTable s = load_sensitivity(write_input(dir.path, "table.json", text));
+    CHECK(s.layers() >= 1);
+  }, {R"({"format": "paradyse.alloc_moe.sensitivity", "version": 1, "metric": "loss_increase", "base": 0,
+          "calibration_tokens": 1, "layers": [{"top_k": 3, "delta": [1, 0]}]})"}, path);
 }
 
 TEST_CASE("fuzz Hugging Face config.json: serve::decoder_config and serve::model_shape") {
@@ -200,5 +208,5 @@ TEST_CASE("fuzz published routing statistics: serve::published_routing") {
     std::int64_t pairs = 0;
     for (std::int64_t c : w.counts(0, 0, 16, 8, 2)) pairs += c;
     CHECK(pairs == 32);
-  });
+  }, {}, "eplb.json");
 }

@@ -396,11 +396,12 @@ inline bool whole_message(const Error& e) {
          (m.find(".hpp:", location) != std::string_view::npos || m.find(".cpp:", location) != std::string_view::npos);
 }
 
-// Runs `read(input)` on `input`: true if it returned, false if it threw a whole paradyse::Error; anything else fails
-// the test, naming the exception and the file the input was written to. `label` names the input in messages.
+// Runs `read(input)` on `input`: true if it returned, false if it threw a whole paradyse::Error (that contains
+// `names`, the file read, when that is not empty); anything else fails the test, naming the exception and the file
+// the input was written to. `label` names the input in messages.
 template <class Read>
 bool read_one(const std::string& target, const std::string& label, const std::string& input, Read& read,
-              Report& report) {
+              Report& report, const std::string& names = {}) {
   detail::current = &input;
   ::alarm(kInputSeconds);
   try {
@@ -415,6 +416,12 @@ bool read_one(const std::string& target, const std::string& label, const std::st
       write_file(file, input);
       FAIL("fuzz " << target << ": input " << label << " (written to " << file
                    << ") threw a paradyse::Error without a whole message: " << std::string(e.what()));
+    }
+    if (!names.empty() && std::string_view(e.what()).find(names) == std::string_view::npos) {
+      const std::string file = output_folder() + "/fuzz-" + target + "-" + label + ".bin";
+      write_file(file, input);
+      FAIL("fuzz " << target << ": input " << label << " (written to " << file << ") threw a paradyse::Error that does "
+                   << "not name the file " << names << ": " << std::string(e.what()));
     }
     return false;
   } catch (const std::exception& e) {
@@ -434,10 +441,11 @@ bool read_one(const std::string& target, const std::string& label, const std::st
 
 // The target `target`: every seed must be accepted as it is (else the target tests nothing), then mutated inputs
 // until the budget is spent; the fixed `regressions` (inputs that once crashed or leaked) run first and must each
-// be refused with a whole paradyse::Error. Prints and returns the counts.
+// be refused with a whole paradyse::Error. With `names` (the file a file reader reads) every message must name it.
+// Prints and returns the counts.
 template <class Read>
 Report run(const std::string& target, const std::vector<std::string>& seeds, Read read,
-           const std::vector<std::string>& regressions = {}) {
+           const std::vector<std::string>& regressions = {}, const std::string& names = {}) {
   REQUIRE(!seeds.empty());
   const Budget budget = Budget::from_environment();
   Report report;
@@ -447,7 +455,7 @@ Report run(const std::string& target, const std::vector<std::string>& seeds, Rea
     REQUIRE_MESSAGE(accepted, "fuzz " << target << ": seed " << i << " is refused; a target must start from valid inputs");
   }
   for (std::size_t i = 0; i < regressions.size(); ++i) {
-    const bool accepted = read_one(target, "regression" + std::to_string(i), regressions[i], read, report);
+    const bool accepted = read_one(target, "regression" + std::to_string(i), regressions[i], read, report, names);
     CHECK_MESSAGE(!accepted, "fuzz " << target << ": regression input " << i << " was accepted; it must be refused");
   }
   Mutator mutator(budget.seed);
@@ -455,7 +463,7 @@ Report run(const std::string& target, const std::vector<std::string>& seeds, Rea
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   while (budget.iterations > 0 ? report.inputs < budget.iterations : elapsed() < budget.seconds) {
     const std::string input = mutator.mutate(seeds);
-    if (read_one(target, std::to_string(report.inputs), input, read, report)) ++report.accepted;
+    if (read_one(target, std::to_string(report.inputs), input, read, report, names)) ++report.accepted;
     else ++report.refused;
     ++report.inputs;
   }

@@ -87,7 +87,7 @@ TEST_CASE("fuzz Azure request trace: serve::read_azure_trace") {
     std::int64_t tokens = 0;
     for (const serve::ServeRequest& r : serve::to_serve_requests(trace, 32, 1)) tokens += std::int64_t(r.prompt.size());
     CHECK(tokens >= std::int64_t(trace.size()));
-  }, regressions);
+  }, regressions, (dir.path / "trace.csv").string());
 }
 
 TEST_CASE("fuzz routing record: serve::load_routing_record") {
@@ -119,7 +119,7 @@ TEST_CASE("fuzz routing record: serve::load_routing_record") {
       pairs += c;
     }
     CHECK(pairs <= 12);
-  }, regressions);
+  }, regressions, (dir.path / "record.csv").string());
 }
 
 TEST_CASE("fuzz corpus document: data::load and the windows a run draws from it") {
@@ -131,7 +131,7 @@ TEST_CASE("fuzz corpus document: data::load and the windows a run draws from it"
     data::WindowSampler sampler(docs, 4, 64, 1);
     for (const data::Window& w : sampler.stratified(8))
       CHECK((w.length >= 1 && w.offset >= 0 && w.offset + w.length + 1 <= std::int64_t(docs[w.document].bytes.size())));
-  });
+  }, {}, dir.path.string());
 }
 
 TEST_CASE("fuzz GEMM engine cache: ops::cpu::parse_gemm_measurement never throws") {

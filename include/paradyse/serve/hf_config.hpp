@@ -92,38 +92,54 @@ inline std::int64_t integer(const json::Value& c, std::string_view key, const st
   return v->integer(std::numeric_limits<std::int64_t>::min(), max);
 }
 // A key that is absent or null takes `fallback`; one of another type is refused (a string "1e-6" must not become
-// the default quietly), naming the key, what it holds and what was expected.
-inline void expect_type(const json::Value& v, std::string_view key, bool ok, std::string_view expected) {
-  check(ok, "hf config: \"{}\" is {} ({}); expected {}", key, v.dump(), v.type_name(), expected);
+// the default quietly), naming the file, the key, what it holds and what was expected.
+inline void expect_type(const json::Value& v, std::string_view key, bool ok, std::string_view expected,
+                        const std::string& source) {
+  check(ok, "hf config {}: \"{}\" is {} ({}); expected {}", source, key, v.dump(), v.type_name(), expected);
 }
-inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::int64_t fallback) {
+inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::int64_t fallback,
+                               const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_number(), "an integer");
-  return json::Field(*v, "hf config", std::string(key)).integer(std::numeric_limits<std::int64_t>::min(), kMaxExtent);
+  expect_type(*v, key, v->is_number(), "an integer", source);
+  return json::Field(*v, "hf config " + source, std::string(key))
+      .integer(std::numeric_limits<std::int64_t>::min(), kMaxExtent);
 }
-inline double number_or(const json::Value& c, std::string_view key, double fallback) {
+inline double number_or(const json::Value& c, std::string_view key, double fallback, const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_number() && std::isfinite(v->get<double>()), "a finite number");
+  expect_type(*v, key, v->is_number() && std::isfinite(v->get<double>()), "a finite number", source);
   return v->get<double>();
 }
-inline bool flag_or(const json::Value& c, std::string_view key, bool fallback) {
+inline bool flag_or(const json::Value& c, std::string_view key, bool fallback, const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_boolean(), "true or false");
+  expect_type(*v, key, v->is_boolean(), "true or false", source);
   return v->get<bool>();
 }
-inline std::string text_or(const json::Value& c, std::string_view key, const std::string& fallback) {
+inline std::string text_or(const json::Value& c, std::string_view key, const std::string& fallback,
+                           const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_string(), "a string");
+  expect_type(*v, key, v->is_string(), "a string", source);
   return v->get<std::string>();
 }
 inline void refuse_if_set(const json::Value& c, std::string_view key, const std::string& source, std::string_view why) {
   const auto v = c.find(key);
   check(v == c.end() || v->is_null() || (v->is_boolean() && !v->get<bool>()), "hf config {}: \"{}\" is set: {}",
         source, key, why);
+}
+
+// d.validate() with the file named: "hf config F: its shape is invalid: MoeConfig: top_k = 2 must be in [1, 1]".
+inline void validate(const DecoderConfig& d, const std::string& source) {
+  try {
+    d.validate();
+  } catch (const Error& e) {  // the message without its "paradyse: " prefix and source location
+    std::string_view what = e.what();
+    if (what.starts_with("paradyse: ")) what.remove_prefix(10);
+    if (const std::size_t at = what.rfind(" ["); at != std::string_view::npos) what = what.substr(0, at);
+    throw Error(fmt::format("hf config {}: its shape is invalid: {}", source, what));
+  }
 }
 
 inline Family family_of(const json::Value& c, const std::string& source) {
@@ -152,23 +168,23 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   d.hidden = integer(c, "hidden_size", source);
   d.layers = integer(c, "num_hidden_layers", source, kMaxLayers);
   d.heads = integer(c, "num_attention_heads", source);
-  d.kv_heads = integer_or(c, "num_key_value_heads", d.heads);
+  d.kv_heads = integer_or(c, "num_key_value_heads", d.heads, source);
   check(d.heads >= 1 && d.hidden % d.heads == 0, "hf config {}: hidden_size {} is not a multiple of {} heads", source,
         d.hidden, d.heads);
-  d.head_dim = integer_or(c, "head_dim", d.hidden / d.heads);
-  d.rms_eps = number_or(c, "rms_norm_eps", 1e-6);
-  d.rope_theta = number_or(c, "rope_theta", 10000.0);
-  d.tied_embeddings = flag_or(c, "tie_word_embeddings", false);
+  d.head_dim = integer_or(c, "head_dim", d.hidden / d.heads, source);
+  d.rms_eps = number_or(c, "rms_norm_eps", 1e-6, source);
+  d.rope_theta = number_or(c, "rope_theta", 10000.0, source);
+  d.tied_embeddings = flag_or(c, "tie_word_embeddings", false, source);
   // Keys that change the mathematics and that the decoder does not implement: refused by name, never computed wrongly.
   for (const char* key : {"hidden_act", "hidden_activation"}) {
-    const std::string act = text_or(c, key, "silu");
+    const std::string act = text_or(c, key, "silu", source);
     check(act == "silu", "hf config {}: \"{}\" is \"{}\"; supported: \"silu\" (SwiGLU experts and MLPs)", source, key,
           printable(act));
   }
   if (d.family != Family::qwen2_moe)  // Qwen2-MoE's q/k/v biases are fixed by the architecture, not this key
     refuse_if_set(c, "attention_bias", source, "q/k/v/o projection biases are supported only as Qwen2-MoE's q/k/v biases");
   refuse_if_set(c, "mlp_bias", source, "MLP biases are not supported");
-  const double rotary = number_or(c, "partial_rotary_factor", 1.0);
+  const double rotary = number_or(c, "partial_rotary_factor", 1.0, source);
   check(rotary == 1.0, "hf config {}: \"partial_rotary_factor\" is {}; supported: 1 (rotary embedding on every head "
         "dimension)", source, rotary);
   refuse_if_set(c, "rope_scaling", source, "rope scaling is not supported");
@@ -191,13 +207,13 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       m.experts = integer(c, "num_experts", source);
       m.top_k = integer(c, "num_experts_per_tok", source);
       m.expert_ffn = integer(c, "moe_intermediate_size", source);
-      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false);
-      const std::int64_t shared = integer_or(c, "shared_expert_intermediate_size", 0);
+      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
+      const std::int64_t shared = integer_or(c, "shared_expert_intermediate_size", 0, source);
       m.shared_experts = shared > 0 ? 1 : 0;
       m.shared_ffn = shared;
       m.shared_gate = shared > 0;
-      d.dense_ffn = integer_or(c, "intermediate_size", 0);
-      const std::int64_t step = integer_or(c, "decoder_sparse_step", 1);
+      d.dense_ffn = integer_or(c, "intermediate_size", 0, source);
+      const std::int64_t step = integer_or(c, "decoder_sparse_step", 1, source);
       check(step >= 1, "hf config {}: decoder_sparse_step = {} must be at least 1", source, step);
       std::vector<bool> dense_only(d.moe_layer.size(), false);  // marks, not a search per layer (L x list: a hang)
       if (const auto list = c.find("mlp_only_layers"); list != c.end() && list->is_array())
@@ -214,10 +230,10 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       m.experts = integer(c, "num_experts", source);
       m.top_k = integer(c, "num_experts_per_tok", source);
       m.expert_ffn = integer(c, "intermediate_size", source);
-      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false);
+      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
       break;
   }
-  d.validate();
+  validate(d, source);
   return d;
 }
 
