@@ -6,6 +6,7 @@
 // with its weights.
 #include "fuzz/mutate.hpp"
 
+#include "paradyse/core/json.hpp"
 #include "paradyse/serve/decoder_weights.hpp"
 
 #include <doctest/doctest.h>
@@ -64,8 +65,18 @@ TEST_CASE("fuzz Hugging Face checkpoint: serve::load_decoder of mutated headers,
   }
   {
     FolderCopy mixtral(kHfData + "/mixtral");
-    fuzz::run("hf_config_with_weights", {fuzz::read_file(kHfData + "/mixtral/config.json")},
-              [&](const std::string& config) { load(mixtral.with("config.json", config)); }, {},
+    const std::string config = fuzz::read_file(kHfData + "/mixtral/config.json");
+    // Found by this target: 10^6 experts (or an expert width of 10^6) allocated the experts' buffers, 4 GB, before
+    // the router's shape in the file refused them (an OutOfMemory naming no file under the fuzzer's memory cap).
+    std::vector<std::string> regressions;
+    for (const char* edit : {"\"num_local_experts\": 1000000", "\"intermediate_size\": 1000000"}) {
+      json::Value c = json::parse(config);
+      const json::Value e = json::parse(std::string("{") + edit + "}");
+      c[e.begin().key()] = e.begin().value();
+      regressions.push_back(json::dump(c, 2));
+    }
+    fuzz::run("hf_config_with_weights", {config},
+              [&](const std::string& text) { load(mixtral.with("config.json", text)); }, regressions,
               mixtral.path.string());
   }
   {

@@ -133,9 +133,13 @@ TEST_CASE("fuzz search configuration file: search::config_file_from_json and --c
       json::dump(search::config_file_to_json(c, gpt, "", a100, "", setup), 2)};
   // Found by this target: degrees of 2^24 each multiplied past 64 bits (devices() wrapped; "devices" was then
   // compared with the wrapped product).
+  // A NUL in an inline model's _name_or_path (the model's name in every message) cut the messages.
+  json::Value nul_name = json::parse(seeds[1]);
+  nul_name["model"]["_name_or_path"] = "gpt\0175b"s;
+  nul_name["model"]["vocab_size"] = -1;
   const std::vector<std::string> regressions = {
       R"({"dp": 16777216, "pp": 16777216, "cp": 16777216, "tp": 16777216, "devices": 1})",
-      R"({"dp": 4096, "pp": 8192})"};
+      R"({"dp": 4096, "pp": 8192})", json::dump(nul_name, 2)};
   const auto devices_in_range = [](const search::ParallelConfig& config) {
     CHECK((config.devices() >= 1 && config.devices() <= (std::int64_t(1) << 24)));
   };
