@@ -13,7 +13,7 @@
 // A fixed seed makes a run reproducible: the same seed and the same number of inputs give the same inputs.
 //
 // Budget (environment):
-//   PARADYSE_FUZZ_SECONDS     seconds per target (default 0.6: the 22 targets of ctest `fuzz` take ~14 s)
+//   PARADYSE_FUZZ_SECONDS     seconds per target (default 0.6: the 23 targets of ctest `fuzz` take ~14 s)
 //   PARADYSE_FUZZ_ITERATIONS  a fixed number of inputs per target instead (no time limit): reproducible counts
 //   PARADYSE_FUZZ_SEED        the random seed (default 20261202)
 //   PARADYSE_FUZZ_OUT         where a failing input is written (default: the current folder)
