@@ -77,6 +77,8 @@ inline std::vector<Document> load(const std::filesystem::path& folder) {
     docs.push_back({entry.path().filename().string(), std::string(std::istreambuf_iterator<char>(in), {})});
   }
   check(!docs.empty(), "corpus: no .txt documents in {}", folder.string());
+  check(std::any_of(docs.begin(), docs.end(), [](const Document& d) { return d.bytes.size() >= 2; }),
+        "corpus: every .txt document in {} is shorter than 2 bytes (nothing to predict)", folder.string());
   std::sort(docs.begin(), docs.end(), [](const Document& a, const Document& b) { return a.name < b.name; });
   return docs;
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,7 +51,8 @@ inline std::string saved_args(const std::vector<std::string>& args) {
 // The next step a training checkpoint continues with.
 inline int checkpoint_next_step(const std::string& path) {
   for (const auto& [key, value] : read_checkpoint_metadata(path))
-    if (key == "train.next_step") return std::stoi(value);
+    if (key == "train.next_step")  // strictly: "-6" crashed a resumed run, "x6" leaked std::stoi's exception
+      return int(checkpoint_detail::to_integer(value, key, path, 0, std::numeric_limits<int>::max()));
   throw Error(fmt::format("checkpoint {}: no train.next_step (not a training checkpoint of train_gpt)", path));
 }
 

@@ -127,7 +127,18 @@ inline void save_sensitivity(const SensitivityTable& t, const std::string& path,
                              const std::string& what = "sensitivity table") {
   json::save_file(sensitivity_to_json(t), path, what);
 }
-inline SensitivityTable load_sensitivity(const std::string& path) { return sensitivity_from_json(json::load_file(path)); }
+// Errors name the file: "sensitivity table t.json: sensitivity: layer 0 has top-k = 3 and 2 entries ...".
+inline SensitivityTable load_sensitivity(const std::string& path) {
+  const json::Value doc = json::load_file(path);  // its errors name the file already
+  try {
+    return sensitivity_from_json(doc);
+  } catch (const Error& e) {  // the message without its "paradyse: " prefix and source location
+    std::string_view what = e.what();
+    if (what.starts_with("paradyse: ")) what.remove_prefix(10);
+    if (const std::size_t at = what.rfind(" ["); at != std::string_view::npos) what = what.substr(0, at);
+    throw Error(fmt::format("sensitivity table {}: {}", path, what));
+  }
+}
 
 // ---- the profilers ----
 

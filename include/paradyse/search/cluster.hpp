@@ -200,6 +200,9 @@ inline ClusterProfile cluster_from_json(const json::Value& v) {
   only_keys(doc, {"name", "source", "peak_flops_per_s", "device", "levels"});
   ClusterProfile c;
   c.name = text(doc, "name");
+  // The name labels messages and output: control bytes (a NUL would cut every message) escaped.
+  if (std::any_of(c.name.begin(), c.name.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; }))
+    c.name = printable(c.name);
   if (doc.has("source")) c.source = text(doc, "source");
   c.peak_flops_per_s = rate(doc, "peak_flops_per_s");
   c.device = cost::profile_from_json(doc["device"]);

@@ -127,6 +127,12 @@ inline ParallelConfig config_from_json(const json::Field& doc) {
       if (name_of(x) == r) c.cp_scheme = x, known = true;
     if (!known) doc.fail(fmt::format("cp_scheme = \"{}\"; expected ring or all-gather", printable(r)));
   }
+  // The degrees multiply to the device count: each may be 2^24, their product must be too (ParallelConfig::devices()
+  // would overflow 64 bits beyond that).
+  const double devices = double(c.dp) * double(c.pp) * double(c.cp) * double(c.tp_x) * double(c.tp_y);
+  if (devices > double(std::int64_t(1) << 24))
+    doc.fail(fmt::format("dp*pp*cp*tp_x*tp_y = {}*{}*{}*{}*{} = {:.6g} devices; expected at most 2^24 = 16777216", c.dp,
+                         c.pp, c.cp, c.tp_x, c.tp_y, devices));
   return c;
 }
 

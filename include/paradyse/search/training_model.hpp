@@ -221,6 +221,9 @@ inline constexpr std::array<std::string_view, 21> kModelKeysRead{
     "qk_nope_head_dim"};
 
 inline TrainingModel model_from_json(const json::Value& v, std::string name) {
+  // The name labels messages and output: control bytes (a "_name_or_path" of "\u0000" cut every message) escaped.
+  if (std::any_of(name.begin(), name.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; }))
+    name = printable(name);
   const json::Field doc(v, fmt::format("model {}", name));
   doc.expect(doc.is_object(), "a JSON object");
   {  // unknown and repeated keys, by name

@@ -107,6 +107,7 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
     }
     if (!c.is_moe(l)) {
       const std::int64_t F = c.dense_ffn;
+      ck.check_shape(p + hf_names::kDenseMlp + hf_names::swiglu.gate, Shape{F, h});  // before F x h buffers
       L.dense_in = Tensor<float>(Shape{1, 2 * F, h});
       L.dense_out = Tensor<float>(Shape{1, F, h});
       load_swiglu(ck, p + hf_names::kDenseMlp, hf_names::swiglu, F, h,
@@ -114,9 +115,15 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
     } else {
       const MoeConfig& m = c.moe;
       const std::int64_t E = m.experts, f = m.expert_ffn;
-      L.moe = MoeShard::zeros(m, 1, 0);
       const bool mixtral = c.family == Family::mixtral;
       const std::string block = hf_names::moe_block(p, mixtral);
+      // The shapes that size the experts' buffers (E x 3f x h, the shared experts') are checked against the file
+      // before they are allocated: a corrupt num_local_experts of 10^6 allocated 4 GB, then failed.
+      ck.check_shape(block + hf_names::kRouter, Shape{E, h});
+      ck.check_shape(hf_names::expert(block, 0) + hf_names::expert_swiglu(mixtral).gate, Shape{f, h});
+      if (m.has_shared())
+        ck.check_shape(block + hf_names::kSharedExpert + hf_names::swiglu.gate, Shape{m.shared_width(), h});
+      L.moe = MoeShard::zeros(m, 1, 0);
       L.moe.router = ck.load(block + hf_names::kRouter, Shape{E, h});
       for (std::int64_t e = 0; e < E; ++e) {
         const std::string x = hf_names::expert(block, e);

@@ -13,8 +13,10 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/core/json.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/model/safetensors.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +26,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace paradyse::serve {
@@ -46,14 +49,19 @@ public:
       check(map != doc.end() && map->is_object(), "hf checkpoint: {} has no \"weight_map\" object", index.string());
       std::map<std::string, std::size_t> opened;
       for (const auto& [name, file] : map->items()) {
-        check(file.is_string(), "hf checkpoint: {}: weight_map[\"{}\"] must be a file name", index.string(), name);
+        check(file.is_string(), "hf checkpoint: {}: weight_map[\"{}\"] must be a file name", index.string(),
+              printable(name));
         const std::string& f = file.get_ref<const std::string&>();
-        check(f.find('/') == std::string::npos, "hf checkpoint: {}: weight_map[\"{}\"] = \"{}\" must name a file of the "
-              "folder", index.string(), name, f);
+        // A plain file name of the folder: not empty, ".", "..", a path or a name with control characters (a NUL
+        // would cut the name, and every message naming it).
+        const bool plain = !f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
+                           std::none_of(f.begin(), f.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20; });
+        check(plain, "hf checkpoint: {}: weight_map[\"{}\"] = \"{}\" must name a file of the folder", index.string(),
+              printable(name), printable(f));
         auto it = opened.find(f);
         if (it == opened.end()) it = opened.emplace(f, open_file(f)).first;
         check(files_[it->second].header.find(name) != nullptr,
-              "hf checkpoint: {} maps \"{}\" to {}, which does not hold it", index.string(), name, f);
+              "hf checkpoint: {} maps \"{}\" to {}, which does not hold it", index.string(), printable(name), f);
         where_[name] = it->second;
       }
     }
@@ -73,16 +81,16 @@ public:
     return total;
   }
 
+  // Throws unless the folder holds `name` with `shape` (reads nothing): what load() checks first. A caller that
+  // allocates buffers for tensors of a shape the configuration gives checks them first, so that a corrupt
+  // config.json (num_local_experts 10^6) is refused by name instead of allocating gigabytes.
+  void check_shape(const std::string& name, const Shape& shape) const { (void)entry_of(name, shape); }
+
   // `name` as float32, checked to have `shape`.
   Tensor<float> load(const std::string& name, const Shape& shape) const {
-    auto it = where_.find(name);
-    check(it != where_.end(), "hf checkpoint {}: tensor \"{}\" is missing (expected shape {})", folder_, name, shape);
-    const OpenFile& file = files_[it->second];
-    const safetensors::TensorEntry& e = *file.header.find(name);
-    bool same = std::int64_t(e.shape.size()) == shape.rank();
-    for (std::size_t d = 0; same && d < e.shape.size(); ++d) same = e.shape[d] == shape[int(d)];
-    check(same, "hf checkpoint {}: tensor \"{}\" has shape [{}], expected {}", folder_, name, fmt::join(e.shape, ", "),
-          shape);
+    const auto [file_index, entry] = entry_of(name, shape);
+    const OpenFile& file = files_[file_index];
+    const safetensors::TensorEntry& e = *entry;
     used_.insert(name);
     Tensor<float> out(shape);
     const std::int64_t n = e.numel();
@@ -113,6 +121,16 @@ public:
   }
 
 private:
+  std::pair<std::size_t, const safetensors::TensorEntry*> entry_of(const std::string& name, const Shape& shape) const {
+    auto it = where_.find(name);
+    check(it != where_.end(), "hf checkpoint {}: tensor \"{}\" is missing (expected shape {})", folder_, name, shape);
+    const safetensors::TensorEntry& e = *files_[it->second].header.find(name);
+    bool same = std::int64_t(e.shape.size()) == shape.rank();
+    for (std::size_t d = 0; same && d < e.shape.size(); ++d) same = e.shape[d] == shape[int(d)];
+    check(same, "hf checkpoint {}: tensor \"{}\" has shape [{}], expected {}", folder_, name, fmt::join(e.shape, ", "),
+          shape);
+    return {it->second, &e};
+  }
   void check_finite(const std::string& name, const Tensor<float>& t) const {
     const std::span<const float> v = t.span();
     for (std::size_t i = 0; i < v.size(); ++i)

@@ -13,10 +13,12 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/json.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/moe/moe_config.hpp"
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -75,46 +77,69 @@ struct DecoderConfig {
 
 namespace hf_detail {
 
+// The largest value an integer of config.json may hold (far beyond any model's width, vocabulary or expert count),
+// and the most layers: a corrupt "num_hidden_layers": 4294967297 must be refused, not looped over (it hung).
+inline constexpr std::int64_t kMaxExtent = std::int64_t(1) << 24;
+inline constexpr std::int64_t kMaxLayers = std::int64_t(1) << 16;
+
 // Members of config.json through json::Field: errors read "hf config <file>: <key> is string, expected an integer".
 inline json::Field field(const json::Value& c, const std::string& source) { return {c, "hf config " + source}; }
-inline std::int64_t integer(const json::Value& c, std::string_view key, const std::string& source) {
+// An integer in [0, max] (a negative one is refused where the shape is validated, naming what it must be).
+inline std::int64_t integer(const json::Value& c, std::string_view key, const std::string& source,
+                            std::int64_t max = kMaxExtent) {
   const std::optional<json::Field> v = field(c, source).find(key);
   check(v.has_value(), "hf config {}: \"{}\" is missing", source, key);
-  return v->integer();
+  return v->integer(std::numeric_limits<std::int64_t>::min(), max);
 }
 // A key that is absent or null takes `fallback`; one of another type is refused (a string "1e-6" must not become
-// the default quietly), naming the key, what it holds and what was expected.
-inline void expect_type(const json::Value& v, std::string_view key, bool ok, std::string_view expected) {
-  check(ok, "hf config: \"{}\" is {} ({}); expected {}", key, v.dump(), v.type_name(), expected);
+// the default quietly), naming the file, the key, what it holds and what was expected.
+inline void expect_type(const json::Value& v, std::string_view key, bool ok, std::string_view expected,
+                        const std::string& source) {
+  check(ok, "hf config {}: \"{}\" is {} ({}); expected {}", source, key, v.dump(), v.type_name(), expected);
 }
-inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::int64_t fallback) {
+inline std::int64_t integer_or(const json::Value& c, std::string_view key, std::int64_t fallback,
+                               const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_number(), "an integer");
-  return json::Field(*v, "hf config", std::string(key)).integer();
+  expect_type(*v, key, v->is_number(), "an integer", source);
+  return json::Field(*v, "hf config " + source, std::string(key))
+      .integer(std::numeric_limits<std::int64_t>::min(), kMaxExtent);
 }
-inline double number_or(const json::Value& c, std::string_view key, double fallback) {
+inline double number_or(const json::Value& c, std::string_view key, double fallback, const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_number() && std::isfinite(v->get<double>()), "a finite number");
+  expect_type(*v, key, v->is_number() && std::isfinite(v->get<double>()), "a finite number", source);
   return v->get<double>();
 }
-inline bool flag_or(const json::Value& c, std::string_view key, bool fallback) {
+inline bool flag_or(const json::Value& c, std::string_view key, bool fallback, const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_boolean(), "true or false");
+  expect_type(*v, key, v->is_boolean(), "true or false", source);
   return v->get<bool>();
 }
-inline std::string text_or(const json::Value& c, std::string_view key, const std::string& fallback) {
+inline std::string text_or(const json::Value& c, std::string_view key, const std::string& fallback,
+                           const std::string& source) {
   const auto v = c.find(key);
   if (v == c.end() || v->is_null()) return fallback;
-  expect_type(*v, key, v->is_string(), "a string");
+  expect_type(*v, key, v->is_string(), "a string", source);
   return v->get<std::string>();
 }
 inline void refuse_if_set(const json::Value& c, std::string_view key, const std::string& source, std::string_view why) {
   const auto v = c.find(key);
   check(v == c.end() || v->is_null() || (v->is_boolean() && !v->get<bool>()), "hf config {}: \"{}\" is set: {}",
         source, key, why);
+}
+
+// d.validate() with the file named: "hf config F: its shape is invalid: MoeConfig: top_k = 2 must be in [1, 1]".
+inline void validate(const DecoderConfig& d, const std::string& source) {
+  try {
+    d.validate();
+  } catch (const Error& e) {  // the message without its "paradyse: " prefix and source location
+    std::string_view what = e.what();
+    if (what.starts_with("paradyse: ")) what.remove_prefix(10);
+    if (const std::size_t at = what.rfind(" ["); at != std::string_view::npos) what = what.substr(0, at);
+    throw Error(fmt::format("hf config {}: its shape is invalid: {}", source, what));
+  }
 }
 
 inline Family family_of(const json::Value& c, const std::string& source) {
@@ -128,7 +153,7 @@ inline Family family_of(const json::Value& c, const std::string& source) {
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Family::olmoe;
   throw Error(fmt::format("hf config {}: unknown architecture \"{}\"; expected MixtralForCausalLM, "
                           "Qwen2MoeForCausalLM or OlmoeForCausalLM",
-                          source, name.empty() ? "(none: no architectures or model_type)" : name));
+                          source, name.empty() ? "(none: no architectures or model_type)" : printable(name)));
 }
 
 }  // namespace hf_detail
@@ -141,25 +166,25 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   d.family = family_of(c, source);
   d.vocab = integer(c, "vocab_size", source);
   d.hidden = integer(c, "hidden_size", source);
-  d.layers = integer(c, "num_hidden_layers", source);
+  d.layers = integer(c, "num_hidden_layers", source, kMaxLayers);
   d.heads = integer(c, "num_attention_heads", source);
-  d.kv_heads = integer_or(c, "num_key_value_heads", d.heads);
+  d.kv_heads = integer_or(c, "num_key_value_heads", d.heads, source);
   check(d.heads >= 1 && d.hidden % d.heads == 0, "hf config {}: hidden_size {} is not a multiple of {} heads", source,
         d.hidden, d.heads);
-  d.head_dim = integer_or(c, "head_dim", d.hidden / d.heads);
-  d.rms_eps = number_or(c, "rms_norm_eps", 1e-6);
-  d.rope_theta = number_or(c, "rope_theta", 10000.0);
-  d.tied_embeddings = flag_or(c, "tie_word_embeddings", false);
+  d.head_dim = integer_or(c, "head_dim", d.hidden / d.heads, source);
+  d.rms_eps = number_or(c, "rms_norm_eps", 1e-6, source);
+  d.rope_theta = number_or(c, "rope_theta", 10000.0, source);
+  d.tied_embeddings = flag_or(c, "tie_word_embeddings", false, source);
   // Keys that change the mathematics and that the decoder does not implement: refused by name, never computed wrongly.
   for (const char* key : {"hidden_act", "hidden_activation"}) {
-    const std::string act = text_or(c, key, "silu");
+    const std::string act = text_or(c, key, "silu", source);
     check(act == "silu", "hf config {}: \"{}\" is \"{}\"; supported: \"silu\" (SwiGLU experts and MLPs)", source, key,
-          act);
+          printable(act));
   }
   if (d.family != Family::qwen2_moe)  // Qwen2-MoE's q/k/v biases are fixed by the architecture, not this key
     refuse_if_set(c, "attention_bias", source, "q/k/v/o projection biases are supported only as Qwen2-MoE's q/k/v biases");
   refuse_if_set(c, "mlp_bias", source, "MLP biases are not supported");
-  const double rotary = number_or(c, "partial_rotary_factor", 1.0);
+  const double rotary = number_or(c, "partial_rotary_factor", 1.0, source);
   check(rotary == 1.0, "hf config {}: \"partial_rotary_factor\" is {}; supported: 1 (rotary embedding on every head "
         "dimension)", source, rotary);
   refuse_if_set(c, "rope_scaling", source, "rope scaling is not supported");
@@ -182,21 +207,22 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       m.experts = integer(c, "num_experts", source);
       m.top_k = integer(c, "num_experts_per_tok", source);
       m.expert_ffn = integer(c, "moe_intermediate_size", source);
-      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false);
-      const std::int64_t shared = integer_or(c, "shared_expert_intermediate_size", 0);
+      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
+      const std::int64_t shared = integer_or(c, "shared_expert_intermediate_size", 0, source);
       m.shared_experts = shared > 0 ? 1 : 0;
       m.shared_ffn = shared;
       m.shared_gate = shared > 0;
-      d.dense_ffn = integer_or(c, "intermediate_size", 0);
-      const std::int64_t step = integer_or(c, "decoder_sparse_step", 1);
+      d.dense_ffn = integer_or(c, "intermediate_size", 0, source);
+      const std::int64_t step = integer_or(c, "decoder_sparse_step", 1, source);
       check(step >= 1, "hf config {}: decoder_sparse_step = {} must be at least 1", source, step);
-      std::vector<std::int64_t> dense_only;
+      std::vector<bool> dense_only(d.moe_layer.size(), false);  // marks, not a search per layer (L x list: a hang)
       if (const auto list = c.find("mlp_only_layers"); list != c.end() && list->is_array())
-        for (const json::Field& v : field(c, source)["mlp_only_layers"].elements()) dense_only.push_back(v.integer());
-      for (std::int64_t l = 0; l < d.layers; ++l) {
-        const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
-        d.moe_layer[std::size_t(l)] = !listed && m.experts > 0 && (l + 1) % step == 0;
-      }
+        for (const json::Field& v : field(c, source)["mlp_only_layers"].elements()) {
+          const std::int64_t l = v.integer(0, kMaxLayers);
+          if (l < d.layers) dense_only[std::size_t(l)] = true;
+        }
+      for (std::int64_t l = 0; l < d.layers; ++l)
+        d.moe_layer[std::size_t(l)] = !dense_only[std::size_t(l)] && m.experts > 0 && (l + 1) % step == 0;
       break;
     }
     case Family::olmoe:
@@ -204,10 +230,10 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       m.experts = integer(c, "num_experts", source);
       m.top_k = integer(c, "num_experts_per_tok", source);
       m.expert_ffn = integer(c, "intermediate_size", source);
-      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false);
+      m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
       break;
   }
-  d.validate();
+  validate(d, source);
   return d;
 }
 

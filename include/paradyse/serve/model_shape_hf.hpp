@@ -63,29 +63,30 @@ inline DecoderConfig deepseek_v2_config(const json::Value& c, const std::string&
   d.family = Family::qwen2_moe;  // the family only selects a weight loader; a shape has no weights
   d.vocab = integer(c, "vocab_size", source);
   d.hidden = integer(c, "hidden_size", source);
-  d.layers = integer(c, "num_hidden_layers", source);
+  d.layers = integer(c, "num_hidden_layers", source, kMaxLayers);
   d.heads = integer(c, "num_attention_heads", source);
-  d.kv_heads = integer_or(c, "num_key_value_heads", d.heads);
-  d.head_dim = integer_or(c, "v_head_dim", d.hidden / std::max<std::int64_t>(1, d.heads));
-  d.rms_eps = number_or(c, "rms_norm_eps", 1e-6);
-  d.rope_theta = number_or(c, "rope_theta", 10000.0);
-  d.tied_embeddings = flag_or(c, "tie_word_embeddings", false);
+  d.kv_heads = integer_or(c, "num_key_value_heads", d.heads, source);
+  d.head_dim = integer_or(c, "v_head_dim", d.hidden / std::max<std::int64_t>(1, d.heads), source);
+  d.rms_eps = number_or(c, "rms_norm_eps", 1e-6, source);
+  d.rope_theta = number_or(c, "rope_theta", 10000.0, source);
+  d.tied_embeddings = flag_or(c, "tie_word_embeddings", false, source);
   d.dense_ffn = integer(c, "intermediate_size", source);
   MoeConfig& m = d.moe;
   m.hidden = d.hidden;
   m.experts = integer(c, "n_routed_experts", source);
   m.top_k = integer(c, "num_experts_per_tok", source);
   m.expert_ffn = integer(c, "moe_intermediate_size", source);
-  m.norm_topk_prob = flag_or(c, "norm_topk_prob", false);
-  m.routed_scaling_factor = number_or(c, "routed_scaling_factor", 1.0);
-  m.shared_experts = integer_or(c, "n_shared_experts", 0);
+  m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
+  m.routed_scaling_factor = number_or(c, "routed_scaling_factor", 1.0, source);
+  m.shared_experts = integer_or(c, "n_shared_experts", 0, source);
   m.shared_ffn = m.shared_experts > 0 ? m.expert_ffn : 0;
-  const std::int64_t first_dense = integer_or(c, "first_k_dense_replace", 0), freq = integer_or(c, "moe_layer_freq", 1);
+  const std::int64_t first_dense = integer_or(c, "first_k_dense_replace", 0, source),
+                     freq = integer_or(c, "moe_layer_freq", 1, source);
   check(freq >= 1 && first_dense >= 0, "hf config {}: moe_layer_freq = {} must be >= 1 and first_k_dense_replace = {} "
         ">= 0", source, freq, first_dense);
   d.moe_layer.assign(std::size_t(std::max<std::int64_t>(0, d.layers)), false);
   for (std::int64_t l = 0; l < d.layers; ++l) d.moe_layer[std::size_t(l)] = l >= first_dense && l % freq == 0;
-  d.validate();
+  validate(d, source);
   return d;
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/serve/engine.hpp"
 
@@ -46,6 +47,9 @@ struct TraceShape {
 // The longest trace served, in seconds of arrivals (an hour): a rate such as 1e-300 requests/s would otherwise make
 // the engine wait for arrivals for ever.
 inline constexpr double kMaxTraceSeconds = 3600;
+// The most prompt or output tokens one request of a trace file may have (2^21: beyond any context window served
+// today); a corrupt 9223372036854775807 would otherwise be materialised as a prompt (to_serve_requests).
+inline constexpr std::int64_t kMaxTraceTokens = std::int64_t(1) << 21;
 
 inline std::vector<ServeRequest> make_trace(const TraceShape& shape, std::int64_t vocab) {
   check(shape.prompt_min >= 1 && shape.prompt_min <= shape.prompt_max && shape.output_min >= 1 &&
@@ -224,7 +228,7 @@ inline std::vector<TraceRequest> read_azure_trace(const std::string& path, std::
     if (header[i].first == "GeneratedTokens") gen = int(i);
   }
   check(ts >= 0 && ctx >= 0 && gen >= 0, "request trace {}:1: the header \"{}\" lacks {}{}{}(the Azure LLM inference "
-        "trace format: TIMESTAMP,ContextTokens,GeneratedTokens)", path, line, ts < 0 ? "TIMESTAMP " : "",
+        "trace format: TIMESTAMP,ContextTokens,GeneratedTokens)", path, printable(line), ts < 0 ? "TIMESTAMP " : "",
         ctx < 0 ? "ContextTokens " : "", gen < 0 ? "GeneratedTokens " : "");
   std::vector<TraceRequest> out;
   double first = 0;
@@ -240,7 +244,7 @@ inline std::vector<TraceRequest> read_azure_trace(const std::string& path, std::
     double t = 0;
     check(trace_detail::parse_timestamp(cells[std::size_t(ts)].first, t),
           "request trace {}:{}:{}: TIMESTAMP \"{}\" is neither YYYY-MM-DD HH:MM:SS[.fraction] nor seconds", path,
-          number, cells[std::size_t(ts)].second, cells[std::size_t(ts)].first);
+          number, cells[std::size_t(ts)].second, printable(cells[std::size_t(ts)].first));
     auto tokens = [&](int i, const char* name) {
       const auto& [text, column] = cells[std::size_t(i)];
       std::size_t used = 0;
@@ -250,13 +254,18 @@ inline std::vector<TraceRequest> read_azure_trace(const std::string& path, std::
       } catch (const std::exception&) {
         used = 0;
       }
-      check(!text.empty() && used == text.size() && v >= 1, "request trace {}:{}:{}: {} \"{}\" is not a positive "
-            "integer", path, number, column, name, text);
+      check(!text.empty() && used == text.size() && v >= 1 && v <= kMaxTraceTokens,
+            "request trace {}:{}:{}: {} \"{}\" is not an integer in [1, {}]", path, number, column, name,
+            printable(text), kMaxTraceTokens);
       return std::int64_t(v);
     };
     r.prompt_tokens = tokens(ctx, "ContextTokens");
     r.output_tokens = tokens(gen, "GeneratedTokens");
     if (out.empty()) first = t;
+    // Rows in arrival order (as the Azure traces are): an earlier one would arrive before the trace began.
+    check(out.empty() || t - first >= out.back().arrival_s,
+          "request trace {}:{}:{}: TIMESTAMP \"{}\" is earlier than the previous request's; expected the rows in "
+          "arrival order", path, number, cells[std::size_t(ts)].second, printable(cells[std::size_t(ts)].first));
     r.arrival_s = t - first;
     out.push_back(r);
   }

@@ -14,6 +14,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/json.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/serve/step_trace.hpp"
 
@@ -201,6 +202,9 @@ private:
   std::int64_t step_ = 0;
 };
 
+// The largest count a record's cell may hold (2^40: far beyond any step; sums of them stay inside 64 bits).
+inline constexpr std::int64_t kMaxRecordCount = std::int64_t(1) << 40;
+
 // Reads a record; errors name the file, line and column.
 inline RoutingRecord load_routing_record(const std::string& path) {
   std::ifstream f(path);
@@ -227,8 +231,9 @@ inline RoutingRecord load_routing_record(const std::string& path) {
       } catch (const std::exception&) {
         used = 0;
       }
-      check(used == cell.size() && !cell.empty() && x >= 0, "routing record {}:{}:{}: \"{}\" is not a count >= 0", path,
-            number, at + 1, cell);
+      check(used == cell.size() && !cell.empty() && x >= 0 && x <= kMaxRecordCount,
+            "routing record {}:{}:{}: \"{}\" is not a count in [0, {}]", path, number, at + 1, printable(cell),
+            kMaxRecordCount);
       v.push_back(x);
       if (comma == std::string::npos) break;
       at = comma + 1;
