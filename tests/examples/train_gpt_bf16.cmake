@@ -1,7 +1,8 @@
 # tests/examples/train_gpt_bf16.cmake: train_gpt --dtype bf16 (bf16 mixed precision, ops/cpu/bf16_backend.hpp) follows
 # the fp32 run of the same options step by step: every step's loss within TOL_PPM millionths of the fp32 loss
-# (relative), and the runs are not the same (the bf16 one rounds). Prints the per-step table of both losses, their
-# gap, and each run's median step time.
+# (relative), and the runs are not the same (the bf16 one rounds); and a bf16 run stopped halfway and resumed from its
+# training checkpoint (which says compute_dtype bf16) gives the uninterrupted bf16 losses to the last bit. Prints the
+# per-step table of both losses, their gap, and each run's median step time.
 #
 # The tolerance. One forward's loss moves under bf16 rounding by the mean over tokens of sum_j (p_j - [j = t]) dz_j,
 # dz the logits' error: relative lambda sqrt(K) u to the logits' scale in norm (tests/model/mixed_precision.cpp:
@@ -92,6 +93,28 @@ endforeach()
 if(NOT differs)
   message(FATAL_ERROR "${table}the bf16 run's losses equal the fp32 run's at every step: it did not round")
 endif()
+# A bf16 run stopped at step STOP (a training checkpoint: the fp32 masters, AdamW moments, options with --dtype bf16)
+# and resumed continues with the uninterrupted bf16 run's losses to the last bit; the checkpoint says compute_dtype bf16.
+math(EXPR stop "${n} / 2")
+run_train("train_gpt --dtype bf16 --stop-after ${stop}" ${EXE} ${ARGS} --dtype bf16 --stop-after ${stop}
+          --checkpoint-dir ${WORK}/checkpoints)
+file(GLOB checkpoint ${WORK}/checkpoints/step_*.safetensors)
+list(LENGTH checkpoint found)
+if(NOT found EQUAL 1)
+  message(FATAL_ERROR "train_gpt --stop-after ${stop} wrote ${found} checkpoints in ${WORK}/checkpoints, expected one")
+endif()
+file(READ ${checkpoint} header OFFSET 8 LIMIT 65536)  # after the 8-byte length (it holds NULs)
+if(NOT header MATCHES "\"compute_dtype\":\"bf16\"")
+  message(FATAL_ERROR "${checkpoint}: its metadata does not say compute_dtype bf16")
+endif()
+run_train("train_gpt --resume ${checkpoint}" ${EXE} --resume ${checkpoint} --csv ${WORK}/resumed.csv)
+step_column(${WORK}/resumed.csv loss resumed)
+list(SUBLIST loss_bf16 ${stop} -1 uninterrupted)
+if(NOT resumed STREQUAL uninterrupted)
+  message(FATAL_ERROR "the resumed bf16 run's losses\n  ${resumed}\ndiffer from the uninterrupted run's\n  ${uninterrupted}")
+endif()
+message(STATUS "bf16 stopped at step ${stop} and resumed: the uninterrupted run's losses to the last bit")
+
 median("${micro_fp32}" median_fp32)
 median("${micro_bf16}" median_bf16)
 message(STATUS "${table}${n} steps: bf16 losses within ${worst} millionths of the fp32 losses (tolerance ${TOL_PPM}); "
