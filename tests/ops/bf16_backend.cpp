@@ -339,10 +339,22 @@ TEST_CASE("bf16 ops: embedding, cross-entropy, AdamW, softmax and the data movem
   check_within("embedding forward", e16, e32, [&](std::int64_t i) { return kU * std::abs(double(e32.data()[i])); });
   // Embedding backward: dtable += rounded dout rows, summed in fp32 (the rule).
   const Tensor<float> dout = random_tensor(Shape{n, h}, rng);
-  Tensor<float> dt0 = filled_like(table, rng), dt16 = copy_of(dt0), dtr = copy_of(dt0);
+  Tensor<float> dt0 = filled_like(table, rng), dt16 = copy_of(dt0), dtr = copy_of(dt0), dt32 = copy_of(dt0);
   CpuBf16::embedding_backward(tokens.view(), dout.view(), dt16.view());
   Cpu::embedding_backward(tokens.view(), rounded(dout).view(), dtr.view());
+  Cpu::embedding_backward(tokens.view(), dout.view(), dt32.view());
   CHECK(same_bits(dt16, dtr));
+  // A row's gradient is its start plus the dout rows of its tokens: each rounded once (<= u |dout|), summed in fp32
+  // (<= g_m (|start| + sum |dout|) per run, m the row's count + 1): |d| <= u S + 2 g_m (|start| + S (1 + u)),
+  // S = sum of |dout| over the row's tokens.
+  check_within("embedding backward (+= into fp32)", dt16, dt32, [&](std::int64_t i) {
+    const std::int64_t row = i / h, col = i % h;
+    double sum = 0, count = 1;
+    for (std::int64_t t = 0; t < n; ++t)
+      if (tokens.data()[t] == row) sum += std::abs(double(dout(t, col))), count += 1;
+    const double gm = count * kE / (1 - count * kE);
+    return kU * sum + 2 * gm * (std::abs(double(dt0.data()[i])) + sum * (1 + kU));
+  });
   // Cross-entropy: logits read as bf16, loss and dlogits fp32. With d = u max_j |z_j| per row, the probabilities
   // move by |dp_j| <= p_j (exp(2d) - 1) (as in attention), so |d dlogit_j| <= scale (p_j (exp(2d) - 1) + 16 e
   // (p_j + 1)) and the row's loss lse - z_t by <= 2d (+ 16 e (|lse| + |z_t|)).
