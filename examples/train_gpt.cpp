@@ -42,6 +42,7 @@
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/resume.hpp"
+#include "paradyse/ops/cpu/bf16_backend.hpp"
 #include "paradyse/ops/cpu/gemm_agreement.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/plan/planner.hpp"
@@ -62,6 +63,8 @@
 
 namespace pd = paradyse;
 using Model = pd::Gpt<pd::AllStrategies<>>;  // on the host (ops::Cpu)
+// --dtype bf16: bf16 mixed precision on the host (ops::CpuBf16: bf16 operands, fp32 compute and masters)
+using Bf16Model = pd::Gpt<pd::AllStrategies<pd::ops::CpuBf16>, pd::ops::CpuBf16>;
 #if PARADYSE_WITH_CUDA
 using DeviceModel = pd::Gpt<pd::AllStrategies<pd::ops::Cuda>, pd::ops::Cuda>;  // --device cuda: on one GPU
 #endif
@@ -95,6 +98,9 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   std::optional<DenseCap> cap = dense_cap<ModelT>(o, config, costs, on_device);  // examples/train_gpt/caps.hpp
   if (!cap) return 2;
   print_dense_header(o, config, data, n_steps, *cap, mpi);
+  if (ModelT::compute_dtype == pd::DType::bf16)
+    fmt::print("precision: bf16 mixed (bf16 weights and activations in compute, fp32 compute on the CPU; fp32 master "
+               "weights, gradients and AdamW states; checkpoints hold the fp32 masters)\n");
 
   for (int r = 0; r < o.ranks; ++r) ranks.tracker(r).set_cap(std::size_t(cap->cap));
   ranks.run([&](auto&, int r) {
@@ -180,6 +186,14 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   return o.save.empty() ? 0 : save_weights(o, ranks, report.steps_run(), mpi);  // examples/train_gpt/save.hpp
 }
 
+// The group made (under MPI: this process's rank; the others print nothing): MPI ranks agree on the GEMM engines.
+template <class RanksT>
+void prepare_group(RanksT& ranks, bool mpi) {
+  if (!ranks.reports() && !std::freopen("/dev/null", "w", stdout))
+    throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
+  if (mpi) ranks.run([](auto& world, int) { pd::ops::cpu::agree_gemm_engines(world); });  // bitwise-equal replicas
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,11 +204,21 @@ int main(int argc, char** argv) {
 #endif
   const bool mpi = o.backend == pd::RankBackend::mpi;
   try {
+    if (o.dtype == "bf16") {  // bf16 mixed precision (ops/cpu/bf16_backend.hpp): the dense GPT on the host for now
+      if (o.device == "cuda")
+        throw pd::Error("--dtype bf16 with --device cuda: the bf16 GPU kernels (norms, activations, RoPE, embedding, "
+                        "loss, AdamW) do not exist yet; train bf16 on the host (--device cpu) or fp32 on the GPU");
+      if (!o.mesh.empty())
+        throw pd::Error("--dtype bf16 with --mesh: the mesh trains in fp32 only for now (--dtype fp32)");
+      if (o.experts > 0)
+        throw pd::Error("--dtype bf16 with --experts: the MoE GPT trains in fp32 only for now (--dtype fp32)");
+      pd::Ranks<Bf16Model, pd::BufferPool> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
+      prepare_group(ranks, mpi);
+      return train_dense<Bf16Model>(o, ranks);
+    }
     // The group first (under MPI: this process's rank; the others print nothing), capped once the cap is known.
     pd::Ranks<Model, pd::BufferPool> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
-    if (!ranks.reports() && !std::freopen("/dev/null", "w", stdout))
-      throw pd::Error("cannot silence the standard output of MPI rank " + std::to_string(ranks.first_local()));
-    if (mpi) ranks.run([](auto& world, int) { pd::ops::cpu::agree_gemm_engines(world); });  // bitwise-equal replicas
+    prepare_group(ranks, mpi);
     if (o.experts > 0 && o.device == "cuda")
       throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
     if (!o.mesh.empty()) return pd::examples::train_mesh<pd::AllStrategies<>>(o, hardware_profile(o, ranks), ranks);

@@ -101,6 +101,9 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
   flags.choice("--device", o.device, {"cpu", "cuda"},
                "cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile "
                "H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now");
+  flags.choice("--dtype", o.dtype, {"fp32", "bf16"},
+               "bf16: mixed precision as on a GPU (bf16 weights and activations in compute, fp32 master weights, "
+               "gradients and AdamW states; on the CPU computed in fp32); dense GPT on the host only for now");
   flags.choice("--emulate", o.emulate, {"a100", "h100", "h200"},
                "thread ranks paced like that 8-GPU node's links (latency and bandwidth stretched by its GEMM rate over "
                "this machine's), planned with those links (see also bench/emulated_switching)")
@@ -186,6 +189,7 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--pack-order", o.pack_balanced != d.pack_balanced, o.pack_balanced ? "balanced" : "as-packed");
   add("--device", o.device != d.device, o.device);
   add("--emulate", o.emulate != d.emulate, o.emulate);
+  add("--dtype", o.dtype != d.dtype, o.dtype);
   add("--mesh", o.mesh != d.mesh, o.mesh);
   add("--mesh-file", o.mesh_file != d.mesh_file, o.mesh_file);
   add("--virtual-stages", o.virtual_stages != d.virtual_stages, text(o.virtual_stages));

@@ -39,6 +39,8 @@ struct TrainingOptions {
   RankBackend backend = RankBackend::threads;  // threads of this process, or one MPI process per rank
   std::string device = "cpu";       // dense: cuda runs the ranks as cuda_local threads on one GPU (ops::Cuda)
   std::string emulate;              // dense: a100, h100 or h200: thread ranks paced like that 8-GPU node's links
+  std::string dtype = "fp32";       // dense, host: fp32, or bf16 mixed precision (ops::CpuBf16: bf16 operands and
+                                    // residual stream, fp32 compute, fp32 masters, gradients and AdamW states)
   // Training checkpoints (model/resume.hpp; dense and MoE).
   int checkpoint_every = 0;         // every this many steps a training checkpoint; 0: none
   int keep = 2;                     // training checkpoints kept (the newest)

@@ -7,7 +7,8 @@
 //   embedding [V, h]; head [V, h] (untied only); final_norm.gamma, final_norm.beta [h];
 //   layers.<l>.attention.{w_q, w_k, w_v, w_proj}, layers.<l>.mlp.{w_in, w_up (SwiGLU only), w_out},
 //   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as contract/weight_shards.hpp's GlobalLayerWeights)
-// The metadata holds the model configuration, the optimizer step count and an FNV-1a checksum of the data buffer.
+// The metadata holds the model configuration, the optimizer step count, the run's compute_dtype (f32, or bf16 for
+// a mixed-precision model: the tensors are its fp32 masters) and an FNV-1a checksum of the data buffer.
 // MoE GPTs (GptConfig::moe): the MoE configuration is in the metadata ("moe.*"), and an MoE layer holds, instead of
 // its dense MLP, layers.<l>.moe.{router [E, h], expert_in [E, 2f, h], expert_out [E, f, h]} and, with shared
 // experts, layers.<l>.moe.{shared_in [2 fs, h], shared_out [fs, h]} (+ shared_gate [1, h]): the global expert
@@ -114,6 +115,8 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
   Metadata metadata = full_config_metadata(config);
   metadata.emplace_back("step", fmt::format("{}", model.steps_taken()));
   metadata.emplace_back("saved_on_ranks", fmt::format("{}", comm.size()));
+  // The run's compute type (f32, or bf16 mixed precision); the tensors are its fp32 master weights either way.
+  metadata.emplace_back("compute_dtype", std::string(name_of(Gpt<Strategies, Backend>::compute_dtype)));
   if (options.optimizer_state) metadata.emplace_back(std::string(kOptimizerKey), "adamw");
   for (const auto& [key, value] : options.extra) {
     for (const auto& [taken, ignored] : metadata)

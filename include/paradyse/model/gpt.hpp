@@ -17,6 +17,12 @@
 // Optimizer. AdamW on each rank's own shards and on the replicated weights (every rank applies the same update to
 // them, since their gradients are identical after the all-reduce). Weight decay applies to matrices, not to norms.
 //
+// Mixed precision. Gpt<Strategies, ops::CpuBf16> (ops/cpu/bf16_backend.hpp) trains in bf16 mixed precision: the
+// weights this class holds are the fp32 MASTER weights (AdamW, its moments and the gradients stay fp32), every
+// compute op reads weights and activations as bf16 (the working copy: the masters rounded, as a copy cast after
+// each step holds), and the residual stream is stored bf16 between sublayers (model/layer.hpp's store_activation).
+// compute_dtype says which; checkpoints save the fp32 masters and say it (metadata compute_dtype).
+//
 // MoE. With GptConfig::moe the layers from first_k_dense on are MoE layers (model/moe_half.hpp): their FFN is the
 // MoE sublayer, its expert shards are in stack().moe_weights(), the plan's SublayerChoice::moe picks its strategy,
 // and its router losses (aux, z; their gradients enter backward times their coefficients) and expert load are in
@@ -180,6 +186,11 @@ template <class Strategies = AllStrategies<>, class Backend = ops::Cpu>
 class Gpt {
 public:
   using Stack = TransformerStack<Strategies, Backend>;
+  // What activations and working weights are stored as: bf16 under a bf16 backend (ops::CpuBf16), else fp32.
+  static constexpr DType compute_dtype = [] {
+    if constexpr (requires { Backend::activation_dtype; }) return DType(Backend::activation_dtype);
+    else return DType::f32;
+  }();
   static constexpr std::int64_t kHeadChunkRows = paradyse::kHeadChunkRows;  // model/head_loss.hpp
 
   // Rank `rank`'s part of the model drawn from `seed` (the same global model for every group size).

@@ -52,6 +52,14 @@ void norm_backward(const LayerConfig& c, TensorView<const float> x, std::span<co
     Backend::rms_norm_backward(x, vector_view(gamma), rstd, dy, dx, vector_view(dgamma));
 }
 
+// x: an activation that a bf16 run stores in bf16 without a compute op in between (the residual stream after each
+// sublayer, forward and backward), rounded to the backend's activation type in place: ops::CpuBf16 rounds it
+// (ops/cpu/bf16_backend.hpp); an fp32 backend has no store_activation and nothing happens.
+template <class Backend>
+void store_activation(TensorView<float> x) {
+  if constexpr (requires { Backend::store_activation(x); }) Backend::store_activation(x);
+}
+
 // What a layer's forward keeps for its backward.
 template <class Strategies>
 struct LayerSaved {
@@ -82,6 +90,7 @@ void attention_half_forward(const Strategies& strategies, int strategy, C& comm,
     saved.attention = strategies.attention_forward(strategy, comm, ctx, w.attention, normed.view(), saved.y.view());
   }
   Backend::add_into(saved.y.view(), x);  // y = x + attention
+  store_activation<Backend>(saved.y.view());
 }
 
 // z: [b, n_r, h] (overwritten) = y + Mlp(Norm2(y)), y = saved.y; saved.mlp <- what the MLP keeps.
@@ -97,6 +106,7 @@ void mlp_half_forward(const Strategies& strategies, int strategy, C& comm, const
     saved.mlp = strategies.mlp_forward(strategy, comm, ctx, w.mlp, normed.view(), z);
   }
   Backend::add_into(z, TensorView<const float>(saved.y.view()));  // z = y + mlp
+  store_activation<Backend>(z);
 }
 
 // dy: [b, n_r, h] (overwritten) = dz + Norm2'(Mlp'(dz)); MLP gradients accumulate into grad, norm2's into
@@ -114,6 +124,7 @@ void mlp_half_backward(const Strategies& strategies, C& comm, const SublayerCont
   strategies.mlp_backward(comm, ctx, w.mlp, saved.mlp, dz, dnormed.view(), grad.mlp);
   norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy, partial(2),
                          partial(3));
+  store_activation<Backend>(dy);
 }
 
 // dx: [b, n_r, h] (overwritten) = dy + Norm1'(Attention'(dy)); attention gradients accumulate into grad, norm1's
@@ -131,6 +142,7 @@ void attention_half_backward(const Strategies& strategies, C& comm, const Sublay
   strategies.attention_backward(comm, ctx, w.attention, saved.attention, dy, dnormed.view(), grad.attention);
   norm_backward<Backend>(c, saved.x.view(), w.norms.norm1_gamma(), stat(0), stat(1), dnormed.view(), dx, partial(0),
                          partial(1));
+  store_activation<Backend>(dx);
 }
 
 // z: [b, n_r, h] (overwritten) = the layer applied to x: [b, n_r, h], with the strategies of `choice`.

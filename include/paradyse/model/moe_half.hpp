@@ -80,6 +80,7 @@ MoeSaved moe_half_forward(std::size_t strategy, C& comm, E& expert_comm, const S
     out = MoeStrategies<Backend>::forward(strategy, expert_comm, moe, experts, normed.view(), z);
   }
   Backend::add_into(z, TensorView<const float>(saved.y.view()));  // z = y + moe
+  store_activation<Backend>(z);  // model/layer.hpp: bf16 between layers in a bf16 run
   return out;
 }
 template <class Backend = ops::Cpu, Communicator C, class Saved>
@@ -105,6 +106,7 @@ void moe_half_backward(C& comm, E& expert_comm, const SublayerContext& ctx, cons
   MoeStrategies<Backend>::backward(expert_comm, moe, experts, moe_saved, dz, dnormed.view(), grad);
   norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy, partial(2),
                          partial(3));
+  store_activation<Backend>(dy);
 }
 template <class Backend = ops::Cpu, Communicator C, class Saved>
 void moe_half_backward(C& comm, const SublayerContext& ctx, const MoeContext& moe, const LayerWeights& w,
