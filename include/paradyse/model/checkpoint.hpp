@@ -7,7 +7,8 @@
 //   embedding [V, h]; head [V, h] (untied only); final_norm.gamma, final_norm.beta [h];
 //   layers.<l>.attention.{w_q, w_k, w_v, w_proj}, layers.<l>.mlp.{w_in, w_up (SwiGLU only), w_out},
 //   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as contract/weight_shards.hpp's GlobalLayerWeights)
-// The metadata holds the model configuration, the optimizer step count and an FNV-1a checksum of the data buffer.
+// The metadata holds the model configuration, the optimizer step count, an FNV-1a checksum of the data buffer and
+// one of every other metadata entry (format paradyse.gpt.v2; v1 files, whose metadata has no checksum, still load).
 // MoE GPTs (GptConfig::moe): the MoE configuration is in the metadata ("moe.*"), and an MoE layer holds, instead of
 // its dense MLP, layers.<l>.moe.{router [E, h], expert_in [E, 2f, h], expert_out [E, f, h]} and, with shared
 // experts, layers.<l>.moe.{shared_in [2 fs, h], shared_out [fs, h]} (+ shared_gate [1, h]): the global expert
@@ -57,6 +58,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -118,17 +120,34 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
   for (const auto& [key, value] : options.extra) {
     for (const auto& [taken, ignored] : metadata)
       check(key != taken, "save_checkpoint: the extra metadata key '{}' is one the checkpoint uses itself", key);
-    check(key != kChecksumKey, "save_checkpoint: the extra metadata key '{}' is the checksum's", key);
+    check(key != kChecksumKey && key != kMetadataChecksumKey,
+          "save_checkpoint: the extra metadata key '{}' is a checksum's", key);
     metadata.emplace_back(key, value);
   }
+  metadata.emplace_back(std::string(kMetadataChecksumKey), metadata_checksum(metadata));
   metadata.emplace_back(std::string(kChecksumKey), std::string(16, '0'));  // fixed width: rewritten at the end
+  // The writer's file errors (a full disk, an unwritable folder) do not leave the collective: the writer stops
+  // writing, every rank goes on gathering, and at the end every rank throws (the writer its error, the others one
+  // naming it), so that no rank waits for a gather the writer left.
   std::optional<safetensors::AtomicFile> out;
+  std::string write_error;
+  const auto writing = [&](auto&& io) {
+    if (!write_error.empty()) return;
+    try {
+      io();
+    } catch (const std::exception& e) {
+      write_error = e.what();
+      out.reset();  // the temporary is removed; the file at `path` is unchanged
+    }
+  };
   std::int64_t data_start = 0;
   if (writer) {
     const std::string header = safetensors::encode_header(entries, metadata);
     data_start = std::int64_t(header.size());
-    out.emplace(path);
-    out->file().write_at(header.data(), data_start, 0);
+    writing([&] {
+      out.emplace(path);
+      out->file().write_at(header.data(), data_start, 0);
+    });
   }
   std::uint64_t checksum = safetensors::fnv1a(nullptr, 0);
   std::size_t next = 0;  // the next entry to write, in data order
@@ -136,7 +155,7 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
     const safetensors::TensorEntry& e = entries[next++];
     check(e.name == name && e.numel() == count, "save_checkpoint: tensor '{}' of {} elements comes where the header has '{}' of {}",
           name, count, e.name, e.numel());
-    out->file().write_at(data, count * std::int64_t(sizeof(float)), data_start + e.begin);
+    writing([&] { out->file().write_at(data, count * std::int64_t(sizeof(float)), data_start + e.begin); });
     checksum = safetensors::fnv1a(data, std::size_t(count) * sizeof(float), checksum);
   };
   for (int s = 0; s < (options.optimizer_state ? 3 : 1); ++s) {
@@ -174,10 +193,33 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
     metadata.back().second = fmt::format("{:016x}", checksum);
     const std::string header = safetensors::encode_header(entries, metadata);
     check(std::int64_t(header.size()) == data_start, "save_checkpoint: the header changed size");
-    out->file().write_at(header.data(), data_start, 0);
-    out->commit();
+    writing([&] {
+      out->file().write_at(header.data(), data_start, 0);
+      out->commit();
+    });
   }
-  comm.barrier();  // the file exists for every rank once this returns
+  // Every rank learns whether the writer failed (and the file exists for every rank once this returns).
+  const int failed_here = write_error.empty() ? 0 : 1;
+  int failed = 0;
+  comm.all_reduce(std::span<const int>(&failed_here, 1), std::span<int>(&failed, 1), ReduceOp::max);
+  if (!write_error.empty()) throw Error(write_error);
+  check(failed == 0, "save_checkpoint {}: rank 0 failed to write the file (it reports why)", path);
+}
+
+// The first tensor of the checkpoint at `path` (weights, then the AdamW moments) that holds a value that is not
+// finite, as "'NAME' holds VALUE at element I"; nothing when every value is finite. Reads the whole file.
+inline std::optional<std::string> first_nonfinite_tensor(const std::string& path) {
+  const safetensors::File file(path, O_RDONLY);
+  const safetensors::Header header = safetensors::read_header(file);
+  std::vector<float> values;
+  for (const safetensors::TensorEntry& e : header.tensors) {
+    if (e.dtype != "F32") continue;
+    values.resize(std::size_t((e.end - e.begin) / std::int64_t(sizeof(float))));
+    file.read_at(values.data(), std::int64_t(values.size() * sizeof(float)), header.data_start + e.begin);
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i])) return fmt::format("'{}' holds {} at element {}", e.name, values[i], i);
+  }
+  return std::nullopt;
 }
 
 // Replaces `model`'s weights (this rank's shards and the replicated weights) with those of the checkpoint at `path`,
