@@ -202,8 +202,16 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
   const int failed_here = write_error.empty() ? 0 : 1;
   int failed = 0;
   comm.all_reduce(std::span<const int>(&failed_here, 1), std::span<int>(&failed, 1), ReduceOp::max);
-  if (!write_error.empty()) throw Error(write_error);
-  check(failed == 0, "save_checkpoint {}: rank 0 failed to write the file (it reports why)", path);
+  if (failed != 0) {  // every rank throws the writer's error (its text shared, so that any rank's report says why)
+    constexpr std::size_t kChars = 1024;
+    std::vector<int> mine(kChars, 0), shared(kChars, 0);
+    for (std::size_t i = 0; i < std::min(write_error.size(), kChars - 1); ++i) mine[i] = static_cast<unsigned char>(write_error[i]);
+    comm.all_reduce(std::span<const int>(mine), std::span<int>(shared), ReduceOp::max);
+    std::string why;
+    for (std::size_t i = 0; i < kChars && shared[i] != 0; ++i) why += char(shared[i]);
+    if (why.rfind("paradyse: ", 0) == 0) why.erase(0, 10);
+    throw Error(fmt::format("saving the checkpoint {} failed: {}", path, why));
+  }
 }
 
 // The first tensor of the checkpoint at `path` (weights, then the AdamW moments) that holds a value that is not
