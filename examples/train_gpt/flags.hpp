@@ -79,7 +79,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                 "every N steps a training checkpoint (weights, AdamW moments, step, data position, options) "
                 "DIR/step_<next step>.safetensors")
       .without_default();
-  flags.integer("--keep", o.keep, 1, 1'000'000, "training checkpoints kept (the newest)");
+  flags.integer("--keep", o.keep, 1, 1'000'000,
+                "training checkpoints kept: the newest this run wrote (files it did not write are never removed)");
   flags.text("--checkpoint-dir", o.checkpoint_dir, "the folder of the training checkpoints", "DIR")
       .nonempty("a folder (made if missing)");
   flags.text("--resume", o.resume,
@@ -134,7 +135,10 @@ inline cli::Flags make_flags() {
       "Trains a byte-level GPT on the bundled State of the Union corpus (or --corpus DIR) on p ranks under a per-rank "
       "memory cap, the exact planner choosing a strategy for every attention and MLP sublayer of every layer and "
       "step (or --strategy NAME everywhere). Prints per step the length, the plan, the loss, the time, the model "
-      "FLOPs utilisation and the measured peak memory against the model's prediction; a summary at the end.");
+      "FLOPs utilisation and the measured peak memory against the model's prediction; a summary at the end. Exit "
+      "status: 0 done; 1 failed, or stopped because the loss diverged (not finite, or above 4 ln(vocab)); 2 the "
+      "command line was refused; 3 the training and --save finished but a side output (--csv, a training "
+      "checkpoint) failed, as reported on stderr.");
 }
 
 // Whether --ranks is on the command line (CLI11 parses it again into a probe whose --ranks is 0, no rank count).
@@ -246,7 +250,9 @@ inline void check_outputs(const TrainingOptions& o) {
   }
 }
 
-inline TrainingOptions parse(int argc, char** argv) {
+// The options of a command line, checked (every output path too unless `check_output_paths` is false: the options a
+// checkpoint saved, before those given now override them).
+inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = true) {
   TrainingOptions o;
   std::int64_t zero_stage = 0;
   std::string backend_name = "threads";  // --backend, read into o.backend
@@ -282,7 +288,7 @@ inline TrainingOptions parse(int argc, char** argv) {
         o.checkpoint_every > 0 || o.stop_after > 0)
       usage("--mesh trains on the host: --device cuda, --emulate and checkpoints are not available with it yet");
   }
-  check_outputs(o);  // fail now, not after the whole run
+  if (check_output_paths) check_outputs(o);  // fail now, not after the whole run
   return o;
 }
 
@@ -315,12 +321,12 @@ inline TrainingOptions parse_resuming(int argc, char** argv) {
   for (const std::string& a : info.args) saved_args.push_back(a);
   std::vector<std::string> args = saved_args;
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
-  const auto parse_strings = [](std::vector<std::string> strings) {
+  const auto parse_strings = [](std::vector<std::string> strings, bool check_output_paths) {
     std::vector<char*> pointers;
     for (std::string& a : strings) pointers.push_back(a.data());
-    return parse(int(pointers.size()), pointers.data());
+    return parse(int(pointers.size()), pointers.data(), check_output_paths);
   };
-  const TrainingOptions saved = parse_strings(saved_args), o = parse_strings(args);
+  const TrainingOptions saved = parse_strings(saved_args, false), o = parse_strings(args, true);
   const auto before = data_options(saved), now = data_options(o);
   for (std::size_t i = 0; i < now.size(); ++i) {
     if (now[i].second == before[i].second) continue;
