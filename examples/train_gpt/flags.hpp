@@ -315,7 +315,7 @@ inline TrainingOptions parse_resuming(int argc, char** argv) {
   try {
     info = pd::read_training_checkpoint(given.resume);
   } catch (const pd::Error& e) {
-    usage(fmt::format("--resume: {}", e.what()));
+    usage(fmt::format("--resume: {}", reason(e)));
   }
   std::vector<std::string> saved_args{argv[0]};
   for (const std::string& a : info.args) saved_args.push_back(a);
