@@ -24,6 +24,7 @@
 #include "paradyse/core/progress.hpp"
 #include "train_gpt/caps.hpp"
 #include "train_gpt/dense_step.hpp"
+#include "train_gpt/divergence.hpp"
 #include "train_gpt/flags.hpp"
 #include "train_gpt/hardware.hpp"
 #include "train_gpt/report.hpp"
@@ -109,11 +110,13 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   });
   if (!fit_save(o, ranks, *cap)) return 2;
   if (!o.load.empty()) {
+    if (const auto bad = pd::first_nonfinite_tensor(o.load))
+      throw pd::Error(fmt::format("--load {}: tensor {}: weights that are not finite cannot train", o.load, *bad));
     ranks.run([&](auto&, int r) { pd::load_checkpoint(*ranks.models[std::size_t(r)], o.load); });
     fmt::print("weights loaded from {}\n\n", o.load);
   }
   // Training checkpoints (model/resume.hpp): resumed from, and written on the way.
-  const pd::TrainingCheckpoints checkpoints(resume_options(o), n_steps, data_description(o, n_steps, o.pack_tokens),
+  pd::TrainingCheckpoints checkpoints(resume_options(o), n_steps, data_description(o, n_steps, o.pack_tokens),
                                             ranks);
   const int first_step = checkpoints.first_step(), end_step = checkpoints.end_step();
   if (!o.resume.empty())
@@ -164,11 +167,10 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
       });
       continue;
     }
-    if (!result.over_cap && !std::isfinite(result.loss)) {
-      fmt::print(stderr,
-                 "train_gpt: step {}: the training loss is {} (learning rate {:g}, length {}): training diverged; "
-                 "stopping without saving a checkpoint\n",
-                 step, result.loss, double(adamw.learning_rate), batch.length);
+    if (const auto why = divergence(result.loss, step, config.vocab, double(adamw.learning_rate), o.lr);
+        why && !result.over_cap) {  // examples/train_gpt/divergence.hpp
+      progress.clear();
+      fmt::print(stderr, "train_gpt: {}\n", *why);
       return 1;
     }
     const double elapsed = seconds();
@@ -183,7 +185,11 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   std::size_t documents = 0;
   for (int i = first_step; i < end_step; ++i) documents += steps[std::size_t(i)].rows.size();
   report.summary(documents, total, planner_seconds);
-  return o.save.empty() ? 0 : save_weights(o, ranks, report.steps_run(), mpi);  // examples/train_gpt/save.hpp
+  const bool side_output_failed = report.close_csv() || checkpoints.failed();
+  if (!o.save.empty())
+    if (const int status = save_weights(o, ranks, report.steps_run(), mpi); status != 0)  // examples/train_gpt/save.hpp
+      return status;
+  return finished(side_output_failed);  // examples/train_gpt/divergence.hpp
 }
 
 // The group made (under MPI: this process's rank; the others print nothing): MPI ranks agree on the GEMM engines.

@@ -12,11 +12,13 @@
 #include "paradyse/cost/dry_run.hpp"
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/data_parallel.hpp"
+#include "paradyse/model/resume.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <utility>
@@ -62,8 +64,10 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
   flags.choice("--order", o.sorted, "sorted", "random", "document order: sorted by length (curriculum) or shuffled");
   flags.text("--save", o.save,
              "write the global weights at the end as safetensors (with --experts: a Hugging Face folder, Mixtral or "
-             "Qwen2-MoE)", "PATH");
-  flags.text("--load", o.load, "start from weights --save wrote (on any number of ranks, same model)", "PATH");
+             "Qwen2-MoE)", "PATH")
+      .nonempty("a file name (with --experts: a folder)");
+  flags.text("--load", o.load, "start from weights --save wrote (on any number of ranks, same model)", "PATH")
+      .nonempty("a checkpoint --save wrote");
   flags.text("--profile", o.profile,
              "hardware profile: a JSON file or a built-in name (default: calibrated on this machine once, cached in "
              "build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json");
@@ -75,17 +79,20 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                 "every N steps a training checkpoint (weights, AdamW moments, step, data position, options) "
                 "DIR/step_<next step>.safetensors")
       .without_default();
-  flags.integer("--keep", o.keep, 1, 1'000'000, "training checkpoints kept (the newest)");
-  flags.text("--checkpoint-dir", o.checkpoint_dir, "the folder of the training checkpoints", "DIR");
+  flags.integer("--keep", o.keep, 1, 1'000'000,
+                "training checkpoints kept: the newest this run wrote (files it did not write are never removed)");
+  flags.text("--checkpoint-dir", o.checkpoint_dir, "the folder of the training checkpoints", "DIR")
+      .nonempty("a folder (made if missing)");
   flags.text("--resume", o.resume,
              "continue the run a training checkpoint was saved in, with its options (options given here override "
              "them); on the same number of thread ranks the losses are bit for bit those of a run that never stopped",
-             "PATH");
+             "PATH")
+      .nonempty("a training checkpoint (DIR/step_<n>.safetensors)");
   flags.integer("--stop-after", o.stop_after, 1, 10'000'000,
                 "stop after N steps of this run and write a training checkpoint there (the data schedule stays that "
                 "of --steps; --resume continues)")
       .without_default();
-  flags.text("--csv", o.csv, "the per-step table as CSV (scripts/plot.py draws it)", "FILE");
+  flags.text("--csv", o.csv, "the per-step table as CSV (scripts/plot.py draws it)", "FILE").nonempty("a file name");
   flags.integer("--pack-tokens", o.pack_tokens, std::int64_t(1), std::int64_t(1) << 30,
                 "documents packed into steps of up to B tokens: rows of similar length, one document per row, padded "
                 "with masked tokens")
@@ -137,7 +144,10 @@ inline cli::Flags make_flags() {
       "Trains a byte-level GPT on the bundled State of the Union corpus (or --corpus DIR) on p ranks under a per-rank "
       "memory cap, the exact planner choosing a strategy for every attention and MLP sublayer of every layer and "
       "step (or --strategy NAME everywhere). Prints per step the length, the plan, the loss, the time, the model "
-      "FLOPs utilisation and the measured peak memory against the model's prediction; a summary at the end.");
+      "FLOPs utilisation and the measured peak memory against the model's prediction; a summary at the end. Exit "
+      "status: 0 done; 1 failed, or stopped because the loss diverged (not finite, or above 4 ln(vocab)); 2 the "
+      "command line was refused; 3 the training and --save finished but a side output (--csv, a training "
+      "checkpoint) failed, as reported on stderr.");
 }
 
 // Whether --ranks is on the command line (CLI11 parses it again into a probe whose --ranks is 0, no rank count).
@@ -201,7 +211,60 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   return args;
 }
 
-inline TrainingOptions parse(int argc, char** argv) {
+// An Error's message without the "paradyse: " prefix (to quote it inside another message).
+inline std::string reason(const std::exception& e) {
+  const std::string what = e.what();
+  return what.rfind("paradyse: ", 0) == 0 ? what.substr(10) : what;
+}
+
+// Throws unless a file can be written at `path` for `flag`: an existing device or pipe (/dev/null, /dev/full) is
+// written in place; otherwise the folder exists and a file can be made in it, and `path` is not a folder.
+inline void check_output_file(const std::string& flag, const std::string& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_directory(status) && !std::filesystem::is_regular_file(status))
+    return;  // written in place (core/atomic_file.hpp)
+  try {
+    pd::check_writable_target(path);
+  } catch (const pd::Error& e) {
+    throw pd::Error(fmt::format("{}: {}", flag, reason(e)));
+  }
+}
+
+// Throws unless `flag` can write a folder at `path`: an existing folder in which a file can be made, or a path whose
+// nearest existing ancestor is such a folder (the missing ones are made when saving).
+inline void check_output_folder(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::path at = fs::absolute(path, error);
+  while (!fs::exists(fs::symlink_status(at, error)) && at.has_parent_path() && at.parent_path() != at) at = at.parent_path();
+  pd::check(fs::is_directory(at, error), "{} {}: \"{}\" is not a folder; expected a folder to write (or a path whose "
+            "missing folders can be made)", flag, path, at.string());
+  try {
+    pd::check_writable_target((at / "probe").string());
+  } catch (const pd::Error& e) {
+    throw pd::Error(fmt::format("{}: {}", flag, reason(e)));
+  }
+}
+
+// Every output path of `o` checked before any work, in every mode (dense, --experts, --mesh): --save (a file; with
+// --experts a Hugging Face folder), --csv, and --checkpoint-dir when checkpoints are written. Exits with the usage.
+inline void check_outputs(const TrainingOptions& o) {
+  try {
+    if (!o.save.empty()) {
+      if (o.experts > 0) check_output_folder("--save", o.save);
+      else check_output_file("--save", o.save);
+    }
+    if (!o.csv.empty()) check_output_file("--csv", o.csv);
+    if (o.checkpoint_every > 0 || o.stop_after > 0) pd::check_checkpoint_dir(o.checkpoint_dir);
+  } catch (const pd::Error& e) {
+    usage(reason(e));
+  }
+}
+
+// The options of a command line, checked (every output path too unless `check_output_paths` is false: the options a
+// checkpoint saved, before those given now override them).
+inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = true) {
   TrainingOptions o;
   std::int64_t zero_stage = 0;
   std::string backend_name = "threads";  // --backend, read into o.backend
@@ -254,36 +317,57 @@ inline TrainingOptions parse(int argc, char** argv) {
         o.checkpoint_every > 0 || o.stop_after > 0)
       usage("--mesh trains on the host: --device cuda, --emulate and checkpoints are not available with it yet");
   }
-  if (!o.save.empty()) {  // fail now, not after the whole run
-    try { pd::check_writable_target(o.save); } catch (const pd::Error& e) { usage(e.what()); }
-  }
+  if (check_output_paths) check_outputs(o);  // fail now, not after the whole run
   return o;
 }
 
-// With --resume PATH: the options the checkpoint's run was started with, then those given now (which win).
+// The options that fix the data schedule (examples/train_gpt/training_data.hpp), as flag and value.
+inline std::vector<std::pair<std::string, std::string>> data_options(const TrainingOptions& o) {
+  return {{"--steps", fmt::format("{}", o.steps)},
+          {"--seed", fmt::format("{}", o.seed)},
+          {"--min-len", fmt::format("{}", o.min_len)},
+          {"--max-len", fmt::format("{}", o.max_len)},
+          {"--order", o.sorted ? "sorted" : "random"},
+          {"--corpus", o.corpus.empty() ? std::string("(the bundled corpus)") : o.corpus},
+          {"--pack-tokens", o.pack_tokens > 0 ? fmt::format("{}", o.pack_tokens) : std::string("(none)")},
+          {"--pack-documents", o.pack_documents > 0 ? fmt::format("{}", o.pack_documents) : std::string("(none)")},
+          {"--pack-order", o.pack_balanced ? "balanced" : "as-packed"}};
+}
+
+// With --resume PATH: the options the checkpoint's run was started with, then those given now (which win). Options
+// that would change the data schedule (--seed, --steps, ...: data_options) are refused, naming both values; so is a
+// checkpoint at or past the end of the run.
 inline TrainingOptions parse_resuming(int argc, char** argv) {
   TrainingOptions given = parse(argc, argv);
   if (given.resume.empty()) return given;
-  std::vector<std::pair<std::string, std::string>> metadata;
+  pd::TrainingCheckpointInfo info;
   try {
-    metadata = pd::read_checkpoint_metadata(given.resume);
+    info = pd::read_training_checkpoint(given.resume);
   } catch (const pd::Error& e) {
-    usage(fmt::format("--resume: {}", e.what()));
+    usage(fmt::format("--resume: {}", reason(e)));
   }
-  const auto stored = std::find_if(metadata.begin(), metadata.end(), [](auto& kv) { return kv.first == "train.args"; });
-  if (stored == metadata.end())
-    usage(fmt::format("--resume {}: not a training checkpoint of train_gpt (no train.args; --save writes the weights "
-                      "only: start from those with --load)", given.resume));
-  std::vector<std::string> args{argv[0]};
-  for (std::size_t from = 0; from < stored->second.size();) {
-    const std::size_t end = std::min(stored->second.find('\n', from), stored->second.size());
-    args.push_back(stored->second.substr(from, end - from));
-    from = end + 1;
-  }
+  std::vector<std::string> saved_args{argv[0]};
+  for (const std::string& a : info.args) saved_args.push_back(a);
+  std::vector<std::string> args = saved_args;
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
-  std::vector<char*> pointers;
-  for (std::string& a : args) pointers.push_back(a.data());
-  return parse(int(pointers.size()), pointers.data());
+  const auto parse_strings = [](std::vector<std::string> strings, bool check_output_paths) {
+    std::vector<char*> pointers;
+    for (std::string& a : strings) pointers.push_back(a.data());
+    return parse(int(pointers.size()), pointers.data(), check_output_paths);
+  };
+  const TrainingOptions saved = parse_strings(saved_args, false), o = parse_strings(args, true);
+  const auto before = data_options(saved), now = data_options(o);
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    if (now[i].second == before[i].second) continue;
+    if (now[i].first == "--steps")
+      usage(fmt::format("--resume {}: --steps {} differs from the checkpoint's --steps {} (it continues at step {} "
+                        "of that run): another --steps draws another data schedule; resume without --steps",
+                        o.resume, now[i].second, before[i].second, info.next_step));
+    usage(fmt::format("--resume {}: {} {} differs from the checkpoint's {} {}: the data schedule would change; resume "
+                      "with the checkpoint's {} (or start a new run)", o.resume, now[i].first, now[i].second,
+                      before[i].first, before[i].second, now[i].first));
+  }
+  return o;
 }
 
 }  // namespace train_gpt_flags

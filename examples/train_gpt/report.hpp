@@ -84,7 +84,8 @@ public:
       : o_(o), hardware_(hardware), gemm_rate_(cost::gemm_rate_per_rank(hardware)), cap_mib_(cap_bytes / kMiB),
         csv_(reports ? o.csv : std::string(),
              {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "mfu", "peak_mib",
-              "predicted_mib", "cap_mib", "status", "predicted_s"}) {
+              "predicted_mib", "cap_mib", "status", "predicted_s"},
+             CsvTable::OnFailure::warns) {
     fmt::print("peak: the largest per-rank peak measured by the memory trackers; pred: the memory model's peak for "
                "the plan (what the planner budgets)\n");
     fmt::print("MFU: model FLOPs per second against the GEMM rate of the profile, {:.1f} GFLOP/s per rank x {} "
@@ -182,6 +183,12 @@ public:
     }
     fmt::print("\n");
     if (!o_.strategy.empty()) fmt::print("  OOM steps under --strategy {:<10} {}\n", o_.strategy, ooms_);
+  }
+
+  // Puts the --csv table in place; whether it failed (then warned on stderr), now or on the way.
+  bool close_csv() {
+    csv_.close();
+    return csv_.failed();
   }
 
 private:

@@ -25,6 +25,7 @@
 #pragma once
 
 #include "paradyse/core/csv_table.hpp"
+#include "divergence.hpp"
 #include "train_moe.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"
@@ -425,7 +426,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>9}\n", "step", "len", "docs", "plan", 8 * o.layers, "loss",
              "time s", "peak MiB");
 
-  CsvTable csv(ranks.reports() ? o.csv : std::string(), {"step", "length", "rows", "plan", "loss", "seconds", "peak_mib"});
+  CsvTable csv(ranks.reports() ? o.csv : std::string(), {"step", "length", "rows", "plan", "loss", "seconds", "peak_mib"},
+               CsvTable::OnFailure::warns);
   ops::AdamWConfig adamw;
   adamw.learning_rate = float(o.lr);
   adamw.weight_decay = 0.01f;
@@ -486,6 +488,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       double sums[2] = {loss_sum, double(ranks.tracker(rank).peak())}, total[2] = {0, 0};
       world.all_reduce(std::span<const double>(&sums[0], 1), std::span<double>(&total[0], 1), ReduceOp::sum);
       world.all_reduce(std::span<const double>(&sums[1], 1), std::span<double>(&total[1], 1), ReduceOp::max);
+      if (const auto why = divergence(total[0] / counted, k, config.vocab, double(adamw.learning_rate), o.lr))
+        throw Error(*why);  // on every rank (the loss is the world's)
       if (rank != 0) continue;
       const double loss = total[0] / counted;
       const double seconds = start.seconds();
@@ -512,7 +516,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   fmt::print("  mean loss, first {:>2} steps  {:.4f}\n  mean loss, last {:>2} steps   {:.4f}\n", k, mean(0, k), k,
              mean(losses.size() - k, losses.size()));
   fmt::print("  total time                 {:.1f} s\n", total);
-  return 0;
+  csv.close();
+  return finished(csv.failed());  // examples/train_gpt/divergence.hpp
 }
 
 }  // namespace paradyse::examples

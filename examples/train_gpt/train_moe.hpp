@@ -18,6 +18,7 @@
 #pragma once
 
 #include "paradyse/core/csv_table.hpp"
+#include "divergence.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"
 
@@ -118,14 +119,15 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
     ranks.pools[std::size_t(r)] = std::make_unique<BufferPool>();
   });
   // Training checkpoints (model/resume.hpp): resumed from, and written on the way.
-  const TrainingCheckpoints checkpoints(resume_options(o), n_steps, data_description(o, n_steps, 0), ranks);
+  TrainingCheckpoints checkpoints(resume_options(o), n_steps, data_description(o, n_steps, 0), ranks);
   const int first_step = checkpoints.first_step(), end_step = checkpoints.end_step();
   if (!o.resume.empty())
     fmt::print("resumed from {}: attention, expert and router weights, AdamW moments and optimizer step {}; the data "
                "continues at step {} of {}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(),
                first_step, n_steps);
   CsvTable csv(ranks.reports() ? o.csv : std::string(),
-               {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "tokens_per_s", "aux", "z"});
+               {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "tokens_per_s", "aux", "z"},
+               CsvTable::OnFailure::warns);
 
   ops::AdamWConfig adamw;
   adamw.weight_decay = 0.01f;
@@ -164,7 +166,8 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
       model.zero_gradients();
       const GptStepResult result =
           model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view(), document_starts);
-      check(std::isfinite(result.loss), "train_gpt --experts: the loss at step {} is {}", step, result.loss);
+      if (const auto why = divergence(result.loss, step, config.vocab, double(adamw.learning_rate), o.lr))
+        throw Error(*why);  // on every rank (the loss is the group's)
       model.optimizer_step(adamw);
       if (r == ranks.first_local()) {
         loss = result.loss;
@@ -206,6 +209,7 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
   std::string used;
   for (const auto& [name, count] : usage) used += fmt::format("{}{}x {}", used.empty() ? "" : ", ", count, name);
   fmt::print("  sublayers run              {}\n", used);
+  csv.close();
   if (!o.save.empty()) {
     ranks.run([&](auto& comm, int r) {
       save_hf_checkpoint(comm, *ranks.models[std::size_t(r)], o.save, o.max_len);
@@ -213,7 +217,7 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
     fmt::print("  saved                      {} (model.safetensors + config.json, {} layout)\n", o.save,
                hf_family_of(config) == HfMoeFamily::mixtral ? "Mixtral" : "Qwen2-MoE");
   }
-  return 0;
+  return finished(csv.failed() || checkpoints.failed());  // examples/train_gpt/divergence.hpp
 }
 
 }  // namespace paradyse::examples

@@ -50,7 +50,10 @@ inline TrainingData training_data(const TrainingOptions& o, data::SequenceSplit 
 }
 
 // train.data: the data schedule of `o` in words (the seed and options fix it) for `n_steps` steps of rows packed up
-// to `pack_tokens` tokens (0: one window each) or of packed sequences.
+// to `pack_tokens` tokens (0: one window each) or of packed sequences. A resumed run's must equal its checkpoint's
+// (model/resume.hpp); the options behind it that the text leaves out (--min-len, --max-len, --corpus, --pack-order)
+// are compared flag by flag with the checkpoint's train.args (examples/train_gpt/flags.hpp). The text is unchanged
+// since the first training checkpoints, so that theirs still compare equal.
 inline std::string data_description(const TrainingOptions& o, int n_steps, std::int64_t pack_tokens) {
   return fmt::format("seed {}, {} documents stratified by length{}, {} steps{}", o.seed, o.steps,
                      o.sorted ? "" : ", shuffled", n_steps,

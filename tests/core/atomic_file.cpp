@@ -84,3 +84,30 @@ TEST_CASE("a special file (/dev/null) is written in place, not replaced") {
   CHECK_NOTHROW(write_file_atomically("/dev/null", "text", "--csv"));
   CHECK(std::filesystem::is_character_file("/dev/null"));
 }
+
+TEST_CASE("a side table (OnFailure::warns) that fails warns once, writes no more rows and says failed(); the run goes on") {
+  const auto dir = scratch_folder("warns");
+  {
+    CsvTable full("/dev/full", {"a", "b"}, CsvTable::OnFailure::warns);  // the header write fails: no throw
+    CHECK(full.failed());
+    CHECK_NOTHROW(full.row(1, 2));
+    CHECK_NOTHROW(full.close());
+  }
+  {
+    CsvTable missing((dir / "missing" / "t.csv").string(), {"a"}, CsvTable::OnFailure::warns);
+    CHECK(missing.failed());
+    CHECK_NOTHROW(missing.row(1));
+  }
+  const auto target = dir / "table.csv";
+  std::ofstream(target) << "old\n";
+  {
+    CsvTable fine(target.string(), {"x"}, CsvTable::OnFailure::warns);
+    fine.row(1);
+    fine.close();
+    CHECK(!fine.failed());
+  }
+  CHECK(content_of(target) == "x\n1\n");
+  // The default still throws, naming the file and the reason.
+  CHECK(has(message_of([] { CsvTable t("/dev/full", {"a"}); }), "No space left on device"));
+  std::filesystem::remove_all(dir);
+}

@@ -1,5 +1,5 @@
 // Fuzz targets (tests/fuzz/mutate.hpp) of the checkpoint readers: read_checkpoint_metadata, read_checkpoint_config
-// (model/checkpoint_format.hpp), checkpoint_next_step (model/resume.hpp) and load_checkpoint (model/checkpoint.hpp).
+// (model/checkpoint_format.hpp), read_training_checkpoint (model/resume.hpp) and load_checkpoint (model/checkpoint.hpp).
 // Seeds: checkpoints written by the library at tiny size, a dense GPT with its AdamW state and train_gpt's
 // training metadata (train.next_step, train.args, train.data) and an MoE GPT (dense and MoE layers, shared experts).
 // The header's JSON is what is mutated (the 8-byte length prefix is rewritten to match, so the mutations reach the
@@ -90,8 +90,8 @@ void read_checkpoint(const std::string& path, FuzzModel& model, bool training) {
   const GptConfig c = read_checkpoint_config(path);
   CHECK(c.layers >= 1);
   if (training) {
-    const int next = checkpoint_next_step(path);  // not inside CHECK: doctest would take an exception for a failure
-    CHECK(next >= 0);
+    const int next = read_training_checkpoint(path).next_step;  // not inside CHECK: doctest would take an exception
+    CHECK(next >= 1);
   }
   load_checkpoint(model, path, {.optimizer_state = training});
 }
@@ -128,6 +128,15 @@ TEST_CASE("fuzz checkpoint: metadata, configuration, next step and load of mutat
     REQUIRE(at != std::string::npos);
     header.replace(at, from.size(), std::string("\"train.next_step\":\"") + bad + "\"");
     regressions.push_back(header);
+  }
+  // Under format v2's metadata checksum an edited header stops at the checksum; the parser of the training fields
+  // itself must refuse each regression value too (a v1 file has no checksum).
+  const auto dense_metadata = read_checkpoint_metadata(dense_path);
+  for (const char* bad : {"-6", "x6", "99999999999", "", "4x", " 4"}) {
+    auto metadata = dense_metadata;
+    for (auto& [key, value] : metadata)
+      if (key == "train.next_step") value = bad;
+    CHECK_THROWS_AS(training_checkpoint_info(metadata, dense_path), Error);
   }
   fuzz::run("checkpoint_training", {dense_file.header},
             [&](const std::string& header) { read_checkpoint(write(join(header, dense_file.data)), dense_target, true); },

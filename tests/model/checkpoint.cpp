@@ -1,6 +1,7 @@
 // GPT checkpoints (safetensors, global tensors, atomic writes): round trips, loading on another group size, and
 // clear rejections of truncated, corrupted and mismatched files.
 #include "paradyse/model/checkpoint.hpp"
+#include "paradyse/model/resume.hpp"
 
 #include "strategy/harness.hpp"
 #include "support/tolerance.hpp"
@@ -11,9 +12,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -647,4 +651,174 @@ TEST_CASE("checkpoint: an MoE GPT (router, routed and shared experts) resumes bi
   CHECK_MESSAGE(load_error(test_config(false, Activation::swiglu), path).find("moe.experts: checkpoint 5, model none") !=
                     std::string::npos,
                 load_error(test_config(false, Activation::swiglu), path));
+}
+
+namespace {
+// `path` rewritten with its metadata changed by `change` (the tensors and the data bytes as they were).
+template <class Change>
+void rewrite_metadata(const std::string& path, Change&& change) {
+  const std::string bytes = read_all(path);
+  safetensors::Header header;
+  {
+    const safetensors::File file(path, O_RDONLY);
+    header = safetensors::read_header(file);
+  }
+  std::vector<safetensors::TensorEntry> entries = header.tensors;
+  std::sort(entries.begin(), entries.end(), [](auto& a, auto& b) { return a.begin < b.begin; });  // data order
+  checkpoint_detail::Metadata metadata = header.metadata;
+  change(metadata);
+  write_all(path, safetensors::encode_header(entries, metadata) + bytes.substr(std::size_t(header.data_start)));
+}
+void set_meta(checkpoint_detail::Metadata& m, const std::string& key, const std::string& value) {
+  for (auto& [k, v] : m)
+    if (k == key) {
+      v = value;
+      return;
+    }
+  m.emplace_back(key, value);
+}
+void drop_meta(checkpoint_detail::Metadata& m, const std::string& key) {
+  std::erase_if(m, [&](auto& kv) { return kv.first == key; });
+}
+std::string training_error(const std::string& path) {
+  try {
+    read_training_checkpoint(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+}  // namespace
+
+TEST_CASE("checkpoint: every metadata entry is under a checksum (format v2); v1 files, without it, still load") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("m.safetensors");
+  train_and_save(c, 1, 5, 2, path);
+  const std::string good = read_all(path);
+  const auto metadata = read_checkpoint_metadata(path);
+  const auto value = [&](const std::string& key) {
+    for (const auto& [k, v] : metadata)
+      if (k == key) return v;
+    return std::string("(none)");
+  };
+  CHECK(value("format") == "paradyse.gpt.v2");
+  CHECK(value("metadata_fnv1a64").size() == 16);
+  SUBCASE("an edited value is refused by the load and by the metadata read") {
+    rewrite_metadata(path, [](auto& m) { set_meta(m, "step", "7"); });
+    CHECK(load_error(c, path).find("the metadata is corrupted or was edited (checksum") != std::string::npos);
+    CHECK_THROWS_WITH_AS(read_checkpoint_metadata(path), doctest::Contains("the metadata is corrupted or was edited"), Error);
+  }
+  SUBCASE("an added entry is refused") {
+    rewrite_metadata(path, [](auto& m) { set_meta(m, "train.next_step", "3"); });
+    CHECK(load_error(c, path).find("the metadata is corrupted or was edited") != std::string::npos);
+  }
+  SUBCASE("a v2 file with a data checksum but none of its metadata is refused") {
+    rewrite_metadata(path, [](auto& m) { drop_meta(m, "metadata_fnv1a64"); });
+    CHECK(load_error(c, path).find("the metadata has no 'metadata_fnv1a64' checksum") != std::string::npos);
+  }
+  SUBCASE("a v1 file (no metadata checksum) loads, its fields parsed strictly") {
+    rewrite_metadata(path, [](auto& m) {
+      drop_meta(m, "metadata_fnv1a64");
+      set_meta(m, "format", "paradyse.gpt.v1");
+    });
+    CHECK(load_error(c, path).empty());
+    rewrite_metadata(path, [](auto& m) { set_meta(m, "layers", "-2"); });
+    CHECK(load_error(c, path).find("metadata 'layers' = \"-2\" is out of range") != std::string::npos);
+  }
+  SUBCASE("another format is refused naming both") {
+    rewrite_metadata(path, [](auto& m) { set_meta(m, "format", "paradyse.gpt.v9"); });
+    CHECK(load_error(c, path).find("format 'paradyse.gpt.v9', expected 'paradyse.gpt.v2'") != std::string::npos);
+  }
+}
+
+TEST_CASE("resume: a training checkpoint's train.* metadata is parsed strictly (field, value, expected)") {
+  const auto error = [](const std::string& next_step) {
+    try {
+      training_checkpoint_info({{"train.args", "--steps\n8"}, {"train.next_step", next_step}, {"train.data", "d"}}, "c.st");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error("-6").find("checkpoint c.st: metadata 'train.next_step' = \"-6\" is out of range [1, 10000000]") != std::string::npos);
+  CHECK(error("x6").find("metadata 'train.next_step' = \"x6\" is not an integer") != std::string::npos);
+  CHECK(error("99999999999").find("'train.next_step' = \"99999999999\" is out of range [1, 10000000]") != std::string::npos);
+  CHECK(error("6 ").find("is not an integer") != std::string::npos);
+  CHECK(error("0").find("is out of range [1, 10000000]") != std::string::npos);
+  const TrainingCheckpointInfo info =
+      training_checkpoint_info({{"train.args", "--steps\n8"}, {"train.next_step", "6"}, {"train.data", "d"}}, "c.st");
+  CHECK(info.next_step == 6);
+  CHECK(info.args == std::vector<std::string>{"--steps", "8"});
+  CHECK_THROWS_WITH_AS(training_checkpoint_info({{"train.args", ""}, {"train.data", "d"}}, "c.st"),
+                       doctest::Contains("the metadata has no 'train.next_step'"), Error);
+  CHECK_THROWS_WITH_AS(training_checkpoint_info({{"train.args", ""}, {"train.next_step", "2"}, {"train.next_step", "3"},
+                                                 {"train.data", "d"}}, "c.st"),
+                       doctest::Contains("holds 'train.next_step' twice"), Error);
+  CHECK_THROWS_WITH_AS(training_checkpoint_info({{"train.args", ""}, {"train.next_step", "2"}, {"train.data", ""}}, "c.st"),
+                       doctest::Contains("'train.data' is empty"), Error);
+
+  // In a file: an edited v2 checkpoint fails its checksum; a v1 one (no metadata checksum) fails the strict parse.
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("training.safetensors");
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Model model(c, 2, comm.rank(), 3);
+    save_checkpoint(comm, model, path,
+                    {.optimizer_state = true,
+                     .extra = {{"train.args", "--steps\n8"}, {"train.next_step", "6"}, {"train.data", "d"}}});
+  });
+  CHECK(read_training_checkpoint(path).next_step == 6);
+  rewrite_metadata(path, [](auto& m) { set_meta(m, "train.next_step", "-6"); });
+  CHECK(training_error(path).find("the metadata is corrupted or was edited") != std::string::npos);
+  rewrite_metadata(path, [](auto& m) {
+    drop_meta(m, "metadata_fnv1a64");
+    set_meta(m, "format", "paradyse.gpt.v1");
+  });
+  CHECK(training_error(path).find("metadata 'train.next_step' = \"-6\" is out of range [1, 10000000]") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: a save whose writer fails throws the writer's reason on every rank; the old file stays") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("blocked.safetensors");
+  fs::create_directories(fs::path(path) / "inside");  // a folder where the file goes: it cannot be replaced
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Model model(c, 2, comm.rank(), 3);
+    try {
+      save_checkpoint(comm, model, path);
+    } catch (const Error& e) {
+      errors[std::size_t(comm.rank())] = e.what();
+    }
+    comm.barrier();  // every rank left the save in step
+  });
+  for (const std::string& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("saving the checkpoint " + path + " failed") != std::string::npos);
+    CHECK(e.find("is a folder") != std::string::npos);
+  }
+  CHECK(fs::is_directory(fs::path(path) / "inside"));
+}
+
+TEST_CASE("checkpoint: first_nonfinite_tensor names the first tensor holding nan or inf, and the element") {
+  TempDir dir;
+  const GptConfig c = test_config();
+  const std::string path = dir.file("m.safetensors");
+  train_and_save(c, 1, 5, 1, path);
+  CHECK(!first_nonfinite_tensor(path).has_value());
+  std::string bytes = read_all(path);
+  safetensors::Header header;
+  {
+    const safetensors::File file(path, O_RDONLY);
+    header = safetensors::read_header(file);
+  }
+  const safetensors::TensorEntry* e = header.find("layers.1.mlp.w_in");
+  REQUIRE(e != nullptr);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bytes.data() + header.data_start + e->begin + 3 * sizeof(float), &nan, sizeof(float));
+  write_all(path, bytes);
+  const std::optional<std::string> bad = first_nonfinite_tensor(path);
+  REQUIRE(bad.has_value());
+  CHECK(*bad == "'layers.1.mlp.w_in' holds nan at element 3");
 }

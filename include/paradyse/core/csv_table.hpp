@@ -12,7 +12,8 @@
 // checked) as it comes, and close() puts the table in place (fsync, rename), so a full disk or an unwritable folder
 // throws, naming the file and the system's reason, before a program says "wrote", and never truncates an old table.
 // A table destroyed without close() (a run stopped by an error elsewhere) is put in place with the rows so far; one
-// whose writing failed leaves the old table untouched. A run killed outright leaves its rows in PATH.tmp.<pid>.<n>.
+// whose writing failed leaves the old table untouched. A long run's side table (OnFailure::warns) reports a failure
+// once on stderr and goes on without it; failed() tells the program, for its exit status. A run killed outright leaves its rows in PATH.tmp.<pid>.<n>.
 #pragma once
 
 #include "paradyse/core/atomic_file.hpp"
@@ -31,11 +32,19 @@ namespace paradyse {
 
 class CsvTable {
 public:
+  // What a failure to write the table does: throw (the default), or, for a side output of a long run, warn once on
+  // stderr ("warning: --csv FILE: writing failed: No space left on device; ...") and write no more rows (failed()
+  // then says so; the old table, if any, is kept).
+  enum class OnFailure { throws, warns };
+
   CsvTable() = default;
-  CsvTable(const std::string& path, std::vector<std::string> columns) : columns_(columns.size()) {
+  CsvTable(const std::string& path, std::vector<std::string> columns, OnFailure on_failure = OnFailure::throws)
+      : columns_(columns.size()), on_failure_(on_failure) {
     if (path.empty()) return;
-    file_ = std::make_unique<AtomicFile>(path, "--csv");
-    write_line(columns);
+    guarded([&] {
+      file_ = std::make_unique<AtomicFile>(path, "--csv");
+      write_line(columns);
+    });
   }
   CsvTable(const CsvTable&) = delete;
   CsvTable& operator=(const CsvTable&) = delete;
@@ -49,9 +58,11 @@ public:
   }
   // Puts the table in place; throws (naming the file and the reason) when it cannot. Later rows are refused.
   void close() {
-    if (file_ && file_->open()) file_->commit();
+    if (file_ && file_->open()) guarded([&] { file_->commit(); });
   }
   bool enabled() const noexcept { return file_ != nullptr; }
+  // Whether writing the table failed (OnFailure::warns: warned, and no more rows written).
+  bool failed() const noexcept { return failed_; }
 
   // One row: as many fields as columns, each formatted by fmt ("{}").
   template <class... Fields>
@@ -59,14 +70,14 @@ public:
     if (!file_) return;
     std::vector<std::string> texts{fmt::format("{}", fields)...};
     check(texts.size() == columns_, "CsvTable: a row of {} fields for {} columns", texts.size(), columns_);
-    write_line(texts);
+    guarded([&] { write_line(texts); });
   }
 
   // One row of fields already formatted, as many as columns (for rows whose width is known at run time).
   void row_of(const std::vector<std::string>& fields) {
     if (!file_) return;
     check(fields.size() == columns_, "CsvTable: a row of {} fields for {} columns", fields.size(), columns_);
-    write_line(fields);
+    guarded([&] { write_line(fields); });
   }
 
   // A field as CSV writes it: quoted when it holds a comma, a quote or a line break (quotes doubled).
@@ -88,8 +99,23 @@ private:
     file_->write(line);  // throws naming the file and the system's reason; the old table is kept
   }
 
+  // Runs a write of the table: its Error is thrown, or (OnFailure::warns) reported once and the table dropped.
+  template <class Io>
+  void guarded(Io&& io) {
+    if (on_failure_ == OnFailure::throws) return io();
+    try {
+      io();
+    } catch (const Error& e) {
+      file_.reset();  // abandoned: the old table (if any) is kept
+      failed_ = true;
+      std::fprintf(stderr, "warning: %s; the run goes on without this table\n", e.what());
+    }
+  }
+
   std::unique_ptr<AtomicFile> file_;
   std::size_t columns_ = 0;
+  OnFailure on_failure_ = OnFailure::throws;
+  bool failed_ = false;
 };
 
 }  // namespace paradyse

@@ -8,7 +8,8 @@
 //   layers.<l>.attention.{w_q, w_k, w_v, w_proj}, layers.<l>.mlp.{w_in, w_up (SwiGLU only), w_out},
 //   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as contract/weight_shards.hpp's GlobalLayerWeights)
 // The metadata holds the model configuration, the optimizer step count, the run's compute_dtype (f32, or bf16 for
-// a mixed-precision model: the tensors are its fp32 masters) and an FNV-1a checksum of the data buffer.
+// a mixed-precision model: the tensors are its fp32 masters), an FNV-1a checksum of the data buffer and one of every
+// other metadata entry (format paradyse.gpt.v2; v1 files, whose metadata has no checksum, still load).
 // MoE GPTs (GptConfig::moe): the MoE configuration is in the metadata ("moe.*"), and an MoE layer holds, instead of
 // its dense MLP, layers.<l>.moe.{router [E, h], expert_in [E, 2f, h], expert_out [E, f, h]} and, with shared
 // experts, layers.<l>.moe.{shared_in [2 fs, h], shared_out [fs, h]} (+ shared_gate [1, h]): the global expert
@@ -58,6 +59,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -121,17 +123,34 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
   for (const auto& [key, value] : options.extra) {
     for (const auto& [taken, ignored] : metadata)
       check(key != taken, "save_checkpoint: the extra metadata key '{}' is one the checkpoint uses itself", key);
-    check(key != kChecksumKey, "save_checkpoint: the extra metadata key '{}' is the checksum's", key);
+    check(key != kChecksumKey && key != kMetadataChecksumKey,
+          "save_checkpoint: the extra metadata key '{}' is a checksum's", key);
     metadata.emplace_back(key, value);
   }
+  metadata.emplace_back(std::string(kMetadataChecksumKey), metadata_checksum(metadata));
   metadata.emplace_back(std::string(kChecksumKey), std::string(16, '0'));  // fixed width: rewritten at the end
+  // The writer's file errors (a full disk, an unwritable folder) do not leave the collective: the writer stops
+  // writing, every rank goes on gathering, and at the end every rank throws (the writer its error, the others one
+  // naming it), so that no rank waits for a gather the writer left.
   std::optional<safetensors::AtomicFile> out;
+  std::string write_error;
+  const auto writing = [&](auto&& io) {
+    if (!write_error.empty()) return;
+    try {
+      io();
+    } catch (const std::exception& e) {
+      write_error = e.what();
+      out.reset();  // the temporary is removed; the file at `path` is unchanged
+    }
+  };
   std::int64_t data_start = 0;
   if (writer) {
     const std::string header = safetensors::encode_header(entries, metadata);
     data_start = std::int64_t(header.size());
-    out.emplace(path);
-    out->file().write_at(header.data(), data_start, 0);
+    writing([&] {
+      out.emplace(path);
+      out->file().write_at(header.data(), data_start, 0);
+    });
   }
   std::uint64_t checksum = safetensors::fnv1a(nullptr, 0);
   std::size_t next = 0;  // the next entry to write, in data order
@@ -139,7 +158,7 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
     const safetensors::TensorEntry& e = entries[next++];
     check(e.name == name && e.numel() == count, "save_checkpoint: tensor '{}' of {} elements comes where the header has '{}' of {}",
           name, count, e.name, e.numel());
-    out->file().write_at(data, count * std::int64_t(sizeof(float)), data_start + e.begin);
+    writing([&] { out->file().write_at(data, count * std::int64_t(sizeof(float)), data_start + e.begin); });
     checksum = safetensors::fnv1a(data, std::size_t(count) * sizeof(float), checksum);
   };
   for (int s = 0; s < (options.optimizer_state ? 3 : 1); ++s) {
@@ -177,10 +196,41 @@ void save_checkpoint(C& comm, Gpt<Strategies, Backend>& model, const std::string
     metadata.back().second = fmt::format("{:016x}", checksum);
     const std::string header = safetensors::encode_header(entries, metadata);
     check(std::int64_t(header.size()) == data_start, "save_checkpoint: the header changed size");
-    out->file().write_at(header.data(), data_start, 0);
-    out->commit();
+    writing([&] {
+      out->file().write_at(header.data(), data_start, 0);
+      out->commit();
+    });
   }
-  comm.barrier();  // the file exists for every rank once this returns
+  // Every rank learns whether the writer failed (and the file exists for every rank once this returns).
+  const int failed_here = write_error.empty() ? 0 : 1;
+  int failed = 0;
+  comm.all_reduce(std::span<const int>(&failed_here, 1), std::span<int>(&failed, 1), ReduceOp::max);
+  if (failed != 0) {  // every rank throws the writer's error (its text shared, so that any rank's report says why)
+    constexpr std::size_t kChars = 1024;
+    std::vector<int> mine(kChars, 0), shared(kChars, 0);
+    for (std::size_t i = 0; i < std::min(write_error.size(), kChars - 1); ++i) mine[i] = static_cast<unsigned char>(write_error[i]);
+    comm.all_reduce(std::span<const int>(mine), std::span<int>(shared), ReduceOp::max);
+    std::string why;
+    for (std::size_t i = 0; i < kChars && shared[i] != 0; ++i) why += char(shared[i]);
+    if (why.rfind("paradyse: ", 0) == 0) why.erase(0, 10);
+    throw Error(fmt::format("saving the checkpoint {} failed: {}", path, why));
+  }
+}
+
+// The first tensor of the checkpoint at `path` (weights, then the AdamW moments) that holds a value that is not
+// finite, as "'NAME' holds VALUE at element I"; nothing when every value is finite. Reads the whole file.
+inline std::optional<std::string> first_nonfinite_tensor(const std::string& path) {
+  const safetensors::File file(path, O_RDONLY);
+  const safetensors::Header header = safetensors::read_header(file);
+  std::vector<float> values;
+  for (const safetensors::TensorEntry& e : header.tensors) {
+    if (e.dtype != "F32") continue;
+    values.resize(std::size_t((e.end - e.begin) / std::int64_t(sizeof(float))));
+    file.read_at(values.data(), std::int64_t(values.size() * sizeof(float)), header.data_start + e.begin);
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i])) return fmt::format("'{}' holds {} at element {}", e.name, values[i], i);
+  }
+  return std::nullopt;
 }
 
 // Replaces `model`'s weights (this rank's shards and the replicated weights) with those of the checkpoint at `path`,

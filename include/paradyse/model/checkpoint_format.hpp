@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -33,8 +34,12 @@ namespace paradyse {
 
 namespace checkpoint_detail {
 
-inline constexpr std::string_view kFormat = "paradyse.gpt.v1";
+// v2: the metadata is under a checksum too (metadata_fnv1a64); v1 files (data checksum only) still load, their
+// metadata unverified but parsed as strictly.
+inline constexpr std::string_view kFormat = "paradyse.gpt.v2";
+inline constexpr std::string_view kFormatV1 = "paradyse.gpt.v1";
 inline constexpr std::string_view kChecksumKey = "data_fnv1a64";
+inline constexpr std::string_view kMetadataChecksumKey = "metadata_fnv1a64";
 inline constexpr std::string_view kOptimizerKey = "optimizer";  // "adamw" when the moments are in the file
 // The states a checkpoint can hold, by name prefix: the weights, then AdamW's first and second moments.
 inline constexpr std::string_view kStatePrefixes[3] = {"", "adamw.m.", "adamw.v."};
@@ -86,6 +91,46 @@ inline Metadata full_config_metadata(const GptConfig& g) {
   return all;
 }
 
+// The checksum of a checkpoint's metadata: FNV-1a over every entry but the two checksums, sorted by key, each as
+// key NUL value NUL (so that no other split of the same bytes gives the same checksum), as 16 hex digits.
+inline std::string metadata_checksum(const Metadata& metadata) {
+  std::vector<const std::pair<std::string, std::string>*> entries;
+  for (const auto& entry : metadata)
+    if (entry.first != kChecksumKey && entry.first != kMetadataChecksumKey) entries.push_back(&entry);
+  std::sort(entries.begin(), entries.end(), [](auto* a, auto* b) { return *a < *b; });
+  std::uint64_t checksum = safetensors::fnv1a(nullptr, 0);
+  const char nul = '\0';
+  for (const auto* entry : entries) {
+    checksum = safetensors::fnv1a(entry->first.data(), entry->first.size(), checksum);
+    checksum = safetensors::fnv1a(&nul, 1, checksum);
+    checksum = safetensors::fnv1a(entry->second.data(), entry->second.size(), checksum);
+    checksum = safetensors::fnv1a(&nul, 1, checksum);
+  }
+  return fmt::format("{:016x}", checksum);
+}
+
+// Throws unless the metadata of the checkpoint at `path` is what was saved: a v2 file save_checkpoint wrote (it has
+// the data checksum) must carry the metadata checksum, and a metadata checksum present must match. A v1 file (and a
+// hand-made one without checksums) passes unverified; its fields are parsed strictly all the same.
+inline void verify_metadata(const Metadata& metadata, const std::string& path) {
+  const auto find = [&](std::string_view key) -> const std::string* {
+    for (const auto& [k, v] : metadata)
+      if (k == key) return &v;
+    return nullptr;
+  };
+  const std::string* stored = find(kMetadataChecksumKey);
+  const std::string* format = find("format");
+  if (stored == nullptr) {
+    check(format == nullptr || *format != kFormat || find(kChecksumKey) == nullptr,
+          "checkpoint {}: the metadata has no '{}' checksum, although the file is {} with a data checksum (edited by "
+          "hand or by another tool?)", path, kMetadataChecksumKey, kFormat);
+    return;
+  }
+  const std::string actual = metadata_checksum(metadata);
+  check(actual == *stored, "checkpoint {}: the metadata is corrupted or was edited (checksum {}, the header says {})",
+        path, actual, printable(*stored));
+}
+
 inline const std::string& required(const safetensors::Header& h, std::string_view key, const std::string& path) {
   const std::string* v = h.meta(key);
   check(v != nullptr, "checkpoint {}: the metadata has no '{}' (not a paradyse GPT checkpoint?)", path, key);
@@ -122,8 +167,9 @@ inline bool to_bool(const std::string& text, std::string_view key, const std::st
 
 inline GptConfig config_of(const safetensors::Header& h, const std::string& path) {
   const auto get = [&](std::string_view key) -> const std::string& { return required(h, key, path); };
-  check(get("format") == kFormat, "checkpoint {}: format '{}', expected '{}'", path,
-        printable(get("format")), kFormat);
+  check(get("format") == kFormat || get("format") == kFormatV1, "checkpoint {}: format '{}', expected '{}' (or the "
+        "older '{}')", path, printable(get("format")), kFormat, kFormatV1);
+  verify_metadata(h.metadata, path);
   GptConfig g;
   LayerConfig& c = g.layer;
   c.hidden = to_integer(get("hidden"), "hidden", path);
@@ -238,10 +284,13 @@ inline bool is_mlp_tensor(std::string_view name) { return name.substr(0, 4) == "
 
 }  // namespace checkpoint_detail
 
-// The metadata of a checkpoint (reads the header only): the configuration, step, and the caller's extra entries.
+// The metadata of a checkpoint (reads the header only): the configuration, step, and the caller's extra entries,
+// verified against the metadata checksum (checkpoint_detail::verify_metadata).
 inline std::vector<std::pair<std::string, std::string>> read_checkpoint_metadata(const std::string& path) {
   const safetensors::File file(path, O_RDONLY);
-  return safetensors::read_header(file).metadata;
+  std::vector<std::pair<std::string, std::string>> metadata = safetensors::read_header(file).metadata;
+  checkpoint_detail::verify_metadata(metadata, path);
+  return metadata;
 }
 
 // The configuration a checkpoint holds (reads the header only).
