@@ -29,6 +29,7 @@
 #include "paradyse/serve/model_shape_hf.hpp"
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
+#include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
@@ -61,41 +62,32 @@ struct Options {
   bool measure = false;
 };
 
-enum Metric { ttft50, ttft99, tpot50, tpot99, tokens_per_s, metric_count };
-constexpr const char* kMetric[metric_count] = {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"};
+// The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
+constexpr int kShown = tokens_per_s + 1;
+constexpr const char* kMetric[kShown] = {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"};
 
 struct Result {
   std::string key, name;
-  double metric[metric_count] = {};
+  double metric[kShown] = {};
   std::int64_t steps = 0, ep_steps = 0, switches = 0, rebalances = 0;
   double exposed_ms = 0, rank_imbalance = 1;
   StepCost totals;
 };
 
+// serving_metrics' summary of the run, with the rank load's max/mean averaged over the MoE layers.
 Result summarize(const std::vector<RequestOutcome>& out, const EngineStats& stats, const DecoderConfig& c) {
+  const ServeRun run = summarize_run(out, stats, c);
   Result r;
-  std::vector<double> ttft, tpot;
-  std::int64_t tokens = 0;
-  for (const RequestOutcome& o : out) {
-    ttft.push_back(o.first_token - o.arrival);
-    if (o.tokens.size() > 1) tpot.push_back((o.finish - o.first_token) / double(o.tokens.size() - 1));
-    tokens += std::int64_t(o.tokens.size());
-  }
-  r.metric[ttft50] = percentile(ttft, 0.5) * 1e3;
-  r.metric[ttft99] = percentile(ttft, 0.99) * 1e3;
-  r.metric[tpot50] = percentile(tpot, 0.5) * 1e3;
-  r.metric[tpot99] = percentile(tpot, 0.99) * 1e3;
-  r.metric[tokens_per_s] = double(tokens) / std::max(1e-12, stats.elapsed_s);
-  r.steps = stats.steps;
-  r.ep_steps = std::count(stats.mode_of_step.begin(), stats.mode_of_step.end(), MoeMode::ep);
+  std::copy(run.metric, run.metric + kShown, r.metric);
+  r.steps = run.steps;
+  r.ep_steps = run.ep_steps;
   r.switches = stats.switches;
-  r.rebalances = stats.rebalances;
-  r.exposed_ms = stats.switch_exposed_s * 1e3;
+  r.rebalances = run.rebalances;
+  r.exposed_ms = run.metric[exposed_ms];
   double sum = 0;
   int layers = 0;
   for (std::int64_t l = 0; l < c.layers; ++l)
-    if (c.is_moe(l) && stats.rank_mean[std::size_t(l)] > 0)
-      sum += stats.rank_max[std::size_t(l)] / stats.rank_mean[std::size_t(l)], ++layers;
+    if (c.is_moe(l) && stats.rank_mean[std::size_t(l)] > 0) sum += run.rank_imbalance[std::size_t(l)], ++layers;
   r.rank_imbalance = layers ? sum / layers : 1.0;
   return r;
 }
@@ -105,7 +97,8 @@ struct Policy {
   EnginePolicy policy;
 };
 
-std::vector<Policy> make_policies(const std::string& list, const MachineRates& rates, std::int64_t eplb_interval) {
+// The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster).
+std::vector<Policy> make_policies(const std::string& list, const SimulatedCluster& model, std::int64_t eplb_interval) {
   std::vector<Policy> all(4);
   all[0] = {"tp", "static TP", {}};
   all[1] = {"ep", "static EP", {}};
@@ -118,7 +111,7 @@ std::vector<Policy> make_policies(const std::string& list, const MachineRates& r
   all[3].policy.switching = {0.1, 2, 8};
   std::vector<Policy> chosen;
   for (Policy& p : all) {
-    p.policy.rates = rates;
+    p.policy.time_model = model;
     if (("," + list + ",").find("," + p.key + ",") != std::string::npos) chosen.push_back(p);
   }
   check(!chosen.empty(), "--policies {}: none of tp,ep,eplb,dynamic", list);
@@ -220,7 +213,7 @@ std::vector<double> dynamic_ratios(const std::vector<Result>& rows) {
     if (r.key == "dynamic") dyn = &r;
   std::vector<double> ratio;
   if (!dyn) return ratio;
-  for (int m = 0; m < metric_count; ++m) {
+  for (int m = 0; m < kShown; ++m) {
     double best = m == tokens_per_s ? 0 : std::numeric_limits<double>::infinity();
     for (const Result& r : rows)
       if (r.key != "dynamic") best = m == tokens_per_s ? std::max(best, r.metric[m]) : std::min(best, r.metric[m]);
@@ -239,7 +232,7 @@ int simulate(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   opt.kv_blocks = kv_blocks_for(shape, cluster, o.ranks, o.block_size);
-  const std::vector<Policy> policies = make_policies(o.policies, machine_rates_of(cluster), o.eplb_interval);
+  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval);
   fmt::print("moe_simulate: {} ({}: {} layers, h {}, {} heads / {} kv, {} experts top-{}, expert ffn {}, shared {}; "
              "{:.1f}B parameters){} on {} ranks of {} ({} bytes per value), KV pool {} blocks of {}; routing: {}; "
              "step {} tokens, at most {} running\n",
@@ -303,7 +296,7 @@ int simulate(const Options& o) {
     const std::vector<double> ratio = dynamic_ratios(rows);
     if (!ratio.empty()) {
       fmt::print("dynamic vs best static (> 1: dynamic better):");
-      for (int m = 0; m < metric_count; ++m) fmt::print(" {} {:.2f}x", kMetric[m], ratio[std::size_t(m)]);
+      for (int m = 0; m < kShown; ++m) fmt::print(" {} {:.2f}x", kMetric[m], ratio[std::size_t(m)]);
       fmt::print("\n");
       summary.push_back({trace.name, ratio});
     }
@@ -311,7 +304,7 @@ int simulate(const Options& o) {
   if (!summary.empty()) {
     fmt::print("\ndynamic vs the best static policy per metric (> 1: dynamic better; the best static is chosen per "
                "metric and trace)\n{:<44}", "trace");
-    for (int m = 0; m < metric_count; ++m) fmt::print(" {:>9}", kMetric[m]);
+    for (int m = 0; m < kShown; ++m) fmt::print(" {:>9}", kMetric[m]);
     fmt::print("\n");
     for (const auto& [name, ratio] : summary) {
       fmt::print("{:<44}", name);
@@ -346,8 +339,7 @@ int measure(const Options& o) {
   }
   const SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   cost::use_gemm_engines(cluster.profile);
-  const MachineRates rates = measure_machine_rates(c.moe, o.ranks);
-  const std::vector<Policy> policies = make_policies(o.policies, rates, o.eplb_interval);
+  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval);
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -364,7 +356,7 @@ int measure(const Options& o) {
     fmt::print("{:<16} {:>8} {:>27} {:>27} {:>27} {:>27} {:>27}\n", "policy", "", "TTFT p50 ms", "TTFT p99 ms",
                "TPOT p50 ms", "TPOT p99 ms", "tokens/s");
     fmt::print("{:<16} {:>8}", "", "");
-    for (int m = 0; m < metric_count; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
+    for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
     fmt::print("\n");
     for (const Policy& pol : policies) {
       auto serve = [&](bool simulated, RoutingRecorder* recorder) {
@@ -397,7 +389,7 @@ int measure(const Options& o) {
       }
       const Result sim = serve(true, nullptr);
       fmt::print("{:<16} {:>8}", pol.name, "");
-      for (int m = 0; m < metric_count; ++m) {
+      for (int m = 0; m < kShown; ++m) {
         std::vector<double> v;
         for (const Result& r : measured) v.push_back(r.metric[m]);
         const double med = percentile(v, 0.5);
