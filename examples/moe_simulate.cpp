@@ -320,6 +320,55 @@ int simulate(const Options& o) {
 }
 
 // ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
+
+// One measured step on rank 0: its trace and its wall and CPU time.
+struct MeasuredStep {
+  StepTrace trace;
+  StepTiming timing;
+};
+
+// The measured steps of one kind against step_cost of the same traces: sums over the steps.
+struct StepGroup {
+  std::string kind;
+  std::int64_t steps = 0, tokens = 0;
+  double wall_s = 0, cpu_s = 0;
+  StepCost simulated;
+};
+
+std::vector<StepGroup> step_breakdown(const DecoderConfig& c, const SimulatedCluster& cluster,
+                                      const std::vector<MeasuredStep>& steps) {
+  std::vector<StepGroup> g{{"decode only"}, {"with prefill"}, {"all steps"}};
+  for (const MeasuredStep& s : steps) {
+    bool prefill = false;
+    for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
+    const StepCost cost = step_cost(c, s.trace, cluster);
+    for (StepGroup* x : {&g[prefill ? 1 : 0], &g[2]}) {
+      ++x->steps;
+      x->tokens += s.trace.tokens();
+      x->wall_s += s.timing.step_s;
+      x->cpu_s += s.timing.cpu_s;
+      x->simulated.compute_s += cost.compute_s;
+      x->simulated.communication_s += cost.communication_s;
+      x->simulated.switch_s += cost.switch_s;
+    }
+  }
+  return g;
+}
+
+void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
+  fmt::print("\nper step, the first measured round against step_cost of the same steps' traces (means, ms): wall = "
+             "rank 0's step on the wall clock, cpu = the CPU time its thread ran in it (wall - cpu: waiting for the "
+             "other ranks or for a core)\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n", "policy",
+             "steps", "count", "tokens", "wall", "cpu", "simulated", "compute", "comm", "sim/wall");
+  for (const auto& [name, groups] : all)
+    for (const StepGroup& g : groups) {
+      if (g.steps == 0) continue;
+      const double k = 1e3 / double(g.steps);
+      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>8.2f}x\n", name, g.kind,
+                 g.steps, double(g.tokens) / double(g.steps), g.wall_s * k, g.cpu_s * k, g.simulated.total_s() * k,
+                 g.simulated.compute_s * k, g.simulated.communication_s * k, g.simulated.total_s() / g.wall_s);
+    }
+}
 int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
@@ -329,12 +378,27 @@ int measure(const Options& o) {
           "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
     fmt::print("calibrating {} thread ranks (wall clock) into {} ...\n", o.ranks, o.cluster);
     cost::HardwareProfile profile;
+    // Besides calibrate's compute-bound shapes, the serving steps' own GEMMs at decode batches (1, 4 and 16 rows
+    // against an expert's TP slice and whole expert, both products, and the lm_head): bound by reading their
+    // weights, they give the fit its operand-bytes term (without them it came out 0 here, and a 1-row GEMM of the
+    // synthetic model's 256 x 512 expert slice, measured at 148 us, was modelled at 20 us).
+    cost::CalibrationOptions options;
+    options.clock = cost::TimeSource::wall;
+    const std::int64_t h = c.hidden, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / o.ranks);
+    for (const std::int64_t m : {1, 4, 16})
+      for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}})
+        options.gemm_shapes.push_back({m, n, k});
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-      cost::CalibrationOptions options;
-      options.clock = cost::TimeSource::wall;
       const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
-      if (comm.rank() == 0) profile = cal.profile;
+      if (comm.rank() == 0) {
+        profile = cal.profile;
+        for (const cost::CalibrationSample& x : cal.samples)
+          if (x.what.rfind("gemm", 0) == 0)
+            fmt::print("  {:<22} measured {:>9.1f} us, fit {:>9.1f} us\n", x.what, x.measured_s * 1e6, x.fitted_s * 1e6);
+      }
     });
+    fmt::print("GEMM fit: {:.2f} us + flops / {:.1f} GFLOP/s + operand bytes / {:.2f} GB/s\n", profile.gemm.overhead_s * 1e6,
+               profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9);
     cost::save_profile(profile, o.cluster);
   }
   const SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
@@ -344,6 +408,7 @@ int measure(const Options& o) {
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
+  std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
     std::int64_t max_len = 0;
@@ -359,7 +424,7 @@ int measure(const Options& o) {
     for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
     fmt::print("\n");
     for (const Policy& pol : policies) {
-      auto serve = [&](bool simulated, RoutingRecorder* recorder) {
+      auto serve = [&](bool simulated, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
         run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
@@ -370,7 +435,11 @@ int measure(const Options& o) {
           } else {
             own = std::make_unique<WallClock>();
           }
-          if (recorder && comm.rank() == 0) own->observer = [&](const StepTrace& t, const StepTiming&, double) { recorder->add(t); };
+          if (comm.rank() == 0)
+            own->observer = [&](const StepTrace& t, const StepTiming& timing, double) {
+              if (recorder) recorder->add(t);
+              if (steps) steps->push_back({t, timing});
+            };
           run.clock = own.get();
           EngineStats s;
           auto got = serve_requests(comm, model, requests, run, pol.policy, &s);
@@ -380,14 +449,17 @@ int measure(const Options& o) {
       };
       std::vector<Result> measured;
       RoutingRecorder recorder;
-      serve(false, nullptr);  // warm-up
+      std::vector<MeasuredStep> steps;
+      serve(false, nullptr, nullptr);  // warm-up
       for (int round = 0; round < o.rounds; ++round)
-        measured.push_back(serve(false, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr));
+        measured.push_back(serve(false, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr,
+                                 round == 0 ? &steps : nullptr));
+      breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing);
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
-      const Result sim = serve(true, nullptr);
+      const Result sim = serve(true, nullptr, nullptr);
       fmt::print("{:<16} {:>8}", pol.name, "");
       for (int m = 0; m < kShown; ++m) {
         std::vector<double> v;
@@ -397,6 +469,8 @@ int measure(const Options& o) {
       }
       fmt::print("\n");
     }
+    print_breakdowns(breakdowns);
+    breakdowns.clear();
   }
   return 0;
 }
