@@ -41,6 +41,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,7 @@ std::vector<Policy> make_policies(const std::string& list, const SimulatedCluste
   all[2].policy.eplb_interval = eplb_interval;
   all[3] = {"dynamic", "dynamic TP/EP", {}};
   all[3].policy.mode = ModePolicy::dynamic;
-  all[3].policy.switching = {0.1, 2, 8};
+  all[3].policy.switching = {0.1, 2, 8, 32, true};
   std::vector<Policy> chosen;
   for (Policy& p : all) {
     p.policy.time_model = model;
@@ -321,6 +322,40 @@ int simulate(const Options& o) {
 
 // ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
 
+// The bandwidth at which a decode step's GEMMs read their operands. A serving step reads every active expert's
+// weights once, and the next step reads them again after the rest of the model went through the cache: they come
+// from memory. calibrate times each shape again and again on the same operands, from cache. Here: 1 and 4 rows
+// against an expert's TP slice [2 f/p, h], cycling through copies of it that together exceed the cache (128 MB per
+// rank), on every rank at once (as the ranks run); the operand bytes over the time the fit's overhead and FLOP
+// terms leave, median over the ranks and rounds.
+double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::GemmModel& g) {
+  const std::int64_t h = c.hidden, n = 2 * std::max<std::int64_t>(1, c.moe.expert_ffn / ranks);
+  const std::int64_t copies = std::max<std::int64_t>(8, (std::int64_t(128) << 20) / (n * h * 4));
+  std::vector<double> bandwidths;
+  std::mutex mutex;
+  run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    std::vector<Tensor<float>> w;
+    for (std::int64_t i = 0; i < copies; ++i) w.emplace_back(Shape{n, h}), w.back().fill(0.25f);
+    for (const std::int64_t m : {1, 4}) {
+      Tensor<float> x(Shape{m, h}), y(Shape{m, n});
+      x.fill(0.5f);
+      for (int round = 0; round < 4; ++round) {
+        comm.barrier();
+        const Timer t;
+        for (const Tensor<float>& wi : w) ops::Cpu::matmul(x.view(), ops::Transpose::no, wi.view(), ops::Transpose::yes, y.view());
+        const double each = t.seconds() / double(copies);
+        const double left = each - g.overhead_s - 2.0 * double(m * n * h) / g.flops_per_s;
+        if (round > 0 && left > 0) {
+          const std::lock_guard lock(mutex);
+          bandwidths.push_back(double(m * h + n * h + m * n) * 4 / left);
+        }
+      }
+    }
+  });
+  check(!bandwidths.empty(), "cold_weight_bandwidth: every measurement was within the fit's overhead and FLOP terms");
+  return percentile(bandwidths, 0.5);
+}
+
 // One measured step on rank 0: its trace and its wall and CPU time.
 struct MeasuredStep {
   StepTrace trace;
@@ -399,6 +434,10 @@ int measure(const Options& o) {
     });
     fmt::print("GEMM fit: {:.2f} us + flops / {:.1f} GFLOP/s + operand bytes / {:.2f} GB/s\n", profile.gemm.overhead_s * 1e6,
                profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9);
+    const double cold = cold_weight_bandwidth(c, o.ranks, profile.gemm);
+    fmt::print("decode GEMMs with their weights read from memory (not cache), all ranks at once: operand bytes at {:.2f} "
+               "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
+    profile.gemm.bytes_per_s = cold;
     cost::save_profile(profile, o.cluster);
   }
   const SimulatedCluster cluster = simulated_cluster(o.cluster, 4);

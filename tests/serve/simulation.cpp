@@ -284,6 +284,7 @@ TEST_CASE("dynamic policy: on a load ramp it starts in TP, goes EP past the step
   EnginePolicy tp, ep, dyn;
   ep.mode = ModePolicy::static_ep;
   dyn.mode = ModePolicy::dynamic;
+  dyn.switching.break_even = true;
   const RampRun a = serve_shape(c, h100, requests, tp), b = serve_shape(c, h100, requests, ep),
                 d = serve_shape(c, h100, requests, dyn);
   const std::vector<MoeMode>& modes = d.stats.mode_of_step;
@@ -291,12 +292,13 @@ TEST_CASE("dynamic policy: on a load ramp it starts in TP, goes EP past the step
   CHECK(modes.front() == MoeMode::tp);
   CHECK(modes.back() == MoeMode::tp);
   CHECK(d.stats.switches >= 2);
-  // Each switch was decided on a step whose batch was on the far side of the crossover (pipelined: step k - 1
-  // decided the layout step k computes in).
+  // Each switch was decided when the load (the decode batch: the requests past their prompt) was on the far side
+  // of the crossover (pipelined: step k - 1 decided the layout step k computes in).
   std::int64_t to_ep = 0, to_tp = 0;
   for (std::size_t k = 1; k < modes.size(); ++k) {
     if (modes[k] == modes[k - 1]) continue;
-    const std::int64_t n = d.stats.step_tokens[k - 1];
+    std::int64_t n = 0;
+    for (const ChunkShape& ch : d.traces[k - 1].chunks) n += ch.decode ? 1 : 0;
     if (modes[k] == MoeMode::ep) {
       ++to_ep;
       CHECK(n >= crossover / 2);
@@ -304,7 +306,8 @@ TEST_CASE("dynamic policy: on a load ramp it starts in TP, goes EP past the step
       ++to_tp;
       CHECK(n <= 2 * crossover);
     }
-    MESSAGE(fmt::format("step {} (at {:.2f} s): decided on {} tokens, to {}", k, d.ends[k - 1], n, name_of(modes[k])));
+    MESSAGE(fmt::format("step {} (at {:.2f} s): decided on {} decode tokens ({} in all), to {}", k, d.ends[k - 1], n,
+                        d.stats.step_tokens[k - 1], name_of(modes[k])));
   }
   CHECK(to_ep >= 1);
   CHECK(to_tp >= 1);

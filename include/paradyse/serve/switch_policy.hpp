@@ -4,11 +4,17 @@
 // Before each step the scheduler forecasts the step about to run (its chunks and cached lengths, the last step's
 // expert loads scaled to its tokens) in both layouts: step_cost of the whole step in TP and in EP, and the exposed
 // time of switching to the other layout during this step (step_cost's switch term, pipelined as the engine does it).
-// The switcher moves to the other layout when
-//     step(other) + switch / horizon  <  (1 - margin) * step(current)
-// for `patience` consecutive steps, and never within `dwell` steps of the previous switch: the switch's cost is
-// amortised over `horizon` steps (the steps the new layout is expected to serve), a burst of one step does not flip
-// it, and a load that hovers at the crossover does not thrash.
+// A step favours the other layout when step(other) < (1 - margin) * step(current); the switcher moves when
+//   - `patience` consecutive steps favoured it,
+//   - the switch's exposed time is paid for: with `break_even` (moe_simulate's and the named dynamic policy's
+//     choice), the time the streak's steps would have saved in the other layout, sum of step(current) -
+//     step(other), covers it (its cost amortised over the streak that asks for it: rent-or-buy's break-even rule);
+//     else each step's saving must exceed it amortised over `horizon` steps (step(other) + switch / horizon <
+//     (1 - margin) step(current)). A fixed horizon charges the switch to steps the new layout may never serve:
+//     with 32 steps, on Mixtral-8x7B at 1 request/s every 1-2 step prefill switched to EP and back (202 switches,
+//     4.2 s exposed in 300 requests; break-even: see docs/serving_simulation.md),
+//   - and `dwell` steps have passed since the previous switch:
+// a burst of one step does not flip it, and a load that hovers at the crossover does not thrash.
 //
 // The time model is a hardware profile (cost/profile.hpp) and the dtype's bytes: a named cluster's under simulation
 // (moe_simulate sets the policy's to the clock's), this machine's calibrated profile, or, for a run that has neither,
@@ -164,7 +170,8 @@ struct SwitchPolicy {
   double margin = 0.1;      // the other mode must be this much cheaper (relative)
   std::int64_t patience = 2;  // for this many consecutive steps
   std::int64_t dwell = 8;     // and at least this many steps since the last switch
-  std::int64_t horizon = 32;  // steps a switch's exposed time is amortised over
+  std::int64_t horizon = 32;  // without break_even: steps a switch's exposed time is amortised over
+  bool break_even = false;    // the streak's savings must pay for the switch's exposed time
 
   void validate() const {
     check(margin >= 0 && patience >= 1 && dwell >= 0 && horizon >= 1,
@@ -179,16 +186,24 @@ public:
   ModeSwitcher(SwitchPolicy policy, MoeMode start) : policy_(policy), mode_(start) { policy_.validate(); }
 
   // The mode for the next step, given this step's predicted costs in both modes and the exposed time of switching
-  // to the other mode (amortised over policy.horizon steps).
+  // to the other mode (paid for by the streak's savings).
   MoeMode decide(const ModeCosts& cost, double switch_s = 0) {
     ++since_switch_;
     const double current = mode_ == MoeMode::tp ? cost.tp_s : cost.ep_s;
-    const double other = (mode_ == MoeMode::tp ? cost.ep_s : cost.tp_s) + switch_s / double(policy_.horizon);
-    streak_ = other < (1.0 - policy_.margin) * current ? streak_ + 1 : 0;
-    if (streak_ >= policy_.patience && since_switch_ >= policy_.dwell) {
+    const double other = (mode_ == MoeMode::tp ? cost.ep_s : cost.tp_s) +
+                         (policy_.break_even ? 0.0 : switch_s / double(policy_.horizon));
+    if (other < (1.0 - policy_.margin) * current) {
+      ++streak_;
+      saved_ += current - other;
+    } else {
+      streak_ = 0;
+      saved_ = 0;
+    }
+    if (streak_ >= policy_.patience && (!policy_.break_even || saved_ >= switch_s) && since_switch_ >= policy_.dwell) {
       mode_ = mode_ == MoeMode::tp ? MoeMode::ep : MoeMode::tp;
       since_switch_ = 0;
       streak_ = 0;
+      saved_ = 0;
       ++switches_;
     }
     return mode_;
@@ -202,6 +217,7 @@ private:
   SwitchPolicy policy_;
   MoeMode mode_;
   std::int64_t streak_ = 0, since_switch_ = 1 << 30, switches_ = 0;
+  double saved_ = 0;  // seconds the streak's steps would have saved in the other mode
 };
 
 }  // namespace paradyse::serve
