@@ -11,10 +11,11 @@
 //   - the batch: one decode token of every running request that finished its prompt, then prompt chunks of the
 //     others in admission order while the step's token budget lasts (a long prompt takes several steps);
 //   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
-//     the last step's expert loads scaled to its tokens) in both layouts with the time model of the simulated clock
-//     (serve/step_cost.hpp, on policy.time_model), and the switch's exposed time; a change is carried out during the step: each
-//     layer's weights are posted for redistribution right after the layer computed in the old layout, and the new
-//     layout is installed before the next step (exposed time: what the posting and the final waits took);
+//     the last step's expert loads scaled to its tokens) in both layouts, and the switch's exposed time, with the
+//     time model of the simulated clock (serve/step_cost.hpp on policy.time_model); a change is carried out during
+//     the step: each layer's weights are posted for redistribution right after the layer computed in the old
+//     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
+//     waits took);
 //   - EPLB (EP only): every eplb_interval steps the expert loads gathered since the last rebalance give a new
 //     placement (serve/eplb.hpp) with redundant slots, installed the same way.
 // Rank 0 samples (each request from its own seeded Rng) and broadcasts the tokens. Requests leave when they have
