@@ -29,6 +29,7 @@
 #include "paradyse/serve/model_shape_hf.hpp"
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
+#include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
@@ -40,6 +41,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,41 +63,32 @@ struct Options {
   bool measure = false;
 };
 
-enum Metric { ttft50, ttft99, tpot50, tpot99, tokens_per_s, metric_count };
-constexpr const char* kMetric[metric_count] = {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"};
+// The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
+constexpr int kShown = tokens_per_s + 1;
+constexpr const char* kMetric[kShown] = {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"};
 
 struct Result {
   std::string key, name;
-  double metric[metric_count] = {};
+  double metric[kShown] = {};
   std::int64_t steps = 0, ep_steps = 0, switches = 0, rebalances = 0;
   double exposed_ms = 0, rank_imbalance = 1;
   StepCost totals;
 };
 
+// serving_metrics' summary of the run, with the rank load's max/mean averaged over the MoE layers.
 Result summarize(const std::vector<RequestOutcome>& out, const EngineStats& stats, const DecoderConfig& c) {
+  const ServeRun run = summarize_run(out, stats, c);
   Result r;
-  std::vector<double> ttft, tpot;
-  std::int64_t tokens = 0;
-  for (const RequestOutcome& o : out) {
-    ttft.push_back(o.first_token - o.arrival);
-    if (o.tokens.size() > 1) tpot.push_back((o.finish - o.first_token) / double(o.tokens.size() - 1));
-    tokens += std::int64_t(o.tokens.size());
-  }
-  r.metric[ttft50] = percentile(ttft, 0.5) * 1e3;
-  r.metric[ttft99] = percentile(ttft, 0.99) * 1e3;
-  r.metric[tpot50] = percentile(tpot, 0.5) * 1e3;
-  r.metric[tpot99] = percentile(tpot, 0.99) * 1e3;
-  r.metric[tokens_per_s] = double(tokens) / std::max(1e-12, stats.elapsed_s);
-  r.steps = stats.steps;
-  r.ep_steps = std::count(stats.mode_of_step.begin(), stats.mode_of_step.end(), MoeMode::ep);
+  std::copy(run.metric, run.metric + kShown, r.metric);
+  r.steps = run.steps;
+  r.ep_steps = run.ep_steps;
   r.switches = stats.switches;
-  r.rebalances = stats.rebalances;
-  r.exposed_ms = stats.switch_exposed_s * 1e3;
+  r.rebalances = run.rebalances;
+  r.exposed_ms = run.metric[exposed_ms];
   double sum = 0;
   int layers = 0;
   for (std::int64_t l = 0; l < c.layers; ++l)
-    if (c.is_moe(l) && stats.rank_mean[std::size_t(l)] > 0)
-      sum += stats.rank_max[std::size_t(l)] / stats.rank_mean[std::size_t(l)], ++layers;
+    if (c.is_moe(l) && stats.rank_mean[std::size_t(l)] > 0) sum += run.rank_imbalance[std::size_t(l)], ++layers;
   r.rank_imbalance = layers ? sum / layers : 1.0;
   return r;
 }
@@ -105,7 +98,8 @@ struct Policy {
   EnginePolicy policy;
 };
 
-std::vector<Policy> make_policies(const std::string& list, const MachineRates& rates, std::int64_t eplb_interval) {
+// The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster).
+std::vector<Policy> make_policies(const std::string& list, const SimulatedCluster& model, std::int64_t eplb_interval) {
   std::vector<Policy> all(4);
   all[0] = {"tp", "static TP", {}};
   all[1] = {"ep", "static EP", {}};
@@ -115,10 +109,10 @@ std::vector<Policy> make_policies(const std::string& list, const MachineRates& r
   all[2].policy.eplb_interval = eplb_interval;
   all[3] = {"dynamic", "dynamic TP/EP", {}};
   all[3].policy.mode = ModePolicy::dynamic;
-  all[3].policy.switching = {0.1, 2, 8};
+  all[3].policy.switching = {0.1, 2, 8, 32, true};
   std::vector<Policy> chosen;
   for (Policy& p : all) {
-    p.policy.rates = rates;
+    p.policy.time_model = model;
     if (("," + list + ",").find("," + p.key + ",") != std::string::npos) chosen.push_back(p);
   }
   check(!chosen.empty(), "--policies {}: none of tp,ep,eplb,dynamic", list);
@@ -220,7 +214,7 @@ std::vector<double> dynamic_ratios(const std::vector<Result>& rows) {
     if (r.key == "dynamic") dyn = &r;
   std::vector<double> ratio;
   if (!dyn) return ratio;
-  for (int m = 0; m < metric_count; ++m) {
+  for (int m = 0; m < kShown; ++m) {
     double best = m == tokens_per_s ? 0 : std::numeric_limits<double>::infinity();
     for (const Result& r : rows)
       if (r.key != "dynamic") best = m == tokens_per_s ? std::max(best, r.metric[m]) : std::min(best, r.metric[m]);
@@ -239,7 +233,7 @@ int simulate(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   opt.kv_blocks = kv_blocks_for(shape, cluster, o.ranks, o.block_size);
-  const std::vector<Policy> policies = make_policies(o.policies, machine_rates_of(cluster), o.eplb_interval);
+  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval);
   fmt::print("moe_simulate: {} ({}: {} layers, h {}, {} heads / {} kv, {} experts top-{}, expert ffn {}, shared {}; "
              "{:.1f}B parameters){} on {} ranks of {} ({} bytes per value), KV pool {} blocks of {}; routing: {}; "
              "step {} tokens, at most {} running\n",
@@ -303,7 +297,7 @@ int simulate(const Options& o) {
     const std::vector<double> ratio = dynamic_ratios(rows);
     if (!ratio.empty()) {
       fmt::print("dynamic vs best static (> 1: dynamic better):");
-      for (int m = 0; m < metric_count; ++m) fmt::print(" {} {:.2f}x", kMetric[m], ratio[std::size_t(m)]);
+      for (int m = 0; m < kShown; ++m) fmt::print(" {} {:.2f}x", kMetric[m], ratio[std::size_t(m)]);
       fmt::print("\n");
       summary.push_back({trace.name, ratio});
     }
@@ -311,7 +305,7 @@ int simulate(const Options& o) {
   if (!summary.empty()) {
     fmt::print("\ndynamic vs the best static policy per metric (> 1: dynamic better; the best static is chosen per "
                "metric and trace)\n{:<44}", "trace");
-    for (int m = 0; m < metric_count; ++m) fmt::print(" {:>9}", kMetric[m]);
+    for (int m = 0; m < kShown; ++m) fmt::print(" {:>9}", kMetric[m]);
     fmt::print("\n");
     for (const auto& [name, ratio] : summary) {
       fmt::print("{:<44}", name);
@@ -327,6 +321,89 @@ int simulate(const Options& o) {
 }
 
 // ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
+
+// The bandwidth at which a decode step's GEMMs read their operands. A serving step reads every active expert's
+// weights once, and the next step reads them again after the rest of the model went through the cache: they come
+// from memory. calibrate times each shape again and again on the same operands, from cache. Here: 1 and 4 rows
+// against an expert's TP slice [2 f/p, h], cycling through copies of it that together exceed the cache (128 MB per
+// rank), on every rank at once (as the ranks run); the operand bytes over the time the fit's overhead and FLOP
+// terms leave, median over the ranks and rounds.
+double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::GemmModel& g) {
+  const std::int64_t h = c.hidden, n = 2 * std::max<std::int64_t>(1, c.moe.expert_ffn / ranks);
+  const std::int64_t copies = std::max<std::int64_t>(8, (std::int64_t(128) << 20) / (n * h * 4));
+  std::vector<double> bandwidths;
+  std::mutex mutex;
+  run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    std::vector<Tensor<float>> w;
+    for (std::int64_t i = 0; i < copies; ++i) w.emplace_back(Shape{n, h}), w.back().fill(0.25f);
+    for (const std::int64_t m : {1, 4}) {
+      Tensor<float> x(Shape{m, h}), y(Shape{m, n});
+      x.fill(0.5f);
+      for (int round = 0; round < 4; ++round) {
+        comm.barrier();
+        const Timer t;
+        for (const Tensor<float>& wi : w) ops::Cpu::matmul(x.view(), ops::Transpose::no, wi.view(), ops::Transpose::yes, y.view());
+        const double each = t.seconds() / double(copies);
+        const double left = each - g.overhead_s - 2.0 * double(m * n * h) / g.flops_per_s;
+        if (round > 0 && left > 0) {
+          const std::lock_guard lock(mutex);
+          bandwidths.push_back(double(m * h + n * h + m * n) * 4 / left);
+        }
+      }
+    }
+  });
+  check(!bandwidths.empty(), "cold_weight_bandwidth: every measurement was within the fit's overhead and FLOP terms");
+  return percentile(bandwidths, 0.5);
+}
+
+// One measured step on rank 0: its trace and its wall and CPU time.
+struct MeasuredStep {
+  StepTrace trace;
+  StepTiming timing;
+};
+
+// The measured steps of one kind against step_cost of the same traces: sums over the steps.
+struct StepGroup {
+  std::string kind;
+  std::int64_t steps = 0, tokens = 0;
+  double wall_s = 0, cpu_s = 0;
+  StepCost simulated;
+};
+
+std::vector<StepGroup> step_breakdown(const DecoderConfig& c, const SimulatedCluster& cluster,
+                                      const std::vector<MeasuredStep>& steps) {
+  std::vector<StepGroup> g{{"decode only"}, {"with prefill"}, {"all steps"}};
+  for (const MeasuredStep& s : steps) {
+    bool prefill = false;
+    for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
+    const StepCost cost = step_cost(c, s.trace, cluster);
+    for (StepGroup* x : {&g[prefill ? 1 : 0], &g[2]}) {
+      ++x->steps;
+      x->tokens += s.trace.tokens();
+      x->wall_s += s.timing.step_s;
+      x->cpu_s += s.timing.cpu_s;
+      x->simulated.compute_s += cost.compute_s;
+      x->simulated.communication_s += cost.communication_s;
+      x->simulated.switch_s += cost.switch_s;
+    }
+  }
+  return g;
+}
+
+void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
+  fmt::print("\nper step, the first measured round against step_cost of the same steps' traces (means, ms): wall = "
+             "rank 0's step on the wall clock, cpu = the CPU time its thread ran in it (wall - cpu: waiting for the "
+             "other ranks or for a core)\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n", "policy",
+             "steps", "count", "tokens", "wall", "cpu", "simulated", "compute", "comm", "sim/wall");
+  for (const auto& [name, groups] : all)
+    for (const StepGroup& g : groups) {
+      if (g.steps == 0) continue;
+      const double k = 1e3 / double(g.steps);
+      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>8.2f}x\n", name, g.kind,
+                 g.steps, double(g.tokens) / double(g.steps), g.wall_s * k, g.cpu_s * k, g.simulated.total_s() * k,
+                 g.simulated.compute_s * k, g.simulated.communication_s * k, g.simulated.total_s() / g.wall_s);
+    }
+}
 int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
@@ -336,22 +413,41 @@ int measure(const Options& o) {
           "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
     fmt::print("calibrating {} thread ranks (wall clock) into {} ...\n", o.ranks, o.cluster);
     cost::HardwareProfile profile;
+    // Besides calibrate's compute-bound shapes, the serving steps' own GEMMs at decode batches (1, 4 and 16 rows
+    // against an expert's TP slice and whole expert, both products, and the lm_head): bound by reading their
+    // weights, they give the fit its operand-bytes term (without them it came out 0 here, and a 1-row GEMM of the
+    // synthetic model's 256 x 512 expert slice, measured at 148 us, was modelled at 20 us).
+    cost::CalibrationOptions options;
+    options.clock = cost::TimeSource::wall;
+    const std::int64_t h = c.hidden, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / o.ranks);
+    for (const std::int64_t m : {1, 4, 16})
+      for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}})
+        options.gemm_shapes.push_back({m, n, k});
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-      cost::CalibrationOptions options;
-      options.clock = cost::TimeSource::wall;
       const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
-      if (comm.rank() == 0) profile = cal.profile;
+      if (comm.rank() == 0) {
+        profile = cal.profile;
+        for (const cost::CalibrationSample& x : cal.samples)
+          if (x.what.rfind("gemm", 0) == 0)
+            fmt::print("  {:<22} measured {:>9.1f} us, fit {:>9.1f} us\n", x.what, x.measured_s * 1e6, x.fitted_s * 1e6);
+      }
     });
+    fmt::print("GEMM fit: {:.2f} us + flops / {:.1f} GFLOP/s + operand bytes / {:.2f} GB/s\n", profile.gemm.overhead_s * 1e6,
+               profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9);
+    const double cold = cold_weight_bandwidth(c, o.ranks, profile.gemm);
+    fmt::print("decode GEMMs with their weights read from memory (not cache), all ranks at once: operand bytes at {:.2f} "
+               "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
+    profile.gemm.bytes_per_s = cold;
     cost::save_profile(profile, o.cluster);
   }
   const SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   cost::use_gemm_engines(cluster.profile);
-  const MachineRates rates = measure_machine_rates(c.moe, o.ranks);
-  const std::vector<Policy> policies = make_policies(o.policies, rates, o.eplb_interval);
+  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval);
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
+  std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
     std::int64_t max_len = 0;
@@ -364,10 +460,10 @@ int measure(const Options& o) {
     fmt::print("{:<16} {:>8} {:>27} {:>27} {:>27} {:>27} {:>27}\n", "policy", "", "TTFT p50 ms", "TTFT p99 ms",
                "TPOT p50 ms", "TPOT p99 ms", "tokens/s");
     fmt::print("{:<16} {:>8}", "", "");
-    for (int m = 0; m < metric_count; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
+    for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
     fmt::print("\n");
     for (const Policy& pol : policies) {
-      auto serve = [&](bool simulated, RoutingRecorder* recorder) {
+      auto serve = [&](bool simulated, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
         run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
@@ -378,7 +474,11 @@ int measure(const Options& o) {
           } else {
             own = std::make_unique<WallClock>();
           }
-          if (recorder && comm.rank() == 0) own->observer = [&](const StepTrace& t, const StepTiming&, double) { recorder->add(t); };
+          if (comm.rank() == 0)
+            own->observer = [&](const StepTrace& t, const StepTiming& timing, double) {
+              if (recorder) recorder->add(t);
+              if (steps) steps->push_back({t, timing});
+            };
           run.clock = own.get();
           EngineStats s;
           auto got = serve_requests(comm, model, requests, run, pol.policy, &s);
@@ -388,16 +488,19 @@ int measure(const Options& o) {
       };
       std::vector<Result> measured;
       RoutingRecorder recorder;
-      serve(false, nullptr);  // warm-up
+      std::vector<MeasuredStep> steps;
+      serve(false, nullptr, nullptr);  // warm-up
       for (int round = 0; round < o.rounds; ++round)
-        measured.push_back(serve(false, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr));
+        measured.push_back(serve(false, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr,
+                                 round == 0 ? &steps : nullptr));
+      breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing);
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
-      const Result sim = serve(true, nullptr);
+      const Result sim = serve(true, nullptr, nullptr);
       fmt::print("{:<16} {:>8}", pol.name, "");
-      for (int m = 0; m < metric_count; ++m) {
+      for (int m = 0; m < kShown; ++m) {
         std::vector<double> v;
         for (const Result& r : measured) v.push_back(r.metric[m]);
         const double med = percentile(v, 0.5);
@@ -405,6 +508,8 @@ int measure(const Options& o) {
       }
       fmt::print("\n");
     }
+    print_breakdowns(breakdowns);
+    breakdowns.clear();
   }
   return 0;
 }

@@ -216,6 +216,116 @@ TEST_CASE("step cost: a hand-built step costs its formula; TP wins batch 1 and E
   CHECK(bytes == doctest::Approx(3.0 * 14336 * 4096 * 2 * 7.0 / 8));  // one expert, 7/8 of it from the others
 }
 
+// Mixtral-8x7B on 8 simulated H100s, the dynamic policy with the cluster as its time model, over `trace`.
+struct RampRun {
+  std::vector<RequestOutcome> out;
+  EngineStats stats;
+  std::vector<StepTrace> traces;
+  std::vector<double> ends;  // each step's end on the simulated clock
+};
+RampRun serve_shape(const DecoderConfig& c, const SimulatedCluster& h100, const std::vector<ServeRequest>& requests,
+                    EnginePolicy policy) {
+  RampRun r;
+  policy.time_model = h100;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    SimulatedClock clock(c, h100);
+    clock.observer = [&](const StepTrace& t, const StepTiming&, double end) { r.traces.push_back(t), r.ends.push_back(end); };
+    EngineOptions o;
+    o.step_tokens = 512;
+    o.max_running = 256;
+    o.block_size = 16;
+    o.kv_blocks = 1 << 16;
+    o.clock = &clock;
+    ZipfRouting routing(0.5, 1);
+    ShapeStepper stepper(c, 8, o, policy.mode == ModePolicy::static_ep ? MoeMode::ep : MoeMode::tp, routing);
+    r.out = serve_loop(comm, stepper, requests, o, policy, clock, &r.stats);
+  });
+  return r;
+}
+
+TEST_CASE("dynamic policy: on a load ramp it starts in TP, goes EP past the step cost's crossover and back, and is "
+          "never slower than the better static policy by more than its switches") {
+  const DecoderConfig c = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string()).config;
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  // The crossover the step cost predicts: decode batches of n tokens (512 cached each), Zipf 0.5 routing.
+  auto decode_step = [&](std::int64_t n, MoeMode mode) {
+    StepTrace t;
+    t.ranks = 8;
+    t.chunks.assign(std::size_t(n), ChunkShape{1, 512, true});
+    t.layout.assign(std::size_t(c.layers),
+                    mode == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(ExpertPlacement::chunked(8, 8).experts_of_rank));
+    t.next.resize(std::size_t(c.layers));
+    ZipfRouting z(0.5, 1);
+    for (std::int64_t l = 0; l < c.layers; ++l) t.routed.push_back(z.counts(0, l, n, 8, 2));
+    return step_cost(c, t, h100).total_s();
+  };
+  std::int64_t crossover = 0;  // the smallest batch from which EP stays cheaper (powers of two up to 256)
+  for (std::int64_t n = 256; n >= 1; n /= 2) {
+    if (decode_step(n, MoeMode::ep) >= decode_step(n, MoeMode::tp)) break;
+    crossover = n;
+  }
+  MESSAGE(fmt::format("step cost: TP {:.2f} / EP {:.2f} ms at batch 1, {:.2f} / {:.2f} ms at 64; crossover batch {}",
+                      decode_step(1, MoeMode::tp) * 1e3, decode_step(1, MoeMode::ep) * 1e3,
+                      decode_step(64, MoeMode::tp) * 1e3, decode_step(64, MoeMode::ep) * 1e3, crossover));
+  REQUIRE(decode_step(1, MoeMode::tp) < decode_step(1, MoeMode::ep));
+  REQUIRE(crossover > 1);
+  // The ramp: 1 request/s for 20 s, 48 requests/s for 10 s, 1 request/s for 20 s.
+  const LengthRanges lengths{64, 256, 64, 128};
+  std::vector<TraceRequest> ramp;
+  double t0 = 0;
+  for (const auto& [rate, count] : std::vector<std::pair<double, std::int64_t>>{{1, 20}, {48, 480}, {1, 20}}) {
+    for (TraceRequest r : poisson_trace(rate, count, lengths, 7)) {
+      r.arrival_s += t0;
+      ramp.push_back(r);
+    }
+    t0 = ramp.back().arrival_s;
+  }
+  const std::vector<ServeRequest> requests = to_serve_requests(ramp, c.vocab, 1);
+  EnginePolicy tp, ep, dyn;
+  ep.mode = ModePolicy::static_ep;
+  dyn.mode = ModePolicy::dynamic;
+  dyn.switching.break_even = true;
+  const RampRun a = serve_shape(c, h100, requests, tp), b = serve_shape(c, h100, requests, ep),
+                d = serve_shape(c, h100, requests, dyn);
+  const std::vector<MoeMode>& modes = d.stats.mode_of_step;
+  REQUIRE(!modes.empty());
+  CHECK(modes.front() == MoeMode::tp);
+  CHECK(modes.back() == MoeMode::tp);
+  CHECK(d.stats.switches >= 2);
+  // Each switch was decided when the load (the decode batch: the requests past their prompt) was on the far side
+  // of the crossover (pipelined: step k - 1 decided the layout step k computes in).
+  std::int64_t to_ep = 0, to_tp = 0;
+  for (std::size_t k = 1; k < modes.size(); ++k) {
+    if (modes[k] == modes[k - 1]) continue;
+    std::int64_t n = 0;
+    for (const ChunkShape& ch : d.traces[k - 1].chunks) n += ch.decode ? 1 : 0;
+    if (modes[k] == MoeMode::ep) {
+      ++to_ep;
+      CHECK(n >= crossover / 2);
+    } else {
+      ++to_tp;
+      CHECK(n <= 2 * crossover);
+    }
+    MESSAGE(fmt::format("step {} (at {:.2f} s): decided on {} decode tokens ({} in all), to {}", k, d.ends[k - 1], n,
+                        d.stats.step_tokens[k - 1], name_of(modes[k])));
+  }
+  CHECK(to_ep >= 1);
+  CHECK(to_tp >= 1);
+  // Busy time (the sum of step times) and latency: never worse than the better static policy by more than the
+  // switches' exposed time.
+  auto busy = [](const RampRun& r) { return std::accumulate(r.stats.step_seconds.begin(), r.stats.step_seconds.end(), 0.0); };
+  auto mean_tpot = [](const RampRun& r) {
+    double sum = 0;
+    for (const RequestOutcome& o : r.out) sum += (o.finish - o.first_token) / double(o.tokens.size() - 1);
+    return sum / double(r.out.size());
+  };
+  MESSAGE(fmt::format("busy s: TP {:.3f}, EP {:.3f}, dynamic {:.3f} ({} switches, {:.3f} s exposed); mean TPOT ms: TP "
+                      "{:.2f}, EP {:.2f}, dynamic {:.2f}", busy(a), busy(b), busy(d), d.stats.switches,
+                      d.stats.switch_exposed_s, mean_tpot(a) * 1e3, mean_tpot(b) * 1e3, mean_tpot(d) * 1e3));
+  CHECK(busy(d) <= std::min(busy(a), busy(b)) + d.stats.switch_exposed_s);
+  CHECK(mean_tpot(d) <= std::min(mean_tpot(a), mean_tpot(b)) + d.stats.switch_exposed_s / double(d.out.size()));
+}
+
 TEST_CASE("routing sources: counts sum to n k with at most n per expert; seeded; Zipf skews; records round-trip") {
   ZipfRouting uniform(0.0, 7), skewed(1.5, 7);
   const std::vector<std::int64_t> a = uniform.counts(3, 1, 500, 8, 2), b = uniform.counts(3, 1, 500, 8, 2);

@@ -27,6 +27,8 @@ namespace paradyse::serve {
 struct StepTiming {
   double step_s = 0;            // the step, planning to sampled tokens
   double switch_exposed_s = 0;  // of which the layout change on the critical path
+  double cpu_s = 0;             // wall and step clocks: CPU seconds this rank's thread ran in the step (the rest of
+                                // step_s it waited: for other ranks, or for a core)
 };
 
 class EngineClock {
@@ -45,7 +47,7 @@ public:
   virtual void idle(double next_arrival) = 0;
   // The engine counts the idle step in its statistics (the step clock's time is the step count).
   virtual bool counts_idle_steps() const { return false; }
-  virtual void step_begin() { wall_step_.restart(); }
+  virtual void step_begin() { wall_step_.restart(), cpu_begin_ = thread_cpu_seconds(); }
   // The step described by `trace` ended; `measured_switch_s`: the wall time its layout change took on the critical
   // path.
   StepTiming step_end(const StepTrace& trace, double measured_switch_s) {
@@ -59,7 +61,9 @@ public:
 protected:
   virtual StepTiming advance(const StepTrace& trace, double measured_switch_s) = 0;
   double wall_step_s() const { return wall_step_.seconds(); }
+  double cpu_step_s() const { return thread_cpu_seconds() - cpu_begin_; }
   Timer wall_step_;
+  double cpu_begin_ = 0;
 };
 
 class StepClock final : public EngineClock {
@@ -74,7 +78,7 @@ public:
 private:
   StepTiming advance(const StepTrace&, double measured_switch_s) override {
     ++steps_;
-    return {wall_step_s(), measured_switch_s};
+    return {wall_step_s(), measured_switch_s, cpu_step_s()};
   }
   std::int64_t steps_ = 0;
   Timer wall_;
@@ -93,7 +97,9 @@ public:
   void idle(double) override {}
 
 private:
-  StepTiming advance(const StepTrace&, double measured_switch_s) override { return {wall_step_s(), measured_switch_s}; }
+  StepTiming advance(const StepTrace&, double measured_switch_s) override {
+    return {wall_step_s(), measured_switch_s, cpu_step_s()};
+  }
   Timer wall_;
 };
 

@@ -10,10 +10,12 @@
 //     so a running request never waits for memory);
 //   - the batch: one decode token of every running request that finished its prompt, then prompt chunks of the
 //     others in admission order while the step's token budget lasts (a long prompt takes several steps);
-//   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) predicts both modes' cost for this
-//     batch from its token count and the last step's expert loads; a change is carried out during the step: each
-//     layer's weights are posted for redistribution right after the layer computed in the old layout, and the new
-//     layout is installed before the next step (exposed time: what the posting and the final waits took);
+//   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
+//     the last step's expert loads scaled to its tokens) in both layouts, and the switch's exposed time, with the
+//     time model of the simulated clock (serve/step_cost.hpp on policy.time_model); a change is carried out during
+//     the step: each layer's weights are posted for redistribution right after the layer computed in the old
+//     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
+//     waits took);
 //   - EPLB (EP only): every eplb_interval steps the expert loads gathered since the last rebalance give a new
 //     placement (serve/eplb.hpp) with redundant slots, installed the same way.
 // Rank 0 samples (each request from its own seeded Rng) and broadcasts the tokens. Requests leave when they have
@@ -69,6 +71,9 @@ struct EnginePolicy {
   std::int64_t fetch_capacity = 4;    // fetched experts a rank caches
   bool pipelined_switch = true;       // redistribute layer by layer during the step (else stall before it)
   SwitchPolicy switching;
+  // The time model the switcher forecasts with (and stats.predicted reports): step_cost on this profile; under
+  // simulation the clock's cluster. Unset: time_model_of(rates).
+  std::optional<SimulatedCluster> time_model;
   MachineRates rates;
   RoutingBudget budget;               // Alloc-MoE: K_l per MoE layer, Alloc-T per chunk (serve/routing_budget.hpp)
 };
@@ -96,8 +101,8 @@ struct EngineStats {
   std::vector<double> step_seconds;       // the step's time on the engine's clock (wall: on this rank), planning to
                                           // the sampled tokens
   std::vector<std::int64_t> step_tokens;  // tokens the step computed
-  std::vector<ModeCosts> predicted;       // the MoE layers' predicted time in TP and in EP for the step's actual
-                                          // routing (policy.rates, summed over layers; zero without MoE layers)
+  std::vector<ModeCosts> predicted;       // the step's predicted time (step_cost on policy's time model) with every
+                                          // MoE layer in TP and in EP, for its actual batch and routing
 };
 
 struct EngineProgress {
@@ -249,6 +254,14 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
   MoeMode mode = policy.mode == ModePolicy::static_ep ? MoeMode::ep : MoeMode::tp;
   PagedKvCache& cache = stepper.cache();
   ModeSwitcher switcher(policy.switching, mode);
+  const SimulatedCluster time_model = policy.time_model ? *policy.time_model : time_model_of(policy.rates);
+  auto current_layouts = [&] {
+    std::vector<ExpertLayout> now(std::size_t(c.layers), ExpertLayout::tp());
+    for (std::int64_t l = 0; l < c.layers; ++l)
+      if (c.is_moe(l)) now[std::size_t(l)] = stepper.layout(l);
+    return now;
+  };
+  const ExpertLayout chunked_ep = any_moe ? ExpertLayout::ep(chunked.experts_of_rank) : ExpertLayout::tp();
 
   EngineStats stats;
   stats.expert_max.assign(std::size_t(c.layers), 0.0);
@@ -306,16 +319,18 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       // The layout after this step.
       MoeMode target = mode;
       if (policy.mode == ModePolicy::dynamic && any_moe && n > 0 && last_tokens > 0) {
-        ModeCosts total;
-        for (std::int64_t l = 0; l < c.layers; ++l) {
-          if (!c.is_moe(l)) continue;
-          std::vector<std::int64_t> scaled(last_routed[std::size_t(l)]);
-          for (std::int64_t& x : scaled) x = (x * n + last_tokens - 1) / last_tokens;
-          const ModeCosts cost = moe_mode_costs(c.moe, scaled, chunked.experts_of_rank, policy.rates);
-          total.tp_s += cost.tp_s;
-          total.ep_s += cost.ep_s;
+        std::vector<ChunkShape> shapes;  // the step's chunks and what their requests have cached
+        for (const auto& [i, len] : chunks) {
+          const Live& L = live[std::size_t(i)];
+          const std::int64_t prompt = std::int64_t(requests[std::size_t(i)].prompt.size());
+          const bool decode = L.done_prompt >= prompt;
+          shapes.push_back({len, decode ? prompt + std::int64_t(L.outcome.tokens.size()) - 1 : L.done_prompt, decode});
         }
-        target = switcher.decide(total);
+        std::vector<std::vector<std::int64_t>> scaled(last_routed);
+        for (auto& layer : scaled)
+          for (std::int64_t& x : layer) x = std::min(n, (x * n + last_tokens - 1) / last_tokens);
+        target = switcher.decide(forecast_layouts(c, shapes, scaled, current_layouts(), chunked_ep, p,
+                                                  policy.pipelined_switch, time_model));
       }
       const bool rebalance = policy.eplb && mode == MoeMode::ep && target == MoeMode::ep && any_moe &&
                              stats.steps > 0 && stats.steps % policy.eplb_interval == 0;
@@ -400,14 +415,10 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     std::int64_t n = 0;
     for (const SequenceChunk& ch : batch) n += std::int64_t(ch.tokens.size());
     last_tokens = n;
-    ModeCosts predicted;
     for (std::int64_t l = 0; l < c.layers; ++l) {
       if (!c.is_moe(l)) continue;
       const MoeLayerLoad& load = out.moe_load[std::size_t(l)];
       trace.routed[std::size_t(l)] = load.routed;
-      const ModeCosts cost = moe_mode_costs(c.moe, load.routed, chunked.experts_of_rank, policy.rates);
-      predicted.tp_s += cost.tp_s;
-      predicted.ep_s += cost.ep_s;
       last_routed[std::size_t(l)] = load.routed;
       for (const std::int64_t pairs : load.routed) stats.routed_activations += pairs;
       double mx = 0, sum = 0;
@@ -458,7 +469,10 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     }
     stats.step_seconds.push_back(timing.step_s);
     stats.step_tokens.push_back(n);
-    stats.predicted.push_back(predicted);
+    stats.predicted.push_back(
+        forecast_layouts(c, trace.chunks, trace.routed, trace.layout, chunked_ep, p, trace.pipelined_switch, time_model,
+                         false)
+            .step);
     if (progress && me == 0)
       progress({stats.steps, std::int64_t(finished), std::int64_t(requests.size()), std::int64_t(running.size()), mode});
   }

@@ -22,8 +22,8 @@ struct NamedPolicy {
 inline constexpr const char* kPolicyKeys = "tp,ep,eplb,sort,ondemand,dynamic";
 
 // Every policy, each with `rates` (the dynamic policy's switching costs, and every policy's predicted step costs).
-// EPLB rebalances every 32 steps; dynamic switches when the cost model's other layout is 10% cheaper for 2 steps in a
-// row, at least 8 steps after the last switch (SwitchPolicy).
+// EPLB rebalances every 32 steps; dynamic switches when the time model's other layout is 10% cheaper for 2 steps in a
+// row and those steps' savings pay for the switch, at least 8 steps after the last switch (SwitchPolicy).
 inline std::vector<NamedPolicy> standard_policies(const MachineRates& rates) {
   EnginePolicy tp, ep, eplb, sort, ondemand, dyn;
   ep.mode = ModePolicy::static_ep;
@@ -35,7 +35,7 @@ inline std::vector<NamedPolicy> standard_policies(const MachineRates& rates) {
   ondemand.mode = ModePolicy::static_ep;
   ondemand.on_demand = true;
   dyn.mode = ModePolicy::dynamic;
-  dyn.switching = {0.1, 2, 8};
+  dyn.switching = {0.1, 2, 8, 32, true};
   std::vector<NamedPolicy> all{{"tp", "static TP", tp},          {"ep", "static EP", ep},
                                {"eplb", "EP + EPLB", eplb},      {"sort", "EP + token sorting", sort},
                                {"ondemand", "EP + on-demand", ondemand}, {"dynamic", "dynamic TP/EP", dyn}};

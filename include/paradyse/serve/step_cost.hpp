@@ -73,6 +73,32 @@ inline double exchange_time(const cost::HardwareProfile& hw, int p, double bytes
 
 }  // namespace step_cost_detail
 
+// Seconds rank r of p spends on one MoE layer's routed experts in layout L for the routing `routed` [E] ((token,
+// expert) pairs per expert): the SwiGLU banks of its rows (TP: every pair over a slice of f_r columns; EP: its slots'
+// share of the pairs over whole f columns) and the permute and combine of its rows. The switcher
+// (serve/switch_policy.hpp) and step_cost share it.
+inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig& m, const ExpertLayout& L,
+                               const std::vector<std::int64_t>& routed, int p, int r, int b) {
+  using namespace step_cost_detail;
+  const double h = double(m.hidden);
+  double f = 0, rows = 0;
+  if (L.mode == MoeMode::tp) {
+    const double fr = double(chunk_range(m.expert_ffn, p, r).length);
+    for (const std::int64_t x : routed) f += swiglu(hw, double(x), fr, h, b), rows += double(x);
+  } else {
+    std::vector<std::int64_t> holders(routed.size(), 0), seen(routed.size(), 0);
+    for (const auto& slots : L.placement)
+      for (const std::int64_t e : slots) ++holders[std::size_t(e)];
+    for (int q = 0; q <= r; ++q)
+      for (const std::int64_t e : L.placement[std::size_t(q)]) {
+        const std::size_t i = std::size_t(e);
+        const double x = double(chunk_range(routed[i], holders[i], seen[i]++).length);
+        if (q == r) f += swiglu(hw, x, double(m.expert_ffn), h, b), rows += x;
+      }
+  }
+  return f + hw.elementwise_time(4.0 * rows * h * b);  // permute and combine
+}
+
 // The busiest rank's bytes (sent or received) of changing one MoE layer from `from` to `to`.
 inline double switch_bytes(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p, int b) {
   std::vector<double> in(static_cast<std::size_t>(p), 0.0), out(in);
@@ -100,6 +126,12 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
   StepCost out;
   if (n <= 0) return out;
   const double reduce_s = hw.collective_time(cost::Collective::all_reduce, p, n * h * b);
+  double pairs = 0, positions = 0;  // query-key pairs of the step's chunks; positions whose keys and values are read
+  for (const ChunkShape& ch : t.chunks) {
+    const double len = double(ch.tokens), start = double(ch.cached);
+    pairs += len * start + len * (len + 1) / 2;
+    positions += start + len;
+  }
   std::vector<double> layer_end;  // seconds from the step's start to the end of each layer
   double clock = 0;
   for (std::int64_t l = 0; l < c.layers; ++l) {
@@ -107,16 +139,9 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
     double attention = 0, ffn = 0;
     // The layout the layer computed in: unpipelined, the change was installed before the step.
     const ExpertLayout& L = (!t.pipelined_switch && t.next[li]) ? *t.next[li] : t.layout[li];
-    std::vector<std::int64_t> rows;
-    if (c.is_moe(l)) rows = rows_per_rank(L, t.routed[li], p);
     for (int r = 0; r < p; ++r) {
       const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
-      double pairs = 0, kv_bytes = 0;
-      for (const ChunkShape& ch : t.chunks) {
-        const double len = double(ch.tokens), start = double(ch.cached);
-        pairs += len * start + len * (len + 1) / 2;
-        kv_bytes += 2 * (start + len) * hk * d * b;
-      }
+      const double kv_bytes = 2 * positions * hk * d * b;
       double a = gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b) +
                  hw.attention.forward_time(4 * d * hq * pairs) + hw.elementwise_time(kv_bytes);
       a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq + hk) * d + 2 * n * hk * d));  // norm, RoPE, KV append
@@ -126,22 +151,7 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
         f += swiglu(hw, n, double(chunk_range(c.dense_ffn, p, r).length), h, b);
       } else {
         f += gemm(hw, n, double(c.moe.experts), h, b);
-        const std::vector<std::int64_t>& routed = t.routed[li];
-        if (L.mode == MoeMode::tp) {
-          const double fr = double(chunk_range(c.moe.expert_ffn, p, r).length);
-          for (const std::int64_t m : routed) f += swiglu(hw, double(m), fr, h, b);
-        } else {
-          std::vector<std::int64_t> holders(routed.size(), 0), seen(routed.size(), 0);
-          for (const auto& slots : L.placement)
-            for (const std::int64_t e : slots) ++holders[std::size_t(e)];
-          for (int q = 0; q <= r; ++q)
-            for (const std::int64_t e : L.placement[std::size_t(q)]) {
-              const std::size_t i = std::size_t(e);
-              const double m = double(chunk_range(routed[i], holders[i], seen[i]++).length);
-              if (q == r) f += swiglu(hw, m, double(c.moe.expert_ffn), h, b);
-            }
-        }
-        f += hw.elementwise_time(4.0 * double(rows[std::size_t(r)]) * h * b);  // permute and combine
+        f += moe_experts_time(hw, c.moe, L, t.routed[li], p, r, b);
         if (c.moe.has_shared()) f += swiglu(hw, n, double(chunk_range(c.moe.shared_width(), p, r).length), h, b);
       }
       ffn = std::max(ffn, f);

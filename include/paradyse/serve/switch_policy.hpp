@@ -1,18 +1,25 @@
-// paradyse/serve/switch_policy.hpp: the cost of one step's MoE layers in TP and in EP mode, and the per-step choice
-// between them with hysteresis.
+// paradyse/serve/switch_policy.hpp: the dynamic policy's per-step choice between TP and EP, made by the time model the
+// simulated clock runs on (serve/step_cost.hpp): one cost function, here and in the clock.
 //
-// Cost of one MoE layer for n tokens with a measured routing (tokens per expert), after the reference's section B3:
-//   TP: every rank reads 1/p of each active expert (3 h f words each) and computes 1/p of every pair's FLOPs
-//       (6 h f per pair) with GEMMs of f/p columns: t = a * 3 h f w / (p B) + 6 h f M / (p F(f/p)), with a the
-//       active experts, M the pairs;
-//   EP: rank g reads its active experts whole and computes their pairs with GEMMs of f columns:
-//       t = max_g (a_g 3 h f w / B + 6 h f M_g / F(f)) (the slowest rank sets the step: skew costs EP, not TP).
-// B (memory bandwidth, bytes/s) and F(cols) = F cols / (cols + c_half) (a GEMM's rate falls for skinny widths;
-// c_half is the width at half the peak F) are a machine's. Both modes
-// end with the same all-reduce here (activations are replicated), so it does not enter the difference.
-// The policy switches when the other mode is predicted cheaper by more than `margin` (relative) for `patience`
-// consecutive steps, and never within `dwell` steps of the previous switch: a burst of one step does not flip it,
-// and a load that hovers at the crossover does not thrash.
+// Before each step the scheduler forecasts the step about to run (its chunks and cached lengths, the last step's
+// expert loads scaled to its tokens) in both layouts: step_cost of the whole step in TP and in EP, and the exposed
+// time of switching to the other layout during this step (step_cost's switch term, pipelined as the engine does it).
+// A step favours the other layout when step(other) < (1 - margin) * step(current); the switcher moves when
+//   - `patience` consecutive steps favoured it,
+//   - the switch's exposed time is paid for: with `break_even` (moe_simulate's and the named dynamic policy's
+//     choice), the time the streak's steps would have saved in the other layout, sum of step(current) -
+//     step(other), covers it (its cost amortised over the streak that asks for it: rent-or-buy's break-even rule);
+//     else each step's saving must exceed it amortised over `horizon` steps (step(other) + switch / horizon <
+//     (1 - margin) step(current)). A fixed horizon charges the switch to steps the new layout may never serve:
+//     with 32 steps, on Mixtral-8x7B at 1 request/s every 1-2 step prefill switched to EP and back (202 switches,
+//     4.2 s exposed in 300 requests; break-even: see docs/serving_simulation.md),
+//   - and `dwell` steps have passed since the previous switch:
+// a burst of one step does not flip it, and a load that hovers at the crossover does not thrash.
+//
+// The time model is a hardware profile (cost/profile.hpp) and the dtype's bytes: a named cluster's under simulation
+// (moe_simulate sets the policy's to the clock's), this machine's calibrated profile, or, for a run that has neither,
+// the three rates measure_machine_rates takes in a second (time_model_of: GEMMs at the measured rate with their
+// operands at the measured weight-streaming bandwidth; the half-rate width is reported, not used).
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -20,9 +27,11 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/policy_rounds.hpp"
 #include "paradyse/serve/rank_shard.hpp"
+#include "paradyse/serve/step_cost.hpp"
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace paradyse::serve {
@@ -78,43 +87,96 @@ struct ModeCosts {
   double tp_s = 0, ep_s = 0;
 };
 
-// One MoE layer's predicted time in both modes; routed [E] tokens per expert, placement: the EP experts of each rank
-// (an expert held by m ranks gives each 1/m of its pairs).
+// The time model of a machine known only by measure_machine_rates' three rates (float weights and activations):
+// GEMMs at flops_per_s with their operands read at memory_bytes_per_s, elementwise work and the links (thread ranks
+// copy through memory) at memory_bytes_per_s, attention at flops_per_s; one node.
+inline SimulatedCluster time_model_of(const MachineRates& rates) {
+  check(rates.flops_per_s > 0 && rates.memory_bytes_per_s > 0, "time_model_of: rates {} FLOP/s and {} B/s must be "
+        "positive", rates.flops_per_s, rates.memory_bytes_per_s);
+  SimulatedCluster c;
+  c.dtype_bytes = 4;
+  cost::HardwareProfile& hw = c.profile;
+  hw.name = "measured rates";
+  hw.source = "measure_machine_rates";
+  hw.devices_per_node = std::numeric_limits<int>::max();
+  hw.gemm = {0, rates.flops_per_s, rates.memory_bytes_per_s};
+  hw.attention = {0, rates.flops_per_s, rates.flops_per_s};
+  hw.elementwise_bytes_per_s = rates.memory_bytes_per_s;
+  hw.intra_node = {0, 0, rates.memory_bytes_per_s, rates.memory_bytes_per_s};
+  hw.inter_node = hw.intra_node;
+  return c;
+}
+
+// One MoE layer's routed experts in both modes on the slowest rank, by step_cost's term (moe_experts_time) on
+// time_model_of(rates); routed [E] tokens per expert, placement: the EP experts of each rank (an expert held by m
+// ranks gives each 1/m of its pairs).
 inline ModeCosts moe_mode_costs(const MoeConfig& m, const std::vector<std::int64_t>& routed,
                                 const std::vector<std::vector<std::int64_t>>& placement, const MachineRates& rates) {
   const int p = int(placement.size());
   check(p >= 1 && std::int64_t(routed.size()) == m.experts, "moe_mode_costs: {} ranks, {} expert counts for E = {}", p,
         routed.size(), m.experts);
-  const double weight_bytes = 3.0 * double(m.hidden) * double(m.expert_ffn) * sizeof(float);
-  const double pair_flops = 6.0 * double(m.hidden) * double(m.expert_ffn);
-  std::vector<int> holders(static_cast<std::size_t>(m.experts), 0);
-  for (const auto& slots : placement)
-    for (const std::int64_t e : slots) ++holders[std::size_t(e)];
-  double active = 0, pairs = 0;
-  for (std::int64_t e = 0; e < m.experts; ++e)
-    if (routed[std::size_t(e)] > 0) active += 1, pairs += double(routed[std::size_t(e)]);
+  const SimulatedCluster model = time_model_of(rates);
   ModeCosts c;
-  const double f = double(m.expert_ffn), tp_rate = rates.gemm_rate(std::max(1.0, f / p)), ep_rate = rates.gemm_rate(f);
-  c.tp_s = active * weight_bytes / (p * rates.memory_bytes_per_s) + pairs * pair_flops / (p * tp_rate);
-  for (const auto& slots : placement) {
-    double t = 0;
-    for (const std::int64_t e : slots) {
-      const double share = double(routed[std::size_t(e)]) / double(std::max(1, holders[std::size_t(e)]));
-      if (share > 0) t += weight_bytes / rates.memory_bytes_per_s + share * pair_flops / ep_rate;
-    }
-    c.ep_s = std::max(c.ep_s, t);
+  const ExpertLayout tp = ExpertLayout::tp(), ep = ExpertLayout::ep(placement);
+  for (int r = 0; r < p; ++r) {
+    c.tp_s = std::max(c.tp_s, moe_experts_time(model.profile, m, tp, routed, p, r, model.dtype_bytes));
+    c.ep_s = std::max(c.ep_s, moe_experts_time(model.profile, m, ep, routed, p, r, model.dtype_bytes));
   }
   return c;
+}
+
+// The step about to run, forecast in both layouts by step_cost (whole step: attention, experts, collectives), and
+// the exposed time of changing from the current layouts to the other mode's during it (with_switch).
+struct LayoutForecast {
+  ModeCosts step;           // step_cost(...).total_s() with every MoE layer in TP, and in EP
+  double to_tp_s = 0;       // exposed switch time of moving from `current` to TP in this step
+  double to_ep_s = 0;       // ... to EP (`ep`)
+};
+
+// `current`: every layer's layout now ([layers]; dense layers ignored); `ep`: the EP placement a switch installs (and
+// what EP costs in when the layers are not in EP now); `routed` [layers][E]: the forecast expert loads.
+inline LayoutForecast forecast_layouts(const DecoderConfig& c, const std::vector<ChunkShape>& chunks,
+                                       const std::vector<std::vector<std::int64_t>>& routed,
+                                       const std::vector<ExpertLayout>& current, const ExpertLayout& ep, int p,
+                                       bool pipelined, const SimulatedCluster& model, bool with_switch = true) {
+  StepTrace t;
+  t.ranks = p;
+  t.chunks = chunks;
+  t.routed = routed;
+  t.pipelined_switch = pipelined;
+  t.next.assign(std::size_t(c.layers), std::nullopt);
+  LayoutForecast f;
+  t.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
+  f.step.tp_s = step_cost(c, t, model).total_s();
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe(l)) t.layout[std::size_t(l)] = current[std::size_t(l)].mode == MoeMode::ep ? current[std::size_t(l)] : ep;
+  f.step.ep_s = step_cost(c, t, model).total_s();
+  t.layout = current;
+  if (!with_switch) return f;
+  for (const bool to_ep : {false, true}) {
+    bool moves = false;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const std::size_t i = std::size_t(l);
+      t.next[i].reset();
+      if (c.is_moe(l) && (current[i].mode == MoeMode::ep) != to_ep)
+        t.next[i] = to_ep ? ep : ExpertLayout::tp(), moves = true;
+    }
+    (to_ep ? f.to_ep_s : f.to_tp_s) = moves ? step_cost(c, t, model).switch_s : 0.0;
+  }
+  return f;
 }
 
 struct SwitchPolicy {
   double margin = 0.1;      // the other mode must be this much cheaper (relative)
   std::int64_t patience = 2;  // for this many consecutive steps
   std::int64_t dwell = 8;     // and at least this many steps since the last switch
+  std::int64_t horizon = 32;  // without break_even: steps a switch's exposed time is amortised over
+  bool break_even = false;    // the streak's savings must pay for the switch's exposed time
 
   void validate() const {
-    check(margin >= 0 && patience >= 1 && dwell >= 0, "SwitchPolicy: margin {} >= 0, patience {} >= 1, dwell {} >= 0",
-          margin, patience, dwell);
+    check(margin >= 0 && patience >= 1 && dwell >= 0 && horizon >= 1,
+          "SwitchPolicy: margin {} >= 0, patience {} >= 1, dwell {} >= 0, horizon {} >= 1", margin, patience, dwell,
+          horizon);
   }
 };
 
@@ -123,20 +185,31 @@ class ModeSwitcher {
 public:
   ModeSwitcher(SwitchPolicy policy, MoeMode start) : policy_(policy), mode_(start) { policy_.validate(); }
 
-  // The mode for the next step, given this step's predicted costs (summed over layers).
-  MoeMode decide(const ModeCosts& cost) {
+  // The mode for the next step, given this step's predicted costs in both modes and the exposed time of switching
+  // to the other mode (paid for by the streak's savings).
+  MoeMode decide(const ModeCosts& cost, double switch_s = 0) {
     ++since_switch_;
     const double current = mode_ == MoeMode::tp ? cost.tp_s : cost.ep_s;
-    const double other = mode_ == MoeMode::tp ? cost.ep_s : cost.tp_s;
-    streak_ = other < (1.0 - policy_.margin) * current ? streak_ + 1 : 0;
-    if (streak_ >= policy_.patience && since_switch_ >= policy_.dwell) {
+    const double other = (mode_ == MoeMode::tp ? cost.ep_s : cost.tp_s) +
+                         (policy_.break_even ? 0.0 : switch_s / double(policy_.horizon));
+    if (other < (1.0 - policy_.margin) * current) {
+      ++streak_;
+      saved_ += current - other;
+    } else {
+      streak_ = 0;
+      saved_ = 0;
+    }
+    if (streak_ >= policy_.patience && (!policy_.break_even || saved_ >= switch_s) && since_switch_ >= policy_.dwell) {
       mode_ = mode_ == MoeMode::tp ? MoeMode::ep : MoeMode::tp;
       since_switch_ = 0;
       streak_ = 0;
+      saved_ = 0;
       ++switches_;
     }
     return mode_;
   }
+  // The same, from a forecast of the step (forecast_layouts).
+  MoeMode decide(const LayoutForecast& f) { return decide(f.step, mode_ == MoeMode::tp ? f.to_ep_s : f.to_tp_s); }
   MoeMode mode() const noexcept { return mode_; }
   std::int64_t switches() const noexcept { return switches_; }
 
@@ -144,6 +217,7 @@ private:
   SwitchPolicy policy_;
   MoeMode mode_;
   std::int64_t streak_ = 0, since_switch_ = 1 << 30, switches_ = 0;
+  double saved_ = 0;  // seconds the streak's steps would have saved in the other mode
 };
 
 }  // namespace paradyse::serve
