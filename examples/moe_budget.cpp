@@ -110,6 +110,9 @@ std::vector<int> parse_percentages(const std::string& list) {
     at = comma + 1;
   }
   if (out.front() != 100) usage(fmt::format("--budgets {}: must start with 100, the baseline of every row", list));
+  for (std::size_t i = 1; i < out.size(); ++i)  // a repeated budget would print the same rows twice
+    if (std::find(out.begin(), out.begin() + std::ptrdiff_t(i), out[i]) != out.begin() + std::ptrdiff_t(i))
+      usage(fmt::format("--budgets {}: {} appears twice; each budget may appear once", list, out[i]));
   return out;
 }
 

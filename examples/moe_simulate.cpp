@@ -21,6 +21,7 @@
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/cli/lists.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
@@ -547,6 +548,26 @@ int main(int argc, char** argv) {
   flags.integer("--rounds", o.rounds, 1, 100, "--measure: measured rounds per policy (medians)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE");
   flags.parse(argc, argv);
+  // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag
+  // ("--policies tp,dynamc" ran tp alone).
+  try {
+    const std::vector<std::string> policies = cli::list_items("--policies", o.policies);
+    cli::check_known("--policies", o.policies, policies, {"tp", "ep", "eplb", "dynamic"});
+    cli::check_unique("--policies", o.policies, policies);
+    cli::check_unique("--traces", o.traces, cli::list_items("--traces", o.traces));
+    const std::vector<std::string> rates = cli::list_items("--rates", o.rates);
+    std::vector<std::string> values;  // as numbers: "4" and "4.0" are the same rate
+    for (const std::string& rate : rates) {
+      double r = 0;
+      if (!cli::parse_number(rate, {.min = 0, .max = 1e6, .min_open = true}, r))
+        throw std::invalid_argument(fmt::format("--rates \"{}\": \"{}\" is not a rate in (0, 1e6] requests/s", o.rates,
+                                                rate));
+      values.push_back(fmt::format("{:g}", r));
+    }
+    cli::check_unique("--rates", o.rates, values);
+  } catch (const std::exception& e) {
+    flags.fail(e.what());
+  }
   try {
     return o.measure ? measure(o) : simulate(o);
   } catch (const std::exception& e) {

@@ -12,9 +12,15 @@
 // it (log-uniform in the open-ended last bucket), at least 64 tokens.
 //
 // Inputs are read strictly (data/trace_input.hpp): a bad option or file exits 2 naming the flag or the file, line
-// and field. A sequence no strategy can run (shorter than p, or beyond what any plan can hold) is reported with the
-// reason and counts as not fitting; anything else the library refuses exits 1 with its message, never an uncaught
-// exception.
+// and field. A sequence shorter than the group's minimum (a token per chunk: p, or 2p with --causal's zigzag) is
+// planned padded to it, as train_gpt runs it (data::padded_length, the one rule both use); a sequence no strategy
+// can run (beyond what any plan can hold) is reported with the reason and counts as not fitting; anything else the
+// library refuses exits 1 with its message, never an uncaught exception. Settings whose cost tables would take
+// minutes per sequence (--batch x --heads x --p, plan/table_work.hpp) are refused up front, naming the flags.
+//
+// Long traces: progress is redrawn on a terminal; otherwise (a log, a pipe) a progress line goes to stderr every
+// --progress-every seconds. --csv rows are written as each sequence is planned, to FILE.tmp.<pid>.<n> beside FILE
+// (a killed run leaves them there), and the table is put in place atomically at the end (core/csv_table.hpp).
 //
 //   plan_trace --help     (the flags, their ranges and defaults: generated from parse() below)
 // --csv FILE: every sequence's predicted step time and peak memory per variant (empty when it does not fit), with
@@ -27,10 +33,12 @@
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
+#include "paradyse/data/document_balance.hpp"
 #include "paradyse/data/trace_input.hpp"
 #include "paradyse/plan/cache.hpp"
 #include "paradyse/plan/heuristic.hpp"
 #include "paradyse/plan/planner.hpp"
+#include "paradyse/plan/table_work.hpp"
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -67,6 +75,7 @@ struct Options {
   double budget_gib = -1;
   double gamma = 0.05;
   std::string csv;
+  double progress_every = 10;  // seconds between progress lines on stderr when stdout is not a terminal
 };
 
 using paradyse::data::LengthBucket;
@@ -121,16 +130,31 @@ Options parse(int argc, char** argv) {
   flags.flag("--causal", [&o] { o.layer.causal = o.layer.zigzag = true; },  // causal ring attention runs zigzag
              "causal attention");
   flags.flag("--swiglu", o.layer.swiglu, "SwiGLU FFN");
-  flags.text("--csv", o.csv, "write every sequence's predicted time and memory per variant", "FILE");
+  flags.text("--csv", o.csv, "write every sequence's predicted time and memory per variant (rows written as they "
+                             "are planned, to FILE.tmp.<pid>.<n>; FILE put in place at the end)", "FILE");
+  flags.number("--progress-every", o.progress_every, {.min = 0, .max = 86400, .min_open = true},
+               "seconds between progress lines on stderr when stdout is not a terminal");
   usage_text() = flags.usage();
   flags.parse(argc, argv);
   if (o.layer.heads <= 0 || o.layer.hidden <= 0) usage("--hidden and --heads must be positive");
   if (o.layer.kv_heads < 0) o.layer.kv_heads = o.layer.heads;
   if (o.layer.heads % o.layer.kv_heads)
     usage(fmt::format("--heads {} must be a multiple of --kv-heads {}", o.layer.heads, o.layer.kv_heads));
-  if (o.layer.head_dim < 0) o.layer.head_dim = o.layer.hidden / o.layer.heads;
+  if (o.layer.head_dim < 0) {  // hidden / heads, never truncated: another head dimension is given explicitly
+    if (o.layer.hidden % o.layer.heads)
+      usage(fmt::format("--hidden {} is not a multiple of --heads {} (head dimension {:.6g}); pick --hidden a "
+                        "multiple of --heads, or give --head-dim explicitly", o.layer.hidden, o.layer.heads,
+                        double(o.layer.hidden) / double(o.layer.heads)));
+    o.layer.head_dim = o.layer.hidden / o.layer.heads;
+  }
   if (o.layer.ffn < 0) o.layer.ffn = 4 * o.layer.hidden;
   if (o.layers < 1 || o.p < 1 || o.batch < 1 || o.sequences < 1) usage("--layers, --p, --batch, --sequences >= 1");
+  // Bounded work per sequence: every cost table dry-runs the strategies (plan/table_work.hpp).
+  if (const double work = pd::plan::cost_table_work(o.batch, o.layer.heads, o.p); work > pd::plan::kMaxCostTableWork)
+    usage(fmt::format("--batch {} x --heads {} x --p {} (+ 12 p^2) = {:.3g} units of dry-run work per cost table, "
+                      "above the limit of {:.3g} (about 1 us each: every sequence would take {:.0f} s or more); "
+                      "lower --batch, --heads or --p",
+                      o.batch, o.layer.heads, o.p, work, pd::plan::kMaxCostTableWork, work * 1e-6));
   // The layer must shard over p ranks at all (heads, kv heads and ffn divisible): a setting, not a sequence, problem.
   try {
     pd::cost::ModelShape m = o.layer;
@@ -226,10 +250,22 @@ void run_trace(const std::string& title, const std::string& dataset, const std::
   // reported with the reason.
   std::vector<bool> common(lengths.size(), true);
   std::map<std::string, std::vector<std::int64_t>> unplannable;  // reason -> lengths
+  const pd::data::SequenceSplit group{o.p, o.layer.zigzag};
+  std::vector<std::int64_t> padded;  // the lengths shorter than the group's minimum (planned padded)
   paradyse::Progress progress(dataset, std::int64_t(lengths.size()), "sequences");
+  const pd::Timer since_start;
+  double logged_at = 0;  // when the last progress line went to stderr (stdout not a terminal)
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     progress.show(std::int64_t(i), double(i));
-    const pd::plan::Batch batch = pd::plan::Batch::single(lengths[i], o.batch);
+    if (!progress.enabled() && since_start.seconds() - logged_at >= o.progress_every) {
+      logged_at = since_start.seconds();
+      fmt::print(stderr, "plan_trace: {}\n", progress.line(std::int64_t(i), double(i), logged_at));
+      std::fflush(stderr);
+    }
+    // As train_gpt runs it: a sequence shorter than a token per chunk is padded (data/document_balance.hpp).
+    const std::int64_t run_length = pd::data::padded_length(lengths[i], group);
+    if (run_length > lengths[i]) padded.push_back(lengths[i]);
+    const pd::plan::Batch batch = pd::plan::Batch::single(run_length, o.batch);
     std::optional<pd::plan::CostTable> table;
     try {
       table = pd::plan::build_cost_table(model, hw, o.p, batch);
@@ -270,13 +306,16 @@ void run_trace(const std::string& title, const std::string& dataset, const std::
         if (v.fixed) common[i] = false;
       }
     }
-  }
-  progress.finish();
-  for (std::size_t i = 0; i < lengths.size(); ++i)
+    // The sequence's rows now (streamed to the table's temporary file; put in place at the end).
     for (const Variant& v : variants)
       csv.row(dataset, i, lengths[i], v.name, v.fixed ? "static" : "planner",
               std::isnan(v.step_s[i]) ? std::string() : fmt::format("{:.9g}", v.step_s[i]),
               std::isnan(v.step_peak[i]) ? std::string() : fmt::format("{:.0f}", v.step_peak[i]), budget);
+  }
+  progress.finish();
+  if (!progress.enabled() && logged_at > 0)
+    fmt::print(stderr, "plan_trace: {}\n", progress.line(std::int64_t(lengths.size()), double(lengths.size()),
+                                                          since_start.seconds()));
   int common_count = 0;
   for (std::size_t i = 0; i < lengths.size(); ++i) common_count += common[i];
   for (Variant& v : variants)
@@ -307,6 +346,13 @@ void run_trace(const std::string& title, const std::string& dataset, const std::
     if (any && std::isnan(exact.step_s[i])) ++lost;
   }
   fmt::print("check: sequences some static strategy runs but the exact planner does not: {}\n", lost);
+  if (!padded.empty())
+    fmt::print("padded: {} sequence{} shorter than the group's minimum of {} tokens (a token per chunk) planned at "
+               "{} tokens, as train_gpt runs them (masked padding at the end); lengths {}{}\n", padded.size(),
+               padded.size() == 1 ? "" : "s", pd::data::min_sequence_length(group),
+               pd::data::min_sequence_length(group),
+               fmt::join(padded.begin(), padded.begin() + std::ptrdiff_t(std::min<std::size_t>(padded.size(), 5)), ", "),
+               padded.size() > 5 ? ", ..." : "");
   for (const auto& [reason, which] : unplannable) {
     std::vector<std::int64_t> shown(which.begin(), which.begin() + std::ptrdiff_t(std::min<std::size_t>(which.size(), 5)));
     fmt::print("cannot plan {} sequence{} (length {}{}): {}\n", which.size(), which.size() == 1 ? "" : "s",
@@ -337,7 +383,7 @@ int run(int argc, char** argv) {
     usage(e.what());
   }
   // The inputs, read strictly (data/trace_input.hpp): a bad file is a usage error naming the file, line and field.
-  // Lengths shorter than p are read: they are reported per sequence (no strategy can run them).
+  // Lengths shorter than the group's minimum are read: they are planned padded, as train_gpt runs them.
   std::vector<std::int64_t> file_lengths;
   std::string path;
   std::map<std::string, std::vector<LengthBucket>> distributions;

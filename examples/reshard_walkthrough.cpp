@@ -10,6 +10,7 @@
 // step prints the collectives the planner chose, the bytes every rank sent, and checks that every rank holds exactly
 // the slice its layout names.
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/cli/lists.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/layout/reshard.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <exception>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,13 +61,13 @@ pd::Placement parse_placement(const std::string& token) {
     const int dim = parse_int(token.substr(1), "shard dim");
     return token[0] == 'S' ? pd::Placement::shard(dim) : pd::Placement::zigzag(dim);
   }
-  throw pd::Error(fmt::format("placement '{}' is not one of R, P, S<dim>, Z<dim>", token));
+  throw std::invalid_argument(fmt::format("--path: placement '{}' is not one of R, P, S<dim>, Z<dim>", token));
 }
 
 pd::DynamicLayout parse_layout(const std::string& text, int mesh_ndim) {
   std::vector<pd::Placement> placements;
-  for (const std::string& token : split(text, ',')) placements.push_back(parse_placement(token));
-  pd::check(int(placements.size()) == mesh_ndim, "layout '{}' places {} axes; the mesh has {}", text,
+  for (const std::string& token : pd::cli::list_items("--path layout", text)) placements.push_back(parse_placement(token));
+  pd::check(int(placements.size()) == mesh_ndim, "--path: layout '{}' places {} axes; the mesh has {}", text,
             placements.size(), mesh_ndim);
   return pd::DynamicLayout(std::span<const pd::Placement>(placements));
 }
@@ -116,6 +118,7 @@ struct Options {
   int ranks = 4;
   pd::Shape shape{1, 10, 4};
   std::string mesh_text, path_text;
+  std::vector<pd::MeshAxis> axes;  // --mesh, or one axis "sp" over every rank
   bool strategies = false;
 };
 
@@ -140,12 +143,38 @@ Options parse(int argc, char** argv) {
              "print the layouts every strategy's sublayers compute in, for activations [B, S, H] on N ranks (a layer "
              "with N heads of H / N, f = 4H), with each rank's local shape; no data moves");
   flags.parse(argc, argv);
-  const auto parts = split(shape_text, ',');
-  pd::check(!parts.empty() && parts.size() <= std::size_t(pd::kMaxRank), "--shape needs 1 to {} extents",
-            pd::kMaxRank);
-  std::vector<std::int64_t> extents;
-  for (const std::string& part : parts) extents.push_back(parse_int(part, "--shape extent"));
-  options.shape = shape_of(extents);
+  // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag.
+  try {
+    const std::vector<std::string> parts = pd::cli::list_items("--shape", shape_text);
+    pd::check(parts.size() <= std::size_t(pd::kMaxRank), "--shape \"{}\" has {} extents; at most {}", shape_text,
+              parts.size(), pd::kMaxRank);
+    std::vector<std::int64_t> extents;
+    for (const std::string& part : parts) extents.push_back(parse_int(part, "--shape extent"));
+    options.shape = shape_of(extents);
+    if (options.mesh_text.empty()) {
+      options.axes.push_back({"sp", options.ranks});
+    } else {
+      std::vector<std::string> names;
+      for (const std::string& item : pd::cli::list_items("--mesh", options.mesh_text)) {
+        const auto eq = item.find('=');
+        pd::check(eq != std::string::npos && eq > 0, "--mesh \"{}\": axis '{}' is not name=size", options.mesh_text,
+                  item);
+        names.push_back(item.substr(0, eq));
+        options.axes.push_back({names.back(), parse_int(item.substr(eq + 1), "--mesh axis size")});
+      }
+      pd::cli::check_unique("--mesh", options.mesh_text, names);
+      double product = 1;  // in double: never wraps
+      for (const pd::MeshAxis& a : options.axes) product *= double(a.size);
+      if (product != double(options.ranks))
+        throw std::invalid_argument(fmt::format("--mesh \"{}\" holds {:.6g} ranks, but --ranks is {} (the product of the "
+                                                "axis sizes must equal --ranks)", options.mesh_text, product,
+                                                options.ranks));
+    }
+    if (!options.path_text.empty())
+      for (const std::string& layout : split(options.path_text, ' ')) parse_layout(layout, int(options.axes.size()));
+  } catch (const std::exception& e) {
+    flags.fail(e.what());
+  }
   return options;
 }
 
@@ -182,18 +211,7 @@ int print_strategy_layouts(const Options& options) {
 
 int run(const Options& options) {
   if (options.strategies) return print_strategy_layouts(options);
-  // The mesh: --mesh, or one axis "sp" over every rank.
-  std::vector<pd::MeshAxis> axes;
-  if (options.mesh_text.empty()) {
-    axes.push_back({"sp", options.ranks});
-  } else {
-    for (const std::string& item : split(options.mesh_text, ',')) {
-      const auto eq = item.find('=');
-      pd::check(eq != std::string::npos, "mesh axis '{}' is not name=size", item);
-      axes.push_back({item.substr(0, eq), parse_int(item.substr(eq + 1), "mesh axis size")});
-    }
-  }
-  const pd::DeviceMesh mesh(axes, options.ranks);
+  const pd::DeviceMesh mesh(options.axes, options.ranks);  // --mesh, or one axis "sp" over every rank
   const pd::Shape& global = options.shape;
 
   // The path: --path, or the default walk on the last axis (the other axes replicate).

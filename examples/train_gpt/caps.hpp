@@ -1,11 +1,13 @@
 // examples/train_gpt/caps.hpp: the dense run's memory cap per rank: --cap-mib, or the library's default
 // (plan/memory_cap.hpp: between what all-METP and all-MegatronTS need at --max-len), checked against the model's own
-// states (weights, gradients, AdamW moments) and what a save adds, before anything is allocated and again after.
+// states (weights, gradients, AdamW moments) and what a save adds, before anything is allocated and again after; and
+// (machine_fit_refusal, from the options alone) whether the model can fit this machine at all.
 #pragma once
 
 #include "hardware.hpp"
 #include "training_options.hpp"
 
+#include "paradyse/model/byte_gpt.hpp"
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/plan/cost_table.hpp"
@@ -23,6 +25,28 @@
 namespace paradyse::examples {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+
+// Whether the model of `o` can fit this machine at all, checked from the options alone (before calibrating or
+// allocating anything): every parameter is held at least once over the ranks, with its gradient and two AdamW
+// moments, 16 bytes in float32, however a plan shares them. Empty when it may fit (or the machine's memory is
+// unknown); otherwise the refusal, naming the flags, the estimated bytes and the machine's memory. Host runs only
+// (--device cuda is checked against the device by dense_cap below).
+inline std::string machine_fit_refusal(const TrainingOptions& o) {
+  if (o.device != "cpu") return {};
+  const double machine = physical_memory_bytes();
+  const GptConfig config = o.experts > 0 ? paradyse::moe_gpt_config(byte_gpt_shape(o)) : byte_gpt_config(byte_gpt_shape(o));
+  const double parameters = double(config.parameter_count());
+  const double need = 16.0 * parameters;
+  if (machine <= 0 || need <= 0.9 * machine) return {};
+  return fmt::format(
+      "the model does not fit this machine: {} ({} layers, --hidden {}{}) has {:.4g} M parameters, which need at "
+      "least {:.4g} GiB (weights, gradients and two AdamW moments, 16 bytes per parameter in float32, however the "
+      "ranks share them); this machine has {:.4g} GiB of memory (90% usable): lower {}",
+      o.experts > 0 ? fmt::format("--experts {}", o.experts) : std::string("the GPT"), o.layers, o.hidden,
+      o.experts > 0 ? fmt::format(", expert width {}", config.moe->moe.expert_ffn) : std::string(), parameters / 1e6,
+      need / (kMiB * 1024), machine / (kMiB * 1024),
+      o.experts > 0 ? "--experts, --layers or --hidden" : "--layers or --hidden");
+}
 
 // The cap and what it was derived from.
 struct DenseCap {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "paradyse/cli/flags.hpp"
+#include "caps.hpp"  // machine_fit_refusal
 #include "train_mesh.hpp"  // parse_mesh
 #include "training_options.hpp"
 
@@ -288,6 +289,9 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
   } else if (o.shared_experts > 0 || o.first_dense > 0) {
     usage("--shared-experts and --first-dense need --experts");
   }
+  if (o.hidden % o.heads)  // the head dimension is --hidden / --heads, never truncated
+    usage(fmt::format("--hidden {} is not a multiple of --heads {} (head dimension {:.6g}): pick --hidden a multiple "
+                      "of --heads", o.hidden, o.heads, double(o.hidden) / double(o.heads)));
   if (!o.mesh_file.empty()) {  // --mesh-file: the mesh and ZeRO stage of a search_parallel --emit file
     if (!o.mesh.empty()) usage(fmt::format("--mesh {} and --mesh-file {} both give the mesh; give one", o.mesh,
                                            o.mesh_file));
@@ -317,6 +321,9 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
         o.checkpoint_every > 0 || o.stop_after > 0)
       usage("--mesh trains on the host: --device cuda, --emulate and checkpoints are not available with it yet");
   }
+  // The model must fit this machine at all (examples/train_gpt/caps.hpp): refused now, before calibrating or
+  // allocating (a model of 65536 experts would otherwise grow until the system kills it).
+  if (const std::string why = machine_fit_refusal(o); !why.empty()) usage(why);
   if (check_output_paths) check_outputs(o);  // fail now, not after the whole run
   return o;
 }

@@ -41,7 +41,7 @@ inline TrainingData training_data(const TrainingOptions& o, data::SequenceSplit 
   out.longest_document = sampler.longest_document();
   std::vector<data::Window> windows = sampler.stratified(o.steps);  // shortest first: the curriculum order
   if (!o.sorted) sampler.shuffle(windows);
-  const std::int64_t group_min_len = group.zigzag ? 2 * std::int64_t(group.ranks) : std::int64_t(group.ranks);
+  const std::int64_t group_min_len = data::min_sequence_length(group);  // shorter windows run padded
   out.steps = o.pack_documents > 0
                    ? data::pack_sequences(windows, o.pack_documents, group_min_len, {group, o.pack_balanced})
                    : data::pack_steps(windows, pack_tokens, group_min_len);

@@ -38,6 +38,20 @@ struct SequenceSplit {
   bool zigzag = true;
 };
 
+// The shortest sequence `split` runs: one token per chunk (2p chunks zigzag, p contiguous). The one rule for short
+// sequences, used by the trainer and the planners alike: a window shorter than this runs padded at its end with
+// masked tokens (data/packing.hpp's steps), and is costed and planned at the padded length (plan/gpt_costs.hpp,
+// plan/moe_plan.hpp, plan_trace).
+inline std::int64_t min_sequence_length(SequenceSplit split) {
+  check(split.ranks >= 1, "min_sequence_length: ranks = {} must be at least 1", split.ranks);
+  return split.zigzag ? 2 * std::int64_t(split.ranks) : std::int64_t(split.ranks);
+}
+// The length a sequence of `length` tokens runs at on `split`: padded up to min_sequence_length(split).
+inline std::int64_t padded_length(std::int64_t length, SequenceSplit split) {
+  check(length >= 1, "padded_length: a sequence of {} tokens (at least 1)", length);
+  return std::max(length, min_sequence_length(split));
+}
+
 // Causal query-key pairs per rank [ranks] of documents of `lengths` tokens back to back (the sequence is their sum;
 // zero-length documents allowed) under `split`. Every token of the sequence belongs to a document: padding at the
 // end is a document of its own (it is computed like one).

@@ -4,11 +4,13 @@
 // norm and LM head with their gradients and AdamW moments, the step's activations outside the stack (the chunked
 // LM head's logits, the final norm's input and output) and the rank's tokens and targets. GptCosts turns that into
 // the cost table the planner reads for an input of s tokens (every strategy's cost from its own dry run), and the
-// predicted peak of a uniform plan (what a user needs to choose a memory cap).
+// predicted peak of a uniform plan (what a user needs to choose a memory cap). A sequence shorter than the group's
+// minimum (a token per chunk) is costed at its padded length, as the trainer runs it (data::padded_length).
 #pragma once
 
 #include "paradyse/cost/dry_run.hpp"
 #include "paradyse/cost/profile.hpp"
+#include "paradyse/data/document_balance.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
@@ -28,9 +30,11 @@ struct GptCosts {
   const cost::HardwareProfile* hardware = nullptr;
   const cost::StrategyCatalog* catalog = &cost::default_catalog();
 
-  // The most tokens any rank holds for a sequence of s tokens.
+  // The length a sequence of s tokens runs at on the group: padded to a token per chunk (data/document_balance.hpp).
+  std::int64_t run_length(std::int64_t s) const { return data::padded_length(s, {ranks, config.layer.zigzag}); }
+  // The most tokens any rank holds for a sequence of s tokens (padded).
   std::int64_t max_local_tokens(std::int64_t s) const {
-    const SequenceLayout layout(s, ranks, config.layer.zigzag);
+    const SequenceLayout layout(run_length(s), ranks, config.layer.zigzag);
     std::int64_t n = 0;
     for (int r = 0; r < ranks; ++r) n = std::max(n, layout.local_length(r));
     return n;
@@ -43,8 +47,9 @@ struct GptCosts {
            2 * ((batch * n * 4 + 63) / 64 * 64);
   }
   // The cost table for `batch` sequences of s tokens (a step of several documents, one per row, padded to s):
-  // float32 activations, weights and gradients, two AdamW moments.
+  // float32 activations, weights and gradients, two AdamW moments. Shorter than the group's minimum: padded.
   CostTable table(std::int64_t s, std::int64_t batch = 1) const {
+    s = run_length(s);
     ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
     model.extra_bytes = extra_bytes(s, batch);
     return build_cost_table(model, *hardware, ranks, Batch::single(s, batch), {}, *catalog);
@@ -54,7 +59,9 @@ struct GptCosts {
   CostTable packed_table(std::vector<std::int64_t> lengths) const {
     if (lengths.size() == 1) return table(lengths[0]);
     ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
-    const Batch batch = Batch::packed(std::move(lengths));
+    Batch batch = Batch::packed(std::move(lengths));
+    if (const std::int64_t s = batch.tokens_per_sample(), padded = run_length(s); padded > s)
+      batch.lengths.push_back(padded - s);  // the padding at the end, a document of its own (data/packing.hpp)
     model.extra_bytes = extra_bytes(batch.tokens_per_sample());
     return build_cost_table(model, *hardware, ranks, batch, {}, *catalog);
   }

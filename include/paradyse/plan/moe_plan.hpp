@@ -290,8 +290,10 @@ struct MoeGptCosts {
   // The most tokens any rank holds, and the bytes outside the stack: as for a dense GPT of the same config.
   std::int64_t max_local_tokens(std::int64_t s) const { return dense().max_local_tokens(s); }
   std::int64_t extra_bytes(std::int64_t s) const { return dense().extra_bytes(s); }
-  // One sequence of s tokens: float32 activations, weights and gradients, two AdamW moments.
+  // One sequence of s tokens: float32 activations, weights and gradients, two AdamW moments. Shorter than the
+  // group's minimum (a token per chunk): padded, as the trainer runs it (data::padded_length).
   MoeCostTable table(std::int64_t s) const {
+    s = dense().run_length(s);
     return build_moe_cost_table(config, *hardware, ranks, Batch::single(s), {4, 4, 8}, extra_bytes(s), *catalog);
   }
   // One sequence of packed documents of these lengths, in this order (attention within each document, so the dry
@@ -300,7 +302,9 @@ struct MoeGptCosts {
   MoeCostTable packed_table(std::vector<std::int64_t> lengths) const {
     check(!lengths.empty(), "MoeGptCosts::packed_table: a packed sequence needs at least one document");
     if (lengths.size() == 1) return table(lengths[0]);
-    const Batch batch = Batch::packed(std::move(lengths));
+    Batch batch = Batch::packed(std::move(lengths));
+    if (const std::int64_t s = batch.tokens_per_sample(), padded = dense().run_length(s); padded > s)
+      batch.lengths.push_back(padded - s);  // the padding at the end, a document of its own (data/packing.hpp)
     return build_moe_cost_table(config, *hardware, ranks, batch, {4, 4, 8}, extra_bytes(batch.tokens_per_sample()),
                                 *catalog);
   }

@@ -1,0 +1,30 @@
+# tests/examples/runs.cmake: runs a program must complete (exit 0, within 120 s) saying what is expected (issue 27).
+#   cmake -DEXE=plan_trace "-DRUNS=--lengths short.txt --p 8=>padded: 7 sequences@@--lengths short.txt --p 8=>!cannot plan" -P runs.cmake
+# RUNS: cases "ARGS=>EXPECTED" separated by "@@" (tests/examples/cases.cmake), ARGS as a shell would split them.
+# EXPECTED is a CMake regular expression the output (stdout and stderr) must match; "stderr:REGEX" must match stderr
+# alone; "!TEXT" is a text the output must not contain.
+foreach(var EXE RUNS)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "runs.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/cases.cmake)
+function(check_run args expected)
+  execute_process(COMMAND sh -c "'${EXE}' ${args}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${EXE} ${args} exited \"${rc}\", expected 0:\n${out}\n${err}")
+  endif()
+  if(expected MATCHES "^!(.*)$")
+    string(FIND "${out}${err}" "${CMAKE_MATCH_1}" at)
+    if(NOT at EQUAL -1)
+      message(FATAL_ERROR "${EXE} ${args}: says \"${CMAKE_MATCH_1}\", which it must not:\n${out}\n${err}")
+    endif()
+  elseif(expected MATCHES "^stderr:(.*)$")
+    if(NOT err MATCHES "${CMAKE_MATCH_1}")
+      message(FATAL_ERROR "${EXE} ${args}: stderr does not match \"${CMAKE_MATCH_1}\":\n${err}")
+    endif()
+  elseif(NOT "${out}${err}" MATCHES "${expected}")
+    message(FATAL_ERROR "${EXE} ${args}: does not match \"${expected}\":\n${out}\n${err}")
+  endif()
+endfunction()
+for_each_case("${RUNS}" check_run)
