@@ -105,3 +105,16 @@ function(same_step_rows label want got)
     message(FATAL_ERROR "${label}: the step rows differ\nexpected:\n${a}\ngot:\n${b}")
   endif()
 endfunction()
+
+# to_micro(text out_var): a plain decimal ("4.080197") as an integer of millionths (CMake has no floating point); fails
+# on anything else. math() reads "080197" as decimal, so no zeros are stripped (a REGEX REPLACE of "^0+" would strip
+# again after each match: 4.080197 became 4.008197).
+function(to_micro text out_var)
+  if(NOT text MATCHES "^([0-9]+)\\.?([0-9]*)$")
+    message(FATAL_ERROR "\"${text}\" is not a plain decimal")
+  endif()
+  set(whole ${CMAKE_MATCH_1})
+  string(SUBSTRING "${CMAKE_MATCH_2}000000" 0 6 fraction)
+  math(EXPR micro "${whole} * 1000000 + ${fraction}")
+  set(${out_var} ${micro} PARENT_SCOPE)
+endfunction()

@@ -20,19 +20,7 @@ endforeach()
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 
-include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_column
-
-# A plain decimal as an integer of millionths (CMake has no floating point).
-function(to_micro text out_var)
-  if(NOT text MATCHES "^([0-9]+)\\.?([0-9]*)$")
-    message(FATAL_ERROR "train_gpt_bf16.cmake: \"${text}\" is not a plain decimal")
-  endif()
-  set(whole ${CMAKE_MATCH_1})
-  # math() reads "080197" as decimal; no zeros are stripped (a REGEX REPLACE of "^0+" strips again after each match).
-  string(SUBSTRING "${CMAKE_MATCH_2}000000" 0 6 fraction)
-  math(EXPR micro "${whole} * 1000000 + ${fraction}")
-  set(${out_var} ${micro} PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_column, to_micro
 
 # The median of a list of integers.
 function(median values out_var)

@@ -25,19 +25,14 @@ foreach(var EXE CP MESHES TOL WORK ARGS)
 endforeach()
 file(MAKE_DIRECTORY ${WORK})
 
-include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_column
+include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_column, to_micro
 
 # The losses of a CSV table, in millionths (integers: CMake has no floating point), into out_var.
 function(csv_losses path out_var)
   step_column(${path} loss column)
   set(losses "")
   foreach(loss IN LISTS column)
-    if(NOT loss MATCHES "^([0-9]+)\\.([0-9]*)$")
-      message(FATAL_ERROR "${path}: the loss \"${loss}\" is not a plain decimal")
-    endif()
-    set(whole ${CMAKE_MATCH_1})
-    string(SUBSTRING "${CMAKE_MATCH_2}000000" 0 6 fraction)
-    math(EXPR micro "${whole} * 1000000 + ${fraction}")
+    to_micro("${loss}" micro)
     list(APPEND losses ${micro})
   endforeach()
   set(${out_var} "${losses}" PARENT_SCOPE)
