@@ -129,7 +129,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
   flags.integer("--virtual-stages", o.virtual_stages, 1, 64,
                 "--mesh: model chunks per pipeline stage, on the interleaved 1F1B schedule (each replica's rows per "
                 "step a multiple of pp)");
-  flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(2), "--mesh: the ZeRO stage over dp");
+  flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(3),
+                "--mesh: the ZeRO stage over dp (3: parameters sharded too, each layer gathered around its use)");
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
                 "an MoE GPT of E experts of width ffn/K, every sublayer planned (MoE: ExpertParallel or "
                 "ExpertTensorParallel), expert load and router losses printed")

@@ -4,7 +4,8 @@
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
 // stages on the 1F1B schedule, and with --experts the MoE layers over an expert group folded over dp x cp), the dp
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
-// model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp). --mesh-file FILE runs a configuration file of
+// model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp; with --zero 3 each rank keeps 1/dp of every parameter,
+// each layer gathered around its use: model/zero3_shards.hpp). --mesh-file FILE runs a configuration file of
 // search_parallel --emit (mesh_file_run below).
 //
 // Packed documents (--pack-documents B): each replica's cp group plans its own sequence (strategies must agree only
@@ -199,7 +200,9 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                                                       "not trainable yet", c.tp_y, c.cp));
   refuse_unless(c.tp_y == 1 || !config.moe, fmt::format("tp={} with experts: tensor parallelism with MoE layers "
                                                         "is not trainable yet", c.tp_y));
-  refuse_unless(c.zero <= 2, fmt::format("zero={}: ZeRO-3 is not trainable yet (train_gpt runs ZeRO 0 to 2)", c.zero));
+  refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
+  refuse_unless(c.zero <= 2 || !config.moe, fmt::format("zero={} with experts: ZeRO-3 with MoE layers is not "
+                                                        "trainable yet", c.zero));
   refuse_unless(c.virtual_stages == 1 || !config.moe, fmt::format("virtual_stages={} with experts: interleaved "
                                                                   "stages with MoE layers are not trainable yet",
                                                                   c.virtual_stages));
@@ -279,6 +282,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   check(v == 1 || pp == 1 || o.pack_documents == 0, "--mesh {} --virtual-stages {} --pack-documents {}: a replica's "
         "one packed sequence is one micro-batch, and the interleaved schedule needs a multiple of the {} stages",
         o.mesh, v, o.pack_documents, pp);
+  check(!experts || o.zero != ZeroStage::three, "--mesh {} --experts {} --zero 3: ZeRO-3 with MoE layers is not "
+        "trainable yet (issue 26); use --zero 0 to 2", o.mesh, o.experts);
   check(!experts || pp == 1, "--mesh {} --experts {}: pipeline stages with MoE layers are not supported yet (pp must "
         "be 1)", o.mesh, o.experts);
   GptConfig config = mesh_model_config(o);
@@ -372,6 +377,18 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
               "multiple of dp x pp rows (e.g. --min-len = --max-len and --pack-tokens a multiple of it)", o.mesh, v,
               k, d, mine, pp);
       }
+  if (o.zero == ZeroStage::three && dp > 1)  // each layer is gathered over dp at each use: equal schedules
+    for (int k = 0; k < n_steps; ++k) {
+      const auto micro_batches = [&](int d) {
+        const std::int64_t mine = mesh_steps_[std::size_t(k)].work(d, dp).second.length;
+        return pp > 1 ? mine : std::min<std::int64_t>(mine, 1);
+      };
+      for (int d = 1; d < dp; ++d)
+        check(micro_batches(d) == micro_batches(0), "--mesh {} --zero 3: step {} gives dp replica 0 {} and replica {} "
+              "{} micro-batch(es); ZeRO-3 gathers every layer over dp at each use, so every replica must run as many "
+              "(give every step a multiple of dp{} rows, e.g. --min-len = --max-len and --pack-tokens a multiple of "
+              "it)", o.mesh, k, micro_batches(0), d, micro_batches(d), pp > 1 ? "" : " (or at least dp)");
+    }
   std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
   for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
     const data::MeshStep& step = mesh_steps_[k];
@@ -452,6 +469,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     for (int c = 0; c < v; ++c)
       chunks.emplace_back(config, c * pp + stage_index, pp * v, chunk_layers(c), cp, cp_rank, experts ? dp * cp : cp,
                           experts ? replica * cp + cp_rank : cp_rank, o.seed);
+    if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
+      for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;
     for (auto& chunk : chunks) optimizers.emplace_back(chunk, o.zero, dp, replica, adamw);
     BufferPool pool;

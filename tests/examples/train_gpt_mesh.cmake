@@ -11,6 +11,8 @@
 # without its --pack-tokens and with PACK_DOCUMENTS instead: --ranks C against each of PACK_MESHES (dp = 1); the
 # first of PACK_DP_MESHES (dp > 1: one packed sequence per replica per step) against the others of the same dp; and
 # with MOE_ARGS, train_gpt --experts --ranks C against --experts --mesh cp=C on the same packed sequences.
+# ZERO3_MESHES (optional): meshes trained with --zero 1 and with --zero 3: the losses agree (TOL) and ZeRO-3's peak
+# memory per rank is below ZeRO-1's.
 # MESH_ARGS (optional): arguments for the mesh runs only (e.g. --virtual-stages;2), not for the single group's.
 # Run by ctest (examples/CMakeLists.txt):
 #   cmake -DEXE=train_gpt -DCP=2 -DMESHES="dp=2,cp=2;pp=2,cp=2" -DTOL=100 -DWORK=dir -DARGS="--steps;4;..." \
@@ -27,14 +29,19 @@ file(MAKE_DIRECTORY ${WORK})
 
 include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_column, to_micro
 
-# The losses of a CSV table, in millionths (integers: CMake has no floating point), into out_var.
-function(csv_losses path out_var)
-  step_column(${path} loss column)
+# A column of a CSV table (loss, peak_mib), in millionths (integers: CMake has no floating point), into out_var.
+function(csv_micros path name out_var)
+  step_column(${path} ${name} column)
   set(losses "")
   foreach(loss IN LISTS column)
     to_micro("${loss}" micro)
     list(APPEND losses ${micro})
   endforeach()
+  set(${out_var} "${losses}" PARENT_SCOPE)
+endfunction()
+# The losses of a CSV table, in millionths, into out_var.
+function(csv_losses path out_var)
+  csv_micros(${path} loss losses)
   set(${out_var} "${losses}" PARENT_SCOPE)
 endfunction()
 
@@ -99,6 +106,7 @@ function(train_on_mesh prefix backend spec out_var)
   csv_losses(${WORK}/${name}.csv losses)
   set(${out_var} "${losses}" PARENT_SCOPE)
   set(last_run "--mesh ${mesh} --zero ${zero} (${backend})" PARENT_SCOPE)
+  set(last_csv ${WORK}/${name}.csv PARENT_SCOPE)
 endfunction()
 
 train_to("one cp group of ${CP} threads" ${WORK}/single.csv ${EXE} ${ARGS} --ranks ${CP})
@@ -121,6 +129,25 @@ foreach(run IN LISTS runs)
   list(GET parts 1 spec)
   train_on_mesh(dense ${backend} ${spec} meshed ${ARGS} ${MESH_ARGS})
   compare_losses("${last_run} against --ranks ${CP}" "${single}" "${meshed}")
+endforeach()
+
+# ZERO3_MESHES: each mesh trained with --zero 1 and --zero 3 on threads; ZeRO-3's losses against ZeRO-1's (TOL), and
+# ZeRO-3's peak (the largest peak_mib of its steps: the largest over the ranks) below ZeRO-1's.
+foreach(mesh IN LISTS ZERO3_MESHES)
+  set(peaks "")
+  foreach(zero 1 3)
+    train_on_mesh(zero3 threads ${mesh}@${zero} losses_zero${zero} ${ARGS} ${MESH_ARGS})
+    csv_micros(${last_csv} peak_mib column)
+    list(SORT column COMPARE NATURAL ORDER DESCENDING)
+    list(GET column 0 peak_zero${zero})
+  endforeach()
+  compare_losses("--mesh ${mesh} --zero 3 against --zero 1" "${losses_zero1}" "${losses_zero3}")
+  math(EXPR kib1 "${peak_zero1} * 1024 / 1000000")
+  math(EXPR kib3 "${peak_zero3} * 1024 / 1000000")
+  message(STATUS "--mesh ${mesh}: peak per rank ${kib1} KiB with --zero 1, ${kib3} KiB with --zero 3")
+  if(NOT peak_zero3 LESS peak_zero1)
+    message(FATAL_ERROR "--mesh ${mesh}: the peak with --zero 3 (${kib3} KiB) is not below --zero 1's (${kib1} KiB)")
+  endif()
 endforeach()
 
 if(DEFINED MOE_ARGS)

@@ -32,13 +32,15 @@
 
 namespace paradyse {
 
-enum class ZeroStage : std::uint8_t { zero = 0, one = 1, two = 2 };
+// three: parameters sharded too; not this optimizer's (model/zero3_shards.hpp with model/mesh_optimizer.hpp).
+enum class ZeroStage : std::uint8_t { zero = 0, one = 1, two = 2, three = 3 };
 
 constexpr std::string_view name_of(ZeroStage stage) {
   switch (stage) {
     case ZeroStage::zero: return "ZeRO-0";
     case ZeroStage::one: return "ZeRO-1";
     case ZeroStage::two: return "ZeRO-2";
+    case ZeroStage::three: return "ZeRO-3";
   }
   return "?";
 }
@@ -52,6 +54,8 @@ public:
     check(replicas >= 1, "DataParallelOptimizer: replicas = {} must be at least 1", replicas);
     check(rank >= 0 && rank < replicas, "DataParallelOptimizer: rank {} is outside 0..{}", rank, replicas - 1);
     check(elements >= 0, "DataParallelOptimizer: elements = {} must not be negative", elements);
+    check(stage != ZeroStage::three, "DataParallelOptimizer: ZeRO stages 0 to 2 (ZeRO-3 shards the parameters: "
+          "model/zero3_shards.hpp)");
     chunk_ = stage == ZeroStage::zero ? ChunkRange{0, elements} : chunk_range(elements, replicas, rank);
     m_ = Tensor<float>(Shape{chunk_.length});
     v_ = Tensor<float>(Shape{chunk_.length});

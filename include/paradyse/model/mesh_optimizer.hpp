@@ -1,13 +1,17 @@
 // paradyse/model/mesh_optimizer.hpp: AdamW for every parameter of a mesh GPT stage (model/mesh_stage.hpp) over its
-// dp group, with ZeRO stage 0, 1 or 2 (model/data_parallel.hpp); the AdamW step itself is model/adamw.hpp's.
+// dp group, with ZeRO stage 0, 1 or 2 (model/data_parallel.hpp), or 3: the stage sharded over dp (its
+// shard_over_dp, model/zero3_shards.hpp) and only the owned chunks stepped; the AdamW step itself is
+// model/adamw.hpp's.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/model/adamw.hpp"
 #include "paradyse/model/data_parallel.hpp"
+#include "paradyse/model/zero3_shards.hpp"
 #include "paradyse/ops/backend.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -16,11 +20,34 @@ namespace paradyse {
 
 // AdamW for every parameter of a stage, the single-group model's rule: one DataParallelOptimizer over dp per tensor
 // replicated over dp (the gradients summed over the replicas; the last stage's head pack in two: the head matrix
-// with weight decay, the final norm without), a plain AdamW step for the MoE tensors (reduced over the expert group).
+// with weight decay, the final norm without), a plain AdamW step for the MoE tensors (reduced over the expert group);
+// under ZeRO-3 a plain AdamW step of each owned chunk (its gradient already summed over dp).
 class MeshOptimizer {
 public:
   template <class Stage>
   MeshOptimizer(Stage& stage, ZeroStage zero, int replicas, int replica, const ops::AdamWConfig& adamw) {
+    if (zero == ZeroStage::three) {
+      check(stage.sharded(), "MeshOptimizer: ZeRO-3 needs the stage sharded over dp first (shard_over_dp)");
+      for (Zero3Tensor& t : stage.zero3_shards()) {
+        // The chunk's elements below t.decayed() take weight decay, the others none (the head's final norm rows).
+        const std::int64_t start = t.chunk().start, length = t.chunk().length;
+        const std::int64_t decayed = std::clamp<std::int64_t>(t.decayed() - start, 0, length);
+        const auto part = [&](std::int64_t from, std::int64_t to, bool decays) {
+          if (to <= from) return;
+          local_.push_back({t.value().span().subspan(std::size_t(from), std::size_t(to - from)),
+                            t.gradient().span().subspan(std::size_t(from), std::size_t(to - from)),
+                            decays ? adamw : without_decay(adamw), Tensor<float>(Shape{to - from}),
+                            Tensor<float>(Shape{to - from})});
+          ops::Cpu::fill(local_.back().m.view(), 0.0f);
+          ops::Cpu::fill(local_.back().v.view(), 0.0f);
+        };
+        part(0, decayed, true);
+        part(decayed, length, false);
+      }
+      (void)replicas;
+      (void)replica;
+      return;
+    }
     const auto parameters = stage.parameters();
     for (const auto& p : parameters) {
       const std::int64_t n = p.value->numel();

@@ -10,6 +10,10 @@
 //       (model/head_loss.hpp, as Gpt's);
 //   dp  each replica trains its own rows or packed sequence (data/mesh_steps.hpp); the gradients are summed over the
 //       dp group by model/mesh_optimizer.hpp's MeshOptimizer;
+//       With ZeRO-3 (shard_over_dp), each dp replica keeps 1/D of every parameter and gradient
+//       (model/zero3_shards.hpp): a layer's weights are all-gathered over dp just before its forward and again before
+//       its backward and freed after each, its gradients reduce-scattered over dp after its backward; the embedding
+//       and the head likewise around each micro-batch's use.
 //   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group.
 //
 // Weights are drawn from the seed as Gpt(config, cp, cp_rank, seed) draws them (gpt_detail::init_row), so a mesh
@@ -25,6 +29,7 @@
 #include "paradyse/model/head_loss.hpp"
 #include "paradyse/model/pipeline.hpp"
 #include "paradyse/model/stack.hpp"
+#include "paradyse/model/zero3_shards.hpp"
 #include "paradyse/moe/moe_weights.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
@@ -97,7 +102,44 @@ public:
     stack_.zero_gradients();
     if (first_) Backend::fill(embedding_grad_.view(), 0.0f);
     if (last_) Backend::fill(head_grad_.view(), 0.0f);
+    for (Zero3Tensor& t : zero3_) t.zero_gradient();
   }
+
+  // ZeRO-3 over `dp` (kept for the run): from now on this rank keeps only its chunk of every parameter and gradient
+  // (zero3_shards()), the full tensors gathered around each use. The expert layers (not replicated over dp) are
+  // refused.
+  void shard_over_dp(C& dp) {
+    check(!config_.moe, "ZeRO-3 on the mesh: MoE layers are not sharded over dp (their experts are over the expert "
+          "group already); use ZeRO 0 to 2 with --experts");
+    check(zero3_.empty(), "MeshGptStage::shard_over_dp: sharded already");
+    dp_ = &dp;
+    const int d = int(dp.size()), r = int(dp.rank());
+    for (std::size_t l = 0; l < stack_.weights().size(); ++l) {
+      LayerWeights& w = stack_.weights()[l];
+      LayerWeights& g = stack_.gradients()[l];
+      zero3_.emplace_back(&w.attention.packed, &g.attention.packed, w.attention.packed.numel(), d, r);
+      zero3_.emplace_back(&w.mlp.packed, &g.mlp.packed, w.mlp.packed.numel(), d, r);
+      zero3_.emplace_back(&w.norms.packed, &g.norms.packed, 0, d, r);
+    }
+    if (first_) zero3_.emplace_back(&embedding_, &embedding_grad_, embedding_.numel(), d, r);
+    if (last_) zero3_.emplace_back(&head_, &head_grad_, head_matrix_elements(), d, r);
+    using Use = typename Stack::LayerUse;
+    stack_.set_layer_hook([this](int l, Use use, bool begin) {
+      Zero3Tensor* t = &zero3_[std::size_t(3 * l)];
+      if (begin) {
+        for (int i = 0; i < 3; ++i) t[i].gather(*dp_);
+        if (use == Use::backward)
+          for (int i = 0; i < 2; ++i) t[i].begin_gradient();  // norms: stage_backward allocates them for the stack
+      } else {
+        for (int i = 0; i < 3; ++i) t[i].release();
+        if (use == Use::backward)
+          for (int i = 0; i < 2; ++i) t[i].reduce_gradient(*dp_);
+      }
+    });
+  }
+  bool sharded() const noexcept { return !zero3_.empty(); }
+  // ZeRO-3: every sharded tensor of this rank (per layer attention, MLP, norms; then the embedding, the head).
+  std::span<Zero3Tensor> zero3_shards() noexcept { return zero3_; }
 
   Saved forward(int micro_batch, TensorView<const float> x, TensorView<float> y) {
     stack_.forward(*cp_, *ep_, *pool_, plan_, seq_len_, x, y);
@@ -109,23 +151,44 @@ public:
       PooledBuffer<float> y = pool_->acquire<float>(saved.input.shape());
       stack_.forward(*cp_, *ep_, *pool_, plan_, seq_len_, saved.input.view(), y.view());
     }
+    if (sharded())  // the norm gradients are written after every layer's backward: allocated around the whole
+      for (std::size_t l = 0; l < stack_.weights().size(); ++l) zero3_[3 * l + 2].begin_gradient();
     stack_.backward(*cp_, *ep_, *pool_, dy, dx);
+    if (sharded())
+      for (std::size_t l = 0; l < stack_.weights().size(); ++l) zero3_[3 * l + 2].reduce_gradient(*dp_);
     held_ = -1;
     saved.input = Tensor<float>();
   }
 
   // First stage: x [b, n_r, h] <- the embedding of tokens [b, n_r]; and its backward (accumulates).
   void embed(TensorView<const std::int32_t> tokens, TensorView<float> x) {
+    if (sharded()) zero3_end(false).gather(*dp_);
     Backend::embedding_forward(tokens, TensorView<const float>(embedding_.view()), x);
+    if (sharded()) zero3_end(false).release();
   }
   void embed_backward(TensorView<const std::int32_t> tokens, TensorView<const float> dx) {
+    if (sharded()) zero3_end(false).begin_gradient();
     Backend::embedding_backward(tokens, dx, embedding_grad_.view());
+    if (sharded()) zero3_end(false).reduce_gradient(*dp_);
   }
 
   // Last stage: the final norm, the LM head and the cross-entropy of y [b, n_r, h] against targets [b, n_r]; dy
   // (zeroed by the caller) <- the loss gradient, each token's scaled by grad_scale. Returns the loss sum.
   double head_loss(TensorView<const float> y, TensorView<const std::int32_t> targets, TensorView<float> dy,
                    float grad_scale) {
+    if (sharded()) {
+      zero3_end(true).gather(*dp_);
+      zero3_end(true).begin_gradient();
+    }
+    const double loss = head_loss_full(y, targets, dy, grad_scale);
+    if (sharded()) {
+      zero3_end(true).release();
+      zero3_end(true).reduce_gradient(*dp_);
+    }
+    return loss;
+  }
+  double head_loss_full(TensorView<const float> y, TensorView<const std::int32_t> targets, TensorView<float> dy,
+                        float grad_scale) {
     const std::int64_t v = config_.vocab;
     const HeadParameters head{gpt_detail::row_span(head_, v), gpt_detail::row_span(head_, v + 1),
                               TensorView<const float>(head_.view()).slice(0, 0, v), gpt_detail::row_span(head_grad_, v),
@@ -136,6 +199,11 @@ public:
   // After the step's micro-batches: the replicated gradients summed over the cp group (they are partial sums over
   // the rank's tokens; the layers' norm gradients the stack reduced already).
   void reduce_replicated(C& cp) {
+    if (sharded()) {  // the owned chunks of the embedding's and the head's gradients (the same chunk on every cp rank)
+      if (first_) cp.all_reduce(std::span<const float>(zero3_end(false).gradient().span()), zero3_end(false).gradient().span(), ReduceOp::sum);
+      if (last_) cp.all_reduce(std::span<const float>(zero3_end(true).gradient().span()), zero3_end(true).gradient().span(), ReduceOp::sum);
+      return;
+    }
     for (Tensor<float>* g : {&embedding_grad_, &head_grad_})
       if (g->numel() > 0) cp.all_reduce(std::span<const float>(g->span()), g->span(), ReduceOp::sum);
   }
@@ -174,6 +242,11 @@ public:
 
 private:
   using Backend = ops::Cpu;
+  // ZeRO-3: the embedding's (head = false) or the head's shard.
+  Zero3Tensor& zero3_end(bool head) {
+    const std::size_t layers = 3 * stack_.weights().size();
+    return zero3_[layers + (head && first_ ? 1 : 0)];
+  }
   // This stage's slice of the layers; with MoE layers, dense shards over cp and expert shards over ep, each drawn
   // from seed + global layer index as Gpt's stack draws them.
   static Stack make_stack(const GptConfig& config, ChunkRange layers, int cp_size, int cp_rank, int ep_size,
@@ -202,6 +275,8 @@ private:
   StackPlan plan_;
   std::int64_t seq_len_ = 0;
   int held_ = -1;  // the micro-batch whose activations the stack holds (-1: none)
+  C* dp_ = nullptr;                // ZeRO-3: the dp group
+  std::vector<Zero3Tensor> zero3_;  // ZeRO-3: this rank's chunks (empty: not sharded)
 };
 
 // The forward and backward of one step on this rank: `chunks` (begun with begin_step) run this replica's rows `mine`

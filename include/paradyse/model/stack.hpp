@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -105,6 +106,13 @@ public:
   const Strategies& strategies() const noexcept { return strategies_; }
   std::vector<LayerWeights>& weights() noexcept { return weights_; }
   std::vector<LayerWeights>& gradients() noexcept { return gradients_; }
+  // Called around each layer's forward and backward (layer: the stack's index; begin: before, else after), e.g. to
+  // gather the layer's weights (and allocate its gradient) just before it runs and free them after (ZeRO-3). Norm
+  // gradients are written after every layer's backward (reduce_norm_gradients), so they must outlive the hooks.
+  enum class LayerUse : std::uint8_t { forward, backward };
+  using LayerHook = std::function<void(int layer, LayerUse use, bool begin)>;
+  void set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
+
   void zero_gradients() {
     for (LayerWeights& g : gradients_) zero_state<Backend>(g);
     for (MoeShard& g : moe_gradients_) zero_state<Backend>(g);
@@ -187,6 +195,7 @@ public:
         if (next.empty()) next = pool.acquire<float>(x.shape());
         output = next.view();
       }
+      if (layer_hook_) layer_hook_(int(l), LayerUse::forward, true);
       if (is_moe_layer(int(l))) {
         ctx_->check_activation("TransformerStack", "x", input, comm.rank());
         LayerSaved<Strategies>& saved = saved_.emplace_back();
@@ -199,6 +208,7 @@ public:
       } else {
         saved_.push_back(layer_forward<Backend>(strategies_, plan[l], comm, *ctx_, weights_[l], input, output));
       }
+      if (layer_hook_) layer_hook_(int(l), LayerUse::forward, false);
       input = output;
     }
   }
@@ -226,6 +236,7 @@ public:
         grad_out = next.view();
       }
       const TensorView<float> partial = norm_partial.view().slice(0, std::int64_t(l), 1).reshape(Shape{4, h});
+      if (layer_hook_) layer_hook_(int(l), LayerUse::backward, true);
       if (is_moe_layer(int(l))) {
         PooledBuffer<float> dy = pool.acquire<float>(dout.shape());
         const MoeContext moe(moe_->moe, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
@@ -239,6 +250,7 @@ public:
                                 partial);
       }
       saved_[l] = LayerSaved<Strategies>();  // free as we go
+      if (layer_hook_) layer_hook_(int(l), LayerUse::backward, false);
       grad_in = grad_out;
     }
     std::vector<NormWeights*> norms;
@@ -291,6 +303,7 @@ private:
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;
+  LayerHook layer_hook_;
   std::vector<std::optional<MoeSaved>> moe_saved_;
   std::vector<MoeLayerStats> moe_stats_;
 };
