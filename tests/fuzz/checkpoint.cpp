@@ -55,18 +55,6 @@ GptConfig tiny_moe() {
   return c;
 }
 
-struct CheckpointFolder {
-  fs::path path;
-  CheckpointFolder() {
-    std::string pattern = (fs::temp_directory_path() / "paradyse_fuzz_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~CheckpointFolder() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 // A checkpoint file split into its header JSON and its data buffer.
 struct SplitFile {
@@ -99,7 +87,7 @@ void read_checkpoint(const std::string& path, FuzzModel& model, bool training) {
 }  // namespace
 
 TEST_CASE("fuzz checkpoint: metadata, configuration, next step and load of mutated headers and files") {
-  CheckpointFolder dir;
+  fuzz::TempFolder dir;
   const std::string dense_path = (dir.path / "dense.safetensors").string(), moe_path = (dir.path / "moe.safetensors").string();
   run_ranks(1, [&](ThreadCommunicator& comm) {
     FuzzModel dense(tiny_dense(), 1, 0, 3);
@@ -111,11 +99,7 @@ TEST_CASE("fuzz checkpoint: metadata, configuration, next step and load of mutat
   });
   FuzzModel dense_target(tiny_dense(), 1, 0, 1), moe_target(tiny_moe(), 1, 0, 1);
   const std::string input = (dir.path / "input.safetensors").string();
-  auto write = [&](const std::string& bytes) {
-    fs::remove(input);  // a fresh file: ext4 flushes a truncated-and-rewritten one on close (slow)
-    fuzz::write_file(input, bytes);
-    return input;
-  };
+  auto write = [&](const std::string& bytes) { return dir.write("input.safetensors", bytes); };
 
   // The regression cases (issue 27): train.next_step "-6" crashed train_gpt; "x6" and "99999999999" leaked
   // std::stoi's std::invalid_argument and std::out_of_range.

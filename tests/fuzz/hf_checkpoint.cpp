@@ -23,22 +23,11 @@ namespace fs = std::filesystem;
 const std::string kHfData = std::string(PARADYSE_TEST_DATA_DIR) + "/hf";
 
 // A copy of a fixture folder, removed at the end.
-struct FolderCopy {
-  fs::path path;
-  explicit FolderCopy(const std::string& fixture) {
-    std::string pattern = (fs::temp_directory_path() / "paradyse_fuzz_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-    fs::copy(fixture, path);
-  }
-  ~FolderCopy() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  // Replaces one of its files (a fresh file: ext4 flushes a truncated-and-rewritten one on close, slowly).
+struct FolderCopy : fuzz::TempFolder {
+  explicit FolderCopy(const std::string& fixture) { fs::copy(fixture, path); }
+  // Replaces one of its files; the folder's path.
   std::string with(const std::string& name, const std::string& bytes) const {
-    fs::remove(path / name);
-    fuzz::write_file((path / name).string(), bytes);
+    (void)write(name, bytes);
     return path.string();
   }
 };

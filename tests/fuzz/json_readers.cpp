@@ -55,26 +55,7 @@ std::vector<std::string> model_config_seeds() {
   return seeds;
 }
 
-// A fresh file per input (ext4 flushes a truncated-and-rewritten file on close: slow).
-std::string write_input(const fs::path& dir, const std::string& name, const std::string& bytes) {
-  const std::string path = (dir / name).string();
-  fs::remove(path);
-  fuzz::write_file(path, bytes);
-  return path;
-}
 
-struct TempFolder {
-  fs::path path;
-  TempFolder() {
-    std::string pattern = (fs::temp_directory_path() / "paradyse_fuzz_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempFolder() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 }  // namespace
 
@@ -88,9 +69,9 @@ TEST_CASE("fuzz hardware profile: cost::profile_from_json") {
 }
 
 TEST_CASE("fuzz serving cluster spec: serve::simulated_cluster of a profile file") {
-  TempFolder dir;
+  fuzz::TempFolder dir;
   fuzz::run("cluster_spec", profile_seeds(), [&](const std::string& text) {
-    const serve::SimulatedCluster c = serve::simulated_cluster(write_input(dir.path, "cluster.json", text), 2);
+    const serve::SimulatedCluster c = serve::simulated_cluster(dir.write("cluster.json", text), 2);
     CHECK((std::isfinite(c.profile.gemm.flops_per_s) && c.profile.gemm.flops_per_s > 0));
     CHECK(c.dtype_bytes > 0);
   }, {}, (dir.path / "cluster.json").string());
@@ -167,10 +148,10 @@ TEST_CASE("fuzz sensitivity table: moe::sensitivity_from_json") {
     CHECK(s.layers() >= 1);
   });
   // From a file, every error names it (sensitivity_from_json's said only "sensitivity: ...").
-  TempFolder dir;
+  fuzz::TempFolder dir;
   const std::string path = (dir.path / "table.json").string();
   fuzz::run("sensitivity_file", seeds, [&](const std::string& text) {
-    const SensitivityTable s = load_sensitivity(write_input(dir.path, "table.json", text));
+    const SensitivityTable s = load_sensitivity(dir.write("table.json", text));
     CHECK(s.layers() >= 1);
   }, {R"({"format": "paradyse.alloc_moe.sensitivity", "version": 1, "metric": "loss_increase", "base": 0,
           "calibration_tokens": 1, "layers": [{"top_k": 3, "delta": [1, 0]}]})"}, path);
@@ -206,9 +187,9 @@ TEST_CASE("fuzz Hugging Face config.json: serve::decoder_config and serve::model
 }
 
 TEST_CASE("fuzz published routing statistics: serve::published_routing") {
-  TempFolder dir;
+  fuzz::TempFolder dir;
   fuzz::run("published_routing", {fuzz::read_file(kTestData + "/hf/eplb_example.json")}, [&](const std::string& text) {
-    serve::WeightedRouting w = serve::published_routing(write_input(dir.path, "eplb.json", text), 1);
+    serve::WeightedRouting w = serve::published_routing(dir.write("eplb.json", text), 1);
     std::int64_t pairs = 0;
     for (std::int64_t c : w.counts(0, 0, 16, 8, 2)) pairs += c;
     CHECK(pairs == 32);

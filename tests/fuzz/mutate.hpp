@@ -40,6 +40,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -69,6 +70,31 @@ inline void write_file(const std::string& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), std::streamsize(bytes.size()));
 }
+
+// A fresh folder under the system's temporary folder, removed with everything in it at the end of the scope.
+struct TempFolder {
+  std::filesystem::path path;
+  TempFolder() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "paradyse_fuzz_XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  ~TempFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  // Writes `bytes` as the file `name` of the folder, a fresh file per input (ext4 flushes a truncated-and-rewritten
+  // file on close: slow); its path.
+  std::string write(const std::string& name, std::string_view bytes) const {
+    const std::string file = (path / name).string();
+    std::error_code ignored;
+    std::filesystem::remove(file, ignored);
+    write_file(file, bytes);
+    return file;
+  }
+};
 
 // ---- the budget -------------------------------------------------------------------------------------------------
 

@@ -31,26 +31,6 @@ const std::string kTextTestData = PARADYSE_TEST_DATA_DIR;                   // t
 const std::string kTextRepositoryData = kTextTestData + "/../../data";      // data/
 constexpr std::int64_t kMaxLength = std::int64_t(1) << 28;
 
-struct TextTempFolder {
-  fs::path path;
-  TextTempFolder() {
-    std::string pattern = (fs::temp_directory_path() / "paradyse_fuzz_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TextTempFolder() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  // A fresh file per input (ext4 flushes a truncated-and-rewritten file on close: slow).
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const std::string file = (path / name).string();
-    fs::remove(file);
-    fuzz::write_file(file, bytes);
-    return file;
-  }
-};
-
 }  // namespace
 
 TEST_CASE("fuzz length distribution and length list: data::parse_distribution, data::parse_lengths") {
@@ -67,7 +47,7 @@ TEST_CASE("fuzz length distribution and length list: data::parse_distribution, d
 }
 
 TEST_CASE("fuzz Azure request trace: serve::read_azure_trace") {
-  TextTempFolder dir;
+  fuzz::TempFolder dir;
   const std::vector<std::string> seeds = {
       fuzz::read_file(kTextTestData + "/traces/azure_code_head20.csv"),
       "ContextTokens,TIMESTAMP,GeneratedTokens\r\n12,0.5,3\r\n7,0.75,1\r\n9,2,8\r\n"};
@@ -91,7 +71,7 @@ TEST_CASE("fuzz Azure request trace: serve::read_azure_trace") {
 }
 
 TEST_CASE("fuzz routing record: serve::load_routing_record") {
-  TextTempFolder dir;
+  fuzz::TempFolder dir;
   // A record written by the library: 3 steps of 2 MoE layers over 4 experts, top-2 of 8, 5 and 1 tokens.
   serve::RoutingRecorder recorder;
   const std::vector<std::vector<std::int64_t>> routed = {{4, 4, 4, 4}, {2, 3, 3, 2}, {1, 0, 1, 0}};
@@ -122,7 +102,7 @@ TEST_CASE("fuzz routing record: serve::load_routing_record") {
 }
 
 TEST_CASE("fuzz corpus document: data::load and the windows a run draws from it") {
-  TextTempFolder dir;
+  fuzz::TempFolder dir;
   const std::string seed = "Mr. Speaker, Mr. President, and distinguished Members of the Congress, I come before you.\n";
   fuzz::run("corpus", {seed, seed + seed + seed}, [&](const std::string& text) {
     (void)dir.write("speech.txt", text);
