@@ -25,13 +25,6 @@ std::string failure(auto&& f) {
   return "accepted";
 }
 
-TrainingSetup seq_batch(std::int64_t seq, std::int64_t batch) {
-  TrainingSetup s;
-  s.seq = seq;
-  s.global_batch = batch;
-  return s;
-}
-
 }  // namespace hostile_input_test
 
 using namespace hostile_input_test;
@@ -39,7 +32,7 @@ using namespace hostile_input_test;
 TEST_CASE("hostile: a pipeline whose stages straddle nodes is priced on the network") {
   // gpt-175b over dgx-a100 x 64: dp = 1 pp = 16 tp = 4 has stage neighbours 4 ranks apart, half of its hops between
   // nodes; it was priced at NVLink (an aligned pair of span 8) and got less pipeline time than dp = 2 pp = 8 tp = 4.
-  const PerformanceModel model(gpt_175b(), dgx_a100(), seq_batch(2048, 512), 64);
+  const PerformanceModel model(gpt_175b(), dgx_a100(), TrainingSetup{.seq = 2048, .global_batch = 512}, 64);
   const Estimate deep = model.evaluate({.dp = 1, .pp = 16, .tp_y = 4, .zero = 1, .recompute = Recompute::full});
   const Estimate wide = model.evaluate({.dp = 2, .pp = 8, .tp_y = 4, .zero = 1, .recompute = Recompute::full});
   REQUIRE(deep.valid);
@@ -53,7 +46,7 @@ TEST_CASE("hostile: a pipeline whose stages straddle nodes is priced on the netw
   // With the network at 1 B/s every configuration crossing it is priced so; pp = 16 must not rank first.
   ClusterProfile slow = dgx_a100();
   slow.levels[1].bytes_per_s = 1;
-  const PerformanceModel on_slow(gpt_175b(), slow, seq_batch(2048, 512), 64);
+  const PerformanceModel on_slow(gpt_175b(), slow, TrainingSetup{.seq = 2048, .global_batch = 512}, 64);
   const SearchResult r = search::search(on_slow, {.space = space_3d(), .top_k = 3});
   REQUIRE(!r.top.empty());
   CHECK(r.top.front().config.pp != 16);
@@ -181,7 +174,8 @@ TEST_CASE("hostile: shapes that would make the search run without end are refuse
         }).find("layers = 999999999999 must be in [1, 100000]") != std::string::npos);
   // seq and global batch of 2^24 on 2,048 devices: the search ends (nothing fits, or a best) within seconds.
   const auto start = std::chrono::steady_clock::now();
-  const PerformanceModel model(gpt_175b(), dgx_h100(), seq_batch(std::int64_t(1) << 24, std::int64_t(1) << 24), 2048);
+  const std::int64_t huge = std::int64_t(1) << 24;
+  const PerformanceModel model(gpt_175b(), dgx_h100(), TrainingSetup{.seq = huge, .global_batch = huge}, 2048);
   const std::string outcome = failure([&] { search::search(model, {.top_k = 1}); });
   CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 60);
   CHECK(divisors(std::int64_t(1) << 24).size() == 25);

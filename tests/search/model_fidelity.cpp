@@ -3,6 +3,7 @@
 // schedule allows, and context parallelism as a ring or as Llama 3's all-gather; each against a hand-computed case.
 #include "paradyse/search/mesh_groups.hpp"
 #include "paradyse/search/search.hpp"
+#include "ideal_cluster.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,6 +13,7 @@
 
 using namespace paradyse;
 using namespace paradyse::search;
+using paradyse::search::testing::ideal_cluster;
 
 namespace model_fidelity_test {
 
@@ -21,34 +23,13 @@ TrainingModel eight_layers() {
           .vocab = 1024, .tied_embeddings = true};
 }
 
-// Compute at one rate (no overheads, no operand or elementwise traffic unless `elementwise` is finite), attention
-// backward twice the forward, and the given link levels.
-ClusterProfile rate_cluster(double rate, std::vector<LinkLevel> levels, double elementwise = 1e30) {
-  ClusterProfile c;
-  c.name = "rate";
-  c.device.memory_bytes = std::int64_t(1) << 40;
-  c.device.gemm = {.overhead_s = 0, .flops_per_s = rate, .bytes_per_s = 0};
-  c.device.attention = {.overhead_s = 0, .forward_flops_per_s = rate, .backward_flops_per_s = 1.25 * rate};
-  c.device.elementwise_bytes_per_s = elementwise;
-  c.peak_flops_per_s = rate;
-  c.levels = std::move(levels);
-  return c;
-}
-
-TrainingSetup sized(std::int64_t seq, std::int64_t batch) {
-  TrainingSetup s;
-  s.seq = seq;
-  s.global_batch = batch;
-  return s;
-}
-
 }  // namespace model_fidelity_test
 
 using namespace model_fidelity_test;
 
 TEST_CASE("model: MFU counts causal attention as the half square by default, the full square on request") {
   const TrainingModel m = llama3_405b();
-  TrainingSetup s = sized(131072, 128);
+  TrainingSetup s{.seq = 131072, .global_batch = 128};
   const PerformanceModel causal(m, dgx_h100(), s, 16384);
   s.flops = FlopConvention::full;
   const PerformanceModel full(m, dgx_h100(), s, 16384);
@@ -63,7 +44,7 @@ TEST_CASE("model: MFU counts causal attention as the half square by default, the
   CHECK(a.step_s == b.step_s);  // the time is the kernels'; only the count differs
   CHECK(b.mfu / a.mfu == doctest::Approx(full.model_flops_per_step() / causal.model_flops_per_step()));
   // A model that is not causal counts the full square under either convention.
-  TrainingSetup bidirectional = sized(4096, 8);
+  TrainingSetup bidirectional{.seq = 4096, .global_batch = 8};
   bidirectional.causal = false;
   CHECK(bidirectional.flop_context() == 4096);
 }
@@ -86,20 +67,20 @@ TEST_CASE("model: uneven pipeline stages, the first and last one layer fewer; on
   CHECK(std::vector<std::int64_t>{three.layers_of(0), three.layers_of(1), three.layers_of(2)} ==
         std::vector<std::int64_t>{3, 4, 3});
 
-  const TrainingSetup s = sized(8192, 2048);
+  const TrainingSetup s{.seq = 8192, .global_batch = 2048};
   CHECK(structural_problem(llama3_405b(), s, {.dp = 64, .pp = 16, .tp_y = 8}, 8192).empty());
   CHECK(structural_problem(llama3_405b(), s, {.dp = 64, .pp = 16, .tp_y = 8, .virtual_stages = 7}, 8192).empty());
   CHECK(structural_problem(llama3_405b(), s, {.dp = 64, .pp = 16, .tp_y = 8, .virtual_stages = 8}, 8192)
             .find("layers = 126 cannot be cut into pp = 16 stages of v = 8 chunks") != std::string::npos);
   TrainingModel shallow = eight_layers();
-  CHECK(structural_problem(shallow, sized(2048, 16), {.pp = 16}, 16).find("the shortest stage would hold 0") !=
-        std::string::npos);
+  CHECK(structural_problem(shallow, TrainingSetup{.seq = 2048, .global_batch = 16}, {.pp = 16}, 16)
+            .find("the shortest stage would hold 0") != std::string::npos);
 
   // Hand-computed: 8 layers on 3 stages hold 2, 3, 3; the last (3 layers and the logits) is the slowest. On a device
   // of one rate, the compute is m x 3 x (3 layers' forward + the logits' forward) FLOPs.
   const double rate = 1e12;
-  const ClusterProfile cluster = rate_cluster(rate, {{"node", 8, 0, 1e30}, {"net", 0, 0, 1e30}});
-  const TrainingSetup small = sized(1024, 6);
+  const ClusterProfile cluster = ideal_cluster(rate, {{"node", 8, 0, 1e30}, {"net", 0, 0, 1e30}});
+  const TrainingSetup small{.seq = 1024, .global_batch = 6};
   const PerformanceModel model(shallow, cluster, small, 3);
   const Estimate e = model.evaluate({.pp = 3, .micro_batch = 1});
   REQUIRE(e.valid);
@@ -115,8 +96,8 @@ TEST_CASE("model: uneven pipeline stages, the first and last one layer fewer; on
 
 TEST_CASE("model: tensor parallelism without sequence parallelism all-reduces and keeps norms whole on every rank") {
   const TrainingModel m = eight_layers();
-  const TrainingSetup s = sized(2048, 8);
-  const ClusterProfile cluster = rate_cluster(1e12, {{"node", 8, 1e-6, 100e9}, {"net", 0, 5e-6, 10e9}}, 1e12);
+  const TrainingSetup s{.seq = 2048, .global_batch = 8};
+  const ClusterProfile cluster = ideal_cluster(1e12, {{"node", 8, 1e-6, 100e9}, {"net", 0, 5e-6, 10e9}}, 1e12);
   const PerformanceModel model(m, cluster, s, 4);
   const ParallelConfig sp{.tp_y = 4, .micro_batch = 1, .recompute = Recompute::full};
   ParallelConfig no_sp = sp;
@@ -140,10 +121,10 @@ TEST_CASE("model: tensor parallelism without sequence parallelism all-reduces an
 
 TEST_CASE("model: ZeRO-3 gathers hide under one layer's compute at most; the first gather and last scatter show") {
   const TrainingModel m = eight_layers();
-  const TrainingSetup s = sized(2048, 8);
+  const TrainingSetup s{.seq = 2048, .global_batch = 8};
   // Slow compute: every gather is shorter than a layer, so only the first gather of each pass and the last
   // reduce-scatter are exposed (the old model hid them all).
-  const ClusterProfile cluster = rate_cluster(1e9, {{"node", 8, 1e-6, 100e9}, {"net", 0, 5e-6, 10e9}});
+  const ClusterProfile cluster = ideal_cluster(1e9, {{"node", 8, 1e-6, 100e9}, {"net", 0, 5e-6, 10e9}});
   const PerformanceModel model(m, cluster, s, 2);
   const ParallelConfig c{.dp = 2, .zero = 3, .micro_batch = 1};
   const Estimate e = model.evaluate(c);
@@ -163,8 +144,8 @@ TEST_CASE("model: ZeRO-3 gathers hide under one layer's compute at most; the fir
 
 TEST_CASE("model: context parallelism as a ring over nodes is priced on the network; as an all-gather, exposed") {
   const TrainingModel m = eight_layers();
-  const TrainingSetup s = sized(16384, 4);
-  const ClusterProfile cluster = rate_cluster(1e15, {{"node", 8, 1e-6, 100e9}, {"net", 0, 5e-6, 10e9}});
+  const TrainingSetup s{.seq = 16384, .global_batch = 4};
+  const ClusterProfile cluster = ideal_cluster(1e15, {{"node", 8, 1e-6, 100e9}, {"net", 0, 5e-6, 10e9}});
   const PerformanceModel model(m, cluster, s, 16);
   // cp = 16 over two nodes: every ring step lasts as long as its hop across the network.
   const ParallelConfig ring{.cp = 16, .micro_batch = 1};

@@ -3,6 +3,7 @@
 // link levels), the search against brute force (same top K; the bound never above a configuration it skips), the
 // Megatron-LM validation, and bad input.
 #include "paradyse/search/search.hpp"
+#include "ideal_cluster.hpp"
 #include "paradyse/search/mesh_groups.hpp"
 #include "paradyse/search/validation.hpp"
 
@@ -15,6 +16,7 @@
 
 using namespace paradyse;
 using namespace paradyse::search;
+using paradyse::search::testing::ideal_cluster;
 
 namespace {
 
@@ -33,27 +35,6 @@ TrainingModel small_dense() {
 TrainingModel small_moe() {
   return {.name = "small-moe", .layers = 4, .hidden = 512, .heads = 8, .kv_heads = 2, .head_dim = 64, .ffn = 1024,
           .vocab = 1024, .swiglu = true, .experts = 4, .top_k = 2, .expert_ffn = 1024};
-}
-
-// A device whose compute is FLOPs over one rate (no overheads, no operand or elementwise traffic), whose attention
-// backward does its 2.5x FLOPs at 1.25x the rate (so 2x the forward time), and links of the given levels.
-ClusterProfile ideal_cluster(double rate, std::vector<LinkLevel> levels) {
-  ClusterProfile c;
-  c.name = "ideal";
-  c.device.memory_bytes = std::int64_t(1) << 40;
-  c.device.gemm = {.overhead_s = 0, .flops_per_s = rate, .bytes_per_s = 0};
-  c.device.attention = {.overhead_s = 0, .forward_flops_per_s = rate, .backward_flops_per_s = 1.25 * rate};
-  c.device.elementwise_bytes_per_s = 1e30;
-  c.peak_flops_per_s = rate;
-  c.levels = std::move(levels);
-  return c;
-}
-
-TrainingSetup setup(std::int64_t seq, std::int64_t batch) {
-  TrainingSetup s;
-  s.seq = seq;
-  s.global_batch = batch;
-  return s;
 }
 
 // Every configuration of the space on every mesh, as the search defines the space, evaluated without pruning.
@@ -91,7 +72,7 @@ TEST_CASE("search: parameter counts of the presets match their published sizes")
 
 TEST_CASE("search: memory per ZeRO stage equals the hand-computed model states") {
   const TrainingModel m = tiny_dense();
-  const TrainingSetup s = setup(32, 8);
+  const TrainingSetup s{.seq = 32, .global_batch = 8};
   const double P = 4 * 49280 + 8192;  // everything on one stage, tp = 1, embedding once (tied)
   const double layer = 49280;
   for (int zero = 0; zero <= 3; ++zero) {
@@ -124,7 +105,7 @@ TEST_CASE("search: memory per ZeRO stage equals the hand-computed model states")
 TEST_CASE("search: in-flight micro-batches of 1F1B and interleaved 1F1B; tp and cp shard the activations") {
   TrainingModel m = tiny_dense();
   m.layers = 8;
-  const TrainingSetup s = setup(32, 16);
+  const TrainingSetup s{.seq = 32, .global_batch = 16};
   // 1F1B: the first stage holds min(m, pp); interleaved: pp + (pp - 1) / v (Megatron-LM).
   CHECK(estimate_memory(m, s, {.pp = 4, .micro_batch = 1}).in_flight == 4);
   CHECK(estimate_memory(m, s, {.pp = 4, .micro_batch = 8}).in_flight == 2);  // m = 2
@@ -138,7 +119,7 @@ TEST_CASE("search: in-flight micro-batches of 1F1B and interleaved 1F1B; tp and 
 
 TEST_CASE("search: memory never falls as the micro-batch grows (what the memory pruning relies on)") {
   const TrainingModel m = small_moe();
-  const TrainingSetup s = setup(1024, 64);
+  const TrainingSetup s{.seq = 1024, .global_batch = 64};
   for (int pp : {1, 2, 4})
     for (int v : {1, 2})
       for (Recompute r : kAllRecompute)
@@ -160,7 +141,7 @@ TEST_CASE("search: on an ideal device the compute is 3x (4x with full recomputat
   const ClusterProfile cluster = ideal_cluster(rate, {{"node", 8, 0, 1e30}, {"net", 0, 0, 1e30}});
   for (const TrainingModel& m : {small_dense(), small_moe()}) {
     CAPTURE(m.name);
-    const TrainingSetup s = setup(1024, 8);
+    const TrainingSetup s{.seq = 1024, .global_batch = 8};
     const double tokens = 8.0 * 1024;
     const double forward = m.forward_flops_per_token(512) * tokens;  // causal flash: half the keys
     const double logits = 2.0 * m.embedding_parameters() * tokens;
@@ -184,7 +165,7 @@ TEST_CASE("search: on an ideal device the compute is 3x (4x with full recomputat
 
 TEST_CASE("search: the bubble is (pp - 1) / v slowest-stage micro-batch times") {
   TrainingModel m = small_dense();
-  const PerformanceModel model(m, dgx_a100(), setup(2048, 64), 16);
+  const PerformanceModel model(m, dgx_a100(), TrainingSetup{.seq = 2048, .global_batch = 64}, 16);
   for (int v : {1, 2, 4}) {
     CAPTURE(v);
     const ParallelConfig c{.dp = 2, .pp = 2, .tp_y = 4, .micro_batch = 2, .virtual_stages = v};
@@ -235,7 +216,7 @@ TEST_CASE("search: the pruned search finds the same top K as brute force, and th
     CAPTURE(k.model.name);
     CAPTURE(k.devices);
     // A memory limit that the unconstrained best configuration does not meet, so that memory matters.
-    TrainingSetup s = setup(k.seq, k.batch);
+    TrainingSetup s{.seq = k.seq, .global_batch = k.batch};
     PerformanceModel unconstrained(k.model, k.cluster, s, k.devices);
     const SearchResult free_best = search::search(unconstrained, {.space = space_7d(), .top_k = 1});
     REQUIRE(!free_best.top.empty());
@@ -272,7 +253,7 @@ TEST_CASE("search: the pruned search finds the same top K as brute force, and th
 }
 
 TEST_CASE("search: Mixtral 8x22B on 2,048 devices, the whole 7-D space, in under 10 s") {
-  TrainingSetup s = setup(4096, 1024);
+  TrainingSetup s{.seq = 4096, .global_batch = 1024};
   const PerformanceModel model(mixtral_8x22b(), ascend_supernode(), s, 2048);
   const SearchResult r = search::search(model, {.space = space_7d(), .top_k = 5});
   REQUIRE(r.top.size() == 5);
@@ -307,16 +288,16 @@ TEST_CASE("search: bad input is refused naming the value") {
   CHECK(message([] { cluster_preset("tpu-v5"); }).find("unknown cluster \"tpu-v5\"") != std::string::npos);
   CHECK(message([] { space_by_name("9d"); }).find("\"9d\"") != std::string::npos);
   // 13 devices: no factorisation divides a batch of 1024 and 8 heads.
-  const PerformanceModel prime(small_dense(), dgx_a100(), setup(2048, 1024), 13);
+  const PerformanceModel prime(small_dense(), dgx_a100(), TrainingSetup{.seq = 2048, .global_batch = 1024}, 13);
   CHECK(message([&] { search::search(prime, {}); }).find("no factorisation of 13 devices") != std::string::npos);
-  CHECK(message([] { PerformanceModel(small_dense(), dgx_a100(), setup(2048, 8), 0); }).find("devices = 0") !=
-        std::string::npos);
+  CHECK(message([] { PerformanceModel(small_dense(), dgx_a100(), TrainingSetup{.seq = 2048, .global_batch = 8}, 0); })
+            .find("devices = 0") != std::string::npos);
   CHECK(message([] { model_from_json(json::parse(R"({"num_hidden_layers": 2})"), "x"); }).find("hidden_size") !=
         std::string::npos);
   CHECK(message([] { model_from_json(json::parse(R"({"num_hidden_layers": 2, "hidden_size": 64,
       "num_attention_heads": 6, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 10})"), "x"); })
             .find("heads = 6 must be a positive multiple of kv_heads = 4") != std::string::npos);
-  const TrainingSetup s = setup(2048, 64);
+  const TrainingSetup s{.seq = 2048, .global_batch = 64};
   CHECK(structural_problem(small_dense(), s, {.dp = 1, .tp_y = 16}, 16).find("heads = 8 not divisible by tp_y = 16") !=
         std::string::npos);
   CHECK(structural_problem(small_moe(), s, {.dp = 2, .tp_y = 2, .ep = 4}, 4).find("ep = 4 does not divide") !=
