@@ -15,6 +15,7 @@
 #if defined(PARADYSE_WITH_CUDA)
 #include "paradyse/comm/cuda_local.hpp"
 #include "paradyse/core/statistics.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/device/runtime.hpp"
 #include "paradyse/device/stream.hpp"
 #if defined(PARADYSE_WITH_NCCL)
@@ -22,7 +23,6 @@
 #endif
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -134,7 +134,7 @@ double time_collective(Comm& comm, Op op, std::size_t size_bytes, int reps) {
   std::vector<double> times;
   for (int i = 0; i < reps + 2; ++i) {
     comm.barrier();
-    const auto start = std::chrono::steady_clock::now();
+    const pd::Timer timer;
     switch (op) {
       case Op::all_gather: comm.all_gather(input, output); break;
       case Op::reduce_scatter: comm.reduce_scatter(input, output, pd::ReduceOp::sum); break;
@@ -142,7 +142,7 @@ double time_collective(Comm& comm, Op op, std::size_t size_bytes, int reps) {
       case Op::all_to_all: comm.all_to_all(input, output); break;
     }
     pd::device::synchronize();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = timer.seconds();
     if (i >= 2) times.push_back(seconds);
   }
   return median(times);

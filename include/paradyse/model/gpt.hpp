@@ -274,10 +274,6 @@ public:
   GptStepResult forward_backward(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
                                  TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets,
                                  std::span<const std::int64_t> document_starts = {}) {
-    const LayerConfig& c = config_.layer;
-    const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
-    const std::int64_t batch = tokens.extent(0);
-
     // Counted tokens over the group first: every token's loss gradient is scaled by 1 / total.
     double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
     Tensor<std::int32_t> token_storage, target_storage;  // a device backend's copies of the batch
@@ -285,22 +281,17 @@ public:
     targets = placed_ids(targets, target_storage);
     double total_counted = 0.0;
     comm.all_reduce(std::span<const double>(&counts[1], 1), std::span<double>(&total_counted, 1), ReduceOp::sum);
-    check(total_counted > 0, "Gpt: no token of the batch has a target (all {} are the ignore index)", batch * seq_len);
+    check(total_counted > 0, "Gpt: no token of the batch has a target (all {} are the ignore index)",
+          tokens.extent(0) * seq_len);
     const float grad_scale = float(1.0 / total_counted);
 
     // This step's contributions to the replicated gradients, all-reduced at the end (so accumulation stays exact).
     Tensor<float> replicated_partial(replicated_grad_.shape());
-    const Shape activation{batch, n, h};
-    Tensor<float> hidden(activation);  // the stack's output
-    {
-      Tensor<float> x(activation);
-      Backend::embedding_forward(tokens, TensorView<const float>(embedding()), x.view());
-      stack_.set_documents(document_starts);
-      stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
-    }
+    Tensor<float> hidden = embed_and_stack_forward(comm, pool, plan, seq_len, tokens, document_starts);
+    const Shape activation = hidden.shape();  // [b, n_r, h]
     Tensor<float> dhidden(activation);
-    counts[0] = norm_head_loss<Backend>(c, hidden.view(), targets, head_parameters(replicated_partial), grad_scale,
-                                        dhidden.view());
+    counts[0] = norm_head_loss<Backend>(config_.layer, hidden.view(), targets, head_parameters(replicated_partial),
+                                        grad_scale, dhidden.view());
     hidden = Tensor<float>();
     {
       Tensor<float> dx(activation);
@@ -323,23 +314,13 @@ public:
   GptStepResult evaluate(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
                          TensorView<const std::int32_t> tokens, TensorView<const std::int32_t> targets,
                          std::span<const std::int64_t> document_starts = {}) {
-    const LayerConfig& c = config_.layer;
-    const std::int64_t n = SequenceLayout(seq_len, ranks_, c.zigzag).local_length(rank_), h = c.hidden;
-    const std::int64_t batch = tokens.extent(0);
     double counts[2] = {0.0, check_batch(comm, seq_len, tokens, targets)};  // loss sum, counted tokens
     Tensor<std::int32_t> token_storage, target_storage;  // a device backend's copies of the batch
     tokens = placed_ids(tokens, token_storage);
     targets = placed_ids(targets, target_storage);
-    const Shape activation{batch, n, h};
-    Tensor<float> hidden(activation);
-    {
-      Tensor<float> x(activation);
-      Backend::embedding_forward(tokens, TensorView<const float>(embedding()), x.view());
-      stack_.set_documents(document_starts);
-      stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
-      stack_.discard_step();  // what forward kept for a backward
-    }
-    counts[0] = norm_head_loss_forward<Backend>(c, hidden.view(), targets, final_gamma(), final_beta(),
+    Tensor<float> hidden = embed_and_stack_forward(comm, pool, plan, seq_len, tokens, document_starts);
+    stack_.discard_step();  // what forward kept for a backward
+    counts[0] = norm_head_loss_forward<Backend>(config_.layer, hidden.view(), targets, final_gamma(), final_beta(),
                                                 TensorView<const float>(head()));
     double sums[2] = {0.0, 0.0};
     comm.all_reduce(std::span<const double>(counts, 2), std::span<double>(sums, 2), ReduceOp::sum);
@@ -430,6 +411,22 @@ private:
       counted += t != ops::cpu::kIgnoreIndex ? 1.0 : 0.0;
     }
     return counted;
+  }
+
+  // The embedding and the stack's forward of this rank's (placed) tokens [b, n_r]: the stack's output [b, n_r, h].
+  // The stack keeps what its backward needs; evaluate() discards it.
+  template <Communicator C>
+  Tensor<float> embed_and_stack_forward(C& comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
+                                        TensorView<const std::int32_t> tokens,
+                                        std::span<const std::int64_t> document_starts) {
+    const std::int64_t n = SequenceLayout(seq_len, ranks_, config_.layer.zigzag).local_length(rank_);
+    const Shape activation{tokens.extent(0), n, config_.layer.hidden};
+    Tensor<float> hidden(activation);
+    Tensor<float> x(activation);
+    Backend::embedding_forward(tokens, TensorView<const float>(embedding()), x.view());
+    stack_.set_documents(document_starts);
+    stack_.forward(comm, pool, plan, seq_len, x.view(), hidden.view());
+    return hidden;
   }
 
   // Token ids (host memory, as the caller gives them) where Backend computes: the view itself for a host backend;
