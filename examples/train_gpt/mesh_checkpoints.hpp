@@ -95,7 +95,7 @@ public:
 
   // On every rank (collective over `world`), after the training: --save (the weights), unless a weight is not
   // finite (a last optimizer step that diverged; every rank learns it). Returns the exit status (1: not saved; the
-  // reason printed by the reporting rank), 0 without --save.
+  // reason printed when `reports`: this rank is the reporting process's first), 0 without --save.
   template <class C, class Chunks>
   int save_final(C& world, C& dp, C& cp, Chunks& chunks, std::span<MeshOptimizer> optimizers, bool reports) {
     if (o_.save.empty()) return 0;

@@ -535,7 +535,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       csv.row(k, s, rows, plan_name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));
     }
     checkpoints.at_end(world, dp_group, cp_group, chunks, optimizers, first_local, ranks.reports());
-    const int saved = checkpoints.save_final(world, dp_group, cp_group, chunks, optimizers, ranks.reports());
+    const int saved = checkpoints.save_final(world, dp_group, cp_group, chunks, optimizers,
+                                             first_local && ranks.reports());
     if (first_local) save_status = saved;
   });
   const double total = run_start.seconds();
