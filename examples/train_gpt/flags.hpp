@@ -68,7 +68,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
              "write the global weights at the end as safetensors (with --experts: a Hugging Face folder, Mixtral or "
              "Qwen2-MoE)", "PATH")
       .nonempty("a file name (with --experts: a folder)");
-  flags.text("--load", o.load, "start from weights --save wrote (on any number of ranks, same model)", "PATH")
+  flags.text("--load", o.load, "start from weights --save wrote (on any number of ranks or any --mesh shape, same "
+             "model)", "PATH")
       .nonempty("a checkpoint --save wrote");
   flags.text("--profile", o.profile,
              "hardware profile: a JSON file or a built-in name (default: calibrated on this machine once, cached in "
@@ -87,7 +88,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
       .nonempty("a folder (made if missing)");
   flags.text("--resume", o.resume,
              "continue the run a training checkpoint was saved in, with its options (options given here override "
-             "them); on the same number of thread ranks the losses are bit for bit those of a run that never stopped",
+             "them; --mesh or --ranks given here replace its group shape); on the same number of thread ranks (or the "
+             "same mesh) the losses are bit for bit those of a run that never stopped",
              "PATH")
       .nonempty("a training checkpoint (DIR/step_<n>.safetensors)");
   flags.integer("--stop-after", o.stop_after, 1, 10'000'000,

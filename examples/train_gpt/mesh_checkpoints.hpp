@@ -28,6 +28,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace paradyse::examples {
 
@@ -44,8 +45,24 @@ public:
   // before any training: --load's file holds finite weights; --resume's checkpoint continues inside this run, on
   // the same data schedule (with --pack-documents the steps hold one sequence per dp replica, so another dp is
   // another schedule: refused, naming the mesh it was saved on), with finite weights and moments.
-  MeshCheckpoints(const TrainingOptions& o, const DeviceMesh& mesh, int n_steps, const std::string& data, bool reports)
+  MeshCheckpoints(const TrainingOptions& o, const GptConfig& config, const DeviceMesh& mesh, int n_steps,
+                  const std::string& data, bool reports)
       : o_(o), mesh_(mesh) {
+    // The file of --load or --resume validated for this model now (configuration, tensors, checksum), not by every
+    // rank inside the training's collective call.
+    struct Input {
+      std::string_view flag;
+      const std::string& path;
+      bool moments;  // the AdamW moments too (--resume)
+    };
+    for (const Input& input : {Input{"--load", o.load, false}, Input{"--resume", o.resume, true}}) {
+      if (input.path.empty()) continue;
+      try {
+        (void)open_checkpoint(input.path, config, {.allow_missing_checksum = false, .optimizer_state = input.moments});
+      } catch (const Error& e) {
+        throw Error(fmt::format("{} {}: {}", input.flag, input.path, e.what()));
+      }
+    }
     if (!o.load.empty())
       if (const auto bad = first_nonfinite_tensor(o.load))
         throw Error(fmt::format("--load {}: tensor {}: weights that are not finite cannot train", o.load, *bad));

@@ -6,7 +6,8 @@
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
 // model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp; with --zero 3 each rank keeps 1/dp of every parameter,
 // each layer gathered around its use: model/zero3_shards.hpp). --mesh-file FILE runs a configuration file of
-// search_parallel --emit (mesh_file_run below).
+// search_parallel --emit (mesh_file_run below). Checkpoints (--save, --load, --resume, --checkpoint-every,
+// --stop-after) in the dense run's format: examples/train_gpt/mesh_checkpoints.hpp.
 //
 // Packed documents (--pack-documents B): each replica's cp group plans its own sequence (strategies must agree only
 // within a cp group and along its pp stages; the replicas meet only in the gradient reduction, so the step's time is
@@ -391,7 +392,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
               "it)", o.mesh, k, micro_batches(0), d, micro_batches(d), pp > 1 ? "" : " (or at least dp)");
     }
   // Checkpoints (examples/train_gpt/mesh_checkpoints.hpp): --resume checked now, before any training.
-  MeshCheckpoints checkpoints(o, mesh, n_steps, mesh_data_description(o, n_steps, dp), ranks.reports());
+  MeshCheckpoints checkpoints(o, config, mesh, n_steps, mesh_data_description(o, n_steps, dp), ranks.reports());
   std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
   for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
     const data::MeshStep& step = mesh_steps_[k];
