@@ -9,7 +9,9 @@
 //   layers.<l>.{norm1, norm2}.{gamma, beta}      (shapes as contract/weight_shards.hpp's GlobalLayerWeights)
 // The metadata holds the model configuration, the optimizer step count, the run's compute_dtype (f32, or bf16 for
 // a mixed-precision model: the tensors are its fp32 masters), an FNV-1a checksum of the data buffer and one of every
-// other metadata entry (format paradyse.gpt.v2; v1 files, whose metadata has no checksum, still load).
+// other metadata entry (format paradyse.gpt.v2; v1 files, whose metadata has no checksum, still load). The file is
+// written and opened through model/checkpoint_io.hpp, as the training mesh's are (model/mesh_checkpoint.hpp: the same
+// format, saved_on_mesh naming its shape), so either loads into the other.
 // MoE GPTs (GptConfig::moe): the MoE configuration is in the metadata ("moe.*"), and an MoE layer holds, instead of
 // its dense MLP, layers.<l>.moe.{router [E, h], expert_in [E, 2f, h], expert_out [E, f, h]} and, with shared
 // experts, layers.<l>.moe.{shared_in [2 fs, h], shared_out [fs, h]} (+ shared_gate [1, h]): the global expert
