@@ -12,7 +12,8 @@
 #   3. a dense run's checkpoint (--ranks CP, stopped at K) resumed on the mesh DENSE_TO: the dense run's losses within TOL;
 #   4. with --pack-documents a mesh step holds one sequence per dp replica: resuming a dp = 2 checkpoint with dp = 1 is
 #      refused, naming the dp and --load;
-#   5. with MPIEXEC and MPI_MESH (MESH@Z): 1. under mpirun, one process per rank (--backend mpi).
+#   5. --load (weights only) of the mesh's --save: on the mesh DENSE_TO and on --ranks CP, the same losses within TOL;
+#   6. with MPIEXEC and MPI_MESH (MESH@Z): 1. under mpirun, one process per rank (--backend mpi).
 #   cmake -DEXE=train_gpt -DWORK=dir -DK=2 -DCP=2 -DMESH=dp=2,pp=2@1 "-DOTHERS=mesh:pp=3,tp=2@0;ranks:2" \
 #         -DDENSE_TO=dp=2,cp=2@3 -DTOL=100 -DARGS="--steps;24;..." [-DMPIEXEC=mpiexec -DMPI_MESH=dp=2,pp=2@3] \
 #         -P train_gpt_mesh_resume.cmake
@@ -180,7 +181,26 @@ if(rc EQUAL 0 OR NOT "${err}${out}" MATCHES "each dp replica|every dp replica" O
 endif()
 message(STATUS "a --pack-documents checkpoint of dp=2 resumed on dp=1: refused, naming dp and --load")
 
-# 5. Under mpirun.
+# 5. --load (the weights only, fresh moments, from step 0): the uninterrupted mesh run's --save loaded on the mesh
+# DENSE_TO and in a plain --ranks CP run trains the same losses within TOL (the first: the loaded model's loss).
+mesh_flags(${DENSE_TO} flags)
+run_train("--load into ${flags}" ${EXE} ${ARGS} ${flags} --load ${source}/straight.safetensors --csv ${WORK}/load_mesh.csv)
+if(NOT last_output MATCHES "weights loaded from")
+  message(FATAL_ERROR "--load into ${flags}: the run does not say it loaded the weights:\n${last_output}")
+endif()
+run_train("--load into --ranks ${CP}" ${EXE} ${ARGS} --ranks ${CP} --load ${source}/straight.safetensors
+          --csv ${WORK}/load_dense.csv)
+losses_from(${WORK}/load_dense.csv 0 want)
+losses_from(${WORK}/load_mesh.csv 0 got)
+close_losses("--mesh ${MESH}'s --save loaded with ${flags}, against it loaded with --ranks ${CP}" "${want}" "${got}")
+list(GET want 0 loaded_first)
+losses_from(${WORK}/dense.csv 0 fresh)
+list(GET fresh 0 dense_first)
+if(loaded_first EQUAL dense_first)
+  message(FATAL_ERROR "--load: the loaded model's first loss equals the fresh model's (${loaded_first}): nothing loaded?")
+endif()
+
+# 6. Under mpirun.
 if(DEFINED MPIEXEC AND DEFINED MPI_MESH)
   mesh_ranks(${MPI_MESH} np)
   same_mesh("--mesh ${MPI_MESH} on ${np} MPI processes" ${WORK}/mpi ${MPI_MESH} ${MPIEXEC} -np ${np} --oversubscribe)
