@@ -6,7 +6,8 @@
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
 // model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp; with --zero 3 each rank keeps 1/dp of every parameter,
 // each layer gathered around its use: model/zero3_shards.hpp). --mesh-file FILE runs a configuration file of
-// search_parallel --emit (mesh_file_run below).
+// search_parallel --emit (mesh_file_run below). Checkpoints (--save, --load, --resume, --checkpoint-every,
+// --stop-after) in the dense run's format: examples/train_gpt/mesh_checkpoints.hpp.
 //
 // Packed documents (--pack-documents B): each replica's cp group plans its own sequence (strategies must agree only
 // within a cp group and along its pp stages; the replicas meet only in the gradient reduction, so the step's time is
@@ -27,6 +28,7 @@
 
 #include "paradyse/core/csv_table.hpp"
 #include "divergence.hpp"
+#include "mesh_checkpoints.hpp"
 #include "train_moe.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"
@@ -389,6 +391,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
               "(give every step a multiple of dp{} rows, e.g. --min-len = --max-len and --pack-tokens a multiple of "
               "it)", o.mesh, k, micro_batches(0), d, micro_batches(d), pp > 1 ? "" : " (or at least dp)");
     }
+  // Checkpoints (examples/train_gpt/mesh_checkpoints.hpp): --resume checked now, before any training.
+  MeshCheckpoints checkpoints(o, config, mesh, n_steps, mesh_data_description(o, n_steps, dp), ranks.reports());
   std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
   for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
     const data::MeshStep& step = mesh_steps_[k];
@@ -440,6 +444,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                                                 "most expensive's plan for all" : "")
                                   : std::string("rows dealt over dp"),
              pp > 1 ? "one row" : "a replica's rows", cp, double(cap) / (1024 * 1024), planning_s * 1e3);
+  if (!o.load.empty()) fmt::print("weights loaded from {}\n", o.load);
+  if (!o.resume.empty())
+    fmt::print("resumed from {}: weights, AdamW moments and optimizer step {}; the data continues at step {} of {}\n",
+               o.resume, checkpoints.first_step(), checkpoints.first_step(), n_steps);
   fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7}  {:>9}\n", "step", "len", "docs", "plan", 8 * o.layers, "loss",
              "time s", "peak MiB");
 
@@ -452,6 +460,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   std::vector<double> losses;
   for (int r = 0; r < ranks.size(); ++r) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
   const Timer run_start;
+  int save_status = 0;  // --save's (examples/train_gpt/mesh_checkpoints.hpp)
 
   ranks.run([&](auto& world, int rank) {
     using Comm = std::remove_reference_t<decltype(world)>;
@@ -473,8 +482,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;
     for (auto& chunk : chunks) optimizers.emplace_back(chunk, o.zero, dp, replica, adamw);
+    checkpoints.load(rank, chunks, optimizers);  // --load, --resume
+    const bool first_local = rank == ranks.first_local();
     BufferPool pool;
-    for (int k = 0; k < n_steps; ++k) {
+    for (int k = checkpoints.first_step(); k < checkpoints.end_step(); ++k) {
+      checkpoints.before_step(world, dp_group, cp_group, chunks, optimizers, k, first_local, ranks.reports());
       const data::MeshStep& step = mesh_steps_[std::size_t(k)];
       const std::int64_t s = step.longest(), rows = step.sequences(), documents = step.documents();
       if (!plans[std::size_t(k)][0]) {
@@ -523,6 +535,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       std::fflush(stdout);
       csv.row(k, s, rows, plan_name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));
     }
+    checkpoints.at_end(world, dp_group, cp_group, chunks, optimizers, first_local, ranks.reports());
+    const int saved = checkpoints.save_final(world, dp_group, cp_group, chunks, optimizers,
+                                             first_local && ranks.reports());
+    if (first_local) save_status = saved;
   });
   const double total = run_start.seconds();
   const std::size_t k = std::min<std::size_t>(10, losses.size());
@@ -536,7 +552,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
              mean(losses.size() - k, losses.size()));
   fmt::print("  total time                 {:.1f} s\n", total);
   csv.close();
-  return finished(csv.failed());  // examples/train_gpt/divergence.hpp
+  const bool side_output_failed = csv.failed() || checkpoints.failed();
+  if (save_status != 0) return save_status;
+  return finished(side_output_failed);  // examples/train_gpt/divergence.hpp
 }
 
 }  // namespace paradyse::examples

@@ -33,7 +33,7 @@ struct TrainingOptions {
   double lr = 3e-3;                 // peak learning rate (AdamW, linear warm-up)
   bool sorted = false;              // documents in curriculum order (sorted by length) instead of shuffled
   std::string save;                 // at the end, the global weights (dense: safetensors; MoE: a Hugging Face folder)
-  std::string load;                 // dense: start from weights --save wrote
+  std::string load;                 // dense and --mesh: start from weights --save wrote
   std::string profile;              // a hardware profile, built-in name or JSON file; empty: calibrated and cached
   std::string corpus;               // a folder of .txt documents; empty: the bundled State of the Union corpus
   RankBackend backend = RankBackend::threads;  // threads of this process, or one MPI process per rank
@@ -41,7 +41,7 @@ struct TrainingOptions {
   std::string emulate;              // dense: a100, h100 or h200: thread ranks paced like that 8-GPU node's links
   std::string dtype = "fp32";       // dense, host: fp32, or bf16 mixed precision (ops::CpuBf16: bf16 operands and
                                     // residual stream, fp32 compute, fp32 masters, gradients and AdamW states)
-  // Training checkpoints (model/resume.hpp; dense and MoE).
+  // Training checkpoints (model/resume.hpp; dense, MoE and the dense GPT on a mesh).
   int checkpoint_every = 0;         // every this many steps a training checkpoint; 0: none
   int keep = 2;                     // training checkpoints kept (the newest)
   std::string checkpoint_dir = "checkpoints";

@@ -68,6 +68,10 @@ public:
   ZeroStage stage() const noexcept { return stage_; }
   // The range of the flat vector this replica updates (all of it under ZeRO-0).
   ChunkRange owned() const noexcept { return chunk_; }
+  // AdamW's moments m and v of the owned range (owned().length elements each): for checkpoints
+  // (model/mesh_checkpoint.hpp gathers them over dp on save and scatters them on load).
+  std::span<float> moment1() noexcept { return m_.span(); }
+  std::span<float> moment2() noexcept { return v_.span(); }
   // Bytes of optimizer state (m and v) this replica holds.
   std::int64_t state_bytes() const noexcept { return 2 * chunk_.length * std::int64_t(sizeof(float)); }
   // The AdamW hyper-parameters of the next steps (a learning-rate schedule changes them between steps).

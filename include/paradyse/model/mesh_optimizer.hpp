@@ -5,7 +5,9 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/layout/chunking.hpp"
 #include "paradyse/model/adamw.hpp"
 #include "paradyse/model/data_parallel.hpp"
 #include "paradyse/model/zero3_shards.hpp"
@@ -22,13 +24,22 @@ namespace paradyse {
 // replicated over dp (the gradients summed over the replicas; the last stage's head pack in two: the head matrix
 // with weight decay, the final norm without), a plain AdamW step for the MoE tensors (reduced over the expert group);
 // under ZeRO-3 a plain AdamW step of each owned chunk (its gradient already summed over dp).
+//
+// Checkpoints (model/mesh_checkpoint.hpp): gather_moment gives a moment of one of the stage's tensors whole (as the
+// stage holds the tensor without dp sharding), gathered over dp where ZeRO shards it; scatter_moment sets this
+// replica's part of it back.
 class MeshOptimizer {
 public:
   template <class Stage>
   MeshOptimizer(Stage& stage, ZeroStage zero, int replicas, int replica, const ops::AdamWConfig& adamw) {
+    replicas_ = replicas;
+    replica_ = replica;
     if (zero == ZeroStage::three) {
       check(stage.sharded(), "MeshOptimizer: ZeRO-3 needs the stage sharded over dp first (shard_over_dp)");
+      std::size_t index = 0;
       for (Zero3Tensor& t : stage.zero3_shards()) {
+        // The tensor's state is split over dp: this replica holds its chunk, as the parts below.
+        pieces_.push_back({index++, 0, shape_elements(t.shape()), true, {}, {}});
         // The chunk's elements below t.decayed() take weight decay, the others none (the head's final norm rows).
         const std::int64_t start = t.chunk().start, length = t.chunk().length;
         const std::int64_t decayed = std::clamp<std::int64_t>(t.decayed() - start, 0, length);
@@ -40,16 +51,16 @@ public:
                             Tensor<float>(Shape{to - from})});
           ops::Cpu::fill(local_.back().m.view(), 0.0f);
           ops::Cpu::fill(local_.back().v.view(), 0.0f);
+          pieces_.back().locals.push_back(local_.size() - 1);
         };
         part(0, decayed, true);
         part(decayed, length, false);
       }
-      (void)replicas;
-      (void)replica;
       return;
     }
     const auto parameters = stage.parameters();
-    for (const auto& p : parameters) {
+    for (std::size_t index = 0; index < parameters.size(); ++index) {
+      const auto& p = parameters[index];
       const std::int64_t n = p.value->numel();
       if (n == 0) continue;
       if (!p.over_dp) {
@@ -57,12 +68,63 @@ public:
                           Tensor<float>(Shape{n}), Tensor<float>(Shape{n})});
         ops::Cpu::fill(local_.back().m.view(), 0.0f);
         ops::Cpu::fill(local_.back().v.view(), 0.0f);
+        pieces_.push_back({index, 0, n, false, {}, {local_.size() - 1}});
         continue;
       }
       const bool head = stage.last() && p.value == parameters.back().value;
       const std::int64_t decayed = head ? stage.head_matrix_elements() : (p.decays ? n : 0);
-      if (decayed > 0) add(p.value->span().subspan(0, std::size_t(decayed)), p.gradient->span().subspan(0, std::size_t(decayed)), true, zero, replicas, replica, adamw);
-      if (n > decayed) add(p.value->span().subspan(std::size_t(decayed)), p.gradient->span().subspan(std::size_t(decayed)), false, zero, replicas, replica, adamw);
+      const bool chunked = zero != ZeroStage::zero;  // ZeRO-1/2: each replica holds the state of its chunk
+      if (decayed > 0) {
+        add(p.value->span().subspan(0, std::size_t(decayed)), p.gradient->span().subspan(0, std::size_t(decayed)), true, zero, replicas, replica, adamw);
+        pieces_.push_back({index, 0, decayed, chunked, {entries_.size() - 1}, {}});
+      }
+      if (n > decayed) {
+        add(p.value->span().subspan(std::size_t(decayed)), p.gradient->span().subspan(std::size_t(decayed)), false, zero, replicas, replica, adamw);
+        pieces_.push_back({index, decayed, n - decayed, chunked, {entries_.size() - 1}, {}});
+      }
+    }
+  }
+
+  // AdamW's moment `which` (1: m, 2: v) of the stage's tensor `tensor` (its index in stage.parameters(), or under
+  // ZeRO-3 in stage.zero3_shards()) as the flat tensor of `elements` elements the stage holds without dp sharding
+  // (its cp shard), gathered over dp where ZeRO splits it. Collective over `dp`: every replica makes the same calls
+  // in the same order. Elements no optimizer steps (none today) come back 0.
+  template <Communicator C>
+  std::vector<float> gather_moment(C& dp, int which, std::size_t tensor, std::int64_t elements) {
+    check(which == 1 || which == 2, "MeshOptimizer::gather_moment: moment {}, expected 1 (m) or 2 (v)", which);
+    std::vector<float> full(static_cast<std::size_t>(elements), 0.0f);
+    for (const Piece& piece : pieces_) {
+      if (piece.tensor != tensor) continue;
+      check(piece.start + piece.length <= elements, "MeshOptimizer::gather_moment: tensor {} holds {} elements, "
+            "the optimizer steps {}", tensor, elements, piece.start + piece.length);
+      const std::vector<float> mine = held(piece, which);
+      const std::span<float> to = std::span<float>(full).subspan(std::size_t(piece.start), std::size_t(piece.length));
+      if (!piece.chunked) {
+        std::copy(mine.begin(), mine.end(), to.begin());
+        continue;
+      }
+      std::vector<std::int64_t> counts;
+      for (int r = 0; r < replicas_; ++r) counts.push_back(chunk_range(piece.length, replicas_, r).length);
+      dp.all_gather_v(std::span<const float>(mine), to, std::span<const std::int64_t>(counts));
+    }
+    return full;
+  }
+  // Sets this replica's part of moment `which` of tensor `tensor` from the whole flat tensor `full` (as
+  // gather_moment gives it). Per rank, no communication.
+  void scatter_moment(int which, std::size_t tensor, std::span<const float> full) {
+    check(which == 1 || which == 2, "MeshOptimizer::scatter_moment: moment {}, expected 1 (m) or 2 (v)", which);
+    for (const Piece& piece : pieces_) {
+      if (piece.tensor != tensor) continue;
+      check(piece.start + piece.length <= std::int64_t(full.size()), "MeshOptimizer::scatter_moment: tensor {} of "
+            "{} elements, the optimizer steps {}", tensor, full.size(), piece.start + piece.length);
+      const ChunkRange own = piece.chunked ? chunk_range(piece.length, replicas_, replica_) : ChunkRange{0, piece.length};
+      std::span<const float> from = full.subspan(std::size_t(piece.start + own.start), std::size_t(own.length));
+      for (std::span<float> part : parts(piece, which)) {
+        std::copy(from.begin(), from.begin() + std::ptrdiff_t(part.size()), part.begin());
+        from = from.subspan(part.size());
+      }
+      check(from.empty(), "MeshOptimizer::scatter_moment: tensor {}: {} elements of this replica's part left over",
+            tensor, from.size());
     }
   }
   // One AdamW step (step >= 1) at learning rate lr; collective over the dp group.
@@ -103,8 +165,36 @@ private:
     entries_.push_back({params, grads, adamw, DataParallelOptimizer<>(zero, replicas, replica, std::int64_t(params.size()), adamw)});
     entries_.back().optimizer.set_reduce_op(ReduceOp::sum);  // each replica's gradient is scaled to the whole batch
   }
+  // The optimizer state of one range [start, start + length) of a stage's tensor: whole on this replica, or chunked
+  // over dp (this replica holds chunk_range(length, dp, replica) of it); held as the moments of the entries, then of
+  // the locals, listed (their concatenation is what this replica holds).
+  struct Piece {
+    std::size_t tensor;
+    std::int64_t start, length;
+    bool chunked;
+    std::vector<std::size_t> entries, locals;
+  };
+  static std::int64_t shape_elements(const Shape& shape) {
+    std::int64_t n = 1;
+    for (std::int64_t e : shape) n *= e;
+    return n;
+  }
+  std::vector<std::span<float>> parts(const Piece& piece, int which) {
+    std::vector<std::span<float>> out;
+    for (std::size_t e : piece.entries)
+      out.push_back(which == 1 ? entries_[e].optimizer.moment1() : entries_[e].optimizer.moment2());
+    for (std::size_t l : piece.locals) out.push_back(which == 1 ? local_[l].m.span() : local_[l].v.span());
+    return out;
+  }
+  std::vector<float> held(const Piece& piece, int which) {
+    std::vector<float> out;
+    for (std::span<float> part : parts(piece, which)) out.insert(out.end(), part.begin(), part.end());
+    return out;
+  }
   std::vector<Entry> entries_;
   std::vector<Local> local_;
+  std::vector<Piece> pieces_;
+  int replicas_ = 1, replica_ = 0;
 };
 
 }  // namespace paradyse

@@ -86,6 +86,7 @@ public:
   bool first() const noexcept { return first_; }
   bool last() const noexcept { return last_; }
   const GptConfig& config() const noexcept { return config_; }
+  ChunkRange layers() const noexcept { return layers_; }  // the global layers this stage holds
   Stack& stack() noexcept { return stack_; }
 
   // The step's context: the cp group, the expert group (the cp group itself without experts), the pool, the

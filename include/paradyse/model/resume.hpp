@@ -121,11 +121,12 @@ inline void check_checkpoint_dir(const std::string& dir) {
 // weights and AdamW moments, gathered; the options as given; the next step), atomically, the newest --keep kept.
 class TrainingCheckpoints {
 public:
-  // For the run of `o` over `n_steps` steps whose data `data_description` describes (saved as train.data). With
-  // --resume every rank of `ranks` loads its weights and AdamW moments from the checkpoint; the folder of the
-  // checkpoints to write is made and checked now, not after the training.
-  template <class RanksT>
-  TrainingCheckpoints(const ResumeOptions& o, int n_steps, std::string data_description, RanksT& ranks)
+  // For the run of `o` over `n_steps` steps whose data `data_description` describes (saved as train.data): with
+  // --resume the checkpoint is checked (its step, its data schedule, finite values) and first_step() is where it
+  // continues; the folder of the checkpoints to write is made and checked now (by the reporting process `reports`),
+  // not after the training. Loading the model is the caller's (a training mesh loads inside its collective call:
+  // model/mesh_checkpoint.hpp).
+  TrainingCheckpoints(const ResumeOptions& o, int n_steps, std::string data_description, bool reports)
       : o_(o), n_steps_(n_steps), data_(std::move(data_description)), args_(saved_args(o.args)), dir_(o.checkpoint_dir) {
     if (!o.resume.empty()) {
       const TrainingCheckpointInfo info = read_training_checkpoint(o.resume);
@@ -140,11 +141,18 @@ public:
       if (const auto bad = first_nonfinite_tensor(o.resume))
         throw Error(fmt::format("--resume {}: tensor {}: weights or moments that are not finite cannot train", o.resume,
                                 *bad));
-      ranks.run([&](auto&, int r) { load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true}); });
       first_step_ = info.next_step;
     }
     end_step_ = o.stop_after > 0 ? std::min(n_steps, first_step_ + o.stop_after) : n_steps;
-    if ((o.checkpoint_every > 0 || o.stop_after > 0) && ranks.reports()) check_checkpoint_dir(o.checkpoint_dir);
+    if ((o.checkpoint_every > 0 || o.stop_after > 0) && reports) check_checkpoint_dir(o.checkpoint_dir);
+  }
+  // The same for a group of single-group models (comm/ranks.hpp): with --resume every rank of `ranks` loads its
+  // weights and AdamW moments from the checkpoint.
+  template <class RanksT>
+  TrainingCheckpoints(const ResumeOptions& o, int n_steps, std::string data_description, RanksT& ranks)
+      : TrainingCheckpoints(o, n_steps, std::move(data_description), ranks.reports()) {
+    if (!o.resume.empty())
+      ranks.run([&](auto&, int r) { load_checkpoint(*ranks.models[std::size_t(r)], o.resume, {.optimizer_state = true}); });
   }
 
   // This invocation runs the steps [first_step, end_step).
@@ -153,29 +161,42 @@ public:
   // Whether a training checkpoint of this invocation failed to be written (reported; the training went on).
   bool failed() const noexcept { return failed_; }
 
+  // Whether a checkpoint is due before step `step`: every --checkpoint-every steps (none before this invocation's
+  // first step).
+  bool due_before(int step) const noexcept {
+    return o_.checkpoint_every > 0 && step > first_step_ && step % o_.checkpoint_every == 0;
+  }
+  // Whether a checkpoint is due after the last step: when the end falls on --checkpoint-every, or where --stop-after
+  // stopped early. It continues at end_step().
+  bool due_at_end() const noexcept {
+    return end_step_ > first_step_ && ((o_.checkpoint_every > 0 && end_step_ % o_.checkpoint_every == 0) ||
+                                       (o_.stop_after > 0 && end_step_ < n_steps_));
+  }
+  // The file and the save options (weights, moments, the run's metadata) of the checkpoint that continues at
+  // `next_step`.
+  std::string path_of(int next_step) const { return training_checkpoint_path(dir_, next_step).string(); }
+  CheckpointSaveOptions save_options(int next_step) const {
+    return {.optimizer_state = true,
+            .extra = {{"train.args", args_}, {"train.next_step", std::to_string(next_step)}, {"train.data", data_}}};
+  }
+
   // Before step `step`: a checkpoint every --checkpoint-every steps (none before this invocation's first step).
   template <class RanksT>
   void before_step(RanksT& ranks, int step) {
-    if (o_.checkpoint_every > 0 && step > first_step_ && step % o_.checkpoint_every == 0) save(ranks, step);
+    if (due_before(step)) save(ranks, step);
   }
   // After the last step: a checkpoint when the end falls on --checkpoint-every, or where --stop-after stopped early.
   template <class RanksT>
   void at_end(RanksT& ranks) {
-    if (end_step_ > first_step_ && ((o_.checkpoint_every > 0 && end_step_ % o_.checkpoint_every == 0) ||
-                                    (o_.stop_after > 0 && end_step_ < n_steps_)))
-      save(ranks, end_step_);
+    if (due_at_end()) save(ranks, end_step_);
   }
   // The checkpoint that continues at `next_step`: collective over `ranks` (each pool trimmed first, within the cap).
   // A checkpoint that cannot be written (a full disk, a folder gone) is a side output: reported on stderr with the
-  // system's reason, failed() set, and the training goes on. Then the oldest checkpoints this invocation wrote beyond
-  // --keep are removed: only its own (a user's step_best.safetensors, or a longer earlier run's step_000100, stay),
-  // so the one just announced is never the one removed.
+  // system's reason, failed() set, and the training goes on (record).
   template <class RanksT>
   void save(RanksT& ranks, int next_step) {
-    const std::string path = training_checkpoint_path(dir_, next_step).string();
-    const CheckpointSaveOptions options{
-        .optimizer_state = true,
-        .extra = {{"train.args", args_}, {"train.next_step", std::to_string(next_step)}, {"train.data", data_}}};
+    const std::string path = path_of(next_step);
+    const CheckpointSaveOptions options = save_options(next_step);
     try {
       ranks.run([&](auto& comm, int r) {
         ranks.pools[std::size_t(r)]->trim();
@@ -186,15 +207,27 @@ public:
     } catch (const CommError&) {  // a rank lost: not a side output
       throw;
     } catch (const Error& e) {
+      record(next_step, ranks.reports(), e.what());
+      return;
+    }
+    record(next_step, ranks.reports());
+  }
+  // After the collective save of the checkpoint that continues at `next_step` (once per process): `failure` empty,
+  // it was written: the oldest checkpoints this invocation wrote beyond --keep are removed (by the reporting process
+  // `reports`): only its own (a user's step_best.safetensors, or a longer earlier run's step_000100, stay), so the one
+  // just announced is never the one removed. Else it is reported on stderr and failed() set.
+  void record(int next_step, bool reports, const std::string& failure = {}) {
+    const std::string path = path_of(next_step);
+    if (!failure.empty()) {
       failed_ = true;
-      if (ranks.reports())
+      if (reports)
         std::fprintf(stderr, "train_gpt: warning: the training checkpoint %s (step %d) was not written: %s; the "
-                     "training goes on\n", path.c_str(), next_step, e.what());
+                     "training goes on\n", path.c_str(), next_step, failure.c_str());
       return;
     }
     std::erase(written_, path);  // written again: listed once
     written_.push_back(path);
-    if (ranks.reports()) {
+    if (reports) {
       while (written_.size() > std::size_t(o_.keep)) {
         std::error_code error;
         std::filesystem::remove(written_.front(), error);

@@ -1,0 +1,266 @@
+// paradyse/model/mesh_checkpoint.hpp: checkpoints of a GPT trained on the mesh (model/mesh_stage.hpp's stages,
+// model/mesh_optimizer.hpp's AdamW) in the single group's file format (model/checkpoint_format.hpp, written through
+// model/checkpoint_io.hpp): one logical full model, so a checkpoint saved on one mesh shape loads on any other
+// (dp, pp, virtual stages, cp or tp, ZeRO 0-3) and into the single group's Gpt (model/checkpoint.hpp's
+// load_checkpoint), and the Gpt's checkpoints load into a mesh.
+//
+//   save_mesh_checkpoint(mesh, world, dp, cp, chunks, optimizers, step, path, {.optimizer_state = true});
+//   load_mesh_checkpoint(mesh, world.rank(), chunks, optimizers, path, {.optimizer_state = true});
+//
+// Saving (collective over the world): every global tensor in the file's data order is put together by the ranks of
+// the pp stage that holds it: under ZeRO-3 its dp chunks all-gathered first, a layer's cp (or tp) shards gathered
+// into the global matrices (checkpoint_gather.hpp's gather_layer), and AdamW's moments the same way after
+// MeshOptimizer::gather_moment has gathered ZeRO-1/2/3's dp chunks of them. The stage's rank of dp replica 0 and
+// cp rank 0 sends it to world rank 0, which writes the one file atomically (only one layer's global tensors are
+// alive at a time). The metadata says the step, the world size (saved_on_ranks) and the mesh (saved_on_mesh).
+//
+// Loading (per rank, no communication): the file is validated whole first (open_checkpoint: configuration, names,
+// shapes, checksum), then each rank reads the global tensors of its chunks' layers (and the embedding on the first
+// stage, the head and final norm on the last) and keeps its pieces: its cp shard (shard_of), under ZeRO-3 only its
+// dp chunk of that, and its part of the moments (MeshOptimizer::scatter_moment). The floats are copied, never
+// computed, so a save and a load on any two meshes give back the same bits.
+//
+// Not covered yet: a mesh with MoE layers (refused by name: the experts folded over dp x cp are not gathered here).
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/layout/chunking.hpp"
+#include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/model/checkpoint_gather.hpp"
+#include "paradyse/model/checkpoint_io.hpp"
+#include "paradyse/model/mesh_optimizer.hpp"
+#include "paradyse/model/mesh_stage.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace paradyse {
+
+namespace mesh_checkpoint_detail {
+
+// This rank's place on the mesh (axes dp, pp, cp, tp; the stage's group is cp x tp, one of them 1).
+struct Place {
+  int replica, stage, cp_rank, dp, pp, cp;
+};
+inline Place place_of(const DeviceMesh& mesh, int rank) {
+  const MeshCoordinate at = mesh.coordinate(rank);
+  return {at[0], at[1], mesh.group_index(rank, {"cp", "tp"}), mesh.axis_size("dp"), mesh.axis_size("pp"),
+          mesh.axis_size("cp") * mesh.axis_size("tp")};
+}
+// The world rank of dp replica `replica`, pp stage `stage`, cp (or tp) rank `cp_rank`.
+inline int world_rank_of(const DeviceMesh& mesh, int replica, int stage, int cp_rank) {
+  const int tp = mesh.axis_size("tp");
+  return mesh.rank_of(MeshCoordinate({replica, stage, cp_rank / tp, cp_rank % tp}));
+}
+
+// The tensor indices of a stage (in stage.parameters(), or under ZeRO-3 in stage.zero3_shards(): the same order for
+// a dense stage): per layer attention, MLP, norms; then the embedding (first stage), the head pack (last stage).
+inline std::size_t layer_tensor(std::size_t layer, int part) { return 3 * layer + std::size_t(part); }
+template <class Stage>
+std::size_t embedding_tensor(Stage& stage) { return 3 * std::size_t(stage.layers().length); }
+template <class Stage>
+std::size_t head_tensor(Stage& stage) { return 3 * std::size_t(stage.layers().length) + (stage.first() ? 1 : 0); }
+
+// The flat tensor `index` of `stage` as the stage holds it without dp sharding (its cp shard): state 0 the value
+// (under ZeRO-3 its dp chunks all-gathered), 1 and 2 AdamW's moments. Collective over dp.
+template <class Stage, Communicator C>
+std::vector<float> stage_tensor(Stage& stage, MeshOptimizer& optimizer, C& dp, int state, std::size_t index) {
+  std::int64_t elements = 0;
+  if (stage.sharded()) {
+    Zero3Tensor& t = stage.zero3_shards()[index];
+    elements = 1;
+    for (std::int64_t e : t.shape()) elements *= e;
+    if (state == 0) {
+      std::vector<std::int64_t> counts;
+      for (int r = 0; r < int(dp.size()); ++r) counts.push_back(chunk_range(elements, int(dp.size()), r).length);
+      std::vector<float> full(static_cast<std::size_t>(elements));
+      dp.all_gather_v(std::span<const float>(t.value().span()), std::span<float>(full),
+                      std::span<const std::int64_t>(counts));
+      return full;
+    }
+  } else {
+    const Tensor<float>& value = *stage.parameters()[index].value;
+    elements = value.numel();
+    if (state == 0) return std::vector<float>(value.span().begin(), value.span().end());
+  }
+  return optimizer.gather_moment(dp, state, index, elements);
+}
+
+// Sets this rank's part of the flat tensor `index` of `stage` (state as stage_tensor's) from `full` (the tensor as
+// the stage holds it without dp sharding). Copies into the tensors in place: the optimizer's views stay valid.
+template <class Stage>
+void set_stage_tensor(Stage& stage, MeshOptimizer* optimizer, int state, std::size_t index, std::span<const float> full,
+                      const std::string& path) {
+  if (state > 0) {
+    optimizer->scatter_moment(state, index, full);
+    return;
+  }
+  std::span<float> to;
+  std::span<const float> from = full;
+  if (stage.sharded()) {
+    Zero3Tensor& t = stage.zero3_shards()[index];
+    to = t.value().span();
+    from = full.subspan(std::size_t(t.chunk().start), std::size_t(t.chunk().length));
+  } else {
+    to = stage.parameters()[index].value->span();
+  }
+  check(to.size() == from.size(), "checkpoint {}: tensor {} of the stage holds {} elements, the file gives {}", path,
+        index, to.size(), from.size());
+  std::copy(from.begin(), from.end(), to.begin());
+}
+
+// Sends `data` (count elements, on the source rank) to world rank 0 (the writer), which receives it into `out`.
+template <Communicator C>
+void to_writer(C& world, int source, std::span<const float> data, std::vector<float>& out, std::int64_t count) {
+  if (world.rank() == 0) out.resize(static_cast<std::size_t>(count));
+  if (source == 0) {
+    if (world.rank() == 0) std::copy(data.begin(), data.end(), out.begin());
+    return;
+  }
+  if (world.rank() == source) world.send(data, 0);
+  else if (world.rank() == 0) world.recv(std::span<float>(out), source);
+}
+
+}  // namespace mesh_checkpoint_detail
+
+// Writes the model trained on `mesh` (every rank's `chunks`, the virtual stages c * pp + its pp index, and their
+// `optimizers`, one per chunk) to `path` atomically, with AdamW's moments when options.optimizer_state. `step`: the
+// optimizer steps taken. Collective over `world`; `dp` and `cp` are this rank's dp group and stage group (cp or tp).
+// World rank 0 writes the file. When it throws (a write error), every rank throws and the file at `path` is unchanged.
+template <class Strategies, Communicator C>
+void save_mesh_checkpoint(const DeviceMesh& mesh, C& world, C& dp, C& cp,
+                          std::span<MeshGptStage<Strategies, C>> chunks, std::span<MeshOptimizer> optimizers,
+                          std::int64_t step, const std::string& path, const CheckpointSaveOptions& options = {}) {
+  using namespace checkpoint_detail;
+  using namespace mesh_checkpoint_detail;
+  check(!chunks.empty() && chunks.size() == optimizers.size(), "save_mesh_checkpoint: {} chunks and {} optimizers",
+        chunks.size(), optimizers.size());
+  const GptConfig& config = chunks.front().config();
+  check(!config.moe, "saving a checkpoint of a mesh with MoE layers is not supported yet (the experts folded over "
+        "dp x cp are not gathered): train the MoE GPT on one group (train_gpt --experts) to save");
+  const Place at = place_of(mesh, int(world.rank()));
+  const int v = int(chunks.size()), stages = at.pp * v;
+  CheckpointWriter out(world.rank() == 0, path, config,
+                       {.step = step, .saved_on_ranks = int(world.size()), .compute_dtype = "f32", .saved_on_mesh = mesh.to_string()},
+                       options);
+  const std::int64_t vocab = config.vocab, h = config.layer.hidden;
+  std::vector<float> received;
+  // Global tensor `name` of `count` elements, held as `data` by the world rank `source`, to the writer and the file.
+  const auto write = [&](int source, const std::string& name, std::span<const float> data, std::int64_t count) {
+    to_writer(world, source, data, received, count);
+    if (world.rank() == 0) out.write(name, received.data(), count);
+  };
+  for (int s = 0; s < (options.optimizer_state ? 3 : 1); ++s) {
+    const std::string prefix(kStatePrefixes[s]);
+    // The embedding (virtual stage 0: pp stage 0, chunk 0), then the head pack of the last virtual stage (pp stage
+    // pp - 1, chunk v - 1): head [V, h], final gamma, final beta.
+    {
+      const int source = world_rank_of(mesh, 0, 0, 0);
+      std::vector<float> embedding;
+      if (at.stage == 0) embedding = stage_tensor(chunks[0], optimizers[0], dp, s, embedding_tensor(chunks[0]));
+      write(source, prefix + "embedding", embedding, vocab * h);
+    }
+    {
+      const int source = world_rank_of(mesh, 0, at.pp - 1, 0);
+      std::vector<float> head;
+      auto& last = chunks[std::size_t(v - 1)];
+      if (at.stage == at.pp - 1) head = stage_tensor(last, optimizers[std::size_t(v - 1)], dp, s, head_tensor(last));
+      const std::span<const float> pack(head);
+      write(source, prefix + "head", pack.empty() ? pack : pack.subspan(0, std::size_t(vocab * h)), vocab * h);
+      write(source, prefix + "final_norm.gamma", pack.empty() ? pack : pack.subspan(std::size_t(vocab * h), std::size_t(h)), h);
+      write(source, prefix + "final_norm.beta", pack.empty() ? pack : pack.subspan(std::size_t((vocab + 1) * h), std::size_t(h)), h);
+    }
+    for (int virtual_stage = 0; virtual_stage < stages; ++virtual_stage) {
+      const int stage = virtual_stage % at.pp, c = virtual_stage / at.pp;
+      const ChunkRange layers = chunk_range(config.layers, stages, virtual_stage);
+      const int source = world_rank_of(mesh, 0, stage, 0);
+      for (std::int64_t l = layers.start; l < layers.end(); ++l) {
+        GlobalLayerWeights<float> g(config.layer);
+        if (at.stage == stage) {  // the stage's ranks put the layer together: dp chunks, then the cp shards
+          auto& chunk = chunks[std::size_t(c)];
+          check(chunk.layers().start == layers.start && chunk.layers().length == layers.length,
+                "save_mesh_checkpoint: chunk {} holds layers {}..{}, the mesh's virtual stage {} layers {}..{}", c,
+                chunk.layers().start, chunk.layers().end(), virtual_stage, layers.start, layers.end());
+          const std::size_t local = std::size_t(l - layers.start);
+          LayerWeights shard(ShardGeometry(config.layer, at.cp));
+          Tensor<float>* packs[3] = {&shard.attention.packed, &shard.mlp.packed, &shard.norms.packed};
+          for (int part = 0; part < 3; ++part) {
+            const std::vector<float> flat = stage_tensor(chunk, optimizers[std::size_t(c)], dp, s, layer_tensor(local, part));
+            check(std::int64_t(flat.size()) == packs[part]->numel(), "save_mesh_checkpoint: layer {} part {} holds {} "
+                  "elements, expected {}", l, part, flat.size(), packs[part]->numel());
+            std::copy(flat.begin(), flat.end(), packs[part]->span().begin());
+          }
+          g = gather_layer(cp, config.layer, shard);
+        }
+        for (auto [name, t] : layer_tensors(g)) {
+          const std::int64_t count = t->numel();
+          if (count > 0) write(source, fmt::format("{}layers.{}.{}", prefix, l, name), t->span(), count);
+        }
+      }
+    }
+  }
+  out.finish(world);
+}
+
+// Replaces the weights of this rank's `chunks` (world rank `rank` of `mesh`) with those of the checkpoint at `path`
+// (saved on any mesh, or by the single group's save_checkpoint), and with options.optimizer_state AdamW's moments of
+// its `optimizers` (one per chunk) too. Per rank, no communication. Returns the checkpoint's optimizer step count
+// (0 without the optimizer state). Throws, changing nothing, unless the file is a complete, uncorrupted checkpoint of
+// the same model.
+template <class Strategies, Communicator C>
+std::int64_t load_mesh_checkpoint(const DeviceMesh& mesh, int rank, std::span<MeshGptStage<Strategies, C>> chunks,
+                                  std::span<MeshOptimizer> optimizers, const std::string& path,
+                                  CheckpointLoadOptions options = {}) {
+  using namespace checkpoint_detail;
+  using namespace mesh_checkpoint_detail;
+  check(!chunks.empty(), "load_mesh_checkpoint: no model chunk");
+  check(!options.optimizer_state || optimizers.size() == chunks.size(), "load_mesh_checkpoint: {} chunks and {} "
+        "optimizers", chunks.size(), optimizers.size());
+  const GptConfig& config = chunks.front().config();
+  check(!config.moe, "loading a checkpoint into a mesh with MoE layers is not supported yet (the experts folded "
+        "over dp x cp are not scattered): train the MoE GPT on one group (train_gpt --experts) to resume");
+  const CheckedCheckpoint in = open_checkpoint(path, config, options);  // every check before anything changes
+  const Place at = place_of(mesh, rank);
+  const std::int64_t vocab = config.vocab, h = config.layer.hidden;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    auto& chunk = chunks[c];
+    MeshOptimizer* optimizer = options.optimizer_state ? &optimizers[c] : nullptr;
+    for (int s = 0; s < (options.optimizer_state ? 3 : 1); ++s) {
+      const std::string prefix(kStatePrefixes[s]);
+      if (chunk.first()) {
+        std::vector<float> embedding(static_cast<std::size_t>(vocab * h));
+        in.read(prefix + "embedding", embedding.data());
+        set_stage_tensor(chunk, optimizer, s, embedding_tensor(chunk), embedding, path);
+      }
+      if (chunk.last()) {
+        std::vector<float> pack(static_cast<std::size_t>((vocab + 2) * h));
+        in.read(prefix + "head", pack.data());
+        in.read(prefix + "final_norm.gamma", pack.data() + vocab * h);
+        in.read(prefix + "final_norm.beta", pack.data() + (vocab + 1) * h);
+        set_stage_tensor(chunk, optimizer, s, head_tensor(chunk), pack, path);
+      }
+      const ChunkRange layers = chunk.layers();
+      for (std::int64_t l = layers.start; l < layers.end(); ++l) {
+        GlobalLayerWeights<float> g(config.layer);
+        for (auto [name, t] : layer_tensors(g))
+          if (t->numel() > 0) in.read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
+        const LayerWeights shard = shard_of(g, config.layer, at.cp, at.cp_rank);
+        const Tensor<float>* packs[3] = {&shard.attention.packed, &shard.mlp.packed, &shard.norms.packed};
+        for (int part = 0; part < 3; ++part)
+          set_stage_tensor(chunk, optimizer, s, layer_tensor(std::size_t(l - layers.start), part), packs[part]->span(),
+                           path);
+      }
+    }
+  }
+  return in.step;
+}
+
+}  // namespace paradyse
