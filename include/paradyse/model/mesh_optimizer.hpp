@@ -21,7 +21,8 @@ namespace paradyse {
 // AdamW for every parameter of a stage, the single-group model's rule: one DataParallelOptimizer over dp per tensor
 // replicated over dp (the gradients summed over the replicas; the last stage's head pack in two: the head matrix
 // with weight decay, the final norm without), a plain AdamW step for the MoE tensors (reduced over the expert group);
-// under ZeRO-3 a plain AdamW step of each owned chunk (its gradient already summed over dp).
+// under ZeRO-3 a plain AdamW step of each owned chunk (its gradient already summed over dp), and of the MoE tensors
+// as without.
 class MeshOptimizer {
 public:
   template <class Stage>
@@ -44,6 +45,8 @@ public:
         part(0, decayed, true);
         part(decayed, length, false);
       }
+      for (const auto& p : stage.parameters())  // the MoE tensors, whole on every rank of their expert group
+        if (!p.over_dp) add_local(*p.value, *p.gradient, p.decays, adamw);
       (void)replicas;
       (void)replica;
       return;
@@ -53,10 +56,7 @@ public:
       const std::int64_t n = p.value->numel();
       if (n == 0) continue;
       if (!p.over_dp) {
-        local_.push_back({p.value->span(), p.gradient->span(), p.decays ? adamw : without_decay(adamw),
-                          Tensor<float>(Shape{n}), Tensor<float>(Shape{n})});
-        ops::Cpu::fill(local_.back().m.view(), 0.0f);
-        ops::Cpu::fill(local_.back().v.view(), 0.0f);
+        add_local(*p.value, *p.gradient, p.decays, adamw);
         continue;
       }
       const bool head = stage.last() && p.value == parameters.back().value;
@@ -97,6 +97,15 @@ private:
     ops::AdamWConfig config;
     Tensor<float> m, v;
   };
+  // A plain AdamW step of a whole tensor (its gradient reduced already).
+  void add_local(Tensor<float>& value, Tensor<float>& gradient, bool decays, const ops::AdamWConfig& adamw) {
+    const std::int64_t n = value.numel();
+    if (n == 0) return;
+    local_.push_back({value.span(), gradient.span(), decays ? adamw : without_decay(adamw), Tensor<float>(Shape{n}),
+                      Tensor<float>(Shape{n})});
+    ops::Cpu::fill(local_.back().m.view(), 0.0f);
+    ops::Cpu::fill(local_.back().v.view(), 0.0f);
+  }
   void add(std::span<float> params, std::span<float> grads, bool decays, ZeroStage zero, int replicas, int replica,
            ops::AdamWConfig adamw) {
     if (!decays) adamw = without_decay(adamw);
