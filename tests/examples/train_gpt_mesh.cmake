@@ -96,6 +96,10 @@ function(train_on_mesh prefix backend spec out_var)
     set(virtual "_v${CMAKE_MATCH_2}")
     set(virtual_args --virtual-stages ${CMAKE_MATCH_2})
   endif()
+  string(REPLACE ";" " " virtual_label "${virtual_args}")
+  if(virtual_label)
+    set(virtual_label " ${virtual_label}")
+  endif()
   if(mesh MATCHES "^(.*)@([0-9])$")
     set(mesh ${CMAKE_MATCH_1})
     set(zero ${CMAKE_MATCH_2})
@@ -109,16 +113,16 @@ function(train_on_mesh prefix backend spec out_var)
     foreach(size IN LISTS sizes)
       math(EXPR np "${np} * ${size}")
     endforeach()
-    train_to("--mesh ${mesh} --zero ${zero} ${virtual_args} on ${np} MPI processes" ${WORK}/${name}.csv
+    train_to("--mesh ${mesh} --zero ${zero}${virtual_label} on ${np} MPI processes" ${WORK}/${name}.csv
               ${MPIEXEC} -np ${np} --oversubscribe ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero} ${virtual_args}
               --backend mpi)
   else()
-    train_to("--mesh ${mesh} --zero ${zero} ${virtual_args} on threads" ${WORK}/${name}.csv ${EXE} ${ARGN} --mesh ${mesh}
+    train_to("--mesh ${mesh} --zero ${zero}${virtual_label} on threads" ${WORK}/${name}.csv ${EXE} ${ARGN} --mesh ${mesh}
               --zero ${zero} ${virtual_args})
   endif()
   csv_losses(${WORK}/${name}.csv losses)
   set(${out_var} "${losses}" PARENT_SCOPE)
-  set(last_run "--mesh ${mesh} --zero ${zero} ${virtual_args} (${backend})" PARENT_SCOPE)
+  set(last_run "--mesh ${mesh} --zero ${zero}${virtual_label} (${backend})" PARENT_SCOPE)
   set(last_csv ${WORK}/${name}.csv PARENT_SCOPE)
 endfunction()
 
