@@ -123,7 +123,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
              "D x P x C ranks: dp replicas (ZeRO --zero over dp), P pipeline stages (1F1B, one row per micro-batch), "
              "cp groups in which the strategies switch per layer; the losses of the single group (--ranks C) on the "
              "same batches (use --pack-tokens to batch rows; with --pack-documents each dp replica trains a packed "
-             "sequence of its own, planned by its cp group); with --experts the MoE layers run over dp x cp",
+             "sequence of its own, planned by its cp group); with --experts the MoE layers run over dp x cp of each "
+             "stage (ep), each expert split over the tp group with tp (etp = tp)",
              "dp=D,pp=P,cp=C")
       .nonempty("axes such as dp=2,cp=2");
   flags.text("--mesh-file", o.mesh_file,

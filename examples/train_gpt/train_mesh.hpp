@@ -12,13 +12,18 @@
 // Packed documents (--pack-documents B): each replica's cp group plans its own sequence (strategies must agree only
 // within a cp group and along its pp stages; the replicas meet only in the gradient reduction, so the step's time is
 // its slowest replica's). With --experts the MoE layers span the replicas, so every replica runs the plan of the
-// step's most expensive sequence, and every replica must hold a sequence in every step (checked); pp with experts is
-// refused for now.
+// step's most expensive sequence, and every replica must hold a sequence in every step (checked); with pp stages each
+// stage's MoE layers run over that stage's dp x cp ranks, every replica running as many micro-batches (checked), the
+// router losses entering as their mean over the step's micro-batches (model/mesh_stage.hpp).
 //
 // The loss and every gradient are those of the whole step's batch: each token's loss gradient is scaled by
 // 1 / (counted tokens of the whole batch) and the dp reduction sums, so the losses equal those of the single cp group
 // training on the same batch (`train_gpt --ranks C` with the same --pack-tokens; with --experts, `--mesh cp=C`) within
 // float rounding; the ctest train_gpt_mesh checks it (and tests/model/mesh_stage.cpp against the documents alone).
+// With --experts and pp stages a step of M micro-batches per replica takes the mean of their router losses, so its
+// losses equal the single group's when every replica holds one row per step (M = 1; ctest train_gpt_mesh_moe), and
+// other stage layouts of the same dp otherwise (tests/model/mesh_experts.cpp: every gradient against the single group
+// run micro-batch by micro-batch).
 //
 // The whole run is one collective call over the world's ranks (thread ranks, or MPI processes under mpirun): the
 // mesh groups are split once, every step's plan is computed before training (it depends on the step's shape
@@ -200,22 +205,21 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   refuse_unless(c.tp_x == 1, fmt::format("tp_x={}: 2-D tensor parallelism is not trainable yet", c.tp_x));
   refuse_unless(c.tp_y == 1 || c.cp == 1, fmt::format("tp={} with cp={}: tensor parallelism inside a cp group is "
                                                       "not trainable yet", c.tp_y, c.cp));
-  refuse_unless(c.tp_y == 1 || !config.moe, fmt::format("tp={} with experts: tensor parallelism with MoE layers "
-                                                        "is not trainable yet", c.tp_y));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
-  refuse_unless(c.zero <= 2 || !config.moe, fmt::format("zero={} with experts: ZeRO-3 with MoE layers is not "
-                                                        "trainable yet", c.zero));
-  refuse_unless(c.virtual_stages == 1 || !config.moe, fmt::format("virtual_stages={} with experts: interleaved "
-                                                                  "stages with MoE layers are not trainable yet",
-                                                                  c.virtual_stages));
-  refuse_unless(c.etp == 1, fmt::format("etp={}: expert tensor parallelism folded over tp is not trainable yet",
-                                        c.etp));
-  if (config.moe)
+  // Experts: ep = dp x cp (the experts over every device of dp x cp) and etp = tp (each expert's columns over the
+  // whole tp group); the search's other layouts (ep < dp x cp or etp < tp: expert data parallelism, experts
+  // replicated over edp = dp x cp x tp / (ep x etp) > 1 groups) are refused.
+  if (config.moe) {
     refuse_unless(c.ep == c.dp * c.cp, fmt::format("ep={}: train_gpt folds the experts over all of dp x cp = {} "
-                                                   "ranks (other expert-parallel degrees are not trainable yet)",
-                                                   c.ep, c.dp * c.cp));
-  else
+                                                   "ranks (ep < dp x cp, expert data parallelism, is not trainable "
+                                                   "yet)", c.ep, c.dp * c.cp));
+    refuse_unless(c.etp == c.tp_y, fmt::format("etp={} with tp={}: train_gpt splits every expert over the whole tp "
+                                               "group (etp = tp; etp < tp, experts replicated over tp / etp groups, "
+                                               "is not trainable yet)", c.etp, c.tp_y));
+  } else {
     refuse_unless(c.ep == 1, fmt::format("ep={}: the model has no experts (train_gpt --experts E)", c.ep));
+    refuse_unless(c.etp == 1, fmt::format("etp={}: the model has no experts (train_gpt --experts E)", c.etp));
+  }
   refuse_unless(c.cp == 1 || c.cp_scheme == search::CpScheme::ring,
                 fmt::format("cp_scheme={}: the cp groups switch strategies per layer (ring attention among them); "
                             "the all-gather scheme is not a trainable strategy yet", name_of(c.cp_scheme)));
@@ -269,8 +273,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // tensor parallelism with sequence parallelism, in every sublayer); parse_mesh refuses both at once. Everything
   // below that says cp means this group.
   const int cp = mesh.axis_size("cp") * tp;
-  check(tp == 1 || !experts, "--mesh {} --experts {}: tensor parallelism with MoE layers is not trainable yet "
-        "(issue 26)", o.mesh, o.experts);
+  // With experts: ep over the dp x cp devices of each stage; with tp, every expert split by columns over the tp group
+  // (etp = tp, moe/expert_columns.hpp), the router replicated over it.
+  const int ep = dp * mesh.axis_size("cp");
   check(tp == 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp axis runs "
         "MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)", o.mesh,
         o.strategy);
@@ -279,15 +284,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   const int v = o.virtual_stages;
   check(o.layers >= pp * v, "--mesh {}: {} pipeline stages of {} chunks need at least as many layers (--layers {})",
         o.mesh, pp, v, o.layers);
-  check(v == 1 || !experts, "--mesh {} --virtual-stages {}: interleaved stages with MoE layers are not trainable "
-        "yet (issue 26)", o.mesh, v);
   check(v == 1 || pp == 1 || o.pack_documents == 0, "--mesh {} --virtual-stages {} --pack-documents {}: a replica's "
         "one packed sequence is one micro-batch, and the interleaved schedule needs a multiple of the {} stages",
         o.mesh, v, o.pack_documents, pp);
-  check(!experts || o.zero != ZeroStage::three, "--mesh {} --experts {} --zero 3: ZeRO-3 with MoE layers is not "
-        "trainable yet (issue 26); use --zero 0 to 2", o.mesh, o.experts);
-  check(!experts || pp == 1, "--mesh {} --experts {}: pipeline stages with MoE layers are not supported yet (pp must "
-        "be 1)", o.mesh, o.experts);
   GptConfig config = mesh_model_config(o);
   config.validate_for(cp);
   check(!experts || o.strategy.empty(), "--mesh --experts: the planner picks every sublayer (no --strategy)");
@@ -330,11 +329,21 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     if (!planned.count(key)) {
       try {
         if (experts) {
-          const plan::MoePlan plan = plan::plan_moe_exact(
+          const plan::MoeCostTable table =
               packed ? moe_costs.packed_table(key.first)
                      : plan::build_moe_cost_table(config, hardware, cp, plan::Batch::single(length, key.second),
-                                                  {4, 4, 8}, moe_costs.extra_bytes(length)),
-              cap);
+                                                  {4, 4, 8}, moe_costs.extra_bytes(length));
+          plan::MoePlan plan = plan::plan_moe_exact(table, cap);
+          if (tp > 1) {  // the tp axis runs MegatronTS in the attention and dense MLPs; the planner picks the MoE FFN's
+            const auto at = std::find(plan.strategy_names.begin(), plan.strategy_names.end(), "MegatronTS");
+            check(at != plan.strategy_names.end(), "--mesh {}: the planner's catalog has no MegatronTS", o.mesh);
+            std::vector<plan::MoeLayerPlan> choices = plan.layers;
+            for (plan::MoeLayerPlan& layer : choices) {
+              layer.attention = int(at - plan.strategy_names.begin());
+              if (!layer.moe) layer.ffn = layer.attention;
+            }
+            plan = plan::moe_plan_of(table, choices, cap);
+          }
           planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), compact_plan(plan),
                                                plan.time_s};
         } else {
@@ -369,6 +378,18 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       check(mesh_steps_[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
             "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
             mesh_steps_[std::size_t(k)].sequences(), dp);
+    // With pp stages (one row per micro-batch) every replica must run as many micro-batches: the MoE layers'
+    // all-to-alls of micro-batch i meet the other replicas' micro-batch i.
+    if (pp > 1)
+      for (int k = 0; k < n_steps; ++k)
+        for (int d = 1; d < dp; ++d) {
+          const std::int64_t first = mesh_steps_[std::size_t(k)].work(0, dp).second.length;
+          const std::int64_t theirs = mesh_steps_[std::size_t(k)].work(d, dp).second.length;
+          check(theirs == first, "--mesh {} --experts: step {} gives dp replica 0 {} row(s) and replica {} {}; with "
+                "pipeline stages the MoE layers span the replicas micro-batch by micro-batch, so every replica must "
+                "run as many (give every step a multiple of dp = {} rows, e.g. --min-len = --max-len and "
+                "--pack-tokens a multiple of dp times it)", o.mesh, k, first, d, theirs, dp);
+        }
   }
   if (v > 1 && pp > 1)  // the interleaved schedule runs a multiple of pp micro-batches (one row each)
     for (int k = 0; k < n_steps; ++k)
@@ -413,10 +434,12 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
              "parameters\n", o.layers, o.hidden, o.heads, config.layer.ffn, config.vocab,
              double(config.parameter_count()) / 1e6);
   if (experts)
-    fmt::print("experts: {} MoE layers of {} experts (top-{}, ffn {}), {} dense first; ep = dp x cp = {} ranks "
-               "(attention in cp groups of {}, the MoE layers over the {} devices of dp x cp)\n",
-               o.layers - o.first_dense, o.experts, o.top_k, config.moe->moe.expert_ffn, o.first_dense, dp * cp, cp,
-               dp * cp);
+    fmt::print("experts: {} MoE layers of {} experts (top-{}, ffn {}), {} dense first; ep = dp x cp = {} ranks{} "
+               "(attention in {} groups of {}, the MoE layers over the {} devices of dp x cp{}{})\n",
+               o.layers - o.first_dense, o.experts, o.top_k, config.moe->moe.expert_ffn, o.first_dense, ep,
+               tp > 1 ? fmt::format(" x etp = tp = {} (each expert's columns over its tp group)", tp) : std::string(),
+               tp > 1 ? "tp" : "cp", cp, ep, tp > 1 ? " of each tp index" : "",
+               pp > 1 ? " of each pipeline stage; router losses averaged over a step's micro-batches" : "");
   if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
@@ -467,7 +490,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     Comm dp_group = mesh.group(world, {"dp"});
     Comm pp_group = mesh.group(world, {"pp"});
     Comm cp_group = mesh.group(world, {"cp", "tp"});  // the stage's group: cp or tp (one of them 1)
-    std::optional<Comm> ep_group;  // experts: dp x cp, rank replica * cp + cp_rank
+    std::optional<Comm> ep_group;  // experts: dp x cp (of this tp index), rank replica * cp + cp index
     if (experts) ep_group.emplace(mesh.group(world, {"dp", "cp"}));
     const MeshCoordinate at = mesh.coordinate(rank);
     const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(rank, {"cp", "tp"});
@@ -476,8 +499,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     std::vector<MeshGptStage<Strategies, Comm>> chunks;
     chunks.reserve(std::size_t(v));
     for (int c = 0; c < v; ++c)
-      chunks.emplace_back(config, c * pp + stage_index, pp * v, chunk_layers(c), cp, cp_rank, experts ? dp * cp : cp,
-                          experts ? replica * cp + cp_rank : cp_rank, o.seed);
+      chunks.emplace_back(config, c * pp + stage_index, pp * v, chunk_layers(c), cp, cp_rank, experts ? ep : cp,
+                          experts ? replica * (ep / dp) + at[2] : cp_rank, o.seed, experts && tp > 1);
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;

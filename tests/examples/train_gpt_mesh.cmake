@@ -14,6 +14,10 @@
 # ZERO3_MESHES (optional): meshes trained with --zero 1 and with --zero 3: the losses agree (TOL) and ZeRO-3's peak
 # memory per rank is below ZeRO-1's.
 # MESH_ARGS (optional): arguments for the mesh runs only (e.g. --virtual-stages;2), not for the single group's.
+# A mesh given as MESH@Z/V (MOE_MESHES, MOE_PP_MESHES, ...) trains with --virtual-stages V as well. MESHES may be
+# empty (an MoE-only test): then no dense run is made.
+# MOE_PP_MESHES, MOE_PP_PACK (optional, with MOE_ARGS): meshes with pipeline stages and several micro-batches per
+# replica, each against the first (see 3. below).
 # Run by ctest (examples/CMakeLists.txt):
 #   cmake -DEXE=train_gpt -DCP=2 -DMESHES="dp=2,cp=2;pp=2,cp=2" -DTOL=100 -DWORK=dir -DARGS="--steps;4;..." \
 #         [-DMPIEXEC=mpiexec -DMPI_MESH=dp=2,cp=2] [-DMOE_ARGS=... -DMOE_PACK=... -DMOE_MESHES=...] \
@@ -85,11 +89,22 @@ endfunction()
 function(train_on_mesh prefix backend spec out_var)
   set(mesh ${spec})
   set(zero 0)
-  if(spec MATCHES "^(.*)@([0-9])$")
+  set(virtual "")
+  set(virtual_args "")
+  if(mesh MATCHES "^(.*)/([0-9]+)$")
+    set(mesh ${CMAKE_MATCH_1})
+    set(virtual "_v${CMAKE_MATCH_2}")
+    set(virtual_args --virtual-stages ${CMAKE_MATCH_2})
+  endif()
+  string(REPLACE ";" " " virtual_label "${virtual_args}")
+  if(virtual_label)
+    set(virtual_label " ${virtual_label}")
+  endif()
+  if(mesh MATCHES "^(.*)@([0-9])$")
     set(mesh ${CMAKE_MATCH_1})
     set(zero ${CMAKE_MATCH_2})
   endif()
-  string(REPLACE "," "_" name "${prefix}_${backend}_${mesh}_zero${zero}")
+  string(REPLACE "," "_" name "${prefix}_${backend}_${mesh}_zero${zero}${virtual}")
   string(REPLACE "=" "" name "${name}")
   if(backend STREQUAL "mpi")
     # The world's size is the mesh's: the product of the sizes.
@@ -98,23 +113,18 @@ function(train_on_mesh prefix backend spec out_var)
     foreach(size IN LISTS sizes)
       math(EXPR np "${np} * ${size}")
     endforeach()
-    train_to("--mesh ${mesh} --zero ${zero} on ${np} MPI processes" ${WORK}/${name}.csv
-              ${MPIEXEC} -np ${np} --oversubscribe ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero} --backend mpi)
+    train_to("--mesh ${mesh} --zero ${zero}${virtual_label} on ${np} MPI processes" ${WORK}/${name}.csv
+              ${MPIEXEC} -np ${np} --oversubscribe ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero} ${virtual_args}
+              --backend mpi)
   else()
-    train_to("--mesh ${mesh} --zero ${zero} on threads" ${WORK}/${name}.csv ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero})
+    train_to("--mesh ${mesh} --zero ${zero}${virtual_label} on threads" ${WORK}/${name}.csv ${EXE} ${ARGN} --mesh ${mesh}
+              --zero ${zero} ${virtual_args})
   endif()
   csv_losses(${WORK}/${name}.csv losses)
   set(${out_var} "${losses}" PARENT_SCOPE)
-  set(last_run "--mesh ${mesh} --zero ${zero} (${backend})" PARENT_SCOPE)
+  set(last_run "--mesh ${mesh} --zero ${zero}${virtual_label} (${backend})" PARENT_SCOPE)
   set(last_csv ${WORK}/${name}.csv PARENT_SCOPE)
 endfunction()
-
-train_to("one cp group of ${CP} threads" ${WORK}/single.csv ${EXE} ${ARGS} --ranks ${CP})
-csv_losses(${WORK}/single.csv single)
-list(LENGTH single n)
-if(n EQUAL 0)
-  message(FATAL_ERROR "the single-group run trained no step")
-endif()
 
 set(runs "")
 foreach(mesh IN LISTS MESHES)
@@ -122,6 +132,14 @@ foreach(mesh IN LISTS MESHES)
 endforeach()
 if(DEFINED MPIEXEC AND DEFINED MPI_MESH)
   list(APPEND runs "mpi|${MPI_MESH}")
+endif()
+if(runs)  # the dense meshes' reference (none needed when MESHES is empty: an MoE-only test)
+  train_to("one cp group of ${CP} threads" ${WORK}/single.csv ${EXE} ${ARGS} --ranks ${CP})
+  csv_losses(${WORK}/single.csv single)
+  list(LENGTH single n)
+  if(n EQUAL 0)
+    message(FATAL_ERROR "the single-group run trained no step")
+  endif()
 endif()
 foreach(run IN LISTS runs)
   string(REPLACE "|" ";" parts "${run}")
@@ -173,6 +191,20 @@ if(DEFINED MOE_ARGS)
     list(GET parts 1 spec)
     train_on_mesh(moe ${backend} ${spec} moe_meshed ${MOE_ARGS} ${MOE_PACK})
     compare_losses("--experts ${last_run}, ep = dp x cp, against --mesh cp=${CP}" "${moe_reference}" "${moe_meshed}")
+  endforeach()
+  # 3. MOE_PP_MESHES with MOE_PP_PACK (pipeline stages, several micro-batches per replica: a step's router losses are
+  #    the mean of its micro-batches', which no single group trains): the first is the reference of the others, which
+  #    must share its dp (the same micro-batches: row i of every replica).
+  set(moe_pp_reference "")
+  foreach(spec IN LISTS MOE_PP_MESHES)
+    train_on_mesh(moe_pp threads ${spec} moe_pp_meshed ${MOE_ARGS} ${MOE_PP_PACK})
+    if(moe_pp_reference STREQUAL "")
+      set(moe_pp_reference "${moe_pp_meshed}")
+      set(moe_pp_label "${last_run}")
+    else()
+      compare_losses("--experts ${last_run}, micro-batches, against ${moe_pp_label}" "${moe_pp_reference}"
+                     "${moe_pp_meshed}")
+    endif()
   endforeach()
 endif()
 

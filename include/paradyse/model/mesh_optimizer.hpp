@@ -23,7 +23,8 @@ namespace paradyse {
 // AdamW for every parameter of a stage, the single-group model's rule: one DataParallelOptimizer over dp per tensor
 // replicated over dp (the gradients summed over the replicas; the last stage's head pack in two: the head matrix
 // with weight decay, the final norm without), a plain AdamW step for the MoE tensors (reduced over the expert group);
-// under ZeRO-3 a plain AdamW step of each owned chunk (its gradient already summed over dp).
+// under ZeRO-3 a plain AdamW step of each owned chunk (its gradient already summed over dp), and of the MoE tensors
+// as without.
 //
 // Checkpoints (model/mesh_checkpoint.hpp): gather_moment gives a moment of one of the stage's tensors whole (as the
 // stage holds the tensor without dp sharding), gathered over dp where ZeRO shards it; scatter_moment sets this
@@ -56,6 +57,10 @@ public:
         part(0, decayed, true);
         part(decayed, length, false);
       }
+      // The MoE tensors, whole on every rank of their expert group. Their state is not addressable by tensor index
+      // here (the indices above are zero3_shards()'s): gather_moment refuses a stage that holds them.
+      for (const auto& p : stage.parameters())
+        if (!p.over_dp && add_local(*p.value, *p.gradient, p.decays, adamw)) unindexed_locals_ = true;
       return;
     }
     const auto parameters = stage.parameters();
@@ -64,10 +69,7 @@ public:
       const std::int64_t n = p.value->numel();
       if (n == 0) continue;
       if (!p.over_dp) {
-        local_.push_back({p.value->span(), p.gradient->span(), p.decays ? adamw : without_decay(adamw),
-                          Tensor<float>(Shape{n}), Tensor<float>(Shape{n})});
-        ops::Cpu::fill(local_.back().m.view(), 0.0f);
-        ops::Cpu::fill(local_.back().v.view(), 0.0f);
+        add_local(*p.value, *p.gradient, p.decays, adamw);
         pieces_.push_back({index, 0, n, false, {}, {local_.size() - 1}});
         continue;
       }
@@ -92,6 +94,8 @@ public:
   template <Communicator C>
   std::vector<float> gather_moment(C& dp, int which, std::size_t tensor, std::int64_t elements) {
     check(which == 1 || which == 2, "MeshOptimizer::gather_moment: moment {}, expected 1 (m) or 2 (v)", which);
+    check(!unindexed_locals_, "MeshOptimizer::gather_moment: the optimizer state of MoE tensors under ZeRO-3 cannot "
+          "be saved yet");
     std::vector<float> full(static_cast<std::size_t>(elements), 0.0f);
     for (const Piece& piece : pieces_) {
       if (piece.tensor != tensor) continue;
@@ -159,6 +163,16 @@ private:
     ops::AdamWConfig config;
     Tensor<float> m, v;
   };
+  // A plain AdamW step of a whole tensor (its gradient reduced already); false for an empty tensor (nothing added).
+  bool add_local(Tensor<float>& value, Tensor<float>& gradient, bool decays, const ops::AdamWConfig& adamw) {
+    const std::int64_t n = value.numel();
+    if (n == 0) return false;
+    local_.push_back({value.span(), gradient.span(), decays ? adamw : without_decay(adamw), Tensor<float>(Shape{n}),
+                      Tensor<float>(Shape{n})});
+    ops::Cpu::fill(local_.back().m.view(), 0.0f);
+    ops::Cpu::fill(local_.back().v.view(), 0.0f);
+    return true;
+  }
   void add(std::span<float> params, std::span<float> grads, bool decays, ZeroStage zero, int replicas, int replica,
            ops::AdamWConfig adamw) {
     if (!decays) adamw = without_decay(adamw);
@@ -195,6 +209,7 @@ private:
   std::vector<Local> local_;
   std::vector<Piece> pieces_;
   int replicas_ = 1, replica_ = 0;
+  bool unindexed_locals_ = false;  // ZeRO-3 with MoE tensors: their locals have no Piece
 };
 
 }  // namespace paradyse

@@ -14,7 +14,10 @@
 //       (model/zero3_shards.hpp): a layer's weights are all-gathered over dp just before its forward and again before
 //       its backward and freed after each, its gradients reduce-scattered over dp after its backward; the embedding
 //       and the head likewise around each micro-batch's use.
-//   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group.
+//   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group; with pp
+//       stages each stage's MoE layers over its own expert group (the dp x cp ranks of that stage), every replica
+//       running as many micro-batches (the all-to-alls of micro-batch i meet the other replicas' micro-batch i);
+//       the router losses (aux, z) enter as their mean over a step's micro-batches.
 //
 // Weights are drawn from the seed as Gpt(config, cp, cp_rank, seed) draws them (gpt_detail::init_row), so a mesh
 // trains the single group's model. Pipeline activations: a stage keeps only each in-flight micro-batch's input and
@@ -30,6 +33,7 @@
 #include "paradyse/model/pipeline.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/model/zero3_shards.hpp"
+#include "paradyse/moe/expert_columns.hpp"
 #include "paradyse/moe/moe_weights.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
@@ -56,11 +60,13 @@ public:
 
   // Stage `stage` of `stages` holds layers `layers` (global indices) of `config`, sharded over cp rank `cp_rank`
   // of `cp_size` (the MoE layers' experts over ep rank `ep_rank` of `ep_size`), drawn from `seed` as
-  // Gpt(config, cp_size, cp_rank, seed) draws them.
+  // Gpt(config, cp_size, cp_rank, seed) draws them. With `expert_columns` (etp folded over tp: the stage's group is a
+  // tp group) each expert is further split by columns over the stage's group (moe/expert_columns.hpp).
   MeshGptStage(const GptConfig& config, int stage, int stages, ChunkRange layers, int cp_size, int cp_rank,
-               int ep_size, int ep_rank, std::uint64_t seed)
+               int ep_size, int ep_rank, std::uint64_t seed, bool expert_columns = false)
       : config_(config), first_(stage == 0), last_(stage == stages - 1), layers_(layers),
-        stack_(make_stack(config, layers, cp_size, cp_rank, ep_size, ep_rank, seed)) {
+        stack_(make_stack(config, layers, cp_size, cp_rank, ep_size, ep_rank, seed, expert_columns)) {
+    stack_.set_expert_columns_over_group(expert_columns && config.moe);
     const std::int64_t v = config.vocab, h = config.layer.hidden;
     check(!config.tied_head, "--mesh: the GPT's head is untied");
     // Stages without the embedding or the head hold them empty ([0, h]; a default Tensor is a scalar).
@@ -107,11 +113,12 @@ public:
   }
 
   // ZeRO-3 over `dp` (kept for the run): from now on this rank keeps only its chunk of every parameter and gradient
-  // (zero3_shards()), the full tensors gathered around each use. The expert layers (not replicated over dp) are
-  // refused.
+  // (zero3_shards()), the full tensors gathered around each use. An MoE layer's attention and norms are sharded as a
+  // dense layer's (its MLP shard is empty); its routed experts stay whole, as no other rank holds them (each expert
+  // lives on one rank of the expert group, which spans dp), and its router and shared experts stay whole as well:
+  // their gradients are summed over the expert group inside the layer's backward, every rank of it stepping the same
+  // copy (parameters() with over_dp = false).
   void shard_over_dp(C& dp) {
-    check(!config_.moe, "ZeRO-3 on the mesh: MoE layers are not sharded over dp (their experts are over the expert "
-          "group already); use ZeRO 0 to 2 with --experts");
     check(zero3_.empty(), "MeshGptStage::shard_over_dp: sharded already");
     dp_ = &dp;
     const int d = int(dp.size()), r = int(dp.rank());
@@ -251,7 +258,7 @@ private:
   // This stage's slice of the layers; with MoE layers, dense shards over cp and expert shards over ep, each drawn
   // from seed + global layer index as Gpt's stack draws them.
   static Stack make_stack(const GptConfig& config, ChunkRange layers, int cp_size, int cp_rank, int ep_size,
-                          int ep_rank, std::uint64_t seed) {
+                          int ep_rank, std::uint64_t seed, bool expert_columns) {
     const int count = int(layers.length);
     const std::uint64_t first = seed + std::uint64_t(layers.start);
     if (!config.moe || config.moe->first_k_dense >= layers.end()) return Stack(config.layer, count, cp_size, cp_rank, first);
@@ -260,7 +267,10 @@ private:
     std::vector<MoeShard> experts;
     for (int l = 0; l < count; ++l) {
       dense.push_back(init_shard(config.layer, cp_size, cp_rank, first + std::uint64_t(l)));
-      experts.push_back(moe.is_moe(l) ? init_moe_shard(moe.moe, ep_size, ep_rank, first + std::uint64_t(l)) : MoeShard{});
+      if (!moe.is_moe(l)) experts.push_back(MoeShard{});
+      else if (!expert_columns) experts.push_back(init_moe_shard(moe.moe, ep_size, ep_rank, first + std::uint64_t(l)));
+      else experts.push_back(etp_columns(init_moe_shard(moe.moe, ep_size, ep_rank, first + std::uint64_t(l)), moe.moe,
+                                         cp_size, cp_rank));
     }
     return Stack(config.layer, std::move(dense), std::move(experts), moe, cp_size);
   }
@@ -308,6 +318,9 @@ double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& p
     x_tokens.push_back(shard_tokens(slice(inputs), b, layout, cp_rank));
     y_tokens.push_back(shard_tokens(slice(targets), b, layout, cp_rank));
   }
+  // The router losses of an MoE step enter as their mean over its micro-batches (each micro-batch's over its expert
+  // group's tokens), as the cross-entropy is the mean over the step's tokens.
+  for (MeshGptStage<Strategies, C>& chunk : chunks) chunk.stack().set_router_loss_scale(1.0 / std::max(micro_batches, 1));
   double loss_sum = 0.0;
   if (micro_batches > 0) {
     Tensor<float> embedded(Shape{per_micro, n, h});

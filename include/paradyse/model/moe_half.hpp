@@ -15,6 +15,7 @@
 #include "paradyse/contract/layer_config.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/model/layer.hpp"
+#include "paradyse/moe/expert_columns.hpp"
 #include "paradyse/moe/moe_config.hpp"
 #include "paradyse/moe/moe_layer.hpp"
 #include "paradyse/moe/moe_strategies.hpp"
@@ -60,16 +61,30 @@ inline MoeLayerStats moe_layer_stats(int layer, const MoeSaved& s) {
   return {layer, s.losses.aux, s.losses.z, s.losses.routed, s.dropped, s.losses.tokens};
 }
 
+namespace moe_half_detail {
+
+// Every rank's row count of `comm`'s sequence layout (b * n_q), in rank order.
+template <Communicator C>
+std::vector<std::int64_t> rows_of_group(const SublayerContext& ctx, C& comm) {
+  std::vector<std::int64_t> rows;
+  for (int q = 0; q < int(comm.size()); ++q) rows.push_back(ctx.local_rows(q));
+  return rows;
+}
+
+}  // namespace moe_half_detail
+
 // z: [b, n_r, h] (overwritten) = y + MoE(Norm2(y)), y = saved.y (a LayerSaved, model/layer.hpp); returns what the
 // MoE keeps. The norm statistics go to saved.stats rows 2 and 3, as mlp_half_forward's.
 //
 // Expert group: the MoE FFN may run over another group than the attention's `comm` (dimension fusion: ep folded
 // over dp x cp, each rank bringing the tokens of its own cp group and replica); `experts` is then that group's
 // shard (owned_experts over expert_comm) and the rows are still this rank's of `comm`'s sequence layout.
+// With `columns_over_comm` each expert's FFN is split by columns over `comm` as well (etp = comm's size, folded over
+// tp: moe/expert_columns.hpp): `moe` then holds the column view (etp_view) and `experts` this rank's column shard.
 template <class Backend = ops::Cpu, Communicator C, Communicator E, class Saved>
 MoeSaved moe_half_forward(std::size_t strategy, C& comm, E& expert_comm, const SublayerContext& ctx,
                           const MoeContext& moe, const LayerWeights& w, const MoeShard& experts, Saved& saved,
-                          TensorView<float> z) {
+                          TensorView<float> z, bool columns_over_comm = false) {
   const LayerConfig& c = ctx.layer();
   const std::int64_t rows = ctx.local_rows(comm.rank());
   auto stat = [&](int i) { return saved.stats.view().slice(0, i, 1).reshape(Shape{rows}); };
@@ -77,7 +92,11 @@ MoeSaved moe_half_forward(std::size_t strategy, C& comm, E& expert_comm, const S
   {
     PooledBuffer<float> normed = ctx.pool->acquire<float>(saved.y.shape());
     norm_forward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), w.norms.norm2_beta(), normed.view(), stat(2), stat(3));
-    out = MoeStrategies<Backend>::forward(strategy, expert_comm, moe, experts, normed.view(), z);
+    if (columns_over_comm)
+      out = etp_moe_forward<Backend>(strategy, comm, expert_comm, moe, experts, moe_half_detail::rows_of_group(ctx, comm),
+                                     TensorView<const float>(normed.view()), z);
+    else
+      out = MoeStrategies<Backend>::forward(strategy, expert_comm, moe, experts, normed.view(), z);
   }
   Backend::add_into(z, TensorView<const float>(saved.y.view()));  // z = y + moe
   store_activation<Backend>(z);  // model/layer.hpp: bf16 between layers in a bf16 run
@@ -91,19 +110,24 @@ MoeSaved moe_half_forward(std::size_t strategy, C& comm, const SublayerContext& 
 
 // dy: [b, n_r, h] (overwritten) = dz + Norm2'(MoE'(dz)); the MoE gradients accumulate into grad (fully reduced),
 // norm2's into norm_partial rows 2 and 3 (this rank's tokens).
-// With an expert group (see moe_half_forward): grad is reduced over expert_comm.
+// With an expert group (see moe_half_forward): grad is reduced over expert_comm; with columns_over_comm, as the
+// forward ran.
 template <class Backend = ops::Cpu, Communicator C, Communicator E, class Saved>
 void moe_half_backward(C& comm, E& expert_comm, const SublayerContext& ctx, const MoeContext& moe,
                        const LayerWeights& w, const MoeShard& experts, Saved& saved, MoeSaved& moe_saved,
                        TensorView<const float> dz, TensorView<float> dy, MoeShard& grad,
-                       TensorView<float> norm_partial) {
+                       TensorView<float> norm_partial, bool columns_over_comm = false) {
   const LayerConfig& c = ctx.layer();
   const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
   auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
   auto partial = [&](int i) { return std::span<float>(norm_partial.data() + i * h, std::size_t(h)); };
   Backend::copy(dz, dy);
   PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dz.shape());
-  MoeStrategies<Backend>::backward(expert_comm, moe, experts, moe_saved, dz, dnormed.view(), grad);
+  if (columns_over_comm)
+    etp_moe_backward<Backend>(comm, expert_comm, moe, experts, moe_saved, moe_half_detail::rows_of_group(ctx, comm), dz,
+                              dnormed.view(), grad);
+  else
+    MoeStrategies<Backend>::backward(expert_comm, moe, experts, moe_saved, dz, dnormed.view(), grad);
   norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy, partial(2),
                          partial(3));
   store_activation<Backend>(dy);

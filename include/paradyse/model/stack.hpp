@@ -21,6 +21,7 @@
 #include "paradyse/model/layer.hpp"
 #include "paradyse/model/moe_half.hpp"
 #include "paradyse/model/placement.hpp"
+#include "paradyse/moe/expert_columns.hpp"
 #include "paradyse/moe/moe_weights.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -29,6 +30,7 @@
 #include "paradyse/strategy/strategies.hpp"
 #include "paradyse/strategy/switchable.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -137,6 +139,20 @@ public:
   }
   // Router losses and expert load of every MoE layer in the last forward (in layer order).
   const std::vector<MoeLayerStats>& moe_stats() const noexcept { return moe_stats_; }
+  // The weight of the router losses' gradients (aux and z, each times its coefficient) from the next forward on: 1 by
+  // default; 1 / M when a step runs in M micro-batches (model/mesh_stage.hpp's pipeline), so that the step's router
+  // losses are their mean over the micro-batches (Megatron's rule) as its cross-entropy is the mean over its tokens.
+  // The recorded losses (moe_stats) stay unscaled.
+  void set_router_loss_scale(double scale) {
+    check(std::isfinite(scale) && scale > 0, "set_router_loss_scale: {} must be finite and positive", scale);
+    router_loss_scale_ = scale;
+  }
+  double router_loss_scale() const noexcept { return router_loss_scale_; }
+  // Expert tensor parallelism folded over the attention group (moe/expert_columns.hpp): from the next forward on each
+  // MoE layer's experts are split by columns over the group the stack runs on (etp = its size; the tp group of a
+  // mesh), the experts themselves over the expert group. The MoE shards must then be column shards (etp_columns).
+  void set_expert_columns_over_group(bool on) noexcept { expert_columns_ = on; }
+  bool expert_columns_over_group() const noexcept { return expert_columns_; }
   // Packed documents of the sequences of the next forwards (the global start of each, first 0: attention stays
   // within a document and RoPE restarts at each; strategy/policy.hpp's SublayerContext::document_starts); empty:
   // each sequence is one document. Kept (copied) until set again; checked against the sequence length by forward.
@@ -201,9 +217,10 @@ public:
         LayerSaved<Strategies>& saved = saved_.emplace_back();
         saved.choice = plan[l];
         attention_half_forward<Backend>(strategies_, int(plan[l].attention), comm, *ctx_, weights_[l], input, saved);
-        const MoeContext moe(moe_->moe, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
+        const MoeConfig scaled = moe_view(comm);
+        const MoeContext moe(scaled, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
         moe_saved_[l] = moe_half_forward<Backend>(plan[l].moe, comm, expert_comm, *ctx_, moe, weights_[l],
-                                                  moe_weights_[l], saved, output);
+                                                  moe_weights_[l], saved, output, expert_columns_);
         moe_stats_.push_back(moe_layer_stats(int(l), *moe_saved_[l]));
       } else {
         saved_.push_back(layer_forward<Backend>(strategies_, plan[l], comm, *ctx_, weights_[l], input, output));
@@ -239,9 +256,10 @@ public:
       if (layer_hook_) layer_hook_(int(l), LayerUse::backward, true);
       if (is_moe_layer(int(l))) {
         PooledBuffer<float> dy = pool.acquire<float>(dout.shape());
-        const MoeContext moe(moe_->moe, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
+        const MoeConfig scaled = moe_view(comm);
+        const MoeContext moe(scaled, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
         moe_half_backward<Backend>(comm, expert_comm, *ctx_, moe, weights_[l], moe_weights_[l], saved_[l],
-                                   *moe_saved_[l], grad_in, dy.view(), moe_gradients_[l], partial);
+                                   *moe_saved_[l], grad_in, dy.view(), moe_gradients_[l], partial, expert_columns_);
         moe_saved_[l].reset();
         attention_half_backward<Backend>(strategies_, comm, *ctx_, weights_[l], saved_[l],
                                          TensorView<const float>(dy.view()), grad_out, gradients_[l], partial);
@@ -261,6 +279,15 @@ public:
   }
 
 private:
+  // The MoE config a layer runs with on group `comm`: the router loss coefficients times router_loss_scale_, and
+  // with expert columns over the group this rank's column view.
+  template <Communicator C>
+  MoeConfig moe_view(C& comm) const {
+    MoeConfig c = moe_->moe;
+    c.aux_loss_coef *= router_loss_scale_;
+    c.z_loss_coef *= router_loss_scale_;
+    return expert_columns_ ? etp_view(c, int(comm.size()), int(comm.rank())) : c;
+  }
   void allocate_gradients() {
     gradients_.clear();
     for (std::size_t l = 0; l < weights_.size(); ++l) gradients_.emplace_back(config_, ranks_);
@@ -303,6 +330,8 @@ private:
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;
+  double router_loss_scale_ = 1.0;
+  bool expert_columns_ = false;
   LayerHook layer_hook_;
   std::vector<std::optional<MoeSaved>> moe_saved_;
   std::vector<MoeLayerStats> moe_stats_;
