@@ -215,6 +215,7 @@ inline RoutingRecord load_routing_record(const std::string& path) {
   RoutingRecord rec;
   rec.experts = std::int64_t(std::count(line.begin(), line.end(), ',')) - 2;
   std::int64_t number = 1;
+  std::vector<std::int64_t> lines;  // the line of each row
   while (std::getline(f, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -242,8 +243,19 @@ inline RoutingRecord load_routing_record(const std::string& path) {
           v.size(), rec.experts + 3);
     RoutingRecord::Row r{v[0], v[1], v[2], std::vector<std::int64_t>(v.begin() + 3, v.end())};
     rec.rows.push_back(std::move(r));
+    lines.push_back(number);
   }
   check(!rec.rows.empty(), "routing record {}: no rows", path);
+  // Then the rows' meaning (after every cell has parsed): under top-k a token picks an expert at most once, so a
+  // count above its step's tokens is a damaged record (it was clamped when replayed), refused naming the cell.
+  for (std::size_t i = 0; i < rec.rows.size(); ++i) {
+    const RoutingRecord::Row& r = rec.rows[i];
+    for (std::size_t e = 0; e < r.counts.size(); ++e)
+      check(r.counts[e] <= r.tokens,
+            "routing record {}:{}: step {} layer {}: expert {} (column {}) has {} token-expert pairs, above the step's "
+            "{} tokens (a token picks an expert at most once)",
+            path, lines[i], r.step, r.layer, e, e + 4, r.counts[e], r.tokens);
+  }
   return rec;
 }
 
