@@ -23,6 +23,7 @@
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/cli/lists.hpp"
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
@@ -503,7 +504,7 @@ int measure(const Options& o) {
                                  round == 0 ? &steps : nullptr));
       breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
-        recorder.save(o.record_routing);
+        recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
       const Result sim = serve(true, nullptr, nullptr);
@@ -574,8 +575,8 @@ int main(int argc, char** argv) {
     for (const std::string& rate : rates) {
       double r = 0;
       if (!cli::parse_number(rate, {.min = 0, .max = 1e6, .min_open = true}, r))
-        throw std::invalid_argument(fmt::format("--rates \"{}\": \"{}\" is not a rate in (0, 1e6] requests/s", o.rates,
-                                                rate));
+        throw std::invalid_argument(fmt::format("--rates \"{}\": \"{}\" is not a rate in (0, 1e6] requests/s",
+                                                printable(o.rates), printable(rate)));
       values.push_back(fmt::format("{:g}", r));
     }
     cli::check_unique("--rates", o.rates, values);

@@ -28,6 +28,7 @@
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/cli/model_flags.hpp"
 #include "paradyse/core/csv_table.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/progress.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/timer.hpp"
@@ -399,7 +400,7 @@ int run(int argc, char** argv) {
       path = find_distribution(o.distribution);
       distributions = paradyse::data::read_distribution(path, kMaxLength);
       if (o.dataset != "all" && !distributions.count(o.dataset))
-        usage(fmt::format("no dataset \"{}\" in {}", o.dataset, path));
+        usage(fmt::format("no dataset \"{}\" in {}", pd::printable(o.dataset), pd::printable(path)));
     }
   } catch (const pd::Error& e) {
     usage(e.what());

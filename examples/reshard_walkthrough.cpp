@@ -63,7 +63,7 @@ pd::Placement parse_placement(const std::string& token) {
     const int dim = parse_int(token.substr(1), "shard dim");
     return token[0] == 'S' ? pd::Placement::shard(dim) : pd::Placement::zigzag(dim);
   }
-  throw std::invalid_argument(fmt::format("--path: placement '{}' is not one of R, P, S<dim>, Z<dim>", token));
+  throw std::invalid_argument(fmt::format("--path: placement '{}' is not one of R, P, S<dim>, Z<dim>", pd::printable(token)));
 }
 
 pd::DynamicLayout parse_layout(const std::string& text, int mesh_ndim) {

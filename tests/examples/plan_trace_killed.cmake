@@ -49,7 +49,8 @@ list(LENGTH lines count)
 math(EXPR last "${count} - 2")  # every row but the last (the kill may fall inside one) is whole
 foreach(i RANGE 1 ${last})
   list(GET lines ${i} row)
-  string(REGEX MATCHALL "," commas "${row}")
+  string(REGEX REPLACE "\"[^\"]*\"" "quoted" unquoted "${row}")  # a quoted field may hold commas
+  string(REGEX MATCHALL "," commas "${unquoted}")
   list(LENGTH commas c)
   math(EXPR fields "${c} + 1")
   if(NOT row MATCHES "^githubcode," OR NOT fields EQUAL width)

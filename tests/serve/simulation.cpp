@@ -369,6 +369,17 @@ TEST_CASE("routing records: a count above its step's tokens is refused naming th
   CHECK(load_routing_record(path).rows.at(0).counts == std::vector<std::int64_t>{4, 4});
 }
 
+TEST_CASE("routing records: saving to a full disk is an Error naming the flag, the file and the reason") {
+  // It wrote through an ofstream checked before its buffer was flushed: a full disk went unnoticed.
+  RoutingRecorder recorder;
+  StepTrace t;
+  t.routed = {{2, 0, 1, 1}};
+  t.chunks = {{.tokens = 2}};
+  recorder.add(t);
+  CHECK_THROWS_WITH_AS(recorder.save("/dev/full", "--record-routing"),
+                       doctest::Contains("--record-routing /dev/full: writing failed: No space left on device"), Error);
+}
+
 TEST_CASE("request traces: arrivals past an hour are refused naming the flags that made the trace") {
   // One rule (check_trace_span) for moe_infer's --rate and --bursty and moe_simulate's --rates (issue 27: moe_simulate
   // reported 0 tokens/s for 1e-300 requests/s; moe_infer named --rate for a bursty trace).

@@ -12,6 +12,7 @@
 // the output.
 #pragma once
 
+#include "paradyse/core/atomic_file.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/json.hpp"
 #include "paradyse/core/printable.hpp"
@@ -183,9 +184,11 @@ public:
     ++step_;
   }
   const RoutingRecord& record() const noexcept { return record_; }
-  void save(const std::string& path) const {
-    std::ofstream f(path);
-    check(bool(f), "RoutingRecorder: cannot write {}", path);
+  // Written atomically (core/atomic_file.hpp): a full disk is an Error naming `what` (the flag: "--record-routing"),
+  // the file and the system's reason, never a truncated record reported as written (the stream was checked before
+  // its buffered data was flushed).
+  void save(const std::string& path, const std::string& what = "routing record") const {
+    std::ostringstream f;
     f << "step,layer,tokens";
     for (std::int64_t e = 0; e < record_.experts; ++e) f << ",e" << e;
     f << '\n';
@@ -194,7 +197,7 @@ public:
       for (const std::int64_t c : r.counts) f << ',' << c;
       f << '\n';
     }
-    check(bool(f), "RoutingRecorder: writing {} failed", path);
+    write_file_atomically(path, f.str(), what);
   }
 
 private:
