@@ -154,13 +154,13 @@ std::vector<NamedTrace> make_traces(const Options& o) {
         std::vector<TraceRequest> t = poisson_trace(r, o.requests, lengths, o.seed);
         check_trace_span(t, o.rates == rate ? fmt::format("--rates {}", rate)
                                             : fmt::format("--rates {} (its rate {})", o.rates, rate),
-                         "raise the rate in --rates or lower --requests");
+                         poisson_shape(r), "raise the rate in --rates or lower --requests");
         out.push_back({fmt::format("Poisson {:g} req/s", r), std::move(t)});
       }
     } else if (spec == "bursty") {
       std::vector<TraceRequest> t = bursty_trace(o.burst, o.period, o.requests, lengths, o.seed);
       check_trace_span(t, fmt::format("--traces bursty --burst {} --period {:g}", o.burst, o.period),
-                       trace_remedy(true));
+                       bursty_shape(o.burst, o.period), trace_remedy(true));
       out.push_back({fmt::format("bursts of {} every {:g} s", o.burst, o.period), std::move(t)});
     } else if (spec.rfind("azure:", 0) == 0) {
       out.push_back({fmt::format("Azure code trace ({} requests of {})", o.azure_requests, spec.substr(6)),

@@ -389,15 +389,16 @@ TEST_CASE("request traces: arrivals past an hour are refused naming the flags th
   CHECK_THROWS_WITH_AS(make_trace(poisson, 100), doctest::Contains("raise --rate or lower --requests"), Error);
   TraceShape bursty{.requests = 8, .bursty = true, .burst = 4, .period = 1e6};
   CHECK_THROWS_WITH_AS(make_trace(bursty, 100),
-                       doctest::Contains("--bursty --burst 4 --period 1e+06: request 5 of 8 would arrive at 1e+06 s; "
-                                         "at most 3600 s of arrivals are served: lower --period"),
+                       doctest::Contains("--bursty --burst 4 --period 1e+06: request 5 of 8 would arrive at 1e+06 s "
+                                         "(bursts of 4 every 1e+06 s); at most 3600 s of arrivals are served: "
+                                         "lower --period"),
                        Error);
   bursty.period = 1000;  // the last burst at 1000 s: served
   CHECK(make_trace(bursty, 100).size() == 8);
   const std::vector<TraceRequest> day = poisson_trace(1e-9, 4, {}, 1);
-  CHECK_THROWS_WITH_AS(check_trace_span(day, "--rates 1e-9", "raise it"),
+  CHECK_THROWS_WITH_AS(check_trace_span(day, "--rates 1e-9", poisson_shape(1e-9), "raise it"),
                        doctest::Contains("--rates 1e-9: request 1 of 4"), Error);
-  CHECK_NOTHROW(check_trace_span(poisson_trace(100, 4, {}, 1), "--rates 100", "raise it"));
+  CHECK_NOTHROW(check_trace_span(poisson_trace(100, 4, {}, 1), "--rates 100", poisson_shape(100), "raise it"));
 }
 
 TEST_CASE("request traces: Poisson and bursts seeded; the Azure CSV reads; bad rows name file, line and column") {

@@ -128,12 +128,18 @@ inline constexpr double kMaxTraceSeconds = 3600;
 
 // The one rule for synthetic traces (moe_infer, moe_simulate, bench/moe_policies): every arrival within
 // kMaxTraceSeconds, else an Error naming `flags`, the flags that made the trace as the user gave them ("--rate
-// 1e-300", "--bursty --burst 4 --period 1e+06"), the request that arrives too late and `remedy`, what to change.
-inline void check_trace_span(const std::vector<TraceRequest>& trace, std::string_view flags, std::string_view remedy) {
+// 1e-300", "--bursty --burst 4 --period 1e+06"), the request that arrives too late, the trace (`shape`: "Poisson at
+// 1e-300 requests/s") and `remedy`, what to change.
+inline void check_trace_span(const std::vector<TraceRequest>& trace, std::string_view flags, std::string_view shape,
+                             std::string_view remedy) {
   for (std::size_t i = 0; i < trace.size(); ++i)
     check(trace[i].arrival_s <= kMaxTraceSeconds,  // NaN fails too
-          "{}: request {} of {} would arrive at {:.4g} s; at most {} s of arrivals are served: {}", flags, i + 1,
-          trace.size(), trace[i].arrival_s, kMaxTraceSeconds, remedy);
+          "{}: request {} of {} would arrive at {:.4g} s ({}); at most {} s of arrivals are served: {}", flags, i + 1,
+          trace.size(), trace[i].arrival_s, shape, kMaxTraceSeconds, remedy);
+}
+inline std::string poisson_shape(double rate) { return fmt::format("Poisson at {:g} requests/s", rate); }
+inline std::string bursty_shape(std::int64_t burst, double period) {
+  return fmt::format("bursts of {} every {:g} s", burst, period);
 }
 
 // The flags of a trace shape as moe_infer names them (--rate, or --bursty with --burst and --period), and what to
@@ -157,7 +163,8 @@ inline std::vector<ServeRequest> make_trace(const TraceShape& shape, std::int64_
   const std::vector<TraceRequest> t = shape.bursty
                                           ? bursty_trace(shape.burst, shape.period, shape.requests, lengths, shape.seed)
                                           : poisson_trace(shape.rate, shape.requests, lengths, shape.seed);
-  check_trace_span(t, trace_flags(shape), trace_remedy(shape.bursty));
+  check_trace_span(t, trace_flags(shape), shape.bursty ? bursty_shape(shape.burst, shape.period) : poisson_shape(shape.rate),
+                   trace_remedy(shape.bursty));
   return to_serve_requests(t, vocab, shape.seed);
 }
 
