@@ -34,12 +34,12 @@ inline constexpr int kSideOutputFailed = 3;
 inline std::optional<std::string> divergence(double loss, int step, std::int64_t vocab, double lr, double peak_lr) {
   const double limit = kExplodingFactor * std::log(double(vocab));
   if (std::isfinite(loss) && loss <= limit) return std::nullopt;
-  if (!std::isfinite(loss))  // said as such: "loss is nan at step 3", the causes a NaN or an infinity can have
-    return fmt::format("the training loss is {} at step {} (not a finite number): training diverged; a NaN or an "
-                       "infinity reached the loss, from the learning rate most likely ({:g} at this step, --lr {:g}: "
-                       "try a smaller one), or from a non-finite value in the input or the weights; stopping without "
-                       "saving a checkpoint",
-                       loss, step, lr, peak_lr);
+  if (!std::isfinite(loss))  // said as such ("step 3: the training loss is nan"), with what a NaN can come from
+    return fmt::format("step {}: the training loss is {} (not a finite number: a NaN or an infinity reached the loss): "
+                       "training diverged, most likely from the learning rate ({:g} at this step, --lr {:g}: try a "
+                       "smaller one), or from a non-finite value in the input or the weights; stopping without saving "
+                       "a checkpoint",
+                       step, loss, lr, peak_lr);
   return fmt::format("step {}: the training loss is {:.6g} (above {:g} x ln({}) = {:.2f}; a uniform guess over the {} "
                      "tokens scores ln {} = {:.2f}): training diverged, most likely from the learning rate ({:g} at "
                      "this step, --lr {:g}: try a smaller one); stopping without saving a checkpoint",
