@@ -15,6 +15,7 @@
 // memory budget per rank (the planner plans within it; a static strategy whose predicted peak is above it is
 // reported as not fitting and not run); default: no cap.
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/cli/model_flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
@@ -76,6 +77,11 @@ Options parse(int argc, char** argv) {
       .without_default();
   flags.text("--profile", o.profile, "this machine's calibrated profile (default: calibrate)", "FILE.json");
   flags.parse(argc, argv);
+  try {  // the head dimension is --hidden / --heads, never truncated (it was: 4097 / 32 ran as 128)
+    pd::cli::head_dim_of(o.hidden, o.heads);
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
   return o;
 }
 
@@ -190,7 +196,7 @@ int main(int argc, char** argv) {
       options.clock = pd::cost::TimeSource::wall;
       options.repetitions = 3;
       options.attention_heads = o.heads;
-      options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
+      options.head_dim = o.hidden / o.heads;  // whole: checked in parse
       const pd::Timer timer;
       pd::run_ranks(o.ranks, [&](pd::ThreadCommunicator& comm) {
         pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);

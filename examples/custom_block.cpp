@@ -14,6 +14,7 @@
 #include "parallel_block.hpp"
 
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/cli/model_flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/from_config.hpp"
@@ -102,7 +103,13 @@ int main(int argc, char** argv) {
   flags.number("--lr", o.lr, {.min = 0, .max = 1, .min_open = true}, "AdamW learning rate");
   flags.choice("--profile", o.profile, {"A100-SXM4-80GB-x8", "H100-SXM-80GB-x8", "H200-SXM-141GB-x8"}, "cost model's hardware");
   flags.parse(argc, argv);
-  if (o.heads % o.ranks != 0 || o.hidden % o.heads != 0) flags.fail("--heads must divide --hidden and be a multiple of --ranks");
+  try {
+    pd::cli::head_dim_of(o.hidden, o.heads);
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
+  if (o.heads % o.ranks != 0)
+    flags.fail(fmt::format("--heads {} is not a multiple of --ranks {}: each rank takes whole heads", o.heads, o.ranks));
   if (o.min_len > o.max_len) flags.fail("--min-len must be at most --max-len");
 
   pd::LayerConfig layer = pd::LayerConfig::make(o.hidden, o.heads);

@@ -22,6 +22,7 @@
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/csv_table.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/core/timer.hpp"
@@ -43,6 +44,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 using namespace paradyse;
@@ -74,11 +76,14 @@ Options parse(int argc, char** argv) {
       "reduction, Alloc-L and Alloc-L + Alloc-T at budgets of 100/75/50/25% of sum_l top-k: perplexity on held-out "
       "speeches (every 8th document), greedy next-token agreement with the full budget, prefill and decode time per "
       "token. With --write-train-corpus DIR it writes the documents that are not held out and exits.");
-  flags.text("--model", o.model, "the model folder (default: a tiny random fixture)", "DIR");
+  flags.text("--model", o.model, "the model folder (default: a tiny random fixture)", "DIR")
+      .nonempty("a model folder");
   flags.text("--corpus", o.corpus, "a folder of .txt documents (default: data/corpus/sotu.tar.xz extracted into build/)",
-             "DIR");
+             "DIR")
+      .nonempty("a folder of .txt documents");
   flags.text("--write-train-corpus", o.write_train,
-             "write the documents that are not held out to DIR (train_gpt --corpus DIR) and exit", "DIR");
+             "write the documents that are not held out to DIR (train_gpt --corpus DIR) and exit", "DIR")
+      .nonempty("a folder");
   flags.integer("--eval-tokens", o.eval_tokens, std::int64_t(1), std::int64_t(1) << 26, "held-out tokens evaluated");
   flags.integer("--calib-tokens", o.calib_tokens, std::int64_t(1), std::int64_t(1) << 26,
                 "calibration tokens for the sensitivity profile");
@@ -89,8 +94,10 @@ Options parse(int argc, char** argv) {
                 "tokens decoded one at a time for the decode timing");
   flags.integer("--repeats", o.repeats, 1, 1000, "timing rounds (every row once per round); the median is reported");
   flags.text("--budgets", o.budgets, "comma-separated percentages, starting with 100", "LIST");
-  flags.text("--table", o.table, "save the sensitivity table as JSON (moe_infer --sensitivity FILE)", "FILE");
-  flags.text("--csv", o.csv, "also write the table as CSV (scripts/plot.py draws quality against budget)", "FILE");
+  flags.text("--table", o.table, "save the sensitivity table as JSON (moe_infer --sensitivity FILE)", "FILE")
+      .nonempty("a file name");
+  flags.text("--csv", o.csv, "also write the table as CSV (scripts/plot.py draws quality against budget)", "FILE")
+      .nonempty("a file name");
   usage_text() = flags.usage();
   flags.parse(argc, argv);
   return o;
@@ -105,7 +112,7 @@ std::vector<int> parse_percentages(const std::string& list) {
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v < 1 || v > 100)
-      usage(fmt::format("--budgets {}: \"{}\" is not a percentage in 1..100", list, item));
+      usage(fmt::format("--budgets {}: \"{}\" is not a percentage in 1..100", printable(list), printable(item)));
     out.push_back(int(v));
     at = comma + 1;
   }
@@ -238,10 +245,14 @@ int run(const Options& o) {
   check(!calibration.empty() && !held_out.empty(), "moe_budget: {} documents in {}: too few to hold some out",
         docs.size(), dir.string());
   if (!o.write_train.empty()) {
-    std::filesystem::create_directories(o.write_train);
+    std::error_code error;  // "filesystem error: cannot create directories" named no flag
+    std::filesystem::create_directories(o.write_train, error);
+    check(!error && std::filesystem::is_directory(o.write_train),
+          "--write-train-corpus {}: cannot make the folder: {}", printable(o.write_train),
+          error ? error.message() : std::string("it is not a folder"));
     for (const paradyse::data::Document* d : calibration) {
       paradyse::write_file_atomically((std::filesystem::path(o.write_train) / d->name).string(),
-                                      std::string_view(d->bytes.data(), d->bytes.size()), "--write-train");
+                                      std::string_view(d->bytes.data(), d->bytes.size()), "--write-train-corpus");
     }
     fmt::print("wrote {} of {} documents (every 8th by name is held out) to {}\n", calibration.size(), docs.size(),
                o.write_train);

@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   TraceShape shape;
   cli::Flags flags("moe_infer", "Serves a request trace on p thread ranks under one MoE layout policy and prints "
                                 "latency and throughput (bench/moe_policies compares the policies).");
-  flags.text("--model", model_dir, "Hugging Face model folder (default: synthetic Mixtral-shaped MoE)", "DIR");
+  flags.text("--model", model_dir, "Hugging Face model folder (default: synthetic Mixtral-shaped MoE)", "DIR")
+      .nonempty("a Hugging Face model folder");
   flags.integer("--hidden", hidden, std::int64_t(8), std::int64_t(8192), "synthetic: hidden size");
   flags.integer("--layers", layers, std::int64_t(1), std::int64_t(256), "synthetic: layers");
   flags.integer("--experts", experts, std::int64_t(1), std::int64_t(1024), "synthetic: experts");
@@ -62,9 +63,11 @@ int main(int argc, char** argv) {
   flags.integer("--seed", shape.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(),
                 "trace and weights seed");
   flags.text("--budget", budget_text,
-             "Alloc-MoE activation budget: a share (\"0.5\", \"50%\") of sum_l top-k or a count (\"3\")", "X");
+             "Alloc-MoE activation budget: a share (\"0.5\", \"50%\") of sum_l top-k or a count (\"3\")", "X")
+      .nonempty("a share (\"50%\", \"0.5\") or a count of activations");
   flags.text("--sensitivity", sensitivity,
-             "Alloc-L: K_l from this sensitivity table (moe_budget --table); default uniform top-k", "FILE");
+             "Alloc-L: K_l from this sensitivity table (moe_budget --table); default uniform top-k", "FILE")
+      .nonempty("a sensitivity table (moe_budget --table)");
   flags.flag("--alloc-t", alloc_t, "Alloc-T: the budget's K_l * T activations pooled over each chunk's T tokens");
   flags.parse(argc, argv);
   if (budget_text.empty() && (!sensitivity.empty() || alloc_t)) flags.fail("--sensitivity and --alloc-t need --budget");

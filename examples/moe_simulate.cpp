@@ -23,6 +23,7 @@
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/cli/lists.hpp"
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
@@ -149,11 +150,18 @@ std::vector<NamedTrace> make_traces(const Options& o) {
         } catch (const std::exception&) {
           throw Error(fmt::format("--rates: \"{}\" is not a number", rate));
         }
-        out.push_back({fmt::format("Poisson {:g} req/s", r), poisson_trace(r, o.requests, lengths, o.seed)});
+        // moe_infer's rule (serve/request_trace.hpp): 1e-300 requests/s simulated an idle day at 0 tokens/s.
+        std::vector<TraceRequest> t = poisson_trace(r, o.requests, lengths, o.seed);
+        check_trace_span(t, o.rates == rate ? fmt::format("--rates {}", rate)
+                                            : fmt::format("--rates {} (its rate {})", o.rates, rate),
+                         poisson_shape(r), "raise the rate in --rates or lower --requests");
+        out.push_back({fmt::format("Poisson {:g} req/s", r), std::move(t)});
       }
     } else if (spec == "bursty") {
-      out.push_back({fmt::format("bursts of {} every {:g} s", o.burst, o.period),
-                     bursty_trace(o.burst, o.period, o.requests, lengths, o.seed)});
+      std::vector<TraceRequest> t = bursty_trace(o.burst, o.period, o.requests, lengths, o.seed);
+      check_trace_span(t, fmt::format("--traces bursty --burst {} --period {:g}", o.burst, o.period),
+                       bursty_shape(o.burst, o.period), trace_remedy(true));
+      out.push_back({fmt::format("bursts of {} every {:g} s", o.burst, o.period), std::move(t)});
     } else if (spec.rfind("azure:", 0) == 0) {
       out.push_back({fmt::format("Azure code trace ({} requests of {})", o.azure_requests, spec.substr(6)),
                      read_azure_trace(spec.substr(6), o.azure_requests)});
@@ -496,7 +504,7 @@ int measure(const Options& o) {
                                  round == 0 ? &steps : nullptr));
       breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
-        recorder.save(o.record_routing);
+        recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
       const Result sim = serve(true, nullptr, nullptr);
@@ -521,11 +529,14 @@ int main(int argc, char** argv) {
   Options o;
   cli::Flags flags("moe_simulate", "Serves request traces with the MoE engine on simulated time on a named "
                                         "cluster, every layout policy; --measure validates against thread ranks.");
-  flags.text("--model", o.model, "model shape: a Hugging Face config.json (or its folder)", "FILE");
-  flags.text("--cluster", o.cluster, "a100, h100, h200 (8-GPU NVLink nodes) or a hardware profile .json", "NAME");
+  flags.text("--model", o.model, "model shape: a Hugging Face config.json (or its folder)", "FILE")
+      .nonempty("a config.json or its folder");
+  flags.text("--cluster", o.cluster, "a100, h100, h200 (8-GPU NVLink nodes) or a hardware profile .json", "NAME")
+      .nonempty("a100, h100, h200 or a hardware profile .json");
   flags.integer("--ranks", o.ranks, 1, 4096, "ranks (GPUs) the engine runs on");
   flags.integer("--dtype-bytes", o.dtype_bytes, 2, 4, "bytes per weight and activation (2: bf16)");
-  flags.text("--routing", o.routing, "zipf:S, published:FILE (EPLB statistics JSON) or recorded:FILE", "SOURCE");
+  flags.text("--routing", o.routing, "zipf:S, published:FILE (EPLB statistics JSON) or recorded:FILE", "SOURCE")
+      .nonempty("zipf:S, published:FILE or recorded:FILE");
   flags.text("--traces", o.traces, "comma-separated: poisson (at each of --rates), bursty, azure:FILE", "LIST");
   flags.text("--rates", o.rates, "Poisson rates, requests/s (comma-separated)", "LIST");
   flags.integer("--requests", o.requests, std::int64_t(1), std::int64_t(10'000'000), "requests per synthetic trace");
@@ -541,12 +552,16 @@ int main(int argc, char** argv) {
                 "EP + EPLB: steps between rebalances (moe_infer: 32; vLLM's default: 3000)");
   flags.text("--policies", o.policies, "comma-separated subset of tp,ep,eplb,dynamic", "LIST");
   flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "traces and routing seed");
-  flags.text("--switch-csv", o.switch_csv, "write every step (trace, policy, time, tokens, layout) to FILE", "FILE");
-  flags.text("--csv", o.csv, "write one row per trace and policy to FILE", "FILE");
+  flags.text("--switch-csv", o.switch_csv, "write every step (trace, policy, time, tokens, layout) to FILE", "FILE")
+      .nonempty("a file name");
+  flags.text("--csv", o.csv, "write one row per trace and policy to FILE", "FILE")
+      .nonempty("a file name");
   flags.flag("--measure", o.measure, "validate: measured thread ranks against the calibrated profile's simulation");
-  flags.text("--hf", o.hf, "--measure: a Hugging Face model folder (default: moe_infer's synthetic MoE)", "DIR");
+  flags.text("--hf", o.hf, "--measure: a Hugging Face model folder (default: moe_infer's synthetic MoE)", "DIR")
+      .nonempty("a Hugging Face model folder");
   flags.integer("--rounds", o.rounds, 1, 100, "--measure: measured rounds per policy (medians)");
-  flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE");
+  flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
+      .nonempty("a file name");
   flags.parse(argc, argv);
   // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag
   // ("--policies tp,dynamc" ran tp alone).
@@ -560,8 +575,8 @@ int main(int argc, char** argv) {
     for (const std::string& rate : rates) {
       double r = 0;
       if (!cli::parse_number(rate, {.min = 0, .max = 1e6, .min_open = true}, r))
-        throw std::invalid_argument(fmt::format("--rates \"{}\": \"{}\" is not a rate in (0, 1e6] requests/s", o.rates,
-                                                rate));
+        throw std::invalid_argument(fmt::format("--rates \"{}\": \"{}\" is not a rate in (0, 1e6] requests/s",
+                                                printable(o.rates), printable(rate)));
       values.push_back(fmt::format("{:g}", r));
     }
     cli::check_unique("--rates", o.rates, values);

@@ -26,7 +26,9 @@
 // --csv FILE: every sequence's predicted step time and peak memory per variant (empty when it does not fit), with
 // the memory budget: scripts/plot.py draws time per strategy against length with each strategy's memory limit.
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/cli/model_flags.hpp"
 #include "paradyse/core/csv_table.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/progress.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/timer.hpp"
@@ -103,11 +105,15 @@ Options parse(int argc, char** argv) {
   paradyse::cli::Flags flags(
       "plan_trace", "Replays a trace of sequence lengths through the cost models and planners: each static strategy, "
                     "the exact planner, ParaDySe's heuristic and the planner without each strategy.");
-  flags.text("--profile", o.profile, "hardware profile", "a100|h100|h200|FILE.json");
-  flags.text("--dataset", o.dataset, "length distribution of the paper's Table 3", "githubcode|grch38|all");
+  flags.text("--profile", o.profile, "hardware profile", "a100|h100|h200|FILE.json")
+      .nonempty("a100, h100, h200 or a profile .json");
+  flags.text("--dataset", o.dataset, "length distribution of the paper's Table 3", "githubcode|grch38|all")
+      .nonempty("githubcode, grch38 or all");
   flags.text("--distribution", o.distribution, "length distribution CSV (default: data/lengths/paradyse_table3.csv)",
-             "FILE");
-  flags.text("--lengths", o.lengths_file, "sequence lengths to replay, one per line (instead of sampling)", "FILE");
+             "FILE")
+      .nonempty("a length distribution CSV");
+  flags.text("--lengths", o.lengths_file, "sequence lengths to replay, one per line (instead of sampling)", "FILE")
+      .nonempty("a file of sequence lengths");
   flags.integer("--sequences", o.sequences, 1, 10'000'000, "sequences to sample");
   flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "sampling seed");
   flags.choice("--order", o.sorted, "sorted", "random", "replay order");
@@ -131,7 +137,8 @@ Options parse(int argc, char** argv) {
              "causal attention");
   flags.flag("--swiglu", o.layer.swiglu, "SwiGLU FFN");
   flags.text("--csv", o.csv, "write every sequence's predicted time and memory per variant (rows written as they "
-                             "are planned, to FILE.tmp.<pid>.<n>; FILE put in place at the end)", "FILE");
+                             "are planned, to FILE.tmp.<pid>.<n>; FILE put in place at the end)", "FILE")
+      .nonempty("a file name");
   flags.number("--progress-every", o.progress_every, {.min = 0, .max = 86400, .min_open = true},
                "seconds between progress lines on stderr when stdout is not a terminal");
   usage_text() = flags.usage();
@@ -141,11 +148,11 @@ Options parse(int argc, char** argv) {
   if (o.layer.heads % o.layer.kv_heads)
     usage(fmt::format("--heads {} must be a multiple of --kv-heads {}", o.layer.heads, o.layer.kv_heads));
   if (o.layer.head_dim < 0) {  // hidden / heads, never truncated: another head dimension is given explicitly
-    if (o.layer.hidden % o.layer.heads)
-      usage(fmt::format("--hidden {} is not a multiple of --heads {} (head dimension {:.6g}); pick --hidden a "
-                        "multiple of --heads, or give --head-dim explicitly", o.layer.hidden, o.layer.heads,
-                        double(o.layer.hidden) / double(o.layer.heads)));
-    o.layer.head_dim = o.layer.hidden / o.layer.heads;
+    try {
+      o.layer.head_dim = pd::cli::head_dim_of(o.layer.hidden, o.layer.heads, "give --head-dim explicitly");
+    } catch (const std::invalid_argument& e) {
+      usage(e.what());
+    }
   }
   if (o.layer.ffn < 0) o.layer.ffn = 4 * o.layer.hidden;
   if (o.layers < 1 || o.p < 1 || o.batch < 1 || o.sequences < 1) usage("--layers, --p, --batch, --sequences >= 1");
@@ -393,7 +400,7 @@ int run(int argc, char** argv) {
       path = find_distribution(o.distribution);
       distributions = paradyse::data::read_distribution(path, kMaxLength);
       if (o.dataset != "all" && !distributions.count(o.dataset))
-        usage(fmt::format("no dataset \"{}\" in {}", o.dataset, path));
+        usage(fmt::format("no dataset \"{}\" in {}", pd::printable(o.dataset), pd::printable(path)));
     }
   } catch (const pd::Error& e) {
     usage(e.what());

@@ -12,6 +12,7 @@
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/cli/lists.hpp"
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/layout/reshard.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
 #include "paradyse/strategy/strategies.hpp"
@@ -50,7 +51,8 @@ std::vector<std::string> split(std::string_view text, char separator) {
 int parse_int(const std::string& text, std::string_view what) {
   char* end = nullptr;
   const long value = std::strtol(text.c_str(), &end, 10);
-  pd::check(end != text.c_str() && *end == '\0' && value >= 0 && value < (1L << 30), "{} '{}' is not a count", what, text);
+  pd::check(end != text.c_str() && *end == '\0' && value >= 0 && value < (1L << 30), "{} '{}' is not a count; expected an integer in [0, {}]", what,
+            pd::printable(text), (1L << 30) - 1);
   return int(value);
 }
 
@@ -61,7 +63,7 @@ pd::Placement parse_placement(const std::string& token) {
     const int dim = parse_int(token.substr(1), "shard dim");
     return token[0] == 'S' ? pd::Placement::shard(dim) : pd::Placement::zigzag(dim);
   }
-  throw std::invalid_argument(fmt::format("--path: placement '{}' is not one of R, P, S<dim>, Z<dim>", token));
+  throw std::invalid_argument(fmt::format("--path: placement '{}' is not one of R, P, S<dim>, Z<dim>", pd::printable(token)));
 }
 
 pd::DynamicLayout parse_layout(const std::string& text, int mesh_ndim) {
@@ -138,7 +140,8 @@ Options parse(int argc, char** argv) {
              "layouts to visit, separated by spaces; each lists one placement per mesh axis, comma-separated: R "
              "(replicate), S<d> (shard dim d), Z<d> (zigzag shard of dim d), P (partial sum). Default: \"R S1 Z1 S2 R "
              "P S1 R\" on the last mesh axis, the other axes replicating",
-             "\"L1 L2 ...\"");
+             "\"L1 L2 ...\"")
+      .nonempty("layouts separated by spaces");
   flags.flag("--strategies", options.strategies,
              "print the layouts every strategy's sublayers compute in, for activations [B, S, H] on N ranks (a layer "
              "with N heads of H / N, f = 4H), with each rank's local shape; no data moves");

@@ -10,6 +10,7 @@
 //
 //   search_parallel --help    (the flags and their defaults, generated from main's statement of them)
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/search/config_file.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/validation.hpp"
@@ -17,8 +18,10 @@
 #include <fmt/core.h>
 
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace pd = paradyse;
@@ -143,10 +146,8 @@ void print_published_rows(const std::string& emit_folder) {
   fmt::print("{:<27} {:<62} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7}\n", "row", "configuration", "step s", "published",
              "full", "error", "causal", "error");
   for (const search::PublishedRow& row : search::published_rows()) {
-    if (!emit_folder.empty()) {
-      std::filesystem::create_directories(emit_folder);
-      pd::json::save_file(row.file, (std::filesystem::path(emit_folder) / (row.name + ".json")).string());
-    }
+    if (!emit_folder.empty())  // the folder was made (or refused) in main, before any work
+      pd::json::save_file(row.file, (std::filesystem::path(emit_folder) / (row.name + ".json")).string(), "--emit");
     const search::Scored r = search::score(search::config_file_from_json(row.file, row.name), {}, {}, {});
     const double published = r.published->tflops_per_gpu;
     const double full = r.tflops_per_gpu(search::FlopConvention::full);
@@ -202,9 +203,11 @@ int main(int argc, char** argv) {
       "Hypertron's search of the N-D parallel training space for a model on a cluster. A model file has the keys of "
       "a Hugging Face config.json; a cluster file is {name, peak_flops_per_s, device: <hardware profile>, levels: "
       "[{name, domain_devices, alpha_s, bytes_per_s}]}.");
-  flags.text("--model", o.model, "model preset or config.json file", "gpt-175b|llama3-405b|mixtral-8x22b|deepseek-v3|FILE.json");
+  flags.text("--model", o.model, "model preset or config.json file", "gpt-175b|llama3-405b|mixtral-8x22b|deepseek-v3|FILE.json")
+      .nonempty("a model preset or a .json file");
   flags.integer("--devices", o.devices, std::int64_t(1), std::int64_t(1) << 24, "devices");
-  flags.text("--cluster", o.cluster, "cluster preset or file", "dgx-a100|dgx-h100|ascend-supernode|FILE.json");
+  flags.text("--cluster", o.cluster, "cluster preset or file", "dgx-a100|dgx-h100|ascend-supernode|FILE.json")
+      .nonempty("a cluster preset or a .json file");
   flags.integer("--seq", o.seq, std::int64_t(1), std::int64_t(1) << 24, "sequence length");
   flags.integer("--global-batch", o.global_batch, std::int64_t(1), std::int64_t(1) << 24, "sequences per step");
   flags.choice("--space", o.space, {"3d", "4d", "7d"}, "the largest space searched");
@@ -217,16 +220,26 @@ int main(int argc, char** argv) {
   flags.choice("--cp-scheme", o.cp_scheme, {"ring", "all-gather", "both"},
                "context parallelism searched as a ring, as Llama 3's all-gather, or both");
   flags.text("--score", o.score, "predict this configuration file instead of searching (the --emit schema)",
-             "FILE.json");
+             "FILE.json")
+      .nonempty("a configuration file (--emit wrote)");
   flags.text("--config", o.config, "predict this configuration instead of searching",
              "dp=N,pp=N,cp=N,tp=N|tp_x=N,tp_y=N,ep=N,etp=N,zero=N,virtual_stages=N,micro_batch=N,recompute=none|"
-             "selective|full,sequence_parallel=true|false,cp_scheme=ring|all-gather");
+             "selective|full,sequence_parallel=true|false,cp_scheme=ring|all-gather")
+      .nonempty("a configuration such as dp=2,tp=4");
   flags.text("--emit", o.emit, "write the best configuration to this file (with --validate: the rows to this folder)",
-             "FILE.json|DIR");
+             "FILE.json|DIR")
+      .nonempty("a file name (with --validate: a folder)");
   flags.parse(argc, argv);
   if (!o.score.empty() && !o.config.empty()) flags.fail("--score and --config both name a configuration; give one");
   if (o.validate && (!o.score.empty() || !o.config.empty()))
     flags.fail("--validate scores its own rows; drop --score/--config");
+  if (o.validate && !o.emit.empty()) {  // --validate --emit DIR: the rows' folder, made here (it aborted the program)
+    std::error_code error;
+    std::filesystem::create_directories(o.emit, error);
+    if (error || !std::filesystem::is_directory(o.emit))
+      flags.fail(fmt::format("--emit {}: --validate writes its rows into this folder, but it cannot be made: {}",
+                             pd::printable(o.emit), error ? error.message() : std::string("it is not a folder")));
+  }
   try {
     if (o.validate) {
       print_published_rows(o.emit);
@@ -250,7 +263,7 @@ int main(int argc, char** argv) {
                                                         spec_to_emit(file.model ? file.model_spec : o.model), r.cluster,
                                                         spec_to_emit(file.cluster ? file.cluster_spec : o.cluster),
                                                         r.setup, r.published),
-                            o.emit);
+                            o.emit, "--emit");
         fmt::print("wrote {}\n", o.emit);
       }
       return r.estimate.feasible ? 0 : 1;
@@ -279,11 +292,11 @@ int main(int argc, char** argv) {
       }
       pd::json::save_file(search::config_file_to_json(chosen.top.front().config, model.model(), spec_to_emit(o.model),
                                                       model.cluster(), spec_to_emit(o.cluster), setup),
-                          o.emit);
+                          o.emit, "--emit");
       fmt::print("\nwrote the best configuration to {} (search_parallel --score {} predicts it again)\n", o.emit,
                  o.emit);
     }
-  } catch (const pd::Error& e) {
+  } catch (const std::exception& e) {  // pd::Error, and anything from the standard library (a filesystem error)
     fmt::print(stderr, "search_parallel: {}\n", e.what());
     return 1;
   }

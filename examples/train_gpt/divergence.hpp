@@ -34,13 +34,16 @@ inline constexpr int kSideOutputFailed = 3;
 inline std::optional<std::string> divergence(double loss, int step, std::int64_t vocab, double lr, double peak_lr) {
   const double limit = kExplodingFactor * std::log(double(vocab));
   if (std::isfinite(loss) && loss <= limit) return std::nullopt;
-  return fmt::format("step {}: the training loss is {:.6g} ({}; a uniform guess over the {} tokens scores ln {} = {:.2f}): "
-                     "training diverged, most likely from the learning rate ({:g} at this step, --lr {:g}: try a "
-                     "smaller one); stopping without saving a checkpoint",
-                     step, loss,
-                     std::isfinite(loss) ? fmt::format("above {:g} x ln({}) = {:.2f}", kExplodingFactor, vocab, limit)
-                                         : std::string("not finite"),
-                     vocab, vocab, std::log(double(vocab)), lr, peak_lr);
+  if (!std::isfinite(loss))  // said as such ("step 3: the training loss is nan"), with what a NaN can come from
+    return fmt::format("step {}: the training loss is {} (not a finite number: a NaN or an infinity reached the loss): "
+                       "training diverged, most likely from the learning rate ({:g} at this step, --lr {:g}: try a "
+                       "smaller one), or from a non-finite value in the input or the weights; stopping without saving "
+                       "a checkpoint",
+                       step, loss, lr, peak_lr);
+  return fmt::format("step {}: the training loss is {:.6g} (above {:g} x ln({}) = {:.2f}; a uniform guess over the {} "
+                     "tokens scores ln {} = {:.2f}): training diverged, most likely from the learning rate ({:g} at "
+                     "this step, --lr {:g}: try a smaller one); stopping without saving a checkpoint",
+                     step, loss, kExplodingFactor, vocab, limit, vocab, vocab, std::log(double(vocab)), lr, peak_lr);
 }
 
 // The exit status of a run whose training and --save succeeded: 0, or kSideOutputFailed (said on stderr) when a side

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/cli/model_flags.hpp"
 #include "caps.hpp"  // machine_fit_refusal
 #include "train_mesh.hpp"  // parse_mesh
 #include "training_options.hpp"
@@ -73,8 +74,10 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
       .nonempty("a checkpoint --save wrote");
   flags.text("--profile", o.profile,
              "hardware profile: a JSON file or a built-in name (default: calibrated on this machine once, cached in "
-             "build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json");
-  flags.text("--corpus", o.corpus, "a folder of text documents (default: the bundled data/corpus/sotu.tar.xz)", "DIR");
+             "build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json")
+      .nonempty("a built-in profile name or a profile .json");
+  flags.text("--corpus", o.corpus, "a folder of text documents (default: the bundled data/corpus/sotu.tar.xz)", "DIR")
+      .nonempty("a folder of text documents");
   flags.choice("--backend", backend_name, {"threads", "mpi"},
                "threads: P thread ranks; mpi: one rank per process, run as mpirun -np P train_gpt --backend mpi "
                "--ranks P ...");
@@ -129,7 +132,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
       .nonempty("axes such as dp=2,cp=2");
   flags.text("--mesh-file", o.mesh_file,
              "run the configuration a file of search_parallel --emit holds (its dp, pp, cp and zero; axes train_gpt "
-             "cannot run yet and a model other than these flags' are refused by name)", "FILE");
+             "cannot run yet and a model other than these flags' are refused by name)", "FILE")
+      .nonempty("a configuration file of search_parallel --emit");
   flags.integer("--virtual-stages", o.virtual_stages, 1, 64,
                 "--mesh: model chunks per pipeline stage, on the interleaved 1F1B schedule (each replica's rows per "
                 "step a multiple of pp)");
@@ -294,9 +298,11 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
   } else if (o.shared_experts > 0 || o.first_dense > 0) {
     usage("--shared-experts and --first-dense need --experts");
   }
-  if (o.hidden % o.heads)  // the head dimension is --hidden / --heads, never truncated
-    usage(fmt::format("--hidden {} is not a multiple of --heads {} (head dimension {:.6g}): pick --hidden a multiple "
-                      "of --heads", o.hidden, o.heads, double(o.hidden) / double(o.heads)));
+  try {  // the head dimension is --hidden / --heads, never truncated
+    pd::cli::head_dim_of(o.hidden, o.heads);
+  } catch (const std::invalid_argument& e) {
+    usage(e.what());
+  }
   if (!o.mesh_file.empty()) {  // --mesh-file: the mesh and ZeRO stage of a search_parallel --emit file
     if (!o.mesh.empty()) usage(fmt::format("--mesh {} and --mesh-file {} both give the mesh; give one", o.mesh,
                                            o.mesh_file));

@@ -40,6 +40,7 @@
 
 #include "paradyse/comm/ranks.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/data/mesh_steps.hpp"
@@ -94,26 +95,27 @@ inline DeviceMesh parse_mesh(std::string_view text) {
     const std::size_t comma = std::min(text.find(',', from), text.size());
     const std::string_view part = text.substr(from, comma - from);
     const std::size_t eq = part.find('=');
-    check(eq != std::string_view::npos, "--mesh {}: \"{}\" is not AXIS=SIZE (axes dp, pp, cp, tp)", text, part);
+    check(eq != std::string_view::npos, "--mesh {}: \"{}\" is not AXIS=SIZE (axes dp, pp, cp, tp)", printable(text),
+          printable(part));
     const std::string_view name = part.substr(0, eq), value = part.substr(eq + 1);
     const auto axis = std::find(std::begin(names), std::end(names), name) - std::begin(names);
     check(axis < 4, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp, cp and tp (2-D tensor "
-          "and expert axes are search_parallel's)", text, name);
-    check(sizes[axis] == 0, "--mesh {}: axis {} is given twice", text, name);
+          "and expert axes are search_parallel's)", printable(text), printable(name));
+    check(sizes[axis] == 0, "--mesh {}: axis {} is given twice", printable(text), name);
     int size = 0;
     for (char ch : value) {
       check(std::isdigit(static_cast<unsigned char>(ch)) && size < 100000, "--mesh {}: the size of {} is \"{}\", "
-            "expected a positive integer", text, name, value);
+            "expected a positive integer", printable(text), name, printable(value));
       size = size * 10 + (ch - '0');
     }
-    check(!value.empty() && size >= 1, "--mesh {}: the size of {} is \"{}\", expected a positive integer", text, name,
-          value);
+    check(!value.empty() && size >= 1, "--mesh {}: the size of {} is \"{}\", expected a positive integer",
+          printable(text), name, printable(value));
     sizes[axis] = size;
     from = comma + 1;
   }
   for (int& size : sizes) size = std::max(size, 1);
   check(sizes[2] == 1 || sizes[3] == 1, "--mesh {}: cp={} with tp={}: tensor parallelism inside a cp group is not "
-        "trainable yet (issue 26); give cp or tp", text, sizes[2], sizes[3]);
+        "trainable yet (issue 26); give cp or tp", printable(text), sizes[2], sizes[3]);
   return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
 }
 

@@ -66,7 +66,7 @@ FlagOption Flags::number(const std::string& name, double& out, const Interval& r
         [&out, range, name](const std::string& v) {
           if (!parse_number(v, range, out))
             throw FlagValueError(
-                fmt::format("{} expects a finite number in {}, got \"{}\"", name, range.describe(), v));
+                fmt::format("{} expects a finite number in {}, got \"{}\"", name, range.describe(), printable(v)));
         });
 }
 
@@ -84,7 +84,7 @@ FlagOption Flags::choice(const std::string& name, std::string& out, std::vector<
         out = v;
         return;
       }
-    throw FlagValueError(fmt::format("{} expects one of {}, got \"{}\"", name, names, v));
+    throw FlagValueError(fmt::format("{} expects one of {}, got \"{}\"", name, names, printable(v)));
   });
 }
 
@@ -92,7 +92,7 @@ FlagOption Flags::choice(const std::string& name, bool& out, const std::string& 
                    const std::string& help) {
   return value(name, help, first + "|" + second, out ? first : second, [&out, first, second, name](const std::string& v) {
     if (v != first && v != second)
-      throw FlagValueError(fmt::format("{} expects {} or {}, got \"{}\"", name, first, second, v));
+      throw FlagValueError(fmt::format("{} expects {} or {}, got \"{}\"", name, first, second, printable(v)));
     out = v == first;
   });
 }

@@ -3,6 +3,7 @@
 // interval, errors name the flag, the value and the accepted range, --help is not a problem, and the usage is
 // generated from the flags (each flag with its range and default).
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/cli/model_flags.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -144,4 +146,29 @@ TEST_CASE("command line: the usage is generated from the flags, with ranges and 
   CHECK(contains(usage, "--order random|sorted=random"));
   CHECK(contains(usage, "--check"));
   CHECK(contains(usage, "--help"));
+}
+
+TEST_CASE("model flags: the head dimension is --hidden / --heads, refused naming both flags when not whole") {
+  // One check for train_gpt, plan_trace, custom_block and bench/emulated_switching (issue 27: the benchmark
+  // truncated 4097 / 32 to 128).
+  CHECK(paradyse::cli::head_dim_of(4096, 32) == 128);
+  CHECK(paradyse::cli::head_dim_of(7, 7) == 1);
+  CHECK_THROWS_WITH_AS(paradyse::cli::head_dim_of(4097, 32),
+                       "--hidden 4097 is not a multiple of --heads 32 (head dimension 128.031): pick --hidden a "
+                       "multiple of --heads",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(paradyse::cli::head_dim_of(10, 4, "give --head-dim explicitly"),
+                       "--hidden 10 is not a multiple of --heads 4 (head dimension 2.5): pick --hidden a multiple of "
+                       "--heads, or give --head-dim explicitly",
+                       std::invalid_argument);
+  CHECK_THROWS_AS(paradyse::cli::head_dim_of(8, 0), std::invalid_argument);
+}
+
+TEST_CASE("command line: a long bad value is echoed clipped, with its length") {
+  int steps = 1;
+  Flags flags("train", "Trains a model.");
+  flags.integer("--steps", steps, 1, 10, "steps");
+  const std::string problem = flags_problem(flags, {"--steps", std::string(100000, '9')});
+  CHECK(problem.size() < 400);
+  CHECK(contains(problem, "... (100000 bytes)"));
 }

@@ -1,10 +1,14 @@
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <string>
+#include <string_view>
 
 using namespace paradyse;
+using namespace std::string_view_literals;
 
 TEST_CASE("check formats the message only on failure and names the caller's line") {
   CHECK_NOTHROW(check(true, "never {}", 1));
@@ -18,4 +22,26 @@ TEST_CASE("check formats the message only on failure and names the caller's line
     CHECK(what.find("error.cpp:") != std::string::npos);
     CHECK(e.where().line() > 0);
   }
+}
+
+TEST_CASE("printable: control bytes escaped, and a long value clipped with an ellipsis and its whole length") {
+  // Issue 27: a 131 KB flag value was echoed whole (twice) into one message.
+  CHECK(printable("a\0b\n"sv) == "a\\x00b\\x0a");
+  CHECK(printable(std::string(kMaxEchoedBytes, 'x')) == std::string(kMaxEchoedBytes, 'x'));
+  const std::string echoed = printable(std::string(100000, 'x'));
+  CHECK(echoed == std::string(kMaxEchoedBytes, 'x') + "... (100000 bytes)");
+  CHECK(printable(std::string(300, '\x01'), 4) == "\\x01\\x01\\x01\\x01... (300 bytes)");
+  CHECK(printable("abcdef", 3) == "abc... (6 bytes)");
+}
+
+TEST_CASE("Error: a message echoing a huge word (a path not quoted through printable) is clipped the same way") {
+  const std::string path = "/nonexistent/" + std::string(100000, 'x');
+  const Error e(fmt::format("cannot open \"{}\" for reading", path));
+  const std::string what = e.what();
+  CHECK(what.size() < 400);
+  CHECK(what.find("paradyse: cannot open \"/nonexistent/xxx") == 0);
+  CHECK(what.find("... (100015 bytes) for reading [error.cpp:") != std::string::npos);
+  CHECK(bounded_message("short words stay as they are") == "short words stay as they are");
+  const std::string edge(kMaxMessageWordBytes, 'y');
+  CHECK(bounded_message(edge + " " + edge) == edge + " " + edge);
 }

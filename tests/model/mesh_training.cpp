@@ -11,6 +11,9 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
+#include <span>
 #include <vector>
 
 using namespace paradyse;
@@ -102,4 +105,59 @@ TEST_CASE("mesh dp=2 x cp=2: averaged replicas train as one cp group on the whol
     CHECK(std::abs(mesh_loss - single[std::size_t(k)]) <= 1e-5 * std::abs(single[std::size_t(k)]));
   }
   CHECK(replica_loss[std::size_t(steps - 1)][0] != replica_loss[std::size_t(steps - 1)][1]);  // different data
+}
+
+TEST_CASE("mesh dp=2 x cp: a NaN in one weight of one rank reaches every loss of its replica, then every replica") {
+  // Issue 27: a NaN must never become a number. One element of layer 0's attention shard on cp rank 0 of replica 0
+  // is NaN: replica 0's first loss is non-finite on every cp rank (whatever strategy the plan picks), replica 1's is
+  // finite (its weights are clean), and after the dp average of the gradients and the optimizer step every replica's
+  // second loss is non-finite. cp = 2 and 3 (uneven: 11 tokens).
+  for (const int cp : {2, 3}) {
+    CAPTURE(cp);
+    GptConfig config;
+    config.layer = small_config(2 * cp, 2 * cp, 4 * cp);
+    config.layer.causal = config.layer.rope = true;
+    config.layers = 2;
+    config.vocab = 19;
+    const std::int64_t seq = 11;
+    const int dp = 2, steps = 2;
+    const StackPlan plan{{AllStrategies<>::index_of("ColossalZ"), AllStrategies<>::index_of("METP")},
+                         {AllStrategies<>::index_of("UlyssesZ"), AllStrategies<>::index_of("MegatronCZ")}};
+    Rng rng(9);
+    std::vector<std::int32_t> tokens, targets;
+    for (std::int64_t i = 0; i < dp * seq; ++i) {
+      tokens.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+      targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+    }
+    const DeviceMesh mesh({{"dp", dp}, {"cp", cp}});
+    std::vector<double> loss(static_cast<std::size_t>(steps * mesh.size()));
+    run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
+      const int cp_axis[] = {1}, dp_axis[] = {0};
+      ThreadCommunicator cp_group = mesh.group(world, std::span<const int>(cp_axis));
+      ThreadCommunicator dp_group = mesh.group(world, std::span<const int>(dp_axis));
+      const int replica = mesh.coordinate(world.rank())[0];
+      Model model(config, cp, cp_group.rank(), 42);
+      if (replica == 0 && cp_group.rank() == 0)
+        model.stack().weights()[0].attention.packed.span()[0] = std::numeric_limits<float>::quiet_NaN();
+      BufferPool pool;
+      const SequenceLayout layout(seq, cp, config.layer.zigzag);
+      const std::span<const std::int32_t> mine_x(tokens.data() + replica * seq, std::size_t(seq));
+      const std::span<const std::int32_t> mine_y(targets.data() + replica * seq, std::size_t(seq));
+      const Tensor<std::int32_t> x = shard_tokens(mine_x, 1, layout, cp_group.rank());
+      const Tensor<std::int32_t> y = shard_tokens(mine_y, 1, layout, cp_group.rank());
+      for (int k = 0; k < steps; ++k) {
+        model.zero_gradients();
+        const GptStepResult r = model.forward_backward(cp_group, pool, plan, seq, x.view(), y.view());
+        average_gradients(dp_group, model);
+        model.optimizer_step({.learning_rate = 0.01f});
+        loss[std::size_t(k * mesh.size() + world.rank())] = r.loss;
+      }
+    });
+    for (int rank = 0; rank < mesh.size(); ++rank) {
+      const bool replica0 = mesh.coordinate(rank)[0] == 0;
+      INFO("world rank ", rank, ": losses ", loss[std::size_t(rank)], ", ", loss[std::size_t(mesh.size() + rank)]);
+      CHECK(std::isfinite(loss[std::size_t(rank)]) == !replica0);
+      CHECK_FALSE(std::isfinite(loss[std::size_t(mesh.size() + rank)]));
+    }
+  }
 }

@@ -17,7 +17,10 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -541,4 +544,46 @@ TEST_CASE("both strategies run as a dry run (meta tensors, counting backend, sym
   CHECK(count(etp, TraceKind::gemm) == (1 + 16 + 3) + (32 + 2 + 6));
   for (const TraceEvent& e : etp.events())
     if (e.kind == TraceKind::post && e.transfer == TransferKind::broadcast) CHECK(e.bytes == 2 * 3 * 6 * 8 * 4);
+}
+
+TEST_CASE("moe layer: a NaN in one expert's weight reaches exactly its tokens; a NaN router weight or input is refused") {
+  // Issue 27: NaN must never become numbers. Expert 0's first W_in element is NaN: the tokens routed to expert 0 (the
+  // clean reference's routing; routing does not read the experts) have non-finite outputs on every rank, the others
+  // match the clean reference. A NaN router weight or activation makes a router logit NaN: refused by name.
+  for (int p : {2, 3})
+    for (const bool tensor_parallel : {false, true}) {
+      CAPTURE(p);
+      CAPTURE(tensor_parallel);
+      const Forward fwd = tensor_parallel ? forward_of<ExpertTensorParallel<>>() : forward_of<ExpertParallel<>>();
+      const Backward bwd = tensor_parallel ? backward_of<ExpertTensorParallel<>>() : backward_of<ExpertParallel<>>();
+      const LayerCase lc = layer_cases(p).front();  // Mixtral-like softmax top-2, no capacity (nothing dropped)
+      const MoeProblem clean = make_problem(lc, 4242 + std::uint64_t(p));
+      const ReferenceResult ref = reference_moe(clean.model, clean.x, clean.dy, clean.k, rank_groups(clean, p));
+      const std::int64_t h = lc.config.hidden;
+      MoeProblem poisoned = clean;
+      poisoned.model.expert_in[0] = std::numeric_limits<double>::quiet_NaN();
+      const std::vector<RankResult> results = run_layer(poisoned, p, fwd, bwd);
+      std::int64_t reached = 0, spared = 0;
+      for (const RankResult& got : results)
+        for (std::size_t j = 0; j < got.ids.size(); ++j) {
+          const std::int64_t id = got.ids[j];
+          const auto& chosen = ref.chosen[std::size_t(id)];
+          const bool routed = std::find(chosen.begin(), chosen.end(), 0) != chosen.end();
+          for (std::int64_t c = 0; c < h; ++c) {
+            const double y = got.y.span()[j * std::size_t(h) + std::size_t(c)];
+            const double want = ref.y[std::size_t(id * h + c)];
+            if (routed) CHECK_MESSAGE(!std::isfinite(y), "token ", id, " is routed to the NaN expert but y = ", y);
+            else CHECK_MESSAGE(std::abs(y - want) <= kFloat32.atol + kFloat32.rtol * std::abs(want), "token ", id, " y = ", y, ", want ", want);
+          }
+          (routed ? reached : spared) += 1;
+        }
+      CHECK(reached > 0);  // the case routes tokens to expert 0, and not every token
+      CHECK(spared > 0);
+      MoeProblem router_nan = clean;
+      router_nan.model.router[1] = std::numeric_limits<double>::quiet_NaN();
+      CHECK_THROWS_WITH_AS(run_layer(router_nan, p, fwd, bwd), doctest::Contains("= nan is not finite"), Error);
+      MoeProblem input_nan = clean;
+      input_nan.x[0] = std::numeric_limits<double>::quiet_NaN();  // token 0's first activation
+      CHECK_THROWS_WITH_AS(run_layer(input_nan, p, fwd, bwd), doctest::Contains("= nan is not finite"), Error);
+    }
 }

@@ -357,6 +357,50 @@ TEST_CASE("routing sources: counts sum to n k with at most n per expert; seeded;
   CHECK_THROWS_WITH_AS(load_routing_record(bad), doctest::Contains("bad_routing.csv:3:7: \"x\" is not a count"), Error);
 }
 
+TEST_CASE("routing records: a count above its step's tokens is refused naming the file, line, step, layer and counts") {
+  // Issue 27: it was loaded and clamped to the step's tokens when replayed.
+  const std::string path = scratch("over_routing.csv");
+  std::ofstream(path) << "step,layer,tokens,e0,e1\n0,0,4,2,2\n0,1,2,1,3\n";
+  CHECK_THROWS_WITH_AS(load_routing_record(path),
+                       doctest::Contains("over_routing.csv:3: step 0 layer 1: expert 1 (column 5) has 3 token-expert "
+                                         "pairs, above the step's 2 tokens"),
+                       Error);
+  std::ofstream(path) << "step,layer,tokens,e0,e1\n0,0,4,4,4\n";  // every token picks both experts: the most
+  CHECK(load_routing_record(path).rows.at(0).counts == std::vector<std::int64_t>{4, 4});
+}
+
+TEST_CASE("routing records: saving to a full disk is an Error naming the flag, the file and the reason") {
+  // It wrote through an ofstream checked before its buffer was flushed: a full disk went unnoticed.
+  RoutingRecorder recorder;
+  StepTrace t;
+  t.routed = {{2, 0, 1, 1}};
+  t.chunks = {{.tokens = 2}};
+  recorder.add(t);
+  CHECK_THROWS_WITH_AS(recorder.save("/dev/full", "--record-routing"),
+                       doctest::Contains("--record-routing /dev/full: writing failed: No space left on device"), Error);
+}
+
+TEST_CASE("request traces: arrivals past an hour are refused naming the flags that made the trace") {
+  // One rule (check_trace_span) for moe_infer's --rate and --bursty and moe_simulate's --rates (issue 27: moe_simulate
+  // reported 0 tokens/s for 1e-300 requests/s; moe_infer named --rate for a bursty trace).
+  TraceShape poisson{.requests = 4, .rate = 1e-300};
+  CHECK_THROWS_WITH_AS(make_trace(poisson, 100),
+                       doctest::Contains("--rate 1e-300: request 1 of 4 would arrive at"), Error);
+  CHECK_THROWS_WITH_AS(make_trace(poisson, 100), doctest::Contains("raise --rate or lower --requests"), Error);
+  TraceShape bursty{.requests = 8, .bursty = true, .burst = 4, .period = 1e6};
+  CHECK_THROWS_WITH_AS(make_trace(bursty, 100),
+                       doctest::Contains("--bursty --burst 4 --period 1e+06: request 5 of 8 would arrive at 1e+06 s "
+                                         "(bursts of 4 every 1e+06 s); at most 3600 s of arrivals are served: "
+                                         "lower --period"),
+                       Error);
+  bursty.period = 1000;  // the last burst at 1000 s: served
+  CHECK(make_trace(bursty, 100).size() == 8);
+  const std::vector<TraceRequest> day = poisson_trace(1e-9, 4, {}, 1);
+  CHECK_THROWS_WITH_AS(check_trace_span(day, "--rates 1e-9", poisson_shape(1e-9), "raise it"),
+                       doctest::Contains("--rates 1e-9: request 1 of 4"), Error);
+  CHECK_NOTHROW(check_trace_span(poisson_trace(100, 4, {}, 1), "--rates 100", poisson_shape(100), "raise it"));
+}
+
 TEST_CASE("request traces: Poisson and bursts seeded; the Azure CSV reads; bad rows name file, line and column") {
   const auto p = poisson_trace(4.0, 2000, {}, 1);
   CHECK(p == poisson_trace(4.0, 2000, {}, 1));

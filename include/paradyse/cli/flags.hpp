@@ -18,6 +18,8 @@
 // exits 2.
 #pragma once
 
+#include "paradyse/core/printable.hpp"
+
 #include <fmt/format.h>
 
 #include <cctype>
@@ -133,7 +135,7 @@ public:
     return value(name, help, fmt::format("INT in [{}, {}]", min, max), fmt::format("{}", out),
           [&out, min, max, name](const std::string& v) {
             if (!parse_integer(v, min, max, out))
-              throw FlagValueError(fmt::format("{} expects an integer in [{}, {}], got \"{}\"", name, min, max, v));
+              throw FlagValueError(fmt::format("{} expects an integer in [{}, {}], got \"{}\"", name, min, max, printable(v)));
           });
   }
   // Two integers of type T in [min, max] after one flag (--prompt MIN MAX).
@@ -146,7 +148,7 @@ public:
              for (const auto& [x, into] : {std::pair{&v[0], &a}, std::pair{&v[1], &b}})
                if (!parse_integer(*x, min, max, *into))
                  throw FlagValueError(
-                     fmt::format("{} expects two integers in [{}, {}], got \"{}\"", name, min, max, *x));
+                     fmt::format("{} expects two integers in [{}, {}], got \"{}\"", name, min, max, printable(*x)));
              first = a;
              second = b;
            });

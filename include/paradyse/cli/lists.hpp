@@ -9,6 +9,8 @@
 // Each throws std::invalid_argument with the message (the program prints it with its usage: Flags::fail).
 #pragma once
 
+#include "paradyse/core/printable.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -32,7 +34,7 @@ inline std::vector<std::string> list_items(std::string_view flag, std::string_vi
     const std::size_t end = std::min(text.find(separator, from), text.size());
     if (end == from)
       throw std::invalid_argument(fmt::format("{} \"{}\": item {} is empty; expected items separated by one '{}'", flag,
-                                              text, items.size() + 1, separator));
+                                              printable(text), items.size() + 1, separator));
     items.emplace_back(text.substr(from, end - from));
     if (end == text.size()) break;
     from = end + 1;
@@ -46,7 +48,8 @@ inline void check_known(std::string_view flag, std::string_view text, const std:
   for (const std::string& item : items)
     if (std::find(known.begin(), known.end(), std::string_view(item)) == known.end())
       throw std::invalid_argument(
-          fmt::format("{} \"{}\": unknown item \"{}\"; expected one of {}", flag, text, item, fmt::join(known, "|")));
+          fmt::format("{} \"{}\": unknown item \"{}\"; expected one of {}", flag, printable(text), printable(item),
+                      fmt::join(known, "|")));
 }
 
 // Refuses an item of `keys` (one per item of `text`: the item itself, or its name in name=value) that appears twice.
@@ -55,7 +58,7 @@ inline void check_unique(std::string_view flag, std::string_view text, const std
     for (std::size_t j = 0; j < i; ++j)
       if (keys[i] == keys[j])
         throw std::invalid_argument(fmt::format("{} \"{}\": \"{}\" appears twice (items {} and {}); each may appear once",
-                                                flag, text, keys[i], j + 1, i + 1));
+                                                flag, printable(text), printable(keys[i]), j + 1, i + 1));
 }
 
 }  // namespace paradyse::cli

@@ -1,8 +1,12 @@
 // paradyse/core/error.hpp: the one exception type of the library, and a check helper.
 //
 // Every bad input throws paradyse::Error with the source location of the check and a message that names the
-// offending value and what was expected. Nothing in the library aborts on user input.
+// offending value and what was expected. Nothing in the library aborts on user input. A message stays bounded: a
+// value quoted through printable() is clipped, and any other word longer than kMaxMessageWordBytes is clipped the
+// same way (core/printable.hpp bounded_message).
 #pragma once
+
+#include "paradyse/core/printable.hpp"
 
 #include <fmt/format.h>
 
@@ -18,7 +22,8 @@ namespace paradyse {
 class Error : public std::runtime_error {
 public:
   explicit Error(const std::string& message, std::source_location where = std::source_location::current())
-      : std::runtime_error(fmt::format("paradyse: {} [{}:{}]", message, short_file(where.file_name()), where.line())),
+      : std::runtime_error(fmt::format("paradyse: {} [{}:{}]", bounded_message(message), short_file(where.file_name()),
+                                       where.line())),
         where_(where) {}
 
   const std::source_location& where() const noexcept { return where_; }

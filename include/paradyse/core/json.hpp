@@ -257,12 +257,12 @@ inline std::string dump(const Value& value, int indent = 2) {
 // Errors name the file.
 inline Value load_file(const std::string& path) {
   std::error_code error;
-  check(!std::filesystem::is_directory(path, error), "json: \"{}\" is a folder, not a JSON file", path);
+  check(!std::filesystem::is_directory(path, error), "json: \"{}\" is a folder, not a JSON file", printable(path));
   std::ifstream in(path, std::ios::binary);
-  check(bool(in), "json: cannot open \"{}\" for reading", path);
+  check(bool(in), "json: cannot open \"{}\" for reading", printable(path));
   std::ostringstream text;
   text << in.rdbuf();
-  check(!in.bad(), "json: reading \"{}\" failed", path);
+  check(!in.bad(), "json: reading \"{}\" failed", printable(path));
   return parse(text.str(), path);
 }
 

@@ -65,9 +65,9 @@ inline double number(std::string_view text, double min, double max, std::string_
 
 inline std::string read_file(const std::string& path) {
   std::error_code error;
-  check(!std::filesystem::is_directory(path, error), "\"{}\" is a folder, not a file", path);
+  check(!std::filesystem::is_directory(path, error), "\"{}\" is a folder, not a file", printable(path));
   std::ifstream in(path, std::ios::binary);
-  check(bool(in), "cannot open \"{}\"", path);
+  check(bool(in), "cannot open \"{}\"", printable(path));
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/printable.hpp"
 
 #include <charconv>
 #include <cmath>
@@ -57,8 +58,9 @@ inline BudgetSpec parse_budget(std::string_view text) {
   std::int64_t value = 0;
   const auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), value);
   check(ec == std::errc() && end == body.data() + body.size(),
-        "budget: \"{}\" is not a number; expected a share (\"50%\", \"0.5\") or a count of activations (\"78\")", text);
-  check(value >= 1, "budget: \"{}\" activations; expected a count of at least 1", text);
+        "budget: \"{}\" is not a number; expected a share (\"50%\", \"0.5\") or a count of activations (\"78\")",
+        printable(text));
+  check(value >= 1, "budget: \"{}\" activations; expected a count of at least 1", printable(text));
   return BudgetSpec::of_count(value);
 }
 

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace paradyse::serve {
@@ -122,8 +123,34 @@ inline std::vector<ServeRequest> to_serve_requests(const std::vector<TraceReques
 }
 
 // The longest trace served, in seconds of arrivals (an hour): a rate such as 1e-300 requests/s would otherwise make
-// the engine wait for arrivals for ever.
+// the engine wait for arrivals for ever (moe_infer), or simulate an idle day and report 0 tokens/s (moe_simulate).
 inline constexpr double kMaxTraceSeconds = 3600;
+
+// The one rule for synthetic traces (moe_infer, moe_simulate, bench/moe_policies): every arrival within
+// kMaxTraceSeconds, else an Error naming `flags`, the flags that made the trace as the user gave them ("--rate
+// 1e-300", "--bursty --burst 4 --period 1e+06"), the request that arrives too late, the trace (`shape`: "Poisson at
+// 1e-300 requests/s") and `remedy`, what to change.
+inline void check_trace_span(const std::vector<TraceRequest>& trace, std::string_view flags, std::string_view shape,
+                             std::string_view remedy) {
+  for (std::size_t i = 0; i < trace.size(); ++i)
+    check(trace[i].arrival_s <= kMaxTraceSeconds,  // NaN fails too
+          "{}: request {} of {} would arrive at {:.4g} s ({}); at most {} s of arrivals are served: {}", flags, i + 1,
+          trace.size(), trace[i].arrival_s, shape, kMaxTraceSeconds, remedy);
+}
+inline std::string poisson_shape(double rate) { return fmt::format("Poisson at {:g} requests/s", rate); }
+inline std::string bursty_shape(std::int64_t burst, double period) {
+  return fmt::format("bursts of {} every {:g} s", burst, period);
+}
+
+// The flags of a trace shape as moe_infer names them (--rate, or --bursty with --burst and --period), and what to
+// change when its arrivals run past kMaxTraceSeconds.
+inline std::string trace_flags(const TraceShape& shape) {
+  return shape.bursty ? fmt::format("--bursty --burst {} --period {:g}", shape.burst, shape.period)
+                      : fmt::format("--rate {:g}", shape.rate);
+}
+inline std::string_view trace_remedy(bool bursty) {
+  return bursty ? "lower --period, raise --burst or lower --requests" : "raise --rate or lower --requests";
+}
 
 inline std::vector<ServeRequest> make_trace(const TraceShape& shape, std::int64_t vocab) {
   check(shape.prompt_min >= 1 && shape.prompt_min <= shape.prompt_max && shape.output_min >= 1 &&
@@ -136,13 +163,8 @@ inline std::vector<ServeRequest> make_trace(const TraceShape& shape, std::int64_
   const std::vector<TraceRequest> t = shape.bursty
                                           ? bursty_trace(shape.burst, shape.period, shape.requests, lengths, shape.seed)
                                           : poisson_trace(shape.rate, shape.requests, lengths, shape.seed);
-  for (std::size_t i = 0; i < t.size(); ++i)
-    check(t[i].arrival_s <= kMaxTraceSeconds,
-          "make_trace: request {} of {} would arrive at {:.4g} s ({}); at most {} s of arrivals are served: raise the "
-          "rate (--rate) or lower --requests", i + 1, shape.requests, t[i].arrival_s,
-          shape.bursty ? fmt::format("bursts of {} every {} s", shape.burst, shape.period)
-                       : fmt::format("Poisson at {} requests/s", shape.rate),
-          kMaxTraceSeconds);
+  check_trace_span(t, trace_flags(shape), shape.bursty ? bursty_shape(shape.burst, shape.period) : poisson_shape(shape.rate),
+                   trace_remedy(shape.bursty));
   return to_serve_requests(t, vocab, shape.seed);
 }
 

@@ -12,6 +12,7 @@
 // the output.
 #pragma once
 
+#include "paradyse/core/atomic_file.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/json.hpp"
 #include "paradyse/core/printable.hpp"
@@ -183,9 +184,11 @@ public:
     ++step_;
   }
   const RoutingRecord& record() const noexcept { return record_; }
-  void save(const std::string& path) const {
-    std::ofstream f(path);
-    check(bool(f), "RoutingRecorder: cannot write {}", path);
+  // Written atomically (core/atomic_file.hpp): a full disk is an Error naming `what` (the flag: "--record-routing"),
+  // the file and the system's reason, never a truncated record reported as written (the stream was checked before
+  // its buffered data was flushed).
+  void save(const std::string& path, const std::string& what = "routing record") const {
+    std::ostringstream f;
     f << "step,layer,tokens";
     for (std::int64_t e = 0; e < record_.experts; ++e) f << ",e" << e;
     f << '\n';
@@ -194,7 +197,7 @@ public:
       for (const std::int64_t c : r.counts) f << ',' << c;
       f << '\n';
     }
-    check(bool(f), "RoutingRecorder: writing {} failed", path);
+    write_file_atomically(path, f.str(), what);
   }
 
 private:
@@ -215,6 +218,7 @@ inline RoutingRecord load_routing_record(const std::string& path) {
   RoutingRecord rec;
   rec.experts = std::int64_t(std::count(line.begin(), line.end(), ',')) - 2;
   std::int64_t number = 1;
+  std::vector<std::int64_t> lines;  // the line of each row
   while (std::getline(f, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -242,8 +246,19 @@ inline RoutingRecord load_routing_record(const std::string& path) {
           v.size(), rec.experts + 3);
     RoutingRecord::Row r{v[0], v[1], v[2], std::vector<std::int64_t>(v.begin() + 3, v.end())};
     rec.rows.push_back(std::move(r));
+    lines.push_back(number);
   }
   check(!rec.rows.empty(), "routing record {}: no rows", path);
+  // Then the rows' meaning (after every cell has parsed): under top-k a token picks an expert at most once, so a
+  // count above its step's tokens is a damaged record (it was clamped when replayed), refused naming the cell.
+  for (std::size_t i = 0; i < rec.rows.size(); ++i) {
+    const RoutingRecord::Row& r = rec.rows[i];
+    for (std::size_t e = 0; e < r.counts.size(); ++e)
+      check(r.counts[e] <= r.tokens,
+            "routing record {}:{}: step {} layer {}: expert {} (column {}) has {} token-expert pairs, above the step's "
+            "{} tokens (a token picks an expert at most once)",
+            path, lines[i], r.step, r.layer, e, e + 4, r.counts[e], r.tokens);
+  }
   return rec;
 }
 

@@ -1,0 +1,35 @@
+# tests/examples/long_values.cmake: a refused value of 100000 bytes is echoed clipped, never whole (issue 27: messages
+# of up to 131 KB). Each value is quoted through paradyse::printable (core/printable.hpp): its first bytes, then
+# "... (N bytes)".
+#   cmake -DEXE=train_gpt "-DBAD=--mesh LONG=>--mesh@@--lr LONG=>--lr" -P long_values.cmake
+# BAD: cases "ARGS=>EXPECTED" separated by "@@" (tests/examples/cases.cmake); LONG in ARGS becomes 100000 x's. Each
+# must exit non-zero within 60 s, say EXPECTED, end the echoed value with "... (N bytes)" and hold no run of 1000 x's.
+foreach(var EXE BAD)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "long_values.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/cases.cmake)
+string(REPEAT "x" 100000 long)
+string(REPEAT "x" 1000 run)
+function(check_case args expected)
+  string(REPLACE "LONG" "${long}" full "${args}")
+  execute_process(COMMAND sh -c "'${EXE}' ${full}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+  string(LENGTH "${err}${out}" size)
+  string(SUBSTRING "${err}${out}" 0 600 head)
+  if(rc EQUAL 0 OR NOT rc MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "${EXE} ${args} exited \"${rc}\", expected a refusal:\n${head}")
+  endif()
+  string(FIND "${err}${out}" "${run}" whole)
+  if(NOT whole EQUAL -1)
+    message(FATAL_ERROR "${EXE} ${args}: echoes the long value whole (${size} bytes of output):\n${head}")
+  endif()
+  if(NOT "${err}${out}" MATCHES "x\\.\\.\\. \\([0-9]+ bytes\\)")
+    message(FATAL_ERROR "${EXE} ${args}: no clipped value \"xxx... (N bytes)\" in:\n${head}")
+  endif()
+  string(FIND "${err}${out}" "${expected}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${EXE} ${args}: does not say \"${expected}\":\n${head}")
+  endif()
+endfunction()
+for_each_case("${BAD}" check_case)

@@ -1,0 +1,47 @@
+# tests/examples/train_gpt_full_disk.cmake: a periodic checkpoint on a truly full filesystem (a 64 KiB tmpfs, too
+# small for one checkpoint of the model) is reported with the system's reason ("No space left on device"), leaves no
+# partial file or temporary there, and the training goes on to its final --save on a healthy disk: exit status 3.
+# Mounting needs root (CAP_SYS_ADMIN): without it the test prints "SKIPPED: ..." (the ctest skip expression).
+#   cmake -DEXE=train_gpt -DWORK=dir "-DARGS=--steps;4;..." -P train_gpt_full_disk.cmake
+foreach(var EXE WORK ARGS)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "train_gpt_full_disk.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+set(full ${WORK}/full)
+execute_process(COMMAND umount ${full} OUTPUT_QUIET ERROR_QUIET)  # a mount left by an interrupted run
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${full})
+execute_process(COMMAND mount -t tmpfs -o size=64k paradyse_full_disk ${full} RESULT_VARIABLE rc ERROR_VARIABLE why)
+if(NOT rc EQUAL 0)
+  message(STATUS "SKIPPED: cannot mount a 64 KiB tmpfs at ${full} (it needs root): ${why}")
+  return()
+endif()
+execute_process(COMMAND ${EXE} ${ARGS} --checkpoint-every 2 --checkpoint-dir ${full} --save ${WORK}/final.safetensors
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
+file(GLOB left ${full}/*)
+execute_process(COMMAND umount ${full})
+set(problems "")
+if(NOT rc STREQUAL "3")
+  string(APPEND problems "exit status ${rc}, expected 3 (the training and --save finished, a side output failed)\n")
+endif()
+foreach(text "${full}/step_000002.safetensors (step 2) was not written" "No space left on device"
+             "the training goes on" "a side output (--csv or a training checkpoint) failed")
+  string(FIND "${err}" "${text}" at)
+  if(at EQUAL -1)
+    string(APPEND problems "stderr does not say \"${text}\"\n")
+  endif()
+endforeach()
+if(NOT EXISTS ${WORK}/final.safetensors)
+  string(APPEND problems "the final --save ${WORK}/final.safetensors is missing\n")
+endif()
+if(left)
+  string(APPEND problems "the full filesystem holds files after the run (partial checkpoints or temporaries): ${left}\n")
+endif()
+if(NOT out MATCHES "summary")
+  string(APPEND problems "no summary on stdout\n")
+endif()
+if(problems)
+  message(FATAL_ERROR "train_gpt with its checkpoints on a full disk:\n${problems}\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+message(STATUS "train_gpt_full_disk: checkpoint refused with ENOSPC, nothing left on the full disk, --save written")
