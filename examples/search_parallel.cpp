@@ -61,6 +61,7 @@ search::ClusterProfile emulated(search::ClusterProfile cluster, const std::strin
     level.alpha_s = e.profile.intra_node.step_latency_s;
     level.bytes_per_s = e.profile.intra_node.bus_bytes_per_s;
   }
+  cluster.paced_links = true;  // transfers are paced waits, not copies on the shared cores
   const std::string suffix = fmt::format(" (links of {} x {:.0f})", node, e.slowdown);
   if (!cluster.source.ends_with(suffix)) cluster.source += suffix;
   return cluster;

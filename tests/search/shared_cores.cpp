@@ -76,6 +76,21 @@ TEST_CASE("shared cores: a pipeline's bubble is filled by the other ranks' work,
   }
 }
 
+TEST_CASE("shared cores: paced links (emulation) stretch compute and the optimizer, not the communication") {
+  const TrainingSetup setup{.seq = 512, .global_batch = 16};
+  const ParallelConfig c{.dp = 2, .tp_y = 4, .zero = 1, .micro_batch = 1};
+  const Estimate own = PerformanceModel(shared_cores_model(), node_of_8(0), setup, 8).evaluate(c);
+  ClusterProfile paced = node_of_8(2);
+  paced.paced_links = true;
+  const Estimate s = PerformanceModel(shared_cores_model(), paced, setup, 8).evaluate(c);
+  REQUIRE(own.exposed(CommDim::tp) > 0);
+  CHECK(s.compute_s == doctest::Approx(4 * own.compute_s).epsilon(1e-12));
+  CHECK(s.optimizer_s == doctest::Approx(4 * own.optimizer_s).epsilon(1e-12));
+  for (CommDim d : kAllCommDims) CHECK(s.exposed(d) == own.exposed(d));
+  CHECK(s.step_s == doctest::Approx(4 * (own.compute_s + own.optimizer_s) + own.total_exposed_comm_s()));
+  CHECK(cluster_from_json(cluster_to_json(paced)).paced_links);
+}
+
 TEST_CASE("shared cores: only the devices of one node share its cores") {
   // Nodes of 4 devices with 2 cores each: 16 devices stretch by 2, not 8.
   ClusterProfile nodes = ideal_cluster(1e11, {{"node", 4, 2e-6, 5e9}, {"net", 0, 5e-6, 1e9}}, 2e10);

@@ -57,6 +57,9 @@ struct ClusterProfile {
   // computes on its own (GPUs, NPUs). A calibrated CPU profile holds each rank's own time (thread CPU time), so the
   // devices of a node that outnumber its cores run in turn: see serialisation().
   std::int64_t cores_per_node = 0;
+  // Communication is a wait (train_gpt --emulate paces thread ranks' transfers at a device's link), not work on the
+  // shared cores: serialisation() then stretches compute and the optimizer only.
+  bool paced_links = false;
 
   // How much longer a device's own work takes when `devices` devices run (1 when every device has its own core):
   // the devices in one node (the first level's domain, or all of them) over its cores. A node of 8 thread ranks on
@@ -206,13 +209,13 @@ inline ClusterProfile cluster_preset(std::string_view name) {
 }
 
 // A cluster from JSON: {"name", "peak_flops_per_s", "device": <a hardware profile, cost/profile.hpp>,
-// "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...], ["cores_per_node": N]}.
+// "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...], ["cores_per_node": N], ["paced_links": B]}.
 // Unknown and repeated keys are refused by name; rates and times in the ranges of cost/profile_json.hpp.
 inline ClusterProfile cluster_from_json(const json::Value& v) {
   using namespace cost::detail;
   const json::Field doc(v, "cluster");
   doc.expect(doc.is_object(), "a JSON object");
-  only_keys(doc, {"name", "source", "peak_flops_per_s", "device", "levels", "cores_per_node"});
+  only_keys(doc, {"name", "source", "peak_flops_per_s", "device", "levels", "cores_per_node", "paced_links"});
   ClusterProfile c;
   c.name = text(doc, "name");
   // The name labels messages and output: control bytes (a NUL would cut every message) escaped.
@@ -221,6 +224,7 @@ inline ClusterProfile cluster_from_json(const json::Value& v) {
   if (doc.has("source")) c.source = text(doc, "source");
   c.peak_flops_per_s = rate(doc, "peak_flops_per_s");
   if (doc.has("cores_per_node")) c.cores_per_node = integer(doc, "cores_per_node", 1, 1 << 20);
+  if (const auto f = doc.find("paced_links")) c.paced_links = f->boolean();
   c.device = cost::profile_from_json(doc["device"]);
   for (const json::Field& entry : doc["levels"].elements()) {
     only_keys(entry, {"name", "domain_devices", "alpha_s", "bytes_per_s"});
@@ -240,6 +244,7 @@ inline json::Value cluster_to_json(const ClusterProfile& c) {
                       {"bytes_per_s", l.bytes_per_s}});
   v["levels"] = std::move(levels);
   if (c.cores_per_node > 0) v["cores_per_node"] = c.cores_per_node;
+  if (c.paced_links) v["paced_links"] = true;
   return v;
 }
 

@@ -32,6 +32,7 @@
 // work (a calibrated CPU profile times each rank's thread), and a node's devices beyond its cores run in turn, so
 // the work stretches by serialisation() = devices per node / cores; a pipeline's idle bubble is then filled by other
 // ranks' work, so the step is the longer of the dedicated step and the stretched work (the bubble what remains).
+// With paced links (emulation) communication is a wait, not work, and is not stretched.
 #pragma once
 
 #include "paradyse/search/cluster.hpp"
@@ -400,7 +401,8 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     const double dedicated = e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s;
     e.compute_s *= f;
     e.recompute_s *= f;
-    for (double& x : e.exposed_comm_s) x *= f;
+    if (!cluster_.paced_links)  // copies on the shared cores; paced transfers are waits
+      for (double& x : e.exposed_comm_s) x *= f;
     e.optimizer_s *= f;
     e.bubble_s = std::max(0.0, dedicated - (e.compute_s + e.total_exposed_comm_s() + e.optimizer_s));
   }
