@@ -32,7 +32,7 @@ BATCH=${BATCH:-16}
 STEPS=${STEPS:-6}
 TOP=${TOP:-3}
 SPACE=${SPACE:-4d}
-SEARCHED=${SEARCHED:-400}
+SEARCHED=${SEARCHED:-1000}  # search_parallel --top at most 1000
 GAP=${GAP:-0.15}
 CORES=${CORES:-$(nproc)}
 EMULATE=${EMULATE:-}
@@ -128,8 +128,12 @@ for entry in "${ranked[@]}"; do
   if ! /usr/bin/time -f "%e %U %S" -o "$WORK/time_$rank.txt" "$train" "${model_flags[@]}" "${data_flags[@]}" \
        "${emulate_flags[@]}" --mesh-file "$file" --csv "$csv" > "$log" 2>&1; then
     reason=$(grep -m1 -o 'mesh-file [^:]*: .*' "$log" | sed 's/^mesh-file [^:]*: //; s/ \[train_mesh.hpp.*//' || true)
-    [[ -n $reason ]] || reason=$(grep -m1 '^train_gpt: ' "$log" | sed 's/^train_gpt: //' || true)
-    refused+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "${reason:-failed, see $log}")")
+    if [[ -z $reason ]]; then  # not this configuration: the run itself (a flag the mesh cannot take, a failure)
+      reason=$(grep -m1 '^train_gpt: ' "$log" | sed 's/^train_gpt: //' || true)
+      refused+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "${reason:-failed, see $log}") (every configuration)")
+      break
+    fi
+    refused+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "$reason")")
     continue
   fi
   load_after=$(load)
