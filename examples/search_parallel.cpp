@@ -11,6 +11,8 @@
 //   search_parallel --help    (the flags and their defaults, generated from main's statement of them)
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/core/printable.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/emulation.hpp"
 #include "paradyse/search/config_file.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/validation.hpp"
@@ -40,6 +42,8 @@ struct Options {
   bool validate = false;
   std::string flops = "causal";
   std::string cp_scheme = "ring";
+  std::string precision = "bf16";
+  std::string emulate;  // price the cluster's links as train_gpt --emulate paces them
   std::string score;   // a configuration file to predict
   std::string config;  // or the configuration as key=value text
   std::string emit;    // where to write the best configuration (with --validate: a folder for the rows)
@@ -49,6 +53,22 @@ search::TrainingModel load_model(const std::string& name) { return search::load_
 // How an emitted file names a model or cluster: a preset by its name, anything else inline.
 std::string spec_to_emit(const std::string& spec) { return search::is_json_file(spec) ? std::string() : spec; }
 search::ClusterProfile load_cluster(const std::string& name) { return search::load_cluster(name); }
+
+// --emulate NODE: the cluster's compute with NODE's intra-node link, stretched by NODE's GEMM rate over the cluster
+// device's (cost/emulation.hpp, what train_gpt --emulate paces thread ranks at), on every link level. Replaces the
+// links (applying it twice gives the same cluster).
+search::ClusterProfile emulated(search::ClusterProfile cluster, const std::string& node) {
+  if (node.empty()) return cluster;
+  const pd::cost::Emulation e = pd::cost::emulate(pd::cost::builtin_profile(node), cluster.device);
+  for (search::LinkLevel& level : cluster.levels) {
+    level.alpha_s = e.profile.intra_node.step_latency_s;
+    level.bytes_per_s = e.profile.intra_node.bus_bytes_per_s;
+  }
+  cluster.paced_links = true;  // transfers are paced waits, not copies on the shared cores
+  const std::string suffix = fmt::format(" (links of {} x {:.0f})", node, e.slowdown);
+  if (!cluster.source.ends_with(suffix)) cluster.source += suffix;
+  return cluster;
+}
 
 constexpr double kGiB = double(1 << 30);
 
@@ -217,6 +237,13 @@ int main(int argc, char** argv) {
              "configuration files), and the search in Megatron's space");
   flags.choice("--flops", o.flops, {"causal", "full"},
                "how MFU counts causal attention: the half square (causal) or the full square");
+  flags.choice("--precision", o.precision, {"bf16", "fp32"},
+               "what the run trains in: bf16 (bf16 weights and activations, fp32 gradients, master weights and Adam "
+               "moments, as Megatron-LM) or fp32 throughout (train_gpt on CPU thread ranks)");
+  flags.choice("--emulate", o.emulate, {"a100", "h100", "h200"},
+               "price the links as train_gpt --emulate paces them: that 8-GPU node's intra-node link, latency and "
+               "bandwidth stretched by its GEMM rate over the cluster device's (the cluster's compute kept)")
+      .without_default();
   flags.choice("--cp-scheme", o.cp_scheme, {"ring", "all-gather", "both"},
                "context parallelism searched as a ring, as Llama 3's all-gather, or both");
   flags.text("--score", o.score, "predict this configuration file instead of searching (the --emit schema)",
@@ -250,12 +277,17 @@ int main(int argc, char** argv) {
     setup.seq = o.seq;
     setup.global_batch = o.global_batch;
     setup.flops = o.flops == "causal" ? search::FlopConvention::causal : search::FlopConvention::full;
+    if (o.precision == "fp32") {  // fp32 weights, gradients and activations; Adam's two fp32 moments
+      setup.activation_bytes = 4;
+      setup.gradient_reduce_bytes = 4;
+      setup.precision = {.parameter_bytes = 4, .gradient_bytes = 4, .optimizer_bytes = 8};
+    }
     if (!o.score.empty() || !o.config.empty()) {
       search::ConfigFile file;
       if (!o.score.empty()) file = search::load_config_file(o.score);
       else file.config = search::config_from_text(o.config);
       const search::TrainingModel model = file.model ? *file.model : load_model(o.model);
-      const search::ClusterProfile cluster = file.cluster ? *file.cluster : load_cluster(o.cluster);
+      const search::ClusterProfile cluster = emulated(file.cluster ? *file.cluster : load_cluster(o.cluster), o.emulate);
       const search::Scored r = search::score(file, model, cluster, setup);
       print_score(r);
       if (!o.emit.empty()) {
@@ -268,7 +300,8 @@ int main(int argc, char** argv) {
       }
       return r.estimate.feasible ? 0 : 1;
     }
-    const search::PerformanceModel model(load_model(o.model), load_cluster(o.cluster), setup, o.devices);
+    const search::PerformanceModel model(load_model(o.model), emulated(load_cluster(o.cluster), o.emulate), setup,
+                                         o.devices);
     fmt::print("{}\n", search::describe(model.model()));
     fmt::print("cluster {} ({}), {} devices, {:.0f} GiB usable each; seq {}, global batch {}\n", model.cluster().name,
                model.cluster().source, o.devices, model.capacity_bytes() / kGiB, o.seq, o.global_batch);

@@ -53,6 +53,22 @@ struct ClusterProfile {
   cost::HardwareProfile device;       // compute rates and memory of one device (its own links are unused here)
   double peak_flops_per_s = 0;        // datasheet dense bf16 peak, for MFU
   std::vector<LinkLevel> levels;      // lowest (fastest) first; the last has domain_devices = 0
+  // Cores that one node's devices share, when they compute on shared cores (thread ranks on a CPU); 0: every device
+  // computes on its own (GPUs, NPUs). A calibrated CPU profile holds each rank's own time (thread CPU time), so the
+  // devices of a node that outnumber its cores run in turn: see serialisation().
+  std::int64_t cores_per_node = 0;
+  // Communication is a wait (train_gpt --emulate paces thread ranks' transfers at a device's link), not work on the
+  // shared cores: serialisation() then stretches compute and the optimizer only.
+  bool paced_links = false;
+
+  // How much longer a device's own work takes when `devices` devices run (1 when every device has its own core):
+  // the devices in one node (the first level's domain, or all of them) over its cores. A node of 8 thread ranks on
+  // 2 cores runs 4 ranks' work in the time of one.
+  double serialisation(std::int64_t devices) const {
+    if (cores_per_node <= 0 || levels.empty()) return 1;
+    const std::int64_t node = levels[0].domain_devices > 0 ? std::min(levels[0].domain_devices, devices) : devices;
+    return std::max(1.0, double(node) / double(cores_per_node));
+  }
 
   // The level a group runs on: the lowest whose domain holds the span evenly.
   int level_of(const GroupSpan& g) const {
@@ -105,6 +121,8 @@ struct ClusterProfile {
 inline void validate(const ClusterProfile& c) {
   check(!c.levels.empty(), "cluster {}: no link levels", c.name);
   check(c.peak_flops_per_s > 0, "cluster {}: peak_flops_per_s = {} must be positive", c.name, c.peak_flops_per_s);
+  check(c.cores_per_node >= 0, "cluster {}: cores_per_node = {} must be positive (or 0: one core per device)",
+        c.name, c.cores_per_node);
   check(c.device.memory_bytes > c.device.reserved_bytes,
         "cluster {}: memory_bytes = {} must exceed reserved_bytes = {}", c.name, c.device.memory_bytes,
         c.device.reserved_bytes);
@@ -191,13 +209,13 @@ inline ClusterProfile cluster_preset(std::string_view name) {
 }
 
 // A cluster from JSON: {"name", "peak_flops_per_s", "device": <a hardware profile, cost/profile.hpp>,
-// "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...]}.
+// "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...], ["cores_per_node": N], ["paced_links": B]}.
 // Unknown and repeated keys are refused by name; rates and times in the ranges of cost/profile_json.hpp.
 inline ClusterProfile cluster_from_json(const json::Value& v) {
   using namespace cost::detail;
   const json::Field doc(v, "cluster");
   doc.expect(doc.is_object(), "a JSON object");
-  only_keys(doc, {"name", "source", "peak_flops_per_s", "device", "levels"});
+  only_keys(doc, {"name", "source", "peak_flops_per_s", "device", "levels", "cores_per_node", "paced_links"});
   ClusterProfile c;
   c.name = text(doc, "name");
   // The name labels messages and output: control bytes (a NUL would cut every message) escaped.
@@ -205,6 +223,8 @@ inline ClusterProfile cluster_from_json(const json::Value& v) {
     c.name = printable(c.name);
   if (doc.has("source")) c.source = text(doc, "source");
   c.peak_flops_per_s = rate(doc, "peak_flops_per_s");
+  if (doc.has("cores_per_node")) c.cores_per_node = integer(doc, "cores_per_node", 1, 1 << 20);
+  if (const auto f = doc.find("paced_links")) c.paced_links = f->boolean();
   c.device = cost::profile_from_json(doc["device"]);
   for (const json::Field& entry : doc["levels"].elements()) {
     only_keys(entry, {"name", "domain_devices", "alpha_s", "bytes_per_s"});
@@ -223,6 +243,8 @@ inline json::Value cluster_to_json(const ClusterProfile& c) {
     levels.push_back({{"name", l.name}, {"domain_devices", l.domain_devices}, {"alpha_s", l.alpha_s},
                       {"bytes_per_s", l.bytes_per_s}});
   v["levels"] = std::move(levels);
+  if (c.cores_per_node > 0) v["cores_per_node"] = c.cores_per_node;
+  if (c.paced_links) v["paced_links"] = true;
   return v;
 }
 

@@ -28,6 +28,11 @@
 // gradients after its backward: the first gather of each pass and the last reduce-scatter are exposed, every
 // other gather (and reduce-scatter) hides under one layer's compute where shorter; ZeRO 1-2 all-gather updated
 // parameters; plus the optimizer's memory traffic.
+// Devices on shared cores (ClusterProfile::cores_per_node, thread ranks on a CPU): every term above is a device's own
+// work (a calibrated CPU profile times each rank's thread), and a node's devices beyond its cores run in turn, so
+// the work stretches by serialisation() = devices per node / cores; a pipeline's idle bubble is then filled by other
+// ranks' work, so the step is the longer of the dedicated step and the stretched work (the bubble what remains).
+// With paced links (emulation) communication is a wait, not work, and is not stretched.
 #pragma once
 
 #include "paradyse/search/cluster.hpp"
@@ -194,16 +199,18 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     const double ag = cluster_.collective_time(Collective::all_gather, groups.cp, gathered);
     add_comm(CommDim::cp, ag, ag + cluster_.collective_time(Collective::reduce_scatter, groups.cp, gathered));
   }
-  // Norms, residuals, dropout: ~26 h bytes per token read and written over the layer (two of each), on T / t tokens
-  // with sequence parallelism (or the 2D layout), on all T without.
-  double elementwise = T / (sp ? t : 1.0) * 26.0 * h;
+  // Norms, residuals, dropout: ~26 h bytes per token read and written over the layer (two of each) in bf16, twice
+  // that in fp32, on T / t tokens with sequence parallelism (or the 2D layout), on all T without.
+  double elementwise = T / (sp ? t : 1.0) * 26.0 * h * w / 2;
 
   // ---- MLP block ------------------------------------------------------------------------------------------------
   if (!moe_layer) {
     const double f = double(m.ffn), f_in = m.swiglu ? 2 * f : f;
     forward += gemm_forward(T, f_in / y, h / x) + gemm_forward(T, h / x, f / y);
     backward += gemm_backward(T, f_in / y, h / x) + gemm_backward(T, h / x, f / y);
-    const double activation = d.elementwise_time(T / t * (m.swiglu ? 6.0 : 4.0) * f);
+    // GELU or SwiGLU over T / t tokens: f outputs each, (4 or 6) * f bytes of bf16 traffic (more at fp32); compute-
+    // bound on a CPU (the profile's activation rate), memory-bound on a GPU.
+    const double activation = d.activation_time(T / t * f, T / t * (m.swiglu ? 6.0 : 4.0) * f * w / 2);
     forward += activation;
     backward += 2 * activation;
     recompute_forward += activation;
@@ -227,11 +234,11 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     auto grouped = [&](double single, int launches) { return local_experts * (single - launches * launch) + launches * launch; };
     forward += grouped(gemm_forward(per_expert, 2 * fe, h), 1) + grouped(gemm_forward(per_expert, h, fe), 1);
     backward += grouped(gemm_backward(per_expert, 2 * fe, h), 2) + grouped(gemm_backward(per_expert, h, fe), 2);
-    const double activation = d.elementwise_time(assignments * 6.0 * fe) +
+    const double activation = d.activation_time(assignments * fe, assignments * 6.0 * fe * w / 2) +
                               d.elementwise_time(tokens * double(m.top_k) * h * w * 4);  // permute, unpermute
     forward += activation;
     backward += 2 * activation;
-    recompute_forward += d.elementwise_time(assignments * 6.0 * fe);
+    recompute_forward += d.activation_time(assignments * fe, assignments * 6.0 * fe * w / 2);
     if (m.shared_experts > 0) {  // a dense SwiGLU MLP over the 2D layout
       const double fs = double(m.shared_experts * m.shared_ffn);
       forward += gemm_forward(T, 2 * fs / y, h / x) + gemm_forward(T, h / x, fs / y);
@@ -288,8 +295,9 @@ inline double PerformanceModel::stage_micro_batch_time(const ParallelConfig& c, 
   if (last) {  // logits [T, V / y] from [T, h / x] (2D-sharded output layer) and the cross-entropy
     const double T = double(c.micro_batch) * double(setup_.seq) / c.cp;
     const double V = double(model_.vocab), h = double(model_.hidden);
-    const double f = gemm_forward(T, V / c.tp_y, h / c.tp_x) + cluster_.device.elementwise_time(T * V / c.tp() * 12);
-    const double b = gemm_backward(T, V / c.tp_y, h / c.tp_x) + cluster_.device.elementwise_time(T * V / c.tp() * 8);
+    const double w2 = setup_.activation_bytes / 2.0;  // the loss's traffic below is counted in bf16
+    const double f = gemm_forward(T, V / c.tp_y, h / c.tp_x) + cluster_.device.elementwise_time(T * V / c.tp() * 12 * w2);
+    const double b = gemm_backward(T, V / c.tp_y, h / c.tp_x) + cluster_.device.elementwise_time(T * V / c.tp() * 8 * w2);
     compute += f + b;
     forward_s += f;
     backward_s += b;
@@ -389,6 +397,15 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   const double shard_dense = c.zero >= 1 ? double(c.dp) * c.cp : 1.0, shard_experts = c.zero >= 1 ? c.expert_dp() : 1.0;
   e.optimizer_s = cluster_.device.elementwise_time(36.0 * (dense / shard_dense + experts / shard_experts));
 
+  if (const double f = cluster_.serialisation(devices_); f > 1) {
+    const double dedicated = e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s;
+    e.compute_s *= f;
+    e.recompute_s *= f;
+    if (!cluster_.paced_links)  // copies on the shared cores; paced transfers are waits
+      for (double& x : e.exposed_comm_s) x *= f;
+    e.optimizer_s *= f;
+    e.bubble_s = std::max(0.0, dedicated - (e.compute_s + e.total_exposed_comm_s() + e.optimizer_s));
+  }
   e.step_s = e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s;
   e.mfu = e.model_flops / (e.step_s * double(devices_) * cluster_.peak_flops_per_s);
   e.feasible = e.memory.total() <= e.capacity_bytes;
