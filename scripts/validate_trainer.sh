@@ -14,6 +14,7 @@
 #   LENGTHS="1024 4096" STEPS=6 RANKS=2 scripts/validate_trainer.sh
 #   PROFILE=FILE.json scripts/validate_trainer.sh    # plan with a given profile instead of calibrating
 #   RECALIBRATE=1 scripts/validate_trainer.sh        # calibrate again (else the cached one of an earlier run)
+#   SKIP_BUILD=1 scripts/validate_trainer.sh         # run the binaries in $BUILD as they are (no build step)
 #
 # Environment: BUILD (build folder, default build-rel), LENGTHS (tokens per step, default "1024 4096"), STEPS (steps
 # per strategy and length, default 6; the first is not counted), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT,
@@ -47,7 +48,7 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
     -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=OFF >/dev/null
 fi
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt" || fail "$BUILD is not a Release build folder"
-"${PB[@]}" cmake --build "$BUILD" --target train_gpt plan_trace -j2 >/dev/null
+[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target train_gpt plan_trace -j2 >/dev/null
 
 OUT=$BUILD/validate_trainer
 mkdir -p "$OUT/run/build"
