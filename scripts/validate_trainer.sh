@@ -16,16 +16,16 @@
 #   RECALIBRATE=1 scripts/validate_trainer.sh        # calibrate again (else the cached one of an earlier run)
 #   SKIP_BUILD=1 scripts/validate_trainer.sh         # run the binaries in $BUILD as they are (no build step)
 #
-# Environment: BUILD (build folder, default build-rel), LENGTHS (tokens per step, default "1024 4096"), STEPS (steps
-# per strategy and length, default 6; the first is not counted), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT,
+# Environment: BUILD (build folder, default build-rel), LENGTHS (tokens per step, default "1024 2048"), STEPS (steps
+# per strategy and length, default 5; the first is not counted), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT,
 # default 128/4/4), STRATEGIES (default "MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"). Output files go to
 # $BUILD/validate_trainer/ (the per-run CSVs of both programs and table.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build-rel}
-LENGTHS=${LENGTHS:-"1024 4096"}
-STEPS=${STEPS:-6}
+LENGTHS=${LENGTHS:-"1024 2048"}
+STEPS=${STEPS:-5}
 RANKS=${RANKS:-2}
 HIDDEN=${HIDDEN:-128}
 HEADS=${HEADS:-4}
