@@ -17,7 +17,10 @@
 // --measure: the validation on this machine. A model that runs here (the synthetic default of moe_infer, or --hf DIR)
 // is served on --ranks thread ranks on the wall clock (--rounds rounds after a warm-up, medians) and on the
 // simulated clock of this machine's calibrated profile (--cluster FILE.json; written by calibrating the thread ranks
-// first when FILE does not exist), the same requests and policies; the table gives both and the relative error.
+// first when FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and
+// policies; the table gives both and the relative error, for the measured run on the wall clock and on rank 0's
+// thread CPU time (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own, which other
+// processes sharing the cores do not lengthen). scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
 #include "paradyse/cli/flags.hpp"
@@ -63,6 +66,9 @@ struct Options {
   std::uint64_t seed = 1;
   std::string switch_csv, csv, record_routing, hf;
   bool measure = false;
+  // --measure's calibration: thread CPU time (what a rank that owned its core would take; robust to other processes
+  // on the cores) or wall time.
+  bool calibrate_cpu = true;
 };
 
 // The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
@@ -337,7 +343,7 @@ int simulate(const Options& o) {
 // against an expert's TP slice [2 f/p, h], cycling through copies of it that together exceed the cache (128 MB per
 // rank), on every rank at once (as the ranks run); the operand bytes over the time the fit's overhead and FLOP
 // terms leave, median over the ranks and rounds.
-double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::GemmModel& g) {
+double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::GemmModel& g, cost::TimeSource clock) {
   const std::int64_t h = c.hidden, n = 2 * std::max<std::int64_t>(1, c.moe.expert_ffn / ranks);
   const std::int64_t copies = std::max<std::int64_t>(8, (std::int64_t(128) << 20) / (n * h * 4));
   std::vector<double> bandwidths;
@@ -350,9 +356,9 @@ double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::Gemm
       x.fill(0.5f);
       for (int round = 0; round < 4; ++round) {
         comm.barrier();
-        const Timer t;
+        const double start = cost::now_seconds(clock);
         for (const Tensor<float>& wi : w) ops::Cpu::matmul(x.view(), ops::Transpose::no, wi.view(), ops::Transpose::yes, y.view());
-        const double each = t.seconds() / double(copies);
+        const double each = (cost::now_seconds(clock) - start) / double(copies);
         const double left = each - g.overhead_s - 2.0 * double(m * n * h) / g.flops_per_s;
         if (round > 0 && left > 0) {
           const std::lock_guard lock(mutex);
@@ -402,15 +408,16 @@ std::vector<StepGroup> step_breakdown(const DecoderConfig& c, const SimulatedClu
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
   fmt::print("\nper step, the first measured round against step_cost of the same steps' traces (means, ms): wall = "
              "rank 0's step on the wall clock, cpu = the CPU time its thread ran in it (wall - cpu: waiting for the "
-             "other ranks or for a core)\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n", "policy",
-             "steps", "count", "tokens", "wall", "cpu", "simulated", "compute", "comm", "sim/wall");
+             "other ranks or for a core)\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n",
+             "policy", "steps", "count", "tokens", "wall", "cpu", "simulated", "compute", "comm", "sim/wall", "sim/cpu");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
       if (g.steps == 0) continue;
       const double k = 1e3 / double(g.steps);
-      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>8.2f}x\n", name, g.kind,
-                 g.steps, double(g.tokens) / double(g.steps), g.wall_s * k, g.cpu_s * k, g.simulated.total_s() * k,
-                 g.simulated.compute_s * k, g.simulated.communication_s * k, g.simulated.total_s() / g.wall_s);
+      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>8.2f}x {:>8.2f}x\n", name,
+                 g.kind, g.steps, double(g.tokens) / double(g.steps), g.wall_s * k, g.cpu_s * k,
+                 g.simulated.total_s() * k, g.simulated.compute_s * k, g.simulated.communication_s * k,
+                 g.simulated.total_s() / g.wall_s, g.simulated.total_s() / std::max(1e-12, g.cpu_s));
     }
 }
 int measure(const Options& o) {
@@ -420,14 +427,15 @@ int measure(const Options& o) {
   if (!std::filesystem::exists(o.cluster)) {
     check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
           "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
-    fmt::print("calibrating {} thread ranks (wall clock) into {} ...\n", o.ranks, o.cluster);
+    fmt::print("calibrating {} thread ranks ({}) into {} ...\n", o.ranks,
+               o.calibrate_cpu ? "thread CPU time" : "wall clock", o.cluster);
     cost::HardwareProfile profile;
     // Besides calibrate's compute-bound shapes, the serving steps' own GEMMs at decode batches (1, 4 and 16 rows
     // against an expert's TP slice and whole expert, both products, and the lm_head): bound by reading their
     // weights, they give the fit its operand-bytes term (without them it came out 0 here, and a 1-row GEMM of the
     // synthetic model's 256 x 512 expert slice, measured at 148 us, was modelled at 20 us).
     cost::CalibrationOptions options;
-    options.clock = cost::TimeSource::wall;
+    options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
     const std::int64_t h = c.hidden, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / o.ranks);
     for (const std::int64_t m : {1, 4, 16})
       for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}})
@@ -443,7 +451,7 @@ int measure(const Options& o) {
     });
     fmt::print("GEMM fit: {:.2f} us + flops / {:.1f} GFLOP/s + operand bytes / {:.2f} GB/s\n", profile.gemm.overhead_s * 1e6,
                profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9);
-    const double cold = cold_weight_bandwidth(c, o.ranks, profile.gemm);
+    const double cold = cold_weight_bandwidth(c, o.ranks, profile.gemm, options.clock);
     fmt::print("decode GEMMs with their weights read from memory (not cache), all ranks at once: operand bytes at {:.2f} "
                "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
     profile.gemm.bytes_per_s = cold;
@@ -466,23 +474,22 @@ int measure(const Options& o) {
                "requests); simulated on {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
                o.ranks, trace.name, requests.size(), cluster.profile.name);
-    fmt::print("{:<16} {:>8} {:>27} {:>27} {:>27} {:>27} {:>27}\n", "policy", "", "TTFT p50 ms", "TTFT p99 ms",
+    fmt::print("{:<16} {:>8} {:>27} {:>27} {:>27} {:>27} {:>27}\n", "policy", "clock", "TTFT p50 ms", "TTFT p99 ms",
                "TPOT p50 ms", "TPOT p99 ms", "tokens/s");
     fmt::print("{:<16} {:>8}", "", "");
     for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
     fmt::print("\n");
     for (const Policy& pol : policies) {
-      auto serve = [&](bool simulated, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
+      // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated.
+      auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
         run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
           std::unique_ptr<EngineClock> own;
           EngineOptions run = opt;
-          if (simulated) {  // every rank its own simulated clock (they advance alike)
-            own = std::make_unique<SimulatedClock>(c, cluster);
-          } else {
-            own = std::make_unique<WallClock>();
-          }
+          if (kind == 2) own = std::make_unique<SimulatedClock>(c, cluster);  // every rank its own (alike)
+          else if (kind == 1) own = std::make_unique<CpuClock>();  // rank 0's decides (it plans)
+          else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
             own->observer = [&](const StepTrace& t, const StepTiming& timing, double) {
               if (recorder) recorder->add(t);
@@ -495,27 +502,32 @@ int measure(const Options& o) {
         });
         return summarize(out, stats, c);
       };
-      std::vector<Result> measured;
+      std::vector<Result> measured, on_cpu;
       RoutingRecorder recorder;
       std::vector<MeasuredStep> steps;
-      serve(false, nullptr, nullptr);  // warm-up
-      for (int round = 0; round < o.rounds; ++round)
-        measured.push_back(serve(false, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr,
+      serve(0, nullptr, nullptr);  // warm-up
+      for (int round = 0; round < o.rounds; ++round) {
+        measured.push_back(serve(0, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr,
                                  round == 0 ? &steps : nullptr));
+        on_cpu.push_back(serve(1, nullptr, nullptr));
+      }
       breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
-      const Result sim = serve(true, nullptr, nullptr);
-      fmt::print("{:<16} {:>8}", pol.name, "");
-      for (int m = 0; m < kShown; ++m) {
-        std::vector<double> v;
-        for (const Result& r : measured) v.push_back(r.metric[m]);
-        const double med = percentile(v, 0.5);
-        fmt::print(" {:>9.2f} {:>9.2f} {:>6.0f}%", med, sim.metric[m], 100 * (sim.metric[m] - med) / std::max(1e-12, med));
+      const Result sim = serve(2, nullptr, nullptr);
+      for (const auto& [clock_name, runs] : {std::pair<const char*, const std::vector<Result>*>{"wall", &measured},
+                                             {"cpu", &on_cpu}}) {
+        fmt::print("{:<16} {:>8}", pol.name, clock_name);
+        for (int m = 0; m < kShown; ++m) {
+          std::vector<double> v;
+          for (const Result& r : *runs) v.push_back(r.metric[m]);
+          const double med = percentile(v, 0.5);
+          fmt::print(" {:>9.2f} {:>9.2f} {:>6.0f}%", med, sim.metric[m], 100 * (sim.metric[m] - med) / std::max(1e-12, med));
+        }
+        fmt::print("\n");
       }
-      fmt::print("\n");
     }
     print_breakdowns(breakdowns);
     breakdowns.clear();
@@ -560,6 +572,9 @@ int main(int argc, char** argv) {
   flags.text("--hf", o.hf, "--measure: a Hugging Face model folder (default: moe_infer's synthetic MoE)", "DIR")
       .nonempty("a Hugging Face model folder");
   flags.integer("--rounds", o.rounds, 1, 100, "--measure: measured rounds per policy (medians)");
+  flags.choice("--calibrate-clock", o.calibrate_cpu, "cpu", "wall",
+               "--measure: the calibration's clock when --cluster FILE.json is absent (cpu: each rank's thread CPU "
+               "time, as the per-step cpu column; wall: the wall clock, other processes' use of the cores included)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);

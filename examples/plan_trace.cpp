@@ -136,6 +136,10 @@ Options parse(int argc, char** argv) {
   flags.flag("--causal", [&o] { o.layer.causal = o.layer.zigzag = true; },  // causal ring attention runs zigzag
              "causal attention");
   flags.flag("--swiglu", o.layer.swiglu, "SwiGLU FFN");
+  flags.flag("--rope", o.layer.rope, "rotary position embedding on q and k (train_gpt's byte-level GPT has it)");
+  std::string dtype = "bf16";
+  flags.choice("--dtype", dtype, {"bf16", "fp32"},
+               "activations and weights in compute: bf16 (the paper's setting) or fp32 (train_gpt's default)");
   flags.text("--csv", o.csv, "write every sequence's predicted time and memory per variant (rows written as they "
                              "are planned, to FILE.tmp.<pid>.<n>; FILE put in place at the end)", "FILE")
       .nonempty("a file name");
@@ -143,6 +147,7 @@ Options parse(int argc, char** argv) {
                "seconds between progress lines on stderr when stdout is not a terminal");
   usage_text() = flags.usage();
   flags.parse(argc, argv);
+  o.layer.dtype_bytes = dtype == "fp32" ? 4 : 2;
   if (o.layer.heads <= 0 || o.layer.hidden <= 0) usage("--hidden and --heads must be positive");
   if (o.layer.kv_heads < 0) o.layer.kv_heads = o.layer.heads;
   if (o.layer.heads % o.layer.kv_heads)
@@ -223,6 +228,7 @@ struct Variant {
 void run_trace(const std::string& title, const std::string& dataset, const std::vector<std::int64_t>& lengths,
                const Options& o, const pd::cost::HardwareProfile& hw, paradyse::CsvTable& csv) {
   pd::plan::ModelConfig model = pd::plan::ModelConfig::uniform(o.layer, o.layers);
+  if (o.layer.dtype_bytes == 4) model.precision = {4, 4, 8};  // fp32 weights and gradients, two AdamW moments
   const std::int64_t budget =
       o.budget_gib > 0 ? std::int64_t(o.budget_gib * 1073741824.0) : hw.usable_memory_bytes();
   std::vector<Variant> variants;

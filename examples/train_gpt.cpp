@@ -177,7 +177,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
     ranks.share(result.peaks);
     const double peak = *std::max_element(result.peaks.begin(), result.peaks.end());
     if (result.over_cap) report.over_cap(row, *plan, elapsed, peak);  // MPI: the step was undone
-    else report.trained(row, *plan, result.loss, elapsed, peak);
+    else report.trained(row, *plan, result.loss, elapsed, peak, result.cpu_s, result.optimizer_cpu_s);
   }
   progress.finish();
   const double total = run_start.seconds();

@@ -10,6 +10,7 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/tensor.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/cost/dry_run.hpp"
 #include "paradyse/data/packing.hpp"
 #include "paradyse/model/gpt.hpp"
@@ -18,6 +19,7 @@
 #include "paradyse/strategy/buffer_pool.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -50,6 +52,10 @@ struct DenseStepResult {
   double loss = 0;
   std::vector<double> peaks;  // per rank, bytes (this process's ranks; ranks.share() fills in the others)
   bool over_cap = false;      // MPI: the step went over the cap on some rank (and was undone)
+  // The slowest rank's thread CPU time of the step (this process's ranks): forward, backward and AdamW, and AdamW
+  // alone. What a rank that owned its core would take (waits block and do not count); on a machine whose cores are
+  // shared the wall time also holds the time a rank waited for one (scripts/validate_trainer.sh compares both).
+  double cpu_s = 0, optimizer_cpu_s = 0;
 };
 
 // Runs `batch` on every rank of this process with `plan` and takes the AdamW step. Collective. Rethrows an
@@ -69,7 +75,9 @@ DenseStepResult run_dense_step(RanksT& ranks, const TrainingOptions& o, const Gp
   const StackPlan stack_plan = plan::stack_plan<Strategies>(plan);
   DenseStepResult out;
   out.peaks.assign(std::size_t(o.ranks), 0.0);
+  std::vector<double> cpu(std::size_t(o.ranks), 0.0), optimizer_cpu(std::size_t(o.ranks), 0.0);
   ranks.run([&](auto& comm, int r) {
+    const double cpu_start = thread_cpu_seconds();
     Model& model = *ranks.models[std::size_t(r)];
     BufferPool& pool = *ranks.pools[std::size_t(r)];
     pool.trim();  // every step starts with an empty pool, as the memory model assumes
@@ -101,10 +109,16 @@ DenseStepResult run_dense_step(RanksT& ranks, const TrainingOptions& o, const Gp
         return;
       }
     }
+    const double optimizer_start = thread_cpu_seconds();
     model.optimizer_step(adamw);
+    const double cpu_end = thread_cpu_seconds();
+    cpu[std::size_t(r)] = cpu_end - cpu_start;
+    optimizer_cpu[std::size_t(r)] = cpu_end - optimizer_start;
     out.peaks[std::size_t(r)] = double(ranks.tracker(r).peak());
     if (r == ranks.first_local()) out.loss = result.loss;  // the same on every rank
   });
+  out.cpu_s = *std::max_element(cpu.begin(), cpu.end());
+  out.optimizer_cpu_s = *std::max_element(optimizer_cpu.begin(), optimizer_cpu.end());
   return out;
 }
 

@@ -84,7 +84,7 @@ public:
       : o_(o), hardware_(hardware), gemm_rate_(cost::gemm_rate_per_rank(hardware)), cap_mib_(cap_bytes / kMiB),
         csv_(reports ? o.csv : std::string(),
              {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "mfu", "peak_mib",
-              "predicted_mib", "cap_mib", "status", "predicted_s"},
+              "predicted_mib", "cap_mib", "status", "predicted_s", "cpu_s", "optimizer_cpu_s"},
              CsvTable::OnFailure::warns) {
     fmt::print("peak: the largest per-rank peak measured by the memory trackers; pred: the memory model's peak for "
                "the plan (what the planner budgets)\n");
@@ -100,7 +100,7 @@ public:
     fmt::print("{:>4}  {:>6}  {:>4}  no plan fits the cap: {}\n", r.step, r.length, r.documents, why);
     ++unplanned_;
     records_.push_back({r.real, r.padding, r.flops, 0, 0, true});
-    csv_.row(r.step, r.length, r.rows, r.real, r.padding, "", "", 0, "", "", "", cap_mib_, "no plan fits", "");
+    csv_.row(r.step, r.length, r.rows, r.real, r.padding, "", "", 0, "", "", "", cap_mib_, "no plan fits", "", "", "");
   }
   void out_of_memory(const DenseStepRow& r, const plan::Plan& plan, double seconds, int rank, const OutOfMemory& e) {
     fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7}  {:>7.2f}  OUT OF MEMORY on rank {} (predicted {:.1f} MiB, cap "
@@ -110,7 +110,7 @@ public:
     ++ooms_;
     records_.push_back({r.real, r.padding, r.flops, 0, seconds, true});
     csv_.row(r.step, r.length, r.rows, r.real, r.padding, plan::full_plan(plan), "", seconds, "", "",
-             double(plan.peak_bytes()) / kMiB, cap_mib_, "out of memory", plan.time_s);
+             double(plan.peak_bytes()) / kMiB, cap_mib_, "out of memory", plan.time_s, "", "");
   }
   // MPI: a rank peaked at `peak` bytes, over the cap; the step was undone.
   void over_cap(const DenseStepRow& r, const plan::Plan& plan, double seconds, double peak) {
@@ -121,16 +121,18 @@ public:
     ++ooms_;
     records_.push_back({r.real, r.padding, r.flops, 0, seconds, true});
     csv_.row(r.step, r.length, r.rows, r.real, r.padding, plan::full_plan(plan), "", seconds, "", peak / kMiB,
-             double(plan.peak_bytes()) / kMiB, cap_mib_, "out of memory", plan.time_s);
+             double(plan.peak_bytes()) / kMiB, cap_mib_, "out of memory", plan.time_s, "", "");
   }
-  void trained(const DenseStepRow& r, const plan::Plan& plan, double loss, double seconds, double peak) {
+  // cpu_s, optimizer_cpu_s: the slowest rank's thread CPU time of the step and of its AdamW (dense_step.hpp).
+  void trained(const DenseStepRow& r, const plan::Plan& plan, double loss, double seconds, double peak,
+               double cpu_s, double optimizer_cpu_s) {
     const double mfu = cost::model_flops_utilisation(r.flops, seconds, o_.ranks, hardware_);
     fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.2f}  {:>5.1f}  {:>9.1f}  {:>9.1f}  {:>6.0f}\n", r.step,
                r.length, r.documents, plan::compact_plan(plan), 8 * o_.layers, loss, seconds, 100 * mfu, peak / kMiB,
                double(plan.peak_bytes()) / kMiB, cap_mib_);
     records_.push_back({r.real, r.padding, r.flops, loss, seconds, false});
     csv_.row(r.step, r.length, r.rows, r.real, r.padding, plan::full_plan(plan), fmt::format("{:.17g}", loss), seconds,
-             mfu, peak / kMiB, double(plan.peak_bytes()) / kMiB, cap_mib_, "ok", plan.time_s);
+             mfu, peak / kMiB, double(plan.peak_bytes()) / kMiB, cap_mib_, "ok", plan.time_s, cpu_s, optimizer_cpu_s);
     for (const auto& l : plan.strategies()) {
       ++usage_[std::string(plan.strategy_name(l.attention))];
       ++usage_[std::string(plan.strategy_name(l.mlp))];

@@ -3,9 +3,10 @@
 # one line per step whose first column is the step).
 #
 # The timed columns: the only columns whose values two runs that train the same steps may give differently (wall-clock
-# seconds and what is derived from them). Every other column (lengths, rows, plans, losses and router losses to 17
-# digits, measured and predicted peaks, status) is a result and must match where the runs must agree.
-set(STEP_ROWS_TIMED_COLUMNS seconds mfu tokens_per_s)
+# seconds and what is derived from them, the ranks' CPU seconds). Every other column (lengths, rows, plans, losses and
+# router losses to 17 digits, measured and predicted peaks, status) is a result and must match where the runs must
+# agree.
+set(STEP_ROWS_TIMED_COLUMNS seconds mfu tokens_per_s cpu_s optimizer_cpu_s)
 
 # The runs of one script compare results to the bit, so they must run the same GEMM engines. The engine choice is
 # measured once per machine and program and cached (ops/cpu/gemm_choice.hpp); a test's own cache folder keeps another

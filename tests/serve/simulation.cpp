@@ -5,6 +5,7 @@
 // hand-built step matches its formula; TP is cheaper than EP at batch 1 and the reverse at large batches on an H100
 // node (the roofline); routing sources, request traces, model shapes and clusters read and fail clearly.
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/timer.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
 #include "paradyse/serve/model_shape_hf.hpp"
@@ -62,6 +63,7 @@ Run run_on(const LoadedDecoder& m, const std::vector<ServeRequest>& requests, in
 
 EngineClock* wall(const DecoderConfig&) { return new WallClock; }
 EngineClock* steps(const DecoderConfig&) { return new StepClock; }
+EngineClock* cpu(const DecoderConfig&) { return new CpuClock; }
 EngineClock* simulated(const DecoderConfig& c) { return new SimulatedClock(c, simulated_cluster("h100", 2)); }
 
 EnginePolicy switching_policy() {  // prefill favours EP, decode TP: the runs switch both ways
@@ -102,14 +104,47 @@ TEST_CASE("simulation: wall, step and simulated clocks give the same tokens, bat
     const Run w = run_on(m, requests, p, small_pool(), switching_policy(), wall);
     const Run s = run_on(m, requests, p, small_pool(), switching_policy(), steps);
     const Run sim = run_on(m, requests, p, small_pool(), switching_policy(), simulated);
+    const Run on_cpu = run_on(m, requests, p, small_pool(), switching_policy(), cpu);
     same_schedule(w, s);
     same_schedule(w, sim);
+    same_schedule(w, on_cpu);
     if (p == 2) CHECK(sim.stats.switches > 0);
     // On the simulated clock the outcomes are stamped in the cluster's seconds: each step's cost, in order.
     double t = 0;
     for (const double x : sim.stats.step_seconds) t += x;
     CHECK(sim.stats.elapsed_s == doctest::Approx(t).epsilon(1e-12));
     for (const RequestOutcome& r : sim.out) CHECK((r.first_token > 0 && r.finish >= r.first_token && r.finish <= t));
+  }
+}
+
+TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and jumps to arrivals when idle") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  std::vector<ServeRequest> requests = at_once(m.config.vocab);
+  // Half the requests at 0, half 1000 s later: the wall clock would sleep 1000 s; the CPU clock jumps there.
+  for (std::size_t i = requests.size() / 2; i < requests.size(); ++i) requests[i].arrival = 1000.0;
+  for (const int p : {1, 2}) {
+    INFO("p = ", p);
+    const Timer wall;
+    const Run r = run_on(m, requests, p, small_pool(), switching_policy(), cpu);
+    CHECK(wall.seconds() < 100);
+    REQUIRE(r.out.size() == requests.size());
+    double busy = 0;
+    for (const double x : r.stats.step_seconds) {
+      CHECK(x >= 0);
+      CHECK(x < wall.seconds() + 1e-3);  // a thread's CPU time within a step is at most the step's wall time
+      busy += x;
+    }
+    CHECK(busy > 0);
+    // Before the jump the clock is the sum of the steps' CPU times; after it, 1000 s plus the steps since.
+    CHECK(r.stats.elapsed_s > 1000.0);
+    CHECK(r.stats.elapsed_s <= 1000.0 + busy + 1e-9);
+    std::size_t late = 0;
+    for (const RequestOutcome& o : r.out) {
+      late += o.arrival >= 1000.0;
+      CHECK((o.arrival >= 1000.0 ? o.first_token >= 1000.0 : o.first_token < 1000.0));
+      CHECK(o.finish >= o.first_token);
+    }
+    CHECK(late == requests.size() - requests.size() / 2);
   }
 }
 

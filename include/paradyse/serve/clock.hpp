@@ -4,6 +4,10 @@
 // a step and its exposed layout change took.
 //   StepClock: time counts engine steps (a request arriving at 3 joins at step 3), steps measured on the wall clock.
 //   WallClock: wall seconds since start() (core/timer.hpp); waiting for an arrival sleeps (up to 50 ms).
+//   CpuClock: seconds of this rank's thread CPU time: each step advances it by the CPU time the rank's thread ran
+//     in the step (what the step takes on a core of its own: waiting for a core, or for the other ranks, does not
+//     count); with nothing to run it jumps to the next arrival. A measured run that other processes on the cores do
+//     not slow down, the measured counterpart of SimulatedClock on a shared machine (moe_simulate --measure).
 //   SimulatedClock: seconds of a cluster (serve/step_cost.hpp): each step advances it by the time model's cost of
 //     the step's trace; with nothing to run it jumps to the next arrival. Deterministic: the same trace sequence
 //     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch).
@@ -101,6 +105,25 @@ private:
     return {wall_step_s(), measured_switch_s, cpu_step_s()};
   }
   Timer wall_;
+};
+
+class CpuClock final : public EngineClock {
+public:
+  std::string_view name() const override { return "cpu"; }
+  void start() override { now_ = 0; }
+  double now() const override { return now_; }
+  double elapsed_s() const override { return now_; }
+  void idle(double next_arrival) override {
+    if (std::isfinite(next_arrival)) now_ = std::max(now_, next_arrival);
+  }
+
+private:
+  StepTiming advance(const StepTrace&, double measured_switch_s) override {
+    const double cpu = cpu_step_s();
+    now_ += cpu;
+    return {cpu, measured_switch_s, cpu};  // the step's time on this clock is its CPU time
+  }
+  double now_ = 0;
 };
 
 class SimulatedClock final : public EngineClock {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# scripts/validate_serving.sh: the serving simulation against measured serving on this machine (issue 25).
+#
+# moe_simulate --measure serves moe_infer's synthetic MoE (2 layers, h 256, 8 experts top-2, ffn 512) on RANKS thread
+# ranks under each policy three ways, the same requests each time: measured on the wall clock, measured on rank 0's
+# thread CPU time (serve/clock.hpp's CpuClock: each step as it takes on a core of its own, so other processes on the
+# cores do not lengthen it), and simulated (serve/step_cost.hpp) on this machine's profile, calibrated on the same
+# thread ranks in thread CPU time (once; cached in $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes
+# it). The trace is not arrival-bound: REQUESTS requests arrive at RATE per second, far faster than 2 thread ranks
+# serve them, so the engine runs full batches and tokens/s is the engine's throughput. It prints TTFT and TPOT
+# p50/p99 and tokens/s per policy and clock (measured median of ROUNDS rounds, simulated, error), then per step kind
+# the measured wall and CPU time against the simulated cost of the same steps' traces, and the load average before
+# and after (on a machine whose cores other processes use, wall time holds the time a rank waited for a core).
+#
+#   scripts/validate_serving.sh                       # Release build in build-rel (through /work/bin/pbuild if there)
+#   RANKS=1 REQUESTS=48 RATE=100 ROUNDS=3 scripts/validate_serving.sh
+#   SKIP_BUILD=1 scripts/validate_serving.sh           # run the binary in $BUILD as it is (no build step)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-rel}
+RANKS=${RANKS:-2}
+REQUESTS=${REQUESTS:-32}
+RATE=${RATE:-100}
+ROUNDS=${ROUNDS:-3}
+POLICIES=${POLICIES:-tp,ep,dynamic}
+PB=()
+[[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
+
+fail() { echo "validate_serving.sh: $*" >&2; exit 2; }
+for v in RANKS REQUESTS ROUNDS; do [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"; done
+[[ "$RATE" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "RATE=$RATE: expected a positive number (requests/s)"
+
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+  "${PB[@]}" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPARADYSE_BUILD_TESTS=OFF \
+    -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=OFF >/dev/null
+fi
+grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt" || fail "$BUILD is not a Release build folder"
+[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target moe_simulate -j2 >/dev/null
+
+OUT=$BUILD/validate_serving
+mkdir -p "$OUT"
+PROFILE=$OUT/profile_p$RANKS.json
+[[ "${RECALIBRATE:-0}" == 1 ]] && rm -f "$PROFILE"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
+"$BUILD/examples/moe_simulate" --measure --cluster "$PROFILE" --ranks "$RANKS" --requests "$REQUESTS" \
+  --rates "$RATE" --prompt 8 64 --output 8 32 --step-tokens 64 --rounds "$ROUNDS" --policies "$POLICIES" \
+  | tee "$OUT/measure.txt"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
