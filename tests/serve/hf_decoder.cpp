@@ -121,12 +121,15 @@ std::vector<std::int32_t> reference_greedy(const std::vector<FixtureCase>& cases
   return g;
 }
 
+// Every family with a fixture (scripts/make_hf_fixtures.py: the first three by transformers 4.46.3, the rest by 4.57).
+const std::vector<std::string> kFamilies = {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe"};
+
 constexpr double kLogitTolerance = 2e-5;  // float32 reassociation over 2 layers of width 32
 
 }  // namespace
 
 TEST_CASE("hf fixtures: prefill and 8 cached decode steps match transformers for p in {1, 2, 3, 4}, TP and EP experts") {
-  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+  for (const std::string family : kFamilies) {
     const LoadedDecoder m = load_decoder((fixtures() / family).string());
     const std::vector<FixtureCase> cases = read_expected(family);
     const std::vector<std::int32_t> want = reference_greedy(cases);
@@ -147,7 +150,7 @@ TEST_CASE("hf fixtures: prefill and 8 cached decode steps match transformers for
 }
 
 TEST_CASE("hf fixtures: chunked prefill (chunks of 2 and 4 positions over blocks of 4) gives the same logits") {
-  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+  for (const std::string family : kFamilies) {
     const LoadedDecoder m = load_decoder((fixtures() / family).string());
     const std::vector<FixtureCase> cases = read_expected(family);
     for (const std::int64_t chunk : {2, 4}) {
@@ -160,7 +163,7 @@ TEST_CASE("hf fixtures: chunked prefill (chunks of 2 and 4 positions over blocks
   }
 }
 
-TEST_CASE("hf loader: the configs of the three families") {
+TEST_CASE("hf loader: the configs of the families") {
   const DecoderConfig mixtral = read_decoder_config((fixtures() / "mixtral").string());
   CHECK(mixtral.family == Family::mixtral);
   CHECK(mixtral.moe.norm_topk_prob);
@@ -176,6 +179,15 @@ TEST_CASE("hf loader: the configs of the three families") {
   CHECK(olmoe.family == Family::olmoe);
   CHECK(olmoe.qk_norm);
   CHECK(!olmoe.moe.norm_topk_prob);
+  const DecoderConfig qwen3 = read_decoder_config((fixtures() / "qwen3_moe").string());
+  CHECK(qwen3.family == Family::qwen3_moe);
+  CHECK(qwen3.head_qk_norm);
+  CHECK(!qwen3.qk_norm);
+  CHECK(!qwen3.qkv_bias);
+  CHECK(qwen3.head_dim == 12);  // not hidden / heads = 8
+  CHECK(qwen3.moe.norm_topk_prob);
+  CHECK(!qwen3.moe.has_shared());
+  CHECK(qwen3.moe_layer == std::vector<bool>{true, false});  // mlp_only_layers = [1]
 }
 
 namespace {

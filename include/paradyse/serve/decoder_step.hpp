@@ -4,7 +4,7 @@
 // for a long prompt) or one decode token. Each chunk's tokens follow what the request's cache already holds
 // (positions cache.length .. + len). The activations [n, h] of all chunks are replicated on every rank; per layer:
 //   attention: RMSNorm; q, k, v for this rank's heads (+ biases; OLMoE: RMSNorm of the whole q and k, its sum of
-//   squares all-reduced); RoPE at each token's position; k, v appended to this rank's paged cache (sharded by
+//   squares all-reduced; Qwen3-MoE: RMSNorm of each head of q and k); RoPE at each token's position; k, v appended to this rank's paged cache (sharded by
 //   heads); causal attention of each chunk over its request's cache; the o projection of this rank's heads; the
 //   partial outputs summed by an all-reduce; residual.
 //   FFN: RMSNorm; dense SwiGLU sliced by columns, or the MoE sublayer: the router (replicated, so every rank routes
@@ -270,6 +270,12 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
       }
       scale_rows(q.view(), rq, L.q_norm);
       scale_rows(k.view(), rk, L.k_norm);
+    }
+    if (c.head_qk_norm && n > 0) {  // Qwen3-MoE: RMSNorm of each head's d values (rank-local: heads are whole)
+      Tensor<float> head_rstd(Shape{n * std::max(hq, hk)});
+      const TensorView<float> qh = q.view().reshape(Shape{n * hq, d}), kh = k.view().reshape(Shape{n * hk, d});
+      Backend::rms_norm_forward(qh, L.q_norm.view(), float(c.rms_eps), qh, head_rstd.view().slice(0, 0, n * hq));
+      Backend::rms_norm_forward(kh, L.k_norm.view(), float(c.rms_eps), kh, head_rstd.view().slice(0, 0, n * hk));
     }
     const ops::RopeConfig rope{c.rope_theta, ops::RopeLayout::halves};
     for (std::size_t b = 0; b < batch.size(); ++b) {

@@ -3,7 +3,7 @@
 // Names follow each family's convention (serve/hf_config.hpp); every tensor's shape is checked against the config
 // and a missing one is named. Layouts (y = x W^T for a [out, in] weight, as Hugging Face stores them):
 //   wq [H d, h], wk, wv [KV d, h] (+ biases), wo_t [H d, h] (o_proj transposed: out = attn wo_t),
-//   q_norm [H d], k_norm [KV d] (OLMoE), dense SwiGLU as an ExpertBank of one: in [1, 2F, h] (gate rows, then up
+//   q_norm [H d], k_norm [KV d] (OLMoE) or [d] (Qwen3-MoE: per head), dense SwiGLU as an ExpertBank of one: in [1, 2F, h] (gate rows, then up
 //   rows), out [1, F, h] (down_proj transposed), and the MoE sublayer as a one-rank MoeShard (moe/moe_config.hpp).
 #pragma once
 
@@ -24,7 +24,7 @@ struct DecoderLayerWeights {
   Tensor<float> attn_norm, ffn_norm;  // [h]
   Tensor<float> wq, wk, wv;           // [H d, h], [KV d, h], [KV d, h]
   Tensor<float> bq, bk, bv;           // [H d], [KV d], [KV d] (empty without biases)
-  Tensor<float> q_norm, k_norm;       // [H d], [KV d] (empty without q/k norms)
+  Tensor<float> q_norm, k_norm;       // [H d], [KV d] (OLMoE) or [d], [d] (Qwen3-MoE); empty without q/k norms
   Tensor<float> wo_t;                 // [H d, h]
   Tensor<float> dense_in, dense_out;  // [1, 2F, h], [1, F, h] (dense layers)
   MoeShard moe;                       // one rank's MoeShard holding every expert (MoE layers)
@@ -104,6 +104,10 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
     if (c.qk_norm) {
       L.q_norm = ck.load(p + hf_names::kQNorm, Shape{qw});
       L.k_norm = ck.load(p + hf_names::kKNorm, Shape{kw});
+    }
+    if (c.head_qk_norm) {
+      L.q_norm = ck.load(p + hf_names::kQNorm, Shape{c.head_dim});
+      L.k_norm = ck.load(p + hf_names::kKNorm, Shape{c.head_dim});
     }
     if (!c.is_moe(l)) {
       const std::int64_t F = c.dense_ffn;

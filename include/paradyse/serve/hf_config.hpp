@@ -4,7 +4,10 @@
 //   - MixtralForCausalLM (mixtral): every layer MoE, softmax top-k, always renormalised, no shared expert;
 //   - Qwen2MoeForCausalLM (qwen2_moe): q/k/v biases; MoE layers every decoder_sparse_step except mlp_only_layers
 //     (those are dense SwiGLU of intermediate_size); a shared expert behind a sigmoid gate; norm_topk_prob;
-//   - OlmoeForCausalLM (olmoe): RMSNorm of q and of k over the whole projection (all heads together), norm_topk_prob.
+//   - OlmoeForCausalLM (olmoe): RMSNorm of q and of k over the whole projection (all heads together), norm_topk_prob;
+//   - Qwen3MoeForCausalLM (qwen3_moe): RMSNorm of each head of q and of k (q_norm, k_norm [head_dim]) before RoPE,
+//     head_dim may differ from hidden / heads; MoE layers as Qwen2-MoE's (decoder_sparse_step, mlp_only_layers,
+//     norm_topk_prob), no shared expert.
 // Attention is GQA with RoPE (the Hugging Face "halves" pairing), pre-norm RMSNorm layers, a final RMSNorm and an
 // untied (or tied, tie_word_embeddings) lm_head. Anything else (an unknown architecture, sliding windows, clip_qkv,
 // rope scaling, hidden_act other than silu, attention_bias outside Qwen2-MoE, mlp_bias, partial rotary, a key of the
@@ -26,13 +29,14 @@
 
 namespace paradyse::serve {
 
-enum class Family { mixtral, qwen2_moe, olmoe };
+enum class Family { mixtral, qwen2_moe, olmoe, qwen3_moe };
 
 constexpr std::string_view name_of(Family f) {
   switch (f) {
     case Family::mixtral: return "mixtral";
     case Family::qwen2_moe: return "qwen2_moe";
     case Family::olmoe: return "olmoe";
+    case Family::qwen3_moe: return "qwen3_moe";
   }
   return "?";
 }
@@ -49,6 +53,7 @@ struct DecoderConfig {
   double rope_theta = 10000.0;
   bool qkv_bias = false;        // Qwen2-MoE
   bool qk_norm = false;         // OLMoE: RMSNorm over the whole q and k projections
+  bool head_qk_norm = false;    // Qwen3-MoE: RMSNorm of each head of q and k (weights [head_dim])
   bool tied_embeddings = false; // lm_head = embed_tokens
   std::int64_t dense_ffn = 0;   // width of the dense SwiGLU layers (0: none)
   std::vector<bool> moe_layer;  // [layers]: MoE FFN (else dense)
@@ -151,8 +156,9 @@ inline Family family_of(const json::Value& c, const std::string& source) {
   if (name == "MixtralForCausalLM" || name == "mixtral") return Family::mixtral;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Family::qwen2_moe;
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Family::olmoe;
+  if (name == "Qwen3MoeForCausalLM" || name == "qwen3_moe") return Family::qwen3_moe;
   throw Error(fmt::format("hf config {}: unknown architecture \"{}\"; expected MixtralForCausalLM, "
-                          "Qwen2MoeForCausalLM or OlmoeForCausalLM",
+                          "Qwen2MoeForCausalLM, OlmoeForCausalLM or Qwen3MoeForCausalLM",
                           source, name.empty() ? "(none: no architectures or model_type)" : printable(name)));
 }
 
@@ -169,8 +175,11 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   d.layers = integer(c, "num_hidden_layers", source, kMaxLayers);
   d.heads = integer(c, "num_attention_heads", source);
   d.kv_heads = integer_or(c, "num_key_value_heads", d.heads, source);
-  check(d.heads >= 1 && d.hidden % d.heads == 0, "hf config {}: hidden_size {} is not a multiple of {} heads", source,
-        d.hidden, d.heads);
+  // Qwen3-MoE states head_dim (it may differ from hidden / heads); the other families derive it.
+  const auto stated = c.find("head_dim");
+  const bool explicit_head_dim = d.family == Family::qwen3_moe && stated != c.end() && !stated->is_null();
+  check(d.heads >= 1 && (explicit_head_dim || d.hidden % d.heads == 0),
+        "hf config {}: hidden_size {} is not a multiple of {} heads", source, d.hidden, d.heads);
   d.head_dim = integer_or(c, "head_dim", d.hidden / d.heads, source);
   d.rms_eps = number_or(c, "rms_norm_eps", 1e-6, source);
   d.rope_theta = number_or(c, "rope_theta", 10000.0, source);
@@ -202,13 +211,17 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       m.expert_ffn = integer(c, "intermediate_size", source);
       m.norm_topk_prob = true;
       break;
-    case Family::qwen2_moe: {
-      d.qkv_bias = true;
+    case Family::qwen2_moe:
+    case Family::qwen3_moe: {
+      const bool qwen3 = d.family == Family::qwen3_moe;
+      d.qkv_bias = !qwen3;
+      d.head_qk_norm = qwen3;
       m.experts = integer(c, "num_experts", source);
       m.top_k = integer(c, "num_experts_per_tok", source);
       m.expert_ffn = integer(c, "moe_intermediate_size", source);
       m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
-      const std::int64_t shared = integer_or(c, "shared_expert_intermediate_size", 0, source);
+      if (qwen3) refuse_if_set(c, "shared_expert_intermediate_size", source, "Qwen3-MoE has no shared expert");
+      const std::int64_t shared = qwen3 ? 0 : integer_or(c, "shared_expert_intermediate_size", 0, source);
       m.shared_experts = shared > 0 ? 1 : 0;
       m.shared_ffn = shared;
       m.shared_gate = shared > 0;
@@ -251,6 +264,7 @@ inline std::string model_identity(const DecoderConfig& c) {
   mix(fmt::format("{}|{}|{}|{}|{}|{}|{}|{:.17g}|{:.17g}|{}|{}|{}|{}|{}", name_of(c.family), c.vocab, c.hidden, c.layers,
                   c.heads, c.kv_heads, c.head_dim, c.rms_eps, c.rope_theta, c.qkv_bias, c.qk_norm, c.tied_embeddings,
                   c.dense_ffn, flags));
+  if (c.head_qk_norm) mix("|head_qk_norm");
   mix(fmt::format("|{}|{}|{}|{}|{}|{:.17g}|{}|{}|{}", m.experts, m.top_k, m.expert_ffn, int(m.scoring), m.norm_topk_prob,
                   m.routed_scaling_factor, m.shared_experts, m.shared_ffn, m.shared_gate));
   return fmt::format("{} layers {} ({} MoE) hidden {} experts {} top-k {} config {:016x}", name_of(c.family), c.layers,

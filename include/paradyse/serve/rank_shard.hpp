@@ -162,8 +162,8 @@ inline RankShard make_rank_shard(const DecoderConfig& c, const DecoderWeights& w
     L.bq = rows(W.bq, q0, qn);
     L.bk = rows(W.bk, k0, kn);
     L.bv = rows(W.bv, k0, kn);
-    L.q_norm = rows(W.q_norm, q0, qn);
-    L.k_norm = rows(W.k_norm, k0, kn);
+    L.q_norm = c.head_qk_norm ? Tensor<float>::copy_of(W.q_norm.view()) : rows(W.q_norm, q0, qn);  // per head: whole
+    L.k_norm = c.head_qk_norm ? Tensor<float>::copy_of(W.k_norm.view()) : rows(W.k_norm, k0, kn);
     if (!c.is_moe(l)) {
       shard_detail::slice_bank(W.dense_in.view(), W.dense_out.view(), chunk_range(c.dense_ffn, ranks, rank),
                                L.dense_in, L.dense_out);
