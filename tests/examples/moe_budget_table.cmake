@@ -1,11 +1,12 @@
 # tests/examples/moe_budget_table.cmake: moe_budget on a Hugging Face fixture, its table checked (issue 27: Alloc-MoE's
 # headline model, DeepSeek-V2-Lite, served as a tiny random fixture of its shape).
-#   cmake -DEXE=moe_budget -DMODEL=tests/data/hf/deepseek_v2_lite -DWORK=dir "-DSAYS=line@@line" -P moe_budget_table.cmake
+#   cmake -DEXE=moe_budget -DMODEL=tests/data/hf/deepseek_v2_lite -DWORK=dir -DFULL_K=2.2 "-DSAYS=line@@line" -P moe_budget_table.cmake
 # Runs moe_budget with a CSV, then checks: exit 0; every line of SAYS ("@@"-separated) printed; the 100% rows' K_l is
 # the model's top-k in every MoE layer; uniform top-k and Alloc-L at 100% have the same perplexity and agree 100%
 # (the same routing); every row of uniform top-k and Alloc-L activates exactly its budget (the sum of its K_l); every
 # perplexity is finite and above 1; every lower budget (75%, 50%) has all three methods.
-foreach(var EXE MODEL WORK SAYS)
+cmake_minimum_required(VERSION 3.20)
+foreach(var EXE MODEL WORK FULL_K SAYS)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "moe_budget_table.cmake: -D${var}=... is required")
   endif()
@@ -41,8 +42,8 @@ foreach(row IN LISTS rows)
   list(GET f 4 ppl)
   list(GET f 5 agreement)
   list(APPEND seen "${percent}:${method}")
-  # K_l: the routed experts per MoE layer ("2 2"); uniform and Alloc-L activate exactly the budget.
-  string(REPLACE " " ";" klist "${ks}")
+  # K_l: the routed experts per MoE layer, "."-separated ("2.2"); uniform and Alloc-L activate exactly the budget.
+  string(REPLACE "." ";" klist "${ks}")
   set(sum 0)
   foreach(k IN LISTS klist)
     math(EXPR sum "${sum} + ${k}")
