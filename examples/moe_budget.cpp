@@ -1,6 +1,7 @@
 // examples/moe_budget.cpp: Alloc-MoE (issue 12) on a Hugging Face MoE decoder: the model train_gpt --experts
-// writes with --save DIR (a byte-level MoE GPT trained on the bundled corpus), or any Mixtral / Qwen2-MoE / OLMoE
-// folder serve/'s loader reads (tests/data/hf holds tiny random ones of each family).
+// writes with --save DIR (a byte-level MoE GPT trained on the bundled corpus), or any Mixtral / Qwen2-MoE / OLMoE /
+// Qwen3-MoE / DeepSeek-V2 (-Lite) / DeepSeek-V3 folder serve/'s loader reads (tests/data/hf holds tiny random ones
+// of each family; deepseek_v2_lite has DeepSeek-V2-Lite's shape, Alloc-MoE's headline model).
 //
 // Text: the bundled corpus of speeches; every 8th document (by name) is held out for evaluation, the others give
 // the calibration text. Tokens are bytes (the trained model's vocabulary; a smaller vocabulary takes byte % V).
@@ -165,7 +166,7 @@ class Evaluator {
 public:
   Evaluator(ThreadCommunicator& comm, const LoadedDecoder& m, std::int64_t batch, std::int64_t longest)
       : comm_(comm), m_(m), shard_(make_rank_shard(m.config, m.weights, 1, 0, MoeMode::tp)), batch_(batch),
-        cache_({m.config.layers, batch * ((longest + 15) / 16), 16, m.config.kv_heads, m.config.head_dim}) {}
+        cache_(kv_cache_shape(m.config, shard_, batch * ((longest + 15) / 16), 16)) {}
 
   Quality quality(const std::vector<std::vector<std::int32_t>>& seqs, const RoutingBudget& budget) {
     Quality q;

@@ -202,8 +202,8 @@ std::int64_t kv_blocks_for(const ModelShape& shape, const SimulatedCluster& clus
   double weights = shape.parameters() * b / p;
   for (std::int64_t l = 0; l < c.layers; ++l)
     if (c.is_moe(l)) weights += 3.0 * double(c.hidden) * double(c.moe.expert_ffn) * b;  // one redundant slot
-  const double kv_heads = double(kv_heads_of(c, p, 0).length);
-  const double per_block = double(block) * double(c.layers) * 2 * kv_heads * double(c.head_dim) * b;
+  // Rank 0's cache per position and layer: K and V of its key/value heads, or MLA's compressed latent (replicated).
+  const double per_block = double(block) * double(c.layers) * double(c.kv_cache_floats(kv_heads_of(c, p, 0).length)) * b;
   const double free = double(cluster.profile.usable_memory_bytes()) - weights;
   check(free > per_block, "the weights ({:.1f} GB per device) leave no room for the KV cache on {} ({:.1f} GB usable)",
         weights / 1e9, cluster.profile.name, double(cluster.profile.usable_memory_bytes()) / 1e9);

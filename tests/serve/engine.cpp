@@ -146,7 +146,8 @@ std::map<std::string, EnginePolicy> policies() {
 }  // namespace
 
 TEST_CASE("engine: every policy on p in {1, 2, 3, 4} gives transformers' greedy tokens under continuous batching") {
-  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+  for (const std::string family :
+       {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe", "deepseek_v2_lite", "deepseek_v2", "deepseek_v3"}) {
     const auto [m, ref, requests, opt] = served_fixture(family);
     for (const auto& [name, policy] : policies())
       for (const int p : {1, 2, 3, 4}) {
@@ -500,7 +501,9 @@ std::vector<std::int64_t> moe_ks(const DecoderConfig& c, const RoutingBudget& b)
 }  // namespace
 
 TEST_CASE("engine budget: the full budget (uniform, Alloc-L) gives the unbudgeted greedy tokens on p in {1, 2}, TP and EP") {
-  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+  // DeepSeek-V2 and V3 route by groups (moe/grouped_routing.hpp): a per-layer k applies, but this test's families are
+  // the plain top-k ones.
+  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe", "deepseek_v2_lite"}) {
     const auto [m, ref, requests, opt] = served_fixture(family);
     SensitivityTable table;  // any table: at the full budget every layer keeps its top-k
     table.top_k = moe_layer_top_k(m.config);

@@ -83,7 +83,7 @@ std::vector<FixtureRun> run_fixture(const LoadedDecoder& m, const std::vector<Fi
     const DecoderConfig& c = m.config;
     FixtureRun& rep = reports[std::size_t(comm.rank())];
     const RankShard s = make_rank_shard(c, m.weights, p, comm.rank(), mode);
-    PagedKvCache cache({c.layers, 32, 4, s.kv_heads.length, c.head_dim});
+    PagedKvCache cache(kv_cache_shape(c, s, 32, 4));
     BufferPool pool;
     for (std::size_t i = 0; i < cases.size(); ++i) {
       const FixtureCase& fc = cases[i];
@@ -121,12 +121,16 @@ std::vector<std::int32_t> reference_greedy(const std::vector<FixtureCase>& cases
   return g;
 }
 
+// Every family with a fixture (scripts/make_hf_fixtures.py: the first three by transformers 4.46.3, the rest by 4.57).
+const std::vector<std::string> kFamilies = {"mixtral",          "qwen2_moe",   "olmoe",      "qwen3_moe",
+                                            "deepseek_v2_lite", "deepseek_v2", "deepseek_v3"};
+
 constexpr double kLogitTolerance = 2e-5;  // float32 reassociation over 2 layers of width 32
 
 }  // namespace
 
 TEST_CASE("hf fixtures: prefill and 8 cached decode steps match transformers for p in {1, 2, 3, 4}, TP and EP experts") {
-  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+  for (const std::string& family : kFamilies) {
     const LoadedDecoder m = load_decoder((fixtures() / family).string());
     const std::vector<FixtureCase> cases = read_expected(family);
     const std::vector<std::int32_t> want = reference_greedy(cases);
@@ -147,7 +151,7 @@ TEST_CASE("hf fixtures: prefill and 8 cached decode steps match transformers for
 }
 
 TEST_CASE("hf fixtures: chunked prefill (chunks of 2 and 4 positions over blocks of 4) gives the same logits") {
-  for (const std::string family : {"mixtral", "qwen2_moe", "olmoe"}) {
+  for (const std::string& family : kFamilies) {
     const LoadedDecoder m = load_decoder((fixtures() / family).string());
     const std::vector<FixtureCase> cases = read_expected(family);
     for (const std::int64_t chunk : {2, 4}) {
@@ -160,7 +164,7 @@ TEST_CASE("hf fixtures: chunked prefill (chunks of 2 and 4 positions over blocks
   }
 }
 
-TEST_CASE("hf loader: the configs of the three families") {
+TEST_CASE("hf loader: the configs of the families") {
   const DecoderConfig mixtral = read_decoder_config((fixtures() / "mixtral").string());
   CHECK(mixtral.family == Family::mixtral);
   CHECK(mixtral.moe.norm_topk_prob);
@@ -176,6 +180,55 @@ TEST_CASE("hf loader: the configs of the three families") {
   CHECK(olmoe.family == Family::olmoe);
   CHECK(olmoe.qk_norm);
   CHECK(!olmoe.moe.norm_topk_prob);
+  const DecoderConfig qwen3 = read_decoder_config((fixtures() / "qwen3_moe").string());
+  CHECK(qwen3.family == Family::qwen3_moe);
+  CHECK(qwen3.head_qk_norm);
+  CHECK(!qwen3.qk_norm);
+  CHECK(!qwen3.qkv_bias);
+  CHECK(qwen3.head_dim == 12);  // not hidden / heads = 8
+  CHECK(qwen3.moe.norm_topk_prob);
+  CHECK(!qwen3.moe.has_shared());
+  CHECK(qwen3.moe_layer == std::vector<bool>{true, false});  // mlp_only_layers = [1]
+  const DecoderConfig lite = read_decoder_config((fixtures() / "deepseek_v2_lite").string());
+  CHECK(lite.family == Family::deepseek_v2);
+  CHECK(lite.is_mla());
+  CHECK(lite.mla.q_lora_rank == 0);  // null: q_proj
+  CHECK(lite.mla.kv_lora_rank == 16);
+  CHECK(lite.head_dim == 8 + 4);     // qk_nope_head_dim + qk_rope_head_dim
+  CHECK(lite.value_dim() == 6);
+  CHECK(lite.kv_cache_floats(lite.kv_heads) == 16 + 4);  // the latent, not 2 x 4 heads x 12
+  CHECK(lite.moe_layer == std::vector<bool>{false, true, true});  // first_k_dense_replace = 1
+  CHECK(lite.moe.shared_width() == 2 * 12);
+  CHECK(!lite.moe.shared_gate);
+  CHECK(lite.moe.topk_method == TopkMethod::greedy);
+  CHECK(lite.moe.routed_scaling_factor == 1.5);
+  CHECK(lite.moe.scoring == RouterScoring::softmax);
+  const DecoderConfig v2 = read_decoder_config((fixtures() / "deepseek_v2").string());
+  CHECK(v2.mla.q_lora_rank == 24);
+  CHECK(v2.moe.topk_method == TopkMethod::group_limited_greedy);
+  CHECK(v2.moe.n_group == 4);
+  CHECK(v2.moe.topk_group == 2);
+  const DecoderConfig v3 = read_decoder_config((fixtures() / "deepseek_v3").string());
+  CHECK(v3.family == Family::deepseek_v3);
+  CHECK(v3.moe.topk_method == TopkMethod::noaux_tc);
+  CHECK(v3.moe.scoring == RouterScoring::sigmoid);
+  CHECK(v3.moe.norm_topk_prob);
+  CHECK(v3.moe.routed_scaling_factor == 2.5);
+  CHECK(v3.mla.interleaved_rope);
+}
+
+TEST_CASE("hf fixtures: MLA's paged cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim per token)") {
+  const LoadedDecoder m = load_decoder((fixtures() / "deepseek_v2_lite").string());
+  const DecoderConfig& c = m.config;
+  const RankShard s = make_rank_shard(c, m.weights, 2, 0, MoeMode::tp);
+  const KvCacheShape shape = kv_cache_shape(c, s, 8, 4);
+  CHECK(shape.keys_only);
+  CHECK(shape.kv_heads == 1);
+  CHECK(shape.head_dim == c.mla.kv_lora_rank + c.mla.rope);
+  const PagedKvCache cache(shape);
+  // 3 layers x 8 blocks x 4 positions x 20 floats; GQA over the same heads would keep K and V of 2 heads x 12.
+  CHECK(cache.bytes() == std::size_t(3 * 8 * 4 * 20 * 4));
+  CHECK_THROWS_WITH_AS(cache.value(0, 0, 0, 0), doctest::Contains("keys-only"), Error);
 }
 
 namespace {

@@ -102,6 +102,50 @@ TEST_CASE("hf loader: a config with fewer layers than the file is refused, namin
   CHECK(what.find("does not use: \"model.layers.") != std::string::npos);
 }
 
+namespace {
+// The refusal of the DeepSeek fixture's config.json (family folder under tests/data/hf) edited by `edit`.
+std::string deepseek_refusal(const std::string& family, const std::function<void(json::Value&)>& edit) {
+  const fs::path folder = fixture_folder().parent_path() / family;
+  json::Value config = json::load_file((folder / "config.json").string());
+  edit(config);
+  try {
+    (void)decoder_config(config, family + "/config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(read)";
+}
+}  // namespace
+
+TEST_CASE("hf loader: DeepSeek keys that transformers computes otherwise, or not at all, are refused by name") {
+  CHECK(deepseek_refusal("deepseek_v2_lite", [](json::Value&) {}) == "(read)");
+  CHECK(deepseek_refusal("deepseek_v3", [](json::Value&) {}) == "(read)");
+  const auto says = [](const std::string& what, const std::string& part) {
+    INFO(what);
+    CHECK(what.find(part) != std::string::npos);
+  };
+  says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) {
+         c["rope_scaling"] = json::parse(R"({"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707})",
+                                         "rope_scaling");
+       }),
+       "\"rope_scaling\" is {");
+  says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["moe_layer_freq"] = 2; }),
+       "\"moe_layer_freq\" is 2; supported: 1");
+  says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["norm_topk_prob"] = true; }),
+       "\"norm_topk_prob\" is true; transformers' DeepseekV2 never renormalises");
+  says(deepseek_refusal("deepseek_v2", [](json::Value& c) { c["topk_method"] = "noaux_tc"; }),
+       "\"topk_method\" is \"noaux_tc\"; supported for DeepseekV2: \"greedy\", \"group_limited_greedy\"");
+  says(deepseek_refusal("deepseek_v3", [](json::Value& c) { c["topk_method"] = "greedy"; }),
+       "\"topk_method\" is \"greedy\"; DeepseekV3 routes by \"noaux_tc\"");
+  says(deepseek_refusal("deepseek_v3", [](json::Value& c) { c["scoring_func"] = "softmax"; }),
+       "\"scoring_func\" is \"softmax\"; DeepseekV3 scores by sigmoid");
+  says(deepseek_refusal("deepseek_v2", [](json::Value& c) { c["n_group"] = 3; }), "n_group = 3 must divide experts = 8");
+  says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["num_key_value_heads"] = 2; }),
+       "multi-head latent attention has one key and value per query head");
+  says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["attention_bias"] = true; }),
+       "\"attention_bias\" is set");
+}
+
 TEST_CASE("hf loader: non-finite weights are refused, naming the tensor (not a NaN logit later)") {
   fs::path dir = edited_copy("inf", [](json::Value&) {});
   poison(dir, "lm_head.weight", 0x7F80);  // +inf in bf16

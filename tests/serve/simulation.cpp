@@ -488,7 +488,12 @@ TEST_CASE("model shapes: Mixtral-8x7B and 8x22B, Qwen2-57B-A14B and DeepSeek-V2-
   CHECK(ds.config.is_moe(1));
   CHECK(ds.config.moe.shared_width() == 2 * 1408);
   CHECK(ds.config.moe.top_k == 6);
-  CHECK(!ds.note.empty());
+  // Multi-head latent attention read as such (it was approximated as MHA, with a note saying so): its KV cache is the
+  // compressed latent, 27 layers x (512 + 64) values per token, not 27 x 2 x 16 heads x 192.
+  CHECK(ds.config.is_mla());
+  CHECK(ds.note.empty());
+  CHECK(ds.kv_bytes_per_token(2) == 27.0 * (512 + 64) * 2);
+  CHECK(ds.parameters() / 1e9 == doctest::Approx(15.7).epsilon(0.01));  // "15.7B total parameters"
   CHECK_THROWS_WITH_AS(read_model_shape(scratch("nowhere.json")), doctest::Contains("does not exist"), Error);
 }
 

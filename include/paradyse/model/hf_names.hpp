@@ -33,6 +33,13 @@ inline constexpr const char* kKBias = "self_attn.k_proj.bias";
 inline constexpr const char* kVBias = "self_attn.v_proj.bias";
 inline constexpr const char* kQNorm = "self_attn.q_norm.weight";  // Qwen3
 inline constexpr const char* kKNorm = "self_attn.k_norm.weight";
+// Multi-head latent attention (DeepSeek-V2/V3).
+inline constexpr const char* kQA = "self_attn.q_a_proj.weight";              // [q_lora_rank, h]
+inline constexpr const char* kQANorm = "self_attn.q_a_layernorm.weight";     // [q_lora_rank]
+inline constexpr const char* kQB = "self_attn.q_b_proj.weight";              // [H (nope + rope), q_lora_rank]
+inline constexpr const char* kKVA = "self_attn.kv_a_proj_with_mqa.weight";   // [kv_lora_rank + rope, h]
+inline constexpr const char* kKVANorm = "self_attn.kv_a_layernorm.weight";   // [kv_lora_rank]
+inline constexpr const char* kKVB = "self_attn.kv_b_proj.weight";            // [H (nope + v), kv_lora_rank]
 inline constexpr const char* kDenseMlp = "mlp.";  // + swiglu: a dense layer's MLP
 
 // The names of one SwiGLU's gate, up and down matrices.
@@ -53,5 +60,7 @@ inline std::string expert(const std::string& block, std::int64_t e) { return fmt
 inline constexpr Swiglu expert_swiglu(bool mixtral) { return mixtral ? mixtral_swiglu : swiglu; }
 inline constexpr const char* kSharedExpert = "shared_expert.";            // + swiglu
 inline constexpr const char* kSharedExpertGate = "shared_expert_gate.weight";  // [1, h]
+inline constexpr const char* kSharedExperts = "shared_experts.";          // + swiglu: DeepSeek's fused shared experts
+inline constexpr const char* kRouterBias = "gate.e_score_correction_bias";  // [E]: DeepSeek-V3
 
 }  // namespace paradyse::hf_names

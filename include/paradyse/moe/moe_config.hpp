@@ -30,6 +30,22 @@ using ops::RouterScoring;
 //     to use a router_aux_loss_coef from a Hugging Face config unchanged (with the default, multiply it by k).
 enum class AuxLossScaling { per_assignment, per_token_hf };
 
+// How the top-k experts are chosen (moe/grouped_routing.hpp for the grouped ones):
+//   - greedy: the top-k scores of all E experts (moe/router.hpp);
+//   - group_limited_greedy (DeepSeek-V2): only within the topk_group of n_group groups with the largest best score;
+//   - noaux_tc (DeepSeek-V3): sigmoid scores plus a per-expert correction bias choose (groups ranked by the sum of
+//     their two best), the plain scores weight.
+enum class TopkMethod : std::uint8_t { greedy, group_limited_greedy, noaux_tc };
+
+constexpr std::string_view name_of(TopkMethod m) {
+  switch (m) {
+    case TopkMethod::greedy: return "greedy";
+    case TopkMethod::group_limited_greedy: return "group_limited_greedy";
+    case TopkMethod::noaux_tc: return "noaux_tc";
+  }
+  return "?";
+}
+
 struct MoeConfig {
   std::int64_t hidden = 0;       // h
   std::int64_t experts = 0;      // E routed experts
@@ -45,6 +61,9 @@ struct MoeConfig {
   double aux_loss_coef = 0;         // load-balancing loss coefficient, in the convention of aux_scaling
   double z_loss_coef = 0;           // router z-loss coefficient
   AuxLossScaling aux_scaling = AuxLossScaling::per_assignment;  // Switch's f_i (default) or Hugging Face's (k times)
+  TopkMethod topk_method = TopkMethod::greedy;  // grouped methods: serving only (moe/grouped_routing.hpp)
+  std::int64_t n_group = 1;                     // groups of E / n_group consecutive experts (grouped methods)
+  std::int64_t topk_group = 1;                  // groups kept per token (grouped methods)
 
   friend bool operator==(const MoeConfig&, const MoeConfig&) = default;
 
@@ -71,6 +90,15 @@ struct MoeConfig {
           "MoeConfig: aux_loss_coef = {} must be finite and non-negative", aux_loss_coef);
     check(std::isfinite(z_loss_coef) && z_loss_coef >= 0, "MoeConfig: z_loss_coef = {} must be finite and non-negative",
           z_loss_coef);
+    if (topk_method != TopkMethod::greedy) {
+      check(n_group >= 1 && experts % n_group == 0, "MoeConfig: n_group = {} must divide experts = {}", n_group, experts);
+      check(topk_group >= 1 && topk_group <= n_group, "MoeConfig: topk_group = {} must be in [1, n_group = {}]",
+            topk_group, n_group);
+      check(top_k <= topk_group * (experts / n_group), "MoeConfig: top_k = {} exceeds the {} experts of topk_group = {} "
+            "groups", top_k, topk_group * (experts / n_group), topk_group);
+      check(topk_method != TopkMethod::noaux_tc || experts / n_group >= 2, "MoeConfig: noaux_tc ranks groups by their "
+            "two best experts; {} experts in {} groups leave fewer than 2 per group", experts, n_group);
+    }
   }
 };
 

@@ -4,9 +4,10 @@
 // for a long prompt) or one decode token. Each chunk's tokens follow what the request's cache already holds
 // (positions cache.length .. + len). The activations [n, h] of all chunks are replicated on every rank; per layer:
 //   attention: RMSNorm; q, k, v for this rank's heads (+ biases; OLMoE: RMSNorm of the whole q and k, its sum of
-//   squares all-reduced); RoPE at each token's position; k, v appended to this rank's paged cache (sharded by
-//   heads); causal attention of each chunk over its request's cache; the o projection of this rank's heads; the
-//   partial outputs summed by an all-reduce; residual.
+//   squares all-reduced; Qwen3-MoE: RMSNorm of each head of q and k); RoPE at each token's position; k, v appended
+//   to this rank's paged cache (sharded by heads); causal attention of each chunk over its request's cache; the o projection of this rank's heads; the
+//   partial outputs summed by an all-reduce; residual. DeepSeek's multi-head latent attention instead (the cache
+//   holds the compressed latent): serve/mla_attention.hpp.
 //   FFN: RMSNorm; dense SwiGLU sliced by columns, or the MoE sublayer: the router (replicated, so every rank routes
 //   alike), the tokens permuted by expert (moe/dispatch.hpp), the routed experts in the layer's mode (tp: every
 //   expert's column slice over its whole block; ep: whole experts over the rows the ExpertTasks assign the rank), the shared expert sliced by columns times its sigmoid gate; the partial outputs all-reduced; residual.
@@ -20,9 +21,11 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/moe/dispatch.hpp"
+#include "paradyse/moe/grouped_routing.hpp"
 #include "paradyse/moe/experts.hpp"
 #include "paradyse/moe/router.hpp"
 #include "paradyse/ops/backend.hpp"
+#include "paradyse/serve/mla_attention.hpp"
 #include "paradyse/serve/paged_kv_cache.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 #include "paradyse/serve/routing_budget.hpp"
@@ -148,7 +151,10 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
   MoeLayerLoad load;
   load.rank_rows.assign(std::size_t(s.ranks), 0);
   Backend::fill(y, 0.0f);
-  const Routing r = route<Backend>(m, L.router.view(), x, k);
+  const Routing r = m.topk_method == TopkMethod::greedy
+                        ? route<Backend>(m, L.router.view(), x, k)
+                        : route_grouped<Backend>(m, L.router.view(), std::span<const float>(L.router_bias.data(),
+                                                 std::size_t(L.router_bias.numel())), x, k);
   const Dispatch d = dispatch_by_expert(r.offsets, r.expert, m.experts);
   load.routed = d.routed;
   if (L.mode == MoeMode::tp) {
@@ -225,8 +231,9 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
   for (const SequenceChunk& ch : batch) chunk_rows.push_back(std::int64_t(ch.tokens.size()));
   StepResult result;
   result.moe_load.resize(std::size_t(c.layers));
-  Tensor<float> x(Shape{n, h}), xn(Shape{n, h}), rstd(Shape{n}), q(Shape{n, hq * d}), k(Shape{n, hk * d}),
-      v(Shape{n, hk * d}), attn(Shape{n, hq * d}), y(Shape{n, h});
+  const std::int64_t gqa_rows = c.is_mla() ? 0 : n;  // MLA computes its own (serve/mla_attention.hpp)
+  Tensor<float> x(Shape{n, h}), xn(Shape{n, h}), rstd(Shape{n}), q(Shape{gqa_rows, hq * d}), k(Shape{gqa_rows, hk * d}),
+      v(Shape{gqa_rows, hk * d}), attn(Shape{gqa_rows, hq * d}), y(Shape{n, h});
   for (std::size_t b = 0; b < batch.size(); ++b)
     for (std::size_t i = 0; i < batch[b].tokens.size(); ++i) {
       const std::int32_t t = batch[b].tokens[i];
@@ -246,68 +253,81 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
   Tensor<float> y_ep(Shape{n * h + s.ranks});  // an EP MoE layer's partial output [n, h], then the rows per rank [p]
   check(n * c.moe.top_k < (std::int64_t(1) << 24), "decoder_step: {} tokens x top-{} rows exceed float's exact "
         "integers (the EP row counts)", n, c.moe.top_k);
+  std::vector<AttentionChunk> chunks;  // MLA's view of the batch
+  for (std::size_t b = 0; b < batch.size(); ++b)
+    chunks.push_back({batch[b].request, first[b], std::int64_t(batch[b].tokens.size())});
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const RankLayer& L = s.layers[std::size_t(l)];
     // ---- attention ----
     Backend::rms_norm_forward(x.view(), L.attn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
-    linear(xn.view(), L.wq, L.bq, q.view());
-    linear(xn.view(), L.wk, L.bk, k.view());
-    linear(xn.view(), L.wv, L.bv, v.view());
-    if (c.qk_norm) {  // RMSNorm over the whole projections: sums of squares over every rank's heads
-      std::vector<float> sums(static_cast<std::size_t>(2 * n), 0.0f);
-      for (std::int64_t i = 0; i < n; ++i) {
-        double sq = 0, sk = 0;
-        for (std::int64_t j = 0; j < hq * d; ++j) sq += double(q(i, j)) * q(i, j);
-        for (std::int64_t j = 0; j < hk * d; ++j) sk += double(k(i, j)) * k(i, j) / kv_share[std::size_t(j / d)];
-        sums[std::size_t(i)] = float(sq);
-        sums[std::size_t(n + i)] = float(sk);
+    if (c.is_mla()) {
+      mla_attention(c, s, L, cache, l, chunks, xn.view(), y.view());
+    } else {
+      linear(xn.view(), L.wq, L.bq, q.view());
+      linear(xn.view(), L.wk, L.bk, k.view());
+      linear(xn.view(), L.wv, L.bv, v.view());
+      if (c.qk_norm) {  // RMSNorm over the whole projections: sums of squares over every rank's heads
+        std::vector<float> sums(static_cast<std::size_t>(2 * n), 0.0f);
+        for (std::int64_t i = 0; i < n; ++i) {
+          double sq = 0, sk = 0;
+          for (std::int64_t j = 0; j < hq * d; ++j) sq += double(q(i, j)) * q(i, j);
+          for (std::int64_t j = 0; j < hk * d; ++j) sk += double(k(i, j)) * k(i, j) / kv_share[std::size_t(j / d)];
+          sums[std::size_t(i)] = float(sq);
+          sums[std::size_t(n + i)] = float(sk);
+        }
+        if (s.ranks > 1) comm.all_reduce(std::span<const float>(sums), std::span<float>(sums), ReduceOp::sum);
+        std::vector<float> rq(static_cast<std::size_t>(n)), rk(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) {
+          rq[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(i)] / float(c.q_width()) + float(c.rms_eps));
+          rk[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(n + i)] / float(c.kv_width()) + float(c.rms_eps));
+        }
+        scale_rows(q.view(), rq, L.q_norm);
+        scale_rows(k.view(), rk, L.k_norm);
       }
-      if (s.ranks > 1) comm.all_reduce(std::span<const float>(sums), std::span<float>(sums), ReduceOp::sum);
-      std::vector<float> rq(static_cast<std::size_t>(n)), rk(static_cast<std::size_t>(n));
-      for (std::int64_t i = 0; i < n; ++i) {
-        rq[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(i)] / float(c.q_width()) + float(c.rms_eps));
-        rk[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(n + i)] / float(c.kv_width()) + float(c.rms_eps));
+      if (c.head_qk_norm && n > 0) {  // Qwen3-MoE: RMSNorm of each head's d values (rank-local: heads are whole)
+        Tensor<float> head_rstd(Shape{n * std::max(hq, hk)});
+        const TensorView<float> qh = q.view().reshape(Shape{n * hq, d}), kh = k.view().reshape(Shape{n * hk, d});
+        Backend::rms_norm_forward(qh, L.q_norm.view(), float(c.rms_eps), qh, head_rstd.view().slice(0, 0, n * hq));
+        Backend::rms_norm_forward(kh, L.k_norm.view(), float(c.rms_eps), kh, head_rstd.view().slice(0, 0, n * hk));
       }
-      scale_rows(q.view(), rq, L.q_norm);
-      scale_rows(k.view(), rk, L.k_norm);
-    }
-    const ops::RopeConfig rope{c.rope_theta, ops::RopeLayout::halves};
-    for (std::size_t b = 0; b < batch.size(); ++b) {
-      const std::int64_t len = std::int64_t(batch[b].tokens.size()), start = cache.length(batch[b].request);
-      const TensorView<float> qb = q.view().slice(0, first[b], len).reshape(Shape{1, len, hq, d});
-      const TensorView<float> kb = k.view().slice(0, first[b], len).reshape(Shape{1, len, hk, d});
-      Backend::rope_forward(qb, qb, start, rope);
-      Backend::rope_forward(kb, kb, start, rope);
-      cache.append(batch[b].request, l, kb.reshape(Shape{len, hk, d}),
-                   v.view().slice(0, first[b], len).reshape(Shape{len, hk, d}));
-      // Causal attention of the chunk's queries over positions [0, start + i].
-      for (std::int64_t i = 0; i < len; ++i) {
-        const std::int64_t visible = start + i + 1;
-        scores.resize(std::size_t(visible));
-        for (std::int64_t head = 0; head < hq; ++head) {
-          const std::int64_t kv = (s.q_heads.start + head) / group - s.kv_heads.start;
-          const float* qi = &q(first[b] + i, head * d);
-          float top = -INFINITY;
-          for (std::int64_t t = 0; t < visible; ++t) {
-            const float* kt = cache.key(batch[b].request, l, t, kv);
-            float dot = 0;
-            for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kt[e];
-            scores[std::size_t(t)] = dot * scale;
-            top = std::max(top, scores[std::size_t(t)]);
-          }
-          float total = 0;
-          for (std::int64_t t = 0; t < visible; ++t) total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
-          float* out = &attn(first[b] + i, head * d);
-          for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
-          for (std::int64_t t = 0; t < visible; ++t) {
-            const float* vt = cache.value(batch[b].request, l, t, kv);
-            const float p = scores[std::size_t(t)] / total;
-            for (std::int64_t e = 0; e < d; ++e) out[e] += p * vt[e];
+      const ops::RopeConfig rope{c.rope_theta, ops::RopeLayout::halves};
+      for (std::size_t b = 0; b < batch.size(); ++b) {
+        const std::int64_t len = std::int64_t(batch[b].tokens.size()), start = cache.length(batch[b].request);
+        const TensorView<float> qb = q.view().slice(0, first[b], len).reshape(Shape{1, len, hq, d});
+        const TensorView<float> kb = k.view().slice(0, first[b], len).reshape(Shape{1, len, hk, d});
+        Backend::rope_forward(qb, qb, start, rope);
+        Backend::rope_forward(kb, kb, start, rope);
+        cache.append(batch[b].request, l, kb.reshape(Shape{len, hk, d}),
+                     v.view().slice(0, first[b], len).reshape(Shape{len, hk, d}));
+        // Causal attention of the chunk's queries over positions [0, start + i].
+        for (std::int64_t i = 0; i < len; ++i) {
+          const std::int64_t visible = start + i + 1;
+          scores.resize(std::size_t(visible));
+          for (std::int64_t head = 0; head < hq; ++head) {
+            const std::int64_t kv = (s.q_heads.start + head) / group - s.kv_heads.start;
+            const float* qi = &q(first[b] + i, head * d);
+            float top = -INFINITY;
+            for (std::int64_t t = 0; t < visible; ++t) {
+              const float* kt = cache.key(batch[b].request, l, t, kv);
+              float dot = 0;
+              for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kt[e];
+              scores[std::size_t(t)] = dot * scale;
+              top = std::max(top, scores[std::size_t(t)]);
+            }
+            float total = 0;
+            for (std::int64_t t = 0; t < visible; ++t) total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
+            float* out = &attn(first[b] + i, head * d);
+            for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
+            for (std::int64_t t = 0; t < visible; ++t) {
+              const float* vt = cache.value(batch[b].request, l, t, kv);
+              const float p = scores[std::size_t(t)] / total;
+              for (std::int64_t e = 0; e < d; ++e) out[e] += p * vt[e];
+            }
           }
         }
       }
-    }
-    if (n > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y.view());
+      if (n > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y.view());
+    }  // GQA attention
     sum_over_ranks(comm, y.view());
     Backend::add_into(x.view(), y.view());
     // ---- FFN ----

@@ -3,8 +3,11 @@
 // Names follow each family's convention (serve/hf_config.hpp); every tensor's shape is checked against the config
 // and a missing one is named. Layouts (y = x W^T for a [out, in] weight, as Hugging Face stores them):
 //   wq [H d, h], wk, wv [KV d, h] (+ biases), wo_t [H d, h] (o_proj transposed: out = attn wo_t),
-//   q_norm [H d], k_norm [KV d] (OLMoE), dense SwiGLU as an ExpertBank of one: in [1, 2F, h] (gate rows, then up
+//   q_norm [H d], k_norm [KV d] (OLMoE) or [d] (Qwen3-MoE: per head), dense SwiGLU as an ExpertBank of one: in [1, 2F, h] (gate rows, then up
 //   rows), out [1, F, h] (down_proj transposed), and the MoE sublayer as a one-rank MoeShard (moe/moe_config.hpp).
+// MLA (DeepSeek): wq = q_proj or q_b_proj [H (nope + rope), h or q_lora_rank], wq_a [q_lora_rank, h], q_a_norm,
+//   wkv_a [kv_lora_rank + rope, h], kv_a_norm [kv_lora_rank], wkv_b [H (nope + v), kv_lora_rank], wo_t [H v, h];
+//   DeepSeek-V3's router bias (e_score_correction_bias) [E].
 #pragma once
 
 #include "paradyse/core/tensor.hpp"
@@ -24,8 +27,10 @@ struct DecoderLayerWeights {
   Tensor<float> attn_norm, ffn_norm;  // [h]
   Tensor<float> wq, wk, wv;           // [H d, h], [KV d, h], [KV d, h]
   Tensor<float> bq, bk, bv;           // [H d], [KV d], [KV d] (empty without biases)
-  Tensor<float> q_norm, k_norm;       // [H d], [KV d] (empty without q/k norms)
-  Tensor<float> wo_t;                 // [H d, h]
+  Tensor<float> q_norm, k_norm;       // [H d], [KV d] (OLMoE) or [d], [d] (Qwen3-MoE); empty without q/k norms
+  Tensor<float> wo_t;                 // [H d, h] (MLA: [H v, h])
+  Tensor<float> wq_a, q_a_norm, wkv_a, kv_a_norm, wkv_b;  // MLA (empty otherwise)
+  Tensor<float> router_bias;          // [E]: noaux_tc's e_score_correction_bias (empty otherwise)
   Tensor<float> dense_in, dense_out;  // [1, 2F, h], [1, F, h] (dense layers)
   MoeShard moe;                       // one rank's MoeShard holding every expert (MoE layers)
 };
@@ -88,12 +93,27 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
     DecoderLayerWeights L;
     L.attn_norm = ck.load(p + hf_names::kInputNorm, Shape{h});
     L.ffn_norm = ck.load(p + hf_names::kPostAttentionNorm, Shape{h});
-    L.wq = ck.load(p + hf_names::kQ, Shape{qw, h});
-    L.wk = ck.load(p + hf_names::kK, Shape{kw, h});
-    L.wv = ck.load(p + hf_names::kV, Shape{kw, h});
+    if (c.is_mla()) {
+      const MlaShape& a = c.mla;
+      if (a.q_lora_rank > 0) {
+        L.wq_a = ck.load(p + hf_names::kQA, Shape{a.q_lora_rank, h});
+        L.q_a_norm = ck.load(p + hf_names::kQANorm, Shape{a.q_lora_rank});
+        L.wq = ck.load(p + hf_names::kQB, Shape{qw, a.q_lora_rank});
+      } else {
+        L.wq = ck.load(p + hf_names::kQ, Shape{qw, h});
+      }
+      L.wkv_a = ck.load(p + hf_names::kKVA, Shape{a.kv_lora_rank + a.rope, h});
+      L.kv_a_norm = ck.load(p + hf_names::kKVANorm, Shape{a.kv_lora_rank});
+      L.wkv_b = ck.load(p + hf_names::kKVB, Shape{c.heads * (a.nope + a.v), a.kv_lora_rank});
+    } else {
+      L.wq = ck.load(p + hf_names::kQ, Shape{qw, h});
+      L.wk = ck.load(p + hf_names::kK, Shape{kw, h});
+      L.wv = ck.load(p + hf_names::kV, Shape{kw, h});
+    }
     {
-      const Tensor<float> wo = ck.load(p + hf_names::kO, Shape{h, qw});
-      L.wo_t = Tensor<float>(Shape{qw, h});
+      const std::int64_t ow = c.heads * c.value_dim();
+      const Tensor<float> wo = ck.load(p + hf_names::kO, Shape{h, ow});
+      L.wo_t = Tensor<float>(Shape{ow, h});
       transpose_into(wo.view(), L.wo_t.view());
     }
     if (c.qkv_bias) {
@@ -104,6 +124,10 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
     if (c.qk_norm) {
       L.q_norm = ck.load(p + hf_names::kQNorm, Shape{qw});
       L.k_norm = ck.load(p + hf_names::kKNorm, Shape{kw});
+    }
+    if (c.head_qk_norm) {
+      L.q_norm = ck.load(p + hf_names::kQNorm, Shape{c.head_dim});
+      L.k_norm = ck.load(p + hf_names::kKNorm, Shape{c.head_dim});
     }
     if (!c.is_moe(l)) {
       const std::int64_t F = c.dense_ffn;
@@ -117,14 +141,17 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
       const std::int64_t E = m.experts, f = m.expert_ffn;
       const bool mixtral = c.family == Family::mixtral;
       const std::string block = hf_names::moe_block(p, mixtral);
+      const bool deepseek = c.is_mla();  // DeepSeek's shared experts: "shared_experts.", Qwen2-MoE's "shared_expert."
+      const std::string shared = block + (deepseek ? hf_names::kSharedExperts : hf_names::kSharedExpert);
       // The shapes that size the experts' buffers (E x 3f x h, the shared experts') are checked against the file
       // before they are allocated: a corrupt num_local_experts of 10^6 allocated 4 GB, then failed.
       ck.check_shape(block + hf_names::kRouter, Shape{E, h});
       ck.check_shape(hf_names::expert(block, 0) + hf_names::expert_swiglu(mixtral).gate, Shape{f, h});
       if (m.has_shared())
-        ck.check_shape(block + hf_names::kSharedExpert + hf_names::swiglu.gate, Shape{m.shared_width(), h});
+        ck.check_shape(shared + hf_names::swiglu.gate, Shape{m.shared_width(), h});
       L.moe = MoeShard::zeros(m, 1, 0);
       L.moe.router = ck.load(block + hf_names::kRouter, Shape{E, h});
+      if (m.topk_method == TopkMethod::noaux_tc) L.router_bias = ck.load(block + hf_names::kRouterBias, Shape{E});
       for (std::int64_t e = 0; e < E; ++e) {
         const std::string x = hf_names::expert(block, e);
         const TensorView<float> in = L.moe.expert_in.view().slice(0, e, 1).reshape(Shape{2 * f, h});
@@ -133,7 +160,7 @@ inline DecoderWeights load_decoder_weights(const DecoderConfig& c, const HfCheck
       }
       if (m.has_shared()) {
         const std::int64_t fs = m.shared_width();
-        load_swiglu(ck, block + hf_names::kSharedExpert, hf_names::swiglu, fs, h,
+        load_swiglu(ck, shared, hf_names::swiglu, fs, h,
                     L.moe.shared_in.view(), L.moe.shared_out.view());
         if (m.shared_gate) L.moe.shared_gate = ck.load(block + hf_names::kSharedExpertGate, Shape{1, h});
       }

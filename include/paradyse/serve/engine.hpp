@@ -146,7 +146,7 @@ public:
   ModelStepper(C& comm, const LoadedDecoder& model, const EngineOptions& opt, const EnginePolicy& policy, MoeMode start)
       : comm_(comm), model_(model), budget_(policy.budget),
         shard_(make_rank_shard(model.config, model.weights, comm.size(), comm.rank(), start)),
-        cache_({model.config.layers, opt.kv_blocks, opt.block_size, shard_.kv_heads.length, model.config.head_dim}) {
+        cache_(kv_cache_shape(model.config, shard_, opt.kv_blocks, opt.block_size)) {
     if (policy.on_demand)
       on_demand_.emplace(comm, policy.token_sorting, policy.fetch_capacity);
     else if (policy.token_sorting)

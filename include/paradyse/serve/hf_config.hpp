@@ -4,7 +4,19 @@
 //   - MixtralForCausalLM (mixtral): every layer MoE, softmax top-k, always renormalised, no shared expert;
 //   - Qwen2MoeForCausalLM (qwen2_moe): q/k/v biases; MoE layers every decoder_sparse_step except mlp_only_layers
 //     (those are dense SwiGLU of intermediate_size); a shared expert behind a sigmoid gate; norm_topk_prob;
-//   - OlmoeForCausalLM (olmoe): RMSNorm of q and of k over the whole projection (all heads together), norm_topk_prob.
+//   - OlmoeForCausalLM (olmoe): RMSNorm of q and of k over the whole projection (all heads together), norm_topk_prob;
+//   - Qwen3MoeForCausalLM (qwen3_moe): RMSNorm of each head of q and of k (q_norm, k_norm [head_dim]) before RoPE,
+//     head_dim may differ from hidden / heads; MoE layers as Qwen2-MoE's (decoder_sparse_step, mlp_only_layers,
+//     norm_topk_prob), no shared expert;
+//   - DeepseekV2ForCausalLM (deepseek_v2: V2 and V2-Lite) and DeepseekV3ForCausalLM (deepseek_v3): multi-head latent
+//     attention (MlaShape: q_lora_rank (null: none), kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+//     serve/mla_attention.hpp), the first first_k_dense_replace layers dense (intermediate_size), the others MoE with
+//     n_shared_experts always-on experts of moe_intermediate_size, routed_scaling_factor; V2 routes by softmax,
+//     topk_method greedy or group_limited_greedy (n_group, topk_group); V3 by sigmoid with e_score_correction_bias,
+//     topk_method noaux_tc, norm_topk_prob. What transformers computes differently from the original code, or not
+//     at all, is refused by name: moe_layer_freq other than 1 (transformers makes every layer from
+//     first_k_dense_replace on MoE), norm_topk_prob in V2 (transformers' DeepseekV2 never renormalises), a
+//     scoring_func or topk_method other than the one the architecture computes, rope_scaling (yarn).
 // Attention is GQA with RoPE (the Hugging Face "halves" pairing), pre-norm RMSNorm layers, a final RMSNorm and an
 // untied (or tied, tie_word_embeddings) lm_head. Anything else (an unknown architecture, sliding windows, clip_qkv,
 // rope scaling, hidden_act other than silu, attention_bias outside Qwen2-MoE, mlp_bias, partial rotary, a key of the
@@ -26,16 +38,29 @@
 
 namespace paradyse::serve {
 
-enum class Family { mixtral, qwen2_moe, olmoe };
+enum class Family { mixtral, qwen2_moe, olmoe, qwen3_moe, deepseek_v2, deepseek_v3 };
 
 constexpr std::string_view name_of(Family f) {
   switch (f) {
     case Family::mixtral: return "mixtral";
     case Family::qwen2_moe: return "qwen2_moe";
     case Family::olmoe: return "olmoe";
+    case Family::qwen3_moe: return "qwen3_moe";
+    case Family::deepseek_v2: return "deepseek_v2";
+    case Family::deepseek_v3: return "deepseek_v3";
   }
   return "?";
 }
+
+// Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank = 0: none (grouped-query attention).
+struct MlaShape {
+  std::int64_t q_lora_rank = 0;   // 0: q = x W_q; else q = RMSNorm(x W_qa) W_qb
+  std::int64_t kv_lora_rank = 0;  // width of the compressed c_kv (with k_pe, what the cache keeps per token)
+  std::int64_t nope = 0;          // qk_nope_head_dim
+  std::int64_t rope = 0;          // qk_rope_head_dim
+  std::int64_t v = 0;             // v_head_dim
+  bool interleaved_rope = true;   // RoPE pairs (x[2j], x[2j+1]) (else halves; DeepSeek-V3's rope_interleave)
+};
 
 struct DecoderConfig {
   Family family = Family::mixtral;
@@ -49,14 +74,24 @@ struct DecoderConfig {
   double rope_theta = 10000.0;
   bool qkv_bias = false;        // Qwen2-MoE
   bool qk_norm = false;         // OLMoE: RMSNorm over the whole q and k projections
+  bool head_qk_norm = false;    // Qwen3-MoE: RMSNorm of each head of q and k (weights [head_dim])
   bool tied_embeddings = false; // lm_head = embed_tokens
   std::int64_t dense_ffn = 0;   // width of the dense SwiGLU layers (0: none)
   std::vector<bool> moe_layer;  // [layers]: MoE FFN (else dense)
   MoeConfig moe;                // the routed (and shared) experts of every MoE layer
+  MlaShape mla;                 // DeepSeek: head_dim = nope + rope (q and k), mla.v (values)
 
   bool is_moe(std::int64_t layer) const { return moe_layer[std::size_t(layer)]; }
   std::int64_t q_width() const { return heads * head_dim; }
   std::int64_t kv_width() const { return kv_heads * head_dim; }
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
+  // Width of one head's attention output (v_head_dim under MLA).
+  std::int64_t value_dim() const { return is_mla() ? mla.v : head_dim; }
+  // Floats the KV cache keeps per token and layer for `kv_heads_held` key/value heads: MLA's latent (c_kv and the
+  // shared k_pe, whatever the heads), else K and V of each held head.
+  std::int64_t kv_cache_floats(std::int64_t kv_heads_held) const {
+    return is_mla() ? mla.kv_lora_rank + mla.rope : 2 * kv_heads_held * head_dim;
+  }
 
   void validate() const {
     check(vocab >= 1 && hidden >= 1 && layers >= 1, "DecoderConfig: vocab {}, hidden {}, layers {} must be positive",
@@ -66,6 +101,12 @@ struct DecoderConfig {
           kv_heads);
     check(head_dim >= 2 && head_dim % 2 == 0, "DecoderConfig: head_dim = {} must be even and positive (RoPE pairs)",
           head_dim);
+    if (is_mla())
+      check(mla.rope >= 2 && mla.rope % 2 == 0 && mla.nope >= 0 && mla.v >= 1 && mla.q_lora_rank >= 0 &&
+                head_dim == mla.nope + mla.rope && kv_heads == heads,
+            "DecoderConfig: MLA needs an even qk_rope_head_dim >= 2 (got {}), qk_nope_head_dim >= 0 ({}), v_head_dim "
+            ">= 1 ({}), q_lora_rank >= 0 ({}) and num_key_value_heads = num_attention_heads ({} and {})",
+            mla.rope, mla.nope, mla.v, mla.q_lora_rank, kv_heads, heads);
     check(std::int64_t(moe_layer.size()) == layers, "DecoderConfig: {} MoE flags for {} layers", moe_layer.size(),
           layers);
     bool any_moe = false, any_dense = false;
@@ -151,9 +192,65 @@ inline Family family_of(const json::Value& c, const std::string& source) {
   if (name == "MixtralForCausalLM" || name == "mixtral") return Family::mixtral;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Family::qwen2_moe;
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Family::olmoe;
+  if (name == "Qwen3MoeForCausalLM" || name == "qwen3_moe") return Family::qwen3_moe;
+  if (name == "DeepseekV2ForCausalLM" || name == "deepseek_v2") return Family::deepseek_v2;
+  if (name == "DeepseekV3ForCausalLM" || name == "deepseek_v3") return Family::deepseek_v3;
   throw Error(fmt::format("hf config {}: unknown architecture \"{}\"; expected MixtralForCausalLM, "
-                          "Qwen2MoeForCausalLM or OlmoeForCausalLM",
+                          "Qwen2MoeForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM or "
+                          "DeepseekV3ForCausalLM",
                           source, name.empty() ? "(none: no architectures or model_type)" : printable(name)));
+}
+
+// DeepSeek-V2/V3: attention (MLA) and the MoE layers, into d (whose common fields are read).
+inline void read_deepseek(const json::Value& c, const std::string& source, DecoderConfig& d) {
+  const bool v3 = d.family == Family::deepseek_v3;
+  MlaShape& a = d.mla;
+  a.q_lora_rank = integer_or(c, "q_lora_rank", 0, source);
+  a.kv_lora_rank = integer(c, "kv_lora_rank", source);
+  a.nope = integer(c, "qk_nope_head_dim", source);
+  a.rope = integer(c, "qk_rope_head_dim", source);
+  a.v = integer(c, "v_head_dim", source);
+  check(a.kv_lora_rank >= 1 && a.q_lora_rank >= 0, "hf config {}: kv_lora_rank = {} must be at least 1 and q_lora_rank "
+        "= {} null or at least 1", source, a.kv_lora_rank, a.q_lora_rank);
+  a.interleaved_rope = v3 ? flag_or(c, "rope_interleave", true, source) : true;
+  d.head_dim = a.nope + a.rope;
+  check(d.kv_heads == d.heads, "hf config {}: num_key_value_heads = {} with num_attention_heads = {}; multi-head latent "
+        "attention has one key and value per query head (expected them equal)", source, d.kv_heads, d.heads);
+  MoeConfig& m = d.moe;
+  m.experts = integer(c, "n_routed_experts", source);
+  m.top_k = integer(c, "num_experts_per_tok", source);
+  m.expert_ffn = integer(c, "moe_intermediate_size", source);
+  m.routed_scaling_factor = number_or(c, "routed_scaling_factor", 1.0, source);
+  m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
+  check(v3 || !m.norm_topk_prob, "hf config {}: \"norm_topk_prob\" is true; transformers' DeepseekV2 never "
+        "renormalises the top-k weights (the original code does): supported: false", source);
+  m.shared_experts = integer_or(c, "n_shared_experts", 0, source);
+  m.shared_ffn = m.shared_experts > 0 ? m.expert_ffn : 0;
+  d.dense_ffn = integer(c, "intermediate_size", source);
+  const std::int64_t first_dense = integer_or(c, "first_k_dense_replace", 0, source),
+                     freq = integer_or(c, "moe_layer_freq", 1, source);
+  check(first_dense >= 0, "hf config {}: first_k_dense_replace = {} must be non-negative", source, first_dense);
+  check(freq == 1, "hf config {}: \"moe_layer_freq\" is {}; supported: 1 (transformers makes every layer from "
+        "first_k_dense_replace on an MoE layer)", source, freq);
+  for (std::int64_t l = 0; l < d.layers; ++l) d.moe_layer[std::size_t(l)] = l >= first_dense;
+  const std::string scoring = text_or(c, "scoring_func", v3 ? "sigmoid" : "softmax", source);
+  check(scoring == (v3 ? "sigmoid" : "softmax"), "hf config {}: \"scoring_func\" is \"{}\"; {} scores by {}", source,
+        printable(scoring), v3 ? "DeepseekV3" : "DeepseekV2", v3 ? "sigmoid" : "softmax");
+  m.scoring = v3 ? RouterScoring::sigmoid : RouterScoring::softmax;
+  const std::string method = text_or(c, "topk_method", v3 ? "noaux_tc" : "greedy", source);
+  if (v3) {
+    check(method == "noaux_tc", "hf config {}: \"topk_method\" is \"{}\"; DeepseekV3 routes by \"noaux_tc\"", source,
+          printable(method));
+    m.topk_method = TopkMethod::noaux_tc;
+  } else {
+    check(method == "greedy" || method == "group_limited_greedy", "hf config {}: \"topk_method\" is \"{}\"; supported "
+          "for DeepseekV2: \"greedy\", \"group_limited_greedy\"", source, printable(method));
+    m.topk_method = method == "greedy" ? TopkMethod::greedy : TopkMethod::group_limited_greedy;
+  }
+  if (m.topk_method != TopkMethod::greedy) {
+    m.n_group = integer(c, "n_group", source);
+    m.topk_group = integer(c, "topk_group", source);
+  }
 }
 
 }  // namespace hf_detail
@@ -169,9 +266,13 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   d.layers = integer(c, "num_hidden_layers", source, kMaxLayers);
   d.heads = integer(c, "num_attention_heads", source);
   d.kv_heads = integer_or(c, "num_key_value_heads", d.heads, source);
-  check(d.heads >= 1 && d.hidden % d.heads == 0, "hf config {}: hidden_size {} is not a multiple of {} heads", source,
-        d.hidden, d.heads);
-  d.head_dim = integer_or(c, "head_dim", d.hidden / d.heads, source);
+  // Qwen3-MoE states head_dim (it may differ from hidden / heads); the other families derive it.
+  const auto stated = c.find("head_dim");
+  const bool deepseek = d.family == Family::deepseek_v2 || d.family == Family::deepseek_v3;
+  const bool explicit_head_dim = deepseek || (d.family == Family::qwen3_moe && stated != c.end() && !stated->is_null());
+  check(d.heads >= 1 && (explicit_head_dim || d.hidden % d.heads == 0),
+        "hf config {}: hidden_size {} is not a multiple of {} heads", source, d.hidden, d.heads);
+  d.head_dim = deepseek ? 0 : integer_or(c, "head_dim", d.hidden / d.heads, source);  // DeepSeek: from MLA
   d.rms_eps = number_or(c, "rms_norm_eps", 1e-6, source);
   d.rope_theta = number_or(c, "rope_theta", 10000.0, source);
   d.tied_embeddings = flag_or(c, "tie_word_embeddings", false, source);
@@ -187,7 +288,9 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   const double rotary = number_or(c, "partial_rotary_factor", 1.0, source);
   check(rotary == 1.0, "hf config {}: \"partial_rotary_factor\" is {}; supported: 1 (rotary embedding on every head "
         "dimension)", source, rotary);
-  refuse_if_set(c, "rope_scaling", source, "rope scaling is not supported");
+  if (const auto v = c.find("rope_scaling"); v != c.end() && !v->is_null())
+    throw Error(fmt::format("hf config {}: \"rope_scaling\" is {}; rope scaling (and DeepSeek's yarn with its mscale) is "
+                            "not supported: expected null", source, printable(v->dump())));
   refuse_if_set(c, "clip_qkv", source, "clipping q/k/v is not supported");
   refuse_if_set(c, "use_sliding_window", source, "sliding-window attention is not supported");
   if (d.family == Family::mixtral) refuse_if_set(c, "sliding_window", source, "sliding-window attention is not supported");
@@ -202,13 +305,17 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
       m.expert_ffn = integer(c, "intermediate_size", source);
       m.norm_topk_prob = true;
       break;
-    case Family::qwen2_moe: {
-      d.qkv_bias = true;
+    case Family::qwen2_moe:
+    case Family::qwen3_moe: {
+      const bool qwen3 = d.family == Family::qwen3_moe;
+      d.qkv_bias = !qwen3;
+      d.head_qk_norm = qwen3;
       m.experts = integer(c, "num_experts", source);
       m.top_k = integer(c, "num_experts_per_tok", source);
       m.expert_ffn = integer(c, "moe_intermediate_size", source);
       m.norm_topk_prob = flag_or(c, "norm_topk_prob", false, source);
-      const std::int64_t shared = integer_or(c, "shared_expert_intermediate_size", 0, source);
+      if (qwen3) refuse_if_set(c, "shared_expert_intermediate_size", source, "Qwen3-MoE has no shared expert");
+      const std::int64_t shared = qwen3 ? 0 : integer_or(c, "shared_expert_intermediate_size", 0, source);
       m.shared_experts = shared > 0 ? 1 : 0;
       m.shared_ffn = shared;
       m.shared_gate = shared > 0;
@@ -225,6 +332,10 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
         d.moe_layer[std::size_t(l)] = !dense_only[std::size_t(l)] && m.experts > 0 && (l + 1) % step == 0;
       break;
     }
+    case Family::deepseek_v2:
+    case Family::deepseek_v3:
+      read_deepseek(c, source, d);
+      break;
     case Family::olmoe:
       d.qk_norm = true;
       m.experts = integer(c, "num_experts", source);
@@ -251,6 +362,12 @@ inline std::string model_identity(const DecoderConfig& c) {
   mix(fmt::format("{}|{}|{}|{}|{}|{}|{}|{:.17g}|{:.17g}|{}|{}|{}|{}|{}", name_of(c.family), c.vocab, c.hidden, c.layers,
                   c.heads, c.kv_heads, c.head_dim, c.rms_eps, c.rope_theta, c.qkv_bias, c.qk_norm, c.tied_embeddings,
                   c.dense_ffn, flags));
+  if (c.head_qk_norm) mix("|head_qk_norm");
+  if (c.is_mla())
+    mix(fmt::format("|mla {} {} {} {} {} {}", c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.nope, c.mla.rope, c.mla.v,
+                    c.mla.interleaved_rope));
+  if (m.topk_method != TopkMethod::greedy)
+    mix(fmt::format("|{} {} {}", name_of(m.topk_method), m.n_group, m.topk_group));
   mix(fmt::format("|{}|{}|{}|{}|{}|{:.17g}|{}|{}|{}", m.experts, m.top_k, m.expert_ffn, int(m.scoring), m.norm_topk_prob,
                   m.routed_scaling_factor, m.shared_experts, m.shared_ffn, m.shared_gate));
   return fmt::format("{} layers {} ({} MoE) hidden {} experts {} top-k {} config {:016x}", name_of(c.family), c.layers,

@@ -6,6 +6,8 @@
 // table[t / block_size] at slot t % block_size. Blocks are taken when a request grows past its last block and
 // given back when it leaves; running out of blocks is an Error naming the request and the pool size (the engine
 // checks free_blocks() before admitting a request, so serving never hits it).
+// keys_only (MLA, serve/mla_attention.hpp): one row per position and layer, the compressed latent [c_kv | k_pe]
+// (kv_heads = 1, head_dim = kv_lora_rank + qk_rope_head_dim), and no values: key() reads it, value() is refused.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -23,6 +25,7 @@ struct KvCacheShape {
   std::int64_t block_size = 16; // positions per block
   std::int64_t kv_heads = 0;    // this rank's key/value heads
   std::int64_t head_dim = 0;
+  bool keys_only = false;       // MLA's latent cache: no value rows
 };
 
 class PagedKvCache {
@@ -33,7 +36,7 @@ public:
           s.blocks, s.block_size, s.kv_heads, s.head_dim);
     for (std::int64_t l = 0; l < s.layers; ++l) {
       k_.emplace_back(Shape{s.blocks, s.block_size, s.kv_heads, s.head_dim});
-      v_.emplace_back(Shape{s.blocks, s.block_size, s.kv_heads, s.head_dim});
+      if (!s.keys_only) v_.emplace_back(Shape{s.blocks, s.block_size, s.kv_heads, s.head_dim});
     }
     for (std::int64_t b = s.blocks - 1; b >= 0; --b) free_.push_back(b);
   }
@@ -56,14 +59,14 @@ public:
     }
     t.reserved = t.length + positions;
   }
-  // Stores k, v [positions, kv_heads, d] of layer `layer` at the request's next positions (reserved before). The
-  // request's length grows when the last layer is written.
+  // Stores k, v [positions, kv_heads, d] of layer `layer` at the request's next positions (reserved before); v is
+  // empty in a keys_only cache. The request's length grows when the last layer is written.
   void append(std::int64_t request, std::int64_t layer, TensorView<const float> k, TensorView<const float> v) {
     Table& t = tables_.at(request);
     const std::int64_t n = k.extent(0);
-    check(k.shape() == Shape{n, shape_.kv_heads, shape_.head_dim} && v.shape() == k.shape(),
-          "PagedKvCache: k {} and v {} must be [positions, kv_heads = {}, d = {}]", k.shape(), v.shape(),
-          shape_.kv_heads, shape_.head_dim);
+    check(k.shape() == Shape{n, shape_.kv_heads, shape_.head_dim} && (shape_.keys_only ? v.data() == nullptr : v.shape() == k.shape()),
+          "PagedKvCache: k {} and v {} must be [positions, kv_heads = {}, d = {}]{}", k.shape(), v.shape(),
+          shape_.kv_heads, shape_.head_dim, shape_.keys_only ? " (v none: a keys-only cache)" : "");
     check(t.length + n <= t.reserved, "PagedKvCache: request {} writes {} positions past its reservation of {}",
           request, t.length + n, t.reserved);
     const Shape row{shape_.kv_heads, shape_.head_dim};
@@ -72,8 +75,9 @@ public:
       const std::int64_t block = t.blocks[std::size_t(pos / shape_.block_size)], slot = pos % shape_.block_size;
       copy(TensorView<const float>(&k(i, 0, 0), row, Shape{k.strides()[1], k.strides()[2]}),
            TensorView<float>(&k_[std::size_t(layer)](block, slot, std::int64_t(0), std::int64_t(0)), row));
-      copy(TensorView<const float>(&v(i, 0, 0), row, Shape{v.strides()[1], v.strides()[2]}),
-           TensorView<float>(&v_[std::size_t(layer)](block, slot, std::int64_t(0), std::int64_t(0)), row));
+      if (!shape_.keys_only)
+        copy(TensorView<const float>(&v(i, 0, 0), row, Shape{v.strides()[1], v.strides()[2]}),
+             TensorView<float>(&v_[std::size_t(layer)](block, slot, std::int64_t(0), std::int64_t(0)), row));
     }
     if (layer == shape_.layers - 1) t.length += n;
   }
@@ -82,6 +86,7 @@ public:
     return at(k_, request, layer, pos, head);
   }
   const float* value(std::int64_t request, std::int64_t layer, std::int64_t pos, std::int64_t head) const {
+    check(!shape_.keys_only, "PagedKvCache: value() of a keys-only (MLA latent) cache");
     return at(v_, request, layer, pos, head);
   }
   // Gives the request's blocks back.
@@ -91,7 +96,7 @@ public:
     for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) free_.push_back(*b);
     tables_.erase(it);
   }
-  std::size_t bytes() const noexcept { return 2 * std::size_t(shape_.layers) * k_[0].bytes(); }
+  std::size_t bytes() const noexcept { return (shape_.keys_only ? 1 : 2) * std::size_t(shape_.layers) * k_[0].bytes(); }
 
 private:
   struct Table {

@@ -8,10 +8,14 @@
 //     all-reduce that ends the sublayer;
 //   - ep: whole experts, the ones listed for the rank (the chunking rule by default, or any placement with
 //     replicas, serve/eplb.hpp).
+// MLA (DeepSeek): rank r owns query heads chunk_range(H, p, r): its rows of wq (or q_b_proj), of kv_b_proj and of
+// wo_t; the down-projections (q_a_proj, kv_a_proj_with_mqa) and their norms are replicated (the latent is every
+// head's), and so is the cache of latents (kv_cache_shape).
 #pragma once
 
 #include "paradyse/layout/chunking.hpp"
 #include "paradyse/serve/decoder_weights.hpp"
+#include "paradyse/serve/paged_kv_cache.hpp"
 
 #include <cstdint>
 #include <vector>
@@ -54,7 +58,10 @@ struct ExpertPlacement {
 struct RankLayer {
   Tensor<float> attn_norm, ffn_norm;
   Tensor<float> wq, wk, wv, bq, bk, bv, q_norm, k_norm;  // this rank's heads' rows
-  Tensor<float> wo_t;                                    // [H_r d, h]
+  Tensor<float> wo_t;                                    // [H_r d, h] (MLA: [H_r v, h])
+  Tensor<float> wq_a, q_a_norm, wkv_a, kv_a_norm;        // MLA: replicated
+  Tensor<float> wkv_b;                                   // MLA: [H_r (nope + v), kv_lora_rank]
+  Tensor<float> router_bias;                             // [E]: noaux_tc
   Tensor<float> dense_in, dense_out;                     // [1, 2F_r, h], [1, F_r, h]
   Tensor<float> router;                                  // [E, h]
   Tensor<float> shared_in, shared_out, shared_gate;      // [1, 2fs_r, h], [1, fs_r, h], [1, h]
@@ -79,6 +86,10 @@ struct RankShard {
 
 namespace shard_detail {
 
+inline Tensor<float> whole(const Tensor<float>& t) {
+  if (t.shape().rank() == 0 || t.numel() == 0) return Tensor<float>(Shape{0});
+  return Tensor<float>::copy_of(t.view());
+}
 inline Tensor<float> rows(const Tensor<float>& t, std::int64_t start, std::int64_t length) {
   if (t.shape().rank() == 0 || t.numel() == 0) return Tensor<float>(Shape{0});
   return Tensor<float>::copy_of(t.view().slice(0, start, length));
@@ -158,17 +169,26 @@ inline RankShard make_rank_shard(const DecoderConfig& c, const DecoderWeights& w
     L.wq = rows(W.wq, q0, qn);
     L.wk = rows(W.wk, k0, kn);
     L.wv = rows(W.wv, k0, kn);
-    L.wo_t = rows(W.wo_t, q0, qn);
+    L.wo_t = rows(W.wo_t, s.q_heads.start * c.value_dim(), s.q_heads.length * c.value_dim());
+    if (c.is_mla()) {
+      const std::int64_t per_head = c.mla.nope + c.mla.v;
+      L.wq_a = shard_detail::whole(W.wq_a);
+      L.q_a_norm = shard_detail::whole(W.q_a_norm);
+      L.wkv_a = shard_detail::whole(W.wkv_a);
+      L.kv_a_norm = shard_detail::whole(W.kv_a_norm);
+      L.wkv_b = rows(W.wkv_b, s.q_heads.start * per_head, s.q_heads.length * per_head);
+    }
     L.bq = rows(W.bq, q0, qn);
     L.bk = rows(W.bk, k0, kn);
     L.bv = rows(W.bv, k0, kn);
-    L.q_norm = rows(W.q_norm, q0, qn);
-    L.k_norm = rows(W.k_norm, k0, kn);
+    L.q_norm = c.head_qk_norm ? Tensor<float>::copy_of(W.q_norm.view()) : rows(W.q_norm, q0, qn);  // per head: whole
+    L.k_norm = c.head_qk_norm ? Tensor<float>::copy_of(W.k_norm.view()) : rows(W.k_norm, k0, kn);
     if (!c.is_moe(l)) {
       shard_detail::slice_bank(W.dense_in.view(), W.dense_out.view(), chunk_range(c.dense_ffn, ranks, rank),
                                L.dense_in, L.dense_out);
     } else {
       L.router = Tensor<float>::copy_of(W.moe.router.view());
+      L.router_bias = shard_detail::whole(W.router_bias);
       if (c.moe.has_shared()) {
         const std::int64_t fs = c.moe.shared_width();
         shard_detail::slice_bank(W.moe.shared_in.view().reshape(Shape{1, 2 * fs, h}),
@@ -181,6 +201,14 @@ inline RankShard make_rank_shard(const DecoderConfig& c, const DecoderWeights& w
     s.layers.push_back(std::move(L));
   }
   return s;
+}
+
+// The paged cache of rank `shard` for `blocks` blocks of `block_size` positions: its key/value heads, or MLA's
+// latent (one row of kv_lora_rank + qk_rope_head_dim per position, no values).
+inline KvCacheShape kv_cache_shape(const DecoderConfig& c, const RankShard& shard, std::int64_t blocks,
+                                   std::int64_t block_size) {
+  if (c.is_mla()) return {c.layers, blocks, block_size, 1, c.kv_cache_floats(1), true};
+  return {c.layers, blocks, block_size, shard.kv_heads.length, c.head_dim};
 }
 
 }  // namespace paradyse::serve

@@ -141,10 +141,21 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
     const ExpertLayout& L = (!t.pipelined_switch && t.next[li]) ? *t.next[li] : t.layout[li];
     for (int r = 0; r < p; ++r) {
       const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
-      const double kv_bytes = 2 * positions * hk * d * b;
-      double a = gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b) +
-                 hw.attention.forward_time(4 * d * hq * pairs) + hw.elementwise_time(kv_bytes);
-      a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq + hk) * d + 2 * n * hk * d));  // norm, RoPE, KV append
+      double a = 0;
+      if (c.is_mla()) {  // serve/mla_attention.hpp: the latent cache, the up-projections absorbed
+        const MlaShape& m = c.mla;
+        const double rq = double(m.q_lora_rank), rkv = double(m.kv_lora_rank), latent = rkv + double(m.rope);
+        a = (m.q_lora_rank > 0 ? gemm(hw, n, rq, h, b) + gemm(hw, n, hq * d, rq, b) : gemm(hw, n, hq * d, h, b)) +
+            gemm(hw, n, latent, h, b) + gemm(hw, n * hq, rkv, double(m.nope), b) +
+            gemm(hw, n * hq, double(m.v), rkv, b) + gemm(hw, n, h, hq * double(m.v), b) +
+            hw.attention.forward_time(2 * (latent + rkv) * hq * pairs) + hw.elementwise_time(positions * latent * b);
+        a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq * d + latent) + n * latent));  // norms, RoPE, append
+      } else {
+        const double kv_bytes = 2 * positions * hk * d * b;
+        a = gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b) +
+            hw.attention.forward_time(4 * d * hq * pairs) + hw.elementwise_time(kv_bytes);
+        a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq + hk) * d + 2 * n * hk * d));  // norm, RoPE, KV append
+      }
       attention = std::max(attention, a);
       double f = hw.elementwise_time(b * (2 * n * h + 3 * n * h));  // norm, residual adds
       if (!c.is_moe(l)) {
