@@ -408,7 +408,7 @@ int main(int argc, char** argv) {
   try {
     return run(o);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "moe_budget: {}\n", e.what());
+    fmt::print(stderr, "moe_budget: {}\n", paradyse::bounded_message(e.what()));  // a filesystem_error echoes paths whole
     return 1;
   }
 }

@@ -11,6 +11,7 @@
 //
 //   moe_infer --ranks 2 --requests 32 --rate 8 --policy dynamic
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/core/printable.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/moe/sensitivity.hpp"
 #include "paradyse/serve/engine.hpp"
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
     fmt::print("rank load max/mean per layer:{}; {:.2f} routed expert activations per token\n", imbalance,
                run.activations);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "moe_infer: {}\n", e.what());
+    fmt::print(stderr, "moe_infer: {}\n", paradyse::bounded_message(e.what()));  // a filesystem_error echoes paths whole
     return 1;
   }
   return 0;

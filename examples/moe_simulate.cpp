@@ -601,7 +601,7 @@ int main(int argc, char** argv) {
   try {
     return o.measure ? measure(o) : simulate(o);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "moe_simulate: {}\n", e.what());
+    fmt::print(stderr, "moe_simulate: {}\n", paradyse::bounded_message(e.what()));  // a filesystem_error echoes paths whole
     return 1;
   }
 }

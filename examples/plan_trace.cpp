@@ -446,7 +446,7 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "plan_trace: {}\n", e.what());
+    fmt::print(stderr, "plan_trace: {}\n", paradyse::bounded_message(e.what()));  // a filesystem_error echoes paths whole
     return 1;
   }
 }

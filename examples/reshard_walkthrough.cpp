@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "reshard_walkthrough: {}\n", e.what());
+    fmt::print(stderr, "reshard_walkthrough: {}\n", paradyse::bounded_message(e.what()));  // a filesystem_error echoes paths whole
     return 2;
   }
 }

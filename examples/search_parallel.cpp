@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
                  o.emit);
     }
   } catch (const std::exception& e) {  // pd::Error, and anything from the standard library (a filesystem error)
-    fmt::print(stderr, "search_parallel: {}\n", e.what());
+    fmt::print(stderr, "search_parallel: {}\n", paradyse::bounded_message(e.what()));  // a filesystem_error echoes paths whole
     return 1;
   }
   return 0;

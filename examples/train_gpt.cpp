@@ -21,6 +21,7 @@
 // This file is the dense training loop; its helpers are the program's own files in examples/train_gpt/ (flags,
 // hardware profile, memory cap, the step, the report, the save), and the other loops are there too (--mesh:
 // train_mesh.hpp, --experts: train_moe.hpp).
+#include "paradyse/core/printable.hpp"
 #include "paradyse/core/progress.hpp"
 #include "train_gpt/caps.hpp"
 #include "train_gpt/dense_step.hpp"
@@ -245,7 +246,7 @@ int main(int argc, char** argv) {
 #if PARADYSE_WITH_MPI
     if (mpi) pd::abort_mpi_job(e.what());  // the other processes may be waiting in a collective
 #endif
-    fmt::print(stderr, "train_gpt: {}\n", e.what());
+    fmt::print(stderr, "train_gpt: {}\n", paradyse::bounded_message(e.what()));  // a filesystem_error echoes paths whole
     return 1;
   }
 }

@@ -57,7 +57,7 @@ namespace paradyse::cli {
     std::fflush(stdout);
     std::exit(0);
   }
-  fmt::print(stderr, "{}: {}\n{}", program, problem, usage_text);
+  fmt::print(stderr, "{}: {}\n{}", program, bounded_message(problem), usage_text);  // a long value clipped
   std::exit(2);
 }
 

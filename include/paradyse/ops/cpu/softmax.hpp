@@ -57,11 +57,16 @@ inline void masked_softmax_forward(TensorView<float> scores, std::span<const Pos
     float* row = scores.data() + r * c;
     const std::int64_t position = query_positions[std::size_t(r % n)];
     const auto visible = [&](std::int64_t j) { return !causal || key_positions[std::size_t(j)] <= position; };
+    // Whether the row sees a key is a matter of positions, not of scores: a row whose visible scores are all NaN
+    // (a NaN input) keeps top = -inf (std::max skips NaN) and becomes NaN below, never "sees no key" (issue 27).
     float top = -std::numeric_limits<float>::infinity();
+    bool sees = false;
     for (std::int64_t j = 0; j < c; ++j)
-      if (visible(j)) top = std::max(top, row[j]);
-    check(top > -std::numeric_limits<float>::infinity(), "masked_softmax_forward: the query at position {} sees no key",
-          position);
+      if (visible(j)) {
+        sees = true;
+        top = std::max(top, row[j]);
+      }
+    check(sees, "masked_softmax_forward: the query at position {} sees no key", position);
     float sum = 0.0f;
     for (std::int64_t j = 0; j < c; ++j) {
       row[j] = visible(j) ? std::exp(row[j] - top) : 0.0f;
