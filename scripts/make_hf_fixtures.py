@@ -11,7 +11,8 @@ expected values are exactly what a float32 engine computes from the stored file.
 
 Storage covers every path of the loader: Mixtral in bf16 (one file), Qwen2-MoE in f32 split over two shards with
 model.safetensors.index.json, OLMoE in f16 (one file); Qwen3-MoE in bf16, DeepSeek-V2-Lite in f16, DeepSeek-V2 in
-bf16, DeepSeek-V3 in f32 over two shards.
+bf16, DeepSeek-V3 in f32 over two shards (and with rope_interleave false, no q compression, norm_topk_prob false, in
+bf16).
 
 A seed is kept only when every greedy choice wins by a clear margin (top-1 minus top-2 logit) and every router
 top-k choice is clear (for DeepSeek's grouped routing: the group choice too), so an engine that sums in another
@@ -24,7 +25,8 @@ newer torch than Debian's):
     /usr/bin/python3 scripts/make_hf_fixtures.py [OUT_DIR] --families mixtral,qwen2_moe,olmoe
   - qwen3_moe, deepseek_v2_lite, deepseek_v2, deepseek_v3 (made with torch 2.15.0, transformers 4.57.6):
     python3 -m venv /tmp/venv-hf; /tmp/venv-hf/bin/pip install torch "transformers==4.57.*" safetensors; then
-    /tmp/venv-hf/bin/python scripts/make_hf_fixtures.py [OUT_DIR] --families qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3
+    /tmp/venv-hf/bin/python scripts/make_hf_fixtures.py [OUT_DIR] --families
+    qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3,deepseek_v3_rope_halves
 """
 import json
 import math
@@ -43,7 +45,7 @@ if "--families" in sys.argv[1:]:
     ARGS = [a for a in ARGS if a != FAMILIES]
 OUT = ARGS[0] if ARGS else os.path.join(os.path.dirname(__file__), "..", "tests", "data", "hf")
 OLD = "mixtral,qwen2_moe,olmoe"
-NEW = "qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3"
+NEW = "qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3,deepseek_v3_rope_halves"
 if FAMILIES is None:
     FAMILIES = OLD if transformers.__version__.startswith("4.46") else NEW
 VOCAB = 96
@@ -108,6 +110,13 @@ def families():
                DeepseekV3Config(**deepseek, q_lora_rank=24, num_experts_per_tok=3, topk_method="noaux_tc",
                                 n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
                                 rope_interleave=True))
+    if "deepseek_v3_rope_halves" in wanted:
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+        # DeepSeek-V3 with rope_interleave false: RoPE on the halves pairing of q_pe and k_pe as stored.
+        yield ("deepseek_v3_rope_halves", "bf16", 1, DeepseekV3ForCausalLM,
+               DeepseekV3Config(**deepseek, q_lora_rank=None, num_experts_per_tok=2, topk_method="noaux_tc",
+                                n_group=2, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
+                                rope_interleave=False))
 
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}

@@ -144,6 +144,8 @@ TEST_CASE("hf loader: DeepSeek keys that transformers computes otherwise, or not
        "multi-head latent attention has one key and value per query head");
   says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["attention_bias"] = true; }),
        "\"attention_bias\" is set");
+  says(deepseek_refusal("deepseek_v3", [](json::Value& c) { c["head_dim"] = 12; }), "\"head_dim\" is 12; expected 4");
+  says(deepseek_refusal("deepseek_v3", [](json::Value& c) { c["qk_head_dim"] = 16; }), "\"qk_head_dim\" is 16; expected 12");
 }
 
 TEST_CASE("hf loader: non-finite weights are refused, naming the tensor (not a NaN logit later)") {

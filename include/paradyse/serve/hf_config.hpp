@@ -35,6 +35,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <utility>
 
 namespace paradyse::serve {
 
@@ -214,6 +215,14 @@ inline void read_deepseek(const json::Value& c, const std::string& source, Decod
         "= {} null or at least 1", source, a.kv_lora_rank, a.q_lora_rank);
   a.interleaved_rope = v3 ? flag_or(c, "rope_interleave", true, source) : true;
   d.head_dim = a.nope + a.rope;
+  // transformers writes head_dim = qk_rope_head_dim (its RoPE width) and qk_head_dim = nope + rope; a config.json
+  // whose values differ would override them in transformers (another RoPE width, another query split).
+  using Stated = std::pair<const char*, std::int64_t>;
+  for (const auto& [key, want] : {Stated{"head_dim", a.rope}, Stated{"qk_head_dim", a.nope + a.rope}}) {
+    const std::int64_t stated = integer_or(c, key, want, source);
+    check(stated == want, "hf config {}: \"{}\" is {}; expected {} (qk_rope_head_dim = {}, qk_nope_head_dim = {})",
+          source, key, stated, want, a.rope, a.nope);
+  }
   check(d.kv_heads == d.heads, "hf config {}: num_key_value_heads = {} with num_attention_heads = {}; multi-head latent "
         "attention has one key and value per query head (expected them equal)", source, d.kv_heads, d.heads);
   MoeConfig& m = d.moe;
