@@ -126,7 +126,7 @@ std::vector<std::int32_t> reference_greedy(const std::vector<FixtureCase>& cases
 // Every family with a fixture (scripts/make_hf_fixtures.py: the first three by transformers 4.46.3, the rest by 4.57).
 const std::vector<std::string> kFamilies = {"mixtral",          "qwen2_moe",   "olmoe",      "qwen3_moe",
                                             "deepseek_v2_lite", "deepseek_v2", "deepseek_v3",
-                                            "deepseek_v3_rope_halves"};
+                                            "deepseek_v3_rope_halves", "deepseek_v2_lite_yarn", "deepseek_v3_yarn"};
 
 constexpr double kLogitTolerance = 2e-5;  // float32 reassociation over 2 layers of width 32
 
