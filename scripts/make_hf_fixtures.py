@@ -11,7 +11,8 @@ expected values are exactly what a float32 engine computes from the stored file.
 
 Storage covers every path of the loader: Mixtral in bf16 (one file), Qwen2-MoE in f32 split over two shards with
 model.safetensors.index.json, OLMoE in f16 (one file); Qwen3-MoE in bf16, DeepSeek-V2-Lite in f16, DeepSeek-V2 in
-bf16, DeepSeek-V3 in f32 over two shards.
+bf16, DeepSeek-V3 in f32 over two shards (and with rope_interleave false, no q compression, norm_topk_prob false, in
+bf16).
 
 A seed is kept only when every greedy choice wins by a clear margin (top-1 minus top-2 logit) and every router
 top-k choice is clear (for DeepSeek's grouped routing: the group choice too), so an engine that sums in another
@@ -24,7 +25,16 @@ newer torch than Debian's):
     /usr/bin/python3 scripts/make_hf_fixtures.py [OUT_DIR] --families mixtral,qwen2_moe,olmoe
   - qwen3_moe, deepseek_v2_lite, deepseek_v2, deepseek_v3 (made with torch 2.15.0, transformers 4.57.6):
     python3 -m venv /tmp/venv-hf; /tmp/venv-hf/bin/pip install torch "transformers==4.57.*" safetensors; then
-    /tmp/venv-hf/bin/python scripts/make_hf_fixtures.py [OUT_DIR] --families qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3
+    /tmp/venv-hf/bin/python scripts/make_hf_fixtures.py [OUT_DIR] --families
+    qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3,deepseek_v3_rope_halves,deepseek_v2_lite_yarn,deepseek_v3_yarn
+
+The yarn fixtures (rope_scaling type yarn, original_max_position_embeddings 256 so that with qk_rope_head_dim 8 the
+ramp blends pair 1 half-way: pair 0 extrapolated, 2 and 3 interpolated) carry mscale != mscale_all_dim so that both
+the attention factor on cos/sin and the softmax-scale correction mscale(factor, mscale_all_dim)^2 differ from 1.
+transformers 4.57.6's DeepseekV3Attention applies that correction, its DeepseekV2Attention does not (the original
+DeepSeek-V2 modeling_deepseek.py and vLLM do: softmax_scale *= mscale^2 whenever mscale_all_dim is set), so for
+deepseek_v2_lite_yarn the script multiplies each layer's self_attn.scaling by it as the original code does
+(original_softmax_scale below); deepseek_v3_yarn is unmodified transformers.
 """
 import json
 import math
@@ -43,7 +53,7 @@ if "--families" in sys.argv[1:]:
     ARGS = [a for a in ARGS if a != FAMILIES]
 OUT = ARGS[0] if ARGS else os.path.join(os.path.dirname(__file__), "..", "tests", "data", "hf")
 OLD = "mixtral,qwen2_moe,olmoe"
-NEW = "qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3"
+NEW = "qwen3_moe,deepseek_v2_lite,deepseek_v2,deepseek_v3,deepseek_v3_rope_halves,deepseek_v2_lite_yarn,deepseek_v3_yarn"
 if FAMILIES is None:
     FAMILIES = OLD if transformers.__version__.startswith("4.46") else NEW
 VOCAB = 96
@@ -108,6 +118,42 @@ def families():
                DeepseekV3Config(**deepseek, q_lora_rank=24, num_experts_per_tok=3, topk_method="noaux_tc",
                                 n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
                                 rope_interleave=True))
+    if "deepseek_v3_rope_halves" in wanted:
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+        # DeepSeek-V3 with rope_interleave false: RoPE on the halves pairing of q_pe and k_pe as stored.
+        yield ("deepseek_v3_rope_halves", "bf16", 1, DeepseekV3ForCausalLM,
+               DeepseekV3Config(**deepseek, q_lora_rank=None, num_experts_per_tok=2, topk_method="noaux_tc",
+                                n_group=2, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
+                                rope_interleave=False))
+
+    yarn = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}
+    if "deepseek_v2_lite_yarn" in wanted:
+        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+        # DeepSeek-V2-Lite's shape with its yarn rope_scaling (the softmax-scale correction as the original code).
+        yield ("deepseek_v2_lite_yarn", "f16", 1, DeepseekV2ForCausalLM,
+               DeepseekV2Config(**dict(deepseek, qk_rope_head_dim=8, rope_scaling=dict(yarn)), q_lora_rank=None,
+                                num_experts_per_tok=2, topk_method="greedy", n_group=1, topk_group=1,
+                                routed_scaling_factor=1.5, norm_topk_prob=False, aux_loss_alpha=0.0))
+    if "deepseek_v3_yarn" in wanted:
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+        # DeepSeek-V3 with yarn: transformers' own softmax-scale correction, rope_interleave true.
+        yield ("deepseek_v3_yarn", "bf16", 1, DeepseekV3ForCausalLM,
+               DeepseekV3Config(**dict(deepseek, qk_rope_head_dim=8, rope_scaling=dict(yarn)), q_lora_rank=24,
+                                num_experts_per_tok=3, topk_method="noaux_tc", n_group=4, topk_group=2,
+                                routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True))
+
+
+def original_softmax_scale(model):
+    """DeepSeek-V2's attention as its original code scales it under yarn (transformers 4.57.6 leaves it out)."""
+    if model.config.model_type != "deepseek_v2" or model.config.rope_scaling is None:
+        return
+    r = model.config.rope_scaling
+    if not r.get("mscale_all_dim"):
+        return
+    m = 0.1 * r["mscale_all_dim"] * math.log(r["factor"]) + 1.0 if r["factor"] > 1 else 1.0
+    for layer in model.model.layers:
+        layer.self_attn.scaling = layer.self_attn.qk_head_dim ** -0.5 * m * m
 
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -257,6 +303,7 @@ def main():
         for seed in range(1, 200):
             torch.manual_seed(seed)
             model = cls(config).eval()
+            original_softmax_scale(model)
             randomize(model, seed)
             round_to(model, dtype)
             with torch.no_grad():

@@ -69,6 +69,14 @@ TEST_CASE("fuzz Hugging Face checkpoint: serve::load_decoder of mutated headers,
               mixtral.path.string());
   }
   {
+    // DeepSeek-V2 (multi-head latent attention, grouped routing): its config mutated, loaded with its weights.
+    FolderCopy deepseek(kHfData + "/deepseek_v2");
+    const std::string config = fuzz::read_file(kHfData + "/deepseek_v2/config.json");
+    fuzz::run("hf_deepseek_config_with_weights", {config},
+              [&](const std::string& text) { load(deepseek.with("config.json", text)); }, {},
+              deepseek.path.string());
+  }
+  {
     FolderCopy qwen(kHfData + "/qwen2_moe");
     const std::string index = fuzz::read_file(kHfData + "/qwen2_moe/model.safetensors.index.json");
     // Found by this target: a shard named "\u0000" cut the message at the NUL; "", "." and ".." name no file.

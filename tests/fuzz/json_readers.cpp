@@ -50,7 +50,7 @@ std::vector<std::string> profile_seeds() {
 
 std::vector<std::string> model_config_seeds() {
   std::vector<std::string> seeds;
-  for (const char* family : {"mixtral", "qwen2_moe", "olmoe"})
+  for (const char* family : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe", "deepseek_v2_lite", "deepseek_v2", "deepseek_v3"})
     seeds.push_back(fuzz::read_file(kTestData + "/hf/" + family + "/config.json"));
   return seeds;
 }

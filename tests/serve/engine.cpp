@@ -147,7 +147,8 @@ std::map<std::string, EnginePolicy> policies() {
 
 TEST_CASE("engine: every policy on p in {1, 2, 3, 4} gives transformers' greedy tokens under continuous batching") {
   for (const std::string family :
-       {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe", "deepseek_v2_lite", "deepseek_v2", "deepseek_v3"}) {
+       {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe", "deepseek_v2_lite", "deepseek_v2", "deepseek_v3",
+        "deepseek_v3_rope_halves", "deepseek_v2_lite_yarn", "deepseek_v3_yarn"}) {
     const auto [m, ref, requests, opt] = served_fixture(family);
     for (const auto& [name, policy] : policies())
       for (const int p : {1, 2, 3, 4}) {

@@ -1,6 +1,8 @@
 // tests/serve/hf_decoder.cpp: the Hugging Face loader and the decoder step against the transformers fixtures of
 // tests/data/hf/ (made by scripts/make_hf_fixtures.py: Mixtral stored in bf16, Qwen2-MoE in f32 over two shards with
-// an index, OLMoE in f16): prefill logits of every prompt position and 8 greedy decode steps with the paged KV cache,
+// an index, OLMoE in f16; Qwen3-MoE in bf16, DeepSeek-V2-Lite in f16, DeepSeek-V2 in bf16, DeepSeek-V3 in f32 over
+// two shards and with rope_interleave false in bf16): prefill logits of every prompt position and 8 greedy decode
+// steps with the paged KV cache (MLA: the compressed latent),
 // for p in {1, 2, 3, 4} thread ranks with the experts tensor-parallel (TP) and whole (EP); chunked prefill; the
 // loader's errors (missing tensor, wrong shape, unknown architecture, bad index).
 #include "support/tolerance.hpp"
@@ -123,7 +125,8 @@ std::vector<std::int32_t> reference_greedy(const std::vector<FixtureCase>& cases
 
 // Every family with a fixture (scripts/make_hf_fixtures.py: the first three by transformers 4.46.3, the rest by 4.57).
 const std::vector<std::string> kFamilies = {"mixtral",          "qwen2_moe",   "olmoe",      "qwen3_moe",
-                                            "deepseek_v2_lite", "deepseek_v2", "deepseek_v3"};
+                                            "deepseek_v2_lite", "deepseek_v2", "deepseek_v3",
+                                            "deepseek_v3_rope_halves", "deepseek_v2_lite_yarn", "deepseek_v3_yarn"};
 
 constexpr double kLogitTolerance = 2e-5;  // float32 reassociation over 2 layers of width 32
 
@@ -215,6 +218,10 @@ TEST_CASE("hf loader: the configs of the families") {
   CHECK(v3.moe.norm_topk_prob);
   CHECK(v3.moe.routed_scaling_factor == 2.5);
   CHECK(v3.mla.interleaved_rope);
+  const DecoderConfig halves = read_decoder_config((fixtures() / "deepseek_v3_rope_halves").string());
+  CHECK(!halves.mla.interleaved_rope);  // rope_interleave: false
+  CHECK(halves.mla.q_lora_rank == 0);
+  CHECK(!halves.moe.norm_topk_prob);
 }
 
 TEST_CASE("hf fixtures: MLA's paged cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim per token)") {

@@ -124,11 +124,15 @@ TEST_CASE("hf loader: DeepSeek keys that transformers computes otherwise, or not
     INFO(what);
     CHECK(what.find(part) != std::string::npos);
   };
+  // yarn (every real DeepSeek config carries it) is read (serve/yarn_rope.hpp); any other type is refused by name.
+  CHECK(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) {
+          c["rope_scaling"] = json::parse(R"({"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707})",
+                                          "rope_scaling");
+        }) == "(read)");
   says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) {
-         c["rope_scaling"] = json::parse(R"({"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707})",
-                                         "rope_scaling");
+         c["rope_scaling"] = json::parse(R"({"type": "dynamic", "factor": 4})", "rope_scaling");
        }),
-       "\"rope_scaling\" is {");
+       "\"rope_scaling\" type is \"dynamic\" in rope_scaling {\"type\":\"dynamic\",\"factor\":4}; supported: \"yarn\"");
   says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["moe_layer_freq"] = 2; }),
        "\"moe_layer_freq\" is 2; supported: 1");
   says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["norm_topk_prob"] = true; }),
@@ -144,6 +148,8 @@ TEST_CASE("hf loader: DeepSeek keys that transformers computes otherwise, or not
        "multi-head latent attention has one key and value per query head");
   says(deepseek_refusal("deepseek_v2_lite", [](json::Value& c) { c["attention_bias"] = true; }),
        "\"attention_bias\" is set");
+  says(deepseek_refusal("deepseek_v3", [](json::Value& c) { c["head_dim"] = 12; }), "\"head_dim\" is 12; expected 4");
+  says(deepseek_refusal("deepseek_v3", [](json::Value& c) { c["qk_head_dim"] = 16; }), "\"qk_head_dim\" is 16; expected 12");
 }
 
 TEST_CASE("hf loader: non-finite weights are refused, naming the tensor (not a NaN logit later)") {

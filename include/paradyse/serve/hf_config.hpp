@@ -16,10 +16,11 @@
 //     topk_method noaux_tc, norm_topk_prob. What transformers computes differently from the original code, or not
 //     at all, is refused by name: moe_layer_freq other than 1 (transformers makes every layer from
 //     first_k_dense_replace on MoE), norm_topk_prob in V2 (transformers' DeepseekV2 never renormalises), a
-//     scoring_func or topk_method other than the one the architecture computes, rope_scaling (yarn).
+//     scoring_func or topk_method other than the one the architecture computes. DeepSeek's rope_scaling of type
+//     "yarn" is computed (serve/yarn_rope.hpp); any other type, or an unknown key in it, is refused.
 // Attention is GQA with RoPE (the Hugging Face "halves" pairing), pre-norm RMSNorm layers, a final RMSNorm and an
 // untied (or tied, tie_word_embeddings) lm_head. Anything else (an unknown architecture, sliding windows, clip_qkv,
-// rope scaling, hidden_act other than silu, attention_bias outside Qwen2-MoE, mlp_bias, partial rotary, a key of the
+// rope scaling outside DeepSeek, hidden_act other than silu, attention_bias outside Qwen2-MoE, mlp_bias, partial rotary, a key of the
 // wrong type) is refused with the key and value named.
 #pragma once
 
@@ -27,7 +28,9 @@
 #include "paradyse/core/json.hpp"
 #include "paradyse/core/printable.hpp"
 #include "paradyse/moe/moe_config.hpp"
+#include "paradyse/serve/yarn_rope.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -35,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <utility>
 
 namespace paradyse::serve {
 
@@ -80,6 +84,7 @@ struct DecoderConfig {
   std::vector<bool> moe_layer;  // [layers]: MoE FFN (else dense)
   MoeConfig moe;                // the routed (and shared) experts of every MoE layer
   MlaShape mla;                 // DeepSeek: head_dim = nope + rope (q and k), mla.v (values)
+  YarnRope yarn;                // DeepSeek's rope_scaling (yarn; factor 0: none), serve/yarn_rope.hpp
 
   bool is_moe(std::int64_t layer) const { return moe_layer[std::size_t(layer)]; }
   std::int64_t q_width() const { return heads * head_dim; }
@@ -201,6 +206,47 @@ inline Family family_of(const json::Value& c, const std::string& source) {
                           source, name.empty() ? "(none: no architectures or model_type)" : printable(name)));
 }
 
+// DeepSeek's rope_scaling {"type" (or "rope_type"): "yarn", "factor", "original_max_position_embeddings",
+// "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"}; transformers' defaults for
+// the absent ones (max_position_embeddings, or the family's default_max, for the original length).
+inline YarnRope read_yarn(const json::Value& c, const json::Value& r, std::int64_t default_max,
+                          const std::string& source) {
+  const std::string what = fmt::format("rope_scaling {}", printable(r.dump()));
+  check(r.is_object(), "hf config {}: \"rope_scaling\" is {} ({}); expected an object or null", source,
+        printable(r.dump()), r.type_name());
+  static constexpr std::string_view kKeys[] = {"type", "rope_type", "factor", "original_max_position_embeddings",
+                                               "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                                               "attention_factor", "truncate"};
+  for (const auto& [key, value] : r.items())
+    check(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys), "hf config {}: \"rope_scaling\" has "
+          "the key \"{}\" (value {}); supported: type/rope_type, factor, original_max_position_embeddings, beta_fast, "
+          "beta_slow, mscale, mscale_all_dim, attention_factor, truncate", source, printable(key),
+          printable(value.dump()));
+  const std::string type = text_or(r, "rope_type", text_or(r, "type", "", source), source);
+  check(type == "yarn", "hf config {}: \"rope_scaling\" type is \"{}\" in {}; supported: \"yarn\" (DeepSeek)", source,
+        printable(type), what);
+  YarnRope y;
+  y.factor = number_or(r, "factor", 0.0, source);
+  check(y.factor >= 1.0, "hf config {}: rope_scaling factor is {} in {}; expected a number >= 1", source, y.factor,
+        what);
+  const double max_position = double(integer_or(c, "max_position_embeddings", default_max, source));
+  y.original_max_position = number_or(r, "original_max_position_embeddings", 0.0, source);
+  if (y.original_max_position == 0.0) y.original_max_position = max_position;  // transformers: `or`
+  y.beta_fast = number_or(r, "beta_fast", 0.0, source);
+  y.beta_slow = number_or(r, "beta_slow", 0.0, source);
+  if (y.beta_fast == 0.0) y.beta_fast = 32.0;
+  if (y.beta_slow == 0.0) y.beta_slow = 1.0;
+  y.mscale = number_or(r, "mscale", 0.0, source);
+  y.mscale_all_dim = number_or(r, "mscale_all_dim", 0.0, source);
+  y.attention_factor = number_or(r, "attention_factor", 0.0, source);
+  y.truncate = flag_or(r, "truncate", true, source);
+  check(y.original_max_position >= 1.0 && y.beta_fast > 0.0 && y.beta_slow > 0.0 && y.attention_factor >= 0.0,
+        "hf config {}: {}: original_max_position_embeddings = {} must be at least 1, beta_fast = {} and beta_slow = {} "
+        "positive, attention_factor = {} positive or absent", source, what, y.original_max_position, y.beta_fast,
+        y.beta_slow, y.attention_factor);
+  return y;
+}
+
 // DeepSeek-V2/V3: attention (MLA) and the MoE layers, into d (whose common fields are read).
 inline void read_deepseek(const json::Value& c, const std::string& source, DecoderConfig& d) {
   const bool v3 = d.family == Family::deepseek_v3;
@@ -214,6 +260,14 @@ inline void read_deepseek(const json::Value& c, const std::string& source, Decod
         "= {} null or at least 1", source, a.kv_lora_rank, a.q_lora_rank);
   a.interleaved_rope = v3 ? flag_or(c, "rope_interleave", true, source) : true;
   d.head_dim = a.nope + a.rope;
+  // transformers writes head_dim = qk_rope_head_dim (its RoPE width) and qk_head_dim = nope + rope; a config.json
+  // whose values differ would override them in transformers (another RoPE width, another query split).
+  using Stated = std::pair<const char*, std::int64_t>;
+  for (const auto& [key, want] : {Stated{"head_dim", a.rope}, Stated{"qk_head_dim", a.nope + a.rope}}) {
+    const std::int64_t stated = integer_or(c, key, want, source);
+    check(stated == want, "hf config {}: \"{}\" is {}; expected {} (qk_rope_head_dim = {}, qk_nope_head_dim = {})",
+          source, key, stated, want, a.rope, a.nope);
+  }
   check(d.kv_heads == d.heads, "hf config {}: num_key_value_heads = {} with num_attention_heads = {}; multi-head latent "
         "attention has one key and value per query head (expected them equal)", source, d.kv_heads, d.heads);
   MoeConfig& m = d.moe;
@@ -288,9 +342,11 @@ inline DecoderConfig decoder_config(const json::Value& c, const std::string& sou
   const double rotary = number_or(c, "partial_rotary_factor", 1.0, source);
   check(rotary == 1.0, "hf config {}: \"partial_rotary_factor\" is {}; supported: 1 (rotary embedding on every head "
         "dimension)", source, rotary);
-  if (const auto v = c.find("rope_scaling"); v != c.end() && !v->is_null())
-    throw Error(fmt::format("hf config {}: \"rope_scaling\" is {}; rope scaling (and DeepSeek's yarn with its mscale) is "
-                            "not supported: expected null", source, printable(v->dump())));
+  if (const auto v = c.find("rope_scaling"); v != c.end() && !v->is_null()) {
+    check(deepseek, "hf config {}: \"rope_scaling\" is {}; rope scaling is supported only as DeepSeek's yarn: expected "
+          "null", source, printable(v->dump()));
+    d.yarn = read_yarn(c, *v, d.family == Family::deepseek_v3 ? 4096 : 2048, source);
+  }
   refuse_if_set(c, "clip_qkv", source, "clipping q/k/v is not supported");
   refuse_if_set(c, "use_sliding_window", source, "sliding-window attention is not supported");
   if (d.family == Family::mixtral) refuse_if_set(c, "sliding_window", source, "sliding-window attention is not supported");
@@ -366,6 +422,10 @@ inline std::string model_identity(const DecoderConfig& c) {
   if (c.is_mla())
     mix(fmt::format("|mla {} {} {} {} {} {}", c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.nope, c.mla.rope, c.mla.v,
                     c.mla.interleaved_rope));
+  if (c.yarn.enabled())
+    mix(fmt::format("|yarn {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {}", c.yarn.factor,
+                    c.yarn.original_max_position, c.yarn.beta_fast, c.yarn.beta_slow, c.yarn.mscale,
+                    c.yarn.mscale_all_dim, c.yarn.attention_factor, c.yarn.truncate));
   if (m.topk_method != TopkMethod::greedy)
     mix(fmt::format("|{} {} {}", name_of(m.topk_method), m.n_group, m.topk_group));
   mix(fmt::format("|{}|{}|{}|{}|{}|{:.17g}|{}|{}|{}", m.experts, m.top_k, m.expert_ffn, int(m.scoring), m.norm_topk_prob,

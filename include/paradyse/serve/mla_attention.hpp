@@ -14,7 +14,8 @@
 //   every head's), not the H (d_n + d_r + d_v) of the decompressed keys and values.
 // At use the up-projection W_kvb [H (d_n + d_v), r_kv] is absorbed: for head i, with W_uk = its first d_n rows and
 // W_uv its last d_v rows,
-//   score_t = (q_nope W_uk) . c_kv_t + q_pe . k_pe_t, times softmax_scale = (d_n + d_r)^-1/2,
+//   score_t = (q_nope W_uk) . c_kv_t + q_pe . k_pe_t, times softmax_scale = (d_n + d_r)^-1/2 (under YaRN also times
+//   mscale(factor, mscale_all_dim)^2, and RoPE with YaRN's frequencies and attention factor: serve/yarn_rope.hpp),
 //   out_i = W_uv (sum_t softmax(score)_t c_kv_t)      (equal to attention over k_nope = W_uk c_kv, v = W_uv c_kv).
 // The heads' outputs [n, H_r d_v] times this rank's rows of W_o^T give the rank's partial output (all-reduced by
 // the caller). RMSNorms of the latents use epsilon 1e-6 (transformers builds them with its default, not rms_norm_eps).
@@ -23,6 +24,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/paged_kv_cache.hpp"
 #include "paradyse/serve/rank_shard.hpp"
+#include "paradyse/serve/yarn_rope.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -71,6 +73,10 @@ inline void mla_attention(const DecoderConfig& c, const RankShard& s, const Rank
   }
   // RoPE of q_pe (every head) and k_pe, on contiguous copies.
   const ops::RopeConfig rope{c.rope_theta, a.interleaved_rope ? ops::RopeLayout::interleaved : ops::RopeLayout::halves};
+  // Under YaRN (c.yarn): its blended frequencies, cos and sin times its attention factor (serve/yarn_rope.hpp).
+  const std::vector<double> frequencies =
+      c.yarn.enabled() ? rope_inverse_frequencies(c.rope_theta, dr, c.yarn) : std::vector<double>{};
+  const double amplitude = yarn_attention_factor(c.yarn);
   Tensor<float> q_pe(Shape{n, hq, dr}), k_pe(Shape{n, 1, dr});
   copy(q.view().reshape(Shape{n, hq, qk}).slice(2, dn, dr), q_pe.view());
   copy(kv.view().slice(1, rkv, dr), k_pe.view().reshape(Shape{n, dr}));
@@ -78,14 +84,19 @@ inline void mla_attention(const DecoderConfig& c, const RankShard& s, const Rank
     const std::int64_t start = cache.length(ch.request);
     const TensorView<float> qb = q_pe.view().slice(0, ch.first, ch.length).reshape(Shape{1, ch.length, hq, dr});
     const TensorView<float> kb = k_pe.view().slice(0, ch.first, ch.length).reshape(Shape{1, ch.length, 1, dr});
-    Backend::rope_forward(qb, qb, start, rope);
-    Backend::rope_forward(kb, kb, start, rope);
+    if (c.yarn.enabled()) {
+      rotate_scaled(qb, start, frequencies, amplitude, a.interleaved_rope);
+      rotate_scaled(kb, start, frequencies, amplitude, a.interleaved_rope);
+    } else {
+      Backend::rope_forward(qb, qb, start, rope);
+      Backend::rope_forward(kb, kb, start, rope);
+    }
   }
   copy(k_pe.view().reshape(Shape{n, dr}), kv.view().slice(1, rkv, dr));
   Tensor<float> attn(Shape{n, hq * dv});
   std::vector<double> q_lat(static_cast<std::size_t>(rkv)), o_lat(static_cast<std::size_t>(rkv));
   std::vector<double> scores;
-  const double scale = 1.0 / std::sqrt(double(qk));
+  const double scale = yarn_softmax_factor(c.yarn) / std::sqrt(double(qk));
   const std::int64_t rows_per_head = dn + dv;
   const float* wkvb = L.wkv_b.data();  // [hq (d_n + d_v), r_kv]: this rank's heads
   for (const AttentionChunk& ch : chunks) {
