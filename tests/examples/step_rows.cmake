@@ -1,6 +1,6 @@
 # tests/examples/step_rows.cmake: how the ctest scripts of train_gpt (train_gpt_mesh.cmake, train_gpt_mpi.cmake,
-# train_gpt_resume.cmake include() it) run the program and read its per-step table (--csv FILE: a header line, then
-# one line per step whose first column is the step).
+# train_gpt_resume.cmake, train_gpt_mesh_resume.cmake, ... include() it) run the program, read its per-step table
+# (--csv FILE: a header line, then one line per step whose first column is the step) and compare losses.
 #
 # The timed columns: the only columns whose values two runs that train the same steps may give differently (wall-clock
 # seconds and what is derived from them, the ranks' CPU seconds). Every other column (lengths, rows, plans, losses and
@@ -118,4 +118,34 @@ function(to_micro text out_var)
   string(SUBSTRING "${CMAKE_MATCH_2}000000" 0 6 fraction)
   math(EXPR micro "${whole} * 1000000 + ${fraction}")
   set(${out_var} ${micro} PARENT_SCOPE)
+endfunction()
+
+# compare_losses(label reference got): fails unless the two lists of losses (millionths) have the same length and agree
+# within TOL (the including script's -DTOL, millionths); prints the worst gap.
+function(compare_losses label reference got)
+  list(LENGTH reference n)
+  list(LENGTH got m)
+  if(n EQUAL 0)
+    message(FATAL_ERROR "${label}: the reference run trained no step")
+  endif()
+  if(NOT m EQUAL n)
+    message(FATAL_ERROR "${label}: ${m} steps against the reference's ${n}")
+  endif()
+  set(worst 0)
+  math(EXPR last "${n} - 1")
+  foreach(i RANGE ${last})
+    list(GET reference ${i} a)
+    list(GET got ${i} b)
+    math(EXPR diff "${a} - ${b}")
+    if(diff LESS 0)
+      math(EXPR diff "0 - ${diff}")
+    endif()
+    if(diff GREATER worst)
+      set(worst ${diff})
+    endif()
+    if(diff GREATER ${TOL})
+      message(FATAL_ERROR "${label}, step ${i}: loss ${b} against the reference's ${a} (millionths), more than ${TOL} apart")
+    endif()
+  endforeach()
+  message(STATUS "${label}: ${n} steps, losses within ${worst} millionths of the reference's")
 endfunction()
