@@ -2,7 +2,9 @@
 // D x P x C (or D x P x T) mesh of ranks (mesh/device_mesh.hpp; the group innermost, so it holds consecutive ranks).
 // Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
-// stages on the 1F1B schedule, and with --experts the MoE layers over an expert group folded over dp x cp), the dp
+// stages on the 1F1B schedule, and with --experts the MoE layers over an expert group folded over dp x cp, or with
+// ep=E,etp=T in the mesh over expert groups of E ranks of dp x cp and columns over T ranks of tp, the experts
+// replicated over the rest: model/expert_groups.hpp), the dp
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
 // model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp; with --zero 3 each rank keeps 1/dp of every parameter,
 // each layer gathered around its use: model/zero3_shards.hpp). --mesh-file FILE runs a configuration file of
@@ -49,6 +51,7 @@
 #include "paradyse/mesh/device_mesh.hpp"
 #include "paradyse/model/byte_gpt.hpp"
 #include "paradyse/model/data_parallel.hpp"
+#include "paradyse/model/expert_groups.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/mesh_optimizer.hpp"
 #include "paradyse/model/mesh_stage.hpp"
@@ -98,6 +101,10 @@ inline DeviceMesh parse_mesh(std::string_view text) {
     check(eq != std::string_view::npos, "--mesh {}: \"{}\" is not AXIS=SIZE (axes dp, pp, cp, tp)", printable(text),
           printable(part));
     const std::string_view name = part.substr(0, eq), value = part.substr(eq + 1);
+    if (name == "ep" || name == "etp") {  // the MoE layers' folding of the same devices: parse_expert_axes
+      from = comma + 1;
+      continue;
+    }
     const auto axis = std::find(std::begin(names), std::end(names), name) - std::begin(names);
     check(axis < 4, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp, cp and tp (2-D tensor "
           "and expert axes are search_parallel's)", printable(text), printable(name));
@@ -117,6 +124,36 @@ inline DeviceMesh parse_mesh(std::string_view text) {
   check(sizes[2] == 1 || sizes[3] == 1, "--mesh {}: cp={} with tp={}: tensor parallelism inside a cp group is not "
         "trainable yet (issue 26); give cp or tp", printable(text), sizes[2], sizes[3]);
   return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
+}
+
+// The MoE layers' axes of a --mesh text ("ep=2,etp=1" among the device axes; 0: not given): ep, the expert group of
+// ep consecutive ranks of dp x cp, and etp, each expert's columns over etp consecutive ranks of tp
+// (model/expert_groups.hpp). Throws an Error naming the bad part.
+struct ExpertAxes {
+  int ep = 0, etp = 0;
+};
+inline ExpertAxes parse_expert_axes(std::string_view text) {
+  ExpertAxes axes;
+  std::size_t from = 0;
+  while (from < text.size()) {
+    const std::size_t comma = std::min(text.find(',', from), text.size());
+    const std::string_view part = text.substr(from, comma - from);
+    from = comma + 1;
+    const std::size_t eq = part.find('=');
+    if (eq == std::string_view::npos) continue;  // parse_mesh names it
+    const std::string_view name = part.substr(0, eq), value = part.substr(eq + 1);
+    if (name != "ep" && name != "etp") continue;
+    int& size = name == "ep" ? axes.ep : axes.etp;
+    check(size == 0, "--mesh {}: axis {} is given twice", printable(text), name);
+    for (char ch : value) {
+      check(std::isdigit(static_cast<unsigned char>(ch)) && size < 100000, "--mesh {}: the size of {} is \"{}\", "
+            "expected a positive integer", printable(text), name, printable(value));
+      size = size * 10 + (ch - '0');
+    }
+    check(!value.empty() && size >= 1, "--mesh {}: the size of {} is \"{}\", expected a positive integer",
+          printable(text), name, printable(value));
+  }
+  return axes;
 }
 
 // ---- train_gpt --mesh-file: a configuration file of search_parallel --emit (search/config_file.hpp) ----------------
@@ -208,16 +245,13 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   refuse_unless(c.tp_y == 1 || c.cp == 1, fmt::format("tp={} with cp={}: tensor parallelism inside a cp group is "
                                                       "not trainable yet", c.tp_y, c.cp));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
-  // Experts: ep = dp x cp (the experts over every device of dp x cp) and etp = tp (each expert's columns over the
-  // whole tp group); the search's other layouts (ep < dp x cp or etp < tp: expert data parallelism, experts
-  // replicated over edp = dp x cp x tp / (ep x etp) > 1 groups) are refused.
+  // Experts: ep consecutive ranks of dp x cp, each expert's columns over etp consecutive ranks of tp, replicated
+  // over edp = dp x cp x tp / (ep x etp) (model/expert_groups.hpp), as the search folds them.
   if (config.moe) {
-    refuse_unless(c.ep == c.dp * c.cp, fmt::format("ep={}: train_gpt folds the experts over all of dp x cp = {} "
-                                                   "ranks (ep < dp x cp, expert data parallelism, is not trainable "
-                                                   "yet)", c.ep, c.dp * c.cp));
-    refuse_unless(c.etp == c.tp_y, fmt::format("etp={} with tp={}: train_gpt splits every expert over the whole tp "
-                                               "group (etp = tp; etp < tp, experts replicated over tp / etp groups, "
-                                               "is not trainable yet)", c.etp, c.tp_y));
+    refuse_unless((c.dp * c.cp) % c.ep == 0, fmt::format("ep={}: the expert group must divide dp x cp = {}", c.ep,
+                                                         c.dp * c.cp));
+    refuse_unless(c.tp_y % c.etp == 0, fmt::format("etp={}: the expert columns' group must divide tp = {}", c.etp,
+                                                   c.tp_y));
   } else {
     refuse_unless(c.ep == 1, fmt::format("ep={}: the model has no experts (train_gpt --experts E)", c.ep));
     refuse_unless(c.etp == 1, fmt::format("etp={}: the model has no experts (train_gpt --experts E)", c.etp));
@@ -247,6 +281,7 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                               "(recompute=none)", name_of(c.recompute)));
   }
   run.mesh = fmt::format("dp={},pp={},cp={},tp={}", c.dp, c.pp, c.cp, c.tp_y);
+  if (config.moe) run.mesh += fmt::format(",ep={},etp={}", c.ep, c.etp);
   run.zero = ZeroStage(c.zero);
   run.virtual_stages = c.virtual_stages;
   return run;
@@ -275,9 +310,20 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // tensor parallelism with sequence parallelism, in every sublayer); parse_mesh refuses both at once. Everything
   // below that says cp means this group.
   const int cp = mesh.axis_size("cp") * tp;
-  // With experts: ep over the dp x cp devices of each stage; with tp, every expert split by columns over the tp group
-  // (etp = tp, moe/expert_columns.hpp), the router replicated over it.
-  const int ep = dp * mesh.axis_size("cp");
+  // With experts: ep consecutive ranks of the dp x cp devices of each stage (all of them by default); with tp, every
+  // expert split by columns over etp consecutive ranks of the tp group (all of it by default:
+  // moe/expert_columns.hpp), the router replicated over it; the experts replicated over edp = dp x cp x tp / (ep x
+  // etp) (model/expert_groups.hpp).
+  const ExpertAxes expert_axes = parse_expert_axes(o.mesh);
+  const int ep = expert_axes.ep > 0 ? expert_axes.ep : dp * mesh.axis_size("cp");
+  const int etp = expert_axes.etp > 0 ? expert_axes.etp : tp;
+  check(experts || (expert_axes.ep <= 1 && expert_axes.etp <= 1),
+        "--mesh {}: ep and etp are the MoE layers' axes; the model has no experts (train_gpt --experts E)", o.mesh);
+  check(!experts || (dp * mesh.axis_size("cp")) % ep == 0, "--mesh {}: ep={} must divide dp x cp = {} (the expert "
+        "groups are consecutive ranks of dp x cp)", o.mesh, ep, dp * mesh.axis_size("cp"));
+  check(!experts || tp % etp == 0, "--mesh {}: etp={} must divide tp = {} (each expert's columns over etp "
+        "consecutive ranks of tp)", o.mesh, etp, tp);
+  const int edp = dp * mesh.axis_size("cp") / ep * (tp / etp);
   check(tp == 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp axis runs "
         "MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)", o.mesh,
         o.strategy);
@@ -436,11 +482,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
              "parameters\n", o.layers, o.hidden, o.heads, config.layer.ffn, config.vocab,
              double(config.parameter_count()) / 1e6);
   if (experts)
-    fmt::print("experts: {} MoE layers of {} experts (top-{}, ffn {}), {} dense first; ep = dp x cp = {} ranks{} "
-               "(attention in {} groups of {}, the MoE layers over the {} devices of dp x cp{}{})\n",
+    fmt::print("experts: {} MoE layers of {} experts (top-{}, ffn {}), {} dense first; ep = {} consecutive ranks of "
+               "dp x cp = {}{}, edp = {} (attention in {} groups of {}, the MoE layers over expert groups of {} "
+               "devices{}{}{})\n",
                o.layers - o.first_dense, o.experts, o.top_k, config.moe->moe.expert_ffn, o.first_dense, ep,
-               tp > 1 ? fmt::format(" x etp = tp = {} (each expert's columns over its tp group)", tp) : std::string(),
-               tp > 1 ? "tp" : "cp", cp, ep, tp > 1 ? " of each tp index" : "",
+               dp * mesh.axis_size("cp"),
+               tp > 1 ? fmt::format(" x etp = {} of tp = {} (each expert's columns over etp ranks)", etp, tp)
+                      : std::string(),
+               edp, tp > 1 ? "tp" : "cp", cp, ep, tp > 1 ? " of each tp index" : "",
+               edp > 1 ? ", replicated over edp: router statistics and expert gradients summed over it" : "",
                pp > 1 ? " of each pipeline stage; router losses averaged over a step's micro-batches" : "");
   if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
@@ -492,8 +542,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     Comm dp_group = mesh.group(world, {"dp"});
     Comm pp_group = mesh.group(world, {"pp"});
     Comm cp_group = mesh.group(world, {"cp", "tp"});  // the stage's group: cp or tp (one of them 1)
-    std::optional<Comm> ep_group;  // experts: dp x cp (of this tp index), rank replica * cp + cp index
-    if (experts) ep_group.emplace(mesh.group(world, {"dp", "cp"}));
+    std::optional<ExpertGroups<Comm>> expert;  // experts: model/expert_groups.hpp
+    if (experts) expert.emplace(expert_groups(world, mesh, ep, etp));
     const MeshCoordinate at = mesh.coordinate(rank);
     const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(rank, {"cp", "tp"});
     const auto chunk_layers = [&](int c) { return chunk_range(o.layers, pp * v, c * pp + stage_index); };
@@ -502,11 +552,17 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     chunks.reserve(std::size_t(v));
     for (int c = 0; c < v; ++c)
       chunks.emplace_back(config, c * pp + stage_index, pp * v, chunk_layers(c), cp, cp_rank, experts ? ep : cp,
-                          experts ? replica * (ep / dp) + at[2] : cp_rank, o.seed, experts && tp > 1);
+                          experts ? expert->ep_rank : cp_rank, o.seed, experts && tp > 1, experts ? etp : 0);
+    if (experts)
+      for (auto& chunk : chunks) {
+        chunk.set_expert_replicas(expert->edp);
+        chunk.set_expert_column_group(expert->etp);
+      }
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;
-    for (auto& chunk : chunks) optimizers.emplace_back(chunk, o.zero, dp, replica, adamw);
+    for (auto& chunk : chunks)
+      optimizers.emplace_back(chunk, o.zero, dp, replica, adamw, experts ? edp : 1, experts ? expert->edp_rank : 0);
     checkpoints.load(rank, chunks, optimizers);  // --load, --resume
     const bool first_local = rank == ranks.first_local();
     BufferPool pool;
@@ -530,7 +586,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       const std::vector<std::int64_t> document_starts = tokens_of.document_starts();  // empty: one document per row
       for (int c = 0; c < v; ++c) {
         const ChunkRange layers = chunk_layers(c);
-        chunks[std::size_t(c)].begin_step(cp_group, ep_group ? *ep_group : cp_group, pool,
+        chunks[std::size_t(c)].begin_step(cp_group, expert ? expert->ep : cp_group, pool,
                                           StackPlan(full.begin() + layers.start, full.begin() + layers.end()),
                                           tokens_of.length, document_starts);
       }
@@ -540,7 +596,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       const double loss_sum = mesh_forward_backward(std::span(chunks), pp_group, cp_group, mine, tokens_of.length,
                                                     inputs, targets, grad_scale);
       adamw.learning_rate = float(o.lr * std::min(1.0, double(k + 1) / warmup));
-      for (MeshOptimizer& optimizer : optimizers) optimizer.step(dp_group, adamw.learning_rate, k + 1);
+      for (MeshOptimizer& optimizer : optimizers)
+        optimizer.step(dp_group, expert ? expert->edp : dp_group, adamw.learning_rate, k + 1);
       double sums[2] = {loss_sum, double(ranks.tracker(rank).peak())}, total[2] = {0, 0};
       world.all_reduce(std::span<const double>(&sums[0], 1), std::span<double>(&total[0], 1), ReduceOp::sum);
       world.all_reduce(std::span<const double>(&sums[1], 1), std::span<double>(&total[1], 1), ReduceOp::max);

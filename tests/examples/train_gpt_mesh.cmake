@@ -6,7 +6,8 @@
 #   1. train_gpt --experts --ranks C (examples/train_gpt/train_moe.hpp, the Gpt class; one window per step) and --mesh cp=C on
 #      the same steps give the same losses (the mesh's single group is the MoE GPT's);
 #   2. with MOE_PACK added (packed steps of several rows), --mesh cp=C and each of MOE_MESHES (dp x cp: the MoE layers
-#      over the expert group of every replica's and cp rank's tokens) give the same losses.
+#      over the expert group of every replica's and cp rank's tokens, or with ep=..,etp=.. over expert groups of ep
+#      ranks, experts replicated over edp) give the same losses.
 # With PACK_DOCUMENTS (--pack-documents;B: each step one sequence of packed documents, attention within each), ARGS
 # without its --pack-tokens and with PACK_DOCUMENTS instead: --ranks C against each of PACK_MESHES (dp = 1); the
 # first of PACK_DP_MESHES (dp > 1: one packed sequence per replica per step) against the others of the same dp; and
@@ -21,7 +22,7 @@
 # Run by ctest (examples/CMakeLists.txt):
 #   cmake -DEXE=train_gpt -DCP=2 -DMESHES="dp=2,cp=2;pp=2,cp=2" -DTOL=100 -DWORK=dir -DARGS="--steps;4;..." \
 #         [-DMPIEXEC=mpiexec -DMPI_MESH=dp=2,cp=2] [-DMOE_ARGS=... -DMOE_PACK=... -DMOE_MESHES=...] \
-#         [-DMOE_MPI_MESH=dp=2,cp=2@2] [-DPACK_DOCUMENTS=--pack-documents;512 -DPACK_MESHES=pp=2,cp=2] \
+#         [-DMOE_MPI_MESH=dp=2,cp=2@2[+dp=2,ep=1@1...]] [-DPACK_DOCUMENTS=--pack-documents;512 -DPACK_MESHES=pp=2,cp=2] \
 #         [-DPACK_DP_MESHES=dp=2,cp=2@0;dp=2,pp=2,cp=2@2] \
 #         -P train_gpt_mesh.cmake
 foreach(var EXE CP MESHES TOL WORK ARGS)
@@ -78,10 +79,11 @@ function(train_on_mesh prefix backend spec out_var)
   string(REPLACE "," "_" name "${prefix}_${backend}_${mesh}_zero${zero}${virtual}")
   string(REPLACE "=" "" name "${name}")
   if(backend STREQUAL "mpi")
-    # The world's size is the mesh's: the product of the sizes.
-    string(REGEX MATCHALL "[0-9]+" sizes "${mesh}")
+    # The world's size is the mesh's: the product of the device axes' sizes (ep and etp fold the same devices).
+    string(REGEX MATCHALL "(^|,)(dp|pp|cp|tp|tp_x|tp_y)=[0-9]+" axes "${mesh}")
     set(np 1)
-    foreach(size IN LISTS sizes)
+    foreach(axis IN LISTS axes)
+      string(REGEX REPLACE ".*=" "" size "${axis}")
       math(EXPR np "${np} * ${size}")
     endforeach()
     train_to("--mesh ${mesh} --zero ${zero}${virtual_label} on ${np} MPI processes" ${WORK}/${name}.csv
@@ -153,15 +155,18 @@ if(DEFINED MOE_ARGS)
   foreach(spec IN LISTS MOE_MESHES)
     list(APPEND moe_runs "threads|${spec}")
   endforeach()
-  if(DEFINED MPIEXEC AND DEFINED MOE_MPI_MESH)
-    list(APPEND moe_runs "mpi|${MOE_MPI_MESH}")
+  if(DEFINED MPIEXEC AND DEFINED MOE_MPI_MESH)  # one mesh, or several joined by "+"
+    string(REPLACE "+" ";" moe_mpi_meshes "${MOE_MPI_MESH}")
+    foreach(spec IN LISTS moe_mpi_meshes)
+      list(APPEND moe_runs "mpi|${spec}")
+    endforeach()
   endif()
   foreach(run IN LISTS moe_runs)
     string(REPLACE "|" ";" parts "${run}")
     list(GET parts 0 backend)
     list(GET parts 1 spec)
     train_on_mesh(moe ${backend} ${spec} moe_meshed ${MOE_ARGS} ${MOE_PACK})
-    compare_losses("--experts ${last_run}, ep = dp x cp, against --mesh cp=${CP}" "${moe_reference}" "${moe_meshed}")
+    compare_losses("--experts ${last_run} against --mesh cp=${CP}" "${moe_reference}" "${moe_meshed}")
   endforeach()
   # 3. MOE_PP_MESHES with MOE_PP_PACK (pipeline stages, several micro-batches per replica: a step's router losses are
   #    the mean of its micro-batches', which no single group trains): the first is the reference of the others, which

@@ -18,6 +18,7 @@
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/model/expert_groups.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/mesh_optimizer.hpp"
 #include "paradyse/model/mesh_stage.hpp"
@@ -109,7 +110,10 @@ struct Mesh {
   int layers, first_dense;
   std::int64_t experts;
   std::int64_t rows;  // a multiple of dp with pp > 1 (every replica runs as many micro-batches)
+  int ep = 0;         // the expert group: ep consecutive ranks of dp x cp (0: all of dp x cp; edp = dp x cp / ep)
+  int etp = 0;        // each expert's columns over etp consecutive ranks of tp (0: all of tp)
 };
+
 
 }  // namespace mesh_experts_test
 
@@ -125,11 +129,12 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   CAPTURE(m.v);
   CAPTURE(m.layers);
   REQUIRE((m.cp == 1 || tp == 1));
-  const std::int64_t seq = 12;  // divisible by 2 cp and 2 tp for the zigzag layout
+  const int group = m.cp * tp, etp = m.etp > 0 ? m.etp : tp;
+  CAPTURE(etp);
+  const std::int64_t seq = group == 4 ? 16 : 12;  // divisible by 2 x the group for the zigzag layout
   const std::uint64_t seed = 41;
-  const int group = m.cp * tp;
   GptConfig config;
-  config.layer = LayerConfig::make(48, 6);
+  config.layer = LayerConfig::make(48, tp == 4 ? 8 : 6);  // heads divisible by tp
   config.layer.causal = config.layer.zigzag = config.layer.rope = true;
   config.layer.norm = NormKind::rms_norm;
   config.layer.activation = Activation::swiglu;
@@ -147,7 +152,9 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   moe.aux_loss_coef = 0.3;  // large enough that a wrong weighting of the router losses shows
   moe.z_loss_coef = 0.05;
   config.moe = MoeLayers{moe, m.first_dense};
-  const int ep = m.dp * m.cp;
+  const int ep = m.ep > 0 ? m.ep : m.dp * m.cp, edp = m.dp * m.cp / ep;
+  CAPTURE(ep);
+  REQUIRE(ep * edp == m.dp * m.cp);
   // Per layer: the attention strategies alternate (MegatronTS everywhere with tp), the MoE layers alternate
   // ExpertParallel / ExpertTensorParallel.
   StackPlan plan;
@@ -199,7 +206,7 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
     }
     scale_all(model.stack(), model.replicated_gradient(), 1.0f / float(M));
     const std::lock_guard guard(lock);
-    record_stack(want, model.stack(), moe, 0, r, group, r, tp, -1);
+    record_stack(want, model.stack(), moe, 0, r, group, r, etp, -1);
     const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
     const std::size_t embedding = std::size_t(config.vocab * config.layer.hidden);
     record(want, "embedding", g.first(embedding));
@@ -215,34 +222,44 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
     ThreadCommunicator dp_group = mesh.group(world, {"dp"});
     ThreadCommunicator pp_group = mesh.group(world, {"pp"});
     ThreadCommunicator stage_group = mesh.group(world, {"cp", "tp"});
-    ThreadCommunicator ep_group = mesh.group(world, {"dp", "cp"});
     const MeshCoordinate at = mesh.coordinate(world.rank());
-    const int replica = at[0], stage_index = at[1], ep_rank = replica * m.cp + at[2];
+    const int replica = at[0], stage_index = at[1];
+    // The expert groups (model/expert_groups.hpp): ep consecutive ranks of dp x cp, the columns over etp consecutive
+    // ranks of tp, the rest expert data parallel.
+    ExpertGroups<ThreadCommunicator> experts = expert_groups(world, mesh, ep, etp);
+    REQUIRE(int(experts.edp.size()) == edp * (tp / etp));
+    ThreadCommunicator& ep_group = experts.ep;
+    const int ep_rank = experts.ep_rank;
     const int group_rank = mesh.group_index(world.rank(), {"cp", "tp"});
-    CHECK(int(ep_group.rank()) == ep_rank);
     const int stages = m.pp * m.v;
     std::vector<MeshGptStage<Strategies, ThreadCommunicator>> chunks;
     chunks.reserve(std::size_t(m.v));
     BufferPool pool;
     for (int c = 0; c < m.v; ++c) {
       const ChunkRange layers = chunk_range(config.layers, stages, c * m.pp + stage_index);
-      chunks.emplace_back(config, c * m.pp + stage_index, stages, layers, group, group_rank, ep, ep_rank, seed, tp > 1);
+      chunks.emplace_back(config, c * m.pp + stage_index, stages, layers, group, group_rank, ep, ep_rank, seed, tp > 1,
+                          etp);
+      chunks.back().set_expert_replicas(experts.edp);
+      chunks.back().set_expert_column_group(experts.etp);
       chunks.back().begin_step(stage_group, ep_group, pool,
                                StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
     }
     const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
     const double loss = mesh_forward_backward(std::span(chunks), pp_group, stage_group, mine, seq, inputs, targets,
                                               float(1.0 / counted));
-    for (auto& chunk : chunks)
-      for (const auto& p : chunk.parameters())
-        if (p.over_dp && p.gradient->numel() > 0)  // the MoE tensors are reduced over the expert group already
-          dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
+    // ZeRO-0's step leaves every gradient summed: the dense tensors' over dp, the MoE tensors' over edp (they are
+    // reduced over the expert group already).
+    for (auto& chunk : chunks) {
+      MeshOptimizer optimizer(chunk, ZeroStage::zero, m.dp, replica, ops::AdamWConfig{}, int(experts.edp.size()),
+                              experts.edp_rank);
+      optimizer.step(dp_group, experts.edp, 1e-3f, 1);
+    }
     const std::lock_guard guard(lock);
     loss_sum += loss;
     for (int c = 0; c < m.v; ++c) {
       auto& chunk = chunks[std::size_t(c)];
       record_stack(got, chunk.stack(), moe, int(chunk_range(config.layers, stages, c * m.pp + stage_index).start),
-                   group_rank, ep, ep_rank, tp, tp > 1 ? group_rank : -1);
+                   group_rank, ep, ep_rank, etp, tp > 1 ? group_rank % etp : -1);
       for (const auto& p : chunk.parameters()) {
         if (chunk.first() && p.gradient->shape() == Shape{config.vocab, config.layer.hidden})
           record(got, "embedding", p.gradient->span());
@@ -290,16 +307,40 @@ TEST_CASE("etp folded over tp: each expert split by columns over the tp group (u
   check_experts_in_mesh(Mesh{1, 2, 1, 1, 3, 1, 4, 2}, 3);
 }
 
+TEST_CASE("etp < tp: each expert split by columns over etp consecutive ranks of the tp group and replicated over the "
+          "tp / etp column groups (their router statistics and MoE gradients summed over edp), alone and with "
+          "ep < dp, with pp stages, trains as the single tp group: the loss and every gradient of every rank") {
+  using namespace mesh_experts_test;
+  // {dp, pp, cp = 1, v, layers, first dense, experts, rows, ep, etp} on tp = 2 and 4.
+  check_experts_in_mesh(Mesh{2, 1, 1, 1, 2, 1, 5, 3, 0, 1}, 2);
+  check_experts_in_mesh(Mesh{2, 2, 1, 1, 3, 1, 5, 4, 1, 1}, 2);
+  check_experts_in_mesh(Mesh{1, 1, 1, 1, 2, 1, 5, 2, 0, 2}, 4);
+  check_experts_in_mesh(Mesh{2, 1, 1, 1, 2, 0, 5, 2, 1, 2}, 4);
+  check_experts_in_mesh(Mesh{1, 2, 1, 1, 3, 1, 5, 2, 0, 1}, 4);
+}
+
+TEST_CASE("expert data parallelism (ep < dp x cp: the experts replicated over edp = dp x cp / ep expert groups, the "
+          "all-to-alls inside each, the router statistics and the MoE gradients summed over edp) trains as the single "
+          "group: the loss and every gradient of every rank, with pp stages, interleaving and uneven rows") {
+  using namespace mesh_experts_test;
+  // {dp, pp, cp, v, layers, first dense, experts, rows, ep}; dp x cp = 4 over ep = 1, 2 (and 4, the folded case above).
+  for (const Mesh& m : {Mesh{4, 1, 1, 1, 2, 1, 5, 6, 2}, Mesh{4, 1, 1, 1, 2, 0, 5, 4, 1}, Mesh{2, 1, 2, 1, 2, 1, 7, 3, 2},
+                        Mesh{2, 2, 2, 1, 3, 1, 7, 4, 2}, Mesh{4, 2, 1, 1, 3, 1, 5, 8, 1}, Mesh{2, 2, 1, 2, 5, 1, 5, 4, 1},
+                        Mesh{4, 1, 1, 1, 2, 1, 5, 4, 4}})
+    check_experts_in_mesh(m, 1);
+}
+
 namespace mesh_experts_test {
 
 // Two steps of the MoE GPT on mesh `m` with `zero`; returns each step's loss and records, after each step, every
-// tensor of every rank in full (ZeRO-3's chunks gathered over dp), gradients and weights, by (rank, step, index).
+// tensor of every rank in full (ZeRO-3's chunks gathered over dp), gradients (those ZeRO stage `compared` leaves
+// summed) and weights, by (rank, step, index).
 std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage zero, std::int64_t seq,
                              const StackPlan& plan, const std::vector<std::vector<std::int32_t>>& inputs,
                              const std::vector<std::vector<std::int32_t>>& targets,
-                             std::map<std::string, std::vector<float>>& out) {
+                             std::map<std::string, std::vector<float>>& out, ZeroStage compared) {
   const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", 1}});
-  const int steps = int(inputs.size()), ep = m.dp * m.cp;
+  const int steps = int(inputs.size()), ep = m.ep > 0 ? m.ep : m.dp * m.cp, edp = m.dp * m.cp / ep;
   std::vector<double> losses(std::size_t(steps), 0.0);
   std::mutex lock;
   const double counted = double(m.rows * seq);
@@ -308,14 +349,16 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
     ThreadCommunicator dp_group = mesh.group(world, {"dp"});
     ThreadCommunicator pp_group = mesh.group(world, {"pp"});
     ThreadCommunicator cp_group = mesh.group(world, {"cp", "tp"});
-    ThreadCommunicator ep_group = mesh.group(world, {"dp", "cp"});
     const MeshCoordinate at = mesh.coordinate(world.rank());
     const int replica = at[0], stage_index = at[1], cp_rank = at[2];
+    ExpertGroups<ThreadCommunicator> experts = expert_groups(world, mesh, ep, 1);
+    ThreadCommunicator& ep_group = experts.ep;
     const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
     MeshGptStage<Strategies, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.cp, cp_rank, ep,
-                                                       replica * m.cp + cp_rank, 7);
+                                                       experts.ep_rank, 7);
+    stage.set_expert_replicas(experts.edp);
     if (zero == ZeroStage::three) stage.shard_over_dp(dp_group);
-    MeshOptimizer optimizer(stage, zero, m.dp, replica, adamw);
+    MeshOptimizer optimizer(stage, zero, m.dp, replica, adamw, edp, experts.edp_rank);
     BufferPool pool;
     const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
     const auto record_all = [&](int k, bool gradients) {
@@ -337,6 +380,10 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
         if (over_dp && zero == ZeroStage::three) continue;
         for (const auto& p : stage.parameters()) {
           if (p.over_dp != over_dp) continue;
+          // The gradients `compared` leaves unsummed are not recorded: ZeRO-2's over dp, and over edp the MoE
+          // tensors' under ZeRO-2 and 3 (whose experts take ZeRO-2 over edp).
+          if (gradients && over_dp && compared == ZeroStage::two) continue;
+          if (gradients && !over_dp && edp > 1 && compared >= ZeroStage::two) continue;
           const Tensor<float>* t = gradients ? p.gradient : p.value;
           tensors.emplace_back(t->span().begin(), t->span().end());
         }
@@ -351,7 +398,7 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
                        seq);
       const double loss = mesh_forward_backward(stage, pp_group, cp_group, mine, seq, inputs[std::size_t(k)],
                                                 targets[std::size_t(k)], float(1.0 / counted));
-      optimizer.step(dp_group, adamw.learning_rate, k + 1);  // ZeRO-0 leaves the dense gradients summed over dp
+      optimizer.step(dp_group, experts.edp, adamw.learning_rate, k + 1);  // ZeRO-0 leaves the gradients summed
       record_all(k, true);
       record_all(k, false);
       const std::lock_guard guard(lock);
@@ -369,10 +416,17 @@ TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedd
           "of two steps") {
   using namespace mesh_experts_test;
   const std::int64_t seq = 8;
-  for (const Mesh& m : {Mesh{2, 1, 2, 1, 2, 1, 5, 2}, Mesh{2, 2, 1, 1, 3, 1, 5, 4}, Mesh{3, 2, 1, 1, 3, 1, 7, 6}}) {
+  // With expert data parallelism (ep < dp x cp): dp = 2 x cp = 2 over ep = 2 and 1, dp = 4 x pp = 2 over ep = 2, each
+  // ZeRO stage against ZeRO-0 (the MoE tensors' optimizer over edp: ZeRO-1, ZeRO-2, ZeRO-2 under ZeRO-3).
+  for (const Mesh& m : {Mesh{2, 1, 2, 1, 2, 1, 5, 2}, Mesh{2, 2, 1, 1, 3, 1, 5, 4}, Mesh{3, 2, 1, 1, 3, 1, 7, 6},
+                        Mesh{2, 1, 2, 1, 2, 1, 5, 2, 2}, Mesh{2, 1, 2, 1, 2, 0, 3, 2, 1}, Mesh{4, 2, 1, 1, 3, 1, 5, 8, 2}})
+   for (const ZeroStage zero : m.ep > 0 ? std::vector{ZeroStage::one, ZeroStage::two, ZeroStage::three}
+                                        : std::vector{ZeroStage::three}) {
     CAPTURE(m.dp);
     CAPTURE(m.pp);
     CAPTURE(m.cp);
+    CAPTURE(m.ep);
+    CAPTURE(name_of(zero));
     GptConfig config;
     config.layer = LayerConfig::make(40, 4);  // 40-wide norms and matrices: uneven chunks over dp = 3
     config.layer.causal = config.layer.zigzag = config.layer.rope = true;
@@ -405,8 +459,8 @@ TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedd
         targets[std::size_t(k)].push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
       }
     std::map<std::string, std::vector<float>> want, got;
-    const std::vector<double> zero0 = zero_run(config, m, ZeroStage::zero, seq, plan, inputs, targets, want);
-    const std::vector<double> zero3 = zero_run(config, m, ZeroStage::three, seq, plan, inputs, targets, got);
+    const std::vector<double> zero0 = zero_run(config, m, ZeroStage::zero, seq, plan, inputs, targets, want, zero);
+    const std::vector<double> zero3 = zero_run(config, m, zero, seq, plan, inputs, targets, got, zero);
     for (int k = 0; k < steps; ++k) CHECK(zero3[std::size_t(k)] == doctest::Approx(zero0[std::size_t(k)]).epsilon(1e-6));
     CHECK(zero0[1] != zero0[0]);  // the second step runs on updated weights
     REQUIRE(got.size() == want.size());

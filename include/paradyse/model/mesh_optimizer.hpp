@@ -25,6 +25,10 @@ namespace paradyse {
 // with weight decay, the final norm without), a plain AdamW step for the MoE tensors (reduced over the expert group);
 // under ZeRO-3 a plain AdamW step of each owned chunk (its gradient already summed over dp), and of the MoE tensors
 // as without.
+// Expert data parallelism (the MoE tensors replicated over an edp group of `expert_replicas` ranks, the stage's
+// set_expert_replicas): each MoE tensor has a DataParallelOptimizer over edp instead, summing its gradient over
+// the edp group, with ZeRO stage --zero over edp, ZeRO-2 under ZeRO-3 (the routed experts' gradients and optimizer
+// state sharded over edp, their parameters whole); step then takes the edp group.
 //
 // Checkpoints (model/mesh_checkpoint.hpp): gather_moment gives a moment of one of the stage's tensors whole (as the
 // stage holds the tensor without dp sharding), gathered over dp where ZeRO shards it; scatter_moment sets this
@@ -32,15 +36,21 @@ namespace paradyse {
 class MeshOptimizer {
 public:
   template <class Stage>
-  MeshOptimizer(Stage& stage, ZeroStage zero, int replicas, int replica, const ops::AdamWConfig& adamw) {
+  MeshOptimizer(Stage& stage, ZeroStage zero, int replicas, int replica, const ops::AdamWConfig& adamw,
+                int expert_replicas = 1, int expert_replica = 0) {
+    check(expert_replicas >= 1 && expert_replica >= 0 && expert_replica < expert_replicas, "MeshOptimizer: expert "
+          "replica {} of {}", expert_replica, expert_replicas);
     replicas_ = replicas;
     replica_ = replica;
+    expert_replicas_ = expert_replicas;
+    expert_replica_ = expert_replica;
+    const ZeroStage expert_zero = zero == ZeroStage::three ? ZeroStage::two : zero;
     if (zero == ZeroStage::three) {
       check(stage.sharded(), "MeshOptimizer: ZeRO-3 needs the stage sharded over dp first (shard_over_dp)");
       std::size_t index = 0;
       for (Zero3Tensor& t : stage.zero3_shards()) {
         // The tensor's state is split over dp: this replica holds its chunk, as the parts below.
-        pieces_.push_back({index++, 0, shape_elements(t.shape()), true, {}, {}});
+        pieces_.push_back({index++, 0, shape_elements(t.shape()), true, {}, {}, {}});
         // The chunk's elements below t.decayed() take weight decay, the others none (the head's final norm rows).
         const std::int64_t start = t.chunk().start, length = t.chunk().length;
         const std::int64_t decayed = std::clamp<std::int64_t>(t.decayed() - start, 0, length);
@@ -59,8 +69,12 @@ public:
       }
       // The MoE tensors, whole on every rank of their expert group. Their state is not addressable by tensor index
       // here (the indices above are zero3_shards()'s): gather_moment refuses a stage that holds them.
-      for (const auto& p : stage.parameters())
-        if (!p.over_dp && add_local(*p.value, *p.gradient, p.decays, adamw)) unindexed_locals_ = true;
+      for (const auto& p : stage.parameters()) {
+        if (p.over_dp || p.value->numel() == 0) continue;
+        unindexed_locals_ = true;
+        if (expert_replicas_ == 1) add_local(*p.value, *p.gradient, p.decays, adamw);
+        else add_expert(*p.value, *p.gradient, p.decays, expert_zero, adamw);
+      }
       return;
     }
     const auto parameters = stage.parameters();
@@ -68,9 +82,14 @@ public:
       const auto& p = parameters[index];
       const std::int64_t n = p.value->numel();
       if (n == 0) continue;
-      if (!p.over_dp) {
+      if (!p.over_dp && expert_replicas_ == 1) {
         add_local(*p.value, *p.gradient, p.decays, adamw);
-        pieces_.push_back({index, 0, n, false, {}, {local_.size() - 1}});
+        pieces_.push_back({index, 0, n, false, {}, {local_.size() - 1}, {}});
+        continue;
+      }
+      if (!p.over_dp) {
+        add_expert(*p.value, *p.gradient, p.decays, expert_zero, adamw);
+        pieces_.push_back({index, 0, n, expert_zero != ZeroStage::zero, {}, {}, {expert_entries_.size() - 1}});
         continue;
       }
       const bool head = stage.last() && p.value == parameters.back().value;
@@ -78,11 +97,11 @@ public:
       const bool chunked = zero != ZeroStage::zero;  // ZeRO-1/2: each replica holds the state of its chunk
       if (decayed > 0) {
         add(p.value->span().subspan(0, std::size_t(decayed)), p.gradient->span().subspan(0, std::size_t(decayed)), true, zero, replicas, replica, adamw);
-        pieces_.push_back({index, 0, decayed, chunked, {entries_.size() - 1}, {}});
+        pieces_.push_back({index, 0, decayed, chunked, {entries_.size() - 1}, {}, {}});
       }
       if (n > decayed) {
         add(p.value->span().subspan(std::size_t(decayed)), p.gradient->span().subspan(std::size_t(decayed)), false, zero, replicas, replica, adamw);
-        pieces_.push_back({index, decayed, n - decayed, chunked, {entries_.size() - 1}, {}});
+        pieces_.push_back({index, decayed, n - decayed, chunked, {entries_.size() - 1}, {}, {}});
       }
     }
   }
@@ -93,6 +112,13 @@ public:
   // in the same order. Elements no optimizer steps (none today) come back 0.
   template <Communicator C>
   std::vector<float> gather_moment(C& dp, int which, std::size_t tensor, std::int64_t elements) {
+    check(expert_entries_.empty(), "MeshOptimizer::gather_moment: the MoE tensors are replicated over {} expert data "
+          "parallel ranks: give their group (gather_moment(dp, edp, ...))", expert_replicas_);
+    return gather_moment(dp, dp, which, tensor, elements);
+  }
+  // The same with the MoE tensors' state gathered over `edp` where ZeRO splits it there; collective over dp and edp.
+  template <Communicator C>
+  std::vector<float> gather_moment(C& dp, C& edp, int which, std::size_t tensor, std::int64_t elements) {
     check(which == 1 || which == 2, "MeshOptimizer::gather_moment: moment {}, expected 1 (m) or 2 (v)", which);
     check(!unindexed_locals_, "MeshOptimizer::gather_moment: the optimizer state of MoE tensors under ZeRO-3 cannot "
           "be saved yet");
@@ -107,9 +133,11 @@ public:
         std::copy(mine.begin(), mine.end(), to.begin());
         continue;
       }
+      const bool expert = !piece.expert_entries.empty();
+      const int replicas = expert ? expert_replicas_ : replicas_;
       std::vector<std::int64_t> counts;
-      for (int r = 0; r < replicas_; ++r) counts.push_back(chunk_range(piece.length, replicas_, r).length);
-      dp.all_gather_v(std::span<const float>(mine), to, std::span<const std::int64_t>(counts));
+      for (int r = 0; r < replicas; ++r) counts.push_back(chunk_range(piece.length, replicas, r).length);
+      (expert ? edp : dp).all_gather_v(std::span<const float>(mine), to, std::span<const std::int64_t>(counts));
     }
     return full;
   }
@@ -121,7 +149,10 @@ public:
       if (piece.tensor != tensor) continue;
       check(piece.start + piece.length <= std::int64_t(full.size()), "MeshOptimizer::scatter_moment: tensor {} of "
             "{} elements, the optimizer steps {}", tensor, full.size(), piece.start + piece.length);
-      const ChunkRange own = piece.chunked ? chunk_range(piece.length, replicas_, replica_) : ChunkRange{0, piece.length};
+      const bool expert = !piece.expert_entries.empty();
+      const ChunkRange own = !piece.chunked ? ChunkRange{0, piece.length}
+                             : expert      ? chunk_range(piece.length, expert_replicas_, expert_replica_)
+                                           : chunk_range(piece.length, replicas_, replica_);
       std::span<const float> from = full.subspan(std::size_t(piece.start + own.start), std::size_t(own.length));
       for (std::span<float> part : parts(piece, which)) {
         std::copy(from.begin(), from.begin() + std::ptrdiff_t(part.size()), part.begin());
@@ -134,6 +165,20 @@ public:
   // One AdamW step (step >= 1) at learning rate lr; collective over the dp group.
   template <Communicator C>
   void step(C& dp, float learning_rate, std::int64_t step) {
+    check(expert_entries_.empty(), "MeshOptimizer::step: the MoE tensors are replicated over {} expert data parallel "
+          "ranks: give their group (step(dp, edp, ...))", expert_replicas_);
+    this->step(dp, dp, learning_rate, step);
+  }
+  // The same with the MoE tensors' gradients summed over `edp` (expert data parallelism); collective over both.
+  template <Communicator C>
+  void step(C& dp, C& edp, float learning_rate, std::int64_t step) {
+    check(edp.size() == expert_replicas_ || expert_entries_.empty(), "MeshOptimizer::step: an edp group of {} ranks, "
+          "built for {}", edp.size(), expert_replicas_);
+    for (Entry& e : expert_entries_) {
+      e.config.learning_rate = learning_rate;
+      e.optimizer.set_config(e.config);
+      e.optimizer.step(edp, e.params, e.grads, step);
+    }
     for (Entry& e : entries_) {
       e.config.learning_rate = learning_rate;
       e.optimizer.set_config(e.config);
@@ -148,6 +193,7 @@ public:
   std::int64_t state_bytes() const {
     std::int64_t n = 0;
     for (const Entry& e : entries_) n += e.optimizer.state_bytes();
+    for (const Entry& e : expert_entries_) n += e.optimizer.state_bytes();
     for (const Local& e : local_) n += 2 * e.m.numel() * std::int64_t(sizeof(float));
     return n;
   }
@@ -179,14 +225,21 @@ private:
     entries_.push_back({params, grads, adamw, DataParallelOptimizer<>(zero, replicas, replica, std::int64_t(params.size()), adamw)});
     entries_.back().optimizer.set_reduce_op(ReduceOp::sum);  // each replica's gradient is scaled to the whole batch
   }
+  // A MoE tensor replicated over the edp group: its gradients summed over it, its state split by `zero` (0 to 2).
+  void add_expert(Tensor<float>& value, Tensor<float>& gradient, bool decays, ZeroStage zero, ops::AdamWConfig adamw) {
+    if (!decays) adamw = without_decay(adamw);
+    expert_entries_.push_back({value.span(), gradient.span(), adamw,
+                               DataParallelOptimizer<>(zero, expert_replicas_, expert_replica_, value.numel(), adamw)});
+    expert_entries_.back().optimizer.set_reduce_op(ReduceOp::sum);  // each group's gradient is scaled to the batch
+  }
   // The optimizer state of one range [start, start + length) of a stage's tensor: whole on this replica, or chunked
   // over dp (this replica holds chunk_range(length, dp, replica) of it); held as the moments of the entries, then of
   // the locals, listed (their concatenation is what this replica holds).
   struct Piece {
     std::size_t tensor;
     std::int64_t start, length;
-    bool chunked;
-    std::vector<std::size_t> entries, locals;
+    bool chunked;  // over dp, or for the MoE tensors' expert entries over edp
+    std::vector<std::size_t> entries, locals, expert_entries;
   };
   static std::int64_t shape_elements(const Shape& shape) {
     std::int64_t n = 1;
@@ -198,6 +251,8 @@ private:
     for (std::size_t e : piece.entries)
       out.push_back(which == 1 ? entries_[e].optimizer.moment1() : entries_[e].optimizer.moment2());
     for (std::size_t l : piece.locals) out.push_back(which == 1 ? local_[l].m.span() : local_[l].v.span());
+    for (std::size_t e : piece.expert_entries)
+      out.push_back(which == 1 ? expert_entries_[e].optimizer.moment1() : expert_entries_[e].optimizer.moment2());
     return out;
   }
   std::vector<float> held(const Piece& piece, int which) {
@@ -206,9 +261,11 @@ private:
     return out;
   }
   std::vector<Entry> entries_;
+  std::vector<Entry> expert_entries_;  // expert data parallelism: the MoE tensors over edp
   std::vector<Local> local_;
   std::vector<Piece> pieces_;
   int replicas_ = 1, replica_ = 0;
+  int expert_replicas_ = 1, expert_replica_ = 0;
   bool unindexed_locals_ = false;  // ZeRO-3 with MoE tensors: their locals have no Piece
 };
 

@@ -17,7 +17,11 @@
 //   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group; with pp
 //       stages each stage's MoE layers over its own expert group (the dp x cp ranks of that stage), every replica
 //       running as many micro-batches (the all-to-alls of micro-batch i meet the other replicas' micro-batch i);
-//       the router losses (aux, z) enter as their mean over a step's micro-batches.
+//       the router losses (aux, z) enter as their mean over a step's micro-batches. Expert data parallelism
+//       (ep < dp x cp): the stage's dp x cp ranks split into edp expert groups of ep consecutive ranks, each holding
+//       every expert (set_expert_replicas): the all-to-alls run inside each expert group, the router statistics are
+//       summed over the edp group as well (so the router losses are the micro-batch's, as with one expert group),
+//       and MeshOptimizer sums the MoE tensors' gradients over the edp group.
 //
 // Weights are drawn from the seed as Gpt(config, cp, cp_rank, seed) draws them (gpt_detail::init_row), so a mesh
 // trains the single group's model. Pipeline activations: a stage keeps only each in-flight micro-batch's input and
@@ -61,11 +65,16 @@ public:
   // Stage `stage` of `stages` holds layers `layers` (global indices) of `config`, sharded over cp rank `cp_rank`
   // of `cp_size` (the MoE layers' experts over ep rank `ep_rank` of `ep_size`), drawn from `seed` as
   // Gpt(config, cp_size, cp_rank, seed) draws them. With `expert_columns` (etp folded over tp: the stage's group is a
-  // tp group) each expert is further split by columns over the stage's group (moe/expert_columns.hpp).
+  // tp group) each expert is further split by columns over the stage's group (moe/expert_columns.hpp), or with
+  // `etp` > 0 over the etp consecutive ranks of it that hold this rank (etp < tp: the experts replicated over the
+  // tp / etp column groups; set_expert_column_group gives the group).
   MeshGptStage(const GptConfig& config, int stage, int stages, ChunkRange layers, int cp_size, int cp_rank,
-               int ep_size, int ep_rank, std::uint64_t seed, bool expert_columns = false)
+               int ep_size, int ep_rank, std::uint64_t seed, bool expert_columns = false, int etp = 0)
       : config_(config), first_(stage == 0), last_(stage == stages - 1), layers_(layers),
-        stack_(make_stack(config, layers, cp_size, cp_rank, ep_size, ep_rank, seed, expert_columns)) {
+        stack_(make_stack(config, layers, cp_size, cp_rank, ep_size, ep_rank, seed, expert_columns,
+                          etp > 0 ? etp : cp_size)) {
+    check(etp >= 0 && (etp == 0 || cp_size % etp == 0), "MeshGptStage: etp = {} must divide the stage's group of {} "
+          "ranks", etp, cp_size);
     stack_.set_expert_columns_over_group(expert_columns && config.moe);
     const std::int64_t v = config.vocab, h = config.layer.hidden;
     check(!config.tied_head, "--mesh: the GPT's head is untied");
@@ -146,22 +155,38 @@ public:
     });
   }
   bool sharded() const noexcept { return !zero3_.empty(); }
+
+  // etp < tp: the expert columns over `etp` (kept for the run), the etp consecutive ranks of the stage's group
+  // holding this rank, instead of the whole group.
+  void set_expert_column_group(C& etp) { columns_ = &etp; }
+
+  // Expert data parallelism: this rank's MoE shards (its experts, the router, the shared experts) are replicated over
+  // `edp` (kept for the run), the ranks of the other expert groups of the stage holding the same experts and
+  // running other tokens of the same micro-batches. Their router statistics are summed over it (the router losses of
+  // the whole micro-batch); their gradients are partial until summed over it (MeshOptimizer's expert replicas).
+  void set_expert_replicas(C& edp) {
+    edp_ = &edp;
+    if (edp.size() > 1)
+      stack_.set_router_statistics_over_replicas([this](std::span<double> stats) {
+        edp_->all_reduce(std::span<const double>(stats), stats, ReduceOp::sum);
+      });
+  }
   // ZeRO-3: every sharded tensor of this rank (per layer attention, MLP, norms; then the embedding, the head).
   std::span<Zero3Tensor> zero3_shards() noexcept { return zero3_; }
 
   Saved forward(int micro_batch, TensorView<const float> x, TensorView<float> y) {
-    stack_.forward(*cp_, *ep_, *pool_, plan_, seq_len_, x, y);
+    stack_.forward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, plan_, seq_len_, x, y);
     held_ = micro_batch;
     return Saved{Tensor<float>::copy_of(x)};
   }
   void backward(int micro_batch, Saved& saved, TensorView<const float> dy, TensorView<float> dx) {
     if (held_ != micro_batch) {  // recompute the forward of this micro-batch
       PooledBuffer<float> y = pool_->acquire<float>(saved.input.shape());
-      stack_.forward(*cp_, *ep_, *pool_, plan_, seq_len_, saved.input.view(), y.view());
+      stack_.forward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, plan_, seq_len_, saved.input.view(), y.view());
     }
     if (sharded())  // the norm gradients are written after every layer's backward: allocated around the whole
       for (std::size_t l = 0; l < stack_.weights().size(); ++l) zero3_[3 * l + 2].begin_gradient();
-    stack_.backward(*cp_, *ep_, *pool_, dy, dx);
+    stack_.backward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, dy, dx);
     if (sharded())
       for (std::size_t l = 0; l < stack_.weights().size(); ++l) zero3_[3 * l + 2].reduce_gradient(*dp_);
     held_ = -1;
@@ -218,7 +243,8 @@ public:
 
   // Every (parameter, gradient, decays, replicated over dp) of this rank, in a fixed order (the same on every dp
   // replica for those replicated over dp; the MoE layers' expert shards, router and shared experts are not: their
-  // gradients are already reduced over the expert group, which spans dp).
+  // gradients are already reduced over the expert group, which spans dp, and are summed over the expert data
+  // parallel group, if any, by the optimizer: set_expert_replicas).
   struct Parameter {
     Tensor<float>* value;
     Tensor<float>* gradient;
@@ -258,7 +284,7 @@ private:
   // This stage's slice of the layers; with MoE layers, dense shards over cp and expert shards over ep, each drawn
   // from seed + global layer index as Gpt's stack draws them.
   static Stack make_stack(const GptConfig& config, ChunkRange layers, int cp_size, int cp_rank, int ep_size,
-                          int ep_rank, std::uint64_t seed, bool expert_columns) {
+                          int ep_rank, std::uint64_t seed, bool expert_columns, int etp) {
     const int count = int(layers.length);
     const std::uint64_t first = seed + std::uint64_t(layers.start);
     if (!config.moe || config.moe->first_k_dense >= layers.end()) return Stack(config.layer, count, cp_size, cp_rank, first);
@@ -270,7 +296,7 @@ private:
       if (!moe.is_moe(l)) experts.push_back(MoeShard{});
       else if (!expert_columns) experts.push_back(init_moe_shard(moe.moe, ep_size, ep_rank, first + std::uint64_t(l)));
       else experts.push_back(etp_columns(init_moe_shard(moe.moe, ep_size, ep_rank, first + std::uint64_t(l)), moe.moe,
-                                         cp_size, cp_rank));
+                                         etp, cp_rank % etp));
     }
     return Stack(config.layer, std::move(dense), std::move(experts), moe, cp_size);
   }
@@ -286,6 +312,8 @@ private:
   StackPlan plan_;
   std::int64_t seq_len_ = 0;
   int held_ = -1;  // the micro-batch whose activations the stack holds (-1: none)
+  C* edp_ = nullptr;               // expert data parallelism: the replicas of this rank's experts
+  C* columns_ = nullptr;           // etp < tp: the expert columns' group (none: the stage's group)
   C* dp_ = nullptr;                // ZeRO-3: the dp group
   std::vector<Zero3Tensor> zero3_;  // ZeRO-3: this rank's chunks (empty: not sharded)
 };

@@ -63,11 +63,16 @@ inline MoeLayerStats moe_layer_stats(int layer, const MoeSaved& s) {
 
 namespace moe_half_detail {
 
-// Every rank's row count of `comm`'s sequence layout (b * n_q), in rank order.
-template <Communicator C>
-std::vector<std::int64_t> rows_of_group(const SublayerContext& ctx, C& comm) {
+// The row counts of `comm`'s sequence layout (b * n_q) of the ranks of `columns`, consecutive ranks of `comm` (all of
+// it, or with etp < tp the etp group of this rank), in rank order.
+template <Communicator C, Communicator T>
+std::vector<std::int64_t> rows_of_group(const SublayerContext& ctx, C& comm, T& columns) {
+  const int first = int(comm.rank()) - int(columns.rank());
+  check(first >= 0 && first + int(columns.size()) <= int(comm.size()), "moe_half: the column group (rank {} of {}) "
+        "is not consecutive ranks of the layer's group (rank {} of {})", columns.rank(), columns.size(), comm.rank(),
+        comm.size());
   std::vector<std::int64_t> rows;
-  for (int q = 0; q < int(comm.size()); ++q) rows.push_back(ctx.local_rows(q));
+  for (int q = first; q < first + int(columns.size()); ++q) rows.push_back(ctx.local_rows(q));
   return rows;
 }
 
@@ -81,10 +86,19 @@ std::vector<std::int64_t> rows_of_group(const SublayerContext& ctx, C& comm) {
 // shard (owned_experts over expert_comm) and the rows are still this rank's of `comm`'s sequence layout.
 // With `columns_over_comm` each expert's FFN is split by columns over `comm` as well (etp = comm's size, folded over
 // tp: moe/expert_columns.hpp): `moe` then holds the column view (etp_view) and `experts` this rank's column shard.
+// With a `column_comm` the columns are split over it instead: consecutive ranks of `comm` (etp < tp, the experts
+// replicated over the tp / etp column groups of `comm`).
 template <class Backend = ops::Cpu, Communicator C, Communicator E, class Saved>
 MoeSaved moe_half_forward(std::size_t strategy, C& comm, E& expert_comm, const SublayerContext& ctx,
                           const MoeContext& moe, const LayerWeights& w, const MoeShard& experts, Saved& saved,
                           TensorView<float> z, bool columns_over_comm = false) {
+  return moe_half_forward<Backend>(strategy, comm, expert_comm, comm, ctx, moe, w, experts, saved, z,
+                                   columns_over_comm);
+}
+template <class Backend = ops::Cpu, Communicator C, Communicator E, Communicator T, class Saved>
+MoeSaved moe_half_forward(std::size_t strategy, C& comm, E& expert_comm, T& column_comm, const SublayerContext& ctx,
+                          const MoeContext& moe, const LayerWeights& w, const MoeShard& experts, Saved& saved,
+                          TensorView<float> z, bool columns_over_comm) {
   const LayerConfig& c = ctx.layer();
   const std::int64_t rows = ctx.local_rows(comm.rank());
   auto stat = [&](int i) { return saved.stats.view().slice(0, i, 1).reshape(Shape{rows}); };
@@ -93,7 +107,8 @@ MoeSaved moe_half_forward(std::size_t strategy, C& comm, E& expert_comm, const S
     PooledBuffer<float> normed = ctx.pool->acquire<float>(saved.y.shape());
     norm_forward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), w.norms.norm2_beta(), normed.view(), stat(2), stat(3));
     if (columns_over_comm)
-      out = etp_moe_forward<Backend>(strategy, comm, expert_comm, moe, experts, moe_half_detail::rows_of_group(ctx, comm),
+      out = etp_moe_forward<Backend>(strategy, column_comm, expert_comm, moe, experts,
+                                     moe_half_detail::rows_of_group(ctx, comm, column_comm),
                                      TensorView<const float>(normed.view()), z);
     else
       out = MoeStrategies<Backend>::forward(strategy, expert_comm, moe, experts, normed.view(), z);
@@ -117,6 +132,14 @@ void moe_half_backward(C& comm, E& expert_comm, const SublayerContext& ctx, cons
                        const LayerWeights& w, const MoeShard& experts, Saved& saved, MoeSaved& moe_saved,
                        TensorView<const float> dz, TensorView<float> dy, MoeShard& grad,
                        TensorView<float> norm_partial, bool columns_over_comm = false) {
+  moe_half_backward<Backend>(comm, expert_comm, comm, ctx, moe, w, experts, saved, moe_saved, dz, dy, grad,
+                             norm_partial, columns_over_comm);
+}
+template <class Backend = ops::Cpu, Communicator C, Communicator E, Communicator T, class Saved>
+void moe_half_backward(C& comm, E& expert_comm, T& column_comm, const SublayerContext& ctx, const MoeContext& moe,
+                       const LayerWeights& w, const MoeShard& experts, Saved& saved, MoeSaved& moe_saved,
+                       TensorView<const float> dz, TensorView<float> dy, MoeShard& grad,
+                       TensorView<float> norm_partial, bool columns_over_comm) {
   const LayerConfig& c = ctx.layer();
   const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
   auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
@@ -124,8 +147,8 @@ void moe_half_backward(C& comm, E& expert_comm, const SublayerContext& ctx, cons
   Backend::copy(dz, dy);
   PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dz.shape());
   if (columns_over_comm)
-    etp_moe_backward<Backend>(comm, expert_comm, moe, experts, moe_saved, moe_half_detail::rows_of_group(ctx, comm), dz,
-                              dnormed.view(), grad);
+    etp_moe_backward<Backend>(column_comm, expert_comm, moe, experts, moe_saved,
+                              moe_half_detail::rows_of_group(ctx, comm, column_comm), dz, dnormed.view(), grad);
   else
     MoeStrategies<Backend>::backward(expert_comm, moe, experts, moe_saved, dz, dnormed.view(), grad);
   norm_backward<Backend>(c, saved.y.view(), w.norms.norm2_gamma(), stat(2), stat(3), dnormed.view(), dy, partial(2),

@@ -153,6 +153,11 @@ public:
   // mesh), the experts themselves over the expert group. The MoE shards must then be column shards (etp_columns).
   void set_expert_columns_over_group(bool on) noexcept { expert_columns_ = on; }
   bool expert_columns_over_group() const noexcept { return expert_columns_; }
+  // Expert data parallelism: `sum` adds the MoE layers' router statistics over the other expert groups of the same
+  // tokens (moe/moe_layer.hpp's MoeContext::sum_statistics_over_replicas); empty (the default): none.
+  void set_router_statistics_over_replicas(std::function<void(std::span<double>)> sum) {
+    router_statistics_over_replicas_ = std::move(sum);
+  }
   // Packed documents of the sequences of the next forwards (the global start of each, first 0: attention stays
   // within a document and RoPE restarts at each; strategy/policy.hpp's SublayerContext::document_starts); empty:
   // each sequence is one document. Kept (copied) until set again; checked against the sequence length by forward.
@@ -191,6 +196,13 @@ public:
   template <Communicator C, Communicator E>
   void forward(C& comm, E& expert_comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
                TensorView<const float> x, TensorView<float> out) {
+    forward(comm, expert_comm, comm, pool, plan, seq_len, x, out);
+  }
+  // The same with the expert columns (set_expert_columns_over_group) over `column_comm`, a group of consecutive
+  // ranks of `comm` (etp < tp: model/moe_half.hpp) instead of all of `comm`.
+  template <Communicator C, Communicator E, Communicator T>
+  void forward(C& comm, E& expert_comm, T& column_comm, BufferPool& pool, const StackPlan& plan, std::int64_t seq_len,
+               TensorView<const float> x, TensorView<float> out) {
     check(comm.size() == ranks_, "TransformerStack: built for {} ranks, run on a group of {}", ranks_, comm.size());
     check(x.rank() == 3, "TransformerStack: x {} must be [b, n_r, h]", x.shape());
     ctx_.emplace(config_, ranks_, x.extent(0), seq_len, pool);
@@ -217,10 +229,11 @@ public:
         LayerSaved<Strategies>& saved = saved_.emplace_back();
         saved.choice = plan[l];
         attention_half_forward<Backend>(strategies_, int(plan[l].attention), comm, *ctx_, weights_[l], input, saved);
-        const MoeConfig scaled = moe_view(comm);
-        const MoeContext moe(scaled, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
-        moe_saved_[l] = moe_half_forward<Backend>(plan[l].moe, comm, expert_comm, *ctx_, moe, weights_[l],
-                                                  moe_weights_[l], saved, output, expert_columns_);
+        const MoeConfig scaled = moe_view(column_comm);
+        MoeContext moe(scaled, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
+        moe.sum_statistics_over_replicas = router_statistics_over_replicas_;
+        moe_saved_[l] = moe_half_forward<Backend>(plan[l].moe, comm, expert_comm, column_comm, *ctx_, moe,
+                                                  weights_[l], moe_weights_[l], saved, output, expert_columns_);
         moe_stats_.push_back(moe_layer_stats(int(l), *moe_saved_[l]));
       } else {
         saved_.push_back(layer_forward<Backend>(strategies_, plan[l], comm, *ctx_, weights_[l], input, output));
@@ -235,9 +248,14 @@ public:
   void backward(C& comm, BufferPool& pool, TensorView<const float> dout, TensorView<float> dx) {
     backward(comm, comm, pool, dout, dx);
   }
-  // The same over the forward's expert group.
+  // The same over the forward's expert group (and column group).
   template <Communicator C, Communicator E>
   void backward(C& comm, E& expert_comm, BufferPool& pool, TensorView<const float> dout, TensorView<float> dx) {
+    backward(comm, expert_comm, comm, pool, dout, dx);
+  }
+  template <Communicator C, Communicator E, Communicator T>
+  void backward(C& comm, E& expert_comm, T& column_comm, BufferPool& pool, TensorView<const float> dout,
+                TensorView<float> dx) {
     check(ctx_.has_value() && saved_.size() == weights_.size(), "TransformerStack: backward without a forward");
     check(&pool == ctx_->pool, "TransformerStack: backward must use the buffer pool its forward used");
     const std::int64_t h = config_.hidden;
@@ -256,10 +274,11 @@ public:
       if (layer_hook_) layer_hook_(int(l), LayerUse::backward, true);
       if (is_moe_layer(int(l))) {
         PooledBuffer<float> dy = pool.acquire<float>(dout.shape());
-        const MoeConfig scaled = moe_view(comm);
+        const MoeConfig scaled = moe_view(column_comm);
         const MoeContext moe(scaled, pool, TopK{moe_top_k_.empty() ? 0 : moe_top_k_[l]});
-        moe_half_backward<Backend>(comm, expert_comm, *ctx_, moe, weights_[l], moe_weights_[l], saved_[l],
-                                   *moe_saved_[l], grad_in, dy.view(), moe_gradients_[l], partial, expert_columns_);
+        moe_half_backward<Backend>(comm, expert_comm, column_comm, *ctx_, moe, weights_[l], moe_weights_[l],
+                                   saved_[l], *moe_saved_[l], grad_in, dy.view(), moe_gradients_[l], partial,
+                                   expert_columns_);
         moe_saved_[l].reset();
         attention_half_backward<Backend>(strategies_, comm, *ctx_, weights_[l], saved_[l],
                                          TensorView<const float>(dy.view()), grad_out, gradients_[l], partial);
@@ -279,8 +298,8 @@ public:
   }
 
 private:
-  // The MoE config a layer runs with on group `comm`: the router loss coefficients times router_loss_scale_, and
-  // with expert columns over the group this rank's column view.
+  // The MoE config a layer runs with, its expert columns over group `comm`: the router loss coefficients times
+  // router_loss_scale_, and with expert columns this rank's column view.
   template <Communicator C>
   MoeConfig moe_view(C& comm) const {
     MoeConfig c = moe_->moe;
@@ -332,6 +351,7 @@ private:
   std::vector<std::int64_t> moe_top_k_;
   double router_loss_scale_ = 1.0;
   bool expert_columns_ = false;
+  std::function<void(std::span<double>)> router_statistics_over_replicas_;
   LayerHook layer_hook_;
   std::vector<std::optional<MoeSaved>> moe_saved_;
   std::vector<MoeLayerStats> moe_stats_;

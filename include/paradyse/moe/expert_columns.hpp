@@ -20,7 +20,9 @@
 //             divides their coefficients by T: summed over tp, each rank's 1/T share makes the whole. dx =
 //             reduce-scatter over tp; the router and shared-gate gradients are all-reduced over tp (after the ep
 //             all-reduce the strategy does), the column shards' gradients are this rank's own.
-// With T = 1 every step is the plain strategy.
+// With T = 1 every step is the plain strategy. The group may be part of the tp group (etp < tp: etp consecutive tp
+// ranks, the experts replicated over the tp / etp such groups; model/expert_groups.hpp): it gathers its own ranks'
+// rows only, and the router losses and gradients are then summed over the replicas by the caller.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"

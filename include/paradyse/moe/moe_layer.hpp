@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,11 @@ struct MoeContext {
   const MoeConfig* config = nullptr;
   BufferPool* pool = nullptr;
   TopK k = {};  // experts per token for this call (per layer, or per token)
+  // Expert data parallelism (the layer's tokens spread over several expert groups, each holding a replica of the
+  // experts): sums the router statistics, already summed over this call's group, over the other expert groups of the
+  // same tokens, so that the router losses (aux, z) and the load are the whole micro-batch's, as one group holding
+  // every token computes them (Megatron-Core's global load balancing). Empty: the group holds every token.
+  std::function<void(std::span<double>)> sum_statistics_over_replicas;
 
   MoeContext(const MoeConfig& c, BufferPool& p, TopK k_ = {}) : config(&c), pool(&p), k(k_) { c.validate(); }
   const MoeConfig& moe() const noexcept { return *config; }
@@ -153,6 +159,7 @@ MoeSaved forward(std::string_view strategy, const MoeContext& ctx, const MoeShar
   std::vector<double> stats = router_statistics(s.routing);
   stats.push_back(double(s.dispatch.dropped));
   all_reduce(std::span<double>(stats));
+  if (ctx.sum_statistics_over_replicas) ctx.sum_statistics_over_replicas(std::span<double>(stats));
   s.losses = router_losses(c, std::span<const double>(stats).first(stats.size() - 1));
   s.dropped = std::int64_t(stats.back());
 
