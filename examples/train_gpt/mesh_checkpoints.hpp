@@ -15,6 +15,7 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
 #include "paradyse/model/checkpoint.hpp"
+#include "paradyse/model/expert_groups.hpp"
 #include "paradyse/model/mesh_checkpoint.hpp"
 #include "paradyse/model/mesh_optimizer.hpp"
 #include "paradyse/model/mesh_stage.hpp"
@@ -45,9 +46,11 @@ public:
   // before any training: --load's file holds finite weights; --resume's checkpoint continues inside this run, on
   // the same data schedule (with --pack-documents the steps hold one sequence per dp replica, so another dp is
   // another schedule: refused, naming the mesh it was saved on), with finite weights and moments.
+  // With --experts `folding` is the mesh's ep and etp (model/expert_groups.hpp), and the saves take each rank's
+  // expert groups.
   MeshCheckpoints(const TrainingOptions& o, const GptConfig& config, const DeviceMesh& mesh, int n_steps,
-                  const std::string& data, bool reports)
-      : o_(o), mesh_(mesh) {
+                  const std::string& data, bool reports, ExpertFolding folding = {})
+      : o_(o), mesh_(mesh), folding_(folding) {
     // The file of --load or --resume validated for this model now (configuration, tensors, checksum), not by every
     // rank inside the training's collective call.
     struct Input {
@@ -87,10 +90,11 @@ public:
   // checkpoint states must be where its data continues, as this mesh's AdamW counts steps). Per rank.
   template <class Chunks>
   void load(int rank, Chunks& chunks, std::span<MeshOptimizer> optimizers) {
-    if (!o_.load.empty()) load_mesh_checkpoint(mesh_, rank, std::span(chunks), optimizers, o_.load);
+    if (!o_.load.empty()) load_mesh_checkpoint(mesh_, rank, std::span(chunks), optimizers, o_.load, {}, folding_);
     if (o_.resume.empty()) return;
     const std::int64_t step = load_mesh_checkpoint(mesh_, rank, std::span(chunks), optimizers, o_.resume,
-                                                   {.allow_missing_checksum = false, .optimizer_state = true});
+                                                   {.allow_missing_checksum = false, .optimizer_state = true},
+                                                   folding_);
     check(step == first_step(), "--resume {}: the checkpoint's optimizer has taken {} steps but its data continues "
           "at step {}; the mesh counts one optimizer step per step (a run that skipped steps cannot resume on a mesh)",
           o_.resume, step, first_step());
@@ -99,22 +103,25 @@ public:
   // On every rank (collective over `world`): the training checkpoint due before step `step`, or after the last step
   // (step = end_step()). A checkpoint that cannot be written is reported and the training goes on.
   // `first_local`: this rank is its process's first (it does the bookkeeping); `reports`: its process reports.
+  // `experts`: this rank's expert groups (with --experts).
   template <class C, class Chunks>
   void before_step(C& world, C& dp, C& cp, Chunks& chunks, std::span<MeshOptimizer> optimizers, int step,
-                   bool first_local, bool reports) {
-    if (checkpoints_->due_before(step)) save(world, dp, cp, chunks, optimizers, step, first_local, reports);
+                   bool first_local, bool reports, ExpertGroups<C>* experts = nullptr) {
+    if (checkpoints_->due_before(step)) save(world, dp, cp, chunks, optimizers, step, first_local, reports, experts);
   }
   template <class C, class Chunks>
   void at_end(C& world, C& dp, C& cp, Chunks& chunks, std::span<MeshOptimizer> optimizers, bool first_local,
-              bool reports) {
-    if (checkpoints_->due_at_end()) save(world, dp, cp, chunks, optimizers, end_step(), first_local, reports);
+              bool reports, ExpertGroups<C>* experts = nullptr) {
+    if (checkpoints_->due_at_end())
+      save(world, dp, cp, chunks, optimizers, end_step(), first_local, reports, experts);
   }
 
   // On every rank (collective over `world`), after the training: --save (the weights), unless a weight is not
   // finite (a last optimizer step that diverged; every rank learns it). Returns the exit status (1: not saved; the
   // reason printed when `reports`: this rank is the reporting process's first), 0 without --save.
   template <class C, class Chunks>
-  int save_final(C& world, C& dp, C& cp, Chunks& chunks, std::span<MeshOptimizer> optimizers, bool reports) {
+  int save_final(C& world, C& dp, C& cp, Chunks& chunks, std::span<MeshOptimizer> optimizers, bool reports,
+                 ExpertGroups<C>* experts = nullptr) {
     if (o_.save.empty()) return 0;
     int mine = 0, any = 0;
     const auto finite = [](std::span<const float> values) {
@@ -123,6 +130,8 @@ public:
     for (auto& chunk : chunks) {
       if (chunk.sharded()) {
         for (Zero3Tensor& t : chunk.zero3_shards()) mine = mine || !finite(t.value().span());
+        for (const auto& p : chunk.parameters())  // the MoE tensors, whole under ZeRO-3
+          if (!p.over_dp) mine = mine || !finite(p.value->span());
       } else {
         for (const auto& p : chunk.parameters()) mine = mine || !finite(p.value->span());
       }
@@ -135,7 +144,7 @@ public:
       return 1;
     }
     try {
-      save_mesh_checkpoint(mesh_, world, dp, cp, std::span(chunks), optimizers, end_step(), o_.save);
+      save_mesh_checkpoint(mesh_, world, dp, cp, std::span(chunks), optimizers, end_step(), o_.save, {}, experts);
     } catch (const CommError&) {
       throw;
     } catch (const Error& e) {  // every rank throws the writer's error (model/checkpoint_io.hpp)
@@ -151,11 +160,11 @@ public:
 private:
   template <class C, class Chunks>
   void save(C& world, C& dp, C& cp, Chunks& chunks, std::span<MeshOptimizer> optimizers, int next_step,
-            bool first_local, bool reports) {
+            bool first_local, bool reports, ExpertGroups<C>* experts) {
     std::string failure;
     try {
       save_mesh_checkpoint(mesh_, world, dp, cp, std::span(chunks), optimizers, next_step, checkpoints_->path_of(next_step),
-                           checkpoints_->save_options(next_step));
+                           checkpoints_->save_options(next_step), experts);
     } catch (const CommError&) {  // a rank lost: not a side output
       throw;
     } catch (const Error& e) {  // every rank throws the writer's error
@@ -165,6 +174,7 @@ private:
   }
   TrainingOptions o_;
   DeviceMesh mesh_;
+  ExpertFolding folding_;
   std::optional<TrainingCheckpoints> checkpoints_;
 };
 

@@ -461,7 +461,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
               "it)", o.mesh, k, micro_batches(0), d, micro_batches(d), pp > 1 ? "" : " (or at least dp)");
     }
   // Checkpoints (examples/train_gpt/mesh_checkpoints.hpp): --resume checked now, before any training.
-  MeshCheckpoints checkpoints(o, config, mesh, n_steps, mesh_data_description(o, n_steps, dp), ranks.reports());
+  MeshCheckpoints checkpoints(o, config, mesh, n_steps, mesh_data_description(o, n_steps, dp), ranks.reports(),
+                              experts ? ExpertFolding{ep, etp} : ExpertFolding{});
   std::vector<std::vector<std::optional<mesh_detail::StepPlan>>> plans(mesh_steps_.size());
   for (std::size_t k = 0; k < mesh_steps_.size(); ++k) {
     const data::MeshStep& step = mesh_steps_[k];
@@ -567,7 +568,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     const bool first_local = rank == ranks.first_local();
     BufferPool pool;
     for (int k = checkpoints.first_step(); k < checkpoints.end_step(); ++k) {
-      checkpoints.before_step(world, dp_group, cp_group, chunks, optimizers, k, first_local, ranks.reports());
+      checkpoints.before_step(world, dp_group, cp_group, chunks, optimizers, k, first_local, ranks.reports(),
+                              expert ? &*expert : nullptr);
       const data::MeshStep& step = mesh_steps_[std::size_t(k)];
       const std::int64_t s = step.longest(), rows = step.sequences(), documents = step.documents();
       if (!plans[std::size_t(k)][0]) {
@@ -617,9 +619,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       std::fflush(stdout);
       csv.row(k, s, rows, plan_name, fmt::format("{:.17g}", loss), seconds, total[1] / (1024 * 1024));
     }
-    checkpoints.at_end(world, dp_group, cp_group, chunks, optimizers, first_local, ranks.reports());
+    checkpoints.at_end(world, dp_group, cp_group, chunks, optimizers, first_local, ranks.reports(),
+                       expert ? &*expert : nullptr);
     const int saved = checkpoints.save_final(world, dp_group, cp_group, chunks, optimizers,
-                                             first_local && ranks.reports());
+                                             first_local && ranks.reports(), expert ? &*expert : nullptr);
     if (first_local) save_status = saved;
   });
   const double total = run_start.seconds();

@@ -6,11 +6,13 @@
 //      saving copy floats, never compute them); a Gpt checkpoint loads into a mesh the same way;
 //   2. the loaded model's next two steps give the source run's losses: to the bit on the same mesh (and the same final
 //      weights), and on another mesh within the float32 rounding of another reduction order (kCkptLossRtol below).
+// With MoE layers (the second test case) the same on meshes of other ep and etp (model/expert_groups.hpp).
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
 #include "paradyse/model/checkpoint.hpp"
+#include "paradyse/model/expert_groups.hpp"
 #include "paradyse/model/mesh_checkpoint.hpp"
 #include "paradyse/model/mesh_optimizer.hpp"
 #include "paradyse/model/mesh_stage.hpp"
@@ -47,10 +49,12 @@ constexpr double kCkptLossRtol = 1e-5;
 struct CkptMesh {
   int dp, pp, cp, tp;
   ZeroStage zero;
-  int v = 1;  // virtual stages per pp rank
+  int v = 1;         // virtual stages per pp rank
+  int ep = 0, etp = 0;  // with MoE layers (model/expert_groups.hpp; 0: all of dp x cp, all of tp)
   std::string name() const {
-    return fmt::format("dp={},pp={},cp={},tp={} {}{}", dp, pp, cp, tp, name_of(zero),
-                       v > 1 ? fmt::format(" v={}", v) : std::string());
+    return fmt::format("dp={},pp={},cp={},tp={} {}{}{}", dp, pp, cp, tp, name_of(zero),
+                       v > 1 ? fmt::format(" v={}", v) : std::string(),
+                       ep > 0 || etp > 0 ? fmt::format(" ep={} etp={}", ep, etp) : std::string());
   }
 };
 
@@ -71,24 +75,39 @@ std::vector<double> ckpt_mesh_run(const GptConfig& config, const CkptMesh& m, co
   std::mutex lock;
   const double counted = double(batches.rows * batches.seq);
   const ops::AdamWConfig adamw{.learning_rate = 0.02f, .weight_decay = 0.1f};
+  // With MoE layers: the experts over ep ranks of dp x cp, their columns over etp ranks of tp, replicated over edp.
+  const bool moe = config.moe.has_value();
+  const ExpertFolding folding = moe ? ExpertFolding{m.ep > 0 ? m.ep : m.dp * m.cp, m.etp > 0 ? m.etp : m.tp}
+                                    : ExpertFolding{};
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
     ThreadCommunicator dp_group = mesh.group(world, {"dp"});
     ThreadCommunicator pp_group = mesh.group(world, {"pp"});
     ThreadCommunicator cp_group = mesh.group(world, {"cp", "tp"});
+    std::optional<ExpertGroups<ThreadCommunicator>> experts;
+    if (moe) experts.emplace(expert_groups(world, mesh, folding));
     const MeshCoordinate at = mesh.coordinate(world.rank());
     const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
     const auto chunk_layers = [&](int c) { return chunk_range(config.layers, m.pp * m.v, c * m.pp + stage_index); };
     std::vector<CkptStage> chunks;
     chunks.reserve(std::size_t(m.v));
-    for (int c = 0; c < m.v; ++c)
-      chunks.emplace_back(config, c * m.pp + stage_index, m.pp * m.v, chunk_layers(c), group, cp_rank, group, cp_rank, 7);
+    for (int c = 0; c < m.v; ++c) {
+      chunks.emplace_back(config, c * m.pp + stage_index, m.pp * m.v, chunk_layers(c), group, cp_rank,
+                          moe ? folding.ep : group, moe ? experts->ep_rank : cp_rank, 7, moe && m.tp > 1,
+                          moe ? folding.etp : 0);
+      if (moe) {
+        chunks.back().set_expert_replicas(experts->edp);
+        chunks.back().set_expert_column_group(experts->etp);
+      }
+    }
     if (m.zero == ZeroStage::three)
       for (CkptStage& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;
-    for (CkptStage& chunk : chunks) optimizers.emplace_back(chunk, m.zero, m.dp, replica, adamw);
+    for (CkptStage& chunk : chunks)
+      optimizers.emplace_back(chunk, m.zero, m.dp, replica, adamw, moe ? int(experts->edp.size()) : 1,
+                              moe ? experts->edp_rank : 0);
     if (!load.empty()) {
       const std::int64_t step = load_mesh_checkpoint(mesh, world.rank(), std::span(chunks), std::span(optimizers), load,
-                                                     {.optimizer_state = true});
+                                                     {.optimizer_state = true}, folding);
       CHECK(step == first);
     }
     BufferPool pool;
@@ -96,20 +115,21 @@ std::vector<double> ckpt_mesh_run(const GptConfig& config, const CkptMesh& m, co
     for (int k = first; k < end; ++k) {
       for (int c = 0; c < m.v; ++c) {
         const ChunkRange layers = chunk_layers(c);
-        chunks[std::size_t(c)].begin_step(cp_group, cp_group, pool,
+        chunks[std::size_t(c)].begin_step(cp_group, moe ? experts->ep : cp_group, pool,
                                           StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()),
                                           batches.seq);
       }
       const double loss = mesh_forward_backward(std::span(chunks), pp_group, cp_group, mine, batches.seq,
                                                 batches.inputs[std::size_t(k)], batches.targets[std::size_t(k)],
                                                 float(1.0 / counted));
-      for (MeshOptimizer& optimizer : optimizers) optimizer.step(dp_group, adamw.learning_rate, k + 1);
+      for (MeshOptimizer& optimizer : optimizers)
+        optimizer.step(dp_group, moe ? experts->edp : dp_group, adamw.learning_rate, k + 1);
       const std::lock_guard guard(lock);
       losses[std::size_t(k - first)] += loss / counted;
     }
     if (!save.empty())
       save_mesh_checkpoint(mesh, world, dp_group, cp_group, std::span(chunks), std::span(optimizers), end, save,
-                           {.optimizer_state = true, .extra = {}});
+                           {.optimizer_state = true, .extra = {}}, moe ? &*experts : nullptr);
   });
   return losses;
 }
@@ -215,5 +235,74 @@ TEST_CASE("mesh checkpoints: saved on one mesh shape, loaded on others and into 
                    file("from_gpt.safetensors"));
     ckpt_same_tensors("Gpt's file into dp=1,pp=2,cp=2", file("gpt.safetensors"), file("from_gpt.safetensors"));
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("mesh checkpoints with MoE layers: saved on dp = 2 over ep = 1 (the experts replicated over edp = 2, ZeRO-1 "
+          "over it), loaded on other shapes and ep / etp (the experts over cp, columns over tp, edp over tp, ZeRO 0 to "
+          "3, pp stages) and into the single group's Gpt: the same bits saved again; the runs of one micro-batch per "
+          "replica continue with the source run's losses") {
+  GptConfig config;
+  config.layer = LayerConfig::make(40, 4);
+  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
+  config.layer.norm = NormKind::rms_norm;
+  config.layer.activation = Activation::swiglu;
+  config.vocab = 23;
+  config.layers = 4;
+  MoeConfig moe;
+  moe.hidden = 40;
+  moe.experts = 5;  // uneven over ep = 2 and 4
+  moe.top_k = 2;
+  moe.expert_ffn = 10;
+  moe.norm_topk_prob = true;
+  moe.shared_experts = 1;
+  moe.shared_ffn = 6;
+  moe.shared_gate = true;
+  moe.aux_loss_coef = 0.1;
+  moe.z_loss_coef = 0.01;
+  config.moe = MoeLayers{moe, 1};
+  CkptBatches batches{8, 12, {}, {}};
+  Rng rng(2027);
+  for (int k = 0; k < 4; ++k) {
+    batches.inputs.emplace_back();
+    batches.targets.emplace_back();
+    for (std::int64_t i = 0; i < batches.rows * batches.seq; ++i) {
+      batches.inputs.back().push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+      batches.targets.back().push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+    }
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    fmt::format("paradyse_mesh_checkpoint_moe_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const auto file = [&](const std::string& name) { return (dir / name).string(); };
+
+  const CkptMesh source{2, 1, 1, 1, ZeroStage::one, 1, 1, 0};
+  const std::vector<double> straight = ckpt_mesh_run(config, source, batches, 0, 4, "", file("straight.safetensors"));
+  (void)ckpt_mesh_run(config, source, batches, 0, 2, "", file("step2.safetensors"));
+  // {dp, pp, cp, tp, zero, v, ep, etp}: without pp every replica's rows are one micro-batch, as the source's, so the
+  // losses continue; with pp (one row per micro-batch) only the bits are compared.
+  for (const CkptMesh& m : {CkptMesh{2, 1, 1, 1, ZeroStage::one, 1, 1, 0}, CkptMesh{1, 1, 2, 1, ZeroStage::three},
+                             CkptMesh{2, 1, 1, 2, ZeroStage::two, 1, 1, 1}, CkptMesh{4, 1, 1, 1, ZeroStage::zero, 1, 2, 0},
+                             CkptMesh{2, 1, 1, 2, ZeroStage::three, 1, 2, 2}, CkptMesh{2, 2, 1, 1, ZeroStage::three, 1, 1, 0},
+                             CkptMesh{1, 2, 1, 2, ZeroStage::zero, 1, 0, 2}}) {
+    CAPTURE(m.name());
+    (void)ckpt_mesh_run(config, m, batches, 2, 2, file("step2.safetensors"), file("again.safetensors"));
+    ckpt_same_tensors(m.name(), file("step2.safetensors"), file("again.safetensors"));
+    if (m.pp > 1) continue;
+    const std::vector<double> resumed = ckpt_mesh_run(config, m, batches, 2, 4, file("step2.safetensors"), "");
+    for (int k = 0; k < 2; ++k) {
+      const double want = straight[std::size_t(k + 2)], got = resumed[std::size_t(k)];
+      MESSAGE(m.name(), ": step ", k + 2, " loss ", got, " against ", want, " (relative gap ",
+              std::abs(got - want) / want, ")");
+      CHECK(std::abs(got - want) <= kCkptLossRtol * want);
+    }
+  }
+  // The single group's MoE Gpt on 2 ranks loads the mesh's file and saves the same bits.
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Gpt<AllStrategies<>> model(config, 2, comm.rank(), 99);
+    load_checkpoint(model, file("step2.safetensors"), {.optimizer_state = true});
+    save_checkpoint(comm, model, file("gpt.safetensors"), {.optimizer_state = true, .extra = {}});
+  });
+  ckpt_same_tensors("MoE Gpt on 2 ranks", file("step2.safetensors"), file("gpt.safetensors"));
   std::filesystem::remove_all(dir);
 }

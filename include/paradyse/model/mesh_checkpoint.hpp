@@ -20,7 +20,11 @@
 // dp chunk of that, and its part of the moments (MeshOptimizer::scatter_moment). The floats are copied, never
 // computed, so a save and a load on any two meshes give back the same bits.
 //
-// Not covered yet: a mesh with MoE layers (refused by name: the experts folded over dp x cp are not gathered here).
+// MoE layers (with experts: the stage's expert groups given to the save, ep and etp to the load): a layer's attention
+// and norms as a dense layer's (no dense MLP), and its router, experts and shared experts (each state: the value, or
+// each moment gathered over edp where ZeRO splits it there) put together over the etp group (etp_gather: whole
+// experts) and over the ep group (gather_moe: every expert); loading takes the rank's experts (moe_shard_of) and its
+// columns of them (etp_columns). So an MoE checkpoint, too, loads on any mesh shape and any ep and etp.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -30,8 +34,11 @@
 #include "paradyse/mesh/device_mesh.hpp"
 #include "paradyse/model/checkpoint_gather.hpp"
 #include "paradyse/model/checkpoint_io.hpp"
+#include "paradyse/model/expert_groups.hpp"
 #include "paradyse/model/mesh_optimizer.hpp"
 #include "paradyse/model/mesh_stage.hpp"
+#include "paradyse/moe/expert_columns.hpp"
+#include "paradyse/moe/moe_weights.hpp"
 
 #include <fmt/format.h>
 
@@ -61,13 +68,57 @@ inline int world_rank_of(const DeviceMesh& mesh, int replica, int stage, int cp_
   return mesh.rank_of(MeshCoordinate({replica, stage, cp_rank / tp, cp_rank % tp}));
 }
 
-// The tensor indices of a stage (in stage.parameters(), or under ZeRO-3 in stage.zero3_shards(): the same order for
-// a dense stage): per layer attention, MLP, norms; then the embedding (first stage), the head pack (last stage).
+// The tensor indices of a stage (in stage.parameters(), or under ZeRO-3 in stage.zero3_shards() and then the MoE
+// tensors: MeshOptimizer's indices): per layer attention, MLP, norms; then (not under ZeRO-3) the six MoE tensors of
+// each MoE layer (router, expert_in, expert_out, shared_in, shared_out, shared_gate); then the embedding (first
+// stage), the head pack (last stage); under ZeRO-3 the MoE tensors after these.
 inline std::size_t layer_tensor(std::size_t layer, int part) { return 3 * layer + std::size_t(part); }
 template <class Stage>
-std::size_t embedding_tensor(Stage& stage) { return 3 * std::size_t(stage.layers().length); }
+std::size_t moe_layers_before(Stage& stage, std::size_t layer) {
+  std::size_t n = 0;
+  for (std::size_t l = 0; l < layer; ++l) n += stage.stack().is_moe_layer(int(l)) ? 1 : 0;
+  return n;
+}
 template <class Stage>
-std::size_t head_tensor(Stage& stage) { return 3 * std::size_t(stage.layers().length) + (stage.first() ? 1 : 0); }
+std::size_t dense_tensors(Stage& stage) {  // the layers' and, not under ZeRO-3, the MoE layers' tensors
+  const std::size_t layers = std::size_t(stage.layers().length);
+  return 3 * layers + (stage.sharded() ? 0 : 6 * moe_layers_before(stage, layers));
+}
+template <class Stage>
+std::size_t embedding_tensor(Stage& stage) { return dense_tensors(stage); }
+template <class Stage>
+std::size_t head_tensor(Stage& stage) { return dense_tensors(stage) + (stage.first() ? 1 : 0); }
+template <class Stage>
+std::size_t moe_tensor(Stage& stage, std::size_t layer, int member) {
+  const std::size_t first = stage.sharded() ? stage.zero3_shards().size() : 3 * std::size_t(stage.layers().length);
+  return first + 6 * moe_layers_before(stage, layer) + std::size_t(member);
+}
+inline constexpr Tensor<float> MoeShard::*kMoeMembers[6] = {&MoeShard::router,    &MoeShard::expert_in,
+                                                            &MoeShard::expert_out, &MoeShard::shared_in,
+                                                            &MoeShard::shared_out, &MoeShard::shared_gate};
+
+// MoE layer `layer` (local) of `stage`, state `state` (0 the value, 1 and 2 AdamW's moments) of its router, experts
+// and shared experts: the global weights (every expert, whole), on every rank of the stage. Collective over the
+// stage's dp, edp, etp and ep groups.
+template <class Stage, Communicator C>
+GlobalMoeWeights<float> gather_moe_layer(Stage& stage, MeshOptimizer& optimizer, C& dp, ExpertGroups<C>& groups,
+                                         int state, std::size_t layer) {
+  const MoeConfig& c = stage.config().moe->moe;
+  const MoeShard& w = stage.stack().moe_weights()[layer];
+  MoeShard held;  // this rank's columns of its experts, in state `state`
+  for (int m = 0; m < 6; ++m) {
+    const Tensor<float>& t = w.*kMoeMembers[m];
+    if (state == 0) {
+      held.*kMoeMembers[m] = Tensor<float>::copy_of(t.view());
+      continue;
+    }
+    const std::vector<float> flat = optimizer.gather_moment(dp, groups.edp, state, moe_tensor(stage, layer, m), t.numel());
+    Tensor<float> moment(t.shape());
+    std::copy(flat.begin(), flat.end(), moment.span().begin());
+    held.*kMoeMembers[m] = std::move(moment);
+  }
+  return checkpoint_detail::gather_moe(groups.ep, c, etp_gather(groups.etp, c, held));
+}
 
 // The flat tensor `index` of `stage` as the stage holds it without dp sharding (its cp shard): state 0 the value
 // (under ZeRO-3 its dp chunks all-gathered), 1 and 2 AdamW's moments. Collective over dp.
@@ -135,17 +186,18 @@ void to_writer(C& world, int source, std::span<const float> data, std::vector<fl
 // `optimizers`, one per chunk) to `path` atomically, with AdamW's moments when options.optimizer_state. `step`: the
 // optimizer steps taken. Collective over `world`; `dp` and `cp` are this rank's dp group and stage group (cp or tp).
 // World rank 0 writes the file. When it throws (a write error), every rank throws and the file at `path` is unchanged.
+// With MoE layers `experts` gives this rank's expert groups (model/expert_groups.hpp).
 template <class Strategies, Communicator C>
 void save_mesh_checkpoint(const DeviceMesh& mesh, C& world, C& dp, C& cp,
                           std::span<MeshGptStage<Strategies, C>> chunks, std::span<MeshOptimizer> optimizers,
-                          std::int64_t step, const std::string& path, const CheckpointSaveOptions& options = {}) {
+                          std::int64_t step, const std::string& path, const CheckpointSaveOptions& options = {},
+                          ExpertGroups<C>* experts = nullptr) {
   using namespace checkpoint_detail;
   using namespace mesh_checkpoint_detail;
   check(!chunks.empty() && chunks.size() == optimizers.size(), "save_mesh_checkpoint: {} chunks and {} optimizers",
         chunks.size(), optimizers.size());
   const GptConfig& config = chunks.front().config();
-  check(!config.moe, "saving a checkpoint of a mesh with MoE layers is not supported yet (the experts folded over "
-        "dp x cp are not gathered): train the MoE GPT on one group (train_gpt --experts) to save");
+  check(!config.moe || experts != nullptr, "save_mesh_checkpoint: a mesh with MoE layers needs its expert groups");
   const Place at = place_of(mesh, int(world.rank()));
   const int v = int(chunks.size()), stages = at.pp * v;
   CheckpointWriter out(world.rank() == 0, path, config,
@@ -183,7 +235,9 @@ void save_mesh_checkpoint(const DeviceMesh& mesh, C& world, C& dp, C& cp,
       const ChunkRange layers = chunk_range(config.layers, stages, virtual_stage);
       const int source = world_rank_of(mesh, 0, stage, 0);
       for (std::int64_t l = layers.start; l < layers.end(); ++l) {
+        const bool moe = config.is_moe_layer(int(l));
         GlobalLayerWeights<float> g(config.layer);
+        GlobalMoeWeights<float> e = moe ? GlobalMoeWeights<float>(config.moe->moe) : GlobalMoeWeights<float>();
         if (at.stage == stage) {  // the stage's ranks put the layer together: dp chunks, then the cp shards
           auto& chunk = chunks[std::size_t(c)];
           check(chunk.layers().start == layers.start && chunk.layers().length == layers.length,
@@ -191,6 +245,7 @@ void save_mesh_checkpoint(const DeviceMesh& mesh, C& world, C& dp, C& cp,
                 chunk.layers().start, chunk.layers().end(), virtual_stage, layers.start, layers.end());
           const std::size_t local = std::size_t(l - layers.start);
           LayerWeights shard(ShardGeometry(config.layer, at.cp));
+          if (moe) shard.mlp.packed = Tensor<float>(Shape{0, h});  // an MoE layer holds no dense MLP
           Tensor<float>* packs[3] = {&shard.attention.packed, &shard.mlp.packed, &shard.norms.packed};
           for (int part = 0; part < 3; ++part) {
             const std::vector<float> flat = stage_tensor(chunk, optimizers[std::size_t(c)], dp, s, layer_tensor(local, part));
@@ -198,12 +253,19 @@ void save_mesh_checkpoint(const DeviceMesh& mesh, C& world, C& dp, C& cp,
                   "elements, expected {}", l, part, flat.size(), packs[part]->numel());
             std::copy(flat.begin(), flat.end(), packs[part]->span().begin());
           }
-          g = gather_layer(cp, config.layer, shard);
+          g = moe ? gather_attention(cp, config.layer, shard) : gather_layer(cp, config.layer, shard);
+          if (moe) e = gather_moe_layer(chunk, optimizers[std::size_t(c)], dp, *experts, s, local);
         }
         for (auto [name, t] : layer_tensors(g)) {
           const std::int64_t count = t->numel();
-          if (count > 0) write(source, fmt::format("{}layers.{}.{}", prefix, l, name), t->span(), count);
+          if (count > 0 && !(moe && is_mlp_tensor(name)))
+            write(source, fmt::format("{}layers.{}.{}", prefix, l, name), t->span(), count);
         }
+        if (moe)
+          for (auto [name, t] : moe_tensors(e)) {
+            const std::int64_t count = t->numel();
+            if (count > 0) write(source, fmt::format("{}layers.{}.{}", prefix, l, name), t->span(), count);
+          }
       }
     }
   }
@@ -214,21 +276,20 @@ void save_mesh_checkpoint(const DeviceMesh& mesh, C& world, C& dp, C& cp,
 // (saved on any mesh, or by the single group's save_checkpoint), and with options.optimizer_state AdamW's moments of
 // its `optimizers` (one per chunk) too. Per rank, no communication. Returns the checkpoint's optimizer step count
 // (0 without the optimizer state). Throws, changing nothing, unless the file is a complete, uncorrupted checkpoint of
-// the same model.
+// the same model. With MoE layers `folding` says the mesh's ep and etp (model/expert_groups.hpp).
 template <class Strategies, Communicator C>
 std::int64_t load_mesh_checkpoint(const DeviceMesh& mesh, int rank, std::span<MeshGptStage<Strategies, C>> chunks,
                                   std::span<MeshOptimizer> optimizers, const std::string& path,
-                                  CheckpointLoadOptions options = {}) {
+                                  CheckpointLoadOptions options = {}, ExpertFolding folding = {}) {
   using namespace checkpoint_detail;
   using namespace mesh_checkpoint_detail;
   check(!chunks.empty(), "load_mesh_checkpoint: no model chunk");
   check(!options.optimizer_state || optimizers.size() == chunks.size(), "load_mesh_checkpoint: {} chunks and {} "
         "optimizers", chunks.size(), optimizers.size());
   const GptConfig& config = chunks.front().config();
-  check(!config.moe, "loading a checkpoint into a mesh with MoE layers is not supported yet (the experts folded "
-        "over dp x cp are not scattered): train the MoE GPT on one group (train_gpt --experts) to resume");
   const CheckedCheckpoint in = open_checkpoint(path, config, options);  // every check before anything changes
   const Place at = place_of(mesh, rank);
+  const ExpertPlace expert = expert_place(mesh, rank, folding);
   const std::int64_t vocab = config.vocab, h = config.layer.hidden;
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     auto& chunk = chunks[c];
@@ -249,14 +310,37 @@ std::int64_t load_mesh_checkpoint(const DeviceMesh& mesh, int rank, std::span<Me
       }
       const ChunkRange layers = chunk.layers();
       for (std::int64_t l = layers.start; l < layers.end(); ++l) {
+        const bool moe = config.is_moe_layer(int(l));
+        const std::size_t local = std::size_t(l - layers.start);
         GlobalLayerWeights<float> g(config.layer);
         for (auto [name, t] : layer_tensors(g))
-          if (t->numel() > 0) in.read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
-        const LayerWeights shard = shard_of(g, config.layer, at.cp, at.cp_rank);
+          if (t->numel() > 0 && !(moe && is_mlp_tensor(name)))
+            in.read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
+        LayerWeights shard = shard_of(g, config.layer, at.cp, at.cp_rank);
+        if (moe) shard.mlp.packed = Tensor<float>(Shape{0, h});  // an MoE layer holds no dense MLP
         const Tensor<float>* packs[3] = {&shard.attention.packed, &shard.mlp.packed, &shard.norms.packed};
         for (int part = 0; part < 3; ++part)
-          set_stage_tensor(chunk, optimizer, s, layer_tensor(std::size_t(l - layers.start), part), packs[part]->span(),
-                           path);
+          set_stage_tensor(chunk, optimizer, s, layer_tensor(local, part), packs[part]->span(), path);
+        if (!moe) continue;
+        // The router, this rank's experts (their columns) and the shared experts (their columns).
+        const MoeConfig& mc = config.moe->moe;
+        GlobalMoeWeights<float> e(mc);
+        for (auto [name, t] : moe_tensors(e))
+          if (t->numel() > 0) in.read(fmt::format("{}layers.{}.{}", prefix, l, name), t->data());
+        const MoeShard mine = etp_columns(moe_shard_of(e, mc, expert.ep, expert.ep_rank), mc, expert.etp,
+                                          expert.etp_rank);
+        MoeShard& w = chunk.stack().moe_weights()[local];
+        for (int m = 0; m < 6; ++m) {
+          const std::span<const float> from = (mine.*kMoeMembers[m]).span();
+          if (s > 0) {
+            optimizer->scatter_moment(s, moe_tensor(chunk, local, m), from);
+            continue;
+          }
+          const std::span<float> to = (w.*kMoeMembers[m]).span();
+          check(to.size() == from.size(), "checkpoint {}: layer {} MoE tensor {} of this rank holds {} elements, the "
+                "file gives {} (ep = {}, etp = {})", path, l, m, to.size(), from.size(), expert.ep, expert.etp);
+          std::copy(from.begin(), from.end(), to.begin());
+        }
       }
     }
   }

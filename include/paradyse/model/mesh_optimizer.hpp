@@ -31,8 +31,9 @@ namespace paradyse {
 // state sharded over edp, their parameters whole); step then takes the edp group.
 //
 // Checkpoints (model/mesh_checkpoint.hpp): gather_moment gives a moment of one of the stage's tensors whole (as the
-// stage holds the tensor without dp sharding), gathered over dp where ZeRO shards it; scatter_moment sets this
-// replica's part of it back.
+// stage holds the tensor without dp sharding), gathered over dp (or edp) where ZeRO shards it; scatter_moment sets this
+// replica's part of it back. The tensors are indexed as stage.parameters() lists them, or under ZeRO-3 as
+// stage.zero3_shards() lists them, then the MoE tensors (those parameters() lists not over dp) in their order.
 class MeshOptimizer {
 public:
   template <class Stage>
@@ -67,13 +68,12 @@ public:
         part(0, decayed, true);
         part(decayed, length, false);
       }
-      // The MoE tensors, whole on every rank of their expert group. Their state is not addressable by tensor index
-      // here (the indices above are zero3_shards()'s): gather_moment refuses a stage that holds them.
+      // The MoE tensors, whole on every rank of their expert group (their state split over edp with expert data
+      // parallelism), indexed after the shards: zero3_shards().size() + their place among the parameters not
+      // replicated over dp (stage.parameters() order).
       for (const auto& p : stage.parameters()) {
-        if (p.over_dp || p.value->numel() == 0) continue;
-        unindexed_locals_ = true;
-        if (expert_replicas_ == 1) add_local(*p.value, *p.gradient, p.decays, adamw);
-        else add_expert(*p.value, *p.gradient, p.decays, expert_zero, adamw);
+        if (p.over_dp) continue;
+        add_moe_tensor(index++, p, expert_zero, adamw);
       }
       return;
     }
@@ -82,14 +82,8 @@ public:
       const auto& p = parameters[index];
       const std::int64_t n = p.value->numel();
       if (n == 0) continue;
-      if (!p.over_dp && expert_replicas_ == 1) {
-        add_local(*p.value, *p.gradient, p.decays, adamw);
-        pieces_.push_back({index, 0, n, false, {}, {local_.size() - 1}, {}});
-        continue;
-      }
       if (!p.over_dp) {
-        add_expert(*p.value, *p.gradient, p.decays, expert_zero, adamw);
-        pieces_.push_back({index, 0, n, expert_zero != ZeroStage::zero, {}, {}, {expert_entries_.size() - 1}});
+        add_moe_tensor(index, p, expert_zero, adamw);
         continue;
       }
       const bool head = stage.last() && p.value == parameters.back().value;
@@ -112,16 +106,16 @@ public:
   // in the same order. Elements no optimizer steps (none today) come back 0.
   template <Communicator C>
   std::vector<float> gather_moment(C& dp, int which, std::size_t tensor, std::int64_t elements) {
-    check(expert_entries_.empty(), "MeshOptimizer::gather_moment: the MoE tensors are replicated over {} expert data "
-          "parallel ranks: give their group (gather_moment(dp, edp, ...))", expert_replicas_);
+    for (const Piece& piece : pieces_)
+      check(piece.tensor != tensor || !piece.chunked || piece.expert_entries.empty(), "MeshOptimizer::gather_moment: "
+            "tensor {} has its state split over {} expert data parallel ranks: give their group (gather_moment(dp, "
+            "edp, ...))", tensor, expert_replicas_);
     return gather_moment(dp, dp, which, tensor, elements);
   }
   // The same with the MoE tensors' state gathered over `edp` where ZeRO splits it there; collective over dp and edp.
   template <Communicator C>
   std::vector<float> gather_moment(C& dp, C& edp, int which, std::size_t tensor, std::int64_t elements) {
     check(which == 1 || which == 2, "MeshOptimizer::gather_moment: moment {}, expected 1 (m) or 2 (v)", which);
-    check(!unindexed_locals_, "MeshOptimizer::gather_moment: the optimizer state of MoE tensors under ZeRO-3 cannot "
-          "be saved yet");
     std::vector<float> full(static_cast<std::size_t>(elements), 0.0f);
     for (const Piece& piece : pieces_) {
       if (piece.tensor != tensor) continue;
@@ -225,6 +219,20 @@ private:
     entries_.push_back({params, grads, adamw, DataParallelOptimizer<>(zero, replicas, replica, std::int64_t(params.size()), adamw)});
     entries_.back().optimizer.set_reduce_op(ReduceOp::sum);  // each replica's gradient is scaled to the whole batch
   }
+  // A MoE tensor (router, experts, shared experts: their gradients reduced over the expert group already), stage
+  // tensor `index`: a plain AdamW step, or over the edp group with ZeRO `zero` (0 to 2) over it.
+  template <class Parameter>
+  void add_moe_tensor(std::size_t index, const Parameter& p, ZeroStage zero, const ops::AdamWConfig& adamw) {
+    const std::int64_t n = p.value->numel();
+    if (n == 0) return;
+    if (expert_replicas_ == 1) {
+      add_local(*p.value, *p.gradient, p.decays, adamw);
+      pieces_.push_back({index, 0, n, false, {}, {local_.size() - 1}, {}});
+      return;
+    }
+    add_expert(*p.value, *p.gradient, p.decays, zero, adamw);
+    pieces_.push_back({index, 0, n, zero != ZeroStage::zero, {}, {}, {expert_entries_.size() - 1}});
+  }
   // A MoE tensor replicated over the edp group: its gradients summed over it, its state split by `zero` (0 to 2).
   void add_expert(Tensor<float>& value, Tensor<float>& gradient, bool decays, ZeroStage zero, ops::AdamWConfig adamw) {
     if (!decays) adamw = without_decay(adamw);
@@ -266,7 +274,6 @@ private:
   std::vector<Piece> pieces_;
   int replicas_ = 1, replica_ = 0;
   int expert_replicas_ = 1, expert_replica_ = 0;
-  bool unindexed_locals_ = false;  // ZeRO-3 with MoE tensors: their locals have no Piece
 };
 
 }  // namespace paradyse

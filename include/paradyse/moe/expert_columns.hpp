@@ -100,6 +100,40 @@ inline MoeShard etp_columns(const MoeShard& whole, const MoeConfig& c, int ranks
   return s;
 }
 
+// The inverse of etp_columns: whole experts (and shared experts) of `c` from every etp rank's column shard `columns`
+// of them, gathered over `etp` (every rank gets them; the router and the shared gate taken from this rank).
+template <Communicator T>
+MoeShard etp_gather(T& etp, const MoeConfig& c, const MoeShard& columns) {
+  const int ranks = int(etp.size());
+  const std::int64_t h = c.hidden, f = c.expert_ffn, fs = c.shared_width(), owned = columns.expert_in.extent(0);
+  MoeShard whole;
+  whole.router = Tensor<float>::copy_of(columns.router.view());
+  whole.shared_gate = Tensor<float>::copy_of(columns.shared_gate.view());
+  whole.expert_in = Tensor<float>(Shape{owned, 2 * f, h});
+  whole.expert_out = Tensor<float>(Shape{owned, f, h});
+  whole.shared_in = Tensor<float>(Shape{2 * fs, h});
+  whole.shared_out = Tensor<float>(Shape{fs, h});
+  // `part` holds `blocks` blocks of each rank's chunk of `rows` rows; into `to`, `blocks` blocks of `rows` rows.
+  const auto gather = [&](const Tensor<float>& part, Tensor<float>& to, std::int64_t blocks, std::int64_t rows) {
+    if (rows == 0) return;
+    std::vector<std::int64_t> counts;
+    for (int t = 0; t < ranks; ++t) counts.push_back(blocks * chunk_range(rows, ranks, t).length * h);
+    std::vector<float> all(static_cast<std::size_t>(blocks * rows * h));
+    etp.all_gather_v(std::span<const float>(part.span()), std::span<float>(all), std::span<const std::int64_t>(counts));
+    const float* in = all.data();
+    for (int t = 0; t < ranks; ++t) {
+      const ChunkRange chunk = chunk_range(rows, ranks, t);
+      for (std::int64_t b = 0; b < blocks; ++b, in += chunk.length * h)
+        std::copy_n(in, chunk.length * h, to.data() + (b * rows + chunk.start) * h);
+    }
+  };
+  gather(columns.expert_in, whole.expert_in, 2 * owned, f);  // per expert: gate rows, then up rows
+  gather(columns.expert_out, whole.expert_out, owned, f);
+  gather(columns.shared_in, whole.shared_in, 2, fs);
+  gather(columns.shared_out, whole.shared_out, 1, fs);
+  return whole;
+}
+
 namespace etp_detail {
 
 // Elements of each tp rank's rows: rows[q] * h.
