@@ -18,6 +18,7 @@
 #include "paradyse/model/mesh_stage.hpp"
 #include "paradyse/model/safetensors.hpp"
 #include "paradyse/strategy/strategies.hpp"
+#include "mesh_harness.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -80,13 +81,11 @@ std::vector<double> ckpt_mesh_run(const GptConfig& config, const CkptMesh& m, co
   const ExpertFolding folding = moe ? ExpertFolding{m.ep > 0 ? m.ep : m.dp * m.cp, m.etp > 0 ? m.etp : m.tp}
                                     : ExpertFolding{};
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
-    ThreadCommunicator dp_group = mesh.group(world, {"dp"});
-    ThreadCommunicator pp_group = mesh.group(world, {"pp"});
-    ThreadCommunicator cp_group = mesh.group(world, {"cp", "tp"});
+    testing::MeshRank place = testing::MeshRank::on(mesh, world);
+    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &cp_group = place.stage_group;
+    const int replica = place.replica, stage_index = place.stage_index, cp_rank = place.stage_rank;
     std::optional<ExpertGroups<ThreadCommunicator>> experts;
     if (moe) experts.emplace(expert_groups(world, mesh, folding));
-    const MeshCoordinate at = mesh.coordinate(world.rank());
-    const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
     const auto chunk_layers = [&](int c) { return chunk_range(config.layers, m.pp * m.v, c * m.pp + stage_index); };
     std::vector<CkptStage> chunks;
     chunks.reserve(std::size_t(m.v));
