@@ -21,7 +21,9 @@
 //       (ep < dp x cp): the stage's dp x cp ranks split into edp expert groups of ep consecutive ranks, each holding
 //       every expert (set_expert_replicas): the all-to-alls run inside each expert group, the router statistics are
 //       summed over the edp group as well (so the router losses are the micro-batch's, as with one expert group),
-//       and MeshOptimizer sums the MoE tensors' gradients over the edp group.
+//       and MeshOptimizer sums the MoE tensors' gradients over the edp group. With tp, each expert's columns over
+//       the whole tp group or (etp < tp, set_expert_column_group) over etp consecutive ranks of it, the experts then
+//       replicated over the tp / etp column groups as well (model/expert_groups.hpp says every group).
 //
 // Weights are drawn from the seed as Gpt(config, cp, cp_rank, seed) draws them (gpt_detail::init_row), so a mesh
 // trains the single group's model. Pipeline activations: a stage keeps only each in-flight micro-batch's input and
