@@ -14,7 +14,7 @@ using paradyse::search::testing::ideal_cluster;
 namespace expert_tensor_test {
 
 // 4 MoE layers of 4 experts (top-2, width 1024) over h = 512.
-TrainingModel moe_model() {
+TrainingModel etp_moe_model() {
   return {.name = "etp-moe", .layers = 4, .hidden = 512, .heads = 8, .kv_heads = 8, .head_dim = 64, .ffn = 1024,
           .vocab = 1024, .swiglu = true, .experts = 4, .top_k = 2, .expert_ffn = 1024};
 }
@@ -26,7 +26,7 @@ TEST_CASE("search: etp is priced: the expert GEMMs split over etp (the same comp
   using namespace expert_tensor_test;
   const double bandwidth = 100e9;
   const ClusterProfile cluster = ideal_cluster(1e12, {{"node", 8, 0, bandwidth}, {"net", 0, 0, bandwidth}});
-  const TrainingModel m = moe_model();
+  const TrainingModel m = etp_moe_model();
   const TrainingSetup s{.seq = 1024, .global_batch = 4};
   for (const int tp : {2, 4}) {
     CAPTURE(tp);
