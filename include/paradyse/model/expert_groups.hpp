@@ -15,6 +15,8 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
 
+#include <utility>
+
 namespace paradyse {
 
 // The MoE layers' folding: ep and etp (1 and 1 without experts).

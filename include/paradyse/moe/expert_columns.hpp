@@ -35,6 +35,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <span>
