@@ -13,7 +13,9 @@
 // norm) equal the reference's within float rounding. Meshes: dp = 2 x pp = 2 (uneven stages, a dense first layer),
 // pp = 2 x cp = 2, dp = 2 x pp = 2 x cp = 2 (8 ranks, 7 experts uneven over ep = 4), dp = 2 x pp = 3 (a first stage of
 // dense layers only), dp = 2 x pp = 2 x v = 2 (interleaved, 5 layers), and dp = 2 x cp = 2 without stages (uneven
-// rows over dp: the one micro-batch of each replica).
+// rows over dp: the one micro-batch of each replica). Expert data parallelism (model/expert_groups.hpp): ep < dp x cp
+// (ep = 1 and 2 of dp x cp = 4, with pp, interleaving and uneven rows) and etp < tp (etp = 1 of tp = 2, etp = 1 and 2
+// of tp = 4, alone and with ep < dp), against the same single group; and ZeRO 1, 2 and 3 against ZeRO-0 with ep < dp x cp.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
