@@ -103,14 +103,41 @@ struct LinkModel {
 // maxed so that the form is linear in its coefficients (least squares fits it) and the achieved rate rises
 // smoothly with size, as it does on real devices: small and skinny GEMMs are bound by their operands, big ones by
 // the rate. `flops = 2 m n k`, `bytes = (m k + k n + m n) * dtype bytes`.
+//
+// The single fit covers every size. A profile may refine it by size class (`by_rows`): the same three terms fitted
+// on their own for the GEMMs of at most `max_rows` rows (m), e.g. decode GEMMs (m <= 16) and the expert GEMMs of a
+// prefill chunk (m <= 128) against weights read from memory, where one linear form over all sizes misses by 25-35%
+// (docs/serving_simulation.md). A GEMM takes the first class whose max_rows holds its m (classes ascending), else
+// the single fit; a profile without classes (every built-in one, and profile JSON written before them) is the
+// single fit alone.
+struct GemmRowClass {
+  double max_rows = 0;     // this class: GEMMs with m <= max_rows (and above the previous class's)
+  double overhead_s = 0;
+  double flops_per_s = 1;
+  double bytes_per_s = 0;  // 0: no operand term
+  friend bool operator==(const GemmRowClass&, const GemmRowClass&) = default;
+};
+
 struct GemmModel {
   double overhead_s = 0;
   double flops_per_s = 1;
   double bytes_per_s = 0;  // 0: no operand term
+  std::vector<GemmRowClass> by_rows = {};  // ascending max_rows; empty: the single fit for every size
+
+  // The class of a GEMM of m rows: its index in by_rows, or -1 for the single fit.
+  int row_class(double m) const {
+    for (std::size_t i = 0; i < by_rows.size(); ++i)
+      if (m <= by_rows[i].max_rows) return int(i);
+    return -1;
+  }
   double time(double m, double n, double k, int dtype_bytes) const {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
+    const int c = row_class(m);
+    const double overhead = c < 0 ? overhead_s : by_rows[std::size_t(c)].overhead_s;
+    const double rate = c < 0 ? flops_per_s : by_rows[std::size_t(c)].flops_per_s;
+    const double bandwidth = c < 0 ? bytes_per_s : by_rows[std::size_t(c)].bytes_per_s;
     const double bytes = (m * k + k * n + m * n) * dtype_bytes;
-    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
+    return overhead + 2 * m * n * k / rate + (bandwidth > 0 ? bytes / bandwidth : 0);
   }
   double achieved_flops_per_s(double m, double n, double k, int dtype_bytes) const {
     return 2 * m * n * k / time(m, n, k, dtype_bytes);
