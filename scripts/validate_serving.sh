@@ -35,7 +35,7 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
     -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=OFF >/dev/null
 fi
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt" || fail "$BUILD is not a Release build folder"
-[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target moe_simulate -j2 >/dev/null
+[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target moe_simulate -j1 >/dev/null
 
 OUT=$BUILD/validate_serving
 mkdir -p "$OUT"

@@ -22,8 +22,8 @@ namespace {
 GemmModel known_model() {
   GemmModel g;
   g.overhead_s = 2e-6, g.flops_per_s = 150e9, g.bytes_per_s = 20e9;
-  g.by_rows = {{.max_rows = 16, .overhead_s = 9e-6, .flops_per_s = 40e9, .bytes_per_s = 3e9},
-               {.max_rows = 128, .overhead_s = 4e-6, .flops_per_s = 90e9, .bytes_per_s = 7e9}};
+  g.by_rows = {{.max_rows = 16, .overhead_s = 9e-6, .flops_per_s = 40e9, .bytes_per_s = 3e9, .outputs_per_s = 2e8},
+               {.max_rows = 128, .overhead_s = 4e-6, .flops_per_s = 90e9, .bytes_per_s = 7e9, .outputs_per_s = 1e9}};
   return g;
 }
 
@@ -52,6 +52,7 @@ TEST_CASE("gemm classes: the fit recovers each class's overhead, rate and bandwi
       CHECK(got[c].overhead_s == doctest::Approx(truth.by_rows[c].overhead_s).epsilon(1e-6));
       CHECK(got[c].flops_per_s == doctest::Approx(truth.by_rows[c].flops_per_s).epsilon(1e-6));
       CHECK(got[c].bytes_per_s == doctest::Approx(truth.by_rows[c].bytes_per_s).epsilon(1e-6));
+      CHECK(got[c].outputs_per_s == doctest::Approx(truth.by_rows[c].outputs_per_s).epsilon(1e-6));
       CHECK(fits[c].worst_relative_error < 1e-9);
     }
   }
@@ -66,17 +67,19 @@ TEST_CASE("gemm classes: a GEMM takes the first class whose max_rows holds its r
   CHECK(g.row_class(128) == 1);
   CHECK(g.row_class(129) == -1);
   const double n = 1024, k = 256, b = 4;
-  auto by = [&](double m, double overhead, double rate, double bandwidth) {
-    return overhead + 2 * m * n * k / rate + (m * k + k * n + m * n) * b / bandwidth;
+  // A class: its weight bytes and output elements; the single fit: all operand bytes.
+  auto in_class = [&](double m, double overhead, double rate, double bandwidth, double outputs) {
+    return overhead + 2 * m * n * k / rate + n * k * b / bandwidth + m * n / outputs;
   };
-  CHECK(g.time(16, n, k, 4) == doctest::Approx(by(16, 9e-6, 40e9, 3e9)));
-  CHECK(g.time(17, n, k, 4) == doctest::Approx(by(17, 4e-6, 90e9, 7e9)));
-  CHECK(g.time(128, n, k, 4) == doctest::Approx(by(128, 4e-6, 90e9, 7e9)));
-  CHECK(g.time(129, n, k, 4) == doctest::Approx(by(129, 2e-6, 150e9, 20e9)));
+  auto single_fit = [&](double m) { return 2e-6 + 2 * m * n * k / 150e9 + (m * k + k * n + m * n) * b / 20e9; };
+  CHECK(g.time(16, n, k, 4) == doctest::Approx(in_class(16, 9e-6, 40e9, 3e9, 2e8)));
+  CHECK(g.time(17, n, k, 4) == doctest::Approx(in_class(17, 4e-6, 90e9, 7e9, 1e9)));
+  CHECK(g.time(128, n, k, 4) == doctest::Approx(in_class(128, 4e-6, 90e9, 7e9, 1e9)));
+  CHECK(g.time(129, n, k, 4) == doctest::Approx(single_fit(129)));
   CHECK(g.time(0, n, k, 4) == 0);
   GemmModel single = g;
   single.by_rows.clear();  // no classes: the single fit for every size, as before them
-  CHECK(single.time(4, n, k, 4) == doctest::Approx(by(4, 2e-6, 150e9, 20e9)));
+  CHECK(single.time(4, n, k, 4) == doctest::Approx(single_fit(4)));
 }
 
 TEST_CASE("gemm classes: profile JSON without them loads as the single fit; with them it round-trips") {
@@ -106,8 +109,8 @@ TEST_CASE("gemm classes: bad classes are refused by name") {
   HardwareProfile p;
   p.name = "bad";
   p.memory_bytes = 1 << 30;
-  p.gemm.by_rows = {{.max_rows = 128, .overhead_s = 0, .flops_per_s = 1e9, .bytes_per_s = 0},
-                    {.max_rows = 16, .overhead_s = 0, .flops_per_s = 1e9, .bytes_per_s = 0}};
+  p.gemm.by_rows = {{.max_rows = 128, .overhead_s = 0, .flops_per_s = 1e9},
+                    {.max_rows = 16, .overhead_s = 0, .flops_per_s = 1e9}};
   CHECK_THROWS_WITH_AS(profile_from_json(to_json(p)),
                        doctest::Contains("gemm.by_rows[1].max_rows = 16 must be above the previous class's 128"), Error);
   json::Value v = to_json(p);
@@ -117,10 +120,10 @@ TEST_CASE("gemm classes: bad classes are refused by name") {
   v["gemm"]["by_rows"][0]["max_rows"] = 2.5;
   CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("\"max_rows\" = 2.5 must be an integer"), Error);
   // Too few samples in a class.
-  const std::vector<GemmSample> two = {{1, 64, 64, 1e-6}, {2, 64, 64, 2e-6}, {40, 64, 64, 1e-5}};
-  CHECK_THROWS_WITH_AS(fit_gemm_classes(two, {16, 128}, 4),
-                       doctest::Contains("the class 0 < m <= 16 has 2 GEMM samples, at least 3 are needed"), Error);
-  CHECK_THROWS_WITH_AS(fit_gemm_classes(two, {16, 8}, 4), doctest::Contains("class bounds must ascend"), Error);
+  const std::vector<GemmSample> three = {{1, 64, 64, 1e-6}, {2, 64, 64, 2e-6}, {3, 64, 64, 3e-6}, {40, 64, 64, 1e-5}};
+  CHECK_THROWS_WITH_AS(fit_gemm_classes(three, {16, 128}, 4),
+                       doctest::Contains("the class 0 < m <= 16 has 3 GEMM samples, at least 4 are needed"), Error);
+  CHECK_THROWS_WITH_AS(fit_gemm_classes(three, {16, 8}, 4), doctest::Contains("class bounds must ascend"), Error);
 }
 
 TEST_CASE("gemm classes: calibrate_gemm_classes measures the shapes on every rank and fits them") {
@@ -129,12 +132,13 @@ TEST_CASE("gemm classes: calibrate_gemm_classes measures the shapes on every ran
   options.cold_bytes = std::int64_t(1) << 20;  // a small cold pool: this checks the plumbing, not the machine
   options.max_rows = {4, 32};
   for (const std::int64_t m : {1, 2, 4, 8, 16, 32, 64})
-    for (const std::int64_t n : {64, 128}) options.shapes.push_back({m, n, 64});
+    for (const std::int64_t n : {64, 128})
+      for (const std::int64_t k : {64, 96}) options.shapes.push_back({m, n, k});
   std::vector<GemmClassCalibration> got(2);
   run_ranks(2, [&](ThreadCommunicator& comm) { got[std::size_t(comm.rank())] = calibrate_gemm_classes(comm, options); });
   REQUIRE(got[0].classes.size() == 2);
   CHECK(got[0].classes == got[1].classes);  // every rank the same (the slowest rank's times)
   CHECK(got[0].samples.size() == options.shapes.size());
-  CHECK(got[0].compared.size() == 12);  // the 64-row shapes are above the classes
+  CHECK(got[0].compared.size() == 24);  // the 64-row shapes are above the classes
   for (const GemmSample& s : got[0].samples) CHECK(s.seconds > 0);
 }

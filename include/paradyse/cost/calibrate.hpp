@@ -351,8 +351,8 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
 // One linear form over every size misses the small GEMMs a serving step runs: fitted on calibrate's compute-bound
 // shapes and the decode shapes together, it under-predicted 4 x 1024 x 256 by 28% here (318 us measured, 229 fitted)
 // while over-predicting the 16-row ones. So the rows (m) split the shapes into classes, each fitted on its own
-// (t = overhead + flops / rate + operand bytes / bandwidth, relative least squares, non-negative), and the GEMMs are
-// timed as the workload runs them: every weight read once per step, from memory rather than cache. A shape's time is
+// (GemmRowClass: t = overhead + flops / rate + weight bytes / bandwidth + output elements / rate, relative least
+// squares, non-negative), and the GEMMs are timed as the workload runs them: every weight read once per step, from memory rather than cache. A shape's time is
 // one pass over copies of its weight operand that together exceed the caches (`cold_bytes` per rank), divided by the
 // copies; 0 times the same operands again (hot).
 
@@ -363,8 +363,8 @@ struct GemmSample {
 };
 
 // Fits one class per bound of `max_rows` (ascending): the samples with previous bound < m <= bound (samples above the
-// last bound are left to the single fit). Every class needs at least 3 samples, else an Error names it. `fits`, when given, gets each
-// class's fit (its worst and median relative errors).
+// last bound are left to the single fit). Every class needs at least 4 samples (its 4 terms), else an Error names
+// it. `fits`, when given, gets each class's fit (its worst and median relative errors).
 inline std::vector<GemmRowClass> fit_gemm_classes(const std::vector<GemmSample>& samples,
                                                   const std::vector<double>& max_rows, int dtype_bytes,
                                                   std::vector<Fit>* fits = nullptr) {
@@ -383,14 +383,14 @@ inline std::vector<GemmRowClass> fit_gemm_classes(const std::vector<GemmSample>&
       check(x.m > 0 && x.n > 0 && x.k > 0 && x.seconds > 0, "fit_gemm_classes: sample {}x{}x{} took {} s", x.m, x.n,
             x.k, x.seconds);
       const double m = double(x.m), n = double(x.n), k = double(x.k);
-      rows.push_back({1.0, 2 * m * n * k, (m * k + k * n + m * n) * dtype_bytes});
+      rows.push_back({1.0, 2 * m * n * k, n * k * dtype_bytes, m * n});
       y.push_back(x.seconds);
     }
-    check(y.size() >= 3, "fit_gemm_classes: the class {} < m <= {} has {} GEMM samples, at least 3 are needed", below,
+    check(y.size() >= 4, "fit_gemm_classes: the class {} < m <= {} has {} GEMM samples, at least 4 are needed", below,
           bound, y.size());
     const Fit fit = fit_non_negative(rows, y);
     const auto& c = fit.coefficients;
-    classes.push_back({bound, c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0});
+    classes.push_back({bound, c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0, c[3] > 0 ? 1 / c[3] : 0});
     if (fits) fits->push_back(fit);
     below = bound;
   }

@@ -104,17 +104,25 @@ struct LinkModel {
 // smoothly with size, as it does on real devices: small and skinny GEMMs are bound by their operands, big ones by
 // the rate. `flops = 2 m n k`, `bytes = (m k + k n + m n) * dtype bytes`.
 //
-// The single fit covers every size. A profile may refine it by size class (`by_rows`): the same three terms fitted
-// on their own for the GEMMs of at most `max_rows` rows (m), e.g. decode GEMMs (m <= 16) and the expert GEMMs of a
-// prefill chunk (m <= 128) against weights read from memory, where one linear form over all sizes misses by 25-35%
-// (docs/serving_simulation.md). A GEMM takes the first class whose max_rows holds its m (classes ascending), else
-// the single fit; a profile without classes (every built-in one, and profile JSON written before them) is the
-// single fit alone.
+// The single fit covers every size. A profile may refine it by size class (`by_rows`): GEMMs of at most `max_rows`
+// rows (m), e.g. decode GEMMs (m <= 16) and the expert GEMMs of a prefill chunk (m <= 128) against weights read from
+// memory, where one linear form over all sizes missed by 25-35% (docs/serving_simulation.md). A class has its own
+// terms, in the features that explain small GEMMs measured with cold weights (cost/calibrate.hpp
+// calibrate_gemm_classes): t = overhead + flops / rate + weight bytes (n k) / bandwidth + output elements (m n) /
+// output rate. The activations' reads (m k) are no term: their coefficient fitted to 0, while the outputs' was
+// needed (the same flops and weight bytes took twice as long with n = 512, k = 256 as with n = 256, k = 512).
+// A GEMM takes the first class whose max_rows holds its m (classes ascending), else the single fit; a profile
+// without classes (every built-in one, and profile JSON written before them) is the single fit alone.
 struct GemmRowClass {
-  double max_rows = 0;     // this class: GEMMs with m <= max_rows (and above the previous class's)
+  double max_rows = 0;          // this class: GEMMs with m <= max_rows (and above the previous class's)
   double overhead_s = 0;
   double flops_per_s = 1;
-  double bytes_per_s = 0;  // 0: no operand term
+  double bytes_per_s = 0;       // weight operand (n k) bytes per second; 0: no term
+  double outputs_per_s = 0;     // output elements (m n) per second; 0: no term
+  double time(double m, double n, double k, int dtype_bytes) const {
+    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? n * k * dtype_bytes / bytes_per_s : 0) +
+           (outputs_per_s > 0 ? m * n / outputs_per_s : 0);
+  }
   friend bool operator==(const GemmRowClass&, const GemmRowClass&) = default;
 };
 
@@ -132,12 +140,9 @@ struct GemmModel {
   }
   double time(double m, double n, double k, int dtype_bytes) const {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
-    const int c = row_class(m);
-    const double overhead = c < 0 ? overhead_s : by_rows[std::size_t(c)].overhead_s;
-    const double rate = c < 0 ? flops_per_s : by_rows[std::size_t(c)].flops_per_s;
-    const double bandwidth = c < 0 ? bytes_per_s : by_rows[std::size_t(c)].bytes_per_s;
+    if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].time(m, n, k, dtype_bytes);
     const double bytes = (m * k + k * n + m * n) * dtype_bytes;
-    return overhead + 2 * m * n * k / rate + (bandwidth > 0 ? bytes / bandwidth : 0);
+    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
   }
   double achieved_flops_per_s(double m, double n, double k, int dtype_bytes) const {
     return 2 * m * n * k / time(m, n, k, dtype_bytes);

@@ -125,21 +125,22 @@ inline LinkModel link_from_json(const json::Field& v) {
           rate(v, "p2p_bytes_per_s")};
 }
 
-// gemm.by_rows (GemmModel's size classes): [{"max_rows", "overhead_s", "flops_per_s", "bytes_per_s"}, ...], max_rows
-// whole and strictly ascending. Absent in profiles written before the classes: the single fit alone, as then.
+// gemm.by_rows (GemmModel's size classes): [{"max_rows", "overhead_s", "flops_per_s", "bytes_per_s", "outputs_per_s"},
+// ...], max_rows whole and strictly ascending. Absent in profiles written before the classes: the single fit alone, as then.
 inline json::Value gemm_classes_to_json(const std::vector<GemmRowClass>& classes) {
   json::Value list = json::Value::array();
   for (const GemmRowClass& c : classes)
     list.push_back({{"max_rows", c.max_rows},
                     {"overhead_s", c.overhead_s},
                     {"flops_per_s", c.flops_per_s},
-                    {"bytes_per_s", c.bytes_per_s}});
+                    {"bytes_per_s", c.bytes_per_s},
+                    {"outputs_per_s", c.outputs_per_s}});
   return list;
 }
 inline std::vector<GemmRowClass> gemm_classes_from_json(const json::Field& list) {
   std::vector<GemmRowClass> classes;
   for (const json::Field& entry : list.elements()) {
-    only_keys(entry, {"max_rows", "overhead_s", "flops_per_s", "bytes_per_s"});
+    only_keys(entry, {"max_rows", "overhead_s", "flops_per_s", "bytes_per_s", "outputs_per_s"});
     GemmRowClass c;
     c.max_rows = double(integer(entry, "max_rows", 1, std::int64_t(1) << 40));
     check(classes.empty() || c.max_rows > classes.back().max_rows,
@@ -148,6 +149,7 @@ inline std::vector<GemmRowClass> gemm_classes_from_json(const json::Field& list)
     c.overhead_s = seconds(entry, "overhead_s");
     c.flops_per_s = rate(entry, "flops_per_s");
     c.bytes_per_s = rate(entry, "bytes_per_s", true);
+    c.outputs_per_s = rate(entry, "outputs_per_s", true);
     classes.push_back(c);
   }
   return classes;
