@@ -232,13 +232,14 @@ void print_table(const std::vector<Result>& rows) {
                r.totals.compute_s, r.totals.communication_s, r.totals.switch_s);
 }
 
-// Dynamic over the best static policy per metric (> 1: dynamic better), beside the paper's claims.
+// Dynamic over the best static policy per metric (> 1: dynamic better), beside the paper's claims; none without
+// dynamic or without a static policy (--policies dynamic alone printed "infx").
 std::vector<double> dynamic_ratios(const std::vector<Result>& rows) {
   const Result* dyn = nullptr;
   for (const Result& r : rows)
     if (r.key == "dynamic") dyn = &r;
   std::vector<double> ratio;
-  if (!dyn) return ratio;
+  if (!dyn || rows.size() < 2) return ratio;
   for (int m = 0; m < kShown; ++m) {
     double best = m == tokens_per_s ? 0 : std::numeric_limits<double>::infinity();
     for (const Result& r : rows)
