@@ -25,6 +25,9 @@
 //     (wall-clock time only; in thread CPU time it is 0 by construction).
 // The fits minimise relative error with non-negative coefficients (cost/least_squares.hpp); their worst and median
 // errors come back with the samples, so a poor fit is visible.
+//
+// calibrate_gemm_classes (below, separate) fits the GEMM model's size classes (GemmModel::by_rows) on the shapes a
+// workload runs, with its weights read from memory: moe_simulate --measure calls it with the served model's GEMMs.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
