@@ -1,11 +1,15 @@
 // tests/serve/switch_window.cpp: the dynamic policy's forecast of the coming steps (serve/switch_policy.hpp
 // SwitchPolicy::window): forecast_batches plays serve_loop's batching forward; the switcher moves when the window pays
-// for the switch; on a trace where prompt-chunk steps and decode steps alternate, the window forecast switches where
-// the one-step forecast does not, and the reverse, with the same tokens and batches (the layout, and so the clock, is
-// all that differs).
+// for the switch; serving Mixtral-8x7B's shape on a simulated 8x H100 node, the window forecast switches where the
+// one-step forecast does not, and the reverse, with the same batches and tokens (the layouts, and so the clock, are
+// all that differ).
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
+#include "paradyse/serve/model_shape_hf.hpp"
 #include "paradyse/serve/request_trace.hpp"
+#include "paradyse/serve/routing_source.hpp"
+#include "paradyse/serve/shape_step.hpp"
 
 #include <doctest/doctest.h>
 
@@ -28,28 +32,28 @@ struct WindowRun {
   std::vector<StepTrace> traces;
 };
 
-// The mixtral fixture served on 2 thread ranks on the step clock (the same requests at time 0: admission depends on
-// max_running and the KV pool alone), the switcher on `model`.
-WindowRun serve_dynamic(const LoadedDecoder& m, const std::vector<ServeRequest>& requests, const SimulatedCluster& model,
-          SwitchPolicy switching) {
+// A model shape on 8 modelled ranks of `cluster` (serve/shape_step.hpp, Zipf 0.5 routing) on its simulated clock, the
+// dynamic policy with `switching`; the requests at time 0 (the batches do not depend on the clock).
+WindowRun serve_shape_dynamic(const DecoderConfig& c, const SimulatedCluster& cluster,
+                              const std::vector<ServeRequest>& requests, std::int64_t max_running,
+                              SwitchPolicy switching) {
   EnginePolicy policy;
   policy.mode = ModePolicy::dynamic;
   policy.switching = switching;
-  policy.time_model = model;
-  EngineOptions opt;
-  opt.step_tokens = 8;
-  opt.max_running = 3;
-  opt.block_size = 4;
-  opt.kv_blocks = 64;
+  policy.time_model = cluster;
   WindowRun r;
-  run_ranks(2, [&](ThreadCommunicator& comm) {
-    StepClock clock;
-    EngineOptions o = opt;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    SimulatedClock clock(c, cluster);
+    clock.observer = [&](const StepTrace& t, const StepTiming&, double) { r.traces.push_back(t); };
+    EngineOptions o;
+    o.step_tokens = 512;
+    o.max_running = max_running;
+    o.block_size = 16;
+    o.kv_blocks = 1 << 16;
     o.clock = &clock;
-    if (comm.rank() == 0) clock.observer = [&](const StepTrace& t, const StepTiming&, double) { r.traces.push_back(t); };
-    EngineStats stats;
-    auto got = serve_requests(comm, m, requests, o, policy, &stats);
-    if (comm.rank() == 0) r.out = std::move(got), r.stats = stats;
+    ZipfRouting routing(0.5, 1);
+    ShapeStepper stepper(c, 8, o, MoeMode::tp, routing);
+    r.out = serve_loop(comm, stepper, requests, o, policy, clock, &r.stats);
   });
   return r;
 }
@@ -103,18 +107,54 @@ TEST_CASE("switch window: the window in the other layout must be cheaper by the 
   CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("window -1 >= 0"), Error);
 }
 
-TEST_CASE("switch window: explore") {
-  const LoadedDecoder m = load_decoder((std::filesystem::path(PARADYSE_TEST_DATA_DIR) / "hf" / "mixtral").string());
-  std::vector<TraceRequest> t = poisson_trace(1.0, 12, {3, 11, 2, 7}, 5);
-  for (TraceRequest& r : t) r.arrival_s = 0;
-  const std::vector<ServeRequest> requests = to_serve_requests(t, m.config.vocab, 3);
-  for (const double link : {1e6, 1e7, 1e8, 1e9, 1e10})
-    for (const double memory : {1e8, 1e9, 1e10}) {
-      SimulatedCluster model = time_model_of({memory, 1e12, 1e4});
-      model.profile.intra_node.p2p_bytes_per_s = model.profile.intra_node.bus_bytes_per_s = link;
-      const WindowRun a = serve_dynamic(m, requests, model, {0.1, 2, 2, 32, true, 0});
-      const WindowRun b = serve_dynamic(m, requests, model, {0.1, 2, 2, 32, true, 4});
-      MESSAGE(fmt::format("link {:g} memory {:g}: one-step {} switches, window {} switches, steps {} {}", link, memory,
-                          a.stats.switches, b.stats.switches, a.stats.steps, b.stats.steps));
-    }
+// The same batches (requests at time 0, so admission does not depend on the clock): the same chunks every step and
+// the same tokens; the layouts, and so the clock, are all that differ.
+void same_batches(const WindowRun& a, const WindowRun& b) {
+  REQUIRE(a.traces.size() == b.traces.size());
+  for (std::size_t k = 0; k < a.traces.size(); ++k) {
+    REQUIRE(a.traces[k].chunks.size() == b.traces[k].chunks.size());
+    for (std::size_t i = 0; i < a.traces[k].chunks.size(); ++i) CHECK(same_chunk(a.traces[k].chunks[i], b.traces[k].chunks[i]));
+  }
+  REQUIRE(a.out.size() == b.out.size());
+  for (std::size_t i = 0; i < a.out.size(); ++i) CHECK(a.out[i].tokens == b.out[i].tokens);
+  CHECK(a.stats.step_tokens == b.stats.step_tokens);
+}
+
+TEST_CASE("switch window: on Mixtral-8x7B (8x H100) the window switches where one step does not, and the reverse, "
+          "with the same batches and tokens") {
+  const DecoderConfig c =
+      read_model_shape((std::filesystem::path(PARADYSE_TEST_DATA_DIR).parent_path().parent_path() / "data" /
+                        "model_shapes" / "mixtral-8x7b.json").string()).config;
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  auto at_once = [&](std::int64_t prompt, std::int64_t output) {
+    std::vector<TraceRequest> t = poisson_trace(1.0, 24, {prompt, prompt, output, output}, 5);
+    for (TraceRequest& r : t) r.arrival_s = 0;
+    return to_serve_requests(t, c.vocab, 3);
+  };
+  auto busy = [](const WindowRun& r) {
+    double s = 0;
+    for (const double x : r.stats.step_seconds) s += x;
+    return s;
+  };
+  {  // 24 prompts of 512 tokens, 4 outputs each, 4 running: prompt chunks beside a few decodes. Each step alone never
+     // pays for a switch to EP (the one-step forecast stays in TP); 16 steps of them do.
+    const std::vector<ServeRequest> requests = at_once(512, 4);
+    const WindowRun one = serve_shape_dynamic(c, h100, requests, 4, {0.1, 2, 8, 32, true, 0});
+    const WindowRun window = serve_shape_dynamic(c, h100, requests, 4, {0.1, 2, 8, 32, true, 16});
+    MESSAGE(fmt::format("512-token prompts, 4 running: one-step {} switches ({:.2f} ms busy), window of 16 {} ({:.2f} "
+                        "ms)", one.stats.switches, busy(one) * 1e3, window.stats.switches, busy(window) * 1e3));
+    CHECK(one.stats.switches == 0);
+    CHECK(window.stats.switches >= 1);
+    same_batches(one, window);
+  }
+  {  // 16 outputs each, 16 running: the one-step forecast switches once; a window of 4 sees the switch not pay.
+    const std::vector<ServeRequest> requests = at_once(512, 16);
+    const WindowRun one = serve_shape_dynamic(c, h100, requests, 16, {0.1, 2, 8, 32, true, 0});
+    const WindowRun window = serve_shape_dynamic(c, h100, requests, 16, {0.1, 2, 8, 32, true, 4});
+    MESSAGE(fmt::format("16 outputs, 16 running: one-step {} switches ({:.2f} ms busy), window of 4 {} ({:.2f} ms)",
+                        one.stats.switches, busy(one) * 1e3, window.stats.switches, busy(window) * 1e3));
+    CHECK(one.stats.switches >= 1);
+    CHECK(window.stats.switches == 0);
+    same_batches(one, window);
+  }
 }
