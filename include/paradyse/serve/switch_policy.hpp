@@ -14,7 +14,10 @@
 //     with 32 steps, on Mixtral-8x7B at 1 request/s every 1-2 step prefill switched to EP and back (202 switches,
 //     4.2 s exposed in 300 requests; break-even: see docs/serving_simulation.md),
 //   - and `dwell` steps have passed since the previous switch:
-// a burst of one step does not flip it, and a load that hovers at the crossover does not thrash.
+// a burst of one step does not flip it, and a load that hovers at the crossover does not thrash. With
+// SwitchPolicy::window = k the forecast is of the step and the k after it (forecast_batches, forecast_window, below):
+// the switcher moves when that window's savings pay for the switch (docs/serving_simulation.md: on the Azure code
+// trace 0.96x of the best static policy against the one-step forecast's 0.81x; worse at 1-2 requests/s).
 //
 // The time model is a hardware profile (cost/profile.hpp) and the dtype's bytes: a named cluster's under simulation
 // (moe_simulate sets the policy's to the clock's), this machine's calibrated profile, or, for a run that has neither,
