@@ -20,7 +20,10 @@
 // first when FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and
 // policies; the table gives both and the relative error, for the measured run on the wall clock and on rank 0's
 // thread CPU time (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own, which other
-// processes sharing the cores do not lengthen). scripts/validate_serving.sh runs it and records the load average.
+// processes sharing the cores do not lengthen). The calibration adds GEMM size classes fitted on the served model's
+// own GEMMs with cold weights (cost/calibrate.hpp calibrate_gemm_classes); the rows "cpu 1fit" simulate with the
+// profile's single GEMM fit instead (the time model before the classes; --gemm-classes off simulates with it alone).
+// scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
 #include "paradyse/cli/flags.hpp"
@@ -41,6 +44,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -48,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace paradyse;
@@ -60,6 +65,7 @@ struct Options {
   std::string traces = "poisson", rates = "1,2,4,8,16,32,64", policies = "tp,ep,eplb,dynamic";
   int ranks = 8, dtype_bytes = 2, rounds = 3;
   std::int64_t eplb_interval = 1000;
+  std::int64_t switch_window = 0;  // dynamic: 0 forecasts the step being planned; K: it and the K steps after it
   std::int64_t requests = 200, burst = 32, step_tokens = 512, max_running = 256, prompt_min = 64, prompt_max = 1024,
                output_min = 16, output_max = 256, block_size = 16, azure_requests = 1000;
   double period = 4;
@@ -69,6 +75,8 @@ struct Options {
   // --measure's calibration: thread CPU time (what a rank that owned its core would take; robust to other processes
   // on the cores) or wall time.
   bool calibrate_cpu = true;
+  // --measure: the profile's GEMM size classes (GemmModel::by_rows) in the simulation; off: its single fit alone.
+  bool gemm_classes = true;
 };
 
 // The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
@@ -106,8 +114,10 @@ struct Policy {
   EnginePolicy policy;
 };
 
-// The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster).
-std::vector<Policy> make_policies(const std::string& list, const SimulatedCluster& model, std::int64_t eplb_interval) {
+// The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster); the
+// switcher forecasts the step being planned, or with `window` > 0 it and the `window` steps after it.
+std::vector<Policy> make_policies(const std::string& list, const SimulatedCluster& model, std::int64_t eplb_interval,
+                                  std::int64_t window) {
   std::vector<Policy> all(4);
   all[0] = {"tp", "static TP", {}};
   all[1] = {"ep", "static EP", {}};
@@ -117,7 +127,7 @@ std::vector<Policy> make_policies(const std::string& list, const SimulatedCluste
   all[2].policy.eplb_interval = eplb_interval;
   all[3] = {"dynamic", "dynamic TP/EP", {}};
   all[3].policy.mode = ModePolicy::dynamic;
-  all[3].policy.switching = {0.1, 2, 8, 32, true};
+  all[3].policy.switching = {0.1, 2, 8, 32, true, window};
   std::vector<Policy> chosen;
   for (Policy& p : all) {
     p.policy.time_model = model;
@@ -222,13 +232,14 @@ void print_table(const std::vector<Result>& rows) {
                r.totals.compute_s, r.totals.communication_s, r.totals.switch_s);
 }
 
-// Dynamic over the best static policy per metric (> 1: dynamic better), beside the paper's claims.
+// Dynamic over the best static policy per metric (> 1: dynamic better), beside the paper's claims; none without
+// dynamic or without a static policy (--policies dynamic alone printed "infx").
 std::vector<double> dynamic_ratios(const std::vector<Result>& rows) {
   const Result* dyn = nullptr;
   for (const Result& r : rows)
     if (r.key == "dynamic") dyn = &r;
   std::vector<double> ratio;
-  if (!dyn) return ratio;
+  if (!dyn || rows.size() < 2) return ratio;
   for (int m = 0; m < kShown; ++m) {
     double best = m == tokens_per_s ? 0 : std::numeric_limits<double>::infinity();
     for (const Result& r : rows)
@@ -248,7 +259,7 @@ int simulate(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   opt.kv_blocks = kv_blocks_for(shape, cluster, o.ranks, o.block_size);
-  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval);
+  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
   fmt::print("moe_simulate: {} ({}: {} layers, h {}, {} heads / {} kv, {} experts top-{}, expert ffn {}, shared {}; "
              "{:.1f}B parameters){} on {} ranks of {} ({} bytes per value), KV pool {} blocks of {}; routing: {}; "
              "step {} tokens, at most {} running\n",
@@ -371,6 +382,23 @@ double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::Gemm
   return percentile(bandwidths, 0.5);
 }
 
+// The GEMMs a serving step of `c` runs on rank 0 of `ranks` (cost/calibrate.hpp's calibrate_gemm_classes measures
+// them with their weights cold): (m, n, k) for the decode rows 1-16 and a prefill chunk's rows up to `step_tokens`
+// (at most 128, the classes' top) against the attention projections, the router, the experts' TP slices and whole
+// experts (both products) and the lm_head.
+std::vector<std::array<std::int64_t, 3>> serving_gemm_shapes(const DecoderConfig& c, int ranks, std::int64_t step_tokens) {
+  const std::int64_t h = c.hidden, d = c.head_dim, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / ranks);
+  const std::int64_t hq = query_heads(c, ranks, 0).length, hk = kv_heads_of(c, ranks, 0).length;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> weights = {
+      {hq * d, h}, {hk * d, h}, {h, hq * d}, {c.moe.experts, h}, {2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}};
+  std::vector<std::array<std::int64_t, 3>> shapes;
+  for (const std::int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128}) {
+    if (m > std::max<std::int64_t>(16, std::min<std::int64_t>(step_tokens, 128))) break;
+    for (const auto& [n, k] : weights) shapes.push_back({m, n, k});
+  }
+  return shapes;
+}
+
 // One measured step on rank 0: its trace and its wall and CPU time.
 struct MeasuredStep {
   StepTrace trace;
@@ -455,11 +483,39 @@ int measure(const Options& o) {
     fmt::print("decode GEMMs with their weights read from memory (not cache), all ranks at once: operand bytes at {:.2f} "
                "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
     profile.gemm.bytes_per_s = cold;
+    // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
+    // each on its own, on the serving step's own GEMMs with cold weights; above 128 rows the single fit.
+    cost::GemmClassOptions classes;
+    classes.clock = options.clock;
+    classes.shapes = serving_gemm_shapes(c, o.ranks, o.step_tokens);
+    run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+      const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
+      if (comm.rank() != 0) return;
+      profile.gemm.by_rows = cal.classes;
+      const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
+      for (const cost::GemmSample& x : cal.samples) {
+        const double m = double(x.m), n = double(x.n), k = double(x.k);
+        fmt::print("  gemm {:>3}x{:>4}x{:>4} cold  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
+                   x.m, x.n, x.k, x.seconds * 1e6, profile.gemm.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
+      }
+      for (std::size_t i = 0; i < cal.classes.size(); ++i)
+        fmt::print("GEMM class m <= {:g}: {:.2f} us + flops / {:.1f} GFLOP/s + weight bytes / {:.2f} GB/s + outputs / "
+                   "{:.1f} M/s (median error {:.1f}%, worst {:.1f}%)\n", cal.classes[i].max_rows,
+                   cal.classes[i].overhead_s * 1e6, cal.classes[i].flops_per_s / 1e9, cal.classes[i].bytes_per_s / 1e9,
+                   cal.classes[i].outputs_per_s / 1e6, 100 * cal.fits[i].median_relative_error,
+                   100 * cal.fits[i].worst_relative_error);
+    });
     cost::save_profile(profile, o.cluster);
   }
-  const SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
+  SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
+  // The profile's single fit alone, the time model before the size classes: simulated beside them ("one fit").
+  SimulatedCluster one_fit = cluster;
+  one_fit.profile.gemm.by_rows.clear();
+  if (!o.gemm_classes) cluster = one_fit;
   cost::use_gemm_engines(cluster.profile);
-  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval);
+  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
+  const std::vector<Policy> one_fit_policies = make_policies(o.policies, one_fit, o.eplb_interval, o.switch_window);
+  const bool compare_one_fit = !cluster.profile.gemm.by_rows.empty();  // the classes against the single fit alone
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -479,8 +535,10 @@ int measure(const Options& o) {
     fmt::print("{:<16} {:>8}", "", "");
     for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
     fmt::print("\n");
-    for (const Policy& pol : policies) {
-      // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated.
+    for (std::size_t pi = 0; pi < policies.size(); ++pi) {
+      const Policy& pol = policies[pi];
+      // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
+      // on the profile's single GEMM fit (the policy's time model too).
       auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
@@ -488,6 +546,7 @@ int measure(const Options& o) {
           std::unique_ptr<EngineClock> own;
           EngineOptions run = opt;
           if (kind == 2) own = std::make_unique<SimulatedClock>(c, cluster);  // every rank its own (alike)
+          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, one_fit);
           else if (kind == 1) own = std::make_unique<CpuClock>();  // rank 0's decides (it plans)
           else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
@@ -497,7 +556,7 @@ int measure(const Options& o) {
             };
           run.clock = own.get();
           EngineStats s;
-          auto got = serve_requests(comm, model, requests, run, pol.policy, &s);
+          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? one_fit_policies[pi] : pol).policy, &s);
           if (comm.rank() == 0) out = std::move(got), stats = s;
         });
         return summarize(out, stats, c);
@@ -512,19 +571,25 @@ int measure(const Options& o) {
         on_cpu.push_back(serve(1, nullptr, nullptr));
       }
       breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
+      if (compare_one_fit) breakdowns.push_back({pol.name + ", one fit", step_breakdown(c, one_fit, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
       const Result sim = serve(2, nullptr, nullptr);
-      for (const auto& [clock_name, runs] : {std::pair<const char*, const std::vector<Result>*>{"wall", &measured},
-                                             {"cpu", &on_cpu}}) {
+      const Result sim_one_fit = compare_one_fit ? serve(3, nullptr, nullptr) : sim;
+      // Rows: the wall and CPU clocks against the simulation; then (with classes) the CPU clock against the single
+      // fit's simulation, the time model before the classes.
+      for (const auto& [clock_name, runs, simulated] :
+           {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
+            {"cpu", &on_cpu, &sim}, {"cpu 1fit", &on_cpu, &sim_one_fit}}) {
+        if (simulated == &sim_one_fit && !compare_one_fit) continue;
         fmt::print("{:<16} {:>8}", pol.name, clock_name);
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v;
           for (const Result& r : *runs) v.push_back(r.metric[m]);
-          const double med = percentile(v, 0.5);
-          fmt::print(" {:>9.2f} {:>9.2f} {:>6.0f}%", med, sim.metric[m], 100 * (sim.metric[m] - med) / std::max(1e-12, med));
+          const double med = percentile(v, 0.5), x = simulated->metric[m];
+          fmt::print(" {:>9.2f} {:>9.2f} {:>6.0f}%", med, x, 100 * (x - med) / std::max(1e-12, med));
         }
         fmt::print("\n");
       }
@@ -562,6 +627,8 @@ int main(int argc, char** argv) {
   flags.integer("--max-running", o.max_running, std::int64_t(1), std::int64_t(1) << 20, "requests running at once");
   flags.integer("--eplb-interval", o.eplb_interval, std::int64_t(1), std::int64_t(1) << 40,
                 "EP + EPLB: steps between rebalances (moe_infer: 32; vLLM's default: 3000)");
+  flags.integer("--switch-window", o.switch_window, std::int64_t(0), std::int64_t(4096),
+                "dynamic: forecast the K steps after the one being planned (0: that step alone; SwitchPolicy::window)");
   flags.text("--policies", o.policies, "comma-separated subset of tp,ep,eplb,dynamic", "LIST");
   flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "traces and routing seed");
   flags.text("--switch-csv", o.switch_csv, "write every step (trace, policy, time, tokens, layout) to FILE", "FILE")
@@ -575,6 +642,9 @@ int main(int argc, char** argv) {
   flags.choice("--calibrate-clock", o.calibrate_cpu, "cpu", "wall",
                "--measure: the calibration's clock when --cluster FILE.json is absent (cpu: each rank's thread CPU "
                "time, as the per-step cpu column; wall: the wall clock, other processes' use of the cores included)");
+  flags.choice("--gemm-classes", o.gemm_classes, "on", "off",
+               "--measure: simulate with the profile's GEMM size classes (on; the single fit is simulated beside "
+               "them, rows \"cpu 1fit\") or with its single fit alone (off)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);

@@ -6,7 +6,9 @@
 # thread CPU time (serve/clock.hpp's CpuClock: each step as it takes on a core of its own, so other processes on the
 # cores do not lengthen it), and simulated (serve/step_cost.hpp) on this machine's profile, calibrated on the same
 # thread ranks in thread CPU time (once; cached in $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes
-# it). The trace is not arrival-bound: REQUESTS requests arrive at RATE per second, far faster than 2 thread ranks
+# it; the calibration includes the GEMM size classes fitted on the served model's own GEMMs with cold weights, and the
+# rows "cpu 1fit" simulate with the profile's single GEMM fit instead, the time model before the classes). The trace
+# is not arrival-bound: REQUESTS requests arrive at RATE per second, far faster than 2 thread ranks
 # serve them, so the engine runs full batches and tokens/s is the engine's throughput. It prints TTFT and TPOT
 # p50/p99 and tokens/s per policy and clock (measured median of ROUNDS rounds, simulated, error), then per step kind
 # the measured wall and CPU time against the simulated cost of the same steps' traces, and the load average before
@@ -35,7 +37,7 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
     -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=OFF >/dev/null
 fi
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt" || fail "$BUILD is not a Release build folder"
-[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target moe_simulate -j2 >/dev/null
+[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target moe_simulate -j1 >/dev/null
 
 OUT=$BUILD/validate_serving
 mkdir -p "$OUT"

@@ -103,12 +103,44 @@ struct LinkModel {
 // maxed so that the form is linear in its coefficients (least squares fits it) and the achieved rate rises
 // smoothly with size, as it does on real devices: small and skinny GEMMs are bound by their operands, big ones by
 // the rate. `flops = 2 m n k`, `bytes = (m k + k n + m n) * dtype bytes`.
+//
+// The single fit covers every size. A profile may refine it by size class (`by_rows`): GEMMs of at most `max_rows`
+// rows (m), e.g. decode GEMMs (m <= 16) and the expert GEMMs of a prefill chunk (m <= 128) against weights read from
+// memory, where one linear form over all sizes missed by 25-35% (docs/serving_simulation.md). A class has its own
+// terms, in the features that explain small GEMMs measured with cold weights (cost/calibrate.hpp
+// calibrate_gemm_classes): t = overhead + flops / rate + weight bytes (n k) / bandwidth + output elements (m n) /
+// output rate. The activations' reads (m k) are no term: their coefficient fitted to 0, while the outputs' was
+// needed (the same flops and weight bytes took twice as long with n = 512, k = 256 as with n = 256, k = 512).
+// A GEMM takes the first class whose max_rows holds its m (classes ascending), else the single fit; a profile
+// without classes (every built-in one, and profile JSON written before them) is the single fit alone.
+struct GemmRowClass {
+  double max_rows = 0;          // this class: GEMMs with m <= max_rows (and above the previous class's)
+  double overhead_s = 0;
+  double flops_per_s = 1;
+  double bytes_per_s = 0;       // weight operand (n k) bytes per second; 0: no term
+  double outputs_per_s = 0;     // output elements (m n) per second; 0: no term
+  double time(double m, double n, double k, int dtype_bytes) const {
+    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? n * k * dtype_bytes / bytes_per_s : 0) +
+           (outputs_per_s > 0 ? m * n / outputs_per_s : 0);
+  }
+  friend bool operator==(const GemmRowClass&, const GemmRowClass&) = default;
+};
+
 struct GemmModel {
   double overhead_s = 0;
   double flops_per_s = 1;
   double bytes_per_s = 0;  // 0: no operand term
+  std::vector<GemmRowClass> by_rows = {};  // ascending max_rows; empty: the single fit for every size
+
+  // The class of a GEMM of m rows: its index in by_rows, or -1 for the single fit.
+  int row_class(double m) const {
+    for (std::size_t i = 0; i < by_rows.size(); ++i)
+      if (m <= by_rows[i].max_rows) return int(i);
+    return -1;
+  }
   double time(double m, double n, double k, int dtype_bytes) const {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
+    if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].time(m, n, k, dtype_bytes);
     const double bytes = (m * k + k * n + m * n) * dtype_bytes;
     return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
   }

@@ -2,8 +2,9 @@
 // to_json, profile_from_json, save_profile, load_profile.
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
-//    "reserved_bytes", "gemm": {...}, "attention": {...}, "elementwise_bytes_per_s", "activation_elements_per_s",
-//    "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...], ["gemm_engines": [...]]}
+//    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, "elementwise_bytes_per_s",
+//    "activation_elements_per_s", "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...],
+//    ["gemm_engines": [...]]}
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
 // mistyped fields, unknown and repeated keys, non-finite numbers, times outside [0, 1] s and rates outside [1, 1e30]
@@ -124,6 +125,36 @@ inline LinkModel link_from_json(const json::Field& v) {
           rate(v, "p2p_bytes_per_s")};
 }
 
+// gemm.by_rows (GemmModel's size classes): [{"max_rows", "overhead_s", "flops_per_s", "bytes_per_s", "outputs_per_s"},
+// ...], max_rows whole and strictly ascending. Absent in profiles written before the classes: the single fit alone, as then.
+inline json::Value gemm_classes_to_json(const std::vector<GemmRowClass>& classes) {
+  json::Value list = json::Value::array();
+  for (const GemmRowClass& c : classes)
+    list.push_back({{"max_rows", c.max_rows},
+                    {"overhead_s", c.overhead_s},
+                    {"flops_per_s", c.flops_per_s},
+                    {"bytes_per_s", c.bytes_per_s},
+                    {"outputs_per_s", c.outputs_per_s}});
+  return list;
+}
+inline std::vector<GemmRowClass> gemm_classes_from_json(const json::Field& list) {
+  std::vector<GemmRowClass> classes;
+  for (const json::Field& entry : list.elements()) {
+    only_keys(entry, {"max_rows", "overhead_s", "flops_per_s", "bytes_per_s", "outputs_per_s"});
+    GemmRowClass c;
+    c.max_rows = double(integer(entry, "max_rows", 1, std::int64_t(1) << 40));
+    check(classes.empty() || c.max_rows > classes.back().max_rows,
+          "profile: {}.max_rows = {} must be above the previous class's {} (classes ascending)", entry.path(),
+          c.max_rows, classes.empty() ? 0.0 : classes.back().max_rows);
+    c.overhead_s = seconds(entry, "overhead_s");
+    c.flops_per_s = rate(entry, "flops_per_s");
+    c.bytes_per_s = rate(entry, "bytes_per_s", true);
+    c.outputs_per_s = rate(entry, "outputs_per_s", true);
+    classes.push_back(c);
+  }
+  return classes;
+}
+
 }  // namespace detail
 
 inline json::Value to_json(const HardwareProfile& p) {
@@ -137,6 +168,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   v["gemm"] = {{"overhead_s", p.gemm.overhead_s},
                {"flops_per_s", p.gemm.flops_per_s},
                {"bytes_per_s", p.gemm.bytes_per_s}};
+  if (!p.gemm.by_rows.empty()) v["gemm"]["by_rows"] = detail::gemm_classes_to_json(p.gemm.by_rows);
   v["attention"] = {{"overhead_s", p.attention.overhead_s},
                     {"forward_flops_per_s", p.attention.forward_flops_per_s},
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
@@ -191,8 +223,9 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   check(p.reserved_bytes < p.memory_bytes,
         "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
   const json::Field gemm = v["gemm"];
-  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s"});
+  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows"});
   p.gemm = {seconds(gemm, "overhead_s"), rate(gemm, "flops_per_s"), rate(gemm, "bytes_per_s", true)};
+  if (const auto classes = gemm.find("by_rows")) p.gemm.by_rows = gemm_classes_from_json(*classes);
   const json::Field attention = v["attention"];
   only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s"});
   p.attention = {seconds(attention, "overhead_s"), rate(attention, "forward_flops_per_s"),

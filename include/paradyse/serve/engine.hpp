@@ -12,7 +12,8 @@
 //     others in admission order while the step's token budget lasts (a long prompt takes several steps);
 //   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
 //     the last step's expert loads scaled to its tokens) in both layouts, and the switch's exposed time, with the
-//     time model of the simulated clock (serve/step_cost.hpp on policy.time_model); a change is carried out during
+//     time model of the simulated clock (serve/step_cost.hpp on policy.time_model), or with SwitchPolicy::window the
+//     coming steps too (the running requests' chunks and the queue played forward); a change is carried out during
 //     the step: each layer's weights are posted for redistribution right after the layer computed in the old
 //     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
 //     waits took);
@@ -329,8 +330,23 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
         std::vector<std::vector<std::int64_t>> scaled(last_routed);
         for (auto& layer : scaled)
           for (std::int64_t& x : layer) x = std::min(n, (x * n + last_tokens - 1) / last_tokens);
-        target = switcher.decide(forecast_layouts(c, shapes, scaled, current_layouts(), chunked_ep, p,
-                                                  policy.pipelined_switch, time_model));
+        if (policy.switching.window == 0) {
+          target = switcher.decide(forecast_layouts(c, shapes, scaled, current_layouts(), chunked_ep, p,
+                                                    policy.pipelined_switch, time_model));
+        } else {  // the window: this step and the next `window`, from the running requests and the queue
+          std::vector<PendingRequest> now, queue;
+          for (const std::size_t i : all) {
+            const std::int64_t prompt = std::int64_t(requests[i].prompt.size()), out = std::int64_t(live[i].outcome.tokens.size());
+            const bool decode = live[i].done_prompt >= prompt;
+            now.push_back({prompt - live[i].done_prompt, decode ? prompt + out - 1 : live[i].done_prompt,
+                           requests[i].max_new_tokens - out});
+          }
+          for (std::size_t q = next_arrival; q < order.size() && requests[order[q]].arrival <= clock.now(); ++q)
+            queue.push_back({std::int64_t(requests[order[q]].prompt.size()), 0, requests[order[q]].max_new_tokens});
+          target = switcher.decide(forecast_window(
+              c, forecast_batches(now, queue, opt.step_tokens, opt.max_running, policy.switching.window + 1),
+              last_routed, last_tokens, current_layouts(), chunked_ep, p, policy.pipelined_switch, time_model));
+        }
       }
       const bool rebalance = policy.eplb && mode == MoeMode::ep && target == MoeMode::ep && any_moe &&
                              stats.steps > 0 && stats.steps % policy.eplb_interval == 0;

@@ -14,7 +14,10 @@
 //     with 32 steps, on Mixtral-8x7B at 1 request/s every 1-2 step prefill switched to EP and back (202 switches,
 //     4.2 s exposed in 300 requests; break-even: see docs/serving_simulation.md),
 //   - and `dwell` steps have passed since the previous switch:
-// a burst of one step does not flip it, and a load that hovers at the crossover does not thrash.
+// a burst of one step does not flip it, and a load that hovers at the crossover does not thrash. With
+// SwitchPolicy::window = k the forecast is of the step and the k after it (forecast_batches, forecast_window, below):
+// the switcher moves when that window's savings pay for the switch (docs/serving_simulation.md: on the Azure code
+// trace 0.96x of the best static policy against the one-step forecast's 0.81x; worse at 1-2 requests/s).
 //
 // The time model is a hardware profile (cost/profile.hpp) and the dtype's bytes: a named cluster's under simulation
 // (moe_simulate sets the policy's to the clock's), this machine's calibrated profile, or, for a run that has neither,
@@ -166,17 +169,112 @@ inline LayoutForecast forecast_layouts(const DecoderConfig& c, const std::vector
   return f;
 }
 
+// ---- the forecast of the coming steps (SwitchPolicy::window) ------------------------------------------------------
+//
+// One step is a poor forecast where the steps alternate: on the Azure code trace decode-only steps favour TP and the
+// steps that carry a prompt chunk favour EP, so a streak rarely pays for a switch, whichever layout the mix as a whole
+// favours. The scheduler knows the coming steps' mix: the running requests' remaining prompt chunks and outputs, and
+// the queue. forecast_batches plays serve_loop's batching forward over them; forecast_window costs the steps in both
+// layouts, and the switcher moves when the window pays for the switch.
+
+// A request as the forecast sees it (serve_loop's state of it before the step).
+struct PendingRequest {
+  std::int64_t prompt_left = 0;   // prompt tokens still to process
+  std::int64_t cached = 0;        // positions in its KV cache
+  std::int64_t outputs_left = 0;  // tokens still to generate (the first comes with the prompt's last chunk)
+};
+
+// The chunks of `steps` steps as serve_loop batches them, starting with the step being planned: `running` (admission
+// order) plus `queued` (arrived, not yet admitted: admitted in order while fewer than `max_running` run; the KV pool is
+// not modelled); each step every request past its prompt decodes one token, then prompt chunks fill the rest of
+// `step_tokens` in order; a request leaves after its last token. Requests yet to arrive are not forecast; the list
+// ends early when no request is left.
+inline std::vector<std::vector<ChunkShape>> forecast_batches(std::vector<PendingRequest> running,
+                                                             std::vector<PendingRequest> queued,
+                                                             std::int64_t step_tokens, std::int64_t max_running,
+                                                             std::int64_t steps) {
+  check(step_tokens >= 1 && max_running >= 1 && steps >= 0,
+        "forecast_batches: step_tokens {} and max_running {} must be >= 1, steps {} >= 0", step_tokens, max_running,
+        steps);
+  std::vector<std::vector<ChunkShape>> out;
+  std::size_t next_queued = 0;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    while (next_queued < queued.size() && std::int64_t(running.size()) < max_running)
+      running.push_back(queued[next_queued++]);
+    if (running.empty()) break;
+    std::vector<ChunkShape> batch;
+    std::vector<std::int64_t> take(running.size(), 0);  // prompt tokens of each request this step
+    std::int64_t budget = step_tokens;
+    for (const PendingRequest& r : running)
+      if (r.prompt_left == 0) batch.push_back({1, r.cached, true}), --budget;
+    for (std::size_t i = 0; i < running.size(); ++i)
+      if (running[i].prompt_left > 0 && budget > 0) {
+        take[i] = std::min(running[i].prompt_left, budget);
+        batch.push_back({take[i], running[i].cached, false});
+        budget -= take[i];
+      }
+    out.push_back(std::move(batch));
+    std::vector<PendingRequest> left;
+    for (std::size_t i = 0; i < running.size(); ++i) {
+      PendingRequest r = running[i];
+      if (r.prompt_left == 0) {
+        ++r.cached, --r.outputs_left;
+      } else if (take[i] > 0) {
+        r.cached += take[i], r.prompt_left -= take[i];
+        if (r.prompt_left == 0) --r.outputs_left;
+      }
+      if (r.outputs_left > 0) left.push_back(r);
+    }
+    running = std::move(left);
+  }
+  return out;
+}
+
+// The window's forecast: batches[0] is the step being planned (the switch is carried out during it), batches[1..] the
+// steps after it. `step` sums the window's steps with every MoE layer in TP and in EP: the steps after this one (a
+// pipelined switch installs the new layout after the step), this one too when the switch is not pipelined; the
+// switch terms are those of this step (forecast_layouts). Expert loads: `routed` [layers][E] of `routed_tokens`
+// tokens, scaled to each step's tokens.
+inline LayoutForecast forecast_window(const DecoderConfig& c, const std::vector<std::vector<ChunkShape>>& batches,
+                                      const std::vector<std::vector<std::int64_t>>& routed, std::int64_t routed_tokens,
+                                      const std::vector<ExpertLayout>& current, const ExpertLayout& ep, int p,
+                                      bool pipelined, const SimulatedCluster& model) {
+  check(!batches.empty() && routed_tokens >= 1, "forecast_window: {} batches (>= 1), routed_tokens {} (>= 1)",
+        batches.size(), routed_tokens);
+  auto scaled = [&](const std::vector<ChunkShape>& batch) {
+    std::int64_t n = 0;
+    for (const ChunkShape& ch : batch) n += ch.tokens;
+    std::vector<std::vector<std::int64_t>> r(routed);
+    for (auto& layer : r)
+      for (std::int64_t& x : layer) x = std::min(n, (x * n + routed_tokens - 1) / routed_tokens);
+    return r;
+  };
+  LayoutForecast f = forecast_layouts(c, batches[0], scaled(batches[0]), current, ep, p, pipelined, model);
+  if (pipelined) f.step = {};
+  for (std::size_t s = 1; s < batches.size(); ++s) {
+    const ModeCosts x = forecast_layouts(c, batches[s], scaled(batches[s]), current, ep, p, pipelined, model, false).step;
+    f.step.tp_s += x.tp_s;
+    f.step.ep_s += x.ep_s;
+  }
+  return f;
+}
+
 struct SwitchPolicy {
   double margin = 0.1;      // the other mode must be this much cheaper (relative)
   std::int64_t patience = 2;  // for this many consecutive steps
   std::int64_t dwell = 8;     // and at least this many steps since the last switch
   std::int64_t horizon = 32;  // without break_even: steps a switch's exposed time is amortised over
   bool break_even = false;    // the streak's savings must pay for the switch's exposed time
+  // 0: forecast the step being planned (above). k >= 1: forecast it and the k steps after it (forecast_batches) and
+  // move when the window in the other layout is cheaper by the margin than in the current one and its savings pay
+  // for the switch's exposed time (for `patience` plans in a row, `dwell` steps after the last switch); break_even
+  // and horizon do not apply (the window's own savings pay for the switch).
+  std::int64_t window = 0;
 
   void validate() const {
-    check(margin >= 0 && patience >= 1 && dwell >= 0 && horizon >= 1,
-          "SwitchPolicy: margin {} >= 0, patience {} >= 1, dwell {} >= 0, horizon {} >= 1", margin, patience, dwell,
-          horizon);
+    check(margin >= 0 && patience >= 1 && dwell >= 0 && horizon >= 1 && window >= 0,
+          "SwitchPolicy: margin {} >= 0, patience {} >= 1, dwell {} >= 0, horizon {} >= 1, window {} >= 0", margin,
+          patience, dwell, horizon, window);
   }
 };
 
@@ -199,21 +297,36 @@ public:
       streak_ = 0;
       saved_ = 0;
     }
-    if (streak_ >= policy_.patience && (!policy_.break_even || saved_ >= switch_s) && since_switch_ >= policy_.dwell) {
-      mode_ = mode_ == MoeMode::tp ? MoeMode::ep : MoeMode::tp;
-      since_switch_ = 0;
-      streak_ = 0;
-      saved_ = 0;
-      ++switches_;
-    }
+    if (streak_ >= policy_.patience && (!policy_.break_even || saved_ >= switch_s) && since_switch_ >= policy_.dwell)
+      flip();
     return mode_;
   }
-  // The same, from a forecast of the step (forecast_layouts).
-  MoeMode decide(const LayoutForecast& f) { return decide(f.step, mode_ == MoeMode::tp ? f.to_ep_s : f.to_tp_s); }
+  // The same, from a forecast of the step (forecast_layouts), or with SwitchPolicy::window of the window
+  // (forecast_window): the window in the other layout against this one, its savings against the switch.
+  MoeMode decide(const LayoutForecast& f) {
+    const double switch_s = mode_ == MoeMode::tp ? f.to_ep_s : f.to_tp_s;
+    if (policy_.window == 0) return decide(f.step, switch_s);
+    ++since_switch_;
+    const double current = mode_ == MoeMode::tp ? f.step.tp_s : f.step.ep_s;
+    const double other = mode_ == MoeMode::tp ? f.step.ep_s : f.step.tp_s;
+    streak_ = other < (1.0 - policy_.margin) * current && current - other >= switch_s ? streak_ + 1 : 0;
+    if (streak_ >= policy_.patience && since_switch_ >= policy_.dwell) flip();
+    return mode_;
+  }
   MoeMode mode() const noexcept { return mode_; }
   std::int64_t switches() const noexcept { return switches_; }
 
+  const SwitchPolicy& policy() const noexcept { return policy_; }
+
 private:
+  void flip() {
+    mode_ = mode_ == MoeMode::tp ? MoeMode::ep : MoeMode::tp;
+    since_switch_ = 0;
+    streak_ = 0;
+    saved_ = 0;
+    ++switches_;
+  }
+
   SwitchPolicy policy_;
   MoeMode mode_;
   std::int64_t streak_ = 0, since_switch_ = 1 << 30, switches_ = 0;
