@@ -113,6 +113,29 @@ inline double switch_bytes(const DecoderConfig& c, const ExpertLayout& from, con
   return most;
 }
 
+// The exposed seconds of the step's layout change, its compute having ended each layer at layer_end[l] seconds and
+// the step at `step_end`: layer l's pieces leave after layer l, one exchange after another on the links; unpipelined,
+// the whole change stalls before the step. Shared with the dry run's cost (serve/step_dry_run.hpp).
+inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster,
+                               const std::vector<double>& layer_end, double step_end) {
+  using namespace step_cost_detail;
+  const int p = t.ranks, b = cluster.dtype_bytes;
+  check(std::int64_t(layer_end.size()) == c.layers, "switch_exposed_s: {} layer end times for {} layers",
+        layer_end.size(), c.layers);
+  double link_free = 0, stall = 0;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::size_t li = std::size_t(l);
+    if (!t.next[li] || !c.is_moe(l)) continue;
+    const double x = exchange_time(cluster.profile, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
+    if (t.pipelined_switch) {
+      link_free = std::max(link_free, layer_end[li]) + x;
+    } else {
+      stall += x;
+    }
+  }
+  return t.pipelined_switch ? std::max(0.0, link_free - step_end) : stall;
+}
+
 // Seconds of each layer of the step on the cluster (compute, then its collectives), and the totals.
 inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
   using namespace step_cost_detail;
@@ -179,19 +202,7 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
   const double logits = gemm(hw, double(t.chunks.size()), double(c.vocab), h, b);  // the last row of each chunk
   out.compute_s += logits;
   clock += logits;
-  // The layout change: layer l's pieces leave after layer l, one exchange after another on the links.
-  double link_free = 0, stall = 0;
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::size_t li = std::size_t(l);
-    if (!t.next[li] || !c.is_moe(l)) continue;
-    const double x = exchange_time(hw, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
-    if (t.pipelined_switch) {
-      link_free = std::max(link_free, layer_end[li]) + x;
-    } else {
-      stall += x;
-    }
-  }
-  out.switch_s = t.pipelined_switch ? std::max(0.0, link_free - clock) : stall;
+  out.switch_s = switch_exposed_s(c, t, cluster, layer_end, clock);
   return out;
 }
 
