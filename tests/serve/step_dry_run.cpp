@@ -175,8 +175,8 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
     const StepTrace t = step_of(c, p, batch, ExpertLayout::tp(), skewed_loads(c, n));
     const cost::SublayerCost one = whole(t, 0);
     const StepCost step = dry_run_step_cost(c, t, h100);
-    CHECK(step.total_s() == doctest::Approx(one.forward_s).epsilon(1e-12));  // the same sum in another order
-    CHECK(step.compute_s == doctest::Approx(one.compute_s).epsilon(1e-12));
+    CHECK(step.total_s() == doctest::Approx(one.forward_s).epsilon(1e-12).scale(0));  // the same sum in another order
+    CHECK(step.compute_s == doctest::Approx(one.compute_s).epsilon(1e-12).scale(0));
     CHECK(step.switch_s == 0);
     CHECK(simulated_step_cost(c, t, h100).total_s() == step.total_s());
   }
@@ -205,7 +205,7 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
   }
   for (int r = 0; r < 3; ++r) slowest_whole = std::max(slowest_whole, whole(t, r).forward_s);
   const StepCost step = dry_run_step_cost(c, t, h100);
-  CHECK(step.total_s() == doctest::Approx(expected).epsilon(1e-12));
+  CHECK(step.total_s() == doctest::Approx(expected).epsilon(1e-12).scale(0));
   CHECK(step.total_s() >= slowest_whole * (1 - 1e-12));
   CHECK(step.total_s() > whole(t, 0).forward_s);  // rank 0 holds the light experts: the others set the pace
   // A layout change: unpipelined, the step computes in the new layout after a stall of the whole exchange;
@@ -214,11 +214,11 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
   for (std::int64_t l = 0; l < c.layers; ++l) change.next[std::size_t(l)] = ep;
   change.pipelined_switch = false;
   const StepCost stalled = dry_run_step_cost(c, change, h100);
-  CHECK(stalled.compute_s + stalled.communication_s == doctest::Approx(step.total_s()).epsilon(1e-12));
+  CHECK(stalled.compute_s + stalled.communication_s == doctest::Approx(step.total_s()).epsilon(1e-12).scale(0));
   double stall = 0;
   for (std::int64_t l = 0; l < c.layers; ++l)
     stall += step_cost_detail::exchange_time(h100.profile, 3, switch_bytes(c, ExpertLayout::tp(), ep, 3, 2));
-  CHECK(stalled.switch_s == doctest::Approx(stall).epsilon(1e-12));
+  CHECK(stalled.switch_s == doctest::Approx(stall).epsilon(1e-12).scale(0));
   change.pipelined_switch = true;
   const StepCost piped = dry_run_step_cost(c, change, h100);
   CHECK(piped.switch_s > 0);
@@ -241,7 +241,7 @@ TEST_CASE("step dry run: the switcher's analytic step cost agrees with the dry r
           INFO(cluster, " p = ", p, " ", name_of(layout.mode), " ", batch.size(), " chunks of ", n, " tokens");
           const StepTrace t = step_of(c, p, batch, layout, skewed_loads(c, n));
           const double dry = dry_run_step_cost(c, t, hw).total_s(), analytic = step_cost(c, t, hw).total_s();
-          CHECK(analytic == doctest::Approx(dry).epsilon(0.15));
+          CHECK(analytic == doctest::Approx(dry).epsilon(0.15).scale(0));
         }
       }
     }

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string_view>
 #include <thread>
 
@@ -132,7 +133,8 @@ private:
 class SimulatedClock final : public EngineClock {
 public:
   // `shape`: the model the time model costs (the engine's own, or a shape that does not fit here).
-  SimulatedClock(DecoderConfig shape, SimulatedCluster cluster) : shape_(std::move(shape)), cluster_(std::move(cluster)) {}
+  SimulatedClock(DecoderConfig shape, SimulatedCluster cluster)
+      : shape_(std::move(shape)), cluster_(std::move(cluster)), dry_run_(std::make_unique<StepDryRunner>(shape_)) {}
 
   std::string_view name() const override { return "simulated"; }
   void start() override { now_ = 0, total_ = {}; }
@@ -149,7 +151,7 @@ public:
 
 private:
   StepTiming advance(const StepTrace& trace, double) override {
-    const StepCost c = simulated_step_cost(shape_, trace, cluster_);
+    const StepCost c = simulated_step_cost(*dry_run_, trace, cluster_);
     total_.compute_s += c.compute_s;
     total_.communication_s += c.communication_s;
     total_.switch_s += c.switch_s;
@@ -158,6 +160,7 @@ private:
   }
   DecoderConfig shape_;
   SimulatedCluster cluster_;
+  std::unique_ptr<StepDryRunner> dry_run_;  // the meta shards it keeps between steps
   double now_ = 0;
   StepCost total_;
 };

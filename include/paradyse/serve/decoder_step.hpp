@@ -320,92 +320,100 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Cac
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const RankLayer& L = s.layers[std::size_t(l)];
     // ---- attention ----
-    Backend::rms_norm_forward(x.view(), L.attn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
-    if (c.is_mla()) {
-      if constexpr (dry)
-        check(false, "decoder_step: the dry run of multi-head latent attention (DeepSeek) is not written yet; its "
-              "cost is serve/step_cost.hpp's analytic model");
-      else
-        mla_attention(c, s, L, cache, l, chunks, xn.view(), y.view());
-    } else {
-      linear<Backend>(xn.view(), L.wq, L.bq, q.view());
-      linear<Backend>(xn.view(), L.wk, L.bk, k.view());
-      linear<Backend>(xn.view(), L.wv, L.bv, v.view());
-      if (c.qk_norm) {  // RMSNorm over the whole projections: sums of squares over every rank's heads
-        std::vector<float> sums(static_cast<std::size_t>(2 * n), 0.0f);
-        if constexpr (!dry)
+    const auto attention = [&] {
+      Backend::rms_norm_forward(x.view(), L.attn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
+      if (c.is_mla()) {
+        if constexpr (dry)
+          check(false, "decoder_step: the dry run of multi-head latent attention (DeepSeek) is not written yet; its "
+                "cost is serve/step_cost.hpp's analytic model");
+        else
+          mla_attention(c, s, L, cache, l, chunks, xn.view(), y.view());
+      } else {
+        linear<Backend>(xn.view(), L.wq, L.bq, q.view());
+        linear<Backend>(xn.view(), L.wk, L.bk, k.view());
+        linear<Backend>(xn.view(), L.wv, L.bv, v.view());
+        if (c.qk_norm) {  // RMSNorm over the whole projections: sums of squares over every rank's heads
+          std::vector<float> sums(static_cast<std::size_t>(2 * n), 0.0f);
+          if constexpr (!dry)
+            for (std::int64_t i = 0; i < n; ++i) {
+              double sq = 0, sk = 0;
+              for (std::int64_t j = 0; j < hq * d; ++j) sq += double(q(i, j)) * q(i, j);
+              for (std::int64_t j = 0; j < hk * d; ++j) sk += double(k(i, j)) * k(i, j) / kv_share[std::size_t(j / d)];
+              sums[std::size_t(i)] = float(sq);
+              sums[std::size_t(n + i)] = float(sk);
+            }
+          note_stream(double(n) * double((hq + hk) * d));
+          if (s.ranks > 1) comm.all_reduce(std::span<const float>(sums), std::span<float>(sums), ReduceOp::sum);
+          std::vector<float> rq(static_cast<std::size_t>(n)), rk(static_cast<std::size_t>(n));
           for (std::int64_t i = 0; i < n; ++i) {
-            double sq = 0, sk = 0;
-            for (std::int64_t j = 0; j < hq * d; ++j) sq += double(q(i, j)) * q(i, j);
-            for (std::int64_t j = 0; j < hk * d; ++j) sk += double(k(i, j)) * k(i, j) / kv_share[std::size_t(j / d)];
-            sums[std::size_t(i)] = float(sq);
-            sums[std::size_t(n + i)] = float(sk);
+            rq[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(i)] / float(c.q_width()) + float(c.rms_eps));
+            rk[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(n + i)] / float(c.kv_width()) + float(c.rms_eps));
           }
-        note_stream(double(n) * double((hq + hk) * d));
-        if (s.ranks > 1) comm.all_reduce(std::span<const float>(sums), std::span<float>(sums), ReduceOp::sum);
-        std::vector<float> rq(static_cast<std::size_t>(n)), rk(static_cast<std::size_t>(n));
-        for (std::int64_t i = 0; i < n; ++i) {
-          rq[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(i)] / float(c.q_width()) + float(c.rms_eps));
-          rk[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(n + i)] / float(c.kv_width()) + float(c.rms_eps));
+          scale_rows<Backend>(q.view(), rq, L.q_norm);
+          scale_rows<Backend>(k.view(), rk, L.k_norm);
         }
-        scale_rows<Backend>(q.view(), rq, L.q_norm);
-        scale_rows<Backend>(k.view(), rk, L.k_norm);
-      }
-      if (c.head_qk_norm && n > 0) {  // Qwen3-MoE: RMSNorm of each head's d values (rank-local: heads are whole)
-        Tensor<float> head_rstd(Shape{n * std::max(hq, hk)});
-        const TensorView<float> qh = q.view().reshape(Shape{n * hq, d}), kh = k.view().reshape(Shape{n * hk, d});
-        Backend::rms_norm_forward(qh, L.q_norm.view(), float(c.rms_eps), qh, head_rstd.view().slice(0, 0, n * hq));
-        Backend::rms_norm_forward(kh, L.k_norm.view(), float(c.rms_eps), kh, head_rstd.view().slice(0, 0, n * hk));
-      }
-      const ops::RopeConfig rope{c.rope_theta, ops::RopeLayout::halves};
-      double pairs = 0, positions = 0;  // the batch's visible query-key pairs; the positions whose k, v are read
-      for (std::size_t b = 0; b < batch.size(); ++b) {
-        const std::int64_t len = std::int64_t(batch[b].tokens.size()), start = cache.length(batch[b].request);
-        const TensorView<float> qb = q.view().slice(0, first[b], len).reshape(Shape{1, len, hq, d});
-        const TensorView<float> kb = k.view().slice(0, first[b], len).reshape(Shape{1, len, hk, d});
-        Backend::rope_forward(qb, qb, start, rope);
-        Backend::rope_forward(kb, kb, start, rope);
-        pairs += double(len) * double(start) + double(len) * double(len + 1) / 2;
-        positions += double(start + len);
-        note_stream(4 * double(len * hk * d));  // the KV append: k and v read, written into the cache's blocks
-        if constexpr (!dry) {
-          cache.append(batch[b].request, l, kb.reshape(Shape{len, hk, d}),
-                       v.view().slice(0, first[b], len).reshape(Shape{len, hk, d}));
-          // Causal attention of the chunk's queries over positions [0, start + i].
-          for (std::int64_t i = 0; i < len; ++i) {
-            const std::int64_t visible = start + i + 1;
-            scores.resize(std::size_t(visible));
-            for (std::int64_t head = 0; head < hq; ++head) {
-              const std::int64_t kv = (s.q_heads.start + head) / group - s.kv_heads.start;
-              const float* qi = &q(first[b] + i, head * d);
-              float top = -INFINITY;
-              for (std::int64_t t = 0; t < visible; ++t) {
-                const float* kt = cache.key(batch[b].request, l, t, kv);
-                float dot = 0;
-                for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kt[e];
-                scores[std::size_t(t)] = dot * scale;
-                top = std::max(top, scores[std::size_t(t)]);
-              }
-              float total = 0;
-              for (std::int64_t t = 0; t < visible; ++t) total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
-              float* out = &attn(first[b] + i, head * d);
-              for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
-              for (std::int64_t t = 0; t < visible; ++t) {
-                const float* vt = cache.value(batch[b].request, l, t, kv);
-                const float p = scores[std::size_t(t)] / total;
-                for (std::int64_t e = 0; e < d; ++e) out[e] += p * vt[e];
+        if (c.head_qk_norm && n > 0) {  // Qwen3-MoE: RMSNorm of each head's d values (rank-local: heads are whole)
+          Tensor<float> head_rstd(Shape{n * std::max(hq, hk)});
+          const TensorView<float> qh = q.view().reshape(Shape{n * hq, d}), kh = k.view().reshape(Shape{n * hk, d});
+          Backend::rms_norm_forward(qh, L.q_norm.view(), float(c.rms_eps), qh, head_rstd.view().slice(0, 0, n * hq));
+          Backend::rms_norm_forward(kh, L.k_norm.view(), float(c.rms_eps), kh, head_rstd.view().slice(0, 0, n * hk));
+        }
+        const ops::RopeConfig rope{c.rope_theta, ops::RopeLayout::halves};
+        double pairs = 0, positions = 0;  // the batch's visible query-key pairs; the positions whose k, v are read
+        for (std::size_t b = 0; b < batch.size(); ++b) {
+          const std::int64_t len = std::int64_t(batch[b].tokens.size()), start = cache.length(batch[b].request);
+          const TensorView<float> qb = q.view().slice(0, first[b], len).reshape(Shape{1, len, hq, d});
+          const TensorView<float> kb = k.view().slice(0, first[b], len).reshape(Shape{1, len, hk, d});
+          Backend::rope_forward(qb, qb, start, rope);
+          Backend::rope_forward(kb, kb, start, rope);
+          pairs += double(len) * double(start) + double(len) * double(len + 1) / 2;
+          positions += double(start + len);
+          note_stream(4 * double(len * hk * d));  // the KV append: k and v read, written into the cache's blocks
+          if constexpr (!dry) {
+            cache.append(batch[b].request, l, kb.reshape(Shape{len, hk, d}),
+                         v.view().slice(0, first[b], len).reshape(Shape{len, hk, d}));
+            // Causal attention of the chunk's queries over positions [0, start + i].
+            for (std::int64_t i = 0; i < len; ++i) {
+              const std::int64_t visible = start + i + 1;
+              scores.resize(std::size_t(visible));
+              for (std::int64_t head = 0; head < hq; ++head) {
+                const std::int64_t kv = (s.q_heads.start + head) / group - s.kv_heads.start;
+                const float* qi = &q(first[b] + i, head * d);
+                float top = -INFINITY;
+                for (std::int64_t t = 0; t < visible; ++t) {
+                  const float* kt = cache.key(batch[b].request, l, t, kv);
+                  float dot = 0;
+                  for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kt[e];
+                  scores[std::size_t(t)] = dot * scale;
+                  top = std::max(top, scores[std::size_t(t)]);
+                }
+                float total = 0;
+                for (std::int64_t t = 0; t < visible; ++t) total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
+                float* out = &attn(first[b] + i, head * d);
+                for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
+                for (std::int64_t t = 0; t < visible; ++t) {
+                  const float* vt = cache.value(batch[b].request, l, t, kv);
+                  const float p = scores[std::size_t(t)] / total;
+                  for (std::int64_t e = 0; e < d; ++e) out[e] += p * vt[e];
+                }
               }
             }
           }
         }
-      }
-      // The attention as one paged kernel over the batch: its pairs, and the keys and values it reads.
-      if (n > 0) {
-        note({.kind = TraceKind::attention_forward, .m = pairs, .n = double(hq), .k = double(d)});
-        note_stream(2 * positions * double(hk * d));
-      }
-      if (n > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y.view());
-    }  // GQA attention
+        // The attention as one paged kernel over the batch: its pairs, and the keys and values it reads.
+        if (n > 0) {
+          note({.kind = TraceKind::attention_forward, .m = pairs, .n = double(hq), .k = double(d)});
+          note_stream(2 * positions * double(hk * d));
+        }
+        if (n > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y.view());
+      }  // GQA attention
+    };
+    if constexpr (dry) {  // every layer's attention has the step's shapes: recorded once, replayed (core/trace.hpp)
+      check(Trace::current() != nullptr, "decoder_step: a dry run records into the thread's Trace; none is installed");
+      record_or_replay(*Trace::current(), {n, hq, hk, d, std::int64_t(batch.size()), s.ranks}, attention);
+    } else {
+      attention();
+    }
     sum_over_ranks(comm, y.view());
     Backend::add_into(x.view(), y.view());
     // ---- FFN ----
@@ -437,13 +445,25 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Cac
   }
   // ---- final norm and logits ----
   Backend::rms_norm_forward(x.view(), s.whole->norm.view(), float(c.rms_eps), xn.view(), rstd.view());
+  // One lm_head GEMM over every chunk's logit rows (the batch reads the [V, h] weights once), then each chunk's.
+  std::vector<std::int64_t> rows_of;  // the activations' rows that get logits, chunk after chunk
   for (std::size_t b = 0; b < batch.size(); ++b) {
-    const std::int64_t len = std::int64_t(batch[b].tokens.size());
-    const std::int64_t rows = batch[b].all_logits ? len : 1, from = first[b] + len - rows;
-    Tensor<float> logits(Shape{rows, c.vocab});
-    Backend::matmul(xn.view().slice(0, from, rows), ops::Transpose::no, s.whole->lm_head.view(), ops::Transpose::yes,
-                    logits.view());
-    result.logits.push_back(std::move(logits));
+    const std::int64_t len = std::int64_t(batch[b].tokens.size()), rows = batch[b].all_logits ? len : 1;
+    for (std::int64_t i = first[b] + len - rows; i < first[b] + len; ++i) rows_of.push_back(i);
+  }
+  const std::int64_t all_rows = std::int64_t(rows_of.size());
+  Tensor<float> picked(Shape{all_rows, h}), logits(Shape{all_rows, c.vocab});
+  if (all_rows > 0) {
+    Backend::gather_rows(xn.view(), rows_of, {}, picked.view());
+    Backend::matmul(picked.view(), ops::Transpose::no, s.whole->lm_head.view(), ops::Transpose::yes, logits.view());
+  }
+  std::int64_t at = 0;
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    const std::int64_t rows = batch[b].all_logits ? std::int64_t(batch[b].tokens.size()) : 1;
+    Tensor<float> mine(Shape{rows, c.vocab});
+    Backend::copy(logits.view().slice(0, at, rows), mine.view());
+    result.logits.push_back(std::move(mine));
+    at += rows;
   }
   return result;
 }

@@ -134,35 +134,72 @@ struct RankStepTrace {
   std::vector<std::size_t> layer_end;  // [layers]
 };
 
-// Rank `rank` of t.ranks runs decoder_step for the step `t` of model `c` on shapes alone.
-inline RankStepTrace dry_run_step(const DecoderConfig& c, const StepTrace& t, int rank) {
-  const int p = t.ranks;
-  check(std::int64_t(t.layout.size()) == c.layers && std::int64_t(t.routed.size()) == c.layers &&
-            std::int64_t(t.next.size()) == c.layers,
-        "dry_run_step: a trace with {} layouts, {} routings, {} next layouts for {} layers", t.layout.size(),
-        t.routed.size(), t.next.size(), c.layers);
-  MemoryTracker meta(MemorySpace::meta);  // first: outlives every tensor below
-  const ScopedTracker on_meta(meta);
-  Trace trace;
-  const ScopedTrace recording(trace);
-  SymbolicCommunicator comm(rank, p, trace);
-  BufferPool pool;
-  const DecoderWeights whole = shape_whole_weights(c);
-  const RankShard shard = shape_rank_shard(c, whole, p, rank, computed_layouts(t));
-  std::vector<SequenceChunk> batch(t.chunks.size());
-  std::vector<std::int64_t> cached(t.chunks.size());
-  for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-    batch[i].request = std::int64_t(i);
-    batch[i].tokens.assign(std::size_t(t.chunks[i].tokens), 0);
-    cached[i] = t.chunks[i].cached;
+// Dry runs of the steps of one model: the replicated weights and each rank's shard live as meta tensors of the
+// runner's own tracker, rebuilt only when the ranks or a layer's layout change (a simulation runs many steps in one
+// layout).
+class StepDryRunner {
+public:
+  explicit StepDryRunner(DecoderConfig c) : c_(std::move(c)) {}
+  StepDryRunner(const StepDryRunner&) = delete;
+  StepDryRunner& operator=(const StepDryRunner&) = delete;
+
+  const DecoderConfig& config() const noexcept { return c_; }
+
+  // Rank `rank` of t.ranks runs decoder_step for the step `t` on shapes alone.
+  RankStepTrace run(const StepTrace& t, int rank) {
+    check(std::int64_t(t.layout.size()) == c_.layers && std::int64_t(t.routed.size()) == c_.layers &&
+              std::int64_t(t.next.size()) == c_.layers,
+          "dry_run_step: a trace with {} layouts, {} routings, {} next layouts for {} layers", t.layout.size(),
+          t.routed.size(), t.next.size(), c_.layers);
+    const ScopedTracker on_meta(meta_);
+    const RankShard& shard = shard_of(t, rank);
+    Trace trace;
+    const ScopedTrace recording(trace);
+    SymbolicCommunicator comm(rank, t.ranks, trace);
+    BufferPool pool;
+    std::vector<SequenceChunk> batch(t.chunks.size());
+    std::vector<std::int64_t> cached(t.chunks.size());
+    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+      batch[i].request = std::int64_t(i);
+      batch[i].tokens.assign(std::size_t(t.chunks[i].tokens), 0);
+      cached[i] = t.chunks[i].cached;
+    }
+    DryKvCache cache(std::move(cached));
+    RankStepTrace out;
+    decoder_step<ops::Counting>(comm, c_, shard, cache, std::span<const SequenceChunk>(batch), pool, {},
+                                [&](std::int64_t) { out.layer_end.push_back(trace.size()); }, {},
+                                std::span<const std::vector<std::int64_t>>(t.routed));
+    out.events = trace.take();
+    return out;
   }
-  DryKvCache cache(std::move(cached));
-  RankStepTrace out;
-  decoder_step<ops::Counting>(comm, c, shard, cache, std::span<const SequenceChunk>(batch), pool, {},
-                              [&](std::int64_t) { out.layer_end.push_back(trace.size()); }, {},
-                              std::span<const std::vector<std::int64_t>>(t.routed));
-  out.events = trace.take();
-  return out;
+
+private:
+  const RankShard& shard_of(const StepTrace& t, int rank) {
+    std::vector<ExpertLayout> layouts = computed_layouts(t);
+    if (t.ranks != ranks_ || layouts != layouts_) {
+      shards_.clear();
+      if (!whole_made_) whole_ = shape_whole_weights(c_), whole_made_ = true;
+      for (int r = 0; r < t.ranks; ++r) shards_.push_back(shape_rank_shard(c_, whole_, t.ranks, r, layouts));
+      ranks_ = t.ranks;
+      layouts_ = std::move(layouts);
+    }
+    check(rank >= 0 && rank < ranks_, "dry_run_step: rank {} of {}", rank, ranks_);
+    return shards_[std::size_t(rank)];
+  }
+
+  DecoderConfig c_;
+  MemoryTracker meta_{MemorySpace::meta};
+  DecoderWeights whole_;
+  bool whole_made_ = false;
+  int ranks_ = 0;
+  std::vector<ExpertLayout> layouts_;
+  std::vector<RankShard> shards_;
+};
+
+// One rank's dry run of one step (a runner of its own).
+inline RankStepTrace dry_run_step(const DecoderConfig& c, const StepTrace& t, int rank) {
+  StepDryRunner runner(c);
+  return runner.run(t, rank);
 }
 
 namespace step_dry_run_detail {
@@ -188,13 +225,14 @@ inline std::vector<std::span<const TraceEvent>> pieces(const RankStepTrace& r) {
 
 // The step's time on the cluster: per piece the slowest rank's trace_cost time, then the layout change's exposed
 // time. compute_s: the slowest rank's kernels per piece; communication_s: the rest of the pieces' time.
-inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
+inline StepCost dry_run_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
   using namespace step_dry_run_detail;
+  const DecoderConfig& c = runner.config();
   StepCost out;
   if (t.tokens() <= 0) return out;
   std::vector<RankStepTrace> ranks;
   std::vector<std::vector<std::span<const TraceEvent>>> cut;
-  for (int r = 0; r < t.ranks; ++r) ranks.push_back(dry_run_step(c, t, r));
+  for (int r = 0; r < t.ranks; ++r) ranks.push_back(runner.run(t, r));
   for (const RankStepTrace& r : ranks) {
     cut.push_back(pieces(r));
     check(cut.back().size() == cut.front().size(), "dry_run_step_cost: rank {} ran {} pieces, rank 0 {} (the "
@@ -225,10 +263,19 @@ inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, co
   return out;
 }
 
+inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
+  StepDryRunner runner(c);
+  return dry_run_step_cost(runner, t, cluster);
+}
+
 // The simulated step's cost: the dry run's, or for DeepSeek's latent attention (not dry-run) step_cost's analytic
 // model.
+inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
+  return runner.config().is_mla() ? step_cost(runner.config(), t, cluster) : dry_run_step_cost(runner, t, cluster);
+}
 inline StepCost simulated_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
-  return c.is_mla() ? step_cost(c, t, cluster) : dry_run_step_cost(c, t, cluster);
+  StepDryRunner runner(c);
+  return simulated_step_cost(runner, t, cluster);
 }
 
 }  // namespace paradyse::serve
