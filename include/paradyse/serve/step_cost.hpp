@@ -8,7 +8,7 @@
 // dry-run. It costs the work decoder_step does from the quantities the step computes on (n = the batch's tokens,
 // each chunk's new tokens and cached positions, the layout and the routing); tests/serve/step_dry_run.cpp holds it
 // within 15% of the dry run's cost on Mixtral-8x7B decode and prefill steps (TP and EP, p = 2 and 8, H100 and H200;
-// measured 0.1-2.2% apart). Its terms,
+// at most 3.9% apart). Its terms,
 // on rank r of p, per layer (d head width, hq_r / hk_r the rank's query / key-value heads, f the expert width,
 // b the dtype's bytes, every GEMM through the profile's GemmModel: overhead + 2mnk / rate + (mk + kn + mn) b / HBM
 // bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline that makes TP win there):
