@@ -1,7 +1,7 @@
 // tests/serve/simulation.cpp: the engine on simulated time (issue 25). The same requests served on the wall clock,
 // the step clock and the simulated clock give the same tokens and the same scheduling (steps, batches, layouts,
 // switches, rebalances); a shape-only run replaying the routing recorded from a real run takes the same decisions;
-// the simulated clock is deterministic and advances by exactly step_cost of each step's trace; the cost of a
+// the simulated clock is deterministic and advances by exactly the cost of each step's dry run; the cost of a
 // hand-built step matches its formula; TP is cheaper than EP at batch 1 and the reverse at large batches on an H100
 // node (the roofline); routing sources, request traces, model shapes and clusters read and fail clearly.
 #include "paradyse/comm/threads.hpp"
