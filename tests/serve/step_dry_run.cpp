@@ -163,7 +163,8 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
   const ModelShape mixtral = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string());
   const DecoderConfig& c = mixtral.config;
   const SimulatedCluster h100 = simulated_cluster("h100", 2);
-  const std::vector<ChunkShape> batch{{1, 900, true}, {1, 37, true}, {1, 2500, true}, {512, 0, false}, {200, 1024, false}};
+  const std::vector<ChunkShape> batch{{1, 900, true}, {1, 37, true}, {1, 2500, true}, {512, 0, false},
+                                      {200, 1024, false}};
   std::int64_t n = 0;
   for (const ChunkShape& ch : batch) n += ch.tokens;
   const auto whole = [&](const StepTrace& t, int r) {
@@ -198,7 +199,8 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
       while (end < e.size() && e[end].kind != TraceKind::wait) ++end;
       if (end < e.size()) ++end, more = true;
       const std::span<const TraceEvent> part(e.data() + at[std::size_t(r)], end - at[std::size_t(r)]);
-      piece = std::max(piece, cost::cost_of(cost::SublayerTraceView{part, {}, {}, 3}, &h100.profile, 2, false).forward_s);
+      const cost::SublayerTraceView view{part, {}, {}, 3};
+      piece = std::max(piece, cost::cost_of(view, &h100.profile, 2, false).forward_s);
       at[std::size_t(r)] = end;
     }
     expected += piece;

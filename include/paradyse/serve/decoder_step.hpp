@@ -143,7 +143,7 @@ void sum_over_ranks(C& comm, TensorView<float> x) {
 // y [n, h] = SwiGLU bank of one expert over every row of x (a dense FFN or a shared expert slice).
 template <class Backend>
 void dense_swiglu(TensorView<const float> in, TensorView<const float> out, TensorView<const float> x,
-                         TensorView<float> y, BufferPool& pool) {
+                  TensorView<float> y, BufferPool& pool) {
   const std::int64_t n = x.extent(0), width = out.extent(1);
   Backend::fill(y, 0.0f);
   if (n == 0 || width == 0) return;
@@ -388,7 +388,8 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Cac
                   top = std::max(top, scores[std::size_t(t)]);
                 }
                 float total = 0;
-                for (std::int64_t t = 0; t < visible; ++t) total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
+                for (std::int64_t t = 0; t < visible; ++t)
+                  total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
                 float* out = &attn(first[b] + i, head * d);
                 for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
                 for (std::int64_t t = 0; t < visible; ++t) {
