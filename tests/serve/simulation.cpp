@@ -1,7 +1,7 @@
 // tests/serve/simulation.cpp: the engine on simulated time (issue 25). The same requests served on the wall clock,
 // the step clock and the simulated clock give the same tokens and the same scheduling (steps, batches, layouts,
 // switches, rebalances); a shape-only run replaying the routing recorded from a real run takes the same decisions;
-// the simulated clock is deterministic and advances by exactly step_cost of each step's trace; the cost of a
+// the simulated clock is deterministic and advances by exactly the cost of each step's dry run; the cost of a
 // hand-built step matches its formula; TP is cheaper than EP at batch 1 and the reverse at large batches on an H100
 // node (the roofline); routing sources, request traces, model shapes and clusters read and fail clearly.
 #include "paradyse/comm/threads.hpp"
@@ -148,7 +148,7 @@ TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and
   }
 }
 
-TEST_CASE("simulation: the simulated clock is deterministic and advances by step_cost of each step's trace") {
+TEST_CASE("simulation: the simulated clock is deterministic and advances by the cost of each step's dry run") {
   const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
   std::vector<ServeRequest> requests = at_once(m.config.vocab);
   for (std::size_t i = 0; i < requests.size(); ++i) requests[i].arrival = 2e-5 * double(i);  // staggered, in seconds
@@ -164,7 +164,7 @@ TEST_CASE("simulation: the simulated clock is deterministic and advances by step
   const SimulatedCluster h100 = simulated_cluster("h100", 2);
   for (std::size_t k = 0; k < a.traces.size(); ++k) {
     CHECK(a.traces[k].tokens() == a.stats.step_tokens[k]);
-    CHECK(a.stats.step_seconds[k] == step_cost(m.config, a.traces[k], h100).total_s());
+    CHECK(a.stats.step_seconds[k] == simulated_step_cost(m.config, a.traces[k], h100).total_s());
   }
 }
 

@@ -8,8 +8,10 @@
 //     in the step (what the step takes on a core of its own: waiting for a core, or for the other ranks, does not
 //     count); with nothing to run it jumps to the next arrival. A measured run that other processes on the cores do
 //     not slow down, the measured counterpart of SimulatedClock on a shared machine (moe_simulate --measure).
-//   SimulatedClock: seconds of a cluster (serve/step_cost.hpp): each step advances it by the time model's cost of
-//     the step's trace; with nothing to run it jumps to the next arrival. Deterministic: the same trace sequence
+//   SimulatedClock: seconds of a cluster: each step advances it by the time model's cost of the dry run of the step
+//     (serve/step_dry_run.hpp: decoder_step on shapes alone, per modelled rank, on the step's batch, layouts and
+//     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
+//     jumps to the next arrival. Deterministic: the same trace sequence
 //     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch).
 // Every clock calls `observer`, when set, after each step with the step's trace, its timing and the time it ended
 // (recording the routing, or the layout over time).
@@ -17,12 +19,14 @@
 
 #include "paradyse/core/timer.hpp"
 #include "paradyse/serve/step_cost.hpp"
+#include "paradyse/serve/step_dry_run.hpp"
 #include "paradyse/serve/step_trace.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string_view>
 #include <thread>
 
@@ -129,7 +133,8 @@ private:
 class SimulatedClock final : public EngineClock {
 public:
   // `shape`: the model the time model costs (the engine's own, or a shape that does not fit here).
-  SimulatedClock(DecoderConfig shape, SimulatedCluster cluster) : shape_(std::move(shape)), cluster_(std::move(cluster)) {}
+  SimulatedClock(DecoderConfig shape, SimulatedCluster cluster)
+      : shape_(std::move(shape)), cluster_(std::move(cluster)), dry_run_(std::make_unique<StepDryRunner>(shape_)) {}
 
   std::string_view name() const override { return "simulated"; }
   void start() override { now_ = 0, total_ = {}; }
@@ -146,7 +151,7 @@ public:
 
 private:
   StepTiming advance(const StepTrace& trace, double) override {
-    const StepCost c = step_cost(shape_, trace, cluster_);
+    const StepCost c = simulated_step_cost(*dry_run_, trace, cluster_);
     total_.compute_s += c.compute_s;
     total_.communication_s += c.communication_s;
     total_.switch_s += c.switch_s;
@@ -155,6 +160,7 @@ private:
   }
   DecoderConfig shape_;
   SimulatedCluster cluster_;
+  std::unique_ptr<StepDryRunner> dry_run_;  // the meta shards it keeps between steps
   double now_ = 0;
   StepCost total_;
 };

@@ -17,9 +17,21 @@
 // budget (serve/routing_budget.hpp), when active, routes MoE layer l with its K_l, pooled per chunk under Alloc-T.
 // after_layer(l), when given, runs after layer l (the engine posts layer l's weight redistribution there, so that it
 // travels while the next layers compute).
+//
+// Generic over the backend and the cache: with ops::Cpu and a PagedKvCache it computes; with ops::Counting, meta
+// weights (core/memory.hpp), the symbolic communicator and a cache that only knows each request's length
+// (serve/step_dry_run.hpp's DryKvCache) it is the step's dry run: every kernel, with its shape, and every collective
+// are recorded in the thread's Trace (core/trace.hpp), and nothing is computed. The few element loops that are not
+// backend ops (the bias adds, OLMoE's q/k norm sums, the KV append and the attention over the paged cache) compute
+// on the CPU only and record what they do through step_detail::note (also on the CPU when a Trace is installed, so
+// a CPU step's kernel list can be read off and compared with the dry run's). The attention over the cache is one
+// kernel for the whole batch (a paged-attention kernel): its visible query-key pairs, then a stream that reads
+// every position's keys and values. In a dry run the router sees no data: `loads` ([layers][E]) gives each MoE
+// layer's expert loads (the routing source's counts), realised as an assignment of the step's n k rows.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/trace.hpp"
 #include "paradyse/moe/dispatch.hpp"
 #include "paradyse/moe/grouped_routing.hpp"
 #include "paradyse/moe/experts.hpp"
@@ -104,7 +116,24 @@ inline std::vector<ExpertTask> split_over_replicas(const RankLayer& L, int rank,
 
 namespace step_detail {
 
-using Backend = ops::Cpu;
+// The backend records a trace instead of computing (ops::Counting).
+template <class Backend>
+inline constexpr bool records = requires { requires Backend::records_trace; };
+
+// What an element loop of the step does, into the thread's Trace when one is installed (a dry run; or a CPU run
+// whose kernels are being listed).
+inline void note(const TraceEvent& e) {
+  if (Trace* t = Trace::current()) t->record(e);
+}
+inline void note_stream(double floats) { note({.kind = TraceKind::elementwise, .bytes = 4 * floats}); }
+
+// Layer l's expert loads out of a dry run's `loads` (empty when none are given).
+inline std::span<const std::int64_t> layer_loads(std::span<const std::vector<std::int64_t>> loads, std::int64_t l) {
+  if (loads.empty()) return {};
+  check(std::int64_t(loads.size()) > l, "decoder_step: the dry run's expert loads list {} layers; layer {} is asked",
+        loads.size(), l);
+  return loads[std::size_t(l)];
+}
 
 template <Communicator C>
 void sum_over_ranks(C& comm, TensorView<float> x) {
@@ -112,8 +141,9 @@ void sum_over_ranks(C& comm, TensorView<float> x) {
 }
 
 // y [n, h] = SwiGLU bank of one expert over every row of x (a dense FFN or a shared expert slice).
-inline void dense_swiglu(TensorView<const float> in, TensorView<const float> out, TensorView<const float> x,
-                         TensorView<float> y, BufferPool& pool) {
+template <class Backend>
+void dense_swiglu(TensorView<const float> in, TensorView<const float> out, TensorView<const float> x,
+                  TensorView<float> y, BufferPool& pool) {
   const std::int64_t n = x.extent(0), width = out.extent(1);
   Backend::fill(y, 0.0f);
   if (n == 0 || width == 0) return;
@@ -123,38 +153,62 @@ inline void dense_swiglu(TensorView<const float> in, TensorView<const float> out
 }
 
 // out [rows, cols] = x W^T (+ bias).
-inline void linear(TensorView<const float> x, const Tensor<float>& w, const Tensor<float>& bias, TensorView<float> out) {
+template <class Backend>
+void linear(TensorView<const float> x, const Tensor<float>& w, const Tensor<float>& bias, TensorView<float> out) {
   if (x.extent(0) == 0 || w.numel() == 0) return;
   Backend::matmul(x, ops::Transpose::no, w.view(), ops::Transpose::yes, out);
   if (bias.numel() == 0) return;
-  for (std::int64_t i = 0; i < out.extent(0); ++i)
-    for (std::int64_t j = 0; j < out.extent(1); ++j) out(i, j) += bias.data()[j];
+  if constexpr (!records<Backend>)
+    for (std::int64_t i = 0; i < out.extent(0); ++i)
+      for (std::int64_t j = 0; j < out.extent(1); ++j) out(i, j) += bias.data()[j];
+  note_stream(2 * double(out.numel()) + double(bias.numel()));
 }
 
 // Scales each row of x [n, w] by rstd[i] * gamma (an RMSNorm whose statistics were summed elsewhere).
-inline void scale_rows(TensorView<float> x, std::span<const float> rstd, const Tensor<float>& gamma) {
-  for (std::int64_t i = 0; i < x.extent(0); ++i)
-    for (std::int64_t j = 0; j < x.extent(1); ++j) x(i, j) *= rstd[std::size_t(i)] * gamma.data()[j];
+template <class Backend>
+void scale_rows(TensorView<float> x, std::span<const float> rstd, const Tensor<float>& gamma) {
+  if constexpr (!records<Backend>)
+    for (std::int64_t i = 0; i < x.extent(0); ++i)
+      for (std::int64_t j = 0; j < x.extent(1); ++j) x(i, j) *= rstd[std::size_t(i)] * gamma.data()[j];
+  note_stream(2 * double(x.numel()) + double(gamma.numel()));
+}
+
+// A dry run's routing: `loads` [E] (summing to the M assignments of r) realised as expert ids, assignment j to the
+// expert whose block of the loads holds j (the shapes are the real routing's; which token goes where is not).
+inline void realise_loads(Routing& r, std::span<const std::int64_t> loads) {
+  std::int64_t total = 0;
+  for (const std::int64_t x : loads) total += x;
+  check(std::int64_t(loads.size()) == r.experts && total == r.assignments(),
+        "decoder_step: the dry run's expert loads count {} experts and {} (token, expert) pairs; the step routes {} "
+        "tokens to {} experts in {} pairs", loads.size(), total, r.tokens, r.experts, r.assignments());
+  std::size_t j = 0;
+  for (std::size_t e = 0; e < loads.size(); ++e)
+    for (std::int64_t i = 0; i < loads[e]; ++i) r.expert[j++] = std::int64_t(e);
 }
 
 }  // namespace step_detail
 
-// The MoE sublayer's partial output y [n, h] on this rank (summed over ranks by the caller).
-template <Communicator C>
+// The MoE sublayer's partial output y [n, h] on this rank (summed over ranks by the caller). `loads` [E]: a dry run's
+// expert loads (see decoder_step).
+template <class Backend = ops::Cpu, Communicator C>
 MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, std::int64_t layer_index,
                          TensorView<const float> x, TensorView<float> y, BufferPool& pool, const ExpertWorkFn& work,
-                         TopK k = {}) {
-  using Backend = ops::Cpu;
+                         TopK k = {}, std::span<const std::int64_t> loads = {}) {
   const RankLayer& L = s.layers[std::size_t(layer_index)];
   const MoeConfig& m = c.moe;
   const std::int64_t n = x.extent(0), h = c.hidden;
   MoeLayerLoad load;
   load.rank_rows.assign(std::size_t(s.ranks), 0);
   Backend::fill(y, 0.0f);
-  const Routing r = m.topk_method == TopkMethod::greedy
-                        ? route<Backend>(m, L.router.view(), x, k)
-                        : route_grouped<Backend>(m, L.router.view(), std::span<const float>(L.router_bias.data(),
-                                                 std::size_t(L.router_bias.numel())), x, k);
+  Routing r = m.topk_method == TopkMethod::greedy
+                  ? route<Backend>(m, L.router.view(), x, k)
+                  : route_grouped<Backend>(m, L.router.view(), std::span<const float>(L.router_bias.data(),
+                                           std::size_t(L.router_bias.numel())), x, k);
+  if constexpr (step_detail::records<Backend>) {
+    check(!loads.empty(), "decoder_step: a dry run needs the expert loads of MoE layer {} (its router sees no data)",
+          layer_index);
+    step_detail::realise_loads(r, loads);
+  }
   const Dispatch d = dispatch_by_expert(r.offsets, r.expert, m.experts);
   load.routed = d.routed;
   if (L.mode == MoeMode::tp) {
@@ -185,7 +239,9 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
       rows += count;
       const std::span<const std::int64_t> tokens(d.token.data() + t.begin, std::size_t(count));
       Tensor<float> xs(Shape{count, h}), hs(Shape{count, h}), ws(Shape{count}), pre(Shape{count, 2 * m.expert_ffn});
-      for (std::int64_t i = 0; i < count; ++i) ws.data()[i] = r.gates.data()[d.slot[std::size_t(t.begin + i)]];
+      if constexpr (!step_detail::records<Backend>)
+        for (std::int64_t i = 0; i < count; ++i) ws.data()[i] = r.gates.data()[d.slot[std::size_t(t.begin + i)]];
+      step_detail::note_stream(2 * double(count));
       Backend::gather_rows(x, tokens, {}, xs.view());
       const std::int64_t offsets[] = {0, count};
       experts_forward<Backend>({t.in, t.out}, offsets, xs.view(), pre.view(), hs.view(), pool);
@@ -196,7 +252,7 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
   }
   if (m.has_shared() && L.shared_out.extent(1) > 0) {
     Tensor<float> sy(Shape{n, h});
-    step_detail::dense_swiglu(L.shared_in.view(), L.shared_out.view(), x, sy.view(), pool);
+    step_detail::dense_swiglu<Backend>(L.shared_in.view(), L.shared_out.view(), x, sy.view(), pool);
     if (m.shared_gate) {
       Tensor<float> z(Shape{n, 1}), sig(Shape{n});
       if (n > 0) Backend::matmul(x, ops::Transpose::no, L.shared_gate.view(), ops::Transpose::yes, z.view());
@@ -210,13 +266,14 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
 }
 
 // One step over `batch` on this rank. The cache must have room (PagedKvCache::reserve) for every chunk's tokens.
-template <Communicator C>
-StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, PagedKvCache& cache,
+// A dry run (Backend = ops::Counting): `loads` [layers][E], each MoE layer's expert loads (empty for dense layers).
+template <class Backend = ops::Cpu, Communicator C, class Cache>
+StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Cache& cache,
                         std::span<const SequenceChunk> batch, BufferPool& pool, const ExpertWorkFn& work = {},
                         const std::function<void(std::int64_t layer)>& after_layer = {},
-                        const RoutingBudget& budget = {}) {
-  using Backend = ops::Cpu;
+                        const RoutingBudget& budget = {}, std::span<const std::vector<std::int64_t>> loads = {}) {
   using namespace step_detail;
+  constexpr bool dry = records<Backend>;
   const std::int64_t h = c.hidden, d = c.head_dim, hq = s.q_heads.length, hk = s.kv_heads.length,
                      group = c.heads / c.kv_heads;
   std::int64_t n = 0;
@@ -234,13 +291,17 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
   const std::int64_t gqa_rows = c.is_mla() ? 0 : n;  // MLA computes its own (serve/mla_attention.hpp)
   Tensor<float> x(Shape{n, h}), xn(Shape{n, h}), rstd(Shape{n}), q(Shape{gqa_rows, hq * d}), k(Shape{gqa_rows, hk * d}),
       v(Shape{gqa_rows, hk * d}), attn(Shape{gqa_rows, hq * d}), y(Shape{n, h});
-  for (std::size_t b = 0; b < batch.size(); ++b)
-    for (std::size_t i = 0; i < batch[b].tokens.size(); ++i) {
-      const std::int32_t t = batch[b].tokens[i];
-      check(t >= 0 && t < c.vocab, "decoder_step: request {} has token {}, outside the vocabulary [0, {})",
-            batch[b].request, t, c.vocab);
-      copy(s.whole->embed.view().slice(0, t, 1), x.view().slice(0, first[b] + std::int64_t(i), 1));
-    }
+  {
+    Tensor<std::int32_t> ids(Shape{n});  // the batch's tokens [n] (a dry run's: shapes only)
+    for (std::size_t b = 0; b < batch.size(); ++b)
+      for (std::size_t i = 0; i < batch[b].tokens.size(); ++i) {
+        const std::int32_t t = batch[b].tokens[i];
+        check(t >= 0 && t < c.vocab, "decoder_step: request {} has token {}, outside the vocabulary [0, {})",
+              batch[b].request, t, c.vocab);
+        if constexpr (!dry) ids.data()[first[b] + std::int64_t(i)] = t;
+      }
+    if (n > 0) Backend::embedding_forward(ids.view(), s.whole->embed.view(), x.view());
+  }
   // How many ranks hold each of this rank's key/value heads (their k-norm statistics are counted once).
   std::vector<float> kv_share(static_cast<std::size_t>(hk), 0.0f);
   for (int r = 0; r < s.ranks; ++r) {
@@ -259,75 +320,101 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const RankLayer& L = s.layers[std::size_t(l)];
     // ---- attention ----
-    Backend::rms_norm_forward(x.view(), L.attn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
-    if (c.is_mla()) {
-      mla_attention(c, s, L, cache, l, chunks, xn.view(), y.view());
-    } else {
-      linear(xn.view(), L.wq, L.bq, q.view());
-      linear(xn.view(), L.wk, L.bk, k.view());
-      linear(xn.view(), L.wv, L.bv, v.view());
-      if (c.qk_norm) {  // RMSNorm over the whole projections: sums of squares over every rank's heads
-        std::vector<float> sums(static_cast<std::size_t>(2 * n), 0.0f);
-        for (std::int64_t i = 0; i < n; ++i) {
-          double sq = 0, sk = 0;
-          for (std::int64_t j = 0; j < hq * d; ++j) sq += double(q(i, j)) * q(i, j);
-          for (std::int64_t j = 0; j < hk * d; ++j) sk += double(k(i, j)) * k(i, j) / kv_share[std::size_t(j / d)];
-          sums[std::size_t(i)] = float(sq);
-          sums[std::size_t(n + i)] = float(sk);
-        }
-        if (s.ranks > 1) comm.all_reduce(std::span<const float>(sums), std::span<float>(sums), ReduceOp::sum);
-        std::vector<float> rq(static_cast<std::size_t>(n)), rk(static_cast<std::size_t>(n));
-        for (std::int64_t i = 0; i < n; ++i) {
-          rq[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(i)] / float(c.q_width()) + float(c.rms_eps));
-          rk[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(n + i)] / float(c.kv_width()) + float(c.rms_eps));
-        }
-        scale_rows(q.view(), rq, L.q_norm);
-        scale_rows(k.view(), rk, L.k_norm);
-      }
-      if (c.head_qk_norm && n > 0) {  // Qwen3-MoE: RMSNorm of each head's d values (rank-local: heads are whole)
-        Tensor<float> head_rstd(Shape{n * std::max(hq, hk)});
-        const TensorView<float> qh = q.view().reshape(Shape{n * hq, d}), kh = k.view().reshape(Shape{n * hk, d});
-        Backend::rms_norm_forward(qh, L.q_norm.view(), float(c.rms_eps), qh, head_rstd.view().slice(0, 0, n * hq));
-        Backend::rms_norm_forward(kh, L.k_norm.view(), float(c.rms_eps), kh, head_rstd.view().slice(0, 0, n * hk));
-      }
-      const ops::RopeConfig rope{c.rope_theta, ops::RopeLayout::halves};
-      for (std::size_t b = 0; b < batch.size(); ++b) {
-        const std::int64_t len = std::int64_t(batch[b].tokens.size()), start = cache.length(batch[b].request);
-        const TensorView<float> qb = q.view().slice(0, first[b], len).reshape(Shape{1, len, hq, d});
-        const TensorView<float> kb = k.view().slice(0, first[b], len).reshape(Shape{1, len, hk, d});
-        Backend::rope_forward(qb, qb, start, rope);
-        Backend::rope_forward(kb, kb, start, rope);
-        cache.append(batch[b].request, l, kb.reshape(Shape{len, hk, d}),
-                     v.view().slice(0, first[b], len).reshape(Shape{len, hk, d}));
-        // Causal attention of the chunk's queries over positions [0, start + i].
-        for (std::int64_t i = 0; i < len; ++i) {
-          const std::int64_t visible = start + i + 1;
-          scores.resize(std::size_t(visible));
-          for (std::int64_t head = 0; head < hq; ++head) {
-            const std::int64_t kv = (s.q_heads.start + head) / group - s.kv_heads.start;
-            const float* qi = &q(first[b] + i, head * d);
-            float top = -INFINITY;
-            for (std::int64_t t = 0; t < visible; ++t) {
-              const float* kt = cache.key(batch[b].request, l, t, kv);
-              float dot = 0;
-              for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kt[e];
-              scores[std::size_t(t)] = dot * scale;
-              top = std::max(top, scores[std::size_t(t)]);
+    const auto attention = [&] {
+      Backend::rms_norm_forward(x.view(), L.attn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
+      if (c.is_mla()) {
+        if constexpr (dry)
+          check(false, "decoder_step: the dry run of multi-head latent attention (DeepSeek) is not written yet; its "
+                "cost is serve/step_cost.hpp's analytic model");
+        else
+          mla_attention(c, s, L, cache, l, chunks, xn.view(), y.view());
+      } else {
+        linear<Backend>(xn.view(), L.wq, L.bq, q.view());
+        linear<Backend>(xn.view(), L.wk, L.bk, k.view());
+        linear<Backend>(xn.view(), L.wv, L.bv, v.view());
+        if (c.qk_norm) {  // RMSNorm over the whole projections: sums of squares over every rank's heads
+          std::vector<float> sums(static_cast<std::size_t>(2 * n), 0.0f);
+          if constexpr (!dry)
+            for (std::int64_t i = 0; i < n; ++i) {
+              double sq = 0, sk = 0;
+              for (std::int64_t j = 0; j < hq * d; ++j) sq += double(q(i, j)) * q(i, j);
+              for (std::int64_t j = 0; j < hk * d; ++j) sk += double(k(i, j)) * k(i, j) / kv_share[std::size_t(j / d)];
+              sums[std::size_t(i)] = float(sq);
+              sums[std::size_t(n + i)] = float(sk);
             }
-            float total = 0;
-            for (std::int64_t t = 0; t < visible; ++t) total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
-            float* out = &attn(first[b] + i, head * d);
-            for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
-            for (std::int64_t t = 0; t < visible; ++t) {
-              const float* vt = cache.value(batch[b].request, l, t, kv);
-              const float p = scores[std::size_t(t)] / total;
-              for (std::int64_t e = 0; e < d; ++e) out[e] += p * vt[e];
+          note_stream(double(n) * double((hq + hk) * d));
+          if (s.ranks > 1) comm.all_reduce(std::span<const float>(sums), std::span<float>(sums), ReduceOp::sum);
+          std::vector<float> rq(static_cast<std::size_t>(n)), rk(static_cast<std::size_t>(n));
+          for (std::int64_t i = 0; i < n; ++i) {
+            rq[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(i)] / float(c.q_width()) + float(c.rms_eps));
+            rk[std::size_t(i)] = 1.0f / std::sqrt(sums[std::size_t(n + i)] / float(c.kv_width()) + float(c.rms_eps));
+          }
+          scale_rows<Backend>(q.view(), rq, L.q_norm);
+          scale_rows<Backend>(k.view(), rk, L.k_norm);
+        }
+        if (c.head_qk_norm && n > 0) {  // Qwen3-MoE: RMSNorm of each head's d values (rank-local: heads are whole)
+          Tensor<float> head_rstd(Shape{n * std::max(hq, hk)});
+          const TensorView<float> qh = q.view().reshape(Shape{n * hq, d}), kh = k.view().reshape(Shape{n * hk, d});
+          Backend::rms_norm_forward(qh, L.q_norm.view(), float(c.rms_eps), qh, head_rstd.view().slice(0, 0, n * hq));
+          Backend::rms_norm_forward(kh, L.k_norm.view(), float(c.rms_eps), kh, head_rstd.view().slice(0, 0, n * hk));
+        }
+        const ops::RopeConfig rope{c.rope_theta, ops::RopeLayout::halves};
+        double pairs = 0, positions = 0;  // the batch's visible query-key pairs; the positions whose k, v are read
+        for (std::size_t b = 0; b < batch.size(); ++b) {
+          const std::int64_t len = std::int64_t(batch[b].tokens.size()), start = cache.length(batch[b].request);
+          const TensorView<float> qb = q.view().slice(0, first[b], len).reshape(Shape{1, len, hq, d});
+          const TensorView<float> kb = k.view().slice(0, first[b], len).reshape(Shape{1, len, hk, d});
+          Backend::rope_forward(qb, qb, start, rope);
+          Backend::rope_forward(kb, kb, start, rope);
+          pairs += double(len) * double(start) + double(len) * double(len + 1) / 2;
+          positions += double(start + len);
+          note_stream(4 * double(len * hk * d));  // the KV append: k and v read, written into the cache's blocks
+          if constexpr (!dry) {
+            cache.append(batch[b].request, l, kb.reshape(Shape{len, hk, d}),
+                         v.view().slice(0, first[b], len).reshape(Shape{len, hk, d}));
+            // Causal attention of the chunk's queries over positions [0, start + i].
+            for (std::int64_t i = 0; i < len; ++i) {
+              const std::int64_t visible = start + i + 1;
+              scores.resize(std::size_t(visible));
+              for (std::int64_t head = 0; head < hq; ++head) {
+                const std::int64_t kv = (s.q_heads.start + head) / group - s.kv_heads.start;
+                const float* qi = &q(first[b] + i, head * d);
+                float top = -INFINITY;
+                for (std::int64_t t = 0; t < visible; ++t) {
+                  const float* kt = cache.key(batch[b].request, l, t, kv);
+                  float dot = 0;
+                  for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kt[e];
+                  scores[std::size_t(t)] = dot * scale;
+                  top = std::max(top, scores[std::size_t(t)]);
+                }
+                float total = 0;
+                for (std::int64_t t = 0; t < visible; ++t)
+                  total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
+                float* out = &attn(first[b] + i, head * d);
+                for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
+                for (std::int64_t t = 0; t < visible; ++t) {
+                  const float* vt = cache.value(batch[b].request, l, t, kv);
+                  const float p = scores[std::size_t(t)] / total;
+                  for (std::int64_t e = 0; e < d; ++e) out[e] += p * vt[e];
+                }
+              }
             }
           }
         }
-      }
-      if (n > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y.view());
-    }  // GQA attention
+        // The attention as one paged kernel over the batch: its pairs, and the keys and values it reads.
+        if (n > 0) {
+          note({.kind = TraceKind::attention_forward, .m = pairs, .n = double(hq), .k = double(d)});
+          note_stream(2 * positions * double(hk * d));
+        }
+        if (n > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y.view());
+      }  // GQA attention
+    };
+    if constexpr (dry) {  // every layer's attention has the step's shapes: recorded once, replayed (core/trace.hpp)
+      check(Trace::current() != nullptr, "decoder_step: a dry run records into the thread's Trace; none is installed");
+      record_or_replay(*Trace::current(), {n, hq, hk, d, std::int64_t(batch.size()), s.ranks}, attention);
+    } else {
+      attention();
+    }
     sum_over_ranks(comm, y.view());
     Backend::add_into(x.view(), y.view());
     // ---- FFN ----
@@ -337,18 +424,21 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
       // (rows <= n k < 2^24), so EP runs no collective of its own (on a latency-bound link each costs a launch).
       const TensorView<float> partial = y_ep.view().slice(0, 0, n * h).reshape(Shape{n, h});
       MoeLayerLoad& load = result.moe_load[std::size_t(l)];
-      load = moe_partial(comm, c, s, l, xn.view(), partial, pool, work, budget.top_k(l, chunk_rows));
+      load = moe_partial<Backend>(comm, c, s, l, xn.view(), partial, pool, work, budget.top_k(l, chunk_rows),
+                                  layer_loads(loads, l));
       float* tail = y_ep.data() + n * h;
-      for (int q = 0; q < s.ranks; ++q) tail[q] = float(load.rank_rows[std::size_t(q)]);
+      if constexpr (!dry)
+        for (int q = 0; q < s.ranks; ++q) tail[q] = float(load.rank_rows[std::size_t(q)]);
       sum_over_ranks(comm, y_ep.view());
-      for (int q = 0; q < s.ranks; ++q) load.rank_rows[std::size_t(q)] = std::int64_t(std::llround(tail[q]));
+      if constexpr (!dry)
+        for (int q = 0; q < s.ranks; ++q) load.rank_rows[std::size_t(q)] = std::int64_t(std::llround(tail[q]));
       Backend::add_into(x.view(), partial);
     } else {
       if (c.is_moe(l))
-        result.moe_load[std::size_t(l)] = moe_partial(comm, c, s, l, xn.view(), y.view(), pool, work,
-                                                     budget.top_k(l, chunk_rows));
+        result.moe_load[std::size_t(l)] = moe_partial<Backend>(comm, c, s, l, xn.view(), y.view(), pool, work,
+                                                              budget.top_k(l, chunk_rows), layer_loads(loads, l));
       else
-        dense_swiglu(L.dense_in.view(), L.dense_out.view(), xn.view(), y.view(), pool);
+        dense_swiglu<Backend>(L.dense_in.view(), L.dense_out.view(), xn.view(), y.view(), pool);
       sum_over_ranks(comm, y.view());
       Backend::add_into(x.view(), y.view());
     }
@@ -356,13 +446,25 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Pag
   }
   // ---- final norm and logits ----
   Backend::rms_norm_forward(x.view(), s.whole->norm.view(), float(c.rms_eps), xn.view(), rstd.view());
+  // One lm_head GEMM over every chunk's logit rows (the batch reads the [V, h] weights once), then each chunk's.
+  std::vector<std::int64_t> rows_of;  // the activations' rows that get logits, chunk after chunk
   for (std::size_t b = 0; b < batch.size(); ++b) {
-    const std::int64_t len = std::int64_t(batch[b].tokens.size());
-    const std::int64_t rows = batch[b].all_logits ? len : 1, from = first[b] + len - rows;
-    Tensor<float> logits(Shape{rows, c.vocab});
-    Backend::matmul(xn.view().slice(0, from, rows), ops::Transpose::no, s.whole->lm_head.view(), ops::Transpose::yes,
-                    logits.view());
-    result.logits.push_back(std::move(logits));
+    const std::int64_t len = std::int64_t(batch[b].tokens.size()), rows = batch[b].all_logits ? len : 1;
+    for (std::int64_t i = first[b] + len - rows; i < first[b] + len; ++i) rows_of.push_back(i);
+  }
+  const std::int64_t all_rows = std::int64_t(rows_of.size());
+  Tensor<float> picked(Shape{all_rows, h}), logits(Shape{all_rows, c.vocab});
+  if (all_rows > 0) {
+    Backend::gather_rows(xn.view(), rows_of, {}, picked.view());
+    Backend::matmul(picked.view(), ops::Transpose::no, s.whole->lm_head.view(), ops::Transpose::yes, logits.view());
+  }
+  std::int64_t at = 0;
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    const std::int64_t rows = batch[b].all_logits ? std::int64_t(batch[b].tokens.size()) : 1;
+    Tensor<float> mine(Shape{rows, c.vocab});
+    Backend::copy(logits.view().slice(0, at, rows), mine.view());
+    result.logits.push_back(std::move(mine));
+    at += rows;
   }
   return result;
 }

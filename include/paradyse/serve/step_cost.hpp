@@ -1,10 +1,14 @@
 // paradyse/serve/step_cost.hpp: the time of one engine step on a cluster, from the step's trace (serve/step_trace.hpp)
-// and a hardware profile (cost/profile.hpp): what the simulated clock (serve/clock.hpp) advances by.
+// and a hardware profile (cost/profile.hpp), in closed form.
 //
-// NOT YET THE DRY RUN: the issue asks for the cost of a dry run of decoder_step (meta tensors, ops::Counting, the
-// symbolic communicator); decoder_step runs on ops::Cpu with element loops over the KV cache, so it cannot run on
-// meta tensors yet. This function instead costs the same work decoder_step does, from the quantities the step
-// computes on (n = the batch's tokens, each chunk's new tokens and cached positions, the layout and the routing):
+// The ANALYTIC model. The simulated clock advances by the cost of the step's dry run (serve/step_dry_run.hpp:
+// decoder_step itself on meta tensors, ops::Counting and the symbolic communicator); this function is what the
+// switcher forecasts with (serve/switch_policy.hpp: each candidate layout's step time, a few microseconds a call
+// where a dry run of p ranks takes milliseconds) and what the clock uses for DeepSeek's latent attention, which is not
+// dry-run. It costs the work decoder_step does from the quantities the step computes on (n = the batch's tokens,
+// each chunk's new tokens and cached positions, the layout and the routing); tests/serve/step_dry_run.cpp holds it
+// within 15% of the dry run's cost on Mixtral-8x7B decode and prefill steps (TP and EP, p = 2 and 8, H100 and H200;
+// at most 3.9% apart). Its terms,
 // on rank r of p, per layer (d head width, hq_r / hk_r the rank's query / key-value heads, f the expert width,
 // b the dtype's bytes, every GEMM through the profile's GemmModel: overhead + 2mnk / rate + (mk + kn + mn) b / HBM
 // bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline that makes TP win there):
@@ -113,6 +117,29 @@ inline double switch_bytes(const DecoderConfig& c, const ExpertLayout& from, con
   return most;
 }
 
+// The exposed seconds of the step's layout change, its compute having ended each layer at layer_end[l] seconds and
+// the step at `step_end`: layer l's pieces leave after layer l, one exchange after another on the links; unpipelined,
+// the whole change stalls before the step. Shared with the dry run's cost (serve/step_dry_run.hpp).
+inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster,
+                               const std::vector<double>& layer_end, double step_end) {
+  using namespace step_cost_detail;
+  const int p = t.ranks, b = cluster.dtype_bytes;
+  check(std::int64_t(layer_end.size()) == c.layers, "switch_exposed_s: {} layer end times for {} layers",
+        layer_end.size(), c.layers);
+  double link_free = 0, stall = 0;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::size_t li = std::size_t(l);
+    if (!t.next[li] || !c.is_moe(l)) continue;
+    const double x = exchange_time(cluster.profile, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
+    if (t.pipelined_switch) {
+      link_free = std::max(link_free, layer_end[li]) + x;
+    } else {
+      stall += x;
+    }
+  }
+  return t.pipelined_switch ? std::max(0.0, link_free - step_end) : stall;
+}
+
 // Seconds of each layer of the step on the cluster (compute, then its collectives), and the totals.
 inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
   using namespace step_cost_detail;
@@ -179,19 +206,7 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
   const double logits = gemm(hw, double(t.chunks.size()), double(c.vocab), h, b);  // the last row of each chunk
   out.compute_s += logits;
   clock += logits;
-  // The layout change: layer l's pieces leave after layer l, one exchange after another on the links.
-  double link_free = 0, stall = 0;
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::size_t li = std::size_t(l);
-    if (!t.next[li] || !c.is_moe(l)) continue;
-    const double x = exchange_time(hw, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
-    if (t.pipelined_switch) {
-      link_free = std::max(link_free, layer_end[li]) + x;
-    } else {
-      stall += x;
-    }
-  }
-  out.switch_s = t.pipelined_switch ? std::max(0.0, link_free - clock) : stall;
+  out.switch_s = switch_exposed_s(c, t, cluster, layer_end, clock);
   return out;
 }
 

@@ -4,8 +4,8 @@
 // rank computes in a layout (shared by the engine's statistics and the cost).
 //
 // The engine fills one per step (serve/engine.hpp) and hands it to its clock (serve/clock.hpp): the simulated clock
-// advances by its cost (serve/step_cost.hpp), observers record the routing (serve/routing_source.hpp) or the layout
-// over time.
+// advances by the cost of its dry run (serve/step_dry_run.hpp), observers record the routing
+// (serve/routing_source.hpp) or the layout over time.
 #pragma once
 
 #include "paradyse/core/error.hpp"

@@ -1,0 +1,281 @@
+// paradyse/serve/step_dry_run.hpp: one engine step's dry run, and its time on a cluster (what the simulated clock,
+// serve/clock.hpp, advances by).
+//
+// The step's trace (serve/step_trace.hpp: its chunks' new tokens and cached positions, each MoE layer's layout and
+// expert loads) is run through the real decoder_step (serve/decoder_step.hpp) on each of the p modelled ranks, on
+// shapes alone: the rank's shard of the model as meta tensors (core/memory.hpp: a Mixtral-8x7B needs no memory),
+// ops::Counting and the symbolic communicator (comm/symbolic.hpp), a cache that knows only each request's cached
+// length (DryKvCache), and the routing source's expert loads in place of the router's choices. Each rank's Trace
+// holds every kernel with its shape and every collective, in program order.
+//
+// Time (dry_run_step_cost): each rank's trace is cut after every collective and at every layer's end; a piece costs
+// cost/trace_cost.hpp's time on the cluster's profile (kernels at the profile's rates, a collective at its link's
+// alpha-beta time), and the step takes, piece by piece, the slowest rank's (the all-reduces synchronise the ranks).
+// The layout change (a TP<->EP switch, an EPLB placement) is priced as serve/step_cost.hpp prices it
+// (switch_exposed_s: layer l's pieces leave after layer l; unpipelined, a stall before the step, which then
+// computes in the new layout).
+//
+// Not dry-run: DeepSeek's multi-head latent attention (decoder_step refuses it on the counting backend; the
+// simulated clock costs MLA shapes with step_cost.hpp's analytic model) and Alloc-T's routing budgets (the expert
+// loads are the routing source's, which already sum to the step's pairs).
+#pragma once
+
+#include "paradyse/comm/symbolic.hpp"
+#include "paradyse/core/memory.hpp"
+#include "paradyse/core/trace.hpp"
+#include "paradyse/cost/trace_cost.hpp"
+#include "paradyse/ops/counting.hpp"
+#include "paradyse/serve/decoder_step.hpp"
+#include "paradyse/serve/step_cost.hpp"
+#include "paradyse/serve/step_trace.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace paradyse::serve {
+
+// What decoder_step reads of the cache in a dry run: each request's cached length (requests are the chunk indices).
+class DryKvCache {
+public:
+  explicit DryKvCache(std::vector<std::int64_t> lengths) : lengths_(std::move(lengths)) {}
+  std::int64_t length(std::int64_t request) const { return lengths_.at(std::size_t(request)); }
+
+private:
+  std::vector<std::int64_t> lengths_;
+};
+
+// The layout each MoE layer computes in: the trace's, or the one it installs when the change stalls the step.
+inline std::vector<ExpertLayout> computed_layouts(const StepTrace& t) {
+  std::vector<ExpertLayout> layouts = t.layout;
+  if (!t.pipelined_switch)
+    for (std::size_t l = 0; l < layouts.size(); ++l)
+      if (t.next[l]) layouts[l] = *t.next[l];
+  return layouts;
+}
+
+// The replicated weights of `c` (embedding, final norm, lm_head), as tensors of the current tracker's space.
+inline DecoderWeights shape_whole_weights(const DecoderConfig& c) {
+  DecoderWeights w;
+  w.embed = Tensor<float>(Shape{c.vocab, c.hidden});
+  w.norm = Tensor<float>(Shape{c.hidden});
+  w.lm_head = Tensor<float>(Shape{c.vocab, c.hidden});
+  return w;
+}
+
+// Rank r of p's shard of `c` as make_rank_shard lays it out (serve/rank_shard.hpp), shapes only: tensors of the
+// current tracker's space (meta in a dry run), each MoE layer in `layouts[l]`. GQA only (MLA is not dry-run).
+inline RankShard shape_rank_shard(const DecoderConfig& c, const DecoderWeights& whole, int p, int r,
+                                  const std::vector<ExpertLayout>& layouts) {
+  check(!c.is_mla(), "shape_rank_shard: multi-head latent attention (DeepSeek) is not dry-run");
+  check(p >= 1 && p <= c.heads && r >= 0 && r < p, "shape_rank_shard: rank {} of {} for {} heads", r, p, c.heads);
+  check(std::int64_t(layouts.size()) == c.layers, "shape_rank_shard: {} layouts for {} layers", layouts.size(),
+        c.layers);
+  const auto tensor = [](Shape s) { return Tensor<float>(s); };
+  RankShard s;
+  s.rank = r;
+  s.ranks = p;
+  s.whole = &whole;
+  s.q_heads = query_heads(c, p, r);
+  s.kv_heads = kv_heads_of(c, p, r);
+  const std::int64_t d = c.head_dim, h = c.hidden, qn = s.q_heads.length * d, kn = s.kv_heads.length * d;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    RankLayer L;
+    L.attn_norm = tensor(Shape{h});
+    L.ffn_norm = tensor(Shape{h});
+    L.wq = tensor(Shape{qn, h});
+    L.wk = tensor(Shape{kn, h});
+    L.wv = tensor(Shape{kn, h});
+    L.wo_t = tensor(Shape{qn, h});
+    L.bq = c.qkv_bias ? tensor(Shape{qn}) : tensor(Shape{0});
+    L.bk = c.qkv_bias ? tensor(Shape{kn}) : tensor(Shape{0});
+    L.bv = c.qkv_bias ? tensor(Shape{kn}) : tensor(Shape{0});
+    L.q_norm = c.head_qk_norm ? tensor(Shape{d}) : c.qk_norm ? tensor(Shape{qn}) : tensor(Shape{0});
+    L.k_norm = c.head_qk_norm ? tensor(Shape{d}) : c.qk_norm ? tensor(Shape{kn}) : tensor(Shape{0});
+    if (!c.is_moe(l)) {
+      const std::int64_t f = chunk_range(c.dense_ffn, p, r).length;
+      L.dense_in = tensor(Shape{1, 2 * f, h});
+      L.dense_out = tensor(Shape{1, f, h});
+    } else {
+      const MoeConfig& m = c.moe;
+      L.router = tensor(Shape{m.experts, h});
+      L.router_bias = m.topk_method == TopkMethod::greedy ? tensor(Shape{0}) : tensor(Shape{m.experts});
+      if (m.has_shared()) {
+        const std::int64_t fs = chunk_range(m.shared_width(), p, r).length;
+        L.shared_in = tensor(Shape{1, 2 * fs, h});
+        L.shared_out = tensor(Shape{1, fs, h});
+        if (m.shared_gate) L.shared_gate = tensor(Shape{1, h});
+      }
+      const ExpertLayout& layout = layouts[std::size_t(l)];
+      L.mode = layout.mode;
+      if (layout.mode == MoeMode::tp) {
+        const std::int64_t f = chunk_range(m.expert_ffn, p, r).length;
+        L.expert_in = tensor(Shape{m.experts, 2 * f, h});
+        L.expert_out = tensor(Shape{m.experts, f, h});
+      } else {
+        ExpertPlacement{layout.placement}.validate(m.experts, p);
+        L.slot_expert = layout.placement[std::size_t(r)];
+        L.placement = layout.placement;
+        const std::int64_t slots = std::int64_t(L.slot_expert.size());
+        L.expert_in = tensor(Shape{slots, 2 * m.expert_ffn, h});
+        L.expert_out = tensor(Shape{slots, m.expert_ffn, h});
+      }
+    }
+    s.layers.push_back(std::move(L));
+  }
+  return s;
+}
+
+// One rank's dry run of a step: its events, and where each layer ends (the event count after layer l).
+struct RankStepTrace {
+  std::vector<TraceEvent> events;
+  std::vector<std::size_t> layer_end;  // [layers]
+};
+
+// Dry runs of the steps of one model: the replicated weights and each rank's shard live as meta tensors of the
+// runner's own tracker, rebuilt only when the ranks or a layer's layout change (a simulation runs many steps in one
+// layout).
+class StepDryRunner {
+public:
+  explicit StepDryRunner(DecoderConfig c) : c_(std::move(c)) {}
+  StepDryRunner(const StepDryRunner&) = delete;
+  StepDryRunner& operator=(const StepDryRunner&) = delete;
+
+  const DecoderConfig& config() const noexcept { return c_; }
+
+  // Rank `rank` of t.ranks runs decoder_step for the step `t` on shapes alone.
+  RankStepTrace run(const StepTrace& t, int rank) {
+    check(std::int64_t(t.layout.size()) == c_.layers && std::int64_t(t.routed.size()) == c_.layers &&
+              std::int64_t(t.next.size()) == c_.layers,
+          "dry_run_step: a trace with {} layouts, {} routings, {} next layouts for {} layers", t.layout.size(),
+          t.routed.size(), t.next.size(), c_.layers);
+    const ScopedTracker on_meta(meta_);
+    const RankShard& shard = shard_of(t, rank);
+    Trace trace;
+    const ScopedTrace recording(trace);
+    SymbolicCommunicator comm(rank, t.ranks, trace);
+    BufferPool pool;
+    std::vector<SequenceChunk> batch(t.chunks.size());
+    std::vector<std::int64_t> cached(t.chunks.size());
+    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+      batch[i].request = std::int64_t(i);
+      batch[i].tokens.assign(std::size_t(t.chunks[i].tokens), 0);
+      cached[i] = t.chunks[i].cached;
+    }
+    DryKvCache cache(std::move(cached));
+    RankStepTrace out;
+    decoder_step<ops::Counting>(comm, c_, shard, cache, std::span<const SequenceChunk>(batch), pool, {},
+                                [&](std::int64_t) { out.layer_end.push_back(trace.size()); }, {},
+                                std::span<const std::vector<std::int64_t>>(t.routed));
+    out.events = trace.take();
+    return out;
+  }
+
+private:
+  const RankShard& shard_of(const StepTrace& t, int rank) {
+    std::vector<ExpertLayout> layouts = computed_layouts(t);
+    if (t.ranks != ranks_ || layouts != layouts_) {
+      shards_.clear();
+      if (!whole_made_) whole_ = shape_whole_weights(c_), whole_made_ = true;
+      for (int r = 0; r < t.ranks; ++r) shards_.push_back(shape_rank_shard(c_, whole_, t.ranks, r, layouts));
+      ranks_ = t.ranks;
+      layouts_ = std::move(layouts);
+    }
+    check(rank >= 0 && rank < ranks_, "dry_run_step: rank {} of {}", rank, ranks_);
+    return shards_[std::size_t(rank)];
+  }
+
+  DecoderConfig c_;
+  MemoryTracker meta_{MemorySpace::meta};
+  DecoderWeights whole_;
+  bool whole_made_ = false;
+  int ranks_ = 0;
+  std::vector<ExpertLayout> layouts_;
+  std::vector<RankShard> shards_;
+};
+
+// One rank's dry run of one step (a runner of its own).
+inline RankStepTrace dry_run_step(const DecoderConfig& c, const StepTrace& t, int rank) {
+  StepDryRunner runner(c);
+  return runner.run(t, rank);
+}
+
+namespace step_dry_run_detail {
+
+// The pieces of one rank's trace: cut after every collective's wait and at every layer's end.
+inline std::vector<std::span<const TraceEvent>> pieces(const RankStepTrace& r) {
+  std::vector<std::size_t> cuts;
+  for (std::size_t i = 0; i < r.events.size(); ++i)
+    if (r.events[i].kind == TraceKind::wait) cuts.push_back(i + 1);
+  cuts.insert(cuts.end(), r.layer_end.begin(), r.layer_end.end());
+  cuts.push_back(r.events.size());
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<std::span<const TraceEvent>> out;
+  std::size_t from = 0;
+  for (const std::size_t to : cuts) {
+    out.emplace_back(r.events.data() + from, to - from);
+    from = to;
+  }
+  return out;
+}
+
+}  // namespace step_dry_run_detail
+
+// The step's time on the cluster: per piece the slowest rank's trace_cost time, then the layout change's exposed
+// time. compute_s: the slowest rank's kernels per piece; communication_s: the rest of the pieces' time.
+inline StepCost dry_run_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
+  using namespace step_dry_run_detail;
+  const DecoderConfig& c = runner.config();
+  StepCost out;
+  if (t.tokens() <= 0) return out;
+  std::vector<RankStepTrace> ranks;
+  std::vector<std::vector<std::span<const TraceEvent>>> cut;
+  for (int r = 0; r < t.ranks; ++r) ranks.push_back(runner.run(t, r));
+  for (const RankStepTrace& r : ranks) {
+    cut.push_back(pieces(r));
+    check(cut.back().size() == cut.front().size(), "dry_run_step_cost: rank {} ran {} pieces, rank 0 {} (the "
+          "ranks' collectives differ)", cut.size() - 1, cut.back().size(), cut.front().size());
+  }
+  // The cut before piece i + 1 is a layer's end when the layer_end list says so: time at each layer's end.
+  std::vector<double> layer_end;
+  double clock = 0;
+  std::size_t next_layer = 0, at = 0;
+  for (std::size_t i = 0; i < cut.front().size(); ++i) {
+    double piece = 0, compute = 0;
+    for (const auto& rank_pieces : cut) {
+      const cost::SublayerCost k = cost::cost_of(cost::SublayerTraceView{rank_pieces[i], {}, {}, t.ranks},
+                                                 &cluster.profile, cluster.dtype_bytes, /*keep_events=*/false);
+      piece = std::max(piece, k.forward_s);
+      compute = std::max(compute, k.compute_s);
+    }
+    clock += piece;
+    out.compute_s += compute;
+    out.communication_s += piece - compute;
+    at += cut.front()[i].size();
+    while (next_layer < ranks.front().layer_end.size() && ranks.front().layer_end[next_layer] == at) {
+      layer_end.push_back(clock);
+      ++next_layer;
+    }
+  }
+  out.switch_s = switch_exposed_s(c, t, cluster, layer_end, clock);
+  return out;
+}
+
+inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
+  StepDryRunner runner(c);
+  return dry_run_step_cost(runner, t, cluster);
+}
+
+// The simulated step's cost: the dry run's, or for DeepSeek's latent attention (not dry-run) step_cost's analytic
+// model.
+inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
+  return runner.config().is_mla() ? step_cost(runner.config(), t, cluster) : dry_run_step_cost(runner, t, cluster);
+}
+inline StepCost simulated_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
+  StepDryRunner runner(c);
+  return simulated_step_cost(runner, t, cluster);
+}
+
+}  // namespace paradyse::serve

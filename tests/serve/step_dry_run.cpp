@@ -1,0 +1,266 @@
+// tests/serve/step_dry_run.cpp: the simulated step is a dry run of decoder_step (serve/step_dry_run.hpp). Its
+// kernel list is the real CPU step's (same kernels, same shapes, in order) for loaded models on p = 1..3 in TP and
+// EP; a simulated step's cost is cost/trace_cost.hpp's time of that step's dry-run trace (computed here from the
+// traces); the analytic model the switcher forecasts with (serve/step_cost.hpp) agrees with it within a stated
+// band on Mixtral-8x7B steps; a dry run of latent attention is refused by name.
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/serve/cluster_spec.hpp"
+#include "paradyse/serve/model_shape_hf.hpp"
+#include "paradyse/serve/step_dry_run.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+// A backend that computes as ops::Cpu and records each op as ops::Counting does: a real step's kernel list.
+namespace paradyse::ops::listing_test {
+namespace both {
+#define PARADYSE_BOTH(op)                                \
+  template <class... A>                                  \
+  decltype(auto) op(A&&... a) {                          \
+    counting::op(a...);                                  \
+    return cpu::op(std::forward<A>(a)...);               \
+  }
+PARADYSE_BOTH(adamw_step) PARADYSE_BOTH(add_into) PARADYSE_BOTH(attention_backward) PARADYSE_BOTH(attention_forward)
+PARADYSE_BOTH(attention_merge) PARADYSE_BOTH(convert) PARADYSE_BOTH(copy) PARADYSE_BOTH(cross_entropy_forward_backward)
+PARADYSE_BOTH(embedding_backward) PARADYSE_BOTH(embedding_forward) PARADYSE_BOTH(fill) PARADYSE_BOTH(gather_rows)
+PARADYSE_BOTH(gathered_row_dot) PARADYSE_BOTH(gelu_backward) PARADYSE_BOTH(gelu_forward) PARADYSE_BOTH(gemm)
+PARADYSE_BOTH(gemm_batched) PARADYSE_BOTH(layer_norm_backward) PARADYSE_BOTH(layer_norm_forward)
+PARADYSE_BOTH(masked_softmax_forward) PARADYSE_BOTH(matmul) PARADYSE_BOTH(rms_norm_backward)
+PARADYSE_BOTH(rms_norm_forward) PARADYSE_BOTH(rope_backward) PARADYSE_BOTH(rope_forward)
+PARADYSE_BOTH(router_backward) PARADYSE_BOTH(router_forward) PARADYSE_BOTH(scatter_add_rows)
+PARADYSE_BOTH(sigmoid_backward) PARADYSE_BOTH(sigmoid_forward) PARADYSE_BOTH(softmax_backward)
+PARADYSE_BOTH(swiglu_backward) PARADYSE_BOTH(swiglu_forward)
+#undef PARADYSE_BOTH
+}  // namespace both
+namespace impl = both;
+struct Listing {
+  static constexpr std::string_view name = "listing";
+  static constexpr MemorySpace space = MemorySpace::host;
+#include "paradyse/ops/op_table.inc"
+};
+}  // namespace paradyse::ops::listing_test
+
+using namespace paradyse;
+using namespace paradyse::serve;
+
+namespace step_dry_run_test {
+
+using ops::listing_test::Listing;
+
+std::filesystem::path repo() { return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path(); }
+
+std::vector<TraceEvent> kernels(std::span<const TraceEvent> events) {
+  std::vector<TraceEvent> k;
+  for (const TraceEvent& e : events)
+    if (e.is_kernel()) k.push_back(e);
+  return k;
+}
+
+void same_kernels(const std::vector<TraceEvent>& real, const std::vector<TraceEvent>& dry) {
+  REQUIRE(real.size() == dry.size());
+  for (std::size_t i = 0; i < real.size(); ++i) {
+    INFO("kernel ", i, " of ", real.size());
+    CHECK(int(real[i].kind) == int(dry[i].kind));
+    CHECK(real[i].count == dry[i].count);
+    CHECK(real[i].m == dry[i].m);
+    CHECK(real[i].n == dry[i].n);
+    CHECK(real[i].k == dry[i].k);
+    CHECK(real[i].bytes == dry[i].bytes);
+  }
+}
+
+// A step's trace as the engine hands it to the clock.
+StepTrace step_of(const DecoderConfig& c, int p, const std::vector<ChunkShape>& chunks, const ExpertLayout& layout,
+                  const std::vector<std::vector<std::int64_t>>& routed) {
+  StepTrace t;
+  t.ranks = p;
+  t.chunks = chunks;
+  t.routed = routed;
+  t.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe(l)) t.layout[std::size_t(l)] = layout;
+  t.next.assign(std::size_t(c.layers), std::nullopt);
+  return t;
+}
+
+// Loads for a shape: `tokens` k pairs spread over the experts with a skew (expert e gets weight e + 1).
+std::vector<std::vector<std::int64_t>> skewed_loads(const DecoderConfig& c, std::int64_t tokens) {
+  std::vector<std::vector<std::int64_t>> routed(std::size_t(c.layers));
+  const std::int64_t E = c.moe.experts, pairs = tokens * c.moe.top_k, weight = E * (E + 1) / 2;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    if (!c.is_moe(l)) continue;
+    std::vector<std::int64_t>& r = routed[std::size_t(l)];
+    std::int64_t given = 0;
+    for (std::int64_t e = 0; e < E; ++e) r.push_back(pairs * (e + 1) / weight), given += r.back();
+    r[std::size_t((l % E))] += pairs - given;
+  }
+  return routed;
+}
+
+TEST_CASE("step dry run: its kernel list is the real CPU step's (same kernels, same shapes) on p = 1..3, TP and EP") {
+  for (const char* name : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe"}) {
+    const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / name).string());
+    const DecoderConfig& c = m.config;
+    for (const int p : {1, 2, 3}) {
+      for (const MoeMode mode : {MoeMode::tp, MoeMode::ep}) {
+        INFO(name, " p = ", p, " ", name_of(mode));
+        Rng rng(std::uint64_t(p) * 7 + 1);
+        // Step 1: two prompts (7 and 3 tokens); step 2: a decode token of each and a third prompt of 4.
+        std::vector<std::vector<SequenceChunk>> steps(2);
+        for (const auto& [step, request, length] :
+             std::vector<std::tuple<int, std::int64_t, int>>{{0, 0, 7}, {0, 1, 3}, {1, 0, 1}, {1, 1, 1}, {1, 2, 4}}) {
+          SequenceChunk ch{request, {}, false};
+          for (int t = 0; t < length; ++t) ch.tokens.push_back(std::int32_t(rng.below(std::uint64_t(c.vocab))));
+          steps[std::size_t(step)].push_back(ch);
+        }
+        std::vector<std::vector<std::vector<TraceEvent>>> real(2, std::vector<std::vector<TraceEvent>>(std::size_t(p)));
+        std::vector<std::vector<std::vector<std::int64_t>>> routed(2);
+        std::vector<std::vector<ChunkShape>> shapes(2);
+        run_ranks(p, [&](ThreadCommunicator& comm) {
+          const RankShard s = make_rank_shard(c, m.weights, p, comm.rank(), mode);
+          PagedKvCache cache(kv_cache_shape(c, s, 16, 4));
+          BufferPool pool;
+          for (std::size_t k = 0; k < steps.size(); ++k) {
+            std::vector<ChunkShape> shape;
+            for (const SequenceChunk& ch : steps[k]) {
+              cache.reserve(ch.request, std::int64_t(ch.tokens.size()));
+              shape.push_back({std::int64_t(ch.tokens.size()), cache.length(ch.request), ch.tokens.size() == 1});
+            }
+            Trace trace;
+            StepResult out;
+            {
+              const ScopedTrace listing(trace);
+              out = decoder_step<Listing>(comm, c, s, cache, std::span<const SequenceChunk>(steps[k]), pool);
+            }
+            real[k][std::size_t(comm.rank())] = kernels(trace.events());
+            if (comm.rank() != 0) continue;
+            shapes[k] = shape;
+            for (const MoeLayerLoad& load : out.moe_load) routed[k].push_back(load.routed);
+          }
+        });
+        const ExpertLayout layout = mode == MoeMode::tp
+                                        ? ExpertLayout::tp()
+                                        : ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
+        for (std::size_t k = 0; k < steps.size(); ++k) {
+          const StepTrace t = step_of(c, p, shapes[k], layout, routed[k]);
+          for (int r = 0; r < p; ++r) {
+            INFO("step ", k, " rank ", r);
+            same_kernels(real[k][std::size_t(r)], kernels(dry_run_step(c, t, r).events));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the step's dry-run trace") {
+  const ModelShape mixtral = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string());
+  const DecoderConfig& c = mixtral.config;
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  const std::vector<ChunkShape> batch{{1, 900, true}, {1, 37, true}, {1, 2500, true}, {512, 0, false},
+                                      {200, 1024, false}};
+  std::int64_t n = 0;
+  for (const ChunkShape& ch : batch) n += ch.tokens;
+  const auto whole = [&](const StepTrace& t, int r) {
+    const RankStepTrace dry = dry_run_step(c, t, r);
+    return cost::cost_of(cost::SublayerTraceView{dry.events, {}, {}, t.ranks}, &h100.profile, 2, false);
+  };
+  // One rank, and TP on 2 and 8 ranks (every rank alike): the step is one rank's whole trace.
+  for (const int p : {1, 2, 8}) {
+    INFO("TP p = ", p);
+    const StepTrace t = step_of(c, p, batch, ExpertLayout::tp(), skewed_loads(c, n));
+    const cost::SublayerCost one = whole(t, 0);
+    const StepCost step = dry_run_step_cost(c, t, h100);
+    CHECK(step.total_s() == doctest::Approx(one.forward_s).epsilon(1e-12).scale(0));  // the same sum in another order
+    CHECK(step.compute_s == doctest::Approx(one.compute_s).epsilon(1e-12).scale(0));
+    CHECK(step.switch_s == 0);
+    CHECK(simulated_step_cost(c, t, h100).total_s() == step.total_s());
+  }
+  // EP on 3 ranks under skewed loads (the ranks differ): per collective the slowest rank's piece, summed here from
+  // the traces; bounded below by the slowest rank's whole trace.
+  const ExpertLayout ep = ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, 3).experts_of_rank);
+  const StepTrace t = step_of(c, 3, batch, ep, skewed_loads(c, n));
+  std::vector<RankStepTrace> ranks;
+  for (int r = 0; r < 3; ++r) ranks.push_back(dry_run_step(c, t, r));
+  std::vector<std::size_t> at(3, 0);
+  double expected = 0, slowest_whole = 0;
+  for (;;) {  // walk the ranks collective by collective (a wait closes each)
+    double piece = 0;
+    bool more = false;
+    for (int r = 0; r < 3; ++r) {
+      const std::vector<TraceEvent>& e = ranks[std::size_t(r)].events;
+      std::size_t end = at[std::size_t(r)];
+      while (end < e.size() && e[end].kind != TraceKind::wait) ++end;
+      if (end < e.size()) ++end, more = true;
+      const std::span<const TraceEvent> part(e.data() + at[std::size_t(r)], end - at[std::size_t(r)]);
+      const cost::SublayerTraceView view{part, {}, {}, 3};
+      piece = std::max(piece, cost::cost_of(view, &h100.profile, 2, false).forward_s);
+      at[std::size_t(r)] = end;
+    }
+    expected += piece;
+    if (!more) break;
+  }
+  for (int r = 0; r < 3; ++r) slowest_whole = std::max(slowest_whole, whole(t, r).forward_s);
+  const StepCost step = dry_run_step_cost(c, t, h100);
+  CHECK(step.total_s() == doctest::Approx(expected).epsilon(1e-12).scale(0));
+  CHECK(step.total_s() >= slowest_whole * (1 - 1e-12));
+  CHECK(step.total_s() > whole(t, 0).forward_s);  // rank 0 holds the light experts: the others set the pace
+  // A layout change: unpipelined, the step computes in the new layout after a stall of the whole exchange;
+  // pipelined, what is in flight when the step ends.
+  StepTrace change = step_of(c, 3, batch, ExpertLayout::tp(), skewed_loads(c, n));
+  for (std::int64_t l = 0; l < c.layers; ++l) change.next[std::size_t(l)] = ep;
+  change.pipelined_switch = false;
+  const StepCost stalled = dry_run_step_cost(c, change, h100);
+  CHECK(stalled.compute_s + stalled.communication_s == doctest::Approx(step.total_s()).epsilon(1e-12).scale(0));
+  double stall = 0;
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    stall += step_cost_detail::exchange_time(h100.profile, 3, switch_bytes(c, ExpertLayout::tp(), ep, 3, 2));
+  CHECK(stalled.switch_s == doctest::Approx(stall).epsilon(1e-12).scale(0));
+  change.pipelined_switch = true;
+  const StepCost piped = dry_run_step_cost(c, change, h100);
+  CHECK(piped.switch_s > 0);
+  CHECK(piped.switch_s < stall);
+}
+
+TEST_CASE("step dry run: the switcher's analytic step cost agrees with the dry run within 15% on Mixtral-8x7B steps") {
+  const ModelShape mixtral = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string());
+  const DecoderConfig& c = mixtral.config;
+  double worst = 0;
+  for (const char* cluster : {"h100", "h200"}) {
+    const SimulatedCluster hw = simulated_cluster(cluster, 2);
+    for (const int p : {2, 8}) {
+      const ExpertLayout ep = ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
+      for (const ExpertLayout& layout : {ExpertLayout::tp(), ep}) {
+        for (const std::vector<ChunkShape>& batch :
+             {std::vector<ChunkShape>{{1, 1000, true}}, std::vector<ChunkShape>(64, ChunkShape{1, 700, true}),
+              std::vector<ChunkShape>(256, ChunkShape{1, 1500, true}), std::vector<ChunkShape>{{2048, 0, false}}}) {
+          std::int64_t n = 0;
+          for (const ChunkShape& ch : batch) n += ch.tokens;
+          INFO(cluster, " p = ", p, " ", name_of(layout.mode), " ", batch.size(), " chunks of ", n, " tokens");
+          const StepTrace t = step_of(c, p, batch, layout, skewed_loads(c, n));
+          const double dry = dry_run_step_cost(c, t, hw).total_s(), analytic = step_cost(c, t, hw).total_s();
+          CHECK(analytic == doctest::Approx(dry).epsilon(0.15).scale(0));
+          worst = std::max(worst, std::abs(analytic - dry) / dry);
+        }
+      }
+    }
+  }
+  MESSAGE("the analytic step cost is at most ", worst * 100, "% from the dry run's");
+}
+
+TEST_CASE("step dry run: latent attention (DeepSeek) is refused by name; the clock costs it analytically") {
+  const ModelShape lite = read_model_shape((repo() / "data" / "model_shapes" / "deepseek-v2-lite.json").string());
+  const DecoderConfig& c = lite.config;
+  const StepTrace t = step_of(c, 2, {{4, 0, false}}, ExpertLayout::tp(), skewed_loads(c, 4));
+  CHECK_THROWS_WITH_AS(dry_run_step(c, t, 0), doctest::Contains("multi-head latent attention"), Error);
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  CHECK(simulated_step_cost(c, t, h100).total_s() == step_cost(c, t, h100).total_s());
+}
+
+}  // namespace step_dry_run_test
