@@ -17,7 +17,7 @@
 using namespace paradyse;
 using namespace paradyse::testing;
 
-namespace {
+namespace tp2d_training_test {
 
 using Strategies = GridStrategies<>;
 using Model = Gpt<Strategies>;
@@ -77,7 +77,6 @@ GptConfig tp2d_config(int tp_x, int tp_y) {
   return config;
 }
 
-}  // namespace
 
 TEST_CASE("Tp2d in the GPT: switching per layer with the other strategies trains as all-MegatronTS (2x2, 2x3, 3x2, 4x2)") {
   const std::size_t t2 = Strategies::index_of("Tp2d"), ts = Strategies::index_of("MegatronTS");
@@ -110,3 +109,5 @@ TEST_CASE("Tp2d in the GPT: a sequence that does not split evenly over the grid 
   CHECK_THROWS_WITH_AS(train(config, 2, 2, plan, 1, 12, 1), doctest::Contains("s = 12 splits unevenly over 4 ranks"),
                        Error);
 }
+
+}  // namespace tp2d_training_test
