@@ -228,7 +228,14 @@ int main(int argc, char** argv) {
     prepare_group(ranks, mpi);
     if (o.experts > 0 && o.device == "cuda")
       throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
-    if (!o.mesh.empty()) return pd::examples::train_mesh<pd::GridStrategies<>>(o, hardware_profile(o, ranks), ranks);
+    if (!o.mesh.empty()) {
+      pd::check(o.emulate.empty() || (!mpi && o.profile.empty()), "--mesh {} --emulate {}: the emulation paces the "
+                "thread communicator against this machine's calibrated profile: it needs --backend threads and no "
+                "--profile", o.mesh, o.emulate);
+      pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
+      if (!o.emulate.empty()) hardware = emulated(o, hardware, ranks);  // every mesh group's links paced alike
+      return pd::examples::train_mesh<pd::GridStrategies<>>(o, hardware, ranks);
+    }
     if (o.experts > 0) return pd::examples::train_moe(o, hardware_profile(o, ranks));
     if (o.device == "cuda") {
 #if PARADYSE_WITH_CUDA

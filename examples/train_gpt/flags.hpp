@@ -328,9 +328,8 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
     if (ranks_given(argc, argv) && o.ranks != mesh_ranks)
       usage(fmt::format("--ranks {} but --mesh {} holds {} ranks", o.ranks, o.mesh, mesh_ranks));
     o.ranks = mesh_ranks;
-    if (o.device != "cpu" || !o.emulate.empty())
-      usage(fmt::format("--mesh trains on the host: {} is not available with it yet", o.device != "cpu"
-                        ? "--device " + o.device : "--emulate " + o.emulate));
+    if (o.device != "cpu")
+      usage(fmt::format("--mesh trains on the host: --device {} is not available with it yet", o.device));
     const bool checkpoints = !o.save.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 ||
                              o.stop_after > 0;
     if (o.experts > 0 && checkpoints)  // examples/train_gpt/mesh_checkpoints.hpp: the dense GPT's only
