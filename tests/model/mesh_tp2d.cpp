@@ -13,6 +13,7 @@
 #include "paradyse/model/mesh_stage.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 #include "paradyse/strategy/strategies.hpp"
+#include "model/mesh_harness.hpp"
 #include "support/tolerance.hpp"
 
 #include <doctest/doctest.h>
@@ -104,24 +105,21 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
     std::vector<Gradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
     double loss_sum = 0;
     run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
-      ThreadCommunicator dp_group = mesh.group(world, {"dp"});
-      ThreadCommunicator pp_group = mesh.group(world, {"pp"});
-      ThreadCommunicator tp_group = mesh.group(world, {"cp", "tp"});
-      const MeshCoordinate at = mesh.coordinate(world.rank());
-      const int replica = at[0], stage_index = at[1], tp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
+      testing::MeshRank on = testing::MeshRank::on(mesh, world);
+      const int replica = on.replica, stage_index = on.stage_index, tp_rank = on.stage_rank;
       const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
       std::vector<MeshGptStage<Strategies, ThreadCommunicator>> chunks;
       chunks.emplace_back(config, stage_index, m.pp, layers, group, tp_rank, group, tp_rank, seed);
       chunks.back().stack().set_tp_x(m.tp_x);
       BufferPool pool;
-      chunks.back().begin_step(tp_group, tp_group, pool, StackPlan(std::size_t(layers.length), SublayerChoice{t2, t2, 0}),
-                               seq);
+      chunks.back().begin_step(on.stage_group, on.stage_group, pool,
+                               StackPlan(std::size_t(layers.length), SublayerChoice{t2, t2, 0}), seq);
       const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
-      const double loss = mesh_forward_backward(std::span(chunks), pp_group, tp_group, mine, seq, inputs, targets,
-                                                float(1.0 / counted));
+      const double loss = mesh_forward_backward(std::span(chunks), on.pp_group, on.stage_group, mine, seq, inputs,
+                                                targets, float(1.0 / counted));
       MeshGptStage<Strategies, ThreadCommunicator>& stage = chunks.back();
       for (const auto& p : stage.parameters())
-        dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
+        on.dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
       Gradients& out = got[std::size_t(replica)];
       add_layer_gradients(out, lock, tp_rank, int(layers.start), stage.stack());
       const std::lock_guard guard(lock);
