@@ -306,9 +306,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // With experts: ep over the dp x cp devices of each stage; with tp, every expert split by columns over the tp group
   // (etp = tp, moe/expert_columns.hpp), the router replicated over it.
   const int ep = dp * mesh.axis_size("cp");
-  check(tp == 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp axis runs "
-        "MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)", o.mesh,
-        o.strategy);
+  check(tp == 1 || tp_x > 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp "
+        "axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)",
+        o.mesh, o.strategy);
+  check(tp_x == 1 || o.strategy.empty() || o.strategy == "Tp2d", "--mesh {} --strategy {}: a tp_x x tp_y grid runs "
+        "Tp2d in every sublayer (2-D tensor parallelism; other strategies are the cp axis's)", o.mesh, o.strategy);
   check(tp_x == 1 || !experts, "--mesh {} --experts: 2-D tensor parallelism (tp_x = {}) is trainable on the dense "
         "model only", o.mesh, tp_x);
   const std::string strategy = tp_x > 1 ? std::string("Tp2d") : tp > 1 ? std::string("MegatronTS") : o.strategy;
