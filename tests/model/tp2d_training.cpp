@@ -32,7 +32,8 @@ Run train(const GptConfig& config, int tp_x, int tp_y, const StackPlan& plan, st
           int steps) {
   const int p = tp_x * tp_y;
   Rng rng(11);
-  std::vector<std::vector<std::int32_t>> tokens(std::size_t(steps)), targets(std::size_t(steps));
+  const auto n = static_cast<std::size_t>(steps);
+  std::vector<std::vector<std::int32_t>> tokens(n), targets(n);
   for (int k = 0; k < steps; ++k)
     for (std::int64_t i = 0; i < batch * seq; ++i) {
       tokens[std::size_t(k)].push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
