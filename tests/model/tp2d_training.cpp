@@ -107,7 +107,7 @@ TEST_CASE("Tp2d in the GPT: a sequence that does not split evenly over the grid 
   const GptConfig config = tp2d_config(2, 2);
   const std::size_t t2 = Strategies::index_of("Tp2d");
   const StackPlan plan{{t2, t2}, {t2, t2}, {t2, t2}};
-  CHECK_THROWS_WITH_AS(train(config, 2, 2, plan, 1, 12, 1), doctest::Contains("s = 12 splits unevenly over 4 ranks"),
+  CHECK_THROWS_WITH_AS(train(config, 2, 2, plan, 1, 10, 1), doctest::Contains("s = 10 splits unevenly over 4 ranks"),
                        Error);
 }
 
