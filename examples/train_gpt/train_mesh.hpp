@@ -88,10 +88,12 @@ namespace paradyse::examples {
 // {dp, pp, cp, tp}, the innermost last. The group of each stage (consecutive ranks) is the cp group, in which the
 // strategies switch per layer, or the tp group, which runs Megatron's tensor parallelism with sequence parallelism
 // (MegatronTS) in every sublayer; cp and tp together are refused (tensor parallelism inside a cp group is not
-// trainable yet). Throws an Error naming the bad part.
-inline DeviceMesh parse_mesh(std::string_view text) {
-  int sizes[4] = {0, 0, 0, 0};
-  constexpr std::string_view names[4] = {"dp", "pp", "cp", "tp"};
+// trainable yet). tp_x=X,tp_y=Y in place of tp: the tp group of X x Y ranks is a 2-D tensor-parallel grid running Tp2d
+// (strategy/tp2d.hpp) in every sublayer; the mesh's tp axis is then X x Y and `tp_x` (if given) receives X (1 without).
+// Throws an Error naming the bad part.
+inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr) {
+  int sizes[6] = {0, 0, 0, 0, 0, 0};
+  constexpr std::string_view names[6] = {"dp", "pp", "cp", "tp", "tp_x", "tp_y"};
   std::size_t from = 0;
   check(!text.empty(), "--mesh: empty; expected axes such as dp=2,cp=2 (axes dp, pp, cp, tp)");
   while (from <= text.size()) {
@@ -106,8 +108,8 @@ inline DeviceMesh parse_mesh(std::string_view text) {
       continue;
     }
     const auto axis = std::find(std::begin(names), std::end(names), name) - std::begin(names);
-    check(axis < 4, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp, cp and tp (2-D tensor "
-          "and expert axes are search_parallel's)", printable(text), printable(name));
+    check(axis < 6, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp, cp and tp (or tp_x and "
+          "tp_y; the expert axes are search_parallel's)", printable(text), printable(name));
     check(sizes[axis] == 0, "--mesh {}: axis {} is given twice", printable(text), name);
     int size = 0;
     for (char ch : value) {
@@ -120,7 +122,11 @@ inline DeviceMesh parse_mesh(std::string_view text) {
     sizes[axis] = size;
     from = comma + 1;
   }
+  check(sizes[3] == 0 || (sizes[4] == 0 && sizes[5] == 0), "--mesh {}: give tp (1-D) or tp_x and tp_y (2-D), not "
+        "both", printable(text));
   for (int& size : sizes) size = std::max(size, 1);
+  if (tp_x) *tp_x = sizes[4];
+  if (sizes[4] > 1 || sizes[5] > 1) sizes[3] = sizes[4] * sizes[5];  // the 2-D grid as the tp axis
   check(sizes[2] == 1 || sizes[3] == 1, "--mesh {}: cp={} with tp={}: tensor parallelism inside a cp group is not "
         "trainable yet (issue 26); give cp or tp", printable(text), sizes[2], sizes[3]);
   return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
@@ -241,9 +247,10 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   const auto refuse_unless = [&](bool trainable, std::string what) {
     check(trainable, "{}: {} (issue 26)", where, what);
   };
-  refuse_unless(c.tp_x == 1, fmt::format("tp_x={}: 2-D tensor parallelism is not trainable yet", c.tp_x));
-  refuse_unless(c.tp_y == 1 || c.cp == 1, fmt::format("tp={} with cp={}: tensor parallelism inside a cp group is "
-                                                      "not trainable yet", c.tp_y, c.cp));
+  refuse_unless(c.tp_x == 1 || !config.moe, fmt::format("tp_x={} with experts: 2-D tensor parallelism is trainable "
+                                                         "on the dense model only", c.tp_x));
+  refuse_unless(c.tp() == 1 || c.cp == 1, fmt::format("tp={} with cp={}: tensor parallelism inside a cp group is "
+                                                      "not trainable yet", c.tp(), c.cp));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
   // Experts: ep consecutive ranks of dp x cp, each expert's columns over etp consecutive ranks of tp, replicated
   // over edp = dp x cp x tp / (ep x etp) (model/expert_groups.hpp), as the search folds them.
@@ -280,7 +287,8 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                   fmt::format("recompute={}: without pipeline stages train_gpt keeps every activation "
                               "(recompute=none)", name_of(c.recompute)));
   }
-  run.mesh = fmt::format("dp={},pp={},cp={},tp={}", c.dp, c.pp, c.cp, c.tp_y);
+  run.mesh = c.tp_x > 1 ? fmt::format("dp={},pp={},cp={},tp_x={},tp_y={}", c.dp, c.pp, c.cp, c.tp_x, c.tp_y)
+                        : fmt::format("dp={},pp={},cp={},tp={}", c.dp, c.pp, c.cp, c.tp_y);
   if (config.moe) run.mesh += fmt::format(",ep={},etp={}", c.ep, c.etp);
   run.zero = ZeroStage(c.zero);
   run.virtual_stages = c.virtual_stages;
@@ -296,13 +304,33 @@ struct StepPlan {
   double time_s = 0;  // the planner's predicted time
 };
 
+
+// A step's plan on a tp_x x tp_y grid: Tp2d in every sublayer. Tp2d is not in the planner's catalog (its dry run
+// would need the grid, which cost::ModelShape does not carry), so the predicted time and memory are those of
+// MegatronTS on the same group (`table`), a stand-in. Throws, naming the sizes, when Tp2d cannot run the length.
+inline StepPlan tp2d_step_plan(const plan::CostTable& table, const GptConfig& config, int group, int tp_x,
+                               std::int64_t length, std::int64_t cap, const std::string& mesh) {
+  BufferPool pool;
+  SublayerContext ctx(config.layer, group, 1, length, pool);
+  ctx.tp_x = tp_x;
+  const Support support = Tp2d<>().supports(ctx);
+  check(support.ok(), "--mesh {}: a sequence of {} tokens: {} (give --min-len = --max-len, and --pack-tokens if "
+        "any, a multiple of {})", mesh, length, support.reason, ctx.sequence.chunks());
+  const plan::Plan ts =
+      plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of("MegatronTS")), cap);
+  const std::size_t at = GridStrategies<>::index_of("Tp2d");
+  return {StackPlan(ts.layers.size(), SublayerChoice{at, at, 0}),
+          fmt::format("{}", fmt::join(std::vector<std::string>(ts.layers.size(), "T2d/T2d"), " ")), ts.time_s};
+}
+
 }  // namespace mesh_detail
 
 // Trains the dense GPT on `ranks` (threads or MPI processes, as many as the mesh holds). Returns the exit code.
 template <class Strategies, class RanksT>
 int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, RanksT& ranks) {
   using Model = Gpt<Strategies>;
-  const DeviceMesh mesh = parse_mesh(o.mesh);
+  int tp_x = 1;  // > 1: the tp group is a tp_x x tp_y grid running Tp2d (strategy/tp2d.hpp)
+  const DeviceMesh mesh = parse_mesh(o.mesh, &tp_x);
   mesh.check_world_size(ranks.size());
   const bool experts = o.experts > 0;
   const int dp = mesh.axis_size("dp"), pp = mesh.axis_size("pp"), tp = mesh.axis_size("tp");
@@ -324,10 +352,14 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   check(!experts || tp % etp == 0, "--mesh {}: etp={} must divide tp = {} (each expert's columns over etp "
         "consecutive ranks of tp)", o.mesh, etp, tp);
   const int edp = dp * mesh.axis_size("cp") / ep * (tp / etp);
-  check(tp == 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp axis runs "
-        "MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)", o.mesh,
-        o.strategy);
-  const std::string strategy = tp > 1 ? std::string("MegatronTS") : o.strategy;
+  check(tp == 1 || tp_x > 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp "
+        "axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)",
+        o.mesh, o.strategy);
+  check(tp_x == 1 || o.strategy.empty() || o.strategy == "Tp2d", "--mesh {} --strategy {}: a tp_x x tp_y grid runs "
+        "Tp2d in every sublayer (2-D tensor parallelism; other strategies are the cp axis's)", o.mesh, o.strategy);
+  check(tp_x == 1 || !experts, "--mesh {} --experts: 2-D tensor parallelism (tp_x = {}) is trainable on the dense "
+        "model only", o.mesh, tp_x);
+  const std::string strategy = tp_x > 1 ? std::string("Tp2d") : tp > 1 ? std::string("MegatronTS") : o.strategy;
   // Interleaved 1F1B: v model chunks per pp rank, virtual stage c * pp + r of pp * v (model/pipeline.hpp).
   const int v = o.virtual_stages;
   check(o.layers >= pp * v, "--mesh {}: {} pipeline stages of {} chunks need at least as many layers (--layers {})",
@@ -394,6 +426,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
           }
           planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), compact_plan(plan),
                                                plan.time_s};
+        } else if (tp_x > 1) {
+          const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
+          planned[key] = mesh_detail::tp2d_step_plan(table, config, cp, tp_x, length, cap, o.mesh);
         } else {
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           const plan::Plan plan = strategy.empty()
@@ -493,7 +528,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                edp, tp > 1 ? "tp" : "cp", cp, ep, tp > 1 ? " of each tp index" : "",
                edp > 1 ? ", replicated over edp: router statistics and expert gradients summed over it" : "",
                pp > 1 ? " of each pipeline stage; router losses averaged over a step's micro-batches" : "");
-  if (tp > 1)
+  if (tp_x > 1)
+    fmt::print("tensor parallelism: tp groups of {} consecutive ranks, each a {} x {} grid (tp_x x tp_y) running Tp2d "
+               "in every sublayer (2-D tensor parallelism from and to the unified layout; norms and residuals "
+               "sequence parallel)\n", tp, tp_x, tp / tp_x);
+  else if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
   fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{}{} of {} layers; {}; activations of pp "
@@ -559,6 +598,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         chunk.set_expert_replicas(expert->edp);
         chunk.set_expert_column_group(expert->etp);
       }
+    for (auto& chunk : chunks) chunk.stack().set_tp_x(tp_x);  // the tp group's grid (1: none)
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;

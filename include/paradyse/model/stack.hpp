@@ -163,6 +163,12 @@ public:
   // each sequence is one document. Kept (copied) until set again; checked against the sequence length by forward.
   void set_documents(std::span<const std::int64_t> starts) { documents_.assign(starts.begin(), starts.end()); }
   std::span<const std::int64_t> documents() const noexcept { return documents_; }
+  // The group as a tp_x x (p / tp_x) grid for 2-D tensor parallelism (SublayerContext::tp_x, strategy/tp2d.hpp);
+  // 1: no grid. Kept until set again.
+  void set_tp_x(int tp_x) {
+    check(tp_x >= 1 && ranks_ % tp_x == 0, "TransformerStack: tp_x = {} must divide the group size {}", tp_x, ranks_);
+    tp_x_ = tp_x;
+  }
   // Drops what a step kept (the saved activations of the layers its forward ran, its context) and allocates
   // nothing: after a failed step the stack holds its weights and gradients only, as before the step.
   void discard_step() noexcept {
@@ -207,6 +213,7 @@ public:
     check(x.rank() == 3, "TransformerStack: x {} must be [b, n_r, h]", x.shape());
     ctx_.emplace(config_, ranks_, x.extent(0), seq_len, pool);
     ctx_->set_documents(documents_);
+    ctx_->tp_x = tp_x_;
     check_plan(plan, *ctx_);
     saved_.clear();
     saved_.reserve(weights_.size());
@@ -346,6 +353,7 @@ private:
   std::vector<LayerSaved<Strategies>> saved_;
   std::optional<SublayerContext> ctx_;
   std::vector<std::int64_t> documents_;  // the packed documents ctx_ points to
+  int tp_x_ = 1;                         // set_tp_x
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;

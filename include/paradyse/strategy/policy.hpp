@@ -78,6 +78,8 @@ struct SublayerContext {
   // strategy hands the ops its tokens' global positions (mask offsets, RoPE runs), so the ops read the same starts.
   // The span must outlive the context (the stack keeps a copy for its step).
   std::span<const std::int64_t> document_starts = {};
+  // 2-D tensor parallelism (strategy/tp2d.hpp): the group as a tp_x x (p / tp_x) grid; 1: no grid (Tp2d refused).
+  int tp_x = 1;
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.

@@ -21,6 +21,10 @@
 // split over tp_y); keys and values of every token are all-gathered over tp_x (rows), attention runs for the rank's
 // queries (causal: at their global positions), and the output projection is a B -> A linear. Backward: the key and
 // value gradients of every token are reduce-scattered over tp_x back to their token blocks.
+//
+// These are the scheme's building blocks on one sequence in tp2d's own layouts. The trainer's model runs the scheme as
+// the Tp2d strategy (strategy/tp2d.hpp): from and to the unified layout, with batches, the packed weight shards,
+// RoPE at global positions, GQA, SwiGLU and packed documents.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
