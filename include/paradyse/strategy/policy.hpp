@@ -78,6 +78,10 @@ struct SublayerContext {
   // strategy hands the ops its tokens' global positions (mask offsets, RoPE runs), so the ops read the same starts.
   // The span must outlive the context (the stack keeps a copy for its step).
   std::span<const std::int64_t> document_starts = {};
+  // The group's cp x tp factorisation when a mesh runs tensor parallelism inside a cp group: the size of the inner
+  // (tp) sub-groups, rank r = c * tp_inner + t; 0: the group is not factorised. Only strategies that compute over
+  // the two sub-groups read it (strategy/megatron_ring.hpp); the unified layout is over all p ranks either way.
+  int tp_inner = 0;
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.
