@@ -8,6 +8,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/colossal_z.hpp"
 #include "paradyse/strategy/megatron_cz.hpp"
+#include "paradyse/strategy/megatron_ring.hpp"
 #include "paradyse/strategy/megatron_ts.hpp"
 #include "paradyse/strategy/metp.hpp"
 #include "paradyse/strategy/switchable.hpp"
@@ -18,5 +19,13 @@ namespace paradyse {
 template <class Backend = ops::Cpu>
 using AllStrategies =
     Switchable<MegatronTS<Backend>, UlyssesZ<Backend>, MegatronCZ<Backend>, METP<Backend>, ColossalZ<Backend>>;
+
+// The five and MegatronRing (cp x tp inside the group, strategy/megatron_ring.hpp): the list a mesh whose stage group
+// is factorised cp x tp switches between (SublayerContext::tp_inner; the first five keep their indices). MegatronRing
+// runs only on a factorised group (its supports() rules it out elsewhere), so it is not in AllStrategies, whose every
+// member runs on any group the unified layout allows.
+template <class Backend = ops::Cpu>
+using MeshStrategies = Switchable<MegatronTS<Backend>, UlyssesZ<Backend>, MegatronCZ<Backend>, METP<Backend>,
+                                  ColossalZ<Backend>, MegatronRing<Backend>>;
 
 }  // namespace paradyse
