@@ -17,6 +17,7 @@
 #include "paradyse/model/mesh_stage.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 #include "paradyse/strategy/strategies.hpp"
+#include "mesh_harness.hpp"
 #include "support/tolerance.hpp"
 
 #include <doctest/doctest.h>
@@ -113,11 +114,9 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
     std::vector<TpGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
     double loss_sum = 0;
     run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
-      ThreadCommunicator dp_group = mesh.group(world, {"dp"});
-      ThreadCommunicator pp_group = mesh.group(world, {"pp"});
-      ThreadCommunicator tp_group = mesh.group(world, {"cp", "tp"});
-      const MeshCoordinate at = mesh.coordinate(world.rank());
-      const int replica = at[0], stage_index = at[1], tp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
+      testing::MeshRank place = testing::MeshRank::on(mesh, world);
+      ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &tp_group = place.stage_group;
+      const int replica = place.replica, stage_index = place.stage_index, tp_rank = place.stage_rank;
       // Chunk c holds virtual stage c * pp + stage_index of pp * v (one chunk without interleaving).
       const int stages = m.pp * m.v;
       std::vector<MeshGptStage<AllStrategies<>, ThreadCommunicator>> chunks;

@@ -16,6 +16,7 @@
 #include "paradyse/model/mesh_stage.hpp"
 #include "paradyse/model/safetensors.hpp"
 #include "paradyse/strategy/strategies.hpp"
+#include "mesh_harness.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -72,11 +73,9 @@ std::vector<double> ckpt_mesh_run(const GptConfig& config, const CkptMesh& m, co
   const double counted = double(batches.rows * batches.seq);
   const ops::AdamWConfig adamw{.learning_rate = 0.02f, .weight_decay = 0.1f};
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
-    ThreadCommunicator dp_group = mesh.group(world, {"dp"});
-    ThreadCommunicator pp_group = mesh.group(world, {"pp"});
-    ThreadCommunicator cp_group = mesh.group(world, {"cp", "tp"});
-    const MeshCoordinate at = mesh.coordinate(world.rank());
-    const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
+    testing::MeshRank place = testing::MeshRank::on(mesh, world);
+    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &cp_group = place.stage_group;
+    const int replica = place.replica, stage_index = place.stage_index, cp_rank = place.stage_rank;
     const auto chunk_layers = [&](int c) { return chunk_range(config.layers, m.pp * m.v, c * m.pp + stage_index); };
     std::vector<CkptStage> chunks;
     chunks.reserve(std::size_t(m.v));

@@ -24,6 +24,7 @@
 #include "paradyse/moe/expert_columns.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 #include "paradyse/strategy/strategies.hpp"
+#include "mesh_harness.hpp"
 #include "support/tolerance.hpp"
 
 #include <doctest/doctest.h>
@@ -212,13 +213,11 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   Copies got;
   double loss_sum = 0;
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
-    ThreadCommunicator dp_group = mesh.group(world, {"dp"});
-    ThreadCommunicator pp_group = mesh.group(world, {"pp"});
-    ThreadCommunicator stage_group = mesh.group(world, {"cp", "tp"});
+    testing::MeshRank place = testing::MeshRank::on(mesh, world);
+    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &stage_group = place.stage_group;
     ThreadCommunicator ep_group = mesh.group(world, {"dp", "cp"});
-    const MeshCoordinate at = mesh.coordinate(world.rank());
-    const int replica = at[0], stage_index = at[1], ep_rank = replica * m.cp + at[2];
-    const int group_rank = mesh.group_index(world.rank(), {"cp", "tp"});
+    const int replica = place.replica, stage_index = place.stage_index, group_rank = place.stage_rank;
+    const int ep_rank = replica * m.cp + mesh.coordinate(world.rank(), "cp");
     CHECK(int(ep_group.rank()) == ep_rank);
     const int stages = m.pp * m.v;
     std::vector<MeshGptStage<Strategies, ThreadCommunicator>> chunks;
@@ -305,12 +304,10 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
   const double counted = double(m.rows * seq);
   const ops::AdamWConfig adamw{.learning_rate = 0.02f, .weight_decay = 0.1f};
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
-    ThreadCommunicator dp_group = mesh.group(world, {"dp"});
-    ThreadCommunicator pp_group = mesh.group(world, {"pp"});
-    ThreadCommunicator cp_group = mesh.group(world, {"cp", "tp"});
+    testing::MeshRank place = testing::MeshRank::on(mesh, world);
+    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &cp_group = place.stage_group;
     ThreadCommunicator ep_group = mesh.group(world, {"dp", "cp"});
-    const MeshCoordinate at = mesh.coordinate(world.rank());
-    const int replica = at[0], stage_index = at[1], cp_rank = at[2];
+    const int replica = place.replica, stage_index = place.stage_index, cp_rank = place.stage_rank;
     const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
     MeshGptStage<Strategies, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.cp, cp_rank, ep,
                                                        replica * m.cp + cp_rank, 7);
@@ -320,19 +317,7 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
     const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
     const auto record_all = [&](int k, bool gradients) {
       std::vector<std::vector<float>> tensors;
-      if (zero == ZeroStage::three) {
-        for (Zero3Tensor& t : stage.zero3_shards()) {
-          std::int64_t n = 1;
-          for (std::int64_t e : t.shape()) n *= e;
-          std::vector<std::int64_t> counts;
-          for (int r = 0; r < m.dp; ++r) counts.push_back(chunk_range(n, m.dp, r).length);
-          std::vector<float> full(static_cast<std::size_t>(n));
-          Tensor<float>& part = gradients ? t.gradient() : t.value();
-          dp_group.all_gather_v(std::span<const float>(part.span()), std::span<float>(full),
-                                std::span<const std::int64_t>(counts));
-          tensors.push_back(std::move(full));
-        }
-      }
+      if (zero == ZeroStage::three) tensors = testing::gathered_zero3(stage, dp_group, gradients);
       for (bool over_dp : {true, false}) {  // ZeRO-0's dense tensors, then (both) the MoE tensors, in the same order
         if (over_dp && zero == ZeroStage::three) continue;
         for (const auto& p : stage.parameters()) {

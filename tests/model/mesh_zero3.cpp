@@ -11,6 +11,7 @@
 #include "paradyse/model/mesh_optimizer.hpp"
 #include "paradyse/model/mesh_stage.hpp"
 #include "paradyse/strategy/strategies.hpp"
+#include "mesh_harness.hpp"
 #include "support/tolerance.hpp"
 
 #include <doctest/doctest.h>
@@ -47,11 +48,9 @@ std::vector<double> zero3_run(const GptConfig& config, const Zero3Mesh& m, ZeroS
   const double counted = double(m.rows * seq);
   const ops::AdamWConfig adamw{.learning_rate = 0.02f, .weight_decay = 0.1f};
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
-    ThreadCommunicator dp_group = mesh.group(world, {"dp"});
-    ThreadCommunicator pp_group = mesh.group(world, {"pp"});
-    ThreadCommunicator cp_group = mesh.group(world, {"cp", "tp"});
-    const MeshCoordinate at = mesh.coordinate(world.rank());
-    const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(world.rank(), {"cp", "tp"});
+    testing::MeshRank place = testing::MeshRank::on(mesh, world);
+    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &cp_group = place.stage_group;
+    const int replica = place.replica, stage_index = place.stage_index, cp_rank = place.stage_rank;
     const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
     Zero3Stage stage(config, stage_index, m.pp, layers, m.cp, cp_rank, m.cp, cp_rank, 7);
     if (zero == ZeroStage::three) stage.shard_over_dp(dp_group);
@@ -62,17 +61,7 @@ std::vector<double> zero3_run(const GptConfig& config, const Zero3Mesh& m, ZeroS
     const auto record = [&](int k, bool gradients) {
       std::vector<std::vector<float>> tensors;
       if (zero == ZeroStage::three) {
-        for (Zero3Tensor& t : stage.zero3_shards()) {
-          std::vector<std::int64_t> counts;
-          std::int64_t n = 1;
-          for (std::int64_t e : t.shape()) n *= e;
-          for (int r = 0; r < m.dp; ++r) counts.push_back(chunk_range(n, m.dp, r).length);
-          std::vector<float> full(static_cast<std::size_t>(n));
-          Tensor<float>& mine_part = gradients ? t.gradient() : t.value();
-          dp_group.all_gather_v(std::span<const float>(mine_part.span()), std::span<float>(full),
-                                std::span<const std::int64_t>(counts));
-          tensors.push_back(std::move(full));
-        }
+        tensors = testing::gathered_zero3(stage, dp_group, gradients);
       } else {
         for (const auto& p : stage.parameters()) {
           const Tensor<float>* t = gradients ? p.gradient : p.value;
