@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
     prepare_group(ranks, mpi);
     if (o.experts > 0 && o.device == "cuda")
       throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
-    if (!o.mesh.empty()) return pd::examples::train_mesh<pd::AllStrategies<>>(o, hardware_profile(o, ranks), ranks);
+    if (!o.mesh.empty()) return pd::examples::train_mesh<pd::MeshStrategies<>>(o, hardware_profile(o, ranks), ranks);
     if (o.experts > 0) return pd::examples::train_moe(o, hardware_profile(o, ranks));
     if (o.device == "cuda") {
 #if PARADYSE_WITH_CUDA

@@ -1,5 +1,6 @@
 // examples/train_gpt/train_mesh.hpp: train_gpt --mesh dp=D,pp=P,cp=C (or tp=T in place of cp): the GPT trained on a
 // D x P x C (or D x P x T) mesh of ranks (mesh/device_mesh.hpp; the group innermost, so it holds consecutive ranks).
+// (cp and tp both: a cp x tp group per stage, tp innermost, running MegatronRing: tp inside each cp group.)
 // Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
 // stages on the 1F1B schedule, and with --experts the MoE layers over an expert group folded over dp x cp), the dp
@@ -84,8 +85,8 @@ namespace paradyse::examples {
 // "dp=2,pp=2,cp=2" or "dp=2,tp=2" (any order, each axis at most once, missing axes of size 1) as the mesh
 // {dp, pp, cp, tp}, the innermost last. The group of each stage (consecutive ranks) is the cp group, in which the
 // strategies switch per layer, or the tp group, which runs Megatron's tensor parallelism with sequence parallelism
-// (MegatronTS) in every sublayer; cp and tp together are refused (tensor parallelism inside a cp group is not
-// trainable yet). Throws an Error naming the bad part.
+// (MegatronTS) in every sublayer, or with cp and tp both the cp x tp group (tp innermost) that runs MegatronRing
+// (strategy/megatron_ring.hpp: tp inside each cp group). Throws an Error naming the bad part.
 inline DeviceMesh parse_mesh(std::string_view text) {
   int sizes[4] = {0, 0, 0, 0};
   constexpr std::string_view names[4] = {"dp", "pp", "cp", "tp"};
@@ -114,8 +115,6 @@ inline DeviceMesh parse_mesh(std::string_view text) {
     from = comma + 1;
   }
   for (int& size : sizes) size = std::max(size, 1);
-  check(sizes[2] == 1 || sizes[3] == 1, "--mesh {}: cp={} with tp={}: tensor parallelism inside a cp group is not "
-        "trainable yet (issue 26); give cp or tp", printable(text), sizes[2], sizes[3]);
   return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
 }
 
@@ -205,8 +204,9 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
     check(trainable, "{}: {} (issue 26)", where, what);
   };
   refuse_unless(c.tp_x == 1, fmt::format("tp_x={}: 2-D tensor parallelism is not trainable yet", c.tp_x));
-  refuse_unless(c.tp_y == 1 || c.cp == 1, fmt::format("tp={} with cp={}: tensor parallelism inside a cp group is "
-                                                      "not trainable yet", c.tp_y, c.cp));
+  refuse_unless(c.tp_y == 1 || c.cp == 1 || !config.moe, fmt::format("tp={} with cp={} and experts: tensor "
+                                                                     "parallelism inside a cp group runs dense models "
+                                                                     "only", c.tp_y, c.cp));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
   // Experts: ep = dp x cp (the experts over every device of dp x cp) and etp = tp (each expert's columns over the
   // whole tp group); the search's other layouts (ep < dp x cp or etp < tp: expert data parallelism, experts
@@ -278,10 +278,16 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // With experts: ep over the dp x cp devices of each stage; with tp, every expert split by columns over the tp group
   // (etp = tp, moe/expert_columns.hpp), the router replicated over it.
   const int ep = dp * mesh.axis_size("cp");
-  check(tp == 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp axis runs "
-        "MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)", o.mesh,
-        o.strategy);
-  const std::string strategy = tp > 1 ? std::string("MegatronTS") : o.strategy;
+  // cp and tp both: the stage's group is cp x tp (tp innermost), factorised for MegatronRing (tp inside each cp
+  // group), which runs in every sublayer unless --strategy names one of the five (over the whole group).
+  const bool cp_by_tp = mesh.axis_size("cp") > 1 && tp > 1;
+  check(!cp_by_tp || !experts, "--mesh {} --experts {}: tensor parallelism inside a cp group (cp and tp both) runs "
+        "dense models only; give cp or tp", o.mesh, o.experts);
+  check(tp == 1 || cp_by_tp || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp "
+        "axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)",
+        o.mesh, o.strategy);
+  const std::string strategy = cp_by_tp ? (o.strategy.empty() ? std::string("MegatronRing") : o.strategy)
+                               : tp > 1 ? std::string("MegatronTS") : o.strategy;
   // Interleaved 1F1B: v model chunks per pp rank, virtual stage c * pp + r of pp * v (model/pipeline.hpp).
   const int v = o.virtual_stages;
   check(o.layers >= pp * v, "--mesh {}: {} pipeline stages of {} chunks need at least as many layers (--layers {})",
@@ -349,6 +355,12 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
           planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), compact_plan(plan),
                                                plan.time_s};
         } else {
+          if (strategy == "MegatronRing") {  // not in the planner's cost catalog: run as given, unpriced
+            const std::size_t ring = Strategies::index_of("MegatronRing");
+            planned[key] = mesh_detail::StepPlan{StackPlan(std::size_t(o.layers), SublayerChoice{ring, ring, 0}),
+                                                 "MegatronRing", 0.0};
+            return planned[key];
+          }
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           const plan::Plan plan = strategy.empty()
               ? plan::plan_exact(table, cap)
@@ -442,7 +454,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                tp > 1 ? fmt::format(" x etp = tp = {} (each expert's columns over its tp group)", tp) : std::string(),
                tp > 1 ? "tp" : "cp", cp, ep, tp > 1 ? " of each tp index" : "",
                pp > 1 ? " of each pipeline stage; router losses averaged over a step's micro-batches" : "");
-  if (tp > 1)
+  if (cp_by_tp)
+    fmt::print("tensor parallelism inside each cp group: groups of {} x {} consecutive ranks (tp innermost) run {} "
+               "(Megatron's tensor parallelism over the tp sub-groups, ring attention over the cp sub-groups)\n",
+               mesh.axis_size("cp"), tp, strategy);
+  else if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
   fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{}{} of {} layers; {}; activations of pp "
@@ -503,6 +519,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     for (int c = 0; c < v; ++c)
       chunks.emplace_back(config, c * pp + stage_index, pp * v, chunk_layers(c), cp, cp_rank, experts ? ep : cp,
                           experts ? replica * (ep / dp) + at[2] : cp_rank, o.seed, experts && tp > 1);
+    if (cp_by_tp)  // the stage's group is factorised cp x tp (MegatronRing's sub-groups)
+      for (auto& chunk : chunks) chunk.stack().set_tp_inner(tp);
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;
