@@ -7,9 +7,9 @@
 // column blocks); it all-gathers those weights over the cp sub-group (as MegatronCZ does over the whole group) and
 // sums their gradients back to the owners with a reduce-scatter over it, so the weights stay the unified shards.
 // Activations move as in Megatron's sequence parallelism, over the tp sub-group: the all-gather of its ranks'
-// tokens is the cp rank's share of the sequence, which must be cp rank c's tokens in the cp-rank layout of the
-// same chunking (SequenceLayout(s, cp, zigzag)): it is whenever the p-rank chunks nest in the cp-rank ones (s
-// divisible by p, or 2p when zigzag, and some uneven lengths); supports() checks it and names the case otherwise.
+// tokens is the cp rank's share of the sequence, one run of positions (two under zigzag: the tp ranks' first
+// chunks, then their second ones; SequenceLayout::grouped), for any length s, so ring attention runs over the cp
+// sub-group on that grouped layout.
 // Attention: q|k|v of the rank's heads for those tokens (RoPE at their global positions), ring attention over the
 // cp sub-group (strategy/ring_attention.hpp: K/V blocks travel, causal blocks skipped, zigzag balanced), the output
 // projection's partial sums reduce-scattered over the tp sub-group. MLP: the rank's ffn columns of the gathered
@@ -22,8 +22,8 @@
 // shards all-gathered (about (cp - 1)/p of the layer's weights per sublayer, twice backward with the gradients'
 // reduce-scatter). Saved: the gathered input [b, n_c, h], the rank's q|k|v heads [b, n_c, hq/tp + 2 hkv/tp, d],
 // out and lse (attention); the gathered input and the pre-activation [cp, b n_c, ffn_in_rows] (MLP). Requirements:
-// those of the unified layout, a factorisation tp_inner dividing p (0 refuses: the planner then never picks it)
-// and the nesting above. It splits the group into its two sub-groups (comm.split) at every call.
+// those of the unified layout and a factorisation tp_inner dividing p (0 refuses: the planner then never picks it).
+// It splits the group into its two sub-groups (comm.split) at every call.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -74,11 +74,7 @@ struct Factors {
     c = rank / tp;
     t = rank % tp;
     const SequenceLayout& layout = ctx.sequence;
-    if (layout.length() < (layout.zigzag() ? 2 * cp : cp)) {
-      why_not = fmt::format("s = {} tokens cannot be cut over cp = {}", layout.length(), cp);
-      return;
-    }
-    cp_layout = SequenceLayout(layout.length(), cp, layout.zigzag());
+    cp_layout = SequenceLayout::grouped(layout, tp);
     cp_tokens = cp_layout.local_length(c);
     std::vector<TokenSegment> homes;  // cp rank c's segments
     for (int k = 0; k < cp_layout.segment_count(); ++k) homes.push_back(cp_layout.segment(c, k));
@@ -95,21 +91,16 @@ struct Factors {
         const TokenSegment* home = nullptr;
         for (const TokenSegment& cand : homes)
           if (seg.begin >= cand.begin && seg.begin + seg.length <= cand.begin + cand.length) home = &cand;
-        if (!home) {
-          why_not = fmt::format("rank {}'s tokens [{}, {}) are not within cp rank {}'s share of s = {} (the p = {} "
-                                "chunks do not nest in the cp = {} ones; s divisible by {} does)",
-                                member, seg.begin, seg.begin + seg.length, c, layout.length(), p, cp, layout.chunks());
-          return;
-        }
+        check(home != nullptr, "MegatronRing: rank {}'s tokens [{}, {}) are not within cp rank {}'s share", member,
+              seg.begin, seg.begin + seg.length, c);
         for (std::int64_t i_b = 0; i_b < b; ++i_b)
           runs.push_back({member_base + i_b * n + seg.local, i_b * cp_tokens + home->local + seg.begin - home->begin,
                           seg.length});
       }
       member_base += b * n;
     }
-    if (tokens != cp_tokens)
-      why_not = fmt::format("the tp sub-group {} holds {} tokens, cp rank {}'s share of s = {} is {}", c, tokens, c,
-                            layout.length(), cp_tokens);
+    check(tokens == cp_tokens, "MegatronRing: the tp sub-group {} holds {} tokens, cp rank {}'s share is {}", c, tokens,
+          c, cp_tokens);
   }
 
 };
