@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
                 "--profile", o.mesh, o.emulate);
       pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
       if (!o.emulate.empty()) hardware = emulated(o, hardware, ranks);  // every mesh group's links paced alike
-      return pd::examples::train_mesh<pd::GridStrategies<>>(o, hardware, ranks);
+      return pd::examples::train_mesh<pd::MeshStrategies<>>(o, hardware, ranks);
     }
     if (o.experts > 0) return pd::examples::train_moe(o, hardware_profile(o, ranks));
     if (o.device == "cuda") {

@@ -1,5 +1,6 @@
 // examples/train_gpt/train_mesh.hpp: train_gpt --mesh dp=D,pp=P,cp=C (or tp=T in place of cp): the GPT trained on a
 // D x P x C (or D x P x T) mesh of ranks (mesh/device_mesh.hpp; the group innermost, so it holds consecutive ranks).
+// (cp and tp both: a cp x tp group per stage, tp innermost, running MegatronRing: tp inside each cp group.)
 // Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
 // stages on the 1F1B schedule, and with --experts the MoE layers over an expert group folded over dp x cp, or with
@@ -87,10 +88,10 @@ namespace paradyse::examples {
 // "dp=2,pp=2,cp=2" or "dp=2,tp=2" (any order, each axis at most once, missing axes of size 1) as the mesh
 // {dp, pp, cp, tp}, the innermost last. The group of each stage (consecutive ranks) is the cp group, in which the
 // strategies switch per layer, or the tp group, which runs Megatron's tensor parallelism with sequence parallelism
-// (MegatronTS) in every sublayer; cp and tp together are refused (tensor parallelism inside a cp group is not
-// trainable yet). tp_x=X,tp_y=Y in place of tp: the tp group of X x Y ranks is a 2-D tensor-parallel grid running Tp2d
-// (strategy/tp2d.hpp) in every sublayer; the mesh's tp axis is then X x Y and `tp_x` (if given) receives X (1 without).
-// Throws an Error naming the bad part.
+// (MegatronTS) in every sublayer, or with cp and tp both the cp x tp group (tp innermost) that runs MegatronRing
+// (strategy/megatron_ring.hpp: tp inside each cp group). tp_x=X,tp_y=Y in place of tp: the tp group of X x Y ranks is
+// a 2-D tensor-parallel grid running Tp2d (strategy/tp2d.hpp) in every sublayer; the mesh's tp axis is then X x Y and
+// `tp_x` (if given) receives X (1 without); a grid inside a cp group is refused. Throws an Error naming the bad part.
 inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr) {
   int sizes[6] = {0, 0, 0, 0, 0, 0};
   constexpr std::string_view names[6] = {"dp", "pp", "cp", "tp", "tp_x", "tp_y"};
@@ -126,9 +127,10 @@ inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr) {
         "both", printable(text));
   for (int& size : sizes) size = std::max(size, 1);
   if (tp_x) *tp_x = sizes[4];
+  check(sizes[2] == 1 || (sizes[4] == 1 && sizes[5] == 1), "--mesh {}: cp={} with tp_x={},tp_y={}: a 2-D tensor-"
+        "parallel grid inside a cp group is not trainable yet (issue 26); give cp with tp, or tp_x,tp_y without cp",
+        printable(text), sizes[2], sizes[4], sizes[5]);
   if (sizes[4] > 1 || sizes[5] > 1) sizes[3] = sizes[4] * sizes[5];  // the 2-D grid as the tp axis
-  check(sizes[2] == 1 || sizes[3] == 1, "--mesh {}: cp={} with tp={}: tensor parallelism inside a cp group is not "
-        "trainable yet (issue 26); give cp or tp", printable(text), sizes[2], sizes[3]);
   return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
 }
 
@@ -249,8 +251,11 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   };
   refuse_unless(c.tp_x == 1 || !config.moe, fmt::format("tp_x={} with experts: 2-D tensor parallelism is trainable "
                                                          "on the dense model only", c.tp_x));
-  refuse_unless(c.tp() == 1 || c.cp == 1, fmt::format("tp={} with cp={}: tensor parallelism inside a cp group is "
-                                                      "not trainable yet", c.tp(), c.cp));
+  refuse_unless(c.tp_x == 1 || c.cp == 1, fmt::format("tp_x={} with cp={}: a 2-D tensor-parallel grid inside a cp "
+                                                       "group is not trainable yet", c.tp_x, c.cp));
+  refuse_unless(c.tp_y == 1 || c.cp == 1 || !config.moe, fmt::format("tp={} with cp={} and experts: tensor "
+                                                                     "parallelism inside a cp group runs dense models "
+                                                                     "only", c.tp_y, c.cp));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
   // Experts: ep consecutive ranks of dp x cp, each expert's columns over etp consecutive ranks of tp, replicated
   // over edp = dp x cp x tp / (ep x etp) (model/expert_groups.hpp), as the search folds them.
@@ -318,7 +323,7 @@ inline StepPlan tp2d_step_plan(const plan::CostTable& table, const GptConfig& co
         "any, a multiple of {})", mesh, length, support.reason, ctx.sequence.chunks());
   const plan::Plan ts =
       plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of("MegatronTS")), cap);
-  const std::size_t at = GridStrategies<>::index_of("Tp2d");
+  const std::size_t at = MeshStrategies<>::index_of("Tp2d");
   return {StackPlan(ts.layers.size(), SublayerChoice{at, at, 0}),
           fmt::format("{}", fmt::join(std::vector<std::string>(ts.layers.size(), "T2d/T2d"), " ")), ts.time_s};
 }
@@ -352,14 +357,22 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   check(!experts || tp % etp == 0, "--mesh {}: etp={} must divide tp = {} (each expert's columns over etp "
         "consecutive ranks of tp)", o.mesh, etp, tp);
   const int edp = dp * mesh.axis_size("cp") / ep * (tp / etp);
-  check(tp == 1 || tp_x > 1 || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy {}: the tp "
-        "axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp axis's)",
-        o.mesh, o.strategy);
+  // cp and tp both: the stage's group is cp x tp (tp innermost), factorised for MegatronRing (tp inside each cp
+  // group), which runs in every sublayer unless --strategy names one of the five (over the whole group).
+  const bool cp_by_tp = mesh.axis_size("cp") > 1 && tp > 1;
+  check(!cp_by_tp || !experts, "--mesh {} --experts {}: tensor parallelism inside a cp group (cp and tp both) runs "
+        "dense models only; give cp or tp", o.mesh, o.experts);
+  check(tp == 1 || tp_x > 1 || cp_by_tp || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy "
+        "{}: the tp axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp "
+        "axis's)", o.mesh, o.strategy);
   check(tp_x == 1 || o.strategy.empty() || o.strategy == "Tp2d", "--mesh {} --strategy {}: a tp_x x tp_y grid runs "
         "Tp2d in every sublayer (2-D tensor parallelism; other strategies are the cp axis's)", o.mesh, o.strategy);
   check(tp_x == 1 || !experts, "--mesh {} --experts: 2-D tensor parallelism (tp_x = {}) is trainable on the dense "
         "model only", o.mesh, tp_x);
-  const std::string strategy = tp_x > 1 ? std::string("Tp2d") : tp > 1 ? std::string("MegatronTS") : o.strategy;
+  const std::string strategy = tp_x > 1    ? std::string("Tp2d")
+                               : cp_by_tp  ? (o.strategy.empty() ? std::string("MegatronRing") : o.strategy)
+                               : tp > 1    ? std::string("MegatronTS")
+                                           : o.strategy;
   // Interleaved 1F1B: v model chunks per pp rank, virtual stage c * pp + r of pp * v (model/pipeline.hpp).
   const int v = o.virtual_stages;
   check(o.layers >= pp * v, "--mesh {}: {} pipeline stages of {} chunks need at least as many layers (--layers {})",
@@ -430,6 +443,12 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           planned[key] = mesh_detail::tp2d_step_plan(table, config, cp, tp_x, length, cap, o.mesh);
         } else {
+          if (strategy == "MegatronRing") {  // not in the planner's cost catalog: run as given, unpriced
+            const std::size_t ring = Strategies::index_of("MegatronRing");
+            planned[key] = mesh_detail::StepPlan{StackPlan(std::size_t(o.layers), SublayerChoice{ring, ring, 0}),
+                                                 "MegatronRing", 0.0};
+            return planned[key];
+          }
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           const plan::Plan plan = strategy.empty()
               ? plan::plan_exact(table, cap)
@@ -532,6 +551,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks, each a {} x {} grid (tp_x x tp_y) running Tp2d "
                "in every sublayer (2-D tensor parallelism from and to the unified layout; norms and residuals "
                "sequence parallel)\n", tp, tp_x, tp / tp_x);
+  else if (cp_by_tp)
+    fmt::print("tensor parallelism inside each cp group: groups of {} x {} consecutive ranks (tp innermost) run {} "
+               "(Megatron's tensor parallelism over the tp sub-groups, ring attention over the cp sub-groups)\n",
+               mesh.axis_size("cp"), tp, strategy);
   else if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
@@ -599,6 +622,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         chunk.set_expert_column_group(expert->etp);
       }
     for (auto& chunk : chunks) chunk.stack().set_tp_x(tp_x);  // the tp group's grid (1: none)
+    if (cp_by_tp)  // the stage's group is factorised cp x tp (MegatronRing's sub-groups)
+      for (auto& chunk : chunks) chunk.stack().set_tp_inner(tp);
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;

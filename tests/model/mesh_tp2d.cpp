@@ -29,7 +29,7 @@
 namespace mesh_tp2d_test {
 
 using namespace paradyse;
-using Strategies = GridStrategies<>;
+using Strategies = MeshStrategies<>;
 
 // Every gradient of a group rank, by (rank, name): "layer 2 attention", "embedding", "head".
 using Gradients = std::map<std::pair<int, std::string>, std::vector<float>>;

@@ -1,4 +1,4 @@
-// 2-D tensor parallelism in the GPT (strategy/tp2d.hpp in GridStrategies, the stack's tp_x): a group of
+// 2-D tensor parallelism in the GPT (strategy/tp2d.hpp in MeshStrategies, the stack's tp_x): a group of
 // tp_x x tp_y ranks running Tp2d in some sublayers and the other strategies in the rest, switching per layer with no
 // redistribution, trains as the same group running MegatronTS everywhere (itself checked against the float64
 // reference in tests/strategy): the loss of every step and every gradient of every rank, grids 2x2, 2x3, 3x2 and 4x2,
@@ -19,7 +19,7 @@ using namespace paradyse::testing;
 
 namespace tp2d_training_test {
 
-using Strategies = GridStrategies<>;
+using Strategies = MeshStrategies<>;
 using Model = Gpt<Strategies>;
 
 struct Run {

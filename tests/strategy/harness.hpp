@@ -36,6 +36,7 @@ struct SublayerCase {
   std::int64_t length = 8;
   std::vector<std::int64_t> documents = {};  // packed documents (starts, first 0); empty: one document
   int tp_x = 1;  // the group as a tp_x x (ranks / tp_x) grid (SublayerContext::tp_x; strategy/tp2d.hpp)
+  int tp_inner = 0;  // the group's cp x tp factorisation (SublayerContext::tp_inner); 0: none
 };
 
 inline LayerConfig small_config(std::int64_t heads, std::int64_t kv_heads, std::int64_t ffn) {
@@ -211,6 +212,7 @@ std::vector<std::size_t> check_sublayer(const SublayerCase& test, Sublayer which
     SublayerContext ctx(c, p, test.batch, test.length, pool);
     ctx.set_documents(test.documents);
     ctx.tp_x = test.tp_x;
+    ctx.tp_inner = test.tp_inner;
     const LayerWeights weights = shard_of(problem.weights, c, p, r);
     LayerWeights grads(c, p);
     const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);

@@ -162,6 +162,9 @@ public:
   // within a document and RoPE restarts at each; strategy/policy.hpp's SublayerContext::document_starts); empty:
   // each sequence is one document. Kept (copied) until set again; checked against the sequence length by forward.
   void set_documents(std::span<const std::int64_t> starts) { documents_.assign(starts.begin(), starts.end()); }
+  // The group's cp x tp factorisation from the next forward on (SublayerContext::tp_inner: the inner tp sub-groups'
+  // size, rank = c * tp + t; 0: none), for strategies that compute over the two sub-groups (MegatronRing).
+  void set_tp_inner(int tp) noexcept { tp_inner_ = tp; }
   std::span<const std::int64_t> documents() const noexcept { return documents_; }
   // The group as a tp_x x (p / tp_x) grid for 2-D tensor parallelism (SublayerContext::tp_x, strategy/tp2d.hpp);
   // 1: no grid. Kept until set again.
@@ -214,6 +217,7 @@ public:
     ctx_.emplace(config_, ranks_, x.extent(0), seq_len, pool);
     ctx_->set_documents(documents_);
     ctx_->tp_x = tp_x_;
+    ctx_->tp_inner = tp_inner_;
     check_plan(plan, *ctx_);
     saved_.clear();
     saved_.reserve(weights_.size());
@@ -354,6 +358,7 @@ private:
   std::optional<SublayerContext> ctx_;
   std::vector<std::int64_t> documents_;  // the packed documents ctx_ points to
   int tp_x_ = 1;                         // set_tp_x
+  int tp_inner_ = 0;                      // the group's cp x tp factorisation (set_tp_inner)
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;

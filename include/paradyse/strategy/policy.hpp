@@ -80,6 +80,10 @@ struct SublayerContext {
   std::span<const std::int64_t> document_starts = {};
   // 2-D tensor parallelism (strategy/tp2d.hpp): the group as a tp_x x (p / tp_x) grid; 1: no grid (Tp2d refused).
   int tp_x = 1;
+  // The group's cp x tp factorisation when a mesh runs tensor parallelism inside a cp group: the size of the inner
+  // (tp) sub-groups, rank r = c * tp_inner + t; 0: the group is not factorised. Only strategies that compute over
+  // the two sub-groups read it (strategy/megatron_ring.hpp); the unified layout is over all p ranks either way.
+  int tp_inner = 0;
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.

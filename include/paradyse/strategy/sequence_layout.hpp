@@ -41,14 +41,28 @@ public:
           length, chunks(), ranks, zigzag ? ", zigzag" : "");
   }
 
+  // The layout of `fine`'s ranks taken `group` at a time: rank c holds the tokens of fine ranks c g .. c g + g - 1,
+  // which are one run (contiguous: their chunks are consecutive) or two (zigzag: their first chunks, then their
+  // second ones), whatever the chunk lengths. MegatronRing's cp ranks hold their tp sub-group's tokens this way.
+  static SequenceLayout grouped(const SequenceLayout& fine, int group) {
+    check(group >= 1 && fine.ranks_ % group == 0 && fine.group_ == 1,
+          "SequenceLayout::grouped: a group of {} must divide the {} ranks of an ungrouped layout", group, fine.ranks_);
+    SequenceLayout coarse = fine;
+    coarse.ranks_ = fine.ranks_ / group;
+    coarse.group_ = group;
+    return coarse;
+  }
+
   std::int64_t length() const noexcept { return length_; }
   int ranks() const noexcept { return ranks_; }
+  int group() const noexcept { return group_; }  // fine ranks per rank (grouped); 1 otherwise
   bool zigzag() const noexcept { return zigzag_; }
   int chunks() const noexcept { return zigzag_ ? 2 * ranks_ : ranks_; }
 
   // The one or two segments rank r holds, in local order (the rule of layout/chunking.hpp).
   int segment_count() const noexcept { return zigzag_ ? 2 : 1; }
   TokenSegment segment(int rank, int index) const {
+    if (group_ > 1) return grouped_segment(rank, index);
     if (!zigzag_) {
       const ChunkRange c = chunk_range(length_, ranks_, rank);
       return {c.start, c.length, 0};
@@ -57,6 +71,7 @@ public:
     return {c[std::size_t(index)].start, c[std::size_t(index)].length, index == 0 ? 0 : c[0].length};
   }
   std::int64_t local_length(int rank) const {
+    if (group_ > 1) return grouped_segment(rank, 0).length + (zigzag_ ? grouped_segment(rank, 1).length : 0);
     return zigzag_ ? zigzag_length(length_, ranks_, rank) : chunk_length(length_, ranks_, rank);
   }
   // Global position of local token i of rank r.
@@ -83,9 +98,18 @@ public:
   friend bool operator==(const SequenceLayout&, const SequenceLayout&) = default;
 
 private:
+  // Chunks [first, first + g) of the fine layout's chunks (fine ranks * g, twice that under zigzag), as one run.
+  TokenSegment grouped_segment(int rank, int index) const {
+    const std::int64_t g = group_, fine_chunks = std::int64_t(chunks()) * g;
+    const std::int64_t first = index == 0 ? rank * g : fine_chunks - (rank + 1) * g;
+    const ChunkRange a = chunk_range(length_, fine_chunks, first), b = chunk_range(length_, fine_chunks, first + g - 1);
+    return {a.start, b.start + b.length - a.start, index == 0 ? 0 : grouped_segment(rank, 0).length};
+  }
+
   std::int64_t length_ = 0;
   int ranks_ = 1;
   bool zigzag_ = false;
+  int group_ = 1;
 };
 
 namespace sequence_detail {

@@ -8,6 +8,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/colossal_z.hpp"
 #include "paradyse/strategy/megatron_cz.hpp"
+#include "paradyse/strategy/megatron_ring.hpp"
 #include "paradyse/strategy/megatron_ts.hpp"
 #include "paradyse/strategy/metp.hpp"
 #include "paradyse/strategy/switchable.hpp"
@@ -20,11 +21,13 @@ template <class Backend = ops::Cpu>
 using AllStrategies =
     Switchable<MegatronTS<Backend>, UlyssesZ<Backend>, MegatronCZ<Backend>, METP<Backend>, ColossalZ<Backend>>;
 
-// The same with 2-D tensor parallelism (strategy/tp2d.hpp) appended: the list of a stage group that is a tp_x x tp_y
-// grid (SublayerContext::tp_x). Tp2d runs only where a grid is set (its supports() refuses a group without one), so
-// it sits in a list of its own rather than in AllStrategies, whose users run every strategy on plain groups.
+// The five, MegatronRing and Tp2d: the list of a training mesh's stage group (train_gpt --mesh). MegatronRing computes
+// over a group factorised cp x tp (SublayerContext::tp_inner, strategy/megatron_ring.hpp), Tp2d over a group that is a
+// tp_x x tp_y grid (SublayerContext::tp_x, strategy/tp2d.hpp); each runs only where its factorisation is set (its
+// supports() rules it out elsewhere), so neither is in AllStrategies, whose every member runs on any group the
+// unified layout allows. The first five keep their indices.
 template <class Backend = ops::Cpu>
-using GridStrategies = Switchable<MegatronTS<Backend>, UlyssesZ<Backend>, MegatronCZ<Backend>, METP<Backend>,
-                                  ColossalZ<Backend>, Tp2d<Backend>>;
+using MeshStrategies = Switchable<MegatronTS<Backend>, UlyssesZ<Backend>, MegatronCZ<Backend>, METP<Backend>,
+                                  ColossalZ<Backend>, MegatronRing<Backend>, Tp2d<Backend>>;
 
 }  // namespace paradyse

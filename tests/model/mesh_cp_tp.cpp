@@ -1,0 +1,193 @@
+// Tensor parallelism inside a cp group on the training mesh (train_gpt --mesh dp=..,pp=..,cp=C,tp=T): each stage's
+// group of C x T consecutive ranks (tp innermost) holds the unified layout over all of them, its stack told the
+// factorisation (TransformerStack::set_tp_inner), and runs MegatronRing (strategy/megatron_ring.hpp: Megatron tp over
+// the tp sub-groups, ring attention over the cp sub-groups) in every sublayer, or switches per sublayer between it
+// and the five strategies over the whole group. Meshes: cp x tp = 2x2, 2x3, 3x2 alone, with dp = 2 (rows dealt
+// unevenly), with pp = 2 (uneven stages), with both (8 ranks), 4x2 and 2x4 (8 ranks), and ZeRO-3 over dp = 2; the
+// sequence uneven over the group.
+// Fresh random rows give the loss and every gradient of every rank (each layer's attention, MLP and norm shards, the
+// embedding, the head and the final norm) of the single group (Gpt on C x T ranks, every row in one batch, the five
+// strategies switching) within float rounding.
+#include "model/mesh_harness.hpp"
+
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/core/rng.hpp"
+#include "paradyse/layout/chunking.hpp"
+#include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/model/mesh_stage.hpp"
+#include "paradyse/strategy/sequence_layout.hpp"
+#include "paradyse/strategy/strategies.hpp"
+#include "support/tolerance.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace paradyse;
+using CpTpStrategies = MeshStrategies<>;
+
+// Every gradient of a stage-group rank, by (rank, name): "layer 2 attention", "embedding", "head".
+using CpTpGradients = std::map<std::pair<int, std::string>, std::vector<float>>;
+
+void add_cp_tp_gradients(CpTpGradients& out, std::mutex& lock, int rank, int first_layer,
+                         const std::vector<LayerWeights>& gradients) {
+  const std::lock_guard guard(lock);
+  for (std::size_t l = 0; l < gradients.size(); ++l) {
+    const LayerWeights& g = gradients[l];
+    for (const auto& [part, tensor] : {std::pair{"attention", &g.attention.packed}, std::pair{"mlp", &g.mlp.packed},
+                                       std::pair{"norms", &g.norms.packed}})
+      out[{rank, fmt::format("layer {} {}", first_layer + int(l), part)}].assign(tensor->span().begin(),
+                                                                                 tensor->span().end());
+  }
+}
+
+struct CpTpMesh {
+  int dp, pp, cp, tp;
+  int layers;         // uneven over pp stages where pp > 1
+  std::int64_t rows;  // uneven over dp
+  bool zero3 = false;
+};
+
+// A plan over the stage group: MegatronRing everywhere, or switching with the five (layer l: attention MegatronRing
+// on even layers, the five in turn on odd ones; the MLP the other way round).
+StackPlan cp_tp_plan(int layers, bool switching) {
+  const std::size_t ring = CpTpStrategies::index_of("MegatronRing");
+  StackPlan plan;
+  for (int l = 0; l < layers; ++l) {
+    const std::size_t other = std::size_t(l) % 5;
+    plan.push_back(switching ? SublayerChoice{l % 2 ? other : ring, l % 2 ? ring : other, 0}
+                             : SublayerChoice{ring, ring, 0});
+  }
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching with the five) trains as the single "
+          "group: cp x tp = 2x2, 2x3, 3x2, with dp = 2, pp = 2 (uneven stages), both, 4x2, 2x4 and ZeRO-3; the loss and "
+          "every gradient of every rank") {
+  GptConfig config;
+  config.layer = LayerConfig::make(48, 24);  // heads divisible by every group size below (4, 6, 8)
+  config.layer.ffn = 96;
+  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
+  config.vocab = 23;
+  const std::int64_t seq = 45;  // uneven over the 2 C zigzag chunks of C = 4, 6, 8 ranks
+  const std::uint64_t seed = 19;
+
+  for (const CpTpMesh& m : {CpTpMesh{1, 1, 2, 2, 2, 2}, CpTpMesh{1, 1, 2, 3, 2, 2}, CpTpMesh{1, 1, 3, 2, 2, 2},
+                            CpTpMesh{2, 1, 2, 2, 2, 3}, CpTpMesh{1, 2, 2, 2, 3, 2}, CpTpMesh{2, 2, 2, 2, 3, 3},
+                            CpTpMesh{1, 1, 4, 2, 2, 2}, CpTpMesh{1, 1, 2, 4, 2, 2}, CpTpMesh{2, 1, 2, 2, 2, 2, true}}) {
+    for (const bool switching : {false, true}) {
+      CAPTURE(m.dp);
+      CAPTURE(m.pp);
+      CAPTURE(m.cp);
+      CAPTURE(m.tp);
+      CAPTURE(m.zero3);
+      CAPTURE(switching);
+      config.layers = m.layers;
+      const int C = m.cp * m.tp;
+      const std::int64_t rows = m.rows;
+      Rng rng(2000 + std::uint64_t(m.dp * 1000 + m.pp * 100 + m.cp * 10 + m.tp) + (switching ? 7 : 0));
+      std::vector<std::int32_t> inputs, targets;
+      for (std::int64_t i = 0; i < rows * seq; ++i) {
+        inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+        targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
+      }
+      const double counted = double(rows * seq);
+      const SequenceLayout layout(seq, C, config.layer.zigzag);
+      std::mutex lock;
+
+      // The single group of C ranks, unfactorised: the five strategies switching (no MegatronRing).
+      StackPlan single;
+      for (int l = 0; l < config.layers; ++l) single.push_back(SublayerChoice{std::size_t(l) % 5, std::size_t(l + 2) % 5, 0});
+      CpTpGradients want;
+      double want_loss = 0;
+      run_ranks(C, [&](ThreadCommunicator& comm) {
+        Gpt<CpTpStrategies> model(config, C, comm.rank(), seed);
+        BufferPool pool;
+        const Tensor<std::int32_t> x = shard_tokens(inputs, rows, layout, comm.rank());
+        const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, comm.rank());
+        model.zero_gradients();
+        const GptStepResult r = model.forward_backward(comm, pool, single, seq, x.view(), y.view());
+        add_cp_tp_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
+        const std::lock_guard guard(lock);
+        if (comm.rank() == 0) want_loss = r.loss;
+        const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
+        const std::size_t embedding = std::size_t(config.vocab * config.layer.hidden);
+        want[{comm.rank(), "embedding"}].assign(g.begin(), g.begin() + std::ptrdiff_t(embedding));
+        want[{comm.rank(), "head"}].assign(g.begin() + std::ptrdiff_t(embedding), g.end());
+      });
+
+      // The mesh {dp, pp, cp, tp}, as train_mesh builds it.
+      const StackPlan plan = cp_tp_plan(config.layers, switching);
+      const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", m.tp}});
+      std::vector<CpTpGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
+      double loss_sum = 0;
+      run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
+        testing::MeshRank place = testing::MeshRank::on(mesh, world);
+        ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &group = place.stage_group;
+        const int replica = place.replica, stage_index = place.stage_index, rank = place.stage_rank;
+        const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
+        std::vector<MeshGptStage<CpTpStrategies, ThreadCommunicator>> chunks;
+        chunks.emplace_back(config, stage_index, m.pp, layers, C, rank, C, rank, seed);
+        MeshGptStage<CpTpStrategies, ThreadCommunicator>& stage = chunks.back();
+        stage.stack().set_tp_inner(m.tp);
+        if (m.zero3) stage.shard_over_dp(dp_group);
+        BufferPool pool;
+        stage.begin_step(group, group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
+        const ChunkRange mine = chunk_range(rows, m.dp, replica);
+        const double loss = mesh_forward_backward(std::span(chunks), pp_group, group, mine, seq, inputs, targets,
+                                                  float(1.0 / counted));
+        CpTpGradients& out = got[std::size_t(replica)];
+        if (m.zero3) {  // every tensor's gradient chunks gathered over dp (the sum over dp is in them already)
+          const std::vector<std::vector<float>> full = testing::gathered_zero3(stage, dp_group, true);
+          const std::lock_guard guard(lock);
+          loss_sum += loss;
+          std::size_t i = 0;
+          for (int l = int(layers.start); l < int(layers.end()); ++l)
+            for (const char* part : {"attention", "mlp", "norms"}) out[{rank, fmt::format("layer {} {}", l, part)}] = full[i++];
+          if (stage.first()) out[{rank, "embedding"}] = full[i++];
+          if (stage.last()) out[{rank, "head"}] = full[i++];
+          return;
+        }
+        for (const auto& p : stage.parameters())
+          dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
+        add_cp_tp_gradients(out, lock, rank, int(layers.start), stage.stack().gradients());
+        const std::lock_guard guard(lock);
+        loss_sum += loss;
+        for (const auto& p : stage.parameters()) {
+          const bool embedding = stage.first() && p.gradient->numel() == config.vocab * config.layer.hidden &&
+                                 p.gradient->shape()[0] == config.vocab;
+          const bool head = stage.last() && p.gradient->shape()[0] == config.vocab + 2;
+          if (embedding || head)
+            out[{rank, embedding ? "embedding" : "head"}].assign(p.gradient->span().begin(), p.gradient->span().end());
+        }
+      });
+      CHECK(loss_sum / counted == doctest::Approx(want_loss).epsilon(1e-5));
+      for (int d = 0; d < m.dp; ++d) {
+        CAPTURE(d);
+        REQUIRE(got[std::size_t(d)].size() == want.size());
+        for (const auto& [key, values] : want) {
+          CAPTURE(key.first);
+          CAPTURE(key.second);
+          REQUIRE(got[std::size_t(d)].count(key) == 1);
+          const std::vector<float>& mine = got[std::size_t(d)].at(key);
+          CHECK(testing::first_mismatch(std::span<const float>(mine), std::span<const float>(values),
+                                        testing::kFloat32) == "");
+          double norm = 0;  // the comparison can fail: every tensor receives gradient
+          for (float v : values) norm += double(v) * double(v);
+          CHECK(norm > 0);
+        }
+      }
+    }
+  }
+}
