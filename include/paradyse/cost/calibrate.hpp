@@ -20,7 +20,8 @@
 //   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
 //   - flash attention forward and backward over several lengths: t = overhead + flops / rate;
 //   - copies of several sizes: elementwise bytes per second;
-//   - fresh allocations (a Tensor made, zeroed and freed) from 256 KiB to 64 MiB: the zeroing rate of reused pages,
+//   - fresh allocations (Tensors made and zeroed up to a 64 MiB working set, then freed) from 64 KiB to 64 MiB: the
+//     zeroing rate of reused pages,
 //     the first-touch rate of new ones and the size from which the C library hands out new pages (fit_fresh_memory);
 //   - the scalar math-library calls of the materialised softmax (exp) and RoPE (cos, sin): their kernels' time
 //     beyond what their memory traffic and activation work cost (fit_scalar_rate);
@@ -77,9 +78,11 @@ struct CalibrationOptions {
   std::vector<std::int64_t> message_bytes = {std::int64_t(1) << 15, std::int64_t(1) << 18, std::int64_t(1) << 20,
                                              std::int64_t(1) << 22, std::int64_t(1) << 23, std::int64_t(1) << 25};
   std::int64_t large_message_bytes = std::int64_t(1) << 22;
-  // Fresh allocations (bytes, ascending): Tensors made, zeroed and freed.
-  std::vector<std::int64_t> fresh_bytes = {std::int64_t(1) << 18, std::int64_t(1) << 20, std::int64_t(1) << 22,
-                                           std::int64_t(1) << 24, std::int64_t(1) << 25, std::int64_t(1) << 26};
+  // Fresh allocations (bytes, ascending): per size, Tensors made (zeroed) up to a working set of
+  // `fresh_working_set_bytes` live at once, then all freed, as a training step's activations are.
+  std::vector<std::int64_t> fresh_bytes = {std::int64_t(1) << 16, std::int64_t(1) << 18, std::int64_t(1) << 20,
+                                           std::int64_t(1) << 22, std::int64_t(1) << 24, std::int64_t(1) << 26};
+  std::int64_t fresh_working_set_bytes = std::int64_t(1) << 26;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
 };
 
@@ -121,12 +124,11 @@ inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> sampl
   std::size_t first_fresh = samples.size();
   while (first_fresh > 0 && samples[first_fresh - 1].seconds / samples[first_fresh - 1].bytes > fresh_factor * fastest)
     --first_fresh;
-  const auto rate_of = [&](std::size_t begin, std::size_t end) {  // bytes per second through the origin
-    std::vector<std::vector<double>> rows;
-    std::vector<double> y;
-    for (std::size_t i = begin; i < end; ++i) rows.push_back({samples[i].bytes}), y.push_back(samples[i].seconds);
-    const double per_byte = fit_non_negative(rows, y).coefficients[0];
-    return per_byte > 0 ? 1 / per_byte : 0.0;
+  // Bytes over seconds of the group (a relative least-squares slope would follow its fastest sample).
+  const auto rate_of = [&](std::size_t begin, std::size_t end) {
+    double bytes = 0, seconds = 0;
+    for (std::size_t i = begin; i < end; ++i) bytes += samples[i].bytes, seconds += samples[i].seconds;
+    return bytes / seconds;
   };
   FreshMemoryModel model;
   model.zero_bytes_per_s = rate_of(0, std::max<std::size_t>(first_fresh, 1));
@@ -212,13 +214,21 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
 
 inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
 
-// Fresh allocations: a Tensor made (zeroed) and freed, per size of options.fresh_bytes.
+// Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then
+// all freed, as a step's activations are (one Tensor made and freed again and again would measure the C library's
+// reuse of that one block, not a step; when the working set is freed the library gives its pages back, so the next
+// step faults them in again). Samples are per allocation: the working set's time over its tensors.
 template <class Backend, Communicator C>
 void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibration& result) {
   std::vector<AllocationSample> samples;
   for (std::int64_t bytes : options.fresh_bytes) {
-    const double t = measure(comm, options.clock, options.repetitions, [&] { Tensor<float> fresh(Shape{bytes / 4}); });
-    samples.push_back({double(bytes), t});
+    const std::int64_t count = std::max<std::int64_t>(1, options.fresh_working_set_bytes / bytes);
+    const double t = measure(comm, options.clock, options.repetitions, [&] {
+      std::vector<Tensor<float>> live;
+      live.reserve(std::size_t(count));
+      for (std::int64_t i = 0; i < count; ++i) live.emplace_back(Shape{bytes / 4});
+    });
+    samples.push_back({double(bytes), t / double(count)});
   }
   result.profile.fresh_memory = fit_fresh_memory(samples);
   for (const AllocationSample& s : samples)
