@@ -78,6 +78,7 @@ struct Options {
   double gamma = 0.05;
   std::string csv;
   double progress_every = 10;  // seconds between progress lines on stderr when stdout is not a terminal
+  std::int64_t vocab = 0;      // > 0: the GPT's head (embedding, LM head, loss, AdamW) is in the step time
 };
 
 using paradyse::data::LengthBucket;
@@ -128,6 +129,10 @@ Options parse(int argc, char** argv) {
       .without_default();
   flags.integer("--layers", o.layers, 1, 100'000, "layers on the node");
   flags.integer("--p", o.p, 1, 1024, "ranks (devices)");
+  flags.integer("--vocab", o.vocab, std::int64_t(1), std::int64_t(1) << 31,
+                "price a GPT's work outside the stack with this vocabulary (embedding, final norm, LM head, "
+                "cross-entropy, replicated all-reduce, AdamW: plan/outside_stack.hpp; train_gpt's is 256)")
+      .without_default();
   flags.integer("--batch", o.batch, std::int64_t(1), std::int64_t(1) << 20, "sequences per step");
   flags.number("--budget-gib", o.budget_gib, {.min = 0, .max = 1 << 20, .min_open = true},
                "memory budget per device in GiB (default: the profile's)")
@@ -229,6 +234,7 @@ void run_trace(const std::string& title, const std::string& dataset, const std::
                const Options& o, const pd::cost::HardwareProfile& hw, paradyse::CsvTable& csv) {
   pd::plan::ModelConfig model = pd::plan::ModelConfig::uniform(o.layer, o.layers);
   if (o.layer.dtype_bytes == 4) model.precision = {4, 4, 8};  // fp32 weights and gradients, two AdamW moments
+  model.outside.vocab = o.vocab;
   const std::int64_t budget =
       o.budget_gib > 0 ? std::int64_t(o.budget_gib * 1073741824.0) : hw.usable_memory_bytes();
   std::vector<Variant> variants;

@@ -20,6 +20,9 @@
 # slower than the last one run, so that the TOP that run differ by more than the noise of a shared machine (GAP=0:
 # the plain ranking). A configuration the trainer refuses (an axis or knob it cannot run yet) is listed with
 # train_gpt's reason and skipped; the next takes its place, up to the search's SEARCHED best.
+#
+# The baseline in the same run ("before"): each configuration also scored on the same profile without the terms
+# added since (its "fresh_memory" and "scalar_math": the time model as it was before them), cluster_before.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-test}
@@ -83,6 +86,12 @@ cluster = {"name": f"this-machine-{ranks}-threads", "source": f"calibrated: {pro
                        "bytes_per_s": link["bus_bytes_per_s"]}]}
 json.dump(cluster, open(f"{work}/cluster.json.tmp", "w"), indent=1)
 os.replace(f"{work}/cluster.json.tmp", f"{work}/cluster.json")
+before = dict(profile)
+for key in ("fresh_memory", "scalar_math"):
+    before.pop(key, None)
+cluster["device"] = before
+json.dump(cluster, open(f"{work}/cluster_before.json.tmp", "w"), indent=1)
+os.replace(f"{work}/cluster_before.json.tmp", f"{work}/cluster_before.json")
 model = {"_name_or_path": "train_gpt", "num_hidden_layers": layers, "hidden_size": hidden,
          "num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": hidden // heads,
          "intermediate_size": 4 * hidden, "vocab_size": 256, "hidden_act": "gelu", "tie_word_embeddings": False}
@@ -91,6 +100,8 @@ os.replace(f"{work}/model.json.tmp", f"{work}/model.json")
 EOF
 setup=(--model "$WORK/model.json" --cluster "$WORK/cluster.json" --devices "$RANKS" --seq "$SEQ" --global-batch "$BATCH"
        --precision fp32 "${emulate_flags[@]}")
+setup_before=(--model "$WORK/model.json" --cluster "$WORK/cluster_before.json" --devices "$RANKS" --seq "$SEQ"
+              --global-batch "$BATCH" --precision fp32 "${emulate_flags[@]}")
 
 # 3. The search's ranking: "rank|configuration|predicted step".
 "$search" "${setup[@]}" --space "$SPACE" --top "$SEARCHED" > "$WORK/search.txt"
@@ -121,6 +132,8 @@ for entry in "${ranked[@]}"; do
   file=$WORK/config_$rank.json
   "$search" "${setup[@]}" --config "$(config_text "$config")" --emit "$file" > "$WORK/score_$rank.txt"
   predicted=$(awk '$1 == "step" {print $2; exit}' "$WORK/score_$rank.txt")
+  "$search" "${setup_before[@]}" --config "$(config_text "$config")" > "$WORK/score_before_$rank.txt"
+  before=$(awk '$1 == "step" {print $2; exit}' "$WORK/score_before_$rank.txt")
   log=$WORK/run_$rank.log
   csv=$WORK/run_$rank.csv
   rm -f "$csv"
@@ -140,7 +153,7 @@ for entry in "${ranked[@]}"; do
   ran=$((ran + 1))
   last=$predicted
   mesh_ran["$dp $pp $cp $tp"]=1
-  measured=$(python3 - "$csv" "$predicted" "$WORK/time_$rank.txt" "$load_before" "$load_after" <<'EOF'
+  measured=$(python3 - "$csv" "$predicted" "$WORK/time_$rank.txt" "$load_before" "$load_after" "$before" <<'EOF'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 times = [float(r["seconds"]) for r in rows[1:]] or [float(r["seconds"]) for r in rows]  # the first step warms up
@@ -148,7 +161,8 @@ med = statistics.median(times)
 pred = float(sys.argv[2])
 wall, user, system = map(float, open(sys.argv[3]).read().split()[-3:])
 cores = (user + system) / wall if wall > 0 else 0.0  # the cores the whole run got, on average
-print(f"{pred:10.4f}  {med:10.4f}  {min(times):8.4f}..{max(times):<8.4f}  {len(times):5d}  {med / pred:9.2f}  {cores:5.2f}  {sys.argv[4]:>5}..{sys.argv[5]:<5}")
+before = float(sys.argv[6])
+print(f"{before:10.4f}  {med / before:11.2f}  {pred:10.4f}  {med:10.4f}  {min(times):8.4f}..{max(times):<8.4f}  {len(times):5d}  {med / pred:9.2f}  {cores:5.2f}  {sys.argv[4]:>5}..{sys.argv[5]:<5}")
 EOF
 )
   rows+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "$measured")")
@@ -162,7 +176,7 @@ echo "$GAP slower than the one before; step times in seconds (measured: median o
 echo "the profile times each rank's own work (thread CPU time); the cluster puts the $RANKS ranks on $CORES cores"
 echo "(cores_per_node), so the prediction runs their work in turn; 'cores' is what the run got (CPU time / wall time,"
 echo "$(nproc) on this machine when nothing else runs); 'load' is the 1-minute load average before..after the run"
-printf '%3s  %-60s  %10s  %10s  %-18s  %5s  %9s  %5s  %s\n' "#" "configuration (search's rank)" "predicted" "measured" "spread" "steps" "meas/pred" "cores" "load"
+printf '%3s  %-60s  %10s  %11s  %10s  %10s  %-18s  %5s  %9s  %5s  %s\n' "#" "configuration (search's rank)" "before" "meas/before" "predicted" "measured" "spread" "steps" "meas/pred" "cores" "load"
 for r in "${rows[@]}"; do echo "$r"; done
 if [[ ${#refused[@]} -gt 0 ]]; then
   echo

@@ -9,6 +9,9 @@
 # thread CPU time (what the profile's rates are measured in: waits block and do not count) and in wall time, and
 # the ratios predicted / measured. The load average at the start and at the end says how shared the cores were (on
 # a machine whose cores other processes use, wall time holds the time a rank waited for a core; CPU time does not).
+# The baseline in the same run: plan_trace on the same profile without the terms added since (fresh memory, scalar
+# math: the profile's "fresh_memory" and "scalar_math" removed) and without the work outside the stack (no --vocab),
+# i.e. the time model as it was before them ("before" columns).
 #
 #   scripts/validate_trainer.sh                      # Release build in build-rel (through /work/bin/pbuild if there)
 #   LENGTHS="1024 4096" STEPS=6 RANKS=2 scripts/validate_trainer.sh
@@ -71,10 +74,21 @@ else
   fi
 fi
 
+# The baseline's profile: the same rates without the terms added since.
+/usr/bin/python3 - "$PROFILE_FILE" "$OUT/profile_before.json" <<'EOF'
+import json, sys
+profile = json.load(open(sys.argv[1]))
+for key in ("fresh_memory", "scalar_math"):
+    profile.pop(key, None)
+json.dump(profile, open(sys.argv[2], "w"), indent=1)
+EOF
+
 for L in $LENGTHS; do
   echo "$L" >"$OUT/lengths_$L.txt"
   "$PLAN" --profile "$PROFILE_FILE" --lengths "$OUT/lengths_$L.txt" --p "$RANKS" "${MODEL[@]}" --causal --rope \
-    --dtype fp32 --budget-gib 1000 --csv "$OUT/plan_$L.csv" >"$OUT/plan_$L.txt"
+    --dtype fp32 --budget-gib 1000 --vocab 256 --csv "$OUT/plan_$L.csv" >"$OUT/plan_$L.txt"
+  "$PLAN" --profile "$OUT/profile_before.json" --lengths "$OUT/lengths_$L.txt" --p "$RANKS" "${MODEL[@]}" --causal \
+    --rope --dtype fp32 --budget-gib 1000 --csv "$OUT/plan_before_$L.csv" >"$OUT/plan_before_$L.txt"
   for S in $STRATEGIES; do
     strategy=()
     [[ "$S" != dynamic ]] && strategy=(--strategy "$S")
@@ -94,23 +108,27 @@ variant["dynamic"] = "exact, uncached"  # the exact planner on the step's own co
 print(f"plan_trace against train_gpt on {ranks} thread ranks (profile {profile}); load average "
       f"{load_start} at the start, {load_end} at the end")
 print()
-print("| length | strategy | predicted s | train_gpt's prediction s | measured CPU s median (min..max) | pred / CPU "
-      "| measured wall s median (min..max) | pred / wall | AdamW CPU s |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| length | strategy | before: predicted s | before: pred / CPU | predicted s | train_gpt's prediction s "
+      "| measured CPU s median (min..max) | pred / CPU | within 10% | measured wall s median (min..max) | pred / wall "
+      "| AdamW CPU s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for length in lengths.split():
     plan = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_{length}.csv"))}
+    before = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_before_{length}.csv"))}
     for s in strategies.split():
         rows = [r for r in csv.DictReader(open(f"{out}/train_{s}_{length}.csv")) if r["status"] == "ok"][1:]
         if not rows:
-            print(f"| {length} | {s} | - | - | no step ran (see {out}/train_{s}_{length}.txt) | | | | |")
+            print(f"| {length} | {s} | - | - | - | - | no step ran (see {out}/train_{s}_{length}.txt) | | | | | |")
             continue
         predicted = float(plan[variant[s]]["time_s"])
+        baseline = float(before[variant[s]]["time_s"])
         own = statistics.median(float(r["predicted_s"]) for r in rows)
         cpu = [float(r["cpu_s"]) for r in rows]
         wall = [float(r["seconds"]) for r in rows]
         adamw = statistics.median(float(r["optimizer_cpu_s"]) for r in rows)
         mc, mw = statistics.median(cpu), statistics.median(wall)
-        print(f"| {length} | {s} | {predicted:.4f} | {own:.4f} | {mc:.4f} ({min(cpu):.4f}..{max(cpu):.4f}) | "
-              f"{predicted / mc:.2f} | {mw:.4f} ({min(wall):.4f}..{max(wall):.4f}) | {predicted / mw:.2f} | "
-              f"{adamw:.4f} |")
+        within = "yes" if abs(predicted / mc - 1) <= 0.10 else "no"
+        print(f"| {length} | {s} | {baseline:.4f} | {baseline / mc:.2f} | {predicted:.4f} | {own:.4f} | "
+              f"{mc:.4f} ({min(cpu):.4f}..{max(cpu):.4f}) | {predicted / mc:.2f} | {within} | "
+              f"{mw:.4f} ({min(wall):.4f}..{max(wall):.4f}) | {predicted / mw:.2f} | {adamw:.4f} |")
 EOF

@@ -30,6 +30,8 @@ enum class TraceKind : std::uint8_t {
   attention_backward,   // as attention_forward
   elementwise,          // bytes read and written by a memory-bound kernel (copy, fill, add, norm, softmax, ...)
   activation,           // m: elements through GELU/SwiGLU, bytes: moved
+  transcendental,       // m: scalar math-library calls a kernel makes one at a time, n: which (cost::ScalarFunction:
+                        // 0 exp, 1 cos or sin); recorded beside the kernel's own event, which holds its other work
   post,                 // transfer, bytes, request: a transfer starts
   wait,                 // request: the caller waits for it
 };
@@ -52,7 +54,7 @@ struct TraceEvent {
   double bytes = 0;
   double m = 0, n = 0, k = 0;
 
-  bool is_kernel() const noexcept { return kind >= TraceKind::gemm && kind <= TraceKind::activation; }
+  bool is_kernel() const noexcept { return kind >= TraceKind::gemm && kind <= TraceKind::transcendental; }
   bool same_kernel(const TraceEvent& e) const noexcept {
     return kind == e.kind && bytes == e.bytes && m == e.m && n == e.n && k == e.k;
   }

@@ -3,6 +3,11 @@
 // Datasheet figures are peaks; a profile holds achieved rates. The efficiencies used to go from one to the other are
 // stated beside each number; they are typical published measurements, not measurements of ours. Run `calibrate`
 // (cost/calibrate.hpp) on the machine itself for a profile that is right there.
+//
+// Two terms a calibrated CPU profile prices are left at 0 (unpriced) here, by assumption: fresh memory
+// (FreshMemoryModel: PyTorch's and our device allocators cache their blocks, so a training step touches no new
+// pages, and the zeroing of a fresh tensor is a fill at HBM bandwidth, under 1% of a step) and scalar math
+// (ScalarMathModel: a GPU's special-function units evaluate exp, sin and cos inside memory-bound kernels).
 #pragma once
 
 #include "paradyse/core/error.hpp"

@@ -20,6 +20,11 @@
 //   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
 //   - flash attention forward and backward over several lengths: t = overhead + flops / rate;
 //   - copies of several sizes: elementwise bytes per second;
+//   - fresh allocations (Tensors made and zeroed up to a 64 MiB working set, then freed) from 64 KiB to 64 MiB: the
+//     zeroing rate of reused pages,
+//     the first-touch rate of new ones and the size from which the C library hands out new pages (fit_fresh_memory);
+//   - the scalar math-library calls of the materialised softmax (exp) and RoPE (cos, sin): their kernels' time
+//     beyond what their memory traffic and activation work cost (fit_scalar_rate);
 //   - every collective of the communicator at several sizes: t = alpha + beta * bytes, for this group size;
 //   - a ring step (a GEMM beside a shift_async) against the two alone: the fraction of overlap the backend gives
 //     (wall-clock time only; in thread CPU time it is 0 by construction).
@@ -76,6 +81,11 @@ struct CalibrationOptions {
   std::vector<std::int64_t> message_bytes = {std::int64_t(1) << 15, std::int64_t(1) << 18, std::int64_t(1) << 20,
                                              std::int64_t(1) << 22, std::int64_t(1) << 23, std::int64_t(1) << 25};
   std::int64_t large_message_bytes = std::int64_t(1) << 22;
+  // Fresh allocations (bytes, ascending): per size, Tensors made (zeroed) up to a working set of
+  // `fresh_working_set_bytes` live at once, then all freed, as a training step's activations are.
+  std::vector<std::int64_t> fresh_bytes = {std::int64_t(1) << 16, std::int64_t(1) << 18, std::int64_t(1) << 20,
+                                           std::int64_t(1) << 22, std::int64_t(1) << 24, std::int64_t(1) << 26};
+  std::int64_t fresh_working_set_bytes = std::int64_t(1) << 26;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
 };
 
@@ -91,6 +101,66 @@ struct Calibration {
   Fit gemm_fit, attention_forward_fit, attention_backward_fit, copy_fit;
   std::vector<std::pair<Collective, Fit>> collective_fits;
 };
+
+// ---- fresh memory and scalar math: the fits, pure functions of measurements (tests feed them synthetic ones) ----
+
+// One allocation size and the seconds to make, zero and free a Tensor of it (the fastest of several runs).
+struct AllocationSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+// Reused pages cost a memset, new pages a fault each on top (8x here): a sample is fresh when its seconds per byte
+// exceed `fresh_factor` times the smallest sample's. The zero rate is fitted on the others, the fresh rate on the
+// fresh ones, and fresh_min_bytes is the smallest size from which every larger sample is fresh (none: the largest
+// sample plus one, so that every allocation is priced at the zero rate). Samples must be ascending in bytes.
+inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> samples, double fresh_factor = 3) {
+  check(!samples.empty(), "fit_fresh_memory: no samples");
+  double fastest = 1e300;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    check(samples[i].bytes > 0 && samples[i].seconds > 0, "fit_fresh_memory: sample {} has bytes = {}, seconds = {}",
+          i, samples[i].bytes, samples[i].seconds);
+    check(i == 0 || samples[i].bytes > samples[i - 1].bytes, "fit_fresh_memory: samples must be ascending in bytes");
+    fastest = std::min(fastest, samples[i].seconds / samples[i].bytes);
+  }
+  // The first fresh sample of the trailing run of fresh ones.
+  std::size_t first_fresh = samples.size();
+  while (first_fresh > 0 && samples[first_fresh - 1].seconds / samples[first_fresh - 1].bytes > fresh_factor * fastest)
+    --first_fresh;
+  // Bytes over seconds of the group (a relative least-squares slope would follow its fastest sample).
+  const auto rate_of = [&](std::size_t begin, std::size_t end) {
+    double bytes = 0, seconds = 0;
+    for (std::size_t i = begin; i < end; ++i) bytes += samples[i].bytes, seconds += samples[i].seconds;
+    return bytes / seconds;
+  };
+  FreshMemoryModel model;
+  model.zero_bytes_per_s = rate_of(0, std::max<std::size_t>(first_fresh, 1));
+  model.fresh_bytes_per_s = first_fresh < samples.size() ? rate_of(first_fresh, samples.size()) : model.zero_bytes_per_s;
+  model.fresh_min_bytes = first_fresh < samples.size() ? std::int64_t(samples[first_fresh].bytes)
+                                                       : std::int64_t(samples.back().bytes) + 1;
+  return model;
+}
+
+// A kernel that makes `calls` scalar math-library calls, measured at `seconds`, of which `other_s` are its other
+// work as the profile prices it (memory traffic, activation elements).
+struct ScalarSample {
+  double calls = 0;
+  double seconds = 0;
+  double other_s = 0;
+};
+
+// Calls per second: the calls over the kernels' seconds beyond their other work (0, unpriced, when the kernels take
+// no longer than their other work).
+inline double fit_scalar_rate(std::span<const ScalarSample> samples) {
+  double calls = 0, seconds = 0;
+  for (const ScalarSample& s : samples) {
+    check(s.calls > 0 && s.seconds > 0 && s.other_s >= 0, "fit_scalar_rate: calls = {}, seconds = {}, other = {}",
+          s.calls, s.seconds, s.other_s);
+    calls += s.calls;
+    seconds += std::max(0.0, s.seconds - s.other_s);
+  }
+  return seconds > 0 ? calls / seconds : 0;
+}
 
 // The GEMM choice of `measurement` in a profile's terms, and back.
 inline std::vector<GemmEngineChoice> gemm_engine_choices(const ops::cpu::GemmMeasurement& measurement) {
@@ -146,6 +216,57 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
 }
 
 inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
+
+// Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then
+// all freed, as a step's activations are (one Tensor made and freed again and again would measure the C library's
+// reuse of that one block, not a step; when the working set is freed the library gives its pages back, so the next
+// step faults them in again). Samples are per allocation: the working set's time over its tensors.
+template <class Backend, Communicator C>
+void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibration& result) {
+  std::vector<AllocationSample> samples;
+  for (std::int64_t bytes : options.fresh_bytes) {
+    const std::int64_t count = std::max<std::int64_t>(1, options.fresh_working_set_bytes / bytes);
+    const double t = measure(comm, options.clock, options.repetitions, [&] {
+      std::vector<Tensor<float>> live;
+      live.reserve(std::size_t(count));
+      for (std::int64_t i = 0; i < count; ++i) live.emplace_back(Shape{bytes / 4});
+    });
+    samples.push_back({double(bytes), t / double(count)});
+  }
+  result.profile.fresh_memory = fit_fresh_memory(samples);
+  for (const AllocationSample& s : samples)
+    result.samples.push_back({fmt::format("fresh tensor {} B", std::int64_t(s.bytes)), s.seconds,
+                              result.profile.fresh_memory.time(s.bytes)});
+}
+
+// Scalar math: the materialised softmax (an exp per score) and RoPE (a cos and a sin per token and frequency) at
+// the shapes ColossalZ and every rope model run, their other work priced as the dry run records it (ops/counting.hpp).
+template <class Backend, Communicator C>
+void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibration& result) {
+  HardwareProfile& profile = result.profile;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, n = 512, keys = 1024;
+  Tensor<float> scores(Shape{1, heads, n, keys});
+  const std::vector<ops::PositionRun> queries{{0, keys - n, n}}, key_runs{{0, 0, keys}};
+  const double softmax = measure(comm, options.clock, options.repetitions, [&] {
+    calibrate_detail::fill(scores, 0.5f);
+    Backend::masked_softmax_forward(scores.view(), queries, key_runs, true);
+  });
+  const double elements = double(scores.numel());
+  const double fill_s = profile.elementwise_time(4 * elements);  // the refill above, a write of the scores
+  const ScalarSample exp_sample{elements, softmax, fill_s + profile.activation_time(elements, 8 * elements)};
+  profile.scalar_math.exp_per_s = fit_scalar_rate(std::span(&exp_sample, 1));
+
+  Tensor<float> x(Shape{1, keys, heads, d}), y(Shape{1, keys, heads, d});
+  calibrate_detail::fill(x, 0.5f);
+  const double rope = measure(comm, options.clock, options.repetitions,
+                              [&] { Backend::rope_forward(x.view(), y.view(), 0); });
+  const ScalarSample sincos_sample{double(keys * d), rope, profile.elementwise_time(8.0 * double(x.numel()))};
+  profile.scalar_math.sincos_per_s = fit_scalar_rate(std::span(&sincos_sample, 1));
+  result.samples.push_back({fmt::format("softmax {}x{}x{} (exp)", heads, n, keys), softmax,
+                            exp_sample.other_s + profile.scalar_math.time(ScalarFunction::exp, elements)});
+  result.samples.push_back({fmt::format("rope {}x{}x{} (cos, sin)", keys, heads, d), rope,
+                            sincos_sample.other_s + profile.scalar_math.time(ScalarFunction::sincos, double(keys * d))});
+}
 
 }  // namespace calibrate_detail
 
@@ -258,6 +379,9 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
     profile.activation_elements_per_s = 3.0 * double(elements) / t;  // forward + backward = 3 units (backward 2)
     result.samples.push_back({fmt::format("gelu forward + backward {} elements", elements), t, t});
   }
+
+  calibrate_detail::calibrate_fresh_memory<Backend>(comm, options, result);
+  calibrate_detail::calibrate_scalar_math<Backend>(comm, options, result);
 
   // ---- collectives: t = alpha + beta * bytes (nccl-tests sizes) ---------------------------------------------------
   if (p > 1) {

@@ -171,6 +171,40 @@ struct GemmEngineChoice {
   friend bool operator==(const GemmEngineChoice&, const GemmEngineChoice&) = default;
 };
 
+// Fresh memory. Every host Tensor is zeroed when it is allocated (core/memory.hpp); an allocation that the C library
+// serves from pages it already touched costs that memset, one served from new pages (glibc maps requests above its
+// mmap threshold afresh, and the buffer pool is emptied before every training step) also takes a page fault per page
+// (here 1.56 GB/s against a memset's 22-38 GB/s). t = bytes / zero rate below `fresh_min_bytes`, bytes / fresh rate
+// from it. A rate of 0 prices that range at nothing (profiles written before these fields existed; devices, whose
+// caching allocators reuse their memory and whose zeroing is a fill at memory bandwidth, small beside the step).
+struct FreshMemoryModel {
+  double zero_bytes_per_s = 0;      // zeroing an allocation on pages already touched
+  double fresh_bytes_per_s = 0;     // first touch of new pages: faults and zeroing
+  std::int64_t fresh_min_bytes = 0; // allocations of this size and more are served from new pages
+  double time(double bytes) const {
+    if (bytes <= 0) return 0;
+    const double rate = bytes >= double(fresh_min_bytes) ? fresh_bytes_per_s : zero_bytes_per_s;
+    return rate > 0 ? bytes / rate : 0;
+  }
+  friend bool operator==(const FreshMemoryModel&, const FreshMemoryModel&) = default;
+};
+
+// Scalar math. Some CPU kernels call the math library once per element, one call at a time: the materialised
+// softmax's and the cross-entropy's exp, RoPE's cos and sin per (token, frequency). The dry run records those calls
+// (TraceKind::transcendental, core/trace.hpp) beside the kernel's other work; each costs 1 / rate of its function.
+// A rate of 0 prices the calls at nothing (older profiles, and devices, whose special-function units make them part
+// of a memory-bound kernel).
+enum class ScalarFunction : std::uint8_t { exp, sincos };
+struct ScalarMathModel {
+  double exp_per_s = 0;     // expf calls per second
+  double sincos_per_s = 0;  // cos or sin calls (double precision) per second
+  double time(ScalarFunction f, double calls) const {
+    const double rate = f == ScalarFunction::exp ? exp_per_s : sincos_per_s;
+    return calls > 0 && rate > 0 ? calls / rate : 0;
+  }
+  friend bool operator==(const ScalarMathModel&, const ScalarMathModel&) = default;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string description;
@@ -191,6 +225,9 @@ struct HardwareProfile {
   std::vector<CollectiveCost> collectives;
   // Calibrated CPU profiles: gemm()'s engine per size class (empty for devices and built-in profiles).
   std::vector<GemmEngineChoice> gemm_engines;
+  // First touch of fresh allocations and scalar math-library calls (0 rates: not priced, as before they existed).
+  FreshMemoryModel fresh_memory;
+  ScalarMathModel scalar_math;
 
   // The device's GEMM rate, what model-FLOPs utilisation is measured against: the chosen engine's measured rate on
   // large GEMMs where the profile has one, else the fitted asymptotic rate.

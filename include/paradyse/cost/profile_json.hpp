@@ -4,7 +4,12 @@
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, "elementwise_bytes_per_s",
 //    "activation_elements_per_s", "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...],
-//    ["gemm_engines": [...]]}
+//    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
+//    ["scalar_math": {"exp_per_s", "sincos_per_s"}]}
+//
+// The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
+// classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
+// ScalarMathModel), and they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
 // mistyped fields, unknown and repeated keys, non-finite numbers, times outside [0, 1] s and rates outside [1, 1e30]
@@ -155,6 +160,25 @@ inline std::vector<GemmRowClass> gemm_classes_from_json(const json::Field& list)
   return classes;
 }
 
+// fresh_memory and scalar_math (cost/profile.hpp's FreshMemoryModel, ScalarMathModel): absent, unpriced.
+inline json::Value fresh_memory_to_json(const FreshMemoryModel& f) {
+  return {{"zero_bytes_per_s", f.zero_bytes_per_s},
+          {"fresh_bytes_per_s", f.fresh_bytes_per_s},
+          {"fresh_min_bytes", f.fresh_min_bytes}};
+}
+inline FreshMemoryModel fresh_memory_from_json(const json::Field& v) {
+  only_keys(v, {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"});
+  return {rate(v, "zero_bytes_per_s", true), rate(v, "fresh_bytes_per_s", true),
+          integer(v, "fresh_min_bytes", 0, std::int64_t(1) << 53)};
+}
+inline json::Value scalar_math_to_json(const ScalarMathModel& m) {
+  return {{"exp_per_s", m.exp_per_s}, {"sincos_per_s", m.sincos_per_s}};
+}
+inline ScalarMathModel scalar_math_from_json(const json::Field& v) {
+  only_keys(v, {"exp_per_s", "sincos_per_s"});
+  return {rate(v, "exp_per_s", true), rate(v, "sincos_per_s", true)};
+}
+
 }  // namespace detail
 
 inline json::Value to_json(const HardwareProfile& p) {
@@ -197,6 +221,8 @@ inline json::Value to_json(const HardwareProfile& p) {
                          {"fallback_flops_per_s", c.fallback_flops_per_s}});
     v["gemm_engines"] = std::move(engines);
   }
+  if (p.fresh_memory != FreshMemoryModel{}) v["fresh_memory"] = detail::fresh_memory_to_json(p.fresh_memory);
+  if (p.scalar_math != ScalarMathModel{}) v["scalar_math"] = detail::scalar_math_to_json(p.scalar_math);
   return v;
 }
 
@@ -207,7 +233,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   v.expect(v.is_object(), "a JSON object");
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
                 "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "overlap", "intra_node",
-                "inter_node", "collectives", "gemm_engines"});
+                "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -267,6 +293,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
       p.gemm_engines.push_back(c);
     }
   }
+  if (const auto fresh = v.find("fresh_memory")) p.fresh_memory = fresh_memory_from_json(*fresh);
+  if (const auto math = v.find("scalar_math")) p.scalar_math = scalar_math_from_json(*math);
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

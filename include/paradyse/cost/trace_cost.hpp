@@ -11,7 +11,11 @@
 // Time. Two streams, as on a device: kernels run one after another on the compute stream at the profile's rates;
 // a transfer starts when it is posted (or when the communication stream frees up) and takes the profile's
 // alpha-beta time for its kind and group size. A wait blocks the compute stream until the transfer ends; the
-// compute that ran between the post and the wait overlaps it, as far as the profile's `overlap` allows.
+// compute that ran between the post and the wait overlaps it, as far as the profile's `overlap` allows. Two more
+// terms run on the compute stream where the profile prices them (cost/profile.hpp): the zeroing and first touch of
+// every plain allocation and kernel workspace (FreshMemoryModel: a host Tensor is zeroed when made; buffers lent by
+// the pool are not, they come back warm from the layer before; the pool's own growth is the planner's, once per
+// step, plan/cost_table.hpp), and the scalar math-library calls of TraceKind::transcendental (ScalarMathModel).
 #pragma once
 
 #include "paradyse/core/trace.hpp"
@@ -178,6 +182,7 @@ private:
       case TraceKind::attention_backward: return hw_.attention.backward_time(4 * e.k * e.n * e.m);
       case TraceKind::elementwise: return hw_.elementwise_time(e.bytes * scale_);
       case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_);
+      case TraceKind::transcendental: return hw_.scalar_math.time(ScalarFunction(int(e.n)), e.m);
       default: return 0;
     }
   }
@@ -197,6 +202,8 @@ private:
       return;
     }
     switch (e.kind) {
+      case TraceKind::allocate: run(hw_.fresh_memory.time(double(round_allocation(e.bytes * scale_)))); break;
+      case TraceKind::scratch: run(hw_.fresh_memory.time(e.bytes * scale_)); break;
       case TraceKind::post: {
         const double duration = transfer_time(e.transfer, e.bytes * scale_);
         const double start = std::max(now_, comm_free_);

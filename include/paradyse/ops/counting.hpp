@@ -71,9 +71,14 @@ inline void stream(std::int64_t elements) { stream(double(elements)); }
 inline void activation(std::int64_t elements, int tensors) {
   record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements)});
 }
+// `calls` scalar math-library calls of `function` (0 exp, 1 cos or sin: cost::ScalarFunction), made one at a time.
+inline void scalar_calls(double calls, int function) {
+  record({.kind = TraceKind::transcendental, .m = calls, .n = double(function)});
+}
 inline void rope(TensorView<const float> x) {
   scratch(cpu::detail::tracked(std::size_t(x.extent(3) / 2) * 2 * sizeof(float)));  // the CPU kernel's angle table
   stream(2 * x.numel());
+  scalar_calls(double(x.extent(1)) * double(x.extent(3)), 1);  // a cos and a sin per (token, frequency)
 }
 inline void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,
                              const AttentionMask& mask) {
@@ -214,6 +219,7 @@ inline void convert(TensorView<const From> from, TensorView<To>) {
 inline void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun>,
                                    std::span<const PositionRun>, bool) {
   activation(scores.numel(), 2);
+  scalar_calls(double(scores.numel()), 0);  // std::exp per score
 }
 inline void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }
 

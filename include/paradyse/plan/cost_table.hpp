@@ -12,6 +12,7 @@
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/plan/job_pool.hpp"
+#include "paradyse/plan/outside_stack.hpp"
 
 #include <fmt/format.h>
 
@@ -42,6 +43,7 @@ struct ModelConfig {
   std::vector<int> layer_kinds;           // kind of each layer, in order
   cost::TrainingPrecision precision;
   std::int64_t extra_bytes = 0;           // per rank, outside the layers (embeddings, loss, framework)
+  OutsideStack outside;                   // the head whose time every plan adds (vocab 0: none, a stack alone)
 
   // `layers` layers of one shape.
   static ModelConfig uniform(const cost::ModelShape& shape, int layers, std::string name = "layer") {
@@ -91,6 +93,11 @@ struct CostTable {
   std::int64_t stack_bytes = 0;
   std::int64_t plain_bytes = 0;
   std::vector<std::string> strategy_names;                  // the catalog's, by index
+  // Every plan's step also spends: the work outside the stack (plan/outside_stack.hpp; zero without a head), and
+  // the first touch of the pool's working set, which the trainer empties before every step (priced on the largest
+  // transient of the plan as one allocation: the pool's buffers come back warm from layer to layer, not step to step).
+  OutsideStackTime outside_time;
+  cost::FreshMemoryModel fresh_memory;
   std::vector<std::array<std::vector<Entry>, 2>> entries;   // [kind][sublayer][strategy]
 
   int strategy_count() const { return int(strategy_names.size()); }
@@ -303,6 +310,15 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
     }
   }
   t.fixed_bytes = t.model_state_bytes + t.stack_bytes + t.plain_bytes + model.extra_bytes;
+  t.fresh_memory = hardware.fresh_memory;
+  if (model.outside.vocab > 0) {
+    std::int64_t stack_parameters = 0;
+    for (int layer_kind : model.layer_kinds)
+      stack_parameters += cost::parameters_per_rank(model.kinds[std::size_t(layer_kind)].shape, group_size);
+    const std::int64_t rows = batch.samples * ((length + group_size - 1) / group_size);  // the most a rank holds
+    t.outside_time = outside_stack_time(model.outside, cost::layer_config_of(model.kinds[0].shape), rows,
+                                        stack_parameters, group_size, hardware);
+  }
   return t;
 }
 
@@ -337,6 +353,7 @@ inline Evaluation evaluate(const CostTable& table, std::span<const LayerStrategi
       e.memory.largest_transient = std::max(e.memory.largest_transient, o->transient_bytes);
     }
   }
+  e.time_s += table.outside_time.time_s() + table.fresh_memory.time(double(e.memory.largest_transient));
   return e;
 }
 

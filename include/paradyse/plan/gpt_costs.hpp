@@ -4,7 +4,8 @@
 // norm and LM head with their gradients and AdamW moments, the step's activations outside the stack (the chunked
 // LM head's logits, the final norm's input and output) and the rank's tokens and targets. GptCosts turns that into
 // the cost table the planner reads for an input of s tokens (every strategy's cost from its own dry run), and the
-// predicted peak of a uniform plan (what a user needs to choose a memory cap). A sequence shorter than the group's
+// predicted peak of a uniform plan (what a user needs to choose a memory cap). The table's step time includes the
+// work outside the stack (embedding, final norm, LM head, loss, replicated all-reduce, AdamW: plan/outside_stack.hpp). A sequence shorter than the group's
 // minimum (a token per chunk) is costed at its padded length, as the trainer runs it (data::padded_length).
 #pragma once
 
@@ -52,6 +53,7 @@ struct GptCosts {
     s = run_length(s);
     ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
     model.extra_bytes = extra_bytes(s, batch);
+    model.outside = {config.vocab, config.tied_head};
     return build_cost_table(model, *hardware, ranks, Batch::single(s, batch), {}, *catalog);
   }
   // The cost table for one sequence of packed documents of these lengths (attention within each document, so the
@@ -63,6 +65,7 @@ struct GptCosts {
     if (const std::int64_t s = batch.tokens_per_sample(), padded = run_length(s); padded > s)
       batch.lengths.push_back(padded - s);  // the padding at the end, a document of its own (data/packing.hpp)
     model.extra_bytes = extra_bytes(batch.tokens_per_sample());
+    model.outside = {config.vocab, config.tied_head};
     return build_cost_table(model, *hardware, ranks, batch, {}, *catalog);
   }
   // The predicted peak per rank with every sublayer on `strategy` (an index of the catalog).

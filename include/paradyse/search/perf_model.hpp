@@ -33,6 +33,10 @@
 // the work stretches by serialisation() = devices per node / cores; a pipeline's idle bubble is then filled by other
 // ranks' work, so the step is the longer of the dedicated step and the stretched work (the bubble what remains).
 // With paced links (emulation) communication is a wait, not work, and is not stretched.
+// Work a calibrated CPU profile prices and a device profile leaves at 0 (cost/profile.hpp's ScalarMathModel and
+// FreshMemoryModel): RoPE's cos and sin per (token, frequency) of q and of k in each pass (every model is taken to be
+// rotary), the materialised softmax's exp per score, and the zeroing (or first touch) of each layer's fresh tensors:
+// its stored activations in forward and as many gradients in backward, in tensors the size of one activation.
 #pragma once
 
 #include "paradyse/search/cluster.hpp"
@@ -185,6 +189,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
                     gemm_backward(queries * heads, double(m.value_dim()), double(setup_.seq)) +
                     d.elementwise_time(scores * 11.0);  // dropout backward (2 B + 1 B mask in, 2 B out),
                                                         // softmax backward (probabilities and gradient in, 2 B out)
+    core_forward += d.scalar_math.time(cost::ScalarFunction::exp, scores);
   }
   forward += core_forward;
   backward += core_backward;
@@ -256,6 +261,15 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
   }
   forward += d.elementwise_time(elementwise);
   backward += 2 * d.elementwise_time(elementwise);
+  {  // RoPE's scalar calls (per call: its tokens x key_dim, ops/cpu/rope.hpp), fresh tensors (see the header)
+    const double rope = d.scalar_math.time(cost::ScalarFunction::sincos, 2.0 * double(setup_.seq) / c.cp * double(m.key_dim()));
+    const double one = T / t * h * w;
+    const double stored = stored_bytes_per_token(m, setup_, c, moe_layer, Recompute::none) * T / t;
+    const double fresh = one > 0 ? stored / one * d.fresh_memory.time(one) : 0;
+    forward += rope + fresh;
+    backward += rope + fresh;
+    recompute_forward += rope;
+  }
 
   r.forward_compute = forward;
   r.backward_compute = backward;

@@ -1,0 +1,183 @@
+// Tests of the time model's terms for a CPU rank's own work beyond its kernels' streams (cost/profile.hpp's
+// FreshMemoryModel and ScalarMathModel): the trace clock prices a fresh allocation and scalar math-library calls at
+// the profile's rates (cost/trace_cost.hpp), the dry run records RoPE's and the materialised softmax's calls
+// (ops/counting.hpp), the calibration's fits recover known rates from synthetic measurements (cost/calibrate.hpp),
+// and profiles written before these terms existed still load, with the terms unpriced (cost/profile_json.hpp).
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/profile_json.hpp"
+#include "paradyse/cost/trace_cost.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::cost;
+
+namespace {
+
+// A profile that prices nothing but the terms under test: every other rate is as fast as a profile allows.
+HardwareProfile terms_only() {
+  HardwareProfile hw = a100_sxm4_80gb_x8();
+  hw.elementwise_bytes_per_s = 1e30;
+  hw.activation_elements_per_s = 1e30;
+  return hw;
+}
+
+double forward_seconds(std::vector<TraceEvent> forward, const HardwareProfile& hw, int dtype_bytes = 4) {
+  SublayerTrace trace;
+  trace.forward = std::move(forward);
+  return cost_of(trace, &hw, dtype_bytes).forward_s;
+}
+
+}  // namespace
+
+TEST_CASE("step terms: a fresh allocation costs its bytes at the zeroing or the first-touch rate, by its size") {
+  std::mt19937_64 rng(20261202);
+  std::uniform_real_distribution<double> rate(5e8, 5e10);
+  HardwareProfile hw = terms_only();
+  hw.fresh_memory = {rate(rng), rate(rng), std::int64_t(1) << 25};
+  const double small = 3 * 1048576.0, large = 48 * 1048576.0;  // multiples of 64: no rounding
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .bytes = small}}, hw) ==
+        doctest::Approx(small / hw.fresh_memory.zero_bytes_per_s).epsilon(1e-12));
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .bytes = large}}, hw) ==
+        doctest::Approx(large / hw.fresh_memory.fresh_bytes_per_s).epsilon(1e-12));
+  // At the threshold: new pages; bf16 halves the recorded float32 bytes (below the threshold again).
+  const double at = double(hw.fresh_memory.fresh_min_bytes);
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .bytes = at}}, hw) ==
+        doctest::Approx(at / hw.fresh_memory.fresh_bytes_per_s).epsilon(1e-12));
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .bytes = at}}, hw, 2) ==
+        doctest::Approx(at / 2 / hw.fresh_memory.zero_bytes_per_s).epsilon(1e-12));
+  // A kernel's workspace is allocated too; freeing and the pool's loans cost nothing here (the pool's growth is
+  // the planner's, once per step).
+  CHECK(forward_seconds({{.kind = TraceKind::scratch, .bytes = small}}, hw) ==
+        doctest::Approx(small / hw.fresh_memory.zero_bytes_per_s).epsilon(1e-12));
+  CHECK(forward_seconds({{.kind = TraceKind::deallocate, .bytes = large},
+                         {.kind = TraceKind::pool_acquire, .bytes = large},
+                         {.kind = TraceKind::pool_give_back, .bytes = large}},
+                        hw) == 0);
+  // Without the rates (a profile of before, a device): unpriced.
+  hw.fresh_memory = {};
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .bytes = large}}, hw) == 0);
+}
+
+TEST_CASE("step terms: scalar math calls cost their count at their function's rate, beside the kernel") {
+  HardwareProfile hw = terms_only();
+  hw.scalar_math = {3.1e8, 4.7e7};
+  const double calls = 123456;
+  CHECK(forward_seconds({{.kind = TraceKind::transcendental, .m = calls, .n = 0}}, hw) ==
+        doctest::Approx(calls / 3.1e8).epsilon(1e-12));
+  CHECK(forward_seconds({{.kind = TraceKind::transcendental, .m = calls, .n = 1}}, hw) ==
+        doctest::Approx(calls / 4.7e7).epsilon(1e-12));
+  // Repeated calls in a row merge into one event of count 2: twice the time.
+  CHECK(forward_seconds({{.kind = TraceKind::transcendental, .count = 2, .m = calls, .n = 1}}, hw) ==
+        doctest::Approx(2 * calls / 4.7e7).epsilon(1e-12));
+  hw.scalar_math = {};
+  CHECK(forward_seconds({{.kind = TraceKind::transcendental, .m = calls, .n = 0}}, hw) == 0);
+}
+
+TEST_CASE("step terms: the dry run records RoPE's cos and sin per (token, frequency) of each call") {
+  // MegatronTS rotates the q and k of all s tokens (its local heads) once each in forward and again in backward:
+  // 4 calls of s x head_dim cos-or-sin each. Without RoPE: none.
+  for (const std::int64_t s : {256, 1000}) {
+    ModelShape m = ModelShape::mha(256, 8, s);
+    m.dtype_bytes = 4;
+    m.rope = true;
+    for (const bool rope : {true, false}) {
+      m.rope = rope;
+      double calls = 0;
+      default_catalog().visit_trace(default_catalog().index_of("MegatronTS"), Sublayer::attention, m, 2, 0,
+                                    [&](const SublayerTraceView& trace) {
+                                      for (const auto phase : {trace.forward, trace.backward})
+                                        for (const TraceEvent& e : phase)
+                                          if (e.kind == TraceKind::transcendental) {
+                                            CHECK(e.n == 1);
+                                            calls += e.m * e.count;
+                                          }
+                                    });
+      CHECK(calls == (rope ? 4.0 * double(s) * double(m.head_dim) : 0.0));
+    }
+  }
+}
+
+TEST_CASE("step terms: ColossalZ's materialised softmax records an exp per score") {
+  ModelShape m = ModelShape::mha(128, 4, 512);
+  m.dtype_bytes = 4;
+  double exps = 0, activations = 0;
+  default_catalog().visit_trace(default_catalog().index_of("ColossalZ"), Sublayer::attention, m, 2, 0,
+                                [&](const SublayerTraceView& trace) {
+                                  for (const TraceEvent& e : trace.forward) {
+                                    if (e.kind == TraceKind::transcendental && e.n == 0) exps += e.m * e.count;
+                                    if (e.kind == TraceKind::activation) activations += e.m * e.count;
+                                  }
+                                });
+  CHECK(exps > 0);
+  CHECK(exps == activations);  // the softmax is ColossalZ attention's only activation: one exp per element
+}
+
+TEST_CASE("step terms: the fresh-memory fit recovers known rates and the first-touch size") {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> zero_rate(1e10, 4e10), fresh_rate(1e9, 2e9);
+  for (int trial = 0; trial < 20; ++trial) {
+    const double zero = zero_rate(rng), fresh = fresh_rate(rng);
+    const int first_fresh = 2 + trial % 4;  // index of the first size served from new pages
+    std::vector<AllocationSample> samples;
+    for (int i = 0; i < 7; ++i) {
+      const double bytes = std::ldexp(1.0, 18 + 2 * i);  // 256 KiB .. 1 GiB
+      samples.push_back({bytes, bytes / (i >= first_fresh ? fresh : zero)});
+    }
+    const FreshMemoryModel f = fit_fresh_memory(samples);
+    CHECK(f.zero_bytes_per_s == doctest::Approx(zero).epsilon(1e-9));
+    CHECK(f.fresh_bytes_per_s == doctest::Approx(fresh).epsilon(1e-9));
+    CHECK(double(f.fresh_min_bytes) == samples[std::size_t(first_fresh)].bytes);
+  }
+  // Every size warm: one rate, nothing fresh within the sizes measured.
+  const std::vector<AllocationSample> warm{{1e6, 1e6 / 2e10}, {4e6, 4e6 / 2e10}};
+  const FreshMemoryModel f = fit_fresh_memory(warm);
+  CHECK(f.zero_bytes_per_s == doctest::Approx(2e10));
+  CHECK(f.fresh_bytes_per_s == doctest::Approx(2e10));
+  CHECK(f.fresh_min_bytes == 4000001);
+  const std::vector<AllocationSample> unordered{{4e6, 1e-4}, {1e6, 1e-4}};
+  CHECK_THROWS_WITH(fit_fresh_memory(unordered), doctest::Contains("ascending"));
+}
+
+TEST_CASE("step terms: the scalar-math fit recovers a known rate beyond the kernel's other work") {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> rate(1e7, 1e9), other(0, 1e-3), calls(1e4, 1e7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const double r = rate(rng);
+    std::vector<ScalarSample> samples;
+    for (int i = 0; i < 3; ++i) {
+      const double c = calls(rng), o = other(rng);
+      samples.push_back({c, o + c / r, o});
+    }
+    CHECK(fit_scalar_rate(samples) == doctest::Approx(r).epsilon(1e-9));
+  }
+  const std::vector<ScalarSample> no_slower{{1e6, 1e-3, 2e-3}};
+  CHECK(fit_scalar_rate(no_slower) == 0);  // not slower than its other work: unpriced
+}
+
+TEST_CASE("step terms: a profile written before the terms loads with them unpriced; new ones round-trip") {
+  HardwareProfile hw = a100_sxm4_80gb_x8();
+  json::Value old = to_json(hw);
+  CHECK_FALSE(old.contains("fresh_memory"));  // not written while unset: the old format
+  CHECK_FALSE(old.contains("scalar_math"));
+  const HardwareProfile loaded = profile_from_json(old);
+  CHECK(loaded.fresh_memory == FreshMemoryModel{});
+  CHECK(loaded.scalar_math == ScalarMathModel{});
+  hw.fresh_memory = {2.2e10, 1.56e9, std::int64_t(1) << 25};
+  hw.scalar_math = {3.1e8, 4.7e7};
+  const HardwareProfile back = profile_from_json(to_json(hw));
+  CHECK(back.fresh_memory == hw.fresh_memory);
+  CHECK(back.scalar_math == hw.scalar_math);
+  json::Value bad = to_json(hw);
+  bad["fresh_memory"]["fresh_bytes_per_s"] = -1.0;
+  CHECK_THROWS_WITH(profile_from_json(bad), doctest::Contains("fresh_memory.fresh_bytes_per_s"));
+  bad = to_json(hw);
+  bad["scalar_math"]["tan_per_s"] = 1.0;
+  CHECK_THROWS_WITH(profile_from_json(bad), doctest::Contains("unknown key \"tan_per_s\""));
+}
