@@ -68,6 +68,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cmath>
@@ -92,27 +93,37 @@ namespace paradyse::examples {
 // (strategy/megatron_ring.hpp: tp inside each cp group). tp_x=X,tp_y=Y in place of tp: the tp group of X x Y ranks is
 // a 2-D tensor-parallel grid running Tp2d (strategy/tp2d.hpp) in every sublayer; the mesh's tp axis is then X x Y and
 // `tp_x` (if given) receives X (1 without); a grid inside a cp group is refused. Throws an Error naming the bad part.
-inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr) {
-  int sizes[6] = {0, 0, 0, 0, 0, 0};
-  constexpr std::string_view names[6] = {"dp", "pp", "cp", "tp", "tp_x", "tp_y"};
+inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr);
+
+// The MoE layers' axes of a --mesh text ("ep=2,etp=1" among the device axes; 0: not given): ep, the expert group of
+// ep consecutive ranks of dp x cp, and etp, each expert's columns over etp consecutive ranks of tp
+// (model/expert_groups.hpp). Throws an Error naming the bad part.
+struct ExpertAxes {
+  int ep = 0, etp = 0;
+};
+inline ExpertAxes parse_expert_axes(std::string_view text);
+
+namespace mesh_detail {
+
+// The axes a --mesh text may name, and their sizes in it (0: not given). Throws an Error naming the bad part.
+inline constexpr std::string_view kMeshAxes[8] = {"dp", "pp", "cp", "tp", "tp_x", "tp_y", "ep", "etp"};
+inline std::array<int, 8> mesh_axis_sizes(std::string_view text) {
+  std::array<int, 8> sizes{};
   std::size_t from = 0;
   check(!text.empty(), "--mesh: empty; expected axes such as dp=2,cp=2 (axes dp, pp, cp, tp)");
   while (from <= text.size()) {
     const std::size_t comma = std::min(text.find(',', from), text.size());
     const std::string_view part = text.substr(from, comma - from);
+    from = comma + 1;
     const std::size_t eq = part.find('=');
     check(eq != std::string_view::npos, "--mesh {}: \"{}\" is not AXIS=SIZE (axes dp, pp, cp, tp)", printable(text),
           printable(part));
     const std::string_view name = part.substr(0, eq), value = part.substr(eq + 1);
-    if (name == "ep" || name == "etp") {  // the MoE layers' folding of the same devices: parse_expert_axes
-      from = comma + 1;
-      continue;
-    }
-    const auto axis = std::find(std::begin(names), std::end(names), name) - std::begin(names);
-    check(axis < 6, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp, cp and tp (or tp_x and "
-          "tp_y; the expert axes are search_parallel's)", printable(text), printable(name));
-    check(sizes[axis] == 0, "--mesh {}: axis {} is given twice", printable(text), name);
-    int size = 0;
+    const auto axis = std::find(std::begin(kMeshAxes), std::end(kMeshAxes), name) - std::begin(kMeshAxes);
+    check(axis < 8, "--mesh {}: unknown axis \"{}\"; train_gpt trains on the axes dp, pp, cp and tp (or tp_x and "
+          "tp_y), and ep and etp for the experts", printable(text), printable(name));
+    int& size = sizes[std::size_t(axis)];
+    check(size == 0, "--mesh {}: axis {} is given twice", printable(text), name);
     for (char ch : value) {
       check(std::isdigit(static_cast<unsigned char>(ch)) && size < 100000, "--mesh {}: the size of {} is \"{}\", "
             "expected a positive integer", printable(text), name, printable(value));
@@ -120,9 +131,14 @@ inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr) {
     }
     check(!value.empty() && size >= 1, "--mesh {}: the size of {} is \"{}\", expected a positive integer",
           printable(text), name, printable(value));
-    sizes[axis] = size;
-    from = comma + 1;
   }
+  return sizes;
+}
+
+}  // namespace mesh_detail
+
+inline DeviceMesh parse_mesh(std::string_view text, int* tp_x) {
+  std::array<int, 8> sizes = mesh_detail::mesh_axis_sizes(text);
   check(sizes[3] == 0 || (sizes[4] == 0 && sizes[5] == 0), "--mesh {}: give tp (1-D) or tp_x and tp_y (2-D), not "
         "both", printable(text));
   for (int& size : sizes) size = std::max(size, 1);
@@ -134,34 +150,9 @@ inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr) {
   return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
 }
 
-// The MoE layers' axes of a --mesh text ("ep=2,etp=1" among the device axes; 0: not given): ep, the expert group of
-// ep consecutive ranks of dp x cp, and etp, each expert's columns over etp consecutive ranks of tp
-// (model/expert_groups.hpp). Throws an Error naming the bad part.
-struct ExpertAxes {
-  int ep = 0, etp = 0;
-};
 inline ExpertAxes parse_expert_axes(std::string_view text) {
-  ExpertAxes axes;
-  std::size_t from = 0;
-  while (from < text.size()) {
-    const std::size_t comma = std::min(text.find(',', from), text.size());
-    const std::string_view part = text.substr(from, comma - from);
-    from = comma + 1;
-    const std::size_t eq = part.find('=');
-    if (eq == std::string_view::npos) continue;  // parse_mesh names it
-    const std::string_view name = part.substr(0, eq), value = part.substr(eq + 1);
-    if (name != "ep" && name != "etp") continue;
-    int& size = name == "ep" ? axes.ep : axes.etp;
-    check(size == 0, "--mesh {}: axis {} is given twice", printable(text), name);
-    for (char ch : value) {
-      check(std::isdigit(static_cast<unsigned char>(ch)) && size < 100000, "--mesh {}: the size of {} is \"{}\", "
-            "expected a positive integer", printable(text), name, printable(value));
-      size = size * 10 + (ch - '0');
-    }
-    check(!value.empty() && size >= 1, "--mesh {}: the size of {} is \"{}\", expected a positive integer",
-          printable(text), name, printable(value));
-  }
-  return axes;
+  const std::array<int, 8> sizes = mesh_detail::mesh_axis_sizes(text);
+  return {sizes[6], sizes[7]};
 }
 
 // ---- train_gpt --mesh-file: a configuration file of search_parallel --emit (search/config_file.hpp) ----------------
