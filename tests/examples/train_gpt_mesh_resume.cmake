@@ -26,87 +26,8 @@ file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 
 include(${CMAKE_CURRENT_LIST_DIR}/step_rows.cmake)  # run_train, step_rows, same_step_rows, step_column, to_micro
+include(${CMAKE_CURRENT_LIST_DIR}/mesh_resume.cmake)  # mesh_flags, losses_from, mesh_step_file, same_mesh
 
-# MESH@Z as the flags "--mesh;MESH;--zero;Z" into out_var.
-function(mesh_flags spec out_var)
-  set(mesh ${spec})
-  set(zero 0)
-  if(spec MATCHES "^(.*)@([0-9])$")
-    set(mesh ${CMAKE_MATCH_1})
-    set(zero ${CMAKE_MATCH_2})
-  endif()
-  set(${out_var} --mesh ${mesh} --zero ${zero} PARENT_SCOPE)
-endfunction()
-# The number of ranks of a mesh spec (the product of its sizes) into out_var.
-function(mesh_ranks spec out_var)
-  string(REGEX REPLACE "@[0-9]$" "" mesh "${spec}")
-  string(REGEX MATCHALL "=[0-9]+" sizes "${mesh}")
-  set(np 1)
-  foreach(size IN LISTS sizes)
-    string(SUBSTRING "${size}" 1 -1 size)
-    math(EXPR np "${np} * ${size}")
-  endforeach()
-  set(${out_var} ${np} PARENT_SCOPE)
-endfunction()
-
-# The losses of a CSV table from step `first` on, in millionths, into out_var.
-function(losses_from csv first out_var)
-  step_column(${csv} step steps)
-  step_column(${csv} loss column)
-  set(out "")
-  list(LENGTH steps n)
-  math(EXPR last "${n} - 1")
-  foreach(i RANGE ${last})
-    list(GET steps ${i} step)
-    if(step LESS first)
-      continue()
-    endif()
-    list(GET column ${i} loss)
-    to_micro("${loss}" micro)
-    list(APPEND out ${micro})
-  endforeach()
-  set(${out_var} "${out}" PARENT_SCOPE)
-endfunction()
-
-string(LENGTH "${K}" digits)
-math(EXPR pad "6 - ${digits}")
-string(REPEAT "0" ${pad} zeros)
-set(step_file step_${zeros}${K}.safetensors)
-
-# 1. (and 5.) The same mesh: stopped at K and resumed gives the uninterrupted run to the bit; `launcher` runs the
-# program (empty on threads; mpirun -np N for MPI), `backend` its --backend.
-function(same_mesh label dir spec)
-  set(launcher ${ARGN})
-  mesh_flags(${spec} flags)
-  set(backend "")
-  if(launcher)
-    set(backend --backend mpi)
-  endif()
-  file(MAKE_DIRECTORY ${dir})
-  run_train("${label}: the uninterrupted run" ${launcher} ${EXE} ${ARGS} ${flags} ${backend} --csv ${dir}/straight.csv
-            --checkpoint-every ${K} --keep 1 --checkpoint-dir ${dir}/checkpoints --save ${dir}/straight.safetensors)
-  run_train("${label}: the run stopped at step ${K}" ${launcher} ${EXE} ${ARGS} ${flags} ${backend} --stop-after ${K}
-            --csv ${dir}/first.csv --checkpoint-dir ${dir}/stopped)
-  if(NOT EXISTS ${dir}/stopped/${step_file})
-    message(FATAL_ERROR "${label}: no checkpoint ${dir}/stopped/${step_file} after the stopped run")
-  endif()
-  run_train("${label}: the resumed run" ${launcher} ${EXE} --resume ${dir}/stopped/${step_file} --csv ${dir}/resumed.csv
-            --checkpoint-dir ${dir}/resumed --save ${dir}/resumed.safetensors)
-  if(NOT last_output MATCHES "data continues at step ${K} of")
-    message(FATAL_ERROR "${label}: the resumed run does not say it continues at step ${K}:\n${last_output}")
-  endif()
-  step_rows(${dir}/straight.csv ${K} want)
-  step_rows(${dir}/resumed.csv 0 got)
-  same_step_rows("${label}: the resumed run against the uninterrupted one (from step ${K})" "${want}" "${got}")
-  file(SHA256 ${dir}/straight.safetensors a)
-  file(SHA256 ${dir}/resumed.safetensors b)
-  if(NOT a STREQUAL b)
-    message(FATAL_ERROR "${label}: the resumed run's --save differs from the uninterrupted run's")
-  endif()
-  list(LENGTH want n)
-  message(STATUS "${label}: steps ${K}.. of the resumed run equal the uninterrupted run's (${n} rows, losses to 17 "
-                 "digits) and so does its --save, byte for byte")
-endfunction()
 
 set(source ${WORK}/same)
 same_mesh("--mesh ${MESH}" ${source} ${MESH})
@@ -122,7 +43,7 @@ foreach(other IN LISTS OTHERS)
     message(FATAL_ERROR "OTHERS: \"${other}\" is not mesh:SPEC or ranks:N")
   endif()
   string(MAKE_C_IDENTIFIER "${other}" name)
-  run_train("${MESH}'s checkpoint resumed with ${flags}" ${EXE} --resume ${source}/stopped/${step_file} ${flags}
+  run_train("${MESH}'s checkpoint resumed with ${flags}" ${EXE} --resume ${source}/stopped/${mesh_step_file} ${flags}
             --csv ${WORK}/${name}.csv --checkpoint-dir ${WORK}/${name})
   losses_from(${WORK}/${name}.csv ${K} got)
   compare_losses("--mesh ${MESH}'s checkpoint resumed with ${flags}, against the uninterrupted run" "${straight}" "${got}")
@@ -133,7 +54,7 @@ run_train("dense --ranks ${CP}" ${EXE} ${ARGS} --ranks ${CP} --csv ${WORK}/dense
 run_train("dense --ranks ${CP}, stopped at ${K}" ${EXE} ${ARGS} --ranks ${CP} --stop-after ${K}
           --checkpoint-dir ${WORK}/dense_stopped)
 mesh_flags(${DENSE_TO} flags)
-run_train("the dense checkpoint resumed with ${flags}" ${EXE} --resume ${WORK}/dense_stopped/${step_file} ${flags}
+run_train("the dense checkpoint resumed with ${flags}" ${EXE} --resume ${WORK}/dense_stopped/${mesh_step_file} ${flags}
           --csv ${WORK}/dense_to_mesh.csv --checkpoint-dir ${WORK}/dense_to_mesh)
 losses_from(${WORK}/dense.csv ${K} dense)
 losses_from(${WORK}/dense_to_mesh.csv ${K} got)
@@ -176,7 +97,7 @@ endif()
 
 # 6. Under mpirun.
 if(DEFINED MPIEXEC AND DEFINED MPI_MESH)
-  mesh_ranks(${MPI_MESH} np)
+  mesh_flags(${MPI_MESH} flags np)
   same_mesh("--mesh ${MPI_MESH} on ${np} MPI processes" ${WORK}/mpi ${MPI_MESH} ${MPIEXEC} -np ${np} --oversubscribe)
 endif()
 file(REMOVE_RECURSE ${WORK})
