@@ -330,9 +330,6 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
     o.ranks = mesh_ranks;
     if (o.device != "cpu")
       usage(fmt::format("--mesh trains on the host: --device {} is not available with it yet", o.device));
-    const bool checkpoints = !o.save.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 ||
-                             o.stop_after > 0;
-    (void)checkpoints;  // examples/train_gpt/mesh_checkpoints.hpp: dense and MoE (--load is the dense GPT's, above)
   }
   // The model must fit this machine at all (examples/train_gpt/caps.hpp): refused now, before calibrating or
   // allocating (a model of 65536 experts would otherwise grow until the system kills it).
