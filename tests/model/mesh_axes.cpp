@@ -37,20 +37,8 @@ using namespace paradyse;
 // Every gradient of a tp group rank, by name ("layer 2 attention", "embedding", "head"), and the batch's mean loss.
 struct TpGradients {
   double loss = 0;
-  std::map<std::pair<int, std::string>, std::vector<float>> by_rank_and_name;  // (tp rank, name)
+  testing::RankGradients by_rank_and_name;  // (tp rank, name)
 };
-
-void add_tp_layer_gradients(TpGradients& out, std::mutex& lock, int tp_rank, int first_layer, TransformerStack<AllStrategies<>>& stack) {
-  const std::lock_guard guard(lock);
-  for (std::size_t l = 0; l < stack.gradients().size(); ++l) {
-    const LayerWeights& g = stack.gradients()[l];
-    const int layer = first_layer + int(l);
-    for (const auto& [part, tensor] : {std::pair{"attention", &g.attention.packed}, std::pair{"mlp", &g.mlp.packed},
-                                       std::pair{"norms", &g.norms.packed}})
-      out.by_rank_and_name[{tp_rank, fmt::format("layer {} {}", layer, part)}].assign(tensor->span().begin(),
-                                                                                     tensor->span().end());
-  }
-}
 
 }  // namespace
 
@@ -100,7 +88,7 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
       const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, comm.rank());
       model.zero_gradients();
       const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
-      add_tp_layer_gradients(want, lock, comm.rank(), 0, model.stack());
+      testing::add_layer_gradients(want.by_rank_and_name, lock, comm.rank(), 0, model.stack().gradients());
       const std::lock_guard guard(lock);
       if (comm.rank() == 0) want.loss = r.loss;
       const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
@@ -136,8 +124,9 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
           dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
       TpGradients& out = got[std::size_t(replica)];
       for (int c = 0; c < m.v; ++c)
-        add_tp_layer_gradients(out, lock, tp_rank, int(chunk_range(config.layers, stages, c * m.pp + stage_index).start),
-                               chunks[std::size_t(c)].stack());
+        testing::add_layer_gradients(out.by_rank_and_name, lock, tp_rank,
+                                     int(chunk_range(config.layers, stages, c * m.pp + stage_index).start),
+                                     chunks[std::size_t(c)].stack().gradients());
       const std::lock_guard guard(lock);
       loss_sum += loss;
       for (auto& stage : chunks)
@@ -153,19 +142,7 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
     CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {
       CAPTURE(d);
-      REQUIRE(got[std::size_t(d)].by_rank_and_name.size() == want.by_rank_and_name.size());
-      for (const auto& [key, values] : want.by_rank_and_name) {
-        CAPTURE(key.first);
-        CAPTURE(key.second);
-        REQUIRE(got[std::size_t(d)].by_rank_and_name.count(key) == 1);
-        const std::vector<float>& mine = got[std::size_t(d)].by_rank_and_name.at(key);
-        CHECK(testing::first_mismatch(std::span<const float>(mine), std::span<const float>(values),
-                                      testing::kFloat32) == "");
-        // The comparison can fail: every tensor receives gradient.
-        double norm = 0;
-        for (float v : values) norm += double(v) * double(v);
-        CHECK(norm > 0);
-      }
+      testing::check_same_gradients(got[std::size_t(d)].by_rank_and_name, want.by_rank_and_name);
     }
   }
 }

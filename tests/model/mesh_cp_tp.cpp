@@ -36,19 +36,6 @@ using namespace paradyse;
 using CpTpStrategies = MeshStrategies<>;
 
 // Every gradient of a stage-group rank, by (rank, name): "layer 2 attention", "embedding", "head".
-using CpTpGradients = std::map<std::pair<int, std::string>, std::vector<float>>;
-
-void add_cp_tp_gradients(CpTpGradients& out, std::mutex& lock, int rank, int first_layer,
-                         const std::vector<LayerWeights>& gradients) {
-  const std::lock_guard guard(lock);
-  for (std::size_t l = 0; l < gradients.size(); ++l) {
-    const LayerWeights& g = gradients[l];
-    for (const auto& [part, tensor] : {std::pair{"attention", &g.attention.packed}, std::pair{"mlp", &g.mlp.packed},
-                                       std::pair{"norms", &g.norms.packed}})
-      out[{rank, fmt::format("layer {} {}", first_layer + int(l), part)}].assign(tensor->span().begin(),
-                                                                                 tensor->span().end());
-  }
-}
 
 struct CpTpMesh {
   int dp, pp, cp, tp;
@@ -109,7 +96,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
       // The single group of C ranks, unfactorised: the five strategies switching (no MegatronRing).
       StackPlan single;
       for (int l = 0; l < config.layers; ++l) single.push_back(SublayerChoice{std::size_t(l) % 5, std::size_t(l + 2) % 5, 0});
-      CpTpGradients want;
+      testing::RankGradients want;
       double want_loss = 0;
       run_ranks(C, [&](ThreadCommunicator& comm) {
         Gpt<CpTpStrategies> model(config, C, comm.rank(), seed);
@@ -118,7 +105,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
         const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, comm.rank());
         model.zero_gradients();
         const GptStepResult r = model.forward_backward(comm, pool, single, seq, x.view(), y.view());
-        add_cp_tp_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
+        testing::add_layer_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
         const std::lock_guard guard(lock);
         if (comm.rank() == 0) want_loss = r.loss;
         const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
@@ -130,7 +117,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
       // The mesh {dp, pp, cp, tp}, as train_mesh builds it.
       const StackPlan plan = cp_tp_plan(config.layers, switching);
       const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", m.tp}});
-      std::vector<CpTpGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
+      std::vector<testing::RankGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
       double loss_sum = 0;
       run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
         testing::MeshRank place = testing::MeshRank::on(mesh, world);
@@ -147,7 +134,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
         const ChunkRange mine = chunk_range(rows, m.dp, replica);
         const double loss = mesh_forward_backward(std::span(chunks), pp_group, group, mine, seq, inputs, targets,
                                                   float(1.0 / counted));
-        CpTpGradients& out = got[std::size_t(replica)];
+        testing::RankGradients& out = got[std::size_t(replica)];
         if (m.zero3) {  // every tensor's gradient chunks gathered over dp (the sum over dp is in them already)
           const std::vector<std::vector<float>> full = testing::gathered_zero3(stage, dp_group, true);
           const std::lock_guard guard(lock);
@@ -161,7 +148,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
         }
         for (const auto& p : stage.parameters())
           dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
-        add_cp_tp_gradients(out, lock, rank, int(layers.start), stage.stack().gradients());
+        testing::add_layer_gradients(out, lock, rank, int(layers.start), stage.stack().gradients());
         const std::lock_guard guard(lock);
         loss_sum += loss;
         for (const auto& p : stage.parameters()) {
@@ -175,18 +162,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
       CHECK(loss_sum / counted == doctest::Approx(want_loss).epsilon(1e-5));
       for (int d = 0; d < m.dp; ++d) {
         CAPTURE(d);
-        REQUIRE(got[std::size_t(d)].size() == want.size());
-        for (const auto& [key, values] : want) {
-          CAPTURE(key.first);
-          CAPTURE(key.second);
-          REQUIRE(got[std::size_t(d)].count(key) == 1);
-          const std::vector<float>& mine = got[std::size_t(d)].at(key);
-          CHECK(testing::first_mismatch(std::span<const float>(mine), std::span<const float>(values),
-                                        testing::kFloat32) == "");
-          double norm = 0;  // the comparison can fail: every tensor receives gradient
-          for (float v : values) norm += double(v) * double(v);
-          CHECK(norm > 0);
-        }
+        testing::check_same_gradients(got[std::size_t(d)], want);
       }
     }
   }

@@ -4,14 +4,26 @@
 //     and the rank's replica, stage index and rank in the stage group.
 //   gathered_zero3: every ZeRO-3 tensor of a stage in full (its values or its gradients), the dp chunks all-gathered;
 //     a collective over the dp group.
+//   RankGradients, add_layer_gradients, check_same_gradients: a group's gradients by (rank in the stage group, name),
+//     each layer's attention, MLP and norm shards recorded as "layer L attention|mlp|norms", and one replica's set
+//     compared with the single group's (float32 rounding; every reference tensor nonzero, so the comparison can fail).
 #pragma once
 
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/layout/chunking.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/model/layer.hpp"
+#include "support/tolerance.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace paradyse::testing {
@@ -48,6 +60,36 @@ std::vector<std::vector<float>> gathered_zero3(Stage& stage, ThreadCommunicator&
     tensors.push_back(std::move(full));
   }
   return tensors;
+}
+
+// Gradients by (rank in the stage group, name).
+using RankGradients = std::map<std::pair<int, std::string>, std::vector<float>>;
+
+// Records the layer gradients of a stack whose first layer is global layer `first_layer`, on stage-group rank `rank`.
+inline void add_layer_gradients(RankGradients& out, std::mutex& lock, int rank, int first_layer,
+                                const std::vector<LayerWeights>& gradients) {
+  const std::lock_guard guard(lock);
+  for (std::size_t l = 0; l < gradients.size(); ++l) {
+    const LayerWeights& g = gradients[l];
+    for (const auto& [part, tensor] : {std::pair{"attention", &g.attention.packed}, std::pair{"mlp", &g.mlp.packed},
+                                       std::pair{"norms", &g.norms.packed}})
+      out[{rank, fmt::format("layer {} {}", first_layer + int(l), part)}].assign(tensor->span().begin(),
+                                                                                 tensor->span().end());
+  }
+}
+
+// One replica's gradients `got` hold the tensors of `want`, each equal within float32 rounding.
+inline void check_same_gradients(const RankGradients& got, const RankGradients& want) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [key, values] : want) {
+    CAPTURE(key.first);
+    CAPTURE(key.second);
+    REQUIRE(got.count(key) == 1);
+    CHECK(first_mismatch(std::span<const float>(got.at(key)), std::span<const float>(values), kFloat32) == "");
+    double norm = 0;  // the comparison can fail: every tensor receives gradient
+    for (float v : values) norm += double(v) * double(v);
+    CHECK(norm > 0);
+  }
 }
 
 }  // namespace paradyse::testing

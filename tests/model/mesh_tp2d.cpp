@@ -32,20 +32,6 @@ using namespace paradyse;
 using Strategies = MeshStrategies<>;
 
 // Every gradient of a group rank, by (rank, name): "layer 2 attention", "embedding", "head".
-using Gradients = std::map<std::pair<int, std::string>, std::vector<float>>;
-
-void add_layer_gradients(Gradients& out, std::mutex& lock, int rank, int first_layer,
-                         TransformerStack<Strategies>& stack) {
-  const std::lock_guard guard(lock);
-  for (std::size_t l = 0; l < stack.gradients().size(); ++l) {
-    const LayerWeights& g = stack.gradients()[l];
-    for (const auto& [part, tensor] : {std::pair{"attention", &g.attention.packed}, std::pair{"mlp", &g.mlp.packed},
-                                       std::pair{"norms", &g.norms.packed}})
-      out[{rank, fmt::format("layer {} {}", first_layer + int(l), part)}].assign(tensor->span().begin(),
-                                                                                tensor->span().end());
-  }
-}
-
 
 TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the single group: 2x2 alone, with dp = 2, "
           "with pp = 2, and 3x2; the loss and every gradient of every rank") {
@@ -81,7 +67,7 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
     std::mutex lock;
 
     // The single group: every row in one batch, MegatronTS everywhere, no grid.
-    Gradients want;
+    testing::RankGradients want;
     double want_loss = 0;
     run_ranks(group, [&](ThreadCommunicator& comm) {
       Gpt<Strategies> model(config, group, comm.rank(), seed);
@@ -91,7 +77,7 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
       model.zero_gradients();
       const StackPlan plan(std::size_t(config.layers), SublayerChoice{ts, ts, 0});
       const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
-      add_layer_gradients(want, lock, comm.rank(), 0, model.stack());
+      testing::add_layer_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
       const std::lock_guard guard(lock);
       if (comm.rank() == 0) want_loss = r.loss;
       const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
@@ -102,7 +88,7 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
 
     // The mesh {dp, pp, tp = X x Y}, as train_mesh builds it, the grid set on every stage's stack.
     const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", 1}, {"tp", group}});
-    std::vector<Gradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
+    std::vector<testing::RankGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
     double loss_sum = 0;
     run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
       testing::MeshRank on = testing::MeshRank::on(mesh, world);
@@ -120,8 +106,8 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
       MeshGptStage<Strategies, ThreadCommunicator>& stage = chunks.back();
       for (const auto& p : stage.parameters())
         on.dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
-      Gradients& out = got[std::size_t(replica)];
-      add_layer_gradients(out, lock, tp_rank, int(layers.start), stage.stack());
+      testing::RankGradients& out = got[std::size_t(replica)];
+      testing::add_layer_gradients(out, lock, tp_rank, int(layers.start), stage.stack().gradients());
       const std::lock_guard guard(lock);
       loss_sum += loss;
       for (const auto& p : stage.parameters()) {
@@ -134,17 +120,7 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
     CHECK(loss_sum / counted == doctest::Approx(want_loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {
       CAPTURE(d);
-      REQUIRE(got[std::size_t(d)].size() == want.size());
-      for (const auto& [key, values] : want) {
-        CAPTURE(key.first);
-        CAPTURE(key.second);
-        REQUIRE(got[std::size_t(d)].count(key) == 1);
-        CHECK(testing::first_mismatch(std::span<const float>(got[std::size_t(d)].at(key)),
-                                      std::span<const float>(values), testing::kFloat32) == "");
-        double norm = 0;  // the comparison can fail: every tensor receives gradient
-        for (float v : values) norm += double(v) * double(v);
-        CHECK(norm > 0);
-      }
+      testing::check_same_gradients(got[std::size_t(d)], want);
     }
   }
 }
