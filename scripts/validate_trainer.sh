@@ -5,13 +5,22 @@
 # step time of train_gpt's byte-level GPT for each static strategy and for the exact planner's plan; train_gpt then
 # runs the same steps on thread ranks with that strategy (or that planner). Both use the same profile: this machine's,
 # calibrated by the Release train_gpt on the same thread ranks (or PROFILE=FILE.json). The table, per length and
-# strategy: predicted s, measured median s (min..max) of the steps after the first (a warm-up), in the slowest rank's
+# strategy: predicted s, measured median s (min..max) of the steps after the warm-up ones, in the slowest rank's
 # thread CPU time (what the profile's rates are measured in: waits block and do not count) and in wall time, and
 # the ratios predicted / measured. The load average at the start and at the end says how shared the cores were (on
 # a machine whose cores other processes use, wall time holds the time a rank waited for a core; CPU time does not).
-# The baseline in the same run: plan_trace on the same profile without the terms added since (fresh memory, scalar
-# math: the profile's "fresh_memory" and "scalar_math" removed) and without the work outside the stack (no --vocab),
-# i.e. the time model as it was before them ("before" columns).
+#
+# The noise beside the error. Every strategy is measured ROUNDS times (a round runs every length and strategy, the
+# rounds one after another, so a burst of load elsewhere falls on one round of a row, not on all of it): the table
+# gives the median over every counted step of every round, the step spread ((max - min) / median of those steps) and
+# the run-to-run spread ((largest - smallest round median) / median). An error inside the run-to-run spread is not
+# resolved by this machine at that moment.
+# The allocation state: every process (the calibration's and each measured run) runs with the same C-library malloc
+# settings (GLIBC_TUNABLES: a fixed mmap threshold, so that it does not rise with a process's first frees and
+# change which allocations get new pages between the calibration, the warm-up and the counted steps), and train_gpt
+# empties its buffer pool before every step (the time model's assumption; its first touch is priced once a step).
+# The baseline in the same run ("before" columns): plan_trace on the same profile without the terms added since
+# (the profile's keys in NEW_TERMS removed), i.e. the time model as it was before them.
 #
 #   scripts/validate_trainer.sh                      # Release build in build-rel (through /work/bin/pbuild if there)
 #   LENGTHS="1024 4096" STEPS=6 RANKS=2 scripts/validate_trainer.sh
@@ -20,38 +29,49 @@
 #   SKIP_BUILD=1 scripts/validate_trainer.sh         # run the binaries in $BUILD as they are (no build step)
 #
 # Environment: BUILD (build folder, default build-rel), LENGTHS (tokens per step, default "1024 2048"), STEPS (steps
-# per strategy and length, default 5; the first is not counted), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT,
-# default 128/4/4), STRATEGIES (default "MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"). Output files go to
-# $BUILD/validate_trainer/ (the per-run CSVs of both programs and table.md).
+# per strategy, length and round, default 8), WARMUP (first steps of each run not counted, default 1), ROUNDS
+# (default 2), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT, default 128/4/4), STRATEGIES (default "MegatronTS
+# MegatronCZ UlyssesZ ColossalZ METP dynamic"), NEW_TERMS (profile keys the baseline drops, default
+# "elementwise_classes"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default a fixed mmap threshold of
+# 128 KiB; empty: glibc's dynamic threshold). Output files go to $BUILD/validate_trainer/ (the per-run CSVs of both
+# programs and table.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build-rel}
 LENGTHS=${LENGTHS:-"1024 2048"}
-STEPS=${STEPS:-5}
+STEPS=${STEPS:-8}
+WARMUP=${WARMUP:-1}
+ROUNDS=${ROUNDS:-2}
 RANKS=${RANKS:-2}
 HIDDEN=${HIDDEN:-128}
 HEADS=${HEADS:-4}
 LAYERS=${LAYERS:-4}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"}
+NEW_TERMS=${NEW_TERMS:-elementwise_classes}
+MALLOC_TUNABLES=${MALLOC_TUNABLES-glibc.malloc.mmap_threshold=131072}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
 
 fail() { echo "validate_trainer.sh: $*" >&2; exit 2; }
-[[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -ge 2 ]] || fail "STEPS=$STEPS: expected an integer >= 2 (the first step is a warm-up)"
+[[ "$WARMUP" =~ ^[0-9]+$ ]] || fail "WARMUP=$WARMUP: expected a non-negative integer (steps not counted)"
+[[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -gt "$WARMUP" ]] ||
+  fail "STEPS=$STEPS: expected an integer above WARMUP=$WARMUP (the first WARMUP steps of a run are not counted)"
+[[ "$ROUNDS" =~ ^[0-9]+$ && "$ROUNDS" -ge 1 ]] || fail "ROUNDS=$ROUNDS: expected a positive integer"
 [[ "$RANKS" =~ ^[0-9]+$ && "$RANKS" -ge 1 ]] || fail "RANKS=$RANKS: expected a positive integer"
 for l in $LENGTHS; do [[ "$l" =~ ^[0-9]+$ ]] || fail "LENGTHS: '$l' is not a positive integer"; done
 for s in $STRATEGIES; do
   case "$s" in MegatronTS|MegatronCZ|UlyssesZ|ColossalZ|METP|dynamic) ;;
     *) fail "STRATEGIES: '$s' is not one of MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic" ;; esac
 done
+export GLIBC_TUNABLES=$MALLOC_TUNABLES
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   "${PB[@]}" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPARADYSE_BUILD_TESTS=OFF \
     -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=OFF >/dev/null
 fi
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt" || fail "$BUILD is not a Release build folder"
-[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target train_gpt plan_trace -j2 >/dev/null
+[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target train_gpt plan_trace -j1 >/dev/null
 
 OUT=$BUILD/validate_trainer
 mkdir -p "$OUT/run/build"
@@ -75,60 +95,76 @@ else
 fi
 
 # The baseline's profile: the same rates without the terms added since.
-/usr/bin/python3 - "$PROFILE_FILE" "$OUT/profile_before.json" <<'EOF'
+/usr/bin/python3 - "$PROFILE_FILE" "$OUT/profile_before.json" "$NEW_TERMS" <<'PY'
 import json, sys
 profile = json.load(open(sys.argv[1]))
-for key in ("fresh_memory", "scalar_math"):
+for key in sys.argv[3].split():
     profile.pop(key, None)
 json.dump(profile, open(sys.argv[2], "w"), indent=1)
-EOF
+PY
 
 for L in $LENGTHS; do
   echo "$L" >"$OUT/lengths_$L.txt"
-  "$PLAN" --profile "$PROFILE_FILE" --lengths "$OUT/lengths_$L.txt" --p "$RANKS" "${MODEL[@]}" --causal --rope \
-    --dtype fp32 --budget-gib 1000 --vocab 256 --csv "$OUT/plan_$L.csv" >"$OUT/plan_$L.txt"
-  "$PLAN" --profile "$OUT/profile_before.json" --lengths "$OUT/lengths_$L.txt" --p "$RANKS" "${MODEL[@]}" --causal \
-    --rope --dtype fp32 --budget-gib 1000 --csv "$OUT/plan_before_$L.csv" >"$OUT/plan_before_$L.txt"
-  for S in $STRATEGIES; do
-    strategy=()
-    [[ "$S" != dynamic ]] && strategy=(--strategy "$S")
-    echo "measuring $S at $L tokens ($STEPS steps) ..." >&2
-    (cd "$OUT/run" && "$TRAIN" --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$L" --max-len "$L" \
-      --cap-mib 1000000 --profile "$PROFILE_FILE" "${strategy[@]}" --csv "$ROOT/$OUT/train_${S}_$L.csv" \
-      >"$ROOT/$OUT/train_${S}_$L.txt")
+  for variant in "" _before; do
+    profile=$PROFILE_FILE
+    [[ -n "$variant" ]] && profile=$OUT/profile_before.json
+    "$PLAN" --profile "$profile" --lengths "$OUT/lengths_$L.txt" --p "$RANKS" "${MODEL[@]}" --causal --rope \
+      --dtype fp32 --budget-gib 1000 --vocab 256 --csv "$OUT/plan${variant}_$L.csv" >"$OUT/plan${variant}_$L.txt"
+  done
+done
+for R in $(seq 1 "$ROUNDS"); do
+  for L in $LENGTHS; do
+    for S in $STRATEGIES; do
+      strategy=()
+      [[ "$S" != dynamic ]] && strategy=(--strategy "$S")
+      echo "round $R: measuring $S at $L tokens ($STEPS steps) ..." >&2
+      (cd "$OUT/run" && "$TRAIN" --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$L" --max-len "$L" \
+        --cap-mib 1000000 --profile "$PROFILE_FILE" "${strategy[@]}" --csv "$ROOT/$OUT/train_${S}_${L}_r$R.csv" \
+        >"$ROOT/$OUT/train_${S}_${L}_r$R.txt")
+    done
   done
 done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
-/usr/bin/python3 - "$OUT" "$LENGTHS" "$STRATEGIES" "$LOAD_START" "$LOAD_END" "$PROFILE_FILE" "$RANKS" <<'EOF' | tee "$OUT/table.md"
+/usr/bin/python3 - "$OUT" "$LENGTHS" "$STRATEGIES" "$LOAD_START" "$LOAD_END" "$PROFILE_FILE" "$RANKS" "$ROUNDS" \
+  "$WARMUP" "$GLIBC_TUNABLES" <<'PY' | tee "$OUT/table.md"
 import csv, statistics, sys
-out, lengths, strategies, load_start, load_end, profile, ranks = sys.argv[1:8]
+out, lengths, strategies, load_start, load_end, profile, ranks, rounds, warmup, tunables = sys.argv[1:11]
+rounds, warmup = int(rounds), int(warmup)
 variant = {s: s for s in strategies.split()}
 variant["dynamic"] = "exact, uncached"  # the exact planner on the step's own cost table, as train_gpt plans
-print(f"plan_trace against train_gpt on {ranks} thread ranks (profile {profile}); load average "
-      f"{load_start} at the start, {load_end} at the end")
+print(f"plan_trace against train_gpt on {ranks} thread ranks (profile {profile}; GLIBC_TUNABLES={tunables or '-'}); "
+      f"{rounds} round(s), the first {warmup} step(s) of each run not counted; load average {load_start} at the "
+      f"start, {load_end} at the end")
 print()
-print("| length | strategy | before: predicted s | before: pred / CPU | predicted s | train_gpt's prediction s "
-      "| measured CPU s median (min..max) | pred / CPU | within 10% | measured wall s median (min..max) | pred / wall "
+print("| length | strategy | before: predicted s | before: pred / CPU | predicted s | measured CPU s median (min..max) "
+      "| step spread | round medians s | run-to-run | pred / CPU | within 10% | measured wall s median | pred / wall "
       "| AdamW CPU s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for length in lengths.split():
     plan = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_{length}.csv"))}
     before = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_before_{length}.csv"))}
     for s in strategies.split():
-        rows = [r for r in csv.DictReader(open(f"{out}/train_{s}_{length}.csv")) if r["status"] == "ok"][1:]
-        if not rows:
-            print(f"| {length} | {s} | - | - | - | - | no step ran (see {out}/train_{s}_{length}.txt) | | | | | |")
+        runs = [[r for r in csv.DictReader(open(f"{out}/train_{s}_{length}_r{k}.csv")) if r["status"] == "ok"][warmup:]
+                for k in range(1, rounds + 1)]
+        if not all(runs):
+            print(f"| {length} | {s} | no counted step in some round (see {out}/train_{s}_{length}_r*.txt) |")
             continue
+        rows = [r for run in runs for r in run]
         predicted = float(plan[variant[s]]["time_s"])
         baseline = float(before[variant[s]]["time_s"])
         own = statistics.median(float(r["predicted_s"]) for r in rows)
+        if abs(own / predicted - 1) > 1e-6:  # not the same cost table: the comparison would mean nothing
+            print(f"| {length} | {s} | train_gpt predicted {own:.4f} s, plan_trace {predicted:.4f} s |")
+            continue
         cpu = [float(r["cpu_s"]) for r in rows]
         wall = [float(r["seconds"]) for r in rows]
         adamw = statistics.median(float(r["optimizer_cpu_s"]) for r in rows)
         mc, mw = statistics.median(cpu), statistics.median(wall)
+        medians = [statistics.median(float(r["cpu_s"]) for r in run) for run in runs]
         within = "yes" if abs(predicted / mc - 1) <= 0.10 else "no"
-        print(f"| {length} | {s} | {baseline:.4f} | {baseline / mc:.2f} | {predicted:.4f} | {own:.4f} | "
-              f"{mc:.4f} ({min(cpu):.4f}..{max(cpu):.4f}) | {predicted / mc:.2f} | {within} | "
-              f"{mw:.4f} ({min(wall):.4f}..{max(wall):.4f}) | {predicted / mw:.2f} | {adamw:.4f} |")
-EOF
+        print(f"| {length} | {s} | {baseline:.4f} | {baseline / mc:.2f} | {predicted:.4f} | "
+              f"{mc:.4f} ({min(cpu):.4f}..{max(cpu):.4f}) | {(max(cpu) - min(cpu)) / mc:.0%} | "
+              f"{' / '.join(f'{m:.4f}' for m in medians)} | {(max(medians) - min(medians)) / mc:.0%} | "
+              f"{predicted / mc:.2f} | {within} | {mw:.4f} | {predicted / mw:.2f} | {adamw:.4f} |")
+PY

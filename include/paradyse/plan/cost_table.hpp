@@ -315,9 +315,9 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
     std::int64_t stack_parameters = 0;
     for (int layer_kind : model.layer_kinds)
       stack_parameters += cost::parameters_per_rank(model.kinds[std::size_t(layer_kind)].shape, group_size);
-    const std::int64_t rows = batch.samples * ((length + group_size - 1) / group_size);  // the most a rank holds
-    t.outside_time = outside_stack_time(model.outside, cost::layer_config_of(model.kinds[0].shape), rows,
-                                        stack_parameters, group_size, hardware);
+    t.outside_time = outside_stack_time(model.outside, cost::layer_config_of(model.kinds[0].shape),
+                                        outside_rows(batch.samples, length, group_size), stack_parameters, group_size,
+                                        hardware);
   }
   return t;
 }

@@ -13,6 +13,10 @@
 // layer (cost/moe_cost.hpp's dry_run_moe_half: norm, MoE, residual). Routing is data-dependent; the dry run assumes a
 // balanced one, so the rows are the balanced costs (EP's traffic grows with the skew, ETP's does not).
 //
+// A plan's time is its layers' plus what every step spends besides them, as for a dense GPT (plan/cost_table.hpp's
+// evaluate): the work outside the stack (plan/outside_stack.hpp: embedding, final norm, LM head, loss, replicated
+// all-reduce, AdamW over the rank's parameters with its experts) and the first touch of the pool's working set.
+//
 // Slot groups for the solver: attention of dense layers, MLP of dense layers, attention of MoE layers, MoE FFN of
 // MoE layers. Within a group, layers with larger transients come later (as plan/planner.hpp does).
 #pragma once
@@ -28,6 +32,7 @@
 #include "paradyse/plan/cost_table.hpp"
 #include "paradyse/plan/exact_solver.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
+#include "paradyse/plan/outside_stack.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
@@ -53,15 +58,26 @@ struct MoeCostTable {
   std::vector<bool> is_moe;                  // per layer
 
   int layer_count() const { return dense.layer_count(); }
+  // Seconds every plan's step spends besides its layers (as plan/cost_table.hpp's evaluate for a dense GPT): the
+  // work outside the stack (dense.outside_time: embedding, head, loss, replicated all-reduce, AdamW over the rank's
+  // parameters, experts included) and the first touch of the plan's largest working set in the emptied pool.
+  double outside_s(std::int64_t largest_transient_bytes) const {
+    return dense.outside_time.time_s() + dense.fresh_memory.time(double(largest_transient_bytes));
+  }
 };
+
+// The parameters of one MoE sublayer on the rank owning the most experts: its ceil(E / p) routed experts, the
+// router and the shared experts (replicated).
+inline double moe_parameters_per_rank(const MoeConfig& c, int p) {
+  const std::int64_t owned = (c.experts + p - 1) / p;
+  return double(c.experts * c.hidden) + double(owned) * 3.0 * double(c.expert_ffn * c.hidden) +
+         3.0 * double(c.shared_width() * c.hidden) + (c.shared_gate ? double(c.hidden) : 0.0);
+}
 
 // The bytes per rank of one MoE sublayer's weights, gradients and optimizer states on the rank owning the most
 // experts (router and shared experts replicated).
 inline std::int64_t moe_state_bytes(const MoeConfig& c, int p, const cost::TrainingPrecision& precision) {
-  const std::int64_t owned = (c.experts + p - 1) / p;
-  const double parameters = double(c.experts * c.hidden) + double(owned) * 3.0 * double(c.expert_ffn * c.hidden) +
-                            3.0 * double(c.shared_width() * c.hidden) + (c.shared_gate ? double(c.hidden) : 0.0);
-  return std::int64_t(std::ceil(parameters * precision.bytes_per_parameter()));
+  return std::int64_t(std::ceil(moe_parameters_per_rank(c, p) * precision.bytes_per_parameter()));
 }
 
 // Every (kind, sublayer, strategy) of the GPT `config` for `batch` on p ranks of `hardware`, and the MoE rows.
@@ -108,6 +124,17 @@ inline MoeCostTable build_moe_cost_table(const GptConfig& config, const cost::Ha
     }
   }
   t.dense.fixed_bytes = t.dense.model_state_bytes + t.dense.stack_bytes + t.dense.plain_bytes + extra_bytes;
+  // The work outside the stack (plan/outside_stack.hpp), its AdamW over what the rank holds: the dense layers'
+  // shards, the MoE layers' attention and norms and their experts (not the token MLP the MoE kind was built with).
+  if (config.vocab > 0) {
+    double stack_parameters = 0;
+    for (const bool is_moe : t.is_moe)
+      stack_parameters += is_moe ? double(cost::parameters_per_rank(no_mlp, p)) + moe_parameters_per_rank(moe.moe, p)
+                                 : double(cost::parameters_per_rank(dense_shape, p));
+    t.dense.outside_time = outside_stack_time({config.vocab, config.tied_head}, config.layer,
+                                              outside_rows(batch.samples, batch.tokens_per_sample(), p),
+                                              std::int64_t(stack_parameters), p, hardware);
+  }
   return t;
 }
 
@@ -201,7 +228,7 @@ inline MoePlan plan_of(const MoeCostTable& t, const Problem& problem, const Assi
   plan.strategy_names = t.dense.strategy_names;
   plan.moe_strategy_names = t.moe_strategy_names;
   plan.budget_bytes = budget_bytes;
-  plan.time_s = a.time_s;
+  plan.time_s = a.time_s + t.outside_s(a.largest_transient_bytes);
   plan.memory.model_states = a.fixed_bytes;
   plan.memory.saved_activations = a.saved_bytes;
   plan.memory.largest_transient = a.largest_transient_bytes;
@@ -276,6 +303,7 @@ inline MoePlan moe_plan_of(const MoeCostTable& t, const std::vector<MoeLayerPlan
     plan.memory.largest_transient = std::max({plan.memory.largest_transient, a->transient_bytes, f->transient_bytes});
     plan.layers.push_back(layer);
   }
+  plan.time_s += t.outside_s(plan.memory.largest_transient);
   return plan;
 }
 

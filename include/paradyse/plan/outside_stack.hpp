@@ -32,6 +32,11 @@ struct OutsideStack {
   std::int64_t replicated_rows() const { return vocab * (tied_head ? 1 : 2) + 2; }
 };
 
+// The most token rows a rank holds outside the stack: `samples` sequences of `length` tokens over p ranks.
+inline std::int64_t outside_rows(std::int64_t samples, std::int64_t length, int p) {
+  return samples * ((length + p - 1) / p);
+}
+
 // Seconds of each part on one rank.
 struct OutsideStackTime {
   double embedding_s = 0;    // lookup and gradient scatter
