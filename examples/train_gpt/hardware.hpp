@@ -64,6 +64,7 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
   options.repetitions = 3;
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
+  options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
   const Timer start;
   pd::cost::HardwareProfile profile;
   ranks.run([&](auto& comm, int r) {

@@ -25,6 +25,10 @@
 //     the first-touch rate of new ones and the size from which the C library hands out new pages (fit_fresh_memory);
 //   - the scalar math-library calls of the materialised softmax (exp) and RoPE (cos, sin): their kernels' time
 //     beyond what their memory traffic and activation work cost (fit_scalar_rate);
+//   - where options.elementwise_class_rows asks for them (train_gpt does): the backend's own elementwise kernels
+//     (a copy, a copy out of a head-major view, a sum, LayerNorm forward and backward) on [rows, heads, head dim]
+//     tensors of each size, priced per byte their counting rule records: the profile's elementwise size classes
+//     (fit_elementwise_classes);
 //   - every collective of the communicator at several sizes: t = alpha + beta * bytes, for this group size;
 //   - a ring step (a GEMM beside a shift_async) against the two alone: the fraction of overlap the backend gives
 //     (wall-clock time only; in thread CPU time it is 0 by construction).
@@ -43,12 +47,14 @@
 #include "paradyse/cost/profile_json.hpp"  // save_profile / load_profile for what is calibrated
 #include "paradyse/ops/attention_mask.hpp"
 #include "paradyse/ops/backend.hpp"
+#include "paradyse/ops/counting.hpp"
 #include "paradyse/ops/cpu/gemm_choice.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -63,6 +69,10 @@ enum class TimeSource : std::uint8_t { thread_cpu, wall };
 inline double now_seconds(TimeSource source) {
   return source == TimeSource::thread_cpu ? thread_cpu_seconds() : wall_seconds();
 }
+
+// Token rows of the elementwise classes' sizes for a trainer (options.elementwise_class_rows): with h = 128, calls of
+// 80 KB to 80 MB, from a small model's norms to ColossalZ's materialised probabilities.
+inline constexpr std::array<std::int64_t, 5> kElementwiseClassRows = {64, 256, 2048, 16384, 65536};
 
 struct CalibrationOptions {
   TimeSource clock = TimeSource::thread_cpu;
@@ -86,6 +96,9 @@ struct CalibrationOptions {
   std::vector<std::int64_t> fresh_bytes = {std::int64_t(1) << 16, std::int64_t(1) << 18, std::int64_t(1) << 20,
                                            std::int64_t(1) << 22, std::int64_t(1) << 24, std::int64_t(1) << 26};
   std::int64_t fresh_working_set_bytes = std::int64_t(1) << 26;
+  // Elementwise size classes (HardwareProfile::elementwise_classes): token rows of the [rows, attention_heads,
+  // head_dim] tensors the kernel mix runs on, ascending; empty (the default): no classes, the single copy rate.
+  std::vector<std::int64_t> elementwise_class_rows;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
 };
 
@@ -160,6 +173,29 @@ inline double fit_scalar_rate(std::span<const ScalarSample> samples) {
     seconds += std::max(0.0, s.seconds - s.other_s);
   }
   return seconds > 0 ? calls / seconds : 0;
+}
+
+// An elementwise kernel mix at one size: the bytes its calls record in a dry run per call, and its seconds per call.
+struct ElementwiseSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+// Size classes from samples ascending in bytes: sample i's rate (bytes / seconds) holds the calls up to the
+// geometric mean of its bytes and the next sample's, the last sample's up to its own bytes (larger calls take the
+// last class's rate, cost/profile.hpp).
+inline std::vector<ElementwiseClass> fit_elementwise_classes(std::span<const ElementwiseSample> samples) {
+  check(!samples.empty(), "fit_elementwise_classes: no samples");
+  std::vector<ElementwiseClass> classes;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const ElementwiseSample& s = samples[i];
+    check(s.bytes >= 1 && s.seconds > 0, "fit_elementwise_classes: sample {} has bytes = {}, seconds = {}", i,
+          s.bytes, s.seconds);
+    check(i == 0 || s.bytes > samples[i - 1].bytes, "fit_elementwise_classes: samples must be ascending in bytes");
+    const double bound = i + 1 < samples.size() ? std::sqrt(s.bytes * samples[i + 1].bytes) : s.bytes;
+    classes.push_back({std::round(bound), s.bytes / s.seconds});
+  }
+  return classes;
 }
 
 // The GEMM choice of `measurement` in a profile's terms, and back.
@@ -237,6 +273,51 @@ void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibrat
   for (const AllocationSample& s : samples)
     result.samples.push_back({fmt::format("fresh tensor {} B", std::int64_t(s.bytes)), s.seconds,
                               result.profile.fresh_memory.time(s.bytes)});
+}
+
+// Elementwise kernels by size (options.elementwise_class_rows): per size, a mix of the backend's elementwise kernels
+// as a layer runs them on its activations [rows, heads, d] (a copy, a copy out of the head-major view a re-layout
+// reads, a sum into, LayerNorm forward and backward over rows of heads x d), their inputs just written (a step's are
+// the previous kernel's outputs: in cache while they fit). Each call is priced per byte the counting backend records
+// for it (ops/counting.hpp, run on the same views), so the rates are in the dry run's bytes.
+template <class Backend, Communicator C>
+void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (options.elementwise_class_rows.empty()) return;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
+  std::vector<ElementwiseSample> samples;
+  for (const std::int64_t rows : options.elementwise_class_rows) {
+    Tensor<float> x(Shape{rows, heads, d}), y(Shape{rows, heads, d}), dy(Shape{rows, h}), dx(Shape{rows, h});
+    Tensor<float> norm(Shape{4, h}), mean(Shape{rows}), rstd(Shape{rows});  // gamma, beta, dgamma, dbeta
+    calibrate_detail::fill(x, 0.5f);
+    calibrate_detail::fill(dy, 0.25f);
+    calibrate_detail::fill(norm, 1.0f);
+    const auto row = [&](std::int64_t i) { return norm.view().slice(0, i, 1).reshape(Shape{h}); };
+    const TensorView<const float> by_head(x.data(), Shape{heads, rows, d}, Shape{d, h, 1});  // [heads, rows, d]
+    const TensorView<const float> x2(x.data(), Shape{rows, h});
+    const TensorView<float> y2(y.data(), Shape{rows, h});
+    const auto mix = [&]<class B>() {
+      B::copy(x.view(), y.view());
+      B::copy(by_head, y.view().reshape(Shape{heads, rows, d}));
+      B::add_into(y.view(), x.view());
+      B::layer_norm_forward(x2, row(0), row(1), 1e-5f, y2, mean.view(), rstd.view());
+      B::layer_norm_backward(x2, row(0), mean.view(), rstd.view(), dy.view(), dx.view(), row(2), row(3));
+    };
+    const double seconds = measure(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+    Trace trace;
+    {
+      const ScopedTrace recording(trace);
+      mix.template operator()<ops::Counting>();
+    }
+    double bytes = 0, calls = 0;
+    for (const TraceEvent& e : trace.events())
+      if (e.kind == TraceKind::elementwise) bytes += e.bytes * e.count, calls += e.count;
+    check(calls > 0, "calibrate_elementwise_classes: the counting backend recorded no elementwise call");
+    samples.push_back({bytes / calls, seconds / calls});
+  }
+  result.profile.elementwise_classes = fit_elementwise_classes(samples);
+  for (const ElementwiseSample& s : samples)
+    result.samples.push_back({fmt::format("elementwise mix, {} B per call", std::int64_t(s.bytes)), s.seconds,
+                              result.profile.elementwise_time(s.bytes)});
 }
 
 // Scalar math: the materialised softmax (an exp per score) and RoPE (a cos and a sin per token and frequency) at
@@ -382,6 +463,8 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
 
   calibrate_detail::calibrate_fresh_memory<Backend>(comm, options, result);
   calibrate_detail::calibrate_scalar_math<Backend>(comm, options, result);
+  // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
+  calibrate_detail::calibrate_elementwise_classes<Backend>(comm, options, result);
 
   // ---- collectives: t = alpha + beta * bytes (nccl-tests sizes) ---------------------------------------------------
   if (p > 1) {

@@ -205,6 +205,20 @@ struct ScalarMathModel {
   friend bool operator==(const ScalarMathModel&, const ScalarMathModel&) = default;
 };
 
+// Elementwise kernels by size. The profile's one elementwise rate is measured on copies of buffers that stay in
+// cache (here 69 GB/s), which prices a 32 MB softmax gradient, a strided re-layout or a LayerNorm as fast as a cached
+// memcpy. A profile may refine it by the bytes one kernel call moves (TraceKind::elementwise's bytes): a class holds
+// the calls of at most `max_bytes` (and above the previous class's) at its own rate; calls above the last class take
+// the last class's rate. Calibrated on the CPU backend's own elementwise kernels (a copy, a copy into a re-laid-out
+// view, a sum, LayerNorm forward and backward) at several sizes, each call's bytes those its counting rule records
+// (cost/calibrate.hpp calibrate_elementwise_classes). Empty (every built-in profile, and profile JSON written before
+// the classes): the single rate for every size.
+struct ElementwiseClass {
+  double max_bytes = 0;    // this class: calls moving at most this many bytes (and more than the previous class's)
+  double bytes_per_s = 1;  // bytes read and written per second
+  friend bool operator==(const ElementwiseClass&, const ElementwiseClass&) = default;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string description;
@@ -215,6 +229,7 @@ struct HardwareProfile {
   GemmModel gemm;
   AttentionModel attention;
   double elementwise_bytes_per_s = 1; // bytes read + written per second by elementwise kernels
+  std::vector<ElementwiseClass> elementwise_classes;  // by bytes per call, ascending; empty: the single rate above
   // Output elements per second of activation kernels (GELU, SwiGLU, softmax exponentials), which are compute-bound
   // on CPUs; 0: memory-bound like the other elementwise kernels (GPUs).
   double activation_elements_per_s = 0;
@@ -275,7 +290,14 @@ struct HardwareProfile {
     return l.launch_s + l.step_latency_s * latency_steps(op, group_size) + bus_factor(op, group_size) * bytes / bandwidth;
   }
 
-  double elementwise_time(double bytes) const { return bytes > 0 ? bytes / elementwise_bytes_per_s : 0; }
+  // Seconds of one elementwise call moving `bytes`: its size class's rate, or the single rate without classes.
+  double elementwise_time(double bytes) const {
+    if (bytes <= 0) return 0;
+    if (elementwise_classes.empty()) return bytes / elementwise_bytes_per_s;
+    for (const ElementwiseClass& c : elementwise_classes)
+      if (bytes <= c.max_bytes) return bytes / c.bytes_per_s;
+    return bytes / elementwise_classes.back().bytes_per_s;
+  }
   // An activation producing `elements` outputs from `bytes` of reads and writes.
   double activation_time(double elements, double bytes) const {
     if (elements <= 0) return 0;

@@ -5,11 +5,11 @@
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, "elementwise_bytes_per_s",
 //    "activation_elements_per_s", "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
-//    ["scalar_math": {"exp_per_s", "sincos_per_s"}]}
+//    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
-// ScalarMathModel), and they are written only when set.
+// ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size), and they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
 // mistyped fields, unknown and repeated keys, non-finite numbers, times outside [0, 1] s and rates outside [1, 1e30]
@@ -179,6 +179,28 @@ inline ScalarMathModel scalar_math_from_json(const json::Field& v) {
   return {rate(v, "exp_per_s", true), rate(v, "sincos_per_s", true)};
 }
 
+// elementwise_classes (cost/profile.hpp's ElementwiseClass): [{"max_bytes", "bytes_per_s"}, ...], max_bytes whole and
+// strictly ascending.
+inline json::Value elementwise_classes_to_json(const std::vector<ElementwiseClass>& classes) {
+  json::Value list = json::Value::array();
+  for (const ElementwiseClass& c : classes) list.push_back({{"max_bytes", c.max_bytes}, {"bytes_per_s", c.bytes_per_s}});
+  return list;
+}
+inline std::vector<ElementwiseClass> elementwise_classes_from_json(const json::Field& list) {
+  std::vector<ElementwiseClass> classes;
+  for (const json::Field& entry : list.elements()) {
+    only_keys(entry, {"max_bytes", "bytes_per_s"});
+    ElementwiseClass c;
+    c.max_bytes = double(integer(entry, "max_bytes", 1, std::int64_t(1) << 53));
+    check(classes.empty() || c.max_bytes > classes.back().max_bytes,
+          "profile: {}.max_bytes = {} must be above the previous class's {} (classes ascending)", entry.path(),
+          c.max_bytes, classes.empty() ? 0.0 : classes.back().max_bytes);
+    c.bytes_per_s = rate(entry, "bytes_per_s");
+    classes.push_back(c);
+  }
+  return classes;
+}
+
 }  // namespace detail
 
 inline json::Value to_json(const HardwareProfile& p) {
@@ -223,6 +245,8 @@ inline json::Value to_json(const HardwareProfile& p) {
   }
   if (p.fresh_memory != FreshMemoryModel{}) v["fresh_memory"] = detail::fresh_memory_to_json(p.fresh_memory);
   if (p.scalar_math != ScalarMathModel{}) v["scalar_math"] = detail::scalar_math_to_json(p.scalar_math);
+  if (!p.elementwise_classes.empty())
+    v["elementwise_classes"] = detail::elementwise_classes_to_json(p.elementwise_classes);
   return v;
 }
 
@@ -233,7 +257,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   v.expect(v.is_object(), "a JSON object");
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
                 "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "overlap", "intra_node",
-                "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math"});
+                "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math", "elementwise_classes"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -295,6 +319,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   }
   if (const auto fresh = v.find("fresh_memory")) p.fresh_memory = fresh_memory_from_json(*fresh);
   if (const auto math = v.find("scalar_math")) p.scalar_math = scalar_math_from_json(*math);
+  if (const auto classes = v.find("elementwise_classes")) p.elementwise_classes = elementwise_classes_from_json(*classes);
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# scripts/trainer_breakdown.sh: where a train_gpt step's time goes, measured and predicted, by kernel kind (issue 25).
+#
+# Measured: `perf record` of train_gpt (Release, thread ranks, one strategy, STEPS steps at LENGTH tokens), its
+# samples per symbol sorted into kinds (GEMM, attention, materialised softmax, copies and re-layouts, norms,
+# elementwise, activations, RoPE, scalar math, AdamW, allocation: memset and the kernel's page faults, collectives,
+# planner: the dry runs train_gpt makes to plan each step, other), and each kind's share of the samples in the steps'
+# threads times the median measured step CPU time (the warm-up step left out of that median, not of the samples).
+# Predicted: plan_trace on the same profile with every term but one kind's made free (its rates set to 1e30 or its
+# entries to 0), so each column is that kind's share of the prediction as the time model prices it.
+#
+#   PROFILE=build-rel/validate_trainer/run/build/train_gpt_profile_p2.json scripts/trainer_breakdown.sh
+#
+# Environment: BUILD (default build-rel, built by scripts/validate_trainer.sh), PROFILE (required: the calibrated
+# profile both use), LENGTH (default 2048), STEPS (default 4), RANKS (default 2), STRATEGIES (default the five),
+# MALLOC_TUNABLES (as validate_trainer.sh). Output: $BUILD/breakdown/ (perf reports, plan CSVs, table.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUILD=${BUILD:-build-rel}
+LENGTH=${LENGTH:-2048}
+STEPS=${STEPS:-4}
+RANKS=${RANKS:-2}
+STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP"}
+export GLIBC_TUNABLES=${MALLOC_TUNABLES-glibc.malloc.mmap_threshold=131072}
+fail() { echo "trainer_breakdown.sh: $*" >&2; exit 2; }
+[[ -n "${PROFILE:-}" && -f "${PROFILE:-}" ]] || fail "PROFILE='${PROFILE:-}': expected a calibrated profile .json"
+[[ "$LENGTH" =~ ^[0-9]+$ ]] || fail "LENGTH=$LENGTH: expected a positive integer"
+[[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -ge 2 ]] || fail "STEPS=$STEPS: expected an integer >= 2"
+command -v perf >/dev/null || fail "perf is not installed (linux-perf)"
+PROFILE=$(realpath "$PROFILE")
+OUT=$BUILD/breakdown
+mkdir -p "$OUT/run/build"
+ln -sfn "$ROOT/data" "$OUT/run/data"
+MODEL=(--layers 4 --hidden 128 --heads 4)
+echo "$LENGTH" >"$OUT/lengths.txt"
+
+# Predicted: one profile per kind, every other term free.
+/usr/bin/python3 - "$PROFILE" "$OUT" <<'PY'
+import copy, json, sys
+profile = json.load(open(sys.argv[1]))
+FREE = 1e30
+def only(kind):
+    p = copy.deepcopy(profile)
+    if kind != "gemm":
+        p["gemm"] = {"overhead_s": 0, "flops_per_s": FREE, "bytes_per_s": 0}
+    if kind != "attention":
+        p["attention"] = {"overhead_s": 0, "forward_flops_per_s": FREE, "backward_flops_per_s": FREE}
+    if kind != "elementwise":
+        p["elementwise_bytes_per_s"] = FREE
+        p.pop("elementwise_classes", None)
+    if kind != "activation":
+        p["activation_elements_per_s"] = FREE
+    if kind != "scalar_math":
+        p.pop("scalar_math", None)
+    if kind != "fresh_memory":
+        p.pop("fresh_memory", None)
+    if kind != "collectives":
+        for c in p["collectives"]:
+            c["alpha_s"], c["beta_s_per_byte"] = 0, 0
+        for link in ("intra_node", "inter_node"):
+            p[link] = {"launch_s": 0, "step_latency_s": 0, "bus_bytes_per_s": FREE, "p2p_bytes_per_s": FREE}
+    return p
+for kind in ("gemm", "attention", "elementwise", "activation", "scalar_math", "fresh_memory", "collectives"):
+    json.dump(only(kind), open(f"{sys.argv[2]}/only_{kind}.json", "w"), indent=1)
+PY
+for kind in all gemm attention elementwise activation scalar_math fresh_memory collectives; do
+  profile=$PROFILE
+  [[ $kind != all ]] && profile=$OUT/only_$kind.json
+  "$BUILD/examples/plan_trace" --profile "$profile" --lengths "$OUT/lengths.txt" --p "$RANKS" "${MODEL[@]}" --causal \
+    --rope --dtype fp32 --budget-gib 1000 --vocab 256 --csv "$OUT/plan_$kind.csv" >/dev/null
+done
+
+# Measured: perf per strategy.
+for S in $STRATEGIES; do
+  echo "perf: $S at $LENGTH tokens ($STEPS steps) ..." >&2
+  (cd "$OUT/run" && perf record -q -F 1999 -o "$ROOT/$OUT/perf_$S.data" -- "$ROOT/$BUILD/examples/train_gpt" \
+    --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$LENGTH" --max-len "$LENGTH" --cap-mib 1000000 \
+    --profile "$PROFILE" --strategy "$S" --csv "$ROOT/$OUT/train_$S.csv" >/dev/null 2>&1)
+  perf report -q -i "$OUT/perf_$S.data" --no-children --sort sym --percent-limit 0 --stdio 2>/dev/null \
+    >"$OUT/perf_$S.txt"
+done
+
+/usr/bin/python3 - "$OUT" "$STRATEGIES" "$LENGTH" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' | tee "$OUT/table.md"
+import csv, re, statistics, sys
+out, strategies, length, load = sys.argv[1:5]
+# Symbol -> kind, first match wins (demangled C++ names of ops/cpu/, OpenBLAS, libc and the kernel).
+KINDS = [
+    ("planner", r"counting|Counting|DryRun|dry_run|Trace::|trace_cost|cost_of|MemoryWalk|Clock::|build_cost_table|solve_exact|symbolic|Symbolic"),
+    ("GEMM", r"sgemm|gemm|GEMM|dgemm|blas_thread|inner_thread|exec_blas"),
+    ("attention", r"attention_(forward|backward)|flash|online_softmax|attention_tile|probabilities|attention_merge"),
+    ("softmax (materialised)", r"masked_softmax|softmax_backward"),
+    ("scalar math", r"__expf|expf|__sin|__cos|sincos|__ieee754|__exp1|exp_inline"),
+    ("RoPE", r"rope"),
+    ("norms", r"layer_norm|rms_norm"),
+    ("activations", r"gelu|swiglu|silu|sigmoid"),
+    ("AdamW", r"adamw"),
+    ("loss and embedding", r"cross_entropy|embedding"),
+    ("collectives", r"Communicator|communicator|all_reduce|all_gather|reduce_scatter|all_to_all|shift|barrier|futex|pthread_cond|sched_yield|spin"),
+    ("allocation", r"memset|clear_page|page_fault|do_anonymous|handle_mm|mem_cgroup|free_pages|__alloc_pages|get_page|zap_|unmap|mmap|munmap|release_pages|_raw_spin|lru|rmqueue|malloc|free|_int_|sysmalloc|tlb|flush|memcg|charge|folio|pte|vma"),
+    ("copies and re-layouts", r"memcpy|memmove|copy|gather|scatter|transpose|permute|layout|pack|slice|concat|split"),
+    ("elementwise", r"add_into|fill|scale|axpy|bias|residual|mask"),
+]
+def kind_of(sym):
+    for name, pattern in KINDS:
+        if re.search(pattern, sym):
+            return name
+    return "other"
+names = [k for k, _ in KINDS] + ["other"]
+predicted_kinds = {"GEMM": "gemm", "attention": "attention", "elementwise (all streams)": "elementwise",
+                   "activations and softmax exp": "activation", "scalar math": "scalar_math",
+                   "allocation": "fresh_memory", "collectives": "collectives"}
+print(f"Where a step's time goes at {length} tokens, measured (perf samples x median step CPU s) and predicted "
+      f"(plan_trace, one kind priced at a time); load average {load}")
+print()
+for s in strategies.split():
+    shares = {n: 0.0 for n in names}
+    for line in open(f"{out}/perf_{s}.txt"):
+        m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.*)", line)
+        if m:
+            shares[kind_of(m.group(2))] += float(m.group(1)) / 100
+    steps = [r for r in csv.DictReader(open(f"{out}/train_{s}.csv")) if r["status"] == "ok"][1:]
+    cpu = statistics.median(float(r["cpu_s"]) for r in steps)
+    step_share = 1 - shares["planner"]
+    print(f"### {s}: measured step CPU {cpu * 1000:.1f} ms (median of {len(steps)}), planner {shares['planner']:.0%} "
+          f"of the samples (outside the step)")
+    print()
+    print("| measured kind | ms | share of step |")
+    print("|---|---|---|")
+    for n in names:
+        if n == "planner" or shares[n] == 0:
+            continue
+        print(f"| {n} | {cpu * shares[n] / step_share * 1000:.1f} | {shares[n] / step_share:.0%} |")
+    print()
+    print("| predicted kind | ms | share |")
+    print("|---|---|---|")
+    total = float(next(r for r in csv.DictReader(open(f"{out}/plan_all.csv")) if r["variant"] == s)["time_s"])
+    for label, kind in predicted_kinds.items():
+        t = float(next(r for r in csv.DictReader(open(f"{out}/plan_{kind}.csv")) if r["variant"] == s)["time_s"])
+        print(f"| {label} | {t * 1000:.1f} | {t / total:.0%} |")
+    print(f"| all | {total * 1000:.1f} | pred / measured {total / cpu:.2f} |")
+    print()
+PY
