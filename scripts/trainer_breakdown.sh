@@ -55,16 +55,19 @@ def only(kind):
         p.pop("scalar_math", None)
     if kind != "fresh_memory":
         p.pop("fresh_memory", None)
+    if kind != "pool_misses":
+        p.pop("pool_miss_bytes_per_s", None)
     if kind != "collectives":
         for c in p["collectives"]:
             c["alpha_s"], c["beta_s_per_byte"] = 0, 0
         for link in ("intra_node", "inter_node"):
             p[link] = {"launch_s": 0, "step_latency_s": 0, "bus_bytes_per_s": FREE, "p2p_bytes_per_s": FREE}
     return p
-for kind in ("gemm", "attention", "elementwise", "activation", "scalar_math", "fresh_memory", "collectives"):
+for kind in ("gemm", "attention", "elementwise", "activation", "scalar_math", "fresh_memory", "pool_misses",
+             "collectives"):
     json.dump(only(kind), open(f"{sys.argv[2]}/only_{kind}.json", "w"), indent=1)
 PY
-for kind in all gemm attention elementwise activation scalar_math fresh_memory collectives; do
+for kind in all gemm attention elementwise activation scalar_math fresh_memory pool_misses collectives; do
   profile=$PROFILE
   [[ $kind != all ]] && profile=$OUT/only_$kind.json
   "$BUILD/examples/plan_trace" --profile "$profile" --lengths "$OUT/lengths.txt" --p "$RANKS" "${MODEL[@]}" --causal \
@@ -107,37 +110,43 @@ def kind_of(sym):
             return name
     return "other"
 names = [k for k, _ in KINDS] + ["other"]
-predicted_kinds = {"GEMM": "gemm", "attention": "attention", "elementwise (all streams)": "elementwise",
-                   "activations and softmax exp": "activation", "scalar math": "scalar_math",
-                   "allocation": "fresh_memory", "collectives": "collectives"}
-print(f"Where a step's time goes at {length} tokens, measured (perf samples x median step CPU s) and predicted "
-      f"(plan_trace, one kind priced at a time); load average {load}")
+# One row per kind both sides can tell apart: the CPU attention kernels compute their tiles with sgemm calls, so
+# GEMM and attention are one row; the predicted kinds are the profile's terms (plan_trace, one priced at a time).
+ROWS = [
+    ("GEMM + attention", ["GEMM", "attention"], ["gemm", "attention"]),
+    ("softmax, activations, scalar math", ["softmax (materialised)", "scalar math", "activations"],
+     ["activation", "scalar_math"]),
+    ("streams: copies, re-layouts, norms, RoPE, sums, loss, AdamW",
+     ["copies and re-layouts", "norms", "RoPE", "elementwise", "loss and embedding", "AdamW"], ["elementwise"]),
+    ("allocation: zeroing, page faults, pool misses", ["allocation"], ["fresh_memory", "pool_misses"]),
+    ("collectives (thread copies and waits)", ["collectives"], ["collectives"]),
+    ("other (startup, scheduler; not in the model)", ["other"], []),
+]
+def predicted(kind, s):
+    return float(next(r for r in csv.DictReader(open(f"{out}/plan_{kind}.csv")) if r["variant"] == s)["time_s"])
+print(f"Where a step's time goes at {length} tokens, ms: measured (perf samples of the whole run, shared out over the "
+      f"median step CPU time) / predicted (plan_trace, one term priced at a time); load average {load}")
 print()
+header = "| kind | " + " | ".join(strategies.split()) + " |"
+print(header)
+print("|---" * (len(strategies.split()) + 1) + "|")
+cells = {row[0]: [] for row in ROWS}
+totals = []
 for s in strategies.split():
     shares = {n: 0.0 for n in names}
     for line in open(f"{out}/perf_{s}.txt"):
         m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.*)", line)
         if m:
             shares[kind_of(m.group(2))] += float(m.group(1)) / 100
-    steps = [r for r in csv.DictReader(open(f"{out}/train_{s}.csv")) if r["status"] == "ok"][1:]
+    steps = [r for r in csv.DictReader(open(f"{out}/train_{s}.csv")) if r["status"] == "ok" and r["length"] == length][1:]
     cpu = statistics.median(float(r["cpu_s"]) for r in steps)
     step_share = 1 - shares["planner"]
-    print(f"### {s}: measured step CPU {cpu * 1000:.1f} ms (median of {len(steps)}), planner {shares['planner']:.0%} "
-          f"of the samples (outside the step)")
-    print()
-    print("| measured kind | ms | share of step |")
-    print("|---|---|---|")
-    for n in names:
-        if n == "planner" or shares[n] == 0:
-            continue
-        print(f"| {n} | {cpu * shares[n] / step_share * 1000:.1f} | {shares[n] / step_share:.0%} |")
-    print()
-    print("| predicted kind | ms | share |")
-    print("|---|---|---|")
-    total = float(next(r for r in csv.DictReader(open(f"{out}/plan_all.csv")) if r["variant"] == s)["time_s"])
-    for label, kind in predicted_kinds.items():
-        t = float(next(r for r in csv.DictReader(open(f"{out}/plan_{kind}.csv")) if r["variant"] == s)["time_s"])
-        print(f"| {label} | {t * 1000:.1f} | {t / total:.0%} |")
-    print(f"| all | {total * 1000:.1f} | pred / measured {total / cpu:.2f} |")
-    print()
+    for label, measured_kinds, predicted_kinds in ROWS:
+        meas = sum(cpu * shares[k] / step_share for k in measured_kinds)
+        pred = sum(predicted(k, s) for k in predicted_kinds)
+        cells[label].append(f"{meas * 1000:.0f} / {pred * 1000:.0f}" if predicted_kinds else f"{meas * 1000:.0f} / -")
+    totals.append(f"{cpu * 1000:.0f} / {predicted('all', s) * 1000:.0f} ({predicted('all', s) / cpu:.2f})")
+for label, _, _ in ROWS:
+    print(f"| {label} | " + " | ".join(cells[label]) + " |")
+print("| step (pred / measured) | " + " | ".join(totals) + " |")
 PY

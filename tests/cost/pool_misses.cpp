@@ -1,10 +1,12 @@
-// Tests of the buffer pool's churn in the time model (cost/trace_cost.hpp): a sublayer's pool misses in steady
-// state (its loans replayed twice through the pool's rule, detail::PoolReplay) are priced at the profile's
-// pool_miss_bytes_per_s; loans the pool serves from what it keeps cost nothing; the calibration makes a real pool
-// miss on every loan (cost/calibrate.hpp); profile JSON without the rate loads with the term unpriced.
+// Tests of the buffer pool's misses in the time model: the pool's rule counts the bytes its misses allocate
+// (cost/trace_cost.hpp detail::PoolReplay), the step's loans replayed in order give the misses of the first fill and
+// of the churn between sublayers of other sizes (cost/memory_model.hpp ordered_replay; priced by plan/cost_table.hpp,
+// tests/plan/outside_stack.cpp), the calibration makes a real pool miss on every loan (cost/calibrate.hpp), and
+// profile JSON without the rate loads with the term unpriced.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/memory_model.hpp"
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/cost/trace_cost.hpp"
 
@@ -16,24 +18,8 @@
 using namespace paradyse;
 using namespace paradyse::cost;
 
-namespace {
-
-// Every other rate as fast as a profile allows: only the pool's misses cost time.
-HardwareProfile misses_only(double rate) {
-  HardwareProfile hw = a100_sxm4_80gb_x8();
-  hw.elementwise_bytes_per_s = 1e30;
-  hw.activation_elements_per_s = 1e30;
-  hw.pool_miss_bytes_per_s = rate;
-  return hw;
-}
-
-TraceEvent loan(double bytes) { return {.kind = TraceKind::pool_acquire, .bytes = bytes}; }
-TraceEvent back(double bytes) { return {.kind = TraceKind::pool_give_back, .bytes = bytes}; }
-
-}  // namespace
-
 TEST_CASE("pool misses: the pool's rule counts the bytes its misses allocate") {
-  detail::PoolReplay pool;
+  cost::detail::PoolReplay pool;
   pool.acquire(1024);
   pool.give_back(1024);
   pool.acquire(1024);  // a hit
@@ -46,33 +32,26 @@ TEST_CASE("pool misses: the pool's rule counts the bytes its misses allocate") {
   CHECK(pool.held() == 1024);
 }
 
-TEST_CASE("pool misses: a sublayer's steady-state misses at the profile's rate, per phase") {
-  const double a = 1 << 20, b = 1.25 * (1 << 20);  // two classes (m * 2^k, m in [8, 16))
-  const HardwareProfile hw = misses_only(2e9);
-  SublayerTrace churn;
-  // Each phase lends a, then b (a given back first): under the high-water mark of one buffer each evicts the other,
-  // in every layer; the backward's loan of c (a third class) adds its own.
-  const double c3 = 1.5 * (1 << 20);
-  churn.forward = {loan(a), back(a), loan(b), back(b)};
-  churn.backward = {loan(a), back(a), loan(b), back(b), loan(c3), back(c3)};
-  const SublayerCost c = cost_of(churn, &hw);
-  CHECK(c.forward_s == doctest::Approx((a + b) / 2e9).epsilon(1e-12));
-  CHECK(c.backward_s == doctest::Approx((a + b + c3) / 2e9).epsilon(1e-12));
-  CHECK(c.compute_s == doctest::Approx((2 * a + 2 * b + c3) / 2e9).epsilon(1e-12));
-  // One size throughout, or two lent at once (the high-water mark holds both): the pool keeps them, nothing to price.
-  SublayerTrace steady;
-  steady.forward = {loan(a), back(a), loan(a), back(a)};
-  steady.backward = {loan(a), back(a)};
-  CHECK(cost_of(steady, &hw).time_s() == doctest::Approx(0).epsilon(1e-15));
-  SublayerTrace kept;
-  kept.forward = {loan(a), loan(b), back(a), back(b)};
-  kept.backward = {loan(b), loan(a), back(b), back(a)};
-  CHECK(cost_of(kept, &hw).time_s() == doctest::Approx(0).epsilon(1e-15));
-  // bf16: the recorded float32 bytes halve, and so does the price.
-  CHECK(cost_of(churn, &hw, 2).forward_s == doctest::Approx((a + b) / 2 / 2e9).epsilon(1e-12));
-  // Without the rate (built-in profiles, old profile JSON): unpriced, as before.
-  const HardwareProfile unpriced = misses_only(0);
-  CHECK(cost_of(churn, &unpriced).time_s() == doctest::Approx(0).epsilon(1e-15));
+TEST_CASE("pool misses: the step's loans in order through the pool's rule, the churn between sublayers counted") {
+  // Attention lends a, the MLP b (another class), in forward and in backward, on two layers: under a high-water
+  // mark of one buffer each loan evicts the other's, except where backward starts with the class forward ended on.
+  const std::int64_t a = 1024, b = 1280;
+  SublayerMemory attention, mlp;
+  attention.forward_events = attention.backward_events = {{MemoryEvent::acquire, a}, {MemoryEvent::give_back, a}};
+  mlp.forward_events = mlp.backward_events = {{MemoryEvent::acquire, b}, {MemoryEvent::give_back, b}};
+  const std::vector<SublayerMemory> churn = {attention, mlp, attention, mlp};
+  const OrderedReplay replay = ordered_replay(churn);
+  CHECK(replay.pool_missed_bytes == 4 * a + 3 * b);  // forward a b a b, backward (b kept) a b a
+  CHECK(replay.peak == ordered_activation_peak(churn));
+  // One class throughout: the first fill only.
+  const std::vector<SublayerMemory> same = {attention, attention, attention, attention};
+  CHECK(ordered_replay(same).pool_missed_bytes == a);
+  // Both lent at once: the high-water mark holds both, the first fill only.
+  SublayerMemory both;
+  both.forward_events = both.backward_events = {{MemoryEvent::acquire, a}, {MemoryEvent::acquire, b},
+                                                {MemoryEvent::give_back, a}, {MemoryEvent::give_back, b}};
+  const std::vector<SublayerMemory> kept = {both, both, both, both};
+  CHECK(ordered_replay(kept).pool_missed_bytes == a + b);
 }
 
 TEST_CASE("pool misses: profile JSON without the rate loads unpriced; with it it round-trips") {

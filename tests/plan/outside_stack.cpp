@@ -1,8 +1,10 @@
 // Tests of paradyse/plan/outside_stack.hpp and the step time of plan/cost_table.hpp's evaluate: a GPT's step
 // prediction holds the work outside its layer stack (the LM head's GEMMs and the loss, the replicated gradients'
 // all-reduce, AdamW over every parameter of the rank, the embedding), each part as the profile prices it, and the
-// first touch of the pool's working set; a stack alone (no vocabulary) is priced as before.
+// first touch of the pool's working set, or where the profile prices the pool's misses, the step's loans replayed
+// in order; a stack alone (no vocabulary) is priced as before.
 #include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/memory_model.hpp"
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
@@ -10,6 +12,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <tuple>
+#include <vector>
 
 using namespace paradyse;
 
@@ -114,5 +118,35 @@ TEST_CASE("outside stack: the pool's working set is touched afresh once per step
     CHECK(e.time_s == doctest::Approx(stack_time(t, s) + t.outside_time.time_s() +
                                       hw.fresh_memory.time(double(e.memory.largest_transient)))
                           .epsilon(1e-12));
+  }
+}
+
+TEST_CASE("outside stack: with a pool-miss rate, the step's pool misses in order replace the first touch") {
+  cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  hw.fresh_memory = {2e10, 1.5e9, std::int64_t(1) << 22};
+  hw.pool_miss_bytes_per_s = 1.2e9;
+  const GptConfig config = gpt(256);
+  for (const auto& [p, s] : {std::tuple{2, 4096}, std::tuple{3, 1200}}) {
+    CAPTURE(p);
+    CAPTURE(s);
+    const plan::CostTable t = Costs{config, p, &hw}.table(s);
+    cost::ModelShape shape = cost::shape_of(config.layer, 1, s, 4);
+    int checked = 0;
+    for (int strategy : cost::default_catalog().all()) {
+      if (!t.option(0, cost::Sublayer::attention, strategy) || !t.option(0, cost::Sublayer::mlp, strategy)) continue;
+      std::vector<cost::SublayerMemory> order;
+      for (int l = 0; l < config.layers; ++l)
+        for (cost::Sublayer part : cost::kAllSublayers) order.push_back(cost::sublayer_memory(strategy, part, shape, p));
+      shape.layers = config.layers;
+      const cost::OrderedReplay replay = cost::ordered_replay(order, cost::stack_buffers(shape, p));
+      shape.layers = 1;
+      const plan::Evaluation e = plan::evaluate(t, plan::uniform_layers(t, strategy));
+      CHECK(replay.pool_missed_bytes > 0);
+      CHECK(e.time_s == doctest::Approx(stack_time(t, strategy) + t.outside_time.time_s() +
+                                        double(replay.pool_missed_bytes) / 1.2e9)
+                            .epsilon(1e-12));
+      ++checked;
+    }
+    CHECK(checked >= 4);
   }
 }

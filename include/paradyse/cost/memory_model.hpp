@@ -72,9 +72,15 @@ inline std::int64_t stack_buffer_bytes(const StackBuffers& b) {
 // recorded memory event is replayed, plain bytes as they are allocated and freed, pooled buffers through the pool's
 // own rule (it keeps buffers up to its high-water mark and evicts other size classes to stay under it); forward
 // runs the layers in order, backward in reverse (MLP, then attention), and a layer's saved tensors are freed when
-// its whole backward is done, as model/stack.hpp does.
-inline std::int64_t ordered_activation_peak(std::span<const SublayerMemory> sublayers, const StackBuffers& stack = {}) {
-  check(sublayers.size() % 2 == 0, "ordered_activation_peak: {} sublayers, expected attention and MLP per layer",
+// its whole backward is done, as model/stack.hpp does. The same walk gives the bytes the pool allocates on its
+// misses over the step (its first fill and its churn: a class evicted to stay under the high-water mark and asked for
+// again), which plan/cost_table.hpp prices at the profile's pool_miss_bytes_per_s.
+struct OrderedReplay {
+  std::int64_t peak = 0;               // the activation peak
+  std::int64_t pool_missed_bytes = 0;  // bytes the pool's misses allocated
+};
+inline OrderedReplay ordered_replay(std::span<const SublayerMemory> sublayers, const StackBuffers& stack = {}) {
+  check(sublayers.size() % 2 == 0, "ordered_replay: {} sublayers, expected attention and MLP per layer",
         sublayers.size());
   const std::size_t layers = sublayers.size() / 2;
   detail::PoolReplay pool;
@@ -106,7 +112,10 @@ inline std::int64_t ordered_activation_peak(std::span<const SublayerMemory> subl
     replay(sublayers[2 * l].backward_events, &deferred);
     plain += deferred;  // the layer's saved tensors, freed together
   }
-  return peak;
+  return {peak, pool.missed()};
+}
+inline std::int64_t ordered_activation_peak(std::span<const SublayerMemory> sublayers, const StackBuffers& stack = {}) {
+  return ordered_replay(sublayers, stack).peak;
 }
 
 // Parameters of one layer that one rank holds: its shards of the attention and MLP weights (kv heads replicated

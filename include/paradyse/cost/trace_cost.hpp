@@ -16,9 +16,8 @@
 // every plain allocation and kernel workspace (FreshMemoryModel: a host Tensor is zeroed when made; buffers lent by
 // the pool are not, they come back warm from the layer before; the pool's own growth is the planner's, once per
 // step, plan/cost_table.hpp), and the scalar math-library calls of TraceKind::transcendental (ScalarMathModel).
-// And the buffer pool's churn: a miss of the pool allocates a new buffer (and evicts another to stay under its
-// high-water mark) in every layer, not once per step; a sublayer's misses in steady state (its loans replayed twice
-// through the pool's rule) are priced at the profile's pool_miss_bytes_per_s.
+// (The buffer pool's misses depend on the whole step's order of loans: plan/cost_table.hpp's evaluate replays them
+// through detail::PoolReplay, below, and prices them.)
 #pragma once
 
 #include "paradyse/core/trace.hpp"
@@ -27,7 +26,6 @@
 #include "paradyse/strategy/buffer_pool.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <iterator>
 #include <set>
@@ -115,27 +113,6 @@ private:
 }  // namespace detail
 
 namespace trace_cost_detail {
-
-// Seconds of the pool's misses in one phase of a sublayer that runs again and again (a stack of layers on one
-// strategy): its loans replayed through the pool's rule after a first pass of the whole sublayer, so the buffers
-// the pool keeps from the pass before are hits and only the churn is left (a class evicted to stay under the
-// high-water mark and asked for again, loans of changing sizes), each miss's bytes at `bytes_per_s` (a new buffer
-// zeroed and first touched, the evicted one freed). Per phase: {forward, backward}.
-inline std::array<double, 2> steady_pool_miss_seconds(const SublayerTraceView& trace, double scale,
-                                                      double bytes_per_s) {
-  detail::PoolReplay pool;
-  const auto replay = [&](std::span<const TraceEvent> events) {
-    for (const TraceEvent& e : events)
-      if (e.kind == TraceKind::pool_acquire) pool.acquire(pool_class(e.bytes * scale));
-      else if (e.kind == TraceKind::pool_give_back) pool.give_back(pool_class(e.bytes * scale));
-    return double(pool.missed());
-  };
-  replay(trace.forward);
-  const double warm = replay(trace.backward);
-  const double forward = replay(trace.forward) - warm;
-  const double backward = replay(trace.backward) - warm - forward;
-  return {forward / bytes_per_s, backward / bytes_per_s};
-}
 
 constexpr Collective collective_of(TransferKind t) {
   switch (t) {
@@ -341,14 +318,6 @@ inline SublayerCost cost_of(const SublayerTraceView& trace, const HardwareProfil
     c.backward_s = clock.now() - c.forward_s;
     c.compute_s = clock.compute();
     c.exposed_comm_s = clock.now() - clock.compute();
-    // The pool's misses in steady state (HardwareProfile::pool_miss_bytes_per_s; 0: unpriced).
-    if (hardware->pool_miss_bytes_per_s > 0) {
-      const auto [forward, backward] =
-          trace_cost_detail::steady_pool_miss_seconds(trace, scale, hardware->pool_miss_bytes_per_s);
-      c.forward_s += forward;
-      c.backward_s += backward;
-      c.compute_s += forward + backward;
-    }
   }
   return c;
 }

@@ -81,6 +81,8 @@ struct CostTable {
   struct Entry {
     std::optional<Option> option;  // empty: forbidden
     std::string forbidden_reason;
+    // The option's memory events in order (kept where the profile prices the pool's misses: evaluate replays them).
+    std::vector<cost::MemoryEvent> forward_events, backward_events;
   };
   int group_size = 1;
   Batch batch;
@@ -96,8 +98,13 @@ struct CostTable {
   // Every plan's step also spends: the work outside the stack (plan/outside_stack.hpp; zero without a head), and
   // the first touch of the pool's working set, which the trainer empties before every step (priced on the largest
   // transient of the plan as one allocation: the pool's buffers come back warm from layer to layer, not step to step).
+  // Where the profile prices the pool's misses (pool_miss_bytes_per_s > 0), the step's loans replayed in order
+  // instead (the first fill and the churn between sublayers of other sizes: cost/memory_model.hpp ordered_replay,
+  // with the stack's own buffers).
   OutsideStackTime outside_time;
   cost::FreshMemoryModel fresh_memory;
+  double pool_miss_bytes_per_s = 0;
+  cost::StackBuffers stack_buffers;
   std::vector<std::array<std::vector<Entry>, 2>> entries;   // [kind][sublayer][strategy]
 
   int strategy_count() const { return int(strategy_names.size()); }
@@ -200,7 +207,8 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
   {
     cost::ModelShape shape = shape_for_batch(model.kinds[0].shape, batch);
     shape.layers = model.layer_count();
-    t.stack_bytes = cost::stack_buffer_bytes(cost::stack_buffers(shape, group_size));
+    t.stack_buffers = cost::stack_buffers(shape, group_size);
+    t.stack_bytes = cost::stack_buffer_bytes(t.stack_buffers);
   }
   // Each sublayer group's share of kMaxPlanBytes: an option whose saved bytes over all layers of its kind, or whose
   // transient, exceeds it is beyond what any plan can hold (so no sum of allowed options overflows).
@@ -258,7 +266,8 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
     const auto part = Sublayer(i / strategies / kinds);
     DryRunResult& r = results[i];
     try {
-      r.cost = cost::evaluate_sublayer(catalog, s, part, shapes[k], group_size, &hardware);
+      r.cost = cost::evaluate_sublayer(catalog, s, part, shapes[k], group_size, &hardware,
+                                       /*keep_events=*/hardware.pool_miss_bytes_per_s > 0);
     } catch (const OutOfMemory& oom) {  // the dry run's tensors exceed what a tracker counts (2^60 bytes)
       r.beyond = oom.what();
     }
@@ -298,6 +307,8 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
           continue;
         }
         e.option = Option{s, c->time_s(), c->saved_bytes, c->pool_bytes()};
+        e.forward_events = std::move(c->forward_events);
+        e.backward_events = std::move(c->backward_events);
         t.plain_bytes = std::max(t.plain_bytes, c->plain_bytes());
       }
     for (Sublayer part : cost::kAllSublayers) {
@@ -311,6 +322,7 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
   }
   t.fixed_bytes = t.model_state_bytes + t.stack_bytes + t.plain_bytes + model.extra_bytes;
   t.fresh_memory = hardware.fresh_memory;
+  t.pool_miss_bytes_per_s = hardware.pool_miss_bytes_per_s;
   if (model.outside.vocab > 0) {
     std::int64_t stack_parameters = 0;
     for (int layer_kind : model.layer_kinds)
@@ -353,7 +365,22 @@ inline Evaluation evaluate(const CostTable& table, std::span<const LayerStrategi
       e.memory.largest_transient = std::max(e.memory.largest_transient, o->transient_bytes);
     }
   }
-  e.time_s += table.outside_time.time_s() + table.fresh_memory.time(double(e.memory.largest_transient));
+  e.time_s += table.outside_time.time_s();
+  if (table.pool_miss_bytes_per_s <= 0 || !e.allowed) {
+    e.time_s += table.fresh_memory.time(double(e.memory.largest_transient));
+    return e;
+  }
+  std::vector<cost::SublayerMemory> order(2 * layers.size());
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    for (Sublayer part : cost::kAllSublayers) {
+      const CostTable::Entry& entry =
+          table.entry(table.layer_kinds[l], part, part == Sublayer::attention ? layers[l].attention : layers[l].mlp);
+      cost::SublayerMemory& m = order[2 * l + std::size_t(part == Sublayer::mlp)];
+      m.forward_events = entry.forward_events;
+      m.backward_events = entry.backward_events;
+    }
+  const cost::OrderedReplay replay = cost::ordered_replay(order, table.stack_buffers);
+  e.time_s += double(replay.pool_missed_bytes) / table.pool_miss_bytes_per_s;
   return e;
 }
 
