@@ -148,5 +148,5 @@ for s in strategies.split():
     totals.append(f"{cpu * 1000:.0f} / {predicted('all', s) * 1000:.0f} ({predicted('all', s) / cpu:.2f})")
 for label, _, _ in ROWS:
     print(f"| {label} | " + " | ".join(cells[label]) + " |")
-print("| step (pred / measured) | " + " | ".join(totals) + " |")
+print("| step: measured / predicted (predicted / measured) | " + " | ".join(totals) + " |")
 PY
