@@ -126,7 +126,7 @@ TEST_CASE("outside stack: with a pool-miss rate, the step's pool misses in order
   hw.fresh_memory = {2e10, 1.5e9, std::int64_t(1) << 22};
   hw.pool_miss_bytes_per_s = 1.2e9;
   const GptConfig config = gpt(256);
-  for (const auto& [p, s] : {std::tuple{2, 4096}, std::tuple{3, 1200}}) {
+  for (const auto& [p, s] : {std::tuple{2, 4096}, std::tuple{4, 2000}}) {
     CAPTURE(p);
     CAPTURE(s);
     const plan::CostTable t = Costs{config, p, &hw}.table(s);
