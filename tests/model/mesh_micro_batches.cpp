@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace mesh_micro_batches_test {
 
 using namespace paradyse;
 
@@ -38,8 +38,6 @@ struct Mesh {
   std::int64_t micro_batch;  // rows per micro-batch (the last one the rest)
   PipelineRecompute recompute;
 };
-
-}  // namespace
 
 TEST_CASE("micro-batches of several rows (the last one the rest) through the pipeline, with every activation kept "
           "(recompute none) or the stages recomputed (full): pp = 1, 2, 3 (uneven), with dp, cp and interleaved "
@@ -160,3 +158,5 @@ TEST_CASE("interleaved micro-batches must come in whole rounds of the pipeline s
                       doctest::Contains("must be a positive multiple of the 2 stages"));
   });
 }
+
+}  // namespace mesh_micro_batches_test
