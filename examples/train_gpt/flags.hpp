@@ -123,7 +123,7 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                "this machine's), planned with those links (see also bench/emulated_switching)")
       .without_default();
   flags.text("--mesh", o.mesh,
-             "D x P x C ranks: dp replicas (ZeRO --zero over dp), P pipeline stages (1F1B, one row per micro-batch), "
+             "D x P x C ranks: dp replicas (ZeRO --zero over dp), P pipeline stages (1F1B, --micro-batch rows per micro-batch), "
              "cp groups in which the strategies switch per layer; the losses of the single group (--ranks C) on the "
              "same batches (use --pack-tokens to batch rows; with --pack-documents each dp replica trains a packed "
              "sequence of its own, planned by its cp group); with --experts the MoE layers run over dp x cp of each "
@@ -137,6 +137,15 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
   flags.integer("--virtual-stages", o.virtual_stages, 1, 64,
                 "--mesh: model chunks per pipeline stage, on the interleaved 1F1B schedule (each replica's rows per "
                 "step a multiple of pp)");
+  flags.integer("--micro-batch", o.micro_batch, std::int64_t(1), std::int64_t(1) << 20,
+                "--mesh: rows per micro-batch (the last of a replica's the rest); with pp stages through the pipeline, "
+                "without them accumulating gradients micro-batch by micro-batch (default: one row with pp, a "
+                "replica's rows without)")
+      .without_default();
+  flags.choice("--recompute", o.recompute, {"auto", "none", "selective", "full"},
+               "--mesh: what a pipeline stage keeps for its backward: every activation of each in-flight micro-batch "
+               "(none) or its input, the stage's forward recomputed (full); auto: full with pp stages, none without; "
+               "selective (attention's core only) is not built and is refused");
   flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(3),
                 "--mesh: the ZeRO stage over dp (3: parameters sharded too, each layer gathered around its use)");
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
@@ -214,6 +223,8 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--mesh-file", o.mesh_file != d.mesh_file, o.mesh_file);
   add("--virtual-stages", o.virtual_stages != d.virtual_stages, text(o.virtual_stages));
   add("--zero", o.zero != d.zero, text(int(o.zero)));
+  add("--micro-batch", o.micro_batch != d.micro_batch, text(o.micro_batch));
+  add("--recompute", o.recompute != d.recompute, o.recompute);
   add("--experts", o.experts != d.experts, text(o.experts));
   add("--top-k", o.top_k != d.top_k, text(o.top_k));
   add("--shared-experts", o.shared_experts != d.shared_experts, text(o.shared_experts));
@@ -315,10 +326,20 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
     if (o.virtual_stages != 1 && o.virtual_stages != run.virtual_stages)
       usage(fmt::format("--virtual-stages {} but --mesh-file {} gives virtual_stages={}; give it in one place",
                         o.virtual_stages, o.mesh_file, run.virtual_stages));
+    if (o.micro_batch != 0 && o.micro_batch != run.micro_batch)
+      usage(fmt::format("--micro-batch {} but --mesh-file {} gives micro_batch={}; give it in one place",
+                        o.micro_batch, o.mesh_file, run.micro_batch));
+    if (o.recompute != "auto" && o.recompute != run.recompute)
+      usage(fmt::format("--recompute {} but --mesh-file {} gives recompute={}; give it in one place", o.recompute,
+                        o.mesh_file, run.recompute));
     o.mesh = run.mesh;
     o.zero = run.zero;
     o.virtual_stages = run.virtual_stages;
+    o.micro_batch = run.micro_batch;
+    o.recompute = run.recompute;
   }
+  if ((o.micro_batch != 0 || o.recompute != "auto") && o.mesh.empty())
+    usage("--micro-batch and --recompute need --mesh (the single group runs a step's rows at once)");
   if (o.virtual_stages > 1 && o.mesh.empty()) usage("--virtual-stages needs --mesh (pipeline stages)");
   if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
     int mesh_ranks = 0;

@@ -3,7 +3,8 @@
 // (cp and tp both: a cp x tp group per stage, tp innermost, running MegatronRing: tp inside each cp group.)
 // Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
-// stages on the 1F1B schedule, and with --experts the MoE layers over an expert group folded over dp x cp, or with
+// stages on the 1F1B schedule over micro-batches of --micro-batch rows, every in-flight micro-batch's activations
+// kept (--recompute none) or each stage's forward recomputed (full), and with --experts the MoE layers over an expert group folded over dp x cp, or with
 // ep=E,etp=T in the mesh over expert groups of E ranks of dp x cp and columns over T ranks of tp, the experts
 // replicated over the rest: model/expert_groups.hpp), the dp
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
@@ -191,6 +192,8 @@ struct MeshFileRun {
   std::string mesh;  // "dp=D,pp=P,cp=C,tp=T"
   ZeroStage zero = ZeroStage::zero;
   int virtual_stages = 1;
+  std::int64_t micro_batch = 1;  // rows per micro-batch
+  std::string recompute;         // "none" or "full"
   search::ConfigFile file;
 };
 
@@ -264,25 +267,23 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                             "the all-gather scheme is not a trainable strategy yet", name_of(c.cp_scheme)));
   refuse_unless(c.tp() == 1 || c.sequence_parallel,
                 "sequence_parallel=false: tensor parallelism trains with sequence parallelism only");
-  // Micro-batches and recomputation as train_gpt runs them: with pp stages one row per micro-batch, each stage's
-  // forward recomputed before its backward (recompute=full); without, a replica's rows as one micro-batch and
-  // every activation kept (recompute=none).
-  if (c.pp > 1) {
-    refuse_unless(c.micro_batch == 1, fmt::format("micro_batch={}: with pipeline stages train_gpt runs one row per "
-                                                  "micro-batch (micro_batch=1)", c.micro_batch));
-    refuse_unless(c.recompute == search::Recompute::full,
-                  fmt::format("recompute={}: with pipeline stages train_gpt recomputes each stage's forward before "
-                              "its backward (recompute=full)", name_of(c.recompute)));
-  } else {
-    if (run.file.global_batch)
-      refuse_unless(c.micro_batch * c.dp == *run.file.global_batch,
-                    fmt::format("micro_batch={}: without pipeline stages train_gpt runs each replica's rows as one "
-                                "micro-batch (micro_batch = global_batch / dp = {} / {})", c.micro_batch,
-                                *run.file.global_batch, c.dp));
+  // Micro-batches and recomputation as train_gpt runs them (model/mesh_stage.hpp): micro_batch rows per
+  // micro-batch, through the pipeline stages or, without them, accumulating gradients micro-batch by micro-batch;
+  // with pp stages every in-flight micro-batch's activations kept (recompute=none) or each stage's forward recomputed
+  // before its backward (recompute=full); without, each backward follows its forward (nothing to recompute).
+  refuse_unless(c.recompute != search::Recompute::selective,
+                "recompute=selective: recomputing attention's core only (the search's selective) is not built; "
+                "train_gpt keeps every activation (none) or recomputes each stage's forward (full)");
+  if (c.pp == 1)
     refuse_unless(c.recompute == search::Recompute::none,
-                  fmt::format("recompute={}: without pipeline stages train_gpt keeps every activation "
-                              "(recompute=none)", name_of(c.recompute)));
-  }
+                  fmt::format("recompute={}: without pipeline stages each micro-batch's backward follows its forward, "
+                              "so train_gpt keeps every activation (recompute=none)", name_of(c.recompute)));
+  if (run.file.global_batch)
+    refuse_unless(*run.file.global_batch % (c.micro_batch * c.dp) == 0,
+                  fmt::format("micro_batch={}: the global batch of {} rows is not whole micro-batches of every one of "
+                              "the dp = {} replicas", c.micro_batch, *run.file.global_batch, c.dp));
+  run.micro_batch = c.micro_batch;
+  run.recompute = std::string(name_of(c.recompute));
   run.mesh = c.tp_x > 1 ? fmt::format("dp={},pp={},cp={},tp_x={},tp_y={}", c.dp, c.pp, c.cp, c.tp_x, c.tp_y)
                         : fmt::format("dp={},pp={},cp={},tp={}", c.dp, c.pp, c.cp, c.tp_y);
   if (config.moe) run.mesh += fmt::format(",ep={},etp={}", c.ep, c.etp);
@@ -382,10 +383,26 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   const std::vector<data::Document>& docs = data.docs;
   const std::vector<data::Step>& steps = data.steps;
 
-  // Micro-batches: without pp a replica's rows are one micro-batch; with pp each row is one.
+  // Micro-batches (model/mesh_stage.hpp): --micro-batch rows each, the last of a replica's the rest (by default one
+  // row with pp stages, a replica's rows at once without), through the stages or, without them, accumulating
+  // gradients micro-batch by micro-batch. What a stage keeps for its backward: every in-flight micro-batch's
+  // activations (--recompute none) or its input, the stage's forward recomputed (full; the default with pp).
+  check(o.recompute != "selective", "--mesh {} --recompute selective: recomputing attention's core only is not built; "
+        "give none (every activation kept) or full (each stage's forward recomputed)", o.mesh);
+  check(pp > 1 || o.recompute != "full", "--mesh {} --recompute full: without pipeline stages each micro-batch's "
+        "backward follows its forward, so nothing is recomputed; give --recompute none (or pp stages)", o.mesh);
+  const PipelineRecompute recompute = o.recompute == "full" || (o.recompute == "auto" && pp > 1)
+                                          ? PipelineRecompute::full : PipelineRecompute::none;
+  const auto rows_per_micro_batch = [&](std::int64_t replica_rows) {
+    return o.micro_batch > 0 ? o.micro_batch : pp > 1 ? std::int64_t(1) : std::max<std::int64_t>(replica_rows, 1);
+  };
+  const auto micro_batch_count = [&](std::int64_t replica_rows) {
+    return (replica_rows + rows_per_micro_batch(replica_rows) - 1) / rows_per_micro_batch(replica_rows);
+  };
+  // The rows of a step's (first) micro-batch, as planned.
   const auto micro_rows = [&](const data::Step& step) {
-    const std::int64_t rows = step.sequences();
-    return pp > 1 ? std::int64_t(1) : (rows + dp - 1) / dp;
+    const std::int64_t replica_rows = std::max<std::int64_t>((step.sequences() + dp - 1) / dp, 1);
+    return std::min(rows_per_micro_batch(replica_rows), replica_rows);
   };
   // Every step's plan for a cp group running one micro-batch, computed before training.
   const plan::GptCosts<Model> costs{config, cp, &hardware};
@@ -471,33 +488,33 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       check(mesh_steps_[std::size_t(k)].sequences() >= dp, "--mesh {} --experts: step {} holds {} row(s), "
             "fewer than the {} dp replicas (each must hold a row: raise --pack-tokens or lower --max-len)", o.mesh, k,
             mesh_steps_[std::size_t(k)].sequences(), dp);
-    // With pp stages (one row per micro-batch) every replica must run as many micro-batches: the MoE layers'
-    // all-to-alls of micro-batch i meet the other replicas' micro-batch i.
-    if (pp > 1)
-      for (int k = 0; k < n_steps; ++k)
-        for (int d = 1; d < dp; ++d) {
-          const std::int64_t first = mesh_steps_[std::size_t(k)].work(0, dp).second.length;
-          const std::int64_t theirs = mesh_steps_[std::size_t(k)].work(d, dp).second.length;
-          check(theirs == first, "--mesh {} --experts: step {} gives dp replica 0 {} row(s) and replica {} {}; with "
-                "pipeline stages the MoE layers span the replicas micro-batch by micro-batch, so every replica must "
-                "run as many (give every step a multiple of dp = {} rows, e.g. --min-len = --max-len and "
-                "--pack-tokens a multiple of dp times it)", o.mesh, k, first, d, theirs, dp);
-        }
+    // Every replica must run as many micro-batches: the MoE layers' all-to-alls of micro-batch i meet the other
+    // replicas' micro-batch i.
+    for (int k = 0; k < n_steps; ++k)
+      for (int d = 1; d < dp; ++d) {
+        const std::int64_t first = mesh_steps_[std::size_t(k)].work(0, dp).second.length;
+        const std::int64_t theirs = mesh_steps_[std::size_t(k)].work(d, dp).second.length;
+        check(micro_batch_count(theirs) == micro_batch_count(first), "--mesh {} --experts: step {} gives dp replica 0 "
+              "{} row(s) ({} micro-batches) and replica {} {} ({}); the MoE layers span the replicas micro-batch by "
+              "micro-batch, so every replica must run as many (give every step a multiple of dp = {} rows, e.g. "
+              "--min-len = --max-len and --pack-tokens a multiple of dp times it)", o.mesh, k, first,
+              micro_batch_count(first), d, theirs, micro_batch_count(theirs), dp);
+      }
   }
-  if (v > 1 && pp > 1)  // the interleaved schedule runs a multiple of pp micro-batches (one row each)
+  if (v > 1 && pp > 1)  // the interleaved schedule runs a multiple of pp micro-batches
     for (int k = 0; k < n_steps; ++k)
       for (int d = 0; d < dp; ++d) {
         const std::int64_t mine = mesh_steps_[std::size_t(k)].work(d, dp).second.length;
-        check(mine % pp == 0, "--mesh {} --virtual-stages {}: step {} gives dp replica {} {} row(s), not a multiple of "
-              "the {} pipeline stages (interleaved 1F1B runs whole rounds of micro-batches): give every step a "
-              "multiple of dp x pp rows (e.g. --min-len = --max-len and --pack-tokens a multiple of it)", o.mesh, v,
-              k, d, mine, pp);
+        check(micro_batch_count(mine) % pp == 0, "--mesh {} --virtual-stages {}: step {} gives dp replica {} {} row(s) "
+              "in {} micro-batch(es) of up to {} rows, not a multiple of the {} pipeline stages (interleaved 1F1B runs "
+              "whole rounds of micro-batches): give every step a multiple of dp x pp x micro-batch rows (e.g. "
+              "--min-len = --max-len and --pack-tokens a multiple of it)", o.mesh, v, k, d, mine,
+              micro_batch_count(mine), rows_per_micro_batch(mine), pp);
       }
   if (o.zero == ZeroStage::three && dp > 1)  // each layer is gathered over dp at each use: equal schedules
     for (int k = 0; k < n_steps; ++k) {
       const auto micro_batches = [&](int d) {
-        const std::int64_t mine = mesh_steps_[std::size_t(k)].work(d, dp).second.length;
-        return pp > 1 ? mine : std::min<std::int64_t>(mine, 1);
+        return micro_batch_count(mesh_steps_[std::size_t(k)].work(d, dp).second.length);
       };
       for (int d = 1; d < dp; ++d)
         check(micro_batches(d) == micro_batches(0), "--mesh {} --zero 3: step {} gives dp replica 0 {} and replica {} "
@@ -549,15 +566,17 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   else if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
-  fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{}{} of {} layers; {}; activations of pp "
-             "stages recomputed for the backward\n", mesh.to_string(), mesh.size(),
+  fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{}{} of {} layers; {}; {}\n",
+             mesh.to_string(), mesh.size(),
              o.backend == RankBackend::mpi ? "MPI processes" : "threads", pp, pp > 1 ? "s" : "",
              v > 1 ? fmt::format(" x {} interleaved chunks (1F1B, virtual stage c x {} + rank)", v, pp) : std::string(),
              fmt::join([&] {
                std::vector<std::int64_t> n;
                for (int s = 0; s < pp * v; ++s) n.push_back(chunk_range(o.layers, pp * v, s).length);
                return n;
-             }(), "+"), name_of(o.zero));
+             }(), "+"), name_of(o.zero),
+             recompute == PipelineRecompute::full ? "each stage's forward recomputed for the backward (recompute full)"
+                                                  : "every in-flight micro-batch's activations kept (recompute none)");
   if (!o.mesh_file.empty())
     fmt::print("configuration: {} (search_parallel --emit; its seq, global batch and cluster are the prediction's, "
                "the data flags say what trains)\n", o.mesh_file);
@@ -572,7 +591,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                                                 "planning its own{})", dp, experts && dp > 1 ? ": with experts the "
                                                 "most expensive's plan for all" : "")
                                   : std::string("rows dealt over dp"),
-             pp > 1 ? "one row" : "a replica's rows", cp, double(cap) / (1024 * 1024), planning_s * 1e3);
+             o.micro_batch > 0 ? fmt::format("{} row(s)", o.micro_batch)
+             : pp > 1          ? std::string("one row")
+                               : std::string("a replica's rows"), cp, double(cap) / (1024 * 1024), planning_s * 1e3);
   if (!o.load.empty()) fmt::print("weights loaded from {}\n", o.load);
   if (!o.resume.empty())
     fmt::print("resumed from {}: weights, AdamW moments and optimizer step {}; the data continues at step {} of {}\n",
@@ -613,6 +634,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         chunk.set_expert_column_group(expert->etp);
       }
     for (auto& chunk : chunks) chunk.stack().set_tp_x(tp_x);  // the tp group's grid (1: none)
+    for (auto& chunk : chunks) chunk.set_recompute(recompute);
     if (cp_by_tp)  // the stage's group is factorised cp x tp (MegatronRing's sub-groups)
       for (auto& chunk : chunks) chunk.stack().set_tp_inner(tp);
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
@@ -652,7 +674,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       ranks.tracker(rank).reset_peak();
       // This replica's rows, run through the stages.
       const double loss_sum = mesh_forward_backward(std::span(chunks), pp_group, cp_group, mine, tokens_of.length,
-                                                    inputs, targets, grad_scale);
+                                                    inputs, targets, grad_scale, o.micro_batch);
       adamw.learning_rate = float(o.lr * std::min(1.0, double(k + 1) / warmup));
       for (MeshOptimizer& optimizer : optimizers)
         optimizer.step(dp_group, expert ? expert->edp : dp_group, adamw.learning_rate, k + 1);

@@ -89,12 +89,10 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
       model.zero_gradients();
       const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
       testing::add_layer_gradients(want.by_rank_and_name, lock, comm.rank(), 0, model.stack().gradients());
+      testing::add_end_gradients(want.by_rank_and_name, lock, comm.rank(), config.vocab * config.layer.hidden,
+                                 model.replicated_gradient().span());
       const std::lock_guard guard(lock);
       if (comm.rank() == 0) want.loss = r.loss;
-      const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
-      const std::size_t embedding = std::size_t(config.vocab * config.layer.hidden);
-      want.by_rank_and_name[{comm.rank(), "embedding"}].assign(g.begin(), g.begin() + std::ptrdiff_t(embedding));
-      want.by_rank_and_name[{comm.rank(), "head"}].assign(g.begin() + std::ptrdiff_t(embedding), g.end());
     });
 
     // The mesh {dp, pp, tp}, as train_mesh builds it.
@@ -123,21 +121,14 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
         for (const auto& p : stage.parameters())
           dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
       TpGradients& out = got[std::size_t(replica)];
-      for (int c = 0; c < m.v; ++c)
+      for (int c = 0; c < m.v; ++c) {
         testing::add_layer_gradients(out.by_rank_and_name, lock, tp_rank,
                                      int(chunk_range(config.layers, stages, c * m.pp + stage_index).start),
                                      chunks[std::size_t(c)].stack().gradients());
+        testing::add_stage_end_gradients(out.by_rank_and_name, lock, tp_rank, chunks[std::size_t(c)]);
+      }
       const std::lock_guard guard(lock);
       loss_sum += loss;
-      for (auto& stage : chunks)
-        for (const auto& p : stage.parameters()) {
-          const bool embedding = stage.first() && p.gradient->numel() == config.vocab * config.layer.hidden &&
-                                 p.gradient->shape()[0] == config.vocab;
-          const bool head = stage.last() && p.gradient->shape()[0] == config.vocab + 2;
-          if (embedding || head)
-            out.by_rank_and_name[{tp_rank, embedding ? "embedding" : "head"}].assign(p.gradient->span().begin(),
-                                                                                     p.gradient->span().end());
-        }
     });
     CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {

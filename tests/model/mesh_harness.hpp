@@ -7,6 +7,8 @@
 //   RankGradients, add_layer_gradients, check_same_gradients: a group's gradients by (rank in the stage group, name),
 //     each layer's attention, MLP and norm shards recorded as "layer L attention|mlp|norms", and one replica's set
 //     compared with the single group's (float32 rounding; every reference tensor nonzero, so the comparison can fail).
+//   add_end_gradients, add_stage_end_gradients: the embedding's and the head's gradients, as "embedding" and "head",
+//     of the single group's Gpt and of a mesh stage.
 #pragma once
 
 #include "paradyse/comm/threads.hpp"
@@ -75,6 +77,30 @@ inline void add_layer_gradients(RankGradients& out, std::mutex& lock, int rank, 
                                        std::pair{"norms", &g.norms.packed}})
       out[{rank, fmt::format("layer {} {}", first_layer + int(l), part)}].assign(tensor->span().begin(),
                                                                                  tensor->span().end());
+  }
+}
+
+// Records the single group's embedding [V, h] and head [V + 2, h] gradients on rank `rank`, as "embedding" and
+// "head": `replicated` is Gpt::replicated_gradient(), the two one after the other (the embedding's V * h first).
+inline void add_end_gradients(RankGradients& out, std::mutex& lock, int rank, std::int64_t embedding_elements,
+                              std::span<const float> replicated) {
+  const std::lock_guard guard(lock);
+  const auto split = replicated.begin() + std::ptrdiff_t(embedding_elements);
+  out[{rank, "embedding"}].assign(replicated.begin(), split);
+  out[{rank, "head"}].assign(split, replicated.end());
+}
+
+// Records a mesh stage's (model/mesh_stage.hpp's MeshGptStage) embedding (first stage) and head (last stage)
+// gradients on stage-group rank `rank`, as "embedding" and "head": the last of its parameters(), in that order.
+template <class Stage>
+void add_stage_end_gradients(RankGradients& out, std::mutex& lock, int rank, Stage& stage) {
+  const auto parameters = stage.parameters();
+  std::size_t at = parameters.size();
+  const std::lock_guard guard(lock);
+  for (const auto& [holds, name] : {std::pair{stage.last(), "head"}, std::pair{stage.first(), "embedding"}}) {
+    if (!holds) continue;
+    const std::span<const float> g = parameters.at(--at).gradient->span();
+    out[{rank, name}].assign(g.begin(), g.end());
   }
 }
 

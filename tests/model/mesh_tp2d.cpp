@@ -78,12 +78,10 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
       const StackPlan plan(std::size_t(config.layers), SublayerChoice{ts, ts, 0});
       const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
       testing::add_layer_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
+      testing::add_end_gradients(want, lock, comm.rank(), config.vocab * config.layer.hidden,
+                                 model.replicated_gradient().span());
       const std::lock_guard guard(lock);
       if (comm.rank() == 0) want_loss = r.loss;
-      const std::span<const float> g = model.replicated_gradient().span();  // embedding [V, h], head [V + 2, h]
-      const std::size_t embedding = std::size_t(config.vocab * config.layer.hidden);
-      want[{comm.rank(), "embedding"}].assign(g.begin(), g.begin() + std::ptrdiff_t(embedding));
-      want[{comm.rank(), "head"}].assign(g.begin() + std::ptrdiff_t(embedding), g.end());
     });
 
     // The mesh {dp, pp, tp = X x Y}, as train_mesh builds it, the grid set on every stage's stack.
@@ -108,14 +106,9 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
         on.dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
       testing::RankGradients& out = got[std::size_t(replica)];
       testing::add_layer_gradients(out, lock, tp_rank, int(layers.start), stage.stack().gradients());
+      testing::add_stage_end_gradients(out, lock, tp_rank, stage);
       const std::lock_guard guard(lock);
       loss_sum += loss;
-      for (const auto& p : stage.parameters()) {
-        const bool embedding = stage.first() && p.gradient->shape()[0] == config.vocab;
-        const bool head = stage.last() && p.gradient->shape()[0] == config.vocab + 2;
-        if (embedding || head)
-          out[{tp_rank, embedding ? "embedding" : "head"}].assign(p.gradient->span().begin(), p.gradient->span().end());
-      }
     });
     CHECK(loss_sum / counted == doctest::Approx(want_loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {

@@ -26,8 +26,13 @@
 //       replicated over the tp / etp column groups as well (model/expert_groups.hpp says every group).
 //
 // Weights are drawn from the seed as Gpt(config, cp, cp_rank, seed) draws them (gpt_detail::init_row), so a mesh
-// trains the single group's model. Pipeline activations: a stage keeps only each in-flight micro-batch's input and
-// recomputes its layers' forward before the backward, unless the micro-batch is the one its last forward ran.
+// trains the single group's model. Micro-batches: `rows_per_micro_batch` rows each (the last one the rest), one row
+// with pp stages and a replica's rows at once without by default; without pp stages several micro-batches accumulate
+// their gradients (forward, backward, forward, ...). Pipeline activations (set_recompute): with
+// PipelineRecompute::full (the default) a stage keeps only each in-flight micro-batch's input and recomputes its
+// layers' forward before the backward, unless the micro-batch is the one its last forward ran; with
+// PipelineRecompute::none it keeps every in-flight micro-batch's activations (the stack's, taken out after each
+// forward and put back before that micro-batch's backward: TransformerStack::Activations) and recomputes nothing.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -47,11 +52,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
 namespace paradyse {
+
+// What a pipeline stage keeps of an in-flight micro-batch for its backward: every activation (none recomputed), or
+// its input only (the stage's forward recomputed). Selective recomputation (attention's core only) is not built.
+enum class PipelineRecompute : std::uint8_t { none, full };
 
 // One rank's part of the GPT on the mesh: the layers of its pp stage sharded over its cp group, plus the embedding
 // (first stage) or the final norm and LM head (last stage), their gradients, and an optimizer per tensor over dp.
@@ -61,7 +71,8 @@ class MeshGptStage {
 public:
   using Stack = TransformerStack<Strategies>;
   struct Saved {
-    Tensor<float> input;  // [b, n_r, h]: the stage's input, to recompute its forward
+    Tensor<float> input;  // [b, n_r, h]: the stage's input, to recompute its forward (PipelineRecompute::full)
+    std::optional<typename Stack::Activations> activations;  // the forward's activations (PipelineRecompute::none)
   };
 
   // Stage `stage` of `stages` holds layers `layers` (global indices) of `config`, sharded over cp rank `cp_rank`
@@ -158,6 +169,10 @@ public:
   }
   bool sharded() const noexcept { return !zero3_.empty(); }
 
+  // What the stage keeps of each in-flight micro-batch from the next forward on (kept for the run).
+  void set_recompute(PipelineRecompute recompute) noexcept { recompute_ = recompute; }
+  PipelineRecompute recompute() const noexcept { return recompute_; }
+
   // etp < tp: the expert columns over `etp` (kept for the run), the etp consecutive ranks of the stage's group
   // holding this rank, instead of the whole group.
   void set_expert_column_group(C& etp) { columns_ = &etp; }
@@ -178,11 +193,15 @@ public:
 
   Saved forward(int micro_batch, TensorView<const float> x, TensorView<float> y) {
     stack_.forward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, plan_, seq_len_, x, y);
+    if (recompute_ == PipelineRecompute::none) return Saved{Tensor<float>(), stack_.take_activations()};
     held_ = micro_batch;
-    return Saved{Tensor<float>::copy_of(x)};
+    return Saved{Tensor<float>::copy_of(x), std::nullopt};
   }
   void backward(int micro_batch, Saved& saved, TensorView<const float> dy, TensorView<float> dx) {
-    if (held_ != micro_batch) {  // recompute the forward of this micro-batch
+    if (saved.activations) {  // kept by its forward
+      stack_.restore_activations(std::move(*saved.activations));
+      saved.activations.reset();
+    } else if (held_ != micro_batch) {  // recompute the forward of this micro-batch
       PooledBuffer<float> y = pool_->acquire<float>(saved.input.shape());
       stack_.forward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, plan_, seq_len_, saved.input.view(), y.view());
     }
@@ -314,6 +333,7 @@ private:
   StackPlan plan_;
   std::int64_t seq_len_ = 0;
   int held_ = -1;  // the micro-batch whose activations the stack holds (-1: none)
+  PipelineRecompute recompute_ = PipelineRecompute::full;
   C* edp_ = nullptr;               // expert data parallelism: the replicas of this rank's experts
   C* columns_ = nullptr;           // etp < tp: the expert columns' group (none: the stage's group)
   C* dp_ = nullptr;                // ZeRO-3: the dp group
@@ -321,29 +341,37 @@ private:
 };
 
 // The forward and backward of one step on this rank: `chunks` (begun with begin_step) run this replica's rows `mine`
-// of the step's sequences (inputs, targets: the whole step's [rows, s] tokens), in micro-batches of one row with pp
-// stages (pp_group's size) and all at once without, through the 1F1B schedule, or with v > 1 chunks per rank the
-// interleaved 1F1B schedule (chunk c of pp rank r is virtual stage c * P + r of P * v, each built as stage c * P + r
-// of P * v; the rows per micro-batch count must then be a multiple of P); each token's loss gradient is scaled by
+// of the step's sequences (inputs, targets: the whole step's [rows, s] tokens), in micro-batches of
+// `rows_per_micro_batch` rows (the last one the rest; 0: one row with pp stages (pp_group's size) and all at once
+// without), through the 1F1B schedule, or with v > 1 chunks per rank the interleaved 1F1B schedule (chunk c of pp
+// rank r is virtual stage c * P + r of P * v, each built as stage c * P + r of P * v; the micro-batch count must then
+// be a multiple of P); each token's loss gradient is scaled by
 // grad_scale (1 / the step's counted tokens); then the replicated gradients are summed over cp_group. Returns this
 // rank's loss sum (the last virtual stage's tokens; 0 on the others and on a replica without rows).
 template <class Strategies, Communicator C>
 double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& pp_group, C& cp_group, ChunkRange mine,
                              std::int64_t s, std::span<const std::int32_t> inputs,
-                             std::span<const std::int32_t> targets, float grad_scale) {
+                             std::span<const std::int32_t> targets, float grad_scale,
+                             std::int64_t rows_per_micro_batch = 0) {
   check(!chunks.empty(), "mesh_forward_backward: no model chunk");
+  check(rows_per_micro_batch >= 0, "mesh_forward_backward: rows_per_micro_batch = {} must be at least 0",
+        rows_per_micro_batch);
   MeshGptStage<Strategies, C>& stage = chunks.front();  // the embedding's, if any
   MeshGptStage<Strategies, C>& end = chunks.back();     // the head's, if any
   const bool pipelined = pp_group.size() > 1;
   const int cp_rank = int(cp_group.rank());
   // Micro-batches of the rows: [b, n_r] tokens and targets of this cp rank.
-  const std::int64_t per_micro = pipelined ? 1 : std::max<std::int64_t>(mine.length, 1);
+  const std::int64_t per_micro = rows_per_micro_batch > 0 ? rows_per_micro_batch
+                                  : pipelined               ? 1
+                                                            : std::max<std::int64_t>(mine.length, 1);
   const int micro_batches = int((mine.length + per_micro - 1) / per_micro);
+  // [b_i, n_r, h]: micro-batch i's rows.
+  const auto rows_of = [&](int i) { return std::min(per_micro, mine.length - i * per_micro); };
   const SequenceLayout layout(s, int(cp_group.size()), stage.config().layer.zigzag);
   const std::int64_t n = layout.local_length(cp_rank), h = stage.config().layer.hidden;
   std::vector<Tensor<std::int32_t>> x_tokens, y_tokens;
   for (int i = 0; i < micro_batches; ++i) {
-    const std::int64_t first_row = mine.start + i * per_micro, b = std::min(per_micro, mine.end() - first_row);
+    const std::int64_t first_row = mine.start + i * per_micro, b = rows_of(i);
     const auto slice = [&](std::span<const std::int32_t> all) { return all.subspan(std::size_t(first_row * s), std::size_t(b * s)); };
     x_tokens.push_back(shard_tokens(slice(inputs), b, layout, cp_rank));
     y_tokens.push_back(shard_tokens(slice(targets), b, layout, cp_rank));
@@ -353,9 +381,10 @@ double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& p
   for (MeshGptStage<Strategies, C>& chunk : chunks) chunk.stack().set_router_loss_scale(1.0 / std::max(micro_batches, 1));
   double loss_sum = 0.0;
   if (micro_batches > 0) {
-    Tensor<float> embedded(Shape{per_micro, n, h});
+    Tensor<float> embedded;
     PipelineIo io;
     io.input = [&](int i) {
+      embedded = Tensor<float>(Shape{rows_of(i), n, h});
       stage.embed(x_tokens[std::size_t(i)].view(), embedded.view());
       return TensorView<const float>(embedded.view());
     };
@@ -363,8 +392,9 @@ double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& p
       loss_sum += end.head_loss(y, y_tokens[std::size_t(i)].view(), dy, grad_scale);
     };
     io.input_gradient = [&](int i, TensorView<const float> dx) { stage.embed_backward(x_tokens[std::size_t(i)].view(), dx); };
-    if (chunks.size() == 1) run_pipeline(pp_group, stage, micro_batches, Shape{per_micro, n, h}, io);
-    else run_interleaved_pipeline(pp_group, chunks, micro_batches, Shape{per_micro, n, h}, io);
+    const PipelineBoundary boundary = [&](int i) { return Shape{rows_of(i), n, h}; };
+    if (chunks.size() == 1) run_pipeline(pp_group, stage, micro_batches, boundary, io);
+    else run_interleaved_pipeline(pp_group, chunks, micro_batches, boundary, io);
   }
   for (MeshGptStage<Strategies, C>& chunk : chunks) chunk.reduce_replicated(cp_group);
   return loss_sum;
@@ -373,9 +403,10 @@ double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& p
 template <class Strategies, Communicator C>
 double mesh_forward_backward(MeshGptStage<Strategies, C>& stage, C& pp_group, C& cp_group, ChunkRange mine,
                              std::int64_t s, std::span<const std::int32_t> inputs,
-                             std::span<const std::int32_t> targets, float grad_scale) {
+                             std::span<const std::int32_t> targets, float grad_scale,
+                             std::int64_t rows_per_micro_batch = 0) {
   return mesh_forward_backward(std::span<MeshGptStage<Strategies, C>>(&stage, 1), pp_group, cp_group, mine, s, inputs,
-                               targets, grad_scale);
+                               targets, grad_scale, rows_per_micro_batch);
 }
 
 }  // namespace paradyse

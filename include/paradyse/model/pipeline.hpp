@@ -13,8 +13,8 @@
 //   using Saved = ...;                                                    // what forward keeps (movable)
 //   Saved forward(int micro_batch, TensorView<const float> x, TensorView<float> y);
 //   void backward(int micro_batch, Saved&, TensorView<const float> dy, TensorView<float> dx);  // accumulates grads
-// Activations crossing a stage boundary have one shape, `boundary` (the residual stream of a micro-batch,
-// [b_micro, s, h]). The two ends belong to the caller (PipelineIo): input(i) is micro-batch i's input on the first
+// Activations crossing a stage boundary have micro-batch i's shape, boundary(i) (the residual stream of a micro-batch,
+// [b_i, s, h]: micro-batches of several rows, the last one possibly fewer; one Shape for all: the same for every i). The two ends belong to the caller (PipelineIo): input(i) is micro-batch i's input on the first
 // stage, loss_gradient(i, y, dy) turns the last stage's output into its gradient (and records the loss).
 //
 // Interleaved 1F1B (Narayanan et al., SC'21, section 2.2.2): each of the p ranks holds v model chunks ("virtual
@@ -117,6 +117,9 @@ concept PipelineStage = std::movable<typename S::Saved> &&
       stage.backward(i, saved, in, out);
     };
 
+// The shape of micro-batch i's activations at a stage boundary (the same function on every stage).
+using PipelineBoundary = std::function<Shape(int micro_batch)>;
+
 // The ends of the pipeline, the caller's.
 struct PipelineIo {
   std::function<TensorView<const float>(int micro_batch)> input;  // first stage: micro-batch i's input
@@ -129,7 +132,7 @@ struct PipelineIo {
 // Runs one training step's forwards and backwards of this rank's stage (rank s of `group` is stage s) in 1F1B
 // order. Collective over the group: every stage calls it with the same micro_batches and boundary.
 template <Communicator C, PipelineStage S>
-void run_pipeline(C& group, S& stage, int micro_batches, const Shape& boundary, const PipelineIo& io) {
+void run_pipeline(C& group, S& stage, int micro_batches, const PipelineBoundary& boundary, const PipelineIo& io) {
   const int stages = int(group.size()), me = int(group.rank());
   const bool first = me == 0, last = me == stages - 1;
   check(!first || bool(io.input), "run_pipeline: the first stage needs PipelineIo::input");
@@ -149,17 +152,17 @@ void run_pipeline(C& group, S& stage, int micro_batches, const Shape& boundary, 
       TensorView<const float> x;
       if (first) {
         x = io.input(i);
-        check(x.shape() == boundary, "run_pipeline: input({}) has shape {}, expected the boundary shape {}", i,
-              x.shape(), boundary);
+        check(x.shape() == boundary(i), "run_pipeline: input({}) has shape {}, expected the boundary shape {}", i,
+              x.shape(), boundary(i));
       } else {
-        received = Tensor<float>(boundary);
+        received = Tensor<float>(boundary(i));
         group.recv(received.span(), me - 1);
         x = received.view();
       }
-      Tensor<float> y(boundary);
+      Tensor<float> y(boundary(i));
       saved[slot].emplace(stage.forward(i, x, y.view()));
       if (last) {
-        loss_gradients[slot] = Tensor<float>(boundary);
+        loss_gradients[slot] = Tensor<float>(boundary(i));
         io.loss_gradient(i, y.view(), loss_gradients[slot].view());
       } else {
         sent_outputs[slot] = std::move(y);
@@ -172,13 +175,13 @@ void run_pipeline(C& group, S& stage, int micro_batches, const Shape& boundary, 
         dy = loss_gradients[slot].view();
       } else {
         // The next stage consumed output i before it could send its gradient: that send is complete.
-        dy_received = Tensor<float>(boundary);
+        dy_received = Tensor<float>(boundary(i));
         group.recv(dy_received.span(), me + 1);
         dy = dy_received.view();
         output_sends[slot].wait();
         sent_outputs[slot] = Tensor<float>();
       }
-      Tensor<float> dx(boundary);
+      Tensor<float> dx(boundary(i));
       stage.backward(i, *saved[slot], dy, dx.view());
       saved[slot].reset();
       if (last) loss_gradients[slot] = Tensor<float>();
@@ -193,6 +196,11 @@ void run_pipeline(C& group, S& stage, int micro_batches, const Shape& boundary, 
   }
   gradient_send.wait();
 }
+// Every micro-batch of one shape.
+template <Communicator C, PipelineStage S>
+void run_pipeline(C& group, S& stage, int micro_batches, const Shape& boundary, const PipelineIo& io) {
+  run_pipeline(group, stage, micro_batches, PipelineBoundary([&](int) { return boundary; }), io);
+}
 
 // Runs one training step of this rank's `chunks` (chunk c is virtual stage c * p + rank of the pp group's p ranks)
 // in interleaved 1F1B order. Virtual stage 0 takes io.input, the last one (chunk v - 1 of rank p - 1) calls
@@ -201,7 +209,7 @@ void run_pipeline(C& group, S& stage, int micro_batches, const Shape& boundary, 
 // it with the same number of chunks, micro_batches and boundary. Each chunk's gradients accumulate over the
 // micro-batches in increasing order, as in an unpipelined run.
 template <Communicator C, PipelineStage S>
-void run_interleaved_pipeline(C& group, std::span<S> chunks, int micro_batches, const Shape& boundary,
+void run_interleaved_pipeline(C& group, std::span<S> chunks, int micro_batches, const PipelineBoundary& boundary,
                               const PipelineIo& io) {
   const int p = int(group.size()), me = int(group.rank()), v = int(chunks.size());
   check(v >= 1, "run_interleaved_pipeline: no model chunk given");
@@ -228,17 +236,17 @@ void run_interleaved_pipeline(C& group, std::span<S> chunks, int micro_batches, 
       TensorView<const float> x;
       if (vs == 0) {
         x = io.input(i);
-        check(x.shape() == boundary, "run_interleaved_pipeline: input({}) has shape {}, expected the boundary shape {}",
-              i, x.shape(), boundary);
+        check(x.shape() == boundary(i), "run_interleaved_pipeline: input({}) has shape {}, expected the boundary shape "
+              "{}", i, x.shape(), boundary(i));
       } else {
-        received = Tensor<float>(boundary);
+        received = Tensor<float>(boundary(i));
         group.recv(received.span(), previous, tag(vs - 1, i));
         x = received.view();
       }
-      Tensor<float> y(boundary);
+      Tensor<float> y(boundary(i));
       saved[at].emplace(stage.forward(i, x, y.view()));
       if (vs == last_stage) {
-        loss_gradients[at] = Tensor<float>(boundary);
+        loss_gradients[at] = Tensor<float>(boundary(i));
         io.loss_gradient(i, y.view(), loss_gradients[at].view());
       } else {
         sent[at] = std::move(y);
@@ -250,13 +258,13 @@ void run_interleaved_pipeline(C& group, std::span<S> chunks, int micro_batches, 
       if (vs == last_stage) {
         dy = loss_gradients[at].view();
       } else {
-        dy_received = Tensor<float>(boundary);
+        dy_received = Tensor<float>(boundary(i));
         group.recv(dy_received.span(), next, tag(vs, i));
         dy = dy_received.view();
         sends[at].wait();  // the next stage consumed the output before it sent this gradient
         sent[at] = Tensor<float>();
       }
-      Tensor<float> dx(boundary);
+      Tensor<float> dx(boundary(i));
       stage.backward(i, *saved[at], dy, dx.view());
       saved[at].reset();
       loss_gradients[at] = Tensor<float>();
@@ -269,6 +277,12 @@ void run_interleaved_pipeline(C& group, std::span<S> chunks, int micro_batches, 
     }
   }
   for (Request& r : gradient_sends) r.wait();
+}
+// Every micro-batch of one shape.
+template <Communicator C, PipelineStage S>
+void run_interleaved_pipeline(C& group, std::span<S> chunks, int micro_batches, const Shape& boundary,
+                              const PipelineIo& io) {
+  run_interleaved_pipeline(group, chunks, micro_batches, PipelineBoundary([&](int) { return boundary; }), io);
 }
 
 }  // namespace paradyse

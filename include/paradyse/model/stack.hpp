@@ -180,6 +180,30 @@ public:
     ctx_.reset();
   }
 
+  // What a forward keeps for its backward (each layer's saved activations, the MoE layers' as well, and the step's
+  // context), taken out of the stack so that several micro-batches' are held at once (model/mesh_stage.hpp's
+  // pipeline without recomputation) and put back before the backward of the micro-batch they belong to.
+  struct Activations {
+    std::vector<LayerSaved<Strategies>> saved;
+    std::vector<std::optional<MoeSaved>> moe_saved;
+    std::optional<SublayerContext> ctx;
+  };
+  Activations take_activations() {
+    check(ctx_.has_value() && saved_.size() == weights_.size(), "TransformerStack: no forward's activations to take");
+    Activations a{std::move(saved_), std::move(moe_saved_), std::move(ctx_)};
+    discard_step();
+    return a;
+  }
+  // The stack must hold none (the forward's were taken, or its backward ran).
+  void restore_activations(Activations a) {
+    check(saved_.empty(), "TransformerStack: restoring activations over another forward's");
+    check(a.ctx.has_value() && a.saved.size() == weights_.size(), "TransformerStack: {} layers' activations restored "
+          "to a stack of {}", a.saved.size(), weights_.size());
+    saved_ = std::move(a.saved);
+    moe_saved_ = std::move(a.moe_saved);
+    ctx_ = std::move(a.ctx);
+  }
+
   // Throws unless every layer's choices exist and their strategies support this layer on this group and length.
   void check_plan(const StackPlan& plan, const SublayerContext& ctx) const {
     check(plan.size() == weights_.size(), "plan has {} layers, the stack has {}", plan.size(), weights_.size());
