@@ -332,30 +332,36 @@ TEST_CASE("expert data parallelism (ep < dp x cp: the experts replicated over ed
 
 namespace mesh_experts_test {
 
-// Two steps of the MoE GPT on mesh `m` with `zero`; returns each step's loss and records, after each step, every
-// tensor of every rank in full (ZeRO-3's chunks gathered over dp), gradients (those ZeRO stage `compared` leaves
-// summed) and weights, by (rank, step, index).
-std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage zero, std::int64_t seq,
+// Two steps of the MoE GPT on mesh `m` (dp x pp x cp x tp, the experts' columns over etp of tp) with `zero`; returns
+// each step's loss and records, after each step, every tensor of every rank in full (ZeRO-3's chunks gathered over
+// dp, the MoE tensors' over edp), gradients (those ZeRO stage `compared` leaves summed) and weights, by (rank, step,
+// index).
+std::vector<double> zero_run(const GptConfig& config, const Mesh& m, int tp, ZeroStage zero, std::int64_t seq,
                              const StackPlan& plan, const std::vector<std::vector<std::int32_t>>& inputs,
-                             const std::vector<std::vector<std::int32_t>>& targets,
-                             std::map<std::string, std::vector<float>>& out, ZeroStage compared) {
-  const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", 1}});
-  const int steps = int(inputs.size()), ep = m.ep > 0 ? m.ep : m.dp * m.cp, edp = m.dp * m.cp / ep;
+                             const std::vector<std::vector<std::int32_t>>& targets, testing::StepTensors& out,
+                             ZeroStage compared) {
+  const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", tp}});
+  const int steps = int(inputs.size()), ep = m.ep > 0 ? m.ep : m.dp * m.cp, etp = m.etp > 0 ? m.etp : tp;
   std::vector<double> losses(std::size_t(steps), 0.0);
   std::mutex lock;
   const double counted = double(m.rows * seq);
   const ops::AdamWConfig adamw{.learning_rate = 0.02f, .weight_decay = 0.1f};
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
     testing::MeshRank place = testing::MeshRank::on(mesh, world);
-    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &cp_group = place.stage_group;
-    const int replica = place.replica, stage_index = place.stage_index, cp_rank = place.stage_rank;
-    ExpertGroups<ThreadCommunicator> experts = expert_groups(world, mesh, ep, 1);
-    ThreadCommunicator& ep_group = experts.ep;
+    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &stage_group = place.stage_group;
+    const int replica = place.replica, stage_index = place.stage_index, group_rank = place.stage_rank;
+    ExpertGroups<ThreadCommunicator> experts = expert_groups(world, mesh, ep, etp);
+    const int edp = int(experts.edp.size());
     const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
-    MeshGptStage<Strategies, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.cp, cp_rank, ep,
-                                                       experts.ep_rank, 7);
+    MeshGptStage<Strategies, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.cp * tp, group_rank, ep,
+                                                       experts.ep_rank, 7, tp > 1, etp);
     stage.set_expert_replicas(experts.edp);
+    stage.set_expert_column_group(experts.etp);
     if (zero == ZeroStage::three) stage.shard_over_dp(dp_group);
+    // ZeRO-3 with edp > 1 keeps only an edp chunk of each MoE tensor, none of it whole between uses.
+    if (zero == ZeroStage::three && edp > 1)
+      for (const auto& p : stage.parameters())
+        if (!p.over_dp) CHECK((p.value->numel() == 0 && stage.expert_zero3_of(p.value) != nullptr));
     MeshOptimizer optimizer(stage, zero, m.dp, replica, adamw, edp, experts.edp_rank);
     BufferPool pool;
     const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
@@ -367,22 +373,23 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
         for (const auto& p : stage.parameters()) {
           if (p.over_dp != over_dp) continue;
           // The gradients `compared` leaves unsummed are not recorded: ZeRO-2's over dp, and over edp the MoE
-          // tensors' under ZeRO-2 and 3 (whose experts take ZeRO-2 over edp).
+          // tensors' under ZeRO-2 (ZeRO-3 reduce-scatters them over edp, summed).
           if (gradients && over_dp && compared == ZeroStage::two) continue;
-          if (gradients && !over_dp && edp > 1 && compared >= ZeroStage::two) continue;
+          if (gradients && !over_dp && edp > 1 && compared == ZeroStage::two) continue;
+          if (auto* shard = stage.expert_zero3_of(p.value)) {  // ZeRO-3 with edp > 1: gathered over edp
+            tensors.push_back(testing::gathered_shard(*shard, experts.edp, gradients));
+            continue;
+          }
           const Tensor<float>* t = gradients ? p.gradient : p.value;
           tensors.emplace_back(t->span().begin(), t->span().end());
         }
       }
-      const std::lock_guard guard(lock);
-      for (std::size_t i = 0; i < tensors.size(); ++i)
-        out[fmt::format("rank {} step {} {} {}", world.rank(), k, gradients ? "gradient" : "weight", i)] =
-            std::move(tensors[i]);
+      testing::store_step_tensors(out, lock, world.rank(), k, gradients, std::move(tensors));
     };
     for (int k = 0; k < steps; ++k) {
-      stage.begin_step(cp_group, ep_group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()),
-                       seq);
-      const double loss = mesh_forward_backward(stage, pp_group, cp_group, mine, seq, inputs[std::size_t(k)],
+      stage.begin_step(stage_group, experts.ep, pool,
+                       StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
+      const double loss = mesh_forward_backward(stage, pp_group, stage_group, mine, seq, inputs[std::size_t(k)],
                                                 targets[std::size_t(k)], float(1.0 / counted));
       optimizer.step(dp_group, experts.edp, adamw.learning_rate, k + 1);  // ZeRO-0 leaves the gradients summed
       record_all(k, true);
@@ -396,22 +403,29 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
 
 }  // namespace mesh_experts_test
 
-TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedding and head sharded over dp; the "
-          "routed experts, router and shared experts whole on their expert group) trains as ZeRO-0: dp = 2 x cp = 2, "
-          "dp = 2 x pp = 2 (uneven stages), dp = 3 x pp = 2; the losses, every gradient and every weight after each "
-          "of two steps") {
+TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedding and head sharded over dp; with "
+          "expert data parallelism the router, routed and shared experts sharded over edp, gathered around each use) "
+          "trains as ZeRO-0: dp = 2 x cp = 2, dp = 2 x pp = 2 (uneven stages), dp = 3 x pp = 2, ep < dp x cp, etp < "
+          "tp; the losses, every gradient and every weight after each of two steps") {
   using namespace mesh_experts_test;
   const std::int64_t seq = 8;
-  // With expert data parallelism (ep < dp x cp): dp = 2 x cp = 2 over ep = 2 and 1, dp = 4 x pp = 2 over ep = 2, each
-  // ZeRO stage against ZeRO-0 (the MoE tensors' optimizer over edp: ZeRO-1, ZeRO-2, ZeRO-2 under ZeRO-3).
-  for (const Mesh& m : {Mesh{2, 1, 2, 1, 2, 1, 5, 2}, Mesh{2, 2, 1, 1, 3, 1, 5, 4}, Mesh{3, 2, 1, 1, 3, 1, 7, 6},
-                        Mesh{2, 1, 2, 1, 2, 1, 5, 2, 2}, Mesh{2, 1, 2, 1, 2, 0, 3, 2, 1}, Mesh{4, 2, 1, 1, 3, 1, 5, 8, 2}})
-   for (const ZeroStage zero : m.ep > 0 ? std::vector{ZeroStage::one, ZeroStage::two, ZeroStage::three}
+  // With expert data parallelism (ep < dp x cp, or etp < tp): dp = 2 x cp = 2 over ep = 2 (edp = 2) and 1 (edp = 4),
+  // dp = 4 x pp = 2 over ep = 2, dp = 2 x tp = 2 with etp = 1 (edp = 2 over the tp column groups) and with ep = 1,
+  // etp = 2 (edp = 2 over dp); each ZeRO stage against ZeRO-0 (the MoE tensors over edp: ZeRO-1, ZeRO-2, ZeRO-3).
+  const std::pair<Mesh, int> meshes[] = {
+      {Mesh{2, 1, 2, 1, 2, 1, 5, 2}, 1},          {Mesh{2, 2, 1, 1, 3, 1, 5, 4}, 1},
+      {Mesh{3, 2, 1, 1, 3, 1, 7, 6}, 1},          {Mesh{2, 1, 2, 1, 2, 1, 5, 2, 2}, 1},
+      {Mesh{2, 1, 2, 1, 2, 0, 3, 2, 1}, 1},       {Mesh{4, 2, 1, 1, 3, 1, 5, 8, 2}, 1},
+      {Mesh{2, 1, 1, 1, 2, 1, 5, 2, 0, 1}, 2},    {Mesh{2, 1, 1, 1, 2, 0, 5, 3, 1, 2}, 2}};
+  for (const auto& [m, tp] : meshes)
+   for (const ZeroStage zero : m.ep > 0 || m.etp > 0 ? std::vector{ZeroStage::one, ZeroStage::two, ZeroStage::three}
                                         : std::vector{ZeroStage::three}) {
     CAPTURE(m.dp);
     CAPTURE(m.pp);
     CAPTURE(m.cp);
+    CAPTURE(tp);
     CAPTURE(m.ep);
+    CAPTURE(m.etp);
     CAPTURE(name_of(zero));
     GptConfig config;
     config.layer = LayerConfig::make(40, 4);  // 40-wide norms and matrices: uneven chunks over dp = 3
@@ -436,7 +450,7 @@ TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedd
     for (int l = 0; l < m.layers; ++l)
       plan.push_back({Strategies::index_of(m.cp == 1 ? "MegatronTS" : "UlyssesZ"), Strategies::index_of("MegatronTS"),
                       std::size_t(l % 2)});
-    Rng rng(900 + std::uint64_t(m.dp * 100 + m.pp * 10 + m.cp));
+    Rng rng(900 + std::uint64_t(tp * 1000 + m.dp * 100 + m.pp * 10 + m.cp));
     const int steps = 2;
     std::vector<std::vector<std::int32_t>> inputs(steps), targets(steps);
     for (int k = 0; k < steps; ++k)
@@ -444,9 +458,9 @@ TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedd
         inputs[std::size_t(k)].push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
         targets[std::size_t(k)].push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
       }
-    std::map<std::string, std::vector<float>> want, got;
-    const std::vector<double> zero0 = zero_run(config, m, ZeroStage::zero, seq, plan, inputs, targets, want, zero);
-    const std::vector<double> zero3 = zero_run(config, m, zero, seq, plan, inputs, targets, got, zero);
+    testing::StepTensors want, got;
+    const std::vector<double> zero0 = zero_run(config, m, tp, ZeroStage::zero, seq, plan, inputs, targets, want, zero);
+    const std::vector<double> zero3 = zero_run(config, m, tp, zero, seq, plan, inputs, targets, got, zero);
     for (int k = 0; k < steps; ++k) CHECK(zero3[std::size_t(k)] == doctest::Approx(zero0[std::size_t(k)]).epsilon(1e-6));
     CHECK(zero0[1] != zero0[0]);  // the second step runs on updated weights
     REQUIRE(got.size() == want.size());
