@@ -8,7 +8,7 @@
 // replicated over the rest: model/expert_groups.hpp), the dp
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
 // model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp; with --zero 3 each rank keeps 1/dp of every parameter,
-// each layer gathered around its use: model/zero3_shards.hpp). --mesh-file FILE runs a configuration file of
+// each layer gathered around its use: model/zero3_shards.hpp; the MoE tensors 1/edp of theirs over edp). --mesh-file FILE runs a configuration file of
 // search_parallel --emit (mesh_file_run below). Checkpoints (--save, --load, --resume, --checkpoint-every,
 // --stop-after) in the dense run's format: examples/train_gpt/mesh_checkpoints.hpp.
 //
