@@ -13,7 +13,8 @@
 //       With ZeRO-3 (shard_over_dp), each dp replica keeps 1/D of every parameter and gradient
 //       (model/zero3_shards.hpp): a layer's weights are all-gathered over dp just before its forward and again before
 //       its backward and freed after each, its gradients reduce-scattered over dp after its backward; the embedding
-//       and the head likewise around each micro-batch's use.
+//       and the head likewise around each micro-batch's use; an MoE layer's experts, router and shared experts
+//       likewise over their edp group (when edp > 1).
 //   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group; with pp
 //       stages each stage's MoE layers over its own expert group (the dp x cp ranks of that stage), every replica
 //       running as many micro-batches (the all-to-alls of micro-batch i meet the other replicas' micro-batch i);
