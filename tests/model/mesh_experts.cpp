@@ -15,7 +15,8 @@
 // dense layers only), dp = 2 x pp = 2 x v = 2 (interleaved, 5 layers), and dp = 2 x cp = 2 without stages (uneven
 // rows over dp: the one micro-batch of each replica). Expert data parallelism (model/expert_groups.hpp): ep < dp x cp
 // (ep = 1 and 2 of dp x cp = 4, with pp, interleaving and uneven rows) and etp < tp (etp = 1 of tp = 2, etp = 1 and 2
-// of tp = 4, alone and with ep < dp), against the same single group; and ZeRO 1, 2 and 3 against ZeRO-0 with ep < dp x cp.
+// of tp = 4, alone and with ep < dp), against the same single group; tp inside cp (cp = 2 x tp = 2: MegatronRing in
+// the mesh, the five in the single group); and ZeRO 1, 2 and 3 against ZeRO-0 with ep < dp x cp.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
@@ -43,7 +44,7 @@
 namespace mesh_experts_test {
 
 using namespace paradyse;
-using Strategies = AllStrategies<>;
+using Strategies = MeshStrategies<>;  // the five, and MegatronRing for tp inside cp
 
 // Every copy of every gradient, by name: a tensor replicated over ranks is recorded once per rank that holds it, and
 // every copy must match the reference.
@@ -131,13 +132,13 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   CAPTURE(tp);
   CAPTURE(m.v);
   CAPTURE(m.layers);
-  REQUIRE((m.cp == 1 || tp == 1));
   const int group = m.cp * tp, etp = m.etp > 0 ? m.etp : tp;
+  const bool ring = m.cp > 1 && tp > 1;  // tp inside cp: the mesh's stage group runs MegatronRing
   CAPTURE(etp);
   const std::int64_t seq = group == 4 ? 16 : 12;  // divisible by 2 x the group for the zigzag layout
   const std::uint64_t seed = 41;
   GptConfig config;
-  config.layer = LayerConfig::make(48, tp == 4 ? 8 : 6);  // heads divisible by tp
+  config.layer = LayerConfig::make(48, group == 4 ? 8 : 6);  // heads divisible by the group
   config.layer.causal = config.layer.zigzag = config.layer.rope = true;
   config.layer.norm = NormKind::rms_norm;
   config.layer.activation = Activation::swiglu;
@@ -162,9 +163,13 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   // ExpertParallel / ExpertTensorParallel.
   StackPlan plan;
   for (int l = 0; l < m.layers; ++l) {
-    const std::size_t attention = Strategies::index_of(tp > 1 ? "MegatronTS" : l % 2 == 0 ? "UlyssesZ" : "MegatronCZ");
-    plan.push_back({attention, Strategies::index_of(tp > 1 ? "MegatronTS" : "METP"), std::size_t(l % 2)});
+    const std::size_t attention = Strategies::index_of(tp > 1 && !ring ? "MegatronTS" : l % 2 == 0 ? "UlyssesZ" : "MegatronCZ");
+    plan.push_back({attention, Strategies::index_of(tp > 1 && !ring ? "MegatronTS" : "METP"), std::size_t(l % 2)});
   }
+  // The mesh's plan: the same, or with tp inside cp MegatronRing in every sublayer (the single group keeps the five).
+  StackPlan mesh_plan = plan;
+  if (ring)
+    for (SublayerChoice& choice : mesh_plan) choice.attention = choice.mlp = Strategies::index_of("MegatronRing");
   Rng rng(700 + std::uint64_t(m.v * 10000 + tp * 1000 + m.dp * 100 + m.pp * 10 + m.cp));
   std::vector<std::int32_t> inputs, targets;
   for (std::int64_t i = 0; i < m.rows * seq; ++i) {
@@ -241,8 +246,9 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
                           etp);
       chunks.back().set_expert_replicas(experts.edp);
       chunks.back().set_expert_column_group(experts.etp);
+      if (ring) chunks.back().stack().set_tp_inner(tp);  // the stage group factorised cp x tp, tp innermost
       chunks.back().begin_step(stage_group, ep_group, pool,
-                               StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
+                               StackPlan(mesh_plan.begin() + layers.start, mesh_plan.begin() + layers.end()), seq);
     }
     const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
     const double loss = mesh_forward_backward(std::span(chunks), pp_group, stage_group, mine, seq, inputs, targets,
@@ -317,6 +323,16 @@ TEST_CASE("etp < tp: each expert split by columns over etp consecutive ranks of 
   check_experts_in_mesh(Mesh{1, 1, 1, 1, 2, 1, 5, 2, 0, 2}, 4);
   check_experts_in_mesh(Mesh{2, 1, 1, 1, 2, 0, 5, 2, 1, 2}, 4);
   check_experts_in_mesh(Mesh{1, 2, 1, 1, 3, 1, 5, 2, 0, 1}, 4);
+}
+
+TEST_CASE("tp inside cp with experts (MegatronRing in attention and the dense MLPs over the cp x tp stage group; the "
+          "MoE layers over ep ranks of dp x cp, each expert's columns over etp ranks of tp, replicated over edp) trains "
+          "as the single group: the loss and every gradient of every rank, with dp, pp stages, ep < dp x cp, etp < tp") {
+  using namespace mesh_experts_test;
+  // {dp, pp, cp, v, layers, first dense, experts, rows, ep, etp} on tp = 2.
+  check_experts_in_mesh(Mesh{1, 1, 2, 1, 2, 1, 5, 2}, 2);              // ep = cp = 2, etp = tp
+  check_experts_in_mesh(Mesh{2, 1, 2, 1, 2, 0, 5, 3, 0, 1}, 2);        // ep = dp x cp = 4, etp = 1: edp = 2
+  check_experts_in_mesh(Mesh{1, 2, 2, 1, 3, 1, 5, 2, 1, 2}, 2);        // pp = 2, ep = 1: edp = 2
 }
 
 TEST_CASE("expert data parallelism (ep < dp x cp: the experts replicated over edp = dp x cp / ep expert groups, the "
