@@ -130,7 +130,8 @@ public:
     for (auto& chunk : chunks) {
       if (chunk.sharded()) {
         for (Zero3Tensor& t : chunk.zero3_shards()) mine = mine || !finite(t.value().span());
-        for (const auto& p : chunk.parameters())  // the MoE tensors, whole under ZeRO-3
+        for (Zero3Tensor& t : chunk.expert_zero3_shards()) mine = mine || !finite(t.value().span());  // over edp
+        for (const auto& p : chunk.parameters())  // the MoE tensors, whole under ZeRO-3 without edp (empty with)
           if (!p.over_dp) mine = mine || !finite(p.value->span());
       } else {
         for (const auto& p : chunk.parameters()) mine = mine || !finite(p.value->span());

@@ -9,7 +9,7 @@
 // replicated over the rest: model/expert_groups.hpp), the dp
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
 // model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp; with --zero 3 each rank keeps 1/dp of every parameter,
-// each layer gathered around its use: model/zero3_shards.hpp). --mesh-file FILE runs a configuration file of
+// each layer gathered around its use: model/zero3_shards.hpp; the MoE tensors 1/edp of theirs over edp). --mesh-file FILE runs a configuration file of
 // search_parallel --emit (mesh_file_run below). Checkpoints (--save, --load, --resume, --checkpoint-every,
 // --stop-after) in the dense run's format: examples/train_gpt/mesh_checkpoints.hpp.
 //
@@ -247,9 +247,6 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                                                          "on the dense model only", c.tp_x));
   refuse_unless(c.tp_x == 1 || c.cp == 1, fmt::format("tp_x={} with cp={}: a 2-D tensor-parallel grid inside a cp "
                                                        "group is not trainable yet", c.tp_x, c.cp));
-  refuse_unless(c.tp_y == 1 || c.cp == 1 || !config.moe, fmt::format("tp={} with cp={} and experts: tensor "
-                                                                     "parallelism inside a cp group runs dense models "
-                                                                     "only", c.tp_y, c.cp));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
   // Experts: ep consecutive ranks of dp x cp, each expert's columns over etp consecutive ranks of tp, replicated
   // over edp = dp x cp x tp / (ep x etp) (model/expert_groups.hpp), as the search folds them.
@@ -352,8 +349,6 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // cp and tp both: the stage's group is cp x tp (tp innermost), factorised for MegatronRing (tp inside each cp
   // group), which runs in every sublayer unless --strategy names one of the five (over the whole group).
   const bool cp_by_tp = mesh.axis_size("cp") > 1 && tp > 1;
-  check(!cp_by_tp || !experts, "--mesh {} --experts {}: tensor parallelism inside a cp group (cp and tp both) runs "
-        "dense models only; give cp or tp", o.mesh, o.experts);
   check(tp == 1 || tp_x > 1 || cp_by_tp || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy "
         "{}: the tp axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp "
         "axis's)", o.mesh, o.strategy);
@@ -445,8 +440,13 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
             }
             plan = plan::moe_plan_of(table, choices, cap);
           }
-          planned[key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), compact_plan(plan),
-                                               plan.time_s};
+          mesh_detail::StepPlan step_plan{plan.stack_plan<Strategies>(), compact_plan(plan), plan.time_s};
+          if (cp_by_tp) {  // tp inside cp: MegatronRing in the attention and dense MLPs (priced as MegatronTS's row)
+            const std::size_t ring = Strategies::index_of("MegatronRing");
+            for (SublayerChoice& choice : step_plan.stack) choice.attention = choice.mlp = ring;
+            step_plan.name += " (MegatronTS run as MegatronRing)";
+          }
+          planned[key] = std::move(step_plan);
         } else if (tp_x > 1) {
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           planned[key] = mesh_detail::tp2d_step_plan(table, config, cp, tp_x, length, cap, o.mesh);

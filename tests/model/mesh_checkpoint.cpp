@@ -170,6 +170,25 @@ void ckpt_same_tensors(const std::string& label, const std::string& want_path, c
   CHECK(moments_nonzero);  // the comparison covers trained moments, not zeros
 }
 
+// The checkpoint `step2` (saved after step 2 of the run whose losses are `straight`) loaded on mesh `m`: saved again
+// to `again` with no step between, the same bits; with `continues` (the same micro-batches as the source), the next
+// two steps give the source run's losses within the float rounding of another reduction order.
+void ckpt_check_on(const GptConfig& config, const CkptMesh& m, const CkptBatches& batches,
+                   const std::vector<double>& straight, const std::string& step2, const std::string& again,
+                   bool continues) {
+  CAPTURE(m.name());
+  (void)ckpt_mesh_run(config, m, batches, 2, 2, step2, again);
+  ckpt_same_tensors(m.name(), step2, again);
+  if (!continues) return;
+  const std::vector<double> resumed = ckpt_mesh_run(config, m, batches, 2, 4, step2, "");
+  for (int k = 0; k < 2; ++k) {
+    const double want = straight[std::size_t(k + 2)], got = resumed[std::size_t(k)];
+    MESSAGE(m.name(), ": step ", k + 2, " loss ", got, " against ", want, " (relative gap ",
+            std::abs(got - want) / want, ")");
+    CHECK(std::abs(got - want) <= kCkptLossRtol * want);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("mesh checkpoints: saved on one mesh shape, loaded on others and into the single group's Gpt, the same "
@@ -209,20 +228,8 @@ TEST_CASE("mesh checkpoints: saved on one mesh shape, loaded on others and into 
   }
   SUBCASE("other mesh shapes and the single group's Gpt") {
     for (const CkptMesh& m : {CkptMesh{1, 3, 1, 2, ZeroStage::zero}, CkptMesh{2, 1, 2, 1, ZeroStage::three},
-                               CkptMesh{3, 1, 1, 1, ZeroStage::two}, CkptMesh{2, 2, 2, 1, ZeroStage::three, 2}}) {
-      CAPTURE(m.name());
-      // 1. loaded and saved again (no step between): the same bits.
-      (void)ckpt_mesh_run(config, m, batches, 2, 2, file("step2.safetensors"), file("again.safetensors"));
-      ckpt_same_tensors(m.name(), file("step2.safetensors"), file("again.safetensors"));
-      // 2. the next two steps: the source run's losses within float rounding.
-      const std::vector<double> resumed = ckpt_mesh_run(config, m, batches, 2, 4, file("step2.safetensors"), "");
-      for (int k = 0; k < 2; ++k) {
-        const double want = straight[std::size_t(k + 2)], got = resumed[std::size_t(k)];
-        MESSAGE(m.name(), ": step ", k + 2, " loss ", got, " against ", want, " (relative gap ",
-                std::abs(got - want) / want, ")");
-        CHECK(std::abs(got - want) <= kCkptLossRtol * want);
-      }
-    }
+                               CkptMesh{3, 1, 1, 1, ZeroStage::two}, CkptMesh{2, 2, 2, 1, ZeroStage::three, 2}})
+      ckpt_check_on(config, m, batches, straight, file("step2.safetensors"), file("again.safetensors"), true);
     // The single group's Gpt on 4 ranks: loads the mesh's file, saves the same bits; and its file loads into a mesh.
     run_ranks(4, [&](ThreadCommunicator& comm) {
       Gpt<AllStrategies<>> model(config, 4, comm.rank(), 99);
@@ -279,23 +286,13 @@ TEST_CASE("mesh checkpoints with MoE layers: saved on dp = 2 over ep = 1 (the ex
   const std::vector<double> straight = ckpt_mesh_run(config, source, batches, 0, 4, "", file("straight.safetensors"));
   (void)ckpt_mesh_run(config, source, batches, 0, 2, "", file("step2.safetensors"));
   // {dp, pp, cp, tp, zero, v, ep, etp}: without pp every replica's rows are one micro-batch, as the source's, so the
-  // losses continue; with pp (one row per micro-batch) only the bits are compared.
+  // losses continue; with pp (one row per micro-batch) only the bits are compared. ZeRO-3 with edp > 1 (dp = 2 x
+  // pp = 2 over ep = 1; dp = 2 x tp = 2 over ep = 1, etp = 1: edp = 4) shards the MoE tensors over edp.
   for (const CkptMesh& m : {CkptMesh{2, 1, 1, 1, ZeroStage::one, 1, 1, 0}, CkptMesh{1, 1, 2, 1, ZeroStage::three},
                              CkptMesh{2, 1, 1, 2, ZeroStage::two, 1, 1, 1}, CkptMesh{4, 1, 1, 1, ZeroStage::zero, 1, 2, 0},
                              CkptMesh{2, 1, 1, 2, ZeroStage::three, 1, 2, 2}, CkptMesh{2, 2, 1, 1, ZeroStage::three, 1, 1, 0},
-                             CkptMesh{1, 2, 1, 2, ZeroStage::zero, 1, 0, 2}}) {
-    CAPTURE(m.name());
-    (void)ckpt_mesh_run(config, m, batches, 2, 2, file("step2.safetensors"), file("again.safetensors"));
-    ckpt_same_tensors(m.name(), file("step2.safetensors"), file("again.safetensors"));
-    if (m.pp > 1) continue;
-    const std::vector<double> resumed = ckpt_mesh_run(config, m, batches, 2, 4, file("step2.safetensors"), "");
-    for (int k = 0; k < 2; ++k) {
-      const double want = straight[std::size_t(k + 2)], got = resumed[std::size_t(k)];
-      MESSAGE(m.name(), ": step ", k + 2, " loss ", got, " against ", want, " (relative gap ",
-              std::abs(got - want) / want, ")");
-      CHECK(std::abs(got - want) <= kCkptLossRtol * want);
-    }
-  }
+                             CkptMesh{1, 2, 1, 2, ZeroStage::zero, 1, 0, 2}, CkptMesh{2, 1, 1, 2, ZeroStage::three, 1, 1, 1}})
+    ckpt_check_on(config, m, batches, straight, file("step2.safetensors"), file("again.safetensors"), m.pp == 1);
   // The single group's MoE Gpt on 2 ranks loads the mesh's file and saves the same bits.
   run_ranks(2, [&](ThreadCommunicator& comm) {
     Gpt<AllStrategies<>> model(config, 2, comm.rank(), 99);

@@ -15,7 +15,8 @@
 // dense layers only), dp = 2 x pp = 2 x v = 2 (interleaved, 5 layers), and dp = 2 x cp = 2 without stages (uneven
 // rows over dp: the one micro-batch of each replica). Expert data parallelism (model/expert_groups.hpp): ep < dp x cp
 // (ep = 1 and 2 of dp x cp = 4, with pp, interleaving and uneven rows) and etp < tp (etp = 1 of tp = 2, etp = 1 and 2
-// of tp = 4, alone and with ep < dp), against the same single group; and ZeRO 1, 2 and 3 against ZeRO-0 with ep < dp x cp.
+// of tp = 4, alone and with ep < dp), against the same single group; tp inside cp (cp = 2 x tp = 2: MegatronRing in
+// the mesh, the five in the single group); and ZeRO 1, 2 and 3 against ZeRO-0 with ep < dp x cp.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
@@ -43,7 +44,7 @@
 namespace mesh_experts_test {
 
 using namespace paradyse;
-using Strategies = AllStrategies<>;
+using Strategies = MeshStrategies<>;  // the five, and MegatronRing for tp inside cp
 
 // Every copy of every gradient, by name: a tensor replicated over ranks is recorded once per rank that holds it, and
 // every copy must match the reference.
@@ -131,13 +132,13 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   CAPTURE(tp);
   CAPTURE(m.v);
   CAPTURE(m.layers);
-  REQUIRE((m.cp == 1 || tp == 1));
   const int group = m.cp * tp, etp = m.etp > 0 ? m.etp : tp;
+  const bool ring = m.cp > 1 && tp > 1;  // tp inside cp: the mesh's stage group runs MegatronRing
   CAPTURE(etp);
   const std::int64_t seq = group == 4 ? 16 : 12;  // divisible by 2 x the group for the zigzag layout
   const std::uint64_t seed = 41;
   GptConfig config;
-  config.layer = LayerConfig::make(48, tp == 4 ? 8 : 6);  // heads divisible by tp
+  config.layer = LayerConfig::make(48, group == 4 ? 8 : 6);  // heads divisible by the group
   config.layer.causal = config.layer.zigzag = config.layer.rope = true;
   config.layer.norm = NormKind::rms_norm;
   config.layer.activation = Activation::swiglu;
@@ -162,9 +163,13 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   // ExpertParallel / ExpertTensorParallel.
   StackPlan plan;
   for (int l = 0; l < m.layers; ++l) {
-    const std::size_t attention = Strategies::index_of(tp > 1 ? "MegatronTS" : l % 2 == 0 ? "UlyssesZ" : "MegatronCZ");
-    plan.push_back({attention, Strategies::index_of(tp > 1 ? "MegatronTS" : "METP"), std::size_t(l % 2)});
+    const std::size_t attention = Strategies::index_of(tp > 1 && !ring ? "MegatronTS" : l % 2 == 0 ? "UlyssesZ" : "MegatronCZ");
+    plan.push_back({attention, Strategies::index_of(tp > 1 && !ring ? "MegatronTS" : "METP"), std::size_t(l % 2)});
   }
+  // The mesh's plan: the same, or with tp inside cp MegatronRing in every sublayer (the single group keeps the five).
+  StackPlan mesh_plan = plan;
+  if (ring)
+    for (SublayerChoice& choice : mesh_plan) choice.attention = choice.mlp = Strategies::index_of("MegatronRing");
   Rng rng(700 + std::uint64_t(m.v * 10000 + tp * 1000 + m.dp * 100 + m.pp * 10 + m.cp));
   std::vector<std::int32_t> inputs, targets;
   for (std::int64_t i = 0; i < m.rows * seq; ++i) {
@@ -241,8 +246,9 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
                           etp);
       chunks.back().set_expert_replicas(experts.edp);
       chunks.back().set_expert_column_group(experts.etp);
+      if (ring) chunks.back().stack().set_tp_inner(tp);  // the stage group factorised cp x tp, tp innermost
       chunks.back().begin_step(stage_group, ep_group, pool,
-                               StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
+                               StackPlan(mesh_plan.begin() + layers.start, mesh_plan.begin() + layers.end()), seq);
     }
     const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
     const double loss = mesh_forward_backward(std::span(chunks), pp_group, stage_group, mine, seq, inputs, targets,
@@ -319,6 +325,16 @@ TEST_CASE("etp < tp: each expert split by columns over etp consecutive ranks of 
   check_experts_in_mesh(Mesh{1, 2, 1, 1, 3, 1, 5, 2, 0, 1}, 4);
 }
 
+TEST_CASE("tp inside cp with experts (MegatronRing in attention and the dense MLPs over the cp x tp stage group; the "
+          "MoE layers over ep ranks of dp x cp, each expert's columns over etp ranks of tp, replicated over edp) trains "
+          "as the single group: the loss and every gradient of every rank, with dp, pp stages, ep < dp x cp, etp < tp") {
+  using namespace mesh_experts_test;
+  // {dp, pp, cp, v, layers, first dense, experts, rows, ep, etp} on tp = 2.
+  check_experts_in_mesh(Mesh{1, 1, 2, 1, 2, 1, 5, 2}, 2);              // ep = cp = 2, etp = tp
+  check_experts_in_mesh(Mesh{2, 1, 2, 1, 2, 0, 5, 3, 0, 1}, 2);        // ep = dp x cp = 4, etp = 1: edp = 2
+  check_experts_in_mesh(Mesh{1, 2, 2, 1, 3, 1, 5, 2, 1, 2}, 2);        // pp = 2, ep = 1: edp = 2
+}
+
 TEST_CASE("expert data parallelism (ep < dp x cp: the experts replicated over edp = dp x cp / ep expert groups, the "
           "all-to-alls inside each, the router statistics and the MoE gradients summed over edp) trains as the single "
           "group: the loss and every gradient of every rank, with pp stages, interleaving and uneven rows") {
@@ -332,30 +348,36 @@ TEST_CASE("expert data parallelism (ep < dp x cp: the experts replicated over ed
 
 namespace mesh_experts_test {
 
-// Two steps of the MoE GPT on mesh `m` with `zero`; returns each step's loss and records, after each step, every
-// tensor of every rank in full (ZeRO-3's chunks gathered over dp), gradients (those ZeRO stage `compared` leaves
-// summed) and weights, by (rank, step, index).
-std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage zero, std::int64_t seq,
+// Two steps of the MoE GPT on mesh `m` (dp x pp x cp x tp, the experts' columns over etp of tp) with `zero`; returns
+// each step's loss and records, after each step, every tensor of every rank in full (ZeRO-3's chunks gathered over
+// dp, the MoE tensors' over edp), gradients (those ZeRO stage `compared` leaves summed) and weights, by (rank, step,
+// index).
+std::vector<double> zero_run(const GptConfig& config, const Mesh& m, int tp, ZeroStage zero, std::int64_t seq,
                              const StackPlan& plan, const std::vector<std::vector<std::int32_t>>& inputs,
-                             const std::vector<std::vector<std::int32_t>>& targets,
-                             std::map<std::string, std::vector<float>>& out, ZeroStage compared) {
-  const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", 1}});
-  const int steps = int(inputs.size()), ep = m.ep > 0 ? m.ep : m.dp * m.cp, edp = m.dp * m.cp / ep;
+                             const std::vector<std::vector<std::int32_t>>& targets, testing::StepTensors& out,
+                             ZeroStage compared) {
+  const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", tp}});
+  const int steps = int(inputs.size()), ep = m.ep > 0 ? m.ep : m.dp * m.cp, etp = m.etp > 0 ? m.etp : tp;
   std::vector<double> losses(std::size_t(steps), 0.0);
   std::mutex lock;
   const double counted = double(m.rows * seq);
   const ops::AdamWConfig adamw{.learning_rate = 0.02f, .weight_decay = 0.1f};
   run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
     testing::MeshRank place = testing::MeshRank::on(mesh, world);
-    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &cp_group = place.stage_group;
-    const int replica = place.replica, stage_index = place.stage_index, cp_rank = place.stage_rank;
-    ExpertGroups<ThreadCommunicator> experts = expert_groups(world, mesh, ep, 1);
-    ThreadCommunicator& ep_group = experts.ep;
+    ThreadCommunicator &dp_group = place.dp_group, &pp_group = place.pp_group, &stage_group = place.stage_group;
+    const int replica = place.replica, stage_index = place.stage_index, group_rank = place.stage_rank;
+    ExpertGroups<ThreadCommunicator> experts = expert_groups(world, mesh, ep, etp);
+    const int edp = int(experts.edp.size());
     const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
-    MeshGptStage<Strategies, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.cp, cp_rank, ep,
-                                                       experts.ep_rank, 7);
+    MeshGptStage<Strategies, ThreadCommunicator> stage(config, stage_index, m.pp, layers, m.cp * tp, group_rank, ep,
+                                                       experts.ep_rank, 7, tp > 1, etp);
     stage.set_expert_replicas(experts.edp);
+    stage.set_expert_column_group(experts.etp);
     if (zero == ZeroStage::three) stage.shard_over_dp(dp_group);
+    // ZeRO-3 with edp > 1 keeps only an edp chunk of each MoE tensor, none of it whole between uses.
+    if (zero == ZeroStage::three && edp > 1)
+      for (const auto& p : stage.parameters())
+        if (!p.over_dp) CHECK((p.value->numel() == 0 && stage.expert_zero3_of(p.value) != nullptr));
     MeshOptimizer optimizer(stage, zero, m.dp, replica, adamw, edp, experts.edp_rank);
     BufferPool pool;
     const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
@@ -367,22 +389,23 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
         for (const auto& p : stage.parameters()) {
           if (p.over_dp != over_dp) continue;
           // The gradients `compared` leaves unsummed are not recorded: ZeRO-2's over dp, and over edp the MoE
-          // tensors' under ZeRO-2 and 3 (whose experts take ZeRO-2 over edp).
+          // tensors' under ZeRO-2 (ZeRO-3 reduce-scatters them over edp, summed).
           if (gradients && over_dp && compared == ZeroStage::two) continue;
-          if (gradients && !over_dp && edp > 1 && compared >= ZeroStage::two) continue;
+          if (gradients && !over_dp && edp > 1 && compared == ZeroStage::two) continue;
+          if (auto* shard = stage.expert_zero3_of(p.value)) {  // ZeRO-3 with edp > 1: gathered over edp
+            tensors.push_back(testing::gathered_shard(*shard, experts.edp, gradients));
+            continue;
+          }
           const Tensor<float>* t = gradients ? p.gradient : p.value;
           tensors.emplace_back(t->span().begin(), t->span().end());
         }
       }
-      const std::lock_guard guard(lock);
-      for (std::size_t i = 0; i < tensors.size(); ++i)
-        out[fmt::format("rank {} step {} {} {}", world.rank(), k, gradients ? "gradient" : "weight", i)] =
-            std::move(tensors[i]);
+      testing::store_step_tensors(out, lock, world.rank(), k, gradients, std::move(tensors));
     };
     for (int k = 0; k < steps; ++k) {
-      stage.begin_step(cp_group, ep_group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()),
-                       seq);
-      const double loss = mesh_forward_backward(stage, pp_group, cp_group, mine, seq, inputs[std::size_t(k)],
+      stage.begin_step(stage_group, experts.ep, pool,
+                       StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
+      const double loss = mesh_forward_backward(stage, pp_group, stage_group, mine, seq, inputs[std::size_t(k)],
                                                 targets[std::size_t(k)], float(1.0 / counted));
       optimizer.step(dp_group, experts.edp, adamw.learning_rate, k + 1);  // ZeRO-0 leaves the gradients summed
       record_all(k, true);
@@ -396,22 +419,29 @@ std::vector<double> zero_run(const GptConfig& config, const Mesh& m, ZeroStage z
 
 }  // namespace mesh_experts_test
 
-TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedding and head sharded over dp; the "
-          "routed experts, router and shared experts whole on their expert group) trains as ZeRO-0: dp = 2 x cp = 2, "
-          "dp = 2 x pp = 2 (uneven stages), dp = 3 x pp = 2; the losses, every gradient and every weight after each "
-          "of two steps") {
+TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedding and head sharded over dp; with "
+          "expert data parallelism the router, routed and shared experts sharded over edp, gathered around each use) "
+          "trains as ZeRO-0: dp = 2 x cp = 2, dp = 2 x pp = 2 (uneven stages), dp = 3 x pp = 2, ep < dp x cp, etp < "
+          "tp; the losses, every gradient and every weight after each of two steps") {
   using namespace mesh_experts_test;
   const std::int64_t seq = 8;
-  // With expert data parallelism (ep < dp x cp): dp = 2 x cp = 2 over ep = 2 and 1, dp = 4 x pp = 2 over ep = 2, each
-  // ZeRO stage against ZeRO-0 (the MoE tensors' optimizer over edp: ZeRO-1, ZeRO-2, ZeRO-2 under ZeRO-3).
-  for (const Mesh& m : {Mesh{2, 1, 2, 1, 2, 1, 5, 2}, Mesh{2, 2, 1, 1, 3, 1, 5, 4}, Mesh{3, 2, 1, 1, 3, 1, 7, 6},
-                        Mesh{2, 1, 2, 1, 2, 1, 5, 2, 2}, Mesh{2, 1, 2, 1, 2, 0, 3, 2, 1}, Mesh{4, 2, 1, 1, 3, 1, 5, 8, 2}})
-   for (const ZeroStage zero : m.ep > 0 ? std::vector{ZeroStage::one, ZeroStage::two, ZeroStage::three}
+  // With expert data parallelism (ep < dp x cp, or etp < tp): dp = 2 x cp = 2 over ep = 2 (edp = 2) and 1 (edp = 4),
+  // dp = 4 x pp = 2 over ep = 2, dp = 2 x tp = 2 with etp = 1 (edp = 2 over the tp column groups) and with ep = 1,
+  // etp = 2 (edp = 2 over dp); each ZeRO stage against ZeRO-0 (the MoE tensors over edp: ZeRO-1, ZeRO-2, ZeRO-3).
+  const std::pair<Mesh, int> meshes[] = {
+      {Mesh{2, 1, 2, 1, 2, 1, 5, 2}, 1},          {Mesh{2, 2, 1, 1, 3, 1, 5, 4}, 1},
+      {Mesh{3, 2, 1, 1, 3, 1, 7, 6}, 1},          {Mesh{2, 1, 2, 1, 2, 1, 5, 2, 2}, 1},
+      {Mesh{2, 1, 2, 1, 2, 0, 3, 2, 1}, 1},       {Mesh{4, 2, 1, 1, 3, 1, 5, 8, 2}, 1},
+      {Mesh{2, 1, 1, 1, 2, 1, 5, 2, 0, 1}, 2},    {Mesh{2, 1, 1, 1, 2, 0, 5, 3, 1, 2}, 2}};
+  for (const auto& [m, tp] : meshes)
+   for (const ZeroStage zero : m.ep > 0 || m.etp > 0 ? std::vector{ZeroStage::one, ZeroStage::two, ZeroStage::three}
                                         : std::vector{ZeroStage::three}) {
     CAPTURE(m.dp);
     CAPTURE(m.pp);
     CAPTURE(m.cp);
+    CAPTURE(tp);
     CAPTURE(m.ep);
+    CAPTURE(m.etp);
     CAPTURE(name_of(zero));
     GptConfig config;
     config.layer = LayerConfig::make(40, 4);  // 40-wide norms and matrices: uneven chunks over dp = 3
@@ -436,7 +466,7 @@ TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedd
     for (int l = 0; l < m.layers; ++l)
       plan.push_back({Strategies::index_of(m.cp == 1 ? "MegatronTS" : "UlyssesZ"), Strategies::index_of("MegatronTS"),
                       std::size_t(l % 2)});
-    Rng rng(900 + std::uint64_t(m.dp * 100 + m.pp * 10 + m.cp));
+    Rng rng(900 + std::uint64_t(tp * 1000 + m.dp * 100 + m.pp * 10 + m.cp));
     const int steps = 2;
     std::vector<std::vector<std::int32_t>> inputs(steps), targets(steps);
     for (int k = 0; k < steps; ++k)
@@ -444,9 +474,9 @@ TEST_CASE("ZeRO-3 with experts on the mesh (attention, norms, dense MLPs, embedd
         inputs[std::size_t(k)].push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
         targets[std::size_t(k)].push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
       }
-    std::map<std::string, std::vector<float>> want, got;
-    const std::vector<double> zero0 = zero_run(config, m, ZeroStage::zero, seq, plan, inputs, targets, want, zero);
-    const std::vector<double> zero3 = zero_run(config, m, zero, seq, plan, inputs, targets, got, zero);
+    testing::StepTensors want, got;
+    const std::vector<double> zero0 = zero_run(config, m, tp, ZeroStage::zero, seq, plan, inputs, targets, want, zero);
+    const std::vector<double> zero3 = zero_run(config, m, tp, zero, seq, plan, inputs, targets, got, zero);
     for (int k = 0; k < steps; ++k) CHECK(zero3[std::size_t(k)] == doctest::Approx(zero0[std::size_t(k)]).epsilon(1e-6));
     CHECK(zero0[1] != zero0[0]);  // the second step runs on updated weights
     REQUIRE(got.size() == want.size());

@@ -4,6 +4,8 @@
 //     and the rank's replica, stage index and rank in the stage group.
 //   gathered_zero3: every ZeRO-3 tensor of a stage in full (its values or its gradients), the dp chunks all-gathered;
 //     a collective over the dp group.
+//   gathered_shard: one ZeRO-3 tensor in full over the group it is sharded over (dp, or edp for the MoE tensors).
+//   StepTensors, store_step_tensors: a run's tensors after each step by (rank, step, gradient or weight, index).
 //   RankGradients, add_layer_gradients, check_same_gradients: a group's gradients by (rank in the stage group, name),
 //     each layer's attention, MLP and norm shards recorded as "layer L attention|mlp|norms", and one replica's set
 //     compared with the single group's (float32 rounding; every reference tensor nonzero, so the comparison can fail).
@@ -116,6 +118,27 @@ inline void check_same_gradients(const RankGradients& got, const RankGradients& 
     for (float v : values) norm += double(v) * double(v);
     CHECK(norm > 0);
   }
+}
+
+// One ZeRO-3 tensor (Zero3Tensor) in full, its values or its gradient [numel] all-gathered from the chunk_range
+// chunks of `group` (the group it is sharded over: dp, or edp for an MoE tensor); a collective over it.
+template <class Shard>
+std::vector<float> gathered_shard(Shard& t, ThreadCommunicator& group, bool gradients) {
+  std::vector<std::int64_t> counts;
+  for (int r = 0; r < int(group.size()); ++r) counts.push_back(chunk_range(t.elements(), int(group.size()), r).length);
+  std::vector<float> full(static_cast<std::size_t>(t.elements()));
+  auto& part = gradients ? t.gradient() : t.value();
+  group.all_gather_v(std::span<const float>(part.span()), std::span<float>(full), std::span<const std::int64_t>(counts));
+  return full;
+}
+
+// A run's tensors after each step, by "rank R step K gradient|weight I" (world rank, step, kind, index in `tensors`).
+using StepTensors = std::map<std::string, std::vector<float>>;
+inline void store_step_tensors(StepTensors& out, std::mutex& lock, int rank, int step, bool gradients,
+                               std::vector<std::vector<float>> tensors) {
+  const std::lock_guard guard(lock);
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    out[fmt::format("rank {} step {} {} {}", rank, step, gradients ? "gradient" : "weight", i)] = std::move(tensors[i]);
 }
 
 }  // namespace paradyse::testing

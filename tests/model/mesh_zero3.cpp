@@ -31,7 +31,7 @@ using namespace paradyse;
 using Zero3Stage = MeshGptStage<AllStrategies<>, ThreadCommunicator>;
 
 // Every tensor of a run after each step, by (world rank, step, "gradient"/"weight", index).
-using Zero3Tensors = std::map<std::string, std::vector<float>>;
+using Zero3Tensors = testing::StepTensors;
 
 struct Zero3Mesh {
   int dp, pp, cp, layers;
@@ -68,10 +68,7 @@ std::vector<double> zero3_run(const GptConfig& config, const Zero3Mesh& m, ZeroS
           tensors.emplace_back(t->span().begin(), t->span().end());
         }
       }
-      const std::lock_guard guard(lock);
-      for (std::size_t i = 0; i < tensors.size(); ++i)
-        out[fmt::format("rank {} step {} {} {}", world.rank(), k, gradients ? "gradient" : "weight", i)] =
-            std::move(tensors[i]);
+      testing::store_step_tensors(out, lock, world.rank(), k, gradients, std::move(tensors));
     };
     for (int k = 0; k < steps; ++k) {
       stage.begin_step(cp_group, cp_group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);

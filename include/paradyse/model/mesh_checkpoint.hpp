@@ -24,7 +24,8 @@
 // and norms as a dense layer's (no dense MLP), and its router, experts and shared experts (each state: the value, or
 // each moment gathered over edp where ZeRO splits it there) put together over the etp group (etp_gather: whole
 // experts) and over the ep group (gather_moe: every expert); loading takes the rank's experts (moe_shard_of) and its
-// columns of them (etp_columns). So an MoE checkpoint, too, loads on any mesh shape and any ep and etp.
+// columns of them (etp_columns). So an MoE checkpoint, too, loads on any mesh shape and any ep and etp. Under ZeRO-3
+// with edp > 1 the MoE tensors' values are gathered over edp first (and loading keeps the rank's edp chunk).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -108,12 +109,20 @@ GlobalMoeWeights<float> gather_moe_layer(Stage& stage, MeshOptimizer& optimizer,
   MoeShard held;  // this rank's columns of its experts, in state `state`
   for (int m = 0; m < 6; ++m) {
     const Tensor<float>& t = w.*kMoeMembers[m];
-    if (state == 0) {
+    Zero3Tensor* sharded = stage.expert_zero3_of(&t);  // ZeRO-3 with edp > 1: t is empty, its chunks over edp
+    if (state == 0 && sharded == nullptr) {
       held.*kMoeMembers[m] = Tensor<float>::copy_of(t.view());
       continue;
     }
-    const std::vector<float> flat = optimizer.gather_moment(dp, groups.edp, state, moe_tensor(stage, layer, m), t.numel());
-    Tensor<float> moment(t.shape());
+    if (state == 0) {
+      sharded->gather(groups.edp);
+      held.*kMoeMembers[m] = Tensor<float>::copy_of(t.view());
+      sharded->release();
+      continue;
+    }
+    const std::vector<float> flat = optimizer.gather_moment(dp, groups.edp, state, moe_tensor(stage, layer, m),
+                                                            sharded ? sharded->elements() : t.numel());
+    Tensor<float> moment(sharded ? sharded->shape() : t.shape());
     std::copy(flat.begin(), flat.end(), moment.span().begin());
     held.*kMoeMembers[m] = std::move(moment);
   }
@@ -331,12 +340,19 @@ std::int64_t load_mesh_checkpoint(const DeviceMesh& mesh, int rank, std::span<Me
                                           expert.etp_rank);
         MoeShard& w = chunk.stack().moe_weights()[local];
         for (int m = 0; m < 6; ++m) {
-          const std::span<const float> from = (mine.*kMoeMembers[m]).span();
+          std::span<const float> from = (mine.*kMoeMembers[m]).span();
           if (s > 0) {
             optimizer->scatter_moment(s, moe_tensor(chunk, local, m), from);
             continue;
           }
-          const std::span<float> to = (w.*kMoeMembers[m]).span();
+          std::span<float> to = (w.*kMoeMembers[m]).span();
+          if (Zero3Tensor* sharded = chunk.expert_zero3_of(&(w.*kMoeMembers[m]))) {  // ZeRO-3: its chunk over edp
+            check(std::int64_t(from.size()) == sharded->elements(), "checkpoint {}: layer {} MoE tensor {} of this "
+                  "rank holds {} elements, the file gives {} (ep = {}, etp = {})", path, l, m, sharded->elements(),
+                  from.size(), expert.ep, expert.etp);
+            from = from.subspan(std::size_t(sharded->chunk().start), std::size_t(sharded->chunk().length));
+            to = sharded->value().span();
+          }
           check(to.size() == from.size(), "checkpoint {}: layer {} MoE tensor {} of this rank holds {} elements, the "
                 "file gives {} (ep = {}, etp = {})", path, l, m, to.size(), from.size(), expert.ep, expert.etp);
           std::copy(from.begin(), from.end(), to.begin());

@@ -27,8 +27,9 @@ namespace paradyse {
 // as without.
 // Expert data parallelism (the MoE tensors replicated over an edp group of `expert_replicas` ranks, the stage's
 // set_expert_replicas): each MoE tensor has a DataParallelOptimizer over edp instead, summing its gradient over
-// the edp group, with ZeRO stage --zero over edp, ZeRO-2 under ZeRO-3 (the routed experts' gradients and optimizer
-// state sharded over edp, their parameters whole); step then takes the edp group.
+// the edp group, with ZeRO stage --zero (1 or 2) over edp; step then takes the edp group. Under ZeRO-3 the stage
+// shards the MoE tensors over edp as the dense ones over dp (parameters, gradients and state: its
+// expert_zero3_of), and only their owned chunks are stepped.
 //
 // Checkpoints (model/mesh_checkpoint.hpp): gather_moment gives a moment of one of the stage's tensors whole (as the
 // stage holds the tensor without dp sharding), gathered over dp (or edp) where ZeRO shards it; scatter_moment sets this
@@ -49,31 +50,15 @@ public:
     if (zero == ZeroStage::three) {
       check(stage.sharded(), "MeshOptimizer: ZeRO-3 needs the stage sharded over dp first (shard_over_dp)");
       std::size_t index = 0;
-      for (Zero3Tensor& t : stage.zero3_shards()) {
-        // The tensor's state is split over dp: this replica holds its chunk, as the parts below.
-        pieces_.push_back({index++, 0, shape_elements(t.shape()), true, {}, {}, {}});
-        // The chunk's elements below t.decayed() take weight decay, the others none (the head's final norm rows).
-        const std::int64_t start = t.chunk().start, length = t.chunk().length;
-        const std::int64_t decayed = std::clamp<std::int64_t>(t.decayed() - start, 0, length);
-        const auto part = [&](std::int64_t from, std::int64_t to, bool decays) {
-          if (to <= from) return;
-          local_.push_back({t.value().span().subspan(std::size_t(from), std::size_t(to - from)),
-                            t.gradient().span().subspan(std::size_t(from), std::size_t(to - from)),
-                            decays ? adamw : without_decay(adamw), Tensor<float>(Shape{to - from}),
-                            Tensor<float>(Shape{to - from})});
-          ops::Cpu::fill(local_.back().m.view(), 0.0f);
-          ops::Cpu::fill(local_.back().v.view(), 0.0f);
-          pieces_.back().locals.push_back(local_.size() - 1);
-        };
-        part(0, decayed, true);
-        part(decayed, length, false);
-      }
-      // The MoE tensors, whole on every rank of their expert group (their state split over edp with expert data
-      // parallelism), indexed after the shards: zero3_shards().size() + their place among the parameters not
-      // replicated over dp (stage.parameters() order).
+      for (Zero3Tensor& t : stage.zero3_shards()) add_zero3_chunk(index++, t, false, adamw);
+      // The MoE tensors, indexed after the shards: zero3_shards().size() + their place among the parameters not
+      // replicated over dp (stage.parameters() order). With expert data parallelism the stage shards them over edp
+      // (its expert_zero3_of): their chunks stepped as the dense ones; without, whole on every rank of their expert
+      // group.
       for (const auto& p : stage.parameters()) {
         if (p.over_dp) continue;
-        add_moe_tensor(index++, p, expert_zero, adamw);
+        if (Zero3Tensor* t = stage.expert_zero3_of(p.value)) add_zero3_chunk(index++, *t, true, adamw);
+        else add_moe_tensor(index++, p, expert_zero, adamw);
       }
       return;
     }
@@ -107,7 +92,7 @@ public:
   template <Communicator C>
   std::vector<float> gather_moment(C& dp, int which, std::size_t tensor, std::int64_t elements) {
     for (const Piece& piece : pieces_)
-      check(piece.tensor != tensor || !piece.chunked || piece.expert_entries.empty(), "MeshOptimizer::gather_moment: "
+      check(piece.tensor != tensor || !piece.chunked || !piece.expert(), "MeshOptimizer::gather_moment: "
             "tensor {} has its state split over {} expert data parallel ranks: give their group (gather_moment(dp, "
             "edp, ...))", tensor, expert_replicas_);
     return gather_moment(dp, dp, which, tensor, elements);
@@ -127,7 +112,7 @@ public:
         std::copy(mine.begin(), mine.end(), to.begin());
         continue;
       }
-      const bool expert = !piece.expert_entries.empty();
+      const bool expert = piece.expert();
       const int replicas = expert ? expert_replicas_ : replicas_;
       std::vector<std::int64_t> counts;
       for (int r = 0; r < replicas; ++r) counts.push_back(chunk_range(piece.length, replicas, r).length);
@@ -143,7 +128,7 @@ public:
       if (piece.tensor != tensor) continue;
       check(piece.start + piece.length <= std::int64_t(full.size()), "MeshOptimizer::scatter_moment: tensor {} of "
             "{} elements, the optimizer steps {}", tensor, full.size(), piece.start + piece.length);
-      const bool expert = !piece.expert_entries.empty();
+      const bool expert = piece.expert();
       const ChunkRange own = !piece.chunked ? ChunkRange{0, piece.length}
                              : expert      ? chunk_range(piece.length, expert_replicas_, expert_replica_)
                                            : chunk_range(piece.length, replicas_, replica_);
@@ -203,6 +188,26 @@ private:
     ops::AdamWConfig config;
     Tensor<float> m, v;
   };
+  // ZeRO-3: a plain AdamW step of the chunk of `t` this replica owns (its gradient summed over t's group already:
+  // dp, or with `over_edp` the edp group), stage tensor `index`. The chunk's elements below t.decayed() take weight
+  // decay, the others none (the head's final norm rows).
+  void add_zero3_chunk(std::size_t index, Zero3Tensor& t, bool over_edp, const ops::AdamWConfig& adamw) {
+    pieces_.push_back({index, 0, t.elements(), true, {}, {}, {}, over_edp});
+    const std::int64_t start = t.chunk().start, length = t.chunk().length;
+    const std::int64_t decayed = std::clamp<std::int64_t>(t.decayed() - start, 0, length);
+    const auto part = [&](std::int64_t from, std::int64_t to, bool decays) {
+      if (to <= from) return;
+      local_.push_back({t.value().span().subspan(std::size_t(from), std::size_t(to - from)),
+                        t.gradient().span().subspan(std::size_t(from), std::size_t(to - from)),
+                        decays ? adamw : without_decay(adamw), Tensor<float>(Shape{to - from}),
+                        Tensor<float>(Shape{to - from})});
+      ops::Cpu::fill(local_.back().m.view(), 0.0f);
+      ops::Cpu::fill(local_.back().v.view(), 0.0f);
+      pieces_.back().locals.push_back(local_.size() - 1);
+    };
+    part(0, decayed, true);
+    part(decayed, length, false);
+  }
   // A plain AdamW step of a whole tensor (its gradient reduced already); false for an empty tensor (nothing added).
   bool add_local(Tensor<float>& value, Tensor<float>& gradient, bool decays, const ops::AdamWConfig& adamw) {
     const std::int64_t n = value.numel();
@@ -246,14 +251,11 @@ private:
   struct Piece {
     std::size_t tensor;
     std::int64_t start, length;
-    bool chunked;  // over dp, or for the MoE tensors' expert entries over edp
+    bool chunked;  // over dp, or for the MoE tensors' expert entries (and ZeRO-3 chunks over_edp) over edp
     std::vector<std::size_t> entries, locals, expert_entries;
+    bool over_edp = false;  // ZeRO-3: a chunk of an MoE tensor sharded over edp (its locals)
+    bool expert() const noexcept { return over_edp || !expert_entries.empty(); }
   };
-  static std::int64_t shape_elements(const Shape& shape) {
-    std::int64_t n = 1;
-    for (std::int64_t e : shape) n *= e;
-    return n;
-  }
   std::vector<std::span<float>> parts(const Piece& piece, int which) {
     std::vector<std::span<float>> out;
     for (std::size_t e : piece.entries)

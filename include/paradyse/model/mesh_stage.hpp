@@ -13,7 +13,8 @@
 //       With ZeRO-3 (shard_over_dp), each dp replica keeps 1/D of every parameter and gradient
 //       (model/zero3_shards.hpp): a layer's weights are all-gathered over dp just before its forward and again before
 //       its backward and freed after each, its gradients reduce-scattered over dp after its backward; the embedding
-//       and the head likewise around each micro-batch's use.
+//       and the head likewise around each micro-batch's use; an MoE layer's experts, router and shared experts
+//       likewise over their edp group (when edp > 1).
 //   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group; with pp
 //       stages each stage's MoE layers over its own expert group (the dp x cp ranks of that stage), every replica
 //       running as many micro-batches (the all-to-alls of micro-batch i meet the other replicas' micro-batch i);
@@ -132,14 +133,16 @@ public:
     if (first_) Backend::fill(embedding_grad_.view(), 0.0f);
     if (last_) Backend::fill(head_grad_.view(), 0.0f);
     for (Zero3Tensor& t : zero3_) t.zero_gradient();
+    for (Zero3Tensor& t : expert_zero3_) t.zero_gradient();
   }
 
   // ZeRO-3 over `dp` (kept for the run): from now on this rank keeps only its chunk of every parameter and gradient
   // (zero3_shards()), the full tensors gathered around each use. An MoE layer's attention and norms are sharded as a
-  // dense layer's (its MLP shard is empty); its routed experts stay whole, as no other rank holds them (each expert
-  // lives on one rank of the expert group, which spans dp), and its router and shared experts stay whole as well:
-  // their gradients are summed over the expert group inside the layer's backward, every rank of it stepping the same
-  // copy (parameters() with over_dp = false).
+  // dense layer's (its MLP shard is empty). Its MoE tensors (router, routed experts, shared experts: parameters()
+  // with over_dp = false) are held by every rank of their edp group alone, not by the dp group (each expert lives
+  // on one rank of its expert group, which spans dp): with expert data parallelism (set_expert_replicas first, edp >
+  // 1) they are sharded over edp the same way (expert_zero3_shards()): all-gathered over edp around the layer's
+  // forward and backward, their gradients reduce-scattered (summed) over edp. Without (edp = 1) they stay whole.
   void shard_over_dp(C& dp) {
     check(zero3_.empty(), "MeshGptStage::shard_over_dp: sharded already");
     dp_ = &dp;
@@ -153,21 +156,38 @@ public:
     }
     if (first_) zero3_.emplace_back(&embedding_, &embedding_grad_, embedding_.numel(), d, r);
     if (last_) zero3_.emplace_back(&head_, &head_grad_, head_matrix_elements(), d, r);
+    shard_experts_over_edp();
     using Use = typename Stack::LayerUse;
     stack_.set_layer_hook([this](int l, Use use, bool begin) {
       Zero3Tensor* t = &zero3_[std::size_t(3 * l)];
+      const auto experts = expert_zero3_of_layer(std::size_t(l));
       if (begin) {
         for (int i = 0; i < 3; ++i) t[i].gather(*dp_);
-        if (use == Use::backward)
+        for (Zero3Tensor& e : experts) e.gather(*edp_);
+        if (use == Use::backward) {
           for (int i = 0; i < 2; ++i) t[i].begin_gradient();  // norms: stage_backward allocates them for the stack
+          for (Zero3Tensor& e : experts) e.begin_gradient();
+        }
       } else {
         for (int i = 0; i < 3; ++i) t[i].release();
-        if (use == Use::backward)
+        for (Zero3Tensor& e : experts) e.release();
+        if (use == Use::backward) {
           for (int i = 0; i < 2; ++i) t[i].reduce_gradient(*dp_);
+          for (Zero3Tensor& e : experts) e.reduce_gradient(*edp_);
+        }
       }
     });
   }
   bool sharded() const noexcept { return !zero3_.empty(); }
+  // ZeRO-3 with expert data parallelism: the shard over edp of the MoE tensor `value` (one of parameters()'s with
+  // over_dp = false), or none (not sharded: no ZeRO-3, edp = 1, or an empty tensor).
+  Zero3Tensor* expert_zero3_of(const Tensor<float>* value) noexcept {
+    for (Zero3Tensor& t : expert_zero3_)
+      if (t.full() == value) return &t;
+    return nullptr;
+  }
+  // ZeRO-3 with expert data parallelism: every MoE tensor's shard over edp, in parameters()'s order.
+  std::span<Zero3Tensor> expert_zero3_shards() noexcept { return expert_zero3_; }
 
   // What the stage keeps of each in-flight micro-batch from the next forward on (kept for the run).
   void set_recompute(PipelineRecompute recompute) noexcept { recompute_ = recompute; }
@@ -182,6 +202,8 @@ public:
   // running other tokens of the same micro-batches. Their router statistics are summed over it (the router losses of
   // the whole micro-batch); their gradients are partial until summed over it (MeshOptimizer's expert replicas).
   void set_expert_replicas(C& edp) {
+    check(!sharded(), "MeshGptStage::set_expert_replicas: give the edp group before shard_over_dp (ZeRO-3 shards the "
+          "MoE tensors over it)");
     edp_ = &edp;
     if (edp.size() > 1)
       stack_.set_router_statistics_over_replicas([this](std::span<double> stats) {
@@ -297,6 +319,28 @@ public:
 
 private:
   using Backend = ops::Cpu;
+  // ZeRO-3 (shard_over_dp) with edp > 1: every non-empty MoE tensor sharded over edp, layer by layer in
+  // parameters()'s order; expert_zero3_first_[l] .. [l + 1] are layer l's.
+  void shard_experts_over_edp() {
+    const bool sharding = edp_ != nullptr && edp_->size() > 1;
+    expert_zero3_first_.assign(1, 0);
+    for (std::size_t l = 0; l < stack_.weights().size(); ++l) {
+      if (sharding && stack_.is_moe_layer(int(l))) {
+        MoeShard& w = stack_.moe_weights()[l];
+        MoeShard& g = stack_.moe_gradients()[l];
+        for (auto member : {&MoeShard::router, &MoeShard::expert_in, &MoeShard::expert_out, &MoeShard::shared_in,
+                            &MoeShard::shared_out, &MoeShard::shared_gate})
+          if ((w.*member).numel() > 0)
+            expert_zero3_.emplace_back(&(w.*member), &(g.*member), (w.*member).numel(), int(edp_->size()),
+                                       int(edp_->rank()));
+      }
+      expert_zero3_first_.push_back(expert_zero3_.size());
+    }
+  }
+  std::span<Zero3Tensor> expert_zero3_of_layer(std::size_t l) {
+    return std::span<Zero3Tensor>(expert_zero3_).subspan(expert_zero3_first_[l],
+                                                         expert_zero3_first_[l + 1] - expert_zero3_first_[l]);
+  }
   // ZeRO-3: the embedding's (head = false) or the head's shard.
   Zero3Tensor& zero3_end(bool head) {
     const std::size_t layers = 3 * stack_.weights().size();
@@ -338,6 +382,8 @@ private:
   C* columns_ = nullptr;           // etp < tp: the expert columns' group (none: the stage's group)
   C* dp_ = nullptr;                // ZeRO-3: the dp group
   std::vector<Zero3Tensor> zero3_;  // ZeRO-3: this rank's chunks (empty: not sharded)
+  std::vector<Zero3Tensor> expert_zero3_;          // ZeRO-3 with edp > 1: the MoE tensors' chunks over edp
+  std::vector<std::size_t> expert_zero3_first_;    // [layers + 1]: each layer's first in expert_zero3_
 };
 
 // The forward and backward of one step on this rank: `chunks` (begun with begin_step) run this replica's rows `mine`

@@ -1,7 +1,8 @@
 // paradyse/model/zero3_shards.hpp: ZeRO-3 over a dp group for a model's tensors (Rajbhandari et al., SC'20): each
 // replica keeps only its chunk of every tensor's value and gradient (layout/chunking.hpp's rule: uneven allowed);
 // the full tensor is all-gathered just before it is used and freed after, and the full gradient is allocated for
-// one use, reduce-scattered (summed) into the owned chunk, and freed.
+// one use, reduce-scattered (summed) into the owned chunk, and freed. The group is the tensor's data parallel group:
+// dp for the dense tensors, edp for an MoE layer's experts, router and shared experts (model/mesh_stage.hpp).
 //
 //   Zero3Tensor t(&w.packed, &g.packed, decayed, dp.size(), dp.rank());  // keeps its chunk, frees w and g
 //   t.gather(dp);  ... use w ...  t.release();
@@ -65,8 +66,15 @@ public:
   Tensor<float>& value() noexcept { return value_; }        // [chunk.length]: the owned elements
   Tensor<float>& gradient() noexcept { return gradient_; }  // [chunk.length]: their gradient summed over dp
   const Shape& shape() const noexcept { return shape_; }
+  std::int64_t elements() const noexcept { return shape_elements(shape_); }  // of the full tensor
+  const Tensor<float>* full() const noexcept { return full_; }               // the model's tensor it shards
 
 private:
+  static std::int64_t shape_elements(const Shape& shape) {
+    std::int64_t n = 1;
+    for (std::int64_t e : shape) n *= e;
+    return n;
+  }
   Tensor<float>* full_;
   Tensor<float>* full_gradient_;
   Shape shape_;
