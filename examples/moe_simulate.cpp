@@ -24,7 +24,7 @@
 // own GEMMs with cold weights (cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
 // single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
 // "cpu before" simulate with the profile less the prompt-step terms (the paged attention priced as flash attention,
-// SwiGLU at GELU's rate: the time model before them).
+// SwiGLU forward at GELU's rate: the time model before them).
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -523,7 +523,7 @@ int measure(const Options& o) {
                  cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9, 100 * cal.fit.median_relative_error,
                  100 * cal.fit.worst_relative_error, profile.attention.forward_flops_per_s / 1e9);
     });
-    fmt::print("SwiGLU: {:.1f} M elements/s (GELU: {:.1f} M/s)\n", profile.swiglu_elements_per_s / 1e6,
+    fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
                profile.activation_elements_per_s / 1e6);
     cost::save_profile(profile, o.cluster);
   }
@@ -532,12 +532,12 @@ int measure(const Options& o) {
   // The profile less the prompt-step terms, the time model before them: simulated beside it ("before").
   SimulatedCluster before = cluster;
   before.profile.paged_attention = {};
-  before.profile.swiglu_elements_per_s = 0;
+  before.profile.swiglu_forward_elements_per_s = 0;
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
   const std::vector<Policy> before_policies = make_policies(o.policies, before, o.eplb_interval, o.switch_window);
   const bool compare_before = before.profile.paged_attention != cluster.profile.paged_attention ||
-                              before.profile.swiglu_elements_per_s != cluster.profile.swiglu_elements_per_s;
+                              before.profile.swiglu_forward_elements_per_s != cluster.profile.swiglu_forward_elements_per_s;
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;

@@ -1,7 +1,7 @@
 // Tests of the time model's two terms for a serving step's prompt chunk (issue 25; cost/profile.hpp's
-// PagedAttentionModel and swiglu_elements_per_s): the trace clock prices a paged-attention event per (query-key
-// pair, head) visit and a SwiGLU activation event at SwiGLU's rate (cost/trace_cost.hpp), the dry run records
-// SwiGLU as such (ops/counting.hpp), the calibration's fit recovers known rates from synthetic measurements
+// PagedAttentionModel and swiglu_forward_elements_per_s): the trace clock prices a paged-attention event per
+// (query-key pair, head) visit and SwiGLU forward's activation event at its rate (cost/trace_cost.hpp), the dry run
+// records SwiGLU forward as such (ops/counting.hpp), the calibration's fit recovers known rates from synthetic measurements
 // (cost/calibrate.hpp fit_paged_attention), and profiles without the terms still load and price as before
 // (cost/profile_json.hpp).
 #include "paradyse/cost/builtin_profiles.hpp"
@@ -75,10 +75,10 @@ TEST_CASE("prompt step terms: without a calibrated model the paged kernel is pri
   CHECK(hw.paged_attention_time(0, heads, d) == 0);
 }
 
-TEST_CASE("prompt step terms: SwiGLU's activation events cost their elements at SwiGLU's rate, others at GELU's") {
+TEST_CASE("prompt step terms: SwiGLU forward's activation events cost their elements at its rate, others at GELU's") {
   HardwareProfile hw = prompt_terms_only();
   hw.activation_elements_per_s = 2e9;
-  hw.swiglu_elements_per_s = 3e8;
+  hw.swiglu_forward_elements_per_s = 3e8;
   // What the dry run records for a SwiGLU forward of [128, 256] and a GELU forward of the same size.
   Trace trace;
   Trace* const saved = std::exchange(Trace::current(), &trace);
@@ -90,10 +90,10 @@ TEST_CASE("prompt step terms: SwiGLU's activation events cost their elements at 
   REQUIRE(trace.events().size() == 3);
   const double elements = 128 * 256;
   CHECK(seconds_of({trace.events()[0]}, hw) == doctest::Approx(elements / 3e8).epsilon(1e-12));
-  CHECK(seconds_of({trace.events()[1]}, hw) == doctest::Approx(2 * elements / 3e8).epsilon(1e-12));
+  CHECK(seconds_of({trace.events()[1]}, hw) == doctest::Approx(2 * elements / 2e9).epsilon(1e-12));  // backward: GELU's
   CHECK(seconds_of({trace.events()[2]}, hw) == doctest::Approx(elements / 2e9).epsilon(1e-12));
   // Without SwiGLU's rate (older profiles): GELU's, as before.
-  hw.swiglu_elements_per_s = 0;
+  hw.swiglu_forward_elements_per_s = 0;
   CHECK(seconds_of({trace.events()[0]}, hw) == doctest::Approx(elements / 2e9).epsilon(1e-12));
 }
 
@@ -128,17 +128,17 @@ TEST_CASE("prompt step terms: the calibration's fit recovers known paged-attenti
 TEST_CASE("prompt step terms: profiles keep the terms through JSON; without them they load as before") {
   HardwareProfile hw = a100_sxm4_80gb_x8();
   hw.paged_attention = {1.5e8, 3e9};
-  hw.swiglu_elements_per_s = 4e8;
+  hw.swiglu_forward_elements_per_s = 4e8;
   const HardwareProfile back = profile_from_json(to_json(hw));
   CHECK(back.paged_attention == hw.paged_attention);
-  CHECK(back.swiglu_elements_per_s == hw.swiglu_elements_per_s);
+  CHECK(back.swiglu_forward_elements_per_s == hw.swiglu_forward_elements_per_s);
   // A profile written before the terms (neither field): not calibrated, priced as before.
   const json::Value old_json = to_json(a100_sxm4_80gb_x8());
   CHECK_FALSE(old_json.contains("paged_attention"));  // not written while unset: the old format
-  CHECK_FALSE(old_json.contains("swiglu_elements_per_s"));
+  CHECK_FALSE(old_json.contains("swiglu_forward_elements_per_s"));
   const HardwareProfile old = profile_from_json(old_json);
   CHECK_FALSE(old.paged_attention.calibrated());
-  CHECK(old.swiglu_elements_per_s == 0);
+  CHECK(old.swiglu_forward_elements_per_s == 0);
   // A bad field names itself.
   json::Value bad = to_json(hw);
   bad["paged_attention"]["visits_per_s"] = -1.0;

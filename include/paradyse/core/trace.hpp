@@ -31,7 +31,7 @@ enum class TraceKind : std::uint8_t {
   paged_attention,      // as attention_forward: serving's attention over a paged KV cache (serve/paged_attention.hpp),
                         // priced per (query-key pair, head) visit (cost::PagedAttentionModel)
   elementwise,          // bytes read and written by a memory-bound kernel (copy, fill, add, norm, softmax, ...)
-  activation,           // m: elements through GELU/SwiGLU, bytes: moved, n: which (0 GELU and others, 1 SwiGLU)
+  activation,           // m: elements through GELU/SwiGLU, bytes: moved, n: which (1 SwiGLU forward, 0 others)
   transcendental,       // m: scalar math-library calls a kernel makes one at a time, n: which (cost::ScalarFunction:
                         // 0 exp, 1 cos or sin); recorded beside the kernel's own event, which holds its other work
   post,                 // transfer, bytes, request: a transfer starts

@@ -233,9 +233,10 @@ struct HardwareProfile {
   // Output elements per second of activation kernels (GELU, SwiGLU, softmax exponentials), which are compute-bound
   // on CPUs; 0: memory-bound like the other elementwise kernels (GPUs).
   double activation_elements_per_s = 0;
-  // SwiGLU's own rate (its gate and up halves read from one [rows, 2f] buffer, a sigmoid per element), which this
-  // machine ran at a fifth of GELU's; 0: priced at activation_elements_per_s (older profiles, as before).
-  double swiglu_elements_per_s = 0;
+  // SwiGLU forward's own rate (its gate and up halves read from one [rows, 2f] buffer, a sigmoid per element),
+  // which this machine ran at a fourth of GELU's; 0: priced at activation_elements_per_s (older profiles, as
+  // before). Its backward stays at activation_elements_per_s.
+  double swiglu_forward_elements_per_s = 0;
   // Fraction of a ring step's shorter side (compute or transfer) that hides under the longer one: 1 on GPUs
   // (copy engines and streams), lower where compute and communication share the same cores.
   double overlap = 1;
@@ -303,9 +304,9 @@ struct HardwareProfile {
 
   double elementwise_time(double bytes) const { return bytes > 0 ? bytes / elementwise_bytes_per_s : 0; }
   // An activation producing `elements` outputs from `bytes` of reads and writes.
-  double activation_time(double elements, double bytes, bool swiglu = false) const {
+  double activation_time(double elements, double bytes, bool swiglu_forward = false) const {
     if (elements <= 0) return 0;
-    if (swiglu && swiglu_elements_per_s > 0) return elements / swiglu_elements_per_s;
+    if (swiglu_forward && swiglu_forward_elements_per_s > 0) return elements / swiglu_forward_elements_per_s;
     return activation_elements_per_s > 0 ? elements / activation_elements_per_s : elementwise_time(bytes);
   }
 

@@ -3,7 +3,7 @@
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, "elementwise_bytes_per_s",
-//    "activation_elements_per_s", ["swiglu_elements_per_s"], "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...],
+//    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["paged_attention": {"visits_per_s", "flops_per_s"}]}
 //
@@ -207,7 +207,7 @@ inline json::Value to_json(const HardwareProfile& p) {
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
   v["elementwise_bytes_per_s"] = p.elementwise_bytes_per_s;
   v["activation_elements_per_s"] = p.activation_elements_per_s;
-  if (p.swiglu_elements_per_s > 0) v["swiglu_elements_per_s"] = p.swiglu_elements_per_s;  // absent: GELU's rate
+  if (p.swiglu_forward_elements_per_s > 0) v["swiglu_forward_elements_per_s"] = p.swiglu_forward_elements_per_s;  // absent: GELU's rate
   v["overlap"] = p.overlap;
   v["intra_node"] = detail::link_to_json(p.intra_node);
   v["inter_node"] = detail::link_to_json(p.inter_node);
@@ -243,7 +243,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   using namespace detail;
   v.expect(v.is_object(), "a JSON object");
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
-                "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "swiglu_elements_per_s", "overlap", "intra_node",
+                "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "swiglu_forward_elements_per_s", "overlap", "intra_node",
                 "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math",
                 "paged_attention"});
   if (const auto format = v.find("format"))
@@ -270,7 +270,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                  rate(attention, "backward_flops_per_s")};
   p.elementwise_bytes_per_s = rate(v, "elementwise_bytes_per_s");
   if (v.has("activation_elements_per_s")) p.activation_elements_per_s = rate(v, "activation_elements_per_s", true);
-  if (v.has("swiglu_elements_per_s")) p.swiglu_elements_per_s = rate(v, "swiglu_elements_per_s", true);
+  if (v.has("swiglu_forward_elements_per_s")) p.swiglu_forward_elements_per_s = rate(v, "swiglu_forward_elements_per_s", true);
   p.overlap = number(v, "overlap");
   check(p.overlap >= 0 && p.overlap <= 1, "profile: overlap = {} must be in [0, 1]", p.overlap);
   p.intra_node = link_from_json(v["intra_node"]);

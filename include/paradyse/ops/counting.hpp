@@ -68,7 +68,7 @@ inline void record(const TraceEvent& event) {
 // A memory-bound kernel that reads and writes `elements` float32 elements in all.
 inline void stream(double elements) { record({.kind = TraceKind::elementwise, .bytes = 4 * elements}); }
 inline void stream(std::int64_t elements) { stream(double(elements)); }
-// `function`: 0 GELU and the others, 1 SwiGLU (cost::HardwareProfile::activation_time prices each at its rate).
+// `function`: 1 SwiGLU's forward, 0 the others (cost::HardwareProfile::activation_time prices each at its rate).
 inline void activation(std::int64_t elements, int tensors, int function = 0) {
   record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements),
           .n = double(function)});
@@ -182,7 +182,7 @@ inline void swiglu_forward(TensorView<const float>, TensorView<const float>, Ten
 }
 inline void swiglu_backward(TensorView<const float> gate, TensorView<const float>, TensorView<const float>,
                             TensorView<float>, TensorView<float>) {
-  activation(2 * gate.numel(), 3, 1);
+  activation(2 * gate.numel(), 3);
 }
 
 // ---- rotary position embedding: x [b, s, heads, d] ----

@@ -67,7 +67,7 @@ inline double gemm(const cost::HardwareProfile& hw, double m, double n, double k
 // One SwiGLU bank of width w over m rows: in [m, h] x [h, 2w], out [m, w] x [w, h], the activation.
 inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double h, int b) {
   if (m <= 0 || w <= 0) return 0;
-  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.activation_time(m * w, 3 * m * w * b, /*swiglu=*/true);
+  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.activation_time(m * w, 3 * m * w * b, /*swiglu_forward=*/true);
 }
 
 // Seconds of one all-to-all-v whose busiest rank moves `bytes` (in or out) among p ranks.
