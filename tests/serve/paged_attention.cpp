@@ -29,7 +29,7 @@ std::vector<double> reference(const std::vector<float>& q, const std::vector<flo
   for (std::int64_t i = 0; i < len; ++i)
     for (std::int64_t h = 0; h < hq; ++h) {
       const std::int64_t kv = h / group, visible = start + i + 1;
-      std::vector<double> s(std::size_t(visible));
+      std::vector<double> s(static_cast<std::size_t>(visible));
       double top = -1e300, total = 0;
       for (std::int64_t t = 0; t < visible; ++t) {
         double dot = 0;
