@@ -4,10 +4,10 @@
 # moe_simulate --measure serves moe_infer's synthetic MoE (2 layers, h 256, 8 experts top-2, ffn 512) on RANKS thread
 # ranks under each policy three ways, the same requests each time: measured on the wall clock, measured on rank 0's
 # thread CPU time (serve/clock.hpp's CpuClock: each step as it takes on a core of its own, so other processes on the
-# cores do not lengthen it), and simulated (serve/step_cost.hpp) on this machine's profile, calibrated on the same
-# thread ranks in thread CPU time (once; cached in $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes
-# it; the calibration includes the GEMM size classes fitted on the served model's own GEMMs with cold weights, and the
-# rows "cpu 1fit" simulate with the profile's single GEMM fit instead, the time model before the classes). The trace
+# cores do not lengthen it), and simulated (the dry run of each step, serve/step_dry_run.hpp) on this machine's
+# profile, calibrated on the same thread ranks in thread CPU time (once; cached in
+# $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes it; the calibration includes the GEMM size
+# classes fitted on the served model's own GEMMs with cold weights). The trace
 # is not arrival-bound: REQUESTS requests arrive at RATE per second, far faster than 2 thread ranks
 # serve them, so the engine runs full batches and tokens/s is the engine's throughput. It prints TTFT and TPOT
 # p50/p99 and tokens/s per policy and clock (measured median of ROUNDS rounds, simulated, error), then per step kind
