@@ -21,8 +21,10 @@
 // policies; the table gives both and the relative error, for the measured run on the wall clock and on rank 0's
 // thread CPU time (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own, which other
 // processes sharing the cores do not lengthen). The calibration adds GEMM size classes fitted on the served model's
-// own GEMMs with cold weights (cost/calibrate.hpp calibrate_gemm_classes); the rows "cpu 1fit" simulate with the
-// profile's single GEMM fit instead (the time model before the classes; --gemm-classes off simulates with it alone).
+// own GEMMs with cold weights (cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
+// single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
+// "cpu before" simulate with the profile less the prompt-step terms (the paged attention priced as flash attention,
+// SwiGLU forward at GELU's rate: the time model before them).
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -35,6 +37,7 @@
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
 #include "paradyse/serve/model_shape_hf.hpp"
+#include "paradyse/serve/paged_attention_calibration.hpp"
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
@@ -505,17 +508,36 @@ int measure(const Options& o) {
                    cal.classes[i].outputs_per_s / 1e6, 100 * cal.fits[i].median_relative_error,
                    100 * cal.fits[i].worst_relative_error);
     });
+    // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
+    PagedAttentionCalibrationOptions paged;
+    paged.clock = options.clock;
+    paged.head_dims = {c.head_dim, 2 * c.head_dim};
+    paged.query_heads = query_heads(c, o.ranks, 0).length;
+    paged.kv_heads = kv_heads_of(c, o.ranks, 0).length;
+    run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+      const PagedAttentionCalibration cal = calibrate_paged_attention(comm, paged);
+      if (comm.rank() != 0) return;
+      profile.paged_attention = cal.model;
+      fmt::print("paged attention: (query-key pair, head) visits / {:.1f} M/s + 4 d visits / {:.2f} GFLOP/s (median "
+                 "error {:.1f}%, worst {:.1f}%); flash attention's rate would price them at {:.2f} GFLOP/s\n",
+                 cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9, 100 * cal.fit.median_relative_error,
+                 100 * cal.fit.worst_relative_error, profile.attention.forward_flops_per_s / 1e9);
+    });
+    fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
+               profile.activation_elements_per_s / 1e6);
     cost::save_profile(profile, o.cluster);
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
-  // The profile's single fit alone, the time model before the size classes: simulated beside them ("one fit").
-  SimulatedCluster one_fit = cluster;
-  one_fit.profile.gemm.by_rows.clear();
-  if (!o.gemm_classes) cluster = one_fit;
+  if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
+  // The profile less the prompt-step terms, the time model before them: simulated beside it ("before").
+  SimulatedCluster before = cluster;
+  before.profile.paged_attention = {};
+  before.profile.swiglu_forward_elements_per_s = 0;
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
-  const std::vector<Policy> one_fit_policies = make_policies(o.policies, one_fit, o.eplb_interval, o.switch_window);
-  const bool compare_one_fit = !cluster.profile.gemm.by_rows.empty();  // the classes against the single fit alone
+  const std::vector<Policy> before_policies = make_policies(o.policies, before, o.eplb_interval, o.switch_window);
+  const bool compare_before = before.profile.paged_attention != cluster.profile.paged_attention ||
+                              before.profile.swiglu_forward_elements_per_s != cluster.profile.swiglu_forward_elements_per_s;
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -538,7 +560,7 @@ int measure(const Options& o) {
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
       // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
-      // on the profile's single GEMM fit (the policy's time model too).
+      // on the profile less the prompt-step terms (the policy's time model too).
       auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
@@ -546,7 +568,7 @@ int measure(const Options& o) {
           std::unique_ptr<EngineClock> own;
           EngineOptions run = opt;
           if (kind == 2) own = std::make_unique<SimulatedClock>(c, cluster);  // every rank its own (alike)
-          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, one_fit);
+          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, before);
           else if (kind == 1) own = std::make_unique<CpuClock>();  // rank 0's decides (it plans)
           else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
@@ -556,7 +578,7 @@ int measure(const Options& o) {
             };
           run.clock = own.get();
           EngineStats s;
-          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? one_fit_policies[pi] : pol).policy, &s);
+          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? before_policies[pi] : pol).policy, &s);
           if (comm.rank() == 0) out = std::move(got), stats = s;
         });
         return summarize(out, stats, c);
@@ -571,19 +593,19 @@ int measure(const Options& o) {
         on_cpu.push_back(serve(1, nullptr, nullptr));
       }
       breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
-      if (compare_one_fit) breakdowns.push_back({pol.name + ", one fit", step_breakdown(c, one_fit, steps)});
+      if (compare_before) breakdowns.push_back({pol.name + ", before", step_breakdown(c, before, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
       const Result sim = serve(2, nullptr, nullptr);
-      const Result sim_one_fit = compare_one_fit ? serve(3, nullptr, nullptr) : sim;
-      // Rows: the wall and CPU clocks against the simulation; then (with classes) the CPU clock against the single
-      // fit's simulation, the time model before the classes.
+      const Result sim_before = compare_before ? serve(3, nullptr, nullptr) : sim;
+      // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation before the
+      // prompt-step terms.
       for (const auto& [clock_name, runs, simulated] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
-            {"cpu", &on_cpu, &sim}, {"cpu 1fit", &on_cpu, &sim_one_fit}}) {
-        if (simulated == &sim_one_fit && !compare_one_fit) continue;
+            {"cpu", &on_cpu, &sim}, {"cpu before", &on_cpu, &sim_before}}) {
+        if (simulated == &sim_before && !compare_before) continue;
         fmt::print("{:<16} {:>8}", pol.name, clock_name);
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v;
@@ -643,8 +665,7 @@ int main(int argc, char** argv) {
                "--measure: the calibration's clock when --cluster FILE.json is absent (cpu: each rank's thread CPU "
                "time, as the per-step cpu column; wall: the wall clock, other processes' use of the cores included)");
   flags.choice("--gemm-classes", o.gemm_classes, "on", "off",
-               "--measure: simulate with the profile's GEMM size classes (on; the single fit is simulated beside "
-               "them, rows \"cpu 1fit\") or with its single fit alone (off)");
+               "--measure: simulate with the profile's GEMM size classes (on) or with its single fit alone (off)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);

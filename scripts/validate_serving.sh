@@ -4,19 +4,27 @@
 # moe_simulate --measure serves moe_infer's synthetic MoE (2 layers, h 256, 8 experts top-2, ffn 512) on RANKS thread
 # ranks under each policy three ways, the same requests each time: measured on the wall clock, measured on rank 0's
 # thread CPU time (serve/clock.hpp's CpuClock: each step as it takes on a core of its own, so other processes on the
-# cores do not lengthen it), and simulated (serve/step_cost.hpp) on this machine's profile, calibrated on the same
-# thread ranks in thread CPU time (once; cached in $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes
-# it; the calibration includes the GEMM size classes fitted on the served model's own GEMMs with cold weights, and the
-# rows "cpu 1fit" simulate with the profile's single GEMM fit instead, the time model before the classes). The trace
+# cores do not lengthen it), and simulated (the dry run of each step, serve/step_dry_run.hpp) on this machine's
+# profile, calibrated on the same thread ranks in thread CPU time (once; cached in
+# $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes it; the calibration includes the GEMM size
+# classes fitted on the served model's own GEMMs with cold weights). The trace
 # is not arrival-bound: REQUESTS requests arrive at RATE per second, far faster than 2 thread ranks
 # serve them, so the engine runs full batches and tokens/s is the engine's throughput. It prints TTFT and TPOT
 # p50/p99 and tokens/s per policy and clock (measured median of ROUNDS rounds, simulated, error), then per step kind
 # the measured wall and CPU time against the simulated cost of the same steps' traces, and the load average before
 # and after (on a machine whose cores other processes use, wall time holds the time a rank waited for a core).
 #
+# The calibration also times the paged attention kernel (serve/paged_attention_calibration.hpp) and SwiGLU forward;
+# the rows "cpu before" simulate with the profile less those two terms (the time model before them).
+#
+# TRAINED=DIR serves a trained 4-layer MoE instead of the synthetic one: the Hugging Face folder train_gpt --save
+# writes (trained first when DIR does not exist: 8 experts top-2, h 128, 4 heads, TRAIN_STEPS windows of 256-512
+# tokens of the bundled corpus on 2 thread ranks; about a minute), with a profile of its own (its GEMM shapes).
+#
 #   scripts/validate_serving.sh                       # Release build in build-rel (through /work/bin/pbuild if there)
 #   RANKS=1 REQUESTS=48 RATE=100 ROUNDS=3 scripts/validate_serving.sh
 #   SKIP_BUILD=1 scripts/validate_serving.sh           # run the binary in $BUILD as it is (no build step)
+#   TRAINED=build-rel/moe4 scripts/validate_serving.sh # the trained 4-layer MoE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-rel}
@@ -25,11 +33,13 @@ REQUESTS=${REQUESTS:-32}
 RATE=${RATE:-100}
 ROUNDS=${ROUNDS:-3}
 POLICIES=${POLICIES:-tp,ep,dynamic}
+TRAINED=${TRAINED:-}
+TRAIN_STEPS=${TRAIN_STEPS:-300}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
 
 fail() { echo "validate_serving.sh: $*" >&2; exit 2; }
-for v in RANKS REQUESTS ROUNDS; do [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"; done
+for v in RANKS REQUESTS ROUNDS TRAIN_STEPS; do [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"; done
 [[ "$RATE" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "RATE=$RATE: expected a positive number (requests/s)"
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
@@ -37,14 +47,30 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
     -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=OFF >/dev/null
 fi
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt" || fail "$BUILD is not a Release build folder"
-[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target moe_simulate -j1 >/dev/null
+TARGETS=(moe_simulate)
+[[ -n "$TRAINED" ]] && TARGETS+=(train_gpt)
+[[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target "${TARGETS[@]}" -j1 >/dev/null
 
 OUT=$BUILD/validate_serving
 mkdir -p "$OUT"
 PROFILE=$OUT/profile_p$RANKS.json
+MODEL=()
+NAME=measure
+if [[ -n "$TRAINED" ]]; then
+  if [[ ! -d "$TRAINED" ]]; then
+    echo "training the 4-layer MoE into $TRAINED ($TRAIN_STEPS steps) ..."
+    "$BUILD/examples/train_gpt" --experts 8 --top-k 2 --layers 4 --hidden 128 --heads 4 --steps "$TRAIN_STEPS" \
+      --min-len 256 --max-len 512 --ranks 2 --save "$TRAINED" > "$OUT/train_$(basename "$TRAINED").txt"
+    tail -n 3 "$OUT/train_$(basename "$TRAINED").txt"
+  fi
+  [[ -f "$TRAINED/config.json" ]] || fail "TRAINED=$TRAINED: expected a Hugging Face folder (config.json) train_gpt --save wrote"
+  MODEL=(--hf "$TRAINED")
+  NAME=measure_$(basename "$TRAINED")
+  PROFILE=$OUT/profile_p${RANKS}_$(basename "$TRAINED").json
+fi
 [[ "${RECALIBRATE:-0}" == 1 ]] && rm -f "$PROFILE"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
-"$BUILD/examples/moe_simulate" --measure --cluster "$PROFILE" --ranks "$RANKS" --requests "$REQUESTS" \
+"$BUILD/examples/moe_simulate" --measure "${MODEL[@]}" --cluster "$PROFILE" --ranks "$RANKS" --requests "$REQUESTS" \
   --rates "$RATE" --prompt 8 64 --output 8 32 --step-tokens 64 --rounds "$ROUNDS" --policies "$POLICIES" \
-  | tee "$OUT/measure.txt"
+  | tee "$OUT/$NAME.txt"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

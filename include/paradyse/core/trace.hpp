@@ -28,8 +28,10 @@ enum class TraceKind : std::uint8_t {
   gemm,                 // m, n, k
   attention_forward,    // m: visible query-key pairs summed over the batch, n: query heads, k: head dim
   attention_backward,   // as attention_forward
+  paged_attention,      // as attention_forward: serving's attention over a paged KV cache (serve/paged_attention.hpp),
+                        // priced per (query-key pair, head) visit (cost::PagedAttentionModel)
   elementwise,          // bytes read and written by a memory-bound kernel (copy, fill, add, norm, softmax, ...)
-  activation,           // m: elements through GELU/SwiGLU, bytes: moved
+  activation,           // m: elements through GELU/SwiGLU, bytes: moved, n: which (1 SwiGLU forward, 0 others)
   transcendental,       // m: scalar math-library calls a kernel makes one at a time, n: which (cost::ScalarFunction:
                         // 0 exp, 1 cos or sin); recorded beside the kernel's own event, which holds its other work
   post,                 // transfer, bytes, request: a transfer starts

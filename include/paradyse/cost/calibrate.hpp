@@ -203,6 +203,33 @@ inline std::vector<ElementwiseClass> fit_elementwise_classes(std::span<const Ele
   return classes;
 }
 
+// Serving's paged attention kernel (serve/paged_attention.hpp, which measures it): `visits` (query-key pair, head)
+// visits of head dim `head_dim` measured at `seconds`.
+struct PagedAttentionSample {
+  double visits = 0;
+  double head_dim = 0;
+  double seconds = 0;
+};
+
+// The PagedAttentionModel of the samples (t = visits / visits_per_s + 4 d visits / flops_per_s, least relative error,
+// non-negative; a coefficient fitted to 0 leaves its rate 0, that term unpriced) into `model`; the fit's errors back.
+inline Fit fit_paged_attention(std::span<const PagedAttentionSample> samples, PagedAttentionModel& model) {
+  check(!samples.empty(), "fit_paged_attention: no samples");
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (const PagedAttentionSample& s : samples) {
+    check(s.visits > 0 && s.head_dim > 0 && s.seconds > 0,
+          "fit_paged_attention: a sample of {} visits, head dim {}, {} s (all must be positive)", s.visits,
+          s.head_dim, s.seconds);
+    rows.push_back({s.visits, 4 * s.head_dim * s.visits});
+    y.push_back(s.seconds);
+  }
+  Fit fit = fit_non_negative(rows, y);
+  const std::vector<double>& c = fit.coefficients;
+  model = {c[0] > 0 ? 1 / c[0] : 0, c[1] > 0 ? 1 / c[1] : 0};
+  return fit;
+}
+
 // The GEMM choice of `measurement` in a profile's terms, and back.
 inline std::vector<GemmEngineChoice> gemm_engine_choices(const ops::cpu::GemmMeasurement& measurement) {
   std::vector<GemmEngineChoice> result;
@@ -488,6 +515,17 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
     });
     profile.activation_elements_per_s = 3.0 * double(elements) / t;  // forward + backward = 3 units (backward 2)
     result.samples.push_back({fmt::format("gelu forward + backward {} elements", elements), t, t});
+  }
+  // ---- SwiGLU forward: its gate and up halves read from one [rows, 2f] buffer, as the experts run it -------------
+  {
+    const std::int64_t rows = 128, f = 256;  // a prefill chunk's expert rows by an expert's (slice of) width
+    Tensor<float> pre(Shape{rows, 2 * f}), act(Shape{rows, f});
+    calibrate_detail::fill(pre, 0.3f);
+    const double t = measure(comm, options.clock, reps, [&] {
+      Backend::swiglu_forward(pre.view().slice(1, 0, f), pre.view().slice(1, f, f), act.view());
+    });
+    profile.swiglu_forward_elements_per_s = double(rows * f) / t;
+    result.samples.push_back({fmt::format("swiglu forward {}x{}", rows, f), t, t});
   }
 
   calibrate_detail::calibrate_fresh_memory<Backend>(comm, options, result);

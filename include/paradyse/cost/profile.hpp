@@ -219,6 +219,21 @@ struct ElementwiseClass {
   friend bool operator==(const ElementwiseClass&, const ElementwiseClass&) = default;
 };
 
+// Serving's attention over a paged KV cache (serve/paged_attention.hpp): scalar code that reads each visible
+// position's key and value through the cache's block table, so its time goes with the visits, one per (query-key
+// pair, query head): t = visits / visits_per_s + 4 d visits / flops_per_s (the dot products and the weighted sum).
+// Both rates 0 (older profiles; devices, whose paged kernels run at the attention rate): not calibrated, and
+// HardwareProfile::paged_attention_time prices the kernel as flash attention forward, as before the model existed.
+struct PagedAttentionModel {
+  double visits_per_s = 0;  // the per-visit work: the block-table lookups, the exp, the loop
+  double flops_per_s = 0;   // the d-long dot product and weighted sum of each visit
+  bool calibrated() const { return visits_per_s > 0 || flops_per_s > 0; }
+  double time(double visits, double d) const {
+    return (visits_per_s > 0 ? visits / visits_per_s : 0) + (flops_per_s > 0 ? 4 * d * visits / flops_per_s : 0);
+  }
+  friend bool operator==(const PagedAttentionModel&, const PagedAttentionModel&) = default;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string description;
@@ -233,6 +248,10 @@ struct HardwareProfile {
   // Output elements per second of activation kernels (GELU, SwiGLU, softmax exponentials), which are compute-bound
   // on CPUs; 0: memory-bound like the other elementwise kernels (GPUs).
   double activation_elements_per_s = 0;
+  // SwiGLU forward's own rate (its gate and up halves read from one [rows, 2f] buffer, a sigmoid per element),
+  // which this machine ran at a fourth of GELU's; 0: priced at activation_elements_per_s (older profiles, as
+  // before). Its backward stays at activation_elements_per_s.
+  double swiglu_forward_elements_per_s = 0;
   // Fraction of a ring step's shorter side (compute or transfer) that hides under the longer one: 1 on GPUs
   // (copy engines and streams), lower where compute and communication share the same cores.
   double overlap = 1;
@@ -248,6 +267,15 @@ struct HardwareProfile {
   // the pool itself, made to miss on every loan). 0: unpriced, the pool's first fill priced once per step at the
   // fresh-memory rate instead (built-in profiles, profiles written before, calibrations that do not ask for it).
   double pool_miss_bytes_per_s = 0;
+
+  // Serving's paged attention kernel (not calibrated: priced as flash attention).
+  PagedAttentionModel paged_attention;
+
+  // Seconds of the paged attention kernel over `pairs` visible query-key pairs of `heads` query heads of width d.
+  double paged_attention_time(double pairs, double heads, double d) const {
+    if (pairs <= 0 || heads <= 0) return 0;
+    return paged_attention.calibrated() ? paged_attention.time(pairs * heads, d) : attention.forward_time(4 * d * heads * pairs);
+  }
 
   // The device's GEMM rate, what model-FLOPs utilisation is measured against: the chosen engine's measured rate on
   // large GEMMs where the profile has one, else the fitted asymptotic rate.
@@ -304,8 +332,9 @@ struct HardwareProfile {
     return bytes / elementwise_classes.back().bytes_per_s;
   }
   // An activation producing `elements` outputs from `bytes` of reads and writes.
-  double activation_time(double elements, double bytes) const {
+  double activation_time(double elements, double bytes, bool swiglu_forward = false) const {
     if (elements <= 0) return 0;
+    if (swiglu_forward && swiglu_forward_elements_per_s > 0) return elements / swiglu_forward_elements_per_s;
     return activation_elements_per_s > 0 ? elements / activation_elements_per_s : elementwise_time(bytes);
   }
 

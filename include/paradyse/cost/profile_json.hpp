@@ -3,10 +3,11 @@
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, "elementwise_bytes_per_s",
-//    "activation_elements_per_s", "overlap", "intra_node": {...}, "inter_node": {...}, "collectives": [...],
+//    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
+//    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
-//    ["pool_miss_bytes_per_s"]}
+//    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
@@ -203,6 +204,15 @@ inline std::vector<ElementwiseClass> elementwise_classes_from_json(const json::F
   return classes;
 }
 
+// paged_attention (cost/profile.hpp's PagedAttentionModel): absent, not calibrated (priced as flash attention).
+inline json::Value paged_attention_to_json(const PagedAttentionModel& m) {
+  return {{"visits_per_s", m.visits_per_s}, {"flops_per_s", m.flops_per_s}};
+}
+inline PagedAttentionModel paged_attention_from_json(const json::Field& v) {
+  only_keys(v, {"visits_per_s", "flops_per_s"});
+  return {rate(v, "visits_per_s", true), rate(v, "flops_per_s", true)};
+}
+
 }  // namespace detail
 
 inline json::Value to_json(const HardwareProfile& p) {
@@ -222,6 +232,7 @@ inline json::Value to_json(const HardwareProfile& p) {
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
   v["elementwise_bytes_per_s"] = p.elementwise_bytes_per_s;
   v["activation_elements_per_s"] = p.activation_elements_per_s;
+  if (p.swiglu_forward_elements_per_s > 0) v["swiglu_forward_elements_per_s"] = p.swiglu_forward_elements_per_s;  // absent: GELU's rate
   v["overlap"] = p.overlap;
   v["intra_node"] = detail::link_to_json(p.intra_node);
   v["inter_node"] = detail::link_to_json(p.inter_node);
@@ -250,6 +261,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   if (!p.elementwise_classes.empty())
     v["elementwise_classes"] = detail::elementwise_classes_to_json(p.elementwise_classes);
   if (p.pool_miss_bytes_per_s > 0) v["pool_miss_bytes_per_s"] = p.pool_miss_bytes_per_s;
+  if (p.paged_attention.calibrated()) v["paged_attention"] = detail::paged_attention_to_json(p.paged_attention);
   return v;
 }
 
@@ -259,9 +271,9 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   using namespace detail;
   v.expect(v.is_object(), "a JSON object");
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
-                "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "overlap", "intra_node",
-                "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math", "elementwise_classes",
-                "pool_miss_bytes_per_s"});
+                "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "swiglu_forward_elements_per_s",
+                "overlap", "intra_node", "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math",
+                "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -286,6 +298,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                  rate(attention, "backward_flops_per_s")};
   p.elementwise_bytes_per_s = rate(v, "elementwise_bytes_per_s");
   if (v.has("activation_elements_per_s")) p.activation_elements_per_s = rate(v, "activation_elements_per_s", true);
+  if (v.has("swiglu_forward_elements_per_s")) p.swiglu_forward_elements_per_s = rate(v, "swiglu_forward_elements_per_s", true);
   p.overlap = number(v, "overlap");
   check(p.overlap >= 0 && p.overlap <= 1, "profile: overlap = {} must be in [0, 1]", p.overlap);
   p.intra_node = link_from_json(v["intra_node"]);
@@ -325,6 +338,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto math = v.find("scalar_math")) p.scalar_math = scalar_math_from_json(*math);
   if (const auto classes = v.find("elementwise_classes")) p.elementwise_classes = elementwise_classes_from_json(*classes);
   if (v.has("pool_miss_bytes_per_s")) p.pool_miss_bytes_per_s = rate(v, "pool_miss_bytes_per_s", true);
+  if (const auto paged = v.find("paged_attention")) p.paged_attention = paged_attention_from_json(*paged);
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

@@ -223,8 +223,9 @@ private:
       case TraceKind::gemm: return hw_.gemm.time(e.m, e.n, e.k, dtype_bytes_);
       case TraceKind::attention_forward: return hw_.attention.forward_time(4 * e.k * e.n * e.m);
       case TraceKind::attention_backward: return hw_.attention.backward_time(4 * e.k * e.n * e.m);
+      case TraceKind::paged_attention: return hw_.paged_attention_time(e.m, e.n, e.k);
       case TraceKind::elementwise: return hw_.elementwise_time(e.bytes * scale_);
-      case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_);
+      case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_, e.n == 1);
       case TraceKind::transcendental: return hw_.scalar_math.time(ScalarFunction(int(e.n)), e.m);
       default: return 0;
     }

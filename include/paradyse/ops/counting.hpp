@@ -68,8 +68,10 @@ inline void record(const TraceEvent& event) {
 // A memory-bound kernel that reads and writes `elements` float32 elements in all.
 inline void stream(double elements) { record({.kind = TraceKind::elementwise, .bytes = 4 * elements}); }
 inline void stream(std::int64_t elements) { stream(double(elements)); }
-inline void activation(std::int64_t elements, int tensors) {
-  record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements)});
+// `function`: 1 SwiGLU's forward, 0 the others (cost::HardwareProfile::activation_time prices each at its rate).
+inline void activation(std::int64_t elements, int tensors, int function = 0) {
+  record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements),
+          .n = double(function)});
 }
 // `calls` scalar math-library calls of `function` (0 exp, 1 cos or sin: cost::ScalarFunction), made one at a time.
 inline void scalar_calls(double calls, int function) {
@@ -176,7 +178,7 @@ inline void gelu_backward(TensorView<const float> x, TensorView<const float>, Te
   activation(2 * x.numel(), 2);
 }
 inline void swiglu_forward(TensorView<const float>, TensorView<const float>, TensorView<float> y) {
-  activation(y.numel(), 3);
+  activation(y.numel(), 3, 1);
 }
 inline void swiglu_backward(TensorView<const float> gate, TensorView<const float>, TensorView<const float>,
                             TensorView<float>, TensorView<float>) {

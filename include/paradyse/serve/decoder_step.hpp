@@ -24,8 +24,9 @@
 // are recorded in the thread's Trace (core/trace.hpp), and nothing is computed. The few element loops that are not
 // backend ops (the bias adds, OLMoE's q/k norm sums, the KV append and the attention over the paged cache) compute
 // on the CPU only and record what they do through step_detail::note (also on the CPU when a Trace is installed, so
-// a CPU step's kernel list can be read off and compared with the dry run's). The attention over the cache is one
-// kernel for the whole batch (a paged-attention kernel): its visible query-key pairs, then a stream that reads
+// a CPU step's kernel list can be read off and compared with the dry run's). The attention over the cache
+// (serve/paged_attention.hpp) is one paged-attention kernel for the whole batch: its visible query-key pairs
+// (TraceKind::paged_attention, priced per visit by the profile's PagedAttentionModel), then a stream that reads
 // every position's keys and values. In a dry run the router sees no data: `loads` ([layers][E]) gives each MoE
 // layer's expert loads (the routing source's counts), realised as an assignment of the step's n k rows.
 #pragma once
@@ -38,6 +39,7 @@
 #include "paradyse/moe/router.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/mla_attention.hpp"
+#include "paradyse/serve/paged_attention.hpp"
 #include "paradyse/serve/paged_kv_cache.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 #include "paradyse/serve/routing_budget.hpp"
@@ -309,8 +311,7 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Cac
     for (std::int64_t j = 0; j < hk; ++j)
       if (other.contains(s.kv_heads.start + j)) kv_share[std::size_t(j)] += 1.0f;
   }
-  const float scale = 1.0f / std::sqrt(float(d));
-  std::vector<float> scores;
+  std::vector<float> scores;  // the paged attention's, reused
   Tensor<float> y_ep(Shape{n * h + s.ranks});  // an EP MoE layer's partial output [n, h], then the rows per rank [p]
   check(n * c.moe.top_k < (std::int64_t(1) << 24), "decoder_step: {} tokens x top-{} rows exceed float's exact "
         "integers (the EP row counts)", n, c.moe.top_k);
@@ -366,44 +367,20 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Cac
           const TensorView<float> kb = k.view().slice(0, first[b], len).reshape(Shape{1, len, hk, d});
           Backend::rope_forward(qb, qb, start, rope);
           Backend::rope_forward(kb, kb, start, rope);
-          pairs += double(len) * double(start) + double(len) * double(len + 1) / 2;
+          pairs += chunk_pairs(len, start);
           positions += double(start + len);
           note_stream(4 * double(len * hk * d));  // the KV append: k and v read, written into the cache's blocks
           if constexpr (!dry) {
             cache.append(batch[b].request, l, kb.reshape(Shape{len, hk, d}),
                          v.view().slice(0, first[b], len).reshape(Shape{len, hk, d}));
-            // Causal attention of the chunk's queries over positions [0, start + i].
-            for (std::int64_t i = 0; i < len; ++i) {
-              const std::int64_t visible = start + i + 1;
-              scores.resize(std::size_t(visible));
-              for (std::int64_t head = 0; head < hq; ++head) {
-                const std::int64_t kv = (s.q_heads.start + head) / group - s.kv_heads.start;
-                const float* qi = &q(first[b] + i, head * d);
-                float top = -INFINITY;
-                for (std::int64_t t = 0; t < visible; ++t) {
-                  const float* kt = cache.key(batch[b].request, l, t, kv);
-                  float dot = 0;
-                  for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kt[e];
-                  scores[std::size_t(t)] = dot * scale;
-                  top = std::max(top, scores[std::size_t(t)]);
-                }
-                float total = 0;
-                for (std::int64_t t = 0; t < visible; ++t)
-                  total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
-                float* out = &attn(first[b] + i, head * d);
-                for (std::int64_t e = 0; e < d; ++e) out[e] = 0;
-                for (std::int64_t t = 0; t < visible; ++t) {
-                  const float* vt = cache.value(batch[b].request, l, t, kv);
-                  const float p = scores[std::size_t(t)] / total;
-                  for (std::int64_t e = 0; e < d; ++e) out[e] += p * vt[e];
-                }
-              }
-            }
+            paged_attention(cache, batch[b].request, l, start, q.view().slice(0, first[b], len),
+                            attn.view().slice(0, first[b], len), s.q_heads, s.kv_heads, group, d, scores);
           }
         }
-        // The attention as one paged kernel over the batch: its pairs, and the keys and values it reads.
+        // The attention as one paged kernel over the batch (serve/paged_attention.hpp): its pairs, and the keys and
+        // values it reads.
         if (n > 0) {
-          note({.kind = TraceKind::attention_forward, .m = pairs, .n = double(hq), .k = double(d)});
+          note(paged_attention_event(pairs, hq, d));
           note_stream(2 * positions * double(hk * d));
         }
         if (n > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y.view());

@@ -12,9 +12,11 @@
 // on rank r of p, per layer (d head width, hq_r / hk_r the rank's query / key-value heads, f the expert width,
 // b the dtype's bytes, every GEMM through the profile's GemmModel: overhead + 2mnk / rate + (mk + kn + mn) b / HBM
 // bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline that makes TP win there):
-//   attention: GEMMs q, k, v [n, h] x [h, (hq_r | hk_r | hk_r) d] and o [n, hq_r d] x [hq_r d, h]; the attention
-//     kernel at 4 d hq_r (query-key pairs) flops (AttentionModel) plus reading each chunk's keys and values
-//     (2 (cached + tokens) hk_r d b bytes, elementwise bandwidth); then all-reduce [n, h] (b bytes per element).
+//   attention: GEMMs q, k, v [n, h] x [h, (hq_r | hk_r | hk_r) d] and o [n, hq_r d] x [hq_r d, h]; the paged
+//     attention kernel over the step's query-key pairs and hq_r heads (HardwareProfile::paged_attention_time: per
+//     visit where the profile calibrated it, else 4 d hq_r pairs flops at the AttentionModel's rate) plus reading
+//     each chunk's keys and values (2 (cached + tokens) hk_r d b bytes, elementwise bandwidth); then all-reduce
+//     [n, h] (b bytes per element).
 //   FFN, dense: GEMMs [n, h] x [h, 2 F_r] and [n, F_r] x [F_r, h], F_r = chunk_range(F, p, r); SwiGLU n F_r outputs.
 //   FFN, MoE: router GEMM [n, h] x [h, E] on every rank; per expert e with rows m_e on the rank (TP: every pair, a
 //     slice of f_r = chunk_range(f, p, r) columns; EP: the rank's share, rows_per_rank's rule, whole f columns):
@@ -65,7 +67,7 @@ inline double gemm(const cost::HardwareProfile& hw, double m, double n, double k
 // One SwiGLU bank of width w over m rows: in [m, h] x [h, 2w], out [m, w] x [w, h], the activation.
 inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double h, int b) {
   if (m <= 0 || w <= 0) return 0;
-  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.activation_time(m * w, 3 * m * w * b);
+  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.activation_time(m * w, 3 * m * w * b, /*swiglu_forward=*/true);
 }
 
 // Seconds of one all-to-all-v whose busiest rank moves `bytes` (in or out) among p ranks.
@@ -180,7 +182,7 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
       } else {
         const double kv_bytes = 2 * positions * hk * d * b;
         a = gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b) +
-            hw.attention.forward_time(4 * d * hq * pairs) + hw.elementwise_time(kv_bytes);
+            hw.paged_attention_time(pairs, hq, d) + hw.elementwise_time(kv_bytes);
         a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq + hk) * d + 2 * n * hk * d));  // norm, RoPE, KV append
       }
       attention = std::max(attention, a);

@@ -1,0 +1,251 @@
+// bench/serve_step_pieces.cpp: where one serving step's time goes on this machine, piece by piece, against what the
+// dry run (serve/step_dry_run.hpp) prices each piece at on a calibrated profile (issue 25: steps with a prompt
+// chunk were simulated at 0.67-0.80x of their measured CPU time while their GEMMs fit within 4%).
+//
+// moe_infer's synthetic MoE (2 layers, h 256, 8 heads, 4 kv heads, 8 experts top-2, ffn 512) on RANKS thread ranks,
+// static TP. Rank 0's decoder_step runs on a backend that computes as ops::Cpu and times every op in thread CPU time
+// (what moe_simulate --measure's cpu column and the calibration count); the time between two ops is the step's
+// own loops (the attention over the paged cache and the KV append follow the chunk's RoPE), its allocations and its
+// collectives. Two steps: one prompt chunk of PROMPT tokens (a fresh request), and DECODE decode tokens whose
+// requests hold CACHED positions. Each is run REPEATS times; the fastest run's pieces are printed (ms), beside the dry
+// run of the same step priced on PROFILE (GEMMs, the paged attention kernel and its key/value stream, the other
+// kernels, allocations and collectives).
+//
+//   serve_step_pieces PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20]
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/core/timer.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/serve/cluster_spec.hpp"
+#include "paradyse/serve/step_dry_run.hpp"
+#include "paradyse/serve/synthetic_decoder.hpp"
+
+#include <fmt/core.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+// A backend that computes as ops::Cpu and times each op (thread CPU seconds): per op, and per gap between two ops.
+namespace paradyse::ops::timed_bench {
+struct Clock {
+  std::map<std::string, double> ops, gaps;
+  std::map<std::string, int> calls;
+  double last_end = 0;
+  std::string last = "step start";
+  void start() {
+    ops.clear(), gaps.clear(), calls.clear();
+    last = "step start";
+    last_end = thread_cpu_seconds();
+  }
+  void stop() { gaps[last + " -> step end"] += thread_cpu_seconds() - last_end; }
+};
+inline Clock& clock() {
+  thread_local Clock c;
+  return c;
+}
+struct Timed {
+  const char* name;
+  double begin;
+  explicit Timed(const char* n) : name(n), begin(thread_cpu_seconds()) {
+    Clock& c = clock();
+    c.gaps[c.last + " -> " + name] += begin - c.last_end;
+  }
+  ~Timed() {
+    Clock& c = clock();
+    c.last_end = thread_cpu_seconds();
+    c.ops[name] += c.last_end - begin;
+    ++c.calls[name];
+    c.last = name;
+  }
+};
+namespace timed {
+#define PARADYSE_TIMED(op)                 \
+  template <class... A>                    \
+  decltype(auto) op(A&&... a) {            \
+    const Timed t(#op);                    \
+    return cpu::op(std::forward<A>(a)...); \
+  }
+PARADYSE_TIMED(adamw_step) PARADYSE_TIMED(add_into) PARADYSE_TIMED(attention_backward) PARADYSE_TIMED(attention_forward)
+PARADYSE_TIMED(attention_merge) PARADYSE_TIMED(convert) PARADYSE_TIMED(copy) PARADYSE_TIMED(cross_entropy_forward_backward)
+PARADYSE_TIMED(embedding_backward) PARADYSE_TIMED(embedding_forward) PARADYSE_TIMED(fill) PARADYSE_TIMED(gather_rows)
+PARADYSE_TIMED(gathered_row_dot) PARADYSE_TIMED(gelu_backward) PARADYSE_TIMED(gelu_forward) PARADYSE_TIMED(gemm)
+PARADYSE_TIMED(gemm_batched) PARADYSE_TIMED(layer_norm_backward) PARADYSE_TIMED(layer_norm_forward)
+PARADYSE_TIMED(masked_softmax_forward) PARADYSE_TIMED(matmul) PARADYSE_TIMED(rms_norm_backward)
+PARADYSE_TIMED(rms_norm_forward) PARADYSE_TIMED(rope_backward) PARADYSE_TIMED(rope_forward)
+PARADYSE_TIMED(router_backward) PARADYSE_TIMED(router_forward) PARADYSE_TIMED(scatter_add_rows)
+PARADYSE_TIMED(sigmoid_backward) PARADYSE_TIMED(sigmoid_forward) PARADYSE_TIMED(softmax_backward)
+PARADYSE_TIMED(swiglu_backward) PARADYSE_TIMED(swiglu_forward)
+#undef PARADYSE_TIMED
+}  // namespace timed
+namespace impl = timed;
+struct TimedCpu {
+  static constexpr std::string_view name = "timed";
+  static constexpr MemorySpace space = MemorySpace::host;
+#include "paradyse/ops/op_table.inc"
+};
+}  // namespace paradyse::ops::timed_bench
+
+using namespace paradyse;
+using namespace paradyse::serve;
+using ops::timed_bench::TimedCpu;
+
+namespace {
+
+// The measured pieces of one step (seconds).
+struct Pieces {
+  double gemm = 0, paged_attention = 0, other_ops = 0, rest = 0, total = 0;
+};
+
+Pieces classify(const ops::timed_bench::Clock& c, double total) {
+  Pieces p;
+  p.total = total;
+  for (const auto& [name, s] : c.ops)
+    (name == "matmul" || name == "gemm" || name == "gemm_batched" ? p.gemm : p.other_ops) += s;
+  // The KV append and the attention loop run after each chunk's RoPE of k (before the next chunk's RoPE of q, or
+  // the o projection).
+  for (const auto& [name, s] : c.gaps) (name.rfind("rope_forward -> ", 0) == 0 ? p.paged_attention : p.rest) += s;
+  return p;
+}
+
+// The dry run's price of the same pieces on rank 0.
+Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
+  const cost::HardwareProfile& hw = cluster.profile;
+  const RankStepTrace r = dry_run_step(c, t, 0);
+  Pieces p;
+  const int b = cluster.dtype_bytes;
+  for (std::size_t i = 0; i < r.events.size(); ++i) {
+    const TraceEvent& e = r.events[i];
+    const double n = e.count;
+    switch (e.kind) {
+      case TraceKind::gemm: p.gemm += n * hw.gemm.time(e.m, e.n, e.k, b); break;
+      case TraceKind::attention_forward: p.paged_attention += n * hw.attention.forward_time(4 * e.k * e.n * e.m); break;
+      case TraceKind::paged_attention: p.paged_attention += n * hw.paged_attention_time(e.m, e.n, e.k); break;
+      case TraceKind::elementwise: p.other_ops += n * hw.elementwise_time(e.bytes); break;
+      case TraceKind::activation: p.other_ops += n * hw.activation_time(e.m, e.bytes, e.n == 1); break;
+      case TraceKind::transcendental: p.other_ops += n * hw.scalar_math.time(cost::ScalarFunction(int(e.n)), e.m); break;
+      case TraceKind::allocate: p.rest += hw.fresh_memory.time(double(cost::round_allocation(e.bytes))); break;
+      case TraceKind::scratch: p.rest += hw.fresh_memory.time(e.bytes); break;
+      default: break;
+    }
+  }
+  // decoder_step's notes of the paged kernel: the KV append (4 len hk d floats per chunk) and the key/value stream
+  // (2 positions hk d floats) are elementwise events above; move them to the paged attention's piece.
+  const double hk = double(kv_heads_of(c, t.ranks, 0).length), d = double(c.head_dim);
+  double positions = 0;
+  for (const ChunkShape& ch : t.chunks) positions += double(ch.cached + ch.tokens);
+  const double kv = double(c.layers) * hw.elementwise_time(4 * (4 * double(t.tokens()) + 2 * positions) * hk * d);
+  p.other_ops -= kv;
+  p.paged_attention += kv;
+  const StepCost total = dry_run_step_cost(c, t, cluster);
+  p.total = total.total_s();
+  p.rest += total.communication_s;
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fmt::print(stderr, "usage: serve_step_pieces PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20]\n");
+    return 2;
+  }
+  const auto arg = [&](int i, long fallback) { return argc > i ? std::atol(argv[i]) : fallback; };
+  const int ranks = int(arg(2, 2));
+  const std::int64_t prompt = arg(3, 64), decode = arg(4, 8), cached = arg(5, 48), repeats = arg(6, 20);
+  const SimulatedCluster cluster = simulated_cluster(argv[1], 4);
+  const LoadedDecoder model = synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), 1, 0.3);
+  const DecoderConfig& c = model.config;
+  fmt::print("serve_step_pieces: synthetic MoE (h 256, 2 layers, 8 heads, 4 kv heads, 8 experts top-2, ffn 512), {} "
+             "thread ranks, static TP, rank 0's thread CPU time (fastest of {}), against the dry run priced on {}\n",
+             ranks, repeats, cluster.profile.name);
+  struct Kind {
+    std::string name;
+    std::vector<ChunkShape> shape;
+  };
+  std::vector<Kind> kinds = {{fmt::format("prompt chunk of {}", prompt), {{prompt, 0, false}}}, {fmt::format("{} decode tokens at {} cached", decode, cached), {}}};
+  for (std::int64_t i = 0; i < decode; ++i) kinds[1].shape.push_back({1, cached, true});
+  for (const Kind& kind : kinds) {
+    Pieces best;
+    best.total = 1e30;
+    ops::timed_bench::Clock detail;
+    double plain = 1e30;  // the same step on ops::Cpu, untimed: the timers' own cost is the difference
+    StepTrace trace;
+    run_ranks(ranks, [&](ThreadCommunicator& comm) {
+      const RankShard shard = make_rank_shard(c, model.weights, ranks, comm.rank(), MoeMode::tp);
+      PagedKvCache cache(kv_cache_shape(c, shard, 64, 16));
+      BufferPool pool;
+      std::vector<SequenceChunk> batch;
+      for (std::size_t i = 0; i < kind.shape.size(); ++i) {
+        const std::int64_t request = std::int64_t(i);
+        if (kind.shape[i].cached > 0) {  // fill the request's cache first
+          cache.reserve(request, kind.shape[i].cached);
+          const SequenceChunk fill{request, std::vector<std::int32_t>(std::size_t(kind.shape[i].cached), 7)};
+          decoder_step(comm, c, shard, cache, std::span(&fill, 1), pool);
+        }
+        batch.push_back({request, std::vector<std::int32_t>(std::size_t(kind.shape[i].tokens), 11)});
+      }
+      for (std::int64_t rep = 0; rep < repeats; ++rep) {
+        for (const SequenceChunk& ch : batch) cache.reserve(ch.request, std::int64_t(ch.tokens.size()));
+        std::vector<std::int64_t> before;
+        for (const SequenceChunk& ch : batch) before.push_back(cache.length(ch.request));
+        comm.barrier();
+        ops::timed_bench::clock().start();
+        const double start = thread_cpu_seconds();
+        const StepResult out = decoder_step<TimedCpu>(comm, c, shard, cache, batch, pool);
+        const double total = thread_cpu_seconds() - start;
+        ops::timed_bench::clock().stop();
+        if (comm.rank() == 0 && total < best.total) {
+          best = classify(ops::timed_bench::clock(), total);
+          detail = ops::timed_bench::clock();
+          trace = {};
+          trace.ranks = ranks;
+          for (std::size_t i = 0; i < batch.size(); ++i) trace.chunks.push_back(kind.shape[i]);
+          for (const MoeLayerLoad& l : out.moe_load) trace.routed.push_back(l.routed);
+          trace.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
+          trace.next.assign(std::size_t(c.layers), std::nullopt);
+        }
+        for (const SequenceChunk& ch : batch) cache.release(ch.request);
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          cache.reserve(batch[i].request, before[i] + std::int64_t(batch[i].tokens.size()));
+          if (before[i] > 0) {
+            const SequenceChunk fill{batch[i].request, std::vector<std::int32_t>(std::size_t(before[i]), 7)};
+            decoder_step(comm, c, shard, cache, std::span(&fill, 1), pool);
+          }
+        }
+        comm.barrier();
+        const double plain_start = thread_cpu_seconds();
+        decoder_step(comm, c, shard, cache, batch, pool);
+        if (comm.rank() == 0) plain = std::min(plain, thread_cpu_seconds() - plain_start);
+        // Roll the cache back so that every repeat sees the same lengths: release and refill is what a fresh
+        // request costs; here the decode requests keep their blocks (reserve is idempotent on length).
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          cache.release(batch[i].request);
+          if (before[i] > 0) {
+            cache.reserve(batch[i].request, before[i]);
+            const SequenceChunk fill{batch[i].request, std::vector<std::int32_t>(std::size_t(before[i]), 7)};
+            decoder_step(comm, c, shard, cache, std::span(&fill, 1), pool);
+          }
+        }
+      }
+    });
+    const Pieces dry = priced(c, trace, cluster);
+    fmt::print("\n{}: {} tokens, rank 0 (ms)\n{:<44} {:>9} {:>9} {:>7}\n", kind.name, trace.tokens(), "piece",
+               "measured", "dry run", "ratio");
+    const auto row = [](const char* what, double m, double s) {
+      fmt::print("{:<44} {:>9.3f} {:>9.3f} {:>6.2f}x\n", what, m * 1e3, s * 1e3, s / std::max(1e-12, m));
+    };
+    row("GEMMs", best.gemm, dry.gemm);
+    row("paged attention + KV append (the loops)", best.paged_attention, dry.paged_attention);
+    row("other backend ops (norms, RoPE, router...)", best.other_ops, dry.other_ops);
+    row("between ops (allocations, collectives...)", best.rest, dry.rest);
+    row("step", best.total, dry.total);
+    fmt::print("{:<44} {:>9.3f}\n", "step on ops::Cpu, untimed", plain * 1e3);
+    if (argc > 7) {
+      for (const auto& [name, s] : detail.ops) fmt::print("  op  {:<40} {:>9.3f} ms {:>5} calls\n", name, s * 1e3, detail.calls[name]);
+      for (const auto& [name, s] : detail.gaps) fmt::print("  gap {:<40} {:>9.3f} ms\n", name, s * 1e3);
+    }
+  }
+  return 0;
+}

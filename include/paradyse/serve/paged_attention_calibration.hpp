@@ -1,0 +1,71 @@
+// paradyse/serve/paged_attention_calibration.hpp: the profile's PagedAttentionModel (cost/profile.hpp) measured on
+// this machine: serve/paged_attention.hpp's kernel timed over several head dims and chunks (prompt chunks from an
+// empty cache, decode tokens against long ones), fitted by cost/calibrate.hpp's fit_paged_attention. moe_simulate
+// --measure calls it when it calibrates the thread ranks (scripts/validate_serving.sh).
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/serve/paged_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace paradyse::serve {
+
+struct PagedAttentionCalibrationOptions {
+  cost::TimeSource clock = cost::TimeSource::thread_cpu;
+  int repetitions = 5;
+  std::vector<std::int64_t> head_dims = {32, 64, 128};
+  // Chunks (new tokens, cached positions): prompt chunks and decode tokens against caches of several lengths.
+  std::vector<std::pair<std::int64_t, std::int64_t>> chunks = {{64, 0}, {128, 0}, {32, 256}, {1, 512}, {1, 2048}};
+  std::int64_t query_heads = 4, kv_heads = 2;
+  std::int64_t requests = 16;  // requests the cache holds (its block tables), one of which is read
+};
+
+struct PagedAttentionCalibration {
+  cost::PagedAttentionModel model;
+  std::vector<cost::PagedAttentionSample> samples;
+  cost::Fit fit;
+};
+
+// Times paged_attention on every rank at once (the slowest rank of each run, the fastest of the repetitions; every
+// rank calls it) for each head dim and chunk of `options`, over a cache of `options.requests` requests of one layer,
+// and fits the model.
+template <Communicator C>
+PagedAttentionCalibration calibrate_paged_attention(C& comm, const PagedAttentionCalibrationOptions& options = {}) {
+  PagedAttentionCalibration out;
+  const std::int64_t hq = options.query_heads, hk = options.kv_heads, block = 16;
+  check(hq >= 1 && hk >= 1 && hq % hk == 0 && options.requests >= 1,
+        "calibrate_paged_attention: {} query heads over {} kv heads (a multiple), {} requests", hq, hk,
+        options.requests);
+  std::int64_t longest = 0;
+  for (const auto& [tokens, cached] : options.chunks) longest = std::max(longest, tokens + cached);
+  for (const std::int64_t d : options.head_dims) {
+    const std::int64_t per_request = (longest + block - 1) / block;
+    PagedKvCache cache({1, per_request * options.requests, block, hk, d});
+    Tensor<float> kv(Shape{longest, hk, d});
+    for (std::int64_t i = 0; i < kv.numel(); ++i) kv.data()[i] = float(std::sin(0.37 * double(i)));
+    for (std::int64_t r = 0; r < options.requests; ++r) {
+      cache.reserve(r, longest);
+      cache.append(r, 0, kv.view(), kv.view());
+    }
+    const std::int64_t request = options.requests / 2;
+    std::vector<float> scores;
+    for (const auto& [tokens, cached] : options.chunks) {
+      Tensor<float> q(Shape{tokens, hq * d}), o(Shape{tokens, hq * d});
+      for (std::int64_t i = 0; i < q.numel(); ++i) q.data()[i] = float(std::cos(0.11 * double(i)));
+      const double seconds = cost::calibrate_detail::measure(comm, options.clock, options.repetitions, [&] {
+        paged_attention(cache, request, 0, cached, q.view(), o.view(), {0, hq}, {0, hk}, hq / hk, d, scores);
+      });
+      out.samples.push_back({chunk_pairs(tokens, cached) * double(hq), double(d), seconds});
+    }
+  }
+  out.fit = cost::fit_paged_attention(out.samples, out.model);
+  return out;
+}
+
+}  // namespace paradyse::serve
