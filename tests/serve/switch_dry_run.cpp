@@ -1,7 +1,8 @@
 // tests/serve/switch_dry_run.cpp: the dynamic policy on the dry-run clock (serve/clock.hpp SimulatedClock). The
-// switcher forecasts with the clock's own price of a step (EngineClock::price: the dry run it advances by) and the
-// expert loads of serve/switch_policy.hpp's LoadForecast; on Mixtral-8x7B (8x H100) at 64 requests/s it takes EP as it
-// does on an analytic clock (step_cost), where it had stayed in TP while step_cost forecast the dry run's steps.
+// switcher forecasts with the dry run of the step on its time model (what the clock charges: SimulatedClock::price)
+// and the expert loads of serve/switch_policy.hpp's LoadForecast; on Mixtral-8x7B (8x H100) at 64 requests/s it takes
+// EP as it does on an analytic clock forecasting with step_cost, where it had stayed in TP while step_cost forecast
+// the dry run's steps.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
@@ -28,7 +29,7 @@ DecoderConfig mixtral() {
                            "model_shapes" / "mixtral-8x7b.json").string()).config;
 }
 
-// The clock of the analytic model: each step advances by step_cost (serve/step_cost.hpp), which it also prices.
+// The clock of the analytic model: each step advances by step_cost (serve/step_cost.hpp).
 class AnalyticClock final : public EngineClock {
 public:
   AnalyticClock(const DecoderConfig& c, const SimulatedCluster& cluster) : c_(c), cluster_(cluster) {}
@@ -40,12 +41,10 @@ public:
     if (std::isfinite(next_arrival)) now_ = std::max(now_, next_arrival);
   }
   void step_begin() override {}
-  bool prices_steps() const override { return true; }
-  StepCost price(const StepTrace& t) override { return step_cost(c_, t, cluster_); }
 
 private:
   StepTiming advance(const StepTrace& t, double) override {
-    const StepCost s = price(t);
+    const StepCost s = step_cost(c_, t, cluster_);
     now_ += s.total_s();
     return {s.total_s(), s.switch_s};
   }
@@ -61,12 +60,13 @@ struct Served {
 };
 
 // Mixtral on 8 modelled ranks (Zipf 0.5 routing), the dynamic policy as moe_simulate runs it (its time model the
-// cluster's), on `clock`.
+// cluster's), on `clock`; `price`: the switcher's cost of a step when set (else the dry run on the cluster).
 Served serve_dynamic(const DecoderConfig& c, const SimulatedCluster& cluster, EngineClock& clock,
-                     const std::vector<ServeRequest>& requests) {
+                     const std::vector<ServeRequest>& requests, StepPricer price = {}) {
   EnginePolicy policy;
   policy.mode = ModePolicy::dynamic;
   policy.time_model = cluster;
+  policy.forecast_price = std::move(price);
   policy.switching = {0.1, 2, 8, 32, true, 0};
   Served r;
   run_ranks(1, [&](ThreadCommunicator& comm) {
@@ -128,8 +128,10 @@ TEST_CASE("switch dry run: the simulated clock prices a step as it advances by i
   CHECK(clock.now() == 0);  // pricing does not advance
   CHECK(clock.price(tp_step).total_s() == tp_s);
   CHECK(tp_s == dry_run_step_cost(c, tp_step, h100).total_s());
-  // The forecast of the step in both layouts, by the clock's price: exactly what the clock charges for each.
-  const StepPricer price = [&](const StepTrace& t) { return clock.price(t); };
+  // The forecast of the step in both layouts, by the engine's pricer (the dry run on the time model, a runner of its
+  // own): exactly what the clock charges for each.
+  StepDryRunner runner(c);
+  const StepPricer price = [&](const StepTrace& t) { return simulated_step_cost(runner, t, h100); };
   const LayoutForecast f = forecast_layouts(c, tp_step.chunks, tp_step.routed, tp_step.layout, ep, 8, true, price);
   CHECK(f.step.tp_s == tp_s);
   CHECK(f.step.ep_s == ep_s);
@@ -139,10 +141,6 @@ TEST_CASE("switch dry run: the simulated clock prices a step as it advances by i
   CHECK(clock.now() == tp_s);
   clock.step_end(ep_step, 0);
   CHECK(clock.now() == tp_s + ep_s);
-  // The wall, step and CPU clocks do not price steps.
-  StepClock steps;
-  CHECK_FALSE(steps.prices_steps());
-  CHECK_THROWS_WITH_AS(steps.price(tp_step), doctest::Contains("does not price steps"), Error);
 }
 
 TEST_CASE("switch dry run: the forecast's loads follow the recent routing's shares over the step's tokens") {
@@ -190,7 +188,9 @@ TEST_CASE("switch dry run: at 64 requests/s on Mixtral-8x7B (8x H100) the dynami
       to_serve_requests(poisson_trace(64.0, 60, {64, 1024, 16, 256}, 1), c.vocab, 1);
   SimulatedClock dry(c, h100);
   AnalyticClock analytic(c, h100);
-  const Served d = serve_dynamic(c, h100, dry, requests), a = serve_dynamic(c, h100, analytic, requests);
+  // The reference: the analytic clock, the switcher on step_cost (the last session's analytic tables).
+  const Served d = serve_dynamic(c, h100, dry, requests),
+               a = serve_dynamic(c, h100, analytic, requests, analytic_pricer(c, h100));
   MESSAGE(fmt::format("dynamic, dry-run clock: {} EP steps of {} (first {}), {} switches, TTFT p50 {:.1f} ms; analytic "
                       "clock: {} of {} (first {}), {} switches, TTFT p50 {:.1f} ms",
                       d.ep_steps, d.stats.steps, d.first_ep, d.stats.switches, ttft_p50(d.out) * 1e3, a.ep_steps,

@@ -13,9 +13,10 @@
 //     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
 //     jumps to the next arrival. Deterministic: the same trace sequence
 //     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch). It prices a
-//     step without advancing (price): the dynamic policy's switcher forecasts with that price, so the switcher ranks
-//     TP and EP by the cost the clock charges (on step_cost's while the clock ran the dry run, Mixtral-8x7B at 64
-//     requests/s on 8x H100 stayed in TP through 366 steps of 512 tokens: TTFT p50 0.60x of static EP's).
+//     step without advancing (price). The dynamic policy's switcher forecasts with the same dry run on its time model
+//     (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with step_cost while the
+//     clock ran the dry run, Mixtral-8x7B at 64 requests/s on 8x H100 stayed in TP through 366 steps of 512
+//     tokens: TTFT p50 0.60x of static EP's).
 // Every clock calls `observer`, when set, after each step with the step's trace, its timing and the time it ended
 // (recording the routing, or the layout over time).
 #pragma once
@@ -58,10 +59,6 @@ public:
   virtual void idle(double next_arrival) = 0;
   // The engine counts the idle step in its statistics (the step clock's time is the step count).
   virtual bool counts_idle_steps() const { return false; }
-  // A clock that prices steps (the simulated clock) says what it would advance by for the step `trace`, without
-  // advancing: the dynamic policy's switcher forecasts with it (serve/switch_policy.hpp).
-  virtual bool prices_steps() const { return false; }
-  virtual StepCost price(const StepTrace& /*trace*/) { throw Error("this clock does not price steps"); }
   virtual void step_begin() { wall_step_.restart(), cpu_begin_ = thread_cpu_seconds(); }
   // The step described by `trace` ended; `measured_switch_s`: the wall time its layout change took on the critical
   // path.
@@ -151,8 +148,8 @@ public:
     if (std::isfinite(next_arrival)) now_ = std::max(now_, next_arrival);
   }
   void step_begin() override {}
-  bool prices_steps() const override { return true; }
-  StepCost price(const StepTrace& trace) override { return simulated_step_cost(*dry_run_, trace, cluster_); }
+  // What the clock advances by for the step `trace` (without advancing).
+  StepCost price(const StepTrace& trace) { return simulated_step_cost(*dry_run_, trace, cluster_); }
   // The totals over the steps since start().
   const StepCost& totals() const noexcept { return total_; }
   const SimulatedCluster& cluster() const noexcept { return cluster_; }

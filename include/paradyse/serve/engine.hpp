@@ -12,8 +12,8 @@
 //     others in admission order while the step's token budget lasts (a long prompt takes several steps);
 //   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
 //     the recent routing's expert shares over its tokens: LoadForecast) in both layouts, and the switch's exposed
-//     time, with the clock's own price of a step where the clock has one (the simulated clock: the dry run it
-//     advances by), else serve/step_cost.hpp on policy.time_model; with SwitchPolicy::window the coming steps too
+//     time, by the dry run of the step on policy.time_model (serve/step_dry_run.hpp: what the simulated clock charges
+//     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too
 //     (the running requests' chunks and the queue played forward); a change is carried out during the step: each layer's weights are posted for redistribution right after the layer computed in the old
 //     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
 //     waits took);
@@ -72,10 +72,11 @@ struct EnginePolicy {
   std::int64_t fetch_capacity = 4;    // fetched experts a rank caches
   bool pipelined_switch = true;       // redistribute layer by layer during the step (else stall before it)
   SwitchPolicy switching;
-  // The time model the switcher forecasts with on a clock that does not price steps (the wall and step clocks; the
-  // simulated clock's own price comes first) and stats.predicted reports: step_cost on this profile. Unset:
-  // time_model_of(rates).
+  // The time model the switcher forecasts on (the dry run of the step on this profile, what the simulated clock
+  // charges on it; stats.predicted reports step_cost's analytic model on it); under simulation the clock's cluster.
+  // Unset: time_model_of(rates).
   std::optional<SimulatedCluster> time_model;
+  StepPricer forecast_price;  // when set, the switcher's cost of a step instead (e.g. analytic_pricer)
   MachineRates rates;
   RoutingBudget budget;               // Alloc-MoE: K_l per MoE layer, Alloc-T per chunk (serve/routing_budget.hpp)
 };
@@ -257,11 +258,14 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
   PagedKvCache& cache = stepper.cache();
   ModeSwitcher switcher(policy.switching, mode);
   const SimulatedCluster time_model = policy.time_model ? *policy.time_model : time_model_of(policy.rates);
-  // The switcher's cost of a step: the clock's own where it prices steps (the simulated clock: the dry run it advances
-  // by), else step_cost on the time model.
-  const StepPricer forecast_price = clock.prices_steps()
-                                        ? StepPricer([&clock](const StepTrace& t) { return clock.price(t); })
-                                        : analytic_pricer(c, time_model);
+  // The switcher's cost of a step: policy.forecast_price, else the dry run of the step on the time model (what the
+  // simulated clock charges when its cluster is the time model, as under moe_simulate; the same on every clock, so
+  // the wall, step and simulated clocks take the same decisions).
+  StepDryRunner forecast_runner(c);
+  const StepPricer forecast_price =
+      policy.forecast_price ? policy.forecast_price : StepPricer([&](const StepTrace& t) {
+        return simulated_step_cost(forecast_runner, t, time_model);
+      });
   auto current_layouts = [&] {
     std::vector<ExpertLayout> now(std::size_t(c.layers), ExpertLayout::tp());
     for (std::int64_t l = 0; l < c.layers; ++l)

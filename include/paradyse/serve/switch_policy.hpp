@@ -1,6 +1,6 @@
-// paradyse/serve/switch_policy.hpp: the dynamic policy's per-step choice between TP and EP, made by the cost the clock
-// charges (StepPricer: the simulated clock's dry run of the step, serve/clock.hpp price; on other clocks
-// serve/step_cost.hpp's analytic model): one cost function, here and in the clock.
+// paradyse/serve/switch_policy.hpp: the dynamic policy's per-step choice between TP and EP, made by the cost the
+// simulated clock charges (StepPricer: the engine's is the dry run of the step on the time model, serve/step_dry_run.hpp;
+// analytic_pricer: serve/step_cost.hpp's model): one cost function, here and in the clock.
 //
 // Before each step the scheduler forecasts the step about to run (its chunks and cached lengths, the recent routing's
 // expert shares laid over its tokens: LoadForecast) in both layouts: the price of the whole step in TP and in EP, and
@@ -132,9 +132,9 @@ inline ModeCosts moe_mode_costs(const MoeConfig& m, const std::vector<std::int64
   return c;
 }
 
-// What a step costs: the simulated clock's price of it (SimulatedClock::price, the dry run of the step), or step_cost's
-// analytic model on a time model (analytic_pricer). The switcher forecasts with the clock's own price where the clock
-// has one: nothing but the clock differs between the modes, and the switcher does not rank TP and EP by another cost.
+// What a step costs: the dry run's price of it on a time model (serve/step_dry_run.hpp simulated_step_cost, what the
+// simulated clock advances by), or step_cost's analytic model (analytic_pricer). The engine forecasts with the dry
+// run on its time model whatever the clock: the switcher ranks TP and EP by the cost the simulated clock charges.
 using StepPricer = std::function<StepCost(const StepTrace&)>;
 
 // (`c` and `model` must outlive the pricer.)
