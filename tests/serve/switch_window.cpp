@@ -136,19 +136,21 @@ TEST_CASE("switch window: on Mixtral-8x7B (8x H100) the window switches where on
     for (const double x : r.stats.step_seconds) s += x;
     return s;
   };
-  {  // 24 prompts of 512 tokens, 4 outputs each, 4 running: prompt chunks beside a few decodes. Each step alone never
-     // pays for a switch to EP (the one-step forecast stays in TP); 16 steps of them do.
+  {  // 24 prompts of 512 tokens, 4 outputs each, 4 running: prompt chunks beside a few decodes. The window of 16 steps
+     // switches to EP sooner than the one-step forecast (which switches once, late: it forecast with step_cost and
+     // the last step's loads scaled, 0 switches, 441.5 against 414.5 ms, before the switcher took the clock's price).
     const std::vector<ServeRequest> requests = at_once(512, 4);
     const WindowRun one = serve_shape_dynamic(c, h100, requests, 4, {0.1, 2, 8, 32, true, 0});
     const WindowRun window = serve_shape_dynamic(c, h100, requests, 4, {0.1, 2, 8, 32, true, 16});
     MESSAGE(fmt::format("512-token prompts, 4 running: one-step {} switches ({:.2f} ms busy), window of 16 {} ({:.2f} "
                         "ms)", one.stats.switches, busy(one) * 1e3, window.stats.switches, busy(window) * 1e3));
-    CHECK(one.stats.switches == 0);
     CHECK(window.stats.switches >= 1);
-    CHECK(busy(window) < busy(one));  // the switch paid (deterministic: 414.5 against 441.5 ms)
+    CHECK(busy(window) < busy(one));  // the earlier switch paid (deterministic: 420.1 against 443.6 ms)
     same_batches(one, window);
   }
-  {  // 16 outputs each, 16 running: the one-step forecast switches once; a window of 4 sees the switch not pay.
+  {  // 16 outputs each, 16 running: the one-step forecast switches once; a window of 4 does not (its 4 steps do not pay
+     // for the switch). On the dry run's price the one switch pays over the whole run (509.7 against 524.9 ms; on
+     // step_cost with the scaled loads it had not: 533.1 against 517.2): a window of 4 is shorter than the run.
     const std::vector<ServeRequest> requests = at_once(512, 16);
     const WindowRun one = serve_shape_dynamic(c, h100, requests, 16, {0.1, 2, 8, 32, true, 0});
     const WindowRun window = serve_shape_dynamic(c, h100, requests, 16, {0.1, 2, 8, 32, true, 4});
@@ -156,7 +158,7 @@ TEST_CASE("switch window: on Mixtral-8x7B (8x H100) the window switches where on
                         one.stats.switches, busy(one) * 1e3, window.stats.switches, busy(window) * 1e3));
     CHECK(one.stats.switches >= 1);
     CHECK(window.stats.switches == 0);
-    CHECK(busy(window) < busy(one));  // the one-step switch did not pay (517.2 against 533.1 ms)
+    CHECK(busy(one) < busy(window));
     same_batches(one, window);
   }
 }

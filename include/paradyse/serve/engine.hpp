@@ -11,10 +11,10 @@
 //   - the batch: one decode token of every running request that finished its prompt, then prompt chunks of the
 //     others in admission order while the step's token budget lasts (a long prompt takes several steps);
 //   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
-//     the last step's expert loads scaled to its tokens) in both layouts, and the switch's exposed time, with the
-//     time model of the simulated clock (serve/step_cost.hpp on policy.time_model), or with SwitchPolicy::window the
-//     coming steps too (the running requests' chunks and the queue played forward); a change is carried out during
-//     the step: each layer's weights are posted for redistribution right after the layer computed in the old
+//     the recent routing's expert shares over its tokens: LoadForecast) in both layouts, and the switch's exposed
+//     time, by the dry run of the step on policy.time_model (serve/step_dry_run.hpp: what the simulated clock charges
+//     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too
+//     (the running requests' chunks and the queue played forward); a change is carried out during the step: each layer's weights are posted for redistribution right after the layer computed in the old
 //     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
 //     waits took);
 //   - EPLB (EP only): every eplb_interval steps the expert loads gathered since the last rebalance give a new
@@ -72,9 +72,11 @@ struct EnginePolicy {
   std::int64_t fetch_capacity = 4;    // fetched experts a rank caches
   bool pipelined_switch = true;       // redistribute layer by layer during the step (else stall before it)
   SwitchPolicy switching;
-  // The time model the switcher forecasts with (and stats.predicted reports): step_cost on this profile; under
-  // simulation the clock's cluster. Unset: time_model_of(rates).
+  // The time model the switcher forecasts on (the dry run of the step on this profile, what the simulated clock
+  // charges on it; stats.predicted reports step_cost's analytic model on it); under simulation the clock's cluster.
+  // Unset: time_model_of(rates).
   std::optional<SimulatedCluster> time_model;
+  StepPricer forecast_price;  // when set, the switcher's cost of a step instead (e.g. analytic_pricer)
   MachineRates rates;
   RoutingBudget budget;               // Alloc-MoE: K_l per MoE layer, Alloc-T per chunk (serve/routing_budget.hpp)
 };
@@ -256,6 +258,14 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
   PagedKvCache& cache = stepper.cache();
   ModeSwitcher switcher(policy.switching, mode);
   const SimulatedCluster time_model = policy.time_model ? *policy.time_model : time_model_of(policy.rates);
+  // The switcher's cost of a step: policy.forecast_price, else the dry run of the step on the time model (what the
+  // simulated clock charges when its cluster is the time model, as under moe_simulate; the same on every clock, so
+  // the wall, step and simulated clocks take the same decisions).
+  StepDryRunner forecast_runner(c);
+  const StepPricer forecast_price =
+      policy.forecast_price ? policy.forecast_price : StepPricer([&](const StepTrace& t) {
+        return simulated_step_cost(forecast_runner, t, time_model);
+      });
   auto current_layouts = [&] {
     std::vector<ExpertLayout> now(std::size_t(c.layers), ExpertLayout::tp());
     for (std::int64_t l = 0; l < c.layers; ++l)
@@ -268,8 +278,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
   stats.expert_max.assign(std::size_t(c.layers), 0.0);
   stats.expert_mean = stats.rank_max = stats.rank_mean = stats.expert_max;
   std::vector<std::vector<double>> window(static_cast<std::size_t>(c.layers), std::vector<double>(std::size_t(c.moe.experts), 0.0));
-  std::vector<std::vector<std::int64_t>> last_routed(static_cast<std::size_t>(c.layers));
-  std::int64_t last_tokens = 0;
+  LoadForecast loads(c.layers);  // the forecast's expert loads, from the steps' routing
 
   std::vector<Live> live(requests.size());
   std::vector<std::size_t> order(requests.size());  // by arrival
@@ -319,7 +328,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       for (const auto& ch : chunks) n += ch.second;
       // The layout after this step.
       MoeMode target = mode;
-      if (policy.mode == ModePolicy::dynamic && any_moe && n > 0 && last_tokens > 0) {
+      if (policy.mode == ModePolicy::dynamic && any_moe && n > 0 && loads.ready()) {
         std::vector<ChunkShape> shapes;  // the step's chunks and what their requests have cached
         for (const auto& [i, len] : chunks) {
           const Live& L = live[std::size_t(i)];
@@ -327,12 +336,9 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
           const bool decode = L.done_prompt >= prompt;
           shapes.push_back({len, decode ? prompt + std::int64_t(L.outcome.tokens.size()) - 1 : L.done_prompt, decode});
         }
-        std::vector<std::vector<std::int64_t>> scaled(last_routed);
-        for (auto& layer : scaled)
-          for (std::int64_t& x : layer) x = std::min(n, (x * n + last_tokens - 1) / last_tokens);
         if (policy.switching.window == 0) {
-          target = switcher.decide(forecast_layouts(c, shapes, scaled, current_layouts(), chunked_ep, p,
-                                                    policy.pipelined_switch, time_model));
+          target = switcher.decide(forecast_layouts(c, shapes, loads.loads(n), current_layouts(), chunked_ep, p,
+                                                    policy.pipelined_switch, forecast_price));
         } else {  // the window: this step and the next `window`, from the running requests and the queue
           std::vector<PendingRequest> now, queue;
           for (const std::size_t i : all) {
@@ -345,7 +351,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
             queue.push_back({std::int64_t(requests[order[q]].prompt.size()), 0, requests[order[q]].max_new_tokens});
           target = switcher.decide(forecast_window(
               c, forecast_batches(now, queue, opt.step_tokens, opt.max_running, policy.switching.window + 1),
-              last_routed, last_tokens, current_layouts(), chunked_ep, p, policy.pipelined_switch, time_model));
+              loads, current_layouts(), chunked_ep, p, policy.pipelined_switch, forecast_price));
         }
       }
       const bool rebalance = policy.eplb && mode == MoeMode::ep && target == MoeMode::ep && any_moe &&
@@ -430,12 +436,10 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     // ---- statistics ----
     std::int64_t n = 0;
     for (const SequenceChunk& ch : batch) n += std::int64_t(ch.tokens.size());
-    last_tokens = n;
     for (std::int64_t l = 0; l < c.layers; ++l) {
       if (!c.is_moe(l)) continue;
       const MoeLayerLoad& load = out.moe_load[std::size_t(l)];
       trace.routed[std::size_t(l)] = load.routed;
-      last_routed[std::size_t(l)] = load.routed;
       for (const std::int64_t pairs : load.routed) stats.routed_activations += pairs;
       double mx = 0, sum = 0;
       for (std::size_t e = 0; e < load.routed.size(); ++e) {
@@ -450,6 +454,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       stats.rank_max[std::size_t(l)] += rmax;
       stats.rank_mean[std::size_t(l)] += rsum / double(p);
     }
+    loads.observe(trace.routed, n);
     stats.mode_of_step.push_back(ran);
     ++stats.steps;
     stats.tokens += n;

@@ -135,8 +135,7 @@ struct RankStepTrace {
 };
 
 // Dry runs of the steps of one model: the replicated weights and each rank's shard live as meta tensors of the
-// runner's own tracker, rebuilt only when the ranks or a layer's layout change (a simulation runs many steps in one
-// layout).
+// runner's own tracker, made once per set of layouts (a simulation runs many steps in one layout).
 class StepDryRunner {
 public:
   explicit StepDryRunner(DecoderConfig c) : c_(std::move(c)) {}
@@ -174,26 +173,37 @@ public:
   }
 
 private:
+  // The ranks' shards in the layouts the step computes in; the last few layout sets are kept (the dynamic policy's
+  // forecast prices each step in TP and in EP besides the step itself).
   const RankShard& shard_of(const StepTrace& t, int rank) {
     std::vector<ExpertLayout> layouts = computed_layouts(t);
-    if (t.ranks != ranks_ || layouts != layouts_) {
-      shards_.clear();
+    auto hit = std::find_if(kept_.begin(), kept_.end(),
+                            [&](const Shards& k) { return k.ranks == t.ranks && k.layouts == layouts; });
+    if (hit == kept_.end()) {
       if (!whole_made_) whole_ = shape_whole_weights(c_), whole_made_ = true;
-      for (int r = 0; r < t.ranks; ++r) shards_.push_back(shape_rank_shard(c_, whole_, t.ranks, r, layouts));
-      ranks_ = t.ranks;
-      layouts_ = std::move(layouts);
+      if (kept_.size() == kKept) kept_.pop_back();
+      Shards made{t.ranks, std::move(layouts), {}};
+      for (int r = 0; r < t.ranks; ++r) made.shards.push_back(shape_rank_shard(c_, whole_, t.ranks, r, made.layouts));
+      kept_.insert(kept_.begin(), std::move(made));
+    } else if (hit != kept_.begin()) {
+      std::rotate(kept_.begin(), hit, hit + 1);  // most recent first
     }
-    check(rank >= 0 && rank < ranks_, "dry_run_step: rank {} of {}", rank, ranks_);
-    return shards_[std::size_t(rank)];
+    check(rank >= 0 && rank < kept_.front().ranks, "dry_run_step: rank {} of {}", rank, kept_.front().ranks);
+    return kept_.front().shards[std::size_t(rank)];
   }
+
+  struct Shards {
+    int ranks = 0;
+    std::vector<ExpertLayout> layouts;
+    std::vector<RankShard> shards;
+  };
+  static constexpr std::size_t kKept = 4;
 
   DecoderConfig c_;
   MemoryTracker meta_{MemorySpace::meta};
   DecoderWeights whole_;
   bool whole_made_ = false;
-  int ranks_ = 0;
-  std::vector<ExpertLayout> layouts_;
-  std::vector<RankShard> shards_;
+  std::vector<Shards> kept_;  // most recently used first
 };
 
 // One rank's dry run of one step (a runner of its own).

@@ -1,9 +1,11 @@
-// paradyse/serve/switch_policy.hpp: the dynamic policy's per-step choice between TP and EP, made by the time model the
-// simulated clock runs on (serve/step_cost.hpp): one cost function, here and in the clock.
+// paradyse/serve/switch_policy.hpp: the dynamic policy's per-step choice between TP and EP, made by the cost the
+// simulated clock charges (StepPricer: the engine's is the dry run of the step on the time model, serve/step_dry_run.hpp;
+// analytic_pricer: serve/step_cost.hpp's model): one cost function, here and in the clock.
 //
-// Before each step the scheduler forecasts the step about to run (its chunks and cached lengths, the last step's
-// expert loads scaled to its tokens) in both layouts: step_cost of the whole step in TP and in EP, and the exposed
-// time of switching to the other layout during this step (step_cost's switch term, pipelined as the engine does it).
+// Before each step the scheduler forecasts the step about to run (its chunks and cached lengths, the recent routing's
+// expert shares laid over its tokens: LoadForecast) in both layouts: the price of the whole step in TP and in EP, and
+// the exposed time of switching to the other layout during this step (the price's switch term, pipelined as the
+// engine does it).
 // A step favours the other layout when step(other) < (1 - margin) * step(current); the switcher moves when
 //   - `patience` consecutive steps favoured it,
 //   - the switch's exposed time is paid for: with `break_even` (moe_simulate's and the named dynamic policy's
@@ -33,7 +35,9 @@
 #include "paradyse/serve/step_cost.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -128,10 +132,20 @@ inline ModeCosts moe_mode_costs(const MoeConfig& m, const std::vector<std::int64
   return c;
 }
 
-// The step about to run, forecast in both layouts by step_cost (whole step: attention, experts, collectives), and
-// the exposed time of changing from the current layouts to the other mode's during it (with_switch).
+// What a step costs: the dry run's price of it on a time model (serve/step_dry_run.hpp simulated_step_cost, what the
+// simulated clock advances by), or step_cost's analytic model (analytic_pricer). The engine forecasts with the dry
+// run on its time model whatever the clock: the switcher ranks TP and EP by the cost the simulated clock charges.
+using StepPricer = std::function<StepCost(const StepTrace&)>;
+
+// (`c` and `model` must outlive the pricer.)
+inline StepPricer analytic_pricer(const DecoderConfig& c, const SimulatedCluster& model) {
+  return [&c, &model](const StepTrace& t) { return step_cost(c, t, model); };
+}
+
+// The step about to run, forecast in both layouts by `price` (whole step: attention, experts, collectives), and the
+// exposed time of changing from the current layouts to the other mode's during it (with_switch).
 struct LayoutForecast {
-  ModeCosts step;           // step_cost(...).total_s() with every MoE layer in TP, and in EP
+  ModeCosts step;           // price(...).total_s() with every MoE layer in TP, and in EP
   double to_tp_s = 0;       // exposed switch time of moving from `current` to TP in this step
   double to_ep_s = 0;       // ... to EP (`ep`)
 };
@@ -141,7 +155,7 @@ struct LayoutForecast {
 inline LayoutForecast forecast_layouts(const DecoderConfig& c, const std::vector<ChunkShape>& chunks,
                                        const std::vector<std::vector<std::int64_t>>& routed,
                                        const std::vector<ExpertLayout>& current, const ExpertLayout& ep, int p,
-                                       bool pipelined, const SimulatedCluster& model, bool with_switch = true) {
+                                       bool pipelined, const StepPricer& price, bool with_switch = true) {
   StepTrace t;
   t.ranks = p;
   t.chunks = chunks;
@@ -150,10 +164,10 @@ inline LayoutForecast forecast_layouts(const DecoderConfig& c, const std::vector
   t.next.assign(std::size_t(c.layers), std::nullopt);
   LayoutForecast f;
   t.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
-  f.step.tp_s = step_cost(c, t, model).total_s();
+  f.step.tp_s = price(t).total_s();
   for (std::int64_t l = 0; l < c.layers; ++l)
     if (c.is_moe(l)) t.layout[std::size_t(l)] = current[std::size_t(l)].mode == MoeMode::ep ? current[std::size_t(l)] : ep;
-  f.step.ep_s = step_cost(c, t, model).total_s();
+  f.step.ep_s = price(t).total_s();
   t.layout = current;
   if (!with_switch) return f;
   for (const bool to_ep : {false, true}) {
@@ -164,10 +178,85 @@ inline LayoutForecast forecast_layouts(const DecoderConfig& c, const std::vector
       if (c.is_moe(l) && (current[i].mode == MoeMode::ep) != to_ep)
         t.next[i] = to_ep ? ep : ExpertLayout::tp(), moves = true;
     }
-    (to_ep ? f.to_ep_s : f.to_tp_s) = moves ? step_cost(c, t, model).switch_s : 0.0;
+    (to_ep ? f.to_ep_s : f.to_tp_s) = moves ? price(t).switch_s : 0.0;
   }
   return f;
 }
+
+// The same on step_cost's analytic model.
+inline LayoutForecast forecast_layouts(const DecoderConfig& c, const std::vector<ChunkShape>& chunks,
+                                       const std::vector<std::vector<std::int64_t>>& routed,
+                                       const std::vector<ExpertLayout>& current, const ExpertLayout& ep, int p,
+                                       bool pipelined, const SimulatedCluster& model, bool with_switch = true) {
+  return forecast_layouts(c, chunks, routed, current, ep, p, pipelined, analytic_pricer(c, model), with_switch);
+}
+
+// ---- the forecast's expert loads -----------------------------------------------------------------------------------
+//
+// The step being planned has not been routed yet. Its loads are forecast from each MoE layer's recent routing: the
+// share of the pairs each expert took (decayed by `decay` per step) and the pairs per token, laid out over the step's
+// tokens by largest remainder (none above the step's tokens). The last step's counts scaled to the new step's tokens
+// are wrong whenever the step size jumps: scaled from a 1-token decode to an 89-token prompt step they put all 178
+// pairs on the decode's 2 experts (TP then forecast at 5.5 ms where the step cost 11.0 on Mixtral-8x7B, 8x H100);
+// scaled from 512 tokens to 1 they give every expert a pair (8 pairs for a top-2 token).
+class LoadForecast {
+public:
+  explicit LoadForecast(std::int64_t layers, double decay = 0.5) : decay_(decay), share_(std::size_t(layers)) {
+    check(decay >= 0 && decay < 1, "LoadForecast: decay {} must be in [0, 1)", decay);
+  }
+
+  // A step of `tokens` tokens routed `routed` [layers][E] pairs per expert (dense layers: empty).
+  void observe(const std::vector<std::vector<std::int64_t>>& routed, std::int64_t tokens) {
+    check(routed.size() == share_.size(), "LoadForecast: {} layers' loads for {} layers", routed.size(), share_.size());
+    for (std::size_t l = 0; l < routed.size(); ++l) {
+      std::vector<double>& s = share_[l];
+      if (s.size() != routed[l].size()) s.assign(routed[l].size(), 0.0);
+      for (std::size_t e = 0; e < s.size(); ++e) s[e] = decay_ * s[e] + double(routed[l][e]);
+    }
+    tokens_ = decay_ * tokens_ + double(tokens);
+  }
+  bool ready() const noexcept { return tokens_ > 0; }
+
+  // [layers][E]: the forecast loads of a step of `tokens` tokens (dense layers: empty).
+  std::vector<std::vector<std::int64_t>> loads(std::int64_t tokens) const {
+    std::vector<std::vector<std::int64_t>> out(share_.size());
+    for (std::size_t l = 0; l < share_.size(); ++l) out[l] = layer_loads(share_[l], tokens);
+    return out;
+  }
+
+private:
+  std::vector<std::int64_t> layer_loads(const std::vector<double>& share, std::int64_t tokens) const {
+    const std::size_t E = share.size();
+    std::vector<std::int64_t> out(E, 0);
+    double total = 0;
+    for (const double x : share) total += x;
+    if (E == 0 || total <= 0 || tokens <= 0) return out;
+    // Pairs of the step: the recent pairs per token (top-k, or less under a routing budget), whole.
+    const std::int64_t pairs = std::min<std::int64_t>(std::int64_t(E) * tokens, std::llround(total / tokens_ * double(tokens)));
+    std::vector<double> rest(E);
+    std::int64_t given = 0;
+    for (std::size_t e = 0; e < E; ++e) {
+      const double want = share[e] / total * double(pairs);
+      out[e] = std::min<std::int64_t>(tokens, std::int64_t(want));
+      rest[e] = want - double(out[e]);
+      given += out[e];
+    }
+    std::vector<std::size_t> order(E);
+    for (std::size_t e = 0; e < E; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return rest[a] > rest[b]; });
+    while (given < pairs) {  // the remainder, largest fraction first, to experts below the step's tokens
+      bool placed = false;
+      for (const std::size_t e : order)
+        if (given < pairs && out[e] < tokens) ++out[e], ++given, placed = true;
+      if (!placed) break;
+    }
+    return out;
+  }
+
+  double decay_;
+  std::vector<std::vector<double>> share_;  // [layers][E]: decayed pairs per expert
+  double tokens_ = 0;                       // decayed tokens of the same steps
+};
 
 // ---- the forecast of the coming steps (SwitchPolicy::window) ------------------------------------------------------
 //
@@ -233,26 +322,21 @@ inline std::vector<std::vector<ChunkShape>> forecast_batches(std::vector<Pending
 // The window's forecast: batches[0] is the step being planned (the switch is carried out during it), batches[1..] the
 // steps after it. `step` sums the window's steps with every MoE layer in TP and in EP: the steps after this one (a
 // pipelined switch installs the new layout after the step), this one too when the switch is not pipelined; the
-// switch terms are those of this step (forecast_layouts). Expert loads: `routed` [layers][E] of `routed_tokens`
-// tokens, scaled to each step's tokens.
+// switch terms are those of this step (forecast_layouts). Expert loads: `loads`' forecast for each step's tokens.
 inline LayoutForecast forecast_window(const DecoderConfig& c, const std::vector<std::vector<ChunkShape>>& batches,
-                                      const std::vector<std::vector<std::int64_t>>& routed, std::int64_t routed_tokens,
-                                      const std::vector<ExpertLayout>& current, const ExpertLayout& ep, int p,
-                                      bool pipelined, const SimulatedCluster& model) {
-  check(!batches.empty() && routed_tokens >= 1, "forecast_window: {} batches (>= 1), routed_tokens {} (>= 1)",
-        batches.size(), routed_tokens);
-  auto scaled = [&](const std::vector<ChunkShape>& batch) {
+                                      const LoadForecast& loads, const std::vector<ExpertLayout>& current,
+                                      const ExpertLayout& ep, int p, bool pipelined, const StepPricer& price) {
+  check(!batches.empty() && loads.ready(), "forecast_window: {} batches (>= 1), routing observed: {}", batches.size(),
+        loads.ready());
+  auto routed = [&](const std::vector<ChunkShape>& batch) {
     std::int64_t n = 0;
     for (const ChunkShape& ch : batch) n += ch.tokens;
-    std::vector<std::vector<std::int64_t>> r(routed);
-    for (auto& layer : r)
-      for (std::int64_t& x : layer) x = std::min(n, (x * n + routed_tokens - 1) / routed_tokens);
-    return r;
+    return loads.loads(n);
   };
-  LayoutForecast f = forecast_layouts(c, batches[0], scaled(batches[0]), current, ep, p, pipelined, model);
+  LayoutForecast f = forecast_layouts(c, batches[0], routed(batches[0]), current, ep, p, pipelined, price);
   if (pipelined) f.step = {};
   for (std::size_t s = 1; s < batches.size(); ++s) {
-    const ModeCosts x = forecast_layouts(c, batches[s], scaled(batches[s]), current, ep, p, pipelined, model, false).step;
+    const ModeCosts x = forecast_layouts(c, batches[s], routed(batches[s]), current, ep, p, pipelined, price, false).step;
     f.step.tp_s += x.tp_s;
     f.step.ep_s += x.ep_s;
   }
