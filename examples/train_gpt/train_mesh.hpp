@@ -346,6 +346,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // MegatronRing (tp_inner) and Tp2d (tp_x) both compute over it with inner = tp (tp_x), beside the five over the
   // whole group, and the planner chooses among the seven per sublayer (--strategy: one of the five everywhere).
   const int grid_inner = cp_by_tp ? tp : tp_x > 1 ? tp_x : 0;
+  check(grid_inner > 0 || (o.strategy != "MegatronRing" && o.strategy != "Tp2d"), "--mesh {} --strategy {}: it "
+        "computes over a factorised stage group; give cp with tp (cp=C,tp=T) or tp_x,tp_y", o.mesh, o.strategy);
   const std::string strategy = tp > 1 && grid_inner == 0 ? std::string("MegatronTS") : o.strategy;
   // Interleaved 1F1B: v model chunks per pp rank, virtual stage c * pp + r of pp * v (model/pipeline.hpp).
   const int v = o.virtual_stages;
