@@ -1,7 +1,8 @@
 // The planner prices MegatronRing (cp x tp, tp_inner) and Tp2d (tp_x x tp_y) from their dry runs: the symbolic
 // communicator splits their sub-groups (comm/symbolic.hpp's split_by), their transfers are traced with the
-// sub-group's size and priced at it, so a priced sublayer is the sum of its trace's pieces (kernels at the
-// profile's rates, each transfer at its own sub-group's size); cost::mesh_catalog() holds all seven strategies and
+// sub-group's size and span and priced at them, so a priced sublayer is the sum of its trace's pieces (kernels at the
+// profile's rates, each transfer at its own sub-group's size, on the level its span reaches: a strided sub-group
+// crosses nodes); cost::mesh_catalog() holds all seven strategies and
 // a cost table prices the two where the shape carries their factorisation (forbidden, saying why, elsewhere); the
 // exact planner chooses per sublayer among all seven.
 #include "paradyse/comm/grid_groups.hpp"
@@ -32,18 +33,22 @@ cost::ModelShape six_rank_shape() {
   return m;
 }
 
-// A100 node figures with no overlap and no measured collective entries (every transfer on the link model's ring
-// formula), so that a sublayer's time is the plain sum of its pieces.
+// A100 figures with no overlap, no measured collective entries (every transfer on its level's link model) and nodes
+// of 2 devices, so that a sublayer's time is the plain sum of its pieces and a strided sub-group crosses nodes.
 cost::HardwareProfile additive_profile() {
   cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
   hw.overlap = 0;
   hw.collectives.clear();
+  hw.devices_per_node = 2;
+  hw.inter_node.bus_bytes_per_s /= 4;  // the levels apart
   return hw;
 }
 
-// The time of every event of a trace walked one by one, each transfer over the group its event names: the sum of
-// the trace's pieces, written here apart from the library's clock.
-double sum_of_pieces(const cost::SublayerTrace& trace, const cost::HardwareProfile& hw) {
+// The time of every event of a trace walked one by one: the sum of the trace's pieces, written here apart from the
+// library's clock. A transfer runs over the sub-group its event names, of the group's p / inner x inner grid: the
+// inner one (`inner` consecutive ranks) or the outer one (ranks `inner` apart); it is priced on the link model of
+// the level its members' span reaches (nodes of devices_per_node consecutive ranks), and its recorded span is checked.
+double sum_of_pieces(const cost::SublayerTrace& trace, const cost::HardwareProfile& hw, int inner) {
   double total = 0;
   for (const auto* phase : {&trace.forward, &trace.backward})
     for (const TraceEvent& e : *phase) {
@@ -56,10 +61,17 @@ double sum_of_pieces(const cost::SublayerTrace& trace, const cost::HardwareProfi
         case TraceKind::transcendental: total += e.count * hw.scalar_math.time(cost::ScalarFunction(int(e.n)), e.m); break;
         case TraceKind::allocate: total += hw.fresh_memory.time(double(cost::round_allocation(e.bytes))); break;
         case TraceKind::scratch: total += hw.fresh_memory.time(e.bytes); break;
-        case TraceKind::post:
-          if (e.transfer != TransferKind::barrier)
-            total += hw.collective_time(cost::trace_cost_detail::collective_of(e.transfer), e.group, e.bytes);
+        case TraceKind::post: {
+          if (e.transfer == TransferKind::barrier) break;
+          const int g = e.group, span = g == inner ? inner : (g - 1) * inner + 1;
+          CHECK(e.span == span);
+          const cost::LinkModel& link = span <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
+          const cost::Collective op = cost::trace_cost_detail::collective_of(e.transfer);
+          const double bandwidth = op == cost::Collective::send_recv ? link.p2p_bytes_per_s : link.bus_bytes_per_s;
+          total += link.launch_s + link.step_latency_s * cost::latency_steps(op, g) +
+                   cost::bus_factor(op, g) * e.bytes / bandwidth;
           break;
+        }
         default: break;
       }
     }
@@ -95,6 +107,7 @@ TEST_CASE("symbolic split_by: the sub-group of symbolic ranks, its members and i
   grid.outer.all_gather(std::span<const float>(in), std::span<float>(out));
   REQUIRE(trace.size() == 2);
   CHECK(trace.events()[0].group == 3);
+  CHECK(trace.events()[0].span == 5);  // ranks 0, 2, 4
   CHECK_THROWS_WITH_AS(world.split(0, 0), doctest::Contains("split_by"), Error);
 }
 
@@ -118,7 +131,7 @@ TEST_CASE("MegatronRing and Tp2d: a priced dry run is the sum of its trace's pie
       const cost::SublayerTrace trace = catalog.trace(index, part, m, 6);
       CHECK(transfer_groups(trace) == c.groups);
       const cost::SublayerCost priced = cost::cost_of(trace, &hw, 4);
-      const double pieces = sum_of_pieces(trace, hw);
+      const double pieces = sum_of_pieces(trace, hw, c.tp_inner > 0 ? c.tp_inner : c.tp_x);
       CHECK(pieces > 0);
       CHECK(priced.forward_s + priced.backward_s == doctest::Approx(pieces).epsilon(1e-9));
     }
@@ -177,11 +190,13 @@ TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation
     check_cheapest(table);
   }
 
-  SUBCASE("nodes of 2 devices with slow links between them: only the two keep every transfer inside a node") {
+  SUBCASE("collectives over 4 ranks far slower than over 2: only the two keep every transfer in groups of 2") {
     cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
-    hw.devices_per_node = 2;
-    hw.collectives.clear();  // every transfer on the link model of its level
-    hw.inter_node.bus_bytes_per_s = hw.inter_node.p2p_bytes_per_s = 1e6;
+    hw.collectives.clear();
+    for (cost::Collective op : cost::kAllCollectives) {
+      hw.collectives.push_back({op, cost::LinkLevel::intra_node, 2, {1e-6, 1e-11}, 0});
+      hw.collectives.push_back({op, cost::LinkLevel::intra_node, 4, {1e-3, 1e-6}, 0});
+    }
     const plan::CostTable table = plan::build_cost_table(model, hw, p, batch, {}, catalog);
     const plan::Plan plan = check_cheapest(table);
     for (const plan::LayerPlan& layer : plan.layers) {

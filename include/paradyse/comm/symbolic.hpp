@@ -10,8 +10,9 @@
 // Sub-groups: split_by(rule) (comm/grid_groups.hpp's split_by calls it) gives the sub-group of symbolic ranks that
 // rule(rank) = (color, key) gives this rank, its members found by applying the rule to every rank of the group (one
 // symbolic rank cannot ask its peers, so the plain split(color, key) is refused). Its transfers record into the same
-// trace with the sub-group's size (TraceEvent::group), which the time model prices them at; members() names its
-// ranks in the numbering of the group the dry run started with. A split itself records nothing: a model splits its
+// trace with the sub-group's size and the span of its members (TraceEvent::group, span: a strided sub-group of 2
+// ranks 0 and 2 spans 3), which the time model prices them at; members() names its ranks in the numbering of the
+// group the dry run started with (sorted ascending for every split the strategies make: key = the rank's order). A split itself records nothing: a model splits its
 // sub-groups once (comm/grid_groups.hpp's GridGroupCache), not per call.
 #pragma once
 
@@ -160,7 +161,8 @@ private:
 
   Request post(TransferKind kind, double bytes, double sent) {
     const std::int32_t id = trace_->new_request();
-    trace_->record({.kind = TraceKind::post, .transfer = kind, .request = id, .group = size_, .bytes = bytes});
+    trace_->record({.kind = TraceKind::post, .transfer = kind, .request = id, .group = size_,
+                    .span = members_.back() - members_.front() + 1, .bytes = bytes});
     stats_.bytes_sent += std::uint64_t(sent);
     ++stats_.operations;
     return Request(&record_wait, trace_, id);
