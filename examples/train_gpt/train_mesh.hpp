@@ -674,6 +674,13 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   fmt::print("  mean loss, first {:>2} steps  {:.4f}\n  mean loss, last {:>2} steps   {:.4f}\n", k, mean(0, k), k,
              mean(losses.size() - k, losses.size()));
   fmt::print("  total time                 {:.1f} s\n", total);
+  {  // the per-step planner's predictions (one stage group's micro-batch; the step's with dp = pp = 1)
+    double sum = 0;
+    int priced = 0;
+    for (double t : predicted)
+      if (std::isfinite(t) && t > 0) sum += t, ++priced;
+    if (priced > 0) fmt::print("  predicted time per plan    {:.4f} s (mean of {} steps' plans)\n", sum / priced, priced);
+  }
   csv.close();
   const bool side_output_failed = csv.failed() || checkpoints.failed();
   if (save_status != 0) return save_status;
