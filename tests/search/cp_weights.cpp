@@ -46,13 +46,13 @@ TEST_CASE("tp inside cp (MegatronRing): each sublayer's weight all-gathers over 
     const Estimate off = replicated.evaluate(c), on = gathered.evaluate(c);
     REQUIRE(off.valid);
     REQUIRE(on.valid);
-    const double micro_batches = double(micro_batches(megatron, c)), t = c.tp();
+    const double batches = double(micro_batches(megatron, c)), t = c.tp();
     double per_layer = 0;
     for (double parameters : {model.attention_parameters(), model.dense_mlp_parameters()}) {
       const double bytes = parameters / t * w;
       per_layer += test.gathers * ring(c.cp, bytes) + ring(c.cp, bytes);
     }
-    const double expected = micro_batches * double(model.layers) * per_layer;
+    const double expected = batches * double(model.layers) * per_layer;
     CHECK(expected > 0);
     CHECK(on.exposed(CommDim::cp) - off.exposed(CommDim::cp) == doctest::Approx(expected).epsilon(1e-9));
     CHECK(on.exposed(CommDim::tp) == off.exposed(CommDim::tp));
