@@ -59,9 +59,9 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                "memory cap per rank in MiB (default: from the memory model, between what all-METP and all-MegatronTS "
                "need at --max-len; with --experts: the planner's budget)")
       .without_default();
-  flags.choice("--strategy", o.strategy, pd::cost::default_catalog().names(),
+  flags.choice("--strategy", o.strategy, pd::cost::mesh_catalog().names(),
                "one strategy everywhere instead of the planner (long inputs may then run out of memory: the step is "
-               "reported and skipped)")
+               "reported and skipped); MegatronRing and Tp2d on a factorised --mesh only (cp with tp, or tp_x,tp_y)")
       .without_default();
   flags.number("--lr", o.lr, {.min = 0, .max = 100, .min_open = true}, "peak learning rate (AdamW, linear warm-up)");
   flags.choice("--order", o.sorted, "sorted", "random", "document order: sorted by length (curriculum) or shuffled");
@@ -314,6 +314,10 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
   } catch (const std::invalid_argument& e) {
     usage(e.what());
   }
+  if ((o.strategy == "MegatronRing" || o.strategy == "Tp2d") && o.mesh.empty() && o.mesh_file.empty())
+    usage(fmt::format("--strategy {} computes over a factorised group: give --mesh cp=C,tp=T or --mesh "
+                      "tp_x=X,tp_y=Y (without --mesh the strategies are {})", o.strategy,
+                      fmt::join(pd::cost::default_catalog().names(), ", ")));
   if (!o.mesh_file.empty()) {  // --mesh-file: the mesh and ZeRO stage of a search_parallel --emit file
     if (!o.mesh.empty()) usage(fmt::format("--mesh {} and --mesh-file {} both give the mesh; give one", o.mesh,
                                            o.mesh_file));

@@ -1,6 +1,7 @@
 // examples/train_gpt/train_mesh.hpp: train_gpt --mesh dp=D,pp=P,cp=C (or tp=T in place of cp): the GPT trained on a
 // D x P x C (or D x P x T) mesh of ranks (mesh/device_mesh.hpp; the group innermost, so it holds consecutive ranks).
-// (cp and tp both: a cp x tp group per stage, tp innermost, running MegatronRing: tp inside each cp group.)
+// (cp and tp both, or tp_x and tp_y: a factorised group per stage, where the planner also prices and picks
+// MegatronRing, tp inside each cp group, and Tp2d, 2-D tensor parallelism.)
 // Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
 // stages on the 1F1B schedule over micro-batches of --micro-batch rows, every in-flight micro-batch's activations
@@ -90,9 +91,10 @@ namespace paradyse::examples {
 // "dp=2,pp=2,cp=2" or "dp=2,tp=2" (any order, each axis at most once, missing axes of size 1) as the mesh
 // {dp, pp, cp, tp}, the innermost last. The group of each stage (consecutive ranks) is the cp group, in which the
 // strategies switch per layer, or the tp group, which runs Megatron's tensor parallelism with sequence parallelism
-// (MegatronTS) in every sublayer, or with cp and tp both the cp x tp group (tp innermost) that runs MegatronRing
-// (strategy/megatron_ring.hpp: tp inside each cp group). tp_x=X,tp_y=Y in place of tp: the tp group of X x Y ranks is
-// a 2-D tensor-parallel grid running Tp2d (strategy/tp2d.hpp) in every sublayer; the mesh's tp axis is then X x Y and
+// (MegatronTS) in every sublayer, or with cp and tp both the cp x tp group (tp innermost) where MegatronRing
+// (strategy/megatron_ring.hpp: tp inside each cp group) joins the planner's choices. tp_x=X,tp_y=Y in place of tp: the
+// tp group of X x Y ranks is a 2-D tensor-parallel grid where Tp2d (strategy/tp2d.hpp) joins them (the planner picks
+// per sublayer among the seven: train_mesh); the mesh's tp axis is then X x Y and
 // `tp_x` (if given) receives X (1 without); a grid inside a cp group is refused. Throws an Error naming the bad part.
 inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr);
 
@@ -299,31 +301,13 @@ struct StepPlan {
 };
 
 
-// A step's plan on a tp_x x tp_y grid: Tp2d in every sublayer. Tp2d is not in the planner's catalog (its dry run
-// would need the grid, which cost::ModelShape does not carry), so the predicted time and memory are those of
-// MegatronTS on the same group (`table`), a stand-in. Throws, naming the sizes, when Tp2d cannot run the length.
-inline StepPlan tp2d_step_plan(const plan::CostTable& table, const GptConfig& config, int group, int tp_x,
-                               std::int64_t length, std::int64_t cap, const std::string& mesh) {
-  BufferPool pool;
-  SublayerContext ctx(config.layer, group, 1, length, pool);
-  ctx.tp_x = tp_x;
-  const Support support = Tp2d<>().supports(ctx);
-  check(support.ok(), "--mesh {}: a sequence of {} tokens: {} (give --min-len = --max-len, and --pack-tokens if "
-        "any, a multiple of {})", mesh, length, support.reason, ctx.sequence.chunks());
-  const plan::Plan ts =
-      plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of("MegatronTS")), cap);
-  const std::size_t at = MeshStrategies<>::index_of("Tp2d");
-  return {StackPlan(ts.layers.size(), SublayerChoice{at, at, 0}),
-          fmt::format("{}", fmt::join(std::vector<std::string>(ts.layers.size(), "T2d/T2d"), " ")), ts.time_s};
-}
-
 }  // namespace mesh_detail
 
 // Trains the dense GPT on `ranks` (threads or MPI processes, as many as the mesh holds). Returns the exit code.
 template <class Strategies, class RanksT>
 int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, RanksT& ranks) {
   using Model = Gpt<Strategies>;
-  int tp_x = 1;  // > 1: the tp group is a tp_x x tp_y grid running Tp2d (strategy/tp2d.hpp)
+  int tp_x = 1;  // > 1: the tp group is a tp_x x tp_y grid for Tp2d (strategy/tp2d.hpp)
   const DeviceMesh mesh = parse_mesh(o.mesh, &tp_x);
   mesh.check_world_size(ranks.size());
   const bool experts = o.experts > 0;
@@ -352,14 +336,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   check(tp == 1 || tp_x > 1 || cp_by_tp || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy "
         "{}: the tp axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp "
         "axis's)", o.mesh, o.strategy);
-  check(tp_x == 1 || o.strategy.empty() || o.strategy == "Tp2d", "--mesh {} --strategy {}: a tp_x x tp_y grid runs "
-        "Tp2d in every sublayer (2-D tensor parallelism; other strategies are the cp axis's)", o.mesh, o.strategy);
   check(tp_x == 1 || !experts, "--mesh {} --experts: 2-D tensor parallelism (tp_x = {}) is trainable on the dense "
         "model only", o.mesh, tp_x);
-  const std::string strategy = tp_x > 1    ? std::string("Tp2d")
-                               : cp_by_tp  ? (o.strategy.empty() ? std::string("MegatronRing") : o.strategy)
-                               : tp > 1    ? std::string("MegatronTS")
-                                           : o.strategy;
+  // A factorised stage group (cp x tp, tp innermost, or a tp_x x tp_y grid) is an outer x inner grid of its ranks:
+  // MegatronRing (tp_inner) and Tp2d (tp_x) both compute over it with inner = tp (tp_x), beside the five over the
+  // whole group, and the planner chooses among the seven per sublayer (--strategy: one of the five everywhere).
+  const int grid_inner = cp_by_tp ? tp : tp_x > 1 ? tp_x : 0;
+  check(grid_inner > 0 || (o.strategy != "MegatronRing" && o.strategy != "Tp2d"), "--mesh {} --strategy {}: it "
+        "computes over a factorised stage group; give cp with tp (cp=C,tp=T) or tp_x,tp_y", o.mesh, o.strategy);
+  const std::string strategy = tp > 1 && grid_inner == 0 ? std::string("MegatronTS") : o.strategy;
   // Interleaved 1F1B: v model chunks per pp rank, virtual stage c * pp + r of pp * v (model/pipeline.hpp).
   const int v = o.virtual_stages;
   check(o.layers >= pp * v, "--mesh {}: {} pipeline stages of {} chunks need at least as many layers (--layers {})",
@@ -400,7 +385,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     return std::min(rows_per_micro_batch(replica_rows), replica_rows);
   };
   // Every step's plan for a cp group running one micro-batch, computed before training.
-  const plan::GptCosts<Model> costs{config, cp, &hardware};
+  const plan::GptCosts<Model> costs{config, cp, &hardware,
+                                    grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog(), grid_inner,
+                                    std::max(grid_inner, 1)};
   const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware};
   std::int64_t cap = 0;
   if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
@@ -447,20 +434,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
             step_plan.name += " (MegatronTS run as MegatronRing)";
           }
           planned[key] = std::move(step_plan);
-        } else if (tp_x > 1) {
-          const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
-          planned[key] = mesh_detail::tp2d_step_plan(table, config, cp, tp_x, length, cap, o.mesh);
         } else {
-          if (strategy == "MegatronRing") {  // not in the planner's cost catalog: run as given, unpriced
-            const std::size_t ring = Strategies::index_of("MegatronRing");
-            planned[key] = mesh_detail::StepPlan{StackPlan(std::size_t(o.layers), SublayerChoice{ring, ring, 0}),
-                                                 "MegatronRing", 0.0};
-            return planned[key];
-          }
           const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
           const plan::Plan plan = strategy.empty()
               ? plan::plan_exact(table, cap)
-              : plan::plan_of(table, plan::uniform_layers(table, cost::default_catalog().index_of(strategy)), cap);
+              : plan::plan_of(table, plan::uniform_layers(table, costs.catalog->index_of(strategy)), cap);
           planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
                                                plan.time_s};
         }
@@ -556,13 +534,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                edp > 1 ? ", replicated over edp: router statistics and expert gradients summed over it" : "",
                pp > 1 ? " of each pipeline stage; router losses averaged over a step's micro-batches" : "");
   if (tp_x > 1)
-    fmt::print("tensor parallelism: tp groups of {} consecutive ranks, each a {} x {} grid (tp_x x tp_y) running Tp2d "
-               "in every sublayer (2-D tensor parallelism from and to the unified layout; norms and residuals "
-               "sequence parallel)\n", tp, tp_x, tp / tp_x);
+    fmt::print("tensor parallelism: tp groups of {} consecutive ranks, each a {} x {} grid (tp_x x tp_y) for Tp2d "
+               "(2-D tensor parallelism from and to the unified layout; norms and residuals sequence parallel) and "
+               "MegatronRing; {}\n", tp, tp_x, tp / tp_x,
+               strategy.empty() ? "the planner chooses among the seven strategies" : "running " + strategy);
   else if (cp_by_tp)
-    fmt::print("tensor parallelism inside each cp group: groups of {} x {} consecutive ranks (tp innermost) run {} "
-               "(Megatron's tensor parallelism over the tp sub-groups, ring attention over the cp sub-groups)\n",
-               mesh.axis_size("cp"), tp, strategy);
+    fmt::print("tensor parallelism inside each cp group: groups of {} x {} consecutive ranks (tp innermost) for "
+               "MegatronRing (Megatron's tensor parallelism over the tp sub-groups, ring attention over the cp "
+               "sub-groups) and Tp2d; {}\n", mesh.axis_size("cp"), tp,
+               strategy.empty() ? "the planner chooses among the seven strategies" : "running " + strategy);
   else if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
@@ -633,10 +613,12 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         chunk.set_expert_replicas(expert->edp);
         chunk.set_expert_column_group(expert->etp);
       }
-    for (auto& chunk : chunks) chunk.stack().set_tp_x(tp_x);  // the tp group's grid (1: none)
     for (auto& chunk : chunks) chunk.set_recompute(recompute);
-    if (cp_by_tp)  // the stage's group is factorised cp x tp (MegatronRing's sub-groups)
-      for (auto& chunk : chunks) chunk.stack().set_tp_inner(tp);
+    if (grid_inner > 0)  // the stage's group as a grid: MegatronRing's cp x tp, Tp2d's tp_x x tp_y
+      for (auto& chunk : chunks) {
+        chunk.stack().set_tp_inner(grid_inner);
+        chunk.stack().set_tp_x(grid_inner);
+      }
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;
@@ -714,6 +696,13 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   fmt::print("  mean loss, first {:>2} steps  {:.4f}\n  mean loss, last {:>2} steps   {:.4f}\n", k, mean(0, k), k,
              mean(losses.size() - k, losses.size()));
   fmt::print("  total time                 {:.1f} s\n", total);
+  {  // the per-step planner's predictions (one stage group's micro-batch; the step's with dp = pp = 1)
+    double sum = 0;
+    int priced = 0;
+    for (double t : predicted)
+      if (std::isfinite(t) && t > 0) sum += t, ++priced;
+    if (priced > 0) fmt::print("  predicted time per plan    {:.4f} s (mean of {} steps' plans)\n", sum / priced, priced);
+  }
   csv.close();
   const bool side_output_failed = csv.failed() || checkpoints.failed();
   if (save_status != 0) return save_status;

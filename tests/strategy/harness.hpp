@@ -238,6 +238,67 @@ std::vector<std::size_t> check_sublayer(const SublayerCase& test, Sublayer which
   return report.peak_bytes;
 }
 
+// A thread communicator that counts the splits made from it and from the groups split from it (in *splits).
+struct SplitCounting : ThreadCommunicator {
+  int* splits;
+  SplitCounting(ThreadCommunicator comm, int* counter) : ThreadCommunicator(std::move(comm)), splits(counter) {}
+  SplitCounting split(int color, int key) {
+    ++*splits;
+    return {ThreadCommunicator::split(color, key), splits};
+  }
+};
+
+// Strategy S's sub-groups come from the context's GridGroupCache, split once: both sublayers' forward and backward,
+// `calls` times, split the group's grid once on every rank (two splits: inner and outer), and give bit for bit what
+// the same calls give without a cache (each splitting for itself, four splits per sublayer).
+template <class S>
+void check_grid_split_once(const SublayerCase& test, int calls = 3) {
+  const LayerConfig& c = test.config;
+  const Problem problem = make_problem(c, test.batch, test.length, 7);
+  const int p = test.ranks;
+  Findings findings;
+  run_ranks(p, [&](ThreadCommunicator& threads) {
+    int splits = 0;
+    SplitCounting comm(threads.split(0, threads.rank()), &splits);
+    const int r = comm.rank();
+    BufferPool pool;
+    GridGroupCache cache;
+    SublayerContext ctx(c, p, test.batch, test.length, pool);
+    ctx.tp_x = test.tp_x;
+    ctx.tp_inner = test.tp_inner;
+    const LayerWeights weights = shard_of(problem.weights, c, p, r);
+    const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);
+    const S strategy;
+    // y and dx of both sublayers, and the weight gradients after them: with or without the cache.
+    const auto run = [&](GridGroupCache* groups) {
+      ctx.grid_groups = groups;
+      LayerWeights grads(c, p);
+      std::vector<Tensor<float>> out;
+      for (int i = 0; i < 4; ++i) out.emplace_back(x.shape());
+      auto a = strategy.attention_forward(comm, ctx, weights.attention, x.view(), out[0].view());
+      strategy.attention_backward(comm, ctx, weights.attention, a, dy.view(), out[1].view(), grads.attention);
+      auto m = strategy.mlp_forward(comm, ctx, weights.mlp, x.view(), out[2].view());
+      strategy.mlp_backward(comm, ctx, weights.mlp, m, dy.view(), out[3].view(), grads.mlp);
+      out.push_back(std::move(grads.attention.packed));
+      out.push_back(std::move(grads.mlp.packed));
+      return out;
+    };
+    const std::vector<Tensor<float>> alone = run(nullptr);
+    if (splits != 8) findings.fail(fmt::format("{} rank {}: {} splits without a cache, expected 8", S::name, r, splits));
+    splits = 0;
+    for (int call = 0; call < calls; ++call) {
+      const std::vector<Tensor<float>> kept = run(&cache);
+      for (std::size_t i = 0; i < kept.size(); ++i)
+        if (!std::equal(kept[i].span().begin(), kept[i].span().end(), alone[i].span().begin()))
+          findings.fail(fmt::format("{} rank {} call {}: result {} differs with the cache", S::name, r, call, i));
+    }
+    if (splits != 2 || cache.grids_split() != 1)
+      findings.fail(fmt::format("{} rank {}: {} calls of both sublayers split {} times ({} grids), expected 2 (1)",
+                                S::name, r, calls, splits, cache.grids_split()));
+  });
+  findings.check_all(fmt::format("{} split once: {}", S::name, test.name));
+}
+
 // Every packed-document case, both sublayers, p in {1, 2, 3, 4}.
 template <class S>
 void check_packed_sublayers() {

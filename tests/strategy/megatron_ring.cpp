@@ -102,3 +102,10 @@ TEST_CASE("SequenceLayout::grouped: rank c holds the tokens of ranks c g .. c g 
               if (fine.position(r, i) == position) CHECK(owner[std::size_t(position)] == r / group);
       }
 }
+
+TEST_CASE("MegatronRing: the tp and cp sub-groups come from the context's cache, split once for every call") {
+  for (const Factorisation f : {Factorisation{2, 2}, Factorisation{3, 2}}) {
+    const int p = f.cp * f.tp;
+    paradyse::testing::check_grid_split_once<MegatronRing<>>(factorised(paradyse::testing::standard_cases(p)[2], f));
+  }
+}

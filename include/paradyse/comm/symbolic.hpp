@@ -6,15 +6,28 @@
 // `wait` at once; the async forms return a Request whose wait() appends the `wait`. The time model reads the overlap
 // of a transfer with compute from the events between its post and its wait. Buffers are never read or written, so
 // the spans may point at meta memory. Sizes are checked as the real backends check them on one rank.
+//
+// Sub-groups: split_by(rule) (comm/grid_groups.hpp's split_by calls it) gives the sub-group of symbolic ranks that
+// rule(rank) = (color, key) gives this rank, its members found by applying the rule to every rank of the group (one
+// symbolic rank cannot ask its peers, so the plain split(color, key) is refused). Its transfers record into the same
+// trace with the sub-group's size and the span of its members (TraceEvent::group, span: a strided sub-group of 2
+// ranks 0 and 2 spans 3), which the time model prices them at; members() names its ranks in the numbering of the
+// group the dry run started with (sorted ascending for every split the strategies make: key = the rank's order). A split itself records nothing: a model splits its
+// sub-groups once (comm/grid_groups.hpp's GridGroupCache), not per call.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/trace.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace paradyse {
 
@@ -22,6 +35,7 @@ class SymbolicCommunicator {
 public:
   SymbolicCommunicator(int rank, int size, Trace& trace) : rank_(rank), size_(size), trace_(&trace) {
     check(size >= 1 && rank >= 0 && rank < size, "SymbolicCommunicator: rank {} of a group of {}", rank, size);
+    for (int r = 0; r < size; ++r) members_.push_back(r);
   }
 
   int rank() const noexcept { return rank_; }
@@ -113,9 +127,32 @@ public:
     return post(TransferKind::send_recv, double(std::max(in.size_bytes(), out.size_bytes())), bytes(in));
   }
 
-  // A dry run models one group; splitting it has no meaning here.
-  SymbolicCommunicator split(int, int) const {
-    throw Error("SymbolicCommunicator: split() is not modelled (a dry run covers one group)");
+  // The ranks of the group in the numbering of the group the dry run started with (0 .. size - 1 there).
+  const std::vector<int>& members() const noexcept { return members_; }
+
+  // The sub-group that rule(rank) = (color, key) gives this rank: the ranks of its color, ordered by key then rank.
+  template <class Rule>
+  SymbolicCommunicator split_by(Rule rule) const {
+    const auto [color, key] = rule(rank_);
+    std::vector<std::pair<int, int>> chosen;  // (key, rank) of each rank of this color
+    for (int r = 0; r < size_; ++r)
+      if (const auto [c, k] = rule(r); c == color) chosen.push_back({k, r});
+    std::sort(chosen.begin(), chosen.end());
+    SymbolicCommunicator sub(*this);
+    sub.members_.clear();
+    for (std::size_t i = 0; i < chosen.size(); ++i) {
+      if (chosen[i].second == rank_) sub.rank_ = int(i);
+      sub.members_.push_back(members_[std::size_t(chosen[i].second)]);
+    }
+    sub.size_ = int(chosen.size());
+    sub.stats_ = {};
+    return sub;
+  }
+  // One symbolic rank cannot learn its peers' colors: split through split_by (comm/grid_groups.hpp).
+  SymbolicCommunicator split(int color, int key) const {
+    throw Error(fmt::format("SymbolicCommunicator: split(color = {}, key = {}) needs every rank's color; a dry run "
+                            "splits with split_by(comm, rule) (comm/grid_groups.hpp), the rule applied to every rank",
+                            color, key));
   }
 
 private:
@@ -124,7 +161,8 @@ private:
 
   Request post(TransferKind kind, double bytes, double sent) {
     const std::int32_t id = trace_->new_request();
-    trace_->record({.kind = TraceKind::post, .transfer = kind, .request = id, .bytes = bytes});
+    trace_->record({.kind = TraceKind::post, .transfer = kind, .request = id, .group = size_,
+                    .span = members_.back() - members_.front() + 1, .bytes = bytes});
     stats_.bytes_sent += std::uint64_t(sent);
     ++stats_.operations;
     return Request(&record_wait, trace_, id);
@@ -148,6 +186,7 @@ private:
   int size_;
   Trace* trace_;
   CommStats stats_;
+  std::vector<int> members_;
 };
 
 static_assert(Communicator<SymbolicCommunicator>);

@@ -53,6 +53,8 @@ struct TraceEvent {
   TransferKind transfer = TransferKind::barrier;
   std::int32_t request = -1;  // links a post to its wait
   std::int32_t count = 1;     // identical kernels in a row (a per-head loop) are one event
+  std::int32_t group = 0;     // post: the size of the group the transfer runs over (0: the trace's whole group)
+  std::int32_t span = 0;      // post: the consecutive ranks its members spread over (0: as many as its size)
   double bytes = 0;
   double m = 0, n = 0, k = 0;
 

@@ -84,6 +84,14 @@ inline std::vector<std::int64_t> document_starts_of(const ModelShape& m) {
   return starts;
 }
 
+// The group's factorisation of a cost shape, on a sublayer context (MegatronRing's tp_inner, Tp2d's tp_x). Their
+// sub-groups are the symbolic communicator's (comm/symbolic.hpp's split_by), split per call in a dry run and
+// recording nothing: a model splits them once (comm/grid_groups.hpp).
+inline void set_factorisation(SublayerContext& ctx, const ModelShape& m) {
+  ctx.tp_inner = m.tp_inner;
+  ctx.tp_x = m.tp_x;
+}
+
 // The setting of one dry run on rank `rank` of a p-rank group, for as long as the object lives: a meta tracker
 // (current on this thread), the trace that it, the counting backend and `comm` record into, and the buffer pool.
 // Between record() and stop() every allocation and pooled buffer is part of the trace; end_forward() and
@@ -140,6 +148,7 @@ Support dry_run_support(const Strategies& strategies, std::size_t index, const M
   try {
     ctx.emplace(config, p, m.batch, m.seq, run.pool);  // the sequence layout refuses fewer tokens than ranks
     ctx->set_documents(starts);
+    set_factorisation(*ctx, m);
   } catch (const Error& e) {
     return {fmt::format("{}: {}", Strategies::name(index), e.what())};
   }
@@ -160,6 +169,7 @@ decltype(auto) visit_sublayer_trace(const Strategies& strategies, std::size_t in
   SublayerContext ctx(config, p, m.batch, m.seq, pool);
   const std::vector<std::int64_t> starts = document_starts_of(m);  // a packed sample: attention within documents
   ctx.set_documents(starts);
+  set_factorisation(ctx, m);
   require(strategies.supports(index, ctx));
   const std::int64_t n = ctx.local_tokens(rank), h = config.hidden;
   const Shape activation{m.batch, n, h};
@@ -308,6 +318,14 @@ private:
 // The library's own strategies (strategy/strategies.hpp), in their list order.
 inline const StrategyCatalog& default_catalog() {
   static const StrategyCatalog catalog = StrategyCatalog::of<AllStrategies<ops::Counting>>();
+  return catalog;
+}
+
+// A training mesh's stage group (MeshStrategies): the five, then MegatronRing and Tp2d, which a cost table prices
+// where the shape carries their factorisation (ModelShape::tp_inner, tp_x) and forbids elsewhere, saying why. The
+// first five keep default_catalog()'s indices.
+inline const StrategyCatalog& mesh_catalog() {
+  static const StrategyCatalog catalog = StrategyCatalog::of<MeshStrategies<ops::Counting>>();
   return catalog;
 }
 

@@ -53,6 +53,11 @@ struct ModelShape {
   bool zigzag = false;           // tokens in zigzag order (balances causal ring attention)
   bool rope = false;             // rotary position embedding on q and k
   std::vector<std::int64_t> packed_lengths;  // empty: one sequence of `seq` tokens per sample
+  // The group's factorisation, for the strategies that compute over its sub-groups (strategy/policy.hpp's
+  // SublayerContext): tp_inner, the cp x tp split's inner size (0: none; MegatronRing runs where it is set), and
+  // tp_x, the 2-D grid's inner side (1: none; Tp2d runs where it is > 1).
+  int tp_inner = 0;
+  int tp_x = 1;
 
   // The common layer: multi-head attention with d = h / heads and a GELU MLP of f = 4h (as LayerConfig::make).
   static ModelShape mha(std::int64_t hidden, std::int64_t heads, std::int64_t seq = 0, std::int64_t layers = 1) {
@@ -83,9 +88,11 @@ struct ModelShape {
 };
 
 inline std::string describe(const ModelShape& m) {
-  return fmt::format("b={} s={} h={} heads={} kv_heads={} d={} ffn={} L={} dtype={}B{}{}{}", m.batch, m.seq, m.hidden,
-                     m.heads, m.kv_heads, m.head_dim, m.ffn, m.layers, m.dtype_bytes, m.swiglu ? " swiglu" : "",
-                     m.causal ? " causal" : "", m.zigzag ? " zigzag" : "");
+  return fmt::format("b={} s={} h={} heads={} kv_heads={} d={} ffn={} L={} dtype={}B{}{}{}{}{}", m.batch, m.seq,
+                     m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn, m.layers, m.dtype_bytes,
+                     m.swiglu ? " swiglu" : "", m.causal ? " causal" : "", m.zigzag ? " zigzag" : "",
+                     m.tp_inner > 0 ? fmt::format(" tp_inner={}", m.tp_inner) : "",
+                     m.tp_x > 1 ? fmt::format(" tp_x={}", m.tp_x) : "");
 }
 
 // Checks that a shape is usable at all (independently of the strategy); throws naming the bad field.
@@ -100,6 +107,10 @@ inline void validate(const ModelShape& m, int p) {
   check(m.layers >= 1, "layers = {} must be at least 1", m.layers);
   check(m.dtype_bytes == 2 || m.dtype_bytes == 4 || m.dtype_bytes == 8, "dtype_bytes = {} must be 2, 4 or 8",
         m.dtype_bytes);
+  check(m.tp_inner == 0 || (m.tp_inner >= 1 && p % m.tp_inner == 0),
+        "tp_inner = {} must be 0 (no cp x tp factorisation) or divide the group size p = {}", m.tp_inner, p);
+  check(m.tp_x >= 1 && p % m.tp_x == 0, "tp_x = {} must be 1 (no 2-D grid) or divide the group size p = {}", m.tp_x,
+        p);
   if (!m.packed_lengths.empty()) {
     std::int64_t total = 0;
     for (std::int64_t length : m.packed_lengths) {

@@ -296,8 +296,13 @@ struct HardwareProfile {
   // wins; otherwise the nearest group size of the same collective and level is carried over by the ring formula
   // (alpha scales with the ring steps, beta with the bus factor); otherwise the level's link model.
   double collective_time(Collective op, int group_size, double bytes) const {
+    return collective_time(op, group_size, bytes, group_size);
+  }
+  // The same over a group whose members spread over `span` consecutive devices (a strided sub-group, such as a
+  // column of a grid: its ranks i, i + inner, ...): priced on the level of the span.
+  double collective_time(Collective op, int group_size, double bytes, int span) const {
     if (group_size <= 1 || bytes <= 0) return 0;
-    const LinkLevel level = level_of(group_size);
+    const LinkLevel level = level_of(std::max(span, group_size));
     // The entry of the nearest group size (an exact one first) whose size range holds `bytes`.
     const CollectiveCost* nearest = nullptr;
     for (const CollectiveCost& entry : collectives) {

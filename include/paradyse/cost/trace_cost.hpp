@@ -230,12 +230,16 @@ private:
       default: return 0;
     }
   }
-  // Seconds of a transfer (the profile's lookup, remembered per kind for the last size: a ring posts one size p
-  // times in a row).
-  double transfer_time(TransferKind kind, double bytes) {
+  // Seconds of a transfer over a group of `group` ranks spread over `span` consecutive ranks (0: the trace's whole
+  // group; a sub-group's transfers say theirs), the profile's lookup remembered per kind for the last size: a ring
+  // posts one size p times in a row.
+  double transfer_time(TransferKind kind, double bytes, int group, int span) {
     if (kind == TransferKind::barrier) return 0;
+    group = group > 0 ? group : p_;
+    span = span > 0 ? span : group;
     Memo& memo = transfer_memo_[std::size_t(kind)];
-    if (memo.bytes != bytes) memo = {bytes, hw_.collective_time(collective_of(kind), p_, bytes)};
+    if (memo.bytes != bytes || memo.group != group || memo.span != span)
+      memo = {bytes, group, span, hw_.collective_time(collective_of(kind), group, bytes, span)};
     return memo.seconds;
   }
   void step(const TraceEvent& e) {
@@ -249,7 +253,7 @@ private:
       case TraceKind::allocate: run(hw_.fresh_memory.time(double(round_allocation(e.bytes * scale_)))); break;
       case TraceKind::scratch: run(hw_.fresh_memory.time(e.bytes * scale_)); break;
       case TraceKind::post: {
-        const double duration = transfer_time(e.transfer, e.bytes * scale_);
+        const double duration = transfer_time(e.transfer, e.bytes * scale_, e.group, e.span);
         const double start = std::max(now_, comm_free_);
         comm_free_ = start + duration;
         transfer(e.request) = {comm_free_, duration, compute_, true};
@@ -280,7 +284,9 @@ private:
   }
 
   struct Memo {
-    double bytes = -1, seconds = 0;
+    double bytes = -1;
+    int group = 0, span = 0;
+    double seconds = 0;
   };
   double now_ = 0, compute_ = 0, comm_free_ = 0;
   std::vector<Transfer> transfers_;  // by request id

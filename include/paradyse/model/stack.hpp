@@ -15,6 +15,7 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/grid_groups.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
@@ -164,14 +165,22 @@ public:
   void set_documents(std::span<const std::int64_t> starts) { documents_.assign(starts.begin(), starts.end()); }
   // The group's cp x tp factorisation from the next forward on (SublayerContext::tp_inner: the inner tp sub-groups'
   // size, rank = c * tp + t; 0: none), for strategies that compute over the two sub-groups (MegatronRing).
-  void set_tp_inner(int tp) noexcept { tp_inner_ = tp; }
+  // The sub-groups of the factorisations (tp_inner's, tp_x's) are split once, on their first use, and kept for every
+  // later call (grid_groups(): comm/grid_groups.hpp); a new factorisation drops them, on every rank alike.
+  void set_tp_inner(int tp) noexcept {
+    if (tp != tp_inner_) grid_groups_.clear();
+    tp_inner_ = tp;
+  }
   std::span<const std::int64_t> documents() const noexcept { return documents_; }
   // The group as a tp_x x (p / tp_x) grid for 2-D tensor parallelism (SublayerContext::tp_x, strategy/tp2d.hpp);
   // 1: no grid. Kept until set again.
   void set_tp_x(int tp_x) {
     check(tp_x >= 1 && ranks_ % tp_x == 0, "TransformerStack: tp_x = {} must divide the group size {}", tp_x, ranks_);
+    if (tp_x != tp_x_) grid_groups_.clear();
     tp_x_ = tp_x;
   }
+  // The sub-groups split so far for the factorisations (GridGroupCache::grids_split() counts the splits).
+  const GridGroupCache& grid_groups() const noexcept { return grid_groups_; }
   // Drops what a step kept (the saved activations of the layers its forward ran, its context) and allocates
   // nothing: after a failed step the stack holds its weights and gradients only, as before the step.
   void discard_step() noexcept {
@@ -242,6 +251,7 @@ public:
     ctx_->set_documents(documents_);
     ctx_->tp_x = tp_x_;
     ctx_->tp_inner = tp_inner_;
+    ctx_->grid_groups = &grid_groups_;
     check_plan(plan, *ctx_);
     saved_.clear();
     saved_.reserve(weights_.size());
@@ -383,6 +393,7 @@ private:
   std::vector<std::int64_t> documents_;  // the packed documents ctx_ points to
   int tp_x_ = 1;                         // set_tp_x
   int tp_inner_ = 0;                      // the group's cp x tp factorisation (set_tp_inner)
+  GridGroupCache grid_groups_;           // their sub-groups, split once
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;

@@ -30,6 +30,10 @@ struct GptCosts {
   int ranks = 1;
   const cost::HardwareProfile* hardware = nullptr;
   const cost::StrategyCatalog* catalog = &cost::default_catalog();
+  // The group's factorisation (cost::ModelShape::tp_inner, tp_x): with a catalog that holds MegatronRing and Tp2d
+  // (cost::mesh_catalog()) the tables price them where it is set.
+  int tp_inner = 0;
+  int tp_x = 1;
 
   // The length a sequence of s tokens runs at on the group: padded to a token per chunk (data/document_balance.hpp).
   std::int64_t run_length(std::int64_t s) const { return data::padded_length(s, {ranks, config.layer.zigzag}); }
@@ -51,7 +55,7 @@ struct GptCosts {
   // float32 activations, weights and gradients, two AdamW moments. Shorter than the group's minimum: padded.
   CostTable table(std::int64_t s, std::int64_t batch = 1) const {
     s = run_length(s);
-    ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
+    ModelConfig model = model_config();
     model.extra_bytes = extra_bytes(s, batch);
     model.outside = {config.vocab, config.tied_head};
     return build_cost_table(model, *hardware, ranks, Batch::single(s, batch), {}, *catalog);
@@ -60,13 +64,22 @@ struct GptCosts {
   // dry runs cost the causal-within-document fraction of the pairs).
   CostTable packed_table(std::vector<std::int64_t> lengths) const {
     if (lengths.size() == 1) return table(lengths[0]);
-    ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
+    ModelConfig model = model_config();
     Batch batch = Batch::packed(std::move(lengths));
     if (const std::int64_t s = batch.tokens_per_sample(), padded = run_length(s); padded > s)
       batch.lengths.push_back(padded - s);  // the padding at the end, a document of its own (data/packing.hpp)
     model.extra_bytes = extra_bytes(batch.tokens_per_sample());
     model.outside = {config.vocab, config.tied_head};
     return build_cost_table(model, *hardware, ranks, batch, {}, *catalog);
+  }
+  // The planner's layers: float32, the group's factorisation.
+  ModelConfig model_config() const {
+    ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
+    for (LayerKind& kind : model.kinds) {
+      kind.shape.tp_inner = tp_inner;
+      kind.shape.tp_x = tp_x;
+    }
+    return model;
   }
   // The predicted peak per rank with every sublayer on `strategy` (an index of the catalog).
   std::int64_t uniform_peak(std::int64_t s, int strategy) const {

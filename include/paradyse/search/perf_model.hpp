@@ -15,6 +15,10 @@
 // - cp: K and V circulate in a ring over cp (cp - 1 sends forward, twice in backward), hidden under the attention
 //   block's compute where it is shorter; or (Llama 3's scheme) K and V are all-gathered over cp before attention
 //   (again in backward, whose K and V gradients are reduce-scattered), exposed, one attention kernel per block.
+// - tp inside cp as train_gpt's MegatronRing runs it (setup.cp_gathers_weights, cp > 1 and tp > 1): each sublayer's
+//   weights are sharded over cp x tp, so it all-gathers its cp sub-group's shards over cp (P / t elements gathered,
+//   (cp - 1) / cp of them received) in forward and again in backward, and reduce-scatters their gradient back over
+//   cp in backward. Exposed (the gathers precede the sublayer's compute). Megatron-LM keeps them replicated over cp.
 // - ep (folded over dp x cp) and etp (over tp): all-to-all dispatch and combine of k copies of each token, all-gather
 //   and reduce-scatter over etp; balanced routing; the local experts in one grouped GEMM.
 // - pp: one send of the stage's output per chunk and micro-batch, each direction, priced on the level the pipeline
@@ -158,6 +162,15 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     r.backward_comm[std::size_t(dim)] += backward;
   };
   double recompute_forward = 0;  // the part of the forward that selective recomputation re-runs
+  // A sublayer of `parameters` weights under MegatronRing (see the header): gathered over cp in forward and in
+  // backward, its gradient reduce-scattered over cp.
+  const bool cp_gathers_weights = setup_.cp_gathers_weights && c.cp > 1 && t > 1;
+  auto gather_weights_over_cp = [&](double parameters) {
+    if (!cp_gathers_weights) return;
+    const double bytes = parameters / t * w;
+    const double gather = cluster_.collective_time(Collective::all_gather, groups.cp, bytes);
+    add_comm(CommDim::cp, gather, gather + cluster_.collective_time(Collective::reduce_scatter, groups.cp, bytes));
+  };
 
   // ---- attention block ------------------------------------------------------------------------------------------
   const double qkv_in = (m.attention_parameters() - m.context_width() * h) / h;  // input projections' width
@@ -169,6 +182,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
                            ag_x(T * kv_width / y * w) + ag_x(T * m.context_width() / y * w);
     add_comm(CommDim::tp, tp_comm, tp_comm);
   }
+  gather_weights_over_cp(m.attention_parameters());
   // Attention core: T / x queries of a / y heads against all s keys (the cp ring brings the other chunks).
   const double queries = T / x, heads = double(m.heads) / y;
   double core_forward = 0, core_backward = 0;
@@ -221,6 +235,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     recompute_forward += activation;
     const double tp_comm = enter_leave_y(T * h / x * w) + rs_x(T * f_in / y * w) + ag_x(T * f / y * w);
     add_comm(CommDim::tp, tp_comm, tp_comm);
+    gather_weights_over_cp(m.dense_mlp_parameters());
   } else {
     // Tokens [T / y, h / x] -> full h on T / t tokens per device (all-gather over x), and back after the combine.
     const double tokens = T / t;

@@ -39,6 +39,11 @@ struct TrainingSetup {
   // reduction with the backward pass. Megatron-LM as of SC'21 had neither: the validation turns them off.
   bool flash_attention = true;
   bool overlap_grad_reduce = true;
+  // tp inside cp (cp > 1 and tp > 1): false, Megatron-LM's (each layer's weights sharded over tp, replicated over
+  // cp); true, train_gpt's MegatronRing (strategy/megatron_ring.hpp: the weights sharded over the whole cp x tp
+  // group, each sublayer all-gathering its cp sub-group's shards before use, forward and again in backward, and
+  // reduce-scattering its weight gradient back over cp; perf_model.hpp prices the three, exposed).
+  bool cp_gathers_weights = false;
   FlopConvention flops = FlopConvention::causal;  // the model FLOPs of MFU (a non-causal model counts the full square)
 
   // Keys each token attends to in the model FLOPs of MFU.

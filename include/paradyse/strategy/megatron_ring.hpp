@@ -23,10 +23,12 @@
 // reduce-scatter). Saved: the gathered input [b, n_c, h], the rank's q|k|v heads [b, n_c, hq/tp + 2 hkv/tp, d],
 // out and lse (attention); the gathered input and the pre-activation [cp, b n_c, ffn_in_rows] (MLP). Requirements:
 // those of the unified layout and a factorisation tp_inner dividing p (0 refuses: the planner then never picks it).
-// It splits the group into its two sub-groups (comm.split) at every call.
+// Its two sub-groups are the group's outer x inner grid with inner = tp (comm/grid_groups.hpp), taken from
+// ctx.grid_groups (split once per group; the layer stack keeps them), or split for the call when it has none.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/grid_groups.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -107,13 +109,6 @@ struct Factors {
 
 };
 
-// The two sub-groups of a call: tp (ranks c tp .. c tp + tp - 1, ordered by t) and cp (ranks t, t + tp, ...).
-template <Communicator C>
-struct SubGroups {
-  C tp, cp;
-  SubGroups(C& comm, const Factors& f) : tp(comm.split(f.c, f.t)), cp(comm.split(f.t, f.c)) {}
-};
-
 // cp_order: [b n_c, width] (overwritten) <- the tp sub-group's tokens of x: [b, n_r, width] (all_gather_v).
 template <class Backend, Communicator C>
 void gather_tokens(C& tp, const Factors& f, BufferPool& pool, TensorView<const float> x, TensorView<float> cp_order) {
@@ -178,17 +173,17 @@ struct MegatronRing : LayoutPolicy<Backend> {
   template <Communicator C>
   AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
                                    TensorView<const float> x, TensorView<float> y) const {
-    const Call call = start(comm, ctx, "MegatronRing attention", x, y);
+    const Call<C> call(comm, ctx, "MegatronRing attention", x, y);
     const megatron_ring_detail::Factors& f = call.f;
     const ShardGeometry& g = ctx.geometry;
-    const std::int64_t b = ctx.batch, n = f.cp_tokens, m = b * n, h = ctx.hidden(), R = g.qkv_rows, W = g.proj_rows;
+    const auto [b, n, m, h] = call.sizes;
+    const std::int64_t R = g.qkv_rows, W = g.proj_rows;
     const QkvPacking packing = QkvPacking::of(g, f.cp);
-    megatron_ring_detail::SubGroups<C> groups(comm, f);
     AttentionSaved saved{Tensor<float>(Shape{m, h}), Tensor<float>(Shape{b, n, packing.heads(), g.head_dim}),
                          Tensor<float>(Shape{b, n, packing.q_heads(), g.head_dim}),
                          Tensor<float>(Shape{b, packing.q_heads(), n})};
-    megatron_ring_detail::gather_tokens<Backend>(groups.tp, f, *ctx.pool, x, saved.x.view());
-    PooledBuffer<float> weights = gather_weights(groups.cp, ctx, w.packed.view(), f.cp);  // [cp, R + W, h]
+    megatron_ring_detail::gather_tokens<Backend>(call.tp, f, *ctx.pool, x, saved.x.view());
+    PooledBuffer<float> weights = gather_weights(call.cp, ctx, w.packed.view(), f.cp);  // [cp, R + W, h]
     {
       PooledBuffer<float> packed = ctx.pool->acquire<float>(Shape{m, f.cp * R});
       for (int j = 0; j < f.cp; ++j)
@@ -198,27 +193,27 @@ struct MegatronRing : LayoutPolicy<Backend> {
                             saved.heads.view());
     }
     const HeadViews<const float> qkv = head_views(TensorView<const float>(saved.heads.view()), packing);
-    ring_attention_forward<Backend>(groups.cp, ring_spec(ctx, f), *ctx.pool, qkv.q, qkv.k, qkv.v, saved.out.view(),
+    ring_attention_forward<Backend>(call.cp, ring_spec(ctx, f), *ctx.pool, qkv.q, qkv.k, qkv.v, saved.out.view(),
                                     saved.lse.view());
     const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, f.cp * W});
     PooledBuffer<float> partial = ctx.pool->acquire<float>(Shape{m, h});
     for (int j = 0; j < f.cp; ++j)
       Backend::matmul(a.slice(1, j * W, W), ops::Transpose::no, proj_of(weights, j, g), ops::Transpose::no,
                       partial.view(), 1.0f, j == 0 ? 0.0f : 1.0f);
-    megatron_ring_detail::scatter_tokens<Backend>(groups.tp, f, *ctx.pool, TensorView<const float>(partial.view()), y);
+    megatron_ring_detail::scatter_tokens<Backend>(call.tp, f, *ctx.pool, TensorView<const float>(partial.view()), y);
     return saved;
   }
 
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
-    const Call call = start(comm, ctx, "MegatronRing attention backward", dy, dx);
+    const Call<C> call(comm, ctx, "MegatronRing attention backward", dy, dx);
     const megatron_ring_detail::Factors& f = call.f;
     const ShardGeometry& g = ctx.geometry;
-    const std::int64_t b = ctx.batch, n = f.cp_tokens, m = b * n, h = ctx.hidden(), R = g.qkv_rows, W = g.proj_rows;
+    const auto [b, n, m, h] = call.sizes;
+    const std::int64_t R = g.qkv_rows, W = g.proj_rows;
     const QkvPacking packing = QkvPacking::of(g, f.cp);
-    megatron_ring_detail::SubGroups<C> groups(comm, f);
-    PooledBuffer<float> weights = gather_weights(groups.cp, ctx, w.packed.view(), f.cp);   // [cp, R + W, h]
+    PooledBuffer<float> weights = gather_weights(call.cp, ctx, w.packed.view(), f.cp);   // [cp, R + W, h]
     PooledBuffer<float> dweights = ctx.pool->acquire<float>(weights.shape());           // their gradients
     Backend::fill(dweights.view(), 0.0f);
     PooledBuffer<float> dpacked = ctx.pool->acquire<float>(Shape{m, f.cp * R});
@@ -227,7 +222,7 @@ struct MegatronRing : LayoutPolicy<Backend> {
       Backend::fill(dheads.view(), 0.0f);
       {
         PooledBuffer<float> dy_cp = ctx.pool->acquire<float>(Shape{m, h});
-        megatron_ring_detail::gather_tokens<Backend>(groups.tp, f, *ctx.pool, dy, dy_cp.view());
+        megatron_ring_detail::gather_tokens<Backend>(call.tp, f, *ctx.pool, dy, dy_cp.view());
         PooledBuffer<float> dout = ctx.pool->acquire<float>(saved.out.shape());
         const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, f.cp * W});
         const TensorView<float> da = dout.view().reshape(Shape{m, f.cp * W});
@@ -239,7 +234,7 @@ struct MegatronRing : LayoutPolicy<Backend> {
         }
         const HeadViews<const float> qkv = head_views(TensorView<const float>(saved.heads.view()), packing);
         const HeadViews<float> dqkv = head_views(dheads.view(), packing);
-        ring_attention_backward<Backend>(groups.cp, ring_spec(ctx, f), *ctx.pool, qkv.q, qkv.k, qkv.v,
+        ring_attention_backward<Backend>(call.cp, ring_spec(ctx, f), *ctx.pool, qkv.q, qkv.k, qkv.v,
                                          saved.out.view(), saved.lse.view(), dout.view(), dqkv.q, dqkv.k, dqkv.v);
       }
       pack_head_gradients<Backend>(packing, positions(ctx, f), dheads.view(), dpacked.view().reshape(Shape{b, n, f.cp * R}));
@@ -253,10 +248,10 @@ struct MegatronRing : LayoutPolicy<Backend> {
         Backend::matmul(dcolumns, ops::Transpose::no, qkv_of(weights, j, g), ops::Transpose::no, dx_cp.view(), 1.0f,
                         j == 0 ? 0.0f : 1.0f);
       }
-      megatron_ring_detail::scatter_tokens<Backend>(groups.tp, f, *ctx.pool, TensorView<const float>(dx_cp.view()), dx);
+      megatron_ring_detail::scatter_tokens<Backend>(call.tp, f, *ctx.pool, TensorView<const float>(dx_cp.view()), dx);
     }
     PooledBuffer<float> mine = ctx.pool->acquire<float>(Shape{g.attention_rows(), h});
-    groups.cp.reduce_scatter(read_span(dweights), mine.span(), ReduceOp::sum);
+    call.cp.reduce_scatter(read_span(dweights), mine.span(), ReduceOp::sum);
     QkvGradient<Backend> qkv_grad(ctx, grad.qkv());
     Backend::add_into(qkv_grad.target(), TensorView<const float>(mine.view()).slice(0, 0, R));
     Backend::add_into(grad.proj(), TensorView<const float>(mine.view()).slice(0, R, W));
@@ -266,14 +261,13 @@ struct MegatronRing : LayoutPolicy<Backend> {
   template <Communicator C>
   MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
                        TensorView<float> y) const {
-    const Call call = start(comm, ctx, "MegatronRing mlp", x, y);
+    const Call<C> call(comm, ctx, "MegatronRing mlp", x, y);
     const megatron_ring_detail::Factors& f = call.f;
     const ShardGeometry& g = ctx.geometry;
-    const std::int64_t m = ctx.batch * f.cp_tokens, h = ctx.hidden();
-    megatron_ring_detail::SubGroups<C> groups(comm, f);
+    const std::int64_t m = call.sizes.m, h = call.sizes.h;
     MlpSaved saved{Tensor<float>(Shape{m, h}), Tensor<float>(Shape{f.cp, m, g.ffn_in_rows})};
-    megatron_ring_detail::gather_tokens<Backend>(groups.tp, f, *ctx.pool, x, saved.x.view());
-    PooledBuffer<float> weights = gather_weights(groups.cp, ctx, w.packed.view(), f.cp);  // [cp, in + out rows, h]
+    megatron_ring_detail::gather_tokens<Backend>(call.tp, f, *ctx.pool, x, saved.x.view());
+    PooledBuffer<float> weights = gather_weights(call.cp, ctx, w.packed.view(), f.cp);  // [cp, in + out rows, h]
     PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{m, g.ffn});
     PooledBuffer<float> partial = ctx.pool->acquire<float>(Shape{m, h});
     for (int j = 0; j < f.cp; ++j) {
@@ -283,24 +277,23 @@ struct MegatronRing : LayoutPolicy<Backend> {
       Backend::matmul(act.view(), ops::Transpose::no, out_of(weights, j, g), ops::Transpose::no, partial.view(), 1.0f,
                       j == 0 ? 0.0f : 1.0f);
     }
-    megatron_ring_detail::scatter_tokens<Backend>(groups.tp, f, *ctx.pool, TensorView<const float>(partial.view()), y);
+    megatron_ring_detail::scatter_tokens<Backend>(call.tp, f, *ctx.pool, TensorView<const float>(partial.view()), y);
     return saved;
   }
 
   template <Communicator C>
   void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
                     TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
-    const Call call = start(comm, ctx, "MegatronRing mlp backward", dy, dx);
+    const Call<C> call(comm, ctx, "MegatronRing mlp backward", dy, dx);
     const megatron_ring_detail::Factors& f = call.f;
     const ShardGeometry& g = ctx.geometry;
-    const std::int64_t m = ctx.batch * f.cp_tokens, h = ctx.hidden();
-    megatron_ring_detail::SubGroups<C> groups(comm, f);
-    PooledBuffer<float> weights = gather_weights(groups.cp, ctx, w.packed.view(), f.cp);  // [cp, in + out rows, h]
+    const std::int64_t m = call.sizes.m, h = call.sizes.h;
+    PooledBuffer<float> weights = gather_weights(call.cp, ctx, w.packed.view(), f.cp);  // [cp, in + out rows, h]
     PooledBuffer<float> dweights = ctx.pool->acquire<float>(weights.shape());
     Backend::fill(dweights.view(), 0.0f);
     {
       PooledBuffer<float> dy_cp = ctx.pool->acquire<float>(Shape{m, h});
-      megatron_ring_detail::gather_tokens<Backend>(groups.tp, f, *ctx.pool, dy, dy_cp.view());
+      megatron_ring_detail::gather_tokens<Backend>(call.tp, f, *ctx.pool, dy, dy_cp.view());
       PooledBuffer<float> act = ctx.pool->acquire<float>(Shape{m, g.ffn});
       PooledBuffer<float> dpre = ctx.pool->acquire<float>(Shape{m, g.ffn_in_rows});
       PooledBuffer<float> dx_cp = ctx.pool->acquire<float>(Shape{m, h});
@@ -316,26 +309,37 @@ struct MegatronRing : LayoutPolicy<Backend> {
         Backend::matmul(dpre.view(), ops::Transpose::no, in_of(weights, j, g), ops::Transpose::no, dx_cp.view(), 1.0f,
                         j == 0 ? 0.0f : 1.0f);
       }
-      megatron_ring_detail::scatter_tokens<Backend>(groups.tp, f, *ctx.pool, TensorView<const float>(dx_cp.view()), dx);
+      megatron_ring_detail::scatter_tokens<Backend>(call.tp, f, *ctx.pool, TensorView<const float>(dx_cp.view()), dx);
     }
     PooledBuffer<float> mine = ctx.pool->acquire<float>(Shape{g.mlp_rows(), h});
-    groups.cp.reduce_scatter(read_span(dweights), mine.span(), ReduceOp::sum);
+    call.cp.reduce_scatter(read_span(dweights), mine.span(), ReduceOp::sum);
     Backend::add_into(grad.packed.view(), TensorView<const float>(mine.view()));
   }
 
 private:
-  // A call's checks (its two activations this rank's, the call supported) and factors.
-  struct Call {
-    megatron_ring_detail::Factors f;
+  // One call's prologue: its checks (the call supported, its two activations this rank's), the rank's factors, the
+  // two sub-groups (the context's, split once; or the call's own) and the sizes.
+  struct Sizes {
+    std::int64_t b, n, m, h;  // batch, the cp rank's tokens n_c, rows b n_c, hidden
   };
   template <Communicator C>
-  Call start(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in,
-             TensorView<const float> out) const {
-    ctx.check_activation(who, "input", in, comm.rank());
-    ctx.check_activation(who, "output", out, comm.rank());
-    require(supports(ctx));
-    return {megatron_ring_detail::Factors(ctx, comm.rank())};
-  }
+  struct Call {
+    megatron_ring_detail::Factors f;
+    GridGroupsOfCall<C> groups;  // inner: the tp sub-group, outer: the cp sub-group
+    C& tp;
+    C& cp;
+    Sizes sizes;
+    Call(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in, TensorView<const float> out)
+        : f(checked(comm, ctx, who, in, out)), groups(ctx.grid_groups, comm, f.tp), tp(groups.inner()),
+          cp(groups.outer()), sizes{ctx.batch, f.cp_tokens, ctx.batch * f.cp_tokens, ctx.hidden()} {}
+    static megatron_ring_detail::Factors checked(C& comm, const SublayerContext& ctx, const char* who,
+                                                 TensorView<const float> in, TensorView<const float> out) {
+      ctx.check_activation(who, "input", in, comm.rank());
+      ctx.check_activation(who, "output", out, comm.rank());
+      require(MegatronRing().supports(ctx));
+      return megatron_ring_detail::Factors(ctx, comm.rank());
+    }
+  };
 
   // [cp, rows, h]: the packed shards of the cp sub-group (block j: cp rank j's, unified rank j tp + t).
   template <Communicator C>

@@ -45,6 +45,7 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/grid_groups.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/layer_config.hpp"
@@ -84,6 +85,9 @@ struct SublayerContext {
   // (tp) sub-groups, rank r = c * tp_inner + t; 0: the group is not factorised. Only strategies that compute over
   // the two sub-groups read it (strategy/megatron_ring.hpp); the unified layout is over all p ranks either way.
   int tp_inner = 0;
+  // Where a strategy that computes over the factorisation's sub-groups (MegatronRing, Tp2d) takes them from: split
+  // once per group and kept (comm/grid_groups.hpp; the layer stack owns it); nullptr: each call splits its own.
+  GridGroupCache* grid_groups = nullptr;
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.

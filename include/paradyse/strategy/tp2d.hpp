@@ -29,7 +29,8 @@
 // T n_2 / y over tp_x, reduce-scatter T h / x over tp_y; attention also all-gathers the qkv block T R / y over tp_x;
 // weights: one all-to-all of W (x - 1) / x. Backward: about twice the forward, plus the gradient's all-to-all of W.
 // The weight all-to-alls are the price of the unified shards (a fixed 2-D layout would keep block (j, i) resident).
-// Two communicator splits per call (the tp_x and tp_y groups). Saved: attention x [b, n, h], qkv block
+// The tp_x and tp_y groups are the group's outer x inner grid with inner = tp_x (comm/grid_groups.hpp), taken from
+// ctx.grid_groups (split once per group; the layer stack keeps them), or split for the call when it has none. Saved: attention x [b, n, h], qkv block
 // [b, s / x, R_y] (after RoPE), attention output [b, s / x, q_y d], lse; MLP x and pre-activation [b, s / x, in_y].
 //
 // Requirements (supports()): a grid (ctx.tp_x > 1 dividing C), h % tp_x == 0, kv_heads % C == 0 (replicated kv heads
@@ -37,6 +38,7 @@
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
+#include "paradyse/comm/grid_groups.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/contract/weight_shards.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -99,11 +101,9 @@ struct Tp2d : LayoutPolicy<Backend> {
   template <Communicator C>
   AttentionSaved attention_forward(C& comm, const SublayerContext& ctx, const AttentionShard& w,
                                    TensorView<const float> x, TensorView<float> y) const {
-    check_call(comm, ctx, "Tp2d attention", x, y);
-    Grid<C> grid = make_grid(comm, ctx);
-    const SublayerContext cy = y_context(ctx, grid);
-    const ShardGeometry& g = cy.geometry;
-    const std::int64_t b = ctx.batch, s = ctx.length(), sx = s / grid.x, hx = ctx.hidden() / grid.x;
+    const Grid<C> grid(comm, ctx, "Tp2d attention", x, y);
+    const ShardGeometry& g = grid.cy.geometry;
+    const auto [b, s, sx, hx] = grid.sizes;
     AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, sx, g.qkv_rows}),
                          Tensor<float>(Shape{b, sx, g.proj_rows}), Tensor<float>(Shape{b, g.q_heads, sx})};
     PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), attention_pieces(ctx, g));
@@ -117,7 +117,7 @@ struct Tp2d : LayoutPolicy<Backend> {
       x_full = PooledBuffer<float>();
       scatter_blocks(grid, ctx, partial.view(), saved.qkv.view());
     }
-    rope_block(cy, grid, saved.qkv.view(), RopeDirection::forward);
+    rope_block(grid.cy, grid, saved.qkv.view(), RopeDirection::forward);
     {
       PooledBuffer<float> all = ctx.pool->acquire<float>(Shape{b, s, g.qkv_rows});  // every token's k and v (and q)
       gather_blocks(grid, ctx, saved.qkv.view(), all.view());
@@ -136,11 +136,9 @@ struct Tp2d : LayoutPolicy<Backend> {
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
-    check_call(comm, ctx, "Tp2d attention backward", dy, dx);
-    Grid<C> grid = make_grid(comm, ctx);
-    const SublayerContext cy = y_context(ctx, grid);
-    const ShardGeometry& g = cy.geometry;
-    const std::int64_t b = ctx.batch, s = ctx.length(), sx = s / grid.x, hx = ctx.hidden() / grid.x;
+    const Grid<C> grid(comm, ctx, "Tp2d attention backward", dy, dx);
+    const ShardGeometry& g = grid.cy.geometry;
+    const auto [b, s, sx, hx] = grid.sizes;
     const auto pieces = attention_pieces(ctx, g);
     PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), pieces);
     PooledBuffer<float> gb = ctx.pool->acquire<float>(wb.view().shape());  // block (j, i)'s gradient
@@ -175,7 +173,7 @@ struct Tp2d : LayoutPolicy<Backend> {
       scatter_blocks(grid, ctx, dall.view(), dkv.view());
       Backend::add_into(dqkv.view(), TensorView<const float>(dkv.view()));  // dq's columns of dkv are zero
     }
-    rope_block(cy, grid, dqkv.view(), RopeDirection::backward);
+    rope_block(grid.cy, grid, dqkv.view(), RopeDirection::backward);
     PooledBuffer<float> dpre = ctx.pool->acquire<float>(Shape{b, s, g.qkv_rows});
     gather_blocks(grid, ctx, dqkv.view(), dpre.view());
     dqkv = PooledBuffer<float>();
@@ -186,11 +184,9 @@ struct Tp2d : LayoutPolicy<Backend> {
   template <Communicator C>
   MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
                        TensorView<float> y) const {
-    check_call(comm, ctx, "Tp2d mlp", x, y);
-    Grid<C> grid = make_grid(comm, ctx);
-    const SublayerContext cy = y_context(ctx, grid);
-    const ShardGeometry& g = cy.geometry;
-    const std::int64_t b = ctx.batch, s = ctx.length(), sx = s / grid.x, hx = ctx.hidden() / grid.x;
+    const Grid<C> grid(comm, ctx, "Tp2d mlp", x, y);
+    const ShardGeometry& g = grid.cy.geometry;
+    const auto [b, s, sx, hx] = grid.sizes;
     MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, sx, g.ffn_in_rows})};
     PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), mlp_pieces(ctx, g));
     const TensorView<const float> w_in = TensorView<const float>(wb.view()).slice(0, 0, g.ffn_in_rows);
@@ -219,11 +215,9 @@ struct Tp2d : LayoutPolicy<Backend> {
   template <Communicator C>
   void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
                     TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
-    check_call(comm, ctx, "Tp2d mlp backward", dy, dx);
-    Grid<C> grid = make_grid(comm, ctx);
-    const SublayerContext cy = y_context(ctx, grid);
-    const ShardGeometry& g = cy.geometry;
-    const std::int64_t b = ctx.batch, s = ctx.length(), sx = s / grid.x, hx = ctx.hidden() / grid.x;
+    const Grid<C> grid(comm, ctx, "Tp2d mlp backward", dy, dx);
+    const ShardGeometry& g = grid.cy.geometry;
+    const auto [b, s, sx, hx] = grid.sizes;
     const auto pieces = mlp_pieces(ctx, g);
     PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), pieces);
     PooledBuffer<float> gb = ctx.pool->acquire<float>(wb.view().shape());
@@ -258,32 +252,35 @@ struct Tp2d : LayoutPolicy<Backend> {
   }
 
 private:
-  // My place on the grid and its two groups.
-  template <Communicator C>
-  struct Grid {
-    C along_x;  // the tp_x group (ranks (., j)), my index i
-    C along_y;  // the tp_y group (ranks (i, .)), my index j
-    int x = 1, y = 1, i = 0, j = 0;
+  // One call's prologue: its checks (the call supported, its two activations this rank's), my place (i, j) on the
+  // grid, its two groups (the context's, split once; or the call's own), the context of the y-rank split (its shard
+  // geometry: the heads and ffn columns of head block j) and the sizes.
+  struct Sizes {
+    std::int64_t b, s, sx, hx;  // batch, sequence, token block s / x, column block h / x
   };
   template <Communicator C>
-  static Grid<C> make_grid(C& comm, const SublayerContext& ctx) {
-    const int x = ctx.tp_x, r = comm.rank();
-    return Grid<C>{comm.split(r / x, r % x), comm.split(r % x, r / x), x, comm.size() / x, r % x, r / x};
-  }
-  // The context of the y-rank split: its shard geometry (heads and ffn columns of head block j).
-  template <class G>
-  static SublayerContext y_context(const SublayerContext& ctx, const G& grid) {
-    SublayerContext cy = ctx;
-    cy.geometry = ShardGeometry(ctx.layer(), grid.y);
-    return cy;
-  }
-  template <Communicator C>
-  void check_call(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in,
-                  TensorView<const float> out) const {
-    require(supports(ctx));
-    ctx.check_activation(who, "input", in, comm.rank());
-    ctx.check_activation(who, "output", out, comm.rank());
-  }
+  struct Grid {
+    GridGroupsOfCall<C> groups;
+    C& along_x;  // the tp_x group (ranks (., j)), my index i
+    C& along_y;  // the tp_y group (ranks (i, .)), my index j
+    int x = 1, y = 1, i = 0, j = 0;
+    SublayerContext cy;
+    Sizes sizes;
+    Grid(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in, TensorView<const float> out)
+        : groups(checked(comm, ctx, who, in, out), comm, ctx.tp_x), along_x(groups.inner()), along_y(groups.outer()),
+          x(ctx.tp_x), y(comm.size() / ctx.tp_x), i(comm.rank() % x), j(comm.rank() / x), cy(ctx),
+          sizes{ctx.batch, ctx.length(), ctx.length() / x, ctx.hidden() / x} {
+      cy.geometry = ShardGeometry(ctx.layer(), y);
+    }
+    // The context's grid groups once the call is checked.
+    static GridGroupCache* checked(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in,
+                                   TensorView<const float> out) {
+      require(Tp2d().supports(ctx));
+      ctx.check_activation(who, "input", in, comm.rank());
+      ctx.check_activation(who, "output", out, comm.rank());
+      return ctx.grid_groups;
+    }
+  };
   // [b, len, w] as [b len, w].
   template <class T>
   static TensorView<T> rows_of(TensorView<T> t) { return t.reshape(Shape{t.extent(0) * t.extent(1), t.extent(2)}); }
