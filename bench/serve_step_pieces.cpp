@@ -67,16 +67,9 @@ namespace timed {
     const Timed t(#op);                    \
     return cpu::op(std::forward<A>(a)...); \
   }
-PARADYSE_TIMED(adamw_step) PARADYSE_TIMED(add_into) PARADYSE_TIMED(attention_backward) PARADYSE_TIMED(attention_forward)
-PARADYSE_TIMED(attention_merge) PARADYSE_TIMED(convert) PARADYSE_TIMED(copy) PARADYSE_TIMED(cross_entropy_forward_backward)
-PARADYSE_TIMED(embedding_backward) PARADYSE_TIMED(embedding_forward) PARADYSE_TIMED(fill) PARADYSE_TIMED(gather_rows)
-PARADYSE_TIMED(gathered_row_dot) PARADYSE_TIMED(gelu_backward) PARADYSE_TIMED(gelu_forward) PARADYSE_TIMED(gemm)
-PARADYSE_TIMED(gemm_batched) PARADYSE_TIMED(layer_norm_backward) PARADYSE_TIMED(layer_norm_forward)
-PARADYSE_TIMED(masked_softmax_forward) PARADYSE_TIMED(matmul) PARADYSE_TIMED(rms_norm_backward)
-PARADYSE_TIMED(rms_norm_forward) PARADYSE_TIMED(rope_backward) PARADYSE_TIMED(rope_forward)
-PARADYSE_TIMED(router_backward) PARADYSE_TIMED(router_forward) PARADYSE_TIMED(scatter_add_rows)
-PARADYSE_TIMED(sigmoid_backward) PARADYSE_TIMED(sigmoid_forward) PARADYSE_TIMED(softmax_backward)
-PARADYSE_TIMED(swiglu_backward) PARADYSE_TIMED(swiglu_forward)
+#define PARADYSE_OP PARADYSE_TIMED
+#include "paradyse/ops/op_names.inc"
+#undef PARADYSE_OP
 #undef PARADYSE_TIMED
 }  // namespace timed
 namespace impl = timed;

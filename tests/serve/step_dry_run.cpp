@@ -26,16 +26,9 @@ namespace both {
     counting::op(a...);                                  \
     return cpu::op(std::forward<A>(a)...);               \
   }
-PARADYSE_BOTH(adamw_step) PARADYSE_BOTH(add_into) PARADYSE_BOTH(attention_backward) PARADYSE_BOTH(attention_forward)
-PARADYSE_BOTH(attention_merge) PARADYSE_BOTH(convert) PARADYSE_BOTH(copy) PARADYSE_BOTH(cross_entropy_forward_backward)
-PARADYSE_BOTH(embedding_backward) PARADYSE_BOTH(embedding_forward) PARADYSE_BOTH(fill) PARADYSE_BOTH(gather_rows)
-PARADYSE_BOTH(gathered_row_dot) PARADYSE_BOTH(gelu_backward) PARADYSE_BOTH(gelu_forward) PARADYSE_BOTH(gemm)
-PARADYSE_BOTH(gemm_batched) PARADYSE_BOTH(layer_norm_backward) PARADYSE_BOTH(layer_norm_forward)
-PARADYSE_BOTH(masked_softmax_forward) PARADYSE_BOTH(matmul) PARADYSE_BOTH(rms_norm_backward)
-PARADYSE_BOTH(rms_norm_forward) PARADYSE_BOTH(rope_backward) PARADYSE_BOTH(rope_forward)
-PARADYSE_BOTH(router_backward) PARADYSE_BOTH(router_forward) PARADYSE_BOTH(scatter_add_rows)
-PARADYSE_BOTH(sigmoid_backward) PARADYSE_BOTH(sigmoid_forward) PARADYSE_BOTH(softmax_backward)
-PARADYSE_BOTH(swiglu_backward) PARADYSE_BOTH(swiglu_forward)
+#define PARADYSE_OP PARADYSE_BOTH
+#include "paradyse/ops/op_names.inc"
+#undef PARADYSE_OP
 #undef PARADYSE_BOTH
 }  // namespace both
 namespace impl = both;
