@@ -30,17 +30,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
-
 using namespace paradyse;
-
-// Every gradient of a tp group rank, by name ("layer 2 attention", "embedding", "head"), and the batch's mean loss.
-struct TpGradients {
-  double loss = 0;
-  testing::RankGradients by_rank_and_name;  // (tp rank, name)
-};
-
-}  // namespace
 
 TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved pipeline chunks train as the single "
           "group: tp = 2, 3 alone, with dp = 2, with pp = 2 (uneven stages), with both, and v = 2 chunks; the loss and "
@@ -70,34 +60,17 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
                                                                     AllStrategies<>::index_of("MegatronTS"), 0});
     // Fresh random rows for every mesh (every target counted).
     Rng rng(1000 + std::uint64_t(m.v * 1000 + m.dp * 100 + m.pp * 10 + m.tp));
-    std::vector<std::int32_t> inputs, targets;
-    for (std::int64_t i = 0; i < rows * seq; ++i) {
-      inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-      targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-    }
+    const testing::RandomRows batch = testing::random_rows(rng, rows * seq, config.vocab);
     const double counted = double(rows * seq);
-    const SequenceLayout layout(seq, m.tp, config.layer.zigzag);
     std::mutex lock;
 
     // The single tp group: every row in one batch.
-    TpGradients want;
-    run_ranks(m.tp, [&](ThreadCommunicator& comm) {
-      Gpt<AllStrategies<>> model(config, m.tp, comm.rank(), seed);
-      BufferPool pool;
-      const Tensor<std::int32_t> x = shard_tokens(inputs, rows, layout, comm.rank());
-      const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, comm.rank());
-      model.zero_gradients();
-      const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
-      testing::add_layer_gradients(want.by_rank_and_name, lock, comm.rank(), 0, model.stack().gradients());
-      testing::add_end_gradients(want.by_rank_and_name, lock, comm.rank(), config.vocab * config.layer.hidden,
-                                 model.replicated_gradient().span());
-      const std::lock_guard guard(lock);
-      if (comm.rank() == 0) want.loss = r.loss;
-    });
+    const testing::SingleGroupStep want =
+        testing::single_group_step<AllStrategies<>>(config, m.tp, seed, plan, batch, rows, seq);
 
     // The mesh {dp, pp, tp}, as train_mesh builds it.
     const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", 1}, {"tp", m.tp}});
-    std::vector<TpGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
+    std::vector<testing::RankGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
     double loss_sum = 0;
     run_ranks(mesh.size(), [&](ThreadCommunicator& world) {
       testing::MeshRank place = testing::MeshRank::on(mesh, world);
@@ -115,17 +88,17 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
                                  StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
       }
       const ChunkRange mine = chunk_range(rows, m.dp, replica);
-      const double loss = mesh_forward_backward(std::span(chunks), pp_group, tp_group, mine, seq, inputs, targets,
-                                                float(1.0 / counted));
+      const double loss = mesh_forward_backward(std::span(chunks), pp_group, tp_group, mine, seq, batch.inputs,
+                                                batch.targets, float(1.0 / counted));
       for (auto& stage : chunks)
         for (const auto& p : stage.parameters())
           dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
-      TpGradients& out = got[std::size_t(replica)];
+      testing::RankGradients& out = got[std::size_t(replica)];
       for (int c = 0; c < m.v; ++c) {
-        testing::add_layer_gradients(out.by_rank_and_name, lock, tp_rank,
+        testing::add_layer_gradients(out, lock, tp_rank,
                                      int(chunk_range(config.layers, stages, c * m.pp + stage_index).start),
                                      chunks[std::size_t(c)].stack().gradients());
-        testing::add_stage_end_gradients(out.by_rank_and_name, lock, tp_rank, chunks[std::size_t(c)]);
+        testing::add_stage_end_gradients(out, lock, tp_rank, chunks[std::size_t(c)]);
       }
       const std::lock_guard guard(lock);
       loss_sum += loss;
@@ -133,7 +106,7 @@ TEST_CASE("a tp axis in the mesh (MegatronTS in every sublayer) and interleaved 
     CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {
       CAPTURE(d);
-      testing::check_same_gradients(got[std::size_t(d)].by_rank_and_name, want.by_rank_and_name);
+      testing::check_same_gradients(got[std::size_t(d)], want.gradients);
     }
   }
 }

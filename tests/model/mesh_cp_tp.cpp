@@ -84,33 +84,15 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
       const int C = m.cp * m.tp;
       const std::int64_t rows = m.rows;
       Rng rng(2000 + std::uint64_t(m.dp * 1000 + m.pp * 100 + m.cp * 10 + m.tp) + (switching ? 7 : 0));
-      std::vector<std::int32_t> inputs, targets;
-      for (std::int64_t i = 0; i < rows * seq; ++i) {
-        inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-        targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-      }
+      const testing::RandomRows batch = testing::random_rows(rng, rows * seq, config.vocab);
       const double counted = double(rows * seq);
-      const SequenceLayout layout(seq, C, config.layer.zigzag);
       std::mutex lock;
 
       // The single group of C ranks, unfactorised: the five strategies switching (no MegatronRing).
       StackPlan single;
       for (int l = 0; l < config.layers; ++l) single.push_back(SublayerChoice{std::size_t(l) % 5, std::size_t(l + 2) % 5, 0});
-      testing::RankGradients want;
-      double want_loss = 0;
-      run_ranks(C, [&](ThreadCommunicator& comm) {
-        Gpt<CpTpStrategies> model(config, C, comm.rank(), seed);
-        BufferPool pool;
-        const Tensor<std::int32_t> x = shard_tokens(inputs, rows, layout, comm.rank());
-        const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, comm.rank());
-        model.zero_gradients();
-        const GptStepResult r = model.forward_backward(comm, pool, single, seq, x.view(), y.view());
-        testing::add_layer_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
-        testing::add_end_gradients(want, lock, comm.rank(), config.vocab * config.layer.hidden,
-                                   model.replicated_gradient().span());
-        const std::lock_guard guard(lock);
-        if (comm.rank() == 0) want_loss = r.loss;
-      });
+      const testing::SingleGroupStep want =
+          testing::single_group_step<CpTpStrategies>(config, C, seed, single, batch, rows, seq);
 
       // The mesh {dp, pp, cp, tp}, as train_mesh builds it.
       const StackPlan plan = cp_tp_plan(config.layers, switching);
@@ -130,8 +112,8 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
         BufferPool pool;
         stage.begin_step(group, group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
         const ChunkRange mine = chunk_range(rows, m.dp, replica);
-        const double loss = mesh_forward_backward(std::span(chunks), pp_group, group, mine, seq, inputs, targets,
-                                                  float(1.0 / counted));
+        const double loss = mesh_forward_backward(std::span(chunks), pp_group, group, mine, seq, batch.inputs,
+                                                  batch.targets, float(1.0 / counted));
         testing::RankGradients& out = got[std::size_t(replica)];
         if (m.zero3) {  // every tensor's gradient chunks gathered over dp (the sum over dp is in them already)
           const std::vector<std::vector<float>> full = testing::gathered_zero3(stage, dp_group, true);
@@ -151,10 +133,10 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
         const std::lock_guard guard(lock);
         loss_sum += loss;
       });
-      CHECK(loss_sum / counted == doctest::Approx(want_loss).epsilon(1e-5));
+      CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
       for (int d = 0; d < m.dp; ++d) {
         CAPTURE(d);
-        testing::check_same_gradients(got[std::size_t(d)], want);
+        testing::check_same_gradients(got[std::size_t(d)], want.gradients);
       }
     }
   }

@@ -11,12 +11,18 @@
 //     compared with the single group's (float32 rounding; every reference tensor nonzero, so the comparison can fail).
 //   add_end_gradients, add_stage_end_gradients: the embedding's and the head's gradients, as "embedding" and "head",
 //     of the single group's Gpt and of a mesh stage.
+//   RandomRows, random_rows: fresh random input and target tokens for a batch.
+//   single_group_step: the reference a mesh run is compared with: one step of the single group's Gpt (every row in one
+//     batch under one plan), its loss and every rank's gradients (layers, embedding, head).
 #pragma once
 
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
 #include "paradyse/mesh/device_mesh.hpp"
+#include "paradyse/model/gpt.hpp"
 #include "paradyse/model/layer.hpp"
+#include "paradyse/strategy/sequence_layout.hpp"
 #include "support/tolerance.hpp"
 
 #include <doctest/doctest.h>
@@ -139,6 +145,47 @@ inline void store_step_tensors(StepTensors& out, std::mutex& lock, int rank, int
   const std::lock_guard guard(lock);
   for (std::size_t i = 0; i < tensors.size(); ++i)
     out[fmt::format("rank {} step {} {} {}", rank, step, gradients ? "gradient" : "weight", i)] = std::move(tensors[i]);
+}
+
+// Input and target tokens of a batch of `tokens` tokens (rows x seq), each drawn uniformly from [0, vocab).
+struct RandomRows {
+  std::vector<std::int32_t> inputs, targets;
+};
+inline RandomRows random_rows(Rng& rng, std::int64_t tokens, std::int64_t vocab) {
+  RandomRows r;
+  for (std::int64_t i = 0; i < tokens; ++i) {
+    r.inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(vocab)));
+    r.targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(vocab)));
+  }
+  return r;
+}
+
+// The single group's step: Gpt<Strategies> on `ranks` thread ranks (seeded `seed`), the batch [rows, seq] in one
+// piece under `plan`; rank 0's loss and every rank's gradients by (rank, name).
+struct SingleGroupStep {
+  RankGradients gradients;
+  double loss = 0;
+};
+template <class Strategies>
+SingleGroupStep single_group_step(const GptConfig& config, int ranks, std::uint64_t seed, const StackPlan& plan,
+                                  const RandomRows& batch, std::int64_t rows, std::int64_t seq) {
+  SingleGroupStep out;
+  std::mutex lock;
+  const SequenceLayout layout(seq, ranks, config.layer.zigzag);
+  run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    Gpt<Strategies> model(config, ranks, comm.rank(), seed);
+    BufferPool pool;
+    const Tensor<std::int32_t> x = shard_tokens(batch.inputs, rows, layout, comm.rank());
+    const Tensor<std::int32_t> y = shard_tokens(batch.targets, rows, layout, comm.rank());
+    model.zero_gradients();
+    const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
+    add_layer_gradients(out.gradients, lock, comm.rank(), 0, model.stack().gradients());
+    add_end_gradients(out.gradients, lock, comm.rank(), config.vocab * config.layer.hidden,
+                      model.replicated_gradient().span());
+    const std::lock_guard guard(lock);
+    if (comm.rank() == 0) out.loss = r.loss;
+  });
+  return out;
 }
 
 }  // namespace paradyse::testing

@@ -69,31 +69,13 @@ TEST_CASE("micro-batches of several rows (the last one the rest) through the pip
     for (int l = 0; l < config.layers; ++l)
       plan.push_back(SublayerChoice{std::size_t(l) % 5, std::size_t(l + 2) % 5, 0});
     Rng rng(5000 + std::uint64_t(m.dp * 10000 + m.pp * 1000 + m.cp * 100 + m.v * 10 + m.micro_batch) + m.rows);
-    std::vector<std::int32_t> inputs, targets;
-    for (std::int64_t i = 0; i < m.rows * seq; ++i) {
-      inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-      targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-    }
+    const testing::RandomRows batch = testing::random_rows(rng, m.rows * seq, config.vocab);
     const double counted = double(m.rows * seq);
-    const SequenceLayout layout(seq, m.cp, config.layer.zigzag);
     std::mutex lock;
 
     // The single cp group: every row in one batch.
-    testing::RankGradients want;
-    double want_loss = 0;
-    run_ranks(m.cp, [&](ThreadCommunicator& comm) {
-      Gpt<AllStrategies<>> model(config, m.cp, comm.rank(), seed);
-      BufferPool pool;
-      const Tensor<std::int32_t> x = shard_tokens(inputs, m.rows, layout, comm.rank());
-      const Tensor<std::int32_t> y = shard_tokens(targets, m.rows, layout, comm.rank());
-      model.zero_gradients();
-      const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
-      testing::add_layer_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
-      testing::add_end_gradients(want, lock, comm.rank(), config.vocab * config.layer.hidden,
-                                 model.replicated_gradient().span());
-      const std::lock_guard guard(lock);
-      if (comm.rank() == 0) want_loss = r.loss;
-    });
+    const testing::SingleGroupStep want =
+        testing::single_group_step<AllStrategies<>>(config, m.cp, seed, plan, batch, m.rows, seq);
 
     // The mesh {dp, pp, cp}, as train_mesh builds it.
     const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", 1}});
@@ -114,8 +96,8 @@ TEST_CASE("micro-batches of several rows (the last one the rest) through the pip
                                  StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);
       }
       const ChunkRange mine = chunk_range(m.rows, m.dp, on.replica);
-      const double loss = mesh_forward_backward(std::span(chunks), on.pp_group, on.stage_group, mine, seq, inputs,
-                                                targets, float(1.0 / counted), m.micro_batch);
+      const double loss = mesh_forward_backward(std::span(chunks), on.pp_group, on.stage_group, mine, seq, batch.inputs,
+                                                batch.targets, float(1.0 / counted), m.micro_batch);
       testing::RankGradients& out = got[std::size_t(on.replica)];
       for (int c = 0; c < m.v; ++c) {
         auto& chunk = chunks[std::size_t(c)];
@@ -127,10 +109,10 @@ TEST_CASE("micro-batches of several rows (the last one the rest) through the pip
       const std::lock_guard guard(lock);
       loss_sum += loss;
     });
-    CHECK(loss_sum / counted == doctest::Approx(want_loss).epsilon(1e-5));
+    CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {
       CAPTURE(d);
-      testing::check_same_gradients(got[std::size_t(d)], want);
+      testing::check_same_gradients(got[std::size_t(d)], want.gradients);
     }
   }
 }

@@ -57,32 +57,14 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
     CAPTURE(m.tp_y);
     const int group = m.tp_x * m.tp_y;
     Rng rng(2000 + std::uint64_t(m.dp * 1000 + m.pp * 100 + m.tp_x * 10 + m.tp_y));
-    std::vector<std::int32_t> inputs, targets;
-    for (std::int64_t i = 0; i < m.rows * seq; ++i) {
-      inputs.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-      targets.push_back(std::int32_t(rng.next_u64() % std::uint64_t(config.vocab)));
-    }
+    const testing::RandomRows batch = testing::random_rows(rng, m.rows * seq, config.vocab);
     const double counted = double(m.rows * seq);
-    const SequenceLayout layout(seq, group, config.layer.zigzag);
     std::mutex lock;
 
     // The single group: every row in one batch, MegatronTS everywhere, no grid.
-    testing::RankGradients want;
-    double want_loss = 0;
-    run_ranks(group, [&](ThreadCommunicator& comm) {
-      Gpt<Strategies> model(config, group, comm.rank(), seed);
-      BufferPool pool;
-      const Tensor<std::int32_t> x = shard_tokens(inputs, m.rows, layout, comm.rank());
-      const Tensor<std::int32_t> y = shard_tokens(targets, m.rows, layout, comm.rank());
-      model.zero_gradients();
-      const StackPlan plan(std::size_t(config.layers), SublayerChoice{ts, ts, 0});
-      const GptStepResult r = model.forward_backward(comm, pool, plan, seq, x.view(), y.view());
-      testing::add_layer_gradients(want, lock, comm.rank(), 0, model.stack().gradients());
-      testing::add_end_gradients(want, lock, comm.rank(), config.vocab * config.layer.hidden,
-                                 model.replicated_gradient().span());
-      const std::lock_guard guard(lock);
-      if (comm.rank() == 0) want_loss = r.loss;
-    });
+    const StackPlan single(std::size_t(config.layers), SublayerChoice{ts, ts, 0});
+    const testing::SingleGroupStep want =
+        testing::single_group_step<Strategies>(config, group, seed, single, batch, m.rows, seq);
 
     // The mesh {dp, pp, tp = X x Y}, as train_mesh builds it, the grid set on every stage's stack.
     const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", 1}, {"tp", group}});
@@ -99,8 +81,8 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
       chunks.back().begin_step(on.stage_group, on.stage_group, pool,
                                StackPlan(std::size_t(layers.length), SublayerChoice{t2, t2, 0}), seq);
       const ChunkRange mine = chunk_range(m.rows, m.dp, replica);
-      const double loss = mesh_forward_backward(std::span(chunks), on.pp_group, on.stage_group, mine, seq, inputs,
-                                                targets, float(1.0 / counted));
+      const double loss = mesh_forward_backward(std::span(chunks), on.pp_group, on.stage_group, mine, seq, batch.inputs,
+                                                batch.targets, float(1.0 / counted));
       MeshGptStage<Strategies, ThreadCommunicator>& stage = chunks.back();
       for (const auto& p : stage.parameters())
         on.dp_group.all_reduce(std::span<const float>(p.gradient->span()), p.gradient->span(), ReduceOp::sum);
@@ -110,10 +92,10 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
       const std::lock_guard guard(lock);
       loss_sum += loss;
     });
-    CHECK(loss_sum / counted == doctest::Approx(want_loss).epsilon(1e-5));
+    CHECK(loss_sum / counted == doctest::Approx(want.loss).epsilon(1e-5));
     for (int d = 0; d < m.dp; ++d) {
       CAPTURE(d);
-      testing::check_same_gradients(got[std::size_t(d)], want);
+      testing::check_same_gradients(got[std::size_t(d)], want.gradients);
     }
   }
 }
