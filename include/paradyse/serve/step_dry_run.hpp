@@ -16,8 +16,8 @@
 // computes in the new layout).
 //
 // Not dry-run: DeepSeek's multi-head latent attention (decoder_step refuses it on the counting backend; the
-// simulated clock costs MLA shapes with step_cost.hpp's analytic model) and Alloc-T's routing budgets (the expert
-// loads are the routing source's, which already sum to the step's pairs).
+// simulated clock costs MLA shapes with step_cost.hpp's analytic model) and Alloc-T's pooled routing (the expert
+// loads are the routing source's; an Alloc-L budget's K_l is routed when the runner is given it).
 #pragma once
 
 #include "paradyse/comm/symbolic.hpp"
@@ -26,6 +26,7 @@
 #include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/ops/counting.hpp"
 #include "paradyse/serve/decoder_step.hpp"
+#include "paradyse/serve/routing_budget.hpp"
 #include "paradyse/serve/step_cost.hpp"
 #include "paradyse/serve/step_trace.hpp"
 
@@ -138,7 +139,13 @@ struct RankStepTrace {
 // runner's own tracker, made once per set of layouts (a simulation runs many steps in one layout).
 class StepDryRunner {
 public:
-  explicit StepDryRunner(DecoderConfig c) : c_(std::move(c)) {}
+  // `budget`: an Alloc-MoE budget's per-layer K_l, routed as the real step routes them (the loads must sum to
+  // tokens x K_l). Alloc-T's pooling is refused: how many experts each token gets depends on its scores.
+  explicit StepDryRunner(DecoderConfig c, RoutingBudget budget = {}) : c_(std::move(c)), budget_(std::move(budget)) {
+    check(!budget_.pool_tokens, "dry_run_step: Alloc-T's pooled routing is not dry-run (each token's experts depend on "
+          "its scores); price such steps with step_cost");
+    budget_.validate(c_);
+  }
   StepDryRunner(const StepDryRunner&) = delete;
   StepDryRunner& operator=(const StepDryRunner&) = delete;
 
@@ -166,7 +173,7 @@ public:
     DryKvCache cache(std::move(cached));
     RankStepTrace out;
     decoder_step<ops::Counting>(comm, c_, shard, cache, std::span<const SequenceChunk>(batch), pool, {},
-                                [&](std::int64_t) { out.layer_end.push_back(trace.size()); }, {},
+                                [&](std::int64_t) { out.layer_end.push_back(trace.size()); }, budget_,
                                 std::span<const std::vector<std::int64_t>>(t.routed));
     out.events = trace.take();
     return out;
@@ -200,6 +207,7 @@ private:
   static constexpr std::size_t kKept = 4;
 
   DecoderConfig c_;
+  RoutingBudget budget_;
   MemoryTracker meta_{MemorySpace::meta};
   DecoderWeights whole_;
   bool whole_made_ = false;
