@@ -2,7 +2,8 @@
 // cross-entropy) against a float64 single-rank reference: on T = 1, 2, 3, 4 thread ranks (V = 23: uneven rows, and
 // V = 3 on 4 ranks: one rank without vocabulary rows), each rank bringing its own, uneven, count of tokens (one target
 // ignored), fresh random tables, rows and ids: the embedding's output and its table gradient, the loss (summed over
-// the ranks), the head's gradient and the rows' gradient, each rank's part equal to the reference's.
+// the ranks), the head's gradient and the rows' gradient, each rank's part equal to the reference's. The embedding's
+// backward uses the forward's lookup (the group's ids gathered once).
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
@@ -116,10 +117,9 @@ void check_vocab_parallel(int T, std::int64_t V) {
     const Tensor<float> my_dout = tensor_of(part(dout, first, mine, h), Shape{mine, h});
     Tensor<float> out(Shape{mine, h}), d_table(Shape{vocab.length, h}), d_weights(Shape{vocab.length, h}),
         dx(Shape{mine, h});
-    vocab_parallel_embedding_forward(tp, std::span<const std::int64_t>(rows), vocab, my_tokens.view(),
-                                     my_table.view(), out.view());
-    vocab_parallel_embedding_backward(tp, std::span<const std::int64_t>(rows), vocab, my_tokens.view(),
-                                      my_dout.view(), d_table.view());
+    const VocabLookup lookup = vocab_lookup(tp, std::span<const std::int64_t>(rows), vocab, my_tokens.view(), h);
+    vocab_parallel_embedding_forward(tp, lookup, my_table.view(), out.view());
+    vocab_parallel_embedding_backward(tp, lookup, my_dout.view(), d_table.view());
     const double my_loss = vocab_parallel_head_loss(tp, std::span<const std::int64_t>(rows), vocab, my_x.view(),
                                                     my_targets.view(), my_weights.view(), float(scale),
                                                     d_weights.view(), dx.view());
