@@ -146,6 +146,9 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                "--mesh: what a pipeline stage keeps for its backward: every activation of each in-flight micro-batch "
                "(none) or its input, the stage's forward recomputed (full); auto: full with pp stages, none without; "
                "selective (attention's core only) is not built and is refused");
+  flags.choice("--vocab-parallel", o.vocab_parallel, {"on", "off"},
+               "--mesh with tp: the embedding and the LM head sharded by vocabulary rows over the tp group (on, V/tp "
+               "rows each, as Megatron and the search's memory) or whole on every tp rank (off)");
   flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(3),
                 "--mesh: the ZeRO stage over dp (3: parameters sharded too, each layer gathered around its use)");
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
@@ -225,6 +228,7 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--zero", o.zero != d.zero, text(int(o.zero)));
   add("--micro-batch", o.micro_batch != d.micro_batch, text(o.micro_batch));
   add("--recompute", o.recompute != d.recompute, o.recompute);
+  add("--vocab-parallel", o.vocab_parallel != d.vocab_parallel, o.vocab_parallel);
   add("--experts", o.experts != d.experts, text(o.experts));
   add("--top-k", o.top_k != d.top_k, text(o.top_k));
   add("--shared-experts", o.shared_experts != d.shared_experts, text(o.shared_experts));
@@ -345,6 +349,7 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
   if ((o.micro_batch != 0 || o.recompute != "auto") && o.mesh.empty())
     usage("--micro-batch and --recompute need --mesh (the single group runs a step's rows at once)");
   if (o.virtual_stages > 1 && o.mesh.empty()) usage("--virtual-stages needs --mesh (pipeline stages)");
+  if (o.vocab_parallel != "on" && o.mesh.empty()) usage("--vocab-parallel needs --mesh (its tp axis)");
   if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
     int mesh_ranks = 0;
     try { mesh_ranks = pd::examples::parse_mesh(o.mesh).size(); } catch (const pd::Error& e) { usage(e.what()); }

@@ -345,6 +345,9 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   check(grid_inner > 0 || (o.strategy != "MegatronRing" && o.strategy != "Tp2d"), "--mesh {} --strategy {}: it "
         "computes over a factorised stage group; give cp with tp (cp=C,tp=T) or tp_x,tp_y", o.mesh, o.strategy);
   const std::string strategy = tp > 1 && grid_inner == 0 ? std::string("MegatronTS") : o.strategy;
+  // The embedding and the LM head by vocabulary rows over the tp group of each stage (the whole grid with tp_x,
+  // tp_y), replicated over its cp ranks (--vocab-parallel on, with tp > 1: Megatron's layout, and the search's).
+  const bool vocab_parallel = tp > 1 && o.vocab_parallel == "on";
   // Interleaved 1F1B: v model chunks per pp rank, virtual stage c * pp + r of pp * v (model/pipeline.hpp).
   const int v = o.virtual_stages;
   check(o.layers >= pp * v, "--mesh {}: {} pipeline stages of {} chunks need at least as many layers (--layers {})",
@@ -546,6 +549,14 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   else if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
+  if (tp > 1) {
+    std::vector<std::int64_t> vocab_split;  // the vocabulary rows each tp rank holds
+    for (int r = 0; r < tp; ++r) vocab_split.push_back(vocab_parallel ? vocab_rows(config.vocab, tp, r).length : config.vocab);
+    fmt::print("vocabulary: the embedding and the LM head {} ({} rows per tp rank{})\n",
+               vocab_parallel ? "sharded by rows over each stage's tp group" : "whole on every rank (--vocab-parallel "
+               "off)", fmt::join(vocab_split, "/"), vocab_parallel && mesh.axis_size("cp") > 1 ? ", replicated over cp"
+                                                                                                : "");
+  }
   fmt::print("mesh: {} on {} {} (dp outermost, cp or tp innermost); {} stage{}{} of {} layers; {}; {}\n",
              mesh.to_string(), mesh.size(),
              o.backend == RankBackend::mpi ? "MPI processes" : "threads", pp, pp > 1 ? "s" : "",
@@ -598,6 +609,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     Comm pp_group = mesh.group(world, {"pp"});
     Comm cp_group = mesh.group(world, {"cp", "tp"});  // the stage's group: cp or tp (one of them 1)
     std::optional<ExpertGroups<Comm>> expert;  // experts: model/expert_groups.hpp
+    std::optional<Comm> vocab_group, vocab_replicas;  // --vocab-parallel: the tp ranks, the cp ranks of the stage
     if (experts) expert.emplace(expert_groups(world, mesh, ep, etp));
     const MeshCoordinate at = mesh.coordinate(rank);
     const int replica = at[0], stage_index = at[1], cp_rank = mesh.group_index(rank, {"cp", "tp"});
@@ -619,6 +631,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         chunk.stack().set_tp_inner(grid_inner);
         chunk.stack().set_tp_x(grid_inner);
       }
+    if (vocab_parallel) {  // the embedding and the head by vocabulary rows over tp (model/vocab_parallel.hpp)
+      vocab_group.emplace(mesh.group(world, {"tp"}));
+      vocab_replicas.emplace(mesh.group(world, {"cp"}));
+      for (auto& chunk : chunks) chunk.shard_vocabulary(*vocab_group, *vocab_replicas);
+    }
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
       for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;

@@ -59,19 +59,31 @@ struct HeadParameters {
 
 // Forward and backward of the final norm, the head and the loss over y [b, n, h] with targets [b, n]: returns the
 // loss sum; dy [b, n, h] (zeroed by the caller) <- the gradient, each token's loss gradient scaled by grad_scale.
-template <class Backend>
-double norm_head_loss(const LayerConfig& c, TensorView<const float> y, TensorView<const std::int32_t> targets,
-                      const HeadParameters& head, float grad_scale, TensorView<float> dy) {
+// The final norm around a loss of the normed rows, forward and backward: y [b, n, h] -> normed [rows, h] ->
+// loss(normed, dnormed) (returns the loss sum, overwrites dnormed [rows, h]) -> dy [b, n, h] (zeroed by the caller)
+// and the norm's gradients (head.gamma_grad, head.beta_grad accumulate; its weights are the loss's business).
+template <class Backend, class Loss>
+double norm_around(const LayerConfig& c, TensorView<const float> y, const HeadParameters& head, TensorView<float> dy,
+                   Loss&& loss_of) {
   const std::int64_t h = c.hidden, rows = y.numel() / h;
   Tensor<float> normed(y.shape()), dnormed(y.shape()), stats(Shape{2, rows});
   const TensorView<float> mean = stats.view().slice(0, 0, 1).reshape(Shape{rows});
   const TensorView<float> rstd = stats.view().slice(0, 1, 1).reshape(Shape{rows});
   norm_forward<Backend>(c, y, head.gamma, head.beta, normed.view(), mean, rstd);
-  const double loss = head_loss_chunks<Backend>(TensorView<const float>(normed.view()).reshape(Shape{rows, h}),
-                                                targets.reshape(Shape{rows}), head.weights, grad_scale,
-                                                head.weights_grad, dnormed.view().reshape(Shape{rows, h}));
+  const double loss = loss_of(TensorView<const float>(normed.view()).reshape(Shape{rows, h}),
+                              dnormed.view().reshape(Shape{rows, h}));
   norm_backward<Backend>(c, y, head.gamma, mean, rstd, dnormed.view(), dy, head.gamma_grad, head.beta_grad);
   return loss;
+}
+
+template <class Backend>
+double norm_head_loss(const LayerConfig& c, TensorView<const float> y, TensorView<const std::int32_t> targets,
+                      const HeadParameters& head, float grad_scale, TensorView<float> dy) {
+  const std::int64_t rows = y.numel() / c.hidden;
+  return norm_around<Backend>(c, y, head, dy, [&](TensorView<const float> normed, TensorView<float> dnormed) {
+    return head_loss_chunks<Backend>(normed, targets.reshape(Shape{rows}), head.weights, grad_scale, head.weights_grad,
+                                     dnormed);
+  });
 }
 
 // The loss sum of the final norm and the head over y [b, n, h] with targets [b, n], without any gradient.

@@ -10,13 +10,14 @@
 // Saving (collective over the world): every global tensor in the file's data order is put together by the ranks of
 // the pp stage that holds it: under ZeRO-3 its dp chunks all-gathered first, a layer's cp (or tp) shards gathered
 // into the global matrices (checkpoint_gather.hpp's gather_layer), and AdamW's moments the same way after
-// MeshOptimizer::gather_moment has gathered ZeRO-1/2/3's dp chunks of them. The stage's rank of dp replica 0 and
+// MeshOptimizer::gather_moment has gathered ZeRO-1/2/3's dp chunks of them; an embedding and a head sharded by
+// vocabulary rows over tp (MeshGptStage::shard_vocabulary) gathered over tp (whole_vocabulary). The stage's rank of dp replica 0 and
 // cp rank 0 sends it to world rank 0, which writes the one file atomically (only one layer's global tensors are
 // alive at a time). The metadata says the step, the world size (saved_on_ranks) and the mesh (saved_on_mesh).
 //
 // Loading (per rank, no communication): the file is validated whole first (open_checkpoint: configuration, names,
 // shapes, checksum), then each rank reads the global tensors of its chunks' layers (and the embedding on the first
-// stage, the head and final norm on the last) and keeps its pieces: its cp shard (shard_of), under ZeRO-3 only its
+// stage, the head and final norm on the last) and keeps its pieces: its vocabulary rows, its cp shard (shard_of), under ZeRO-3 only its
 // dp chunk of that, and its part of the moments (MeshOptimizer::scatter_moment). The floats are copied, never
 // computed, so a save and a load on any two meshes give back the same bits.
 //
@@ -177,6 +178,36 @@ void set_stage_tensor(Stage& stage, MeshOptimizer* optimizer, int state, std::si
   std::copy(from.begin(), from.end(), to.begin());
 }
 
+// A stage's embedding (extra = 0) or head pack (extra = 2: the final norm's rows after the head's) as the whole
+// model's [(V + extra) h]: `mine` ([(V_r + extra) h], this rank's vocabulary rows and the extra rows) with the rows
+// gathered over the stage's vocabulary group where it shards them. Collective over that group.
+template <class Stage>
+std::vector<float> whole_vocabulary(Stage& stage, std::vector<float> mine, std::int64_t extra) {
+  auto* tp = stage.vocabulary_group();
+  if (tp == nullptr) return mine;
+  const std::int64_t vocab = stage.config().vocab, h = stage.config().layer.hidden;
+  const std::int64_t rows = stage.vocabulary_rows().length;
+  check(std::int64_t(mine.size()) == (rows + extra) * h, "save_mesh_checkpoint: {} elements of the vocabulary's rows "
+        "held, expected ({} + {}) x {}", mine.size(), rows, extra, h);
+  std::vector<std::int64_t> counts;
+  for (int q = 0; q < int(tp->size()); ++q) counts.push_back(vocab_rows(vocab, int(tp->size()), q).length * h);
+  std::vector<float> whole(static_cast<std::size_t>((vocab + extra) * h));
+  tp->all_gather_v(std::span<const float>(mine).subspan(0, std::size_t(rows * h)),
+                   std::span<float>(whole).subspan(0, std::size_t(vocab * h)), std::span<const std::int64_t>(counts));
+  std::copy(mine.begin() + std::ptrdiff_t(rows * h), mine.end(), whole.begin() + std::ptrdiff_t(vocab * h));
+  return whole;
+}
+// The part of the whole model's [(V + extra) h] (as whole_vocabulary gives it) that `stage` holds: its vocabulary
+// rows and the extra rows. Per rank.
+template <class Stage>
+std::vector<float> vocabulary_part(Stage& stage, std::span<const float> whole, std::int64_t extra) {
+  const std::int64_t vocab = stage.config().vocab, h = stage.config().layer.hidden;
+  const ChunkRange rows = stage.vocabulary_rows();
+  std::vector<float> part(whole.begin() + std::ptrdiff_t(rows.start * h), whole.begin() + std::ptrdiff_t(rows.end() * h));
+  part.insert(part.end(), whole.begin() + std::ptrdiff_t(vocab * h), whole.begin() + std::ptrdiff_t((vocab + extra) * h));
+  return part;
+}
+
 // Sends `data` (count elements, on the source rank) to world rank 0 (the writer), which receives it into `out`.
 template <Communicator C>
 void to_writer(C& world, int source, std::span<const float> data, std::vector<float>& out, std::int64_t count) {
@@ -226,14 +257,17 @@ void save_mesh_checkpoint(const DeviceMesh& mesh, C& world, C& dp, C& cp,
     {
       const int source = world_rank_of(mesh, 0, 0, 0);
       std::vector<float> embedding;
-      if (at.stage == 0) embedding = stage_tensor(chunks[0], optimizers[0], dp, s, embedding_tensor(chunks[0]));
+      if (at.stage == 0)
+        embedding = whole_vocabulary(chunks[0], stage_tensor(chunks[0], optimizers[0], dp, s,
+                                                             embedding_tensor(chunks[0])), 0);
       write(source, prefix + "embedding", embedding, vocab * h);
     }
     {
       const int source = world_rank_of(mesh, 0, at.pp - 1, 0);
       std::vector<float> head;
       auto& last = chunks[std::size_t(v - 1)];
-      if (at.stage == at.pp - 1) head = stage_tensor(last, optimizers[std::size_t(v - 1)], dp, s, head_tensor(last));
+      if (at.stage == at.pp - 1)
+        head = whole_vocabulary(last, stage_tensor(last, optimizers[std::size_t(v - 1)], dp, s, head_tensor(last)), 2);
       const std::span<const float> pack(head);
       write(source, prefix + "head", pack.empty() ? pack : pack.subspan(0, std::size_t(vocab * h)), vocab * h);
       write(source, prefix + "final_norm.gamma", pack.empty() ? pack : pack.subspan(std::size_t(vocab * h), std::size_t(h)), h);
@@ -308,14 +342,14 @@ std::int64_t load_mesh_checkpoint(const DeviceMesh& mesh, int rank, std::span<Me
       if (chunk.first()) {
         std::vector<float> embedding(static_cast<std::size_t>(vocab * h));
         in.read(prefix + "embedding", embedding.data());
-        set_stage_tensor(chunk, optimizer, s, embedding_tensor(chunk), embedding, path);
+        set_stage_tensor(chunk, optimizer, s, embedding_tensor(chunk), vocabulary_part(chunk, embedding, 0), path);
       }
       if (chunk.last()) {
         std::vector<float> pack(static_cast<std::size_t>((vocab + 2) * h));
         in.read(prefix + "head", pack.data());
         in.read(prefix + "final_norm.gamma", pack.data() + vocab * h);
         in.read(prefix + "final_norm.beta", pack.data() + (vocab + 1) * h);
-        set_stage_tensor(chunk, optimizer, s, head_tensor(chunk), pack, path);
+        set_stage_tensor(chunk, optimizer, s, head_tensor(chunk), vocabulary_part(chunk, pack, 2), path);
       }
       const ChunkRange layers = chunk.layers();
       for (std::int64_t l = layers.start; l < layers.end(); ++l) {

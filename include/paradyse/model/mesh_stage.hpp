@@ -3,6 +3,10 @@
 //
 //   cp  every stage of every replica is a cp group of C ranks: the sequence is sharded over it in the unified layout
 //       and the strategies switch per layer inside it, as in the single-group Gpt;
+//   tp  (the stage's group a tp group, a cp x tp group or a tp_x x tp_y grid) with shard_vocabulary, the
+//       embedding and the head are sharded by vocabulary rows over the stage's tp ranks (the whole grid for 2-D tp:
+//       model/vocab_parallel.hpp, V/T rows each, uneven allowed), replicated over its cp ranks; the final norm stays
+//       whole on every rank. Without, every rank of the group holds them whole.
 //   pp  the L layers are cut into P stages (uneven allowed; or into P * v virtual stages, v chunks per rank, on the
 //       interleaved 1F1B schedule); the stages run the 1F1B schedule of model/pipeline.hpp
 //       over the micro-batches, activations [b, n_r, h] passed point to point between the cp ranks of the same cp
@@ -44,6 +48,7 @@
 #include "paradyse/model/head_loss.hpp"
 #include "paradyse/model/pipeline.hpp"
 #include "paradyse/model/stack.hpp"
+#include "paradyse/model/vocab_parallel.hpp"
 #include "paradyse/model/zero3_shards.hpp"
 #include "paradyse/moe/expert_columns.hpp"
 #include "paradyse/moe/moe_weights.hpp"
@@ -53,6 +58,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <utility>
@@ -85,6 +91,7 @@ public:
   MeshGptStage(const GptConfig& config, int stage, int stages, ChunkRange layers, int cp_size, int cp_rank,
                int ep_size, int ep_rank, std::uint64_t seed, bool expert_columns = false, int etp = 0)
       : config_(config), first_(stage == 0), last_(stage == stages - 1), layers_(layers),
+        group_size_(cp_size), group_rank_(cp_rank), vocab_rows_{0, config.vocab},
         stack_(make_stack(config, layers, cp_size, cp_rank, ep_size, ep_rank, seed, expert_columns,
                           etp > 0 ? etp : cp_size)) {
     check(etp >= 0 && (etp == 0 || cp_size % etp == 0), "MeshGptStage: etp = {} must divide the stage's group of {} "
@@ -129,12 +136,63 @@ public:
     plan_ = std::move(plan);
     seq_len_ = seq_len;
     held_ = -1;
+    lookups_.clear();
     stack_.zero_gradients();
     if (first_) Backend::fill(embedding_grad_.view(), 0.0f);
     if (last_) Backend::fill(head_grad_.view(), 0.0f);
     for (Zero3Tensor& t : zero3_) t.zero_gradient();
     for (Zero3Tensor& t : expert_zero3_) t.zero_gradient();
   }
+
+  // Vocabulary parallelism (kept for the run; before shard_over_dp): from now on this rank holds only rows
+  // vocab_rows(V, T, r) of the embedding and of the head (model/vocab_parallel.hpp), r its rank in `tp`, a group of T
+  // consecutive ranks of the stage's group (its tp ranks: the whole group for a tp group or a 2-D grid, the tp
+  // sub-group of a cp x tp group), and `replicas` the ranks of the stage's group holding the same rows (the cp
+  // sub-group; a group of one without cp). The lookup, the logits and the loss run over tp; the rows' gradients are
+  // summed over `replicas` (reduce_replicated), the final norm's over both. Collective over tp.
+  void shard_vocabulary(C& tp, C& replicas) {
+    check(zero3_.empty(), "MeshGptStage::shard_vocabulary: shard the vocabulary before ZeRO-3 (shard_over_dp)");
+    check(vocab_ == nullptr, "MeshGptStage::shard_vocabulary: sharded already");
+    const int t = int(tp.size());
+    check(t * int(replicas.size()) == group_size_, "MeshGptStage::shard_vocabulary: a vocabulary group of {} and {} "
+          "replicas for a stage group of {} ranks", t, replicas.size(), group_size_);
+    // The tp ranks are consecutive ranks of the stage's group (tp innermost): their tokens' counts follow from it.
+    const std::int64_t mine = group_rank_;
+    std::vector<std::int64_t> ranks(std::size_t(t), 0);
+    tp.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(ranks));
+    vocab_first_ = group_rank_ - int(tp.rank());
+    for (int q = 0; q < t; ++q)
+      check(ranks[std::size_t(q)] == vocab_first_ + q, "MeshGptStage::shard_vocabulary: rank {} of the vocabulary "
+            "group is rank {} of the stage's group, expected {} (consecutive ranks)", q, ranks[std::size_t(q)],
+            vocab_first_ + q);
+    vocab_ = &tp;
+    vocab_replicas_ = &replicas;
+    vocab_rows_ = vocab_rows(config_.vocab, t, int(tp.rank()));
+    const std::int64_t h = config_.layer.hidden;
+    // Keeps this rank's vocabulary rows of `whole`, and the `extra` rows after row V (the head's final norm).
+    const auto keep = [&](Tensor<float>& whole, std::int64_t extra) {
+      Tensor<float> kept(Shape{vocab_rows_.length + extra, h});
+      Backend::copy(TensorView<const float>(whole.view()).slice(0, vocab_rows_.start, vocab_rows_.length),
+                    kept.view().slice(0, 0, vocab_rows_.length));
+      if (extra > 0)
+        Backend::copy(TensorView<const float>(whole.view()).slice(0, config_.vocab, extra),
+                      kept.view().slice(0, vocab_rows_.length, extra));
+      whole = std::move(kept);
+    };
+    if (first_) {
+      keep(embedding_, 0);
+      embedding_grad_ = Tensor<float>(embedding_.shape());
+    }
+    if (last_) {
+      keep(head_, 2);
+      head_grad_ = Tensor<float>(head_.shape());
+    }
+  }
+  bool vocab_sharded() const noexcept { return vocab_ != nullptr; }
+  // The vocabulary rows this rank's embedding and head hold ([0, V) without shard_vocabulary), and the group they
+  // are sharded over (null without).
+  ChunkRange vocabulary_rows() const noexcept { return vocab_rows_; }
+  C* vocabulary_group() const noexcept { return vocab_; }
 
   // ZeRO-3 over `dp` (kept for the run): from now on this rank keeps only its chunk of every parameter and gradient
   // (zero3_shards()), the full tensors gathered around each use. An MoE layer's attention and norms are sharded as a
@@ -236,15 +294,34 @@ public:
     saved.input = Tensor<float>();
   }
 
-  // First stage: x [b, n_r, h] <- the embedding of tokens [b, n_r]; and its backward (accumulates).
-  void embed(TensorView<const std::int32_t> tokens, TensorView<float> x) {
+  // First stage: x [b, n_r, h] <- the embedding of tokens [b, n_r] of micro-batch `micro_batch`; and its backward
+  // (accumulates). Sharded vocabulary: collective over the tp group, the forward's lookup kept for the backward.
+  void embed(int micro_batch, TensorView<const std::int32_t> tokens, TensorView<float> x) {
     if (sharded()) zero3_end(false).gather(*dp_);
-    Backend::embedding_forward(tokens, TensorView<const float>(embedding_.view()), x);
+    const TensorView<const float> table(embedding_.view());
+    if (vocab_) {
+      const std::int64_t rows = tokens.numel(), h = config_.layer.hidden;
+      const std::vector<std::int64_t> counts = vocab_counts(tokens.extent(0));
+      const VocabLookup& lookup = lookups_[micro_batch] = vocab_lookup(
+          *vocab_, std::span<const std::int64_t>(counts), vocab_rows_, tokens.reshape(Shape{rows}), h);
+      vocab_parallel_embedding_forward<Backend>(*vocab_, lookup, table, x.reshape(Shape{rows, h}));
+    } else {
+      Backend::embedding_forward(tokens, table, x);
+    }
     if (sharded()) zero3_end(false).release();
   }
-  void embed_backward(TensorView<const std::int32_t> tokens, TensorView<const float> dx) {
+  void embed_backward(int micro_batch, TensorView<const std::int32_t> tokens, TensorView<const float> dx) {
     if (sharded()) zero3_end(false).begin_gradient();
-    Backend::embedding_backward(tokens, dx, embedding_grad_.view());
+    if (vocab_) {
+      const auto lookup = lookups_.find(micro_batch);
+      check(lookup != lookups_.end(), "MeshGptStage::embed_backward: micro-batch {} has no forward lookup",
+            micro_batch);
+      vocab_parallel_embedding_backward<Backend>(*vocab_, lookup->second, dx.reshape(Shape{tokens.numel(), config_.layer.hidden}),
+                                                 embedding_grad_.view());
+      lookups_.erase(lookup);
+    } else {
+      Backend::embedding_backward(tokens, dx, embedding_grad_.view());
+    }
     if (sharded()) zero3_end(false).reduce_gradient(*dp_);
   }
 
@@ -265,16 +342,36 @@ public:
   }
   double head_loss_full(TensorView<const float> y, TensorView<const std::int32_t> targets, TensorView<float> dy,
                         float grad_scale) {
-    const std::int64_t v = config_.vocab;
+    const std::int64_t v = vocab_rows_.length, h = config_.layer.hidden;
     const HeadParameters head{gpt_detail::row_span(head_, v), gpt_detail::row_span(head_, v + 1),
                               TensorView<const float>(head_.view()).slice(0, 0, v), gpt_detail::row_span(head_grad_, v),
                               gpt_detail::row_span(head_grad_, v + 1), head_grad_.view().slice(0, 0, v)};
-    return norm_head_loss<Backend>(config_.layer, y, targets, head, grad_scale, dy);
+    if (!vocab_) return norm_head_loss<Backend>(config_.layer, y, targets, head, grad_scale, dy);
+    // Sharded vocabulary: the head's rows over tp; the final norm's gradient of this use summed over tp here (its
+    // rows differ in place between tp ranks under ZeRO-3), over the replicas by reduce_replicated.
+    const std::int64_t rows = targets.numel();
+    const std::vector<std::int64_t> counts = vocab_counts(targets.extent(0));
+    Tensor<float> norm_grad(Shape{2, h});
+    HeadParameters local = head;
+    local.gamma_grad = gpt_detail::row_span(norm_grad, 0);
+    local.beta_grad = gpt_detail::row_span(norm_grad, 1);
+    const double loss = norm_around<Backend>(config_.layer, y, local, dy, [&](TensorView<const float> normed,
+                                                                             TensorView<float> dnormed) {
+      return vocab_parallel_head_loss<Backend>(*vocab_, std::span<const std::int64_t>(counts), vocab_rows_, normed,
+                                               targets.reshape(Shape{rows}), head.weights, grad_scale,
+                                               head.weights_grad, dnormed);
+    });
+    vocab_->all_reduce(std::span<const float>(norm_grad.span()), norm_grad.span(), ReduceOp::sum);
+    Backend::add_into(head_grad_.view().slice(0, v, 2), TensorView<const float>(norm_grad.view()));
+    return loss;
   }
 
   // After the step's micro-batches: the replicated gradients summed over the cp group (they are partial sums over
-  // the rank's tokens; the layers' norm gradients the stack reduced already).
-  void reduce_replicated(C& cp) {
+  // the rank's tokens; the layers' norm gradients the stack reduced already). Sharded vocabulary: over the ranks
+  // holding the same rows (the replicas: the rows' gradients hold the tp group's tokens already, and the final
+  // norm's head_loss summed over tp).
+  void reduce_replicated(C& cp_group) {
+    C& cp = vocab_ ? *vocab_replicas_ : cp_group;
     if (sharded()) {  // the owned chunks of the embedding's and the head's gradients (the same chunk on every cp rank)
       if (first_) cp.all_reduce(std::span<const float>(zero3_end(false).gradient().span()), zero3_end(false).gradient().span(), ReduceOp::sum);
       if (last_) cp.all_reduce(std::span<const float>(zero3_end(true).gradient().span()), zero3_end(true).gradient().span(), ReduceOp::sum);
@@ -315,10 +412,18 @@ public:
     if (last_) out.push_back({&head_, &head_grad_, true});  // the norm rows are split off by the caller
     return out;
   }
-  std::int64_t head_matrix_elements() const { return config_.vocab * config_.layer.hidden; }
+  std::int64_t head_matrix_elements() const { return vocab_rows_.length * config_.layer.hidden; }
 
 private:
   using Backend = ops::Cpu;
+  // Sharded vocabulary: the tokens each rank of the tp group brings in a micro-batch of `batch` rows (their ranks'
+  // shares of the sequence in the unified layout).
+  std::vector<std::int64_t> vocab_counts(std::int64_t batch) const {
+    const SequenceLayout layout(seq_len_, group_size_, config_.layer.zigzag);
+    std::vector<std::int64_t> counts;
+    for (int q = 0; q < int(vocab_->size()); ++q) counts.push_back(batch * layout.local_length(vocab_first_ + q));
+    return counts;
+  }
   // ZeRO-3 (shard_over_dp) with edp > 1: every non-empty MoE tensor sharded over edp, layer by layer in
   // parameters()'s order; expert_zero3_first_[l] .. [l + 1] are layer l's.
   void shard_experts_over_edp() {
@@ -368,9 +473,15 @@ private:
   GptConfig config_;
   bool first_, last_;
   ChunkRange layers_;
+  int group_size_, group_rank_;  // the stage's group (cp, tp or cp x tp) and this rank in it
+  ChunkRange vocab_rows_;        // the vocabulary rows of the embedding and the head held here
   Stack stack_;
-  Tensor<float> embedding_, embedding_grad_;  // first stage: [V, h]
-  Tensor<float> head_, head_grad_;            // last stage: [V + 2, h]: the head, the final gamma and beta
+  Tensor<float> embedding_, embedding_grad_;  // first stage: [V_r, h] (V_r = V unless the vocabulary is sharded)
+  Tensor<float> head_, head_grad_;            // last stage: [V_r + 2, h]: the head, the final gamma and beta
+  C* vocab_ = nullptr;            // sharded vocabulary: the tp group (null: whole)
+  C* vocab_replicas_ = nullptr;   // the ranks of the stage's group holding the same rows
+  int vocab_first_ = 0;           // the stage-group rank of the tp group's rank 0
+  std::map<int, VocabLookup> lookups_;  // the in-flight micro-batches' embedding lookups
   C* cp_ = nullptr;
   C* ep_ = nullptr;
   BufferPool* pool_ = nullptr;
@@ -431,13 +542,13 @@ double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& p
     PipelineIo io;
     io.input = [&](int i) {
       embedded = Tensor<float>(Shape{rows_of(i), n, h});
-      stage.embed(x_tokens[std::size_t(i)].view(), embedded.view());
+      stage.embed(i, x_tokens[std::size_t(i)].view(), embedded.view());
       return TensorView<const float>(embedded.view());
     };
     io.loss_gradient = [&](int i, TensorView<const float> y, TensorView<float> dy) {
       loss_sum += end.head_loss(y, y_tokens[std::size_t(i)].view(), dy, grad_scale);
     };
-    io.input_gradient = [&](int i, TensorView<const float> dx) { stage.embed_backward(x_tokens[std::size_t(i)].view(), dx); };
+    io.input_gradient = [&](int i, TensorView<const float> dx) { stage.embed_backward(i, x_tokens[std::size_t(i)].view(), dx); };
     const PipelineBoundary boundary = [&](int i) { return Shape{rows_of(i), n, h}; };
     if (chunks.size() == 1) run_pipeline(pp_group, stage, micro_batches, boundary, io);
     else run_interleaved_pipeline(pp_group, chunks, micro_batches, boundary, io);
