@@ -7,6 +7,8 @@
 //   2. the loaded model's next two steps give the source run's losses: to the bit on the same mesh (and the same final
 //      weights), and on another mesh within the float32 rounding of another reduction order (kCkptLossRtol below).
 // With MoE layers (the second test case) the same on meshes of other ep and etp (model/expert_groups.hpp).
+// With the vocabulary sharded over tp (the third: MeshGptStage::shard_vocabulary) the same from tp = 2 onto tp = 3 and 4
+// (uneven rows), onto dp = 2 (whole rows), cp x tp and ZeRO-3 with pp.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
@@ -52,10 +54,12 @@ struct CkptMesh {
   ZeroStage zero;
   int v = 1;         // virtual stages per pp rank
   int ep = 0, etp = 0;  // with MoE layers (model/expert_groups.hpp; 0: all of dp x cp, all of tp)
+  bool vocab_parallel = false;  // the embedding and head by vocabulary rows over tp (MeshGptStage::shard_vocabulary)
   std::string name() const {
-    return fmt::format("dp={},pp={},cp={},tp={} {}{}{}", dp, pp, cp, tp, name_of(zero),
+    return fmt::format("dp={},pp={},cp={},tp={} {}{}{}{}", dp, pp, cp, tp, name_of(zero),
                        v > 1 ? fmt::format(" v={}", v) : std::string(),
-                       ep > 0 || etp > 0 ? fmt::format(" ep={} etp={}", ep, etp) : std::string());
+                       ep > 0 || etp > 0 ? fmt::format(" ep={} etp={}", ep, etp) : std::string(),
+                       vocab_parallel ? " vocab-parallel" : "");
   }
 };
 
@@ -98,6 +102,9 @@ std::vector<double> ckpt_mesh_run(const GptConfig& config, const CkptMesh& m, co
         chunks.back().set_expert_column_group(experts->etp);
       }
     }
+    ThreadCommunicator tp_group = mesh.group(world, {"tp"}), cp_only = mesh.group(world, {"cp"});
+    if (m.vocab_parallel)
+      for (CkptStage& chunk : chunks) chunk.shard_vocabulary(tp_group, cp_only);
     if (m.zero == ZeroStage::three)
       for (CkptStage& chunk : chunks) chunk.shard_over_dp(dp_group);
     std::vector<MeshOptimizer> optimizers;
@@ -300,5 +307,50 @@ TEST_CASE("mesh checkpoints with MoE layers: saved on dp = 2 over ep = 1 (the ex
     save_checkpoint(comm, model, file("gpt.safetensors"), {.optimizer_state = true, .extra = {}});
   });
   ckpt_same_tensors("MoE Gpt on 2 ranks", file("step2.safetensors"), file("gpt.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("mesh checkpoints with the vocabulary sharded over tp: saved on tp = 2 (12 + 11 rows of V = 23), resumed to "
+          "the bit there, loaded on tp = 3 (8 + 8 + 7), on dp = 2 (whole rows), cp x tp and ZeRO-3 with pp, and into "
+          "the single group's Gpt: the same bits saved again, the loaded runs continue with the source run's losses") {
+  GptConfig config;
+  config.layer = LayerConfig::make(48, 12);  // heads divisible by tp = 2, 3, 4
+  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
+  config.vocab = 23;
+  config.layers = 3;
+  CkptBatches batches{4, 24, {}, {}};  // 24: a multiple of the zigzag chunks of 2, 3 and 4 ranks
+  Rng rng(2028);
+  for (int k = 0; k < 4; ++k) {
+    const testing::RandomRows step = testing::random_rows(rng, batches.rows * batches.seq, config.vocab);
+    batches.inputs.push_back(step.inputs);
+    batches.targets.push_back(step.targets);
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    fmt::format("paradyse_mesh_checkpoint_vocab_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const auto file = [&](const std::string& name) { return (dir / name).string(); };
+  const auto sharded = [](CkptMesh m) {
+    m.vocab_parallel = true;
+    return m;
+  };
+
+  const CkptMesh source = sharded({1, 1, 1, 2, ZeroStage::zero});
+  const std::vector<double> straight = ckpt_mesh_run(config, source, batches, 0, 4, "", file("straight.safetensors"));
+  (void)ckpt_mesh_run(config, source, batches, 0, 2, "", file("step2.safetensors"));
+  const std::vector<double> resumed = ckpt_mesh_run(config, source, batches, 2, 4, file("step2.safetensors"),
+                                                    file("resumed.safetensors"));
+  CHECK(resumed[0] == straight[2]);
+  CHECK(resumed[1] == straight[3]);
+  ckpt_same_tensors("tp=2 resumed against straight", file("straight.safetensors"), file("resumed.safetensors"));
+  for (const CkptMesh& m : {sharded({1, 1, 1, 3, ZeroStage::zero}), CkptMesh{2, 1, 1, 1, ZeroStage::one},
+                            sharded({1, 1, 2, 2, ZeroStage::two}), sharded({2, 2, 1, 2, ZeroStage::three}),
+                            sharded({1, 1, 1, 4, ZeroStage::zero})})
+    ckpt_check_on(config, m, batches, straight, file("step2.safetensors"), file("again.safetensors"), true);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Gpt<AllStrategies<>> model(config, 2, comm.rank(), 99);
+    load_checkpoint(model, file("step2.safetensors"), {.optimizer_state = true});
+    save_checkpoint(comm, model, file("gpt.safetensors"), {.optimizer_state = true, .extra = {}});
+  });
+  ckpt_same_tensors("Gpt on 2 ranks", file("step2.safetensors"), file("gpt.safetensors"));
   std::filesystem::remove_all(dir);
 }
