@@ -188,7 +188,6 @@ public:
       head_grad_ = Tensor<float>(head_.shape());
     }
   }
-  bool vocab_sharded() const noexcept { return vocab_ != nullptr; }
   // The vocabulary rows this rank's embedding and head hold ([0, V) without shard_vocabulary), and the group they
   // are sharded over (null without).
   ChunkRange vocabulary_rows() const noexcept { return vocab_rows_; }
@@ -316,8 +315,8 @@ public:
       const auto lookup = lookups_.find(micro_batch);
       check(lookup != lookups_.end(), "MeshGptStage::embed_backward: micro-batch {} has no forward lookup",
             micro_batch);
-      vocab_parallel_embedding_backward<Backend>(*vocab_, lookup->second, dx.reshape(Shape{tokens.numel(), config_.layer.hidden}),
-                                                 embedding_grad_.view());
+      const TensorView<const float> rows = dx.reshape(Shape{tokens.numel(), config_.layer.hidden});  // [b n_r, h]
+      vocab_parallel_embedding_backward<Backend>(*vocab_, lookup->second, rows, embedding_grad_.view());
       lookups_.erase(lookup);
     } else {
       Backend::embedding_backward(tokens, dx, embedding_grad_.view());
