@@ -12,9 +12,9 @@
 //   head, loss  x [n_r, h] (normed) all-gathered [N, h]; logits [N, V_r] = x W_r^T; each row's max all-reduced (max),
 //               its sum of exp(logit - max) and its target's logit all-reduced (sum; the rank holding the target
 //               gives it): loss = log(sum) + max - target logit. dlogits = grad_scale (softmax - onehot(target)) on
-//               the rank's columns; dW_r += dlogits^T x; dx [N, h] = dlogits W_r (partial), reduce-scattered (summed)
-//               to [n_r, h]. The logits live for kHeadChunkRows gathered rows at a time (every rank runs the same
-//               chunks).
+//               the rank's columns; dW_r += dlogits^T x; dx [N, h] = dlogits W_r (partial, written over the chunk's
+//               gathered x once used), reduce-scattered (summed) to [n_r, h]. The logits live for kHeadChunkRows
+//               gathered rows at a time (every rank runs the same chunks).
 //
 // Data moves and GEMMs go through the Backend's ops; the token ids, the row positions and the head's per-row softmax
 // statistics (max, sum of exp, target logit: no op of ops/op_table.inc computes them over a slice of the vocabulary)
@@ -162,7 +162,6 @@ double vocab_parallel_head_loss(C& tp, std::span<const std::int64_t> rows, Chunk
   Tensor<float> all_x(Shape{n, h});
   tp.all_gather_v(std::span<const float>(x.data(), std::size_t(x.numel())), all_x.span(),
                   std::span<const std::int64_t>(counts));
-  Tensor<float> all_dx(Shape{backward ? n : 0, h});
   std::int64_t first_mine = 0;  // this rank's rows among the gathered
   for (int q = 0; q < int(tp.rank()); ++q) first_mine += rows[std::size_t(q)];
   const std::int64_t last_mine = first_mine + rows[std::size_t(tp.rank())];
@@ -174,7 +173,8 @@ double vocab_parallel_head_loss(C& tp, std::span<const std::int64_t> rows, Chunk
   for (std::int64_t start = 0; start < n; start += kHeadChunkRows) {
     const std::int64_t count = std::min(kHeadChunkRows, n - start);
     const TensorView<float> chunk = logits.view().slice(0, 0, count);
-    const TensorView<const float> xs = TensorView<const float>(all_x.view()).slice(0, start, count);
+    const TensorView<float> rows_of_chunk = all_x.view().slice(0, start, count);  // x, then the rows' partial dx
+    const TensorView<const float> xs = rows_of_chunk;
     if (v > 0) Backend::matmul(xs, Transpose::no, weights, Transpose::yes, chunk);  // [count, V_r]
     const std::span<float> tops(top.data(), std::size_t(count)), totals(total.data(), std::size_t(count)),
         picks(picked.data(), std::size_t(count));
@@ -208,17 +208,17 @@ double vocab_parallel_head_loss(C& tp, std::span<const std::int64_t> rows, Chunk
       if (local >= 0 && local < v) row[local] -= grad_scale;
     }
     if (!backward) continue;
-    const TensorView<float> dx_rows = all_dx.view().slice(0, start, count);
     if (v == 0) {  // no vocabulary rows: no share of the rows' gradient
-      Backend::fill(dx_rows, 0.0f);
+      Backend::fill(rows_of_chunk, 0.0f);
       continue;
     }
     const TensorView<const float> dlogits = chunk;
     Backend::matmul(dlogits, Transpose::yes, xs, Transpose::no, weights_grad, 1.0f, 1.0f);  // dW_r += dlogits^T x
-    Backend::matmul(dlogits, Transpose::no, weights, Transpose::no, dx_rows);
+    // The chunk's x is used up: its rows take their partial dx (one [N, h] buffer for both).
+    Backend::matmul(dlogits, Transpose::no, weights, Transpose::no, rows_of_chunk);
   }
   if (backward)
-    tp.reduce_scatter_v(std::span<const float>(all_dx.span()), std::span<float>(dx.data(), std::size_t(dx.numel())),
+    tp.reduce_scatter_v(std::span<const float>(all_x.span()), std::span<float>(dx.data(), std::size_t(dx.numel())),
                         std::span<const std::int64_t>(counts), ReduceOp::sum);
   return loss;
 }
