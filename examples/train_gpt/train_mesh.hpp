@@ -7,7 +7,8 @@
 // stages on the 1F1B schedule over micro-batches of --micro-batch rows, every in-flight micro-batch's activations
 // kept (--recompute none) or each stage's forward recomputed (full), and with --experts the MoE layers over an expert group folded over dp x cp, or with
 // ep=E,etp=T in the mesh over expert groups of E ranks of dp x cp and columns over T ranks of tp, the experts
-// replicated over the rest: model/expert_groups.hpp), the dp
+// replicated over the rest: model/expert_groups.hpp; with tp the embedding and the LM head sharded by vocabulary rows
+// over each stage's tp ranks, --vocab-parallel on, the default: MeshGptStage::shard_vocabulary), the dp
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
 // model/mesh_optimizer.hpp's MeshOptimizer (ZeRO --zero over dp; with --zero 3 each rank keeps 1/dp of every parameter,
 // each layer gathered around its use: model/zero3_shards.hpp; the MoE tensors 1/edp of theirs over edp). --mesh-file FILE runs a configuration file of
