@@ -5,7 +5,7 @@
 // Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
 // stages on the 1F1B schedule over micro-batches of --micro-batch rows, every in-flight micro-batch's activations
-// kept (--recompute none) or each stage's forward recomputed (full), and with --experts the MoE layers over an expert group folded over dp x cp, or with
+// kept (--recompute none), all but attention's core (selective) or each stage's forward recomputed (full), and with --experts the MoE layers over an expert group folded over dp x cp, or with
 // ep=E,etp=T in the mesh over expert groups of E ranks of dp x cp and columns over T ranks of tp, the experts
 // replicated over the rest: model/expert_groups.hpp), the dp
 // replicas train the rows or packed sequences of each mesh step (data/mesh_steps.hpp) and sum their gradients in
@@ -195,7 +195,7 @@ struct MeshFileRun {
   ZeroStage zero = ZeroStage::zero;
   int virtual_stages = 1;
   std::int64_t micro_batch = 1;  // rows per micro-batch
-  std::string recompute;         // "none" or "full"
+  std::string recompute;         // "none", "selective" or "full"
   search::ConfigFile file;
 };
 
@@ -268,15 +268,13 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                 "sequence_parallel=false: tensor parallelism trains with sequence parallelism only");
   // Micro-batches and recomputation as train_gpt runs them (model/mesh_stage.hpp): micro_batch rows per
   // micro-batch, through the pipeline stages or, without them, accumulating gradients micro-batch by micro-batch;
-  // with pp stages every in-flight micro-batch's activations kept (recompute=none) or each stage's forward recomputed
-  // before its backward (recompute=full); without, each backward follows its forward (nothing to recompute).
-  refuse_unless(c.recompute != search::Recompute::selective,
-                "recompute=selective: recomputing attention's core only (the search's selective) is not built; "
-                "train_gpt keeps every activation (none) or recomputes each stage's forward (full)");
+  // with pp stages every in-flight micro-batch's activations kept (recompute=none), all but attention's core
+  // (selective, re-run per layer before its backward) or each stage's forward recomputed before its backward
+  // (recompute=full); without, each backward follows its forward (nothing to recompute under full).
   if (c.pp == 1)
-    refuse_unless(c.recompute == search::Recompute::none,
+    refuse_unless(c.recompute != search::Recompute::full,
                   fmt::format("recompute={}: without pipeline stages each micro-batch's backward follows its forward, "
-                              "so train_gpt keeps every activation (recompute=none)", name_of(c.recompute)));
+                              "so train_gpt keeps every activation (recompute=none or selective)", name_of(c.recompute)));
   if (run.file.global_batch)
     refuse_unless(*run.file.global_batch % (c.micro_batch * c.dp) == 0,
                   fmt::format("micro_batch={}: the global batch of {} rows is not whole micro-batches of every one of "
@@ -366,13 +364,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // Micro-batches (model/mesh_stage.hpp): --micro-batch rows each, the last of a replica's the rest (by default one
   // row with pp stages, a replica's rows at once without), through the stages or, without them, accumulating
   // gradients micro-batch by micro-batch. What a stage keeps for its backward: every in-flight micro-batch's
-  // activations (--recompute none) or its input, the stage's forward recomputed (full; the default with pp).
-  check(o.recompute != "selective", "--mesh {} --recompute selective: recomputing attention's core only is not built; "
-        "give none (every activation kept) or full (each stage's forward recomputed)", o.mesh);
+  // activations (--recompute none), all but attention's core tensors, each layer's core re-run from its kept q, k, v
+  // before its backward (selective, with or without pp), or its input, the stage's forward recomputed (full; the
+  // default with pp).
   check(pp > 1 || o.recompute != "full", "--mesh {} --recompute full: without pipeline stages each micro-batch's "
-        "backward follows its forward, so nothing is recomputed; give --recompute none (or pp stages)", o.mesh);
-  const PipelineRecompute recompute = o.recompute == "full" || (o.recompute == "auto" && pp > 1)
-                                          ? PipelineRecompute::full : PipelineRecompute::none;
+        "backward follows its forward, so nothing is recomputed; give --recompute none or selective (or pp stages)",
+        o.mesh);
+  const PipelineRecompute recompute = o.recompute == "selective"                      ? PipelineRecompute::selective
+                                      : o.recompute == "full" || (o.recompute == "auto" && pp > 1) ? PipelineRecompute::full
+                                                                                      : PipelineRecompute::none;
   const auto rows_per_micro_batch = [&](std::int64_t replica_rows) {
     return o.micro_batch > 0 ? o.micro_batch : pp > 1 ? std::int64_t(1) : std::max<std::int64_t>(replica_rows, 1);
   };
@@ -556,7 +556,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                return n;
              }(), "+"), name_of(o.zero),
              recompute == PipelineRecompute::full ? "each stage's forward recomputed for the backward (recompute full)"
-                                                  : "every in-flight micro-batch's activations kept (recompute none)");
+             : recompute == PipelineRecompute::selective
+                 ? "every in-flight micro-batch's activations kept but attention's core, re-run before each layer's "
+                   "backward (recompute selective)"
+                 : "every in-flight micro-batch's activations kept (recompute none)");
   if (!o.mesh_file.empty())
     fmt::print("configuration: {} (search_parallel --emit; its seq, global batch and cluster are the prediction's, "
                "the data flags say what trains)\n", o.mesh_file);
