@@ -78,6 +78,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <optional>
 #include <span>
@@ -384,10 +385,26 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     const std::int64_t replica_rows = std::max<std::int64_t>((step.sequences() + dp - 1) / dp, 1);
     return std::min(rows_per_micro_batch(replica_rows), replica_rows);
   };
-  // Every step's plan for a cp group running one micro-batch, computed before training.
-  const plan::GptCosts<Model> costs{config, cp, &hardware,
-                                    grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog(), grid_inner,
-                                    std::max(grid_inner, 1)};
+  // Every step's plan for a cp group running one micro-batch, computed before training; under selective
+  // recomputation its dry runs drop attention's core and re-run it in backward.
+  plan::GptCosts<Model> costs{config, cp, &hardware,
+                              grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog(), grid_inner,
+                              std::max(grid_inner, 1)};
+  costs.selective = recompute == PipelineRecompute::selective;
+  // The activations a rank keeps under none or selective, in stashes of the whole stack for one micro-batch (the
+  // planner's unit): the most layers any pp rank holds at once over the step's micro-batches (1F1B, interleaved),
+  // over the model's layers (search/memory_estimate.hpp counts in-flight micro-batches the same way). Under full a
+  // rank keeps inputs and recomputes one micro-batch's stage: at most the planner's one stack, counted as 1.
+  const auto stash_factor = [&](std::int64_t micro_batches) {
+    if (recompute == PipelineRecompute::full || (pp == 1 && v == 1)) return 1.0;
+    if (v > 1) micro_batches = (micro_batches + pp - 1) / pp * pp;  // whole rounds (a step of fewer is refused below)
+    std::int64_t most = 0;
+    for (int r = 0; r < pp; ++r)
+      most = std::max(most, peak_stashed_layers(pp, r, v, int(micro_batches), [&](int c) {
+                        return chunk_range(o.layers, pp * v, c * pp + r).length;
+                      }));
+    return double(most) / double(o.layers);
+  };
   const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware};
   std::int64_t cap = 0;
   if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
@@ -403,13 +420,19 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // span the replicas (ep = dp x cp), so every sublayer's strategy must agree over the whole mesh: the step runs
   // every replica on the plan of its most expensive sequence (the largest predicted time).
   // plans[k][d]: replica d's plan in step k (std::nullopt: no plan fits the cap, and the step is skipped).
-  // Keyed by a part's shape: its length, or its packed documents' lengths, and the micro-batch's rows.
-  std::map<std::pair<std::vector<std::int64_t>, std::int64_t>, std::optional<mesh_detail::StepPlan>> planned;
+  // Keyed by a part's shape: its length, or its packed documents' lengths, and the micro-batch's rows (and count).
+  std::map<std::tuple<std::vector<std::int64_t>, std::int64_t, std::int64_t>, std::optional<mesh_detail::StepPlan>>
+      planned;
   const auto plan_of = [&](const data::Step& step) {
     const bool packed = step.document_starts().size() > 1;
     const std::int64_t length = step.length;
-    const std::pair key{packed ? step.document_lengths() : std::vector<std::int64_t>{length}, micro_rows(step)};
-    if (!planned.count(key)) {
+    const std::int64_t replica_rows = std::max<std::int64_t>((step.sequences() + dp - 1) / dp, 1);
+    const std::tuple full_key{packed ? step.document_lengths() : std::vector<std::int64_t>{length}, micro_rows(step),
+                              micro_batch_count(replica_rows)};
+    const auto key = std::pair{std::get<0>(full_key), std::get<1>(full_key)};
+    if (!planned.count(full_key)) {
+      plan::GptCosts<Model> step_costs = costs;
+      step_costs.stash_factor = stash_factor(std::get<2>(full_key));
       try {
         if (experts) {
           const plan::MoeCostTable table =
@@ -433,20 +456,20 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
             for (SublayerChoice& choice : step_plan.stack) choice.attention = choice.mlp = ring;
             step_plan.name += " (MegatronTS run as MegatronRing)";
           }
-          planned[key] = std::move(step_plan);
+          planned[full_key] = std::move(step_plan);
         } else {
-          const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
+          const plan::CostTable table = packed ? step_costs.packed_table(key.first) : step_costs.table(length, key.second);
           const plan::Plan plan = strategy.empty()
               ? plan::plan_exact(table, cap)
               : plan::plan_of(table, plan::uniform_layers(table, costs.catalog->index_of(strategy)), cap);
-          planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
+          planned[full_key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
                                                plan.time_s};
         }
       } catch (const plan::NoFeasiblePlan&) {
-        planned[key] = std::nullopt;
+        planned[full_key] = std::nullopt;
       }
     }
-    return planned[key];
+    return planned[full_key];
   };
   // Rows are dealt over dp; packed sequences go one per replica, D per mesh step, grouped by their predicted time
   // (the planner's, for the cp group) so that a step's replicas wait little for each other.
