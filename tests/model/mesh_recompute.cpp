@@ -212,4 +212,16 @@ TEST_CASE("the peak a pp = 2 mesh measures orders none > selective > full (sever
   CHECK(none.loss_sum == full.loss_sum);
 }
 
+TEST_CASE("a pipeline rank's in-flight stashes (what train_gpt's planner counts under none and selective)") {
+  const auto layers = [](std::int64_t n) { return [n](int) { return n; }; };
+  // 1F1B: stage s of p holds min(m, p - s) micro-batches of its layers.
+  CHECK(peak_stashed_layers(2, 0, 1, 8, layers(3)) == 2 * 3);
+  CHECK(peak_stashed_layers(2, 1, 1, 8, layers(2)) == 1 * 2);
+  CHECK(peak_stashed_layers(4, 0, 1, 3, layers(1)) == 3);  // m < p: all of them
+  CHECK(peak_stashed_layers(4, 1, 1, 8, layers(1)) == 3);
+  // Interleaved, p = 2, v = 2, m = 4, chunk 0 of 3 layers, chunk 1 of one: rank 0 runs F0c0 F1c0 F0c1 F1c1 F2c0 B0c1
+  // F3c0 B1c1 ..., holding 3 + 3 + 1 + 1 + 3 - 1 + 3 = 13 layers after F3c0.
+  CHECK(peak_stashed_layers(2, 0, 2, 4, [](int c) { return c == 0 ? std::int64_t(3) : std::int64_t(1); }) == 13);
+}
+
 }  // namespace mesh_recompute_test
