@@ -144,8 +144,9 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
       .without_default();
   flags.choice("--recompute", o.recompute, {"auto", "none", "selective", "full"},
                "--mesh: what a pipeline stage keeps for its backward: every activation of each in-flight micro-batch "
-               "(none) or its input, the stage's forward recomputed (full); auto: full with pp stages, none without; "
-               "selective (attention's core only) is not built and is refused");
+               "(none), all of them but attention's core, re-run from the kept q, k, v before each layer's backward "
+               "(selective), or its input, the stage's forward recomputed (full); auto: full with pp stages, none "
+               "without");
   flags.choice("--vocab-parallel", o.vocab_parallel, {"on", "off"},
                "--mesh with tp: the embedding and the LM head sharded by vocabulary rows over the tp group (on, V/tp "
                "rows each, as Megatron and the search's memory) or whole on every tp rank (off)");

@@ -5,7 +5,7 @@
 // Each rank runs its stage of the model (model/mesh_stage.hpp: cp groups in which the strategies switch per layer,
 // or tp groups running Megatron's tensor parallelism with sequence parallelism, MegatronTS, in every sublayer; pp
 // stages on the 1F1B schedule over micro-batches of --micro-batch rows, every in-flight micro-batch's activations
-// kept (--recompute none) or each stage's forward recomputed (full), and with --experts the MoE layers over an expert group folded over dp x cp, or with
+// kept (--recompute none), all but attention's core (selective) or each stage's forward recomputed (full), and with --experts the MoE layers over an expert group folded over dp x cp, or with
 // ep=E,etp=T in the mesh over expert groups of E ranks of dp x cp and columns over T ranks of tp, the experts
 // replicated over the rest: model/expert_groups.hpp; with tp the embedding and the LM head sharded by vocabulary rows
 // over each stage's tp ranks, --vocab-parallel on, the default: MeshGptStage::shard_vocabulary), the dp
@@ -79,6 +79,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <optional>
 #include <span>
@@ -196,7 +197,7 @@ struct MeshFileRun {
   ZeroStage zero = ZeroStage::zero;
   int virtual_stages = 1;
   std::int64_t micro_batch = 1;  // rows per micro-batch
-  std::string recompute;         // "none" or "full"
+  std::string recompute;         // "none", "selective" or "full"
   search::ConfigFile file;
 };
 
@@ -269,15 +270,13 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                 "sequence_parallel=false: tensor parallelism trains with sequence parallelism only");
   // Micro-batches and recomputation as train_gpt runs them (model/mesh_stage.hpp): micro_batch rows per
   // micro-batch, through the pipeline stages or, without them, accumulating gradients micro-batch by micro-batch;
-  // with pp stages every in-flight micro-batch's activations kept (recompute=none) or each stage's forward recomputed
-  // before its backward (recompute=full); without, each backward follows its forward (nothing to recompute).
-  refuse_unless(c.recompute != search::Recompute::selective,
-                "recompute=selective: recomputing attention's core only (the search's selective) is not built; "
-                "train_gpt keeps every activation (none) or recomputes each stage's forward (full)");
+  // with pp stages every in-flight micro-batch's activations kept (recompute=none), all but attention's core
+  // (selective, re-run per layer before its backward) or each stage's forward recomputed before its backward
+  // (recompute=full); without, each backward follows its forward (nothing to recompute under full).
   if (c.pp == 1)
-    refuse_unless(c.recompute == search::Recompute::none,
+    refuse_unless(c.recompute != search::Recompute::full,
                   fmt::format("recompute={}: without pipeline stages each micro-batch's backward follows its forward, "
-                              "so train_gpt keeps every activation (recompute=none)", name_of(c.recompute)));
+                              "so train_gpt keeps every activation (recompute=none or selective)", name_of(c.recompute)));
   if (run.file.global_batch)
     refuse_unless(*run.file.global_batch % (c.micro_batch * c.dp) == 0,
                   fmt::format("micro_batch={}: the global batch of {} rows is not whole micro-batches of every one of "
@@ -370,13 +369,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // Micro-batches (model/mesh_stage.hpp): --micro-batch rows each, the last of a replica's the rest (by default one
   // row with pp stages, a replica's rows at once without), through the stages or, without them, accumulating
   // gradients micro-batch by micro-batch. What a stage keeps for its backward: every in-flight micro-batch's
-  // activations (--recompute none) or its input, the stage's forward recomputed (full; the default with pp).
-  check(o.recompute != "selective", "--mesh {} --recompute selective: recomputing attention's core only is not built; "
-        "give none (every activation kept) or full (each stage's forward recomputed)", o.mesh);
+  // activations (--recompute none), all but attention's core tensors, each layer's core re-run from its kept q, k, v
+  // before its backward (selective, with or without pp), or its input, the stage's forward recomputed (full; the
+  // default with pp).
   check(pp > 1 || o.recompute != "full", "--mesh {} --recompute full: without pipeline stages each micro-batch's "
-        "backward follows its forward, so nothing is recomputed; give --recompute none (or pp stages)", o.mesh);
-  const PipelineRecompute recompute = o.recompute == "full" || (o.recompute == "auto" && pp > 1)
-                                          ? PipelineRecompute::full : PipelineRecompute::none;
+        "backward follows its forward, so nothing is recomputed; give --recompute none or selective (or pp stages)",
+        o.mesh);
+  const PipelineRecompute recompute = o.recompute == "selective"                      ? PipelineRecompute::selective
+                                      : o.recompute == "full" || (o.recompute == "auto" && pp > 1) ? PipelineRecompute::full
+                                                                                      : PipelineRecompute::none;
   const auto rows_per_micro_batch = [&](std::int64_t replica_rows) {
     return o.micro_batch > 0 ? o.micro_batch : pp > 1 ? std::int64_t(1) : std::max<std::int64_t>(replica_rows, 1);
   };
@@ -388,10 +389,26 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     const std::int64_t replica_rows = std::max<std::int64_t>((step.sequences() + dp - 1) / dp, 1);
     return std::min(rows_per_micro_batch(replica_rows), replica_rows);
   };
-  // Every step's plan for a cp group running one micro-batch, computed before training.
-  const plan::GptCosts<Model> costs{config, cp, &hardware,
-                                    grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog(), grid_inner,
-                                    std::max(grid_inner, 1)};
+  // Every step's plan for a cp group running one micro-batch, computed before training; under selective
+  // recomputation its dry runs drop attention's core and re-run it in backward.
+  plan::GptCosts<Model> costs{config, cp, &hardware,
+                              grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog(), grid_inner,
+                              std::max(grid_inner, 1)};
+  costs.selective = recompute == PipelineRecompute::selective;
+  // The activations a rank keeps under none or selective, in stashes of the whole stack for one micro-batch (the
+  // planner's unit): the most layers any pp rank holds at once over the step's micro-batches (1F1B, interleaved),
+  // over the model's layers (search/memory_estimate.hpp counts in-flight micro-batches the same way). Under full a
+  // rank keeps inputs and recomputes one micro-batch's stage: at most the planner's one stack, counted as 1.
+  const auto stash_factor = [&](std::int64_t micro_batches) {
+    if (recompute == PipelineRecompute::full || (pp == 1 && v == 1)) return 1.0;
+    if (v > 1) micro_batches = (micro_batches + pp - 1) / pp * pp;  // whole rounds (a step of fewer is refused below)
+    std::int64_t most = 0;
+    for (int r = 0; r < pp; ++r)
+      most = std::max(most, peak_stashed_layers(pp, r, v, int(micro_batches), [&](int c) {
+                        return chunk_range(o.layers, pp * v, c * pp + r).length;
+                      }));
+    return double(most) / double(o.layers);
+  };
   const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware};
   std::int64_t cap = 0;
   if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
@@ -407,13 +424,19 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // span the replicas (ep = dp x cp), so every sublayer's strategy must agree over the whole mesh: the step runs
   // every replica on the plan of its most expensive sequence (the largest predicted time).
   // plans[k][d]: replica d's plan in step k (std::nullopt: no plan fits the cap, and the step is skipped).
-  // Keyed by a part's shape: its length, or its packed documents' lengths, and the micro-batch's rows.
-  std::map<std::pair<std::vector<std::int64_t>, std::int64_t>, std::optional<mesh_detail::StepPlan>> planned;
+  // Keyed by a part's shape: its length, or its packed documents' lengths, and the micro-batch's rows (and count).
+  std::map<std::tuple<std::vector<std::int64_t>, std::int64_t, std::int64_t>, std::optional<mesh_detail::StepPlan>>
+      planned;
   const auto plan_of = [&](const data::Step& step) {
     const bool packed = step.document_starts().size() > 1;
     const std::int64_t length = step.length;
-    const std::pair key{packed ? step.document_lengths() : std::vector<std::int64_t>{length}, micro_rows(step)};
-    if (!planned.count(key)) {
+    const std::int64_t replica_rows = std::max<std::int64_t>((step.sequences() + dp - 1) / dp, 1);
+    const std::tuple full_key{packed ? step.document_lengths() : std::vector<std::int64_t>{length}, micro_rows(step),
+                              micro_batch_count(replica_rows)};
+    const auto key = std::pair{std::get<0>(full_key), std::get<1>(full_key)};
+    if (!planned.count(full_key)) {
+      plan::GptCosts<Model> step_costs = costs;
+      step_costs.stash_factor = stash_factor(std::get<2>(full_key));
       try {
         if (experts) {
           const plan::MoeCostTable table =
@@ -437,20 +460,20 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
             for (SublayerChoice& choice : step_plan.stack) choice.attention = choice.mlp = ring;
             step_plan.name += " (MegatronTS run as MegatronRing)";
           }
-          planned[key] = std::move(step_plan);
+          planned[full_key] = std::move(step_plan);
         } else {
-          const plan::CostTable table = packed ? costs.packed_table(key.first) : costs.table(length, key.second);
+          const plan::CostTable table = packed ? step_costs.packed_table(key.first) : step_costs.table(length, key.second);
           const plan::Plan plan = strategy.empty()
               ? plan::plan_exact(table, cap)
               : plan::plan_of(table, plan::uniform_layers(table, costs.catalog->index_of(strategy)), cap);
-          planned[key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
+          planned[full_key] = mesh_detail::StepPlan{plan::stack_plan<Strategies>(plan), compact_plan(plan),
                                                plan.time_s};
         }
       } catch (const plan::NoFeasiblePlan&) {
-        planned[key] = std::nullopt;
+        planned[full_key] = std::nullopt;
       }
     }
-    return planned[key];
+    return planned[full_key];
   };
   // Rows are dealt over dp; packed sequences go one per replica, D per mesh step, grouped by their predicted time
   // (the planner's, for the cp group) so that a step's replicas wait little for each other.
@@ -568,7 +591,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                return n;
              }(), "+"), name_of(o.zero),
              recompute == PipelineRecompute::full ? "each stage's forward recomputed for the backward (recompute full)"
-                                                  : "every in-flight micro-batch's activations kept (recompute none)");
+             : recompute == PipelineRecompute::selective
+                 ? "every in-flight micro-batch's activations kept but attention's core, re-run before each layer's "
+                   "backward (recompute selective)"
+                 : "every in-flight micro-batch's activations kept (recompute none)");
   if (!o.mesh_file.empty())
     fmt::print("configuration: {} (search_parallel --emit; its seq, global batch and cluster are the prediction's, "
                "the data flags say what trains)\n", o.mesh_file);

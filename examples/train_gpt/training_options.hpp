@@ -59,7 +59,7 @@ struct TrainingOptions {
   std::string mesh_file;            // a configuration file of search_parallel --emit: sets mesh and zero
   int virtual_stages = 1;           // --mesh: model chunks per pipeline stage (interleaved 1F1B when > 1)
   std::int64_t micro_batch = 0;     // --mesh: rows per micro-batch (0: one with pp stages, a replica's rows without)
-  std::string recompute = "auto";   // --mesh: none | full (auto: full with pp stages, none without); selective refused
+  std::string recompute = "auto";   // --mesh: none | selective | full (auto: full with pp stages, none without)
   std::string vocab_parallel = "on"; // --mesh: on (the embedding and head sharded by vocabulary rows over tp) | off
   // The MoE GPT (examples/train_gpt/train_moe.hpp; also on the mesh).
   std::int64_t experts = 0;         // > 0: an MoE GPT of this many experts; 0: the dense GPT

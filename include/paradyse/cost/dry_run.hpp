@@ -180,6 +180,10 @@ decltype(auto) visit_sublayer_trace(const Strategies& strategies, std::size_t in
   if (part == Sublayer::attention) {
     run.record();
     attention_half_forward<Backend>(strategies, int(index), comm, ctx, weights, x.view(), saved);
+    if (m.selective) {  // as TransformerStack drops it: the core re-runs at the start of the backward below
+      strategies.drop_attention_core(saved.attention);
+      saved.attention_core_dropped = true;
+    }
     run.end_forward();
     PooledBuffer<float> dy;
     {

@@ -58,6 +58,9 @@ struct ModelShape {
   // tp_x, the 2-D grid's inner side (1: none; Tp2d runs where it is > 1).
   int tp_inner = 0;
   int tp_x = 1;
+  // Selective recomputation (model/stack.hpp's set_selective_recompute): attention's core tensors dropped after
+  // forward and re-run before backward, so the dry run's saved bytes leave them out and its backward re-runs the core.
+  bool selective = false;
 
   // The common layer: multi-head attention with d = h / heads and a GELU MLP of f = 4h (as LayerConfig::make).
   static ModelShape mha(std::int64_t hidden, std::int64_t heads, std::int64_t seq = 0, std::int64_t layers = 1) {
@@ -88,11 +91,11 @@ struct ModelShape {
 };
 
 inline std::string describe(const ModelShape& m) {
-  return fmt::format("b={} s={} h={} heads={} kv_heads={} d={} ffn={} L={} dtype={}B{}{}{}{}{}", m.batch, m.seq,
+  return fmt::format("b={} s={} h={} heads={} kv_heads={} d={} ffn={} L={} dtype={}B{}{}{}{}{}{}", m.batch, m.seq,
                      m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn, m.layers, m.dtype_bytes,
                      m.swiglu ? " swiglu" : "", m.causal ? " causal" : "", m.zigzag ? " zigzag" : "",
                      m.tp_inner > 0 ? fmt::format(" tp_inner={}", m.tp_inner) : "",
-                     m.tp_x > 1 ? fmt::format(" tp_x={}", m.tp_x) : "");
+                     m.tp_x > 1 ? fmt::format(" tp_x={}", m.tp_x) : "", m.selective ? " selective" : "");
 }
 
 // Checks that a shape is usable at all (independently of the strategy); throws naming the bad field.

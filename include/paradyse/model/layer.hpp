@@ -69,6 +69,9 @@ struct LayerSaved {
   typename Strategies::AttentionSaved attention;
   typename Strategies::MlpSaved mlp;
   SublayerChoice choice;
+  // Selective recomputation (TransformerStack::set_selective_recompute): attention's core tensors were dropped after
+  // forward (Switchable::drop_attention_core); attention_half_backward re-runs the core first.
+  bool attention_core_dropped = false;
 };
 
 // The layer in two halves, one per sublayer, so that a dry run (cost/dry_run.hpp) can trace each sublayer with the
@@ -137,6 +140,10 @@ void attention_half_backward(const Strategies& strategies, C& comm, const Sublay
   const std::int64_t rows = ctx.local_rows(comm.rank()), h = ctx.hidden();
   auto stat = [&](int i) { return TensorView<const float>(saved.stats.view()).slice(0, i, 1).reshape(Shape{rows}); };
   auto partial = [&](int i) { return std::span<float>(norm_partial.data() + i * h, std::size_t(h)); };
+  if (saved.attention_core_dropped) {  // selective recomputation: the core again, from the kept q, k, v
+    strategies.recompute_attention_core(comm, ctx, w.attention, saved.attention);
+    saved.attention_core_dropped = false;
+  }
   Backend::copy(dy, dx);
   PooledBuffer<float> dnormed = ctx.pool->acquire<float>(dy.shape());
   strategies.attention_backward(comm, ctx, w.attention, saved.attention, dy, dnormed.view(), grad.attention);

@@ -35,9 +35,11 @@
 // with pp stages and a replica's rows at once without by default; without pp stages several micro-batches accumulate
 // their gradients (forward, backward, forward, ...). Pipeline activations (set_recompute): with
 // PipelineRecompute::full (the default) a stage keeps only each in-flight micro-batch's input and recomputes its
-// layers' forward before the backward, unless the micro-batch is the one its last forward ran; with
-// PipelineRecompute::none it keeps every in-flight micro-batch's activations (the stack's, taken out after each
-// forward and put back before that micro-batch's backward: TransformerStack::Activations) and recomputes nothing.
+// layers' forward before the backward (every micro-batch, the last stage's too: the search prices it so, as Megatron-LM
+// runs it); with PipelineRecompute::none it keeps every in-flight micro-batch's activations (the stack's, taken out
+// after each forward and put back before that micro-batch's backward: TransformerStack::Activations) and recomputes
+// nothing; PipelineRecompute::selective keeps them as none does, less attention's core tensors, which each layer
+// re-runs from its kept q, k, v before its backward.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -66,9 +68,11 @@
 
 namespace paradyse {
 
-// What a pipeline stage keeps of an in-flight micro-batch for its backward: every activation (none recomputed), or
-// its input only (the stage's forward recomputed). Selective recomputation (attention's core only) is not built.
-enum class PipelineRecompute : std::uint8_t { none, full };
+// What a pipeline stage keeps of an in-flight micro-batch for its backward: every activation (none recomputed), every
+// activation but attention's core tensors (selective: each layer's core re-run from its kept q, k, v just before the
+// layer's backward, TransformerStack::set_selective_recompute), or its input only (full: the stage's forward re-run
+// before the micro-batch's backward, every micro-batch, as Megatron-LM and the search's perf model do).
+enum class PipelineRecompute : std::uint8_t { none, selective, full };
 
 // One rank's part of the GPT on the mesh: the layers of its pp stage sharded over its cp group, plus the embedding
 // (first stage) or the final norm and LM head (last stage), their gradients, and an optimizer per tensor over dp.
@@ -135,7 +139,6 @@ public:
     pool_ = &pool;
     plan_ = std::move(plan);
     seq_len_ = seq_len;
-    held_ = -1;
     lookups_.clear();
     stack_.zero_gradients();
     if (first_) Backend::fill(embedding_grad_.view(), 0.0f);
@@ -247,8 +250,14 @@ public:
   std::span<Zero3Tensor> expert_zero3_shards() noexcept { return expert_zero3_; }
 
   // What the stage keeps of each in-flight micro-batch from the next forward on (kept for the run).
-  void set_recompute(PipelineRecompute recompute) noexcept { recompute_ = recompute; }
+  void set_recompute(PipelineRecompute recompute) noexcept {
+    recompute_ = recompute;
+    stack_.set_selective_recompute(recompute == PipelineRecompute::selective);
+  }
   PipelineRecompute recompute() const noexcept { return recompute_; }
+  // Whether this step runs without a pipeline (one stage, one chunk): each backward then follows its own forward and
+  // full recomputation keeps the activations as none does (mesh_forward_backward sets it each step).
+  void set_unpipelined(bool unpipelined) noexcept { unpipelined_ = unpipelined; }
 
   // etp < tp: the expert columns over `etp` (kept for the run), the etp consecutive ranks of the stage's group
   // holding this rank, instead of the whole group.
@@ -272,15 +281,15 @@ public:
 
   Saved forward(int micro_batch, TensorView<const float> x, TensorView<float> y) {
     stack_.forward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, plan_, seq_len_, x, y);
-    if (recompute_ == PipelineRecompute::none) return Saved{Tensor<float>(), stack_.take_activations()};
-    held_ = micro_batch;
+    if (recompute_ != PipelineRecompute::full || unpipelined_) return Saved{Tensor<float>(), stack_.take_activations()};
+    stack_.discard_step();  // full: recomputed before its backward, even when that comes next (last stage)
     return Saved{Tensor<float>::copy_of(x), std::nullopt};
   }
-  void backward(int micro_batch, Saved& saved, TensorView<const float> dy, TensorView<float> dx) {
+  void backward(int, Saved& saved, TensorView<const float> dy, TensorView<float> dx) {
     if (saved.activations) {  // kept by its forward
       stack_.restore_activations(std::move(*saved.activations));
       saved.activations.reset();
-    } else if (held_ != micro_batch) {  // recompute the forward of this micro-batch
+    } else {  // full: recompute the forward of this micro-batch
       PooledBuffer<float> y = pool_->acquire<float>(saved.input.shape());
       stack_.forward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, plan_, seq_len_, saved.input.view(), y.view());
     }
@@ -289,7 +298,6 @@ public:
     stack_.backward(*cp_, *ep_, columns_ ? *columns_ : *cp_, *pool_, dy, dx);
     if (sharded())
       for (std::size_t l = 0; l < stack_.weights().size(); ++l) zero3_[3 * l + 2].reduce_gradient(*dp_);
-    held_ = -1;
     saved.input = Tensor<float>();
   }
 
@@ -486,8 +494,8 @@ private:
   BufferPool* pool_ = nullptr;
   StackPlan plan_;
   std::int64_t seq_len_ = 0;
-  int held_ = -1;  // the micro-batch whose activations the stack holds (-1: none)
   PipelineRecompute recompute_ = PipelineRecompute::full;
+  bool unpipelined_ = false;  // set_unpipelined
   C* edp_ = nullptr;               // expert data parallelism: the replicas of this rank's experts
   C* columns_ = nullptr;           // etp < tp: the expert columns' group (none: the stage's group)
   C* dp_ = nullptr;                // ZeRO-3: the dp group
@@ -534,7 +542,10 @@ double mesh_forward_backward(std::span<MeshGptStage<Strategies, C>> chunks, C& p
   }
   // The router losses of an MoE step enter as their mean over its micro-batches (each micro-batch's over its expert
   // group's tokens), as the cross-entropy is the mean over the step's tokens.
-  for (MeshGptStage<Strategies, C>& chunk : chunks) chunk.stack().set_router_loss_scale(1.0 / std::max(micro_batches, 1));
+  for (MeshGptStage<Strategies, C>& chunk : chunks) {
+    chunk.stack().set_router_loss_scale(1.0 / std::max(micro_batches, 1));
+    chunk.set_unpipelined(!pipelined && chunks.size() == 1);
+  }
   double loss_sum = 0.0;
   if (micro_batches > 0) {
     Tensor<float> embedded;

@@ -110,6 +110,19 @@ inline std::vector<PipelineOp> interleaved_one_f_one_b(int stages, int stage, in
   return ops;
 }
 
+// The most layers' activations rank `stage` of `stages` holds at once when it keeps every in-flight micro-batch's (no
+// recomputation) under the (interleaved, `chunks` > 1) 1F1B schedule: the largest sum, over the (chunk, micro-batch)
+// pairs forwarded and not yet backwarded, of layers_of(chunk) (the layers of virtual stage chunk * stages + stage).
+inline std::int64_t peak_stashed_layers(int stages, int stage, int chunks, int micro_batches,
+                                        const std::function<std::int64_t(int chunk)>& layers_of) {
+  std::int64_t held = 0, peak = 0;
+  for (const PipelineOp& op : interleaved_one_f_one_b(stages, stage, chunks, micro_batches)) {
+    held += op.pass == PipelinePass::forward ? layers_of(op.chunk) : -layers_of(op.chunk);
+    peak = std::max(peak, held);
+  }
+  return peak;
+}
+
 template <class S>
 concept PipelineStage = std::movable<typename S::Saved> &&
     requires(S& stage, int i, TensorView<const float> in, TensorView<float> out, typename S::Saved& saved) {

@@ -181,6 +181,11 @@ public:
   }
   // The sub-groups split so far for the factorisations (GridGroupCache::grids_split() counts the splits).
   const GridGroupCache& grid_groups() const noexcept { return grid_groups_; }
+  // Selective recomputation from the next forward on: each layer keeps its activations but attention's core tensors
+  // (output, lse, probabilities: Switchable::drop_attention_core), which its backward re-runs from the kept q, k, v
+  // first. Every strategy of the plan must have the pair (refused by name otherwise).
+  void set_selective_recompute(bool on) noexcept { selective_ = on; }
+  bool selective_recompute() const noexcept { return selective_; }
   // Drops what a step kept (the saved activations of the layers its forward ran, its context) and allocates
   // nothing: after a failed step the stack holds its weights and gradients only, as before the step.
   void discard_step() noexcept {
@@ -282,6 +287,10 @@ public:
         moe_stats_.push_back(moe_layer_stats(int(l), *moe_saved_[l]));
       } else {
         saved_.push_back(layer_forward<Backend>(strategies_, plan[l], comm, *ctx_, weights_[l], input, output));
+      }
+      if (selective_) {  // attention's core tensors dropped, re-run before this layer's backward (layer.hpp)
+        strategies_.drop_attention_core(saved_.back().attention);
+        saved_.back().attention_core_dropped = true;
       }
       if (layer_hook_) layer_hook_(int(l), LayerUse::forward, false);
       input = output;
@@ -399,6 +408,7 @@ private:
   std::vector<std::int64_t> moe_top_k_;
   double router_loss_scale_ = 1.0;
   bool expert_columns_ = false;
+  bool selective_ = false;  // set_selective_recompute
   std::function<void(std::span<double>)> router_statistics_over_replicas_;
   LayerHook layer_hook_;
   std::vector<std::optional<MoeSaved>> moe_saved_;

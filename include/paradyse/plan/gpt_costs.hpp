@@ -18,6 +18,7 @@
 #include "paradyse/strategy/sequence_layout.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -34,6 +35,13 @@ struct GptCosts {
   // (cost::mesh_catalog()) the tables price them where it is set.
   int tp_inner = 0;
   int tp_x = 1;
+  // Selective recomputation (cost::ModelShape::selective): the dry runs drop attention's core after forward and re-run
+  // it in backward, so the table's saved bytes and times are those of train_gpt --recompute selective.
+  bool selective = false;
+  // The saved activations a rank holds, in micro-batch stashes of the whole stack (1: one micro-batch, every layer;
+  // a pipeline stage holding k micro-batches of L_s of the L layers: k L_s / L, in_flight_stashes()). Each option's
+  // saved bytes are scaled by it (rounded up).
+  double stash_factor = 1.0;
 
   // The length a sequence of s tokens runs at on the group: padded to a token per chunk (data/document_balance.hpp).
   std::int64_t run_length(std::int64_t s) const { return data::padded_length(s, {ranks, config.layer.zigzag}); }
@@ -58,7 +66,7 @@ struct GptCosts {
     ModelConfig model = model_config();
     model.extra_bytes = extra_bytes(s, batch);
     model.outside = {config.vocab, config.tied_head};
-    return build_cost_table(model, *hardware, ranks, Batch::single(s, batch), {}, *catalog);
+    return scaled_stashes(build_cost_table(model, *hardware, ranks, Batch::single(s, batch), {}, *catalog));
   }
   // The cost table for one sequence of packed documents of these lengths (attention within each document, so the
   // dry runs cost the causal-within-document fraction of the pairs).
@@ -70,13 +78,23 @@ struct GptCosts {
       batch.lengths.push_back(padded - s);  // the padding at the end, a document of its own (data/packing.hpp)
     model.extra_bytes = extra_bytes(batch.tokens_per_sample());
     model.outside = {config.vocab, config.tied_head};
-    return build_cost_table(model, *hardware, ranks, batch, {}, *catalog);
+    return scaled_stashes(build_cost_table(model, *hardware, ranks, batch, {}, *catalog));
+  }
+  // Every option's saved bytes times stash_factor.
+  CostTable scaled_stashes(CostTable table) const {
+    if (stash_factor == 1.0) return table;
+    for (auto& kind : table.entries)
+      for (auto& sublayer : kind)
+        for (CostTable::Entry& e : sublayer)
+          if (e.option) e.option->saved_bytes = std::int64_t(std::ceil(double(e.option->saved_bytes) * stash_factor));
+    return table;
   }
   // The planner's layers: float32, the group's factorisation.
   ModelConfig model_config() const {
     ModelConfig model = model_config_of(config.layer, config.layers, 4, {4, 4, 8});
     for (LayerKind& kind : model.kinds) {
       kind.shape.tp_inner = tp_inner;
+      kind.shape.selective = selective;
       kind.shape.tp_x = tp_x;
     }
     return model;

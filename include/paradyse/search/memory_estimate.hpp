@@ -67,8 +67,11 @@ inline double stored_bytes_per_token(const TrainingModel& m, const TrainingSetup
   const double replicated = c.sequence_parallel ? 1.0 : double(c.tp());
   if (policy == Recompute::full) return w * h * replicated;  // the layer's input only
   // Attention: norm input, projection input, q/k/v, context, dropout mask; scores when not flash (5 a s: softmax
-  // output, its dropout mask and dropout output, Korthikanti's term), unless recomputed (selective).
-  double attention = w * m.qkv_width() + w * m.context_width() + (w * 2 * h + h) * replicated;
+  // output, its dropout mask and dropout output, Korthikanti's term), unless recomputed (selective). Selective also
+  // drops the context, the core's output, and re-runs the core for it as train_gpt does (model/stack.hpp): the
+  // output projection's backward reads it after the re-run.
+  double attention = w * m.qkv_width() + (policy == Recompute::selective ? 0 : w * m.context_width()) +
+                     (w * 2 * h + h) * replicated;
   if (!s.flash_attention && policy == Recompute::none) attention += 5.0 * double(m.heads) * double(s.seq);
   // MLP: norm input, first projection input and output, activation output (recomputed by selective), mask.
   double mlp = 0;

@@ -23,8 +23,8 @@
 //   and reduce-scatter over etp; balanced routing; the local experts in one grouped GEMM.
 // - pp: one send of the stage's output per chunk and micro-batch, each direction, priced on the level the pipeline
 //   group spans (its slowest hop). Stages hold ceil(L / pp) layers or one fewer (training_setup.hpp's StageLayout).
-// - recomputation: selective re-runs attention's core and the activation functions; full re-runs the layer's
-//   forward (its communication included).
+// - recomputation: selective re-runs attention's core (from q and k kept after RoPE) and the activation functions;
+//   full re-runs the layer's forward (its communication included).
 // Per step: (m + (pp - 1) / v) * (slowest stage's micro-batch time) [1F1B / interleaved bubble], plus the data-
 // parallel reduction: ZeRO 0/1 reduce once per step, hidden under the last micro-batch's backward when overlap is
 // on; ZeRO 2 reduce-scatters every micro-batch, hidden under that micro-batch's compute where shorter; ZeRO 3
@@ -282,8 +282,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     const double stored = stored_bytes_per_token(m, setup_, c, moe_layer, Recompute::none) * T / t;
     const double fresh = one > 0 ? stored / one * d.fresh_memory.time(one) : 0;
     forward += rope + fresh;
-    backward += rope + fresh;
-    recompute_forward += rope;
+    backward += rope + fresh;  // selective keeps q and k after RoPE: its re-run of the core does not rotate them
   }
 
   r.forward_compute = forward;

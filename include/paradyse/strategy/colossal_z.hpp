@@ -52,9 +52,21 @@ private:
 
   static AttentionSaved make_saved(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
                                    TensorView<const float> x) {
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{call.b, call.n, packing.heads(), ctx.geometry.head_dim}),
+                         Tensor<float>(), Tensor<float>()};
+    make_core(ctx, packing, call, saved);
+    return saved;
+  }
+  // The core's own tensors: the probabilities and out (zeroed: P V accumulates into it).
+  static void make_core(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
+                        AttentionSaved& saved) {
     const std::int64_t b = call.b, n = call.n, d = ctx.geometry.head_dim;
-    return {copy_tensor<Backend>(x), Tensor<float>(Shape{b, n, packing.heads(), d}),
-            Tensor<float>(Shape{b, packing.q_heads(), n, ctx.length()}), Tensor<float>(Shape{b, n, packing.q_heads(), d})};
+    saved.probs = Tensor<float>(Shape{b, packing.q_heads(), n, ctx.length()});
+    saved.out = Tensor<float>(Shape{b, n, packing.q_heads(), d});
+  }
+  static void drop_core(AttentionSaved& saved) {
+    saved.probs = Tensor<float>();
+    saved.out = Tensor<float>();
   }
 
   template <Communicator C>

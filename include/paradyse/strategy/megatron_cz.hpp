@@ -47,9 +47,20 @@ private:
 
   static AttentionSaved make_saved(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
                                    TensorView<const float> x) {
-    return {copy_tensor<Backend>(x), Tensor<float>(Shape{call.b, call.n, packing.heads(), ctx.geometry.head_dim}),
-            Tensor<float>(Shape{call.b, call.n, packing.q_heads(), ctx.geometry.head_dim}),
-            Tensor<float>(Shape{call.b, packing.q_heads(), call.n})};
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{call.b, call.n, packing.heads(), ctx.geometry.head_dim}),
+                         Tensor<float>(), Tensor<float>()};
+    make_core(ctx, packing, call, saved);
+    return saved;
+  }
+  // The core's own tensors: out and lse.
+  static void make_core(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
+                        AttentionSaved& saved) {
+    saved.out = Tensor<float>(Shape{call.b, call.n, packing.q_heads(), ctx.geometry.head_dim});
+    saved.lse = Tensor<float>(Shape{call.b, packing.q_heads(), call.n});
+  }
+  static void drop_core(AttentionSaved& saved) {
+    saved.out = Tensor<float>();
+    saved.lse = Tensor<float>();
   }
   // Ring attention over the K/V blocks of every rank.
   template <Communicator C>

@@ -204,6 +204,24 @@ struct MegatronRing : LayoutPolicy<Backend> {
     return saved;
   }
 
+  // Selective recomputation (strategy/policy.hpp): the core's output and lse dropped after forward, re-run (ring
+  // attention over the cp sub-group) from the kept heads before backward.
+  static void drop_attention_core(AttentionSaved& saved) {
+    saved.out = Tensor<float>();
+    saved.lse = Tensor<float>();
+  }
+  template <Communicator C>
+  void recompute_attention_core(C& comm, const SublayerContext& ctx, const AttentionShard&, AttentionSaved& saved) const {
+    const Call<C> call(comm, ctx);
+    const ShardGeometry& g = ctx.geometry;
+    const QkvPacking packing = QkvPacking::of(g, call.f.cp);
+    saved.out = Tensor<float>(Shape{call.sizes.b, call.sizes.n, packing.q_heads(), g.head_dim});
+    saved.lse = Tensor<float>(Shape{call.sizes.b, packing.q_heads(), call.sizes.n});
+    const HeadViews<const float> qkv = head_views(TensorView<const float>(saved.heads.view()), packing);
+    ring_attention_forward<Backend>(call.cp, ring_spec(ctx, call.f), *ctx.pool, qkv.q, qkv.k, qkv.v, saved.out.view(),
+                                    saved.lse.view());
+  }
+
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
@@ -332,6 +350,10 @@ private:
     Call(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in, TensorView<const float> out)
         : f(checked(comm, ctx, who, in, out)), groups(ctx.grid_groups, comm, f.tp), tp(groups.inner()),
           cp(groups.outer()), sizes{ctx.batch, f.cp_tokens, ctx.batch * f.cp_tokens, ctx.hidden()} {}
+    // A call on saved tensors alone (selective recomputation): its forward checked the activations.
+    Call(C& comm, const SublayerContext& ctx)
+        : f(ctx, comm.rank()), groups(ctx.grid_groups, comm, f.tp), tp(groups.inner()), cp(groups.outer()),
+          sizes{ctx.batch, f.cp_tokens, ctx.batch * f.cp_tokens, ctx.hidden()} {}
     static megatron_ring_detail::Factors checked(C& comm, const SublayerContext& ctx, const char* who,
                                                  TensorView<const float> in, TensorView<const float> out) {
       ctx.check_activation(who, "input", in, comm.rank());

@@ -79,6 +79,22 @@ struct MegatronTS : LayoutPolicy<Backend> {
     return saved;
   }
 
+  // Selective recomputation (strategy/policy.hpp): the core's output and lse dropped after forward, re-run from the
+  // kept q, k, v before backward.
+  static void drop_attention_core(AttentionSaved& saved) {
+    saved.out = Tensor<float>();
+    saved.lse = Tensor<float>();
+  }
+  template <Communicator C>
+  void recompute_attention_core(C&, const SublayerContext& ctx, const AttentionShard&, AttentionSaved& saved) const {
+    const ShardGeometry& g = ctx.geometry;
+    const std::int64_t b = ctx.batch, s = ctx.length();
+    saved.out = Tensor<float>(Shape{b, s, g.proj_rows});
+    saved.lse = Tensor<float>(Shape{b, g.q_heads, s});
+    attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), ctx.attention_mask(), saved.out.view(),
+                                     saved.lse.view());
+  }
+
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {

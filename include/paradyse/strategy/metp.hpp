@@ -78,6 +78,31 @@ struct METP : UnifiedRing<METP<Backend>, Backend> {
     return saved;
   }
 
+  // Selective recomputation (strategy/policy.hpp): every head group's output and lse dropped after forward. METP keeps
+  // no q, k, v (its backward projects them again), so the re-run before backward broadcasts the attention shards
+  // again and projects each head group's q, k, v before its ring attention: the core and the projection feeding it.
+  static void drop_attention_core(AttentionSaved& saved) {
+    saved.out = Tensor<float>();
+    saved.lse = Tensor<float>();
+  }
+  template <Communicator C>
+  void recompute_attention_core(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved) const {
+    const ShardGeometry& g = ctx.geometry;
+    const int p = ctx.ranks(), rank = int(comm.rank());
+    const std::int64_t b = ctx.batch, n = ctx.local_tokens(rank), m = ctx.local_rows(rank), h = ctx.hidden();
+    saved.out = Tensor<float>(Shape{p, b, n, g.q_heads, g.head_dim});
+    saved.lse = Tensor<float>(Shape{p, b, g.q_heads, n});
+    const TensorView<const float> x_rows = TensorView<const float>(saved.x.view()).reshape(Shape{m, h});
+    auto shards = shard_broadcast(comm, ctx, w);
+    for (int i = 0; i < p; ++i) {
+      const TensorView<const float> shard(shards.next().data(), w.packed.shape());
+      const auto [out_i, lse_i] = head_group(saved, i);
+      PooledBuffer<float> heads = project_heads(ctx, rank, x_rows, shard.slice(0, 0, g.qkv_rows));
+      const HeadViews<const float> qkv = head_views(TensorView<const float>(heads.view()), packing(g));
+      ring_attention_forward<Backend>(comm, ring_spec(ctx), *ctx.pool, qkv.q, qkv.k, qkv.v, out_i, lse_i);
+    }
+  }
+
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {

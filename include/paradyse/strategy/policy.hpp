@@ -22,6 +22,9 @@
 //   void attention_backward(comm, ctx, const AttentionShard& w, AttentionSaved&, dy, dx, AttentionShard& grad) const;
 //   MlpSaved mlp_forward(comm, ctx, const MlpShard& w, x, y) const;
 //   void mlp_backward(comm, ctx, const MlpShard& w, MlpSaved&, dy, dx, MlpShard& grad) const;
+//   optional, selective recomputation (model/layer.hpp): static void drop_attention_core(AttentionSaved&) frees the
+//   attention core's own tensors (output, lse, probabilities); recompute_attention_core(comm, ctx, w, AttentionSaved&)
+//   const re-runs the core from what forward kept (q, k, v), before attention_backward.
 //
 // Contract (the unified layout, docs/DESIGN.md and docs/CONTRACT.md):
 //   - x, y, dy, dx: [b, n_r, h], contiguous, rank r's tokens in the order of ctx.sequence (contiguous chunk r, or

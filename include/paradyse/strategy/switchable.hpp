@@ -143,6 +143,30 @@ public:
       std::get<decltype(i)::value>(policies_).attention_backward(comm, ctx, w, std::get<decltype(i)::value>(saved), dy, dx, grad);
     });
   }
+  // Selective recomputation: frees the attention core's own tensors in `saved` (its output, lse, probabilities), and
+  // re-runs the core from what `saved` kept (q, k, v) before the backward. A strategy without the pair
+  // (drop_attention_core, recompute_attention_core) is refused by name.
+  void drop_attention_core(AttentionSaved& saved) const {
+    visit_index(saved.index(), [&](auto i) {
+      using P = std::tuple_element_t<decltype(i)::value, std::tuple<Ps...>>;
+      if constexpr (requires(typename P::AttentionSaved& s) { P::drop_attention_core(s); })
+        P::drop_attention_core(std::get<decltype(i)::value>(saved));
+      else
+        throw Error(fmt::format("selective recomputation: strategy {} cannot re-run its attention core (it has no "
+                                "drop_attention_core / recompute_attention_core); use recompute none or full", P::name));
+    });
+  }
+  template <Communicator C>
+  void recompute_attention_core(C& comm, const SublayerContext& ctx, const AttentionShard& w,
+                                AttentionSaved& saved) const {
+    visit_index(saved.index(), [&](auto i) {
+      using P = std::tuple_element_t<decltype(i)::value, std::tuple<Ps...>>;
+      if constexpr (requires(typename P::AttentionSaved& s) { P::drop_attention_core(s); })
+        std::get<decltype(i)::value>(policies_).recompute_attention_core(comm, ctx, w, std::get<decltype(i)::value>(saved));
+      else
+        throw Error(fmt::format("selective recomputation: strategy {} cannot re-run its attention core", P::name));
+    });
+  }
   template <Communicator C>
   MlpSaved mlp_forward(std::size_t index, C& comm, const SublayerContext& ctx, const MlpShard& w,
                        TensorView<const float> x, TensorView<float> y) const {

@@ -133,6 +133,25 @@ struct Tp2d : LayoutPolicy<Backend> {
     return saved;
   }
 
+  // Selective recomputation (strategy/policy.hpp): the core's output and lse dropped after forward; before backward
+  // every token's k and v are gathered over tp_x again and the core re-runs from the kept q, k, v.
+  static void drop_attention_core(AttentionSaved& saved) {
+    saved.out = Tensor<float>();
+    saved.lse = Tensor<float>();
+  }
+  template <Communicator C>
+  void recompute_attention_core(C& comm, const SublayerContext& ctx, const AttentionShard&, AttentionSaved& saved) const {
+    const Grid<C> grid(comm, ctx);
+    const ShardGeometry& g = grid.cy.geometry;
+    const auto [b, s, sx, hx] = grid.sizes;
+    saved.out = Tensor<float>(Shape{b, sx, g.proj_rows});
+    saved.lse = Tensor<float>(Shape{b, g.q_heads, sx});
+    PooledBuffer<float> all = ctx.pool->acquire<float>(Shape{b, s, g.qkv_rows});
+    gather_blocks(grid, ctx, saved.qkv.view(), all.view());
+    attention_forward_heads<Backend>(g, saved.qkv.view(), all.view(), block_mask(ctx, grid), saved.out.view(),
+                                     saved.lse.view());
+  }
+
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {
@@ -269,6 +288,13 @@ private:
     Grid(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in, TensorView<const float> out)
         : groups(checked(comm, ctx, who, in, out), comm, ctx.tp_x), along_x(groups.inner()), along_y(groups.outer()),
           x(ctx.tp_x), y(comm.size() / ctx.tp_x), i(comm.rank() % x), j(comm.rank() / x), cy(ctx),
+          sizes{ctx.batch, ctx.length(), ctx.length() / x, ctx.hidden() / x} {
+      cy.geometry = ShardGeometry(ctx.layer(), y);
+    }
+    // A call on saved tensors alone (selective recomputation): its forward checked the activations.
+    Grid(C& comm, const SublayerContext& ctx)
+        : groups(ctx.grid_groups, comm, ctx.tp_x), along_x(groups.inner()), along_y(groups.outer()), x(ctx.tp_x),
+          y(comm.size() / ctx.tp_x), i(comm.rank() % x), j(comm.rank() / x), cy(ctx),
           sizes{ctx.batch, ctx.length(), ctx.length() / x, ctx.hidden() / x} {
       cy.geometry = ShardGeometry(ctx.layer(), y);
     }

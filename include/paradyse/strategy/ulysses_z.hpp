@@ -92,6 +92,25 @@ struct UlyssesZ : LayoutPolicy<Backend> {
     return saved;
   }
 
+  // Selective recomputation (strategy/policy.hpp): the core's output (both layouts) and lse dropped after forward;
+  // before backward the core re-runs from the kept q, k, v and its output returns to the tokens' layout (all-to-all).
+  static void drop_attention_core(AttentionSaved& saved) {
+    saved.out = Tensor<float>();
+    saved.lse = Tensor<float>();
+    saved.a = Tensor<float>();
+  }
+  template <Communicator C>
+  void recompute_attention_core(C& comm, const SublayerContext& ctx, const AttentionShard&, AttentionSaved& saved) const {
+    const ShardGeometry& g = ctx.geometry;
+    const std::int64_t b = ctx.batch, s = ctx.length(), m = ctx.local_rows(comm.rank());
+    saved.out = Tensor<float>(Shape{b, s, g.proj_rows});
+    saved.lse = Tensor<float>(Shape{b, g.q_heads, s});
+    saved.a = Tensor<float>(Shape{ctx.ranks(), m, g.proj_rows});
+    attention_forward_heads<Backend>(g, saved.qkv.view(), saved.qkv.view(), ctx.attention_mask(), saved.out.view(),
+                                     saved.lse.view());
+    to_tokens(comm, ctx, saved.out.view(), saved.a.view());
+  }
+
   template <Communicator C>
   void attention_backward(C& comm, const SublayerContext& ctx, const AttentionShard& w, AttentionSaved& saved,
                           TensorView<const float> dy, TensorView<float> dx, AttentionShard& grad) const {

@@ -15,6 +15,8 @@
 //   struct AttentionSaved { Tensor<float> x, heads, out, ...; };  // x [b, n_r, h], heads [b, n_r, hq + 2 hkv, d],
 //                                                                   // out [b, n_r, hq, d], plus the core's own
 //   AttentionSaved make_saved(const SublayerContext&, const QkvPacking&, const RingCall&, TensorView<const float> x);
+//   static void make_core(ctx, packing, call, AttentionSaved&);  // (re)allocates the core's own tensors (zeroed)
+//   static void drop_core(AttentionSaved&);                      // frees them (selective recomputation)
 //   void core_forward(C& comm, ctx, packing, call, AttentionSaved&);    // saved.heads -> saved.out
 //   void core_backward(C& comm, ctx, packing, call, AttentionSaved&, TensorView<const float> dout /*[b, n_r, hq, d]*/,
 //                      const HeadViews<float>& dqkv);                   // += into the zeroed heads' gradient
@@ -178,6 +180,22 @@ struct Zero3Ring : UnifiedRing<Derived, Backend> {
                                          w.qkv(), [&](int j) { return dcolumns.slice(1, j * R, R); },
                                          dx.reshape(Shape{m, h}), qkv_grad.target());
     qkv_grad.finish(comm);
+  }
+
+  // Selective recomputation (strategy/policy.hpp): the core's own tensors (Derived::drop_core) dropped after
+  // forward; before backward they are allocated again (Derived::make_core) and the core re-runs from the kept heads.
+  template <class Saved>
+    requires std::same_as<Saved, typename Derived::AttentionSaved>
+  static void drop_attention_core(Saved& saved) {
+    Derived::drop_core(saved);
+  }
+  template <Communicator C, class Saved>
+    requires std::same_as<Saved, typename Derived::AttentionSaved>
+  void recompute_attention_core(C& comm, const SublayerContext& ctx, const AttentionShard&, Saved& saved) const {
+    const RingCall call = this->call_sizes(comm, ctx);
+    const QkvPacking packing = QkvPacking::of(call.g, call.p);
+    Derived::make_core(ctx, packing, call, saved);
+    self().core_forward(comm, ctx, packing, call, saved);
   }
 
   template <Communicator C>
