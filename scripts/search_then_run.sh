@@ -7,7 +7,8 @@
 # (min..max), and the cores the run got (its CPU time over its wall time: other work on the machine takes the rest).
 #
 # The cluster is one node of RANKS devices on CORES cores (default: nproc): the profile's device (compute rates,
-# memory, calibrated in each thread's own CPU time) and its intra-node link; cores_per_node = CORES, so the model
+# memory, calibrated in each thread's own CPU time) and its intra-node link (launch, step latency, bus and
+# point-to-point bandwidth; with EMULATE, search_parallel --emulate replaces them as train_gpt paces them); cores_per_node = CORES, so the model
 # runs the ranks' work in turn (search/cluster.hpp's serialisation). The model prices fp32 (train_gpt's CPU
 # precision). Peak FLOP/s (for MFU only) is the profile's GEMM rate.
 #
@@ -83,7 +84,8 @@ link = profile["intra_node"]
 cluster = {"name": f"this-machine-{ranks}-threads", "source": f"calibrated: {profile_path}",
            "peak_flops_per_s": peak, "device": profile, "cores_per_node": cores,
            "levels": [{"name": "threads", "domain_devices": 0, "alpha_s": link["step_latency_s"],
-                       "bytes_per_s": link["bus_bytes_per_s"]}]}
+                       "bytes_per_s": link["bus_bytes_per_s"], "launch_s": link["launch_s"],
+                       "p2p_bytes_per_s": link["p2p_bytes_per_s"]}]}
 json.dump(cluster, open(f"{work}/cluster.json.tmp", "w"), indent=1)
 os.replace(f"{work}/cluster.json.tmp", f"{work}/cluster.json")
 before = dict(profile)
