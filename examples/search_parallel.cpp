@@ -45,6 +45,7 @@ struct Options {
   std::string precision = "bf16";
   std::string emulate;  // price the cluster's links as train_gpt --emulate paces them
   bool cp_gathers_weights = false;  // tp inside cp as train_gpt's MegatronRing (TrainingSetup::cp_gathers_weights)
+  std::string dp_reducer = "bucketed";
   std::string score;   // a configuration file to predict
   std::string config;  // or the configuration as key=value text
   std::string emit;    // where to write the best configuration (with --validate: a folder for the rows)
@@ -56,20 +57,12 @@ std::string spec_to_emit(const std::string& spec) { return search::is_json_file(
 search::ClusterProfile load_cluster(const std::string& name) { return search::load_cluster(name); }
 
 // --emulate NODE: the cluster's compute with NODE's intra-node link, stretched by NODE's GEMM rate over the cluster
-// device's (cost/emulation.hpp, what train_gpt --emulate paces thread ranks at), on every link level: its launch
-// latency per operation, step latency, bus bandwidth and point-to-point bandwidth for sends, as the pacing charges
-// them (comm/threads_member.hpp paced_seconds). Replaces the links (applying it twice gives the same cluster).
+// device's (cost/emulation.hpp, what train_gpt --emulate paces thread ranks at), on every link level
+// (search::with_paced_links). Replaces the links (applying it twice gives the same cluster).
 search::ClusterProfile emulated(search::ClusterProfile cluster, const std::string& node) {
   if (node.empty()) return cluster;
   const pd::cost::Emulation e = pd::cost::emulate(pd::cost::builtin_profile(node), cluster.device);
-  for (search::LinkLevel& level : cluster.levels) {
-    const pd::cost::LinkModel& link = e.profile.intra_node;
-    level.launch_s = link.launch_s;
-    level.alpha_s = link.step_latency_s;
-    level.bytes_per_s = link.bus_bytes_per_s;
-    level.p2p_bytes_per_s = link.p2p_bytes_per_s;
-  }
-  cluster.paced_links = true;  // transfers are paced waits, not copies on the shared cores
+  cluster = search::with_paced_links(std::move(cluster), e.profile.intra_node);
   const std::string suffix = fmt::format(" (links of {} x {:.0f})", node, e.slowdown);
   if (!cluster.source.ends_with(suffix)) cluster.source += suffix;
   return cluster;
@@ -135,6 +128,7 @@ void print_score(const search::Scored& r) {
   fmt::print("cluster {}, {} devices; seq {}, global batch {}; FLOPs counted {}{}\n", r.cluster.name,
              r.config.devices(), r.setup.seq, r.setup.global_batch, search::name_of(r.setup.flops),
              r.setup.cp_gathers_weights ? "; tp inside cp gathers weights over cp (MegatronRing)" : "");
+  fmt::print("data-parallel reduction {}\n", search::name_of(r.setup.dp_reducer));
   fmt::print("configuration {}\n", search::to_string(r.config));
   if (!e.valid) {
     fmt::print("  cannot run: {}\n", e.problem);
@@ -254,6 +248,10 @@ int main(int argc, char** argv) {
              "tp inside cp as train_gpt's MegatronRing: each layer's weights sharded over cp x tp and all-gathered over "
              "cp around each sublayer's use (memory and the exposed gathers); off: replicated over cp, as Megatron-LM "
              "(a configuration file's cp_gathers_weights wins)");
+  flags.choice("--dp-reducer", o.dp_reducer, {"bucketed", "per-tensor"},
+               "how the gradients are reduced over dp: one collective per layer, overlapped with the backward "
+               "(Megatron-LM, DeepSpeed, FSDP), or one per packed tensor after the backward (train_gpt); a "
+               "configuration file's dp_reducer wins");
   flags.choice("--cp-scheme", o.cp_scheme, {"ring", "all-gather", "both"},
                "context parallelism searched as a ring, as Llama 3's all-gather, or both");
   flags.text("--score", o.score, "predict this configuration file instead of searching (the --emit schema)",
@@ -288,6 +286,7 @@ int main(int argc, char** argv) {
     setup.global_batch = o.global_batch;
     setup.flops = o.flops == "causal" ? search::FlopConvention::causal : search::FlopConvention::full;
     setup.cp_gathers_weights = o.cp_gathers_weights;
+    setup.dp_reducer = o.dp_reducer == "bucketed" ? search::DpReducer::bucketed : search::DpReducer::per_tensor;
     if (o.precision == "fp32") {  // fp32 weights, gradients and activations; Adam's two fp32 moments
       setup.activation_bytes = 4;
       setup.gradient_reduce_bytes = 4;

@@ -158,6 +158,21 @@ inline void validate(const ClusterProfile& c) {
   }
 }
 
+// The cluster with every level's links replaced by `link` (a device's link stretched as train_gpt --emulate paces
+// thread ranks: cost/emulation.hpp's Emulation::profile.intra_node): its launch latency per operation, step
+// latency, bus bandwidth and point-to-point bandwidth for sends, as comm/threads_member.hpp's paced_seconds charges
+// them. The transfers become waits, not copies on the shared cores (paced_links).
+inline ClusterProfile with_paced_links(ClusterProfile c, const cost::LinkModel& link) {
+  for (LinkLevel& level : c.levels) {
+    level.launch_s = link.launch_s;
+    level.alpha_s = link.step_latency_s;
+    level.bytes_per_s = link.bus_bytes_per_s;
+    level.p2p_bytes_per_s = link.p2p_bytes_per_s;
+  }
+  c.paced_links = true;
+  return c;
+}
+
 // ---- presets ------------------------------------------------------------------------------------------------------
 // Their levels' alpha_s is the published per-step latency and their launch_s 0: at the sizes these runs move (MBs
 // per call) a few microseconds per call are below the published rows' agreement, and the rows are kept as published.

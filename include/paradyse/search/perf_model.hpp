@@ -397,27 +397,38 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   const GroupSpan dp_only{c.dp, std::int64_t(c.dp) * c.cp * c.tp()};
   const GroupSpan edp_group = groups.edp;  // experts are replicated over edp
   const double g = setup_.gradient_reduce_bytes, wb = setup_.precision.parameter_bytes;
-  // One collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units), each paying its
-  // latency.
+  // The operations the reduction posts, each paying its level's launch and latency (TrainingSetup::dp_reducer):
+  // bucketed, one collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units); per
+  // tensor, as train_gpt's MeshOptimizer: one per packed tensor (a layer's attention, MLP and norms; the first
+  // stage's embedding, the last stage's head matrix and final norm), after the last backward (never overlapped), a
+  // ZeRO-1 reduction an all-reduce, a ZeRO-2 one once per step (the micro-batches' gradients accumulated first).
+  const bool per_tensor = setup_.dp_reducer == DpReducer::per_tensor;
   const double buckets = double(std::max<std::int64_t>(1, per_stage));
-  // Per parameter kind (`bytes` per parameter): dense over dp x cp, MegatronRing's over dp, experts over edp.
-  auto reduce = [&](Collective op, double bytes) {
-    return buckets * (cluster_.collective_time(op, dp_group, dense * bytes / buckets) +
-                      cluster_.collective_time(op, dp_only, dense_dp * bytes / buckets) +
-                      cluster_.collective_time(op, edp_group, experts * bytes / buckets));
+  const double operations = per_tensor ? 3.0 * double(per_stage) + (c.pp == 1 ? 3 : 2) : buckets;
+  // `count` collectives of `bytes` per parameter in all, for each kind: dense over dp x cp, MegatronRing's over dp,
+  // experts over edp.
+  auto reduce = [&](Collective op, double bytes, double count) {
+    return count * (cluster_.collective_time(op, dp_group, dense * bytes / count) +
+                    cluster_.collective_time(op, dp_only, dense_dp * bytes / count) +
+                    cluster_.collective_time(op, edp_group, experts * bytes / count));
   };
-  const bool overlap = setup_.overlap_grad_reduce;
+  const bool overlap = setup_.overlap_grad_reduce && !per_tensor;
   double dp_s = 0;
   if (c.zero <= 1) {
-    const double grads = c.zero == 0 ? reduce(Collective::all_reduce, g) : reduce(Collective::reduce_scatter, g);
+    const Collective op = c.zero == 0 || per_tensor ? Collective::all_reduce : Collective::reduce_scatter;
+    const double grads = reduce(op, g, operations);
     dp_s += overlap ? std::max(0.0, grads - stage_backward) : grads;
+  } else if (c.zero == 2 && per_tensor) {  // once per step
+    dp_s += reduce(Collective::reduce_scatter, g, operations);
   } else if (c.zero == 2) {  // every micro-batch: reduce-scatter its gradients
-    const double per_mb = reduce(Collective::reduce_scatter, g);
+    const double per_mb = reduce(Collective::reduce_scatter, g, operations);
     dp_s += m * (overlap ? std::max(0.0, per_mb - (stage_forward + stage_backward)) : per_mb);
   } else {  // ZeRO-3, every micro-batch: per layer a gather before the forward, one (two with full recomputation)
-            // before the backward, a reduce-scatter after it; each hidden under one layer's compute at most
-    const double gather = reduce(Collective::all_gather, wb) / buckets;
-    const double scatter = reduce(Collective::reduce_scatter, g) / buckets;
+            // before the backward, a reduce-scatter after it; each hidden under one layer's compute at most. Per
+            // tensor: a layer's attention and MLP apart (its norms stay whole).
+    const double per_layer = per_tensor ? 2 : 1;
+    const double gather = reduce(Collective::all_gather, wb, buckets * per_layer) / buckets;
+    const double scatter = reduce(Collective::reduce_scatter, g, buckets * per_layer) / buckets;
     const double backward_gathers = c.recompute == Recompute::full ? 2 : 1;
     const double per_mb = buckets * ((1 + backward_gathers) * gather + scatter);
     double exposed = per_mb;
@@ -429,7 +440,7 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     }
     dp_s += m * exposed;
   }
-  if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, wb);  // updated weights
+  if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, wb, operations);  // updated weights
   e.exposed_comm_s[std::size_t(CommDim::dp)] += dp_s;
   // Adam: read weights, gradient, master weights and two moments, write back all but the gradient (~36 B/param).
   const double shard_dense = c.zero >= 1 ? double(c.dp) * c.cp : 1.0, shard_experts = c.zero >= 1 ? c.expert_dp() : 1.0;

@@ -26,6 +26,13 @@ enum class FlopConvention : std::uint8_t { causal, full };
 inline constexpr std::array<FlopConvention, 2> kAllFlopConventions{FlopConvention::causal, FlopConvention::full};
 constexpr std::string_view name_of(FlopConvention f) { return f == FlopConvention::causal ? "causal" : "full"; }
 
+// How the trainer posts its data-parallel gradient reduction (perf_model.hpp), which sets how many operations pay
+// a launch latency: bucketed, one collective per layer, overlapped with the backward where overlap_grad_reduce
+// (Megatron-LM's and DeepSpeed's reducers, FSDP's units); per_tensor, as train_gpt's MeshOptimizer
+// (model/mesh_optimizer.hpp): one collective per packed tensor after the last backward.
+enum class DpReducer : std::uint8_t { bucketed, per_tensor };
+constexpr std::string_view name_of(DpReducer r) { return r == DpReducer::bucketed ? "bucketed" : "per-tensor"; }
+
 struct TrainingSetup {
   std::int64_t seq = 4096;             // s: tokens per sequence
   std::int64_t global_batch = 1024;    // B: sequences per optimizer step
@@ -44,6 +51,7 @@ struct TrainingSetup {
   // group, each sublayer all-gathering its cp sub-group's shards before use, forward and again in backward, and
   // reduce-scattering its weight gradient back over cp; perf_model.hpp prices the three, exposed).
   bool cp_gathers_weights = false;
+  DpReducer dp_reducer = DpReducer::bucketed;
   FlopConvention flops = FlopConvention::causal;  // the model FLOPs of MFU (a non-causal model counts the full square)
 
   // Keys each token attends to in the model FLOPs of MFU.
