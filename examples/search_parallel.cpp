@@ -45,7 +45,7 @@ struct Options {
   std::string precision = "bf16";
   std::string emulate;  // price the cluster's links as train_gpt --emulate paces them
   bool cp_gathers_weights = false;  // tp inside cp as train_gpt's MegatronRing (TrainingSetup::cp_gathers_weights)
-  std::string dp_reducer = "bucketed";
+  std::string trainer = "megatron";
   std::string score;   // a configuration file to predict
   std::string config;  // or the configuration as key=value text
   std::string emit;    // where to write the best configuration (with --validate: a folder for the rows)
@@ -128,7 +128,7 @@ void print_score(const search::Scored& r) {
   fmt::print("cluster {}, {} devices; seq {}, global batch {}; FLOPs counted {}{}\n", r.cluster.name,
              r.config.devices(), r.setup.seq, r.setup.global_batch, search::name_of(r.setup.flops),
              r.setup.cp_gathers_weights ? "; tp inside cp gathers weights over cp (MegatronRing)" : "");
-  fmt::print("data-parallel reduction {}\n", search::name_of(r.setup.dp_reducer));
+  fmt::print("trainer {}\n", search::name_of(r.setup.trainer));
   fmt::print("configuration {}\n", search::to_string(r.config));
   if (!e.valid) {
     fmt::print("  cannot run: {}\n", e.problem);
@@ -248,10 +248,11 @@ int main(int argc, char** argv) {
              "tp inside cp as train_gpt's MegatronRing: each layer's weights sharded over cp x tp and all-gathered over "
              "cp around each sublayer's use (memory and the exposed gathers); off: replicated over cp, as Megatron-LM "
              "(a configuration file's cp_gathers_weights wins)");
-  flags.choice("--dp-reducer", o.dp_reducer, {"bucketed", "per-tensor"},
-               "how the gradients are reduced over dp: one collective per layer, overlapped with the backward "
-               "(Megatron-LM, DeepSpeed, FSDP), or one per packed tensor after the backward (train_gpt); a "
-               "configuration file's dp_reducer wins");
+  flags.choice("--trainer", o.trainer, {"megatron", "train_gpt"},
+               "what the step posts besides the model's collectives: megatron (one gradient bucket per layer, "
+               "overlapped with the backward, as Megatron-LM, DeepSpeed, FSDP) or train_gpt (one collective per "
+               "packed tensor after the backward, the embedding's and head's gradients over the dense group, the "
+               "loss and peak memory over every rank); a configuration file's trainer wins");
   flags.choice("--cp-scheme", o.cp_scheme, {"ring", "all-gather", "both"},
                "context parallelism searched as a ring, as Llama 3's all-gather, or both");
   flags.text("--score", o.score, "predict this configuration file instead of searching (the --emit schema)",
@@ -286,7 +287,7 @@ int main(int argc, char** argv) {
     setup.global_batch = o.global_batch;
     setup.flops = o.flops == "causal" ? search::FlopConvention::causal : search::FlopConvention::full;
     setup.cp_gathers_weights = o.cp_gathers_weights;
-    setup.dp_reducer = o.dp_reducer == "bucketed" ? search::DpReducer::bucketed : search::DpReducer::per_tensor;
+    setup.trainer = o.trainer == "megatron" ? search::Trainer::megatron : search::Trainer::train_gpt;
     if (o.precision == "fp32") {  // fp32 weights, gradients and activations; Adam's two fp32 moments
       setup.activation_bytes = 4;
       setup.gradient_reduce_bytes = 4;

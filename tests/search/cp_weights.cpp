@@ -132,6 +132,6 @@ TEST_CASE("cp_gathers_weights from a configuration file and --config's setup: th
   file["cp_gathers_weights"] = "yes";
   CHECK_THROWS_WITH_AS(config_file_from_json(file), doctest::Contains("cp_gathers_weights"), Error);
   file["cp_gathers_weights"] = false;
-  file["dp_reducer"] = "per-layer";
-  CHECK_THROWS_WITH_AS(config_file_from_json(file), doctest::Contains("dp_reducer = \"per-layer\"; expected bucketed or per-tensor"), Error);
+  file["trainer"] = "deepspeed";
+  CHECK_THROWS_WITH_AS(config_file_from_json(file), doctest::Contains("trainer = \"deepspeed\"; expected megatron or train_gpt"), Error);
 }

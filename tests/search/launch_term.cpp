@@ -1,5 +1,5 @@
-// Tests of the links' launch term and point-to-point bandwidth (search/cluster.hpp) and of the data-parallel
-// reducer's operation count (TrainingSetup::dp_reducer, search/perf_model.hpp). On an idealised cluster every
+// Tests of the links' launch term and point-to-point bandwidth (search/cluster.hpp) and of the operations train_gpt's
+// step posts besides the model's (TrainingSetup::trainer, search/perf_model.hpp). On an idealised cluster every
 // exposed term is written out by hand: each collective over g members pays launch + alpha x steps + bus factor x
 // bytes / bus bandwidth, each pipeline send launch + alpha + bytes / p2p bandwidth. Also: cluster.json's launch_s and
 // p2p_bytes_per_s read, written back and refused when bad, and links replaced by an emulated device's
@@ -90,10 +90,10 @@ TEST_CASE("launch term: every collective and send pays its level's launch once, 
   }
 }
 
-TEST_CASE("dp_reducer per-tensor: train_gpt's one collective per packed tensor, after the backward") {
+TEST_CASE("trainer train_gpt: one collective per packed tensor after the backward, the step's world all-reduces") {
   const TrainingModel model = small_model();
   TrainingSetup setup{.seq = 512, .global_batch = 8};
-  setup.dp_reducer = DpReducer::per_tensor;  // overlap_grad_reduce stays on: per tensor never overlaps
+  setup.trainer = Trainer::train_gpt;  // overlap_grad_reduce stays on: train_gpt's reduction never overlaps
   const PerformanceModel perf(model, cluster(), setup, 8);
   const double g = setup.gradient_reduce_bytes, wb = setup.precision.parameter_bytes, L = double(model.layers);
   for (int zero : {0, 1, 2}) {
@@ -107,6 +107,7 @@ TEST_CASE("dp_reducer per-tensor: train_gpt's one collective per packed tensor, 
     double expected = ops * all_reduce(8, dense * g / ops);  // ZeRO 0 and 1 all-reduce
     if (zero == 2) expected = ops * gather(8, dense * g / ops);  // reduce-scatter, once per step
     if (zero >= 1) expected += ops * gather(8, dense * wb / ops);  // the updated weights all-gathered
+    expected += 2 * all_reduce(8, 8);  // the step's loss and peak memory over every rank
     CHECK(e.exposed(CommDim::dp) == doctest::Approx(expected).epsilon(1e-12));
   }
   // With pp stages the stage with most holds 3 per layer and 2 more (the last: head matrix, final norm).
@@ -116,7 +117,14 @@ TEST_CASE("dp_reducer per-tensor: train_gpt's one collective per packed tensor, 
   double dense = 0;
   for (int stage : {0, 1})
     dense = std::max(dense, stage_parameters(model, c, 2 * stage, 2, stage == 0, stage == 1).dense);
-  CHECK(e.exposed(CommDim::dp) == doctest::Approx(8 * all_reduce(4, dense * g / 8)).epsilon(1e-12));
+  CHECK(e.exposed(CommDim::dp) == doctest::Approx(8 * all_reduce(4, dense * g / 8) + 2 * all_reduce(8, 8)).epsilon(1e-12));
+  // With a dense group of cp x tp ranks, the embedding's and the head's gradients all-reduced over it (cp's term).
+  const ParallelConfig grouped{.dp = 2, .cp = 2, .tp_y = 2, .micro_batch = 1};
+  setup.trainer = Trainer::megatron;
+  const PerformanceModel megatron(model, cluster(), setup, 8);
+  const double V = double(model.vocab) * double(model.hidden);
+  CHECK(perf.evaluate(grouped).exposed(CommDim::cp) - megatron.evaluate(grouped).exposed(CommDim::cp) ==
+        doctest::Approx(2 * all_reduce(4, V * g)).epsilon(1e-9));
 }
 
 TEST_CASE("cluster.json: launch_s and p2p_bytes_per_s read and written back; bad values refused by name") {

@@ -397,12 +397,12 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   const GroupSpan dp_only{c.dp, std::int64_t(c.dp) * c.cp * c.tp()};
   const GroupSpan edp_group = groups.edp;  // experts are replicated over edp
   const double g = setup_.gradient_reduce_bytes, wb = setup_.precision.parameter_bytes;
-  // The operations the reduction posts, each paying its level's launch and latency (TrainingSetup::dp_reducer):
-  // bucketed, one collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units); per
-  // tensor, as train_gpt's MeshOptimizer: one per packed tensor (a layer's attention, MLP and norms; the first
-  // stage's embedding, the last stage's head matrix and final norm), after the last backward (never overlapped), a
-  // ZeRO-1 reduction an all-reduce, a ZeRO-2 one once per step (the micro-batches' gradients accumulated first).
-  const bool per_tensor = setup_.dp_reducer == DpReducer::per_tensor;
+  // The operations the reduction posts, each paying its level's launch and latency (TrainingSetup::trainer):
+  // Megatron's, one collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units);
+  // train_gpt's MeshOptimizer, one per packed tensor (a layer's attention, MLP and norms; the first stage's
+  // embedding, the last stage's head matrix and final norm), after the last backward (never overlapped), a ZeRO-1
+  // reduction an all-reduce, a ZeRO-2 one once per step (the micro-batches' gradients accumulated first).
+  const bool per_tensor = setup_.trainer == Trainer::train_gpt;
   const double buckets = double(std::max<std::int64_t>(1, per_stage));
   const double operations = per_tensor ? 3.0 * double(per_stage) + (c.pp == 1 ? 3 : 2) : buckets;
   // `count` collectives of `bytes` per parameter in all, for each kind: dense over dp x cp, MegatronRing's over dp,
@@ -441,6 +441,17 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     dp_s += m * exposed;
   }
   if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, wb, operations);  // updated weights
+  if (per_tensor) {
+    // train_gpt's step: the loss and the peak memory all-reduced over every rank (one double each); the embedding's
+    // and the head's gradients (partial sums over the dense group's tokens) all-reduced over the dense group.
+    const GroupSpan world{int(devices_), devices_};
+    dp_s += 2 * cluster_.collective_time(Collective::all_reduce, world, 8);
+    const GroupSpan dense_group{c.cp * c.tp(), std::int64_t(c.cp) * c.tp()};
+    const double ends = c.pp == 1 ? 2 : 1;  // the stage with both, or with one
+    const double replicated = ends * cluster_.collective_time(Collective::all_reduce, dense_group,
+                                                              double(model_.vocab) * double(model_.hidden) * g);
+    e.exposed_comm_s[std::size_t(c.cp > 1 ? CommDim::cp : CommDim::tp)] += replicated;
+  }
   e.exposed_comm_s[std::size_t(CommDim::dp)] += dp_s;
   // Adam: read weights, gradient, master weights and two moments, write back all but the gradient (~36 B/param).
   const double shard_dense = c.zero >= 1 ? double(c.dp) * c.cp : 1.0, shard_experts = c.zero >= 1 ? c.expert_dp() : 1.0;
