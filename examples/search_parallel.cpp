@@ -44,6 +44,8 @@ struct Options {
   std::string cp_scheme = "ring";
   std::string precision = "bf16";
   std::string emulate;  // price the cluster's links as train_gpt --emulate paces them
+  bool cp_gathers_weights = false;  // tp inside cp as train_gpt's MegatronRing (TrainingSetup::cp_gathers_weights)
+  std::string trainer = "megatron";
   std::string score;   // a configuration file to predict
   std::string config;  // or the configuration as key=value text
   std::string emit;    // where to write the best configuration (with --validate: a folder for the rows)
@@ -55,16 +57,12 @@ std::string spec_to_emit(const std::string& spec) { return search::is_json_file(
 search::ClusterProfile load_cluster(const std::string& name) { return search::load_cluster(name); }
 
 // --emulate NODE: the cluster's compute with NODE's intra-node link, stretched by NODE's GEMM rate over the cluster
-// device's (cost/emulation.hpp, what train_gpt --emulate paces thread ranks at), on every link level. Replaces the
-// links (applying it twice gives the same cluster).
+// device's (cost/emulation.hpp, what train_gpt --emulate paces thread ranks at), on every link level
+// (search::with_paced_links). Replaces the links (applying it twice gives the same cluster).
 search::ClusterProfile emulated(search::ClusterProfile cluster, const std::string& node) {
   if (node.empty()) return cluster;
   const pd::cost::Emulation e = pd::cost::emulate(pd::cost::builtin_profile(node), cluster.device);
-  for (search::LinkLevel& level : cluster.levels) {
-    level.alpha_s = e.profile.intra_node.step_latency_s;
-    level.bytes_per_s = e.profile.intra_node.bus_bytes_per_s;
-  }
-  cluster.paced_links = true;  // transfers are paced waits, not copies on the shared cores
+  cluster = search::with_paced_links(std::move(cluster), e.profile.intra_node);
   const std::string suffix = fmt::format(" (links of {} x {:.0f})", node, e.slowdown);
   if (!cluster.source.ends_with(suffix)) cluster.source += suffix;
   return cluster;
@@ -127,8 +125,10 @@ void print_score(const search::Scored& r) {
   const search::Estimate& e = r.estimate;
   using search::CommDim;
   fmt::print("{}\n", search::describe(r.model));
-  fmt::print("cluster {}, {} devices; seq {}, global batch {}; FLOPs counted {}\n", r.cluster.name,
-             r.config.devices(), r.setup.seq, r.setup.global_batch, search::name_of(r.setup.flops));
+  fmt::print("cluster {}, {} devices; seq {}, global batch {}; FLOPs counted {}{}\n", r.cluster.name,
+             r.config.devices(), r.setup.seq, r.setup.global_batch, search::name_of(r.setup.flops),
+             r.setup.cp_gathers_weights ? "; tp inside cp gathers weights over cp (MegatronRing)" : "");
+  fmt::print("trainer {}\n", search::name_of(r.setup.trainer));
   fmt::print("configuration {}\n", search::to_string(r.config));
   if (!e.valid) {
     fmt::print("  cannot run: {}\n", e.problem);
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
       "search_parallel",
       "Hypertron's search of the N-D parallel training space for a model on a cluster. A model file has the keys of "
       "a Hugging Face config.json; a cluster file is {name, peak_flops_per_s, device: <hardware profile>, levels: "
-      "[{name, domain_devices, alpha_s, bytes_per_s}]}.");
+      "[{name, domain_devices, alpha_s, bytes_per_s, [launch_s], [p2p_bytes_per_s]}]}.");
   flags.text("--model", o.model, "model preset or config.json file", "gpt-175b|llama3-405b|mixtral-8x22b|deepseek-v3|FILE.json")
       .nonempty("a model preset or a .json file");
   flags.integer("--devices", o.devices, std::int64_t(1), std::int64_t(1) << 24, "devices");
@@ -244,6 +244,15 @@ int main(int argc, char** argv) {
                "price the links as train_gpt --emulate paces them: that 8-GPU node's intra-node link, latency and "
                "bandwidth stretched by its GEMM rate over the cluster device's (the cluster's compute kept)")
       .without_default();
+  flags.flag("--cp-gathers-weights", o.cp_gathers_weights,
+             "tp inside cp as train_gpt's MegatronRing: each layer's weights sharded over cp x tp and all-gathered over "
+             "cp around each sublayer's use (memory and the exposed gathers); off: replicated over cp, as Megatron-LM "
+             "(a configuration file's cp_gathers_weights wins)");
+  flags.choice("--trainer", o.trainer, {"megatron", "train_gpt"},
+               "what the step posts besides the model's collectives: megatron (one gradient bucket per layer, "
+               "overlapped with the backward, as Megatron-LM, DeepSpeed, FSDP) or train_gpt (one collective per "
+               "packed tensor after the backward, the embedding's and head's gradients over the dense group, the "
+               "loss and peak memory over every rank); a configuration file's trainer wins");
   flags.choice("--cp-scheme", o.cp_scheme, {"ring", "all-gather", "both"},
                "context parallelism searched as a ring, as Llama 3's all-gather, or both");
   flags.text("--score", o.score, "predict this configuration file instead of searching (the --emit schema)",
@@ -277,6 +286,8 @@ int main(int argc, char** argv) {
     setup.seq = o.seq;
     setup.global_batch = o.global_batch;
     setup.flops = o.flops == "causal" ? search::FlopConvention::causal : search::FlopConvention::full;
+    setup.cp_gathers_weights = o.cp_gathers_weights;
+    setup.trainer = o.trainer == "megatron" ? search::Trainer::megatron : search::Trainer::train_gpt;
     if (o.precision == "fp32") {  // fp32 weights, gradients and activations; Adam's two fp32 moments
       setup.activation_bytes = 4;
       setup.gradient_reduce_bytes = 4;

@@ -7,7 +7,8 @@
 # (min..max), and the cores the run got (its CPU time over its wall time: other work on the machine takes the rest).
 #
 # The cluster is one node of RANKS devices on CORES cores (default: nproc): the profile's device (compute rates,
-# memory, calibrated in each thread's own CPU time) and its intra-node link; cores_per_node = CORES, so the model
+# memory, calibrated in each thread's own CPU time) and its intra-node link (launch, step latency, bus and
+# point-to-point bandwidth; with EMULATE, search_parallel --emulate replaces them as train_gpt paces them); cores_per_node = CORES, so the model
 # runs the ranks' work in turn (search/cluster.hpp's serialisation). The model prices fp32 (train_gpt's CPU
 # precision). Peak FLOP/s (for MFU only) is the profile's GEMM rate.
 #
@@ -21,8 +22,9 @@
 # the plain ranking). A configuration the trainer refuses (an axis or knob it cannot run yet) is listed with
 # train_gpt's reason and skipped; the next takes its place, up to the search's SEARCHED best.
 #
-# The baseline in the same run ("before"): each configuration also scored on the same profile without the terms
-# added since (its "fresh_memory" and "scalar_math": the time model as it was before them), cluster_before.json.
+# The baseline in the same run ("before"): each configuration also scored as the search priced it before the launch
+# term (its emitted file with the links' launch_s and p2p_bytes_per_s dropped, trainer megatron, cp_gathers_weights
+# off: config_before_<rank>.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-test}
@@ -83,25 +85,21 @@ link = profile["intra_node"]
 cluster = {"name": f"this-machine-{ranks}-threads", "source": f"calibrated: {profile_path}",
            "peak_flops_per_s": peak, "device": profile, "cores_per_node": cores,
            "levels": [{"name": "threads", "domain_devices": 0, "alpha_s": link["step_latency_s"],
-                       "bytes_per_s": link["bus_bytes_per_s"]}]}
+                       "bytes_per_s": link["bus_bytes_per_s"], "launch_s": link["launch_s"],
+                       "p2p_bytes_per_s": link["p2p_bytes_per_s"]}]}
 json.dump(cluster, open(f"{work}/cluster.json.tmp", "w"), indent=1)
 os.replace(f"{work}/cluster.json.tmp", f"{work}/cluster.json")
-before = dict(profile)
-for key in ("fresh_memory", "scalar_math"):
-    before.pop(key, None)
-cluster["device"] = before
-json.dump(cluster, open(f"{work}/cluster_before.json.tmp", "w"), indent=1)
-os.replace(f"{work}/cluster_before.json.tmp", f"{work}/cluster_before.json")
 model = {"_name_or_path": "train_gpt", "num_hidden_layers": layers, "hidden_size": hidden,
          "num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": hidden // heads,
          "intermediate_size": 4 * hidden, "vocab_size": 256, "hidden_act": "gelu", "tie_word_embeddings": False}
 json.dump(model, open(f"{work}/model.json.tmp", "w"), indent=1)
 os.replace(f"{work}/model.json.tmp", f"{work}/model.json")
 EOF
+# train_gpt's step as it runs: tp inside cp gathers each sublayer's weights over cp (MegatronRing's unified shards),
+# the gradients reduced per packed tensor after the backward, the loss and peak memory over every rank.
+trainer_flags=(--trainer train_gpt --cp-gathers-weights)
 setup=(--model "$WORK/model.json" --cluster "$WORK/cluster.json" --devices "$RANKS" --seq "$SEQ" --global-batch "$BATCH"
-       --precision fp32 "${emulate_flags[@]}")
-setup_before=(--model "$WORK/model.json" --cluster "$WORK/cluster_before.json" --devices "$RANKS" --seq "$SEQ"
-              --global-batch "$BATCH" --precision fp32 "${emulate_flags[@]}")
+       --precision fp32 "${emulate_flags[@]}" "${trainer_flags[@]}")
 
 # 3. The search's ranking: "rank|configuration|predicted step".
 "$search" "${setup[@]}" --space "$SPACE" --top "$SEARCHED" > "$WORK/search.txt"
@@ -132,7 +130,16 @@ for entry in "${ranked[@]}"; do
   file=$WORK/config_$rank.json
   "$search" "${setup[@]}" --config "$(config_text "$config")" --emit "$file" > "$WORK/score_$rank.txt"
   predicted=$(awk '$1 == "step" {print $2; exit}' "$WORK/score_$rank.txt")
-  "$search" "${setup_before[@]}" --config "$(config_text "$config")" > "$WORK/score_before_$rank.txt"
+  python3 - "$file" "$WORK/config_before_$rank.json" <<'EOF'
+import json, sys
+f = json.load(open(sys.argv[1]))
+for level in f["cluster"]["levels"]:
+    level.pop("launch_s", None)
+    level.pop("p2p_bytes_per_s", None)
+f["trainer"], f["cp_gathers_weights"] = "megatron", False
+json.dump(f, open(sys.argv[2], "w"), indent=1)
+EOF
+  "$search" --score "$WORK/config_before_$rank.json" --precision fp32 > "$WORK/score_before_$rank.txt"
   before=$(awk '$1 == "step" {print $2; exit}' "$WORK/score_before_$rank.txt")
   log=$WORK/run_$rank.log
   csv=$WORK/run_$rank.csv

@@ -1,7 +1,15 @@
 // paradyse/search/cluster.hpp: a cluster as the parallelism search sees it: one device model (the hardware
 // profile's GEMM, attention, elementwise rates and memory) and a hierarchy of link levels (inside a node, inside a
-// supernode, across the network), each with an alpha-beta cost; and the time of a collective over a mesh group
-// from the levels its members span.
+// supernode, across the network), each with an alpha-beta cost plus a launch cost per operation; and the time of a
+// collective over a mesh group from the levels its members span.
+//
+// One operation over a group of g members on level l, `bytes` its nccl-tests size (cost/profile.hpp):
+//   launch_l + alpha_l * steps(op, g) + bus_factor(op, g) * bytes / bandwidth
+// with steps and bus_factor those of cost/profile.hpp (an all-reduce 2 (g - 1) steps and 2 (g - 1) / g of its
+// buffer, a gather or scatter g - 1 and (g - 1) / g, a send 1 and all of it), the bandwidth that of a ring (below)
+// for collectives and the level's point-to-point bandwidth for a send. launch is what every call pays once (a kernel
+// launch, a thread communicator's post and wait; train_gpt --emulate holds each operation back by its link's
+// launch_s x slowdown, comm/threads_member.hpp paced_seconds); alpha is per ring step.
 //
 // A group is described by its size n and its span (the number of consecutive ranks its members lie in: a group
 // over mesh axes that are contiguous in the mesh has span = n * stride). It runs on the lowest level whose domain
@@ -39,6 +47,10 @@ struct LinkLevel {
   std::int64_t domain_devices = 0;  // devices in one domain of this level (0: the whole cluster, the last level)
   double alpha_s = 0;               // latency per ring step (or per all-to-all peer)
   double bytes_per_s = 1;           // achieved bandwidth of one device's link(s) at this level, one direction
+  double launch_s = 0;              // fixed cost of every operation on this level (collective call or send/recv)
+  double p2p_bytes_per_s = 0;       // one send/recv pair's bandwidth, all members shifting at once; 0: bytes_per_s
+
+  double send_bytes_per_s() const { return p2p_bytes_per_s > 0 ? p2p_bytes_per_s : bytes_per_s; }
 };
 
 // A mesh group: `size` members spread evenly over `span` consecutive ranks.
@@ -96,10 +108,11 @@ struct ClusterProfile {
   double collective_time(Collective op, const GroupSpan& g, double bytes) const {
     if (g.size <= 1 || bytes <= 0) return 0;
     const int top = level_of(g);
-    const double alpha = levels[std::size_t(top)].alpha_s;
+    const LinkLevel& level = levels[std::size_t(top)];
+    const double alpha = level.alpha_s;
     if (op == Collective::all_to_all) {
       // Each peer's part crosses the lowest level that holds both ends, on one device link.
-      double t = alpha * (g.size - 1), inside = 1;
+      double t = level.launch_s + alpha * (g.size - 1), inside = 1;
       for (int l = 0; l <= top; ++l) {
         const double members = l == top ? g.size : members_in(g, levels[std::size_t(l)].domain_devices);
         t += bytes * (members - inside) / g.size / levels[std::size_t(l)].bytes_per_s;
@@ -111,10 +124,12 @@ struct ClusterProfile {
       // One step of a chain or ring of neighbours `span / size` ranks apart (pipeline stages, the cp ring): every
       // member sends at once, and the step lasts as long as its slowest hop. A chain over more than one domain of a
       // level has a hop that straddles two domains (ranks s apart with s < domain still straddle a boundary when
-      // the group leaves the domain), so the step runs on the group's own level, over one device's link there.
-      return alpha + bytes / levels[std::size_t(top)].bytes_per_s;
+      // the group leaves the domain), so the step runs on the group's own level, over one device's link there, at
+      // its point-to-point bandwidth.
+      return level.launch_s + alpha + bytes / level.send_bytes_per_s();
     }
-    return alpha * cost::latency_steps(op, g.size) + cost::bus_factor(op, g.size) * bytes / ring_bandwidth(g);
+    return level.launch_s + alpha * cost::latency_steps(op, g.size) +
+           cost::bus_factor(op, g.size) * bytes / ring_bandwidth(g);
   }
 };
 
@@ -130,6 +145,8 @@ inline void validate(const ClusterProfile& c) {
     const LinkLevel& level = c.levels[l];
     check(level.bytes_per_s > 0 && level.alpha_s >= 0, "cluster {}: level {} needs bytes_per_s > 0 (got {}) and "
           "alpha_s >= 0 (got {})", c.name, level.name, level.bytes_per_s, level.alpha_s);
+    check(level.launch_s >= 0 && level.p2p_bytes_per_s >= 0, "cluster {}: level {} needs launch_s >= 0 (got {}) and "
+          "p2p_bytes_per_s >= 0 (got {}; 0: bytes_per_s)", c.name, level.name, level.launch_s, level.p2p_bytes_per_s);
     const bool last = l + 1 == c.levels.size();
     check(last ? level.domain_devices == 0 : level.domain_devices >= 1,
           "cluster {}: level {} has domain_devices = {}; expected {}", c.name, level.name, level.domain_devices,
@@ -141,7 +158,24 @@ inline void validate(const ClusterProfile& c) {
   }
 }
 
+// The cluster with every level's links replaced by `link` (a device's link stretched as train_gpt --emulate paces
+// thread ranks: cost/emulation.hpp's Emulation::profile.intra_node): its launch latency per operation, step
+// latency, bus bandwidth and point-to-point bandwidth for sends, as comm/threads_member.hpp's paced_seconds charges
+// them. The transfers become waits, not copies on the shared cores (paced_links).
+inline ClusterProfile with_paced_links(ClusterProfile c, const cost::LinkModel& link) {
+  for (LinkLevel& level : c.levels) {
+    level.launch_s = link.launch_s;
+    level.alpha_s = link.step_latency_s;
+    level.bytes_per_s = link.bus_bytes_per_s;
+    level.p2p_bytes_per_s = link.p2p_bytes_per_s;
+  }
+  c.paced_links = true;
+  return c;
+}
+
 // ---- presets ------------------------------------------------------------------------------------------------------
+// Their levels' alpha_s is the published per-step latency and their launch_s 0: at the sizes these runs move (MBs
+// per call) a few microseconds per call are below the published rows' agreement, and the rows are kept as published.
 
 // DGX A100 SuperPOD: 8x A100-SXM4-80GB per node. Device rates: cost/builtin_profiles.hpp's a100_sxm4_80gb_x8 (A100
 // datasheet: 312 TFLOPS dense bf16, 2,039 GB/s HBM2e, 80 GB). NVLink 3 through NVSwitch: 300 GB/s per direction per
@@ -209,7 +243,9 @@ inline ClusterProfile cluster_preset(std::string_view name) {
 }
 
 // A cluster from JSON: {"name", "peak_flops_per_s", "device": <a hardware profile, cost/profile.hpp>,
-// "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s"}, ...], ["cores_per_node": N], ["paced_links": B]}.
+// "levels": [{"name", "domain_devices", "alpha_s", "bytes_per_s", ["launch_s"], ["p2p_bytes_per_s"]}, ...],
+// ["cores_per_node": N], ["paced_links": B]}; a level's launch_s (seconds, default 0) and p2p_bytes_per_s (default:
+// its bytes_per_s) are optional.
 // Unknown and repeated keys are refused by name; rates and times in the ranges of cost/profile_json.hpp.
 inline ClusterProfile cluster_from_json(const json::Value& v) {
   using namespace cost::detail;
@@ -227,9 +263,12 @@ inline ClusterProfile cluster_from_json(const json::Value& v) {
   if (const auto f = doc.find("paced_links")) c.paced_links = f->boolean();
   c.device = cost::profile_from_json(doc["device"]);
   for (const json::Field& entry : doc["levels"].elements()) {
-    only_keys(entry, {"name", "domain_devices", "alpha_s", "bytes_per_s"});
-    c.levels.push_back({text(entry, "name"), integer(entry, "domain_devices", 0, 1 << 30), seconds(entry, "alpha_s"),
-                        rate(entry, "bytes_per_s")});
+    only_keys(entry, {"name", "domain_devices", "alpha_s", "bytes_per_s", "launch_s", "p2p_bytes_per_s"});
+    LinkLevel level{text(entry, "name"), integer(entry, "domain_devices", 0, 1 << 30), seconds(entry, "alpha_s"),
+                    rate(entry, "bytes_per_s")};
+    if (entry.has("launch_s")) level.launch_s = seconds(entry, "launch_s");
+    if (entry.has("p2p_bytes_per_s")) level.p2p_bytes_per_s = rate(entry, "p2p_bytes_per_s");
+    c.levels.push_back(std::move(level));
   }
   validate(c);
   return c;
@@ -239,9 +278,13 @@ inline json::Value cluster_to_json(const ClusterProfile& c) {
   json::Value v = {{"name", c.name}, {"source", c.source}, {"peak_flops_per_s", c.peak_flops_per_s}};
   v["device"] = cost::to_json(c.device);
   json::Value levels = json::Value::array();
-  for (const LinkLevel& l : c.levels)
-    levels.push_back({{"name", l.name}, {"domain_devices", l.domain_devices}, {"alpha_s", l.alpha_s},
-                      {"bytes_per_s", l.bytes_per_s}});
+  for (const LinkLevel& l : c.levels) {
+    json::Value level = {{"name", l.name}, {"domain_devices", l.domain_devices}, {"alpha_s", l.alpha_s},
+                         {"bytes_per_s", l.bytes_per_s}};
+    if (l.launch_s > 0) level["launch_s"] = l.launch_s;
+    if (l.p2p_bytes_per_s > 0) level["p2p_bytes_per_s"] = l.p2p_bytes_per_s;
+    levels.push_back(std::move(level));
+  }
   v["levels"] = std::move(levels);
   if (c.cores_per_node > 0) v["cores_per_node"] = c.cores_per_node;
   if (c.paced_links) v["paced_links"] = true;

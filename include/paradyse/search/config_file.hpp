@@ -9,6 +9,8 @@
 //    "seq": 2048, "global_batch": 1536,                (optional)
 //    "flops": "causal" | "full",                       (optional: the FLOP convention of MFU)
 //    "flash_attention": true, "overlap_grad_reduce": true,   (optional: the software's features)
+//    "cp_gathers_weights": false,                      (optional: tp inside cp as MegatronRing, training_setup.hpp)
+//    "trainer": "megatron" | "train_gpt",              (optional: what the step posts besides the model, training_setup.hpp)
 //    "dp": 2, "pp": 8, "cp": 1, "tp": 4 (or "tp_x": 2, "tp_y": 2), "ep": 1, "etp": 1,
 //    "zero": 0, "virtual_stages": 1, "micro_batch": 1, "recompute": "none" | "selective" | "full",
 //    "sequence_parallel": true, "cp_scheme": "ring" | "all-gather",
@@ -64,7 +66,8 @@ struct ConfigFile {
   std::string cluster_spec;
   std::optional<std::int64_t> devices, seq, global_batch;
   std::optional<FlopConvention> flops;
-  std::optional<bool> flash_attention, overlap_grad_reduce;
+  std::optional<bool> flash_attention, overlap_grad_reduce, cp_gathers_weights;
+  std::optional<Trainer> trainer;
   ParallelConfig config;
   std::optional<PublishedThroughput> published;
 };
@@ -194,7 +197,8 @@ inline ConfigFile config_file_from_json(const json::Value& value, std::string co
   const json::Field doc(value, std::move(context));
   doc.expect(doc.is_object(), "a JSON object");
   std::vector<std::string_view> known{"format", "model", "cluster", "devices", "seq", "global_batch", "flops",
-                                      "flash_attention", "overlap_grad_reduce", "published"};
+                                      "flash_attention", "overlap_grad_reduce", "cp_gathers_weights", "trainer",
+                                      "published"};
   known.insert(known.end(), kConfigKeys.begin(), kConfigKeys.end());
   cost::detail::only_keys(doc, known);
   if (const auto f = doc.find("format"))
@@ -230,6 +234,13 @@ inline ConfigFile config_file_from_json(const json::Value& value, std::string co
   }
   if (const auto f = doc.find("flash_attention")) out.flash_attention = f->boolean();
   if (const auto f = doc.find("overlap_grad_reduce")) out.overlap_grad_reduce = f->boolean();
+  if (const auto f = doc.find("cp_gathers_weights")) out.cp_gathers_weights = f->boolean();
+  if (const auto f = doc.find("trainer")) {
+    const std::string& x = f->string();
+    check(x == "megatron" || x == "train_gpt", "{}: trainer = \"{}\"; expected megatron or train_gpt", doc.context(),
+          printable(x));
+    out.trainer = x == "megatron" ? Trainer::megatron : Trainer::train_gpt;
+  }
   out.config = config_from_json(doc);
   if (out.devices)
     check(*out.devices == out.config.devices(), "{}: devices = {} but dp*pp*cp*tp_x*tp_y = {}", doc.context(),
@@ -274,6 +285,8 @@ inline json::Value config_file_to_json(const ParallelConfig& c, const TrainingMo
   v["flops"] = std::string(name_of(setup.flops));
   v["flash_attention"] = setup.flash_attention;
   v["overlap_grad_reduce"] = setup.overlap_grad_reduce;
+  v["cp_gathers_weights"] = setup.cp_gathers_weights;
+  v["trainer"] = std::string(name_of(setup.trainer));
   add_config(v, c);
   if (published) {
     json::Value p = {{"tflops_per_gpu", published->tflops_per_gpu},
@@ -291,6 +304,8 @@ inline TrainingSetup setup_of(const ConfigFile& f, TrainingSetup base) {
   if (f.flops) base.flops = *f.flops;
   if (f.flash_attention) base.flash_attention = *f.flash_attention;
   if (f.overlap_grad_reduce) base.overlap_grad_reduce = *f.overlap_grad_reduce;
+  if (f.cp_gathers_weights) base.cp_gathers_weights = *f.cp_gathers_weights;
+  if (f.trainer) base.trainer = *f.trainer;
   return base;
 }
 

@@ -10,6 +10,10 @@
 // the projections' inputs and the dropout masks, Korthikanti's 10 s b h, are whole on every tp rank) and cp; in
 // flight on the first stage: 1 micro-batch without a pipeline, min(m, pp) for 1F1B, pp + (pp - 1) / v for
 // interleaved 1F1B (Megatron-LM's factor). Stages hold the layers of training_setup.hpp's StageLayout.
+// tp inside cp as train_gpt's MegatronRing (TrainingSetup::cp_gathers_weights, cp > 1 and tp > 1): the layers'
+// attention and dense MLP weights are sharded over cp x tp (their ZeRO group is then dp alone), and the sublayer
+// running holds its cp sub-group's shards gathered (P / tp weights) and, in backward, their gradient before it is
+// reduce-scattered back over cp (P / tp): the largest sublayer's two are transient.
 #pragma once
 
 #include "paradyse/search/parallel_config.hpp"
@@ -49,6 +53,15 @@ inline StageParameters stage_parameters(const TrainingModel& m, const ParallelCo
   if (embedding) p.dense += m.embedding_parameters() / tp;
   if (output_layer && !(m.tied_embeddings && embedding)) p.dense += m.embedding_parameters() / tp;
   return p;
+}
+
+// Of stage_parameters' dense part for `layers` layers from `first`, the parameters sharded over cp as well (each
+// device keeping 1 / cp of them) when tp runs inside cp as MegatronRing; 0 otherwise. In P / tp units, as there.
+inline double cp_sharded_parameters(const TrainingModel& m, const TrainingSetup& s, const ParallelConfig& c,
+                                    std::int64_t first, std::int64_t layers) {
+  if (!s.cp_gathers_weights || c.cp <= 1 || c.tp() <= 1) return 0;
+  const std::int64_t moe = m.is_moe() ? std::clamp<std::int64_t>(first + layers - m.dense_layers, 0, layers) : 0;
+  return (double(layers) * m.attention_parameters() + double(layers - moe) * m.dense_mlp_parameters()) / c.tp();
 }
 
 // Model-state bytes of `parameters` sharded by ZeRO `stage` over a group of `group` devices.
@@ -103,7 +116,9 @@ inline MemoryEstimate estimate_memory(const TrainingModel& m, const TrainingSetu
     MemoryEstimate e;
     const std::int64_t first = layout.first_of(stage), per_stage = layout.layers_of(stage);
     const StageParameters p = stage_parameters(m, c, first, per_stage, stage == 0, stage == c.pp - 1);
-    add_model_states(e, p.dense, c.zero, double(c.dp) * c.cp, s.precision);
+    const double over_cp = cp_sharded_parameters(m, s, c, first, per_stage);  // 0 unless MegatronRing
+    add_model_states(e, p.dense - over_cp, c.zero, double(c.dp) * c.cp, s.precision);
+    add_model_states(e, over_cp / c.cp, c.zero, double(c.dp), s.precision);
     add_model_states(e, p.experts, c.zero, c.expert_dp(), s.precision);
     // In flight on this stage: the first holds the most; stage i of 1F1B holds pp - i.
     if (c.pp == 1) e.in_flight = 1;
@@ -124,7 +139,12 @@ inline MemoryEstimate estimate_memory(const TrainingModel& m, const TrainingSetu
       e.transient += tokens * double(m.vocab) * (s.activation_bytes + 4);
     if (c.zero == 3) {      // two layers gathered (the current and the prefetched one), bf16
       const StageParameters one = stage_parameters(m, c, first, 1, false, false);
-      e.transient += 2.0 * (one.dense + one.experts) * s.precision.parameter_bytes;
+      const double one_over_cp = cp_sharded_parameters(m, s, c, first, 1);
+      e.transient += 2.0 * (one.dense - one_over_cp * (1 - 1.0 / c.cp) + one.experts) * s.precision.parameter_bytes;
+    }
+    if (over_cp > 0) {  // MegatronRing: the largest sublayer's weights gathered over cp, and their gradient
+      const double sublayer = std::max(m.attention_parameters(), m.dense_mlp_layers() > 0 ? m.dense_mlp_parameters() : 0.0);
+      e.transient += sublayer / c.tp() * (s.precision.parameter_bytes + s.precision.gradient_bytes);
     }
     if (e.total() > best.total()) best = e;
   }

@@ -19,6 +19,8 @@
 //   weights are sharded over cp x tp, so it all-gathers its cp sub-group's shards over cp (P / t elements gathered,
 //   (cp - 1) / cp of them received) in forward and again in backward, and reduce-scatters their gradient back over
 //   cp in backward. Exposed (the gathers precede the sublayer's compute). Megatron-LM keeps them replicated over cp.
+//   Their data-parallel reduction then moves the device's 1 / cp of them over dp alone (memory_estimate.hpp's
+//   cp_sharded_parameters).
 // - ep (folded over dp x cp) and etp (over tp): all-to-all dispatch and combine of k copies of each token, all-gather
 //   and reduce-scatter over etp; balanced routing; the local experts in one grouped GEMM.
 // - pp: one send of the stage's output per chunk and micro-batch, each direction, priced on the level the pipeline
@@ -31,7 +33,8 @@
 // gathers each layer's parameters ahead of use (one layer ahead, as FSDP prefetches) and reduce-scatters its
 // gradients after its backward: the first gather of each pass and the last reduce-scatter are exposed, every
 // other gather (and reduce-scatter) hides under one layer's compute where shorter; ZeRO 1-2 all-gather updated
-// parameters; plus the optimizer's memory traffic.
+// parameters; plus the optimizer's memory traffic. Every collective and send pays its level's launch latency once
+// (cluster.hpp): the model posts one operation per term above (per layer, micro-batch and direction).
 // Devices on shared cores (ClusterProfile::cores_per_node, thread ranks on a CPU): every term above is a device's own
 // work (a calibrated CPU profile times each rank's thread), and a node's devices beyond its cores run in turn, so
 // the work stretches by serialisation() = devices per node / cores; a pipeline's idle bubble is then filled by other
@@ -365,6 +368,7 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   Estimate stage_e;
   double stage_s = -1, stage_forward = 0, stage_backward = 0;
   std::int64_t per_stage = 0;  // layers of the slowest stage
+  double over_cp = 0;          // of p.dense, the largest stage's parameters sharded over cp too (MegatronRing)
   StageParameters p{};         // the largest parameters of a stage, dense and experts apart
   for (int stage : layout.candidates()) {
     Estimate candidate;
@@ -375,6 +379,7 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     if (t > stage_s) stage_s = t, stage_e = candidate, stage_forward = f, stage_backward = b, per_stage = layers;
     const StageParameters q = stage_parameters(model_, c, first, layers, stage == 0, stage == c.pp - 1);
     p.dense = std::max(p.dense, q.dense), p.experts = std::max(p.experts, q.experts);
+    over_cp = std::max(over_cp, cp_sharded_parameters(model_, setup_, c, first, layers));
   }
   const double m = double(mbs);
   e.compute_s = stage_e.compute_s * m;
@@ -383,31 +388,46 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   e.bubble_s = double(c.pp - 1) / c.virtual_stages * stage_s;
 
   // ---- data parallelism and the optimizer ---------------------------------------------------------------------
-  const double dense = p.dense, experts = p.experts;
+  // Dense weights are replicated over dp x cp, except those sharded over cp as well (MegatronRing): 1 / cp of them
+  // per device, replicated over dp alone.
+  const double dense = p.dense - over_cp, dense_dp = over_cp / c.cp, experts = p.experts;
   const MeshGroups groups = mesh_groups(c);
-  const GroupSpan dp_group = groups.dp_cp;  // dense weights are replicated over dp x cp
+  const GroupSpan dp_group = groups.dp_cp;
+  const GroupSpan dp_only{c.dp, std::int64_t(c.dp) * c.cp * c.tp()};
   const GroupSpan edp_group = groups.edp;  // experts are replicated over edp
   const double g = setup_.gradient_reduce_bytes, wb = setup_.precision.parameter_bytes;
-  // One collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units), each paying its
-  // latency.
+  // The operations the reduction posts, each paying its level's launch and latency (TrainingSetup::trainer):
+  // Megatron's, one collective per layer (the buckets of Megatron's and DeepSpeed's reducers, FSDP's units);
+  // train_gpt's MeshOptimizer, one per packed tensor (a layer's attention, MLP and norms; the first stage's
+  // embedding, the last stage's head matrix and final norm), after the last backward (never overlapped), a ZeRO-1
+  // reduction an all-reduce, a ZeRO-2 one once per step (the micro-batches' gradients accumulated first).
+  const bool per_tensor = setup_.trainer == Trainer::train_gpt;
   const double buckets = double(std::max<std::int64_t>(1, per_stage));
-  auto reduce = [&](Collective op, double bytes_dense, double bytes_experts) {
-    return buckets * (cluster_.collective_time(op, dp_group, bytes_dense / buckets) +
-                      cluster_.collective_time(op, edp_group, bytes_experts / buckets));
+  const double operations = per_tensor ? 3.0 * double(per_stage) + (c.pp == 1 ? 3 : 2) : buckets;
+  // `count` collectives of `bytes` per parameter in all, for each kind: dense over dp x cp, MegatronRing's over dp,
+  // experts over edp.
+  auto reduce = [&](Collective op, double bytes, double count) {
+    return count * (cluster_.collective_time(op, dp_group, dense * bytes / count) +
+                    cluster_.collective_time(op, dp_only, dense_dp * bytes / count) +
+                    cluster_.collective_time(op, edp_group, experts * bytes / count));
   };
-  const bool overlap = setup_.overlap_grad_reduce;
+  const bool overlap = setup_.overlap_grad_reduce && !per_tensor;
   double dp_s = 0;
   if (c.zero <= 1) {
-    const double grads = c.zero == 0 ? reduce(Collective::all_reduce, dense * g, experts * g)
-                                     : reduce(Collective::reduce_scatter, dense * g, experts * g);
+    const Collective op = c.zero == 0 || per_tensor ? Collective::all_reduce : Collective::reduce_scatter;
+    const double grads = reduce(op, g, operations);
     dp_s += overlap ? std::max(0.0, grads - stage_backward) : grads;
+  } else if (c.zero == 2 && per_tensor) {  // once per step
+    dp_s += reduce(Collective::reduce_scatter, g, operations);
   } else if (c.zero == 2) {  // every micro-batch: reduce-scatter its gradients
-    const double per_mb = reduce(Collective::reduce_scatter, dense * g, experts * g);
+    const double per_mb = reduce(Collective::reduce_scatter, g, operations);
     dp_s += m * (overlap ? std::max(0.0, per_mb - (stage_forward + stage_backward)) : per_mb);
   } else {  // ZeRO-3, every micro-batch: per layer a gather before the forward, one (two with full recomputation)
-            // before the backward, a reduce-scatter after it; each hidden under one layer's compute at most
-    const double gather = reduce(Collective::all_gather, dense * wb, experts * wb) / buckets;
-    const double scatter = reduce(Collective::reduce_scatter, dense * g, experts * g) / buckets;
+            // before the backward, a reduce-scatter after it; each hidden under one layer's compute at most. Per
+            // tensor: a layer's attention and MLP apart (its norms stay whole).
+    const double per_layer = per_tensor ? 2 : 1;
+    const double gather = reduce(Collective::all_gather, wb, buckets * per_layer) / buckets;
+    const double scatter = reduce(Collective::reduce_scatter, g, buckets * per_layer) / buckets;
     const double backward_gathers = c.recompute == Recompute::full ? 2 : 1;
     const double per_mb = buckets * ((1 + backward_gathers) * gather + scatter);
     double exposed = per_mb;
@@ -419,11 +439,24 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     }
     dp_s += m * exposed;
   }
-  if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, dense * wb, experts * wb);  // updated weights
+  if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, wb, operations);  // updated weights
+  if (per_tensor) {
+    // train_gpt's step: the loss and the peak memory all-reduced over every rank (one double each); the embedding's
+    // and the head's gradients (partial sums over the dense group's tokens) all-reduced over the dense group.
+    const GroupSpan world{int(devices_), devices_};
+    dp_s += 2 * cluster_.collective_time(Collective::all_reduce, world, 8);
+    const GroupSpan dense_group{c.cp * c.tp(), std::int64_t(c.cp) * c.tp()};
+    const double ends = c.pp == 1 ? 2 : 1;  // the stage with both, or with one
+    const double replicated = ends * cluster_.collective_time(Collective::all_reduce, dense_group,
+                                                              double(model_.vocab) * double(model_.hidden) * g);
+    e.exposed_comm_s[std::size_t(c.cp > 1 ? CommDim::cp : CommDim::tp)] += replicated;
+  }
   e.exposed_comm_s[std::size_t(CommDim::dp)] += dp_s;
   // Adam: read weights, gradient, master weights and two moments, write back all but the gradient (~36 B/param).
   const double shard_dense = c.zero >= 1 ? double(c.dp) * c.cp : 1.0, shard_experts = c.zero >= 1 ? c.expert_dp() : 1.0;
-  e.optimizer_s = cluster_.device.elementwise_time(36.0 * (dense / shard_dense + experts / shard_experts));
+  const double shard_dp = c.zero >= 1 ? double(c.dp) : 1.0;
+  e.optimizer_s = cluster_.device.elementwise_time(36.0 * (dense / shard_dense + dense_dp / shard_dp +
+                                                           experts / shard_experts));
 
   if (const double f = cluster_.serialisation(devices_); f > 1) {
     const double dedicated = e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s;

@@ -26,6 +26,15 @@ enum class FlopConvention : std::uint8_t { causal, full };
 inline constexpr std::array<FlopConvention, 2> kAllFlopConventions{FlopConvention::causal, FlopConvention::full};
 constexpr std::string_view name_of(FlopConvention f) { return f == FlopConvention::causal ? "causal" : "full"; }
 
+// What the trainer posts besides the model's own collectives, which sets how many operations pay a launch latency
+// (perf_model.hpp): megatron, Megatron-LM's (and DeepSpeed's, FSDP's) data-parallel reduction, one bucket per layer,
+// overlapped with the backward where overlap_grad_reduce; train_gpt, its mesh step (examples/train_gpt/
+// train_mesh.hpp): MeshOptimizer's one collective per packed tensor after the last backward (model/
+// mesh_optimizer.hpp), the dense group's all-reduce of the embedding's and the head's gradients, and two all-reduces
+// over every rank (the step's loss and peak memory).
+enum class Trainer : std::uint8_t { megatron, train_gpt };
+constexpr std::string_view name_of(Trainer t) { return t == Trainer::megatron ? "megatron" : "train_gpt"; }
+
 struct TrainingSetup {
   std::int64_t seq = 4096;             // s: tokens per sequence
   std::int64_t global_batch = 1024;    // B: sequences per optimizer step
@@ -44,6 +53,7 @@ struct TrainingSetup {
   // group, each sublayer all-gathering its cp sub-group's shards before use, forward and again in backward, and
   // reduce-scattering its weight gradient back over cp; perf_model.hpp prices the three, exposed).
   bool cp_gathers_weights = false;
+  Trainer trainer = Trainer::megatron;
   FlopConvention flops = FlopConvention::causal;  // the model FLOPs of MFU (a non-causal model counts the full square)
 
   // Keys each token attends to in the model FLOPs of MFU.
