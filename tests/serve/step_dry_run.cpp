@@ -206,8 +206,9 @@ TEST_CASE("step dry run: ranks of equal trace keys record the same events, so th
           }
           distinct += first;
         }
-        // Mixtral's 32 heads, 8 kv heads and expert width 14336 split evenly: in TP one rank stands for all.
-        if (c.hidden == mixtral.config.hidden && layout.mode == MoeMode::tp) CHECK(distinct == 1);
+        // Mixtral's 32 heads, 8 kv heads and expert width 14336 split evenly over 2, 4, 8: in TP one rank stands for
+        // all (over 3: 11, 11 and 10 heads).
+        if (c.hidden == mixtral.config.hidden && layout.mode == MoeMode::tp) CHECK(distinct == (p == 3 ? 2 : 1));
         if (layout.mode == MoeMode::ep) CHECK(distinct == p);
         // Priced from the distinct ranks: to the bit the price of every rank's run, with a layout change too.
         for (const bool pipelined : {true, false}) {
@@ -218,7 +219,7 @@ TEST_CASE("step dry run: ranks of equal trace keys record the same events, so th
           CHECK(shared.compute_s == every.compute_s);
           CHECK(shared.communication_s == every.communication_s);
           CHECK(shared.switch_s == every.switch_s);
-          if (p > 1) CHECK(shared.switch_s > 0);
+          if (p > 1 && !pipelined) CHECK(shared.switch_s > 0);  // (pipelined, the fixtures' moves hide in the step)
         }
       }
     }

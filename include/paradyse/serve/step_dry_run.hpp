@@ -130,6 +130,27 @@ inline RankShard shape_rank_shard(const DecoderConfig& c, const DecoderWeights& 
   return s;
 }
 
+// What a rank's dry run depends on besides the step: its heads and every weight's shape, and in an EP layer its rank
+// (which experts it holds, which part of a replicated expert's rows it takes). Ranks of equal keys record the same
+// events for the same step (decoder_step's rank-dependent work is all in these: tests/serve/step_dry_run.cpp), so
+// dry_run_timeline runs one of them; in TP with even splits that is one rank of p.
+inline std::vector<std::int64_t> rank_trace_key(const RankShard& s) {
+  std::vector<std::int64_t> key{s.ranks, s.q_heads.length, s.kv_heads.length};
+  const auto add = [&key](const Tensor<float>& w) {
+    key.push_back(w.shape().rank());
+    for (std::int64_t i = 0; i < w.shape().rank(); ++i) key.push_back(w.shape()[i]);
+  };
+  for (const RankLayer& L : s.layers) {
+    for (const Tensor<float>* w : {&L.wq, &L.wk, &L.wv, &L.wo_t, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.dense_in,
+                                   &L.dense_out, &L.router, &L.router_bias, &L.shared_in, &L.shared_out, &L.shared_gate,
+                                   &L.expert_in, &L.expert_out})
+      add(*w);
+    key.push_back(std::int64_t(L.mode));
+    if (L.mode == MoeMode::ep) key.push_back(s.rank);
+  }
+  return key;
+}
+
 // One rank's dry run of a step: its events, and where each layer ends (the event count after layer l).
 struct RankStepTrace {
   std::vector<TraceEvent> events;
@@ -180,7 +201,10 @@ public:
   }
 
   // rank_trace_key of rank `rank`'s shard for the step `t`.
-  std::vector<std::int64_t> trace_key(const StepTrace& t, int rank) { return rank_trace_key(shard_of(t, rank)); }
+  std::vector<std::int64_t> trace_key(const StepTrace& t, int rank) {
+    const ScopedTracker on_meta(meta_);  // the shards are shapes alone
+    return rank_trace_key(shard_of(t, rank));
+  }
 
 private:
   // The ranks' shards in the layouts the step computes in; the last few layout sets are kept (the dynamic policy's
@@ -221,27 +245,6 @@ private:
 inline RankStepTrace dry_run_step(const DecoderConfig& c, const StepTrace& t, int rank) {
   StepDryRunner runner(c);
   return runner.run(t, rank);
-}
-
-// What a rank's dry run depends on besides the step: its heads and every weight's shape, and in an EP layer its rank
-// (which experts it holds, which part of a replicated expert's rows it takes). Ranks of equal keys record the same
-// events for the same step (decoder_step's rank-dependent work is all in these: tests/serve/step_dry_run.cpp), so
-// dry_run_timeline runs one of them; in TP with even splits that is one rank of p.
-inline std::vector<std::int64_t> rank_trace_key(const RankShard& s) {
-  std::vector<std::int64_t> key{s.ranks, s.q_heads.length, s.kv_heads.length};
-  const auto add = [&key](const Tensor<float>& w) {
-    key.push_back(w.shape().rank());
-    for (std::int64_t i = 0; i < w.shape().rank(); ++i) key.push_back(w.shape()[i]);
-  };
-  for (const RankLayer& L : s.layers) {
-    for (const Tensor<float>* w : {&L.wq, &L.wk, &L.wv, &L.wo_t, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.dense_in,
-                                   &L.dense_out, &L.router, &L.router_bias, &L.shared_in, &L.shared_out, &L.shared_gate,
-                                   &L.expert_in, &L.expert_out})
-      add(*w);
-    key.push_back(std::int64_t(L.mode));
-    if (L.mode == MoeMode::ep) key.push_back(s.rank);
-  }
-  return key;
 }
 
 namespace step_dry_run_detail {
