@@ -15,6 +15,10 @@
 // (switch_exposed_s: layer l's pieces leave after layer l; unpipelined, a stall before the step, which then
 // computes in the new layout).
 //
+// Ranks whose shards have the same shapes record the same events (rank_trace_key), so a step dry-runs one rank of each
+// key (in TP with even splits one of p). DryRunPricer (the engine's forecast) keeps its last steps' timelines by what
+// determines them, so the forecast's switch term reuses the current layout's run.
+//
 // A routing budget given to the runner is routed as the real step routes it: an Alloc-L budget's K_l, Alloc-T's pools
 // (moe/router.hpp: the scoring pass recorded, each chunk's K_l T activations from the expert loads).
 // Not dry-run: DeepSeek's multi-head latent attention (decoder_step refuses it on the counting backend; the
