@@ -96,56 +96,130 @@ std::vector<std::vector<std::int64_t>> skewed_loads(const DecoderConfig& c, std:
   return routed;
 }
 
+// The real CPU step's kernel lists on each of p ranks against the dry run's (a runner given `budget`), two steps of
+// the fixture `name` in `mode`.
+void same_kernels_as_real_steps(const char* name, int p, MoeMode mode, bool pooled) {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / name).string());
+  const DecoderConfig& c = m.config;
+  // Alloc-T at each layer's top-k: a chunk's tokens take k T activations, some tokens more than k.
+  const RoutingBudget budget = pooled ? routing_budget_of(c, moe_layer_top_k(c), true) : RoutingBudget{};
+  INFO(name, " p = ", p, " ", name_of(mode), pooled ? " Alloc-T" : "");
+  Rng rng(std::uint64_t(p) * 7 + 1);
+  // Step 1: two prompts (7 and 3 tokens); step 2: a decode token of each and a third prompt of 4.
+  std::vector<std::vector<SequenceChunk>> steps(2);
+  for (const auto& [step, request, length] :
+       std::vector<std::tuple<int, std::int64_t, int>>{{0, 0, 7}, {0, 1, 3}, {1, 0, 1}, {1, 1, 1}, {1, 2, 4}}) {
+    SequenceChunk ch{request, {}, false};
+    for (int t = 0; t < length; ++t) ch.tokens.push_back(std::int32_t(rng.below(std::uint64_t(c.vocab))));
+    steps[std::size_t(step)].push_back(ch);
+  }
+  std::vector<std::vector<std::vector<TraceEvent>>> real(2, std::vector<std::vector<TraceEvent>>(std::size_t(p)));
+  std::vector<std::vector<std::vector<std::int64_t>>> routed(2);
+  std::vector<std::vector<ChunkShape>> shapes(2);
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    const RankShard s = make_rank_shard(c, m.weights, p, comm.rank(), mode);
+    PagedKvCache cache(kv_cache_shape(c, s, 16, 4));
+    BufferPool pool;
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      std::vector<ChunkShape> shape;
+      for (const SequenceChunk& ch : steps[k]) {
+        cache.reserve(ch.request, std::int64_t(ch.tokens.size()));
+        shape.push_back({std::int64_t(ch.tokens.size()), cache.length(ch.request), ch.tokens.size() == 1});
+      }
+      Trace trace;
+      StepResult out;
+      {
+        const ScopedTrace listing(trace);
+        out = decoder_step<Listing>(comm, c, s, cache, std::span<const SequenceChunk>(steps[k]), pool, {}, {},
+                                    budget);
+      }
+      real[k][std::size_t(comm.rank())] = kernels(trace.events());
+      if (comm.rank() != 0) continue;
+      shapes[k] = shape;
+      for (const MoeLayerLoad& load : out.moe_load) routed[k].push_back(load.routed);
+    }
+  });
+  const ExpertLayout layout = mode == MoeMode::tp
+                                  ? ExpertLayout::tp()
+                                  : ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
+  StepDryRunner runner(c, budget);
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const StepTrace t = step_of(c, p, shapes[k], layout, routed[k]);
+    for (int r = 0; r < p; ++r) {
+      INFO("step ", k, " rank ", r);
+      same_kernels(real[k][std::size_t(r)], kernels(runner.run(t, r).events));
+    }
+  }
+}
+
 TEST_CASE("step dry run: its kernel list is the real CPU step's (same kernels, same shapes) on p = 1..3, TP and EP") {
-  for (const char* name : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe"}) {
-    const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / name).string());
-    const DecoderConfig& c = m.config;
-    for (const int p : {1, 2, 3}) {
-      for (const MoeMode mode : {MoeMode::tp, MoeMode::ep}) {
-        INFO(name, " p = ", p, " ", name_of(mode));
-        Rng rng(std::uint64_t(p) * 7 + 1);
-        // Step 1: two prompts (7 and 3 tokens); step 2: a decode token of each and a third prompt of 4.
-        std::vector<std::vector<SequenceChunk>> steps(2);
-        for (const auto& [step, request, length] :
-             std::vector<std::tuple<int, std::int64_t, int>>{{0, 0, 7}, {0, 1, 3}, {1, 0, 1}, {1, 1, 1}, {1, 2, 4}}) {
-          SequenceChunk ch{request, {}, false};
-          for (int t = 0; t < length; ++t) ch.tokens.push_back(std::int32_t(rng.below(std::uint64_t(c.vocab))));
-          steps[std::size_t(step)].push_back(ch);
+  for (const char* name : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe"})
+    for (const int p : {1, 2, 3})
+      for (const MoeMode mode : {MoeMode::tp, MoeMode::ep}) same_kernels_as_real_steps(name, p, mode, false);
+}
+
+TEST_CASE("step dry run: under Alloc-T's pooled routing too (the scoring pass, each chunk's k T activations)") {
+  for (const char* name : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe"})
+    for (const int p : {1, 2, 3})
+      for (const MoeMode mode : {MoeMode::tp, MoeMode::ep}) same_kernels_as_real_steps(name, p, mode, true);
+}
+
+TEST_CASE("step dry run: ranks of equal trace keys record the same events, so the step is priced from one of them") {
+  const ModelShape mixtral = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string());
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  std::vector<DecoderConfig> configs{mixtral.config};
+  for (const char* name : {"qwen2_moe", "olmoe", "qwen3_moe"})
+    configs.push_back(load_decoder((repo() / "tests" / "data" / "hf" / name).string()).config);
+  const std::vector<ChunkShape> batch{{1, 90, true}, {1, 37, true}, {12, 0, false}, {5, 20, false}};
+  for (const DecoderConfig& c : configs) {
+    for (const int p : {1, 2, 3, 4, 8}) {
+      if (p > c.heads) continue;
+      const ExpertLayout ep = ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
+      for (const ExpertLayout& layout : {ExpertLayout::tp(), ep}) {
+        INFO("h = ", c.hidden, " p = ", p, " ", name_of(layout.mode));
+        StepTrace t = step_of(c, p, batch, layout, skewed_loads(c, 19));
+        StepDryRunner runner(c);
+        std::vector<RankStepTrace> runs;
+        for (int r = 0; r < p; ++r) runs.push_back(runner.run(t, r));
+        std::int64_t distinct = 0;
+        for (int r = 0; r < p; ++r) {
+          bool first = true;
+          for (int q = 0; q < r && first; ++q) {
+            if (runner.trace_key(t, q) != runner.trace_key(t, r)) continue;
+            first = false;
+            const std::vector<TraceEvent>&a = runs[std::size_t(q)].events, &b = runs[std::size_t(r)].events;
+            REQUIRE(a.size() == b.size());
+            CHECK(runs[std::size_t(q)].layer_end == runs[std::size_t(r)].layer_end);
+            for (std::size_t i = 0; i < a.size(); ++i) {
+              INFO("ranks ", q, " and ", r, " event ", i);
+              CHECK(int(a[i].kind) == int(b[i].kind));
+              CHECK(int(a[i].transfer) == int(b[i].transfer));
+              CHECK(a[i].request == b[i].request);
+              CHECK(a[i].count == b[i].count);
+              CHECK(a[i].group == b[i].group);
+              CHECK(a[i].span == b[i].span);
+              CHECK(a[i].bytes == b[i].bytes);
+              CHECK(a[i].m == b[i].m);
+              CHECK(a[i].n == b[i].n);
+              CHECK(a[i].k == b[i].k);
+            }
+          }
+          distinct += first;
         }
-        std::vector<std::vector<std::vector<TraceEvent>>> real(2, std::vector<std::vector<TraceEvent>>(std::size_t(p)));
-        std::vector<std::vector<std::vector<std::int64_t>>> routed(2);
-        std::vector<std::vector<ChunkShape>> shapes(2);
-        run_ranks(p, [&](ThreadCommunicator& comm) {
-          const RankShard s = make_rank_shard(c, m.weights, p, comm.rank(), mode);
-          PagedKvCache cache(kv_cache_shape(c, s, 16, 4));
-          BufferPool pool;
-          for (std::size_t k = 0; k < steps.size(); ++k) {
-            std::vector<ChunkShape> shape;
-            for (const SequenceChunk& ch : steps[k]) {
-              cache.reserve(ch.request, std::int64_t(ch.tokens.size()));
-              shape.push_back({std::int64_t(ch.tokens.size()), cache.length(ch.request), ch.tokens.size() == 1});
-            }
-            Trace trace;
-            StepResult out;
-            {
-              const ScopedTrace listing(trace);
-              out = decoder_step<Listing>(comm, c, s, cache, std::span<const SequenceChunk>(steps[k]), pool);
-            }
-            real[k][std::size_t(comm.rank())] = kernels(trace.events());
-            if (comm.rank() != 0) continue;
-            shapes[k] = shape;
-            for (const MoeLayerLoad& load : out.moe_load) routed[k].push_back(load.routed);
-          }
-        });
-        const ExpertLayout layout = mode == MoeMode::tp
-                                        ? ExpertLayout::tp()
-                                        : ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
-        for (std::size_t k = 0; k < steps.size(); ++k) {
-          const StepTrace t = step_of(c, p, shapes[k], layout, routed[k]);
-          for (int r = 0; r < p; ++r) {
-            INFO("step ", k, " rank ", r);
-            same_kernels(real[k][std::size_t(r)], kernels(dry_run_step(c, t, r).events));
-          }
+        // Mixtral's 32 heads, 8 kv heads and expert width 14336 split evenly over 2, 4, 8: in TP one rank stands for
+        // all (over 3 every rank differs).
+        if (c.hidden == mixtral.config.hidden && layout.mode == MoeMode::tp) CHECK(distinct == (p == 3 ? 3 : 1));
+        if (layout.mode == MoeMode::ep) CHECK(distinct == p);
+        // Priced from the distinct ranks: to the bit the price of every rank's run, with a layout change too.
+        for (const bool pipelined : {true, false}) {
+          t.pipelined_switch = pipelined;
+          for (std::int64_t l = 0; l < c.layers; ++l)
+            if (c.is_moe(l)) t.next[std::size_t(l)] = layout.mode == MoeMode::tp ? ep : ExpertLayout::tp();
+          const StepCost shared = dry_run_step_cost(runner, t, h100), every = dry_run_step_cost(runner, t, h100, false);
+          CHECK(shared.compute_s == every.compute_s);
+          CHECK(shared.communication_s == every.communication_s);
+          CHECK(shared.switch_s == every.switch_s);
+          if (p > 1 && !pipelined) CHECK(shared.switch_s > 0);  // (pipelined, the fixtures' moves hide in the step)
         }
       }
     }

@@ -4,6 +4,7 @@
 // EP as it does on an analytic clock forecasting with step_cost, where it had stayed in TP while step_cost forecast
 // the dry run's steps.
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/rng.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
 #include "paradyse/serve/model_shape_hf.hpp"
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -203,4 +205,107 @@ TEST_CASE("switch dry run: at 64 requests/s on Mixtral-8x7B (8x H100) the dynami
   CHECK(std::abs(d.first_ep - a.first_ep) <= 8);
   CHECK(double(d.ep_steps) >= 0.95 * double(a.ep_steps));
   CHECK(ttft_p50(d.out) <= 1.15 * ttft_p50(a.out));
+}
+
+TEST_CASE("switch dry run: the remembered dry runs forecast every step to the bit as fresh dry runs of every rank") {
+  const DecoderConfig c = mixtral();
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  // 64 requests/s, short outputs: prompt steps in TP, then EP, and decode tails.
+  const std::vector<ServeRequest> requests =
+      to_serve_requests(poisson_trace(64.0, 12, {64, 1024, 16, 32}, 1), c.vocab, 1);
+  // Each pricer's answers, call by call (the engine calls them in the same order while the decisions agree).
+  struct Logged {
+    std::vector<StepCost> calls;
+    StepPricer wrap(StepPricer inner) {
+      return [this, inner = std::move(inner)](const StepTrace& t) { return calls.emplace_back(inner(t)); };
+    }
+  };
+  Logged remembered, fresh;
+  DryRunPricer pricer(c, h100);  // the engine's pricer
+  StepDryRunner runner(c);
+  const auto reference = [&](const StepTrace& t) {  // every rank dry-run, every call
+    return dry_run_step_cost(runner, t, h100, /*share_ranks=*/false);
+  };
+  SimulatedClock clock_a(c, h100), clock_b(c, h100);
+  const Served a = serve_dynamic(c, h100, clock_a, requests, remembered.wrap(std::ref(pricer))),
+               b = serve_dynamic(c, h100, clock_b, requests, fresh.wrap(reference));
+  REQUIRE(remembered.calls.size() == fresh.calls.size());
+  REQUIRE(!fresh.calls.empty());
+  for (std::size_t i = 0; i < fresh.calls.size(); ++i) {
+    INFO("call ", i);
+    CHECK(remembered.calls[i].compute_s == fresh.calls[i].compute_s);
+    CHECK(remembered.calls[i].communication_s == fresh.calls[i].communication_s);
+    CHECK(remembered.calls[i].switch_s == fresh.calls[i].switch_s);
+  }
+  CHECK(a.stats.mode_of_step == b.stats.mode_of_step);
+  CHECK(a.stats.switches == b.stats.switches);
+  REQUIRE(a.out.size() == b.out.size());
+  for (std::size_t i = 0; i < a.out.size(); ++i) {
+    CHECK(a.out[i].first_token == b.out[i].first_token);
+    CHECK(a.out[i].finish == b.out[i].finish);
+  }
+  // Three calls a forecast (TP, EP, the switch to the other layout); the third reuses the current layout's run.
+  CHECK(fresh.calls.size() % 3 == 0);
+  CHECK(pricer.hits() >= std::int64_t(fresh.calls.size() / 3));
+  CHECK(pricer.misses() <= std::int64_t(2 * fresh.calls.size() / 3));
+  MESSAGE(fmt::format("{} forecasts over {} steps ({} switches): {} dry runs, {} reused", fresh.calls.size() / 3,
+                      a.stats.steps, a.stats.switches, pricer.misses(), pricer.hits()));
+}
+
+TEST_CASE("switch dry run: under Alloc-T's pooled routing the forecast of a step is the simulated clock's price of it") {
+  const LoadedDecoder m = load_decoder((std::filesystem::path(PARADYSE_TEST_DATA_DIR) / "hf" / "mixtral").string());
+  const DecoderConfig& c = m.config;
+  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  const int p = 2;
+  EnginePolicy policy;
+  policy.mode = ModePolicy::dynamic;
+  policy.time_model = h100;
+  policy.switching = {0.1, 2, 8, 32, true, 0};
+  policy.budget = make_routing_budget(c, parse_budget("75%"), nullptr, /*pool_tokens=*/true);
+  REQUIRE(policy.budget.pool_tokens);
+  std::vector<ServeRequest> requests;
+  Rng rng(5);
+  for (std::int64_t i = 0; i < 6; ++i) {
+    ServeRequest r;
+    r.id = i;
+    r.arrival = double(i) * 1e-3;
+    r.max_new_tokens = 4;
+    for (std::int64_t t = 0; t < 5 + 3 * i; ++t) r.prompt.push_back(std::int32_t(rng.below(std::uint64_t(c.vocab))));
+    requests.push_back(std::move(r));
+  }
+  std::vector<std::pair<StepTrace, double>> steps;  // rank 0's: each step and what its clock advanced by
+  run_ranks(p, [&](ThreadCommunicator& comm) {
+    SimulatedClock clock(c, h100, policy.budget);  // every rank its own (alike)
+    if (comm.rank() == 0)
+      clock.observer = [&](const StepTrace& t, const StepTiming& timing, double) { steps.push_back({t, timing.step_s}); };
+    EngineOptions o;
+    o.step_tokens = 8;
+    o.block_size = 4;
+    o.kv_blocks = 64;
+    o.clock = &clock;
+    serve_requests(comm, m, requests, o, policy);
+  });
+  REQUIRE(!steps.empty());
+  SimulatedClock clock(c, h100, policy.budget);
+  DryRunPricer pricer(c, h100, policy.budget);
+  const ExpertLayout ep = ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
+  std::int64_t pooled = 0;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const StepTrace& t = steps[k].first;
+    INFO("step ", k);
+    for (const ChunkShape& ch : t.chunks) pooled += ch.tokens > 1;
+    CHECK(clock.price(t).total_s() == steps[k].second);  // what the clock advanced by
+    StepTrace in_tp = t, in_ep = t;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      in_tp.next[std::size_t(l)].reset(), in_ep.next[std::size_t(l)].reset();
+      if (!c.is_moe(l)) continue;
+      in_tp.layout[std::size_t(l)] = ExpertLayout::tp();
+      if (t.layout[std::size_t(l)].mode != MoeMode::ep) in_ep.layout[std::size_t(l)] = ep;
+    }
+    const LayoutForecast f = forecast_layouts(c, t.chunks, t.routed, t.layout, ep, p, t.pipelined_switch,
+                                              StepPricer(std::ref(pricer)));
+    CHECK(f.step.tp_s == clock.price(in_tp).total_s());
+    CHECK(f.step.ep_s == clock.price(in_ep).total_s());
+  }
+  CHECK(pooled > 0);  // prompt chunks of several tokens: pooled
 }

@@ -77,6 +77,9 @@ std::vector<std::int64_t> pooled_counts(const MoeConfig& c, TensorView<const flo
   std::vector<std::int64_t> no_experts;
   Backend::router_forward(logits, c.scoring, false, 1.0f, none, probs.view(), lse.view(), no_experts, gates.view(),
                           stats.view());
+  // A dry run (meta tensors: shapes alone) has no scores: each pool's K T activations as K per token, the totals and
+  // so every shape of the routed step (the caller realises its own expert loads: serve/decoder_step.hpp).
+  if (probs.space() == MemorySpace::meta) return std::vector<std::int64_t>(std::size_t(n), each);
   return allocate_tokens(probs.span(), std::span<const float>(logits.data(), std::size_t(logits.numel())), n,
                          c.experts, each, k.pools)
       .counts;
@@ -105,7 +108,7 @@ Routing route(const MoeConfig& c, TensorView<const float> router, TensorView<con
   }
   if (pooled) {  // Alloc-T: the logits first, then each token's count from the pooled scores
     r.logits = Tensor<float>(Shape{r.tokens, c.experts});
-    check(r.logits.space() == MemorySpace::host, "route: pool_tokens reads the scores; they must be on the host");
+    check(r.logits.space() != MemorySpace::device, "route: pool_tokens reads the scores; they must be on the host");
     if (r.tokens > 0) Backend::matmul(x, ops::Transpose::no, router, ops::Transpose::yes, r.logits.view());
     const std::vector<std::int64_t> counts = pooled_counts<Backend>(c, r.logits.view(), k);
     r.offsets = routing_offsets(c, r.tokens, TopK{0, counts});

@@ -136,9 +136,11 @@ private:
 
 class SimulatedClock final : public EngineClock {
 public:
-  // `shape`: the model the time model costs (the engine's own, or a shape that does not fit here).
-  SimulatedClock(DecoderConfig shape, SimulatedCluster cluster)
-      : shape_(std::move(shape)), cluster_(std::move(cluster)), dry_run_(std::make_unique<StepDryRunner>(shape_)) {}
+  // `shape`: the model the time model costs (the engine's own, or a shape that does not fit here); `budget`: the
+  // policy's routing budget (routed in the dry run as the step routes it).
+  SimulatedClock(DecoderConfig shape, SimulatedCluster cluster, RoutingBudget budget = {})
+      : shape_(std::move(shape)), cluster_(std::move(cluster)),
+        dry_run_(std::make_unique<StepDryRunner>(shape_, std::move(budget))) {}
 
   std::string_view name() const override { return "simulated"; }
   void start() override { now_ = 0, total_ = {}; }

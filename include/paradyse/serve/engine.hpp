@@ -261,14 +261,10 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
   // The switcher's cost of a step: policy.forecast_price, else the dry run of the step on the time model (what the
   // simulated clock charges when its cluster is the time model, as under moe_simulate; the same on every clock, so
   // the wall, step and simulated clocks take the same decisions).
-  // Under Alloc-T's pooled routing (not dry-run) the forecast is step_cost's.
-  StepDryRunner forecast_runner(c, policy.budget.pool_tokens ? RoutingBudget{} : policy.budget);
+  // The pricer remembers its last steps' dry runs: the switch's exposed time is priced from the current layout's run.
+  DryRunPricer dry_run_price(c, time_model, policy.budget);
   const StepPricer forecast_price =
-      policy.forecast_price       ? policy.forecast_price
-      : policy.budget.pool_tokens ? analytic_pricer(c, time_model)
-                                  : StepPricer([&](const StepTrace& t) {
-                                      return simulated_step_cost(forecast_runner, t, time_model);
-                                    });
+      policy.forecast_price ? policy.forecast_price : StepPricer([&](const StepTrace& t) { return dry_run_price(t); });
   auto current_layouts = [&] {
     std::vector<ExpertLayout> now(std::size_t(c.layers), ExpertLayout::tp());
     for (std::int64_t l = 0; l < c.layers; ++l)

@@ -15,9 +15,14 @@
 // (switch_exposed_s: layer l's pieces leave after layer l; unpipelined, a stall before the step, which then
 // computes in the new layout).
 //
+// Ranks whose shards have the same shapes record the same events (rank_trace_key), so a step dry-runs one rank of each
+// key (in TP with even splits one of p). DryRunPricer (the engine's forecast) keeps its last steps' timelines by what
+// determines them, so the forecast's switch term reuses the current layout's run.
+//
+// A routing budget given to the runner is routed as the real step routes it: an Alloc-L budget's K_l, Alloc-T's pools
+// (moe/router.hpp: the scoring pass recorded, each chunk's K_l T activations from the expert loads).
 // Not dry-run: DeepSeek's multi-head latent attention (decoder_step refuses it on the counting backend; the
-// simulated clock costs MLA shapes with step_cost.hpp's analytic model) and Alloc-T's pooled routing (the expert
-// loads are the routing source's; an Alloc-L budget's K_l is routed when the runner is given it).
+// simulated clock costs MLA shapes with step_cost.hpp's analytic model).
 #pragma once
 
 #include "paradyse/comm/symbolic.hpp"
@@ -129,6 +134,27 @@ inline RankShard shape_rank_shard(const DecoderConfig& c, const DecoderWeights& 
   return s;
 }
 
+// What a rank's dry run depends on besides the step: its heads and every weight's shape, and in an EP layer its rank
+// (which experts it holds, which part of a replicated expert's rows it takes). Ranks of equal keys record the same
+// events for the same step (decoder_step's rank-dependent work is all in these: tests/serve/step_dry_run.cpp), so
+// dry_run_timeline runs one of them; in TP with even splits that is one rank of p.
+inline std::vector<std::int64_t> rank_trace_key(const RankShard& s) {
+  std::vector<std::int64_t> key{s.ranks, s.q_heads.length, s.kv_heads.length};
+  const auto add = [&key](const Tensor<float>& w) {
+    key.push_back(w.shape().rank());
+    for (std::int64_t i = 0; i < w.shape().rank(); ++i) key.push_back(w.shape()[i]);
+  };
+  for (const RankLayer& L : s.layers) {
+    for (const Tensor<float>* w : {&L.wq, &L.wk, &L.wv, &L.wo_t, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.dense_in,
+                                   &L.dense_out, &L.router, &L.router_bias, &L.shared_in, &L.shared_out, &L.shared_gate,
+                                   &L.expert_in, &L.expert_out})
+      add(*w);
+    key.push_back(std::int64_t(L.mode));
+    if (L.mode == MoeMode::ep) key.push_back(s.rank);
+  }
+  return key;
+}
+
 // One rank's dry run of a step: its events, and where each layer ends (the event count after layer l).
 struct RankStepTrace {
   std::vector<TraceEvent> events;
@@ -140,10 +166,9 @@ struct RankStepTrace {
 class StepDryRunner {
 public:
   // `budget`: an Alloc-MoE budget's per-layer K_l, routed as the real step routes them (the loads must sum to
-  // tokens x K_l). Alloc-T's pooling is refused: how many experts each token gets depends on its scores.
+  // tokens x K_l); Alloc-T's pooling too: the router's scoring pass is recorded, and each chunk's K_l T activations
+  // (how they fall on its tokens depends on the scores, the shapes do not) are the loads'.
   explicit StepDryRunner(DecoderConfig c, RoutingBudget budget = {}) : c_(std::move(c)), budget_(std::move(budget)) {
-    check(!budget_.pool_tokens, "dry_run_step: Alloc-T's pooled routing is not dry-run (each token's experts depend on "
-          "its scores); price such steps with step_cost");
     budget_.validate(c_);
   }
   StepDryRunner(const StepDryRunner&) = delete;
@@ -177,6 +202,12 @@ public:
                                 std::span<const std::vector<std::int64_t>>(t.routed));
     out.events = trace.take();
     return out;
+  }
+
+  // rank_trace_key of rank `rank`'s shard for the step `t`.
+  std::vector<std::int64_t> trace_key(const StepTrace& t, int rank) {
+    const ScopedTracker on_meta(meta_);  // the shards are shapes alone
+    return rank_trace_key(shard_of(t, rank));
   }
 
 private:
@@ -241,25 +272,42 @@ inline std::vector<std::span<const TraceEvent>> pieces(const RankStepTrace& r) {
 
 }  // namespace step_dry_run_detail
 
-// The step's time on the cluster: per piece the slowest rank's trace_cost time, then the layout change's exposed
-// time. compute_s: the slowest rank's kernels per piece; communication_s: the rest of the pieces' time.
-inline StepCost dry_run_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
+// The step's time on the cluster before its layout change: the slowest rank's pieces one after the other.
+struct DryRunTimeline {
+  double compute_s = 0;              // per piece the slowest rank's kernels, summed
+  double communication_s = 0;        // the rest of the pieces' time
+  double end_s = 0;                  // the last piece's end (the pieces summed in order)
+  std::vector<double> layer_end_s;   // [layers]: seconds from the step's start to each layer's end
+};
+
+// Each rank's trace cut into pieces (after every collective and at every layer's end); a piece costs
+// cost/trace_cost.hpp's time on the cluster's profile, and the step takes, piece by piece, the slowest rank's (the
+// all-reduces synchronise the ranks). With `share_ranks` a rank whose rank_trace_key equals an earlier rank's takes
+// that rank's trace and piece costs (the same to the bit); without, every rank is dry-run (the reference).
+inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
+                                       bool share_ranks = true) {
   using namespace step_dry_run_detail;
-  const DecoderConfig& c = runner.config();
-  StepCost out;
+  DryRunTimeline out;
   if (t.tokens() <= 0) return out;
-  std::vector<RankStepTrace> ranks;
+  std::vector<RankStepTrace> runs;                  // the distinct ranks' traces
+  std::vector<std::vector<std::int64_t>> keys;      // their keys
+  for (int r = 0; r < t.ranks; ++r) {
+    if (share_ranks) {
+      std::vector<std::int64_t> key = runner.trace_key(t, r);
+      if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+      keys.push_back(std::move(key));
+    }
+    runs.push_back(runner.run(t, r));
+  }
   std::vector<std::vector<std::span<const TraceEvent>>> cut;
-  for (int r = 0; r < t.ranks; ++r) ranks.push_back(runner.run(t, r));
-  for (const RankStepTrace& r : ranks) {
+  for (const RankStepTrace& r : runs) {
     cut.push_back(pieces(r));
-    check(cut.back().size() == cut.front().size(), "dry_run_step_cost: rank {} ran {} pieces, rank 0 {} (the "
-          "ranks' collectives differ)", cut.size() - 1, cut.back().size(), cut.front().size());
+    check(cut.back().size() == cut.front().size(), "dry_run_step_cost: a rank ran {} pieces, rank 0 {} (the ranks' "
+          "collectives differ)", cut.back().size(), cut.front().size());
   }
   // The cut before piece i + 1 is a layer's end when the layer_end list says so: time at each layer's end.
-  std::vector<double> layer_end;
-  double clock = 0;
   std::size_t next_layer = 0, at = 0;
+  const std::vector<std::size_t>& layer_end = runs.front().layer_end;
   for (std::size_t i = 0; i < cut.front().size(); ++i) {
     double piece = 0, compute = 0;
     for (const auto& rank_pieces : cut) {
@@ -268,17 +316,35 @@ inline StepCost dry_run_step_cost(StepDryRunner& runner, const StepTrace& t, con
       piece = std::max(piece, k.forward_s);
       compute = std::max(compute, k.compute_s);
     }
-    clock += piece;
+    out.end_s += piece;
     out.compute_s += compute;
     out.communication_s += piece - compute;
     at += cut.front()[i].size();
-    while (next_layer < ranks.front().layer_end.size() && ranks.front().layer_end[next_layer] == at) {
-      layer_end.push_back(clock);
+    while (next_layer < layer_end.size() && layer_end[next_layer] == at) {
+      out.layer_end_s.push_back(out.end_s);
       ++next_layer;
     }
   }
-  out.switch_s = switch_exposed_s(c, t, cluster, layer_end, clock);
   return out;
+}
+
+// The step's time: its timeline, then the layout change's exposed time as serve/step_cost.hpp prices it
+// (switch_exposed_s: layer l's pieces leave after layer l; unpipelined, a stall before the step).
+inline StepCost step_cost_of(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster,
+                             const DryRunTimeline& timeline) {
+  StepCost out;
+  if (t.tokens() <= 0) return out;
+  out.compute_s = timeline.compute_s;
+  out.communication_s = timeline.communication_s;
+  out.switch_s = switch_exposed_s(c, t, cluster, timeline.layer_end_s, timeline.end_s);
+  return out;
+}
+
+// The step's time on the cluster: per piece the slowest rank's trace_cost time, then the layout change's exposed
+// time. compute_s: the slowest rank's kernels per piece; communication_s: the rest of the pieces' time.
+inline StepCost dry_run_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
+                                  bool share_ranks = true) {
+  return step_cost_of(runner.config(), t, cluster, dry_run_timeline(runner, t, cluster, share_ranks));
 }
 
 inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
@@ -295,5 +361,60 @@ inline StepCost simulated_step_cost(const DecoderConfig& c, const StepTrace& t, 
   StepDryRunner runner(c);
   return simulated_step_cost(runner, t, cluster);
 }
+
+// ---- the dry run's price, remembered ------------------------------------------------------------------------------
+//
+// The dynamic policy prices each step in TP, in EP and with the switch to the other layout (serve/switch_policy.hpp
+// forecast_layouts); the last is the current layout's run again (a pipelined switch computes in the old layout, and
+// its exposed time is a function of that run's layer-end times). DryRunPricer keeps the timelines of the last few
+// steps it ran, by what determines them: the ranks, the layouts the step computes in, each chunk's new tokens and
+// cached positions, and every layer's expert loads; a step that matches one is priced from it (its switch term
+// computed afresh), to the bit what a new dry run gives (tests/serve/switch_dry_run.cpp).
+class DryRunPricer {
+public:
+  // (`cluster` must outlive the pricer.) `budget`: the policy's routing budget (StepDryRunner's).
+  DryRunPricer(const DecoderConfig& c, const SimulatedCluster& cluster, RoutingBudget budget = {})
+      : runner_(c, std::move(budget)), cluster_(cluster) {}
+
+  StepCost operator()(const StepTrace& t) {
+    const DecoderConfig& c = runner_.config();
+    if (c.is_mla()) return step_cost(c, t, cluster_);
+    Key key{t.ranks, computed_layouts(t), {}, t.routed};
+    for (const ChunkShape& ch : t.chunks) key.chunks.push_back({ch.tokens, ch.cached});
+    auto hit = std::find_if(kept_.begin(), kept_.end(), [&](const Kept& k) { return k.key == key; });
+    if (hit == kept_.end()) {
+      ++misses_;
+      if (kept_.size() == kKept) kept_.pop_back();
+      kept_.insert(kept_.begin(), Kept{std::move(key), dry_run_timeline(runner_, t, cluster_)});
+      hit = kept_.begin();
+    } else {
+      ++hits_;
+      std::rotate(kept_.begin(), hit, hit + 1);  // most recent first
+      hit = kept_.begin();
+    }
+    return step_cost_of(c, t, cluster_, hit->timeline);
+  }
+  std::int64_t hits() const noexcept { return hits_; }
+  std::int64_t misses() const noexcept { return misses_; }
+
+private:
+  struct Key {
+    int ranks = 0;
+    std::vector<ExpertLayout> layouts;
+    std::vector<std::pair<std::int64_t, std::int64_t>> chunks;  // (tokens, cached) of each chunk
+    std::vector<std::vector<std::int64_t>> routed;
+    friend bool operator==(const Key&, const Key&) = default;
+  };
+  struct Kept {
+    Key key;
+    DryRunTimeline timeline;
+  };
+  static constexpr std::size_t kKept = 8;
+
+  StepDryRunner runner_;
+  const SimulatedCluster& cluster_;
+  std::vector<Kept> kept_;  // most recent first
+  std::int64_t hits_ = 0, misses_ = 0;
+};
 
 }  // namespace paradyse::serve

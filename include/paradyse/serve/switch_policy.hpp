@@ -143,7 +143,9 @@ inline StepPricer analytic_pricer(const DecoderConfig& c, const SimulatedCluster
 }
 
 // The step about to run, forecast in both layouts by `price` (whole step: attention, experts, collectives), and the
-// exposed time of changing from the current layouts to the other mode's during it (with_switch).
+// exposed time of changing from the current layouts to the other mode's during it (with_switch). A pipelined switch's
+// step computes in the current layouts, one of the two runs just priced: the engine's DryRunPricer
+// (serve/step_dry_run.hpp) prices the switch from that run's layer-end times, with no third dry run.
 struct LayoutForecast {
   ModeCosts step;           // price(...).total_s() with every MoE layer in TP, and in EP
   double to_tp_s = 0;       // exposed switch time of moving from `current` to TP in this step
