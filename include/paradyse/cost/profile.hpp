@@ -235,10 +235,10 @@ struct PagedAttentionModel {
 };
 
 // The fixed host cost of a kernel call, beside the work the other terms price by size. On a CPU rank every backend
-// kernel call has its own dispatch, loop set-up and views: about a microsecond here, which the per-byte and
-// per-element rates do not hold (they are fitted on calls large enough to hide it). A serving step of a small model
-// makes ~40 such calls per layer on a handful of rows: in a real decode step (bench/serve_step_pieces.cpp, 8 tokens
-// over 8 experts, 2 layers, 2 thread ranks) its 75 non-GEMM kernel calls took 0.16 ms against 0.06 ms priced.
+// kernel call has its own dispatch, loop set-up and views, which the per-byte and per-element rates do not hold (they
+// are fitted on calls large enough to hide it). A serving step of a small model makes ~40 such calls per layer on a
+// handful of rows (a decode step of the synthetic MoE, 2 layers: 75). Calibrated here at 0.05-0.18 us a call: small
+// beside such a step (docs/serving_simulation.md; a timed step's apparent per-op excess was mostly its timers).
 // Priced per TraceEvent (cost/trace_cost.hpp): `kernel_call_s` for each call of an elementwise, activation or paged
 // attention kernel (GEMMs and flash attention have their own fitted overheads; a kernel's transcendental calls ride
 // on its own event). Calibrated on one-row calls of the backend's kernels (cost/calibrate.hpp,
