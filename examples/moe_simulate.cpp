@@ -23,8 +23,8 @@
 // processes sharing the cores do not lengthen). The calibration adds GEMM size classes fitted on the served model's
 // own GEMMs with cold weights (cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
 // single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
-// "cpu before" simulate with the profile less the prompt-step terms (the paged attention priced as flash attention,
-// SwiGLU forward at GELU's rate: the time model before them).
+// "cpu before" simulate with the profile less the fixed cost per kernel call (cost/profile.hpp CallOverheadModel,
+// calibrated here: the time model before it).
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -408,7 +408,8 @@ struct MeasuredStep {
   StepTiming timing;
 };
 
-// The measured steps of one kind against step_cost of the same traces: sums over the steps.
+// The measured steps of one kind against the simulated clock's cost of the same traces (the dry run): sums over the
+// steps.
 struct StepGroup {
   std::string kind;
   std::int64_t steps = 0, tokens = 0;
@@ -422,7 +423,7 @@ std::vector<StepGroup> step_breakdown(const DecoderConfig& c, const SimulatedClu
   for (const MeasuredStep& s : steps) {
     bool prefill = false;
     for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
-    const StepCost cost = step_cost(c, s.trace, cluster);
+    const StepCost cost = simulated_step_cost(c, s.trace, cluster);
     for (StepGroup* x : {&g[prefill ? 1 : 0], &g[2]}) {
       ++x->steps;
       x->tokens += s.trace.tokens();
@@ -437,7 +438,7 @@ std::vector<StepGroup> step_breakdown(const DecoderConfig& c, const SimulatedClu
 }
 
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
-  fmt::print("\nper step, the first measured round against step_cost of the same steps' traces (means, ms): wall = "
+  fmt::print("\nper step, the first measured round against the simulated clock's cost (the dry run) of the same steps' traces (means, ms): wall = "
              "rank 0's step on the wall clock, cpu = the CPU time its thread ran in it (wall - cpu: waiting for the "
              "other ranks or for a core)\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n",
              "policy", "steps", "count", "tokens", "wall", "cpu", "simulated", "compute", "comm", "sim/wall", "sim/cpu");
@@ -467,6 +468,7 @@ int measure(const Options& o) {
     // synthetic model's 256 x 512 expert slice, measured at 148 us, was modelled at 20 us).
     cost::CalibrationOptions options;
     options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
+    options.call_overheads = true;  // a serving step's kernels run on a handful of rows: their fixed costs show
     const std::int64_t h = c.hidden, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / o.ranks);
     for (const std::int64_t m : {1, 4, 16})
       for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}})
@@ -525,19 +527,18 @@ int measure(const Options& o) {
     });
     fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
                profile.activation_elements_per_s / 1e6);
+    fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);
     cost::save_profile(profile, o.cluster);
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
-  // The profile less the prompt-step terms, the time model before them: simulated beside it ("before").
+  // The profile less the fixed cost per kernel call, the time model before it: simulated beside it ("before").
   SimulatedCluster before = cluster;
-  before.profile.paged_attention = {};
-  before.profile.swiglu_forward_elements_per_s = 0;
+  before.profile.call_overhead = {};
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
   const std::vector<Policy> before_policies = make_policies(o.policies, before, o.eplb_interval, o.switch_window);
-  const bool compare_before = before.profile.paged_attention != cluster.profile.paged_attention ||
-                              before.profile.swiglu_forward_elements_per_s != cluster.profile.swiglu_forward_elements_per_s;
+  const bool compare_before = before.profile.call_overhead != cluster.profile.call_overhead;
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -560,7 +561,7 @@ int measure(const Options& o) {
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
       // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
-      // on the profile less the prompt-step terms (the policy's time model too).
+      // on the profile less the fixed cost per kernel call (the policy's time model too).
       auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
@@ -601,7 +602,7 @@ int measure(const Options& o) {
       const Result sim = serve(2, nullptr, nullptr);
       const Result sim_before = compare_before ? serve(3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation before the
-      // prompt-step terms.
+      // fixed cost per kernel call.
       for (const auto& [clock_name, runs, simulated] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
             {"cpu", &on_cpu, &sim}, {"cpu before", &on_cpu, &sim_before}}) {

@@ -31,6 +31,9 @@
 //     (fit_elementwise_classes);
 //   - where options.pool_miss_bytes asks for it (train_gpt does): a buffer pool made to miss on every loan (two size
 //     classes lent in turn: each evicts the other), bytes lent per second (the profile's pool_miss_bytes_per_s);
+//   - where options.call_overheads asks for it (moe_simulate --measure does): one-row calls of the backend's
+//     non-GEMM kernels, their work priced on the rates above: the fixed seconds per kernel call (the profile's
+//     call_overhead);
 //   - every collective of the communicator at several sizes: t = alpha + beta * bytes, for this group size;
 //   - a ring step (a GEMM beside a shift_async) against the two alone: the fraction of overlap the backend gives
 //     (wall-clock time only; in thread CPU time it is 0 by construction).
@@ -104,6 +107,8 @@ struct CalibrationOptions {
   std::vector<std::int64_t> elementwise_class_rows;
   // The pool's misses (HardwareProfile::pool_miss_bytes_per_s): loan sizes; empty (the default): unpriced.
   std::vector<std::int64_t> pool_miss_bytes;
+  // The fixed cost per kernel call (HardwareProfile::call_overhead); false (the default): unpriced. moe_simulate --measure asks for them (a serving step's kernels run on a handful of rows).
+  bool call_overheads = false;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
 };
 
@@ -376,6 +381,57 @@ void calibrate_pool_misses(C& comm, const CalibrationOptions& options, Calibrati
   result.profile.pool_miss_bytes_per_s = bytes / seconds;
 }
 
+// The fixed cost per kernel call (options.call_overheads): the non-GEMM kernels a serving step calls on its few rows
+// (RMSNorm, a residual add, RoPE, SwiGLU, a row gather and scatter-add, a copy), each on one row of h = heads x d,
+// kCallRounds times in turn; their work priced as the counting backend records it (ops/counting.hpp) on the rates
+// calibrated before, the rest over the calls is kernel_call_s.
+template <class Backend, Communicator C>
+void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (!options.call_overheads) return;
+  constexpr int kCallRounds = 256;
+  HardwareProfile& profile = result.profile;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
+  Tensor<float> x(Shape{1, h}), y(Shape{1, h}), gamma(Shape{h}), rstd(Shape{1}), gate(Shape{1, h}), act(Shape{1, h});
+  Tensor<float> q(Shape{1, 1, heads, d});
+  calibrate_detail::fill(x, 0.5f);
+  calibrate_detail::fill(gamma, 1.0f);
+  calibrate_detail::fill(gate, 0.3f);
+  calibrate_detail::fill(q, 0.1f);
+  const std::vector<std::int64_t> rows = {0};
+  const auto mix = [&]<class B>() {
+    for (int i = 0; i < kCallRounds; ++i) {
+      B::rms_norm_forward(x.view(), gamma.view(), 1e-5f, y.view(), rstd.view());
+      B::add_into(x.view(), y.view());
+      B::rope_forward(q.view(), q.view(), i);
+      B::swiglu_forward(gate.view(), y.view(), act.view());
+      B::gather_rows(x.view(), rows, {}, y.view());
+      B::scatter_add_rows(x.view(), rows, act.view(), {});
+      B::copy(y.view(), x.view());
+    }
+  };
+  const double kernels = measure(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+  Trace trace;
+  {
+    const ScopedTrace recording(trace);
+    mix.template operator()<ops::Counting>();
+  }
+  double calls = 0, work = 0;
+  for (const TraceEvent& e : trace.events()) {
+    const double n = e.count;
+    switch (e.kind) {
+      case TraceKind::elementwise: calls += n, work += n * profile.elementwise_time(e.bytes); break;
+      case TraceKind::activation: calls += n, work += n * profile.activation_time(e.m, e.bytes, e.n == 1); break;
+      case TraceKind::transcendental: work += n * profile.scalar_math.time(ScalarFunction(int(e.n)), e.m); break;
+      case TraceKind::scratch: work += profile.fresh_memory.time(e.bytes); break;
+      default: break;
+    }
+  }
+  check(calls > 0, "calibrate_call_overheads: the counting backend recorded no kernel call");
+  profile.call_overhead.kernel_call_s = std::max(0.0, (kernels - work) / calls);
+  result.samples.push_back({fmt::format("{} one-row kernel calls", std::int64_t(calls)), kernels,
+                            work + calls * profile.call_overhead.kernel_call_s});
+}
+
 // Scalar math: the materialised softmax (an exp per score) and RoPE (a cos and a sin per token and frequency) at
 // the shapes ColossalZ and every rope model run, their other work priced as the dry run records it (ops/counting.hpp).
 template <class Backend, Communicator C>
@@ -533,6 +589,8 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
   // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
   calibrate_detail::calibrate_elementwise_classes<Backend>(comm, options, result);
   calibrate_detail::calibrate_pool_misses<Backend>(comm, options, result);
+  // After every per-byte and per-element rate: the calls' work is priced on them.
+  calibrate_detail::calibrate_call_overheads<Backend>(comm, options, result);
 
   // ---- collectives: t = alpha + beta * bytes (nccl-tests sizes) ---------------------------------------------------
   if (p > 1) {

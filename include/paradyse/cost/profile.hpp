@@ -234,6 +234,21 @@ struct PagedAttentionModel {
   friend bool operator==(const PagedAttentionModel&, const PagedAttentionModel&) = default;
 };
 
+// The fixed host cost of a kernel call, beside the work the other terms price by size. On a CPU rank every backend
+// kernel call has its own dispatch, loop set-up and views, which the per-byte and per-element rates do not hold (they
+// are fitted on calls large enough to hide it). A serving step of a small model makes ~40 such calls per layer on a
+// handful of rows (a decode step of the synthetic MoE, 2 layers: 75). Calibrated here at 0.05-0.18 us a call: small
+// beside such a step (docs/serving_simulation.md; a timed step's apparent per-op excess was mostly its timers).
+// Priced per TraceEvent (cost/trace_cost.hpp): `kernel_call_s` for each call of an elementwise, activation or paged
+// attention kernel (GEMMs and flash attention have their own fitted overheads; a kernel's transcendental calls ride
+// on its own event). Calibrated on one-row calls of the backend's kernels (cost/calibrate.hpp,
+// options.call_overheads). 0 (built-in profiles, profiles written before the model, calibrations that do not ask for
+// it): unpriced, as before.
+struct CallOverheadModel {
+  double kernel_call_s = 0;  // seconds per non-GEMM kernel call
+  friend bool operator==(const CallOverheadModel&, const CallOverheadModel&) = default;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string description;
@@ -270,6 +285,8 @@ struct HardwareProfile {
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;
+  // The fixed cost per kernel call (0: unpriced).
+  CallOverheadModel call_overhead;
 
   // Seconds of the paged attention kernel over `pairs` visible query-key pairs of `heads` query heads of width d.
   double paged_attention_time(double pairs, double heads, double d) const {

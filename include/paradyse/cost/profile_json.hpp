@@ -7,11 +7,13 @@
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
-//    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}]}
+//    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
+//    ["call_overhead": {"kernel_call_s"}]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
-// ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses unpriced), and
+// ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses and the fixed
+// cost per kernel call unpriced), and
 // they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
@@ -212,6 +214,13 @@ inline PagedAttentionModel paged_attention_from_json(const json::Field& v) {
   only_keys(v, {"visits_per_s", "flops_per_s"});
   return {rate(v, "visits_per_s", true), rate(v, "flops_per_s", true)};
 }
+inline json::Value call_overhead_to_json(const CallOverheadModel& m) {
+  return {{"kernel_call_s", m.kernel_call_s}};
+}
+inline CallOverheadModel call_overhead_from_json(const json::Field& v) {
+  only_keys(v, {"kernel_call_s"});
+  return {seconds(v, "kernel_call_s")};
+}
 
 }  // namespace detail
 
@@ -262,6 +271,7 @@ inline json::Value to_json(const HardwareProfile& p) {
     v["elementwise_classes"] = detail::elementwise_classes_to_json(p.elementwise_classes);
   if (p.pool_miss_bytes_per_s > 0) v["pool_miss_bytes_per_s"] = p.pool_miss_bytes_per_s;
   if (p.paged_attention.calibrated()) v["paged_attention"] = detail::paged_attention_to_json(p.paged_attention);
+  if (p.call_overhead != CallOverheadModel{}) v["call_overhead"] = detail::call_overhead_to_json(p.call_overhead);
   return v;
 }
 
@@ -273,7 +283,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
                 "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "swiglu_forward_elements_per_s",
                 "overlap", "intra_node", "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math",
-                "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention"});
+                "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention", "call_overhead"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -339,6 +349,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto classes = v.find("elementwise_classes")) p.elementwise_classes = elementwise_classes_from_json(*classes);
   if (v.has("pool_miss_bytes_per_s")) p.pool_miss_bytes_per_s = rate(v, "pool_miss_bytes_per_s", true);
   if (const auto paged = v.find("paged_attention")) p.paged_attention = paged_attention_from_json(*paged);
+  if (const auto calls = v.find("call_overhead")) p.call_overhead = call_overhead_from_json(*calls);
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

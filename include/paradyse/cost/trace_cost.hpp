@@ -15,7 +15,8 @@
 // terms run on the compute stream where the profile prices them (cost/profile.hpp): the zeroing and first touch of
 // every plain allocation and kernel workspace (FreshMemoryModel: a host Tensor is zeroed when made; buffers lent by
 // the pool are not, they come back warm from the layer before; the pool's own growth is the planner's, once per
-// step, plan/cost_table.hpp), and the scalar math-library calls of TraceKind::transcendental (ScalarMathModel).
+// step, plan/cost_table.hpp), the scalar math-library calls of TraceKind::transcendental (ScalarMathModel), and the
+// fixed host cost of each kernel call (CallOverheadModel).
 // (The buffer pool's misses depend on the whole step's order of loans: plan/cost_table.hpp's evaluate replays them
 // through detail::PoolReplay, below, and prices them.)
 #pragma once
@@ -230,6 +231,16 @@ private:
       default: return 0;
     }
   }
+  // The fixed cost of one call of a kernel kind (CallOverheadModel): GEMMs and flash attention carry their own
+  // fitted overheads, transcendental calls ride on their kernel's event.
+  double call_overhead(TraceKind kind) const {
+    switch (kind) {
+      case TraceKind::paged_attention:
+      case TraceKind::elementwise:
+      case TraceKind::activation: return hw_.call_overhead.kernel_call_s;
+      default: return 0;
+    }
+  }
   // Seconds of a transfer over a group of `group` ranks spread over `span` consecutive ranks (0: the trace's whole
   // group; a sub-group's transfers say theirs), the profile's lookup remembered per kind for the last size: a ring
   // posts one size p times in a row.
@@ -245,7 +256,7 @@ private:
   void step(const TraceEvent& e) {
     if (e.is_kernel()) {  // `count` identical calls in a row: the first, then the others at its duration
       const double before = now_;
-      run(kernel_time(e));
+      run(kernel_time(e) + call_overhead(e.kind));
       if (e.count > 1) run((now_ - before) * (e.count - 1));
       return;
     }
