@@ -83,7 +83,7 @@ public:
   using Stack = TransformerStack<Strategies>;
   struct Saved {
     Tensor<float> input;  // [b, n_r, h]: the stage's input, to recompute its forward (PipelineRecompute::full)
-    std::optional<typename Stack::Activations> activations;  // the forward's activations (PipelineRecompute::none)
+    std::optional<typename Stack::Activations> activations;  // the forward's activations (none, selective)
   };
 
   // Stage `stage` of `stages` holds layers `layers` (global indices) of `config`, sharded over cp rank `cp_rank`
