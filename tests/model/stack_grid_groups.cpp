@@ -7,31 +7,15 @@
 #include "paradyse/model/stack.hpp"
 #include "paradyse/strategy/sequence_layout.hpp"
 #include "paradyse/strategy/strategies.hpp"
+#include "strategy/harness.hpp"  // testing::SplitCounting
 
 #include <doctest/doctest.h>
 
 #include <array>
 #include <string>
-#include <utility>
-
-namespace stack_grid_groups_test {
-
-using namespace paradyse;
-
-// A thread communicator that counts the splits made from it and from the groups split from it (in *splits).
-struct SplitCounting : ThreadCommunicator {
-  int* splits;
-  SplitCounting(ThreadCommunicator comm, int* counter) : ThreadCommunicator(std::move(comm)), splits(counter) {}
-  SplitCounting split(int color, int key) {
-    ++*splits;
-    return {ThreadCommunicator::split(color, key), splits};
-  }
-};
-
-}  // namespace stack_grid_groups_test
 
 TEST_CASE("the layer stack splits its grid sub-groups when the factorisation is set, once, and a step splits none") {
-  using namespace stack_grid_groups_test;
+  using namespace paradyse;
   using Strategies = MeshStrategies<>;
   LayerConfig config = LayerConfig::make(32, 4);
   config.causal = config.zigzag = config.rope = true;
@@ -45,7 +29,7 @@ TEST_CASE("the layer stack splits its grid sub-groups when the factorisation is 
   std::array<std::string, p> refusals;
   run_ranks(p, [&](ThreadCommunicator& threads) {
     int splits = 0;
-    SplitCounting comm(threads.split(0, threads.rank()), &splits);
+    testing::SplitCounting comm(threads.split(0, threads.rank()), &splits);
     const int r = comm.rank();
     TransformerStack<Strategies> stack(config, 2, p, r, 5);
     BufferPool pool;
