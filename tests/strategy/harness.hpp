@@ -285,7 +285,8 @@ void check_grid_split_once(const SublayerCase& test, int calls = 3) {
       return out;
     };
     const std::vector<Tensor<float>> alone = run(nullptr);
-    if (splits != 8) findings.fail(fmt::format("{} rank {}: {} splits with no grid held, expected 8", S::name, r, splits));
+    if (splits != 8)
+      findings.fail(fmt::format("{} rank {}: {} splits with no grid held, expected 8", S::name, r, splits));
     splits = 0;
     const AnyGridGroups held(comm, ctx.tp_inner > 0 ? ctx.tp_inner : ctx.tp_x);
     for (int call = 0; call < calls; ++call) {
