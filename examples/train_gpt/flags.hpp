@@ -309,8 +309,9 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
     if (o.top_k > o.experts) usage(fmt::format("--top-k {} exceeds --experts {}", o.top_k, o.experts));
     if (o.first_dense >= o.layers)
       usage(fmt::format("--first-dense {} leaves no MoE layer of --layers {}", o.first_dense, o.layers));
-    if (!o.strategy.empty() || !o.load.empty())
-      usage("--experts: --strategy and --load are for the dense GPT (the MoE GPT resumes with --resume)");
+    if ((!o.strategy.empty() && o.mesh.empty() && o.mesh_file.empty()) || !o.load.empty())
+      usage("--experts: --strategy (without --mesh) and --load are for the dense GPT (the MoE GPT resumes with "
+            "--resume; on a mesh --strategy names the attention and dense MLPs' strategy)");
   } else if (o.shared_experts > 0 || o.first_dense > 0) {
     usage("--shared-experts and --first-dense need --experts");
   }

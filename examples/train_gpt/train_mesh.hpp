@@ -247,8 +247,6 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   const auto refuse_unless = [&](bool trainable, std::string what) {
     check(trainable, "{}: {} (issue 26)", where, what);
   };
-  refuse_unless(c.tp_x == 1 || !config.moe, fmt::format("tp_x={} with experts: 2-D tensor parallelism is trainable "
-                                                         "on the dense model only", c.tp_x));
   refuse_unless(c.tp_x == 1 || c.cp == 1, fmt::format("tp_x={} with cp={}: a 2-D tensor-parallel grid inside a cp "
                                                        "group is not trainable yet", c.tp_x, c.cp));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
@@ -257,8 +255,8 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   if (config.moe) {
     refuse_unless((c.dp * c.cp) % c.ep == 0, fmt::format("ep={}: the expert group must divide dp x cp = {}", c.ep,
                                                          c.dp * c.cp));
-    refuse_unless(c.tp_y % c.etp == 0, fmt::format("etp={}: the expert columns' group must divide tp = {}", c.etp,
-                                                   c.tp_y));
+    refuse_unless(c.tp() % c.etp == 0, fmt::format("etp={}: the expert columns' group must divide tp = {}", c.etp,
+                                                   c.tp()));
   } else {
     refuse_unless(c.ep == 1, fmt::format("ep={}: the model has no experts (train_gpt --experts E)", c.ep));
     refuse_unless(c.etp == 1, fmt::format("etp={}: the model has no experts (train_gpt --experts E)", c.etp));
@@ -336,8 +334,6 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   check(tp == 1 || tp_x > 1 || cp_by_tp || o.strategy.empty() || o.strategy == "MegatronTS", "--mesh {} --strategy "
         "{}: the tp axis runs MegatronTS in every sublayer (Megatron's tensor parallelism; other strategies are the cp "
         "axis's)", o.mesh, o.strategy);
-  check(tp_x == 1 || !experts, "--mesh {} --experts: 2-D tensor parallelism (tp_x = {}) is trainable on the dense "
-        "model only", o.mesh, tp_x);
   // A factorised stage group (cp x tp, tp innermost, or a tp_x x tp_y grid) is an outer x inner grid of its ranks:
   // MegatronRing (tp_inner) and Tp2d (tp_x) both compute over it with inner = tp (tp_x), beside the five over the
   // whole group, and the planner chooses among the seven per sublayer (--strategy: one of the five everywhere).
@@ -357,7 +353,6 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         o.mesh, v, o.pack_documents, pp);
   GptConfig config = mesh_model_config(o);
   config.validate_for(cp);
-  check(!experts || o.strategy.empty(), "--mesh --experts: the planner picks every sublayer (no --strategy)");
   check(o.pack_documents == 0 || o.pack_tokens == 0, "--mesh {}: --pack-tokens {} (documents as rows) and "
         "--pack-documents {} (documents in one sequence) exclude each other", o.mesh, o.pack_tokens, o.pack_documents);
 
@@ -391,9 +386,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   };
   // Every step's plan for a cp group running one micro-batch, computed before training; under selective
   // recomputation its dry runs drop attention's core and re-run it in backward.
-  plan::GptCosts<Model> costs{config, cp, &hardware,
-                              grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog(), grid_inner,
-                              std::max(grid_inner, 1)};
+  const cost::StrategyCatalog* catalog = grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog();
+  plan::GptCosts<Model> costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_inner, 1)};
   costs.selective = recompute == PipelineRecompute::selective;
   // The activations a rank keeps under none or selective, in stashes of the whole stack for one micro-batch (the
   // planner's unit): the most layers any pp rank holds at once over the step's micro-batches (1F1B, interleaved),
@@ -409,7 +403,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                       }));
     return double(most) / double(o.layers);
   };
-  const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware};
+  const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_inner, 1)};
   std::int64_t cap = 0;
   if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
   else if (experts) cap = hardware.usable_memory_bytes();  // as train_gpt --experts
@@ -439,14 +433,12 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       step_costs.stash_factor = stash_factor(std::get<2>(full_key));
       try {
         if (experts) {
-          const plan::MoeCostTable table =
-              packed ? moe_costs.packed_table(key.first)
-                     : plan::build_moe_cost_table(config, hardware, cp, plan::Batch::single(length, key.second),
-                                                  {4, 4, 8}, moe_costs.extra_bytes(length));
+          const plan::MoeCostTable table = packed ? moe_costs.packed_table(key.first)
+                                                  : moe_costs.table(length, key.second);
           plan::MoePlan plan = plan::plan_moe_exact(table, cap);
-          if (tp > 1) {  // the tp axis runs MegatronTS in the attention and dense MLPs; the planner picks the MoE FFN's
-            const auto at = std::find(plan.strategy_names.begin(), plan.strategy_names.end(), "MegatronTS");
-            check(at != plan.strategy_names.end(), "--mesh {}: the planner's catalog has no MegatronTS", o.mesh);
+          if (!strategy.empty()) {  // one strategy in the attention and dense MLPs; the planner picks the MoE FFN's
+            const auto at = std::find(plan.strategy_names.begin(), plan.strategy_names.end(), strategy);
+            check(at != plan.strategy_names.end(), "--mesh {}: the planner's catalog has no {}", o.mesh, strategy);
             std::vector<plan::MoeLayerPlan> choices = plan.layers;
             for (plan::MoeLayerPlan& layer : choices) {
               layer.attention = int(at - plan.strategy_names.begin());
@@ -454,13 +446,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
             }
             plan = plan::moe_plan_of(table, choices, cap);
           }
-          mesh_detail::StepPlan step_plan{plan.stack_plan<Strategies>(), compact_plan(plan), plan.time_s};
-          if (cp_by_tp) {  // tp inside cp: MegatronRing in the attention and dense MLPs (priced as MegatronTS's row)
-            const std::size_t ring = Strategies::index_of("MegatronRing");
-            for (SublayerChoice& choice : step_plan.stack) choice.attention = choice.mlp = ring;
-            step_plan.name += " (MegatronTS run as MegatronRing)";
-          }
-          planned[full_key] = std::move(step_plan);
+          planned[full_key] = mesh_detail::StepPlan{plan.stack_plan<Strategies>(), compact_plan(plan), plan.time_s};
         } else {
           const plan::CostTable table = packed ? step_costs.packed_table(key.first) : step_costs.table(length, key.second);
           const plan::Plan plan = strategy.empty()
@@ -655,8 +641,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     for (auto& chunk : chunks) chunk.set_recompute(recompute);
     if (grid_inner > 0)  // the stage's group as a grid: MegatronRing's cp x tp, Tp2d's tp_x x tp_y
       for (auto& chunk : chunks) {
-        chunk.stack().set_tp_inner(grid_inner);
-        chunk.stack().set_tp_x(grid_inner);
+        chunk.stack().set_tp_inner(cp_group, grid_inner);  // one grid, split once: the two share it
+        chunk.stack().set_tp_x(cp_group, grid_inner);
       }
     if (vocab_parallel) {  // the embedding and the head by vocabulary rows over tp (model/vocab_parallel.hpp)
       vocab_group.emplace(mesh.group(world, {"tp"}));

@@ -15,8 +15,9 @@
 # ZERO3_MESHES (optional): meshes trained with --zero 1 and with --zero 3: the losses agree (TOL) and ZeRO-3's peak
 # memory per rank is below ZeRO-1's.
 # MESH_ARGS (optional): arguments for the mesh runs only (e.g. --virtual-stages;2), not for the single group's.
-# A mesh given as MESH@Z/V (MOE_MESHES, MOE_PP_MESHES, ...) trains with --virtual-stages V as well. MESHES may be
-# empty (an MoE-only test): then no dense run is made.
+# A mesh given as MESH@Z/V (MOE_MESHES, MOE_PP_MESHES, ...) trains with --virtual-stages V as well, and one given
+# as MESH@Z~S with --strategy S (e.g. MegatronRing or Tp2d in the attention and dense MLPs of a factorised group).
+# MESHES may be empty (an MoE-only test): then no dense run is made.
 # MOE_PP_MESHES, MOE_PP_PACK (optional, with MOE_ARGS): meshes with pipeline stages and several micro-batches per
 # replica, each against the first (see 3. below).
 # Run by ctest (examples/CMakeLists.txt):
@@ -63,12 +64,18 @@ function(train_on_mesh prefix backend spec out_var)
   set(zero 0)
   set(virtual "")
   set(virtual_args "")
+  set(strategy_args "")
+  if(mesh MATCHES "^(.*)~([A-Za-z0-9]+)$")
+    set(mesh ${CMAKE_MATCH_1})
+    set(strategy_args --strategy ${CMAKE_MATCH_2})
+  endif()
   if(mesh MATCHES "^(.*)/([0-9]+)$")
     set(mesh ${CMAKE_MATCH_1})
     set(virtual "_v${CMAKE_MATCH_2}")
     set(virtual_args --virtual-stages ${CMAKE_MATCH_2})
   endif()
-  string(REPLACE ";" " " virtual_label "${virtual_args}")
+  string(REPLACE ";" " " virtual_label "${virtual_args};${strategy_args}")
+  string(STRIP "${virtual_label}" virtual_label)
   if(virtual_label)
     set(virtual_label " ${virtual_label}")
   endif()
@@ -76,7 +83,8 @@ function(train_on_mesh prefix backend spec out_var)
     set(mesh ${CMAKE_MATCH_1})
     set(zero ${CMAKE_MATCH_2})
   endif()
-  string(REPLACE "," "_" name "${prefix}_${backend}_${mesh}_zero${zero}${virtual}")
+  string(REPLACE "," "_" name "${prefix}_${backend}_${mesh}_zero${zero}${virtual}${strategy_args}")
+  string(REPLACE ";" "_" name "${name}")
   string(REPLACE "=" "" name "${name}")
   if(backend STREQUAL "mpi")
     # The world's size is the mesh's: the product of the device axes' sizes (ep and etp fold the same devices).
@@ -88,10 +96,10 @@ function(train_on_mesh prefix backend spec out_var)
     endforeach()
     train_to("--mesh ${mesh} --zero ${zero}${virtual_label} on ${np} MPI processes" ${WORK}/${name}.csv
               ${MPIEXEC} -np ${np} --oversubscribe ${EXE} ${ARGN} --mesh ${mesh} --zero ${zero} ${virtual_args}
-              --backend mpi)
+              ${strategy_args} --backend mpi)
   else()
     train_to("--mesh ${mesh} --zero ${zero}${virtual_label} on threads" ${WORK}/${name}.csv ${EXE} ${ARGN} --mesh ${mesh}
-              --zero ${zero} ${virtual_args})
+              --zero ${zero} ${virtual_args} ${strategy_args})
   endif()
   csv_losses(${WORK}/${name}.csv losses)
   set(${out_var} "${losses}" PARENT_SCOPE)

@@ -107,7 +107,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
         std::vector<MeshGptStage<CpTpStrategies, ThreadCommunicator>> chunks;
         chunks.emplace_back(config, stage_index, m.pp, layers, C, rank, C, rank, seed);
         MeshGptStage<CpTpStrategies, ThreadCommunicator>& stage = chunks.back();
-        stage.stack().set_tp_inner(m.tp);
+        stage.stack().set_tp_inner(group, m.tp);
         if (m.zero3) stage.shard_over_dp(dp_group);
         BufferPool pool;
         stage.begin_step(group, group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);

@@ -16,7 +16,8 @@
 // rows over dp: the one micro-batch of each replica). Expert data parallelism (model/expert_groups.hpp): ep < dp x cp
 // (ep = 1 and 2 of dp x cp = 4, with pp, interleaving and uneven rows) and etp < tp (etp = 1 of tp = 2, etp = 1 and 2
 // of tp = 4, alone and with ep < dp), against the same single group; tp inside cp (cp = 2 x tp = 2: MegatronRing in
-// the mesh, the five in the single group); and ZeRO 1, 2 and 3 against ZeRO-0 with ep < dp x cp.
+// the mesh, the five in the single group); 2-D tp (a tp_x x tp_y grid: Tp2d in the mesh, etp a factor of the grid);
+// and ZeRO 1, 2 and 3 against ZeRO-0 with ep < dp x cp.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/layout/chunking.hpp"
@@ -116,6 +117,7 @@ struct Mesh {
   std::int64_t rows;  // a multiple of dp with pp > 1 (every replica runs as many micro-batches)
   int ep = 0;         // the expert group: ep consecutive ranks of dp x cp (0: all of dp x cp; edp = dp x cp / ep)
   int etp = 0;        // each expert's columns over etp consecutive ranks of tp (0: all of tp)
+  int tp_x = 0;       // > 1: the tp group is a tp_x x (tp / tp_x) grid running Tp2d (2-D tensor parallelism)
 };
 
 
@@ -134,7 +136,10 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
   CAPTURE(m.layers);
   const int group = m.cp * tp, etp = m.etp > 0 ? m.etp : tp;
   const bool ring = m.cp > 1 && tp > 1;  // tp inside cp: the mesh's stage group runs MegatronRing
+  const bool grid = m.tp_x > 1;          // 2-D tp: the mesh's stage group runs Tp2d
+  REQUIRE((!grid || (m.cp == 1 && tp % m.tp_x == 0)));
   CAPTURE(etp);
+  CAPTURE(m.tp_x);
   const std::int64_t seq = group == 4 ? 16 : 12;  // divisible by 2 x the group for the zigzag layout
   const std::uint64_t seed = 41;
   GptConfig config;
@@ -166,10 +171,12 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
     const std::size_t attention = Strategies::index_of(tp > 1 && !ring ? "MegatronTS" : l % 2 == 0 ? "UlyssesZ" : "MegatronCZ");
     plan.push_back({attention, Strategies::index_of(tp > 1 && !ring ? "MegatronTS" : "METP"), std::size_t(l % 2)});
   }
-  // The mesh's plan: the same, or with tp inside cp MegatronRing in every sublayer (the single group keeps the five).
+  // The mesh's plan: the same, or with tp inside cp MegatronRing (with a 2-D grid Tp2d) in every attention and dense
+  // MLP (the single group keeps the five).
   StackPlan mesh_plan = plan;
-  if (ring)
-    for (SublayerChoice& choice : mesh_plan) choice.attention = choice.mlp = Strategies::index_of("MegatronRing");
+  if (ring || grid)
+    for (SublayerChoice& choice : mesh_plan)
+      choice.attention = choice.mlp = Strategies::index_of(ring ? "MegatronRing" : "Tp2d");
   Rng rng(700 + std::uint64_t(m.v * 10000 + tp * 1000 + m.dp * 100 + m.pp * 10 + m.cp));
   std::vector<std::int32_t> inputs, targets;
   for (std::int64_t i = 0; i < m.rows * seq; ++i) {
@@ -246,7 +253,8 @@ void check_experts_in_mesh(const Mesh& m, int tp) {
                           etp);
       chunks.back().set_expert_replicas(experts.edp);
       chunks.back().set_expert_column_group(experts.etp);
-      if (ring) chunks.back().stack().set_tp_inner(tp);  // the stage group factorised cp x tp, tp innermost
+      if (ring) chunks.back().stack().set_tp_inner(stage_group, tp);  // the stage group as cp x tp, tp innermost
+      if (grid) chunks.back().stack().set_tp_x(stage_group, m.tp_x);  // the stage group as a tp_x x tp_y grid
       chunks.back().begin_step(stage_group, ep_group, pool,
                                StackPlan(mesh_plan.begin() + layers.start, mesh_plan.begin() + layers.end()), seq);
     }
@@ -333,6 +341,19 @@ TEST_CASE("tp inside cp with experts (MegatronRing in attention and the dense ML
   check_experts_in_mesh(Mesh{1, 1, 2, 1, 2, 1, 5, 2}, 2);              // ep = cp = 2, etp = tp
   check_experts_in_mesh(Mesh{2, 1, 2, 1, 2, 0, 5, 3, 0, 1}, 2);        // ep = dp x cp = 4, etp = 1: edp = 2
   check_experts_in_mesh(Mesh{1, 2, 2, 1, 3, 1, 5, 2, 1, 2}, 2);        // pp = 2, ep = 1: edp = 2
+}
+
+TEST_CASE("2-D tp with experts (Tp2d in attention and the dense MLPs over the tp_x x tp_y stage group; the MoE "
+          "layers over ep ranks of dp, each expert's columns over etp consecutive ranks of the grid, replicated over "
+          "edp) trains as the single group: the loss and every gradient of every rank, with dp, pp stages, ep < dp, "
+          "etp < tp, experts uneven over ep and columns uneven over etp") {
+  using namespace mesh_experts_test;
+  // {dp, pp, cp = 1, v, layers, first dense, experts, rows, ep, etp, tp_x} on tp = tp_x x tp_y.
+  check_experts_in_mesh(Mesh{2, 1, 1, 1, 2, 1, 5, 2, 0, 0, 2}, 4);  // 2 x 2 grid, ep = dp = 2, etp = 4: edp = 1
+  check_experts_in_mesh(Mesh{2, 1, 1, 1, 2, 0, 7, 3, 0, 2, 2}, 4);  // etp = 2 (a grid row): edp = 2, uneven rows
+  check_experts_in_mesh(Mesh{2, 1, 1, 1, 2, 1, 5, 2, 1, 1, 2}, 4);  // ep = 1, etp = 1: edp = 8
+  check_experts_in_mesh(Mesh{1, 2, 1, 1, 3, 1, 5, 2, 0, 2, 2}, 4);  // pp = 2 stages of a 2 x 2 grid, etp = 2
+  check_experts_in_mesh(Mesh{4, 1, 1, 1, 2, 1, 7, 4, 0, 0, 2}, 2);  // a 2 x 1 grid, ep = dp = 4 (7 experts)
 }
 
 TEST_CASE("expert data parallelism (ep < dp x cp: the experts replicated over edp = dp x cp / ep expert groups, the "

@@ -40,8 +40,8 @@ std::vector<float> stack_step(ThreadCommunicator& comm, const LayerConfig& confi
                               int tp_x, bool selective, std::int64_t seq) {
   const int p = int(comm.size()), rank = int(comm.rank());
   TransformerStack<Strategies> stack(config, int(plan.size()), p, rank, 77);
-  if (tp_inner > 0) stack.set_tp_inner(tp_inner);
-  if (tp_x > 1) stack.set_tp_x(tp_x);
+  if (tp_inner > 0) stack.set_tp_inner(comm, tp_inner);
+  if (tp_x > 1) stack.set_tp_x(comm, tp_x);
   stack.set_selective_recompute(selective);
   BufferPool pool;
   const std::int64_t b = 2, n = SequenceLayout(seq, p, config.zigzag).local_length(rank), h = config.hidden;
@@ -123,7 +123,7 @@ MeshRun run_mesh(const GptConfig& config, const Mesh& m, const StackPlan& plan, 
     for (int c = 0; c < m.v; ++c) {
       const ChunkRange layers = chunk_range(config.layers, stages, c * m.pp + on.stage_index);
       chunks.emplace_back(config, c * m.pp + on.stage_index, stages, layers, C, on.stage_rank, C, on.stage_rank, seed);
-      if (m.tp > 1) chunks.back().stack().set_tp_inner(m.tp);
+      if (m.tp > 1) chunks.back().stack().set_tp_inner(on.stage_group, m.tp);
       chunks.back().set_recompute(recompute);
       chunks.back().begin_step(on.stage_group, on.stage_group, pool,
                                StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);

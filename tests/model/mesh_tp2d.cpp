@@ -76,7 +76,7 @@ TEST_CASE("a 2-D tp grid in the mesh (Tp2d in every sublayer) trains as the sing
       const ChunkRange layers = chunk_range(config.layers, m.pp, stage_index);
       std::vector<MeshGptStage<Strategies, ThreadCommunicator>> chunks;
       chunks.emplace_back(config, stage_index, m.pp, layers, group, tp_rank, group, tp_rank, seed);
-      chunks.back().stack().set_tp_x(m.tp_x);
+      chunks.back().stack().set_tp_x(on.stage_group, m.tp_x);
       BufferPool pool;
       chunks.back().begin_step(on.stage_group, on.stage_group, pool,
                                StackPlan(std::size_t(layers.length), SublayerChoice{t2, t2, 0}), seq);

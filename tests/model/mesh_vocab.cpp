@@ -102,8 +102,8 @@ void check_vocab_mesh(const GptConfig& base, const VocabMesh& m) {
     for (int c = 0; c < m.v; ++c) {
       chunks.emplace_back(config, c * m.pp + on.stage_index, stages, chunk_layers(c), group, rank, group, rank, seed);
       Stage& chunk = chunks.back();
-      if (m.tp_x > 0) chunk.stack().set_tp_x(m.tp_x);
-      if (m.cp > 1) chunk.stack().set_tp_inner(m.tp);
+      if (m.tp_x > 0) chunk.stack().set_tp_x(on.stage_group, m.tp_x);
+      if (m.cp > 1) chunk.stack().set_tp_inner(on.stage_group, m.tp);
       chunk.shard_vocabulary(tp_group, cp_group);
       if (m.zero3) chunk.shard_over_dp(on.dp_group);
       const ChunkRange layers = chunk_layers(c);

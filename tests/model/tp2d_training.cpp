@@ -45,7 +45,7 @@ Run train(const GptConfig& config, int tp_x, int tp_y, const StackPlan& plan, st
   const ops::AdamWConfig adamw{.learning_rate = 0.01f};
   run_ranks(p, [&](ThreadCommunicator& comm) {
     Model model(config, p, comm.rank(), 42);
-    model.stack().set_tp_x(tp_x);
+    model.stack().set_tp_x(comm, tp_x);
     BufferPool pool;
     const SequenceLayout layout(seq, p, config.layer.zigzag);
     for (int k = 0; k < steps; ++k) {

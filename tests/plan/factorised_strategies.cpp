@@ -5,13 +5,17 @@
 // crosses nodes), with every transfer waited for at once (as posted, overlap hides some); cost::mesh_catalog() holds
 // all seven strategies and
 // a cost table prices the two where the shape carries their factorisation (forbidden, saying why, elsewhere); the
-// exact planner chooses per sublayer among all seven.
+// exact planner chooses per sublayer among all seven. The MoE planner (plan/moe_plan.hpp) prices them as the dense
+// one: its attention and dense MLP rows on the mesh catalog are the dense GPT's, and it picks them where cheapest.
 #include "paradyse/comm/grid_groups.hpp"
 #include "paradyse/comm/symbolic.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/dry_run.hpp"
 #include "paradyse/cost/from_config.hpp"
 #include "paradyse/cost/trace_cost.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/plan/gpt_costs.hpp"
+#include "paradyse/plan/moe_plan.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/plan/stack_plan.hpp"
 
@@ -100,6 +104,18 @@ std::set<int> transfer_groups(const cost::SublayerTrace& trace) {
     for (const TraceEvent& e : *phase)
       if (e.kind == TraceKind::post) groups.insert(e.group);
   return groups;
+}
+
+// A100 figures with 4-rank collectives far slower than 2-rank ones: only MegatronRing and Tp2d keep every transfer of
+// a 4-rank group factorised 2 x 2 in groups of 2.
+cost::HardwareProfile slow_four_rank_collectives() {
+  cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  hw.collectives.clear();
+  for (cost::Collective op : cost::kAllCollectives) {
+    hw.collectives.push_back({op, cost::LinkLevel::intra_node, 2, {1e-6, 1e-11}, 0});
+    hw.collectives.push_back({op, cost::LinkLevel::intra_node, 4, {1e-3, 1e-6}, 0});
+  }
+  return hw;
 }
 
 }  // namespace
@@ -216,13 +232,7 @@ TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation
   }
 
   SUBCASE("collectives over 4 ranks far slower than over 2: only the two keep every transfer in groups of 2") {
-    cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
-    hw.collectives.clear();
-    for (cost::Collective op : cost::kAllCollectives) {
-      hw.collectives.push_back({op, cost::LinkLevel::intra_node, 2, {1e-6, 1e-11}, 0});
-      hw.collectives.push_back({op, cost::LinkLevel::intra_node, 4, {1e-3, 1e-6}, 0});
-    }
-    const plan::CostTable table = plan::build_cost_table(model, hw, p, batch, {}, catalog);
+    const plan::CostTable table = plan::build_cost_table(model, slow_four_rank_collectives(), p, batch, {}, catalog);
     const plan::Plan plan = check_cheapest(table);
     for (const plan::LayerPlan& layer : plan.layers) {
       CHECK((layer.strategies.attention == ring || layer.strategies.attention == tp2d));
@@ -231,5 +241,71 @@ TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation
     // The stack runs the plan by name: MeshStrategies holds both.
     const StackPlan stack = plan::stack_plan<MeshStrategies<>>(plan);
     CHECK(stack.size() == std::size_t(layers));
+  }
+}
+
+TEST_CASE("the MoE planner prices MegatronRing and Tp2d as the dense planner does: on the mesh catalog with the "
+          "group's factorisation its attention and dense MLP rows are the dense GPT's, all seven priced, and it picks "
+          "the two where they are cheapest") {
+  GptConfig config;
+  config.layer = LayerConfig::make(64, 4);
+  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
+  config.layer.activation = Activation::swiglu;
+  config.layers = 3;
+  config.vocab = 64;
+  MoeConfig moe;
+  moe.hidden = 64;
+  moe.experts = 5;
+  moe.top_k = 2;
+  moe.expert_ffn = 48;
+  config.moe = MoeLayers{moe, 1};  // a dense first layer, two MoE layers
+  const int p = 4, inner = 2;
+  const std::int64_t s = 256;
+  const cost::StrategyCatalog& catalog = cost::mesh_catalog();
+  const int ring = catalog.index_of("MegatronRing"), tp2d = catalog.index_of("Tp2d");
+  for (const bool slow_four : {false, true}) {
+    CAPTURE(slow_four);
+    const cost::HardwareProfile hw = slow_four ? slow_four_rank_collectives() : cost::a100_sxm4_80gb_x8();
+    const plan::MoeGptCosts<Gpt<>> moe_costs{config, p, &hw, &catalog, inner, inner};
+    const plan::GptCosts<Gpt<>> dense_costs{config, p, &hw, &catalog, inner, inner};
+    const plan::MoeCostTable table = moe_costs.table(s);
+    const plan::CostTable dense = dense_costs.table(s);
+    REQUIRE(table.dense.strategy_count() == 7);
+    for (int kind : {plan::MoeCostTable::kDenseKind, plan::MoeCostTable::kMoeKind})
+      for (cost::Sublayer part : cost::kAllSublayers) {
+        if (kind == plan::MoeCostTable::kMoeKind && part == cost::Sublayer::mlp) continue;  // the MoE FFN's instead
+        for (int strategy = 0; strategy < 7; ++strategy) {
+          INFO(catalog.name(strategy), " ", cost::name_of(part), " kind ", kind, ": ",
+               table.dense.entry(kind, part, strategy).forbidden_reason);
+          const plan::Option* got = table.dense.option(kind, part, strategy);
+          const plan::Option* want = dense.option(0, part, strategy);
+          REQUIRE(got != nullptr);
+          REQUIRE(want != nullptr);
+          CHECK(got->time_s == want->time_s);
+          CHECK(got->saved_bytes == want->saved_bytes);
+          CHECK(got->transient_bytes == want->transient_bytes);
+        }
+      }
+    // The exact plan takes each attention's and dense MLP's cheapest of the seven.
+    const plan::MoePlan plan = plan::plan_moe_exact(table, std::int64_t(1) << 40);
+    for (const plan::MoeLayerPlan& layer : plan.layers) {
+      const int kind = layer.moe ? plan::MoeCostTable::kMoeKind : plan::MoeCostTable::kDenseKind;
+      for (cost::Sublayer part : cost::kAllSublayers) {
+        if (layer.moe && part == cost::Sublayer::mlp) continue;
+        double best = 1e300;
+        for (int strategy = 0; strategy < 7; ++strategy)
+          best = std::min(best, table.dense.option(kind, part, strategy)->time_s);
+        const int chosen = part == cost::Sublayer::attention ? layer.attention : layer.ffn;
+        CHECK(table.dense.option(kind, part, chosen)->time_s == doctest::Approx(best));
+      }
+    }
+    // With 4-rank collectives far slower, every attention and dense MLP runs MegatronRing or Tp2d.
+    if (slow_four)
+      for (const plan::MoeLayerPlan& layer : plan.layers) {
+        CHECK((layer.attention == ring || layer.attention == tp2d));
+        if (!layer.moe) CHECK((layer.ffn == ring || layer.ffn == tp2d));
+      }
+    const StackPlan stack = plan.stack_plan<MeshStrategies<>>();  // the stack runs it by name
+    CHECK(stack.size() == std::size_t(config.layers));
   }
 }

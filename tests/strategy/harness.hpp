@@ -248,9 +248,10 @@ struct SplitCounting : ThreadCommunicator {
   }
 };
 
-// Strategy S's sub-groups come from the context's GridGroupCache, split once: both sublayers' forward and backward,
-// `calls` times, split the group's grid once on every rank (two splits: inner and outer), and give bit for bit what
-// the same calls give without a cache (each splitting for itself, four splits per sublayer).
+// Strategy S's sub-groups come from the context's held grid (comm/grid_groups.hpp's AnyGridGroups, as the layer
+// stack holds it), split once: the grid made once (two splits: inner and outer), then both sublayers' forward and
+// backward, `calls` times, split nothing more, and give bit for bit what the same calls give with none held (each
+// splitting for itself, four splits per sublayer).
 template <class S>
 void check_grid_split_once(const SublayerCase& test, int calls = 3) {
   const LayerConfig& c = test.config;
@@ -262,16 +263,16 @@ void check_grid_split_once(const SublayerCase& test, int calls = 3) {
     SplitCounting comm(threads.split(0, threads.rank()), &splits);
     const int r = comm.rank();
     BufferPool pool;
-    GridGroupCache cache;
     SublayerContext ctx(c, p, test.batch, test.length, pool);
     ctx.tp_x = test.tp_x;
     ctx.tp_inner = test.tp_inner;
     const LayerWeights weights = shard_of(problem.weights, c, p, r);
     const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);
     const S strategy;
-    // y and dx of both sublayers, and the weight gradients after them: with or without the cache.
-    const auto run = [&](GridGroupCache* groups) {
-      ctx.grid_groups = groups;
+    // y and dx of both sublayers, and the weight gradients after them: with or without the held grid.
+    const auto run = [&](const AnyGridGroups* held) {
+      ctx.tp_inner_groups = ctx.tp_inner > 0 ? held : nullptr;
+      ctx.tp_x_groups = ctx.tp_x > 1 ? held : nullptr;
       LayerWeights grads(c, p);
       std::vector<Tensor<float>> out;
       for (int i = 0; i < 4; ++i) out.emplace_back(x.shape());
@@ -284,17 +285,19 @@ void check_grid_split_once(const SublayerCase& test, int calls = 3) {
       return out;
     };
     const std::vector<Tensor<float>> alone = run(nullptr);
-    if (splits != 8) findings.fail(fmt::format("{} rank {}: {} splits without a cache, expected 8", S::name, r, splits));
+    if (splits != 8)
+      findings.fail(fmt::format("{} rank {}: {} splits with no grid held, expected 8", S::name, r, splits));
     splits = 0;
+    const AnyGridGroups held(comm, ctx.tp_inner > 0 ? ctx.tp_inner : ctx.tp_x);
     for (int call = 0; call < calls; ++call) {
-      const std::vector<Tensor<float>> kept = run(&cache);
+      const std::vector<Tensor<float>> kept = run(&held);
       for (std::size_t i = 0; i < kept.size(); ++i)
         if (!std::equal(kept[i].span().begin(), kept[i].span().end(), alone[i].span().begin()))
-          findings.fail(fmt::format("{} rank {} call {}: result {} differs with the cache", S::name, r, call, i));
+          findings.fail(fmt::format("{} rank {} call {}: result {} differs with the held grid", S::name, r, call, i));
     }
-    if (splits != 2 || cache.grids_split() != 1)
-      findings.fail(fmt::format("{} rank {}: {} calls of both sublayers split {} times ({} grids), expected 2 (1)",
-                                S::name, r, calls, splits, cache.grids_split()));
+    if (splits != 2)
+      findings.fail(fmt::format("{} rank {}: the grid and {} calls of both sublayers split {} times, expected 2",
+                                S::name, r, calls, splits));
   });
   findings.check_all(fmt::format("{} split once: {}", S::name, test.name));
 }

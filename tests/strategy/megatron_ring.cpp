@@ -103,7 +103,8 @@ TEST_CASE("SequenceLayout::grouped: rank c holds the tokens of ranks c g .. c g 
       }
 }
 
-TEST_CASE("MegatronRing: the tp and cp sub-groups come from the context's cache, split once for every call") {
+TEST_CASE("MegatronRing: the tp and cp sub-groups come from the held grid (as the stack holds it), split once for "
+          "every call") {
   for (const Factorisation f : {Factorisation{2, 2}, Factorisation{3, 2}}) {
     const int p = f.cp * f.tp;
     paradyse::testing::check_grid_split_once<MegatronRing<>>(factorised(paradyse::testing::standard_cases(p)[2], f));

@@ -90,7 +90,8 @@ TEST_CASE("Tp2d: refuses, naming the sizes, a group without a grid, uneven token
   CHECK(tp2d_refusal(test).find("hidden = 13 must be divisible by tp_x = 2") != std::string::npos);
 }
 
-TEST_CASE("Tp2d: the tp_x and tp_y groups come from the context's cache, split once for every call (2x2, 3x2)") {
+TEST_CASE("Tp2d: the tp_x and tp_y groups come from the held grid (as the stack holds it), split once for every "
+          "call (2x2, 3x2)") {
   check_grid_split_once<Tp2d<>>(tp2d_grid_cases(2, 2)[2]);
   check_grid_split_once<Tp2d<>>(tp2d_grid_cases(3, 2)[1]);
 }

@@ -1,5 +1,5 @@
-// paradyse/comm/grid_groups.hpp: a group of p ranks seen as an outer x inner grid, its two sub-groups, and a cache
-// that splits them once.
+// paradyse/comm/grid_groups.hpp: a group of p ranks seen as an outer x inner grid, its two sub-groups, and their
+// holder (split once, kept by the layer stack).
 //
 // Rank r of the group is (o, i) = (r / inner, r % inner), inner innermost. Its inner sub-group is its row (ranks
 // o inner .. o inner + inner - 1, ordered by i), its outer sub-group its column (ranks i, i + inner, ..., ordered by
@@ -7,9 +7,9 @@
 // a pair.
 //
 // A split is a collective (MPI_Comm_split, ncclCommSplit: a round of communication and set-up), and the sub-groups
-// depend only on the group and its factorisation, so a model keeps them: GridGroupCache splits a group's grid on
-// its first use and hands the same sub-groups to every later call (model/stack.hpp owns one; SublayerContext points
-// to it). A call without a cache splits for itself (GridGroupsOfCall).
+// depend only on the group and its factorisation, so a model keeps them: the layer stack splits its group's grid
+// when the factorisation is set (AnyGridGroups; model/stack.hpp's set_tp_inner / set_tp_x) and SublayerContext
+// points to it for every call. A call with none held splits for itself (GridGroupsOfCall).
 //
 // split_by(comm, rule) is split() with the rule every rank applies to its own rank: rule(rank) = (color, key). A
 // real communicator evaluates it for its rank and splits; the symbolic communicator of a dry run (comm/symbolic.hpp),
@@ -19,13 +19,14 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 
+#include <fmt/format.h>
+
 #include <concepts>
 #include <memory>
 #include <optional>
-#include <typeindex>
+#include <string>
 #include <typeinfo>
 #include <utility>
-#include <vector>
 
 namespace paradyse {
 
@@ -58,48 +59,52 @@ GridGroups<C> split_grid(C& comm, int inner) {
   return {std::move(row), std::move(column)};
 }
 
-// One rank's grid sub-groups, split on first use and kept: one entry per (communicator, its type, inner). Every rank
-// of a group must ask for the same grids in the same order (the first ask is the collective split). The communicator
-// is told by its address, so a cache serves the communicators it was first asked about for as long as they live;
-// clear() drops every sub-group (every rank together: freeing a sub-group can be a collective of its own).
-class GridGroupCache {
+// A group's grid sub-groups, split once and held without naming the communicator type in the holder's type:
+// the layer stack keeps them (model/stack.hpp's set_tp_inner / set_tp_x, made when the factorisation is set, with
+// the group in hand) and SublayerContext, which names no communicator type, points to them. Copies share the
+// sub-groups (MegatronRing's and Tp2d's grid are one when tp_inner = tp_x).
+class AnyGridGroups {
 public:
+  AnyGridGroups() = default;  // no grid
+  // Splits `group`'s outer x inner grid (collective over `group`: split_grid).
   template <Communicator C>
-  GridGroups<C>& of(C& comm, int inner) {
-    for (Entry& e : entries_)
-      if (e.parent == &comm && e.type == std::type_index(typeid(C)) && e.inner == inner) {
-        check(e.size == comm.size() && e.rank == comm.rank(), "GridGroupCache: the communicator at this address was "
-              "rank {} of {} when its grid was split, now rank {} of {} (clear() the cache when the group changes)",
-              e.rank, e.size, comm.rank(), comm.size());
-        return *static_cast<GridGroups<C>*>(e.groups.get());
-      }
-    auto groups = std::make_shared<GridGroups<C>>(split_grid(comm, inner));
-    entries_.push_back({&comm, std::type_index(typeid(C)), inner, comm.size(), comm.rank(), groups});
-    ++grids_split_;
-    return *groups;
+  AnyGridGroups(C& group, int inner)
+      : groups_(std::make_shared<GridGroups<C>>(split_grid(group, inner))), type_(&typeid(C)), inner_(inner),
+        size_(int(group.size())) {}
+
+  bool empty() const noexcept { return groups_ == nullptr; }
+  int inner() const noexcept { return inner_; }
+  // Whether these are `group`'s sub-groups for this inner size: split from a group of its type, size and inner
+  // size, this rank at (rank / inner, rank % inner) of the grid.
+  template <Communicator C>
+  bool fits(const C& group, int inner) const noexcept {
+    if (empty() || *type_ != typeid(C) || size_ != int(group.size()) || inner_ != inner) return false;
+    const GridGroups<C>& g = *static_cast<const GridGroups<C>*>(groups_.get());
+    return int(g.outer.rank()) * inner + int(g.inner.rank()) == int(group.rank());
   }
-  // Grids split by this cache since it was made (each two split() calls).
-  int grids_split() const noexcept { return grids_split_; }
-  void clear() noexcept { entries_.clear(); }
+  // The sub-groups of `group` (refused unless they fit it).
+  template <Communicator C>
+  GridGroups<C>& of(const C& group, int inner) const {
+    check(fits(group, inner), "grid sub-groups: held {}, asked for rank {} of a group of {} with inner = {} (a layer "
+          "stack's grid is split from the group it runs on: set_tp_inner / set_tp_x with that group)",
+          empty() ? std::string("none") : fmt::format("a grid of {} ranks with inner = {}", size_, inner_),
+          group.rank(), group.size(), inner);
+    return *static_cast<GridGroups<C>*>(groups_.get());
+  }
 
 private:
-  struct Entry {
-    const void* parent;
-    std::type_index type;
-    int inner, size, rank;
-    std::shared_ptr<void> groups;  // GridGroups<type>
-  };
-  std::vector<Entry> entries_;
-  int grids_split_ = 0;
+  std::shared_ptr<void> groups_;  // GridGroups<*type_>
+  const std::type_info* type_ = nullptr;
+  int inner_ = 0, size_ = 0;
 };
 
-// The grid sub-groups one call uses: the cache's (split once) or, without a cache, split for this call and freed
+// The grid sub-groups one call uses: the held ones (split once) or, with none held, split for this call and freed
 // with it. Not copyable or movable: it may point into itself.
 template <Communicator C>
 class GridGroupsOfCall {
 public:
-  GridGroupsOfCall(GridGroupCache* cache, C& comm, int inner)
-      : groups_(cache ? &cache->of(comm, inner) : &own_.emplace(split_grid(comm, inner))) {}
+  GridGroupsOfCall(const AnyGridGroups* held, C& comm, int inner)
+      : groups_(held && !held->empty() ? &held->of(comm, inner) : &own_.emplace(split_grid(comm, inner))) {}
   GridGroupsOfCall(const GridGroupsOfCall&) = delete;
   GridGroupsOfCall& operator=(const GridGroupsOfCall&) = delete;
 

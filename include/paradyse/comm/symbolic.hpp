@@ -13,7 +13,7 @@
 // trace with the sub-group's size and the span of its members (TraceEvent::group, span: a strided sub-group of 2
 // ranks 0 and 2 spans 3), which the time model prices them at; members() names its ranks in the numbering of the
 // group the dry run started with (sorted ascending for every split the strategies make: key = the rank's order). A split itself records nothing: a model splits its
-// sub-groups once (comm/grid_groups.hpp's GridGroupCache), not per call.
+// sub-groups once (comm/grid_groups.hpp's AnyGridGroups, held by the layer stack), not per call.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"

@@ -165,22 +165,26 @@ public:
   void set_documents(std::span<const std::int64_t> starts) { documents_.assign(starts.begin(), starts.end()); }
   // The group's cp x tp factorisation from the next forward on (SublayerContext::tp_inner: the inner tp sub-groups'
   // size, rank = c * tp + t; 0: none), for strategies that compute over the two sub-groups (MegatronRing).
-  // The sub-groups of the factorisations (tp_inner's, tp_x's) are split once, on their first use, and kept for every
-  // later call (grid_groups(): comm/grid_groups.hpp); a new factorisation drops them, on every rank alike.
-  void set_tp_inner(int tp) noexcept {
-    if (tp != tp_inner_) grid_groups_.clear();
+  // `group` is the group the stack runs on: its tp and cp sub-groups are split now (collective over it, every rank
+  // alike) and kept for every later forward (comm/grid_groups.hpp); 0 drops them.
+  template <Communicator C>
+  void set_tp_inner(C& group, int tp) {
+    check(tp == 0 || (tp >= 1 && ranks_ % tp == 0), "TransformerStack: tp_inner = {} must be 0 (none) or divide the "
+          "group size {}", tp, ranks_);
+    tp_inner_groups_ = tp > 0 ? grid_of(group, tp) : AnyGridGroups();
     tp_inner_ = tp;
   }
   std::span<const std::int64_t> documents() const noexcept { return documents_; }
   // The group as a tp_x x (p / tp_x) grid for 2-D tensor parallelism (SublayerContext::tp_x, strategy/tp2d.hpp);
-  // 1: no grid. Kept until set again.
-  void set_tp_x(int tp_x) {
+  // 1: no grid. `group` as for set_tp_inner: its tp_x and tp_y groups split now and kept.
+  template <Communicator C>
+  void set_tp_x(C& group, int tp_x) {
     check(tp_x >= 1 && ranks_ % tp_x == 0, "TransformerStack: tp_x = {} must divide the group size {}", tp_x, ranks_);
-    if (tp_x != tp_x_) grid_groups_.clear();
+    tp_x_groups_ = tp_x > 1 ? grid_of(group, tp_x) : AnyGridGroups();
     tp_x_ = tp_x;
   }
-  // The sub-groups split so far for the factorisations (GridGroupCache::grids_split() counts the splits).
-  const GridGroupCache& grid_groups() const noexcept { return grid_groups_; }
+  int tp_inner() const noexcept { return tp_inner_; }
+  int tp_x() const noexcept { return tp_x_; }
   // Selective recomputation from the next forward on: each layer keeps its activations but attention's core tensors
   // (output, lse, probabilities: Switchable::drop_attention_core), which its backward re-runs from the kept q, k, v
   // first. Every strategy of the plan must have the pair (refused by name otherwise).
@@ -256,7 +260,8 @@ public:
     ctx_->set_documents(documents_);
     ctx_->tp_x = tp_x_;
     ctx_->tp_inner = tp_inner_;
-    ctx_->grid_groups = &grid_groups_;
+    ctx_->tp_inner_groups = &tp_inner_groups_;
+    ctx_->tp_x_groups = &tp_x_groups_;
     check_plan(plan, *ctx_);
     saved_.clear();
     saved_.reserve(weights_.size());
@@ -352,6 +357,16 @@ public:
   }
 
 private:
+  // `group`'s grid with this inner size: one held already (MegatronRing's and Tp2d's grids are one when
+  // tp_inner = tp_x), else split now.
+  template <Communicator C>
+  AnyGridGroups grid_of(C& group, int inner) const {
+    check(int(group.size()) == ranks_, "TransformerStack: built for {} ranks, its grid asked of a group of {}", ranks_,
+          group.size());
+    for (const AnyGridGroups* held : {&tp_inner_groups_, &tp_x_groups_})
+      if (held->fits(group, inner)) return *held;
+    return AnyGridGroups(group, inner);
+  }
   // The MoE config a layer runs with, its expert columns over group `comm`: the router loss coefficients times
   // router_loss_scale_, and with expert columns this rank's column view.
   template <Communicator C>
@@ -401,8 +416,8 @@ private:
   std::optional<SublayerContext> ctx_;
   std::vector<std::int64_t> documents_;  // the packed documents ctx_ points to
   int tp_x_ = 1;                         // set_tp_x
-  int tp_inner_ = 0;                      // the group's cp x tp factorisation (set_tp_inner)
-  GridGroupCache grid_groups_;           // their sub-groups, split once
+  int tp_inner_ = 0;                     // the group's cp x tp factorisation (set_tp_inner)
+  AnyGridGroups tp_inner_groups_, tp_x_groups_;  // their sub-groups, split when set
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;

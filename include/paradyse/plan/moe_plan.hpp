@@ -81,16 +81,21 @@ inline std::int64_t moe_state_bytes(const MoeConfig& c, int p, const cost::Train
 }
 
 // Every (kind, sublayer, strategy) of the GPT `config` for `batch` on p ranks of `hardware`, and the MoE rows.
-// model_precision and extra_bytes as for build_cost_table (plan/cost_table.hpp).
+// model_precision and extra_bytes as for build_cost_table (plan/cost_table.hpp). The dense rows are the catalog's,
+// on the group's factorisation (cost::ModelShape::tp_inner, tp_x): with cost::mesh_catalog() MegatronRing and Tp2d
+// are priced where it is set, as for a dense GPT (plan/gpt_costs.hpp).
 inline MoeCostTable build_moe_cost_table(const GptConfig& config, const cost::HardwareProfile& hardware, int p,
                                          const Batch& batch, const cost::TrainingPrecision& precision,
                                          std::int64_t extra_bytes,
-                                         const cost::StrategyCatalog& catalog = cost::default_catalog()) {
+                                         const cost::StrategyCatalog& catalog = cost::default_catalog(),
+                                         int tp_inner = 0, int tp_x = 1) {
   check(config.moe.has_value(), "plan: build_moe_cost_table needs a GPT with MoE layers (GptConfig::moe is empty)");
   config.validate_for(p);
   const MoeLayers& moe = *config.moe;
   ModelConfig model;
   cost::ModelShape dense_shape = cost::shape_of(config.layer, 1, 1, 4);
+  dense_shape.tp_inner = tp_inner;
+  dense_shape.tp_x = tp_x;
   cost::ModelShape moe_shape = dense_shape;
   moe_shape.ffn = p;  // a token MLP: its row is never used, its model states are taken out below
   model.kinds.push_back({"dense", dense_shape});
@@ -314,15 +319,19 @@ struct MoeGptCosts {
   int ranks = 1;
   const cost::HardwareProfile* hardware = nullptr;
   const cost::StrategyCatalog* catalog = &cost::default_catalog();
+  // The group's factorisation, as GptCosts's (with cost::mesh_catalog(): MegatronRing and Tp2d priced where set).
+  int tp_inner = 0;
+  int tp_x = 1;
 
   // The most tokens any rank holds, and the bytes outside the stack: as for a dense GPT of the same config.
   std::int64_t max_local_tokens(std::int64_t s) const { return dense().max_local_tokens(s); }
-  std::int64_t extra_bytes(std::int64_t s) const { return dense().extra_bytes(s); }
-  // One sequence of s tokens: float32 activations, weights and gradients, two AdamW moments. Shorter than the
+  std::int64_t extra_bytes(std::int64_t s, std::int64_t batch = 1) const { return dense().extra_bytes(s, batch); }
+  // `batch` sequences of s tokens: float32 activations, weights and gradients, two AdamW moments. Shorter than the
   // group's minimum (a token per chunk): padded, as the trainer runs it (data::padded_length).
-  MoeCostTable table(std::int64_t s) const {
+  MoeCostTable table(std::int64_t s, std::int64_t batch = 1) const {
     s = dense().run_length(s);
-    return build_moe_cost_table(config, *hardware, ranks, Batch::single(s), {4, 4, 8}, extra_bytes(s), *catalog);
+    return build_moe_cost_table(config, *hardware, ranks, Batch::single(s, batch), {4, 4, 8}, extra_bytes(s, batch),
+                                *catalog, tp_inner, tp_x);
   }
   // One sequence of packed documents of these lengths, in this order (attention within each document, so the dry
   // runs cost the causal-within-document pairs of every rank and the group is timed by its slowest); one document
@@ -334,11 +343,11 @@ struct MoeGptCosts {
     if (const std::int64_t s = batch.tokens_per_sample(), padded = dense().run_length(s); padded > s)
       batch.lengths.push_back(padded - s);  // the padding at the end, a document of its own (data/packing.hpp)
     return build_moe_cost_table(config, *hardware, ranks, batch, {4, 4, 8}, extra_bytes(batch.tokens_per_sample()),
-                                *catalog);
+                                *catalog, tp_inner, tp_x);
   }
 
 private:
-  GptCosts<Model> dense() const { return {config, ranks, hardware, catalog}; }
+  GptCosts<Model> dense() const { return {config, ranks, hardware, catalog, tp_inner, tp_x}; }
 };
 
 }  // namespace paradyse::plan

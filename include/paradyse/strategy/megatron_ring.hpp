@@ -24,7 +24,7 @@
 // out and lse (attention); the gathered input and the pre-activation [cp, b n_c, ffn_in_rows] (MLP). Requirements:
 // those of the unified layout and a factorisation tp_inner dividing p (0 refuses: the planner then never picks it).
 // Its two sub-groups are the group's outer x inner grid with inner = tp (comm/grid_groups.hpp), taken from
-// ctx.grid_groups (split once per group; the layer stack keeps them), or split for the call when it has none.
+// ctx.tp_inner_groups (split once per group; the layer stack keeps them), or split for the call when it has none.
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -348,11 +348,11 @@ private:
     C& cp;
     Sizes sizes;
     Call(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in, TensorView<const float> out)
-        : f(checked(comm, ctx, who, in, out)), groups(ctx.grid_groups, comm, f.tp), tp(groups.inner()),
+        : f(checked(comm, ctx, who, in, out)), groups(ctx.tp_inner_groups, comm, f.tp), tp(groups.inner()),
           cp(groups.outer()), sizes{ctx.batch, f.cp_tokens, ctx.batch * f.cp_tokens, ctx.hidden()} {}
     // A call on saved tensors alone (selective recomputation): its forward checked the activations.
     Call(C& comm, const SublayerContext& ctx)
-        : f(ctx, comm.rank()), groups(ctx.grid_groups, comm, f.tp), tp(groups.inner()), cp(groups.outer()),
+        : f(ctx, comm.rank()), groups(ctx.tp_inner_groups, comm, f.tp), tp(groups.inner()), cp(groups.outer()),
           sizes{ctx.batch, f.cp_tokens, ctx.batch * f.cp_tokens, ctx.hidden()} {}
     static megatron_ring_detail::Factors checked(C& comm, const SublayerContext& ctx, const char* who,
                                                  TensorView<const float> in, TensorView<const float> out) {

@@ -88,9 +88,11 @@ struct SublayerContext {
   // (tp) sub-groups, rank r = c * tp_inner + t; 0: the group is not factorised. Only strategies that compute over
   // the two sub-groups read it (strategy/megatron_ring.hpp); the unified layout is over all p ranks either way.
   int tp_inner = 0;
-  // Where a strategy that computes over the factorisation's sub-groups (MegatronRing, Tp2d) takes them from: split
-  // once per group and kept (comm/grid_groups.hpp; the layer stack owns it); nullptr: each call splits its own.
-  GridGroupCache* grid_groups = nullptr;
+  // The factorisations' sub-groups, split once per group and held by the layer stack (comm/grid_groups.hpp):
+  // tp_inner's (MegatronRing's tp and cp sub-groups) and tp_x's (Tp2d's tp_x and tp_y groups); nullptr: each call
+  // splits its own.
+  const AnyGridGroups* tp_inner_groups = nullptr;
+  const AnyGridGroups* tp_x_groups = nullptr;
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.

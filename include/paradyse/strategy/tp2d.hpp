@@ -30,7 +30,7 @@
 // weights: one all-to-all of W (x - 1) / x. Backward: about twice the forward, plus the gradient's all-to-all of W.
 // The weight all-to-alls are the price of the unified shards (a fixed 2-D layout would keep block (j, i) resident).
 // The tp_x and tp_y groups are the group's outer x inner grid with inner = tp_x (comm/grid_groups.hpp), taken from
-// ctx.grid_groups (split once per group; the layer stack keeps them), or split for the call when it has none. Saved: attention x [b, n, h], qkv block
+// ctx.tp_x_groups (split once per group; the layer stack keeps them), or split for the call when it has none. Saved: attention x [b, n, h], qkv block
 // [b, s / x, R_y] (after RoPE), attention output [b, s / x, q_y d], lse; MLP x and pre-activation [b, s / x, in_y].
 //
 // Requirements (supports()): a grid (ctx.tp_x > 1 dividing C), h % tp_x == 0, kv_heads % C == 0 (replicated kv heads
@@ -293,18 +293,18 @@ private:
     }
     // A call on saved tensors alone (selective recomputation): its forward checked the activations.
     Grid(C& comm, const SublayerContext& ctx)
-        : groups(ctx.grid_groups, comm, ctx.tp_x), along_x(groups.inner()), along_y(groups.outer()), x(ctx.tp_x),
+        : groups(ctx.tp_x_groups, comm, ctx.tp_x), along_x(groups.inner()), along_y(groups.outer()), x(ctx.tp_x),
           y(comm.size() / ctx.tp_x), i(comm.rank() % x), j(comm.rank() / x), cy(ctx),
           sizes{ctx.batch, ctx.length(), ctx.length() / x, ctx.hidden() / x} {
       cy.geometry = ShardGeometry(ctx.layer(), y);
     }
     // The context's grid groups once the call is checked.
-    static GridGroupCache* checked(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in,
+    static const AnyGridGroups* checked(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in,
                                    TensorView<const float> out) {
       require(Tp2d().supports(ctx));
       ctx.check_activation(who, "input", in, comm.rank());
       ctx.check_activation(who, "output", out, comm.rank());
-      return ctx.grid_groups;
+      return ctx.tp_x_groups;
     }
   };
   // [b, len, w] as [b len, w].
