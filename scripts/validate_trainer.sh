@@ -25,7 +25,7 @@
 #   scripts/validate_trainer.sh                      # Release build in build-rel (through /work/bin/pbuild if there)
 #   LENGTHS="1024 4096" STEPS=6 RANKS=2 scripts/validate_trainer.sh
 #   PROFILE=FILE.json scripts/validate_trainer.sh    # plan with a given profile instead of calibrating
-#   RECALIBRATE=1 scripts/validate_trainer.sh        # calibrate again (else the cached one of an earlier run)
+#   RECALIBRATE=1 scripts/validate_trainer.sh        # calibrate again (else the cached one, if the same train_gpt calibrated it)
 #   SKIP_BUILD=1 scripts/validate_trainer.sh         # run the binaries in $BUILD as they are (no build step)
 #
 # Environment: BUILD (build folder, default build-rel), LENGTHS (tokens per step, default "1024 2048"), STEPS (steps
@@ -81,16 +81,23 @@ PLAN=$ROOT/$BUILD/examples/plan_trace
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MODEL=(--layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS")
 
-# The profile: given, or calibrated once by this train_gpt on RANKS thread ranks (cached in $OUT/run/build/).
+# The profile: given, or calibrated once by this train_gpt on RANKS thread ranks (cached in $OUT/run/build/, with the
+# checksum of the train_gpt that calibrated it: a rebuilt train_gpt recalibrates, so a cached profile never lacks the
+# terms a newer build measures).
 if [[ -n "${PROFILE:-}" ]]; then
   PROFILE_FILE=$(realpath "$PROFILE")
 else
   PROFILE_FILE=$ROOT/$OUT/run/build/train_gpt_profile_p$RANKS.json
-  [[ "${RECALIBRATE:-0}" == 1 ]] && rm -f "$PROFILE_FILE"
+  CALIBRATED_BY=$PROFILE_FILE.train_gpt.sha256
+  TRAIN_SUM=$(sha256sum "$TRAIN" | cut -d' ' -f1)
+  if [[ "${RECALIBRATE:-0}" == 1 || "$(cat "$CALIBRATED_BY" 2>/dev/null)" != "$TRAIN_SUM" ]]; then
+    rm -f "$PROFILE_FILE"
+  fi
   if [[ ! -f "$PROFILE_FILE" ]]; then
     echo "calibrating this machine on $RANKS thread ranks (Release train_gpt) ..." >&2
     (cd "$OUT/run" && "$TRAIN" --ranks "$RANKS" "${MODEL[@]}" --steps 1 --min-len 256 --max-len 256 \
       --cap-mib 1000000 >/dev/null)
+    echo "$TRAIN_SUM" > "$CALIBRATED_BY"
   fi
 fi
 

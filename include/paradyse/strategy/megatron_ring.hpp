@@ -348,18 +348,17 @@ private:
     C& cp;
     Sizes sizes;
     Call(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in, TensorView<const float> out)
-        : f(checked(comm, ctx, who, in, out)), groups(ctx.tp_inner_groups, comm, f.tp), tp(groups.inner()),
-          cp(groups.outer()), sizes{ctx.batch, f.cp_tokens, ctx.batch * f.cp_tokens, ctx.hidden()} {}
+        : Call(comm, checked(comm, ctx, who, in, out)) {}
     // A call on saved tensors alone (selective recomputation): its forward checked the activations.
     Call(C& comm, const SublayerContext& ctx)
         : f(ctx, comm.rank()), groups(ctx.tp_inner_groups, comm, f.tp), tp(groups.inner()), cp(groups.outer()),
           sizes{ctx.batch, f.cp_tokens, ctx.batch * f.cp_tokens, ctx.hidden()} {}
-    static megatron_ring_detail::Factors checked(C& comm, const SublayerContext& ctx, const char* who,
-                                                 TensorView<const float> in, TensorView<const float> out) {
+    static const SublayerContext& checked(C& comm, const SublayerContext& ctx, const char* who,
+                                          TensorView<const float> in, TensorView<const float> out) {
       ctx.check_activation(who, "input", in, comm.rank());
       ctx.check_activation(who, "output", out, comm.rank());
       require(MegatronRing().supports(ctx));
-      return megatron_ring_detail::Factors(ctx, comm.rank());
+      return ctx;
     }
   };
 

@@ -286,11 +286,7 @@ private:
     SublayerContext cy;
     Sizes sizes;
     Grid(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in, TensorView<const float> out)
-        : groups(checked(comm, ctx, who, in, out), comm, ctx.tp_x), along_x(groups.inner()), along_y(groups.outer()),
-          x(ctx.tp_x), y(comm.size() / ctx.tp_x), i(comm.rank() % x), j(comm.rank() / x), cy(ctx),
-          sizes{ctx.batch, ctx.length(), ctx.length() / x, ctx.hidden() / x} {
-      cy.geometry = ShardGeometry(ctx.layer(), y);
-    }
+        : Grid(comm, checked(comm, ctx, who, in, out)) {}
     // A call on saved tensors alone (selective recomputation): its forward checked the activations.
     Grid(C& comm, const SublayerContext& ctx)
         : groups(ctx.tp_x_groups, comm, ctx.tp_x), along_x(groups.inner()), along_y(groups.outer()), x(ctx.tp_x),
@@ -298,13 +294,13 @@ private:
           sizes{ctx.batch, ctx.length(), ctx.length() / x, ctx.hidden() / x} {
       cy.geometry = ShardGeometry(ctx.layer(), y);
     }
-    // The context's grid groups once the call is checked.
-    static const AnyGridGroups* checked(C& comm, const SublayerContext& ctx, const char* who, TensorView<const float> in,
-                                   TensorView<const float> out) {
+    // The context, once the call is checked.
+    static const SublayerContext& checked(C& comm, const SublayerContext& ctx, const char* who,
+                                          TensorView<const float> in, TensorView<const float> out) {
       require(Tp2d().supports(ctx));
       ctx.check_activation(who, "input", in, comm.rank());
       ctx.check_activation(who, "output", out, comm.rank());
-      return ctx.tp_x_groups;
+      return ctx;
     }
   };
   // [b, len, w] as [b len, w].
