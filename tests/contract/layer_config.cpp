@@ -1,23 +1,15 @@
 // LayerConfig validation and ShardGeometry: clear errors for layers the unified layout cannot shard, and the
 // shard sizes for MHA, GQA and replicated kv heads.
 #include "paradyse/contract/layer_config.hpp"
+#include "support/error_of.hpp"
 
 #include <doctest/doctest.h>
 
 #include <string>
 
-using namespace paradyse;
+using paradyse::testing::error_of;
 
-namespace {
-std::string error_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
-}
-}  // namespace
+using namespace paradyse;
 
 TEST_CASE("LayerConfig: validation names the offending value") {
   LayerConfig c = LayerConfig::make(64, 8);

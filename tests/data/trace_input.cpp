@@ -2,6 +2,7 @@
 // paradyse::Error naming the file, the line, the field and the range, and a seeded mutation fuzz of both formats
 // (every input loads or throws paradyse::Error; counts printed).
 #include "paradyse/data/trace_input.hpp"
+#include "support/error_of.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,6 +12,8 @@
 #include <sstream>
 #include <string>
 #include <typeinfo>
+
+using paradyse::testing::error_of;
 
 using paradyse::Error;
 using namespace paradyse::data;
@@ -27,15 +30,6 @@ githubcode,8192,309000,0.198
 grch38,0,4096,0.035
 grch38,4096,624000,0.965
 )";
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include "paradyse/search/config_file.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/validation.hpp"
+#include "support/error_of.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,19 +14,12 @@
 #include <string>
 #include <vector>
 
+using paradyse::testing::error_of;
+
 using namespace paradyse;
 using namespace paradyse::search;
 
 namespace config_file_test {
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TrainingSetup setup_of_size(std::int64_t seq, std::int64_t batch) {
   TrainingSetup s;

@@ -5,29 +5,17 @@
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/search/mesh_groups.hpp"
 #include "paradyse/search/search.hpp"
+#include "support/error_of.hpp"
 
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <string>
 
+using paradyse::testing::error_of;
+
 using namespace paradyse;
 using namespace paradyse::search;
-
-namespace hostile_input_test {
-
-std::string failure(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "accepted";
-}
-
-}  // namespace hostile_input_test
-
-using namespace hostile_input_test;
 
 TEST_CASE("hostile: a pipeline whose stages straddle nodes is priced on the network") {
   // gpt-175b over dgx-a100 x 64: dp = 1 pp = 16 tp = 4 has stage neighbours 4 ranks apart, half of its hops between
@@ -88,7 +76,7 @@ TEST_CASE("hostile: every axis's group priced against a hand-computed case that 
 }
 
 TEST_CASE("hostile: a hidden size that heads do not divide is refused, naming head_dim") {
-  const std::string e = failure([] {
+  const std::string e = error_of([] {
     model_from_json(json::parse(R"({"num_hidden_layers": 2, "hidden_size": 4097, "num_attention_heads": 32,
         "intermediate_size": 128, "vocab_size": 10})"), "odd");
   });
@@ -105,7 +93,7 @@ TEST_CASE("hostile: profile rates and times outside their range are refused with
     json::Value v = good;
     if (object.empty()) v[std::string(key)] = std::move(value);
     else v[std::string(object)][std::string(key)] = std::move(value);
-    return failure([&] { cost::profile_from_json(v); });
+    return error_of([&] { cost::profile_from_json(v); });
   };
   CHECK(with("gemm", "flops_per_s", 1e-300).find("\"flops_per_s\" = 1e-300 is outside the accepted range [1, 1e+30] "
                                                   "per second (gemm.flops_per_s)") != std::string::npos);
@@ -121,25 +109,25 @@ TEST_CASE("hostile: profile rates and times outside their range are refused with
   json::Value cluster = {{"name", "x"}, {"peak_flops_per_s", 1e300}, {"device", good},
                          {"levels", json::Value::array({{{"name", "all"}, {"domain_devices", 0}, {"alpha_s", 0},
                                                          {"bytes_per_s", 1e9}}})}};
-  CHECK(failure([&] { cluster_from_json(cluster); }).find("(peak_flops_per_s)") != std::string::npos);
+  CHECK(error_of([&] { cluster_from_json(cluster); }).find("(peak_flops_per_s)") != std::string::npos);
   cluster["peak_flops_per_s"] = 1e12;
-  CHECK(failure([&] { cluster_from_json(cluster); }) == "accepted");
+  CHECK(error_of([&] { cluster_from_json(cluster); }) == "accepted");
   cluster["levels"][0]["alpha_s"] = 1e300;
-  CHECK(failure([&] { cluster_from_json(cluster); }).find("(levels[0].alpha_s)") != std::string::npos);
+  CHECK(error_of([&] { cluster_from_json(cluster); }).find("(levels[0].alpha_s)") != std::string::npos);
 }
 
 TEST_CASE("hostile: unknown and repeated keys in profile, cluster and model JSON are refused by name") {
   json::Value profile = cost::to_json(cost::a100_sxm4_80gb_x8());
   profile["gemm"]["flops_per_sec"] = 1e12;
-  CHECK(failure([&] { cost::profile_from_json(profile); }).find("unknown key \"flops_per_sec\" (gemm.flops_per_sec)") !=
+  CHECK(error_of([&] { cost::profile_from_json(profile); }).find("unknown key \"flops_per_sec\" (gemm.flops_per_sec)") !=
         std::string::npos);
   profile = cost::to_json(cost::a100_sxm4_80gb_x8());
   profile["overlapp"] = 1;
-  CHECK(failure([&] { cost::profile_from_json(profile); }).find("unknown key \"overlapp\"") != std::string::npos);
+  CHECK(error_of([&] { cost::profile_from_json(profile); }).find("unknown key \"overlapp\"") != std::string::npos);
   // A repeated key: the parser keeps both, readers saw only the first.
   std::string text = json::dump(cost::to_json(cost::a100_sxm4_80gb_x8()));
   text.insert(text.rfind('}'), ", \"overlap\": 0.5");
-  CHECK(failure([&] { cost::profile_from_json(json::parse(text)); }).find("duplicate key \"overlap\"") !=
+  CHECK(error_of([&] { cost::profile_from_json(json::parse(text)); }).find("duplicate key \"overlap\"") !=
         std::string::npos);
   const json::Value cluster = {{"name", "c"},
                                {"peak_flops_per_s", 1e12},
@@ -148,16 +136,16 @@ TEST_CASE("hostile: unknown and repeated keys in profile, cluster and model JSON
                                                                 {"alpha_s", 0}, {"bytes_per_s", 1e9}}})}};
   json::Value misspelt = cluster;
   misspelt["levle"] = 1;
-  CHECK(failure([&] { cluster_from_json(misspelt); }).find("unknown key \"levle\"") != std::string::npos);
+  CHECK(error_of([&] { cluster_from_json(misspelt); }).find("unknown key \"levle\"") != std::string::npos);
   std::string repeated = json::dump(cluster, 0);
   repeated.insert(repeated.find("\"bytes_per_s\":1000000000.0") + 1, "bytes_per_s\":1,\"");
-  CHECK(failure([&] { cluster_from_json(json::parse(repeated)); }).find("duplicate key \"bytes_per_s\"") !=
+  CHECK(error_of([&] { cluster_from_json(json::parse(repeated)); }).find("duplicate key \"bytes_per_s\"") !=
         std::string::npos);
-  CHECK(failure([] {
+  CHECK(error_of([] {
           model_from_json(json::parse(R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
               "intermediate_size": 128, "vocab_size": 10, "num_hiden_layers": 4})"), "m");
         }).find("unknown key \"num_hiden_layers\"") != std::string::npos);
-  CHECK(failure([] {
+  CHECK(error_of([] {
           model_from_json(json::parse(R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
               "intermediate_size": 128, "vocab_size": 10, "num_hidden_layers": 4})"), "m");
         }).find("duplicate key \"num_hidden_layers\"") != std::string::npos);
@@ -168,7 +156,7 @@ TEST_CASE("hostile: unknown and repeated keys in profile, cluster and model JSON
 }
 
 TEST_CASE("hostile: shapes that would make the search run without end are refused or end in bounded time") {
-  CHECK(failure([] {
+  CHECK(error_of([] {
           model_from_json(json::parse(R"({"num_hidden_layers": 999999999999, "hidden_size": 64,
               "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 10})"), "deep");
         }).find("layers = 999999999999 must be in [1, 100000]") != std::string::npos);
@@ -176,7 +164,7 @@ TEST_CASE("hostile: shapes that would make the search run without end are refuse
   const auto start = std::chrono::steady_clock::now();
   const std::int64_t huge = std::int64_t(1) << 24;
   const PerformanceModel model(gpt_175b(), dgx_h100(), TrainingSetup{.seq = huge, .global_batch = huge}, 2048);
-  const std::string outcome = failure([&] { search::search(model, {.top_k = 1}); });
+  const std::string outcome = error_of([&] { search::search(model, {.top_k = 1}); });
   CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 60);
   CHECK(divisors(std::int64_t(1) << 24).size() == 25);
   CHECK(divisors(36) == std::vector<int>{1, 2, 3, 4, 6, 9, 12, 18, 36});

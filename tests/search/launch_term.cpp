@@ -10,11 +10,14 @@
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/emulation.hpp"
 #include "paradyse/search/search.hpp"
+#include "support/error_of.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <string>
+
+using paradyse::testing::error_of;
 
 using namespace paradyse;
 using namespace paradyse::search;
@@ -37,15 +40,6 @@ double send(double bytes, double bandwidth = kP2p) { return kLaunch + kAlpha + b
 
 ClusterProfile cluster(double p2p = kP2p) {
   return ideal_cluster(1e11, {{"node", 0, kAlpha, kBus, kLaunch, p2p}}, 2e10);
-}
-
-std::string failure(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "accepted";
 }
 
 }  // namespace launch_term_test
@@ -144,7 +138,7 @@ TEST_CASE("cluster.json: launch_s and p2p_bytes_per_s read and written back; bad
   auto with = [&](const char* key, json::Value value) {
     json::Value bad = cluster_to_json(c);
     bad["levels"][0][key] = std::move(value);
-    return failure([&] { cluster_from_json(bad); });
+    return error_of([&] { cluster_from_json(bad); });
   };
   const std::string negative = with("launch_s", -1e-6);
   CHECK(negative.find("\"launch_s\" = -1e-06 must not be negative") != std::string::npos);

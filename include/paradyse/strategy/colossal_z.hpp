@@ -50,13 +50,6 @@ struct ColossalZ : Zero3Ring<ColossalZ<Backend>, Backend> {
 private:
   friend struct Zero3Ring<ColossalZ, Backend>;
 
-  static AttentionSaved make_saved(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
-                                   TensorView<const float> x) {
-    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{call.b, call.n, packing.heads(), ctx.geometry.head_dim}),
-                         Tensor<float>(), Tensor<float>()};
-    make_core(ctx, packing, call, saved);
-    return saved;
-  }
   // The core's own tensors: the probabilities and out (zeroed: P V accumulates into it).
   static void make_core(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
                         AttentionSaved& saved) {

@@ -45,13 +45,6 @@ struct MegatronCZ : Zero3Ring<MegatronCZ<Backend>, Backend> {
 private:
   friend struct Zero3Ring<MegatronCZ, Backend>;
 
-  static AttentionSaved make_saved(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
-                                   TensorView<const float> x) {
-    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{call.b, call.n, packing.heads(), ctx.geometry.head_dim}),
-                         Tensor<float>(), Tensor<float>()};
-    make_core(ctx, packing, call, saved);
-    return saved;
-  }
   // The core's own tensors: out and lse.
   static void make_core(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
                         AttentionSaved& saved) {

@@ -14,7 +14,6 @@
 // (strategy/zero3_mlp.hpp). Derived holds only its core:
 //   struct AttentionSaved { Tensor<float> x, heads, out, ...; };  // x [b, n_r, h], heads [b, n_r, hq + 2 hkv, d],
 //                                                                   // out [b, n_r, hq, d], plus the core's own
-//   AttentionSaved make_saved(const SublayerContext&, const QkvPacking&, const RingCall&, TensorView<const float> x);
 //   static void make_core(ctx, packing, call, AttentionSaved&);  // (re)allocates the core's own tensors (zeroed)
 //   static void drop_core(AttentionSaved&);                      // frees them (selective recomputation)
 //   void core_forward(C& comm, ctx, packing, call, AttentionSaved&);    // saved.heads -> saved.out
@@ -133,7 +132,7 @@ struct Zero3Ring : UnifiedRing<Derived, Backend> {
     const auto& [g, p, rank, b, n, m, h] = call;
     const std::int64_t R = g.qkv_rows, W = g.proj_rows;
     const QkvPacking packing = QkvPacking::of(g, p);
-    typename Derived::AttentionSaved saved = self().make_saved(ctx, packing, call, x);
+    auto saved = make_saved(ctx, packing, call, x);
     {
       PooledBuffer<float> packed = ctx.pool->acquire<float>(Shape{m, p * R});
       const TensorView<float> columns = packed.view();
@@ -211,6 +210,16 @@ struct Zero3Ring : UnifiedRing<Derived, Backend> {
 
 private:
   const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+  // What a forward saves: the input, the heads [b, n_r, hq + 2 hkv, d] (filled by the ring linear), and the core's own
+  // tensors (Derived::make_core). `auto`: Derived is incomplete where this template is instantiated as its base.
+  static auto make_saved(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
+                         TensorView<const float> x) {
+    typename Derived::AttentionSaved saved{};
+    saved.x = copy_tensor<Backend>(x);
+    saved.heads = Tensor<float>(Shape{call.b, call.n, packing.heads(), ctx.geometry.head_dim});
+    Derived::make_core(ctx, packing, call, saved);
+    return saved;
+  }
 };
 
 }  // namespace paradyse
