@@ -89,10 +89,12 @@ struct SublayerContext {
   // the two sub-groups read it (strategy/megatron_ring.hpp); the unified layout is over all p ranks either way.
   int tp_inner = 0;
   // The factorisations' sub-groups, split once per group and held by the layer stack (comm/grid_groups.hpp):
-  // tp_inner's (MegatronRing's tp and cp sub-groups) and tp_x's (Tp2d's tp_x and tp_y groups); nullptr: each call
-  // splits its own.
+  // tp_inner's (MegatronRing's tp and cp sub-groups), tp_x's (Tp2d's tp_x and tp_y groups) and, when tp_x divides
+  // tp_inner, the tp sub-group's own tp_x x tp_y grid (RingTp2d's, split from tp_inner_groups' inner group);
+  // nullptr: each call splits its own.
   const AnyGridGroups* tp_inner_groups = nullptr;
   const AnyGridGroups* tp_x_groups = nullptr;
+  const AnyGridGroups* tp_grid_groups = nullptr;
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.
