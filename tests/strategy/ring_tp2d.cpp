@@ -68,6 +68,7 @@ void check_recompute_bitwise(const SublayerCase& test) {
     const int r = comm.rank();
     BufferPool pool;
     SublayerContext ctx(c, test.ranks, test.batch, test.length, pool);
+    ctx.set_documents(test.documents);
     ctx.tp_x = test.tp_x;
     ctx.tp_inner = test.tp_inner;
     const LayerWeights weights = shard_of(problem.weights, c, test.ranks, r);

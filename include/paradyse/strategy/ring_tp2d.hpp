@@ -25,11 +25,7 @@
 // layer stack), or split for the call when none are held.
 #pragma once
 
-#include "paradyse/comm/communicator.hpp"
 #include "paradyse/comm/grid_groups.hpp"
-#include "paradyse/core/tensor.hpp"
-#include "paradyse/contract/weight_shards.hpp"
-#include "paradyse/ops/backend.hpp"
 #include "paradyse/strategy/megatron_ring.hpp"
 #include "paradyse/strategy/policy.hpp"
 #include "paradyse/strategy/ring_attention.hpp"
@@ -72,7 +68,7 @@ struct RingTp2d : LayoutPolicy<Backend> {
         return {fmt::format("RingTp2d: every rank must hold as many tokens; s = {} splits unevenly over {} ranks{} "
                             "(give s a multiple of {})", ctx.length(), p, ctx.sequence.zigzag() ? " (zigzag)" : "",
                             ctx.sequence.chunks())};
-    return MegatronRing<Backend>().supports(ctx);
+    return common_support(name, ctx);
   }
   ComputeLayouts attention_layouts(const SublayerContext& ctx) const {
     return {ctx.unified(ctx.hidden()), ctx.unified(ctx.hidden())};
