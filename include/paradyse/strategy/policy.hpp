@@ -168,6 +168,16 @@ inline Support common_support(std::string_view strategy, const SublayerContext& 
   return {};
 }
 
+// For strategies whose collectives move equal blocks (Tp2d, RingTp2d): every rank holds as many tokens.
+inline Support even_tokens_support(std::string_view strategy, const SublayerContext& ctx) {
+  for (int r = 1; r < ctx.ranks(); ++r)
+    if (ctx.local_tokens(r) != ctx.local_tokens(0))
+      return {fmt::format("{}: every rank must hold as many tokens; s = {} splits unevenly over {} ranks{} (give s a "
+                          "multiple of {})", strategy, ctx.length(), ctx.ranks(), ctx.sequence.zigzag() ? " (zigzag)" : "",
+                          ctx.sequence.chunks())};
+  return {};
+}
+
 // The layouts a strategy computes one sublayer in, over its group: the tensor its core reads, after the input's
 // move from the unified layout, and the one it writes, before the output's move back.
 struct ComputeLayouts {

@@ -63,11 +63,7 @@ struct RingTp2d : LayoutPolicy<Backend> {
     if (c.kv_heads % p != 0)
       return {fmt::format("RingTp2d: kv_heads = {} must be divisible by the group size {} (replicated kv heads are not "
                           "supported)", c.kv_heads, p)};
-    for (int r = 1; r < p; ++r)
-      if (ctx.local_tokens(r) != ctx.local_tokens(0))
-        return {fmt::format("RingTp2d: every rank must hold as many tokens; s = {} splits unevenly over {} ranks{} "
-                            "(give s a multiple of {})", ctx.length(), p, ctx.sequence.zigzag() ? " (zigzag)" : "",
-                            ctx.sequence.chunks())};
+    if (Support even = even_tokens_support(name, ctx); !even) return even;
     return common_support(name, ctx);
   }
   ComputeLayouts attention_layouts(const SublayerContext& ctx) const {

@@ -83,11 +83,7 @@ struct Tp2d : LayoutPolicy<Backend> {
     if (c.kv_heads % C != 0)
       return {fmt::format("Tp2d: kv_heads = {} must be divisible by the group size {} (replicated kv heads are not "
                           "supported)", c.kv_heads, C)};
-    for (int r = 1; r < C; ++r)
-      if (ctx.local_tokens(r) != ctx.local_tokens(0))
-        return {fmt::format("Tp2d: every rank must hold as many tokens; s = {} splits unevenly over {} ranks{} (give "
-                            "s a multiple of {})", ctx.length(), C, ctx.sequence.zigzag() ? " (zigzag)" : "",
-                            ctx.sequence.chunks())};
+    if (Support even = even_tokens_support(name, ctx); !even) return even;
     if (ctx.length() % x != 0)
       return {fmt::format("Tp2d: s = {} must be divisible by tp_x = {}", ctx.length(), x)};
     return common_support(name, ctx);
