@@ -61,7 +61,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
       .without_default();
   flags.choice("--strategy", o.strategy, pd::cost::mesh_catalog().names(),
                "one strategy everywhere instead of the planner (long inputs may then run out of memory: the step is "
-               "reported and skipped); MegatronRing and Tp2d on a factorised --mesh only (cp with tp, or tp_x,tp_y)")
+               "reported and skipped); MegatronRing, Tp2d and RingTp2d on a factorised --mesh only (cp with tp, or "
+               "tp_x,tp_y; RingTp2d: cp with tp_x,tp_y)")
       .without_default();
   flags.number("--lr", o.lr, {.min = 0, .max = 100, .min_open = true}, "peak learning rate (AdamW, linear warm-up)");
   flags.choice("--order", o.sorted, "sorted", "random", "document order: sorted by length (curriculum) or shuffled");
@@ -320,7 +321,8 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
   } catch (const std::invalid_argument& e) {
     usage(e.what());
   }
-  if ((o.strategy == "MegatronRing" || o.strategy == "Tp2d") && o.mesh.empty() && o.mesh_file.empty())
+  if ((o.strategy == "MegatronRing" || o.strategy == "Tp2d" || o.strategy == "RingTp2d") && o.mesh.empty() &&
+      o.mesh_file.empty())
     usage(fmt::format("--strategy {} computes over a factorised group: give --mesh cp=C,tp=T or --mesh "
                       "tp_x=X,tp_y=Y (without --mesh the strategies are {})", o.strategy,
                       fmt::join(pd::cost::default_catalog().names(), ", ")));

@@ -96,8 +96,9 @@ namespace paradyse::examples {
 // (MegatronTS) in every sublayer, or with cp and tp both the cp x tp group (tp innermost) where MegatronRing
 // (strategy/megatron_ring.hpp: tp inside each cp group) joins the planner's choices. tp_x=X,tp_y=Y in place of tp: the
 // tp group of X x Y ranks is a 2-D tensor-parallel grid where Tp2d (strategy/tp2d.hpp) joins them (the planner picks
-// per sublayer among the seven: train_mesh); the mesh's tp axis is then X x Y and
-// `tp_x` (if given) receives X (1 without); a grid inside a cp group is refused. Throws an Error naming the bad part.
+// per sublayer among the eight: train_mesh); the mesh's tp axis is then X x Y and
+// `tp_x` (if given) receives X (1 without). With cp too, each cp group holds such grids and RingTp2d
+// (strategy/ring_tp2d.hpp: ring attention over cp, Tp2d's linears on each grid) joins. Throws an Error naming the bad part.
 inline DeviceMesh parse_mesh(std::string_view text, int* tp_x = nullptr);
 
 // The MoE layers' axes of a --mesh text ("ep=2,etp=1" among the device axes; 0: not given): ep, the expert group of
@@ -148,9 +149,6 @@ inline DeviceMesh parse_mesh(std::string_view text, int* tp_x) {
         "both", printable(text));
   for (int& size : sizes) size = std::max(size, 1);
   if (tp_x) *tp_x = sizes[4];
-  check(sizes[2] == 1 || (sizes[4] == 1 && sizes[5] == 1), "--mesh {}: cp={} with tp_x={},tp_y={}: a 2-D tensor-"
-        "parallel grid inside a cp group is not trainable yet (issue 26); give cp with tp, or tp_x,tp_y without cp",
-        printable(text), sizes[2], sizes[4], sizes[5]);
   if (sizes[4] > 1 || sizes[5] > 1) sizes[3] = sizes[4] * sizes[5];  // the 2-D grid as the tp axis
   return DeviceMesh({{"dp", sizes[0]}, {"pp", sizes[1]}, {"cp", sizes[2]}, {"tp", sizes[3]}});
 }
@@ -247,8 +245,6 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
   const auto refuse_unless = [&](bool trainable, std::string what) {
     check(trainable, "{}: {} (issue 26)", where, what);
   };
-  refuse_unless(c.tp_x == 1 || c.cp == 1, fmt::format("tp_x={} with cp={}: a 2-D tensor-parallel grid inside a cp "
-                                                       "group is not trainable yet", c.tp_x, c.cp));
   refuse_unless(c.zero <= 3, fmt::format("zero={}: train_gpt runs ZeRO 0 to 3", c.zero));
   // Experts: ep consecutive ranks of dp x cp, each expert's columns over etp consecutive ranks of tp, replicated
   // over edp = dp x cp x tp / (ep x etp) (model/expert_groups.hpp), as the search folds them.
@@ -336,9 +332,14 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
         "axis's)", o.mesh, o.strategy);
   // A factorised stage group (cp x tp, tp innermost, or a tp_x x tp_y grid) is an outer x inner grid of its ranks:
   // MegatronRing (tp_inner) and Tp2d (tp_x) both compute over it with inner = tp (tp_x), beside the five over the
-  // whole group, and the planner chooses among the seven per sublayer (--strategy: one of the five everywhere).
+  // whole group, and with RingTp2d (both: grid_x below) the planner chooses among the eight per sublayer
+  // (--strategy: one of the five everywhere).
   const int grid_inner = cp_by_tp ? tp : tp_x > 1 ? tp_x : 0;
-  check(grid_inner > 0 || (o.strategy != "MegatronRing" && o.strategy != "Tp2d"), "--mesh {} --strategy {}: it "
+  // With cp and tp_x,tp_y: the tp sub-group of each cp group is itself the tp_x x tp_y grid (RingTp2d's; Tp2d's grid
+  // is then tp_x x (cp tp_y)). Otherwise both factorisations share one grid.
+  const int grid_x = cp_by_tp && tp_x > 1 ? tp_x : grid_inner;
+  check(grid_inner > 0 || (o.strategy != "MegatronRing" && o.strategy != "Tp2d" && o.strategy != "RingTp2d"),
+        "--mesh {} --strategy {}: it "
         "computes over a factorised stage group; give cp with tp (cp=C,tp=T) or tp_x,tp_y", o.mesh, o.strategy);
   const std::string strategy = tp > 1 && grid_inner == 0 ? std::string("MegatronTS") : o.strategy;
   // The embedding and the LM head by vocabulary rows over the tp group of each stage (the whole grid with tp_x,
@@ -387,7 +388,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // Every step's plan for a cp group running one micro-batch, computed before training; under selective
   // recomputation its dry runs drop attention's core and re-run it in backward.
   const cost::StrategyCatalog* catalog = grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog();
-  plan::GptCosts<Model> costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_inner, 1)};
+  plan::GptCosts<Model> costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_x, 1)};
   costs.selective = recompute == PipelineRecompute::selective;
   // The activations a rank keeps under none or selective, in stashes of the whole stack for one micro-batch (the
   // planner's unit): the most layers any pp rank holds at once over the step's micro-batches (1F1B, interleaved),
@@ -403,7 +404,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                       }));
     return double(most) / double(o.layers);
   };
-  const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_inner, 1)};
+  const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_x, 1)};
   std::int64_t cap = 0;
   if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
   else if (experts) cap = hardware.usable_memory_bytes();  // as train_gpt --experts
@@ -548,14 +549,15 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                pp > 1 ? " of each pipeline stage; router losses averaged over a step's micro-batches" : "");
   if (tp_x > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks, each a {} x {} grid (tp_x x tp_y) for Tp2d "
-               "(2-D tensor parallelism from and to the unified layout; norms and residuals sequence parallel) and "
-               "MegatronRing; {}\n", tp, tp_x, tp / tp_x,
-               strategy.empty() ? "the planner chooses among the seven strategies" : "running " + strategy);
+               "(2-D tensor parallelism from and to the unified layout; norms and residuals sequence parallel), "
+               "MegatronRing and RingTp2d{}; {}\n", tp, tp_x, tp / tp_x,
+               cp_by_tp ? fmt::format(" (ring attention over cp = {})", mesh.axis_size("cp")) : std::string(),
+               strategy.empty() ? "the planner chooses among the eight strategies" : "running " + strategy);
   else if (cp_by_tp)
     fmt::print("tensor parallelism inside each cp group: groups of {} x {} consecutive ranks (tp innermost) for "
                "MegatronRing (Megatron's tensor parallelism over the tp sub-groups, ring attention over the cp "
                "sub-groups) and Tp2d; {}\n", mesh.axis_size("cp"), tp,
-               strategy.empty() ? "the planner chooses among the seven strategies" : "running " + strategy);
+               strategy.empty() ? "the planner chooses among the eight strategies" : "running " + strategy);
   else if (tp > 1)
     fmt::print("tensor parallelism: tp groups of {} consecutive ranks run MegatronTS in every sublayer (Megatron's "
                "tensor parallelism, sequence parallel over the norms and residuals)\n", tp);
@@ -641,8 +643,8 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     for (auto& chunk : chunks) chunk.set_recompute(recompute);
     if (grid_inner > 0)  // the stage's group as a grid: MegatronRing's cp x tp, Tp2d's tp_x x tp_y
       for (auto& chunk : chunks) {
-        chunk.stack().set_tp_inner(cp_group, grid_inner);  // one grid, split once: the two share it
-        chunk.stack().set_tp_x(cp_group, grid_inner);
+        chunk.stack().set_tp_inner(cp_group, grid_inner);  // one grid, split once, shared unless grid_x differs
+        chunk.stack().set_tp_x(cp_group, grid_x);
       }
     if (vocab_parallel) {  // the embedding and the head by vocabulary rows over tp (model/vocab_parallel.hpp)
       vocab_group.emplace(mesh.group(world, {"tp"}));

@@ -4,7 +4,10 @@
 // the tp sub-groups, ring attention over the cp sub-groups) in every sublayer, or switches per sublayer between it
 // and the five strategies over the whole group. Meshes: cp x tp = 2x2, 2x3, 3x2 alone, with dp = 2 (rows dealt
 // unevenly), with pp = 2 (uneven stages), with both (8 ranks), 4x2 and 2x4 (8 ranks), and ZeRO-3 over dp = 2; the
-// sequence uneven over the group.
+// sequence uneven over the group. And a 2-D grid inside the cp group (--mesh ..,cp=C,tp_x=X,tp_y=Y: the stack told
+// both factorisations, set_tp_inner(X Y) and set_tp_x(X)) running RingTp2d (strategy/ring_tp2d.hpp) in every
+// sublayer, or switching with the other seven: cp 2 x 2x2 (8 ranks), dp = 2 x cp 2 x 2x1, pp = 2 x cp 2 x 2x1,
+// cp 3 x 2x1 and ZeRO-3 over dp = 2 x cp 2 x 2x1, on a sequence even over the group (RingTp2d's requirement).
 // Fresh random rows give the loss and every gradient of every rank (each layer's attention, MLP and norm shards, the
 // embedding, the head and the final norm) of the single group (Gpt on C x T ranks, every row in one batch, the five
 // strategies switching) within float rounding.
@@ -42,15 +45,17 @@ struct CpTpMesh {
   int layers;         // uneven over pp stages where pp > 1
   std::int64_t rows;  // uneven over dp
   bool zero3 = false;
+  int tp_x = 0;       // > 0: the tp sub-group is a tp_x x (tp / tp_x) grid running RingTp2d
 };
 
-// A plan over the stage group: MegatronRing everywhere, or switching with the five (layer l: attention MegatronRing
-// on even layers, the five in turn on odd ones; the MLP the other way round).
-StackPlan cp_tp_plan(int layers, bool switching) {
-  const std::size_t ring = CpTpStrategies::index_of("MegatronRing");
+// A plan over the stage group: MegatronRing (with a grid: RingTp2d) everywhere, or switching with the others (layer
+// l: attention MegatronRing on even layers, the five in turn on odd ones; with a grid: MegatronRing, Tp2d, then the
+// five; the MLP the other way round).
+StackPlan cp_tp_plan(int layers, bool switching, bool grid) {
+  const std::size_t ring = CpTpStrategies::index_of(grid ? "RingTp2d" : "MegatronRing");
   StackPlan plan;
   for (int l = 0; l < layers; ++l) {
-    const std::size_t other = std::size_t(l) % 5;
+    const std::size_t other = grid ? std::size_t(5 + l) % 7 : std::size_t(l) % 5;
     plan.push_back(switching ? SublayerChoice{l % 2 ? other : ring, l % 2 ? ring : other, 0}
                              : SublayerChoice{ring, ring, 0});
   }
@@ -60,30 +65,36 @@ StackPlan cp_tp_plan(int layers, bool switching) {
 }  // namespace
 
 TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching with the five) trains as the single "
-          "group: cp x tp = 2x2, 2x3, 3x2, with dp = 2, pp = 2 (uneven stages), both, 4x2, 2x4 and ZeRO-3; the loss and "
-          "every gradient of every rank") {
+          "group: cp x tp = 2x2, 2x3, 3x2, with dp = 2, pp = 2 (uneven stages), both, 4x2, 2x4 and ZeRO-3; RingTp2d on a "
+          "grid inside cp, 2 x 2x2, with dp = 2, pp = 2, 3 x 2x1 and ZeRO-3; the loss and every gradient of every rank") {
   GptConfig config;
   config.layer = LayerConfig::make(48, 24);  // heads divisible by every group size below (4, 6, 8)
   config.layer.ffn = 96;
   config.layer.causal = config.layer.zigzag = config.layer.rope = true;
   config.vocab = 23;
-  const std::int64_t seq = 45;  // uneven over the 2 C zigzag chunks of C = 4, 6, 8 ranks
+  const std::int64_t uneven_seq = 45, even_seq = 48;  // over the 2 C zigzag chunks of C = 4, 6, 8 ranks
   const std::uint64_t seed = 19;
 
   for (const CpTpMesh& m : {CpTpMesh{1, 1, 2, 2, 2, 2}, CpTpMesh{1, 1, 2, 3, 2, 2}, CpTpMesh{1, 1, 3, 2, 2, 2},
                             CpTpMesh{2, 1, 2, 2, 2, 3}, CpTpMesh{1, 2, 2, 2, 3, 2}, CpTpMesh{2, 2, 2, 2, 3, 3},
-                            CpTpMesh{1, 1, 4, 2, 2, 2}, CpTpMesh{1, 1, 2, 4, 2, 2}, CpTpMesh{2, 1, 2, 2, 2, 2, true}}) {
+                            CpTpMesh{1, 1, 4, 2, 2, 2}, CpTpMesh{1, 1, 2, 4, 2, 2}, CpTpMesh{2, 1, 2, 2, 2, 2, true},
+                            CpTpMesh{1, 1, 2, 4, 2, 2, false, 2}, CpTpMesh{2, 1, 2, 2, 2, 3, false, 2},
+                            CpTpMesh{1, 2, 2, 2, 3, 2, false, 2}, CpTpMesh{1, 1, 3, 2, 2, 1, false, 2},
+                            CpTpMesh{2, 1, 2, 2, 2, 2, true, 2}}) {
     for (const bool switching : {false, true}) {
       CAPTURE(m.dp);
       CAPTURE(m.pp);
       CAPTURE(m.cp);
       CAPTURE(m.tp);
       CAPTURE(m.zero3);
+      CAPTURE(m.tp_x);
       CAPTURE(switching);
+      const std::int64_t seq = m.tp_x > 0 ? even_seq : uneven_seq;
       config.layers = m.layers;
       const int C = m.cp * m.tp;
       const std::int64_t rows = m.rows;
-      Rng rng(2000 + std::uint64_t(m.dp * 1000 + m.pp * 100 + m.cp * 10 + m.tp) + (switching ? 7 : 0));
+      Rng rng(2000 + std::uint64_t(m.dp * 1000 + m.pp * 100 + m.cp * 10 + m.tp) + (switching ? 7 : 0) +
+              std::uint64_t(m.tp_x) * 13);
       const testing::RandomRows batch = testing::random_rows(rng, rows * seq, config.vocab);
       const double counted = double(rows * seq);
       std::mutex lock;
@@ -95,7 +106,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
           testing::single_group_step<CpTpStrategies>(config, C, seed, single, batch, rows, seq);
 
       // The mesh {dp, pp, cp, tp}, as train_mesh builds it.
-      const StackPlan plan = cp_tp_plan(config.layers, switching);
+      const StackPlan plan = cp_tp_plan(config.layers, switching, m.tp_x > 0);
       const DeviceMesh mesh({{"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"tp", m.tp}});
       std::vector<testing::RankGradients> got(std::size_t(m.dp));  // per replica (equal after the dp sum)
       double loss_sum = 0;
@@ -108,6 +119,7 @@ TEST_CASE("tp inside a cp group on the mesh (MegatronRing, alone and switching w
         chunks.emplace_back(config, stage_index, m.pp, layers, C, rank, C, rank, seed);
         MeshGptStage<CpTpStrategies, ThreadCommunicator>& stage = chunks.back();
         stage.stack().set_tp_inner(group, m.tp);
+        if (m.tp_x > 0) stage.stack().set_tp_x(group, m.tp_x);
         if (m.zero3) stage.shard_over_dp(dp_group);
         BufferPool pool;
         stage.begin_step(group, group, pool, StackPlan(plan.begin() + layers.start, plan.begin() + layers.end()), seq);

@@ -3,7 +3,8 @@
 // final norm whole), over the stage's tp ranks (the whole group for a tp group or a 2-D grid, the tp sub-group of a
 // cp x tp group, replicated over its cp ranks). Meshes: tp = 2, tp = 3 (V = 23: 8/8/7 rows), with dp = 2 (rows dealt
 // unevenly), pp = 2 (uneven stages) and pp = 3 with tp = 3, interleaved pp = 2 x v = 2, cp x tp = 2x2 (MegatronRing) and
-// with dp = 2 (8 ranks), a 2x2 grid (Tp2d), and ZeRO-3 over dp = 2 with tp = 2 and with pp = 2.
+// with dp = 2 (8 ranks), a 2x2 grid (Tp2d), a 2x1 grid inside cp = 2 and 3 (RingTp2d; also with ZeRO-3 over dp = 2),
+// and ZeRO-3 over dp = 2 with tp = 2 and with pp = 2.
 // Fresh random rows give the loss and every gradient of every rank (each layer's attention, MLP and norm shards; the
 // embedding's and the head's rows this rank holds and the final norm) of the single group (Gpt on the stage group's
 // ranks, every row in one batch, MegatronTS everywhere) within float rounding; each rank holds only its rows.
@@ -37,7 +38,7 @@ using Stage = MeshGptStage<Strategies, ThreadCommunicator>;
 
 struct VocabMesh {
   int dp, pp, cp, tp;
-  int tp_x = 0;       // > 0: the tp group is a tp_x x (tp / tp_x) grid running Tp2d
+  int tp_x = 0;       // > 0: the tp group is a tp_x x (tp / tp_x) grid running Tp2d (with cp: RingTp2d)
   int v = 1;          // virtual stages per pp rank
   bool zero3 = false;
   int layers = 3;     // uneven over pp (x v) stages
@@ -71,7 +72,7 @@ void check_vocab_mesh(const GptConfig& base, const VocabMesh& m) {
   const std::uint64_t seed = 31;
   const int group = m.cp * m.tp;
   const std::size_t ts = Strategies::index_of("MegatronTS");
-  const std::size_t strategy = m.tp_x > 0 ? Strategies::index_of("Tp2d")
+  const std::size_t strategy = m.tp_x > 0 ? Strategies::index_of(m.cp > 1 ? "RingTp2d" : "Tp2d")
                                : m.cp > 1  ? Strategies::index_of("MegatronRing")
                                            : ts;
   Rng rng(5000 + std::uint64_t(m.dp * 1000 + m.pp * 100 + m.cp * 10 + m.tp) + (m.zero3 ? 7 : 0) + std::uint64_t(m.v));
@@ -152,7 +153,8 @@ void check_vocab_mesh(const GptConfig& base, const VocabMesh& m) {
 }  // namespace mesh_vocab_test
 
 TEST_CASE("the vocabulary sharded over tp on the mesh (embedding and head rows V/tp per rank, uneven V) trains as the "
-          "single group: tp = 2, 3, with dp, pp (and pp = 3, interleaved v = 2), cp x tp, a 2x2 grid and ZeRO-3; the "
+          "single group: tp = 2, 3, with dp, pp (and pp = 3, interleaved v = 2), cp x tp, a 2x2 grid, a 2x1 grid inside "
+          "cp = 2 and 3 (RingTp2d, also with ZeRO-3) and ZeRO-3; the "
           "loss and every gradient of every rank") {
   using namespace mesh_vocab_test;
   GptConfig config;
@@ -163,7 +165,8 @@ TEST_CASE("the vocabulary sharded over tp on the mesh (embedding and head rows V
   for (const VocabMesh& m : {VocabMesh{1, 1, 1, 2}, VocabMesh{1, 1, 1, 3}, VocabMesh{2, 1, 1, 2},
                              VocabMesh{1, 2, 1, 2}, VocabMesh{1, 3, 1, 3, 0, 1, false, 4},
                              VocabMesh{1, 2, 1, 2, 0, 2, false, 5, 4}, VocabMesh{1, 1, 2, 2}, VocabMesh{2, 1, 2, 2},
-                             VocabMesh{1, 1, 1, 4, 2}, VocabMesh{2, 1, 1, 2, 0, 1, true},
+                             VocabMesh{1, 1, 1, 4, 2}, VocabMesh{1, 1, 2, 2, 2}, VocabMesh{1, 1, 3, 2, 2},
+                             VocabMesh{2, 1, 2, 2, 2, 1, true}, VocabMesh{2, 1, 1, 2, 0, 1, true},
                              VocabMesh{2, 2, 1, 2, 0, 1, true, 3, 4}})
     check_vocab_mesh(config, m);
 }

@@ -1,5 +1,6 @@
 // The layer stack holds its group's grid sub-groups (model/stack.hpp's set_tp_inner / set_tp_x, comm/grid_groups.hpp's
-// AnyGridGroups): split when the factorisation is set, with the group in hand, once for both when tp_inner = tp_x;
+// AnyGridGroups): split when the factorisation is set, with the group in hand, once for both when tp_inner = tp_x
+// (and then, tp_x dividing tp_inner, the tp sub-group's own tp_x x tp_y grid for RingTp2d: two more splits);
 // a step's MegatronRing and Tp2d layers (forward and backward) split nothing; a new inner size splits its grid anew
 // and the other factorisation keeps its own; a stack run on a group its grid was not split from is refused by name.
 #include "paradyse/comm/threads.hpp"
@@ -49,11 +50,11 @@ TEST_CASE("the layer stack splits its grid sub-groups when the factorisation is 
     std::array<int, 6>& count = counts[std::size_t(r)];
     stack.set_tp_inner(comm, 2);
     count[0] = splits;
-    stack.set_tp_x(comm, 2);  // the same 2 x 2 grid: shared
+    stack.set_tp_x(comm, 2);  // the same 2 x 2 grid: shared; the tp sub-group's 2 x 1 grid split (RingTp2d's)
     count[1] = splits;
     steps();
     count[2] = splits;
-    stack.set_tp_x(comm, 4);  // a 4 x 1 grid of its own
+    stack.set_tp_x(comm, 4);  // a 4 x 1 grid of its own; 4 does not divide tp_inner = 2: no RingTp2d grid
     count[3] = splits;
     stack.set_tp_inner(comm, 2);  // kept
     count[4] = splits;
@@ -68,7 +69,7 @@ TEST_CASE("the layer stack splits its grid sub-groups when the factorisation is 
   });
   for (int r = 0; r < p; ++r) {
     CAPTURE(r);
-    CHECK(fmt::format("{}", fmt::join(counts[std::size_t(r)], " ")) == "2 2 2 4 4 4");
+    CHECK(fmt::format("{}", fmt::join(counts[std::size_t(r)], " ")) == "2 4 4 6 6 6");
     CHECK(refusals[std::size_t(r)].find("grid sub-groups: held a grid of 4 ranks with inner = 2") != std::string::npos);
   }
 }

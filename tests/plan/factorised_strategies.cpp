@@ -1,11 +1,11 @@
-// The planner prices MegatronRing (cp x tp, tp_inner) and Tp2d (tp_x x tp_y) from their dry runs: the symbolic
+// The planner prices MegatronRing (cp x tp, tp_inner), Tp2d (tp_x x tp_y) and RingTp2d (both) from their dry runs: the symbolic
 // communicator splits their sub-groups (comm/symbolic.hpp's split_by), their transfers are traced with the
 // sub-group's size and span and priced at them, so a priced sublayer is the sum of its trace's pieces (kernels at the
 // profile's rates, each transfer at its own sub-group's size, on the level its span reaches: a strided sub-group
 // crosses nodes), with every transfer waited for at once (as posted, overlap hides some); cost::mesh_catalog() holds
-// all seven strategies and
+// all eight strategies and
 // a cost table prices the two where the shape carries their factorisation (forbidden, saying why, elsewhere); the
-// exact planner chooses per sublayer among all seven. The MoE planner (plan/moe_plan.hpp) prices them as the dense
+// exact planner chooses per sublayer among all eight. The MoE planner (plan/moe_plan.hpp) prices them as the dense
 // one: its attention and dense MLP rows on the mesh catalog are the dense GPT's, and it picks them where cheapest.
 #include "paradyse/comm/grid_groups.hpp"
 #include "paradyse/comm/symbolic.hpp"
@@ -180,11 +180,12 @@ TEST_CASE("MegatronRing and Tp2d: a priced dry run is the sum of its trace's pie
 }
 
 TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation is set; the planner picks among all "
-          "seven") {
+          "eight") {
   const cost::StrategyCatalog& catalog = cost::mesh_catalog();
-  REQUIRE(catalog.count() == 7);
+  REQUIRE(catalog.count() == 8);
   for (int s = 0; s < 5; ++s) CHECK(catalog.name(s) == cost::default_catalog().name(s));
   const int ring = catalog.index_of("MegatronRing"), tp2d = catalog.index_of("Tp2d");
+  const int ring_tp2d = catalog.index_of("RingTp2d");
   LayerConfig config = LayerConfig::make(64, 4);
   config.causal = true;
   config.zigzag = true;
@@ -199,6 +200,8 @@ TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation
       CHECK(table.entry(0, part, ring).forbidden_reason.find("tp_inner") != std::string::npos);
       CHECK(table.option(0, part, tp2d) == nullptr);
       CHECK(table.entry(0, part, tp2d).forbidden_reason.find("tp_x") != std::string::npos);
+      CHECK(table.option(0, part, ring_tp2d) == nullptr);
+      CHECK(table.entry(0, part, ring_tp2d).forbidden_reason.find("tp_inner = 0") != std::string::npos);
     }
   }
 
@@ -206,13 +209,13 @@ TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation
     kind.shape.tp_inner = 2;
     kind.shape.tp_x = 2;
   }
-  // Each sublayer's cheapest option, over all seven: the exact planner's choice when memory does not bind.
+  // Each sublayer's cheapest option, over all eight: the exact planner's choice when memory does not bind.
   const auto check_cheapest = [&](const plan::CostTable& table) {
     const plan::Plan plan = plan::plan_exact(table, std::int64_t(1) << 40);
     for (const plan::LayerPlan& layer : plan.layers)
       for (cost::Sublayer part : cost::kAllSublayers) {
         double best = 1e300;
-        for (int s = 0; s < 7; ++s)
+        for (int s = 0; s < 8; ++s)
           if (const plan::Option* o = table.option(0, part, s)) best = std::min(best, o->time_s);
         const int chosen = part == cost::Sublayer::attention ? layer.strategies.attention : layer.strategies.mlp;
         CHECK(table.option(0, part, chosen)->time_s == doctest::Approx(best));
@@ -223,7 +226,7 @@ TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation
   SUBCASE("factorised: both priced, and chosen where cheapest") {
     const plan::CostTable table = plan::build_cost_table(model, cost::a100_sxm4_80gb_x8(), p, batch, {}, catalog);
     for (cost::Sublayer part : cost::kAllSublayers)
-      for (int s = 0; s < 7; ++s) {
+      for (int s = 0; s < 8; ++s) {
         INFO(catalog.name(s), " ", cost::name_of(part), ": ", table.entry(0, part, s).forbidden_reason);
         REQUIRE(table.option(0, part, s) != nullptr);
         CHECK(table.option(0, part, s)->time_s > 0);
@@ -231,21 +234,22 @@ TEST_CASE("the mesh catalog prices MegatronRing and Tp2d where the factorisation
     check_cheapest(table);
   }
 
-  SUBCASE("collectives over 4 ranks far slower than over 2: only the two keep every transfer in groups of 2") {
+  SUBCASE("collectives over 4 ranks far slower than over 2: only the three keep every transfer in groups of 2") {
     const plan::CostTable table = plan::build_cost_table(model, slow_four_rank_collectives(), p, batch, {}, catalog);
     const plan::Plan plan = check_cheapest(table);
+    const auto factorised = [&](int s) { return s == ring || s == tp2d || s == ring_tp2d; };
     for (const plan::LayerPlan& layer : plan.layers) {
-      CHECK((layer.strategies.attention == ring || layer.strategies.attention == tp2d));
-      CHECK((layer.strategies.mlp == ring || layer.strategies.mlp == tp2d));
+      CHECK(factorised(layer.strategies.attention));
+      CHECK(factorised(layer.strategies.mlp));
     }
-    // The stack runs the plan by name: MeshStrategies holds both.
+    // The stack runs the plan by name: MeshStrategies holds the three.
     const StackPlan stack = plan::stack_plan<MeshStrategies<>>(plan);
     CHECK(stack.size() == std::size_t(layers));
   }
 }
 
 TEST_CASE("the MoE planner prices MegatronRing and Tp2d as the dense planner does: on the mesh catalog with the "
-          "group's factorisation its attention and dense MLP rows are the dense GPT's, all seven priced, and it picks "
+          "group's factorisation its attention and dense MLP rows are the dense GPT's, all eight priced, and it picks "
           "the two where they are cheapest") {
   GptConfig config;
   config.layer = LayerConfig::make(64, 4);
@@ -263,6 +267,7 @@ TEST_CASE("the MoE planner prices MegatronRing and Tp2d as the dense planner doe
   const std::int64_t s = 256;
   const cost::StrategyCatalog& catalog = cost::mesh_catalog();
   const int ring = catalog.index_of("MegatronRing"), tp2d = catalog.index_of("Tp2d");
+  const int ring_tp2d = catalog.index_of("RingTp2d");
   for (const bool slow_four : {false, true}) {
     CAPTURE(slow_four);
     const cost::HardwareProfile hw = slow_four ? slow_four_rank_collectives() : cost::a100_sxm4_80gb_x8();
@@ -270,11 +275,11 @@ TEST_CASE("the MoE planner prices MegatronRing and Tp2d as the dense planner doe
     const plan::GptCosts<Gpt<>> dense_costs{config, p, &hw, &catalog, inner, inner};
     const plan::MoeCostTable table = moe_costs.table(s);
     const plan::CostTable dense = dense_costs.table(s);
-    REQUIRE(table.dense.strategy_count() == 7);
+    REQUIRE(table.dense.strategy_count() == 8);
     for (int kind : {plan::MoeCostTable::kDenseKind, plan::MoeCostTable::kMoeKind})
       for (cost::Sublayer part : cost::kAllSublayers) {
         if (kind == plan::MoeCostTable::kMoeKind && part == cost::Sublayer::mlp) continue;  // the MoE FFN's instead
-        for (int strategy = 0; strategy < 7; ++strategy) {
+        for (int strategy = 0; strategy < 8; ++strategy) {
           INFO(catalog.name(strategy), " ", cost::name_of(part), " kind ", kind, ": ",
                table.dense.entry(kind, part, strategy).forbidden_reason);
           const plan::Option* got = table.dense.option(kind, part, strategy);
@@ -286,24 +291,25 @@ TEST_CASE("the MoE planner prices MegatronRing and Tp2d as the dense planner doe
           CHECK(got->transient_bytes == want->transient_bytes);
         }
       }
-    // The exact plan takes each attention's and dense MLP's cheapest of the seven.
+    // The exact plan takes each attention's and dense MLP's cheapest of the eight.
     const plan::MoePlan plan = plan::plan_moe_exact(table, std::int64_t(1) << 40);
     for (const plan::MoeLayerPlan& layer : plan.layers) {
       const int kind = layer.moe ? plan::MoeCostTable::kMoeKind : plan::MoeCostTable::kDenseKind;
       for (cost::Sublayer part : cost::kAllSublayers) {
         if (layer.moe && part == cost::Sublayer::mlp) continue;
         double best = 1e300;
-        for (int strategy = 0; strategy < 7; ++strategy)
+        for (int strategy = 0; strategy < 8; ++strategy)
           best = std::min(best, table.dense.option(kind, part, strategy)->time_s);
         const int chosen = part == cost::Sublayer::attention ? layer.attention : layer.ffn;
         CHECK(table.dense.option(kind, part, chosen)->time_s == doctest::Approx(best));
       }
     }
-    // With 4-rank collectives far slower, every attention and dense MLP runs MegatronRing or Tp2d.
+    // With 4-rank collectives far slower, every attention and dense MLP runs MegatronRing, Tp2d or RingTp2d.
+    const auto factorised = [&](int s) { return s == ring || s == tp2d || s == ring_tp2d; };
     if (slow_four)
       for (const plan::MoeLayerPlan& layer : plan.layers) {
-        CHECK((layer.attention == ring || layer.attention == tp2d));
-        if (!layer.moe) CHECK((layer.ffn == ring || layer.ffn == tp2d));
+        CHECK(factorised(layer.attention));
+        if (!layer.moe) CHECK(factorised(layer.ffn));
       }
     const StackPlan stack = plan.stack_plan<MeshStrategies<>>();  // the stack runs it by name
     CHECK(stack.size() == std::size_t(config.layers));

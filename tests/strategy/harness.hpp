@@ -251,7 +251,8 @@ struct SplitCounting : ThreadCommunicator {
 // Strategy S's sub-groups come from the context's held grid (comm/grid_groups.hpp's AnyGridGroups, as the layer
 // stack holds it), split once: the grid made once (two splits: inner and outer), then both sublayers' forward and
 // backward, `calls` times, split nothing more, and give bit for bit what the same calls give with none held (each
-// splitting for itself, four splits per sublayer).
+// splitting for itself, four splits per sublayer). With tp_inner and tp_x both set (RingTp2d), the tp sub-group's own
+// grid too (tp_grid_groups): twice the splits.
 template <class S>
 void check_grid_split_once(const SublayerCase& test, int calls = 3) {
   const LayerConfig& c = test.config;
@@ -270,9 +271,11 @@ void check_grid_split_once(const SublayerCase& test, int calls = 3) {
     const Tensor<float> x = local_tokens(problem.x, ctx.sequence, r), dy = local_tokens(problem.dy, ctx.sequence, r);
     const S strategy;
     // y and dx of both sublayers, and the weight gradients after them: with or without the held grid.
-    const auto run = [&](const AnyGridGroups* held) {
+    const int levels = ctx.tp_inner > 0 && ctx.tp_x > 1 ? 2 : 1;
+    const auto run = [&](const AnyGridGroups* held, const AnyGridGroups* held_grid) {
       ctx.tp_inner_groups = ctx.tp_inner > 0 ? held : nullptr;
       ctx.tp_x_groups = ctx.tp_x > 1 ? held : nullptr;
+      ctx.tp_grid_groups = held_grid;
       LayerWeights grads(c, p);
       std::vector<Tensor<float>> out;
       for (int i = 0; i < 4; ++i) out.emplace_back(x.shape());
@@ -284,20 +287,22 @@ void check_grid_split_once(const SublayerCase& test, int calls = 3) {
       out.push_back(std::move(grads.mlp.packed));
       return out;
     };
-    const std::vector<Tensor<float>> alone = run(nullptr);
-    if (splits != 8)
-      findings.fail(fmt::format("{} rank {}: {} splits with no grid held, expected 8", S::name, r, splits));
+    const std::vector<Tensor<float>> alone = run(nullptr, nullptr);
+    if (splits != 8 * levels)
+      findings.fail(fmt::format("{} rank {}: {} splits with no grid held, expected {}", S::name, r, splits, 8 * levels));
     splits = 0;
     const AnyGridGroups held(comm, ctx.tp_inner > 0 ? ctx.tp_inner : ctx.tp_x);
+    const AnyGridGroups held_grid =
+        levels == 2 ? AnyGridGroups(held.of(comm, ctx.tp_inner).inner, ctx.tp_x) : AnyGridGroups();
     for (int call = 0; call < calls; ++call) {
-      const std::vector<Tensor<float>> kept = run(&held);
+      const std::vector<Tensor<float>> kept = run(&held, levels == 2 ? &held_grid : nullptr);
       for (std::size_t i = 0; i < kept.size(); ++i)
         if (!std::equal(kept[i].span().begin(), kept[i].span().end(), alone[i].span().begin()))
           findings.fail(fmt::format("{} rank {} call {}: result {} differs with the held grid", S::name, r, call, i));
     }
-    if (splits != 2)
-      findings.fail(fmt::format("{} rank {}: the grid and {} calls of both sublayers split {} times, expected 2",
-                                S::name, r, calls, splits));
+    if (splits != 2 * levels)
+      findings.fail(fmt::format("{} rank {}: the grid and {} calls of both sublayers split {} times, expected {}",
+                                S::name, r, calls, splits, 2 * levels));
   });
   findings.check_all(fmt::format("{} split once: {}", S::name, test.name));
 }

@@ -325,9 +325,9 @@ inline const StrategyCatalog& default_catalog() {
   return catalog;
 }
 
-// A training mesh's stage group (MeshStrategies): the five, then MegatronRing and Tp2d, which a cost table prices
-// where the shape carries their factorisation (ModelShape::tp_inner, tp_x) and forbids elsewhere, saying why. The
-// first five keep default_catalog()'s indices.
+// A training mesh's stage group (MeshStrategies): the five, then MegatronRing, Tp2d and RingTp2d, which a cost table
+// prices where the shape carries their factorisation (ModelShape::tp_inner, tp_x; RingTp2d both) and forbids
+// elsewhere, saying why. The first five keep default_catalog()'s indices.
 inline const StrategyCatalog& mesh_catalog() {
   static const StrategyCatalog catalog = StrategyCatalog::of<MeshStrategies<ops::Counting>>();
   return catalog;

@@ -173,6 +173,7 @@ public:
           "group size {}", tp, ranks_);
     tp_inner_groups_ = tp > 0 ? grid_of(group, tp) : AnyGridGroups();
     tp_inner_ = tp;
+    hold_tp_grid(group);
   }
   std::span<const std::int64_t> documents() const noexcept { return documents_; }
   // The group as a tp_x x (p / tp_x) grid for 2-D tensor parallelism (SublayerContext::tp_x, strategy/tp2d.hpp);
@@ -182,6 +183,7 @@ public:
     check(tp_x >= 1 && ranks_ % tp_x == 0, "TransformerStack: tp_x = {} must divide the group size {}", tp_x, ranks_);
     tp_x_groups_ = tp_x > 1 ? grid_of(group, tp_x) : AnyGridGroups();
     tp_x_ = tp_x;
+    hold_tp_grid(group);
   }
   int tp_inner() const noexcept { return tp_inner_; }
   int tp_x() const noexcept { return tp_x_; }
@@ -262,6 +264,7 @@ public:
     ctx_->tp_inner = tp_inner_;
     ctx_->tp_inner_groups = &tp_inner_groups_;
     ctx_->tp_x_groups = &tp_x_groups_;
+    ctx_->tp_grid_groups = &tp_grid_groups_;
     check_plan(plan, *ctx_);
     saved_.clear();
     saved_.reserve(weights_.size());
@@ -367,6 +370,17 @@ private:
       if (held->fits(group, inner)) return *held;
     return AnyGridGroups(group, inner);
   }
+  // With both factorisations set and tp_x dividing tp_inner, the tp sub-group's own tp_x x tp_y grid (RingTp2d's,
+  // strategy/ring_tp2d.hpp): kept while it fits, else split from the held tp sub-group (collective over `group`).
+  template <Communicator C>
+  void hold_tp_grid(C& group) {
+    if (tp_inner_ < 1 || tp_x_ <= 1 || tp_inner_ % tp_x_ != 0) {
+      tp_grid_groups_ = AnyGridGroups();
+      return;
+    }
+    C& tp_group = tp_inner_groups_.of(group, tp_inner_).inner;
+    if (!tp_grid_groups_.fits(tp_group, tp_x_)) tp_grid_groups_ = AnyGridGroups(tp_group, tp_x_);
+  }
   // The MoE config a layer runs with, its expert columns over group `comm`: the router loss coefficients times
   // router_loss_scale_, and with expert columns this rank's column view.
   template <Communicator C>
@@ -418,6 +432,7 @@ private:
   int tp_x_ = 1;                         // set_tp_x
   int tp_inner_ = 0;                     // the group's cp x tp factorisation (set_tp_inner)
   AnyGridGroups tp_inner_groups_, tp_x_groups_;  // their sub-groups, split when set
+  AnyGridGroups tp_grid_groups_;                 // the tp sub-group's tp_x x tp_y grid (hold_tp_grid)
   std::vector<MoeShard> moe_weights_, moe_gradients_;  // per layer; empty for dense layers
   std::optional<MoeLayers> moe_;
   std::vector<std::int64_t> moe_top_k_;

@@ -109,6 +109,18 @@ struct Factors {
 
 };
 
+// cp_order: [b n_c, width] <- members: [tp][b, n_t, width] (the tp sub-group's tokens, member-major), and back.
+template <class Backend>
+void members_to_cp_order(const Factors& f, TensorView<const float> members, TensorView<float> cp_order) {
+  for (const TokenRun& run : f.runs)
+    Backend::copy(members.slice(0, run.member_row, run.rows), cp_order.slice(0, run.cp_row, run.rows));
+}
+template <class Backend>
+void cp_order_to_members(const Factors& f, TensorView<const float> cp_order, TensorView<float> members) {
+  for (const TokenRun& run : f.runs)
+    Backend::copy(cp_order.slice(0, run.cp_row, run.rows), members.slice(0, run.member_row, run.rows));
+}
+
 // cp_order: [b n_c, width] (overwritten) <- the tp sub-group's tokens of x: [b, n_r, width] (all_gather_v).
 template <class Backend, Communicator C>
 void gather_tokens(C& tp, const Factors& f, BufferPool& pool, TensorView<const float> x, TensorView<float> cp_order) {
@@ -118,9 +130,7 @@ void gather_tokens(C& tp, const Factors& f, BufferPool& pool, TensorView<const f
   for (std::int64_t n : f.counts) counts.push_back(n * width), total += n;
   PooledBuffer<float> members = pool.acquire<float>(Shape{total, width});
   tp.all_gather_v(x.span(), members.span(), counts);
-  for (const TokenRun& run : f.runs)
-    Backend::copy(TensorView<const float>(members.view()).slice(0, run.member_row, run.rows),
-                  cp_order.slice(0, run.cp_row, run.rows));
+  members_to_cp_order<Backend>(f, members.view(), cp_order);
 }
 
 // y: [b, n_r, width] (overwritten) <- the sum over the tp sub-group of partial: [b n_c, width] (reduce_scatter_v).
@@ -131,8 +141,7 @@ void scatter_tokens(C& tp, const Factors& f, BufferPool& pool, TensorView<const 
   std::int64_t total = 0;
   for (std::int64_t n : f.counts) counts.push_back(n * width), total += n;
   PooledBuffer<float> members = pool.acquire<float>(Shape{total, width});
-  for (const TokenRun& run : f.runs)
-    Backend::copy(partial.slice(0, run.cp_row, run.rows), members.view().slice(0, run.member_row, run.rows));
+  cp_order_to_members<Backend>(f, partial, members.view());
   tp.reduce_scatter_v(read_span(members), y.span(), counts, ReduceOp::sum);
 }
 
@@ -362,6 +371,8 @@ private:
     }
   };
 
+public:
+  // The pieces RingTp2d (strategy/ring_tp2d.hpp) composes with Tp2d's.
   // [cp, rows, h]: the packed shards of the cp sub-group (block j: cp rank j's, unified rank j tp + t).
   template <Communicator C>
   static PooledBuffer<float> gather_weights(C& cp, const SublayerContext& ctx, TensorView<const float> shard, int count) {
@@ -369,6 +380,14 @@ private:
     cp.all_gather(shard.span(), all.span());
     return all;
   }
+  static RingAttentionSpec ring_spec(const SublayerContext& ctx, const megatron_ring_detail::Factors& f) {
+    return RingAttentionSpec{.layout = f.cp_layout, .causal = ctx.layer().causal, .document_starts = ctx.document_starts};
+  }
+  static TokenPositions positions(const SublayerContext& ctx, const megatron_ring_detail::Factors& f) {
+    return TokenPositions{&ctx.layer(), &f.cp_layout, f.c, ctx.document_starts};
+  }
+
+private:
   // Block j's parts: W_qkv^T [R, h] and W_proj [W, h] of an attention shard; W_in^T [ffn_in_rows, h] and W_out
   // [f/p, h] of an MLP shard.
   static TensorView<float> block(const PooledBuffer<float>& all, int j) {
@@ -389,13 +408,6 @@ private:
   static TensorView<float> pre_of(MlpSaved& saved, int j) {
     const Shape& s = saved.pre.shape();
     return saved.pre.view().slice(0, j, 1).reshape(Shape{s[1], s[2]});
-  }
-
-  static RingAttentionSpec ring_spec(const SublayerContext& ctx, const megatron_ring_detail::Factors& f) {
-    return RingAttentionSpec{.layout = f.cp_layout, .causal = ctx.layer().causal, .document_starts = ctx.document_starts};
-  }
-  static TokenPositions positions(const SublayerContext& ctx, const megatron_ring_detail::Factors& f) {
-    return TokenPositions{&ctx.layer(), &f.cp_layout, f.c, ctx.document_starts};
   }
 };
 

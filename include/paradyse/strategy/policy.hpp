@@ -89,10 +89,12 @@ struct SublayerContext {
   // the two sub-groups read it (strategy/megatron_ring.hpp); the unified layout is over all p ranks either way.
   int tp_inner = 0;
   // The factorisations' sub-groups, split once per group and held by the layer stack (comm/grid_groups.hpp):
-  // tp_inner's (MegatronRing's tp and cp sub-groups) and tp_x's (Tp2d's tp_x and tp_y groups); nullptr: each call
-  // splits its own.
+  // tp_inner's (MegatronRing's tp and cp sub-groups), tp_x's (Tp2d's tp_x and tp_y groups) and, when tp_x divides
+  // tp_inner, the tp sub-group's own tp_x x tp_y grid (RingTp2d's, split from tp_inner_groups' inner group);
+  // nullptr: each call splits its own.
   const AnyGridGroups* tp_inner_groups = nullptr;
   const AnyGridGroups* tp_x_groups = nullptr;
+  const AnyGridGroups* tp_grid_groups = nullptr;
 
   SublayerContext() = default;
   // A context for a group of `ranks` ranks running batch x seq_len tokens of `config`.
@@ -163,6 +165,16 @@ struct Support {
 inline Support common_support(std::string_view strategy, const SublayerContext& ctx) {
   if (ctx.length() < ctx.ranks())
     return {fmt::format("{} needs at least p = {} tokens per sample, got {}", strategy, ctx.ranks(), ctx.length())};
+  return {};
+}
+
+// For strategies whose collectives move equal blocks (Tp2d, RingTp2d): every rank holds as many tokens.
+inline Support even_tokens_support(std::string_view strategy, const SublayerContext& ctx) {
+  for (int r = 1; r < ctx.ranks(); ++r)
+    if (ctx.local_tokens(r) != ctx.local_tokens(0))
+      return {fmt::format("{}: every rank must hold as many tokens; s = {} splits unevenly over {} ranks{} (give s a "
+                          "multiple of {})", strategy, ctx.length(), ctx.ranks(), ctx.sequence.zigzag() ? " (zigzag)" : "",
+                          ctx.sequence.chunks())};
   return {};
 }
 

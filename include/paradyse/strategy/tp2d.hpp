@@ -83,11 +83,7 @@ struct Tp2d : LayoutPolicy<Backend> {
     if (c.kv_heads % C != 0)
       return {fmt::format("Tp2d: kv_heads = {} must be divisible by the group size {} (replicated kv heads are not "
                           "supported)", c.kv_heads, C)};
-    for (int r = 1; r < C; ++r)
-      if (ctx.local_tokens(r) != ctx.local_tokens(0))
-        return {fmt::format("Tp2d: every rank must hold as many tokens; s = {} splits unevenly over {} ranks{} (give "
-                            "s a multiple of {})", ctx.length(), C, ctx.sequence.zigzag() ? " (zigzag)" : "",
-                            ctx.sequence.chunks())};
+    if (Support even = even_tokens_support(name, ctx); !even) return even;
     if (ctx.length() % x != 0)
       return {fmt::format("Tp2d: s = {} must be divisible by tp_x = {}", ctx.length(), x)};
     return common_support(name, ctx);
@@ -204,12 +200,32 @@ struct Tp2d : LayoutPolicy<Backend> {
   MlpSaved mlp_forward(C& comm, const SublayerContext& ctx, const MlpShard& w, TensorView<const float> x,
                        TensorView<float> y) const {
     const Grid<C> grid(comm, ctx, "Tp2d mlp", x, y);
+    const PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), mlp_pieces(ctx, grid.cy.geometry));
+    return mlp_block_forward(grid, ctx, wb.view(), x, y);
+  }
+
+  template <Communicator C>
+  void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
+                    TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
+    const Grid<C> grid(comm, ctx, "Tp2d mlp backward", dy, dx);
+    const auto pieces = mlp_pieces(ctx, grid.cy.geometry);
+    const PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), pieces);
+    const PooledBuffer<float> gb = mlp_block_backward(grid, ctx, wb.view(), saved, dy, dx);
+    scatter_gradient(grid, ctx, gb.view(), pieces, grad.packed.view());
+  }
+
+  // The pieces RingTp2d (strategy/ring_tp2d.hpp) composes: they run on any grid G of tp_x x tp_y ranks that has
+  // Grid's members (its two groups, place (i, j), the y-rank context cy, sizes over its s tokens, and the order of
+  // its tokens: rank_major_to_full / full_to_rank_major).
+
+  // The MLP on a grid, its weight block wb: [ffn_in_rows_y + ffn_y, h / x] (gather_weights) in hand.
+  template <class G>
+  MlpSaved mlp_block_forward(G& grid, const SublayerContext& ctx, TensorView<const float> wb, TensorView<const float> x,
+                             TensorView<float> y) const {
     const ShardGeometry& g = grid.cy.geometry;
     const auto [b, s, sx, hx] = grid.sizes;
     MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, sx, g.ffn_in_rows})};
-    PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), mlp_pieces(ctx, g));
-    const TensorView<const float> w_in = TensorView<const float>(wb.view()).slice(0, 0, g.ffn_in_rows);
-    const TensorView<const float> w_out = TensorView<const float>(wb.view()).slice(0, g.ffn_in_rows, g.ffn);
+    const TensorView<const float> w_in = wb.slice(0, 0, g.ffn_in_rows), w_out = wb.slice(0, g.ffn_in_rows, g.ffn);
     {
       PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{b, s, hx});
       gather_columns(grid, ctx, x, x_full.view());
@@ -231,18 +247,15 @@ struct Tp2d : LayoutPolicy<Backend> {
     return saved;
   }
 
-  template <Communicator C>
-  void mlp_backward(C& comm, const SublayerContext& ctx, const MlpShard& w, MlpSaved& saved,
-                    TensorView<const float> dy, TensorView<float> dx, MlpShard& grad) const {
-    const Grid<C> grid(comm, ctx, "Tp2d mlp backward", dy, dx);
+  // Its backward: dx, and the weight block's gradient (returned: [ffn_in_rows_y + ffn_y, h / x], for scatter_gradient).
+  template <class G>
+  PooledBuffer<float> mlp_block_backward(G& grid, const SublayerContext& ctx, TensorView<const float> wb,
+                                         MlpSaved& saved, TensorView<const float> dy, TensorView<float> dx) const {
     const ShardGeometry& g = grid.cy.geometry;
     const auto [b, s, sx, hx] = grid.sizes;
-    const auto pieces = mlp_pieces(ctx, g);
-    PooledBuffer<float> wb = gather_weights(grid, ctx, w.packed.view(), pieces);
-    PooledBuffer<float> gb = ctx.pool->acquire<float>(wb.view().shape());
+    PooledBuffer<float> gb = ctx.pool->acquire<float>(wb.shape());
     Backend::fill(gb.view(), 0.0f);
-    const TensorView<const float> w_in = TensorView<const float>(wb.view()).slice(0, 0, g.ffn_in_rows);
-    const TensorView<const float> w_out = TensorView<const float>(wb.view()).slice(0, g.ffn_in_rows, g.ffn);
+    const TensorView<const float> w_in = wb.slice(0, 0, g.ffn_in_rows), w_out = wb.slice(0, g.ffn_in_rows, g.ffn);
     const TensorView<float> g_in = gb.view().slice(0, 0, g.ffn_in_rows), g_out = gb.view().slice(0, g.ffn_in_rows, g.ffn);
     PooledBuffer<float> dpre = ctx.pool->acquire<float>(Shape{b, sx, g.ffn_in_rows});
     {
@@ -267,13 +280,12 @@ struct Tp2d : LayoutPolicy<Backend> {
     gather_blocks(grid, ctx, dpre.view(), dpre_full.view());
     dpre = PooledBuffer<float>();
     linear_input_backward(grid, ctx, saved.x.view(), w_in, dpre_full.view(), g_in, dx);
-    scatter_gradient(grid, ctx, gb.view(), pieces, grad.packed.view());
+    return gb;
   }
 
-private:
   // One call's prologue: its checks (the call supported, its two activations this rank's), my place (i, j) on the
   // grid, its two groups (the context's, split once; or the call's own), the context of the y-rank split (its shard
-  // geometry: the heads and ffn columns of head block j) and the sizes.
+  // geometry: the heads and ffn columns of head block j), the sizes and the order of the group's tokens (natural).
   struct Sizes {
     std::int64_t b, s, sx, hx;  // batch, sequence, token block s / x, column block h / x
   };
@@ -293,6 +305,13 @@ private:
           y(comm.size() / ctx.tp_x), i(comm.rank() % x), j(comm.rank() / x), cy(ctx),
           sizes{ctx.batch, ctx.length(), ctx.length() / x, ctx.hidden() / x} {
       cy.geometry = ShardGeometry(ctx.layer(), y);
+    }
+    // full: [b, s, width] (natural order) <- rank_major: [C][b, n, width] (the group's ranks' tokens), and back.
+    void rank_major_to_full(const SublayerContext& ctx, std::int64_t width, const float* rank_major, float* full) const {
+      rank_major_to_natural<Backend>(ctx.sequence, ctx.batch, width, rank_major, full);
+    }
+    void full_to_rank_major(const SublayerContext& ctx, std::int64_t width, const float* full, float* rank_major) const {
+      natural_to_rank_major<Backend>(ctx.sequence, ctx.batch, width, full, rank_major);
     }
     // The context, once the call is checked.
     static const SublayerContext& checked(C& comm, const SublayerContext& ctx, const char* who,
@@ -319,7 +338,7 @@ private:
     rope_detail::rotate<Backend>(cy, block, direction, [&](auto&& run) { run(0, sx, std::int64_t(grid.i) * sx); });
   }
 
-  // full: [b, s, h / x] (every token in natural order, column block i) <- the unified x: [b, n, h].
+  // full: [b, s, h / x] (every token of the grid in its order, column block i) <- the unified x: [b, n, h].
   // All-to-all over tp_x (to layout A: row block j, column block i), then all-gather over tp_y.
   template <class G>
   void gather_columns(G& grid, const SublayerContext& ctx, TensorView<const float> x, TensorView<float> full) const {
@@ -331,15 +350,16 @@ private:
     send = PooledBuffer<float>();
     PooledBuffer<float> rank_major = ctx.pool->acquire<float>(Shape{grid.x * grid.y, b, n, hx});
     grid.along_y.all_gather(read_span(a), rank_major.span());  // rank r = j x + k at block r
-    rank_major_to_natural<Backend>(ctx.sequence, b, hx, rank_major.data(), full.data());
+    grid.rank_major_to_full(ctx, hx, rank_major.data(), full.data());
   }
-  // y: [b, n, h] (overwritten, unified) <- the sum over tp_y of partial: [b, s, h / x] (natural, column block i).
+  // y: [b, n, h] (overwritten, unified) <- the sum over tp_y of partial: [b, s, h / x] (the grid's order, column
+  // block i).
   // Reduce-scatter over tp_y (to layout A), then all-to-all over tp_x.
   template <class G>
   void scatter_columns(G& grid, const SublayerContext& ctx, TensorView<const float> partial, TensorView<float> y) const {
     const std::int64_t b = ctx.batch, n = y.extent(1), hx = ctx.hidden() / grid.x;
     PooledBuffer<float> rank_major = ctx.pool->acquire<float>(Shape{grid.x * grid.y, b, n, hx});
-    natural_to_rank_major<Backend>(ctx.sequence, b, hx, partial.data(), rank_major.data());
+    grid.full_to_rank_major(ctx, hx, partial.data(), rank_major.data());
     PooledBuffer<float> a = ctx.pool->acquire<float>(Shape{grid.x, b, n, hx});
     grid.along_y.reduce_scatter(read_span(rank_major), a.span(), ReduceOp::sum);
     rank_major = PooledBuffer<float>();
@@ -348,22 +368,27 @@ private:
     for (int k = 0; k < grid.x; ++k)
       Backend::copy(TensorView<const float>(mine.view()).slice(0, k, 1).reshape(Shape{b, n, hx}), y.slice(2, k * hx, hx));
   }
-  // full: [b, s, w] (natural) <- block: [b, s / x, w], token block i of every sample (all-gather over tp_x).
+  // full: [b, s, w] <- block: [b, s / x, w], token block i of every sample (all-gather over tp_x). With dim = 2:
+  // full: [b, s, x w] <- block: [b, s, w], column block i.
   template <class G>
-  void gather_blocks(G& grid, const SublayerContext& ctx, TensorView<const float> block, TensorView<float> full) const {
-    const std::int64_t b = ctx.batch, sx = block.extent(1), w = block.extent(2);
-    PooledBuffer<float> all = ctx.pool->acquire<float>(Shape{grid.x, b, sx, w});
+  void gather_blocks(G& grid, const SublayerContext& ctx, TensorView<const float> block, TensorView<float> full,
+                     int dim = 1) const {
+    const std::int64_t len = block.extent(dim);
+    PooledBuffer<float> all = ctx.pool->acquire<float>(Shape{grid.x, block.numel()});
     grid.along_x.all_gather(block.span(), all.span());
     for (int k = 0; k < grid.x; ++k)
-      Backend::copy(TensorView<const float>(all.view()).slice(0, k, 1).reshape(Shape{b, sx, w}), full.slice(1, k * sx, sx));
+      Backend::copy(TensorView<const float>(all.view()).slice(0, k, 1).reshape(block.shape()),
+                    full.slice(dim, k * len, len));
   }
   // block: [b, s / x, w] (overwritten) <- the sum over tp_x of partial: [b, s, w], token block i (reduce-scatter).
+  // With dim = 2: block: [b, s, w] <- partial: [b, s, x w], column block i.
   template <class G>
-  void scatter_blocks(G& grid, const SublayerContext& ctx, TensorView<const float> partial, TensorView<float> block) const {
-    const std::int64_t b = ctx.batch, sx = block.extent(1), w = block.extent(2);
-    PooledBuffer<float> blocks = ctx.pool->acquire<float>(Shape{grid.x, b, sx, w});
+  void scatter_blocks(G& grid, const SublayerContext& ctx, TensorView<const float> partial, TensorView<float> block,
+                      int dim = 1) const {
+    const std::int64_t len = block.extent(dim);
+    PooledBuffer<float> blocks = ctx.pool->acquire<float>(Shape{grid.x, block.numel()});
     for (int k = 0; k < grid.x; ++k)
-      Backend::copy(partial.slice(1, k * sx, sx), blocks.view().slice(0, k, 1).reshape(Shape{b, sx, w}));
+      Backend::copy(partial.slice(dim, k * len, len), blocks.view().slice(0, k, 1).reshape(block.shape()));
     grid.along_x.reduce_scatter(read_span(blocks), block.span(), ReduceOp::sum);
   }
   // The backward of an A -> B linear for its input and weight: from dpre: [b, s, rows_y] (every token, natural), the
@@ -372,7 +397,7 @@ private:
   template <class G>
   void linear_input_backward(G& grid, const SublayerContext& ctx, TensorView<const float> x, TensorView<const float> w,
                              TensorView<const float> dpre, TensorView<float> g_w, TensorView<float> dx) const {
-    const std::int64_t b = ctx.batch, s = ctx.length(), hx = ctx.hidden() / grid.x;
+    const std::int64_t b = ctx.batch, s = grid.sizes.s, hx = ctx.hidden() / grid.x;
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{b, s, hx});
     gather_columns(grid, ctx, x, x_full.view());
     Backend::matmul(rows_of(dpre), ops::Transpose::yes, rows_of(TensorView<const float>(x_full.view())),
