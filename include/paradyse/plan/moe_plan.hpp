@@ -16,6 +16,8 @@
 // A plan's time is its layers' plus what every step spends besides them, as for a dense GPT (plan/cost_table.hpp's
 // evaluate): the work outside the stack (plan/outside_stack.hpp: embedding, final norm, LM head, loss, replicated
 // all-reduce, AdamW over the rank's parameters with its experts) and the first touch of the pool's working set.
+// MoeGptCosts prices the dense and the MoE rows as the rank keeps and re-runs them (plan/activation_stash.hpp, the
+// dense planner's rule) and the embedding and head as sharded over its vocab_shards.
 //
 // Slot groups for the solver: attention of dense layers, MLP of dense layers, attention of MoE layers, MoE FFN of
 // MoE layers. Within a group, layers with larger transients come later (as plan/planner.hpp does).
