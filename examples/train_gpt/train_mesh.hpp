@@ -389,22 +389,16 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // recomputation its dry runs drop attention's core and re-run it in backward.
   const cost::StrategyCatalog* catalog = grid_inner > 0 ? &cost::mesh_catalog() : &cost::default_catalog();
   plan::GptCosts<Model> costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_x, 1)};
-  costs.selective = recompute == PipelineRecompute::selective;
-  // The activations a rank keeps under none or selective, in stashes of the whole stack for one micro-batch (the
-  // planner's unit): the most layers any pp rank holds at once over the step's micro-batches (1F1B, interleaved),
-  // over the model's layers (search/memory_estimate.hpp counts in-flight micro-batches the same way). Under full a
-  // rank keeps inputs and recomputes one micro-batch's stage: at most the planner's one stack, counted as 1.
-  const auto stash_factor = [&](std::int64_t micro_batches) {
-    if (recompute == PipelineRecompute::full || (pp == 1 && v == 1)) return 1.0;
-    if (v > 1) micro_batches = (micro_batches + pp - 1) / pp * pp;  // whole rounds (a step of fewer is refused below)
-    std::int64_t most = 0;
-    for (int r = 0; r < pp; ++r)
-      most = std::max(most, peak_stashed_layers(pp, r, v, int(micro_batches), [&](int c) {
-                        return chunk_range(o.layers, pp * v, c * pp + r).length;
-                      }));
-    return double(most) / double(o.layers);
+  costs.stash.recompute = recompute;
+  costs.vocab_shards = vocab_parallel ? tp : 1;
+  plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_x, 1)};
+  moe_costs.stash = costs.stash;
+  moe_costs.vocab_shards = costs.vocab_shards;
+  // What a rank keeps for a step of `micro_batches` (plan/activation_stash.hpp: the in-flight micro-batches of its
+  // pipeline stage, and what the recompute mode keeps and re-runs).
+  const auto stash_of = [&](std::int64_t micro_batches) {
+    return plan::ActivationStash{recompute, plan::pipeline_stash_factor(recompute, o.layers, pp, v, micro_batches)};
   };
-  const plan::MoeGptCosts<Model> moe_costs{config, cp, &hardware, catalog, grid_inner, std::max(grid_x, 1)};
   std::int64_t cap = 0;
   if (o.cap_mib > 0) cap = std::int64_t(o.cap_mib * 1024 * 1024);
   else if (experts) cap = hardware.usable_memory_bytes();  // as train_gpt --experts
@@ -431,11 +425,12 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
     const auto key = std::pair{std::get<0>(full_key), std::get<1>(full_key)};
     if (!planned.count(full_key)) {
       plan::GptCosts<Model> step_costs = costs;
-      step_costs.stash_factor = stash_factor(std::get<2>(full_key));
+      plan::MoeGptCosts<Model> step_moe_costs = moe_costs;
+      step_costs.stash = step_moe_costs.stash = stash_of(std::get<2>(full_key));
       try {
         if (experts) {
-          const plan::MoeCostTable table = packed ? moe_costs.packed_table(key.first)
-                                                  : moe_costs.table(length, key.second);
+          const plan::MoeCostTable table = packed ? step_moe_costs.packed_table(key.first)
+                                                  : step_moe_costs.table(length, key.second);
           plan::MoePlan plan = plan::plan_moe_exact(table, cap);
           if (!strategy.empty()) {  // one strategy in the attention and dense MLPs; the planner picks the MoE FFN's
             const auto at = std::find(plan.strategy_names.begin(), plan.strategy_names.end(), strategy);

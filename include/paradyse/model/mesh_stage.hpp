@@ -68,12 +68,6 @@
 
 namespace paradyse {
 
-// What a pipeline stage keeps of an in-flight micro-batch for its backward: every activation (none recomputed), every
-// activation but attention's core tensors (selective: each layer's core re-run from its kept q, k, v just before the
-// layer's backward, TransformerStack::set_selective_recompute), or its input only (full: the stage's forward re-run
-// before the micro-batch's backward, every micro-batch, as Megatron-LM and the search's perf model do).
-enum class PipelineRecompute : std::uint8_t { none, selective, full };
-
 // One rank's part of the GPT on the mesh: the layers of its pp stage sharded over its cp group, plus the embedding
 // (first stage) or the final norm and LM head (last stage), their gradients, and an optimizer per tensor over dp.
 // A PipelineStage (model/pipeline.hpp) over the cp group `C`.

@@ -110,6 +110,12 @@ inline std::vector<PipelineOp> interleaved_one_f_one_b(int stages, int stage, in
   return ops;
 }
 
+// What a pipeline stage keeps of an in-flight micro-batch for its backward: every activation (none recomputed), every
+// activation but attention's core tensors (selective: each layer's core re-run from its kept q, k, v just before the
+// layer's backward, TransformerStack::set_selective_recompute), or its input only (full: the stage's forward re-run
+// before the micro-batch's backward, every micro-batch, as Megatron-LM and the search's perf model do).
+enum class PipelineRecompute : std::uint8_t { none, selective, full };
+
 // The most layers' activations rank `stage` of `stages` holds at once when it keeps every in-flight micro-batch's (no
 // recomputation) under the (interleaved, `chunks` > 1) 1F1B schedule: the largest sum, over the (chunk, micro-batch)
 // pairs forwarded and not yet backwarded, of layers_of(chunk) (the layers of virtual stage chunk * stages + stage).

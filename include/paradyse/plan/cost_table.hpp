@@ -69,12 +69,14 @@ struct Batch {
 
 
 // One strategy's cost in one sublayer. transient_bytes: its largest pooled working set (the pool keeps the largest
-// of any sublayer, so the planner counts the maximum once).
+// of any sublayer, so the planner counts the maximum once). forward_s: the forward's part of time_s (what a full
+// recompute runs again: plan/activation_stash.hpp).
 struct Option {
   Strategy strategy = 0;
   double time_s = 0;
   std::int64_t saved_bytes = 0;
   std::int64_t transient_bytes = 0;
+  double forward_s = 0;
 };
 
 struct CostTable {
@@ -306,7 +308,7 @@ inline CostTable build_cost_table(const ModelConfig& model, const cost::Hardware
           too_large[std::size_t(part)] += fmt::format("; {}", e.forbidden_reason);
           continue;
         }
-        e.option = Option{s, c->time_s(), c->saved_bytes, c->pool_bytes()};
+        e.option = Option{s, c->time_s(), c->saved_bytes, c->pool_bytes(), c->forward_s};
         e.forward_events = std::move(c->forward_events);
         e.backward_events = std::move(c->backward_events);
         t.plain_bytes = std::max(t.plain_bytes, c->plain_bytes());

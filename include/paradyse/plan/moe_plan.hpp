@@ -16,6 +16,8 @@
 // A plan's time is its layers' plus what every step spends besides them, as for a dense GPT (plan/cost_table.hpp's
 // evaluate): the work outside the stack (plan/outside_stack.hpp: embedding, final norm, LM head, loss, replicated
 // all-reduce, AdamW over the rank's parameters with its experts) and the first touch of the pool's working set.
+// MoeGptCosts prices the dense and the MoE rows as the rank keeps and re-runs them (plan/activation_stash.hpp, the
+// dense planner's rule) and the embedding and head as sharded over its vocab_shards.
 //
 // Slot groups for the solver: attention of dense layers, MLP of dense layers, attention of MoE layers, MoE FFN of
 // MoE layers. Within a group, layers with larger transients come later (as plan/planner.hpp does).
@@ -29,6 +31,7 @@
 #include "paradyse/model/gpt.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/moe/moe_strategies.hpp"
+#include "paradyse/plan/activation_stash.hpp"
 #include "paradyse/plan/cost_table.hpp"
 #include "paradyse/plan/exact_solver.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
@@ -83,12 +86,15 @@ inline std::int64_t moe_state_bytes(const MoeConfig& c, int p, const cost::Train
 // Every (kind, sublayer, strategy) of the GPT `config` for `batch` on p ranks of `hardware`, and the MoE rows.
 // model_precision and extra_bytes as for build_cost_table (plan/cost_table.hpp). The dense rows are the catalog's,
 // on the group's factorisation (cost::ModelShape::tp_inner, tp_x): with cost::mesh_catalog() MegatronRing and Tp2d
-// are priced where it is set, as for a dense GPT (plan/gpt_costs.hpp).
+// are priced where it is set, as for a dense GPT (plan/gpt_costs.hpp); `selective`: every layer's attention as
+// selective recomputation runs it (cost::ModelShape::selective). The work outside the stack with the vocabulary
+// sharded over `vocab_shards` ranks (plan/outside_stack.hpp).
 inline MoeCostTable build_moe_cost_table(const GptConfig& config, const cost::HardwareProfile& hardware, int p,
                                          const Batch& batch, const cost::TrainingPrecision& precision,
                                          std::int64_t extra_bytes,
                                          const cost::StrategyCatalog& catalog = cost::default_catalog(),
-                                         int tp_inner = 0, int tp_x = 1) {
+                                         int tp_inner = 0, int tp_x = 1, bool selective = false,
+                                         int vocab_shards = 1) {
   check(config.moe.has_value(), "plan: build_moe_cost_table needs a GPT with MoE layers (GptConfig::moe is empty)");
   config.validate_for(p);
   const MoeLayers& moe = *config.moe;
@@ -96,6 +102,7 @@ inline MoeCostTable build_moe_cost_table(const GptConfig& config, const cost::Ha
   cost::ModelShape dense_shape = cost::shape_of(config.layer, 1, 1, 4);
   dense_shape.tp_inner = tp_inner;
   dense_shape.tp_x = tp_x;
+  dense_shape.selective = selective;
   cost::ModelShape moe_shape = dense_shape;
   moe_shape.ffn = p;  // a token MLP: its row is never used, its model states are taken out below
   model.kinds.push_back({"dense", dense_shape});
@@ -122,7 +129,7 @@ inline MoeCostTable build_moe_cost_table(const GptConfig& config, const cost::Ha
     try {
       const cost::SublayerCost c = moe_half_cost(config.layer, moe.moe, s, p, batch.samples, batch.tokens_per_sample(),
                                                  &hardware);
-      e.option = Option{int(s), c.time_s(), c.saved_bytes, c.pool_bytes()};
+      e.option = Option{int(s), c.time_s(), c.saved_bytes, c.pool_bytes(), c.forward_s};
       t.dense.plain_bytes = std::max(t.dense.plain_bytes, c.plain_bytes());
     } catch (const Error& error) {
       e.forbidden_reason = fmt::format("{}: {}", MoeStrategies<>::name(s), error.what());
@@ -136,7 +143,7 @@ inline MoeCostTable build_moe_cost_table(const GptConfig& config, const cost::Ha
     for (const bool is_moe : t.is_moe)
       stack_parameters += is_moe ? double(cost::parameters_per_rank(no_mlp, p)) + moe_parameters_per_rank(moe.moe, p)
                                  : double(cost::parameters_per_rank(dense_shape, p));
-    t.dense.outside_time = outside_stack_time({config.vocab, config.tied_head}, config.layer,
+    t.dense.outside_time = outside_stack_time({config.vocab, config.tied_head, vocab_shards}, config.layer,
                                               outside_rows(batch.samples, batch.tokens_per_sample(), p),
                                               std::int64_t(stack_parameters), p, hardware);
   }
@@ -322,6 +329,10 @@ struct MoeGptCosts {
   // The group's factorisation, as GptCosts's (with cost::mesh_catalog(): MegatronRing and Tp2d priced where set).
   int tp_inner = 0;
   int tp_x = 1;
+  // What a rank keeps and re-runs (plan/activation_stash.hpp), applied to the dense and the MoE rows alike, and the
+  // vocabulary's shards: as GptCosts's.
+  ActivationStash stash{};
+  int vocab_shards = 1;
 
   // The most tokens any rank holds, and the bytes outside the stack: as for a dense GPT of the same config.
   std::int64_t max_local_tokens(std::int64_t s) const { return dense().max_local_tokens(s); }
@@ -330,8 +341,9 @@ struct MoeGptCosts {
   // group's minimum (a token per chunk): padded, as the trainer runs it (data::padded_length).
   MoeCostTable table(std::int64_t s, std::int64_t batch = 1) const {
     s = dense().run_length(s);
-    return build_moe_cost_table(config, *hardware, ranks, Batch::single(s, batch), {4, 4, 8}, extra_bytes(s, batch),
-                                *catalog, tp_inner, tp_x);
+    return stashed(build_moe_cost_table(config, *hardware, ranks, Batch::single(s, batch), {4, 4, 8},
+                                        extra_bytes(s, batch), *catalog, tp_inner, tp_x, stash.selective(),
+                                        vocab_shards));
   }
   // One sequence of packed documents of these lengths, in this order (attention within each document, so the dry
   // runs cost the causal-within-document pairs of every rank and the group is timed by its slowest); one document
@@ -342,12 +354,18 @@ struct MoeGptCosts {
     Batch batch = Batch::packed(std::move(lengths));
     if (const std::int64_t s = batch.tokens_per_sample(), padded = dense().run_length(s); padded > s)
       batch.lengths.push_back(padded - s);  // the padding at the end, a document of its own (data/packing.hpp)
-    return build_moe_cost_table(config, *hardware, ranks, batch, {4, 4, 8}, extra_bytes(batch.tokens_per_sample()),
-                                *catalog, tp_inner, tp_x);
+    return stashed(build_moe_cost_table(config, *hardware, ranks, batch, {4, 4, 8},
+                                        extra_bytes(batch.tokens_per_sample()), *catalog, tp_inner, tp_x,
+                                        stash.selective(), vocab_shards));
   }
 
 private:
-  GptCosts<Model> dense() const { return {config, ranks, hardware, catalog, tp_inner, tp_x}; }
+  GptCosts<Model> dense() const { return {config, ranks, hardware, catalog, tp_inner, tp_x, stash, vocab_shards}; }
+  MoeCostTable stashed(MoeCostTable t) const {
+    t.dense = stash.apply(std::move(t.dense));
+    for (CostTable::Entry& e : t.moe) stash.apply(e);
+    return t;
+  }
 };
 
 }  // namespace paradyse::plan
