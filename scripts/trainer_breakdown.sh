@@ -4,8 +4,9 @@
 # Measured: `perf record` of train_gpt (Release, thread ranks, one strategy, STEPS steps at LENGTH tokens), its
 # samples per symbol sorted into kinds (GEMM, attention, materialised softmax, copies and re-layouts, norms,
 # elementwise, activations, RoPE, scalar math, AdamW, allocation: memset and the kernel's page faults, collectives,
-# planner: the dry runs train_gpt makes to plan each step, other), and each kind's share of the samples in the steps'
-# threads times the median measured step CPU time (the warm-up step left out of that median, not of the samples).
+# planner: the dry runs train_gpt makes to plan each step, other), and each kind's share of the samples of the counted
+# steps' rank threads (thread ranks start afresh each step: the RANKS largest threads of every step, the warm-up
+# step's left out, as are the main thread's startup and planning) times the median CPU time of those steps.
 # Predicted: plan_trace on the same profile with every term but one kind's made free (its rates set to 1e30 or its
 # entries to 0), so each column is that kind's share of the prediction as the time model prices it.
 #
@@ -80,7 +81,26 @@ for S in $STRATEGIES; do
   (cd "$OUT/run" && perf record -q -F 1999 -o "$ROOT/$OUT/perf_$S.data" -- "$ROOT/$BUILD/examples/train_gpt" \
     --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$LENGTH" --max-len "$LENGTH" --cap-mib 1000000 \
     --profile "$PROFILE" --strategy "$S" --csv "$ROOT/$OUT/train_$S.csv" >/dev/null 2>&1)
-  perf report -q -i "$OUT/perf_$S.data" --no-children --sort sym --percent-limit 0 --stdio 2>/dev/null \
+  # The counted steps' rank threads: per step RANKS threads of a step's size (other runs of the ranks, at startup,
+  # are far smaller), in the order they started (thread ids), the first step's left out.
+  perf report -q -i "$OUT/perf_$S.data" --no-children --sort tid --percent-limit 0 --stdio 2>/dev/null \
+    >"$OUT/threads_$S.txt"
+  TIDS=$(/usr/bin/python3 - "$OUT/threads_$S.txt" "$RANKS" "$STEPS" <<'PY'
+import re, sys
+path, ranks, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+share = {}
+for line in open(path):
+    m = re.match(r"\s*([\d.]+)%\s+(\d+):", line)
+    if m:
+        share[int(m.group(2))] = share.get(int(m.group(2)), 0) + float(m.group(1))
+main = min(share)  # the process's first thread
+ranks_threads = sorted(t for t, x in share.items() if t != main and x >= 0.25 * max(share.values()))
+if len(ranks_threads) != steps * ranks:
+    sys.exit(f"trainer_breakdown.sh: {path}: {len(ranks_threads)} step-sized rank threads, expected {steps} x {ranks}")
+print(",".join(str(t) for t in ranks_threads[ranks:]))
+PY
+)
+  perf report -q -i "$OUT/perf_$S.data" --no-children --tid="$TIDS" --sort sym --percent-limit 0 --stdio 2>/dev/null \
     >"$OUT/perf_$S.txt"
 done
 
@@ -120,12 +140,12 @@ ROWS = [
      ["copies and re-layouts", "norms", "RoPE", "elementwise", "loss and embedding", "AdamW"], ["elementwise"]),
     ("allocation: zeroing, page faults, pool misses", ["allocation"], ["fresh_memory", "pool_misses"]),
     ("collectives (thread copies and waits)", ["collectives"], ["collectives"]),
-    ("other (startup, scheduler; not in the model)", ["other"], []),
+    ("other (scheduler, unclassified; not in the model)", ["other"], []),
 ]
 def predicted(kind, s):
     return float(next(r for r in csv.DictReader(open(f"{out}/plan_{kind}.csv")) if r["variant"] == s)["time_s"])
-print(f"Where a step's time goes at {length} tokens, ms: measured (perf samples of the whole run, shared out over the "
-      f"median step CPU time) / predicted (plan_trace, one term priced at a time); load average {load}")
+print(f"Where a step's time goes at {length} tokens, ms: measured (perf samples of the counted steps' rank threads, "
+      f"shared out over their median step CPU time) / predicted (plan_trace, one term priced at a time); load average {load}")
 print()
 header = "| kind | " + " | ".join(strategies.split()) + " |"
 print(header)
@@ -137,7 +157,9 @@ for s in strategies.split():
     for line in open(f"{out}/perf_{s}.txt"):
         m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.*)", line)
         if m:
-            shares[kind_of(m.group(2))] += float(m.group(1)) / 100
+            shares[kind_of(m.group(2))] += float(m.group(1))
+    total = sum(shares.values())  # of the counted steps' rank threads alone
+    shares = {n: x / total for n, x in shares.items()}
     steps = [r for r in csv.DictReader(open(f"{out}/train_{s}.csv")) if r["status"] == "ok" and r["length"] == length][1:]
     cpu = statistics.median(float(r["cpu_s"]) for r in steps)
     step_share = 1 - shares["planner"]
