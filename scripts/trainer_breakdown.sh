@@ -81,32 +81,15 @@ for S in $STRATEGIES; do
   (cd "$OUT/run" && perf record -q -F 1999 -o "$ROOT/$OUT/perf_$S.data" -- "$ROOT/$BUILD/examples/train_gpt" \
     --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$LENGTH" --max-len "$LENGTH" --cap-mib 1000000 \
     --profile "$PROFILE" --strategy "$S" --csv "$ROOT/$OUT/train_$S.csv" >/dev/null 2>&1)
-  # The counted steps' rank threads: per step RANKS threads of a step's size (other runs of the ranks, at startup,
-  # are far smaller), in the order they started (thread ids), the first step's left out.
-  perf report -q -i "$OUT/perf_$S.data" --no-children --sort tid --percent-limit 0 --stdio 2>/dev/null \
-    >"$OUT/threads_$S.txt"
-  TIDS=$(/usr/bin/python3 - "$OUT/threads_$S.txt" "$RANKS" "$STEPS" <<'PY'
-import re, sys
-path, ranks, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-share = {}
-for line in open(path):
-    m = re.match(r"\s*([\d.]+)%\s+(\d+):", line)
-    if m:
-        share[int(m.group(2))] = share.get(int(m.group(2)), 0) + float(m.group(1))
-main = min(share)  # the process's first thread
-ranks_threads = sorted(t for t, x in share.items() if t != main and x >= 0.25 * max(share.values()))
-if len(ranks_threads) != steps * ranks:
-    sys.exit(f"trainer_breakdown.sh: {path}: {len(ranks_threads)} step-sized rank threads, expected {steps} x {ranks}")
-print(",".join(str(t) for t in ranks_threads[ranks:]))
-PY
-)
-  perf report -q -i "$OUT/perf_$S.data" --no-children --tid="$TIDS" --sort sym --percent-limit 0 --stdio 2>/dev/null \
+  # Samples per thread and symbol (perf's "pid" key is the thread: tid:command).
+  perf report -q -i "$OUT/perf_$S.data" --no-children --sort pid,sym --percent-limit 0 --stdio 2>/dev/null \
     >"$OUT/perf_$S.txt"
 done
 
-/usr/bin/python3 - "$OUT" "$STRATEGIES" "$LENGTH" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' | tee "$OUT/table.md"
+/usr/bin/python3 - "$OUT" "$STRATEGIES" "$LENGTH" "$(cut -d' ' -f1-3 /proc/loadavg)" "$STEPS" "$RANKS" <<'PY' | tee "$OUT/table.md"
 import csv, re, statistics, sys
 out, strategies, length, load = sys.argv[1:5]
+run_steps, ranks = int(sys.argv[5]), int(sys.argv[6])
 # Symbol -> kind, first match wins (demangled C++ names of ops/cpu/, OpenBLAS, libc and the kernel).
 KINDS = [
     ("planner", r"counting|Counting|DryRun|dry_run|Trace::|trace_cost|cost_of|MemoryWalk|Clock::|build_cost_table|solve_exact|symbolic|Symbolic"),
@@ -142,6 +125,20 @@ ROWS = [
     ("collectives (thread copies and waits)", ["collectives"], ["collectives"]),
     ("other (scheduler, unclassified; not in the model)", ["other"], []),
 ]
+# The counted steps' rank threads: thread ranks start afresh each step, so per step RANKS threads of a step's size
+# (other runs of the ranks, at startup, are far smaller), in the order they started (thread ids), the warm-up step's
+# left out; not the main thread (startup, planning).
+def counted_threads(samples, s, memo={}):
+    if s not in memo:
+        per_thread = {}
+        for thread, percent, _ in samples:
+            per_thread[thread] = per_thread.get(thread, 0) + percent
+        main = min(per_thread)
+        big = sorted(t for t, x in per_thread.items() if t != main and x >= 0.25 * max(per_thread.values()))
+        if len(big) != run_steps * ranks:
+            sys.exit(f"trainer_breakdown.sh: {s}: {len(big)} step-sized rank threads, expected {run_steps} x {ranks}")
+        memo[s] = set(big[ranks:])
+    return memo[s]
 def predicted(kind, s):
     return float(next(r for r in csv.DictReader(open(f"{out}/plan_{kind}.csv")) if r["variant"] == s)["time_s"])
 print(f"Where a step's time goes at {length} tokens, ms: measured (perf samples of the counted steps' rank threads, "
@@ -153,11 +150,15 @@ print("|---" * (len(strategies.split()) + 1) + "|")
 cells = {row[0]: [] for row in ROWS}
 totals = []
 for s in strategies.split():
-    shares = {n: 0.0 for n in names}
+    samples = []  # (thread, percent, symbol) of train_gpt's threads (not the corpus's tar and xz)
     for line in open(f"{out}/perf_{s}.txt"):
-        m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.*)", line)
-        if m:
-            shares[kind_of(m.group(2))] += float(m.group(1))
+        m = re.match(r"\s*([\d.]+)%\s+(\d+):(\S+)\s+\[[.k]\]\s+(.*)", line)
+        if m and m.group(3) == "train_gpt":
+            samples.append((int(m.group(2)), float(m.group(1)), m.group(4)))
+    shares = {n: 0.0 for n in names}
+    for thread, percent, symbol in samples:
+        if thread in counted_threads(samples, s):
+            shares[kind_of(symbol)] += percent
     total = sum(shares.values())  # of the counted steps' rank threads alone
     shares = {n: x / total for n, x in shares.items()}
     steps = [r for r in csv.DictReader(open(f"{out}/train_{s}.csv")) if r["status"] == "ok" and r["length"] == length][1:]
