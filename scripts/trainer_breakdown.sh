@@ -94,7 +94,7 @@ run_steps, ranks = int(sys.argv[5]), int(sys.argv[6])
 KINDS = [
     ("planner", r"counting|Counting|DryRun|dry_run|Trace::|trace_cost|cost_of|MemoryWalk|Clock::|build_cost_table|solve_exact|symbolic|Symbolic"),
     ("GEMM", r"sgemm|gemm|GEMM|dgemm|blas_thread|inner_thread|exec_blas"),
-    ("attention", r"attention_(forward|backward)|flash|online_softmax|attention_tile|probabilities|attention_merge"),
+    ("attention", r"attention_(forward|backward)|flash|online_softmax|attention_tile|probabilities|softmax_grad|attention_merge"),
     ("softmax (materialised)", r"masked_softmax|softmax_backward"),
     ("scalar math", r"__expf|expf|__sin|__cos|sincos|__ieee754|__exp1|exp_inline"),
     ("RoPE", r"rope"),
@@ -103,7 +103,7 @@ KINDS = [
     ("AdamW", r"adamw"),
     ("loss and embedding", r"cross_entropy|embedding"),
     ("collectives", r"Communicator|communicator|all_reduce|all_gather|reduce_scatter|all_to_all|shift|barrier|futex|pthread_cond|sched_yield|spin"),
-    ("allocation", r"memset|clear_page|page_fault|do_anonymous|handle_mm|mem_cgroup|free_pages|__alloc_pages|get_page|zap_|unmap|mmap|munmap|release_pages|_raw_spin|lru|rmqueue|malloc|free|_int_|sysmalloc|tlb|flush|memcg|charge|folio|pte|vma"),
+    ("allocation", r"memset|clear_page|page_fault|do_anonymous|handle_mm|mem_cgroup|free_pages|__alloc_pages|get_page|zap_|unmap|mmap|munmap|release_pages|_raw_spin|lru|rmqueue|malloc|free|_int_|sysmalloc|tlb|flush|memcg|charge|folio|pte|vma|alloc_pages|list_del|rcu_read|access_error|p4d_|pud_|pmd_|percpu_counter|mod_node_page|mas_walk"),
     ("copies and re-layouts", r"memcpy|memmove|copy|gather|scatter|transpose|permute|layout|pack|slice|concat|split"),
     ("elementwise", r"add_into|fill|scale|axpy|bias|residual|mask"),
 ]
