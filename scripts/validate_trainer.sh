@@ -114,7 +114,8 @@ for key in sys.argv[3].split():
     profile.pop(key, None)
 json.dump(profile, open(sys.argv[2], "w"), indent=1)
 PY
-WHOLE_TILES=$(/usr/bin/python3 -c 'import json, sys; print("on" if json.load(open(sys.argv[1])).get("attention_whole_tiles") else "off")' "$PROFILE_FILE")
+WHOLE_TILES=$(/usr/bin/python3 -c \
+  'import json, sys; print("on" if json.load(open(sys.argv[1])).get("attention_whole_tiles") else "off")' "$PROFILE_FILE")
 
 for L in $LENGTHS; do
   echo "$L" >"$OUT/lengths_$L.txt"

@@ -146,7 +146,8 @@ TEST_CASE("tiled pairs: the counting backend records them per call of a zigzag r
         ring_attention_forward<ops::Counting>(run.comm, spec, run.pool, q.view(), k.view(), v.view(), out.view(),
                                               lse.view());
         run.stop();
-        const auto [recorded_visible, recorded_tiled] = attention_sums(run.trace().events(), TraceKind::attention_forward);
+        const auto [recorded_visible, recorded_tiled] =
+            attention_sums(run.trace().events(), TraceKind::attention_forward);
         CHECK(recorded_visible == visible);
         CHECK(recorded_tiled == tiled);
         CHECK(tiled > visible);

@@ -3,9 +3,9 @@
 // It has the members of ops/op_table.inc, as ops::Cpu, each forwarded to a counting rule below. Run over meta
 // tensors (core/memory.hpp) it lets a strategy's real forward and backward execute on shapes alone: each kernel
 // becomes one TraceEvent of the calling thread's Trace (core/trace.hpp) (GEMM m, n, k; attention visible query-key
-// pairs, the pairs of the kernel's whole tiles, heads and head dim; bytes moved by memory-bound kernels), and the scratch memory the CPU kernels would
-// allocate (attention tiles, RoPE angles, the fallback GEMM's panels) is allocated and freed on the current tracker
-// in the same order, so the dry run's memory trace is the real run's.
+// pairs, the pairs of the CPU kernel's whole tiles, heads and head dim; bytes moved by memory-bound kernels), and the
+// scratch memory the CPU kernels would allocate (attention tiles, RoPE angles, the fallback GEMM's panels) is
+// allocated and freed on the current tracker in the same order, so the dry run's memory trace is the real run's.
 #pragma once
 
 #include "paradyse/core/error.hpp"
