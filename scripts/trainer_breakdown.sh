@@ -4,8 +4,9 @@
 # Measured: `perf record` of train_gpt (Release, thread ranks, one strategy, STEPS steps at LENGTH tokens), its
 # samples per symbol sorted into kinds (GEMM, attention, materialised softmax, copies and re-layouts, norms,
 # elementwise, activations, RoPE, scalar math, AdamW, allocation: memset and the kernel's page faults, collectives,
-# planner: the dry runs train_gpt makes to plan each step, other), and each kind's share of the samples in the steps'
-# threads times the median measured step CPU time (the warm-up step left out of that median, not of the samples).
+# planner: the dry runs train_gpt makes to plan each step, other), and each kind's share of the samples of the counted
+# steps' rank threads (thread ranks start afresh each step: the RANKS largest threads of every step, the warm-up
+# step's left out, as are the main thread's startup and planning) times the median CPU time of those steps.
 # Predicted: plan_trace on the same profile with every term but one kind's made free (its rates set to 1e30 or its
 # entries to 0), so each column is that kind's share of the prediction as the time model prices it.
 #
@@ -80,18 +81,20 @@ for S in $STRATEGIES; do
   (cd "$OUT/run" && perf record -q -F 1999 -o "$ROOT/$OUT/perf_$S.data" -- "$ROOT/$BUILD/examples/train_gpt" \
     --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$LENGTH" --max-len "$LENGTH" --cap-mib 1000000 \
     --profile "$PROFILE" --strategy "$S" --csv "$ROOT/$OUT/train_$S.csv" >/dev/null 2>&1)
-  perf report -q -i "$OUT/perf_$S.data" --no-children --sort sym --percent-limit 0 --stdio 2>/dev/null \
+  # Samples per thread and symbol (perf's "pid" key is the thread: tid:command).
+  perf report -q -i "$OUT/perf_$S.data" --no-children --sort pid,sym --percent-limit 0 --stdio 2>/dev/null \
     >"$OUT/perf_$S.txt"
 done
 
-/usr/bin/python3 - "$OUT" "$STRATEGIES" "$LENGTH" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' | tee "$OUT/table.md"
+/usr/bin/python3 - "$OUT" "$STRATEGIES" "$LENGTH" "$(cut -d' ' -f1-3 /proc/loadavg)" "$STEPS" "$RANKS" <<'PY' | tee "$OUT/table.md"
 import csv, re, statistics, sys
 out, strategies, length, load = sys.argv[1:5]
+run_steps, ranks = int(sys.argv[5]), int(sys.argv[6])
 # Symbol -> kind, first match wins (demangled C++ names of ops/cpu/, OpenBLAS, libc and the kernel).
 KINDS = [
     ("planner", r"counting|Counting|DryRun|dry_run|Trace::|trace_cost|cost_of|MemoryWalk|Clock::|build_cost_table|solve_exact|symbolic|Symbolic"),
     ("GEMM", r"sgemm|gemm|GEMM|dgemm|blas_thread|inner_thread|exec_blas"),
-    ("attention", r"attention_(forward|backward)|flash|online_softmax|attention_tile|probabilities|attention_merge"),
+    ("attention", r"attention_(forward|backward)|flash|online_softmax|attention_tile|probabilities|softmax_grad|attention_merge"),
     ("softmax (materialised)", r"masked_softmax|softmax_backward"),
     ("scalar math", r"__expf|expf|__sin|__cos|sincos|__ieee754|__exp1|exp_inline"),
     ("RoPE", r"rope"),
@@ -100,7 +103,7 @@ KINDS = [
     ("AdamW", r"adamw"),
     ("loss and embedding", r"cross_entropy|embedding"),
     ("collectives", r"Communicator|communicator|all_reduce|all_gather|reduce_scatter|all_to_all|shift|barrier|futex|pthread_cond|sched_yield|spin"),
-    ("allocation", r"memset|clear_page|page_fault|do_anonymous|handle_mm|mem_cgroup|free_pages|__alloc_pages|get_page|zap_|unmap|mmap|munmap|release_pages|_raw_spin|lru|rmqueue|malloc|free|_int_|sysmalloc|tlb|flush|memcg|charge|folio|pte|vma"),
+    ("allocation", r"memset|clear_page|page_fault|do_anonymous|handle_mm|mem_cgroup|free_pages|__alloc_pages|get_page|zap_|unmap|mmap|munmap|release_pages|_raw_spin|lru|rmqueue|malloc|free|_int_|sysmalloc|tlb|flush|memcg|charge|folio|pte|vma|alloc_pages|list_del|rcu_read|access_error|p4d_|pud_|pmd_|percpu_counter|mod_node_page|mas_walk"),
     ("copies and re-layouts", r"memcpy|memmove|copy|gather|scatter|transpose|permute|layout|pack|slice|concat|split"),
     ("elementwise", r"add_into|fill|scale|axpy|bias|residual|mask"),
 ]
@@ -120,12 +123,26 @@ ROWS = [
      ["copies and re-layouts", "norms", "RoPE", "elementwise", "loss and embedding", "AdamW"], ["elementwise"]),
     ("allocation: zeroing, page faults, pool misses", ["allocation"], ["fresh_memory", "pool_misses"]),
     ("collectives (thread copies and waits)", ["collectives"], ["collectives"]),
-    ("other (startup, scheduler; not in the model)", ["other"], []),
+    ("other (scheduler, unclassified; not in the model)", ["other"], []),
 ]
+# The counted steps' rank threads: thread ranks start afresh each step, so per step RANKS threads of a step's size
+# (other runs of the ranks, at startup, are far smaller), in the order they started (thread ids), the warm-up step's
+# left out; not the main thread (startup, planning).
+def counted_threads(samples, s, memo={}):
+    if s not in memo:
+        per_thread = {}
+        for thread, percent, _ in samples:
+            per_thread[thread] = per_thread.get(thread, 0) + percent
+        main = min(per_thread)
+        big = sorted(t for t, x in per_thread.items() if t != main and x >= 0.25 * max(per_thread.values()))
+        if len(big) != run_steps * ranks:
+            sys.exit(f"trainer_breakdown.sh: {s}: {len(big)} step-sized rank threads, expected {run_steps} x {ranks}")
+        memo[s] = set(big[ranks:])
+    return memo[s]
 def predicted(kind, s):
     return float(next(r for r in csv.DictReader(open(f"{out}/plan_{kind}.csv")) if r["variant"] == s)["time_s"])
-print(f"Where a step's time goes at {length} tokens, ms: measured (perf samples of the whole run, shared out over the "
-      f"median step CPU time) / predicted (plan_trace, one term priced at a time); load average {load}")
+print(f"Where a step's time goes at {length} tokens, ms: measured (perf samples of the counted steps' rank threads, "
+      f"shared out over their median step CPU time) / predicted (plan_trace, one term priced at a time); load average {load}")
 print()
 header = "| kind | " + " | ".join(strategies.split()) + " |"
 print(header)
@@ -133,11 +150,17 @@ print("|---" * (len(strategies.split()) + 1) + "|")
 cells = {row[0]: [] for row in ROWS}
 totals = []
 for s in strategies.split():
-    shares = {n: 0.0 for n in names}
+    samples = []  # (thread, percent, symbol) of train_gpt's threads (not the corpus's tar and xz)
     for line in open(f"{out}/perf_{s}.txt"):
-        m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.*)", line)
-        if m:
-            shares[kind_of(m.group(2))] += float(m.group(1)) / 100
+        m = re.match(r"\s*([\d.]+)%\s+(\d+):(\S+)\s+\[[.k]\]\s+(.*)", line)
+        if m and m.group(3) == "train_gpt":
+            samples.append((int(m.group(2)), float(m.group(1)), m.group(4)))
+    shares = {n: 0.0 for n in names}
+    for thread, percent, symbol in samples:
+        if thread in counted_threads(samples, s):
+            shares[kind_of(symbol)] += percent
+    total = sum(shares.values())  # of the counted steps' rank threads alone
+    shares = {n: x / total for n, x in shares.items()}
     steps = [r for r in csv.DictReader(open(f"{out}/train_{s}.csv")) if r["status"] == "ok" and r["length"] == length][1:]
     cpu = statistics.median(float(r["cpu_s"]) for r in steps)
     step_share = 1 - shares["planner"]

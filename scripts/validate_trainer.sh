@@ -20,7 +20,10 @@
 # change which allocations get new pages between the calibration, the warm-up and the counted steps), and train_gpt
 # empties its buffer pool before every step (the time model's assumption; its first touch is priced once a step).
 # The baseline in the same run ("before" columns): plan_trace on the same profile without the terms added since
-# (the profile's keys in NEW_TERMS removed), i.e. the time model as it was before them.
+# (the profile's keys in NEW_TERMS removed), i.e. the time model as it was before them; by default the last one,
+# attention priced on the whole tiles the kernel computes (attention_whole_tiles), so "before" prices the visible
+# pairs. A profile this script calibrates must have that term on (train_gpt asks for it); the table says whether
+# the profile used has it.
 #
 #   scripts/validate_trainer.sh                      # Release build in build-rel (through /work/bin/pbuild if there)
 #   LENGTHS="1024 4096" STEPS=6 RANKS=2 scripts/validate_trainer.sh
@@ -32,7 +35,7 @@
 # per strategy, length and round, default 8), WARMUP (first steps of each run not counted, default 1), ROUNDS
 # (default 2), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT, default 128/4/4), STRATEGIES (default "MegatronTS
 # MegatronCZ UlyssesZ ColossalZ METP dynamic"), NEW_TERMS (profile keys the baseline drops, default
-# "elementwise_classes pool_miss_bytes_per_s"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default a fixed mmap threshold of
+# "attention_whole_tiles"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default a fixed mmap threshold of
 # 128 KiB; empty: glibc's dynamic threshold). Output files go to $BUILD/validate_trainer/ (the per-run CSVs of both
 # programs and table.md).
 set -euo pipefail
@@ -48,7 +51,7 @@ HIDDEN=${HIDDEN:-128}
 HEADS=${HEADS:-4}
 LAYERS=${LAYERS:-4}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"}
-NEW_TERMS=${NEW_TERMS:-"elementwise_classes pool_miss_bytes_per_s"}
+NEW_TERMS=${NEW_TERMS:-"attention_whole_tiles"}
 MALLOC_TUNABLES=${MALLOC_TUNABLES-glibc.malloc.mmap_threshold=131072}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
@@ -101,14 +104,18 @@ else
   fi
 fi
 
-# The baseline's profile: the same rates without the terms added since.
-/usr/bin/python3 - "$PROFILE_FILE" "$OUT/profile_before.json" "$NEW_TERMS" <<'PY'
+# The baseline's profile: the same rates without the terms added since. A calibrated profile has whole tiles on.
+/usr/bin/python3 - "$PROFILE_FILE" "$OUT/profile_before.json" "$NEW_TERMS" "${PROFILE:-}" <<'PY'
 import json, sys
 profile = json.load(open(sys.argv[1]))
+if not sys.argv[4] and profile.get("attention_whole_tiles") is not True:
+    sys.exit(f"validate_trainer.sh: {sys.argv[1]} was calibrated without attention_whole_tiles (train_gpt asks for it)")
 for key in sys.argv[3].split():
     profile.pop(key, None)
 json.dump(profile, open(sys.argv[2], "w"), indent=1)
 PY
+WHOLE_TILES=$(/usr/bin/python3 -c \
+  'import json, sys; print("on" if json.load(open(sys.argv[1])).get("attention_whole_tiles") else "off")' "$PROFILE_FILE")
 
 for L in $LENGTHS; do
   echo "$L" >"$OUT/lengths_$L.txt"
@@ -134,15 +141,16 @@ done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 /usr/bin/python3 - "$OUT" "$LENGTHS" "$STRATEGIES" "$LOAD_START" "$LOAD_END" "$PROFILE_FILE" "$RANKS" "$ROUNDS" \
-  "$WARMUP" "$GLIBC_TUNABLES" <<'PY' | tee "$OUT/table.md"
+  "$WARMUP" "$GLIBC_TUNABLES" "$WHOLE_TILES" "$NEW_TERMS" <<'PY' | tee "$OUT/table.md"
 import csv, statistics, sys
-out, lengths, strategies, load_start, load_end, profile, ranks, rounds, warmup, tunables = sys.argv[1:11]
+out, lengths, strategies, load_start, load_end, profile, ranks, rounds, warmup, tunables, whole_tiles, new_terms = \
+    sys.argv[1:13]
 rounds, warmup = int(rounds), int(warmup)
 variant = {s: s for s in strategies.split()}
 variant["dynamic"] = "exact, uncached"  # the exact planner on the step's own cost table, as train_gpt plans
 print(f"plan_trace against train_gpt on {ranks} thread ranks (profile {profile}; GLIBC_TUNABLES={tunables or '-'}); "
       f"{rounds} round(s), the first {warmup} step(s) of each run not counted; load average {load_start} at the "
-      f"start, {load_end} at the end")
+      f"start, {load_end} at the end; attention on whole tiles: {whole_tiles}; before: without {new_terms}")
 print()
 print("| length | strategy | before: predicted s | before: pred / CPU | predicted s | measured CPU s median (min..max) "
       "| step spread | round medians s | run-to-run | pred / CPU | within 10% | measured wall s median | pred / wall "

@@ -66,6 +66,7 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
   options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
   options.pool_miss_bytes = {std::int64_t(1) << 18, std::int64_t(1) << 20};  // a step's activations (256 KiB, 1 MiB)
+  options.attention_whole_tiles = true;  // causal diagonals cost the CPU kernel whole tiles
   const Timer start;
   pd::cost::HardwareProfile profile;
   ranks.run([&](auto& comm, int r) {

@@ -5,8 +5,8 @@
 // into one Trace, in program order:
 //   - the rank's memory tracker: every plain allocation and free, and every buffer lent or taken back by the buffer
 //     pool (bytes as requested, before rounding, so that a model may rescale them to another element size);
-//   - the backend: every kernel with its shape (GEMM m, n, k; attention visible query-key pairs, heads, head dim;
-//     element-wise bytes moved);
+//   - the backend: every kernel with its shape (GEMM m, n, k; attention visible query-key pairs, heads, head dim,
+//     and the pairs of the whole tiles the CPU kernel computes; element-wise bytes moved);
 //   - the communicator: every transfer when it is posted (its kind and bytes) and when it is waited for.
 // The cost models (cost/trace_cost.hpp) read memory and time off this record, so a strategy is written once.
 #pragma once
@@ -26,7 +26,8 @@ enum class TraceKind : std::uint8_t {
   pool_acquire,         // bytes: a buffer lent by the buffer pool (requested bytes; the pool rounds to a size class)
   pool_give_back,       // bytes: its return
   gemm,                 // m, n, k
-  attention_forward,    // m: visible query-key pairs summed over the batch, n: query heads, k: head dim
+  attention_forward,    // m: visible query-key pairs summed over the batch, n: query heads, k: head dim, tiled: the
+                        // pairs of the tiles the CPU kernel computes whole (ops/counting.hpp tiled_pairs)
   attention_backward,   // as attention_forward
   paged_attention,      // as attention_forward: serving's attention over a paged KV cache (serve/paged_attention.hpp),
                         // priced per (query-key pair, head) visit (cost::PagedAttentionModel)
@@ -57,10 +58,11 @@ struct TraceEvent {
   std::int32_t span = 0;      // post: the consecutive ranks its members spread over (0: as many as its size)
   double bytes = 0;
   double m = 0, n = 0, k = 0;
+  double tiled = 0;  // attention: query-key pairs of the whole tiles computed (0: not counted, a hand-built event)
 
   bool is_kernel() const noexcept { return kind >= TraceKind::gemm && kind <= TraceKind::transcendental; }
   bool same_kernel(const TraceEvent& e) const noexcept {
-    return kind == e.kind && bytes == e.bytes && m == e.m && n == e.n && k == e.k;
+    return kind == e.kind && bytes == e.bytes && m == e.m && n == e.n && k == e.k && tiled == e.tiled;
   }
 };
 

@@ -18,7 +18,9 @@
 //   - which GEMM engine gemm() runs per size class (OpenBLAS or the built-in kernel, ops/cpu/gemm_choice.hpp: this
 //     process's measured choice), kept in profile.gemm_engines; use_gemm_engines(profile) applies it in a later run;
 //   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
-//   - flash attention forward and backward over several lengths: t = overhead + flops / rate;
+//   - flash attention forward and backward over several lengths: t = overhead + flops / rate; where
+//     options.attention_whole_tiles asks for it (train_gpt does), causal calls too, every call's flops counted on
+//     the pairs of the whole tiles the kernel computes (AttentionModel::whole_tiles);
 //   - copies of several sizes: elementwise bytes per second;
 //   - fresh allocations (Tensors made and zeroed up to a 64 MiB working set, then freed) from 64 KiB to 64 MiB: the
 //     zeroing rate of reused pages,
@@ -65,6 +67,7 @@
 #include <cstring>
 #include <string>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 namespace paradyse::cost {
@@ -91,6 +94,9 @@ struct CalibrationOptions {
   std::int64_t attention_heads = 4;
   std::int64_t head_dim = 32;
   std::vector<std::int64_t> attention_lengths = {256, 512, 1024, 2048, 4096};
+  // Attention priced on whole tiles (AttentionModel::whole_tiles), fitted on causal calls beside the full ones;
+  // false (the default): on the visible pairs of full calls.
+  bool attention_whole_tiles = false;
   // Copies and messages over the range strategies move. Collectives get two alpha-beta lines, below and from
   // `large_message_bytes` (on a CPU, messages that fit in cache move faster).
   std::vector<std::int64_t> copy_bytes = {std::int64_t(1) << 20, std::int64_t(1) << 23, std::int64_t(1) << 25};
@@ -461,6 +467,56 @@ void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibrati
                             sincos_sample.other_s + profile.scalar_math.time(ScalarFunction::sincos, double(keys * d))});
 }
 
+// Flash attention forward and backward over options.attention_lengths: t = overhead + flops / rate, the forward
+// flops 4 d heads pairs. Full calls (every pair visible) of each length; with options.attention_whole_tiles, causal
+// ones too and every call's pairs those of the whole tiles the kernel computes (AttentionModel::whole_tiles).
+template <class Backend, Communicator C>
+void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration& result) {
+  std::vector<std::vector<double>> rows;
+  std::vector<double> forward, backward;
+  std::vector<std::string> names;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim;
+  // The calls measured: full ones (every pair visible) of each length, and causal ones where whole tiles are asked.
+  std::vector<std::pair<std::int64_t, bool>> calls;
+  for (std::int64_t len : options.attention_lengths)
+    for (const bool causal : {false, true})
+      if (!causal || options.attention_whole_tiles) calls.emplace_back(len, causal);
+  for (const auto& [len, causal] : calls) {
+    const ops::AttentionMask mask{.causal = causal};
+    Tensor<float> q(Shape{1, len, heads, d}), k(Shape{1, len, heads, d}), v(Shape{1, len, heads, d});
+    Tensor<float> out(Shape{1, len, heads, d}), lse(Shape{1, heads, len}), dout(Shape{1, len, heads, d});
+    Tensor<float> dq(Shape{1, len, heads, d}), dk(Shape{1, len, heads, d}), dv(Shape{1, len, heads, d});
+    calibrate_detail::fill(q, 0.1f);
+    calibrate_detail::fill(k, 0.2f);
+    calibrate_detail::fill(v, 0.3f);
+    calibrate_detail::fill(dout, 0.01f);
+    forward.push_back(measure(comm, options.clock, options.repetitions, [&] {
+      Backend::attention_forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
+    }));
+    backward.push_back(measure(comm, options.clock, options.repetitions, [&] {
+      Backend::attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), mask,
+                                  dq.view(), dk.view(), dv.view());
+    }));
+    const double pairs = options.attention_whole_tiles
+                             ? ops::tiled_pairs(mask, len, len, ops::cpu::attention_tiling(d))
+                             : ops::visible_pairs(mask, len, len);
+    rows.push_back({1.0, 4.0 * double(d) * pairs * double(heads)});
+    names.push_back(fmt::format("s={}{}", len, causal ? " causal" : ""));
+  }
+  result.attention_forward_fit = fit_non_negative(rows, forward);
+  std::vector<std::vector<double>> backward_rows = rows;
+  for (auto& r : backward_rows) r[1] *= 2.5;  // the model's backward flops
+  result.attention_backward_fit = fit_non_negative(backward_rows, backward);
+  const auto& f = result.attention_forward_fit.coefficients;
+  const auto& b = result.attention_backward_fit.coefficients;
+  result.profile.attention = {(f[0] + b[0]) / 2, f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30,
+                              options.attention_whole_tiles};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    result.samples.push_back({"attention forward " + names[i], forward[i], f[0] + f[1] * rows[i][1]});
+    result.samples.push_back({"attention backward " + names[i], backward[i], b[0] + b[1] * backward_rows[i][1]});
+  }
+}
+
 }  // namespace calibrate_detail
 
 template <class Backend = ops::Cpu, Communicator C>
@@ -504,43 +560,7 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
       result.samples.push_back({names[i], y[i], c[0] + c[1] * rows[i][1] + c[2] * rows[i][2]});
   }
 
-  // ---- attention: t = overhead + flops / rate, forward and backward ----------------------------------------------
-  {
-    std::vector<std::vector<double>> rows;
-    std::vector<double> forward, backward;
-    const std::int64_t heads = options.attention_heads, d = options.head_dim;
-    for (std::int64_t len : options.attention_lengths) {
-      Tensor<float> q(Shape{1, len, heads, d}), k(Shape{1, len, heads, d}), v(Shape{1, len, heads, d});
-      Tensor<float> out(Shape{1, len, heads, d}), lse(Shape{1, heads, len}), dout(Shape{1, len, heads, d});
-      Tensor<float> dq(Shape{1, len, heads, d}), dk(Shape{1, len, heads, d}), dv(Shape{1, len, heads, d});
-      calibrate_detail::fill(q, 0.1f);
-      calibrate_detail::fill(k, 0.2f);
-      calibrate_detail::fill(v, 0.3f);
-      calibrate_detail::fill(dout, 0.01f);
-      const ops::AttentionMask mask{};
-      forward.push_back(measure(comm, options.clock, reps, [&] {
-        Backend::attention_forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
-      }));
-      backward.push_back(measure(comm, options.clock, reps, [&] {
-        Backend::attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), mask,
-                                    dq.view(), dk.view(), dv.view());
-      }));
-      rows.push_back({1.0, 4.0 * double(d) * double(len) * double(len) * double(heads)});
-    }
-    result.attention_forward_fit = fit_non_negative(rows, forward);
-    std::vector<std::vector<double>> backward_rows = rows;
-    for (auto& r : backward_rows) r[1] *= 2.5;  // the model's backward flops
-    result.attention_backward_fit = fit_non_negative(backward_rows, backward);
-    const auto& f = result.attention_forward_fit.coefficients;
-    const auto& b = result.attention_backward_fit.coefficients;
-    profile.attention = {(f[0] + b[0]) / 2, f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30};
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      result.samples.push_back({fmt::format("attention forward s={}", options.attention_lengths[i]), forward[i],
-                                f[0] + f[1] * rows[i][1]});
-      result.samples.push_back({fmt::format("attention backward s={}", options.attention_lengths[i]), backward[i],
-                                b[0] + b[1] * backward_rows[i][1]});
-    }
-  }
+  calibrate_detail::calibrate_attention<Backend>(comm, options, result);
 
   // ---- copies: bytes read + written per second --------------------------------------------------------------------
   {

@@ -2,7 +2,8 @@
 // to_json, profile_from_json, save_profile, load_profile.
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
-//    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, "elementwise_bytes_per_s",
+//    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, ["attention_whole_tiles"],
+//    "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
@@ -13,7 +14,7 @@
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
 // ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses and the fixed
-// cost per kernel call unpriced), and
+// cost per kernel call unpriced; attention priced on its visible pairs, not its whole tiles), and
 // they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
@@ -239,6 +240,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   v["attention"] = {{"overhead_s", p.attention.overhead_s},
                     {"forward_flops_per_s", p.attention.forward_flops_per_s},
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
+  if (p.attention.whole_tiles) v["attention_whole_tiles"] = true;
   v["elementwise_bytes_per_s"] = p.elementwise_bytes_per_s;
   v["activation_elements_per_s"] = p.activation_elements_per_s;
   if (p.swiglu_forward_elements_per_s > 0) v["swiglu_forward_elements_per_s"] = p.swiglu_forward_elements_per_s;  // absent: GELU's rate
@@ -281,9 +283,10 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   using namespace detail;
   v.expect(v.is_object(), "a JSON object");
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
-                "attention", "elementwise_bytes_per_s", "activation_elements_per_s", "swiglu_forward_elements_per_s",
-                "overlap", "intra_node", "inter_node", "collectives", "gemm_engines", "fresh_memory", "scalar_math",
-                "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention", "call_overhead"});
+                "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
+                "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
+                "fresh_memory", "scalar_math", "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention",
+                "call_overhead"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -306,6 +309,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s"});
   p.attention = {seconds(attention, "overhead_s"), rate(attention, "forward_flops_per_s"),
                  rate(attention, "backward_flops_per_s")};
+  if (v.has("attention_whole_tiles")) p.attention.whole_tiles = v["attention_whole_tiles"].boolean();
   p.elementwise_bytes_per_s = rate(v, "elementwise_bytes_per_s");
   if (v.has("activation_elements_per_s")) p.activation_elements_per_s = rate(v, "activation_elements_per_s", true);
   if (v.has("swiglu_forward_elements_per_s")) p.swiglu_forward_elements_per_s = rate(v, "swiglu_forward_elements_per_s", true);

@@ -222,8 +222,8 @@ private:
   double kernel_time(const TraceEvent& e) const {
     switch (e.kind) {
       case TraceKind::gemm: return hw_.gemm.time(e.m, e.n, e.k, dtype_bytes_);
-      case TraceKind::attention_forward: return hw_.attention.forward_time(4 * e.k * e.n * e.m);
-      case TraceKind::attention_backward: return hw_.attention.backward_time(4 * e.k * e.n * e.m);
+      case TraceKind::attention_forward: return hw_.attention.forward_time(attention_flops(e));
+      case TraceKind::attention_backward: return hw_.attention.backward_time(attention_flops(e));
       case TraceKind::paged_attention: return hw_.paged_attention_time(e.m, e.n, e.k);
       case TraceKind::elementwise: return hw_.elementwise_time(e.bytes * scale_);
       case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_, e.n == 1);
@@ -231,6 +231,8 @@ private:
       default: return 0;
     }
   }
+  // Forward flops of one flash attention call: 4 d heads pairs, the pairs the profile's attention model prices.
+  double attention_flops(const TraceEvent& e) const { return 4 * e.k * e.n * hw_.attention.pairs(e.m, e.tiled); }
   // The fixed cost of one call of a kernel kind (CallOverheadModel): GEMMs and flash attention carry their own
   // fitted overheads, transcendental calls ride on their kernel's event.
   double call_overhead(TraceKind kind) const {

@@ -3,9 +3,9 @@
 // It has the members of ops/op_table.inc, as ops::Cpu, each forwarded to a counting rule below. Run over meta
 // tensors (core/memory.hpp) it lets a strategy's real forward and backward execute on shapes alone: each kernel
 // becomes one TraceEvent of the calling thread's Trace (core/trace.hpp) (GEMM m, n, k; attention visible query-key
-// pairs, heads and head dim; bytes moved by memory-bound kernels), and the scratch memory the CPU kernels would
-// allocate (attention tiles, RoPE angles, the fallback GEMM's panels) is allocated and freed on the current tracker
-// in the same order, so the dry run's memory trace is the real run's.
+// pairs, the pairs of the CPU kernel's whole tiles, heads and head dim; bytes moved by memory-bound kernels), and the
+// scratch memory the CPU kernels would allocate (attention tiles, RoPE angles, the fallback GEMM's panels) is
+// allocated and freed on the current tracker in the same order, so the dry run's memory trace is the real run's.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace paradyse::ops {
 
@@ -45,6 +46,46 @@ inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::
   const double ramp_begin = std::clamp(1 - a, 0.0, sq), ramp_end = std::clamp(sk - a, ramp_begin, sq);
   const double ramp = (ramp_end - ramp_begin) * ((a + ramp_begin) + (a + ramp_end - 1)) / 2;
   return ramp + (sq - ramp_end) * sk;
+}
+
+// Query-key pairs of the tiles that the CPU flash kernel (ops/cpu/attention.hpp) computes between q_len queries and
+// kv_len keys (one batch entry, one head): it walks a grid of tiling.q_block x tiling.kv_block tiles (the last row and
+// column of tiles cut at the lengths) and computes every tile holding at least one visible pair whole, its masked
+// pairs included; it skips the others. A causal diagonal thus costs whole tiles, not the half-square of visible pairs.
+// Each call counts its own grid, so the chunks of zigzag and ring layouts (one call per chunk pair, offsets in the
+// mask) count as the kernel runs them.
+inline double tiled_pairs(const AttentionMask& mask, std::int64_t q_len, std::int64_t kv_len,
+                          const cpu::AttentionTiling& tiling) {
+  if (q_len <= 0 || kv_len <= 0) return 0;
+  const std::int64_t qb = tiling.q_block, kb = tiling.kv_block;
+  double pairs = 0;
+  if (mask.document_starts.empty()) {
+    // Every query's keys start at 0, so a query tile's visible keys are [0, its last row's end): that many key tiles.
+    for (std::int64_t i0 = 0; i0 < q_len; i0 += qb) {
+      const std::int64_t rows = std::min(qb, q_len - i0);
+      const std::int64_t last = visible_key_range(mask, i0 + rows - 1, kv_len).last;
+      pairs += double(rows) * double(std::min(kv_len, (last + kb - 1) / kb * kb));
+    }
+    return pairs;
+  }
+  // Documents: a query's keys are any interval. Per query tile, each row marks the key tiles it touches (a
+  // difference array over the key tiles), and the marked tiles count whole.
+  const std::int64_t kv_tiles = (kv_len + kb - 1) / kb;
+  std::vector<std::int64_t> marks(std::size_t(kv_tiles) + 1);
+  for (std::int64_t i0 = 0; i0 < q_len; i0 += qb) {
+    const std::int64_t rows = std::min(qb, q_len - i0);
+    std::fill(marks.begin(), marks.end(), 0);
+    for (std::int64_t r = i0; r < i0 + rows; ++r) {
+      const KeyRange keys = visible_key_range(mask, r, kv_len);
+      if (keys.first >= keys.last) continue;
+      ++marks[std::size_t(keys.first / kb)];
+      --marks[std::size_t((keys.last - 1) / kb + 1)];
+    }
+    std::int64_t touching = 0;
+    for (std::int64_t j = 0; j < kv_tiles; ++j)
+      if ((touching += marks[std::size_t(j)]) > 0) pairs += double(rows) * double(std::min(kb, kv_len - j * kb));
+  }
+  return pairs;
 }
 
 // The counting rules: one function for each op of ops/op_table.inc, with its signature, recording what the op would
@@ -85,8 +126,10 @@ inline void rope(TensorView<const float> x) {
 inline void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,
                              const AttentionMask& mask) {
   check(q.rank() == 4 && k.rank() == 4, "attention: q {} and k {} must be [b, s, heads, d]", q.shape(), k.shape());
-  const double pairs = visible_pairs(mask, q.extent(1), k.extent(1)) * double(q.extent(0));
-  record({.kind = kind, .m = pairs, .n = double(q.extent(2)), .k = double(q.extent(3))});
+  const double batch = double(q.extent(0));
+  const double pairs = visible_pairs(mask, q.extent(1), k.extent(1)) * batch;
+  const double tiled = tiled_pairs(mask, q.extent(1), k.extent(1), cpu::attention_tiling(q.extent(3))) * batch;
+  record({.kind = kind, .m = pairs, .n = double(q.extent(2)), .k = double(q.extent(3)), .tiled = tiled});
 }
 
 // ---- data movement ----
