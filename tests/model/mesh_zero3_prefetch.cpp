@@ -198,10 +198,7 @@ TEST_CASE("Zero3Schedule: gathers posted a layer ahead and reduce-scatters finis
 TEST_CASE("ZeRO-3 prefetch on the mesh trains bit-identically to prefetch off (losses, every gradient, every "
           "updated weight over two steps) and as the single group (the first step's loss and gradients): dp = 2; "
           "dp = 3 (uneven) with micro-batches; dp = 2 x pp = 2; dp = 2 x cp = 2; dp = 2 x pp = 2 interleaved") {
-  GptConfig config;
-  config.layer = LayerConfig::make(40, 4);  // 40 * 4 norm elements and the matrices: uneven over dp = 3
-  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
-  config.vocab = 23;
+  GptConfig config = testing::uneven_zero3_config();
   const std::int64_t seq = 12;
   for (const PrefetchMesh& m : {PrefetchMesh{2, 1, 1, 1, 3, 2, 0}, PrefetchMesh{3, 1, 1, 1, 3, 6, 1},
                                 PrefetchMesh{2, 2, 1, 1, 3, 4, 0}, PrefetchMesh{2, 1, 2, 1, 3, 4, 1},

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# scripts/zero3_prefetch.sh: train_gpt's step time with ZeRO-3's gathers a layer ahead (--zero3-prefetch on) against
+# each waited for where it is posted (off), alternated ROUNDS times on the same steps, links paced as EMULATE's.
+# Prints each run's median step time (the first, warm-up step left out) and the on/off ratio of the medians.
+#
+#   scripts/zero3_prefetch.sh                    (build-rel/examples/train_gpt, dp=4 --zero 3 --emulate h100)
+#
+# Environment: BUILD (default build-rel), MESH (default dp=4), EMULATE (default h100), ROUNDS (default 3), STEPS
+# (default 6), MODEL (default "--layers 4 --hidden 256 --heads 4"), LENGTH (default 512; rows of that many tokens,
+# one per replica per step).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-rel}
+MESH=${MESH:-dp=4}
+EMULATE=${EMULATE:-h100}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-6}
+LENGTH=${LENGTH:-512}
+read -r -a model <<<"${MODEL:---layers 4 --hidden 256 --heads 4}"
+train=$BUILD/examples/train_gpt
+[[ -x $train ]] || { echo "zero3_prefetch.sh: $train is not built (cmake --build $BUILD --target train_gpt)" >&2; exit 2; }
+dp=$(sed -n 's/.*dp=\([0-9]*\).*/\1/p' <<<"$MESH")
+work=$BUILD/zero3_prefetch
+mkdir -p "$work"
+echo "load average before: $(cat /proc/loadavg)"
+for round in $(seq 1 "$ROUNDS"); do
+  for switch in on off; do
+    csv=$work/${switch}_$round.csv
+    "$train" "${model[@]}" --mesh "$MESH" --zero 3 --zero3-prefetch "$switch" --emulate "$EMULATE" --steps "$STEPS" \
+      --min-len "$LENGTH" --max-len "$LENGTH" --pack-tokens $((LENGTH * ${dp:-1})) --cap-mib 4096 --csv "$csv" \
+      > "$work/${switch}_$round.log"
+    median=$(python3 -c 'import csv,statistics,sys; r=list(csv.DictReader(open(sys.argv[1]))); print("%.3f" % statistics.median(float(x["seconds"]) for x in r[1:]))' "$csv")
+    echo "round $round  --zero3-prefetch $switch  median step ${median} s"
+    echo "$switch $median" >> "$work/medians.txt.$$"
+  done
+done
+python3 - "$work/medians.txt.$$" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    switch, s = line.split()
+    runs.setdefault(switch, []).append(float(s))
+for switch, xs in runs.items():
+    print(f"{switch}: median of rounds {statistics.median(xs):.3f} s (min {min(xs):.3f}, max {max(xs):.3f})")
+print(f"off / on: {statistics.median(runs['off']) / statistics.median(runs['on']):.2f}x")
+PY
+rm -f "$work/medians.txt.$$"
+echo "load average after: $(cat /proc/loadavg)"
