@@ -6,7 +6,7 @@
 #   scripts/zero3_prefetch.sh                    (build-rel/examples/train_gpt, dp=4 --zero 3 --emulate h100)
 #
 # Environment: BUILD (default build-rel), MESH (default dp=4), EMULATE (default h100), ROUNDS (default 3), STEPS
-# (default 6), MODEL (default "--layers 4 --hidden 256 --heads 4"), LENGTH (default 512; rows of that many tokens,
+# (default 6; STEPS x dp documents, dp rows a step), MODEL (default "--layers 4 --hidden 256 --heads 4"), LENGTH (default 512; rows of that many tokens,
 # one per replica per step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ echo "load average before: $(cat /proc/loadavg)"
 for round in $(seq 1 "$ROUNDS"); do
   for switch in on off; do
     csv=$work/${switch}_$round.csv
-    "$train" "${model[@]}" --mesh "$MESH" --zero 3 --zero3-prefetch "$switch" --emulate "$EMULATE" --steps "$STEPS" \
+    "$train" "${model[@]}" --mesh "$MESH" --zero 3 --zero3-prefetch "$switch" --emulate "$EMULATE" --steps $((STEPS * ${dp:-1})) \
       --min-len "$LENGTH" --max-len "$LENGTH" --pack-tokens $((LENGTH * ${dp:-1})) --cap-mib 4096 --csv "$csv" \
       > "$work/${switch}_$round.log"
     median=$(python3 -c 'import csv,statistics,sys; r=list(csv.DictReader(open(sys.argv[1]))); print("%.3f" % statistics.median(float(x["seconds"]) for x in r[1:]))' "$csv")
