@@ -46,3 +46,40 @@ print(f"off / on: {statistics.median(runs['off']) / statistics.median(runs['on']
 PY
 rm -f "$work/medians.txt.$$"
 echo "load average after: $(cat /proc/loadavg)"
+
+# The search's prediction of both (search_parallel --score, trainer train_gpt, the links as --emulate paces them), on
+# the profile train_gpt calibrated for these ranks (build/train_gpt_profile_p<ranks>.json, made by the runs above).
+search=$BUILD/examples/search_parallel
+ranks=$(python3 -c 'import re,sys,math; print(math.prod(int(x) for x in re.findall(r"=(\d+)", sys.argv[1])))' "$MESH")
+profile=build/train_gpt_profile_p$ranks.json
+if [[ -x $search && -f $profile ]]; then
+  python3 - "$profile" "$work" "$ranks" "$(nproc)" "$LENGTH" "$MESH" "${model[@]}" <<'PY'
+import json, re, sys
+profile_path, work, ranks, cores, length, mesh = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+flags = dict(zip(sys.argv[7::2], map(int, sys.argv[8::2])))
+layers, hidden, heads = flags["--layers"], flags["--hidden"], flags["--heads"]
+profile = json.load(open(profile_path))
+link = profile["intra_node"]
+cluster = {"name": f"this-machine-{ranks}-threads", "peak_flops_per_s": profile["gemm"]["flops_per_s"], "device": profile,
+           "cores_per_node": cores, "levels": [{"name": "threads", "domain_devices": 0, "alpha_s": link["step_latency_s"],
+           "bytes_per_s": link["bus_bytes_per_s"], "launch_s": link["launch_s"], "p2p_bytes_per_s": link["p2p_bytes_per_s"]}]}
+model = {"_name_or_path": "train_gpt", "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+         "num_key_value_heads": heads, "head_dim": hidden // heads, "intermediate_size": 4 * hidden, "vocab_size": 256,
+         "hidden_act": "gelu", "tie_word_embeddings": False}
+json.dump(cluster, open(f"{work}/cluster.json", "w"), indent=1)
+json.dump(model, open(f"{work}/model.json", "w"), indent=1)
+axes = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mesh)}
+dp = axes.get("dp", 1)
+for switch in (True, False):
+    config = {"format": "paradyse.parallel_config/1", "model": "model.json", "cluster": "cluster.json", "devices": ranks,
+              "seq": length, "global_batch": dp, "trainer": "train_gpt", **axes, "zero": 3, "micro_batch": 1,
+              "zero3_prefetch": switch}
+    json.dump(config, open(f"{work}/config_{'on' if switch else 'off'}.json", "w"), indent=1)
+PY
+  for switch in on off; do
+    echo "predicted, --zero3-prefetch $switch:"
+    "$search" --score "$work/config_$switch.json" --precision fp32 --emulate "$EMULATE" | grep -iE "step|dp" | head -4
+  done
+else
+  echo "(no prediction: $search or $profile missing)"
+fi
