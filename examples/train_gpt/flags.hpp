@@ -153,6 +153,11 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                "rows each, as Megatron and the search's memory) or whole on every tp rank (off)");
   flags.integer("--zero", zero_stage, std::int64_t(0), std::int64_t(3),
                 "--mesh: the ZeRO stage over dp (3: parameters sharded too, each layer gathered around its use)");
+  flags.choice("--zero3-prefetch", o.zero3_prefetch, {"on", "off"},
+               "--zero 3: each layer's parameter gather posted while the layer before it computes, each gradient "
+               "reduce-scatter finished after the next layer's backward (on, the default; two layers' parameters "
+               "held at once), or each waited for where it is posted (off); the same values either way")
+      .without_default();
   flags.integer("--experts", o.experts, std::int64_t(1), std::int64_t(1) << 16,
                 "an MoE GPT of E experts of width ffn/K, every sublayer planned (MoE: ExpertParallel or "
                 "ExpertTensorParallel), expert load and router losses printed")
@@ -228,6 +233,7 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--mesh-file", o.mesh_file != d.mesh_file, o.mesh_file);
   add("--virtual-stages", o.virtual_stages != d.virtual_stages, text(o.virtual_stages));
   add("--zero", o.zero != d.zero, text(int(o.zero)));
+  add("--zero3-prefetch", o.zero3_prefetch != d.zero3_prefetch, o.zero3_prefetch);
   add("--micro-batch", o.micro_batch != d.micro_batch, text(o.micro_batch));
   add("--recompute", o.recompute != d.recompute, o.recompute);
   add("--vocab-parallel", o.vocab_parallel != d.vocab_parallel, o.vocab_parallel);
@@ -344,6 +350,13 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
     if (o.recompute != "auto" && o.recompute != run.recompute)
       usage(fmt::format("--recompute {} but --mesh-file {} gives recompute={}; give it in one place", o.recompute,
                         o.mesh_file, run.recompute));
+    if (run.zero3_prefetch) {
+      const std::string file_value = *run.zero3_prefetch ? "on" : "off";
+      if (!o.zero3_prefetch.empty() && o.zero3_prefetch != file_value)
+        usage(fmt::format("--zero3-prefetch {} but --mesh-file {} gives zero3_prefetch={}; give it in one place",
+                          o.zero3_prefetch, o.mesh_file, *run.zero3_prefetch));
+      if (run.zero == pd::ZeroStage::three) o.zero3_prefetch = file_value;
+    }
     o.mesh = run.mesh;
     o.zero = run.zero;
     o.virtual_stages = run.virtual_stages;
@@ -353,6 +366,9 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
   if ((o.micro_batch != 0 || o.recompute != "auto") && o.mesh.empty())
     usage("--micro-batch and --recompute need --mesh (the single group runs a step's rows at once)");
   if (o.virtual_stages > 1 && o.mesh.empty()) usage("--virtual-stages needs --mesh (pipeline stages)");
+  if (!o.zero3_prefetch.empty() && o.zero != pd::ZeroStage::three)
+    usage(fmt::format("--zero3-prefetch \"{}\" needs --zero 3 (it schedules ZeRO-3's parameter gathers; --zero is {})",
+                      o.zero3_prefetch, int(o.zero)));
   if (o.vocab_parallel != "on" && o.mesh.empty()) usage("--vocab-parallel needs --mesh (its tp axis)");
   if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
     int mesh_ranks = 0;
@@ -409,9 +425,9 @@ inline TrainingOptions parse_resuming(int argc, char** argv) {
   };
   std::vector<std::string_view> replaced;
   if (given_flag("--mesh") || given_flag("--mesh-file"))
-    replaced = {"--ranks", "--mesh", "--mesh-file", "--zero", "--virtual-stages"};
+    replaced = {"--ranks", "--mesh", "--mesh-file", "--zero", "--zero3-prefetch", "--virtual-stages"};
   else if (given_flag("--ranks"))
-    replaced = {"--mesh", "--mesh-file", "--zero", "--virtual-stages"};
+    replaced = {"--mesh", "--mesh-file", "--zero", "--zero3-prefetch", "--virtual-stages"};
   std::vector<std::string> saved_args{argv[0]};
   for (std::size_t i = 0; i < info.args.size(); ++i) {
     const bool pair = i + 1 < info.args.size() && info.args[i].rfind("--", 0) == 0;

@@ -196,6 +196,7 @@ struct MeshFileRun {
   int virtual_stages = 1;
   std::int64_t micro_batch = 1;  // rows per micro-batch
   std::string recompute;         // "none", "selective" or "full"
+  std::optional<bool> zero3_prefetch;  // the file's zero3_prefetch, if it gives one
   search::ConfigFile file;
 };
 
@@ -281,6 +282,7 @@ inline MeshFileRun mesh_file_run(const std::string& path, const GptConfig& confi
                         : fmt::format("dp={},pp={},cp={},tp={}", c.dp, c.pp, c.cp, c.tp_y);
   if (config.moe) run.mesh += fmt::format(",ep={},etp={}", c.ep, c.etp);
   run.zero = ZeroStage(c.zero);
+  run.zero3_prefetch = run.file.zero3_prefetch;
   run.virtual_stages = c.virtual_stages;
   return run;
 }
@@ -578,6 +580,11 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
                  ? "every in-flight micro-batch's activations kept but attention's core, re-run before each layer's "
                    "backward (recompute selective)"
                  : "every in-flight micro-batch's activations kept (recompute none)");
+  if (o.zero == ZeroStage::three)
+    fmt::print("ZeRO-3 schedule: {}\n", o.zero3_prefetch != "off"
+               ? "each layer's gather posted while the layer before it computes, each reduce-scatter finished after "
+                 "the next layer's backward (--zero3-prefetch on)"
+               : "each gather and reduce-scatter waited for where it is posted (--zero3-prefetch off)");
   if (!o.mesh_file.empty())
     fmt::print("configuration: {} (search_parallel --emit; its seq, global batch and cluster are the prediction's, "
                "the data flags say what trains)\n", o.mesh_file);
@@ -647,7 +654,10 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
       for (auto& chunk : chunks) chunk.shard_vocabulary(*vocab_group, *vocab_replicas);
     }
     if (o.zero == ZeroStage::three)  // each rank keeps 1/dp of every parameter (chunks stay put: reserved above)
-      for (auto& chunk : chunks) chunk.shard_over_dp(dp_group);
+      for (auto& chunk : chunks) {
+        chunk.set_zero3_prefetch(o.zero3_prefetch != "off");
+        chunk.shard_over_dp(dp_group);
+      }
     std::vector<MeshOptimizer> optimizers;
     for (auto& chunk : chunks)
       optimizers.emplace_back(chunk, o.zero, dp, replica, adamw, experts ? edp : 1, experts ? expert->edp_rank : 0);

@@ -56,6 +56,7 @@ struct TrainingOptions {
   // The mesh (examples/train_gpt/train_mesh.hpp).
   std::string mesh;                 // "dp=2,pp=2,cp=2"; empty: one group of `ranks`
   ZeroStage zero = ZeroStage::zero; // --mesh: the ZeRO stage over dp
+  std::string zero3_prefetch;       // --zero 3: on | off (each layer's gather a layer ahead); empty: not given (on)
   std::string mesh_file;            // a configuration file of search_parallel --emit: sets mesh and zero
   int virtual_stages = 1;           // --mesh: model chunks per pipeline stage (interleaved 1F1B when > 1)
   std::int64_t micro_batch = 0;     // --mesh: rows per micro-batch (0: one with pp stages, a replica's rows without)

@@ -13,7 +13,7 @@
 # first of PACK_DP_MESHES (dp > 1: one packed sequence per replica per step) against the others of the same dp; and
 # with MOE_ARGS, train_gpt --experts --ranks C against --experts --mesh cp=C on the same packed sequences.
 # ZERO3_MESHES (optional): meshes trained with --zero 1 and with --zero 3: the losses agree (TOL) and ZeRO-3's peak
-# memory per rank is below ZeRO-1's.
+# memory per rank is below ZeRO-1's; ZERO3_ARGS (optional): arguments for those --zero 3 runs only.
 # MESH_ARGS (optional): arguments for the mesh runs only (e.g. --virtual-stages;2), not for the single group's.
 # A mesh given as MESH@Z/V (MOE_MESHES, MOE_PP_MESHES, ...) trains with --virtual-stages V as well, and one given
 # as MESH@Z~S with --strategy S (e.g. MegatronRing or Tp2d in the attention and dense MLPs of a factorised group).
@@ -135,7 +135,11 @@ endforeach()
 foreach(mesh IN LISTS ZERO3_MESHES)
   set(peaks "")
   foreach(zero 1 3)
-    train_on_mesh(zero3 threads ${mesh}@${zero} losses_zero${zero} ${ARGS} ${MESH_ARGS})
+    set(zero_args "")
+    if(zero EQUAL 3)
+      set(zero_args ${ZERO3_ARGS})
+    endif()
+    train_on_mesh(zero3 threads ${mesh}@${zero} losses_zero${zero} ${ARGS} ${MESH_ARGS} ${zero_args})
     csv_micros(${last_csv} peak_mib column)
     list(SORT column COMPARE NATURAL ORDER DESCENDING)
     list(GET column 0 peak_zero${zero})

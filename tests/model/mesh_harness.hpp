@@ -4,6 +4,7 @@
 //     and the rank's replica, stage index and rank in the stage group.
 //   gathered_zero3: every ZeRO-3 tensor of a stage in full (its values or its gradients), the dp chunks all-gathered;
 //     a collective over the dp group.
+//   uneven_zero3_config: the small GPT the ZeRO-3 tests train (chunks uneven over dp = 3).
 //   gathered_shard: one ZeRO-3 tensor in full over the group it is sharded over (dp, or edp for the MoE tensors).
 //   StepTensors, store_step_tensors: a run's tensors after each step by (rank, step, gradient or weight, index).
 //   RankGradients, add_layer_gradients, check_same_gradients: a group's gradients by (rank in the stage group, name),
@@ -70,6 +71,16 @@ std::vector<std::vector<float>> gathered_zero3(Stage& stage, ThreadCommunicator&
     tensors.push_back(std::move(full));
   }
   return tensors;
+}
+
+// The small causal GPT (zigzag tokens, RoPE) the ZeRO-3 tests train: hidden 40 and 4 heads, so that the 40 * 4 norm
+// elements and the matrices split unevenly over dp = 3; a vocabulary of 23. Layers: set by the test.
+inline GptConfig uneven_zero3_config() {
+  GptConfig config;
+  config.layer = LayerConfig::make(40, 4);
+  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
+  config.vocab = 23;
+  return config;
 }
 
 // Gradients by (rank in the stage group, name).

@@ -89,10 +89,7 @@ std::vector<double> zero3_run(const GptConfig& config, const Zero3Mesh& m, ZeroS
 TEST_CASE("ZeRO-3 on the mesh (each layer gathered over dp around its use, gradients reduce-scattered, AdamW on the "
           "owned chunks) trains as ZeRO-0: dp = 2, dp = 3 (uneven chunks) x pp = 2, dp = 2 x pp = 2 x cp = 2; the "
           "losses, every gradient and every weight after each of two steps") {
-  GptConfig config;
-  config.layer = LayerConfig::make(40, 4);  // 40 * 4 norm elements and the matrices: uneven over dp = 3
-  config.layer.causal = config.layer.zigzag = config.layer.rope = true;
-  config.vocab = 23;
+  GptConfig config = testing::uneven_zero3_config();
   const std::int64_t seq = 12;
   const int steps = 2;
   for (const Zero3Mesh& m : {Zero3Mesh{2, 1, 1, 2, 3}, Zero3Mesh{3, 2, 1, 3, 6}, Zero3Mesh{2, 2, 2, 3, 4}}) {

@@ -9,6 +9,7 @@
 #include "ideal_cluster.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/emulation.hpp"
+#include "paradyse/search/config_file.hpp"
 #include "paradyse/search/search.hpp"
 #include "support/error_of.hpp"
 
@@ -119,6 +120,58 @@ TEST_CASE("trainer train_gpt: one collective per packed tensor after the backwar
   const double V = double(model.vocab) * double(model.hidden);
   CHECK(perf.evaluate(grouped).exposed(CommDim::cp) - megatron.evaluate(grouped).exposed(CommDim::cp) ==
         doctest::Approx(2 * all_reduce(4, V * g)).epsilon(1e-9));
+}
+
+TEST_CASE("trainer train_gpt, ZeRO-3: with zero3_prefetch each layer's gather hides behind the layer before it and "
+          "each reduce-scatter behind the next backward, the first gather of each pass and the last reduce-scatter "
+          "exposed; without, every one exposed") {
+  const TrainingModel model = small_model();
+  const double g = 4, wb = 2;
+  const LinkLevel node{"node", 0, kAlpha, kBus, kLaunch, kP2p};
+  // The dp term of a config under a device of `rate` FLOP/s (and bytes/s of elementwise work), prefetch on or off.
+  const auto dp_term = [&](const ParallelConfig& c, double rate, bool prefetch) {
+    TrainingSetup setup{.seq = 512, .global_batch = 8};
+    setup.trainer = Trainer::train_gpt;
+    setup.zero3_prefetch = prefetch;
+    const Estimate e = PerformanceModel(model, ideal_cluster(rate, {node}, rate), setup, 8).evaluate(c);
+    REQUIRE(e.valid);
+    return e.exposed(CommDim::dp) - 2 * all_reduce(8, 8);  // less the step's loss and peak memory all-reduces
+  };
+  struct Case {
+    ParallelConfig c;
+    int stage_layers, micro_batches, forward_passes;  // passes: the forward, and full recomputation's
+  };
+  for (const Case& k : {Case{{.dp = 8, .zero = 3, .micro_batch = 1}, 4, 1, 1},
+                        Case{{.dp = 4, .pp = 2, .zero = 3, .micro_batch = 1, .recompute = Recompute::full}, 2, 2, 2}}) {
+    CAPTURE(k.c.pp);
+    double dense = 0;
+    for (int stage = 0; stage < k.c.pp; ++stage)
+      dense = std::max(dense, stage_parameters(model, k.c, stage * k.stage_layers, k.stage_layers, stage == 0,
+                                               stage == k.c.pp - 1).dense);
+    // Per layer: the attention's and the MLP's gathers (parameter bytes), and their gradients' reduce-scatters.
+    const double per_layer = 2.0 * k.stage_layers;
+    const double gathers = 2 * gather(k.c.dp, dense * wb / per_layer), scatters = 2 * gather(k.c.dp, dense * g / per_layer);
+    const double L = k.stage_layers, m = k.micro_batches, passes = k.forward_passes;
+    // Off: every collective of every layer exposed, in every pass.
+    const double off = m * L * ((passes + 1) * gathers + scatters);
+    CHECK(dp_term(k.c, 1e3, false) == doctest::Approx(off).epsilon(1e-12));
+    // On, compute far slower than the links: only the first gather of each pass and the last reduce-scatter.
+    const double floor = m * ((passes + 1) * gathers + scatters);
+    CHECK(dp_term(k.c, 1e3, true) == doctest::Approx(floor).epsilon(1e-12));
+    // On, compute far faster: nothing to hide behind, as off; with pp stages the layers' pipeline sends remain
+    // (the stage's time), and some of the gathers hide behind them.
+    const double fast = dp_term(k.c, 1e30, true);
+    if (k.c.pp == 1) CHECK(fast == doctest::Approx(off).epsilon(1e-12));
+    else CHECK((fast > floor && fast < off));
+  }
+  // The configuration file's key (search_parallel --emit writes it, train_gpt --mesh-file reads it).
+  json::Value file = {{"dp", 8}, {"zero", 3}, {"zero3_prefetch", false}};
+  const ConfigFile read = config_file_from_json(file);
+  const TrainingSetup setup = setup_of(read, TrainingSetup{});
+  CHECK_FALSE(setup.zero3_prefetch);
+  CHECK(config_file_to_json(read.config, model, "", cluster(), "", setup)["zero3_prefetch"] == false);
+  file["zero3_prefetch"] = "yes";
+  CHECK_THROWS_WITH_AS(config_file_from_json(file), doctest::Contains("zero3_prefetch"), Error);
 }
 
 TEST_CASE("cluster.json: launch_s and p2p_bytes_per_s read and written back; bad values refused by name") {

@@ -154,6 +154,8 @@ concept Communicator = requires(C& c, const C& cc, std::span<const float> in, st
   c.barrier();
   { c.all_gather_async(in, out) } -> std::same_as<Request>;
   { c.reduce_scatter_async(in, out, op) } -> std::same_as<Request>;
+  { c.all_gather_v_async(in, out, counts) } -> std::same_as<Request>;
+  { c.reduce_scatter_v_async(in, out, counts, op) } -> std::same_as<Request>;
   { c.all_reduce_async(in, out, op) } -> std::same_as<Request>;
   { c.all_to_all_async(in, out) } -> std::same_as<Request>;
   { c.broadcast_async(out, peer) } -> std::same_as<Request>;

@@ -46,15 +46,13 @@ public:
   void all_gather(std::span<const T> in, std::span<T> out) { complete(all_gather_async(in, out)); }
   template <CommElement T>
   void all_gather_v(std::span<const T> in, std::span<T> out, std::span<const std::int64_t> counts) {
-    check_counts("all_gather_v", counts, out.size());
-    complete(post(TransferKind::all_gather, bytes(out), bytes(out) - bytes(in)));
+    complete(all_gather_v_async(in, out, counts));
   }
   template <CommElement T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp) { complete(reduce_scatter_async(in, out, ReduceOp::sum)); }
   template <CommElement T>
-  void reduce_scatter_v(std::span<const T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp) {
-    check_counts("reduce_scatter_v", counts, in.size());
-    complete(post(TransferKind::reduce_scatter, bytes(in), bytes(in) - bytes(out)));
+  void reduce_scatter_v(std::span<const T> in, std::span<T> out, std::span<const std::int64_t> counts, ReduceOp op) {
+    complete(reduce_scatter_v_async(in, out, counts, op));
   }
   template <CommElement T>
   void all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op) { complete(all_reduce_async(in, out, op)); }
@@ -89,6 +87,17 @@ public:
   Request reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp) {
     check(in.size() == out.size() * std::size_t(size_), "reduce_scatter: in has {} elements, expected {} x {}",
           in.size(), size_, out.size());
+    return post(TransferKind::reduce_scatter, bytes(in), bytes(in) - bytes(out));
+  }
+  template <CommElement T>
+  Request all_gather_v_async(std::span<const T> in, std::span<T> out, std::span<const std::int64_t> counts) {
+    check_counts("all_gather_v", counts, out.size());
+    return post(TransferKind::all_gather, bytes(out), bytes(out) - bytes(in));
+  }
+  template <CommElement T>
+  Request reduce_scatter_v_async(std::span<const T> in, std::span<T> out, std::span<const std::int64_t> counts,
+                                 ReduceOp) {
+    check_counts("reduce_scatter_v", counts, in.size());
     return post(TransferKind::reduce_scatter, bytes(in), bytes(in) - bytes(out));
   }
   template <CommElement T>

@@ -15,8 +15,10 @@
 //   dp  each replica trains its own rows or packed sequence (data/mesh_steps.hpp); the gradients are summed over the
 //       dp group by model/mesh_optimizer.hpp's MeshOptimizer;
 //       With ZeRO-3 (shard_over_dp), each dp replica keeps 1/D of every parameter and gradient
-//       (model/zero3_shards.hpp): a layer's weights are all-gathered over dp just before its forward and again before
-//       its backward and freed after each, its gradients reduce-scattered over dp after its backward; the embedding
+//       (model/zero3_shards.hpp): a layer's weights are all-gathered over dp before its forward and again before
+//       its backward and freed after each, its gradients reduce-scattered over dp after its backward, each gather
+//       posted while the layer before it computes and each reduce-scatter finished after the next layer's backward
+//       (model/zero3_prefetch.hpp; set_zero3_prefetch(false): each waited for where it is posted); the embedding
 //       and the head likewise around each micro-batch's use; an MoE layer's experts, router and shared experts
 //       likewise over their edp group (when edp > 1).
 //   ep  with MoE layers, the experts over an expert group (e.g. dp x cp) while attention keeps its cp group; with pp
@@ -51,6 +53,7 @@
 #include "paradyse/model/pipeline.hpp"
 #include "paradyse/model/stack.hpp"
 #include "paradyse/model/vocab_parallel.hpp"
+#include "paradyse/model/zero3_prefetch.hpp"
 #include "paradyse/model/zero3_shards.hpp"
 #include "paradyse/moe/expert_columns.hpp"
 #include "paradyse/moe/moe_weights.hpp"
@@ -211,27 +214,26 @@ public:
     if (first_) zero3_.emplace_back(&embedding_, &embedding_grad_, embedding_.numel(), d, r);
     if (last_) zero3_.emplace_back(&head_, &head_grad_, head_matrix_elements(), d, r);
     shard_experts_over_edp();
+    using Member = typename Zero3Schedule<C>::Member;
+    std::vector<typename Zero3Schedule<C>::Layer> layers;
+    for (std::size_t l = 0; l < stack_.weights().size(); ++l) {
+      auto& layer = layers.emplace_back();
+      for (int i = 0; i < 3; ++i)  // attention, MLP, norms (stage_backward allocates and reduces the norms' gradients)
+        layer.push_back(Member{&zero3_[3 * l + std::size_t(i)], dp_, i < 2});
+      for (Zero3Tensor& e : expert_zero3_of_layer(l)) layer.push_back(Member{&e, edp_, true});
+    }
+    zero3_schedule_ = Zero3Schedule<C>(std::move(layers), zero3_prefetch_);
     using Use = typename Stack::LayerUse;
-    stack_.set_layer_hook([this](int l, Use use, bool begin) {
-      Zero3Tensor* t = &zero3_[std::size_t(3 * l)];
-      const auto experts = expert_zero3_of_layer(std::size_t(l));
-      if (begin) {
-        for (int i = 0; i < 3; ++i) t[i].gather(*dp_);
-        for (Zero3Tensor& e : experts) e.gather(*edp_);
-        if (use == Use::backward) {
-          for (int i = 0; i < 2; ++i) t[i].begin_gradient();  // norms: stage_backward allocates them for the stack
-          for (Zero3Tensor& e : experts) e.begin_gradient();
-        }
-      } else {
-        for (int i = 0; i < 3; ++i) t[i].release();
-        for (Zero3Tensor& e : experts) e.release();
-        if (use == Use::backward) {
-          for (int i = 0; i < 2; ++i) t[i].reduce_gradient(*dp_);
-          for (Zero3Tensor& e : experts) e.reduce_gradient(*edp_);
-        }
-      }
-    });
+    stack_.set_layer_hook([this](int l, Use use, bool begin) { zero3_schedule_.on_layer(l, use == Use::backward, begin); });
   }
+  // ZeRO-3: each layer's gather posted while the layer before it computes and each gradient's reduce-scatter
+  // finished after the next layer's backward (on, the default), or each waited for where it is posted (off); the
+  // same values either way (model/zero3_prefetch.hpp). Kept for the run; before or after shard_over_dp.
+  void set_zero3_prefetch(bool on) {
+    zero3_prefetch_ = on;
+    zero3_schedule_.set_prefetch(on);
+  }
+  bool zero3_prefetch() const noexcept { return zero3_prefetch_; }
   bool sharded() const noexcept { return !zero3_.empty(); }
   // ZeRO-3 with expert data parallelism: the shard over edp of the MoE tensor `value` (one of parameters()'s with
   // over_dp = false), or none (not sharded: no ZeRO-3, edp = 1, or an empty tensor).
@@ -496,6 +498,8 @@ private:
   std::vector<Zero3Tensor> zero3_;  // ZeRO-3: this rank's chunks (empty: not sharded)
   std::vector<Zero3Tensor> expert_zero3_;          // ZeRO-3 with edp > 1: the MoE tensors' chunks over edp
   std::vector<std::size_t> expert_zero3_first_;    // [layers + 1]: each layer's first in expert_zero3_
+  bool zero3_prefetch_ = true;                     // set_zero3_prefetch
+  Zero3Schedule<C> zero3_schedule_;                // ZeRO-3: when each layer's collectives run (the stack's hook)
 };
 
 // The forward and backward of one step on this rank: `chunks` (begun with begin_step) run this replica's rows `mine`

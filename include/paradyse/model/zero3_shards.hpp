@@ -7,6 +7,8 @@
 //   Zero3Tensor t(&w.packed, &g.packed, decayed, dp.size(), dp.rank());  // keeps its chunk, frees w and g
 //   t.gather(dp);  ... use w ...  t.release();
 //   t.begin_gradient();  ... accumulate into g ...  t.reduce_gradient(dp);
+//   Request r = t.post_gather(dp);  ... compute ...  r.wait();          (posted forms: model/zero3_prefetch.hpp)
+//   Request q = t.post_reduce_gradient(dp);  ... compute ...  t.finish_reduce_gradient(q);
 //
 // The AdamW step of the chunk is model/mesh_optimizer.hpp's (ZeroStage::three). The sequence strategies' own ZeRO-3
 // inside their group is another matter (strategy/zero3_*.hpp).
@@ -43,9 +45,14 @@ public:
 
   // full <- the tensor, gathered from every replica's chunk. Collective over dp.
   template <Communicator C>
-  void gather(C& dp) {
+  void gather(C& dp) { post_gather(dp).wait(); }
+  // The same posted (model/zero3_prefetch.hpp): full is allocated now and holds the tensor once the Request is
+  // waited for; this tensor's chunk must not change until then.
+  template <Communicator C>
+  Request post_gather(C& dp) {
     *full_ = Tensor<float>(shape_);
-    dp.all_gather_v(std::span<const float>(value_.span()), full_->span(), std::span<const std::int64_t>(counts_));
+    return dp.all_gather_v_async(std::span<const float>(value_.span()), full_->span(),
+                                 std::span<const std::int64_t>(counts_));
   }
   void release() { *full_ = Tensor<float>(Shape{0}); }  // empty (a default Tensor is a scalar)
   // full_gradient <- zeros of the tensor's shape, to accumulate one use's gradient into.
@@ -53,10 +60,22 @@ public:
   // The owned chunk of the gradient += the full gradient summed over dp; then the full gradient is freed.
   template <Communicator C>
   void reduce_gradient(C& dp) {
-    Tensor<float> part(Shape{chunk_.length});
-    dp.reduce_scatter_v(std::span<const float>(full_gradient_->span()), part.span(),
-                        std::span<const std::int64_t>(counts_), ReduceOp::sum);
-    ops::Cpu::add_into(gradient_.span(), std::span<const float>(part.span()));
+    Request posted = post_reduce_gradient(dp);
+    finish_reduce_gradient(posted);
+  }
+  // The same in two halves: the reduce-scatter posted (the full gradient must stay untouched), then finished (waited
+  // for, added to the owned chunk, the full gradient freed). One at a time per tensor.
+  template <Communicator C>
+  Request post_reduce_gradient(C& dp) {
+    check(pending_.numel() == 0, "Zero3Tensor: a reduce-scatter posted while another is pending");
+    pending_ = Tensor<float>(Shape{chunk_.length});
+    return dp.reduce_scatter_v_async(std::span<const float>(full_gradient_->span()), pending_.span(),
+                                     std::span<const std::int64_t>(counts_), ReduceOp::sum);
+  }
+  void finish_reduce_gradient(Request& posted) {
+    posted.wait();
+    ops::Cpu::add_into(gradient_.span(), std::span<const float>(pending_.span()));
+    pending_ = Tensor<float>(Shape{0});
     *full_gradient_ = Tensor<float>(Shape{0});
   }
   void zero_gradient() { ops::Cpu::fill(gradient_.view(), 0.0f); }
@@ -81,6 +100,7 @@ private:
   std::int64_t decayed_;
   ChunkRange chunk_;
   Tensor<float> value_, gradient_;
+  Tensor<float> pending_{Shape{0}};  // [chunk.length] while a posted reduce-scatter is in flight
   std::vector<std::int64_t> counts_;
 };
 

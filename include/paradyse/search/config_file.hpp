@@ -10,6 +10,7 @@
 //    "flops": "causal" | "full",                       (optional: the FLOP convention of MFU)
 //    "flash_attention": true, "overlap_grad_reduce": true,   (optional: the software's features)
 //    "cp_gathers_weights": false,                      (optional: tp inside cp as MegatronRing, training_setup.hpp)
+//    "zero3_prefetch": true,                           (optional: train_gpt's ZeRO-3 gathers a layer ahead, ditto)
 //    "trainer": "megatron" | "train_gpt",              (optional: what the step posts besides the model, training_setup.hpp)
 //    "dp": 2, "pp": 8, "cp": 1, "tp": 4 (or "tp_x": 2, "tp_y": 2), "ep": 1, "etp": 1,
 //    "zero": 0, "virtual_stages": 1, "micro_batch": 1, "recompute": "none" | "selective" | "full",
@@ -66,7 +67,7 @@ struct ConfigFile {
   std::string cluster_spec;
   std::optional<std::int64_t> devices, seq, global_batch;
   std::optional<FlopConvention> flops;
-  std::optional<bool> flash_attention, overlap_grad_reduce, cp_gathers_weights;
+  std::optional<bool> flash_attention, overlap_grad_reduce, cp_gathers_weights, zero3_prefetch;
   std::optional<Trainer> trainer;
   ParallelConfig config;
   std::optional<PublishedThroughput> published;
@@ -198,7 +199,7 @@ inline ConfigFile config_file_from_json(const json::Value& value, std::string co
   doc.expect(doc.is_object(), "a JSON object");
   std::vector<std::string_view> known{"format", "model", "cluster", "devices", "seq", "global_batch", "flops",
                                       "flash_attention", "overlap_grad_reduce", "cp_gathers_weights", "trainer",
-                                      "published"};
+                                      "zero3_prefetch", "published"};
   known.insert(known.end(), kConfigKeys.begin(), kConfigKeys.end());
   cost::detail::only_keys(doc, known);
   if (const auto f = doc.find("format"))
@@ -235,6 +236,7 @@ inline ConfigFile config_file_from_json(const json::Value& value, std::string co
   if (const auto f = doc.find("flash_attention")) out.flash_attention = f->boolean();
   if (const auto f = doc.find("overlap_grad_reduce")) out.overlap_grad_reduce = f->boolean();
   if (const auto f = doc.find("cp_gathers_weights")) out.cp_gathers_weights = f->boolean();
+  if (const auto f = doc.find("zero3_prefetch")) out.zero3_prefetch = f->boolean();
   if (const auto f = doc.find("trainer")) {
     const std::string& x = f->string();
     check(x == "megatron" || x == "train_gpt", "{}: trainer = \"{}\"; expected megatron or train_gpt", doc.context(),
@@ -286,6 +288,7 @@ inline json::Value config_file_to_json(const ParallelConfig& c, const TrainingMo
   v["flash_attention"] = setup.flash_attention;
   v["overlap_grad_reduce"] = setup.overlap_grad_reduce;
   v["cp_gathers_weights"] = setup.cp_gathers_weights;
+  v["zero3_prefetch"] = setup.zero3_prefetch;
   v["trainer"] = std::string(name_of(setup.trainer));
   add_config(v, c);
   if (published) {
@@ -305,6 +308,7 @@ inline TrainingSetup setup_of(const ConfigFile& f, TrainingSetup base) {
   if (f.flash_attention) base.flash_attention = *f.flash_attention;
   if (f.overlap_grad_reduce) base.overlap_grad_reduce = *f.overlap_grad_reduce;
   if (f.cp_gathers_weights) base.cp_gathers_weights = *f.cp_gathers_weights;
+  if (f.zero3_prefetch) base.zero3_prefetch = *f.zero3_prefetch;
   if (f.trainer) base.trainer = *f.trainer;
   return base;
 }

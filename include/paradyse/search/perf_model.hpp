@@ -431,11 +431,20 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     const double backward_gathers = c.recompute == Recompute::full ? 2 : 1;
     const double per_mb = buckets * ((1 + backward_gathers) * gather + scatter);
     double exposed = per_mb;
+    const double layer_forward = stage_forward / buckets, layer_backward = stage_backward / buckets;
     if (overlap) {
-      const double layer_forward = stage_forward / buckets, layer_backward = stage_backward / buckets;
       exposed = gather + (buckets - 1) * std::max(0.0, gather - layer_forward) +   // forward pass
                 backward_gathers * gather + scatter +                               // backward's first and last
                 (buckets - 1) * std::max(0.0, backward_gathers * gather + scatter - layer_backward);
+    } else if (per_tensor && setup_.zero3_prefetch) {
+      // train_gpt's schedule (model/zero3_prefetch.hpp): in each forward pass (the recomputation's too) a layer's
+      // gather behind the layer before it, the first exposed; in the backward a layer's gather and the reduce-scatter
+      // of the layer after it behind its backward (the recomputation's forward counted apart), the first gather and
+      // the last reduce-scatter exposed.
+      const double passes = backward_gathers;  // the forward, and the recomputation's
+      const double layer_back = std::max(0.0, layer_backward - (passes - 1) * layer_forward);
+      exposed = passes * (gather + (buckets - 1) * std::max(0.0, gather - layer_forward)) + gather + scatter +
+                (buckets - 1) * std::max(0.0, gather + scatter - layer_back);
     }
     dp_s += m * exposed;
   }

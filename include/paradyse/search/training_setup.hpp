@@ -53,6 +53,10 @@ struct TrainingSetup {
   // group, each sublayer all-gathering its cp sub-group's shards before use, forward and again in backward, and
   // reduce-scattering its weight gradient back over cp; perf_model.hpp prices the three, exposed).
   bool cp_gathers_weights = false;
+  // train_gpt's ZeRO-3 (model/zero3_prefetch.hpp): each layer's gather posted while the layer before it computes and
+  // each gradient reduce-scatter finished after the next layer's backward (true, --zero3-prefetch on), or each waited
+  // for where it is posted (false); perf_model.hpp prices the overlap that schedule allows.
+  bool zero3_prefetch = true;
   Trainer trainer = Trainer::megatron;
   FlopConvention flops = FlopConvention::causal;  // the model FLOPs of MFU (a non-causal model counts the full square)
 
