@@ -55,7 +55,6 @@ struct SublayerCost {
   double forward_s = 0;
   double backward_s = 0;
   double compute_s = 0;                       // kernel time, forward + backward
-  double forward_compute_s = 0;               // of compute_s, forward's
   double exposed_comm_s = 0;                  // communication not hidden under compute
 
   std::int64_t transient_bytes() const { return std::max(forward_transient_bytes, backward_transient_bytes); }
@@ -333,7 +332,6 @@ inline SublayerCost cost_of(const SublayerTraceView& trace, const HardwareProfil
     trace_cost_detail::Clock clock(*hardware, trace.group_size, scale, dtype_bytes);
     clock.walk(trace.forward);
     c.forward_s = clock.now();
-    c.forward_compute_s = clock.compute();
     clock.walk(trace.backward);
     c.backward_s = clock.now() - c.forward_s;
     c.compute_s = clock.compute();
@@ -367,7 +365,6 @@ inline SublayerCost evaluate_sublayer(const StrategyCatalog& catalog, int strate
       c.forward_s = other.forward_s;
       c.backward_s = other.backward_s;
       c.compute_s = other.compute_s;
-      c.forward_compute_s = other.forward_compute_s;
       c.exposed_comm_s = other.exposed_comm_s;
     });
   return c;

@@ -123,11 +123,18 @@ inline StageGroupPrice price_stage_group(const TrainingModel& m, const TrainingS
   for (cost::Sublayer part : cost::kAllSublayers) {
     const cost::LayerStrategies& picked = plan.layers.front().strategies;
     const int strategy = part == cost::Sublayer::attention ? picked.attention : picked.mlp;
-    const cost::SublayerCost x = cost::evaluate_sublayer(catalog, strategy, part, shape, table.group_size, &hardware);
-    const double backward_compute = x.compute_s - x.forward_compute_s;
-    price.sublayers[std::size_t(part)] = {std::string(catalog.name(strategy)), x.forward_compute_s,
-                                          x.forward_s - x.forward_compute_s, backward_compute,
-                                          x.backward_s - backward_compute};
+    // The table's cost of the pick (cost::evaluate_sublayer on rank 0: one sequence per sample), and of its forward
+    // alone for the split.
+    cost::SublayerCost whole, forward;
+    catalog.visit_trace(strategy, part, shape, table.group_size, 0, [&](const cost::SublayerTraceView& trace) {
+      whole = cost::cost_of(trace, &hardware, shape.dtype_bytes, /*keep_events=*/false);
+      forward = cost::cost_of(cost::SublayerTraceView{trace.forward, {}, {}, trace.group_size}, &hardware,
+                              shape.dtype_bytes, /*keep_events=*/false);
+    });
+    const double backward_compute = whole.compute_s - forward.compute_s;
+    price.sublayers[std::size_t(part)] = {std::string(catalog.name(strategy)), forward.compute_s,
+                                          whole.forward_s - forward.compute_s, backward_compute,
+                                          whole.backward_s - backward_compute};
   }
   return price;
 }
