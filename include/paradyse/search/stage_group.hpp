@@ -52,29 +52,18 @@ inline StageFactorisation stage_factorisation(const ParallelConfig& c) {
 }
 
 // Whether the stage group of a dense layer is priced here: train_gpt's step, a group of more than one rank, a model
-// the planner's layer describes (not MLA).
+// with dense layers that the planner's layer describes (not MLA).
 inline bool prices_stage_group(const TrainingModel& m, const TrainingSetup& s, const ParallelConfig& c) {
-  return s.trainer == Trainer::train_gpt && c.cp * c.tp() > 1 && !m.is_mla();
+  return s.trainer == Trainer::train_gpt && c.cp * c.tp() > 1 && !m.is_mla() && m.dense_mlp_layers() > 0;
 }
 
 // One dense layer on the group for one micro-batch, as the planner's cost table describes it.
 inline cost::ModelShape stage_layer_shape(const TrainingModel& m, const TrainingSetup& s, const ParallelConfig& c) {
   const StageFactorisation f = stage_factorisation(c);
-  cost::ModelShape shape;
-  shape.hidden = m.hidden;
-  shape.heads = m.heads;
-  shape.kv_heads = m.kv_heads;
-  shape.head_dim = m.head_dim;
-  shape.ffn = m.ffn;
-  shape.dtype_bytes = s.activation_bytes;
-  shape.swiglu = m.swiglu;
-  shape.causal = s.causal;
-  shape.zigzag = true;
-  shape.rope = true;
-  shape.tp_inner = f.tp_inner;
-  shape.tp_x = f.tp_x;
-  shape.selective = c.recompute == Recompute::selective;
-  return shape;
+  return {.hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = m.head_dim, .ffn = m.ffn,
+          .dtype_bytes = s.activation_bytes, .swiglu = m.swiglu, .causal = s.causal, .zigzag = true, .rope = true,
+          .packed_lengths = {}, .tp_inner = f.tp_inner, .tp_x = f.tp_x,
+          .selective = c.recompute == Recompute::selective};
 }
 
 // The device with every link the cluster's level for the stage group's span (see the header).
