@@ -79,6 +79,11 @@ if [[ ! -f $profile ]]; then
   cp "$WORK/calibrate/build/train_gpt_profile_p$RANKS.json" "$profile.tmp" && mv "$profile.tmp" "$profile"
 fi
 
+# train_gpt reads its profile from build/ under its working folder (--emulate takes no --profile): the same one, so
+# that the trainer's planner and the search price with one calibration.
+mkdir -p build
+[[ $profile -ef build/train_gpt_profile_p$RANKS.json ]] || cp "$profile" "build/train_gpt_profile_p$RANKS.json"
+
 # 2. The cluster of RANKS such devices, and train_gpt's model as a config.json.
 python3 - "$profile" "$RANKS" "$LAYERS" "$HIDDEN" "$HEADS" "$WORK" "$CORES" <<'EOF'
 import json, os, sys
