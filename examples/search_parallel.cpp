@@ -13,6 +13,7 @@
 #include "paradyse/core/printable.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/emulation.hpp"
+#include "paradyse/plan/plan_names.hpp"
 #include "paradyse/search/config_file.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/validation.hpp"
@@ -120,6 +121,22 @@ void print_gains(const std::vector<search::SearchResult>& results) {
   }
 }
 
+// Under train_gpt's step, what its planner picks per sublayer on the stage group (search/stage_group.hpp), named as
+// train_gpt's table names a layer ("MTS/METP"), and each pick's time per layer and micro-batch.
+void print_stage_group(const search::Scored& r) {
+  if (!search::prices_stage_group(r.model, r.setup, r.config)) return;
+  const search::StageGroupPrice price = search::price_stage_group(r.model, r.setup, r.cluster, r.config);
+  fmt::print("  stage group     cp {} x tp {}: train_gpt's planner picks {}/{} in every dense layer (per layer and "
+             "micro-batch, seconds):\n", r.config.cp, r.config.tp(), pd::plan::initials(price.sublayers[0].strategy),
+             pd::plan::initials(price.sublayers[1].strategy));
+  for (pd::cost::Sublayer part : pd::cost::kAllSublayers) {
+    const search::SublayerPrice& s = price.sublayers[std::size_t(part)];
+    fmt::print("    {:<9} {:<12} {:.4f}  (forward {:.4f} compute + {:.4f} exposed communication, backward {:.4f} + "
+               "{:.4f})\n", pd::cost::name_of(part), s.strategy, s.time_s(), s.forward_compute_s, s.forward_comm_s,
+               s.backward_compute_s, s.backward_comm_s);
+  }
+}
+
 // One configuration's prediction with every term, and the published figure beside it when the file gives one.
 void print_score(const search::Scored& r) {
   const search::Estimate& e = r.estimate;
@@ -140,6 +157,7 @@ void print_score(const search::Scored& r) {
   fmt::print("  compute         {:>10.4f} s   (of which recomputation {:.4f} s)\n", e.compute_s, e.recompute_s);
   for (CommDim d : search::kAllCommDims)
     fmt::print("  exposed {:<7} {:>10.4f} s\n", search::name_of(d), e.exposed(d));
+  print_stage_group(r);
   fmt::print("  bubble          {:>10.4f} s\n", e.bubble_s);
   fmt::print("  optimizer       {:>10.4f} s\n", e.optimizer_s);
   const search::MemoryEstimate& m = e.memory;
@@ -252,7 +270,9 @@ int main(int argc, char** argv) {
                "what the step posts besides the model's collectives: megatron (one gradient bucket per layer, "
                "overlapped with the backward, as Megatron-LM, DeepSpeed, FSDP) or train_gpt (one collective per "
                "packed tensor after the backward, the embedding's and head's gradients over the dense group, the "
-               "loss and peak memory over every rank); a configuration file's trainer wins");
+               "loss and peak memory over every rank, each dense layer's cp x tp stage group priced as train_gpt's "
+               "planner prices it, the cheapest strategy per sublayer by its dry run); a configuration file's trainer "
+               "wins");
   flags.choice("--cp-scheme", o.cp_scheme, {"ring", "all-gather", "both"},
                "context parallelism searched as a ring, as Llama 3's all-gather, or both");
   flags.text("--score", o.score, "predict this configuration file instead of searching (the --emit schema)",

@@ -15,6 +15,9 @@
 #   scripts/search_then_run.sh                        (from the repository root; programs from $BUILD, default build-test)
 #   BUILD=build-rel RANKS=8 LAYERS=4 HIDDEN=256 HEADS=8 SEQ=256 BATCH=16 STEPS=6 TOP=3 GAP=0.15 scripts/search_then_run.sh
 #   EMULATE=h100 scripts/search_then_run.sh          (links priced and paced as train_gpt --emulate h100)
+#   CONFIGS="dp=2,pp=2,cp=2,micro_batch=8,recompute=none;dp=2,cp=4,micro_batch=8" scripts/search_then_run.sh
+#                                                     (these configurations too, as search_parallel --config takes
+#                                                      them, ';' apart, after the search's TOP; TOP=0: these alone)
 #
 # Which configurations run: the search's ranking from the best, skipping any whose mesh (dp, pp, cp, tp) already ran
 # (the ZeRO stages of one mesh predict within a fraction of a percent) and any predicted less than GAP (a fraction)
@@ -36,6 +39,7 @@ SEQ=${SEQ:-256}
 BATCH=${BATCH:-16}
 STEPS=${STEPS:-6}
 TOP=${TOP:-3}
+CONFIGS=${CONFIGS:-}
 SPACE=${SPACE:-4d}
 SEARCHED=${SEARCHED:-1000}  # search_parallel --top at most 1000
 GAP=${GAP:-0.15}
@@ -50,6 +54,9 @@ done
 case $EMULATE in ""|a100|h100|h200) ;; *) echo "search_then_run.sh: EMULATE=$EMULATE; expected a100, h100, h200 or empty" >&2; exit 2;; esac
 [[ $GAP =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "search_then_run.sh: GAP=$GAP; expected a fraction such as 0.15" >&2; exit 2; }
 [[ $CORES =~ ^[1-9][0-9]*$ ]] || { echo "search_then_run.sh: CORES=$CORES; expected a positive integer" >&2; exit 2; }
+[[ $TOP =~ ^[0-9]+$ ]] || { echo "search_then_run.sh: TOP=$TOP; expected a count such as 3 (0: CONFIGS alone)" >&2; exit 2; }
+IFS=';' read -r -a given <<< "$CONFIGS"
+[[ $TOP -gt 0 || ${#given[@]} -gt 0 ]] || { echo "search_then_run.sh: TOP=0 and no CONFIGS: nothing to run" >&2; exit 2; }
 mkdir -p "$WORK"
 model_flags=(--layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS")
 data_flags=(--steps $((STEPS * BATCH)) --min-len "$SEQ" --max-len "$SEQ" --pack-tokens $((SEQ * BATCH)) --cap-mib 4096)
@@ -71,6 +78,11 @@ if [[ ! -f $profile ]]; then
     --max-len "$SEQ" --corpus "$corpus" > calibrate.log)
   cp "$WORK/calibrate/build/train_gpt_profile_p$RANKS.json" "$profile.tmp" && mv "$profile.tmp" "$profile"
 fi
+
+# train_gpt reads its profile from build/ under its working folder (--emulate takes no --profile): the same one, so
+# that the trainer's planner and the search price with one calibration.
+mkdir -p build
+[[ $profile -ef build/train_gpt_profile_p$RANKS.json ]] || cp "$profile" "build/train_gpt_profile_p$RANKS.json"
 
 # 2. The cluster of RANKS such devices, and train_gpt's model as a config.json.
 python3 - "$profile" "$RANKS" "$LAYERS" "$HIDDEN" "$HEADS" "$WORK" "$CORES" <<'EOF'
@@ -115,20 +127,16 @@ config_text() {
 }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
-# 4. Emit, predict (--score, 4 digits) and run the best TOP the trainer accepts, one per mesh, GAP apart.
+# 4. Emit, predict (--score, 4 digits) and run the best TOP the trainer accepts, one per mesh, GAP apart; then CONFIGS.
 rows=()
 refused=()
-ran=0
-last=""
-declare -A mesh_ran=()
-for entry in "${ranked[@]}"; do
-  [[ $ran -lt $TOP ]] || break
-  IFS='|' read -r rank config step <<< "$entry"
-  read -r dp pp cp tp _ <<< "$config"
-  [[ -z ${mesh_ran["$dp $pp $cp $tp"]:-} ]] || continue
-  if [[ -n $last ]] && ! awk -v s="$step" -v l="$last" -v g="$GAP" 'BEGIN { exit !(s >= l * (1 + g)) }'; then continue; fi
-  file=$WORK/config_$rank.json
-  "$search" "${setup[@]}" --config "$(config_text "$config")" --emit "$file" > "$WORK/score_$rank.txt"
+ran_ranks=()
+# run_one RANK LABEL TEXT: emit, score and run the configuration TEXT (--config form) as RANK, LABEL in the tables.
+# Sets `predicted`; returns 0 when it ran, 1 when train_gpt refused it, 2 when the run failed for every configuration.
+run_one() {
+  local rank=$1 config=$2 text=$3
+  local file=$WORK/config_$rank.json
+  "$search" "${setup[@]}" --config "$text" --emit "$file" > "$WORK/score_$rank.txt"
   predicted=$(awk '$1 == "step" {print $2; exit}' "$WORK/score_$rank.txt")
   python3 - "$file" "$WORK/config_before_$rank.json" <<'EOF'
 import json, sys
@@ -140,6 +148,7 @@ f["trainer"], f["cp_gathers_weights"] = "megatron", False
 json.dump(f, open(sys.argv[2], "w"), indent=1)
 EOF
   "$search" --score "$WORK/config_before_$rank.json" --precision fp32 > "$WORK/score_before_$rank.txt"
+  local before log csv load_before load_after reason measured
   before=$(awk '$1 == "step" {print $2; exit}' "$WORK/score_before_$rank.txt")
   log=$WORK/run_$rank.log
   csv=$WORK/run_$rank.csv
@@ -151,15 +160,12 @@ EOF
     if [[ -z $reason ]]; then  # not this configuration: the run itself (a flag the mesh cannot take, a failure)
       reason=$(grep -m1 '^train_gpt: ' "$log" | sed 's/^train_gpt: //' || true)
       refused+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "${reason:-failed, see $log}") (every configuration)")
-      break
+      return 2
     fi
     refused+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "$reason")")
-    continue
+    return 1
   fi
   load_after=$(load)
-  ran=$((ran + 1))
-  last=$predicted
-  mesh_ran["$dp $pp $cp $tp"]=1
   measured=$(python3 - "$csv" "$predicted" "$WORK/time_$rank.txt" "$load_before" "$load_after" "$before" <<'EOF'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
@@ -173,6 +179,32 @@ print(f"{before:10.4f}  {med / before:11.2f}  {pred:10.4f}  {med:10.4f}  {min(ti
 EOF
 )
   rows+=("$(printf '%3s  %-60s  %s' "$rank" "$config" "$measured")")
+  ran_ranks+=("$rank")
+}
+ran=0
+last=""
+declare -A mesh_ran=()
+for entry in "${ranked[@]}"; do
+  [[ $ran -lt $TOP ]] || break
+  IFS='|' read -r rank config step <<< "$entry"
+  read -r dp pp cp tp _ <<< "$config"
+  [[ -z ${mesh_ran["$dp $pp $cp $tp"]:-} ]] || continue
+  if [[ -n $last ]] && ! awk -v s="$step" -v l="$last" -v g="$GAP" 'BEGIN { exit !(s >= l * (1 + g)) }'; then continue; fi
+  status=0
+  run_one "$rank" "$config" "$(config_text "$config")" || status=$?
+  [[ $status -ne 2 ]] || break
+  [[ $status -eq 0 ]] || continue
+  ran=$((ran + 1))
+  last=$predicted
+  mesh_ran["$dp $pp $cp $tp"]=1
+done
+# CONFIGS: each given configuration as c1, c2, ... (its search rank, where the ranking has it, in the label).
+for i in "${!given[@]}"; do
+  text=${given[$i]}
+  [[ -n $text ]] || continue
+  status=0
+  run_one "c$((i + 1))" "$text" "$text" || status=$?
+  [[ $status -ne 2 ]] || break
 done
 
 profile_name=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); print(p.get('name',''))" "$profile")
@@ -185,6 +217,15 @@ echo "(cores_per_node), so the prediction runs their work in turn; 'cores' is wh
 echo "$(nproc) on this machine when nothing else runs); 'load' is the 1-minute load average before..after the run"
 printf '%3s  %-60s  %10s  %11s  %10s  %10s  %-18s  %5s  %9s  %5s  %s\n' "#" "configuration (search's rank)" "before" "meas/before" "predicted" "measured" "spread" "steps" "meas/pred" "cores" "load"
 for r in "${rows[@]}"; do echo "$r"; done
+# The stage group's picks per sublayer: the search's (search_parallel --score, the same in every dense layer) beside
+# what train_gpt's planner ran in each layer of its first step (its table's plan column).
+echo
+echo "stage-group picks (attention/mlp): the search's, and train_gpt's per layer in step 0"
+for rank in "${ran_ranks[@]}"; do
+  predicted_pick=$(awk '$1 == "stage" && $2 == "group" {for (i = 1; i <= NF; i++) if ($i == "picks") {print $(i + 1); exit}}' "$WORK/score_$rank.txt")
+  ran_pick=$(awk -v n="$LAYERS" '$1 == "0" && NF >= 3 + n {s = $4; for (i = 5; i < 4 + n; i++) s = s " " $i; print s; exit}' "$WORK/run_$rank.log")
+  printf '%3s  search %-12s train_gpt %s\n' "$rank" "${predicted_pick:-(none: no stage group)}" "${ran_pick:-?}"
+done
 if [[ ${#refused[@]} -gt 0 ]]; then
   echo
   echo "ranked higher but refused by train_gpt (not trainable yet):"

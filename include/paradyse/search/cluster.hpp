@@ -69,8 +69,9 @@ struct ClusterProfile {
   // computes on its own (GPUs, NPUs). A calibrated CPU profile holds each rank's own time (thread CPU time), so the
   // devices of a node that outnumber its cores run in turn: see serialisation().
   std::int64_t cores_per_node = 0;
-  // Communication is a wait (train_gpt --emulate paces thread ranks' transfers at a device's link), not work on the
-  // shared cores: serialisation() then stretches compute and the optimizer only.
+  // Communication is a wait (train_gpt --emulate paces thread ranks' transfers at a device's link: the thread sleeps
+  // until the paced end), not work on the shared cores: serialisation() then stretches compute and the optimizer
+  // only, and other ranks' work fills the waits (perf_model.hpp).
   bool paced_links = false;
 
   // How much longer a device's own work takes when `devices` devices run (1 when every device has its own core):

@@ -13,7 +13,9 @@
 // tp inside cp as train_gpt's MegatronRing (TrainingSetup::cp_gathers_weights, cp > 1 and tp > 1): the layers'
 // attention and dense MLP weights are sharded over cp x tp (their ZeRO group is then dp alone), and the sublayer
 // running holds its cp sub-group's shards gathered (P / tp weights) and, in backward, their gradient before it is
-// reduce-scattered back over cp (P / tp): the largest sublayer's two are transient.
+// reduce-scattered back over cp (P / tp): the largest sublayer's two are transient. The same under train_gpt's step
+// (TrainingSetup::trainer) for any cp > 1: its stage group holds every layer's weights in shards over cp x tp
+// (model/mesh_stage.hpp), their optimizer over dp alone (model/mesh_optimizer.hpp).
 #pragma once
 
 #include "paradyse/search/parallel_config.hpp"
@@ -56,10 +58,12 @@ inline StageParameters stage_parameters(const TrainingModel& m, const ParallelCo
 }
 
 // Of stage_parameters' dense part for `layers` layers from `first`, the parameters sharded over cp as well (each
-// device keeping 1 / cp of them) when tp runs inside cp as MegatronRing; 0 otherwise. In P / tp units, as there.
+// device keeping 1 / cp of them) when tp runs inside cp as MegatronRing, or under train_gpt's step; 0 otherwise. In
+// P / tp units, as there.
 inline double cp_sharded_parameters(const TrainingModel& m, const TrainingSetup& s, const ParallelConfig& c,
                                     std::int64_t first, std::int64_t layers) {
-  if (!s.cp_gathers_weights || c.cp <= 1 || c.tp() <= 1) return 0;
+  const bool sharded = s.trainer == Trainer::train_gpt || (s.cp_gathers_weights && c.tp() > 1);
+  if (!sharded || c.cp <= 1) return 0;
   const std::int64_t moe = m.is_moe() ? std::clamp<std::int64_t>(first + layers - m.dense_layers, 0, layers) : 0;
   return (double(layers) * m.attention_parameters() + double(layers - moe) * m.dense_mlp_parameters()) / c.tp();
 }

@@ -21,6 +21,8 @@
 //   cp in backward. Exposed (the gathers precede the sublayer's compute). Megatron-LM keeps them replicated over cp.
 //   Their data-parallel reduction then moves the device's 1 / cp of them over dp alone (memory_estimate.hpp's
 //   cp_sharded_parameters).
+// - under train_gpt's step (TrainingSetup::trainer) a dense layer of a stage group of cp x tp > 1 ranks is priced
+//   instead as train_gpt's planner prices it, the cheapest strategy per sublayer by its dry run (stage_group.hpp).
 // - ep (folded over dp x cp) and etp (over tp): all-to-all dispatch and combine of k copies of each token, all-gather
 //   and reduce-scatter over etp; balanced routing; the local experts in one grouped GEMM.
 // - pp: one send of the stage's output per chunk and micro-batch, each direction, priced on the level the pipeline
@@ -39,7 +41,10 @@
 // work (a calibrated CPU profile times each rank's thread), and a node's devices beyond its cores run in turn, so
 // the work stretches by serialisation() = devices per node / cores; a pipeline's idle bubble is then filled by other
 // ranks' work, so the step is the longer of the dedicated step and the stretched work (the bubble what remains).
-// With paced links (emulation) communication is a wait, not work, and is not stretched.
+// With paced links (emulation) communication is a wait, not work (comm/threads_member.hpp sleeps until the
+// operation's paced end, freeing the core): the waits are filled by other ranks' work as the bubble is, so the step
+// is the longer of the dedicated step and the stretched compute and optimizer, the waits (exposed communication and
+// bubble alike) what remains of the dedicated step's.
 // Work a calibrated CPU profile prices and a device profile leaves at 0 (cost/profile.hpp's ScalarMathModel and
 // FreshMemoryModel): RoPE's cos and sin per (token, frequency) of q and of k in each pass (every model is taken to be
 // rotary), the materialised softmax's exp per score, and the zeroing (or first touch) of each layer's fresh tensors:
@@ -50,12 +55,14 @@
 #include "paradyse/search/memory_estimate.hpp"
 #include "paradyse/search/mesh_groups.hpp"
 #include "paradyse/search/parallel_config.hpp"
+#include "paradyse/search/stage_group.hpp"
 #include "paradyse/search/training_model.hpp"
 #include "paradyse/search/training_setup.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -130,6 +137,7 @@ private:
   }
 
   LayerTime layer_time(const ParallelConfig& c, bool moe_layer) const;
+  LayerTime stage_group_layer_time(const ParallelConfig& c) const;
   double stage_micro_batch_time(const ParallelConfig& c, const LayerTime& dense, const LayerTime& moe,
                                 std::int64_t first, std::int64_t layers, bool last, Estimate& e, double& forward_s,
                                 double& backward_s) const;
@@ -138,10 +146,32 @@ private:
   ClusterProfile cluster_;
   TrainingSetup setup_;
   std::int64_t devices_;
+  std::shared_ptr<StageGroupPrices> stage_groups_ = std::make_shared<StageGroupPrices>();  // shared by copies
 };
+
+// A dense layer under train_gpt's planner (stage_group.hpp): its picks' forward and backward, the communication
+// exposed on the group's axis (cp where the group has cp, else tp); full recomputation re-runs the forward with its
+// communication. (Selective's re-run of attention's core is in the picks' backward: recompute_s leaves it out.)
+inline PerformanceModel::LayerTime PerformanceModel::stage_group_layer_time(const ParallelConfig& c) const {
+  const StageGroupPrice& price = (*stage_groups_)(model_, setup_, cluster_, c);
+  const std::size_t dim = std::size_t(c.cp > 1 ? CommDim::cp : CommDim::tp);
+  LayerTime r;
+  for (const SublayerPrice& s : price.sublayers) {
+    r.forward_compute += s.forward_compute_s;
+    r.backward_compute += s.backward_compute_s;
+    r.forward_comm[dim] += s.forward_comm_s;
+    r.backward_comm[dim] += s.backward_comm_s;
+  }
+  if (c.recompute == Recompute::full) {
+    r.recompute = r.forward_compute;
+    r.backward_comm[dim] += r.forward_comm[dim];
+  }
+  return r;
+}
 
 inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelConfig& c, bool moe_layer) const {
   const TrainingModel& m = model_;
+  if (!moe_layer && prices_stage_group(model_, setup_, c)) return stage_group_layer_time(c);
   const cost::HardwareProfile& d = cluster_.device;
   const double w = setup_.activation_bytes;
   const double T = double(c.micro_batch) * double(setup_.seq) / c.cp;  // tokens of the local chunk
@@ -363,7 +393,15 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   // The slowest stage sets the pace: the first (embedding, dense layers of MoE models), the last (logits) or,
   // when the ends hold a layer fewer, a full stage.
   const StageLayout layout = stage_layout(model_.layers, c.pp);
-  const LayerTime dense_layer = layer_time(c, false);
+  LayerTime dense_layer;
+  try {
+    dense_layer = layer_time(c, false);
+  } catch (const Error& x) {  // train_gpt's planner has no strategy for a sublayer of this stage group
+    e.valid = false;
+    e.problem = fmt::format("train_gpt's planner cannot price its stage group (cp = {}, tp = {}): {}", c.cp, c.tp(),
+                            x.what());
+    return e;
+  }
   const LayerTime moe_layer = model_.is_moe() ? layer_time(c, true) : dense_layer;
   Estimate stage_e;
   double stage_s = -1, stage_forward = 0, stage_backward = 0;
@@ -471,10 +509,16 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     const double dedicated = e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s;
     e.compute_s *= f;
     e.recompute_s *= f;
-    if (!cluster_.paced_links)  // copies on the shared cores; paced transfers are waits
-      for (double& x : e.exposed_comm_s) x *= f;
     e.optimizer_s *= f;
-    e.bubble_s = std::max(0.0, dedicated - (e.compute_s + e.total_exposed_comm_s() + e.optimizer_s));
+    if (cluster_.paced_links) {  // paced transfers are waits, filled by other ranks' work as the bubble is
+      const double waits = e.total_exposed_comm_s() + e.bubble_s;
+      const double kept = waits > 0 ? std::max(0.0, dedicated - (e.compute_s + e.optimizer_s)) / waits : 0;
+      for (double& x : e.exposed_comm_s) x *= kept;
+      e.bubble_s *= kept;
+    } else {  // copies on the shared cores
+      for (double& x : e.exposed_comm_s) x *= f;
+      e.bubble_s = std::max(0.0, dedicated - (e.compute_s + e.total_exposed_comm_s() + e.optimizer_s));
+    }
   }
   e.step_s = e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s;
   e.mfu = e.model_flops / (e.step_s * double(devices_) * cluster_.peak_flops_per_s);

@@ -1,0 +1,126 @@
+// Tests of search/stage_group.hpp: under --trainer train_gpt a dense layer's stage group (cp x tp) is priced as
+// train_gpt's planner prices it. Reference: train_gpt's own path (examples/train_gpt/train_mesh.hpp): plan::GptCosts
+// of the byte GPT on the group, factorised as train_mesh factorises it, on the profile train_gpt plans with (the
+// calibrated one, or cost::emulate's under --emulate), plan_exact under a cap, the plan's per-layer cost and picks.
+// Links, the micro-batch and the recomputation are drawn at random (the seed is printed).
+#include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/emulation.hpp"
+#include "paradyse/model/byte_gpt.hpp"
+#include "paradyse/model/gpt.hpp"
+#include "paradyse/plan/gpt_costs.hpp"
+#include "paradyse/search/search.hpp"
+#include "paradyse/search/stage_group.hpp"
+
+#include <doctest/doctest.h>
+
+#include <random>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::search;
+
+namespace {
+
+constexpr std::int64_t kSeq = 384;  // divisible by 2 cp tp for every group below (zigzag chunks)
+
+// train_gpt's byte GPT (--layers 4 --hidden 192 --heads 12: groups of 2, 3, 4, 6 ranks hold whole heads) as the
+// search's model.
+TrainingModel byte_model() {
+  return {.name = "train_gpt", .layers = 4, .hidden = 192, .heads = 12, .kv_heads = 12, .head_dim = 16, .ffn = 768,
+          .vocab = 256};
+}
+TrainingSetup train_gpt_setup() {
+  TrainingSetup s{.seq = kSeq, .global_batch = 16};
+  s.activation_bytes = 4;
+  s.precision = {.parameter_bytes = 4, .gradient_bytes = 4, .optimizer_bytes = 8};
+  s.trainer = Trainer::train_gpt;
+  return s;
+}
+
+// A profile with randomly drawn links (launch, step latency, bus and point-to-point bandwidth).
+cost::HardwareProfile drawn_profile(std::mt19937_64& rng) {
+  cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  std::uniform_real_distribution<double> log10(0, 1);
+  auto draw = [&](double low, double decades) { return low * std::pow(10.0, decades * log10(rng)); };
+  hw.intra_node = {draw(1e-6, 2), draw(1e-6, 2), draw(1e9, 2), draw(1e9, 2)};
+  hw.inter_node = hw.intra_node;
+  return hw;
+}
+// The cluster search_then_run.sh makes of a profile: one level, the profile's link.
+ClusterProfile one_node(const cost::HardwareProfile& hw, bool paced) {
+  ClusterProfile c;
+  c.name = "node";
+  c.device = hw;
+  c.peak_flops_per_s = hw.gemm.flops_per_s;
+  c.levels = {{"threads", 0, hw.intra_node.step_latency_s, hw.intra_node.bus_bytes_per_s, hw.intra_node.launch_s,
+               hw.intra_node.p2p_bytes_per_s}};
+  c.paced_links = paced;
+  return c;
+}
+
+// train_gpt's plan for one micro-batch on the stage group of `c` (train_mesh.hpp's GptCosts and plan_exact).
+plan::Plan train_gpt_plan(const ParallelConfig& c, const cost::HardwareProfile& hw) {
+  GptConfig config = byte_gpt_config({.layers = 4, .hidden = 192, .heads = 12});
+  const int tp = c.tp(), group = c.cp * tp;
+  const int grid_inner = c.cp > 1 && tp > 1 ? tp : c.tp_x > 1 ? c.tp_x : 0;
+  plan::GptCosts<Gpt<MeshStrategies<>>> costs{config, group, &hw, &cost::mesh_catalog(), grid_inner,
+                                              std::max(grid_inner, 1)};
+  costs.selective = c.recompute == Recompute::selective;
+  const plan::CostTable table = costs.table(kSeq, c.micro_batch);
+  if (tp > 1 && grid_inner == 0)  // a tp group alone: MegatronTS everywhere
+    return plan::plan_of(table, plan::uniform_layers(table, cost::mesh_catalog().index_of("MegatronTS")), 1ll << 50);
+  return plan::plan_exact(table, 1ll << 50);
+}
+
+std::vector<ParallelConfig> stage_meshes() {
+  return {{.dp = 4, .cp = 2},           {.dp = 2, .cp = 4},         {.dp = 2, .cp = 2, .tp_y = 2},
+          {.dp = 1, .cp = 3},           {.dp = 1, .cp = 3, .tp_y = 2}, {.dp = 4, .tp_y = 2},
+          {.dp = 2, .tp_x = 2, .tp_y = 2}, {.dp = 1, .cp = 6}};
+}
+
+}  // namespace
+
+TEST_CASE("stage group: the price of each dense layer is train_gpt's plan_exact per-layer cost, picks included") {
+  const std::uint64_t seed = std::random_device{}();
+  MESSAGE("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (bool paced : {false, true})
+    for (ParallelConfig c : stage_meshes()) {
+      const cost::HardwareProfile drawn = drawn_profile(rng);
+      // Emulated: train_gpt plans with cost::emulate's profile, the search prices the paced links of that link.
+      const cost::HardwareProfile hw = paced ? cost::emulate(cost::h100_sxm_80gb_x8(), drawn).profile : drawn;
+      c.micro_batch = std::uniform_int_distribution<int>(1, 3)(rng);
+      c.recompute = std::uniform_int_distribution<int>(0, 1)(rng) ? Recompute::selective : Recompute::none;
+      CAPTURE(to_string(c));
+      CAPTURE(paced);
+      const plan::Plan reference = train_gpt_plan(c, hw);
+      const StageGroupPrice price = price_stage_group(byte_model(), train_gpt_setup(), one_node(hw, paced), c);
+      for (const plan::LayerPlan& layer : reference.layers) {
+        CHECK(price.time_s() == doctest::Approx(layer.time_s()).epsilon(1e-9));
+        CHECK(price.sublayers[0].time_s() == doctest::Approx(layer.attention_s).epsilon(1e-9));
+        CHECK(price.sublayers[1].time_s() == doctest::Approx(layer.mlp_s).epsilon(1e-9));
+        CHECK(price.sublayers[0].strategy == reference.strategy_name(layer.strategies.attention));
+        CHECK(price.sublayers[1].strategy == reference.strategy_name(layer.strategies.mlp));
+      }
+    }
+}
+
+TEST_CASE("stage group: the performance model prices train_gpt's dense layers by it, memoised; megatron unchanged") {
+  const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
+  const ParallelConfig c{.dp = 2, .cp = 2, .tp_y = 2, .micro_batch = 2};
+  const PerformanceModel gpt(byte_model(), one_node(hw, false), train_gpt_setup(), 8);
+  TrainingSetup megatron_setup = train_gpt_setup();
+  megatron_setup.trainer = Trainer::megatron;
+  const PerformanceModel megatron(byte_model(), one_node(hw, false), megatron_setup, 8);
+  const Estimate a = gpt.evaluate(c), b = gpt.evaluate(c);
+  REQUIRE(a.valid);
+  CHECK(a.step_s == b.step_s);
+  // One micro-batch's layers on the stage group: 4 layers of the price, its communication on cp.
+  const StageGroupPrice price = price_stage_group(byte_model(), train_gpt_setup(), one_node(hw, false), c);
+  double comm = 0;
+  for (const SublayerPrice& s : price.sublayers) comm += s.forward_comm_s + s.backward_comm_s;
+  const double m = double(search::micro_batches(train_gpt_setup(), c));
+  CHECK(a.exposed(CommDim::tp) == 0);
+  CHECK(a.exposed(CommDim::cp) >= doctest::Approx(m * 4 * comm).epsilon(1e-9));
+  CHECK(megatron.evaluate(c).exposed(CommDim::tp) > 0);  // Megatron's closed form
+}
