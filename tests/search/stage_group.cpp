@@ -62,10 +62,14 @@ ClusterProfile one_node(const cost::HardwareProfile& hw, bool paced) {
 plan::Plan train_gpt_plan(const ParallelConfig& c, const cost::HardwareProfile& hw) {
   GptConfig config = byte_gpt_config({.layers = 4, .hidden = 192, .heads = 12});
   const int tp = c.tp(), group = c.cp * tp;
-  const int grid_inner = c.cp > 1 && tp > 1 ? tp : c.tp_x > 1 ? c.tp_x : 0;
+  const bool cp_by_tp = c.cp > 1 && tp > 1;
+  const int grid_inner = cp_by_tp ? tp : c.tp_x > 1 ? c.tp_x : 0;
+  const int grid_x = cp_by_tp && c.tp_x > 1 ? c.tp_x : grid_inner;
   plan::GptCosts<Gpt<MeshStrategies<>>> costs{config, group, &hw, &cost::mesh_catalog(), grid_inner,
-                                              std::max(grid_inner, 1)};
-  costs.selective = c.recompute == Recompute::selective;
+                                              std::max(grid_x, 1)};
+  costs.stash.recompute = c.recompute == Recompute::selective ? PipelineRecompute::selective
+                          : c.recompute == Recompute::full    ? PipelineRecompute::full
+                                                              : PipelineRecompute::none;
   const plan::CostTable table = costs.table(kSeq, c.micro_batch);
   if (tp > 1 && grid_inner == 0)  // a tp group alone: MegatronTS everywhere
     return plan::plan_of(table, plan::uniform_layers(table, cost::mesh_catalog().index_of("MegatronTS")), 1ll << 50);
@@ -75,7 +79,7 @@ plan::Plan train_gpt_plan(const ParallelConfig& c, const cost::HardwareProfile& 
 std::vector<ParallelConfig> stage_meshes() {
   return {{.dp = 4, .cp = 2},           {.dp = 2, .cp = 4},         {.dp = 2, .cp = 2, .tp_y = 2},
           {.dp = 1, .cp = 3},           {.dp = 1, .cp = 3, .tp_y = 2}, {.dp = 4, .tp_y = 2},
-          {.dp = 2, .tp_x = 2, .tp_y = 2}, {.dp = 1, .cp = 6}};
+          {.dp = 2, .tp_x = 2, .tp_y = 2}, {.dp = 1, .cp = 6},       {.dp = 1, .cp = 2, .tp_x = 2, .tp_y = 2}};
 }
 
 }  // namespace
@@ -90,15 +94,21 @@ TEST_CASE("stage group: the price of each dense layer is train_gpt's plan_exact 
       // Emulated: train_gpt plans with cost::emulate's profile, the search prices the paced links of that link.
       const cost::HardwareProfile hw = paced ? cost::emulate(cost::h100_sxm_80gb_x8(), drawn).profile : drawn;
       c.micro_batch = std::uniform_int_distribution<int>(1, 3)(rng);
-      c.recompute = std::uniform_int_distribution<int>(0, 1)(rng) ? Recompute::selective : Recompute::none;
+      c.recompute = Recompute(std::uniform_int_distribution<int>(0, 2)(rng));
       CAPTURE(to_string(c));
       CAPTURE(paced);
       const plan::Plan reference = train_gpt_plan(c, hw);
       const StageGroupPrice price = price_stage_group(byte_model(), train_gpt_setup(), one_node(hw, paced), c);
+      // The planner weighs full recomputation's option as its forward twice; the price is one pass (the search adds
+      // the recomputation itself).
+      const auto weighed = [&](const SublayerPrice& s) {
+        return s.time_s() + (c.recompute == Recompute::full ? s.forward_compute_s + s.forward_comm_s : 0.0);
+      };
       for (const plan::LayerPlan& layer : reference.layers) {
-        CHECK(price.time_s() == doctest::Approx(layer.time_s()).epsilon(1e-9));
-        CHECK(price.sublayers[0].time_s() == doctest::Approx(layer.attention_s).epsilon(1e-9));
-        CHECK(price.sublayers[1].time_s() == doctest::Approx(layer.mlp_s).epsilon(1e-9));
+        CHECK(weighed(price.sublayers[0]) + weighed(price.sublayers[1]) ==
+              doctest::Approx(layer.time_s()).epsilon(1e-9));
+        CHECK(weighed(price.sublayers[0]) == doctest::Approx(layer.attention_s).epsilon(1e-9));
+        CHECK(weighed(price.sublayers[1]) == doctest::Approx(layer.mlp_s).epsilon(1e-9));
         CHECK(price.sublayers[0].strategy == reference.strategy_name(layer.strategies.attention));
         CHECK(price.sublayers[1].strategy == reference.strategy_name(layer.strategies.mlp));
       }

@@ -15,12 +15,13 @@
 //   model and overlap 1, as cost::emulate gives train_gpt --emulate's planner;
 // - each pick's forward and backward split into compute and exposed communication (cost::SublayerCost), so that
 //   shared cores stretch the compute alone (perf_model.hpp).
-// StageGroupPrices memoises the price by (cp, tp_x, tp_y, micro-batch, selective recomputation): a search visits
+// StageGroupPrices memoises the price by (cp, tp_x, tp_y, micro-batch, recomputation): a search visits
 // each at most once per model.
 #pragma once
 
 #include "paradyse/cost/dry_run.hpp"
 #include "paradyse/cost/trace_cost.hpp"
+#include "paradyse/plan/activation_stash.hpp"
 #include "paradyse/plan/cost_table.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/search/cluster.hpp"
@@ -36,9 +37,10 @@
 
 namespace paradyse::search {
 
-// How train_gpt factorises a stage group of cp x tp ranks (train_mesh.hpp's grid_inner): cp and tp both, an outer x
-// inner grid with inner = tp (MegatronRing's tp inside cp, Tp2d's inner side); a tp_x x tp_y grid alone, inner =
-// tp_x; otherwise none. A tp group alone runs MegatronTS in every sublayer.
+// How train_gpt factorises a stage group of cp x tp ranks (train_mesh.hpp's grid_inner and grid_x): cp and tp both,
+// an outer x inner grid with inner = tp (MegatronRing's tp inside cp, Tp2d's inner side) and, where tp is a tp_x x
+// tp_y grid, tp_x = tp_x (RingTp2d's grid); a tp_x x tp_y grid alone, inner = tp_x; otherwise none. A tp group alone
+// runs MegatronTS in every sublayer.
 struct StageFactorisation {
   int ranks = 1;          // cp x tp
   int tp_inner = 0;       // cost::ModelShape::tp_inner (0: none)
@@ -47,8 +49,10 @@ struct StageFactorisation {
 };
 inline StageFactorisation stage_factorisation(const ParallelConfig& c) {
   const int tp = c.tp();
-  const int inner = c.cp > 1 && tp > 1 ? tp : c.tp_x > 1 ? c.tp_x : 0;
-  return {.ranks = c.cp * tp, .tp_inner = inner, .tp_x = std::max(inner, 1), .megatron_ts = tp > 1 && inner == 0};
+  const bool cp_by_tp = c.cp > 1 && tp > 1;
+  const int inner = cp_by_tp ? tp : c.tp_x > 1 ? c.tp_x : 0;
+  const int x = cp_by_tp && c.tp_x > 1 ? c.tp_x : std::max(inner, 1);
+  return {.ranks = c.cp * tp, .tp_inner = inner, .tp_x = x, .megatron_ts = tp > 1 && inner == 0};
 }
 
 // Whether the stage group of a dense layer is priced here: train_gpt's step, a group of more than one rank, a model
@@ -80,12 +84,17 @@ inline cost::HardwareProfile stage_hardware(const ClusterProfile& cluster, const
   return hardware;
 }
 
-// The planner's cost table of one dense layer on the stage group for one micro-batch.
+// The planner's cost table of one dense layer on the stage group for one micro-batch, each option's time as train_gpt's
+// planner weighs it (plan/activation_stash.hpp: under full recomputation the forward twice). Memory is not capped
+// here, so the stashes' count does not matter to the pick.
 inline plan::CostTable stage_cost_table(const TrainingModel& m, const TrainingSetup& s, const ClusterProfile& cluster,
                                         const ParallelConfig& c) {
   const plan::ModelConfig layer = plan::ModelConfig::uniform(stage_layer_shape(m, s, c), 1, "dense");
-  return plan::build_cost_table(layer, stage_hardware(cluster, c), stage_factorisation(c).ranks,
-                                plan::Batch::single(s.seq, c.micro_batch), {}, cost::mesh_catalog());
+  constexpr PipelineRecompute kRecompute[] = {PipelineRecompute::none, PipelineRecompute::selective,
+                                              PipelineRecompute::full};
+  const plan::ActivationStash stash{kRecompute[std::size_t(c.recompute)], 1.0};
+  return stash.apply(plan::build_cost_table(layer, stage_hardware(cluster, c), stage_factorisation(c).ranks,
+                                            plan::Batch::single(s.seq, c.micro_batch), {}, cost::mesh_catalog()));
 }
 
 // One sublayer's pick and its time on one rank, forward and backward, compute and exposed communication apart.
@@ -133,7 +142,7 @@ class StageGroupPrices {
 public:
   const StageGroupPrice& operator()(const TrainingModel& m, const TrainingSetup& s, const ClusterProfile& cluster,
                                     const ParallelConfig& c) {
-    const auto key = std::make_tuple(c.cp, c.tp_x, c.tp_y, c.micro_batch, c.recompute == Recompute::selective);
+    const auto key = std::make_tuple(c.cp, c.tp_x, c.tp_y, c.micro_batch, c.recompute);
     const std::lock_guard lock(mutex_);
     auto at = prices_.find(key);
     if (at == prices_.end()) at = prices_.emplace(key, price_stage_group(m, s, cluster, c)).first;
@@ -142,7 +151,7 @@ public:
 
 private:
   std::mutex mutex_;
-  std::map<std::tuple<int, int, int, int, bool>, StageGroupPrice> prices_;
+  std::map<std::tuple<int, int, int, int, Recompute>, StageGroupPrice> prices_;
 };
 
 }  // namespace paradyse::search
