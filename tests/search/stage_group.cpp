@@ -79,7 +79,7 @@ plan::Plan train_gpt_plan(const ParallelConfig& c, const cost::HardwareProfile& 
 std::vector<ParallelConfig> stage_meshes() {
   return {{.dp = 4, .cp = 2},           {.dp = 2, .cp = 4},         {.dp = 2, .cp = 2, .tp_y = 2},
           {.dp = 1, .cp = 3},           {.dp = 1, .cp = 3, .tp_y = 2}, {.dp = 4, .tp_y = 2},
-          {.dp = 2, .tp_x = 2, .tp_y = 2}, {.dp = 1, .cp = 6},       {.dp = 1, .cp = 2, .tp_x = 2, .tp_y = 2}};
+          {.dp = 2, .tp_x = 2, .tp_y = 2}, {.dp = 1, .cp = 6},       {.dp = 1, .cp = 3, .tp_x = 2, .tp_y = 2}};
 }
 
 }  // namespace
