@@ -23,6 +23,7 @@
 #include "paradyse/ops/cpu/softmax.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -54,19 +55,44 @@ inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::
 // pairs included; it skips the others. A causal diagonal thus costs whole tiles, not the half-square of visible pairs.
 // Each call counts its own grid, so the chunks of zigzag and ring layouts (one call per chunk pair, offsets in the
 // mask) count as the kernel runs them.
+// The sum over u in [0, n) of floor((a u + b) / m), for a, b >= 0 and m > 0, in O(log) steps (Euclid-like).
+inline __int128 floor_sum(__int128 n, __int128 m, __int128 a, __int128 b) {
+  __int128 sum = 0;
+  while (n > 0) {
+    if (a >= m) sum += n * (n - 1) / 2 * (a / m), a %= m;
+    if (b >= m) sum += n * (b / m), b %= m;
+    const __int128 y = a * n + b;
+    if (y < m) break;
+    n = y / m, b = y % m;
+    std::swap(m, a);
+  }
+  return sum;
+}
+
 inline double tiled_pairs(const AttentionMask& mask, std::int64_t q_len, std::int64_t kv_len,
                           const cpu::AttentionTiling& tiling) {
   if (q_len <= 0 || kv_len <= 0) return 0;
   const std::int64_t qb = tiling.q_block, kb = tiling.kv_block;
   double pairs = 0;
   if (mask.document_starts.empty()) {
-    // Every query's keys start at 0, so a query tile's visible keys are [0, its last row's end): that many key tiles.
-    for (std::int64_t i0 = 0; i0 < q_len; i0 += qb) {
-      const std::int64_t rows = std::min(qb, q_len - i0);
-      const std::int64_t last = visible_key_range(mask, i0 + rows - 1, kv_len).last;
-      pairs += double(rows) * double(std::min(kv_len, (last + kb - 1) / kb * kb));
-    }
-    return pairs;
+    // Every query's keys start at 0, so a query tile's visible keys are [0, its last row's end): that many key tiles,
+    // whole (the last cut short at kv_len). Summed in closed form (lengths reach 10^12 tokens in the planner's sweeps).
+    const auto extent = [&](std::int64_t row) {  // the keys a tile whose last row is `row` computes
+      const std::int64_t last = visible_key_range(mask, row, kv_len).last;
+      return std::min(kv_len, (last + kb - 1) / kb * kb);
+    };
+    const std::int64_t full = q_len / qb, rest = q_len - full * qb;
+    __int128 sum = rest > 0 ? __int128(rest) * extent(q_len - 1) : 0;
+    if (!mask.causal) return double(sum + __int128(full) * qb * extent(0));
+    // Causal: full tile t's last row sees L_t = d + (t + 1) qb keys (d = q_offset - kv_offset): none while L_t <= 0,
+    // whole key tiles ceil(L_t / kb) kb while that stays below kv_len (L_t <= top), kv_len after.
+    const std::int64_t d = mask.q_offset - mask.kv_offset, top = (kv_len - 1) / kb * kb;
+    const std::int64_t first = std::min(full, d >= 0 ? 0 : -d / qb);
+    const std::int64_t capped = std::clamp<std::int64_t>(top - d >= 0 ? (top - d) / qb : 0, first, full);
+    sum += __int128(qb) * kb *
+           floor_sum(capped - first, kb, qb, __int128(d) + __int128(first + 1) * qb + kb - 1);
+    sum += __int128(full - capped) * qb * kv_len;
+    return double(sum);
   }
   // Documents: a query's keys are any interval. Per query tile, each row marks the key tiles it touches (a
   // difference array over the key tiles), and the marked tiles count whole.
