@@ -113,15 +113,35 @@ TEST_CASE("trainer train_gpt: one collective per packed tensor after the backwar
   for (int stage : {0, 1})
     dense = std::max(dense, stage_parameters(model, c, 2 * stage, 2, stage == 0, stage == 1).dense);
   CHECK(e.exposed(CommDim::dp) == doctest::Approx(8 * all_reduce(4, dense * g / 8) + 2 * all_reduce(8, 8)).epsilon(1e-12));
-  // With a dense group of cp x tp ranks, the embedding's and the head's gradients all-reduced over it (cp's term,
-  // beside the stage group's own communication in each layer and micro-batch: stage_group.hpp).
+  // With a dense group of cp x tp ranks (the vocabulary sharded over tp), in each micro-batch the stage group's own
+  // communication in each layer, the embedding's and the head's collectives over tp (stage_group.hpp) and after the
+  // backward the layers' norm gradients [L, 4, h] all-reduced over the group; once per step the embedding's and the
+  // head's gradients, V / tp rows each, all-reduced over the cp ranks holding the same rows (cp's term).
   const ParallelConfig grouped{.dp = 2, .cp = 2, .tp_y = 2, .micro_batch = 1};
+  const StageGroupPrice price = price_stage_group(model, setup, cluster(), grouped);
   double layer_comm = 0;
-  for (const SublayerPrice& s : price_stage_group(model, setup, cluster(), grouped).sublayers)
-    layer_comm += s.forward_comm_s + s.backward_comm_s;
-  const double V = double(model.vocab) * double(model.hidden);
+  for (const SublayerPrice& s : price.sublayers) layer_comm += s.forward_comm_s + s.backward_comm_s;
+  CHECK(price.embedding_comm_s > 0);
+  CHECK(price.head_comm_s > 0);
+  const double V = double(model.vocab) * double(model.hidden), per_mb = L * layer_comm + price.embedding_comm_s +
+                   price.head_comm_s + all_reduce(4, L * 4 * double(model.hidden) * g);
   CHECK(perf.evaluate(grouped).exposed(CommDim::cp) ==
-        doctest::Approx(4 * L * layer_comm + 2 * all_reduce(4, V * g)).epsilon(1e-9));
+        doctest::Approx(4 * per_mb + 2 * all_reduce(2, V / 2 * g)).epsilon(1e-9));
+  // And each of its tensors one all-reduce over dp alone (train_gpt's MeshOptimizer over the dp group): the layers'
+  // 1 / cp shards (1 / tp already in stage_parameters) and the replicated embedding, head and norms alike.
+  for (const ParallelConfig& mesh : {grouped, ParallelConfig{.dp = 2, .cp = 4, .micro_batch = 1},
+                                     ParallelConfig{.dp = 2, .pp = 2, .cp = 2, .micro_batch = 1}}) {
+    CAPTURE(to_string(mesh));
+    const std::int64_t layers = model.layers / mesh.pp;
+    double whole = 0;  // the stage with most (the last, with pp)
+    for (int stage = 0; stage < mesh.pp; ++stage)
+      whole = std::max(whole, stage_parameters(model, mesh, stage * layers, layers, stage == 0, stage == mesh.pp - 1).dense);
+    const double sharded = cp_sharded_parameters(model, setup, mesh, 0, layers);
+    const double ops = 3.0 * double(layers) + (mesh.pp == 1 ? 3 : 2);
+    CHECK(perf.evaluate(mesh).exposed(CommDim::dp) ==
+          doctest::Approx(ops * all_reduce(2, (whole - sharded + sharded / mesh.cp) * g / ops) + 2 * all_reduce(8, 8))
+              .epsilon(1e-12));
+  }
 }
 
 TEST_CASE("trainer train_gpt, ZeRO-3: with zero3_prefetch each layer's gather hides behind the layer before it and "

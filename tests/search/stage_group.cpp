@@ -134,3 +134,56 @@ TEST_CASE("stage group: the performance model prices train_gpt's dense layers by
   CHECK(a.exposed(CommDim::cp) >= doctest::Approx(m * 4 * comm).epsilon(1e-9));
   CHECK(megatron.evaluate(c).exposed(CommDim::tp) > 0);  // Megatron's closed form
 }
+
+TEST_CASE("stage group: across nodes each transfer is priced on the level its own sub-group spans") {
+  // dgx-h100: nodes of 8 devices on NVLink, InfiniBand across. cp 2 x tp 8, tp innermost (ranks 8 j .. 8 j + 7 the
+  // tp sub-group j): the tp sub-groups inside a node, the cp ring (ranks 8 apart) and the whole group across two.
+  const ClusterProfile cluster = cluster_preset("dgx-h100");
+  const LinkLevel &nvlink = cluster.levels[0], &infiniband = cluster.levels[1];
+  const ParallelConfig c{.dp = 1, .cp = 2, .tp_y = 8};
+  const cost::HardwareProfile hw = stage_hardware(cluster, c);
+  const double bytes = 3 << 20;
+  CHECK(hw.collective_time(Collective::all_gather, 8, bytes, 8) ==
+        doctest::Approx(nvlink.launch_s + 7 * nvlink.alpha_s + 7.0 / 8 * bytes / nvlink.bytes_per_s).epsilon(1e-12));
+  CHECK(hw.collective_time(Collective::send_recv, 2, bytes, 9) ==
+        doctest::Approx(infiniband.launch_s + infiniband.alpha_s + bytes / infiniband.send_bytes_per_s())
+            .epsilon(1e-12));
+  // Every transfer of every strategy of the mesh catalog on the group (16 heads: 2 per tp rank), as the cluster
+  // prices its sub-group: inside a node, a send across, or a ring collective over the whole group. (Across nodes a
+  // collective of a strided sub-group takes the whole group's ring bandwidth, and an all-to-all too, where the
+  // cluster prices each part on the level it crosses: stage_hardware's two links.)
+  const TrainingModel m{.name = "wide", .layers = 4, .hidden = 256, .heads = 16, .kv_heads = 16, .head_dim = 16,
+                        .ffn = 1024, .vocab = 256};
+  TrainingSetup s = train_gpt_setup();
+  s.seq = 512;
+  const cost::ModelShape shape = plan::shape_for_batch(stage_layer_shape(m, s, c), plan::Batch::single(s.seq, 1));
+  const cost::StrategyCatalog& catalog = cost::mesh_catalog();
+  int inside = 0, across = 0, strategies = 0;
+  for (int i = 0; i < catalog.count(); ++i) {
+    if (!catalog.supports(i, shape, 16)) continue;
+    ++strategies;
+    for (cost::Sublayer part : cost::kAllSublayers)
+      catalog.visit_trace(i, part, shape, 16, 0, [&](const cost::SublayerTraceView& trace) {
+        for (std::span<const TraceEvent> events : {trace.forward, trace.backward})
+          for (const TraceEvent& e : events) {
+            if (e.kind != TraceKind::post || e.transfer == TransferKind::barrier) continue;
+            const int size = e.group > 0 ? e.group : 16, span = e.span > 0 ? e.span : size;
+            const std::int64_t stride = size > 1 ? (span - 1) / (size - 1) : 1;  // the trace's span: first to last
+            const bool in_node = span <= 8, send = e.transfer == TransferKind::send_recv;
+            const Collective op = cost::trace_cost_detail::collective_of(e.transfer);
+            if (!in_node && !send && (size < 16 || op == Collective::all_to_all)) continue;
+            CAPTURE(catalog.name(i));
+            CAPTURE(size);
+            CAPTURE(span);
+            CHECK(hw.collective_time(op, size, e.bytes, span) ==
+                  doctest::Approx(cluster.collective_time(op, GroupSpan{size, size * stride}, e.bytes))
+                      .epsilon(1e-12));
+            ++(in_node ? inside : across);
+          }
+      });
+  }
+  MESSAGE(strategies << " strategies, " << inside << " transfers inside a node, " << across << " across");
+  CHECK(strategies >= 3);
+  CHECK(inside > 0);
+  CHECK(across > 0);
+}

@@ -78,6 +78,8 @@ struct OutsideStackTime {
   double head_loss_s = 0;    // final norm, LM head GEMMs, cross-entropy, forward and backward (sharded: collectives)
   double reduce_s = 0;       // all-reduce of the replicated gradients
   double optimizer_s = 0;    // AdamW over the rank's parameters (the stack's shards and the replicated pack)
+  // Of embedding_s and head_loss_s, the sharded vocabulary's collectives (exposed: none overlaps compute).
+  double embedding_comm_s = 0, head_loss_comm_s = 0;
   double time_s() const { return embedding_s + head_loss_s + reduce_s + optimizer_s; }
 };
 
@@ -94,16 +96,18 @@ inline OutsideStackTime outside_stack_time(const OutsideStack& outside, const La
         "(want a divisor of the group)", shards, p);
   using ops::Counting;
   const std::int64_t h = layer.hidden, v = outside.vocab_rows(), gathered = rows * shards;
-  // Runs `part` in a dry run on a group of `group` ranks and returns its priced time; `part` makes what lives across
-  // steps (weights, their gradients and moments) first, then calls run.record(): what it allocates after is the
-  // step's own.
-  const auto priced_on = [&](int group, auto&& part) {
+  // Runs `part` in a dry run on a group of `group` ranks and returns its priced time, adding its exposed
+  // communication to *comm (where given); `part` makes what lives across steps (weights, their gradients and
+  // moments) first, then calls run.record(): what it allocates after is the step's own.
+  const auto priced_on = [&](int group, auto&& part, double* comm = nullptr) {
     cost::DryRun run(0, group);
     part(run);
     run.stop();
     run.end_forward();
     run.end_backward();
-    return cost::cost_of(run.phases_view(), &hardware, 4, /*keep_events=*/false).time_s();
+    const cost::SublayerCost cost = cost::cost_of(run.phases_view(), &hardware, 4, /*keep_events=*/false);
+    if (comm) *comm += cost.exposed_comm_s;
+    return cost.time_s();
   };
   const auto priced = [&](auto&& part) { return priced_on(p, part); };
   // The counts of a v-collective over the vocabulary group of `width` elements per token row.
@@ -138,12 +142,12 @@ inline OutsideStackTime outside_stack_time(const OutsideStack& outside, const La
     gather(run, out, partial, h);
     Counting::gather_rows(partial.view(), positions, TensorView<const float>(), mine.view());
     Counting::embedding_backward(tokens.view(), mine.view(), grad.view());
-  });
+  }, &t.embedding_comm_s);
   // The head of a chunk of n (gathered) rows. Every part of it is per row or per chunk of kHeadChunkRows rows, so the
   // rows' head is priced as that of their full chunks and of the rest (a dry run of 10^9 chunks would not end).
   // Unsharded, a chunk's rows are the rank's, with their final norm; sharded, the norm and the gathers around the
   // chunks are priced once below, and each chunk all-reduces its rows' max, sum of exp and target logit over T.
-  const auto head_of = [&](std::int64_t n) {
+  const auto head_of = [&](std::int64_t n, double* comm) {
     return priced_on(shards, [&](cost::DryRun& run) {
       Tensor<float> y(Shape{n, h}), weights(Shape{v, h}), weights_grad(Shape{v, h});
       Tensor<float> norm(Shape{4, h});  // gamma, beta and their gradients
@@ -160,11 +164,14 @@ inline OutsideStackTime outside_stack_time(const OutsideStack& outside, const La
       Tensor<float> statistics(Shape{n});
       for (int k = 0; k < 3; ++k)
         run.comm.all_reduce(std::span<const float>(statistics.span()), statistics.span(), ReduceOp::sum);
-    });
+    }, comm);
   };
   const std::int64_t head_rows = shards == 1 ? rows : gathered;
   const std::int64_t full = head_rows / kHeadChunkRows, rest = head_rows % kHeadChunkRows;
-  t.head_loss_s = (full > 0 ? double(full) * head_of(kHeadChunkRows) : 0.0) + (rest > 0 ? head_of(rest) : 0.0);
+  double chunk_comm = 0;
+  t.head_loss_s = (full > 0 ? double(full) * head_of(kHeadChunkRows, &chunk_comm) : 0.0) +
+                  (rest > 0 ? head_of(rest, &t.head_loss_comm_s) : 0.0);
+  t.head_loss_comm_s += double(full) * chunk_comm;
   if (shards > 1)
     t.head_loss_s += priced_on(shards, [&](cost::DryRun& run) {
       Tensor<float> y(Shape{rows, h}), norm(Shape{4, h});  // gamma, beta and their gradients
@@ -185,7 +192,7 @@ inline OutsideStackTime outside_stack_time(const OutsideStack& outside, const La
       });
       Tensor<float> norm_grad(Shape{2, h});
       run.comm.all_reduce(std::span<const float>(norm_grad.span()), norm_grad.span(), ReduceOp::sum);
-    });
+    }, &t.head_loss_comm_s);
   const std::int64_t replicated = outside.replicated_rows() * h;
   t.reduce_s = priced_on(p / shards, [&](cost::DryRun& run) {
     run.record();

@@ -22,7 +22,8 @@
 //   Their data-parallel reduction then moves the device's 1 / cp of them over dp alone (memory_estimate.hpp's
 //   cp_sharded_parameters).
 // - under train_gpt's step (TrainingSetup::trainer) a dense layer of a stage group of cp x tp > 1 ranks is priced
-//   instead as train_gpt's planner prices it, the cheapest strategy per sublayer by its dry run (stage_group.hpp).
+//   instead as train_gpt's planner prices it, the cheapest strategy per sublayer by its dry run (stage_group.hpp);
+//   the stack's norm gradients all-reduced over the group once per micro-batch; every tensor reduced over dp alone.
 // - ep (folded over dp x cp) and etp (over tp): all-to-all dispatch and combine of k copies of each token, all-gather
 //   and reduce-scatter over etp; balanced routing; the local experts in one grouped GEMM.
 // - pp: one send of the stage's output per chunk and micro-batch, each direction, priced on the level the pipeline
@@ -363,6 +364,18 @@ inline double PerformanceModel::stage_micro_batch_time(const ParallelConfig& c, 
     forward_s += f;
     backward_s += b;
   }
+  if (prices_stage_group(model_, setup_, c)) {
+    // train_gpt's stack ends each backward by summing its layers' norm gradients [layers, 4, h] over the stage group
+    // (model/layer.hpp reduce_norm_gradients): one all-reduce per micro-batch; with the vocabulary sharded over tp,
+    // the embedding's and the head's collectives (stage_group.hpp).
+    const GroupSpan group{c.cp * c.tp(), std::int64_t(c.cp) * c.tp()};
+    const StageGroupPrice& price = (*stage_groups_)(model_, setup_, cluster_, c);
+    const double norms = cluster_.collective_time(Collective::all_reduce, group,
+                                                  double(layers) * 4 * double(model_.hidden) * setup_.gradient_reduce_bytes);
+    const double ends = (first == 0 ? price.embedding_comm_s : 0.0) + (last ? price.head_comm_s : 0.0);
+    comm[std::size_t(c.cp > 1 ? CommDim::cp : CommDim::tp)] += norms + ends;
+    backward_s += norms + ends;
+  }
   if (c.pp > 1) {  // one send per chunk and direction of the stage's output [T / t, h]
     const double T = double(c.micro_batch) * double(setup_.seq) / c.cp;
     const GroupSpan pp_group = mesh_groups(c).pp;
@@ -443,11 +456,14 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   const double buckets = double(std::max<std::int64_t>(1, per_stage));
   const double operations = per_tensor ? 3.0 * double(per_stage) + (c.pp == 1 ? 3 : 2) : buckets;
   // `count` collectives of `bytes` per parameter in all, for each kind: dense over dp x cp, MegatronRing's over dp,
-  // experts over edp.
+  // experts over edp. Under train_gpt's step every dense tensor is one collective over dp alone: the stage group's
+  // 1 / (cp tp) shard of a layer, or a tensor replicated over the group (embedding, head, norms), summed over the
+  // group first (`replicated` below; the norms per micro-batch, stage_micro_batch_time).
   auto reduce = [&](Collective op, double bytes, double count) {
+    const double experts_s = cluster_.collective_time(op, edp_group, experts * bytes / count);
+    if (per_tensor) return count * (cluster_.collective_time(op, dp_only, (dense + dense_dp) * bytes / count) + experts_s);
     return count * (cluster_.collective_time(op, dp_group, dense * bytes / count) +
-                    cluster_.collective_time(op, dp_only, dense_dp * bytes / count) +
-                    cluster_.collective_time(op, edp_group, experts * bytes / count));
+                    cluster_.collective_time(op, dp_only, dense_dp * bytes / count) + experts_s);
   };
   const bool overlap = setup_.overlap_grad_reduce && !per_tensor;
   double dp_s = 0;
@@ -489,13 +505,15 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   if (c.zero >= 1 && c.zero <= 2) dp_s += reduce(Collective::all_gather, wb, operations);  // updated weights
   if (per_tensor) {
     // train_gpt's step: the loss and the peak memory all-reduced over every rank (one double each); the embedding's
-    // and the head's gradients (partial sums over the dense group's tokens) all-reduced over the dense group.
+    // and the head's gradients (partial sums over the dense group's tokens) all-reduced over the dense group, or with
+    // the vocabulary sharded over tp each rank's ceil(V / tp) rows over the cp ranks holding the same rows.
     const GroupSpan world{int(devices_), devices_};
     dp_s += 2 * cluster_.collective_time(Collective::all_reduce, world, 8);
-    const GroupSpan dense_group{c.cp * c.tp(), std::int64_t(c.cp) * c.tp()};
+    const GroupSpan vocab_replicas{c.cp, std::int64_t(c.cp) * c.tp()};
     const double ends = c.pp == 1 ? 2 : 1;  // the stage with both, or with one
-    const double replicated = ends * cluster_.collective_time(Collective::all_reduce, dense_group,
-                                                              double(model_.vocab) * double(model_.hidden) * g);
+    const double rows = double((model_.vocab + c.tp() - 1) / c.tp());
+    const double replicated = ends * cluster_.collective_time(Collective::all_reduce, vocab_replicas,
+                                                              rows * double(model_.hidden) * g);
     e.exposed_comm_s[std::size_t(c.cp > 1 ? CommDim::cp : CommDim::tp)] += replicated;
   }
   e.exposed_comm_s[std::size_t(CommDim::dp)] += dp_s;

@@ -10,11 +10,14 @@
 //   byte GPT) for one micro-batch (mb sequences of s tokens) over the group, factorised as train_mesh.hpp factorises
 //   it (stage_factorisation); the pick per sublayer is plan_exact's (no memory cap: the layers of one kind all take
 //   the cheapest), or MegatronTS in every sublayer on a tp group alone, as train_gpt runs it;
-// - the links: the cluster's level for the group's span (a group inside a node on its link, one across nodes on the
-//   network's ring bandwidth; its sub-groups too); with paced links (emulation) every collective from that link
-//   model and overlap 1, as cost::emulate gives train_gpt --emulate's planner;
+// - the links: each transfer on the level its own sub-group spans (stage_hardware: a group inside a node on its link;
+//   one across nodes with its tp sub-groups inside a node on the node's link and the cp ring, or the whole group, on
+//   the network's); with paced links (emulation) every collective from that link model and overlap 1, as
+//   cost::emulate gives train_gpt --emulate's planner;
 // - each pick's forward and backward split into compute and exposed communication (cost::SublayerCost), so that
-//   shared cores stretch the compute alone (perf_model.hpp).
+//   shared cores stretch the compute alone (perf_model.hpp);
+// - with tp, the vocabulary sharded over it (train_gpt's default): the collectives of the embedding and of the head
+//   and loss per micro-batch, as plan::outside_stack_time prices them for train_gpt's planner.
 // StageGroupPrices memoises the price by (cp, tp_x, tp_y, micro-batch, recomputation): a search visits
 // each at most once per model.
 #pragma once
@@ -23,6 +26,7 @@
 #include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/plan/activation_stash.hpp"
 #include "paradyse/plan/cost_table.hpp"
+#include "paradyse/plan/outside_stack.hpp"
 #include "paradyse/plan/planner.hpp"
 #include "paradyse/search/cluster.hpp"
 #include "paradyse/search/parallel_config.hpp"
@@ -70,13 +74,28 @@ inline cost::ModelShape stage_layer_shape(const TrainingModel& m, const Training
           .selective = c.recompute == Recompute::selective};
 }
 
-// The device with every link the cluster's level for the stage group's span (see the header).
+// The device with the cluster's links as the stage group's transfers run on them (see the header): each transfer on
+// the level its own sub-group spans (cost::HardwareProfile::collective_time by span). A group inside one domain of
+// the cluster's first level runs on that level; one that straddles domains (a cp ring across nodes) runs its
+// transfers over the whole group or across domains on the group's level (the group's ring bandwidth, a send at the
+// level's point-to-point bandwidth), and those of sub-groups inside one domain of the level below (tp inside a node)
+// on that level's link.
 inline cost::HardwareProfile stage_hardware(const ClusterProfile& cluster, const ParallelConfig& c) {
   const GroupSpan group{c.cp * c.tp(), std::int64_t(c.cp) * c.tp()};
-  const LinkLevel& level = cluster.levels[std::size_t(cluster.level_of(group))];
+  const auto link = [&](int l, const GroupSpan& g) {
+    const LinkLevel& level = cluster.levels[std::size_t(l)];
+    return cost::LinkModel{level.launch_s, level.alpha_s, cluster.ring_bandwidth(g), level.send_bytes_per_s()};
+  };
+  const int top = cluster.level_of(group);
   cost::HardwareProfile hardware = cluster.device;
-  hardware.intra_node = {level.launch_s, level.alpha_s, cluster.ring_bandwidth(group), level.send_bytes_per_s()};
-  hardware.inter_node = hardware.intra_node;
+  hardware.inter_node = link(top, group);
+  hardware.intra_node = hardware.inter_node;
+  hardware.devices_per_node = int(group.span);
+  if (top > 0) {  // sub-groups inside one domain of the level below: that level, a group filling the domain's ring
+    const std::int64_t domain = cluster.levels[std::size_t(top - 1)].domain_devices;
+    hardware.devices_per_node = int(domain);
+    hardware.intra_node = link(top - 1, GroupSpan{int(domain), domain});
+  }
   if (cluster.paced_links) {
     hardware.collectives.clear();
     hardware.overlap = 1;
@@ -105,6 +124,9 @@ struct SublayerPrice {
 };
 struct StageGroupPrice {
   std::array<SublayerPrice, 2> sublayers;  // by cost::Sublayer
+  // Per micro-batch, the collectives of the vocabulary sharded over tp (train_gpt's --vocab-parallel, with tp): the
+  // first stage's embedding and the last stage's head and loss (plan::outside_stack_time, as train_gpt's planner).
+  double embedding_comm_s = 0, head_comm_s = 0;
   double time_s() const { return sublayers[0].time_s() + sublayers[1].time_s(); }
 };
 
@@ -133,6 +155,14 @@ inline StageGroupPrice price_stage_group(const TrainingModel& m, const TrainingS
     price.sublayers[std::size_t(part)] = {std::string(catalog.name(strategy)), forward.compute_s,
                                           whole.forward_s - forward.compute_s, backward_compute,
                                           whole.backward_s - backward_compute};
+  }
+  if (c.tp() > 1) {
+    const plan::OutsideStack outside{.vocab = m.vocab, .tied_head = m.tied_embeddings, .vocab_shards = c.tp()};
+    const plan::OutsideStackTime ends =
+        plan::outside_stack_time(outside, cost::layer_config_of(shape), plan::outside_rows(c.micro_batch, s.seq,
+                                 table.group_size), 0, table.group_size, hardware);
+    price.embedding_comm_s = ends.embedding_comm_s;
+    price.head_comm_s = ends.head_loss_comm_s;
   }
   return price;
 }
