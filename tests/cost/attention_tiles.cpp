@@ -41,6 +41,27 @@ double kernel_tile_pairs(const ops::AttentionMask& mask, std::int64_t q_len, std
   return pairs;
 }
 
+// Checks tiled_pairs against kernel_tile_pairs and visible_pairs against the kernel's own per-query ranges; returns
+// whether the call computes masked pairs (tiled > visible).
+bool check_against_kernel(const ops::AttentionMask& mask, std::int64_t q_len, std::int64_t kv_len, std::int64_t d) {
+  CAPTURE(d);
+  CAPTURE(mask.causal);
+  CAPTURE(q_len);
+  CAPTURE(kv_len);
+  CAPTURE(mask.q_offset);
+  CAPTURE(mask.kv_offset);
+  const std::vector<std::int64_t> starts(mask.document_starts.begin(), mask.document_starts.end());
+  CAPTURE(starts);
+  const double tiled = ops::tiled_pairs(mask, q_len, kv_len, ops::cpu::attention_tiling(d));
+  CHECK(tiled == kernel_tile_pairs(mask, q_len, kv_len, d));
+  const Tensor<std::int64_t> ranges = ops::cpu::detail::visible_ranges(mask, q_len, kv_len);
+  double visible = 0;
+  for (std::int64_t i = 0; i < q_len; ++i) visible += double(ranges(i, 1) - ranges(i, 0));
+  CHECK(ops::visible_pairs(mask, q_len, kv_len) == visible);
+  CHECK(tiled >= visible);
+  return tiled > visible;
+}
+
 std::uint32_t fresh_seed() { return std::random_device{}(); }
 
 // Sums of count * (visible pairs, tiled pairs) over the attention events of `kind`.
@@ -92,17 +113,7 @@ TEST_CASE("tiled pairs: the kernel's tiles, brute force, over lengths, offsets, 
                                         .q_offset = trial < 3 ? 0 : offset(rng),
                                         .kv_offset = trial < 3 ? 0 : offset(rng),
                                         .document_starts = starts};
-          CAPTURE(d);
-          CAPTURE(causal);
-          CAPTURE(q_len);
-          CAPTURE(kv_len);
-          CAPTURE(mask.q_offset);
-          CAPTURE(mask.kv_offset);
-          CAPTURE(starts);
-          const double tiled = ops::tiled_pairs(mask, q_len, kv_len, ops::cpu::attention_tiling(d));
-          CHECK(tiled == kernel_tile_pairs(mask, q_len, kv_len, d));
-          CHECK(tiled >= ops::visible_pairs(mask, q_len, kv_len));
-          larger += tiled > ops::visible_pairs(mask, q_len, kv_len);
+          larger += check_against_kernel(mask, q_len, kv_len, d);
           ++cases;
         }
   CHECK(larger > cases / 4);  // the cases do exercise partly visible tiles
@@ -133,20 +144,7 @@ TEST_CASE("tiled pairs: packed documents, uneven, straddling tiles, many in one 
                                       .kv_offset = trial < 8 ? 0 : offset(rng),
                                       .document_starts = starts};
         const std::int64_t q_len = length(rng), kv_len = trial < 8 ? q_len : length(rng);
-        CAPTURE(d);
-        CAPTURE(causal);
-        CAPTURE(q_len);
-        CAPTURE(kv_len);
-        CAPTURE(mask.q_offset);
-        CAPTURE(mask.kv_offset);
-        CAPTURE(starts);
-        const double tiled = ops::tiled_pairs(mask, q_len, kv_len, ops::cpu::attention_tiling(d));
-        CHECK(tiled == kernel_tile_pairs(mask, q_len, kv_len, d));
-        double visible = 0;  // per query, from the kernel's own ranges
-        const Tensor<std::int64_t> ranges = ops::cpu::detail::visible_ranges(mask, q_len, kv_len);
-        for (std::int64_t i = 0; i < q_len; ++i) visible += double(ranges(i, 1) - ranges(i, 0));
-        CHECK(ops::visible_pairs(mask, q_len, kv_len) == visible);
-        larger += tiled > visible;
+        larger += check_against_kernel(mask, q_len, kv_len, d);
         ++cases;
       }
   CHECK(larger > cases / 2);
