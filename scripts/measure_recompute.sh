@@ -17,9 +17,7 @@
 #   scripts/measure_recompute.sh                    # Release build in build-rel (through /work/bin/pbuild if there)
 #   ROUNDS=5 STEPS=8 LEN=512 scripts/measure_recompute.sh
 #   SKIP_BUILD=1 BUILD=build-rel scripts/measure_recompute.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
+source "$(dirname "$0")/common.sh"
 BUILD=${BUILD:-build-rel}
 PP=${PP:-2}
 LAYERS=${LAYERS:-4}
@@ -30,13 +28,8 @@ MICRO=${MICRO:-4}
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-1}
 ROUNDS=${ROUNDS:-3}
-PB=()
-[[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
 
-fail() { echo "measure_recompute.sh: $*" >&2; exit 2; }
-for v in PP LAYERS HIDDEN HEADS LEN MICRO STEPS ROUNDS; do
-  [[ "${!v}" =~ ^[0-9]+$ && "${!v}" -ge 1 ]] || fail "$v=${!v}: expected a positive integer"
-done
+positive_integers PP LAYERS HIDDEN HEADS LEN MICRO STEPS ROUNDS
 [[ "$WARMUP" =~ ^[0-9]+$ && "$STEPS" -gt "$WARMUP" ]] ||
   fail "WARMUP=$WARMUP: expected a non-negative integer below STEPS=$STEPS (the first WARMUP steps are not counted)"
 [[ "$PP" -ge 2 ]] || fail "PP=$PP: --recompute full needs pipeline stages (PP >= 2)"

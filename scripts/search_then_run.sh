@@ -28,8 +28,7 @@
 # The baseline in the same run ("before"): each configuration also scored as the search priced it before the launch
 # term (its emitted file with the links' launch_s and p2p_bytes_per_s dropped, trainer megatron, cp_gathers_weights
 # off: config_before_<rank>.json).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
 BUILD=${BUILD:-build-test}
 RANKS=${RANKS:-8}
 LAYERS=${LAYERS:-4}
@@ -48,15 +47,14 @@ EMULATE=${EMULATE:-}
 WORK=${WORK:-$BUILD/search_then_run${EMULATE:+_$EMULATE}}
 train=$BUILD/examples/train_gpt
 search=$BUILD/examples/search_parallel
-for exe in "$train" "$search"; do
-  [[ -x $exe ]] || { echo "search_then_run.sh: $exe is not built (cmake --build $BUILD --target train_gpt search_parallel)" >&2; exit 2; }
-done
-case $EMULATE in ""|a100|h100|h200) ;; *) echo "search_then_run.sh: EMULATE=$EMULATE; expected a100, h100, h200 or empty" >&2; exit 2;; esac
-[[ $GAP =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "search_then_run.sh: GAP=$GAP; expected a fraction such as 0.15" >&2; exit 2; }
-[[ $CORES =~ ^[1-9][0-9]*$ ]] || { echo "search_then_run.sh: CORES=$CORES; expected a positive integer" >&2; exit 2; }
-[[ $TOP =~ ^[0-9]+$ ]] || { echo "search_then_run.sh: TOP=$TOP; expected a count such as 3 (0: CONFIGS alone)" >&2; exit 2; }
+require_built "$train"
+require_built "$search"
+case $EMULATE in ""|a100|h100|h200) ;; *) fail "EMULATE=$EMULATE; expected a100, h100, h200 or empty";; esac
+[[ $GAP =~ ^[0-9]*\.?[0-9]+$ ]] || fail "GAP=$GAP; expected a fraction such as 0.15"
+positive_integers CORES
+[[ $TOP =~ ^[0-9]+$ ]] || fail "TOP=$TOP; expected a count such as 3 (0: CONFIGS alone)"
 IFS=';' read -r -a given <<< "$CONFIGS"
-[[ $TOP -gt 0 || ${#given[@]} -gt 0 ]] || { echo "search_then_run.sh: TOP=0 and no CONFIGS: nothing to run" >&2; exit 2; }
+[[ $TOP -gt 0 || ${#given[@]} -gt 0 ]] || fail "TOP=0 and no CONFIGS: nothing to run"
 mkdir -p "$WORK"
 model_flags=(--layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS")
 data_flags=(--steps $((STEPS * BATCH)) --min-len "$SEQ" --max-len "$SEQ" --pack-tokens $((SEQ * BATCH)) --cap-mib 4096)

@@ -15,18 +15,15 @@
 # Environment: BUILD (default build-rel, built by scripts/validate_trainer.sh), PROFILE (required: the calibrated
 # profile both use), LENGTH (default 2048), STEPS (default 4), RANKS (default 2), STRATEGIES (default the five),
 # MALLOC_TUNABLES (as validate_trainer.sh). Output: $BUILD/breakdown/ (perf reports, plan CSVs, table.md).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
+source "$(dirname "$0")/common.sh"
 BUILD=${BUILD:-build-rel}
 LENGTH=${LENGTH:-2048}
 STEPS=${STEPS:-4}
 RANKS=${RANKS:-2}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP"}
 export GLIBC_TUNABLES=${MALLOC_TUNABLES-glibc.malloc.mmap_threshold=131072}
-fail() { echo "trainer_breakdown.sh: $*" >&2; exit 2; }
 [[ -n "${PROFILE:-}" && -f "${PROFILE:-}" ]] || fail "PROFILE='${PROFILE:-}': expected a calibrated profile .json"
-[[ "$LENGTH" =~ ^[0-9]+$ ]] || fail "LENGTH=$LENGTH: expected a positive integer"
+positive_integers LENGTH
 [[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -ge 2 ]] || fail "STEPS=$STEPS: expected an integer >= 2"
 command -v perf >/dev/null || fail "perf is not installed (linux-perf)"
 PROFILE=$(realpath "$PROFILE")

@@ -8,8 +8,7 @@
 # Environment: BUILD (default build-rel), MESH (default dp=4), EMULATE (default h100), ROUNDS (default 3), STEPS
 # (default 6; STEPS x dp documents, dp rows a step), MODEL (default "--layers 4 --hidden 256 --heads 4"), LENGTH (default 512; rows of that many tokens,
 # one per replica per step).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
 BUILD=${BUILD:-build-rel}
 MESH=${MESH:-dp=4}
 EMULATE=${EMULATE:-h100}
@@ -18,7 +17,8 @@ STEPS=${STEPS:-6}
 LENGTH=${LENGTH:-512}
 read -r -a model <<<"${MODEL:---layers 4 --hidden 256 --heads 4}"
 train=$BUILD/examples/train_gpt
-[[ -x $train ]] || { echo "zero3_prefetch.sh: $train is not built (cmake --build $BUILD --target train_gpt)" >&2; exit 2; }
+positive_integers ROUNDS STEPS LENGTH
+require_built "$train"
 dp=$(sed -n 's/.*dp=\([0-9]*\).*/\1/p' <<<"$MESH")
 work=$BUILD/zero3_prefetch
 mkdir -p "$work"

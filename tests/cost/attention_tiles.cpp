@@ -1,7 +1,8 @@
 // Tests of attention priced on whole tiles (issue 25): ops/counting.hpp's tiled_pairs counts the pairs of the tiles
 // the CPU flash kernel computes (held against a brute-force walk of the kernel's own tile grid and rule, for lengths
-// that are and are not multiples of a tile, causal and not, with offsets and documents, and per call of a zigzag
-// ring); the counting backend records it in TraceEvent::tiled; the trace clock prices it when the profile's
+// that are and are not multiples of a tile, causal and not, with offsets and documents (uneven, straddling tiles,
+// several to a tile, empty; and 2^30 tokens of tile-aligned ones against one call per document), and per call of a
+// zigzag ring); the counting backend records it in TraceEvent::tiled; the trace clock prices it when the profile's
 // AttentionModel::whole_tiles is set (cost/trace_cost.hpp); profile JSON keeps the flag (cost/profile_json.hpp);
 // the calibration fits it on causal calls when asked (cost/calibrate.hpp).
 #include "paradyse/comm/threads.hpp"
@@ -15,6 +16,7 @@
 
 #include <doctest/doctest.h>
 
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -37,6 +39,27 @@ double kernel_tile_pairs(const ops::AttentionMask& mask, std::int64_t q_len, std
         pairs += double(rows) * double(cols);
     }
   return pairs;
+}
+
+// Checks tiled_pairs against kernel_tile_pairs and visible_pairs against the kernel's own per-query ranges; returns
+// whether the call computes masked pairs (tiled > visible).
+bool check_against_kernel(const ops::AttentionMask& mask, std::int64_t q_len, std::int64_t kv_len, std::int64_t d) {
+  CAPTURE(d);
+  CAPTURE(mask.causal);
+  CAPTURE(q_len);
+  CAPTURE(kv_len);
+  CAPTURE(mask.q_offset);
+  CAPTURE(mask.kv_offset);
+  const std::vector<std::int64_t> starts(mask.document_starts.begin(), mask.document_starts.end());
+  CAPTURE(starts);
+  const double tiled = ops::tiled_pairs(mask, q_len, kv_len, ops::cpu::attention_tiling(d));
+  CHECK(tiled == kernel_tile_pairs(mask, q_len, kv_len, d));
+  const Tensor<std::int64_t> ranges = ops::cpu::detail::visible_ranges(mask, q_len, kv_len);
+  double visible = 0;
+  for (std::int64_t i = 0; i < q_len; ++i) visible += double(ranges(i, 1) - ranges(i, 0));
+  CHECK(ops::visible_pairs(mask, q_len, kv_len) == visible);
+  CHECK(tiled >= visible);
+  return tiled > visible;
 }
 
 std::uint32_t fresh_seed() { return std::random_device{}(); }
@@ -90,20 +113,67 @@ TEST_CASE("tiled pairs: the kernel's tiles, brute force, over lengths, offsets, 
                                         .q_offset = trial < 3 ? 0 : offset(rng),
                                         .kv_offset = trial < 3 ? 0 : offset(rng),
                                         .document_starts = starts};
-          CAPTURE(d);
-          CAPTURE(causal);
-          CAPTURE(q_len);
-          CAPTURE(kv_len);
-          CAPTURE(mask.q_offset);
-          CAPTURE(mask.kv_offset);
-          CAPTURE(starts);
-          const double tiled = ops::tiled_pairs(mask, q_len, kv_len, ops::cpu::attention_tiling(d));
-          CHECK(tiled == kernel_tile_pairs(mask, q_len, kv_len, d));
-          CHECK(tiled >= ops::visible_pairs(mask, q_len, kv_len));
-          larger += tiled > ops::visible_pairs(mask, q_len, kv_len);
+          larger += check_against_kernel(mask, q_len, kv_len, d);
           ++cases;
         }
   CHECK(larger > cases / 4);  // the cases do exercise partly visible tiles
+}
+
+TEST_CASE("tiled pairs: packed documents, uneven, straddling tiles, many in one tile, empty, with offsets") {
+  const std::uint32_t seed = fresh_seed();
+  CAPTURE(seed);
+  std::mt19937 rng(seed);
+  int cases = 0, larger = 0;
+  for (const std::int64_t d : {32, 200})  // tiles 128 x 256, 64 x 128
+    for (const bool causal : {false, true})
+      for (int trial = 0; trial < 40; ++trial) {
+        // Documents of uneven lengths: short ones (several in one tile), ones straddling tile boundaries, some
+        // empty; the block anywhere in them (offsets up to past the last start).
+        std::vector<std::int64_t> starts = {0};
+        const std::int64_t documents = std::uniform_int_distribution<std::int64_t>(1, 30)(rng);
+        for (std::int64_t i = 1; i < documents; ++i) {
+          const int kind = std::uniform_int_distribution<int>(0, 3)(rng);
+          const std::int64_t length = kind == 0   ? 0
+                                      : kind == 1 ? std::uniform_int_distribution<std::int64_t>(1, 40)(rng)
+                                                  : std::uniform_int_distribution<std::int64_t>(41, 700)(rng);
+          starts.push_back(starts.back() + length);
+        }
+        std::uniform_int_distribution<std::int64_t> offset(0, starts.back() + 300), length(1, 2500);
+        const ops::AttentionMask mask{.causal = causal,
+                                      .q_offset = trial < 8 ? 0 : offset(rng),
+                                      .kv_offset = trial < 8 ? 0 : offset(rng),
+                                      .document_starts = starts};
+        const std::int64_t q_len = length(rng), kv_len = trial < 8 ? q_len : length(rng);
+        larger += check_against_kernel(mask, q_len, kv_len, d);
+        ++cases;
+      }
+  CHECK(larger > cases / 2);
+}
+
+TEST_CASE("tiled pairs: 2^30 packed tokens in tile-aligned documents count as the documents apart") {
+  // Documents that start on a multiple of both tile sides share no tile: the call costs the sum of one call per
+  // document. At 2^30 tokens (~2^18 documents) the documents' closed form is held against the single sequence's.
+  const std::uint32_t seed = fresh_seed();
+  CAPTURE(seed);
+  std::mt19937 rng(seed);
+  const ops::cpu::AttentionTiling t = ops::cpu::attention_tiling(64);
+  const std::int64_t align = std::lcm(t.q_block, t.kv_block), total = std::int64_t(1) << 30;
+  for (const bool causal : {false, true}) {
+    CAPTURE(causal);
+    std::vector<std::int64_t> starts = {0};
+    double tiled = 0, visible = 0;
+    for (std::int64_t at = 0; at < total;) {
+      const std::int64_t length = std::min(total - at, align * std::uniform_int_distribution<std::int64_t>(1, 32)(rng));
+      const ops::AttentionMask alone{.causal = causal};
+      tiled += ops::tiled_pairs(alone, length, length, t);
+      visible += ops::visible_pairs(alone, length, length);
+      at += length;
+      if (at < total) starts.push_back(at);
+    }
+    const ops::AttentionMask packed{.causal = causal, .document_starts = starts};
+    CHECK(ops::tiled_pairs(packed, total, total, t) == tiled);
+    CHECK(ops::visible_pairs(packed, total, total) == visible);
+  }
 }
 
 TEST_CASE("tiled pairs: the counting backend records them per call of a zigzag ring, every rank, p = 1..4") {

@@ -9,6 +9,8 @@
 #include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/plan/moe_plan.hpp"
 
+#include "plan/small_gpt.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -27,24 +29,8 @@ constexpr auto none = PipelineRecompute::none, selective = PipelineRecompute::se
 
 // 3 layers (the first dense, two MoE with `moe`), h = 64.
 GptConfig gpt(bool moe) {
-  GptConfig c;
-  c.layer.hidden = 64;
-  c.layer.heads = 4;
-  c.layer.kv_heads = 4;
-  c.layer.head_dim = 16;
-  c.layer.ffn = 128;
-  c.layer.causal = c.layer.zigzag = true;
-  c.layers = 3;
-  c.vocab = 96;
-  if (moe) {
-    MoeConfig m;
-    m.hidden = c.layer.hidden;
-    m.experts = 4;
-    m.top_k = 2;
-    m.expert_ffn = 32;
-    c.moe = MoeLayers{m, 1};
-  }
-  return c;
+  const GptConfig c = testing::small_gpt(64, 128, 3, 96);
+  return moe ? testing::with_moe(c) : c;
 }
 
 // Calls check(stashed, plain) for every allowed option of two tables of the same model.

@@ -9,6 +9,8 @@
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/plan/gpt_costs.hpp"
 
+#include "plan/small_gpt.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -20,16 +22,8 @@ using namespace paradyse;
 namespace {
 
 GptConfig gpt(std::int64_t vocab) {
-  GptConfig c;
-  c.layer.hidden = 128;
-  c.layer.heads = 4;
-  c.layer.kv_heads = 4;
-  c.layer.head_dim = 32;
-  c.layer.ffn = 512;
-  c.layer.causal = c.layer.zigzag = true;
+  GptConfig c = testing::small_gpt(128, 512, 3, vocab);
   c.layer.rope = true;
-  c.layers = 3;
-  c.vocab = vocab;
   return c;
 }
 

@@ -7,6 +7,8 @@
 #include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/plan/moe_plan.hpp"
 
+#include "plan/small_gpt.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,18 +19,7 @@ using namespace paradyse;
 
 namespace {
 
-GptConfig gpt(std::int64_t vocab) {
-  GptConfig c;
-  c.layer.hidden = 64;
-  c.layer.heads = 4;
-  c.layer.kv_heads = 4;
-  c.layer.head_dim = 16;
-  c.layer.ffn = 256;
-  c.layer.causal = c.layer.zigzag = true;
-  c.layers = 2;
-  c.vocab = vocab;
-  return c;
-}
+GptConfig gpt(std::int64_t vocab) { return testing::small_gpt(64, 256, 2, vocab); }
 
 using Costs = plan::GptCosts<Gpt<>>;
 
@@ -131,13 +122,7 @@ TEST_CASE("vocab-parallel costs: the MoE planner prices the outside of the stack
   const cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
   for (const auto& [p, shards, s, vocab] : {std::tuple{2, 2, 512, 301}, std::tuple{4, 2, 600, 1000}, std::tuple{4, 4, 700, 1001}}) {
     CAPTURE(p);
-    GptConfig config = gpt(vocab);
-    MoeConfig m;
-    m.hidden = config.layer.hidden;
-    m.experts = 4;
-    m.top_k = 2;
-    m.expert_ffn = 32;
-    config.moe = MoeLayers{m, 1};
+    const GptConfig config = testing::with_moe(gpt(vocab));
     plan::MoeGptCosts<Gpt<>> moe{config, p, &hw};
     moe.vocab_shards = shards;
     Costs dense{config, p, &hw};

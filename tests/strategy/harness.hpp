@@ -119,6 +119,34 @@ inline std::vector<SublayerCase> packed_cases(int p) {
   return cases;
 }
 
+// The cases of 2-D tensor-parallel grids of tp_x = x (strategy/tp2d.hpp), named `group`, over p ranks: one grid
+// (Tp2d, tp_inner = 0) or a cp ring of them (RingTp2d, tp_inner = the grid's size). MHA GELU, causal RoPE zigzag (rms
+// norm, b = 2), GQA SwiGLU with kv_heads = p, packed documents: token counts multiples of p (2p under zigzag), h of x.
+inline std::vector<SublayerCase> grid_cases(const std::string& group, int p, int x, int tp_inner) {
+  std::vector<SublayerCase> cases;
+  auto add = [&](std::string name, LayerConfig c, std::int64_t batch, std::int64_t length,
+                 std::vector<std::int64_t> documents = {}) {
+    c.hidden = 6 * x;  // h % tp_x == 0
+    cases.push_back({fmt::format("{} {} b={} s={}{}", group, name, batch, length,
+                                 documents.empty() ? "" : fmt::format(" documents {}", fmt::join(documents, ","))),
+                     c, p, batch, length, documents, x, tp_inner});
+  };
+  add("MHA GELU", small_config(2 * p, 2 * p, 4 * p), 2, 2 * p);
+  LayerConfig causal = small_config(p, p, 2 * p);
+  causal.causal = true;
+  causal.rope = true;
+  causal.zigzag = true;
+  causal.norm = NormKind::rms_norm;
+  add("MHA causal RoPE zigzag", causal, 2, 4 * p);
+  LayerConfig gqa = small_config(2 * p, p, 4 * p);
+  gqa.activation = Activation::swiglu;
+  gqa.causal = true;
+  gqa.rope = true;
+  add(fmt::format("GQA kv={} causal RoPE SwiGLU", p), gqa, 1, 3 * p);
+  add("MHA causal RoPE zigzag", causal, 1, 4 * p, packed_documents(p, 4 * p));
+  return cases;
+}
+
 // Global inputs of one case: random weights (norms included), x and dy: [b, s, h].
 struct Problem {
   LayerConfig config;

@@ -23,31 +23,9 @@ namespace {
 // cp x (tp_x x tp_y).
 const std::vector<std::tuple<int, int, int>> kRingTp2dShapes{{2, 2, 1}, {2, 2, 2}, {3, 2, 1}, {2, 4, 1}, {1, 2, 2}};
 
-// The cases of a cp x (x x y) group (p ranks): every token count a multiple of p (2p under zigzag), kv_heads of p.
+// The cases of a cp x (x x y) group: grid_cases over p = cp x y ranks, the grid's size x y the factorisation.
 std::vector<SublayerCase> ring_tp2d_cases(int cp, int x, int y) {
-  const int p = cp * x * y;
-  std::vector<SublayerCase> cases;
-  auto add = [&](std::string name, LayerConfig c, std::int64_t batch, std::int64_t length,
-                 std::vector<std::int64_t> documents = {}) {
-    c.hidden = 6 * x;  // h % tp_x == 0
-    cases.push_back({fmt::format("cp {} x grid {}x{} {} b={} s={}{}", cp, x, y, name, batch, length,
-                                 documents.empty() ? "" : fmt::format(" documents {}", fmt::join(documents, ","))),
-                     c, p, batch, length, documents, x, x * y});
-  };
-  add("MHA GELU", small_config(2 * p, 2 * p, 4 * p), 2, 2 * p);
-  LayerConfig causal = small_config(p, p, 2 * p);
-  causal.causal = true;
-  causal.rope = true;
-  causal.zigzag = true;
-  causal.norm = NormKind::rms_norm;
-  add("MHA causal RoPE zigzag", causal, 2, 4 * p);
-  LayerConfig gqa = small_config(2 * p, p, 4 * p);
-  gqa.activation = Activation::swiglu;
-  gqa.causal = true;
-  gqa.rope = true;
-  add(fmt::format("GQA kv={} causal RoPE SwiGLU", p), gqa, 1, 3 * p);
-  add("MHA causal RoPE zigzag", causal, 1, 4 * p, packed_documents(p, 4 * p));
-  return cases;
+  return grid_cases(fmt::format("cp {} x grid {}x{}", cp, x, y), cp * x * y, x, x * y);
 }
 
 std::string ring_tp2d_refusal(const SublayerCase& test) {

@@ -20,34 +20,16 @@ namespace {
 
 const std::vector<std::pair<int, int>> kTp2dGrids{{2, 2}, {2, 3}, {3, 2}, {4, 2}};
 
-// The cases of a tp_x x tp_y grid (C ranks): every token count a multiple of C (2C under zigzag) and of tp_x.
+// The cases of a tp_x x tp_y grid (C ranks): grid_cases' and GQA with several kv groups per rank.
 std::vector<SublayerCase> tp2d_grid_cases(int x, int y) {
   const int p = x * y;
-  std::vector<SublayerCase> cases;
-  auto add = [&](std::string name, LayerConfig c, std::int64_t batch, std::int64_t length,
-                 std::vector<std::int64_t> documents = {}) {
-    c.hidden = 6 * x;  // h % tp_x == 0
-    cases.push_back({fmt::format("grid {}x{} {} b={} s={}{}", x, y, name, batch, length,
-                                 documents.empty() ? "" : fmt::format(" documents {}", fmt::join(documents, ","))),
-                     c, p, batch, length, documents, x});
-  };
-  add("MHA GELU", small_config(2 * p, 2 * p, 4 * p), 2, 2 * p);
-  LayerConfig causal = small_config(p, p, 2 * p);
-  causal.causal = true;
-  causal.rope = true;
-  causal.zigzag = true;
-  causal.norm = NormKind::rms_norm;
-  add("MHA causal RoPE zigzag", causal, 2, 4 * p);
-  LayerConfig gqa = small_config(2 * p, p, 4 * p);
-  gqa.activation = Activation::swiglu;
-  gqa.causal = true;
-  gqa.rope = true;
-  add(fmt::format("GQA kv={} causal RoPE SwiGLU", p), gqa, 1, 3 * p);
+  std::vector<SublayerCase> cases = grid_cases(fmt::format("grid {}x{}", x, y), p, x, 0);
   LayerConfig groups = small_config(4 * p, 2 * p, 2 * p);
+  groups.hidden = 6 * x;
   groups.causal = true;
   groups.zigzag = true;
-  add("GQA 2 groups/rank causal zigzag", groups, 1, 2 * p);
-  add("MHA causal RoPE zigzag", causal, 1, 4 * p, packed_documents(p, 4 * p));
+  cases.push_back({fmt::format("grid {}x{} GQA 2 groups/rank causal zigzag b=1 s={}", x, y, 2 * p), groups, p, 1, 2 * p,
+                   {}, x});
   return cases;
 }
 

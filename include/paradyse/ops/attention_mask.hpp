@@ -65,6 +65,13 @@ inline KeyInterval visible_key_positions(const AttentionMask& mask, std::int64_t
   return interval;
 }
 
+// A global key position as a local key index of a block of `kv_length` keys, clamped to [0, kv_length]. It clamps
+// in positions before subtracting the offset (the position may be the most negative or positive int64).
+inline std::int64_t local_key(const AttentionMask& mask, std::int64_t position, std::int64_t kv_length) {
+  if (position <= mask.kv_offset) return 0;
+  return std::min(position - mask.kv_offset, kv_length);
+}
+
 // The same as local key indices [first, last) of a block of `kv_length` keys (empty: first == last).
 struct KeyRange {
   std::int64_t first = 0;
@@ -72,12 +79,7 @@ struct KeyRange {
 };
 inline KeyRange visible_key_range(const AttentionMask& mask, std::int64_t query_index, std::int64_t kv_length) {
   const KeyInterval p = visible_key_positions(mask, mask.q_offset + query_index);
-  // Clamp in positions before subtracting the offset (first may be the most negative int64).
-  const auto local = [&](std::int64_t position) {
-    if (position <= mask.kv_offset) return std::int64_t{0};
-    return std::min(position - mask.kv_offset, kv_length);
-  };
-  KeyRange range{local(p.first), local(p.last)};
+  KeyRange range{local_key(mask, p.first, kv_length), local_key(mask, p.last, kv_length)};
   if (range.last < range.first) range.last = range.first;
   return range;
 }

@@ -23,21 +23,118 @@
 #include "paradyse/ops/cpu/softmax.hpp"
 
 #include <algorithm>
-#include <utility>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace paradyse::ops {
 
+namespace counting_detail {
+
+// The documents of a mask, each the global positions [first(k), end(k)), in order; without document_starts, one
+// document of every position.
+class Documents {
+public:
+  explicit Documents(const AttentionMask& mask)
+      : starts_(mask.document_starts.empty() ? std::span<const std::int64_t>(whole_) : mask.document_starts) {}
+  std::size_t count() const { return starts_.size(); }
+  std::int64_t first(std::size_t k) const { return starts_[k]; }
+  std::int64_t end(std::size_t k) const {
+    return k + 1 < starts_.size() ? starts_[k + 1] : std::numeric_limits<std::int64_t>::max();
+  }
+  // The document holding `position` (the last one starting at or before it: empty documents share a start).
+  std::size_t holding(std::int64_t position) const {
+    return std::size_t(std::upper_bound(starts_.begin(), starts_.end(), position) - starts_.begin()) - 1;
+  }
+
+private:
+  static constexpr std::int64_t whole_[1] = {0};
+  std::span<const std::int64_t> starts_;
+};
+
+// The sum over u in [0, n) of floor((a u + b) / m), for a, b >= 0 and m > 0, in O(log) steps (Euclid-like).
+inline __int128 floor_sum(__int128 n, __int128 m, __int128 a, __int128 b) {
+  __int128 sum = 0;
+  while (n > 0) {
+    if (a >= m) sum += n * (n - 1) / 2 * (a / m), a %= m;
+    if (b >= m) sum += n * (b / m), b %= m;
+    const __int128 y = a * n + b;
+    if (y < m) break;
+    n = y / m, b = y % m;
+    std::swap(m, a);
+  }
+  return sum;
+}
+inline std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a / b - (a % b != 0 && (a < 0) != (b < 0)); }
+
+// tiled_pairs' walk over the grid of q_block x kv_block tiles of one call. Within a document the visible keys of a
+// query are [the document's first key, its end or, causal, the query itself], so the key tiles that a run of query
+// tiles inside one document computes follow the causal ramp of the whole sequence, offset: summed in closed form.
+// Only the query tiles holding a document's start (and a last short tile) are counted one by one.
+struct TileWalk {
+  const AttentionMask& mask;
+  std::int64_t q_len, kv_len, qb, kb;
+  Documents docs{mask};
+
+  // Pairs of the query tiles [t0, t1) (whole q_block rows), all of whose rows lie in document k.
+  __int128 run(std::size_t k, std::int64_t t0, std::int64_t t1) const {
+    const std::int64_t a = local_key(mask, docs.first(k), kv_len);  // the document's first key
+    if (a >= kv_len) return 0;
+    const std::int64_t base = a / kb * kb;                           // where its key tiles start
+    if (!mask.causal) return __int128(t1 - t0) * qb * span(a, local_key(mask, docs.end(k), kv_len)).size();
+    // Causal: query tile t's last row sees keys [a, L_t), L_t = d + (t + 1) qb (d = q_offset - kv_offset): none
+    // while L_t <= a; key tiles up to ceil(L_t / kb) kb while that stays below kv_len (L_t <= top), kv_len after.
+    const std::int64_t d = mask.q_offset - mask.kv_offset, top = (kv_len - 1) / kb * kb;
+    const std::int64_t first = std::clamp(floor_div(a - d, qb), t0, t1);
+    const std::int64_t capped = std::clamp(floor_div(top - d, qb), first, t1);
+    const __int128 ramp = __int128(kb) * floor_sum(capped - first, kb, qb, __int128(d) + (first + 1) * qb + kb - 1);
+    return __int128(qb) * (ramp + __int128(t1 - capped) * kv_len - __int128(t1 - first) * base);
+  }
+
+  // Pairs of the query tile of rows [i0, i0 + rows), whose first row lies in document k: the union of the key tiles
+  // of each document's rows in it (neighbouring documents may share a key tile).
+  __int128 tile(std::size_t k, std::int64_t i0, std::int64_t rows) const {
+    std::int64_t covered = 0, keys = 0;  // key tiles [.., covered) counted so far: keys
+    for (; k < docs.count() && docs.first(k) < mask.q_offset + i0 + rows; ++k) {
+      const std::int64_t r1 = std::min(i0 + rows, docs.end(k) - mask.q_offset);  // past the document's last row here
+      const std::int64_t last = mask.causal ? mask.q_offset + r1 : docs.end(k);
+      const KeySpan s = span(local_key(mask, docs.first(k), kv_len), local_key(mask, last, kv_len));
+      if (s.size() == 0) continue;
+      keys += s.end - std::max(s.first, covered);
+      covered = s.end;
+    }
+    return __int128(rows) * keys;
+  }
+
+  // The whole key tiles that keys [a, b) touch, cut at kv_len.
+  struct KeySpan {
+    std::int64_t first = 0, end = 0;
+    std::int64_t size() const { return end - first; }
+  };
+  KeySpan span(std::int64_t a, std::int64_t b) const {
+    if (a >= b) return {};
+    return {a / kb * kb, std::min(kv_len, (b + kb - 1) / kb * kb)};
+  }
+};
+
+}  // namespace counting_detail
+
 // Query-key pairs that `mask` leaves visible between q_len queries and kv_len keys (one batch entry, one head).
 inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::int64_t kv_len) {
   if (!mask.document_starts.empty()) {
+    // Within a document the mask is one sequence's: the blocks of each document's queries and keys, summed.
+    const counting_detail::Documents docs(mask);
     double pairs = 0;
-    for (std::int64_t i = 0; i < q_len; ++i) {
-      const KeyRange r = visible_key_range(mask, i, kv_len);
-      pairs += double(r.last - r.first);
+    for (std::size_t k = docs.holding(mask.q_offset); k < docs.count() && docs.first(k) < mask.q_offset + q_len; ++k) {
+      const std::int64_t r0 = std::max<std::int64_t>(docs.first(k) - mask.q_offset, 0);
+      const std::int64_t r1 = std::min(docs.end(k) - mask.q_offset, q_len);
+      const std::int64_t a = local_key(mask, docs.first(k), kv_len), b = local_key(mask, docs.end(k), kv_len);
+      if (r0 < r1 && a < b)
+        pairs += visible_pairs({.causal = mask.causal, .q_offset = mask.q_offset + r0, .kv_offset = mask.kv_offset + a},
+                               r1 - r0, b - a);
     }
     return pairs;
   }
@@ -54,64 +151,28 @@ inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::
 // column of tiles cut at the lengths) and computes every tile holding at least one visible pair whole, its masked
 // pairs included; it skips the others. A causal diagonal thus costs whole tiles, not the half-square of visible pairs.
 // Each call counts its own grid, so the chunks of zigzag and ring layouts (one call per chunk pair, offsets in the
-// mask) count as the kernel runs them.
-// The sum over u in [0, n) of floor((a u + b) / m), for a, b >= 0 and m > 0, in O(log) steps (Euclid-like).
-inline __int128 floor_sum(__int128 n, __int128 m, __int128 a, __int128 b) {
-  __int128 sum = 0;
-  while (n > 0) {
-    if (a >= m) sum += n * (n - 1) / 2 * (a / m), a %= m;
-    if (b >= m) sum += n * (b / m), b %= m;
-    const __int128 y = a * n + b;
-    if (y < m) break;
-    n = y / m, b = y % m;
-    std::swap(m, a);
-  }
-  return sum;
-}
-
+// mask) count as the kernel runs them. In closed form per document (lengths reach 10^12 tokens in the planner's
+// sweeps): O(documents) steps, not O(tokens).
 inline double tiled_pairs(const AttentionMask& mask, std::int64_t q_len, std::int64_t kv_len,
                           const cpu::AttentionTiling& tiling) {
   if (q_len <= 0 || kv_len <= 0) return 0;
-  const std::int64_t qb = tiling.q_block, kb = tiling.kv_block;
-  double pairs = 0;
-  if (mask.document_starts.empty()) {
-    // Every query's keys start at 0, so a query tile's visible keys are [0, its last row's end): that many key tiles,
-    // whole (the last cut short at kv_len). Summed in closed form (lengths reach 10^12 tokens in the planner's sweeps).
-    const auto extent = [&](std::int64_t row) {  // the keys a tile whose last row is `row` computes
-      const std::int64_t last = visible_key_range(mask, row, kv_len).last;
-      return std::min(kv_len, (last + kb - 1) / kb * kb);
-    };
-    const std::int64_t full = q_len / qb, rest = q_len - full * qb;
-    __int128 sum = rest > 0 ? __int128(rest) * extent(q_len - 1) : 0;
-    if (!mask.causal) return double(sum + __int128(full) * qb * extent(0));
-    // Causal: full tile t's last row sees L_t = d + (t + 1) qb keys (d = q_offset - kv_offset): none while L_t <= 0,
-    // whole key tiles ceil(L_t / kb) kb while that stays below kv_len (L_t <= top), kv_len after.
-    const std::int64_t d = mask.q_offset - mask.kv_offset, top = (kv_len - 1) / kb * kb;
-    const std::int64_t first = std::min(full, d >= 0 ? 0 : -d / qb);
-    const std::int64_t capped = std::clamp<std::int64_t>(top - d >= 0 ? (top - d) / qb : 0, first, full);
-    sum += __int128(qb) * kb *
-           floor_sum(capped - first, kb, qb, __int128(d) + __int128(first + 1) * qb + kb - 1);
-    sum += __int128(full - capped) * qb * kv_len;
-    return double(sum);
-  }
-  // Documents: a query's keys are any interval. Per query tile, each row marks the key tiles it touches (a
-  // difference array over the key tiles), and the marked tiles count whole.
-  const std::int64_t kv_tiles = (kv_len + kb - 1) / kb;
-  std::vector<std::int64_t> marks(std::size_t(kv_tiles) + 1);
-  for (std::int64_t i0 = 0; i0 < q_len; i0 += qb) {
-    const std::int64_t rows = std::min(qb, q_len - i0);
-    std::fill(marks.begin(), marks.end(), 0);
-    for (std::int64_t r = i0; r < i0 + rows; ++r) {
-      const KeyRange keys = visible_key_range(mask, r, kv_len);
-      if (keys.first >= keys.last) continue;
-      ++marks[std::size_t(keys.first / kb)];
-      --marks[std::size_t((keys.last - 1) / kb + 1)];
+  const counting_detail::TileWalk walk{mask, q_len, kv_len, tiling.q_block, tiling.kv_block};
+  const std::int64_t qb = walk.qb, tiles = (q_len + qb - 1) / qb, full = q_len / qb;
+  __int128 pairs = 0;
+  std::size_t k = walk.docs.holding(mask.q_offset);
+  for (std::int64_t t = 0; t < tiles;) {
+    while (k + 1 < walk.docs.count() && walk.docs.first(k + 1) <= mask.q_offset + t * qb) ++k;
+    // The whole tiles from t on that lie in document k, in closed form; else tile t alone.
+    const std::int64_t inside = std::min(full, (walk.docs.end(k) - mask.q_offset) / qb);
+    if (inside > t) {
+      pairs += walk.run(k, t, inside);
+      t = inside;
+    } else {
+      pairs += walk.tile(k, t * qb, std::min(qb, q_len - t * qb));
+      ++t;
     }
-    std::int64_t touching = 0;
-    for (std::int64_t j = 0; j < kv_tiles; ++j)
-      if ((touching += marks[std::size_t(j)]) > 0) pairs += double(rows) * double(std::min(kb, kv_len - j * kb));
   }
-  return pairs;
+  return double(pairs);
 }
 
 // The counting rules: one function for each op of ops/op_table.inc, with its signature, recording what the op would

@@ -189,8 +189,8 @@ struct MegatronRing : LayoutPolicy<Backend> {
     const std::int64_t R = g.qkv_rows, W = g.proj_rows;
     const QkvPacking packing = QkvPacking::of(g, f.cp);
     AttentionSaved saved{Tensor<float>(Shape{m, h}), Tensor<float>(Shape{b, n, packing.heads(), g.head_dim}),
-                         Tensor<float>(Shape{b, n, packing.q_heads(), g.head_dim}),
-                         Tensor<float>(Shape{b, packing.q_heads(), n})};
+                         Tensor<float>(), Tensor<float>()};
+    core_tensors(ctx, f, saved);
     megatron_ring_detail::gather_tokens<Backend>(call.tp, f, *ctx.pool, x, saved.x.view());
     PooledBuffer<float> weights = gather_weights(call.cp, ctx, w.packed.view(), f.cp);  // [cp, R + W, h]
     {
@@ -201,9 +201,7 @@ struct MegatronRing : LayoutPolicy<Backend> {
       unpack_heads<Backend>(packing, positions(ctx, f), TensorView<const float>(packed.view()).reshape(Shape{b, n, f.cp * R}),
                             saved.heads.view());
     }
-    const HeadViews<const float> qkv = head_views(TensorView<const float>(saved.heads.view()), packing);
-    ring_attention_forward<Backend>(call.cp, ring_spec(ctx, f), *ctx.pool, qkv.q, qkv.k, qkv.v, saved.out.view(),
-                                    saved.lse.view());
+    ring_core(call.cp, ctx, f, saved);
     const TensorView<const float> a = TensorView<const float>(saved.out.view()).reshape(Shape{m, f.cp * W});
     PooledBuffer<float> partial = ctx.pool->acquire<float>(Shape{m, h});
     for (int j = 0; j < f.cp; ++j)
@@ -222,13 +220,8 @@ struct MegatronRing : LayoutPolicy<Backend> {
   template <Communicator C>
   void recompute_attention_core(C& comm, const SublayerContext& ctx, const AttentionShard&, AttentionSaved& saved) const {
     const Call<C> call(comm, ctx);
-    const ShardGeometry& g = ctx.geometry;
-    const QkvPacking packing = QkvPacking::of(g, call.f.cp);
-    saved.out = Tensor<float>(Shape{call.sizes.b, call.sizes.n, packing.q_heads(), g.head_dim});
-    saved.lse = Tensor<float>(Shape{call.sizes.b, packing.q_heads(), call.sizes.n});
-    const HeadViews<const float> qkv = head_views(TensorView<const float>(saved.heads.view()), packing);
-    ring_attention_forward<Backend>(call.cp, ring_spec(ctx, call.f), *ctx.pool, qkv.q, qkv.k, qkv.v, saved.out.view(),
-                                    saved.lse.view());
+    core_tensors(ctx, call.f, saved);
+    ring_core(call.cp, ctx, call.f, saved);
   }
 
   template <Communicator C>
@@ -385,6 +378,22 @@ public:
   }
   static TokenPositions positions(const SublayerContext& ctx, const megatron_ring_detail::Factors& f) {
     return TokenPositions{&ctx.layer(), &f.cp_layout, f.c, ctx.document_starts};
+  }
+  // The attention core's tensors, fresh: saved.out [b, n_c, hq/tp, d] and saved.lse [b, hq/tp, n_c] (the heads of the
+  // kept q|k|v, saved.heads).
+  template <class Saved>
+  static void core_tensors(const SublayerContext& ctx, const megatron_ring_detail::Factors& f, Saved& saved) {
+    const std::int64_t q_heads = QkvPacking::of(ctx.geometry, f.cp).q_heads();
+    saved.out = Tensor<float>(Shape{ctx.batch, f.cp_tokens, q_heads, ctx.geometry.head_dim});
+    saved.lse = Tensor<float>(Shape{ctx.batch, q_heads, f.cp_tokens});
+  }
+  // The attention core: ring attention over the cp sub-group from saved.heads into saved.out and saved.lse.
+  template <Communicator C, class Saved>
+  static void ring_core(C& cp, const SublayerContext& ctx, const megatron_ring_detail::Factors& f, Saved& saved) {
+    const HeadViews<const float> qkv =
+        head_views(TensorView<const float>(saved.heads.view()), QkvPacking::of(ctx.geometry, f.cp));
+    ring_attention_forward<Backend>(cp, ring_spec(ctx, f), *ctx.pool, qkv.q, qkv.k, qkv.v, saved.out.view(),
+                                    saved.lse.view());
   }
 
 private:

@@ -231,16 +231,11 @@ private:
     return out.view().reshape(Shape{s[0], s[1], s[2] * s[3]});
   }
 
-  // Ring attention over the cp sub-group from the kept heads: saved.out and saved.lse (allocated here).
+  // MegatronRing's attention core over the cp sub-group, from the kept heads: saved.out and saved.lse (made here).
   template <class G>
-  void ring_core(const G& grid, const SublayerContext& ctx, AttentionSaved& saved) const {
-    const QkvPacking packing = QkvPacking::of(ctx.geometry, grid.f.cp);
-    const auto [b, n, nx, hx] = grid.sizes;
-    saved.out = Tensor<float>(Shape{b, n, packing.q_heads(), ctx.geometry.head_dim});
-    saved.lse = Tensor<float>(Shape{b, packing.q_heads(), n});
-    const HeadViews<const float> qkv = head_views(TensorView<const float>(saved.heads.view()), packing);
-    ring_attention_forward<Backend>(grid.cp, MegatronRing<Backend>::ring_spec(ctx, grid.f), *ctx.pool, qkv.q, qkv.k,
-                                    qkv.v, saved.out.view(), saved.lse.view());
+  static void ring_core(const G& grid, const SublayerContext& ctx, AttentionSaved& saved) {
+    MegatronRing<Backend>::core_tensors(ctx, grid.f, saved);
+    MegatronRing<Backend>::ring_core(grid.cp, ctx, grid.f, saved);
   }
 
   // The parts of a sublayer's shard in a context's geometry (Tp2d's: c_start, rows; y_start in the y-rank packing).
