@@ -1,8 +1,9 @@
 // Tests of the time model's terms for a CPU rank's own work beyond its kernels' streams (cost/profile.hpp's
 // FreshMemoryModel and ScalarMathModel): the trace clock prices a fresh allocation and scalar math-library calls at
 // the profile's rates (cost/trace_cost.hpp), the dry run records RoPE's and the materialised softmax's calls
-// (ops/counting.hpp), the calibration's fits recover known rates from synthetic measurements (cost/calibrate.hpp),
-// and profiles written before these terms existed still load, with the terms unpriced (cost/profile_json.hpp).
+// (ops/counting.hpp: the softmax's exp per visible score), the calibration's fits recover known rates from synthetic
+// measurements (cost/calibrate.hpp), and profiles written before these terms existed still load, with the terms
+// unpriced (cost/profile_json.hpp).
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile_json.hpp"
@@ -10,9 +11,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace paradyse;
@@ -104,19 +107,66 @@ TEST_CASE("step terms: the dry run records RoPE's cos and sin per (token, freque
   }
 }
 
-TEST_CASE("step terms: ColossalZ's materialised softmax records an exp per score") {
-  ModelShape m = ModelShape::mha(128, 4, 512);
-  m.dtype_bytes = 4;
-  double exps = 0, activations = 0;
-  default_catalog().visit_trace(default_catalog().index_of("ColossalZ"), Sublayer::attention, m, 2, 0,
-                                [&](const SublayerTraceView& trace) {
-                                  for (const TraceEvent& e : trace.forward) {
-                                    if (e.kind == TraceKind::transcendental && e.n == 0) exps += e.m * e.count;
-                                    if (e.kind == TraceKind::activation) activations += e.m * e.count;
-                                  }
-                                });
-  CHECK(exps > 0);
-  CHECK(exps == activations);  // the softmax is ColossalZ attention's only activation: one exp per element
+TEST_CASE("step terms: the masked softmax records an exp per visible score, as its kernel calls them") {
+  // Against the kernel's own rule, pair by pair, on random runs of positions (a rank's chunks, in any order).
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 40; ++trial) {
+    const auto runs = [&rng](std::int64_t total) {  // `total` positions in shuffled runs of 1..total/3 + 1
+      std::vector<ops::PositionRun> out;
+      std::vector<std::int64_t> order;
+      for (std::int64_t at = 0; at < total;) {
+        const auto longest = std::uint64_t(total / 3 + 1);
+        const std::int64_t length = std::min<std::int64_t>(total - at, 1 + std::int64_t(rng() % longest));
+        out.push_back({0, at, length});
+        at += length;
+      }
+      std::shuffle(out.begin(), out.end(), rng);
+      std::int64_t index = 0;
+      for (ops::PositionRun& r : out) r.index = std::exchange(index, index + r.length);
+      return out;
+    };
+    const std::int64_t n = 1 + std::int64_t(rng() % 70), c = n + std::int64_t(rng() % 90), heads = 1 + trial % 3;
+    std::vector<ops::PositionRun> queries = runs(n);
+    for (ops::PositionRun& q : queries) q.position += c - n;  // the rows: the last n of the c positions
+    const std::vector<ops::PositionRun> keys = runs(c);
+    for (const bool causal : {false, true}) {
+      double expected = 0;
+      for (const ops::PositionRun& q : queries)
+        for (std::int64_t i = 0; i < q.length; ++i)
+          for (const ops::PositionRun& k : keys)
+            for (std::int64_t j = 0; j < k.length; ++j) expected += !causal || k.position + j <= q.position + i;
+      Trace trace;
+      {
+        const ScopedTrace recording(trace);
+        Tensor<float> scores(Shape{2, heads, n, c});
+        ops::Counting::masked_softmax_forward(scores.view(), queries, keys, causal);
+      }
+      double exps = 0;
+      for (const TraceEvent& e : trace.events())
+        if (e.kind == TraceKind::transcendental && e.n == 0) exps += e.m * e.count;
+      CHECK(exps == 2 * double(heads) * expected);
+    }
+  }
+}
+
+TEST_CASE("step terms: ColossalZ's materialised softmax records an exp per causally visible score") {
+  // Over every rank, each causal pair of the sequence is one rank's score: s (s + 1) / 2 per head and sample.
+  for (const int p : {1, 2, 3, 4}) {
+    ModelShape m = ModelShape::mha(384, 12, 504);
+    m.dtype_bytes = 4;
+    m.causal = true;
+    double exps = 0, activations = 0;
+    for (int rank = 0; rank < p; ++rank)
+      default_catalog().visit_trace(default_catalog().index_of("ColossalZ"), Sublayer::attention, m, p, rank,
+                                    [&](const SublayerTraceView& trace) {
+                                      for (const TraceEvent& e : trace.forward) {
+                                        if (e.kind == TraceKind::transcendental && e.n == 0) exps += e.m * e.count;
+                                        if (e.kind == TraceKind::activation) activations += e.m * e.count;
+                                      }
+                                    });
+    CHECK(exps == 12.0 * 504 * 505 / 2);
+    CHECK(activations == 12.0 * 504 * 504);  // the softmax's other work: every score of the rows
+  }
 }
 
 TEST_CASE("step terms: the fresh-memory fit recovers known rates and the first-touch size") {

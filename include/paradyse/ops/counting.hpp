@@ -146,6 +146,27 @@ inline double visible_pairs(const AttentionMask& mask, std::int64_t q_len, std::
   return ramp + (sq - ramp_end) * sk;
 }
 
+// Scores of one [n, c] block of a masked softmax (ops/cpu/softmax.hpp) that its kernel exponentiates: every score
+// without causal, else the (row, column) pairs whose key position is at or before the query position (the kernel
+// writes 0 for the others without an exp). Rows and columns by their runs of positions, in closed form per pair of
+// runs: queries at [a, a + L) against keys at [b, b + M) see sum over q of clamp(q - b + 1, 0, M) of them.
+inline double softmax_visible_scores(std::span<const PositionRun> query_runs, std::span<const PositionRun> key_runs,
+                                     bool causal) {
+  double rows = 0, columns = 0, visible = 0;
+  for (const PositionRun& q : query_runs) rows += double(q.length);
+  for (const PositionRun& k : key_runs) columns += double(k.length);
+  if (!causal) return rows * columns;
+  for (const PositionRun& q : query_runs)
+    for (const PositionRun& k : key_runs) {
+      // F(T) = sum of min(t, M) for t = 1..T (0 for T <= 0): the keys seen by queries up to T - 1 past the run's first.
+      const double m = double(k.length);
+      const auto ramp = [m](double t) { return t <= 0 ? 0 : t <= m ? t * (t + 1) / 2 : m * (m + 1) / 2 + (t - m) * m; };
+      const double a = double(q.position - k.position);
+      visible += ramp(a + double(q.length)) - ramp(a);
+    }
+  return visible;
+}
+
 // Query-key pairs of the tiles that the CPU flash kernel (ops/cpu/attention.hpp) computes between q_len queries and
 // kv_len keys (one batch entry, one head): it walks a grid of tiling.q_block x tiling.kv_block tiles (the last row and
 // column of tiles cut at the lengths) and computes every tile holding at least one visible pair whole, its masked
@@ -348,10 +369,13 @@ inline void convert(TensorView<const From> from, TensorView<To>) {
 }
 
 // ---- materialised softmax ----
-inline void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun>,
-                                   std::span<const PositionRun>, bool) {
+inline void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun> query_runs,
+                                   std::span<const PositionRun> key_runs, bool causal) {
   activation(scores.numel(), 2);
-  scalar_calls(double(scores.numel()), 0);  // std::exp per score
+  check(scores.rank() >= 2, "masked_softmax_forward: scores {} must be [..., n, c]", scores.shape());
+  const double block = double(scores.extent(-2)) * double(scores.extent(-1));  // [n, c]
+  const double blocks = block > 0 ? double(scores.numel()) / block : 0;
+  scalar_calls(blocks * softmax_visible_scores(query_runs, key_runs, causal), 0);  // std::exp per visible score
 }
 inline void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }
 
