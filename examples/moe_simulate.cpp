@@ -40,6 +40,7 @@
 #include "paradyse/serve/paged_attention_calibration.hpp"
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
+#include "paradyse/serve/serving_calibration.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -385,23 +386,6 @@ double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::Gemm
   return percentile(bandwidths, 0.5);
 }
 
-// The GEMMs a serving step of `c` runs on rank 0 of `ranks` (cost/calibrate.hpp's calibrate_gemm_classes measures
-// them with their weights cold): (m, n, k) for the decode rows 1-16 and a prefill chunk's rows up to `step_tokens`
-// (at most 128, the classes' top) against the attention projections, the router, the experts' TP slices and whole
-// experts (both products) and the lm_head.
-std::vector<std::array<std::int64_t, 3>> serving_gemm_shapes(const DecoderConfig& c, int ranks, std::int64_t step_tokens) {
-  const std::int64_t h = c.hidden, d = c.head_dim, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / ranks);
-  const std::int64_t hq = query_heads(c, ranks, 0).length, hk = kv_heads_of(c, ranks, 0).length;
-  const std::vector<std::pair<std::int64_t, std::int64_t>> weights = {
-      {hq * d, h}, {hk * d, h}, {h, hq * d}, {c.moe.experts, h}, {2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}};
-  std::vector<std::array<std::int64_t, 3>> shapes;
-  for (const std::int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128}) {
-    if (m > std::max<std::int64_t>(16, std::min<std::int64_t>(step_tokens, 128))) break;
-    for (const auto& [n, k] : weights) shapes.push_back({m, n, k});
-  }
-  return shapes;
-}
-
 // One measured step on rank 0: its trace and its wall and CPU time.
 struct MeasuredStep {
   StepTrace trace;
@@ -473,12 +457,13 @@ int measure(const Options& o) {
     for (const std::int64_t m : {1, 4, 16})
       for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}})
         options.gemm_shapes.push_back({m, n, k});
+    add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
       const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
       if (comm.rank() == 0) {
         profile = cal.profile;
         for (const cost::CalibrationSample& x : cal.samples)
-          if (x.what.rfind("gemm", 0) == 0)
+          if (x.what.rfind("gemm", 0) == 0 || x.what.rfind("all_reduce", 0) == 0)
             fmt::print("  {:<22} measured {:>9.1f} us, fit {:>9.1f} us\n", x.what, x.measured_s * 1e6, x.fitted_s * 1e6);
       }
     });
@@ -489,10 +474,10 @@ int measure(const Options& o) {
                "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
     profile.gemm.bytes_per_s = cold;
     // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
-    // each on its own, on the serving step's own GEMMs with cold weights; above 128 rows the single fit.
-    cost::GemmClassOptions classes;
+    // each on its own, on the serving step's own GEMMs with its weights' working set; above 128 rows the single fit.
+    cost::GemmClassOptions classes = serving_gemm_classes(c, o.ranks, o.step_tokens);
     classes.clock = options.clock;
-    classes.shapes = serving_gemm_shapes(c, o.ranks, o.step_tokens);
+    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (the weights a step reads)\n", double(classes.cold_bytes) / 1e6);
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
       const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
       if (comm.rank() != 0) return;
@@ -500,7 +485,7 @@ int measure(const Options& o) {
       const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
       for (const cost::GemmSample& x : cal.samples) {
         const double m = double(x.m), n = double(x.n), k = double(x.k);
-        fmt::print("  gemm {:>3}x{:>4}x{:>4} cold  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
+        fmt::print("  gemm {:>3}x{:>4}x{:>4} ws  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
                    x.m, x.n, x.k, x.seconds * 1e6, profile.gemm.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
       }
       for (std::size_t i = 0; i < cal.classes.size(); ++i)
