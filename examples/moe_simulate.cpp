@@ -20,11 +20,12 @@
 // first when FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and
 // policies; the table gives both and the relative error, for the measured run on the wall clock and on rank 0's
 // thread CPU time (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own, which other
-// processes sharing the cores do not lengthen). The calibration adds GEMM size classes fitted on the served model's
-// own GEMMs with cold weights (cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
+// processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
+// classes fitted on the served model's own GEMMs cycling through the weights a step reads
+// (serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
 // single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
-// "cpu before" simulate with the profile less the fixed cost per kernel call (cost/profile.hpp CallOverheadModel,
-// calibrated here: the time model before it).
+// "cpu before" simulate with the GEMM classes calibrated as before, every weight from memory (128 MB a rank), when
+// this run calibrated.
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -440,6 +441,7 @@ int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
+  std::vector<cost::GemmRowClass> gemm_classes_before;  // calibrated with every weight from memory ("before")
   if (!std::filesystem::exists(o.cluster)) {
     check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
           "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
@@ -477,10 +479,15 @@ int measure(const Options& o) {
     // each on its own, on the serving step's own GEMMs with its weights' working set; above 128 rows the single fit.
     cost::GemmClassOptions classes = serving_gemm_classes(c, o.ranks, o.step_tokens);
     classes.clock = options.clock;
-    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (the weights a step reads)\n", double(classes.cold_bytes) / 1e6);
+    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (the weights a step reads; \"before\": 128 MB)\n",
+               double(classes.cold_bytes) / 1e6);
+    cost::GemmClassOptions from_memory = classes;  // the classes as calibrated before: every weight from memory
+    from_memory.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+      const cost::GemmClassCalibration before_cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
       const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
       if (comm.rank() != 0) return;
+      gemm_classes_before = before_cal.classes;
       profile.gemm.by_rows = cal.classes;
       const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
       for (const cost::GemmSample& x : cal.samples) {
@@ -517,13 +524,14 @@ int measure(const Options& o) {
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
-  // The profile less the fixed cost per kernel call, the time model before it: simulated beside it ("before").
+  // The profile with the GEMM classes calibrated as before (weights from memory), when this run calibrated them:
+  // simulated beside it ("before").
   SimulatedCluster before = cluster;
-  before.profile.call_overhead = {};
+  if (o.gemm_classes && !gemm_classes_before.empty()) before.profile.gemm.by_rows = gemm_classes_before;
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
   const std::vector<Policy> before_policies = make_policies(o.policies, before, o.eplb_interval, o.switch_window);
-  const bool compare_before = before.profile.call_overhead != cluster.profile.call_overhead;
+  const bool compare_before = before.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -546,7 +554,7 @@ int measure(const Options& o) {
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
       // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
-      // on the profile less the fixed cost per kernel call (the policy's time model too).
+      // on the profile with the GEMM classes from memory (the policy's time model too).
       auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
@@ -586,8 +594,8 @@ int measure(const Options& o) {
       }
       const Result sim = serve(2, nullptr, nullptr);
       const Result sim_before = compare_before ? serve(3, nullptr, nullptr) : sim;
-      // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation before the
-      // fixed cost per kernel call.
+      // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
+      // GEMM classes from memory.
       for (const auto& [clock_name, runs, simulated] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
             {"cpu", &on_cpu, &sim}, {"cpu before", &on_cpu, &sim_before}}) {
