@@ -21,11 +21,11 @@
 // policies; the table gives both and the relative error, for the measured run on the wall clock and on rank 0's
 // thread CPU time (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own, which other
 // processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
-// classes fitted on the served model's own GEMMs cycling through the weights a step reads
-// (serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
+// classes fitted on the served model's own GEMMs with every weight from memory (128 MB a rank;
+// serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
 // single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
-// "cpu before" simulate with the GEMM classes calibrated as before, every weight from memory (128 MB a rank), when
-// this run calibrated.
+// "cpu ws" simulate with the classes calibrated cycling through the weights a step reads instead, when this run
+// calibrated.
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -441,7 +441,7 @@ int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
-  std::vector<cost::GemmRowClass> gemm_classes_before;  // calibrated with every weight from memory ("before")
+  std::vector<cost::GemmRowClass> gemm_classes_ws;  // calibrated on the weights a step reads ("ws")
   if (!std::filesystem::exists(o.cluster)) {
     check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
           "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
@@ -476,23 +476,26 @@ int measure(const Options& o) {
                "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
     profile.gemm.bytes_per_s = cold;
     // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
-    // each on its own, on the serving step's own GEMMs with its weights' working set; above 128 rows the single fit.
+    // each on its own, on the serving step's own GEMMs; above 128 rows the single fit.
     cost::GemmClassOptions classes = serving_gemm_classes(c, o.ranks, o.step_tokens);
     classes.clock = options.clock;
-    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (the weights a step reads; \"before\": 128 MB)\n",
-               double(classes.cold_bytes) / 1e6);
-    cost::GemmClassOptions from_memory = classes;  // the classes as calibrated before: every weight from memory
-    from_memory.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+    // The profile's classes cycle through 128 MB of weights a rank (every weight from memory); the rows "cpu ws"
+    // simulate with classes cycling through the weights a step reads (serve/serving_calibration.hpp), which priced
+    // the trained 4-layer MoE's decode steps 5-30% lower and further from its measured CPU time on this machine.
+    const cost::GemmClassOptions working_set = classes;
+    classes.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (\"ws\": {:.1f} MB, the weights a step reads)\n",
+               double(classes.cold_bytes) / 1e6, double(working_set.cold_bytes) / 1e6);
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-      const cost::GemmClassCalibration before_cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
+      const cost::GemmClassCalibration ws = cost::calibrate_gemm_classes<ops::Cpu>(comm, working_set);
       const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
       if (comm.rank() != 0) return;
-      gemm_classes_before = before_cal.classes;
+      gemm_classes_ws = ws.classes;
       profile.gemm.by_rows = cal.classes;
       const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
       for (const cost::GemmSample& x : cal.samples) {
         const double m = double(x.m), n = double(x.n), k = double(x.k);
-        fmt::print("  gemm {:>3}x{:>4}x{:>4} ws  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
+        fmt::print("  gemm {:>3}x{:>4}x{:>4} cold  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
                    x.m, x.n, x.k, x.seconds * 1e6, profile.gemm.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
       }
       for (std::size_t i = 0; i < cal.classes.size(); ++i)
@@ -524,14 +527,14 @@ int measure(const Options& o) {
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
-  // The profile with the GEMM classes calibrated as before (weights from memory), when this run calibrated them:
-  // simulated beside it ("before").
-  SimulatedCluster before = cluster;
-  if (o.gemm_classes && !gemm_classes_before.empty()) before.profile.gemm.by_rows = gemm_classes_before;
+  // The profile with the GEMM classes calibrated on the step's working set, when this run calibrated them:
+  // simulated beside it ("ws").
+  SimulatedCluster ws_cluster = cluster;
+  if (o.gemm_classes && !gemm_classes_ws.empty()) ws_cluster.profile.gemm.by_rows = gemm_classes_ws;
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
-  const std::vector<Policy> before_policies = make_policies(o.policies, before, o.eplb_interval, o.switch_window);
-  const bool compare_before = before.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
+  const std::vector<Policy> ws_policies = make_policies(o.policies, ws_cluster, o.eplb_interval, o.switch_window);
+  const bool compare_ws = ws_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -554,7 +557,7 @@ int measure(const Options& o) {
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
       // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
-      // on the profile with the GEMM classes from memory (the policy's time model too).
+      // on the profile with the working set's GEMM classes (the policy's time model too).
       auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
@@ -562,7 +565,7 @@ int measure(const Options& o) {
           std::unique_ptr<EngineClock> own;
           EngineOptions run = opt;
           if (kind == 2) own = std::make_unique<SimulatedClock>(c, cluster);  // every rank its own (alike)
-          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, before);
+          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, ws_cluster);
           else if (kind == 1) own = std::make_unique<CpuClock>();  // rank 0's decides (it plans)
           else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
@@ -572,7 +575,7 @@ int measure(const Options& o) {
             };
           run.clock = own.get();
           EngineStats s;
-          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? before_policies[pi] : pol).policy, &s);
+          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? ws_policies[pi] : pol).policy, &s);
           if (comm.rank() == 0) out = std::move(got), stats = s;
         });
         return summarize(out, stats, c);
@@ -587,19 +590,19 @@ int measure(const Options& o) {
         on_cpu.push_back(serve(1, nullptr, nullptr));
       }
       breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
-      if (compare_before) breakdowns.push_back({pol.name + ", before", step_breakdown(c, before, steps)});
+      if (compare_ws) breakdowns.push_back({pol.name + ", ws", step_breakdown(c, ws_cluster, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
       const Result sim = serve(2, nullptr, nullptr);
-      const Result sim_before = compare_before ? serve(3, nullptr, nullptr) : sim;
+      const Result sim_ws = compare_ws ? serve(3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
-      // GEMM classes from memory.
+      // working set's GEMM classes.
       for (const auto& [clock_name, runs, simulated] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
-            {"cpu", &on_cpu, &sim}, {"cpu before", &on_cpu, &sim_before}}) {
-        if (simulated == &sim_before && !compare_before) continue;
+            {"cpu", &on_cpu, &sim}, {"cpu ws", &on_cpu, &sim_ws}}) {
+        if (simulated == &sim_ws && !compare_ws) continue;
         fmt::print("{:<16} {:>8}", pol.name, clock_name);
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v;

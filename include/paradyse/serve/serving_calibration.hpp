@@ -17,7 +17,9 @@
 // Why the working set: between two reads of one weight matrix a step reads every other weight of the rank once, so
 // the matrix comes from the cache level that holds the rank's weights: from memory for a model larger than the last
 // level cache, from it for a small one (the trained 4-layer MoE's 6.6 MB a rank, both ranks within this machine's
-// 32 MB L3). The classes were calibrated cycling through 128 MB a rank, from memory for every model.
+// 32 MB L3). The profile's classes cycle through 128 MB a rank (from memory for every model); moe_simulate --measure
+// simulates with these beside them ("cpu ws"): on this machine, loaded by other processes sharing the L3, they
+// priced the trained model's decode steps 5-30% lower, further from its measured CPU time (docs/serving_simulation.md).
 #pragma once
 
 #include "paradyse/cost/calibrate.hpp"
