@@ -2,20 +2,25 @@
 // dry run (serve/step_dry_run.hpp) prices each piece at on a calibrated profile (issue 25: steps with a prompt
 // chunk were simulated at 0.67-0.80x of their measured CPU time while their GEMMs fit within 4%).
 //
-// moe_infer's synthetic MoE (2 layers, h 256, 8 heads, 4 kv heads, 8 experts top-2, ffn 512) on RANKS thread ranks,
-// static TP. Rank 0's decoder_step runs on a backend that computes as ops::Cpu and times every op in thread CPU time
-// (what moe_simulate --measure's cpu column and the calibration count); the time between two ops is the step's
-// own loops (the attention over the paged cache and the KV append follow the chunk's RoPE), its allocations and its
-// collectives. Two steps: one prompt chunk of PROMPT tokens (a fresh request), and DECODE decode tokens whose
-// requests hold CACHED positions. Each is run REPEATS times; the fastest run's pieces are printed (ms), beside the dry
-// run of the same step priced on PROFILE (GEMMs, the paged attention kernel and its key/value stream, the other
-// kernels, allocations and collectives).
+// moe_infer's synthetic MoE (2 layers, h 256, 8 heads, 4 kv heads, 8 experts top-2, ffn 512), or with --hf DIR a
+// Hugging Face folder (the trained 4-layer MoE train_gpt --save writes), on RANKS thread ranks, static TP (--ep:
+// static EP, the engine's even placement). The batch's tokens differ (request i's token 11 + 37 i), so the router
+// spreads them over the experts as real routing does. Rank 0's decoder_step runs on a backend that computes as
+// ops::Cpu and times every op in thread CPU time (what moe_simulate --measure's cpu column and the calibration
+// count); the all-reduces are timed too (a communicator that times them, as the engine's CpuClock counts them: a
+// blocked wait is not counted, the copies and the wake-up are); the time between two ops is the step's own loops
+// (the attention over the paged cache and the KV append follow the chunk's RoPE) and its allocations. Two steps: one
+// prompt chunk of PROMPT tokens (a fresh request), and DECODE decode tokens whose requests hold CACHED positions.
+// Each is run REPEATS times; the fastest run's pieces are printed (ms), beside the dry run of the same step priced on
+// PROFILE (GEMMs, the paged attention kernel and its key/value stream, the other kernels, the all-reduces at the
+// profile's collective line, allocations; the rest of the priced step is waiting for a slower rank).
 //
-//   serve_step_pieces PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20]
+//   serve_step_pieces [--hf DIR] [--ep] PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20] [detail]
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
+#include "paradyse/serve/decoder_weights.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
@@ -80,6 +85,19 @@ struct TimedCpu {
 };
 }  // namespace paradyse::ops::timed_bench
 
+namespace paradyse {
+// The thread communicator with its blocking all-reduce (decoder_step's only collective) timed as an op.
+struct TimedCommunicator : ThreadCommunicator {
+  explicit TimedCommunicator(ThreadCommunicator&& c) : ThreadCommunicator(std::move(c)) {}
+  TimedCommunicator split(int color, int key) { return TimedCommunicator(ThreadCommunicator::split(color, key)); }
+  template <CommElement T>
+  void all_reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, ReduceOp op) {
+    const ops::timed_bench::Timed t("all_reduce");
+    ThreadCommunicator::all_reduce(in, out, op);
+  }
+};
+}  // namespace paradyse
+
 using namespace paradyse;
 using namespace paradyse::serve;
 using ops::timed_bench::TimedCpu;
@@ -88,14 +106,16 @@ namespace {
 
 // The measured pieces of one step (seconds).
 struct Pieces {
-  double gemm = 0, paged_attention = 0, other_ops = 0, rest = 0, total = 0;
+  double gemm = 0, paged_attention = 0, other_ops = 0, all_reduce = 0, rest = 0, total = 0;
 };
 
 Pieces classify(const ops::timed_bench::Clock& c, double total) {
   Pieces p;
   p.total = total;
   for (const auto& [name, s] : c.ops)
-    (name == "matmul" || name == "gemm" || name == "gemm_batched" ? p.gemm : p.other_ops) += s;
+    (name == "all_reduce"                                             ? p.all_reduce
+     : name == "matmul" || name == "gemm" || name == "gemm_batched" ? p.gemm
+                                                                      : p.other_ops) += s;
   // The KV append and the attention loop run after each chunk's RoPE of k (before the next chunk's RoPE of q, or
   // the o projection).
   for (const auto& [name, s] : c.gaps) (name.rfind("rope_forward -> ", 0) == 0 ? p.paged_attention : p.rest) += s;
@@ -120,6 +140,9 @@ Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster
       case TraceKind::transcendental: p.other_ops += n * hw.scalar_math.time(cost::ScalarFunction(int(e.n)), e.m); break;
       case TraceKind::allocate: p.rest += hw.fresh_memory.time(double(cost::round_allocation(e.bytes))); break;
       case TraceKind::scratch: p.rest += hw.fresh_memory.time(e.bytes); break;
+      case TraceKind::post:
+        if (e.transfer == TransferKind::all_reduce) p.all_reduce += hw.collective_time(cost::Collective::all_reduce, t.ranks, e.bytes);
+        break;
       default: break;
     }
   }
@@ -133,26 +156,42 @@ Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster
   p.paged_attention += kv;
   const StepCost total = dry_run_step_cost(c, t, cluster);
   p.total = total.total_s();
-  p.rest += total.communication_s;
+  p.rest += total.communication_s - p.all_reduce;  // the rest: waiting for a slower rank
   return p;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string hf;
+  MoeMode mode = MoeMode::tp;
+  std::vector<char*> args = {argv[0]};  // the positional arguments, after the flags are taken out
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--hf" && i + 1 < argc) hf = argv[++i];
+    else if (a == "--ep") mode = MoeMode::ep;
+    else args.push_back(argv[i]);
+  }
+  argc = int(args.size());
+  argv = args.data();
   if (argc < 2) {
-    fmt::print(stderr, "usage: serve_step_pieces PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20]\n");
+    fmt::print(stderr, "usage: serve_step_pieces [--hf DIR] [--ep] PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] "
+                       "[CACHED=48] [REPEATS=20] [detail]\n");
     return 2;
   }
   const auto arg = [&](int i, long fallback) { return argc > i ? std::atol(argv[i]) : fallback; };
   const int ranks = int(arg(2, 2));
   const std::int64_t prompt = arg(3, 64), decode = arg(4, 8), cached = arg(5, 48), repeats = arg(6, 20);
   const SimulatedCluster cluster = simulated_cluster(argv[1], 4);
-  const LoadedDecoder model = synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), 1, 0.3);
+  const LoadedDecoder model =
+      hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), 1, 0.3) : load_decoder(hf);
   const DecoderConfig& c = model.config;
-  fmt::print("serve_step_pieces: synthetic MoE (h 256, 2 layers, 8 heads, 4 kv heads, 8 experts top-2, ffn 512), {} "
-             "thread ranks, static TP, rank 0's thread CPU time (fastest of {}), against the dry run priced on {}\n",
-             ranks, repeats, cluster.profile.name);
+  const ExpertLayout layout =
+      mode == MoeMode::tp ? ExpertLayout::tp() : ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, ranks).experts_of_rank);
+  fmt::print("serve_step_pieces: {} ({} layers, h {}, {} heads, {} kv heads, {} experts top-{}, ffn {}), {} thread "
+             "ranks, static {}, rank 0's thread CPU time (fastest of {}), against the dry run priced on {}\n",
+             hf.empty() ? "synthetic MoE" : hf, c.layers, c.hidden, c.heads, c.kv_heads, c.moe.experts, c.moe.top_k,
+             c.moe.expert_ffn, ranks, mode == MoeMode::tp ? "TP" : "EP", repeats, cluster.profile.name);
   struct Kind {
     std::string name;
     std::vector<ChunkShape> shape;
@@ -165,8 +204,10 @@ int main(int argc, char** argv) {
     ops::timed_bench::Clock detail;
     double plain = 1e30;  // the same step on ops::Cpu, untimed: the timers' own cost is the difference
     StepTrace trace;
-    run_ranks(ranks, [&](ThreadCommunicator& comm) {
-      const RankShard shard = make_rank_shard(c, model.weights, ranks, comm.rank(), MoeMode::tp);
+    run_ranks(ranks, [&](ThreadCommunicator& thread_comm) {
+      TimedCommunicator comm(std::move(thread_comm));
+      ThreadCommunicator& plain_comm = comm;
+      const RankShard shard = make_rank_shard(c, model.weights, ranks, comm.rank(), mode);
       PagedKvCache cache(kv_cache_shape(c, shard, 64, 16));
       BufferPool pool;
       std::vector<SequenceChunk> batch;
@@ -175,9 +216,10 @@ int main(int argc, char** argv) {
         if (kind.shape[i].cached > 0) {  // fill the request's cache first
           cache.reserve(request, kind.shape[i].cached);
           const SequenceChunk fill{request, std::vector<std::int32_t>(std::size_t(kind.shape[i].cached), 7)};
-          decoder_step(comm, c, shard, cache, std::span(&fill, 1), pool);
+          decoder_step(plain_comm, c, shard, cache, std::span(&fill, 1), pool);
         }
-        batch.push_back({request, std::vector<std::int32_t>(std::size_t(kind.shape[i].tokens), 11)});
+        const auto token = std::int32_t((11 + 37 * i) % std::size_t(c.vocab));  // requests' tokens differ: routed apart
+        batch.push_back({request, std::vector<std::int32_t>(std::size_t(kind.shape[i].tokens), token)});
       }
       for (std::int64_t rep = 0; rep < repeats; ++rep) {
         for (const SequenceChunk& ch : batch) cache.reserve(ch.request, std::int64_t(ch.tokens.size()));
@@ -196,7 +238,7 @@ int main(int argc, char** argv) {
           trace.ranks = ranks;
           for (std::size_t i = 0; i < batch.size(); ++i) trace.chunks.push_back(kind.shape[i]);
           for (const MoeLayerLoad& l : out.moe_load) trace.routed.push_back(l.routed);
-          trace.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
+          trace.layout.assign(std::size_t(c.layers), layout);
           trace.next.assign(std::size_t(c.layers), std::nullopt);
         }
         for (const SequenceChunk& ch : batch) cache.release(ch.request);
@@ -204,12 +246,12 @@ int main(int argc, char** argv) {
           cache.reserve(batch[i].request, before[i] + std::int64_t(batch[i].tokens.size()));
           if (before[i] > 0) {
             const SequenceChunk fill{batch[i].request, std::vector<std::int32_t>(std::size_t(before[i]), 7)};
-            decoder_step(comm, c, shard, cache, std::span(&fill, 1), pool);
+            decoder_step(plain_comm, c, shard, cache, std::span(&fill, 1), pool);
           }
         }
         comm.barrier();
         const double plain_start = thread_cpu_seconds();
-        decoder_step(comm, c, shard, cache, batch, pool);
+        decoder_step(plain_comm, c, shard, cache, batch, pool);
         if (comm.rank() == 0) plain = std::min(plain, thread_cpu_seconds() - plain_start);
         // Roll the cache back so that every repeat sees the same lengths: release and refill is what a fresh
         // request costs; here the decode requests keep their blocks (reserve is idempotent on length).
@@ -218,7 +260,7 @@ int main(int argc, char** argv) {
           if (before[i] > 0) {
             cache.reserve(batch[i].request, before[i]);
             const SequenceChunk fill{batch[i].request, std::vector<std::int32_t>(std::size_t(before[i]), 7)};
-            decoder_step(comm, c, shard, cache, std::span(&fill, 1), pool);
+            decoder_step(plain_comm, c, shard, cache, std::span(&fill, 1), pool);
           }
         }
       }
@@ -232,7 +274,8 @@ int main(int argc, char** argv) {
     row("GEMMs", best.gemm, dry.gemm);
     row("paged attention + KV append (the loops)", best.paged_attention, dry.paged_attention);
     row("other backend ops (norms, RoPE, router...)", best.other_ops, dry.other_ops);
-    row("between ops (allocations, collectives...)", best.rest, dry.rest);
+    row("all-reduces", best.all_reduce, dry.all_reduce);
+    row("between ops (allocations, waits...)", best.rest, dry.rest);
     row("step", best.total, dry.total);
     fmt::print("{:<44} {:>9.3f}\n", "step on ops::Cpu, untimed", plain * 1e3);
     if (argc > 7) {

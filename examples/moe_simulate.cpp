@@ -20,11 +20,12 @@
 // first when FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and
 // policies; the table gives both and the relative error, for the measured run on the wall clock and on rank 0's
 // thread CPU time (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own, which other
-// processes sharing the cores do not lengthen). The calibration adds GEMM size classes fitted on the served model's
-// own GEMMs with cold weights (cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
+// processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
+// classes fitted on the served model's own GEMMs with every weight from memory (128 MB a rank;
+// serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
 // single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
-// "cpu before" simulate with the profile less the fixed cost per kernel call (cost/profile.hpp CallOverheadModel,
-// calibrated here: the time model before it).
+// "cpu ws" simulate with the classes calibrated cycling through the weights a step reads instead, when this run
+// calibrated.
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -40,6 +41,7 @@
 #include "paradyse/serve/paged_attention_calibration.hpp"
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
+#include "paradyse/serve/serving_calibration.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -385,23 +387,6 @@ double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::Gemm
   return percentile(bandwidths, 0.5);
 }
 
-// The GEMMs a serving step of `c` runs on rank 0 of `ranks` (cost/calibrate.hpp's calibrate_gemm_classes measures
-// them with their weights cold): (m, n, k) for the decode rows 1-16 and a prefill chunk's rows up to `step_tokens`
-// (at most 128, the classes' top) against the attention projections, the router, the experts' TP slices and whole
-// experts (both products) and the lm_head.
-std::vector<std::array<std::int64_t, 3>> serving_gemm_shapes(const DecoderConfig& c, int ranks, std::int64_t step_tokens) {
-  const std::int64_t h = c.hidden, d = c.head_dim, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / ranks);
-  const std::int64_t hq = query_heads(c, ranks, 0).length, hk = kv_heads_of(c, ranks, 0).length;
-  const std::vector<std::pair<std::int64_t, std::int64_t>> weights = {
-      {hq * d, h}, {hk * d, h}, {h, hq * d}, {c.moe.experts, h}, {2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}};
-  std::vector<std::array<std::int64_t, 3>> shapes;
-  for (const std::int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128}) {
-    if (m > std::max<std::int64_t>(16, std::min<std::int64_t>(step_tokens, 128))) break;
-    for (const auto& [n, k] : weights) shapes.push_back({m, n, k});
-  }
-  return shapes;
-}
-
 // One measured step on rank 0: its trace and its wall and CPU time.
 struct MeasuredStep {
   StepTrace trace;
@@ -456,6 +441,7 @@ int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
+  std::vector<cost::GemmRowClass> gemm_classes_ws;  // calibrated on the weights a step reads ("ws")
   if (!std::filesystem::exists(o.cluster)) {
     check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
           "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
@@ -473,12 +459,13 @@ int measure(const Options& o) {
     for (const std::int64_t m : {1, 4, 16})
       for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}})
         options.gemm_shapes.push_back({m, n, k});
+    add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
       const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
       if (comm.rank() == 0) {
         profile = cal.profile;
         for (const cost::CalibrationSample& x : cal.samples)
-          if (x.what.rfind("gemm", 0) == 0)
+          if (x.what.rfind("gemm", 0) == 0 || x.what.rfind("all_reduce", 0) == 0)
             fmt::print("  {:<22} measured {:>9.1f} us, fit {:>9.1f} us\n", x.what, x.measured_s * 1e6, x.fitted_s * 1e6);
       }
     });
@@ -489,13 +476,21 @@ int measure(const Options& o) {
                "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
     profile.gemm.bytes_per_s = cold;
     // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
-    // each on its own, on the serving step's own GEMMs with cold weights; above 128 rows the single fit.
-    cost::GemmClassOptions classes;
+    // each on its own, on the serving step's own GEMMs; above 128 rows the single fit.
+    cost::GemmClassOptions classes = serving_gemm_classes(c, o.ranks, o.step_tokens);
     classes.clock = options.clock;
-    classes.shapes = serving_gemm_shapes(c, o.ranks, o.step_tokens);
+    // The profile's classes cycle through 128 MB of weights a rank (every weight from memory); the rows "cpu ws"
+    // simulate with classes cycling through the weights a step reads (serve/serving_calibration.hpp), which priced
+    // the trained 4-layer MoE's decode steps 5-30% lower and further from its measured CPU time on this machine.
+    const cost::GemmClassOptions working_set = classes;
+    classes.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (\"ws\": {:.1f} MB, the weights a step reads)\n",
+               double(classes.cold_bytes) / 1e6, double(working_set.cold_bytes) / 1e6);
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+      const cost::GemmClassCalibration ws = cost::calibrate_gemm_classes<ops::Cpu>(comm, working_set);
       const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
       if (comm.rank() != 0) return;
+      gemm_classes_ws = ws.classes;
       profile.gemm.by_rows = cal.classes;
       const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
       for (const cost::GemmSample& x : cal.samples) {
@@ -532,13 +527,14 @@ int measure(const Options& o) {
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
-  // The profile less the fixed cost per kernel call, the time model before it: simulated beside it ("before").
-  SimulatedCluster before = cluster;
-  before.profile.call_overhead = {};
+  // The profile with the GEMM classes calibrated on the step's working set, when this run calibrated them:
+  // simulated beside it ("ws").
+  SimulatedCluster ws_cluster = cluster;
+  if (o.gemm_classes && !gemm_classes_ws.empty()) ws_cluster.profile.gemm.by_rows = gemm_classes_ws;
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
-  const std::vector<Policy> before_policies = make_policies(o.policies, before, o.eplb_interval, o.switch_window);
-  const bool compare_before = before.profile.call_overhead != cluster.profile.call_overhead;
+  const std::vector<Policy> ws_policies = make_policies(o.policies, ws_cluster, o.eplb_interval, o.switch_window);
+  const bool compare_ws = ws_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -561,7 +557,7 @@ int measure(const Options& o) {
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
       // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
-      // on the profile less the fixed cost per kernel call (the policy's time model too).
+      // on the profile with the working set's GEMM classes (the policy's time model too).
       auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
@@ -569,7 +565,7 @@ int measure(const Options& o) {
           std::unique_ptr<EngineClock> own;
           EngineOptions run = opt;
           if (kind == 2) own = std::make_unique<SimulatedClock>(c, cluster);  // every rank its own (alike)
-          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, before);
+          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, ws_cluster);
           else if (kind == 1) own = std::make_unique<CpuClock>();  // rank 0's decides (it plans)
           else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
@@ -579,7 +575,7 @@ int measure(const Options& o) {
             };
           run.clock = own.get();
           EngineStats s;
-          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? before_policies[pi] : pol).policy, &s);
+          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? ws_policies[pi] : pol).policy, &s);
           if (comm.rank() == 0) out = std::move(got), stats = s;
         });
         return summarize(out, stats, c);
@@ -594,19 +590,19 @@ int measure(const Options& o) {
         on_cpu.push_back(serve(1, nullptr, nullptr));
       }
       breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
-      if (compare_before) breakdowns.push_back({pol.name + ", before", step_breakdown(c, before, steps)});
+      if (compare_ws) breakdowns.push_back({pol.name + ", ws", step_breakdown(c, ws_cluster, steps)});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
       const Result sim = serve(2, nullptr, nullptr);
-      const Result sim_before = compare_before ? serve(3, nullptr, nullptr) : sim;
-      // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation before the
-      // fixed cost per kernel call.
+      const Result sim_ws = compare_ws ? serve(3, nullptr, nullptr) : sim;
+      // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
+      // working set's GEMM classes.
       for (const auto& [clock_name, runs, simulated] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
-            {"cpu", &on_cpu, &sim}, {"cpu before", &on_cpu, &sim_before}}) {
-        if (simulated == &sim_before && !compare_before) continue;
+            {"cpu", &on_cpu, &sim}, {"cpu ws", &on_cpu, &sim_ws}}) {
+        if (simulated == &sim_ws && !compare_ws) continue;
         fmt::print("{:<16} {:>8}", pol.name, clock_name);
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v;

@@ -1,0 +1,104 @@
+// paradyse/serve/serving_calibration.hpp: what a calibration measures to price serving steps of a model
+// (moe_simulate --measure): the sizes a step of that model runs, so that the profile's fits price them from samples
+// of their own sizes rather than by extrapolation from others.
+//
+//   serving_gemm_shapes(c, ranks, step_tokens)    (m, n, k) of the step's GEMMs
+//   step_weight_bytes(c, ranks)                   the weights rank 0 reads in a step that routes to every expert
+//   serving_gemm_classes(c, ranks, step_tokens)   calibrate_gemm_classes' options: those shapes, each cycling
+//                                                 through step_weight_bytes of weight copies
+//   serving_message_bytes(c, step_tokens)         the step's all-reduces: [tokens, h] floats, from a decode batch of
+//                                                 one token to a prompt chunk of step_tokens
+//   add_serving_messages(options, c, step_tokens) calibrate()'s collective sizes with those below its own
+//
+// Why the messages: calibrate() measures collectives from 32 KB up (nccl-tests' sizes) and fits alpha + beta bytes
+// below 4 MB on them; a decode step's all-reduces are 0.5-8 KB (a few tokens of h floats), priced at the fit's
+// alpha, an extrapolation to 0 bytes that came out 1.9 us in one calibration and 22.9 us in the next on the same
+// machine (the 4-layer MoE's decode step then carried 0.185 ms of all-reduces against 1.0 ms of compute).
+// Why the working set: between two reads of one weight matrix a step reads every other weight of the rank once, so
+// the matrix comes from the cache level that holds the rank's weights: from memory for a model larger than the last
+// level cache, from it for a small one (the trained 4-layer MoE's 6.6 MB a rank, both ranks within this machine's
+// 32 MB L3). The profile's classes cycle through 128 MB a rank (from memory for every model); moe_simulate --measure
+// simulates with these beside them ("cpu ws"): on this machine, loaded by other processes sharing the L3, they
+// priced the trained model's decode steps 5-30% lower, further from its measured CPU time (docs/serving_simulation.md).
+#pragma once
+
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/serve/rank_shard.hpp"
+#include "paradyse/serve/step_dry_run.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace paradyse::serve {
+
+// The GEMMs a serving step of `c` runs on rank 0 of `ranks`: (m, n, k) for the decode rows 1-16 and a prefill
+// chunk's rows up to `step_tokens` (at most 128, the classes' top) against the attention projections, the router, the
+// experts' TP slices and whole experts (both products) and the lm_head.
+inline std::vector<std::array<std::int64_t, 3>> serving_gemm_shapes(const DecoderConfig& c, int ranks,
+                                                                    std::int64_t step_tokens) {
+  const std::int64_t h = c.hidden, d = c.head_dim, f = c.moe.expert_ffn;
+  const std::int64_t fr = std::max<std::int64_t>(1, chunk_range(f, ranks, 0).length);  // rank 0's slice
+  const std::int64_t hq = query_heads(c, ranks, 0).length, hk = kv_heads_of(c, ranks, 0).length;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> weights = {
+      {hq * d, h}, {hk * d, h}, {h, hq * d}, {c.moe.experts, h}, {2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}};
+  std::vector<std::array<std::int64_t, 3>> shapes;
+  for (const std::int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128}) {
+    if (m > std::max<std::int64_t>(16, std::min<std::int64_t>(step_tokens, 128))) break;
+    for (const auto& [n, k] : weights) shapes.push_back({m, n, k});
+  }
+  return shapes;
+}
+
+// The bytes of the weight operands (n x k floats) of rank 0's GEMMs in a decode step of one token per expert, each
+// expert routed top_k rows: every weight a step reads (the projections, the router, every expert's slice in TP,
+// the lm_head; a decode step's attention is the paged kernel, not a GEMM).
+inline std::int64_t step_weight_bytes(const DecoderConfig& c, int ranks) {
+  StepTrace t;
+  t.ranks = ranks;
+  t.chunks.assign(std::size_t(std::max<std::int64_t>(1, c.moe.experts)), ChunkShape{1, 1, true});
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    t.routed.push_back(c.is_moe(l) ? std::vector<std::int64_t>(std::size_t(c.moe.experts), c.moe.top_k)
+                                   : std::vector<std::int64_t>{});
+  t.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
+  t.next.assign(std::size_t(c.layers), std::nullopt);
+  double bytes = 0;
+  for (const TraceEvent& e : dry_run_step(c, t, 0).events)
+    if (e.kind == TraceKind::gemm) bytes += double(e.count) * e.n * e.k * double(sizeof(float));
+  return std::int64_t(bytes);
+}
+
+// calibrate_gemm_classes' options for serving `c` on `ranks`: the step's GEMM shapes, each timed cycling through
+// copies of its weights that add up to the weights a step reads (the same reuse distance as in the step).
+inline cost::GemmClassOptions serving_gemm_classes(const DecoderConfig& c, int ranks, std::int64_t step_tokens) {
+  cost::GemmClassOptions o;
+  o.shapes = serving_gemm_shapes(c, ranks, step_tokens);
+  o.cold_bytes = step_weight_bytes(c, ranks);
+  return o;
+}
+
+// The bytes of a serving step's all-reduces (decoder_step sums [n, h] partial outputs twice a layer): n = 1, 4, 16
+// decode tokens and a prompt chunk of `step_tokens`, ascending.
+inline std::vector<std::int64_t> serving_message_bytes(const DecoderConfig& c, std::int64_t step_tokens) {
+  std::vector<std::int64_t> bytes;
+  for (const std::int64_t n : {std::int64_t(1), std::int64_t(4), std::int64_t(16), step_tokens})
+    bytes.push_back(n * c.hidden * std::int64_t(sizeof(float)));
+  std::sort(bytes.begin(), bytes.end());
+  bytes.erase(std::unique(bytes.begin(), bytes.end()), bytes.end());
+  return bytes;
+}
+
+// calibrate()'s collective sizes with the serving step's own below them (its sizes from the smallest of its own
+// up are kept: the large-message line and the link model are fitted on them as before).
+inline void add_serving_messages(cost::CalibrationOptions& options, const DecoderConfig& c, std::int64_t step_tokens) {
+  const std::int64_t smallest = *std::min_element(options.message_bytes.begin(), options.message_bytes.end());
+  std::vector<std::int64_t> bytes;
+  for (const std::int64_t b : serving_message_bytes(c, step_tokens))
+    if (b < smallest) bytes.push_back(b);
+  bytes.insert(bytes.end(), options.message_bytes.begin(), options.message_bytes.end());
+  options.message_bytes = std::move(bytes);
+}
+
+}  // namespace paradyse::serve

@@ -1,0 +1,100 @@
+// tests/serve/serving_calibration.cpp: a calibration for serving (serve/serving_calibration.hpp) samples the sizes
+// a serving step prices: every all-reduce of a step's dry run (decode batches of 1-16 tokens, a prompt chunk) lies
+// within the collective sizes calibrate() then measures, at most 4x from one of them, so the profile's small-message
+// line is fitted on its own sizes, not extrapolated from 32 KB up; the GEMMs of the step are among the class shapes.
+#include "paradyse/serve/serving_calibration.hpp"
+#include "paradyse/serve/step_dry_run.hpp"
+#include "paradyse/serve/synthetic_decoder.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::serve;
+
+namespace serving_calibration_test {
+
+// A step of `chunks` on p ranks in `mode` (EP: the chunked placement), its (token, expert) pairs spread evenly.
+StepTrace step_of(const DecoderConfig& c, int p, const std::vector<ChunkShape>& chunks, MoeMode mode) {
+  StepTrace t;
+  t.ranks = p;
+  t.chunks = chunks;
+  const ExpertLayout layout = mode == MoeMode::tp ? ExpertLayout::tp()
+                                                  : ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
+  const std::int64_t pairs = t.tokens() * c.moe.top_k, E = c.moe.experts;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    std::vector<std::int64_t> routed;
+    for (std::int64_t e = 0; e < E; ++e) routed.push_back(pairs / E + (e < pairs % E ? 1 : 0));
+    t.routed.push_back(routed);
+  }
+  t.layout.assign(std::size_t(c.layers), layout);
+  t.next.assign(std::size_t(c.layers), std::nullopt);
+  return t;
+}
+
+}  // namespace serving_calibration_test
+
+TEST_CASE("serving calibration: a step's all-reduces and GEMMs are within the sizes the calibration measures") {
+  using namespace serving_calibration_test;
+  const std::int64_t step_tokens = 64;
+  // moe_infer's synthetic MoE, the trained 4-layer MoE's shape (h 128, 4 heads) and an uneven one (3 kv heads).
+  for (const DecoderConfig& c : {synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), synthetic_config(128, 4, 4, 4, 8, 2, 256, 256),
+                                 synthetic_config(96, 2, 6, 3, 6, 2, 160, 300)}) {
+    cost::CalibrationOptions options;
+    add_serving_messages(options, c, step_tokens);
+    REQUIRE(std::is_sorted(options.message_bytes.begin(), options.message_bytes.end()));
+    for (const int p : {2, 3})
+      for (const MoeMode mode : {MoeMode::tp, MoeMode::ep}) {
+        const auto shapes = serving_gemm_shapes(c, p, step_tokens);
+        for (const std::vector<ChunkShape>& chunks :
+             {std::vector<ChunkShape>{{1, 40, true}}, std::vector<ChunkShape>(5, {1, 33, true}),
+              std::vector<ChunkShape>(16, {1, 7, true}), std::vector<ChunkShape>{{step_tokens, 0, false}},
+              std::vector<ChunkShape>{{3, 20, true}, {step_tokens - 3, 0, false}}}) {
+          const StepTrace t = step_of(c, p, chunks, mode);
+          const RankStepTrace r = dry_run_step(c, t, 0);
+          int all_reduces = 0;
+          for (const TraceEvent& e : r.events) {
+            INFO("h ", c.hidden, ", p ", p, mode == MoeMode::tp ? " TP" : " EP", ", ", t.tokens(), " tokens");
+            if (e.kind == TraceKind::post && e.transfer == TransferKind::all_reduce) {
+              ++all_reduces;
+              INFO("an all-reduce of ", e.bytes, " B; calibrated from ", options.message_bytes.front(), " B");
+              CHECK(e.bytes >= double(options.message_bytes.front()));
+              CHECK(e.bytes < double(options.large_message_bytes));
+              const bool near = std::any_of(options.message_bytes.begin(), options.message_bytes.end(),
+                                            [&](std::int64_t b) { return e.bytes <= 4.0 * double(b) && double(b) <= 4.0 * e.bytes; });
+              CHECK(near);
+            }
+            if (e.kind == TraceKind::gemm && e.m <= 16) {  // decode rows: the m <= 16 class is fitted on these
+              INFO("GEMM ", e.m, "x", e.n, "x", e.k);
+              const bool among = std::any_of(shapes.begin(), shapes.end(), [&](const std::array<std::int64_t, 3>& s) {
+                return double(s[1]) == e.n && double(s[2]) == e.k;
+              });
+              CHECK(among);
+            }
+          }
+          CHECK(all_reduces == 2 * c.layers);
+        }
+      }
+  }
+}
+
+TEST_CASE("serving calibration: the GEMM classes cycle through the weights a step reads (rank 0's, counted by hand)") {
+  for (const DecoderConfig& c : {synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), synthetic_config(128, 4, 4, 4, 8, 2, 256, 256),
+                                 synthetic_config(96, 2, 6, 3, 6, 2, 160, 300)})
+    for (const int p : {1, 2, 3}) {
+      INFO("h ", c.hidden, ", p ", p);
+      const std::int64_t h = c.hidden, d = c.head_dim, E = c.moe.experts;
+      const std::int64_t hq = query_heads(c, p, 0).length, hk = kv_heads_of(c, p, 0).length;
+      const std::int64_t fr = chunk_range(c.moe.expert_ffn, p, 0).length;
+      // per layer: q and o [hq d, h], k and v [hk d, h], the router [E, h], every expert's slice in [2 fr, h] and
+      // out [h, fr]; then the lm_head [V, h]
+      const std::int64_t floats = c.layers * (2 * hq * d * h + 2 * hk * d * h + E * h + E * 3 * fr * h) + c.vocab * h;
+      CHECK(step_weight_bytes(c, p) == 4 * floats);
+      const cost::GemmClassOptions o = serving_gemm_classes(c, p, 64);
+      CHECK(o.cold_bytes == 4 * floats);
+      CHECK(o.shapes == serving_gemm_shapes(c, p, 64));
+    }
+}
