@@ -318,7 +318,8 @@ int main(int argc, char** argv) {
       if (!o.score.empty()) file = search::load_config_file(o.score);
       else file.config = search::config_from_text(o.config);
       const search::TrainingModel model = file.model ? *file.model : load_model(o.model);
-      const search::ClusterProfile cluster = emulated(file.cluster ? *file.cluster : load_cluster(o.cluster), o.emulate);
+      if (file.cluster) file.cluster = emulated(*file.cluster, o.emulate);  // the file's cluster is the one scored
+      const search::ClusterProfile cluster = file.cluster ? *file.cluster : emulated(load_cluster(o.cluster), o.emulate);
       const search::Scored r = search::score(file, model, cluster, setup);
       print_score(r);
       if (!o.emit.empty()) {

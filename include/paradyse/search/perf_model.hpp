@@ -476,29 +476,50 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
   } else if (c.zero == 2) {  // every micro-batch: reduce-scatter its gradients
     const double per_mb = reduce(Collective::reduce_scatter, g, operations);
     dp_s += m * (overlap ? std::max(0.0, per_mb - (stage_forward + stage_backward)) : per_mb);
-  } else {  // ZeRO-3, every micro-batch: per layer a gather before the forward, one (two with full recomputation)
-            // before the backward, a reduce-scatter after it; each hidden under one layer's compute at most. Per
-            // tensor: a layer's attention and MLP apart (its norms stay whole).
-    const double per_layer = per_tensor ? 2 : 1;
-    const double gather = reduce(Collective::all_gather, wb, buckets * per_layer) / buckets;
-    const double scatter = reduce(Collective::reduce_scatter, g, buckets * per_layer) / buckets;
+  } else if (per_tensor) {
+    // train_gpt's ZeRO-3, every micro-batch (model/mesh_stage.hpp, model/zero3_prefetch.hpp). Collectives posted
+    // together run as one of their summed bytes (one launch; all-gather and reduce-scatter take the same steps and
+    // bus factor): a layer's tensors (attention, MLP, norms) gathered before each pass; its attention's and MLP's
+    // gradients reduce-scattered after its backward, beside the gather of the layer before it; its norms' gradients
+    // reduce-scattered after the whole backward, each waited for; the embedding and the head gathered and their
+    // gradients reduce-scattered around each use, each waited for.
+    const double end = model_.embedding_parameters() / c.tp(), norms = model_.norm_parameters();
+    const double ends = c.pp == 1 && !model_.tied_embeddings ? 2 : 1;  // the stage's embedding and head
+    const double layer = (dense - ends * end) / buckets;                 // a layer's, over dp x cp
+    // One collective per layer: `bytes` of each of its parameters, `norm_bytes` of each of its norms' besides.
+    auto per_layer = [&](double bytes, double norm_bytes) {
+      return cluster_.collective_time(Collective::all_gather, dp_group, layer * bytes + norms * (norm_bytes - bytes)) +
+             cluster_.collective_time(Collective::all_gather, dp_only, dense_dp / buckets * bytes) +
+             cluster_.collective_time(Collective::all_gather, edp_group, experts / buckets * bytes);
+    };
+    const double gather = per_layer(wb, wb), scatter = per_layer(g, 0), both = per_layer(wb + g, wb);
+    const double waited = buckets * cluster_.collective_time(Collective::reduce_scatter, dp_group, norms * g) +
+                          ends * (cluster_.collective_time(Collective::all_gather, dp_group, end * wb) +
+                                  cluster_.collective_time(Collective::reduce_scatter, dp_group, end * g));
+    const double passes = c.recompute == Recompute::full ? 2 : 1;  // forward passes: the forward, the recomputation's
+    double exposed = buckets * ((passes + 1) * gather + scatter);
+    if (setup_.zero3_prefetch) {
+      // Each forward pass: a layer's gather behind the layer before it, the first exposed. The backward: a layer's
+      // gather beside the reduce-scatter of the layer after it behind its backward (the recomputation's forward
+      // counted apart), the first gather and the last reduce-scatter exposed.
+      const double layer_forward = stage_forward / buckets;
+      const double layer_back = std::max(0.0, stage_backward / buckets - (passes - 1) * layer_forward);
+      exposed = passes * (gather + (buckets - 1) * std::max(0.0, gather - layer_forward)) + gather + scatter +
+                (buckets - 1) * std::max(0.0, both - layer_back);
+    }
+    dp_s += m * (exposed + waited);
+  } else {  // Megatron's ZeRO-3, every micro-batch: per layer a gather before the forward, one (two with full
+            // recomputation) before the backward, a reduce-scatter after it; each hidden under one layer's compute
+            // at most.
+    const double gather = reduce(Collective::all_gather, wb, buckets) / buckets;
+    const double scatter = reduce(Collective::reduce_scatter, g, buckets) / buckets;
     const double backward_gathers = c.recompute == Recompute::full ? 2 : 1;
-    const double per_mb = buckets * ((1 + backward_gathers) * gather + scatter);
-    double exposed = per_mb;
+    double exposed = buckets * ((1 + backward_gathers) * gather + scatter);
     const double layer_forward = stage_forward / buckets, layer_backward = stage_backward / buckets;
     if (overlap) {
       exposed = gather + (buckets - 1) * std::max(0.0, gather - layer_forward) +   // forward pass
                 backward_gathers * gather + scatter +                               // backward's first and last
                 (buckets - 1) * std::max(0.0, backward_gathers * gather + scatter - layer_backward);
-    } else if (per_tensor && setup_.zero3_prefetch) {
-      // train_gpt's schedule (model/zero3_prefetch.hpp): in each forward pass (the recomputation's too) a layer's
-      // gather behind the layer before it, the first exposed; in the backward a layer's gather and the reduce-scatter
-      // of the layer after it behind its backward (the recomputation's forward counted apart), the first gather and
-      // the last reduce-scatter exposed.
-      const double passes = backward_gathers;  // the forward, and the recomputation's
-      const double layer_back = std::max(0.0, layer_backward - (passes - 1) * layer_forward);
-      exposed = passes * (gather + (buckets - 1) * std::max(0.0, gather - layer_forward)) + gather + scatter +
-                (buckets - 1) * std::max(0.0, gather + scatter - layer_back);
     }
     dp_s += m * exposed;
   }
