@@ -485,17 +485,17 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     // gradients reduce-scattered around each use, each waited for.
     const double end = model_.embedding_parameters() / c.tp(), norms = model_.norm_parameters();
     const double ends = c.pp == 1 && !model_.tied_embeddings ? 2 : 1;  // the stage's embedding and head
-    const double layer = (dense - ends * end) / buckets;                 // a layer's, over dp x cp
+    // A layer's shard (1 / (cp tp) of its weights under a stage group), its ZeRO group dp alone.
+    const double layer = (dense + dense_dp - ends * end) / buckets;
     // One collective per layer: `bytes` of each of its parameters, `norm_bytes` of each of its norms' besides.
     auto per_layer = [&](double bytes, double norm_bytes) {
-      return cluster_.collective_time(Collective::all_gather, dp_group, layer * bytes + norms * (norm_bytes - bytes)) +
-             cluster_.collective_time(Collective::all_gather, dp_only, dense_dp / buckets * bytes) +
+      return cluster_.collective_time(Collective::all_gather, dp_only, layer * bytes + norms * (norm_bytes - bytes)) +
              cluster_.collective_time(Collective::all_gather, edp_group, experts / buckets * bytes);
     };
     const double gather = per_layer(wb, wb), scatter = per_layer(g, 0), both = per_layer(wb + g, wb);
-    const double waited = buckets * cluster_.collective_time(Collective::reduce_scatter, dp_group, norms * g) +
-                          ends * (cluster_.collective_time(Collective::all_gather, dp_group, end * wb) +
-                                  cluster_.collective_time(Collective::reduce_scatter, dp_group, end * g));
+    const double waited = buckets * cluster_.collective_time(Collective::reduce_scatter, dp_only, norms * g) +
+                          ends * (cluster_.collective_time(Collective::all_gather, dp_only, end * wb) +
+                                  cluster_.collective_time(Collective::reduce_scatter, dp_only, end * g));
     const double passes = c.recompute == Recompute::full ? 2 : 1;  // forward passes: the forward, the recomputation's
     double exposed = buckets * ((passes + 1) * gather + scatter);
     if (setup_.zero3_prefetch) {
