@@ -76,38 +76,44 @@ TEST_CASE("shared cores: a pipeline's bubble is filled by the other ranks' work,
   }
 }
 
-TEST_CASE("shared cores: paced links (emulation) stretch compute and the optimizer; the waits are filled by other "
-          "ranks' work") {
+TEST_CASE("shared cores: paced links (emulation) stretch compute and the optimizer; a collective's wait holds its "
+          "ranks, a pipeline's bubble and sends are filled by other stages' work") {
   const TrainingSetup setup{.seq = 512, .global_batch = 16};
-  const ParallelConfig c{.dp = 2, .tp_y = 4, .zero = 1, .micro_batch = 1};
-  const Estimate own = PerformanceModel(shared_cores_model(), node_of_8(0), setup, 8).evaluate(c);
   ClusterProfile paced = node_of_8(2);
   paced.paced_links = true;
+  // Without a pipeline every wait is a collective's: the stretched work, then every wait whole.
+  const ParallelConfig c{.dp = 2, .tp_y = 4, .zero = 1, .micro_batch = 1};
+  const Estimate own = PerformanceModel(shared_cores_model(), node_of_8(0), setup, 8).evaluate(c);
   const Estimate s = PerformanceModel(shared_cores_model(), paced, setup, 8).evaluate(c);
   REQUIRE(own.exposed(CommDim::tp) > 0);
+  REQUIRE(own.exposed(CommDim::dp) > 0);
   CHECK(s.compute_s == doctest::Approx(4 * own.compute_s).epsilon(1e-12));
   CHECK(s.optimizer_s == doctest::Approx(4 * own.optimizer_s).epsilon(1e-12));
-  // The step: the longer of the dedicated step and the stretched work; the waits what remains of the dedicated ones.
-  const double dedicated = own.step_s, work = 4 * (own.compute_s + own.optimizer_s);
-  CHECK(s.step_s == doctest::Approx(std::max(dedicated, work)).epsilon(1e-12));
-  const double kept = std::max(0.0, dedicated - work) / (own.total_exposed_comm_s() + own.bubble_s);
-  for (CommDim d : kAllCommDims) CHECK(s.exposed(d) == doctest::Approx(kept * own.exposed(d)).epsilon(1e-12));
-  CHECK(s.bubble_s == doctest::Approx(kept * own.bubble_s).epsilon(1e-12));
-  // Links slow enough that the waits outlast the stretched work: the dedicated step, its waits shortened by as much
-  // as the compute was stretched.
-  ClusterProfile slow = ideal_cluster(1e11, {{"threads", 0, 2e-3, 5e7}}, 2e10);
-  slow.cores_per_node = 2;
-  slow.paced_links = true;
-  ClusterProfile slow_own = slow;
-  slow_own.cores_per_node = 0;
-  const Estimate waits = PerformanceModel(shared_cores_model(), slow, setup, 8).evaluate(c);
-  const Estimate waits_own = PerformanceModel(shared_cores_model(), slow_own, setup, 8).evaluate(c);
-  REQUIRE(waits_own.total_exposed_comm_s() > 4 * (waits_own.compute_s + waits_own.optimizer_s));
-  CHECK(waits.step_s == doctest::Approx(waits_own.step_s).epsilon(1e-12));
-  const double shortened = (waits_own.step_s - 4 * (waits_own.compute_s + waits_own.optimizer_s)) /
-                           (waits_own.total_exposed_comm_s() + waits_own.bubble_s);
-  for (CommDim d : kAllCommDims)
-    CHECK(waits.exposed(d) == doctest::Approx(shortened * waits_own.exposed(d)).epsilon(1e-12));
+  for (CommDim d : kAllCommDims) CHECK(s.exposed(d) == doctest::Approx(own.exposed(d)).epsilon(1e-12));
+  CHECK(s.step_s == doctest::Approx(4 * (own.compute_s + own.optimizer_s) + own.total_exposed_comm_s()).epsilon(1e-12));
+  // A pipeline: its bubble and its sends are what other stages' work fills, the collectives' waits stay whole; the
+  // step never below the dedicated one. Fast links (the stretched work outlasts the bubble) and slow ones.
+  const ParallelConfig piped{.dp = 2, .pp = 4, .micro_batch = 1};
+  for (const ClusterProfile& links : {node_of_8(0), ideal_cluster(1e11, {{"threads", 0, 2e-4, 5e7}}, 2e10)}) {
+    ClusterProfile shared = links;
+    shared.cores_per_node = 2;
+    shared.paced_links = true;
+    const Estimate a = PerformanceModel(shared_cores_model(), links, setup, 8).evaluate(piped);
+    const Estimate b = PerformanceModel(shared_cores_model(), shared, setup, 8).evaluate(piped);
+    REQUIRE(a.bubble_s > 0);
+    REQUIRE(a.exposed(CommDim::pp) > 0);
+    const double held = a.total_exposed_comm_s() - a.exposed(CommDim::pp);
+    const double work = 4 * (a.compute_s + a.optimizer_s);
+    CAPTURE(a.step_s);
+    CAPTURE(work + held);
+    CHECK(b.step_s == doctest::Approx(std::max(a.step_s, work + held)).epsilon(1e-12));
+    const double kept = std::max(0.0, a.step_s - work - held) / (a.exposed(CommDim::pp) + a.bubble_s);
+    CHECK(b.exposed(CommDim::pp) == doctest::Approx(kept * a.exposed(CommDim::pp)).epsilon(1e-12));
+    CHECK(b.bubble_s == doctest::Approx(kept * a.bubble_s).epsilon(1e-12));
+    for (CommDim d : {CommDim::tp, CommDim::cp, CommDim::ep, CommDim::dp})
+      CHECK(b.exposed(d) == doctest::Approx(a.exposed(d)).epsilon(1e-12));
+    CHECK(b.step_s == doctest::Approx(b.compute_s + b.total_exposed_comm_s() + b.bubble_s + b.optimizer_s));
+  }
   CHECK(cluster_from_json(cluster_to_json(paced)).paced_links);
 }
 

@@ -71,7 +71,7 @@ struct ClusterProfile {
   std::int64_t cores_per_node = 0;
   // Communication is a wait (train_gpt --emulate paces thread ranks' transfers at a device's link: the thread sleeps
   // until the paced end), not work on the shared cores: serialisation() then stretches compute and the optimizer
-  // only, and other ranks' work fills the waits (perf_model.hpp).
+  // only, and other stages' work fills a pipeline's waits; a collective's holds its lockstep ranks (perf_model.hpp).
   bool paced_links = false;
 
   // How much longer a device's own work takes when `devices` devices run (1 when every device has its own core):

@@ -43,9 +43,10 @@
 // the work stretches by serialisation() = devices per node / cores; a pipeline's idle bubble is then filled by other
 // ranks' work, so the step is the longer of the dedicated step and the stretched work (the bubble what remains).
 // With paced links (emulation) communication is a wait, not work (comm/threads_member.hpp sleeps until the
-// operation's paced end, freeing the core): the waits are filled by other ranks' work as the bubble is, so the step
-// is the longer of the dedicated step and the stretched compute and optimizer, the waits (exposed communication and
-// bubble alike) what remains of the dedicated step's.
+// operation's paced end, freeing the core). A collective's wait holds all its members until the last has arrived and
+// the paced time has passed, while the other groups, in lockstep, wait in theirs: nothing fills it. A pipeline's
+// bubble and its sends are filled by other stages' work, so the step is the longer of the dedicated step and the
+// stretched compute and optimizer plus the collectives' waits; the bubble and the sends what remains.
 // Work a calibrated CPU profile prices and a device profile leaves at 0 (cost/profile.hpp's ScalarMathModel and
 // FreshMemoryModel): RoPE's cos and sin per (token, frequency) of q and of k in each pass (every model is taken to be
 // rotary), the materialised softmax's exp per score, and the zeroing (or first touch) of each layer's fresh tensors:
@@ -549,10 +550,15 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     e.compute_s *= f;
     e.recompute_s *= f;
     e.optimizer_s *= f;
-    if (cluster_.paced_links) {  // paced transfers are waits, filled by other ranks' work as the bubble is
-      const double waits = e.total_exposed_comm_s() + e.bubble_s;
-      const double kept = waits > 0 ? std::max(0.0, dedicated - (e.compute_s + e.optimizer_s)) / waits : 0;
-      for (double& x : e.exposed_comm_s) x *= kept;
+    if (cluster_.paced_links) {
+      // Paced transfers are waits. A collective holds every member until its paced end, and the other groups, in
+      // lockstep, wait in theirs: nothing fills it. A pipeline's bubble and its sends are filled by the other
+      // stages' work.
+      const double held = e.total_exposed_comm_s() - e.exposed(CommDim::pp);
+      const double fillable = e.exposed(CommDim::pp) + e.bubble_s;
+      const double kept =
+          fillable > 0 ? std::max(0.0, dedicated - (e.compute_s + e.optimizer_s + held)) / fillable : 0;
+      e.exposed_comm_s[std::size_t(CommDim::pp)] *= kept;
       e.bubble_s *= kept;
     } else {  // copies on the shared cores
       for (double& x : e.exposed_comm_s) x *= f;
