@@ -187,7 +187,8 @@ TEST_CASE("trainer train_gpt, ZeRO-3: the collectives its stages post, with zero
     const double layer = (dense - end) / k.stage_layers;
     const double gathers = gather(d, layer * wb), scatters = gather(d, (layer - norms) * g);
     const double both = gather(d, layer * wb + (layer - norms) * g);  // a gather beside a reduce-scatter
-    const double L = k.stage_layers, m = k.micro_batches, passes = k.forward_passes;
+    // Per micro-batch, and on the pipeline's fill and drain ((pp - 1) micro-batches' stage time) as well.
+    const double L = k.stage_layers, m = k.micro_batches + (k.c.pp - 1), passes = k.forward_passes;
     const double waited = L * gather(d, norms * g) + gather(d, end * wb) + gather(d, end * g);
     // Off: every collective of every layer exposed, in every pass.
     const double off = m * (L * ((passes + 1) * gathers + scatters) + waited);

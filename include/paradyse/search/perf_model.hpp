@@ -508,7 +508,9 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
       exposed = passes * (gather + (buckets - 1) * std::max(0.0, gather - layer_forward)) + gather + scatter +
                 (buckets - 1) * std::max(0.0, both - layer_back);
     }
-    dp_s += m * (exposed + waited);
+    // Per micro-batch, on each stage's path: a pipeline's fill and drain ((pp - 1) / v micro-batches' stage time)
+    // carry them too, as the idle stages wait on the gathering one.
+    dp_s += (m + double(c.pp - 1) / c.virtual_stages) * (exposed + waited);
   } else {  // Megatron's ZeRO-3, every micro-batch: per layer a gather before the forward, one (two with full
             // recomputation) before the backward, a reduce-scatter after it; each hidden under one layer's compute
             // at most.
