@@ -455,10 +455,7 @@ int measure(const Options& o) {
     cost::CalibrationOptions options;
     options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
     options.call_overheads = true;  // a serving step's kernels run on a handful of rows: their fixed costs show
-    const std::int64_t h = c.hidden, f = c.moe.expert_ffn, fr = std::max<std::int64_t>(1, f / o.ranks);
-    for (const std::int64_t m : {1, 4, 16})
-      for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}})
-        options.gemm_shapes.push_back({m, n, k});
+    add_decode_gemms(options, c, o.ranks);
     add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
       const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);

@@ -2,7 +2,9 @@
 // (moe_simulate --measure): the sizes a step of that model runs, so that the profile's fits price them from samples
 // of their own sizes rather than by extrapolation from others.
 //
+//   expert_and_head_weights(c, ranks)             the weights of the step's expert and lm_head GEMMs
 //   serving_gemm_shapes(c, ranks, step_tokens)    (m, n, k) of the step's GEMMs
+//   add_decode_gemms(options, c, ranks)           calibrate()'s GEMM shapes with the decode GEMMs (1-16 rows)
 //   step_weight_bytes(c, ranks)                   the weights rank 0 reads in a step that routes to every expert
 //   serving_gemm_classes(c, ranks, step_tokens)   calibrate_gemm_classes' options: those shapes, each cycling
 //                                                 through step_weight_bytes of weight copies
@@ -34,22 +36,36 @@
 
 namespace paradyse::serve {
 
+// The weights (n, k) that rank 0 of `ranks` multiplies in a serving step's expert GEMMs (the TP slice and the whole
+// expert, both products) and its lm_head: the GEMMs bound by reading their weights at decode.
+inline std::vector<std::pair<std::int64_t, std::int64_t>> expert_and_head_weights(const DecoderConfig& c, int ranks) {
+  const std::int64_t h = c.hidden, f = c.moe.expert_ffn;
+  const std::int64_t fr = std::max<std::int64_t>(1, chunk_range(f, ranks, 0).length);  // rank 0's slice
+  return {{2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}};
+}
+
 // The GEMMs a serving step of `c` runs on rank 0 of `ranks`: (m, n, k) for the decode rows 1-16 and a prefill
-// chunk's rows up to `step_tokens` (at most 128, the classes' top) against the attention projections, the router, the
-// experts' TP slices and whole experts (both products) and the lm_head.
+// chunk's rows up to `step_tokens` (at most 128, the classes' top) against the attention projections, the router and
+// expert_and_head_weights.
 inline std::vector<std::array<std::int64_t, 3>> serving_gemm_shapes(const DecoderConfig& c, int ranks,
                                                                     std::int64_t step_tokens) {
-  const std::int64_t h = c.hidden, d = c.head_dim, f = c.moe.expert_ffn;
-  const std::int64_t fr = std::max<std::int64_t>(1, chunk_range(f, ranks, 0).length);  // rank 0's slice
+  const std::int64_t h = c.hidden, d = c.head_dim;
   const std::int64_t hq = query_heads(c, ranks, 0).length, hk = kv_heads_of(c, ranks, 0).length;
-  const std::vector<std::pair<std::int64_t, std::int64_t>> weights = {
-      {hq * d, h}, {hk * d, h}, {h, hq * d}, {c.moe.experts, h}, {2 * fr, h}, {h, fr}, {2 * f, h}, {h, f}, {c.vocab, h}};
+  std::vector<std::pair<std::int64_t, std::int64_t>> weights = {{hq * d, h}, {hk * d, h}, {h, hq * d}, {c.moe.experts, h}};
+  for (const auto& w : expert_and_head_weights(c, ranks)) weights.push_back(w);
   std::vector<std::array<std::int64_t, 3>> shapes;
   for (const std::int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128}) {
     if (m > std::max<std::int64_t>(16, std::min<std::int64_t>(step_tokens, 128))) break;
     for (const auto& [n, k] : weights) shapes.push_back({m, n, k});
   }
   return shapes;
+}
+
+// calibrate()'s GEMM shapes with the serving step's decode GEMMs (1, 4 and 16 rows against
+// expert_and_head_weights): bound by reading their weights, they give the single fit its operand-bytes term.
+inline void add_decode_gemms(cost::CalibrationOptions& options, const DecoderConfig& c, int ranks) {
+  for (const std::int64_t m : {1, 4, 16})
+    for (const auto& [n, k] : expert_and_head_weights(c, ranks)) options.gemm_shapes.push_back({m, n, k});
 }
 
 // The bytes of the weight operands (n x k floats) of rank 0's GEMMs in a decode step of one token per expert, each
