@@ -42,6 +42,7 @@
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
+#include "paradyse/serve/speed_probe.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -75,7 +76,7 @@ struct Options {
                output_min = 16, output_max = 256, block_size = 16, azure_requests = 1000;
   double period = 4;
   std::uint64_t seed = 1;
-  std::string switch_csv, csv, record_routing, hf;
+  std::string switch_csv, csv, record_routing, hf, steps_csv;
   bool measure = false;
   // --measure's calibration: thread CPU time (what a rank that owned its core would take; robust to other processes
   // on the cores) or wall time.
@@ -391,7 +392,20 @@ double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::Gemm
 struct MeasuredStep {
   StepTrace trace;
   StepTiming timing;
+  double end = 0;  // on the run's clock
 };
+
+// --steps-csv: one row per step of a run (the clock's view of it) and the simulated clock's price of its trace.
+void write_steps(std::ofstream& f, const std::string& policy, const char* clock, int round,
+                 const std::vector<MeasuredStep>& steps, const DecoderConfig& c, const SimulatedCluster& cluster) {
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const MeasuredStep& s = steps[i];
+    std::int64_t decodes = 0;
+    for (const ChunkShape& ch : s.trace.chunks) decodes += ch.decode ? 1 : 0;
+    f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{},{},{:.9f}\n", policy, clock, round, i, s.end, s.timing.step_s,
+                     s.timing.cpu_s, s.trace.tokens(), decodes, simulated_step_cost(c, s.trace, cluster).total_s());
+  }
+}
 
 // The measured steps of one kind against the simulated clock's cost of the same traces (the dry run): sums over the
 // steps.
@@ -537,6 +551,17 @@ int measure(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
+  // The speed probe (serve/speed_probe.hpp): the decode GEMMs, timed as the profile's classes were calibrated.
+  cost::GemmClassOptions calibrated_like = serving_gemm_classes(c, o.ranks, o.step_tokens);
+  calibrated_like.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+  calibrated_like.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
+  const cost::GemmClassOptions speed_probe = speed_probe_options(c, o.ranks, calibrated_like);
+  std::ofstream steps_csv;
+  if (!o.steps_csv.empty()) {
+    steps_csv.open(o.steps_csv);
+    check(bool(steps_csv), "--steps-csv {}: cannot write the file", o.steps_csv);
+    steps_csv << "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s\n";
+  }
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
     std::int64_t max_len = 0;
@@ -546,29 +571,34 @@ int measure(const Options& o) {
                "requests); simulated on {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
                o.ranks, trace.name, requests.size(), cluster.profile.name);
-    fmt::print("{:<16} {:>8} {:>27} {:>27} {:>27} {:>27} {:>27}\n", "policy", "clock", "TTFT p50 ms", "TTFT p99 ms",
+    // spread: the measured rounds' (largest - smallest) / median; an error inside it is not resolved by the run.
+    fmt::print("{:<16} {:>11} {:>34} {:>34} {:>34} {:>34} {:>34}\n", "policy", "clock", "TTFT p50 ms", "TTFT p99 ms",
                "TPOT p50 ms", "TPOT p99 ms", "tokens/s");
-    fmt::print("{:<16} {:>8}", "", "");
-    for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>9} {:>7}", "measured", "simulated", "error");
+    fmt::print("{:<16} {:>11}", "", "");
+    for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>6} {:>9} {:>7}", "measured", "spread", "simulated", "error");
     fmt::print("\n");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
       // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
       // on the profile with the working set's GEMM classes (the policy's time model too).
-      auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps) {
+      // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
+      auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps, double slowdown = 1) {
         std::vector<RequestOutcome> out;
         EngineStats stats;
         run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
           std::unique_ptr<EngineClock> own;
           EngineOptions run = opt;
-          if (kind == 2) own = std::make_unique<SimulatedClock>(c, cluster);  // every rank its own (alike)
-          else if (kind == 3) own = std::make_unique<SimulatedClock>(c, ws_cluster);
+          if (kind == 2 || kind == 3) {  // every rank its own (alike)
+            auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : ws_cluster);
+            sim->set_slowdown(slowdown);
+            own = std::move(sim);
+          }
           else if (kind == 1) own = std::make_unique<CpuClock>();  // rank 0's decides (it plans)
           else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
-            own->observer = [&](const StepTrace& t, const StepTiming& timing, double) {
+            own->observer = [&](const StepTrace& t, const StepTiming& timing, double end) {
               if (recorder) recorder->add(t);
-              if (steps) steps->push_back({t, timing});
+              if (steps) steps->push_back({t, timing, end});
             };
           run.clock = own.get();
           EngineStats s;
@@ -579,36 +609,71 @@ int measure(const Options& o) {
       };
       std::vector<Result> measured, on_cpu;
       RoutingRecorder recorder;
-      std::vector<MeasuredStep> steps;
+      // Every round's steps on both clocks (the per-step table takes the first wall round; --steps-csv all).
+      std::vector<std::vector<MeasuredStep>> wall_steps(std::size_t(o.rounds)), cpu_steps(std::size_t(o.rounds));
+      std::vector<MeasuredStep> sim_steps;
+      // Each round at the machine's speed then: the probe before and after it (their mean), and the simulation at it.
+      std::vector<double> speed;
+      std::vector<Result> at_speed;
+      auto probe = [&] {
+        double s = 0;
+        run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+          const double x = probe_slowdown<ops::Cpu>(comm, speed_probe, cluster.profile);
+          if (comm.rank() == 0) s = x;
+        });
+        return s;
+      };
       serve(0, nullptr, nullptr);  // warm-up
       for (int round = 0; round < o.rounds; ++round) {
+        const double before = probe();
         measured.push_back(serve(0, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr,
-                                 round == 0 ? &steps : nullptr));
-        on_cpu.push_back(serve(1, nullptr, nullptr));
+                                 &wall_steps[std::size_t(round)]));
+        on_cpu.push_back(serve(1, nullptr, &cpu_steps[std::size_t(round)]));
+        speed.push_back(0.5 * (before + probe()));
+        at_speed.push_back(serve(2, nullptr, nullptr, speed.back()));
       }
-      breakdowns.push_back({pol.name, step_breakdown(c, cluster, steps)});
-      if (compare_ws) breakdowns.push_back({pol.name + ", ws", step_breakdown(c, ws_cluster, steps)});
+      breakdowns.push_back({pol.name, step_breakdown(c, cluster, wall_steps[0])});
+      if (compare_ws) breakdowns.push_back({pol.name + ", ws", step_breakdown(c, ws_cluster, wall_steps[0])});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
       }
-      const Result sim = serve(2, nullptr, nullptr);
+      const Result sim = serve(2, nullptr, &sim_steps);
+      if (steps_csv.is_open()) {
+        for (int round = 0; round < o.rounds; ++round) {
+          write_steps(steps_csv, pol.key, "wall", round, wall_steps[std::size_t(round)], c, cluster);
+          write_steps(steps_csv, pol.key, "cpu", round, cpu_steps[std::size_t(round)], c, cluster);
+        }
+        write_steps(steps_csv, pol.key, "simulated", 0, sim_steps, c, cluster);
+      }
       const Result sim_ws = compare_ws ? serve(3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
-      // working set's GEMM classes.
+      // working set's GEMM classes; then each round against the simulation at its speed (the median of the rounds'
+      // errors).
       for (const auto& [clock_name, runs, simulated] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
-            {"cpu", &on_cpu, &sim}, {"cpu ws", &on_cpu, &sim_ws}}) {
+            {"cpu", &on_cpu, &sim}, {"cpu ws", &on_cpu, &sim_ws}, {"wall @speed", &measured, nullptr},
+            {"cpu @speed", &on_cpu, nullptr}}) {
         if (simulated == &sim_ws && !compare_ws) continue;
-        fmt::print("{:<16} {:>8}", pol.name, clock_name);
+        fmt::print("{:<16} {:>11}", pol.name, clock_name);
         for (int m = 0; m < kShown; ++m) {
-          std::vector<double> v;
-          for (const Result& r : *runs) v.push_back(r.metric[m]);
-          const double med = percentile(v, 0.5), x = simulated->metric[m];
-          fmt::print(" {:>9.2f} {:>9.2f} {:>6.0f}%", med, x, 100 * (x - med) / std::max(1e-12, med));
+          std::vector<double> v, x, error;
+          for (std::size_t r = 0; r < runs->size(); ++r) {
+            const double got = (*runs)[r].metric[m], sim_m = simulated ? simulated->metric[m] : at_speed[r].metric[m];
+            v.push_back(got), x.push_back(sim_m), error.push_back((sim_m - got) / std::max(1e-12, got));
+          }
+          const double med = percentile(v, 0.5);
+          const double spread = (*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end())) /
+                                std::max(1e-12, med);
+          const double sim_m = simulated ? simulated->metric[m] : percentile(x, 0.5);
+          const double err = simulated ? (sim_m - med) / std::max(1e-12, med) : percentile(error, 0.5);
+          fmt::print(" {:>9.2f} {:>5.0f}% {:>9.2f} {:>6.0f}%", med, 100 * spread, sim_m, 100 * err);
         }
         fmt::print("\n");
       }
+      fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price) around each round:", pol.name, "");
+      for (const double s : speed) fmt::print(" {:.2f}", s);
+      fmt::print("\n");
     }
     print_breakdowns(breakdowns);
     breakdowns.clear();
@@ -661,6 +726,10 @@ int main(int argc, char** argv) {
   flags.choice("--gemm-classes", o.gemm_classes, "on", "off",
                "--measure: simulate with the profile's GEMM size classes (on) or with its single fit alone (off)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
+      .nonempty("a file name");
+  flags.text("--steps-csv", o.steps_csv,
+             "--measure: write every step of the first wall and CPU rounds and of the simulated run (policy, clock, "
+             "end, duration, CPU time, tokens, decodes, simulated price) to FILE", "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);
   // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag

@@ -770,28 +770,32 @@ struct GemmClassCalibration {
   std::vector<CalibrationSample> compared;   // each sample against its class's fit
 };
 
-// Measures options.shapes on every rank at once (the slowest rank, the fastest of `repetitions` passes after one
-// untimed) and fits the classes; every rank calls it (SPMD) and gets the same result.
+// Times one shape on every rank at once, cycling through options.cold_bytes of weight copies: the slowest rank, the
+// fastest of options.repetitions passes after one untimed, per GEMM. Every rank calls it (SPMD).
+template <class Backend = ops::Cpu, Communicator C>
+GemmSample time_gemm_shape(C& comm, const GemmClassOptions& options, const std::array<std::int64_t, 3>& shape) {
+  const auto [m, n, k] = shape;
+  check(m > 0 && n > 0 && k > 0, "calibrate_gemm_classes: shape {}x{}x{} must be positive", m, n, k);
+  const std::int64_t weight_bytes = n * k * std::int64_t(sizeof(float));
+  const std::int64_t copies = std::max<std::int64_t>(1, options.cold_bytes / weight_bytes);
+  Tensor<float> a(Shape{m, k}), c(Shape{m, n});
+  std::vector<Tensor<float>> b;
+  for (std::int64_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), calibrate_detail::fill(b.back(), 0.25f);
+  calibrate_detail::fill(a, 0.5f);
+  const double pass = calibrate_detail::measure(comm, options.clock, options.repetitions, [&] {
+    for (const Tensor<float>& bi : b) Backend::matmul(a.view(), ops::Transpose::no, bi.view(), ops::Transpose::yes, c.view());
+  });
+  return {m, n, k, pass / double(copies)};
+}
+
+// Measures options.shapes (time_gemm_shape) and fits the classes; every rank calls it (SPMD) and gets the same result.
 template <class Backend = ops::Cpu, Communicator C>
 GemmClassCalibration calibrate_gemm_classes(C& comm, const GemmClassOptions& options) {
   check(options.repetitions >= 1 && options.cold_bytes >= 0 && !options.shapes.empty(),
         "calibrate_gemm_classes: repetitions = {} (>= 1), cold_bytes = {} (>= 0) and {} shapes (>= 1)",
         options.repetitions, options.cold_bytes, options.shapes.size());
   GemmClassCalibration result;
-  for (const auto& [m, n, k] : options.shapes) {
-    check(m > 0 && n > 0 && k > 0, "calibrate_gemm_classes: shape {}x{}x{} must be positive", m, n, k);
-    const std::int64_t weight_bytes = n * k * std::int64_t(sizeof(float));
-    const std::int64_t copies = std::max<std::int64_t>(1, options.cold_bytes / weight_bytes);
-    Tensor<float> a(Shape{m, k}), c(Shape{m, n});
-    std::vector<Tensor<float>> b;
-    for (std::int64_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), calibrate_detail::fill(b.back(), 0.25f);
-    calibrate_detail::fill(a, 0.5f);
-    const double pass = calibrate_detail::measure(comm, options.clock, options.repetitions, [&] {
-      for (const Tensor<float>& bi : b)
-        Backend::matmul(a.view(), ops::Transpose::no, bi.view(), ops::Transpose::yes, c.view());
-    });
-    result.samples.push_back({m, n, k, pass / double(copies)});
-  }
+  for (const auto& shape : options.shapes) result.samples.push_back(time_gemm_shape<Backend>(comm, options, shape));
   result.classes = fit_gemm_classes(result.samples, options.max_rows, int(sizeof(float)), &result.fits);
   GemmModel model;
   model.by_rows = result.classes;

@@ -150,8 +150,18 @@ public:
     if (std::isfinite(next_arrival)) now_ = std::max(now_, next_arrival);
   }
   void step_begin() override {}
-  // What the clock advances by for the step `trace` (without advancing).
-  StepCost price(const StepTrace& trace) { return simulated_step_cost(*dry_run_, trace, cluster_); }
+  // What the clock advances by for the step `trace` (without advancing): the time model's cost, times the slowdown.
+  StepCost price(const StepTrace& trace) {
+    StepCost c = simulated_step_cost(*dry_run_, trace, cluster_);
+    c.compute_s *= slowdown_, c.communication_s *= slowdown_, c.switch_s *= slowdown_;
+    return c;
+  }
+  // How much slower than its profile the machine runs (serve/speed_probe.hpp: a calibrated profile's machine at the
+  // moment of a measured run); every price is multiplied by it. 1 (the default): the profile's speed.
+  void set_slowdown(double s) {
+    check(s > 0 && std::isfinite(s), "SimulatedClock: slowdown {} must be positive and finite", s);
+    slowdown_ = s;
+  }
   // The totals over the steps since start().
   const StepCost& totals() const noexcept { return total_; }
   const SimulatedCluster& cluster() const noexcept { return cluster_; }
@@ -169,6 +179,7 @@ private:
   DecoderConfig shape_;
   SimulatedCluster cluster_;
   std::unique_ptr<StepDryRunner> dry_run_;  // the meta shards it keeps between steps
+  double slowdown_ = 1;
   double now_ = 0;
   StepCost total_;
 };

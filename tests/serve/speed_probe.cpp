@@ -1,0 +1,163 @@
+// tests/serve/speed_probe.cpp: the machine's speed against its profile (serve/speed_probe.hpp) and the simulated
+// clock at that speed. slowdown_of is the median of measured / the profile's price over the samples (exactly, and
+// unmoved by one outlier); the probe's shapes are the served model's decode GEMMs; a probe on thread ranks gives every
+// rank the same finite value; a SimulatedClock slowed by s charges exactly s times every part of every step's price,
+// and a run on it takes the same decisions and produces the same tokens as at speed 1, every time stamp s times
+// (arrivals at 0); a slowdown that is not positive and finite is refused by name.
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/serve/cluster_spec.hpp"
+#include "paradyse/serve/engine.hpp"
+#include "paradyse/serve/hf_checkpoint.hpp"
+#include "paradyse/serve/request_trace.hpp"
+#include "paradyse/serve/speed_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace paradyse;
+using namespace paradyse::serve;
+
+namespace speed_probe_test {
+
+std::filesystem::path repo() { return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path(); }
+
+// A profile with two GEMM size classes and a single fit above them, the rates drawn at random.
+cost::HardwareProfile random_profile(std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(0.5, 2.0);
+  cost::HardwareProfile p;
+  p.gemm = {3e-6 * u(rng), 2e11 * u(rng), 8e9 * u(rng)};
+  p.gemm.by_rows = {{16, 2e-6 * u(rng), 3e11 * u(rng), 6e9 * u(rng), 0}, {128, 4e-6 * u(rng), 2e11 * u(rng), 7e9 * u(rng), 0}};
+  return p;
+}
+
+struct Outcomes {
+  std::vector<RequestOutcome> out;
+  EngineStats stats;
+};
+
+Outcomes serve_on_simulated(const LoadedDecoder& m, const std::vector<ServeRequest>& requests, double slowdown) {
+  Outcomes r;
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    SimulatedClock clock(m.config, simulated_cluster("h100", 2));
+    clock.set_slowdown(slowdown);
+    EngineOptions o;
+    o.step_tokens = 8, o.max_running = 5, o.block_size = 4, o.kv_blocks = 24, o.clock = &clock;
+    EnginePolicy policy;  // prefill favours EP, decode TP: it switches both ways, on its own (unslowed) time model
+    policy.mode = ModePolicy::dynamic;
+    policy.switching = {0.0, 1, 1};
+    policy.rates = {1e9, 1e12, 1e4};
+    EngineStats stats;
+    auto got = serve_requests(comm, m, requests, o, policy, &stats);
+    if (comm.rank() == 0) r.out = std::move(got), r.stats = stats;
+  });
+  return r;
+}
+
+}  // namespace speed_probe_test
+
+using namespace speed_probe_test;
+
+TEST_CASE("speed probe: the slowdown is the median of measured / priced, exactly, and one outlier does not move it") {
+  std::mt19937_64 rng(20261203);
+  const DecoderConfig c = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string()).config;
+  for (int trial = 0; trial < 20; ++trial) {
+    const cost::HardwareProfile p = random_profile(rng);
+    const double s = std::uniform_real_distribution<double>(0.5, 3.0)(rng);
+    const cost::GemmClassOptions probe = speed_probe_options(c, 1 + trial % 3, {});
+    std::vector<cost::GemmSample> samples;
+    for (const auto& [m, n, k] : probe.shapes)
+      samples.push_back({m, n, k, s * p.gemm.time(double(m), double(n), double(k), 4)});
+    CHECK(slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
+    samples.front().seconds *= 50;  // one shape hit by a burst of load elsewhere
+    CHECK(slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
+    // The median: a third of the samples twice as slow moves it to at most their neighbours' ratio.
+    for (std::size_t i = 0; i < samples.size(); i += 3) samples[i].seconds *= 2;
+    CHECK(slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
+  }
+  CHECK_THROWS_WITH_AS(slowdown_of({}, cost::HardwareProfile{}), doctest::Contains("no samples"), Error);
+}
+
+TEST_CASE("speed probe: its shapes are the model's decode GEMMs, timed as the profile's classes were calibrated") {
+  const DecoderConfig c = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string()).config;
+  for (const int p : {1, 2, 3}) {
+    cost::GemmClassOptions like = serving_gemm_classes(c, p, 64);
+    like.cold_bytes = 1 << 20;
+    like.clock = cost::TimeSource::wall;
+    const cost::GemmClassOptions probe = speed_probe_options(c, p, like);
+    CHECK(probe.cold_bytes == like.cold_bytes);
+    CHECK(probe.clock == like.clock);
+    CHECK(probe.repetitions == 1);
+    std::vector<std::array<std::int64_t, 3>> decode;
+    for (const auto& s : serving_gemm_shapes(c, p, 64))
+      if (s[0] == 1 || s[0] == 4 || s[0] == 16) decode.push_back(s);
+    CHECK(probe.shapes == decode);
+    CHECK(probe.shapes.size() == 3 * (4 + expert_and_head_weights(c, p).size()));
+  }
+}
+
+TEST_CASE("speed probe: on thread ranks every rank gets the same positive, finite slowdown") {
+  const DecoderConfig c = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string()).config;
+  for (const int p : {1, 2, 3}) {
+    cost::GemmClassOptions like;
+    like.cold_bytes = 1 << 18;
+    const cost::GemmClassOptions probe = speed_probe_options(c, p, like);
+    std::mt19937_64 rng(7);
+    const cost::HardwareProfile profile = random_profile(rng);
+    std::vector<double> got(std::size_t(p), -1);
+    run_ranks(p, [&](ThreadCommunicator& comm) { got[std::size_t(comm.rank())] = probe_slowdown<ops::Cpu>(comm, probe, profile); });
+    for (const double g : got) {
+      CHECK(g == got[0]);
+      CHECK(std::isfinite(g));
+      CHECK(g > 0);
+    }
+  }
+}
+
+TEST_CASE("simulated clock: slowed by s it charges s times every part of a step's price; a run takes the same decisions") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  std::vector<TraceRequest> t = poisson_trace(1.0, 10, {3, 11, 2, 7}, 5);
+  for (TraceRequest& r : t) r.arrival_s = 0;
+  const std::vector<ServeRequest> requests = to_serve_requests(t, m.config.vocab, 3);
+  const Outcomes base = serve_on_simulated(m, requests, 1.0);
+  CHECK(base.stats.switches > 0);
+  for (const double s : {0.5, 1.37, 3.0}) {
+    const Outcomes slow = serve_on_simulated(m, requests, s);
+    REQUIRE(slow.out.size() == base.out.size());
+    for (std::size_t i = 0; i < base.out.size(); ++i) {
+      CHECK(slow.out[i].tokens == base.out[i].tokens);
+      CHECK(slow.out[i].first_token == doctest::Approx(s * base.out[i].first_token).epsilon(1e-9));
+      CHECK(slow.out[i].finish == doctest::Approx(s * base.out[i].finish).epsilon(1e-9));
+    }
+    CHECK(slow.stats.step_tokens == base.stats.step_tokens);
+    CHECK(slow.stats.mode_of_step == base.stats.mode_of_step);
+    CHECK(slow.stats.switches == base.stats.switches);
+    REQUIRE(slow.stats.step_seconds.size() == base.stats.step_seconds.size());
+    for (std::size_t k = 0; k < base.stats.step_seconds.size(); ++k)
+      CHECK(slow.stats.step_seconds[k] == doctest::Approx(s * base.stats.step_seconds[k]).epsilon(1e-12));
+  }
+  // price(): each part (compute, communication, switch) times s.
+  SimulatedClock one(m.config, simulated_cluster("h100", 2)), slowed(m.config, simulated_cluster("h100", 2));
+  slowed.set_slowdown(2.5);
+  StepTrace trace;
+  trace.ranks = 2;
+  trace.chunks = {{3, 0, false}, {1, 9, true}};
+  for (std::int64_t l = 0; l < m.config.layers; ++l) {
+    std::vector<std::int64_t> routed(std::size_t(m.config.moe.experts), 0);
+    if (m.config.is_moe(l)) routed[0] = 4, routed[1] = 4;
+    trace.routed.push_back(m.config.is_moe(l) ? routed : std::vector<std::int64_t>{});
+  }
+  trace.layout.assign(std::size_t(m.config.layers), ExpertLayout::tp());
+  trace.next.assign(std::size_t(m.config.layers), std::nullopt);
+  const StepCost a = one.price(trace), b = slowed.price(trace);
+  CHECK(a.total_s() > 0);
+  CHECK(b.compute_s == doctest::Approx(2.5 * a.compute_s).epsilon(1e-12));
+  CHECK(b.communication_s == doctest::Approx(2.5 * a.communication_s).epsilon(1e-12));
+  CHECK(b.switch_s == doctest::Approx(2.5 * a.switch_s).epsilon(1e-12));
+  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")})
+    CHECK_THROWS_WITH_AS(slowed.set_slowdown(bad), doctest::Contains("slowdown"), Error);
+}
