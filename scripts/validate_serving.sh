@@ -7,12 +7,17 @@
 # cores do not lengthen it), and simulated (the dry run of each step, serve/step_dry_run.hpp) on this machine's
 # profile, calibrated on the same thread ranks in thread CPU time (once; cached in
 # $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes it; the calibration includes the GEMM size
-# classes fitted on the served model's own GEMMs with cold weights). The trace
-# is not arrival-bound: REQUESTS requests arrive at RATE per second, far faster than 2 thread ranks
-# serve them, so the engine runs full batches and tokens/s is the engine's throughput. It prints TTFT and TPOT
-# p50/p99 and tokens/s per policy and clock (measured median of ROUNDS rounds, simulated, error), then per step kind
-# the measured wall and CPU time against the simulated cost of the same steps' traces, and the load average before
-# and after (on a machine whose cores other processes use, wall time holds the time a rank waited for a core).
+# classes fitted on the served model's own GEMMs with cold weights). REQUESTS requests arrive at RATE per second
+# (Poisson; 256 at 50/s keeps 2 thread ranks below their capacity, so the latencies are a stationary queue's, not a
+# backlog growing with the trace). It prints TTFT and TPOT p50/p99 and tokens/s per policy and clock (measured median
+# of ROUNDS rounds, the rounds' spread, simulated, error), then per step kind the measured wall and CPU time against
+# the simulated cost of the same steps' traces, and the load average before and after (on a machine whose cores
+# other processes use, wall time holds the time a rank waited for a core).
+#
+# The machine's speed moves between rounds (docs/serving_simulation.md: the same decode step 0.89 ms in one round,
+# 1.39 ms two rounds later; a round's TPOT p50 follows it): moe_simulate --measure times a speed probe before and
+# after every round (serve/speed_probe.hpp: the model's decode GEMMs, measured / the profile's price) and compares
+# each round with the simulation at that round's speed (rows "@speed": the median of the rounds' errors).
 #
 # The calibration also times the paged attention kernel (serve/paged_attention_calibration.hpp), SwiGLU forward,
 # the fixed cost per kernel call (cost/profile.hpp CallOverheadModel) and the collectives at the step's own
@@ -32,9 +37,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-rel}
 RANKS=${RANKS:-2}
-REQUESTS=${REQUESTS:-32}
-RATE=${RATE:-100}
-ROUNDS=${ROUNDS:-3}
+REQUESTS=${REQUESTS:-256}
+RATE=${RATE:-50}
+ROUNDS=${ROUNDS:-5}
 POLICIES=${POLICIES:-tp,ep,dynamic}
 TRAINED=${TRAINED:-}
 TRAIN_STEPS=${TRAIN_STEPS:-300}
@@ -75,5 +80,5 @@ fi
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 "$BUILD/examples/moe_simulate" --measure "${MODEL[@]}" --cluster "$PROFILE" --ranks "$RANKS" --requests "$REQUESTS" \
   --rates "$RATE" --prompt 8 64 --output 8 32 --step-tokens 64 --rounds "$ROUNDS" --policies "$POLICIES" \
-  | tee "$OUT/$NAME.txt"
+  --steps-csv "$OUT/${NAME}_steps.csv" | tee "$OUT/$NAME.txt"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -58,9 +58,6 @@ Outcomes serve_on_simulated(const LoadedDecoder& m, const std::vector<ServeReque
   return r;
 }
 
-}  // namespace speed_probe_test
-
-using namespace speed_probe_test;
 
 TEST_CASE("speed probe: the slowdown is the median of measured / priced, exactly, and one outlier does not move it") {
   std::mt19937_64 rng(20261203);
@@ -161,3 +158,5 @@ TEST_CASE("simulated clock: slowed by s it charges s times every part of a step'
   for (const double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")})
     CHECK_THROWS_WITH_AS(slowed.set_slowdown(bad), doctest::Contains("slowdown"), Error);
 }
+
+}  // namespace speed_probe_test

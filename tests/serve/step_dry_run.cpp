@@ -247,7 +247,9 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
     CHECK(step.total_s() == doctest::Approx(one.forward_s).epsilon(1e-12).scale(0));  // the same sum in another order
     CHECK(step.compute_s == doctest::Approx(one.compute_s).epsilon(1e-12).scale(0));
     CHECK(step.switch_s == 0);
-    CHECK(simulated_step_cost(c, t, h100).total_s() == step.total_s());
+    const double control = engine_control_s(t, h100.profile);  // the engine's broadcasts around the step
+    CHECK((p == 1 ? control == 0 : control > 0));
+    CHECK(simulated_step_cost(c, t, h100).total_s() == doctest::Approx(step.total_s() + control).epsilon(1e-12));
   }
   // EP on 3 ranks under skewed loads (the ranks differ): per collective the slowest rank's piece, summed here from
   // the traces; bounded below by the slowest rank's whole trace.
@@ -327,7 +329,8 @@ TEST_CASE("step dry run: latent attention (DeepSeek) is refused by name; the clo
   const StepTrace t = step_of(c, 2, {{4, 0, false}}, ExpertLayout::tp(), skewed_loads(c, 4));
   CHECK_THROWS_WITH_AS(dry_run_step(c, t, 0), doctest::Contains("multi-head latent attention"), Error);
   const SimulatedCluster h100 = simulated_cluster("h100", 2);
-  CHECK(simulated_step_cost(c, t, h100).total_s() == step_cost(c, t, h100).total_s());
+  CHECK(simulated_step_cost(c, t, h100).total_s() ==
+        doctest::Approx(step_cost(c, t, h100).total_s() + engine_control_s(t, h100.profile)).epsilon(1e-12));
 }
 
 }  // namespace step_dry_run_test

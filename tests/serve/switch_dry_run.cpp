@@ -129,7 +129,8 @@ TEST_CASE("switch dry run: the simulated clock prices a step as it advances by i
   const double tp_s = clock.price(tp_step).total_s(), ep_s = clock.price(ep_step).total_s();
   CHECK(clock.now() == 0);  // pricing does not advance
   CHECK(clock.price(tp_step).total_s() == tp_s);
-  CHECK(tp_s == dry_run_step_cost(c, tp_step, h100).total_s());
+  CHECK(tp_s == doctest::Approx(dry_run_step_cost(c, tp_step, h100).total_s() + engine_control_s(tp_step, h100.profile))
+                    .epsilon(1e-12));
   // The forecast of the step in both layouts, by the engine's pricer (the dry run on the time model, a runner of its
   // own): exactly what the clock charges for each.
   StepDryRunner runner(c);
@@ -224,7 +225,9 @@ TEST_CASE("switch dry run: the remembered dry runs forecast every step to the bi
   DryRunPricer pricer(c, h100);  // the engine's pricer
   StepDryRunner runner(c);
   const auto reference = [&](const StepTrace& t) {  // every rank dry-run, every call
-    return dry_run_step_cost(runner, t, h100, /*share_ranks=*/false);
+    StepCost cost = dry_run_step_cost(runner, t, h100, /*share_ranks=*/false);
+    cost.communication_s += engine_control_s(t, h100.profile);
+    return cost;
   };
   SimulatedClock clock_a(c, h100), clock_b(c, h100);
   const Served a = serve_dynamic(c, h100, clock_a, requests, remembered.wrap(std::ref(pricer))),

@@ -11,7 +11,8 @@
 //   SimulatedClock: seconds of a cluster: each step advances it by the time model's cost of the dry run of the step
 //     (serve/step_dry_run.hpp: decoder_step on shapes alone, per modelled rank, on the step's batch, layouts and
 //     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
-//     jumps to the next arrival. Deterministic: the same trace sequence
+//     jumps to the next arrival; set_slowdown(s) multiplies every price by s (the machine's speed at the moment of
+//     a measured run against its calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace sequence
 //     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch). It prices a
 //     step without advancing (price). The dynamic policy's switcher forecasts with the same dry run on its time model
 //     (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with step_cost while the

@@ -388,6 +388,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     std::vector<std::size_t> index_of_chunk;
     StepTrace trace;
     trace.ranks = p;
+    trace.admitted = n_admit;
     for (std::int64_t k = 0; k < n_chunks; ++k) {
       const std::size_t i = std::size_t(plan[std::size_t(4 + n_admit + 2 * k)]);
       const std::int64_t len = plan[std::size_t(5 + n_admit + 2 * k)];

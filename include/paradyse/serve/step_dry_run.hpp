@@ -352,10 +352,25 @@ inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, co
   return dry_run_step_cost(runner, t, cluster);
 }
 
+// The engine's own collectives around a step on more than one rank (serve/engine.hpp serve_loop): rank 0 broadcasts
+// the plan's length and the plan (4 + admissions + 2 per chunk int64s) before it, and the sampled tokens after it
+// (priced at one per chunk and always; a step that ends no prompt and decodes nothing skips it). They are not decoder_step's, so its dry run does not record them; each
+// is a collective on the critical path (on thread ranks a hand-off: a blocked rank woken, 23-33 us on the 2-core
+// machine's wall clock, three a step against a 0.8-1.1 ms decode step of the trained 4-layer MoE).
+inline double engine_control_s(const StepTrace& t, const cost::HardwareProfile& hw) {
+  if (t.ranks <= 1) return 0;
+  const double chunks = double(t.chunks.size()), word = double(sizeof(std::int64_t));
+  return hw.collective_time(cost::Collective::broadcast, t.ranks, word) +
+         hw.collective_time(cost::Collective::broadcast, t.ranks, word * (4 + double(t.admitted) + 2 * chunks)) +
+         hw.collective_time(cost::Collective::broadcast, t.ranks, word * chunks);
+}
+
 // The simulated step's cost: the dry run's, or for DeepSeek's latent attention (not dry-run) step_cost's analytic
-// model.
+// model; its communication includes the engine's control collectives (engine_control_s).
 inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
-  return runner.config().is_mla() ? step_cost(runner.config(), t, cluster) : dry_run_step_cost(runner, t, cluster);
+  StepCost c = runner.config().is_mla() ? step_cost(runner.config(), t, cluster) : dry_run_step_cost(runner, t, cluster);
+  c.communication_s += engine_control_s(t, cluster.profile);
+  return c;
 }
 inline StepCost simulated_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
   StepDryRunner runner(c);
@@ -376,7 +391,17 @@ public:
   DryRunPricer(const DecoderConfig& c, const SimulatedCluster& cluster, RoutingBudget budget = {})
       : runner_(c, std::move(budget)), cluster_(cluster) {}
 
+  // simulated_step_cost's price of `t`: the dry run's (remembered) and the engine's control collectives.
   StepCost operator()(const StepTrace& t) {
+    StepCost cost = dry_run_price(t);
+    cost.communication_s += engine_control_s(t, cluster_.profile);
+    return cost;
+  }
+  std::int64_t hits() const noexcept { return hits_; }
+  std::int64_t misses() const noexcept { return misses_; }
+
+private:
+  StepCost dry_run_price(const StepTrace& t) {
     const DecoderConfig& c = runner_.config();
     if (c.is_mla()) return step_cost(c, t, cluster_);
     Key key{t.ranks, computed_layouts(t), {}, t.routed};
@@ -394,10 +419,6 @@ public:
     }
     return step_cost_of(c, t, cluster_, hit->timeline);
   }
-  std::int64_t hits() const noexcept { return hits_; }
-  std::int64_t misses() const noexcept { return misses_; }
-
-private:
   struct Key {
     int ranks = 0;
     std::vector<ExpertLayout> layouts;

@@ -26,6 +26,7 @@ struct ChunkShape {
 
 struct StepTrace {
   int ranks = 1;
+  std::int64_t admitted = 0;                          // requests admitted this step (the engine's plan names them)
   std::vector<ChunkShape> chunks;
   std::vector<std::vector<std::int64_t>> routed;      // [layers][E]: (token, expert) pairs; empty for dense layers
   std::vector<ExpertLayout> layout;                   // [layers]: each MoE layer's layout before the step
