@@ -391,17 +391,9 @@ public:
   DryRunPricer(const DecoderConfig& c, const SimulatedCluster& cluster, RoutingBudget budget = {})
       : runner_(c, std::move(budget)), cluster_(cluster) {}
 
-  // simulated_step_cost's price of `t`: the dry run's (remembered) and the engine's control collectives.
+  // The dry run's price of `t` (remembered): simulated_step_cost's less the engine's control collectives, which do
+  // not depend on the layouts the switcher compares.
   StepCost operator()(const StepTrace& t) {
-    StepCost cost = dry_run_price(t);
-    cost.communication_s += engine_control_s(t, cluster_.profile);
-    return cost;
-  }
-  std::int64_t hits() const noexcept { return hits_; }
-  std::int64_t misses() const noexcept { return misses_; }
-
-private:
-  StepCost dry_run_price(const StepTrace& t) {
     const DecoderConfig& c = runner_.config();
     if (c.is_mla()) return step_cost(c, t, cluster_);
     Key key{t.ranks, computed_layouts(t), {}, t.routed};
@@ -419,6 +411,10 @@ private:
     }
     return step_cost_of(c, t, cluster_, hit->timeline);
   }
+  std::int64_t hits() const noexcept { return hits_; }
+  std::int64_t misses() const noexcept { return misses_; }
+
+private:
   struct Key {
     int ranks = 0;
     std::vector<ExpertLayout> layouts;
