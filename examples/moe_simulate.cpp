@@ -360,6 +360,16 @@ int simulate(const Options& o) {
 // against an expert's TP slice [2 f/p, h], cycling through copies of it that together exceed the cache (128 MB per
 // rank), on every rank at once (as the ranks run); the operand bytes over the time the fit's overhead and FLOP
 // terms leave, median over the ranks and rounds.
+// The options the profile's GEMM size classes are calibrated with (and the speed probe times its shapes with): the
+// serving step's own GEMMs, each cycling through 128 MB of weight copies a rank (every weight from memory), on the
+// calibration's clock.
+cost::GemmClassOptions profile_class_options(const Options& o, const DecoderConfig& c) {
+  cost::GemmClassOptions classes = serving_gemm_classes(c, o.ranks, o.step_tokens);
+  classes.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+  classes.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
+  return classes;
+}
+
 double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::GemmModel& g, cost::TimeSource clock) {
   const std::int64_t h = c.hidden, n = 2 * std::max<std::int64_t>(1, c.moe.expert_ffn / ranks);
   const std::int64_t copies = std::max<std::int64_t>(8, (std::int64_t(128) << 20) / (n * h * 4));
@@ -398,12 +408,13 @@ struct MeasuredStep {
 // --steps-csv: one row per step of a run (the clock's view of it) and the simulated clock's price of its trace.
 void write_steps(std::ofstream& f, const std::string& policy, const char* clock, int round,
                  const std::vector<MeasuredStep>& steps, const DecoderConfig& c, const SimulatedCluster& cluster) {
+  StepDryRunner runner(c);  // its meta shards kept from step to step
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const MeasuredStep& s = steps[i];
     std::int64_t decodes = 0;
     for (const ChunkShape& ch : s.trace.chunks) decodes += ch.decode ? 1 : 0;
     f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{},{},{:.9f}\n", policy, clock, round, i, s.end, s.timing.step_s,
-                     s.timing.cpu_s, s.trace.tokens(), decodes, simulated_step_cost(c, s.trace, cluster).total_s());
+                     s.timing.cpu_s, s.trace.tokens(), decodes, simulated_step_cost(runner, s.trace, cluster).total_s());
   }
 }
 
@@ -488,13 +499,12 @@ int measure(const Options& o) {
     profile.gemm.bytes_per_s = cold;
     // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
     // each on its own, on the serving step's own GEMMs; above 128 rows the single fit.
-    cost::GemmClassOptions classes = serving_gemm_classes(c, o.ranks, o.step_tokens);
-    classes.clock = options.clock;
     // The profile's classes cycle through 128 MB of weights a rank (every weight from memory); the rows "cpu ws"
     // simulate with classes cycling through the weights a step reads (serve/serving_calibration.hpp), which priced
     // the trained 4-layer MoE's decode steps 5-30% lower and further from its measured CPU time on this machine.
-    const cost::GemmClassOptions working_set = classes;
-    classes.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+    const cost::GemmClassOptions classes = profile_class_options(o, c);
+    cost::GemmClassOptions working_set = classes;
+    working_set.cold_bytes = step_weight_bytes(c, o.ranks);
     fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (\"ws\": {:.1f} MB, the weights a step reads)\n",
                double(classes.cold_bytes) / 1e6, double(working_set.cold_bytes) / 1e6);
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
@@ -552,10 +562,7 @@ int measure(const Options& o) {
   opt.block_size = o.block_size;
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
   // The speed probe (serve/speed_probe.hpp): the decode GEMMs, timed as the profile's classes were calibrated.
-  cost::GemmClassOptions calibrated_like = serving_gemm_classes(c, o.ranks, o.step_tokens);
-  calibrated_like.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
-  calibrated_like.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
-  const cost::GemmClassOptions speed_probe = speed_probe_options(c, o.ranks, calibrated_like);
+  const cost::GemmClassOptions speed_probe = speed_probe_options(c, o.ranks, profile_class_options(o, c));
   std::ofstream steps_csv;
   if (!o.steps_csv.empty()) {
     steps_csv.open(o.steps_csv);
@@ -728,8 +735,8 @@ int main(int argc, char** argv) {
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
       .nonempty("a file name");
   flags.text("--steps-csv", o.steps_csv,
-             "--measure: write every step of the first wall and CPU rounds and of the simulated run (policy, clock, "
-             "end, duration, CPU time, tokens, decodes, simulated price) to FILE", "FILE")
+             "--measure: write every step of every measured round on both clocks and of the simulated run (policy, "
+             "clock, round, end, duration, CPU time, tokens, decodes, simulated price) to FILE", "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);
   // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag

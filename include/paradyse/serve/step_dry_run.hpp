@@ -354,9 +354,10 @@ inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, co
 
 // The engine's own collectives around a step on more than one rank (serve/engine.hpp serve_loop): rank 0 broadcasts
 // the plan's length and the plan (4 + admissions + 2 per chunk int64s) before it, and the sampled tokens after it
-// (priced at one per chunk and always; a step that ends no prompt and decodes nothing skips it). They are not decoder_step's, so its dry run does not record them; each
-// is a collective on the critical path (on thread ranks a hand-off: a blocked rank woken, 23-33 us on the 2-core
-// machine's wall clock, three a step against a 0.8-1.1 ms decode step of the trained 4-layer MoE).
+// (priced at one per chunk and always; a step that ends no prompt and decodes nothing skips it). They are not
+// decoder_step's, so its dry run does not record them; each is a collective on the critical path (on thread ranks a
+// hand-off: a blocked rank woken, 23-33 us on the 2-core machine's wall clock, three a step against a 0.8-1.1 ms
+// decode step of the trained 4-layer MoE).
 inline double engine_control_s(const StepTrace& t, const cost::HardwareProfile& hw) {
   if (t.ranks <= 1) return 0;
   const double chunks = double(t.chunks.size()), word = double(sizeof(std::int64_t));
