@@ -33,6 +33,7 @@
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
+#include "paradyse/cost/gemm_engines.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/data/document_balance.hpp"
@@ -398,6 +399,9 @@ int run(int argc, char** argv) {
   try {
     hw = o.profile.find(".json") != std::string::npos ? pd::cost::load_profile(o.profile)
                                                       : pd::cost::builtin_profile(o.profile);
+    // A calibrated profile's GEMM engines are this process's: the dry runs count the workspace of the engines its
+    // rates were measured on (a fallback GEMM packs its operands), as train_gpt runs and plans with that profile.
+    pd::cost::use_gemm_engines(hw);
   } catch (const pd::Error& e) {
     usage(e.what());
   }

@@ -9,6 +9,7 @@
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/emulation.hpp"
+#include "paradyse/cost/gemm_engines.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/ops/backend.hpp"
@@ -34,7 +35,7 @@ namespace pd = paradyse;
 
 // The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
 template <class RanksT>
-pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ranks) {
+pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, RanksT& ranks) {
   if (!o.profile.empty()) {
     for (std::string_view name : pd::cost::kBuiltinProfileNames)
       if (name == o.profile) {
@@ -83,6 +84,16 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
     ranks.run([](auto& comm, int) { comm.barrier(); });
     profile = pd::cost::load_profile(cache.string());
   }
+  return profile;
+}
+
+// The hardware profile (find_or_calibrate_profile), its GEMM engines made this process's: the steps run, and the
+// planner's dry runs count (a fallback GEMM's packing workspace), the engines its rates were measured on, as
+// plan_trace does with the same profile.
+template <class RanksT>
+pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ranks) {
+  pd::cost::HardwareProfile profile = find_or_calibrate_profile(o, ranks);
+  pd::cost::use_gemm_engines(profile);
   return profile;
 }
 

@@ -16,7 +16,8 @@
 // slowest rank of each run counting, the fastest of `repetitions` runs kept (interference from other work on a
 // shared machine, even on a sibling hyperthread, only ever slows a run down):
 //   - which GEMM engine gemm() runs per size class (OpenBLAS or the built-in kernel, ops/cpu/gemm_choice.hpp: this
-//     process's measured choice), kept in profile.gemm_engines; use_gemm_engines(profile) applies it in a later run;
+//     process's measured choice), kept in profile.gemm_engines; use_gemm_engines(profile) (cost/gemm_engines.hpp)
+//     applies it in a later run;
 //   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
 //   - flash attention forward and backward over several lengths: t = overhead + flops / rate; where
 //     options.attention_whole_tiles asks for it (train_gpt does), causal calls too, every call's flops counted on
@@ -49,6 +50,7 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/core/timer.hpp"
+#include "paradyse/cost/gemm_engines.hpp"
 #include "paradyse/cost/least_squares.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"  // save_profile / load_profile for what is calibrated
@@ -239,40 +241,6 @@ inline Fit fit_paged_attention(std::span<const PagedAttentionSample> samples, Pa
   const std::vector<double>& c = fit.coefficients;
   model = {c[0] > 0 ? 1 / c[0] : 0, c[1] > 0 ? 1 / c[1] : 0};
   return fit;
-}
-
-// The GEMM choice of `measurement` in a profile's terms, and back.
-inline std::vector<GemmEngineChoice> gemm_engine_choices(const ops::cpu::GemmMeasurement& measurement) {
-  std::vector<GemmEngineChoice> result;
-  for (const ops::cpu::GemmSizeClass c : ops::cpu::kAllGemmSizeClasses) {
-    const auto i = std::size_t(c);
-    result.push_back({std::string(ops::cpu::name_of(c)), std::string(ops::cpu::name_of(measurement.engine[i])),
-                      measurement.cblas_flops_per_s[i], measurement.fallback_flops_per_s[i]});
-  }
-  return result;
-}
-
-// Makes gemm() use the engines `profile` was calibrated with (process-wide; a calibrated profile loaded from a file
-// saves the first GEMM's measurement and keeps the choice of the calibration run). A profile without a choice
-// (built-in, or calibrated before the choice was recorded) changes nothing; one that chose CBLAS in a build without
-// it is an Error naming the class.
-inline void use_gemm_engines(const HardwareProfile& profile) {
-  if (profile.gemm_engines.empty()) return;
-  ops::cpu::GemmMeasurement m;
-  for (const ops::cpu::GemmSizeClass c : ops::cpu::kAllGemmSizeClasses) {
-    const auto i = std::size_t(c);
-    const auto entry = std::find_if(profile.gemm_engines.begin(), profile.gemm_engines.end(),
-                                    [&](const GemmEngineChoice& e) { return e.size_class == ops::cpu::name_of(c); });
-    check(entry != profile.gemm_engines.end(), "use_gemm_engines: profile \"{}\" has no GEMM engine for {} GEMMs",
-          profile.name, ops::cpu::name_of(c));
-    check(entry->engine == "fallback" || ops::cpu::kGemmUsesCblas,
-          "use_gemm_engines: profile \"{}\" chose cblas for {} GEMMs but this build has no CBLAS", profile.name,
-          ops::cpu::name_of(c));
-    m.engine[i] = entry->engine == "cblas" ? ops::cpu::GemmEngine::cblas : ops::cpu::GemmEngine::fallback;
-    m.cblas_flops_per_s[i] = entry->cblas_flops_per_s;
-    m.fallback_flops_per_s[i] = entry->fallback_flops_per_s;
-  }
-  ops::cpu::set_gemm_measurement(m);
 }
 
 namespace calibrate_detail {
