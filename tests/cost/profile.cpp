@@ -165,6 +165,11 @@ TEST_CASE("profile: a file with 1e999 flops or binary bytes gives a message nami
         std::string::npos);
   CHECK(message.find("found byte 0x00") != std::string::npos);
   CHECK(message.find("[json.hpp:") != std::string::npos);
+  json::Value without = to_json(a100_sxm4_80gb_x8());
+  without.erase("collectives");
+  json::save_file(without, path);
+  CHECK_THROWS_WITH_AS(load_profile(path),
+                       doctest::Contains("profile \"test_cost_profile_bad.json\": missing key \"collectives\""), Error);
   std::remove(path.c_str());
   CHECK_THROWS_WITH_AS(load_profile("."), doctest::Contains("is a folder, not a JSON file"), Error);
 }

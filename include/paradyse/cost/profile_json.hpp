@@ -359,6 +359,9 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }
 
 inline void save_profile(const HardwareProfile& p, const std::string& path) { json::save_file(to_json(p), path); }
-inline HardwareProfile load_profile(const std::string& path) { return profile_from_json(json::load_file(path)); }
+// Errors name the file (and the field).
+inline HardwareProfile load_profile(const std::string& path) {
+  return profile_from_json(json::Field(json::load_file(path), fmt::format("profile \"{}\"", printable(path))));
+}
 
 }  // namespace paradyse::cost
