@@ -59,6 +59,9 @@ TEST_CASE("step terms: a fresh allocation costs its bytes at the zeroing or the 
   // the planner's, once per step).
   CHECK(forward_seconds({{.kind = TraceKind::scratch, .bytes = small}}, hw) ==
         doctest::Approx(small / hw.fresh_memory.zero_bytes_per_s).epsilon(1e-12));
+  // A batched kernel makes its items' workspaces one after another: count times.
+  CHECK(forward_seconds({{.kind = TraceKind::scratch, .count = 3, .bytes = small}}, hw) ==
+        doctest::Approx(3 * small / hw.fresh_memory.zero_bytes_per_s).epsilon(1e-12));
   CHECK(forward_seconds({{.kind = TraceKind::deallocate, .bytes = large},
                          {.kind = TraceKind::pool_acquire, .bytes = large},
                          {.kind = TraceKind::pool_give_back, .bytes = large}},

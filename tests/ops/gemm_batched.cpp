@@ -105,7 +105,7 @@ TEST_CASE("gemm_batched: an empty batch does nothing; mismatched pointer counts 
   CHECK(trace.size() == 0);
 }
 
-TEST_CASE("gemm_batched on the counting backend: one GEMM event with a count, the workspace of one item") {
+TEST_CASE("gemm_batched on the counting backend: one GEMM event with a count, one item's workspace made count times") {
   MemoryTracker meta(MemorySpace::meta);
   const ScopedTracker scoped(meta);
   for (const auto& [m, n, k] : {std::array<std::int64_t, 3>{4096, 4096, 128}, std::array<std::int64_t, 3>{3, 5, 7}}) {
@@ -149,10 +149,15 @@ TEST_CASE("gemm_batched on the counting backend: one GEMM event with a count, th
       }
       if (e.kind == TraceKind::scratch) loop_scratch = std::max(loop_scratch, e.bytes);
     }
+    std::int64_t loop_workspaces = 0, batch_workspaces = 0;  // workspaces made, one after another
+    for (const TraceEvent& e : looped.events())
+      if (e.kind == TraceKind::scratch) loop_workspaces += e.count;
     for (const TraceEvent& e : batched.events())
-      if (e.kind == TraceKind::scratch) batch_scratch = std::max(batch_scratch, e.bytes);
+      if (e.kind == TraceKind::scratch) batch_scratch = std::max(batch_scratch, e.bytes), batch_workspaces += e.count;
     CHECK(calls == 12);
     CHECK(batch_scratch == loop_scratch);
+    CHECK(batch_workspaces == loop_workspaces);  // the time model prices each item's workspace
+    CHECK(loop_workspaces == (loop_scratch > 0 ? 12 : 0));
     CHECK(batched.size() == (batch_scratch > 0 ? 2u : 1u));
   }
 }

@@ -21,7 +21,8 @@ namespace paradyse {
 
 enum class TraceKind : std::uint8_t {
   allocate,             // bytes: a plain allocation of the tracker
-  scratch,              // bytes: a kernel's workspace, allocated and freed within the kernel call
+  scratch,              // bytes: a kernel's workspace, allocated and freed within the kernel call (count: in each
+                        // of that many calls, or items of a batched call, one after another)
   deallocate,           // bytes: its release
   pool_acquire,         // bytes: a buffer lent by the buffer pool (requested bytes; the pool rounds to a size class)
   pool_give_back,       // bytes: its return

@@ -264,7 +264,7 @@ private:
     }
     switch (e.kind) {
       case TraceKind::allocate: run(hw_.fresh_memory.time(double(round_allocation(e.bytes * scale_)))); break;
-      case TraceKind::scratch: run(hw_.fresh_memory.time(e.bytes * scale_)); break;
+      case TraceKind::scratch: run(e.count * hw_.fresh_memory.time(e.bytes * scale_)); break;
       case TraceKind::post: {
         const double duration = transfer_time(e.transfer, e.bytes * scale_, e.group, e.span);
         const double start = std::max(now_, comm_free_);

@@ -201,13 +201,14 @@ inline double tiled_pairs(const AttentionMask& mask, std::int64_t q_len, std::in
 namespace counting {
 
 // ---- recording ----
-// A kernel's workspace of `bytes` (as the tracker counts them), allocated and freed within the call: one scratch
-// event, and the meta tracker's peak sees it.
-inline void scratch(std::size_t bytes) {
+// A kernel's workspace of `bytes` (as the tracker counts them), allocated and freed within the call (`times` times
+// one after another: a batched call's items): one scratch event, and the meta tracker's peak sees it once.
+inline void scratch(std::size_t bytes, std::int32_t times = 1) {
   if (bytes == 0) return;
   MemoryTracker& tracker = MemoryTracker::current();
   tracker.raise_peak_to(tracker.in_use() + bytes);
-  if (Trace* trace = tracker.trace()) trace->record({.kind = TraceKind::scratch, .bytes = double(bytes)});
+  if (Trace* trace = tracker.trace())
+    trace->record({.kind = TraceKind::scratch, .count = times, .bytes = double(bytes)});
 }
 inline void record(const TraceEvent& event) {
   Trace* trace = Trace::current();
@@ -260,15 +261,15 @@ inline void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int6
     scratch(cpu::detail::tracked(floats * sizeof(float)));
   record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
 }
-// count GEMMs of one size: one event with a count. The CPU op allocates and frees each item's workspace in turn,
-// so one scratch event of that size gives the same peak.
+// count GEMMs of one size: one event with a count. The CPU op allocates and frees each item's workspace in turn:
+// one scratch event of that size with the same count (the peak sees it once, the time model count times).
 inline void gemm_batched(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                          std::span<const float* const> a, std::int64_t, std::span<const float* const> b,
                          std::int64_t, float, std::span<float* const> c, std::int64_t) {
   cpu::check_gemm_batch(a.size(), b.size(), c.size());
   if (a.empty()) return;
   if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
-    scratch(cpu::detail::tracked(floats * sizeof(float)));
+    scratch(cpu::detail::tracked(floats * sizeof(float)), std::int32_t(a.size()));
   record({.kind = TraceKind::gemm, .count = std::int32_t(a.size()), .m = double(m), .n = double(n), .k = double(k)});
 }
 inline void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
