@@ -355,4 +355,15 @@ TEST_CASE("whole tiles: calibrated on causal calls priced by their tiles when as
       CHECK(result.profile.attention.forward_flops_per_s < 1e30);  // a measured rate
     }
   }
+  // Where the workspaces are not priced apart (serving's dry run records kernels only), none is taken out.
+  CalibrationOptions options;
+  options.repetitions = 1;
+  options.attention_lengths = {256};
+  options.workspaces_apart = false;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    const calibrate_detail::AttentionSamples samples = calibrate_detail::measure_attention<ops::Cpu>(comm, options);
+    REQUIRE(samples.forward.size() == 1);
+    CHECK(samples.forward[0].workspaces.empty());
+    CHECK(samples.backward[0].workspaces.empty());
+  });
 }

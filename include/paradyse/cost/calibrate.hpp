@@ -119,6 +119,11 @@ struct CalibrationOptions {
   std::vector<std::int64_t> pool_miss_bytes;
   // The fixed cost per kernel call (HardwareProfile::call_overhead); false (the default): unpriced. moe_simulate --measure asks for them (a serving step's kernels run on a handful of rows).
   bool call_overheads = false;
+  // The GEMM and attention fits net of the workspaces their calls make (KernelSample): true (the default) for the
+  // training dry runs (cost/dry_run.hpp), which price every workspace apart at the fresh-memory rate. Serving's step
+  // dry run (serve/step_dry_run.hpp) records kernels only, so moe_simulate keeps the workspaces inside the fits
+  // (false), as its GEMM classes (calibrate_gemm_classes) do.
+  bool workspaces_apart = true;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
 };
 
@@ -272,7 +277,7 @@ inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() +
 // kernel_s: the time less that price (fitted once fresh memory is calibrated), and the workspace is not counted twice.
 struct KernelSample {
   double seconds = 0;
-  std::vector<TraceEvent> workspaces;
+  std::vector<TraceEvent> workspaces;  // empty: none priced apart (CalibrationOptions::workspaces_apart off)
 
   double workspace_s(const HardwareProfile& profile) const {
     double t = 0;
@@ -298,9 +303,10 @@ Trace counted_trace(Fn&& counted) {
   return trace;
 }
 
-// The scratch events of what `counted` records on the counting backend.
+// The scratch events of what `counted` records on the counting backend (none where options.workspaces_apart is off).
 template <class Fn>
-std::vector<TraceEvent> workspaces_of(Fn&& counted) {
+std::vector<TraceEvent> workspaces_of(const CalibrationOptions& options, Fn&& counted) {
+  if (!options.workspaces_apart) return {};
   const Trace trace = counted_trace(std::forward<Fn>(counted));
   std::vector<TraceEvent> scratch;
   for (const TraceEvent& e : trace.events())
@@ -432,7 +438,9 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
       case TraceKind::elementwise: calls += n, work += n * profile.elementwise_time(e.bytes); break;
       case TraceKind::activation: calls += n, work += n * profile.activation_time(e.m, e.bytes, e.n == 1); break;
       case TraceKind::transcendental: work += n * profile.scalar_math.time(ScalarFunction(int(e.n)), e.m); break;
-      case TraceKind::scratch: work += n * profile.fresh_memory.time(e.bytes); break;
+      case TraceKind::scratch:
+        if (options.workspaces_apart) work += n * profile.fresh_memory.time(e.bytes);
+        break;
       default: break;
     }
   }
@@ -510,10 +518,10 @@ AttentionSamples measure_attention(C& comm, const CalibrationOptions& options) {
     };
     samples.forward.push_back(
         {measure(comm, options.clock, options.repetitions, [&] { forward_call.template operator()<Backend>(); }),
-         workspaces_of([&] { forward_call.template operator()<ops::Counting>(); })});
+         workspaces_of(options, [&] { forward_call.template operator()<ops::Counting>(); })});
     samples.backward.push_back(
         {measure(comm, options.clock, options.repetitions, [&] { backward_call.template operator()<Backend>(); }),
-         workspaces_of([&] { backward_call.template operator()<ops::Counting>(); })});
+         workspaces_of(options, [&] { backward_call.template operator()<ops::Counting>(); })});
     const double pairs = options.attention_whole_tiles
                              ? ops::tiled_pairs(mask, len, len, ops::cpu::attention_tiling(d))
                              : ops::visible_pairs(mask, len, len);
@@ -575,8 +583,9 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
     const auto call = [&]<class B>() {
       B::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view());
     };
-    gemm_samples.push_back({measure(comm, options.clock, reps, [&] { call.template operator()<Backend>(); }),
-                            calibrate_detail::workspaces_of([&] { call.template operator()<ops::Counting>(); })});
+    gemm_samples.push_back(
+        {measure(comm, options.clock, reps, [&] { call.template operator()<Backend>(); }),
+         calibrate_detail::workspaces_of(options, [&] { call.template operator()<ops::Counting>(); })});
     gemm_rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
     gemm_names.push_back(fmt::format("gemm {}x{}x{}", m, n, k));
   }
