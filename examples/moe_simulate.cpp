@@ -480,7 +480,6 @@ int measure(const Options& o) {
     cost::CalibrationOptions options;
     options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
     options.call_overheads = true;  // a serving step's kernels run on a handful of rows: their fixed costs show
-    options.workspaces_apart = false;  // the step's dry run prices kernels only: their fits keep their workspaces
     add_decode_gemms(options, c, o.ranks);
     add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {

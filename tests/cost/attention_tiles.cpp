@@ -313,29 +313,14 @@ TEST_CASE("whole tiles: calibrated on causal calls priced by their tiles when as
       options.attention_lengths = {256, 300, 640};
       options.attention_whole_tiles = asked;
       Calibration result;
-      // Workspaces priced at 2 GB/s: the fit is on each sample less its workspace's price.
-      result.profile.fresh_memory = {.zero_bytes_per_s = 2e9, .fresh_bytes_per_s = 2e9, .fresh_min_bytes = 0};
-      calibrate_detail::AttentionSamples samples;
       run_ranks(p, [&](ThreadCommunicator& comm) {
-        const calibrate_detail::AttentionSamples mine = calibrate_detail::measure_attention<ops::Cpu>(comm, options);
-        if (comm.rank() == 0) samples = mine;
+        Calibration mine;
+        calibrate_detail::calibrate_attention<ops::Cpu>(comm, options, mine);
+        if (comm.rank() == 0) result = mine;
       });
-      calibrate_detail::fit_attention(samples, asked, result);
       CHECK(result.profile.attention.whole_tiles == asked);
       REQUIRE(result.samples.size() == (asked ? 12u : 6u));
-      // The kernel's workspace, as the dry run records it, priced apart: the fit is the least-squares one of the
-      // samples less that price.
-      std::vector<double> net;
-      for (const calibrate_detail::KernelSample& k : samples.forward) {
-        REQUIRE(k.workspaces.size() == 1);
-        CHECK(k.workspaces[0].bytes > 0);
-        CHECK(k.workspace_s(result.profile) == doctest::Approx(k.workspaces[0].bytes / 2e9).epsilon(1e-12));
-        net.push_back(std::max(k.seconds - k.workspace_s(result.profile), 0.0));
-      }
-      const Fit refit = fit_non_negative(samples.rows, net);
-      CHECK(result.attention_forward_fit.coefficients == refit.coefficients);
-      // Each sample's fitted time is the forward fit at 4 d heads x its pairs (the tiled ones where asked) plus its
-      // workspace's price.
+      // Each sample's fitted time is the forward fit at 4 d heads x its pairs: the tiled ones where asked.
       const auto& f = result.attention_forward_fit.coefficients;
       const double per_pair = 4.0 * double(options.head_dim) * double(options.attention_heads);
       std::size_t i = 0;
@@ -347,23 +332,10 @@ TEST_CASE("whole tiles: calibrated on causal calls priced by their tiles when as
                                      : ops::visible_pairs(mask, len, len);
           CAPTURE(result.samples[i].what);
           CHECK(result.samples[i].what.find(causal ? "causal" : "s=") != std::string::npos);
-          CHECK(result.samples[i].fitted_s ==
-                doctest::Approx(f[0] + f[1] * per_pair * pairs + samples.forward[i / 2].workspace_s(result.profile))
-                    .epsilon(1e-12));
+          CHECK(result.samples[i].fitted_s == doctest::Approx(f[0] + f[1] * per_pair * pairs).epsilon(1e-12));
           i += 2;  // forward, backward
         }
       CHECK(result.profile.attention.forward_flops_per_s < 1e30);  // a measured rate
     }
   }
-  // Where the workspaces are not priced apart (serving's dry run records kernels only), none is taken out.
-  CalibrationOptions options;
-  options.repetitions = 1;
-  options.attention_lengths = {256};
-  options.workspaces_apart = false;
-  run_ranks(1, [&](ThreadCommunicator& comm) {
-    const calibrate_detail::AttentionSamples samples = calibrate_detail::measure_attention<ops::Cpu>(comm, options);
-    REQUIRE(samples.forward.size() == 1);
-    CHECK(samples.forward[0].workspaces.empty());
-    CHECK(samples.backward[0].workspaces.empty());
-  });
 }

@@ -18,9 +18,7 @@
 //   - which GEMM engine gemm() runs per size class (OpenBLAS or the built-in kernel, ops/cpu/gemm_choice.hpp: this
 //     process's measured choice), kept in profile.gemm_engines; use_gemm_engines(profile) (cost/gemm_engines.hpp)
 //     applies it in a later run;
-//   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth to
-//     each sample less its workspace (the built-in kernel's packing buffers, made and freed in every call), which the
-//     dry run prices apart at the fresh-memory rate (fitted once fresh memory is measured); the same for attention;
+//   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
 //   - flash attention forward and backward over several lengths: t = overhead + flops / rate; where
 //     options.attention_whole_tiles asks for it (train_gpt does), causal calls too, every call's flops counted on
 //     the pairs of the whole tiles the kernel computes (AttentionModel::whole_tiles);
@@ -119,11 +117,6 @@ struct CalibrationOptions {
   std::vector<std::int64_t> pool_miss_bytes;
   // The fixed cost per kernel call (HardwareProfile::call_overhead); false (the default): unpriced. moe_simulate --measure asks for them (a serving step's kernels run on a handful of rows).
   bool call_overheads = false;
-  // The GEMM and attention fits net of the workspaces their calls make (KernelSample): true (the default) for the
-  // training dry runs (cost/dry_run.hpp), which price every workspace apart at the fresh-memory rate. Serving's step
-  // dry run (serve/step_dry_run.hpp) records kernels only, so moe_simulate keeps the workspaces inside the fits
-  // (false), as its GEMM classes (calibrate_gemm_classes) do.
-  bool workspaces_apart = true;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
 };
 
@@ -271,49 +264,6 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
 
 inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
 
-// A kernel timed as calibrate measures it (its workspaces made and freed in every call: the built-in GEMM's packing
-// buffers, flash attention's tiles), with those workspaces as the counting backend records them (scratch events).
-// The step's dry run prices the same scratch apart, at the profile's fresh-memory rate, so a kernel's own model fits
-// kernel_s: the time less that price (fitted once fresh memory is calibrated), and the workspace is not counted twice.
-struct KernelSample {
-  double seconds = 0;
-  std::vector<TraceEvent> workspaces;  // empty: none priced apart (CalibrationOptions::workspaces_apart off)
-
-  double workspace_s(const HardwareProfile& profile) const {
-    double t = 0;
-    for (const TraceEvent& e : workspaces) t += e.count * profile.fresh_memory.time(e.bytes);
-    return t;
-  }
-  double kernel_s(const HardwareProfile& profile) const { return std::max(seconds - workspace_s(profile), 0.0); }
-};
-
-// What `counted` records on the counting backend, as a dry run records it (cost/dry_run.hpp): kernels into the
-// thread's Trace, workspaces (scratch) through a meta memory tracker recording into the same Trace.
-template <class Fn>
-Trace counted_trace(Fn&& counted) {
-  Trace trace;
-  MemoryTracker meta(MemorySpace::meta);
-  meta.set_trace(&trace);
-  {
-    const ScopedTracker tracking(meta);
-    const ScopedTrace recording(trace);
-    counted();
-  }
-  meta.set_trace(nullptr);
-  return trace;
-}
-
-// The scratch events of what `counted` records on the counting backend (none where options.workspaces_apart is off).
-template <class Fn>
-std::vector<TraceEvent> workspaces_of(const CalibrationOptions& options, Fn&& counted) {
-  if (!options.workspaces_apart) return {};
-  const Trace trace = counted_trace(std::forward<Fn>(counted));
-  std::vector<TraceEvent> scratch;
-  for (const TraceEvent& e : trace.events())
-    if (e.kind == TraceKind::scratch) scratch.push_back(e);
-  return scratch;
-}
-
 // Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then
 // all freed, as a step's activations are (one Tensor made and freed again and again would measure the C library's
 // reuse of that one block, not a step; when the working set is freed the library gives its pages back, so the next
@@ -364,7 +314,11 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
       B::layer_norm_backward(x2, row(0), mean.view(), rstd.view(), dy.view(), dx.view(), row(2), row(3));
     };
     const double seconds = measure(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
-    const Trace trace = counted_trace([&] { mix.template operator()<ops::Counting>(); });
+    Trace trace;
+    {
+      const ScopedTrace recording(trace);
+      mix.template operator()<ops::Counting>();
+    }
     double bytes = 0, calls = 0;
     for (const TraceEvent& e : trace.events())
       if (e.kind == TraceKind::elementwise) bytes += e.bytes * e.count, calls += e.count;
@@ -430,7 +384,11 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
     }
   };
   const double kernels = measure(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
-  const Trace trace = counted_trace([&] { mix.template operator()<ops::Counting>(); });
+  Trace trace;
+  {
+    const ScopedTrace recording(trace);
+    mix.template operator()<ops::Counting>();
+  }
   double calls = 0, work = 0;
   for (const TraceEvent& e : trace.events()) {
     const double n = e.count;
@@ -438,9 +396,7 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
       case TraceKind::elementwise: calls += n, work += n * profile.elementwise_time(e.bytes); break;
       case TraceKind::activation: calls += n, work += n * profile.activation_time(e.m, e.bytes, e.n == 1); break;
       case TraceKind::transcendental: work += n * profile.scalar_math.time(ScalarFunction(int(e.n)), e.m); break;
-      case TraceKind::scratch:
-        if (options.workspaces_apart) work += n * profile.fresh_memory.time(e.bytes);
-        break;
+      case TraceKind::scratch: work += n * profile.fresh_memory.time(e.bytes); break;
       default: break;
     }
   }
@@ -484,16 +440,11 @@ void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibrati
 // Flash attention forward and backward over options.attention_lengths: t = overhead + flops / rate, the forward
 // flops 4 d heads pairs. Full calls (every pair visible) of each length; with options.attention_whole_tiles, causal
 // ones too and every call's pairs those of the whole tiles the kernel computes (AttentionModel::whole_tiles).
-// Measured by measure_attention, fitted (net of the workspaces: KernelSample) by fit_attention.
-struct AttentionSamples {
-  std::vector<std::vector<double>> rows;  // {1, forward flops}
-  std::vector<KernelSample> forward, backward;
-  std::vector<std::string> names;
-};
-
 template <class Backend, Communicator C>
-AttentionSamples measure_attention(C& comm, const CalibrationOptions& options) {
-  AttentionSamples samples;
+void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration& result) {
+  std::vector<std::vector<double>> rows;
+  std::vector<double> forward, backward;
+  std::vector<std::string> names;
   const std::int64_t heads = options.attention_heads, d = options.head_dim;
   // The calls measured: full ones (every pair visible) of each length, and causal ones where whole tiles are asked.
   std::vector<std::pair<std::int64_t, bool>> calls;
@@ -509,45 +460,30 @@ AttentionSamples measure_attention(C& comm, const CalibrationOptions& options) {
     calibrate_detail::fill(k, 0.2f);
     calibrate_detail::fill(v, 0.3f);
     calibrate_detail::fill(dout, 0.01f);
-    const auto forward_call = [&]<class B>() {
-      B::attention_forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
-    };
-    const auto backward_call = [&]<class B>() {
-      B::attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), mask, dq.view(),
-                            dk.view(), dv.view());
-    };
-    samples.forward.push_back(
-        {measure(comm, options.clock, options.repetitions, [&] { forward_call.template operator()<Backend>(); }),
-         workspaces_of(options, [&] { forward_call.template operator()<ops::Counting>(); })});
-    samples.backward.push_back(
-        {measure(comm, options.clock, options.repetitions, [&] { backward_call.template operator()<Backend>(); }),
-         workspaces_of(options, [&] { backward_call.template operator()<ops::Counting>(); })});
+    forward.push_back(measure(comm, options.clock, options.repetitions, [&] {
+      Backend::attention_forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
+    }));
+    backward.push_back(measure(comm, options.clock, options.repetitions, [&] {
+      Backend::attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), mask,
+                                  dq.view(), dk.view(), dv.view());
+    }));
     const double pairs = options.attention_whole_tiles
                              ? ops::tiled_pairs(mask, len, len, ops::cpu::attention_tiling(d))
                              : ops::visible_pairs(mask, len, len);
-    samples.rows.push_back({1.0, 4.0 * double(d) * pairs * double(heads)});
-    samples.names.push_back(fmt::format("s={}{}", len, causal ? " causal" : ""));
+    rows.push_back({1.0, 4.0 * double(d) * pairs * double(heads)});
+    names.push_back(fmt::format("s={}{}", len, causal ? " causal" : ""));
   }
-  return samples;
-}
-
-inline void fit_attention(const AttentionSamples& samples, bool whole_tiles, Calibration& result) {
-  const HardwareProfile& profile = result.profile;
-  std::vector<double> forward, backward;  // the kernels' own seconds
-  for (const KernelSample& k : samples.forward) forward.push_back(k.kernel_s(profile));
-  for (const KernelSample& k : samples.backward) backward.push_back(k.kernel_s(profile));
-  result.attention_forward_fit = fit_non_negative(samples.rows, forward);
-  std::vector<std::vector<double>> backward_rows = samples.rows;
+  result.attention_forward_fit = fit_non_negative(rows, forward);
+  std::vector<std::vector<double>> backward_rows = rows;
   for (auto& r : backward_rows) r[1] *= 2.5;  // the model's backward flops
   result.attention_backward_fit = fit_non_negative(backward_rows, backward);
   const auto& f = result.attention_forward_fit.coefficients;
   const auto& b = result.attention_backward_fit.coefficients;
-  result.profile.attention = {(f[0] + b[0]) / 2, f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30, whole_tiles};
-  for (std::size_t i = 0; i < samples.rows.size(); ++i) {
-    result.samples.push_back({"attention forward " + samples.names[i], samples.forward[i].seconds,
-                              f[0] + f[1] * samples.rows[i][1] + samples.forward[i].workspace_s(profile)});
-    result.samples.push_back({"attention backward " + samples.names[i], samples.backward[i].seconds,
-                              b[0] + b[1] * backward_rows[i][1] + samples.backward[i].workspace_s(profile)});
+  result.profile.attention = {(f[0] + b[0]) / 2, f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30,
+                              options.attention_whole_tiles};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    result.samples.push_back({"attention forward " + names[i], forward[i], f[0] + f[1] * rows[i][1]});
+    result.samples.push_back({"attention backward " + names[i], backward[i], b[0] + b[1] * backward_rows[i][1]});
   }
 }
 
@@ -571,25 +507,30 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
   profile.reserved_bytes = 0;
 
   // ---- GEMMs: the engine per size class, then t = overhead + flops / rate + bytes / bandwidth ---------------------
-  // Measured here, fitted below once fresh memory prices their workspaces (KernelSample); attention the same.
   profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
-  std::vector<std::vector<double>> gemm_rows;  // {1, flops, operand bytes}
-  std::vector<calibrate_detail::KernelSample> gemm_samples;
-  std::vector<std::string> gemm_names;
-  for (const auto& [m, n, k] : options.gemm_shapes) {
-    Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n});
-    calibrate_detail::fill(a, 0.5f);
-    calibrate_detail::fill(b, 0.25f);
-    const auto call = [&]<class B>() {
-      B::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view());
-    };
-    gemm_samples.push_back(
-        {measure(comm, options.clock, reps, [&] { call.template operator()<Backend>(); }),
-         calibrate_detail::workspaces_of(options, [&] { call.template operator()<ops::Counting>(); })});
-    gemm_rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
-    gemm_names.push_back(fmt::format("gemm {}x{}x{}", m, n, k));
+  {
+    std::vector<std::vector<double>> rows;
+    std::vector<double> y;
+    std::vector<std::string> names;
+    for (const auto& [m, n, k] : options.gemm_shapes) {
+      Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n});
+      calibrate_detail::fill(a, 0.5f);
+      calibrate_detail::fill(b, 0.25f);
+      const double t = measure(comm, options.clock, reps, [&] {
+        Backend::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view());
+      });
+      rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
+      y.push_back(t);
+      names.push_back(fmt::format("gemm {}x{}x{}", m, n, k));
+    }
+    result.gemm_fit = fit_non_negative(rows, y);
+    const auto& c = result.gemm_fit.coefficients;
+    profile.gemm = {c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0};
+    for (std::size_t i = 0; i < y.size(); ++i)
+      result.samples.push_back({names[i], y[i], c[0] + c[1] * rows[i][1] + c[2] * rows[i][2]});
   }
-  const calibrate_detail::AttentionSamples attention = calibrate_detail::measure_attention<Backend>(comm, options);
+
+  calibrate_detail::calibrate_attention<Backend>(comm, options, result);
 
   // ---- copies: bytes read + written per second --------------------------------------------------------------------
   {
@@ -634,18 +575,6 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
   }
 
   calibrate_detail::calibrate_fresh_memory<Backend>(comm, options, result);
-  {  // the GEMMs and attention measured above, net of their workspaces
-    std::vector<double> kernel;
-    for (const calibrate_detail::KernelSample& k : gemm_samples) kernel.push_back(k.kernel_s(profile));
-    result.gemm_fit = fit_non_negative(gemm_rows, kernel);
-    const auto& c = result.gemm_fit.coefficients;
-    profile.gemm = {c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0};
-    for (std::size_t i = 0; i < gemm_samples.size(); ++i)
-      result.samples.push_back({gemm_names[i], gemm_samples[i].seconds,
-                                c[0] + c[1] * gemm_rows[i][1] + c[2] * gemm_rows[i][2] +
-                                    gemm_samples[i].workspace_s(profile)});
-    calibrate_detail::fit_attention(attention, options.attention_whole_tiles, result);
-  }
   calibrate_detail::calibrate_scalar_math<Backend>(comm, options, result);
   // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
   calibrate_detail::calibrate_elementwise_classes<Backend>(comm, options, result);
