@@ -10,6 +10,10 @@
 # the ratios predicted / measured. The load average at the start and at the end says how shared the cores were (on
 # a machine whose cores other processes use, wall time holds the time a rank waited for a core; CPU time does not).
 #
+# The machine's speed. Every measured run probes it before its first step and after its last (train_gpt --speed-probe
+# on: the profile's compute-bound GEMM shapes timed as calibrated, measured / the profile's price; cost/speed_probe.hpp),
+# and the "@speed" column compares each round with the prediction times its run's mean probe (the median over the
+# rounds): on this shared machine the calibration and the runs minutes later can see cores 10-25% apart in speed.
 # The noise beside the error. Every strategy is measured ROUNDS times (a round runs every length and strategy, the
 # rounds one after another, so a burst of load elsewhere falls on one round of a row, not on all of it): the table
 # gives the median over every counted step of every round, the step spread ((max - min) / median of those steps) and
@@ -133,8 +137,8 @@ for R in $(seq 1 "$ROUNDS"); do
       [[ "$S" != dynamic ]] && strategy=(--strategy "$S")
       echo "round $R: measuring $S at $L tokens ($STEPS steps) ..." >&2
       (cd "$OUT/run" && "$TRAIN" --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$L" --max-len "$L" \
-        --cap-mib 1000000 --profile "$PROFILE_FILE" "${strategy[@]}" --csv "$ROOT/$OUT/train_${S}_${L}_r$R.csv" \
-        >"$ROOT/$OUT/train_${S}_${L}_r$R.txt")
+        --cap-mib 1000000 --profile "$PROFILE_FILE" "${strategy[@]}" --speed-probe on \
+        --csv "$ROOT/$OUT/train_${S}_${L}_r$R.csv" >"$ROOT/$OUT/train_${S}_${L}_r$R.txt")
     done
   done
 done
@@ -153,9 +157,14 @@ print(f"plan_trace against train_gpt on {ranks} thread ranks (profile {profile};
       f"start, {load_end} at the end; attention on whole tiles: {whole_tiles}; before: without {new_terms}")
 print()
 print("| length | strategy | before: predicted s | before: pred / CPU | predicted s | measured CPU s median (min..max) "
-      "| step spread | round medians s | run-to-run | pred / CPU | within 10% | measured wall s median | pred / wall "
-      "| AdamW CPU s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| step spread | round medians s | run-to-run | pred / CPU | within 10% | speed (probes) | @speed: pred / CPU "
+      "| within 10% @speed | measured wall s median | pred / wall | AdamW CPU s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+def probes(path):  # train_gpt --speed-probe on: measured / priced before the steps and after them
+    found = [float(line.rsplit(" ", 1)[1]) for line in open(path) if line.startswith("speed probe ")]
+    if len(found) != 2:
+        sys.exit(f"validate_trainer.sh: {path} holds {len(found)} speed probe lines, expected 2 (before, after)")
+    return found
 for length in lengths.split():
     plan = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_{length}.csv"))}
     before = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_before_{length}.csv"))}
@@ -179,8 +188,13 @@ for length in lengths.split():
         mc, mw = statistics.median(cpu), statistics.median(wall)
         medians = [statistics.median(float(r["cpu_s"]) for r in run) for run in runs]
         within = "yes" if abs(predicted / mc - 1) <= 0.10 else "no"
+        # Each round against the prediction at the speed its run's probes measured (their mean): the median ratio.
+        speeds = [statistics.mean(probes(f"{out}/train_{s}_{length}_r{k}.txt")) for k in range(1, rounds + 1)]
+        at_speed = statistics.median(predicted * v / m for v, m in zip(speeds, medians))
+        within_at_speed = "yes" if abs(at_speed - 1) <= 0.10 else "no"
         print(f"| {length} | {s} | {baseline:.4f} | {baseline / mc:.2f} | {predicted:.4f} | "
               f"{mc:.4f} ({min(cpu):.4f}..{max(cpu):.4f}) | {(max(cpu) - min(cpu)) / mc:.0%} | "
               f"{' / '.join(f'{m:.4f}' for m in medians)} | {(max(medians) - min(medians)) / mc:.0%} | "
-              f"{predicted / mc:.2f} | {within} | {mw:.4f} | {predicted / mw:.2f} | {adamw:.4f} |")
+              f"{predicted / mc:.2f} | {within} | {' / '.join(f'{v:.2f}' for v in speeds)} | {at_speed:.2f} | "
+              f"{within_at_speed} | {mw:.4f} | {predicted / mw:.2f} | {adamw:.4f} |")
 PY

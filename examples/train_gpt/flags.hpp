@@ -66,6 +66,10 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
       .without_default();
   flags.number("--lr", o.lr, {.min = 0, .max = 100, .min_open = true}, "peak learning rate (AdamW, linear warm-up)");
   flags.choice("--order", o.sorted, "sorted", "random", "document order: sorted by length (curriculum) or shuffled");
+  flags.choice("--speed-probe", o.speed_probe, "on", "off",
+               "dense, host: time the profile's GEMM shapes before the first step and after the last and print measured "
+               "/ priced, the machine's speed against its profile (cost/speed_probe.hpp; scripts/validate_trainer.sh "
+               "compares each run's steps with the prediction at that speed)");
   flags.text("--save", o.save,
              "write the global weights at the end as safetensors (with --experts: a Hugging Face folder, Mixtral or "
              "Qwen2-MoE)", "PATH")
@@ -215,6 +219,7 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--strategy", o.strategy != d.strategy, o.strategy);
   add("--lr", o.lr != d.lr, text(o.lr));
   add("--order", o.sorted != d.sorted, o.sorted ? "sorted" : "random");
+  add("--speed-probe", o.speed_probe != d.speed_probe, o.speed_probe ? "on" : "off");
   add("--save", o.save != d.save, o.save);
   add("--profile", o.profile != d.profile, o.profile);
   add("--corpus", o.corpus != d.corpus, o.corpus);
@@ -381,6 +386,8 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
     if (o.device != "cpu")
       usage(fmt::format("--mesh trains on the host: --device {} is not available with it yet", o.device));
   }
+  if (o.speed_probe && (o.device != "cpu" || !o.mesh.empty() || o.experts > 0))
+    usage("--speed-probe on: the dense GPT on the host only (it times the host GEMMs its profile prices)");
   // The model must fit this machine at all (examples/train_gpt/caps.hpp): refused now, before calibrating or
   // allocating (a model of 65536 experts would otherwise grow until the system kills it).
   if (const std::string why = machine_fit_refusal(o); !why.empty()) usage(why);

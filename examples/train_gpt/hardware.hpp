@@ -12,6 +12,7 @@
 #include "paradyse/cost/gemm_engines.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
+#include "paradyse/cost/speed_probe.hpp"
 #include "paradyse/ops/backend.hpp"
 #if PARADYSE_WITH_CUDA
 #include "paradyse/device/runtime.hpp"
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -68,6 +70,11 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
   options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
   options.pool_miss_bytes = {std::int64_t(1) << 18, std::int64_t(1) << 20};  // a step's activations (256 KiB, 1 MiB)
   options.attention_whole_tiles = true;  // causal diagonals cost the CPU kernel whole tiles
+  // The per-head products of attention materialised (ColossalZ: scores [n, keys] = q k^T and P v, the head dimension
+  // their short side) at a rank's rows for 512 to 2,048 tokens on 2 ranks: GemmModel's head-width class.
+  for (const std::int64_t n : {256, 512, 1024})
+    for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
+      options.gemm_thin_shapes.push_back(shape);
   const Timer start;
   pd::cost::HardwareProfile profile;
   ranks.run([&](auto& comm, int r) {
@@ -95,6 +102,23 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
   pd::cost::HardwareProfile profile = find_or_calibrate_profile(o, ranks);
   pd::cost::use_gemm_engines(profile);
   return profile;
+}
+
+// --speed-probe: the machine's speed now against `profile` (cost/speed_probe.hpp), measured / priced over the
+// calibration's compute-bound GEMM shapes, timed as they were calibrated (hot operands, the fastest of 3 after one
+// untimed, every rank at once, thread CPU time).
+template <class RanksT>
+double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
+  pd::cost::GemmClassOptions probe;
+  probe.repetitions = 3;
+  probe.cold_bytes = 0;
+  probe.shapes = pd::cost::CalibrationOptions{}.gemm_shapes;
+  double slowdown = 0;
+  ranks.run([&](auto& comm, int r) {
+    const double s = pd::cost::probe_slowdown<pd::ops::Cpu>(comm, probe, profile);
+    if (r == ranks.first_local()) slowdown = s;
+  });
+  return slowdown;
 }
 
 // The GPU's memory (--device cuda), 0 when unknown.

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <string>
 
 using namespace paradyse;
@@ -53,6 +54,41 @@ TEST_CASE("profile: GEMM time rises with size toward the peak rate") {
   CHECK(large < p.gemm.flops_per_s);
   CHECK(large > 0.9 * p.gemm.flops_per_s);
   CHECK(p.gemm.time(0, 10, 10, 2) == 0);
+}
+
+TEST_CASE("profile: head-width GEMMs (short side up to max_side) are priced by their own class, in JSON too") {
+  HardwareProfile p = a100_sxm4_80gb_x8();
+  const GemmModel single = p.gemm;
+  p.gemm.thin = {.max_side = 32, .overhead_s = 2e-6, .flops_per_s = 5e13, .bytes_per_s = 4e11};
+  std::mt19937_64 rng(37);
+  std::uniform_int_distribution<int> side(1, 4096);
+  for (int i = 0; i < 200; ++i) {
+    const double m = side(rng), n = side(rng) % 64 + 1, k = side(rng);
+    for (const auto& [a, b] : {std::pair{n, k}, std::pair{k, n}}) {  // the short side as n, then as k
+      CAPTURE(m);
+      CAPTURE(a);
+      CAPTURE(b);
+      const double bytes = (m * b + b * a + m * a) * 2;
+      const double thin = 2e-6 + 2 * m * a * b / 5e13 + bytes / 4e11;
+      CHECK(p.gemm.time(m, a, b, 2) == doctest::Approx(std::min(a, b) <= 32 ? thin : single.time(m, a, b, 2)));
+    }
+  }
+  // Without the class (max_side 0): the single fit, as every built-in profile.
+  CHECK(a100_sxm4_80gb_x8().gemm.time(1024, 32, 1024, 2) == single.time(1024, 32, 1024, 2));
+  // JSON: written and read back; absent in profiles written before (none); a bad field named.
+  const HardwareProfile back = profile_from_json(to_json(p));
+  CHECK(back.gemm.thin == p.gemm.thin);
+  CHECK(back.gemm.time(1024, 1024, 32, 2) == p.gemm.time(1024, 1024, 32, 2));
+  CHECK(profile_from_json(to_json(a100_sxm4_80gb_x8())).gemm.thin.max_side == 0);
+  json::Value v = to_json(p);
+  v["gemm"]["thin"]["max_side"] = 0;
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("max_side"), Error);
+  v = to_json(p);
+  v["gemm"]["thin"]["bytes_per_s"] = -4;
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("bytes_per_s"), Error);
+  v = to_json(p);
+  v["gemm"]["thin"]["rows"] = 3;
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("rows"), Error);
 }
 
 TEST_CASE("profile: built-in profiles are consistent with their datasheets") {

@@ -18,7 +18,9 @@
 //   - which GEMM engine gemm() runs per size class (OpenBLAS or the built-in kernel, ops/cpu/gemm_choice.hpp: this
 //     process's measured choice), kept in profile.gemm_engines; use_gemm_engines(profile) (cost/gemm_engines.hpp)
 //     applies it in a later run;
-//   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth;
+//   - GEMMs of several shapes (Backend::matmul): fits t = overhead + flops / rate + operand bytes / bandwidth; where
+//     options.gemm_thin_shapes asks for them (train_gpt does), the head-width products of attention materialised,
+//     timed with their operands from memory, fitted as their own class (GemmModel::thin);
 //   - flash attention forward and backward over several lengths: t = overhead + flops / rate; where
 //     options.attention_whole_tiles asks for it (train_gpt does), causal calls too, every call's flops counted on
 //     the pairs of the whole tiles the kernel computes (AttentionModel::whole_tiles);
@@ -93,6 +95,14 @@ struct CalibrationOptions {
       {128, 256, 256},   {512, 256, 256},   {2048, 256, 256},  {512, 768, 256},  {2048, 768, 256},
       {512, 256, 1024},  {2048, 256, 1024}, {512, 1024, 256},  {2048, 1024, 256}, {256, 256, 2048},
       {768, 256, 2048},  {1024, 256, 4096}, {64, 64, 64},      {4096, 256, 256}};
+  // Head-width GEMM shapes (GemmModel::thin): products whose short side, min(n, k), is the head dimension (the
+  // per-head score products of attention materialised, ColossalZ's [n, keys] x d), timed with their operands from
+  // memory (each call on its own copy of a, b and c, cycling through copies that add up to gemm_thin_cold_bytes a
+  // rank, as a step's 4-32 MB score matrices are), and fitted as their own class: t = overhead + flops / rate +
+  // operand bytes / bandwidth, for every GEMM whose short side is at most the largest short side here. Empty (the
+  // default): no class, the single fit prices them; train_gpt adds its model's.
+  std::vector<std::array<std::int64_t, 3>> gemm_thin_shapes;
+  std::int64_t gemm_thin_cold_bytes = std::int64_t(64) << 20;
   std::int64_t attention_heads = 4;
   std::int64_t head_dim = 32;
   std::vector<std::int64_t> attention_lengths = {256, 512, 1024, 2048, 4096};
@@ -129,7 +139,7 @@ struct CalibrationSample {
 struct Calibration {
   HardwareProfile profile;
   std::vector<CalibrationSample> samples;
-  Fit gemm_fit, attention_forward_fit, attention_backward_fit, copy_fit;
+  Fit gemm_fit, gemm_thin_fit, attention_forward_fit, attention_backward_fit, copy_fit;
   std::vector<std::pair<Collective, Fit>> collective_fits;
 };
 
@@ -263,6 +273,29 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
 }
 
 inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
+
+// Seconds of one GEMM a = [m, k] times b^T (b = [n, k]) on every rank at once (measure). cold_bytes > 0: every call
+// on its own copy of a, b and c, cycling through copies that add up to cold_bytes, so that no operand is in cache.
+template <class Backend, Communicator C>
+double time_gemm(C& comm, const CalibrationOptions& options, const std::array<std::int64_t, 3>& shape,
+                 std::int64_t cold_bytes) {
+  const auto [m, n, k] = shape;
+  check(m > 0 && n > 0 && k > 0, "calibrate: GEMM shape {}x{}x{} must be positive", m, n, k);
+  const std::int64_t bytes = (m * k + k * n + m * n) * std::int64_t(sizeof(float));
+  const std::int64_t copies = std::max<std::int64_t>(1, cold_bytes / bytes);
+  std::vector<Tensor<float>> a, b, c;
+  for (std::int64_t i = 0; i < copies; ++i) {
+    a.emplace_back(Shape{m, k}), b.emplace_back(Shape{n, k}), c.emplace_back(Shape{m, n});
+    fill(a.back(), 0.5f);
+    fill(b.back(), 0.25f);
+  }
+  const double pass = measure(comm, options.clock, options.repetitions, [&] {
+    for (std::int64_t i = 0; i < copies; ++i)
+      Backend::matmul(a[std::size_t(i)].view(), ops::Transpose::no, b[std::size_t(i)].view(), ops::Transpose::yes,
+                      c[std::size_t(i)].view());
+  });
+  return pass / double(copies);
+}
 
 // Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then
 // all freed, as a step's activations are (one Tensor made and freed again and again would measure the C library's
@@ -513,12 +546,7 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
     std::vector<double> y;
     std::vector<std::string> names;
     for (const auto& [m, n, k] : options.gemm_shapes) {
-      Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n});
-      calibrate_detail::fill(a, 0.5f);
-      calibrate_detail::fill(b, 0.25f);
-      const double t = measure(comm, options.clock, reps, [&] {
-        Backend::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view());
-      });
+      const double t = calibrate_detail::time_gemm<Backend>(comm, options, {m, n, k}, 0);
       rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
       y.push_back(t);
       names.push_back(fmt::format("gemm {}x{}x{}", m, n, k));
@@ -528,6 +556,24 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
     profile.gemm = {c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0};
     for (std::size_t i = 0; i < y.size(); ++i)
       result.samples.push_back({names[i], y[i], c[0] + c[1] * rows[i][1] + c[2] * rows[i][2]});
+  }
+  if (!options.gemm_thin_shapes.empty()) {  // the head-width class, on its own shapes with their operands cold
+    std::vector<std::vector<double>> rows;
+    std::vector<double> y;
+    double max_side = 0;
+    for (const auto& [m, n, k] : options.gemm_thin_shapes) {
+      y.push_back(calibrate_detail::time_gemm<Backend>(comm, options, {m, n, k}, options.gemm_thin_cold_bytes));
+      rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
+      max_side = std::max(max_side, double(std::min(n, k)));
+    }
+    result.gemm_thin_fit = fit_non_negative(rows, y);
+    const auto& c = result.gemm_thin_fit.coefficients;
+    profile.gemm.thin = {max_side, c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0};
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const auto [m, n, k] = options.gemm_thin_shapes[i];
+      result.samples.push_back({fmt::format("gemm {}x{}x{} head-width, cold", m, n, k), y[i],
+                                profile.gemm.time(double(m), double(n), double(k), int(sizeof(float)))});
+    }
   }
 
   calibrate_detail::calibrate_attention<Backend>(comm, options, result);

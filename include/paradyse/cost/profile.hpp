@@ -126,11 +126,33 @@ struct GemmRowClass {
   friend bool operator==(const GemmRowClass&, const GemmRowClass&) = default;
 };
 
+// Head-width GEMMs (`thin`): products whose short side, min(n, k), is at most `max_side`: the per-head products of
+// attention materialised (ColossalZ: scores [n, keys] = q k^T with k the head dimension, P v with n the head
+// dimension, and their gradients). The CPU kernel packs their large operand for a few flops per element, so they are
+// bound by its bytes (44-73 GFLOP/s on this machine's 2 ranks against 180-280 for the compute-bound shapes), and the
+// single fit, whose operand term the compute-bound shapes leave to the noise (0 in one calibration, 4.6 GB/s in the
+// next), priced them anywhere between a third of their time and all of it. Their own terms, fitted on such shapes
+// with their operands from memory (cost/calibrate.hpp, CalibrationOptions::gemm_thin_shapes): t = overhead +
+// flops / rate + operand bytes / bandwidth. max_side 0 (built-in profiles, profile JSON written before): none.
+struct GemmThinClass {
+  double max_side = 0;
+  double overhead_s = 0;
+  double flops_per_s = 1;
+  double bytes_per_s = 0;  // 0: no operand term
+  bool holds(double n, double k) const { return max_side > 0 && std::min(n, k) <= max_side; }
+  double time(double m, double n, double k, int dtype_bytes) const {
+    const double bytes = (m * k + k * n + m * n) * dtype_bytes;
+    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
+  }
+  friend bool operator==(const GemmThinClass&, const GemmThinClass&) = default;
+};
+
 struct GemmModel {
   double overhead_s = 0;
   double flops_per_s = 1;
   double bytes_per_s = 0;  // 0: no operand term
   std::vector<GemmRowClass> by_rows = {};  // ascending max_rows; empty: the single fit for every size
+  GemmThinClass thin = {};                 // head-width products (before the row classes); max_side 0: none
 
   // The class of a GEMM of m rows: its index in by_rows, or -1 for the single fit.
   int row_class(double m) const {
@@ -140,6 +162,7 @@ struct GemmModel {
   }
   double time(double m, double n, double k, int dtype_bytes) const {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
+    if (thin.holds(n, k)) return thin.time(m, n, k, dtype_bytes);
     if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].time(m, n, k, dtype_bytes);
     const double bytes = (m * k + k * n + m * n) * dtype_bytes;
     return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);

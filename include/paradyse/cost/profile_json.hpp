@@ -2,7 +2,7 @@
 // to_json, profile_from_json, save_profile, load_profile.
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
-//    "reserved_bytes", "gemm": {..., ["by_rows": [...]]}, "attention": {...}, ["attention_whole_tiles"],
+//    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {...}]}, "attention": {...}, ["attention_whole_tiles"],
 //    "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
@@ -237,6 +237,11 @@ inline json::Value to_json(const HardwareProfile& p) {
                {"flops_per_s", p.gemm.flops_per_s},
                {"bytes_per_s", p.gemm.bytes_per_s}};
   if (!p.gemm.by_rows.empty()) v["gemm"]["by_rows"] = detail::gemm_classes_to_json(p.gemm.by_rows);
+  if (p.gemm.thin.max_side > 0)
+    v["gemm"]["thin"] = {{"max_side", p.gemm.thin.max_side},
+                         {"overhead_s", p.gemm.thin.overhead_s},
+                         {"flops_per_s", p.gemm.thin.flops_per_s},
+                         {"bytes_per_s", p.gemm.thin.bytes_per_s}};
   v["attention"] = {{"overhead_s", p.attention.overhead_s},
                     {"forward_flops_per_s", p.attention.forward_flops_per_s},
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
@@ -302,9 +307,14 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   check(p.reserved_bytes < p.memory_bytes,
         "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
   const json::Field gemm = v["gemm"];
-  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows"});
+  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows", "thin"});
   p.gemm = {seconds(gemm, "overhead_s"), rate(gemm, "flops_per_s"), rate(gemm, "bytes_per_s", true)};
   if (const auto classes = gemm.find("by_rows")) p.gemm.by_rows = gemm_classes_from_json(*classes);
+  if (const auto thin = gemm.find("thin")) {  // absent: no head-width class, as before it existed
+    only_keys(*thin, {"max_side", "overhead_s", "flops_per_s", "bytes_per_s"});
+    p.gemm.thin = {double(integer(*thin, "max_side", 1, std::int64_t(1) << 20)), seconds(*thin, "overhead_s"),
+                   rate(*thin, "flops_per_s"), rate(*thin, "bytes_per_s", true)};
+  }
   const json::Field attention = v["attention"];
   only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s"});
   p.attention = {seconds(attention, "overhead_s"), rate(attention, "forward_flops_per_s"),

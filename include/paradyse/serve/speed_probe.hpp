@@ -1,4 +1,5 @@
-// paradyse/serve/speed_probe.hpp: how fast this machine runs now against the profile it was calibrated into.
+// paradyse/serve/speed_probe.hpp: how fast this machine runs now against the profile it was calibrated into, on the
+// served model's decode GEMMs (the probe itself: cost/speed_probe.hpp).
 //
 //   cost::GemmClassOptions probe = speed_probe_options(c, ranks, profile_classes);  // the decode GEMMs
 //   const double s = probe_slowdown<ops::Cpu>(comm, probe, profile);   // measured / priced now (1: as calibrated)
@@ -17,6 +18,7 @@
 #pragma once
 
 #include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/speed_probe.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
 
 #include <algorithm>
@@ -36,26 +38,7 @@ inline cost::GemmClassOptions speed_probe_options(const DecoderConfig& c, int ra
   return o;
 }
 
-// measured / priced, the median over the samples (the profile's GEMM model at the samples' shapes, 4-byte floats).
-inline double slowdown_of(const std::vector<cost::GemmSample>& samples, const cost::HardwareProfile& profile) {
-  check(!samples.empty(), "slowdown_of: no samples");
-  std::vector<double> r;
-  for (const cost::GemmSample& x : samples) {
-    const double priced = profile.gemm.time(double(x.m), double(x.n), double(x.k), int(sizeof(float)));
-    check(priced > 0, "slowdown_of: the profile prices gemm {}x{}x{} at {} s", x.m, x.n, x.k, priced);
-    r.push_back(x.seconds / priced);
-  }
-  std::sort(r.begin(), r.end());
-  const std::size_t n = r.size();
-  return n % 2 ? r[n / 2] : 0.5 * (r[n / 2 - 1] + r[n / 2]);
-}
-
-// The probe's slowdown now (cost::time_gemm_shape on each shape). Every rank calls it (SPMD) and gets the same value.
-template <class Backend = ops::Cpu, Communicator C>
-double probe_slowdown(C& comm, const cost::GemmClassOptions& probe, const cost::HardwareProfile& profile) {
-  std::vector<cost::GemmSample> samples;
-  for (const auto& shape : probe.shapes) samples.push_back(cost::time_gemm_shape<Backend>(comm, probe, shape));
-  return slowdown_of(samples, profile);
-}
+using cost::probe_slowdown;
+using cost::slowdown_of;
 
 }  // namespace paradyse::serve

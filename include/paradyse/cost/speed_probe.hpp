@@ -1,0 +1,47 @@
+// paradyse/cost/speed_probe.hpp: how fast this machine runs now against the profile it was calibrated into.
+//
+//   const double s = probe_slowdown<ops::Cpu>(comm, probe, profile);  // measured / priced now (1: as calibrated)
+//
+// A shared machine's speed moves while its profile does not (docs/serving_simulation.md: the same decode step 0.89 ms
+// in one 5-second round, 1.39 ms two rounds later, in thread CPU time; docs/trainer_validation.md: a training step's
+// prediction 0.81-0.91 of its measurement in the run after one at 0.99-1.09, neither code nor load changed). The
+// probe times GEMM shapes (cost::time_gemm_shape, as the profile's GEMMs were calibrated) on every rank at once and
+// returns the median over the shapes of measured / the profile's price. It is measured apart from the work it then
+// prices: a prediction times the slowdown is the prediction at the speed the machine ran, not a fit to the run.
+// The workloads' shapes: serve/speed_probe.hpp (the served model's decode GEMMs); train_gpt --speed-probe (the
+// calibration's compute-bound GEMMs).
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/profile.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace paradyse::cost {
+
+// measured / priced, the median over the samples (the profile's GEMM model at the samples' shapes, 4-byte floats).
+inline double slowdown_of(const std::vector<GemmSample>& samples, const HardwareProfile& profile) {
+  check(!samples.empty(), "slowdown_of: no samples");
+  std::vector<double> r;
+  for (const GemmSample& x : samples) {
+    const double priced = profile.gemm.time(double(x.m), double(x.n), double(x.k), int(sizeof(float)));
+    check(priced > 0, "slowdown_of: the profile prices gemm {}x{}x{} at {} s", x.m, x.n, x.k, priced);
+    r.push_back(x.seconds / priced);
+  }
+  std::sort(r.begin(), r.end());
+  const std::size_t n = r.size();
+  return n % 2 ? r[n / 2] : 0.5 * (r[n / 2 - 1] + r[n / 2]);
+}
+
+// The probe's slowdown now (time_gemm_shape on each shape). Every rank calls it (SPMD) and gets the same value.
+template <class Backend = ops::Cpu, Communicator C>
+double probe_slowdown(C& comm, const GemmClassOptions& probe, const HardwareProfile& profile) {
+  std::vector<GemmSample> samples;
+  for (const auto& shape : probe.shapes) samples.push_back(time_gemm_shape<Backend>(comm, probe, shape));
+  return slowdown_of(samples, profile);
+}
+
+}  // namespace paradyse::cost
