@@ -106,7 +106,7 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
 
 // --speed-probe: the machine's speed now against `profile` (cost/speed_probe.hpp), measured / priced over the
 // calibration's compute-bound GEMM shapes, timed as they were calibrated (hot operands, the fastest of 3 after one
-// untimed, every rank at once, thread CPU time).
+// untimed, every rank at once, thread CPU time), on buffers of their own (not under the ranks' memory trackers).
 template <class RanksT>
 double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
   pd::cost::GemmClassOptions probe;
@@ -115,6 +115,8 @@ double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
   probe.shapes = pd::cost::CalibrationOptions{}.gemm_shapes;
   double slowdown = 0;
   ranks.run([&](auto& comm, int r) {
+    pd::MemoryTracker own;  // the probe's operands are not the model's: outside the rank's tracker and its cap
+    const pd::ScopedTracker scoped(own);
     const double s = pd::cost::probe_slowdown<pd::ops::Cpu>(comm, probe, profile);
     if (r == ranks.first_local()) slowdown = s;
   });

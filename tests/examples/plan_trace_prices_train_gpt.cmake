@@ -4,7 +4,8 @@
 # packs its operands into a workspace the time model prices), so both programs take them from the profile
 # (cost/gemm_engines.hpp), not from their own measured choice: with the engines all "fallback" and, where the build has
 # CBLAS, all "cblas" (the two predictions must then differ, or the engines did not reach the dry run), train_gpt's
-# predicted_s of every 256-token step equals plan_trace's MegatronTS time to the microsecond.
+# predicted_s of every 256-token step equals plan_trace's MegatronTS time to the microsecond. The train_gpt runs probe
+# the machine's speed (--speed-probe on) and must print both probes.
 #   cmake -DTRAIN=train_gpt -DPLAN=plan_trace -DPROFILE=cpu_two_ranks.json -DWORK=dir -DCBLAS=ON|OFF -P ...
 foreach(var TRAIN PLAN PROFILE WORK CBLAS)
   if(NOT DEFINED ${var})
@@ -33,7 +34,13 @@ endfunction()
 # train_gpt's own predicted_s of its 256-token steps on `profile` against plan_trace's `want` (microseconds).
 function(check_train_gpt profile want)
   run_train("train_gpt --profile ${profile}" ${TRAIN} --ranks 2 ${MODEL} --steps 2 --min-len 256 --max-len 256
-            --profile ${profile} --strategy MegatronTS --csv ${WORK}/train.csv)
+            --profile ${profile} --strategy MegatronTS --speed-probe on --csv ${WORK}/train.csv)
+  # --speed-probe on: the machine's speed against the profile, measured / priced, before the steps and after them.
+  foreach(when "before the steps" "after the steps")
+    if(NOT last_output MATCHES "speed probe ${when}: measured / priced [0-9]+\\.[0-9]+")
+      message(FATAL_ERROR "train_gpt --speed-probe on printed no probe ${when}:\n${last_output}")
+    endif()
+  endforeach()
   step_column(${WORK}/train.csv length lengths)
   step_column(${WORK}/train.csv predicted_s predicted)
   set(compared 0)
