@@ -130,7 +130,8 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   adamw.weight_decay = 0.01f;
   const int warmup = std::max(1, std::min(8, n_steps / 8));
   // --speed-probe: the machine's speed against the profile around the steps (examples/train_gpt/hardware.hpp).
-  if (o.speed_probe) fmt::print("speed probe before the steps: measured / priced {:.4f}\n", probe_speed(ranks, hardware));
+  if (o.speed_probe)
+    fmt::print("speed probe before the steps: measured / priced {:.4f}\n", probe_speed(ranks, hardware));
   const pd::Timer run_start;
   double planner_seconds = 0;
   paradyse::Progress progress("step", end_step - first_step, "tokens");  // on a terminal only
@@ -184,7 +185,8 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   }
   progress.finish();
   const double total = run_start.seconds();
-  if (o.speed_probe) fmt::print("speed probe after the steps: measured / priced {:.4f}\n", probe_speed(ranks, hardware));
+  if (o.speed_probe)
+    fmt::print("speed probe after the steps: measured / priced {:.4f}\n", probe_speed(ranks, hardware));
   checkpoints.at_end(ranks);
   std::size_t documents = 0;
   for (int i = first_step; i < end_step; ++i) documents += steps[std::size_t(i)].rows.size();

@@ -105,8 +105,9 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
 }
 
 // --speed-probe: the machine's speed now against `profile` (cost/speed_probe.hpp), measured / priced over the
-// calibration's compute-bound GEMM shapes, timed as they were calibrated (hot operands, the fastest of 3 after one
-// untimed, every rank at once, thread CPU time), on buffers of their own (not under the ranks' memory trackers).
+// calibration's compute-bound GEMM shapes (CalibrationOptions' defaults, which the single fit is calibrated on),
+// timed as they were calibrated (hot operands, the fastest of 3 after one untimed, every rank at once, thread CPU
+// time), on buffers of their own (not under the ranks' memory trackers).
 template <class RanksT>
 double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
   pd::cost::GemmClassOptions probe;

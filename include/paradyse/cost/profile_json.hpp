@@ -2,8 +2,8 @@
 // to_json, profile_from_json, save_profile, load_profile.
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
-//    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {...}]}, "attention": {...}, ["attention_whole_tiles"],
-//    "elementwise_bytes_per_s",
+//    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
+//    "bytes_per_s"}]}, "attention": {...}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
