@@ -354,12 +354,6 @@ int simulate(const Options& o) {
 
 // ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
 
-// The bandwidth at which a decode step's GEMMs read their operands. A serving step reads every active expert's
-// weights once, and the next step reads them again after the rest of the model went through the cache: they come
-// from memory. calibrate times each shape again and again on the same operands, from cache. Here: 1 and 4 rows
-// against an expert's TP slice [2 f/p, h], cycling through copies of it that together exceed the cache (128 MB per
-// rank), on every rank at once (as the ranks run); the operand bytes over the time the fit's overhead and FLOP
-// terms leave, median over the ranks and rounds.
 // The options the profile's GEMM size classes are calibrated with (and the speed probe times its shapes with): the
 // serving step's own GEMMs, each cycling through 128 MB of weight copies a rank (every weight from memory), on the
 // calibration's clock.
@@ -370,6 +364,12 @@ cost::GemmClassOptions profile_class_options(const Options& o, const DecoderConf
   return classes;
 }
 
+// The bandwidth at which a decode step's GEMMs read their operands. A serving step reads every active expert's
+// weights once, and the next step reads them again after the rest of the model went through the cache: they come
+// from memory. calibrate times each shape again and again on the same operands, from cache. Here: 1 and 4 rows
+// against an expert's TP slice [2 f/p, h], cycling through copies of it that together exceed the cache (128 MB per
+// rank), on every rank at once (as the ranks run); the operand bytes over the time the fit's overhead and FLOP
+// terms leave, median over the ranks and rounds.
 double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::GemmModel& g, cost::TimeSource clock) {
   const std::int64_t h = c.hidden, n = 2 * std::max<std::int64_t>(1, c.moe.expert_ffn / ranks);
   const std::int64_t copies = std::max<std::int64_t>(8, (std::int64_t(128) << 20) / (n * h * 4));
@@ -625,7 +625,7 @@ int measure(const Options& o) {
       auto probe = [&] {
         double s = 0;
         run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-          const double x = probe_slowdown<ops::Cpu>(comm, speed_probe, cluster.profile);
+          const double x = cost::probe_slowdown<ops::Cpu>(comm, speed_probe, cluster.profile);
           if (comm.rank() == 0) s = x;
         });
         return s;

@@ -69,14 +69,14 @@ TEST_CASE("speed probe: the slowdown is the median of measured / priced, exactly
     std::vector<cost::GemmSample> samples;
     for (const auto& [m, n, k] : probe.shapes)
       samples.push_back({m, n, k, s * p.gemm.time(double(m), double(n), double(k), 4)});
-    CHECK(slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
+    CHECK(cost::slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
     samples.front().seconds *= 50;  // one shape hit by a burst of load elsewhere
-    CHECK(slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
+    CHECK(cost::slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
     // The median: a third of the samples twice as slow moves it to at most their neighbours' ratio.
     for (std::size_t i = 0; i < samples.size(); i += 3) samples[i].seconds *= 2;
-    CHECK(slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
+    CHECK(cost::slowdown_of(samples, p) == doctest::Approx(s).epsilon(1e-12));
   }
-  CHECK_THROWS_WITH_AS(slowdown_of({}, cost::HardwareProfile{}), doctest::Contains("no samples"), Error);
+  CHECK_THROWS_WITH_AS(cost::slowdown_of({}, cost::HardwareProfile{}), doctest::Contains("no samples"), Error);
 }
 
 TEST_CASE("speed probe: its shapes are the model's decode GEMMs, timed as the profile's classes were calibrated") {
@@ -106,7 +106,7 @@ TEST_CASE("speed probe: on thread ranks every rank gets the same positive, finit
     std::mt19937_64 rng(7);
     const cost::HardwareProfile profile = random_profile(rng);
     std::vector<double> got(std::size_t(p), -1);
-    run_ranks(p, [&](ThreadCommunicator& comm) { got[std::size_t(comm.rank())] = probe_slowdown<ops::Cpu>(comm, probe, profile); });
+    run_ranks(p, [&](ThreadCommunicator& comm) { got[std::size_t(comm.rank())] = cost::probe_slowdown<ops::Cpu>(comm, probe, profile); });
     for (const double g : got) {
       CHECK(g == got[0]);
       CHECK(std::isfinite(g));

@@ -274,25 +274,50 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
 
 inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
 
-// Seconds of one GEMM a = [m, k] times b^T (b = [n, k]) on every rank at once (measure). cold_bytes > 0: every call
-// on its own copy of a, b and c, cycling through copies that add up to cold_bytes, so that no operand is in cache.
+// t = overhead + flops / rate + operand bytes / bandwidth (cost/profile.hpp linear_gemm_time) fitted to float32 GEMM
+// samples (shapes[i] took seconds[i]): the fit, and its terms as {overhead, rate, bandwidth} (1e30 and 0 for a
+// coefficient fitted to 0: no term).
+struct LinearGemmFit {
+  Fit fit;
+  double overhead_s = 0, flops_per_s = 1e30, bytes_per_s = 0;
+};
+inline LinearGemmFit fit_linear_gemm(const std::vector<std::array<std::int64_t, 3>>& shapes,
+                                     const std::vector<double>& seconds) {
+  std::vector<std::vector<double>> rows;
+  for (const auto& [m, n, k] : shapes)
+    rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
+  LinearGemmFit r{fit_non_negative(rows, seconds)};
+  const auto& c = r.fit.coefficients;
+  r.overhead_s = c[0];
+  r.flops_per_s = c[1] > 0 ? 1 / c[1] : 1e30;
+  r.bytes_per_s = c[2] > 0 ? 1 / c[2] : 0;
+  return r;
+}
+
+// Which operands a GEMM timing cycles through copies of, so that they come from memory: the weights b (a serving
+// step reads every weight once: calibrate_gemm_classes, the speed probes) or all three (the head-width products'
+// score matrices: CalibrationOptions::gemm_thin_shapes).
+enum class ColdOperands { weights, all };
+
+// Seconds of one GEMM c = a b^T (a = [m, k], b = [n, k]) on every rank at once (measure: the slowest rank, the fastest
+// of `repetitions` passes after one untimed): a pass runs one GEMM per copy of the `cold` operands, as many copies as
+// add up to cold_bytes (at least one; 0: operands hot, one GEMM a pass), and the time is the pass's over its GEMMs.
 template <class Backend, Communicator C>
-double time_gemm(C& comm, const CalibrationOptions& options, const std::array<std::int64_t, 3>& shape,
-                 std::int64_t cold_bytes) {
+double time_gemm(C& comm, TimeSource clock, int repetitions, const std::array<std::int64_t, 3>& shape,
+                 std::int64_t cold_bytes, ColdOperands cold) {
   const auto [m, n, k] = shape;
   check(m > 0 && n > 0 && k > 0, "calibrate: GEMM shape {}x{}x{} must be positive", m, n, k);
-  const std::int64_t bytes = (m * k + k * n + m * n) * std::int64_t(sizeof(float));
-  const std::int64_t copies = std::max<std::int64_t>(1, cold_bytes / bytes);
+  const std::int64_t weight_bytes = n * k * std::int64_t(sizeof(float));
+  const std::int64_t cycled_bytes =
+      cold == ColdOperands::all ? weight_bytes + (m * k + m * n) * std::int64_t(sizeof(float)) : weight_bytes;
+  const std::size_t copies = std::size_t(std::max<std::int64_t>(1, cold_bytes / cycled_bytes));
+  const std::size_t others = cold == ColdOperands::all ? copies : 1;  // copies of a and c
   std::vector<Tensor<float>> a, b, c;
-  for (std::int64_t i = 0; i < copies; ++i) {
-    a.emplace_back(Shape{m, k}), b.emplace_back(Shape{n, k}), c.emplace_back(Shape{m, n});
-    fill(a.back(), 0.5f);
-    fill(b.back(), 0.25f);
-  }
-  const double pass = measure(comm, options.clock, options.repetitions, [&] {
-    for (std::int64_t i = 0; i < copies; ++i)
-      Backend::matmul(a[std::size_t(i)].view(), ops::Transpose::no, b[std::size_t(i)].view(), ops::Transpose::yes,
-                      c[std::size_t(i)].view());
+  for (std::size_t i = 0; i < others; ++i) a.emplace_back(Shape{m, k}), c.emplace_back(Shape{m, n}), fill(a.back(), 0.5f);
+  for (std::size_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), fill(b.back(), 0.25f);
+  const double pass = measure(comm, clock, repetitions, [&] {
+    for (std::size_t i = 0; i < copies; ++i)
+      Backend::matmul(a[i % others].view(), ops::Transpose::no, b[i].view(), ops::Transpose::yes, c[i % others].view());
   });
   return pass / double(copies);
 }
@@ -542,33 +567,30 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
   // ---- GEMMs: the engine per size class, then t = overhead + flops / rate + bytes / bandwidth ---------------------
   profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
   {
-    std::vector<std::vector<double>> rows;
     std::vector<double> y;
-    std::vector<std::string> names;
-    for (const auto& [m, n, k] : options.gemm_shapes) {
-      const double t = calibrate_detail::time_gemm<Backend>(comm, options, {m, n, k}, 0);
-      rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
-      y.push_back(t);
-      names.push_back(fmt::format("gemm {}x{}x{}", m, n, k));
+    for (const auto& shape : options.gemm_shapes)
+      y.push_back(calibrate_detail::time_gemm<Backend>(comm, options.clock, reps, shape, 0,
+                                                       calibrate_detail::ColdOperands::all));
+    const calibrate_detail::LinearGemmFit f = calibrate_detail::fit_linear_gemm(options.gemm_shapes, y);
+    result.gemm_fit = f.fit;
+    profile.gemm = {f.overhead_s, f.flops_per_s, f.bytes_per_s};
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const auto [m, n, k] = options.gemm_shapes[i];
+      result.samples.push_back({fmt::format("gemm {}x{}x{}", m, n, k), y[i],
+                                profile.gemm.time(double(m), double(n), double(k), int(sizeof(float)))});
     }
-    result.gemm_fit = fit_non_negative(rows, y);
-    const auto& c = result.gemm_fit.coefficients;
-    profile.gemm = {c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0};
-    for (std::size_t i = 0; i < y.size(); ++i)
-      result.samples.push_back({names[i], y[i], c[0] + c[1] * rows[i][1] + c[2] * rows[i][2]});
   }
   if (!options.gemm_thin_shapes.empty()) {  // the head-width class, on its own shapes with their operands cold
-    std::vector<std::vector<double>> rows;
     std::vector<double> y;
     double max_side = 0;
-    for (const auto& [m, n, k] : options.gemm_thin_shapes) {
-      y.push_back(calibrate_detail::time_gemm<Backend>(comm, options, {m, n, k}, options.gemm_thin_cold_bytes));
-      rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
-      max_side = std::max(max_side, double(std::min(n, k)));
+    for (const auto& shape : options.gemm_thin_shapes) {
+      y.push_back(calibrate_detail::time_gemm<Backend>(comm, options.clock, reps, shape, options.gemm_thin_cold_bytes,
+                                                       calibrate_detail::ColdOperands::all));
+      max_side = std::max(max_side, double(std::min(shape[1], shape[2])));
     }
-    result.gemm_thin_fit = fit_non_negative(rows, y);
-    const auto& c = result.gemm_thin_fit.coefficients;
-    profile.gemm.thin = {max_side, c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0};
+    const calibrate_detail::LinearGemmFit f = calibrate_detail::fit_linear_gemm(options.gemm_thin_shapes, y);
+    result.gemm_thin_fit = f.fit;
+    profile.gemm.thin = {max_side, f.overhead_s, f.flops_per_s, f.bytes_per_s};
     for (std::size_t i = 0; i < y.size(); ++i) {
       const auto [m, n, k] = options.gemm_thin_shapes[i];
       result.samples.push_back({fmt::format("gemm {}x{}x{} head-width, cold", m, n, k), y[i],
@@ -788,18 +810,9 @@ struct GemmClassCalibration {
 // fastest of options.repetitions passes after one untimed, per GEMM. Every rank calls it (SPMD).
 template <class Backend = ops::Cpu, Communicator C>
 GemmSample time_gemm_shape(C& comm, const GemmClassOptions& options, const std::array<std::int64_t, 3>& shape) {
-  const auto [m, n, k] = shape;
-  check(m > 0 && n > 0 && k > 0, "calibrate_gemm_classes: shape {}x{}x{} must be positive", m, n, k);
-  const std::int64_t weight_bytes = n * k * std::int64_t(sizeof(float));
-  const std::int64_t copies = std::max<std::int64_t>(1, options.cold_bytes / weight_bytes);
-  Tensor<float> a(Shape{m, k}), c(Shape{m, n});
-  std::vector<Tensor<float>> b;
-  for (std::int64_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), calibrate_detail::fill(b.back(), 0.25f);
-  calibrate_detail::fill(a, 0.5f);
-  const double pass = calibrate_detail::measure(comm, options.clock, options.repetitions, [&] {
-    for (const Tensor<float>& bi : b) Backend::matmul(a.view(), ops::Transpose::no, bi.view(), ops::Transpose::yes, c.view());
-  });
-  return {m, n, k, pass / double(copies)};
+  return {shape[0], shape[1], shape[2],
+          calibrate_detail::time_gemm<Backend>(comm, options.clock, options.repetitions, shape, options.cold_bytes,
+                                               calibrate_detail::ColdOperands::weights)};
 }
 
 // Measures options.shapes (time_gemm_shape) and fits the classes; every rank calls it (SPMD) and gets the same result.

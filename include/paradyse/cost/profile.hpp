@@ -134,6 +134,14 @@ struct GemmRowClass {
 // next), priced them anywhere between a third of their time and all of it. Their own terms, fitted on such shapes
 // with their operands from memory (cost/calibrate.hpp, CalibrationOptions::gemm_thin_shapes): t = overhead +
 // flops / rate + operand bytes / bandwidth. max_side 0 (built-in profiles, profile JSON written before): none.
+// The linear form of the single fit and of the head-width class: t = overhead + flops / rate + operand bytes /
+// bandwidth (bandwidth 0: no operand term).
+inline double linear_gemm_time(double overhead_s, double flops_per_s, double bytes_per_s, double m, double n, double k,
+                               int dtype_bytes) {
+  const double bytes = (m * k + k * n + m * n) * dtype_bytes;
+  return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
+}
+
 struct GemmThinClass {
   double max_side = 0;
   double overhead_s = 0;
@@ -141,8 +149,7 @@ struct GemmThinClass {
   double bytes_per_s = 0;  // 0: no operand term
   bool holds(double n, double k) const { return max_side > 0 && std::min(n, k) <= max_side; }
   double time(double m, double n, double k, int dtype_bytes) const {
-    const double bytes = (m * k + k * n + m * n) * dtype_bytes;
-    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
+    return linear_gemm_time(overhead_s, flops_per_s, bytes_per_s, m, n, k, dtype_bytes);
   }
   friend bool operator==(const GemmThinClass&, const GemmThinClass&) = default;
 };
@@ -164,8 +171,7 @@ struct GemmModel {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
     if (thin.holds(n, k)) return thin.time(m, n, k, dtype_bytes);
     if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].time(m, n, k, dtype_bytes);
-    const double bytes = (m * k + k * n + m * n) * dtype_bytes;
-    return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
+    return linear_gemm_time(overhead_s, flops_per_s, bytes_per_s, m, n, k, dtype_bytes);
   }
   double achieved_flops_per_s(double m, double n, double k, int dtype_bytes) const {
     return 2 * m * n * k / time(m, n, k, dtype_bytes);

@@ -2,7 +2,7 @@
 // served model's decode GEMMs (the probe itself: cost/speed_probe.hpp).
 //
 //   cost::GemmClassOptions probe = speed_probe_options(c, ranks, profile_classes);  // the decode GEMMs
-//   const double s = probe_slowdown<ops::Cpu>(comm, probe, profile);   // measured / priced now (1: as calibrated)
+//   const double s = cost::probe_slowdown<ops::Cpu>(comm, probe, profile);  // measured / priced (1: as calibrated)
 //   SimulatedClock clock(c, cluster);  clock.set_slowdown(s);           // the simulation at the machine's speed now
 //
 // Why: a shared machine's speed moves while its profile does not. On the 2-core machine of docs/serving_simulation.md
@@ -37,8 +37,5 @@ inline cost::GemmClassOptions speed_probe_options(const DecoderConfig& c, int ra
     if (s[0] == 1 || s[0] == 4 || s[0] == 16) o.shapes.push_back(s);
   return o;
 }
-
-using cost::probe_slowdown;
-using cost::slowdown_of;
 
 }  // namespace paradyse::serve
