@@ -30,6 +30,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace paradyse::examples {
 
@@ -65,6 +66,7 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
              mpi ? "MPI" : "thread", cache.string());
   pd::cost::CalibrationOptions options;
   options.repetitions = 3;
+  options.passes = 3;  // each measurement the median of three passes' (one pass's fits move with the machine's speed)
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
   options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
@@ -77,11 +79,15 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
       options.gemm_thin_shapes.push_back(shape);
   const Timer start;
   pd::cost::HardwareProfile profile;
+  std::vector<double> spreads;
   ranks.run([&](auto& comm, int r) {
     pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);
-    if (r == 0) profile = std::move(c.profile);
+    if (r == 0) profile = std::move(c.profile), spreads = std::move(c.pass_spreads);
   });
-  fmt::print("  calibrated in {:.1f} s\n", start.seconds());
+  std::sort(spreads.begin(), spreads.end());
+  fmt::print("  calibrated in {:.1f} s ({} passes; the passes' spread per measurement, (max - min) / median: median "
+             "{:.0f}%, largest {:.0f}%)\n", start.seconds(), options.passes,
+             spreads.empty() ? 0.0 : 100 * spreads[spreads.size() / 2], spreads.empty() ? 0.0 : 100 * spreads.back());
   if (ranks.reports()) {
     std::error_code ignored;
     std::filesystem::create_directories(cache.parent_path(), ignored);

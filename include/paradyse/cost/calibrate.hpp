@@ -14,7 +14,8 @@
 //
 // What is measured, every rank at once (so that ranks sharing caches or a network show in the numbers), the
 // slowest rank of each run counting, the fastest of `repetitions` runs kept (interference from other work on a
-// shared machine, even on a sibling hyperthread, only ever slows a run down):
+// shared machine, even on a sibling hyperthread, only ever slows a run down; with options.passes > 1, the median of
+// that over whole passes run one after another, as the machine's speed also moves from second to second):
 //   - which GEMM engine gemm() runs per size class (OpenBLAS or the built-in kernel, ops/cpu/gemm_choice.hpp: this
 //     process's measured choice), kept in profile.gemm_engines; use_gemm_engines(profile) (cost/gemm_engines.hpp)
 //     applies it in a later run;
@@ -35,7 +36,8 @@
 //     tensors of each size, priced per byte their counting rule records: the profile's elementwise size classes
 //     (fit_elementwise_classes);
 //   - where options.pool_miss_bytes asks for it (train_gpt does): a buffer pool made to miss on every loan (two size
-//     classes lent in turn: each evicts the other), bytes lent per second (the profile's pool_miss_bytes_per_s);
+//     classes lent in turn: each evicts the other), its bytes lent per second priced at the fresh-memory rates (a
+//     miss is a fresh Tensor; the profile's pool_miss_bytes_per_s), the timed misses beside that in the samples;
 //   - where options.call_overheads asks for it (moe_simulate --measure does): one-row calls of the backend's
 //     non-GEMM kernels, their work priced on the rates above: the fixed seconds per kernel call (the profile's
 //     call_overhead);
@@ -52,6 +54,7 @@
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/core/timer.hpp"
+#include "paradyse/cost/calibration_passes.hpp"
 #include "paradyse/cost/gemm_engines.hpp"
 #include "paradyse/cost/least_squares.hpp"
 #include "paradyse/cost/profile.hpp"
@@ -90,6 +93,9 @@ inline constexpr std::array<std::int64_t, 5> kElementwiseClassRows = {64, 256, 2
 struct CalibrationOptions {
   TimeSource clock = TimeSource::thread_cpu;
   int repetitions = 5;
+  // Whole passes over every measurement, each measurement the median of the passes' (cost/calibration_passes.hpp):
+  // a shared machine's speed moves between seconds-apart passes, one pass's fits with it. train_gpt asks for 3.
+  int passes = 1;
   // GEMM shapes (m, n, k): tall activation products and wide weight-gradient products.
   std::vector<std::array<std::int64_t, 3>> gemm_shapes = {
       {128, 256, 256},   {512, 256, 256},   {2048, 256, 256},  {512, 768, 256},  {2048, 768, 256},
@@ -141,6 +147,8 @@ struct Calibration {
   std::vector<CalibrationSample> samples;
   Fit gemm_fit, gemm_thin_fit, attention_forward_fit, attention_backward_fit, copy_fit;
   std::vector<std::pair<Collective, Fit>> collective_fits;
+  // With several passes: each measurement's (max - min) / median over the passes, in the order measured.
+  std::vector<double> pass_spreads;
 };
 
 // ---- fresh memory and scalar math: the fits, pure functions of measurements (tests feed them synthetic ones) ----
@@ -255,9 +263,13 @@ inline Fit fit_paged_attention(std::span<const PagedAttentionSample> samples, Pa
 
 namespace calibrate_detail {
 
-// The slowest rank's seconds for fn(), the fastest of `repetitions` runs; every rank calls it.
+// The slowest rank's seconds for fn(), the fastest of `repetitions` runs; every rank calls it. Within a calibration of
+// several passes (cost/calibration_passes.hpp) a recording pass logs the result, and the replay returns the median of
+// the passes' without running fn.
 template <Communicator C, class Fn>
 double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
+  PassLog* log = PassLog::current();
+  if (log && log->mode() == PassLog::Mode::replay) return log->replay();
   std::vector<double> times;
   fn();  // warm up (page faults, first-touch, lazily built state)
   for (int r = 0; r < repetitions; ++r) {
@@ -269,7 +281,9 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
     comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
     times.push_back(slowest);
   }
-  return *std::min_element(times.begin(), times.end());
+  const double fastest = *std::min_element(times.begin(), times.end());
+  if (log) log->record(fastest);
+  return fastest;
 }
 
 inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
@@ -391,26 +405,34 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
 
 // The buffer pool's misses (options.pool_miss_bytes): per size, a pool lends buffers of that size and of a size a
 // quarter larger (another class) in turn, so that every loan misses and evicts the other's cached buffer, as the
-// churn of a step does; bytes lent per second over all sizes.
+// churn of a step does. A miss makes a new zeroed Tensor of its class, the allocation calibrate_fresh_memory times
+// under a working set that makes the C library hand out new pages, as a step's live activations do; timed alone the
+// misses were bimodal here (the C library served 1 MiB misses from its heap's free top in one pass in four: 150 GB/s
+// against 2-3 GB/s, the rate's error moving a step's prediction by 40%). So the rate is the bytes lent over their
+// price at the fresh-memory rates (calibrated before this); the timed misses stay in the samples beside that price.
 template <class Backend, Communicator C>
 void calibrate_pool_misses(C& comm, const CalibrationOptions& options, Calibration& result) {
   if (options.pool_miss_bytes.empty()) return;
   constexpr int kLoans = 16;
-  double bytes = 0, seconds = 0;
+  double bytes = 0, priced = 0;
   for (const std::int64_t size : options.pool_miss_bytes) {
     const std::int64_t sizes[2] = {size, size + size / 4};
     const double t = measure(comm, options.clock, options.repetitions, [&] {
       BufferPool pool;
       for (int i = 0; i < kLoans; ++i) (void)pool.acquire<float>(Shape{sizes[i % 2] / 4});
     });
-    const double lent = kLoans / 2 * double(BufferPool::size_class(std::size_t(sizes[0])) +
-                                            BufferPool::size_class(std::size_t(sizes[1])));
+    double lent = 0, price = 0;
+    for (const std::int64_t loan : sizes) {
+      const double class_bytes = double(BufferPool::size_class(std::size_t(loan)));
+      lent += kLoans / 2 * class_bytes;
+      price += kLoans / 2 * result.profile.fresh_memory.time(class_bytes);
+    }
     bytes += lent;
-    seconds += t;
+    priced += price;
     result.samples.push_back({fmt::format("pool misses, {} and {} B in turn", sizes[0], sizes[1]), t / kLoans,
-                              t / kLoans});
+                              price / kLoans});
   }
-  result.profile.pool_miss_bytes_per_s = bytes / seconds;
+  result.profile.pool_miss_bytes_per_s = priced > 0 ? bytes / priced : 0;
 }
 
 // The fixed cost per kernel call (options.call_overheads): the non-GEMM kernels a serving step calls on its few rows
@@ -545,12 +567,9 @@ void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration
   }
 }
 
-}  // namespace calibrate_detail
-
-template <class Backend = ops::Cpu, Communicator C>
-Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
-  using calibrate_detail::measure;
-  check(options.repetitions >= 1, "calibrate: repetitions = {} must be at least 1", options.repetitions);
+// One pass of calibrate() (below): every measurement once.
+template <class Backend, Communicator C>
+Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
   const int p = comm.size();
   const int reps = options.repetitions;
   Calibration result;
@@ -736,6 +755,28 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
     profile.intra_node = profile.inter_node = {0, 0, 1e12, 1e12};
     profile.overlap = 1;
   }
+  return result;
+}
+
+}  // namespace calibrate_detail
+
+// Measures this machine and fits its profile (the header's comment says what is measured); with options.passes > 1,
+// every measurement is the median of that many passes' (cost/calibration_passes.hpp) and result.pass_spreads says how
+// far they disagreed. Every rank calls it (SPMD) and gets the same result.
+template <class Backend = ops::Cpu, Communicator C>
+Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
+  check(options.repetitions >= 1, "calibrate: repetitions = {} must be at least 1", options.repetitions);
+  check(options.passes >= 1, "calibrate: passes = {} must be at least 1", options.passes);
+  if (options.passes == 1) return calibrate_detail::calibrate_pass<Backend>(comm, options);
+  PassLog log;
+  for (int pass = 0; pass < options.passes; ++pass) {
+    const ScopedPassLog recording(log, PassLog::Mode::record);
+    (void)calibrate_detail::calibrate_pass<Backend>(comm, options);
+  }
+  const ScopedPassLog replaying(log, PassLog::Mode::replay);
+  Calibration result = calibrate_detail::calibrate_pass<Backend>(comm, options);
+  check(log.replayed_all(), "calibrate: the replay used fewer measurements than the passes made");
+  result.pass_spreads = log.spreads();
   return result;
 }
 
