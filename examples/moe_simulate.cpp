@@ -354,6 +354,10 @@ int simulate(const Options& o) {
 
 // ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
 
+// Every calibration of --measure runs three passes, each measurement the median of theirs (cost/calibration_passes.hpp):
+// one pass's fits move with this shared machine's speed from second to second.
+constexpr int kCalibrationPasses = 3;
+
 // The options the profile's GEMM size classes are calibrated with (and the speed probe times its shapes with): the
 // serving step's own GEMMs, each cycling through 128 MB of weight copies a rank (every weight from memory), on the
 // calibration's clock.
@@ -480,6 +484,7 @@ int measure(const Options& o) {
     cost::CalibrationOptions options;
     options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
     options.call_overheads = true;  // a serving step's kernels run on a handful of rows: their fixed costs show
+    options.passes = kCalibrationPasses;
     add_decode_gemms(options, c, o.ranks);
     add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
@@ -502,7 +507,8 @@ int measure(const Options& o) {
     // The profile's classes cycle through 128 MB of weights a rank (every weight from memory); the rows "cpu ws"
     // simulate with classes cycling through the weights a step reads (serve/serving_calibration.hpp), which priced
     // the trained 4-layer MoE's decode steps 5-30% lower and further from its measured CPU time on this machine.
-    const cost::GemmClassOptions classes = profile_class_options(o, c);
+    cost::GemmClassOptions classes = profile_class_options(o, c);
+    classes.passes = kCalibrationPasses;
     cost::GemmClassOptions working_set = classes;
     working_set.cold_bytes = step_weight_bytes(c, o.ranks);
     fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (\"ws\": {:.1f} MB, the weights a step reads)\n",
@@ -529,6 +535,7 @@ int measure(const Options& o) {
     // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
     PagedAttentionCalibrationOptions paged;
     paged.clock = options.clock;
+    paged.passes = kCalibrationPasses;
     paged.head_dims = {c.head_dim, 2 * c.head_dim};
     paged.query_heads = query_heads(c, o.ranks, 0).length;
     paged.kv_heads = kv_heads_of(c, o.ranks, 0).length;

@@ -1,7 +1,8 @@
 // Tests of a calibration of several passes (cost/calibration_passes.hpp, CalibrationOptions::passes): the log replays
 // every call's median over the recorded passes in call order and refuses passes that made other calls; measure()
 // records what it timed and, in the replay, returns the median without running its function, the same on every rank;
-// a whole calibration's replay gives every sample the median of the passes' and every rank the same profile.
+// median_of_passes runs a pass that many times and returns the replay; a whole calibration's replay gives every sample
+// the median of the passes' and every rank the same profile.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile_json.hpp"
@@ -133,6 +134,47 @@ TEST_CASE("calibration passes: measure() records what it timed; the replay retur
     for (std::size_t call = 0; call < 2; ++call)
       CHECK(replayed[0][call] == median_of({recorded[0][call], recorded[0][2 + call], recorded[0][4 + call]}));
   }
+}
+
+TEST_CASE("calibration passes: median_of_passes returns the replay, each measurement the median of the passes'") {
+  for (const int passes : {1, 2, 3}) {
+    CAPTURE(passes);
+    std::vector<std::vector<double>> runs;  // every run of the pass: the recorded ones, then the replay
+    std::vector<double> result, spreads;
+    run_ranks(2, [&](ThreadCommunicator& comm) {
+      volatile double sink = 0;
+      std::vector<double> spread;
+      const std::vector<double> got = median_of_passes(
+          passes,
+          [&] {
+            std::vector<double> seconds;
+            for (const int work : {3000, 30000})
+              seconds.push_back(calibrate_detail::measure(comm, TimeSource::thread_cpu, 1, [&] {
+                for (int i = 0; i < work; ++i) sink = sink + 1e-9 * i;
+              }));
+            if (comm.rank() == 0) runs.push_back(seconds);
+            return seconds;
+          },
+          &spread);
+      if (comm.rank() == 0) result = got, spreads = spread;
+    });
+    if (passes == 1) {
+      REQUIRE(runs.size() == 1);  // no replay: the one pass as measured
+      CHECK(result == runs[0]);
+      CHECK(spreads.empty());
+      continue;
+    }
+    REQUIRE(runs.size() == std::size_t(passes) + 1);
+    CHECK(result == runs.back());
+    CHECK(spreads.size() == 2);
+    for (std::size_t call = 0; call < 2; ++call) {
+      std::vector<double> values;
+      for (int p = 0; p < passes; ++p) values.push_back(runs[std::size_t(p)][call]);
+      CHECK(result[call] == median_of(values));
+    }
+  }
+  CHECK_THROWS_WITH_AS(median_of_passes(0, [] { return 1; }), doctest::Contains("passes = 0 must be at least 1"),
+                       Error);
 }
 
 TEST_CASE("calibration passes: a calibration's replay gives every sample the median of the passes' samples") {

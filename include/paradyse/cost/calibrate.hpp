@@ -766,17 +766,10 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
 template <class Backend = ops::Cpu, Communicator C>
 Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
   check(options.repetitions >= 1, "calibrate: repetitions = {} must be at least 1", options.repetitions);
-  check(options.passes >= 1, "calibrate: passes = {} must be at least 1", options.passes);
-  if (options.passes == 1) return calibrate_detail::calibrate_pass<Backend>(comm, options);
-  PassLog log;
-  for (int pass = 0; pass < options.passes; ++pass) {
-    const ScopedPassLog recording(log, PassLog::Mode::record);
-    (void)calibrate_detail::calibrate_pass<Backend>(comm, options);
-  }
-  const ScopedPassLog replaying(log, PassLog::Mode::replay);
-  Calibration result = calibrate_detail::calibrate_pass<Backend>(comm, options);
-  check(log.replayed_all(), "calibrate: the replay used fewer measurements than the passes made");
-  result.pass_spreads = log.spreads();
+  std::vector<double> spreads;
+  Calibration result = median_of_passes(
+      options.passes, [&] { return calibrate_detail::calibrate_pass<Backend>(comm, options); }, &spreads);
+  result.pass_spreads = std::move(spreads);
   return result;
 }
 
@@ -835,6 +828,7 @@ inline std::vector<GemmRowClass> fit_gemm_classes(const std::vector<GemmSample>&
 struct GemmClassOptions {
   TimeSource clock = TimeSource::thread_cpu;
   int repetitions = 3;
+  int passes = 1;  // each shape the median of this many passes' (cost/calibration_passes.hpp)
   std::vector<std::array<std::int64_t, 3>> shapes;  // (m, n, k): the workload's GEMMs
   std::vector<double> max_rows = {16, 128};         // class bounds; above the last, the profile's single fit
   std::int64_t cold_bytes = std::int64_t(128) << 20;  // weight copies per shape and rank (0: hot operands)
@@ -863,7 +857,11 @@ GemmClassCalibration calibrate_gemm_classes(C& comm, const GemmClassOptions& opt
         "calibrate_gemm_classes: repetitions = {} (>= 1), cold_bytes = {} (>= 0) and {} shapes (>= 1)",
         options.repetitions, options.cold_bytes, options.shapes.size());
   GemmClassCalibration result;
-  for (const auto& shape : options.shapes) result.samples.push_back(time_gemm_shape<Backend>(comm, options, shape));
+  result.samples = median_of_passes(options.passes, [&] {
+    std::vector<GemmSample> samples;
+    for (const auto& shape : options.shapes) samples.push_back(time_gemm_shape<Backend>(comm, options, shape));
+    return samples;
+  });
   result.classes = fit_gemm_classes(result.samples, options.max_rows, int(sizeof(float)), &result.fits);
   GemmModel model;
   model.by_rows = result.classes;

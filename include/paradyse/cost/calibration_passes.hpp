@@ -9,10 +9,9 @@
 // of timing it; its fits see the medians. The passes make the same calls in the same order (the measurements never
 // steer which calls follow); the replay checks it.
 //
-//   PassLog log;
-//   for (int pass = 0; pass < 3; ++pass) { const ScopedPassLog recording(log, PassLog::Mode::record); run(); }
-//   const ScopedPassLog replaying(log, PassLog::Mode::replay);
-//   run();  // every PassLog::current()->replay() is the median of its call's three recorded seconds
+//   const Calibration c = median_of_passes(3, [&] { return calibrate_detail::calibrate_pass<ops::Cpu>(comm, options); });
+//   // = three passes recorded (ScopedPassLog(log, PassLog::Mode::record)), then one replayed: every measure() in the
+//   //   last pass returns the median of its call's three recorded seconds
 //
 // The log in use is per thread (one per thread rank, as core/trace.hpp's ScopedTrace); every rank records the same
 // values (calibrate_detail::measure records the slowest rank's time), so every rank replays the same medians.
@@ -111,5 +110,24 @@ public:
 private:
   PassLog* previous_;
 };
+
+// Runs `pass` (one calibration, every rank calls it: SPMD) `passes` times recording every measurement, then once more
+// replaying each one's median, and returns that last result; `spreads`, when given, gets PassLog::spreads(). One pass:
+// `pass` as it is. The calibrations of cost/calibrate.hpp and serve/paged_attention_calibration.hpp run through it.
+template <class Pass>
+auto median_of_passes(int passes, Pass&& pass, std::vector<double>* spreads = nullptr) {
+  check(passes >= 1, "calibration: passes = {} must be at least 1", passes);
+  if (passes == 1) return pass();
+  PassLog log;
+  for (int p = 0; p < passes; ++p) {
+    const ScopedPassLog recording(log, PassLog::Mode::record);
+    (void)pass();
+  }
+  const ScopedPassLog replaying(log, PassLog::Mode::replay);
+  auto result = pass();
+  check(log.replayed_all(), "calibration: the replay used fewer measurements than its passes made");
+  if (spreads) *spreads = log.spreads();
+  return result;
+}
 
 }  // namespace paradyse::cost

@@ -6,6 +6,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/calibration_passes.hpp"
 #include "paradyse/serve/paged_attention.hpp"
 
 #include <algorithm>
@@ -19,6 +20,7 @@ namespace paradyse::serve {
 struct PagedAttentionCalibrationOptions {
   cost::TimeSource clock = cost::TimeSource::thread_cpu;
   int repetitions = 5;
+  int passes = 1;  // each measurement the median of this many passes' (cost/calibration_passes.hpp)
   std::vector<std::int64_t> head_dims = {32, 64, 128};
   // Chunks (new tokens, cached positions): prompt chunks and decode tokens against caches of several lengths.
   std::vector<std::pair<std::int64_t, std::int64_t>> chunks = {{64, 0}, {128, 0}, {32, 256}, {1, 512}, {1, 2048}};
@@ -32,18 +34,14 @@ struct PagedAttentionCalibration {
   cost::Fit fit;
 };
 
-// Times paged_attention on every rank at once (the slowest rank of each run, the fastest of the repetitions; every
-// rank calls it) for each head dim and chunk of `options`, over a cache of `options.requests` requests of one layer,
-// and fits the model.
+namespace detail {
+
+// One pass of calibrate_paged_attention: every head dim and chunk timed once (the fastest of the repetitions).
 template <Communicator C>
-PagedAttentionCalibration calibrate_paged_attention(C& comm, const PagedAttentionCalibrationOptions& options = {}) {
-  PagedAttentionCalibration out;
+std::vector<cost::PagedAttentionSample> time_paged_attention(C& comm, const PagedAttentionCalibrationOptions& options,
+                                                             std::int64_t longest) {
   const std::int64_t hq = options.query_heads, hk = options.kv_heads, block = 16;
-  check(hq >= 1 && hk >= 1 && hq % hk == 0 && options.requests >= 1,
-        "calibrate_paged_attention: {} query heads over {} kv heads (a multiple), {} requests", hq, hk,
-        options.requests);
-  std::int64_t longest = 0;
-  for (const auto& [tokens, cached] : options.chunks) longest = std::max(longest, tokens + cached);
+  std::vector<cost::PagedAttentionSample> samples;
   for (const std::int64_t d : options.head_dims) {
     const std::int64_t per_request = (longest + block - 1) / block;
     PagedKvCache cache({1, per_request * options.requests, block, hk, d});
@@ -61,9 +59,28 @@ PagedAttentionCalibration calibrate_paged_attention(C& comm, const PagedAttentio
       const double seconds = cost::calibrate_detail::measure(comm, options.clock, options.repetitions, [&] {
         paged_attention(cache, request, 0, cached, q.view(), o.view(), {0, hq}, {0, hk}, hq / hk, d, scores);
       });
-      out.samples.push_back({chunk_pairs(tokens, cached) * double(hq), double(d), seconds});
+      samples.push_back({chunk_pairs(tokens, cached) * double(hq), double(d), seconds});
     }
   }
+  return samples;
+}
+
+}  // namespace detail
+
+// Times paged_attention on every rank at once (the slowest rank of each run, the fastest of the repetitions, with
+// options.passes the median of that over the passes; every rank calls it) for each head dim and chunk of `options`,
+// over a cache of `options.requests` requests of one layer, and fits the model.
+template <Communicator C>
+PagedAttentionCalibration calibrate_paged_attention(C& comm, const PagedAttentionCalibrationOptions& options = {}) {
+  PagedAttentionCalibration out;
+  const std::int64_t hq = options.query_heads, hk = options.kv_heads;
+  check(hq >= 1 && hk >= 1 && hq % hk == 0 && options.requests >= 1,
+        "calibrate_paged_attention: {} query heads over {} kv heads (a multiple), {} requests", hq, hk,
+        options.requests);
+  std::int64_t longest = 0;
+  for (const auto& [tokens, cached] : options.chunks) longest = std::max(longest, tokens + cached);
+  out.samples =
+      cost::median_of_passes(options.passes, [&] { return detail::time_paged_attention(comm, options, longest); });
   out.fit = cost::fit_paged_attention(out.samples, out.model);
   return out;
 }
