@@ -11,6 +11,7 @@
 //
 //   moe_infer --ranks 2 --requests 32 --rate 8 --policy dynamic
 #include "paradyse/cli/flags.hpp"
+#include "paradyse/core/host_malloc.hpp"
 #include "paradyse/core/printable.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/moe/sensitivity.hpp"
@@ -33,6 +34,7 @@ using namespace paradyse;
 using namespace paradyse::serve;
 
 int main(int argc, char** argv) {
+  retain_freed_host_memory();  // a serving process reuses what it frees (core/host_malloc.hpp)
   std::string model_dir, policy_key = "dynamic", budget_text, sensitivity;
   std::int64_t hidden = 256, layers = 2, experts = 8, top_k = 2, ffn = 512, step_tokens = 64;
   double skew = 0.3;

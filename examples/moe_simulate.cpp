@@ -32,6 +32,7 @@
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/cli/lists.hpp"
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/host_malloc.hpp"
 #include "paradyse/core/printable.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
@@ -698,6 +699,7 @@ int measure(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  retain_freed_host_memory();  // a serving process reuses what it frees (core/host_malloc.hpp)
   Options o;
   cli::Flags flags("moe_simulate", "Serves request traces with the MoE engine on simulated time on a named "
                                         "cluster, every layout policy; --measure validates against thread ranks.");

@@ -21,6 +21,7 @@
 // This file is the dense training loop; its helpers are the program's own files in examples/train_gpt/ (flags,
 // hardware profile, memory cap, the step, the report, the save), and the other loops are there too (--mesh:
 // train_mesh.hpp, --experts: train_moe.hpp).
+#include "paradyse/core/host_malloc.hpp"
 #include "paradyse/core/printable.hpp"
 #include "paradyse/core/progress.hpp"
 #include "train_gpt/caps.hpp"
@@ -209,6 +210,7 @@ void prepare_group(RanksT& ranks, bool mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pd::retain_freed_host_memory();  // each step reuses what the last one freed (core/host_malloc.hpp)
   const TrainingOptions o = parse_resuming(argc, argv);
 #if PARADYSE_WITH_MPI
   std::optional<pd::MpiSession> mpi_session;

@@ -21,7 +21,7 @@ LENGTH=${LENGTH:-2048}
 STEPS=${STEPS:-4}
 RANKS=${RANKS:-2}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP"}
-export GLIBC_TUNABLES=${MALLOC_TUNABLES-glibc.malloc.mmap_threshold=131072}
+export GLIBC_TUNABLES=${MALLOC_TUNABLES-}
 [[ -n "${PROFILE:-}" && -f "${PROFILE:-}" ]] || fail "PROFILE='${PROFILE:-}': expected a calibrated profile .json"
 positive_integers LENGTH
 [[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -ge 2 ]] || fail "STEPS=$STEPS: expected an integer >= 2"
@@ -131,7 +131,9 @@ def counted_threads(samples, s, memo={}):
         for thread, percent, _ in samples:
             per_thread[thread] = per_thread.get(thread, 0) + percent
         main = min(per_thread)
-        big = sorted(t for t, x in per_thread.items() if t != main and x >= 0.25 * max(per_thread.values()))
+        # The run_steps x ranks largest, in the order they started; each must be step-sized (a quarter of the largest).
+        largest = sorted((t for t in per_thread if t != main), key=lambda t: -per_thread[t])[:run_steps * ranks]
+        big = sorted(t for t in largest if per_thread[t] >= 0.25 * per_thread[largest[0]])
         if len(big) != run_steps * ranks:
             sys.exit(f"trainer_breakdown.sh: {s}: {len(big)} step-sized rank threads, expected {run_steps} x {ranks}")
         memo[s] = set(big[ranks:])

@@ -19,10 +19,9 @@
 # gives the median over every counted step of every round, the step spread ((max - min) / median of those steps) and
 # the run-to-run spread ((largest - smallest round median) / median). An error inside the run-to-run spread is not
 # resolved by this machine at that moment.
-# The allocation state: every process (the calibration's and each measured run) runs with the same C-library malloc
-# settings (GLIBC_TUNABLES: a fixed mmap threshold, so that it does not rise with a process's first frees and
-# change which allocations get new pages between the calibration, the warm-up and the counted steps), and train_gpt
-# empties its buffer pool before every step (the time model's assumption; its first touch is priced once a step).
+# The allocation state: train_gpt keeps freed host memory for reuse (core/host_malloc.hpp: allocations below 32 MiB
+# from the C library's heap, reused step after step; from 32 MiB new pages), in its calibration and its steps alike,
+# and empties its buffer pool before every step (the time model's assumption; its refill is priced once a step).
 # The baseline in the same run ("before" columns): plan_trace on the same profile without the terms added since
 # (the profile's keys in NEW_TERMS removed), i.e. the time model as it was before them; by default the last one,
 # attention priced on the whole tiles the kernel computes (attention_whole_tiles), so "before" prices the visible
@@ -39,9 +38,9 @@
 # per strategy, length and round, default 8), WARMUP (first steps of each run not counted, default 1), ROUNDS
 # (default 2), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT, default 128/4/4), STRATEGIES (default "MegatronTS
 # MegatronCZ UlyssesZ ColossalZ METP dynamic"), NEW_TERMS (profile keys the baseline drops, default
-# "attention_whole_tiles"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default a fixed mmap threshold of
-# 128 KiB; empty: glibc's dynamic threshold). Output files go to $BUILD/validate_trainer/ (the per-run CSVs of both
-# programs and table.md).
+# "attention_whole_tiles"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default none; train_gpt's own malloc
+# settings replace the mmap and trim thresholds). Output files go to $BUILD/validate_trainer/ (the per-run CSVs of
+# both programs and table.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -56,7 +55,7 @@ HEADS=${HEADS:-4}
 LAYERS=${LAYERS:-4}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"}
 NEW_TERMS=${NEW_TERMS:-"attention_whole_tiles"}
-MALLOC_TUNABLES=${MALLOC_TUNABLES-glibc.malloc.mmap_threshold=131072}
+MALLOC_TUNABLES=${MALLOC_TUNABLES-}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
 

@@ -123,8 +123,10 @@ struct CalibrationOptions {
   std::int64_t large_message_bytes = std::int64_t(1) << 22;
   // Fresh allocations (bytes, ascending): per size, Tensors made (zeroed) up to a working set of
   // `fresh_working_set_bytes` live at once, then all freed, as a training step's activations are.
+  // 32 MiB: core/host_malloc.hpp's mmap threshold, from which allocations get new pages (with freed memory kept).
   std::vector<std::int64_t> fresh_bytes = {std::int64_t(1) << 16, std::int64_t(1) << 18, std::int64_t(1) << 20,
-                                           std::int64_t(1) << 22, std::int64_t(1) << 24, std::int64_t(1) << 26};
+                                           std::int64_t(1) << 22, std::int64_t(1) << 24, std::int64_t(1) << 25,
+                                           std::int64_t(1) << 26};
   std::int64_t fresh_working_set_bytes = std::int64_t(1) << 26;
   // Elementwise size classes (HardwareProfile::elementwise_classes): token rows of the [rows, attention_heads,
   // head_dim] tensors the kernel mix runs on, ascending; empty (the default): no classes, the single copy rate.
