@@ -42,6 +42,7 @@ TEST_CASE("pool misses: the step's loans in order through the pool's rule, the c
   const std::vector<SublayerMemory> churn = {attention, mlp, attention, mlp};
   const OrderedReplay replay = ordered_replay(churn);
   CHECK(replay.pool_missed_bytes == 4 * a + 3 * b);  // forward a b a b, backward (b kept) a b a
+  CHECK(replay.pool_misses == std::vector<std::int64_t>{a, b, a, b, a, b, a});
   CHECK(replay.peak == ordered_activation_peak(churn));
   // One class throughout: the first fill only.
   const std::vector<SublayerMemory> same = {attention, attention, attention, attention};

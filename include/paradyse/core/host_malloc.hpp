@@ -14,9 +14,9 @@
 // retain_freed_host_memory() sets M_MMAP_THRESHOLD to kHostMmapThreshold (allocations below it come from the heap and
 // are reused once freed; larger ones still get their own pages, faulted in fresh) and M_TRIM_THRESHOLD to the largest
 // value (a heap's free top is given back only beyond 2 GiB), as PyTorch's caching allocators keep what they have
-// allocated: the process's resident memory stays near its high-water mark. The cost model sees the same allocator: a calibration run in
-// the same process (cost/calibrate.hpp) times fresh allocations on either side of the threshold (its profile's
-// fresh_memory). Elsewhere than glibc it does nothing and says so.
+// allocated: the process's resident memory stays near its high-water mark. The cost model sees the same allocator:
+// a calibration run in the same process (cost/calibrate.hpp) times fresh allocations on either side of the threshold
+// (its profile's fresh_memory). Elsewhere than glibc it does nothing and returns false.
 #pragma once
 
 #include <cstddef>

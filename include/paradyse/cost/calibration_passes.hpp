@@ -9,7 +9,8 @@
 // of timing it; its fits see the medians. The passes make the same calls in the same order (the measurements never
 // steer which calls follow); the replay checks it.
 //
-//   const Calibration c = median_of_passes(3, [&] { return calibrate_detail::calibrate_pass<ops::Cpu>(comm, options); });
+//   const Calibration c =
+//       median_of_passes(3, [&] { return calibrate_detail::calibrate_pass<ops::Cpu>(comm, options); });
 //   // = three passes recorded (ScopedPassLog(log, PassLog::Mode::record)), then one replayed: every measure() in the
 //   //   last pass returns the median of its call's three recorded seconds
 //

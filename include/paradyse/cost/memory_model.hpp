@@ -74,10 +74,11 @@ inline std::int64_t stack_buffer_bytes(const StackBuffers& b) {
 // runs the layers in order, backward in reverse (MLP, then attention), and a layer's saved tensors are freed when
 // its whole backward is done, as model/stack.hpp does. The same walk gives the bytes the pool allocates on its
 // misses over the step (its first fill and its churn: a class evicted to stay under the high-water mark and asked for
-// again), which plan/cost_table.hpp prices at the profile's pool_miss_bytes_per_s.
+// again), each of which plan/cost_table.hpp prices as a fresh allocation of its size.
 struct OrderedReplay {
-  std::int64_t peak = 0;               // the activation peak
-  std::int64_t pool_missed_bytes = 0;  // bytes the pool's misses allocated
+  std::int64_t peak = 0;                   // the activation peak
+  std::int64_t pool_missed_bytes = 0;      // bytes the pool's misses allocated
+  std::vector<std::int64_t> pool_misses;   // each miss's bytes, in order (they sum to pool_missed_bytes)
 };
 inline OrderedReplay ordered_replay(std::span<const SublayerMemory> sublayers, const StackBuffers& stack = {}) {
   check(sublayers.size() % 2 == 0, "ordered_replay: {} sublayers, expected attention and MLP per layer",
@@ -112,7 +113,7 @@ inline OrderedReplay ordered_replay(std::span<const SublayerMemory> sublayers, c
     replay(sublayers[2 * l].backward_events, &deferred);
     plain += deferred;  // the layer's saved tensors, freed together
   }
-  return {peak, pool.missed()};
+  return {peak, pool.missed(), pool.misses()};
 }
 inline std::int64_t ordered_activation_peak(std::span<const SublayerMemory> sublayers, const StackBuffers& stack = {}) {
   return ordered_replay(sublayers, stack).peak;

@@ -78,7 +78,8 @@ namespace detail {
 
 // The buffer pool's rule (strategy/buffer_pool.hpp) on size classes: a hit reuses a cached buffer of the class; a
 // miss raises the high-water mark to in-use + request, then frees cached buffers, largest first, until in-use +
-// cached + request fits under it. held() is what the memory tracker sees; missed() the bytes the misses allocated.
+// cached + request fits under it. held() is what the memory tracker sees; missed() the bytes the misses allocated,
+// misses() each of them.
 class PoolReplay {
 public:
   void acquire(std::int64_t size) {
@@ -95,6 +96,7 @@ public:
       }
       held_ += round_allocation(double(size));
       missed_ += size;
+      misses_.push_back(size);
     }
     in_use_ += size;
   }
@@ -105,8 +107,10 @@ public:
   }
   std::int64_t held() const { return held_; }
   std::int64_t missed() const { return missed_; }
+  const std::vector<std::int64_t>& misses() const { return misses_; }  // each miss's bytes, in order
 
 private:
+  std::vector<std::int64_t> misses_;
   std::multiset<std::int64_t> cached_;
   std::int64_t in_use_ = 0, cached_bytes_ = 0, high_water_ = 0, held_ = 0, missed_ = 0;
 };

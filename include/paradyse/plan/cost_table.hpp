@@ -102,7 +102,8 @@ struct CostTable {
   // transient of the plan as one allocation: the pool's buffers come back warm from layer to layer, not step to step).
   // Where the profile prices the pool's misses (pool_miss_bytes_per_s > 0), the step's loans replayed in order
   // instead (the first fill and the churn between sublayers of other sizes: cost/memory_model.hpp ordered_replay,
-  // with the stack's own buffers).
+  // with the stack's own buffers), each miss priced as a fresh allocation of its size (fresh_memory; at
+  // pool_miss_bytes_per_s where the profile has no fresh-memory rates).
   OutsideStackTime outside_time;
   cost::FreshMemoryModel fresh_memory;
   double pool_miss_bytes_per_s = 0;
@@ -381,8 +382,12 @@ inline Evaluation evaluate(const CostTable& table, std::span<const LayerStrategi
       m.forward_events = entry.forward_events;
       m.backward_events = entry.backward_events;
     }
-  const cost::OrderedReplay replay = cost::ordered_replay(order, table.stack_buffers);
-  e.time_s += double(replay.pool_missed_bytes) / table.pool_miss_bytes_per_s;
+  // A miss is a new zeroed buffer of its size: priced as the fresh allocation it is (reused heap below the profile's
+  // fresh size, new pages from it: ColossalZ's 32 MiB score gradients), at the pool's own rate where the profile has
+  // no fresh-memory rates.
+  const bool fresh_rates = table.fresh_memory.zero_bytes_per_s > 0 && table.fresh_memory.fresh_bytes_per_s > 0;
+  for (const std::int64_t bytes : cost::ordered_replay(order, table.stack_buffers).pool_misses)
+    e.time_s += fresh_rates ? table.fresh_memory.time(double(bytes)) : double(bytes) / table.pool_miss_bytes_per_s;
   return e;
 }
 
