@@ -311,9 +311,10 @@ struct HardwareProfile {
   // First touch of fresh allocations and scalar math-library calls (0 rates: not priced, as before they existed).
   FreshMemoryModel fresh_memory;
   ScalarMathModel scalar_math;
-  // The buffer pool's misses (plan/cost_table.hpp: the step's loans replayed in order through the pool's rule):
-  // bytes per second of a miss, a new buffer zeroed and first touched and an evicted one freed (cost/calibrate.hpp:
-  // the pool itself, made to miss on every loan). 0: unpriced, the pool's first fill priced once per step at the
+  // The buffer pool's misses (plan/cost_table.hpp: the step's loans replayed in order through the pool's rule, each
+  // miss priced as the fresh allocation of its size it is, at fresh_memory's rates). > 0 turns the replay on; the
+  // value, bytes per second of the calibration's loans at those rates (cost/calibrate.hpp), prices the misses only
+  // where a profile has no fresh-memory rates. 0: unpriced, the pool's first fill priced once per step at the
   // fresh-memory rate instead (built-in profiles, profiles written before, calibrations that do not ask for it).
   double pool_miss_bytes_per_s = 0;
 
