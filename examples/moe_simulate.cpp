@@ -410,16 +410,24 @@ struct MeasuredStep {
   double end = 0;  // on the run's clock
 };
 
+// The simulated clock's price of each step's trace (one dry runner: its meta shards kept from step to step).
+std::vector<StepCost> price_steps(const DecoderConfig& c, const SimulatedCluster& cluster,
+                                  const std::vector<MeasuredStep>& steps) {
+  StepDryRunner runner(c);
+  std::vector<StepCost> costs;
+  for (const MeasuredStep& s : steps) costs.push_back(simulated_step_cost(runner, s.trace, cluster));
+  return costs;
+}
+
 // --steps-csv: one row per step of a run (the clock's view of it) and the simulated clock's price of its trace.
 void write_steps(std::ofstream& f, const std::string& policy, const char* clock, int round,
-                 const std::vector<MeasuredStep>& steps, const DecoderConfig& c, const SimulatedCluster& cluster) {
-  StepDryRunner runner(c);  // its meta shards kept from step to step
+                 const std::vector<MeasuredStep>& steps, const std::vector<StepCost>& costs) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const MeasuredStep& s = steps[i];
     std::int64_t decodes = 0;
     for (const ChunkShape& ch : s.trace.chunks) decodes += ch.decode ? 1 : 0;
     f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{},{},{:.9f}\n", policy, clock, round, i, s.end, s.timing.step_s,
-                     s.timing.cpu_s, s.trace.tokens(), decodes, simulated_step_cost(runner, s.trace, cluster).total_s());
+                     s.timing.cpu_s, s.trace.tokens(), decodes, costs[i].total_s());
   }
 }
 
@@ -432,13 +440,13 @@ struct StepGroup {
   StepCost simulated;
 };
 
-std::vector<StepGroup> step_breakdown(const DecoderConfig& c, const SimulatedCluster& cluster,
-                                      const std::vector<MeasuredStep>& steps) {
+std::vector<StepGroup> step_breakdown(const std::vector<MeasuredStep>& steps, const std::vector<StepCost>& costs) {
   std::vector<StepGroup> g{{"decode only"}, {"with prefill"}, {"all steps"}};
-  for (const MeasuredStep& s : steps) {
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const MeasuredStep& s = steps[i];
     bool prefill = false;
     for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
-    const StepCost cost = simulated_step_cost(c, s.trace, cluster);
+    const StepCost& cost = costs[i];
     for (StepGroup* x : {&g[prefill ? 1 : 0], &g[2]}) {
       ++x->steps;
       x->tokens += s.trace.tokens();
@@ -647,8 +655,12 @@ int measure(const Options& o) {
         speed.push_back(0.5 * (before + probe()));
         at_speed.push_back(serve(2, nullptr, nullptr, speed.back()));
       }
-      breakdowns.push_back({pol.name, step_breakdown(c, cluster, wall_steps[0])});
-      if (compare_ws) breakdowns.push_back({pol.name + ", ws", step_breakdown(c, ws_cluster, wall_steps[0])});
+      // The first round's wall steps priced once, for the per-step table and the CSV.
+      const std::vector<StepCost> first_round = price_steps(c, cluster, wall_steps[0]);
+      breakdowns.push_back({pol.name, step_breakdown(wall_steps[0], first_round)});
+      if (compare_ws)
+        breakdowns.push_back(
+            {pol.name + ", ws", step_breakdown(wall_steps[0], price_steps(c, ws_cluster, wall_steps[0]))});
       if (pol.key == "tp" && !o.record_routing.empty()) {
         recorder.save(o.record_routing, "--record-routing");
         fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
@@ -656,10 +668,12 @@ int measure(const Options& o) {
       const Result sim = serve(2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {
-          write_steps(steps_csv, pol.key, "wall", round, wall_steps[std::size_t(round)], c, cluster);
-          write_steps(steps_csv, pol.key, "cpu", round, cpu_steps[std::size_t(round)], c, cluster);
+          const std::vector<MeasuredStep>& wall = wall_steps[std::size_t(round)];
+          write_steps(steps_csv, pol.key, "wall", round, wall, round == 0 ? first_round : price_steps(c, cluster, wall));
+          write_steps(steps_csv, pol.key, "cpu", round, cpu_steps[std::size_t(round)],
+                      price_steps(c, cluster, cpu_steps[std::size_t(round)]));
         }
-        write_steps(steps_csv, pol.key, "simulated", 0, sim_steps, c, cluster);
+        write_steps(steps_csv, pol.key, "simulated", 0, sim_steps, price_steps(c, cluster, sim_steps));
       }
       const Result sim_ws = compare_ws ? serve(3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
