@@ -534,7 +534,10 @@ inline Estimate PerformanceModel::evaluate(const ParallelConfig& c) const {
     const GroupSpan world{int(devices_), devices_};
     dp_s += 2 * cluster_.collective_time(Collective::all_reduce, world, 8);
     const GroupSpan vocab_replicas{c.cp, std::int64_t(c.cp) * c.tp()};
-    const double ends = c.pp == 1 ? 2 : 1;  // the stage with both, or with one
+    // The stage with both, or with one: train_gpt's GPT never ties its head to its embedding, so these are two
+    // all-reduces even where the model ties them (the ZeRO-3 branch above counts the stage's parameters, as
+    // stage_parameters does, with the tying).
+    const double ends = c.pp == 1 ? 2 : 1;
     const double rows = double((model_.vocab + c.tp() - 1) / c.tp());
     const double replicated = ends * cluster_.collective_time(Collective::all_reduce, vocab_replicas,
                                                               rows * double(model_.hidden) * g);
