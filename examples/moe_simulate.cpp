@@ -18,9 +18,9 @@
 // is served on --ranks thread ranks on the wall clock (--rounds rounds after a warm-up, medians) and on the
 // simulated clock of this machine's calibrated profile (--cluster FILE.json; written by calibrating the thread ranks
 // first when FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and
-// policies; the table gives both and the relative error, for the measured run on the wall clock and on rank 0's
-// thread CPU time (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own, which other
-// processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
+// policies; the table gives both and the relative error, for the measured run on the wall clock and on the slowest
+// rank's thread CPU time per step (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own,
+// which other processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
 // classes fitted on the served model's own GEMMs with every weight from memory (128 MB a rank;
 // serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
 // single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
@@ -602,8 +602,8 @@ int measure(const Options& o) {
     fmt::print("\n");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
-      // kind: 0 the wall clock, 1 rank 0's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated, 3 simulated
-      // on the profile with the working set's GEMM classes (the policy's time model too).
+      // kind: 0 the wall clock, 1 the slowest rank's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated,
+      // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
       // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
       auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps, double slowdown = 1) {
         std::vector<RequestOutcome> out;
@@ -616,7 +616,12 @@ int measure(const Options& o) {
             sim->set_slowdown(slowdown);
             own = std::move(sim);
           }
-          else if (kind == 1) own = std::make_unique<CpuClock>();  // rank 0's decides (it plans)
+          else if (kind == 1)  // each step the slowest rank's CPU time, as the simulation prices the slowest rank
+            own = std::make_unique<CpuClock>([&comm](double mine) {
+              double slowest = mine;
+              comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
+              return slowest;
+            });
           else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
             own->observer = [&](const StepTrace& t, const StepTiming& timing, double end) {

@@ -148,6 +148,42 @@ TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and
   }
 }
 
+TEST_CASE("simulation: the CPU clock given a reduction advances every rank by the slowest rank's CPU time") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  const std::vector<ServeRequest> requests = at_once(m.config.vocab);
+  for (const int p : {2, 3}) {
+    INFO("p = ", p);
+    std::vector<std::vector<StepTiming>> timings(static_cast<std::size_t>(p));  // per rank, per step
+    std::vector<double> elapsed(timings.size());
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      const std::size_t r = std::size_t(comm.rank());
+      CpuClock clock([&comm](double mine) {
+        double slowest = mine;
+        comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
+        return slowest;
+      });
+      clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timings[r].push_back(t); };
+      EngineOptions o = small_pool();
+      o.clock = &clock;
+      EngineStats stats;
+      (void)serve_requests(comm, m, requests, o, switching_policy(), &stats);
+      elapsed[r] = clock.elapsed_s();
+    });
+    REQUIRE(!timings[0].empty());
+    double sum = 0;
+    for (std::size_t i = 0; i < timings[0].size(); ++i) {
+      double slowest = 0;
+      for (const std::vector<StepTiming>& rank : timings) {
+        REQUIRE(rank.size() == timings[0].size());
+        slowest = std::max(slowest, rank[i].cpu_s);  // each rank's own CPU time in the step
+      }
+      for (const std::vector<StepTiming>& rank : timings) CHECK(rank[i].step_s == slowest);
+      sum += slowest;
+    }
+    for (const double e : elapsed) CHECK(e == doctest::Approx(sum).epsilon(1e-12));  // no idle jumps: all at 0
+  }
+}
+
 TEST_CASE("simulation: the simulated clock is deterministic and advances by the cost of each step's dry run") {
   const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
   std::vector<ServeRequest> requests = at_once(m.config.vocab);

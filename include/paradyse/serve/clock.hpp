@@ -4,10 +4,13 @@
 // a step and its exposed layout change took.
 //   StepClock: time counts engine steps (a request arriving at 3 joins at step 3), steps measured on the wall clock.
 //   WallClock: wall seconds since start() (core/timer.hpp); waiting for an arrival sleeps (up to 50 ms).
-//   CpuClock: seconds of this rank's thread CPU time: each step advances it by the CPU time the rank's thread ran
-//     in the step (what the step takes on a core of its own: waiting for a core, or for the other ranks, does not
-//     count); with nothing to run it jumps to the next arrival. A measured run that other processes on the cores do
-//     not slow down, the measured counterpart of SimulatedClock on a shared machine (moe_simulate --measure).
+//   CpuClock: seconds of thread CPU time: each step advances it by the CPU time the rank's thread ran in the step
+//     (what the step takes on a core of its own: waiting for a core, or for the other ranks, does not count), or,
+//     given `slowest` (a reduction over the ranks, every rank's CpuClock calling it at each step's end), by the
+//     slowest rank's: the step as it takes when every rank has a core of its own, as SimulatedClock prices it (the
+//     slowest modelled rank; rank 0's alone misses the others' longer expert work under EP's imbalance); with nothing
+//     to run it jumps to the next arrival. A measured run that other processes on the cores do not slow down, the
+//     measured counterpart of SimulatedClock on a shared machine (moe_simulate --measure).
 //   SimulatedClock: seconds of a cluster: each step advances it by the time model's cost of the dry run of the step
 //     (serve/step_dry_run.hpp: decoder_step on shapes alone, per modelled rank, on the step's batch, layouts and
 //     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
@@ -118,6 +121,9 @@ private:
 
 class CpuClock final : public EngineClock {
 public:
+  // `slowest`: this rank's CPU time in the step to the slowest rank's (an all-reduce of the maximum over the ranks);
+  // empty: this rank's own.
+  explicit CpuClock(std::function<double(double)> slowest = {}) : slowest_(std::move(slowest)) {}
   std::string_view name() const override { return "cpu"; }
   void start() override { now_ = 0; }
   double now() const override { return now_; }
@@ -129,9 +135,11 @@ public:
 private:
   StepTiming advance(const StepTrace&, double measured_switch_s) override {
     const double cpu = cpu_step_s();
-    now_ += cpu;
-    return {cpu, measured_switch_s, cpu};  // the step's time on this clock is its CPU time
+    const double step = slowest_ ? slowest_(cpu) : cpu;
+    now_ += step;
+    return {step, measured_switch_s, cpu};  // the step's time on this clock: its (slowest rank's) CPU time
   }
+  std::function<double(double)> slowest_;
   double now_ = 0;
 };
 
