@@ -2,9 +2,9 @@
 # scripts/validate_serving.sh: the serving simulation against measured serving on this machine (issue 25).
 #
 # moe_simulate --measure serves moe_infer's synthetic MoE (2 layers, h 256, 8 experts top-2, ffn 512) on RANKS thread
-# ranks under each policy three ways, the same requests each time: measured on the wall clock, measured on rank 0's
-# thread CPU time (serve/clock.hpp's CpuClock: each step as it takes on a core of its own, so other processes on the
-# cores do not lengthen it), and simulated (the dry run of each step, serve/step_dry_run.hpp) on this machine's
+# ranks under each policy three ways, the same requests each time: measured on the wall clock, measured on the
+# slowest rank's thread CPU time per step (serve/clock.hpp's CpuClock: each step as it takes on cores of its own, so
+# other processes on the cores do not lengthen it), and simulated (the dry run of each step, serve/step_dry_run.hpp) on this machine's
 # profile, calibrated on the same thread ranks in thread CPU time (once; cached in
 # $BUILD/validate_serving/profile_p<RANKS>.json, RECALIBRATE=1 redoes it; the calibration includes the GEMM size
 # classes fitted on the served model's own GEMMs with cold weights). REQUESTS requests arrive at RATE per second
