@@ -617,11 +617,7 @@ int measure(const Options& o) {
             own = std::move(sim);
           }
           else if (kind == 1)  // each step the slowest rank's CPU time, as the simulation prices the slowest rank
-            own = std::make_unique<CpuClock>([&comm](double mine) {
-              double slowest = mine;
-              comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
-              return slowest;
-            });
+            own = std::make_unique<CpuClock>([&comm](double mine) { return max_over_ranks(comm, mine); });
           else own = std::make_unique<WallClock>();
           if (comm.rank() == 0)
             own->observer = [&](const StepTrace& t, const StepTiming& timing, double end) {

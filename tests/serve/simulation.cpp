@@ -157,11 +157,7 @@ TEST_CASE("simulation: the CPU clock given a reduction advances every rank by th
     std::vector<double> elapsed(timings.size());
     run_ranks(p, [&](ThreadCommunicator& comm) {
       const std::size_t r = std::size_t(comm.rank());
-      CpuClock clock([&comm](double mine) {
-        double slowest = mine;
-        comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
-        return slowest;
-      });
+      CpuClock clock([&comm](double mine) { return max_over_ranks(comm, mine); });
       clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timings[r].push_back(t); };
       EngineOptions o = small_pool();
       o.clock = &clock;

@@ -166,6 +166,15 @@ concept Communicator = requires(C& c, const C& cc, std::span<const float> in, st
   { c.split(peer, peer) } -> std::same_as<C>;  // (color, key): the ranks of one color, ordered by key then rank
 };
 
+// The largest of every rank's `mine` (an all-reduce of one double); every rank calls it and gets the same value: the
+// slowest rank's time of a measurement (cost/calibrate.hpp) or of a serving step (serve/clock.hpp's CpuClock).
+template <Communicator C>
+double max_over_ranks(C& comm, double mine) {
+  double largest = mine;
+  comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&largest, 1), ReduceOp::max);
+  return largest;
+}
+
 // The blocking collectives of a backend whose blocking form is its async form waited for at once (threads, nccl,
 // and cuda_local through threads): `class X : public BlockingCollectives<X>` gives X all_gather(...) =
 // all_gather_async(...).wait() and so on, for the collectives and shift (send and recv differ between backends).

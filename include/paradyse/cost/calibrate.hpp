@@ -278,10 +278,7 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
     comm.barrier();
     const double start = now_seconds(clock);
     fn();
-    const double mine = now_seconds(clock) - start;
-    double slowest = mine;
-    comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&slowest, 1), ReduceOp::max);
-    times.push_back(slowest);
+    times.push_back(max_over_ranks(comm, now_seconds(clock) - start));
   }
   const double fastest = *std::min_element(times.begin(), times.end());
   if (log) log->record(fastest);

@@ -121,8 +121,8 @@ private:
 
 class CpuClock final : public EngineClock {
 public:
-  // `slowest`: this rank's CPU time in the step to the slowest rank's (an all-reduce of the maximum over the ranks);
-  // empty: this rank's own.
+  // `slowest`: this rank's CPU time in the step to the slowest rank's, e.g. [&comm](double t) { return
+  // max_over_ranks(comm, t); } (comm/communicator.hpp); empty: this rank's own.
   explicit CpuClock(std::function<double(double)> slowest = {}) : slowest_(std::move(slowest)) {}
   std::string_view name() const override { return "cpu"; }
   void start() override { now_ = 0; }
