@@ -25,7 +25,8 @@
 // serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
 // single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
 // "cpu ws" simulate with the classes calibrated cycling through the weights a step reads instead, when this run
-// calibrated.
+// calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
+// slowest rank's CPU time and rank 0's own, with each round's ratio (the machine's drift between rounds).
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -44,6 +45,7 @@
 #include "paradyse/serve/routing_source.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
 #include "paradyse/serve/speed_probe.hpp"
+#include "paradyse/serve/step_probe.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -432,49 +434,73 @@ void write_steps(std::ofstream& f, const std::string& policy, const char* clock,
 }
 
 // The measured steps of one kind against the simulated clock's cost of the same traces (the dry run): sums over the
-// steps.
+// steps of every round on the CPU clock, and each round's own ratio (the machine's drift between rounds).
 struct StepGroup {
   std::string kind;
   std::int64_t steps = 0, tokens = 0;
-  double wall_s = 0, cpu_s = 0;
+  double cpu_s = 0;    // the clock's step: the slowest rank's CPU time (what the simulation prices)
+  double own_s = 0;    // rank 0's own CPU time in the step
   StepCost simulated;
+  double round_low = 0, round_high = 0;  // the rounds' simulated / cpu, smallest and largest
 };
 
-std::vector<StepGroup> step_breakdown(const std::vector<MeasuredStep>& steps, const std::vector<StepCost>& costs) {
+// rounds[r]: round r's steps on the CPU clock; costs[r]: the dry run's price of each.
+std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep>>& rounds,
+                                      const std::vector<std::vector<StepCost>>& costs) {
   std::vector<StepGroup> g{{"decode only"}, {"with prefill"}, {"all steps"}};
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const MeasuredStep& s = steps[i];
-    bool prefill = false;
-    for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
-    const StepCost& cost = costs[i];
-    for (StepGroup* x : {&g[prefill ? 1 : 0], &g[2]}) {
-      ++x->steps;
-      x->tokens += s.trace.tokens();
-      x->wall_s += s.timing.step_s;
-      x->cpu_s += s.timing.cpu_s;
-      x->simulated.compute_s += cost.compute_s;
-      x->simulated.communication_s += cost.communication_s;
-      x->simulated.switch_s += cost.switch_s;
+  for (StepGroup& x : g) x.round_low = std::numeric_limits<double>::infinity();
+  for (std::size_t r = 0; r < rounds.size(); ++r) {
+    std::array<double, 3> cpu{}, sim{};
+    for (std::size_t i = 0; i < rounds[r].size(); ++i) {
+      const MeasuredStep& s = rounds[r][i];
+      bool prefill = false;
+      for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
+      const StepCost& cost = costs[r][i];
+      for (const std::size_t k : {std::size_t(prefill ? 1 : 0), std::size_t(2)}) {
+        StepGroup& x = g[k];
+        ++x.steps;
+        x.tokens += s.trace.tokens();
+        x.cpu_s += s.timing.step_s, cpu[k] += s.timing.step_s;
+        x.own_s += s.timing.cpu_s;
+        x.simulated.compute_s += cost.compute_s;
+        x.simulated.communication_s += cost.communication_s;
+        x.simulated.switch_s += cost.switch_s;
+        sim[k] += cost.total_s();
+      }
     }
+    for (std::size_t k = 0; k < g.size(); ++k)
+      if (cpu[k] > 0)
+        g[k].round_low = std::min(g[k].round_low, sim[k] / cpu[k]), g[k].round_high = std::max(g[k].round_high, sim[k] / cpu[k]);
   }
   return g;
 }
 
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
-  fmt::print("\nper step, the first measured round against the simulated clock's cost (the dry run) of the same steps' traces (means, ms): wall = "
-             "rank 0's step on the wall clock, cpu = the CPU time its thread ran in it (wall - cpu: waiting for the "
-             "other ranks or for a core)\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n",
-             "policy", "steps", "count", "tokens", "wall", "cpu", "simulated", "compute", "comm", "sim/wall", "sim/cpu");
+  fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
+             "traces (means, ms): cpu = the step on the CPU clock (the slowest rank's CPU time), rank 0 = rank 0's own; "
+             "rounds = each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} "
+             "{:>9} {:>9} {:>13}\n",
+             "policy", "steps", "count", "tokens", "cpu", "rank 0", "simulated", "compute", "comm", "sim/cpu", "rounds");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
       if (g.steps == 0) continue;
       const double k = 1e3 / double(g.steps);
-      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>8.2f}x {:>8.2f}x\n", name,
-                 g.kind, g.steps, double(g.tokens) / double(g.steps), g.wall_s * k, g.cpu_s * k,
+      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
+                 name, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k,
                  g.simulated.total_s() * k, g.simulated.compute_s * k, g.simulated.communication_s * k,
-                 g.simulated.total_s() / g.wall_s, g.simulated.total_s() / std::max(1e-12, g.cpu_s));
+                 g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
     }
 }
+// The decode step probe's seconds (serve/step_probe.hpp) on `ranks` thread ranks now.
+double time_step_probe(int ranks, const LoadedDecoder& model) {
+  double seconds = 0;
+  run_ranks(ranks, [&](ThreadCommunicator& comm) {
+    const double x = DecodeStepProbe{}.seconds(comm, model);
+    if (comm.rank() == 0) seconds = x;
+  });
+  return seconds;
+}
+
 int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
@@ -496,6 +522,10 @@ int measure(const Options& o) {
     options.passes = kCalibrationPasses;
     add_decode_gemms(options, c, o.ranks);
     add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
+    // The decode step probe's reference (serve/step_probe.hpp): timed before, amid and after the calibration, the
+    // median of the three its seconds at the machine's speed while calibrating.
+    std::vector<double> reference;
+    reference.push_back(time_step_probe(o.ranks, model));
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
       const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
       if (comm.rank() == 0) {
@@ -516,6 +546,7 @@ int measure(const Options& o) {
     // The profile's classes cycle through 128 MB of weights a rank (every weight from memory); the rows "cpu ws"
     // simulate with classes cycling through the weights a step reads (serve/serving_calibration.hpp), which priced
     // the trained 4-layer MoE's decode steps 5-30% lower and further from its measured CPU time on this machine.
+    reference.push_back(time_step_probe(o.ranks, model));
     cost::GemmClassOptions classes = profile_class_options(o, c);
     classes.passes = kCalibrationPasses;
     cost::GemmClassOptions working_set = classes;
@@ -560,6 +591,11 @@ int measure(const Options& o) {
     fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
                profile.activation_elements_per_s / 1e6);
     fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);
+    reference.push_back(time_step_probe(o.ranks, model));
+    profile.reference_s[DecodeStepProbe{}.name(c, o.ranks)] = percentile(reference, 0.5);
+    fmt::print("decode step probe (serve/step_probe.hpp) before, amid and after the calibration: {:.3f}, {:.3f} and "
+               "{:.3f} ms; the profile's reference: their median\n", reference[0] * 1e3, reference[1] * 1e3,
+               reference[2] * 1e3);
     cost::save_profile(profile, o.cluster);
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
@@ -577,7 +613,17 @@ int measure(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
-  // The speed probe (serve/speed_probe.hpp): the decode GEMMs, timed as the profile's classes were calibrated.
+  // The machine's speed against the profile's: the served model's decode step against its seconds at calibration
+  // (serve/step_probe.hpp; a profile calibrated before the probe existed gets its reference now), and, shown beside
+  // it, the decode GEMMs' measured / priced (serve/speed_probe.hpp).
+  const std::string probe_key = DecodeStepProbe{}.name(c, o.ranks);
+  if (!cluster.profile.reference_s.count(probe_key)) {
+    cluster.profile.reference_s[probe_key] = time_step_probe(o.ranks, model);
+    fmt::print("{} has no reference for the decode step probe: timed now ({:.3f} ms); the @speed rows take the "
+               "machine's speed against now, not against the calibration\n", o.cluster,
+               cluster.profile.reference_s[probe_key] * 1e3);
+  }
+  const double probe_reference = cluster.profile.reference_s.at(probe_key);
   const cost::GemmClassOptions speed_probe = speed_probe_options(c, o.ranks, profile_class_options(o, c));
   std::ofstream steps_csv;
   if (!o.steps_csv.empty()) {
@@ -594,6 +640,78 @@ int measure(const Options& o) {
                "requests); simulated on {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
                o.ranks, trace.name, requests.size(), cluster.profile.name);
+    // kind: 0 the wall clock, 1 the slowest rank's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated,
+    // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
+    // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
+    auto serve = [&](std::size_t pi, int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps,
+                     double slowdown = 1) {
+      std::vector<RequestOutcome> out;
+      EngineStats stats;
+      run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+        std::unique_ptr<EngineClock> own;
+        EngineOptions run = opt;
+        if (kind == 2 || kind == 3) {  // every rank its own (alike)
+          auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : ws_cluster);
+          sim->set_slowdown(slowdown);
+          own = std::move(sim);
+        }
+        else if (kind == 1)  // each step the slowest rank's CPU time, as the simulation prices the slowest rank
+          own = std::make_unique<CpuClock>([&comm](double mine) { return max_over_ranks(comm, mine); });
+        else own = std::make_unique<WallClock>();
+        if (comm.rank() == 0)
+          own->observer = [&](const StepTrace& t, const StepTiming& timing, double end) {
+            if (recorder) recorder->add(t);
+            if (steps) steps->push_back({t, timing, end});
+          };
+        run.clock = own.get();
+        EngineStats s;
+        auto got = serve_requests(comm, model, requests, run, (kind == 3 ? ws_policies : policies)[pi].policy, &s);
+        if (comm.rank() == 0) out = std::move(got), stats = s;
+      });
+      return summarize(out, stats, c);
+    };
+    // The machine's speed against the profile's now: the decode step probe against its reference; the decode GEMMs'
+    // measured / priced beside it (shown, not used).
+    auto probe = [&] { return time_step_probe(o.ranks, model) / probe_reference; };
+    auto gemm_probe = [&] {
+      double s = 0;
+      run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+        const double x = cost::probe_slowdown<ops::Cpu>(comm, speed_probe, cluster.profile);
+        if (comm.rank() == 0) s = x;
+      });
+      return s;
+    };
+    // One policy's measured rounds: each round on both clocks (the per-step table takes the CPU clock's steps,
+    // --steps-csv both), and at the machine's speed then (the probe before and after it, their mean).
+    struct Rounds {
+      std::vector<Result> measured, on_cpu, at_speed;
+      std::vector<std::vector<MeasuredStep>> wall_steps, cpu_steps;
+      std::vector<double> speed, gemm_speed;
+    };
+    std::vector<Rounds> rounds(policies.size());
+    RoutingRecorder recorder;
+    const auto tp_records = [&](std::size_t pi, int round) {
+      return round == 0 && policies[pi].key == "tp" && !o.record_routing.empty() ? &recorder : nullptr;
+    };
+    // The policies take turns within each round (TP, EP, dynamic, TP, ...): the machine's speed drifts by tens of
+    // percent over minutes (docs/serving_simulation.md), and a slow or fast spell then falls on one round of every
+    // policy rather than on several rounds of one.
+    for (std::size_t pi = 0; pi < policies.size(); ++pi) serve(pi, 0, nullptr, nullptr);  // warm-up
+    for (int round = 0; round < o.rounds; ++round)
+      for (std::size_t pi = 0; pi < policies.size(); ++pi) {
+        Rounds& r = rounds[pi];
+        const double before = probe(), gemm_before = gemm_probe();
+        r.wall_steps.emplace_back(), r.cpu_steps.emplace_back();
+        r.measured.push_back(serve(pi, 0, tp_records(pi, round), &r.wall_steps.back()));
+        r.on_cpu.push_back(serve(pi, 1, nullptr, &r.cpu_steps.back()));
+        r.speed.push_back(0.5 * (before + probe()));
+        r.gemm_speed.push_back(0.5 * (gemm_before + gemm_probe()));
+        r.at_speed.push_back(serve(pi, 2, nullptr, nullptr, r.speed.back()));
+      }
+    if (!o.record_routing.empty() && std::any_of(policies.begin(), policies.end(), [](const Policy& p) { return p.key == "tp"; })) {
+      recorder.save(o.record_routing, "--record-routing");
+      fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
+    }
     // spread: the measured rounds' (largest - smallest) / median; an error inside it is not resolved by the run.
     fmt::print("{:<16} {:>11} {:>34} {:>34} {:>34} {:>34} {:>34}\n", "policy", "clock", "TTFT p50 ms", "TTFT p99 ms",
                "TPOT p50 ms", "TPOT p99 ms", "tokens/s");
@@ -602,81 +720,26 @@ int measure(const Options& o) {
     fmt::print("\n");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
-      // kind: 0 the wall clock, 1 the slowest rank's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated,
-      // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
-      // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
-      auto serve = [&](int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps, double slowdown = 1) {
-        std::vector<RequestOutcome> out;
-        EngineStats stats;
-        run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-          std::unique_ptr<EngineClock> own;
-          EngineOptions run = opt;
-          if (kind == 2 || kind == 3) {  // every rank its own (alike)
-            auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : ws_cluster);
-            sim->set_slowdown(slowdown);
-            own = std::move(sim);
-          }
-          else if (kind == 1)  // each step the slowest rank's CPU time, as the simulation prices the slowest rank
-            own = std::make_unique<CpuClock>([&comm](double mine) { return max_over_ranks(comm, mine); });
-          else own = std::make_unique<WallClock>();
-          if (comm.rank() == 0)
-            own->observer = [&](const StepTrace& t, const StepTiming& timing, double end) {
-              if (recorder) recorder->add(t);
-              if (steps) steps->push_back({t, timing, end});
-            };
-          run.clock = own.get();
-          EngineStats s;
-          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? ws_policies[pi] : pol).policy, &s);
-          if (comm.rank() == 0) out = std::move(got), stats = s;
-        });
-        return summarize(out, stats, c);
-      };
-      std::vector<Result> measured, on_cpu;
-      RoutingRecorder recorder;
-      // Every round's steps on both clocks (the per-step table takes the first wall round; --steps-csv all).
-      std::vector<std::vector<MeasuredStep>> wall_steps(std::size_t(o.rounds)), cpu_steps(std::size_t(o.rounds));
+      const auto& [measured, on_cpu, at_speed, wall_steps, cpu_steps, speed, gemm_speed] = rounds[pi];
       std::vector<MeasuredStep> sim_steps;
-      // Each round at the machine's speed then: the probe before and after it (their mean), and the simulation at it.
-      std::vector<double> speed;
-      std::vector<Result> at_speed;
-      auto probe = [&] {
-        double s = 0;
-        run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-          const double x = cost::probe_slowdown<ops::Cpu>(comm, speed_probe, cluster.profile);
-          if (comm.rank() == 0) s = x;
-        });
-        return s;
-      };
-      serve(0, nullptr, nullptr);  // warm-up
-      for (int round = 0; round < o.rounds; ++round) {
-        const double before = probe();
-        measured.push_back(serve(0, round == 0 && pol.key == "tp" && !o.record_routing.empty() ? &recorder : nullptr,
-                                 &wall_steps[std::size_t(round)]));
-        on_cpu.push_back(serve(1, nullptr, &cpu_steps[std::size_t(round)]));
-        speed.push_back(0.5 * (before + probe()));
-        at_speed.push_back(serve(2, nullptr, nullptr, speed.back()));
+      // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
+      std::vector<std::vector<StepCost>> cpu_costs, ws_costs;
+      for (const std::vector<MeasuredStep>& round : cpu_steps) {
+        cpu_costs.push_back(price_steps(c, cluster, round));
+        if (compare_ws) ws_costs.push_back(price_steps(c, ws_cluster, round));
       }
-      // The first round's wall steps priced once, for the per-step table and the CSV.
-      const std::vector<StepCost> first_round = price_steps(c, cluster, wall_steps[0]);
-      breakdowns.push_back({pol.name, step_breakdown(wall_steps[0], first_round)});
-      if (compare_ws)
-        breakdowns.push_back(
-            {pol.name + ", ws", step_breakdown(wall_steps[0], price_steps(c, ws_cluster, wall_steps[0]))});
-      if (pol.key == "tp" && !o.record_routing.empty()) {
-        recorder.save(o.record_routing, "--record-routing");
-        fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
-      }
-      const Result sim = serve(2, nullptr, &sim_steps);
+      breakdowns.push_back({pol.name, step_breakdown(cpu_steps, cpu_costs)});
+      if (compare_ws) breakdowns.push_back({pol.name + ", ws", step_breakdown(cpu_steps, ws_costs)});
+      const Result sim = serve(pi, 2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {
           const std::vector<MeasuredStep>& wall = wall_steps[std::size_t(round)];
-          write_steps(steps_csv, pol.key, "wall", round, wall, round == 0 ? first_round : price_steps(c, cluster, wall));
-          write_steps(steps_csv, pol.key, "cpu", round, cpu_steps[std::size_t(round)],
-                      price_steps(c, cluster, cpu_steps[std::size_t(round)]));
+          write_steps(steps_csv, pol.key, "wall", round, wall, price_steps(c, cluster, wall));
+          write_steps(steps_csv, pol.key, "cpu", round, cpu_steps[std::size_t(round)], cpu_costs[std::size_t(round)]);
         }
         write_steps(steps_csv, pol.key, "simulated", 0, sim_steps, price_steps(c, cluster, sim_steps));
       }
-      const Result sim_ws = compare_ws ? serve(3, nullptr, nullptr) : sim;
+      const Result sim_ws = compare_ws ? serve(pi, 3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
       // working set's GEMM classes; then each round against the simulation at its speed (the median of the rounds'
       // errors).
@@ -701,8 +764,10 @@ int measure(const Options& o) {
         }
         fmt::print("\n");
       }
-      fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price) around each round:", pol.name, "");
-      for (const double s : speed) fmt::print(" {:.2f}", s);
+      fmt::print("{:<16} {:>11}  speed (decode step probe / at calibration) around each round:", pol.name, "");
+      for (const double x : speed) fmt::print(" {:.2f}", x);
+      fmt::print("; decode GEMMs (measured / priced):");
+      for (const double x : gemm_speed) fmt::print(" {:.2f}", x);
       fmt::print("\n");
     }
     print_breakdowns(breakdowns);

@@ -22,8 +22,9 @@
 # The calibration also times the paged attention kernel (serve/paged_attention_calibration.hpp), SwiGLU forward,
 # the fixed cost per kernel call (cost/profile.hpp CallOverheadModel) and the collectives at the step's own
 # all-reduce sizes (serve/serving_calibration.hpp); the rows "cpu ws" simulate with the GEMM classes calibrated
-# cycling through the weights a step reads instead of 128 MB a rank. The per-step table prices the first measured
-# round's steps on the simulated clock's dry run.
+# cycling through the weights a step reads instead of 128 MB a rank. The per-step table prices every round's steps
+# on the CPU clock by the simulated clock's dry run (against the slowest rank's CPU time and rank 0's own; each
+# round's ratio beside the mean).
 #
 # TRAINED=DIR serves a trained 4-layer MoE instead of the synthetic one: the Hugging Face folder train_gpt --save
 # writes (trained first when DIR does not exist: 8 experts top-2, h 128, 4 heads, TRAIN_STEPS windows of 256-512
