@@ -27,6 +27,7 @@
 // "cpu ws" simulate with the classes calibrated cycling through the weights a step reads instead, when this run
 // calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
 // slowest rank's CPU time and rank 0's own, with each round's ratio (the machine's drift between rounds).
+// The policies take turns within each round (a slow or fast spell of the machine falls on one round of each).
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -45,7 +46,6 @@
 #include "paradyse/serve/routing_source.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
 #include "paradyse/serve/speed_probe.hpp"
-#include "paradyse/serve/step_probe.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -491,16 +491,6 @@ void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepG
                  g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
     }
 }
-// The decode step probe's seconds (serve/step_probe.hpp) on `ranks` thread ranks now.
-double time_step_probe(int ranks, const LoadedDecoder& model) {
-  double seconds = 0;
-  run_ranks(ranks, [&](ThreadCommunicator& comm) {
-    const double x = DecodeStepProbe{}.seconds(comm, model);
-    if (comm.rank() == 0) seconds = x;
-  });
-  return seconds;
-}
-
 int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
@@ -522,10 +512,6 @@ int measure(const Options& o) {
     options.passes = kCalibrationPasses;
     add_decode_gemms(options, c, o.ranks);
     add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
-    // The decode step probe's reference (serve/step_probe.hpp): timed before, amid and after the calibration, the
-    // median of the three its seconds at the machine's speed while calibrating.
-    std::vector<double> reference;
-    reference.push_back(time_step_probe(o.ranks, model));
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
       const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
       if (comm.rank() == 0) {
@@ -546,7 +532,6 @@ int measure(const Options& o) {
     // The profile's classes cycle through 128 MB of weights a rank (every weight from memory); the rows "cpu ws"
     // simulate with classes cycling through the weights a step reads (serve/serving_calibration.hpp), which priced
     // the trained 4-layer MoE's decode steps 5-30% lower and further from its measured CPU time on this machine.
-    reference.push_back(time_step_probe(o.ranks, model));
     cost::GemmClassOptions classes = profile_class_options(o, c);
     classes.passes = kCalibrationPasses;
     cost::GemmClassOptions working_set = classes;
@@ -591,11 +576,6 @@ int measure(const Options& o) {
     fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
                profile.activation_elements_per_s / 1e6);
     fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);
-    reference.push_back(time_step_probe(o.ranks, model));
-    profile.reference_s[DecodeStepProbe{}.name(c, o.ranks)] = percentile(reference, 0.5);
-    fmt::print("decode step probe (serve/step_probe.hpp) before, amid and after the calibration: {:.3f}, {:.3f} and "
-               "{:.3f} ms; the profile's reference: their median\n", reference[0] * 1e3, reference[1] * 1e3,
-               reference[2] * 1e3);
     cost::save_profile(profile, o.cluster);
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
@@ -613,17 +593,7 @@ int measure(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
-  // The machine's speed against the profile's: the served model's decode step against its seconds at calibration
-  // (serve/step_probe.hpp; a profile calibrated before the probe existed gets its reference now), and, shown beside
-  // it, the decode GEMMs' measured / priced (serve/speed_probe.hpp).
-  const std::string probe_key = DecodeStepProbe{}.name(c, o.ranks);
-  if (!cluster.profile.reference_s.count(probe_key)) {
-    cluster.profile.reference_s[probe_key] = time_step_probe(o.ranks, model);
-    fmt::print("{} has no reference for the decode step probe: timed now ({:.3f} ms); the @speed rows take the "
-               "machine's speed against now, not against the calibration\n", o.cluster,
-               cluster.profile.reference_s[probe_key] * 1e3);
-  }
-  const double probe_reference = cluster.profile.reference_s.at(probe_key);
+  // The speed probe (serve/speed_probe.hpp): the decode GEMMs, timed as the profile's classes were calibrated.
   const cost::GemmClassOptions speed_probe = speed_probe_options(c, o.ranks, profile_class_options(o, c));
   std::ofstream steps_csv;
   if (!o.steps_csv.empty()) {
@@ -670,10 +640,8 @@ int measure(const Options& o) {
       });
       return summarize(out, stats, c);
     };
-    // The machine's speed against the profile's now: the decode step probe against its reference; the decode GEMMs'
-    // measured / priced beside it (shown, not used).
-    auto probe = [&] { return time_step_probe(o.ranks, model) / probe_reference; };
-    auto gemm_probe = [&] {
+    // The machine's speed against the profile now (the probe's median over the decode GEMMs).
+    auto probe = [&] {
       double s = 0;
       run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
         const double x = cost::probe_slowdown<ops::Cpu>(comm, speed_probe, cluster.profile);
@@ -686,7 +654,7 @@ int measure(const Options& o) {
     struct Rounds {
       std::vector<Result> measured, on_cpu, at_speed;
       std::vector<std::vector<MeasuredStep>> wall_steps, cpu_steps;
-      std::vector<double> speed, gemm_speed;
+      std::vector<double> speed;
     };
     std::vector<Rounds> rounds(policies.size());
     RoutingRecorder recorder;
@@ -700,12 +668,11 @@ int measure(const Options& o) {
     for (int round = 0; round < o.rounds; ++round)
       for (std::size_t pi = 0; pi < policies.size(); ++pi) {
         Rounds& r = rounds[pi];
-        const double before = probe(), gemm_before = gemm_probe();
+        const double before = probe();
         r.wall_steps.emplace_back(), r.cpu_steps.emplace_back();
         r.measured.push_back(serve(pi, 0, tp_records(pi, round), &r.wall_steps.back()));
         r.on_cpu.push_back(serve(pi, 1, nullptr, &r.cpu_steps.back()));
         r.speed.push_back(0.5 * (before + probe()));
-        r.gemm_speed.push_back(0.5 * (gemm_before + gemm_probe()));
         r.at_speed.push_back(serve(pi, 2, nullptr, nullptr, r.speed.back()));
       }
     if (!o.record_routing.empty() && std::any_of(policies.begin(), policies.end(), [](const Policy& p) { return p.key == "tp"; })) {
@@ -720,7 +687,7 @@ int measure(const Options& o) {
     fmt::print("\n");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
-      const auto& [measured, on_cpu, at_speed, wall_steps, cpu_steps, speed, gemm_speed] = rounds[pi];
+      const auto& [measured, on_cpu, at_speed, wall_steps, cpu_steps, speed] = rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
       std::vector<std::vector<StepCost>> cpu_costs, ws_costs;
@@ -764,10 +731,8 @@ int measure(const Options& o) {
         }
         fmt::print("\n");
       }
-      fmt::print("{:<16} {:>11}  speed (decode step probe / at calibration) around each round:", pol.name, "");
+      fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price) around each round:", pol.name, "");
       for (const double x : speed) fmt::print(" {:.2f}", x);
-      fmt::print("; decode GEMMs (measured / priced):");
-      for (const double x : gemm_speed) fmt::print(" {:.2f}", x);
       fmt::print("\n");
     }
     print_breakdowns(breakdowns);

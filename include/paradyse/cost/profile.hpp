@@ -19,7 +19,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -323,10 +322,6 @@ struct HardwareProfile {
   PagedAttentionModel paged_attention;
   // The fixed cost per kernel call (0: unpriced).
   CallOverheadModel call_overhead;
-  // Reference workloads timed when the profile was calibrated, by name: seconds then. A speed probe runs the same
-  // workload later, and its seconds now over these are how much slower the machine runs than when calibrated
-  // (serve/step_probe.hpp: a served model's decode step). Not a cost term: nothing is priced from them.
-  std::map<std::string, double> reference_s;
 
   // Seconds of the paged attention kernel over `pairs` visible query-key pairs of `heads` query heads of width d.
   double paged_attention_time(double pairs, double heads, double d) const {
