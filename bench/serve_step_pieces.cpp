@@ -22,10 +22,12 @@
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/decoder_weights.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
+#include "paradyse/serve/switch_policy.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -278,6 +280,21 @@ int main(int argc, char** argv) {
     row("between ops (allocations, waits...)", best.rest, dry.rest);
     row("step", best.total, dry.total);
     fmt::print("{:<44} {:>9.3f}\n", "step on ops::Cpu, untimed", plain * 1e3);
+    // The dynamic policy's host work before this step (serve/engine.hpp, rank 0): the switcher's forecast of the step
+    // in both layouts and the switch to the other, on a fresh pricer (the engine's misses: the cached lengths move
+    // every step). Thread CPU time, median of the repeats.
+    std::vector<double> forecast_s;
+    std::int64_t dry_runs = 0;
+    for (std::int64_t rep = 0; rep < repeats; ++rep) {
+      DryRunPricer price(c, cluster);
+      const StepPricer pricer = [&](const StepTrace& s) { return price(s); };
+      const double start = thread_cpu_seconds();
+      (void)forecast_layouts(c, trace.chunks, trace.routed, trace.layout, layout.mode == MoeMode::ep ? layout : ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, ranks).experts_of_rank), ranks, true, pricer);
+      forecast_s.push_back(thread_cpu_seconds() - start);
+      dry_runs = price.misses();
+    }
+    std::nth_element(forecast_s.begin(), forecast_s.begin() + forecast_s.size() / 2, forecast_s.end());
+    fmt::print("{:<44} {:>9.3f} ({} dry runs)\n", "the dynamic policy's forecast (host)", forecast_s[forecast_s.size() / 2] * 1e3, dry_runs);
     if (argc > 7) {
       for (const auto& [name, s] : detail.ops) fmt::print("  op  {:<40} {:>9.3f} ms {:>5} calls\n", name, s * 1e3, detail.calls[name]);
       for (const auto& [name, s] : detail.gaps) fmt::print("  gap {:<40} {:>9.3f} ms\n", name, s * 1e3);

@@ -230,15 +230,15 @@ std::int64_t kv_blocks_for(const ModelShape& shape, const SimulatedCluster& clus
 }
 
 void print_table(const std::vector<Result>& rows) {
-  fmt::print("{:<16} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10}\n", "policy",
-             "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "sw/rebal", "exposed ms",
-             "rank max", "compute s", "comm s", "switch s");
+  fmt::print("{:<16} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
+             "policy", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "sw/rebal",
+             "exposed ms", "rank max", "compute s", "comm s", "switch s", "plan s");
   for (const Result& r : rows)
     fmt::print("{:<16} {:>8.1f}ms {:>8.1f}ms {:>7.2f}ms {:>7.2f}ms {:>9.0f} {:>6} {:>8} {:>8} {:>10.2f} {:>9.2f} {:>10.3f} "
-               "{:>10.3f} {:>10.4f}\n",
+               "{:>10.3f} {:>10.4f} {:>10.4f}\n",
                r.name, r.metric[ttft50], r.metric[ttft99], r.metric[tpot50], r.metric[tpot99], r.metric[tokens_per_s],
                r.steps, r.ep_steps, fmt::format("{}/{}", r.switches, r.rebalances), r.exposed_ms, r.rank_imbalance,
-               r.totals.compute_s, r.totals.communication_s, r.totals.switch_s);
+               r.totals.compute_s, r.totals.communication_s, r.totals.switch_s, r.totals.planning_s);
 }
 
 // Dynamic over the best static policy per metric (> 1: dynamic better), beside the paper's claims; none without
@@ -286,7 +286,7 @@ int simulate(const Options& o) {
     csv.open(o.csv);
     check(bool(csv), "cannot write --csv {}", o.csv);
     csv << "trace,policy,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,tokens_per_s,steps,ep_steps,switches,"
-           "rebalances,exposed_ms,rank_imbalance,compute_s,communication_s,switch_s\n";
+           "rebalances,exposed_ms,rank_imbalance,compute_s,communication_s,switch_s,planning_s\n";
   }
   std::vector<std::pair<std::string, std::vector<double>>> summary;
   for (const NamedTrace& trace : make_traces(o)) {
@@ -322,10 +322,11 @@ int simulate(const Options& o) {
       r.totals = clock.totals();
       rows.push_back(r);
       if (csv.is_open())
-        csv << fmt::format("\"{}\",\"{}\",{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+        csv << fmt::format("\"{}\",\"{}\",{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
                            trace.name, r.name, r.metric[ttft50], r.metric[ttft99], r.metric[tpot50], r.metric[tpot99],
                            r.metric[tokens_per_s], r.steps, r.ep_steps, r.switches, r.rebalances, r.exposed_ms,
-                           r.rank_imbalance, r.totals.compute_s, r.totals.communication_s, r.totals.switch_s);
+                           r.rank_imbalance, r.totals.compute_s, r.totals.communication_s, r.totals.switch_s,
+                           r.totals.planning_s);
     }
     fmt::print("\n{} ({} requests)\n", trace.name, requests.size());
     print_table(rows);
@@ -465,6 +466,7 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
         x.simulated.compute_s += cost.compute_s;
         x.simulated.communication_s += cost.communication_s;
         x.simulated.switch_s += cost.switch_s;
+        x.simulated.planning_s += cost.planning_s;
         sim[k] += cost.total_s();
       }
     }
@@ -478,16 +480,18 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
   fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
              "traces (means, ms): cpu = the step on the CPU clock (the slowest rank's CPU time), rank 0 = rank 0's own; "
-             "rounds = each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>11} {:>9} "
-             "{:>9} {:>9} {:>13}\n",
-             "policy", "steps", "count", "tokens", "cpu", "rank 0", "simulated", "compute", "comm", "sim/cpu", "rounds");
+             "plan = the forecast's host work; rounds = each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} "
+             "{:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>13}\n",
+             "policy", "steps", "count", "tokens", "cpu", "rank 0", "simulated", "compute", "comm", "plan", "sim/cpu",
+             "rounds");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
       if (g.steps == 0) continue;
       const double k = 1e3 / double(g.steps);
-      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
+      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
                  name, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k,
                  g.simulated.total_s() * k, g.simulated.compute_s * k, g.simulated.communication_s * k,
+                 g.simulated.planning_s * k,
                  g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
     }
 }
@@ -576,6 +580,9 @@ int measure(const Options& o) {
     fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
                profile.activation_elements_per_s / 1e6);
     fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);
+    // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait).
+    profile.planning_events_per_s = calibrate_planning(c, o.ranks, SimulatedCluster{profile, 4}, o.step_tokens, options.clock);
+    fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host\n", profile.planning_events_per_s / 1e6);
     cost::save_profile(profile, o.cluster);
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);

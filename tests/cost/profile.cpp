@@ -255,3 +255,14 @@ TEST_CASE("profile: the GEMM engine choice round-trips, gives the MFU rate, is v
   ops::cpu::set_gemm_measurement(before);
   CHECK(ops::cpu::gemm_measurement() == before);
 }
+
+TEST_CASE("profile JSON: the serving forecast's host rate is optional (0: uncharged), round-trips, and a bad one is named") {
+  HardwareProfile p = h100_sxm_80gb_x8();
+  CHECK_FALSE(to_json(p).contains("planning_events_per_s"));
+  CHECK(profile_from_json(to_json(p)).planning_events_per_s == 0);
+  p.planning_events_per_s = 3.25e7;
+  CHECK(profile_from_json(json::parse(json::dump(to_json(p)))).planning_events_per_s == 3.25e7);
+  json::Value bad = to_json(p);
+  bad["planning_events_per_s"] = -4;
+  CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("\"planning_events_per_s\" = -4"), Error);
+}

@@ -65,7 +65,7 @@ TEST_CASE("engine control: two broadcasts before every step and at most one afte
       const std::int64_t chunks = std::int64_t(s.chunks.size()), word = 8;
       REQUIRE(i + 3 <= log.size());
       CHECK(log[i] == word);
-      CHECK(log[i + 1] == word * (4 + s.admitted + 2 * chunks));
+      CHECK(log[i + 1] == word * (5 + s.admitted + 2 * chunks));
       i += 2;
       // The sampled tokens: one per decode chunk and per chunk that ends its prompt.
       std::int64_t decodes = 0;

@@ -2,6 +2,7 @@
 // a serving step prices: every all-reduce of a step's dry run (decode batches of 1-16 tokens, a prompt chunk) lies
 // within the collective sizes calibrate() then measures, at most 4x from one of them, so the profile's small-message
 // line is fitted on its own sizes, not extrapolated from 32 KB up; the GEMMs of the step are among the class shapes.
+#include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <vector>
 
 using namespace paradyse;
@@ -97,4 +99,17 @@ TEST_CASE("serving calibration: the GEMM classes cycle through the weights a ste
       CHECK(o.cold_bytes == 4 * floats);
       CHECK(o.shapes == serving_gemm_shapes(c, p, 64));
     }
+}
+
+TEST_CASE("serving calibration: the forecast's host rate is the events its dry runs record over their time; a dense "
+          "model has no forecast") {
+  const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
+  const SimulatedCluster cluster = simulated_cluster("h100", 4);
+  const double rate = calibrate_planning(c, 2, cluster, 32, cost::TimeSource::thread_cpu, 3);
+  CHECK(std::isfinite(rate));
+  CHECK(rate > 0);
+  DecoderConfig dense = c;
+  std::fill(dense.moe_layer.begin(), dense.moe_layer.end(), false);
+  CHECK(calibrate_planning(dense, 2, cluster, 32, cost::TimeSource::thread_cpu, 3) == 0);
+  CHECK_THROWS_WITH_AS(calibrate_planning(c, 0, cluster, 32, cost::TimeSource::wall), doctest::Contains("ranks 0"), Error);
 }

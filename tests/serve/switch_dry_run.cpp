@@ -311,3 +311,60 @@ TEST_CASE("switch dry run: under Alloc-T's pooled routing the forecast of a step
   }
   CHECK(pooled > 0);  // prompt chunks of several tokens: pooled
 }
+
+TEST_CASE("switch dry run: each step's trace carries the events its forecast dry-ran; the clock charges them as host "
+          "work at the profile's rate") {
+  const DecoderConfig c = mixtral();
+  SimulatedCluster h100 = simulated_cluster("h100", 2);
+  // A dry run's events: every rank's trace of a TP step has the same shapes, so one rank is run; a remembered step
+  // runs nothing.
+  {
+    DryRunPricer price(c, h100);
+    const StepTrace tp_step = step_of(c, {{1, 300, true}, {1, 40, true}, {96, 0, false}}, ExpertLayout::tp());
+    (void)price(tp_step);
+    const std::int64_t one_rank = std::int64_t(dry_run_step(c, tp_step, 0).events.size());
+    CHECK(one_rank > 0);
+    CHECK(price.events() == one_rank);
+    (void)price(tp_step);
+    CHECK(price.events() == one_rank);
+  }
+  // The engine's count, step by step, against a pricer of the test's own forecasting the same run (the profile
+  // charges no host work, so both runs take the same steps): each step's planning_events are the events that step's
+  // forecast dry-ran.
+  const std::vector<ServeRequest> requests = to_serve_requests(poisson_trace(64.0, 6, {64, 512, 4, 12}, 5), c.vocab, 1);
+  std::vector<StepTrace> engine_traces;
+  std::vector<std::int64_t> own_events;
+  SimulatedClock engine_clock(c, h100), own_clock(c, h100);
+  engine_clock.observer = [&](const StepTrace& t, const StepTiming&, double) { engine_traces.push_back(t); };
+  const Served a = serve_dynamic(c, h100, engine_clock, requests);
+  DryRunPricer own(c, h100);
+  std::int64_t before = 0;
+  own_clock.observer = [&](const StepTrace&, const StepTiming&, double) {
+    own_events.push_back(own.events() - before);
+    before = own.events();
+  };
+  const Served b = serve_dynamic(c, h100, own_clock, requests, std::ref(own));
+  REQUIRE(engine_traces.size() == own_events.size());
+  CHECK(a.stats.mode_of_step == b.stats.mode_of_step);
+  std::int64_t forecast_steps = 0;
+  for (std::size_t i = 0; i < own_events.size(); ++i) {
+    INFO("step ", i);
+    CHECK(engine_traces[i].planning_events == own_events[i]);
+    forecast_steps += own_events[i] > 0 ? 1 : 0;
+  }
+  CHECK(forecast_steps >= std::int64_t(own_events.size()) / 2);
+  // Charged at the host rate: a step's price with its events less the same step's without is events / rate.
+  h100.profile.planning_events_per_s = 2.5e7;
+  SimulatedClock charged(c, h100);
+  for (const StepTrace& t : engine_traces) {
+    StepTrace none = t;
+    none.planning_events = 0;
+    const StepCost with = charged.price(t), without = charged.price(none);
+    CHECK(with.planning_s == double(t.planning_events) / 2.5e7);
+    CHECK(with.compute_s == without.compute_s);
+    CHECK(with.communication_s == without.communication_s);
+    CHECK(with.total_s() == doctest::Approx(without.total_s() + with.planning_s).epsilon(1e-14));
+  }
+  charged.set_slowdown(2);
+  CHECK(charged.price(engine_traces.front()).planning_s == 2 * double(engine_traces.front().planning_events) / 2.5e7);
+}

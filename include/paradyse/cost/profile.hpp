@@ -317,6 +317,12 @@ struct HardwareProfile {
   // where a profile has no fresh-memory rates. 0: unpriced, the pool's first fill priced once per step at the
   // fresh-memory rate instead (built-in profiles, profiles written before, calibrations that do not ask for it).
   double pool_miss_bytes_per_s = 0;
+  // The serving scheduler's host work: trace events per second a dry run of a step records on the host (the dynamic
+  // policy's forecast dry-runs the step in both layouts before it runs: serve/engine.hpp; the simulated clock charges
+  // the events at this rate, serve/step_dry_run.hpp planning_s). Calibrated per machine (moe_simulate --measure,
+  // serve/serving_calibration.hpp calibrate_planning); 0: the forecast is not charged (built-in profiles: a
+  // datasheet gives no host rate).
+  double planning_events_per_s = 0;
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;

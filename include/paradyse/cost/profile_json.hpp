@@ -9,12 +9,12 @@
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
-//    ["call_overhead": {"kernel_call_s"}]}
+//    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
 // ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses and the fixed
-// cost per kernel call unpriced; attention priced on its visible pairs, not its whole tiles), and
+// cost per kernel call and the serving forecast's host work unpriced; attention priced on its visible pairs, not its whole tiles), and
 // they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
@@ -279,6 +279,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   if (p.pool_miss_bytes_per_s > 0) v["pool_miss_bytes_per_s"] = p.pool_miss_bytes_per_s;
   if (p.paged_attention.calibrated()) v["paged_attention"] = detail::paged_attention_to_json(p.paged_attention);
   if (p.call_overhead != CallOverheadModel{}) v["call_overhead"] = detail::call_overhead_to_json(p.call_overhead);
+  if (p.planning_events_per_s > 0) v["planning_events_per_s"] = p.planning_events_per_s;
   return v;
 }
 
@@ -291,7 +292,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                 "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
                 "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
                 "fresh_memory", "scalar_math", "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention",
-                "call_overhead"});
+                "call_overhead", "planning_events_per_s"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -364,6 +365,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (v.has("pool_miss_bytes_per_s")) p.pool_miss_bytes_per_s = rate(v, "pool_miss_bytes_per_s", true);
   if (const auto paged = v.find("paged_attention")) p.paged_attention = paged_attention_from_json(*paged);
   if (const auto calls = v.find("call_overhead")) p.call_overhead = call_overhead_from_json(*calls);
+  if (v.has("planning_events_per_s")) p.planning_events_per_s = rate(v, "planning_events_per_s", true);
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

@@ -13,7 +13,9 @@
 //   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
 //     the recent routing's expert shares over its tokens: LoadForecast) in both layouts, and the switch's exposed
 //     time, by the dry run of the step on policy.time_model (serve/step_dry_run.hpp: what the simulated clock charges
-//     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too
+//     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too (the events its
+//     dry runs recorded go in the step's trace: host work the simulated clock charges, serve/step_dry_run.hpp
+//     planning_s)
 //     (the running requests' chunks and the queue played forward); a change is carried out during the step: each layer's weights are posted for redistribution right after the layer computed in the old
 //     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
 //     waits took);
@@ -327,6 +329,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       for (const auto& ch : chunks) n += ch.second;
       // The layout after this step.
       MoeMode target = mode;
+      const std::int64_t events_before = dry_run_price.events();
       if (policy.mode == ModePolicy::dynamic && any_moe && n > 0 && loads.ready()) {
         std::vector<ChunkShape> shapes;  // the step's chunks and what their requests have cached
         for (const auto& [i, len] : chunks) {
@@ -355,7 +358,8 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       }
       const bool rebalance = policy.eplb && mode == MoeMode::ep && target == MoeMode::ep && any_moe &&
                              stats.steps > 0 && stats.steps % policy.eplb_interval == 0;
-      plan = {std::int64_t(admitted.size()), std::int64_t(chunks.size()), std::int64_t(target), rebalance ? 1 : 0};
+      plan = {std::int64_t(admitted.size()), std::int64_t(chunks.size()), std::int64_t(target), rebalance ? 1 : 0,
+              dry_run_price.events() - events_before};  // the forecast's host work, for the clock
       plan.insert(plan.end(), admitted.begin(), admitted.end());
       for (const auto& ch : chunks) plan.push_back(ch.first), plan.push_back(ch.second);
     }
@@ -366,8 +370,9 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     const std::int64_t n_admit = plan[0], n_chunks = plan[1];
     const MoeMode target = MoeMode(plan[2]);
     const bool rebalance = plan[3] != 0;
+    const std::int64_t planning_events = plan[4];
     for (std::int64_t a = 0; a < n_admit; ++a) {
-      const std::size_t i = std::size_t(plan[std::size_t(4 + a)]);
+      const std::size_t i = std::size_t(plan[std::size_t(5 + a)]);
       const ServeRequest& r = requests[i];
       cache.reserve(r.id, std::int64_t(r.prompt.size()) + r.max_new_tokens);
       running.push_back(i);
@@ -389,9 +394,10 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     StepTrace trace;
     trace.ranks = p;
     trace.admitted = n_admit;
+    trace.planning_events = planning_events;
     for (std::int64_t k = 0; k < n_chunks; ++k) {
-      const std::size_t i = std::size_t(plan[std::size_t(4 + n_admit + 2 * k)]);
-      const std::int64_t len = plan[std::size_t(5 + n_admit + 2 * k)];
+      const std::size_t i = std::size_t(plan[std::size_t(5 + n_admit + 2 * k)]);
+      const std::int64_t len = plan[std::size_t(6 + n_admit + 2 * k)];
       const ServeRequest& r = requests[i];
       SequenceChunk ch{r.id, {}, false};
       const bool decode = live[i].done_prompt >= std::int64_t(r.prompt.size());

@@ -278,6 +278,7 @@ struct DryRunTimeline {
   double communication_s = 0;        // the rest of the pieces' time
   double end_s = 0;                  // the last piece's end (the pieces summed in order)
   std::vector<double> layer_end_s;   // [layers]: seconds from the step's start to each layer's end
+  std::int64_t events = 0;           // trace events the dry run recorded over the ranks it ran (its host work)
 };
 
 // Each rank's trace cut into pieces (after every collective and at every layer's end); a piece costs
@@ -298,6 +299,7 @@ inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t
       keys.push_back(std::move(key));
     }
     runs.push_back(runner.run(t, r));
+    out.events += std::int64_t(runs.back().events.size());
   }
   std::vector<std::vector<std::span<const TraceEvent>>> cut;
   for (const RankStepTrace& r : runs) {
@@ -353,7 +355,7 @@ inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, co
 }
 
 // The engine's own collectives around a step on more than one rank (serve/engine.hpp serve_loop): rank 0 broadcasts
-// the plan's length and the plan (4 + admissions + 2 per chunk int64s) before it, and the sampled tokens after it
+// the plan's length and the plan (5 + admissions + 2 per chunk int64s) before it, and the sampled tokens after it
 // (priced at one per chunk and always; a step that ends no prompt and decodes nothing skips it). They are not
 // decoder_step's, so its dry run does not record them; each is a collective on the critical path (on thread ranks a
 // hand-off: a blocked rank woken, 23-33 us on the 2-core machine's wall clock, three a step against a 0.8-1.1 ms
@@ -362,15 +364,26 @@ inline double engine_control_s(const StepTrace& t, const cost::HardwareProfile& 
   if (t.ranks <= 1) return 0;
   const double chunks = double(t.chunks.size()), word = double(sizeof(std::int64_t));
   return hw.collective_time(cost::Collective::broadcast, t.ranks, word) +
-         hw.collective_time(cost::Collective::broadcast, t.ranks, word * (4 + double(t.admitted) + 2 * chunks)) +
+         hw.collective_time(cost::Collective::broadcast, t.ranks, word * (5 + double(t.admitted) + 2 * chunks)) +
          hw.collective_time(cost::Collective::broadcast, t.ranks, word * chunks);
 }
 
+// The scheduler's host work before the step: the trace events its forecast dry-ran (StepTrace::planning_events) at
+// the profile's host rate (HardwareProfile::planning_events_per_s, calibrated by serve/serving_calibration.hpp
+// calibrate_planning); 0 where the profile has no rate. On the host's critical path: the engine plans a step after
+// the last one's tokens are sampled and before it computes (on thread ranks rank 0's CPU time; a dry run of both
+// layouts took 0.05 ms on the 2-core machine against a 0.34 ms decode step of the trained 4-layer MoE).
+inline double planning_s(const StepTrace& t, const cost::HardwareProfile& hw) {
+  return hw.planning_events_per_s > 0 ? double(t.planning_events) / hw.planning_events_per_s : 0.0;
+}
+
 // The simulated step's cost: the dry run's, or for DeepSeek's latent attention (not dry-run) step_cost's analytic
-// model; its communication includes the engine's control collectives (engine_control_s).
+// model; its communication includes the engine's control collectives (engine_control_s), and its planning the
+// scheduler's forecast (planning_s).
 inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
   StepCost c = runner.config().is_mla() ? step_cost(runner.config(), t, cluster) : dry_run_step_cost(runner, t, cluster);
   c.communication_s += engine_control_s(t, cluster.profile);
+  c.planning_s = planning_s(t, cluster.profile);
   return c;
 }
 inline StepCost simulated_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
@@ -405,6 +418,7 @@ public:
       if (kept_.size() == kKept) kept_.pop_back();
       kept_.insert(kept_.begin(), Kept{std::move(key), dry_run_timeline(runner_, t, cluster_)});
       hit = kept_.begin();
+      events_ += hit->timeline.events;
     } else {
       ++hits_;
       std::rotate(kept_.begin(), hit, hit + 1);  // most recent first
@@ -414,6 +428,8 @@ public:
   }
   std::int64_t hits() const noexcept { return hits_; }
   std::int64_t misses() const noexcept { return misses_; }
+  // Trace events its dry runs recorded so far (the misses'; a remembered step records none): the forecast's host work.
+  std::int64_t events() const noexcept { return events_; }
 
 private:
   struct Key {
@@ -432,7 +448,7 @@ private:
   StepDryRunner runner_;
   const SimulatedCluster& cluster_;
   std::vector<Kept> kept_;  // most recent first
-  std::int64_t hits_ = 0, misses_ = 0;
+  std::int64_t hits_ = 0, misses_ = 0, events_ = 0;
 };
 
 }  // namespace paradyse::serve

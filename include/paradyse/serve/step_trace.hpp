@@ -34,6 +34,8 @@ struct StepTrace {
   bool pipelined_switch = true;                       // the change travels layer by layer behind compute (the step
                                                       // computes in `layout`); else it stalls before the step, which
                                                       // computes in `next`
+  std::int64_t planning_events = 0;                   // trace events rank 0's scheduler dry-ran planning the step
+                                                      // (the dynamic policy's forecast: host work before the step)
 
   std::int64_t tokens() const {
     std::int64_t n = 0;
