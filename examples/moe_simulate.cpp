@@ -18,21 +18,24 @@
 // is served on --ranks thread ranks on the wall clock (--rounds rounds after a warm-up, medians) and on the
 // simulated clock of this machine's calibrated profile (--cluster FILE.json; written by calibrating the thread ranks
 // first when FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and
-// policies; the table gives both and the relative error, for the measured run on the wall clock and on the slowest
-// rank's thread CPU time per step (serve/clock.hpp's CpuClock: the steps as they would take on cores of their own,
-// which other processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
-// classes fitted on the served model's own GEMMs with every weight from memory (128 MB a rank;
-// serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with the
-// single fit alone) and the paged attention kernel's rates (serve/paged_attention_calibration.hpp); the rows
-// "cpu ws" simulate with the classes calibrated cycling through the weights a step reads instead, when this run
+// policies; the table gives both and the relative error, for the measured run on the wall clock and on the ranks'
+// thread CPU time (serve/clock.hpp's CpuClock, synchronised: each step cut where the ranks met in a collective,
+// comm/cpu_marks.hpp, each piece at its slowest rank: the steps as they would take on cores of their own, which other
+// processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
+// classes fitted on the served model's own GEMMs cycling through the weights a step reads (each weight from the cache
+// level that holds the rank's weights; serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes;
+// --gemm-classes off simulates with the single fit alone), the paged attention kernel's rates
+// (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning); the rows
+// "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this run
 // calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
-// slowest rank's CPU time and rank 0's own, with each round's ratio (the machine's drift between rounds).
+// CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds).
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each).
 // scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/cli/lists.hpp"
+#include "paradyse/comm/cpu_marks.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/host_malloc.hpp"
 #include "paradyse/core/printable.hpp"
@@ -363,11 +366,11 @@ int simulate(const Options& o) {
 constexpr int kCalibrationPasses = 3;
 
 // The options the profile's GEMM size classes are calibrated with (and the speed probe times its shapes with): the
-// serving step's own GEMMs, each cycling through 128 MB of weight copies a rank (every weight from memory), on the
+// serving step's own GEMMs, each cycling through the weights a step reads (serve/serving_calibration.hpp
+// serving_gemm_classes: each weight comes from the cache level that holds the rank's weights, as in the step), on the
 // calibration's clock.
 cost::GemmClassOptions profile_class_options(const Options& o, const DecoderConfig& c) {
   cost::GemmClassOptions classes = serving_gemm_classes(c, o.ranks, o.step_tokens);
-  classes.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
   classes.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
   return classes;
 }
@@ -439,7 +442,7 @@ void write_steps(std::ofstream& f, const std::string& policy, const char* clock,
 struct StepGroup {
   std::string kind;
   std::int64_t steps = 0, tokens = 0;
-  double cpu_s = 0;    // the clock's step: the slowest rank's CPU time (what the simulation prices)
+  double cpu_s = 0;    // the CPU clock's step: its pieces at their slowest ranks (what the simulation prices)
   double own_s = 0;    // rank 0's own CPU time in the step
   StepCost simulated;
   double round_low = 0, round_high = 0;  // the rounds' simulated / cpu, smallest and largest
@@ -479,7 +482,7 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
 
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
   fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
-             "traces (means, ms): cpu = the step on the CPU clock (the slowest rank's CPU time), rank 0 = rank 0's own; "
+             "traces (means, ms): cpu = the step on the CPU clock (each piece between collectives at its slowest rank), rank 0 = rank 0's own; "
              "plan = the forecast's host work; rounds = each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} "
              "{:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>13}\n",
              "policy", "steps", "count", "tokens", "cpu", "rank 0", "simulated", "compute", "comm", "plan", "sim/cpu",
@@ -499,7 +502,7 @@ int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
-  std::vector<cost::GemmRowClass> gemm_classes_ws;  // calibrated on the weights a step reads ("ws")
+  std::vector<cost::GemmRowClass> gemm_classes_mem;  // calibrated with every weight from memory ("mem")
   if (!std::filesystem::exists(o.cluster)) {
     check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
           "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
@@ -533,25 +536,27 @@ int measure(const Options& o) {
     profile.gemm.bytes_per_s = cold;
     // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
     // each on its own, on the serving step's own GEMMs; above 128 rows the single fit.
-    // The profile's classes cycle through 128 MB of weights a rank (every weight from memory); the rows "cpu ws"
-    // simulate with classes cycling through the weights a step reads (serve/serving_calibration.hpp), which priced
-    // the trained 4-layer MoE's decode steps 5-30% lower and further from its measured CPU time on this machine.
+    // The profile's classes cycle through the weights a step reads (each from the cache level that holds the rank's
+    // weights, as in the step); the rows "cpu mem" simulate with classes cycling through 128 MB a rank (every weight
+    // from memory), which priced the trained 4-layer MoE's decode steps within 10% where other processes on the
+    // machine's cache evicted the weights between steps, and 1.5x its measured CPU time on a quiet machine
+    // (docs/serving_simulation.md).
     cost::GemmClassOptions classes = profile_class_options(o, c);
     classes.passes = kCalibrationPasses;
-    cost::GemmClassOptions working_set = classes;
-    working_set.cold_bytes = step_weight_bytes(c, o.ranks);
-    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank (\"ws\": {:.1f} MB, the weights a step reads)\n",
-               double(classes.cold_bytes) / 1e6, double(working_set.cold_bytes) / 1e6);
+    cost::GemmClassOptions from_memory = classes;
+    from_memory.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank, the weights a step reads (\"mem\": {:.1f} MB)\n",
+               double(classes.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6);
     run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-      const cost::GemmClassCalibration ws = cost::calibrate_gemm_classes<ops::Cpu>(comm, working_set);
+      const cost::GemmClassCalibration mem = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
       const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
       if (comm.rank() != 0) return;
-      gemm_classes_ws = ws.classes;
+      gemm_classes_mem = mem.classes;
       profile.gemm.by_rows = cal.classes;
       const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
       for (const cost::GemmSample& x : cal.samples) {
         const double m = double(x.m), n = double(x.n), k = double(x.k);
-        fmt::print("  gemm {:>3}x{:>4}x{:>4} cold  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
+        fmt::print("  gemm {:>3}x{:>4}x{:>4} ws  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
                    x.m, x.n, x.k, x.seconds * 1e6, profile.gemm.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
       }
       for (std::size_t i = 0; i < cal.classes.size(); ++i)
@@ -587,14 +592,14 @@ int measure(const Options& o) {
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
-  // The profile with the GEMM classes calibrated on the step's working set, when this run calibrated them:
-  // simulated beside it ("ws").
-  SimulatedCluster ws_cluster = cluster;
-  if (o.gemm_classes && !gemm_classes_ws.empty()) ws_cluster.profile.gemm.by_rows = gemm_classes_ws;
+  // The profile with the GEMM classes calibrated with every weight from memory, when this run calibrated them:
+  // simulated beside it ("mem").
+  SimulatedCluster mem_cluster = cluster;
+  if (o.gemm_classes && !gemm_classes_mem.empty()) mem_cluster.profile.gemm.by_rows = gemm_classes_mem;
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
-  const std::vector<Policy> ws_policies = make_policies(o.policies, ws_cluster, o.eplb_interval, o.switch_window);
-  const bool compare_ws = ws_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
+  const std::vector<Policy> mem_policies = make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window);
+  const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
   EngineOptions opt;
   opt.step_tokens = o.step_tokens;
   opt.max_running = o.max_running;
@@ -617,33 +622,42 @@ int measure(const Options& o) {
                "requests); simulated on {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
                o.ranks, trace.name, requests.size(), cluster.profile.name);
-    // kind: 0 the wall clock, 1 the slowest rank's thread CPU time (serve/clock.hpp's CpuClock), 2 simulated,
+    // kind: 0 the wall clock, 1 the ranks' thread CPU time (serve/clock.hpp's CpuClock, synchronised), 2 simulated,
     // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
     // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
     auto serve = [&](std::size_t pi, int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps,
                      double slowdown = 1) {
       std::vector<RequestOutcome> out;
       EngineStats stats;
-      run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-        std::unique_ptr<EngineClock> own;
-        EngineOptions run = opt;
+      run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
+        const auto serve_on = [&](auto& comm, std::unique_ptr<EngineClock> own) {
+          if (comm.rank() == 0)
+            own->observer = [&](const StepTrace& t, const StepTiming& timing, double end) {
+              if (recorder) recorder->add(t);
+              if (steps) steps->push_back({t, timing, end});
+            };
+          EngineOptions run = opt;
+          run.clock = own.get();
+          EngineStats s;
+          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? mem_policies : policies)[pi].policy, &s);
+          if (comm.rank() == 0) out = std::move(got), stats = s;
+        };
         if (kind == 2 || kind == 3) {  // every rank its own (alike)
-          auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : ws_cluster);
+          auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : mem_cluster);
           sim->set_slowdown(slowdown);
-          own = std::move(sim);
+          serve_on(plain, std::move(sim));
+        } else if (kind == 1) {  // each step's pieces between collectives at their slowest rank (comm/cpu_marks.hpp)
+          CpuMarkedCommunicator marked(std::move(plain));
+          ThreadCommunicator& unmarked = marked;  // the clock's own reductions, not marked
+          serve_on(marked, std::make_unique<CpuClock>(CpuClock::Synchronised{
+                               [&marked] { return marked.take_marks(); },
+                               [&unmarked](std::span<double> x) {
+                                 const std::vector<double> mine(x.begin(), x.end());
+                                 unmarked.all_reduce(std::span<const double>(mine), x, ReduceOp::max);
+                               }}));
+        } else {
+          serve_on(plain, std::make_unique<WallClock>());
         }
-        else if (kind == 1)  // each step the slowest rank's CPU time, as the simulation prices the slowest rank
-          own = std::make_unique<CpuClock>([&comm](double mine) { return max_over_ranks(comm, mine); });
-        else own = std::make_unique<WallClock>();
-        if (comm.rank() == 0)
-          own->observer = [&](const StepTrace& t, const StepTiming& timing, double end) {
-            if (recorder) recorder->add(t);
-            if (steps) steps->push_back({t, timing, end});
-          };
-        run.clock = own.get();
-        EngineStats s;
-        auto got = serve_requests(comm, model, requests, run, (kind == 3 ? ws_policies : policies)[pi].policy, &s);
-        if (comm.rank() == 0) out = std::move(got), stats = s;
       });
       return summarize(out, stats, c);
     };
@@ -697,13 +711,13 @@ int measure(const Options& o) {
       const auto& [measured, on_cpu, at_speed, wall_steps, cpu_steps, speed] = rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
-      std::vector<std::vector<StepCost>> cpu_costs, ws_costs;
+      std::vector<std::vector<StepCost>> cpu_costs, mem_costs;
       for (const std::vector<MeasuredStep>& round : cpu_steps) {
         cpu_costs.push_back(price_steps(c, cluster, round));
-        if (compare_ws) ws_costs.push_back(price_steps(c, ws_cluster, round));
+        if (compare_mem) mem_costs.push_back(price_steps(c, mem_cluster, round));
       }
       breakdowns.push_back({pol.name, step_breakdown(cpu_steps, cpu_costs)});
-      if (compare_ws) breakdowns.push_back({pol.name + ", ws", step_breakdown(cpu_steps, ws_costs)});
+      if (compare_mem) breakdowns.push_back({pol.name + ", mem", step_breakdown(cpu_steps, mem_costs)});
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {
@@ -713,15 +727,15 @@ int measure(const Options& o) {
         }
         write_steps(steps_csv, pol.key, "simulated", 0, sim_steps, price_steps(c, cluster, sim_steps));
       }
-      const Result sim_ws = compare_ws ? serve(pi, 3, nullptr, nullptr) : sim;
+      const Result sim_mem = compare_mem ? serve(pi, 3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
       // working set's GEMM classes; then each round against the simulation at its speed (the median of the rounds'
       // errors).
       for (const auto& [clock_name, runs, simulated] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
-            {"cpu", &on_cpu, &sim}, {"cpu ws", &on_cpu, &sim_ws}, {"wall @speed", &measured, nullptr},
+            {"cpu", &on_cpu, &sim}, {"cpu mem", &on_cpu, &sim_mem}, {"wall @speed", &measured, nullptr},
             {"cpu @speed", &on_cpu, nullptr}}) {
-        if (simulated == &sim_ws && !compare_ws) continue;
+        if (simulated == &sim_mem && !compare_mem) continue;
         fmt::print("{:<16} {:>11}", pol.name, clock_name);
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v, x, error;

@@ -4,6 +4,7 @@
 // the simulated clock is deterministic and advances by exactly the cost of each step's dry run; the cost of a
 // hand-built step matches its formula; TP is cheaper than EP at batch 1 and the reverse at large batches on an H100
 // node (the roofline); routing sources, request traces, model shapes and clusters read and fail clearly.
+#include "paradyse/comm/cpu_marks.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
@@ -178,6 +179,62 @@ TEST_CASE("simulation: the CPU clock given a reduction advances every rank by th
     }
     for (const double e : elapsed) CHECK(e == doctest::Approx(sum).epsilon(1e-12));  // no idle jumps: all at 0
   }
+}
+
+TEST_CASE("simulation: the synchronised CPU clock takes each piece between collectives at its slowest rank") {
+  // Rank k % p computes alone in piece k (10 ms of CPU), the others wait in the collective that ends it: on cores of
+  // their own the step takes about 2p x 10 ms, each rank's own CPU time about 2 x 10 ms.
+  const auto spin = [](double seconds) {
+    const double start = thread_cpu_seconds();
+    volatile double x = 1;
+    while (thread_cpu_seconds() - start < seconds) x = x * 1.0000001;
+  };
+  for (const int p : {2, 3}) {
+    INFO("p = ", p);
+    std::vector<StepTiming> timing(static_cast<std::size_t>(p));
+    run_ranks(p, [&](ThreadCommunicator& plain) {
+      CpuMarkedCommunicator comm(std::move(plain));
+      ThreadCommunicator& unmarked = comm;
+      CpuClock clock(CpuClock::Synchronised{[&comm] { return comm.take_marks(); }, [&unmarked](std::span<double> x) {
+        const std::vector<double> mine(x.begin(), x.end());
+        unmarked.all_reduce(std::span<const double>(mine), x, ReduceOp::max);
+      }});
+      clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timing[std::size_t(comm.rank())] = t; };
+      clock.start();
+      double token = 0;
+      comm.all_reduce(std::span<const double>(&token, 1), std::span<double>(&token, 1), ReduceOp::sum);  // before
+      clock.step_begin();
+      for (int piece = 0; piece < 2 * p; ++piece) {
+        if (piece % p == comm.rank()) spin(0.010);
+        comm.all_reduce(std::span<const double>(&token, 1), std::span<double>(&token, 1), ReduceOp::sum);
+      }
+      clock.step_end(StepTrace{}, 0);
+    });
+    double slowest_own = 0, all_own = 0;
+    for (const StepTiming& t : timing) slowest_own = std::max(slowest_own, t.cpu_s), all_own += t.cpu_s;
+    for (const StepTiming& t : timing) CHECK(t.step_s == timing[0].step_s);
+    CHECK(timing[0].step_s >= 0.9 * double(p) * 0.020);
+    CHECK(timing[0].step_s > 1.5 * slowest_own);  // the slowest rank's total alone would be about 20 ms
+    CHECK(timing[0].step_s <= all_own + 1e-9);    // each piece at most every rank's work in it
+  }
+  // A rank whose step met fewer collectives than the others': every rank fails, naming the counts.
+  CHECK_THROWS_WITH_AS(run_ranks(2, [](ThreadCommunicator& plain) {
+                         CpuMarkedCommunicator comm(std::move(plain));
+                         ThreadCommunicator& unmarked = comm;
+                         CpuClock clock(CpuClock::Synchronised{[&comm] { return comm.take_marks(); },
+                                                               [&unmarked](std::span<double> x) {
+                                                                 const std::vector<double> mine(x.begin(), x.end());
+                                                                 unmarked.all_reduce(std::span<const double>(mine), x,
+                                                                                     ReduceOp::max);
+                                                               }});
+                         clock.start();
+                         clock.step_begin();
+                         double v = 1;
+                         if (comm.rank() == 0) comm.all_reduce(std::span<const double>(&v, 1), std::span<double>(&v, 1), ReduceOp::sum);
+                         else unmarked.all_reduce(std::span<const double>(&v, 1), std::span<double>(&v, 1), ReduceOp::sum);
+                         clock.step_end(StepTrace{}, 0);
+                       }),
+                       doctest::Contains("met between 0 and 1 collectives"), Error);
 }
 
 TEST_CASE("simulation: the simulated clock is deterministic and advances by the cost of each step's dry run") {

@@ -10,7 +10,9 @@
 //     slowest rank's: the step as it takes when every rank has a core of its own, as SimulatedClock prices it (the
 //     slowest modelled rank; rank 0's alone misses the others' longer expert work under EP's imbalance); with nothing
 //     to run it jumps to the next arrival. A measured run that other processes on the cores do not slow down, the
-//     measured counterpart of SimulatedClock on a shared machine (moe_simulate --measure).
+//     measured counterpart of SimulatedClock on a shared machine; synchronised (its ranks' communicators marking
+//     their collectives, comm/cpu_marks.hpp), by the pieces between the collectives, each at its slowest rank
+//     (moe_simulate --measure).
 //   SimulatedClock: seconds of a cluster: each step advances it by the time model's cost of the dry run of the step
 //     (serve/step_dry_run.hpp: decoder_step on shapes alone, per modelled rank, on the step's batch, layouts and
 //     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
@@ -26,6 +28,7 @@
 // (recording the routing, or the layout over time).
 #pragma once
 
+#include "paradyse/core/error.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/serve/step_cost.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
@@ -36,8 +39,10 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 namespace paradyse::serve {
 
@@ -125,6 +130,20 @@ public:
   // `slowest`: this rank's CPU time in the step to the slowest rank's, e.g. [&comm](double t) { return
   // max_over_ranks(comm, t); } (comm/communicator.hpp); empty: this rank's own.
   explicit CpuClock(std::function<double(double)> slowest = {}) : slowest_(std::move(slowest)) {}
+  // Synchronised: the step cut where the ranks met (`marks`: this rank's thread CPU time as each of its blocking
+  // collectives returned since the last call, comm/cpu_marks.hpp's take_marks), each piece taken at its slowest rank
+  // (`max_over_ranks`: an element-wise max all-reduce over the ranks, in place, on a communicator that does not mark)
+  // and the pieces summed: the step as ranks with cores of their own take it, waiting for one another at every
+  // collective, as the simulated clock prices it piece by piece. (The slowest rank's total alone is short of it where
+  // the slowest rank differs from piece to piece.) Every rank's step must meet the same number of collectives.
+  struct Synchronised {
+    std::function<std::vector<double>()> marks;
+    std::function<void(std::span<double>)> max_over_ranks;
+  };
+  explicit CpuClock(Synchronised s) : synchronised_(std::move(s)) {
+    check(bool(synchronised_.marks) && bool(synchronised_.max_over_ranks),
+          "CpuClock: a synchronised clock needs both the marks and the max over the ranks");
+  }
   std::string_view name() const override { return "cpu"; }
   void start() override { now_ = 0; }
   double now() const override { return now_; }
@@ -133,14 +152,36 @@ public:
     if (std::isfinite(next_arrival)) now_ = std::max(now_, next_arrival);
   }
 
+  void step_begin() override {
+    if (synchronised_.marks) (void)synchronised_.marks();  // the collectives before the step (an idle plan's)
+    EngineClock::step_begin();
+  }
+
 private:
   StepTiming advance(const StepTrace&, double measured_switch_s) override {
     const double cpu = cpu_step_s();
-    const double step = slowest_ ? slowest_(cpu) : cpu;
+    const double step = synchronised_.marks ? synchronised_step_s() : slowest_ ? slowest_(cpu) : cpu;
     now_ += step;
     return {step, measured_switch_s, cpu};  // the step's time on this clock: its (slowest rank's) CPU time
   }
+  double synchronised_step_s() {
+    const std::vector<double> marks = synchronised_.marks();
+    // [count, pieces...]: the count's max and -count's max tell a rank that met fewer collectives than another.
+    std::vector<double> pieces = {double(marks.size()), -double(marks.size())};
+    double last = cpu_begin_;
+    for (const double m : marks) pieces.push_back(m - last), last = m;
+    pieces.push_back(thread_cpu_seconds() - last);
+    std::vector<double> counts(pieces.begin(), pieces.begin() + 2);
+    synchronised_.max_over_ranks(counts);
+    check(counts[0] == -counts[1], "CpuClock: the ranks' steps met between {} and {} collectives (every rank's step "
+          "must meet the same ones)", -counts[1], counts[0]);
+    synchronised_.max_over_ranks(std::span<double>(pieces).subspan(2));
+    double step = 0;
+    for (std::size_t i = 2; i < pieces.size(); ++i) step += pieces[i];
+    return step;
+  }
   std::function<double(double)> slowest_;
+  Synchronised synchronised_;
   double now_ = 0;
 };
 

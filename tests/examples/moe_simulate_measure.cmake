@@ -1,0 +1,77 @@
+# tests/examples/moe_simulate_measure.cmake: moe_simulate --measure end to end on a small trace (issue 25's
+# validation run, shortened): the synthetic MoE served on 2 thread ranks under TP, EP and dynamic, 2 rounds each on the
+# wall and CPU clocks, against the simulated clock of a given profile (tests/data/profiles/cpu_two_ranks.json with a
+# host rate for the dynamic policy's forecast added, so nothing is calibrated).
+#   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
+# Checks: exit 0; every policy's wall, cpu and @speed rows; the per-step table's rows, the forecast's host work
+# charged to the dynamic policy's steps alone; the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
+# its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
+# its slowest rank) never shorter than rank 0's own CPU time in it.
+cmake_minimum_required(VERSION 3.20)
+foreach(var EXE PROFILE WORK)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "moe_simulate_measure.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+file(READ "${PROFILE}" profile)
+string(JSON profile SET "${profile}" planning_events_per_s 2.0e7)
+file(WRITE "${WORK}/profile.json" "${profile}")
+execute_process(COMMAND "${EXE}" --measure --cluster "${WORK}/profile.json" --ranks 2 --requests 12 --rates 50
+                        --prompt 8 16 --output 4 8 --step-tokens 16 --rounds 2 --policies tp,ep,dynamic
+                        --steps-csv "${WORK}/steps.csv"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "moe_simulate --measure exited ${rc}:\n${out}\n${err}")
+endif()
+foreach(policy "static TP" "static EP" "dynamic TP/EP")
+  foreach(clock "wall" "cpu" "wall @speed" "cpu @speed")
+    if(NOT out MATCHES "${policy} +${clock} +[0-9.]+ +[0-9]+% +[0-9.]+")
+      message(FATAL_ERROR "moe_simulate --measure prints no \"${clock}\" row for ${policy}:\n${out}")
+    endif()
+  endforeach()
+  # The per-step table: count, tokens, cpu, rank 0, simulated, compute, comm, plan.
+  set(number "[0-9]+[.][0-9]+")
+  if(NOT out MATCHES "${policy} +decode only +[0-9]+ +${number} +${number} +${number} +${number} +${number} +${number} +(${number})")
+    message(FATAL_ERROR "moe_simulate --measure prints no per-step row for ${policy}'s decode steps:\n${out}")
+  endif()
+  set(plan "${CMAKE_MATCH_1}")
+  if(policy STREQUAL "dynamic TP/EP" AND plan EQUAL 0)
+    message(FATAL_ERROR "the dynamic policy's decode steps are charged no forecast (plan ${plan} ms):\n${out}")
+  elseif(NOT policy STREQUAL "dynamic TP/EP" AND NOT plan EQUAL 0)
+    message(FATAL_ERROR "${policy} plans no forecast but is charged ${plan} ms a step:\n${out}")
+  endif()
+endforeach()
+file(STRINGS "${WORK}/steps.csv" rows)
+list(POP_FRONT rows header)
+if(NOT header STREQUAL "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s")
+  message(FATAL_ERROR "steps.csv: unexpected header \"${header}\"")
+endif()
+set(seen "")
+foreach(row IN LISTS rows)
+  string(REPLACE "," ";" f "${row}")
+  list(GET f 0 policy)
+  list(GET f 1 clock)
+  list(GET f 2 round)
+  list(GET f 5 step_s)
+  list(GET f 6 cpu_s)
+  list(GET f 9 simulated_s)
+  list(APPEND seen "${policy}/${clock}/${round}")
+  if(NOT simulated_s GREATER 0)
+    message(FATAL_ERROR "steps.csv: a step priced at ${simulated_s} s: ${row}")
+  endif()
+  # Rank 0's pieces add up to its CPU time in the step (read a moment later), and each piece is taken at its slowest
+  # rank: the CPU clock's step is never the shorter.
+  if(clock STREQUAL "cpu" AND step_s LESS cpu_s)
+    message(FATAL_ERROR "steps.csv: a CPU-clock step of ${step_s} s, shorter than rank 0's own ${cpu_s} s: ${row}")
+  endif()
+endforeach()
+list(REMOVE_DUPLICATES seen)
+foreach(policy tp ep dynamic)
+  foreach(run wall/0 wall/1 cpu/0 cpu/1 simulated/0)
+    if(NOT "${policy}/${run}" IN_LIST seen)
+      message(FATAL_ERROR "steps.csv has no steps of ${policy} on ${run} (clock/round)")
+    endif()
+  endforeach()
+endforeach()
