@@ -235,13 +235,13 @@ std::int64_t kv_blocks_for(const ModelShape& shape, const SimulatedCluster& clus
 void print_table(const std::vector<Result>& rows) {
   fmt::print("{:<16} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
              "policy", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s", "steps", "EP steps", "sw/rebal",
-             "exposed ms", "rank max", "compute s", "comm s", "switch s", "plan s");
+             "exposed ms", "rank max", "compute s", "comm s", "switch s", "host s");
   for (const Result& r : rows)
     fmt::print("{:<16} {:>8.1f}ms {:>8.1f}ms {:>7.2f}ms {:>7.2f}ms {:>9.0f} {:>6} {:>8} {:>8} {:>10.2f} {:>9.2f} {:>10.3f} "
                "{:>10.3f} {:>10.4f} {:>10.4f}\n",
                r.name, r.metric[ttft50], r.metric[ttft99], r.metric[tpot50], r.metric[tpot99], r.metric[tokens_per_s],
                r.steps, r.ep_steps, fmt::format("{}/{}", r.switches, r.rebalances), r.exposed_ms, r.rank_imbalance,
-               r.totals.compute_s, r.totals.communication_s, r.totals.switch_s, r.totals.planning_s);
+               r.totals.compute_s, r.totals.communication_s, r.totals.switch_s, r.totals.host_s);
 }
 
 // Dynamic over the best static policy per metric (> 1: dynamic better), beside the paper's claims; none without
@@ -289,7 +289,7 @@ int simulate(const Options& o) {
     csv.open(o.csv);
     check(bool(csv), "cannot write --csv {}", o.csv);
     csv << "trace,policy,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,tokens_per_s,steps,ep_steps,switches,"
-           "rebalances,exposed_ms,rank_imbalance,compute_s,communication_s,switch_s,planning_s\n";
+           "rebalances,exposed_ms,rank_imbalance,compute_s,communication_s,switch_s,host_s\n";
   }
   std::vector<std::pair<std::string, std::vector<double>>> summary;
   for (const NamedTrace& trace : make_traces(o)) {
@@ -329,7 +329,7 @@ int simulate(const Options& o) {
                            trace.name, r.name, r.metric[ttft50], r.metric[ttft99], r.metric[tpot50], r.metric[tpot99],
                            r.metric[tokens_per_s], r.steps, r.ep_steps, r.switches, r.rebalances, r.exposed_ms,
                            r.rank_imbalance, r.totals.compute_s, r.totals.communication_s, r.totals.switch_s,
-                           r.totals.planning_s);
+                           r.totals.host_s);
     }
     fmt::print("\n{} ({} requests)\n", trace.name, requests.size());
     print_table(rows);
@@ -469,7 +469,7 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
         x.simulated.compute_s += cost.compute_s;
         x.simulated.communication_s += cost.communication_s;
         x.simulated.switch_s += cost.switch_s;
-        x.simulated.planning_s += cost.planning_s;
+        x.simulated.host_s += cost.host_s;
         sim[k] += cost.total_s();
       }
     }
@@ -483,9 +483,9 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
   fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
              "traces (means, ms): cpu = the step on the CPU clock (each piece between collectives at its slowest rank), rank 0 = rank 0's own; "
-             "plan = the forecast's host work; rounds = each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} "
+             "host = the engine's host work (its bookkeeping, the forecast); rounds = each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} "
              "{:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>13}\n",
-             "policy", "steps", "count", "tokens", "cpu", "rank 0", "simulated", "compute", "comm", "plan", "sim/cpu",
+             "policy", "steps", "count", "tokens", "cpu", "rank 0", "simulated", "compute", "comm", "host", "sim/cpu",
              "rounds");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
@@ -494,7 +494,7 @@ void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepG
       fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
                  name, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k,
                  g.simulated.total_s() * k, g.simulated.compute_s * k, g.simulated.communication_s * k,
-                 g.simulated.planning_s * k,
+                 g.simulated.host_s * k,
                  g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
     }
 }
@@ -588,6 +588,34 @@ int measure(const Options& o) {
     // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait).
     profile.planning_events_per_s = calibrate_planning(c, o.ranks, SimulatedCluster{profile, 4}, o.step_tokens, options.clock);
     fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host\n", profile.planning_events_per_s / 1e6);
+    // The engine's other host work (planning the batch, statistics, sampling, the broadcasts' own CPU): a run of its
+    // own (64 requests of another seed at the first rate, static TP on the thread ranks' CPU time), rank 0's host
+    // CPU per step less the control collectives' price (serve/serving_calibration.hpp fit_serving_host).
+    {
+      Options own = o;
+      own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
+      const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
+      std::int64_t max_len = 0;
+      for (const ServeRequest& r : requests) max_len = std::max(max_len, std::int64_t(r.prompt.size()) + r.max_new_tokens);
+      std::vector<HostSample> steps;
+      run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+        CpuClock clock;
+        std::vector<StepTrace> traces;
+        if (comm.rank() == 0) clock.observer = [&](const StepTrace& t, const StepTiming&, double) { traces.push_back(t); };
+        EngineOptions run;
+        run.step_tokens = o.step_tokens, run.max_running = o.max_running, run.block_size = o.block_size;
+        run.kv_blocks = o.max_running * ((max_len + o.block_size - 1) / o.block_size);
+        run.clock = &clock;
+        EngineStats stats;
+        (void)serve_requests(comm, model, requests, run, EnginePolicy{}, &stats);
+        if (comm.rank() == 0)
+          for (std::size_t i = 0; i < traces.size(); ++i)
+            steps.push_back({std::int64_t(traces[i].chunks.size()), stats.step_host_s[i] - engine_control_s(traces[i], profile)});
+      });
+      profile.serving_host = fit_serving_host(steps);
+      fmt::print("the engine's host work: {:.1f} us a step + {:.2f} us a chunk ({} steps)\n",
+                 profile.serving_host.step_s * 1e6, profile.serving_host.chunk_s * 1e6, steps.size());
+    }
     cost::save_profile(profile, o.cluster);
   }
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);

@@ -256,13 +256,24 @@ TEST_CASE("profile: the GEMM engine choice round-trips, gives the MFU rate, is v
   CHECK(ops::cpu::gemm_measurement() == before);
 }
 
-TEST_CASE("profile JSON: the serving forecast's host rate is optional (0: uncharged), round-trips, and a bad one is named") {
+TEST_CASE("profile JSON: the serving engine's host work is optional (0: uncharged), round-trips, and a bad one is named") {
   HardwareProfile p = h100_sxm_80gb_x8();
   CHECK_FALSE(to_json(p).contains("planning_events_per_s"));
+  CHECK_FALSE(to_json(p).contains("serving_host"));
   CHECK(profile_from_json(to_json(p)).planning_events_per_s == 0);
+  CHECK(profile_from_json(to_json(p)).serving_host == ServingHostModel{});
   p.planning_events_per_s = 3.25e7;
-  CHECK(profile_from_json(json::parse(json::dump(to_json(p)))).planning_events_per_s == 3.25e7);
+  p.serving_host = {21.5e-6, 1.25e-6};
+  const HardwareProfile back = profile_from_json(json::parse(json::dump(to_json(p))));
+  CHECK(back.planning_events_per_s == 3.25e7);
+  CHECK(back.serving_host == ServingHostModel{21.5e-6, 1.25e-6});
   json::Value bad = to_json(p);
   bad["planning_events_per_s"] = -4;
   CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("\"planning_events_per_s\" = -4"), Error);
+  bad = to_json(p);
+  bad["serving_host"]["chunk_s"] = -1e-6;
+  CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("serving_host.chunk_s"), Error);
+  bad = to_json(p);
+  bad["serving_host"]["per_token_s"] = 1e-6;
+  CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("per_token_s"), Error);
 }

@@ -113,3 +113,21 @@ TEST_CASE("serving calibration: the forecast's host rate is the events its dry r
   CHECK(calibrate_planning(dense, 2, cluster, 32, cost::TimeSource::thread_cpu, 3) == 0);
   CHECK_THROWS_WITH_AS(calibrate_planning(c, 0, cluster, 32, cost::TimeSource::wall), doctest::Contains("ranks 0"), Error);
 }
+
+TEST_CASE("serving calibration: the engine's host work is fitted per step and per chunk on each chunk count's median") {
+  // 20 us a step + 3 us a chunk, every count's steps with one outlier (a step the machine interrupted) that the median
+  // ignores; a count seen twice is left out.
+  std::vector<HostSample> steps;
+  for (std::int64_t chunks = 1; chunks <= 6; ++chunks) {
+    const double truth = 20e-6 + 3e-6 * double(chunks);
+    for (const double f : {1.0, 1.0, 1.0, 1.0, 9.0}) steps.push_back({chunks, f * truth});
+  }
+  steps.push_back({40, 1e-3}), steps.push_back({40, 1e-3});
+  const cost::ServingHostModel m = fit_serving_host(steps);
+  CHECK(m.step_s == doctest::Approx(20e-6).epsilon(1e-9));
+  CHECK(m.chunk_s == doctest::Approx(3e-6).epsilon(1e-9));
+  // One count: its median a step; none (or only non-positive medians): unpriced.
+  CHECK(fit_serving_host({{3, 5e-6}, {3, 6e-6}, {3, 7e-6}}) == cost::ServingHostModel{6e-6, 0});
+  CHECK(fit_serving_host({}) == cost::ServingHostModel{});
+  CHECK(fit_serving_host({{2, -1e-6}, {2, -2e-6}, {2, 1e-6}}) == cost::ServingHostModel{});
+}

@@ -130,9 +130,14 @@ TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and
     CHECK(wall.seconds() < 100);
     REQUIRE(r.out.size() == requests.size());
     double busy = 0;
-    for (const double x : r.stats.step_seconds) {
+    REQUIRE(r.stats.step_host_s.size() == r.stats.step_seconds.size());
+    for (std::size_t i = 0; i < r.stats.step_seconds.size(); ++i) {
+      const double x = r.stats.step_seconds[i];
       CHECK(x >= 0);
       CHECK(x < wall.seconds() + 1e-3);  // a thread's CPU time within a step is at most the step's wall time
+      // The engine's host work (outside the stepper's compute): a part of the step's CPU time.
+      CHECK(r.stats.step_host_s[i] >= -1e-9);
+      CHECK(r.stats.step_host_s[i] <= x + 1e-9);
       busy += x;
     }
     CHECK(busy > 0);

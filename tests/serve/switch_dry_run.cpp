@@ -353,18 +353,23 @@ TEST_CASE("switch dry run: each step's trace carries the events its forecast dry
     forecast_steps += own_events[i] > 0 ? 1 : 0;
   }
   CHECK(forecast_steps >= std::int64_t(own_events.size()) / 2);
-  // Charged at the host rate: a step's price with its events less the same step's without is events / rate.
+  // Charged at the host rate, beside the engine's other host work per step and chunk: a step's price with its events
+  // less the same step's without is events / rate.
   h100.profile.planning_events_per_s = 2.5e7;
+  h100.profile.serving_host = {30e-6, 2e-6};
   SimulatedClock charged(c, h100);
   for (const StepTrace& t : engine_traces) {
     StepTrace none = t;
     none.planning_events = 0;
     const StepCost with = charged.price(t), without = charged.price(none);
-    CHECK(with.planning_s == double(t.planning_events) / 2.5e7);
+    CHECK(without.host_s == doctest::Approx(30e-6 + 2e-6 * double(t.chunks.size())).epsilon(1e-14));
+    CHECK(with.host_s == doctest::Approx(without.host_s + double(t.planning_events) / 2.5e7).epsilon(1e-14));
     CHECK(with.compute_s == without.compute_s);
     CHECK(with.communication_s == without.communication_s);
-    CHECK(with.total_s() == doctest::Approx(without.total_s() + with.planning_s).epsilon(1e-14));
+    CHECK(with.total_s() == doctest::Approx(without.total_s() + double(t.planning_events) / 2.5e7).epsilon(1e-14));
   }
   charged.set_slowdown(2);
-  CHECK(charged.price(engine_traces.front()).planning_s == 2 * double(engine_traces.front().planning_events) / 2.5e7);
+  const StepTrace& first = engine_traces.front();
+  CHECK(charged.price(first).host_s ==
+        doctest::Approx(2 * (double(first.planning_events) / 2.5e7 + 30e-6 + 2e-6 * double(first.chunks.size()))).epsilon(1e-14));
 }

@@ -283,6 +283,16 @@ struct CallOverheadModel {
   friend bool operator==(const CallOverheadModel&, const CallOverheadModel&) = default;
 };
 
+// The serving engine's own host work per step besides the dynamic policy's forecast (serve/engine.hpp: planning the
+// batch, the statistics, sampling, the requests' bookkeeping), rank 0's CPU on the step's critical path: step_s +
+// chunk_s per chunk of the batch. Calibrated (moe_simulate --measure: serve/serving_calibration.hpp fit_serving_host);
+// 0: unpriced (built-in profiles: no datasheet gives it).
+struct ServingHostModel {
+  double step_s = 0;
+  double chunk_s = 0;
+  friend bool operator==(const ServingHostModel&, const ServingHostModel&) = default;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string description;
@@ -319,10 +329,11 @@ struct HardwareProfile {
   double pool_miss_bytes_per_s = 0;
   // The serving scheduler's host work: trace events per second a dry run of a step records on the host (the dynamic
   // policy's forecast dry-runs the step in both layouts before it runs: serve/engine.hpp; the simulated clock charges
-  // the events at this rate, serve/step_dry_run.hpp planning_s). Calibrated per machine (moe_simulate --measure,
+  // the events at this rate, serve/step_dry_run.hpp host_work_s). Calibrated per machine (moe_simulate --measure,
   // serve/serving_calibration.hpp calibrate_planning); 0: the forecast is not charged (built-in profiles: a
   // datasheet gives no host rate).
   double planning_events_per_s = 0;
+  ServingHostModel serving_host;  // the engine's other host work per step (0: unpriced)
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;

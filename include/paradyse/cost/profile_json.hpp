@@ -9,12 +9,12 @@
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
-//    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"]}
+//    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
 // ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses and the fixed
-// cost per kernel call and the serving forecast's host work unpriced; attention priced on its visible pairs, not its whole tiles), and
+// cost per kernel call and the serving engine's host work unpriced; attention priced on its visible pairs, not its whole tiles), and
 // they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
@@ -222,6 +222,11 @@ inline CallOverheadModel call_overhead_from_json(const json::Field& v) {
   only_keys(v, {"kernel_call_s"});
   return {seconds(v, "kernel_call_s")};
 }
+inline json::Value serving_host_to_json(const ServingHostModel& m) { return {{"step_s", m.step_s}, {"chunk_s", m.chunk_s}}; }
+inline ServingHostModel serving_host_from_json(const json::Field& v) {
+  only_keys(v, {"step_s", "chunk_s"});
+  return {seconds(v, "step_s"), seconds(v, "chunk_s")};
+}
 
 }  // namespace detail
 
@@ -280,6 +285,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   if (p.paged_attention.calibrated()) v["paged_attention"] = detail::paged_attention_to_json(p.paged_attention);
   if (p.call_overhead != CallOverheadModel{}) v["call_overhead"] = detail::call_overhead_to_json(p.call_overhead);
   if (p.planning_events_per_s > 0) v["planning_events_per_s"] = p.planning_events_per_s;
+  if (p.serving_host != ServingHostModel{}) v["serving_host"] = detail::serving_host_to_json(p.serving_host);
   return v;
 }
 
@@ -292,7 +298,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                 "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
                 "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
                 "fresh_memory", "scalar_math", "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention",
-                "call_overhead", "planning_events_per_s"});
+                "call_overhead", "planning_events_per_s", "serving_host"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -366,6 +372,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto paged = v.find("paged_attention")) p.paged_attention = paged_attention_from_json(*paged);
   if (const auto calls = v.find("call_overhead")) p.call_overhead = call_overhead_from_json(*calls);
   if (v.has("planning_events_per_s")) p.planning_events_per_s = rate(v, "planning_events_per_s", true);
+  if (const auto host = v.find("serving_host")) p.serving_host = serving_host_from_json(*host);
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

@@ -16,10 +16,11 @@
 //   SimulatedClock: seconds of a cluster: each step advances it by the time model's cost of the dry run of the step
 //     (serve/step_dry_run.hpp: decoder_step on shapes alone, per modelled rank, on the step's batch, layouts and
 //     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
-//     jumps to the next arrival; the scheduler's planning (the dynamic policy's forecast: StepTrace::planning_events at
-//     the profile's host rate) is charged before the step; set_slowdown(s) multiplies every price by s (the machine's speed at the moment of
-//     a measured run against its calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace sequence
-//     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch). It prices a
+//     jumps to the next arrival; the engine's host work (its bookkeeping per step and chunk, the dynamic policy's
+//     forecast: StepTrace::planning_events, at the profile's calibrated rates) is charged with the step;
+//     set_slowdown(s) multiplies every price by s (the machine's speed at the moment of a measured run against its
+//     calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace sequence
+//     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch, host). It prices a
 //     step without advancing (price). The dynamic policy's switcher forecasts with the same dry run on its time model
 //     (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with step_cost while the
 //     clock ran the dry run, Mixtral-8x7B at 64 requests/s on 8x H100 stayed in TP through 366 steps of 512
@@ -204,7 +205,7 @@ public:
   // What the clock advances by for the step `trace` (without advancing): the time model's cost, times the slowdown.
   StepCost price(const StepTrace& trace) {
     StepCost c = simulated_step_cost(*dry_run_, trace, cluster_);
-    c.compute_s *= slowdown_, c.communication_s *= slowdown_, c.switch_s *= slowdown_, c.planning_s *= slowdown_;
+    c.compute_s *= slowdown_, c.communication_s *= slowdown_, c.switch_s *= slowdown_, c.host_s *= slowdown_;
     return c;
   }
   // How much slower than its profile the machine runs (serve/speed_probe.hpp: a calibrated profile's machine at the
@@ -224,7 +225,7 @@ private:
     total_.compute_s += c.compute_s;
     total_.communication_s += c.communication_s;
     total_.switch_s += c.switch_s;
-    total_.planning_s += c.planning_s;
+    total_.host_s += c.host_s;
     now_ += c.total_s();
     return {c.total_s(), c.switch_s};
   }

@@ -15,7 +15,7 @@
 //     time, by the dry run of the step on policy.time_model (serve/step_dry_run.hpp: what the simulated clock charges
 //     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too (the events its
 //     dry runs recorded go in the step's trace: host work the simulated clock charges, serve/step_dry_run.hpp
-//     planning_s)
+//     host_work_s)
 //     (the running requests' chunks and the queue played forward); a change is carried out during the step: each layer's weights are posted for redistribution right after the layer computed in the old
 //     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
 //     waits took);
@@ -106,6 +106,9 @@ struct EngineStats {
   std::vector<double> step_seconds;       // the step's time on the engine's clock (wall: on this rank), planning to
                                           // the sampled tokens
   std::vector<std::int64_t> step_tokens;  // tokens the step computed
+  std::vector<double> step_host_s;        // this rank's thread CPU seconds in the step outside the stepper's compute
+                                          // and the forecast: planning, the plan's and tokens' broadcasts, the
+                                          // statistics, sampling (rank 0's: the engine's own host work)
   std::vector<ModeCosts> predicted;       // the step's predicted time (step_cost on policy's time model) with every
                                           // MoE layer in TP and in EP, for its actual batch and routing
 };
@@ -293,6 +296,8 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
 
   while (finished < requests.size()) {
     clock.step_begin();
+    const double cpu_at_begin = thread_cpu_seconds();
+    double forecast_cpu_s = 0;  // the forecast's own, charged by its events
     // ---- rank 0 plans the step ----
     plan.clear();
     if (me == 0) {
@@ -330,6 +335,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       // The layout after this step.
       MoeMode target = mode;
       const std::int64_t events_before = dry_run_price.events();
+      const double forecast_begin = thread_cpu_seconds();
       if (policy.mode == ModePolicy::dynamic && any_moe && n > 0 && loads.ready()) {
         std::vector<ChunkShape> shapes;  // the step's chunks and what their requests have cached
         for (const auto& [i, len] : chunks) {
@@ -356,6 +362,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
               loads, current_layouts(), chunked_ep, p, policy.pipelined_switch, forecast_price));
         }
       }
+      forecast_cpu_s = thread_cpu_seconds() - forecast_begin;
       const bool rebalance = policy.eplb && mode == MoeMode::ep && target == MoeMode::ep && any_moe &&
                              stats.steps > 0 && stats.steps % policy.eplb_interval == 0;
       plan = {std::int64_t(admitted.size()), std::int64_t(chunks.size()), std::int64_t(target), rebalance ? 1 : 0,
@@ -430,7 +437,9 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     const bool pipelined = policy.pipelined_switch;
     // The layout this step computes in.
     const MoeMode ran = (change && !pipelined) ? target : mode;
+    const double run_begin = thread_cpu_seconds();
     const StepOutput out = stepper.run(std::span<const SequenceChunk>(batch), ran, trace.next, pipelined);
+    const double run_cpu_s = thread_cpu_seconds() - run_begin;
     if (change) {
       stats.switch_bytes += out.switch_bytes;
       if (target != mode) ++stats.switches;
@@ -477,6 +486,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       sampled.push_back(token);
     }
     if (share && !sampled.empty()) comm.broadcast(std::span<std::int64_t>(sampled), 0);
+    const double host_s = thread_cpu_seconds() - cpu_at_begin - forecast_cpu_s - run_cpu_s;
     const StepTiming timing = clock.step_end(trace, out.switch_wall_s);
     if (change) stats.switch_exposed_s += timing.switch_exposed_s;
     std::size_t next = 0;
@@ -496,6 +506,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     }
     stats.step_seconds.push_back(timing.step_s);
     stats.step_tokens.push_back(n);
+    stats.step_host_s.push_back(host_s);
     stats.predicted.push_back(
         forecast_layouts(c, trace.chunks, trace.routed, trace.layout, chunked_ep, p, trace.pipelined_switch, time_model,
                          false)

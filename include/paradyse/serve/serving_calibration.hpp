@@ -13,6 +13,8 @@
 //   add_serving_messages(options, c, step_tokens) calibrate()'s collective sizes with those below its own
 //   calibrate_planning(c, ranks, cluster, ...)    the host's rate of the dynamic policy's forecast: dry-run trace
 //                                                 events per second (HardwareProfile::planning_events_per_s)
+//   fit_serving_host(steps)                       the engine's other host work per step and per chunk
+//                                                 (HardwareProfile::serving_host) from a served run's steps
 //
 // Why the messages: calibrate() measures collectives from 32 KB up (nccl-tests' sizes) and fits alpha + beta bytes
 // below 4 MB on them; a decode step's all-reduces are 0.5-8 KB (a few tokens of h floats), priced at the fit's
@@ -27,6 +29,7 @@
 #pragma once
 
 #include "paradyse/cost/calibrate.hpp"
+#include "paradyse/cost/least_squares.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
 #include "paradyse/serve/switch_policy.hpp"
@@ -34,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -161,6 +165,34 @@ inline double calibrate_planning(const DecoderConfig& c, int ranks, const Simula
   }
   check(events > 0 && seconds > 0, "calibrate_planning: the forecasts recorded {} events in {} s", events, seconds);
   return events / seconds;
+}
+
+// One served step for fit_serving_host: its chunks and rank 0's host work in it (EngineStats::step_host_s) less what
+// the simulation prices as communication there (engine_control_s: the plan's and tokens' broadcasts).
+struct HostSample {
+  std::int64_t chunks = 0;
+  double seconds = 0;
+};
+
+// The engine's host work per step and per chunk (HardwareProfile::serving_host), from the steps of a served run (a
+// calibration run on its own trace, not the run it is validated against): the median of the steps of each chunk
+// count (counts with at least 3 steps and a positive median), fitted to step_s + chunk_s x chunks (non-negative,
+// relative error); none: unpriced.
+inline cost::ServingHostModel fit_serving_host(const std::vector<HostSample>& steps) {
+  std::map<std::int64_t, std::vector<double>> by_chunks;
+  for (const HostSample& s : steps) by_chunks[s.chunks].push_back(s.seconds);
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (auto& [chunks, seconds] : by_chunks) {
+    if (seconds.size() < 3) continue;
+    std::nth_element(seconds.begin(), seconds.begin() + std::ptrdiff_t(seconds.size() / 2), seconds.end());
+    const double median = seconds[seconds.size() / 2];
+    if (median > 0) rows.push_back({1.0, double(chunks)}), y.push_back(median);
+  }
+  if (y.empty()) return {};
+  if (y.size() == 1) return {y[0], 0.0};
+  const cost::Fit fit = cost::fit_non_negative(rows, y);
+  return {fit.coefficients[0], fit.coefficients[1]};
 }
 
 }  // namespace paradyse::serve

@@ -57,8 +57,9 @@ struct StepCost {
   double compute_s = 0;         // GEMMs, attention, elementwise (the slowest rank per layer)
   double communication_s = 0;   // the all-reduces (exposed: the code waits on each)
   double switch_s = 0;          // the layout change's exposed time
-  double planning_s = 0;        // the scheduler's host work before the step (the dynamic policy's forecast)
-  double total_s() const { return compute_s + communication_s + switch_s + planning_s; }
+  double host_s = 0;            // the engine's host work on the step's critical path (its bookkeeping, the dynamic
+                                // policy's forecast)
+  double total_s() const { return compute_s + communication_s + switch_s + host_s; }
 };
 
 namespace step_cost_detail {

@@ -368,22 +368,24 @@ inline double engine_control_s(const StepTrace& t, const cost::HardwareProfile& 
          hw.collective_time(cost::Collective::broadcast, t.ranks, word * chunks);
 }
 
-// The scheduler's host work before the step: the trace events its forecast dry-ran (StepTrace::planning_events) at
-// the profile's host rate (HardwareProfile::planning_events_per_s, calibrated by serve/serving_calibration.hpp
-// calibrate_planning); 0 where the profile has no rate. On the host's critical path: the engine plans a step after
-// the last one's tokens are sampled and before it computes (on thread ranks rank 0's CPU time; a dry run of both
-// layouts took 0.05 ms on the 2-core machine against a 0.34 ms decode step of the trained 4-layer MoE).
-inline double planning_s(const StepTrace& t, const cost::HardwareProfile& hw) {
-  return hw.planning_events_per_s > 0 ? double(t.planning_events) / hw.planning_events_per_s : 0.0;
+// The engine's host work on the step's critical path (rank 0 plans a step after the last one's tokens are sampled,
+// and samples after it computed): the trace events its forecast dry-ran (StepTrace::planning_events) at the
+// profile's host rate (HardwareProfile::planning_events_per_s; a dry run of both layouts took 0.05 ms on the 2-core
+// machine against a 0.34 ms decode step of the trained 4-layer MoE), and its other bookkeeping per step and per chunk
+// (HardwareProfile::serving_host); both calibrated by serve/serving_calibration.hpp, 0 where the profile has none.
+inline double host_work_s(const StepTrace& t, const cost::HardwareProfile& hw) {
+  const double forecast = hw.planning_events_per_s > 0 ? double(t.planning_events) / hw.planning_events_per_s : 0.0;
+  if (t.tokens() <= 0) return forecast;
+  return forecast + hw.serving_host.step_s + hw.serving_host.chunk_s * double(t.chunks.size());
 }
 
 // The simulated step's cost: the dry run's, or for DeepSeek's latent attention (not dry-run) step_cost's analytic
-// model; its communication includes the engine's control collectives (engine_control_s), and its planning the
-// scheduler's forecast (planning_s).
+// model; its communication includes the engine's control collectives (engine_control_s), and host_s the engine's
+// host work (host_work_s).
 inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
   StepCost c = runner.config().is_mla() ? step_cost(runner.config(), t, cluster) : dry_run_step_cost(runner, t, cluster);
   c.communication_s += engine_control_s(t, cluster.profile);
-  c.planning_s = planning_s(t, cluster.profile);
+  c.host_s = host_work_s(t, cluster.profile);
   return c;
 }
 inline StepCost simulated_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
