@@ -21,11 +21,13 @@
 # policies take turns within each round (TP, EP, dynamic, TP, ...).
 #
 # The calibration also times the paged attention kernel (serve/paged_attention_calibration.hpp), SwiGLU forward,
-# the fixed cost per kernel call (cost/profile.hpp CallOverheadModel) and the collectives at the step's own
-# all-reduce sizes (serve/serving_calibration.hpp); the rows "cpu ws" simulate with the GEMM classes calibrated
-# cycling through the weights a step reads instead of 128 MB a rank. The per-step table prices every round's steps
-# on the CPU clock by the simulated clock's dry run (against the slowest rank's CPU time and rank 0's own; each
-# round's ratio beside the mean).
+# the fixed cost per kernel call (cost/profile.hpp CallOverheadModel), the collectives at the step's own
+# all-reduce sizes (serve/serving_calibration.hpp), the dynamic policy's forecast and the engine's other host work
+# (calibrate_planning, fit_serving_host); the GEMM classes cycle through the weights a step reads, and the rows
+# "cpu mem" simulate with classes cycling through 128 MB a rank instead. The CPU clock is synchronised (each piece
+# between the ranks' collectives at its slowest rank, comm/cpu_marks.hpp). The per-step table prices every round's
+# steps on the CPU clock by the simulated clock's dry run (against the CPU clock's step and rank 0's own CPU time;
+# each round's ratio beside the mean).
 #
 # TRAINED=DIR serves a trained 4-layer MoE instead of the synthetic one: the Hugging Face folder train_gpt --save
 # writes (trained first when DIR does not exist: 8 experts top-2, h 128, 4 heads, TRAIN_STEPS windows of 256-512

@@ -23,9 +23,10 @@
 // Why the working set: between two reads of one weight matrix a step reads every other weight of the rank once, so
 // the matrix comes from the cache level that holds the rank's weights: from memory for a model larger than the last
 // level cache, from it for a small one (the trained 4-layer MoE's 6.6 MB a rank, both ranks within this machine's
-// 32 MB L3). The profile's classes cycle through 128 MB a rank (from memory for every model); moe_simulate --measure
-// simulates with these beside them ("cpu ws"): on this machine, loaded by other processes sharing the L3, they
-// priced the trained model's decode steps 5-30% lower, further from its measured CPU time (docs/serving_simulation.md).
+// 32 MB L3). moe_simulate --measure calibrates the profile's classes on them and simulates with classes cycling
+// through 128 MB a rank (every weight from memory) beside them ("cpu mem"): on a quiet machine the working-set classes
+// priced the trained model's steps 0.87-0.91x of their measured CPU time and the mem classes 1.38-1.59x; where other
+// processes shared the L3 (stop 39) the two came out the other way round (docs/serving_simulation.md).
 #pragma once
 
 #include "paradyse/cost/calibrate.hpp"
