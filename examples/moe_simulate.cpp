@@ -707,8 +707,11 @@ int measure(const Options& o) {
     };
     std::vector<Rounds> rounds(policies.size());
     RoutingRecorder recorder;
-    const auto tp_records = [&](std::size_t pi, int round) {
-      return round == 0 && policies[pi].key == "tp" && !o.record_routing.empty() ? &recorder : nullptr;
+    bool recorded = false;  // static TP's first round was handed the recorder
+    const auto tp_records = [&](std::size_t pi, int round) -> RoutingRecorder* {
+      if (round != 0 || policies[pi].key != "tp" || o.record_routing.empty()) return nullptr;
+      recorded = true;
+      return &recorder;
     };
     // The policies take turns within each round (TP, EP, dynamic, TP, ...): the machine's speed drifts by tens of
     // percent over minutes (docs/serving_simulation.md), and a slow or fast spell then falls on one round of every
@@ -724,7 +727,7 @@ int measure(const Options& o) {
         r.speed.push_back(0.5 * (before + probe()));
         r.at_speed.push_back(serve(pi, 2, nullptr, nullptr, r.speed.back()));
       }
-    if (!o.record_routing.empty() && std::any_of(policies.begin(), policies.end(), [](const Policy& p) { return p.key == "tp"; })) {
+    if (recorded) {
       recorder.save(o.record_routing, "--record-routing");
       fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
     }

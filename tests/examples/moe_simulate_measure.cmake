@@ -6,7 +6,7 @@
 # Checks: exit 0; every policy's wall, cpu and @speed rows; the per-step table's rows, the forecast's host work
 # charged to the dynamic policy's steps alone; the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
 # its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
-# its slowest rank) never shorter than rank 0's own CPU time in it.
+# its slowest rank) never shorter than rank 0's own CPU time in it; static TP's routing recorded (--record-routing).
 cmake_minimum_required(VERSION 3.20)
 foreach(var EXE PROFILE WORK)
   if(NOT DEFINED ${var})
@@ -20,7 +20,7 @@ string(JSON profile SET "${profile}" planning_events_per_s 2.0e7)
 file(WRITE "${WORK}/profile.json" "${profile}")
 execute_process(COMMAND "${EXE}" --measure --cluster "${WORK}/profile.json" --ranks 2 --requests 12 --rates 50
                         --prompt 8 16 --output 4 8 --step-tokens 16 --rounds 2 --policies tp,ep,dynamic
-                        --steps-csv "${WORK}/steps.csv"
+                        --steps-csv "${WORK}/steps.csv" --record-routing "${WORK}/routing.csv"
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "moe_simulate --measure exited ${rc}:\n${out}\n${err}")
@@ -43,6 +43,9 @@ foreach(policy "static TP" "static EP" "dynamic TP/EP")
     message(FATAL_ERROR "${policy} plans no forecast but is charged ${plan} ms a step:\n${out}")
   endif()
 endforeach()
+if(NOT EXISTS "${WORK}/routing.csv")
+  message(FATAL_ERROR "--record-routing ${WORK}/routing.csv: no file written:\n${out}")
+endif()
 file(STRINGS "${WORK}/steps.csv" rows)
 list(POP_FRONT rows header)
 if(NOT header STREQUAL "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s")
