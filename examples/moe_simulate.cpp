@@ -588,9 +588,11 @@ int measure(const Options& o) {
     // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait).
     profile.planning_events_per_s = calibrate_planning(c, o.ranks, SimulatedCluster{profile, 4}, o.step_tokens, options.clock);
     fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host\n", profile.planning_events_per_s / 1e6);
-    // The engine's other host work (planning the batch, statistics, sampling, the broadcasts' own CPU): a run of its
-    // own (64 requests of another seed at the first rate, static TP on the thread ranks' CPU time), rank 0's host
-    // CPU per step less the control collectives' price (serve/serving_calibration.hpp fit_serving_host).
+    // The engine's other host work (planning the batch, statistics, sampling, the broadcasts' own CPU) and the
+    // steps' spread around their price: a run of their own (64 requests of another seed at the first rate, static TP
+    // on the thread ranks' synchronised CPU time); rank 0's host CPU per step less the control collectives' price
+    // (serve/serving_calibration.hpp fit_serving_host), then each step's time over its price on the profile so far
+    // (step_jitter_quantiles).
     {
       Options own = o;
       own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
@@ -598,10 +600,17 @@ int measure(const Options& o) {
       std::int64_t max_len = 0;
       for (const ServeRequest& r : requests) max_len = std::max(max_len, std::int64_t(r.prompt.size()) + r.max_new_tokens);
       std::vector<HostSample> steps;
-      run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-        CpuClock clock;
-        std::vector<StepTrace> traces;
-        if (comm.rank() == 0) clock.observer = [&](const StepTrace& t, const StepTiming&, double) { traces.push_back(t); };
+      std::vector<StepTrace> traces;
+      std::vector<double> seconds;  // each step on the CPU clock
+      run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
+        CpuMarkedCommunicator comm(std::move(plain));
+        ThreadCommunicator& unmarked = comm;
+        CpuClock clock(CpuClock::Synchronised{[&comm] { return comm.take_marks(); }, [&unmarked](std::span<double> x) {
+          const std::vector<double> mine(x.begin(), x.end());
+          unmarked.all_reduce(std::span<const double>(mine), x, ReduceOp::max);
+        }});
+        if (comm.rank() == 0)
+          clock.observer = [&](const StepTrace& t, const StepTiming& s, double) { traces.push_back(t), seconds.push_back(s.step_s); };
         EngineOptions run;
         run.step_tokens = o.step_tokens, run.max_running = o.max_running, run.block_size = o.block_size;
         run.kv_blocks = o.max_running * ((max_len + o.block_size - 1) / o.block_size);
@@ -615,6 +624,16 @@ int measure(const Options& o) {
       profile.serving_host = fit_serving_host(steps);
       fmt::print("the engine's host work: {:.1f} us a step + {:.2f} us a chunk ({} steps)\n",
                  profile.serving_host.step_s * 1e6, profile.serving_host.chunk_s * 1e6, steps.size());
+      SimulatedCluster as_simulated{profile, 4};
+      cost::use_gemm_engines(as_simulated.profile);
+      SimulatedClock priced(c, as_simulated);
+      std::vector<double> ratios;
+      for (std::size_t i = 0; i < traces.size(); ++i) ratios.push_back(seconds[i] / priced.price(traces[i]).total_s());
+      profile.step_jitter = step_jitter_quantiles(ratios);
+      if (!profile.step_jitter.empty())
+        fmt::print("the steps' spread around their price: {:.2f}x at the 2.5% point, {:.2f}x at 97.5% (the median 1; "
+                   "median step {:.2f}x its price)\n", profile.step_jitter.front(), profile.step_jitter.back(),
+                   percentile(ratios, 0.5));
     }
     cost::save_profile(profile, o.cluster);
   }

@@ -276,4 +276,13 @@ TEST_CASE("profile JSON: the serving engine's host work is optional (0: uncharge
   bad = to_json(p);
   bad["serving_host"]["per_token_s"] = 1e-6;
   CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("per_token_s"), Error);
+  // The steps' spread: ascending positive factors.
+  CHECK_FALSE(to_json(p).contains("step_jitter"));
+  p.step_jitter = {0.8, 0.95, 1.0, 1.1, 1.9};
+  CHECK(profile_from_json(json::parse(json::dump(to_json(p)))).step_jitter == p.step_jitter);
+  bad = to_json(p);
+  bad["step_jitter"][3] = 0.9;
+  CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("step_jitter[3] = 0.9"), Error);
+  bad["step_jitter"][3] = -1;
+  CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("step_jitter[3] = -1"), Error);
 }

@@ -131,3 +131,17 @@ TEST_CASE("serving calibration: the engine's host work is fitted per step and pe
   CHECK(fit_serving_host({}) == cost::ServingHostModel{});
   CHECK(fit_serving_host({{2, -1e-6}, {2, -2e-6}, {2, 1e-6}}) == cost::ServingHostModel{});
 }
+
+TEST_CASE("serving calibration: the steps' spread is their ratios' quantiles over the median (tail moved, middle kept)") {
+  std::vector<double> ratios;
+  for (int i = 100; i >= 1; --i) ratios.push_back(double(i));  // any order; the median is the 51st, 51
+  ratios.push_back(0), ratios.push_back(-3);                     // not ratios: left out
+  const std::vector<double> q = step_jitter_quantiles(ratios, 20);
+  REQUIRE(q.size() == 20);
+  CHECK(std::is_sorted(q.begin(), q.end()));
+  CHECK(q.front() == 3.0 / 51);   // the 2.5% point: the 3rd of 100
+  CHECK(q[10] == 53.0 / 51);      // the 52.5% point
+  CHECK(q.back() == 98.0 / 51);   // the 97.5% point
+  CHECK(step_jitter_quantiles({}).empty());
+  CHECK(step_jitter_quantiles({2.0, 2.0, 2.0}, 4) == std::vector<double>{1, 1, 1, 1});
+}

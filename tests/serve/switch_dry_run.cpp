@@ -15,6 +15,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -372,4 +374,34 @@ TEST_CASE("switch dry run: each step's trace carries the events its forecast dry
   const StepTrace& first = engine_traces.front();
   CHECK(charged.price(first).host_s ==
         doctest::Approx(2 * (double(first.planning_events) / 2.5e7 + 30e-6 + 2e-6 * double(first.chunks.size()))).epsilon(1e-14));
+}
+
+TEST_CASE("switch dry run: with the profile's step jitter the clock charges each step its price times a factor drawn for "
+          "it, the same every run") {
+  const DecoderConfig c = mixtral();
+  SimulatedCluster h100 = simulated_cluster("h100", 2);
+  h100.profile.step_jitter = {0.5, 1.0, 2.0};
+  const StepTrace step = step_of(c, {{1, 300, true}, {1, 40, true}}, ExpertLayout::tp());
+  SimulatedClock clock(c, h100);
+  const auto run = [&] {
+    clock.start();
+    std::vector<double> factors;
+    const double price = clock.price(step).total_s();
+    for (int i = 0; i < 60; ++i) {
+      const double before = clock.now();
+      clock.step_end(step, 0);
+      factors.push_back((clock.now() - before) / price);
+    }
+    return factors;
+  };
+  const std::vector<double> first = run(), again = run();
+  CHECK(first == again);
+  std::array<int, 3> seen{};
+  for (const double f : first) {
+    const bool known = std::abs(f - 0.5) < 1e-12 || std::abs(f - 1.0) < 1e-12 || std::abs(f - 2.0) < 1e-12;
+    CHECK(known);
+    ++seen[f < 0.75 ? 0 : f < 1.5 ? 1 : 2];
+  }
+  for (const int n : seen) CHECK(n >= 8);  // each of three factors drawn about 20 times in 60
+  CHECK(clock.totals().total_s() == doctest::Approx(clock.now()).epsilon(1e-12));
 }

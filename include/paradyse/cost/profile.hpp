@@ -334,6 +334,12 @@ struct HardwareProfile {
   // datasheet gives no host rate).
   double planning_events_per_s = 0;
   ServingHostModel serving_host;  // the engine's other host work per step (0: unpriced)
+  // The serving steps' spread around their price on this machine: a step's measured time over its price, over the
+  // median of those ratios, as equal-probability quantiles (ascending). The simulated clock multiplies each step's
+  // price by one drawn for it (seeded: a run gives the same times every time), so its p99s see the spread that the
+  // calibration's medians price away. Calibrated (moe_simulate --measure: serve/serving_calibration.hpp
+  // step_jitter_quantiles); empty: none (built-in profiles).
+  std::vector<double> step_jitter;
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;

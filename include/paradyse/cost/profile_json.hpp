@@ -9,7 +9,8 @@
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
-//    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}]}
+//    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
+//    ["step_jitter": [ascending positive factors]]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
@@ -286,6 +287,11 @@ inline json::Value to_json(const HardwareProfile& p) {
   if (p.call_overhead != CallOverheadModel{}) v["call_overhead"] = detail::call_overhead_to_json(p.call_overhead);
   if (p.planning_events_per_s > 0) v["planning_events_per_s"] = p.planning_events_per_s;
   if (p.serving_host != ServingHostModel{}) v["serving_host"] = detail::serving_host_to_json(p.serving_host);
+  if (!p.step_jitter.empty()) {
+    json::Value jitter = json::Value::array();
+    for (const double q : p.step_jitter) jitter.push_back(q);
+    v["step_jitter"] = std::move(jitter);
+  }
   return v;
 }
 
@@ -298,7 +304,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                 "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
                 "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
                 "fresh_memory", "scalar_math", "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention",
-                "call_overhead", "planning_events_per_s", "serving_host"});
+                "call_overhead", "planning_events_per_s", "serving_host", "step_jitter"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -373,6 +379,13 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto calls = v.find("call_overhead")) p.call_overhead = call_overhead_from_json(*calls);
   if (v.has("planning_events_per_s")) p.planning_events_per_s = rate(v, "planning_events_per_s", true);
   if (const auto host = v.find("serving_host")) p.serving_host = serving_host_from_json(*host);
+  if (const auto jitter = v.find("step_jitter"))
+    for (const json::Field& f : jitter->elements()) {
+      const double q = f.number();
+      check(q > 0 && q <= 100 && (p.step_jitter.empty() || q >= p.step_jitter.back()),
+            "profile: {} = {} must be a factor in (0, 100], not below the one before (ascending)", f.path(), q);
+      p.step_jitter.push_back(q);
+    }
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }

@@ -18,7 +18,8 @@
 //     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
 //     jumps to the next arrival; the engine's host work (its bookkeeping per step and chunk, the dynamic policy's
 //     forecast: StepTrace::planning_events, at the profile's calibrated rates) is charged with the step;
-//     set_slowdown(s) multiplies every price by s (the machine's speed at the moment of a measured run against its
+//     with the profile's step_jitter each step's price is multiplied by a factor drawn for it (seeded, so a run is
+//     the same every time; price() is without it); set_slowdown(s) multiplies every price by s (the machine's speed at the moment of a measured run against its
 //     calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace sequence
 //     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch, host). It prices a
 //     step without advancing (price). The dynamic policy's switcher forecasts with the same dry run on its time model
@@ -30,6 +31,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/rng.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/serve/step_cost.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
@@ -195,7 +197,7 @@ public:
         dry_run_(std::make_unique<StepDryRunner>(shape_, std::move(budget))) {}
 
   std::string_view name() const override { return "simulated"; }
-  void start() override { now_ = 0, total_ = {}; }
+  void start() override { now_ = 0, total_ = {}, jitter_ = Rng(kJitterSeed); }
   double now() const override { return now_; }
   double elapsed_s() const override { return now_; }
   void idle(double next_arrival) override {
@@ -221,7 +223,13 @@ public:
 
 private:
   StepTiming advance(const StepTrace& trace, double) override {
-    const StepCost c = price(trace);
+    StepCost c = price(trace);
+    // The machine's step-to-step spread (HardwareProfile::step_jitter): one factor drawn per step, seeded.
+    const std::vector<double>& q = cluster_.profile.step_jitter;
+    if (!q.empty()) {
+      const double f = q[std::size_t(jitter_.below(q.size()))];
+      c.compute_s *= f, c.communication_s *= f, c.switch_s *= f, c.host_s *= f;
+    }
     total_.compute_s += c.compute_s;
     total_.communication_s += c.communication_s;
     total_.switch_s += c.switch_s;
@@ -232,9 +240,11 @@ private:
   DecoderConfig shape_;
   SimulatedCluster cluster_;
   std::unique_ptr<StepDryRunner> dry_run_;  // the meta shards it keeps between steps
+  static constexpr std::uint64_t kJitterSeed = 0x5eed5eed;
   double slowdown_ = 1;
   double now_ = 0;
   StepCost total_;
+  Rng jitter_{kJitterSeed};
 };
 
 }  // namespace paradyse::serve

@@ -15,6 +15,8 @@
 //                                                 events per second (HardwareProfile::planning_events_per_s)
 //   fit_serving_host(steps)                       the engine's other host work per step and per chunk
 //                                                 (HardwareProfile::serving_host) from a served run's steps
+//   step_jitter_quantiles(ratios)                 the steps' spread around their price
+//                                                 (HardwareProfile::step_jitter) from a served run's steps
 //
 // Why the messages: calibrate() measures collectives from 32 KB up (nccl-tests' sizes) and fits alpha + beta bytes
 // below 4 MB on them; a decode step's all-reduces are 0.5-8 KB (a few tokens of h floats), priced at the fit's
@@ -37,6 +39,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <utility>
@@ -194,6 +197,23 @@ inline cost::ServingHostModel fit_serving_host(const std::vector<HostSample>& st
   if (y.size() == 1) return {y[0], 0.0};
   const cost::Fit fit = cost::fit_non_negative(rows, y);
   return {fit.coefficients[0], fit.coefficients[1]};
+}
+
+// The steps' spread around their price (HardwareProfile::step_jitter) from a served run of its own: each step's
+// measured time over its simulated price, over the median of those ratios, as `n` equal-probability quantiles (the
+// (i + 1/2) / n points, ascending). Their median is 1, so the jitter moves the tail, not the middle.
+inline std::vector<double> step_jitter_quantiles(std::vector<double> ratios, int n = 20) {
+  check(n >= 1, "step_jitter_quantiles: n = {} must be >= 1", n);
+  std::erase_if(ratios, [](double r) { return !(r > 0) || !std::isfinite(r); });
+  if (ratios.empty()) return {};
+  std::sort(ratios.begin(), ratios.end());
+  const double median = ratios[ratios.size() / 2];
+  std::vector<double> q;
+  for (int i = 0; i < n; ++i) {
+    const std::size_t at = std::min(ratios.size() - 1, std::size_t((double(i) + 0.5) / double(n) * double(ratios.size())));
+    q.push_back(ratios[at] / median);
+  }
+  return q;
 }
 
 }  // namespace paradyse::serve
