@@ -466,10 +466,7 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
         x.tokens += s.trace.tokens();
         x.cpu_s += s.timing.step_s, cpu[k] += s.timing.step_s;
         x.own_s += s.timing.cpu_s;
-        x.simulated.compute_s += cost.compute_s;
-        x.simulated.communication_s += cost.communication_s;
-        x.simulated.switch_s += cost.switch_s;
-        x.simulated.host_s += cost.host_s;
+        x.simulated += cost;
         sim[k] += cost.total_s();
       }
     }

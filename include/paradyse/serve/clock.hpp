@@ -17,12 +17,12 @@
 //     (serve/step_dry_run.hpp: decoder_step on shapes alone, per modelled rank, on the step's batch, layouts and
 //     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
 //     jumps to the next arrival; the engine's host work (its bookkeeping per step and chunk, the dynamic policy's
-//     forecast: StepTrace::planning_events, at the profile's calibrated rates) is charged with the step;
-//     with the profile's step_jitter each step's price is multiplied by a factor drawn for it (seeded, so a run is
-//     the same every time; price() is without it); set_slowdown(s) multiplies every price by s (the machine's speed at the moment of a measured run against its
-//     calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace sequence
-//     gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch, host). It prices a
-//     step without advancing (price). The dynamic policy's switcher forecasts with the same dry run on its time model
+//     forecast: StepTrace::planning_events, at the profile's calibrated rates) is charged with the step; with the
+//     profile's step_jitter each step's price is multiplied by a factor drawn for it (seeded, so a run is the same
+//     every time; price() is without it); set_slowdown(s) multiplies every price by s (the machine's speed at the
+//     moment of a measured run against its calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace
+//     sequence gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch,
+//     host). It prices a step without advancing (price). The dynamic policy's switcher forecasts with the same dry run on its time model
 //     (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with step_cost while the
 //     clock ran the dry run, Mixtral-8x7B at 64 requests/s on 8x H100 stayed in TP through 366 steps of 512
 //     tokens: TTFT p50 0.60x of static EP's).
@@ -207,8 +207,7 @@ public:
   // What the clock advances by for the step `trace` (without advancing): the time model's cost, times the slowdown.
   StepCost price(const StepTrace& trace) {
     StepCost c = simulated_step_cost(*dry_run_, trace, cluster_);
-    c.compute_s *= slowdown_, c.communication_s *= slowdown_, c.switch_s *= slowdown_, c.host_s *= slowdown_;
-    return c;
+    return c *= slowdown_;
   }
   // How much slower than its profile the machine runs (serve/speed_probe.hpp: a calibrated profile's machine at the
   // moment of a measured run); every price is multiplied by it. 1 (the default): the profile's speed.
@@ -226,14 +225,8 @@ private:
     StepCost c = price(trace);
     // The machine's step-to-step spread (HardwareProfile::step_jitter): one factor drawn per step, seeded.
     const std::vector<double>& q = cluster_.profile.step_jitter;
-    if (!q.empty()) {
-      const double f = q[std::size_t(jitter_.below(q.size()))];
-      c.compute_s *= f, c.communication_s *= f, c.switch_s *= f, c.host_s *= f;
-    }
-    total_.compute_s += c.compute_s;
-    total_.communication_s += c.communication_s;
-    total_.switch_s += c.switch_s;
-    total_.host_s += c.host_s;
+    if (!q.empty()) c *= q[std::size_t(jitter_.below(q.size()))];
+    total_ += c;
     now_ += c.total_s();
     return {c.total_s(), c.switch_s};
   }

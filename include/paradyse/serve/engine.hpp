@@ -13,10 +13,10 @@
 //   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
 //     the recent routing's expert shares over its tokens: LoadForecast) in both layouts, and the switch's exposed
 //     time, by the dry run of the step on policy.time_model (serve/step_dry_run.hpp: what the simulated clock charges
-//     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too (the events its
-//     dry runs recorded go in the step's trace: host work the simulated clock charges, serve/step_dry_run.hpp
-//     host_work_s)
-//     (the running requests' chunks and the queue played forward); a change is carried out during the step: each layer's weights are posted for redistribution right after the layer computed in the old
+//     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too (the running
+//     requests' chunks and the queue played forward); the events the forecast's dry runs recorded go in the step's
+//     trace (host work the simulated clock charges: serve/step_dry_run.hpp host_work_s); a change is carried out
+//     during the step: each layer's weights are posted for redistribution right after the layer computed in the old
 //     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
 //     waits took);
 //   - EPLB (EP only): every eplb_interval steps the expert loads gathered since the last rebalance give a new

@@ -60,6 +60,15 @@ struct StepCost {
   double host_s = 0;            // the engine's host work on the step's critical path (its bookkeeping, the dynamic
                                 // policy's forecast)
   double total_s() const { return compute_s + communication_s + switch_s + host_s; }
+  // Every term times f (a slower machine, a step's jitter).
+  StepCost& operator*=(double f) {
+    compute_s *= f, communication_s *= f, switch_s *= f, host_s *= f;
+    return *this;
+  }
+  StepCost& operator+=(const StepCost& o) {
+    compute_s += o.compute_s, communication_s += o.communication_s, switch_s += o.switch_s, host_s += o.host_s;
+    return *this;
+  }
 };
 
 namespace step_cost_detail {
