@@ -27,7 +27,7 @@
 // level cache, from it for a small one (the trained 4-layer MoE's 6.6 MB a rank, both ranks within this machine's
 // 32 MB L3). moe_simulate --measure calibrates the profile's classes on them and simulates with classes cycling
 // through 128 MB a rank (every weight from memory) beside them ("cpu mem"): on a quiet machine the working-set classes
-// priced the trained model's steps 0.87-0.91x of their measured CPU time and the mem classes 1.38-1.59x; where other
+// priced the trained model's steps 0.87-0.91x of their measured CPU time and the mem classes 1.31-1.59x; where other
 // processes shared the L3 (stop 39) the two came out the other way round (docs/serving_simulation.md).
 #pragma once
 
