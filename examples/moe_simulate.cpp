@@ -413,7 +413,8 @@ double cold_weight_bandwidth(const DecoderConfig& c, int ranks, const cost::Gemm
 struct MeasuredStep {
   StepTrace trace;
   StepTiming timing;
-  double end = 0;  // on the run's clock
+  double end = 0;    // on the run's clock
+  double run_s = 0;  // rank 0's thread CPU in the stepper's compute (EngineStats::step_run_s)
 };
 
 // The simulated clock's price of each step's trace (one dry runner: its meta shards kept from step to step).
@@ -444,6 +445,7 @@ struct StepGroup {
   std::int64_t steps = 0, tokens = 0;
   double cpu_s = 0;    // the CPU clock's step: its pieces at their slowest ranks (what the simulation prices)
   double own_s = 0;    // rank 0's own CPU time in the step
+  double run_s = 0;    // of which in the stepper's compute (decoder_step)
   StepCost simulated;
   double round_low = 0, round_high = 0;  // the rounds' simulated / cpu, smallest and largest
 };
@@ -466,6 +468,7 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
         x.tokens += s.trace.tokens();
         x.cpu_s += s.timing.step_s, cpu[k] += s.timing.step_s;
         x.own_s += s.timing.cpu_s;
+        x.run_s += s.run_s;
         x.simulated += cost;
         sim[k] += cost.total_s();
       }
@@ -479,17 +482,19 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
 
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
   fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
-             "traces (means, ms): cpu = the step on the CPU clock (each piece between collectives at its slowest rank), rank 0 = rank 0's own; "
-             "host = the engine's host work (its bookkeeping, the forecast); rounds = each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} "
-             "{:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>13}\n",
-             "policy", "steps", "count", "tokens", "cpu", "rank 0", "simulated", "compute", "comm", "host", "sim/cpu",
-             "rounds");
+             "traces (means, ms): cpu = the step on the CPU clock (each piece between collectives at its slowest rank), rank 0 = rank 0's own, "
+             "run = of which in decoder_step; host = the engine's host work priced (its bookkeeping, the forecast); rounds = "
+             "each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} "
+             "{:>9} {:>13}\n",
+             "policy", "steps", "count", "tokens", "cpu", "rank 0", "run", "simulated", "compute", "comm", "host",
+             "sim/cpu", "rounds");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
       if (g.steps == 0) continue;
       const double k = 1e3 / double(g.steps);
-      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
-                 name, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k,
+      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.2f}x "
+                 "{:>6.2f}-{:.2f}x\n",
+                 name, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k, g.run_s * k,
                  g.simulated.total_s() * k, g.simulated.compute_s * k, g.simulated.communication_s * k,
                  g.simulated.host_s * k,
                  g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
@@ -684,7 +689,11 @@ int measure(const Options& o) {
           run.clock = own.get();
           EngineStats s;
           auto got = serve_requests(comm, model, requests, run, (kind == 3 ? mem_policies : policies)[pi].policy, &s);
-          if (comm.rank() == 0) out = std::move(got), stats = s;
+          if (comm.rank() == 0) {
+            out = std::move(got), stats = s;
+            if (steps)
+              for (std::size_t i = 0; i < steps->size() && i < s.step_run_s.size(); ++i) (*steps)[i].run_s = s.step_run_s[i];
+          }
         };
         if (kind == 2 || kind == 3) {  // every rank its own (alike)
           auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : mem_cluster);

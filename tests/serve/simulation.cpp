@@ -131,6 +131,7 @@ TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and
     REQUIRE(r.out.size() == requests.size());
     double busy = 0;
     REQUIRE(r.stats.step_host_s.size() == r.stats.step_seconds.size());
+    REQUIRE(r.stats.step_run_s.size() == r.stats.step_seconds.size());
     for (std::size_t i = 0; i < r.stats.step_seconds.size(); ++i) {
       const double x = r.stats.step_seconds[i];
       CHECK(x >= 0);
@@ -138,6 +139,10 @@ TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and
       // The engine's host work (outside the stepper's compute): a part of the step's CPU time.
       CHECK(r.stats.step_host_s[i] >= -1e-9);
       CHECK(r.stats.step_host_s[i] <= x + 1e-9);
+      // The stepper's compute (decoder_step): positive, and with the host work within the step's CPU time (the
+      // forecast's own CPU is the rest).
+      CHECK(r.stats.step_run_s[i] > 0);
+      CHECK(r.stats.step_run_s[i] + r.stats.step_host_s[i] <= x + 1e-9);
       busy += x;
     }
     CHECK(busy > 0);

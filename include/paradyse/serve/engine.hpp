@@ -109,6 +109,8 @@ struct EngineStats {
   std::vector<double> step_host_s;        // this rank's thread CPU seconds in the step outside the stepper's compute
                                           // and the forecast: planning, the plan's and tokens' broadcasts, the
                                           // statistics, sampling (rank 0's: the engine's own host work)
+  std::vector<double> step_run_s;         // this rank's thread CPU seconds in the stepper's compute (decoder_step and
+                                          // the layout change's posting and waits)
   std::vector<ModeCosts> predicted;       // the step's predicted time (step_cost on policy's time model) with every
                                           // MoE layer in TP and in EP, for its actual batch and routing
 };
@@ -507,6 +509,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     stats.step_seconds.push_back(timing.step_s);
     stats.step_tokens.push_back(n);
     stats.step_host_s.push_back(host_s);
+    stats.step_run_s.push_back(run_cpu_s);
     stats.predicted.push_back(
         forecast_layouts(c, trace.chunks, trace.routed, trace.layout, chunked_ep, p, trace.pipelined_switch, time_model,
                          false)
