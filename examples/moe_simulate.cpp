@@ -500,6 +500,17 @@ void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepG
                  g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
     }
 }
+// --measure's engine options for `requests`: the run's step and batch limits, and a KV pool that holds max_running
+// requests of the longest (prompt and output).
+EngineOptions measure_options(const Options& o, const std::vector<ServeRequest>& requests) {
+  EngineOptions opt;
+  opt.step_tokens = o.step_tokens, opt.max_running = o.max_running, opt.block_size = o.block_size;
+  std::int64_t max_len = 0;
+  for (const ServeRequest& r : requests) max_len = std::max(max_len, std::int64_t(r.prompt.size()) + r.max_new_tokens);
+  opt.kv_blocks = o.max_running * ((max_len + o.block_size - 1) / o.block_size);
+  return opt;
+}
+
 int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
@@ -599,23 +610,15 @@ int measure(const Options& o) {
       Options own = o;
       own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
       const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
-      std::int64_t max_len = 0;
-      for (const ServeRequest& r : requests) max_len = std::max(max_len, std::int64_t(r.prompt.size()) + r.max_new_tokens);
       std::vector<HostSample> steps;
       std::vector<StepTrace> traces;
       std::vector<double> seconds;  // each step on the CPU clock
       run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
         CpuMarkedCommunicator comm(std::move(plain));
-        ThreadCommunicator& unmarked = comm;
-        CpuClock clock(CpuClock::Synchronised{[&comm] { return comm.take_marks(); }, [&unmarked](std::span<double> x) {
-          const std::vector<double> mine(x.begin(), x.end());
-          unmarked.all_reduce(std::span<const double>(mine), x, ReduceOp::max);
-        }});
+        CpuClock clock(CpuClock::synchronised_by(comm));
         if (comm.rank() == 0)
           clock.observer = [&](const StepTrace& t, const StepTiming& s, double) { traces.push_back(t), seconds.push_back(s.step_s); };
-        EngineOptions run;
-        run.step_tokens = o.step_tokens, run.max_running = o.max_running, run.block_size = o.block_size;
-        run.kv_blocks = o.max_running * ((max_len + o.block_size - 1) / o.block_size);
+        EngineOptions run = measure_options(o, requests);
         run.clock = &clock;
         EngineStats stats;
         (void)serve_requests(comm, model, requests, run, EnginePolicy{}, &stats);
@@ -649,10 +652,6 @@ int measure(const Options& o) {
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
   const std::vector<Policy> mem_policies = make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window);
   const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
-  EngineOptions opt;
-  opt.step_tokens = o.step_tokens;
-  opt.max_running = o.max_running;
-  opt.block_size = o.block_size;
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
   // The speed probe (serve/speed_probe.hpp): the decode GEMMs, timed as the profile's classes were calibrated.
   const cost::GemmClassOptions speed_probe = speed_probe_options(c, o.ranks, profile_class_options(o, c));
@@ -664,9 +663,7 @@ int measure(const Options& o) {
   }
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
-    std::int64_t max_len = 0;
-    for (const ServeRequest& r : requests) max_len = std::max(max_len, std::int64_t(r.prompt.size()) + r.max_new_tokens);
-    opt.kv_blocks = o.max_running * ((max_len + o.block_size - 1) / o.block_size);
+    const EngineOptions opt = measure_options(o, requests);
     fmt::print("\nmoe_simulate --measure: {} ({} layers, h {}, {} experts top-{}, ffn {}), {} thread ranks, {} ({} "
                "requests); simulated on {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
@@ -701,13 +698,7 @@ int measure(const Options& o) {
           serve_on(plain, std::move(sim));
         } else if (kind == 1) {  // each step's pieces between collectives at their slowest rank (comm/cpu_marks.hpp)
           CpuMarkedCommunicator marked(std::move(plain));
-          ThreadCommunicator& unmarked = marked;  // the clock's own reductions, not marked
-          serve_on(marked, std::make_unique<CpuClock>(CpuClock::Synchronised{
-                               [&marked] { return marked.take_marks(); },
-                               [&unmarked](std::span<double> x) {
-                                 const std::vector<double> mine(x.begin(), x.end());
-                                 unmarked.all_reduce(std::span<const double>(mine), x, ReduceOp::max);
-                               }}));
+          serve_on(marked, std::make_unique<CpuClock>(CpuClock::synchronised_by(marked)));
         } else {
           serve_on(plain, std::make_unique<WallClock>());
         }

@@ -204,11 +204,7 @@ TEST_CASE("simulation: the synchronised CPU clock takes each piece between colle
     std::vector<StepTiming> timing(static_cast<std::size_t>(p));
     run_ranks(p, [&](ThreadCommunicator& plain) {
       CpuMarkedCommunicator comm(std::move(plain));
-      ThreadCommunicator& unmarked = comm;
-      CpuClock clock(CpuClock::Synchronised{[&comm] { return comm.take_marks(); }, [&unmarked](std::span<double> x) {
-        const std::vector<double> mine(x.begin(), x.end());
-        unmarked.all_reduce(std::span<const double>(mine), x, ReduceOp::max);
-      }});
+      CpuClock clock(CpuClock::synchronised_by(comm));
       clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timing[std::size_t(comm.rank())] = t; };
       clock.start();
       double token = 0;
@@ -230,18 +226,12 @@ TEST_CASE("simulation: the synchronised CPU clock takes each piece between colle
   // A rank whose step met fewer collectives than the others': every rank fails, naming the counts.
   CHECK_THROWS_WITH_AS(run_ranks(2, [](ThreadCommunicator& plain) {
                          CpuMarkedCommunicator comm(std::move(plain));
-                         ThreadCommunicator& unmarked = comm;
-                         CpuClock clock(CpuClock::Synchronised{[&comm] { return comm.take_marks(); },
-                                                               [&unmarked](std::span<double> x) {
-                                                                 const std::vector<double> mine(x.begin(), x.end());
-                                                                 unmarked.all_reduce(std::span<const double>(mine), x,
-                                                                                     ReduceOp::max);
-                                                               }});
+                         CpuClock clock(CpuClock::synchronised_by(comm));
                          clock.start();
                          clock.step_begin();
                          double v = 1;
                          if (comm.rank() == 0) comm.all_reduce(std::span<const double>(&v, 1), std::span<double>(&v, 1), ReduceOp::sum);
-                         else unmarked.all_reduce(std::span<const double>(&v, 1), std::span<double>(&v, 1), ReduceOp::sum);
+                         else comm.unmarked().all_reduce(std::span<const double>(&v, 1), std::span<double>(&v, 1), ReduceOp::sum);
                          clock.step_end(StepTrace{}, 0);
                        }),
                        doctest::Contains("met between 0 and 1 collectives"), Error);

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace paradyse {
 
@@ -166,13 +167,19 @@ concept Communicator = requires(C& c, const C& cc, std::span<const float> in, st
   { c.split(peer, peer) } -> std::same_as<C>;  // (color, key): the ranks of one color, ordered by key then rank
 };
 
-// The largest of every rank's `mine` (an all-reduce of one double); every rank calls it and gets the same value: the
-// slowest rank's time of a measurement (cost/calibrate.hpp) or of a serving step (serve/clock.hpp's CpuClock).
+// Element by element, the largest of every rank's `values`, in place (every rank passes as many); every rank gets the
+// same: per piece of a serving step its slowest rank's time (serve/clock.hpp's synchronised CpuClock).
+template <Communicator C>
+void max_over_ranks(C& comm, std::span<double> values) {
+  const std::vector<double> mine(values.begin(), values.end());
+  comm.all_reduce(std::span<const double>(mine), values, ReduceOp::max);
+}
+// The largest of every rank's `mine`: the slowest rank's time of a measurement (cost/calibrate.hpp) or of a serving
+// step (serve/clock.hpp's CpuClock).
 template <Communicator C>
 double max_over_ranks(C& comm, double mine) {
-  double largest = mine;
-  comm.all_reduce(std::span<const double>(&mine, 1), std::span<double>(&largest, 1), ReduceOp::max);
-  return largest;
+  max_over_ranks(comm, std::span<double>(&mine, 1));
+  return mine;
 }
 
 // The blocking collectives of a backend whose blocking form is its async form waited for at once (threads, nccl,

@@ -37,6 +37,8 @@ public:
 
   // The marks since the last call (thread CPU seconds, in the order the collectives returned), handed over.
   std::vector<double> take_marks() { return std::exchange(marks_, {}); }
+  // This communicator without the marks (for collectives that are not the measured program's, e.g. the clock's own).
+  ThreadCommunicator& unmarked() { return *this; }
 
   // The blocking collectives: ThreadCommunicator's, then a mark.
   template <CommElement T> void all_gather(In<T> in, std::span<T> out) { ThreadCommunicator::all_gather(in, out), mark(); }

@@ -30,6 +30,7 @@
 // (recording the routing, or the layout over time).
 #pragma once
 
+#include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/timer.hpp"
@@ -146,6 +147,12 @@ public:
   explicit CpuClock(Synchronised s) : synchronised_(std::move(s)) {
     check(bool(synchronised_.marks) && bool(synchronised_.max_over_ranks),
           "CpuClock: a synchronised clock needs both the marks and the max over the ranks");
+  }
+  // Synchronised on a communicator that marks its collectives (comm/cpu_marks.hpp's CpuMarkedCommunicator: its
+  // take_marks(), and max_over_ranks on its unmarked() self). `comm` must outlive the clock.
+  template <class Marked>
+  static Synchronised synchronised_by(Marked& comm) {
+    return {[&comm] { return comm.take_marks(); }, [&comm](std::span<double> x) { max_over_ranks(comm.unmarked(), x); }};
   }
   std::string_view name() const override { return "cpu"; }
   void start() override { now_ = 0; }
