@@ -11,9 +11,11 @@
 // blocked wait is not counted, the copies and the wake-up are); the time between two ops is the step's own loops
 // (the attention over the paged cache and the KV append follow the chunk's RoPE) and its allocations. Two steps: one
 // prompt chunk of PROMPT tokens (a fresh request), and DECODE decode tokens whose requests hold CACHED positions.
-// Each is run REPEATS times; the fastest run's pieces are printed (ms), beside the dry run of the same step priced on
-// PROFILE (GEMMs, the paged attention kernel and its key/value stream, the other kernels, the all-reduces at the
-// profile's collective line, allocations; the rest of the priced step is waiting for a slower rank).
+// Each is run REPEATS times; the fastest run's pieces are printed (ms), and the untimed step's fastest, median, mean
+// and 90% point over the repeats (the profile's rates are each a fastest run; the engine's tables are means of steps
+// run once each), beside the dry run of the same step priced on PROFILE (GEMMs, the paged attention kernel and its
+// key/value stream, the other kernels, the all-reduces at the profile's collective line, allocations; the rest of the
+// priced step is waiting for a slower rank).
 //
 //   serve_step_pieces [--hf DIR] [--ep] PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20] [detail]
 #include "paradyse/comm/threads.hpp"
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -204,7 +207,7 @@ int main(int argc, char** argv) {
     Pieces best;
     best.total = 1e30;
     ops::timed_bench::Clock detail;
-    double plain = 1e30;  // the same step on ops::Cpu, untimed: the timers' own cost is the difference
+    std::vector<double> plain;  // the same step on ops::Cpu, untimed, each repeat: the timers' own cost is the difference
     StepTrace trace;
     run_ranks(ranks, [&](ThreadCommunicator& thread_comm) {
       TimedCommunicator comm(std::move(thread_comm));
@@ -254,7 +257,7 @@ int main(int argc, char** argv) {
         comm.barrier();
         const double plain_start = thread_cpu_seconds();
         decoder_step(plain_comm, c, shard, cache, batch, pool);
-        if (comm.rank() == 0) plain = std::min(plain, thread_cpu_seconds() - plain_start);
+        if (comm.rank() == 0) plain.push_back(thread_cpu_seconds() - plain_start);
         // Roll the cache back so that every repeat sees the same lengths: release and refill is what a fresh
         // request costs; here the decode requests keep their blocks (reserve is idempotent on length).
         for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -279,7 +282,11 @@ int main(int argc, char** argv) {
     row("all-reduces", best.all_reduce, dry.all_reduce);
     row("between ops (allocations, waits...)", best.rest, dry.rest);
     row("step", best.total, dry.total);
-    fmt::print("{:<44} {:>9.3f}\n", "step on ops::Cpu, untimed", plain * 1e3);
+    // The untimed repeats' fastest, median and mean: the engine's tables are means of steps run once each.
+    std::sort(plain.begin(), plain.end());
+    const double mean = std::accumulate(plain.begin(), plain.end(), 0.0) / double(plain.size());
+    fmt::print("{:<44} {:>9.3f} (median {:.3f}, mean {:.3f}, 90% {:.3f})\n", "step on ops::Cpu, untimed, fastest",
+               plain.front() * 1e3, plain[plain.size() / 2] * 1e3, mean * 1e3, plain[plain.size() * 9 / 10] * 1e3);
     // The dynamic policy's host work before this step (serve/engine.hpp, rank 0): the switcher's forecast of the step
     // in both layouts and the switch to the other, on a fresh pricer (the engine's misses: the cached lengths move
     // every step). Thread CPU time, median of the repeats.
