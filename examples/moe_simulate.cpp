@@ -511,137 +511,148 @@ EngineOptions measure_options(const Options& o, const std::vector<ServeRequest>&
   return opt;
 }
 
+// --measure's profile of this machine, calibrated on o.ranks thread ranks for the served model `model` and saved to
+// o.cluster: calibrate's fits with the serving step's own GEMMs and messages, the weights' cold bandwidth, the GEMM
+// size classes on the step's working set, the paged attention kernel, the dynamic policy's forecast, the engine's
+// host work and the steps' spread around their price. Returns the GEMM classes calibrated with every weight from
+// memory instead (simulated beside the profile: the rows "cpu mem"; not saved).
+std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const LoadedDecoder& model) {
+  const DecoderConfig& c = model.config;
+  check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
+        "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
+  fmt::print("calibrating {} thread ranks ({}) into {} ...\n", o.ranks, o.calibrate_cpu ? "thread CPU time" : "wall clock",
+             o.cluster);
+  std::vector<cost::GemmRowClass> gemm_classes_mem;
+  cost::HardwareProfile profile;
+  // Besides calibrate's compute-bound shapes, the serving steps' own GEMMs at decode batches (1, 4 and 16 rows
+  // against an expert's TP slice and whole expert, both products, and the lm_head): bound by reading their
+  // weights, they give the fit its operand-bytes term (without them it came out 0 here, and a 1-row GEMM of the
+  // synthetic model's 256 x 512 expert slice, measured at 148 us, was modelled at 20 us).
+  cost::CalibrationOptions options;
+  options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
+  options.call_overheads = true;  // a serving step's kernels run on a handful of rows: their fixed costs show
+  options.passes = kCalibrationPasses;
+  add_decode_gemms(options, c, o.ranks);
+  add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
+  run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+    const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
+    if (comm.rank() == 0) {
+      profile = cal.profile;
+      for (const cost::CalibrationSample& x : cal.samples)
+        if (x.what.rfind("gemm", 0) == 0 || x.what.rfind("all_reduce", 0) == 0)
+          fmt::print("  {:<22} measured {:>9.1f} us, fit {:>9.1f} us\n", x.what, x.measured_s * 1e6, x.fitted_s * 1e6);
+    }
+  });
+  fmt::print("GEMM fit: {:.2f} us + flops / {:.1f} GFLOP/s + operand bytes / {:.2f} GB/s\n", profile.gemm.overhead_s * 1e6,
+             profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9);
+  const double cold = cold_weight_bandwidth(c, o.ranks, profile.gemm, options.clock);
+  fmt::print("decode GEMMs with their weights read from memory (not cache), all ranks at once: operand bytes at {:.2f} "
+             "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
+  profile.gemm.bytes_per_s = cold;
+  // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
+  // each on its own, on the serving step's own GEMMs; above 128 rows the single fit.
+  // The profile's classes cycle through the weights a step reads (each from the cache level that holds the rank's
+  // weights, as in the step); the rows "cpu mem" simulate with classes cycling through 128 MB a rank (every weight
+  // from memory), which priced the trained 4-layer MoE's decode steps within 10% where other processes on the
+  // machine's cache evicted the weights between steps, and 1.5x its measured CPU time on a quiet machine
+  // (docs/serving_simulation.md).
+  cost::GemmClassOptions classes = profile_class_options(o, c);
+  classes.passes = kCalibrationPasses;
+  cost::GemmClassOptions from_memory = classes;
+  from_memory.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
+  fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank, the weights a step reads (\"mem\": {:.1f} MB)\n",
+             double(classes.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6);
+  run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+    const cost::GemmClassCalibration mem = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
+    const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
+    if (comm.rank() != 0) return;
+    gemm_classes_mem = mem.classes;
+    profile.gemm.by_rows = cal.classes;
+    const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
+    for (const cost::GemmSample& x : cal.samples) {
+      const double m = double(x.m), n = double(x.n), k = double(x.k);
+      fmt::print("  gemm {:>3}x{:>4}x{:>4} ws  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
+                 x.m, x.n, x.k, x.seconds * 1e6, profile.gemm.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
+    }
+    for (std::size_t i = 0; i < cal.classes.size(); ++i)
+      fmt::print("GEMM class m <= {:g}: {:.2f} us + flops / {:.1f} GFLOP/s + weight bytes / {:.2f} GB/s + outputs / "
+                 "{:.1f} M/s (median error {:.1f}%, worst {:.1f}%)\n", cal.classes[i].max_rows,
+                 cal.classes[i].overhead_s * 1e6, cal.classes[i].flops_per_s / 1e9, cal.classes[i].bytes_per_s / 1e9,
+                 cal.classes[i].outputs_per_s / 1e6, 100 * cal.fits[i].median_relative_error,
+                 100 * cal.fits[i].worst_relative_error);
+  });
+  // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
+  PagedAttentionCalibrationOptions paged;
+  paged.clock = options.clock;
+  paged.passes = kCalibrationPasses;
+  paged.head_dims = {c.head_dim, 2 * c.head_dim};
+  paged.query_heads = query_heads(c, o.ranks, 0).length;
+  paged.kv_heads = kv_heads_of(c, o.ranks, 0).length;
+  run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+    const PagedAttentionCalibration cal = calibrate_paged_attention(comm, paged);
+    if (comm.rank() != 0) return;
+    profile.paged_attention = cal.model;
+    fmt::print("paged attention: (query-key pair, head) visits / {:.1f} M/s + 4 d visits / {:.2f} GFLOP/s (median "
+               "error {:.1f}%, worst {:.1f}%); flash attention's rate would price them at {:.2f} GFLOP/s\n",
+               cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9, 100 * cal.fit.median_relative_error,
+               100 * cal.fit.worst_relative_error, profile.attention.forward_flops_per_s / 1e9);
+  });
+  fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
+             profile.activation_elements_per_s / 1e6);
+  fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);
+  // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait).
+  profile.planning_events_per_s = calibrate_planning(c, o.ranks, SimulatedCluster{profile, 4}, o.step_tokens, options.clock);
+  fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host\n", profile.planning_events_per_s / 1e6);
+  // The engine's other host work (planning the batch, statistics, sampling, the broadcasts' own CPU) and the
+  // steps' spread around their price: a run of their own (64 requests of another seed at the first rate, static TP
+  // on the thread ranks' synchronised CPU time); rank 0's host CPU per step less the control collectives' price
+  // (serve/serving_calibration.hpp fit_serving_host), then each step's time over its price on the profile so far
+  // (step_jitter_quantiles).
+  {
+    Options own = o;
+    own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
+    const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
+    std::vector<HostSample> steps;
+    std::vector<StepTrace> traces;
+    std::vector<double> seconds;  // each step on the CPU clock
+    run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
+      CpuMarkedCommunicator comm(std::move(plain));
+      CpuClock clock(CpuClock::synchronised_by(comm));
+      if (comm.rank() == 0)
+        clock.observer = [&](const StepTrace& t, const StepTiming& s, double) { traces.push_back(t), seconds.push_back(s.step_s); };
+      EngineOptions run = measure_options(o, requests);
+      run.clock = &clock;
+      EngineStats stats;
+      (void)serve_requests(comm, model, requests, run, EnginePolicy{}, &stats);
+      if (comm.rank() == 0)
+        for (std::size_t i = 0; i < traces.size(); ++i)
+          steps.push_back({std::int64_t(traces[i].chunks.size()), stats.step_host_s[i] - engine_control_s(traces[i], profile)});
+    });
+    profile.serving_host = fit_serving_host(steps);
+    fmt::print("the engine's host work: {:.1f} us a step + {:.2f} us a chunk ({} steps)\n",
+               profile.serving_host.step_s * 1e6, profile.serving_host.chunk_s * 1e6, steps.size());
+    SimulatedCluster as_simulated{profile, 4};
+    cost::use_gemm_engines(as_simulated.profile);
+    SimulatedClock priced(c, as_simulated);
+    std::vector<double> ratios;
+    for (std::size_t i = 0; i < traces.size(); ++i) ratios.push_back(seconds[i] / priced.price(traces[i]).total_s());
+    profile.step_jitter = step_jitter_quantiles(ratios);
+    if (!profile.step_jitter.empty())
+      fmt::print("the steps' spread around their price: {:.2f}x at the 2.5% point, {:.2f}x at 97.5% (the median 1; "
+                 "median step {:.2f}x its price)\n", profile.step_jitter.front(), profile.step_jitter.back(),
+                 percentile(ratios, 0.5));
+  }
+  cost::save_profile(profile, o.cluster);
+  return gemm_classes_mem;
+}
+
 int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
-  std::vector<cost::GemmRowClass> gemm_classes_mem;  // calibrated with every weight from memory ("mem")
-  if (!std::filesystem::exists(o.cluster)) {
-    check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
-          "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
-    fmt::print("calibrating {} thread ranks ({}) into {} ...\n", o.ranks,
-               o.calibrate_cpu ? "thread CPU time" : "wall clock", o.cluster);
-    cost::HardwareProfile profile;
-    // Besides calibrate's compute-bound shapes, the serving steps' own GEMMs at decode batches (1, 4 and 16 rows
-    // against an expert's TP slice and whole expert, both products, and the lm_head): bound by reading their
-    // weights, they give the fit its operand-bytes term (without them it came out 0 here, and a 1-row GEMM of the
-    // synthetic model's 256 x 512 expert slice, measured at 148 us, was modelled at 20 us).
-    cost::CalibrationOptions options;
-    options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
-    options.call_overheads = true;  // a serving step's kernels run on a handful of rows: their fixed costs show
-    options.passes = kCalibrationPasses;
-    add_decode_gemms(options, c, o.ranks);
-    add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
-    run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-      const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
-      if (comm.rank() == 0) {
-        profile = cal.profile;
-        for (const cost::CalibrationSample& x : cal.samples)
-          if (x.what.rfind("gemm", 0) == 0 || x.what.rfind("all_reduce", 0) == 0)
-            fmt::print("  {:<22} measured {:>9.1f} us, fit {:>9.1f} us\n", x.what, x.measured_s * 1e6, x.fitted_s * 1e6);
-      }
-    });
-    fmt::print("GEMM fit: {:.2f} us + flops / {:.1f} GFLOP/s + operand bytes / {:.2f} GB/s\n", profile.gemm.overhead_s * 1e6,
-               profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9);
-    const double cold = cold_weight_bandwidth(c, o.ranks, profile.gemm, options.clock);
-    fmt::print("decode GEMMs with their weights read from memory (not cache), all ranks at once: operand bytes at {:.2f} "
-               "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
-    profile.gemm.bytes_per_s = cold;
-    // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
-    // each on its own, on the serving step's own GEMMs; above 128 rows the single fit.
-    // The profile's classes cycle through the weights a step reads (each from the cache level that holds the rank's
-    // weights, as in the step); the rows "cpu mem" simulate with classes cycling through 128 MB a rank (every weight
-    // from memory), which priced the trained 4-layer MoE's decode steps within 10% where other processes on the
-    // machine's cache evicted the weights between steps, and 1.5x its measured CPU time on a quiet machine
-    // (docs/serving_simulation.md).
-    cost::GemmClassOptions classes = profile_class_options(o, c);
-    classes.passes = kCalibrationPasses;
-    cost::GemmClassOptions from_memory = classes;
-    from_memory.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
-    fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank, the weights a step reads (\"mem\": {:.1f} MB)\n",
-               double(classes.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6);
-    run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-      const cost::GemmClassCalibration mem = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
-      const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
-      if (comm.rank() != 0) return;
-      gemm_classes_mem = mem.classes;
-      profile.gemm.by_rows = cal.classes;
-      const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
-      for (const cost::GemmSample& x : cal.samples) {
-        const double m = double(x.m), n = double(x.n), k = double(x.k);
-        fmt::print("  gemm {:>3}x{:>4}x{:>4} ws  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
-                   x.m, x.n, x.k, x.seconds * 1e6, profile.gemm.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
-      }
-      for (std::size_t i = 0; i < cal.classes.size(); ++i)
-        fmt::print("GEMM class m <= {:g}: {:.2f} us + flops / {:.1f} GFLOP/s + weight bytes / {:.2f} GB/s + outputs / "
-                   "{:.1f} M/s (median error {:.1f}%, worst {:.1f}%)\n", cal.classes[i].max_rows,
-                   cal.classes[i].overhead_s * 1e6, cal.classes[i].flops_per_s / 1e9, cal.classes[i].bytes_per_s / 1e9,
-                   cal.classes[i].outputs_per_s / 1e6, 100 * cal.fits[i].median_relative_error,
-                   100 * cal.fits[i].worst_relative_error);
-    });
-    // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
-    PagedAttentionCalibrationOptions paged;
-    paged.clock = options.clock;
-    paged.passes = kCalibrationPasses;
-    paged.head_dims = {c.head_dim, 2 * c.head_dim};
-    paged.query_heads = query_heads(c, o.ranks, 0).length;
-    paged.kv_heads = kv_heads_of(c, o.ranks, 0).length;
-    run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-      const PagedAttentionCalibration cal = calibrate_paged_attention(comm, paged);
-      if (comm.rank() != 0) return;
-      profile.paged_attention = cal.model;
-      fmt::print("paged attention: (query-key pair, head) visits / {:.1f} M/s + 4 d visits / {:.2f} GFLOP/s (median "
-                 "error {:.1f}%, worst {:.1f}%); flash attention's rate would price them at {:.2f} GFLOP/s\n",
-                 cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9, 100 * cal.fit.median_relative_error,
-                 100 * cal.fit.worst_relative_error, profile.attention.forward_flops_per_s / 1e9);
-    });
-    fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
-               profile.activation_elements_per_s / 1e6);
-    fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);
-    // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait).
-    profile.planning_events_per_s = calibrate_planning(c, o.ranks, SimulatedCluster{profile, 4}, o.step_tokens, options.clock);
-    fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host\n", profile.planning_events_per_s / 1e6);
-    // The engine's other host work (planning the batch, statistics, sampling, the broadcasts' own CPU) and the
-    // steps' spread around their price: a run of their own (64 requests of another seed at the first rate, static TP
-    // on the thread ranks' synchronised CPU time); rank 0's host CPU per step less the control collectives' price
-    // (serve/serving_calibration.hpp fit_serving_host), then each step's time over its price on the profile so far
-    // (step_jitter_quantiles).
-    {
-      Options own = o;
-      own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
-      const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
-      std::vector<HostSample> steps;
-      std::vector<StepTrace> traces;
-      std::vector<double> seconds;  // each step on the CPU clock
-      run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
-        CpuMarkedCommunicator comm(std::move(plain));
-        CpuClock clock(CpuClock::synchronised_by(comm));
-        if (comm.rank() == 0)
-          clock.observer = [&](const StepTrace& t, const StepTiming& s, double) { traces.push_back(t), seconds.push_back(s.step_s); };
-        EngineOptions run = measure_options(o, requests);
-        run.clock = &clock;
-        EngineStats stats;
-        (void)serve_requests(comm, model, requests, run, EnginePolicy{}, &stats);
-        if (comm.rank() == 0)
-          for (std::size_t i = 0; i < traces.size(); ++i)
-            steps.push_back({std::int64_t(traces[i].chunks.size()), stats.step_host_s[i] - engine_control_s(traces[i], profile)});
-      });
-      profile.serving_host = fit_serving_host(steps);
-      fmt::print("the engine's host work: {:.1f} us a step + {:.2f} us a chunk ({} steps)\n",
-                 profile.serving_host.step_s * 1e6, profile.serving_host.chunk_s * 1e6, steps.size());
-      SimulatedCluster as_simulated{profile, 4};
-      cost::use_gemm_engines(as_simulated.profile);
-      SimulatedClock priced(c, as_simulated);
-      std::vector<double> ratios;
-      for (std::size_t i = 0; i < traces.size(); ++i) ratios.push_back(seconds[i] / priced.price(traces[i]).total_s());
-      profile.step_jitter = step_jitter_quantiles(ratios);
-      if (!profile.step_jitter.empty())
-        fmt::print("the steps' spread around their price: {:.2f}x at the 2.5% point, {:.2f}x at 97.5% (the median 1; "
-                   "median step {:.2f}x its price)\n", profile.step_jitter.front(), profile.step_jitter.back(),
-                   percentile(ratios, 0.5));
-    }
-    cost::save_profile(profile, o.cluster);
-  }
+  // Calibrated with every weight from memory ("mem"), when this run calibrates.
+  const std::vector<cost::GemmRowClass> gemm_classes_mem =
+      std::filesystem::exists(o.cluster) ? std::vector<cost::GemmRowClass>{} : calibrate_profile(o, model);
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
   // The profile with the GEMM classes calibrated with every weight from memory, when this run calibrated them:
