@@ -33,14 +33,19 @@
 #   PROFILE=FILE.json scripts/validate_trainer.sh    # plan with a given profile instead of calibrating
 #   RECALIBRATE=1 scripts/validate_trainer.sh        # calibrate again (else the cached one, if the same train_gpt calibrated it)
 #   SKIP_BUILD=1 scripts/validate_trainer.sh         # run the binaries in $BUILD as they are (no build step)
+#   BACKEND=mpi BUILD=build-mpi scripts/validate_trainer.sh  # one rank per process under mpirun (an MPI build)
 #
 # Environment: BUILD (build folder, default build-rel), LENGTHS (tokens per step, default "1024 2048"), STEPS (steps
 # per strategy, length and round, default 8), WARMUP (first steps of each run not counted, default 1), ROUNDS
 # (default 2), RANKS (default 2), HIDDEN/HEADS/LAYERS (the GPT, default 128/4/4), STRATEGIES (default "MegatronTS
 # MegatronCZ UlyssesZ ColossalZ METP dynamic"), NEW_TERMS (profile keys the baseline drops, default
 # "attention_whole_tiles"), MALLOC_TUNABLES (GLIBC_TUNABLES of every process, default none; train_gpt's own malloc
-# settings replace the mmap and trim thresholds). Output files go to $BUILD/validate_trainer/ (the per-run CSVs of
-# both programs and table.md).
+# settings replace the mmap and trim thresholds), BACKEND (threads, default, or mpi: train_gpt --backend mpi under
+# mpirun -np RANKS, calibrated on those MPI ranks; BUILD must then be a Release build with PARADYSE_ENABLE_MPI=ON,
+# configured so when absent). Output files go to $BUILD/validate_trainer/ (the per-run CSVs of both programs and
+# table.md).
+# Under MPI a rank waiting in a collective spins (OpenMPI's progress loop, the shared-memory window's polling): its
+# thread CPU time holds its waits, so the CPU columns read as wall time on cores of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -56,6 +61,7 @@ LAYERS=${LAYERS:-4}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"}
 NEW_TERMS=${NEW_TERMS:-"attention_whole_tiles"}
 MALLOC_TUNABLES=${MALLOC_TUNABLES-}
+BACKEND=${BACKEND:-threads}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
 
@@ -70,13 +76,27 @@ for s in $STRATEGIES; do
   case "$s" in MegatronTS|MegatronCZ|UlyssesZ|ColossalZ|METP|dynamic) ;;
     *) fail "STRATEGIES: '$s' is not one of MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic" ;; esac
 done
+[[ "$BACKEND" == threads || "$BACKEND" == mpi ]] || fail "BACKEND=$BACKEND: expected threads or mpi"
 export GLIBC_TUNABLES=$MALLOC_TUNABLES
+# How train_gpt runs its ranks: RANKS threads in one process, or one process per rank under mpirun.
+LAUNCH=()
+RANK_FLAGS=(--ranks "$RANKS")
+MPI_SETTING=OFF
+if [[ "$BACKEND" == mpi ]]; then
+  command -v mpirun >/dev/null || fail "BACKEND=mpi: mpirun not found (OpenMPI)"
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # as root, mpirun asks for both
+  LAUNCH=(mpirun -np "$RANKS" --oversubscribe)
+  RANK_FLAGS+=(--backend mpi)
+  MPI_SETTING=ON
+fi
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   "${PB[@]}" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPARADYSE_BUILD_TESTS=OFF \
-    -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=OFF >/dev/null
+    -DPARADYSE_BUILD_BENCH=OFF -DPARADYSE_ENABLE_CUDA=OFF -DPARADYSE_ENABLE_MPI=$MPI_SETTING >/dev/null
 fi
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt" || fail "$BUILD is not a Release build folder"
+[[ "$BACKEND" == threads ]] || grep -q '^MPI_CXX_COMPILER:FILEPATH=/' "$BUILD/CMakeCache.txt" ||
+  fail "BACKEND=mpi: $BUILD was configured without MPI (PARADYSE_ENABLE_MPI=ON; e.g. BUILD=build-mpi)"
 [[ "${SKIP_BUILD:-0}" == 1 ]] || "${PB[@]}" cmake --build "$BUILD" --target train_gpt plan_trace -j1 >/dev/null
 
 OUT=$BUILD/validate_trainer
@@ -87,21 +107,21 @@ PLAN=$ROOT/$BUILD/examples/plan_trace
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MODEL=(--layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS")
 
-# The profile: given, or calibrated once by this train_gpt on RANKS thread ranks (cached in $OUT/run/build/, with the
+# The profile: given, or calibrated once by this train_gpt on RANKS ranks of BACKEND (cached in $OUT/run/build/, with the
 # checksum of the train_gpt that calibrated it: a rebuilt train_gpt recalibrates, so a cached profile never lacks the
 # terms a newer build measures).
 if [[ -n "${PROFILE:-}" ]]; then
   PROFILE_FILE=$(realpath "$PROFILE")
 else
-  PROFILE_FILE=$ROOT/$OUT/run/build/train_gpt_profile_p$RANKS.json
+  PROFILE_FILE=$ROOT/$OUT/run/build/train_gpt_profile_$([[ "$BACKEND" == mpi ]] && echo mpi_)p$RANKS.json
   CALIBRATED_BY=$PROFILE_FILE.train_gpt.sha256
   TRAIN_SUM=$(sha256sum "$TRAIN" | cut -d' ' -f1)
   if [[ "${RECALIBRATE:-0}" == 1 || "$(cat "$CALIBRATED_BY" 2>/dev/null)" != "$TRAIN_SUM" ]]; then
     rm -f "$PROFILE_FILE"
   fi
   if [[ ! -f "$PROFILE_FILE" ]]; then
-    echo "calibrating this machine on $RANKS thread ranks (Release train_gpt) ..." >&2
-    (cd "$OUT/run" && "$TRAIN" --ranks "$RANKS" "${MODEL[@]}" --steps 1 --min-len 256 --max-len 256 \
+    echo "calibrating this machine on $RANKS $BACKEND ranks (Release train_gpt) ..." >&2
+    (cd "$OUT/run" && "${LAUNCH[@]}" "$TRAIN" "${RANK_FLAGS[@]}" "${MODEL[@]}" --steps 1 --min-len 256 --max-len 256 \
       --cap-mib 1000000 >/dev/null)
     echo "$TRAIN_SUM" > "$CALIBRATED_BY"
   fi
@@ -135,7 +155,7 @@ for R in $(seq 1 "$ROUNDS"); do
       strategy=()
       [[ "$S" != dynamic ]] && strategy=(--strategy "$S")
       echo "round $R: measuring $S at $L tokens ($STEPS steps) ..." >&2
-      (cd "$OUT/run" && "$TRAIN" --ranks "$RANKS" "${MODEL[@]}" --steps "$STEPS" --min-len "$L" --max-len "$L" \
+      (cd "$OUT/run" && "${LAUNCH[@]}" "$TRAIN" "${RANK_FLAGS[@]}" "${MODEL[@]}" --steps "$STEPS" --min-len "$L" --max-len "$L" \
         --cap-mib 1000000 --profile "$PROFILE_FILE" "${strategy[@]}" --speed-probe on \
         --csv "$ROOT/$OUT/train_${S}_${L}_r$R.csv" >"$ROOT/$OUT/train_${S}_${L}_r$R.txt")
     done
@@ -144,14 +164,14 @@ done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 /usr/bin/python3 - "$OUT" "$LENGTHS" "$STRATEGIES" "$LOAD_START" "$LOAD_END" "$PROFILE_FILE" "$RANKS" "$ROUNDS" \
-  "$WARMUP" "$GLIBC_TUNABLES" "$WHOLE_TILES" "$NEW_TERMS" <<'PY' | tee "$OUT/table.md"
+  "$WARMUP" "$GLIBC_TUNABLES" "$WHOLE_TILES" "$NEW_TERMS" "$BACKEND" <<'PY' | tee "$OUT/table.md"
 import csv, statistics, sys
-out, lengths, strategies, load_start, load_end, profile, ranks, rounds, warmup, tunables, whole_tiles, new_terms = \
-    sys.argv[1:13]
+out, lengths, strategies, load_start, load_end, profile, ranks, rounds, warmup, tunables, whole_tiles, new_terms, \
+    backend = sys.argv[1:14]
 rounds, warmup = int(rounds), int(warmup)
 variant = {s: s for s in strategies.split()}
 variant["dynamic"] = "exact, uncached"  # the exact planner on the step's own cost table, as train_gpt plans
-print(f"plan_trace against train_gpt on {ranks} thread ranks (profile {profile}; GLIBC_TUNABLES={tunables or '-'}); "
+print(f"plan_trace against train_gpt on {ranks} {'thread' if backend == 'threads' else 'MPI'} ranks (profile {profile}; GLIBC_TUNABLES={tunables or '-'}); "
       f"{rounds} round(s), the first {warmup} step(s) of each run not counted; load average {load_start} at the "
       f"start, {load_end} at the end; attention on whole tiles: {whole_tiles}; before: without {new_terms}")
 print()
