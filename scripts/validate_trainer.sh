@@ -82,12 +82,14 @@ export GLIBC_TUNABLES=$MALLOC_TUNABLES
 LAUNCH=()
 RANK_FLAGS=(--ranks "$RANKS")
 MPI_SETTING=OFF
+PROFILE_TAG=
 if [[ "$BACKEND" == mpi ]]; then
   command -v mpirun >/dev/null || fail "BACKEND=mpi: mpirun not found (OpenMPI)"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # as root, mpirun asks for both
   LAUNCH=(mpirun -np "$RANKS" --oversubscribe)
   RANK_FLAGS+=(--backend mpi)
   MPI_SETTING=ON
+  PROFILE_TAG=mpi_
 fi
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
@@ -113,7 +115,7 @@ MODEL=(--layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS")
 if [[ -n "${PROFILE:-}" ]]; then
   PROFILE_FILE=$(realpath "$PROFILE")
 else
-  PROFILE_FILE=$ROOT/$OUT/run/build/train_gpt_profile_$([[ "$BACKEND" == mpi ]] && echo mpi_)p$RANKS.json
+  PROFILE_FILE=$ROOT/$OUT/run/build/train_gpt_profile_${PROFILE_TAG}p$RANKS.json  # train_gpt's own cache name
   CALIBRATED_BY=$PROFILE_FILE.train_gpt.sha256
   TRAIN_SUM=$(sha256sum "$TRAIN" | cut -d' ' -f1)
   if [[ "${RECALIBRATE:-0}" == 1 || "$(cat "$CALIBRATED_BY" 2>/dev/null)" != "$TRAIN_SUM" ]]; then
