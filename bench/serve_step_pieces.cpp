@@ -19,6 +19,7 @@
 //
 //   serve_step_pieces [--hf DIR] [--ep] PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20] [detail]
 #include "paradyse/comm/threads.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
@@ -283,10 +284,10 @@ int main(int argc, char** argv) {
     row("between ops (allocations, waits...)", best.rest, dry.rest);
     row("step", best.total, dry.total);
     // The untimed repeats' fastest, median and mean: the engine's tables are means of steps run once each.
-    std::sort(plain.begin(), plain.end());
+    const Spread untimed = spread_of(plain);
     const double mean = std::accumulate(plain.begin(), plain.end(), 0.0) / double(plain.size());
     fmt::print("{:<44} {:>9.3f} (median {:.3f}, mean {:.3f}, 90% {:.3f})\n", "step on ops::Cpu, untimed, fastest",
-               plain.front() * 1e3, plain[plain.size() / 2] * 1e3, mean * 1e3, plain[plain.size() * 9 / 10] * 1e3);
+               untimed.min * 1e3, untimed.median * 1e3, mean * 1e3, percentile(plain, 0.9) * 1e3);
     // The dynamic policy's host work before this step (serve/engine.hpp, rank 0): the switcher's forecast of the step
     // in both layouts and the switch to the other, on a fresh pricer (the engine's misses: the cached lengths move
     // every step). Thread CPU time, median of the repeats.
@@ -300,8 +301,7 @@ int main(int argc, char** argv) {
       forecast_s.push_back(thread_cpu_seconds() - start);
       dry_runs = price.misses();
     }
-    std::nth_element(forecast_s.begin(), forecast_s.begin() + forecast_s.size() / 2, forecast_s.end());
-    fmt::print("{:<44} {:>9.3f} ({} dry runs)\n", "the dynamic policy's forecast (host)", forecast_s[forecast_s.size() / 2] * 1e3, dry_runs);
+    fmt::print("{:<44} {:>9.3f} ({} dry runs)\n", "the dynamic policy's forecast (host)", median(forecast_s) * 1e3, dry_runs);
     if (argc > 7) {
       for (const auto& [name, s] : detail.ops) fmt::print("  op  {:<40} {:>9.3f} ms {:>5} calls\n", name, s * 1e3, detail.calls[name]);
       for (const auto& [name, s] : detail.gaps) fmt::print("  gap {:<40} {:>9.3f} ms\n", name, s * 1e3);

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +64,20 @@ TEST_CASE("percentile: linear between the sorted values; the median at 0.5") {
   CHECK(percentile(v, 1.0) == 4);
   CHECK(percentile(v, 0.25) == doctest::Approx(1.75));
   CHECK(percentile({}, 0.5) == 0);
+}
+
+TEST_CASE("expected_max_of_normals: the closed forms for 2 and 3, Tippett's table beyond, tabulated and integrated") {
+  const double pi = std::acos(-1.0);
+  CHECK(expected_max_of_normals(1) == 0);
+  CHECK(expected_max_of_normals(2) == doctest::Approx(1 / std::sqrt(pi)).epsilon(1e-9));
+  CHECK(expected_max_of_normals(3) == doctest::Approx(1.5 / std::sqrt(pi)).epsilon(1e-9));
+  // Tippett (1925) / Harter (1961), six decimals.
+  CHECK(expected_max_of_normals(4) == doctest::Approx(1.029375).epsilon(1e-6));
+  CHECK(expected_max_of_normals(5) == doctest::Approx(1.162964).epsilon(1e-6));
+  CHECK(expected_max_of_normals(10) == doctest::Approx(1.538753).epsilon(1e-6));
+  CHECK(expected_max_of_normals(100) == doctest::Approx(2.507594).epsilon(1e-6));  // past the table: integrated
+  CHECK(expected_max_of_normals(64) < expected_max_of_normals(65));
+  CHECK_THROWS_WITH_AS(expected_max_of_normals(0), doctest::Contains("p = 0"), Error);
 }
 
 TEST_CASE("Timer: wall seconds since the start, lap restarts") {

@@ -285,4 +285,19 @@ TEST_CASE("profile JSON: the serving engine's host work is optional (0: uncharge
   CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("step_jitter[3] = 0.9"), Error);
   bad["step_jitter"][3] = -1;
   CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("step_jitter[3] = -1"), Error);
+  // The ranks' spread: a relative sigma in [0, 1); the wait for the slowest of p is sigma E[max of p] x the kernels.
+  CHECK_FALSE(to_json(p).contains("rank_jitter"));
+  CHECK(p.straggle_s(1e-3, 8) == 0);
+  p.rank_jitter = 0.04;
+  CHECK(profile_from_json(json::parse(json::dump(to_json(p)))).rank_jitter == 0.04);
+  CHECK(p.straggle_s(2e-3, 1) == 0);
+  CHECK(p.straggle_s(2e-3, 2) == doctest::Approx(0.04 * 2e-3 / std::sqrt(std::acos(-1.0))).epsilon(1e-9));
+  CHECK(p.straggle_s(2e-3, 8) > p.straggle_s(2e-3, 2));
+  for (const double sigma : {1.0, -0.01}) {
+    bad = to_json(p);
+    bad["rank_jitter"] = sigma;
+    CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains(fmt::format("\"rank_jitter\" = {}", sigma).c_str()), Error);
+  }
+  bad["rank_jitter"] = "wide";
+  CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("rank_jitter"), Error);
 }

@@ -145,3 +145,36 @@ TEST_CASE("serving calibration: the steps' spread is their ratios' quantiles ove
   CHECK(step_jitter_quantiles({}).empty());
   CHECK(step_jitter_quantiles({2.0, 2.0, 2.0}, 4) == std::vector<double>{1, 1, 1, 1});
 }
+
+TEST_CASE("serving calibration: the ranks' spread is recovered from synchronised steps of ranks spread by sigma") {
+  // Steps of 12 pieces on p ranks, each rank's piece its price times 1 + sigma z (z standard normal); the synchronised
+  // clock takes each piece's slowest rank, rank 0's own time is its own pieces plus its host work.
+  for (const int p : {2, 3, 5}) {
+    for (const double sigma : {0.02, 0.08}) {
+      INFO("p = ", p, ", sigma = ", sigma);
+      Rng rng(std::uint64_t(1000 * p) + std::uint64_t(sigma * 1000));
+      std::vector<SynchronisedSample> steps;
+      for (int s = 0; s < 400; ++s) {
+        const double host = 20e-6;
+        SynchronisedSample x{host, host, host};
+        for (int piece = 0; piece < 12; ++piece) {
+          const double price = 50e-6 * (1 + piece % 3);
+          double slowest = 0;
+          for (int r = 0; r < p; ++r) {
+            const double t = price * (1 + sigma * rng.normal());
+            slowest = std::max(slowest, t);
+            if (r == 0) x.own_s += t;
+          }
+          x.synchronised_s += slowest;
+        }
+        steps.push_back(x);
+      }
+      CHECK(fit_rank_jitter(steps, p) == doctest::Approx(sigma).epsilon(0.15));
+      CHECK(fit_rank_jitter(steps, 1) == 0);
+    }
+  }
+  CHECK(fit_rank_jitter({}, 2) == 0);
+  CHECK(fit_rank_jitter({{1e-3, 1e-3, 1e-3}}, 2) == 0);  // host work alone: no kernels to spread
+  CHECK(fit_rank_jitter({{5e-3, 1e-3, 0}}, 2) == 0.5);   // a 4x wait is no normal spread: clamped
+  CHECK_THROWS_WITH_AS(fit_rank_jitter({}, 0), doctest::Contains("ranks = 0"), Error);
+}

@@ -297,6 +297,34 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
   CHECK(piped.switch_s < stall);
 }
 
+TEST_CASE("step dry run: the ranks' spread adds sigma E[max of p] x each piece's slowest kernels as waiting") {
+  const ModelShape mixtral = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string());
+  const DecoderConfig& c = mixtral.config;
+  const std::vector<ChunkShape> batch{{1, 900, true}, {1, 37, true}, {300, 0, false}};
+  std::int64_t n = 0;
+  for (const ChunkShape& ch : batch) n += ch.tokens;
+  const SimulatedCluster plain = simulated_cluster("h100", 2);
+  SimulatedCluster spread = plain;
+  spread.profile.rank_jitter = 0.05;
+  for (const int p : {1, 2, 3, 8}) {
+    INFO("p = ", p);
+    const ExpertLayout ep = ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
+    for (const ExpertLayout& layout : {ExpertLayout::tp(), ep}) {
+      const StepTrace t = step_of(c, p, batch, layout, skewed_loads(c, n));
+      const StepCost without = dry_run_step_cost(c, t, plain), with = dry_run_step_cost(c, t, spread);
+      // compute_s is the pieces' slowest kernels summed, so their straggle sums to the profile's on it.
+      CHECK(with.compute_s == without.compute_s);
+      const double wait = p == 1 ? 0.0 : 0.05 * expected_max_of_normals(p) * without.compute_s;
+      CHECK(with.communication_s - without.communication_s == doctest::Approx(wait).epsilon(1e-9).scale(without.compute_s));
+      // The analytic model waits on each layer's two synchronised halves (not on the logits after the last).
+      const StepCost analytic = step_cost(c, t, plain), analytic_spread = step_cost(c, t, spread);
+      const double logits = step_cost_detail::gemm(plain.profile, double(batch.size()), double(c.vocab), double(c.hidden), 2);
+      CHECK(analytic_spread.communication_s - analytic.communication_s ==
+            doctest::Approx(p == 1 ? 0.0 : 0.05 * expected_max_of_normals(p) * (analytic.compute_s - logits)).epsilon(1e-9).scale(analytic.compute_s));
+    }
+  }
+}
+
 TEST_CASE("step dry run: the switcher's analytic step cost agrees with the dry run within 15% on Mixtral-8x7B steps") {
   const ModelShape mixtral = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string());
   const DecoderConfig& c = mixtral.config;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/statistics.hpp"
 
 #include <fmt/format.h>
 
@@ -340,6 +341,12 @@ struct HardwareProfile {
   // calibration's medians price away. Calibrated (moe_simulate --measure: serve/serving_calibration.hpp
   // step_jitter_quantiles); empty: none (built-in profiles).
   std::vector<double> step_jitter;
+  // The ranks' spread within a step: the standard deviation of one rank's kernel time between two collectives over
+  // its price (relative; in [0, 1)). Ranks that meet at every collective wait for the slowest, so each piece of a
+  // step on p ranks takes sigma x E[max of p standard normals] x its kernels longer than one rank alone (straggle_s),
+  // a wait the step jitter above does not price (its median is 1). Calibrated (moe_simulate --measure:
+  // serve/serving_calibration.hpp fit_rank_jitter); 0: none (built-in profiles).
+  double rank_jitter = 0;
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;
@@ -358,6 +365,11 @@ struct HardwareProfile {
     for (const GemmEngineChoice& c : gemm_engines)
       if (c.size_class == "large") return c.engine == "cblas" ? c.cblas_flops_per_s : c.fallback_flops_per_s;
     return gemm.flops_per_s;
+  }
+
+  // Seconds p ranks wait for the slowest of them at the collective after `kernels_s` of kernels on each.
+  double straggle_s(double kernels_s, int ranks) const {
+    return ranks > 1 && rank_jitter > 0 ? rank_jitter * expected_max_of_normals(ranks) * kernels_s : 0.0;
   }
 
   std::int64_t usable_memory_bytes() const { return memory_bytes - reserved_bytes; }

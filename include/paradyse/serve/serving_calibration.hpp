@@ -17,6 +17,8 @@
 //                                                 (HardwareProfile::serving_host) from a served run's steps
 //   step_jitter_quantiles(ratios)                 the steps' spread around their price
 //                                                 (HardwareProfile::step_jitter) from a served run's steps
+//   fit_rank_jitter(steps, ranks)                 the ranks' spread within a step (HardwareProfile::rank_jitter)
+//                                                 from a served run's steps on the synchronised CPU clock
 //
 // Why the messages: calibrate() measures collectives from 32 KB up (nccl-tests' sizes) and fits alpha + beta bytes
 // below 4 MB on them; a decode step's all-reduces are 0.5-8 KB (a few tokens of h floats), priced at the fit's
@@ -31,6 +33,7 @@
 // processes shared the L3 (stop 39) the two came out the other way round (docs/serving_simulation.md).
 #pragma once
 
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/least_squares.hpp"
 #include "paradyse/serve/rank_shard.hpp"
@@ -214,6 +217,29 @@ inline std::vector<double> step_jitter_quantiles(std::vector<double> ratios, int
     q.push_back(ratios[at] / median);
   }
   return q;
+}
+
+// One served step for fit_rank_jitter, on a synchronised CPU clock (serve/clock.hpp CpuClock): its time with each
+// piece at its slowest rank, rank 0's own CPU time in it, and of that rank 0's host work (which the other ranks
+// wait through rather than run).
+struct SynchronisedSample {
+  double synchronised_s = 0, own_s = 0, host_s = 0;
+};
+
+// The ranks' spread within a step (HardwareProfile::rank_jitter) from a served run on `ranks` ranks: where each rank's
+// kernels between two collectives spread by sigma about their time, the pieces' slowest rank ends sigma x E[max of p
+// standard normals] x the kernels later than rank 0 does on average, so sigma is the steps' median excess
+// (synchronised - own) over rank 0's kernels (own - host), over expected_max_of_normals(ranks). 0 on one rank or
+// without a step whose kernels took time; at most 0.5 (a wider spread is not a normal one about the price).
+inline double fit_rank_jitter(const std::vector<SynchronisedSample>& steps, int ranks) {
+  check(ranks >= 1, "fit_rank_jitter: ranks = {} must be >= 1", ranks);
+  if (ranks == 1) return 0;
+  std::vector<double> excess;
+  for (const SynchronisedSample& s : steps)
+    if (s.own_s - s.host_s > 0 && std::isfinite(s.synchronised_s))
+      excess.push_back((s.synchronised_s - s.own_s) / (s.own_s - s.host_s));
+  if (excess.empty()) return 0;
+  return std::clamp(median(excess) / expected_max_of_normals(ranks), 0.0, 0.5);
 }
 
 }  // namespace paradyse::serve

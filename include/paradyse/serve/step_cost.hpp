@@ -25,7 +25,9 @@
 //     the p row counts). OLMoE's q/k norm: an all-reduce of 2n floats.
 //   elementwise per layer: two RMSNorms and two residual adds over [n, h], RoPE over q and k, the KV append.
 // Logits: the lm_head GEMM [chunks, h] x [h, V] on every rank. Each layer's compute time is its slowest rank's
-// (the all-reduces synchronise the ranks); the code waits on every collective, so nothing overlaps there.
+// (the all-reduces synchronise the ranks), and each synchronised half (attention, FFN) waits besides for the ranks'
+// spread about their price (HardwareProfile::straggle_s, communication time); the code waits on every collective, so
+// nothing overlaps there.
 // Layout changes (a TP<->EP switch or an EPLB placement): layer l's pieces (redistribution_plan, 3 columns h b bytes
 // each) leave after layer l computed and travel one layer after another on the links (an all-to-all-v: the link's
 // launch plus (p - 1) step latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth); the
@@ -207,7 +209,7 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
       }
       ffn = std::max(ffn, f);
     }
-    double comm = 2 * reduce_s;
+    double comm = 2 * reduce_s + hw.straggle_s(attention, p) + hw.straggle_s(ffn, p);  // the wait for the slowest rank
     if (c.qk_norm) comm += hw.collective_time(cost::Collective::all_reduce, p, 2 * n * 4);
     if (c.is_moe(l) && L.mode == MoeMode::ep)
       comm += hw.collective_time(cost::Collective::all_reduce, p, (n * h + p) * b) - reduce_s;

@@ -10,7 +10,8 @@
 //
 // Time (dry_run_step_cost): each rank's trace is cut after every collective and at every layer's end; a piece costs
 // cost/trace_cost.hpp's time on the cluster's profile (kernels at the profile's rates, a collective at its link's
-// alpha-beta time), and the step takes, piece by piece, the slowest rank's (the all-reduces synchronise the ranks).
+// alpha-beta time), and the step takes, piece by piece, the slowest rank's (the all-reduces synchronise the ranks),
+// plus the wait for the ranks' spread about their price (HardwareProfile::straggle_s, 0 on built-in profiles).
 // The layout change (a TP<->EP switch, an EPLB placement) is priced as serve/step_cost.hpp prices it
 // (switch_exposed_s: layer l's pieces leave after layer l; unpipelined, a stall before the step, which then
 // computes in the new layout).
@@ -275,7 +276,7 @@ inline std::vector<std::span<const TraceEvent>> pieces(const RankStepTrace& r) {
 // The step's time on the cluster before its layout change: the slowest rank's pieces one after the other.
 struct DryRunTimeline {
   double compute_s = 0;              // per piece the slowest rank's kernels, summed
-  double communication_s = 0;        // the rest of the pieces' time
+  double communication_s = 0;        // the rest of the pieces' time (with the wait for the slowest rank's spread)
   double end_s = 0;                  // the last piece's end (the pieces summed in order)
   std::vector<double> layer_end_s;   // [layers]: seconds from the step's start to each layer's end
   std::int64_t events = 0;           // trace events the dry run recorded over the ranks it ran (its host work)
@@ -283,7 +284,8 @@ struct DryRunTimeline {
 
 // Each rank's trace cut into pieces (after every collective and at every layer's end); a piece costs
 // cost/trace_cost.hpp's time on the cluster's profile, and the step takes, piece by piece, the slowest rank's (the
-// all-reduces synchronise the ranks). With `share_ranks` a rank whose rank_trace_key equals an earlier rank's takes
+// all-reduces synchronise the ranks) plus the profile's straggle on its kernels (HardwareProfile::straggle_s: the
+// ranks' spread about their price makes the slowest of p later than any one). With `share_ranks` a rank whose rank_trace_key equals an earlier rank's takes
 // that rank's trace and piece costs (the same to the bit); without, every rank is dry-run (the reference).
 inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
                                        bool share_ranks = true) {
@@ -318,6 +320,7 @@ inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t
       piece = std::max(piece, k.forward_s);
       compute = std::max(compute, k.compute_s);
     }
+    piece += cluster.profile.straggle_s(compute, t.ranks);  // the ranks meet at the piece's end: the slowest's spread
     out.end_s += piece;
     out.compute_s += compute;
     out.communication_s += piece - compute;
