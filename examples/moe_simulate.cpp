@@ -375,6 +375,18 @@ cost::GemmClassOptions profile_class_options(const Options& o, const DecoderConf
   return classes;
 }
 
+// The machine's speed against `profile`'s calibration now: the speed probe (serve/speed_probe.hpp: the served model's
+// decode GEMMs, timed as the profile's classes were calibrated) on every rank at once, over its baseline.
+double probe_speed(const Options& o, const DecoderConfig& c, const cost::HardwareProfile& profile) {
+  const cost::GemmClassOptions probe = speed_probe_options(c, o.ranks, profile_class_options(o, c));
+  double s = 0;
+  run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+    const double x = serving_slowdown(comm, probe, profile);
+    if (comm.rank() == 0) s = x;
+  });
+  return s;
+}
+
 // The bandwidth at which a decode step's GEMMs read their operands. A serving step reads every active expert's
 // weights once, and the next step reads them again after the rest of the model went through the cache: they come
 // from memory. calibrate times each shape again and again on the same operands, from cache. Here: 1 and 4 rows
@@ -581,6 +593,13 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
                  cal.classes[i].outputs_per_s / 1e6, 100 * cal.fits[i].median_relative_error,
                  100 * cal.fits[i].worst_relative_error);
   });
+  // The speed probe's reading now, on the machine just calibrated: later readings are taken over it (its baseline).
+  run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+    const double baseline = probe_baseline(comm, speed_probe_options(c, o.ranks, classes), profile);
+    if (comm.rank() == 0) profile.serving_probe_baseline = baseline;
+  });
+  fmt::print("the speed probe right after calibrating: {:.3f} (its baseline: later readings are taken over it)\n",
+             profile.serving_probe_baseline);
   // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
   PagedAttentionCalibrationOptions paged;
   paged.clock = options.clock;
@@ -618,6 +637,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     std::vector<StepTrace> traces;
     std::vector<double> seconds;  // each step on the CPU clock
     std::vector<double> own_cpu;  // rank 0's own CPU time in each
+    const double speed_before = probe_speed(o, c, profile);
     run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
       CpuMarkedCommunicator comm(std::move(plain));
       CpuClock clock(CpuClock::synchronised_by(comm));
@@ -635,6 +655,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
           synchronised.push_back({seconds[i], own_cpu[i], stats.step_host_s[i]});
         }
     });
+    const double speed = 0.5 * (speed_before + probe_speed(o, c, profile));
     profile.rank_jitter = fit_rank_jitter(synchronised, o.ranks);
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
                "them)\n", profile.rank_jitter, o.ranks, 100 * profile.straggle_s(1, o.ranks));
@@ -649,8 +670,9 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     profile.step_jitter = step_jitter_quantiles(ratios);
     if (!profile.step_jitter.empty())
       fmt::print("the steps' spread around their price: {:.2f}x at the 2.5% point, {:.2f}x at 97.5% (the median 1; "
-                 "median step {:.2f}x its price)\n", profile.step_jitter.front(), profile.step_jitter.back(),
-                 percentile(ratios, 0.5));
+                 "median step {:.2f}x its price, {:.2f}x at the speed the probe read around the run, {:.2f}x)\n",
+                 profile.step_jitter.front(), profile.step_jitter.back(), percentile(ratios, 0.5),
+                 percentile(ratios, 0.5) / speed, speed);
   }
   cost::save_profile(profile, o.cluster);
   return gemm_classes_mem;
@@ -674,8 +696,6 @@ int measure(const Options& o) {
   const std::vector<Policy> mem_policies = make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window);
   const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
-  // The speed probe (serve/speed_probe.hpp): the decode GEMMs, timed as the profile's classes were calibrated.
-  const cost::GemmClassOptions speed_probe = speed_probe_options(c, o.ranks, profile_class_options(o, c));
   std::ofstream steps_csv;
   if (!o.steps_csv.empty()) {
     steps_csv.open(o.steps_csv);
@@ -726,15 +746,7 @@ int measure(const Options& o) {
       });
       return summarize(out, stats, c);
     };
-    // The machine's speed against the profile now (the probe's median over the decode GEMMs).
-    auto probe = [&] {
-      double s = 0;
-      run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-        const double x = cost::probe_slowdown<ops::Cpu>(comm, speed_probe, cluster.profile);
-        if (comm.rank() == 0) s = x;
-      });
-      return s;
-    };
+    const auto probe = [&] { return probe_speed(o, c, cluster.profile); };  // the machine's speed now
     // One policy's measured rounds: each round on both clocks (the per-step table takes the CPU clock's steps,
     // --steps-csv both), and at the machine's speed then (the probe before and after it, their mean).
     struct Rounds {
@@ -820,7 +832,7 @@ int measure(const Options& o) {
         }
         fmt::print("\n");
       }
-      fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price) around each round:", pol.name, "");
+      fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price, over its baseline) around each round:", pol.name, "");
       for (const double x : speed) fmt::print(" {:.2f}", x);
       fmt::print("\n");
     }

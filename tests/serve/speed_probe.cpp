@@ -1,7 +1,8 @@
 // tests/serve/speed_probe.cpp: the machine's speed against its profile (serve/speed_probe.hpp) and the simulated
 // clock at that speed. slowdown_of is the median of measured / the profile's price over the samples (exactly, and
 // unmoved by one outlier); the probe's shapes are the served model's decode GEMMs; a probe on thread ranks gives every
-// rank the same finite value; a SimulatedClock slowed by s charges exactly s times every part of every step's price,
+// rank the same finite value, taken over the profile's baseline (the probe's reading right after calibrating) where
+// it has one; a SimulatedClock slowed by s charges exactly s times every part of every step's price,
 // and a run on it takes the same decisions and produces the same tokens as at speed 1, every time stamp s times
 // (arrivals at 0); a slowdown that is not positive and finite is refused by name.
 #include "paradyse/comm/threads.hpp"
@@ -88,7 +89,7 @@ TEST_CASE("speed probe: its shapes are the model's decode GEMMs, timed as the pr
     const cost::GemmClassOptions probe = speed_probe_options(c, p, like);
     CHECK(probe.cold_bytes == like.cold_bytes);
     CHECK(probe.clock == like.clock);
-    CHECK(probe.repetitions == 1);
+    CHECK(probe.repetitions == 3);  // the fastest of three, as a class's sample
     std::vector<std::array<std::int64_t, 3>> decode;
     for (const auto& s : serving_gemm_shapes(c, p, 64))
       if (s[0] == 1 || s[0] == 4 || s[0] == 16) decode.push_back(s);
@@ -113,6 +114,38 @@ TEST_CASE("speed probe: on thread ranks every rank gets the same positive, finit
       CHECK(g > 0);
     }
   }
+}
+
+TEST_CASE("speed probe: a reading is taken over the profile's baseline, the baseline a median of readings, on every rank") {
+  cost::HardwareProfile profile;
+  CHECK(slowdown_against_baseline(1.3, profile) == 1.3);  // no baseline: the reading as it is
+  profile.serving_probe_baseline = 1.25;
+  CHECK(slowdown_against_baseline(1.25, profile) == 1);   // the reading the calibration's machine gave
+  CHECK(slowdown_against_baseline(1.5, profile) == doctest::Approx(1.2).epsilon(1e-15));
+  CHECK(slowdown_against_baseline(1.0, profile) == doctest::Approx(0.8).epsilon(1e-15));
+  const DecoderConfig c = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string()).config;
+  for (const int p : {1, 2, 3}) {
+    cost::GemmClassOptions like;
+    like.cold_bytes = 1 << 18;
+    const cost::GemmClassOptions probe = speed_probe_options(c, p, like);
+    std::mt19937_64 rng(11);
+    cost::HardwareProfile q = random_profile(rng);
+    std::vector<double> base(std::size_t(p), -1), now(std::size_t(p), -1);
+    run_ranks(p, [&](ThreadCommunicator& comm) { base[std::size_t(comm.rank())] = probe_baseline(comm, probe, q, 3); });
+    q.serving_probe_baseline = base[0];
+    run_ranks(p, [&](ThreadCommunicator& comm) { now[std::size_t(comm.rank())] = serving_slowdown(comm, probe, q); });
+    for (std::size_t r = 0; r < std::size_t(p); ++r) {
+      CHECK(base[r] == base[0]);
+      CHECK(now[r] == now[0]);
+    }
+    CHECK(std::isfinite(base[0]));
+    CHECK(base[0] > 0);
+    CHECK(std::isfinite(now[0]));
+    CHECK(now[0] > 0);
+  }
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    CHECK_THROWS_WITH_AS(probe_baseline(comm, cost::GemmClassOptions{}, profile, 0), doctest::Contains("readings = 0"), Error);
+  });
 }
 
 TEST_CASE("simulated clock: slowed by s it charges s times every part of a step's price; a run takes the same decisions") {

@@ -10,7 +10,8 @@
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
 //    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
-//    ["step_jitter": [ascending positive factors]], ["rank_jitter": relative spread in [0, 1)]}
+//    ["step_jitter": [ascending positive factors]], ["rank_jitter": relative spread in [0, 1)],
+//    ["serving_probe_baseline": a positive factor]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
@@ -293,6 +294,7 @@ inline json::Value to_json(const HardwareProfile& p) {
     v["step_jitter"] = std::move(jitter);
   }
   if (p.rank_jitter > 0) v["rank_jitter"] = p.rank_jitter;
+  if (p.serving_probe_baseline > 0) v["serving_probe_baseline"] = p.serving_probe_baseline;
   return v;
 }
 
@@ -305,7 +307,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                 "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
                 "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
                 "fresh_memory", "scalar_math", "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention",
-                "call_overhead", "planning_events_per_s", "serving_host", "step_jitter", "rank_jitter"});
+                "call_overhead", "planning_events_per_s", "serving_host", "step_jitter", "rank_jitter",
+                "serving_probe_baseline"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -391,6 +394,12 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
     p.rank_jitter = number(v, "rank_jitter");
     check(p.rank_jitter >= 0 && p.rank_jitter < 1, "profile: \"rank_jitter\" = {} must be a relative spread in [0, 1) ({})",
           p.rank_jitter, v["rank_jitter"].path());
+  }
+  if (v.has("serving_probe_baseline")) {
+    p.serving_probe_baseline = number(v, "serving_probe_baseline");
+    check(p.serving_probe_baseline > 0 && p.serving_probe_baseline <= 100,
+          "profile: \"serving_probe_baseline\" = {} must be a factor in (0, 100] ({})", p.serving_probe_baseline,
+          v["serving_probe_baseline"].path());
   }
   return p;
 }
