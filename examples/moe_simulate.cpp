@@ -580,6 +580,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     if (comm.rank() != 0) return;
     gemm_classes_mem = mem.classes;
     profile.gemm.by_rows = cal.classes;
+    profile.serving_probe_baseline = probe_baseline(cal.samples, speed_probe_options(c, o.ranks, classes), profile);
     const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
     for (const cost::GemmSample& x : cal.samples) {
       const double m = double(x.m), n = double(x.n), k = double(x.k);
@@ -593,13 +594,8 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
                  cal.classes[i].outputs_per_s / 1e6, 100 * cal.fits[i].median_relative_error,
                  100 * cal.fits[i].worst_relative_error);
   });
-  // The speed probe's reading now, on the machine just calibrated: later readings are taken over it (its baseline).
-  run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-    const double baseline = probe_baseline(comm, speed_probe_options(c, o.ranks, classes), profile);
-    if (comm.rank() == 0) profile.serving_probe_baseline = baseline;
-  });
-  fmt::print("the speed probe right after calibrating: {:.3f} (its baseline: later readings are taken over it)\n",
-             profile.serving_probe_baseline);
+  fmt::print("the speed probe's reading of the calibration's samples: {:.3f} (its baseline: later readings are taken "
+             "over it)\n", profile.serving_probe_baseline);
   // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
   PagedAttentionCalibrationOptions paged;
   paged.clock = options.clock;

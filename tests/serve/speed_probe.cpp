@@ -1,10 +1,10 @@
 // tests/serve/speed_probe.cpp: the machine's speed against its profile (serve/speed_probe.hpp) and the simulated
 // clock at that speed. slowdown_of is the median of measured / the profile's price over the samples (exactly, and
 // unmoved by one outlier); the probe's shapes are the served model's decode GEMMs; a probe on thread ranks gives every
-// rank the same finite value, taken over the profile's baseline (the probe's reading right after calibrating) where
-// it has one; a SimulatedClock slowed by s charges exactly s times every part of every step's price,
-// and a run on it takes the same decisions and produces the same tokens as at speed 1, every time stamp s times
-// (arrivals at 0); a slowdown that is not positive and finite is refused by name.
+// rank the same finite value, taken over the profile's baseline where it has one (the probe's reading of the
+// calibration's own samples of its shapes); a SimulatedClock slowed by s charges exactly s times every part of every
+// step's price, and a run on it takes the same decisions and produces the same tokens as at speed 1, every time stamp
+// s times (arrivals at 0); a slowdown that is not positive and finite is refused by name.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
@@ -14,6 +14,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -116,36 +118,39 @@ TEST_CASE("speed probe: on thread ranks every rank gets the same positive, finit
   }
 }
 
-TEST_CASE("speed probe: a reading is taken over the profile's baseline, the baseline a median of readings, on every rank") {
+TEST_CASE("speed probe: a reading is taken over the profile's baseline, its reading of the calibration's own samples") {
   cost::HardwareProfile profile;
   CHECK(slowdown_against_baseline(1.3, profile) == 1.3);  // no baseline: the reading as it is
   profile.serving_probe_baseline = 1.25;
   CHECK(slowdown_against_baseline(1.25, profile) == 1);   // the reading the calibration's machine gave
   CHECK(slowdown_against_baseline(1.5, profile) == doctest::Approx(1.2).epsilon(1e-15));
   CHECK(slowdown_against_baseline(1.0, profile) == doctest::Approx(0.8).epsilon(1e-15));
+  // The baseline: the probe's reading of the calibration's own samples of its shapes (the others left out), s where
+  // every probed shape measured s times its price.
   const DecoderConfig c = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string()).config;
+  std::mt19937_64 rng(11);
   for (const int p : {1, 2, 3}) {
-    cost::GemmClassOptions like;
-    like.cold_bytes = 1 << 18;
-    const cost::GemmClassOptions probe = speed_probe_options(c, p, like);
-    std::mt19937_64 rng(11);
-    cost::HardwareProfile q = random_profile(rng);
-    std::vector<double> base(std::size_t(p), -1), now(std::size_t(p), -1);
-    run_ranks(p, [&](ThreadCommunicator& comm) { base[std::size_t(comm.rank())] = probe_baseline(comm, probe, q, 3); });
-    q.serving_probe_baseline = base[0];
-    run_ranks(p, [&](ThreadCommunicator& comm) { now[std::size_t(comm.rank())] = serving_slowdown(comm, probe, q); });
-    for (std::size_t r = 0; r < std::size_t(p); ++r) {
-      CHECK(base[r] == base[0]);
-      CHECK(now[r] == now[0]);
+    const cost::GemmClassOptions probe = speed_probe_options(c, p, {});
+    const cost::HardwareProfile q = random_profile(rng);
+    const double s = std::uniform_real_distribution<double>(0.7, 1.6)(rng);
+    std::vector<cost::GemmSample> calibration;
+    for (const auto& [m, n, k] : serving_gemm_shapes(c, p, 64)) {
+      const bool probed = std::find(probe.shapes.begin(), probe.shapes.end(), std::array<std::int64_t, 3>{m, n, k}) != probe.shapes.end();
+      calibration.push_back({m, n, k, (probed ? s : 9.0) * q.gemm.time(double(m), double(n), double(k), 4)});
     }
-    CHECK(std::isfinite(base[0]));
-    CHECK(base[0] > 0);
-    CHECK(std::isfinite(now[0]));
-    CHECK(now[0] > 0);
+    CHECK(probe_baseline(calibration, probe, q) == doctest::Approx(s).epsilon(1e-12));
+    std::vector<double> now(std::size_t(p), -1);
+    cost::HardwareProfile with = q;
+    with.serving_probe_baseline = s;
+    run_ranks(p, [&](ThreadCommunicator& comm) { now[std::size_t(comm.rank())] = serving_slowdown(comm, probe, with); });
+    for (const double x : now) {
+      CHECK(x == now[0]);
+      CHECK(std::isfinite(x));
+      CHECK(x > 0);
+    }
   }
-  run_ranks(1, [&](ThreadCommunicator& comm) {
-    CHECK_THROWS_WITH_AS(probe_baseline(comm, cost::GemmClassOptions{}, profile, 0), doctest::Contains("readings = 0"), Error);
-  });
+  CHECK_THROWS_WITH_AS(probe_baseline({{2, 3, 5, 1e-6}}, speed_probe_options(c, 2, {}), profile),
+                       doctest::Contains("hold none of the probe's"), Error);
 }
 
 TEST_CASE("simulated clock: slowed by s it charges s times every part of a step's price; a run takes the same decisions") {

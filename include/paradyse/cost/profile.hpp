@@ -347,10 +347,10 @@ struct HardwareProfile {
   // a wait the step jitter above does not price (its median is 1). Calibrated (moe_simulate --measure:
   // serve/serving_calibration.hpp fit_rank_jitter); 0: none (built-in profiles).
   double rank_jitter = 0;
-  // The serving speed probe's reading right after this profile was calibrated (serve/speed_probe.hpp: the served
-  // model's decode GEMMs, measured / priced): a later reading over it is the machine's speed against the calibration,
-  // the classes' fit error on the probe's shapes and the probe's own statistic cancelled. 0: none (a reading is taken
-  // as it is).
+  // The serving speed probe's reading of this profile's calibration (serve/speed_probe.hpp: the served model's decode
+  // GEMMs, measured / priced, over the calibration's own samples of them): a later reading over it is the machine's
+  // speed against the calibration, the classes' fit error on the probe's shapes cancelled. 0: none (a reading is
+  // taken as it is).
   double serving_probe_baseline = 0;
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).

@@ -2,7 +2,7 @@
 // served model's decode GEMMs (the probe itself: cost/speed_probe.hpp).
 //
 //   cost::GemmClassOptions probe = speed_probe_options(c, ranks, profile_classes);  // the decode GEMMs
-//   profile.serving_probe_baseline = probe_baseline(comm, probe, profile);  // once, right after calibrating
+//   profile.serving_probe_baseline = probe_baseline(classes.samples, probe, profile);  // once, at calibration
 //   const double s = serving_slowdown(comm, probe, profile);            // now / then (1: as calibrated)
 //   SimulatedClock clock(c, cluster);  clock.set_slowdown(s);           // the simulation at the machine's speed now
 //
@@ -16,19 +16,21 @@
 // the median over the shapes of measured / the profile's price. It is measured apart from the steps it then prices
 // (before and after a round): the simulation is not fitted to the run it is compared with; it is told how fast the
 // machine ran.
-// Why a baseline: the raw reading is not 1 on the machine that was just calibrated. Right after the trained 4-layer
-// MoE's calibration it read 1.12-1.16 (one timed pass a shape) and 1.09-1.10 (the fastest of three): the classes' fit
-// on the probe's shapes and the probe's statistic (one pass, against the calibration's median of passes) are
-// themselves a few percent to fifteen off. So the profile keeps the probe's reading right after calibrating
-// (HardwareProfile::serving_probe_baseline, the median of three) and a later reading is taken over it.
+// Why a baseline: the raw reading is not 1 on the machine that was just calibrated: the classes' fit is a few to
+// fifteen percent off on the probe's shapes (the trained 4-layer MoE's probe read 1.09-1.16 seconds after its
+// calibration). So the profile keeps the probe's reading of the calibration itself (HardwareProfile::
+// serving_probe_baseline: measured / priced over the calibration's own samples of the probe's shapes, which the
+// classes' shapes include), and a later reading is taken over it. Taken from those samples rather than from a probe
+// run after them: a probe seconds later read 1.59 once on the synthetic MoE (the shared L3 or the host's other tenants
+// had turned slow in between), a baseline that would have set every later reading a third too fast.
 #pragma once
 
-#include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/speed_probe.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -58,14 +60,17 @@ double serving_slowdown(C& comm, const cost::GemmClassOptions& probe, const cost
   return slowdown_against_baseline(cost::probe_slowdown<Backend>(comm, probe, profile), profile);
 }
 
-// The probe's baseline for a profile just calibrated (its GEMM classes in place): the median of `readings` raw
-// readings. Every rank calls it (SPMD).
-template <class Backend = ops::Cpu, Communicator C>
-double probe_baseline(C& comm, const cost::GemmClassOptions& probe, const cost::HardwareProfile& profile, int readings = 3) {
-  check(readings >= 1, "probe_baseline: readings = {} must be >= 1", readings);
-  std::vector<double> r;
-  for (int i = 0; i < readings; ++i) r.push_back(cost::probe_slowdown<Backend>(comm, probe, profile));
-  return median(r);
+// The probe's baseline for a profile just calibrated: its reading of the calibration's own samples (calibrate_gemm_
+// classes' GemmClassCalibration::samples) of the probe's shapes against the profile's classes fitted on them.
+inline double probe_baseline(const std::vector<cost::GemmSample>& calibration, const cost::GemmClassOptions& probe,
+                             const cost::HardwareProfile& profile) {
+  std::vector<cost::GemmSample> probed;
+  for (const cost::GemmSample& x : calibration)
+    if (std::find(probe.shapes.begin(), probe.shapes.end(), std::array<std::int64_t, 3>{x.m, x.n, x.k}) != probe.shapes.end())
+      probed.push_back(x);
+  check(!probed.empty(), "probe_baseline: the calibration's {} samples hold none of the probe's {} shapes",
+        calibration.size(), probe.shapes.size());
+  return cost::slowdown_of(probed, profile);
 }
 
 }  // namespace paradyse::serve
