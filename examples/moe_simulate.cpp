@@ -621,38 +621,35 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
   // The engine's other host work (planning the batch, statistics, sampling, the broadcasts' own CPU) and the
   // steps' spread around their price: a run of their own (64 requests of another seed at the first rate, static TP
   // on the thread ranks' synchronised CPU time); rank 0's host CPU per step less the control collectives' price
-  // (serve/serving_calibration.hpp fit_serving_host), the ranks' spread within a step from each step's synchronised
-  // time over rank 0's own (fit_rank_jitter), then each step's time over its price on the profile so far
+  // (serve/serving_calibration.hpp fit_serving_host), the ranks' spread within a step from each step's wait beyond
+  // its slowest rank's own work (fit_rank_jitter), then each step's time over its price on the profile so far
   // (step_jitter_quantiles).
   {
     Options own = o;
     own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
     const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
     std::vector<HostSample> steps;
-    std::vector<SynchronisedSample> synchronised;
+    std::vector<StepTiming> timings;  // each step's on the synchronised CPU clock
     std::vector<StepTrace> traces;
     std::vector<double> seconds;  // each step on the CPU clock
-    std::vector<double> own_cpu;  // rank 0's own CPU time in each
     const double speed_before = probe_speed(o, c, profile);
     run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
       CpuMarkedCommunicator comm(std::move(plain));
       CpuClock clock(CpuClock::synchronised_by(comm));
       if (comm.rank() == 0)
         clock.observer = [&](const StepTrace& t, const StepTiming& s, double) {
-          traces.push_back(t), seconds.push_back(s.step_s), own_cpu.push_back(s.cpu_s);
+          traces.push_back(t), seconds.push_back(s.step_s), timings.push_back(s);
         };
       EngineOptions run = measure_options(o, requests);
       run.clock = &clock;
       EngineStats stats;
       (void)serve_requests(comm, model, requests, run, EnginePolicy{}, &stats);
       if (comm.rank() == 0)
-        for (std::size_t i = 0; i < traces.size(); ++i) {
+        for (std::size_t i = 0; i < traces.size(); ++i)
           steps.push_back({std::int64_t(traces[i].chunks.size()), stats.step_host_s[i] - engine_control_s(traces[i], profile)});
-          synchronised.push_back({seconds[i], own_cpu[i], stats.step_host_s[i]});
-        }
     });
     const double speed = 0.5 * (speed_before + probe_speed(o, c, profile));
-    profile.rank_jitter = fit_rank_jitter(synchronised, o.ranks);
+    profile.rank_jitter = fit_rank_jitter(timings, o.ranks);
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
                "them)\n", profile.rank_jitter, o.ranks, 100 * profile.straggle_s(1, o.ranks));
     profile.serving_host = fit_serving_host(steps);

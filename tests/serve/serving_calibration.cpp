@@ -146,35 +146,53 @@ TEST_CASE("serving calibration: the steps' spread is their ratios' quantiles ove
   CHECK(step_jitter_quantiles({2.0, 2.0, 2.0}, 4) == std::vector<double>{1, 1, 1, 1});
 }
 
-TEST_CASE("serving calibration: the ranks' spread is recovered from synchronised steps of ranks spread by sigma") {
-  // Steps of 12 pieces on p ranks, each rank's piece its price times 1 + sigma z (z standard normal); the synchronised
-  // clock takes each piece's slowest rank, rank 0's own time is its own pieces plus its host work.
+TEST_CASE("serving calibration: the ranks' spread is recovered from synchronised steps; a slow rank or host work does not inflate it") {
+  // Steps of 12 pieces on p ranks, each rank's piece its price times 1 + sigma z (z standard normal) times `slow` on
+  // the last rank (a core shared throughout), rank 0's first piece with host work the others wait through; the
+  // synchronised clock takes each piece's slowest rank and the slowest rank's own total.
+  const auto served = [](int p, double sigma, double slow, double host, std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<StepTiming> steps;
+    for (int s = 0; s < 400; ++s) {
+      StepTiming x;
+      std::vector<double> own(std::size_t(p), 0.0);
+      for (int piece = 0; piece < 12; ++piece) {
+        const double price = 50e-6 * (1 + piece % 3);
+        double slowest = 0;
+        for (int r = 0; r < p; ++r) {
+          double t = price * (1 + sigma * rng.normal()) * (r == p - 1 ? slow : 1.0);
+          if (r == 0 && piece == 0) t += host;
+          slowest = std::max(slowest, t);
+          own[std::size_t(r)] += t;
+        }
+        x.pieces.push_back(slowest);
+        x.step_s += slowest;
+      }
+      x.cpu_s = own[0];
+      x.slowest_cpu_s = *std::max_element(own.begin(), own.end());
+      steps.push_back(std::move(x));
+    }
+    return steps;
+  };
   for (const int p : {2, 3, 5}) {
     for (const double sigma : {0.02, 0.08}) {
       INFO("p = ", p, ", sigma = ", sigma);
-      Rng rng(std::uint64_t(1000 * p) + std::uint64_t(sigma * 1000));
-      std::vector<SynchronisedSample> steps;
-      for (int s = 0; s < 400; ++s) {
-        const double host = 20e-6;
-        SynchronisedSample x{host, host, host};
-        for (int piece = 0; piece < 12; ++piece) {
-          const double price = 50e-6 * (1 + piece % 3);
-          double slowest = 0;
-          for (int r = 0; r < p; ++r) {
-            const double t = price * (1 + sigma * rng.normal());
-            slowest = std::max(slowest, t);
-            if (r == 0) x.own_s += t;
-          }
-          x.synchronised_s += slowest;
-        }
-        steps.push_back(x);
-      }
-      CHECK(fit_rank_jitter(steps, p) == doctest::Approx(sigma).epsilon(0.15));
-      CHECK(fit_rank_jitter(steps, 1) == 0);
+      const std::uint64_t seed = std::uint64_t(1000 * p) + std::uint64_t(sigma * 1000);
+      CHECK(fit_rank_jitter(served(p, sigma, 1.0, 0.0, seed), p) == doctest::Approx(sigma).epsilon(0.15));
+      CHECK(fit_rank_jitter(served(p, sigma, 1.0, 30e-6, seed), p) == doctest::Approx(sigma).epsilon(0.15));
+      // A rank 30% slower throughout: its pieces set the pace alone; no spread is read into it.
+      CHECK(fit_rank_jitter(served(p, sigma, 1.3, 0.0, seed), p) <= sigma * 1.15);
+      CHECK(fit_rank_jitter(served(p, sigma, 1.0, 0.0, seed), 1) == 0);
     }
   }
   CHECK(fit_rank_jitter({}, 2) == 0);
-  CHECK(fit_rank_jitter({{1e-3, 1e-3, 1e-3}}, 2) == 0);  // host work alone: no kernels to spread
-  CHECK(fit_rank_jitter({{5e-3, 1e-3, 0}}, 2) == 0.5);   // a 4x wait is no normal spread: clamped
+  StepTiming one_piece;
+  one_piece.pieces = {1e-3};
+  one_piece.step_s = one_piece.slowest_cpu_s = 1e-3;
+  CHECK(fit_rank_jitter({one_piece}, 2) == 0);  // one piece: no wait to read
+  StepTiming wide;
+  wide.pieces = {1e-3, 1e-3};
+  wide.step_s = 2e-3, wide.slowest_cpu_s = 1e-3;
+  CHECK(fit_rank_jitter({wide}, 2) == 0.5);  // a wait of half the step is no normal spread: clamped
   CHECK_THROWS_WITH_AS(fit_rank_jitter({}, 0), doctest::Contains("ranks = 0"), Error);
 }

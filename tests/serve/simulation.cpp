@@ -222,6 +222,18 @@ TEST_CASE("simulation: the synchronised CPU clock takes each piece between colle
     CHECK(timing[0].step_s >= 0.9 * double(p) * 0.020);
     CHECK(timing[0].step_s > 1.5 * slowest_own);  // the slowest rank's total alone would be about 20 ms
     CHECK(timing[0].step_s <= all_own + 1e-9);    // each piece at most every rank's work in it
+    // The pieces it summed (2p collectives and the tail after the last), and the slowest rank's own total, alike on
+    // every rank.
+    for (const StepTiming& t : timing) {
+      CHECK(t.pieces == timing[0].pieces);
+      CHECK(t.slowest_cpu_s == timing[0].slowest_cpu_s);
+    }
+    REQUIRE(timing[0].pieces.size() == std::size_t(2 * p + 1));
+    double sum = 0;
+    for (const double piece : timing[0].pieces) sum += piece;
+    CHECK(sum == timing[0].step_s);
+    for (int piece = 0; piece < 2 * p; ++piece) CHECK(timing[0].pieces[std::size_t(piece)] >= 0.009);
+    CHECK(timing[0].slowest_cpu_s == slowest_own);
   }
   // A rank whose step met fewer collectives than the others': every rank fails, naming the counts.
   CHECK_THROWS_WITH_AS(run_ranks(2, [](ThreadCommunicator& plain) {

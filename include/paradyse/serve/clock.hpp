@@ -55,6 +55,11 @@ struct StepTiming {
   double switch_exposed_s = 0;  // of which the layout change on the critical path
   double cpu_s = 0;             // wall and step clocks: CPU seconds this rank's thread ran in the step (the rest of
                                 // step_s it waited: for other ranks, or for a core)
+  // The synchronised CPU clock (else empty): each piece between the ranks' collectives at its slowest rank (step_s is
+  // their sum), and the slowest rank's own CPU time in the step (its pieces summed). step_s - slowest_cpu_s is what
+  // the ranks lost to waiting for one another piece by piece beyond the slowest rank's own work.
+  std::vector<double> pieces;
+  double slowest_cpu_s = 0;
 };
 
 class EngineClock {
@@ -169,26 +174,38 @@ public:
 
 private:
   StepTiming advance(const StepTrace&, double measured_switch_s) override {
+    if (synchronised_.marks) {
+      StepTiming t = synchronised_step();
+      t.switch_exposed_s = measured_switch_s;
+      now_ += t.step_s;
+      return t;
+    }
     const double cpu = cpu_step_s();
-    const double step = synchronised_.marks ? synchronised_step_s() : slowest_ ? slowest_(cpu) : cpu;
+    const double step = slowest_ ? slowest_(cpu) : cpu;
     now_ += step;
     return {step, measured_switch_s, cpu};  // the step's time on this clock: its (slowest rank's) CPU time
   }
-  double synchronised_step_s() {
+  StepTiming synchronised_step() {
     const std::vector<double> marks = synchronised_.marks();
-    // [count, pieces...]: the count's max and -count's max tell a rank that met fewer collectives than another.
-    std::vector<double> pieces = {double(marks.size()), -double(marks.size())};
+    // [count, -count, pieces..., own]: the count's max and -count's max tell a rank that met fewer collectives than
+    // another; own (this rank's CPU time in the step) maxed is the slowest rank's.
+    std::vector<double> x = {double(marks.size()), -double(marks.size())};
     double last = cpu_begin_;
-    for (const double m : marks) pieces.push_back(m - last), last = m;
-    pieces.push_back(thread_cpu_seconds() - last);
-    std::vector<double> counts(pieces.begin(), pieces.begin() + 2);
+    for (const double m : marks) x.push_back(m - last), last = m;
+    const double end = thread_cpu_seconds();
+    x.push_back(end - last);
+    x.push_back(end - cpu_begin_);
+    std::vector<double> counts(x.begin(), x.begin() + 2);
     synchronised_.max_over_ranks(counts);
     check(counts[0] == -counts[1], "CpuClock: the ranks' steps met between {} and {} collectives (every rank's step "
           "must meet the same ones)", -counts[1], counts[0]);
-    synchronised_.max_over_ranks(std::span<double>(pieces).subspan(2));
-    double step = 0;
-    for (std::size_t i = 2; i < pieces.size(); ++i) step += pieces[i];
-    return step;
+    StepTiming t;
+    t.cpu_s = x.back();
+    synchronised_.max_over_ranks(std::span<double>(x).subspan(2));
+    t.slowest_cpu_s = x.back();
+    t.pieces.assign(x.begin() + 2, x.end() - 1);
+    for (const double piece : t.pieces) t.step_s += piece;
+    return t;
   }
   std::function<double(double)> slowest_;
   Synchronised synchronised_;

@@ -18,7 +18,8 @@
 //   step_jitter_quantiles(ratios)                 the steps' spread around their price
 //                                                 (HardwareProfile::step_jitter) from a served run's steps
 //   fit_rank_jitter(steps, ranks)                 the ranks' spread within a step (HardwareProfile::rank_jitter)
-//                                                 from a served run's steps on the synchronised CPU clock
+//                                                 from a served run's steps on the synchronised CPU clock (their
+//                                                 wait beyond the slowest rank's own work)
 //
 // Why the messages: calibrate() measures collectives from 32 KB up (nccl-tests' sizes) and fits alpha + beta bytes
 // below 4 MB on them; a decode step's all-reduces are 0.5-8 KB (a few tokens of h floats), priced at the fit's
@@ -36,6 +37,7 @@
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/least_squares.hpp"
+#include "paradyse/serve/clock.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
 #include "paradyse/serve/switch_policy.hpp"
@@ -219,27 +221,29 @@ inline std::vector<double> step_jitter_quantiles(std::vector<double> ratios, int
   return q;
 }
 
-// One served step for fit_rank_jitter, on a synchronised CPU clock (serve/clock.hpp CpuClock): its time with each
-// piece at its slowest rank, rank 0's own CPU time in it, and of that rank 0's host work (which the other ranks
-// wait through rather than run).
-struct SynchronisedSample {
-  double synchronised_s = 0, own_s = 0, host_s = 0;
-};
-
-// The ranks' spread within a step (HardwareProfile::rank_jitter) from a served run on `ranks` ranks: where each rank's
-// kernels between two collectives spread by sigma about their time, the pieces' slowest rank ends sigma x E[max of p
-// standard normals] x the kernels later than rank 0 does on average, so sigma is the steps' median excess
-// (synchronised - own) over rank 0's kernels (own - host), over expected_max_of_normals(ranks). 0 on one rank or
-// without a step whose kernels took time; at most 0.5 (a wider spread is not a normal one about the price).
-inline double fit_rank_jitter(const std::vector<SynchronisedSample>& steps, int ranks) {
+// The ranks' spread within a step (HardwareProfile::rank_jitter) from a served run's steps on `ranks` ranks on the
+// synchronised CPU clock (serve/clock.hpp CpuClock: StepTiming::pieces and slowest_cpu_s). Where every rank's piece i
+// takes T_i (1 + sigma z), z standard normal and independent, the pieces' maxima sum to sum T_i + sigma E_p sum T_i on
+// average and the slowest rank's own total to sum T_i + sigma E_p sqrt(sum T_i^2) (each rank's total a normal of that
+// spread), E_p = expected_max_of_normals(p): the step's wait beyond its slowest rank's own work is sigma E_p (sum T_i -
+// sqrt(sum T_i^2)), T_i taken as the pieces measured. A rank slower throughout (its core shared for a while) and rank
+// 0's host work lengthen both sides alike and cancel; set against rank 0's own time instead, one calibration run on
+// the synthetic MoE read sigma 0.34 where its measured rounds waited 5% of a step. The steps' median; 0 on one rank or
+// without a step of two pieces or more; at most 0.5 (a wider spread is not a normal one about the price).
+inline double fit_rank_jitter(const std::vector<StepTiming>& steps, int ranks) {
   check(ranks >= 1, "fit_rank_jitter: ranks = {} must be >= 1", ranks);
   if (ranks == 1) return 0;
-  std::vector<double> excess;
-  for (const SynchronisedSample& s : steps)
-    if (s.own_s - s.host_s > 0 && std::isfinite(s.synchronised_s))
-      excess.push_back((s.synchronised_s - s.own_s) / (s.own_s - s.host_s));
-  if (excess.empty()) return 0;
-  return std::clamp(median(excess) / expected_max_of_normals(ranks), 0.0, 0.5);
+  const double e = expected_max_of_normals(ranks);
+  std::vector<double> sigma;
+  for (const StepTiming& s : steps) {
+    double sum = 0, squares = 0;
+    for (const double t : s.pieces) sum += t, squares += t * t;
+    const double scale = e * (sum - std::sqrt(squares));
+    if (scale > 0 && std::isfinite(s.step_s) && std::isfinite(s.slowest_cpu_s))
+      sigma.push_back((s.step_s - s.slowest_cpu_s) / scale);
+  }
+  if (sigma.empty()) return 0;
+  return std::clamp(median(sigma), 0.0, 0.5);
 }
 
 }  // namespace paradyse::serve
