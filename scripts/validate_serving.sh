@@ -16,14 +16,16 @@
 #
 # The machine's speed moves between rounds (docs/serving_simulation.md: the same decode step 0.89 ms in one round,
 # 1.39 ms two rounds later; a round's TPOT p50 follows it): moe_simulate --measure times a speed probe before and
-# after every round (serve/speed_probe.hpp: the model's decode GEMMs, measured / the profile's price) and compares
-# each round with the simulation at that round's speed (rows "@speed": the median of the rounds' errors). The
+# after every round (serve/speed_probe.hpp: the model's decode GEMMs, measured / the profile's price, over the same
+# reading of the calibration's own samples, the profile's serving_probe_baseline) and compares each round with the
+# simulation at that round's speed (rows "@speed": the median of the rounds' errors). The
 # policies take turns within each round (TP, EP, dynamic, TP, ...).
 #
 # The calibration also times the paged attention kernel (serve/paged_attention_calibration.hpp), SwiGLU forward,
 # the fixed cost per kernel call (cost/profile.hpp CallOverheadModel), the collectives at the step's own
 # all-reduce sizes (serve/serving_calibration.hpp), the dynamic policy's forecast and the engine's other host work
-# (calibrate_planning, fit_serving_host); the GEMM classes cycle through the weights a step reads, and the rows
+# (calibrate_planning, fit_serving_host) and the ranks' spread within a step (fit_rank_jitter: each step's wait
+# beyond its slowest rank's own work); the GEMM classes cycle through the weights a step reads, and the rows
 # "cpu mem" simulate with classes cycling through 128 MB a rank instead. The CPU clock is synchronised (each piece
 # between the ranks' collectives at its slowest rank, comm/cpu_marks.hpp). The per-step table prices every round's
 # steps on the CPU clock by the simulated clock's dry run (against the CPU clock's step and rank 0's own CPU time;
