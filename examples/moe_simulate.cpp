@@ -629,16 +629,15 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
     const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
     std::vector<HostSample> steps;
-    std::vector<StepTiming> timings;  // each step's on the synchronised CPU clock
+    std::vector<StepTiming> timings;  // each step's time on the synchronised CPU clock, its pieces
     std::vector<StepTrace> traces;
-    std::vector<double> seconds;  // each step on the CPU clock
     const double speed_before = probe_speed(o, c, profile);
     run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
       CpuMarkedCommunicator comm(std::move(plain));
       CpuClock clock(CpuClock::synchronised_by(comm));
       if (comm.rank() == 0)
         clock.observer = [&](const StepTrace& t, const StepTiming& s, double) {
-          traces.push_back(t), seconds.push_back(s.step_s), timings.push_back(s);
+          traces.push_back(t), timings.push_back(s);
         };
       EngineOptions run = measure_options(o, requests);
       run.clock = &clock;
@@ -659,7 +658,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     cost::use_gemm_engines(as_simulated.profile);
     SimulatedClock priced(c, as_simulated);
     std::vector<double> ratios;
-    for (std::size_t i = 0; i < traces.size(); ++i) ratios.push_back(seconds[i] / priced.price(traces[i]).total_s());
+    for (std::size_t i = 0; i < traces.size(); ++i) ratios.push_back(timings[i].step_s / priced.price(traces[i]).total_s());
     profile.step_jitter = step_jitter_quantiles(ratios);
     if (!profile.step_jitter.empty())
       fmt::print("the steps' spread around their price: {:.2f}x at the 2.5% point, {:.2f}x at 97.5% (the median 1; "
