@@ -285,8 +285,9 @@ struct DryRunTimeline {
 // Each rank's trace cut into pieces (after every collective and at every layer's end); a piece costs
 // cost/trace_cost.hpp's time on the cluster's profile, and the step takes, piece by piece, the slowest rank's (the
 // all-reduces synchronise the ranks) plus the profile's straggle on its kernels (HardwareProfile::straggle_s: the
-// ranks' spread about their price makes the slowest of p later than any one). With `share_ranks` a rank whose rank_trace_key equals an earlier rank's takes
-// that rank's trace and piece costs (the same to the bit); without, every rank is dry-run (the reference).
+// ranks' spread about their price makes the slowest of p later than any one; linear in the kernels, so where the cuts
+// fall does not change it). With `share_ranks` a rank whose rank_trace_key equals an earlier rank's takes that rank's
+// trace and piece costs (the same to the bit); without, every rank is dry-run (the reference).
 inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
                                        bool share_ranks = true) {
   using namespace step_dry_run_detail;
