@@ -375,10 +375,15 @@ cost::GemmClassOptions profile_class_options(const Options& o, const DecoderConf
   return classes;
 }
 
-// The machine's speed against `profile`'s calibration now: the speed probe (serve/speed_probe.hpp: the served model's
-// decode GEMMs, timed as the profile's classes were calibrated) on every rank at once, over its baseline.
+// The speed probe (serve/speed_probe.hpp): the served model's decode GEMMs, timed as the profile's classes were
+// calibrated.
+cost::GemmClassOptions speed_probe_of(const Options& o, const DecoderConfig& c) {
+  return speed_probe_options(c, o.ranks, profile_class_options(o, c));
+}
+
+// The machine's speed against `profile`'s calibration now: the speed probe on every rank at once, over its baseline.
 double probe_speed(const Options& o, const DecoderConfig& c, const cost::HardwareProfile& profile) {
-  const cost::GemmClassOptions probe = speed_probe_options(c, o.ranks, profile_class_options(o, c));
+  const cost::GemmClassOptions probe = speed_probe_of(o, c);
   double s = 0;
   run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
     const double x = serving_slowdown(comm, probe, profile);
@@ -580,7 +585,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     if (comm.rank() != 0) return;
     gemm_classes_mem = mem.classes;
     profile.gemm.by_rows = cal.classes;
-    profile.serving_probe_baseline = probe_baseline(cal.samples, speed_probe_options(c, o.ranks, classes), profile);
+    profile.serving_probe_baseline = probe_baseline(cal.samples, speed_probe_of(o, c), profile);
     const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
     for (const cost::GemmSample& x : cal.samples) {
       const double m = double(x.m), n = double(x.n), k = double(x.k);

@@ -82,7 +82,7 @@ public:
   // The step described by `trace` ended; `measured_switch_s`: the wall time its layout change took on the critical
   // path.
   StepTiming step_end(const StepTrace& trace, double measured_switch_s) {
-    const StepTiming t = advance(trace, measured_switch_s);
+    StepTiming t = advance(trace, measured_switch_s);  // not const: returned without a copy of its pieces
     if (observer) observer(trace, t, now());
     return t;
   }
