@@ -9,8 +9,8 @@
 // `--strategy NAME` forces one strategy everywhere instead: long inputs then run out of memory under the cap
 // (OutOfMemory is caught, reported and the step skipped; the model is left as it was).
 //
-// Hardware profile: --profile FILE.json, or else the one calibrated on this machine by cost/calibrate.hpp (a quick
-// calibration on the first run, cached in build/train_gpt_profile_p<P>.json). Memory cap: --cap-mib, or else a
+// Hardware profile: --profile FILE.json, or else the one calibrated on this machine (with --device cuda, on the GPU)
+// by cost/calibrate.hpp (a quick calibration on the first run, cached in build/). Memory cap: --cap-mib, or else a
 // default from the memory model, between what all-METP needs at --max-len and what all-MegatronTS needs there, so
 // that the longest inputs do not fit with MegatronTS but do with METP.
 //
@@ -95,7 +95,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   const TrainingData data = training_data(o, {o.ranks, config.layer.zigzag}, o.pack_tokens);
   const std::vector<pd::data::Step>& steps = data.steps;
   const int n_steps = int(steps.size());
-  pd::cost::HardwareProfile hardware = hardware_profile(o, ranks);
+  pd::cost::HardwareProfile hardware = hardware_profile<typename StrategiesOf<ModelT>::backend>(o, ranks);
   if (!o.emulate.empty()) hardware = emulated(o, hardware, ranks);
   const pd::plan::GptCosts<ModelT> costs{config, o.ranks, &hardware};
   std::optional<DenseCap> cap = dense_cap<ModelT>(o, config, costs, on_device);  // examples/train_gpt/caps.hpp
@@ -247,10 +247,8 @@ int main(int argc, char** argv) {
     if (o.device == "cuda") {
 #if PARADYSE_WITH_CUDA
       pd::check(pd::device::available(), "--device cuda: {}", pd::device::unavailable_reason());
-      TrainingOptions on_gpu = o;
-      if (on_gpu.profile.empty()) on_gpu.profile = "H200-SXM-141GB-x8";  // calibration times host ops
       pd::DeviceRanks<DeviceModel, pd::BufferPool> device_ranks(o.ranks, std::numeric_limits<std::size_t>::max());
-      return train_dense<DeviceModel>(on_gpu, device_ranks);
+      return train_dense<DeviceModel>(o, device_ranks);
 #else
       throw pd::Error("--device cuda: this train_gpt was built without CUDA (no nvcc found by CMake)");
 #endif

@@ -150,4 +150,6 @@ void add_into(TensorView<float> to, TensorView<const float> from) {
   device::check_launch("add_strided_kernel");
 }
 
+void synchronize() { device::synchronize(); }
+
 }  // namespace paradyse::ops::cuda

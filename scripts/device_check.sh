@@ -6,26 +6,38 @@
 #                                           but for the driver, cuBLAS and NCCL (for a GPU machine without fmt)
 #   scripts/device_check.sh --prebuilt DIR  run the programs of a bundle
 #   --quick                                 the benchmarks' reduced sets
+#   --parts "tests prediction ..."          only these parts (default: all; the names are the headings below)
 #
 # Prints: the device, every CUDA test (ops against the CPU ops, strategies on cuda_local against the float64
 # reference, communicators), the attention benchmark (TFLOP/s against cuBLAS bf16 GEMM in the same run), the
-# collectives benchmark (bus bandwidth against cudaMemcpy device-to-device) and train_gpt on the GPU. Each part has
-# its own time limit, so one hang cannot eat the others' time. Logs go to $LOG_DIR (default build-gpu/logs).
+# collectives benchmark (bus bandwidth against cudaMemcpy device-to-device), train_gpt on the host and on the GPU
+# (losses side by side), tokens/s on the GPU, and the time model's prediction of single-GPU training steps against
+# their measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the GPU by train_gpt, issue
+# 25). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to $LOG_DIR (default
+# build-gpu/logs). A bundle mirrors the build folder's layout (examples/, tests/, bench/, its CMakeCache.txt) and
+# carries the shared libraries a bare GPU machine lacks (build it without OpenBLAS and MPI to keep it small:
+# -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DPARADYSE_ENABLE_MPI=OFF).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-mode=build dir=build-gpu quick=()
+all_parts="tests attention collectives train_gpt_cpu train_gpt_gpu train_gpt prediction"
+mode=build dir=build-gpu quick=() parts=$all_parts
 while (($#)); do
   case $1 in
     --bundle) mode=bundle dir=$2; shift 2 ;;
     --prebuilt) mode=prebuilt dir=$2; shift 2 ;;
     --quick) quick=(--quick); shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "device_check.sh: unknown argument '$1' (expected --bundle DIR, --prebuilt DIR, --quick or --help)" >&2; exit 2 ;;
+    --parts) parts=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "device_check.sh: unknown argument '$1' (expected --bundle DIR, --prebuilt DIR, --quick, --parts LIST or --help)" >&2; exit 2 ;;
   esac
 done
+for p in $parts; do
+  [[ " $all_parts " == *" $p "* ]] || { echo "device_check.sh: --parts: '$p' is not one of: $all_parts" >&2; exit 2; }
+done
+wanted() { [[ " $parts " == *" $1 "* ]]; }
 
-programs=(tests/test_cuda bench/cuda_attention bench/cuda_comm examples/train_gpt)
+programs=(tests/test_cuda bench/cuda_attention bench/cuda_comm examples/train_gpt examples/plan_trace)
 
 build() {  # $1: build directory
   local launcher=()
@@ -41,11 +53,16 @@ if [[ $mode == bundle ]]; then
   from=${BUILD_DIR:-build-gpu}  # an existing build directory configured with CUDA may be reused
   build "$from" || exit 1
   rm -rf "$dir"; mkdir -p "$dir/lib"
-  for p in "${programs[@]}"; do [[ -x $from/$p ]] && cp "$from/$p" "$dir/"; done
-  # The shared libraries a GPU machine may lack (fmt); the CUDA runtime is linked statically, cuBLAS and NCCL are
-  # the machine's own.
-  ldd "$dir"/test_cuda | awk '/libfmt/ {print $3}' | xargs -r cp -L -t "$dir/lib"
-  echo "bundle in $dir:"; ls -la "$dir"
+  cp "$from/CMakeCache.txt" "$dir/"  # the build's settings (scripts/validate_trainer.sh checks it is Release)
+  for p in "${programs[@]}"; do
+    [[ -x $from/$p ]] && mkdir -p "$dir/$(dirname "$p")" && cp "$from/$p" "$dir/$p"
+  done
+  # The shared libraries a bare GPU machine may lack (fmt; OpenBLAS, MPI where the build has them); the CUDA runtime
+  # is linked statically, cuBLAS and NCCL are the machine's own, the C and C++ runtimes too.
+  for p in "${programs[@]}"; do [[ -x $dir/$p ]] && ldd "$dir/$p"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
+    grep -v -E '/usr/local/cuda|/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt|libcuda)\.so' | sort -u |
+    xargs -r cp -L -t "$dir/lib"
+  echo "bundle in $dir:"; du -ah "$dir"
   exit 0
 fi
 
@@ -64,14 +81,15 @@ else
     [[ -n $found ]] && libs+=":$(dirname "$found")"
   done
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  bin() { echo "$dir/$(basename "$1")"; }
+  bin() { echo "$dir/$1"; }
 fi
 
 logs=${LOG_DIR:-build-gpu/logs}
 mkdir -p "$logs"
 status=0
-part() {  # $1: name, $2: time limit in seconds, rest: the command
+part() {  # $1: name, $2: time limit in seconds, rest: the command (run if --parts names it)
   local name=$1 limit=$2; shift 2
+  wanted "$name" || return 0
   echo; echo "## $name"; echo
   local start=$SECONDS
   timeout --kill-after=5 "$limit" "$@" 2>&1 | tee "$logs/$name.log"
@@ -92,6 +110,7 @@ part collectives 60 "$(bin bench/cuda_comm)" "${quick[@]}"
 small=(--steps 8 --ranks 2 --layers 2 --hidden 128 --heads 4 --min-len 256 --max-len 2048 --profile H200-SXM-141GB-x8)
 part train_gpt_cpu 60 "$(bin examples/train_gpt)" --device cpu "${small[@]}" --csv "$logs/train_cpu.csv"
 part train_gpt_gpu 60 "$(bin examples/train_gpt)" --device cuda "${small[@]}" --csv "$logs/train_gpu.csv"
+if wanted train_gpt_cpu && wanted train_gpt_gpu; then
 echo; echo "## train_gpt: the GPU's losses against the host's"; echo
 python3 - "$logs/train_cpu.csv" "$logs/train_gpu.csv" <<'PY' || status=1
 import csv, os, sys
@@ -110,7 +129,13 @@ for c, g in zip(*rows):
 print(f"\nlargest relative difference {worst:.2e} over {len(rows[0])} steps")
 sys.exit(0 if worst < 1e-3 else 1)
 PY
-# Tokens per second and model FLOPs utilisation on one GPU (4 cuda_local ranks share it).
+fi
+# Tokens per second and model FLOPs utilisation on one GPU (4 cuda_local ranks share it), against the datasheet.
 part train_gpt 60 "$(bin examples/train_gpt)" --device cuda --steps 20 --layers 4 --hidden 512 --heads 8 \
-  --min-len 1024 --max-len 8192
+  --min-len 1024 --max-len 8192 --profile H200-SXM-141GB-x8
+# The time model on one GPU (issue 25): train_gpt calibrates the GPU (cost/calibrate.hpp over ops::Cuda, wall-clock
+# time, the model's own GEMM shapes), plan_trace predicts each step on that profile and on the datasheet's, and the
+# steps' measured wall times are set beside them (scripts/validate_trainer.sh; its files in $dir/validate_trainer/).
+part prediction 300 env DEVICE=cuda BUILD="$dir" SKIP_BUILD=1 RECALIBRATE=1 LAYERS=8 HIDDEN=1024 HEADS=8 \
+  LENGTHS="2048 4096 8192" STEPS=5 ROUNDS=2 scripts/validate_trainer.sh
 exit $status

@@ -33,6 +33,7 @@ struct StrategiesOf;
 template <class S, class B>
 struct StrategiesOf<Gpt<S, B>> {
   using type = S;
+  using backend = B;
   static constexpr bool on_device = ops::memory_space_of<B> == MemorySpace::device;
 };
 

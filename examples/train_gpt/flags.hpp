@@ -78,8 +78,8 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
              "model)", "PATH")
       .nonempty("a checkpoint --save wrote");
   flags.text("--profile", o.profile,
-             "hardware profile: a JSON file or a built-in name (default: calibrated on this machine once, cached in "
-             "build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json")
+             "hardware profile: a JSON file or a built-in name (default: calibrated on this machine, or the GPU, once, "
+             "cached in build/train_gpt_profile_p<P>.json)", "A100-SXM4-80GB-x8|H100-SXM-80GB-x8|H200-SXM-141GB-x8|FILE.json")
       .nonempty("a built-in profile name or a profile .json");
   flags.text("--corpus", o.corpus, "a folder of text documents (default: the bundled data/corpus/sotu.tar.xz)", "DIR")
       .nonempty("a folder of text documents");
@@ -119,7 +119,7 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                "zigzag layout, or as packed (longest first)");
   flags.choice("--device", o.device, {"cpu", "cuda"},
                "cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile "
-               "H200-SXM-141GB-x8; --save, --load, --resume and training checkpoints are host-only for now");
+               "calibrated on the GPU once (build/train_gpt_profile_cuda_h<hidden>_p<P>.json); --save, --load, --resume and training checkpoints are host-only for now");
   flags.choice("--dtype", o.dtype, {"fp32", "bf16"},
                "bf16: mixed precision as on a GPU (bf16 weights and activations in compute, fp32 master weights, "
                "gradients and AdamW states; on the CPU computed in fp32); dense GPT on the host only for now");

@@ -36,8 +36,55 @@ namespace paradyse::examples {
 
 namespace pd = paradyse;
 
-// The hardware profile: given, cached from an earlier calibration, or calibrated now (and cached).
-template <class RanksT>
+// The GPU's memory (--device cuda), 0 when unknown.
+inline double device_memory_bytes() {
+#if PARADYSE_WITH_CUDA
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess) return double(total);
+#endif
+  return 0.0;
+}
+
+// The calibration's measurements for this run's model on Backend. On the host: the defaults, the model's attention
+// heads, its elementwise kernels by size, the pool's misses, whole tiles and the head-width products of attention
+// materialised. On a device (--device cuda): the model's own GEMMs (tokens by the projections' widths: a GPU's
+// small GEMMs are launch-bound, so the host's small shapes would not extrapolate to them), its attention at
+// 1K-8K tokens priced on the visible pairs (the GPU kernel skips the key tiles its queries cannot see), its
+// elementwise kernels by size, and the GPU's memory over the ranks sharing it.
+template <class Backend>
+pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
+  pd::cost::CalibrationOptions options;
+  options.repetitions = 3;
+  options.passes = 3;  // each measurement the median of three passes' (one pass's fits move with the machine's speed)
+  options.attention_heads = o.heads;
+  options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
+  options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
+  if constexpr (pd::ops::memory_space_of<Backend> == pd::MemorySpace::device) {
+    const std::int64_t h = o.hidden, f = 4 * o.hidden;
+    options.gemm_shapes.clear();
+    for (const std::int64_t m : {512, 2048, 8192})  // [tokens, in] x [out, in]^T: qkv, output, MLP up and down
+      for (const auto& [n, k] : {std::array<std::int64_t, 2>{3 * h, h}, {h, h}, {f, h}, {h, f}})
+        options.gemm_shapes.push_back({m, n, k});
+    for (const std::int64_t k : {2048, 8192})  // weight gradients: [out, tokens] x [in, tokens]^T
+      for (const auto& [m, n] : {std::array<std::int64_t, 2>{3 * h, h}, {f, h}})
+        options.gemm_shapes.push_back({m, n, k});
+    options.attention_lengths = {1024, 2048, 4096, 8192};
+    options.copy_bytes = {std::int64_t(1) << 22, std::int64_t(1) << 25, std::int64_t(1) << 28};
+    options.memory_bytes = std::int64_t(device_memory_bytes()) / o.ranks;
+    return options;
+  }
+  options.pool_miss_bytes = {std::int64_t(1) << 18, std::int64_t(1) << 20};  // a step's activations (256 KiB, 1 MiB)
+  options.attention_whole_tiles = true;  // causal diagonals cost the CPU kernel whole tiles
+  // The per-head products of attention materialised (ColossalZ: scores [n, keys] = q k^T and P v, the head dimension
+  // their short side) at a rank's rows for 512 to 2,048 tokens on 2 ranks: GemmModel's head-width class.
+  for (const std::int64_t n : {256, 512, 1024})
+    for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
+      options.gemm_thin_shapes.push_back(shape);
+  return options;
+}
+
+// The hardware profile: given, cached from an earlier calibration, or calibrated now on Backend (and cached).
+template <class Backend, class RanksT>
 pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, RanksT& ranks) {
   if (!o.profile.empty()) {
     for (std::string_view name : pd::cost::kBuiltinProfileNames)
@@ -49,7 +96,11 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
     return pd::cost::load_profile(o.profile);
   }
   const bool mpi = o.backend == pd::RankBackend::mpi;
-  const std::filesystem::path cache = fmt::format("build/train_gpt_profile_{}p{}.json", mpi ? "mpi_" : "", o.ranks);
+  constexpr bool on_device = pd::ops::memory_space_of<Backend> == pd::MemorySpace::device;
+  // build/train_gpt_profile_p2.json, ..._mpi_p2.json, ..._cuda_p1.json (a device's profile is its model's: the
+  // GEMM shapes are the model's, so the name carries the width)
+  const std::string kind = on_device ? fmt::format("{}_h{}_", Backend::name, o.hidden) : mpi ? "mpi_" : "";
+  const std::filesystem::path cache = fmt::format("build/train_gpt_profile_{}p{}.json", kind, o.ranks);
   // Under MPI every process decides from the same state: rank 0 writes the cache only after all have looked.
   const bool cached = std::filesystem::exists(cache);
   ranks.run([](auto& comm, int) { comm.barrier(); });
@@ -62,26 +113,16 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
       fmt::print("hardware profile: the cached {} does not load ({}); calibrating again\n", cache.string(), e.what());
     }
   }
-  fmt::print("hardware profile: calibrating {} {} ranks on this machine (once; cached in {}) ...\n", o.ranks,
-             mpi ? "MPI" : "thread", cache.string());
-  pd::cost::CalibrationOptions options;
-  options.repetitions = 3;
-  options.passes = 3;  // each measurement the median of three passes' (one pass's fits move with the machine's speed)
-  options.attention_heads = o.heads;
-  options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
-  options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
-  options.pool_miss_bytes = {std::int64_t(1) << 18, std::int64_t(1) << 20};  // a step's activations (256 KiB, 1 MiB)
-  options.attention_whole_tiles = true;  // causal diagonals cost the CPU kernel whole tiles
-  // The per-head products of attention materialised (ColossalZ: scores [n, keys] = q k^T and P v, the head dimension
-  // their short side) at a rank's rows for 512 to 2,048 tokens on 2 ranks: GemmModel's head-width class.
-  for (const std::int64_t n : {256, 512, 1024})
-    for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
-      options.gemm_thin_shapes.push_back(shape);
+  fmt::print("hardware profile: calibrating {} {} ranks {} (once; cached in {}) ...\n", o.ranks,
+             on_device ? "cuda_local" : mpi ? "MPI" : "thread", on_device ? "on the GPU" : "on this machine",
+             cache.string());
+  pd::cost::CalibrationOptions options = calibration_options<Backend>(o);
+  if constexpr (on_device) options.clock = pd::cost::TimeSource::wall;  // the device's time, not the host thread's
   const Timer start;
   pd::cost::HardwareProfile profile;
   std::vector<double> spreads;
   ranks.run([&](auto& comm, int r) {
-    pd::cost::Calibration c = pd::cost::calibrate<pd::ops::Cpu>(comm, options);
+    pd::cost::Calibration c = pd::cost::calibrate<Backend>(comm, options);
     if (r == 0) profile = std::move(c.profile), spreads = std::move(c.pass_spreads);
   });
   std::sort(spreads.begin(), spreads.end());
@@ -103,9 +144,9 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
 // The hardware profile (find_or_calibrate_profile), its GEMM engines made this process's: the steps run, and the
 // planner's dry runs count (a fallback GEMM's packing workspace), the engines its rates were measured on, as
 // plan_trace does with the same profile.
-template <class RanksT>
+template <class Backend = pd::ops::Cpu, class RanksT>
 pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ranks) {
-  pd::cost::HardwareProfile profile = find_or_calibrate_profile(o, ranks);
+  pd::cost::HardwareProfile profile = find_or_calibrate_profile<Backend>(o, ranks);
   pd::cost::use_gemm_engines(profile);
   return profile;
 }
@@ -128,15 +169,6 @@ double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
     if (r == ranks.first_local()) slowdown = s;
   });
   return slowdown;
-}
-
-// The GPU's memory (--device cuda), 0 when unknown.
-inline double device_memory_bytes() {
-#if PARADYSE_WITH_CUDA
-  std::size_t free = 0, total = 0;
-  if (cudaMemGetInfo(&free, &total) == cudaSuccess) return double(total);
-#endif
-  return 0.0;
 }
 
 // This machine's memory, 0 when unknown.

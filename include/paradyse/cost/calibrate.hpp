@@ -136,6 +136,9 @@ struct CalibrationOptions {
   // The fixed cost per kernel call (HardwareProfile::call_overhead); false (the default): unpriced. moe_simulate --measure asks for them (a serving step's kernels run on a handful of rows).
   bool call_overheads = false;
   std::string name;  // default: "<backend>-p<group size> (calibrated)"
+  // Memory per rank (HardwareProfile::memory_bytes); 0: this machine's physical memory over the ranks. A device
+  // backend's caller gives its device's (train_gpt --device cuda: the GPU's memory over the ranks sharing it).
+  std::int64_t memory_bytes = 0;
 };
 
 struct CalibrationSample {
@@ -267,17 +270,20 @@ namespace calibrate_detail {
 
 // The slowest rank's seconds for fn(), the fastest of `repetitions` runs; every rank calls it. Within a calibration of
 // several passes (cost/calibration_passes.hpp) a recording pass logs the result, and the replay returns the median of
-// the passes' without running fn.
-template <Communicator C, class Fn>
+// the passes' without running fn. fn's work on Backend is done before the clock is read (Backend::synchronize: a
+// device backend's kernels run asynchronously; on the host it returns at once).
+template <class Backend = ops::Cpu, Communicator C, class Fn>
 double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
   PassLog* log = PassLog::current();
   if (log && log->mode() == PassLog::Mode::replay) return log->replay();
   std::vector<double> times;
   fn();  // warm up (page faults, first-touch, lazily built state)
+  Backend::synchronize();
   for (int r = 0; r < repetitions; ++r) {
     comm.barrier();
     const double start = now_seconds(clock);
     fn();
+    Backend::synchronize();
     times.push_back(max_over_ranks(comm, now_seconds(clock) - start));
   }
   const double fastest = *std::min_element(times.begin(), times.end());
@@ -285,7 +291,11 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
   return fastest;
 }
 
-inline void fill(Tensor<float>& t, float value) { std::fill(t.data(), t.data() + t.numel(), value); }
+// t = value wherever Backend keeps its tensors (host or device memory).
+template <class Backend>
+void fill(Tensor<float>& t, float value) {
+  Backend::fill(t.view(), value);
+}
 
 // t = overhead + flops / rate + operand bytes / bandwidth (cost/profile.hpp linear_gemm_time) fitted to float32 GEMM
 // samples (shapes[i] took seconds[i]): the fit, and its terms as {overhead, rate, bandwidth} (1e30 and 0 for a
@@ -326,9 +336,9 @@ double time_gemm(C& comm, TimeSource clock, int repetitions, const std::array<st
   const std::size_t copies = std::size_t(std::max<std::int64_t>(1, cold_bytes / cycled_bytes));
   const std::size_t others = cold == ColdOperands::all ? copies : 1;  // copies of a and c
   std::vector<Tensor<float>> a, b, c;
-  for (std::size_t i = 0; i < others; ++i) a.emplace_back(Shape{m, k}), c.emplace_back(Shape{m, n}), fill(a.back(), 0.5f);
-  for (std::size_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), fill(b.back(), 0.25f);
-  const double pass = measure(comm, clock, repetitions, [&] {
+  for (std::size_t i = 0; i < others; ++i) a.emplace_back(Shape{m, k}), c.emplace_back(Shape{m, n}), fill<Backend>(a.back(), 0.5f);
+  for (std::size_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), fill<Backend>(b.back(), 0.25f);
+  const double pass = measure<Backend>(comm, clock, repetitions, [&] {
     for (std::size_t i = 0; i < copies; ++i)
       Backend::matmul(a[i % others].view(), ops::Transpose::no, b[i].view(), ops::Transpose::yes, c[i % others].view());
   });
@@ -344,7 +354,7 @@ void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibrat
   std::vector<AllocationSample> samples;
   for (std::int64_t bytes : options.fresh_bytes) {
     const std::int64_t count = std::max<std::int64_t>(1, options.fresh_working_set_bytes / bytes);
-    const double t = measure(comm, options.clock, options.repetitions, [&] {
+    const double t = measure<Backend>(comm, options.clock, options.repetitions, [&] {
       std::vector<Tensor<float>> live;
       live.reserve(std::size_t(count));
       for (std::int64_t i = 0; i < count; ++i) live.emplace_back(Shape{bytes / 4});
@@ -370,9 +380,9 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
   for (const std::int64_t rows : options.elementwise_class_rows) {
     Tensor<float> x(Shape{rows, heads, d}), y(Shape{rows, heads, d}), dy(Shape{rows, h}), dx(Shape{rows, h});
     Tensor<float> norm(Shape{4, h}), mean(Shape{rows}), rstd(Shape{rows});  // gamma, beta, dgamma, dbeta
-    calibrate_detail::fill(x, 0.5f);
-    calibrate_detail::fill(dy, 0.25f);
-    calibrate_detail::fill(norm, 1.0f);
+    calibrate_detail::fill<Backend>(x, 0.5f);
+    calibrate_detail::fill<Backend>(dy, 0.25f);
+    calibrate_detail::fill<Backend>(norm, 1.0f);
     const auto row = [&](std::int64_t i) { return norm.view().slice(0, i, 1).reshape(Shape{h}); };
     const TensorView<const float> by_head(x.data(), Shape{heads, rows, d}, Shape{d, h, 1});  // [heads, rows, d]
     const TensorView<const float> x2(x.data(), Shape{rows, h});
@@ -384,7 +394,7 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
       B::layer_norm_forward(x2, row(0), row(1), 1e-5f, y2, mean.view(), rstd.view());
       B::layer_norm_backward(x2, row(0), mean.view(), rstd.view(), dy.view(), dx.view(), row(2), row(3));
     };
-    const double seconds = measure(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+    const double seconds = measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
     Trace trace;
     {
       const ScopedTrace recording(trace);
@@ -416,7 +426,7 @@ void calibrate_pool_misses(C& comm, const CalibrationOptions& options, Calibrati
   double bytes = 0, priced = 0;
   for (const std::int64_t size : options.pool_miss_bytes) {
     const std::int64_t sizes[2] = {size, size + size / 4};
-    const double t = measure(comm, options.clock, options.repetitions, [&] {
+    const double t = measure<Backend>(comm, options.clock, options.repetitions, [&] {
       BufferPool pool;
       for (int i = 0; i < kLoans; ++i) (void)pool.acquire<float>(Shape{sizes[i % 2] / 4});
     });
@@ -446,10 +456,10 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
   const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
   Tensor<float> x(Shape{1, h}), y(Shape{1, h}), gamma(Shape{h}), rstd(Shape{1}), gate(Shape{1, h}), act(Shape{1, h});
   Tensor<float> q(Shape{1, 1, heads, d});
-  calibrate_detail::fill(x, 0.5f);
-  calibrate_detail::fill(gamma, 1.0f);
-  calibrate_detail::fill(gate, 0.3f);
-  calibrate_detail::fill(q, 0.1f);
+  calibrate_detail::fill<Backend>(x, 0.5f);
+  calibrate_detail::fill<Backend>(gamma, 1.0f);
+  calibrate_detail::fill<Backend>(gate, 0.3f);
+  calibrate_detail::fill<Backend>(q, 0.1f);
   const std::vector<std::int64_t> rows = {0};
   const auto mix = [&]<class B>() {
     for (int i = 0; i < kCallRounds; ++i) {
@@ -462,7 +472,7 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
       B::copy(y.view(), x.view());
     }
   };
-  const double kernels = measure(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+  const double kernels = measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
   Trace trace;
   {
     const ScopedTrace recording(trace);
@@ -493,8 +503,8 @@ void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibrati
   const std::int64_t heads = options.attention_heads, d = options.head_dim, n = 512, keys = 1024;
   Tensor<float> scores(Shape{1, heads, n, keys});
   const std::vector<ops::PositionRun> queries{{0, keys - n, n}}, key_runs{{0, 0, keys}};
-  const double softmax = measure(comm, options.clock, options.repetitions, [&] {
-    calibrate_detail::fill(scores, 0.5f);
+  const double softmax = measure<Backend>(comm, options.clock, options.repetitions, [&] {
+    calibrate_detail::fill<Backend>(scores, 0.5f);
     Backend::masked_softmax_forward(scores.view(), queries, key_runs, true);
   });
   const double elements = double(scores.numel());
@@ -505,8 +515,8 @@ void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibrati
   profile.scalar_math.exp_per_s = fit_scalar_rate(std::span(&exp_sample, 1));
 
   Tensor<float> x(Shape{1, keys, heads, d}), y(Shape{1, keys, heads, d});
-  calibrate_detail::fill(x, 0.5f);
-  const double rope = measure(comm, options.clock, options.repetitions,
+  calibrate_detail::fill<Backend>(x, 0.5f);
+  const double rope = measure<Backend>(comm, options.clock, options.repetitions,
                               [&] { Backend::rope_forward(x.view(), y.view(), 0); });
   const ScalarSample sincos_sample{double(keys * d), rope, profile.elementwise_time(8.0 * double(x.numel()))};
   profile.scalar_math.sincos_per_s = fit_scalar_rate(std::span(&sincos_sample, 1));
@@ -535,14 +545,14 @@ void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration
     Tensor<float> q(Shape{1, len, heads, d}), k(Shape{1, len, heads, d}), v(Shape{1, len, heads, d});
     Tensor<float> out(Shape{1, len, heads, d}), lse(Shape{1, heads, len}), dout(Shape{1, len, heads, d});
     Tensor<float> dq(Shape{1, len, heads, d}), dk(Shape{1, len, heads, d}), dv(Shape{1, len, heads, d});
-    calibrate_detail::fill(q, 0.1f);
-    calibrate_detail::fill(k, 0.2f);
-    calibrate_detail::fill(v, 0.3f);
-    calibrate_detail::fill(dout, 0.01f);
-    forward.push_back(measure(comm, options.clock, options.repetitions, [&] {
+    calibrate_detail::fill<Backend>(q, 0.1f);
+    calibrate_detail::fill<Backend>(k, 0.2f);
+    calibrate_detail::fill<Backend>(v, 0.3f);
+    calibrate_detail::fill<Backend>(dout, 0.01f);
+    forward.push_back(measure<Backend>(comm, options.clock, options.repetitions, [&] {
       Backend::attention_forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
     }));
-    backward.push_back(measure(comm, options.clock, options.repetitions, [&] {
+    backward.push_back(measure<Backend>(comm, options.clock, options.repetitions, [&] {
       Backend::attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), mask,
                                   dq.view(), dk.view(), dv.view());
     }));
@@ -579,11 +589,20 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
   profile.source = "calibrated by paradyse::cost::calibrate";
   profile.devices_per_node = p;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  profile.memory_bytes = pages > 0 && page > 0 ? std::int64_t(pages) * page / p : std::int64_t(1) << 34;
+  profile.memory_bytes = options.memory_bytes > 0          ? options.memory_bytes
+                         : pages > 0 && page > 0 ? std::int64_t(pages) * page / p
+                                                 : std::int64_t(1) << 34;
   profile.reserved_bytes = 0;
+  // A device backend (ops::Cuda) is measured on the terms a GPU's time has (the built-in profiles' terms, measured):
+  // GEMMs, attention, copies, elementwise classes, call overheads, collectives. The host's own terms stay unpriced
+  // there, as the built-in profiles leave them (cost/builtin_profiles.hpp): the CPU GEMM engines, compute-bound
+  // activations (a GPU's are memory-bound: priced at the elementwise rates), fresh memory and the pool's misses (the
+  // caching allocator reuses device blocks) and scalar math (the special-function units run inside memory-bound
+  // kernels).
+  constexpr bool on_device = ops::memory_space_of<Backend> == MemorySpace::device;
 
   // ---- GEMMs: the engine per size class, then t = overhead + flops / rate + bytes / bandwidth ---------------------
-  profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
+  if constexpr (!on_device) profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
   {
     std::vector<double> y;
     for (const auto& shape : options.gemm_shapes)
@@ -624,8 +643,11 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     std::vector<double> y;
     for (std::int64_t bytes : options.copy_bytes) {
       Tensor<float> from(Shape{bytes / 4}), to(Shape{bytes / 4});
-      calibrate_detail::fill(from, 1.0f);
-      y.push_back(measure(comm, options.clock, reps, [&] { std::memcpy(to.data(), from.data(), std::size_t(bytes)); }));
+      calibrate_detail::fill<Backend>(from, 1.0f);
+      y.push_back(measure<Backend>(comm, options.clock, reps, [&] {
+        if constexpr (on_device) Backend::copy(from.view(), to.view());
+        else std::memcpy(to.data(), from.data(), std::size_t(bytes));
+      }));
       rows.push_back({2.0 * double(bytes)});
     }
     result.copy_fit = fit_non_negative(rows, y);
@@ -636,12 +658,12 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
   }
 
   // ---- activations: output elements per second of GELU forward + backward (compute-bound on CPUs) -----------------
-  {
+  if constexpr (!on_device) {
     // Blocks of the size strategies apply them to (a rank's tokens by its ffn columns), in cache.
     const std::int64_t elements = std::int64_t(1) << 17;
     Tensor<float> pre(Shape{512, elements / 512}), act(Shape{512, elements / 512}), dpre(Shape{512, elements / 512});
-    calibrate_detail::fill(pre, 0.3f);
-    const double t = measure(comm, options.clock, reps, [&] {
+    calibrate_detail::fill<Backend>(pre, 0.3f);
+    const double t = measure<Backend>(comm, options.clock, reps, [&] {
       Backend::gelu_forward(pre.view(), act.view());
       Backend::gelu_backward(pre.view(), act.view(), dpre.view());
     });
@@ -649,22 +671,24 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     result.samples.push_back({fmt::format("gelu forward + backward {} elements", elements), t, t});
   }
   // ---- SwiGLU forward: its gate and up halves read from one [rows, 2f] buffer, as the experts run it -------------
-  {
+  if constexpr (!on_device) {
     const std::int64_t rows = 128, f = 256;  // a prefill chunk's expert rows by an expert's (slice of) width
     Tensor<float> pre(Shape{rows, 2 * f}), act(Shape{rows, f});
-    calibrate_detail::fill(pre, 0.3f);
-    const double t = measure(comm, options.clock, reps, [&] {
+    calibrate_detail::fill<Backend>(pre, 0.3f);
+    const double t = measure<Backend>(comm, options.clock, reps, [&] {
       Backend::swiglu_forward(pre.view().slice(1, 0, f), pre.view().slice(1, f, f), act.view());
     });
     profile.swiglu_forward_elements_per_s = double(rows * f) / t;
     result.samples.push_back({fmt::format("swiglu forward {}x{}", rows, f), t, t});
   }
 
-  calibrate_detail::calibrate_fresh_memory<Backend>(comm, options, result);
-  calibrate_detail::calibrate_scalar_math<Backend>(comm, options, result);
+  if constexpr (!on_device) {
+    calibrate_detail::calibrate_fresh_memory<Backend>(comm, options, result);
+    calibrate_detail::calibrate_scalar_math<Backend>(comm, options, result);
+  }
   // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
   calibrate_detail::calibrate_elementwise_classes<Backend>(comm, options, result);
-  calibrate_detail::calibrate_pool_misses<Backend>(comm, options, result);
+  if constexpr (!on_device) calibrate_detail::calibrate_pool_misses<Backend>(comm, options, result);
   // After every per-byte and per-element rate: the calls' work is priced on them.
   calibrate_detail::calibrate_call_overheads<Backend>(comm, options, result);
 
@@ -676,13 +700,13 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
       for (std::int64_t bytes : options.message_bytes) {
         const std::int64_t count = std::max<std::int64_t>(p, bytes / 4 / p * p);  // divisible by p
         Tensor<float> whole(Shape{count}), part(Shape{count / p}), other(Shape{count});
-        calibrate_detail::fill(whole, 1.0f);
-        calibrate_detail::fill(part, 1.0f);
+        calibrate_detail::fill<Backend>(whole, 1.0f);
+        calibrate_detail::fill<Backend>(part, 1.0f);
         const std::span<const float> whole_in(whole.data(), std::size_t(count));
         const std::span<float> whole_out(other.data(), std::size_t(count));
         const std::span<const float> part_in(part.data(), std::size_t(count / p));
         const std::span<float> part_out(part.data(), std::size_t(count / p));
-        const double t = measure(comm, options.clock, reps, [&] {
+        const double t = measure<Backend>(comm, options.clock, reps, [&] {
           switch (op) {
             case Collective::all_gather: comm.all_gather(part_in, whole_out); break;
             case Collective::reduce_scatter: comm.reduce_scatter(whole_in, part_out, ReduceOp::sum); break;
@@ -728,14 +752,14 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     // ---- overlap: a GEMM beside a ring shift, against the two alone -----------------------------------------------
     const std::int64_t m = 1024, n = 256, k = 256, message = std::int64_t(1) << 20;
     Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n}), send(Shape{message}), recv(Shape{message});
-    calibrate_detail::fill(a, 0.5f);
-    calibrate_detail::fill(b, 0.5f);
+    calibrate_detail::fill<Backend>(a, 0.5f);
+    calibrate_detail::fill<Backend>(b, 0.5f);
     const std::span<const float> send_span(send.data(), std::size_t(message));
     const std::span<float> recv_span(recv.data(), std::size_t(message));
     const auto gemm = [&] { Backend::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view()); };
-    const double compute = measure(comm, options.clock, reps, gemm);
-    const double transfer = measure(comm, options.clock, reps, [&] { comm.shift(send_span, recv_span, 1); });
-    const double both = measure(comm, options.clock, reps, [&] {
+    const double compute = measure<Backend>(comm, options.clock, reps, gemm);
+    const double transfer = measure<Backend>(comm, options.clock, reps, [&] { comm.shift(send_span, recv_span, 1); });
+    const double both = measure<Backend>(comm, options.clock, reps, [&] {
       Request r = comm.shift_async(send_span, recv_span, 1);
       gemm();
       r.wait();

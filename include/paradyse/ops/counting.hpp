@@ -248,6 +248,7 @@ inline void copy(TensorView<const float> from, TensorView<float> to) {
   stream(2 * from.numel());
 }
 inline void fill(TensorView<float> x, float) { stream(x.numel()); }
+inline void synchronize() {}  // a dry run queues nothing
 inline void add_into(TensorView<float> to, TensorView<const float> from) {
   check(to.shape() == from.shape(), "add_into: destination {} and source {} differ in shape", to.shape(),
         from.shape());

@@ -90,6 +90,7 @@ inline std::vector<float> rounded_matrix(const float* a, std::int64_t rows, std:
 // ---- data movement: exact fp32 ----
 inline void copy(TensorView<const float> from, TensorView<float> to) { cpu::copy(from, to); }
 inline void fill(TensorView<float> x, float value) { cpu::fill(x, value); }
+inline void synchronize() {}
 inline void add_into(TensorView<float> to, TensorView<const float> from) { cpu::add_into(to, from); }
 
 // ---- GEMM: bf16 operands, fp32 accumulation and output ----

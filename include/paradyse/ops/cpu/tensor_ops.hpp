@@ -71,4 +71,7 @@ inline void add_into(TensorView<float> to, TensorView<const float> from) {
                                   });
 }
 
+// Host ops run on the calling thread: nothing is left queued.
+inline void synchronize() {}
+
 }  // namespace paradyse::ops::cpu

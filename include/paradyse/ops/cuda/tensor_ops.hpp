@@ -21,4 +21,7 @@ void fill(TensorView<float> x, float value);
 // to += from (equal shapes, any strides).
 void add_into(TensorView<float> to, TensorView<const float> from);
 
+// Returns when the calling thread's stream (device::current_stream()) has done its queued work.
+void synchronize();
+
 }  // namespace paradyse::ops::cuda

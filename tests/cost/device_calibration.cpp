@@ -1,0 +1,144 @@
+// Tests of the calibration on a device backend (cost/calibrate.hpp, issue 25's single-GPU check: train_gpt --device
+// cuda calibrates ops::Cuda on the GPU). A device's kernels run asynchronously, so every measurement must wait for
+// the work it queued before it reads the clock (Backend::synchronize), and the host's own terms (the CPU GEMM
+// engines, compute-bound activations, fresh memory, the pool's misses, scalar math) must stay unpriced, as the
+// built-in GPU profiles leave them. Deferred, below, is ops::Cpu whose ops run only at synchronize(): a measurement
+// that did not wait would time the queueing alone.
+#include "paradyse/comm/threads.hpp"
+#include "paradyse/cost/calibrate.hpp"
+#include "paradyse/ops/backend.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace paradyse::ops::deferred_test {
+
+// The calling thread's queued ops, run in order at synchronize().
+inline std::vector<std::function<void()>>& queue() {
+  thread_local std::vector<std::function<void()>> q;
+  return q;
+}
+inline std::atomic<std::int64_t> queued_ops = 0;  // over every thread
+
+namespace deferred {
+// Runs what is queued. Preferred to the queueing template below for a call without arguments.
+inline void synchronize() {
+  for (const auto& op : queue()) op();
+  queue().clear();
+}
+// An op that returns a value (the loss) waits for the queue and runs at once, as ops::Cuda's do.
+#define PARADYSE_DEFERRED(op)                                    \
+  template <class... A>                                          \
+  decltype(auto) op(A&&... a) {                                  \
+    if constexpr (std::is_void_v<decltype(cpu::op(a...))>) {     \
+      ++queued_ops;                                              \
+      queue().push_back([=] { cpu::op(a...); });                 \
+    } else {                                                     \
+      synchronize();                                             \
+      return cpu::op(std::forward<A>(a)...);                     \
+    }                                                            \
+  }
+#define PARADYSE_OP PARADYSE_DEFERRED
+#include "paradyse/ops/op_names.inc"
+#undef PARADYSE_OP
+#undef PARADYSE_DEFERRED
+}  // namespace deferred
+
+namespace impl = deferred;
+struct Deferred {
+  static constexpr std::string_view name = "deferred";
+  static constexpr MemorySpace space = MemorySpace::device;  // the calibration's device branch
+#include "paradyse/ops/op_table.inc"
+};
+
+}  // namespace paradyse::ops::deferred_test
+
+using namespace paradyse;
+using namespace paradyse::cost;
+using paradyse::ops::deferred_test::Deferred;
+
+namespace device_calibration_test {
+
+// Small measurements of each kind the device branch runs (GEMMs large enough to take a visible time on a CPU).
+CalibrationOptions small_options() {
+  CalibrationOptions o;
+  o.clock = TimeSource::wall;
+  o.repetitions = 2;
+  o.gemm_shapes = {{256, 256, 256}, {512, 512, 256}, {1024, 512, 512}, {512, 1024, 512}};
+  o.attention_heads = 2;
+  o.head_dim = 32;
+  o.attention_lengths = {128, 256, 512};
+  o.copy_bytes = {std::int64_t(1) << 20, std::int64_t(1) << 22};
+  o.elementwise_class_rows = {64, 1024};
+  o.pool_miss_bytes = {std::int64_t(1) << 18};  // asked for, and left out on a device
+  o.memory_bytes = std::int64_t(3) << 30;
+  return o;
+}
+
+// The calibration on one rank; `left_queued`: the ops still queued on that rank when it returned.
+template <class Backend>
+Calibration calibrated(const CalibrationOptions& options, std::size_t* left_queued = nullptr) {
+  Calibration result;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    result = calibrate<Backend>(comm, options);
+    if (left_queued) *left_queued = ops::deferred_test::queue().size();
+  });
+  return result;
+}
+
+}  // namespace device_calibration_test
+
+TEST_CASE("device calibration: every measurement waits for the work it queued") {
+  ops::deferred_test::queued_ops = 0;
+  std::size_t left_queued = 1;
+  const Calibration c =
+      device_calibration_test::calibrated<Deferred>(device_calibration_test::small_options(), &left_queued);
+  CHECK(left_queued == 0);
+  CHECK(ops::deferred_test::queued_ops.load() > 50);
+  // Each GEMM sample holds its flops' time: no CPU core of a CI machine runs 10 TFLOP/s, while the queueing alone of
+  // a GEMM takes well under a microsecond (54 us at that rate for the largest shape).
+  int gemms = 0;
+  for (const CalibrationSample& s : c.samples) {
+    std::int64_t m = 0, n = 0, k = 0;
+    if (std::sscanf(s.what.c_str(), "gemm %ldx%ldx%ld", &m, &n, &k) != 3) continue;
+    ++gemms;
+    CAPTURE(s.what);
+    CHECK(s.measured_s >= 2.0 * double(m) * double(n) * double(k) / 10e12);
+  }
+  CHECK(gemms == 4);
+  CHECK(c.profile.gemm.flops_per_s < 10e12);
+  CHECK(c.profile.attention.forward_flops_per_s < 10e12);
+  CHECK(c.profile.attention.backward_flops_per_s < 10e12);
+}
+
+TEST_CASE("device calibration: the host's own terms stay unpriced, the device's are measured") {
+  const CalibrationOptions options = device_calibration_test::small_options();
+  const HardwareProfile device = device_calibration_test::calibrated<Deferred>(options).profile;
+  CHECK(device.gemm_engines.empty());
+  CHECK(device.activation_elements_per_s == 0);  // memory-bound: priced at the elementwise rates
+  CHECK(device.swiglu_forward_elements_per_s == 0);
+  CHECK(device.fresh_memory == FreshMemoryModel{});
+  CHECK(device.scalar_math == ScalarMathModel{});
+  CHECK(device.pool_miss_bytes_per_s == 0);
+  CHECK(device.memory_bytes == options.memory_bytes);
+  CHECK(device.elementwise_classes.size() >= 1);
+  CHECK(device.elementwise_bytes_per_s > 1);
+  CHECK(!device.attention.whole_tiles);
+  CHECK(device.name == "deferred-p1 (calibrated)");
+  // The same options on the host backend price those terms (what the device branch leaves out is there to leave).
+  const HardwareProfile host = device_calibration_test::calibrated<ops::Cpu>(options).profile;
+  CHECK(!host.gemm_engines.empty());
+  CHECK(host.activation_elements_per_s > 0);
+  CHECK(host.fresh_memory.zero_bytes_per_s > 0);
+  CHECK(host.scalar_math.exp_per_s > 0);
+  CHECK(host.pool_miss_bytes_per_s > 0);
+  CHECK(host.memory_bytes == options.memory_bytes);
+}
