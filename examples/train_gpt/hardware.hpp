@@ -5,6 +5,7 @@
 #include "training_options.hpp"
 
 #include "paradyse/comm/ranks.hpp"
+#include "paradyse/core/csv_table.hpp"
 #include "paradyse/core/timer.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
@@ -121,9 +122,10 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
   const Timer start;
   pd::cost::HardwareProfile profile;
   std::vector<double> spreads;
+  std::vector<pd::cost::CalibrationSample> samples;
   ranks.run([&](auto& comm, int r) {
     pd::cost::Calibration c = pd::cost::calibrate<Backend>(comm, options);
-    if (r == 0) profile = std::move(c.profile), spreads = std::move(c.pass_spreads);
+    if (r == 0) profile = std::move(c.profile), spreads = std::move(c.pass_spreads), samples = std::move(c.samples);
   });
   std::sort(spreads.begin(), spreads.end());
   fmt::print("  calibrated in {:.1f} s ({} passes; the passes' spread per measurement, (max - min) / median: median "
@@ -133,6 +135,10 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
     std::error_code ignored;
     std::filesystem::create_directories(cache.parent_path(), ignored);
     pd::cost::save_profile(profile, cache.string());
+    // Each measurement beside its fit's price, so that a poor fit is visible (a side output: a failure warns).
+    pd::CsvTable csv(cache.string() + ".samples.csv", {"what", "measured_s", "fitted_s"},
+                     pd::CsvTable::OnFailure::warns);
+    for (const pd::cost::CalibrationSample& s : samples) csv.row(s.what, s.measured_s, s.fitted_s);
   }
   if (mpi) {  // every process plans with rank 0's profile
     ranks.run([](auto& comm, int) { comm.barrier(); });
