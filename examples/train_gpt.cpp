@@ -85,9 +85,7 @@ int train_dense(const TrainingOptions& o, RanksT& ranks) {
   pd::check(o.emulate.empty() || (!on_device && !mpi && o.profile.empty()),
             "--emulate paces the thread communicator against this machine's calibrated profile: it needs --backend "
             "threads, --device cpu and no --profile");
-  if (on_device && (!o.save.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 || o.stop_after > 0))
-    throw pd::Error("--device cuda: checkpoints (--save, --load, --resume, --checkpoint-every, --stop-after) are not "
-                    "written from device memory yet; train on the host (--device cpu) to save");
+  if (on_device) refuse_device_checkpoints(o);
   const pd::GptConfig config = pd::byte_gpt_config(byte_gpt_shape(o));  // model/byte_gpt.hpp
   config.validate_for(o.ranks);
   // The steps: rows padded to at least two tokens per rank (zigzag chunks), packed up to --pack-tokens, or packed
@@ -233,8 +231,6 @@ int main(int argc, char** argv) {
     // The group first (under MPI: this process's rank; the others print nothing), capped once the cap is known.
     pd::Ranks<Model, pd::BufferPool> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
     prepare_group(ranks, mpi);
-    if (o.experts > 0 && o.device == "cuda")
-      throw pd::Error("--device cuda with --experts: the MoE GPT trains on the host only for now (--device cpu)");
     if (!o.mesh.empty()) {
       pd::check(o.emulate.empty() || (!mpi && o.profile.empty()), "--mesh {} --emulate {}: the emulation paces the "
                 "thread communicator against this machine's calibrated profile: it needs --backend threads and no "
@@ -243,11 +239,13 @@ int main(int argc, char** argv) {
       if (!o.emulate.empty()) hardware = emulated(o, hardware, ranks);  // every mesh group's links paced alike
       return pd::examples::train_mesh<pd::MeshStrategies<>>(o, hardware, ranks);
     }
-    if (o.experts > 0) return pd::examples::train_moe(o, hardware_profile(o, ranks));
+    if (o.experts > 0 && o.device == "cpu") return pd::examples::train_moe<Model>(o, hardware_profile(o, ranks), ranks);
     if (o.device == "cuda") {
 #if PARADYSE_WITH_CUDA
       pd::check(pd::device::available(), "--device cuda: {}", pd::device::unavailable_reason());
       pd::DeviceRanks<DeviceModel, pd::BufferPool> device_ranks(o.ranks, std::numeric_limits<std::size_t>::max());
+      if (o.experts > 0)  // the MoE GPT on the GPU, its profile calibrated there
+        return pd::examples::train_moe<DeviceModel>(o, hardware_profile<pd::ops::Cuda>(o, device_ranks), device_ranks);
       return train_dense<DeviceModel>(o, device_ranks);
 #else
       throw pd::Error("--device cuda: this train_gpt was built without CUDA (no nvcc found by CMake)");

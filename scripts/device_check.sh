@@ -11,16 +11,16 @@
 # Prints: the device, every CUDA test (ops against the CPU ops, strategies on cuda_local against the float64
 # reference, communicators), the attention benchmark (TFLOP/s against cuBLAS bf16 GEMM in the same run), the
 # collectives benchmark (bus bandwidth against cudaMemcpy device-to-device), train_gpt on the host and on the GPU
-# (losses side by side), tokens/s on the GPU, and the time model's prediction of single-GPU training steps against
-# their measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the GPU by train_gpt, issue
-# 25). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to $LOG_DIR (default
+# (losses side by side), tokens/s on the GPU, and the time model's prediction of single-GPU training steps, dense and
+# MoE, against their measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the GPU by
+# train_gpt, issue 25). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to $LOG_DIR (default
 # build-gpu/logs). A bundle mirrors the build folder's layout (examples/, tests/, bench/, its CMakeCache.txt) and
 # carries the shared libraries a bare GPU machine lacks (build it without OpenBLAS and MPI to keep it small:
 # -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DPARADYSE_ENABLE_MPI=OFF).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-all_parts="tests attention collectives train_gpt_cpu train_gpt_gpu train_gpt prediction"
+all_parts="tests attention collectives train_gpt_cpu train_gpt_gpu train_gpt prediction prediction_moe"
 mode=build dir=build-gpu quick=() parts=$all_parts
 while (($#)); do
   case $1 in
@@ -138,4 +138,8 @@ part train_gpt 60 "$(bin examples/train_gpt)" --device cuda --steps 20 --layers 
 # steps' measured wall times are set beside them (scripts/validate_trainer.sh; its files in $dir/validate_trainer/).
 part prediction 300 env DEVICE=cuda BUILD="$dir" SKIP_BUILD=1 RECALIBRATE=1 LAYERS=8 HIDDEN=1024 HEADS=8 \
   LENGTHS="2048 4096 8192" STEPS=5 ROUNDS=2 scripts/validate_trainer.sh
+# The same for the MoE GPT (8 experts, top-2): the MoE planner's prediction of each step (its files in
+# $dir/validate_trainer_moe/).
+part prediction_moe 300 env DEVICE=cuda EXPERTS=8 TOP_K=2 BUILD="$dir" SKIP_BUILD=1 RECALIBRATE=1 LAYERS=4 HIDDEN=1024 \
+  HEADS=8 LENGTHS="2048 4096 8192" STEPS=5 ROUNDS=2 scripts/validate_trainer.sh
 exit $status

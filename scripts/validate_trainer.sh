@@ -35,12 +35,17 @@
 #   SKIP_BUILD=1 scripts/validate_trainer.sh         # run the binaries in $BUILD as they are (no build step)
 #   BACKEND=mpi BUILD=build-mpi scripts/validate_trainer.sh  # one rank per process under mpirun (an MPI build)
 #   DEVICE=cuda BUILD=build-gpu scripts/validate_trainer.sh  # on one GPU (a CUDA build; issue 25's single-GPU check)
+#   DEVICE=cuda EXPERTS=8 TOP_K=2 BUILD=build-gpu scripts/validate_trainer.sh  # the MoE GPT on one GPU
 #
 # On a GPU (DEVICE=cuda): train_gpt --device cuda on RANKS cuda_local ranks (default 1), its profile calibrated on the
 # GPU by that train_gpt (cost/calibrate.hpp over ops::Cuda, wall-clock time, the model's own GEMM shapes); the
 # measured column is the step's wall time (a GPU's work is not the host thread's CPU time), no speed probe (it times
 # host GEMMs), the bound 15% (the issue's for a GPU), and the "before" columns the datasheet's profile (BEFORE_PROFILE,
 # default H200-SXM-141GB-x8) instead of the profile without NEW_TERMS.
+# The MoE GPT (EXPERTS=E > 0, TOP_K=K, DEVICE=cuda only: its runs report wall time alone): plan_trace is dense, so the
+# prediction is train_gpt's own, the MoE planner's time of each step's plan on the same profile (the CSV's
+# predicted_s, plan/moe_plan.hpp); the strategy is the planner's ("dynamic"); no "before" columns. Its files go to
+# $BUILD/validate_trainer_moe/.
 #
 # Environment: BUILD (build folder, default build-rel), LENGTHS (tokens per step, default "1024 2048"), STEPS (steps
 # per strategy, length and round, default 8), WARMUP (first steps of each run not counted, default 1), ROUNDS
@@ -73,6 +78,8 @@ LAYERS=${LAYERS:-4}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"}
 NEW_TERMS=${NEW_TERMS:-"attention_whole_tiles"}
 MALLOC_TUNABLES=${MALLOC_TUNABLES-}
+EXPERTS=${EXPERTS:-0}
+TOP_K=${TOP_K:-2}
 BACKEND=${BACKEND:-threads}
 BEFORE_PROFILE=${BEFORE_PROFILE:-H200-SXM-141GB-x8}
 PYTHON=/usr/bin/python3
@@ -94,6 +101,13 @@ done
 [[ "$BACKEND" == threads || "$BACKEND" == mpi ]] || fail "BACKEND=$BACKEND: expected threads or mpi"
 [[ "$DEVICE" == cpu || "$DEVICE" == cuda ]] || fail "DEVICE=$DEVICE: expected cpu or cuda"
 [[ "$DEVICE" == cpu || "$BACKEND" == threads ]] || fail "DEVICE=cuda runs cuda_local ranks: BACKEND must be threads"
+[[ "$EXPERTS" =~ ^[0-9]+$ && "$TOP_K" =~ ^[0-9]+$ ]] || fail "EXPERTS=$EXPERTS TOP_K=$TOP_K: expected integers"
+if ((EXPERTS > 0)); then
+  [[ "$DEVICE" == cuda ]] || fail "EXPERTS=$EXPERTS: the MoE validation runs on a GPU (DEVICE=cuda): its runs report wall time only"
+  [[ "$STRATEGIES" == dynamic ]] || [[ "$STRATEGIES" == MegatronTS ]] ||
+    fail "STRATEGIES=$STRATEGIES: the MoE GPT's steps are the MoE planner's (STRATEGIES=dynamic)"
+  STRATEGIES=dynamic
+fi
 export GLIBC_TUNABLES=$MALLOC_TUNABLES
 # How train_gpt runs its ranks: RANKS threads in one process, or one process per rank under mpirun.
 LAUNCH=()
@@ -129,12 +143,14 @@ if [[ "$DEVICE" == cuda ]] && ! ldd "$BUILD/examples/train_gpt" 2>/dev/null | gr
 fi
 
 OUT=$BUILD/validate_trainer
+((EXPERTS > 0)) && OUT=$BUILD/validate_trainer_moe
 mkdir -p "$OUT/run/build"
 ln -sfn "$ROOT/data" "$OUT/run/data"  # train_gpt reads data/corpus/ and caches its profile in build/ of its folder
 TRAIN=$ROOT/$BUILD/examples/train_gpt
 PLAN=$ROOT/$BUILD/examples/plan_trace
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MODEL=(--layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS")
+((EXPERTS > 0)) && MODEL+=(--experts "$EXPERTS" --top-k "$TOP_K")
 
 # The profile: given, or calibrated once by this train_gpt on RANKS ranks of BACKEND (cached in $OUT/run/build/, with the
 # checksum of the train_gpt that calibrated it: a rebuilt train_gpt recalibrates, so a cached profile never lacks the
@@ -171,6 +187,7 @@ WHOLE_TILES=$($PYTHON -c \
   'import json, sys; print("on" if json.load(open(sys.argv[1])).get("attention_whole_tiles") else "off")' "$PROFILE_FILE")
 
 for L in $LENGTHS; do
+  ((EXPERTS > 0)) && break  # plan_trace plans the dense GPT: the MoE steps carry their planner's prediction
   echo "$L" >"$OUT/lengths_$L.txt"
   for variant in "" _before; do
     profile=$PROFILE_FILE
@@ -195,10 +212,12 @@ done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 $PYTHON - "$OUT" "$LENGTHS" "$STRATEGIES" "$LOAD_START" "$LOAD_END" "$PROFILE_FILE" "$RANKS" "$ROUNDS" \
-  "$WARMUP" "$GLIBC_TUNABLES" "$WHOLE_TILES" "$NEW_TERMS" "$BACKEND" "$DEVICE" "$BEFORE_PROFILE" <<'PY' | tee "$OUT/table.md"
+  "$WARMUP" "$GLIBC_TUNABLES" "$WHOLE_TILES" "$NEW_TERMS" "$BACKEND" "$DEVICE" "$BEFORE_PROFILE" "$EXPERTS" "$TOP_K" \
+  <<'PY' | tee "$OUT/table.md"
 import csv, statistics, sys
 out, lengths, strategies, load_start, load_end, profile, ranks, rounds, warmup, tunables, whole_tiles, new_terms, \
-    backend, device, before_profile = sys.argv[1:16]
+    backend, device, before_profile, experts, top_k = sys.argv[1:18]
+moe = int(experts) > 0  # the MoE GPT: its planner's own prediction (no plan_trace, no "before")
 rounds, warmup = int(rounds), int(warmup)
 # On a GPU the step's wall time is what the profile prices (measured in wall-clock time), within the issue's 15%.
 gpu = device == "cuda"
@@ -206,10 +225,11 @@ key, clock, bound = ("seconds", "wall", 0.15) if gpu else ("cpu_s", "CPU", 0.10)
 variant = {s: s for s in strategies.split()}
 variant["dynamic"] = "exact, uncached"  # the exact planner on the step's own cost table, as train_gpt plans
 kind = "cuda_local" if gpu else "thread" if backend == "threads" else "MPI"
-print(f"plan_trace against train_gpt on {ranks} {kind} ranks (profile {profile}; GLIBC_TUNABLES={tunables or '-'}); "
+print(f"{f'the MoE GPT ({experts} experts, top-{top_k}): its planner' if moe else 'plan_trace'} against train_gpt on "
+      f"{ranks} {kind} ranks (profile {profile}; GLIBC_TUNABLES={tunables or '-'}); "
       f"{rounds} round(s), the first {warmup} step(s) of each run not counted; load average {load_start} at the "
       f"start, {load_end} at the end; attention on whole tiles: {whole_tiles}; before: "
-      f"{'the datasheet profile ' + before_profile if gpu else 'without ' + new_terms}")
+      f"{'-' if moe else 'the datasheet profile ' + before_profile if gpu else 'without ' + new_terms}")
 print()
 print(f"| length | strategy | before: predicted s | before: pred / {clock} | predicted s | measured {clock} s median "
       f"(min..max) | step spread | round medians s | run-to-run | pred / {clock} | within {bound:.0%} | speed (probes) "
@@ -221,25 +241,26 @@ def probes(path):  # train_gpt --speed-probe on: measured / priced before the st
         sys.exit(f"validate_trainer.sh: {path} holds {len(found)} speed probe lines, expected 2 (before, after)")
     return found
 for length in lengths.split():
-    plan = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_{length}.csv"))}
-    before = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_before_{length}.csv"))}
+    if not moe:
+        plan = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_{length}.csv"))}
+        before = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_before_{length}.csv"))}
     for s in strategies.split():
         # A document shorter than the length runs as a shorter step (the corpus has a few): not this row's.
         runs = [[r for r in csv.DictReader(open(f"{out}/train_{s}_{length}_r{k}.csv"))
-                 if r["status"] == "ok" and r["length"] == length][warmup:] for k in range(1, rounds + 1)]
+                 if r.get("status", "ok") == "ok" and r["length"] == length][warmup:] for k in range(1, rounds + 1)]
         if not all(runs):
             print(f"| {length} | {s} | no counted step in some round (see {out}/train_{s}_{length}_r*.txt) |")
             continue
         rows = [r for run in runs for r in run]
-        predicted = float(plan[variant[s]]["time_s"])
-        baseline = float(before[variant[s]]["time_s"])
         own = statistics.median(float(r["predicted_s"]) for r in rows)
+        predicted = own if moe else float(plan[variant[s]]["time_s"])
+        baseline = None if moe else float(before[variant[s]]["time_s"])
         if abs(own / predicted - 1) > 1e-6:  # not the same cost table: the comparison would mean nothing
             print(f"| {length} | {s} | train_gpt predicted {own:.4f} s, plan_trace {predicted:.4f} s |")
             continue
         cpu = [float(r[key]) for r in rows]
         wall = [float(r["seconds"]) for r in rows]
-        adamw = statistics.median(float(r["optimizer_cpu_s"]) for r in rows)
+        adamw = statistics.median(float(r.get("optimizer_cpu_s") or 0) for r in rows)  # (the MoE runs: none)
         mc, mw = statistics.median(cpu), statistics.median(wall)
         medians = [statistics.median(float(r[key]) for r in run) for run in runs]
         within = "yes" if abs(predicted / mc - 1) <= bound else "no"
@@ -249,7 +270,8 @@ for length in lengths.split():
                   for k in range(1, rounds + 1)]
         at_speed = statistics.median(predicted * v / m for v, m in zip(speeds, medians))
         within_at_speed = "yes" if abs(at_speed - 1) <= bound else "no"
-        print(f"| {length} | {s} | {baseline:.4f} | {baseline / mc:.2f} | {predicted:.4f} | "
+        before_cells = "- | -" if baseline is None else f"{baseline:.4f} | {baseline / mc:.2f}"
+        print(f"| {length} | {s} | {before_cells} | {predicted:.4f} | "
               f"{mc:.4f} ({min(cpu):.4f}..{max(cpu):.4f}) | {(max(cpu) - min(cpu)) / mc:.0%} | "
               f"{' / '.join(f'{m:.4f}' for m in medians)} | {(max(medians) - min(medians)) / mc:.0%} | "
               f"{predicted / mc:.2f} | {within} | {' / '.join(f'{v:.2f}' for v in speeds)} | {at_speed:.2f} | "

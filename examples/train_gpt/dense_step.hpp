@@ -5,6 +5,7 @@
 // fails with OutOfMemory, which run() rethrows).
 #pragma once
 
+#include "rank_model.hpp"
 #include "training_options.hpp"
 
 #include "paradyse/comm/communicator.hpp"
@@ -22,20 +23,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <optional>
 #include <span>
 #include <vector>
 
 namespace paradyse::examples {
-
-template <class M>
-struct StrategiesOf;
-template <class S, class B>
-struct StrategiesOf<Gpt<S, B>> {
-  using type = S;
-  using backend = B;
-  static constexpr bool on_device = ops::memory_space_of<B> == MemorySpace::device;
-};
 
 // The plan of `batch`: the exact planner's, or the forced strategy's (with its predicted memory). Throws
 // plan::NoFeasiblePlan when none fits `cap`.
@@ -85,18 +76,12 @@ DenseStepResult run_dense_step(RanksT& ranks, const TrainingOptions& o, const Gp
     pool.reset_high_water();
     ranks.tracker(r).reset_peak();
     const SequenceLayout layout(s, o.ranks, config.layer.zigzag);
-    // The rank's token ids are host memory on every backend (a device model copies them where it computes);
-    // on the GPU the rank's current tracker is its device tracker, so they come from a host one.
-    std::optional<MemoryTracker> host_ids;
-    std::optional<ScopedTracker> on_host;
-    if constexpr (on_device) on_host.emplace(host_ids.emplace());
-    const Tensor<std::int32_t> x = shard_tokens(inputs, rows, layout, r);
-    const Tensor<std::int32_t> y = shard_tokens(targets, rows, layout, r);
-    on_host.reset();
+    const RankTokens<on_device> tokens(inputs, targets, rows, layout, r);
     model.zero_gradients();
     // Under MPI the step runs uncapped and is undone when any rank's peak passed the cap (see the top).
     if (mpi) ranks.tracker(r).set_cap(std::numeric_limits<std::size_t>::max());
-    const GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view(), document_starts);
+    const GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, tokens.inputs.view(),
+                                                        tokens.targets.view(), document_starts);
     if (mpi) {
       const double mine = double(ranks.tracker(r).peak());
       double most = 0;

@@ -118,8 +118,9 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                "--pack-documents: each sequence's documents ordered to even out the ranks' causal attention under the "
                "zigzag layout, or as packed (longest first)");
   flags.choice("--device", o.device, {"cpu", "cuda"},
-               "cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32); default profile "
-               "calibrated on the GPU once (build/train_gpt_profile_cuda_h<hidden>_p<P>.json); --save, --load, --resume and training checkpoints are host-only for now");
+               "cuda: the P ranks are threads on one GPU (cuda_local, ops::Cuda, fp32; dense or --experts); default "
+               "profile calibrated on the GPU once (build/train_gpt_profile_cuda_h<hidden>_p<P>.json); --save, "
+               "--load, --resume and training checkpoints are host-only for now");
   flags.choice("--dtype", o.dtype, {"fp32", "bf16"},
                "bf16: mixed precision as on a GPU (bf16 weights and activations in compute, fp32 master weights, "
                "gradients and AdamW states; on the CPU computed in fp32); dense GPT on the host only for now");

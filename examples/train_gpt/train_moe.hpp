@@ -19,6 +19,7 @@
 
 #include "paradyse/core/csv_table.hpp"
 #include "divergence.hpp"
+#include "rank_model.hpp"
 #include "training_data.hpp"
 #include "training_options.hpp"
 
@@ -57,9 +58,6 @@ inline GptConfig moe_gpt_config(const TrainingOptions& o) { return paradyse::moe
 
 namespace train_moe_detail {
 
-using Strategies = AllStrategies<>;
-using Model = Gpt<Strategies>;
-
 struct Load {
   std::int64_t min = 0, max = 0;
   double mean = 0;
@@ -75,14 +73,19 @@ inline Load load_of(const std::vector<std::int64_t>& routed) {
 
 }  // namespace train_moe_detail
 
-// Runs the MoE training; returns the exit status. `hardware`: the profile the planner predicts with.
-inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hardware) {
+// Runs the MoE training of Model (Gpt<AllStrategies<B>, B>) on `ranks` (thread or MPI ranks over ops::Cpu, or
+// cuda_local ranks over ops::Cuda: DeviceRanks); returns the exit status. `hardware`: the profile the planner
+// predicts with (its predicted step time is the CSV's predicted_s).
+template <class Model, class RanksT>
+int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hardware, RanksT& ranks) {
   using namespace train_moe_detail;
+  using Strategies = typename StrategiesOf<Model>::type;
+  constexpr bool on_device = StrategiesOf<Model>::on_device;
   constexpr double kMiB = 1024.0 * 1024.0;
+  if (on_device) refuse_device_checkpoints(o);
   const GptConfig config = moe_gpt_config(o);
   config.validate_for(o.ranks);
   if (!o.save.empty()) check_hf_exportable(config);
-  Ranks<Model, BufferPool> ranks(o.backend, o.ranks, std::numeric_limits<std::size_t>::max());
 
   // The steps: one window each, padded at its end to the group's minimum with masked tokens; or (--pack-documents)
   // the windows back to back in one sequence each, first-fit decreasing up to the budget (examples/train_gpt/training_data.hpp).
@@ -126,7 +129,8 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
                "continues at step {} of {}\n\n", o.resume, ranks.models[std::size_t(ranks.first_local())]->steps_taken(),
                first_step, n_steps);
   CsvTable csv(ranks.reports() ? o.csv : std::string(),
-               {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "tokens_per_s", "aux", "z"},
+               {"step", "length", "rows", "tokens", "padding", "plan", "loss", "seconds", "tokens_per_s", "aux", "z",
+                "predicted_s"},
                CsvTable::OnFailure::warns);
 
   ops::AdamWConfig adamw;
@@ -162,10 +166,10 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
       Model& model = *ranks.models[std::size_t(r)];
       BufferPool& pool = *ranks.pools[std::size_t(r)];
       const SequenceLayout layout(s, o.ranks, config.layer.zigzag);
-      const Tensor<std::int32_t> x = shard_tokens(inputs, 1, layout, r), y = shard_tokens(targets, 1, layout, r);
+      const RankTokens<on_device> tokens(inputs, targets, 1, layout, r);
       model.zero_gradients();
-      const GptStepResult result =
-          model.forward_backward(comm, pool, stack_plan, s, x.view(), y.view(), document_starts);
+      const GptStepResult result = model.forward_backward(comm, pool, stack_plan, s, tokens.inputs.view(),
+                                                          tokens.targets.view(), document_starts);
       if (const auto why = divergence(result.loss, step, config.vocab, double(adamw.learning_rate), o.lr))
         throw Error(*why);  // on every rank (the loss is the group's)
       model.optimizer_step(adamw);
@@ -184,7 +188,8 @@ inline int train_moe(const TrainingOptions& o, const cost::HardwareProfile& hard
     fmt::print("{:>4}  {:>6}  {:>4}  {:<{}}  {:>7.4f}  {:>7.4f}  {:>8.4f}  {:>7.3f}\n", step, s, batch.rows.size(),
                compact_plan(plan), 8 * o.layers, loss, aux, z, elapsed);
     csv.row(step, s, 1, real, s - real, compact_plan(plan), fmt::format("{:.17g}", loss), elapsed,
-            elapsed > 0 ? double(real) / elapsed : 0.0, fmt::format("{:.17g}", aux), fmt::format("{:.17g}", z));
+            elapsed > 0 ? double(real) / elapsed : 0.0, fmt::format("{:.17g}", aux), fmt::format("{:.17g}", z),
+            plan.time_s);
     if (o.load_every > 0 && (step % o.load_every == 0 || step + 1 == n_steps)) {
       std::string line;
       for (const MoeLayerStats& st : stats) {

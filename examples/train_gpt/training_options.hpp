@@ -6,6 +6,7 @@
 #pragma once
 
 #include "paradyse/comm/ranks.hpp"          // RankBackend
+#include "paradyse/core/error.hpp"
 #include "paradyse/model/byte_gpt.hpp"       // ByteGptShape
 #include "paradyse/model/data_parallel.hpp"  // ZeroStage
 #include "paradyse/model/resume.hpp"         // ResumeOptions
@@ -83,6 +84,13 @@ inline ByteGptShape byte_gpt_shape(const TrainingOptions& o) {
 }
 
 // The training checkpoints' options (model/resume.hpp).
+// --device cuda: the model lives in device memory, and checkpoints are written from the host (refused, naming them).
+inline void refuse_device_checkpoints(const TrainingOptions& o) {
+  if (!o.save.empty() || !o.load.empty() || !o.resume.empty() || o.checkpoint_every > 0 || o.stop_after > 0)
+    throw Error("--device cuda: checkpoints (--save, --load, --resume, --checkpoint-every, --stop-after) are not "
+                "written from device memory yet; train on the host (--device cpu) to save");
+}
+
 inline ResumeOptions resume_options(const TrainingOptions& o) {
   return {o.checkpoint_every, o.keep, o.checkpoint_dir, o.resume, o.stop_after, o.args};
 }

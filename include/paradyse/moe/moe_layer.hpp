@@ -156,11 +156,11 @@ MoeSaved forward(std::string_view strategy, const MoeContext& ctx, const MoeShar
   s.routing = route<Backend>(c, w.router.view(), x, ctx.k);
   s.dispatch = dispatch_by_expert(s.routing.offsets, s.routing.expert, c.experts,
                                   expert_capacity(c.capacity_factor, s.routing.assignments(), c.experts));
-  std::vector<double> stats = router_statistics(s.routing);
+  std::vector<double> stats = router_statistics<Backend>(s.routing);
   stats.push_back(double(s.dispatch.dropped));
   all_reduce(std::span<double>(stats));
   if (ctx.sum_statistics_over_replicas) ctx.sum_statistics_over_replicas(std::span<double>(stats));
-  s.losses = router_losses(c, std::span<const double>(stats).first(stats.size() - 1));
+  s.losses = router_losses<Backend>(c, std::span<const double>(stats).first(stats.size() - 1));
   s.dropped = std::int64_t(stats.back());
 
   const std::int64_t rows = s.dispatch.rows();

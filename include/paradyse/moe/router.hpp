@@ -19,6 +19,7 @@
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/moe/alloc_tokens.hpp"
 #include "paradyse/moe/moe_config.hpp"
+#include "paradyse/ops/backend.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
@@ -136,11 +137,15 @@ Routing route(const MoeConfig& c, TensorView<const float> router, TensorView<con
 
 // A rank's sums for the losses: [2E + 3] = score column sums (E), assignments per expert (E), sum of lse^2, tokens,
 // assignments. Add them over ranks (all-reduce) for the group's losses. On meta tensors the score sums read as 0.
-inline std::vector<double> router_statistics(const Routing& r) {
+// The score sums come to the host through Backend (from device memory over ops::Cuda, which waits for them).
+template <class Backend = ops::Cpu>
+std::vector<double> router_statistics(const Routing& r) {
   const std::int64_t e_count = r.experts;
   std::vector<double> s(static_cast<std::size_t>(2 * e_count + 3), 0.0);
-  if (r.stats.space() == MemorySpace::host) {
-    const std::span<const float> stats = r.stats.span();
+  if (r.stats.space() != MemorySpace::meta) {
+    std::vector<float> stats(static_cast<std::size_t>(e_count + 1));
+    Backend::copy(r.stats.view(), TensorView<float>(stats.data(), Shape{e_count + 1}));
+    Backend::synchronize();
     for (std::int64_t e = 0; e < e_count; ++e) s[std::size_t(e)] = stats[std::size_t(e)];
     s[std::size_t(2 * e_count)] = stats[std::size_t(e_count)];
   }
@@ -162,7 +167,9 @@ struct RouterLosses {
   float z_grad = 0;                 // d(z_loss_coef * z) / d lse_t^2
 };
 
-inline RouterLosses router_losses(const MoeConfig& c, std::span<const double> sums) {
+// aux_grad is made in the current tracker (device memory over ops::Cuda) and written through Backend.
+template <class Backend = ops::Cpu>
+RouterLosses router_losses(const MoeConfig& c, std::span<const double> sums) {
   const std::int64_t e_count = c.experts;
   check(std::int64_t(sums.size()) == 2 * e_count + 3, "router_losses: {} statistics, expected 2E + 3 = {}", sums.size(),
         2 * e_count + 3);
@@ -185,8 +192,10 @@ inline RouterLosses router_losses(const MoeConfig& c, std::span<const double> su
   l.z = n > 0 ? sums[std::size_t(2 * e_count)] / n : 0.0;
   l.z_grad = n > 0 ? float(c.z_loss_coef / n) : 0.0f;
   l.aux_grad = Tensor<float>(Shape{e_count});
-  if (l.aux_grad.space() == MemorySpace::host)
-    for (std::int64_t e = 0; e < e_count; ++e) l.aux_grad.span()[std::size_t(e)] = grad[std::size_t(e)];
+  if (l.aux_grad.space() != MemorySpace::meta) {
+    Backend::copy(TensorView<const float>(grad.data(), Shape{e_count}), l.aux_grad.view());
+    Backend::synchronize();  // grad is this function's: the copy is done before it goes
+  }
   return l;
 }
 
