@@ -49,9 +49,9 @@ inline double device_memory_bytes() {
 // The calibration's measurements for this run's model on Backend. On the host: the defaults, the model's attention
 // heads, its elementwise kernels by size, the pool's misses, whole tiles and the head-width products of attention
 // materialised. On a device (--device cuda): the model's own GEMMs (tokens by the projections' widths: a GPU's
-// small GEMMs are launch-bound, so the host's small shapes would not extrapolate to them), its attention at
-// 1K-8K tokens priced on the visible pairs (the GPU kernel skips the key tiles its queries cannot see), its
-// elementwise kernels by size, and the GPU's memory over the ranks sharing it.
+// small GEMMs are launch-bound, so the host's small shapes would not extrapolate to them) and its head-width
+// products at 1K-8K tokens, its attention there priced on the visible pairs (the GPU kernel skips the key tiles its
+// queries cannot see), its elementwise kernels by size, and the GPU's memory over the ranks sharing it.
 template <class Backend>
 pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   pd::cost::CalibrationOptions options;
@@ -70,6 +70,11 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
       for (const auto& [m, n] : {std::array<std::int64_t, 2>{3 * h, h}, {f, h}})
         options.gemm_shapes.push_back({m, n, k});
     options.attention_lengths = {1024, 2048, 4096, 8192};
+    // The per-head products of attention materialised (ColossalZ, which the planner picks on one GPU where cuBLAS
+    // outruns the fp32 flash kernel): scores [n, n] = q k^T and P v, the head dimension their short side.
+    for (const std::int64_t n : {1024, 2048, 4096, 8192})
+      for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
+        options.gemm_thin_shapes.push_back(shape);
     options.copy_bytes = {std::int64_t(1) << 22, std::int64_t(1) << 25, std::int64_t(1) << 28};
     options.memory_bytes = std::int64_t(device_memory_bytes()) / o.ranks;
     return options;
