@@ -11,16 +11,17 @@
 # Prints: the device, every CUDA test (ops against the CPU ops, strategies on cuda_local against the float64
 # reference, communicators), the attention benchmark (TFLOP/s against cuBLAS bf16 GEMM in the same run), the
 # collectives benchmark (bus bandwidth against cudaMemcpy device-to-device), train_gpt on the host and on the GPU
-# (losses side by side), tokens/s on the GPU, and the time model's prediction of single-GPU training steps, dense and
-# MoE, against their measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the GPU by
-# train_gpt, issue 25). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to $LOG_DIR (default
+# (losses side by side, dense and MoE), tokens/s on the GPU, the time model's prediction of single-GPU training steps,
+# dense and MoE, against their measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the
+# GPU by train_gpt, issue 25), and where those steps' time goes op by op against each op's price (bench/step_ops). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to $LOG_DIR (default
 # build-gpu/logs). A bundle mirrors the build folder's layout (examples/, tests/, bench/, its CMakeCache.txt) and
 # carries the shared libraries a bare GPU machine lacks (build it without OpenBLAS and MPI to keep it small:
 # -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DPARADYSE_ENABLE_MPI=OFF).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-all_parts="tests attention collectives train_gpt_cpu train_gpt_gpu train_gpt prediction prediction_moe step_ops_moe step_ops_dense"
+all_parts="tests attention collectives train_gpt_cpu train_gpt_gpu train_moe_cpu train_moe_gpu train_gpt prediction
+  prediction_moe step_ops_moe step_ops_dense"
 mode=build dir=build-gpu quick=() parts=$all_parts
 while (($#)); do
   case $1 in
@@ -28,10 +29,11 @@ while (($#)); do
     --prebuilt) mode=prebuilt dir=$2; shift 2 ;;
     --quick) quick=(--quick); shift ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "device_check.sh: unknown argument '$1' (expected --bundle DIR, --prebuilt DIR, --quick, --parts LIST or --help)" >&2; exit 2 ;;
   esac
 done
+all_parts=$(echo $all_parts) parts=$(echo $parts)  # one space between names
 for p in $parts; do
   [[ " $all_parts " == *" $p "* ]] || { echo "device_check.sh: --parts: '$p' is not one of: $all_parts" >&2; exit 2; }
 done
@@ -105,14 +107,11 @@ export PARADYSE_COMM_TIMEOUT=120
 part tests 180 "$(bin tests/test_cuda)" --duration=true
 part attention 90 "$(bin bench/cuda_attention)" "${quick[@]}"
 part collectives 60 "$(bin bench/cuda_comm)" "${quick[@]}"
-# The same short run on the host and on the GPU (same plans: same profile and cap): the losses must follow each other
-# (fp32 on both; only summation orders differ).
-small=(--steps 8 --ranks 2 --layers 2 --hidden 128 --heads 4 --min-len 256 --max-len 2048 --profile H200-SXM-141GB-x8)
-part train_gpt_cpu 60 "$(bin examples/train_gpt)" --device cpu "${small[@]}" --csv "$logs/train_cpu.csv"
-part train_gpt_gpu 60 "$(bin examples/train_gpt)" --device cuda "${small[@]}" --csv "$logs/train_gpu.csv"
-if wanted train_gpt_cpu && wanted train_gpt_gpu; then
-echo; echo "## train_gpt: the GPU's losses against the host's"; echo
-python3 - "$logs/train_cpu.csv" "$logs/train_gpu.csv" <<'PY' || status=1
+# The same short runs on the host and on the GPU (same plans: same profile and cap), the dense GPT and the MoE GPT:
+# the losses must follow each other (fp32 on both; only summation orders differ).
+compare_losses() {  # $1: what, $2: the host run's CSV, $3: the GPU run's
+  echo; echo "## $1: the GPU's losses against the host's"; echo
+  python3 - "$2" "$3" <<'PY' || status=1
 import csv, os, sys
 rows = [list(csv.DictReader(open(f))) if os.path.exists(f) else [] for f in sys.argv[1:3]]
 if not rows[0] or len(rows[0]) != len(rows[1]):
@@ -129,7 +128,16 @@ for c, g in zip(*rows):
 print(f"\nlargest relative difference {worst:.2e} over {len(rows[0])} steps")
 sys.exit(0 if worst < 1e-3 else 1)
 PY
-fi
+}
+small=(--steps 8 --ranks 2 --layers 2 --hidden 128 --heads 4 --min-len 256 --max-len 2048 --profile H200-SXM-141GB-x8)
+part train_gpt_cpu 60 "$(bin examples/train_gpt)" --device cpu "${small[@]}" --csv "$logs/train_cpu.csv"
+part train_gpt_gpu 60 "$(bin examples/train_gpt)" --device cuda "${small[@]}" --csv "$logs/train_gpu.csv"
+wanted train_gpt_cpu && wanted train_gpt_gpu && compare_losses train_gpt "$logs/train_cpu.csv" "$logs/train_gpu.csv"
+moe=(--experts 4 --top-k 2 --steps 6 --ranks 2 --layers 2 --hidden 128 --heads 4 --min-len 256 --max-len 1024
+  --profile H200-SXM-141GB-x8)
+part train_moe_cpu 60 "$(bin examples/train_gpt)" --device cpu "${moe[@]}" --csv "$logs/moe_cpu.csv"
+part train_moe_gpu 60 "$(bin examples/train_gpt)" --device cuda "${moe[@]}" --csv "$logs/moe_gpu.csv"
+wanted train_moe_cpu && wanted train_moe_gpu && compare_losses "train_gpt --experts" "$logs/moe_cpu.csv" "$logs/moe_gpu.csv"
 # Tokens per second and model FLOPs utilisation on one GPU (4 cuda_local ranks share it), against the datasheet.
 part train_gpt 60 "$(bin examples/train_gpt)" --device cuda --steps 20 --layers 4 --hidden 512 --heads 8 \
   --min-len 1024 --max-len 8192 --profile H200-SXM-141GB-x8
