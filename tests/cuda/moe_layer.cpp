@@ -112,12 +112,7 @@ std::vector<RankResult> run_device_layer(const MoeProblem& prob, int p, const Fo
 }
 
 void check_device_cases(int p, const Forward& fwd, const Backward& bwd, std::uint64_t seed) {
-  for (const LayerCase& lc : layer_cases(p)) {
-    CAPTURE(lc.name);
-    CAPTURE(p);
-    const MoeProblem prob = make_problem(lc, seed++);
-    check_against_reference(prob, p, run_device_layer(prob, p, fwd, bwd));
-  }
+  check_cases(p, seed, [&](const MoeProblem& prob, int ranks) { return run_device_layer(prob, ranks, fwd, bwd); });
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // its profilers, and the MoE layer routed with a per-layer k and with pooled per-token counts against the float64
 // reference of the same selection (output, input gradient, every weight gradient), on one rank and under
 // ExpertParallel and ExpertTensorParallel over p in {1, 2, 3}.
+#include "moe/layer_harness.hpp"
 #include "moe/reference_moe.hpp"
 #include "support/tolerance.hpp"
 
@@ -110,14 +111,8 @@ void reference_scores(const MoeProblem& prob, const std::vector<std::int64_t>& i
   }
 }
 
-MoeConfig small_config(std::int64_t experts, std::int64_t top_k) {
-  MoeConfig c;
-  c.hidden = 8;
-  c.experts = experts;
-  c.top_k = top_k;
-  c.expert_ffn = 6;
-  return c;
-}
+// h 8, expert ffn 6 (the layer tests' small experts).
+MoeConfig small_config(std::int64_t experts, std::int64_t top_k) { return moe_harness::base_config(experts, top_k); }
 
 }  // namespace
 

@@ -192,4 +192,16 @@ inline void check_against_reference(const MoeProblem& prob, int p, const std::ve
   }
 }
 
+// Every case of p ranks (seeds from `seed` on): run(problem, p) computes each rank's results, checked against the
+// reference.
+template <class Run>
+void check_cases(int p, std::uint64_t seed, Run&& run) {
+  for (const LayerCase& lc : layer_cases(p)) {
+    CAPTURE(lc.name);
+    CAPTURE(p);
+    const MoeProblem prob = make_problem(lc, seed++);
+    check_against_reference(prob, p, run(prob, p));
+  }
+}
+
 }  // namespace paradyse::testing::moe_harness

@@ -85,12 +85,7 @@ std::vector<RankResult> run_layer(const MoeProblem& prob, int p, Forward fwd, Ba
 }
 
 void check_cases(int p, const Forward& fwd, const Backward& bwd, std::uint64_t seed) {
-  for (const LayerCase& lc : layer_cases(p)) {
-    CAPTURE(lc.name);
-    CAPTURE(p);
-    const MoeProblem prob = make_problem(lc, seed++);
-    check_against_reference(prob, p, run_layer(prob, p, fwd, bwd));
-  }
+  moe_harness::check_cases(p, seed, [&](const MoeProblem& prob, int ranks) { return run_layer(prob, ranks, fwd, bwd); });
 }
 
 }  // namespace
