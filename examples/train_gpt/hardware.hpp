@@ -51,7 +51,7 @@ inline double device_memory_bytes() {
 // materialised. On a device (--device cuda): the model's own GEMMs (tokens by the projections' widths: a GPU's
 // small GEMMs are launch-bound, so the host's small shapes would not extrapolate to them) and its head-width
 // products at 1K-8K tokens, its attention there priced on the visible pairs (the GPU kernel skips the key tiles its
-// queries cannot see), its elementwise kernels by size, and the GPU's memory over the ranks sharing it.
+// queries cannot see), its elementwise kernels by size and by family, and the GPU's memory over the ranks sharing it.
 template <class Backend>
 pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   pd::cost::CalibrationOptions options;
@@ -76,6 +76,9 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
       for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
         options.gemm_thin_shapes.push_back(shape);
     options.copy_bytes = {std::int64_t(1) << 22, std::int64_t(1) << 25, std::int64_t(1) << 28};
+    // Each family of elementwise kernels at its own rate (one mix misprices a GPU's streaming kernels and its norms
+    // by 2-4x either way: docs/trainer_validation.md), at a small layer's tokens and a large one's.
+    options.elementwise_family_rows = {2048, 16384};
     options.memory_bytes = std::int64_t(device_memory_bytes()) / o.ranks;
     return options;
   }

@@ -78,6 +78,7 @@ CalibrationOptions small_options() {
   o.attention_lengths = {128, 256, 512};
   o.copy_bytes = {std::int64_t(1) << 20, std::int64_t(1) << 22};
   o.elementwise_class_rows = {64, 1024};
+  o.elementwise_family_rows = {64, 512};
   o.pool_miss_bytes = {std::int64_t(1) << 18};  // asked for, and left out on a device
   o.memory_bytes = std::int64_t(3) << 30;
   return o;
@@ -130,6 +131,7 @@ TEST_CASE("device calibration: the host's own terms stay unpriced, the device's 
   CHECK(device.pool_miss_bytes_per_s == 0);
   CHECK(device.memory_bytes == options.memory_bytes);
   CHECK(device.elementwise_classes.size() >= 1);
+  for (int f = 1; f < kElementwiseFamilies; ++f) CHECK(device.elementwise_families[std::size_t(f)].calibrated());
   CHECK(device.elementwise_bytes_per_s > 1);
   CHECK(!device.attention.whole_tiles);
   CHECK(device.name == "deferred-p1 (calibrated)");

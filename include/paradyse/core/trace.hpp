@@ -6,7 +6,7 @@
 //   - the rank's memory tracker: every plain allocation and free, and every buffer lent or taken back by the buffer
 //     pool (bytes as requested, before rounding, so that a model may rescale them to another element size);
 //   - the backend: every kernel with its shape (GEMM m, n, k; attention visible query-key pairs, heads, head dim,
-//     and the pairs of the whole tiles the CPU kernel computes; element-wise bytes moved);
+//     and the pairs of the whole tiles the CPU kernel computes; element-wise bytes moved and the kernel's family);
 //   - the communicator: every transfer when it is posted (its kind and bytes) and when it is waited for.
 // The cost models (cost/trace_cost.hpp) read memory and time off this record, so a strategy is written once.
 #pragma once
@@ -50,9 +50,33 @@ constexpr std::string_view name_of(TransferKind t) {
   return names[int(t)];
 }
 
+// Which family of memory-bound kernels an elementwise or activation event is: a profile may price each family at a
+// rate of its own (cost::HardwareProfile::elementwise_families, calibrated on a device, where the streaming kernels
+// and the norms run several times apart); `other`, and any family a profile has no rate for, at the size classes.
+enum class ElementwiseFamily : std::uint8_t {
+  other,       // attention merge, router, cross-entropy, conversions, ...
+  copy,        // copy (any strides)
+  fill,        // fill
+  add,         // add_into
+  norm,        // LayerNorm and RMSNorm, forward and backward
+  rope,        // rotary embedding, forward and backward
+  softmax,     // the materialised softmax, forward and backward
+  activation,  // GELU, SwiGLU, sigmoid, forward and backward
+  optimizer,   // the AdamW step
+  rows,        // row gathers and scatters (MoE permutation and combine, embedding)
+};
+inline constexpr int kElementwiseFamilies = 10;
+
+constexpr std::string_view name_of(ElementwiseFamily f) {
+  constexpr std::string_view names[] = {"other",   "copy",       "fill",      "add",  "norm",
+                                        "rope",    "softmax",    "activation", "optimizer", "rows"};
+  return names[int(f)];
+}
+
 struct TraceEvent {
   TraceKind kind = TraceKind::elementwise;
   TransferKind transfer = TransferKind::barrier;
+  ElementwiseFamily family = ElementwiseFamily::other;  // elementwise and activation events
   std::int32_t request = -1;  // links a post to its wait
   std::int32_t count = 1;     // identical kernels in a row (a per-head loop) are one event
   std::int32_t group = 0;     // post: the size of the group the transfer runs over (0: the trace's whole group)
@@ -63,7 +87,8 @@ struct TraceEvent {
 
   bool is_kernel() const noexcept { return kind >= TraceKind::gemm && kind <= TraceKind::transcendental; }
   bool same_kernel(const TraceEvent& e) const noexcept {
-    return kind == e.kind && bytes == e.bytes && m == e.m && n == e.n && k == e.k && tiled == e.tiled;
+    return kind == e.kind && family == e.family && bytes == e.bytes && m == e.m && n == e.n && k == e.k &&
+           tiled == e.tiled;
   }
 };
 

@@ -131,6 +131,10 @@ struct CalibrationOptions {
   // Elementwise size classes (HardwareProfile::elementwise_classes): token rows of the [rows, attention_heads,
   // head_dim] tensors the kernel mix runs on, ascending; empty (the default): no classes, the single copy rate.
   std::vector<std::int64_t> elementwise_class_rows;
+  // Elementwise kernel families (HardwareProfile::elementwise_families): token rows of the [rows, attention_heads,
+  // head_dim] tensors each family's kernels run on, two or more sizes, t = overhead + bytes / rate fitted per family;
+  // empty (the default): none, the classes price every family. train_gpt asks on a device.
+  std::vector<std::int64_t> elementwise_family_rows;
   // The pool's misses (HardwareProfile::pool_miss_bytes_per_s): loan sizes; empty (the default): unpriced.
   std::vector<std::int64_t> pool_miss_bytes;
   // The fixed cost per kernel call (HardwareProfile::call_overhead); false (the default): unpriced. moe_simulate --measure asks for them (a serving step's kernels run on a handful of rows).
@@ -412,6 +416,101 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
                               result.profile.elementwise_time(s.bytes)});
 }
 
+// Elementwise kernel families (options.elementwise_family_rows): per family (ElementwiseFamily, core/trace.hpp) its
+// kernels as a layer runs them on [rows, heads, d] activations (copy; fill; add_into; LayerNorm and RMSNorm forward
+// and backward; RoPE forward and backward; the materialised causal softmax forward and backward on heads x n x n
+// scores of as many elements; GELU and SwiGLU forward and backward; an AdamW step over as many parameters; a row
+// gather and scatter-add in reversed order), at each size: t = overhead + bytes / rate over the sizes, the bytes the
+// counting backend records for the same calls (ops/counting.hpp).
+template <class Backend, Communicator C>
+void calibrate_elementwise_families(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (options.elementwise_family_rows.empty()) return;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
+  struct Sample {
+    double bytes, seconds;
+  };
+  std::array<std::vector<Sample>, kElementwiseFamilies> samples;
+  for (const std::int64_t rows : options.elementwise_family_rows) {
+    check(rows >= 2 && h % 2 == 0, "calibrate: elementwise family rows {} (h = {}) must be at least 2 (h even)", rows, h);
+    Tensor<float> x(Shape{rows, h}), y(Shape{rows, h}), dy(Shape{rows, h}), dx(Shape{rows, h});
+    Tensor<float> norm(Shape{4, h}), mean(Shape{rows}), rstd(Shape{rows});
+    const std::int64_t n = std::max<std::int64_t>(8, std::int64_t(std::sqrt(double(rows * d))));
+    Tensor<float> scores(Shape{1, heads, n, n}), dscores(Shape{1, heads, n, n});
+    calibrate_detail::fill<Backend>(x, 0.5f);
+    calibrate_detail::fill<Backend>(dy, 0.25f);
+    calibrate_detail::fill<Backend>(dx, 0.01f);
+    calibrate_detail::fill<Backend>(norm, 1.0f);
+    calibrate_detail::fill<Backend>(scores, 0.5f);
+    calibrate_detail::fill<Backend>(dscores, 0.1f);
+    const auto row = [&](std::int64_t i) { return norm.view().slice(0, i, 1).reshape(Shape{h}); };
+    const auto heads_of = [&](Tensor<float>& t) { return t.view().reshape(Shape{1, rows, heads, d}); };
+    const auto half = [&](Tensor<float>& t, std::int64_t i) { return t.view().slice(1, i * h / 2, h / 2); };
+    const std::vector<ops::PositionRun> runs{{0, 0, n}};
+    std::vector<std::int64_t> reversed(static_cast<std::size_t>(rows));
+    for (std::int64_t i = 0; i < rows; ++i) reversed[std::size_t(i)] = rows - 1 - i;
+    ops::AdamWConfig adamw;
+    const auto kernels = [&]<class B>(ElementwiseFamily family) {
+      switch (family) {
+        case ElementwiseFamily::copy: B::copy(x.view(), y.view()); break;
+        case ElementwiseFamily::fill: B::fill(y.view(), 0.0f); break;
+        case ElementwiseFamily::add: B::add_into(y.view(), x.view()); break;
+        case ElementwiseFamily::norm:
+          B::layer_norm_forward(x.view(), row(0), row(1), 1e-5f, y.view(), mean.view(), rstd.view());
+          B::layer_norm_backward(x.view(), row(0), mean.view(), rstd.view(), dy.view(), dx.view(), row(2), row(3));
+          B::rms_norm_forward(x.view(), row(0), 1e-5f, y.view(), rstd.view());
+          B::rms_norm_backward(x.view(), row(0), rstd.view(), dy.view(), dx.view(), row(2));
+          break;
+        case ElementwiseFamily::rope:
+          B::rope_forward(heads_of(x), heads_of(y), 0);
+          B::rope_backward(heads_of(dy), heads_of(dx), 0);
+          break;
+        case ElementwiseFamily::softmax:  // in place, on the last call's probabilities (finite, as scores are)
+          B::masked_softmax_forward(scores.view(), runs, runs, true);
+          B::softmax_backward(scores.view(), dscores.view());
+          break;
+        case ElementwiseFamily::activation:
+          B::gelu_forward(x.view(), y.view());
+          B::gelu_backward(x.view(), dy.view(), dx.view());
+          B::swiglu_forward(half(x, 0), half(x, 1), half(y, 0));
+          B::swiglu_backward(half(x, 0), half(x, 1), half(dy, 0), half(dx, 0), half(dx, 1));
+          break;
+        case ElementwiseFamily::optimizer: B::adamw_step(y.view(), x.view(), dy.view(), dx.view(), adamw, 1); break;
+        case ElementwiseFamily::rows:
+          B::gather_rows(x.view(), reversed, {}, y.view());
+          B::scatter_add_rows(dx.view(), reversed, y.view(), {});
+          break;
+        case ElementwiseFamily::other: break;
+      }
+    };
+    for (int f = 1; f < kElementwiseFamilies; ++f) {
+      const ElementwiseFamily family = ElementwiseFamily(f);
+      const double seconds = measure<Backend>(comm, options.clock, options.repetitions,
+                                              [&] { kernels.template operator()<Backend>(family); });
+      Trace trace;
+      {
+        const ScopedTrace recording(trace);
+        kernels.template operator()<ops::Counting>(family);
+      }
+      double bytes = 0;
+      for (const TraceEvent& e : trace.events())
+        if (e.kind == TraceKind::elementwise || e.kind == TraceKind::activation) bytes += e.bytes * e.count;
+      samples[std::size_t(f)].push_back({bytes, seconds});
+    }
+  }
+  for (int f = 1; f < kElementwiseFamilies; ++f) {
+    std::vector<std::vector<double>> rows;
+    std::vector<double> y;
+    for (const Sample& s : samples[std::size_t(f)]) rows.push_back({1.0, s.bytes}), y.push_back(s.seconds);
+    const Fit fit = fit_non_negative(rows, y);
+    ElementwiseFamilyRate& rate = result.profile.elementwise_families[std::size_t(f)];
+    rate.overhead_s = fit.coefficients[0];
+    rate.bytes_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
+    for (const Sample& s : samples[std::size_t(f)])
+      result.samples.push_back({fmt::format("elementwise {} {} B", name_of(ElementwiseFamily(f)), std::int64_t(s.bytes)),
+                                s.seconds, result.profile.elementwise_time(s.bytes, ElementwiseFamily(f))});
+  }
+}
+
 // The buffer pool's misses (options.pool_miss_bytes): per size, a pool lends buffers of that size and of a size a
 // quarter larger (another class) in turn, so that every loan misses and evicts the other's cached buffer, as the
 // churn of a step does. A miss makes a new zeroed Tensor of its class, the allocation calibrate_fresh_memory times
@@ -688,6 +787,7 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
   }
   // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
   calibrate_detail::calibrate_elementwise_classes<Backend>(comm, options, result);
+  calibrate_detail::calibrate_elementwise_families<Backend>(comm, options, result);
   if constexpr (!on_device) calibrate_detail::calibrate_pool_misses<Backend>(comm, options, result);
   // After every per-byte and per-element rate: the calls' work is priced on them.
   calibrate_detail::calibrate_call_overheads<Backend>(comm, options, result);

@@ -13,6 +13,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/statistics.hpp"
+#include "paradyse/core/trace.hpp"  // ElementwiseFamily
 
 #include <fmt/format.h>
 
@@ -259,6 +260,17 @@ struct ElementwiseClass {
 // pair, query head): t = visits / visits_per_s + 4 d visits / flops_per_s (the dot products and the weighted sum).
 // Both rates 0 (older profiles; devices, whose paged kernels run at the attention rate): not calibrated, and
 // HardwareProfile::paged_attention_time prices the kernel as flash attention forward, as before the model existed.
+// A family of memory-bound kernels (ElementwiseFamily, core/trace.hpp) at a rate of its own: t = overhead + bytes /
+// rate. Calibrated on a device (CalibrationOptions::elementwise_family_rows, cost/calibrate.hpp), where one mix of
+// the backend's kernels prices its streaming kernels (softmax, SwiGLU, AdamW: 2-4 TB/s on an H200) 2-4x slow and its
+// norms and RoPE 2-3x fast (docs/trainer_validation.md). Not calibrated (rate 0): the size classes price the family.
+struct ElementwiseFamilyRate {
+  double overhead_s = 0;
+  double bytes_per_s = 0;
+  bool calibrated() const { return bytes_per_s > 0; }
+  friend bool operator==(const ElementwiseFamilyRate&, const ElementwiseFamilyRate&) = default;
+};
+
 struct PagedAttentionModel {
   double visits_per_s = 0;  // the per-visit work: the block-table lookups, the exp, the loop
   double flops_per_s = 0;   // the d-long dot product and weighted sum of each visit
@@ -305,6 +317,8 @@ struct HardwareProfile {
   AttentionModel attention;
   double elementwise_bytes_per_s = 1; // bytes read + written per second by elementwise kernels
   std::vector<ElementwiseClass> elementwise_classes;  // by bytes per call, ascending; empty: the single rate above
+  // Per kernel family, where calibrated (a device's profile): before the classes for that family's calls.
+  std::array<ElementwiseFamilyRate, kElementwiseFamilies> elementwise_families{};
   // Output elements per second of activation kernels (GELU, SwiGLU, softmax exponentials), which are compute-bound
   // on CPUs; 0: memory-bound like the other elementwise kernels (GPUs).
   double activation_elements_per_s = 0;
@@ -428,11 +442,19 @@ struct HardwareProfile {
       if (bytes <= c.max_bytes) return bytes / c.bytes_per_s;
     return bytes / elementwise_classes.back().bytes_per_s;
   }
-  // An activation producing `elements` outputs from `bytes` of reads and writes.
-  double activation_time(double elements, double bytes, bool swiglu_forward = false) const {
+  // A kernel of `family`: at the family's rate where calibrated, else as above.
+  double elementwise_time(double bytes, ElementwiseFamily family) const {
+    const ElementwiseFamilyRate& f = elementwise_families[std::size_t(family)];
+    if (bytes > 0 && f.calibrated()) return f.overhead_s + bytes / f.bytes_per_s;
+    return elementwise_time(bytes);
+  }
+  // An activation producing `elements` outputs from `bytes` of reads and writes (memory-bound, where the profile has
+  // no activation rate, at its family's elementwise rate).
+  double activation_time(double elements, double bytes, bool swiglu_forward = false,
+                         ElementwiseFamily family = ElementwiseFamily::activation) const {
     if (elements <= 0) return 0;
     if (swiglu_forward && swiglu_forward_elements_per_s > 0) return elements / swiglu_forward_elements_per_s;
-    return activation_elements_per_s > 0 ? elements / activation_elements_per_s : elementwise_time(bytes);
+    return activation_elements_per_s > 0 ? elements / activation_elements_per_s : elementwise_time(bytes, family);
   }
 
   // Sets (or replaces) the entry for one collective, group size, level and size range.

@@ -8,6 +8,7 @@
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
+//    ["elementwise_families": [{"family", "overhead_s", "bytes_per_s"}, ...]],
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
 //    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
 //    ["step_jitter": [ascending positive factors]], ["rank_jitter": relative spread in [0, 1)],
@@ -217,6 +218,34 @@ inline PagedAttentionModel paged_attention_from_json(const json::Field& v) {
   only_keys(v, {"visits_per_s", "flops_per_s"});
   return {rate(v, "visits_per_s", true), rate(v, "flops_per_s", true)};
 }
+// elementwise_families (cost/profile.hpp's ElementwiseFamilyRate): [{"family", "overhead_s", "bytes_per_s"}, ...], the
+// calibrated families only, each once, by name (core/trace.hpp's ElementwiseFamily; "other" is the classes').
+inline constexpr std::array<ElementwiseFamily, kElementwiseFamilies - 1> kRatedFamilies = {
+    ElementwiseFamily::copy, ElementwiseFamily::fill,       ElementwiseFamily::add,       ElementwiseFamily::norm,
+    ElementwiseFamily::rope, ElementwiseFamily::softmax,    ElementwiseFamily::activation, ElementwiseFamily::optimizer,
+    ElementwiseFamily::rows};
+inline json::Value elementwise_families_to_json(const std::array<ElementwiseFamilyRate, kElementwiseFamilies>& rates) {
+  json::Value list = json::Value::array();
+  for (const ElementwiseFamily f : kRatedFamilies) {
+    const ElementwiseFamilyRate& r = rates[std::size_t(f)];
+    if (r.calibrated())
+      list.push_back({{"family", std::string(name_of(f))}, {"overhead_s", r.overhead_s}, {"bytes_per_s", r.bytes_per_s}});
+  }
+  return list;
+}
+inline std::array<ElementwiseFamilyRate, kElementwiseFamilies> elementwise_families_from_json(const json::Field& list) {
+  std::array<ElementwiseFamilyRate, kElementwiseFamilies> rates{};
+  for (const json::Field& entry : list.elements()) {
+    only_keys(entry, {"family", "overhead_s", "bytes_per_s"});
+    const ElementwiseFamily f = enum_from_name(text(entry, "family"), kRatedFamilies, "elementwise family");
+    ElementwiseFamilyRate& r = rates[std::size_t(f)];
+    check(!r.calibrated(), "profile: {}.family \"{}\" appears twice", entry.path(), name_of(f));
+    r.overhead_s = seconds(entry, "overhead_s");
+    r.bytes_per_s = rate(entry, "bytes_per_s");
+  }
+  return rates;
+}
+
 inline json::Value call_overhead_to_json(const CallOverheadModel& m) {
   return {{"kernel_call_s", m.kernel_call_s}};
 }
@@ -283,6 +312,8 @@ inline json::Value to_json(const HardwareProfile& p) {
   if (p.scalar_math != ScalarMathModel{}) v["scalar_math"] = detail::scalar_math_to_json(p.scalar_math);
   if (!p.elementwise_classes.empty())
     v["elementwise_classes"] = detail::elementwise_classes_to_json(p.elementwise_classes);
+  if (p.elementwise_families != decltype(p.elementwise_families){})
+    v["elementwise_families"] = detail::elementwise_families_to_json(p.elementwise_families);
   if (p.pool_miss_bytes_per_s > 0) v["pool_miss_bytes_per_s"] = p.pool_miss_bytes_per_s;
   if (p.paged_attention.calibrated()) v["paged_attention"] = detail::paged_attention_to_json(p.paged_attention);
   if (p.call_overhead != CallOverheadModel{}) v["call_overhead"] = detail::call_overhead_to_json(p.call_overhead);
@@ -306,7 +337,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
                 "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
                 "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
-                "fresh_memory", "scalar_math", "elementwise_classes", "pool_miss_bytes_per_s", "paged_attention",
+                "fresh_memory", "scalar_math", "elementwise_classes", "elementwise_families", "pool_miss_bytes_per_s",
+                "paged_attention",
                 "call_overhead", "planning_events_per_s", "serving_host", "step_jitter", "rank_jitter",
                 "serving_probe_baseline"});
   if (const auto format = v.find("format"))
@@ -378,6 +410,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto fresh = v.find("fresh_memory")) p.fresh_memory = fresh_memory_from_json(*fresh);
   if (const auto math = v.find("scalar_math")) p.scalar_math = scalar_math_from_json(*math);
   if (const auto classes = v.find("elementwise_classes")) p.elementwise_classes = elementwise_classes_from_json(*classes);
+  if (const auto families = v.find("elementwise_families"))
+    p.elementwise_families = elementwise_families_from_json(*families);
   if (v.has("pool_miss_bytes_per_s")) p.pool_miss_bytes_per_s = rate(v, "pool_miss_bytes_per_s", true);
   if (const auto paged = v.find("paged_attention")) p.paged_attention = paged_attention_from_json(*paged);
   if (const auto calls = v.find("call_overhead")) p.call_overhead = call_overhead_from_json(*calls);

@@ -229,8 +229,8 @@ private:
       case TraceKind::attention_forward: return hw_.attention.forward_time(attention_flops(e));
       case TraceKind::attention_backward: return hw_.attention.backward_time(attention_flops(e));
       case TraceKind::paged_attention: return hw_.paged_attention_time(e.m, e.n, e.k);
-      case TraceKind::elementwise: return hw_.elementwise_time(e.bytes * scale_);
-      case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_, e.n == 1);
+      case TraceKind::elementwise: return hw_.elementwise_time(e.bytes * scale_, e.family);
+      case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_, e.n == 1, e.family);
       case TraceKind::transcendental: return hw_.scalar_math.time(ScalarFunction(int(e.n)), e.m);
       default: return 0;
     }

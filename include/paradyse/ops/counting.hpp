@@ -216,12 +216,17 @@ inline void record(const TraceEvent& event) {
   trace->record(event);
 }
 // A memory-bound kernel that reads and writes `elements` float32 elements in all.
-inline void stream(double elements) { record({.kind = TraceKind::elementwise, .bytes = 4 * elements}); }
-inline void stream(std::int64_t elements) { stream(double(elements)); }
+inline void stream(double elements, ElementwiseFamily family = ElementwiseFamily::other) {
+  record({.kind = TraceKind::elementwise, .family = family, .bytes = 4 * elements});
+}
+inline void stream(std::int64_t elements, ElementwiseFamily family = ElementwiseFamily::other) {
+  stream(double(elements), family);
+}
 // `function`: 1 SwiGLU's forward, 0 the others (cost::HardwareProfile::activation_time prices each at its rate).
-inline void activation(std::int64_t elements, int tensors, int function = 0) {
-  record({.kind = TraceKind::activation, .bytes = 4.0 * double(elements) * tensors, .m = double(elements),
-          .n = double(function)});
+inline void activation(std::int64_t elements, int tensors, int function = 0,
+                       ElementwiseFamily family = ElementwiseFamily::activation) {
+  record({.kind = TraceKind::activation, .family = family, .bytes = 4.0 * double(elements) * tensors,
+          .m = double(elements), .n = double(function)});
 }
 // `calls` scalar math-library calls of `function` (0 exp, 1 cos or sin: cost::ScalarFunction), made one at a time.
 inline void scalar_calls(double calls, int function) {
@@ -229,7 +234,7 @@ inline void scalar_calls(double calls, int function) {
 }
 inline void rope(TensorView<const float> x) {
   scratch(cpu::detail::tracked(std::size_t(x.extent(3) / 2) * 2 * sizeof(float)));  // the CPU kernel's angle table
-  stream(2 * x.numel());
+  stream(2 * x.numel(), ElementwiseFamily::rope);
   scalar_calls(double(x.extent(1)) * double(x.extent(3)), 1);  // a cos and a sin per (token, frequency)
 }
 inline void record_attention(TraceKind kind, TensorView<const float> q, TensorView<const float> k,
@@ -245,14 +250,14 @@ inline void record_attention(TraceKind kind, TensorView<const float> q, TensorVi
 inline void copy(TensorView<const float> from, TensorView<float> to) {
   check(from.shape() == to.shape(), "copy: source shape {} differs from destination shape {}", from.shape(),
         to.shape());
-  stream(2 * from.numel());
+  stream(2 * from.numel(), ElementwiseFamily::copy);
 }
-inline void fill(TensorView<float> x, float) { stream(x.numel()); }
+inline void fill(TensorView<float> x, float) { stream(x.numel(), ElementwiseFamily::fill); }
 inline void synchronize() {}  // a dry run queues nothing
 inline void add_into(TensorView<float> to, TensorView<const float> from) {
   check(to.shape() == from.shape(), "add_into: destination {} and source {} differ in shape", to.shape(),
         from.shape());
-  stream(3 * to.numel());
+  stream(3 * to.numel(), ElementwiseFamily::add);
 }
 
 // ---- GEMM ----
@@ -309,20 +314,20 @@ inline void attention_merge(TensorView<float> out, TensorView<float> lse, Tensor
 // ---- normalisation ----
 inline void layer_norm_forward(TensorView<const float> x, TensorView<const float>, TensorView<const float>, float,
                                TensorView<float>, TensorView<float>, TensorView<float>) {
-  stream(2 * x.numel());
+  stream(2 * x.numel(), ElementwiseFamily::norm);
 }
 inline void layer_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
                                 TensorView<const float>, TensorView<const float>, TensorView<float>,
                                 TensorView<float>, TensorView<float>) {
-  stream(3 * x.numel());
+  stream(3 * x.numel(), ElementwiseFamily::norm);
 }
 inline void rms_norm_forward(TensorView<const float> x, TensorView<const float>, float, TensorView<float>,
                              TensorView<float>) {
-  stream(2 * x.numel());
+  stream(2 * x.numel(), ElementwiseFamily::norm);
 }
 inline void rms_norm_backward(TensorView<const float> x, TensorView<const float>, TensorView<const float>,
                               TensorView<const float>, TensorView<float>, TensorView<float>) {
-  stream(3 * x.numel());
+  stream(3 * x.numel(), ElementwiseFamily::norm);
 }
 
 // ---- activations: elements through the function, and the bytes moved ----
@@ -350,10 +355,10 @@ inline void rope_backward(TensorView<const float> dy, TensorView<float>, std::in
 
 // ---- embedding, loss, optimizer, conversion ----
 inline void embedding_forward(TensorView<const std::int32_t>, TensorView<const float>, TensorView<float> out) {
-  stream(2 * out.numel());
+  stream(2 * out.numel(), ElementwiseFamily::rows);
 }
 inline void embedding_backward(TensorView<const std::int32_t>, TensorView<const float> dout, TensorView<float>) {
-  stream(3 * dout.numel());
+  stream(3 * dout.numel(), ElementwiseFamily::rows);
 }
 inline cpu::CrossEntropyResult cross_entropy_forward_backward(TensorView<const float> logits,
                                                               TensorView<const std::int32_t>, TensorView<float>,
@@ -363,23 +368,26 @@ inline cpu::CrossEntropyResult cross_entropy_forward_backward(TensorView<const f
 }
 inline void adamw_step(TensorView<float> params, TensorView<const float>, TensorView<float>, TensorView<float>,
                        const AdamWConfig&, std::int64_t) {
-  stream(7 * params.numel());
+  stream(7 * params.numel(), ElementwiseFamily::optimizer);
 }
 template <cpu::FloatingStorage From, cpu::FloatingStorage To>
 inline void convert(TensorView<const From> from, TensorView<To>) {
-  record({.kind = TraceKind::elementwise, .bytes = double(from.numel()) * double(sizeof(From) + sizeof(To))});
+  record({.kind = TraceKind::elementwise, .family = ElementwiseFamily::copy,
+          .bytes = double(from.numel()) * double(sizeof(From) + sizeof(To))});
 }
 
 // ---- materialised softmax ----
 inline void masked_softmax_forward(TensorView<float> scores, std::span<const PositionRun> query_runs,
                                    std::span<const PositionRun> key_runs, bool causal) {
-  activation(scores.numel(), 2);
+  activation(scores.numel(), 2, 0, ElementwiseFamily::softmax);
   check(scores.rank() >= 2, "masked_softmax_forward: scores {} must be [..., n, c]", scores.shape());
   const double block = double(scores.extent(-2)) * double(scores.extent(-1));  // [n, c]
   const double blocks = block > 0 ? double(scores.numel()) / block : 0;
   scalar_calls(blocks * softmax_visible_scores(query_runs, key_runs, causal), 0);  // std::exp per visible score
 }
-inline void softmax_backward(TensorView<const float> probs, TensorView<float>) { stream(3 * probs.numel()); }
+inline void softmax_backward(TensorView<const float> probs, TensorView<float>) {
+  stream(3 * probs.numel(), ElementwiseFamily::softmax);
+}
 
 // ---- mixture of experts: bytes moved. The router has no logits to read on meta tensors, so it writes a balanced
 // stand-in routing (token t selects experts t, t+1, ... mod E), which lets the rest of a layer run on shapes. ----
@@ -403,19 +411,19 @@ inline void router_backward(TensorView<const float> logits, TensorView<const flo
 }
 inline void gather_rows(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> scale,
                         TensorView<float> to) {
-  stream(2 * double(to.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
+  stream(2 * double(to.numel()) + double(scale.rank() > 0 ? scale.numel() : 0), ElementwiseFamily::rows);
 }
 inline void scatter_add_rows(TensorView<float>, std::span<const std::int64_t>, TensorView<const float> from,
                              TensorView<const float> scale) {
-  stream(3 * double(from.numel()) + double(scale.rank() > 0 ? scale.numel() : 0));
+  stream(3 * double(from.numel()) + double(scale.rank() > 0 ? scale.numel() : 0), ElementwiseFamily::rows);
 }
 inline void gathered_row_dot(TensorView<const float>, std::span<const std::int64_t>, TensorView<const float> b,
                              TensorView<float> out) {
-  stream(2 * double(b.numel()) + double(out.numel()));
+  stream(2 * double(b.numel()) + double(out.numel()), ElementwiseFamily::rows);
 }
 inline void sigmoid_forward(TensorView<const float> x, TensorView<float>) { activation(x.numel(), 2); }
 inline void sigmoid_backward(TensorView<const float> y, TensorView<const float>, TensorView<float>) {
-  stream(4 * y.numel());
+  stream(4 * y.numel(), ElementwiseFamily::activation);
 }
 
 }  // namespace counting
