@@ -135,7 +135,8 @@ int run(const Options& o, const pd::cost::HardwareProfile& profile, RanksT& rank
 
   const int counted = o.steps - 1;
   std::vector<std::pair<std::string, pd::cost::OpTime>> rows(times.by_op().begin(), times.by_op().end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.measured_s > b.second.measured_s; });
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.measured_s > b.second.measured_s; });
   fmt::print("{} GPT, {} layers, h={}, {} heads{}, {} tokens, one rank on {}; attention {}, profile {}\n",
              o.shape.experts > 0 ? "MoE" : "dense", config.layers, o.shape.hidden, o.shape.heads,
              o.shape.experts > 0 ? fmt::format(", {} experts top-{}", o.shape.experts, o.shape.top_k) : std::string(),

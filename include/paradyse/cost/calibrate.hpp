@@ -398,7 +398,8 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
       B::layer_norm_forward(x2, row(0), row(1), 1e-5f, y2, mean.view(), rstd.view());
       B::layer_norm_backward(x2, row(0), mean.view(), rstd.view(), dy.view(), dx.view(), row(2), row(3));
     };
-    const double seconds = measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+    const double seconds =
+        measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
     Trace trace;
     {
       const ScopedTrace recording(trace);
@@ -571,7 +572,8 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
       B::copy(y.view(), x.view());
     }
   };
-  const double kernels = measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+  const double kernels =
+      measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
   Trace trace;
   {
     const ScopedTrace recording(trace);
