@@ -150,6 +150,7 @@ int run(const Options& o, const pd::cost::HardwareProfile& profile, RanksT& rank
     csv.row(op, double(t.calls) / counted, t.measured_s / counted, t.priced_s / counted);
   }
   const pd::cost::OpTime total = times.total();
+  if (total.calls == 0 || untimed.empty()) throw pd::Error("no op was timed: the timed backend did not run the step");
   fmt::print("| all ops | {} | {:.3f} | {:.3f} | {:.2f} |\n\n", total.calls / counted, 1e3 * total.measured_s / counted,
              1e3 * total.priced_s / counted, total.measured_s > 0 ? total.priced_s / total.measured_s : 0.0);
   const double wall = pd::median(untimed);

@@ -47,6 +47,7 @@ def only(kind):
     if kind != "elementwise":
         p["elementwise_bytes_per_s"] = FREE
         p.pop("elementwise_classes", None)
+        p.pop("elementwise_families", None)  # a device profile's per-family rates (CPU profiles have none)
     if kind != "activation":
         p["activation_elements_per_s"] = FREE
     if kind != "scalar_math":
