@@ -67,10 +67,13 @@ STEPS=${STEPS:-8}
 WARMUP=${WARMUP:-1}
 ROUNDS=${ROUNDS:-2}
 DEVICE=${DEVICE:-cpu}
+EXPERTS=${EXPERTS:-0}
+TOP_K=${TOP_K:-2}
 if [[ "$DEVICE" == cuda ]]; then  # one GPU: a single rank by default, where every strategy is the same computation
   RANKS=${RANKS:-1}
   STRATEGIES=${STRATEGIES:-MegatronTS}
 fi
+if [[ "$EXPERTS" =~ ^[0-9]+$ && "$EXPERTS" -gt 0 ]]; then STRATEGIES=dynamic; fi  # the MoE planner's steps
 RANKS=${RANKS:-2}
 HIDDEN=${HIDDEN:-128}
 HEADS=${HEADS:-4}
@@ -78,8 +81,6 @@ LAYERS=${LAYERS:-4}
 STRATEGIES=${STRATEGIES:-"MegatronTS MegatronCZ UlyssesZ ColossalZ METP dynamic"}
 NEW_TERMS=${NEW_TERMS:-"attention_whole_tiles"}
 MALLOC_TUNABLES=${MALLOC_TUNABLES-}
-EXPERTS=${EXPERTS:-0}
-TOP_K=${TOP_K:-2}
 BACKEND=${BACKEND:-threads}
 BEFORE_PROFILE=${BEFORE_PROFILE:-H200-SXM-141GB-x8}
 PYTHON=/usr/bin/python3
@@ -104,9 +105,6 @@ done
 [[ "$EXPERTS" =~ ^[0-9]+$ && "$TOP_K" =~ ^[0-9]+$ ]] || fail "EXPERTS=$EXPERTS TOP_K=$TOP_K: expected integers"
 if ((EXPERTS > 0)); then
   [[ "$DEVICE" == cuda ]] || fail "EXPERTS=$EXPERTS: the MoE validation runs on a GPU (DEVICE=cuda): its runs report wall time only"
-  [[ "$STRATEGIES" == dynamic ]] || [[ "$STRATEGIES" == MegatronTS ]] ||
-    fail "STRATEGIES=$STRATEGIES: the MoE GPT's steps are the MoE planner's (STRATEGIES=dynamic)"
-  STRATEGIES=dynamic
 fi
 export GLIBC_TUNABLES=$MALLOC_TUNABLES
 # How train_gpt runs its ranks: RANKS threads in one process, or one process per rank under mpirun.

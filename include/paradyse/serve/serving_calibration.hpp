@@ -168,9 +168,8 @@ inline double calibrate_planning(const DecoderConfig& c, int ranks, const Simula
       took.push_back(cost::now_seconds(clock) - start);
       recorded = price.events();
     }
-    std::nth_element(took.begin(), took.begin() + std::ptrdiff_t(took.size() / 2), took.end());
     events += double(recorded);
-    seconds += took[took.size() / 2];
+    seconds += median(took);
   }
   check(events > 0 && seconds > 0, "calibrate_planning: the forecasts recorded {} events in {} s", events, seconds);
   return events / seconds;
@@ -194,9 +193,8 @@ inline cost::ServingHostModel fit_serving_host(const std::vector<HostSample>& st
   std::vector<double> y;
   for (auto& [chunks, seconds] : by_chunks) {
     if (seconds.size() < 3) continue;
-    std::nth_element(seconds.begin(), seconds.begin() + std::ptrdiff_t(seconds.size() / 2), seconds.end());
-    const double median = seconds[seconds.size() / 2];
-    if (median > 0) rows.push_back({1.0, double(chunks)}), y.push_back(median);
+    const double middle = median(seconds);
+    if (middle > 0) rows.push_back({1.0, double(chunks)}), y.push_back(middle);
   }
   if (y.empty()) return {};
   if (y.size() == 1) return {y[0], 0.0};
