@@ -21,7 +21,6 @@
 #include "paradyse/core/rng.hpp"
 #include "paradyse/core/statistics.hpp"
 #include "paradyse/core/timer.hpp"
-#include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/gemm_engines.hpp"
 #include "paradyse/cost/op_times.hpp"
 #include "paradyse/cost/profile_json.hpp"
@@ -166,9 +165,7 @@ int run(const Options& o, const pd::cost::HardwareProfile& profile, RanksT& rank
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   try {
-    pd::cost::HardwareProfile profile = o.profile.find(".json") != std::string::npos
-                                            ? pd::cost::load_profile(o.profile)
-                                            : pd::cost::builtin_profile(o.profile);
+    pd::cost::HardwareProfile profile = pd::cost::named_profile(o.profile);
     pd::cost::use_gemm_engines(profile);  // a calibrated CPU profile's GEMM engines, as train_gpt runs them
     if (o.device == "cuda") {
 #if PARADYSE_WITH_CUDA

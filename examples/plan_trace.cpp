@@ -397,8 +397,7 @@ int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   pd::cost::HardwareProfile hw;
   try {
-    hw = o.profile.find(".json") != std::string::npos ? pd::cost::load_profile(o.profile)
-                                                      : pd::cost::builtin_profile(o.profile);
+    hw = pd::cost::named_profile(o.profile);
     // A calibrated profile's GEMM engines are this process's: the dry runs count the workspace of the engines its
     // rates were measured on (a fallback GEMM packs its operands), as train_gpt runs and plans with that profile.
     pd::cost::use_gemm_engines(hw);

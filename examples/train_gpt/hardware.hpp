@@ -60,7 +60,16 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
   options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
-  if constexpr (pd::ops::memory_space_of<Backend> == pd::MemorySpace::device) {
+  constexpr bool on_device = pd::ops::memory_space_of<Backend> == pd::MemorySpace::device;
+  // The per-head products of attention materialised (ColossalZ: scores [n, n] = q k^T and P v, the head dimension
+  // their short side): GemmModel's head-width class, at a rank's rows for 512 to 2,048 tokens on 2 host ranks, or
+  // 1K-8K tokens on one GPU (where the planner picks ColossalZ: cuBLAS outruns the fp32 flash kernel).
+  for (const std::int64_t n : on_device ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
+                                        : std::vector<std::int64_t>{256, 512, 1024})
+    for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
+      options.gemm_thin_shapes.push_back(shape);
+  if constexpr (on_device) {
+    options.clock = pd::cost::TimeSource::wall;  // the device's time, not the host thread's
     const std::int64_t h = o.hidden, f = 4 * o.hidden;
     options.gemm_shapes.clear();
     for (const std::int64_t m : {512, 2048, 8192})  // [tokens, in] x [out, in]^T: qkv, output, MLP up and down
@@ -70,11 +79,6 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
       for (const auto& [m, n] : {std::array<std::int64_t, 2>{3 * h, h}, {f, h}})
         options.gemm_shapes.push_back({m, n, k});
     options.attention_lengths = {1024, 2048, 4096, 8192};
-    // The per-head products of attention materialised (ColossalZ, which the planner picks on one GPU where cuBLAS
-    // outruns the fp32 flash kernel): scores [n, n] = q k^T and P v, the head dimension their short side.
-    for (const std::int64_t n : {1024, 2048, 4096, 8192})
-      for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
-        options.gemm_thin_shapes.push_back(shape);
     options.copy_bytes = {std::int64_t(1) << 22, std::int64_t(1) << 25, std::int64_t(1) << 28};
     // Each family of elementwise kernels at its own rate (one mix misprices a GPU's streaming kernels and its norms
     // by 2-4x either way: docs/trainer_validation.md), at a small layer's tokens and a large one's.
@@ -84,11 +88,6 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   }
   options.pool_miss_bytes = {std::int64_t(1) << 18, std::int64_t(1) << 20};  // a step's activations (256 KiB, 1 MiB)
   options.attention_whole_tiles = true;  // causal diagonals cost the CPU kernel whole tiles
-  // The per-head products of attention materialised (ColossalZ: scores [n, keys] = q k^T and P v, the head dimension
-  // their short side) at a rank's rows for 512 to 2,048 tokens on 2 ranks: GemmModel's head-width class.
-  for (const std::int64_t n : {256, 512, 1024})
-    for (const auto& shape : {std::array<std::int64_t, 3>{n, n, options.head_dim}, {n, options.head_dim, n}})
-      options.gemm_thin_shapes.push_back(shape);
   return options;
 }
 
@@ -106,7 +105,7 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
   }
   const bool mpi = o.backend == pd::RankBackend::mpi;
   constexpr bool on_device = pd::ops::memory_space_of<Backend> == pd::MemorySpace::device;
-  // build/train_gpt_profile_p2.json, ..._mpi_p2.json, ..._cuda_p1.json (a device's profile is its model's: the
+  // build/train_gpt_profile_p2.json, ..._mpi_p2.json, ..._cuda_h1024_p1.json (a device's profile is its model's: the
   // GEMM shapes are the model's, so the name carries the width)
   const std::string kind = on_device ? fmt::format("{}_h{}_", Backend::name, o.hidden) : mpi ? "mpi_" : "";
   const std::filesystem::path cache = fmt::format("build/train_gpt_profile_{}p{}.json", kind, o.ranks);
@@ -125,8 +124,7 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
   fmt::print("hardware profile: calibrating {} {} ranks {} (once; cached in {}) ...\n", o.ranks,
              on_device ? "cuda_local" : mpi ? "MPI" : "thread", on_device ? "on the GPU" : "on this machine",
              cache.string());
-  pd::cost::CalibrationOptions options = calibration_options<Backend>(o);
-  if constexpr (on_device) options.clock = pd::cost::TimeSource::wall;  // the device's time, not the host thread's
+  const pd::cost::CalibrationOptions options = calibration_options<Backend>(o);
   const Timer start;
   pd::cost::HardwareProfile profile;
   std::vector<double> spreads;

@@ -246,4 +246,13 @@ private:
   Trace* previous_;
 };
 
+// The trace of what fn() records (a dry run of a call or a few, on the counting backend).
+template <class Fn>
+Trace trace_of(Fn&& fn) {
+  Trace trace;
+  const ScopedTrace recording(trace);
+  fn();
+  return trace;
+}
+
 }  // namespace paradyse

@@ -400,11 +400,7 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
     };
     const double seconds =
         measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
-    Trace trace;
-    {
-      const ScopedTrace recording(trace);
-      mix.template operator()<ops::Counting>();
-    }
+    const Trace trace = trace_of([&] { mix.template operator()<ops::Counting>(); });
     double bytes = 0, calls = 0;
     for (const TraceEvent& e : trace.events())
       if (e.kind == TraceKind::elementwise) bytes += e.bytes * e.count, calls += e.count;
@@ -487,11 +483,7 @@ void calibrate_elementwise_families(C& comm, const CalibrationOptions& options, 
       const ElementwiseFamily family = ElementwiseFamily(f);
       const double seconds = measure<Backend>(comm, options.clock, options.repetitions,
                                               [&] { kernels.template operator()<Backend>(family); });
-      Trace trace;
-      {
-        const ScopedTrace recording(trace);
-        kernels.template operator()<ops::Counting>(family);
-      }
+      const Trace trace = trace_of([&] { kernels.template operator()<ops::Counting>(family); });
       double bytes = 0;
       for (const TraceEvent& e : trace.events())
         if (e.kind == TraceKind::elementwise || e.kind == TraceKind::activation) bytes += e.bytes * e.count;
@@ -574,11 +566,7 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
   };
   const double kernels =
       measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
-  Trace trace;
-  {
-    const ScopedTrace recording(trace);
-    mix.template operator()<ops::Counting>();
-  }
+  const Trace trace = trace_of([&] { mix.template operator()<ops::Counting>(); });
   double calls = 0, work = 0;
   for (const TraceEvent& e : trace.events()) {
     const double n = e.count;

@@ -87,11 +87,7 @@ namespace op_times_detail {
 // Seconds the time model charges for what record() records (one rank's kernels on `profile`).
 template <class Record>
 double price(const HardwareProfile& profile, Record&& record) {
-  Trace trace;
-  {
-    const ScopedTrace recording(trace);
-    record();
-  }
+  const Trace trace = trace_of(record);
   const SublayerTraceView one{.forward = trace.events(), .backward = {}, .release = {}, .group_size = 1};
   return cost_of(one, &profile, 4, /*keep_events=*/false).forward_s;
 }

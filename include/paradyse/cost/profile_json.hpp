@@ -28,6 +28,7 @@
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/json.hpp"
 #include "paradyse/core/printable.hpp"
+#include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
 
 #include <fmt/format.h>
@@ -443,6 +444,12 @@ inline void save_profile(const HardwareProfile& p, const std::string& path) { js
 // Errors name the file (and the field).
 inline HardwareProfile load_profile(const std::string& path) {
   return profile_from_json(json::Field(json::load_file(path), fmt::format("profile \"{}\"", printable(path))));
+}
+
+// A profile a program is given by name: a .json file (load_profile), else a built-in one (builtin_profile: a100,
+// h100, h200 or their full names), which says what it knows when the name is neither.
+inline HardwareProfile named_profile(const std::string& name) {
+  return name.find(".json") != std::string::npos ? load_profile(name) : builtin_profile(name);
 }
 
 }  // namespace paradyse::cost
