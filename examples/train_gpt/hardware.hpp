@@ -50,8 +50,8 @@ inline double device_memory_bytes() {
 // heads, its elementwise kernels by size, the pool's misses, whole tiles and the head-width products of attention
 // materialised. On a device (--device cuda): the model's own GEMMs (tokens by the projections' widths: a GPU's
 // small GEMMs are launch-bound, so the host's small shapes would not extrapolate to them) and its head-width
-// products at 1K-8K tokens, its attention there priced on the visible pairs (the GPU kernel skips the key tiles its
-// queries cannot see), its elementwise kernels by size and by family, and the GPU's memory over the ranks sharing it.
+// products at 1K-8K tokens, its causal attention there priced on the visible pairs (the GPU kernel skips the key tiles
+// its queries cannot see), its elementwise kernels by size and by family, and the GPU's memory over the ranks sharing it.
 template <class Backend>
 pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   pd::cost::CalibrationOptions options;
@@ -70,6 +70,7 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
       options.gemm_thin_shapes.push_back(shape);
   if constexpr (on_device) {
     options.clock = pd::cost::TimeSource::wall;  // the device's time, not the host thread's
+    options.gemm_thin_batch = o.heads;             // a layer's heads in one gemm_batched call, as its step runs them
     const std::int64_t h = o.hidden, f = 4 * o.hidden;
     options.gemm_shapes.clear();
     for (const std::int64_t m : {512, 2048, 8192})  // [tokens, in] x [out, in]^T: qkv, output, MLP up and down
@@ -79,6 +80,7 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
       for (const auto& [m, n] : {std::array<std::int64_t, 2>{3 * h, h}, {f, h}})
         options.gemm_shapes.push_back({m, n, k});
     options.attention_lengths = {1024, 2048, 4096, 8192};
+    options.attention_causal_only = true;  // the GPT's attention, causal: the GPU's causal kernel is its own rate
     options.copy_bytes = {std::int64_t(1) << 22, std::int64_t(1) << 25, std::int64_t(1) << 28};
     // Each family of elementwise kernels at its own rate (one mix misprices a GPU's streaming kernels and its norms
     // by 2-4x either way: docs/trainer_validation.md), at a small layer's tokens and a large one's.

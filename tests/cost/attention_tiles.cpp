@@ -312,6 +312,7 @@ TEST_CASE("whole tiles: calibrated on causal calls priced by their tiles when as
       options.repetitions = 1;
       options.attention_lengths = {256, 300, 640};
       options.attention_whole_tiles = asked;
+      options.attention_causal_only = asked && p == 2;  // ignored beside whole tiles (alone: the next test case)
       Calibration result;
       run_ranks(p, [&](ThreadCommunicator& comm) {
         Calibration mine;
@@ -336,6 +337,37 @@ TEST_CASE("whole tiles: calibrated on causal calls priced by their tiles when as
           i += 2;  // forward, backward
         }
       CHECK(result.profile.attention.forward_flops_per_s < 1e30);  // a measured rate
+    }
+  }
+}
+
+TEST_CASE("whole tiles: attention_causal_only calibrates on causal calls alone, priced on their visible pairs") {
+  for (const int p : {1, 3}) {
+    CAPTURE(p);
+    CalibrationOptions options;
+    options.repetitions = 1;
+    options.attention_lengths = {256, 300, 640};
+    options.attention_causal_only = true;
+    Calibration result;
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      Calibration mine;
+      calibrate_detail::calibrate_attention<ops::Cpu>(comm, options, mine);
+      if (comm.rank() == 0) result = mine;
+    });
+    CHECK(!result.profile.attention.whole_tiles);
+    REQUIRE(result.samples.size() == 6u);  // one causal call a length, forward and backward
+    const auto& f = result.attention_forward_fit.coefficients;
+    const auto& b = result.attention_backward_fit.coefficients;
+    const double per_pair = 4.0 * double(options.head_dim) * double(options.attention_heads);
+    for (std::size_t i = 0; i < options.attention_lengths.size(); ++i) {
+      const std::int64_t len = options.attention_lengths[i];
+      const double pairs = ops::visible_pairs(ops::AttentionMask{.causal = true}, len, len);
+      CAPTURE(result.samples[2 * i].what);
+      CHECK(result.samples[2 * i].what == fmt::format("attention forward s={} causal", len));
+      CHECK(result.samples[2 * i + 1].what == fmt::format("attention backward s={} causal", len));
+      CHECK(result.samples[2 * i].fitted_s == doctest::Approx(f[0] + f[1] * per_pair * pairs).epsilon(1e-12));
+      CHECK(result.samples[2 * i + 1].fitted_s ==
+            doctest::Approx(b[0] + b[1] * 2.5 * per_pair * pairs).epsilon(1e-12));
     }
   }
 }

@@ -144,3 +144,48 @@ TEST_CASE("device calibration: the host's own terms stay unpriced, the device's 
   CHECK(host.pool_miss_bytes_per_s > 0);
   CHECK(host.memory_bytes == options.memory_bytes);
 }
+
+// The counting backend, its GEMM calls counted (one gemm_batched call = one, whatever its items).
+struct CountedGemms : ops::Counting {
+  static inline int single = 0, batched = 0;
+  static void matmul(TensorView<const float> a, ops::Transpose ta, TensorView<const float> b, ops::Transpose tb,
+                     TensorView<float> c, float alpha = 1.0f, float beta = 0.0f) {
+    ++single;
+    ops::Counting::matmul(a, ta, b, tb, c, alpha, beta);
+  }
+  template <class... A>
+  static void gemm_batched(A&&... a) {
+    ++batched;
+    ops::Counting::gemm_batched(std::forward<A>(a)...);
+  }
+};
+
+TEST_CASE("device calibration: head-width GEMMs timed a batch to a call, as a GPU step runs a layer's heads") {
+  // 64x64x8 with every operand cold: 20,480 B a copy, 64 KiB cycled = 3 copies; batches round them up to a multiple.
+  // Each of the three passes (the warm-up and two timed) runs every copy: the trace's GEMM items, in calls of `batch`.
+  const std::array<std::int64_t, 3> shape{64, 64, 8};
+  for (const auto& [batch, copies] : {std::pair{std::int64_t(1), 3}, {std::int64_t(2), 4}, {std::int64_t(4), 4}}) {
+    CAPTURE(batch);
+    CountedGemms::single = CountedGemms::batched = 0;
+    std::int64_t items = 0;
+    run_ranks(1, [&](ThreadCommunicator& comm) {
+      const Trace trace = trace_of([&] {
+        (void)calibrate_detail::time_gemm<CountedGemms>(comm, TimeSource::wall, 2, shape, std::int64_t(1) << 16,
+                                                        calibrate_detail::ColdOperands::all, batch);
+      });
+      for (const TraceEvent& e : trace.events())
+        if (e.kind == TraceKind::gemm) {
+          CHECK((e.m == 64 && e.n == 64 && e.k == 8));
+          items += e.count;
+        }
+    });
+    CHECK(items == 3 * copies);
+    CHECK(CountedGemms::single == (batch == 1 ? 3 * copies : 0));
+    CHECK(CountedGemms::batched == (batch == 1 ? 0 : 3 * copies / batch));
+  }
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    CHECK_THROWS_WITH_AS((void)calibrate_detail::time_gemm<ops::Counting>(comm, TimeSource::wall, 1, shape, 0,
+                                                                          calibrate_detail::ColdOperands::weights, 4),
+                         doctest::Contains("GEMM batch 4"), Error);
+  });
+}

@@ -24,7 +24,8 @@
 //     timed with their operands from memory, fitted as their own class (GemmModel::thin);
 //   - flash attention forward and backward over several lengths: t = overhead + flops / rate; where
 //     options.attention_whole_tiles asks for it (train_gpt does), causal calls too, every call's flops counted on
-//     the pairs of the whole tiles the kernel computes (AttentionModel::whole_tiles);
+//     the pairs of the whole tiles the kernel computes (AttentionModel::whole_tiles); where
+//     options.attention_causal_only asks for it (train_gpt on a device), causal calls alone on their visible pairs;
 //   - copies of several sizes: elementwise bytes per second;
 //   - fresh allocations (Tensors made and zeroed up to a 64 MiB working set, then freed) from 64 KiB to 64 MiB: the
 //     zeroing rate of reused pages,
@@ -72,6 +73,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <unistd.h>
 #include <utility>
@@ -109,12 +111,19 @@ struct CalibrationOptions {
   // default): no class, the single fit prices them; train_gpt adds its model's.
   std::vector<std::array<std::int64_t, 3>> gemm_thin_shapes;
   std::int64_t gemm_thin_cold_bytes = std::int64_t(64) << 20;
+  // How many head-width GEMMs go through one gemm_batched call (time_gemm's batch): 1 (the default) times them one
+  // by one; a GPU's step runs a layer's heads in one call (train_gpt sets its heads on a device).
+  std::int64_t gemm_thin_batch = 1;
   std::int64_t attention_heads = 4;
   std::int64_t head_dim = 32;
   std::vector<std::int64_t> attention_lengths = {256, 512, 1024, 2048, 4096};
   // Attention priced on whole tiles (AttentionModel::whole_tiles), fitted on causal calls beside the full ones;
   // false (the default): on the visible pairs of full calls.
   bool attention_whole_tiles = false;
+  // Causal calls only, priced on their visible pairs (train_gpt on a device: its attention is always causal, and a
+  // GPU's causal kernel runs its pairs up to 1.4x slower than a full call's at 2K tokens, its query tiles' work
+  // uneven, so full calls would price its steps fast); ignored with attention_whole_tiles.
+  bool attention_causal_only = false;
   // Copies and messages over the range strategies move. Collectives get two alpha-beta lines, below and from
   // `large_message_bytes` (on a CPU, messages that fit in cache move faster).
   std::vector<std::int64_t> copy_bytes = {std::int64_t(1) << 20, std::int64_t(1) << 23, std::int64_t(1) << 25};
@@ -329,22 +338,41 @@ enum class ColdOperands { weights, all };
 // Seconds of one GEMM c = a b^T (a = [m, k], b = [n, k]) on every rank at once (measure: the slowest rank, the fastest
 // of `repetitions` passes after one untimed): a pass runs one GEMM per copy of the `cold` operands, as many copies as
 // add up to cold_bytes (at least one; 0: operands hot, one GEMM a pass), and the time is the pass's over its GEMMs.
+// batch > 1 (cold operands `all` only): the copies, a multiple of batch, go `batch` at a time through one gemm_batched
+// call, as attention materialised runs its heads (on a GPU a single head-width GEMM leaves most of the SMs idle).
 template <class Backend, Communicator C>
 double time_gemm(C& comm, TimeSource clock, int repetitions, const std::array<std::int64_t, 3>& shape,
-                 std::int64_t cold_bytes, ColdOperands cold) {
+                 std::int64_t cold_bytes, ColdOperands cold, std::int64_t batch = 1) {
   const auto [m, n, k] = shape;
   check(m > 0 && n > 0 && k > 0, "calibrate: GEMM shape {}x{}x{} must be positive", m, n, k);
+  check(batch >= 1 && (batch == 1 || cold == ColdOperands::all), "calibrate: GEMM batch {} must be at least 1 (and "
+        "batch only with every operand cold)", batch);
   const std::int64_t weight_bytes = n * k * std::int64_t(sizeof(float));
   const std::int64_t cycled_bytes =
       cold == ColdOperands::all ? weight_bytes + (m * k + m * n) * std::int64_t(sizeof(float)) : weight_bytes;
-  const std::size_t copies = std::size_t(std::max<std::int64_t>(1, cold_bytes / cycled_bytes));
+  const std::int64_t items = std::max<std::int64_t>(1, cold_bytes / cycled_bytes);
+  const std::size_t copies = std::size_t((items + batch - 1) / batch * batch);
   const std::size_t others = cold == ColdOperands::all ? copies : 1;  // copies of a and c
   std::vector<Tensor<float>> a, b, c;
   for (std::size_t i = 0; i < others; ++i) a.emplace_back(Shape{m, k}), c.emplace_back(Shape{m, n}), fill<Backend>(a.back(), 0.5f);
   for (std::size_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), fill<Backend>(b.back(), 0.25f);
+  std::vector<const float*> a_items, b_items;  // gemm_batched's operand pointers, copy by copy
+  std::vector<float*> c_items;
+  for (std::size_t i = 0; i < copies; ++i)
+    a_items.push_back(a[i % others].data()), b_items.push_back(b[i].data()), c_items.push_back(c[i % others].data());
   const double pass = measure<Backend>(comm, clock, repetitions, [&] {
-    for (std::size_t i = 0; i < copies; ++i)
-      Backend::matmul(a[i % others].view(), ops::Transpose::no, b[i].view(), ops::Transpose::yes, c[i % others].view());
+    if (batch == 1) {
+      for (std::size_t i = 0; i < copies; ++i)
+        Backend::matmul(a[i % others].view(), ops::Transpose::no, b[i].view(), ops::Transpose::yes,
+                        c[i % others].view());
+      return;
+    }
+    const std::size_t step = std::size_t(batch);
+    for (std::size_t i = 0; i < copies; i += step)
+      Backend::gemm_batched(ops::Transpose::no, ops::Transpose::yes, m, n, k, 1.0f,
+                            std::span<const float* const>(a_items).subspan(i, step), k,
+                            std::span<const float* const>(b_items).subspan(i, step), k, 0.0f,
+                            std::span<float* const>(c_items).subspan(i, step), n);
   });
   return pass / double(copies);
 }
@@ -413,20 +441,35 @@ void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, C
                               result.profile.elementwise_time(s.bytes)});
 }
 
+// One elementwise family's calls at one size: how many kernels, their bytes, their time.
+struct FamilySample {
+  double kernels, bytes, seconds;
+};
+// t = kernels x overhead + bytes / rate, least squares over the samples (non-negative terms; 0 bytes/s: no rate).
+inline ElementwiseFamilyRate fit_elementwise_family(const std::vector<FamilySample>& samples) {
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (const FamilySample& s : samples) rows.push_back({s.kernels, s.bytes}), y.push_back(s.seconds);
+  const Fit fit = fit_non_negative(rows, y);
+  ElementwiseFamilyRate rate;
+  rate.overhead_s = fit.coefficients[0];
+  rate.bytes_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
+  return rate;
+}
+
 // Elementwise kernel families (options.elementwise_family_rows): per family (ElementwiseFamily, core/trace.hpp) its
 // kernels as a layer runs them on [rows, heads, d] activations (copy; fill; add_into; LayerNorm and RMSNorm forward
 // and backward; RoPE forward and backward; the materialised causal softmax forward and backward on heads x n x n
 // scores of as many elements; GELU and SwiGLU forward and backward; an AdamW step over as many parameters; a row
-// gather and scatter-add in reversed order), at each size: t = overhead + bytes / rate over the sizes, the bytes the
-// counting backend records for the same calls (ops/counting.hpp).
+// gather and scatter-add in reversed order), at each size: t = kernels x overhead + bytes / rate over the sizes, the
+// kernels and bytes the counting backend records for the same calls (ops/counting.hpp). The overhead is a kernel's, as
+// the time model charges it per event (fitted per mix, a call was charged the overhead of the family's two to four
+// kernels).
 template <class Backend, Communicator C>
 void calibrate_elementwise_families(C& comm, const CalibrationOptions& options, Calibration& result) {
   if (options.elementwise_family_rows.empty()) return;
   const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
-  struct Sample {
-    double bytes, seconds;
-  };
-  std::array<std::vector<Sample>, kElementwiseFamilies> samples;
+  std::array<std::vector<FamilySample>, kElementwiseFamilies> samples;
   for (const std::int64_t rows : options.elementwise_family_rows) {
     check(rows >= 2 && h % 2 == 0, "calibrate: elementwise family rows {} (h = {}) must be at least 2 (h even)", rows, h);
     Tensor<float> x(Shape{rows, h}), y(Shape{rows, h}), dy(Shape{rows, h}), dx(Shape{rows, h});
@@ -484,23 +527,20 @@ void calibrate_elementwise_families(C& comm, const CalibrationOptions& options, 
       const double seconds = measure<Backend>(comm, options.clock, options.repetitions,
                                               [&] { kernels.template operator()<Backend>(family); });
       const Trace trace = trace_of([&] { kernels.template operator()<ops::Counting>(family); });
-      double bytes = 0;
+      double kernels = 0, bytes = 0;
       for (const TraceEvent& e : trace.events())
-        if (e.kind == TraceKind::elementwise || e.kind == TraceKind::activation) bytes += e.bytes * e.count;
-      samples[std::size_t(f)].push_back({bytes, seconds});
+        if (e.kind == TraceKind::elementwise || e.kind == TraceKind::activation)
+          kernels += e.count, bytes += e.bytes * e.count;
+      samples[std::size_t(f)].push_back({kernels, bytes, seconds});
     }
   }
   for (int f = 1; f < kElementwiseFamilies; ++f) {
-    std::vector<std::vector<double>> rows;
-    std::vector<double> y;
-    for (const Sample& s : samples[std::size_t(f)]) rows.push_back({1.0, s.bytes}), y.push_back(s.seconds);
-    const Fit fit = fit_non_negative(rows, y);
-    ElementwiseFamilyRate& rate = result.profile.elementwise_families[std::size_t(f)];
-    rate.overhead_s = fit.coefficients[0];
-    rate.bytes_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
-    for (const Sample& s : samples[std::size_t(f)])
-      result.samples.push_back({fmt::format("elementwise {} {} B", name_of(ElementwiseFamily(f)), std::int64_t(s.bytes)),
-                                s.seconds, result.profile.elementwise_time(s.bytes, ElementwiseFamily(f))});
+    result.profile.elementwise_families[std::size_t(f)] = fit_elementwise_family(samples[std::size_t(f)]);
+    for (const FamilySample& s : samples[std::size_t(f)])
+      result.samples.push_back(
+          {fmt::format("elementwise {} {} B in {} kernels", name_of(ElementwiseFamily(f)), std::int64_t(s.bytes),
+                       std::int64_t(s.kernels)),
+           s.seconds, s.kernels * result.profile.elementwise_time(s.bytes / s.kernels, ElementwiseFamily(f))});
   }
 }
 
@@ -617,18 +657,22 @@ void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibrati
 
 // Flash attention forward and backward over options.attention_lengths: t = overhead + flops / rate, the forward
 // flops 4 d heads pairs. Full calls (every pair visible) of each length; with options.attention_whole_tiles, causal
-// ones too and every call's pairs those of the whole tiles the kernel computes (AttentionModel::whole_tiles).
+// ones too and every call's pairs those of the whole tiles the kernel computes (AttentionModel::whole_tiles); with
+// options.attention_causal_only, causal ones alone on their visible pairs.
 template <class Backend, Communicator C>
 void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration& result) {
   std::vector<std::vector<double>> rows;
   std::vector<double> forward, backward;
   std::vector<std::string> names;
   const std::int64_t heads = options.attention_heads, d = options.head_dim;
-  // The calls measured: full ones (every pair visible) of each length, and causal ones where whole tiles are asked.
+  // The calls measured, per length: full (every pair visible) and causal where whole tiles are asked, else causal
+  // where asked alone, else full.
+  const bool full = options.attention_whole_tiles || !options.attention_causal_only;
+  const bool causal_too = options.attention_whole_tiles || options.attention_causal_only;
   std::vector<std::pair<std::int64_t, bool>> calls;
   for (std::int64_t len : options.attention_lengths)
     for (const bool causal : {false, true})
-      if (!causal || options.attention_whole_tiles) calls.emplace_back(len, causal);
+      if (causal ? causal_too : full) calls.emplace_back(len, causal);
   for (const auto& [len, causal] : calls) {
     const ops::AttentionMask mask{.causal = causal};
     Tensor<float> q(Shape{1, len, heads, d}), k(Shape{1, len, heads, d}), v(Shape{1, len, heads, d});
@@ -711,7 +755,7 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     double max_side = 0;
     for (const auto& shape : options.gemm_thin_shapes) {
       y.push_back(calibrate_detail::time_gemm<Backend>(comm, options.clock, reps, shape, options.gemm_thin_cold_bytes,
-                                                       calibrate_detail::ColdOperands::all));
+                                                       calibrate_detail::ColdOperands::all, options.gemm_thin_batch));
       max_side = std::max(max_side, double(std::min(shape[1], shape[2])));
     }
     const calibrate_detail::LinearGemmFit f = calibrate_detail::fit_linear_gemm(options.gemm_thin_shapes, y);
@@ -719,7 +763,10 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     profile.gemm.thin = {max_side, f.overhead_s, f.flops_per_s, f.bytes_per_s};
     for (std::size_t i = 0; i < y.size(); ++i) {
       const auto [m, n, k] = options.gemm_thin_shapes[i];
-      result.samples.push_back({fmt::format("gemm {}x{}x{} head-width, cold", m, n, k), y[i],
+      result.samples.push_back({fmt::format("gemm {}x{}x{} head-width, cold{}", m, n, k,
+                                            options.gemm_thin_batch > 1
+                                                ? fmt::format(", {} a call", options.gemm_thin_batch) : ""),
+                                y[i],
                                 profile.gemm.time(double(m), double(n), double(k), int(sizeof(float)))});
     }
   }
