@@ -368,6 +368,11 @@ TEST_CASE("whole tiles: attention_causal_only calibrates on causal calls alone, 
       CHECK(result.samples[2 * i].fitted_s == doctest::Approx(f[0] + f[1] * per_pair * pairs).epsilon(1e-12));
       CHECK(result.samples[2 * i + 1].fitted_s ==
             doctest::Approx(b[0] + b[1] * 2.5 * per_pair * pairs).epsilon(1e-12));
+      // The profile prices each direction as its fit: the forward's intercept and the backward's own.
+      const AttentionModel& model = result.profile.attention;
+      CHECK(model.forward_time(per_pair * pairs) == doctest::Approx(result.samples[2 * i].fitted_s).epsilon(1e-9));
+      CHECK(model.backward_time(per_pair * pairs) ==
+            doctest::Approx(result.samples[2 * i + 1].fitted_s).epsilon(1e-9));
     }
   }
 }

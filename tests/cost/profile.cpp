@@ -91,6 +91,27 @@ TEST_CASE("profile: head-width GEMMs (short side up to max_side) are priced by t
   CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("rows"), Error);
 }
 
+TEST_CASE("profile: attention's backward calls at their own overhead where given, the forward's otherwise, in JSON too") {
+  HardwareProfile p = a100_sxm4_80gb_x8();
+  p.attention = {.overhead_s = 2e-4, .forward_flops_per_s = 9e12, .backward_flops_per_s = 5e12};
+  const double flops = 3e9;
+  CHECK(p.attention.forward_time(flops) == doctest::Approx(2e-4 + flops / 9e12).epsilon(1e-12));
+  CHECK(p.attention.backward_time(flops) == doctest::Approx(2e-4 + 2.5 * flops / 5e12).epsilon(1e-12));
+  CHECK(!to_json(p)["attention"].contains("backward_overhead_s"));  // written only when given
+  CHECK(!profile_from_json(to_json(p)).attention.backward_overhead_s);
+  p.attention.backward_overhead_s = 1.1e-3;
+  CHECK(p.attention.forward_time(flops) == doctest::Approx(2e-4 + flops / 9e12).epsilon(1e-12));
+  CHECK(p.attention.backward_time(flops) == doctest::Approx(1.1e-3 + 2.5 * flops / 5e12).epsilon(1e-12));
+  const HardwareProfile back = profile_from_json(to_json(p));
+  CHECK(back.attention.backward_overhead_s == p.attention.backward_overhead_s);
+  CHECK(back.attention.backward_time(flops) == p.attention.backward_time(flops));
+  json::Value v = to_json(p);
+  v["attention"]["backward_overhead_s"] = -1;
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("attention.backward_overhead_s"), Error);
+  v["attention"]["backward_overhead_s"] = "1ms";
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("attention.backward_overhead_s"), Error);
+}
+
 TEST_CASE("profile: built-in profiles are consistent with their datasheets") {
   for (std::string_view name : kBuiltinProfileNames) {
     const HardwareProfile p = builtin_profile(name);

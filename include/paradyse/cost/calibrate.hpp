@@ -701,8 +701,8 @@ void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration
   result.attention_backward_fit = fit_non_negative(backward_rows, backward);
   const auto& f = result.attention_forward_fit.coefficients;
   const auto& b = result.attention_backward_fit.coefficients;
-  result.profile.attention = {(f[0] + b[0]) / 2, f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30,
-                              options.attention_whole_tiles};
+  result.profile.attention = {f[0], f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30,
+                              options.attention_whole_tiles, b[0]};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     result.samples.push_back({"attention forward " + names[i], forward[i], f[0] + f[1] * rows[i][1]});
     result.samples.push_back({"attention backward " + names[i], backward[i], b[0] + b[1] * backward_rows[i][1]});

@@ -3,7 +3,8 @@
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
-//    "bytes_per_s"}]}, "attention": {...}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
+//    "bytes_per_s"}]}, "attention": {"overhead_s", "forward_flops_per_s", "backward_flops_per_s",
+//    ["backward_overhead_s"]}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
@@ -17,8 +18,8 @@
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
 // ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses and the fixed
-// cost per kernel call and the serving engine's host work unpriced; attention priced on its visible pairs, not its whole tiles), and
-// they are written only when set.
+// cost per kernel call and the serving engine's host work unpriced; attention priced on its visible pairs, not its
+// whole tiles, its backward calls at the forward's overhead), and they are written only when set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
 // mistyped fields, unknown and repeated keys, non-finite numbers, times outside [0, 1] s and rates outside [1, 1e30]
@@ -282,6 +283,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   v["attention"] = {{"overhead_s", p.attention.overhead_s},
                     {"forward_flops_per_s", p.attention.forward_flops_per_s},
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
+  if (p.attention.backward_overhead_s) v["attention"]["backward_overhead_s"] = *p.attention.backward_overhead_s;
   if (p.attention.whole_tiles) v["attention_whole_tiles"] = true;
   v["elementwise_bytes_per_s"] = p.elementwise_bytes_per_s;
   v["activation_elements_per_s"] = p.activation_elements_per_s;
@@ -366,9 +368,10 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                    rate(*thin, "flops_per_s"), rate(*thin, "bytes_per_s", true)};
   }
   const json::Field attention = v["attention"];
-  only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s"});
+  only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s", "backward_overhead_s"});
   p.attention = {seconds(attention, "overhead_s"), rate(attention, "forward_flops_per_s"),
                  rate(attention, "backward_flops_per_s")};
+  if (attention.has("backward_overhead_s")) p.attention.backward_overhead_s = seconds(attention, "backward_overhead_s");
   if (v.has("attention_whole_tiles")) p.attention.whole_tiles = v["attention_whole_tiles"].boolean();
   p.elementwise_bytes_per_s = rate(v, "elementwise_bytes_per_s");
   if (v.has("activation_elements_per_s")) p.activation_elements_per_s = rate(v, "activation_elements_per_s", true);

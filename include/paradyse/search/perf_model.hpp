@@ -227,7 +227,7 @@ inline PerformanceModel::LayerTime PerformanceModel::layer_time(const ParallelCo
     // With cp > 1 the ring runs one kernel per K/V block it receives, each paying the kernel overhead.
     const double blocks = c.cp_scheme == CpScheme::ring ? c.cp - 1 : 0;
     core_forward = d.attention.forward_time(flops) + blocks * d.attention.overhead_s;
-    core_backward = d.attention.backward_time(flops) + blocks * d.attention.overhead_s;
+    core_backward = d.attention.backward_time(flops) + blocks * d.attention.backward_overhead();
   } else {  // scores materialised: two batched GEMMs over the full s x s square and softmax/dropout traffic
     const double scores = queries * heads * double(setup_.seq);
     core_forward = gemm_forward(queries * heads, double(setup_.seq), double(m.key_dim())) +
