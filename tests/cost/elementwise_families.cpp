@@ -144,9 +144,9 @@ TEST_CASE("elementwise families: the fitted overhead is one kernel's, as the tim
   // family is priced at overhead + bytes / rate.
   for (const double kernels : {1.0, 2.0, 4.0}) {
     CAPTURE(kernels);
-    std::vector<calibrate_detail::FamilySample> samples;
+    std::vector<FamilySample> samples;
     for (const double bytes : {8e7, 6.4e8}) samples.push_back({kernels, bytes, kernels * 9e-6 + bytes / 4e11});
-    const ElementwiseFamilyRate rate = calibrate_detail::fit_elementwise_family(samples);
+    const ElementwiseFamilyRate rate = fit_elementwise_family(samples);
     CHECK(rate.overhead_s == doctest::Approx(9e-6).epsilon(1e-9));
     CHECK(rate.bytes_per_s == doctest::Approx(4e11).epsilon(1e-9));
     HardwareProfile hw = h200_sxm_141gb_x8();
@@ -155,5 +155,5 @@ TEST_CASE("elementwise families: the fitted overhead is one kernel's, as the tim
     CHECK(priced(hw, one) == doctest::Approx(9e-6 + 3.2e7 / 4e11).epsilon(1e-9));
   }
   // No bytes term in the samples: no rate (the classes price the family).
-  CHECK(!calibrate_detail::fit_elementwise_family({{2, 1e6, 2e-5}, {2, 2e6, 2e-5}}).calibrated());
+  CHECK(!fit_elementwise_family({{2, 1e6, 2e-5}, {2, 2e6, 2e-5}}).calibrated());
 }

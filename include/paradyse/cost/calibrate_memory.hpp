@@ -1,0 +1,293 @@
+// paradyse/cost/calibrate_memory.hpp: the calibration's memory-bound and host terms (cost/calibrate.hpp runs them
+// in its pass): fresh allocations, the elementwise size classes and kernel families, the buffer pool's misses, the
+// fixed cost per kernel call and the scalar math of the materialised softmax and RoPE.
+#pragma once
+
+#include "paradyse/comm/communicator.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/tensor.hpp"
+#include "paradyse/core/trace.hpp"
+#include "paradyse/cost/calibration_fits.hpp"
+#include "paradyse/cost/calibration_measure.hpp"
+#include "paradyse/cost/calibration_options.hpp"
+#include "paradyse/cost/profile.hpp"
+#include "paradyse/ops/backend.hpp"
+#include "paradyse/ops/counting.hpp"
+#include "paradyse/strategy/buffer_pool.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace paradyse::cost::calibrate_detail {
+
+// Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then
+// all freed, as a step's activations are (one Tensor made and freed again and again would measure the C library's
+// reuse of that one block, not a step; when the working set is freed the library gives its pages back, so the next
+// step faults them in again). Samples are per allocation: the working set's time over its tensors.
+template <class Backend, Communicator C>
+void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibration& result) {
+  std::vector<AllocationSample> samples;
+  for (std::int64_t bytes : options.fresh_bytes) {
+    const std::int64_t count = std::max<std::int64_t>(1, options.fresh_working_set_bytes / bytes);
+    const double t = measure<Backend>(comm, options.clock, options.repetitions, [&] {
+      std::vector<Tensor<float>> live;
+      live.reserve(std::size_t(count));
+      for (std::int64_t i = 0; i < count; ++i) live.emplace_back(Shape{bytes / 4});
+    });
+    samples.push_back({double(bytes), t / double(count)});
+  }
+  result.profile.fresh_memory = fit_fresh_memory(samples);
+  for (const AllocationSample& s : samples)
+    result.samples.push_back({fmt::format("fresh tensor {} B", std::int64_t(s.bytes)), s.seconds,
+                              result.profile.fresh_memory.time(s.bytes)});
+}
+
+// Elementwise kernels by size (options.elementwise_class_rows): per size, a mix of the backend's elementwise kernels
+// as a layer runs them on its activations [rows, heads, d] (a copy, a copy out of the head-major view a re-layout
+// reads, a sum into, LayerNorm forward and backward over rows of heads x d), their inputs just written (a step's are
+// the previous kernel's outputs: in cache while they fit). Each call is priced per byte the counting backend records
+// for it (ops/counting.hpp, run on the same views), so the rates are in the dry run's bytes.
+template <class Backend, Communicator C>
+void calibrate_elementwise_classes(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (options.elementwise_class_rows.empty()) return;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
+  std::vector<ElementwiseSample> samples;
+  for (const std::int64_t rows : options.elementwise_class_rows) {
+    Tensor<float> x(Shape{rows, heads, d}), y(Shape{rows, heads, d}), dy(Shape{rows, h}), dx(Shape{rows, h});
+    Tensor<float> norm(Shape{4, h}), mean(Shape{rows}), rstd(Shape{rows});  // gamma, beta, dgamma, dbeta
+    calibrate_detail::fill<Backend>(x, 0.5f);
+    calibrate_detail::fill<Backend>(dy, 0.25f);
+    calibrate_detail::fill<Backend>(norm, 1.0f);
+    const auto row = [&](std::int64_t i) { return norm.view().slice(0, i, 1).reshape(Shape{h}); };
+    const TensorView<const float> by_head(x.data(), Shape{heads, rows, d}, Shape{d, h, 1});  // [heads, rows, d]
+    const TensorView<const float> x2(x.data(), Shape{rows, h});
+    const TensorView<float> y2(y.data(), Shape{rows, h});
+    const auto mix = [&]<class B>() {
+      B::copy(x.view(), y.view());
+      B::copy(by_head, y.view().reshape(Shape{heads, rows, d}));
+      B::add_into(y.view(), x.view());
+      B::layer_norm_forward(x2, row(0), row(1), 1e-5f, y2, mean.view(), rstd.view());
+      B::layer_norm_backward(x2, row(0), mean.view(), rstd.view(), dy.view(), dx.view(), row(2), row(3));
+    };
+    const double seconds =
+        measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+    const Trace trace = trace_of([&] { mix.template operator()<ops::Counting>(); });
+    double bytes = 0, calls = 0;
+    for (const TraceEvent& e : trace.events())
+      if (e.kind == TraceKind::elementwise) bytes += e.bytes * e.count, calls += e.count;
+    check(calls > 0, "calibrate_elementwise_classes: the counting backend recorded no elementwise call");
+    samples.push_back({bytes / calls, seconds / calls});
+  }
+  result.profile.elementwise_classes = fit_elementwise_classes(samples);
+  for (const ElementwiseSample& s : samples)
+    result.samples.push_back({fmt::format("elementwise mix, {} B per call", std::int64_t(s.bytes)), s.seconds,
+                              result.profile.elementwise_time(s.bytes)});
+}
+
+// Elementwise kernel families (options.elementwise_family_rows): per family (ElementwiseFamily, core/trace.hpp) its
+// kernels as a layer runs them on [rows, heads, d] activations (copy; fill; add_into; LayerNorm and RMSNorm forward
+// and backward; RoPE forward and backward; the materialised causal softmax forward and backward on heads x n x n
+// scores of as many elements; GELU and SwiGLU forward and backward; an AdamW step over as many parameters; a row
+// gather and scatter-add in reversed order), at each size: t = kernels x overhead + bytes / rate over the sizes, the
+// kernels and bytes the counting backend records for the same calls (ops/counting.hpp). The overhead is a kernel's, as
+// the time model charges it per event (fitted per mix, a call was charged the overhead of the family's two to four
+// kernels).
+template <class Backend, Communicator C>
+void calibrate_elementwise_families(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (options.elementwise_family_rows.empty()) return;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
+  std::array<std::vector<FamilySample>, kElementwiseFamilies> samples;
+  for (const std::int64_t rows : options.elementwise_family_rows) {
+    check(rows >= 2 && h % 2 == 0, "calibrate: elementwise family rows {} (h = {}) must be at least 2 (h even)", rows, h);
+    Tensor<float> x(Shape{rows, h}), y(Shape{rows, h}), dy(Shape{rows, h}), dx(Shape{rows, h});
+    Tensor<float> norm(Shape{4, h}), mean(Shape{rows}), rstd(Shape{rows});
+    const std::int64_t n = std::max<std::int64_t>(8, std::int64_t(std::sqrt(double(rows * d))));
+    Tensor<float> scores(Shape{1, heads, n, n}), dscores(Shape{1, heads, n, n});
+    calibrate_detail::fill<Backend>(x, 0.5f);
+    calibrate_detail::fill<Backend>(dy, 0.25f);
+    calibrate_detail::fill<Backend>(dx, 0.01f);
+    calibrate_detail::fill<Backend>(norm, 1.0f);
+    calibrate_detail::fill<Backend>(scores, 0.5f);
+    calibrate_detail::fill<Backend>(dscores, 0.1f);
+    const auto row = [&](std::int64_t i) { return norm.view().slice(0, i, 1).reshape(Shape{h}); };
+    const auto heads_of = [&](Tensor<float>& t) { return t.view().reshape(Shape{1, rows, heads, d}); };
+    const auto half = [&](Tensor<float>& t, std::int64_t i) { return t.view().slice(1, i * h / 2, h / 2); };
+    const std::vector<ops::PositionRun> runs{{0, 0, n}};
+    std::vector<std::int64_t> reversed(static_cast<std::size_t>(rows));
+    for (std::int64_t i = 0; i < rows; ++i) reversed[std::size_t(i)] = rows - 1 - i;
+    ops::AdamWConfig adamw;
+    const auto kernels = [&]<class B>(ElementwiseFamily family) {
+      switch (family) {
+        case ElementwiseFamily::copy: B::copy(x.view(), y.view()); break;
+        case ElementwiseFamily::fill: B::fill(y.view(), 0.0f); break;
+        case ElementwiseFamily::add: B::add_into(y.view(), x.view()); break;
+        case ElementwiseFamily::norm:
+          B::layer_norm_forward(x.view(), row(0), row(1), 1e-5f, y.view(), mean.view(), rstd.view());
+          B::layer_norm_backward(x.view(), row(0), mean.view(), rstd.view(), dy.view(), dx.view(), row(2), row(3));
+          B::rms_norm_forward(x.view(), row(0), 1e-5f, y.view(), rstd.view());
+          B::rms_norm_backward(x.view(), row(0), rstd.view(), dy.view(), dx.view(), row(2));
+          break;
+        case ElementwiseFamily::rope:
+          B::rope_forward(heads_of(x), heads_of(y), 0);
+          B::rope_backward(heads_of(dy), heads_of(dx), 0);
+          break;
+        case ElementwiseFamily::softmax:  // in place, on the last call's probabilities (finite, as scores are)
+          B::masked_softmax_forward(scores.view(), runs, runs, true);
+          B::softmax_backward(scores.view(), dscores.view());
+          break;
+        case ElementwiseFamily::activation:
+          B::gelu_forward(x.view(), y.view());
+          B::gelu_backward(x.view(), dy.view(), dx.view());
+          B::swiglu_forward(half(x, 0), half(x, 1), half(y, 0));
+          B::swiglu_backward(half(x, 0), half(x, 1), half(dy, 0), half(dx, 0), half(dx, 1));
+          break;
+        case ElementwiseFamily::optimizer: B::adamw_step(y.view(), x.view(), dy.view(), dx.view(), adamw, 1); break;
+        case ElementwiseFamily::rows:
+          B::gather_rows(x.view(), reversed, {}, y.view());
+          B::scatter_add_rows(dx.view(), reversed, y.view(), {});
+          break;
+        case ElementwiseFamily::other: break;
+      }
+    };
+    for (int f = 1; f < kElementwiseFamilies; ++f) {
+      const ElementwiseFamily family = ElementwiseFamily(f);
+      const double seconds = measure<Backend>(comm, options.clock, options.repetitions,
+                                              [&] { kernels.template operator()<Backend>(family); });
+      const Trace trace = trace_of([&] { kernels.template operator()<ops::Counting>(family); });
+      double kernels = 0, bytes = 0;
+      for (const TraceEvent& e : trace.events())
+        if (e.kind == TraceKind::elementwise || e.kind == TraceKind::activation)
+          kernels += e.count, bytes += e.bytes * e.count;
+      samples[std::size_t(f)].push_back({kernels, bytes, seconds});
+    }
+  }
+  for (int f = 1; f < kElementwiseFamilies; ++f) {
+    result.profile.elementwise_families[std::size_t(f)] = fit_elementwise_family(samples[std::size_t(f)]);
+    for (const FamilySample& s : samples[std::size_t(f)])
+      result.samples.push_back(
+          {fmt::format("elementwise {} {} B in {} kernels", name_of(ElementwiseFamily(f)), std::int64_t(s.bytes),
+                       std::int64_t(s.kernels)),
+           s.seconds, s.kernels * result.profile.elementwise_time(s.bytes / s.kernels, ElementwiseFamily(f))});
+  }
+}
+
+// The buffer pool's misses (options.pool_miss_bytes): per size, a pool lends buffers of that size and of a size a
+// quarter larger (another class) in turn, so that every loan misses and evicts the other's cached buffer, as the
+// churn of a step does. A miss makes a new zeroed Tensor of its class, the allocation calibrate_fresh_memory times
+// under a working set that makes the C library hand out new pages, as a step's live activations do; timed alone the
+// misses were bimodal here (the C library served 1 MiB misses from its heap's free top in one pass in four: 150 GB/s
+// against 2-3 GB/s, the rate's error moving a step's prediction by 40%). So the rate is the bytes lent over their
+// price at the fresh-memory rates (calibrated before this); the timed misses stay in the samples beside that price.
+template <class Backend, Communicator C>
+void calibrate_pool_misses(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (options.pool_miss_bytes.empty()) return;
+  constexpr int kLoans = 16;
+  double bytes = 0, priced = 0;
+  for (const std::int64_t size : options.pool_miss_bytes) {
+    const std::int64_t sizes[2] = {size, size + size / 4};
+    const double t = measure<Backend>(comm, options.clock, options.repetitions, [&] {
+      BufferPool pool;
+      for (int i = 0; i < kLoans; ++i) (void)pool.acquire<float>(Shape{sizes[i % 2] / 4});
+    });
+    double lent = 0, price = 0;
+    for (const std::int64_t loan : sizes) {
+      const double class_bytes = double(BufferPool::size_class(std::size_t(loan)));
+      lent += kLoans / 2 * class_bytes;
+      price += kLoans / 2 * result.profile.fresh_memory.time(class_bytes);
+    }
+    bytes += lent;
+    priced += price;
+    result.samples.push_back({fmt::format("pool misses, {} and {} B in turn", sizes[0], sizes[1]), t / kLoans,
+                              price / kLoans});
+  }
+  result.profile.pool_miss_bytes_per_s = priced > 0 ? bytes / priced : 0;
+}
+
+// The fixed cost per kernel call (options.call_overheads): the non-GEMM kernels a serving step calls on its few rows
+// (RMSNorm, a residual add, RoPE, SwiGLU, a row gather and scatter-add, a copy), each on one row of h = heads x d,
+// kCallRounds times in turn; their work priced as the counting backend records it (ops/counting.hpp) on the rates
+// calibrated before, the rest over the calls is kernel_call_s.
+template <class Backend, Communicator C>
+void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (!options.call_overheads) return;
+  constexpr int kCallRounds = 256;
+  HardwareProfile& profile = result.profile;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, h = heads * d;
+  Tensor<float> x(Shape{1, h}), y(Shape{1, h}), gamma(Shape{h}), rstd(Shape{1}), gate(Shape{1, h}), act(Shape{1, h});
+  Tensor<float> q(Shape{1, 1, heads, d});
+  calibrate_detail::fill<Backend>(x, 0.5f);
+  calibrate_detail::fill<Backend>(gamma, 1.0f);
+  calibrate_detail::fill<Backend>(gate, 0.3f);
+  calibrate_detail::fill<Backend>(q, 0.1f);
+  const std::vector<std::int64_t> rows = {0};
+  const auto mix = [&]<class B>() {
+    for (int i = 0; i < kCallRounds; ++i) {
+      B::rms_norm_forward(x.view(), gamma.view(), 1e-5f, y.view(), rstd.view());
+      B::add_into(x.view(), y.view());
+      B::rope_forward(q.view(), q.view(), i);
+      B::swiglu_forward(gate.view(), y.view(), act.view());
+      B::gather_rows(x.view(), rows, {}, y.view());
+      B::scatter_add_rows(x.view(), rows, act.view(), {});
+      B::copy(y.view(), x.view());
+    }
+  };
+  const double kernels =
+      measure<Backend>(comm, options.clock, options.repetitions, [&] { mix.template operator()<Backend>(); });
+  const Trace trace = trace_of([&] { mix.template operator()<ops::Counting>(); });
+  double calls = 0, work = 0;
+  for (const TraceEvent& e : trace.events()) {
+    const double n = e.count;
+    switch (e.kind) {
+      case TraceKind::elementwise: calls += n, work += n * profile.elementwise_time(e.bytes); break;
+      case TraceKind::activation: calls += n, work += n * profile.activation_time(e.m, e.bytes, e.n == 1); break;
+      case TraceKind::transcendental: work += n * profile.scalar_math.time(ScalarFunction(int(e.n)), e.m); break;
+      case TraceKind::scratch: work += n * profile.fresh_memory.time(e.bytes); break;
+      default: break;
+    }
+  }
+  check(calls > 0, "calibrate_call_overheads: the counting backend recorded no kernel call");
+  profile.call_overhead.kernel_call_s = std::max(0.0, (kernels - work) / calls);
+  result.samples.push_back({fmt::format("{} one-row kernel calls", std::int64_t(calls)), kernels,
+                            work + calls * profile.call_overhead.kernel_call_s});
+}
+
+// Scalar math: the materialised softmax (an exp per score) and RoPE (a cos and a sin per token and frequency) at
+// the shapes ColossalZ and every rope model run, their other work priced as the dry run records it (ops/counting.hpp).
+template <class Backend, Communicator C>
+void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibration& result) {
+  HardwareProfile& profile = result.profile;
+  const std::int64_t heads = options.attention_heads, d = options.head_dim, n = 512, keys = 1024;
+  Tensor<float> scores(Shape{1, heads, n, keys});
+  const std::vector<ops::PositionRun> queries{{0, keys - n, n}}, key_runs{{0, 0, keys}};
+  const double softmax = measure<Backend>(comm, options.clock, options.repetitions, [&] {
+    calibrate_detail::fill<Backend>(scores, 0.5f);
+    Backend::masked_softmax_forward(scores.view(), queries, key_runs, true);
+  });
+  const double elements = double(scores.numel());
+  const double fill_s = profile.elementwise_time(4 * elements);  // the refill above, a write of the scores
+  // The kernel calls exp on the visible scores only (causal: 75% of these), as the dry run counts them.
+  const double exps = double(heads) * ops::softmax_visible_scores(queries, key_runs, true);
+  const ScalarSample exp_sample{exps, softmax, fill_s + profile.activation_time(elements, 8 * elements)};
+  profile.scalar_math.exp_per_s = fit_scalar_rate(std::span(&exp_sample, 1));
+
+  Tensor<float> x(Shape{1, keys, heads, d}), y(Shape{1, keys, heads, d});
+  calibrate_detail::fill<Backend>(x, 0.5f);
+  const double rope = measure<Backend>(comm, options.clock, options.repetitions,
+                              [&] { Backend::rope_forward(x.view(), y.view(), 0); });
+  const ScalarSample sincos_sample{double(keys * d), rope, profile.elementwise_time(8.0 * double(x.numel()))};
+  profile.scalar_math.sincos_per_s = fit_scalar_rate(std::span(&sincos_sample, 1));
+  result.samples.push_back({fmt::format("softmax {}x{}x{} (exp)", heads, n, keys), softmax,
+                            exp_sample.other_s + profile.scalar_math.time(ScalarFunction::exp, exps)});
+  result.samples.push_back({fmt::format("rope {}x{}x{} (cos, sin)", keys, heads, d), rope,
+                            sincos_sample.other_s + profile.scalar_math.time(ScalarFunction::sincos, double(keys * d))});
+}
+
+}  // namespace paradyse::cost::calibrate_detail

@@ -1,0 +1,164 @@
+// paradyse/cost/calibration_fits.hpp: the calibration's fits, pure functions of measurements (cost/calibrate.hpp
+// measures; tests feed these synthetic samples): fresh memory, scalar math, the elementwise size classes, paged
+// attention, the linear GEMM model, an elementwise kernel family.
+#pragma once
+
+#include "paradyse/core/error.hpp"
+#include "paradyse/cost/least_squares.hpp"
+#include "paradyse/cost/profile.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace paradyse::cost {
+
+// One allocation size and the seconds to make, zero and free a Tensor of it (the fastest of several runs).
+struct AllocationSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+// Reused pages cost a memset, new pages a fault each on top (8x here): a sample is fresh when its seconds per byte
+// exceed `fresh_factor` times the smallest sample's. The zero rate is fitted on the others, the fresh rate on the
+// fresh ones, and fresh_min_bytes is the smallest size from which every larger sample is fresh (none: the largest
+// sample plus one, so that every allocation is priced at the zero rate). Samples must be ascending in bytes.
+inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> samples, double fresh_factor = 3) {
+  check(!samples.empty(), "fit_fresh_memory: no samples");
+  double fastest = 1e300;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    check(samples[i].bytes > 0 && samples[i].seconds > 0, "fit_fresh_memory: sample {} has bytes = {}, seconds = {}",
+          i, samples[i].bytes, samples[i].seconds);
+    check(i == 0 || samples[i].bytes > samples[i - 1].bytes, "fit_fresh_memory: samples must be ascending in bytes");
+    fastest = std::min(fastest, samples[i].seconds / samples[i].bytes);
+  }
+  // The first fresh sample of the trailing run of fresh ones.
+  std::size_t first_fresh = samples.size();
+  while (first_fresh > 0 && samples[first_fresh - 1].seconds / samples[first_fresh - 1].bytes > fresh_factor * fastest)
+    --first_fresh;
+  // Bytes over seconds of the group (a relative least-squares slope would follow its fastest sample).
+  const auto rate_of = [&](std::size_t begin, std::size_t end) {
+    double bytes = 0, seconds = 0;
+    for (std::size_t i = begin; i < end; ++i) bytes += samples[i].bytes, seconds += samples[i].seconds;
+    return bytes / seconds;
+  };
+  FreshMemoryModel model;
+  model.zero_bytes_per_s = rate_of(0, std::max<std::size_t>(first_fresh, 1));
+  model.fresh_bytes_per_s = first_fresh < samples.size() ? rate_of(first_fresh, samples.size()) : model.zero_bytes_per_s;
+  model.fresh_min_bytes = first_fresh < samples.size() ? std::int64_t(samples[first_fresh].bytes)
+                                                       : std::int64_t(samples.back().bytes) + 1;
+  return model;
+}
+
+// A kernel that makes `calls` scalar math-library calls, measured at `seconds`, of which `other_s` are its other
+// work as the profile prices it (memory traffic, activation elements).
+struct ScalarSample {
+  double calls = 0;
+  double seconds = 0;
+  double other_s = 0;
+};
+
+// Calls per second: the calls over the kernels' seconds beyond their other work (0, unpriced, when the kernels take
+// no longer than their other work).
+inline double fit_scalar_rate(std::span<const ScalarSample> samples) {
+  double calls = 0, seconds = 0;
+  for (const ScalarSample& s : samples) {
+    check(s.calls > 0 && s.seconds > 0 && s.other_s >= 0, "fit_scalar_rate: calls = {}, seconds = {}, other = {}",
+          s.calls, s.seconds, s.other_s);
+    calls += s.calls;
+    seconds += std::max(0.0, s.seconds - s.other_s);
+  }
+  return seconds > 0 ? calls / seconds : 0;
+}
+
+// An elementwise kernel mix at one size: the bytes its calls record in a dry run per call, and its seconds per call.
+struct ElementwiseSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+// Size classes from samples ascending in bytes: sample i's rate (bytes / seconds) holds the calls up to the
+// geometric mean of its bytes and the next sample's, the last sample's up to its own bytes (larger calls take the
+// last class's rate, cost/profile.hpp).
+inline std::vector<ElementwiseClass> fit_elementwise_classes(std::span<const ElementwiseSample> samples) {
+  check(!samples.empty(), "fit_elementwise_classes: no samples");
+  std::vector<ElementwiseClass> classes;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const ElementwiseSample& s = samples[i];
+    check(s.bytes >= 1 && s.seconds > 0, "fit_elementwise_classes: sample {} has bytes = {}, seconds = {}", i,
+          s.bytes, s.seconds);
+    check(i == 0 || s.bytes > samples[i - 1].bytes, "fit_elementwise_classes: samples must be ascending in bytes");
+    const double bound = i + 1 < samples.size() ? std::sqrt(s.bytes * samples[i + 1].bytes) : s.bytes;
+    classes.push_back({std::round(bound), s.bytes / s.seconds});
+  }
+  return classes;
+}
+
+// Serving's paged attention kernel (serve/paged_attention.hpp, which measures it): `visits` (query-key pair, head)
+// visits of head dim `head_dim` measured at `seconds`.
+struct PagedAttentionSample {
+  double visits = 0;
+  double head_dim = 0;
+  double seconds = 0;
+};
+
+// The PagedAttentionModel of the samples (t = visits / visits_per_s + 4 d visits / flops_per_s, least relative error,
+// non-negative; a coefficient fitted to 0 leaves its rate 0, that term unpriced) into `model`; the fit's errors back.
+inline Fit fit_paged_attention(std::span<const PagedAttentionSample> samples, PagedAttentionModel& model) {
+  check(!samples.empty(), "fit_paged_attention: no samples");
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (const PagedAttentionSample& s : samples) {
+    check(s.visits > 0 && s.head_dim > 0 && s.seconds > 0,
+          "fit_paged_attention: a sample of {} visits, head dim {}, {} s (all must be positive)", s.visits,
+          s.head_dim, s.seconds);
+    rows.push_back({s.visits, 4 * s.head_dim * s.visits});
+    y.push_back(s.seconds);
+  }
+  Fit fit = fit_non_negative(rows, y);
+  const std::vector<double>& c = fit.coefficients;
+  model = {c[0] > 0 ? 1 / c[0] : 0, c[1] > 0 ? 1 / c[1] : 0};
+  return fit;
+}
+
+// t = overhead + flops / rate + operand bytes / bandwidth (cost/profile.hpp linear_gemm_time) fitted to float32 GEMM
+// samples (shapes[i] took seconds[i]): the fit, and its terms as {overhead, rate, bandwidth} (1e30 and 0 for a
+// coefficient fitted to 0: no term).
+struct LinearGemmFit {
+  Fit fit;
+  double overhead_s = 0, flops_per_s = 1e30, bytes_per_s = 0;
+};
+inline LinearGemmFit fit_linear_gemm(const std::vector<std::array<std::int64_t, 3>>& shapes,
+                                     const std::vector<double>& seconds) {
+  std::vector<std::vector<double>> rows;
+  for (const auto& [m, n, k] : shapes)
+    rows.push_back({1.0, 2.0 * double(m) * double(n) * double(k), double(m * k + k * n + m * n) * sizeof(float)});
+  LinearGemmFit r{fit_non_negative(rows, seconds)};
+  const auto& c = r.fit.coefficients;
+  r.overhead_s = c[0];
+  r.flops_per_s = c[1] > 0 ? 1 / c[1] : 1e30;
+  r.bytes_per_s = c[2] > 0 ? 1 / c[2] : 0;
+  return r;
+}
+
+// One elementwise family's calls at one size: how many kernels, their bytes, their time.
+struct FamilySample {
+  double kernels, bytes, seconds;
+};
+// t = kernels x overhead + bytes / rate, least squares over the samples (non-negative terms; 0 bytes/s: no rate).
+inline ElementwiseFamilyRate fit_elementwise_family(const std::vector<FamilySample>& samples) {
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (const FamilySample& s : samples) rows.push_back({s.kernels, s.bytes}), y.push_back(s.seconds);
+  const Fit fit = fit_non_negative(rows, y);
+  ElementwiseFamilyRate rate;
+  rate.overhead_s = fit.coefficients[0];
+  rate.bytes_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
+  return rate;
+}
+
+}  // namespace paradyse::cost
