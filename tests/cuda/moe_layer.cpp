@@ -43,30 +43,11 @@ MoeShard to_host(const MoeShard& d, MemoryTracker& host) {
   return h;
 }
 
-using Forward = std::function<MoeSaved(CudaLocalCommunicator&, const MoeContext&, const MoeShard&,
-                                       TensorView<const float>, TensorView<float>)>;
-using Backward = std::function<void(CudaLocalCommunicator&, const MoeContext&, const MoeShard&, MoeSaved&,
-                                    TensorView<const float>, TensorView<float>, MoeShard&)>;
-
-template <template <class> class S>
-Forward forward_of() {
-  return [](CudaLocalCommunicator& comm, const MoeContext& ctx, const MoeShard& w, TensorView<const float> x,
-            TensorView<float> y) { return S<Device>{}.forward(comm, ctx, w, x, y); };
-}
-template <template <class> class S>
-Backward backward_of() {
-  return [](CudaLocalCommunicator& comm, const MoeContext& ctx, const MoeShard& w, MoeSaved& s,
-            TensorView<const float> dy, TensorView<float> dx, MoeShard& g) {
-    S<Device>{}.backward(comm, ctx, w, s, dy, dx, g);
-  };
-}
-const Forward single_forward = [](CudaLocalCommunicator&, const MoeContext& ctx, const MoeShard& w,
-                                  TensorView<const float> x, TensorView<float> y) {
-  return moe_forward<Device>(ctx, w, x, y);
-};
-const Backward single_backward = [](CudaLocalCommunicator&, const MoeContext& ctx, const MoeShard& w, MoeSaved& s,
-                                    TensorView<const float> dy, TensorView<float> dx,
-                                    MoeShard& g) { moe_backward<Device>(ctx, w, s, dy, dx, g); };
+using Calls = LayerCalls<CudaLocalCommunicator, Device>;
+using Forward = Calls::Forward;
+using Backward = Calls::Backward;
+using EP = ExpertParallel<Device>;
+using ETP = ExpertTensorParallel<Device>;
 
 // Forward and backward on p cuda_local ranks; each rank's results come back to host tensors.
 std::vector<RankResult> run_device_layer(const MoeProblem& prob, int p, const Forward& fwd, const Backward& bwd) {
@@ -119,16 +100,16 @@ void check_device_cases(int p, const Forward& fwd, const Backward& bwd, std::uin
 
 TEST_CASE("cuda: the moe layer on one rank matches the float64 reference") {
   PARADYSE_REQUIRE_DEVICE();
-  check_device_cases(1, single_forward, single_backward, 100);
+  check_device_cases(1, Calls::single_forward(), Calls::single_backward(), 100);
 }
 
 TEST_CASE("cuda_local: ExpertParallel on device matches the float64 reference, p = 1..4") {
   PARADYSE_REQUIRE_DEVICE();
-  for (int p : {1, 2, 3, 4}) check_device_cases(p, forward_of<ExpertParallel>(), backward_of<ExpertParallel>(), 200);
+  for (int p : {1, 2, 3, 4}) check_device_cases(p, Calls::forward_of<EP>(), Calls::backward_of<EP>(), 200);
 }
 
 TEST_CASE("cuda_local: ExpertTensorParallel on device matches the float64 reference, p = 1..4") {
   PARADYSE_REQUIRE_DEVICE();
   for (int p : {1, 2, 3, 4})
-    check_device_cases(p, forward_of<ExpertTensorParallel>(), backward_of<ExpertTensorParallel>(), 300);
+    check_device_cases(p, Calls::forward_of<ETP>(), Calls::backward_of<ETP>(), 300);
 }

@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -203,5 +204,38 @@ void check_cases(int p, std::uint64_t seed, Run&& run) {
     check_against_reference(prob, p, run(prob, p));
   }
 }
+
+// The layer's forward and backward as the tests call them, over communicator Comm on Backend (the host's tests:
+// ThreadCommunicator and ops::Cpu; the device's: CudaLocalCommunicator and ops::Cuda): forward_of<S>() and
+// backward_of<S>() for a strategy S (ExpertParallel<Backend>, ExpertTensorParallel<Backend>), single_forward() and
+// single_backward() for the one-rank layer (the communicator unused).
+template <class Comm, class Backend>
+struct LayerCalls {
+  using Forward = std::function<MoeSaved(Comm&, const MoeContext&, const MoeShard&, TensorView<const float>,
+                                         TensorView<float>)>;
+  using Backward = std::function<void(Comm&, const MoeContext&, const MoeShard&, MoeSaved&, TensorView<const float>,
+                                      TensorView<float>, MoeShard&)>;
+
+  template <class S>
+  static Forward forward_of() {
+    return [](Comm& comm, const MoeContext& ctx, const MoeShard& w, TensorView<const float> x, TensorView<float> y) {
+      return S{}.forward(comm, ctx, w, x, y);
+    };
+  }
+  template <class S>
+  static Backward backward_of() {
+    return [](Comm& comm, const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorView<const float> dy,
+              TensorView<float> dx, MoeShard& g) { S{}.backward(comm, ctx, w, s, dy, dx, g); };
+  }
+  static Forward single_forward() {
+    return [](Comm&, const MoeContext& ctx, const MoeShard& w, TensorView<const float> x, TensorView<float> y) {
+      return moe_forward<Backend>(ctx, w, x, y);
+    };
+  }
+  static Backward single_backward() {
+    return [](Comm&, const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorView<const float> dy,
+              TensorView<float> dx, MoeShard& g) { moe_backward<Backend>(ctx, w, s, dy, dx, g); };
+  }
+};
 
 }  // namespace paradyse::testing::moe_harness

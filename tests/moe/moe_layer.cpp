@@ -32,26 +32,11 @@ using namespace paradyse::testing::moe_harness;
 
 namespace {
 
-using Forward = std::function<MoeSaved(ThreadCommunicator&, const MoeContext&, const MoeShard&, TensorView<const float>,
-                                       TensorView<float>)>;
-using Backward = std::function<void(ThreadCommunicator&, const MoeContext&, const MoeShard&, MoeSaved&,
-                                    TensorView<const float>, TensorView<float>, MoeShard&)>;
-
-template <class S>
-Forward forward_of() {
-  return [](ThreadCommunicator& comm, const MoeContext& ctx, const MoeShard& w, TensorView<const float> x,
-            TensorView<float> y) { return S{}.forward(comm, ctx, w, x, y); };
-}
-template <class S>
-Backward backward_of() {
-  return [](ThreadCommunicator& comm, const MoeContext& ctx, const MoeShard& w, MoeSaved& s, TensorView<const float> dy,
-            TensorView<float> dx, MoeShard& g) { S{}.backward(comm, ctx, w, s, dy, dx, g); };
-}
-const Forward single_forward = [](ThreadCommunicator&, const MoeContext& ctx, const MoeShard& w,
-                                  TensorView<const float> x, TensorView<float> y) { return moe_forward(ctx, w, x, y); };
-const Backward single_backward = [](ThreadCommunicator&, const MoeContext& ctx, const MoeShard& w, MoeSaved& s,
-                                    TensorView<const float> dy, TensorView<float> dx,
-                                    MoeShard& g) { moe_backward(ctx, w, s, dy, dx, g); };
+using Calls = LayerCalls<ThreadCommunicator, ops::Cpu>;
+using Forward = Calls::Forward;
+using Backward = Calls::Backward;
+using EP = ExpertParallel<>;
+using ETP = ExpertTensorParallel<>;
 
 // Runs forward and backward on p thread ranks. The gradients start from the weights themselves (so the test also
 // sees that backward accumulates).
@@ -145,15 +130,17 @@ TEST_CASE("moe reference: gradients agree with finite differences of its loss") 
   }
 }
 
-TEST_CASE("moe layer on one rank matches the float64 reference") { check_cases(1, single_forward, single_backward, 100); }
+TEST_CASE("moe layer on one rank matches the float64 reference") {
+  check_cases(1, Calls::single_forward(), Calls::single_backward(), 100);
+}
 
 TEST_CASE("ExpertParallel matches the float64 reference, p in {1, 2, 3, 4, 8}") {
-  for (int p : {1, 2, 3, 4, 8}) check_cases(p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>(), 200 + 20 * p);
+  for (int p : {1, 2, 3, 4, 8}) check_cases(p, Calls::forward_of<EP>(), Calls::backward_of<EP>(), 200 + 20 * p);
 }
 
 TEST_CASE("ExpertTensorParallel matches the float64 reference, p in {1, 2, 3, 4, 8}") {
   for (int p : {1, 2, 3, 4, 8})
-    check_cases(p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>(), 300 + 20 * p);
+    check_cases(p, Calls::forward_of<ETP>(), Calls::backward_of<ETP>(), 300 + 20 * p);
 }
 
 TEST_CASE("ranks without tokens (s < p) take part in every collective and get their experts' gradients") {
@@ -166,9 +153,9 @@ TEST_CASE("ranks without tokens (s < p) take part in every collective and get th
     lc.config.z_loss_coef = 0.1;
     CAPTURE(p);
     const MoeProblem prob = make_problem(lc, 800 + std::uint64_t(p));
-    check_against_reference(prob, p, run_layer(prob, p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>()));
+    check_against_reference(prob, p, run_layer(prob, p, Calls::forward_of<EP>(), Calls::backward_of<EP>()));
     check_against_reference(
-        prob, p, run_layer(prob, p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>()));
+        prob, p, run_layer(prob, p, Calls::forward_of<ETP>(), Calls::backward_of<ETP>()));
   }
 }
 
@@ -178,8 +165,8 @@ TEST_CASE("ExpertParallel and ExpertTensorParallel agree on the same shards") {
       CAPTURE(lc.name);
       CAPTURE(p);
       const MoeProblem prob = make_problem(lc, 700 + std::uint64_t(p));
-      const auto ep = run_layer(prob, p, forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>());
-      const auto etp = run_layer(prob, p, forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>());
+      const auto ep = run_layer(prob, p, Calls::forward_of<EP>(), Calls::backward_of<EP>());
+      const auto etp = run_layer(prob, p, Calls::forward_of<ETP>(), Calls::backward_of<ETP>());
       for (int r = 0; r < p; ++r) {
         const RankResult &a = ep[std::size_t(r)], &b = etp[std::size_t(r)];
         CAPTURE(r);
@@ -273,8 +260,8 @@ TEST_CASE("a 2-layer MoE stack with mixed strategies matches the reference: laye
   second.norm_topk_prob = true;
   second.z_loss_coef = 0.1;
   const std::vector<std::pair<Forward, Backward>> strategies = {
-      {forward_of<ExpertParallel<>>(), backward_of<ExpertParallel<>>()},
-      {forward_of<ExpertTensorParallel<>>(), backward_of<ExpertTensorParallel<>>()}};
+      {Calls::forward_of<EP>(), Calls::backward_of<EP>()},
+      {Calls::forward_of<ETP>(), Calls::backward_of<ETP>()}};
   for (int p : {2, 3, 4})
     for (int plan = 0; plan < 4; ++plan) {  // layer 1 and layer 2 each EP (0) or ETP (1)
       const auto& [fwd1, bwd1] = strategies[std::size_t(plan & 1)];
@@ -379,8 +366,8 @@ TEST_CASE("moe layer: a NaN in one expert's weight reaches exactly its tokens; a
     for (const bool tensor_parallel : {false, true}) {
       CAPTURE(p);
       CAPTURE(tensor_parallel);
-      const Forward fwd = tensor_parallel ? forward_of<ExpertTensorParallel<>>() : forward_of<ExpertParallel<>>();
-      const Backward bwd = tensor_parallel ? backward_of<ExpertTensorParallel<>>() : backward_of<ExpertParallel<>>();
+      const Forward fwd = tensor_parallel ? Calls::forward_of<ETP>() : Calls::forward_of<EP>();
+      const Backward bwd = tensor_parallel ? Calls::backward_of<ETP>() : Calls::backward_of<EP>();
       const LayerCase lc = layer_cases(p).front();  // Mixtral-like softmax top-2, no capacity (nothing dropped)
       const MoeProblem clean = make_problem(lc, 4242 + std::uint64_t(p));
       const ReferenceResult ref = reference_moe(clean.model, clean.x, clean.dy, clean.k, rank_groups(clean, p));
