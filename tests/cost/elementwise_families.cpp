@@ -9,6 +9,7 @@
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/ops/counting.hpp"
+#include "support/profile_refusal.hpp"
 
 #include <doctest/doctest.h>
 
@@ -94,16 +95,7 @@ TEST_CASE("elementwise families: profile JSON keeps the rates; unknown and repea
   CHECK(profile_from_json(json::parse(text)).elementwise_families == hw.elementwise_families);
   CHECK(json::dump(to_json(h200_sxm_141gb_x8())).find("elementwise_families") == std::string::npos);
   const auto refused = [&](const std::string& from, const std::string& to) {
-    std::string changed = text;
-    const std::size_t at = changed.find(from, changed.find("\"elementwise_families\""));
-    REQUIRE(at != std::string::npos);
-    changed.replace(at, from.size(), to);
-    try {
-      (void)profile_from_json(json::parse(changed));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
+    return testing::profile_refusal(hw, "elementwise_families", from, to);
   };
   CHECK(refused("\"norm\"", "\"tensor\"").find("unknown elementwise family \"tensor\"") != std::string::npos);
   CHECK(refused("\"rows\"", "\"norm\"").find("\"norm\" appears twice") != std::string::npos);

@@ -4,6 +4,7 @@
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
+#include "support/profile_refusal.hpp"
 
 #include <doctest/doctest.h>
 
@@ -244,16 +245,7 @@ TEST_CASE("profile: the GEMM engine choice round-trips, gives the MFU rate, is v
 
   // One field of the second entry changed in the JSON text.
   const auto rejected = [&](const std::string& from, const std::string& to) {
-    std::string text = json::dump(to_json(p));
-    const std::size_t at = text.find(from, text.find("\"gemm_engines\""));
-    REQUIRE(at != std::string::npos);
-    text.replace(at, from.size(), to);
-    try {
-      (void)profile_from_json(json::parse(text));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
+    return testing::profile_refusal(p, "gemm_engines", from, to);
   };
   CHECK(rejected("\"fallback\"", "\"turbo\"").find("gemm_engines[1].engine = \"turbo\", expected cblas or fallback") !=
         std::string::npos);
