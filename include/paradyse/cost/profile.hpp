@@ -191,7 +191,7 @@ struct AttentionModel {
   double forward_flops_per_s = 1;
   double backward_flops_per_s = 1;
   bool whole_tiles = false;
-  std::optional<double> backward_overhead_s;
+  std::optional<double> backward_overhead_s = std::nullopt;
   // The pairs to price of a call with `visible` visible pairs and `tiled` pairs in its tiles (0: not counted).
   double pairs(double visible, double tiled) const { return whole_tiles && tiled > 0 ? tiled : visible; }
   double backward_overhead() const { return backward_overhead_s.value_or(overhead_s); }

@@ -58,7 +58,7 @@ struct StepTiming {
   // The synchronised CPU clock (else empty): each piece between the ranks' collectives at its slowest rank (step_s is
   // their sum), and the slowest rank's own CPU time in the step (its pieces summed). step_s - slowest_cpu_s is what
   // the ranks lost to waiting for one another piece by piece beyond the slowest rank's own work.
-  std::vector<double> pieces;
+  std::vector<double> pieces = {};
   double slowest_cpu_s = 0;
 };
 
