@@ -50,8 +50,9 @@ inline double device_memory_bytes() {
 // heads, its elementwise kernels by size, the pool's misses, whole tiles and the head-width products of attention
 // materialised. On a device (--device cuda): the model's own GEMMs (tokens by the projections' widths: a GPU's
 // small GEMMs are launch-bound, so the host's small shapes would not extrapolate to them) and its head-width
-// products at 1K-8K tokens, its causal attention there priced on the visible pairs (the GPU kernel skips the key tiles
-// its queries cannot see), its elementwise kernels by size and by family, and the GPU's memory over the ranks sharing it.
+// products at 1K-8K tokens (a layer's heads to a batched call), its causal attention there priced on the visible
+// pairs (the GPU kernel skips the key tiles its queries cannot see), its elementwise kernels by size and by family,
+// and the GPU's memory over the ranks sharing it.
 template <class Backend>
 pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   pd::cost::CalibrationOptions options;

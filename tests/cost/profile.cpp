@@ -92,7 +92,7 @@ TEST_CASE("profile: head-width GEMMs (short side up to max_side) are priced by t
   CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("rows"), Error);
 }
 
-TEST_CASE("profile: attention's backward calls at their own overhead where given, the forward's otherwise, in JSON too") {
+TEST_CASE("profile: attention's backward calls at their own overhead where given, else the forward's; in JSON too") {
   HardwareProfile p = a100_sxm4_80gb_x8();
   p.attention = {.overhead_s = 2e-4, .forward_flops_per_s = 9e12, .backward_flops_per_s = 5e12};
   const double flops = 3e9;

@@ -72,7 +72,8 @@ double time_gemm(C& comm, TimeSource clock, int repetitions, const std::array<st
   const std::size_t copies = std::size_t((items + batch - 1) / batch * batch);
   const std::size_t others = cold == ColdOperands::all ? copies : 1;  // copies of a and c
   std::vector<Tensor<float>> a, b, c;
-  for (std::size_t i = 0; i < others; ++i) a.emplace_back(Shape{m, k}), c.emplace_back(Shape{m, n}), fill<Backend>(a.back(), 0.5f);
+  for (std::size_t i = 0; i < others; ++i)
+    a.emplace_back(Shape{m, k}), c.emplace_back(Shape{m, n}), fill<Backend>(a.back(), 0.5f);
   for (std::size_t i = 0; i < copies; ++i) b.emplace_back(Shape{n, k}), fill<Backend>(b.back(), 0.25f);
   std::vector<const float*> a_items, b_items;  // gemm_batched's operand pointers, copy by copy
   std::vector<float*> c_items;
