@@ -145,33 +145,13 @@ void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration
   }
 }
 
-// One pass of calibrate() (below): every measurement once.
+// GEMMs: the engine per size class (on the host), then t = overhead + flops / rate + bytes / bandwidth over
+// options.gemm_shapes, and the head-width class over options.gemm_thin_shapes where given.
 template <class Backend, Communicator C>
-Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
-  const int p = comm.size();
-  const int reps = options.repetitions;
-  Calibration result;
+void calibrate_gemms(C& comm, const CalibrationOptions& options, Calibration& result) {
   HardwareProfile& profile = result.profile;
-  profile.name = options.name.empty() ? fmt::format("{}-p{} (calibrated)", Backend::name, p) : options.name;
-  profile.description = fmt::format("{} ranks of the {} backend measured together ({})", p, Backend::name,
-                                    options.clock == TimeSource::thread_cpu ? "thread CPU time" : "wall-clock time");
-  profile.source = "calibrated by paradyse::cost::calibrate";
-  profile.devices_per_node = p;
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  profile.memory_bytes = options.memory_bytes > 0          ? options.memory_bytes
-                         : pages > 0 && page > 0 ? std::int64_t(pages) * page / p
-                                                 : std::int64_t(1) << 34;
-  profile.reserved_bytes = 0;
-  // A device backend (ops::Cuda) is measured on the terms a GPU's time has (the built-in profiles' terms, measured):
-  // GEMMs, attention, copies, elementwise classes, call overheads, collectives. The host's own terms stay unpriced
-  // there, as the built-in profiles leave them (cost/builtin_profiles.hpp): the CPU GEMM engines, compute-bound
-  // activations (a GPU's are memory-bound: priced at the elementwise rates), fresh memory and the pool's misses (the
-  // caching allocator reuses device blocks) and scalar math (the special-function units run inside memory-bound
-  // kernels).
-  constexpr bool on_device = ops::memory_space_of<Backend> == MemorySpace::device;
-
-  // ---- GEMMs: the engine per size class, then t = overhead + flops / rate + bytes / bandwidth ---------------------
-  if constexpr (!on_device) profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
+  const int reps = options.repetitions;
+  if constexpr (!on_device<Backend>) profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
   {
     std::vector<double> y;
     for (const auto& shape : options.gemm_shapes)
@@ -206,32 +186,36 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
                                 profile.gemm.time(double(m), double(n), double(k), int(sizeof(float)))});
     }
   }
+}
 
-  calibrate_detail::calibrate_attention<Backend>(comm, options, result);
-
-  // ---- copies: bytes read + written per second --------------------------------------------------------------------
-  {
-    std::vector<std::vector<double>> rows;
-    std::vector<double> y;
-    for (std::int64_t bytes : options.copy_bytes) {
-      Tensor<float> from(Shape{bytes / 4}), to(Shape{bytes / 4});
-      calibrate_detail::fill<Backend>(from, 1.0f);
-      y.push_back(measure<Backend>(comm, options.clock, reps, [&] {
-        if constexpr (on_device) Backend::copy(from.view(), to.view());
-        else std::memcpy(to.data(), from.data(), std::size_t(bytes));
-      }));
-      rows.push_back({2.0 * double(bytes)});
-    }
-    result.copy_fit = fit_non_negative(rows, y);
-    profile.elementwise_bytes_per_s = 1 / std::max(result.copy_fit.coefficients[0], 1e-30);
-    for (std::size_t i = 0; i < y.size(); ++i)
-      result.samples.push_back({fmt::format("copy {} B", options.copy_bytes[i]), y[i],
-                                rows[i][0] * result.copy_fit.coefficients[0]});
+// Copies: bytes read + written per second (the elementwise rate; on the host a memcpy, on a device the backend's).
+template <class Backend, Communicator C>
+void calibrate_copies(C& comm, const CalibrationOptions& options, Calibration& result) {
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (std::int64_t bytes : options.copy_bytes) {
+    Tensor<float> from(Shape{bytes / 4}), to(Shape{bytes / 4});
+    calibrate_detail::fill<Backend>(from, 1.0f);
+    y.push_back(measure<Backend>(comm, options.clock, options.repetitions, [&] {
+      if constexpr (on_device<Backend>) Backend::copy(from.view(), to.view());
+      else std::memcpy(to.data(), from.data(), std::size_t(bytes));
+    }));
+    rows.push_back({2.0 * double(bytes)});
   }
+  result.copy_fit = fit_non_negative(rows, y);
+  result.profile.elementwise_bytes_per_s = 1 / std::max(result.copy_fit.coefficients[0], 1e-30);
+  for (std::size_t i = 0; i < y.size(); ++i)
+    result.samples.push_back({fmt::format("copy {} B", options.copy_bytes[i]), y[i],
+                              rows[i][0] * result.copy_fit.coefficients[0]});
+}
 
-  // ---- activations: output elements per second of GELU forward + backward (compute-bound on CPUs) -----------------
-  if constexpr (!on_device) {
-    // Blocks of the size strategies apply them to (a rank's tokens by its ffn columns), in cache.
+// Activations on the host, where they are compute-bound: GELU forward + backward in output elements per second, and
+// SwiGLU forward with its gate and up halves read from one [rows, 2f] buffer, as the experts run it.
+template <class Backend, Communicator C>
+void calibrate_activations(C& comm, const CalibrationOptions& options, Calibration& result) {
+  HardwareProfile& profile = result.profile;
+  const int reps = options.repetitions;
+  {  // GELU on blocks of the size strategies apply it to (a rank's tokens by its ffn columns), in cache
     const std::int64_t elements = std::int64_t(1) << 17;
     Tensor<float> pre(Shape{512, elements / 512}), act(Shape{512, elements / 512}), dpre(Shape{512, elements / 512});
     calibrate_detail::fill<Backend>(pre, 0.3f);
@@ -242,9 +226,8 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     profile.activation_elements_per_s = 3.0 * double(elements) / t;  // forward + backward = 3 units (backward 2)
     result.samples.push_back({fmt::format("gelu forward + backward {} elements", elements), t, t});
   }
-  // ---- SwiGLU forward: its gate and up halves read from one [rows, 2f] buffer, as the experts run it -------------
-  if constexpr (!on_device) {
-    const std::int64_t rows = 128, f = 256;  // a prefill chunk's expert rows by an expert's (slice of) width
+  {  // SwiGLU on a prefill chunk's expert rows by an expert's (slice of) width
+    const std::int64_t rows = 128, f = 256;
     Tensor<float> pre(Shape{rows, 2 * f}), act(Shape{rows, f});
     calibrate_detail::fill<Backend>(pre, 0.3f);
     const double t = measure<Backend>(comm, options.clock, reps, [&] {
@@ -253,100 +236,145 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     profile.swiglu_forward_elements_per_s = double(rows * f) / t;
     result.samples.push_back({fmt::format("swiglu forward {}x{}", rows, f), t, t});
   }
+}
 
-  if constexpr (!on_device) {
-    calibrate_detail::calibrate_fresh_memory<Backend>(comm, options, result);
-    calibrate_detail::calibrate_scalar_math<Backend>(comm, options, result);
+// Collectives, p > 1: t = alpha + beta * bytes per collective (nccl-tests sizes), one line below
+// options.large_message_bytes and one from it, and the link model for other group sizes (the all-gather's bus bandwidth
+// and per-step latency, the shift's bandwidth).
+template <class Backend, Communicator C>
+void calibrate_collectives(C& comm, const CalibrationOptions& options, Calibration& result) {
+  HardwareProfile& profile = result.profile;
+  const int p = comm.size(), reps = options.repetitions;
+  for (Collective op : kAllCollectives) {
+    std::vector<std::vector<double>> rows;
+    std::vector<double> y;
+    for (std::int64_t bytes : options.message_bytes) {
+      const std::int64_t count = std::max<std::int64_t>(p, bytes / 4 / p * p);  // divisible by p
+      Tensor<float> whole(Shape{count}), part(Shape{count / p}), other(Shape{count});
+      calibrate_detail::fill<Backend>(whole, 1.0f);
+      calibrate_detail::fill<Backend>(part, 1.0f);
+      const std::span<const float> whole_in(whole.data(), std::size_t(count));
+      const std::span<float> whole_out(other.data(), std::size_t(count));
+      const std::span<const float> part_in(part.data(), std::size_t(count / p));
+      const std::span<float> part_out(part.data(), std::size_t(count / p));
+      const double t = measure<Backend>(comm, options.clock, reps, [&] {
+        switch (op) {
+          case Collective::all_gather: comm.all_gather(part_in, whole_out); break;
+          case Collective::reduce_scatter: comm.reduce_scatter(whole_in, part_out, ReduceOp::sum); break;
+          case Collective::all_reduce: comm.all_reduce(whole_in, whole_out, ReduceOp::sum); break;
+          case Collective::all_to_all: comm.all_to_all(whole_in, whole_out); break;
+          case Collective::broadcast: comm.broadcast(whole_out, 0); break;
+          case Collective::reduce: comm.reduce(whole_in, whole_out, ReduceOp::sum, 0); break;
+          case Collective::send_recv: comm.shift(whole_in, whole_out, 1); break;
+        }
+      });
+      rows.push_back({1.0, double(count) * sizeof(float)});
+      y.push_back(t);
+    }
+    // One line below the large-message size, one from it (each range falls back to all samples when it has
+    // fewer than two).
+    for (const bool large : {false, true}) {
+      std::vector<std::vector<double>> range_rows;
+      std::vector<double> range_y;
+      for (std::size_t i = 0; i < y.size(); ++i)
+        if ((rows[i][1] >= double(options.large_message_bytes)) == large)
+          range_rows.push_back(rows[i]), range_y.push_back(y[i]);
+      if (range_y.size() < 2) range_rows = rows, range_y = y;
+      const Fit fit = fit_non_negative(range_rows, range_y);
+      profile.set_collective(op, LinkLevel::intra_node, p, {fit.coefficients[0], fit.coefficients[1]},
+                             large ? options.large_message_bytes : 0);
+      if (!large) result.collective_fits.emplace_back(op, fit);
+    }
+    for (std::size_t i = 0; i < y.size(); ++i)
+      result.samples.push_back({fmt::format("{} {} B", name_of(op), std::int64_t(rows[i][1])), y[i],
+                                profile.collective_time(op, p, rows[i][1])});
+  }
+  // The link model for other group sizes: the bus bandwidth and per-step latency of the all-gather.
+  const AlphaBeta& gather = result.collective_fits[0].second.coefficients.empty()
+                                ? AlphaBeta{}
+                                : AlphaBeta{result.collective_fits[0].second.coefficients[0],
+                                            result.collective_fits[0].second.coefficients[1]};
+  const double bus = gather.beta_s_per_byte > 0 ? bus_factor(Collective::all_gather, p) / gather.beta_s_per_byte : 1e12;
+  const AlphaBeta& shift = AlphaBeta{result.collective_fits.back().second.coefficients[0],
+                                     result.collective_fits.back().second.coefficients[1]};
+  profile.intra_node = {0, gather.alpha_s / latency_steps(Collective::all_gather, p), bus,
+                        shift.beta_s_per_byte > 0 ? 1 / shift.beta_s_per_byte : 1e12};
+  profile.inter_node = profile.intra_node;
+}
+
+// Overlap, p > 1: a GEMM beside a ring shift against the two alone, the fraction of the shorter hidden (wall-clock
+// time only).
+template <class Backend, Communicator C>
+void calibrate_overlap(C& comm, const CalibrationOptions& options, Calibration& result) {
+  HardwareProfile& profile = result.profile;
+  const int reps = options.repetitions;
+  const std::int64_t m = 1024, n = 256, k = 256, message = std::int64_t(1) << 20;
+  Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n}), send(Shape{message}), recv(Shape{message});
+  calibrate_detail::fill<Backend>(a, 0.5f);
+  calibrate_detail::fill<Backend>(b, 0.5f);
+  const std::span<const float> send_span(send.data(), std::size_t(message));
+  const std::span<float> recv_span(recv.data(), std::size_t(message));
+  const auto gemm = [&] { Backend::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view()); };
+  const double compute = measure<Backend>(comm, options.clock, reps, gemm);
+  const double transfer = measure<Backend>(comm, options.clock, reps, [&] { comm.shift(send_span, recv_span, 1); });
+  const double both = measure<Backend>(comm, options.clock, reps, [&] {
+    Request r = comm.shift_async(send_span, recv_span, 1);
+    gemm();
+    r.wait();
+  });
+  const double hidden = compute + transfer - both;
+  // In thread CPU time a rank's own thread does both its compute and its copies: nothing can hide, and what the
+  // difference shows is noise. Overlap is measured only in wall-clock time.
+  profile.overlap = options.clock == TimeSource::thread_cpu
+                        ? 0.0
+                        : std::clamp(hidden / std::max(std::min(compute, transfer), 1e-12), 0.0, 1.0);
+  result.samples.push_back({"ring step: gemm alone", compute, compute});
+  result.samples.push_back({"ring step: shift alone", transfer, transfer});
+  result.samples.push_back({"ring step: both", both,
+                            std::max(compute, transfer) + (1 - profile.overlap) * std::min(compute, transfer)});
+}
+
+// One pass of calibrate() (below): every measurement once, in this order (a calibration of several passes replays
+// them in it).
+template <class Backend, Communicator C>
+Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
+  const int p = comm.size();
+  Calibration result;
+  HardwareProfile& profile = result.profile;
+  profile.name = options.name.empty() ? fmt::format("{}-p{} (calibrated)", Backend::name, p) : options.name;
+  profile.description = fmt::format("{} ranks of the {} backend measured together ({})", p, Backend::name,
+                                    options.clock == TimeSource::thread_cpu ? "thread CPU time" : "wall-clock time");
+  profile.source = "calibrated by paradyse::cost::calibrate";
+  profile.devices_per_node = p;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  profile.memory_bytes = options.memory_bytes > 0          ? options.memory_bytes
+                         : pages > 0 && page > 0 ? std::int64_t(pages) * page / p
+                                                 : std::int64_t(1) << 34;
+  profile.reserved_bytes = 0;
+  // A device backend (ops::Cuda) is measured on the terms a GPU's time has (the built-in profiles' terms, measured):
+  // GEMMs, attention, copies, elementwise classes, call overheads, collectives. The host's own terms stay unpriced
+  // there, as the built-in profiles leave them (cost/builtin_profiles.hpp): the CPU GEMM engines, compute-bound
+  // activations (a GPU's are memory-bound: priced at the elementwise rates), fresh memory and the pool's misses (the
+  // caching allocator reuses device blocks) and scalar math (the special-function units run inside memory-bound
+  // kernels).
+
+  calibrate_gemms<Backend>(comm, options, result);
+  calibrate_attention<Backend>(comm, options, result);
+  calibrate_copies<Backend>(comm, options, result);
+  if constexpr (!on_device<Backend>) {
+    calibrate_activations<Backend>(comm, options, result);
+    calibrate_fresh_memory<Backend>(comm, options, result);
+    calibrate_scalar_math<Backend>(comm, options, result);
   }
   // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
-  calibrate_detail::calibrate_elementwise_classes<Backend>(comm, options, result);
-  calibrate_detail::calibrate_elementwise_families<Backend>(comm, options, result);
-  if constexpr (!on_device) calibrate_detail::calibrate_pool_misses<Backend>(comm, options, result);
+  calibrate_elementwise_classes<Backend>(comm, options, result);
+  calibrate_elementwise_families<Backend>(comm, options, result);
+  if constexpr (!on_device<Backend>) calibrate_pool_misses<Backend>(comm, options, result);
   // After every per-byte and per-element rate: the calls' work is priced on them.
-  calibrate_detail::calibrate_call_overheads<Backend>(comm, options, result);
-
-  // ---- collectives: t = alpha + beta * bytes (nccl-tests sizes) ---------------------------------------------------
+  calibrate_call_overheads<Backend>(comm, options, result);
   if (p > 1) {
-    for (Collective op : kAllCollectives) {
-      std::vector<std::vector<double>> rows;
-      std::vector<double> y;
-      for (std::int64_t bytes : options.message_bytes) {
-        const std::int64_t count = std::max<std::int64_t>(p, bytes / 4 / p * p);  // divisible by p
-        Tensor<float> whole(Shape{count}), part(Shape{count / p}), other(Shape{count});
-        calibrate_detail::fill<Backend>(whole, 1.0f);
-        calibrate_detail::fill<Backend>(part, 1.0f);
-        const std::span<const float> whole_in(whole.data(), std::size_t(count));
-        const std::span<float> whole_out(other.data(), std::size_t(count));
-        const std::span<const float> part_in(part.data(), std::size_t(count / p));
-        const std::span<float> part_out(part.data(), std::size_t(count / p));
-        const double t = measure<Backend>(comm, options.clock, reps, [&] {
-          switch (op) {
-            case Collective::all_gather: comm.all_gather(part_in, whole_out); break;
-            case Collective::reduce_scatter: comm.reduce_scatter(whole_in, part_out, ReduceOp::sum); break;
-            case Collective::all_reduce: comm.all_reduce(whole_in, whole_out, ReduceOp::sum); break;
-            case Collective::all_to_all: comm.all_to_all(whole_in, whole_out); break;
-            case Collective::broadcast: comm.broadcast(whole_out, 0); break;
-            case Collective::reduce: comm.reduce(whole_in, whole_out, ReduceOp::sum, 0); break;
-            case Collective::send_recv: comm.shift(whole_in, whole_out, 1); break;
-          }
-        });
-        rows.push_back({1.0, double(count) * sizeof(float)});
-        y.push_back(t);
-      }
-      // One line below the large-message size, one from it (each range falls back to all samples when it has
-      // fewer than two).
-      for (const bool large : {false, true}) {
-        std::vector<std::vector<double>> range_rows;
-        std::vector<double> range_y;
-        for (std::size_t i = 0; i < y.size(); ++i)
-          if ((rows[i][1] >= double(options.large_message_bytes)) == large) range_rows.push_back(rows[i]), range_y.push_back(y[i]);
-        if (range_y.size() < 2) range_rows = rows, range_y = y;
-        const Fit fit = fit_non_negative(range_rows, range_y);
-        profile.set_collective(op, LinkLevel::intra_node, p, {fit.coefficients[0], fit.coefficients[1]},
-                               large ? options.large_message_bytes : 0);
-        if (!large) result.collective_fits.emplace_back(op, fit);
-      }
-      for (std::size_t i = 0; i < y.size(); ++i)
-        result.samples.push_back({fmt::format("{} {} B", name_of(op), std::int64_t(rows[i][1])), y[i],
-                                  profile.collective_time(op, p, rows[i][1])});
-    }
-    // The link model for other group sizes: the bus bandwidth and per-step latency of the all-gather.
-    const AlphaBeta& gather = result.collective_fits[0].second.coefficients.empty()
-                                  ? AlphaBeta{}
-                                  : AlphaBeta{result.collective_fits[0].second.coefficients[0],
-                                              result.collective_fits[0].second.coefficients[1]};
-    const double bus = gather.beta_s_per_byte > 0 ? bus_factor(Collective::all_gather, p) / gather.beta_s_per_byte : 1e12;
-    const AlphaBeta& shift = AlphaBeta{result.collective_fits.back().second.coefficients[0],
-                                       result.collective_fits.back().second.coefficients[1]};
-    profile.intra_node = {0, gather.alpha_s / latency_steps(Collective::all_gather, p), bus,
-                          shift.beta_s_per_byte > 0 ? 1 / shift.beta_s_per_byte : 1e12};
-    profile.inter_node = profile.intra_node;
-
-    // ---- overlap: a GEMM beside a ring shift, against the two alone -----------------------------------------------
-    const std::int64_t m = 1024, n = 256, k = 256, message = std::int64_t(1) << 20;
-    Tensor<float> a(Shape{m, k}), b(Shape{n, k}), c(Shape{m, n}), send(Shape{message}), recv(Shape{message});
-    calibrate_detail::fill<Backend>(a, 0.5f);
-    calibrate_detail::fill<Backend>(b, 0.5f);
-    const std::span<const float> send_span(send.data(), std::size_t(message));
-    const std::span<float> recv_span(recv.data(), std::size_t(message));
-    const auto gemm = [&] { Backend::matmul(a.view(), ops::Transpose::no, b.view(), ops::Transpose::yes, c.view()); };
-    const double compute = measure<Backend>(comm, options.clock, reps, gemm);
-    const double transfer = measure<Backend>(comm, options.clock, reps, [&] { comm.shift(send_span, recv_span, 1); });
-    const double both = measure<Backend>(comm, options.clock, reps, [&] {
-      Request r = comm.shift_async(send_span, recv_span, 1);
-      gemm();
-      r.wait();
-    });
-    const double hidden = compute + transfer - both;
-    // In thread CPU time a rank's own thread does both its compute and its copies: nothing can hide, and what the
-    // difference shows is noise. Overlap is measured only in wall-clock time.
-    profile.overlap = options.clock == TimeSource::thread_cpu
-                          ? 0.0
-                          : std::clamp(hidden / std::max(std::min(compute, transfer), 1e-12), 0.0, 1.0);
-    result.samples.push_back({"ring step: gemm alone", compute, compute});
-    result.samples.push_back({"ring step: shift alone", transfer, transfer});
-    result.samples.push_back({"ring step: both", both,
-                              std::max(compute, transfer) + (1 - profile.overlap) * std::min(compute, transfer)});
+    calibrate_collectives<Backend>(comm, options, result);
+    calibrate_overlap<Backend>(comm, options, result);
   } else {
     profile.intra_node = profile.inter_node = {0, 0, 1e12, 1e12};
     profile.overlap = 1;
