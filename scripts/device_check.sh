@@ -13,10 +13,11 @@
 # collectives benchmark (bus bandwidth against cudaMemcpy device-to-device), train_gpt on the host and on the GPU
 # (losses side by side, dense and MoE), tokens/s on the GPU, the time model's prediction of single-GPU training steps,
 # dense and MoE, against their measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the
-# GPU by train_gpt, issue 25), and where those steps' time goes op by op against each op's price (bench/step_ops). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to $LOG_DIR (default
-# build-gpu/logs). A bundle mirrors the build folder's layout (examples/, tests/, bench/, its CMakeCache.txt) and
-# carries the shared libraries a bare GPU machine lacks (build it without OpenBLAS and MPI to keep it small:
-# -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DPARADYSE_ENABLE_MPI=OFF).
+# GPU by train_gpt, issue 25), and where those steps' time goes op by op against each op's price (bench/step_ops, at
+# 8,192 and 2,048 tokens). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to
+# $LOG_DIR (default build-gpu/logs). A bundle mirrors the build folder's layout (examples/, tests/, bench/, its
+# CMakeCache.txt) and carries the shared libraries a bare GPU machine lacks (build it without OpenBLAS and MPI to keep
+# it small: -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DPARADYSE_ENABLE_MPI=OFF).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +30,7 @@ while (($#)); do
     --prebuilt) mode=prebuilt dir=$2; shift 2 ;;
     --quick) quick=(--quick); shift ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "device_check.sh: unknown argument '$1' (expected --bundle DIR, --prebuilt DIR, --quick, --parts LIST or --help)" >&2; exit 2 ;;
   esac
 done
