@@ -38,23 +38,8 @@ inline void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int6
 // a: [m, k] (or [k, m] with trans_a), b: [k, n] (or [n, k] with trans_b), c: [m, n].
 inline void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
                    TensorView<float> c, float alpha = 1.0f, float beta = 0.0f) {
-  check(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul: views must be 2-D; got a {}, b {}, c {}", a.shape(),
-        b.shape(), c.shape());
-  const auto unit_columns = [](const TensorView<const float>& x) { return x.extent(1) <= 1 || x.strides()[1] == 1; };
-  check(unit_columns(a) && unit_columns(b) && unit_columns(TensorView<const float>(c)),
-        "matmul: columns must be contiguous; strides are a {}, b {}, c {}", a.strides(), b.strides(), c.strides());
-  const std::int64_t m = trans_a == Transpose::yes ? a.extent(1) : a.extent(0);
-  const std::int64_t k = trans_a == Transpose::yes ? a.extent(0) : a.extent(1);
-  const std::int64_t kb = trans_b == Transpose::yes ? b.extent(1) : b.extent(0);
-  const std::int64_t n = trans_b == Transpose::yes ? b.extent(0) : b.extent(1);
-  check(k == kb, "matmul: inner dimensions differ: op(a) is [{}, {}], op(b) is [{}, {}]", m, k, kb, n);
-  check(c.extent(0) == m && c.extent(1) == n, "matmul: c is {}, expected [{}, {}]", c.shape(), m, n);
-  // A one-row (or empty) view's row stride is arbitrary; give BLAS a valid leading dimension.
-  const auto leading = [](const TensorView<const float>& x) {
-    return x.extent(0) <= 1 ? std::max<std::int64_t>(1, x.extent(1)) : x.strides()[0];
-  };
-  gemm(trans_a, trans_b, m, n, k, alpha, a.data(), leading(a), b.data(), leading(b), beta, c.data(),
-       leading(TensorView<const float>(c)));
+  const detail::MatmulGemm g = detail::matmul_gemm(a, trans_a, b, trans_b, c);
+  gemm(trans_a, trans_b, g.m, g.n, g.k, alpha, a.data(), g.lda, b.data(), g.ldb, beta, c.data(), g.ldc);
 }
 
 }  // namespace paradyse::ops::cpu

@@ -83,6 +83,32 @@ inline void check_gemm_arguments(Transpose trans_a, Transpose trans_b, std::int6
         m, n, k);
 }
 
+// The GEMM that matmul over 2-D views stands for (the host's and the device's matmul share its contract): the views
+// checked (2-D, contiguous columns, matching dimensions; the message names what differs) and read as sizes and
+// leading dimensions. a: [m, k] (or [k, m] with trans_a), b: [k, n] (or [n, k] with trans_b), c: [m, n].
+struct MatmulGemm {
+  std::int64_t m, n, k, lda, ldb, ldc;
+};
+inline MatmulGemm matmul_gemm(TensorView<const float> a, Transpose trans_a, TensorView<const float> b,
+                              Transpose trans_b, TensorView<const float> c) {
+  check(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul: views must be 2-D; got a {}, b {}, c {}", a.shape(),
+        b.shape(), c.shape());
+  const auto unit_columns = [](const TensorView<const float>& x) { return x.extent(1) <= 1 || x.strides()[1] == 1; };
+  check(unit_columns(a) && unit_columns(b) && unit_columns(c),
+        "matmul: columns must be contiguous; strides are a {}, b {}, c {}", a.strides(), b.strides(), c.strides());
+  const std::int64_t m = trans_a == Transpose::yes ? a.extent(1) : a.extent(0);
+  const std::int64_t k = trans_a == Transpose::yes ? a.extent(0) : a.extent(1);
+  const std::int64_t kb = trans_b == Transpose::yes ? b.extent(1) : b.extent(0);
+  const std::int64_t n = trans_b == Transpose::yes ? b.extent(0) : b.extent(1);
+  check(k == kb, "matmul: inner dimensions differ: op(a) is [{}, {}], op(b) is [{}, {}]", m, k, kb, n);
+  check(c.extent(0) == m && c.extent(1) == n, "matmul: c is {}, expected [{}, {}]", c.shape(), m, n);
+  // A one-row (or empty) view's row stride is arbitrary; give BLAS a valid leading dimension.
+  const auto leading = [](const TensorView<const float>& x) {
+    return x.extent(0) <= 1 ? std::max<std::int64_t>(1, x.extent(1)) : x.strides()[0];
+  };
+  return {m, n, k, leading(a), leading(b), leading(c)};
+}
+
 // c = beta * c, where beta = 0 writes zeros whatever c held (even NaN).
 inline void scale_matrix(std::int64_t m, std::int64_t n, float beta, float* c, std::int64_t ldc) {
   if (beta == 1.0f) return;
