@@ -71,10 +71,11 @@ struct Timed {
     c.last = name;
   }
 };
-namespace timed {
+struct TimedOps {
+  static constexpr std::string_view name = "timed";
 #define PARADYSE_TIMED(op)                 \
   template <class... A>                    \
-  decltype(auto) op(A&&... a) {            \
+  static decltype(auto) op(A&&... a) {     \
     const Timed t(#op);                    \
     return cpu::op(std::forward<A>(a)...); \
   }
@@ -82,13 +83,8 @@ namespace timed {
 #include "paradyse/ops/op_names.inc"
 #undef PARADYSE_OP
 #undef PARADYSE_TIMED
-}  // namespace timed
-namespace impl = timed;
-struct TimedCpu {
-  static constexpr std::string_view name = "timed";
-  static constexpr MemorySpace space = MemorySpace::host;
-#include "paradyse/ops/op_table.inc"
 };
+using TimedCpu = BackendOf<TimedOps>;
 }  // namespace paradyse::ops::timed_bench
 
 namespace paradyse {

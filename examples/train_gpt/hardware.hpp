@@ -61,7 +61,7 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
   options.elementwise_class_rows.assign(pd::cost::kElementwiseClassRows.begin(), pd::cost::kElementwiseClassRows.end());
-  constexpr bool on_device = pd::ops::memory_space_of<Backend> == pd::MemorySpace::device;
+  constexpr bool on_device = pd::ops::on_device<Backend>;
   // The per-head products of attention materialised (ColossalZ: scores [n, n] = q k^T and P v, the head dimension
   // their short side): GemmModel's head-width class, at a rank's rows for 512 to 2,048 tokens on 2 host ranks, or
   // 1K-8K tokens on one GPU (where the planner picks ColossalZ: cuBLAS outruns the fp32 flash kernel).
@@ -107,7 +107,7 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
     return pd::cost::load_profile(o.profile);
   }
   const bool mpi = o.backend == pd::RankBackend::mpi;
-  constexpr bool on_device = pd::ops::memory_space_of<Backend> == pd::MemorySpace::device;
+  constexpr bool on_device = pd::ops::on_device<Backend>;
   // build/train_gpt_profile_p2.json, ..._mpi_p2.json, ..._cuda_h1024_p1.json (a device's profile is its model's: the
   // GEMM shapes are the model's, so the name carries the width)
   const std::string kind = on_device ? fmt::format("{}_h{}_", Backend::name, o.hidden) : mpi ? "mpi_" : "";

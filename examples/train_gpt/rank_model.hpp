@@ -21,7 +21,7 @@ template <class S, class B>
 struct StrategiesOf<Gpt<S, B>> {
   using type = S;
   using backend = B;
-  static constexpr bool on_device = ops::memory_space_of<B> == MemorySpace::device;
+  static constexpr bool on_device = ops::on_device<B>;
 };
 
 // Rank r's token ids [rows, s_r] of a step's inputs and targets [rows, s]. Host memory on every backend (a device

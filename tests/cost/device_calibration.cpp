@@ -28,16 +28,20 @@ inline std::vector<std::function<void()>>& queue() {
 }
 inline std::atomic<std::int64_t> queued_ops = 0;  // over every thread
 
-namespace deferred {
-// Runs what is queued. Preferred to the queueing template below for a call without arguments.
-inline void synchronize() {
-  for (const auto& op : queue()) op();
-  queue().clear();
-}
+// ops::Cpu's ops, queued on the calling thread and run at synchronize(); tensors "on the device" (the calibration's
+// device branch).
+struct DeferredOps {
+  static constexpr std::string_view name = "deferred";
+  static constexpr MemorySpace space = MemorySpace::device;
+  // Runs what is queued. Preferred to the queueing template below for a call without arguments.
+  static void synchronize() {
+    for (const auto& op : queue()) op();
+    queue().clear();
+  }
 // An op that returns a value (the loss) waits for the queue and runs at once, as ops::Cuda's do.
 #define PARADYSE_DEFERRED(op)                                    \
   template <class... A>                                          \
-  decltype(auto) op(A&&... a) {                                  \
+  static decltype(auto) op(A&&... a) {                           \
     if constexpr (std::is_void_v<decltype(cpu::op(a...))>) {     \
       ++queued_ops;                                              \
       queue().push_back([=] { cpu::op(a...); });                 \
@@ -50,14 +54,8 @@ inline void synchronize() {
 #include "paradyse/ops/op_names.inc"
 #undef PARADYSE_OP
 #undef PARADYSE_DEFERRED
-}  // namespace deferred
-
-namespace impl = deferred;
-struct Deferred {
-  static constexpr std::string_view name = "deferred";
-  static constexpr MemorySpace space = MemorySpace::device;  // the calibration's device branch
-#include "paradyse/ops/op_table.inc"
 };
+using Deferred = BackendOf<DeferredOps>;
 
 }  // namespace paradyse::ops::deferred_test
 

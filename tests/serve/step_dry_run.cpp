@@ -19,10 +19,11 @@
 
 // A backend that computes as ops::Cpu and records each op as ops::Counting does: a real step's kernel list.
 namespace paradyse::ops::listing_test {
-namespace both {
+struct Both {
+  static constexpr std::string_view name = "listing";
 #define PARADYSE_BOTH(op)                                \
   template <class... A>                                  \
-  decltype(auto) op(A&&... a) {                          \
+  static decltype(auto) op(A&&... a) {                   \
     counting::op(a...);                                  \
     return cpu::op(std::forward<A>(a)...);               \
   }
@@ -30,13 +31,8 @@ namespace both {
 #include "paradyse/ops/op_names.inc"
 #undef PARADYSE_OP
 #undef PARADYSE_BOTH
-}  // namespace both
-namespace impl = both;
-struct Listing {
-  static constexpr std::string_view name = "listing";
-  static constexpr MemorySpace space = MemorySpace::host;
-#include "paradyse/ops/op_table.inc"
 };
+using Listing = BackendOf<Both>;
 }  // namespace paradyse::ops::listing_test
 
 using namespace paradyse;

@@ -151,7 +151,7 @@ template <class Backend, Communicator C>
 void calibrate_gemms(C& comm, const CalibrationOptions& options, Calibration& result) {
   HardwareProfile& profile = result.profile;
   const int reps = options.repetitions;
-  if constexpr (!on_device<Backend>) profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
+  if constexpr (!ops::on_device<Backend>) profile.gemm_engines = gemm_engine_choices(ops::cpu::gemm_measurement());
   {
     std::vector<double> y;
     for (const auto& shape : options.gemm_shapes)
@@ -197,7 +197,7 @@ void calibrate_copies(C& comm, const CalibrationOptions& options, Calibration& r
     Tensor<float> from(Shape{bytes / 4}), to(Shape{bytes / 4});
     calibrate_detail::fill<Backend>(from, 1.0f);
     y.push_back(measure<Backend>(comm, options.clock, options.repetitions, [&] {
-      if constexpr (on_device<Backend>) Backend::copy(from.view(), to.view());
+      if constexpr (ops::on_device<Backend>) Backend::copy(from.view(), to.view());
       else std::memcpy(to.data(), from.data(), std::size_t(bytes));
     }));
     rows.push_back({2.0 * double(bytes)});
@@ -361,7 +361,7 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
   calibrate_gemms<Backend>(comm, options, result);
   calibrate_attention<Backend>(comm, options, result);
   calibrate_copies<Backend>(comm, options, result);
-  if constexpr (!on_device<Backend>) {
+  if constexpr (!ops::on_device<Backend>) {
     calibrate_activations<Backend>(comm, options, result);
     calibrate_fresh_memory<Backend>(comm, options, result);
     calibrate_scalar_math<Backend>(comm, options, result);
@@ -369,7 +369,7 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
   // After the scalar math, whose kernels' other work is priced at the single rate: the classes add to the model.
   calibrate_elementwise_classes<Backend>(comm, options, result);
   calibrate_elementwise_families<Backend>(comm, options, result);
-  if constexpr (!on_device<Backend>) calibrate_pool_misses<Backend>(comm, options, result);
+  if constexpr (!ops::on_device<Backend>) calibrate_pool_misses<Backend>(comm, options, result);
   // After every per-byte and per-element rate: the calls' work is priced on them.
   calibrate_call_overheads<Backend>(comm, options, result);
   if (p > 1) {

@@ -19,10 +19,6 @@
 
 namespace paradyse::cost::calibrate_detail {
 
-// Whether Backend keeps its tensors in device memory (a device's calibration prices the device's terms only).
-template <class Backend>
-inline constexpr bool on_device = ops::memory_space_of<Backend> == MemorySpace::device;
-
 // The slowest rank's seconds for fn(), the fastest of `repetitions` runs; every rank calls it. Within a calibration of
 // several passes (cost/calibration_passes.hpp) a recording pass logs the result, and the replay returns the median of
 // the passes' without running fn. fn's work on Backend is done before the clock is read (Backend::synchronize: a

@@ -122,6 +122,8 @@ private:
 // a host index span, the router's stand-in choices, Base's op then writes the real ones), then run on Base, timed.
 template <class Base>
 struct TimedImpl {
+  static constexpr std::string_view name = "timed";
+  static constexpr MemorySpace space = ops::memory_space_of<Base>;  // tensors live where Base's do
 #define PARADYSE_OP_TIMED(op)                                                                                    \
   template <class... A>                                                                                          \
   static decltype(auto) op(A&&... a) {                                                                           \
@@ -142,17 +144,9 @@ struct TimedImpl {
 }  // namespace paradyse::cost
 
 namespace paradyse::ops {
-
-// The backend: Base's ops, timed and priced while an OpTimes is current (above). Tensors live where Base's do. (In
-// namespace ops, where ops/op_table.inc's types are named.)
+// The backend: Base's ops, timed and priced while an OpTimes is current (above). Tensors live where Base's do.
 template <class Base>
-struct OpTimed {
-  using impl = cost::op_times_detail::TimedImpl<Base>;
-  static constexpr std::string_view name = "timed";
-  static constexpr MemorySpace space = Base::space;
-#include "paradyse/ops/op_table.inc"
-};
-
+using OpTimed = BackendOf<cost::op_times_detail::TimedImpl<Base>>;
 }  // namespace paradyse::ops
 
 namespace paradyse::cost {

@@ -432,7 +432,7 @@ private:
   // Token ids (host memory, as the caller gives them) where Backend computes: the view itself for a host backend;
   // for a device backend a copy in the calling thread's tracker, held by `storage`.
   static TensorView<const std::int32_t> placed_ids(TensorView<const std::int32_t> ids, Tensor<std::int32_t>& storage) {
-    if constexpr (ops::memory_space_of<Backend> != MemorySpace::device) {
+    if constexpr (!ops::on_device<Backend>) {
       return ids;
     } else {
       storage = Tensor<std::int32_t>(ids.shape());

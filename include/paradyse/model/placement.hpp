@@ -43,7 +43,7 @@ MoeShard placed(MoeShard host) {
 // computes; over a host backend simply make().
 template <class Backend, class Make>
 auto drawn_on_host(Make&& make) {
-  if constexpr (ops::memory_space_of<Backend> != MemorySpace::device) {
+  if constexpr (!ops::on_device<Backend>) {
     return make();
   } else {
     MemoryTracker host;  // the staged weights keep its counts alive until they are freed below

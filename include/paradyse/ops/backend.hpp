@@ -46,5 +46,19 @@ inline constexpr MemorySpace memory_space_of = [] {
   if constexpr (requires { Backend::space; }) return MemorySpace(Backend::space);
   else return MemorySpace::host;
 }();
+// Whether a backend computes on tensors in device memory.
+template <class Backend>
+inline constexpr bool on_device = memory_space_of<Backend> == MemorySpace::device;
+
+// A backend whose ops are the static members of Impl, one for each name of ops/op_names.inc: a wrapper around
+// another backend's ops (cost/op_times.hpp's OpTimed, the tests' and benchmarks' recording and deferring backends).
+// Impl::name names it; its tensors live where Impl::space says (the host where Impl names none).
+template <class Impl>
+struct BackendOf {
+  using impl = Impl;
+  static constexpr std::string_view name = Impl::name;
+  static constexpr MemorySpace space = memory_space_of<Impl>;
+#include "paradyse/ops/op_table.inc"
+};
 
 }  // namespace paradyse::ops
