@@ -4,6 +4,7 @@
 // router losses (aux and z, whose statistics come back from the device), drops, routed counts, input gradient and
 // every owned gradient, p in {1, 2, 3, 4}. The gradients start from the weights, so accumulation is checked too.
 #include "cuda/device_test.hpp"
+#include "cuda/host_copy.hpp"
 #include "moe/layer_harness.hpp"
 
 #include "paradyse/comm/cuda_local.hpp"
@@ -24,22 +25,16 @@ using namespace paradyse::testing;
 using namespace paradyse::testing::moe_harness;
 using Device = ops::Cuda;
 
-// A device tensor's copy on the host tracker `host`.
-Tensor<float> to_host(const Tensor<float>& device_tensor, MemoryTracker& host) {
-  ScopedTracker scope(host);
-  Tensor<float> h(device_tensor.shape());
-  Device::copy(device_tensor.view(), h.view());
-  device::synchronize();
-  return h;
-}
-MoeShard to_host(const MoeShard& d, MemoryTracker& host) {
+// A device shard's copy on the host tracker `host` (beside a tensor's, tests/cuda/host_copy.hpp).
+using testing::on_host;
+MoeShard on_host(const MoeShard& d, MemoryTracker& host) {
   MoeShard h;
-  h.router = to_host(d.router, host);
-  h.expert_in = to_host(d.expert_in, host);
-  h.expert_out = to_host(d.expert_out, host);
-  h.shared_in = to_host(d.shared_in, host);
-  h.shared_out = to_host(d.shared_out, host);
-  h.shared_gate = to_host(d.shared_gate, host);
+  h.router = on_host(d.router, host);
+  h.expert_in = on_host(d.expert_in, host);
+  h.expert_out = on_host(d.expert_out, host);
+  h.shared_in = on_host(d.shared_in, host);
+  h.shared_out = on_host(d.shared_out, host);
+  h.shared_gate = on_host(d.shared_gate, host);
   return h;
 }
 
@@ -71,23 +66,19 @@ std::vector<RankResult> run_device_layer(const MoeProblem& prob, int p, const Fo
       host_w = float_shard(prob.model, p, r);
       host_grad = float_shard(prob.model, p, r);
     }
-    std::vector<std::int64_t> k;
-    for (const std::int64_t id : out.ids) k.push_back(prob.k[std::size_t(id)]);
+    const RankK k(prob, out.ids);
     BufferPool pool;
-    const MoeContext ctx(c, pool, TopK{prob.k.empty() ? 0 : prob.k[0], k});
+    const MoeContext ctx(c, pool, k.top_k());
     const Tensor<float> x = placed<Device>(host_x), dy = placed<Device>(host_dy);
     const MoeShard w = placed<Device>(std::move(host_w));
     MoeShard grad = placed<Device>(std::move(host_grad));
     Tensor<float> y(shape), dx(shape);
     MoeSaved saved = fwd(comm, ctx, w, x.view(), y.view());
     bwd(comm, ctx, w, saved, dy.view(), dx.view(), grad);
-    out.y = to_host(y, host);
-    out.dx = to_host(dx, host);
-    out.grad = to_host(grad, host);
-    out.aux = saved.losses.aux;
-    out.z = saved.losses.z;
-    out.dropped = saved.dropped;
-    out.routed = saved.losses.routed;
+    out.y = on_host(y, host);
+    out.dx = on_host(dx, host);
+    out.grad = on_host(grad, host);
+    out.keep(saved);
   });
   return results;
 }

@@ -4,6 +4,7 @@
 // strategy tests' own (tests/strategy/harness.hpp: MHA/GQA, causal or not, RoPE, zigzag, GELU/SwiGLU, uneven
 // lengths, b = 1 and 2), so a difference between the two paths is a difference of the backend.
 #include "cuda/device_test.hpp"
+#include "cuda/host_copy.hpp"
 #include "strategy/harness.hpp"
 
 #include "paradyse/comm/cuda_local.hpp"
@@ -19,16 +20,6 @@ namespace {
 using namespace paradyse;
 using namespace paradyse::testing;
 using Device = ops::Cuda;
-
-// A device tensor's copy on the host tracker `host` (the way to the host is the test's; the way to the device is the
-// model's own, model/placement.hpp).
-Tensor<float> on_host(const Tensor<float>& device_tensor, MemoryTracker& host) {
-  ScopedTracker scope(host);
-  Tensor<float> h(device_tensor.shape());
-  Device::copy(device_tensor.view(), h.view());
-  device::synchronize();
-  return h;
-}
 
 // One sublayer of strategy S (over ops::Cuda) on p cuda_local ranks against the reference.
 template <class S>

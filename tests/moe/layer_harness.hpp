@@ -137,6 +137,24 @@ struct RankResult {
   double aux = 0, z = 0;
   std::int64_t dropped = 0;
   std::vector<std::int64_t> routed;
+
+  // What the rank's forward saved that the checks read: its losses and drops.
+  void keep(const MoeSaved& saved) {
+    aux = saved.losses.aux;
+    z = saved.losses.z;
+    dropped = saved.dropped;
+    routed = saved.losses.routed;
+  }
+};
+
+// A rank's k for its tokens `ids`: the problem's per-call k and each token's own (top_k() views them, held here).
+struct RankK {
+  std::int64_t call_k = 0;
+  std::vector<std::int64_t> per_token;
+  RankK(const MoeProblem& prob, std::span<const std::int64_t> ids) : call_k(prob.k.empty() ? 0 : prob.k[0]) {
+    for (const std::int64_t id : ids) per_token.push_back(prob.k[std::size_t(id)]);
+  }
+  TopK top_k() const { return TopK{call_k, per_token}; }
 };
 
 // Rank r's accumulated gradients (which started from the weights themselves) against weights + reference gradient.

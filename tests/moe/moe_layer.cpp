@@ -51,20 +51,16 @@ std::vector<RankResult> run_layer(const MoeProblem& prob, int p, Forward fwd, Ba
     const std::int64_t n_r = std::int64_t(out.ids.size()) / prob.batch;
     const Shape shape{prob.batch, n_r, h};
     const Tensor<float> x = float_rows(prob.x, h, out.ids, shape), dy = float_rows(prob.dy, h, out.ids, shape);
-    std::vector<std::int64_t> k;
-    for (const std::int64_t id : out.ids) k.push_back(prob.k[std::size_t(id)]);
+    const RankK k(prob, out.ids);
     BufferPool pool;
-    const MoeContext ctx(c, pool, TopK{prob.k.empty() ? 0 : prob.k[0], k});
+    const MoeContext ctx(c, pool, k.top_k());
     const MoeShard w = float_shard(prob.model, p, r);
     out.grad = float_shard(prob.model, p, r);
     out.y = Tensor<float>(shape);
     out.dx = Tensor<float>(shape);
     MoeSaved saved = fwd(comm, ctx, w, x.view(), out.y.view());
     bwd(comm, ctx, w, saved, dy.view(), out.dx.view(), out.grad);
-    out.aux = saved.losses.aux;
-    out.z = saved.losses.z;
-    out.dropped = saved.dropped;
-    out.routed = saved.losses.routed;
+    out.keep(saved);
   });
   return results;
 }
