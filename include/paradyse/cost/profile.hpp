@@ -259,15 +259,10 @@ struct ElementwiseClass {
   friend bool operator==(const ElementwiseClass&, const ElementwiseClass&) = default;
 };
 
-// Serving's attention over a paged KV cache (serve/paged_attention.hpp): scalar code that reads each visible
-// position's key and value through the cache's block table, so its time goes with the visits, one per (query-key
-// pair, query head): t = visits / visits_per_s + 4 d visits / flops_per_s (the dot products and the weighted sum).
-// Both rates 0 (older profiles; devices, whose paged kernels run at the attention rate): not calibrated, and
-// HardwareProfile::paged_attention_time prices the kernel as flash attention forward, as before the model existed.
-// A family of memory-bound kernels (ElementwiseFamily, core/trace.hpp) at a rate of its own: t = overhead + bytes /
-// rate. Calibrated on a device (CalibrationOptions::elementwise_family_rows, cost/calibrate.hpp), where one mix of
-// the backend's kernels prices its streaming kernels (softmax, SwiGLU, AdamW: 2-4 TB/s on an H200) 2-4x slow and its
-// norms and RoPE 2-3x fast (docs/trainer_validation.md). Not calibrated (rate 0): the size classes price the family.
+// A family of memory-bound kernels (ElementwiseFamily, core/trace.hpp) at a rate of its own: one kernel t = overhead
+// + bytes / rate. Calibrated on a device (CalibrationOptions::elementwise_family_rows, cost/calibrate.hpp), where one
+// mix of the backend's kernels priced its streaming kernels (softmax, SwiGLU, AdamW: 2-4 TB/s on an H200) 2-4x slow
+// and its norms and RoPE 2-3x fast (docs/trainer_validation.md). Not calibrated (rate 0): the size classes price it.
 struct ElementwiseFamilyRate {
   double overhead_s = 0;
   double bytes_per_s = 0;
@@ -275,6 +270,11 @@ struct ElementwiseFamilyRate {
   friend bool operator==(const ElementwiseFamilyRate&, const ElementwiseFamilyRate&) = default;
 };
 
+// Serving's attention over a paged KV cache (serve/paged_attention.hpp): scalar code that reads each visible
+// position's key and value through the cache's block table, so its time goes with the visits, one per (query-key
+// pair, query head): t = visits / visits_per_s + 4 d visits / flops_per_s (the dot products and the weighted sum).
+// Both rates 0 (older profiles; devices, whose paged kernels run at the attention rate): not calibrated, and
+// HardwareProfile::paged_attention_time prices the kernel as flash attention forward, as before the model existed.
 struct PagedAttentionModel {
   double visits_per_s = 0;  // the per-visit work: the block-table lookups, the exp, the loop
   double flops_per_s = 0;   // the d-long dot product and weighted sum of each visit
