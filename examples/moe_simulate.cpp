@@ -49,6 +49,7 @@
 #include "paradyse/serve/routing_source.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
 #include "paradyse/serve/speed_probe.hpp"
+#include "paradyse/serve/step_probe.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
@@ -528,6 +529,24 @@ EngineOptions measure_options(const Options& o, const std::vector<ServeRequest>&
   return opt;
 }
 
+// The step probe (serve/step_probe.hpp): a burst of requests of its own (32, another seed, the run's first rate and
+// lengths) served under `policy` on the synchronised CPU clock; its median step's measured time over the price on
+// `cluster`. Set beside the GEMM probe, it sees what the GEMMs alone do not (the engine's steps ran 0.71-1.02x their
+// price from run to run while the GEMM probe read the machine at its calibrated speed).
+double probe_steps(const Options& o, const LoadedDecoder& model, const EnginePolicy& policy,
+                   const SimulatedCluster& cluster) {
+  Options own = o;
+  own.seed = o.seed + 2, own.requests = 32, own.traces = "poisson";
+  const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, model.config.vocab, own.seed);
+  ServedSteps served;
+  run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
+    ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, measure_options(o, requests), policy);
+    if (!s.traces.empty()) served = std::move(s);
+  });
+  SimulatedClock priced(model.config, cluster);
+  return step_speed(served, priced);
+}
+
 // --measure's profile of this machine, calibrated on o.ranks thread ranks for the served model `model` and saved to
 // o.cluster: calibrate's fits with the serving step's own GEMMs and messages, the weights' cold bandwidth, the GEMM
 // size classes on the step's working set, the paged attention kernel, the dynamic policy's forecast, the engine's
@@ -633,27 +652,18 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     Options own = o;
     own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
     const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
-    std::vector<HostSample> steps;
-    std::vector<StepTiming> timings;  // each step's time on the synchronised CPU clock, its pieces
-    std::vector<StepTrace> traces;
     const double speed_before = probe_speed(o, c, profile);
+    ServedSteps served;
     run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
-      CpuMarkedCommunicator comm(std::move(plain));
-      CpuClock clock(CpuClock::synchronised_by(comm));
-      if (comm.rank() == 0)
-        clock.observer = [&](const StepTrace& t, const StepTiming& s, double) {
-          traces.push_back(t), timings.push_back(s);
-        };
-      EngineOptions run = measure_options(o, requests);
-      run.clock = &clock;
-      EngineStats stats;
-      (void)serve_requests(comm, model, requests, run, EnginePolicy{}, &stats);
-      if (comm.rank() == 0)
-        for (std::size_t i = 0; i < traces.size(); ++i)
-          steps.push_back({std::int64_t(traces[i].chunks.size()), stats.step_host_s[i] - engine_control_s(traces[i], profile)});
+      ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, measure_options(o, requests), EnginePolicy{});
+      if (!s.traces.empty()) served = std::move(s);
     });
+    std::vector<HostSample> steps;
+    for (std::size_t i = 0; i < served.traces.size(); ++i)
+      steps.push_back({std::int64_t(served.traces[i].chunks.size()),
+                       served.stats.step_host_s[i] - engine_control_s(served.traces[i], profile)});
     const double speed = 0.5 * (speed_before + probe_speed(o, c, profile));
-    profile.rank_jitter = fit_rank_jitter(timings, o.ranks);
+    profile.rank_jitter = fit_rank_jitter(served.timings, o.ranks);
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
                "them)\n", profile.rank_jitter, o.ranks, 100 * profile.straggle_s(1, o.ranks));
     profile.serving_host = fit_serving_host(steps);
@@ -662,8 +672,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     SimulatedCluster as_simulated{profile, 4};
     cost::use_gemm_engines(as_simulated.profile);
     SimulatedClock priced(c, as_simulated);
-    std::vector<double> ratios;
-    for (std::size_t i = 0; i < traces.size(); ++i) ratios.push_back(timings[i].step_s / priced.price(traces[i]).total_s());
+    const std::vector<double> ratios = step_price_ratios(served, priced);
     profile.step_jitter = step_jitter_quantiles(ratios);
     if (!profile.step_jitter.empty())
       fmt::print("the steps' spread around their price: {:.2f}x at the 2.5% point, {:.2f}x at 97.5% (the median 1; "
@@ -744,12 +753,15 @@ int measure(const Options& o) {
       return summarize(out, stats, c);
     };
     const auto probe = [&] { return probe_speed(o, c, cluster.profile); };  // the machine's speed now
+    // The engine's steps now against their price under policy pi (serve/step_probe.hpp).
+    const auto probe_engine = [&](std::size_t pi) { return probe_steps(o, model, policies[pi].policy, cluster); };
     // One policy's measured rounds: each round on both clocks (the per-step table takes the CPU clock's steps,
-    // --steps-csv both), and at the machine's speed then (the probe before and after it, their mean).
+    // --steps-csv both); simulated at the machine's speed then by the GEMM probe and by the step probe (each probe
+    // before and after the round, their mean).
     struct Rounds {
-      std::vector<Result> measured, on_cpu, at_speed;
+      std::vector<Result> measured, on_cpu, at_speed, at_step;
       std::vector<std::vector<MeasuredStep>> wall_steps, cpu_steps;
-      std::vector<double> speed;
+      std::vector<double> speed, step_speed;
     };
     std::vector<Rounds> rounds(policies.size());
     RoutingRecorder recorder;
@@ -766,12 +778,14 @@ int measure(const Options& o) {
     for (int round = 0; round < o.rounds; ++round)
       for (std::size_t pi = 0; pi < policies.size(); ++pi) {
         Rounds& r = rounds[pi];
-        const double before = probe();
+        const double before = probe(), steps_before = probe_engine(pi);
         r.wall_steps.emplace_back(), r.cpu_steps.emplace_back();
         r.measured.push_back(serve(pi, 0, tp_records(pi, round), &r.wall_steps.back()));
         r.on_cpu.push_back(serve(pi, 1, nullptr, &r.cpu_steps.back()));
+        r.step_speed.push_back(0.5 * (steps_before + probe_engine(pi)));
         r.speed.push_back(0.5 * (before + probe()));
         r.at_speed.push_back(serve(pi, 2, nullptr, nullptr, r.speed.back()));
+        r.at_step.push_back(serve(pi, 2, nullptr, nullptr, r.step_speed.back()));
       }
     if (recorded) {
       recorder.save(o.record_routing, "--record-routing");
@@ -785,7 +799,7 @@ int measure(const Options& o) {
     fmt::print("\n");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
-      const auto& [measured, on_cpu, at_speed, wall_steps, cpu_steps, speed] = rounds[pi];
+      const auto& [measured, on_cpu, at_speed, at_step, wall_steps, cpu_steps, speed, step_speed] = rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
       std::vector<std::vector<StepCost>> cpu_costs, mem_costs;
@@ -806,18 +820,20 @@ int measure(const Options& o) {
       }
       const Result sim_mem = compare_mem ? serve(pi, 3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
-      // working set's GEMM classes; then each round against the simulation at its speed (the median of the rounds'
-      // errors).
-      for (const auto& [clock_name, runs, simulated] :
-           {std::tuple<const char*, const std::vector<Result>*, const Result*>{"wall", &measured, &sim},
-            {"cpu", &on_cpu, &sim}, {"cpu mem", &on_cpu, &sim_mem}, {"wall @speed", &measured, nullptr},
-            {"cpu @speed", &on_cpu, nullptr}}) {
+      // working set's GEMM classes; then each round against the simulation at its speed, by the GEMM probe (@speed)
+      // and by the step probe (@steps) (the median of the rounds' errors).
+      for (const auto& [clock_name, runs, simulated, per_round] :
+           {std::tuple<const char*, const std::vector<Result>*, const Result*, const std::vector<Result>*>{
+                "wall", &measured, &sim, nullptr},
+            {"cpu", &on_cpu, &sim, nullptr}, {"cpu mem", &on_cpu, &sim_mem, nullptr},
+            {"wall @speed", &measured, nullptr, &at_speed}, {"cpu @speed", &on_cpu, nullptr, &at_speed},
+            {"cpu @steps", &on_cpu, nullptr, &at_step}}) {
         if (simulated == &sim_mem && !compare_mem) continue;
         fmt::print("{:<16} {:>11}", pol.name, clock_name);
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v, x, error;
           for (std::size_t r = 0; r < runs->size(); ++r) {
-            const double got = (*runs)[r].metric[m], sim_m = simulated ? simulated->metric[m] : at_speed[r].metric[m];
+            const double got = (*runs)[r].metric[m], sim_m = simulated ? simulated->metric[m] : (*per_round)[r].metric[m];
             v.push_back(got), x.push_back(sim_m), error.push_back((sim_m - got) / std::max(1e-12, got));
           }
           const double med = percentile(v, 0.5);
@@ -831,6 +847,8 @@ int measure(const Options& o) {
       }
       fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price, over its baseline) around each round:", pol.name, "");
       for (const double x : speed) fmt::print(" {:.2f}", x);
+      fmt::print("\n{:<16} {:>11}  step probe (a burst's median step on the CPU clock / its price) around each round:", pol.name, "");
+      for (const double x : step_speed) fmt::print(" {:.2f}", x);
       fmt::print("\n");
     }
     print_breakdowns(breakdowns);

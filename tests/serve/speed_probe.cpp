@@ -4,13 +4,17 @@
 // rank the same finite value, taken over the profile's baseline where it has one (the probe's reading of the
 // calibration's own samples of its shapes); a SimulatedClock slowed by s charges exactly s times every part of every
 // step's price, and a run on it takes the same decisions and produces the same tokens as at speed 1, every time stamp
-// s times (arrivals at 0); a slowdown that is not positive and finite is refused by name.
+// s times (arrivals at 0); a slowdown that is not positive and finite is refused by name. The step probe (serve/
+// step_probe.hpp): a burst served on the synchronised CPU clock on 2 and 3 thread ranks hands rank 0 every step's
+// trace and timing (the others nothing) and the tokens a simulated run of the same requests produces; its speed is
+// the median of each step's time over its price, exactly, and a clock slowed by s reads it s times lower.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
 #include "paradyse/serve/hf_checkpoint.hpp"
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/speed_probe.hpp"
+#include "paradyse/serve/step_probe.hpp"
 
 #include <doctest/doctest.h>
 
@@ -195,6 +199,70 @@ TEST_CASE("simulated clock: slowed by s it charges s times every part of a step'
   CHECK(b.switch_s == doctest::Approx(2.5 * a.switch_s).epsilon(1e-12));
   for (const double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")})
     CHECK_THROWS_WITH_AS(slowed.set_slowdown(bad), doctest::Contains("slowdown"), Error);
+}
+
+TEST_CASE("step probe: a burst on the CPU clock, each step's time over its price, the median") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  std::mt19937_64 rng(20261204);
+  for (const int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    std::vector<TraceRequest> t = poisson_trace(50.0, 7, {2, 9, 2, 6}, 11 + ranks);
+    for (TraceRequest& r : t) r.arrival_s = 0;
+    const std::vector<ServeRequest> requests = to_serve_requests(t, m.config.vocab, 5);
+    EngineOptions options;
+    options.step_tokens = 8, options.max_running = 4, options.block_size = 4, options.kv_blocks = 20;
+    ServedSteps served;
+    std::vector<RequestOutcome> simulated;
+    std::vector<std::size_t> held(std::size_t(ranks), 0);  // each rank's steps handed back
+    run_ranks(ranks, [&](ThreadCommunicator& plain) {
+      const int rank = plain.rank();
+      ServedSteps s = serve_on_cpu_clock(std::move(plain), m, requests, options, EnginePolicy{});
+      held[std::size_t(rank)] = s.traces.size();
+      if (rank == 0) served = std::move(s);
+    });
+    run_ranks(ranks, [&](ThreadCommunicator& comm) {
+      SimulatedClock clock(m.config, simulated_cluster("h100", 4));
+      EngineOptions run = options;
+      run.clock = &clock;
+      auto got = serve_requests(comm, m, requests, run, EnginePolicy{});
+      if (comm.rank() == 0) simulated = std::move(got);
+    });
+    for (int r = 1; r < ranks; ++r) CHECK(held[std::size_t(r)] == 0);  // rank 0 alone holds them
+    REQUIRE(served.traces.size() == served.timings.size());
+    CHECK(std::int64_t(served.traces.size()) == served.stats.steps);
+    for (const StepTiming& x : served.timings) {
+      CHECK(x.step_s > 0);
+      CHECK(x.step_s >= x.slowest_cpu_s * (1 - 1e-12));  // each piece at its slowest rank: at least one rank's whole
+    }
+    // The same tokens as a run of the same requests on the simulated clock (nothing but the clock differs).
+    REQUIRE(served.outcomes.size() == simulated.size());
+    for (std::size_t i = 0; i < simulated.size(); ++i) {
+      CHECK(served.outcomes[i].id == simulated[i].id);
+      CHECK(served.outcomes[i].tokens == simulated[i].tokens);
+      CHECK_FALSE(served.outcomes[i].tokens.empty());
+    }
+    SimulatedClock priced(m.config, simulated_cluster("h100", 4));
+    // The speed: the median of time / price over the steps, exactly; a clock slowed by s reads it s times lower.
+    ServedSteps scaled = served;
+    std::vector<double> factors;
+    for (std::size_t i = 0; i < scaled.traces.size(); ++i) {
+      factors.push_back(std::uniform_real_distribution<double>(0.5, 2.0)(rng));
+      scaled.timings[i].step_s = factors.back() * priced.price(scaled.traces[i]).total_s();
+    }
+    CHECK(step_speed(scaled, priced) == doctest::Approx(percentile(factors, 0.5)).epsilon(1e-12));
+    const std::vector<double> ratios = step_price_ratios(scaled, priced);
+    REQUIRE(ratios.size() == factors.size());
+    for (std::size_t i = 0; i < ratios.size(); ++i) CHECK(ratios[i] == doctest::Approx(factors[i]).epsilon(1e-12));
+    SimulatedClock slowed(m.config, simulated_cluster("h100", 4));
+    slowed.set_slowdown(1.6);
+    CHECK(step_speed(served, slowed) == doctest::Approx(step_speed(served, priced) / 1.6).epsilon(1e-12));
+  }
+  ServedSteps uneven;
+  uneven.traces.resize(2);
+  uneven.timings.resize(1);
+  SimulatedClock priced(m.config, simulated_cluster("h100", 2));
+  CHECK_THROWS_WITH_AS(step_price_ratios(uneven, priced), doctest::Contains("2 traces for 1 timings"), Error);
+  CHECK_THROWS_WITH_AS(step_speed(ServedSteps{}, priced), doctest::Contains("served no step"), Error);
 }
 
 }  // namespace speed_probe_test

@@ -1,0 +1,78 @@
+// paradyse/serve/step_probe.hpp: how the engine's steps run now against the price the simulated clock gives them: a
+// short burst of requests served on the synchronised CPU clock (serve/clock.hpp CpuClock), each step's measured time
+// over the time model's price of its trace, and the median of those ratios.
+//
+//   run_ranks(p, [&](ThreadCommunicator& plain) {
+//     const ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, options, policy);  // every rank
+//     if (!s.traces.empty()) ratio = step_speed(s, priced);                                      // rank 0 holds them
+//   });
+//   SimulatedClock clock(c, cluster);  clock.set_slowdown(ratio);  // the simulation at the engine's speed now
+//
+// Why a probe of whole steps beside the GEMM probe (serve/speed_probe.hpp): on the shared 2-core machine of
+// docs/serving_simulation.md the engine's steps ran 0.71-1.02x their price from one run to the next while the GEMM
+// probe read the machine at its calibrated speed in both (the shared L3's other tenants evict the served weights
+// between steps more or less; the kernels' calls, waits and allocations move with it); the GEMMs alone do not see it.
+// The burst is served apart from the requests it then prices, by the same engine, policy and clock, so the
+// simulation is not fitted to the run it is compared with: it is told how fast the engine's steps ran around it, and
+// the time model still decides how each step's cost follows its batch, KV lengths, layout and expert loads, and the
+// engine's scheduling on the simulated clock decides the latencies.
+// The calibration's own served run (moe_simulate --measure) takes the same ratios for the profile's step_jitter
+// (serve/serving_calibration.hpp step_jitter_quantiles).
+#pragma once
+
+#include "paradyse/comm/cpu_marks.hpp"
+#include "paradyse/core/error.hpp"
+#include "paradyse/core/statistics.hpp"
+#include "paradyse/serve/clock.hpp"
+#include "paradyse/serve/engine.hpp"
+
+#include <utility>
+#include <vector>
+
+namespace paradyse::serve {
+
+// A run's steps on the synchronised CPU clock, on rank 0 (empty on the others).
+struct ServedSteps {
+  std::vector<StepTrace> traces;
+  std::vector<StepTiming> timings;  // traces[i]'s time (StepTiming::step_s: its pieces at their slowest rank)
+  std::vector<RequestOutcome> outcomes;
+  EngineStats stats;
+};
+
+// Serves `requests` under `policy` on the synchronised CPU clock. Every rank calls it (SPMD) with its thread
+// communicator, which it takes over (the clock marks its collectives).
+inline ServedSteps serve_on_cpu_clock(ThreadCommunicator&& plain, const LoadedDecoder& model,
+                                      const std::vector<ServeRequest>& requests, EngineOptions options,
+                                      const EnginePolicy& policy) {
+  CpuMarkedCommunicator comm(std::move(plain));
+  CpuClock clock(CpuClock::synchronised_by(comm));
+  ServedSteps out;
+  if (comm.rank() == 0)
+    clock.observer = [&](const StepTrace& t, const StepTiming& s, double) { out.traces.push_back(t), out.timings.push_back(s); };
+  options.clock = &clock;
+  std::vector<RequestOutcome> outcomes = serve_requests(comm, model, requests, options, policy, &out.stats);
+  if (comm.rank() == 0) out.outcomes = std::move(outcomes);
+  return out;
+}
+
+// Each step's measured time over `priced`'s price of its trace (SimulatedClock::price: without the step jitter,
+// times the clock's slowdown).
+inline std::vector<double> step_price_ratios(const ServedSteps& steps, SimulatedClock& priced) {
+  check(steps.traces.size() == steps.timings.size(), "step_price_ratios: {} traces for {} timings", steps.traces.size(),
+        steps.timings.size());
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < steps.traces.size(); ++i) {
+    const double price = priced.price(steps.traces[i]).total_s();
+    check(price > 0, "step_price_ratios: step {} is priced at {} s", i, price);
+    ratios.push_back(steps.timings[i].step_s / price);
+  }
+  return ratios;
+}
+
+// The engine's speed against its price: the median step's measured / priced (1: the steps run at their price).
+inline double step_speed(const ServedSteps& steps, SimulatedClock& priced) {
+  check(!steps.traces.empty(), "step_speed: the probe served no step");
+  return percentile(step_price_ratios(steps, priced), 0.5);
+}
+
+}  // namespace paradyse::serve
