@@ -530,9 +530,10 @@ EngineOptions measure_options(const Options& o, const std::vector<ServeRequest>&
 }
 
 // The step probe (serve/step_probe.hpp): a burst of requests of its own (32, another seed, the run's first rate and
-// lengths) served under `policy` on the synchronised CPU clock; its median step's measured time over the price on
-// `cluster`. Set beside the GEMM probe, it sees what the GEMMs alone do not (the engine's steps ran 0.71-1.02x their
-// price from run to run while the GEMM probe read the machine at its calibrated speed).
+// lengths) served under `policy` on the synchronised CPU clock; the slowdown at which the simulated clock on
+// `cluster` charges its steps what they took. Beside the GEMM probe, it sees what the GEMMs alone do not (the
+// engine's steps were priced at 0.71-1.02x their time from run to run while the GEMM probe read the machine at its
+// calibrated speed).
 double probe_steps(const Options& o, const LoadedDecoder& model, const EnginePolicy& policy,
                    const SimulatedCluster& cluster) {
   Options own = o;
@@ -544,7 +545,7 @@ double probe_steps(const Options& o, const LoadedDecoder& model, const EnginePol
     if (!s.traces.empty()) served = std::move(s);
   });
   SimulatedClock priced(model.config, cluster);
-  return step_speed(served, priced);
+  return step_slowdown(served, priced);
 }
 
 // --measure's profile of this machine, calibrated on o.ranks thread ranks for the served model `model` and saved to
@@ -847,7 +848,7 @@ int measure(const Options& o) {
       }
       fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price, over its baseline) around each round:", pol.name, "");
       for (const double x : speed) fmt::print(" {:.2f}", x);
-      fmt::print("\n{:<16} {:>11}  step probe (a burst's median step on the CPU clock / its price) around each round:", pol.name, "");
+      fmt::print("\n{:<16} {:>11}  step probe (a burst's steps on the CPU clock / their price) around each round:", pol.name, "");
       for (const double x : step_speed) fmt::print(" {:.2f}", x);
       fmt::print("\n");
     }

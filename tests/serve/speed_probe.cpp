@@ -6,8 +6,9 @@
 // step's price, and a run on it takes the same decisions and produces the same tokens as at speed 1, every time stamp
 // s times (arrivals at 0); a slowdown that is not positive and finite is refused by name. The step probe (serve/
 // step_probe.hpp): a burst served on the synchronised CPU clock on 2 and 3 thread ranks hands rank 0 every step's
-// trace and timing (the others nothing) and the tokens a simulated run of the same requests produces; its speed is
-// the median of each step's time over its price, exactly, and a clock slowed by s reads it s times lower.
+// trace and timing (the others nothing) and the tokens a simulated run of the same requests produces; its slowdown is
+// the steps' time over their price, both summed, over the mean of the profile's step jitter, exactly, and a clock
+// slowed by s reads it s times lower.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
@@ -201,7 +202,7 @@ TEST_CASE("simulated clock: slowed by s it charges s times every part of a step'
     CHECK_THROWS_WITH_AS(slowed.set_slowdown(bad), doctest::Contains("slowdown"), Error);
 }
 
-TEST_CASE("step probe: a burst on the CPU clock, each step's time over its price, the median") {
+TEST_CASE("step probe: a burst on the CPU clock, its steps' time over their price, over the step jitter's mean") {
   const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
   std::mt19937_64 rng(20261204);
   for (const int ranks : {2, 3}) {
@@ -241,28 +242,36 @@ TEST_CASE("step probe: a burst on the CPU clock, each step's time over its price
       CHECK(served.outcomes[i].tokens == simulated[i].tokens);
       CHECK_FALSE(served.outcomes[i].tokens.empty());
     }
+    // Each step's ratio exactly; the slowdown: time over price, both summed, over the step jitter's mean factor.
     SimulatedClock priced(m.config, simulated_cluster("h100", 4));
-    // The speed: the median of time / price over the steps, exactly; a clock slowed by s reads it s times lower.
+    SimulatedCluster jittered_cluster = simulated_cluster("h100", 4);
+    jittered_cluster.profile.step_jitter = {0.8, 0.95, 1.0, 1.1, 1.4};  // mean 1.05
+    SimulatedClock jittered(m.config, jittered_cluster);
     ServedSteps scaled = served;
     std::vector<double> factors;
+    double time = 0, price = 0;
     for (std::size_t i = 0; i < scaled.traces.size(); ++i) {
       factors.push_back(std::uniform_real_distribution<double>(0.5, 2.0)(rng));
-      scaled.timings[i].step_s = factors.back() * priced.price(scaled.traces[i]).total_s();
+      const double p = priced.price(scaled.traces[i]).total_s();
+      scaled.timings[i].step_s = factors.back() * p;
+      time += scaled.timings[i].step_s, price += p;
     }
-    CHECK(step_speed(scaled, priced) == doctest::Approx(percentile(factors, 0.5)).epsilon(1e-12));
     const std::vector<double> ratios = step_price_ratios(scaled, priced);
     REQUIRE(ratios.size() == factors.size());
     for (std::size_t i = 0; i < ratios.size(); ++i) CHECK(ratios[i] == doctest::Approx(factors[i]).epsilon(1e-12));
+    CHECK(step_slowdown(scaled, priced) == doctest::Approx(time / price).epsilon(1e-12));
+    CHECK(step_slowdown(scaled, jittered) == doctest::Approx(time / price / 1.05).epsilon(1e-12));
     SimulatedClock slowed(m.config, simulated_cluster("h100", 4));
     slowed.set_slowdown(1.6);
-    CHECK(step_speed(served, slowed) == doctest::Approx(step_speed(served, priced) / 1.6).epsilon(1e-12));
+    CHECK(step_slowdown(served, slowed) == doctest::Approx(step_slowdown(served, priced) / 1.6).epsilon(1e-12));
   }
   ServedSteps uneven;
   uneven.traces.resize(2);
   uneven.timings.resize(1);
   SimulatedClock priced(m.config, simulated_cluster("h100", 2));
   CHECK_THROWS_WITH_AS(step_price_ratios(uneven, priced), doctest::Contains("2 traces for 1 timings"), Error);
-  CHECK_THROWS_WITH_AS(step_speed(ServedSteps{}, priced), doctest::Contains("served no step"), Error);
+  CHECK_THROWS_WITH_AS(step_slowdown(uneven, priced), doctest::Contains("2 traces for 1 timings"), Error);
+  CHECK_THROWS_WITH_AS(step_slowdown(ServedSteps{}, priced), doctest::Contains("served no step"), Error);
 }
 
 }  // namespace speed_probe_test

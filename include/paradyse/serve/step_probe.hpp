@@ -1,31 +1,32 @@
 // paradyse/serve/step_probe.hpp: how the engine's steps run now against the price the simulated clock gives them: a
 // short burst of requests served on the synchronised CPU clock (serve/clock.hpp CpuClock), each step's measured time
-// over the time model's price of its trace, and the median of those ratios.
+// over the time model's price of its trace: the slowdown at which the simulated clock charges those steps what they
+// took.
 //
 //   run_ranks(p, [&](ThreadCommunicator& plain) {
 //     const ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, options, policy);  // every rank
-//     if (!s.traces.empty()) ratio = step_speed(s, priced);                                      // rank 0 holds them
+//     if (!s.traces.empty()) slowdown = step_slowdown(s, priced);                               // rank 0 holds them
 //   });
-//   SimulatedClock clock(c, cluster);  clock.set_slowdown(ratio);  // the simulation at the engine's speed now
+//   SimulatedClock clock(c, cluster);  clock.set_slowdown(slowdown);  // the simulation at the engine's speed now
 //
 // Why a probe of whole steps beside the GEMM probe (serve/speed_probe.hpp): on the shared 2-core machine of
-// docs/serving_simulation.md the engine's steps ran 0.71-1.02x their price from one run to the next while the GEMM
-// probe read the machine at its calibrated speed in both (the shared L3's other tenants evict the served weights
-// between steps more or less; the kernels' calls, waits and allocations move with it); the GEMMs alone do not see it.
+// docs/serving_simulation.md the engine's steps were priced at 0.71-1.02x their measured time from one run to the
+// next while the GEMM probe read the machine at its calibrated speed in both (the GEMMs alone, timed apart, do not see
+// what moves: the weights' residency in an L3 that other tenants share, the calls and waits between the kernels).
 // The burst is served apart from the requests it then prices, by the same engine, policy and clock, so the
 // simulation is not fitted to the run it is compared with: it is told how fast the engine's steps ran around it, and
 // the time model still decides how each step's cost follows its batch, KV lengths, layout and expert loads, and the
 // engine's scheduling on the simulated clock decides the latencies.
-// The calibration's own served run (moe_simulate --measure) takes the same ratios for the profile's step_jitter
-// (serve/serving_calibration.hpp step_jitter_quantiles).
+// The calibration's own served run (moe_simulate --measure) takes each step's ratio (step_price_ratios) for the
+// profile's step_jitter (serve/serving_calibration.hpp step_jitter_quantiles).
 #pragma once
 
 #include "paradyse/comm/cpu_marks.hpp"
 #include "paradyse/core/error.hpp"
-#include "paradyse/core/statistics.hpp"
 #include "paradyse/serve/clock.hpp"
 #include "paradyse/serve/engine.hpp"
 
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -69,10 +70,21 @@ inline std::vector<double> step_price_ratios(const ServedSteps& steps, Simulated
   return ratios;
 }
 
-// The engine's speed against its price: the median step's measured / priced (1: the steps run at their price).
-inline double step_speed(const ServedSteps& steps, SimulatedClock& priced) {
-  check(!steps.traces.empty(), "step_speed: the probe served no step");
-  return percentile(step_price_ratios(steps, priced), 0.5);
+// The slowdown at which `priced` charges these steps, in expectation, the time they took: their measured time over
+// their price, both summed (time-weighted, as a run's latencies add up its steps), over the mean factor of the
+// profile's step jitter (SimulatedClock draws one of HardwareProfile::step_jitter's quantiles for each step; they are
+// taken around the calibration's median step, so their mean is a little over 1). 1: the steps run at their price.
+inline double step_slowdown(const ServedSteps& steps, SimulatedClock& priced) {
+  check(!steps.traces.empty(), "step_slowdown: the probe served no step");
+  check(steps.traces.size() == steps.timings.size(), "step_slowdown: {} traces for {} timings", steps.traces.size(),
+        steps.timings.size());
+  double measured = 0, price = 0;
+  for (std::size_t i = 0; i < steps.traces.size(); ++i)
+    measured += steps.timings[i].step_s, price += priced.price(steps.traces[i]).total_s();
+  check(price > 0, "step_slowdown: the probe's {} steps are priced at {} s", steps.traces.size(), price);
+  const std::vector<double>& jitter = priced.cluster().profile.step_jitter;
+  const double jitter_mean = jitter.empty() ? 1.0 : std::accumulate(jitter.begin(), jitter.end(), 0.0) / double(jitter.size());
+  return measured / price / jitter_mean;
 }
 
 }  // namespace paradyse::serve
