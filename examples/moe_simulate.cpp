@@ -605,7 +605,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     if (comm.rank() != 0) return;
     gemm_classes_mem = mem.classes;
     profile.gemm.by_rows = cal.classes;
-    profile.serving_probe_baseline = probe_baseline(cal.samples, speed_probe_of(o, c), profile);
+    profile.probe_baseline = probe_baseline(cal.samples, speed_probe_of(o, c), profile);
     const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
     for (const cost::GemmSample& x : cal.samples) {
       const double m = double(x.m), n = double(x.n), k = double(x.k);
@@ -620,7 +620,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
                  100 * cal.fits[i].worst_relative_error);
   });
   fmt::print("the speed probe's reading of the calibration's samples: {:.3f} (its baseline: later readings are taken "
-             "over it)\n", profile.serving_probe_baseline);
+             "over it)\n", profile.probe_baseline);
   // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
   PagedAttentionCalibrationOptions paged;
   paged.clock = options.clock;

@@ -17,9 +17,11 @@
 # The machine's speed moves between rounds (docs/serving_simulation.md: the same decode step 0.89 ms in one round,
 # 1.39 ms two rounds later; a round's TPOT p50 follows it): moe_simulate --measure times a speed probe before and
 # after every round (serve/speed_probe.hpp: the model's decode GEMMs, measured / the profile's price, over the same
-# reading of the calibration's own samples, the profile's serving_probe_baseline) and compares each round with the
-# simulation at that round's speed (rows "@speed": the median of the rounds' errors). The
-# policies take turns within each round (TP, EP, dynamic, TP, ...).
+# reading of the calibration's own samples, the profile's probe_baseline) and compares each round with the
+# simulation at that round's speed (rows "@speed": the median of the rounds' errors). It also times a step probe
+# before and after every round (serve/step_probe.hpp: a burst of 32 requests of their own served under the round's
+# policy on the synchronised CPU clock, the slowdown at which the simulated clock charges its steps what they took):
+# rows "cpu @steps". The policies take turns within each round (TP, EP, dynamic, TP, ...).
 #
 # The calibration also times the paged attention kernel (serve/paged_attention_calibration.hpp), SwiGLU forward,
 # the fixed cost per kernel call (cost/profile.hpp CallOverheadModel), the collectives at the step's own

@@ -134,7 +134,11 @@ pd::cost::HardwareProfile find_or_calibrate_profile(const TrainingOptions& o, Ra
   std::vector<pd::cost::CalibrationSample> samples;
   ranks.run([&](auto& comm, int r) {
     pd::cost::Calibration c = pd::cost::calibrate<Backend>(comm, options);
-    if (r == 0) profile = std::move(c.profile), spreads = std::move(c.pass_spreads), samples = std::move(c.samples);
+    if (r == 0) {
+      profile = std::move(c.profile), spreads = std::move(c.pass_spreads), samples = std::move(c.samples);
+      // --speed-probe's baseline: its reading of the calibration's own samples of its shapes (the host's GEMMs).
+      if (!on_device) profile.probe_baseline = pd::cost::slowdown_of(c.gemm_samples, profile);
+    }
   });
   std::sort(spreads.begin(), spreads.end());
   fmt::print("  calibrated in {:.1f} s ({} passes; the passes' spread per measurement, (max - min) / median: median "
@@ -169,7 +173,9 @@ pd::cost::HardwareProfile hardware_profile(const TrainingOptions& o, RanksT& ran
 // --speed-probe: the machine's speed now against `profile` (cost/speed_probe.hpp), measured / priced over the
 // calibration's compute-bound GEMM shapes (CalibrationOptions' defaults, which the single fit is calibrated on),
 // timed as they were calibrated (hot operands, the fastest of 3 after one untimed, every rank at once, thread CPU
-// time), on buffers of their own (not under the ranks' memory trackers).
+// time), on buffers of their own (not under the ranks' memory trackers), over the profile's baseline where it has one
+// (HardwareProfile::probe_baseline: the same reading of the calibration's own samples; a profile calibrated before
+// it has none).
 template <class RanksT>
 double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
   pd::cost::GemmClassOptions probe;
@@ -180,7 +186,7 @@ double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
   ranks.run([&](auto& comm, int r) {
     pd::MemoryTracker own;  // the probe's operands are not the model's: outside the rank's tracker and its cap
     const pd::ScopedTracker scoped(own);
-    const double s = pd::cost::probe_slowdown<pd::ops::Cpu>(comm, probe, profile);
+    const double s = pd::cost::slowdown_against_baseline(pd::cost::probe_slowdown<pd::ops::Cpu>(comm, probe, profile), profile);
     if (r == ranks.first_local()) slowdown = s;
   });
   return slowdown;

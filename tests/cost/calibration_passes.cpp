@@ -2,10 +2,13 @@
 // every call's median over the recorded passes in call order and refuses passes that made other calls; measure()
 // records what it timed and, in the replay, returns the median without running its function, the same on every rank;
 // median_of_passes runs a pass that many times and returns the replay; a whole calibration's replay gives every sample
-// the median of the passes' and every rank the same profile.
+// the median of the passes' and every rank the same profile; its GEMM samples (Calibration::gemm_samples, a speed
+// probe's baseline) are the single fit's shapes in order, each the replayed median of that shape's sample, and the
+// probe's reading of them is the median of measured / fitted over them.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile_json.hpp"
+#include "paradyse/cost/speed_probe.hpp"
 
 #include <doctest/doctest.h>
 
@@ -204,6 +207,21 @@ TEST_CASE("calibration passes: a calibration's replay gives every sample the med
     }
     for (int r = 1; r < ranks; ++r)
       CHECK(json::dump(to_json(replayed[std::size_t(r)].profile)) == json::dump(to_json(replayed[0].profile)));
+    // The single fit's GEMM samples: its shapes in order, as replayed; the probe's reading of them (its baseline).
+    const std::vector<GemmSample>& gemms = replayed[0].gemm_samples;
+    REQUIRE(gemms.size() == options.gemm_shapes.size());
+    std::vector<double> measured_over_fitted;
+    for (std::size_t i = 0; i < gemms.size(); ++i) {
+      const auto [m, n, k] = options.gemm_shapes[i];
+      CHECK((gemms[i].m == m && gemms[i].n == n && gemms[i].k == k));
+      const auto sample = std::find_if(samples.begin(), samples.end(), [&](const CalibrationSample& x) {
+        return x.what == "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+      });
+      REQUIRE(sample != samples.end());
+      CHECK(gemms[i].seconds == sample->measured_s);
+      measured_over_fitted.push_back(sample->measured_s / sample->fitted_s);
+    }
+    CHECK(slowdown_of(gemms, replayed[0].profile) == doctest::Approx(median_of(measured_over_fitted)).epsilon(1e-12));
   }
 }
 

@@ -314,13 +314,13 @@ TEST_CASE("profile JSON: the serving engine's host work is optional (0: uncharge
   bad["rank_jitter"] = "wide";
   CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("rank_jitter"), Error);
   // The serving speed probe's baseline: a positive factor.
-  CHECK_FALSE(to_json(p).contains("serving_probe_baseline"));
-  p.serving_probe_baseline = 1.125;
-  CHECK(profile_from_json(json::parse(json::dump(to_json(p)))).serving_probe_baseline == 1.125);
+  CHECK_FALSE(to_json(p).contains("probe_baseline"));
+  p.probe_baseline = 1.125;
+  CHECK(profile_from_json(json::parse(json::dump(to_json(p)))).probe_baseline == 1.125);
   for (const double reading : {0.0, -1.0, 101.0}) {
     bad = to_json(p);
-    bad["serving_probe_baseline"] = reading;
+    bad["probe_baseline"] = reading;
     CHECK_THROWS_WITH_AS(profile_from_json(bad),
-                         doctest::Contains(fmt::format("\"serving_probe_baseline\" = {}", reading).c_str()), Error);
+                         doctest::Contains(fmt::format("\"probe_baseline\" = {}", reading).c_str()), Error);
   }
 }

@@ -126,7 +126,7 @@ TEST_CASE("speed probe: on thread ranks every rank gets the same positive, finit
 TEST_CASE("speed probe: a reading is taken over the profile's baseline, its reading of the calibration's own samples") {
   cost::HardwareProfile profile;
   CHECK(slowdown_against_baseline(1.3, profile) == 1.3);  // no baseline: the reading as it is
-  profile.serving_probe_baseline = 1.25;
+  profile.probe_baseline = 1.25;
   CHECK(slowdown_against_baseline(1.25, profile) == 1);   // the reading the calibration's machine gave
   CHECK(slowdown_against_baseline(1.5, profile) == doctest::Approx(1.2).epsilon(1e-15));
   CHECK(slowdown_against_baseline(1.0, profile) == doctest::Approx(0.8).epsilon(1e-15));
@@ -146,7 +146,7 @@ TEST_CASE("speed probe: a reading is taken over the profile's baseline, its read
     CHECK(probe_baseline(calibration, probe, q) == doctest::Approx(s).epsilon(1e-12));
     std::vector<double> now(std::size_t(p), -1);
     cost::HardwareProfile with = q;
-    with.serving_probe_baseline = s;
+    with.probe_baseline = s;
     run_ranks(p, [&](ThreadCommunicator& comm) { now[std::size_t(comm.rank())] = serving_slowdown(comm, probe, with); });
     for (const double x : now) {
       CHECK(x == now[0]);

@@ -164,6 +164,7 @@ void calibrate_gemms(C& comm, const CalibrationOptions& options, Calibration& re
       const auto [m, n, k] = options.gemm_shapes[i];
       result.samples.push_back({fmt::format("gemm {}x{}x{}", m, n, k), y[i],
                                 profile.gemm.time(double(m), double(n), double(k), int(sizeof(float)))});
+      result.gemm_samples.push_back({m, n, k, y[i]});
     }
   }
   if (!options.gemm_thin_shapes.empty()) {  // the head-width class, on its own shapes with their operands cold
@@ -408,11 +409,6 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
 // one pass over copies of its weight operand that together exceed the caches (`cold_bytes` per rank), divided by the
 // copies; 0 times the same operands again (hot).
 
-// One measured GEMM: C[m, n] = A[m, k] B[n, k]^T took `seconds`.
-struct GemmSample {
-  std::int64_t m = 0, n = 0, k = 0;
-  double seconds = 0;
-};
 
 // Fits one class per bound of `max_rows` (ascending): the samples with previous bound < m <= bound (samples above the
 // last bound are left to the single fit). Every class needs at least 4 samples (its 4 terms), else an Error names

@@ -87,6 +87,12 @@ struct CalibrationOptions {
   std::int64_t memory_bytes = 0;
 };
 
+// One measured GEMM: C[m, n] = A[m, k] B[n, k]^T took `seconds`.
+struct GemmSample {
+  std::int64_t m = 0, n = 0, k = 0;
+  double seconds = 0;
+};
+
 struct CalibrationSample {
   std::string what;         // "gemm 512x256x1024", "all_gather 1048576 B", ...
   double measured_s = 0;
@@ -96,6 +102,7 @@ struct CalibrationSample {
 struct Calibration {
   HardwareProfile profile;
   std::vector<CalibrationSample> samples;
+  std::vector<GemmSample> gemm_samples;  // the single GEMM fit's shapes (options.gemm_shapes) as measured
   Fit gemm_fit, gemm_thin_fit, attention_forward_fit, attention_backward_fit, copy_fit;
   std::vector<std::pair<Collective, Fit>> collective_fits;
   // With several passes: each measurement's (max - min) / median over the passes, in the order measured.

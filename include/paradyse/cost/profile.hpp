@@ -365,11 +365,12 @@ struct HardwareProfile {
   // a wait the step jitter above does not price (its median is 1). Calibrated (moe_simulate --measure:
   // serve/serving_calibration.hpp fit_rank_jitter); 0: none (built-in profiles).
   double rank_jitter = 0;
-  // The serving speed probe's reading of this profile's calibration (serve/speed_probe.hpp: the served model's decode
-  // GEMMs, measured / priced, over the calibration's own samples of them): a later reading over it is the machine's
-  // speed against the calibration, the classes' fit error on the probe's shapes cancelled. 0: none (a reading is
-  // taken as it is).
-  double serving_probe_baseline = 0;
+  // The speed probe's reading of this profile's calibration (cost/speed_probe.hpp: the workload's GEMMs, measured /
+  // priced, over the calibration's own samples of them; serve/speed_probe.hpp the served model's decode GEMMs,
+  // train_gpt --speed-probe the compute-bound shapes of the single fit): a later reading over it is the machine's
+  // speed against the calibration, the fit's error on the probe's shapes cancelled. 0: none (a reading is taken as it
+  // is).
+  double probe_baseline = 0;
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;

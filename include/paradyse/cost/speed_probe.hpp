@@ -1,6 +1,7 @@
 // paradyse/cost/speed_probe.hpp: how fast this machine runs now against the profile it was calibrated into.
 //
-//   const double s = probe_slowdown<ops::Cpu>(comm, probe, profile);  // measured / priced now (1: as calibrated)
+//   profile.probe_baseline = slowdown_of(calibration_samples, profile);   // once, at calibration
+//   const double s = slowdown_against_baseline(probe_slowdown<ops::Cpu>(comm, probe, profile), profile);  // 1: as then
 //
 // A shared machine's speed moves while its profile does not (docs/serving_simulation.md: the same decode step 0.89 ms
 // in one 5-second round, 1.39 ms two rounds later, in thread CPU time; docs/trainer_validation.md: a training step's
@@ -9,7 +10,8 @@
 // returns the median over the shapes of measured / the profile's price. It is measured apart from the work it then
 // prices: a prediction times the slowdown is the prediction at the speed the machine ran, not a fit to the run.
 // The workloads' shapes: serve/speed_probe.hpp (the served model's decode GEMMs); train_gpt --speed-probe (the
-// calibration's compute-bound GEMMs).
+// calibration's compute-bound GEMMs, Calibration::gemm_samples its baseline: their median was 1.02x the single fit's
+// price on this machine's train_gpt profile).
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -34,6 +36,13 @@ inline double slowdown_of(const std::vector<GemmSample>& samples, const Hardware
   std::sort(r.begin(), r.end());
   const std::size_t n = r.size();
   return n % 2 ? r[n / 2] : 0.5 * (r[n / 2 - 1] + r[n / 2]);
+}
+
+// A probe's reading (probe_slowdown) as the machine's speed against the calibration: over the profile's baseline
+// (HardwareProfile::probe_baseline: the probe's reading of the calibration's own samples of its shapes, so that the
+// fit's error on them cancels) where it has one, as it is where not.
+inline double slowdown_against_baseline(double reading, const HardwareProfile& profile) {
+  return profile.probe_baseline > 0 ? reading / profile.probe_baseline : reading;
 }
 
 // The probe's slowdown now (time_gemm_shape on each shape). Every rank calls it (SPMD) and gets the same value.

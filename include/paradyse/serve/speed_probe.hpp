@@ -2,7 +2,7 @@
 // served model's decode GEMMs (the probe itself: cost/speed_probe.hpp).
 //
 //   cost::GemmClassOptions probe = speed_probe_options(c, ranks, profile_classes);  // the decode GEMMs
-//   profile.serving_probe_baseline = probe_baseline(classes.samples, probe, profile);  // once, at calibration
+//   profile.probe_baseline = probe_baseline(classes.samples, probe, profile);  // once, at calibration
 //   const double s = serving_slowdown(comm, probe, profile);            // now / then (1: as calibrated)
 //   SimulatedClock clock(c, cluster);  clock.set_slowdown(s);           // the simulation at the machine's speed now
 //
@@ -18,9 +18,9 @@
 // machine ran.
 // Why a baseline: the raw reading is not 1 on the machine that was just calibrated: the classes' fit is a few to
 // fifteen percent off on the probe's shapes (the trained 4-layer MoE's probe read 1.09-1.16 seconds after its
-// calibration). So the profile keeps the probe's reading of the calibration itself (HardwareProfile::
-// serving_probe_baseline: measured / priced over the calibration's own samples of the probe's shapes, which the
-// classes' shapes include), and a later reading is taken over it. Taken from those samples rather than from a probe
+// calibration). So the profile keeps the probe's reading of the calibration itself (HardwareProfile::probe_baseline:
+// measured / priced over the calibration's own samples of the probe's shapes, which the classes' shapes include), and
+// a later reading is taken over it (cost::slowdown_against_baseline). Taken from those samples rather than from a probe
 // run after them: a probe seconds later read 1.59 once on the synthetic MoE (the shared L3 or the host's other tenants
 // had turned slow in between), a baseline that would have set every later reading a third too fast.
 #pragma once
@@ -48,16 +48,10 @@ inline cost::GemmClassOptions speed_probe_options(const DecoderConfig& c, int ra
   return o;
 }
 
-// A probe's reading (cost::probe_slowdown) as the machine's speed against the calibration: over the profile's
-// baseline where it has one, as it is where not.
-inline double slowdown_against_baseline(double reading, const cost::HardwareProfile& profile) {
-  return profile.serving_probe_baseline > 0 ? reading / profile.serving_probe_baseline : reading;
-}
-
 // The machine's speed now against `profile`'s calibration (1: as calibrated). Every rank calls it (SPMD).
 template <class Backend = ops::Cpu, Communicator C>
 double serving_slowdown(C& comm, const cost::GemmClassOptions& probe, const cost::HardwareProfile& profile) {
-  return slowdown_against_baseline(cost::probe_slowdown<Backend>(comm, probe, profile), profile);
+  return cost::slowdown_against_baseline(cost::probe_slowdown<Backend>(comm, probe, profile), profile);
 }
 
 // The probe's baseline for a profile just calibrated: its reading of the calibration's own samples (calibrate_gemm_
