@@ -95,6 +95,9 @@ struct Options {
 // The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
 constexpr int kShown = tokens_per_s + 1;
 constexpr const char* kMetric[kShown] = {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"};
+// --measure's bounds on a metric's relative error (issue 25's validation): 10% on the medians and throughput, 20% on
+// the tails.
+constexpr double kBound[kShown] = {0.10, 0.20, 0.10, 0.20, 0.10};
 
 struct Result {
   std::string key, name;
@@ -793,11 +796,12 @@ int measure(const Options& o) {
       fmt::print("(recorded the routing of static TP's first round to {})\n", o.record_routing);
     }
     // spread: the measured rounds' (largest - smallest) / median; an error inside it is not resolved by the run.
-    fmt::print("{:<16} {:>11} {:>34} {:>34} {:>34} {:>34} {:>34}\n", "policy", "clock", "TTFT p50 ms", "TTFT p99 ms",
-               "TPOT p50 ms", "TPOT p99 ms", "tokens/s");
+    // within: the row's errors inside kBound (unrounded).
+    fmt::print("{:<16} {:>11} {:>34} {:>34} {:>34} {:>34} {:>34} {:>6}\n", "policy", "clock", "TTFT p50 ms", "TTFT p99 ms",
+               "TPOT p50 ms", "TPOT p99 ms", "tokens/s", "within");
     fmt::print("{:<16} {:>11}", "", "");
     for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>6} {:>9} {:>7}", "measured", "spread", "simulated", "error");
-    fmt::print("\n");
+    fmt::print(" {:>6}\n", "bounds");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
       const auto& [measured, on_cpu, at_speed, at_step, wall_steps, cpu_steps, speed, step_speed] = rounds[pi];
@@ -831,6 +835,7 @@ int measure(const Options& o) {
             {"cpu @steps", &on_cpu, nullptr, &at_step}}) {
         if (simulated == &sim_mem && !compare_mem) continue;
         fmt::print("{:<16} {:>11}", pol.name, clock_name);
+        int within = 0;
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v, x, error;
           for (std::size_t r = 0; r < runs->size(); ++r) {
@@ -843,8 +848,9 @@ int measure(const Options& o) {
           const double sim_m = simulated ? simulated->metric[m] : percentile(x, 0.5);
           const double err = simulated ? (sim_m - med) / std::max(1e-12, med) : percentile(error, 0.5);
           fmt::print(" {:>9.2f} {:>5.0f}% {:>9.2f} {:>6.0f}%", med, 100 * spread, sim_m, 100 * err);
+          within += std::abs(err) <= kBound[m] ? 1 : 0;
         }
-        fmt::print("\n");
+        fmt::print(" {:>4}/{}\n", within, kShown);
       }
       fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price, over its baseline) around each round:", pol.name, "");
       for (const double x : speed) fmt::print(" {:.2f}", x);

@@ -3,7 +3,8 @@
 # wall and CPU clocks, against the simulated clock of a given profile (tests/data/profiles/cpu_two_ranks.json with a
 # host rate for the dynamic policy's forecast added, so nothing is calibrated).
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
-# Checks: exit 0; every policy's wall, cpu and @speed rows; the per-step table's rows, the forecast's host work
+# Checks: exit 0; every policy's wall, cpu, @speed and @steps rows, each ending in its count of cells within the
+# bounds; the step probe's reading around each round (2, positive); the per-step table's rows, the forecast's host work
 # charged to the dynamic policy's steps alone; the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
 # its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
 # its slowest rank) never shorter than rank 0's own CPU time in it; static TP's routing recorded (--record-routing).
@@ -26,11 +27,15 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "moe_simulate --measure exited ${rc}:\n${out}\n${err}")
 endif()
 foreach(policy "static TP" "static EP" "dynamic TP/EP")
-  foreach(clock "wall" "cpu" "wall @speed" "cpu @speed")
-    if(NOT out MATCHES "${policy} +${clock} +[0-9.]+ +[0-9]+% +[0-9.]+")
+  foreach(clock "wall" "cpu" "wall @speed" "cpu @speed" "cpu @steps")
+    if(NOT out MATCHES "${policy} +${clock} +[0-9.]+ +[0-9]+% +[0-9.]+[^\n]* [0-5]/5\n")
       message(FATAL_ERROR "moe_simulate --measure prints no \"${clock}\" row for ${policy}:\n${out}")
     endif()
   endforeach()
+  if(NOT out MATCHES "${policy} +step probe [^\n:]*: ([0-9]+[.][0-9]+) ([0-9]+[.][0-9]+)\n"
+     OR CMAKE_MATCH_1 EQUAL 0 OR CMAKE_MATCH_2 EQUAL 0)
+    message(FATAL_ERROR "moe_simulate --measure prints no positive step probe reading for each of ${policy}'s 2 rounds:\n${out}")
+  endif()
   # The per-step table: count, tokens, cpu, rank 0, run, simulated, compute, comm, host.
   set(number "[0-9]+[.][0-9]+")
   if(NOT out MATCHES "${policy} +decode only +[0-9]+ +${number} +${number} +${number} +(${number}) +${number} +${number} +${number} +(${number})")
