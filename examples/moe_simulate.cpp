@@ -29,8 +29,11 @@
 // "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this run
 // calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
 // CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds).
-// The policies take turns within each round (a slow or fast spell of the machine falls on one round of each).
-// scripts/validate_serving.sh runs it and records the load average.
+// The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
+// round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
+// and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
+// the round's policy). Each row ends in its count of cells within the bounds (10% on the p50s and tokens/s, 20% on
+// the p99s). scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
 #include "paradyse/cli/flags.hpp"
