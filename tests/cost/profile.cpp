@@ -313,14 +313,22 @@ TEST_CASE("profile JSON: the serving engine's host work is optional (0: uncharge
   }
   bad["rank_jitter"] = "wide";
   CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("rank_jitter"), Error);
-  // The serving speed probe's baseline: a positive factor.
+  // The speed probe's baseline: a positive factor, also under its older name; not under both.
   CHECK_FALSE(to_json(p).contains("probe_baseline"));
   p.probe_baseline = 1.125;
   CHECK(profile_from_json(json::parse(json::dump(to_json(p)))).probe_baseline == 1.125);
-  for (const double reading : {0.0, -1.0, 101.0}) {
-    bad = to_json(p);
-    bad["probe_baseline"] = reading;
-    CHECK_THROWS_WITH_AS(profile_from_json(bad),
-                         doctest::Contains(fmt::format("\"probe_baseline\" = {}", reading).c_str()), Error);
-  }
+  json::Value older = to_json(p);
+  older.erase("probe_baseline");
+  older["serving_probe_baseline"] = 1.25;
+  CHECK(profile_from_json(older).probe_baseline == 1.25);
+  older["probe_baseline"] = 1.25;
+  CHECK_THROWS_WITH_AS(profile_from_json(older), doctest::Contains("both given"), Error);
+  for (const char* key : {"probe_baseline", "serving_probe_baseline"})
+    for (const double reading : {0.0, -1.0, 101.0}) {
+      bad = to_json(p);
+      bad.erase("probe_baseline");
+      bad[key] = reading;
+      CHECK_THROWS_WITH_AS(profile_from_json(bad),
+                           doctest::Contains(fmt::format("\"{}\" = {}", key, reading).c_str()), Error);
+    }
 }

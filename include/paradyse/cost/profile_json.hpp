@@ -13,7 +13,7 @@
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
 //    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
 //    ["step_jitter": [ascending positive factors]], ["rank_jitter": relative spread in [0, 1)],
-//    ["probe_baseline": a positive factor]}
+//    ["probe_baseline" (or its older name "serving_probe_baseline"): a positive factor]}
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
@@ -343,7 +343,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                 "fresh_memory", "scalar_math", "elementwise_classes", "elementwise_families", "pool_miss_bytes_per_s",
                 "paged_attention",
                 "call_overhead", "planning_events_per_s", "serving_host", "step_jitter", "rank_jitter",
-                "probe_baseline"});
+                "probe_baseline", "serving_probe_baseline"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -433,12 +433,16 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
     check(p.rank_jitter >= 0 && p.rank_jitter < 1, "profile: \"rank_jitter\" = {} must be a relative spread in [0, 1) ({})",
           p.rank_jitter, v["rank_jitter"].path());
   }
-  if (v.has("probe_baseline")) {
-    p.probe_baseline = number(v, "probe_baseline");
-    check(p.probe_baseline > 0 && p.probe_baseline <= 100,
-          "profile: \"probe_baseline\" = {} must be a factor in (0, 100] ({})", p.probe_baseline,
-          v["probe_baseline"].path());
-  }
+  // "serving_probe_baseline": the key's name in profiles written before the trainer's probe took a baseline too.
+  check(!(v.has("probe_baseline") && v.has("serving_probe_baseline")),
+        "profile: \"probe_baseline\" and \"serving_probe_baseline\" (its older name) are both given ({}); keep one",
+        v.path());
+  for (const char* key : {"probe_baseline", "serving_probe_baseline"})
+    if (v.has(key)) {
+      p.probe_baseline = number(v, key);
+      check(p.probe_baseline > 0 && p.probe_baseline <= 100, "profile: \"{}\" = {} must be a factor in (0, 100] ({})",
+            key, p.probe_baseline, v[key].path());
+    }
   return p;
 }
 inline HardwareProfile profile_from_json(const json::Value& value) { return profile_from_json(json::Field(value, "profile")); }
