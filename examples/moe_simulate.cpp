@@ -535,19 +535,24 @@ EngineOptions measure_options(const Options& o, const std::vector<ServeRequest>&
   return opt;
 }
 
-// The step probe (serve/step_probe.hpp): a burst of requests of its own (32, another seed, the run's first rate and
-// lengths) served under `policy` on the synchronised CPU clock; the slowdown at which the simulated clock on
-// `cluster` charges its steps what they took. Beside the GEMM probe, it sees what the GEMMs alone do not (the
-// engine's steps were priced at 0.71-1.02x their time from run to run while the GEMM probe read the machine at its
-// calibrated speed).
-double probe_steps(const Options& o, const LoadedDecoder& model, const EnginePolicy& policy,
-                   const SimulatedCluster& cluster) {
+// The step probe's requests (serve/step_probe.hpp): a burst of its own, 32 requests of another seed at the run's
+// first rate and lengths.
+std::vector<ServeRequest> step_probe_requests(const Options& o, const DecoderConfig& c) {
   Options own = o;
   own.seed = o.seed + 2, own.requests = 32, own.traces = "poisson";
-  const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, model.config.vocab, own.seed);
+  return to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
+}
+
+// The step probe: `requests` served under `policy` on the synchronised CPU clock; the slowdown at which the simulated
+// clock on `cluster` charges their steps what they took. Beside the GEMM probe, it sees what the GEMMs alone do not
+// (the engine's steps were priced at 0.71-1.02x their time from run to run while the GEMM probe read the machine at
+// its calibrated speed).
+double probe_steps(const Options& o, const LoadedDecoder& model, const std::vector<ServeRequest>& requests,
+                   const EnginePolicy& policy, const SimulatedCluster& cluster) {
+  const EngineOptions options = measure_options(o, requests);
   ServedSteps served;
   run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
-    ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, measure_options(o, requests), policy);
+    ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, options, policy);
     if (!s.traces.empty()) served = std::move(s);
   });
   SimulatedClock priced(model.config, cluster);
@@ -661,8 +666,9 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     const std::vector<ServeRequest> requests = to_serve_requests(make_traces(own).front().requests, c.vocab, own.seed);
     const double speed_before = probe_speed(o, c, profile);
     ServedSteps served;
+    const EngineOptions run = measure_options(o, requests);
     run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
-      ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, measure_options(o, requests), EnginePolicy{});
+      ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, run, EnginePolicy{});
       if (!s.traces.empty()) served = std::move(s);
     });
     std::vector<HostSample> steps;
@@ -761,7 +767,10 @@ int measure(const Options& o) {
     };
     const auto probe = [&] { return probe_speed(o, c, cluster.profile); };  // the machine's speed now
     // The engine's steps now against their price under policy pi (serve/step_probe.hpp).
-    const auto probe_engine = [&](std::size_t pi) { return probe_steps(o, model, policies[pi].policy, cluster); };
+    const std::vector<ServeRequest> probe_requests = step_probe_requests(o, c);
+    const auto probe_engine = [&](std::size_t pi) {
+      return probe_steps(o, model, probe_requests, policies[pi].policy, cluster);
+    };
     // One policy's measured rounds: each round on both clocks (the per-step table takes the CPU clock's steps,
     // --steps-csv both); simulated at the machine's speed then by the GEMM probe and by the step probe (each probe
     // before and after the round, their mean).
@@ -800,8 +809,8 @@ int measure(const Options& o) {
     }
     // spread: the measured rounds' (largest - smallest) / median; an error inside it is not resolved by the run.
     // within: the row's errors inside kBound (unrounded).
-    fmt::print("{:<16} {:>11} {:>34} {:>34} {:>34} {:>34} {:>34} {:>6}\n", "policy", "clock", "TTFT p50 ms", "TTFT p99 ms",
-               "TPOT p50 ms", "TPOT p99 ms", "tokens/s", "within");
+    fmt::print("{:<16} {:>11} {:>34} {:>34} {:>34} {:>34} {:>34} {:>6}\n", "policy", "clock", "TTFT p50 ms",
+               "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "tokens/s", "within");
     fmt::print("{:<16} {:>11}", "", "");
     for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>6} {:>9} {:>7}", "measured", "spread", "simulated", "error");
     fmt::print(" {:>6}\n", "bounds");
@@ -842,7 +851,8 @@ int measure(const Options& o) {
         for (int m = 0; m < kShown; ++m) {
           std::vector<double> v, x, error;
           for (std::size_t r = 0; r < runs->size(); ++r) {
-            const double got = (*runs)[r].metric[m], sim_m = simulated ? simulated->metric[m] : (*per_round)[r].metric[m];
+            const double got = (*runs)[r].metric[m];
+            const double sim_m = simulated ? simulated->metric[m] : (*per_round)[r].metric[m];
             v.push_back(got), x.push_back(sim_m), error.push_back((sim_m - got) / std::max(1e-12, got));
           }
           const double med = percentile(v, 0.5);
@@ -857,7 +867,8 @@ int measure(const Options& o) {
       }
       fmt::print("{:<16} {:>11}  speed probe (decode GEMMs, measured / the profile's price, over its baseline) around each round:", pol.name, "");
       for (const double x : speed) fmt::print(" {:.2f}", x);
-      fmt::print("\n{:<16} {:>11}  step probe (a burst's steps on the CPU clock / their price) around each round:", pol.name, "");
+      fmt::print("\n{:<16} {:>11}  step probe (a burst's steps on the CPU clock / their price) around each round:",
+                 pol.name, "");
       for (const double x : step_speed) fmt::print(" {:.2f}", x);
       fmt::print("\n");
     }

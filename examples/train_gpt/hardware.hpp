@@ -186,7 +186,8 @@ double probe_speed(RanksT& ranks, const pd::cost::HardwareProfile& profile) {
   ranks.run([&](auto& comm, int r) {
     pd::MemoryTracker own;  // the probe's operands are not the model's: outside the rank's tracker and its cap
     const pd::ScopedTracker scoped(own);
-    const double s = pd::cost::slowdown_against_baseline(pd::cost::probe_slowdown<pd::ops::Cpu>(comm, probe, profile), profile);
+    const double reading = pd::cost::probe_slowdown<pd::ops::Cpu>(comm, probe, profile);
+    const double s = pd::cost::slowdown_against_baseline(reading, profile);
     if (r == ranks.first_local()) slowdown = s;
   });
   return slowdown;

@@ -34,7 +34,8 @@ foreach(policy "static TP" "static EP" "dynamic TP/EP")
   endforeach()
   if(NOT out MATCHES "${policy} +step probe [^\n:]*: ([0-9]+[.][0-9]+) ([0-9]+[.][0-9]+)\n"
      OR CMAKE_MATCH_1 EQUAL 0 OR CMAKE_MATCH_2 EQUAL 0)
-    message(FATAL_ERROR "moe_simulate --measure prints no positive step probe reading for each of ${policy}'s 2 rounds:\n${out}")
+    message(FATAL_ERROR
+            "moe_simulate --measure prints no positive step probe reading for each of ${policy}'s 2 rounds:\n${out}")
   endif()
   # The per-step table: count, tokens, cpu, rank 0, run, simulated, compute, comm, host.
   set(number "[0-9]+[.][0-9]+")

@@ -49,24 +49,31 @@ inline ServedSteps serve_on_cpu_clock(ThreadCommunicator&& plain, const LoadedDe
   CpuClock clock(CpuClock::synchronised_by(comm));
   ServedSteps out;
   if (comm.rank() == 0)
-    clock.observer = [&](const StepTrace& t, const StepTiming& s, double) { out.traces.push_back(t), out.timings.push_back(s); };
+    clock.observer = [&](const StepTrace& t, const StepTiming& s, double) {
+      out.traces.push_back(t), out.timings.push_back(s);
+    };
   options.clock = &clock;
   std::vector<RequestOutcome> outcomes = serve_requests(comm, model, requests, options, policy, &out.stats);
   if (comm.rank() == 0) out.outcomes = std::move(outcomes);
   return out;
 }
 
-// Each step's measured time over `priced`'s price of its trace (SimulatedClock::price: without the step jitter,
-// times the clock's slowdown).
-inline std::vector<double> step_price_ratios(const ServedSteps& steps, SimulatedClock& priced) {
-  check(steps.traces.size() == steps.timings.size(), "step_price_ratios: {} traces for {} timings", steps.traces.size(),
+// Each step's price on `priced` (SimulatedClock::price: without the step jitter, times the clock's slowdown).
+inline std::vector<double> step_prices(const ServedSteps& steps, SimulatedClock& priced) {
+  check(steps.traces.size() == steps.timings.size(), "step_prices: {} traces for {} timings", steps.traces.size(),
         steps.timings.size());
-  std::vector<double> ratios;
-  for (std::size_t i = 0; i < steps.traces.size(); ++i) {
-    const double price = priced.price(steps.traces[i]).total_s();
-    check(price > 0, "step_price_ratios: step {} is priced at {} s", i, price);
-    ratios.push_back(steps.timings[i].step_s / price);
+  std::vector<double> prices;
+  for (const StepTrace& trace : steps.traces) {
+    prices.push_back(priced.price(trace).total_s());
+    check(prices.back() > 0, "step_prices: step {} is priced at {} s", prices.size() - 1, prices.back());
   }
+  return prices;
+}
+
+// Each step's measured time over its price on `priced`.
+inline std::vector<double> step_price_ratios(const ServedSteps& steps, SimulatedClock& priced) {
+  std::vector<double> ratios = step_prices(steps, priced);
+  for (std::size_t i = 0; i < ratios.size(); ++i) ratios[i] = steps.timings[i].step_s / ratios[i];
   return ratios;
 }
 
@@ -76,14 +83,13 @@ inline std::vector<double> step_price_ratios(const ServedSteps& steps, Simulated
 // taken around the calibration's median step, so their mean is a little over 1). 1: the steps run at their price.
 inline double step_slowdown(const ServedSteps& steps, SimulatedClock& priced) {
   check(!steps.traces.empty(), "step_slowdown: the probe served no step");
-  check(steps.traces.size() == steps.timings.size(), "step_slowdown: {} traces for {} timings", steps.traces.size(),
-        steps.timings.size());
-  double measured = 0, price = 0;
-  for (std::size_t i = 0; i < steps.traces.size(); ++i)
-    measured += steps.timings[i].step_s, price += priced.price(steps.traces[i]).total_s();
-  check(price > 0, "step_slowdown: the probe's {} steps are priced at {} s", steps.traces.size(), price);
+  const std::vector<double> prices = step_prices(steps, priced);
+  double measured = 0;
+  for (const StepTiming& t : steps.timings) measured += t.step_s;
+  const double price = std::accumulate(prices.begin(), prices.end(), 0.0);
   const std::vector<double>& jitter = priced.cluster().profile.step_jitter;
-  const double jitter_mean = jitter.empty() ? 1.0 : std::accumulate(jitter.begin(), jitter.end(), 0.0) / double(jitter.size());
+  const double jitter_mean =
+      jitter.empty() ? 1.0 : std::accumulate(jitter.begin(), jitter.end(), 0.0) / double(jitter.size());
   return measured / price / jitter_mean;
 }
 
