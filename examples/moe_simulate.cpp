@@ -24,11 +24,13 @@
 // processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
 // classes fitted on the served model's own GEMMs cycling through the weights a step reads (each weight from the cache
 // level that holds the rank's weights; serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes;
-// --gemm-classes off simulates with the single fit alone), the paged attention kernel's rates
-// (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning); the rows
+// --gemm-classes off simulates with the single fit alone) and the same GEMMs kept as measured, which price the
+// model's own shapes (cost/profile.hpp GemmModel::measured; --gemm-measured off: the classes do), the paged
+// attention kernel's rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning); the rows
 // "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this run
 // calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
-// CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds).
+// CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds); its rows
+// ", fits" price the same steps with the GEMM classes alone (what the measured shapes changed).
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
@@ -67,6 +69,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -93,6 +96,7 @@ struct Options {
   bool calibrate_cpu = true;
   // --measure: the profile's GEMM size classes (GemmModel::by_rows) in the simulation; off: its single fit alone.
   bool gemm_classes = true;
+  bool gemm_measured = true;
 };
 
 // The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
@@ -562,15 +566,16 @@ double probe_steps(const Options& o, const LoadedDecoder& model, const std::vect
 // --measure's profile of this machine, calibrated on o.ranks thread ranks for the served model `model` and saved to
 // o.cluster: calibrate's fits with the serving step's own GEMMs and messages, the weights' cold bandwidth, the GEMM
 // size classes on the step's working set, the paged attention kernel, the dynamic policy's forecast, the engine's
-// host work and the steps' spread around their price. Returns the GEMM classes calibrated with every weight from
-// memory instead (simulated beside the profile: the rows "cpu mem"; not saved).
-std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const LoadedDecoder& model) {
+// host work and the steps' spread around their price. Returns the profile's GEMM model with its classes and measured
+// shapes calibrated with every weight from memory instead (simulated beside the profile: the rows "cpu mem"; not
+// saved).
+cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) {
   const DecoderConfig& c = model.config;
   check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
         "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
   fmt::print("calibrating {} thread ranks ({}) into {} ...\n", o.ranks, o.calibrate_cpu ? "thread CPU time" : "wall clock",
              o.cluster);
-  std::vector<cost::GemmRowClass> gemm_classes_mem;
+  cost::GemmModel gemm_mem;
   cost::HardwareProfile profile;
   // Besides calibrate's compute-bound shapes, the serving steps' own GEMMs at decode batches (1, 4 and 16 rows
   // against an expert's TP slice and whole expert, both products, and the lm_head): bound by reading their
@@ -614,14 +619,18 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
     const cost::GemmClassCalibration mem = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
     const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
     if (comm.rank() != 0) return;
-    gemm_classes_mem = mem.classes;
     profile.gemm.by_rows = cal.classes;
+    profile.gemm.measured = cal.measured;
+    gemm_mem = profile.gemm;
+    gemm_mem.by_rows = mem.classes, gemm_mem.measured = mem.measured;
     profile.probe_baseline = probe_baseline(cal.samples, speed_probe_of(o, c), profile);
     const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
+    cost::GemmModel classes_only = profile.gemm;
+    classes_only.measured = {};
     for (const cost::GemmSample& x : cal.samples) {
       const double m = double(x.m), n = double(x.n), k = double(x.k);
       fmt::print("  gemm {:>3}x{:>4}x{:>4} ws  measured {:>8.1f} us, class fit {:>8.1f} us, single fit {:>8.1f} us\n",
-                 x.m, x.n, x.k, x.seconds * 1e6, profile.gemm.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
+                 x.m, x.n, x.k, x.seconds * 1e6, classes_only.time(m, n, k, 4) * 1e6, single.time(m, n, k, 4) * 1e6);
     }
     for (std::size_t i = 0; i < cal.classes.size(); ++i)
       fmt::print("GEMM class m <= {:g}: {:.2f} us + flops / {:.1f} GFLOP/s + weight bytes / {:.2f} GB/s + outputs / "
@@ -694,7 +703,7 @@ std::vector<cost::GemmRowClass> calibrate_profile(const Options& o, const Loaded
                  percentile(ratios, 0.5) / speed, speed);
   }
   cost::save_profile(profile, o.cluster);
-  return gemm_classes_mem;
+  return gemm_mem;
 }
 
 int measure(const Options& o) {
@@ -702,18 +711,29 @@ int measure(const Options& o) {
                                            : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
   // Calibrated with every weight from memory ("mem"), when this run calibrates.
-  const std::vector<cost::GemmRowClass> gemm_classes_mem =
-      std::filesystem::exists(o.cluster) ? std::vector<cost::GemmRowClass>{} : calibrate_profile(o, model);
+  const std::optional<cost::GemmModel> gemm_mem =
+      std::filesystem::exists(o.cluster) ? std::nullopt : std::optional(calibrate_profile(o, model));
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
-  if (!o.gemm_classes) cluster.profile.gemm.by_rows.clear();  // the single fit alone
-  // The profile with the GEMM classes calibrated with every weight from memory, when this run calibrated them:
-  // simulated beside it ("mem").
+  // The GEMM model the options ask for: off drops the classes and the measured shapes with them (the single fit
+  // alone), --gemm-measured off the measured shapes.
+  const auto as_asked = [&](cost::GemmModel& g) {
+    if (!o.gemm_classes) g.by_rows.clear();
+    if (!o.gemm_classes || !o.gemm_measured) g.measured = {};
+  };
+  as_asked(cluster.profile.gemm);
+  // The profile with the GEMM classes and shapes calibrated with every weight from memory, when this run calibrated
+  // them: simulated beside it ("mem").
   SimulatedCluster mem_cluster = cluster;
-  if (o.gemm_classes && !gemm_classes_mem.empty()) mem_cluster.profile.gemm.by_rows = gemm_classes_mem;
+  if (gemm_mem) mem_cluster.profile.gemm = *gemm_mem, as_asked(mem_cluster.profile.gemm);
+  // The profile's fits alone, when it has measured shapes: the per-step table prices the steps on it too ("fits").
+  SimulatedCluster fits_cluster = cluster;
+  fits_cluster.profile.gemm.measured = {};
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
   const std::vector<Policy> mem_policies = make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window);
-  const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows;
+  const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows ||
+                           mem_cluster.profile.gemm.measured != cluster.profile.gemm.measured;
+  const bool compare_fits = !cluster.profile.gemm.measured.shapes.empty();
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
   std::ofstream steps_csv;
   if (!o.steps_csv.empty()) {
@@ -819,13 +839,15 @@ int measure(const Options& o) {
       const auto& [measured, on_cpu, at_speed, at_step, wall_steps, cpu_steps, speed, step_speed] = rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
-      std::vector<std::vector<StepCost>> cpu_costs, mem_costs;
+      std::vector<std::vector<StepCost>> cpu_costs, mem_costs, fits_costs;
       for (const std::vector<MeasuredStep>& round : cpu_steps) {
         cpu_costs.push_back(price_steps(c, cluster, round));
         if (compare_mem) mem_costs.push_back(price_steps(c, mem_cluster, round));
+        if (compare_fits) fits_costs.push_back(price_steps(c, fits_cluster, round));
       }
       breakdowns.push_back({pol.name, step_breakdown(cpu_steps, cpu_costs)});
       if (compare_mem) breakdowns.push_back({pol.name + ", mem", step_breakdown(cpu_steps, mem_costs)});
+      if (compare_fits) breakdowns.push_back({pol.name + ", fits", step_breakdown(cpu_steps, fits_costs)});
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {
@@ -923,6 +945,9 @@ int main(int argc, char** argv) {
                "time, as the per-step cpu column; wall: the wall clock, other processes' use of the cores included)");
   flags.choice("--gemm-classes", o.gemm_classes, "on", "off",
                "--measure: simulate with the profile's GEMM size classes (on) or with its single fit alone (off)");
+  flags.choice("--gemm-measured", o.gemm_measured, "on", "off",
+               "--measure: price the served model's own GEMM shapes by their calibrated times (on) or by the size "
+               "classes (off)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
       .nonempty("a file name");
   flags.text("--steps-csv", o.steps_csv,

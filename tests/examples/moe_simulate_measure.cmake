@@ -1,11 +1,13 @@
 # tests/examples/moe_simulate_measure.cmake: moe_simulate --measure end to end on a small trace (issue 25's
 # validation run, shortened): the synthetic MoE served on 2 thread ranks under TP, EP and dynamic, 2 rounds each on the
 # wall and CPU clocks, against the simulated clock of a given profile (tests/data/profiles/cpu_two_ranks.json with a
-# host rate for the dynamic policy's forecast added, so nothing is calibrated).
+# host rate for the dynamic policy's forecast added, and one of the synthetic MoE's GEMM shapes as measured, so nothing
+# is calibrated).
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
 # Checks: exit 0; every policy's wall, cpu, @speed and @steps rows, each ending in its count of cells within the
 # bounds; the step probe's reading around each round (2, positive); the per-step table's rows, the forecast's host work
-# charged to the dynamic policy's steps alone; the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
+# charged to the dynamic policy's steps alone, and the same steps priced on the GEMM fits alone (", fits": the profile
+# has measured shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
 # its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
 # its slowest rank) never shorter than rank 0's own CPU time in it; static TP's routing recorded (--record-routing).
 cmake_minimum_required(VERSION 3.20)
@@ -18,6 +20,9 @@ file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 file(READ "${PROFILE}" profile)
 string(JSON profile SET "${profile}" planning_events_per_s 2.0e7)
+# An expert's TP slice (n 512 = 2 x 256 gate and up rows, k = h 256) measured at 1 and 16 rows.
+string(JSON profile SET "${profile}" gemm measured
+       [=[{"dtype_bytes": 4, "shapes": [{"n": 512, "k": 256, "rows": [1, 16], "seconds": [1e-4, 2e-4]}]}]=])
 file(WRITE "${WORK}/profile.json" "${profile}")
 execute_process(COMMAND "${EXE}" --measure --cluster "${WORK}/profile.json" --ranks 2 --requests 12 --rates 50
                         --prompt 8 16 --output 4 8 --step-tokens 16 --rounds 2 --policies tp,ep,dynamic
@@ -44,6 +49,9 @@ foreach(policy "static TP" "static EP" "dynamic TP/EP")
   endif()
   set(run "${CMAKE_MATCH_1}")
   set(plan "${CMAKE_MATCH_2}")
+  if(NOT out MATCHES "${policy}, fits +decode only +[0-9]+ +${number}")
+    message(FATAL_ERROR "moe_simulate --measure prints no per-step row on the GEMM fits alone for ${policy}:\n${out}")
+  endif()
   if(run EQUAL 0)
     message(FATAL_ERROR "${policy}'s decode steps spent no CPU in decoder_step (run ${run} ms):\n${out}")
   endif()

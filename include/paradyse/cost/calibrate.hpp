@@ -81,6 +81,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <span>
 #include <string>
 #include <unistd.h>
@@ -407,8 +408,8 @@ Calibration calibrate(C& comm, const CalibrationOptions& options = {}) {
 // (GemmRowClass: t = overhead + flops / rate + weight bytes / bandwidth + output elements / rate, relative least
 // squares, non-negative), and the GEMMs are timed as the workload runs them: every weight read once per step, from memory rather than cache. A shape's time is
 // one pass over copies of its weight operand that together exceed the caches (`cold_bytes` per rank), divided by the
-// copies; 0 times the same operands again (hot).
-
+// copies; 0 times the same operands again (hot). The samples are also kept as they were measured (measured_gemms,
+// GemmModel::measured): the workload's own shapes are then priced by their own times, the classes price the rest.
 
 // Fits one class per bound of `max_rows` (ascending): the samples with previous bound < m <= bound (samples above the
 // last bound are left to the single fit). Every class needs at least 4 samples (its 4 terms), else an Error names
@@ -445,6 +446,25 @@ inline std::vector<GemmRowClass> fit_gemm_classes(const std::vector<GemmSample>&
   return classes;
 }
 
+// The samples as measured shapes (GemmModel::measured): per weight shape (n, k), its rows ascending, a row measured
+// more than once at the median of its times.
+inline GemmMeasured measured_gemms(const std::vector<GemmSample>& samples, int dtype_bytes) {
+  check(dtype_bytes >= 1, "measured_gemms: dtype_bytes = {} must be at least 1", dtype_bytes);
+  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::int64_t, std::vector<double>>> by_shape;
+  for (const GemmSample& x : samples) {
+    check(x.m > 0 && x.n > 0 && x.k > 0 && x.seconds > 0 && std::isfinite(x.seconds),
+          "measured_gemms: sample {}x{}x{} took {} s", x.m, x.n, x.k, x.seconds);
+    by_shape[{x.n, x.k}][x.m].push_back(x.seconds);
+  }
+  GemmMeasured out{dtype_bytes, {}};
+  for (const auto& [nk, rows] : by_shape) {
+    GemmMeasuredShape shape{double(nk.first), double(nk.second), {}, {}};
+    for (const auto& [m, times] : rows) shape.rows.push_back(double(m)), shape.seconds.push_back(median(times));
+    out.shapes.push_back(std::move(shape));
+  }
+  return out;
+}
+
 struct GemmClassOptions {
   TimeSource clock = TimeSource::thread_cpu;
   int repetitions = 3;
@@ -456,6 +476,7 @@ struct GemmClassOptions {
 
 struct GemmClassCalibration {
   std::vector<GemmRowClass> classes;
+  GemmMeasured measured;                     // the samples as measured shapes
   std::vector<GemmSample> samples;
   std::vector<Fit> fits;                     // per class
   std::vector<CalibrationSample> compared;   // each sample against its class's fit
@@ -483,6 +504,7 @@ GemmClassCalibration calibrate_gemm_classes(C& comm, const GemmClassOptions& opt
     return samples;
   });
   result.classes = fit_gemm_classes(result.samples, options.max_rows, int(sizeof(float)), &result.fits);
+  result.measured = measured_gemms(result.samples, int(sizeof(float)));
   GemmModel model;
   model.by_rows = result.classes;
   for (const GemmSample& x : result.samples)

@@ -156,12 +156,46 @@ struct GemmThinClass {
   friend bool operator==(const GemmThinClass&, const GemmThinClass&) = default;
 };
 
+// A workload's own GEMMs as measured (`measured`): per weight shape (n, k), its times at a few row counts m. The
+// class fits above share their terms across shapes, and their errors do not average out within a step: on this
+// machine's serving calibration one shape (n 256, k 512, an expert's down projection under EP) ran 14-27% over its
+// class's price at every m, another (n 64) 8-15% under, so a step's price moved with which shapes it ran (Vidur
+// prices each operator from its own profiled times for the same reason). A GEMM of a measured shape, of the dtype it
+// was measured in, with m within the measured rows, is priced by linear interpolation in m between the two measured
+// rows around it (a measured row: its own time); any other GEMM by the fits.
+struct GemmMeasuredShape {
+  double n = 0, k = 0;
+  std::vector<double> rows;     // m, strictly ascending
+  std::vector<double> seconds;  // the time at each row
+  bool holds(double m) const { return !rows.empty() && m >= rows.front() && m <= rows.back(); }
+  double time(double m) const {
+    const auto hi = std::size_t(std::lower_bound(rows.begin(), rows.end(), m) - rows.begin());
+    if (rows[hi] == m || hi == 0) return seconds[hi];
+    const double f = (m - rows[hi - 1]) / (rows[hi] - rows[hi - 1]);
+    return seconds[hi - 1] + f * (seconds[hi] - seconds[hi - 1]);
+  }
+  friend bool operator==(const GemmMeasuredShape&, const GemmMeasuredShape&) = default;
+};
+
+struct GemmMeasured {
+  int dtype_bytes = 4;                    // the element size the shapes were measured in
+  std::vector<GemmMeasuredShape> shapes;  // at most one per (n, k)
+  const GemmMeasuredShape* find(double m, double n, double k, int dtype) const {
+    if (dtype != dtype_bytes) return nullptr;
+    for (const GemmMeasuredShape& s : shapes)
+      if (s.n == n && s.k == k) return s.holds(m) ? &s : nullptr;
+    return nullptr;
+  }
+  friend bool operator==(const GemmMeasured&, const GemmMeasured&) = default;
+};
+
 struct GemmModel {
   double overhead_s = 0;
   double flops_per_s = 1;
   double bytes_per_s = 0;  // 0: no operand term
   std::vector<GemmRowClass> by_rows = {};  // ascending max_rows; empty: the single fit for every size
   GemmThinClass thin = {};                 // head-width products (before the row classes); max_side 0: none
+  GemmMeasured measured = {};              // a workload's shapes as measured (before every fit); empty: none
 
   // The class of a GEMM of m rows: its index in by_rows, or -1 for the single fit.
   int row_class(double m) const {
@@ -171,6 +205,7 @@ struct GemmModel {
   }
   double time(double m, double n, double k, int dtype_bytes) const {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
+    if (const GemmMeasuredShape* s = measured.find(m, n, k, dtype_bytes)) return s->time(m);
     if (thin.holds(n, k)) return thin.time(m, n, k, dtype_bytes);
     if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].time(m, n, k, dtype_bytes);
     return linear_gemm_time(overhead_s, flops_per_s, bytes_per_s, m, n, k, dtype_bytes);

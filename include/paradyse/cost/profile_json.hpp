@@ -3,7 +3,7 @@
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
-//    "bytes_per_s"}]}, "attention": {"overhead_s", "forward_flops_per_s", "backward_flops_per_s",
+//    "bytes_per_s"}], ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...]}]}, "attention": {"overhead_s", "forward_flops_per_s", "backward_flops_per_s",
 //    ["backward_overhead_s"]}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
@@ -171,6 +171,43 @@ inline std::vector<GemmRowClass> gemm_classes_from_json(const json::Field& list)
   return classes;
 }
 
+// gemm.measured (GemmModel::measured, a workload's shapes as measured): {"dtype_bytes", "shapes": [{"n", "k", "rows",
+// "seconds"}, ...]}, rows whole and strictly ascending, as many times as rows, each (n, k) once. Absent: none.
+inline json::Value gemm_measured_to_json(const GemmMeasured& measured) {
+  json::Value shapes = json::Value::array();
+  for (const GemmMeasuredShape& s : measured.shapes)
+    shapes.push_back({{"n", s.n}, {"k", s.k}, {"rows", s.rows}, {"seconds", s.seconds}});
+  return {{"dtype_bytes", measured.dtype_bytes}, {"shapes", std::move(shapes)}};
+}
+inline GemmMeasured gemm_measured_from_json(const json::Field& v) {
+  only_keys(v, {"dtype_bytes", "shapes"});
+  GemmMeasured out{int(integer(v, "dtype_bytes", 1, 8)), {}};
+  for (const json::Field& entry : v["shapes"].elements()) {
+    only_keys(entry, {"n", "k", "rows", "seconds"});
+    GemmMeasuredShape s{double(integer(entry, "n", 1, std::int64_t(1) << 40)),
+                        double(integer(entry, "k", 1, std::int64_t(1) << 40)), {}, {}};
+    for (const GemmMeasuredShape& before : out.shapes)
+      check(before.n != s.n || before.k != s.k, "profile: {} repeats the shape n = {}, k = {} (each shape once)",
+            entry.path(), s.n, s.k);
+    for (const json::Field& row : entry["rows"].elements()) {
+      const double m = row.number();
+      check(m >= 1 && std::floor(m) == m && (s.rows.empty() || m > s.rows.back()),
+            "profile: {} = {} must be a whole row count from 1, above the row before (ascending)", row.path(), m);
+      s.rows.push_back(m);
+    }
+    for (const json::Field& t : entry["seconds"].elements()) {
+      const double x = t.number();
+      check(x > 0 && x <= kMaxSeconds, "profile: {} = {} must be a time in (0, {}] seconds", t.path(), x, kMaxSeconds);
+      s.seconds.push_back(x);
+    }
+    check(!s.rows.empty() && s.seconds.size() == s.rows.size(),
+          "profile: {} has {} rows and {} seconds; expected at least one row and a time for each", entry.path(),
+          s.rows.size(), s.seconds.size());
+    out.shapes.push_back(std::move(s));
+  }
+  return out;
+}
+
 // fresh_memory and scalar_math (cost/profile.hpp's FreshMemoryModel, ScalarMathModel): absent, unpriced.
 inline json::Value fresh_memory_to_json(const FreshMemoryModel& f) {
   return {{"zero_bytes_per_s", f.zero_bytes_per_s},
@@ -275,6 +312,7 @@ inline json::Value to_json(const HardwareProfile& p) {
                {"flops_per_s", p.gemm.flops_per_s},
                {"bytes_per_s", p.gemm.bytes_per_s}};
   if (!p.gemm.by_rows.empty()) v["gemm"]["by_rows"] = detail::gemm_classes_to_json(p.gemm.by_rows);
+  if (!p.gemm.measured.shapes.empty()) v["gemm"]["measured"] = detail::gemm_measured_to_json(p.gemm.measured);
   if (p.gemm.thin.max_side > 0)
     v["gemm"]["thin"] = {{"max_side", p.gemm.thin.max_side},
                          {"overhead_s", p.gemm.thin.overhead_s},
@@ -359,9 +397,10 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   check(p.reserved_bytes < p.memory_bytes,
         "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
   const json::Field gemm = v["gemm"];
-  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows", "thin"});
+  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows", "thin", "measured"});
   p.gemm = {seconds(gemm, "overhead_s"), rate(gemm, "flops_per_s"), rate(gemm, "bytes_per_s", true)};
   if (const auto classes = gemm.find("by_rows")) p.gemm.by_rows = gemm_classes_from_json(*classes);
+  if (const auto measured = gemm.find("measured")) p.gemm.measured = gemm_measured_from_json(*measured);
   if (const auto thin = gemm.find("thin")) {  // absent: no head-width class, as before it existed
     only_keys(*thin, {"max_side", "overhead_s", "flops_per_s", "bytes_per_s"});
     p.gemm.thin = {double(integer(*thin, "max_side", 1, std::int64_t(1) << 20)), seconds(*thin, "overhead_s"),

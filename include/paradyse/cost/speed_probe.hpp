@@ -15,11 +15,11 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile.hpp"
 
-#include <algorithm>
-#include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace paradyse::cost {
@@ -33,9 +33,7 @@ inline double slowdown_of(const std::vector<GemmSample>& samples, const Hardware
     check(priced > 0, "slowdown_of: the profile prices gemm {}x{}x{} at {} s", x.m, x.n, x.k, priced);
     r.push_back(x.seconds / priced);
   }
-  std::sort(r.begin(), r.end());
-  const std::size_t n = r.size();
-  return n % 2 ? r[n / 2] : 0.5 * (r[n / 2 - 1] + r[n / 2]);
+  return median(std::move(r));
 }
 
 // A probe's reading (probe_slowdown) as the machine's speed against the calibration: over the profile's baseline
