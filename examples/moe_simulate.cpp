@@ -15,22 +15,23 @@
 // batch size and layout over time); --csv FILE one row per trace and policy.
 //
 // --measure: the validation on this machine. A model that runs here (the synthetic default of moe_infer, or --hf DIR)
-// is served on --ranks thread ranks on the wall clock (--rounds rounds after a warm-up, medians) and on the
-// simulated clock of this machine's calibrated profile (--cluster FILE.json; written by calibrating the thread ranks
-// first when FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and
-// policies; the table gives both and the relative error, for the measured run on the wall clock and on the ranks'
-// thread CPU time (serve/clock.hpp's CpuClock, synchronised: each step cut where the ranks met in a collective,
-// comm/cpu_marks.hpp, each piece at its slowest rank: the steps as they would take on cores of their own, which other
-// processes sharing the cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size
-// classes fitted on the served model's own GEMMs cycling through the weights a step reads (each weight from the cache
-// level that holds the rank's weights; serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes;
-// --gemm-classes off simulates with the single fit alone) and the same GEMMs kept as measured, which price the
-// model's own shapes (cost/profile.hpp GemmModel::measured; --gemm-measured off: the classes do), the paged
-// attention kernel's rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning); the rows
+// is served on --ranks thread ranks on the wall clock (--rounds rounds after a warm-up, medians) and on the simulated
+// clock of this machine's calibrated profile (--cluster FILE.json; written by calibrating the thread ranks first when
+// FILE does not exist, on their thread CPU time unless --calibrate-clock wall), the same requests and policies; the
+// table gives both and the relative error, for the measured run on the wall clock and on the ranks' thread CPU time
+// (serve/clock.hpp's CpuClock, synchronised: each step cut where the ranks met in a collective, comm/cpu_marks.hpp,
+// each piece at its slowest rank: the steps as they would take on cores of their own, which other processes sharing the
+// cores do not lengthen). The calibration adds the step's own all-reduce sizes, GEMM size classes fitted on the served
+// model's own GEMMs cycling through the weights a step reads (each weight from the cache level that holds the rank's
+// weights; serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with
+// the single fit alone) and the same GEMMs kept as measured, which price the model's own shapes (cost/profile.hpp
+// GemmModel::measured; --gemm-measured off: the classes do), the paged attention kernel's rates
+// (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning); the rows
 // "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this run
-// calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
-// CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds); its rows
-// ", fits" price the same steps with the GEMM classes alone (what the measured shapes changed).
+// calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the CPU
+// clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds), by kind (decode
+// only, of which right after a step with prefill; with prefill); its rows ", fits" price the same steps with the GEMM
+// classes alone (what the measured shapes changed).
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
@@ -96,6 +97,8 @@ struct Options {
   bool calibrate_cpu = true;
   // --measure: the profile's GEMM size classes (GemmModel::by_rows) in the simulation; off: its single fit alone.
   bool gemm_classes = true;
+  // --measure: the served model's own GEMM shapes priced by their measured times (GemmModel::measured); off: the
+  // classes price them.
   bool gemm_measured = true;
 };
 
@@ -481,16 +484,21 @@ struct StepGroup {
 // rounds[r]: round r's steps on the CPU clock; costs[r]: the dry run's price of each.
 std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep>>& rounds,
                                       const std::vector<std::vector<StepCost>>& costs) {
-  std::vector<StepGroup> g{{"decode only"}, {"with prefill"}, {"all steps"}};
+  // Groups: 0 decode only, 1 of which right after a step with prefill, 2 with prefill, 3 all.
+  std::vector<StepGroup> g{{"decode only"}, {"after prefill"}, {"with prefill"}, {"all steps"}};
   for (StepGroup& x : g) x.round_low = std::numeric_limits<double>::infinity();
   for (std::size_t r = 0; r < rounds.size(); ++r) {
-    std::array<double, 3> cpu{}, sim{};
+    std::array<double, 4> cpu{}, sim{};
+    bool after_prefill = false;
     for (std::size_t i = 0; i < rounds[r].size(); ++i) {
       const MeasuredStep& s = rounds[r][i];
       bool prefill = false;
       for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
       const StepCost& cost = costs[r][i];
-      for (const std::size_t k : {std::size_t(prefill ? 1 : 0), std::size_t(2)}) {
+      std::vector<std::size_t> groups = {prefill ? std::size_t(2) : std::size_t(0), std::size_t(3)};
+      if (!prefill && after_prefill) groups.push_back(1);
+      after_prefill = prefill;
+      for (const std::size_t k : groups) {
         StepGroup& x = g[k];
         ++x.steps;
         x.tokens += s.trace.tokens();
@@ -566,9 +574,8 @@ double probe_steps(const Options& o, const LoadedDecoder& model, const std::vect
 // --measure's profile of this machine, calibrated on o.ranks thread ranks for the served model `model` and saved to
 // o.cluster: calibrate's fits with the serving step's own GEMMs and messages, the weights' cold bandwidth, the GEMM
 // size classes on the step's working set, the paged attention kernel, the dynamic policy's forecast, the engine's
-// host work and the steps' spread around their price. Returns the profile's GEMM model with its classes and measured
-// shapes calibrated with every weight from memory instead (simulated beside the profile: the rows "cpu mem"; not
-// saved).
+// host work and the steps' spread around their price. Returns a GEMM model holding the classes and measured shapes
+// calibrated with every weight from memory instead (simulated beside the profile: the rows "cpu mem"; not saved).
 cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) {
   const DecoderConfig& c = model.config;
   check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
@@ -621,7 +628,6 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
     if (comm.rank() != 0) return;
     profile.gemm.by_rows = cal.classes;
     profile.gemm.measured = cal.measured;
-    gemm_mem = profile.gemm;
     gemm_mem.by_rows = mem.classes, gemm_mem.measured = mem.measured;
     profile.probe_baseline = probe_baseline(cal.samples, speed_probe_of(o, c), profile);
     const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
@@ -724,7 +730,10 @@ int measure(const Options& o) {
   // The profile with the GEMM classes and shapes calibrated with every weight from memory, when this run calibrated
   // them: simulated beside it ("mem").
   SimulatedCluster mem_cluster = cluster;
-  if (gemm_mem) mem_cluster.profile.gemm = *gemm_mem, as_asked(mem_cluster.profile.gemm);
+  if (gemm_mem) {
+    mem_cluster.profile.gemm.by_rows = gemm_mem->by_rows, mem_cluster.profile.gemm.measured = gemm_mem->measured;
+    as_asked(mem_cluster.profile.gemm);
+  }
   // The profile's fits alone, when it has measured shapes: the per-step table prices the steps on it too ("fits").
   SimulatedCluster fits_cluster = cluster;
   fits_cluster.profile.gemm.measured = {};
