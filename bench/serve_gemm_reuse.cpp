@@ -15,7 +15,6 @@
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/serve/decoder_weights.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
-#include "paradyse/serve/step_dry_run.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
 #include <fmt/core.h>
@@ -29,29 +28,6 @@
 
 using namespace paradyse;
 using namespace paradyse::serve;
-
-namespace {
-
-// The weight bytes rank 0 reads in a decode step of one token (top_k experts a MoE layer, in TP).
-std::int64_t decode_weight_bytes(const DecoderConfig& c, int ranks) {
-  StepTrace t;
-  t.ranks = ranks;
-  t.chunks = {ChunkShape{1, 1, true}};
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    std::vector<std::int64_t> routed;
-    if (c.is_moe(l))
-      for (std::int64_t e = 0; e < c.moe.experts; ++e) routed.push_back(e < c.moe.top_k ? 1 : 0);
-    t.routed.push_back(std::move(routed));
-  }
-  t.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
-  t.next.assign(std::size_t(c.layers), std::nullopt);
-  double bytes = 0;
-  for (const TraceEvent& e : dry_run_step(c, t, 0).events)
-    if (e.kind == TraceKind::gemm) bytes += double(e.count) * e.n * e.k * double(sizeof(float));
-  return std::int64_t(bytes);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string hf;

@@ -495,10 +495,7 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
       bool prefill = false;
       for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
       const StepCost& cost = costs[r][i];
-      std::vector<std::size_t> groups = {prefill ? std::size_t(2) : std::size_t(0), std::size_t(3)};
-      if (!prefill && after_prefill) groups.push_back(1);
-      after_prefill = prefill;
-      for (const std::size_t k : groups) {
+      const auto add = [&](std::size_t k) {
         StepGroup& x = g[k];
         ++x.steps;
         x.tokens += s.trace.tokens();
@@ -507,7 +504,11 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
         x.run_s += s.run_s;
         x.simulated += cost;
         sim[k] += cost.total_s();
-      }
+      };
+      add(prefill ? 2 : 0);
+      if (!prefill && after_prefill) add(1);
+      add(3);
+      after_prefill = prefill;
     }
     for (std::size_t k = 0; k < g.size(); ++k)
       if (cpu[k] > 0)

@@ -95,6 +95,8 @@ TEST_CASE("serving calibration: the GEMM classes cycle through the weights a ste
       // out [h, fr]; then the lm_head [V, h]
       const std::int64_t floats = c.layers * (2 * hq * d * h + 2 * hk * d * h + E * h + E * 3 * fr * h) + c.vocab * h;
       CHECK(step_weight_bytes(c, p) == 4 * floats);
+      // a one-token decode step: top_k experts' slices instead of every expert's
+      CHECK(decode_weight_bytes(c, p) == 4 * (floats - c.layers * (E - c.moe.top_k) * 3 * fr * h));
       const cost::GemmClassOptions o = serving_gemm_classes(c, p, 64);
       CHECK(o.cold_bytes == 4 * floats);
       CHECK(o.shapes == serving_gemm_shapes(c, p, 64));

@@ -6,6 +6,7 @@
 //   serving_gemm_shapes(c, ranks, step_tokens)    (m, n, k) of the step's GEMMs
 //   add_decode_gemms(options, c, ranks)           calibrate()'s GEMM shapes with the decode GEMMs (1-16 rows)
 //   step_weight_bytes(c, ranks)                   the weights rank 0 reads in a step that routes to every expert
+//   decode_weight_bytes(c, ranks)                 those of a one-token decode step (top_k experts)
 //   serving_gemm_classes(c, ranks, step_tokens)   calibrate_gemm_classes' options: those shapes, each cycling
 //                                                 through step_weight_bytes of weight copies
 //   serving_message_bytes(c, step_tokens)         the step's all-reduces: [tokens, h] floats, from a decode batch of
@@ -84,22 +85,40 @@ inline void add_decode_gemms(cost::CalibrationOptions& options, const DecoderCon
     for (const auto& [n, k] : expert_and_head_weights(c, ranks)) options.gemm_shapes.push_back({m, n, k});
 }
 
-// The bytes of the weight operands (n x k floats) of rank 0's GEMMs in a decode step of one token per expert, each
-// expert routed top_k rows: every weight a step reads (the projections, the router, every expert's slice in TP,
-// the lm_head; a decode step's attention is the paged kernel, not a GEMM).
-inline std::int64_t step_weight_bytes(const DecoderConfig& c, int ranks) {
+namespace serving_calibration_detail {
+
+// The bytes of the weight operands (n x k floats) of rank 0's GEMMs in a TP decode step of `tokens` one-token chunks
+// whose MoE layers route routed[e] rows to expert e (a decode step's attention is the paged kernel, not a GEMM).
+inline std::int64_t decode_gemm_weight_bytes(const DecoderConfig& c, int ranks, std::int64_t tokens,
+                                             const std::vector<std::int64_t>& routed) {
   StepTrace t;
   t.ranks = ranks;
-  t.chunks.assign(std::size_t(std::max<std::int64_t>(1, c.moe.experts)), ChunkShape{1, 1, true});
-  for (std::int64_t l = 0; l < c.layers; ++l)
-    t.routed.push_back(c.is_moe(l) ? std::vector<std::int64_t>(std::size_t(c.moe.experts), c.moe.top_k)
-                                   : std::vector<std::int64_t>{});
+  t.chunks.assign(std::size_t(tokens), ChunkShape{1, 1, true});
+  for (std::int64_t l = 0; l < c.layers; ++l) t.routed.push_back(c.is_moe(l) ? routed : std::vector<std::int64_t>{});
   t.layout.assign(std::size_t(c.layers), ExpertLayout::tp());
   t.next.assign(std::size_t(c.layers), std::nullopt);
   double bytes = 0;
   for (const TraceEvent& e : dry_run_step(c, t, 0).events)
     if (e.kind == TraceKind::gemm) bytes += double(e.count) * e.n * e.k * double(sizeof(float));
   return std::int64_t(bytes);
+}
+
+}  // namespace serving_calibration_detail
+
+// The weights rank 0 reads in a decode step of one token per expert, each expert routed top_k rows: every weight a
+// step reads (the projections, the router, every expert's slice in TP, the lm_head).
+inline std::int64_t step_weight_bytes(const DecoderConfig& c, int ranks) {
+  return serving_calibration_detail::decode_gemm_weight_bytes(
+      c, ranks, std::max<std::int64_t>(1, c.moe.experts),
+      std::vector<std::int64_t>(std::size_t(c.moe.experts), c.moe.top_k));
+}
+
+// The weights rank 0 reads in a decode step of one token, routed to top_k experts: the projections, the router,
+// top_k experts' slices in TP, the lm_head (the fewest bytes between two uses of a weight read every step).
+inline std::int64_t decode_weight_bytes(const DecoderConfig& c, int ranks) {
+  std::vector<std::int64_t> routed(std::size_t(c.moe.experts), 0);
+  for (std::int64_t e = 0; e < std::min(c.moe.top_k, c.moe.experts); ++e) routed[std::size_t(e)] = 1;
+  return serving_calibration_detail::decode_gemm_weight_bytes(c, ranks, 1, routed);
 }
 
 // calibrate_gemm_classes' options for serving `c` on `ranks`: the step's GEMM shapes, each timed cycling through
