@@ -25,13 +25,16 @@
 // model's own GEMMs cycling through the weights a step reads (each weight from the cache level that holds the rank's
 // weights; serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with
 // the single fit alone) and the same GEMMs kept as measured, which price the model's own shapes (cost/profile.hpp
-// GemmModel::measured; --gemm-measured off: the classes do), the paged attention kernel's rates
-// (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning); the rows
-// "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this run
-// calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the CPU
+// GemmModel::measured; --gemm-measured off: the classes do), also timed cycling through a decode step's weights and
+// through memory's 128 MB, so that the simulated clock prices each GEMM at its weight's reuse distance
+// (GemmModel::reuse, cost/gemm_reuse.hpp; --gemm-reuse off: at the step's cycle alone), the paged attention kernel's
+// rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning);
+// the rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when
+// this run calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the CPU
 // clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds), by kind (decode
 // only, of which right after a step with prefill; with prefill); its rows ", fits" price the same steps with the GEMM
-// classes alone (what the measured shapes changed).
+// classes alone (what the measured shapes changed), its rows ", one cycle" with the measured shapes at the step's
+// cycle alone (what the reuse distances changed).
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
@@ -100,6 +103,7 @@ struct Options {
   // --measure: the served model's own GEMM shapes priced by their measured times (GemmModel::measured); off: the
   // classes price them.
   bool gemm_measured = true;
+  bool gemm_reuse = true;
 };
 
 // The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
@@ -448,12 +452,14 @@ struct MeasuredStep {
   double run_s = 0;  // rank 0's thread CPU in the stepper's compute (EngineStats::step_run_s)
 };
 
-// The simulated clock's price of each step's trace (one dry runner: its meta shards kept from step to step).
+// The simulated clock's price of each step's trace (one dry runner: its meta shards kept from step to step; the
+// steps in turn, each GEMM at its weight's reuse distance after the steps before it).
 std::vector<StepCost> price_steps(const DecoderConfig& c, const SimulatedCluster& cluster,
                                   const std::vector<MeasuredStep>& steps) {
   StepDryRunner runner(c);
+  std::vector<cost::WeightReads> reads;
   std::vector<StepCost> costs;
-  for (const MeasuredStep& s : steps) costs.push_back(simulated_step_cost(runner, s.trace, cluster));
+  for (const MeasuredStep& s : steps) costs.push_back(simulated_step_cost(runner, s.trace, cluster, &reads));
   return costs;
 }
 
@@ -518,20 +524,22 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
 }
 
 void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepGroup>>>& all) {
+  std::size_t width = 16;  // the policy column: its longest name
+  for (const auto& named : all) width = std::max(width, named.first.size());
   fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
              "traces (means, ms): cpu = the step on the CPU clock (each piece between collectives at its slowest rank), rank 0 = rank 0's own, "
              "run = of which in decoder_step; host = the engine's host work priced (its bookkeeping, the forecast); rounds = "
-             "each round's sim/cpu, smallest to largest\n{:<16} {:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} "
+             "each round's sim/cpu, smallest to largest\n{:<{}} {:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} "
              "{:>9} {:>13}\n",
-             "policy", "steps", "count", "tokens", "cpu", "rank 0", "run", "simulated", "compute", "comm", "host",
+             "policy", width, "steps", "count", "tokens", "cpu", "rank 0", "run", "simulated", "compute", "comm", "host",
              "sim/cpu", "rounds");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
       if (g.steps == 0) continue;
       const double k = 1e3 / double(g.steps);
-      fmt::print("{:<16} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.2f}x "
+      fmt::print("{:<{}} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.2f}x "
                  "{:>6.2f}-{:.2f}x\n",
-                 name, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k, g.run_s * k,
+                 name, width, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k, g.run_s * k,
                  g.simulated.total_s() * k, g.simulated.compute_s * k, g.simulated.communication_s * k,
                  g.simulated.host_s * k,
                  g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
@@ -619,16 +627,24 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
   // (docs/serving_simulation.md).
   cost::GemmClassOptions classes = profile_class_options(o, c);
   classes.passes = kCalibrationPasses;
-  cost::GemmClassOptions from_memory = classes;
+  cost::GemmClassOptions from_memory = classes, decode_cycle = classes;
   from_memory.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
-  fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank, the weights a step reads (\"mem\": {:.1f} MB)\n",
-             double(classes.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6);
+  decode_cycle.cold_bytes = decode_weight_bytes(c, o.ranks);
+  fmt::print("GEMM classes: weights cycled through {:.1f} MB a rank, the weights a step reads (\"mem\": {:.1f} MB); "
+             "the shapes also at a decode step's {:.1f} MB and at {:.1f} MB (each GEMM priced at its weight's reuse "
+             "distance between them)\n", double(classes.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6,
+             double(decode_cycle.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6);
+  check(decode_cycle.cold_bytes < classes.cold_bytes && classes.cold_bytes < from_memory.cold_bytes,
+        "calibrate_profile: the cycles must ascend (a decode step's {} B, a step's {} B, memory's {} B)",
+        decode_cycle.cold_bytes, classes.cold_bytes, from_memory.cold_bytes);
   run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
     const cost::GemmClassCalibration mem = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
+    const cost::GemmClassCalibration decode = cost::calibrate_gemm_classes<ops::Cpu>(comm, decode_cycle);
     const cost::GemmClassCalibration cal = cost::calibrate_gemm_classes<ops::Cpu>(comm, classes);
     if (comm.rank() != 0) return;
     profile.gemm.by_rows = cal.classes;
     profile.gemm.measured = cal.measured;
+    profile.gemm.reuse = {decode.measured, mem.measured};
     gemm_mem.by_rows = mem.classes, gemm_mem.measured = mem.measured;
     profile.probe_baseline = probe_baseline(cal.samples, speed_probe_of(o, c), profile);
     const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
@@ -722,10 +738,11 @@ int measure(const Options& o) {
       std::filesystem::exists(o.cluster) ? std::nullopt : std::optional(calibrate_profile(o, model));
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   // The GEMM model the options ask for: off drops the classes and the measured shapes with them (the single fit
-  // alone), --gemm-measured off the measured shapes.
+  // alone), --gemm-measured off the measured shapes (and their other cycles), --gemm-reuse off their other cycles.
   const auto as_asked = [&](cost::GemmModel& g) {
     if (!o.gemm_classes) g.by_rows.clear();
     if (!o.gemm_classes || !o.gemm_measured) g.measured = {};
+    if (!o.gemm_classes || !o.gemm_measured || !o.gemm_reuse) g.reuse.clear();
   };
   as_asked(cluster.profile.gemm);
   // The profile with the GEMM classes and shapes calibrated with every weight from memory, when this run calibrated
@@ -733,17 +750,23 @@ int measure(const Options& o) {
   SimulatedCluster mem_cluster = cluster;
   if (gemm_mem) {
     mem_cluster.profile.gemm.by_rows = gemm_mem->by_rows, mem_cluster.profile.gemm.measured = gemm_mem->measured;
+    mem_cluster.profile.gemm.reuse.clear();  // every weight from memory, at any distance
     as_asked(mem_cluster.profile.gemm);
   }
   // The profile's fits alone, when it has measured shapes: the per-step table prices the steps on it too ("fits").
   SimulatedCluster fits_cluster = cluster;
-  fits_cluster.profile.gemm.measured = {};
+  fits_cluster.profile.gemm.measured = {}, fits_cluster.profile.gemm.reuse.clear();
+  // The measured shapes at the calibration's cycle alone, when the profile has them at other cycles too ("one cycle":
+  // what pricing each GEMM at its weight's reuse distance changed).
+  SimulatedCluster cycle_cluster = cluster;
+  cycle_cluster.profile.gemm.reuse.clear();
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
   const std::vector<Policy> mem_policies = make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window);
   const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows ||
                            mem_cluster.profile.gemm.measured != cluster.profile.gemm.measured;
   const bool compare_fits = !cluster.profile.gemm.measured.shapes.empty();
+  const bool compare_cycle = cost::prices_reuse(cluster.profile.gemm);
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
   std::ofstream steps_csv;
   if (!o.steps_csv.empty()) {
@@ -849,15 +872,17 @@ int measure(const Options& o) {
       const auto& [measured, on_cpu, at_speed, at_step, wall_steps, cpu_steps, speed, step_speed] = rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
-      std::vector<std::vector<StepCost>> cpu_costs, mem_costs, fits_costs;
+      std::vector<std::vector<StepCost>> cpu_costs, mem_costs, fits_costs, cycle_costs;
       for (const std::vector<MeasuredStep>& round : cpu_steps) {
         cpu_costs.push_back(price_steps(c, cluster, round));
         if (compare_mem) mem_costs.push_back(price_steps(c, mem_cluster, round));
         if (compare_fits) fits_costs.push_back(price_steps(c, fits_cluster, round));
+        if (compare_cycle) cycle_costs.push_back(price_steps(c, cycle_cluster, round));
       }
       breakdowns.push_back({pol.name, step_breakdown(cpu_steps, cpu_costs)});
       if (compare_mem) breakdowns.push_back({pol.name + ", mem", step_breakdown(cpu_steps, mem_costs)});
       if (compare_fits) breakdowns.push_back({pol.name + ", fits", step_breakdown(cpu_steps, fits_costs)});
+      if (compare_cycle) breakdowns.push_back({pol.name + ", one cycle", step_breakdown(cpu_steps, cycle_costs)});
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {
@@ -958,6 +983,9 @@ int main(int argc, char** argv) {
   flags.choice("--gemm-measured", o.gemm_measured, "on", "off",
                "--measure: price the served model's own GEMM shapes by their calibrated times (on) or by the size "
                "classes (off)");
+  flags.choice("--gemm-reuse", o.gemm_reuse, "on", "off",
+               "--measure: price each of those GEMMs at its weight's reuse distance, between the shapes' times at "
+               "the calibrated cycle sizes (on), or at the calibration's step cycle alone (off)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
       .nonempty("a file name");
   flags.text("--steps-csv", o.steps_csv,

@@ -26,7 +26,7 @@ enum class TraceKind : std::uint8_t {
   deallocate,           // bytes: its release
   pool_acquire,         // bytes: a buffer lent by the buffer pool (requested bytes; the pool rounds to a size class)
   pool_give_back,       // bytes: its return
-  gemm,                 // m, n, k
+  gemm,                 // m, n, k, operand
   attention_forward,    // m: visible query-key pairs summed over the batch, n: query heads, k: head dim, tiled: the
                         // pairs of the tiles the CPU kernel computes whole (ops/counting.hpp tiled_pairs)
   attention_backward,   // as attention_forward
@@ -84,6 +84,9 @@ struct TraceEvent {
   double bytes = 0;
   double m = 0, n = 0, k = 0;
   double tiled = 0;  // attention: query-key pairs of the whole tiles computed (0: not counted, a hand-built event)
+  // gemm: the address of its b operand, in a serving step a weight (cost/gemm_reuse.hpp keeps the bytes read between
+  // a weight's reads by it); 0: not known. Not part of same_kernel: a run of merged GEMMs keeps its first's.
+  std::uintptr_t operand = 0;
 
   bool is_kernel() const noexcept { return kind >= TraceKind::gemm && kind <= TraceKind::transcendental; }
   bool same_kernel(const TraceEvent& e) const noexcept {

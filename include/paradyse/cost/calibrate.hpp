@@ -505,6 +505,7 @@ GemmClassCalibration calibrate_gemm_classes(C& comm, const GemmClassOptions& opt
   });
   result.classes = fit_gemm_classes(result.samples, options.max_rows, int(sizeof(float)), &result.fits);
   result.measured = measured_gemms(result.samples, int(sizeof(float)));
+  result.measured.cycle_bytes = double(options.cold_bytes);  // 0 (hot operands): not a cycle
   GemmModel model;
   model.by_rows = result.classes;
   for (const GemmSample& x : result.samples)

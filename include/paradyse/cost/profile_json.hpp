@@ -3,7 +3,8 @@
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
-//    "bytes_per_s"}], ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...]}]}, "attention": {"overhead_s", "forward_flops_per_s", "backward_flops_per_s",
+//    "bytes_per_s"}], ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"]}],
+//    ["reuse": [{as measured, with cycle_bytes}, ...]]}, "attention": {"overhead_s", "forward_flops_per_s", "backward_flops_per_s",
 //    ["backward_overhead_s"]}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
@@ -172,16 +173,21 @@ inline std::vector<GemmRowClass> gemm_classes_from_json(const json::Field& list)
 }
 
 // gemm.measured (GemmModel::measured, a workload's shapes as measured): {"dtype_bytes", "shapes": [{"n", "k", "rows",
-// "seconds"}, ...]}, rows whole and strictly ascending, as many times as rows, each (n, k) once. Absent: none.
+// "seconds"}, ...], ["cycle_bytes"]}, rows whole and strictly ascending, as many times as rows, each (n, k) once;
+// cycle_bytes absent: not recorded. Absent: none. gemm.reuse (GemmModel::reuse): a list of such tables, each with its
+// cycle_bytes, strictly ascending in them.
 inline json::Value gemm_measured_to_json(const GemmMeasured& measured) {
   json::Value shapes = json::Value::array();
   for (const GemmMeasuredShape& s : measured.shapes)
     shapes.push_back({{"n", s.n}, {"k", s.k}, {"rows", s.rows}, {"seconds", s.seconds}});
-  return {{"dtype_bytes", measured.dtype_bytes}, {"shapes", std::move(shapes)}};
+  json::Value out = {{"dtype_bytes", measured.dtype_bytes}, {"shapes", std::move(shapes)}};
+  if (measured.cycle_bytes > 0) out["cycle_bytes"] = measured.cycle_bytes;
+  return out;
 }
 inline GemmMeasured gemm_measured_from_json(const json::Field& v) {
-  only_keys(v, {"dtype_bytes", "shapes"});
+  only_keys(v, {"dtype_bytes", "shapes", "cycle_bytes"});
   GemmMeasured out{int(integer(v, "dtype_bytes", 1, 8)), {}};
+  if (v.find("cycle_bytes")) out.cycle_bytes = double(integer(v, "cycle_bytes", 1, std::int64_t(1) << 53));
   for (const json::Field& entry : v["shapes"].elements()) {
     only_keys(entry, {"n", "k", "rows", "seconds"});
     GemmMeasuredShape s{double(integer(entry, "n", 1, std::int64_t(1) << 40)),
@@ -204,6 +210,16 @@ inline GemmMeasured gemm_measured_from_json(const json::Field& v) {
           "profile: {} has {} rows and {} seconds; expected at least one row and a time for each", entry.path(),
           s.rows.size(), s.seconds.size());
     out.shapes.push_back(std::move(s));
+  }
+  return out;
+}
+inline std::vector<GemmMeasured> gemm_reuse_from_json(const json::Field& v) {
+  std::vector<GemmMeasured> out;
+  for (const json::Field& table : v.elements()) {
+    out.push_back(gemm_measured_from_json(table));
+    check(out.back().cycle_bytes > 0 && (out.size() == 1 || out.back().cycle_bytes > out[out.size() - 2].cycle_bytes),
+          "profile: {} needs a cycle_bytes above the table's before it (ascending); got {}", table.path(),
+          out.back().cycle_bytes);
   }
   return out;
 }
@@ -313,6 +329,10 @@ inline json::Value to_json(const HardwareProfile& p) {
                {"bytes_per_s", p.gemm.bytes_per_s}};
   if (!p.gemm.by_rows.empty()) v["gemm"]["by_rows"] = detail::gemm_classes_to_json(p.gemm.by_rows);
   if (!p.gemm.measured.shapes.empty()) v["gemm"]["measured"] = detail::gemm_measured_to_json(p.gemm.measured);
+  if (!p.gemm.reuse.empty()) {
+    v["gemm"]["reuse"] = json::Value::array();
+    for (const GemmMeasured& table : p.gemm.reuse) v["gemm"]["reuse"].push_back(detail::gemm_measured_to_json(table));
+  }
   if (p.gemm.thin.max_side > 0)
     v["gemm"]["thin"] = {{"max_side", p.gemm.thin.max_side},
                          {"overhead_s", p.gemm.thin.overhead_s},
@@ -397,10 +417,11 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   check(p.reserved_bytes < p.memory_bytes,
         "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
   const json::Field gemm = v["gemm"];
-  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows", "thin", "measured"});
+  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows", "thin", "measured", "reuse"});
   p.gemm = {seconds(gemm, "overhead_s"), rate(gemm, "flops_per_s"), rate(gemm, "bytes_per_s", true)};
   if (const auto classes = gemm.find("by_rows")) p.gemm.by_rows = gemm_classes_from_json(*classes);
   if (const auto measured = gemm.find("measured")) p.gemm.measured = gemm_measured_from_json(*measured);
+  if (const auto reuse = gemm.find("reuse")) p.gemm.reuse = gemm_reuse_from_json(*reuse);
   if (const auto thin = gemm.find("thin")) {  // absent: no head-width class, as before it existed
     only_keys(*thin, {"max_side", "overhead_s", "flops_per_s", "bytes_per_s"});
     p.gemm.thin = {double(integer(*thin, "max_side", 1, std::int64_t(1) << 20)), seconds(*thin, "overhead_s"),

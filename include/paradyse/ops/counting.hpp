@@ -262,10 +262,11 @@ inline void add_into(TensorView<float> to, TensorView<const float> from) {
 
 // ---- GEMM ----
 inline void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float*,
-                 std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
+                 std::int64_t, const float* b, std::int64_t, float, float*, std::int64_t) {
   if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
     scratch(cpu::detail::tracked(floats * sizeof(float)));
-  record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)});
+  record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k),
+          .operand = reinterpret_cast<std::uintptr_t>(b)});
 }
 // count GEMMs of one size: one event with a count. The CPU op allocates and frees each item's workspace in turn:
 // one scratch event of that size with the same count (the peak sees it once, the time model count times).
@@ -288,7 +289,7 @@ inline void matmul(TensorView<const float> a, Transpose trans_a, TensorView<cons
   const std::int64_t n = trans_b == Transpose::yes ? b.extent(0) : b.extent(1);
   check(k == kb && c.extent(0) == m && c.extent(1) == n, "matmul: op(a) [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n,
         c.shape());
-  gemm(trans_a, trans_b, m, n, k, alpha, nullptr, 0, nullptr, 0, 0.0f, nullptr, 0);
+  gemm(trans_a, trans_b, m, n, k, alpha, nullptr, 0, b.data(), 0, 0.0f, nullptr, 0);
 }
 
 // ---- attention: q [b, sq, hq, d], k/v [b, sk, hkv, d] ----

@@ -22,7 +22,10 @@
 //     every time; price() is without it); set_slowdown(s) multiplies every price by s (the machine's speed at the
 //     moment of a measured run against its calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace
 //     sequence gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch,
-//     host). It prices a step without advancing (price). The dynamic policy's switcher forecasts with the same dry run on its time model
+//     host). It prices a step without advancing (price). On a profile with GEMM tables at several reuse distances
+//     (cost::GemmModel::reuse) it keeps, per modelled rank, the weights read so far (cost/gemm_reuse.hpp WeightReads)
+//     and prices each GEMM at its weight's distance: a decode step amid decode steps reads its weights back sooner
+//     than one after a prompt chunk that routed to every expert. The dynamic policy's switcher forecasts with the same dry run on its time model
 //     (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with step_cost while the
 //     clock ran the dry run, Mixtral-8x7B at 64 requests/s on 8x H100 stayed in TP through 366 steps of 512
 //     tokens: TTFT p50 0.60x of static EP's).
@@ -221,16 +224,24 @@ public:
         dry_run_(std::make_unique<StepDryRunner>(shape_, std::move(budget))) {}
 
   std::string_view name() const override { return "simulated"; }
-  void start() override { now_ = 0, total_ = {}, jitter_ = Rng(kJitterSeed); }
+  void start() override { now_ = 0, total_ = {}, jitter_ = Rng(kJitterSeed), reads_.clear(); }
   double now() const override { return now_; }
   double elapsed_s() const override { return now_; }
   void idle(double next_arrival) override {
     if (std::isfinite(next_arrival)) now_ = std::max(now_, next_arrival);
   }
   void step_begin() override {}
-  // What the clock advances by for the step `trace` (without advancing): the time model's cost, times the slowdown.
+  // What the clock advances by for the step `trace` (without advancing): the time model's cost, times the slowdown,
+  // each GEMM at its weight's reuse distance after the steps this clock advanced by (cost/gemm_reuse.hpp; on a
+  // profile with reuse tables).
   StepCost price(const StepTrace& trace) {
-    StepCost c = simulated_step_cost(*dry_run_, trace, cluster_);
+    std::vector<cost::WeightReads> after_these = reads_;
+    return price(trace, after_these);
+  }
+  // The same after the weight reads of `reads` (one per rank; empty: none yet), which it advances by the step's: a
+  // run's steps priced in turn from an empty `reads` are priced as the clock advances through them.
+  StepCost price(const StepTrace& trace, std::vector<cost::WeightReads>& reads) {
+    StepCost c = simulated_step_cost(*dry_run_, trace, cluster_, &reads);
     return c *= slowdown_;
   }
   // How much slower than its profile the machine runs (serve/speed_probe.hpp: a calibrated profile's machine at the
@@ -246,7 +257,7 @@ public:
 
 private:
   StepTiming advance(const StepTrace& trace, double) override {
-    StepCost c = price(trace);
+    StepCost c = price(trace, reads_);
     // The machine's step-to-step spread (HardwareProfile::step_jitter): one factor drawn per step, seeded.
     const std::vector<double>& q = cluster_.profile.step_jitter;
     if (!q.empty()) c *= q[std::size_t(jitter_.below(q.size()))];
@@ -257,6 +268,7 @@ private:
   DecoderConfig shape_;
   SimulatedCluster cluster_;
   std::unique_ptr<StepDryRunner> dry_run_;  // the meta shards it keeps between steps
+  std::vector<cost::WeightReads> reads_;     // per rank: the weights read so far (the GEMMs' reuse distances)
   static constexpr std::uint64_t kJitterSeed = 0x5eed5eed;
   double slowdown_ = 1;
   double now_ = 0;

@@ -29,6 +29,7 @@
 #include "paradyse/comm/symbolic.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/trace.hpp"
+#include "paradyse/cost/gemm_reuse.hpp"
 #include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/ops/counting.hpp"
 #include "paradyse/serve/decoder_step.hpp"
@@ -288,12 +289,19 @@ struct DryRunTimeline {
 // ranks' spread about their price makes the slowest of p later than any one; linear in the kernels, so where the cuts
 // fall does not change it). With `share_ranks` a rank whose rank_trace_key equals an earlier rank's takes that rank's
 // trace and piece costs (the same to the bit); without, every rank is dry-run (the reference).
+// With `reads` (one cost::WeightReads per rank, kept across the steps of a run: cost/gemm_reuse.hpp), each GEMM is
+// priced at its weight's reuse distance on its rank (the profile's GemmModel::reuse tables; none: no change) and the
+// step's reads are recorded; a rank that takes an earlier rank's trace records nothing (its own weights' reads show
+// when it runs its own).
 inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
-                                       bool share_ranks = true) {
+                                       bool share_ranks = true, std::vector<cost::WeightReads>* reads = nullptr) {
   using namespace step_dry_run_detail;
   DryRunTimeline out;
   if (t.tokens() <= 0) return out;
+  if (reads && !cost::prices_reuse(cluster.profile.gemm)) reads = nullptr;
+  if (reads && std::ssize(*reads) < t.ranks) reads->resize(std::size_t(t.ranks));
   std::vector<RankStepTrace> runs;                  // the distinct ranks' traces
+  std::vector<int> run_rank;                        // the rank each ran for
   std::vector<std::vector<std::int64_t>> keys;      // their keys
   for (int r = 0; r < t.ranks; ++r) {
     if (share_ranks) {
@@ -302,6 +310,7 @@ inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t
       keys.push_back(std::move(key));
     }
     runs.push_back(runner.run(t, r));
+    run_rank.push_back(r);
     out.events += std::int64_t(runs.back().events.size());
   }
   std::vector<std::vector<std::span<const TraceEvent>>> cut;
@@ -315,11 +324,14 @@ inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t
   const std::vector<std::size_t>& layer_end = runs.front().layer_end;
   for (std::size_t i = 0; i < cut.front().size(); ++i) {
     double piece = 0, compute = 0;
-    for (const auto& rank_pieces : cut) {
-      const cost::SublayerCost k = cost::cost_of(cost::SublayerTraceView{rank_pieces[i], {}, {}, t.ranks},
+    for (std::size_t j = 0; j < cut.size(); ++j) {
+      const cost::SublayerCost k = cost::cost_of(cost::SublayerTraceView{cut[j][i], {}, {}, t.ranks},
                                                  &cluster.profile, cluster.dtype_bytes, /*keep_events=*/false);
-      piece = std::max(piece, k.forward_s);
-      compute = std::max(compute, k.compute_s);
+      const double reuse = reads ? cost::reuse_adjustment_s(cut[j][i], cluster.profile.gemm, cluster.dtype_bytes,
+                                                            (*reads)[std::size_t(run_rank[j])])
+                                 : 0.0;
+      piece = std::max(piece, k.forward_s + reuse);
+      compute = std::max(compute, k.compute_s + reuse);
     }
     piece += cluster.profile.straggle_s(compute, t.ranks);  // the ranks meet at the piece's end: the slowest's spread
     out.end_s += piece;
@@ -349,8 +361,8 @@ inline StepCost step_cost_of(const DecoderConfig& c, const StepTrace& t, const S
 // The step's time on the cluster: per piece the slowest rank's trace_cost time, then the layout change's exposed
 // time. compute_s: the slowest rank's kernels per piece; communication_s: the rest of the pieces' time.
 inline StepCost dry_run_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
-                                  bool share_ranks = true) {
-  return step_cost_of(runner.config(), t, cluster, dry_run_timeline(runner, t, cluster, share_ranks));
+                                  bool share_ranks = true, std::vector<cost::WeightReads>* reads = nullptr) {
+  return step_cost_of(runner.config(), t, cluster, dry_run_timeline(runner, t, cluster, share_ranks, reads));
 }
 
 inline StepCost dry_run_step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
@@ -385,9 +397,11 @@ inline double host_work_s(const StepTrace& t, const cost::HardwareProfile& hw) {
 
 // The simulated step's cost: the dry run's, or for DeepSeek's latent attention (not dry-run) step_cost's analytic
 // model; its communication includes the engine's control collectives (engine_control_s), and host_s the engine's
-// host work (host_work_s).
-inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster) {
-  StepCost c = runner.config().is_mla() ? step_cost(runner.config(), t, cluster) : dry_run_step_cost(runner, t, cluster);
+// host work (host_work_s). `reads`: the ranks' weight reads so far (dry_run_timeline), advanced by the step's.
+inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
+                                    std::vector<cost::WeightReads>* reads = nullptr) {
+  StepCost c = runner.config().is_mla() ? step_cost(runner.config(), t, cluster)
+                                        : dry_run_step_cost(runner, t, cluster, /*share_ranks=*/true, reads);
   c.communication_s += engine_control_s(t, cluster.profile);
   c.host_s = host_work_s(t, cluster.profile);
   return c;
@@ -404,7 +418,9 @@ inline StepCost simulated_step_cost(const DecoderConfig& c, const StepTrace& t, 
 // its exposed time is a function of that run's layer-end times). DryRunPricer keeps the timelines of the last few
 // steps it ran, by what determines them: the ranks, the layouts the step computes in, each chunk's new tokens and
 // cached positions, and every layer's expert loads; a step that matches one is priced from it (its switch term
-// computed afresh), to the bit what a new dry run gives (tests/serve/switch_dry_run.cpp).
+// computed afresh), to the bit what a new dry run gives (tests/serve/switch_dry_run.cpp). It prices each GEMM at the
+// profile's calibration cycle, not at its weight's reuse distance (the simulated clock's WeightReads): the forecast
+// compares TP and EP on the step to come alone.
 class DryRunPricer {
 public:
   // (`cluster` must outlive the pricer.) `budget`: the policy's routing budget (StepDryRunner's).

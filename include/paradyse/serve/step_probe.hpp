@@ -58,13 +58,15 @@ inline ServedSteps serve_on_cpu_clock(ThreadCommunicator&& plain, const LoadedDe
   return out;
 }
 
-// Each step's price on `priced` (SimulatedClock::price: without the step jitter, times the clock's slowdown).
+// Each step's price on `priced` (SimulatedClock::price: without the step jitter, times the clock's slowdown), the
+// steps in turn from no weight reads, as the clock advancing through them would price them.
 inline std::vector<double> step_prices(const ServedSteps& steps, SimulatedClock& priced) {
   check(steps.traces.size() == steps.timings.size(), "step_prices: {} traces for {} timings", steps.traces.size(),
         steps.timings.size());
   std::vector<double> prices;
+  std::vector<cost::WeightReads> reads;
   for (const StepTrace& trace : steps.traces) {
-    prices.push_back(priced.price(trace).total_s());
+    prices.push_back(priced.price(trace, reads).total_s());
     check(prices.back() > 0, "step_prices: step {} is priced at {} s", prices.size() - 1, prices.back());
   }
   return prices;

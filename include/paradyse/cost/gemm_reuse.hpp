@@ -1,0 +1,87 @@
+// paradyse/cost/gemm_reuse.hpp: a GEMM priced at its weight's reuse distance: the weight bytes its rank read since it
+// last read that weight.
+//
+// A serving step reads each of its rank's weights once (a layer's projections, its router, each expert it routes to,
+// the lm_head). Where they come from depends on how many weight bytes the rank read in between: a decode step of 1-2
+// tokens reads 2-4 experts a layer and its weights come back after a few MB; a prompt chunk routes to every expert and
+// reads them all. On this machine (2 ranks, a 32 MB L3 shared) the model's GEMMs ran 0.54-0.87x as long cycling
+// through a decode step's weights as through a whole step's (bench/serve_gemm_reuse), and the decode steps amid
+// decode steps ran 10-25% further under their price than the steps with a prompt chunk (docs/serving_simulation.md).
+// So the profile keeps the model's shapes measured at a few cycle sizes (GemmModel::measured and ::reuse, each with
+// its cycle_bytes), and a rank's WeightReads follows its reads step after step:
+//
+//   WeightReads reads;                                          // one per rank, kept across steps
+//   double extra = reuse_adjustment_s(events, hw.gemm, 4, reads);   // the events' GEMMs at their distances, less
+//                                                                   // their price at GemmModel::time; reads advanced
+//
+// A weight is the b operand's address (TraceEvent::operand, recorded by ops::Counting's matmul: a dry run's meta
+// shards keep their addresses from step to step); a run of merged GEMMs (TraceEvent::count) is one weight of count
+// times n k elements. A weight not read before is as far as the largest table's cycle.
+#pragma once
+
+#include "paradyse/core/trace.hpp"
+#include "paradyse/cost/profile.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <unordered_map>
+
+namespace paradyse::cost {
+
+class WeightReads {
+public:
+  // The reuse distance of `e`'s weight if it were read now: the bytes read since its last read ended, plus its own
+  // (what a calibration cycling through that many bytes of copies measures); infinity: not read before.
+  double distance(const TraceEvent& e, int dtype_bytes) const {
+    const auto it = last_.find(e.operand);
+    return it == last_.end() ? std::numeric_limits<double>::infinity() : read_ - it->second + bytes_of(e, dtype_bytes);
+  }
+  void read(const TraceEvent& e, int dtype_bytes) {
+    read_ += bytes_of(e, dtype_bytes);
+    last_[e.operand] = read_;
+  }
+  // Weight bytes read in all.
+  double bytes_read() const noexcept { return read_; }
+  std::size_t weights() const noexcept { return last_.size(); }
+  // Weights remembered before reuse_adjustment_s forgets the far ones (a dry run's shards of older layouts).
+  static constexpr std::size_t kRemembered = 1 << 14;
+  // Forgets the weights last read more than `beyond` bytes ago (they are as far as any table reaches).
+  void forget_beyond(double beyond) {
+    std::erase_if(last_, [&](const auto& w) { return read_ - w.second > beyond; });
+  }
+
+private:
+  static double bytes_of(const TraceEvent& e, int dtype_bytes) { return double(e.count) * e.n * e.k * dtype_bytes; }
+  double read_ = 0;
+  std::unordered_map<std::uintptr_t, double> last_;  // weight -> read_ when its last read ended
+};
+
+// The largest cycle the model's measured tables were timed at (0: none recorded): beyond it nothing changes.
+inline double largest_reuse_cycle(const GemmModel& g) {
+  double largest = g.measured.cycle_bytes;
+  for (const GemmMeasured& t : g.reuse) largest = std::max(largest, t.cycle_bytes);
+  return largest;
+}
+
+// Whether `g` prices any GEMM by its reuse distance (a table with a recorded cycle besides another).
+inline bool prices_reuse(const GemmModel& g) { return !g.reuse.empty(); }
+
+// The GEMMs of `events` (those with a known operand) priced at their weights' distances in `reads`, less their price
+// at g.time, in order, each read recorded in `reads` as it is priced; 0 where `g` has no reuse tables.
+inline double reuse_adjustment_s(std::span<const TraceEvent> events, const GemmModel& g, int dtype_bytes,
+                                 WeightReads& reads) {
+  if (!prices_reuse(g)) return 0;
+  double extra = 0;
+  for (const TraceEvent& e : events) {
+    if (e.kind != TraceKind::gemm || e.operand == 0) continue;
+    const double at = g.time_at_reuse(e.m, e.n, e.k, dtype_bytes, reads.distance(e, dtype_bytes));
+    extra += double(e.count) * (at - g.time(e.m, e.n, e.k, dtype_bytes));
+    reads.read(e, dtype_bytes);
+  }
+  if (reads.weights() > WeightReads::kRemembered) reads.forget_beyond(largest_reuse_cycle(g));
+  return extra;
+}
+
+}  // namespace paradyse::cost
