@@ -8,6 +8,8 @@
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -31,14 +33,12 @@ GemmModel random_model(std::mt19937_64& rng) {
   return g;
 }
 
-std::uint64_t fresh_seed() { return std::random_device{}(); }
-
 }  // namespace gemm_measured_test
 
 using namespace gemm_measured_test;
 
 TEST_CASE("gemm measured: a measured row is its own time, between rows the line, the rest the fits") {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = testing::fresh_seed();
   INFO("seed ", seed);
   std::mt19937_64 rng(seed);
   const GemmModel g = random_model(rng);
@@ -63,7 +63,7 @@ TEST_CASE("gemm measured: a measured row is its own time, between rows the line,
 }
 
 TEST_CASE("gemm measured: measured_gemms holds every sample's time, a repeated row at its median") {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = testing::fresh_seed();
   INFO("seed ", seed);
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(1e-6, 1e-3);
@@ -93,7 +93,7 @@ TEST_CASE("gemm measured: measured_gemms holds every sample's time, a repeated r
 }
 
 TEST_CASE("gemm measured: profile JSON round trips the table; absent, none; bad tables refused by name") {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = testing::fresh_seed();
   INFO("seed ", seed);
   std::mt19937_64 rng(seed);
   HardwareProfile p;

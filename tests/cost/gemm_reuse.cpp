@@ -12,6 +12,8 @@
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/ops/counting.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -47,14 +49,12 @@ TraceEvent gemm_event(double m, double n, double k, std::uintptr_t operand, std:
   return {.kind = TraceKind::gemm, .count = count, .m = m, .n = n, .k = k, .operand = operand};
 }
 
-std::uint64_t reuse_seed() { return std::random_device{}(); }
-
 }  // namespace gemm_reuse_test
 
 using namespace gemm_reuse_test;
 
 TEST_CASE("gemm reuse: a table's cycle gives its time, between cycles the line, outside the nearest, else the fits") {
-  const std::uint64_t seed = reuse_seed();
+  const std::uint64_t seed = testing::fresh_seed();
   INFO("seed ", seed);
   std::mt19937_64 rng(seed);
   const Tables t = random_tables(rng);
@@ -107,7 +107,7 @@ TEST_CASE("gemm reuse: a weight's distance is the bytes read since its last read
 }
 
 TEST_CASE("gemm reuse: the adjustment prices each GEMM at its distance as the reads advance, less its plain price") {
-  const std::uint64_t seed = reuse_seed();
+  const std::uint64_t seed = testing::fresh_seed();
   INFO("seed ", seed);
   std::mt19937_64 rng(seed);
   const Tables t = random_tables(rng);
@@ -159,7 +159,7 @@ TEST_CASE("gemm reuse: the counting backend names each GEMM's b operand, the sam
 }
 
 TEST_CASE("gemm reuse: profile JSON round trips the cycles and tables; bad ones refused by name") {
-  std::mt19937_64 rng(reuse_seed());
+  std::mt19937_64 rng(testing::fresh_seed());
   HardwareProfile p = builtin_profile("h100");
   p.gemm.measured = random_tables(rng).g.measured;
   p.gemm.reuse = random_tables(rng).g.reuse;

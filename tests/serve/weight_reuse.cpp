@@ -12,6 +12,8 @@
 #include "paradyse/serve/step_probe.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <random>
@@ -60,14 +62,12 @@ StepTrace decode_batch(const DecoderConfig& c, int p, std::int64_t tokens, std::
   return t;
 }
 
-std::uint64_t weight_reuse_seed() { return std::random_device{}(); }
-
 }  // namespace weight_reuse_test
 
 using namespace weight_reuse_test;
 
 TEST_CASE("weight reuse: a step's price with the reads is its price without plus the adjustment of its trace") {
-  const std::uint64_t seed = weight_reuse_seed();
+  const std::uint64_t seed = testing::fresh_seed();
   INFO("seed ", seed);
   std::mt19937_64 rng(seed);
   const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
@@ -106,7 +106,7 @@ TEST_CASE("weight reuse: a step's price with the reads is its price without plus
 }
 
 TEST_CASE("weight reuse: the clock charges what price() said, its reads advancing; step_prices is that sequence") {
-  const std::uint64_t seed = weight_reuse_seed();
+  const std::uint64_t seed = testing::fresh_seed();
   INFO("seed ", seed);
   std::mt19937_64 rng(seed);
   const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
