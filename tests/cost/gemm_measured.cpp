@@ -38,9 +38,7 @@ GemmModel random_model(std::mt19937_64& rng) {
 using namespace gemm_measured_test;
 
 TEST_CASE("gemm measured: a measured row is its own time, between rows the line, the rest the fits") {
-  const std::uint64_t seed = testing::fresh_seed();
-  INFO("seed ", seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const GemmModel g = random_model(rng);
   GemmModel fits = g;
   fits.measured = {};
@@ -63,9 +61,7 @@ TEST_CASE("gemm measured: a measured row is its own time, between rows the line,
 }
 
 TEST_CASE("gemm measured: measured_gemms holds every sample's time, a repeated row at its median") {
-  const std::uint64_t seed = testing::fresh_seed();
-  INFO("seed ", seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> u(1e-6, 1e-3);
   std::vector<GemmSample> samples;
   for (const std::int64_t m : {16, 1, 4, 2, 64})  // rows out of order: the table sorts them
@@ -93,9 +89,7 @@ TEST_CASE("gemm measured: measured_gemms holds every sample's time, a repeated r
 }
 
 TEST_CASE("gemm measured: profile JSON round trips the table; absent, none; bad tables refused by name") {
-  const std::uint64_t seed = testing::fresh_seed();
-  INFO("seed ", seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   HardwareProfile p;
   p.name = "measured";
   p.memory_bytes = 1 << 30;

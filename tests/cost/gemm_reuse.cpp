@@ -54,9 +54,7 @@ TraceEvent gemm_event(double m, double n, double k, std::uintptr_t operand, std:
 using namespace gemm_reuse_test;
 
 TEST_CASE("gemm reuse: a table's cycle gives its time, between cycles the line, outside the nearest, else the fits") {
-  const std::uint64_t seed = testing::fresh_seed();
-  INFO("seed ", seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const Tables t = random_tables(rng);
   const GemmModel& g = t.g;
   CHECK(g.time_at_reuse(1, 8, 4, 4, 1024) == t.near[0]);
@@ -107,9 +105,7 @@ TEST_CASE("gemm reuse: a weight's distance is the bytes read since its last read
 }
 
 TEST_CASE("gemm reuse: the adjustment prices each GEMM at its distance as the reads advance, less its plain price") {
-  const std::uint64_t seed = testing::fresh_seed();
-  INFO("seed ", seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const Tables t = random_tables(rng);
   // Weight x (8 x 4, the tables' shape) read at 1 and then at 16 rows, between them weight y (56 x 4: 896 bytes,
   // priced by the fits at every distance) and a merged run of 2 reads of z (8 x 4: 256 bytes in all).
@@ -159,7 +155,7 @@ TEST_CASE("gemm reuse: the counting backend names each GEMM's b operand, the sam
 }
 
 TEST_CASE("gemm reuse: profile JSON round trips the cycles and tables; bad ones refused by name") {
-  std::mt19937_64 rng(testing::fresh_seed());
+  PARADYSE_FRESH_RNG(rng);
   HardwareProfile p = builtin_profile("h100");
   p.gemm.measured = random_tables(rng).g.measured;
   p.gemm.reuse = random_tables(rng).g.reuse;

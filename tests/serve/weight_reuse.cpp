@@ -67,9 +67,7 @@ StepTrace decode_batch(const DecoderConfig& c, int p, std::int64_t tokens, std::
 using namespace weight_reuse_test;
 
 TEST_CASE("weight reuse: a step's price with the reads is its price without plus the adjustment of its trace") {
-  const std::uint64_t seed = testing::fresh_seed();
-  INFO("seed ", seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
   for (const int p : {1, 2, 3}) {
     INFO("p = ", p);
@@ -106,9 +104,7 @@ TEST_CASE("weight reuse: a step's price with the reads is its price without plus
 }
 
 TEST_CASE("weight reuse: the clock charges what price() said, its reads advancing; step_prices is that sequence") {
-  const std::uint64_t seed = testing::fresh_seed();
-  INFO("seed ", seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
   const int p = 2;
   SimulatedCluster cluster = simulated_cluster("h100", 2);
