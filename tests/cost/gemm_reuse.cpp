@@ -168,8 +168,9 @@ TEST_CASE("gemm reuse: profile JSON round trips the cycles and tables; bad ones 
     edit(v["gemm"]["reuse"]);
     CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains(message.c_str()), Error);
   };
-  refused([](json::Value& r) { r[1]["cycle_bytes"] = 512; }, "gemm.reuse[1] needs a cycle_bytes above the table's");
-  refused([](json::Value& r) { r[0].erase("cycle_bytes"); }, "gemm.reuse[0] needs a cycle_bytes above");
+  refused([](json::Value& r) { r[1]["cycle_bytes"] = 512; },
+          "gemm.reuse[1] needs a cycle_bytes, positive and above the table's");
+  refused([](json::Value& r) { r[0].erase("cycle_bytes"); }, "gemm.reuse[0] needs a cycle_bytes, positive");
   refused([](json::Value& r) { r[0]["cycle_bytes"] = 0; }, "cycle_bytes");
   refused([](json::Value& r) { r[0]["cycles"] = 1; }, "cycles");
 }

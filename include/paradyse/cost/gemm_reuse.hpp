@@ -65,7 +65,7 @@ inline double largest_reuse_cycle(const GemmModel& g) {
   return largest;
 }
 
-// Whether `g` prices any GEMM by its reuse distance (a table with a recorded cycle besides another).
+// Whether `g` prices any GEMM by its reuse distance (it holds the measured shapes at other cycles besides measured's).
 inline bool prices_reuse(const GemmModel& g) { return !g.reuse.empty(); }
 
 // The GEMMs of `events` (those with a known operand) priced at their weights' distances in `reads`, less their price

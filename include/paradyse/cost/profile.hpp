@@ -199,8 +199,8 @@ struct GemmModel {
   std::vector<GemmRowClass> by_rows = {};  // ascending max_rows; empty: the single fit for every size
   GemmThinClass thin = {};                 // head-width products (before the row classes); max_side 0: none
   GemmMeasured measured = {};              // a workload's shapes as measured (before every fit); empty: none
-  std::vector<GemmMeasured> reuse = {};    // the same shapes at other reuse distances (ascending cycle_bytes, each
-                                           // recorded, measured's among them nowhere); empty: none (time_at_reuse)
+  std::vector<GemmMeasured> reuse = {};    // the same shapes at other reuse distances than measured's (ascending
+                                           // cycle_bytes, each recorded); empty: none (time_at_reuse)
 
   // The class of a GEMM of m rows: its index in by_rows, or -1 for the single fit.
   int row_class(double m) const {
@@ -218,21 +218,21 @@ struct GemmModel {
   double achieved_flops_per_s(double m, double n, double k, int dtype_bytes) const {
     return 2 * m * n * k / time(m, n, k, dtype_bytes);
   }
-  // A GEMM whose weight (n k) was last read `cycle_bytes` of weight reads ago on its rank, itself included (infinity:
-  // not read before): the measured tables that hold the shape, `measured` and each of `reuse`, taken as points in
-  // cycle bytes, interpolated linearly between the two around it (outside them: the nearest); a shape no table with
-  // a recorded cycle holds, time(). On this machine the same GEMMs ran 0.54-0.87x as long with their weights back
+  // A GEMM whose weight (n k) was last read `distance_bytes` of weight reads ago on its rank, itself included
+  // (infinity: not read before): the measured tables that hold the shape, `measured` and each of `reuse`, taken as
+  // points in cycle bytes, interpolated linearly between the two around the distance (outside them: the nearest); a
+  // shape no table with a recorded cycle holds, time(). On this machine the same GEMMs ran 0.54-0.87x as long with their weights back
   // after a decode step's 5 MB as after a whole step's 14.4 MB (2 ranks against a 32 MB L3; bench/serve_gemm_reuse).
-  double time_at_reuse(double m, double n, double k, int dtype_bytes, double cycle_bytes) const {
+  double time_at_reuse(double m, double n, double k, int dtype_bytes, double distance_bytes) const {
     double below_cycle = 0, below_s = 0, above_cycle = 0, above_s = 0;
     bool below = false, above = false;
     const auto consider = [&](const GemmMeasured& table) {
       if (table.cycle_bytes <= 0) return;
       const GemmMeasuredShape* s = table.find(m, n, k, dtype_bytes);
       if (!s) return;
-      if (table.cycle_bytes <= cycle_bytes && (!below || table.cycle_bytes > below_cycle))
+      if (table.cycle_bytes <= distance_bytes && (!below || table.cycle_bytes > below_cycle))
         below = true, below_cycle = table.cycle_bytes, below_s = s->time(m);
-      if (table.cycle_bytes >= cycle_bytes && (!above || table.cycle_bytes < above_cycle))
+      if (table.cycle_bytes >= distance_bytes && (!above || table.cycle_bytes < above_cycle))
         above = true, above_cycle = table.cycle_bytes, above_s = s->time(m);
     };
     consider(measured);
@@ -240,7 +240,7 @@ struct GemmModel {
     if (!below && !above) return time(m, n, k, dtype_bytes);
     if (!below) return above_s;
     if (!above || above_cycle == below_cycle) return below_s;
-    const double f = (cycle_bytes - below_cycle) / (above_cycle - below_cycle);
+    const double f = (distance_bytes - below_cycle) / (above_cycle - below_cycle);
     return below_s + f * (above_s - below_s);
   }
 };

@@ -218,7 +218,7 @@ inline std::vector<GemmMeasured> gemm_reuse_from_json(const json::Field& v) {
   for (const json::Field& table : v.elements()) {
     out.push_back(gemm_measured_from_json(table));
     check(out.back().cycle_bytes > 0 && (out.size() == 1 || out.back().cycle_bytes > out[out.size() - 2].cycle_bytes),
-          "profile: {} needs a cycle_bytes above the table's before it (ascending); got {}", table.path(),
+          "profile: {} needs a cycle_bytes, positive and above the table's before it (ascending); got {}", table.path(),
           out.back().cycle_bytes);
   }
   return out;
