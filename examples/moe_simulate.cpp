@@ -28,13 +28,13 @@
 // GemmModel::measured; --gemm-measured off: the classes do), also timed cycling through a decode step's weights and
 // through memory's 128 MB, so that the simulated clock prices each GEMM at its weight's reuse distance
 // (GemmModel::reuse, cost/gemm_reuse.hpp; --gemm-reuse off: at the step's cycle alone), the paged attention kernel's
-// rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning);
-// the rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when
-// this run calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the CPU
-// clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds), by kind (decode
-// only, of which right after a step with prefill; with prefill); its rows ", fits" price the same steps with the GEMM
-// classes alone (what the measured shapes changed), its rows ", one cycle" with the measured shapes at the step's
-// cycle alone (what the reuse distances changed).
+// rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (calibrate_planning); the
+// rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this
+// run calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
+// CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds), by kind
+// (decode only, of which right after a step with prefill; with prefill); its rows ", fits" price the same steps with
+// the GEMM classes alone (what the measured shapes changed), its rows ", one cycle" with the measured shapes at the
+// step's cycle alone (what the reuse distances changed).
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under

@@ -27,7 +27,8 @@ namespace gemm_measured_test {
 GemmModel random_model(std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(0.5, 2.0);
   GemmModel g{3e-6 * u(rng), 2e11 * u(rng), 8e9 * u(rng)};
-  g.by_rows = {{16, 2e-6 * u(rng), 3e11 * u(rng), 6e9 * u(rng), 0}, {128, 4e-6 * u(rng), 2e11 * u(rng), 7e9 * u(rng), 0}};
+  g.by_rows = {{16, 2e-6 * u(rng), 3e11 * u(rng), 6e9 * u(rng), 0},
+               {128, 4e-6 * u(rng), 2e11 * u(rng), 7e9 * u(rng), 0}};
   g.thin = {64, 1e-6 * u(rng), 5e10 * u(rng), 4e9 * u(rng)};
   g.measured = {4, {{256, 512, {1, 4, 16}, {1e-3 * u(rng), 2e-3 * u(rng), 5e-3 * u(rng)}}}};
   return g;
@@ -129,7 +130,9 @@ TEST_CASE("gemm measured: calibrate_gemm_classes keeps its samples as the measur
     for (const std::int64_t n : {64, 128}) options.shapes.push_back({m, n, 96});
   for (const int ranks : {2, 3}) {
     std::vector<GemmClassCalibration> got(static_cast<std::size_t>(ranks));
-    run_ranks(ranks, [&](ThreadCommunicator& comm) { got[std::size_t(comm.rank())] = calibrate_gemm_classes(comm, options); });
+    run_ranks(ranks, [&](ThreadCommunicator& comm) {
+      got[std::size_t(comm.rank())] = calibrate_gemm_classes(comm, options);
+    });
     for (const GemmClassCalibration& g : got) CHECK(g.measured == got[0].measured);
     REQUIRE(got[0].measured.shapes.size() == 2);
     GemmModel model;

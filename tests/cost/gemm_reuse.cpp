@@ -41,7 +41,8 @@ Tables random_tables(std::mt19937_64& rng) {
   for (int i = 0; i < 2; ++i) t.near[i] = u(rng), t.mid[i] = u(rng), t.far[i] = u(rng);
   t.g = GemmModel{2e-6, 1e11, 5e9};
   t.g.measured = {4, {{8, 4, {1, 16}, {t.mid[0], t.mid[1]}}}, 4096};
-  t.g.reuse = {{4, {{8, 4, {1, 16}, {t.near[0], t.near[1]}}}, 1024}, {4, {{8, 4, {1, 16}, {t.far[0], t.far[1]}}}, 65536}};
+  t.g.reuse = {{4, {{8, 4, {1, 16}, {t.near[0], t.near[1]}}}, 1024},
+               {4, {{8, 4, {1, 16}, {t.far[0], t.far[1]}}}, 65536}};
   return t;
 }
 

@@ -1,10 +1,10 @@
 // tests/serve/weight_reuse.cpp: the simulated clock prices each GEMM at its weight's reuse distance
 // (cost/gemm_reuse.hpp, serve/step_dry_run.hpp dry_run_timeline's `reads`, serve/clock.hpp SimulatedClock). A step
-// priced with the ranks' reads is its price without them plus cost::reuse_adjustment_s of its dry-run trace (one
-// rank's whole trace in TP on 1 and 2 ranks, every rank alike; on 3 the ranks differ); tables with the same times at every cycle change nothing; the clock
-// charges each step what price() said just before, advances its reads as it goes, and step_prices' sequence
-// (serve/step_probe.hpp) is what the clock charged; a repeated decode step reads its weights nearer than the run's
-// first.
+// priced with the ranks' reads is its price without them plus cost::reuse_adjustment_s of its dry-run trace (one rank's
+// whole trace in TP on 1 and 2 ranks, every rank alike; on 3 the ranks differ); tables with the same times at every
+// cycle change nothing; the clock charges each step what price() said just before, advances its reads as it goes, and
+// step_prices' sequence (serve/step_probe.hpp) is what the clock charged; a repeated decode step reads its weights
+// nearer than the run's first.
 #include "paradyse/serve/clock.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/serving_calibration.hpp"
@@ -76,7 +76,8 @@ TEST_CASE("weight reuse: a step's price with the reads is its price without plus
     cluster.profile.gemm = with_tables(c, p, rng, 0.5, 2.0);
     SimulatedCluster plain = cluster;
     plain.profile.gemm.reuse.clear();
-    const std::vector<StepTrace> steps = {decode_batch(c, p, 2, 40), decode_batch(c, p, 3, 41), decode_batch(c, p, 1, 7)};
+    const std::vector<StepTrace> steps = {decode_batch(c, p, 2, 40), decode_batch(c, p, 3, 41),
+                                          decode_batch(c, p, 1, 7)};
     StepDryRunner runner(c);
     std::vector<cost::WeightReads> reads;
     cost::WeightReads reference;  // rank 0's reads, from its whole traces on the same shards (TP: ranks alike)

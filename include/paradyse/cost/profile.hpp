@@ -221,8 +221,9 @@ struct GemmModel {
   // A GEMM whose weight (n k) was last read `distance_bytes` of weight reads ago on its rank, itself included
   // (infinity: not read before): the measured tables that hold the shape, `measured` and each of `reuse`, taken as
   // points in cycle bytes, interpolated linearly between the two around the distance (outside them: the nearest); a
-  // shape no table with a recorded cycle holds, time(). On this machine the same GEMMs ran 0.54-0.87x as long with their weights back
-  // after a decode step's 5 MB as after a whole step's 14.4 MB (2 ranks against a 32 MB L3; bench/serve_gemm_reuse).
+  // shape no table with a recorded cycle holds, time(). On this machine the same GEMMs ran 0.54-0.87x as long with
+  // their weights back after a decode step's 5 MB as after a whole step's 14.4 MB (2 ranks against a 32 MB L3;
+  // bench/serve_gemm_reuse).
   double time_at_reuse(double m, double n, double k, int dtype_bytes, double distance_bytes) const {
     double below_cycle = 0, below_s = 0, above_cycle = 0, above_s = 0;
     bool below = false, above = false;

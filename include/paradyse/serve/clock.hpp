@@ -24,11 +24,11 @@
 //     sequence gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch,
 //     host). It prices a step without advancing (price). On a profile with GEMM tables at several reuse distances
 //     (cost::GemmModel::reuse) it keeps, per modelled rank, the weights read so far (cost/gemm_reuse.hpp WeightReads)
-//     and prices each GEMM at its weight's distance: a decode step amid decode steps reads its weights back sooner
-//     than one after a prompt chunk that routed to every expert. The dynamic policy's switcher forecasts with the same dry run on its time model
-//     (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with step_cost while the
-//     clock ran the dry run, Mixtral-8x7B at 64 requests/s on 8x H100 stayed in TP through 366 steps of 512
-//     tokens: TTFT p50 0.60x of static EP's).
+//     and prices each GEMM at its weight's distance: a decode step amid decode steps reads its weights back sooner than
+//     one after a prompt chunk that routed to every expert. The dynamic policy's switcher forecasts with the same dry
+//     run on its time model (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with
+//     step_cost while the clock ran the dry run, Mixtral-8x7B at 64 requests/s on 8x H100 stayed in TP through 366
+//     steps of 512 tokens: TTFT p50 0.60x of static EP's).
 // Every clock calls `observer`, when set, after each step with the step's trace, its timing and the time it ended
 // (recording the routing, or the layout over time).
 #pragma once
