@@ -449,7 +449,8 @@ struct MeasuredStep {
   StepTrace trace;
   StepTiming timing;
   double end = 0;    // on the run's clock
-  double run_s = 0;  // rank 0's thread CPU in the stepper's compute (EngineStats::step_run_s)
+  double run_s = 0;       // rank 0's thread CPU in the stepper's compute (EngineStats::step_run_s)
+  double forecast_s = 0;  // rank 0's thread CPU in the dynamic policy's forecast (EngineStats::step_forecast_s)
 };
 
 // The simulated clock's price of each step's trace (one dry runner: its meta shards kept from step to step; the
@@ -483,13 +484,16 @@ struct StepGroup {
   double cpu_s = 0;    // the CPU clock's step: its pieces at their slowest ranks (what the simulation prices)
   double own_s = 0;    // rank 0's own CPU time in the step
   double run_s = 0;    // of which in the stepper's compute (decoder_step)
+  double forecast_s = 0;           // of which in the dynamic policy's forecast
+  double forecast_priced_s = 0;    // its price (the trace's planning events at the profile's host rate)
   StepCost simulated;
   double round_low = 0, round_high = 0;  // the rounds' simulated / cpu, smallest and largest
 };
 
-// rounds[r]: round r's steps on the CPU clock; costs[r]: the dry run's price of each.
+// rounds[r]: round r's steps on the CPU clock; costs[r]: the dry run's price of each on `profile`.
 std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep>>& rounds,
-                                      const std::vector<std::vector<StepCost>>& costs) {
+                                      const std::vector<std::vector<StepCost>>& costs,
+                                      const cost::HardwareProfile& profile) {
   // Groups: 0 decode only, 1 of which right after a step with prefill, 2 with prefill, 3 all.
   std::vector<StepGroup> g{{"decode only"}, {"after prefill"}, {"with prefill"}, {"all steps"}};
   for (StepGroup& x : g) x.round_low = std::numeric_limits<double>::infinity();
@@ -508,6 +512,8 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
         x.cpu_s += s.timing.step_s, cpu[k] += s.timing.step_s;
         x.own_s += s.timing.cpu_s;
         x.run_s += s.run_s;
+        x.forecast_s += s.forecast_s;
+        x.forecast_priced_s += forecast_host_s(s.trace, profile);
         x.simulated += cost;
         sim[k] += cost.total_s();
       };
@@ -528,20 +534,20 @@ void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepG
   for (const auto& named : all) width = std::max(width, named.first.size());
   fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
              "traces (means, ms): cpu = the step on the CPU clock (each piece between collectives at its slowest rank), rank 0 = rank 0's own, "
-             "run = of which in decoder_step; host = the engine's host work priced (its bookkeeping, the forecast); rounds = "
-             "each round's sim/cpu, smallest to largest\n{:<{}} {:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} "
-             "{:>9} {:>13}\n",
-             "policy", width, "steps", "count", "tokens", "cpu", "rank 0", "run", "simulated", "compute", "comm", "host",
-             "sim/cpu", "rounds");
+             "run = of which in decoder_step, forecast = of which in the dynamic policy's forecast; host = the engine's host "
+             "work priced (its bookkeeping, the forecast), of which forecast; rounds = each round's sim/cpu, smallest to "
+             "largest\n{:<{}} {:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}\n",
+             "policy", width, "steps", "count", "tokens", "cpu", "rank 0", "run", "forecast", "simulated", "compute", "comm",
+             "host", "forecast", "sim/cpu", "rounds");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
       if (g.steps == 0) continue;
       const double k = 1e3 / double(g.steps);
-      fmt::print("{:<{}} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.2f}x "
-                 "{:>6.2f}-{:.2f}x\n",
+      fmt::print("{:<{}} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} "
+                 "{:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
                  name, width, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k, g.run_s * k,
-                 g.simulated.total_s() * k, g.simulated.compute_s * k, g.simulated.communication_s * k,
-                 g.simulated.host_s * k,
+                 g.forecast_s * k, g.simulated.total_s() * k, g.simulated.compute_s * k,
+                 g.simulated.communication_s * k, g.simulated.host_s * k, g.forecast_priced_s * k,
                  g.simulated.total_s() / std::max(1e-12, g.cpu_s), g.round_low, g.round_high);
     }
 }
@@ -689,15 +695,12 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
   fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
              profile.activation_elements_per_s / 1e6);
   fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);
-  // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait).
-  profile.planning_events_per_s = calibrate_planning(c, o.ranks, SimulatedCluster{profile, 4}, o.step_tokens, options.clock);
-  fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host\n", profile.planning_events_per_s / 1e6);
   // The engine's other host work (planning the batch, statistics, sampling, the broadcasts' own CPU) and the
   // steps' spread around their price: a run of their own (64 requests of another seed at the first rate, static TP
   // on the thread ranks' synchronised CPU time); rank 0's host CPU per step less the control collectives' price
   // (serve/serving_calibration.hpp fit_serving_host), the ranks' spread within a step from each step's wait beyond
   // its slowest rank's own work (fit_rank_jitter), then each step's time over its price on the profile so far
-  // (step_jitter_quantiles).
+  // (step_jitter_quantiles); and the dynamic policy's forecast on the same requests (fit_planning_rate).
   {
     Options own = o;
     own.seed = o.seed + 1, own.requests = 64, own.traces = "poisson";
@@ -714,6 +717,22 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
       steps.push_back({std::int64_t(served.traces[i].chunks.size()),
                        served.stats.step_host_s[i] - engine_control_s(served.traces[i], profile)});
     const double speed = 0.5 * (speed_before + probe_speed(o, c, profile));
+    // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait): the same
+    // requests served under it (its switcher pricing on the profile so far), its events over its CPU time.
+    if (std::find(c.moe_layer.begin(), c.moe_layer.end(), true) != c.moe_layer.end()) {
+      const Policy dynamic = make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window)[0];
+      ServedSteps forecasting;
+      run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
+        ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, run, dynamic.policy);
+        if (!s.traces.empty()) forecasting = std::move(s);
+      });
+      std::vector<ForecastSample> forecasts;
+      for (std::size_t i = 0; i < forecasting.traces.size(); ++i)
+        forecasts.push_back({forecasting.traces[i].planning_events, forecasting.stats.step_forecast_s[i]});
+      profile.planning_events_per_s = fit_planning_rate(forecasts);
+      fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host (a served run's {} steps)\n",
+                 profile.planning_events_per_s / 1e6, forecasts.size());
+    }
     profile.rank_jitter = fit_rank_jitter(served.timings, o.ranks);
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
                "them)\n", profile.rank_jitter, o.ranks, 100 * profile.straggle_s(1, o.ranks));
@@ -808,7 +827,8 @@ int measure(const Options& o) {
           if (comm.rank() == 0) {
             out = std::move(got), stats = s;
             if (steps)
-              for (std::size_t i = 0; i < steps->size() && i < s.step_run_s.size(); ++i) (*steps)[i].run_s = s.step_run_s[i];
+              for (std::size_t i = 0; i < steps->size() && i < s.step_run_s.size(); ++i)
+                (*steps)[i].run_s = s.step_run_s[i], (*steps)[i].forecast_s = s.step_forecast_s[i];
           }
         };
         if (kind == 2 || kind == 3) {  // every rank its own (alike)
@@ -885,10 +905,10 @@ int measure(const Options& o) {
         if (compare_fits) fits_costs.push_back(price_steps(c, fits_cluster, round));
         if (compare_cycle) cycle_costs.push_back(price_steps(c, cycle_cluster, round));
       }
-      breakdowns.push_back({pol.name, step_breakdown(cpu_steps, cpu_costs)});
-      if (compare_mem) breakdowns.push_back({pol.name + ", mem", step_breakdown(cpu_steps, mem_costs)});
-      if (compare_fits) breakdowns.push_back({pol.name + ", fits", step_breakdown(cpu_steps, fits_costs)});
-      if (compare_cycle) breakdowns.push_back({pol.name + ", one cycle", step_breakdown(cpu_steps, cycle_costs)});
+      breakdowns.push_back({pol.name, step_breakdown(cpu_steps, cpu_costs, cluster.profile)});
+      if (compare_mem) breakdowns.push_back({pol.name + ", mem", step_breakdown(cpu_steps, mem_costs, mem_cluster.profile)});
+      if (compare_fits) breakdowns.push_back({pol.name + ", fits", step_breakdown(cpu_steps, fits_costs, fits_cluster.profile)});
+      if (compare_cycle) breakdowns.push_back({pol.name + ", one cycle", step_breakdown(cpu_steps, cycle_costs, cycle_cluster.profile)});
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {

@@ -6,12 +6,16 @@
 #include "paradyse/serve/serving_calibration.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
+#include "support/fresh_seed.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
 #include <vector>
 
 using namespace paradyse;
@@ -103,17 +107,33 @@ TEST_CASE("serving calibration: the GEMM classes cycle through the weights a ste
     }
 }
 
-TEST_CASE("serving calibration: the forecast's host rate is the events its dry runs record over their time; a dense "
-          "model has no forecast") {
-  const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
-  const SimulatedCluster cluster = simulated_cluster("h100", 4);
-  const double rate = calibrate_planning(c, 2, cluster, 32, cost::TimeSource::thread_cpu, 3);
-  CHECK(std::isfinite(rate));
-  CHECK(rate > 0);
-  DecoderConfig dense = c;
-  std::fill(dense.moe_layer.begin(), dense.moe_layer.end(), false);
-  CHECK(calibrate_planning(dense, 2, cluster, 32, cost::TimeSource::thread_cpu, 3) == 0);
-  CHECK_THROWS_WITH_AS(calibrate_planning(c, 0, cluster, 32, cost::TimeSource::wall), doctest::Contains("ranks 0"), Error);
+TEST_CASE("serving calibration: the forecast's host rate is its events over its time, summed over the steps whose "
+          "forecast ran") {
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> rate_of(1e6, 5e7), seconds_of(1e-6, 1e-4);
+  std::uniform_int_distribution<std::int64_t> events_of(10, 2000);
+  const double rate = rate_of(rng);
+  // Steps of several sizes at one rate, a forecast of remembered steps (no events, its time spread over the others'),
+  // static steps (no forecast: 0 s, left out) and a sample that is not a time.
+  std::vector<ForecastSample> steps;
+  double events = 0, seconds = 0;
+  for (int i = 0; i < 12; ++i) {
+    const std::int64_t n = events_of(rng);
+    const double t = double(n) / rate;
+    steps.push_back({n, t});
+    events += double(n), seconds += t;
+  }
+  const double remembered = seconds_of(rng);
+  steps.push_back({0, remembered});
+  steps.push_back({0, 0.0}), steps.push_back({0, 0.0});
+  steps.push_back({100, std::numeric_limits<double>::quiet_NaN()});
+  CHECK(fit_planning_rate(steps) == doctest::Approx(events / (seconds + remembered)).epsilon(1e-12));
+  CHECK(events / seconds == doctest::Approx(rate).epsilon(1e-12));
+  CHECK(fit_planning_rate(steps) < rate);  // the remembered forecast's time costs the rate
+  // No forecast ran (a static policy, a dense model): unpriced.
+  CHECK(fit_planning_rate({}) == 0);
+  CHECK(fit_planning_rate({{0, 0.0}, {0, 0.0}}) == 0);
+  CHECK(fit_planning_rate({{0, 1e-5}}) == 0);
 }
 
 TEST_CASE("serving calibration: the engine's host work is fitted per step and per chunk on each chunk count's median") {

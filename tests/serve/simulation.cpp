@@ -132,6 +132,10 @@ TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and
     double busy = 0;
     REQUIRE(r.stats.step_host_s.size() == r.stats.step_seconds.size());
     REQUIRE(r.stats.step_run_s.size() == r.stats.step_seconds.size());
+    REQUIRE(r.stats.step_forecast_s.size() == r.stats.step_seconds.size());
+    REQUIRE(r.traces.size() == r.stats.step_seconds.size());
+    double forecasting = 0;
+    std::int64_t forecast_events = 0;
     for (std::size_t i = 0; i < r.stats.step_seconds.size(); ++i) {
       const double x = r.stats.step_seconds[i];
       CHECK(x >= 0);
@@ -139,13 +143,19 @@ TEST_CASE("simulation: the CPU clock advances by each step's thread CPU time and
       // The engine's host work (outside the stepper's compute): a part of the step's CPU time.
       CHECK(r.stats.step_host_s[i] >= -1e-9);
       CHECK(r.stats.step_host_s[i] <= x + 1e-9);
-      // The stepper's compute (decoder_step): positive, and with the host work within the step's CPU time (the
-      // forecast's own CPU is the rest).
+      // The stepper's compute (decoder_step): positive; with the host work and the forecast's own CPU within the
+      // step's CPU time.
       CHECK(r.stats.step_run_s[i] > 0);
-      CHECK(r.stats.step_run_s[i] + r.stats.step_host_s[i] <= x + 1e-9);
+      CHECK(r.stats.step_forecast_s[i] >= 0);
+      CHECK(r.stats.step_run_s[i] + r.stats.step_host_s[i] + r.stats.step_forecast_s[i] <= x + 1e-9);
+      forecasting += r.stats.step_forecast_s[i];
+      forecast_events += r.traces[i].planning_events;
       busy += x;
     }
     CHECK(busy > 0);
+    // The dynamic policy forecast (its dry runs recorded events) and rank 0 timed it.
+    CHECK(forecast_events > 0);
+    CHECK(forecasting > 0);
     // Before the jump the clock is the sum of the steps' CPU times; after it, 1000 s plus the steps since.
     CHECK(r.stats.elapsed_s > 1000.0);
     CHECK(r.stats.elapsed_s <= 1000.0 + busy + 1e-9);

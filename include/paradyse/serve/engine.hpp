@@ -111,6 +111,8 @@ struct EngineStats {
                                           // statistics, sampling (rank 0's: the engine's own host work)
   std::vector<double> step_run_s;         // this rank's thread CPU seconds in the stepper's compute (decoder_step and
                                           // the layout change's posting and waits)
+  std::vector<double> step_forecast_s;    // this rank's thread CPU seconds in the dynamic policy's forecast (rank 0's;
+                                          // 0 on the other ranks and under a static policy)
   std::vector<ModeCosts> predicted;       // the step's predicted time (step_cost on policy's time model) with every
                                           // MoE layer in TP and in EP, for its actual batch and routing
 };
@@ -510,6 +512,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     stats.step_tokens.push_back(n);
     stats.step_host_s.push_back(host_s);
     stats.step_run_s.push_back(run_cpu_s);
+    stats.step_forecast_s.push_back(forecast_cpu_s);
     stats.predicted.push_back(
         forecast_layouts(c, trace.chunks, trace.routed, trace.layout, chunked_ep, p, trace.pipelined_switch, time_model,
                          false)

@@ -389,8 +389,12 @@ inline double engine_control_s(const StepTrace& t, const cost::HardwareProfile& 
 // profile's host rate (HardwareProfile::planning_events_per_s; a dry run of both layouts took 0.05 ms on the 2-core
 // machine against a 0.34 ms decode step of the trained 4-layer MoE), and its other bookkeeping per step and per chunk
 // (HardwareProfile::serving_host); both calibrated by serve/serving_calibration.hpp, 0 where the profile has none.
+// forecast_host_s: the forecast's part alone.
+inline double forecast_host_s(const StepTrace& t, const cost::HardwareProfile& hw) {
+  return hw.planning_events_per_s > 0 ? double(t.planning_events) / hw.planning_events_per_s : 0.0;
+}
 inline double host_work_s(const StepTrace& t, const cost::HardwareProfile& hw) {
-  const double forecast = hw.planning_events_per_s > 0 ? double(t.planning_events) / hw.planning_events_per_s : 0.0;
+  const double forecast = forecast_host_s(t, hw);
   if (t.tokens() <= 0) return forecast;
   return forecast + hw.serving_host.step_s + hw.serving_host.chunk_s * double(t.chunks.size());
 }
