@@ -26,7 +26,7 @@
 # The calibration also times the paged attention kernel (serve/paged_attention_calibration.hpp), SwiGLU forward,
 # the fixed cost per kernel call (cost/profile.hpp CallOverheadModel), the collectives at the step's own
 # all-reduce sizes (serve/serving_calibration.hpp), the dynamic policy's forecast and the engine's other host work
-# (calibrate_planning, fit_serving_host) and the ranks' spread within a step (fit_rank_jitter: each step's wait
+# (fit_planning_rate, fit_serving_host) and the ranks' spread within a step (fit_rank_jitter: each step's wait
 # beyond its slowest rank's own work); the GEMM classes cycle through the weights a step reads, and the rows
 # "cpu mem" simulate with classes cycling through 128 MB a rank instead. The CPU clock is synchronised (each piece
 # between the ranks' collectives at its slowest rank, comm/cpu_marks.hpp). The per-step table prices every round's

@@ -6,7 +6,7 @@
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
 # Checks: exit 0; every policy's wall, cpu, @speed and @steps rows, each ending in its count of cells within the
 # bounds; the step probe's reading around each round (2, positive); the per-step table's rows, the forecast's host work
-# charged to the dynamic policy's steps alone, and the same steps priced on the GEMM fits alone (", fits": the profile
+# spent and charged in the dynamic policy's steps alone, and the same steps priced on the GEMM fits alone (", fits": the profile
 # has measured shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
 # its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
 # its slowest rank) never shorter than rank 0's own CPU time in it; static TP's routing recorded (--record-routing).
@@ -42,23 +42,26 @@ foreach(policy "static TP" "static EP" "dynamic TP/EP")
     message(FATAL_ERROR
             "moe_simulate --measure prints no positive step probe reading for each of ${policy}'s 2 rounds:\n${out}")
   endif()
-  # The per-step table: count, tokens, cpu, rank 0, run, simulated, compute, comm, host.
+  # The per-step table: count, tokens, cpu, rank 0, run, forecast (measured), simulated, compute, comm, host,
+  # forecast (priced).
   set(number "[0-9]+[.][0-9]+")
-  if(NOT out MATCHES "${policy} +decode only +[0-9]+ +${number} +${number} +${number} +(${number}) +${number} +${number} +${number} +(${number})")
+  if(NOT out MATCHES "${policy} +decode only +[0-9]+ +${number} +${number} +${number} +(${number}) +(${number}) +${number} +${number} +${number} +${number} +(${number})")
     message(FATAL_ERROR "moe_simulate --measure prints no per-step row for ${policy}'s decode steps:\n${out}")
   endif()
   set(run "${CMAKE_MATCH_1}")
-  set(plan "${CMAKE_MATCH_2}")
+  set(forecast "${CMAKE_MATCH_2}")
+  set(plan "${CMAKE_MATCH_3}")
   if(NOT out MATCHES "${policy}, fits +decode only +[0-9]+ +${number}")
     message(FATAL_ERROR "moe_simulate --measure prints no per-step row on the GEMM fits alone for ${policy}:\n${out}")
   endif()
   if(run EQUAL 0)
     message(FATAL_ERROR "${policy}'s decode steps spent no CPU in decoder_step (run ${run} ms):\n${out}")
   endif()
-  if(policy STREQUAL "dynamic TP/EP" AND plan EQUAL 0)
-    message(FATAL_ERROR "the dynamic policy's decode steps are charged no forecast (plan ${plan} ms):\n${out}")
-  elseif(NOT policy STREQUAL "dynamic TP/EP" AND NOT plan EQUAL 0)
-    message(FATAL_ERROR "${policy} plans no forecast but is charged ${plan} ms a step:\n${out}")
+  if(policy STREQUAL "dynamic TP/EP" AND (plan EQUAL 0 OR forecast EQUAL 0))
+    message(FATAL_ERROR "the dynamic policy's decode steps are charged no forecast or spent no CPU in it (charged "
+                        "${plan} ms, spent ${forecast} ms):\n${out}")
+  elseif(NOT policy STREQUAL "dynamic TP/EP" AND NOT (plan EQUAL 0 AND forecast EQUAL 0))
+    message(FATAL_ERROR "${policy} plans no forecast but is charged ${plan} ms a step (spent ${forecast} ms):\n${out}")
   endif()
 endforeach()
 if(NOT EXISTS "${WORK}/routing.csv")

@@ -414,9 +414,9 @@ struct HardwareProfile {
   double pool_miss_bytes_per_s = 0;
   // The serving scheduler's host work: trace events per second a dry run of a step records on the host (the dynamic
   // policy's forecast dry-runs the step in both layouts before it runs: serve/engine.hpp; the simulated clock charges
-  // the events at this rate, serve/step_dry_run.hpp host_work_s). Calibrated per machine (moe_simulate --measure,
-  // serve/serving_calibration.hpp calibrate_planning); 0: the forecast is not charged (built-in profiles: a
-  // datasheet gives no host rate).
+  // the events at this rate, serve/step_dry_run.hpp host_work_s). Calibrated per machine from a served run's
+  // forecasts (moe_simulate --measure, serve/serving_calibration.hpp fit_planning_rate); 0: the forecast is not
+  // charged (built-in profiles: a datasheet gives no host rate).
   double planning_events_per_s = 0;
   ServingHostModel serving_host;  // the engine's other host work per step (0: unpriced)
   // The serving steps' spread around their price on this machine: a step's measured time over its price, over the
