@@ -1,8 +1,9 @@
 // Tests of a GEMM priced at its weight's reuse distance (cost/profile.hpp GemmModel::time_at_reuse and ::reuse,
-// cost/gemm_reuse.hpp WeightReads and reuse_adjustment_s, gemm.reuse in cost/profile_json.hpp): at a table's cycle the
-// table's time, between two cycles the line between them, outside them the nearest, a shape no table holds the fits;
-// a weight's distance is the bytes read since its last read plus its own, infinite before its first; the adjustment
-// is each GEMM at its distance less its plain price, the reads advancing as it goes; the counting backend names each
+// cost/gemm_reuse.hpp WeightReads and gemm_time, cost/trace_cost.hpp cost_of with reads, gemm.reuse in
+// cost/profile_json.hpp): at a table's cycle the table's time, between two cycles the line between them, outside them
+// the nearest, a shape no table holds the fits; a weight's distance is the bytes read since its last read plus its
+// own, infinite before its first; cost_of prices each GEMM at its distance, the reads advancing as it goes, and
+// without reads (or tables) at GemmModel::time; the counting backend names each
 // GEMM's b operand; JSON round trips the tables and refuses bad ones by name.
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/tensor.hpp"
@@ -10,6 +11,7 @@
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
+#include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/ops/counting.hpp"
 
 #include "support/fresh_seed.hpp"
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -105,30 +108,42 @@ TEST_CASE("gemm reuse: a weight's distance is the bytes read since its last read
   CHECK(reads.distance(kv, 4) == 128 + 256);
 }
 
-TEST_CASE("gemm reuse: the adjustment prices each GEMM at its distance as the reads advance, less its plain price") {
+TEST_CASE("gemm reuse: cost_of prices each GEMM at its distance as the reads advance; without reads at time()") {
   PARADYSE_FRESH_RNG(rng);
   const Tables t = random_tables(rng);
+  HardwareProfile hw = builtin_profile("h100");
+  hw.gemm = t.g;
   // Weight x (8 x 4, the tables' shape) read at 1 and then at 16 rows, between them weight y (56 x 4: 896 bytes,
-  // priced by the fits at every distance) and a merged run of 2 reads of z (8 x 4: 256 bytes in all).
+  // priced by the fits at every distance) and a merged run of 2 reads of z (8 x 4: 256 bytes in all), then an
+  // element-wise kernel (its own price, the same with or without reads).
   const std::vector<TraceEvent> step = {gemm_event(1, 8, 4, 0x10), gemm_event(1, 56, 4, 0x20),
                                         gemm_event(1, 8, 4, 0x30, 2), gemm_event(16, 8, 4, 0x10),
                                         {.kind = TraceKind::elementwise, .bytes = 4096}};
+  const SublayerTraceView view{step, {}, {}, 1};
+  const double plain = cost_of(view, &hw, 4, false).forward_s;
+  const double y = t.g.time(1, 56, 4, 4);
+  CHECK(plain == doctest::Approx(t.mid[0] + y + 2 * t.mid[0] + t.mid[1] +
+                                 cost_of(SublayerTraceView{std::span(step).last(1), {}, {}, 1}, &hw, 4, false).forward_s)
+                     .epsilon(1e-12));
   WeightReads reads;
   // First: x, y and z not read before (as far as the farthest table); x again after y 896 + z 256 + its own 128 =
   // 1280 bytes: 256 / 3072 of the way from the 1 KB table to the 4 KB one.
   const double x_again = t.near[1] + (t.mid[1] - t.near[1]) * 256.0 / 3072.0;
-  CHECK(reuse_adjustment_s(step, t.g, 4, reads) ==
-        doctest::Approx((t.far[0] - t.mid[0]) + 2 * (t.far[0] - t.mid[0]) + (x_again - t.mid[1])).epsilon(1e-12));
+  CHECK(cost_of(view, &hw, 4, false, &reads).forward_s ==
+        doctest::Approx(plain + (t.far[0] - t.mid[0]) + 2 * (t.far[0] - t.mid[0]) + (x_again - t.mid[1])).epsilon(1e-12));
   CHECK(reads.bytes_read() == 128 + 896 + 256 + 128);
   // Again: x at 128 bytes (its own: it was the last read), z at 896 + 128 + 256 + 128 = 1408 bytes, x at 1280 again.
   const double z_at = t.near[0] + (t.mid[0] - t.near[0]) * (1408.0 - 1024.0) / 3072.0;
-  CHECK(reuse_adjustment_s(step, t.g, 4, reads) ==
-        doctest::Approx((t.near[0] - t.mid[0]) + 2 * (z_at - t.mid[0]) + (x_again - t.mid[1])).epsilon(1e-12));
-  // A model with no reuse tables: no adjustment and no reads recorded.
-  GemmModel plain = t.g;
-  plain.reuse.clear();
+  CHECK(gemm_time(step[0], t.g, 4, nullptr) == t.mid[0]);
+  CHECK(cost_of(view, &hw, 4, false, &reads).forward_s ==
+        doctest::Approx(plain + (t.near[0] - t.mid[0]) + 2 * (z_at - t.mid[0]) + (x_again - t.mid[1])).epsilon(1e-12));
+  // One GEMM alone: at x's distance now (its 16-row read was the last: its own bytes), the read recorded.
+  CHECK(gemm_time(step[0], t.g, 4, &reads) == t.near[0]);
+  CHECK(reads.bytes_read() == 2 * (128 + 896 + 256 + 128) + 128);
+  // A model with no reuse tables: the plain price, no reads recorded.
+  hw.gemm.reuse.clear();
   WeightReads untouched;
-  CHECK(reuse_adjustment_s(step, plain, 4, untouched) == 0);
+  CHECK(cost_of(view, &hw, 4, false, &untouched).forward_s == cost_of(view, &hw, 4, false).forward_s);
   CHECK(untouched.bytes_read() == 0);
 }
 

@@ -1,7 +1,8 @@
 // tests/serve/weight_reuse.cpp: the simulated clock prices each GEMM at its weight's reuse distance
 // (cost/gemm_reuse.hpp, serve/step_dry_run.hpp dry_run_timeline's `reads`, serve/clock.hpp SimulatedClock). A step
-// priced with the ranks' reads is its price without them plus cost::reuse_adjustment_s of its dry-run trace (one rank's
-// whole trace in TP on 1 and 2 ranks, every rank alike; on 3 the ranks differ); tables with the same times at every
+// priced with the ranks' reads is its price without them plus, over its dry-run trace's GEMMs, each at its weight's
+// distance (cost::gemm_time) less its plain price (one rank's whole trace in TP on 1 and 2 ranks, every rank alike;
+// on 3 the ranks differ); tables with the same times at every
 // cycle change nothing; the clock charges each step what price() said just before, advances its reads as it goes, and
 // step_prices' sequence (serve/step_probe.hpp) is what the clock charged; a repeated decode step reads its weights
 // nearer than the run's first.
@@ -62,11 +63,20 @@ StepTrace decode_batch(const DecoderConfig& c, int p, std::int64_t tokens, std::
   return t;
 }
 
+// What pricing at the distances adds to `events`: each GEMM call at its weight's distance in `reads` (advanced as it
+// goes) less its GemmModel::time.
+double reuse_extra_s(const std::vector<TraceEvent>& events, const cost::GemmModel& g, cost::WeightReads& reads) {
+  double extra = 0;
+  for (const TraceEvent& e : events)
+    if (e.kind == TraceKind::gemm) extra += e.count * (cost::gemm_time(e, g, 4, &reads) - g.time(e.m, e.n, e.k, 4));
+  return extra;
+}
+
 }  // namespace weight_reuse_test
 
 using namespace weight_reuse_test;
 
-TEST_CASE("weight reuse: a step's price with the reads is its price without plus the adjustment of its trace") {
+TEST_CASE("weight reuse: a step's price with the reads is its price without plus its trace's GEMMs at their distances") {
   PARADYSE_FRESH_RNG(rng);
   const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
   for (const int p : {1, 2, 3}) {
@@ -83,8 +93,7 @@ TEST_CASE("weight reuse: a step's price with the reads is its price without plus
     cost::WeightReads reference;  // rank 0's reads, from its whole traces on the same shards (TP: ranks alike)
     for (const StepTrace& t : steps) {
       const double without = dry_run_step_cost(runner, t, plain).total_s();
-      const double adjustment =
-          cost::reuse_adjustment_s(runner.run(t, 0).events, cluster.profile.gemm, 4, reference);
+      const double adjustment = reuse_extra_s(runner.run(t, 0).events, cluster.profile.gemm, reference);
       const double with = dry_run_step_cost(runner, t, cluster, true, &reads).total_s();
       CHECK(adjustment != 0);
       CHECK(reads[0].bytes_read() == reference.bytes_read());

@@ -8,11 +8,12 @@
 // through a decode step's weights as through a whole step's (bench/serve_gemm_reuse), and the decode steps amid
 // decode steps ran 10-25% further under their price than the steps with a prompt chunk (docs/serving_simulation.md).
 // So the profile keeps the model's shapes measured at a few cycle sizes (GemmModel::measured and ::reuse, each with
-// its cycle_bytes), and a rank's WeightReads follows its reads step after step:
+// its cycle_bytes), and a rank's WeightReads follows its reads step after step; cost/trace_cost.hpp's cost_of, given
+// them, prices each GEMM where its clock reaches it:
 //
-//   WeightReads reads;                                          // one per rank, kept across steps
-//   double extra = reuse_adjustment_s(events, hw.gemm, 4, reads);   // the events' GEMMs at their distances, less
-//                                                                   // their price at GemmModel::time; reads advanced
+//   WeightReads reads;                                      // one per rank, kept across steps
+//   SublayerCost k = cost_of(piece, &hw, 4, false, &reads); // its GEMMs at their distances, the reads advanced
+//   double t = gemm_time(e, hw.gemm, 4, &reads);            // what cost_of charges one call of GEMM event e
 //
 // A weight is the b operand's address (TraceEvent::operand, recorded by ops::Counting's matmul: a dry run's meta
 // shards keep their addresses from step to step); a run of merged GEMMs (TraceEvent::count) is one weight of count
@@ -25,7 +26,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <span>
 #include <unordered_map>
 
 namespace paradyse::cost {
@@ -45,7 +45,7 @@ public:
   // Weight bytes read in all.
   double bytes_read() const noexcept { return read_; }
   std::size_t weights() const noexcept { return last_.size(); }
-  // Weights remembered before reuse_adjustment_s forgets the far ones (a dry run's shards of older layouts).
+  // Weights remembered before forget_far_weights forgets the far ones (a dry run's shards of older layouts).
   static constexpr std::size_t kRemembered = 1 << 14;
   // Forgets the weights last read more than `beyond` bytes ago (they are as far as any table reaches).
   void forget_beyond(double beyond) {
@@ -68,20 +68,19 @@ inline double largest_reuse_cycle(const GemmModel& g) {
 // Whether `g` prices any GEMM by its reuse distance (it holds the measured shapes at other cycles besides measured's).
 inline bool prices_reuse(const GemmModel& g) { return !g.reuse.empty(); }
 
-// The GEMMs of `events` (those with a known operand) priced at their weights' distances in `reads`, less their price
-// at g.time, in order, each read recorded in `reads` as it is priced; 0 where `g` has no reuse tables.
-inline double reuse_adjustment_s(std::span<const TraceEvent> events, const GemmModel& g, int dtype_bytes,
-                                 WeightReads& reads) {
-  if (!prices_reuse(g)) return 0;
-  double extra = 0;
-  for (const TraceEvent& e : events) {
-    if (e.kind != TraceKind::gemm || e.operand == 0) continue;
-    const double at = g.time_at_reuse(e.m, e.n, e.k, dtype_bytes, reads.distance(e, dtype_bytes));
-    extra += double(e.count) * (at - g.time(e.m, e.n, e.k, dtype_bytes));
-    reads.read(e, dtype_bytes);
-  }
+// One call of GEMM event `e` on `g`: at its weight's reuse distance in `reads`, the read recorded there; GemmModel::time
+// without reads, without a known operand, or where `g` has no reuse tables (nothing recorded then).
+inline double gemm_time(const TraceEvent& e, const GemmModel& g, int dtype_bytes, WeightReads* reads) {
+  if (!reads || e.operand == 0 || !prices_reuse(g)) return g.time(e.m, e.n, e.k, dtype_bytes);
+  const double at = g.time_at_reuse(e.m, e.n, e.k, dtype_bytes, reads->distance(e, dtype_bytes));
+  reads->read(e, dtype_bytes);
+  return at;
+}
+
+// Past WeightReads::kRemembered weights (a dry run's shards of older layouts), forgets those farther than any of
+// `g`'s tables reaches (they are priced alike).
+inline void forget_far_weights(WeightReads& reads, const GemmModel& g) {
   if (reads.weights() > WeightReads::kRemembered) reads.forget_beyond(largest_reuse_cycle(g));
-  return extra;
 }
 
 }  // namespace paradyse::cost

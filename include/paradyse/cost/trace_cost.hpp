@@ -16,13 +16,15 @@
 // every plain allocation and kernel workspace (FreshMemoryModel: a host Tensor is zeroed when made; buffers lent by
 // the pool are not, they come back warm from the layer before; the pool's own growth is the planner's, once per
 // step, plan/cost_table.hpp), the scalar math-library calls of TraceKind::transcendental (ScalarMathModel), and the
-// fixed host cost of each kernel call (CallOverheadModel).
+// fixed host cost of each kernel call (CallOverheadModel). Given a rank's weight reads (a serving step's dry run on a
+// calibrated profile), each GEMM is priced at its weight's reuse distance (cost/gemm_reuse.hpp).
 // (The buffer pool's misses depend on the whole step's order of loans: plan/cost_table.hpp's evaluate replays them
 // through detail::PoolReplay, below, and prices them.)
 #pragma once
 
 #include "paradyse/core/trace.hpp"
 #include "paradyse/cost/dry_run.hpp"
+#include "paradyse/cost/gemm_reuse.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
@@ -204,8 +206,9 @@ private:
 // The two-stream clock.
 class Clock {
 public:
-  Clock(const HardwareProfile& hw, int group_size, double scale, int dtype_bytes)
-      : hw_(hw), p_(group_size), scale_(scale), dtype_bytes_(dtype_bytes) {}
+  // `reads`: the rank's weight reads, each GEMM priced at its weight's reuse distance (null: GemmModel::time).
+  Clock(const HardwareProfile& hw, int group_size, double scale, int dtype_bytes, WeightReads* reads = nullptr)
+      : hw_(hw), p_(group_size), scale_(scale), dtype_bytes_(dtype_bytes), reads_(reads) {}
 
   void walk(std::span<const TraceEvent> events) {
     for (const TraceEvent& e : events) step(e);
@@ -222,10 +225,10 @@ private:
     now_ += seconds;
     compute_ += seconds;
   }
-  // Seconds of one call of kernel event e.
-  double kernel_time(const TraceEvent& e) const {
+  // Seconds of one call of kernel event e (a GEMM's read recorded in reads_).
+  double kernel_time(const TraceEvent& e) {
     switch (e.kind) {
-      case TraceKind::gemm: return hw_.gemm.time(e.m, e.n, e.k, dtype_bytes_);
+      case TraceKind::gemm: return gemm_time(e, hw_.gemm, dtype_bytes_, reads_);
       case TraceKind::attention_forward: return hw_.attention.forward_time(attention_flops(e));
       case TraceKind::attention_backward: return hw_.attention.backward_time(attention_flops(e));
       case TraceKind::paged_attention: return hw_.paged_attention_time(e.m, e.n, e.k);
@@ -293,6 +296,7 @@ private:
   int p_;
   double scale_;
   int dtype_bytes_;
+  WeightReads* reads_;
   // The transfer of a request id (a trace numbers its requests 0, 1, 2, ...).
   Transfer& transfer(std::int32_t request) {
     check(request >= 0, "cost_of: a posted transfer has request id {}; ids are numbered from 0", request);
@@ -314,8 +318,10 @@ private:
 
 // Memory (always) and time (when `hardware` is given) of a sublayer trace, bytes rescaled to `dtype_bytes`;
 // keep_events: fill forward_events and backward_events (the ordered replay needs them; a cost table does not).
+// reads: the rank's weight reads so far (cost/gemm_reuse.hpp), each GEMM priced at its weight's reuse distance and
+// the trace's reads recorded; null: every GEMM at GemmModel::time.
 inline SublayerCost cost_of(const SublayerTraceView& trace, const HardwareProfile* hardware, int dtype_bytes = 4,
-                            bool keep_events = true) {
+                            bool keep_events = true, WeightReads* reads = nullptr) {
   const double scale = double(dtype_bytes) / 4.0;
   SublayerCost c;
   trace_cost_detail::MemoryWalk memory(scale);
@@ -335,13 +341,14 @@ inline SublayerCost cost_of(const SublayerTraceView& trace, const HardwareProfil
   c.forward_transient_bytes = c.forward_plain_bytes + c.forward_pool_bytes;
   c.backward_transient_bytes = c.backward_plain_bytes + c.backward_pool_bytes;
   if (hardware) {
-    trace_cost_detail::Clock clock(*hardware, trace.group_size, scale, dtype_bytes);
+    trace_cost_detail::Clock clock(*hardware, trace.group_size, scale, dtype_bytes, reads);
     clock.walk(trace.forward);
     c.forward_s = clock.now();
     clock.walk(trace.backward);
     c.backward_s = clock.now() - c.forward_s;
     c.compute_s = clock.compute();
     c.exposed_comm_s = clock.now() - clock.compute();
+    if (reads) forget_far_weights(*reads, hardware->gemm);
   }
   return c;
 }

@@ -112,7 +112,7 @@ struct EngineStats {
   std::vector<double> step_run_s;         // this rank's thread CPU seconds in the stepper's compute (decoder_step and
                                           // the layout change's posting and waits)
   std::vector<double> step_forecast_s;    // this rank's thread CPU seconds in the dynamic policy's forecast (rank 0's;
-                                          // 0 on the other ranks and under a static policy)
+                                          // 0 where no forecast ran: the other ranks, a static policy)
   std::vector<ModeCosts> predicted;       // the step's predicted time (step_cost on policy's time model) with every
                                           // MoE layer in TP and in EP, for its actual batch and routing
 };
@@ -339,8 +339,8 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
       // The layout after this step.
       MoeMode target = mode;
       const std::int64_t events_before = dry_run_price.events();
-      const double forecast_begin = thread_cpu_seconds();
       if (policy.mode == ModePolicy::dynamic && any_moe && n > 0 && loads.ready()) {
+        const double forecast_begin = thread_cpu_seconds();
         std::vector<ChunkShape> shapes;  // the step's chunks and what their requests have cached
         for (const auto& [i, len] : chunks) {
           const Live& L = live[std::size_t(i)];
@@ -365,8 +365,8 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
               c, forecast_batches(now, queue, opt.step_tokens, opt.max_running, policy.switching.window + 1),
               loads, current_layouts(), chunked_ep, p, policy.pipelined_switch, forecast_price));
         }
+        forecast_cpu_s = thread_cpu_seconds() - forecast_begin;
       }
-      forecast_cpu_s = thread_cpu_seconds() - forecast_begin;
       const bool rebalance = policy.eplb && mode == MoeMode::ep && target == MoeMode::ep && any_moe &&
                              stats.steps > 0 && stats.steps % policy.eplb_interval == 0;
       plan = {std::int64_t(admitted.size()), std::int64_t(chunks.size()), std::int64_t(target), rebalance ? 1 : 0,

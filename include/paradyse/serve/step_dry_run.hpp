@@ -325,13 +325,11 @@ inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t
   for (std::size_t i = 0; i < cut.front().size(); ++i) {
     double piece = 0, compute = 0;
     for (std::size_t j = 0; j < cut.size(); ++j) {
-      const cost::SublayerCost k = cost::cost_of(cost::SublayerTraceView{cut[j][i], {}, {}, t.ranks},
-                                                 &cluster.profile, cluster.dtype_bytes, /*keep_events=*/false);
-      const double reuse = reads ? cost::reuse_adjustment_s(cut[j][i], cluster.profile.gemm, cluster.dtype_bytes,
-                                                            (*reads)[std::size_t(run_rank[j])])
-                                 : 0.0;
-      piece = std::max(piece, k.forward_s + reuse);
-      compute = std::max(compute, k.compute_s + reuse);
+      const cost::SublayerCost k =
+          cost::cost_of(cost::SublayerTraceView{cut[j][i], {}, {}, t.ranks}, &cluster.profile, cluster.dtype_bytes,
+                        /*keep_events=*/false, reads ? &(*reads)[std::size_t(run_rank[j])] : nullptr);
+      piece = std::max(piece, k.forward_s);
+      compute = std::max(compute, k.compute_s);
     }
     piece += cluster.profile.straggle_s(compute, t.ranks);  // the ranks meet at the piece's end: the slowest's spread
     out.end_s += piece;
