@@ -28,7 +28,8 @@
 // GemmModel::measured; --gemm-measured off: the classes do), also timed cycling through a decode step's weights and
 // through memory's 128 MB, so that the simulated clock prices each GEMM at its weight's reuse distance
 // (GemmModel::reuse, cost/gemm_reuse.hpp; --gemm-reuse off: at the step's cycle alone), the paged attention kernel's
-// rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (fit_planning_rate: a run served under it); the
+// rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (fit_planning_rate: a
+// run served under it); the
 // rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this
 // run calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
 // CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds), by kind
@@ -534,17 +535,18 @@ void print_breakdowns(const std::vector<std::pair<std::string, std::vector<StepG
   for (const auto& named : all) width = std::max(width, named.first.size());
   fmt::print("\nper step, every round on the CPU clock against the simulated clock's cost (the dry run) of the same steps' "
              "traces (means, ms): cpu = the step on the CPU clock (each piece between collectives at its slowest rank), rank 0 = rank 0's own, "
-             "run = of which in decoder_step, forecast = of which in the dynamic policy's forecast; host = the engine's host "
-             "work priced (its bookkeeping, the forecast), of which forecast; rounds = each round's sim/cpu, smallest to "
-             "largest\n{:<{}} {:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}\n",
-             "policy", width, "steps", "count", "tokens", "cpu", "rank 0", "run", "forecast", "simulated", "compute", "comm",
-             "host", "forecast", "sim/cpu", "rounds");
+             "run = of which in decoder_step, forecast = of which in the dynamic policy's forecast; host = the "
+             "engine's host work priced (its bookkeeping, the forecast), of which forecast; rounds = each round's "
+             "sim/cpu, smallest to largest\n{:<{}} {:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} "
+             "{:>9} {:>9} {:>9} {:>13}\n",
+             "policy", width, "steps", "count", "tokens", "cpu", "rank 0", "run", "forecast", "simulated", "compute",
+             "comm", "host", "forecast", "sim/cpu", "rounds");
   for (const auto& [name, groups] : all)
     for (const StepGroup& g : groups) {
       if (g.steps == 0) continue;
       const double k = 1e3 / double(g.steps);
-      fmt::print("{:<{}} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>9.3f} "
-                 "{:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
+      fmt::print("{:<{}} {:<13} {:>6} {:>7.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} "
+                 "{:>9.3f} {:>9.3f} {:>8.2f}x {:>6.2f}-{:.2f}x\n",
                  name, width, g.kind, g.steps, double(g.tokens) / double(g.steps), g.cpu_s * k, g.own_s * k, g.run_s * k,
                  g.forecast_s * k, g.simulated.total_s() * k, g.simulated.compute_s * k,
                  g.simulated.communication_s * k, g.simulated.host_s * k, g.forecast_priced_s * k,
@@ -720,7 +722,8 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
     // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait): the same
     // requests served under it (its switcher pricing on the profile so far), its events over its CPU time.
     if (std::find(c.moe_layer.begin(), c.moe_layer.end(), true) != c.moe_layer.end()) {
-      const Policy dynamic = make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window)[0];
+      const Policy dynamic =
+          make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window).front();
       ServedSteps forecasting;
       run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
         ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, run, dynamic.policy);
@@ -730,8 +733,8 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
       for (std::size_t i = 0; i < forecasting.traces.size(); ++i)
         forecasts.push_back({forecasting.traces[i].planning_events, forecasting.stats.step_forecast_s[i]});
       profile.planning_events_per_s = fit_planning_rate(forecasts);
-      fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host (a served run's {} steps)\n",
-                 profile.planning_events_per_s / 1e6, forecasts.size());
+      fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host (a served run's {} "
+                 "steps)\n", profile.planning_events_per_s / 1e6, forecasts.size());
     }
     profile.rank_jitter = fit_rank_jitter(served.timings, o.ranks);
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
@@ -905,10 +908,13 @@ int measure(const Options& o) {
         if (compare_fits) fits_costs.push_back(price_steps(c, fits_cluster, round));
         if (compare_cycle) cycle_costs.push_back(price_steps(c, cycle_cluster, round));
       }
-      breakdowns.push_back({pol.name, step_breakdown(cpu_steps, cpu_costs, cluster.profile)});
-      if (compare_mem) breakdowns.push_back({pol.name + ", mem", step_breakdown(cpu_steps, mem_costs, mem_cluster.profile)});
-      if (compare_fits) breakdowns.push_back({pol.name + ", fits", step_breakdown(cpu_steps, fits_costs, fits_cluster.profile)});
-      if (compare_cycle) breakdowns.push_back({pol.name + ", one cycle", step_breakdown(cpu_steps, cycle_costs, cycle_cluster.profile)});
+      const auto breakdown = [&](const std::string& name, const auto& costs, const SimulatedCluster& on) {
+        breakdowns.push_back({name, step_breakdown(cpu_steps, costs, on.profile)});
+      };
+      breakdown(pol.name, cpu_costs, cluster);
+      if (compare_mem) breakdown(pol.name + ", mem", mem_costs, mem_cluster);
+      if (compare_fits) breakdown(pol.name + ", fits", fits_costs, fits_cluster);
+      if (compare_cycle) breakdown(pol.name + ", one cycle", cycle_costs, cycle_cluster);
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {

@@ -122,15 +122,14 @@ TEST_CASE("gemm reuse: cost_of prices each GEMM at its distance as the reads adv
   const SublayerTraceView view{step, {}, {}, 1};
   const double plain = cost_of(view, &hw, 4, false).forward_s;
   const double y = t.g.time(1, 56, 4, 4);
-  CHECK(plain == doctest::Approx(t.mid[0] + y + 2 * t.mid[0] + t.mid[1] +
-                                 cost_of(SublayerTraceView{std::span(step).last(1), {}, {}, 1}, &hw, 4, false).forward_s)
-                     .epsilon(1e-12));
+  const double elementwise = cost_of(SublayerTraceView{std::span(step).last(1), {}, {}, 1}, &hw, 4, false).forward_s;
+  CHECK(plain == doctest::Approx(t.mid[0] + y + 2 * t.mid[0] + t.mid[1] + elementwise).epsilon(1e-12));
   WeightReads reads;
   // First: x, y and z not read before (as far as the farthest table); x again after y 896 + z 256 + its own 128 =
   // 1280 bytes: 256 / 3072 of the way from the 1 KB table to the 4 KB one.
   const double x_again = t.near[1] + (t.mid[1] - t.near[1]) * 256.0 / 3072.0;
-  CHECK(cost_of(view, &hw, 4, false, &reads).forward_s ==
-        doctest::Approx(plain + (t.far[0] - t.mid[0]) + 2 * (t.far[0] - t.mid[0]) + (x_again - t.mid[1])).epsilon(1e-12));
+  const double first = plain + (t.far[0] - t.mid[0]) + 2 * (t.far[0] - t.mid[0]) + (x_again - t.mid[1]);
+  CHECK(cost_of(view, &hw, 4, false, &reads).forward_s == doctest::Approx(first).epsilon(1e-12));
   CHECK(reads.bytes_read() == 128 + 896 + 256 + 128);
   // Again: x at 128 bytes (its own: it was the last read), z at 896 + 128 + 256 + 128 = 1408 bytes, x at 1280 again.
   const double z_at = t.near[0] + (t.mid[0] - t.near[0]) * (1408.0 - 1024.0) / 3072.0;

@@ -5,9 +5,9 @@
 # is calibrated).
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
 # Checks: exit 0; every policy's wall, cpu, @speed and @steps rows, each ending in its count of cells within the
-# bounds; the step probe's reading around each round (2, positive); the per-step table's rows, the forecast's host work
-# spent and charged in the dynamic policy's steps alone, and the same steps priced on the GEMM fits alone (", fits": the profile
-# has measured shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
+# bounds; the step probe's reading around each round (2, positive); the per-step table's rows, the forecast's host
+# work spent and charged in the dynamic policy's steps alone, and the same steps priced on the GEMM fits alone
+# (", fits": the profile has measured shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
 # its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
 # its slowest rank) never shorter than rank 0's own CPU time in it; static TP's routing recorded (--record-routing).
 cmake_minimum_required(VERSION 3.20)
@@ -45,7 +45,9 @@ foreach(policy "static TP" "static EP" "dynamic TP/EP")
   # The per-step table: count, tokens, cpu, rank 0, run, forecast (measured), simulated, compute, comm, host,
   # forecast (priced).
   set(number "[0-9]+[.][0-9]+")
-  if(NOT out MATCHES "${policy} +decode only +[0-9]+ +${number} +${number} +${number} +(${number}) +(${number}) +${number} +${number} +${number} +${number} +(${number})")
+  set(n " +${number}")
+  set(row "${policy} +decode only +[0-9]+${n}${n}${n} +(${number}) +(${number})${n}${n}${n}${n} +(${number})")
+  if(NOT out MATCHES "${row}")
     message(FATAL_ERROR "moe_simulate --measure prints no per-step row for ${policy}'s decode steps:\n${out}")
   endif()
   set(run "${CMAKE_MATCH_1}")

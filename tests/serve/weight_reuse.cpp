@@ -76,7 +76,7 @@ double reuse_extra_s(const std::vector<TraceEvent>& events, const cost::GemmMode
 
 using namespace weight_reuse_test;
 
-TEST_CASE("weight reuse: a step's price with the reads is its price without plus its trace's GEMMs at their distances") {
+TEST_CASE("weight reuse: a step's price with the reads is its price without plus its GEMMs' at their distances") {
   PARADYSE_FRESH_RNG(rng);
   const DecoderConfig c = synthetic_config(64, 2, 4, 2, 4, 2, 96, 128);
   for (const int p : {1, 2, 3}) {

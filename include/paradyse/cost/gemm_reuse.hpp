@@ -68,8 +68,8 @@ inline double largest_reuse_cycle(const GemmModel& g) {
 // Whether `g` prices any GEMM by its reuse distance (it holds the measured shapes at other cycles besides measured's).
 inline bool prices_reuse(const GemmModel& g) { return !g.reuse.empty(); }
 
-// One call of GEMM event `e` on `g`: at its weight's reuse distance in `reads`, the read recorded there; GemmModel::time
-// without reads, without a known operand, or where `g` has no reuse tables (nothing recorded then).
+// One call of GEMM event `e` on `g`: at its weight's reuse distance in `reads`, the read recorded there;
+// GemmModel::time without reads, without a known operand, or where `g` has no reuse tables (nothing recorded then).
 inline double gemm_time(const TraceEvent& e, const GemmModel& g, int dtype_bytes, WeightReads* reads) {
   if (!reads || e.operand == 0 || !prices_reuse(g)) return g.time(e.m, e.n, e.k, dtype_bytes);
   const double at = g.time_at_reuse(e.m, e.n, e.k, dtype_bytes, reads->distance(e, dtype_bytes));
