@@ -29,10 +29,10 @@
 // through memory's 128 MB, so that the simulated clock prices each GEMM at its weight's reuse distance
 // (GemmModel::reuse, cost/gemm_reuse.hpp; --gemm-reuse off: at the step's cycle alone), the paged attention kernel's
 // rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (fit_planning_rate: a
-// run served under it); the
-// rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB a rank) instead, when this
-// run calibrated. The per-step table prices every round's steps on the CPU clock (their traces' dry run) against the
-// CPU clock's step and rank 0's own CPU time, with each round's ratio (the machine's drift between rounds), by kind
+// run served under it); the rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB
+// a rank) instead, when this run calibrated. The per-step table prices every round's steps on the CPU clock (their
+// traces' dry run) against the CPU clock's step and rank 0's own CPU time (and of it the forecast's, beside its
+// price), with each round's ratio (the machine's drift between rounds), by kind
 // (decode only, of which right after a step with prefill; with prefill); its rows ", fits" price the same steps with
 // the GEMM classes alone (what the measured shapes changed), its rows ", one cycle" with the measured shapes at the
 // step's cycle alone (what the reuse distances changed).

@@ -42,7 +42,6 @@
 #include "paradyse/serve/clock.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
-#include "paradyse/serve/switch_policy.hpp"
 
 #include <algorithm>
 #include <array>
