@@ -32,10 +32,10 @@
 // run served under it); the rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB
 // a rank) instead, when this run calibrated. The per-step table prices every round's steps on the CPU clock (their
 // traces' dry run) against the CPU clock's step and rank 0's own CPU time (and of it the forecast's, beside its
-// price), with each round's ratio (the machine's drift between rounds), by kind
-// (decode only, of which right after a step with prefill; with prefill); its rows ", fits" price the same steps with
-// the GEMM classes alone (what the measured shapes changed), its rows ", one cycle" with the measured shapes at the
-// step's cycle alone (what the reuse distances changed).
+// price), with each round's ratio (the machine's drift between rounds), by kind (decode only, of which right after a
+// step with prefill; with prefill); its rows ", fits" price the same steps with the GEMM classes alone (what the
+// measured shapes changed), its rows ", one cycle" with the measured shapes at the step's cycle alone (what the reuse
+// distances changed).
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
@@ -721,7 +721,7 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
     const double speed = 0.5 * (speed_before + probe_speed(o, c, profile));
     // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait): the same
     // requests served under it (its switcher pricing on the profile so far), its events over its CPU time.
-    if (std::find(c.moe_layer.begin(), c.moe_layer.end(), true) != c.moe_layer.end()) {
+    if (c.any_moe()) {
       const Policy dynamic =
           make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window).front();
       ServedSteps forecasting;

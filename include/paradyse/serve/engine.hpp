@@ -261,7 +261,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
   policy.budget.validate(c);
   check(opt.step_tokens >= 1 && opt.max_running >= 1, "serve_requests: step_tokens {} and max_running {} must be >= 1",
         opt.step_tokens, opt.max_running);
-  const bool any_moe = std::find(c.moe_layer.begin(), c.moe_layer.end(), true) != c.moe_layer.end();
+  const bool any_moe = c.any_moe();
   const ExpertPlacement chunked = any_moe ? ExpertPlacement::chunked(c.moe.experts, p) : ExpertPlacement{};
   MoeMode mode = policy.mode == ModePolicy::static_ep ? MoeMode::ep : MoeMode::tp;
   PagedKvCache& cache = stepper.cache();

@@ -87,6 +87,7 @@ struct DecoderConfig {
   YarnRope yarn;                // DeepSeek's rope_scaling (yarn; factor 0: none), serve/yarn_rope.hpp
 
   bool is_moe(std::int64_t layer) const { return moe_layer[std::size_t(layer)]; }
+  bool any_moe() const { return std::find(moe_layer.begin(), moe_layer.end(), true) != moe_layer.end(); }
   std::int64_t q_width() const { return heads * head_dim; }
   std::int64_t kv_width() const { return kv_heads * head_dim; }
   bool is_mla() const { return mla.kv_lora_rank > 0; }

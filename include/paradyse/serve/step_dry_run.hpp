@@ -298,7 +298,6 @@ inline DryRunTimeline dry_run_timeline(StepDryRunner& runner, const StepTrace& t
   using namespace step_dry_run_detail;
   DryRunTimeline out;
   if (t.tokens() <= 0) return out;
-  if (reads && !cost::prices_reuse(cluster.profile.gemm)) reads = nullptr;
   if (reads && std::ssize(*reads) < t.ranks) reads->resize(std::size_t(t.ranks));
   std::vector<RankStepTrace> runs;                  // the distinct ranks' traces
   std::vector<int> run_rank;                        // the rank each ran for
