@@ -1,3 +1,4 @@
+#include "paradyse/core/host_malloc.hpp"
 #include "paradyse/core/memory.hpp"
 #include "paradyse/core/tensor.hpp"
 
@@ -96,4 +97,17 @@ TEST_CASE("a host allocation the system refuses names its real size and reason, 
     CHECK(what.find("2^60") == std::string::npos);
   }
   CHECK(tracker.in_use() == 0);
+}
+
+TEST_CASE("host malloc: the new-page size is known once freed memory is kept, and only then") {
+  // Nothing in this test binary has set the C library's threshold before: its default moves with what is freed.
+  CHECK(paradyse::host_new_pages_from() == 0);
+  const bool set = paradyse::retain_freed_host_memory();
+#if defined(__GLIBC__)
+  CHECK(set);
+  CHECK(paradyse::host_new_pages_from() == paradyse::kHostMmapThreshold);
+#else
+  CHECK_FALSE(set);
+  CHECK(paradyse::host_new_pages_from() == 0);
+#endif
 }

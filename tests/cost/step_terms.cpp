@@ -9,6 +9,8 @@
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/cost/trace_cost.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -196,6 +198,39 @@ TEST_CASE("step terms: the fresh-memory fit recovers known rates and the first-t
   CHECK(f.fresh_min_bytes == 4000001);
   const std::vector<AllocationSample> unordered{{4e6, 1e-4}, {1e6, 1e-4}};
   CHECK_THROWS_WITH(fit_fresh_memory(unordered), doctest::Contains("ascending"));
+}
+
+TEST_CASE("step terms: the fresh-memory fit takes a known new-page size, however fast that size's first touch ran") {
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> zero_rate(1e10, 4e10), slower(1.2, 12.0), jitter(0.9, 1.1);
+  for (int trial = 0; trial < 50; ++trial) {
+    const double zero = zero_rate(rng);
+    const std::size_t first_fresh = 1 + std::size_t(trial % 5);  // index of the first size from new pages
+    std::vector<AllocationSample> samples;
+    double fresh_bytes = 0, fresh_seconds = 0, zero_bytes = 0, zero_seconds = 0;
+    for (std::size_t i = 0; i < 7; ++i) {
+      const double bytes = std::ldexp(1.0, 16 + 2 * int(i));  // 64 KiB .. 256 MiB
+      // Fresh samples from 1.2x to 12x the memset's time per byte: some under the factor rule's 3x.
+      const double seconds = bytes / zero * (i >= first_fresh ? slower(rng) : jitter(rng));
+      samples.push_back({bytes, seconds});
+      (i >= first_fresh ? fresh_bytes : zero_bytes) += bytes;
+      (i >= first_fresh ? fresh_seconds : zero_seconds) += seconds;
+    }
+    // The known size sits anywhere from just above the last reused sample to the first fresh one.
+    const double low = samples[first_fresh - 1].bytes, high = samples[first_fresh].bytes;
+    const auto known = std::int64_t(std::uniform_real_distribution<double>(low + 1, high)(rng));
+    const FreshMemoryModel f = fit_fresh_memory(samples, known);
+    CHECK(f.fresh_min_bytes == known);
+    CHECK(f.zero_bytes_per_s == doctest::Approx(zero_bytes / zero_seconds).epsilon(1e-12));
+    CHECK(f.fresh_bytes_per_s == doctest::Approx(fresh_bytes / fresh_seconds).epsilon(1e-12));
+    CHECK(f.time(double(known) - 1) == doctest::Approx((double(known) - 1) * zero_seconds / zero_bytes).epsilon(1e-12));
+    CHECK(f.time(double(known)) == doctest::Approx(double(known) * fresh_seconds / fresh_bytes).epsilon(1e-12));
+    // A known size that leaves no sample on one side is not used: the rates alone decide, as without it.
+    for (const std::int64_t outside : {std::int64_t(1), std::int64_t(samples.back().bytes) + 1}) {
+      const FreshMemoryModel alone = fit_fresh_memory(samples), with = fit_fresh_memory(samples, outside);
+      CHECK(with == alone);
+    }
+  }
 }
 
 TEST_CASE("step terms: the scalar-math fit recovers a known rate beyond the kernel's other work") {

@@ -19,6 +19,7 @@
 // (its profile's fresh_memory). Elsewhere than glibc it does nothing and returns false.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -32,14 +33,24 @@ namespace paradyse {
 // Allocations from this size up get pages of their own (glibc's largest mmap threshold on 64-bit systems).
 inline constexpr std::int64_t kHostMmapThreshold = std::int64_t(32) << 20;
 
+namespace host_malloc_detail {
+inline std::atomic<bool> retained{false};
+}
+
 // Makes the C library keep freed host memory for reuse (above). Returns whether it could (glibc: true).
 inline bool retain_freed_host_memory() {
 #if defined(__GLIBC__)
-  return mallopt(M_MMAP_THRESHOLD, int(kHostMmapThreshold)) == 1 &&
-         mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+  const bool set = mallopt(M_MMAP_THRESHOLD, int(kHostMmapThreshold)) == 1 &&
+                   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+  host_malloc_detail::retained = set;
+  return set;
 #else
   return false;
 #endif
 }
+
+// The size from which host allocations get new pages, where this process knows it (retain_freed_host_memory()
+// succeeded: kHostMmapThreshold); 0 where it does not (glibc's default threshold moves with what is freed).
+inline std::int64_t host_new_pages_from() noexcept { return host_malloc_detail::retained ? kHostMmapThreshold : 0; }
 
 }  // namespace paradyse

@@ -5,6 +5,7 @@
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/host_malloc.hpp"
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/core/trace.hpp"
 #include "paradyse/cost/calibration_fits.hpp"
@@ -31,7 +32,8 @@ namespace paradyse::cost::calibrate_detail {
 // Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then
 // all freed, as a step's activations are (one Tensor made and freed again and again would measure the C library's
 // reuse of that one block, not a step; when the working set is freed the library gives its pages back, so the next
-// step faults them in again). Samples are per allocation: the working set's time over its tensors.
+// step faults them in again). Samples are per allocation: the working set's time over its tensors. The size from
+// which allocations get new pages is the C library's threshold where this process set it (core/host_malloc.hpp).
 template <class Backend, Communicator C>
 void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibration& result) {
   std::vector<AllocationSample> samples;
@@ -44,7 +46,7 @@ void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibrat
     });
     samples.push_back({double(bytes), t / double(count)});
   }
-  result.profile.fresh_memory = fit_fresh_memory(samples);
+  result.profile.fresh_memory = fit_fresh_memory(samples, host_new_pages_from());
   for (const AllocationSample& s : samples)
     result.samples.push_back({fmt::format("fresh tensor {} B", std::int64_t(s.bytes)), s.seconds,
                               result.profile.fresh_memory.time(s.bytes)});

@@ -23,11 +23,18 @@ struct AllocationSample {
   double seconds = 0;
 };
 
-// Reused pages cost a memset, new pages a fault each on top (8x here): a sample is fresh when its seconds per byte
-// exceed `fresh_factor` times the smallest sample's. The zero rate is fitted on the others, the fresh rate on the
-// fresh ones, and fresh_min_bytes is the smallest size from which every larger sample is fresh (none: the largest
-// sample plus one, so that every allocation is priced at the zero rate). Samples must be ascending in bytes.
-inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> samples, double fresh_factor = 3) {
+// Reused pages cost a memset, new pages a fault each on top (8x here). Where the size from which the C library hands
+// out new pages is known (`new_pages_from` > 0: core/host_malloc.hpp's threshold once retain_freed_host_memory() set
+// it), the samples below it are the reused ones and the others fresh, and fresh_min_bytes is that size. Else a sample
+// is fresh when its seconds per byte exceed `fresh_factor` times the smallest sample's, and fresh_min_bytes is the
+// smallest size from which every larger sample is fresh (none: the largest sample plus one, so that every allocation
+// is priced at the zero rate); a known size that leaves either group empty is not used. Found from the rates alone,
+// the size moved with this VM's page faults: a calibration timed its 32 MiB sample at 4.7 GB/s and the 64 MiB one
+// at 2.4, another put the 32 MiB one under 3x the memset's time per byte and the size at 64 MiB, pricing ColossalZ's
+// 32 MiB score matrices as reused memory (2,048 tokens predicted at 0.69 of the measured step). The zero rate is
+// fitted on the reused samples, the fresh rate on the fresh ones. Samples must be ascending in bytes.
+inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> samples, std::int64_t new_pages_from = 0,
+                                         double fresh_factor = 3) {
   check(!samples.empty(), "fit_fresh_memory: no samples");
   double fastest = 1e300;
   for (std::size_t i = 0; i < samples.size(); ++i) {
@@ -36,10 +43,15 @@ inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> sampl
     check(i == 0 || samples[i].bytes > samples[i - 1].bytes, "fit_fresh_memory: samples must be ascending in bytes");
     fastest = std::min(fastest, samples[i].seconds / samples[i].bytes);
   }
-  // The first fresh sample of the trailing run of fresh ones.
-  std::size_t first_fresh = samples.size();
-  while (first_fresh > 0 && samples[first_fresh - 1].seconds / samples[first_fresh - 1].bytes > fresh_factor * fastest)
-    --first_fresh;
+  // The first fresh sample: the first from the known size, else the first of the trailing run of slow ones.
+  const auto slow = [&](std::size_t i) { return samples[i].seconds / samples[i].bytes > fresh_factor * fastest; };
+  std::size_t first_fresh = 0;
+  while (first_fresh < samples.size() && samples[first_fresh].bytes < double(new_pages_from)) ++first_fresh;
+  const bool use_known = new_pages_from > 0 && first_fresh > 0 && first_fresh < samples.size();
+  if (!use_known) {
+    first_fresh = samples.size();
+    while (first_fresh > 0 && slow(first_fresh - 1)) --first_fresh;
+  }
   // Bytes over seconds of the group (a relative least-squares slope would follow its fastest sample).
   const auto rate_of = [&](std::size_t begin, std::size_t end) {
     double bytes = 0, seconds = 0;
@@ -49,8 +61,9 @@ inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> sampl
   FreshMemoryModel model;
   model.zero_bytes_per_s = rate_of(0, std::max<std::size_t>(first_fresh, 1));
   model.fresh_bytes_per_s = first_fresh < samples.size() ? rate_of(first_fresh, samples.size()) : model.zero_bytes_per_s;
-  model.fresh_min_bytes = first_fresh < samples.size() ? std::int64_t(samples[first_fresh].bytes)
-                                                       : std::int64_t(samples.back().bytes) + 1;
+  model.fresh_min_bytes = use_known                      ? new_pages_from
+                          : first_fresh < samples.size() ? std::int64_t(samples[first_fresh].bytes)
+                                                         : std::int64_t(samples.back().bytes) + 1;
   return model;
 }
 
