@@ -44,14 +44,13 @@ inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> sampl
     fastest = std::min(fastest, samples[i].seconds / samples[i].bytes);
   }
   // The first fresh sample: the first from the known size, else the first of the trailing run of slow ones.
-  const auto slow = [&](std::size_t i) { return samples[i].seconds / samples[i].bytes > fresh_factor * fastest; };
-  std::size_t first_fresh = 0;
-  while (first_fresh < samples.size() && samples[first_fresh].bytes < double(new_pages_from)) ++first_fresh;
-  const bool use_known = new_pages_from > 0 && first_fresh > 0 && first_fresh < samples.size();
-  if (!use_known) {
-    first_fresh = samples.size();
-    while (first_fresh > 0 && slow(first_fresh - 1)) --first_fresh;
-  }
+  const auto below_known = std::size_t(std::ranges::count_if(
+      samples, [&](const AllocationSample& s) { return s.bytes < double(new_pages_from); }));
+  const bool use_known = new_pages_from > 0 && below_known > 0 && below_known < samples.size();
+  std::size_t first_fresh = use_known ? below_known : samples.size();
+  const auto slow = [&](const AllocationSample& s) { return s.seconds / s.bytes > fresh_factor * fastest; };
+  if (!use_known)
+    while (first_fresh > 0 && slow(samples[first_fresh - 1])) --first_fresh;
   // Bytes over seconds of the group (a relative least-squares slope would follow its fastest sample).
   const auto rate_of = [&](std::size_t begin, std::size_t end) {
     double bytes = 0, seconds = 0;
