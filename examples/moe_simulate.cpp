@@ -39,7 +39,8 @@
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
-// the round's policy). Each row ends in its count of cells within the bounds (10% on the p50s and tokens/s, 20% on
+// the round's policy; its steps with a prompt chunk and those of decode tokens alone each at their own slowdown; rows
+// "cpu @steps 1": every step at the one slowdown of all together, for comparison). Each row ends in its count of cells within the bounds (10% on the p50s and tokens/s, 20% on
 // the p99s). scripts/validate_serving.sh runs it and records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
@@ -472,8 +473,9 @@ void write_steps(std::ofstream& f, const std::string& policy, const char* clock,
     const MeasuredStep& s = steps[i];
     std::int64_t decodes = 0;
     for (const ChunkShape& ch : s.trace.chunks) decodes += ch.decode ? 1 : 0;
-    f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{},{},{:.9f}\n", policy, clock, round, i, s.end, s.timing.step_s,
-                     s.timing.cpu_s, s.trace.tokens(), decodes, costs[i].total_s());
+    f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{},{},{:.9f},{},{:.9f}\n", policy, clock, round, i, s.end,
+                     s.timing.step_s, s.timing.cpu_s, s.trace.tokens(), decodes, costs[i].total_s(),
+                     s.trace.planning_events, s.forecast_s);
   }
 }
 
@@ -576,8 +578,8 @@ std::vector<ServeRequest> step_probe_requests(const Options& o, const DecoderCon
 // clock on `cluster` charges their steps what they took. Beside the GEMM probe, it sees what the GEMMs alone do not
 // (the engine's steps were priced at 0.71-1.02x their time from run to run while the GEMM probe read the machine at
 // its calibrated speed).
-double probe_steps(const Options& o, const LoadedDecoder& model, const std::vector<ServeRequest>& requests,
-                   const EnginePolicy& policy, const SimulatedCluster& cluster) {
+StepProbeReading probe_steps(const Options& o, const LoadedDecoder& model, const std::vector<ServeRequest>& requests,
+                             const EnginePolicy& policy, const SimulatedCluster& cluster) {
   const EngineOptions options = measure_options(o, requests);
   ServedSteps served;
   run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
@@ -733,8 +735,12 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
       for (std::size_t i = 0; i < forecasting.traces.size(); ++i)
         forecasts.push_back({forecasting.traces[i].planning_events, forecasting.stats.step_forecast_s[i]});
       profile.planning_events_per_s = fit_planning_rate(forecasts);
+      double events = 0, seconds = 0, ran = 0;
+      for (const ForecastSample& f : forecasts)
+        if (f.seconds > 0) events += double(f.events), seconds += f.seconds, ++ran;
       fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host (a served run's {} "
-                 "steps)\n", profile.planning_events_per_s / 1e6, forecasts.size());
+                 "steps; {:.0f} events and {:.1f} us a forecast)\n", profile.planning_events_per_s / 1e6,
+                 forecasts.size(), events / std::max(1.0, ran), 1e6 * seconds / std::max(1.0, ran));
     }
     profile.rank_jitter = fit_rank_jitter(served.timings, o.ranks);
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
@@ -800,7 +806,7 @@ int measure(const Options& o) {
   if (!o.steps_csv.empty()) {
     steps_csv.open(o.steps_csv);
     check(bool(steps_csv), "--steps-csv {}: cannot write the file", o.steps_csv);
-    steps_csv << "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s\n";
+    steps_csv << "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s,planning_events,forecast_s\n";
   }
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
@@ -813,7 +819,7 @@ int measure(const Options& o) {
     // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
     // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
     auto serve = [&](std::size_t pi, int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps,
-                     double slowdown = 1) {
+                     StepSlowdown slowdown = {}) {
       std::vector<RequestOutcome> out;
       EngineStats stats;
       run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
@@ -857,9 +863,10 @@ int measure(const Options& o) {
     // --steps-csv both); simulated at the machine's speed then by the GEMM probe and by the step probe (each probe
     // before and after the round, their mean).
     struct Rounds {
-      std::vector<Result> measured, on_cpu, at_speed, at_step;
+      std::vector<Result> measured, on_cpu, at_speed, at_step, at_step_all;
       std::vector<std::vector<MeasuredStep>> wall_steps, cpu_steps;
-      std::vector<double> speed, step_speed;
+      std::vector<double> speed;
+      std::vector<StepProbeReading> step_speed;
     };
     std::vector<Rounds> rounds(policies.size());
     RoutingRecorder recorder;
@@ -876,14 +883,19 @@ int measure(const Options& o) {
     for (int round = 0; round < o.rounds; ++round)
       for (std::size_t pi = 0; pi < policies.size(); ++pi) {
         Rounds& r = rounds[pi];
-        const double before = probe(), steps_before = probe_engine(pi);
+        const double before = probe();
+        const StepProbeReading steps_before = probe_engine(pi);
         r.wall_steps.emplace_back(), r.cpu_steps.emplace_back();
         r.measured.push_back(serve(pi, 0, tp_records(pi, round), &r.wall_steps.back()));
         r.on_cpu.push_back(serve(pi, 1, nullptr, &r.cpu_steps.back()));
-        r.step_speed.push_back(0.5 * (steps_before + probe_engine(pi)));
+        const StepProbeReading steps_after = probe_engine(pi);
+        r.step_speed.push_back({{0.5 * (steps_before.by_kind.decode + steps_after.by_kind.decode),
+                                 0.5 * (steps_before.by_kind.prompt + steps_after.by_kind.prompt)},
+                                0.5 * (steps_before.all + steps_after.all)});
         r.speed.push_back(0.5 * (before + probe()));
-        r.at_speed.push_back(serve(pi, 2, nullptr, nullptr, r.speed.back()));
-        r.at_step.push_back(serve(pi, 2, nullptr, nullptr, r.step_speed.back()));
+        r.at_speed.push_back(serve(pi, 2, nullptr, nullptr, StepSlowdown::uniform(r.speed.back())));
+        r.at_step.push_back(serve(pi, 2, nullptr, nullptr, r.step_speed.back().by_kind));
+        r.at_step_all.push_back(serve(pi, 2, nullptr, nullptr, StepSlowdown::uniform(r.step_speed.back().all)));
       }
     if (recorded) {
       recorder.save(o.record_routing, "--record-routing");
@@ -898,7 +910,8 @@ int measure(const Options& o) {
     fmt::print(" {:>6}\n", "bounds");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
       const Policy& pol = policies[pi];
-      const auto& [measured, on_cpu, at_speed, at_step, wall_steps, cpu_steps, speed, step_speed] = rounds[pi];
+      const auto& [measured, on_cpu, at_speed, at_step, at_step_all, wall_steps, cpu_steps, speed, step_speed] =
+          rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
       std::vector<std::vector<StepCost>> cpu_costs, mem_costs, fits_costs, cycle_costs;
@@ -933,7 +946,7 @@ int measure(const Options& o) {
                 "wall", &measured, &sim, nullptr},
             {"cpu", &on_cpu, &sim, nullptr}, {"cpu mem", &on_cpu, &sim_mem, nullptr},
             {"wall @speed", &measured, nullptr, &at_speed}, {"cpu @speed", &on_cpu, nullptr, &at_speed},
-            {"cpu @steps", &on_cpu, nullptr, &at_step}}) {
+            {"cpu @steps 1", &on_cpu, nullptr, &at_step_all}, {"cpu @steps", &on_cpu, nullptr, &at_step}}) {
         if (simulated == &sim_mem && !compare_mem) continue;
         fmt::print("{:<16} {:>11}", pol.name, clock_name);
         int within = 0;
@@ -958,7 +971,9 @@ int measure(const Options& o) {
       for (const double x : speed) fmt::print(" {:.2f}", x);
       fmt::print("\n{:<16} {:>11}  step probe (a burst's steps on the CPU clock / their price) around each round:",
                  pol.name, "");
-      for (const double x : step_speed) fmt::print(" {:.2f}", x);
+      for (const StepProbeReading& x : step_speed) fmt::print(" {:.2f}", x.all);
+      fmt::print("\n{:<16} {:>11}  the same, steps with a prompt chunk / of decode tokens alone:", pol.name, "");
+      for (const StepProbeReading& x : step_speed) fmt::print(" {:.2f}/{:.2f}", x.by_kind.prompt, x.by_kind.decode);
       fmt::print("\n");
     }
     print_breakdowns(breakdowns);
@@ -1022,7 +1037,8 @@ int main(int argc, char** argv) {
       .nonempty("a file name");
   flags.text("--steps-csv", o.steps_csv,
              "--measure: write every step of every measured round on both clocks and of the simulated run (policy, "
-             "clock, round, end, duration, CPU time, tokens, decodes, simulated price) to FILE", "FILE")
+             "clock, round, end, duration, CPU time, tokens, decodes, simulated price, the dynamic policy's forecast: its "
+             "dry-run events and rank 0's CPU in it) to FILE", "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);
   // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag

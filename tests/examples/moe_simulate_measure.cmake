@@ -4,12 +4,14 @@
 # host rate for the dynamic policy's forecast added, and one of the synthetic MoE's GEMM shapes as measured, so nothing
 # is calibrated).
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
-# Checks: exit 0; every policy's wall, cpu, @speed and @steps rows, each ending in its count of cells within the
-# bounds; the step probe's reading around each round (2, positive); the per-step table's rows, the forecast's host
+# Checks: exit 0; every policy's wall, cpu, @speed, @steps 1 and @steps rows, each ending in its count of cells within
+# the bounds; the step probe's reading around each round (2, positive), of all steps and of each kind (steps with a
+# prompt chunk / of decode tokens alone); the per-step table's rows, the forecast's host
 # work spent and charged in the dynamic policy's steps alone, and the same steps priced on the GEMM fits alone
 # (", fits": the profile has measured shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
 # its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
-# its slowest rank) never shorter than rank 0's own CPU time in it; static TP's routing recorded (--record-routing).
+# its slowest rank) never shorter than rank 0's own CPU time in it, the forecast's events and CPU time in the dynamic
+# policy's measured steps alone; static TP's routing recorded (--record-routing).
 cmake_minimum_required(VERSION 3.20)
 foreach(var EXE PROFILE WORK)
   if(NOT DEFINED ${var})
@@ -32,7 +34,7 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "moe_simulate --measure exited ${rc}:\n${out}\n${err}")
 endif()
 foreach(policy "static TP" "static EP" "dynamic TP/EP")
-  foreach(clock "wall" "cpu" "wall @speed" "cpu @speed" "cpu @steps")
+  foreach(clock "wall" "cpu" "wall @speed" "cpu @speed" "cpu @steps 1" "cpu @steps")
     if(NOT out MATCHES "${policy} +${clock} +[0-9.]+ +[0-9]+% +[0-9.]+[^\n]* [0-5]/5\n")
       message(FATAL_ERROR "moe_simulate --measure prints no \"${clock}\" row for ${policy}:\n${out}")
     endif()
@@ -42,6 +44,15 @@ foreach(policy "static TP" "static EP" "dynamic TP/EP")
     message(FATAL_ERROR
             "moe_simulate --measure prints no positive step probe reading for each of ${policy}'s 2 rounds:\n${out}")
   endif()
+  set(pair "([0-9]+[.][0-9]+)/([0-9]+[.][0-9]+)")
+  if(NOT out MATCHES "${policy} +the same, steps with a prompt chunk / of decode tokens alone: ${pair} ${pair}\n")
+    message(FATAL_ERROR "moe_simulate --measure prints no step probe reading by kind for ${policy}'s 2 rounds:\n${out}")
+  endif()
+  foreach(i 1 2 3 4)
+    if(CMAKE_MATCH_${i} EQUAL 0)
+      message(FATAL_ERROR "a step probe reading by kind of ${policy} is 0:\n${out}")
+    endif()
+  endforeach()
   # The per-step table: count, tokens, cpu, rank 0, run, forecast (measured), simulated, compute, comm, host,
   # forecast (priced).
   set(number "[0-9]+[.][0-9]+")
@@ -71,7 +82,7 @@ if(NOT EXISTS "${WORK}/routing.csv")
 endif()
 file(STRINGS "${WORK}/steps.csv" rows)
 list(POP_FRONT rows header)
-if(NOT header STREQUAL "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s")
+if(NOT header STREQUAL "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s,planning_events,forecast_s")
   message(FATAL_ERROR "steps.csv: unexpected header \"${header}\"")
 endif()
 set(seen "")
@@ -83,7 +94,18 @@ foreach(row IN LISTS rows)
   list(GET f 5 step_s)
   list(GET f 6 cpu_s)
   list(GET f 9 simulated_s)
+  list(GET f 10 events)
+  list(GET f 11 forecast_s)
   list(APPEND seen "${policy}/${clock}/${round}")
+  if(NOT policy STREQUAL "dynamic" AND NOT (events EQUAL 0 AND forecast_s EQUAL 0))
+    message(FATAL_ERROR "steps.csv: ${policy} plans no forecast, yet a step has ${events} events, ${forecast_s} s: ${row}")
+  endif()
+  if(policy STREQUAL "dynamic" AND NOT clock STREQUAL "simulated" AND events GREATER 0)
+    set(forecast_ran TRUE)
+    if(NOT forecast_s GREATER 0)
+      message(FATAL_ERROR "steps.csv: a forecast of ${events} events took ${forecast_s} s: ${row}")
+    endif()
+  endif()
   if(NOT simulated_s GREATER 0)
     message(FATAL_ERROR "steps.csv: a step priced at ${simulated_s} s: ${row}")
   endif()
@@ -93,6 +115,9 @@ foreach(row IN LISTS rows)
     message(FATAL_ERROR "steps.csv: a CPU-clock step of ${step_s} s, shorter than rank 0's own ${cpu_s} s: ${row}")
   endif()
 endforeach()
+if(NOT forecast_ran)
+  message(FATAL_ERROR "steps.csv: the dynamic policy's measured steps record no forecast")
+endif()
 list(REMOVE_DUPLICATES seen)
 foreach(policy tp ep dynamic)
   foreach(run wall/0 wall/1 cpu/0 cpu/1 simulated/0)

@@ -4,11 +4,13 @@
 // rank the same finite value, taken over the profile's baseline where it has one (the probe's reading of the
 // calibration's own samples of its shapes); a SimulatedClock slowed by s charges exactly s times every part of every
 // step's price, and a run on it takes the same decisions and produces the same tokens as at speed 1, every time stamp
-// s times (arrivals at 0); a slowdown that is not positive and finite is refused by name. The step probe (serve/
-// step_probe.hpp): a burst served on the synchronised CPU clock on 2 and 3 thread ranks hands rank 0 every step's
-// trace and timing (the others nothing) and the tokens a simulated run of the same requests produces; its slowdown is
-// the steps' time over their price, both summed, over the mean of the profile's step jitter, exactly, and a clock
-// slowed by s reads it s times lower.
+// s times (arrivals at 0); slowed by kind, a step with a prompt chunk is charged the prompt factor and one of decode
+// tokens alone the decode factor; a slowdown that is not positive and finite is refused by name. The step probe
+// (serve/step_probe.hpp): a burst served on the synchronised CPU clock on 2 and 3 thread ranks hands rank 0 every
+// step's trace and timing (the others nothing) and the tokens a simulated run of the same requests produces; its
+// slowdown, of all steps and of each kind (steps scaled by random factors), is the steps' time over their price, both
+// summed, over the mean of the profile's step jitter, exactly; a clock set to the kinds' slowdowns charges each kind
+// what it took; a burst of one kind gives the other the factor of all; a clock slowed by s reads it s times lower.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
@@ -16,6 +18,7 @@
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/speed_probe.hpp"
 #include "paradyse/serve/step_probe.hpp"
+#include "support/fresh_seed.hpp"
 
 #include <doctest/doctest.h>
 
@@ -198,13 +201,25 @@ TEST_CASE("simulated clock: slowed by s it charges s times every part of a step'
   CHECK(b.compute_s == doctest::Approx(2.5 * a.compute_s).epsilon(1e-12));
   CHECK(b.communication_s == doctest::Approx(2.5 * a.communication_s).epsilon(1e-12));
   CHECK(b.switch_s == doctest::Approx(2.5 * a.switch_s).epsilon(1e-12));
-  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")})
+  // By kind: the step with a prompt chunk at the prompt factor, the same batch as decode tokens alone at the decode's.
+  SimulatedClock kinds(m.config, simulated_cluster("h100", 2));
+  kinds.set_slowdown(StepSlowdown{1.5, 3.0});
+  CHECK(trace.has_prompt());
+  CHECK(kinds.price(trace).total_s() == doctest::Approx(3.0 * a.total_s()).epsilon(1e-12));
+  StepTrace decodes = trace;
+  decodes.chunks = {{1, 4, true}, {1, 9, true}, {1, 5, true}, {1, 7, true}};  // the same 4 tokens, 8 pairs
+  CHECK_FALSE(decodes.has_prompt());
+  CHECK(kinds.price(decodes).total_s() == doctest::Approx(1.5 * one.price(decodes).total_s()).epsilon(1e-12));
+  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
     CHECK_THROWS_WITH_AS(slowed.set_slowdown(bad), doctest::Contains("slowdown"), Error);
+    CHECK_THROWS_WITH_AS(slowed.set_slowdown(StepSlowdown{1.0, bad}), doctest::Contains("slowdown"), Error);
+    CHECK_THROWS_WITH_AS(slowed.set_slowdown(StepSlowdown{bad, 1.0}), doctest::Contains("slowdown"), Error);
+  }
 }
 
-TEST_CASE("step probe: a burst on the CPU clock, its steps' time over their price, over the step jitter's mean") {
+TEST_CASE("step probe: a burst on the CPU clock, its steps' time over their price, by kind and all together, over the step jitter's mean") {
   const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
-  std::mt19937_64 rng(20261204);
+  PARADYSE_FRESH_RNG(rng);
   for (const int ranks : {2, 3}) {
     CAPTURE(ranks);
     std::vector<TraceRequest> t = poisson_trace(50.0, 7, {2, 9, 2, 6}, 11 + ranks);
@@ -259,11 +274,45 @@ TEST_CASE("step probe: a burst on the CPU clock, its steps' time over their pric
     const std::vector<double> ratios = step_price_ratios(scaled, priced);
     REQUIRE(ratios.size() == factors.size());
     for (std::size_t i = 0; i < ratios.size(); ++i) CHECK(ratios[i] == doctest::Approx(factors[i]).epsilon(1e-12));
-    CHECK(step_slowdown(scaled, priced) == doctest::Approx(time / price).epsilon(1e-12));
-    CHECK(step_slowdown(scaled, jittered) == doctest::Approx(time / price / 1.05).epsilon(1e-12));
+    CHECK(step_slowdown(scaled, priced).all == doctest::Approx(time / price).epsilon(1e-12));
+    CHECK(step_slowdown(scaled, jittered).all == doctest::Approx(time / price / 1.05).epsilon(1e-12));
     SimulatedClock slowed(m.config, simulated_cluster("h100", 4));
     slowed.set_slowdown(1.6);
-    CHECK(step_slowdown(served, slowed) == doctest::Approx(step_slowdown(served, priced) / 1.6).epsilon(1e-12));
+    CHECK(step_slowdown(served, slowed).all == doctest::Approx(step_slowdown(served, priced).all / 1.6).epsilon(1e-12));
+
+    // By kind: the steps with a prompt chunk and those of decode tokens alone, each summed on its own; the burst
+    // serves both kinds (every request's prompt, then its decode tokens).
+    double kind_time[2] = {0, 0}, kind_price[2] = {0, 0};  // [decode, prompt]
+    for (std::size_t i = 0; i < scaled.traces.size(); ++i) {
+      const StepTrace& t = scaled.traces[i];
+      const bool prompt = std::any_of(t.chunks.begin(), t.chunks.end(), [](const ChunkShape& ch) { return !ch.decode; });
+      CHECK(t.has_prompt() == prompt);
+      kind_time[prompt ? 1 : 0] += scaled.timings[i].step_s;
+      kind_price[prompt ? 1 : 0] += priced.price(t).total_s();
+    }
+    REQUIRE(kind_price[0] > 0);
+    REQUIRE(kind_price[1] > 0);
+    const StepProbeReading read = step_slowdown(scaled, jittered);
+    CHECK(read.by_kind.decode == doctest::Approx(kind_time[0] / kind_price[0] / 1.05).epsilon(1e-12));
+    CHECK(read.by_kind.prompt == doctest::Approx(kind_time[1] / kind_price[1] / 1.05).epsilon(1e-12));
+    // A clock set to the kinds' slowdowns charges the burst what it took, each kind to the rounding (in expectation
+    // over the jitter; without it, exactly).
+    SimulatedClock by_kind(m.config, simulated_cluster("h100", 4));
+    by_kind.set_slowdown(step_slowdown(scaled, priced).by_kind);
+    double charged[2] = {0, 0};
+    for (const StepTrace& t : scaled.traces) charged[t.has_prompt() ? 1 : 0] += by_kind.price(t).total_s();
+    CHECK(charged[0] == doctest::Approx(kind_time[0]).epsilon(1e-12));
+    CHECK(charged[1] == doctest::Approx(kind_time[1]).epsilon(1e-12));
+    // A burst of one kind: the other kind takes the factor of all.
+    ServedSteps decodes;
+    for (std::size_t i = 0; i < scaled.traces.size(); ++i)
+      if (!scaled.traces[i].has_prompt())
+        decodes.traces.push_back(scaled.traces[i]), decodes.timings.push_back(scaled.timings[i]);
+    REQUIRE_FALSE(decodes.traces.empty());
+    const StepProbeReading alone = step_slowdown(decodes, priced);
+    CHECK(alone.by_kind.decode == doctest::Approx(kind_time[0] / kind_price[0]).epsilon(1e-12));
+    CHECK(alone.by_kind.prompt == alone.all);
+    CHECK(alone.all == alone.by_kind.decode);
   }
   ServedSteps uneven;
   uneven.traces.resize(2);

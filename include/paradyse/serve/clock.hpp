@@ -19,8 +19,10 @@
 //     jumps to the next arrival; the engine's host work (its bookkeeping per step and chunk, the dynamic policy's
 //     forecast: StepTrace::planning_events, at the profile's calibrated rates) is charged with the step; with the
 //     profile's step_jitter each step's price is multiplied by a factor drawn for it (seeded, so a run is the same
-//     every time; price() is without it); set_slowdown(s) multiplies every price by s (the machine's speed at the
-//     moment of a measured run against its calibrated profile, serve/speed_probe.hpp). Deterministic: the same trace
+//     every time; price() is without it); set_slowdown multiplies every price by the machine's slowdown at the
+//     moment of a measured run against its calibrated profile (StepSlowdown: one factor for the steps with a prompt
+//     chunk, one for those of decode tokens alone; serve/speed_probe.hpp reads one for both, serve/step_probe.hpp
+//     each). Deterministic: the same trace
 //     sequence gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch,
 //     host). It prices a step without advancing (price). On a profile with GEMM tables at several reuse distances
 //     (cost::GemmModel::reuse) it keeps, per modelled rank, the weights read so far (cost/gemm_reuse.hpp WeightReads)
@@ -52,6 +54,18 @@
 #include <vector>
 
 namespace paradyse::serve {
+
+// How much slower than its profile the machine runs the engine's steps, by the step's kind: each price is multiplied
+// by its kind's factor. Two kinds because they need not move together: on the shared 2-core machine of
+// docs/serving_simulation.md the steps with a prompt chunk ran 3-13% further over their price than the decode steps
+// under static EP, in every round of both models, and one factor for all steps, time-weighted, follows the decode
+// steps (four fifths of the time).
+struct StepSlowdown {
+  double decode = 1;  // steps of decode tokens alone
+  double prompt = 1;  // steps with a prompt chunk
+  static StepSlowdown uniform(double s) { return {s, s}; }
+  double of(const StepTrace& t) const { return t.has_prompt() ? prompt : decode; }
+};
 
 struct StepTiming {
   double step_s = 0;            // the step, planning to sampled tokens
@@ -242,14 +256,17 @@ public:
   // run's steps priced in turn from an empty `reads` are priced as the clock advances through them.
   StepCost price(const StepTrace& trace, std::vector<cost::WeightReads>& reads) {
     StepCost c = simulated_step_cost(*dry_run_, trace, cluster_, &reads);
-    return c *= slowdown_;
+    return c *= slowdown_.of(trace);
   }
-  // How much slower than its profile the machine runs (serve/speed_probe.hpp: a calibrated profile's machine at the
-  // moment of a measured run); every price is multiplied by it. 1 (the default): the profile's speed.
-  void set_slowdown(double s) {
-    check(s > 0 && std::isfinite(s), "SimulatedClock: slowdown {} must be positive and finite", s);
+  // How much slower than its profile the machine runs (a calibrated profile's machine at the moment of a measured
+  // run: serve/speed_probe.hpp, serve/step_probe.hpp); every price is multiplied by its step kind's factor. 1 (the
+  // default): the profile's speed.
+  void set_slowdown(StepSlowdown s) {
+    for (const double f : {s.decode, s.prompt})
+      check(f > 0 && std::isfinite(f), "SimulatedClock: slowdown {} must be positive and finite", f);
     slowdown_ = s;
   }
+  void set_slowdown(double s) { set_slowdown(StepSlowdown::uniform(s)); }
   // The totals over the steps since start().
   const StepCost& totals() const noexcept { return total_; }
   const SimulatedCluster& cluster() const noexcept { return cluster_; }
@@ -270,7 +287,7 @@ private:
   std::unique_ptr<StepDryRunner> dry_run_;  // the meta shards it keeps between steps
   std::vector<cost::WeightReads> reads_;     // per rank: the weights read so far (the GEMMs' reuse distances)
   static constexpr std::uint64_t kJitterSeed = 0x5eed5eed;
-  double slowdown_ = 1;
+  StepSlowdown slowdown_;
   double now_ = 0;
   StepCost total_;
   Rng jitter_{kJitterSeed};

@@ -1,11 +1,11 @@
 // paradyse/serve/step_probe.hpp: how the engine's steps run now against the price the simulated clock gives them: a
 // short burst of requests served on the synchronised CPU clock (serve/clock.hpp CpuClock), each step's measured time
 // over the time model's price of its trace: the slowdown at which the simulated clock charges those steps what they
-// took.
+// took, for the steps with a prompt chunk and for those of decode tokens alone (serve/clock.hpp StepSlowdown).
 //
 //   run_ranks(p, [&](ThreadCommunicator& plain) {
 //     const ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, options, policy);  // every rank
-//     if (!s.traces.empty()) slowdown = step_slowdown(s, priced);                               // rank 0 holds them
+//     if (!s.traces.empty()) slowdown = step_slowdown(s, priced).by_kind;                    // rank 0 holds them
 //   });
 //   SimulatedClock clock(c, cluster);  clock.set_slowdown(slowdown);  // the simulation at the engine's speed now
 //
@@ -79,20 +79,33 @@ inline std::vector<double> step_price_ratios(const ServedSteps& steps, Simulated
   return ratios;
 }
 
-// The slowdown at which `priced` charges these steps, in expectation, the time they took: their measured time over
-// their price, both summed (time-weighted, as a run's latencies add up its steps), over the mean factor of the
-// profile's step jitter (SimulatedClock draws one of HardwareProfile::step_jitter's quantiles for each step; they are
-// taken around the calibration's median step, so their mean is a little over 1). 1: the steps run at their price.
-inline double step_slowdown(const ServedSteps& steps, SimulatedClock& priced) {
+// What the probe reads: the slowdown at which `priced` charges these steps, in expectation, the time they took, for
+// each kind of step (StepSlowdown: those with a prompt chunk, those of decode tokens alone) and for all together: the
+// steps' measured time over their price, both summed (time-weighted, as a run's latencies add up its steps), over the
+// mean factor of the profile's step jitter (SimulatedClock draws one of HardwareProfile::step_jitter's quantiles for
+// each step; they are taken around the calibration's median step, so their mean is a little over 1). 1: the steps run
+// at their price. A kind the burst served no step of takes the factor of all.
+struct StepProbeReading {
+  StepSlowdown by_kind;  // what the simulated clock is set to (SimulatedClock::set_slowdown)
+  double all = 1;        // one factor for every step (moe_simulate's rows "cpu @steps 1", for comparison)
+};
+
+inline StepProbeReading step_slowdown(const ServedSteps& steps, SimulatedClock& priced) {
   check(!steps.traces.empty(), "step_slowdown: the probe served no step");
   const std::vector<double> prices = step_prices(steps, priced);
-  double measured = 0;
-  for (const StepTiming& t : steps.timings) measured += t.step_s;
-  const double price = std::accumulate(prices.begin(), prices.end(), 0.0);
+  double measured[2] = {0, 0}, price[2] = {0, 0};  // [decode, prompt]
+  for (std::size_t i = 0; i < prices.size(); ++i) {
+    const int kind = steps.traces[i].has_prompt() ? 1 : 0;
+    measured[kind] += steps.timings[i].step_s, price[kind] += prices[i];
+  }
   const std::vector<double>& jitter = priced.cluster().profile.step_jitter;
   const double jitter_mean =
       jitter.empty() ? 1.0 : std::accumulate(jitter.begin(), jitter.end(), 0.0) / double(jitter.size());
-  return measured / price / jitter_mean;
+  StepProbeReading r;
+  r.all = (measured[0] + measured[1]) / (price[0] + price[1]) / jitter_mean;
+  const auto of = [&](int kind) { return price[kind] > 0 ? measured[kind] / price[kind] / jitter_mean : r.all; };
+  r.by_kind = {of(0), of(1)};
+  return r;
 }
 
 }  // namespace paradyse::serve

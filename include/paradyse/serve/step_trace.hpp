@@ -42,6 +42,10 @@ struct StepTrace {
     for (const ChunkShape& c : chunks) n += c.tokens;
     return n;
   }
+  // Whether a prompt chunk rides in the step (else it holds decode tokens alone).
+  bool has_prompt() const {
+    return std::any_of(chunks.begin(), chunks.end(), [](const ChunkShape& c) { return !c.decode; });
+  }
   bool changes_layout() const {
     for (const auto& n : next)
       if (n) return true;
