@@ -40,8 +40,9 @@
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
 // the round's policy; its steps with a prompt chunk and those of decode tokens alone each at their own slowdown; rows
-// "cpu @steps 1": every step at the one slowdown of all together, for comparison). Each row ends in its count of cells within the bounds (10% on the p50s and tokens/s, 20% on
-// the p99s). scripts/validate_serving.sh runs it and records the load average.
+// "cpu @steps 1": every step at the one slowdown of all together, for comparison). Each row ends in its count of
+// cells within the bounds (10% on the p50s and tokens/s, 20% on the p99s). scripts/validate_serving.sh runs it and
+// records the load average.
 // --record-routing FILE writes the routing of the measured static-TP run (step, layer, tokens, counts per expert),
 // which --routing recorded:FILE replays for any shape with the same expert count.
 #include "paradyse/cli/flags.hpp"
@@ -1037,8 +1038,8 @@ int main(int argc, char** argv) {
       .nonempty("a file name");
   flags.text("--steps-csv", o.steps_csv,
              "--measure: write every step of every measured round on both clocks and of the simulated run (policy, "
-             "clock, round, end, duration, CPU time, tokens, decodes, simulated price, the dynamic policy's forecast: its "
-             "dry-run events and rank 0's CPU in it) to FILE", "FILE")
+             "clock, round, end, duration, CPU time, tokens, decodes, simulated price, the dynamic policy's "
+             "forecast: its dry-run events and rank 0's CPU in it) to FILE", "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);
   // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag

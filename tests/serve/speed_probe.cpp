@@ -217,7 +217,8 @@ TEST_CASE("simulated clock: slowed by s it charges s times every part of a step'
   }
 }
 
-TEST_CASE("step probe: a burst on the CPU clock, its steps' time over their price, by kind and all together, over the step jitter's mean") {
+TEST_CASE("step probe: a burst on the CPU clock, its steps' time over their price, by kind and all together, over "
+          "the step jitter's mean") {
   const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
   PARADYSE_FRESH_RNG(rng);
   for (const int ranks : {2, 3}) {
@@ -285,7 +286,8 @@ TEST_CASE("step probe: a burst on the CPU clock, its steps' time over their pric
     double kind_time[2] = {0, 0}, kind_price[2] = {0, 0};  // [decode, prompt]
     for (std::size_t i = 0; i < scaled.traces.size(); ++i) {
       const StepTrace& t = scaled.traces[i];
-      const bool prompt = std::any_of(t.chunks.begin(), t.chunks.end(), [](const ChunkShape& ch) { return !ch.decode; });
+      const bool prompt =
+          std::any_of(t.chunks.begin(), t.chunks.end(), [](const ChunkShape& ch) { return !ch.decode; });
       CHECK(t.has_prompt() == prompt);
       kind_time[prompt ? 1 : 0] += scaled.timings[i].step_s;
       kind_price[prompt ? 1 : 0] += priced.price(t).total_s();

@@ -22,15 +22,14 @@
 //     every time; price() is without it); set_slowdown multiplies every price by the machine's slowdown at the
 //     moment of a measured run against its calibrated profile (StepSlowdown: one factor for the steps with a prompt
 //     chunk, one for those of decode tokens alone; serve/speed_probe.hpp reads one for both, serve/step_probe.hpp
-//     each). Deterministic: the same trace
-//     sequence gives the same times to the bit. It totals the breakdown (compute, exposed communication, switch,
-//     host). It prices a step without advancing (price). On a profile with GEMM tables at several reuse distances
-//     (cost::GemmModel::reuse) it keeps, per modelled rank, the weights read so far (cost/gemm_reuse.hpp WeightReads)
-//     and prices each GEMM at its weight's distance: a decode step amid decode steps reads its weights back sooner than
-//     one after a prompt chunk that routed to every expert. The dynamic policy's switcher forecasts with the same dry
-//     run on its time model (serve/engine.hpp), so it ranks TP and EP by the cost the clock charges (forecasting with
-//     step_cost while the clock ran the dry run, Mixtral-8x7B at 64 requests/s on 8x H100 stayed in TP through 366
-//     steps of 512 tokens: TTFT p50 0.60x of static EP's).
+//     each). Deterministic: the same trace sequence gives the same times to the bit. It totals the breakdown
+//     (compute, exposed communication, switch, host). It prices a step without advancing (price). On a profile with
+//     GEMM tables at several reuse distances (cost::GemmModel::reuse) it keeps, per modelled rank, the weights read so
+//     far (cost/gemm_reuse.hpp WeightReads) and prices each GEMM at its weight's distance: a decode step amid decode
+//     steps reads its weights back sooner than one after a prompt chunk that routed to every expert. The dynamic
+//     policy's switcher forecasts with the same dry run on its time model (serve/engine.hpp), so it ranks TP and EP by
+//     the cost the clock charges (forecasting with step_cost while the clock ran the dry run, Mixtral-8x7B at 64
+//     requests/s on 8x H100 stayed in TP through 366 steps of 512 tokens: TTFT p50 0.60x of static EP's).
 // Every clock calls `observer`, when set, after each step with the step's trace, its timing and the time it ended
 // (recording the routing, or the layout over time).
 #pragma once
@@ -58,8 +57,8 @@ namespace paradyse::serve {
 // How much slower than its profile the machine runs the engine's steps, by the step's kind: each price is multiplied
 // by its kind's factor. Two kinds because they need not move together: on the shared 2-core machine of
 // docs/serving_simulation.md the steps with a prompt chunk ran 3-13% further over their price than the decode steps
-// under static EP, in every round of both models, and one factor for all steps, time-weighted, follows the decode
-// steps (four fifths of the time).
+// under static EP in every round of two runs (one of each model), and one factor for all steps, time-weighted,
+// follows the decode steps (four fifths of the time).
 struct StepSlowdown {
   double decode = 1;  // steps of decode tokens alone
   double prompt = 1;  // steps with a prompt chunk
