@@ -6,12 +6,12 @@
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
 # Checks: exit 0; every policy's wall, cpu, @speed, @steps 1 and @steps rows, each ending in its count of cells within
 # the bounds; the step probe's reading around each round (2, positive), of all steps and of each kind (steps with a
-# prompt chunk / of decode tokens alone); the per-step table's rows, the forecast's host
-# work spent and charged in the dynamic policy's steps alone, and the same steps priced on the GEMM fits alone
-# (", fits": the profile has measured shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and
-# its simulated run, every step priced (simulated_s > 0), and the CPU clock's step (each piece between collectives at
-# its slowest rank) never shorter than rank 0's own CPU time in it, the forecast's events and CPU time in the dynamic
-# policy's measured steps alone; static TP's routing recorded (--record-routing).
+# prompt chunk / of decode tokens alone); the per-step table's rows, the forecast's host work spent and charged in the
+# dynamic policy's steps alone, and the same steps priced on the GEMM fits alone (", fits": the profile has measured
+# shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and its simulated run, every step priced
+# (simulated_s > 0), and the CPU clock's step (each piece between collectives at its slowest rank) never shorter than
+# rank 0's own CPU time in it, the forecast's events and CPU time in the dynamic policy's measured steps alone; static
+# TP's routing recorded (--record-routing).
 cmake_minimum_required(VERSION 3.20)
 foreach(var EXE PROFILE WORK)
   if(NOT DEFINED ${var})
