@@ -591,6 +591,12 @@ StepProbeReading probe_steps(const Options& o, const LoadedDecoder& model, const
   return step_slowdown(served, priced);
 }
 
+// The mean of two step probe readings (before and after a round), factor by factor.
+StepProbeReading mean_of(const StepProbeReading& a, const StepProbeReading& b) {
+  const auto mean = [](double x, double y) { return 0.5 * (x + y); };
+  return {{mean(a.by_kind.decode, b.by_kind.decode), mean(a.by_kind.prompt, b.by_kind.prompt)}, mean(a.all, b.all)};
+}
+
 // --measure's profile of this machine, calibrated on o.ranks thread ranks for the served model `model` and saved to
 // o.cluster: calibrate's fits with the serving step's own GEMMs and messages, the weights' cold bandwidth, the GEMM
 // size classes on the step's working set, the paged attention kernel, the dynamic policy's forecast, the engine's
@@ -736,12 +742,11 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
       for (std::size_t i = 0; i < forecasting.traces.size(); ++i)
         forecasts.push_back({forecasting.traces[i].planning_events, forecasting.stats.step_forecast_s[i]});
       profile.planning_events_per_s = fit_planning_rate(forecasts);
-      double events = 0, seconds = 0, ran = 0;
-      for (const ForecastSample& f : forecasts)
-        if (f.seconds > 0) events += double(f.events), seconds += f.seconds, ++ran;
+      const ForecastTotals ran = forecast_totals(forecasts);
+      const double per_forecast = 1.0 / double(std::max<std::int64_t>(1, ran.forecasts));
       fmt::print("the dynamic policy's forecast: {:.2f} M dry-run trace events/s on the host (a served run's {} "
                  "steps; {:.0f} events and {:.1f} us a forecast)\n", profile.planning_events_per_s / 1e6,
-                 forecasts.size(), events / std::max(1.0, ran), 1e6 * seconds / std::max(1.0, ran));
+                 forecasts.size(), ran.events * per_forecast, 1e6 * ran.seconds * per_forecast);
     }
     profile.rank_jitter = fit_rank_jitter(served.timings, o.ranks);
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
@@ -889,10 +894,7 @@ int measure(const Options& o) {
         r.wall_steps.emplace_back(), r.cpu_steps.emplace_back();
         r.measured.push_back(serve(pi, 0, tp_records(pi, round), &r.wall_steps.back()));
         r.on_cpu.push_back(serve(pi, 1, nullptr, &r.cpu_steps.back()));
-        const StepProbeReading steps_after = probe_engine(pi);
-        r.step_speed.push_back({{0.5 * (steps_before.by_kind.decode + steps_after.by_kind.decode),
-                                 0.5 * (steps_before.by_kind.prompt + steps_after.by_kind.prompt)},
-                                0.5 * (steps_before.all + steps_after.all)});
+        r.step_speed.push_back(mean_of(steps_before, probe_engine(pi)));
         r.speed.push_back(0.5 * (before + probe()));
         r.at_speed.push_back(serve(pi, 2, nullptr, nullptr, StepSlowdown::uniform(r.speed.back())));
         r.at_step.push_back(serve(pi, 2, nullptr, nullptr, r.step_speed.back().by_kind));

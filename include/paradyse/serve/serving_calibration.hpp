@@ -12,6 +12,7 @@
 //   serving_message_bytes(c, step_tokens)         the step's all-reduces: [tokens, h] floats, from a decode batch of
 //                                                 one token to a prompt chunk of step_tokens
 //   add_serving_messages(options, c, step_tokens) calibrate()'s collective sizes with those below its own
+//   forecast_totals(steps)                        the forecasts that ran: their count, events and CPU seconds
 //   fit_planning_rate(steps)                      the host's rate of the dynamic policy's forecast: dry-run trace
 //                                                 events per second (HardwareProfile::planning_events_per_s) from
 //                                                 a served run's steps
@@ -159,6 +160,19 @@ struct ForecastSample {
   double seconds = 0;
 };
 
+// The forecasts that ran among a served run's steps (CPU seconds positive and finite): their count, trace events and
+// seconds, summed.
+struct ForecastTotals {
+  std::int64_t forecasts = 0;
+  double events = 0, seconds = 0;
+};
+inline ForecastTotals forecast_totals(const std::vector<ForecastSample>& steps) {
+  ForecastTotals t;
+  for (const ForecastSample& s : steps)
+    if (s.seconds > 0 && std::isfinite(s.seconds)) ++t.forecasts, t.events += double(s.events), t.seconds += s.seconds;
+  return t;
+}
+
 // The host rate of the dynamic policy's forecast (HardwareProfile::planning_events_per_s) from the steps of a run
 // served under the dynamic policy (a calibration run of its own): the events its dry runs recorded over the CPU
 // seconds the forecasts took, summed over the steps whose forecast ran (a forecast that found every step remembered
@@ -167,10 +181,8 @@ struct ForecastSample {
 // trained 4-layer MoE; the steps between evict the dry runner's code and data). 0: no forecast ran (a static policy,
 // a dense model), unpriced.
 inline double fit_planning_rate(const std::vector<ForecastSample>& steps) {
-  double events = 0, seconds = 0;
-  for (const ForecastSample& s : steps)
-    if (s.seconds > 0 && std::isfinite(s.seconds)) events += double(s.events), seconds += s.seconds;
-  return events > 0 && seconds > 0 ? events / seconds : 0.0;
+  const ForecastTotals t = forecast_totals(steps);
+  return t.events > 0 && t.seconds > 0 ? t.events / t.seconds : 0.0;
 }
 
 // One served step for fit_serving_host: its chunks and rank 0's host work in it (EngineStats::step_host_s) less what
