@@ -506,8 +506,7 @@ std::vector<StepGroup> step_breakdown(const std::vector<std::vector<MeasuredStep
     bool after_prefill = false;
     for (std::size_t i = 0; i < rounds[r].size(); ++i) {
       const MeasuredStep& s = rounds[r][i];
-      bool prefill = false;
-      for (const ChunkShape& ch : s.trace.chunks) prefill = prefill || !ch.decode;
+      const bool prefill = s.trace.has_prompt();
       const StepCost& cost = costs[r][i];
       const auto add = [&](std::size_t k) {
         StepGroup& x = g[k];
