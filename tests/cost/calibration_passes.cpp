@@ -10,6 +10,8 @@
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/cost/speed_probe.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -53,7 +55,7 @@ CalibrationOptions small_options() {
 }
 
 TEST_CASE("calibration passes: the replay gives each call's median over the passes, in call order") {
-  std::mt19937 rng(7);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> seconds(1e-6, 1e-2);
   for (const int passes : {1, 2, 3, 4, 5}) {
     CAPTURE(passes);

@@ -8,6 +8,8 @@
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/cost/trace_cost.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -37,7 +39,7 @@ double elementwise_seconds(double bytes, const HardwareProfile& hw, int dtype_by
 }  // namespace
 
 TEST_CASE("elementwise classes: a call takes its size class's rate; without classes the single rate") {
-  std::mt19937_64 rng(20261202);
+  PARADYSE_FRESH_RNG(rng);
   const HardwareProfile hw = with_classes(rng);
   const auto& c = hw.elementwise_classes;
   for (const auto& [bytes, rate] : {std::pair{64.0, c[0].bytes_per_s}, std::pair{double(1 << 20), c[0].bytes_per_s},
@@ -93,7 +95,7 @@ TEST_CASE("elementwise classes: profile JSON without them loads at the single ra
   CHECK(p.elementwise_classes.empty());
   CHECK(p.elementwise_time(96e6) == doctest::Approx(96e6 / 6.9e10));
   CHECK_FALSE(to_json(p).contains("elementwise_classes"));  // and is written back the same way
-  std::mt19937_64 rng(7);
+  PARADYSE_FRESH_RNG(rng);
   HardwareProfile q = p;
   q.elementwise_classes = with_classes(rng).elementwise_classes;
   const HardwareProfile back = profile_from_json(json::parse(json::dump(to_json(q))));

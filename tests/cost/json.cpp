@@ -2,6 +2,8 @@
 // parsing, writing, round trips, key order and error messages.
 #include "paradyse/core/json.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -51,7 +53,7 @@ TEST_CASE("json: doubles survive a round trip bit for bit, and keys keep their o
   // Fixed awkward values plus random bit patterns (every finite double must come back with the same bits).
   std::vector<double> values = {0.1, 1.0 / 3.0, 6.02214076e23, 1e-300, -0.0, 123456789012.0, 2.5e-11,
                                 5e-324, 1.7976931348623157e308, 9007199254740993.0, 3.0};
-  std::mt19937_64 rng(20261201);
+  PARADYSE_FRESH_RNG(rng);
   while (values.size() < 2000) {
     const std::uint64_t bits = rng();
     double x;

@@ -4,6 +4,7 @@
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/cost/profile_json.hpp"
+#include "support/fresh_seed.hpp"
 #include "support/profile_refusal.hpp"
 
 #include <doctest/doctest.h>
@@ -61,7 +62,7 @@ TEST_CASE("profile: head-width GEMMs (short side up to max_side) are priced by t
   HardwareProfile p = a100_sxm4_80gb_x8();
   const GemmModel single = p.gemm;
   p.gemm.thin = {.max_side = 32, .overhead_s = 2e-6, .flops_per_s = 5e13, .bytes_per_s = 4e11};
-  std::mt19937_64 rng(37);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_int_distribution<int> side(1, 4096);
   for (int i = 0; i < 200; ++i) {
     const double m = side(rng), n = side(rng) % 64 + 1, k = side(rng);

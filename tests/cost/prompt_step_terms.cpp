@@ -10,6 +10,8 @@
 #include "paradyse/cost/trace_cost.hpp"
 #include "paradyse/ops/counting.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -39,7 +41,7 @@ double seconds_of(std::vector<TraceEvent> forward, const HardwareProfile& hw) {
 }  // namespace
 
 TEST_CASE("prompt step terms: a paged attention event costs its visits at the profile's rates") {
-  std::mt19937_64 rng(20261202);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> visits_rate(1e7, 1e9), flops_rate(1e9, 1e11), pairs_of(1e3, 1e6);
   for (int trial = 0; trial < 8; ++trial) {
     HardwareProfile hw = prompt_terms_only();
@@ -98,7 +100,7 @@ TEST_CASE("prompt step terms: SwiGLU forward's activation events cost their elem
 }
 
 TEST_CASE("prompt step terms: the calibration's fit recovers known paged-attention rates from synthetic timings") {
-  std::mt19937_64 rng(7);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> visits_rate(2e7, 5e8), flops_rate(2e9, 5e10);
   for (int trial = 0; trial < 6; ++trial) {
     const PagedAttentionModel truth{visits_rate(rng), flops_rate(rng)};

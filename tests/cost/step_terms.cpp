@@ -42,7 +42,7 @@ double forward_seconds(std::vector<TraceEvent> forward, const HardwareProfile& h
 }  // namespace
 
 TEST_CASE("step terms: a fresh allocation costs its bytes at the zeroing or the first-touch rate, by its size") {
-  std::mt19937_64 rng(20261202);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> rate(5e8, 5e10);
   HardwareProfile hw = terms_only();
   hw.fresh_memory = {rate(rng), rate(rng), std::int64_t(1) << 25};
@@ -114,7 +114,7 @@ TEST_CASE("step terms: the dry run records RoPE's cos and sin per (token, freque
 
 TEST_CASE("step terms: the masked softmax records an exp per visible score, as its kernel calls them") {
   // Against the kernel's own rule, pair by pair, on random runs of positions (a rank's chunks, in any order).
-  std::mt19937_64 rng(5);
+  PARADYSE_FRESH_RNG(rng);
   for (int trial = 0; trial < 40; ++trial) {
     const auto runs = [&rng](std::int64_t total) {  // `total` positions in shuffled runs of 1..total/3 + 1
       std::vector<ops::PositionRun> out;
@@ -175,7 +175,7 @@ TEST_CASE("step terms: ColossalZ's materialised softmax records an exp per causa
 }
 
 TEST_CASE("step terms: the fresh-memory fit recovers known rates and the first-touch size") {
-  std::mt19937_64 rng(7);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> zero_rate(1e10, 4e10), fresh_rate(1e9, 2e9);
   for (int trial = 0; trial < 20; ++trial) {
     const double zero = zero_rate(rng), fresh = fresh_rate(rng);
@@ -207,23 +207,29 @@ TEST_CASE("step terms: the fresh-memory fit takes a known new-page size, however
     const double zero = zero_rate(rng);
     const std::size_t first_fresh = 1 + std::size_t(trial % 5);  // index of the first size from new pages
     std::vector<AllocationSample> samples;
-    double fresh_bytes = 0, fresh_seconds = 0, zero_bytes = 0, zero_seconds = 0;
+    std::vector<double> zero_rates;  // the reused samples' rates, whose median is the zero rate
+    double fresh_bytes = 0, fresh_seconds = 0;
     for (std::size_t i = 0; i < 7; ++i) {
       const double bytes = std::ldexp(1.0, 16 + 2 * int(i));  // 64 KiB .. 256 MiB
       // Fresh samples from 1.2x to 12x the memset's time per byte: some under the factor rule's 3x.
       const double seconds = bytes / zero * (i >= first_fresh ? slower(rng) : jitter(rng));
       samples.push_back({bytes, seconds});
-      (i >= first_fresh ? fresh_bytes : zero_bytes) += bytes;
-      (i >= first_fresh ? fresh_seconds : zero_seconds) += seconds;
+      if (i >= first_fresh)
+        fresh_bytes += bytes, fresh_seconds += seconds;
+      else
+        zero_rates.push_back(bytes / seconds);
     }
+    std::ranges::sort(zero_rates);
+    const std::size_t n = zero_rates.size();
+    const double zero_fit = n % 2 ? zero_rates[n / 2] : (zero_rates[n / 2 - 1] + zero_rates[n / 2]) / 2;
     // The known size sits anywhere from just above the last reused sample to the first fresh one.
     const double low = samples[first_fresh - 1].bytes, high = samples[first_fresh].bytes;
     const auto known = std::int64_t(std::uniform_real_distribution<double>(low + 1, high)(rng));
     const FreshMemoryModel f = fit_fresh_memory(samples, known);
     CHECK(f.fresh_min_bytes == known);
-    CHECK(f.zero_bytes_per_s == doctest::Approx(zero_bytes / zero_seconds).epsilon(1e-12));
+    CHECK(f.zero_bytes_per_s == doctest::Approx(zero_fit).epsilon(1e-12));
     CHECK(f.fresh_bytes_per_s == doctest::Approx(fresh_bytes / fresh_seconds).epsilon(1e-12));
-    CHECK(f.time(double(known) - 1) == doctest::Approx((double(known) - 1) * zero_seconds / zero_bytes).epsilon(1e-12));
+    CHECK(f.time(double(known) - 1) == doctest::Approx((double(known) - 1) / zero_fit).epsilon(1e-12));
     CHECK(f.time(double(known)) == doctest::Approx(double(known) * fresh_seconds / fresh_bytes).epsilon(1e-12));
     // A known size that leaves no sample on one side is not used: the rates alone decide, as without it.
     for (const std::int64_t outside : {std::int64_t(1), std::int64_t(samples.back().bytes) + 1}) {
@@ -233,8 +239,28 @@ TEST_CASE("step terms: the fresh-memory fit takes a known new-page size, however
   }
 }
 
+TEST_CASE("step terms: the zero rate is the reused sizes' typical rate, however slow the largest of them ran") {
+  // One calibration here timed its 16 MiB sample, four fifths of the reused bytes, at half the smaller sizes' rate;
+  // their bytes over their seconds took that one sample's rate for every size.
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> zero_rate(1e10, 4e10), slow(0.3, 0.6), fresh_rate(1e9, 3e9);
+  const double zero = zero_rate(rng);
+  std::vector<AllocationSample> samples;
+  for (int i = 0; i < 5; ++i) {
+    const double bytes = std::ldexp(1.0, 16 + 2 * i);  // 64 KiB .. 16 MiB, reused
+    samples.push_back({bytes, bytes / zero});
+  }
+  samples.back().seconds /= slow(rng);
+  const double fresh = fresh_rate(rng), big = std::ldexp(1.0, 26);  // 64 MiB from new pages
+  samples.push_back({big, big / fresh});
+  const FreshMemoryModel f = fit_fresh_memory(samples, std::int64_t(1) << 25);
+  CHECK(f.zero_bytes_per_s == doctest::Approx(zero).epsilon(1e-12));
+  CHECK(f.fresh_bytes_per_s == doctest::Approx(fresh).epsilon(1e-12));
+  CHECK(f.time(1e6) == doctest::Approx(1e6 / zero).epsilon(1e-12));
+}
+
 TEST_CASE("step terms: the scalar-math fit recovers a known rate beyond the kernel's other work") {
-  std::mt19937_64 rng(11);
+  PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> rate(1e7, 1e9), other(0, 1e-3), calls(1e4, 1e7);
   for (int trial = 0; trial < 20; ++trial) {
     const double r = rate(rng);

@@ -1,8 +1,9 @@
 // Tests of data/trace_input.hpp (plan_trace's distribution CSV and lengths readers): every bad field is a
-// paradyse::Error naming the file, the line, the field and the range, and a seeded mutation fuzz of both formats
-// (every input loads or throws paradyse::Error; counts printed).
+// paradyse::Error naming the file, the line, the field and the range, and a mutation fuzz of both formats on a fresh
+// seed (every input loads or throws paradyse::Error; counts printed).
 #include "paradyse/data/trace_input.hpp"
 #include "support/error_of.hpp"
+#include "support/fresh_seed.hpp"
 
 #include <doctest/doctest.h>
 
@@ -67,7 +68,7 @@ TEST_CASE("trace input: lengths read, and a length out of range names the file, 
 }
 
 TEST_CASE("trace input fuzz: mutated distributions and length lists load or throw paradyse::Error") {
-  std::mt19937_64 rng(20261130);
+  PARADYSE_FRESH_RNG(rng);
   auto below = [&](std::size_t n) { return n ? std::size_t(rng() % n) : 0; };
   constexpr std::string_view kOdd[] = {"-1", "0", "nan", "inf", "1e999", "99999999999999999999", "4294967297", "",
                                        "0.5", "abc", ",", "\n", "#", "\0"};
@@ -112,8 +113,9 @@ TEST_CASE("trace input fuzz: mutated distributions and length lists load or thro
     }
   }
   std::ostringstream counts;
-  counts << "trace input fuzz: " << inputs << " inputs tried (half distributions, half length lists), " << loaded
-         << " loaded, " << clear_errors << " ended in a paradyse::Error (" << whole << " with a whole message)";
+  counts << "trace input fuzz (seed " << rng_seed << "): " << inputs
+         << " inputs tried (half distributions, half length lists), " << loaded << " loaded, " << clear_errors
+         << " ended in a paradyse::Error (" << whole << " with a whole message)";
   MESSAGE(counts.str());
   std::cout << counts.str() << std::endl;
   CHECK(loaded + clear_errors == inputs);

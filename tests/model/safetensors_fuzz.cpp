@@ -1,14 +1,16 @@
-// A seeded mutation fuzz of the safetensors reader (model/safetensors.hpp) and the checkpoint loader
+// A mutation fuzz of the safetensors reader (model/safetensors.hpp) and the checkpoint loader
 // (model/checkpoint.hpp): a real checkpoint and a hand-made file of assorted dtypes, mutated by bit flips, byte
 // changes, truncations, insertions, deletions, a changed length prefix and huge numbers in the header, must each
 // either load or throw paradyse::Error with a whole message (never crash, never another exception type). The
-// counts are printed (MESSAGE) for the record. Deterministic: a fixed seed and a fixed number of inputs.
+// counts are printed (MESSAGE) for the record. A fresh seed each run (in the test's INFO) and a fixed number of inputs.
 #include "paradyse/model/checkpoint.hpp"
 #include "paradyse/model/safetensors.hpp"
 
 #include "strategy/harness.hpp"
 
 #include "paradyse/comm/threads.hpp"
+
+#include "support/fresh_seed.hpp"
 
 #include <doctest/doctest.h>
 
@@ -130,7 +132,7 @@ TEST_CASE("safetensors fuzz: mutated files load or throw paradyse::Error, never 
 
   Model target(c, 1, 0, 1);  // loads into this; a failed load changes nothing
   const std::string path = (dir / "input.safetensors").string();
-  std::mt19937_64 rng(20261130);
+  PARADYSE_FRESH_RNG(rng);
   const int inputs = 20000;
   int headers_read = 0, configs_read = 0, checkpoints_loaded = 0, clear_errors = 0, whole_messages = 0;
   for (int i = 0; i < inputs; ++i) {
@@ -162,10 +164,10 @@ TEST_CASE("safetensors fuzz: mutated files load or throw paradyse::Error, never 
   std::error_code ignored;
   fs::remove_all(dir, ignored);
   std::ostringstream counts;  // printed always (MESSAGE shows with -s only), for the record
-  counts << "safetensors fuzz: " << inputs << " inputs tried, " << headers_read << " headers valid, " << configs_read
-                               << " checkpoint configs read, " << checkpoints_loaded << " checkpoints loaded, "
-                               << clear_errors << " ended in a paradyse::Error (" << whole_messages
-                               << " with a whole message)";
+  counts << "safetensors fuzz (seed " << rng_seed << "): " << inputs << " inputs tried, " << headers_read
+         << " headers valid, " << configs_read << " checkpoint configs read, " << checkpoints_loaded
+         << " checkpoints loaded, " << clear_errors << " ended in a paradyse::Error (" << whole_messages
+         << " with a whole message)";
   MESSAGE(counts.str());
   std::cout << counts.str() << std::endl;
   CHECK(whole_messages == clear_errors);

@@ -127,6 +127,11 @@ TEST_CASE("serving calibration: the forecast's host rate is its events over its 
   steps.push_back({0, remembered});
   steps.push_back({0, 0.0}), steps.push_back({0, 0.0});
   steps.push_back({100, std::numeric_limits<double>::quiet_NaN()});
+  // The forecasts that ran: the 12 timed ones and the remembered one (events summed exactly: integers below 2^53).
+  const ForecastTotals ran = forecast_totals(steps);
+  CHECK(ran.forecasts == 13);
+  CHECK(ran.events == events);
+  CHECK(ran.seconds == doctest::Approx(seconds + remembered).epsilon(1e-12));
   CHECK(fit_planning_rate(steps) == doctest::Approx(events / (seconds + remembered)).epsilon(1e-12));
   CHECK(events / seconds == doctest::Approx(rate).epsilon(1e-12));
   CHECK(fit_planning_rate(steps) < rate);  // the remembered forecast's time costs the rate

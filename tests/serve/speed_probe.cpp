@@ -71,7 +71,7 @@ Outcomes serve_on_simulated(const LoadedDecoder& m, const std::vector<ServeReque
 
 
 TEST_CASE("speed probe: the slowdown is the median of measured / priced, exactly, and one outlier does not move it") {
-  std::mt19937_64 rng(20261203);
+  PARADYSE_FRESH_RNG(rng);
   const DecoderConfig c = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string()).config;
   for (int trial = 0; trial < 20; ++trial) {
     const cost::HardwareProfile p = random_profile(rng);
@@ -114,7 +114,7 @@ TEST_CASE("speed probe: on thread ranks every rank gets the same positive, finit
     cost::GemmClassOptions like;
     like.cold_bytes = 1 << 18;
     const cost::GemmClassOptions probe = speed_probe_options(c, p, like);
-    std::mt19937_64 rng(7);
+    PARADYSE_FRESH_RNG(rng);
     const cost::HardwareProfile profile = random_profile(rng);
     std::vector<double> got(std::size_t(p), -1);
     run_ranks(p, [&](ThreadCommunicator& comm) { got[std::size_t(comm.rank())] = cost::probe_slowdown<ops::Cpu>(comm, probe, profile); });
@@ -136,7 +136,7 @@ TEST_CASE("speed probe: a reading is taken over the profile's baseline, its read
   // The baseline: the probe's reading of the calibration's own samples of its shapes (the others left out), s where
   // every probed shape measured s times its price.
   const DecoderConfig c = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string()).config;
-  std::mt19937_64 rng(11);
+  PARADYSE_FRESH_RNG(rng);
   for (const int p : {1, 2, 3}) {
     const cost::GemmClassOptions probe = speed_probe_options(c, p, {});
     const cost::HardwareProfile q = random_profile(rng);

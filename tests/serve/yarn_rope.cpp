@@ -6,6 +6,8 @@
 #include "paradyse/serve/hf_config.hpp"
 #include "paradyse/serve/yarn_rope.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -62,7 +64,7 @@ TEST_CASE("yarn: the fixtures' rope_scaling without truncation, and the attentio
 }
 
 TEST_CASE("yarn: rotate_scaled without scaling equals ops' RoPE in both pairings, and scales by the amplitude") {
-  std::mt19937 rng(7);
+  PARADYSE_FRESH_RNG(rng);
   std::normal_distribution<float> normal;
   for (const bool interleaved : {false, true}) {
     Tensor<float> x(Shape{2, 5, 3, 8});

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "paradyse/core/error.hpp"
+#include "paradyse/core/statistics.hpp"
 #include "paradyse/cost/least_squares.hpp"
 #include "paradyse/cost/profile.hpp"
 
@@ -32,7 +33,11 @@ struct AllocationSample {
 // the size moved with this VM's page faults: a calibration timed its 32 MiB sample at 4.7 GB/s and the 64 MiB one
 // at 2.4, another put the 32 MiB one under 3x the memset's time per byte and the size at 64 MiB, pricing ColossalZ's
 // 32 MiB score matrices as reused memory (2,048 tokens predicted at 0.69 of the measured step). The zero rate is
-// fitted on the reused samples, the fresh rate on the fresh ones. Samples must be ascending in bytes.
+// the median of the reused samples' rates: their bytes over their seconds was the largest sample's rate (16 MiB, four
+// fifths of the bytes), and on an Intel Xeon VM one calibration timed it at 6.2 GB/s against 10.7-13.7 for 64 KiB to
+// 4 MiB, the sizes a training step's activations have; train_gpt's steps at 1,024 tokens were then priced 8-15 ms of
+// zeroing where perf measured 5-6 (stop 51). The fresh rate is the fresh samples' bytes over their seconds (a relative
+// least-squares slope would follow its fastest sample). Samples must be ascending in bytes.
 inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> samples, std::int64_t new_pages_from = 0,
                                          double fresh_factor = 3) {
   check(!samples.empty(), "fit_fresh_memory: no samples");
@@ -51,14 +56,18 @@ inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> sampl
   const auto slow = [&](const AllocationSample& s) { return s.seconds / s.bytes > fresh_factor * fastest; };
   if (!use_known)
     while (first_fresh > 0 && slow(samples[first_fresh - 1])) --first_fresh;
-  // Bytes over seconds of the group (a relative least-squares slope would follow its fastest sample).
+  const auto median_rate = [&](std::size_t begin, std::size_t end) {
+    std::vector<double> rates;
+    for (std::size_t i = begin; i < end; ++i) rates.push_back(samples[i].bytes / samples[i].seconds);
+    return median(std::move(rates));
+  };
   const auto rate_of = [&](std::size_t begin, std::size_t end) {
     double bytes = 0, seconds = 0;
     for (std::size_t i = begin; i < end; ++i) bytes += samples[i].bytes, seconds += samples[i].seconds;
     return bytes / seconds;
   };
   FreshMemoryModel model;
-  model.zero_bytes_per_s = rate_of(0, std::max<std::size_t>(first_fresh, 1));
+  model.zero_bytes_per_s = median_rate(0, std::max<std::size_t>(first_fresh, 1));
   model.fresh_bytes_per_s = first_fresh < samples.size() ? rate_of(first_fresh, samples.size()) : model.zero_bytes_per_s;
   model.fresh_min_bytes = use_known                      ? new_pages_from
                           : first_fresh < samples.size() ? std::int64_t(samples[first_fresh].bytes)
