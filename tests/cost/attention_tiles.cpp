@@ -14,6 +14,8 @@
 #include "paradyse/ops/counting.hpp"
 #include "paradyse/strategy/ring_attention.hpp"
 
+#include "support/fresh_seed.hpp"
+
 #include <doctest/doctest.h>
 
 #include <numeric>
@@ -62,8 +64,6 @@ bool check_against_kernel(const ops::AttentionMask& mask, std::int64_t q_len, st
   return tiled > visible;
 }
 
-std::uint32_t fresh_seed() { return std::random_device{}(); }
-
 // Sums of count * (visible pairs, tiled pairs) over the attention events of `kind`.
 std::pair<double, double> attention_sums(std::span<const TraceEvent> events, TraceKind kind) {
   double visible = 0, tiled = 0;
@@ -91,9 +91,7 @@ TEST_CASE("tiled pairs: a causal diagonal costs whole tiles (by hand)") {
 }
 
 TEST_CASE("tiled pairs: the kernel's tiles, brute force, over lengths, offsets, documents and head dims") {
-  const std::uint32_t seed = fresh_seed();
-  CAPTURE(seed);
-  std::mt19937 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const std::vector<std::int64_t> lengths = {1, 50, 127, 128, 129, 255, 256, 257, 300, 640, 1000, 1024, 1030};
   std::uniform_int_distribution<std::size_t> pick(0, lengths.size() - 1);
   std::uniform_int_distribution<std::int64_t> offset(0, 1500), cut(1, 1500);
@@ -120,9 +118,7 @@ TEST_CASE("tiled pairs: the kernel's tiles, brute force, over lengths, offsets, 
 }
 
 TEST_CASE("tiled pairs: packed documents, uneven, straddling tiles, many in one tile, empty, with offsets") {
-  const std::uint32_t seed = fresh_seed();
-  CAPTURE(seed);
-  std::mt19937 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   int cases = 0, larger = 0;
   for (const std::int64_t d : {32, 200})  // tiles 128 x 256, 64 x 128
     for (const bool causal : {false, true})
@@ -153,9 +149,7 @@ TEST_CASE("tiled pairs: packed documents, uneven, straddling tiles, many in one 
 TEST_CASE("tiled pairs: 2^30 packed tokens in tile-aligned documents count as the documents apart") {
   // Documents that start on a multiple of both tile sides share no tile: the call costs the sum of one call per
   // document. At 2^30 tokens (~2^18 documents) the documents' closed form is held against the single sequence's.
-  const std::uint32_t seed = fresh_seed();
-  CAPTURE(seed);
-  std::mt19937 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const ops::cpu::AttentionTiling t = ops::cpu::attention_tiling(64);
   const std::int64_t align = std::lcm(t.q_block, t.kv_block), total = std::int64_t(1) << 30;
   for (const bool causal : {false, true}) {
@@ -177,9 +171,7 @@ TEST_CASE("tiled pairs: 2^30 packed tokens in tile-aligned documents count as th
 }
 
 TEST_CASE("tiled pairs: the counting backend records them per call of a zigzag ring, every rank, p = 1..4") {
-  const std::uint32_t seed = fresh_seed();
-  CAPTURE(seed);
-  std::mt19937 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   const std::int64_t batch = 2, heads = 3, d = 32;
   for (const int p : {1, 2, 3, 4})
     for (const bool zigzag : {false, true}) {
@@ -247,9 +239,7 @@ TEST_CASE("whole tiles: the trace clock prices the tiled pairs when the profile 
 }
 
 TEST_CASE("whole tiles: every strategy's dry run costs exactly its calls' extra tiled pairs more, p = 2, 3") {
-  const std::uint32_t seed = fresh_seed();
-  CAPTURE(seed);
-  std::mt19937 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   HardwareProfile hw = a100_sxm4_80gb_x8();
   hw.attention = {2e-6, 3e11, 2e11};
   const StrategyCatalog& catalog = default_catalog();

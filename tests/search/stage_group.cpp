@@ -2,7 +2,7 @@
 // train_gpt's planner prices it. Reference: train_gpt's own path (examples/train_gpt/train_mesh.hpp): plan::GptCosts
 // of the byte GPT on the group, factorised as train_mesh factorises it, on the profile train_gpt plans with (the
 // calibrated one, or cost::emulate's under --emulate), plan_exact under a cap, the plan's per-layer cost and picks.
-// Links, the micro-batch and the recomputation are drawn at random (the seed is printed).
+// Links, the micro-batch and the recomputation are drawn at random (the seed in the test's INFO).
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/emulation.hpp"
 #include "paradyse/model/byte_gpt.hpp"
@@ -10,6 +10,8 @@
 #include "paradyse/plan/gpt_costs.hpp"
 #include "paradyse/search/search.hpp"
 #include "paradyse/search/stage_group.hpp"
+
+#include "support/fresh_seed.hpp"
 
 #include <doctest/doctest.h>
 
@@ -85,9 +87,7 @@ std::vector<ParallelConfig> stage_meshes() {
 }  // namespace
 
 TEST_CASE("stage group: the price of each dense layer is train_gpt's plan_exact per-layer cost, picks included") {
-  const std::uint64_t seed = std::random_device{}();
-  MESSAGE("seed " << seed);
-  std::mt19937_64 rng(seed);
+  PARADYSE_FRESH_RNG(rng);
   for (bool paced : {false, true})
     for (ParallelConfig c : stage_meshes()) {
       const cost::HardwareProfile drawn = drawn_profile(rng);
