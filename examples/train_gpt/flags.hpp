@@ -378,7 +378,13 @@ inline TrainingOptions parse(int argc, char** argv, bool check_output_paths = tr
   if (o.vocab_parallel != "on" && o.mesh.empty()) usage("--vocab-parallel needs --mesh (its tp axis)");
   if (!o.mesh.empty()) {  // examples/train_gpt/train_mesh.hpp
     int mesh_ranks = 0;
-    try { mesh_ranks = pd::examples::parse_mesh(o.mesh).size(); } catch (const pd::Error& e) { usage(e.what()); }
+    try {
+      const pd::DeviceMesh mesh = pd::examples::parse_mesh(o.mesh);
+      mesh_ranks = mesh.size();
+      pd::examples::check_recompute(o, mesh.axis_size("pp"));
+    } catch (const pd::Error& e) {
+      usage(e.what());
+    }
     if (mesh_ranks > 256)  // the --ranks limit holds for a mesh too (each rank is a thread or a process)
       usage(fmt::format("--mesh \"{}\" holds {} ranks; at most 256 (as --ranks)", o.mesh, mesh_ranks));
     if (ranks_given(argc, argv) && o.ranks != mesh_ranks)

@@ -299,6 +299,13 @@ struct StepPlan {
 
 }  // namespace mesh_detail
 
+// --recompute full without pipeline stages is refused (flags.hpp asks before calibrating, train_mesh again).
+inline void check_recompute(const TrainingOptions& o, int pp) {
+  check(pp > 1 || o.recompute != "full", "--mesh {} --recompute full: without pipeline stages each micro-batch's "
+        "backward follows its forward, so nothing is recomputed; give --recompute none or selective (or pp stages)",
+        o.mesh);
+}
+
 // Trains the dense GPT on `ranks` (threads or MPI processes, as many as the mesh holds). Returns the exit code.
 template <class Strategies, class RanksT>
 int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, RanksT& ranks) {
@@ -370,9 +377,7 @@ int train_mesh(const TrainingOptions& o, const cost::HardwareProfile& hardware, 
   // activations (--recompute none), all but attention's core tensors, each layer's core re-run from its kept q, k, v
   // before its backward (selective, with or without pp), or its input, the stage's forward recomputed (full; the
   // default with pp).
-  check(pp > 1 || o.recompute != "full", "--mesh {} --recompute full: without pipeline stages each micro-batch's "
-        "backward follows its forward, so nothing is recomputed; give --recompute none or selective (or pp stages)",
-        o.mesh);
+  check_recompute(o, pp);
   const PipelineRecompute recompute = o.recompute == "selective"                      ? PipelineRecompute::selective
                                       : o.recompute == "full" || (o.recompute == "auto" && pp > 1) ? PipelineRecompute::full
                                                                                       : PipelineRecompute::none;
