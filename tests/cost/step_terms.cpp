@@ -219,9 +219,7 @@ TEST_CASE("step terms: the fresh-memory fit takes a known new-page size, however
       else
         zero_rates.push_back(bytes / seconds);
     }
-    std::ranges::sort(zero_rates);
-    const std::size_t n = zero_rates.size();
-    const double zero_fit = n % 2 ? zero_rates[n / 2] : (zero_rates[n / 2 - 1] + zero_rates[n / 2]) / 2;
+    const double zero_fit = median(zero_rates);
     // The known size sits anywhere from just above the last reused sample to the first fresh one.
     const double low = samples[first_fresh - 1].bytes, high = samples[first_fresh].bytes;
     const auto known = std::int64_t(std::uniform_real_distribution<double>(low + 1, high)(rng));
