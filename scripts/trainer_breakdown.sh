@@ -8,7 +8,8 @@
 # steps' rank threads (thread ranks start afresh each step: the RANKS largest threads of every step, the warm-up
 # step's left out, as are the main thread's startup and planning) times the median CPU time of those steps.
 # Predicted: plan_trace on the same profile with every term but one kind's made free (its rates set to 1e30 or its
-# entries to 0), so each column is that kind's share of the prediction as the time model prices it.
+# entries to 0), so each column is that kind's share of the prediction as the time model prices it; allocation is the
+# whole prediction less the same without its two terms (the pool's misses are priced at the fresh-memory rates).
 #
 #   PROFILE=build-rel/validate_trainer/run/build/train_gpt_profile_p2.json scripts/trainer_breakdown.sh
 #
@@ -52,23 +53,27 @@ def only(kind):
         p["activation_elements_per_s"] = FREE
     if kind != "scalar_math":
         p.pop("scalar_math", None)
-    if kind != "fresh_memory":
-        p.pop("fresh_memory", None)
-    if kind != "pool_misses":
-        p.pop("pool_miss_bytes_per_s", None)
+    p.pop("fresh_memory", None)  # allocation: priced apart, below
+    p.pop("pool_miss_bytes_per_s", None)
     if kind != "collectives":
         for c in p["collectives"]:
             c["alpha_s"], c["beta_s_per_byte"] = 0, 0
         for link in ("intra_node", "inter_node"):
             p[link] = {"launch_s": 0, "step_latency_s": 0, "bus_bytes_per_s": FREE, "p2p_bytes_per_s": FREE}
     return p
-for kind in ("gemm", "attention", "elementwise", "activation", "scalar_math", "fresh_memory", "pool_misses",
-             "collectives"):
+for kind in ("gemm", "attention", "elementwise", "activation", "scalar_math", "collectives"):
     json.dump(only(kind), open(f"{sys.argv[2]}/only_{kind}.json", "w"), indent=1)
+# Allocation as the whole profile prices it, less the same without it (the pool's misses are priced at the
+# fresh-memory rates where the profile has them, so neither term alone prices them).
+p = copy.deepcopy(profile)
+p.pop("fresh_memory", None)
+p.pop("pool_miss_bytes_per_s", None)
+json.dump(p, open(f"{sys.argv[2]}/without_allocation.json", "w"), indent=1)
 PY
-for kind in all gemm attention elementwise activation scalar_math fresh_memory pool_misses collectives; do
-  profile=$PROFILE
-  [[ $kind != all ]] && profile=$OUT/only_$kind.json
+for kind in all gemm attention elementwise activation scalar_math collectives without_allocation; do
+  profile=$OUT/only_$kind.json
+  [[ $kind == all ]] && profile=$PROFILE
+  [[ $kind == without_allocation ]] && profile=$OUT/$kind.json
   "$BUILD/examples/plan_trace" --profile "$profile" --lengths "$OUT/lengths.txt" --p "$RANKS" "${MODEL[@]}" --causal \
     --rope --dtype fp32 --budget-gib 1000 --vocab 256 --csv "$OUT/plan_$kind.csv" >/dev/null
 done
@@ -93,7 +98,8 @@ KINDS = [
     ("planner", r"counting|Counting|DryRun|dry_run|Trace::|trace_cost|cost_of|MemoryWalk|Clock::|build_cost_table|solve_exact|symbolic|Symbolic"),
     ("GEMM", r"sgemm|gemm|GEMM|dgemm|blas_thread|inner_thread|exec_blas"),
     ("attention", r"attention_(forward|backward)|flash|online_softmax|attention_tile|probabilities|softmax_grad|attention_merge"),
-    ("softmax (materialised)", r"masked_softmax|softmax_backward"),
+    ("softmax (materialised)", r"masked_softmax"),
+    ("softmax backward", r"softmax_backward"),  # a stream (ops/counting.hpp): priced with the elementwise kernels
     ("scalar math", r"__expf|expf|__sin|__cos|sincos|__ieee754|__exp1|exp_inline"),
     ("RoPE", r"rope"),
     ("norms", r"layer_norm|rms_norm"),
@@ -118,8 +124,9 @@ ROWS = [
     ("softmax, activations, scalar math", ["softmax (materialised)", "scalar math", "activations"],
      ["activation", "scalar_math"]),
     ("streams: copies, re-layouts, norms, RoPE, sums, loss, AdamW",
-     ["copies and re-layouts", "norms", "RoPE", "elementwise", "loss and embedding", "AdamW"], ["elementwise"]),
-    ("allocation: zeroing, page faults, pool misses", ["allocation"], ["fresh_memory", "pool_misses"]),
+     ["copies and re-layouts", "softmax backward", "norms", "RoPE", "elementwise", "loss and embedding", "AdamW"],
+     ["elementwise"]),
+    ("allocation: zeroing, page faults, pool misses", ["allocation"], ["allocation"]),
     ("collectives (thread copies and waits)", ["collectives"], ["collectives"]),
     ("other (scheduler, unclassified; not in the model)", ["other"], []),
 ]
@@ -140,6 +147,8 @@ def counted_threads(samples, s, memo={}):
         memo[s] = set(big[ranks:])
     return memo[s]
 def predicted(kind, s):
+    if kind == "allocation":  # the pool's misses are priced at the fresh-memory rates: both terms on, then both off
+        return predicted("all", s) - predicted("without_allocation", s)
     return float(next(r for r in csv.DictReader(open(f"{out}/plan_{kind}.csv")) if r["variant"] == s)["time_s"])
 print(f"Where a step's time goes at {length} tokens, ms: measured (perf samples of the counted steps' rank threads, "
       f"shared out over their median step CPU time) / predicted (plan_trace, one term priced at a time); load average {load}")

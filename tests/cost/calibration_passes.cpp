@@ -1,6 +1,7 @@
 // Tests of a calibration of several passes (cost/calibration_passes.hpp, CalibrationOptions::passes): the log replays
 // every call's median over the recorded passes in call order and refuses passes that made other calls; measure()
-// records what it timed and, in the replay, returns the median without running its function, the same on every rank;
+// records what it timed and, in the replay, returns the median without running its function, the same on every rank
+// (measured_quantity the same for a value read beside a measurement);
 // median_of_passes runs a pass that many times and returns the replay; a whole calibration's replay gives every sample
 // the median of the passes' and every rank the same profile; its GEMM samples (Calibration::gemm_samples, a speed
 // probe's baseline) are the single fit's shapes in order, each the replayed median of that shape's sample, and the
@@ -138,6 +139,35 @@ TEST_CASE("calibration passes: measure() records what it timed; the replay retur
     }
     for (std::size_t call = 0; call < 2; ++call)
       CHECK(replayed[0][call] == median_of({recorded[0][call], recorded[0][2 + call], recorded[0][4 + call]}));
+  }
+}
+
+TEST_CASE("calibration passes: measured_quantity records the largest rank's value; the replay returns the median") {
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (const int ranks : {1, 2, 3}) {
+    CAPTURE(ranks);
+    std::vector<std::vector<double>> drawn(3, std::vector<double>(std::size_t(ranks)));  // [pass][rank]
+    for (auto& pass : drawn)
+      for (double& x : pass) x = u(rng);
+    std::vector<std::vector<double>> recorded(static_cast<std::size_t>(ranks)), replayed(recorded.size());
+    run_ranks(ranks, [&](ThreadCommunicator& comm) {
+      const std::size_t r = std::size_t(comm.rank());
+      PassLog log;
+      for (std::size_t pass = 0; pass < 3; ++pass) {
+        const ScopedPassLog recording(log, PassLog::Mode::record);
+        recorded[r].push_back(calibrate_detail::measured_quantity(comm, drawn[pass][r]));
+      }
+      const ScopedPassLog replaying(log, PassLog::Mode::replay);
+      replayed[r].push_back(calibrate_detail::measured_quantity(comm, -1.0));  // not read in the replay
+      CHECK(log.replayed_all());
+    });
+    std::vector<double> largest;
+    for (const auto& pass : drawn) largest.push_back(*std::max_element(pass.begin(), pass.end()));
+    for (int r = 0; r < ranks; ++r) {
+      CHECK(recorded[std::size_t(r)] == largest);
+      CHECK(replayed[std::size_t(r)][0] == median_of(largest));
+    }
   }
 }
 

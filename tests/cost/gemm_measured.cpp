@@ -61,6 +61,39 @@ TEST_CASE("gemm measured: a measured row is its own time, between rows the line,
   CHECK(thin.time(4, 256, 256, 4) == thin.thin.time(4, 256, 256, 4));
 }
 
+TEST_CASE("gemm measured: the head-width class prices its timed shapes at their times, others by its fit; in JSON") {
+  // The output-heavy orientation ran 1.4x its fit where the other ran 0.9x: one linear fit cannot hold both.
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> u(0.5, 2.0);
+  GemmModel g = random_model(rng);
+  g.measured = {};
+  const GemmThinClass fit = g.thin;
+  std::vector<GemmSample> timed;
+  for (const std::int64_t n : {256, 512, 1024})
+    for (const auto& [rows, cols, depth] : {std::array<std::int64_t, 3>{n, n, 32}, {n, 32, n}})
+      timed.push_back({rows, cols, depth, fit.time(double(rows), double(cols), double(depth), 4) * u(rng)});
+  g.thin.timed = measured_gemms(timed, 4);
+  for (const GemmSample& x : timed) {
+    CHECK(g.time(double(x.m), double(x.n), double(x.k), 4) == x.seconds);
+    // Another row count, the other dtype: the fit.
+    CHECK(g.time(double(x.m) + 1, double(x.n), double(x.k), 4) == fit.time(double(x.m) + 1, double(x.n), double(x.k), 4));
+    CHECK(g.time(double(x.m), double(x.n), double(x.k), 2) == fit.time(double(x.m), double(x.n), double(x.k), 2));
+  }
+  CHECK(g.time(768, 768, 32, 4) == fit.time(768, 768, 32, 4));  // between timed shapes: the fit, not a line
+  HardwareProfile p;
+  p.name = "thin timed";
+  p.memory_bytes = 1 << 30;
+  p.gemm = g;
+  const HardwareProfile back = profile_from_json(json::parse(json::dump(to_json(p))));
+  CHECK(back.gemm.thin == g.thin);
+  for (const GemmSample& x : timed) CHECK(back.gemm.time(double(x.m), double(x.n), double(x.k), 4) == x.seconds);
+  json::Value v = to_json(p);
+  v["gemm"]["thin"]["timed"]["shapes"][0]["seconds"][0] = -1;
+  CHECK_THROWS_WITH_AS(profile_from_json(v), doctest::Contains("gemm.thin.timed.shapes[0].seconds[0] = -1"), Error);
+  p.gemm.thin.timed = {};
+  CHECK_FALSE(to_json(p)["gemm"]["thin"].contains("timed"));  // profiles without timed shapes read as before
+}
+
 TEST_CASE("gemm measured: measured_gemms holds every sample's time, a repeated row at its median") {
   PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> u(1e-6, 1e-3);

@@ -257,6 +257,40 @@ TEST_CASE("step terms: the zero rate is the reused sizes' typical rate, however 
   CHECK(f.time(1e6) == doctest::Approx(1e6 / zero).epsilon(1e-12));
 }
 
+TEST_CASE("step terms: the fresh rate is new pages' rate, however much of a fresh sample a heap's free top served") {
+  // One calibration's 32 MiB sample came half from a heap's free top (faulted in half its pages) and priced a new
+  // page at 1.7x its rate; a training step's 32 MiB score matrices fault in all of theirs.
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> zero_rate(1e10, 4e10), fresh_rate(1e9, 3e9), share(0.125, 1.0);
+  for (int trial = 0; trial < 30; ++trial) {
+    const double zero = zero_rate(rng), fresh = fresh_rate(rng);
+    std::vector<AllocationSample> samples;
+    for (int i = 0; i < 5; ++i) {
+      const double bytes = std::ldexp(1.0, 16 + 2 * i);  // 64 KiB .. 16 MiB, reused
+      samples.push_back({bytes, bytes / zero});
+    }
+    for (const double bytes : {std::ldexp(1.0, 25), std::ldexp(1.0, 26)}) {  // 32 and 64 MiB, partly new pages
+      const double s = share(rng);
+      samples.push_back({bytes, s * bytes / fresh + (1 - s) * bytes / zero, s});
+    }
+    const FreshMemoryModel f = fit_fresh_memory(samples, std::int64_t(1) << 25);
+    CHECK(f.zero_bytes_per_s == doctest::Approx(zero).epsilon(1e-12));
+    CHECK(f.fresh_bytes_per_s == doctest::Approx(fresh).epsilon(1e-9));
+    // A sample with under an eighth of its bytes on new pages is left out; with all of them so, they are taken.
+    std::vector<AllocationSample> mostly_reused = samples;
+    mostly_reused[5].new_share = 0.05;
+    mostly_reused[5].seconds = 0.05 * mostly_reused[5].bytes / (fresh / 4) + 0.95 * mostly_reused[5].bytes / zero;
+    CHECK(fit_fresh_memory(mostly_reused, std::int64_t(1) << 25).fresh_bytes_per_s ==
+          doctest::Approx(fresh).epsilon(1e-9));
+    mostly_reused[6].new_share = 0.05;
+    mostly_reused[6].seconds = 0.05 * mostly_reused[6].bytes / (fresh / 4) + 0.95 * mostly_reused[6].bytes / zero;
+    CHECK(fit_fresh_memory(mostly_reused, std::int64_t(1) << 25).fresh_bytes_per_s ==
+          doctest::Approx(fresh / 4).epsilon(1e-9));
+  }
+  std::vector<AllocationSample> bad{{1e6, 1e-4}, {4e6, 1e-3, 1.5}};
+  CHECK_THROWS_WITH(fit_fresh_memory(bad), doctest::Contains("new_share = 1.5"));
+}
+
 TEST_CASE("step terms: the scalar-math fit recovers a known rate beyond the kernel's other work") {
   PARADYSE_FRESH_RNG(rng);
   std::uniform_real_distribution<double> rate(1e7, 1e9), other(0, 1e-3), calls(1e4, 1e7);

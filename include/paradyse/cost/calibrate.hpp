@@ -81,7 +81,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <span>
 #include <string>
 #include <unistd.h>
@@ -179,6 +178,11 @@ void calibrate_gemms(C& comm, const CalibrationOptions& options, Calibration& re
     const LinearGemmFit f = fit_linear_gemm(options.gemm_thin_shapes, y);
     result.gemm_thin_fit = f.fit;
     profile.gemm.thin = {max_side, f.overhead_s, f.flops_per_s, f.bytes_per_s};
+    std::vector<GemmSample> timed;
+    for (std::size_t i = 0; i < y.size(); ++i)
+      timed.push_back({options.gemm_thin_shapes[i][0], options.gemm_thin_shapes[i][1], options.gemm_thin_shapes[i][2],
+                       y[i]});
+    profile.gemm.thin.timed = measured_gemms(timed, int(sizeof(float)));
     for (std::size_t i = 0; i < y.size(); ++i) {
       const auto [m, n, k] = options.gemm_thin_shapes[i];
       result.samples.push_back({fmt::format("gemm {}x{}x{} head-width, cold{}", m, n, k,
@@ -444,25 +448,6 @@ inline std::vector<GemmRowClass> fit_gemm_classes(const std::vector<GemmSample>&
     below = bound;
   }
   return classes;
-}
-
-// The samples as measured shapes (GemmModel::measured): per weight shape (n, k), its rows ascending, a row measured
-// more than once at the median of its times.
-inline GemmMeasured measured_gemms(const std::vector<GemmSample>& samples, int dtype_bytes) {
-  check(dtype_bytes >= 1, "measured_gemms: dtype_bytes = {} must be at least 1", dtype_bytes);
-  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::int64_t, std::vector<double>>> by_shape;
-  for (const GemmSample& x : samples) {
-    check(x.m > 0 && x.n > 0 && x.k > 0 && x.seconds > 0 && std::isfinite(x.seconds),
-          "measured_gemms: sample {}x{}x{} took {} s", x.m, x.n, x.k, x.seconds);
-    by_shape[{x.n, x.k}][x.m].push_back(x.seconds);
-  }
-  GemmMeasured out{dtype_bytes, {}};
-  for (const auto& [nk, rows] : by_shape) {
-    GemmMeasuredShape shape{double(nk.first), double(nk.second), {}, {}};
-    for (const auto& [m, times] : rows) shape.rows.push_back(double(m)), shape.seconds.push_back(median(times));
-    out.shapes.push_back(std::move(shape));
-  }
-  return out;
 }
 
 struct GemmClassOptions {

@@ -1,10 +1,11 @@
 // paradyse/cost/calibration_fits.hpp: the calibration's fits, pure functions of measurements (cost/calibrate.hpp
 // measures; tests feed these synthetic samples): fresh memory, scalar math, the elementwise size classes, paged
-// attention, the linear GEMM model, an elementwise kernel family.
+// attention, the linear GEMM model, GEMMs as measured, an elementwise kernel family.
 #pragma once
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/statistics.hpp"
+#include "paradyse/cost/calibration_options.hpp"
 #include "paradyse/cost/least_squares.hpp"
 #include "paradyse/cost/profile.hpp"
 
@@ -13,15 +14,19 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <vector>
 
 namespace paradyse::cost {
 
-// One allocation size and the seconds to make, zero and free a Tensor of it (the fastest of several runs).
+// One allocation size and the seconds to make, zero and free a Tensor of it (the fastest of several runs), and the
+// share of its bytes that came on new pages (its page faults times 4 KiB over its bytes, at most 1; 1 where the
+// faults were not counted).
 struct AllocationSample {
   double bytes = 0;
   double seconds = 0;
+  double new_share = 1;
 };
 
 // Reused pages cost a memset, new pages a fault each on top (8x here). Where the size from which the C library hands
@@ -37,14 +42,19 @@ struct AllocationSample {
 // fifths of the bytes), and on an Intel Xeon VM one calibration timed it at 6.2 GB/s against 10.7-13.7 for 64 KiB to
 // 4 MiB, the sizes a training step's activations have; train_gpt's steps at 1,024 tokens were then priced 8-15 ms of
 // zeroing where perf measured 5-6 (stop 51). The fresh rate is the fresh samples' bytes over their seconds (a relative
-// least-squares slope would follow its fastest sample). Samples must be ascending in bytes.
+// least-squares slope would follow its fastest sample), each fresh sample's part on reused pages (1 - new_share of
+// its bytes, a heap's free top serving it: calibrate_fresh_memory) priced at the zero rate and taken off first. A
+// fresh sample with under an eighth of its bytes on new pages (reused, or faulting in huge pages, which count one
+// fault per 2 MiB) says little of a new page's cost and is left out, unless all are. Samples must be ascending in
+// bytes.
 inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> samples, std::int64_t new_pages_from = 0,
                                          double fresh_factor = 3) {
   check(!samples.empty(), "fit_fresh_memory: no samples");
   double fastest = 1e300;
   for (std::size_t i = 0; i < samples.size(); ++i) {
-    check(samples[i].bytes > 0 && samples[i].seconds > 0, "fit_fresh_memory: sample {} has bytes = {}, seconds = {}",
-          i, samples[i].bytes, samples[i].seconds);
+    check(samples[i].bytes > 0 && samples[i].seconds > 0 && samples[i].new_share >= 0 && samples[i].new_share <= 1,
+          "fit_fresh_memory: sample {} has bytes = {}, seconds = {}, new_share = {} (expected > 0, > 0, in [0, 1])", i,
+          samples[i].bytes, samples[i].seconds, samples[i].new_share);
     check(i == 0 || samples[i].bytes > samples[i - 1].bytes, "fit_fresh_memory: samples must be ascending in bytes");
     fastest = std::min(fastest, samples[i].seconds / samples[i].bytes);
   }
@@ -61,14 +71,21 @@ inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> sampl
     for (std::size_t i = begin; i < end; ++i) rates.push_back(samples[i].bytes / samples[i].seconds);
     return median(std::move(rates));
   };
-  const auto rate_of = [&](std::size_t begin, std::size_t end) {
-    double bytes = 0, seconds = 0;
-    for (std::size_t i = begin; i < end; ++i) bytes += samples[i].bytes, seconds += samples[i].seconds;
-    return bytes / seconds;
-  };
   FreshMemoryModel model;
   model.zero_bytes_per_s = median_rate(0, std::max<std::size_t>(first_fresh, 1));
-  model.fresh_bytes_per_s = first_fresh < samples.size() ? rate_of(first_fresh, samples.size()) : model.zero_bytes_per_s;
+  const auto fresh_rate = [&](double min_share) {  // the samples' new bytes over their seconds on new pages
+    double bytes = 0, seconds = 0;
+    for (std::size_t i = first_fresh; i < samples.size(); ++i) {
+      const AllocationSample& s = samples[i];
+      if (s.new_share < min_share) continue;
+      bytes += s.new_share * s.bytes;
+      seconds += std::max(s.seconds - (1 - s.new_share) * s.bytes / model.zero_bytes_per_s, 0.0);
+    }
+    return bytes > 0 && seconds > 0 ? bytes / seconds : 0.0;
+  };
+  double fresh = first_fresh < samples.size() ? fresh_rate(0.125) : model.zero_bytes_per_s;
+  if (fresh <= 0) fresh = fresh_rate(0);
+  model.fresh_bytes_per_s = fresh > 0 ? fresh : model.zero_bytes_per_s;
   model.fresh_min_bytes = use_known                      ? new_pages_from
                           : first_fresh < samples.size() ? std::int64_t(samples[first_fresh].bytes)
                                                          : std::int64_t(samples.back().bytes) + 1;
@@ -164,6 +181,25 @@ inline LinearGemmFit fit_linear_gemm(const std::vector<std::array<std::int64_t, 
   r.flops_per_s = c[1] > 0 ? 1 / c[1] : 1e30;
   r.bytes_per_s = c[2] > 0 ? 1 / c[2] : 0;
   return r;
+}
+
+// The samples as measured shapes (GemmModel::measured, GemmThinClass::timed): per weight shape (n, k), its rows ascending, a row measured
+// more than once at the median of its times.
+inline GemmMeasured measured_gemms(const std::vector<GemmSample>& samples, int dtype_bytes) {
+  check(dtype_bytes >= 1, "measured_gemms: dtype_bytes = {} must be at least 1", dtype_bytes);
+  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::int64_t, std::vector<double>>> by_shape;
+  for (const GemmSample& x : samples) {
+    check(x.m > 0 && x.n > 0 && x.k > 0 && x.seconds > 0 && std::isfinite(x.seconds),
+          "measured_gemms: sample {}x{}x{} took {} s", x.m, x.n, x.k, x.seconds);
+    by_shape[{x.n, x.k}][x.m].push_back(x.seconds);
+  }
+  GemmMeasured out{dtype_bytes, {}};
+  for (const auto& [nk, rows] : by_shape) {
+    GemmMeasuredShape shape{double(nk.first), double(nk.second), {}, {}};
+    for (const auto& [m, times] : rows) shape.rows.push_back(double(m)), shape.seconds.push_back(median(times));
+    out.shapes.push_back(std::move(shape));
+  }
+  return out;
 }
 
 // One elementwise family's calls at one size: how many kernels, their bytes, their time.

@@ -42,6 +42,18 @@ double measure(C& comm, TimeSource clock, int repetitions, Fn&& fn) {
   return fastest;
 }
 
+// A quantity read beside a measurement (the share of new pages an allocation timing faulted in, ...): the largest
+// rank's, recorded with the pass's measurements; the replay returns the median of the passes' (measure's rule), so
+// `value` is only read in a recording pass or without passes.
+template <Communicator C>
+double measured_quantity(C& comm, double value) {
+  PassLog* log = PassLog::current();
+  if (log && log->mode() == PassLog::Mode::replay) return log->replay();
+  value = max_over_ranks(comm, value);
+  if (log) log->record(value);
+  return value;
+}
+
 // t = value wherever Backend keeps its tensors (host or device memory).
 template <class Backend>
 void fill(Tensor<float>& t, float value) {

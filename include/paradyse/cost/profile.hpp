@@ -128,34 +128,6 @@ struct GemmRowClass {
   friend bool operator==(const GemmRowClass&, const GemmRowClass&) = default;
 };
 
-// Head-width GEMMs (`thin`): products whose short side, min(n, k), is at most `max_side`: the per-head products of
-// attention materialised (ColossalZ: scores [n, keys] = q k^T with k the head dimension, P v with n the head
-// dimension, and their gradients). The CPU kernel packs their large operand for a few flops per element, so they are
-// bound by its bytes (44-73 GFLOP/s on this machine's 2 ranks against 180-280 for the compute-bound shapes), and the
-// single fit, whose operand term the compute-bound shapes leave to the noise (0 in one calibration, 4.6 GB/s in the
-// next), priced them anywhere between a third of their time and all of it. Their own terms, fitted on such shapes
-// with their operands from memory (cost/calibrate.hpp, CalibrationOptions::gemm_thin_shapes): t = overhead +
-// flops / rate + operand bytes / bandwidth. max_side 0 (built-in profiles, profile JSON written before): none.
-// The linear form of the single fit and of the head-width class: t = overhead + flops / rate + operand bytes /
-// bandwidth (bandwidth 0: no operand term).
-inline double linear_gemm_time(double overhead_s, double flops_per_s, double bytes_per_s, double m, double n, double k,
-                               int dtype_bytes) {
-  const double bytes = (m * k + k * n + m * n) * dtype_bytes;
-  return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
-}
-
-struct GemmThinClass {
-  double max_side = 0;
-  double overhead_s = 0;
-  double flops_per_s = 1;
-  double bytes_per_s = 0;  // 0: no operand term
-  bool holds(double n, double k) const { return max_side > 0 && std::min(n, k) <= max_side; }
-  double time(double m, double n, double k, int dtype_bytes) const {
-    return linear_gemm_time(overhead_s, flops_per_s, bytes_per_s, m, n, k, dtype_bytes);
-  }
-  friend bool operator==(const GemmThinClass&, const GemmThinClass&) = default;
-};
-
 // A workload's own GEMMs as measured (`measured`): per weight shape (n, k), its times at a few row counts m. The
 // class fits above share their terms across shapes, and their errors do not average out within a step: on this
 // machine's serving calibration one shape (n 256, k 512, an expert's down projection under EP) ran 14-27% over its
@@ -190,6 +162,42 @@ struct GemmMeasured {
     return nullptr;
   }
   friend bool operator==(const GemmMeasured&, const GemmMeasured&) = default;
+};
+
+// The linear form of the single fit and of the head-width class: t = overhead + flops / rate + operand bytes /
+// bandwidth (bandwidth 0: no operand term).
+inline double linear_gemm_time(double overhead_s, double flops_per_s, double bytes_per_s, double m, double n, double k,
+                               int dtype_bytes) {
+  const double bytes = (m * k + k * n + m * n) * dtype_bytes;
+  return overhead_s + 2 * m * n * k / flops_per_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0);
+}
+
+// Head-width GEMMs (`thin`): products whose short side, min(n, k), is at most `max_side`: the per-head products of
+// attention materialised (ColossalZ: scores [n, keys] = q k^T with k the head dimension, P v with n the head
+// dimension, and their gradients). The CPU kernel packs their large operand for a few flops per element, so they are
+// bound by its bytes (44-73 GFLOP/s on this machine's 2 ranks against 180-280 for the compute-bound shapes), and the
+// single fit, whose operand term the compute-bound shapes leave to the noise (0 in one calibration, 4.6 GB/s in the
+// next), priced them anywhere between a third of their time and all of it. Their own terms, fitted on such shapes
+// with their operands from memory (cost/calibrate.hpp, CalibrationOptions::gemm_thin_shapes): t = overhead +
+// flops / rate + operand bytes / bandwidth. max_side 0 (built-in profiles, profile JSON written before): none.
+// One fit for both orientations missed each: on an Intel Xeon VM (2 MiB of L2 a core) the output-heavy 1024x1024x32
+// (scores, 4 MiB out) ran 1.60 ms against 1.22 fitted and 1024x32x1024 1.11, where at 256 and 512 rows the other
+// orientation was the slower; flops and bytes grow together over such shapes, so no linear terms tell them apart.
+// The calibration's own shapes, which train_gpt picks as a step's blocks on its ranks (examples/train_gpt/
+// hardware.hpp), are therefore kept as timed too (`timed`, float32, one row each): a GEMM of one of them is priced at
+// its time, any other head-width GEMM by the fit.
+struct GemmThinClass {
+  double max_side = 0;
+  double overhead_s = 0;
+  double flops_per_s = 1;
+  double bytes_per_s = 0;  // 0: no operand term
+  GemmMeasured timed = {};  // the calibration's shapes as timed (one row each); empty: the fit for every shape
+  bool holds(double n, double k) const { return max_side > 0 && std::min(n, k) <= max_side; }
+  double time(double m, double n, double k, int dtype_bytes) const {
+    if (const GemmMeasuredShape* s = timed.find(m, n, k, dtype_bytes)) return s->time(m);
+    return linear_gemm_time(overhead_s, flops_per_s, bytes_per_s, m, n, k, dtype_bytes);
+  }
+  friend bool operator==(const GemmThinClass&, const GemmThinClass&) = default;
 };
 
 struct GemmModel {

@@ -3,7 +3,7 @@
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
-//    "bytes_per_s"}], ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"]}],
+//    "bytes_per_s", ["timed": {as measured}]}], ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"]}],
 //    ["reuse": [{as measured, with cycle_bytes}, ...]]}, "attention": {"overhead_s", "forward_flops_per_s",
 //    "backward_flops_per_s", ["backward_overhead_s"]}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
@@ -338,6 +338,7 @@ inline json::Value to_json(const HardwareProfile& p) {
                          {"overhead_s", p.gemm.thin.overhead_s},
                          {"flops_per_s", p.gemm.thin.flops_per_s},
                          {"bytes_per_s", p.gemm.thin.bytes_per_s}};
+  if (!p.gemm.thin.timed.shapes.empty()) v["gemm"]["thin"]["timed"] = detail::gemm_measured_to_json(p.gemm.thin.timed);
   v["attention"] = {{"overhead_s", p.attention.overhead_s},
                     {"forward_flops_per_s", p.attention.forward_flops_per_s},
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
@@ -423,9 +424,10 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto measured = gemm.find("measured")) p.gemm.measured = gemm_measured_from_json(*measured);
   if (const auto reuse = gemm.find("reuse")) p.gemm.reuse = gemm_reuse_from_json(*reuse);
   if (const auto thin = gemm.find("thin")) {  // absent: no head-width class, as before it existed
-    only_keys(*thin, {"max_side", "overhead_s", "flops_per_s", "bytes_per_s"});
+    only_keys(*thin, {"max_side", "overhead_s", "flops_per_s", "bytes_per_s", "timed"});
     p.gemm.thin = {double(integer(*thin, "max_side", 1, std::int64_t(1) << 20)), seconds(*thin, "overhead_s"),
                    rate(*thin, "flops_per_s"), rate(*thin, "bytes_per_s", true)};
+    if (const auto timed = thin->find("timed")) p.gemm.thin.timed = gemm_measured_from_json(*timed);
   }
   const json::Field attention = v["attention"];
   only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s", "backward_overhead_s"});
