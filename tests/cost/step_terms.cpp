@@ -307,6 +307,45 @@ TEST_CASE("step terms: the scalar-math fit recovers a known rate beyond the kern
   CHECK(fit_scalar_rate(no_slower) == 0);  // not slower than its other work: unpriced
 }
 
+TEST_CASE("step terms: the softmax's loop per score and its exp per call are told apart by two visible shares") {
+  // One sample gave the loop the activation rate and the exp the rest: a step whose rows see half their keys was then
+  // priced 15-20% under its softmax.
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> per_score(0.5e-9, 3e-9), per_exp(1e-9, 6e-9), other(0, 1e-3),
+      noise(0.999, 1.001);
+  for (int trial = 0; trial < 20; ++trial) {
+    const double a = per_score(rng), b = per_exp(rng), scores = 2097152;
+    std::vector<SoftmaxSample> samples;
+    for (const double share : {0.25, 0.75, 1.0}) {
+      const double o = other(rng);
+      samples.push_back({scores, share * scores, o + scores * a + share * scores * b, o});
+    }
+    const ScalarMathModel exact = fit_softmax_rates(samples);
+    CHECK(exact.softmax_scores_per_s == doctest::Approx(1 / a).epsilon(1e-9));
+    CHECK(exact.exp_per_s == doctest::Approx(1 / b).epsilon(1e-9));
+    for (SoftmaxSample& x : samples) x.seconds *= noise(rng);  // a tenth of a percent of noise moves them little
+    const ScalarMathModel noisy = fit_softmax_rates(samples);
+    CHECK(noisy.softmax_scores_per_s == doctest::Approx(1 / a).epsilon(0.05));
+    CHECK(noisy.exp_per_s == doctest::Approx(1 / b).epsilon(0.05));
+    // Priced: the softmax family's activation at the loop's rate, other activations at theirs.
+    HardwareProfile hw = terms_only();
+    hw.activation_elements_per_s = 1e9;
+    hw.scalar_math = exact;
+    CHECK(hw.activation_time(scores, 8 * scores, false, ElementwiseFamily::softmax) ==
+          doctest::Approx(scores * a).epsilon(1e-9));
+    CHECK(hw.activation_time(scores, 8 * scores) == doctest::Approx(scores / 1e9).epsilon(1e-12));
+    hw.scalar_math.softmax_scores_per_s = 0;  // a profile without it: the activation rate, as before
+    CHECK(hw.activation_time(scores, 8 * scores, false, ElementwiseFamily::softmax) ==
+          doctest::Approx(scores / 1e9).epsilon(1e-12));
+  }
+  const std::vector<SoftmaxSample> one_share{{1e6, 5e5, 1e-2, 0}, {2e6, 1e6, 2e-2, 0}};
+  CHECK_THROWS_WITH(fit_softmax_rates(one_share), doctest::Contains("the fit needs two visible shares"));
+  const std::vector<SoftmaxSample> alone{{1e6, 5e5, 1e-2, 0}};
+  CHECK_THROWS_WITH(fit_softmax_rates(alone), doctest::Contains("1 samples"));
+  const std::vector<SoftmaxSample> more_exps{{1e6, 2e6, 1e-2, 0}, {1e6, 5e5, 1e-2, 0}};
+  CHECK_THROWS_WITH(fit_softmax_rates(more_exps), doctest::Contains("exps = 2000000"));
+}
+
 TEST_CASE("step terms: a profile written before the terms loads with them unpriced; new ones round-trip") {
   HardwareProfile hw = a100_sxm4_80gb_x8();
   json::Value old = to_json(hw);
@@ -317,6 +356,8 @@ TEST_CASE("step terms: a profile written before the terms loads with them unpric
   CHECK(loaded.scalar_math == ScalarMathModel{});
   hw.fresh_memory = {2.2e10, 1.56e9, std::int64_t(1) << 25};
   hw.scalar_math = {3.1e8, 4.7e7};
+  CHECK_FALSE(to_json(hw)["scalar_math"].contains("softmax_scores_per_s"));  // unset: not written
+  hw.scalar_math.softmax_scores_per_s = 5.8e8;
   const HardwareProfile back = profile_from_json(to_json(hw));
   CHECK(back.fresh_memory == hw.fresh_memory);
   CHECK(back.scalar_math == hw.scalar_math);

@@ -288,24 +288,31 @@ void calibrate_call_overheads(C& comm, const CalibrationOptions& options, Calibr
                             work + calls * profile.call_overhead.kernel_call_s});
 }
 
-// Scalar math: the materialised softmax (an exp per score) and RoPE (a cos and a sin per token and frequency) at
-// the shapes ColossalZ and every rope model run, their other work priced as the dry run records it (ops/counting.hpp).
+// Scalar math: the materialised softmax (its loop per score and an exp per visible score) and RoPE (a cos and a sin
+// per token and frequency) at the shapes ColossalZ and every rope model run, their other work priced as the dry run
+// records it (ops/counting.hpp). The softmax at two visible shares, its queries the first n positions of the keys
+// (causal: a quarter of the scores visible here) and the last n (three quarters), tells its two terms apart.
 template <class Backend, Communicator C>
 void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibration& result) {
   HardwareProfile& profile = result.profile;
   const std::int64_t heads = options.attention_heads, d = options.head_dim, n = 512, keys = 1024;
   Tensor<float> scores(Shape{1, heads, n, keys});
-  const std::vector<ops::PositionRun> queries{{0, keys - n, n}}, key_runs{{0, 0, keys}};
-  const double softmax = measure<Backend>(comm, options.clock, options.repetitions, [&] {
-    calibrate_detail::fill<Backend>(scores, 0.5f);
-    Backend::masked_softmax_forward(scores.view(), queries, key_runs, true);
-  });
   const double elements = double(scores.numel());
-  const double fill_s = profile.elementwise_time(4 * elements);  // the refill above, a write of the scores
-  // The kernel calls exp on the visible scores only (causal: 75% of these), as the dry run counts them.
-  const double exps = double(heads) * ops::softmax_visible_scores(queries, key_runs, true);
-  const ScalarSample exp_sample{exps, softmax, fill_s + profile.activation_time(elements, 8 * elements)};
-  profile.scalar_math.exp_per_s = fit_scalar_rate(std::span(&exp_sample, 1));
+  const double fill_s = profile.elementwise_time(4 * elements);  // the refill below, a write of the scores
+  const std::vector<ops::PositionRun> key_runs{{0, 0, keys}};
+  std::vector<SoftmaxSample> softmax;
+  for (const std::int64_t first_query : {std::int64_t(0), keys - n}) {
+    const std::vector<ops::PositionRun> queries{{0, first_query, n}};
+    const double t = measure<Backend>(comm, options.clock, options.repetitions, [&] {
+      calibrate_detail::fill<Backend>(scores, 0.5f);
+      Backend::masked_softmax_forward(scores.view(), queries, key_runs, true);
+    });
+    // The kernel calls exp on the visible scores only, as the dry run counts them.
+    softmax.push_back({elements, double(heads) * ops::softmax_visible_scores(queries, key_runs, true), t, fill_s});
+  }
+  const ScalarMathModel rates = fit_softmax_rates(softmax);
+  profile.scalar_math.exp_per_s = rates.exp_per_s;
+  profile.scalar_math.softmax_scores_per_s = rates.softmax_scores_per_s;
 
   Tensor<float> x(Shape{1, keys, heads, d}), y(Shape{1, keys, heads, d});
   calibrate_detail::fill<Backend>(x, 0.5f);
@@ -313,8 +320,11 @@ void calibrate_scalar_math(C& comm, const CalibrationOptions& options, Calibrati
                               [&] { Backend::rope_forward(x.view(), y.view(), 0); });
   const ScalarSample sincos_sample{double(keys * d), rope, profile.elementwise_time(8.0 * double(x.numel()))};
   profile.scalar_math.sincos_per_s = fit_scalar_rate(std::span(&sincos_sample, 1));
-  result.samples.push_back({fmt::format("softmax {}x{}x{} (exp)", heads, n, keys), softmax,
-                            exp_sample.other_s + profile.scalar_math.time(ScalarFunction::exp, exps)});
+  for (const SoftmaxSample& s : softmax)
+    result.samples.push_back({fmt::format("softmax {}x{}x{} ({:.0f}% exp)", heads, n, keys, 100 * s.exps / s.scores),
+                              s.seconds, s.other_s + profile.activation_time(s.scores, 8 * s.scores, false,
+                                                                             ElementwiseFamily::softmax) +
+                                             profile.scalar_math.time(ScalarFunction::exp, s.exps)});
   result.samples.push_back({fmt::format("rope {}x{}x{} (cos, sin)", keys, heads, d), rope,
                             sincos_sample.other_s + profile.scalar_math.time(ScalarFunction::sincos, double(keys * d))});
 }

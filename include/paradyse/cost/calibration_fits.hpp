@@ -113,6 +113,39 @@ inline double fit_scalar_rate(std::span<const ScalarSample> samples) {
   return seconds > 0 ? calls / seconds : 0;
 }
 
+// The materialised softmax forward at one visible share: its scores, the exps it calls (one per visible score), its
+// seconds, and the other work in them (a refill of the scores) priced by the profile.
+struct SoftmaxSample {
+  double scores = 0;
+  double exps = 0;
+  double seconds = 0;
+  double other_s = 0;
+};
+// The softmax's own loop per score and its exp per call, non-negative least squares over samples of different visible
+// shares: t - other = scores / softmax_scores_per_s + exps / exp_per_s. A term fitted at 0 comes back as rate 0
+// (unpriced); two samples of one share cannot tell the terms apart (refused).
+inline ScalarMathModel fit_softmax_rates(std::span<const SoftmaxSample> samples) {
+  check(samples.size() >= 2, "fit_softmax_rates: {} samples, expected two or more of different visible shares",
+        samples.size());
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (const SoftmaxSample& s : samples) {
+    check(s.scores > 0 && s.exps > 0 && s.exps <= s.scores && s.seconds > s.other_s && s.other_s >= 0,
+          "fit_softmax_rates: scores = {}, exps = {}, seconds = {}, other = {} (expected 0 < exps <= scores, "
+          "0 <= other < seconds)", s.scores, s.exps, s.seconds, s.other_s);
+    rows.push_back({s.scores, s.exps});
+    y.push_back(s.seconds - s.other_s);
+  }
+  const auto share = [](const SoftmaxSample& s) { return s.exps / s.scores; };
+  check(std::ranges::any_of(samples, [&](const SoftmaxSample& s) { return share(s) != share(samples[0]); }),
+        "fit_softmax_rates: every sample sees {} of its scores; the fit needs two visible shares", share(samples[0]));
+  const Fit fit = fit_non_negative(rows, y);
+  ScalarMathModel rates;
+  rates.softmax_scores_per_s = fit.coefficients[0] > 0 ? 1 / fit.coefficients[0] : 0;
+  rates.exp_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
+  return rates;
+}
+
 // An elementwise kernel mix at one size: the bytes its calls record in a dry run per call, and its seconds per call.
 struct ElementwiseSample {
   double bytes = 0;

@@ -307,11 +307,17 @@ struct FreshMemoryModel {
 // softmax's and the cross-entropy's exp, RoPE's cos and sin per (token, frequency). The dry run records those calls
 // (TraceKind::transcendental, core/trace.hpp) beside the kernel's other work; each costs 1 / rate of its function.
 // A rate of 0 prices the calls at nothing (older profiles, and devices, whose special-function units make them part
-// of a memory-bound kernel).
+// of a memory-bound kernel). The materialised softmax's own scalar loop (its max, exp-and-sum and scale passes over
+// every score of a row, ops/cpu/softmax.hpp) has a rate per score here too: fitted beside the exp on one calibration
+// sample it went to the activation rate (0.54 ns a score) and the exp took the rest (4.8 ns a call), where two
+// samples of other visible shares (25% and 100%) put them at 1.7 and 3.2 ns, so a step whose rows see half their keys
+// (ColossalZ at 2,048 tokens, zigzag) was priced 15-20% under its softmax (stop 52). 0: the scores are priced as
+// activation elements (older profiles; devices).
 enum class ScalarFunction : std::uint8_t { exp, sincos };
 struct ScalarMathModel {
   double exp_per_s = 0;     // expf calls per second
   double sincos_per_s = 0;  // cos or sin calls (double precision) per second
+  double softmax_scores_per_s = 0;  // scores per second of the materialised softmax's own loop (beside its exps)
   double time(ScalarFunction f, double calls) const {
     const double rate = f == ScalarFunction::exp ? exp_per_s : sincos_per_s;
     return calls > 0 && rate > 0 ? calls / rate : 0;
@@ -533,6 +539,8 @@ struct HardwareProfile {
                          ElementwiseFamily family = ElementwiseFamily::activation) const {
     if (elements <= 0) return 0;
     if (swiglu_forward && swiglu_forward_elements_per_s > 0) return elements / swiglu_forward_elements_per_s;
+    if (family == ElementwiseFamily::softmax && scalar_math.softmax_scores_per_s > 0)
+      return elements / scalar_math.softmax_scores_per_s;
     return activation_elements_per_s > 0 ? elements / activation_elements_per_s : elementwise_time(bytes, family);
   }
 

@@ -9,7 +9,8 @@
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
-//    ["scalar_math": {"exp_per_s", "sincos_per_s"}], ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
+//    ["scalar_math": {"exp_per_s", "sincos_per_s", ["softmax_scores_per_s"]}],
+//    ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["elementwise_families": [{"family", "overhead_s", "bytes_per_s"}, ...]],
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
 //    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
@@ -235,12 +236,16 @@ inline FreshMemoryModel fresh_memory_from_json(const json::Field& v) {
   return {rate(v, "zero_bytes_per_s", true), rate(v, "fresh_bytes_per_s", true),
           integer(v, "fresh_min_bytes", 0, std::int64_t(1) << 53)};
 }
+// scalar_math's softmax_scores_per_s: absent, 0 (profiles written before it).
 inline json::Value scalar_math_to_json(const ScalarMathModel& m) {
-  return {{"exp_per_s", m.exp_per_s}, {"sincos_per_s", m.sincos_per_s}};
+  json::Value v = {{"exp_per_s", m.exp_per_s}, {"sincos_per_s", m.sincos_per_s}};
+  if (m.softmax_scores_per_s > 0) v["softmax_scores_per_s"] = m.softmax_scores_per_s;
+  return v;
 }
 inline ScalarMathModel scalar_math_from_json(const json::Field& v) {
-  only_keys(v, {"exp_per_s", "sincos_per_s"});
-  return {rate(v, "exp_per_s", true), rate(v, "sincos_per_s", true)};
+  only_keys(v, {"exp_per_s", "sincos_per_s", "softmax_scores_per_s"});
+  return {rate(v, "exp_per_s", true), rate(v, "sincos_per_s", true),
+          v.has("softmax_scores_per_s") ? rate(v, "softmax_scores_per_s", true) : 0.0};
 }
 
 // elementwise_classes (cost/profile.hpp's ElementwiseClass): [{"max_bytes", "bytes_per_s"}, ...], max_bytes whole and
