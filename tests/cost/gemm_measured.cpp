@@ -76,7 +76,8 @@ TEST_CASE("gemm measured: the head-width class prices its timed shapes at their 
   for (const GemmSample& x : timed) {
     CHECK(g.time(double(x.m), double(x.n), double(x.k), 4) == x.seconds);
     // Another row count, the other dtype: the fit.
-    CHECK(g.time(double(x.m) + 1, double(x.n), double(x.k), 4) == fit.time(double(x.m) + 1, double(x.n), double(x.k), 4));
+    const double other_rows = double(x.m) + 1;
+    CHECK(g.time(other_rows, double(x.n), double(x.k), 4) == fit.time(other_rows, double(x.n), double(x.k), 4));
     CHECK(g.time(double(x.m), double(x.n), double(x.k), 2) == fit.time(double(x.m), double(x.n), double(x.k), 2));
   }
   CHECK(g.time(768, 768, 32, 4) == fit.time(768, 768, 32, 4));  // between timed shapes: the fit, not a line

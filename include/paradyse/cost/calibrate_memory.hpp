@@ -50,7 +50,8 @@ inline std::int64_t thread_page_faults() {
 // Each sample also counts the page faults its allocations took (AllocationSample::new_share): the library serves a
 // request above its threshold from the free top of a heap when one is large enough, which the earlier, smaller
 // samples leave behind (a thread's heap holds up to 64 MiB), so one calibration's 32 MiB sample faulted in half its
-// pages (9.3 ms an allocation) where a training step's 32 MiB score matrices fault in all of theirs (16-17 ms; stop 52).
+// pages (9.3 ms an allocation) where a training step's 32 MiB score matrices fault in all of theirs (16-17 ms; stop
+// 52).
 template <class Backend, Communicator C>
 void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibration& result) {
   constexpr double kPageBytes = 4096;

@@ -216,8 +216,8 @@ inline LinearGemmFit fit_linear_gemm(const std::vector<std::array<std::int64_t, 
   return r;
 }
 
-// The samples as measured shapes (GemmModel::measured, GemmThinClass::timed): per weight shape (n, k), its rows ascending, a row measured
-// more than once at the median of its times.
+// The samples as measured shapes (GemmModel::measured, GemmThinClass::timed): per weight shape (n, k), its rows
+// ascending, a row measured more than once at the median of its times.
 inline GemmMeasured measured_gemms(const std::vector<GemmSample>& samples, int dtype_bytes) {
   check(dtype_bytes >= 1, "measured_gemms: dtype_bytes = {} must be at least 1", dtype_bytes);
   std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::int64_t, std::vector<double>>> by_shape;

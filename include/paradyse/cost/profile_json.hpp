@@ -3,7 +3,8 @@
 //
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
-//    "bytes_per_s", ["timed": {as measured}]}], ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"]}],
+//    "bytes_per_s", ["timed": {as measured}]}],
+//    ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"]}],
 //    ["reuse": [{as measured, with cycle_bytes}, ...]]}, "attention": {"overhead_s", "forward_flops_per_s",
 //    "backward_flops_per_s", ["backward_overhead_s"]}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
