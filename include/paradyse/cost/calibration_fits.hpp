@@ -45,8 +45,8 @@ struct AllocationSample {
 // least-squares slope would follow its fastest sample), each fresh sample's part on reused pages (1 - new_share of
 // its bytes, a heap's free top serving it: calibrate_fresh_memory) priced at the zero rate and taken off first. A
 // fresh sample with under an eighth of its bytes on new pages (reused, or faulting in huge pages, which count one
-// fault per 2 MiB) says little of a new page's cost and is left out, unless all are. Samples must be ascending in
-// bytes.
+// fault per 2 MiB) says little of a new page's cost and is left out; if all are, the samples are taken as timed
+// (every byte new, as before the faults were counted). Samples must be ascending in bytes.
 inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> samples, std::int64_t new_pages_from = 0,
                                          double fresh_factor = 3) {
   check(!samples.empty(), "fit_fresh_memory: no samples");
@@ -73,18 +73,21 @@ inline FreshMemoryModel fit_fresh_memory(std::span<const AllocationSample> sampl
   };
   FreshMemoryModel model;
   model.zero_bytes_per_s = median_rate(0, std::max<std::size_t>(first_fresh, 1));
-  const auto fresh_rate = [&](double min_share) {  // the samples' new bytes over their seconds on new pages
+  // The fresh samples' new bytes over their seconds on new pages (as_timed: every byte new, as before the faults
+  // were counted).
+  const auto fresh_rate = [&](bool as_timed) {
     double bytes = 0, seconds = 0;
     for (std::size_t i = first_fresh; i < samples.size(); ++i) {
       const AllocationSample& s = samples[i];
-      if (s.new_share < min_share) continue;
-      bytes += s.new_share * s.bytes;
-      seconds += std::max(s.seconds - (1 - s.new_share) * s.bytes / model.zero_bytes_per_s, 0.0);
+      const double share = as_timed ? 1.0 : s.new_share;
+      if (share < 0.125) continue;
+      bytes += share * s.bytes;
+      seconds += std::max(s.seconds - (1 - share) * s.bytes / model.zero_bytes_per_s, 0.0);
     }
     return bytes > 0 && seconds > 0 ? bytes / seconds : 0.0;
   };
-  double fresh = first_fresh < samples.size() ? fresh_rate(0.125) : model.zero_bytes_per_s;
-  if (fresh <= 0) fresh = fresh_rate(0);
+  double fresh = first_fresh < samples.size() ? fresh_rate(false) : model.zero_bytes_per_s;
+  if (fresh <= 0) fresh = fresh_rate(true);
   model.fresh_bytes_per_s = fresh > 0 ? fresh : model.zero_bytes_per_s;
   model.fresh_min_bytes = use_known                      ? new_pages_from
                           : first_fresh < samples.size() ? std::int64_t(samples[first_fresh].bytes)
