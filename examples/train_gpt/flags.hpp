@@ -70,6 +70,10 @@ inline void declare(cli::Flags& flags, TrainingOptions& o, std::int64_t& zero_st
                "dense, host: time the profile's GEMM shapes before the first step and after the last and print measured "
                "/ priced, the machine's speed against its profile (cost/speed_probe.hpp; scripts/validate_trainer.sh "
                "compares each run's steps with the prediction at that speed)");
+  flags.integer("--calibration-passes", o.calibration_passes, 1, 15,
+                "passes of the calibration this run makes when it has no profile (each measurement the median of its "
+                "passes'; more passes hold a shared machine's slow spells out of the profile, each pass costs its "
+                "seconds: cost/calibration_passes.hpp)");
   flags.text("--save", o.save,
              "write the global weights at the end as safetensors (with --experts: a Hugging Face folder, Mixtral or "
              "Qwen2-MoE)", "PATH")
@@ -221,6 +225,7 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   add("--lr", o.lr != d.lr, text(o.lr));
   add("--order", o.sorted != d.sorted, o.sorted ? "sorted" : "random");
   add("--speed-probe", o.speed_probe != d.speed_probe, o.speed_probe ? "on" : "off");
+  add("--calibration-passes", o.calibration_passes != d.calibration_passes, text(o.calibration_passes));
   add("--save", o.save != d.save, o.save);
   add("--profile", o.profile != d.profile, o.profile);
   add("--corpus", o.corpus != d.corpus, o.corpus);

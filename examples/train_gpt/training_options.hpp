@@ -37,6 +37,7 @@ struct TrainingOptions {
   std::string load;                 // dense and --mesh: start from weights --save wrote
   std::string profile;              // a hardware profile, built-in name or JSON file; empty: calibrated and cached
   bool speed_probe = false;         // dense, host: the machine's speed against the profile before and after the steps
+  int calibration_passes = 5;       // passes of a calibration this run makes, each measurement their median's
   std::string corpus;               // a folder of .txt documents; empty: the bundled State of the Union corpus
   RankBackend backend = RankBackend::threads;  // threads of this process, or one MPI process per rank
   std::string device = "cpu";       // dense: cuda runs the ranks as cuda_local threads on one GPU (ops::Cuda)

@@ -20,6 +20,7 @@
 
 #if defined(__linux__)
 #include <sys/resource.h>
+#include <unistd.h>
 #endif
 
 #include <algorithm>
@@ -42,6 +43,14 @@ inline std::int64_t thread_page_faults() {
   return -1;
 }
 
+// The bytes of one page a fault brings in (Linux: the system's page size; 4 KiB where it cannot be asked).
+inline double page_bytes() {
+#if defined(__linux__)
+  if (const long bytes = ::sysconf(_SC_PAGESIZE); bytes > 0) return double(bytes);
+#endif
+  return 4096;
+}
+
 // Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then
 // all freed, as a step's activations are (one Tensor made and freed again and again would measure the C library's
 // reuse of that one block, not a step; when the working set is freed the library gives its pages back, so the next
@@ -54,7 +63,7 @@ inline std::int64_t thread_page_faults() {
 // 52).
 template <class Backend, Communicator C>
 void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibration& result) {
-  constexpr double kPageBytes = 4096;
+  const double page = page_bytes();
   std::vector<AllocationSample> samples;
   for (std::int64_t bytes : options.fresh_bytes) {
     const std::int64_t count = std::max<std::int64_t>(1, options.fresh_working_set_bytes / bytes);
@@ -68,9 +77,8 @@ void calibrate_fresh_memory(C& comm, const CalibrationOptions& options, Calibrat
       faults = before >= 0 && after >= before && faults >= 0 ? faults + after - before : -1;
       ++calls;
     });
-    const double counted = faults >= 0 && calls > 0 ? std::min(1.0, double(faults) * kPageBytes /
-                                                                         (double(calls) * double(count * bytes)))
-                                                    : 1.0;
+    const double counted =
+        faults >= 0 && calls > 0 ? std::min(1.0, double(faults) * page / (double(calls) * double(count * bytes))) : 1.0;
     samples.push_back({double(bytes), t / double(count), measured_quantity(comm, counted)});
   }
   result.profile.fresh_memory = fit_fresh_memory(samples, host_new_pages_from());
