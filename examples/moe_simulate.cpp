@@ -29,10 +29,8 @@
 // through memory's 128 MB, so that the simulated clock prices each GEMM at its weight's reuse distance
 // (GemmModel::reuse, cost/gemm_reuse.hpp; --gemm-reuse off: at the step's cycle alone), the paged attention kernel's
 // rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (fit_planning_rate: a
-// run served under it). Which of the two the profile keeps, the weights at their reuse distances or every weight from
-// memory (classes and shapes timed cycling through 128 MB a rank), the calibration's own served run decides
-// (weights_where_served: the one that prices its median step nearer); the rows "cpu mem" (or "cpu reuse") simulate
-// with the other, when this run calibrated. The per-step table prices every round's steps on the CPU clock (their
+// run served under it); the rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB
+// a rank) instead, when this run calibrated. The per-step table prices every round's steps on the CPU clock (their
 // traces' dry run) against the CPU clock's step and rank 0's own CPU time (and of it the forecast's, beside its
 // price), with each round's ratio (the machine's drift between rounds), by kind (decode only, of which right after a
 // step with prefill; with prefill); its rows ", fits" price the same steps with the GEMM classes alone (what the
@@ -598,62 +596,18 @@ StepProbeReading mean_of(const StepProbeReading& a, const StepProbeReading& b) {
   return {{mean(a.by_kind.decode, b.by_kind.decode), mean(a.by_kind.prompt, b.by_kind.prompt)}, mean(a.all, b.all)};
 }
 
-// Where the engine's GEMMs meet their weights, decided on the calibration's own served run (`served`, its steps on
-// the CPU clock at `speed`, the GEMM probe's reading around it): its steps are priced with the profile's classes and
-// measured shapes, each GEMM at its weight's reuse distance (the weights cycled as a step reads them: in cache where
-// the ranks' weights fit it), and with those calibrated with every weight from memory (`from_memory`); the profile
-// keeps the one whose median step, at that speed, is nearer its price (the two read as a factor either way). Which
-// holds is the machine's and the model's: on a 2-core VM whose 32 MB L3 other guests share, the synthetic MoE's
-// decode steps ran 2.0x their price at the reuse distances and 0.98x from memory (2 x 14.4 MB of weights); where
-// they stayed in cache the memory classes priced the trained 4-layer MoE's steps 1.3-1.6x (docs/serving_simulation.md).
-// Taking memory's: its classes and shapes replace the profile's, its other cycles are dropped, and the speed probe's
-// baseline is read again against the new prices (`class_samples`: the profile's classes' own samples).
-bool weights_where_served(const Options& o, const DecoderConfig& c, const ServedSteps& served, double speed,
-                          const cost::GemmModel& from_memory, const std::vector<cost::GemmSample>& class_samples,
-                          cost::HardwareProfile& profile) {
-  if (served.traces.empty() || class_samples.empty()) return false;
-  const auto median_ratio = [&](const cost::HardwareProfile& p) {
-    SimulatedCluster cluster{p, 4};
-    cost::use_gemm_engines(cluster.profile);
-    SimulatedClock priced(c, cluster);
-    return percentile(step_price_ratios(served, priced), 0.5) / speed;
-  };
-  cost::HardwareProfile memory = profile;
-  memory.gemm.by_rows = from_memory.by_rows, memory.gemm.measured = from_memory.measured;
-  memory.gemm.reuse.clear();
-  const double at_reuse = median_ratio(profile), at_memory = median_ratio(memory);
-  const auto off = [](double ratio) { return std::max(ratio, 1 / ratio); };
-  const bool use_memory = off(at_memory) < off(at_reuse);
-  fmt::print("the weights: the served run's median step {:.2f}x its price with each GEMM at its weight's reuse "
-             "distance, {:.2f}x with every weight from memory (at the probe's speed): the profile prices them {}\n",
-             at_reuse, at_memory, use_memory ? "from memory" : "at their reuse distances");
-  if (!use_memory) return false;
-  profile.gemm = memory.gemm;
-  profile.probe_baseline = probe_baseline(class_samples, speed_probe_of(o, c), profile);
-  return true;
-}
-
-// The weights' pricing the profile did not keep (weights_where_served), simulated beside it: its GEMM classes,
-// measured shapes and other cycles, and its rows' name ("mem": every weight from memory; "reuse": each at its
-// weight's reuse distance).
-struct OtherWeights {
-  cost::GemmModel gemm;
-  std::string name;
-};
-
 // --measure's profile of this machine, calibrated on o.ranks thread ranks for the served model `model` and saved to
 // o.cluster: calibrate's fits with the serving step's own GEMMs and messages, the weights' cold bandwidth, the GEMM
 // size classes on the step's working set, the paged attention kernel, the dynamic policy's forecast, the engine's
-// host work and the steps' spread around their price, and where the weights come from (weights_where_served).
-// Returns the pricing of the weights it did not keep (the rows "cpu mem" or "cpu reuse").
-OtherWeights calibrate_profile(const Options& o, const LoadedDecoder& model) {
+// host work and the steps' spread around their price. Returns a GEMM model holding the classes and measured shapes
+// calibrated with every weight from memory instead (simulated beside the profile: the rows "cpu mem"; not saved).
+cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) {
   const DecoderConfig& c = model.config;
   check(o.cluster.size() > 5 && o.cluster.substr(o.cluster.size() - 5) == ".json",
         "--measure: --cluster {} must be a profile .json (written by calibrating when absent)", o.cluster);
   fmt::print("calibrating {} thread ranks ({}) into {} ...\n", o.ranks, o.calibrate_cpu ? "thread CPU time" : "wall clock",
              o.cluster);
   cost::GemmModel gemm_mem;
-  OtherWeights other;  // memory's below (gemm_mem), unless the served run has the profile keep it
   cost::HardwareProfile profile;
   // Besides calibrate's compute-bound shapes, the serving steps' own GEMMs at decode batches (1, 4 and 16 rows
   // against an expert's TP slice and whole expert, both products, and the lm_head): bound by reading their
@@ -683,10 +637,10 @@ OtherWeights calibrate_profile(const Options& o, const LoadedDecoder& model) {
   // The size classes (GemmModel::by_rows): decode rows (m <= 16) and a prefill chunk's expert rows (m <= 128) fitted
   // each on its own, on the serving step's own GEMMs; above 128 rows the single fit.
   // The profile's classes cycle through the weights a step reads (each from the cache level that holds the rank's
-  // weights, as in the step); the classes cycling through 128 MB a rank (every weight from memory) priced the trained
-  // 4-layer MoE's decode steps within 10% where other processes on the machine's cache evicted the weights between
-  // steps, and 1.5x its measured CPU time on a quiet machine (docs/serving_simulation.md): the served run below
-  // decides between them (weights_where_served).
+  // weights, as in the step); the rows "cpu mem" simulate with classes cycling through 128 MB a rank (every weight
+  // from memory), which priced the trained 4-layer MoE's decode steps within 10% where other processes on the
+  // machine's cache evicted the weights between steps, and 1.5x its measured CPU time on a quiet machine
+  // (docs/serving_simulation.md).
   cost::GemmClassOptions classes = profile_class_options(o, c);
   classes.passes = kCalibrationPasses;
   cost::GemmClassOptions from_memory = classes, decode_cycle = classes;
@@ -696,7 +650,6 @@ OtherWeights calibrate_profile(const Options& o, const LoadedDecoder& model) {
              "the shapes also at a decode step's {:.1f} MB and at {:.1f} MB (each GEMM priced at its weight's reuse "
              "distance between them)\n", double(classes.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6,
              double(decode_cycle.cold_bytes) / 1e6, double(from_memory.cold_bytes) / 1e6);
-  std::vector<cost::GemmSample> class_samples;  // the profile's classes' samples (the speed probe's baseline)
   run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
     const cost::GemmClassCalibration mem = cost::calibrate_gemm_classes<ops::Cpu>(comm, from_memory);
     const cost::GemmClassCalibration decode = cost::calibrate_gemm_classes<ops::Cpu>(comm, decode_cycle);
@@ -715,7 +668,6 @@ OtherWeights calibrate_profile(const Options& o, const LoadedDecoder& model) {
     std::sort(profile.gemm.reuse.begin(), profile.gemm.reuse.end(),
               [](const cost::GemmMeasured& a, const cost::GemmMeasured& b) { return a.cycle_bytes < b.cycle_bytes; });
     gemm_mem.by_rows = mem.classes, gemm_mem.measured = mem.measured;
-    class_samples = cal.samples;
     profile.probe_baseline = probe_baseline(cal.samples, speed_probe_of(o, c), profile);
     const cost::GemmModel single{profile.gemm.overhead_s, profile.gemm.flops_per_s, profile.gemm.bytes_per_s};
     cost::GemmModel classes_only = profile.gemm;
@@ -801,9 +753,6 @@ OtherWeights calibrate_profile(const Options& o, const LoadedDecoder& model) {
     profile.serving_host = fit_serving_host(steps);
     fmt::print("the engine's host work: {:.1f} us a step + {:.2f} us a chunk ({} steps)\n",
                profile.serving_host.step_s * 1e6, profile.serving_host.chunk_s * 1e6, steps.size());
-    const cost::GemmModel at_reuse = profile.gemm;
-    other = {gemm_mem, "mem"};
-    if (weights_where_served(o, c, served, speed, gemm_mem, class_samples, profile)) other = {at_reuse, "reuse"};
     SimulatedCluster as_simulated{profile, 4};
     cost::use_gemm_engines(as_simulated.profile);
     SimulatedClock priced(c, as_simulated);
@@ -816,15 +765,15 @@ OtherWeights calibrate_profile(const Options& o, const LoadedDecoder& model) {
                  percentile(ratios, 0.5) / speed, speed);
   }
   cost::save_profile(profile, o.cluster);
-  return other;
+  return gemm_mem;
 }
 
 int measure(const Options& o) {
   const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
                                            : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
-  // The weights' pricing the calibration did not keep ("mem" or "reuse"), when this run calibrates.
-  const std::optional<OtherWeights> other =
+  // Calibrated with every weight from memory ("mem"), when this run calibrates.
+  const std::optional<cost::GemmModel> gemm_mem =
       std::filesystem::exists(o.cluster) ? std::nullopt : std::optional(calibrate_profile(o, model));
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
   // The GEMM model the options ask for: off drops the classes and the measured shapes with them (the single fit
@@ -835,14 +784,13 @@ int measure(const Options& o) {
     if (!o.gemm_classes || !o.gemm_measured || !o.gemm_reuse) g.reuse.clear();
   };
   as_asked(cluster.profile.gemm);
-  // The profile with the other pricing of the weights, when this run calibrated it: simulated beside it.
-  SimulatedCluster other_cluster = cluster;
-  const std::string other_name = other ? other->name : "mem";
-  if (other) {
-    other_cluster.profile.gemm.by_rows = other->gemm.by_rows;
-    other_cluster.profile.gemm.measured = other->gemm.measured;
-    other_cluster.profile.gemm.reuse = other->gemm.reuse;  // memory's: none (every weight from memory at any distance)
-    as_asked(other_cluster.profile.gemm);
+  // The profile with the GEMM classes and shapes calibrated with every weight from memory, when this run calibrated
+  // them: simulated beside it ("mem").
+  SimulatedCluster mem_cluster = cluster;
+  if (gemm_mem) {
+    mem_cluster.profile.gemm.by_rows = gemm_mem->by_rows, mem_cluster.profile.gemm.measured = gemm_mem->measured;
+    mem_cluster.profile.gemm.reuse.clear();  // every weight from memory, at any distance
+    as_asked(mem_cluster.profile.gemm);
   }
   // The profile's fits alone, when it has measured shapes: the per-step table prices the steps on it too ("fits").
   SimulatedCluster fits_cluster = cluster;
@@ -853,9 +801,9 @@ int measure(const Options& o) {
   cycle_cluster.profile.gemm.reuse.clear();
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
-  const std::vector<Policy> other_policies = make_policies(o.policies, other_cluster, o.eplb_interval, o.switch_window);
-  const bool compare_other = other_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows ||
-                           other_cluster.profile.gemm.measured != cluster.profile.gemm.measured;
+  const std::vector<Policy> mem_policies = make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window);
+  const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows ||
+                           mem_cluster.profile.gemm.measured != cluster.profile.gemm.measured;
   const bool compare_fits = !cluster.profile.gemm.measured.shapes.empty();
   const bool compare_cycle = cost::prices_reuse(cluster.profile.gemm);
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
@@ -873,7 +821,7 @@ int measure(const Options& o) {
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
                o.ranks, trace.name, requests.size(), cluster.profile.name);
     // kind: 0 the wall clock, 1 the ranks' thread CPU time (serve/clock.hpp's CpuClock, synchronised), 2 simulated,
-    // 3 simulated on the profile with the other pricing of the weights (the policy's time model too).
+    // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
     // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
     auto serve = [&](std::size_t pi, int kind, RoutingRecorder* recorder, std::vector<MeasuredStep>* steps,
                      StepSlowdown slowdown = {}) {
@@ -889,7 +837,7 @@ int measure(const Options& o) {
           EngineOptions run = opt;
           run.clock = own.get();
           EngineStats s;
-          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? other_policies : policies)[pi].policy, &s);
+          auto got = serve_requests(comm, model, requests, run, (kind == 3 ? mem_policies : policies)[pi].policy, &s);
           if (comm.rank() == 0) {
             out = std::move(got), stats = s;
             if (steps)
@@ -898,7 +846,7 @@ int measure(const Options& o) {
           }
         };
         if (kind == 2 || kind == 3) {  // every rank its own (alike)
-          auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : other_cluster);
+          auto sim = std::make_unique<SimulatedClock>(c, kind == 2 ? cluster : mem_cluster);
           sim->set_slowdown(slowdown);
           serve_on(plain, std::move(sim));
         } else if (kind == 1) {  // each step's pieces between collectives at their slowest rank (comm/cpu_marks.hpp)
@@ -968,10 +916,10 @@ int measure(const Options& o) {
           rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
-      std::vector<std::vector<StepCost>> cpu_costs, other_costs, fits_costs, cycle_costs;
+      std::vector<std::vector<StepCost>> cpu_costs, mem_costs, fits_costs, cycle_costs;
       for (const std::vector<MeasuredStep>& round : cpu_steps) {
         cpu_costs.push_back(price_steps(c, cluster, round));
-        if (compare_other) other_costs.push_back(price_steps(c, other_cluster, round));
+        if (compare_mem) mem_costs.push_back(price_steps(c, mem_cluster, round));
         if (compare_fits) fits_costs.push_back(price_steps(c, fits_cluster, round));
         if (compare_cycle) cycle_costs.push_back(price_steps(c, cycle_cluster, round));
       }
@@ -979,7 +927,7 @@ int measure(const Options& o) {
         breakdowns.push_back({name, step_breakdown(cpu_steps, costs, on.profile)});
       };
       breakdown(pol.name, cpu_costs, cluster);
-      if (compare_other) breakdown(pol.name + ", " + other_name, other_costs, other_cluster);
+      if (compare_mem) breakdown(pol.name + ", mem", mem_costs, mem_cluster);
       if (compare_fits) breakdown(pol.name + ", fits", fits_costs, fits_cluster);
       if (compare_cycle) breakdown(pol.name + ", one cycle", cycle_costs, cycle_cluster);
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
@@ -991,18 +939,17 @@ int measure(const Options& o) {
         }
         write_steps(steps_csv, pol.key, "simulated", 0, sim_steps, price_steps(c, cluster, sim_steps));
       }
-      const Result sim_other = compare_other ? serve(pi, 3, nullptr, nullptr) : sim;
-      const std::string other_clock = "cpu " + other_name;
+      const Result sim_mem = compare_mem ? serve(pi, 3, nullptr, nullptr) : sim;
       // Rows: the wall and CPU clocks against the simulation; then the CPU clock against the simulation with the
-      // other pricing of the weights ("cpu mem" or "cpu reuse"); then each round against the simulation at its speed,
-      // by the GEMM probe (@speed) and by the step probe (@steps) (the median of the rounds' errors).
+      // working set's GEMM classes; then each round against the simulation at its speed, by the GEMM probe (@speed)
+      // and by the step probe (@steps) (the median of the rounds' errors).
       for (const auto& [clock_name, runs, simulated, per_round] :
            {std::tuple<const char*, const std::vector<Result>*, const Result*, const std::vector<Result>*>{
                 "wall", &measured, &sim, nullptr},
-            {"cpu", &on_cpu, &sim, nullptr}, {other_clock.c_str(), &on_cpu, &sim_other, nullptr},
+            {"cpu", &on_cpu, &sim, nullptr}, {"cpu mem", &on_cpu, &sim_mem, nullptr},
             {"wall @speed", &measured, nullptr, &at_speed}, {"cpu @speed", &on_cpu, nullptr, &at_speed},
             {"cpu @steps 1", &on_cpu, nullptr, &at_step_all}, {"cpu @steps", &on_cpu, nullptr, &at_step}}) {
-        if (simulated == &sim_other && !compare_other) continue;
+        if (simulated == &sim_mem && !compare_mem) continue;
         fmt::print("{:<16} {:>11}", pol.name, clock_name);
         int within = 0;
         for (int m = 0; m < kShown; ++m) {
