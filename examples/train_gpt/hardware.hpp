@@ -58,8 +58,8 @@ pd::cost::CalibrationOptions calibration_options(const TrainingOptions& o) {
   pd::cost::CalibrationOptions options;
   options.repetitions = 3;
   // Each measurement the median of the passes' (one pass's fits move with the machine's speed). Five by default: on
-  // a 2-core VM three calibrations of three passes minutes apart priced train_gpt's steps up to 35% apart (one bad
-  // median among three), three calibrations of five passes within 11% (docs/trainer_validation.md, stop 53).
+  // a 2-core VM one of six calibrations of three passes priced some of train_gpt's steps 22-35% over the others' (a
+  // bad median among three), none of six of five passes (docs/trainer_validation.md, stop 53).
   options.passes = o.calibration_passes;
   options.attention_heads = o.heads;
   options.head_dim = std::max<std::int64_t>(o.hidden / o.heads, 1);
