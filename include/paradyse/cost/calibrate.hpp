@@ -42,7 +42,8 @@
 //   - where options.call_overheads asks for it (moe_simulate --measure does): one-row calls of the backend's
 //     non-GEMM kernels, their work priced on the rates above: the fixed seconds per kernel call (the profile's
 //     call_overhead);
-//   - every collective of the communicator at several sizes: t = alpha + beta * bytes, for this group size;
+//   - every collective of the communicator at several sizes: t = alpha + beta * bytes, for this group size, a line per
+//     size range (in the cores' caches, in the shared last-level cache, beyond it);
 //   - a ring step (a GEMM beside a shift_async) against the two alone: the fraction of overlap the backend gives
 //     (wall-clock time only; in thread CPU time it is 0 by construction).
 // The fits minimise relative error with non-negative coefficients (cost/least_squares.hpp); their worst and median
@@ -244,13 +245,17 @@ void calibrate_activations(C& comm, const CalibrationOptions& options, Calibrati
   }
 }
 
-// Collectives, p > 1: t = alpha + beta * bytes per collective (nccl-tests sizes), one line below
-// options.large_message_bytes and one from it, and the link model for other group sizes (the all-gather's bus bandwidth
-// and per-step latency, the shift's bandwidth).
+// Collectives, p > 1: t = alpha + beta * bytes per collective (nccl-tests sizes), a line per size range
+// (message_ranges: below options.large_message_bytes, from it, beyond the last-level cache), and the link model for
+// other group sizes (the all-gather's bus bandwidth and per-step latency, the shift's bandwidth).
 template <class Backend, Communicator C>
 void calibrate_collectives(C& comm, const CalibrationOptions& options, Calibration& result) {
   HardwareProfile& profile = result.profile;
   const int p = comm.size(), reps = options.repetitions;
+  // The host's caches say nothing of a device's collectives.
+  const std::int64_t cache = ops::on_device<Backend> ? 0
+                             : options.cache_bytes < 0 ? last_level_cache_bytes()
+                                                       : options.cache_bytes;
   for (Collective op : kAllCollectives) {
     std::vector<std::vector<double>> rows;
     std::vector<double> y;
@@ -277,20 +282,14 @@ void calibrate_collectives(C& comm, const CalibrationOptions& options, Calibrati
       rows.push_back({1.0, double(count) * sizeof(float)});
       y.push_back(t);
     }
-    // One line below the large-message size, one from it (each range falls back to all samples when it has
-    // fewer than two).
-    for (const bool large : {false, true}) {
-      std::vector<std::vector<double>> range_rows;
-      std::vector<double> range_y;
-      for (std::size_t i = 0; i < y.size(); ++i)
-        if ((rows[i][1] >= double(options.large_message_bytes)) == large)
-          range_rows.push_back(rows[i]), range_y.push_back(y[i]);
-      if (range_y.size() < 2) range_rows = rows, range_y = y;
-      const Fit fit = fit_non_negative(range_rows, range_y);
-      profile.set_collective(op, LinkLevel::intra_node, p, {fit.coefficients[0], fit.coefficients[1]},
-                             large ? options.large_message_bytes : 0);
-      if (!large) result.collective_fits.emplace_back(op, fit);
-    }
+    std::vector<std::int64_t> sizes;
+    for (const std::vector<double>& row : rows) sizes.push_back(std::int64_t(row[1]));
+    const std::vector<std::int64_t> from = message_ranges(options.large_message_bytes, cache, p, sizes);
+    const std::vector<Fit> fits = fit_message_ranges(rows, y, from);
+    for (std::size_t r = 0; r < from.size(); ++r)
+      profile.set_collective(op, LinkLevel::intra_node, p, {fits[r].coefficients[0], fits[r].coefficients[1]},
+                             from[r]);
+    result.collective_fits.emplace_back(op, fits[0]);
     for (std::size_t i = 0; i < y.size(); ++i)
       result.samples.push_back({fmt::format("{} {} B", name_of(op), std::int64_t(rows[i][1])), y[i],
                                 profile.collective_time(op, p, rows[i][1])});

@@ -1,6 +1,7 @@
 // paradyse/cost/calibrate_memory.hpp: the calibration's memory-bound and host terms (cost/calibrate.hpp runs them
 // in its pass): fresh allocations, the elementwise size classes and kernel families, the buffer pool's misses, the
-// fixed cost per kernel call and the scalar math of the materialised softmax and RoPE.
+// fixed cost per kernel call and the scalar math of the materialised softmax and RoPE; and the host queries they and
+// the collectives use (page faults, the page size, the last-level cache).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -28,6 +29,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +52,28 @@ inline double page_bytes() {
   if (const long bytes = ::sysconf(_SC_PAGESIZE); bytes > 0) return double(bytes);
 #endif
   return 4096;
+}
+
+// The largest cache of CPU 0 (Linux: the sysfs cache directory `cpu0_cache`, index*/size such as "32768K" with the
+// highest index*/level); 0 where none is listed. Not sysconf(_SC_LEVEL3_CACHE_SIZE): on an AMD EPYC VM whose guests
+// share a 32 MiB L3 (sysfs, lscpu) the C library's cpuid reading said 320 MiB.
+inline std::int64_t last_level_cache_bytes(
+    const std::filesystem::path& cpu0_cache = "/sys/devices/system/cpu/cpu0/cache") {
+  std::error_code error;
+  int top_level = 0;
+  std::int64_t bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(cpu0_cache, error)) {
+    if (!entry.path().filename().string().starts_with("index")) continue;
+    std::ifstream level_file(entry.path() / "level"), size_file(entry.path() / "size");
+    int level = 0;
+    std::int64_t size = 0;
+    char unit = 0;
+    if (!(level_file >> level) || !(size_file >> size) || size <= 0) continue;
+    size_file >> unit;  // "K", "M" or "G"; none: bytes
+    const std::int64_t scale = unit == 'K' ? 1 << 10 : unit == 'M' ? 1 << 20 : unit == 'G' ? 1 << 30 : 1;
+    if (level > top_level || (level == top_level && size * scale > bytes)) top_level = level, bytes = size * scale;
+  }
+  return bytes;
 }
 
 // Fresh allocations, per size of options.fresh_bytes: Tensors made (zeroed) until the working set is live, then

@@ -1,6 +1,6 @@
 // paradyse/cost/calibration_fits.hpp: the calibration's fits, pure functions of measurements (cost/calibrate.hpp
 // measures; tests feed these synthetic samples): fresh memory, scalar math, the elementwise size classes, paged
-// attention, the linear GEMM model, GEMMs as measured, an elementwise kernel family.
+// attention, the linear GEMM model, GEMMs as measured, an elementwise kernel family, a collective's size ranges.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <span>
 #include <vector>
@@ -252,6 +253,39 @@ inline ElementwiseFamilyRate fit_elementwise_family(const std::vector<FamilySamp
   rate.overhead_s = fit.coefficients[0];
   rate.bytes_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
   return rate;
+}
+
+// The sizes (bytes) from which a collective's alpha-beta lines start, ascending, the first 0: `large` (messages
+// below it fit in the cores' own caches), and where p ranks' buffers leave a shared last-level cache of `cache`
+// bytes, cache / (p + 1) (an all-gather's p inputs and p outputs), if at least two of the sampled `sizes` lie beyond
+// it and two between `large` and it (cache 0: none).
+inline std::vector<std::int64_t> message_ranges(std::int64_t large, std::int64_t cache, int p,
+                                                std::span<const std::int64_t> sizes) {
+  std::vector<std::int64_t> from = {0, large};
+  const std::int64_t beyond = cache / (p + 1);
+  const auto in = [&](std::int64_t lo, std::int64_t hi) {
+    return std::ranges::count_if(sizes, [&](std::int64_t b) { return b >= lo && b < hi; });
+  };
+  if (beyond > large && in(beyond, std::numeric_limits<std::int64_t>::max()) >= 2 && in(large, beyond) >= 2)
+    from.push_back(beyond);
+  return from;
+}
+
+// One collective's lines t = alpha + beta * bytes, one per range of `from` (message_ranges), each fitted on the
+// samples in its range (rows[i] = {1, bytes}, y[i] seconds); a range of fewer than two samples on all of them.
+inline std::vector<Fit> fit_message_ranges(const std::vector<std::vector<double>>& rows, std::span<const double> y,
+                                           std::span<const std::int64_t> from) {
+  std::vector<Fit> fits;
+  for (std::size_t r = 0; r < from.size(); ++r) {
+    const double lo = double(from[r]), hi = r + 1 < from.size() ? double(from[r + 1]) : HUGE_VAL;
+    std::vector<std::vector<double>> range_rows;
+    std::vector<double> range_y;
+    for (std::size_t i = 0; i < y.size(); ++i)
+      if (rows[i][1] >= lo && rows[i][1] < hi) range_rows.push_back(rows[i]), range_y.push_back(y[i]);
+    if (range_y.size() < 2) range_rows = rows, range_y.assign(y.begin(), y.end());
+    fits.push_back(fit_non_negative(range_rows, range_y));
+  }
+  return fits;
 }
 
 }  // namespace paradyse::cost

@@ -29,7 +29,8 @@ struct CalibrationOptions {
   TimeSource clock = TimeSource::thread_cpu;
   int repetitions = 5;
   // Whole passes over every measurement, each measurement the median of the passes' (cost/calibration_passes.hpp):
-  // a shared machine's speed moves between seconds-apart passes, one pass's fits with it. train_gpt asks for 3.
+  // a shared machine's speed moves between seconds-apart passes, one pass's fits with it. train_gpt asks for 5,
+  // moe_simulate --measure for 3.
   int passes = 1;
   // GEMM shapes (m, n, k): tall activation products and wide weight-gradient products.
   std::vector<std::array<std::int64_t, 3>> gemm_shapes = {
@@ -57,12 +58,18 @@ struct CalibrationOptions {
   // H200's causal kernel ran its pairs 1.3-1.8x slower than a full call's at 1K-2K tokens, its query tiles' work
   // uneven, so full calls priced its steps fast); ignored with attention_whole_tiles.
   bool attention_causal_only = false;
-  // Copies and messages over the range strategies move. Collectives get two alpha-beta lines, below and from
-  // `large_message_bytes` (on a CPU, messages that fit in cache move faster).
+  // Copies and messages over the range strategies move. Collectives get an alpha-beta line per size range: below
+  // `large_message_bytes` (on a CPU, messages that fit in the cores' own caches move faster), from it, and from the
+  // size at which the p ranks' buffers leave the shared last-level cache, `cache_bytes` / (p + 1) (an all-gather's
+  // p inputs and p outputs), where at least two samples lie beyond it (on a 32 MiB L3 two ranks' 32 MiB messages
+  // ran 2.7x the line fitted from 4 MiB). cache_bytes: -1 the host's (calibrate_detail::last_level_cache_bytes),
+  // 0 no such range (a device backend has none).
   std::vector<std::int64_t> copy_bytes = {std::int64_t(1) << 20, std::int64_t(1) << 23, std::int64_t(1) << 25};
   std::vector<std::int64_t> message_bytes = {std::int64_t(1) << 15, std::int64_t(1) << 18, std::int64_t(1) << 20,
-                                             std::int64_t(1) << 22, std::int64_t(1) << 23, std::int64_t(1) << 25};
+                                             std::int64_t(1) << 22, std::int64_t(1) << 23, std::int64_t(1) << 24,
+                                             std::int64_t(1) << 25, std::int64_t(1) << 26};
   std::int64_t large_message_bytes = std::int64_t(1) << 22;
+  std::int64_t cache_bytes = -1;
   // Fresh allocations (bytes, ascending): per size, Tensors made (zeroed) up to a working set of
   // `fresh_working_set_bytes` live at once, then all freed, as a training step's activations are.
   // 32 MiB: core/host_malloc.hpp's mmap threshold, from which allocations get new pages (with freed memory kept).
