@@ -14,6 +14,12 @@
 # on: the profile's compute-bound GEMM shapes timed as calibrated, measured / the profile's price; cost/speed_probe.hpp),
 # and the "@speed" column compares each round with the prediction times its run's mean probe (the median over the
 # rounds): on this shared machine the calibration and the runs minutes later can see cores 10-25% apart in speed.
+# The step probe: the machine's speed on a whole training step. Before the first run and after every run, train_gpt
+# runs PROBE_STEPS steps of MegatronTS at PROBE_LEN tokens (default 6 at 512) on the same profile, and the probe reads
+# its median counted step's CPU time over plan_trace's prediction of it; the "@steps" column compares each round with
+# the prediction times the mean of the probes either side of its run (the median over the rounds). The GEMM probe times
+# only GEMMs; a slow spell on this VM (stop 53: every row under together, the GEMM probe up to 1.48) also moves the
+# memory-bound terms. PROBE_STEPS=0: no step probe (and none on a GPU).
 # The noise beside the error. Every strategy is measured ROUNDS times (a round runs every length and strategy, the
 # rounds one after another, so a burst of load elsewhere falls on one round of a row, not on all of it): the table
 # gives the median over every counted step of every round, the step spread ((max - min) / median of those steps) and
@@ -66,6 +72,8 @@ LENGTHS=${LENGTHS:-"1024 2048"}
 STEPS=${STEPS:-8}
 WARMUP=${WARMUP:-1}
 ROUNDS=${ROUNDS:-2}
+PROBE_LEN=${PROBE_LEN:-512}
+PROBE_STEPS=${PROBE_STEPS:-6}
 DEVICE=${DEVICE:-cpu}
 EXPERTS=${EXPERTS:-0}
 TOP_K=${TOP_K:-2}
@@ -93,6 +101,9 @@ fail() { echo "validate_trainer.sh: $*" >&2; exit 2; }
 [[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -gt "$WARMUP" ]] ||
   fail "STEPS=$STEPS: expected an integer above WARMUP=$WARMUP (the first WARMUP steps of a run are not counted)"
 [[ "$ROUNDS" =~ ^[0-9]+$ && "$ROUNDS" -ge 1 ]] || fail "ROUNDS=$ROUNDS: expected a positive integer"
+[[ "$PROBE_LEN" =~ ^[0-9]+$ && "$PROBE_LEN" -ge 1 ]] || fail "PROBE_LEN=$PROBE_LEN: expected a positive integer (tokens)"
+[[ "$PROBE_STEPS" =~ ^[0-9]+$ && ( "$PROBE_STEPS" == 0 || "$PROBE_STEPS" -gt "$WARMUP" ) ]] ||
+  fail "PROBE_STEPS=$PROBE_STEPS: expected 0 (no step probe) or an integer above WARMUP=$WARMUP"
 [[ "$RANKS" =~ ^[0-9]+$ && "$RANKS" -ge 1 ]] || fail "RANKS=$RANKS: expected a positive integer"
 for l in $LENGTHS; do [[ "$l" =~ ^[0-9]+$ ]] || fail "LENGTHS: '$l' is not a positive integer"; done
 for s in $STRATEGIES; do
@@ -125,7 +136,9 @@ if [[ "$DEVICE" == cuda ]]; then
   RANK_FLAGS+=(--device cuda)
   PROFILE_TAG=cuda_h${HIDDEN}_  # train_gpt's cache name for a GPU's profile (its model's GEMM shapes)
   PROBE=()
+  PROBE_STEPS=0
 fi
+((EXPERTS > 0)) && PROBE_STEPS=0
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   "${PB[@]}" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPARADYSE_BUILD_TESTS=OFF \
@@ -195,6 +208,22 @@ for L in $LENGTHS; do
       --dtype fp32 --budget-gib 1000 --vocab 256 --csv "$OUT/plan${variant}_$L.csv" >"$OUT/plan${variant}_$L.txt"
   done
 done
+# The step probe's reference step, predicted, and one probe run (its steps in $OUT/step_probe_N.csv).
+PROBES=0
+if ((PROBE_STEPS > 0)); then
+  echo "$PROBE_LEN" >"$OUT/lengths_probe.txt"
+  "$PLAN" --profile "$PROFILE_FILE" --lengths "$OUT/lengths_probe.txt" --p "$RANKS" "${MODEL[@]}" --causal --rope \
+    --dtype fp32 --budget-gib 1000 --vocab 256 --csv "$OUT/plan_probe.csv" >"$OUT/plan_probe.txt"
+fi
+step_probe() {
+  ((PROBE_STEPS > 0)) || return 0
+  (cd "$OUT/run" && "${LAUNCH[@]}" "$TRAIN" "${RANK_FLAGS[@]}" "${MODEL[@]}" --steps "$PROBE_STEPS" \
+    --min-len "$PROBE_LEN" --max-len "$PROBE_LEN" --cap-mib 1000000 --profile "$PROFILE_FILE" --strategy MegatronTS \
+    --csv "$ROOT/$OUT/step_probe_$PROBES.csv" >/dev/null)
+  PROBES=$((PROBES + 1))
+}
+rm -f "$OUT"/step_probe_*.csv "$OUT/step_probe_runs.txt"
+step_probe
 for R in $(seq 1 "$ROUNDS"); do
   for L in $LENGTHS; do
     for S in $STRATEGIES; do
@@ -204,6 +233,8 @@ for R in $(seq 1 "$ROUNDS"); do
       (cd "$OUT/run" && "${LAUNCH[@]}" "$TRAIN" "${RANK_FLAGS[@]}" "${MODEL[@]}" --steps "$STEPS" --min-len "$L" --max-len "$L" \
         --cap-mib 1000000 --profile "$PROFILE_FILE" "${strategy[@]}" "${PROBE[@]}" \
         --csv "$ROOT/$OUT/train_${S}_${L}_r$R.csv" >"$ROOT/$OUT/train_${S}_${L}_r$R.txt")
+      ((PROBE_STEPS > 0)) && echo "$S $L $R $((PROBES - 1)) $PROBES" >>"$OUT/step_probe_runs.txt"  # the probes either side
+      step_probe
     done
   done
 done
@@ -211,10 +242,10 @@ LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 $PYTHON - "$OUT" "$LENGTHS" "$STRATEGIES" "$LOAD_START" "$LOAD_END" "$PROFILE_FILE" "$RANKS" "$ROUNDS" \
   "$WARMUP" "$GLIBC_TUNABLES" "$WHOLE_TILES" "$NEW_TERMS" "$BACKEND" "$DEVICE" "$BEFORE_PROFILE" "$EXPERTS" "$TOP_K" \
-  <<'PY' | tee "$OUT/table.md"
+  "$PROBE_STEPS" "$PROBE_LEN" <<'PY' | tee "$OUT/table.md"
 import csv, statistics, sys
 out, lengths, strategies, load_start, load_end, profile, ranks, rounds, warmup, tunables, whole_tiles, new_terms, \
-    backend, device, before_profile, experts, top_k = sys.argv[1:18]
+    backend, device, before_profile, experts, top_k, probe_steps, probe_len = sys.argv[1:20]
 moe = int(experts) > 0  # the MoE GPT: its planner's own prediction (no plan_trace, no "before")
 rounds, warmup = int(rounds), int(warmup)
 # On a GPU the step's wall time is what the profile prices (measured in wall-clock time), within the issue's 15%.
@@ -231,13 +262,28 @@ print(f"{f'the MoE GPT ({experts} experts, top-{top_k}): its planner' if moe els
 print()
 print(f"| length | strategy | before: predicted s | before: pred / {clock} | predicted s | measured {clock} s median "
       f"(min..max) | step spread | round medians s | run-to-run | pred / {clock} | within {bound:.0%} | speed (probes) "
-      f"| @speed: pred / {clock} | within {bound:.0%} @speed | measured wall s median | pred / wall | AdamW CPU s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      f"| @speed: pred / {clock} | within {bound:.0%} @speed | measured wall s median | pred / wall | AdamW CPU s "
+      f"| step probes | @steps: pred / {clock} | within {bound:.0%} @steps |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 def probes(path):  # train_gpt --speed-probe on: measured / priced before the steps and after them
     found = [float(line.rsplit(" ", 1)[1]) for line in open(path) if line.startswith("speed probe ")]
     if len(found) != 2:
         sys.exit(f"validate_trainer.sh: {path} holds {len(found)} speed probe lines, expected 2 (before, after)")
     return found
+# The step probe (PROBE_STEPS > 0): each probe's median counted step over plan_trace's price of it, and the two
+# probes either side of each run.
+step_probe, probes_of_run = [], {}
+if int(probe_steps) > 0:
+    priced = float({r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_probe.csv"))}["MegatronTS"]["time_s"])
+    for line in open(f"{out}/step_probe_runs.txt"):
+        s, length, k, before_run, after_run = line.split()
+        probes_of_run[(s, length, int(k))] = (int(before_run), int(after_run))
+    for n in range(max(b for _, b in probes_of_run.values()) + 1):
+        steps = [float(r[key]) for r in csv.DictReader(open(f"{out}/step_probe_{n}.csv"))
+                 if r.get("status", "ok") == "ok" and r["length"] == probe_len][warmup:]
+        if not steps:
+            sys.exit(f"validate_trainer.sh: step probe {n} ({out}/step_probe_{n}.csv) has no counted step")
+        step_probe.append(statistics.median(steps) / priced)
 for length in lengths.split():
     if not moe:
         plan = {r["variant"]: r for r in csv.DictReader(open(f"{out}/plan_{length}.csv"))}
@@ -268,10 +314,17 @@ for length in lengths.split():
                   for k in range(1, rounds + 1)]
         at_speed = statistics.median(predicted * v / m for v, m in zip(speeds, medians))
         within_at_speed = "yes" if abs(at_speed - 1) <= bound else "no"
+        steps_cells = "- | - | -"
+        if step_probe:  # as @speed, at the mean of the step probes either side of each round's run
+            factors = [statistics.mean(step_probe[n] for n in probes_of_run[(s, length, k)])
+                       for k in range(1, rounds + 1)]
+            at_steps = statistics.median(predicted * v / m for v, m in zip(factors, medians))
+            steps_cells = (f"{' / '.join(f'{v:.2f}' for v in factors)} | {at_steps:.2f} | "
+                           f"{'yes' if abs(at_steps - 1) <= bound else 'no'}")
         before_cells = "- | -" if baseline is None else f"{baseline:.4f} | {baseline / mc:.2f}"
         print(f"| {length} | {s} | {before_cells} | {predicted:.4f} | "
               f"{mc:.4f} ({min(cpu):.4f}..{max(cpu):.4f}) | {(max(cpu) - min(cpu)) / mc:.0%} | "
               f"{' / '.join(f'{m:.4f}' for m in medians)} | {(max(medians) - min(medians)) / mc:.0%} | "
               f"{predicted / mc:.2f} | {within} | {' / '.join(f'{v:.2f}' for v in speeds)} | {at_speed:.2f} | "
-              f"{within_at_speed} | {mw:.4f} | {predicted / mw:.2f} | {adamw:.4f} |")
+              f"{within_at_speed} | {mw:.4f} | {predicted / mw:.2f} | {adamw:.4f} | {steps_cells} |")
 PY
