@@ -101,7 +101,7 @@ fail() { echo "validate_trainer.sh: $*" >&2; exit 2; }
 [[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -gt "$WARMUP" ]] ||
   fail "STEPS=$STEPS: expected an integer above WARMUP=$WARMUP (the first WARMUP steps of a run are not counted)"
 [[ "$ROUNDS" =~ ^[0-9]+$ && "$ROUNDS" -ge 1 ]] || fail "ROUNDS=$ROUNDS: expected a positive integer"
-[[ "$PROBE_LEN" =~ ^[0-9]+$ && "$PROBE_LEN" -ge 1 ]] || fail "PROBE_LEN=$PROBE_LEN: expected a positive integer (tokens)"
+[[ "$PROBE_LEN" =~ ^[0-9]+$ && "$PROBE_LEN" -ge 1 ]] || fail "PROBE_LEN=$PROBE_LEN: expected a positive integer"
 [[ "$PROBE_STEPS" =~ ^[0-9]+$ && ( "$PROBE_STEPS" == 0 || "$PROBE_STEPS" -gt "$WARMUP" ) ]] ||
   fail "PROBE_STEPS=$PROBE_STEPS: expected 0 (no step probe) or an integer above WARMUP=$WARMUP"
 [[ "$RANKS" =~ ^[0-9]+$ && "$RANKS" -ge 1 ]] || fail "RANKS=$RANKS: expected a positive integer"
@@ -233,7 +233,8 @@ for R in $(seq 1 "$ROUNDS"); do
       (cd "$OUT/run" && "${LAUNCH[@]}" "$TRAIN" "${RANK_FLAGS[@]}" "${MODEL[@]}" --steps "$STEPS" --min-len "$L" --max-len "$L" \
         --cap-mib 1000000 --profile "$PROFILE_FILE" "${strategy[@]}" "${PROBE[@]}" \
         --csv "$ROOT/$OUT/train_${S}_${L}_r$R.csv" >"$ROOT/$OUT/train_${S}_${L}_r$R.txt")
-      ((PROBE_STEPS > 0)) && echo "$S $L $R $((PROBES - 1)) $PROBES" >>"$OUT/step_probe_runs.txt"  # the probes either side
+      # The probes either side of this run.
+      ((PROBE_STEPS > 0)) && echo "$S $L $R $((PROBES - 1)) $PROBES" >>"$OUT/step_probe_runs.txt"
       step_probe
     done
   done
