@@ -101,6 +101,9 @@ struct Options {
   // --measure's calibration: thread CPU time (what a rank that owned its core would take; robust to other processes
   // on the cores) or wall time.
   bool calibrate_cpu = true;
+  // --measure's calibrations: passes, each measurement the median of theirs (cost/calibration_passes.hpp): one pass's
+  // fits move with this shared machine's speed from second to second.
+  int calibration_passes = 3;
   // --measure: the profile's GEMM size classes (GemmModel::by_rows) in the simulation; off: its single fit alone.
   bool gemm_classes = true;
   // --measure: the served model's own GEMM shapes priced by their measured times (GemmModel::measured); off: the
@@ -382,10 +385,6 @@ int simulate(const Options& o) {
 
 // ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
 
-// Every calibration of --measure runs three passes, each measurement the median of theirs (cost/calibration_passes.hpp):
-// one pass's fits move with this shared machine's speed from second to second.
-constexpr int kCalibrationPasses = 3;
-
 // The options the profile's GEMM size classes are calibrated with (and the speed probe times its shapes with): the
 // serving step's own GEMMs, each cycling through the weights a step reads (serve/serving_calibration.hpp
 // serving_gemm_classes: each weight comes from the cache level that holds the rank's weights, as in the step), on the
@@ -616,7 +615,7 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
   cost::CalibrationOptions options;
   options.clock = o.calibrate_cpu ? cost::TimeSource::thread_cpu : cost::TimeSource::wall;
   options.call_overheads = true;  // a serving step's kernels run on a handful of rows: their fixed costs show
-  options.passes = kCalibrationPasses;
+  options.passes = o.calibration_passes;
   add_decode_gemms(options, c, o.ranks);
   add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
   run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
@@ -642,7 +641,7 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
   // machine's cache evicted the weights between steps, and 1.5x its measured CPU time on a quiet machine
   // (docs/serving_simulation.md).
   cost::GemmClassOptions classes = profile_class_options(o, c);
-  classes.passes = kCalibrationPasses;
+  classes.passes = o.calibration_passes;
   cost::GemmClassOptions from_memory = classes, decode_cycle = classes;
   from_memory.cold_bytes = cost::GemmClassOptions{}.cold_bytes;
   decode_cycle.cold_bytes = decode_weight_bytes(c, o.ranks);
@@ -689,7 +688,7 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
   // The paged attention kernel (serve/paged_attention.hpp) at the served model's head dim and its heads per rank.
   PagedAttentionCalibrationOptions paged;
   paged.clock = options.clock;
-  paged.passes = kCalibrationPasses;
+  paged.passes = o.calibration_passes;
   paged.head_dims = {c.head_dim, 2 * c.head_dim};
   paged.query_heads = query_heads(c, o.ranks, 0).length;
   paged.kv_heads = kv_heads_of(c, o.ranks, 0).length;
@@ -1027,6 +1026,9 @@ int main(int argc, char** argv) {
   flags.choice("--calibrate-clock", o.calibrate_cpu, "cpu", "wall",
                "--measure: the calibration's clock when --cluster FILE.json is absent (cpu: each rank's thread CPU "
                "time, as the per-step cpu column; wall: the wall clock, other processes' use of the cores included)");
+  flags.integer("--calibration-passes", o.calibration_passes, 1, 15,
+                "--measure: passes of each calibration when --cluster FILE.json is absent (each measurement the "
+                "median of its passes'; cost/calibration_passes.hpp)");
   flags.choice("--gemm-classes", o.gemm_classes, "on", "off",
                "--measure: simulate with the profile's GEMM size classes (on) or with its single fit alone (off)");
   flags.choice("--gemm-measured", o.gemm_measured, "on", "off",

@@ -41,6 +41,7 @@
 #   RANKS=1 REQUESTS=48 RATE=100 ROUNDS=3 scripts/validate_serving.sh
 #   SKIP_BUILD=1 scripts/validate_serving.sh           # run the binary in $BUILD as it is (no build step)
 #   TRAINED=build-rel/moe4 scripts/validate_serving.sh # the trained 4-layer MoE
+#   RECALIBRATE=1 PASSES=5 scripts/validate_serving.sh # calibrate again, each measurement the median of 5 passes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-rel}
@@ -48,6 +49,7 @@ RANKS=${RANKS:-2}
 REQUESTS=${REQUESTS:-256}
 RATE=${RATE:-50}
 ROUNDS=${ROUNDS:-5}
+PASSES=${PASSES:-3}  # the calibration's passes (moe_simulate --calibration-passes)
 POLICIES=${POLICIES:-tp,ep,dynamic}
 TRAINED=${TRAINED:-}
 TRAIN_STEPS=${TRAIN_STEPS:-300}
@@ -88,5 +90,5 @@ fi
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 "$BUILD/examples/moe_simulate" --measure "${MODEL[@]}" --cluster "$PROFILE" --ranks "$RANKS" --requests "$REQUESTS" \
   --rates "$RATE" --prompt 8 64 --output 8 32 --step-tokens 64 --rounds "$ROUNDS" --policies "$POLICIES" \
-  --steps-csv "$OUT/${NAME}_steps.csv" | tee "$OUT/$NAME.txt"
+  --calibration-passes "$PASSES" --steps-csv "$OUT/${NAME}_steps.csv" | tee "$OUT/$NAME.txt"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
