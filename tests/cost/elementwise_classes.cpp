@@ -49,7 +49,7 @@ TEST_CASE("elementwise classes: a call takes its size class's rate; without clas
                                     std::pair{double(1 << 26), c[2].bytes_per_s},
                                     std::pair{double(1 << 30), c[2].bytes_per_s}}) {  // above the last: the last
     CAPTURE(bytes);
-    CHECK(hw.elementwise_time(bytes) == doctest::Approx(bytes / rate).epsilon(1e-12));
+    CHECK(hw.elementwise_time(bytes) == doctest::Approx(bytes / rate).epsilon(1e-12).scale(0));
     // The trace clock: each call of a repeated event at its class's rate.
     CHECK(elementwise_seconds(bytes, hw) == doctest::Approx(3 * bytes / rate).epsilon(1e-12));
   }
@@ -62,7 +62,7 @@ TEST_CASE("elementwise classes: a call takes its size class's rate; without clas
   // Activations without an activation rate are memory-bound: priced through the classes too.
   HardwareProfile memory_bound = hw;
   memory_bound.activation_elements_per_s = 0;
-  CHECK(memory_bound.activation_time(1000, double(1 << 22)) == doctest::Approx((1 << 22) / c[1].bytes_per_s));
+  CHECK(memory_bound.activation_time(1000, double(1 << 22)) == doctest::Approx((1 << 22) / c[1].bytes_per_s).scale(0));
 }
 
 TEST_CASE("elementwise classes: the fit takes each sample's rate up to the geometric mean of its bytes and the next's") {
@@ -93,7 +93,7 @@ TEST_CASE("elementwise classes: profile JSON without them loads at the single ra
       "collectives": []})");
   const HardwareProfile p = profile_from_json(old);
   CHECK(p.elementwise_classes.empty());
-  CHECK(p.elementwise_time(96e6) == doctest::Approx(96e6 / 6.9e10));
+  CHECK(p.elementwise_time(96e6) == doctest::Approx(96e6 / 6.9e10).scale(0));
   CHECK_FALSE(to_json(p).contains("elementwise_classes"));  // and is written back the same way
   PARADYSE_FRESH_RNG(rng);
   HardwareProfile q = p;
@@ -136,7 +136,7 @@ TEST_CASE("elementwise classes: the calibration measures the kernel mix per size
   REQUIRE(got[0].samples.size() == 3);
   for (std::size_t i = 0; i < 3; ++i) {
     CHECK(classes[i].bytes_per_s > 0);
-    CHECK(got[0].samples[i].fitted_s == doctest::Approx(got[0].samples[i].measured_s).epsilon(1e-9));
+    CHECK(got[0].samples[i].fitted_s == doctest::Approx(got[0].samples[i].measured_s).epsilon(1e-9).scale(0));
   }
   // Without rows asked for: no classes (the default, as calibrations were before).
   Calibration none;

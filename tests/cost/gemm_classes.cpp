@@ -49,7 +49,7 @@ TEST_CASE("gemm classes: the fit recovers each class's overhead, rate and bandwi
       CAPTURE(seed);
       CAPTURE(c);
       CHECK(got[c].max_rows == truth.by_rows[c].max_rows);
-      CHECK(got[c].overhead_s == doctest::Approx(truth.by_rows[c].overhead_s).epsilon(1e-6));
+      CHECK(got[c].overhead_s == doctest::Approx(truth.by_rows[c].overhead_s).epsilon(1e-6).scale(0));
       CHECK(got[c].flops_per_s == doctest::Approx(truth.by_rows[c].flops_per_s).epsilon(1e-6));
       CHECK(got[c].bytes_per_s == doctest::Approx(truth.by_rows[c].bytes_per_s).epsilon(1e-6));
       CHECK(got[c].outputs_per_s == doctest::Approx(truth.by_rows[c].outputs_per_s).epsilon(1e-6));
@@ -72,14 +72,14 @@ TEST_CASE("gemm classes: a GEMM takes the first class whose max_rows holds its r
     return overhead + 2 * m * n * k / rate + n * k * b / bandwidth + m * n / outputs;
   };
   auto single_fit = [&](double m) { return 2e-6 + 2 * m * n * k / 150e9 + (m * k + k * n + m * n) * b / 20e9; };
-  CHECK(g.time(16, n, k, 4) == doctest::Approx(in_class(16, 9e-6, 40e9, 3e9, 2e8)));
-  CHECK(g.time(17, n, k, 4) == doctest::Approx(in_class(17, 4e-6, 90e9, 7e9, 1e9)));
-  CHECK(g.time(128, n, k, 4) == doctest::Approx(in_class(128, 4e-6, 90e9, 7e9, 1e9)));
-  CHECK(g.time(129, n, k, 4) == doctest::Approx(single_fit(129)));
+  CHECK(g.time(16, n, k, 4) == doctest::Approx(in_class(16, 9e-6, 40e9, 3e9, 2e8)).scale(0));
+  CHECK(g.time(17, n, k, 4) == doctest::Approx(in_class(17, 4e-6, 90e9, 7e9, 1e9)).scale(0));
+  CHECK(g.time(128, n, k, 4) == doctest::Approx(in_class(128, 4e-6, 90e9, 7e9, 1e9)).scale(0));
+  CHECK(g.time(129, n, k, 4) == doctest::Approx(single_fit(129)).scale(0));
   CHECK(g.time(0, n, k, 4) == 0);
   GemmModel single = g;
   single.by_rows.clear();  // no classes: the single fit for every size, as before them
-  CHECK(single.time(4, n, k, 4) == doctest::Approx(single_fit(4)));
+  CHECK(single.time(4, n, k, 4) == doctest::Approx(single_fit(4)).scale(0));
 }
 
 TEST_CASE("gemm classes: profile JSON without them loads as the single fit; with them it round-trips") {
@@ -95,7 +95,8 @@ TEST_CASE("gemm classes: profile JSON without them loads as the single fit; with
   const HardwareProfile p = profile_from_json(old);
   CHECK(p.gemm.by_rows.empty());
   CHECK(p.gemm.time(4, 1024, 256, 4) ==
-        doctest::Approx(1.46e-6 + 2.0 * 4 * 1024 * 256 / 1.664e11 + (4.0 * 256 + 256 * 1024 + 4 * 1024) * 4 / 3.22e9));
+        doctest::Approx(1.46e-6 + 2.0 * 4 * 1024 * 256 / 1.664e11 + (4.0 * 256 + 256 * 1024 + 4 * 1024) * 4 / 3.22e9)
+            .scale(0));
   CHECK_FALSE(to_json(p)["gemm"].contains("by_rows"));  // and is written back the same way
 
   HardwareProfile q = p;

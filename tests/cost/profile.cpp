@@ -26,10 +26,13 @@ TEST_CASE("profile: a collective without entries follows the ring formula of its
   p.inter_node = {.launch_s = 5e-6, .step_latency_s = 3e-6, .bus_bytes_per_s = 10e9, .p2p_bytes_per_s = 5e9};
   const double bytes = 1e8;
   // Written out plainly from nccl-tests' PERFORMANCE.md.
-  CHECK(p.collective_time(Collective::all_gather, 4, bytes) == doctest::Approx(2e-6 + 3 * 1e-6 + 0.75 * bytes / 100e9));
-  CHECK(p.collective_time(Collective::all_reduce, 4, bytes) == doctest::Approx(2e-6 + 6 * 1e-6 + 1.5 * bytes / 100e9));
-  CHECK(p.collective_time(Collective::send_recv, 2, bytes) == doctest::Approx(2e-6 + 1e-6 + bytes / 50e9));
-  CHECK(p.collective_time(Collective::all_to_all, 8, bytes) == doctest::Approx(5e-6 + 7 * 3e-6 + 0.875 * bytes / 10e9));
+  CHECK(p.collective_time(Collective::all_gather, 4, bytes) ==
+        doctest::Approx(2e-6 + 3 * 1e-6 + 0.75 * bytes / 100e9).scale(0));
+  CHECK(p.collective_time(Collective::all_reduce, 4, bytes) ==
+        doctest::Approx(2e-6 + 6 * 1e-6 + 1.5 * bytes / 100e9).scale(0));
+  CHECK(p.collective_time(Collective::send_recv, 2, bytes) == doctest::Approx(2e-6 + 1e-6 + bytes / 50e9).scale(0));
+  CHECK(p.collective_time(Collective::all_to_all, 8, bytes) ==
+        doctest::Approx(5e-6 + 7 * 3e-6 + 0.875 * bytes / 10e9).scale(0));
   CHECK(p.collective_time(Collective::all_gather, 1, bytes) == 0);
   CHECK(p.collective_time(Collective::all_gather, 4, 0) == 0);
 }
@@ -39,13 +42,13 @@ TEST_CASE("profile: an exact entry wins, and the nearest entry carries over to o
   p.devices_per_node = 8;
   p.intra_node = {.launch_s = 1, .step_latency_s = 1, .bus_bytes_per_s = 1, .p2p_bytes_per_s = 1};  // never used
   p.set_collective(Collective::all_gather, LinkLevel::intra_node, 4, {.alpha_s = 3e-6, .beta_s_per_byte = 1e-11});
-  CHECK(p.collective_time(Collective::all_gather, 4, 1e6) == doctest::Approx(3e-6 + 1e-5));
+  CHECK(p.collective_time(Collective::all_gather, 4, 1e6) == doctest::Approx(3e-6 + 1e-5).scale(0));
   // Group 8 from the entry for 4: alpha per step = 3e-6 / 3, bus beta = 1e-11 / (3/4).
   CHECK(p.collective_time(Collective::all_gather, 8, 1e6) ==
-        doctest::Approx(7 * 1e-6 + (1e-11 / 0.75) * 0.875 * 1e6));
+        doctest::Approx(7 * 1e-6 + (1e-11 / 0.75) * 0.875 * 1e6).scale(0));
   p.set_collective(Collective::all_gather, LinkLevel::intra_node, 4, {.alpha_s = 1e-6, .beta_s_per_byte = 0});
   CHECK(p.collectives.size() == 1);
-  CHECK(p.collective_time(Collective::all_gather, 4, 1e9) == doctest::Approx(1e-6));
+  CHECK(p.collective_time(Collective::all_gather, 4, 1e9) == doctest::Approx(1e-6).scale(0));
 }
 
 TEST_CASE("profile: GEMM time rises with size toward the peak rate") {
@@ -72,7 +75,7 @@ TEST_CASE("profile: head-width GEMMs (short side up to max_side) are priced by t
       CAPTURE(b);
       const double bytes = (m * b + b * a + m * a) * 2;
       const double thin = 2e-6 + 2 * m * a * b / 5e13 + bytes / 4e11;
-      CHECK(p.gemm.time(m, a, b, 2) == doctest::Approx(std::min(a, b) <= 32 ? thin : single.time(m, a, b, 2)));
+      CHECK(p.gemm.time(m, a, b, 2) == doctest::Approx(std::min(a, b) <= 32 ? thin : single.time(m, a, b, 2)).scale(0));
     }
   }
   // Without the class (max_side 0): the single fit, as every built-in profile.

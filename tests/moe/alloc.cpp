@@ -440,7 +440,8 @@ TEST_CASE("alloc sensitivity: output distortion of an MoE block against the floa
     double num = 0;
     for (std::size_t i = 0; i < cut.y.size(); ++i) num += (cut.y[i] - base.y[i]) * (cut.y[i] - base.y[i]);
     CAPTURE(k);
-    CHECK(t.delta[0][std::size_t(k - 1)] == doctest::Approx(num / den).epsilon(1e-4));
+    // Relative: the distortions are 0.02 to 0.1 here; 0 at k = 3 (the base), hence the small absolute floor.
+    CHECK(t.delta[0][std::size_t(k - 1)] == doctest::Approx(num / den).epsilon(1e-4).scale(1e-2));
     if (k != 3) CHECK(t.delta[0][std::size_t(k - 1)] > 0);
   }
   CHECK_THROWS_WITH_AS((void)profile_distortion_sensitivity(std::span<const MoeConfig>(&c, 1), shards, inputs,

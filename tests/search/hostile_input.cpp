@@ -53,26 +53,27 @@ TEST_CASE("hostile: every axis's group priced against a hand-computed case that 
   const ParallelConfig k{.dp = 2, .pp = 2, .cp = 2, .tp_y = 2};
   const MeshGroups g = mesh_groups(k);
   // tp_y: ranks {0, 1}, inside a node.
-  CHECK(c.collective_time(Collective::all_gather, g.tp_y, B) == doctest::Approx(1e-6 + 0.5 * B / nvl));
+  CHECK(c.collective_time(Collective::all_gather, g.tp_y, B) == doctest::Approx(1e-6 + 0.5 * B / nvl).scale(0));
   // cp: ranks {0, 2}, inside a node; a ring step on NVLink.
-  CHECK(c.collective_time(Collective::send_recv, g.cp, B) == doctest::Approx(1e-6 + B / nvl));
+  CHECK(c.collective_time(Collective::send_recv, g.cp, B) == doctest::Approx(1e-6 + B / nvl).scale(0));
   // dp x cp: ranks {0, 2, 4, 6}, two nodes, 2 members in each: 2 rails cross at once.
-  CHECK(c.collective_time(Collective::all_reduce, g.dp_cp, B) == doctest::Approx(6 * 5e-6 + 1.5 * B / (2 * net)));
+  CHECK(c.collective_time(Collective::all_reduce, g.dp_cp, B) ==
+        doctest::Approx(6 * 5e-6 + 1.5 * B / (2 * net)).scale(0));
   // pp: ranks {0, 8}, one hop across the network.
-  CHECK(c.collective_time(Collective::send_recv, g.pp, B) == doctest::Approx(5e-6 + B / net));
+  CHECK(c.collective_time(Collective::send_recv, g.pp, B) == doctest::Approx(5e-6 + B / net).scale(0));
   // A pipeline of 4 stages 2 ranks apart over 8 ranks: hops 2 -> 4 and 6 -> 0 straddle nodes (formerly priced at
   // NVLink, as an aligned pair of span 4).
-  CHECK(c.collective_time(Collective::send_recv, {4, 8}, B) == doctest::Approx(5e-6 + B / net));
+  CHECK(c.collective_time(Collective::send_recv, {4, 8}, B) == doctest::Approx(5e-6 + B / net).scale(0));
   // A cp ring of 8 consecutive ranks over two nodes: its wrap-around and middle hops cross the network.
-  CHECK(c.collective_time(Collective::send_recv, {8, 8}, B) == doctest::Approx(5e-6 + B / net));
+  CHECK(c.collective_time(Collective::send_recv, {8, 8}, B) == doctest::Approx(5e-6 + B / net).scale(0));
   // ep (all-to-all) over 8 consecutive ranks: 3 of 8 parts stay in the node, 4 cross.
   const ParallelConfig moe{.dp = 8, .ep = 8};
   CHECK(c.collective_time(Collective::all_to_all, mesh_groups(moe).ep, B) ==
-        doctest::Approx(7 * 5e-6 + B * 3 / 8 / nvl + B * 4 / 8 / net));
+        doctest::Approx(7 * 5e-6 + B * 3 / 8 / nvl + B * 4 / 8 / net).scale(0));
   // tp_x over 8 ranks with tp_y = 1: a 2D-tp ring across two nodes, 4 rails.
   const ParallelConfig wide{.tp_x = 8};
   CHECK(c.collective_time(Collective::reduce_scatter, mesh_groups(wide).tp_x, B) ==
-        doctest::Approx(7 * 5e-6 + 0.875 * B / (4 * net)));
+        doctest::Approx(7 * 5e-6 + 0.875 * B / (4 * net)).scale(0));
 }
 
 TEST_CASE("hostile: a hidden size that heads do not divide is refused, naming head_dim") {

@@ -174,7 +174,7 @@ TEST_CASE("search: the bubble is (pp - 1) / v slowest-stage micro-batch times") 
     REQUIRE(e.problem.empty());
     const double m_count = 64.0 / (2 * 2);
     const double stage = (e.compute_s + e.total_exposed_comm_s() - e.exposed(CommDim::dp)) / m_count;
-    CHECK(e.bubble_s == doctest::Approx(1.0 / v * stage));
+    CHECK(e.bubble_s == doctest::Approx(1.0 / v * stage).scale(0));
     CHECK(e.step_s == doctest::Approx(e.compute_s + e.total_exposed_comm_s() + e.bubble_s + e.optimizer_s));
   }
   CHECK(model.evaluate({.dp = 4, .tp_y = 4, .micro_batch = 2}).bubble_s == 0);
@@ -185,18 +185,19 @@ TEST_CASE("search: collective times are alpha-beta sums over the link levels a g
   validate(c);
   const double B = 1e8;
   // Inside a node: the ring formula of nccl-tests.
-  CHECK(c.collective_time(Collective::all_reduce, {4, 4}, B) == doctest::Approx(6 * 1e-6 + 1.5 * B / 100e9));
-  CHECK(c.collective_time(Collective::all_gather, {2, 4}, B) == doctest::Approx(1e-6 + 0.5 * B / 100e9));
+  CHECK(c.collective_time(Collective::all_reduce, {4, 4}, B) == doctest::Approx(6 * 1e-6 + 1.5 * B / 100e9).scale(0));
+  CHECK(c.collective_time(Collective::all_gather, {2, 4}, B) == doctest::Approx(1e-6 + 0.5 * B / 100e9).scale(0));
   // 8 ranks over 2 nodes: 4 rails cross the network at once.
-  CHECK(c.collective_time(Collective::all_gather, {8, 8}, B) == doctest::Approx(7 * 5e-6 + 0.875 * B / 40e9));
+  CHECK(c.collective_time(Collective::all_gather, {8, 8}, B) == doctest::Approx(7 * 5e-6 + 0.875 * B / 40e9).scale(0));
   // One member per node (stride 4): one rail.
-  CHECK(c.collective_time(Collective::reduce_scatter, {4, 16}, B) == doctest::Approx(3 * 5e-6 + 0.75 * B / 10e9));
+  CHECK(c.collective_time(Collective::reduce_scatter, {4, 16}, B) ==
+        doctest::Approx(3 * 5e-6 + 0.75 * B / 10e9).scale(0));
   // All-to-all: 3 of 8 parts stay in the node, 4 cross on the device's own link.
   CHECK(c.collective_time(Collective::all_to_all, {8, 8}, B) ==
-        doctest::Approx(7 * 5e-6 + B * 3 / 8 / 100e9 + B * 4 / 8 / 10e9));
+        doctest::Approx(7 * 5e-6 + B * 3 / 8 / 100e9 + B * 4 / 8 / 10e9).scale(0));
   // Pipeline neighbours 2 apart share a node, 4 apart do not.
-  CHECK(c.collective_time(Collective::send_recv, {2, 4}, B) == doctest::Approx(1e-6 + B / 100e9));
-  CHECK(c.collective_time(Collective::send_recv, {2, 8}, B) == doctest::Approx(5e-6 + B / 10e9));
+  CHECK(c.collective_time(Collective::send_recv, {2, 4}, B) == doctest::Approx(1e-6 + B / 100e9).scale(0));
+  CHECK(c.collective_time(Collective::send_recv, {2, 8}, B) == doctest::Approx(5e-6 + B / 10e9).scale(0));
   CHECK(c.collective_time(Collective::all_reduce, {1, 1}, B) == 0);
   // A group whose span does not divide the node runs on the network.
   CHECK(c.level_of({3, 3}) == 1);

@@ -235,8 +235,10 @@ inline std::vector<double> step_jitter_quantiles(std::vector<double> ratios, int
 // average and the slowest rank's own total to sum T_i + sigma E_p sqrt(sum T_i^2) (each rank's total a normal of that
 // spread), E_p = expected_max_of_normals(p): the step's wait beyond its slowest rank's own work is sigma E_p (sum T_i -
 // sqrt(sum T_i^2)), T_i taken as the pieces measured. A rank slower throughout (its core shared for a while) and rank
-// 0's host work lengthen both sides alike and cancel; set against rank 0's own time instead, one calibration run on
-// the synthetic MoE read sigma 0.34 where its measured rounds waited 5% of a step. The steps' median; 0 on one rank or
+// 0's host work lengthen both sides alike and cancel to first order; set against rank 0's own time instead, one
+// calibration run on the synthetic MoE read sigma 0.34 where its measured rounds waited 5% of a step. Not modelled:
+// host work that makes rank 0 the slowest of its piece and of the step takes away those maxima's excess over the
+// pieces' prices, and sigma reads up to 1.3x high (tests/serve/serving_calibration.cpp). The steps' median; 0 on one rank or
 // without a step of two pieces or more; at most 0.5 (a wider spread is not a normal one about the price).
 inline double fit_rank_jitter(const std::vector<StepTiming>& steps, int ranks) {
   check(ranks >= 1, "fit_rank_jitter: ranks = {} must be >= 1", ranks);
