@@ -5,10 +5,9 @@
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "support/fresh_seed.hpp"
+#include "support/temp_folder.hpp"
 
 #include <doctest/doctest.h>
-
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,17 +27,8 @@ namespace fs = std::filesystem;
 
 constexpr std::int64_t MiB = std::int64_t(1) << 20;
 
-struct CacheFolder {
-  fs::path path;
-  CacheFolder() {
-    std::string pattern = (fs::temp_directory_path() / "paradyse_cache_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~CacheFolder() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
+struct CacheFolder : testing::TempFolder {
+  CacheFolder() : TempFolder("paradyse_cache") {}
   // index<i>/level and index<i>/size as the kernel writes them ("32768K").
   void add(int index, const std::string& level, const std::string& size) const {
     const fs::path dir = path / ("index" + std::to_string(index));

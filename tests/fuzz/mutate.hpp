@@ -31,6 +31,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/core/memory.hpp"
+#include "support/temp_folder.hpp"
 
 #include <doctest/doctest.h>
 
@@ -71,20 +72,9 @@ inline void write_file(const std::string& path, std::string_view bytes) {
   out.write(bytes.data(), std::streamsize(bytes.size()));
 }
 
-// A fresh folder under the system's temporary folder, removed with everything in it at the end of the scope.
-struct TempFolder {
-  std::filesystem::path path;
-  TempFolder() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "paradyse_fuzz_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  TempFolder(const TempFolder&) = delete;
-  TempFolder& operator=(const TempFolder&) = delete;
-  ~TempFolder() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
+// A fresh folder (support/temp_folder.hpp) that the fuzz targets write their inputs into.
+struct TempFolder : testing::TempFolder {
+  TempFolder() : testing::TempFolder("paradyse_fuzz") {}
   // Writes `bytes` as the file `name` of the folder, a fresh file per input (ext4 flushes a truncated-and-rewritten
   // file on close: slow); its path.
   std::string write(const std::string& name, std::string_view bytes) const {

@@ -4,6 +4,7 @@
 #include "paradyse/model/resume.hpp"
 
 #include "strategy/harness.hpp"
+#include "support/temp_folder.hpp"
 #include "support/tolerance.hpp"
 
 #include "paradyse/comm/threads.hpp"
@@ -40,18 +41,9 @@ GptConfig test_config(bool tied = false, Activation activation = Activation::gel
   return c;
 }
 
-// A fresh folder under the system's temporary folder, removed with its files at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "paradyse_checkpoint_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
+// A fresh folder (support/temp_folder.hpp) and its files.
+struct TempDir : TempFolder {
+  TempDir() : TempFolder("paradyse_checkpoint") {}
   std::string file(const std::string& name) const { return (path / name).string(); }
   std::vector<std::string> names() const {
     std::vector<std::string> out;

@@ -238,8 +238,8 @@ inline std::vector<double> step_jitter_quantiles(std::vector<double> ratios, int
 // 0's host work lengthen both sides alike and cancel to first order; set against rank 0's own time instead, one
 // calibration run on the synthetic MoE read sigma 0.34 where its measured rounds waited 5% of a step. Not modelled:
 // host work that makes rank 0 the slowest of its piece and of the step takes away those maxima's excess over the
-// pieces' prices, and sigma reads up to 1.3x high (tests/serve/serving_calibration.cpp). The steps' median; 0 on one rank or
-// without a step of two pieces or more; at most 0.5 (a wider spread is not a normal one about the price).
+// pieces' prices, and sigma reads up to 1.3x high (tests/serve/serving_calibration.cpp). The steps' median; 0 on one
+// rank or without a step of two pieces or more; at most 0.5 (a wider spread is not a normal one about the price).
 inline double fit_rank_jitter(const std::vector<StepTiming>& steps, int ranks) {
   check(ranks >= 1, "fit_rank_jitter: ranks = {} must be >= 1", ranks);
   if (ranks == 1) return 0;
