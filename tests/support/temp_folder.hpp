@@ -1,7 +1,7 @@
 // tests/support/temp_folder.hpp: a fresh folder under the system's temporary folder, removed with everything in it at
 // the end of the scope.
 //
-//   const paradyse::testing::TempFolder folder("paradyse_checkpoint");   // folder.path: /tmp/paradyse_checkpoint_XXXXXX
+//   const paradyse::testing::TempFolder folder("paradyse_cache");   // folder.path: /tmp/paradyse_cache_XXXXXX
 #pragma once
 
 #include <doctest/doctest.h>
