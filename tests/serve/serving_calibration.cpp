@@ -207,7 +207,7 @@ TEST_CASE("serving calibration: the ranks' spread from synchronised steps; a slo
       const std::uint64_t seed = std::uint64_t(1000 * p) + std::uint64_t(sigma * 1000);
       CHECK(fit_rank_jitter(served(p, sigma, 1.0, 0.0, seed), p) == doctest::Approx(sigma).epsilon(0.15).scale(0));
       // Host work that makes rank 0 the slowest of its piece and of the step takes away their excess of a maximum
-      // over normals, which the fit does not know: it reads sigma 1.10-1.31x high here (the rank's own work 30 us).
+      // over normals, which the fit does not know: it reads sigma 1.10-1.31x high here (30 us of host work).
       const double with_host = fit_rank_jitter(served(p, sigma, 1.0, 30e-6, seed), p);
       CHECK(with_host >= sigma * 0.85);
       CHECK(with_host <= sigma * 1.35);
