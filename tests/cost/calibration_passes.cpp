@@ -11,6 +11,7 @@
 #include "paradyse/cost/profile_json.hpp"
 #include "paradyse/cost/speed_probe.hpp"
 
+#include "cost/small_calibration.hpp"
 #include "support/fresh_seed.hpp"
 
 #include <doctest/doctest.h>
@@ -31,28 +32,6 @@ double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Options small enough to calibrate in well under a second, every kind of measurement still made.
-CalibrationOptions small_options() {
-  CalibrationOptions o;
-  o.repetitions = 1;
-  o.gemm_shapes = {{32, 32, 32}, {64, 32, 32}, {32, 64, 48}, {64, 64, 64}};
-  o.gemm_thin_shapes = {{64, 64, 8}, {64, 8, 64}, {128, 128, 8}};
-  o.gemm_thin_cold_bytes = std::int64_t(1) << 18;
-  o.attention_heads = 2;
-  o.head_dim = 8;
-  o.attention_lengths = {16, 32, 64};
-  o.attention_whole_tiles = true;
-  o.copy_bytes = {std::int64_t(1) << 12, std::int64_t(1) << 14};
-  o.message_bytes = {std::int64_t(1) << 10, std::int64_t(1) << 12, std::int64_t(1) << 14};
-  o.large_message_bytes = std::int64_t(1) << 12;
-  o.fresh_bytes = {std::int64_t(1) << 12, std::int64_t(1) << 14};
-  o.fresh_working_set_bytes = std::int64_t(1) << 16;
-  o.elementwise_class_rows = {4, 16};
-  o.pool_miss_bytes = {std::int64_t(1) << 12};
-  o.call_overheads = true;
-  return o;
 }
 
 TEST_CASE("calibration passes: the replay gives each call's median over the passes, in call order") {
@@ -213,7 +192,7 @@ TEST_CASE("calibration passes: median_of_passes returns the replay, each measure
 }
 
 TEST_CASE("calibration passes: a calibration's replay gives every sample the median of the passes' samples") {
-  const CalibrationOptions options = small_options();
+  const CalibrationOptions options = testing::small_calibration_options();
   for (const int ranks : {1, 2, 3}) {
     CAPTURE(ranks);
     std::vector<std::vector<Calibration>> passes(static_cast<std::size_t>(ranks));
@@ -258,7 +237,7 @@ TEST_CASE("calibration passes: a calibration's replay gives every sample the med
 }
 
 TEST_CASE("calibration passes: calibrate() with passes reports their spreads; passes below 1 are refused by name") {
-  CalibrationOptions options = small_options();
+  CalibrationOptions options = testing::small_calibration_options();
   options.passes = 3;
   std::vector<Calibration> got(2);
   run_ranks(2, [&](ThreadCommunicator& comm) { got[std::size_t(comm.rank())] = calibrate<ops::Cpu>(comm, options); });

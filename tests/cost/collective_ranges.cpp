@@ -4,6 +4,7 @@
 // them far low), and the calibration's profile holding one entry per range.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/calibrate.hpp"
+#include "cost/small_calibration.hpp"
 #include "support/fresh_seed.hpp"
 #include "support/temp_folder.hpp"
 
@@ -95,7 +96,7 @@ TEST_CASE("collective ranges: each range's line is fitted on its own samples") {
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const Fit& f = fits[sizes[i] < from[2] ? 1 : 2];
     INFO(sizes[i], " B");
-    CHECK(std::abs(f.coefficients[0] + f.coefficients[1] * double(sizes[i]) - y[i]) / y[i] < 1e-6);
+    CHECK(f.coefficients[0] + f.coefficients[1] * double(sizes[i]) == doctest::Approx(y[i]).epsilon(1e-6).scale(0));
   }
   // Without the cache's range, one line from 4 MiB misprices the samples on one side or the other.
   const std::vector<Fit> two = fit_message_ranges(rows, y, std::vector<std::int64_t>{0, 4 * MiB});
@@ -109,17 +110,7 @@ TEST_CASE("collective ranges: each range's line is fitted on its own samples") {
 }
 
 TEST_CASE("collective ranges: a calibration on 2 ranks prices each collective with a line per range") {
-  CalibrationOptions options;
-  options.repetitions = 1;
-  options.gemm_shapes = {{32, 32, 32}, {64, 32, 32}, {32, 64, 48}, {64, 64, 64}};
-  options.gemm_thin_shapes = {{64, 64, 8}, {64, 8, 64}, {128, 128, 8}};
-  options.gemm_thin_cold_bytes = std::int64_t(1) << 18;
-  options.attention_heads = 2;
-  options.head_dim = 8;
-  options.attention_lengths = {16, 32, 64};
-  options.copy_bytes = {std::int64_t(1) << 12, std::int64_t(1) << 14};
-  options.fresh_bytes = {std::int64_t(1) << 12, std::int64_t(1) << 14};
-  options.fresh_working_set_bytes = std::int64_t(1) << 16;
+  CalibrationOptions options = testing::small_calibration_options();
   options.message_bytes = {1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14, 1 << 15};
   options.large_message_bytes = 1 << 12;
   options.cache_bytes = 3 << 14;  // 2 ranks: beyond it from 16 KiB
