@@ -244,6 +244,10 @@ TEST_CASE("simulation: the synchronised CPU clock takes each piece between colle
     CHECK(sum == timing[0].step_s);
     for (int piece = 0; piece < 2 * p; ++piece) CHECK(timing[0].pieces[std::size_t(piece)] >= 0.009);
     CHECK(timing[0].slowest_cpu_s == slowest_own);
+    // Not told the stepper's run: every piece counts as the run's.
+    CHECK(timing[0].kernels_begin == 0);
+    CHECK(timing[0].kernels_end == timing[0].pieces.size());
+    CHECK(timing[0].slowest_kernels_cpu_s == doctest::Approx(timing[0].slowest_cpu_s).epsilon(1e-12).scale(0));
   }
   // A rank whose step met fewer collectives than the others': every rank fails, naming the counts.
   CHECK_THROWS_WITH_AS(run_ranks(2, [](ThreadCommunicator& plain) {
@@ -257,6 +261,58 @@ TEST_CASE("simulation: the synchronised CPU clock takes each piece between colle
                          clock.step_end(StepTrace{}, 0);
                        }),
                        doctest::Contains("met between 0 and 1 collectives"), Error);
+}
+
+TEST_CASE("simulation: the synchronised CPU clock's kernel pieces are those within every rank's stepper run") {
+  // Rank 0 plans 10 ms before the run and samples 10 ms after it, then a broadcast; in the run rank k % p computes
+  // 5 ms alone in piece k of 2p. Piece 0 (planning and the run's first piece) and piece 2p (sampling) straddle the
+  // run's ends: the kernel pieces are 1 to 2p - 1, where rank 0 computes once and every other rank twice.
+  const auto spin = [](double seconds) {
+    const double start = thread_cpu_seconds();
+    volatile double x = 1;
+    while (thread_cpu_seconds() - start < seconds) x = x * 1.0000001;
+  };
+  for (const int p : {2, 3}) {
+    INFO("p = ", p);
+    std::vector<StepTiming> timing(static_cast<std::size_t>(p));
+    std::vector<double> own_kernels(static_cast<std::size_t>(p));
+    run_ranks(p, [&](ThreadCommunicator& plain) {
+      CpuMarkedCommunicator comm(std::move(plain));
+      CpuClock clock(CpuClock::synchronised_by(comm));
+      clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timing[std::size_t(comm.rank())] = t; };
+      clock.start();
+      double token = 0;
+      const auto meet = [&] { comm.all_reduce(std::span<const double>(&token, 1), std::span<double>(&token, 1), ReduceOp::sum); };
+      clock.step_begin();
+      if (comm.rank() == 0) spin(0.010);
+      const double run_begin = thread_cpu_seconds();
+      double first_piece_end = 0;
+      for (int piece = 0; piece < 2 * p; ++piece) {
+        if (piece % p == comm.rank()) spin(0.005);
+        meet();
+        if (piece == 0) first_piece_end = thread_cpu_seconds();
+      }
+      const double run_end = thread_cpu_seconds();
+      clock.stepper_ran(run_begin, run_end);
+      own_kernels[std::size_t(comm.rank())] = run_end - first_piece_end;
+      if (comm.rank() == 0) spin(0.010);
+      meet();
+      clock.step_end(StepTrace{}, 0);
+    });
+    for (const StepTiming& t : timing) {
+      REQUIRE(t.pieces.size() == std::size_t(2 * p + 2));
+      CHECK(t.kernels_begin == 1);
+      CHECK(t.kernels_end == std::size_t(2 * p));
+      CHECK(t.slowest_kernels_cpu_s == timing[0].slowest_kernels_cpu_s);
+    }
+    // The slowest rank's own time over the kernel pieces: a rank that computed twice there (10 ms), not rank 0 with
+    // its 20 ms of host work (the slowest of the whole step).
+    const double slowest = *std::max_element(own_kernels.begin(), own_kernels.end());
+    CHECK(timing[0].slowest_kernels_cpu_s == doctest::Approx(slowest).epsilon(1e-3).scale(0));
+    CHECK(timing[0].slowest_kernels_cpu_s >= 0.0095);
+    CHECK(timing[0].slowest_kernels_cpu_s < 0.5 * timing[0].slowest_cpu_s);
+    CHECK(timing[0].slowest_cpu_s >= 0.024);
+  }
 }
 
 TEST_CASE("simulation: the simulated clock is deterministic and advances by the cost of each step's dry run") {

@@ -45,7 +45,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -76,6 +78,11 @@ struct StepTiming {
   // the ranks lost to waiting for one another piece by piece beyond the slowest rank's own work.
   std::vector<double> pieces = {};
   double slowest_cpu_s = 0;
+  // Of those, pieces[kernels_begin, kernels_end) lay within every rank's stepper run (EngineClock::stepper_ran; all
+  // of them where none was told): the ranks' kernels alone, without the host work around the run (planning on rank 0,
+  // sampling), and slowest_kernels_cpu_s the slowest rank's own CPU time over them.
+  std::size_t kernels_begin = 0, kernels_end = 0;
+  double slowest_kernels_cpu_s = 0;
 };
 
 class EngineClock {
@@ -95,6 +102,9 @@ public:
   // The engine counts the idle step in its statistics (the step clock's time is the step count).
   virtual bool counts_idle_steps() const { return false; }
   virtual void step_begin() { wall_step_.restart(), cpu_begin_ = thread_cpu_seconds(); }
+  // This rank's stepper computed the step between these thread CPU times (thread_cpu_seconds); the rest of the step
+  // was host work. Only the synchronised CPU clock reads it (StepTiming::kernels_begin).
+  virtual void stepper_ran(double /*cpu_begin*/, double /*cpu_end*/) {}
   // The step described by `trace` ended; `measured_switch_s`: the wall time its layout change took on the critical
   // path.
   StepTiming step_end(const StepTrace& trace, double measured_switch_s) {
@@ -186,7 +196,9 @@ public:
   void step_begin() override {
     if (synchronised_.marks) (void)synchronised_.marks();  // the collectives before the step (an idle plan's)
     EngineClock::step_begin();
+    run_begin_ = -kInfinity, run_end_ = kInfinity;
   }
+  void stepper_ran(double cpu_begin, double cpu_end) override { run_begin_ = cpu_begin, run_end_ = cpu_end; }
 
 private:
   StepTiming advance(const StepTrace&, double measured_switch_s) override {
@@ -203,29 +215,45 @@ private:
   }
   StepTiming synchronised_step() {
     const std::vector<double> marks = synchronised_.marks();
-    // [count, -count, pieces..., own]: the count's max and -count's max tell a rank that met fewer collectives than
-    // another; own (this rank's CPU time in the step) maxed is the slowest rank's.
-    std::vector<double> x = {double(marks.size()), -double(marks.size())};
-    double last = cpu_begin_;
-    for (const double m : marks) x.push_back(m - last), last = m;
     const double end = thread_cpu_seconds();
-    x.push_back(end - last);
-    x.push_back(end - cpu_begin_);
-    std::vector<double> counts(x.begin(), x.begin() + 2);
+    // Piece i runs from bounds[i] to bounds[i + 1] of this rank's thread CPU time.
+    std::vector<double> bounds = {cpu_begin_};
+    bounds.insert(bounds.end(), marks.begin(), marks.end());
+    bounds.push_back(end);
+    const std::size_t n = bounds.size() - 1;
+    // This rank's pieces within its stepper run: [first, last).
+    std::size_t first = 0, last = n;
+    while (first < n && bounds[first] < run_begin_) ++first;
+    while (last > first && bounds[last] > run_end_) --last;
+    // [count, -count, first, -last] maxed: a rank that met fewer collectives than another, and the pieces within
+    // every rank's run.
+    const double met = double(marks.size());
+    std::vector<double> counts = {met, -met, double(first), -double(last)};
     synchronised_.max_over_ranks(counts);
     check(counts[0] == -counts[1], "CpuClock: the ranks' steps met between {} and {} collectives (every rank's step "
           "must meet the same ones)", -counts[1], counts[0]);
     StepTiming t;
-    t.cpu_s = x.back();
-    synchronised_.max_over_ranks(std::span<double>(x).subspan(2));
-    t.slowest_cpu_s = x.back();
-    t.pieces.assign(x.begin() + 2, x.end() - 1);
+    t.kernels_begin = std::size_t(counts[2]);
+    t.kernels_end = std::max(t.kernels_begin, std::size_t(-counts[3]));
+    // [pieces..., own, own over the kernel pieces] maxed: each piece at its slowest rank, the slowest rank's totals.
+    std::vector<double> x;
+    for (std::size_t i = 0; i < n; ++i) x.push_back(bounds[i + 1] - bounds[i]);
+    double kernels = 0;
+    for (std::size_t i = t.kernels_begin; i < t.kernels_end; ++i) kernels += x[i];
+    t.cpu_s = end - cpu_begin_;
+    x.push_back(t.cpu_s), x.push_back(kernels);
+    synchronised_.max_over_ranks(x);
+    t.slowest_kernels_cpu_s = x.back();
+    t.slowest_cpu_s = x[n];
+    t.pieces.assign(x.begin(), x.begin() + std::ptrdiff_t(n));
     for (const double piece : t.pieces) t.step_s += piece;
     return t;
   }
+  static constexpr double kInfinity = std::numeric_limits<double>::infinity();
   std::function<double(double)> slowest_;
   Synchronised synchronised_;
   double now_ = 0;
+  double run_begin_ = -kInfinity, run_end_ = kInfinity;  // this step's stepper run (stepper_ran; untold: the step)
 };
 
 class SimulatedClock final : public EngineClock {

@@ -444,6 +444,7 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
     const double run_begin = thread_cpu_seconds();
     const StepOutput out = stepper.run(std::span<const SequenceChunk>(batch), ran, trace.next, pipelined);
     const double run_cpu_s = thread_cpu_seconds() - run_begin;
+    clock.stepper_ran(run_begin, run_begin + run_cpu_s);
     if (change) {
       stats.switch_bytes += out.switch_bytes;
       if (target != mode) ++stats.switches;

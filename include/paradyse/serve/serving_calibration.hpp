@@ -22,7 +22,7 @@
 //                                                 (HardwareProfile::step_jitter) from a served run's steps
 //   fit_rank_jitter(steps, ranks)                 the ranks' spread within a step (HardwareProfile::rank_jitter)
 //                                                 from a served run's steps on the synchronised CPU clock (their
-//                                                 wait beyond the slowest rank's own work)
+//                                                 wait beyond the slowest rank's own work, within the stepper's run)
 //
 // Why the messages: calibrate() measures collectives from 32 KB up (nccl-tests' sizes) and fits alpha + beta bytes
 // below 4 MB on them; a decode step's all-reduces are 0.5-8 KB (a few tokens of h floats), priced at the fit's
@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <utility>
@@ -230,27 +231,30 @@ inline std::vector<double> step_jitter_quantiles(std::vector<double> ratios, int
 }
 
 // The ranks' spread within a step (HardwareProfile::rank_jitter) from a served run's steps on `ranks` ranks on the
-// synchronised CPU clock (serve/clock.hpp CpuClock: StepTiming::pieces and slowest_cpu_s). Where every rank's piece i
-// takes T_i (1 + sigma z), z standard normal and independent, the pieces' maxima sum to sum T_i + sigma E_p sum T_i on
-// average and the slowest rank's own total to sum T_i + sigma E_p sqrt(sum T_i^2) (each rank's total a normal of that
-// spread), E_p = expected_max_of_normals(p): the step's wait beyond its slowest rank's own work is sigma E_p (sum T_i -
-// sqrt(sum T_i^2)), T_i taken as the pieces measured. A rank slower throughout (its core shared for a while) and rank
-// 0's host work lengthen both sides alike and cancel to first order; set against rank 0's own time instead, one
-// calibration run on the synthetic MoE read sigma 0.34 where its measured rounds waited 5% of a step. Not modelled:
-// host work that makes rank 0 the slowest of its piece and of the step takes away those maxima's excess over the
-// pieces' prices, and sigma reads up to 1.3x high (tests/serve/serving_calibration.cpp). The steps' median; 0 on one
-// rank or without a step of two pieces or more; at most 0.5 (a wider spread is not a normal one about the price).
+// synchronised CPU clock (serve/clock.hpp CpuClock: StepTiming::pieces and the slowest rank's own time), read on the
+// pieces within every rank's stepper run (StepTiming::kernels_begin, kernels_end, slowest_kernels_cpu_s). Where every
+// rank's piece i takes T_i (1 + sigma z), z standard normal and independent, the pieces' maxima sum to sum T_i + sigma
+// E_p sum T_i on average and the slowest rank's own total to sum T_i + sigma E_p sqrt(sum T_i^2) (each rank's total a
+// normal of that spread), E_p = expected_max_of_normals(p): the wait beyond the slowest rank's own work is sigma E_p
+// (sum T_i - sqrt(sum T_i^2)), T_i taken as the pieces measured. A rank slower throughout (its core shared for a while)
+// lengthens both sides alike and cancels to first order; set against rank 0's own time instead, one calibration run
+// on the synthetic MoE read sigma 0.34 where its measured rounds waited 5% of a step. The host work around the run
+// (rank 0's planning and sampling) is left out: where it made rank 0 the slowest of its piece and of the step it took
+// away those maxima's excess over the pieces' prices, and the fit on whole steps read sigma 1.10-1.31x high
+// (tests/serve/serving_calibration.cpp). The steps' median; 0 on one rank or without a step of two kernel pieces or
+// more; at most 0.5 (a wider spread is not a normal one about the price).
 inline double fit_rank_jitter(const std::vector<StepTiming>& steps, int ranks) {
   check(ranks >= 1, "fit_rank_jitter: ranks = {} must be >= 1", ranks);
   if (ranks == 1) return 0;
   const double e = expected_max_of_normals(ranks);
   std::vector<double> sigma;
   for (const StepTiming& s : steps) {
+    const std::size_t end = std::min(s.kernels_end, s.pieces.size());
     double sum = 0, squares = 0;
-    for (const double t : s.pieces) sum += t, squares += t * t;
+    for (std::size_t i = s.kernels_begin; i < end; ++i) sum += s.pieces[i], squares += s.pieces[i] * s.pieces[i];
     const double scale = e * (sum - std::sqrt(squares));
-    if (scale > 0 && std::isfinite(s.step_s) && std::isfinite(s.slowest_cpu_s))
-      sigma.push_back((s.step_s - s.slowest_cpu_s) / scale);
+    if (scale > 0 && std::isfinite(sum) && std::isfinite(s.slowest_kernels_cpu_s))
+      sigma.push_back((sum - s.slowest_kernels_cpu_s) / scale);
   }
   if (sigma.empty()) return 0;
   return std::clamp(median(sigma), 0.0, 0.5);
