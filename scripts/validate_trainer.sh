@@ -15,11 +15,13 @@
 # and the "@speed" column compares each round with the prediction times its run's mean probe (the median over the
 # rounds): on this shared machine the calibration and the runs minutes later can see cores 10-25% apart in speed.
 # The step probe: the machine's speed on a whole training step. Before the first run and after every run, train_gpt
-# runs PROBE_STEPS steps of MegatronTS at PROBE_LEN tokens (default 6 at 512) on the same profile, and the probe reads
-# its median counted step's CPU time over plan_trace's prediction of it; the "@steps" column compares each round with
-# the prediction times the mean of the probes either side of its run (the median over the rounds). The GEMM probe times
-# only GEMMs; a slow spell on this VM (stop 53: every row under together, the GEMM probe up to 1.48) also moves the
-# memory-bound terms. PROBE_STEPS=0: no step probe (and none on a GPU).
+# runs PROBE_STEPS steps of MegatronTS at PROBE_LEN tokens (default 16 at 512, about 0.5 s) on the same profile, and the
+# probe reads its median counted step's CPU time over plan_trace's prediction of it; the "@steps" column compares each
+# round with the prediction times the mean of the probes either side of its run (the median over the rounds). The GEMM
+# probe times only GEMMs; a slow spell on this VM (stop 53: every row under together, the GEMM probe up to 1.48) also
+# moves the memory-bound terms. Why 16: a probe's median resists a spell shorter than half its steps; with 6 (stop 54)
+# one spell of four steps (0.05 s a step against 0.03) read 1.37 between runs that ran at 0.88-0.97 of their price, and
+# moved 4 rows of 12 outside at the probes' speed. PROBE_STEPS=0: no step probe (and none on a GPU).
 # The noise beside the error. Every strategy is measured ROUNDS times (a round runs every length and strategy, the
 # rounds one after another, so a burst of load elsewhere falls on one round of a row, not on all of it): the table
 # gives the median over every counted step of every round, the step spread ((max - min) / median of those steps) and
@@ -73,7 +75,7 @@ STEPS=${STEPS:-8}
 WARMUP=${WARMUP:-1}
 ROUNDS=${ROUNDS:-2}
 PROBE_LEN=${PROBE_LEN:-512}
-PROBE_STEPS=${PROBE_STEPS:-6}
+PROBE_STEPS=${PROBE_STEPS:-16}
 DEVICE=${DEVICE:-cpu}
 EXPERTS=${EXPERTS:-0}
 TOP_K=${TOP_K:-2}
