@@ -20,8 +20,9 @@
 # round with the prediction times the mean of the probes either side of its run (the median over the rounds). The GEMM
 # probe times only GEMMs; a slow spell on this VM (stop 53: every row under together, the GEMM probe up to 1.48) also
 # moves the memory-bound terms. Why 16: a probe's median resists a spell shorter than half its steps; with 6 (stop 54)
-# one spell of four steps (0.05 s a step against 0.03) read 1.37 between runs that ran at 0.88-0.97 of their price, and
-# moved 4 rows of 12 outside at the probes' speed. PROBE_STEPS=0: no step probe (and none on a GPU).
+# two probes read short spells (one had four of its five counted steps at 0.05 s against 0.03) between runs that ran
+# at 0.88-0.97 of their price, and moved 4 rows of 12 outside at the probes' speed. PROBE_STEPS=0: no step probe (and
+# none on a GPU).
 # The noise beside the error. Every strategy is measured ROUNDS times (a round runs every length and strategy, the
 # rounds one after another, so a burst of load elsewhere falls on one round of a row, not on all of it): the table
 # gives the median over every counted step of every round, the step spread ((max - min) / median of those steps) and
