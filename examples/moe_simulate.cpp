@@ -749,9 +749,10 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
     profile.rank_jitter = fit_rank_jitter(served.timings, o.ranks);
     double kernel_pieces = 0;
     for (const StepTiming& t : served.timings) kernel_pieces += double(t.kernels_end - t.kernels_begin);
+    kernel_pieces /= double(std::max<std::size_t>(1, served.timings.size()));
     fmt::print("the ranks' spread within a step: sigma {:.3f} of their kernels (the slowest of {} later by {:.1f}% of "
                "them; {:.1f} pieces a step within the stepper's run)\n", profile.rank_jitter, o.ranks,
-               100 * profile.straggle_s(1, o.ranks), kernel_pieces / double(std::max<std::size_t>(1, served.timings.size())));
+               100 * profile.straggle_s(1, o.ranks), kernel_pieces);
     profile.serving_host = fit_serving_host(steps);
     fmt::print("the engine's host work: {:.1f} us a step + {:.2f} us a chunk ({} steps)\n",
                profile.serving_host.step_s * 1e6, profile.serving_host.chunk_s * 1e6, steps.size());

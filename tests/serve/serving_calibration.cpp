@@ -173,7 +173,7 @@ TEST_CASE("serving calibration: the steps' spread is their ratios' quantiles ove
   CHECK(step_jitter_quantiles({2.0, 2.0, 2.0}, 4) == std::vector<double>{1, 1, 1, 1});
 }
 
-TEST_CASE("serving calibration: the ranks' spread from synchronised steps; neither a slow rank nor host work inflates it") {
+TEST_CASE("serving calibration: the ranks' spread from synchronised steps; no slow rank or host work inflates it") {
   // Steps of `n` pieces (12) on p ranks, each rank's piece its price times 1 + sigma z (z standard normal) times
   // `slow` on the last rank (a core shared throughout), rank 0's first piece with host work the others wait through
   // (outside the stepper's run: the kernel pieces are the others); the synchronised clock takes each piece's slowest

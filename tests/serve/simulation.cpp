@@ -34,6 +34,33 @@ std::string scratch(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("paradyse_sim_" + name)).string();
 }
 
+// `seconds` of this thread's CPU time, busy.
+void spin_cpu(double seconds) {
+  const double start = thread_cpu_seconds();
+  volatile double x = 1;
+  while (thread_cpu_seconds() - start < seconds) x = x * 1.0000001;
+}
+
+// One step on p thread ranks, each with a marking communicator and a synchronised CPU clock (started): `step(comm,
+// clock, meet)` runs it on every rank (clock.step_begin() to step_end(); meet() is a one-value all-reduce, a marked
+// collective). Each rank's timing of the step.
+template <class Step>
+std::vector<StepTiming> synchronised_step(int p, Step step) {
+  std::vector<StepTiming> timing(static_cast<std::size_t>(p));
+  run_ranks(p, [&](ThreadCommunicator& plain) {
+    CpuMarkedCommunicator comm(std::move(plain));
+    CpuClock clock(CpuClock::synchronised_by(comm));
+    clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timing[std::size_t(comm.rank())] = t; };
+    clock.start();
+    double token = 0;
+    const auto meet = [&] {
+      comm.all_reduce(std::span<const double>(&token, 1), std::span<double>(&token, 1), ReduceOp::sum);
+    };
+    step(comm, clock, meet);
+  });
+  return timing;
+}
+
 // Twelve requests arriving at time 0 (admission then depends on the KV pool and max_running, not on the clock).
 std::vector<ServeRequest> at_once(std::int64_t vocab) {
   std::vector<TraceRequest> t = poisson_trace(1.0, 12, {3, 11, 2, 7}, 5);
@@ -204,25 +231,14 @@ TEST_CASE("simulation: the CPU clock given a reduction advances every rank by th
 TEST_CASE("simulation: the synchronised CPU clock takes each piece between collectives at its slowest rank") {
   // Rank k % p computes alone in piece k (10 ms of CPU), the others wait in the collective that ends it: on cores of
   // their own the step takes about 2p x 10 ms, each rank's own CPU time about 2 x 10 ms.
-  const auto spin = [](double seconds) {
-    const double start = thread_cpu_seconds();
-    volatile double x = 1;
-    while (thread_cpu_seconds() - start < seconds) x = x * 1.0000001;
-  };
   for (const int p : {2, 3}) {
     INFO("p = ", p);
-    std::vector<StepTiming> timing(static_cast<std::size_t>(p));
-    run_ranks(p, [&](ThreadCommunicator& plain) {
-      CpuMarkedCommunicator comm(std::move(plain));
-      CpuClock clock(CpuClock::synchronised_by(comm));
-      clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timing[std::size_t(comm.rank())] = t; };
-      clock.start();
-      double token = 0;
-      comm.all_reduce(std::span<const double>(&token, 1), std::span<double>(&token, 1), ReduceOp::sum);  // before
+    const std::vector<StepTiming> timing = synchronised_step(p, [&](auto& comm, CpuClock& clock, const auto& meet) {
+      meet();  // before the step
       clock.step_begin();
       for (int piece = 0; piece < 2 * p; ++piece) {
-        if (piece % p == comm.rank()) spin(0.010);
-        comm.all_reduce(std::span<const double>(&token, 1), std::span<double>(&token, 1), ReduceOp::sum);
+        if (piece % p == comm.rank()) spin_cpu(0.010);
+        meet();
       }
       clock.step_end(StepTrace{}, 0);
     });
@@ -267,35 +283,23 @@ TEST_CASE("simulation: the synchronised CPU clock's kernel pieces are those with
   // Rank 0 plans 10 ms before the run and samples 10 ms after it, then a broadcast; in the run rank k % p computes
   // 5 ms alone in piece k of 2p. Piece 0 (planning and the run's first piece) and piece 2p (sampling) straddle the
   // run's ends: the kernel pieces are 1 to 2p - 1, where rank 0 computes once and every other rank twice.
-  const auto spin = [](double seconds) {
-    const double start = thread_cpu_seconds();
-    volatile double x = 1;
-    while (thread_cpu_seconds() - start < seconds) x = x * 1.0000001;
-  };
   for (const int p : {2, 3}) {
     INFO("p = ", p);
-    std::vector<StepTiming> timing(static_cast<std::size_t>(p));
     std::vector<double> own_kernels(static_cast<std::size_t>(p));
-    run_ranks(p, [&](ThreadCommunicator& plain) {
-      CpuMarkedCommunicator comm(std::move(plain));
-      CpuClock clock(CpuClock::synchronised_by(comm));
-      clock.observer = [&](const StepTrace&, const StepTiming& t, double) { timing[std::size_t(comm.rank())] = t; };
-      clock.start();
-      double token = 0;
-      const auto meet = [&] { comm.all_reduce(std::span<const double>(&token, 1), std::span<double>(&token, 1), ReduceOp::sum); };
+    const std::vector<StepTiming> timing = synchronised_step(p, [&](auto& comm, CpuClock& clock, const auto& meet) {
       clock.step_begin();
-      if (comm.rank() == 0) spin(0.010);
+      if (comm.rank() == 0) spin_cpu(0.010);
       const double run_begin = thread_cpu_seconds();
       double first_piece_end = 0;
       for (int piece = 0; piece < 2 * p; ++piece) {
-        if (piece % p == comm.rank()) spin(0.005);
+        if (piece % p == comm.rank()) spin_cpu(0.005);
         meet();
         if (piece == 0) first_piece_end = thread_cpu_seconds();
       }
       const double run_end = thread_cpu_seconds();
       clock.stepper_ran(run_begin, run_end);
       own_kernels[std::size_t(comm.rank())] = run_end - first_piece_end;
-      if (comm.rank() == 0) spin(0.010);
+      if (comm.rank() == 0) spin_cpu(0.010);
       meet();
       clock.step_end(StepTrace{}, 0);
     });
