@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <thread>
@@ -110,4 +112,38 @@ TEST_CASE("host malloc: the new-page size is known once freed memory is kept, an
   CHECK_FALSE(set);
   CHECK(paradyse::host_new_pages_from() == 0);
 #endif
+}
+
+TEST_CASE("Tensor::uninitialized skips the zero fill: counted as any tensor, traced unzeroed, poisoned in tests") {
+  MemoryTracker tracker;
+  Trace trace;
+  tracker.set_trace(&trace);
+  {
+    const ScopedTracker scoped(tracker);
+    const Tensor<float> zeros(Shape{3, 5});
+    const Tensor<double> raw = Tensor<double>::uninitialized(Shape{3, 5});
+    CHECK(tracker.in_use() == 64 + 128);  // 60 and 120 bytes, each rounded to the 64-byte alignment
+    CHECK(std::all_of(zeros.span().begin(), zeros.span().end(), [](float x) { return x == 0; }));
+#ifdef PARADYSE_POISON_UNSPECIFIED  // the tests' build (tests/CMakeLists.txt): every unspecified byte is 0xFF, a NaN
+    CHECK(std::all_of(raw.span().begin(), raw.span().end(), [](double x) { return std::isnan(x); }));
+#endif
+  }
+  tracker.set_trace(nullptr);
+  const auto events = trace.events();
+  REQUIRE(events.size() == 4);
+  CHECK((events[0].kind == TraceKind::allocate && events[0].bytes == 60 && !events[0].unzeroed));
+  CHECK((events[1].kind == TraceKind::allocate && events[1].bytes == 120 && events[1].unzeroed));
+  CHECK((events[2].kind == TraceKind::deallocate && events[3].kind == TraceKind::deallocate));
+  // On meta memory nothing is filled either way; the trace still tells them apart.
+  MemoryTracker meta(MemorySpace::meta);
+  Trace meta_trace;
+  meta.set_trace(&meta_trace);
+  {
+    const Tensor<float> a = Tensor<float>::uninitialized(Shape{4}, meta.handle());
+    const Tensor<float> b(Shape{4}, meta.handle());
+  }
+  meta.set_trace(nullptr);
+  REQUIRE(meta_trace.events().size() == 4);
+  CHECK(meta_trace.events()[0].unzeroed);
+  CHECK_FALSE(meta_trace.events()[1].unzeroed);
 }

@@ -73,6 +73,27 @@ TEST_CASE("step terms: a fresh allocation costs its bytes at the zeroing or the 
   CHECK(forward_seconds({{.kind = TraceKind::allocate, .bytes = large}}, hw) == 0);
 }
 
+TEST_CASE("step terms: an unzeroed allocation costs only its new pages' faults: nothing below the fresh size") {
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> rate(5e9, 5e10), slower(2, 30);
+  HardwareProfile hw = terms_only();
+  const double zero = rate(rng);
+  hw.fresh_memory = {zero, zero / slower(rng), std::int64_t(1) << 25};
+  const double small = 3 * 1048576.0, large = 48 * 1048576.0;
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .unzeroed = true, .bytes = small}}, hw) == 0);
+  const double faults = large / hw.fresh_memory.fresh_bytes_per_s - large / zero;
+  CHECK(faults > 0);
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .unzeroed = true, .bytes = large}}, hw) ==
+        doctest::Approx(faults).epsilon(1e-12));
+  // Beside a zeroed one of the same size: the memset is the difference.
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .bytes = large}}, hw) -
+            forward_seconds({{.kind = TraceKind::allocate, .unzeroed = true, .bytes = large}}, hw) ==
+        doctest::Approx(large / zero).epsilon(1e-9));
+  // A page-fault rate above the memset's (no sense, but a profile may hold it) prices nothing, never less.
+  hw.fresh_memory.fresh_bytes_per_s = 2 * zero;
+  CHECK(forward_seconds({{.kind = TraceKind::allocate, .unzeroed = true, .bytes = large}}, hw) == 0);
+}
+
 TEST_CASE("step terms: scalar math calls cost their count at their function's rate, beside the kernel") {
   HardwareProfile hw = terms_only();
   hw.scalar_math = {3.1e8, 4.7e7};

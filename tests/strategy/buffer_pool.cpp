@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 using namespace paradyse;
@@ -71,4 +73,25 @@ TEST_CASE("BufferPool: buffers count on the tracker current where the pool was m
   auto ok = pool.acquire<float>(Shape{1 << 17});  // 512 KiB
   CHECK(capped.in_use() == 512 * 1024);
   CHECK_THROWS_AS(pool.acquire<float>(Shape{1 << 18}), OutOfMemory);
+}
+
+TEST_CASE("BufferPool: a buffer's contents are unspecified, new or reused: nothing is zeroed for its borrower") {
+  MemoryTracker tracker;
+  Trace trace;
+  tracker.set_trace(&trace);
+  const ScopedTracker scoped(tracker);
+  BufferPool pool;
+  {
+    PooledBuffer<float> first = pool.acquire<float>(Shape{1000});
+#ifdef PARADYSE_POISON_UNSPECIFIED  // the tests' build: a new buffer holds NaN bytes, not zeros
+    CHECK(std::all_of(first.data(), first.data() + 1000, [](float x) { return std::isnan(x); }));
+#endif
+    first.data()[7] = 3.0f;
+  }
+  const PooledBuffer<float> again = pool.acquire<float>(Shape{1000});  // a hit: what the last borrower left
+  CHECK(pool.stats().hits == 1);
+  CHECK(again.data()[7] == 3.0f);
+  // The pool's own allocation is not traced (the model replays the pool's rule); the loans are.
+  for (const TraceEvent& e : trace.events()) CHECK(e.kind != TraceKind::allocate);
+  tracker.set_trace(nullptr);
 }

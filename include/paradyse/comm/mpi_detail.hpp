@@ -37,7 +37,7 @@ class Scratch {
 public:
   explicit Scratch(std::size_t count)
       : tracker_(MemoryTracker::current().handle()), count_(count),
-        data_(static_cast<T*>(tracker_.allocate(count * sizeof(T)))) {}
+        data_(static_cast<T*>(tracker_.allocate(count * sizeof(T), Contents::unspecified))) {}
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   ~Scratch() { tracker_.deallocate(data_, count_ * sizeof(T)); }

@@ -106,7 +106,8 @@ void reduce_in_rank_order(std::byte* out_bytes, const std::byte* const* in_bytes
 // A tracked copy of an input that its own output would overwrite (in-place all_to_all and shift).
 struct Staging {
   explicit Staging(std::size_t n)
-      : tracker(MemoryTracker::current().handle()), bytes(n), data(static_cast<std::byte*>(tracker.allocate(n))) {}
+      : tracker(MemoryTracker::current().handle()), bytes(n),
+        data(static_cast<std::byte*>(tracker.allocate(n, Contents::unspecified))) {}
   ~Staging() { tracker.deallocate(data, bytes); }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;

@@ -42,6 +42,13 @@ inline constexpr std::size_t kAlignment = 64;  // one cache line; also enough fo
 
 enum class MemorySpace : std::uint8_t { host, device, meta };
 
+// What a new allocation holds: zeros (a Tensor), or whatever the memory held before (Tensor::uninitialized, the
+// buffer pool's storage, kernel workspaces and transfer buffers: the caller writes every byte before it reads one,
+// and skips a fill at memory bandwidth; on the host a reused heap chunk then costs nothing at all). A build that
+// defines PARADYSE_POISON_UNSPECIFIED (the tests do) fills unspecified host memory with 0xFF bytes, a NaN in every
+// float type, so that code reading such memory before writing it shows in its results instead of passing on zeros.
+enum class Contents : std::uint8_t { zeros, unspecified };
+
 constexpr std::string_view name_of(MemorySpace space) {
   return space == MemorySpace::host ? "host" : space == MemorySpace::device ? "device" : "meta";
 }
@@ -99,7 +106,7 @@ struct Accounts {
     }
   }
 
-  void* allocate(std::size_t bytes) {
+  void* allocate(std::size_t bytes, Contents contents) {
     if (bytes == 0) return nullptr;
     const std::size_t limit = std::min(cap, kMaxTrackedBytes);
     if (bytes > limit) throw OutOfMemory(bytes, in_use.load(std::memory_order_relaxed), limit);
@@ -109,7 +116,10 @@ struct Accounts {
       in_use.fetch_sub(rounded, std::memory_order_relaxed);
       throw OutOfMemory(rounded, before, limit);
     }
-    if (trace) trace->record({.kind = TraceKind::allocate, .bytes = double(bytes)});
+    if (trace) {
+      trace->record(
+          {.kind = TraceKind::allocate, .unzeroed = contents == Contents::unspecified, .bytes = double(bytes)});
+    }
     if (space == MemorySpace::meta) {
       raise_peak(before + rounded);
       return meta_address(rounded);
@@ -148,10 +158,14 @@ struct Accounts {
                         rounded, before, limit);
     }
     raise_peak(before + rounded);
+    if (contents == Contents::zeros) zero(p, bytes);
+#ifdef PARADYSE_POISON_UNSPECIFIED
+    else if (!allocator) std::memset(p, 0xFF, bytes);  // host memory: a NaN in every float type
+#endif
     return p;
   }
 
-  // Zeroes a fresh allocation of `bytes`: memset on the host, the allocator's zero() (the device), nothing on meta.
+  // Zeroes `bytes` bytes at p: memset on the host, the allocator's zero() (the device), nothing on meta.
   void zero(void* p, std::size_t bytes) {
     if (!p || bytes == 0 || space == MemorySpace::meta) return;
     if (allocator)
@@ -183,10 +197,8 @@ public:
   class Handle {
   public:
     Handle() = default;
-    void* allocate(std::size_t bytes) const { return accounts_->allocate(bytes); }
+    void* allocate(std::size_t bytes, Contents contents) const { return accounts_->allocate(bytes, contents); }
     void deallocate(void* p, std::size_t bytes) const noexcept { accounts_->deallocate(p, bytes); }
-    // Zeroes `bytes` bytes of an allocation of this tracker (see MemoryTracker::zero).
-    void zero(void* p, std::size_t bytes) const { accounts_->zero(p, bytes); }
     MemorySpace space() const noexcept { return accounts_ ? accounts_->space : MemorySpace::host; }
     Trace* trace() const noexcept { return accounts_ ? accounts_->trace : nullptr; }
     std::size_t in_use() const noexcept { return accounts_ ? accounts_->in_use.load(std::memory_order_relaxed) : 0; }
@@ -212,13 +224,10 @@ public:
   // Allocations still alive keep the counts (and give their memory back later); the trace stops with the tracker.
   ~MemoryTracker() { accounts_->trace = nullptr; }
 
-  // Bytes of `bytes`, 64-byte aligned; throws OutOfMemory beyond the cap (or kMaxTrackedBytes). Zero bytes gives
-  // nullptr.
-  void* allocate(std::size_t bytes) { return accounts_->allocate(bytes); }
+  // Bytes of `bytes`, 64-byte aligned, holding `contents` (zeros: stream-ordered on the device); throws OutOfMemory
+  // beyond the cap (or kMaxTrackedBytes). Zero bytes gives nullptr.
+  void* allocate(std::size_t bytes, Contents contents) { return accounts_->allocate(bytes, contents); }
   void deallocate(void* p, std::size_t bytes) noexcept { accounts_->deallocate(p, bytes); }
-  // Sets `bytes` bytes at p (an allocation of this tracker) to zero: memset on the host, the allocator's zero() (on
-  // the device: asynchronous, on the calling thread's stream), nothing for meta memory.
-  void zero(void* p, std::size_t bytes) { accounts_->zero(p, bytes); }
   // The allocator that provides this tracker's storage; null for plain host (aligned_alloc) and meta trackers.
   SpaceAllocator* allocator() const noexcept { return accounts_->allocator.get(); }
 

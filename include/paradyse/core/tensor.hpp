@@ -119,12 +119,13 @@ public:
   // Zero-initialised storage for `shape`, from the calling thread's tracker.
   explicit Tensor(Shape shape) : Tensor(shape, MemoryTracker::current().handle()) {}
   // Zero-initialised storage for `shape`, from `tracker`.
-  Tensor(Shape shape, MemoryTracker::Handle tracker) : shape_(shape), tracker_(std::move(tracker)) {
-    const std::size_t bytes = storage_bytes(shape, sizeof(T));
-    data_ = static_cast<T*>(tracker_.allocate(bytes));
-    if (bytes) tracker_.zero(data_, bytes);  // host: memset; device: the allocator's (stream-ordered); meta: none
-  }
+  Tensor(Shape shape, MemoryTracker::Handle tracker) : Tensor(shape, std::move(tracker), Contents::zeros) {}
   static Tensor zeros(Shape shape) { return Tensor(shape); }
+  // Storage for `shape` whose contents are unspecified (core/memory.hpp Contents): for a result the caller's kernels
+  // write whole before anything reads it (a GEMM's C with beta 0, a softmax's rows), which then skips the zero fill.
+  static Tensor uninitialized(Shape shape, MemoryTracker::Handle tracker = MemoryTracker::current().handle()) {
+    return Tensor(shape, std::move(tracker), Contents::unspecified);
+  }
   static Tensor copy_of(TensorView<const T> source) {
     Tensor t(source.shape());
     copy(source, t.view());
@@ -186,6 +187,10 @@ public:
   }
 
 private:
+  Tensor(Shape shape, MemoryTracker::Handle tracker, Contents contents) : shape_(shape), tracker_(std::move(tracker)) {
+    data_ = static_cast<T*>(tracker_.allocate(storage_bytes(shape, sizeof(T)), contents));
+  }
+
   // The row-major offset of an index (fewer indices than dimensions: the first ones, as view() would index).
   template <class... I>
   std::int64_t offset_of(I... index) const noexcept {

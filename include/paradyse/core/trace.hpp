@@ -77,6 +77,7 @@ struct TraceEvent {
   TraceKind kind = TraceKind::elementwise;
   TransferKind transfer = TransferKind::barrier;
   ElementwiseFamily family = ElementwiseFamily::other;  // elementwise and activation events
+  bool unzeroed = false;      // allocate: contents left unspecified (core/memory.hpp Contents), not zeroed
   std::int32_t request = -1;  // links a post to its wait
   std::int32_t count = 1;     // identical kernels in a row (a per-head loop) are one event
   std::int32_t group = 0;     // post: the size of the group the transfer runs over (0: the trace's whole group)

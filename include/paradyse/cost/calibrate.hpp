@@ -37,8 +37,8 @@
 //     tensors of each size, priced per byte their counting rule records: the profile's elementwise size classes
 //     (fit_elementwise_classes);
 //   - where options.pool_miss_bytes asks for it (train_gpt does): a buffer pool made to miss on every loan (two size
-//     classes lent in turn: each evicts the other), its bytes lent per second priced at the fresh-memory rates (a
-//     miss is a fresh Tensor; the profile's pool_miss_bytes_per_s), the timed misses beside that in the samples;
+//     classes lent in turn: each evicts the other), its bytes lent per second of the timed misses (the profile's
+//     pool_miss_bytes_per_s), each sample beside its price as unzeroed fresh memory;
 //   - where options.call_overheads asks for it (moe_simulate --measure does): one-row calls of the backend's
 //     non-GEMM kernels, their work priced on the rates above: the fixed seconds per kernel call (the profile's
 //     call_overhead);

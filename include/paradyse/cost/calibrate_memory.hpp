@@ -244,16 +244,15 @@ void calibrate_elementwise_families(C& comm, const CalibrationOptions& options, 
 
 // The buffer pool's misses (options.pool_miss_bytes): per size, a pool lends buffers of that size and of a size a
 // quarter larger (another class) in turn, so that every loan misses and evicts the other's cached buffer, as the
-// churn of a step does. A miss makes a new zeroed Tensor of its class, the allocation calibrate_fresh_memory times
-// under a working set that makes the C library hand out new pages, as a step's live activations do; timed alone the
-// misses were bimodal here (the C library served 1 MiB misses from its heap's free top in one pass in four: 150 GB/s
-// against 2-3 GB/s, the rate's error moving a step's prediction by 40%). So the rate is the bytes lent over their
-// price at the fresh-memory rates (calibrated before this); the timed misses stay in the samples beside that price.
+// churn of a step does. A miss allocates its class unzeroed (the pool's contents are unspecified), so what it costs
+// is the C library's work and, from the fresh size on, the new pages' faults that the first kernel to write it takes:
+// the replay prices those at the fresh-memory rates (plan/cost_table.hpp). The rate here, the bytes lent over the
+// timed misses, turns that replay on and prices the misses only where a profile has no fresh-memory rates.
 template <class Backend, Communicator C>
 void calibrate_pool_misses(C& comm, const CalibrationOptions& options, Calibration& result) {
   if (options.pool_miss_bytes.empty()) return;
   constexpr int kLoans = 16;
-  double bytes = 0, priced = 0;
+  double bytes = 0, seconds = 0;
   for (const std::int64_t size : options.pool_miss_bytes) {
     const std::int64_t sizes[2] = {size, size + size / 4};
     const double t = measure<Backend>(comm, options.clock, options.repetitions, [&] {
@@ -264,14 +263,14 @@ void calibrate_pool_misses(C& comm, const CalibrationOptions& options, Calibrati
     for (const std::int64_t loan : sizes) {
       const double class_bytes = double(BufferPool::size_class(std::size_t(loan)));
       lent += kLoans / 2 * class_bytes;
-      price += kLoans / 2 * result.profile.fresh_memory.time(class_bytes);
+      price += kLoans / 2 * result.profile.fresh_memory.time(class_bytes, /*zeroed=*/false);
     }
     bytes += lent;
-    priced += price;
+    seconds += t;
     result.samples.push_back({fmt::format("pool misses, {} and {} B in turn", sizes[0], sizes[1]), t / kLoans,
                               price / kLoans});
   }
-  result.profile.pool_miss_bytes_per_s = priced > 0 ? bytes / priced : 0;
+  result.profile.pool_miss_bytes_per_s = seconds > 0 ? bytes / seconds : 0;
 }
 
 // The fixed cost per kernel call (options.call_overheads): the non-GEMM kernels a serving step calls on its few rows

@@ -285,20 +285,23 @@ struct GemmEngineChoice {
   friend bool operator==(const GemmEngineChoice&, const GemmEngineChoice&) = default;
 };
 
-// Fresh memory. Every host Tensor is zeroed when it is allocated (core/memory.hpp); an allocation that the C library
+// Fresh memory. A host Tensor is zeroed when it is allocated (core/memory.hpp); an allocation that the C library
 // serves from pages it already touched costs that memset, one served from new pages (glibc maps requests above its
 // mmap threshold afresh, and the buffer pool is emptied before every training step) also takes a page fault per page
 // (here 1.56 GB/s against a memset's 22-38 GB/s). t = bytes / zero rate below `fresh_min_bytes`, bytes / fresh rate
-// from it. A rate of 0 prices that range at nothing (profiles written before these fields existed; devices, whose
-// caching allocators reuse their memory and whose zeroing is a fill at memory bandwidth, small beside the step).
+// from it. Storage left unzeroed (Contents::unspecified: Tensor::uninitialized, the pool's buffers) costs only its new
+// pages' faults, which the first kernel to write it takes: the fresh price less the memset's, nothing below
+// `fresh_min_bytes`. A rate of 0 prices that range at nothing (profiles written before these fields existed; devices,
+// whose caching allocators reuse their memory and whose zeroing is a fill at memory bandwidth, small beside the step).
 struct FreshMemoryModel {
   double zero_bytes_per_s = 0;      // zeroing an allocation on pages already touched
   double fresh_bytes_per_s = 0;     // first touch of new pages: faults and zeroing
   std::int64_t fresh_min_bytes = 0; // allocations of this size and more are served from new pages
-  double time(double bytes) const {
+  double time(double bytes, bool zeroed = true) const {
     if (bytes <= 0) return 0;
-    const double rate = bytes >= double(fresh_min_bytes) ? fresh_bytes_per_s : zero_bytes_per_s;
-    return rate > 0 ? bytes / rate : 0;
+    const auto at = [bytes](double rate) { return rate > 0 ? bytes / rate : 0; };
+    if (bytes < double(fresh_min_bytes)) return zeroed ? at(zero_bytes_per_s) : 0;
+    return zeroed ? at(fresh_bytes_per_s) : std::max(0.0, at(fresh_bytes_per_s) - at(zero_bytes_per_s));
   }
   friend bool operator==(const FreshMemoryModel&, const FreshMemoryModel&) = default;
 };
@@ -421,10 +424,10 @@ struct HardwareProfile {
   FreshMemoryModel fresh_memory;
   ScalarMathModel scalar_math;
   // The buffer pool's misses (plan/cost_table.hpp: the step's loans replayed in order through the pool's rule, each
-  // miss priced as the fresh allocation of its size it is, at fresh_memory's rates). > 0 turns the replay on; the
-  // value, bytes per second of the calibration's loans at those rates (cost/calibrate.hpp), prices the misses only
+  // miss priced as the unzeroed fresh allocation of its size it is, at fresh_memory's rates). > 0 turns the replay
+  // on; the value, bytes per second of the calibration's timed misses (cost/calibrate.hpp), prices the misses only
   // where a profile has no fresh-memory rates. 0: unpriced, the pool's first fill priced once per step at the
-  // fresh-memory rate instead (built-in profiles, profiles written before, calibrations that do not ask for it).
+  // fresh-memory rates instead (built-in profiles, profiles written before, calibrations that do not ask for it).
   double pool_miss_bytes_per_s = 0;
   // The serving scheduler's host work: trace events per second a dry run of a step records on the host (the dynamic
   // policy's forecast dry-runs the step in both layouts before it runs: serve/engine.hpp; the simulated clock charges

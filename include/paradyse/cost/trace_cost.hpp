@@ -270,7 +270,9 @@ private:
       return;
     }
     switch (e.kind) {
-      case TraceKind::allocate: run(hw_.fresh_memory.time(double(round_allocation(e.bytes * scale_)))); break;
+      case TraceKind::allocate:
+        run(hw_.fresh_memory.time(double(round_allocation(e.bytes * scale_)), /*zeroed=*/!e.unzeroed));
+        break;
       case TraceKind::scratch: run(e.count * hw_.fresh_memory.time(e.bytes * scale_)); break;
       case TraceKind::post: {
         const double duration = transfer_time(e.transfer, e.bytes * scale_, e.group, e.span);

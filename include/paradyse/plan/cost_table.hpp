@@ -99,11 +99,11 @@ struct CostTable {
   std::vector<std::string> strategy_names;                  // the catalog's, by index
   // Every plan's step also spends: the work outside the stack (plan/outside_stack.hpp; zero without a head), and
   // the first touch of the pool's working set, which the trainer empties before every step (priced on the largest
-  // transient of the plan as one allocation: the pool's buffers come back warm from layer to layer, not step to step).
-  // Where the profile prices the pool's misses (pool_miss_bytes_per_s > 0), the step's loans replayed in order
-  // instead (the first fill and the churn between sublayers of other sizes: cost/memory_model.hpp ordered_replay,
-  // with the stack's own buffers), each miss priced as a fresh allocation of its size (fresh_memory; at
-  // pool_miss_bytes_per_s where the profile has no fresh-memory rates).
+  // transient of the plan as one unzeroed allocation: the pool's buffers come back warm from layer to layer, not step
+  // to step). Where the profile prices the pool's misses (pool_miss_bytes_per_s > 0), the step's loans replayed in
+  // order instead (the first fill and the churn between sublayers of other sizes: cost/memory_model.hpp
+  // ordered_replay, with the stack's own buffers), each miss priced as an unzeroed fresh allocation of its size
+  // (fresh_memory; at pool_miss_bytes_per_s where the profile has no fresh-memory rates).
   OutsideStackTime outside_time;
   cost::FreshMemoryModel fresh_memory;
   double pool_miss_bytes_per_s = 0;
@@ -370,7 +370,7 @@ inline Evaluation evaluate(const CostTable& table, std::span<const LayerStrategi
   }
   e.time_s += table.outside_time.time_s();
   if (table.pool_miss_bytes_per_s <= 0 || !e.allowed) {
-    e.time_s += table.fresh_memory.time(double(e.memory.largest_transient));
+    e.time_s += table.fresh_memory.time(double(e.memory.largest_transient), /*zeroed=*/false);
     return e;
   }
   std::vector<cost::SublayerMemory> order(2 * layers.size());
@@ -382,12 +382,14 @@ inline Evaluation evaluate(const CostTable& table, std::span<const LayerStrategi
       m.forward_events = entry.forward_events;
       m.backward_events = entry.backward_events;
     }
-  // A miss is a new zeroed buffer of its size: priced as the fresh allocation it is (reused heap below the profile's
-  // fresh size, new pages from it: ColossalZ's 32 MiB score gradients), at the pool's own rate where the profile has
-  // no fresh-memory rates.
+  // A miss is a new buffer of its size, not zeroed (the pool's contents are unspecified): priced as the fresh
+  // allocation it is (nothing for reused heap below the profile's fresh size, the page faults of new pages from it:
+  // ColossalZ's 32 MiB score gradients), at the pool's own rate where the profile has no fresh-memory rates.
   const bool fresh_rates = table.fresh_memory.zero_bytes_per_s > 0 && table.fresh_memory.fresh_bytes_per_s > 0;
-  for (const std::int64_t bytes : cost::ordered_replay(order, table.stack_buffers).pool_misses)
-    e.time_s += fresh_rates ? table.fresh_memory.time(double(bytes)) : double(bytes) / table.pool_miss_bytes_per_s;
+  for (const std::int64_t bytes : cost::ordered_replay(order, table.stack_buffers).pool_misses) {
+    e.time_s += fresh_rates ? table.fresh_memory.time(double(bytes), /*zeroed=*/false)
+                            : double(bytes) / table.pool_miss_bytes_per_s;
+  }
   return e;
 }
 

@@ -65,7 +65,7 @@ struct MoeCostTable {
   // work outside the stack (dense.outside_time: embedding, head, loss, replicated all-reduce, AdamW over the rank's
   // parameters, experts included) and the first touch of the plan's largest working set in the emptied pool.
   double outside_s(std::int64_t largest_transient_bytes) const {
-    return dense.outside_time.time_s() + dense.fresh_memory.time(double(largest_transient_bytes));
+    return dense.outside_time.time_s() + dense.fresh_memory.time(double(largest_transient_bytes), /*zeroed=*/false);
   }
 };
 

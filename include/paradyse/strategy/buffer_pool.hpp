@@ -125,7 +125,7 @@ public:
         cached_.pop_back();
         ++stats_.evictions;
       }
-      storage = Tensor<std::byte>(Shape{std::int64_t(size)}, tracker_);  // zeroed by Tensor
+      storage = Tensor<std::byte>::uninitialized(Shape{std::int64_t(size)}, tracker_);
     }
     stats_.in_use_bytes += size;
     return PooledBuffer<T>(this, std::move(storage), shape, bytes);

@@ -50,11 +50,12 @@ struct ColossalZ : Zero3Ring<ColossalZ<Backend>, Backend> {
 private:
   friend struct Zero3Ring<ColossalZ, Backend>;
 
-  // The core's own tensors: the probabilities and out (zeroed: P V accumulates into it).
+  // The core's own tensors: the probabilities (unzeroed: every key block's GEMM writes its columns whole) and out
+  // (zeroed: P V accumulates into it).
   static void make_core(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
                         AttentionSaved& saved) {
     const std::int64_t b = call.b, n = call.n, d = ctx.geometry.head_dim;
-    saved.probs = Tensor<float>(Shape{b, packing.q_heads(), n, ctx.length()});
+    saved.probs = Tensor<float>::uninitialized(Shape{b, packing.q_heads(), n, ctx.length()});
     saved.out = Tensor<float>(Shape{b, n, packing.q_heads(), d});
   }
   static void drop_core(AttentionSaved& saved) {

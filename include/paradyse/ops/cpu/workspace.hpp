@@ -15,7 +15,7 @@ class Workspace {
 public:
   explicit Workspace(std::size_t count)
       : tracker_(MemoryTracker::current().handle()), bytes_(count * sizeof(T)),
-        data_(static_cast<T*>(tracker_.allocate(bytes_))) {}
+        data_(static_cast<T*>(tracker_.allocate(bytes_, Contents::unspecified))) {}
   ~Workspace() { tracker_.deallocate(data_, bytes_); }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
