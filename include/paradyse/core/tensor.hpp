@@ -127,7 +127,7 @@ public:
     return Tensor(shape, std::move(tracker), Contents::unspecified);
   }
   static Tensor copy_of(TensorView<const T> source) {
-    Tensor t(source.shape());
+    Tensor t = uninitialized(source.shape());
     copy(source, t.view());
     return t;
   }

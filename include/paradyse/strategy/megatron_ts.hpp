@@ -63,7 +63,8 @@ struct MegatronTS : LayoutPolicy<Backend> {
     ctx.check_activation("MegatronTS attention", "y", y, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t b = ctx.batch, s = ctx.length(), rows = ctx.global_rows(), h = ctx.hidden();
-    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{b, s, g.qkv_rows}),
+    // qkv unzeroed (the projection's GEMM writes it whole); out and lse zeroed, as the attention kernels take them.
+    AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>::uninitialized(Shape{b, s, g.qkv_rows}),
                          Tensor<float>(Shape{b, s, g.proj_rows}), Tensor<float>(Shape{b, g.q_heads, s})};
     {
       PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
@@ -133,7 +134,7 @@ struct MegatronTS : LayoutPolicy<Backend> {
     ctx.check_activation("MegatronTS mlp", "y", y, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t rows = ctx.global_rows(), h = ctx.hidden();
-    MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{rows, g.ffn_in_rows})};
+    MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>::uninitialized(Shape{rows, g.ffn_in_rows})};  // GEMM's C
     PooledBuffer<float> x_full = ctx.pool->acquire<float>(Shape{rows, h});
     gather(comm, ctx, x, x_full.view());
     Backend::matmul(x_full.view(), ops::Transpose::no, w.in(), ops::Transpose::yes, saved.pre.view());

@@ -233,7 +233,7 @@ concept SublayerStrategy =
 // A new tensor (in the current tracker's space) holding a copy of x, through the backend.
 template <class Backend>
 Tensor<float> copy_tensor(TensorView<const float> x) {
-  Tensor<float> t(x.shape());
+  Tensor<float> t = Tensor<float>::uninitialized(x.shape());
   Backend::copy(x, t.view());
   return t;
 }

@@ -33,7 +33,8 @@ Zero3MlpSaved zero3_mlp_forward(C& comm, const SublayerContext& ctx, const MlpSh
   const ShardGeometry& g = ctx.geometry;
   const int p = ctx.ranks();
   const std::int64_t m = ctx.local_rows(comm.rank()), h = ctx.hidden();
-  Zero3MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>(Shape{m, p * g.ffn_in_rows})};
+  // pre unzeroed: every owner's block of columns is one GEMM's whole output.
+  Zero3MlpSaved saved{copy_tensor<Backend>(x), Tensor<float>::uninitialized(Shape{m, p * g.ffn_in_rows})};
   const TensorView<const float> x_rows = x.reshape(Shape{m, h});
   const TensorView<float> pre = saved.pre.view();
   ring_column_linear_forward<Backend>(comm, *ctx.pool, x_rows, w.in(),
