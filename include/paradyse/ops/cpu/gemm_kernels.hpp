@@ -293,8 +293,12 @@ inline void gemm_cblas(Transpose trans_a, Transpose trans_b, std::int64_t m, std
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == 0.0f) return detail::scale_matrix(m, n, beta, c, ldc);
   detail::apply_default_gemm_threads();
-  // Some BLAS read c when beta = 0 (0 * NaN); clear it ourselves so beta = 0 always means "overwrite".
-  if (beta == 0.0f) detail::scale_matrix(m, n, 0.0f, c, ldc);
+  // beta = 0 means "overwrite", but some BLAS read c then (0 * NaN): clear c here and let the BLAS add to it (beta 1).
+  // One pass over c, not two: OpenBLAS's own beta = 0 writes the zeros again in a pass of its own before the product.
+  if (beta == 0.0f) {
+    detail::scale_matrix(m, n, 0.0f, c, ldc);
+    beta = 1.0f;
+  }
   cblas_sgemm(CblasRowMajor, trans_a == Transpose::yes ? CblasTrans : CblasNoTrans,
               trans_b == Transpose::yes ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
               int(ldb), beta, c, int(ldc));
