@@ -140,7 +140,9 @@ Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster
       case TraceKind::elementwise: p.other_ops += n * hw.elementwise_time(e.bytes); break;
       case TraceKind::activation: p.other_ops += n * hw.activation_time(e.m, e.bytes, e.n == 1); break;
       case TraceKind::transcendental: p.other_ops += n * hw.scalar_math.time(cost::ScalarFunction(int(e.n)), e.m); break;
-      case TraceKind::allocate: p.rest += hw.fresh_memory.time(double(cost::round_allocation(e.bytes)), !e.unzeroed); break;
+      case TraceKind::allocate:
+        p.rest += hw.fresh_memory.time(double(cost::round_allocation(e.bytes)), !e.unzeroed);
+        break;
       case TraceKind::scratch: p.rest += hw.fresh_memory.time(e.bytes); break;
       case TraceKind::post:
         if (e.transfer == TransferKind::all_reduce) p.all_reduce += hw.collective_time(cost::Collective::all_reduce, t.ranks, e.bytes);

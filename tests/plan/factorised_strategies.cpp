@@ -64,7 +64,9 @@ double sum_of_pieces(const cost::SublayerTrace& trace, const cost::HardwareProfi
         case TraceKind::elementwise: total += e.count * hw.elementwise_time(e.bytes); break;
         case TraceKind::activation: total += e.count * hw.activation_time(e.m, e.bytes); break;
         case TraceKind::transcendental: total += e.count * hw.scalar_math.time(cost::ScalarFunction(int(e.n)), e.m); break;
-        case TraceKind::allocate: total += hw.fresh_memory.time(double(cost::round_allocation(e.bytes)), !e.unzeroed); break;
+        case TraceKind::allocate:
+          total += hw.fresh_memory.time(double(cost::round_allocation(e.bytes)), !e.unzeroed);
+          break;
         case TraceKind::scratch: total += e.count * hw.fresh_memory.time(e.bytes); break;
         case TraceKind::post: {
           if (e.transfer == TransferKind::barrier) break;

@@ -126,7 +126,7 @@ TEST_CASE("moe planner: a step prediction is the layers' time plus the work outs
     CHECK(best.time_s == doctest::Approx(again.time_s).epsilon(1e-12));
     double layers = 0;
     for (const plan::MoeLayerPlan& l : best.layers) layers += l.attention_s + l.ffn_s;
-    CHECK(best.time_s == doctest::Approx(layers + o.time_s() + hw.fresh_memory.time(double(best.memory.largest_transient), false))
-                             .epsilon(1e-12));
+    const double touch = hw.fresh_memory.time(double(best.memory.largest_transient), /*zeroed=*/false);
+    CHECK(best.time_s == doctest::Approx(layers + o.time_s() + touch).epsilon(1e-12));
   }
 }
