@@ -47,7 +47,7 @@ public:
     if (n_ == 0) return;
     if (pd::MemoryTracker::current().space() == pd::MemorySpace::device) {
       tracker_ = pd::MemoryTracker::current().handle();
-      data_ = static_cast<T*>(tracker_.allocate(n_ * sizeof(T), Contents::unspecified));
+      data_ = static_cast<T*>(tracker_.allocate(n_ * sizeof(T), pd::Contents::unspecified));
     } else {
       void* p = nullptr;
       PARADYSE_CUDA_CHECK(cudaMalloc(&p, n_ * sizeof(T)));
