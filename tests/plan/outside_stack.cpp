@@ -37,6 +37,15 @@ double stack_time(const plan::CostTable& t, int strategy) {
   return sum;
 }
 
+// The fresh memory both pool cases give the profile: zeroed at 20 GB/s, new pages from 4 MiB at 1.5 GB/s.
+const cost::FreshMemoryModel kFresh{2e10, 1.5e9, std::int64_t(1) << 22};
+
+// A pool buffer's first touch under kFresh, written out: the pool does not zero, so nothing below 4 MiB, and from it
+// the new pages' faults (the fresh price less a memset's).
+double unzeroed_touch_s(double bytes) {
+  return bytes >= double(std::int64_t(1) << 22) ? bytes / 1.5e9 - bytes / 2e10 : 0.0;
+}
+
 }  // namespace
 
 TEST_CASE("outside stack: the head's GEMMs, the all-reduce and AdamW, each at the profile's rates") {
@@ -103,27 +112,24 @@ TEST_CASE("outside stack: a step prediction is the stack's time plus the head's,
 
 TEST_CASE("outside stack: the pool's working set is touched afresh once per step") {
   cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
-  hw.fresh_memory = {2e10, 1.5e9, std::int64_t(1) << 22};
+  hw.fresh_memory = kFresh;
   const GptConfig config = gpt(256);
   const plan::CostTable t = Costs{config, 2, &hw}.table(4096);
   for (int s : cost::default_catalog().all()) {
     if (!t.option(0, cost::Sublayer::attention, s) || !t.option(0, cost::Sublayer::mlp, s)) continue;
     const plan::Evaluation e = plan::evaluate(t, plan::uniform_layers(t, s));
-    // The pool's buffers are not zeroed: from 4 MiB their pages' faults (1.5 GB/s less a memset's 20), below nothing.
-    const double largest = double(e.memory.largest_transient);
-    const double touch = largest >= double(std::int64_t(1) << 22) ? largest / 1.5e9 - largest / 2e10 : 0.0;
+    const double touch = unzeroed_touch_s(double(e.memory.largest_transient));
     CHECK(e.time_s == doctest::Approx(stack_time(t, s) + t.outside_time.time_s() + touch).epsilon(1e-12));
   }
 }
 
 TEST_CASE("outside stack: with a pool-miss rate, the step's pool misses in order replace the first touch") {
-  // Each miss priced as an unzeroed fresh allocation of its size (heap-reused below 4 MiB: nothing; new pages from it:
-  // their faults, 1.5 GB/s less a memset's 20 GB/s), or, without fresh-memory rates, its bytes at the pool's rate.
+  // Each miss priced as an unzeroed fresh allocation of its size (unzeroed_touch_s), or, without fresh-memory rates,
+  // its bytes at the pool's rate.
   for (const bool fresh_rates : {true, false}) {
     CAPTURE(fresh_rates);
     cost::HardwareProfile hw = cost::a100_sxm4_80gb_x8();
-    hw.fresh_memory =
-        fresh_rates ? cost::FreshMemoryModel{2e10, 1.5e9, std::int64_t(1) << 22} : cost::FreshMemoryModel{};
+    hw.fresh_memory = fresh_rates ? kFresh : cost::FreshMemoryModel{};
     hw.pool_miss_bytes_per_s = 1.2e9;
     const GptConfig config = gpt(256);
     for (const auto& [p, s] : {std::tuple{2, 4096}, std::tuple{4, 2000}}) {
@@ -146,8 +152,7 @@ TEST_CASE("outside stack: with a pool-miss rate, the step's pool misses in order
         double misses_s = 0, missed = 0;
         for (const std::int64_t bytes : replay.pool_misses) {
           missed += double(bytes);
-          const double b = double(bytes);
-          misses_s += fresh_rates ? (bytes >= (std::int64_t(1) << 22) ? b / 1.5e9 - b / 2e10 : 0.0) : b / 1.2e9;
+          misses_s += fresh_rates ? unzeroed_touch_s(double(bytes)) : double(bytes) / 1.2e9;
         }
         CHECK(missed == double(replay.pool_missed_bytes));
         CHECK(e.time_s == doctest::Approx(stack_time(t, strategy) + t.outside_time.time_s() + misses_s).epsilon(1e-12));

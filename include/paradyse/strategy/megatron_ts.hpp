@@ -63,7 +63,7 @@ struct MegatronTS : LayoutPolicy<Backend> {
     ctx.check_activation("MegatronTS attention", "y", y, comm.rank());
     const ShardGeometry& g = ctx.geometry;
     const std::int64_t b = ctx.batch, s = ctx.length(), rows = ctx.global_rows(), h = ctx.hidden();
-    // qkv unzeroed (the projection's GEMM writes it whole); out and lse zeroed, as the attention kernels take them.
+    // qkv unzeroed: the projection's GEMM writes it whole.
     AttentionSaved saved{copy_tensor<Backend>(x), Tensor<float>::uninitialized(Shape{b, s, g.qkv_rows}),
                          Tensor<float>(Shape{b, s, g.proj_rows}), Tensor<float>(Shape{b, g.q_heads, s})};
     {

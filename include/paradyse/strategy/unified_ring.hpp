@@ -211,8 +211,8 @@ struct Zero3Ring : UnifiedRing<Derived, Backend> {
 private:
   const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
   // What a forward saves: the input, the heads [b, n_r, hq + 2 hkv, d] (unzeroed: unpacked whole from the ring
-  // linear's columns), and the core's own
-  // tensors (Derived::make_core). `auto`: Derived is incomplete where this template is instantiated as its base.
+  // linear's columns), and the core's own tensors (Derived::make_core). `auto`: Derived is incomplete where this
+  // template is instantiated as its base.
   static auto make_saved(const SublayerContext& ctx, const QkvPacking& packing, const RingCall& call,
                          TensorView<const float> x) {
     typename Derived::AttentionSaved saved{};
