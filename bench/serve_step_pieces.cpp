@@ -129,21 +129,19 @@ Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster
   const cost::HardwareProfile& hw = cluster.profile;
   const RankStepTrace r = dry_run_step(c, t, 0);
   Pieces p;
-  const int b = cluster.dtype_bytes;
-  for (std::size_t i = 0; i < r.events.size(); ++i) {
-    const TraceEvent& e = r.events[i];
-    const double n = e.count;
+  for (const TraceEvent& e : r.events) {
+    // Each event at the clock's own price (cost/trace_cost.hpp), filed under its piece; GEMMs at the profile's rate
+    // (the dry run's weight reuse distances are left to the total).
+    const double s = cost::event_seconds(hw, e, cluster.dtype_bytes / 4.0, cluster.dtype_bytes);
     switch (e.kind) {
-      case TraceKind::gemm: p.gemm += n * hw.gemm.time(e.m, e.n, e.k, b); break;
-      case TraceKind::attention_forward: p.paged_attention += n * hw.attention.forward_time(4 * e.k * e.n * e.m); break;
-      case TraceKind::paged_attention: p.paged_attention += n * hw.paged_attention_time(e.m, e.n, e.k); break;
-      case TraceKind::elementwise: p.other_ops += n * hw.elementwise_time(e.bytes); break;
-      case TraceKind::activation: p.other_ops += n * hw.activation_time(e.m, e.bytes, e.n == 1); break;
-      case TraceKind::transcendental: p.other_ops += n * hw.scalar_math.time(cost::ScalarFunction(int(e.n)), e.m); break;
+      case TraceKind::gemm: p.gemm += s; break;
+      case TraceKind::attention_forward:
+      case TraceKind::paged_attention: p.paged_attention += s; break;
+      case TraceKind::elementwise:
+      case TraceKind::activation:
+      case TraceKind::transcendental: p.other_ops += s; break;
       case TraceKind::allocate:
-        p.rest += hw.fresh_memory.time(double(cost::round_allocation(e.bytes)), !e.unzeroed);
-        break;
-      case TraceKind::scratch: p.rest += hw.fresh_memory.time(e.bytes); break;
+      case TraceKind::scratch: p.rest += s; break;
       case TraceKind::post:
         if (e.transfer == TransferKind::all_reduce) p.all_reduce += hw.collective_time(cost::Collective::all_reduce, t.ranks, e.bytes);
         break;
@@ -151,11 +149,14 @@ Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster
     }
   }
   // decoder_step's notes of the paged kernel: the KV append (4 len hk d floats per chunk) and the key/value stream
-  // (2 positions hk d floats) are elementwise events above; move them to the paged attention's piece.
+  // (2 positions hk d floats) are elementwise events above, a call each per layer; move them to the paged attention's
+  // piece.
   const double hk = double(kv_heads_of(c, t.ranks, 0).length), d = double(c.head_dim);
   double positions = 0;
   for (const ChunkShape& ch : t.chunks) positions += double(ch.cached + ch.tokens);
-  const double kv = double(c.layers) * hw.elementwise_time(4 * (4 * double(t.tokens()) + 2 * positions) * hk * d);
+  const double calls = double(t.chunks.size() + 1);
+  const double kv = double(c.layers) * (hw.elementwise_time(4 * (4 * double(t.tokens()) + 2 * positions) * hk * d) +
+                                        calls * hw.call_overhead.kernel_call_s);
   p.other_ops -= kv;
   p.paged_attention += kv;
   const StepCost total = dry_run_step_cost(c, t, cluster);

@@ -1,9 +1,9 @@
 // Tests of the fixed cost per kernel call (issue 25; cost/profile.hpp CallOverheadModel): the trace clock adds
 // kernel_call_s to each call of an elementwise, activation or paged-attention kernel, and nothing to GEMMs, flash
-// attention, transcendental calls (they have their own terms) or allocations (cost/trace_cost.hpp); a serving step's
-// dry run on one rank costs exactly its calls more (serve/step_dry_run.hpp); the calibration measures it on this
-// machine (cost/calibrate.hpp); profile JSON keeps it, and a profile without it loads with the term unpriced
-// (cost/profile_json.hpp).
+// attention, transcendental calls (they have their own terms) or allocations (cost/trace_cost.hpp), and event_seconds
+// is that charge event by event (what a split of a step by piece adds up); a serving step's dry run on one rank costs
+// exactly its calls more (serve/step_dry_run.hpp); the calibration measures it on this machine (cost/calibrate.hpp);
+// profile JSON keeps it, and a profile without it loads with the term unpriced (cost/profile_json.hpp).
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
@@ -71,6 +71,37 @@ TEST_CASE("call overheads: each non-GEMM kernel call adds its fixed cost") {
   HardwareProfile plain = hw;
   plain.call_overhead = {};
   CHECK(call_overheads_forward_s(own_terms, hw) == call_overheads_forward_s(own_terms, plain));
+}
+
+TEST_CASE("call overheads: event_seconds is the clock's charge for one event, its calls' fixed costs included") {
+  HardwareProfile hw = a100_sxm4_80gb_x8();
+  hw.call_overhead = {1.5e-6};
+  const std::vector<TraceEvent> events = {
+      {.kind = TraceKind::gemm, .count = 3, .m = 16, .n = 256, .k = 256},
+      {.kind = TraceKind::attention_forward, .m = 1024, .n = 4, .k = 32},
+      {.kind = TraceKind::elementwise, .count = 5, .bytes = 4096},
+      {.kind = TraceKind::activation, .count = 2, .bytes = 3 * 4096, .m = 1024, .n = 1},
+      {.kind = TraceKind::transcendental, .m = 512, .n = 0},
+      {.kind = TraceKind::paged_attention, .m = 300, .n = 4, .k = 32},
+      {.kind = TraceKind::allocate, .bytes = 65536},
+      {.kind = TraceKind::deallocate, .bytes = 65536},
+      {.kind = TraceKind::scratch, .count = 2, .bytes = 1024},
+  };
+  // With no transfer in it, a trace's time is its events' charges added up (what a split by piece sums to).
+  double sum = 0;
+  for (const TraceEvent& e : events) sum += event_seconds(hw, e, 1.0, 4);
+  CHECK(sum == doctest::Approx(call_overheads_forward_s(events, hw)).epsilon(1e-12));
+  // Written out: count calls of the kernel at its rate, each with the fixed cost; bytes at the dtype's width.
+  const double elementwise = 5 * (hw.elementwise_time(4096, ElementwiseFamily::other) + 1.5e-6);
+  CHECK(event_seconds(hw, events[2], 1.0, 4) == doctest::Approx(elementwise).epsilon(1e-12));
+  CHECK(event_seconds(hw, events[2], 0.5, 2) ==
+        doctest::Approx(5 * (hw.elementwise_time(2048, ElementwiseFamily::other) + 1.5e-6)).epsilon(1e-12));
+  CHECK(event_seconds(hw, events[0], 1.0, 4) == doctest::Approx(3 * hw.gemm.time(16, 256, 256, 4)).epsilon(1e-12));
+  CHECK(event_seconds(hw, events[8], 1.0, 4) == doctest::Approx(2 * hw.fresh_memory.time(1024)).epsilon(1e-12));
+  // Transfers, waits, frees and the pool's loans take no compute-stream time of their own.
+  for (const TraceKind kind : {TraceKind::post, TraceKind::wait, TraceKind::deallocate, TraceKind::pool_acquire,
+                               TraceKind::pool_give_back})
+    CHECK(event_seconds(hw, {.kind = kind, .bytes = 65536}, 1.0, 4) == 0);
 }
 
 TEST_CASE("call overheads: a serving step's dry run costs exactly its kernel calls more") {

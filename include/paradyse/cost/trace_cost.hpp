@@ -119,6 +119,37 @@ private:
 
 }  // namespace detail
 
+// The compute stream's price of one event, as the clock below charges it (a transfer, a wait and a pool event: 0).
+// Kernels: `count` calls at the profile's rates, each with its fixed call cost (CallOverheadModel: GEMMs and flash
+// attention carry their own fitted overheads, transcendental calls ride on their kernel's event); given the rank's
+// weight `reads`, a GEMM is priced at its weight's reuse distance and its read recorded (cost/gemm_reuse.hpp).
+// Allocations: a plain allocation's zeroing and first touch (none for an unzeroed one below the new-page size), and
+// `count` kernel workspaces. Bytes were recorded at float32: `scale` (dtype_bytes / 4) rescales them.
+inline double event_seconds(const HardwareProfile& hw, const TraceEvent& e, double scale, int dtype_bytes,
+                            WeightReads* reads = nullptr) {
+  const auto attention_flops = [&] { return 4 * e.k * e.n * hw.attention.pairs(e.m, e.tiled); };  // forward, per call
+  double call = 0;
+  switch (e.kind) {
+    case TraceKind::gemm: call = gemm_time(e, hw.gemm, dtype_bytes, reads); break;
+    case TraceKind::attention_forward: call = hw.attention.forward_time(attention_flops()); break;
+    case TraceKind::attention_backward: call = hw.attention.backward_time(attention_flops()); break;
+    case TraceKind::paged_attention:
+      call = hw.paged_attention_time(e.m, e.n, e.k) + hw.call_overhead.kernel_call_s;
+      break;
+    case TraceKind::elementwise:
+      call = hw.elementwise_time(e.bytes * scale, e.family) + hw.call_overhead.kernel_call_s;
+      break;
+    case TraceKind::activation:
+      call = hw.activation_time(e.m, e.bytes * scale, e.n == 1, e.family) + hw.call_overhead.kernel_call_s;
+      break;
+    case TraceKind::transcendental: call = hw.scalar_math.time(ScalarFunction(int(e.n)), e.m); break;
+    case TraceKind::allocate: return hw.fresh_memory.time(double(round_allocation(e.bytes * scale)), !e.unzeroed);
+    case TraceKind::scratch: call = hw.fresh_memory.time(e.bytes * scale); break;
+    default: return 0;
+  }
+  return e.count * call;
+}
+
 namespace trace_cost_detail {
 
 constexpr Collective collective_of(TransferKind t) {
@@ -225,31 +256,6 @@ private:
     now_ += seconds;
     compute_ += seconds;
   }
-  // Seconds of one call of kernel event e (a GEMM's read recorded in reads_).
-  double kernel_time(const TraceEvent& e) {
-    switch (e.kind) {
-      case TraceKind::gemm: return gemm_time(e, hw_.gemm, dtype_bytes_, reads_);
-      case TraceKind::attention_forward: return hw_.attention.forward_time(attention_flops(e));
-      case TraceKind::attention_backward: return hw_.attention.backward_time(attention_flops(e));
-      case TraceKind::paged_attention: return hw_.paged_attention_time(e.m, e.n, e.k);
-      case TraceKind::elementwise: return hw_.elementwise_time(e.bytes * scale_, e.family);
-      case TraceKind::activation: return hw_.activation_time(e.m, e.bytes * scale_, e.n == 1, e.family);
-      case TraceKind::transcendental: return hw_.scalar_math.time(ScalarFunction(int(e.n)), e.m);
-      default: return 0;
-    }
-  }
-  // Forward flops of one flash attention call: 4 d heads pairs, the pairs the profile's attention model prices.
-  double attention_flops(const TraceEvent& e) const { return 4 * e.k * e.n * hw_.attention.pairs(e.m, e.tiled); }
-  // The fixed cost of one call of a kernel kind (CallOverheadModel): GEMMs and flash attention carry their own
-  // fitted overheads, transcendental calls ride on their kernel's event.
-  double call_overhead(TraceKind kind) const {
-    switch (kind) {
-      case TraceKind::paged_attention:
-      case TraceKind::elementwise:
-      case TraceKind::activation: return hw_.call_overhead.kernel_call_s;
-      default: return 0;
-    }
-  }
   // Seconds of a transfer over a group of `group` ranks spread over `span` consecutive ranks (0: the trace's whole
   // group; a sub-group's transfers say theirs), the profile's lookup remembered per kind for the last size: a ring
   // posts one size p times in a row.
@@ -263,17 +269,7 @@ private:
     return memo.seconds;
   }
   void step(const TraceEvent& e) {
-    if (e.is_kernel()) {  // `count` identical calls in a row: the first, then the others at its duration
-      const double before = now_;
-      run(kernel_time(e) + call_overhead(e.kind));
-      if (e.count > 1) run((now_ - before) * (e.count - 1));
-      return;
-    }
     switch (e.kind) {
-      case TraceKind::allocate:
-        run(hw_.fresh_memory.time(double(round_allocation(e.bytes * scale_)), /*zeroed=*/!e.unzeroed));
-        break;
-      case TraceKind::scratch: run(e.count * hw_.fresh_memory.time(e.bytes * scale_)); break;
       case TraceKind::post: {
         const double duration = transfer_time(e.transfer, e.bytes * scale_, e.group, e.span);
         const double start = std::max(now_, comm_free_);
@@ -290,7 +286,7 @@ private:
         now_ = std::max(now_, t.end) + (1 - hw_.overlap) * std::max(0.0, overlapped);
         break;
       }
-      default: break;
+      default: run(event_seconds(hw_, e, scale_, dtype_bytes_, reads_)); break;  // kernels and allocations
     }
   }
 
