@@ -466,15 +466,31 @@ std::vector<StepCost> price_steps(const DecoderConfig& c, const SimulatedCluster
   return costs;
 }
 
-// --steps-csv: one row per step of a run (the clock's view of it) and the simulated clock's price of its trace.
+// The layout the MoE layers of a step computed in ("TP" or "EP"; a switch that stalls computes in the new one), or
+// "dense" for a model without MoE layers.
+std::string_view computed_layout(const StepTrace& t) {
+  for (std::size_t l = 0; l < t.layout.size(); ++l) {
+    if (t.routed.empty() || t.routed[l].empty()) continue;
+    const bool stalled = !t.pipelined_switch && l < t.next.size() && t.next[l];
+    return name_of(stalled ? t.next[l]->mode : t.layout[l].mode);
+  }
+  return "dense";
+}
+
+// --steps-csv: one row per step of a run (the clock's view of it), the step's layout, whether it switched, and the
+// simulated clock's price of its trace (simulated_s: on the calibrated profile; fits_s: on the profile with the
+// GEMMs' measured working-set table, the CPU clock's steps only, else empty).
 void write_steps(std::ofstream& f, const std::string& policy, const char* clock, int round,
-                 const std::vector<MeasuredStep>& steps, const std::vector<StepCost>& costs) {
+                 const std::vector<MeasuredStep>& steps, const std::vector<StepCost>& costs,
+                 const std::vector<StepCost>* fits = nullptr) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const MeasuredStep& s = steps[i];
     std::int64_t decodes = 0;
     for (const ChunkShape& ch : s.trace.chunks) decodes += ch.decode ? 1 : 0;
-    f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{},{},{:.9f},{},{:.9f}\n", policy, clock, round, i, s.end,
-                     s.timing.step_s, s.timing.cpu_s, s.trace.tokens(), decodes, costs[i].total_s(),
+    const std::string fits_s = fits ? fmt::format("{:.9f}", (*fits)[i].total_s()) : "";
+    f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{:.9f},{},{},{},{},{:.9f},{},{},{:.9f}\n", policy, clock, round,
+                     i, s.end, s.timing.step_s, s.timing.cpu_s, s.run_s, s.trace.tokens(), decodes,
+                     computed_layout(s.trace), s.trace.changes_layout() ? 1 : 0, costs[i].total_s(), fits_s,
                      s.trace.planning_events, s.forecast_s);
   }
 }
@@ -814,7 +830,8 @@ int measure(const Options& o) {
   if (!o.steps_csv.empty()) {
     steps_csv.open(o.steps_csv);
     check(bool(steps_csv), "--steps-csv {}: cannot write the file", o.steps_csv);
-    steps_csv << "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s,planning_events,forecast_s\n";
+    steps_csv << "policy,clock,round,step,end_s,step_s,cpu_s,run_s,tokens,decodes,layout,switch,simulated_s,fits_s,"
+                 "planning_events,forecast_s\n";
   }
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
@@ -938,7 +955,8 @@ int measure(const Options& o) {
         for (int round = 0; round < o.rounds; ++round) {
           const std::vector<MeasuredStep>& wall = wall_steps[std::size_t(round)];
           write_steps(steps_csv, pol.key, "wall", round, wall, price_steps(c, cluster, wall));
-          write_steps(steps_csv, pol.key, "cpu", round, cpu_steps[std::size_t(round)], cpu_costs[std::size_t(round)]);
+          write_steps(steps_csv, pol.key, "cpu", round, cpu_steps[std::size_t(round)], cpu_costs[std::size_t(round)],
+                      compare_fits ? &fits_costs[std::size_t(round)] : nullptr);
         }
         write_steps(steps_csv, pol.key, "simulated", 0, sim_steps, price_steps(c, cluster, sim_steps));
       }
@@ -1045,8 +1063,10 @@ int main(int argc, char** argv) {
       .nonempty("a file name");
   flags.text("--steps-csv", o.steps_csv,
              "--measure: write every step of every measured round on both clocks and of the simulated run (policy, "
-             "clock, round, end, duration, CPU time, tokens, decodes, simulated price, the dynamic policy's "
-             "forecast: its dry-run events and rank 0's CPU in it) to FILE", "FILE")
+             "clock, round, end, duration, CPU time, rank 0's CPU in the stepper, tokens, decodes, the layout computed "
+             "in, whether the step switched, the simulated price and, for the CPU clock's steps, the price with the "
+             "measured GEMM table, the dynamic policy's forecast: its dry-run events and rank 0's CPU in it) to FILE",
+             "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);
   // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag

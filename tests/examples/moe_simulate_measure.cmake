@@ -9,9 +9,11 @@
 # prompt chunk / of decode tokens alone); the per-step table's rows, the forecast's host work spent and charged in the
 # dynamic policy's steps alone, and the same steps priced on the GEMM fits alone (", fits": the profile has measured
 # shapes); the steps CSV: every policy's 2 rounds on the wall and CPU clocks and its simulated run, every step priced
-# (simulated_s > 0), and the CPU clock's step (each piece between collectives at its slowest rank) never shorter than
-# rank 0's own CPU time in it, the forecast's events and CPU time in the dynamic policy's measured steps alone; static
-# TP's routing recorded (--record-routing).
+# (simulated_s > 0; the CPU clock's on the GEMM table too, fits_s > 0, the others not), the CPU clock's step (each
+# piece between collectives at its slowest rank) never shorter than rank 0's own CPU time in it, nor that shorter than
+# rank 0's stepper compute, the layout each step computed in (the static policies' own, never switching; the dynamic
+# policy's TP or EP), the forecast's events and CPU time in the dynamic policy's measured steps alone; static TP's
+# routing recorded (--record-routing).
 cmake_minimum_required(VERSION 3.20)
 foreach(var EXE PROFILE WORK)
   if(NOT DEFINED ${var})
@@ -82,7 +84,8 @@ if(NOT EXISTS "${WORK}/routing.csv")
 endif()
 file(STRINGS "${WORK}/steps.csv" rows)
 list(POP_FRONT rows header)
-set(columns "policy,clock,round,step,end_s,step_s,cpu_s,tokens,decodes,simulated_s,planning_events,forecast_s")
+set(columns "policy,clock,round,step,end_s,step_s,cpu_s,run_s,tokens,decodes,layout,switch,simulated_s,fits_s,\
+planning_events,forecast_s")
 if(NOT header STREQUAL columns)
   message(FATAL_ERROR "steps.csv: unexpected header \"${header}\"")
 endif()
@@ -94,10 +97,39 @@ foreach(row IN LISTS rows)
   list(GET f 2 round)
   list(GET f 5 step_s)
   list(GET f 6 cpu_s)
-  list(GET f 9 simulated_s)
-  list(GET f 10 events)
-  list(GET f 11 forecast_s)
+  list(GET f 7 run_s)
+  list(GET f 10 layout)
+  list(GET f 11 switched)
+  list(GET f 12 simulated_s)
+  list(GET f 13 fits_s)
+  list(GET f 14 events)
+  list(GET f 15 forecast_s)
   list(APPEND seen "${policy}/${clock}/${round}")
+  # The layout each step computed in: the static policies' own and never a switch; the dynamic policy's either.
+  string(TOUPPER "${policy}" own)
+  if(policy STREQUAL "dynamic")
+    if(NOT layout MATCHES "^(TP|EP)$" OR NOT switched MATCHES "^[01]$")
+      message(FATAL_ERROR "steps.csv: a dynamic step in layout \"${layout}\", switch \"${switched}\": ${row}")
+    endif()
+    if(switched EQUAL 1)
+      list(APPEND dynamic_layouts "switch")
+    endif()
+    list(APPEND dynamic_layouts "${layout}")
+  elseif(NOT layout STREQUAL own OR NOT switched EQUAL 0)
+    message(FATAL_ERROR "steps.csv: a step of static ${own} in layout \"${layout}\", switch \"${switched}\": ${row}")
+  endif()
+  # The CPU clock's steps are priced on the GEMM table too (the profile has measured shapes), the others not; the
+  # stepper's compute is part of rank 0's own CPU time in the step.
+  if(clock STREQUAL "cpu")
+    if(NOT fits_s GREATER 0)
+      message(FATAL_ERROR "steps.csv: a CPU-clock step priced at fits_s \"${fits_s}\" on the GEMM table: ${row}")
+    endif()
+    if(NOT run_s GREATER 0 OR run_s GREATER cpu_s)
+      message(FATAL_ERROR "steps.csv: a CPU-clock step of rank 0's ${cpu_s} s ran ${run_s} s in its stepper: ${row}")
+    endif()
+  elseif(NOT fits_s STREQUAL "")
+    message(FATAL_ERROR "steps.csv: a ${clock} step priced on the GEMM table (${fits_s}): ${row}")
+  endif()
   if(NOT policy STREQUAL "dynamic" AND NOT (events EQUAL 0 AND forecast_s EQUAL 0))
     message(FATAL_ERROR
             "steps.csv: ${policy} plans no forecast, yet a step has ${events} events, ${forecast_s} s: ${row}")
@@ -120,6 +152,8 @@ endforeach()
 if(NOT forecast_ran)
   message(FATAL_ERROR "steps.csv: the dynamic policy's measured steps record no forecast")
 endif()
+list(REMOVE_DUPLICATES dynamic_layouts)
+message(STATUS "steps.csv: the dynamic policy's steps: ${dynamic_layouts}")
 list(REMOVE_DUPLICATES seen)
 foreach(policy tp ep dynamic)
   foreach(run wall/0 wall/1 cpu/0 cpu/1 simulated/0)

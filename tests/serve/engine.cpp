@@ -303,7 +303,7 @@ TEST_CASE("redistribution: TP -> EP -> EPLB placement with replicas -> TP moves 
       for (std::size_t step = 0; step < path.size(); ++step) {
         std::vector<LayerRedistribution> moving(static_cast<std::size_t>(c.layers));
         for (std::int64_t l = 0; l < c.layers; ++l) moving[std::size_t(l)].begin(comm, c, s.layers[std::size_t(l)], from, path[step]);
-        for (std::int64_t l = 0; l < c.layers; ++l) moving[std::size_t(l)].finish(c, p, me);
+        for (std::int64_t l = 0; l < c.layers; ++l) moving[std::size_t(l)].finish();
         for (std::int64_t l = 0; l < c.layers; ++l) {
           const RankLayer &got = s.layers[std::size_t(l)], &exp = want[step]->layers[std::size_t(l)];
           if (!same(got.expert_in, exp.expert_in) || !same(got.expert_out, exp.expert_out) ||

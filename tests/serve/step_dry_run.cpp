@@ -1,13 +1,15 @@
 // tests/serve/step_dry_run.cpp: the simulated step is a dry run of decoder_step (serve/step_dry_run.hpp). Its
 // kernel list is the real CPU step's (same kernels, same shapes, in order) for loaded models on p = 1..3 in TP and
 // EP; a simulated step's cost is cost/trace_cost.hpp's time of that step's dry-run trace (computed here from the
-// traces); the analytic model the switcher forecasts with (serve/step_cost.hpp) agrees with it within a stated
-// band on Mixtral-8x7B steps; a dry run of latent attention is refused by name.
+// traces); a layout change costs the ranks' own work (new banks, kept pieces) beside its transfers, written out; the
+// analytic model the switcher forecasts with (serve/step_cost.hpp) agrees with it within a stated band on
+// Mixtral-8x7B steps; a dry run of latent attention is refused by name.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/model_shape_hf.hpp"
 #include "paradyse/serve/step_dry_run.hpp"
+#include "paradyse/serve/synthetic_decoder.hpp"
 
 #include <doctest/doctest.h>
 
@@ -284,13 +286,53 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
   const StepCost stalled = dry_run_step_cost(c, change, h100);
   CHECK(stalled.compute_s + stalled.communication_s == doctest::Approx(step.total_s()).epsilon(1e-12).scale(0));
   double stall = 0;
+  const double host = switch_host_s(c, ExpertLayout::tp(), ep, 3, h100.profile, 2);
   for (std::int64_t l = 0; l < c.layers; ++l)
-    stall += step_cost_detail::exchange_time(h100.profile, 3, switch_bytes(c, ExpertLayout::tp(), ep, 3, 2));
+    stall += step_cost_detail::exchange_time(h100.profile, 3, switch_bytes(c, ExpertLayout::tp(), ep, 3, 2)) + host;
   CHECK(stalled.switch_s == doctest::Approx(stall).epsilon(1e-12).scale(0));
   change.pipelined_switch = true;
   const StepCost piped = dry_run_step_cost(c, change, h100);
   CHECK(piped.switch_s > 0);
   CHECK(piped.switch_s < stall);
+}
+
+TEST_CASE("step dry run: a switch charges the ranks' new banks and kept pieces beside the exchange") {
+  // 4 experts of width 8 over h 16 on 2 ranks, float: TP -> EP with experts {0, 1} on rank 0, {2, 3} on rank 1. Each
+  // rank keeps its half of the columns of its 2 experts (8 columns of 3 rows of 16 floats: 1,536 bytes, copied: a
+  // read and a write) and makes banks [2, 16, 16] and [2, 8, 16] (2,048 and 1,024 bytes).
+  const DecoderConfig c = synthetic_config(16, 2, 2, 2, 4, 2, 8, 32);
+  const ExpertLayout tp = ExpertLayout::tp(), ep = ExpertLayout::ep({{0, 1}, {2, 3}});
+  cost::HardwareProfile hw = cost::h100_sxm_80gb_x8();
+  hw.elementwise_classes.clear();
+  hw.elementwise_bytes_per_s = 1e9;
+  hw.fresh_memory = {};
+  CHECK(switch_host_s(c, tp, ep, 2, hw, 4) == doctest::Approx(2 * 1536 / 1e9).epsilon(1e-12).scale(0));
+  // Banks from new pages pay their faults (unzeroed): here from 2,048 bytes, so the first bank does, the second not.
+  hw.fresh_memory = {.zero_bytes_per_s = 4e9, .fresh_bytes_per_s = 1e9, .fresh_min_bytes = 2048};
+  const double host = 2048 / 1e9 - 2048 / 4e9 + 2 * 1536 / 1e9;
+  CHECK(switch_host_s(c, tp, ep, 2, hw, 4) == doctest::Approx(host).epsilon(1e-12).scale(0));
+
+  // In the step: unpipelined, the ranks' work and the exchange stall the step whole; pipelined on links that overlap
+  // nothing (a CPU's thread copies), the same exchange costs as much; on links that overlap fully, less.
+  StepTrace t;
+  t.ranks = 2;
+  t.chunks = {{1, 5, true}, {1, 9, true}};
+  t.routed.assign(2, {1, 1, 1, 1});
+  t.layout.assign(2, tp);
+  t.next.assign(2, ep);
+  t.pipelined_switch = false;
+  const SimulatedCluster cluster{hw, 4};
+  const double x = step_cost_detail::exchange_time(hw, 2, switch_bytes(c, tp, ep, 2, 4));
+  CHECK(x > 0);
+  const std::vector<double> layer_end{1e-3, 2e-3};
+  CHECK(switch_exposed_s(c, t, cluster, layer_end, 2e-3) == doctest::Approx(2 * (host + x)).epsilon(1e-12).scale(0));
+  t.pipelined_switch = true;
+  SimulatedCluster none = cluster, full = cluster;
+  none.profile.overlap = 0;
+  full.profile.overlap = 1;
+  CHECK(switch_exposed_s(c, t, none, layer_end, 2e-3) == doctest::Approx(2 * (host + x)).epsilon(1e-12).scale(0));
+  // Fully overlapped: layer 0's exchange runs under layer 1; layer 1's, posted at the end, is exposed whole.
+  CHECK(switch_exposed_s(c, t, full, layer_end, 2e-3) == doctest::Approx(2 * host + x).epsilon(1e-12).scale(0));
 }
 
 TEST_CASE("step dry run: the ranks' spread adds sigma E[max of p] x each piece's slowest kernels as waiting") {

@@ -97,7 +97,7 @@ struct EngineStats {
   std::int64_t routed_activations = 0;  // (token, expert) pairs over every MoE layer and step (B per token)
   double elapsed_s = 0;
   double switch_exposed_s = 0;      // time the layout changes took on the critical path
-  std::size_t switch_bytes = 0;     // expert bytes this rank sent for layout changes
+  std::size_t switch_bytes = 0;     // expert bytes this rank sent to the others for layout changes
   std::vector<MoeMode> mode_of_step;
   std::vector<double> expert_max, expert_mean;  // per layer: sums over steps of max / mean tokens per expert
   std::vector<double> rank_max, rank_mean;      // per layer: sums over steps of max / mean rows per rank
@@ -126,7 +126,7 @@ struct EngineProgress {
 struct StepOutput {
   std::vector<MoeLayerLoad> moe_load;  // per layer (empty for dense layers)
   double switch_wall_s = 0;            // wall time the layout change took on the critical path
-  std::size_t switch_bytes = 0;        // expert bytes this rank sent for it
+  std::size_t switch_bytes = 0;        // expert bytes this rank sent to the others for it
 };
 
 namespace engine_detail {
@@ -187,7 +187,6 @@ public:
   StepOutput run(std::span<const SequenceChunk> batch, MoeMode ran, const std::vector<std::optional<ExpertLayout>>& next,
                  bool pipelined) {
     const DecoderConfig& c = model_.config;
-    const int p = comm_.size(), me = comm_.rank();
     bool any = false;
     for (const auto& n : next) any = any || n.has_value();
     std::vector<LayerRedistribution> moving(static_cast<std::size_t>(c.layers));
@@ -207,7 +206,7 @@ public:
       const Timer t0;
       for (std::int64_t l = 0; l < c.layers; ++l)
         if (c.is_moe(l) && next[std::size_t(l)]) {
-          moving[std::size_t(l)].finish(c, p, me);
+          moving[std::size_t(l)].finish();
           result.switch_bytes += moving[std::size_t(l)].bytes_sent();
         }
       result.switch_wall_s += t0.seconds();

@@ -1,22 +1,29 @@
 // paradyse/serve/redistribute.hpp: moving one MoE layer's routed experts between layouts (TP slices <-> EP whole
-// experts, or one EP placement to another, as EPLB asks), by an all-to-all-v of weight pieces, layer by layer.
+// experts, or one EP placement to another, as EPLB asks), by point-to-point transfers of weight pieces straight from
+// the old banks into the new ones, layer by layer.
 //
 // A layout says where each column range of each expert lives: TP gives rank r columns chunk_range(f, p, r) of every
 // expert (bank slot e); EP(placement) gives every listed slot the whole expert. The plan lists pieces (expert,
-// columns [c0, c1), source rank and slot, destination rank and slot); every rank derives the same plan, packs the
-// pieces it sends in destination order and unpacks what it receives. A piece is 3 (c1 - c0) h floats: the gate and
-// up rows of W_in and the rows of W_out. Sources: a TP layout splits a range over the ranks that hold its parts;
-// an EP layout sends from the first rank (and slot) that holds the expert.
+// columns [c0, c1), source rank and slot, destination rank and slot); every rank derives the same plan. A piece is 3
+// (c1 - c0) h floats: the gate and up rows of W_in and the rows of W_out, three row ranges each contiguous in the
+// source bank and in the destination bank alike, so each travels as one message, unpacked. Sources: a TP layout
+// splits a range over the ranks that hold its parts; an EP layout sends from the first rank (and slot) that holds the
+// expert.
 //
-// begin() posts the exchange (all_to_all_v_async) and returns; finish() waits, unpacks into the new banks and
-// installs them. The engine posts layer l right after layer l computed in the old layout, so the transfer overlaps
-// the next layers, and finishes every layer before the next step (the time spent there is the exposed time).
+// begin() allocates the new banks, copies the pieces the rank keeps and posts a send of every row range another rank
+// needs and a receive of every one it needs from another (in plan order on every rank: the transfers of a pair match
+// in order; every transfer is posted before any is waited for, as the engine's host ranks, threads and MPI, allow: a
+// backend whose sends block until matched would need them grouped); finish() waits for them and installs the new
+// banks. The engine posts layer l right after layer l computed in the old layout, so the transfers overlap the next
+// layers, and finishes every layer before the next step (the time spent there is the exposed time).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace paradyse::serve {
@@ -77,94 +84,69 @@ inline std::vector<WeightPiece> redistribution_plan(const ExpertLayout& from, co
 // One layer's exchange in flight.
 class LayerRedistribution {
 public:
-  // Posts the exchange of layer `L` (whose banks are in `from`) towards `to`. L must stay alive until finish().
+  // Starts moving layer `L` (whose banks are in `from`) towards `to`. L and its old banks must stay alive and
+  // unwritten until finish().
   template <Communicator C>
   void begin(C& comm, const DecoderConfig& c, RankLayer& L, const ExpertLayout& from, const ExpertLayout& to) {
     layer_ = &L;
     to_ = to;
     const int p = comm.size(), me = comm.rank();
+    rank_ = me;
     const std::int64_t f = c.moe.expert_ffn, h = c.hidden;
-    plan_ = redistribution_plan(from, to, c.moe.experts, f, p);
-    send_counts_.assign(std::size_t(p), 0);
-    recv_counts_.assign(std::size_t(p), 0);
-    for (const WeightPiece& w : plan_) {
-      if (w.src == me) send_counts_[std::size_t(w.dst)] += 3 * (w.c1 - w.c0) * h;
-      if (w.dst == me) recv_counts_[std::size_t(w.src)] += 3 * (w.c1 - w.c0) * h;
-    }
-    std::int64_t total_send = 0, total_recv = 0;
-    for (int q = 0; q < p; ++q) total_send += send_counts_[std::size_t(q)], total_recv += recv_counts_[std::size_t(q)];
-    send_ = std::vector<float>(std::size_t(total_send));
-    recv_ = std::vector<float>(std::size_t(total_recv));
-    // Pack in (destination, plan) order: all_to_all_v sends block q to rank q.
-    std::size_t at = 0;
-    const std::int64_t src_width = L.expert_out.extent(1);
-    for (int q = 0; q < p; ++q)
-      for (const WeightPiece& w : plan_) {
-        if (w.src != me || w.dst != q) continue;
-        for (std::int64_t col = 0; col < w.c1 - w.c0; ++col) {
-          const float* gate = &L.expert_in(w.src_slot, w.src_col + col, std::int64_t(0));
-          const float* up = &L.expert_in(w.src_slot, src_width + w.src_col + col, std::int64_t(0));
-          const float* out = &L.expert_out(w.src_slot, w.src_col + col, std::int64_t(0));
-          for (const float* row : {gate, up, out}) {
-            std::copy(row, row + h, send_.begin() + std::ptrdiff_t(at));
-            at += std::size_t(h);
-          }
+    // The new banks [slots, 2 w, h] and [slots, w, h], unzeroed: the plan's pieces for this rank cover every column
+    // of every slot.
+    const std::int64_t w = to.mode == MoeMode::tp ? chunk_range(f, p, me).length : f;
+    const std::int64_t slots =
+        to.mode == MoeMode::tp ? c.moe.experts : std::int64_t(to.placement[std::size_t(me)].size());
+    in_ = Tensor<float>::uninitialized(Shape{slots, 2 * w, h});
+    out_ = Tensor<float>::uninitialized(Shape{slots, w, h});
+    const std::int64_t old_w = L.expert_out.extent(1);
+    for (const WeightPiece& piece : redistribution_plan(from, to, c.moe.experts, f, p)) {
+      if (piece.src != me && piece.dst != me) continue;
+      const std::size_t floats = std::size_t((piece.c1 - piece.c0) * h);  // of each row range
+      // The gate rows, the up rows (W_in's second half) and W_out's rows of the piece's columns.
+      for (int part = 0; part < 3; ++part) {
+        if (piece.dst != me) {
+          const float* src = part < 2 ? &L.expert_in(piece.src_slot, part * old_w + piece.src_col, std::int64_t(0))
+                                      : &L.expert_out(piece.src_slot, piece.src_col, std::int64_t(0));
+          requests_.push_back(comm.send_async(std::span<const float>(src, floats), piece.dst));
+          bytes_sent_ += floats * sizeof(float);
+          continue;
         }
+        float* dst = part < 2 ? &in_(piece.dst_slot, part * w + piece.dst_col, std::int64_t(0))
+                              : &out_(piece.dst_slot, piece.dst_col, std::int64_t(0));
+        if (piece.src != me) {
+          requests_.push_back(comm.recv_async(std::span<float>(dst, floats), piece.src));
+          continue;
+        }
+        const float* src = part < 2 ? &L.expert_in(piece.src_slot, part * old_w + piece.src_col, std::int64_t(0))
+                                    : &L.expert_out(piece.src_slot, piece.src_col, std::int64_t(0));
+        std::copy(src, src + floats, dst);  // a piece this rank keeps
       }
-    bytes_sent_ = std::size_t(total_send) * sizeof(float);
-    request_ = comm.all_to_all_v_async(std::span<const float>(send_), send_counts_, std::span<float>(recv_), recv_counts_);
+    }
   }
 
-  // Waits for the exchange, builds the new banks and installs them in the layer.
-  void finish(const DecoderConfig& c, int p, int me) {
-    request_.wait();
-    const std::int64_t f = c.moe.expert_ffn, h = c.hidden;
+  // Waits for the transfers and installs the new banks in the layer.
+  void finish() {
+    for (Request& r : requests_) r.wait();
+    requests_.clear();
     RankLayer& L = *layer_;
-    Tensor<float> in, out;
-    std::int64_t width = f;
-    if (to_.mode == MoeMode::tp) {
-      width = chunk_range(f, p, me).length;
-      in = Tensor<float>(Shape{c.moe.experts, 2 * width, h});
-      out = Tensor<float>(Shape{c.moe.experts, width, h});
-    } else {
-      const std::int64_t slots = std::int64_t(to_.placement[std::size_t(me)].size());
-      in = Tensor<float>(Shape{slots, 2 * f, h});
-      out = Tensor<float>(Shape{slots, f, h});
-    }
-    // Received blocks arrive in source-rank order, each in (destination, plan) order of that source.
-    std::vector<std::size_t> start(static_cast<std::size_t>(p), 0);
-    for (int q = 1; q < p; ++q) start[std::size_t(q)] = start[std::size_t(q - 1)] + std::size_t(recv_counts_[std::size_t(q - 1)]);
-    for (const WeightPiece& w : plan_) {
-      if (w.dst != me) continue;
-      std::size_t& at = start[std::size_t(w.src)];
-      for (std::int64_t col = 0; col < w.c1 - w.c0; ++col) {
-        float* gate = &in(w.dst_slot, w.dst_col + col, std::int64_t(0));
-        float* up = &in(w.dst_slot, width + w.dst_col + col, std::int64_t(0));
-        float* o = &out(w.dst_slot, w.dst_col + col, std::int64_t(0));
-        for (float* row : {gate, up, o}) {
-          std::copy(recv_.begin() + std::ptrdiff_t(at), recv_.begin() + std::ptrdiff_t(at + std::size_t(h)), row);
-          at += std::size_t(h);
-        }
-      }
-    }
-    L.expert_in = std::move(in);
-    L.expert_out = std::move(out);
+    L.expert_in = std::move(in_);
+    L.expert_out = std::move(out_);
     L.mode = to_.mode;
     L.placement = to_.placement;
-    L.slot_expert = to_.mode == MoeMode::ep ? to_.placement[std::size_t(me)] : std::vector<std::int64_t>{};
-    send_ = {};
-    recv_ = {};
+    L.slot_expert = to_.mode == MoeMode::ep ? to_.placement[std::size_t(rank_)] : std::vector<std::int64_t>{};
   }
 
+  // Expert bytes this rank sent to the other ranks.
   std::size_t bytes_sent() const noexcept { return bytes_sent_; }
 
 private:
   RankLayer* layer_ = nullptr;
   ExpertLayout to_;
-  std::vector<WeightPiece> plan_;
-  std::vector<std::int64_t> send_counts_, recv_counts_;
-  std::vector<float> send_, recv_;
-  Request request_;
+  int rank_ = 0;
+  Tensor<float> in_, out_;
+  std::vector<Request> requests_;
   std::size_t bytes_sent_ = 0;
 };
 

@@ -29,11 +29,13 @@
 // spread about their price (HardwareProfile::straggle_s, communication time); the code waits on every collective, so
 // nothing overlaps there.
 // Layout changes (a TP<->EP switch or an EPLB placement): layer l's pieces (redistribution_plan, 3 columns h b bytes
-// each) leave after layer l computed and travel one layer after another on the links (an all-to-all-v: the link's
-// launch plus (p - 1) step latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth); the
-// exposed time is what is still in flight when the step's compute ends. Unpipelined, the whole change stalls
-// before the step. Not counted: the plan and sampled-token broadcasts (a few hundred bytes), the embedding lookup,
-// sampling, token sorting's and on-demand loading's fetches (costed as the plain EP split).
+// each) leave after layer l computed, once its ranks made their new banks and copied the pieces they keep
+// (switch_host_s), and travel one layer after another on the links (an exchange: the link's launch plus (p - 1) step
+// latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth); the exposed time is the ranks'
+// own work, what is still in flight when the step's compute ends, and the share of the flight under the compute that
+// the profile's overlap does not hide. Unpipelined, the whole change stalls before the step. Not counted: the plan
+// and sampled-token broadcasts (a few hundred bytes), the embedding lookup, sampling, token sorting's and on-demand
+// loading's fetches (costed as the plain EP split).
 #pragma once
 
 #include "paradyse/cost/profile.hpp"
@@ -44,6 +46,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace paradyse::serve {
@@ -132,27 +135,63 @@ inline double switch_bytes(const DecoderConfig& c, const ExpertLayout& from, con
   return most;
 }
 
+// The ranks' own work in one MoE layer's change (serve/redistribute.hpp), at the slowest rank, on the compute stream
+// before its transfers are posted: its new banks (unzeroed: only their new pages cost, cost::FreshMemoryModel) and the
+// copy of the pieces it keeps (a read and a write of 3 columns h b bytes each, elementwise bandwidth). The other
+// pieces travel straight from bank to bank (exchange_time).
+inline double switch_host_s(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p,
+                            const cost::HardwareProfile& hw, int b) {
+  const double h = double(c.hidden);
+  std::vector<double> kept(static_cast<std::size_t>(p), 0.0);
+  for (const WeightPiece& w : redistribution_plan(from, to, c.moe.experts, c.moe.expert_ffn, p))
+    if (w.src == w.dst) kept[std::size_t(w.src)] += 3.0 * double(w.c1 - w.c0) * h * b;
+  double most = 0;
+  for (int r = 0; r < p; ++r) {
+    // The new banks [slots, 2 w, h] and [slots, w, h]: TP a slice of every expert, EP whole experts in its slots.
+    const double slots = to.mode == MoeMode::tp ? double(c.moe.experts) : double(to.placement[std::size_t(r)].size());
+    const double w = double(to.mode == MoeMode::tp ? chunk_range(c.moe.expert_ffn, p, r).length : c.moe.expert_ffn);
+    const double banks =
+        hw.fresh_memory.time(slots * 2 * w * h * b, false) + hw.fresh_memory.time(slots * w * h * b, false);
+    most = std::max(most, banks + hw.elementwise_time(2 * kept[std::size_t(r)]));
+  }
+  return most;
+}
+
 // The exposed seconds of the step's layout change, its compute having ended each layer at layer_end[l] seconds and
-// the step at `step_end`: layer l's pieces leave after layer l, one exchange after another on the links; unpipelined,
-// the whole change stalls before the step. Shared with the dry run's cost (serve/step_dry_run.hpp).
+// the step at `step_end`. Pipelined, as the engine runs it: after layer l computed, the ranks' own work
+// (switch_host_s, delaying the layers after it), then its transfers, one exchange after another on the links; what is
+// still in flight when the step's compute ends is exposed, and so is the share of the rest the profile's `overlap`
+// does not hide (a CPU rank's thread copies overlap nothing). Unpipelined, the whole change stalls before the step.
+// Shared with the dry run's cost (serve/step_dry_run.hpp).
 inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster,
                                const std::vector<double>& layer_end, double step_end) {
   using namespace step_cost_detail;
+  const cost::HardwareProfile& hw = cluster.profile;
   const int p = t.ranks, b = cluster.dtype_bytes;
   check(std::int64_t(layer_end.size()) == c.layers, "switch_exposed_s: {} layer end times for {} layers",
         layer_end.size(), c.layers);
-  double link_free = 0, stall = 0;
+  double host = 0, stall = 0;                     // the ranks' own work; the unpipelined change's whole
+  std::vector<std::pair<double, double>> flight;  // pipelined: each exchange's start and end
+  double link_free = 0;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::size_t li = std::size_t(l);
     if (!t.next[li] || !c.is_moe(l)) continue;
-    const double x = exchange_time(cluster.profile, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
+    const double x = exchange_time(hw, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
+    const double own = switch_host_s(c, t.layout[li], *t.next[li], p, hw, b);
+    host += own;
     if (t.pipelined_switch) {
-      link_free = std::max(link_free, layer_end[li]) + x;
+      const double start = std::max(link_free, layer_end[li] + host);
+      link_free = start + x;
+      flight.emplace_back(start, link_free);
     } else {
-      stall += x;
+      stall += own + x;
     }
   }
-  return t.pipelined_switch ? std::max(0.0, link_free - step_end) : stall;
+  if (!t.pipelined_switch) return stall;
+  const double end = step_end + host;  // the compute, delayed by the ranks' own work
+  double under = 0;                    // exchange time that ran under the compute
+  for (const auto& [start, finish] : flight) under += std::max(0.0, std::min(finish, end) - start);
+  return host + std::max(0.0, link_free - end) + (1 - hw.overlap) * under;
 }
 
 // Seconds of each layer of the step on the cluster (compute, then its collectives), and the totals.
