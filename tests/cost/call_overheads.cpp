@@ -44,11 +44,9 @@ serve::StepTrace call_overheads_step(const serve::DecoderConfig& c, std::vector<
   return t;
 }
 
-}  // namespace
-
-TEST_CASE("call overheads: each non-GEMM kernel call adds its fixed cost") {
-  HardwareProfile hw = a100_sxm4_80gb_x8();
-  const std::vector<TraceEvent> events = {
+// Every kind of event the clock prices, kernels with repeated calls among them.
+std::vector<TraceEvent> call_overheads_mix() {
+  return {
       {.kind = TraceKind::gemm, .count = 3, .m = 16, .n = 256, .k = 256},
       {.kind = TraceKind::attention_forward, .m = 1024, .n = 4, .k = 32},
       {.kind = TraceKind::elementwise, .count = 5, .bytes = 4096},
@@ -60,6 +58,13 @@ TEST_CASE("call overheads: each non-GEMM kernel call adds its fixed cost") {
       {.kind = TraceKind::deallocate, .bytes = 4096},
       {.kind = TraceKind::scratch, .bytes = 1024},
   };
+}
+
+}  // namespace
+
+TEST_CASE("call overheads: each non-GEMM kernel call adds its fixed cost") {
+  HardwareProfile hw = a100_sxm4_80gb_x8();
+  const std::vector<TraceEvent> events = call_overheads_mix();
   const double without = call_overheads_forward_s(events, hw);
   hw.call_overhead = {1.5e-6};
   const double with = call_overheads_forward_s(events, hw);
@@ -76,17 +81,7 @@ TEST_CASE("call overheads: each non-GEMM kernel call adds its fixed cost") {
 TEST_CASE("call overheads: event_seconds is the clock's charge for one event, its calls' fixed costs included") {
   HardwareProfile hw = a100_sxm4_80gb_x8();
   hw.call_overhead = {1.5e-6};
-  const std::vector<TraceEvent> events = {
-      {.kind = TraceKind::gemm, .count = 3, .m = 16, .n = 256, .k = 256},
-      {.kind = TraceKind::attention_forward, .m = 1024, .n = 4, .k = 32},
-      {.kind = TraceKind::elementwise, .count = 5, .bytes = 4096},
-      {.kind = TraceKind::activation, .count = 2, .bytes = 3 * 4096, .m = 1024, .n = 1},
-      {.kind = TraceKind::transcendental, .m = 512, .n = 0},
-      {.kind = TraceKind::paged_attention, .m = 300, .n = 4, .k = 32},
-      {.kind = TraceKind::allocate, .bytes = 65536},
-      {.kind = TraceKind::deallocate, .bytes = 65536},
-      {.kind = TraceKind::scratch, .count = 2, .bytes = 1024},
-  };
+  const std::vector<TraceEvent> events = call_overheads_mix();
   // With no transfer in it, a trace's time is its events' charges added up (what a split by piece sums to).
   double sum = 0;
   for (const TraceEvent& e : events) sum += event_seconds(hw, e, 1.0, 4);
@@ -97,7 +92,7 @@ TEST_CASE("call overheads: event_seconds is the clock's charge for one event, it
   CHECK(event_seconds(hw, events[2], 0.5, 2) ==
         doctest::Approx(5 * (hw.elementwise_time(2048, ElementwiseFamily::other) + 1.5e-6)).epsilon(1e-12));
   CHECK(event_seconds(hw, events[0], 1.0, 4) == doctest::Approx(3 * hw.gemm.time(16, 256, 256, 4)).epsilon(1e-12));
-  CHECK(event_seconds(hw, events[8], 1.0, 4) == doctest::Approx(2 * hw.fresh_memory.time(1024)).epsilon(1e-12));
+  CHECK(event_seconds(hw, events[9], 1.0, 4) == doctest::Approx(hw.fresh_memory.time(1024)).epsilon(1e-12));
   // Transfers, waits, frees and the pool's loans take no compute-stream time of their own.
   for (const TraceKind kind : {TraceKind::post, TraceKind::wait, TraceKind::deallocate, TraceKind::pool_acquire,
                                TraceKind::pool_give_back})
