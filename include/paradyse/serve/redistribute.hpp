@@ -104,24 +104,18 @@ public:
     for (const WeightPiece& piece : redistribution_plan(from, to, c.moe.experts, f, p)) {
       if (piece.src != me && piece.dst != me) continue;
       const std::size_t floats = std::size_t((piece.c1 - piece.c0) * h);  // of each row range
-      // The gate rows, the up rows (W_in's second half) and W_out's rows of the piece's columns.
       for (int part = 0; part < 3; ++part) {
-        if (piece.dst != me) {
-          const float* src = part < 2 ? &L.expert_in(piece.src_slot, part * old_w + piece.src_col, std::int64_t(0))
-                                      : &L.expert_out(piece.src_slot, piece.src_col, std::int64_t(0));
+        const float* src = piece.src == me ? rows(L.expert_in, L.expert_out, part, piece.src_slot, old_w, piece.src_col)
+                                           : nullptr;
+        float* dst = piece.dst == me ? rows(in_, out_, part, piece.dst_slot, w, piece.dst_col) : nullptr;
+        if (!dst) {
           requests_.push_back(comm.send_async(std::span<const float>(src, floats), piece.dst));
           bytes_sent_ += floats * sizeof(float);
-          continue;
-        }
-        float* dst = part < 2 ? &in_(piece.dst_slot, part * w + piece.dst_col, std::int64_t(0))
-                              : &out_(piece.dst_slot, piece.dst_col, std::int64_t(0));
-        if (piece.src != me) {
+        } else if (!src) {
           requests_.push_back(comm.recv_async(std::span<float>(dst, floats), piece.src));
-          continue;
+        } else {
+          std::copy(src, src + floats, dst);  // a piece this rank keeps
         }
-        const float* src = part < 2 ? &L.expert_in(piece.src_slot, part * old_w + piece.src_col, std::int64_t(0))
-                                    : &L.expert_out(piece.src_slot, piece.src_col, std::int64_t(0));
-        std::copy(src, src + floats, dst);  // a piece this rank keeps
       }
     }
   }
@@ -142,6 +136,13 @@ public:
   std::size_t bytes_sent() const noexcept { return bytes_sent_; }
 
 private:
+  // The first float of row range `part` of the columns from `col` of a bank pair of width w in `slot`: 0 the gate rows,
+  // 1 the up rows (W_in's second half), 2 W_out's rows.
+  static float* rows(Tensor<float>& in, Tensor<float>& out, int part, std::int64_t slot, std::int64_t w,
+                     std::int64_t col) {
+    return part < 2 ? &in(slot, part * w + col, std::int64_t(0)) : &out(slot, col, std::int64_t(0));
+  }
+
   RankLayer* layer_ = nullptr;
   ExpertLayout to_;
   int rank_ = 0;
