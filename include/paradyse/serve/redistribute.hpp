@@ -37,6 +37,16 @@ struct ExpertLayout {
   friend bool operator==(const ExpertLayout&, const ExpertLayout&) = default;
 };
 
+// The routed-expert banks rank r of p holds in `layout`: `slots` experts (TP every expert, EP its placement's slots)
+// of `width` ffn columns (TP its chunk_range slice of f, EP all f); the banks are [slots, 2 width, h], [slots, width, h].
+struct BankShape {
+  std::int64_t slots = 0, width = 0;
+};
+inline BankShape bank_shape(const ExpertLayout& layout, std::int64_t experts, std::int64_t f, int p, int r) {
+  if (layout.mode == MoeMode::tp) return {experts, chunk_range(f, p, r).length};
+  return {std::int64_t(layout.placement[std::size_t(r)].size()), f};
+}
+
 struct WeightPiece {
   std::int64_t expert = 0, c0 = 0, c1 = 0;  // expert columns [c0, c1)
   int src = 0, dst = 0;
@@ -93,13 +103,11 @@ public:
     const int p = comm.size(), me = comm.rank();
     rank_ = me;
     const std::int64_t f = c.moe.expert_ffn, h = c.hidden;
-    // The new banks [slots, 2 w, h] and [slots, w, h], unzeroed: the plan's pieces for this rank cover every column
-    // of every slot.
-    const std::int64_t w = to.mode == MoeMode::tp ? chunk_range(f, p, me).length : f;
-    const std::int64_t slots =
-        to.mode == MoeMode::tp ? c.moe.experts : std::int64_t(to.placement[std::size_t(me)].size());
-    in_ = Tensor<float>::uninitialized(Shape{slots, 2 * w, h});
-    out_ = Tensor<float>::uninitialized(Shape{slots, w, h});
+    // The new banks, unzeroed: the plan's pieces for this rank cover every column of every slot.
+    const BankShape bank = bank_shape(to, c.moe.experts, f, p, me);
+    const std::int64_t w = bank.width;
+    in_ = Tensor<float>::uninitialized(Shape{bank.slots, 2 * w, h});
+    out_ = Tensor<float>::uninitialized(Shape{bank.slots, w, h});
     const std::int64_t old_w = L.expert_out.extent(1);
     for (const WeightPiece& piece : redistribution_plan(from, to, c.moe.experts, f, p)) {
       if (piece.src != me && piece.dst != me) continue;

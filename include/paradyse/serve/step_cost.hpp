@@ -147,11 +147,9 @@ inline double switch_host_s(const DecoderConfig& c, const ExpertLayout& from, co
     if (w.src == w.dst) kept[std::size_t(w.src)] += 3.0 * double(w.c1 - w.c0) * h * b;
   double most = 0;
   for (int r = 0; r < p; ++r) {
-    // The new banks [slots, 2 w, h] and [slots, w, h]: TP a slice of every expert, EP whole experts in its slots.
-    const double slots = to.mode == MoeMode::tp ? double(c.moe.experts) : double(to.placement[std::size_t(r)].size());
-    const double w = double(to.mode == MoeMode::tp ? chunk_range(c.moe.expert_ffn, p, r).length : c.moe.expert_ffn);
-    const double banks =
-        hw.fresh_memory.time(slots * 2 * w * h * b, false) + hw.fresh_memory.time(slots * w * h * b, false);
+    const BankShape bank = bank_shape(to, c.moe.experts, c.moe.expert_ffn, p, r);
+    const double floats = double(bank.slots) * double(bank.width) * h;  // of the output bank; the input's twice that
+    const double banks = hw.fresh_memory.time(2 * floats * b, false) + hw.fresh_memory.time(floats * b, false);
     most = std::max(most, banks + hw.elementwise_time(2 * kept[std::size_t(r)]));
   }
   return most;
