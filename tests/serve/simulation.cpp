@@ -418,7 +418,7 @@ TEST_CASE("step cost: a hand-built step costs its formula; TP wins batch 1 and E
   s.pipelined_switch = false;
   const StepCost stalled = step_cost(c, s, h100);
   CHECK(stalled.switch_s > piped.switch_s);
-  const double bytes = switch_bytes(c, ExpertLayout::tp(), *s.next[0], 8, 2);
+  const double bytes = layer_switch(c, ExpertLayout::tp(), *s.next[0], 8, h100.profile, 2).bytes;
   CHECK(bytes == doctest::Approx(3.0 * 14336 * 4096 * 2 * 7.0 / 8));  // one expert, 7/8 of it from the others
 }
 

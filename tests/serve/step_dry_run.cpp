@@ -286,9 +286,9 @@ TEST_CASE("step dry run: a simulated step's cost is trace_cost's time of the ste
   const StepCost stalled = dry_run_step_cost(c, change, h100);
   CHECK(stalled.compute_s + stalled.communication_s == doctest::Approx(step.total_s()).epsilon(1e-12).scale(0));
   double stall = 0;
-  const double host = switch_host_s(c, ExpertLayout::tp(), ep, 3, h100.profile, 2);
-  for (std::int64_t l = 0; l < c.layers; ++l)
-    stall += step_cost_detail::exchange_time(h100.profile, 3, switch_bytes(c, ExpertLayout::tp(), ep, 3, 2)) + host;
+  const LayerSwitch layer = layer_switch(c, ExpertLayout::tp(), ep, 3, h100.profile, 2);
+  CHECK(layer.exchange_s == step_cost_detail::exchange_time(h100.profile, 3, layer.bytes));
+  for (std::int64_t l = 0; l < c.layers; ++l) stall += layer.exchange_s + layer.host_s;
   CHECK(stalled.switch_s == doctest::Approx(stall).epsilon(1e-12).scale(0));
   change.pipelined_switch = true;
   const StepCost piped = dry_run_step_cost(c, change, h100);
@@ -306,11 +306,17 @@ TEST_CASE("step dry run: a switch charges the ranks' new banks and kept pieces b
   hw.elementwise_classes.clear();
   hw.elementwise_bytes_per_s = 1e9;
   hw.fresh_memory = {};
-  CHECK(switch_host_s(c, tp, ep, 2, hw, 4) == doctest::Approx(2 * 1536 / 1e9).epsilon(1e-12).scale(0));
+  for (const RankMoveBytes& m : move_bytes(redistribution_plan(tp, ep, 4, 8, 2), 16, 2, 4)) {
+    CHECK(m.kept == 1536);  // and the other half of the columns to the other rank, from it the same
+    CHECK(m.sent == 1536);
+    CHECK(m.received == 1536);
+  }
+  CHECK(layer_switch(c, tp, ep, 2, hw, 4).bytes == 1536);
+  CHECK(layer_switch(c, tp, ep, 2, hw, 4).host_s == doctest::Approx(2 * 1536 / 1e9).epsilon(1e-12).scale(0));
   // Banks from new pages pay their faults (unzeroed): here from 2,048 bytes, so the first bank does, the second not.
   hw.fresh_memory = {.zero_bytes_per_s = 4e9, .fresh_bytes_per_s = 1e9, .fresh_min_bytes = 2048};
   const double host = 2048 / 1e9 - 2048 / 4e9 + 2 * 1536 / 1e9;
-  CHECK(switch_host_s(c, tp, ep, 2, hw, 4) == doctest::Approx(host).epsilon(1e-12).scale(0));
+  CHECK(layer_switch(c, tp, ep, 2, hw, 4).host_s == doctest::Approx(host).epsilon(1e-12).scale(0));
 
   // In the step: unpipelined, the ranks' work and the exchange stall the step whole; pipelined on links that overlap
   // nothing (a CPU's thread copies), the same exchange costs as much; on links that overlap fully, less.
@@ -322,7 +328,7 @@ TEST_CASE("step dry run: a switch charges the ranks' new banks and kept pieces b
   t.next.assign(2, ep);
   t.pipelined_switch = false;
   const SimulatedCluster cluster{hw, 4};
-  const double x = step_cost_detail::exchange_time(hw, 2, switch_bytes(c, tp, ep, 2, 4));
+  const double x = layer_switch(c, tp, ep, 2, hw, 4).exchange_s;
   CHECK(x > 0);
   const std::vector<double> layer_end{1e-3, 2e-3};
   CHECK(switch_exposed_s(c, t, cluster, layer_end, 2e-3) == doctest::Approx(2 * (host + x)).epsilon(1e-12).scale(0));

@@ -91,6 +91,25 @@ inline std::vector<WeightPiece> redistribution_plan(const ExpertLayout& from, co
   return plan;
 }
 
+// Each rank's bytes in changing one layer by `plan` (a piece is 3 (c1 - c0) h elements of `b` bytes): sent to other
+// ranks, received from them, and copied within the rank (the pieces it keeps).
+struct RankMoveBytes {
+  double sent = 0, received = 0, kept = 0;
+};
+inline std::vector<RankMoveBytes> move_bytes(const std::vector<WeightPiece>& plan, std::int64_t h, int p, int b) {
+  std::vector<RankMoveBytes> out(static_cast<std::size_t>(p));
+  for (const WeightPiece& w : plan) {
+    const double bytes = 3.0 * double(w.c1 - w.c0) * double(h) * b;
+    if (w.src == w.dst) {
+      out[std::size_t(w.src)].kept += bytes;
+    } else {
+      out[std::size_t(w.src)].sent += bytes;
+      out[std::size_t(w.dst)].received += bytes;
+    }
+  }
+  return out;
+}
+
 // One layer's exchange in flight.
 class LayerRedistribution {
 public:

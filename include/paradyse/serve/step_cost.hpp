@@ -30,7 +30,7 @@
 // nothing overlaps there.
 // Layout changes (a TP<->EP switch or an EPLB placement): layer l's pieces (redistribution_plan, 3 columns h b bytes
 // each) leave after layer l computed, once its ranks made their new banks and copied the pieces they keep
-// (switch_host_s), and travel one layer after another on the links (an exchange: the link's launch plus (p - 1) step
+// (layer_switch), and travel one layer after another on the links (an exchange: the link's launch plus (p - 1) step
 // latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth); the exposed time is the ranks'
 // own work, what is still in flight when the step's compute ends, and the share of the flight under the compute that
 // the profile's overlap does not hide. Unpipelined, the whole change stalls before the step. Not counted: the plan
@@ -121,49 +121,40 @@ inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig&
   return f + hw.elementwise_time(4.0 * rows * h * b);  // permute and combine
 }
 
-// The busiest rank's bytes (sent or received) of changing one MoE layer from `from` to `to`.
-inline double switch_bytes(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p, int b) {
-  std::vector<double> in(static_cast<std::size_t>(p), 0.0), out(in);
-  for (const WeightPiece& w : redistribution_plan(from, to, c.moe.experts, c.moe.expert_ffn, p)) {
-    if (w.src == w.dst) continue;
-    const double bytes = 3.0 * double(w.c1 - w.c0) * double(c.hidden) * b;
-    out[std::size_t(w.src)] += bytes;
-    in[std::size_t(w.dst)] += bytes;
-  }
-  double most = 0;
-  for (int r = 0; r < p; ++r) most = std::max({most, in[std::size_t(r)], out[std::size_t(r)]});
-  return most;
-}
-
-// The ranks' own work in one MoE layer's change (serve/redistribute.hpp), at the slowest rank, on the compute stream
-// before its transfers are posted: its new banks (unzeroed: only their new pages cost, cost::FreshMemoryModel) and the
-// copy of the pieces it keeps (a read and a write of 3 columns h b bytes each, elementwise bandwidth). The other
-// pieces travel straight from bank to bank (exchange_time).
-inline double switch_host_s(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p,
-                            const cost::HardwareProfile& hw, int b) {
-  const double h = double(c.hidden);
-  std::vector<double> kept(static_cast<std::size_t>(p), 0.0);
-  for (const WeightPiece& w : redistribution_plan(from, to, c.moe.experts, c.moe.expert_ffn, p))
-    if (w.src == w.dst) kept[std::size_t(w.src)] += 3.0 * double(w.c1 - w.c0) * h * b;
-  double most = 0;
+// One MoE layer's change from `from` to `to` on p ranks, from one walk of its plan (serve/redistribute.hpp):
+//   bytes:  the busiest rank's on the links, sent or received; exchange_s their exchange (exchange_time);
+//   host_s: the ranks' own work, at the slowest rank, on the compute stream before its transfers are posted: its new
+//           banks (unzeroed: only their new pages cost, cost::FreshMemoryModel) and the copy of the pieces it keeps (a
+//           read and a write, elementwise bandwidth). The other pieces travel straight from bank to bank.
+struct LayerSwitch {
+  double bytes = 0, exchange_s = 0, host_s = 0;
+};
+inline LayerSwitch layer_switch(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p,
+                                const cost::HardwareProfile& hw, int b) {
+  const std::int64_t h = c.hidden;
+  LayerSwitch out;
+  const std::vector<RankMoveBytes> moved =
+      move_bytes(redistribution_plan(from, to, c.moe.experts, c.moe.expert_ffn, p), h, p, b);
   for (int r = 0; r < p; ++r) {
+    const RankMoveBytes& m = moved[std::size_t(r)];
+    out.bytes = std::max({out.bytes, m.sent, m.received});
     const BankShape bank = bank_shape(to, c.moe.experts, c.moe.expert_ffn, p, r);
-    const double floats = double(bank.slots) * double(bank.width) * h;  // of the output bank; the input's twice that
+    const double floats = double(bank.slots) * double(bank.width) * double(h);  // of the output bank; the input's 2x
     const double banks = hw.fresh_memory.time(2 * floats * b, false) + hw.fresh_memory.time(floats * b, false);
-    most = std::max(most, banks + hw.elementwise_time(2 * kept[std::size_t(r)]));
+    out.host_s = std::max(out.host_s, banks + hw.elementwise_time(2 * m.kept));
   }
-  return most;
+  out.exchange_s = step_cost_detail::exchange_time(hw, p, out.bytes);
+  return out;
 }
 
 // The exposed seconds of the step's layout change, its compute having ended each layer at layer_end[l] seconds and
-// the step at `step_end`. Pipelined, as the engine runs it: after layer l computed, the ranks' own work
-// (switch_host_s, delaying the layers after it), then its transfers, one exchange after another on the links; what is
-// still in flight when the step's compute ends is exposed, and so is the share of the rest the profile's `overlap`
+// the step at `step_end`. Pipelined, as the engine runs it: after layer l computed, the ranks' own work (layer_switch's
+// host_s, delaying the layers after it), then its transfers, one exchange after another on the links; what is still
+// in flight when the step's compute ends is exposed, and so is the share of the rest the profile's `overlap`
 // does not hide (a CPU rank's thread copies overlap nothing). Unpipelined, the whole change stalls before the step.
 // Shared with the dry run's cost (serve/step_dry_run.hpp).
 inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster,
                                const std::vector<double>& layer_end, double step_end) {
-  using namespace step_cost_detail;
   const cost::HardwareProfile& hw = cluster.profile;
   const int p = t.ranks, b = cluster.dtype_bytes;
   check(std::int64_t(layer_end.size()) == c.layers, "switch_exposed_s: {} layer end times for {} layers",
@@ -174,8 +165,8 @@ inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::size_t li = std::size_t(l);
     if (!t.next[li] || !c.is_moe(l)) continue;
-    const double x = exchange_time(hw, p, switch_bytes(c, t.layout[li], *t.next[li], p, b));
-    const double own = switch_host_s(c, t.layout[li], *t.next[li], p, hw, b);
+    const LayerSwitch change = layer_switch(c, t.layout[li], *t.next[li], p, hw, b);
+    const double x = change.exchange_s, own = change.host_s;
     host += own;
     if (t.pipelined_switch) {
       const double start = std::max(link_free, layer_end[li] + host);
