@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   double skew = 0.3;
   int ranks = 2;
   bool alloc_t = false;
+  bool analytic_forecast = true;  // dynamic: the switcher prices by step_cost's model (else the dry run)
   TraceShape shape;
   cli::Flags flags("moe_infer", "Serves a request trace on p thread ranks under one MoE layout policy and prints "
                                 "latency and throughput (bench/moe_policies compares the policies).");
@@ -63,6 +64,9 @@ int main(int argc, char** argv) {
                  "output length range MIN MAX");
   flags.integer("--step-tokens", step_tokens, std::int64_t(1), std::int64_t(1) << 20, "tokens per engine step");
   flags.choice("--policy", policy_key, {"tp", "ep", "eplb", "sort", "ondemand", "dynamic"}, "the layout policy");
+  flags.choice("--forecast", analytic_forecast, "analytic", "dry-run",
+               "dynamic: the switcher prices a step by step_cost's model (analytic) or by its dry run "
+               "(serve/switch_policy.hpp ForecastModel)");
   flags.integer("--seed", shape.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(),
                 "trace and weights seed");
   flags.text("--budget", budget_text,
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
     const std::vector<ServeRequest> trace = make_trace(shape, c.vocab);
     const EngineOptions options = serving_options(trace, step_tokens);
     NamedPolicy named = select_policies(standard_policies(measure_machine_rates(c.moe, ranks)), policy_key).at(0);
+    named.policy.forecast = analytic_forecast ? ForecastModel::analytic : ForecastModel::dry_run;
     if (!budget_text.empty()) {
       SensitivityTable table;
       if (!sensitivity.empty()) {

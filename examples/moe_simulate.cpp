@@ -11,6 +11,9 @@
 // steps, switches/rebalances, exposed switch ms, rank max/mean) for static TP, static EP, EP + EPLB and dynamic
 // TP/EP, the step-time breakdown (compute, exposed communication, exposed switch), and the dynamic policy's ratio to
 // the best static policy per metric beside the Dynamo-MoE paper's (6.75x TTFT, 1.59x TPOT, 1.5x throughput).
+// The dynamic policy's switcher prices each step by step_cost's analytic model (--forecast analytic, the engine's
+// default) or by the dry run the clock charges (--forecast dry-run: exact to the clock; its events are host work the
+// clock charges at the profile's planning rate, which the built-in GPU profiles leave unpriced).
 // --switch-csv FILE writes every step of every run (time, tokens, layout; scripts/plot.py draws the dynamic policy's
 // batch size and layout over time); --csv FILE one row per trace and policy.
 //
@@ -76,6 +79,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -92,6 +96,7 @@ struct Options {
   int ranks = 8, dtype_bytes = 2, rounds = 3;
   std::int64_t eplb_interval = 1000;
   std::int64_t switch_window = 0;  // dynamic: 0 forecasts the step being planned; K: it and the K steps after it
+  bool analytic_forecast = true;   // dynamic: the switcher prices by step_cost's model (else the dry run)
   std::int64_t requests = 200, burst = 32, step_tokens = 512, max_running = 256, prompt_min = 64, prompt_max = 1024,
                output_min = 16, output_max = 256, block_size = 16, azure_requests = 1000;
   double period = 4;
@@ -150,10 +155,14 @@ struct Policy {
   EnginePolicy policy;
 };
 
-// The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster); the
-// switcher forecasts the step being planned, or with `window` > 0 it and the `window` steps after it.
+ForecastModel forecast_of(const Options& o) {
+  return o.analytic_forecast ? ForecastModel::analytic : ForecastModel::dry_run;
+}
+
+// The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster), priced by
+// `forecast`; the switcher forecasts the step being planned, or with `window` > 0 it and the `window` steps after it.
 std::vector<Policy> make_policies(const std::string& list, const SimulatedCluster& model, std::int64_t eplb_interval,
-                                  std::int64_t window) {
+                                  std::int64_t window, ForecastModel forecast) {
   std::vector<Policy> all(4);
   all[0] = {"tp", "static TP", {}};
   all[1] = {"ep", "static EP", {}};
@@ -164,6 +173,7 @@ std::vector<Policy> make_policies(const std::string& list, const SimulatedCluste
   all[3] = {"dynamic", "dynamic TP/EP", {}};
   all[3].policy.mode = ModePolicy::dynamic;
   all[3].policy.switching = {0.1, 2, 8, 32, true, window};
+  all[3].policy.forecast = forecast;
   std::vector<Policy> chosen;
   for (Policy& p : all) {
     p.policy.time_model = model;
@@ -295,14 +305,16 @@ int simulate(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   opt.kv_blocks = kv_blocks_for(shape, cluster, o.ranks, o.block_size);
-  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
+  const std::vector<Policy> policies =
+      make_policies(o.policies, cluster, o.eplb_interval, o.switch_window, forecast_of(o));
   fmt::print("moe_simulate: {} ({}: {} layers, h {}, {} heads / {} kv, {} experts top-{}, expert ffn {}, shared {}; "
              "{:.1f}B parameters){} on {} ranks of {} ({} bytes per value), KV pool {} blocks of {}; routing: {}; "
-             "step {} tokens, at most {} running\n",
+             "step {} tokens, at most {} running; the dynamic policy's forecast: {}\n",
              o.model, shape.architecture, c.layers, c.hidden, c.heads, c.kv_heads, c.moe.experts, c.moe.top_k,
              c.moe.expert_ffn, c.moe.shared_width(), shape.parameters() / 1e9,
              shape.note.empty() ? "" : " [" + shape.note + "]", o.ranks, cluster.profile.name, cluster.dtype_bytes,
-             opt.kv_blocks, o.block_size, routing->describe(), o.step_tokens, o.max_running);
+             opt.kv_blocks, o.block_size, routing->describe(), o.step_tokens, o.max_running,
+             o.analytic_forecast ? "analytic" : "dry run");
   std::ofstream switch_csv, csv;
   if (!o.switch_csv.empty()) {
     switch_csv.open(o.switch_csv);
@@ -319,6 +331,7 @@ int simulate(const Options& o) {
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
     std::vector<Result> rows;
+    std::string forecast_line;  // the dynamic policy's forecast: its host CPU here against the clock's charge
     for (const Policy& pol : policies) {
       SimulatedClock clock(c, cluster);
       EngineOptions run = opt;
@@ -347,6 +360,14 @@ int simulate(const Options& o) {
       r.key = pol.key;
       r.name = pol.name;
       r.totals = clock.totals();
+      if (pol.policy.mode == ModePolicy::dynamic && !stats.step_forecast_s.empty()) {
+        const double steps = double(stats.step_forecast_s.size());
+        const double cpu = std::accumulate(stats.step_forecast_s.begin(), stats.step_forecast_s.end(), 0.0);
+        forecast_line = fmt::format("dynamic's forecast ({}): {:.3f} ms of this machine's CPU a step, mean of {} "
+                                    "steps (the simulated clock charged {:.3f} ms of host work a step)\n",
+                                    o.analytic_forecast ? "analytic" : "dry run", 1e3 * cpu / steps, stats.steps,
+                                    1e3 * r.totals.host_s / steps);
+      }
       rows.push_back(r);
       if (csv.is_open())
         csv << fmt::format("\"{}\",\"{}\",{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
@@ -364,6 +385,7 @@ int simulate(const Options& o) {
       fmt::print("\n");
       summary.push_back({trace.name, ratio});
     }
+    fmt::print("{}", forecast_line);
   }
   if (!summary.empty()) {
     fmt::print("\ndynamic vs the best static policy per metric (> 1: dynamic better; the best static is chosen per "
@@ -742,11 +764,12 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
       steps.push_back({std::int64_t(served.traces[i].chunks.size()),
                        served.stats.step_host_s[i] - engine_control_s(served.traces[i], profile)});
     const double speed = 0.5 * (speed_before + probe_speed(o, c, profile));
-    // The dynamic policy's forecast before each step (host work on rank 0, while the other ranks wait): the same
-    // requests served under it (its switcher pricing on the profile so far), its events over its CPU time.
+    // The dynamic policy's dry-run forecast before each step (host work on rank 0, while the other ranks wait;
+    // ForecastModel::dry_run, whichever forecast this run simulates): the same requests served under it (its switcher
+    // pricing on the profile so far), its events over its CPU time.
     if (c.any_moe()) {
-      const Policy dynamic =
-          make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window).front();
+      const Policy dynamic = make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window,
+                                           ForecastModel::dry_run).front();
       ServedSteps forecasting;
       run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
         ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, run, dynamic.policy);
@@ -819,8 +842,10 @@ int measure(const Options& o) {
   SimulatedCluster cycle_cluster = cluster;
   cycle_cluster.profile.gemm.reuse.clear();
   cost::use_gemm_engines(cluster.profile);
-  const std::vector<Policy> policies = make_policies(o.policies, cluster, o.eplb_interval, o.switch_window);
-  const std::vector<Policy> mem_policies = make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window);
+  const std::vector<Policy> policies =
+      make_policies(o.policies, cluster, o.eplb_interval, o.switch_window, forecast_of(o));
+  const std::vector<Policy> mem_policies =
+      make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window, forecast_of(o));
   const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows ||
                            mem_cluster.profile.gemm.measured != cluster.profile.gemm.measured;
   const bool compare_fits = !cluster.profile.gemm.measured.shapes.empty();
@@ -837,9 +862,9 @@ int measure(const Options& o) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
     const EngineOptions opt = measure_options(o, requests);
     fmt::print("\nmoe_simulate --measure: {} ({} layers, h {}, {} experts top-{}, ffn {}), {} thread ranks, {} ({} "
-               "requests); simulated on {}\n",
+               "requests); simulated on {}; the dynamic policy's forecast: {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
-               o.ranks, trace.name, requests.size(), cluster.profile.name);
+               o.ranks, trace.name, requests.size(), cluster.profile.name, o.analytic_forecast ? "analytic" : "dry run");
     // kind: 0 the wall clock, 1 the ranks' thread CPU time (serve/clock.hpp's CpuClock, synchronised), 2 simulated,
     // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
     // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).
@@ -1035,6 +1060,9 @@ int main(int argc, char** argv) {
                 "EP + EPLB: steps between rebalances (moe_infer: 32; vLLM's default: 3000)");
   flags.integer("--switch-window", o.switch_window, std::int64_t(0), std::int64_t(4096),
                 "dynamic: forecast the K steps after the one being planned (0: that step alone; SwitchPolicy::window)");
+  flags.choice("--forecast", o.analytic_forecast, "analytic", "dry-run",
+               "dynamic: the switcher prices a step by step_cost's model (analytic) or by its dry run, what the "
+               "simulated clock charges (serve/switch_policy.hpp ForecastModel)");
   flags.text("--policies", o.policies, "comma-separated subset of tp,ep,eplb,dynamic", "LIST");
   flags.integer("--seed", o.seed, std::uint64_t(0), std::numeric_limits<std::uint64_t>::max(), "traces and routing seed");
   flags.text("--switch-csv", o.switch_csv, "write every step (trace, policy, time, tokens, layout) to FILE", "FILE")

@@ -1,6 +1,6 @@
 # tests/examples/moe_simulate_measure.cmake: moe_simulate --measure end to end on a small trace (issue 25's
-# validation run, shortened): the synthetic MoE served on 2 thread ranks under TP, EP and dynamic, 2 rounds each on the
-# wall and CPU clocks, against the simulated clock of a given profile (tests/data/profiles/cpu_two_ranks.json with a
+# validation run, shortened): the synthetic MoE served on 2 thread ranks under TP, EP and dynamic (its forecast the dry
+# run, whose events the clock charges as host work), 2 rounds each on the wall and CPU clocks, against the simulated clock of a given profile (tests/data/profiles/cpu_two_ranks.json with a
 # host rate for the dynamic policy's forecast added, and one of the synthetic MoE's GEMM shapes as measured, so nothing
 # is calibrated).
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
@@ -30,6 +30,7 @@ string(JSON profile SET "${profile}" gemm measured
 file(WRITE "${WORK}/profile.json" "${profile}")
 execute_process(COMMAND "${EXE}" --measure --cluster "${WORK}/profile.json" --ranks 2 --requests 12 --rates 50
                         --prompt 8 16 --output 4 8 --step-tokens 16 --rounds 2 --policies tp,ep,dynamic
+                        --forecast dry-run
                         --steps-csv "${WORK}/steps.csv" --record-routing "${WORK}/routing.csv"
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
 if(NOT rc EQUAL 0)

@@ -1,8 +1,8 @@
 // tests/serve/switch_dry_run.cpp: the dynamic policy on the dry-run clock (serve/clock.hpp SimulatedClock). The
-// switcher forecasts with the dry run of the step on its time model (what the clock charges: SimulatedClock::price)
-// and the expert loads of serve/switch_policy.hpp's LoadForecast; on Mixtral-8x7B (8x H100) at 64 requests/s it takes
-// EP as it does on an analytic clock forecasting with step_cost, where it had stayed in TP while step_cost forecast
-// the dry run's steps.
+// switcher forecasts with the dry run of the step on its time model (ForecastModel::dry_run: what the clock charges,
+// SimulatedClock::price) or with step_cost's analytic model (the default), and the expert loads of
+// serve/switch_policy.hpp's LoadForecast; on Mixtral-8x7B (8x H100) at 64 requests/s it takes EP as it does on an
+// analytic clock forecasting with step_cost, and the analytic forecast takes the dry run's decisions.
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/rng.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
@@ -64,12 +64,14 @@ struct Served {
 };
 
 // Mixtral on 8 modelled ranks (Zipf 0.5 routing), the dynamic policy as moe_simulate runs it (its time model the
-// cluster's), on `clock`; `price`: the switcher's cost of a step when set (else the dry run on the cluster).
+// cluster's), on `clock`; `price`: the switcher's cost of a step when set (else `forecast` on the cluster).
 Served serve_dynamic(const DecoderConfig& c, const SimulatedCluster& cluster, EngineClock& clock,
-                     const std::vector<ServeRequest>& requests, StepPricer price = {}) {
+                     const std::vector<ServeRequest>& requests, StepPricer price = {},
+                     ForecastModel forecast = ForecastModel::dry_run) {
   EnginePolicy policy;
   policy.mode = ModePolicy::dynamic;
   policy.time_model = cluster;
+  policy.forecast = forecast;
   policy.forecast_price = std::move(price);
   policy.switching = {0.1, 2, 8, 32, true, 0};
   Served r;
@@ -133,8 +135,8 @@ TEST_CASE("switch dry run: the simulated clock prices a step as it advances by i
   CHECK(clock.price(tp_step).total_s() == tp_s);
   CHECK(tp_s == doctest::Approx(dry_run_step_cost(c, tp_step, h100).total_s() + engine_control_s(tp_step, h100.profile))
                     .epsilon(1e-12));
-  // The forecast of the step in both layouts, by the engine's pricer (the dry run on the time model, a runner of its
-  // own): exactly what the clock charges for each.
+  // The forecast of the step in both layouts, by the engine's dry-run pricer (the dry run on the time model, a runner of
+  // its own): exactly what the clock charges for each.
   StepDryRunner runner(c);
   const StepPricer price = [&](const StepTrace& t) { return simulated_step_cost(runner, t, h100); };
   const LayoutForecast f = forecast_layouts(c, tp_step.chunks, tp_step.routed, tp_step.layout, ep, 8, true, price);
@@ -185,7 +187,7 @@ TEST_CASE("switch dry run: the forecast's loads follow the recent routing's shar
 }
 
 TEST_CASE("switch dry run: at 64 requests/s on Mixtral-8x7B (8x H100) the dynamic policy takes EP on the dry-run "
-          "clock as on the analytic one") {
+          "clock as on the analytic one; there the analytic forecast takes the dry-run forecast's decisions") {
   const DecoderConfig c = mixtral();
   const SimulatedCluster h100 = simulated_cluster("h100", 2);
   // moe_simulate's Poisson trace at 64 requests/s (prompts 64-1024, outputs 16-256 tokens), its first 60 requests.
@@ -208,6 +210,19 @@ TEST_CASE("switch dry run: at 64 requests/s on Mixtral-8x7B (8x H100) the dynami
   CHECK(std::abs(d.first_ep - a.first_ep) <= 8);
   CHECK(double(d.ep_steps) >= 0.95 * double(a.ep_steps));
   CHECK(ttft_p50(d.out) <= 1.15 * ttft_p50(a.out));
+
+  // The engine's default forecast (step_cost on the time model) on the same dry-run clock: every step in the layout
+  // the dry-run forecast chose, and no dry-run events to charge as host work.
+  CHECK(EnginePolicy{}.forecast == ForecastModel::analytic);
+  SimulatedClock dry_again(c, h100);
+  std::int64_t events = 0;
+  dry_again.observer = [&](const StepTrace& t, const StepTiming&, double) { events += t.planning_events; };
+  const Served n = serve_dynamic(c, h100, dry_again, requests, {}, ForecastModel::analytic);
+  CHECK(n.stats.switches > 0);
+  CHECK(n.stats.mode_of_step == d.stats.mode_of_step);
+  CHECK(events == 0);
+  REQUIRE(n.out.size() == d.out.size());
+  for (std::size_t i = 0; i < n.out.size(); ++i) CHECK(n.out[i].finish == d.out[i].finish);
 }
 
 TEST_CASE("switch dry run: the remembered dry runs forecast every step to the bit as fresh dry runs of every rank") {
@@ -224,7 +239,7 @@ TEST_CASE("switch dry run: the remembered dry runs forecast every step to the bi
     }
   };
   Logged remembered, fresh;
-  DryRunPricer pricer(c, h100);  // the engine's pricer
+  DryRunPricer pricer(c, h100);  // the engine's dry-run pricer
   StepDryRunner runner(c);
   const auto reference = [&](const StepTrace& t) {  // every rank dry-run, every call
     return dry_run_step_cost(runner, t, h100, /*share_ranks=*/false);

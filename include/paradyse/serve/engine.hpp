@@ -12,13 +12,14 @@
 //     others in admission order while the step's token budget lasts (a long prompt takes several steps);
 //   - the layout: under the dynamic policy the switcher (serve/switch_policy.hpp) forecasts this batch (its chunks,
 //     the recent routing's expert shares over its tokens: LoadForecast) in both layouts, and the switch's exposed
-//     time, by the dry run of the step on policy.time_model (serve/step_dry_run.hpp: what the simulated clock charges
-//     on that cluster), or policy.forecast_price; with SwitchPolicy::window the coming steps too (the running
-//     requests' chunks and the queue played forward); the events the forecast's dry runs recorded go in the step's
-//     trace (host work the simulated clock charges: serve/step_dry_run.hpp host_work_s); a change is carried out
-//     during the step: each layer's weights are posted for redistribution right after the layer computed in the old
-//     layout, and the new layout is installed before the next step (exposed time: what the posting and the final
-//     waits took);
+//     time, on policy.time_model by policy.forecast (serve/switch_policy.hpp ForecastModel: step_cost's analytic
+//     model, or the dry run of the step, what the simulated clock charges on that cluster), or policy.forecast_price;
+//     with SwitchPolicy::window the coming steps too (the running requests' chunks and the queue played forward); the
+//     events a dry-run forecast recorded go in the step's trace (host work the simulated clock charges:
+//     serve/step_dry_run.hpp host_work_s; an analytic forecast records none, its microseconds unpriced); a change is
+//     carried out during the step: each layer's weights are posted for redistribution right after the layer computed
+//     in the old layout, and the new layout is installed before the next step (exposed time: what the posting and the
+//     final waits took);
 //   - EPLB (EP only): every eplb_interval steps the expert loads gathered since the last rebalance give a new
 //     placement (serve/eplb.hpp) with redundant slots, installed the same way.
 // Rank 0 samples (each request from its own seeded Rng) and broadcasts the tokens. Requests leave when they have
@@ -74,11 +75,11 @@ struct EnginePolicy {
   std::int64_t fetch_capacity = 4;    // fetched experts a rank caches
   bool pipelined_switch = true;       // redistribute layer by layer during the step (else stall before it)
   SwitchPolicy switching;
-  // The time model the switcher forecasts on (the dry run of the step on this profile, what the simulated clock
-  // charges on it; stats.predicted reports step_cost's analytic model on it); under simulation the clock's cluster.
-  // Unset: time_model_of(rates).
+  // The time model the switcher forecasts on (stats.predicted reports step_cost's analytic model on it); under
+  // simulation the clock's cluster. Unset: time_model_of(rates).
   std::optional<SimulatedCluster> time_model;
-  StepPricer forecast_price;  // when set, the switcher's cost of a step instead (e.g. analytic_pricer)
+  ForecastModel forecast = ForecastModel::analytic;  // how the switcher prices a step on it (serve/switch_policy.hpp)
+  StepPricer forecast_price;  // when set, the switcher's cost of a step instead of `forecast`
   MachineRates rates;
   RoutingBudget budget;               // Alloc-MoE: K_l per MoE layer, Alloc-T per chunk (serve/routing_budget.hpp)
 };
@@ -266,13 +267,14 @@ std::vector<RequestOutcome> serve_loop(C& comm, Stepper& stepper, const std::vec
   PagedKvCache& cache = stepper.cache();
   ModeSwitcher switcher(policy.switching, mode);
   const SimulatedCluster time_model = policy.time_model ? *policy.time_model : time_model_of(policy.rates);
-  // The switcher's cost of a step: policy.forecast_price, else the dry run of the step on the time model (what the
-  // simulated clock charges when its cluster is the time model, as under moe_simulate; the same on every clock, so
-  // the wall, step and simulated clocks take the same decisions).
-  // The pricer remembers its last steps' dry runs: the switch's exposed time is priced from the current layout's run.
+  // The switcher's cost of a step: policy.forecast_price, else policy.forecast on the time model (the same on every
+  // clock, so the wall, step and simulated clocks take the same decisions). The dry-run pricer remembers its last
+  // steps' runs: the switch's exposed time is priced from the current layout's run.
   DryRunPricer dry_run_price(c, time_model, policy.budget);
-  const StepPricer forecast_price =
-      policy.forecast_price ? policy.forecast_price : StepPricer([&](const StepTrace& t) { return dry_run_price(t); });
+  const StepPricer forecast_price = policy.forecast_price ? policy.forecast_price
+                                    : policy.forecast == ForecastModel::dry_run
+                                        ? StepPricer([&](const StepTrace& t) { return dry_run_price(t); })
+                                        : analytic_pricer(c, time_model);
   auto current_layouts = [&] {
     std::vector<ExpertLayout> now(std::size_t(c.layers), ExpertLayout::tp());
     for (std::int64_t l = 0; l < c.layers; ++l)

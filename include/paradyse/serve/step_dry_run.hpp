@@ -17,8 +17,8 @@
 // computes in the new layout).
 //
 // Ranks whose shards have the same shapes record the same events (rank_trace_key), so a step dry-runs one rank of each
-// key (in TP with even splits one of p). DryRunPricer (the engine's forecast) keeps its last steps' timelines by what
-// determines them, so the forecast's switch term reuses the current layout's run.
+// key (in TP with even splits one of p). DryRunPricer (the engine's dry-run forecast, ForecastModel::dry_run) keeps its
+// last steps' timelines by what determines them, so the forecast's switch term reuses the current layout's run.
 //
 // A routing budget given to the runner is routed as the real step routes it: an Alloc-L budget's K_l, Alloc-T's pools
 // (moe/router.hpp: the scoring pass recorded, each chunk's K_l T activations from the expert loads).
