@@ -27,7 +27,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,7 +49,8 @@ std::string range_ms(const std::vector<double>& s) {
 }
 
 // Rank r's bytes of changing every MoE layer from `from` to `to` (float banks).
-RankMoveBytes switch_move_bytes(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p, int r) {
+RankMoveBytes switch_move_bytes(const DecoderConfig& c, const ExpertLayout& from, const ExpertLayout& to, int p,
+                                int r) {
   RankMoveBytes sum;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     if (!c.is_moe(l)) continue;
@@ -78,8 +79,7 @@ int main(int argc, char** argv) {
   const ExpertLayout tp = ExpertLayout::tp();
   const ExpertLayout ep = ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, ranks).experts_of_rank);
 
-  Samples begin_cpu, finish_cpu, wall, copy_kept, copy_all;
-  std::mutex lock;
+  Samples begin_cpu, finish_cpu, wall, copy_kept, copy_all;  // written by rank 0 alone
   run_ranks(ranks, [&](ThreadCommunicator& comm) {
     RankShard s = make_rank_shard(c, model.weights, ranks, comm.rank(), MoeMode::tp);
     for (int i = 0; i < repeats + 2; ++i) {  // the first two (one each way) warm the banks' memory
@@ -99,7 +99,6 @@ int main(int argc, char** argv) {
       std::vector<double> mine{c1 - c0, c2 - c1}, most(2);
       comm.all_reduce(std::span<const double>(mine), std::span<double>(most), ReduceOp::max);
       if (comm.rank() == 0 && i >= 2) {
-        const std::lock_guard<std::mutex> g(lock);
         begin_cpu.of(to_ep).push_back(most[0]);
         finish_cpu.of(to_ep).push_back(most[1]);
         wall.of(to_ep).push_back(w);

@@ -864,7 +864,8 @@ int measure(const Options& o) {
     fmt::print("\nmoe_simulate --measure: {} ({} layers, h {}, {} experts top-{}, ffn {}), {} thread ranks, {} ({} "
                "requests); simulated on {}; the dynamic policy's forecast: {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
-               o.ranks, trace.name, requests.size(), cluster.profile.name, o.analytic_forecast ? "analytic" : "dry run");
+               o.ranks, trace.name, requests.size(), cluster.profile.name,
+               o.analytic_forecast ? "analytic" : "dry run");
     // kind: 0 the wall clock, 1 the ranks' thread CPU time (serve/clock.hpp's CpuClock, synchronised), 2 simulated,
     // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
     // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).

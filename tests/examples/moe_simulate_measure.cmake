@@ -1,8 +1,8 @@
 # tests/examples/moe_simulate_measure.cmake: moe_simulate --measure end to end on a small trace (issue 25's
 # validation run, shortened): the synthetic MoE served on 2 thread ranks under TP, EP and dynamic (its forecast the dry
-# run, whose events the clock charges as host work), 2 rounds each on the wall and CPU clocks, against the simulated clock of a given profile (tests/data/profiles/cpu_two_ranks.json with a
-# host rate for the dynamic policy's forecast added, and one of the synthetic MoE's GEMM shapes as measured, so nothing
-# is calibrated).
+# run, whose events the clock charges as host work), 2 rounds each on the wall and CPU clocks, against the simulated
+# clock of a given profile (tests/data/profiles/cpu_two_ranks.json with a host rate for the dynamic policy's forecast
+# added, and one of the synthetic MoE's GEMM shapes as measured, so nothing is calibrated).
 #   cmake -DEXE=moe_simulate -DPROFILE=tests/data/profiles/cpu_two_ranks.json -DWORK=dir -P moe_simulate_measure.cmake
 # Checks: exit 0; every policy's wall, cpu, @speed, @steps 1 and @steps rows, each ending in its count of cells within
 # the bounds; the step probe's reading around each round (2, positive), of all steps and of each kind (steps with a

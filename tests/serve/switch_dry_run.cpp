@@ -135,8 +135,8 @@ TEST_CASE("switch dry run: the simulated clock prices a step as it advances by i
   CHECK(clock.price(tp_step).total_s() == tp_s);
   CHECK(tp_s == doctest::Approx(dry_run_step_cost(c, tp_step, h100).total_s() + engine_control_s(tp_step, h100.profile))
                     .epsilon(1e-12));
-  // The forecast of the step in both layouts, by the engine's dry-run pricer (the dry run on the time model, a runner of
-  // its own): exactly what the clock charges for each.
+  // The forecast of the step in both layouts, by the engine's dry-run pricer (the dry run on the time model, a runner
+  // of its own): exactly what the clock charges for each.
   StepDryRunner runner(c);
   const StepPricer price = [&](const StepTrace& t) { return simulated_step_cost(runner, t, h100); };
   const LayoutForecast f = forecast_layouts(c, tp_step.chunks, tp_step.routed, tp_step.layout, ep, 8, true, price);
