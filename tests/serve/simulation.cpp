@@ -312,9 +312,11 @@ TEST_CASE("simulation: the synchronised CPU clock's kernel pieces are those with
       CHECK(t.slowest_kernels_cpu_s == timing[0].slowest_kernels_cpu_s);
     }
     // The slowest rank's own time over the kernel pieces: a rank that computed twice there (10 ms), not rank 0 with
-    // its 20 ms of host work (the slowest of the whole step).
+    // its 20 ms of host work (the slowest of the whole step). The clock's marks and the test's reads bracket the same
+    // pieces a few instructions apart; on a loaded machine (CI, two tests at once) the two readings of the 10 ms
+    // differed by 14 us (0.14%), so the bound is 1%, which still tells the kernel pieces from the whole step (2x).
     const double slowest = *std::max_element(own_kernels.begin(), own_kernels.end());
-    CHECK(timing[0].slowest_kernels_cpu_s == doctest::Approx(slowest).epsilon(1e-3).scale(0));
+    CHECK(timing[0].slowest_kernels_cpu_s == doctest::Approx(slowest).epsilon(1e-2).scale(0));
     CHECK(timing[0].slowest_kernels_cpu_s >= 0.0095);
     CHECK(timing[0].slowest_kernels_cpu_s < 0.5 * timing[0].slowest_cpu_s);
     CHECK(timing[0].slowest_cpu_s >= 0.024);
