@@ -313,8 +313,7 @@ int simulate(const Options& o) {
              o.model, shape.architecture, c.layers, c.hidden, c.heads, c.kv_heads, c.moe.experts, c.moe.top_k,
              c.moe.expert_ffn, c.moe.shared_width(), shape.parameters() / 1e9,
              shape.note.empty() ? "" : " [" + shape.note + "]", o.ranks, cluster.profile.name, cluster.dtype_bytes,
-             opt.kv_blocks, o.block_size, routing->describe(), o.step_tokens, o.max_running,
-             o.analytic_forecast ? "analytic" : "dry run");
+             opt.kv_blocks, o.block_size, routing->describe(), o.step_tokens, o.max_running, name_of(forecast_of(o)));
   std::ofstream switch_csv, csv;
   if (!o.switch_csv.empty()) {
     switch_csv.open(o.switch_csv);
@@ -361,12 +360,12 @@ int simulate(const Options& o) {
       r.name = pol.name;
       r.totals = clock.totals();
       if (pol.policy.mode == ModePolicy::dynamic && !stats.step_forecast_s.empty()) {
-        const double steps = double(stats.step_forecast_s.size());
+        const std::size_t steps = stats.step_forecast_s.size();
         const double cpu = std::accumulate(stats.step_forecast_s.begin(), stats.step_forecast_s.end(), 0.0);
         forecast_line = fmt::format("dynamic's forecast ({}): {:.3f} ms of this machine's CPU a step, mean of {} "
                                     "steps (the simulated clock charged {:.3f} ms of host work a step)\n",
-                                    o.analytic_forecast ? "analytic" : "dry run", 1e3 * cpu / steps, stats.steps,
-                                    1e3 * r.totals.host_s / steps);
+                                    name_of(forecast_of(o)), 1e3 * cpu / double(steps), steps,
+                                    1e3 * r.totals.host_s / double(steps));
       }
       rows.push_back(r);
       if (csv.is_open())
@@ -864,8 +863,7 @@ int measure(const Options& o) {
     fmt::print("\nmoe_simulate --measure: {} ({} layers, h {}, {} experts top-{}, ffn {}), {} thread ranks, {} ({} "
                "requests); simulated on {}; the dynamic policy's forecast: {}\n",
                o.hf.empty() ? "synthetic MoE" : o.hf, c.layers, c.hidden, c.moe.experts, c.moe.top_k, c.moe.expert_ffn,
-               o.ranks, trace.name, requests.size(), cluster.profile.name,
-               o.analytic_forecast ? "analytic" : "dry run");
+               o.ranks, trace.name, requests.size(), cluster.profile.name, name_of(forecast_of(o)));
     // kind: 0 the wall clock, 1 the ranks' thread CPU time (serve/clock.hpp's CpuClock, synchronised), 2 simulated,
     // 3 simulated on the profile with the working set's GEMM classes (the policy's time model too).
     // slowdown: the simulated clocks' (the machine's speed against the profile, SimulatedClock::set_slowdown).

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 namespace paradyse::serve {
@@ -146,6 +147,8 @@ using StepPricer = std::function<StepCost(const StepTrace&)>;
 // CPU profile 3-5 us against 27-95 us (docs/serving_simulation.md, stop 58). `dry_run`: the price the simulated clock
 // charges, exact to it (DryRunPricer; its events are the step's planning_events, priced as host work).
 enum class ForecastModel { analytic, dry_run };
+// As moe_simulate's and moe_infer's --forecast name it.
+constexpr std::string_view name_of(ForecastModel f) { return f == ForecastModel::analytic ? "analytic" : "dry-run"; }
 
 // (`c` and `model` must outlive the pricer.)
 inline StepPricer analytic_pricer(const DecoderConfig& c, const SimulatedCluster& model) {
