@@ -33,8 +33,9 @@ struct WindowRun {
 };
 
 // A model shape on 8 modelled ranks of `cluster` (serve/shape_step.hpp, Zipf 0.5 routing) on its simulated clock, the
-// dynamic policy with `switching` forecasting with the dry run (the clock's own price: the runs below differ in the
-// window alone); the requests at time 0 (the batches do not depend on the clock).
+// dynamic policy with `switching` forecasting with step_cost, the engine's default (the dry run's price, the clock's
+// own less its control broadcasts: the runs below differ in the window alone); the requests at time 0 (the batches
+// do not depend on the clock).
 WindowRun serve_shape_dynamic(const DecoderConfig& c, const SimulatedCluster& cluster,
                               const std::vector<ServeRequest>& requests, std::int64_t max_running,
                               SwitchPolicy switching) {
@@ -42,7 +43,6 @@ WindowRun serve_shape_dynamic(const DecoderConfig& c, const SimulatedCluster& cl
   policy.mode = ModePolicy::dynamic;
   policy.switching = switching;
   policy.time_model = cluster;
-  policy.forecast = ForecastModel::dry_run;
   WindowRun r;
   run_ranks(1, [&](ThreadCommunicator& comm) {
     SimulatedClock clock(c, cluster);
@@ -152,9 +152,9 @@ TEST_CASE("switch window: on Mixtral-8x7B (8x H100) the window switches where on
   }
   {  // 16 outputs each, 16 running: the one-step forecast switches once; a window of 4 does not (its 4 steps do not pay
      // for the switch). On the dry run's price the one switch pays over the whole run (511.4 against 526.5 ms; on
-     // step_cost with the scaled loads it had not: 533.1 against 517.2; forecasting with step_cost and the loads'
-     // shares, the engine's default forecast, it switches at another step: 542.4 against 526.5): a window of 4 is
-     // shorter than the run.
+     // stop 55's step_cost with the scaled loads it had not: 533.1 against 517.2; on stop 58's, which priced prompt
+     // steps up to 3.9% under the dry run, it switched at another step: 542.4 against 526.5): a window of 4 is shorter
+     // than the run.
     const std::vector<ServeRequest> requests = at_once(512, 16);
     const WindowRun one = serve_shape_dynamic(c, h100, requests, 16, {0.1, 2, 8, 32, true, 0});
     const WindowRun window = serve_shape_dynamic(c, h100, requests, 16, {0.1, 2, 8, 32, true, 4});

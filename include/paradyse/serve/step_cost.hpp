@@ -3,39 +3,46 @@
 //
 // The ANALYTIC model. The simulated clock advances by the cost of the step's dry run (serve/step_dry_run.hpp:
 // decoder_step itself on meta tensors, ops::Counting and the symbolic communicator); this function is what the
-// switcher forecasts with (serve/switch_policy.hpp: each candidate layout's step time, a few microseconds a call
-// where a dry run of p ranks takes milliseconds) and what the clock uses for DeepSeek's latent attention, which is not
-// dry-run. It costs the work decoder_step does from the quantities the step computes on (n = the batch's tokens,
-// each chunk's new tokens and cached positions, the layout and the routing); tests/serve/step_dry_run.cpp holds it
-// within 15% of the dry run's cost on Mixtral-8x7B decode and prefill steps (TP and EP, p = 2 and 8, H100 and H200;
-// at most 3.9% apart). Its terms,
-// on rank r of p, per layer (d head width, hq_r / hk_r the rank's query / key-value heads, f the expert width,
-// b the dtype's bytes, every GEMM through the profile's GemmModel: overhead + 2mnk / rate + (mk + kn + mn) b / HBM
-// bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline that makes TP win there):
-//   attention: GEMMs q, k, v [n, h] x [h, (hq_r | hk_r | hk_r) d] and o [n, hq_r d] x [hq_r d, h]; the paged
-//     attention kernel over the step's query-key pairs and hq_r heads (HardwareProfile::paged_attention_time: per
-//     visit where the profile calibrated it, else 4 d hq_r pairs flops at the AttentionModel's rate) plus reading
-//     each chunk's keys and values (2 (cached + tokens) hk_r d b bytes, elementwise bandwidth); then all-reduce
-//     [n, h] (b bytes per element).
-//   FFN, dense: GEMMs [n, h] x [h, 2 F_r] and [n, F_r] x [F_r, h], F_r = chunk_range(F, p, r); SwiGLU n F_r outputs.
-//   FFN, MoE: router GEMM [n, h] x [h, E] on every rank; per expert e with rows m_e on the rank (TP: every pair, a
-//     slice of f_r = chunk_range(f, p, r) columns; EP: the rank's share, rows_per_rank's rule, whole f columns):
-//     GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs; the permute and combine
-//     (2 rows h b bytes each way); the shared expert as a dense FFN of its width; then all-reduce [n, h] (EP: plus
-//     the p row counts). OLMoE's q/k norm: an all-reduce of 2n floats.
-//   elementwise per layer: two RMSNorms and two residual adds over [n, h], RoPE over q and k, the KV append.
-// Logits: the lm_head GEMM [chunks, h] x [h, V] on every rank. Each layer's compute time is its slowest rank's
-// (the all-reduces synchronise the ranks), and each synchronised half (attention, FFN) waits besides for the ranks'
-// spread about their price (HardwareProfile::straggle_s, communication time); the code waits on every collective, so
-// nothing overlaps there.
+// switcher forecasts with by default (serve/switch_policy.hpp: each candidate layout's step time, a few microseconds
+// a call where a dry run of p ranks takes milliseconds) and what the clock uses for DeepSeek's latent attention, which
+// is not dry-run. It sums, from the quantities the step computes on (n = the batch's tokens, each chunk's new tokens
+// and cached positions, the layout and the routing), the kernels decoder_step runs, each with the bytes, rows and
+// flops its counting rule records (ops/counting.hpp) and at the same price (cost/trace_cost.hpp event_seconds: the
+// call's fixed cost, a family's rate or the size classes), so it is the dry run's cost to rounding on any profile
+// (tests/serve/step_dry_run.cpp: Mixtral-8x7B and 8x22B, Qwen2-57B; TP and EP on 1, 2, 3 and 8 ranks) but for the
+// GEMMs' weight reuse, which the simulated clock keeps across steps (cost/gemm_reuse.hpp; a calibrated CPU
+// profile's measured shapes); a kernel added to decoder_step needs its term here, or that test fails. Stop 58's model
+// (before the terms below matched) priced prompt steps up to 3.9% under the dry run. Its terms, on rank r of p, per
+// layer (d head width, hq_r / hk_r the rank's query / key-value heads, f the expert width, b the dtype's bytes,
+// every GEMM through the profile's GemmModel: overhead + 2mnk / rate + (mk + kn + mn) b / HBM bandwidth, so a small
+// batch pays its weight reads: the memory-bandwidth roofline that makes TP win there):
+//   attention (attention_time): the RMSNorm over [n, h]; GEMMs q, k, v [n, h] x [h, (hq_r | hk_r | hk_r) d] (Qwen2:
+//     their biases) and o [n, hq_r d] x [hq_r d, h]; OLMoE's and Qwen3's q/k norms; per chunk RoPE over its q and k
+//     and the KV append; the paged attention kernel over the step's query-key pairs and hq_r heads (HardwareProfile::
+//     paged_attention_time: per visit where the profile calibrated it, else 4 d hq_r pairs flops at the
+//     AttentionModel's rate) plus reading each chunk's keys and values (2 (cached + tokens) hk_r d b bytes); then
+//     all-reduce [n, h] (b bytes per element).
+//   FFN: the attention's residual add, the RMSNorm, the output's fill, then
+//     dense: GEMMs [n, h] x [h, 2 F_r] and [n, F_r] x [F_r, h], F_r = chunk_range(F, p, r); SwiGLU n F_r outputs.
+//     MoE: router GEMM [n, h] x [h, E] and its scores and top-k on every rank; per expert e with rows m_e on the
+//     rank (TP: every pair, a slice of f_r = chunk_range(f, p, r) columns; EP: the rank's share, rows_per_rank's
+//     rule, whole f columns): GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs; the
+//     rows' gather and weighted scatter-add (moe_experts_time); the shared expert as a dense FFN of its width, gated
+//     or added; then all-reduce [n, h] (EP: plus the p row counts), the FFN's residual add. OLMoE's q/k norm: an
+//     all-reduce of 2n floats.
+// Outside the layers: the embedding's rows, the final RMSNorm, each chunk's last row gathered, the lm_head GEMM
+// [chunks, h] x [h, V], each chunk's logits copied out. Each layer's compute time is its slowest rank's (the
+// all-reduces synchronise the ranks), and each synchronised half (attention, FFN) and the part after the layers wait
+// besides for the ranks' spread about their price (HardwareProfile::straggle_s, communication time); the code waits
+// on every collective, so nothing overlaps there.
 // Layout changes (a TP<->EP switch or an EPLB placement): layer l's pieces (redistribution_plan, 3 columns h b bytes
 // each) leave after layer l computed, once its ranks made their new banks and copied the pieces they keep
 // (layer_switch), and travel one layer after another on the links (an exchange: the link's launch plus (p - 1) step
 // latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth); the exposed time is the ranks'
 // own work, what is still in flight when the step's compute ends, and the share of the flight under the compute that
-// the profile's overlap does not hide. Unpipelined, the whole change stalls before the step. Not counted: the plan
-// and sampled-token broadcasts (a few hundred bytes), the embedding lookup, sampling, token sorting's and on-demand
-// loading's fetches (costed as the plain EP split).
+// the profile's overlap does not hide. Unpipelined, the whole change stalls before the step. Not counted (by either
+// model): the plan and sampled-token broadcasts (a few hundred bytes; simulated_step_cost adds them), sampling,
+// token sorting's and on-demand loading's fetches (costed as the plain EP split).
 #pragma once
 
 #include "paradyse/cost/profile.hpp"
@@ -78,12 +85,22 @@ struct StepCost {
 
 namespace step_cost_detail {
 
-inline double gemm(const cost::HardwareProfile& hw, double m, double n, double k, int b) { return hw.gemm.time(m, n, k, b); }
+inline double gemm(const cost::HardwareProfile& hw, double m, double n, double k, int b) {
+  return hw.gemm.time(m, n, k, b);
+}
+
+// `calls` memory-bound kernels of `bytes` each, as the dry run prices a kernel (cost/trace_cost.hpp event_seconds:
+// its call's fixed cost, its bytes at its family's rate).
+inline double streams(const cost::HardwareProfile& hw, double bytes,
+                      ElementwiseFamily family = ElementwiseFamily::other, double calls = 1) {
+  return calls > 0 ? calls * (hw.call_overhead.kernel_call_s + hw.elementwise_time(bytes, family)) : 0;
+}
 
 // One SwiGLU bank of width w over m rows: in [m, h] x [h, 2w], out [m, w] x [w, h], the activation.
 inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double h, int b) {
   if (m <= 0 || w <= 0) return 0;
-  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.activation_time(m * w, 3 * m * w * b, /*swiglu_forward=*/true);
+  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.call_overhead.kernel_call_s +
+         hw.activation_time(m * w, 3 * m * w * b, /*swiglu_forward=*/true);
 }
 
 // Seconds of one all-to-all-v whose busiest rank moves `bytes` (in or out) among p ranks.
@@ -97,16 +114,26 @@ inline double exchange_time(const cost::HardwareProfile& hw, int p, double bytes
 
 // Seconds rank r of p spends on one MoE layer's routed experts in layout L for the routing `routed` [E] ((token,
 // expert) pairs per expert): the SwiGLU banks of its rows (TP: every pair over a slice of f_r columns; EP: its slots'
-// share of the pairs over whole f columns) and the permute and combine of its rows. The switcher
+// share of the pairs over whole f columns) and the moves of its rows, as moe_partial makes them (serve/
+// decoder_step.hpp): TP gathers every pair's row [rows, h] and gate once and scatter-adds the outputs weighted by the
+// gates; EP does the same per task (an expert's rows on this rank), its gates read one by one. The switcher
 // (serve/switch_policy.hpp) and step_cost share it.
 inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig& m, const ExpertLayout& L,
                                const std::vector<std::int64_t>& routed, int p, int r, int b) {
   using namespace step_cost_detail;
   const double h = double(m.hidden);
-  double f = 0, rows = 0;
+  // A gather of x rows of [., h] in (read, written) and their scatter-add (the output read and written, the rows and
+  // their gates read).
+  const auto moves = [&](double x) {
+    return streams(hw, 2 * x * h * b, ElementwiseFamily::rows) +
+           streams(hw, (3 * x * h + x) * b, ElementwiseFamily::rows);
+  };
+  double t = 0;
   if (L.mode == MoeMode::tp) {
     const double fr = double(chunk_range(m.expert_ffn, p, r).length);
-    for (const std::int64_t x : routed) f += swiglu(hw, double(x), fr, h, b), rows += double(x);
+    double rows = 0;
+    for (const std::int64_t x : routed) t += fr > 0 ? swiglu(hw, double(x), fr, h, b) : 0, rows += double(x);
+    t += moves(rows) + streams(hw, 2 * rows * b, ElementwiseFamily::rows);  // and the gates' gather
   } else {
     std::vector<std::int64_t> holders(routed.size(), 0), seen(routed.size(), 0);
     for (const auto& slots : L.placement)
@@ -115,10 +142,10 @@ inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig&
       for (const std::int64_t e : L.placement[std::size_t(q)]) {
         const std::size_t i = std::size_t(e);
         const double x = double(chunk_range(routed[i], holders[i], seen[i]++).length);
-        if (q == r) f += swiglu(hw, x, double(m.expert_ffn), h, b), rows += x;
+        if (q == r && x > 0) t += swiglu(hw, x, double(m.expert_ffn), h, b) + moves(x) + streams(hw, 2 * x * b);
       }
   }
-  return f + hw.elementwise_time(4.0 * rows * h * b);  // permute and combine
+  return t;
 }
 
 // One MoE layer's change from `from` to `to` on p ranks, from one walk of its plan (serve/redistribute.hpp):
@@ -183,6 +210,50 @@ inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const
   return host + std::max(0.0, link_free - end) + (1 - hw.overlap) * under;
 }
 
+// Seconds of rank r's attention sublayer in one layer (every layer's is the same), as decoder_step runs it: the
+// norm, the projections (with Qwen2's biases), OLMoE's or Qwen3's q/k norms, per chunk RoPE of q and k and the KV
+// append, the paged kernel with its key and value reads, the output projection.
+inline double attention_time(const DecoderConfig& c, const StepTrace& t, const cost::HardwareProfile& hw, int r,
+                             int b) {
+  using namespace step_cost_detail;
+  const int p = t.ranks;
+  const double n = double(t.tokens()), h = double(c.hidden), d = double(c.head_dim);
+  const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
+  double pairs = 0, positions = 0;  // query-key pairs of the step's chunks; positions whose keys and values are read
+  for (const ChunkShape& ch : t.chunks) {
+    const double len = double(ch.tokens), start = double(ch.cached);
+    pairs += len * start + len * (len + 1) / 2;
+    positions += start + len;
+  }
+  double a = streams(hw, 2 * n * h * b, ElementwiseFamily::norm);
+  if (c.is_mla()) {  // serve/mla_attention.hpp: the latent cache, the up-projections absorbed
+    const MlaShape& m = c.mla;
+    const double rq = double(m.q_lora_rank), rkv = double(m.kv_lora_rank), latent = rkv + double(m.rope);
+    a += (m.q_lora_rank > 0 ? gemm(hw, n, rq, h, b) + gemm(hw, n, hq * d, rq, b) : gemm(hw, n, hq * d, h, b)) +
+         gemm(hw, n, latent, h, b) + gemm(hw, n * hq, rkv, double(m.nope), b) + gemm(hw, n * hq, double(m.v), rkv, b) +
+         gemm(hw, n, h, hq * double(m.v), b) + hw.attention.forward_time(2 * (latent + rkv) * hq * pairs) +
+         hw.elementwise_time(positions * latent * b);
+    return a + hw.elementwise_time(b * (2 * n * (hq * d + latent) + n * latent));  // RoPE, the latent append
+  }
+  a += gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b);
+  if (c.qkv_bias) a += streams(hw, (2 * n + 1) * hq * d * b) + 2 * streams(hw, (2 * n + 1) * hk * d * b);
+  if (c.qk_norm)  // the sums of squares, then each row scaled
+    a += streams(hw, n * (hq + hk) * d * b) + streams(hw, (2 * n + 1) * hq * d * b) +
+         streams(hw, (2 * n + 1) * hk * d * b);
+  if (c.head_qk_norm)
+    a += streams(hw, 2 * n * hq * d * b, ElementwiseFamily::norm) +
+         streams(hw, 2 * n * hk * d * b, ElementwiseFamily::norm);
+  for (const ChunkShape& ch : t.chunks) {  // RoPE of the chunk's q and k (a cos and a sin per token and frequency)
+    const double len = double(ch.tokens);
+    for (const double heads : {hq, hk})
+      a += streams(hw, 2 * len * heads * d * b, ElementwiseFamily::rope) +
+           hw.scalar_math.time(cost::ScalarFunction::sincos, len * d);
+    a += streams(hw, 4 * len * hk * d * b);  // the KV append: k and v read, written into the cache
+  }
+  return a + hw.paged_attention_time(pairs, hq, d) + hw.call_overhead.kernel_call_s +
+         streams(hw, 2 * positions * hk * d * b);
+}
+
 // Seconds of each layer of the step on the cluster (compute, then its collectives), and the totals.
 inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster& cluster) {
   using namespace step_cost_detail;
@@ -192,48 +263,42 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
             std::int64_t(t.next.size()) == c.layers,
         "step_cost: a trace of {} ranks with {} layouts, {} routings, {} next layouts for {} layers", p,
         t.layout.size(), t.routed.size(), t.next.size(), c.layers);
-  const double n = double(t.tokens()), h = double(c.hidden), d = double(c.head_dim);
+  const double n = double(t.tokens()), h = double(c.hidden), chunks = double(t.chunks.size());
   StepCost out;
   if (n <= 0) return out;
   const double reduce_s = hw.collective_time(cost::Collective::all_reduce, p, n * h * b);
-  double pairs = 0, positions = 0;  // query-key pairs of the step's chunks; positions whose keys and values are read
-  for (const ChunkShape& ch : t.chunks) {
-    const double len = double(ch.tokens), start = double(ch.cached);
-    pairs += len * start + len * (len + 1) / 2;
-    positions += start + len;
-  }
+  const double add = streams(hw, 3 * n * h * b, ElementwiseFamily::add);
+  const double fill = streams(hw, n * h * b, ElementwiseFamily::fill);
+  double attention = 0;  // every layer's, at its slowest rank
+  for (int r = 0; r < p; ++r) attention = std::max(attention, attention_time(c, t, hw, r, b));
   std::vector<double> layer_end;  // seconds from the step's start to the end of each layer
   double clock = 0;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::size_t li = std::size_t(l);
-    double attention = 0, ffn = 0;
+    double ffn = 0;
     // The layout the layer computed in: unpipelined, the change was installed before the step.
     const ExpertLayout& L = (!t.pipelined_switch && t.next[li]) ? *t.next[li] : t.layout[li];
+    // The attention's residual add, the norm, the output's fill and its residual add; an MoE layer's router (its
+    // GEMM, the scores and the top-k of moe/router.hpp), the same on every rank.
+    double every_rank = 2 * add + streams(hw, 2 * n * h * b, ElementwiseFamily::norm) + fill;
+    if (c.is_moe(l)) {
+      double pairs = 0;
+      for (const std::int64_t x : t.routed[li]) pairs += double(x);
+      const double e = double(c.moe.experts);
+      every_rank += gemm(hw, n, e, h, b) + streams(hw, (2 * n * e + n + 3 * pairs) * b);
+    }
     for (int r = 0; r < p; ++r) {
-      const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
-      double a = 0;
-      if (c.is_mla()) {  // serve/mla_attention.hpp: the latent cache, the up-projections absorbed
-        const MlaShape& m = c.mla;
-        const double rq = double(m.q_lora_rank), rkv = double(m.kv_lora_rank), latent = rkv + double(m.rope);
-        a = (m.q_lora_rank > 0 ? gemm(hw, n, rq, h, b) + gemm(hw, n, hq * d, rq, b) : gemm(hw, n, hq * d, h, b)) +
-            gemm(hw, n, latent, h, b) + gemm(hw, n * hq, rkv, double(m.nope), b) +
-            gemm(hw, n * hq, double(m.v), rkv, b) + gemm(hw, n, h, hq * double(m.v), b) +
-            hw.attention.forward_time(2 * (latent + rkv) * hq * pairs) + hw.elementwise_time(positions * latent * b);
-        a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq * d + latent) + n * latent));  // norms, RoPE, append
-      } else {
-        const double kv_bytes = 2 * positions * hk * d * b;
-        a = gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b) +
-            hw.paged_attention_time(pairs, hq, d) + hw.elementwise_time(kv_bytes);
-        a += hw.elementwise_time(b * (2 * n * h + 2 * n * (hq + hk) * d + 2 * n * hk * d));  // norm, RoPE, KV append
-      }
-      attention = std::max(attention, a);
-      double f = hw.elementwise_time(b * (2 * n * h + 3 * n * h));  // norm, residual adds
+      double f = every_rank;
       if (!c.is_moe(l)) {
         f += swiglu(hw, n, double(chunk_range(c.dense_ffn, p, r).length), h, b);
       } else {
-        f += gemm(hw, n, double(c.moe.experts), h, b);
-        f += moe_experts_time(hw, c.moe, L, t.routed[li], p, r, b);
-        if (c.moe.has_shared()) f += swiglu(hw, n, double(chunk_range(c.moe.shared_width(), p, r).length), h, b);
+        const MoeConfig& m = c.moe;
+        f += moe_experts_time(hw, m, L, t.routed[li], p, r, b);
+        if (m.has_shared()) {  // a dense FFN of its width into its own output, then gated (a sigmoid) or added
+          f += fill + swiglu(hw, n, double(chunk_range(m.shared_width(), p, r).length), h, b);
+          const double gate = gemm(hw, n, 1, h, b) + hw.activation_time(n, 2 * n * b) + hw.call_overhead.kernel_call_s;
+          f += m.shared_gate ? gate + streams(hw, (3 * n * h + n) * b, ElementwiseFamily::rows) : add;
+        }
       }
       ffn = std::max(ffn, f);
     }
@@ -246,9 +311,15 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
     clock += attention + ffn + comm;
     layer_end.push_back(clock);
   }
-  const double logits = gemm(hw, double(t.chunks.size()), double(c.vocab), h, b);  // the last row of each chunk
-  out.compute_s += logits;
-  clock += logits;
+  // The embedding's rows; the final norm; the chunks' last rows gathered, their logits, each chunk's copied out.
+  const double v = double(c.vocab);
+  const double outside = streams(hw, 2 * n * h * b, ElementwiseFamily::rows) +
+                         streams(hw, 2 * n * h * b, ElementwiseFamily::norm) +
+                         streams(hw, 2 * chunks * h * b, ElementwiseFamily::rows) + gemm(hw, chunks, v, h, b) +
+                         streams(hw, 2 * v * b, ElementwiseFamily::copy, chunks);
+  out.compute_s += outside;
+  out.communication_s += hw.straggle_s(outside, p);  // the dry run waits for the slowest rank after it too
+  clock += outside + hw.straggle_s(outside, p);
   out.switch_s = switch_exposed_s(c, t, cluster, layer_end, clock);
   return out;
 }

@@ -140,12 +140,12 @@ inline ModeCosts moe_mode_costs(const MoeConfig& m, const std::vector<std::int64
 using StepPricer = std::function<StepCost(const StepTrace&)>;
 
 // The dynamic policy's forecast (EnginePolicy::forecast). `analytic` (the default): step_cost's closed form, the
-// dry run's costs summed from the step's quantities, at a few microseconds of host time where a dry run takes
-// milliseconds; on Mixtral-8x7B's decode steps on 8 simulated H100s (1-256 tokens) it put EP / TP within 0.1% of the
-// dry run's ratio and ranked the two the same at every size, at 0.10-0.14 ms of this machine's core a forecast against
-// the dry run's 1.1-22 ms (the decoder dry-run on 8 ranks, every chunk's attention recorded); on the synthetic MoE's
-// CPU profile 3-5 us against 27-95 us (docs/serving_simulation.md, stop 58). `dry_run`: the price the simulated clock
-// charges, exact to it (DryRunPricer; its events are the step's planning_events, priced as host work).
+// dry run's kernels summed from the step's quantities, the DryRunPricer's price to rounding (serve/step_cost.hpp;
+// both price GEMMs at the calibration's reuse, not at the clock's weight reads), at 0.10-0.14 ms of this machine's
+// core a forecast of Mixtral-8x7B on 8 simulated H100s (1-256 decode tokens) against the dry run's 1.1-22 ms (the
+// decoder dry-run on 8 ranks, every chunk's attention recorded); on the synthetic MoE's CPU profile 3-5 us against
+// 27-95 us (docs/serving_simulation.md, stop 58). `dry_run`: the dry run itself (DryRunPricer; its events are the
+// step's planning_events, priced as host work), the reference the analytic forecast is tested against.
 enum class ForecastModel { analytic, dry_run };
 // As moe_simulate's and moe_infer's --forecast name it.
 constexpr std::string_view name_of(ForecastModel f) { return f == ForecastModel::analytic ? "analytic" : "dry-run"; }
