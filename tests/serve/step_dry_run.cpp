@@ -399,10 +399,21 @@ TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for ker
           for (const ChunkShape& ch : batch) n += ch.tokens;
           INFO(model, " p = ", p, " ", name_of(layout.mode), " ", batch.size(), " chunks of ", n, " tokens");
           const StepTrace t = step_of(c, p, batch, layout, skewed_loads(c, n));
-          for (const SimulatedCluster* cluster : clusters) {
-            const StepCost dry = dry_run_step_cost(c, t, *cluster), analytic = step_cost(c, t, *cluster);
-            CHECK(analytic.compute_s == doctest::Approx(dry.compute_s).epsilon(1e-12).scale(0));
-            CHECK(analytic.communication_s == doctest::Approx(dry.communication_s).epsilon(1e-12).scale(dry.total_s()));
+          const auto switching = [&](bool pipelined) {  // every MoE layer changing to the other layout
+            StepTrace s = t;
+            s.pipelined_switch = pipelined;
+            for (std::int64_t l = 0; l < c.layers; ++l)
+              if (c.is_moe(l)) s.next[std::size_t(l)] = layout.mode == MoeMode::tp ? ep : ExpertLayout::tp();
+            return s;
+          };
+          for (const StepTrace& step : {t, switching(true), switching(false)}) {
+            for (const SimulatedCluster* cluster : clusters) {
+              const StepCost dry = dry_run_step_cost(c, step, *cluster), analytic = step_cost(c, step, *cluster);
+              CHECK(analytic.compute_s == doctest::Approx(dry.compute_s).epsilon(1e-12).scale(0));
+              CHECK(analytic.communication_s ==
+                    doctest::Approx(dry.communication_s).epsilon(1e-12).scale(dry.total_s()));
+              CHECK(analytic.switch_s == doctest::Approx(dry.switch_s).epsilon(1e-12).scale(dry.total_s()));
+            }
           }
         }
       }

@@ -30,11 +30,11 @@
 //     rows' gather and weighted scatter-add (moe_experts_time); the shared expert as a dense FFN of its width, gated
 //     or added; then all-reduce [n, h] (EP: plus the p row counts), the FFN's residual add. OLMoE's q/k norm: an
 //     all-reduce of 2n floats.
-// Outside the layers: the embedding's rows, the final RMSNorm, each chunk's last row gathered, the lm_head GEMM
-// [chunks, h] x [h, V], each chunk's logits copied out. Each layer's compute time is its slowest rank's (the
-// all-reduces synchronise the ranks), and each synchronised half (attention, FFN) and the part after the layers wait
-// besides for the ranks' spread about their price (HardwareProfile::straggle_s, communication time); the code waits
-// on every collective, so nothing overlaps there.
+// Outside the layers: the embedding's rows before them; after them the final RMSNorm, each chunk's last row gathered,
+// the lm_head GEMM [chunks, h] x [h, V], each chunk's logits copied out. Each layer's compute time is its slowest
+// rank's (the all-reduces synchronise the ranks), and each synchronised half (attention, FFN) and the parts before
+// and after the layers wait besides for the ranks' spread about their price (HardwareProfile::straggle_s,
+// communication time); the code waits on every collective, so nothing overlaps there.
 // Layout changes (a TP<->EP switch or an EPLB placement): layer l's pieces (redistribution_plan, 3 columns h b bytes
 // each) leave after layer l computed, once its ranks made their new banks and copied the pieces they keep
 // (layer_switch), and travel one layer after another on the links (an exchange: the link's launch plus (p - 1) step
@@ -271,8 +271,12 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
   const double fill = streams(hw, n * h * b, ElementwiseFamily::fill);
   double attention = 0;  // every layer's, at its slowest rank
   for (int r = 0; r < p; ++r) attention = std::max(attention, attention_time(c, t, hw, r, b));
+  // The embedding's rows, before the first layer (the dry run's first piece holds it).
+  const double embedding = streams(hw, 2 * n * h * b, ElementwiseFamily::rows);
+  out.compute_s += embedding;
+  out.communication_s += hw.straggle_s(embedding, p);
   std::vector<double> layer_end;  // seconds from the step's start to the end of each layer
-  double clock = 0;
+  double clock = embedding + hw.straggle_s(embedding, p);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::size_t li = std::size_t(l);
     double ffn = 0;
@@ -311,15 +315,14 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
     clock += attention + ffn + comm;
     layer_end.push_back(clock);
   }
-  // The embedding's rows; the final norm; the chunks' last rows gathered, their logits, each chunk's copied out.
+  // The final norm; the chunks' last rows gathered, their logits, each chunk's copied out.
   const double v = double(c.vocab);
-  const double outside = streams(hw, 2 * n * h * b, ElementwiseFamily::rows) +
-                         streams(hw, 2 * n * h * b, ElementwiseFamily::norm) +
-                         streams(hw, 2 * chunks * h * b, ElementwiseFamily::rows) + gemm(hw, chunks, v, h, b) +
-                         streams(hw, 2 * v * b, ElementwiseFamily::copy, chunks);
-  out.compute_s += outside;
-  out.communication_s += hw.straggle_s(outside, p);  // the dry run waits for the slowest rank after it too
-  clock += outside + hw.straggle_s(outside, p);
+  const double logits = streams(hw, 2 * n * h * b, ElementwiseFamily::norm) +
+                        streams(hw, 2 * chunks * h * b, ElementwiseFamily::rows) + gemm(hw, chunks, v, h, b) +
+                        streams(hw, 2 * v * b, ElementwiseFamily::copy, chunks);
+  out.compute_s += logits;
+  out.communication_s += hw.straggle_s(logits, p);  // the dry run waits for the slowest rank after it too
+  clock += logits + hw.straggle_s(logits, p);
   out.switch_s = switch_exposed_s(c, t, cluster, layer_end, clock);
   return out;
 }
