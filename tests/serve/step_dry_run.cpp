@@ -388,8 +388,13 @@ TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for ker
     const ModelShape shape = read_model_shape((repo() / "data" / "model_shapes" / (model + ".json")).string());
     const DecoderConfig& c = shape.config;
     for (const int p : {1, 2, 3, 8}) {
-      const ExpertLayout ep = ExpertLayout::ep(ExpertPlacement::chunked(c.moe.experts, p).experts_of_rank);
-      for (const ExpertLayout& layout : {ExpertLayout::tp(), ep}) {
+      const ExpertPlacement chunked = ExpertPlacement::chunked(c.moe.experts, p);
+      const ExpertLayout ep = ExpertLayout::ep(chunked.experts_of_rank);
+      ExpertPlacement replicated = chunked;  // EPLB's kind: rank r also holds a replica of expert E - 1 - r
+      for (int r = 0; r < p; ++r) replicated.experts_of_rank[std::size_t(r)].push_back(c.moe.experts - 1 - r);
+      std::vector<ExpertLayout> layouts{ExpertLayout::tp(), ep};
+      if (p > 1) layouts.push_back(ExpertLayout::ep(replicated.experts_of_rank));
+      for (const ExpertLayout& layout : layouts) {
         std::vector<ChunkShape> mixed(48, ChunkShape{1, 700, true});  // decode tokens and a prompt's second chunk
         mixed.push_back({384, 512, false});
         using Batch = std::vector<ChunkShape>;
