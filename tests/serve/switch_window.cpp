@@ -152,7 +152,7 @@ TEST_CASE("switch window: on Mixtral-8x7B (8x H100) the window switches where on
   }
   {  // 16 outputs each, 16 running: the one-step forecast switches once; a window of 4 does not (its 4 steps do not pay
      // for the switch). On the dry run's price the one switch pays over the whole run (511.4 against 526.5 ms; on
-     // stop 55's step_cost with the scaled loads it had not: 533.1 against 517.2; on stop 58's, which priced prompt
+     // branch h1's step_cost with the scaled loads it had not: 533.1 against 517.2; on stop 58's, which priced prompt
      // steps up to 3.9% under the dry run, it switched at another step: 542.4 against 526.5): a window of 4 is shorter
      // than the run.
     const std::vector<ServeRequest> requests = at_once(512, 16);
