@@ -383,15 +383,24 @@ TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for ker
   hw.rank_jitter = 0.05;
   hw.fresh_memory = {.zero_bytes_per_s = 1e10, .fresh_bytes_per_s = 1e10, .fresh_min_bytes = 1 << 20};
   const SimulatedCluster* clusters[] = {&h100, &h200, &every};
-  // Qwen2-57B: q/k/v biases, a gated shared expert.
-  for (const std::string model : {"mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b"}) {
-    const ModelShape shape = read_model_shape((repo() / "data" / "model_shapes" / (model + ".json")).string());
+  // The published shapes (Qwen2-57B: q/k/v biases, a gated shared expert) and the fixtures' configs: OLMoE's q/k norm
+  // over whole projections, Qwen3-MoE's per-head q/k norms and a dense layer, Qwen2-MoE's dense layer.
+  std::vector<std::filesystem::path> configs;
+  for (const char* model : {"mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b"})
+    configs.push_back(repo() / "data" / "model_shapes" / (std::string(model) + ".json"));
+  for (const char* fixture : {"olmoe", "qwen3_moe", "qwen2_moe"})
+    configs.push_back(repo() / "tests" / "data" / "hf" / fixture / "config.json");
+  for (const std::filesystem::path& config : configs) {
+    const ModelShape shape = read_model_shape(config.string());
     const DecoderConfig& c = shape.config;
+    const std::string model = config.parent_path().filename().string() + "/" + config.filename().string();
     for (const int p : {1, 2, 3, 8}) {
+      if (p > c.heads) continue;
       const ExpertPlacement chunked = ExpertPlacement::chunked(c.moe.experts, p);
       const ExpertLayout ep = ExpertLayout::ep(chunked.experts_of_rank);
-      ExpertPlacement replicated = chunked;  // EPLB's kind: rank r also holds a replica of expert E - 1 - r
-      for (int r = 0; r < p; ++r) replicated.experts_of_rank[std::size_t(r)].push_back(c.moe.experts - 1 - r);
+      ExpertPlacement replicated = chunked;  // EPLB's kind: rank r also holds a replica of expert E - 1 - (r mod E)
+      for (int r = 0; r < p; ++r)
+        replicated.experts_of_rank[std::size_t(r)].push_back(c.moe.experts - 1 - r % c.moe.experts);
       std::vector<ExpertLayout> layouts{ExpertLayout::tp(), ep};
       if (p > 1) layouts.push_back(ExpertLayout::ep(replicated.experts_of_rank));
       for (const ExpertLayout& layout : layouts) {

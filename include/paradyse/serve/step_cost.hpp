@@ -2,22 +2,22 @@
 // and a hardware profile (cost/profile.hpp), in closed form.
 //
 // The ANALYTIC model. The simulated clock advances by the cost of the step's dry run (serve/step_dry_run.hpp:
-// decoder_step itself on meta tensors, ops::Counting and the symbolic communicator); this function is what the
-// switcher forecasts with by default (serve/switch_policy.hpp: each candidate layout's step time, a few microseconds
-// a call where a dry run of p ranks takes milliseconds) and what the clock uses for DeepSeek's latent attention, which
-// is not dry-run. It sums, from the quantities the step computes on (n = the batch's tokens, each chunk's new tokens
-// and cached positions, the layout and the routing), the kernels decoder_step runs, each with the bytes, rows and
-// flops its counting rule records (ops/counting.hpp) and at the same price (cost/trace_cost.hpp event_seconds: the
-// call's fixed cost, a family's rate or the size classes), so it is the dry run's cost to rounding on any profile
-// (tests/serve/step_dry_run.cpp: Mixtral-8x7B and 8x22B, Qwen2-57B; TP, EP and EP with replicas on 1-8 ranks, as is
-// and switching) but for the GEMMs' weight reuse, which the simulated clock keeps across steps (cost/gemm_reuse.hpp;
-// a calibrated CPU profile's measured shapes), and a routing budget's (Alloc-L's K_l, Alloc-T's pools: the routed
-// loads are the step's, the budget's own kernels are the dry run's alone). A kernel added to decoder_step needs its
-// term here, or that test fails. Stop 58's model (before the terms below matched) priced prompt steps up to 3.9%
-// under the dry run. Its terms, on rank r of p, per layer (d head width, hq_r / hk_r the rank's query / key-value
-// heads, f the expert width, b the dtype's bytes, every GEMM through the profile's GemmModel: overhead + 2mnk / rate +
-// (mk + kn + mn) b / HBM bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline that makes TP
-// win there):
+// decoder_step itself on meta tensors, ops::Counting and the symbolic communicator); this function is what the switcher
+// forecasts with by default (serve/switch_policy.hpp: each candidate layout's step time, a few microseconds a call
+// where a dry run of p ranks takes milliseconds) and what the clock uses for DeepSeek's latent attention, which is not
+// dry-run. It sums, from the quantities the step computes on (n = the batch's tokens, each chunk's new tokens and
+// cached positions, the layout and the routing), the kernels decoder_step runs, each with the bytes, rows and flops its
+// counting rule records (ops/counting.hpp) and at the same price (cost/trace_cost.hpp event_seconds: the call's fixed
+// cost, a family's rate or the size classes), so it is the dry run's cost to rounding on any profile
+// (tests/serve/step_dry_run.cpp: Mixtral-8x7B and 8x22B, Qwen2-57B and the OLMoE, Qwen3-MoE and Qwen2-MoE fixtures'
+// configs; TP, EP and EP with replicas on 1-8 ranks, as is and switching) but for the GEMMs' weight reuse, which the
+// simulated clock keeps across steps (cost/gemm_reuse.hpp; a calibrated CPU profile's measured shapes), and a routing
+// budget's own kernels (Alloc-T's scoring pass; Alloc-L's K_l is in the step's routed loads). A kernel added to
+// decoder_step needs its term here, or that test fails. Stop 58's model (before the terms below matched) priced prompt
+// steps up to 3.9% under the dry run. Its terms, on rank r of p, per layer (d head width, hq_r / hk_r the rank's query
+// / key-value heads, f the expert width, b the dtype's bytes, every GEMM through the profile's GemmModel: overhead +
+// 2mnk / rate + (mk + kn + mn) b / HBM bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline
+// that makes TP win there):
 //   attention (attention_time): the RMSNorm over [n, h]; GEMMs q, k, v [n, h] x [h, (hq_r | hk_r | hk_r) d] (Qwen2:
 //     their biases) and o [n, hq_r d] x [hq_r d, h]; OLMoE's and Qwen3's q/k norms; per chunk RoPE over its q and k
 //     and the KV append; the paged attention kernel over the step's query-key pairs and hq_r heads (HardwareProfile::
@@ -309,7 +309,9 @@ inline StepCost step_cost(const DecoderConfig& c, const StepTrace& t, const Simu
       ffn = std::max(ffn, f);
     }
     double comm = 2 * reduce_s + hw.straggle_s(attention, p) + hw.straggle_s(ffn, p);  // the wait for the slowest rank
-    if (c.qk_norm) comm += hw.collective_time(cost::Collective::all_reduce, p, 2 * n * 4);
+    // OLMoE's q/k sums of squares (2n floats; the dry run's transfers, recorded in float, scale to the cluster's
+    // dtype).
+    if (c.qk_norm) comm += hw.collective_time(cost::Collective::all_reduce, p, 2 * n * b);
     if (c.is_moe(l) && L.mode == MoeMode::ep)
       comm += hw.collective_time(cost::Collective::all_reduce, p, (n * h + p) * b) - reduce_s;
     out.compute_s += attention + ffn;
