@@ -49,6 +49,7 @@
 
 #include "paradyse/cost/profile.hpp"
 #include "paradyse/serve/hf_config.hpp"
+#include "paradyse/serve/paged_attention.hpp"  // chunk_pairs
 #include "paradyse/serve/rank_shard.hpp"
 #include "paradyse/serve/step_trace.hpp"
 
@@ -134,7 +135,7 @@ inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig&
   if (L.mode == MoeMode::tp) {
     const double fr = double(chunk_range(m.expert_ffn, p, r).length);
     double rows = 0;
-    for (const std::int64_t x : routed) t += fr > 0 ? swiglu(hw, double(x), fr, h, b) : 0, rows += double(x);
+    for (const std::int64_t x : routed) t += swiglu(hw, double(x), fr, h, b), rows += double(x);
     t += moves(rows) + streams(hw, 2 * rows * b, ElementwiseFamily::rows);  // and the gates' gather
   } else {
     std::vector<std::int64_t> holders(routed.size(), 0), seen(routed.size(), 0);
@@ -222,11 +223,8 @@ inline double attention_time(const DecoderConfig& c, const StepTrace& t, const c
   const double n = double(t.tokens()), h = double(c.hidden), d = double(c.head_dim);
   const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
   double pairs = 0, positions = 0;  // query-key pairs of the step's chunks; positions whose keys and values are read
-  for (const ChunkShape& ch : t.chunks) {
-    const double len = double(ch.tokens), start = double(ch.cached);
-    pairs += len * start + len * (len + 1) / 2;
-    positions += start + len;
-  }
+  for (const ChunkShape& ch : t.chunks)
+    pairs += chunk_pairs(ch.tokens, ch.cached), positions += double(ch.cached + ch.tokens);
   double a = streams(hw, 2 * n * h * b, ElementwiseFamily::norm);
   if (c.is_mla()) {  // serve/mla_attention.hpp: the latent cache, the up-projections absorbed
     const MlaShape& m = c.mla;
