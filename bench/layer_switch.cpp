@@ -1,6 +1,7 @@
 // bench/layer_switch.cpp: what a TP <-> EP layout switch costs on this machine's thread ranks, against the time
 // model's price of it (serve/step_cost.hpp layer_switch: host_s, the ranks' new banks and the copies of the pieces
-// they keep; exchange_s, the pieces that travel), and a memcpy of the same bytes measured in the same run.
+// they keep; exchange_s, the pieces that travel; both copies from memory, at the profile's memory_copy_bytes_per_s
+// where calibrated), and a memcpy of the same bytes measured in the same run, priced alike.
 //
 // moe_infer's synthetic MoE (2 layers, h 256, 8 experts, ffn 512) on RANKS thread ranks. Each repeat switches every
 // MoE layer, alternately TP -> EP (the engine's even placement) and back, as a stalled switch (serve/engine.hpp with
@@ -140,8 +141,8 @@ int main(int argc, char** argv) {
     }
     for (int r = 0; r < ranks; ++r) {  // the slowest rank's copies
       const RankMoveBytes b = switch_move_bytes(c, from, to, ranks, r);
-      kept_priced[k] = std::max(kept_priced[k], hw.elementwise_time(2 * b.kept));
-      all_priced[k] = std::max(all_priced[k], hw.elementwise_time(2 * (b.kept + b.received)));
+      kept_priced[k] = std::max(kept_priced[k], hw.memory_copy_time(2 * b.kept));
+      all_priced[k] = std::max(all_priced[k], hw.memory_copy_time(2 * (b.kept + b.received)));
     }
   }
   fmt::print("layer_switch: synthetic MoE ({} layers, h {}, {} experts, ffn {}), {} thread ranks, {} repeats, "

@@ -136,6 +136,7 @@ TEST_CASE("profile: built-in profiles are consistent with their datasheets") {
 TEST_CASE("profile: JSON round trip through a file keeps every field") {
   HardwareProfile p = h100_sxm_80gb_x8();
   p.overlap = 0.25;
+  p.memory_copy_bytes_per_s = 1.25e12;
   p.set_collective(Collective::reduce, LinkLevel::intra_node, 3, {.alpha_s = 1.5e-5, .beta_s_per_byte = 3.3e-12});
   const std::string path = "test_cost_profile_roundtrip.json";
   save_profile(p, path);
@@ -149,6 +150,8 @@ TEST_CASE("profile: JSON round trip through a file keeps every field") {
   CHECK(q.gemm.bytes_per_s == p.gemm.bytes_per_s);
   CHECK(q.attention.backward_flops_per_s == p.attention.backward_flops_per_s);
   CHECK(q.overlap == p.overlap);
+  CHECK(q.memory_copy_bytes_per_s == p.memory_copy_bytes_per_s);
+  CHECK(q.memory_copy_time(1e9) == doctest::Approx(1e9 / 1.25e12).epsilon(1e-15).scale(0));
   CHECK(q.inter_node.p2p_bytes_per_s == p.inter_node.p2p_bytes_per_s);
   REQUIRE(q.collectives.size() == p.collectives.size());
   for (Collective op : kAllCollectives)
@@ -192,6 +195,8 @@ TEST_CASE("profile: infinite, nan, negative and out-of-range values are rejected
   CHECK(with("intra_node", "bus_bytes_per_s", -5.0).find("\"bus_bytes_per_s\" = -5 must be positive (intra_node.bus_bytes_per_s)") != std::string::npos);
   CHECK(with("", "elementwise_bytes_per_s", inf).find("elementwise_bytes_per_s") != std::string::npos);
   CHECK(with("", "overlap", std::nan("")).find("overlap") != std::string::npos);
+  CHECK(with("", "memory_copy_bytes_per_s", -2e10).find("must not be negative (memory_copy_bytes_per_s)") != std::string::npos);
+  CHECK(with("", "memory_copy_bytes_per_s", 0.0) == "loaded");  // 0: the elementwise rate
   CHECK(with("", "devices_per_node", 4294967297.0).find("\"devices_per_node\" = 4294967297 must be an integer in [1, 1048576]") != std::string::npos);
   CHECK(with("", "memory_bytes", 1e300).find("memory_bytes") != std::string::npos);
   CHECK(with("", "name", 5).find("profile: name is number, expected a string") != std::string::npos);

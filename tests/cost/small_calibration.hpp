@@ -19,6 +19,8 @@ inline cost::CalibrationOptions small_calibration_options() {
   o.attention_lengths = {16, 32, 64};
   o.attention_whole_tiles = true;
   o.copy_bytes = {std::int64_t(1) << 12, std::int64_t(1) << 14};
+  o.copy_memory_bytes = std::int64_t(1) << 16;
+  o.copy_memory_piece_bytes = std::int64_t(1) << 12;
   o.message_bytes = {std::int64_t(1) << 10, std::int64_t(1) << 12, std::int64_t(1) << 14};
   o.large_message_bytes = std::int64_t(1) << 12;
   o.fresh_bytes = {std::int64_t(1) << 12, std::int64_t(1) << 14};

@@ -317,6 +317,22 @@ TEST_CASE("step dry run: a switch charges the ranks' new banks and kept pieces b
   hw.fresh_memory = {.zero_bytes_per_s = 4e9, .fresh_bytes_per_s = 1e9, .fresh_min_bytes = 2048};
   const double host = 2048 / 1e9 - 2048 / 4e9 + 2 * 1536 / 1e9;
   CHECK(layer_switch(c, tp, ep, 2, hw, 4).host_s == doctest::Approx(host).epsilon(1e-12).scale(0));
+  // The exchange: the link's launch and step latency, then its bytes at the point-to-point rate, or copied from memory
+  // (read and written) where that is slower, as here at 1 GB/s against NVLink's.
+  const cost::LinkModel& link = hw.link(hw.level_of(2));
+  CHECK(layer_switch(c, tp, ep, 2, hw, 4).exchange_s ==
+        doctest::Approx(link.launch_s + link.step_latency_s + 2 * 1536 / 1e9).epsilon(1e-12).scale(0));
+  // A profile's own rate for copies from memory (a CPU's, below its hot elementwise rate) prices the kept pieces and
+  // the exchange; the link's bandwidth still bounds the exchange where it is the slower.
+  cost::HardwareProfile cold = hw;
+  cold.memory_copy_bytes_per_s = 2.5e8;
+  const LayerSwitch slow = layer_switch(c, tp, ep, 2, cold, 4);
+  CHECK(slow.host_s == doctest::Approx(2048 / 1e9 - 2048 / 4e9 + 2 * 1536 / 2.5e8).epsilon(1e-12).scale(0));
+  CHECK(slow.exchange_s ==
+        doctest::Approx(link.launch_s + link.step_latency_s + 2 * 1536 / 2.5e8).epsilon(1e-12).scale(0));
+  cold.intra_node.p2p_bytes_per_s = 1e8;
+  CHECK(layer_switch(c, tp, ep, 2, cold, 4).exchange_s ==
+        doctest::Approx(link.launch_s + link.step_latency_s + 1536 / 1e8).epsilon(1e-12).scale(0));
 
   // In the step: unpipelined, the ranks' work and the exchange stall the step whole; pipelined on links that overlap
   // nothing (a CPU's thread copies), the same exchange costs as much; on links that overlap fully, less.

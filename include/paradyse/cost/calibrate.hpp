@@ -26,7 +26,8 @@
 //     options.attention_whole_tiles asks for it (train_gpt does), causal calls too, every call's flops counted on
 //     the pairs of the whole tiles the kernel computes (AttentionModel::whole_tiles); where
 //     options.attention_causal_only asks for it (train_gpt on a device), causal calls alone on their visible pairs;
-//   - copies of several sizes: elementwise bytes per second;
+//   - copies of several sizes: elementwise bytes per second; and copies from memory (each piece its own source and
+//     destination, cycled through options.copy_memory_bytes a rank): memory_copy_bytes_per_s;
 //   - fresh allocations (Tensors made and zeroed up to a 64 MiB working set, then freed) from 64 KiB to 64 MiB: the
 //     zeroing rate of reused pages,
 //     the first-touch rate of new ones and the size from which the C library hands out new pages (fit_fresh_memory);
@@ -195,6 +196,35 @@ void calibrate_gemms(C& comm, const CalibrationOptions& options, Calibration& re
   }
 }
 
+// Copies from memory: pieces of copy_memory_piece_bytes, each from its own source into its own destination, the
+// pairs adding up to copy_memory_bytes a rank; a pass copies every piece once, so that each one has left the caches
+// when it is copied again (as a layout switch copies expert banks it has not touched since the last one). The pass's
+// bytes read + written per second are the profile's memory_copy_bytes_per_s; copy_memory_bytes 0: not measured.
+template <class Backend, Communicator C>
+void calibrate_memory_copies(C& comm, const CalibrationOptions& options, Calibration& result) {
+  if (options.copy_memory_bytes <= 0) return;
+  const std::int64_t piece = options.copy_memory_piece_bytes;
+  check(piece >= 4 && piece % 4 == 0 && piece <= options.copy_memory_bytes / 2, "calibrate: copy_memory_piece_bytes "
+        "= {} must be a multiple of 4 (floats) and at most half of copy_memory_bytes = {} (a source and a "
+        "destination)", piece, options.copy_memory_bytes);
+  const std::size_t pairs = std::size_t(options.copy_memory_bytes / (2 * piece));
+  std::vector<Tensor<float>> from, to;
+  for (std::size_t i = 0; i < pairs; ++i) {
+    from.emplace_back(Shape{piece / 4}), to.emplace_back(Shape{piece / 4});
+    calibrate_detail::fill<Backend>(from.back(), 1.0f), calibrate_detail::fill<Backend>(to.back(), 0.0f);
+  }
+  const double pass = measure<Backend>(comm, options.clock, options.repetitions, [&] {
+    for (std::size_t i = 0; i < pairs; ++i) {
+      if constexpr (ops::on_device<Backend>) Backend::copy(from[i].view(), to[i].view());
+      else std::memcpy(to[i].data(), from[i].data(), std::size_t(piece));
+    }
+  });
+  const double moved = 2.0 * double(pairs) * double(piece);  // read + written
+  result.profile.memory_copy_bytes_per_s = moved / std::max(pass, 1e-30);
+  result.samples.push_back({fmt::format("copy from memory {} x {} B", pairs, piece), pass,
+                            result.profile.memory_copy_time(moved)});
+}
+
 // Copies: bytes read + written per second (the elementwise rate; on the host a memcpy, on a device the backend's).
 template <class Backend, Communicator C>
 void calibrate_copies(C& comm, const CalibrationOptions& options, Calibration& result) {
@@ -214,6 +244,7 @@ void calibrate_copies(C& comm, const CalibrationOptions& options, Calibration& r
   for (std::size_t i = 0; i < y.size(); ++i)
     result.samples.push_back({fmt::format("copy {} B", options.copy_bytes[i]), y[i],
                               rows[i][0] * result.copy_fit.coefficients[0]});
+  calibrate_memory_copies<Backend>(comm, options, result);
 }
 
 // Activations on the host, where they are compute-bound: GELU forward + backward in output elements per second, and

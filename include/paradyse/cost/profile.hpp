@@ -406,6 +406,11 @@ struct HardwareProfile {
   std::vector<ElementwiseClass> elementwise_classes;  // by bytes per call, ascending; empty: the single rate above
   // Per kernel family, where calibrated (a device's profile): before the classes for that family's calls.
   std::array<ElementwiseFamilyRate, kElementwiseFamilies> elementwise_families{};
+  // Bytes read + written per second by a copy whose source and destination come from memory, not cache: a layout
+  // switch's expert banks (serve/step_cost.hpp layer_switch), a working set many times the last-level cache. On a
+  // CPU it ran at a fifth of the hot copies' rate here (the elementwise rate is fitted on buffers the caches partly
+  // hold). 0: the elementwise rate (built-in profiles, whose elementwise rate is already HBM's).
+  double memory_copy_bytes_per_s = 0;
   // Output elements per second of activation kernels (GELU, SwiGLU, softmax exponentials), which are compute-bound
   // on CPUs; 0: memory-bound like the other elementwise kernels (GPUs).
   double activation_elements_per_s = 0;
@@ -529,6 +534,11 @@ struct HardwareProfile {
     for (const ElementwiseClass& c : elementwise_classes)
       if (bytes <= c.max_bytes) return bytes / c.bytes_per_s;
     return bytes / elementwise_classes.back().bytes_per_s;
+  }
+  // Seconds of a copy moving `bytes` (read + written) from memory to memory: memory_copy_bytes_per_s, else as above.
+  double memory_copy_time(double bytes) const {
+    if (memory_copy_bytes_per_s > 0) return bytes > 0 ? bytes / memory_copy_bytes_per_s : 0;
+    return elementwise_time(bytes);
   }
   // A kernel of `family`: at the family's rate where calibrated, else as above.
   double elementwise_time(double bytes, ElementwiseFamily family) const {

@@ -13,6 +13,7 @@
 //    ["scalar_math": {"exp_per_s", "sincos_per_s", ["softmax_scores_per_s"]}],
 //    ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["elementwise_families": [{"family", "overhead_s", "bytes_per_s"}, ...]],
+//    ["memory_copy_bytes_per_s"],
 //    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
 //    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
 //    ["step_jitter": [ascending positive factors]], ["rank_jitter": relative spread in [0, 1)],
@@ -20,9 +21,10 @@
 //
 // The bracketed keys are optional: a profile written before they existed loads with their terms as then (no GEMM size
 // classes: the single fit; fresh memory and scalar math unpriced, rates 0: cost/profile.hpp's FreshMemoryModel and
-// ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size; the pool's misses and the fixed
-// cost per kernel call and the serving engine's host work unpriced; attention priced on its visible pairs, not its
-// whole tiles, its backward calls at the forward's overhead), and they are written only when set.
+// ScalarMathModel; no elementwise classes: elementwise_bytes_per_s for every size (and for copies from memory); the
+// pool's misses and the fixed cost per kernel call and the serving engine's host work unpriced; attention priced on its
+// visible pairs, not its whole tiles, its backward calls at the forward's overhead), and they are written only when
+// set.
 //
 // Reading names every bad field by its full path (gemm.flops_per_s, collectives[2].alpha_s) and refuses missing or
 // mistyped fields, unknown and repeated keys, non-finite numbers, times outside [0, 1] s and rates outside [1, 1e30]
@@ -382,6 +384,7 @@ inline json::Value to_json(const HardwareProfile& p) {
     v["elementwise_classes"] = detail::elementwise_classes_to_json(p.elementwise_classes);
   if (p.elementwise_families != decltype(p.elementwise_families){})
     v["elementwise_families"] = detail::elementwise_families_to_json(p.elementwise_families);
+  if (p.memory_copy_bytes_per_s > 0) v["memory_copy_bytes_per_s"] = p.memory_copy_bytes_per_s;
   if (p.pool_miss_bytes_per_s > 0) v["pool_miss_bytes_per_s"] = p.pool_miss_bytes_per_s;
   if (p.paged_attention.calibrated()) v["paged_attention"] = detail::paged_attention_to_json(p.paged_attention);
   if (p.call_overhead != CallOverheadModel{}) v["call_overhead"] = detail::call_overhead_to_json(p.call_overhead);
@@ -405,8 +408,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   only_keys(v, {"format", "name", "description", "source", "devices_per_node", "memory_bytes", "reserved_bytes", "gemm",
                 "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
                 "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
-                "fresh_memory", "scalar_math", "elementwise_classes", "elementwise_families", "pool_miss_bytes_per_s",
-                "paged_attention",
+                "fresh_memory", "scalar_math", "elementwise_classes", "elementwise_families", "memory_copy_bytes_per_s",
+                "pool_miss_bytes_per_s", "paged_attention",
                 "call_overhead", "planning_events_per_s", "serving_host", "step_jitter", "rank_jitter",
                 "probe_baseline", "serving_probe_baseline"});
   if (const auto format = v.find("format"))
@@ -484,6 +487,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (const auto classes = v.find("elementwise_classes")) p.elementwise_classes = elementwise_classes_from_json(*classes);
   if (const auto families = v.find("elementwise_families"))
     p.elementwise_families = elementwise_families_from_json(*families);
+  if (v.has("memory_copy_bytes_per_s")) p.memory_copy_bytes_per_s = rate(v, "memory_copy_bytes_per_s", true);
   if (v.has("pool_miss_bytes_per_s")) p.pool_miss_bytes_per_s = rate(v, "pool_miss_bytes_per_s", true);
   if (const auto paged = v.find("paged_attention")) p.paged_attention = paged_attention_from_json(*paged);
   if (const auto calls = v.find("call_overhead")) p.call_overhead = call_overhead_from_json(*calls);

@@ -40,11 +40,12 @@
 // Layout changes (a TP<->EP switch or an EPLB placement): layer l's pieces (redistribution_plan, 3 columns h b bytes
 // each) leave after layer l computed, once its ranks made their new banks and copied the pieces they keep
 // (layer_switch), and travel one layer after another on the links (an exchange: the link's launch plus (p - 1) step
-// latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth); the exposed time is the ranks'
-// own work, what is still in flight when the step's compute ends, and the share of the flight under the compute that
-// the profile's overlap does not hide. Unpipelined, the whole change stalls before the step. Not counted (by either
-// model): the plan and sampled-token broadcasts (a few hundred bytes; simulated_step_cost adds them), sampling,
-// token sorting's and on-demand loading's fetches (costed as the plain EP split).
+// latencies plus the busiest rank's bytes in or out at the point-to-point bandwidth, or copied from memory to memory
+// where that is slower); the exposed time is the ranks' own work, what is still in flight when the step's compute ends,
+// and the share of the flight under the compute that the profile's overlap does not hide. Unpipelined, the whole change
+// stalls before the step. Not counted (by either model): the plan and sampled-token broadcasts (a few hundred bytes;
+// simulated_step_cost adds them), sampling, token sorting's and on-demand loading's fetches (costed as the plain EP
+// split).
 #pragma once
 
 #include "paradyse/cost/profile.hpp"
@@ -106,11 +107,13 @@ inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double
          hw.activation_time(m * w, 3 * m * w * b, /*swiglu_forward=*/true);
 }
 
-// Seconds of one all-to-all-v whose busiest rank moves `bytes` (in or out) among p ranks.
+// Seconds of one all-to-all-v of expert banks whose busiest rank moves `bytes` (in or out) among p ranks: the link's,
+// or the banks' copy from memory to memory where that is slower (thread ranks: each piece is one memcpy between
+// banks the caches no longer hold; a GPU's links are slower than its HBM).
 inline double exchange_time(const cost::HardwareProfile& hw, int p, double bytes) {
   if (p <= 1 || bytes <= 0) return 0;
   const cost::LinkModel& l = hw.link(hw.level_of(p));
-  return l.launch_s + l.step_latency_s * (p - 1) + bytes / l.p2p_bytes_per_s;
+  return l.launch_s + l.step_latency_s * (p - 1) + std::max(bytes / l.p2p_bytes_per_s, hw.memory_copy_time(2 * bytes));
 }
 
 }  // namespace step_cost_detail
@@ -155,7 +158,8 @@ inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig&
 //   bytes:  the busiest rank's on the links, sent or received; exchange_s their exchange (exchange_time);
 //   host_s: the ranks' own work, at the slowest rank, on the compute stream before its transfers are posted: its new
 //           banks (unzeroed: only their new pages cost, cost::FreshMemoryModel) and the copy of the pieces it keeps (a
-//           read and a write, elementwise bandwidth). The other pieces travel straight from bank to bank.
+//           read and a write from memory: HardwareProfile::memory_copy_time). The other pieces travel straight from
+//           bank to bank.
 struct LayerSwitch {
   double bytes = 0, exchange_s = 0, host_s = 0;
 };
@@ -171,7 +175,7 @@ inline LayerSwitch layer_switch(const DecoderConfig& c, const ExpertLayout& from
     const BankShape bank = bank_shape(to, c.moe.experts, c.moe.expert_ffn, p, r);
     const double floats = double(bank.slots) * double(bank.width) * double(h);  // of the output bank; the input's 2x
     const double banks = hw.fresh_memory.time(2 * floats * b, false) + hw.fresh_memory.time(floats * b, false);
-    out.host_s = std::max(out.host_s, banks + hw.elementwise_time(2 * m.kept));
+    out.host_s = std::max(out.host_s, banks + hw.memory_copy_time(2 * m.kept));
   }
   out.exchange_s = step_cost_detail::exchange_time(hw, p, out.bytes);
   return out;

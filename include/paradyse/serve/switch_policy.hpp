@@ -97,7 +97,8 @@ struct ModeCosts {
 
 // The time model of a machine known only by measure_machine_rates' three rates (float weights and activations):
 // GEMMs at flops_per_s with their operands read at memory_bytes_per_s, elementwise work and the links (thread ranks
-// copy through memory) at memory_bytes_per_s, attention at flops_per_s; one node.
+// copy through memory: a switch's exchange reads and writes its bytes, step_cost.hpp exchange_time) at
+// memory_bytes_per_s, attention at flops_per_s; one node.
 inline SimulatedCluster time_model_of(const MachineRates& rates) {
   check(rates.flops_per_s > 0 && rates.memory_bytes_per_s > 0, "time_model_of: rates {} FLOP/s and {} B/s must be "
         "positive", rates.flops_per_s, rates.memory_bytes_per_s);
