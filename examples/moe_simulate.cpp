@@ -666,6 +666,8 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
   });
   fmt::print("GEMM fit: {:.2f} us + flops / {:.1f} GFLOP/s + operand bytes / {:.2f} GB/s\n", profile.gemm.overhead_s * 1e6,
              profile.gemm.flops_per_s / 1e9, profile.gemm.bytes_per_s / 1e9);
+  fmt::print("copies: {:.1f} GB/s read + written (the elementwise rate), {:.1f} GB/s from memory (a switch's banks)\n",
+             profile.elementwise_bytes_per_s / 1e9, profile.memory_copy_bytes_per_s / 1e9);
   const double cold = cold_weight_bandwidth(c, o.ranks, profile.gemm, options.clock);
   fmt::print("decode GEMMs with their weights read from memory (not cache), all ranks at once: operand bytes at {:.2f} "
              "GB/s; the profile's GEMM operand term takes it\n", cold / 1e9);
