@@ -148,15 +148,9 @@ Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster
       default: break;
     }
   }
-  // decoder_step's notes of the paged kernel: the KV append (4 len hk d floats per chunk) and the key/value stream
-  // (2 positions hk d floats) are elementwise events above, a call each per layer; move them to the paged attention's
-  // piece.
-  const double hk = double(kv_heads_of(c, t.ranks, 0).length), d = double(c.head_dim);
-  double positions = 0;
-  for (const ChunkShape& ch : t.chunks) positions += double(ch.cached + ch.tokens);
-  const double calls = double(t.chunks.size() + 1);
-  const double kv = double(c.layers) * (hw.elementwise_time(4 * (4 * double(t.tokens()) + 2 * positions) * hk * d) +
-                                        calls * hw.call_overhead.kernel_call_s);
+  // decoder_step's notes of the paged kernel, the KV append and the key/value stream (serve/step_cost.hpp
+  // kv_traffic_time), are elementwise events above, in every layer; move them to the paged attention's piece.
+  const double kv = double(c.layers) * kv_traffic_time(c, t, hw, 0, 4);
   p.other_ops -= kv;
   p.paged_attention += kv;
   const StepCost total = dry_run_step_cost(c, t, cluster);

@@ -217,6 +217,19 @@ inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const
   return host + std::max(0.0, link_free - end) + (1 - hw.overlap) * under;
 }
 
+// Seconds of rank r's key/value traffic in one layer, as decoder_step records it beside the paged kernel: each
+// chunk's KV append (its k and v read, written into the cache: 4 len hk d floats, a call each) and the stream of every
+// key and value the kernel reads (2 positions hk d floats, one call).
+inline double kv_traffic_time(const DecoderConfig& c, const StepTrace& t, const cost::HardwareProfile& hw, int r,
+                              int b) {
+  using namespace step_cost_detail;
+  const double hk = double(kv_heads_of(c, t.ranks, r).length), d = double(c.head_dim);
+  double a = 0, positions = 0;
+  for (const ChunkShape& ch : t.chunks)
+    a += streams(hw, 4 * double(ch.tokens) * hk * d * b), positions += double(ch.cached + ch.tokens);
+  return a + streams(hw, 2 * positions * hk * d * b);
+}
+
 // Seconds of rank r's attention sublayer in one layer (every layer's is the same), as decoder_step runs it: the
 // norm, the projections (with Qwen2's biases), OLMoE's or Qwen3's q/k norms, per chunk RoPE of q and k and the KV
 // append, the paged kernel with its key and value reads, the output projection.
@@ -252,10 +265,8 @@ inline double attention_time(const DecoderConfig& c, const StepTrace& t, const c
     for (const double heads : {hq, hk})
       a += streams(hw, 2 * len * heads * d * b, ElementwiseFamily::rope) +
            hw.scalar_math.time(cost::ScalarFunction::sincos, len * d);
-    a += streams(hw, 4 * len * hk * d * b);  // the KV append: k and v read, written into the cache
   }
-  return a + hw.paged_attention_time(pairs, hq, d) + hw.call_overhead.kernel_call_s +
-         streams(hw, 2 * positions * hk * d * b);
+  return a + hw.paged_attention_time(pairs, hq, d) + hw.call_overhead.kernel_call_s + kv_traffic_time(c, t, hw, r, b);
 }
 
 // Seconds of each layer of the step on the cluster (compute, then its collectives), and the totals.
