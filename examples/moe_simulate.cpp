@@ -655,6 +655,7 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
   options.passes = o.calibration_passes;
   add_decode_gemms(options, c, o.ranks);
   add_serving_messages(options, c, o.step_tokens);  // the step's all-reduces, 0.5-8 KB at decode
+  options.copy_memory_bytes = std::int64_t(128) << 20;  // a layout switch's banks: copies from memory
   run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
     const cost::Calibration cal = cost::calibrate<ops::Cpu>(comm, options);
     if (comm.rank() == 0) {

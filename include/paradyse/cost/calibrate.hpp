@@ -26,8 +26,7 @@
 //     options.attention_whole_tiles asks for it (train_gpt does), causal calls too, every call's flops counted on
 //     the pairs of the whole tiles the kernel computes (AttentionModel::whole_tiles); where
 //     options.attention_causal_only asks for it (train_gpt on a device), causal calls alone on their visible pairs;
-//   - copies of several sizes: elementwise bytes per second; and copies from memory (each piece its own source and
-//     destination, cycled through options.copy_memory_bytes a rank): memory_copy_bytes_per_s;
+//   - copies of several sizes: elementwise bytes per second;
 //   - fresh allocations (Tensors made and zeroed up to a 64 MiB working set, then freed) from 64 KiB to 64 MiB: the
 //     zeroing rate of reused pages,
 //     the first-touch rate of new ones and the size from which the C library hands out new pages (fit_fresh_memory);
@@ -47,6 +46,8 @@
 //     size range (in the cores' caches, in the shared last-level cache, beyond it);
 //   - a ring step (a GEMM beside a shift_async) against the two alone: the fraction of overlap the backend gives
 //     (wall-clock time only; in thread CPU time it is 0 by construction).
+//   - where options.copy_memory_bytes asks for it (moe_simulate --measure does), last: copies from memory (pieces,
+//     each its own source and destination, cycled through that many bytes a rank): memory_copy_bytes_per_s.
 // The fits minimise relative error with non-negative coefficients (cost/least_squares.hpp); their worst and median
 // errors come back with the samples, so a poor fit is visible.
 //
@@ -244,7 +245,6 @@ void calibrate_copies(C& comm, const CalibrationOptions& options, Calibration& r
   for (std::size_t i = 0; i < y.size(); ++i)
     result.samples.push_back({fmt::format("copy {} B", options.copy_bytes[i]), y[i],
                               rows[i][0] * result.copy_fit.coefficients[0]});
-  calibrate_memory_copies<Backend>(comm, options, result);
 }
 
 // Activations on the host, where they are compute-bound: GELU forward + backward in output elements per second, and
@@ -415,6 +415,9 @@ Calibration calibrate_pass(C& comm, const CalibrationOptions& options) {
     profile.intra_node = profile.inter_node = {0, 0, 1e12, 1e12};
     profile.overlap = 1;
   }
+  // Last: its working set streams through every cache and its pieces go back to the C library's heap, which would
+  // change what the measurements above see.
+  calibrate_memory_copies<Backend>(comm, options, result);
   return result;
 }
 

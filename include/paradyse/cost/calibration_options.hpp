@@ -66,9 +66,10 @@ struct CalibrationOptions {
   // 0 no such range (a device backend has none).
   std::vector<std::int64_t> copy_bytes = {std::int64_t(1) << 20, std::int64_t(1) << 23, std::int64_t(1) << 25};
   // Copies from memory (HardwareProfile::memory_copy_bytes_per_s): pieces of copy_memory_piece_bytes cycled through
-  // sources and destinations that add up to copy_memory_bytes a rank (4x a 32 MiB last-level cache; take more where
-  // the cache is larger); 0: not measured, the profile prices such copies at the elementwise rate.
-  std::int64_t copy_memory_bytes = std::int64_t(128) << 20;
+  // sources and destinations that add up to copy_memory_bytes a rank (moe_simulate --measure asks for 128 MiB, 4x a
+  // 32 MiB last-level cache; take more where the cache is larger); 0 (the default): not measured, the profile prices
+  // such copies at the elementwise rate.
+  std::int64_t copy_memory_bytes = 0;
   std::int64_t copy_memory_piece_bytes = std::int64_t(4) << 20;
   std::vector<std::int64_t> message_bytes = {std::int64_t(1) << 15, std::int64_t(1) << 18, std::int64_t(1) << 20,
                                              std::int64_t(1) << 22, std::int64_t(1) << 23, std::int64_t(1) << 24,
