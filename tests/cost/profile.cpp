@@ -195,7 +195,8 @@ TEST_CASE("profile: infinite, nan, negative and out-of-range values are rejected
   CHECK(with("intra_node", "bus_bytes_per_s", -5.0).find("\"bus_bytes_per_s\" = -5 must be positive (intra_node.bus_bytes_per_s)") != std::string::npos);
   CHECK(with("", "elementwise_bytes_per_s", inf).find("elementwise_bytes_per_s") != std::string::npos);
   CHECK(with("", "overlap", std::nan("")).find("overlap") != std::string::npos);
-  CHECK(with("", "memory_copy_bytes_per_s", -2e10).find("must not be negative (memory_copy_bytes_per_s)") != std::string::npos);
+  CHECK(with("", "memory_copy_bytes_per_s", -2e10).find("must not be negative (memory_copy_bytes_per_s)") !=
+        std::string::npos);
   CHECK(with("", "memory_copy_bytes_per_s", 0.0) == "loaded");  // 0: the elementwise rate
   CHECK(with("", "devices_per_node", 4294967297.0).find("\"devices_per_node\" = 4294967297 must be an integer in [1, 1048576]") != std::string::npos);
   CHECK(with("", "memory_bytes", 1e300).find("memory_bytes") != std::string::npos);

@@ -408,8 +408,8 @@ struct HardwareProfile {
   std::array<ElementwiseFamilyRate, kElementwiseFamilies> elementwise_families{};
   // Bytes read + written per second by a copy whose source and destination come from memory, not cache: a layout
   // switch's expert banks (serve/step_cost.hpp layer_switch), a working set many times the last-level cache. On a
-  // CPU it ran at a fifth of the hot copies' rate here (the elementwise rate is fitted on buffers the caches partly
-  // hold). 0: the elementwise rate (built-in profiles, whose elementwise rate is already HBM's).
+  // 2-core VM's thread ranks 14 GB/s, where its elementwise rate, fitted on copies the caches partly hold, read 38-63.
+  // 0: the elementwise rate (built-in profiles, whose elementwise rate is already HBM's).
   double memory_copy_bytes_per_s = 0;
   // Output elements per second of activation kernels (GELU, SwiGLU, softmax exponentials), which are compute-bound
   // on CPUs; 0: memory-bound like the other elementwise kernels (GPUs).

@@ -113,7 +113,8 @@ inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double
 inline double exchange_time(const cost::HardwareProfile& hw, int p, double bytes) {
   if (p <= 1 || bytes <= 0) return 0;
   const cost::LinkModel& l = hw.link(hw.level_of(p));
-  return l.launch_s + l.step_latency_s * (p - 1) + std::max(bytes / l.p2p_bytes_per_s, hw.memory_copy_time(2 * bytes));
+  const double transfer = std::max(bytes / l.p2p_bytes_per_s, hw.memory_copy_time(2 * bytes));
+  return l.launch_s + l.step_latency_s * (p - 1) + transfer;
 }
 
 }  // namespace step_cost_detail
