@@ -58,7 +58,7 @@ TEST_CASE("memory copies: none measured without a working set; the profile falls
 
 TEST_CASE("memory copies: a piece that is not whole floats or leaves no room for its destination is refused") {
   using Case = std::pair<std::int64_t, std::int64_t>;  // piece, working set
-  for (const auto [piece, total] : {Case{4098, 1 << 16}, Case{1 << 16, 1 << 16}, Case{0, 64}}) {
+  for (const auto& [piece, total] : {Case{4098, 1 << 16}, Case{1 << 16, 1 << 16}, Case{0, 64}}) {
     CAPTURE(piece);
     CalibrationOptions options = testing::small_calibration_options();
     options.copy_memory_piece_bytes = piece;
