@@ -2,8 +2,9 @@
 // kernel list is the real CPU step's (same kernels, same shapes, in order) for loaded models on p = 1..3 in TP and
 // EP; a simulated step's cost is cost/trace_cost.hpp's time of that step's dry-run trace (computed here from the
 // traces); a layout change costs the ranks' own work (new banks, kept pieces) beside its transfers, written out; the
-// analytic model the switcher forecasts with (serve/step_cost.hpp) agrees with it within a stated band on
-// Mixtral-8x7B steps; a dry run of latent attention is refused by name.
+// analytic model the switcher forecasts with (serve/step_cost.hpp) is its cost to rounding, kernel for kernel, on the
+// published shapes and the fixtures' configs; DeepSeek's latent attention runs as the absorbed GEMMs and one paged
+// kernel over the latents (written out on DeepSeek-V2-Lite).
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
@@ -46,10 +47,18 @@ using ops::listing_test::Listing;
 
 std::filesystem::path repo() { return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path(); }
 
+// A trace's kernels, identical neighbours merged as Trace::record merges them (a real step's thread communicator
+// records nothing between two kernels that a dry run's collective separates: DeepSeek's shared expert's add, the
+// all-reduce, the residual add).
 std::vector<TraceEvent> kernels(std::span<const TraceEvent> events) {
   std::vector<TraceEvent> k;
-  for (const TraceEvent& e : events)
-    if (e.is_kernel()) k.push_back(e);
+  for (const TraceEvent& e : events) {
+    if (!e.is_kernel()) continue;
+    if (!k.empty() && k.back().same_kernel(e))
+      k.back().count += e.count;
+    else
+      k.push_back(e);
+  }
   return k;
 }
 
@@ -151,7 +160,9 @@ void same_kernels_as_real_steps(const char* name, int p, MoeMode mode, bool pool
 }
 
 TEST_CASE("step dry run: its kernel list is the real CPU step's (same kernels, same shapes) on p = 1..3, TP and EP") {
-  for (const char* name : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe"})
+  // DeepSeek's latent attention: with q_lora_rank (V2, V3), without (V2-Lite), under YaRN and with RoPE on halves.
+  for (const char* name : {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe", "deepseek_v2", "deepseek_v2_lite_yarn",
+                           "deepseek_v3_yarn", "deepseek_v3_rope_halves"})
     for (const int p : {1, 2, 3})
       for (const MoeMode mode : {MoeMode::tp, MoeMode::ep}) same_kernels_as_real_steps(name, p, mode, false);
 }
@@ -165,8 +176,9 @@ TEST_CASE("step dry run: under Alloc-T's pooled routing too (the scoring pass, e
 TEST_CASE("step dry run: ranks of equal trace keys record the same events, so the step is priced from one of them") {
   const ModelShape mixtral = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string());
   const SimulatedCluster h100 = simulated_cluster("h100", 2);
-  std::vector<DecoderConfig> configs{mixtral.config};
-  for (const char* name : {"qwen2_moe", "olmoe", "qwen3_moe"})
+  const ModelShape lite = read_model_shape((repo() / "data" / "model_shapes" / "deepseek-v2-lite.json").string());
+  std::vector<DecoderConfig> configs{mixtral.config, lite.config};
+  for (const char* name : {"qwen2_moe", "olmoe", "qwen3_moe", "deepseek_v3"})
     configs.push_back(load_decoder((repo() / "tests" / "data" / "hf" / name).string()).config);
   const std::vector<ChunkShape> batch{{1, 90, true}, {1, 37, true}, {12, 0, false}, {5, 20, false}};
   for (const DecoderConfig& c : configs) {
@@ -386,25 +398,29 @@ TEST_CASE("step dry run: the ranks' spread adds sigma E[max of p] x each piece's
 }
 
 TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for kernel") {
-  // Built-in profiles, and one with every term the two price per kernel: the call's fixed cost, a family's rate, size
-  // classes, the cos/sin calls, the ranks' spread (per half-layer against per piece), fresh allocations (which
-  // neither charges: the dry run's meta tensors record none).
+  // Built-in profiles, and one with every term the two price per kernel: the call's fixed cost, the families' rates,
+  // size classes, the cos/sin calls, the paged kernel's per-visit model, the ranks' spread (per half-layer against per
+  // piece), fresh allocations (which neither charges: the dry run's meta tensors record none).
   const SimulatedCluster h100 = simulated_cluster("h100", 2), h200 = simulated_cluster("h200", 2);
   SimulatedCluster every = h200;
   cost::HardwareProfile& hw = every.profile;
   hw.call_overhead.kernel_call_s = 3e-6;
   hw.scalar_math.sincos_per_s = 2e9;
   hw.elementwise_families[std::size_t(ElementwiseFamily::rows)] = {.overhead_s = 1e-6, .bytes_per_s = 1e12};
+  hw.elementwise_families[std::size_t(ElementwiseFamily::copy)] = {.overhead_s = 2e-6, .bytes_per_s = 5e11};
+  hw.paged_attention = {.visits_per_s = 1e10, .flops_per_s = 2e13};
   hw.elementwise_classes = {{.max_bytes = 1e6, .bytes_per_s = 1e12}, {.max_bytes = 1e9, .bytes_per_s = 3e12}};
   hw.rank_jitter = 0.05;
   hw.fresh_memory = {.zero_bytes_per_s = 1e10, .fresh_bytes_per_s = 1e10, .fresh_min_bytes = 1 << 20};
   const SimulatedCluster* clusters[] = {&h100, &h200, &every};
-  // The published shapes (Qwen2-57B: q/k/v biases, a gated shared expert) and the fixtures' configs: OLMoE's q/k norm
-  // over whole projections, Qwen3-MoE's per-head q/k norms and a dense layer, Qwen2-MoE's dense layer.
+  // The published shapes (Qwen2-57B: q/k/v biases, a gated shared expert; DeepSeek-V2-Lite: latent attention without
+  // q_lora_rank, a dense first layer) and the fixtures' configs: OLMoE's q/k norm over whole projections, Qwen3-MoE's
+  // per-head q/k norms and a dense layer, Qwen2-MoE's dense layer, DeepSeek-V3's latent attention with q_lora_rank and
+  // YaRN's RoPE.
   std::vector<std::filesystem::path> configs;
-  for (const char* model : {"mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b"})
+  for (const char* model : {"mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b", "deepseek-v2-lite"})
     configs.push_back(repo() / "data" / "model_shapes" / (std::string(model) + ".json"));
-  for (const char* fixture : {"olmoe", "qwen3_moe", "qwen2_moe"})
+  for (const char* fixture : {"olmoe", "qwen3_moe", "qwen2_moe", "deepseek_v3_yarn"})
     configs.push_back(repo() / "tests" / "data" / "hf" / fixture / "config.json");
   for (const std::filesystem::path& config : configs) {
     const ModelShape shape = read_model_shape(config.string());
@@ -451,14 +467,39 @@ TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for ker
   }
 }
 
-TEST_CASE("step dry run: latent attention (DeepSeek) is refused by name; the clock costs it analytically") {
+TEST_CASE("step dry run: DeepSeek's latent attention runs as absorbed GEMMs and one paged kernel over the latents") {
+  // DeepSeek-V2-Lite (h 2048, 16 heads, r_kv 512, d_r 64, d_n = d_v = 128, no q_lora_rank) on rank 0 of 2 (8 heads):
+  // a 4-token prompt and a decode token after 10 cached positions, n = 5.
   const ModelShape lite = read_model_shape((repo() / "data" / "model_shapes" / "deepseek-v2-lite.json").string());
   const DecoderConfig& c = lite.config;
-  const StepTrace t = step_of(c, 2, {{4, 0, false}}, ExpertLayout::tp(), skewed_loads(c, 4));
-  CHECK_THROWS_WITH_AS(dry_run_step(c, t, 0), doctest::Contains("multi-head latent attention"), Error);
+  const StepTrace t = step_of(c, 2, {{4, 0, false}, {1, 10, true}}, ExpertLayout::tp(), skewed_loads(c, 5));
+  const std::vector<TraceEvent> events = kernels(dry_run_step(c, t, 0).events);
+  // The first layer's attention, in order among its other kernels (norms, copies, RoPE).
+  using K = TraceKind;
+  const std::vector<TraceEvent> expected{
+      {.kind = K::gemm, .m = 5, .n = 8 * 192, .k = 2048},                  // q [5, 8 (d_n + d_r)]
+      {.kind = K::gemm, .m = 5, .n = 576, .k = 2048},                      // [c_kv | k_pe] [5, r_kv + d_r]
+      {.kind = K::gemm, .count = 8, .m = 5, .n = 512, .k = 128},           // q_nope W_uk, an item a head
+      {.kind = K::elementwise, .bytes = 4 * 2 * 4 * 576.0},                // the prompt's latents appended
+      {.kind = K::elementwise, .bytes = 4 * 2 * 1 * 576.0},                // the decode token's
+      {.kind = K::paged_attention, .m = 4 * 5 / 2 + 11, .n = 8, .k = 544},  // the causal pairs; r_kv + d_r / 2
+      {.kind = K::elementwise, .bytes = 4 * (4 + 11) * 576.0},             // each position's latent, read once
+      {.kind = K::gemm, .count = 8, .m = 5, .n = 128, .k = 512},           // o_lat W_uv^T
+      {.kind = K::gemm, .m = 5, .n = 2048, .k = 8 * 128}};                 // the output projection
+  std::size_t at = 0;
+  for (const TraceEvent& want : expected) {
+    INFO("expected kernel ", &want - expected.data());
+    while (at < events.size() && !(int(events[at].kind) == int(want.kind) && events[at].count == want.count &&
+                                   events[at].m == want.m && events[at].n == want.n && events[at].k == want.k &&
+                                   events[at].bytes == want.bytes))
+      ++at;
+    REQUIRE(at < events.size());
+    ++at;
+  }
+  // The simulated clock takes the dry run's cost (with the engine's broadcasts around it).
   const SimulatedCluster h100 = simulated_cluster("h100", 2);
   CHECK(simulated_step_cost(c, t, h100).total_s() ==
-        doctest::Approx(step_cost(c, t, h100).total_s() + engine_control_s(t, h100.profile)).epsilon(1e-12));
+        doctest::Approx(dry_run_step_cost(c, t, h100).total_s() + engine_control_s(t, h100.profile)).epsilon(1e-12));
 }
 
 }  // namespace step_dry_run_test

@@ -15,7 +15,7 @@
 //     (moe_simulate --measure).
 //   SimulatedClock: seconds of a cluster: each step advances it by the time model's cost of the dry run of the step
 //     (serve/step_dry_run.hpp: decoder_step on shapes alone, per modelled rank, on the step's batch, layouts and
-//     expert loads; DeepSeek's latent attention by serve/step_cost.hpp's analytic model); with nothing to run it
+//     expert loads; DeepSeek's latent attention too, serve/mla_attention.hpp); with nothing to run it
 //     jumps to the next arrival; the engine's host work (its bookkeeping per step and chunk, the dynamic policy's
 //     forecast: StepTrace::planning_events, at the profile's calibrated rates) is charged with the step; with the
 //     profile's step_jitter each step's price is multiplied by a factor drawn for it (seeded, so a run is the same

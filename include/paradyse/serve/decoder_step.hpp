@@ -23,8 +23,9 @@
 // (serve/step_dry_run.hpp's DryKvCache) it is the step's dry run: every kernel, with its shape, and every collective
 // are recorded in the thread's Trace (core/trace.hpp), and nothing is computed. The few element loops that are not
 // backend ops (the bias adds, OLMoE's q/k norm sums, the KV append and the attention over the paged cache) compute
-// on the CPU only and record what they do through step_detail::note (also on the CPU when a Trace is installed, so
-// a CPU step's kernel list can be read off and compared with the dry run's). The attention over the cache
+// on the CPU only and record what they do (serve/step_record.hpp; also on the CPU when a Trace is installed, so a
+// CPU step's kernel list can be read off and compared with the dry run's). DeepSeek's latent attention
+// (serve/mla_attention.hpp) is generic over the backend and the cache in the same way. The attention over the cache
 // (serve/paged_attention.hpp) is one paged-attention kernel for the whole batch: its visible query-key pairs
 // (TraceKind::paged_attention, priced per visit by the profile's PagedAttentionModel), then a stream that reads
 // every position's keys and values. In a dry run the router sees no data: `loads` ([layers][E]) gives each MoE
@@ -43,6 +44,7 @@
 #include "paradyse/serve/paged_kv_cache.hpp"
 #include "paradyse/serve/rank_shard.hpp"
 #include "paradyse/serve/routing_budget.hpp"
+#include "paradyse/serve/step_record.hpp"
 #include "paradyse/strategy/buffer_pool.hpp"
 
 #include <cmath>
@@ -117,17 +119,6 @@ inline std::vector<ExpertTask> split_over_replicas(const RankLayer& L, int rank,
 }
 
 namespace step_detail {
-
-// The backend records a trace instead of computing (ops::Counting).
-template <class Backend>
-inline constexpr bool records = requires { requires Backend::records_trace; };
-
-// What an element loop of the step does, into the thread's Trace when one is installed (a dry run; or a CPU run
-// whose kernels are being listed).
-inline void note(const TraceEvent& e) {
-  if (Trace* t = Trace::current()) t->record(e);
-}
-inline void note_stream(double floats) { note({.kind = TraceKind::elementwise, .bytes = 4 * floats}); }
 
 // Layer l's expert loads out of a dry run's `loads` (empty when none are given).
 inline std::span<const std::int64_t> layer_loads(std::span<const std::vector<std::int64_t>> loads, std::int64_t l) {
@@ -324,11 +315,7 @@ StepResult decoder_step(C& comm, const DecoderConfig& c, const RankShard& s, Cac
     const auto attention = [&] {
       Backend::rms_norm_forward(x.view(), L.attn_norm.view(), float(c.rms_eps), xn.view(), rstd.view());
       if (c.is_mla()) {
-        if constexpr (dry)
-          check(false, "decoder_step: the dry run of multi-head latent attention (DeepSeek) is not written yet; its "
-                "cost is serve/step_cost.hpp's analytic model");
-        else
-          mla_attention(c, s, L, cache, l, chunks, xn.view(), y.view());
+        mla_attention<Backend>(c, s, L, cache, l, chunks, xn.view(), y.view());
       } else {
         linear<Backend>(xn.view(), L.wq, L.bq, q.view());
         linear<Backend>(xn.view(), L.wk, L.bk, k.view());

@@ -19,11 +19,20 @@
 //   out_i = W_uv (sum_t softmax(score)_t c_kv_t)      (equal to attention over k_nope = W_uk c_kv, v = W_uv c_kv).
 // The heads' outputs [n, H_r d_v] times this rank's rows of W_o^T give the rank's partial output (all-reduced by
 // the caller). RMSNorms of the latents use epsilon 1e-6 (transformers builds them with its default, not rms_norm_eps).
+//
+// Generic over the backend and the cache, as decoder_step (serve/decoder_step.hpp): the projections, norms, RoPE and
+// copies are backend ops, and the absorption is two batched GEMMs of one item per head (q_nope [n, d_n] x W_uk
+// [d_n, r_kv], then the latent output [n, r_kv] x W_uv^T [r_kv, d_v]). The attention over the latent cache is a
+// scalar loop on the CPU; a dry run (ops::Counting) records it as one paged-attention event of the step's visible
+// query-key pairs over the rank's heads, at width r_kv + d_r / 2 (its 4 d flops a visit are the score's 2 (r_kv + d_r)
+// and the weighted sum's 2 r_kv), and the stream that reads each position's latent once; each chunk's latent append is
+// a stream of its own. serve/step_cost.hpp prices the same kernels.
 #pragma once
 
 #include "paradyse/ops/backend.hpp"
-#include "paradyse/serve/paged_kv_cache.hpp"
+#include "paradyse/serve/paged_attention.hpp"
 #include "paradyse/serve/rank_shard.hpp"
+#include "paradyse/serve/step_record.hpp"
 #include "paradyse/serve/yarn_rope.hpp"
 
 #include <algorithm>
@@ -41,106 +50,146 @@ struct AttentionChunk {
 
 inline constexpr float kMlaLatentNormEps = 1e-6f;  // q_a_layernorm, kv_a_layernorm (transformers' default)
 
+namespace mla_detail {
+
+// RoPE of x [1, len, heads, d_r] in place, at positions start, start + 1, ...: the backend's kernel, or under YaRN
+// rotate_scaled (host code, recorded as the backend records its RoPE kernel: the stream, and a cos and a sin per
+// token and frequency).
+template <class Backend>
+void rotate(const DecoderConfig& c, TensorView<float> x, std::int64_t start, std::span<const double> frequencies) {
+  const bool interleaved = c.mla.interleaved_rope;
+  if (!c.yarn.enabled()) {
+    const ops::RopeConfig rope{c.rope_theta, interleaved ? ops::RopeLayout::interleaved : ops::RopeLayout::halves};
+    Backend::rope_forward(x, x, start, rope);
+    return;
+  }
+  if constexpr (!step_detail::records<Backend>)
+    rotate_scaled(x, start, frequencies, yarn_attention_factor(c.yarn), interleaved);
+  step_detail::note_stream(2 * double(x.numel()), ElementwiseFamily::rope);
+  step_detail::note({.kind = TraceKind::transcendental, .m = double(x.extent(1)) * double(x.extent(3)),
+                     .n = 1});  // 1: cos or sin (cost::ScalarFunction::sincos)
+}
+
+// o_lat [len, H_r, r_kv] (the chunk's rows of the step's) = for each query and head, the softmax-weighted sum of the
+// latents c_kv of its request's visible positions, scored by q_lat . c_kv_t + q_pe . k_pe_t (times `scale`).
+template <class Cache>
+void latent_attention(const Cache& cache, std::int64_t layer, const AttentionChunk& ch, std::int64_t start,
+                      double scale, TensorView<const float> q_lat, TensorView<const float> q_pe,
+                      TensorView<float> o_lat, std::vector<double>& scores, std::vector<double>& sum) {
+  const std::int64_t hq = q_lat.extent(1), rkv = q_lat.extent(2), dr = q_pe.extent(2);
+  sum.resize(std::size_t(rkv));
+  for (std::int64_t i = 0; i < ch.length; ++i) {
+    const std::int64_t row = ch.first + i, visible = start + i + 1;
+    scores.resize(std::size_t(visible));
+    for (std::int64_t head = 0; head < hq; ++head) {
+      const float* ql = &q_lat(row, head, 0);
+      const float* qp = &q_pe(row, head, 0);
+      double top = -INFINITY;
+      for (std::int64_t t = 0; t < visible; ++t) {
+        const float* lt = cache.key(ch.request, layer, t, 0);  // [c_kv | k_pe]
+        double dot = 0;
+        for (std::int64_t r = 0; r < rkv; ++r) dot += double(ql[r]) * lt[r];
+        for (std::int64_t e = 0; e < dr; ++e) dot += double(qp[e]) * lt[rkv + e];
+        scores[std::size_t(t)] = dot * scale;
+        top = std::max(top, scores[std::size_t(t)]);
+      }
+      double total = 0;
+      for (double& x : scores) total += (x = std::exp(x - top));
+      std::fill(sum.begin(), sum.end(), 0.0);
+      for (std::int64_t t = 0; t < visible; ++t) {
+        const float* lt = cache.key(ch.request, layer, t, 0);
+        const double p = scores[std::size_t(t)] / total;
+        for (std::int64_t r = 0; r < rkv; ++r) sum[std::size_t(r)] += p * lt[r];
+      }
+      float* out = &o_lat(row, head, 0);
+      for (std::int64_t r = 0; r < rkv; ++r) out[r] = float(sum[std::size_t(r)]);
+    }
+  }
+}
+
+}  // namespace mla_detail
+
 // y [n, h] = this rank's partial MLA output for the normalised activations xn [n, h]; appends the chunks' latents
-// to the cache (layer `layer`) before attending.
-inline void mla_attention(const DecoderConfig& c, const RankShard& s, const RankLayer& L, PagedKvCache& cache,
-                          std::int64_t layer, std::span<const AttentionChunk> chunks, TensorView<const float> xn,
-                          TensorView<float> y) {
-  using Backend = ops::Cpu;
+// to the cache (layer `layer`) before attending. A dry run (ops::Counting, a cache that knows lengths only) records.
+template <class Backend = ops::Cpu, class Cache>
+void mla_attention(const DecoderConfig& c, const RankShard& s, const RankLayer& L, Cache& cache, std::int64_t layer,
+                   std::span<const AttentionChunk> chunks, TensorView<const float> xn, TensorView<float> y) {
+  constexpr bool dry = step_detail::records<Backend>;
+  constexpr ops::Transpose no = ops::Transpose::no, yes = ops::Transpose::yes;
   const MlaShape& a = c.mla;
-  const std::int64_t n = xn.extent(0), h = c.hidden, hq = s.q_heads.length, dn = a.nope, dr = a.rope, dv = a.v,
-                     qk = dn + dr, rkv = a.kv_lora_rank, latent = rkv + dr;
-  Backend::fill(y, 0.0f);
+  const std::int64_t n = xn.extent(0), hq = s.q_heads.length, dn = a.nope, dr = a.rope, dv = a.v, qk = dn + dr,
+                     rkv = a.kv_lora_rank, latent = rkv + dr;
   if (n == 0) return;
-  // q [n, hq qk]
+  // q [n, H_r qk]
   Tensor<float> q(Shape{n, hq * qk});
   if (a.q_lora_rank > 0) {
     Tensor<float> qa(Shape{n, a.q_lora_rank}), rstd(Shape{n});
-    Backend::matmul(xn, ops::Transpose::no, L.wq_a.view(), ops::Transpose::yes, qa.view());
+    Backend::matmul(xn, no, L.wq_a.view(), yes, qa.view());
     Backend::rms_norm_forward(qa.view(), L.q_a_norm.view(), kMlaLatentNormEps, qa.view(), rstd.view());
-    Backend::matmul(qa.view(), ops::Transpose::no, L.wq.view(), ops::Transpose::yes, q.view());
+    Backend::matmul(qa.view(), no, L.wq.view(), yes, q.view());
   } else {
-    Backend::matmul(xn, ops::Transpose::no, L.wq.view(), ops::Transpose::yes, q.view());
+    Backend::matmul(xn, no, L.wq.view(), yes, q.view());
   }
-  // [c_kv | k_pe] [n, r_kv + d_r]; c_kv normalised in place.
-  Tensor<float> kv(Shape{n, latent}), rstd(Shape{n});
-  Backend::matmul(xn, ops::Transpose::no, L.wkv_a.view(), ops::Transpose::yes, kv.view());
+  // [c_kv | k_pe] [n, r_kv + d_r]; c_kv normalised (on a contiguous copy).
+  Tensor<float> kv(Shape{n, latent});
+  Backend::matmul(xn, no, L.wkv_a.view(), yes, kv.view());
   {
-    Tensor<float> ckv(Shape{n, rkv});
-    copy(kv.view().slice(1, 0, rkv), ckv.view());
+    Tensor<float> ckv(Shape{n, rkv}), rstd(Shape{n});
+    Backend::copy(kv.view().slice(1, 0, rkv), ckv.view());
     Backend::rms_norm_forward(ckv.view(), L.kv_a_norm.view(), kMlaLatentNormEps, ckv.view(), rstd.view());
-    copy(ckv.view(), kv.view().slice(1, 0, rkv));
+    Backend::copy(ckv.view(), kv.view().slice(1, 0, rkv));
   }
-  // RoPE of q_pe (every head) and k_pe, on contiguous copies.
-  const ops::RopeConfig rope{c.rope_theta, a.interleaved_rope ? ops::RopeLayout::interleaved : ops::RopeLayout::halves};
-  // Under YaRN (c.yarn): its blended frequencies, cos and sin times its attention factor (serve/yarn_rope.hpp).
+  // RoPE of q_pe [n, H_r, d_r] (every head) and k_pe [n, 1, d_r] at each chunk's positions, on contiguous copies;
+  // k_pe back into the latent row. Under YaRN (c.yarn): its blended frequencies, cos and sin times its attention
+  // factor (serve/yarn_rope.hpp).
+  Tensor<float> q_pe(Shape{n, hq, dr}), k_pe(Shape{n, 1, dr});
+  Backend::copy(q.view().reshape(Shape{n, hq, qk}).slice(2, dn, dr), q_pe.view());
+  Backend::copy(kv.view().slice(1, rkv, dr), k_pe.view().reshape(Shape{n, dr}));
   const std::vector<double> frequencies =
       c.yarn.enabled() ? rope_inverse_frequencies(c.rope_theta, dr, c.yarn) : std::vector<double>{};
-  const double amplitude = yarn_attention_factor(c.yarn);
-  Tensor<float> q_pe(Shape{n, hq, dr}), k_pe(Shape{n, 1, dr});
-  copy(q.view().reshape(Shape{n, hq, qk}).slice(2, dn, dr), q_pe.view());
-  copy(kv.view().slice(1, rkv, dr), k_pe.view().reshape(Shape{n, dr}));
   for (const AttentionChunk& ch : chunks) {
     const std::int64_t start = cache.length(ch.request);
-    const TensorView<float> qb = q_pe.view().slice(0, ch.first, ch.length).reshape(Shape{1, ch.length, hq, dr});
-    const TensorView<float> kb = k_pe.view().slice(0, ch.first, ch.length).reshape(Shape{1, ch.length, 1, dr});
-    if (c.yarn.enabled()) {
-      rotate_scaled(qb, start, frequencies, amplitude, a.interleaved_rope);
-      rotate_scaled(kb, start, frequencies, amplitude, a.interleaved_rope);
-    } else {
-      Backend::rope_forward(qb, qb, start, rope);
-      Backend::rope_forward(kb, kb, start, rope);
-    }
+    mla_detail::rotate<Backend>(c, q_pe.view().slice(0, ch.first, ch.length).reshape(Shape{1, ch.length, hq, dr}),
+                                start, frequencies);
+    mla_detail::rotate<Backend>(c, k_pe.view().slice(0, ch.first, ch.length).reshape(Shape{1, ch.length, 1, dr}),
+                                start, frequencies);
   }
-  copy(k_pe.view().reshape(Shape{n, dr}), kv.view().slice(1, rkv, dr));
-  Tensor<float> attn(Shape{n, hq * dv});
-  std::vector<double> q_lat(static_cast<std::size_t>(rkv)), o_lat(static_cast<std::size_t>(rkv));
-  std::vector<double> scores;
+  Backend::copy(k_pe.view().reshape(Shape{n, dr}), kv.view().slice(1, rkv, dr));
+  // Head i's rows of W_kvb [H_r (d_n + d_v), r_kv]: W_uk [d_n, r_kv], then W_uv [d_v, r_kv]. The absorption's two
+  // batched GEMMs, one item a head: q_lat [n, H_r, r_kv] = q_nope W_uk; attn [n, H_r d_v] = o_lat W_uv^T.
+  Tensor<float> q_lat(Shape{n, hq, rkv}), o_lat(Shape{n, hq, rkv}), attn(Shape{n, hq * dv});
+  std::vector<const float*> absorb_a, absorb_b, expand_a, expand_b;
+  std::vector<float*> absorb_c, expand_c;
+  for (std::int64_t head = 0; head < hq; ++head) {
+    const float* w = L.wkv_b.data() + head * (dn + dv) * rkv;
+    absorb_a.push_back(q.data() + head * qk), absorb_b.push_back(w), absorb_c.push_back(q_lat.data() + head * rkv);
+    expand_a.push_back(o_lat.data() + head * rkv), expand_b.push_back(w + dn * rkv);
+    expand_c.push_back(attn.data() + head * dv);
+  }
+  if (dn > 0)
+    Backend::gemm_batched(no, no, n, rkv, dn, 1.0f, absorb_a, hq * qk, absorb_b, rkv, 0.0f, absorb_c, hq * rkv);
+  else
+    Backend::fill(q_lat.view(), 0.0f);
+  // Each chunk's latents into the cache, then its queries over their request's latents.
   const double scale = yarn_softmax_factor(c.yarn) / std::sqrt(double(qk));
-  const std::int64_t rows_per_head = dn + dv;
-  const float* wkvb = L.wkv_b.data();  // [hq (d_n + d_v), r_kv]: this rank's heads
+  double pairs = 0, positions = 0;  // the step's visible query-key pairs; the positions whose latents are read
+  std::vector<double> scores, sum;
   for (const AttentionChunk& ch : chunks) {
     const std::int64_t start = cache.length(ch.request);
-    cache.append(ch.request, layer, kv.view().slice(0, ch.first, ch.length).reshape(Shape{ch.length, 1, latent}), {});
-    for (std::int64_t i = 0; i < ch.length; ++i) {
-      const std::int64_t row = ch.first + i, visible = start + i + 1;
-      scores.resize(std::size_t(visible));
-      for (std::int64_t head = 0; head < hq; ++head) {
-        const float* qn = &q(row, head * qk);
-        const float* qp = &q_pe(row, head, 0);
-        const float* uk = wkvb + head * rows_per_head * rkv;
-        std::fill(q_lat.begin(), q_lat.end(), 0.0);
-        for (std::int64_t j = 0; j < dn; ++j)
-          for (std::int64_t r = 0; r < rkv; ++r) q_lat[std::size_t(r)] += double(qn[j]) * uk[j * rkv + r];
-        double top = -INFINITY;
-        for (std::int64_t t = 0; t < visible; ++t) {
-          const float* lt = cache.key(ch.request, layer, t, 0);
-          double dot = 0;
-          for (std::int64_t r = 0; r < rkv; ++r) dot += q_lat[std::size_t(r)] * lt[r];
-          for (std::int64_t e = 0; e < dr; ++e) dot += double(qp[e]) * lt[rkv + e];
-          scores[std::size_t(t)] = dot * scale;
-          top = std::max(top, scores[std::size_t(t)]);
-        }
-        double total = 0;
-        for (std::int64_t t = 0; t < visible; ++t) total += (scores[std::size_t(t)] = std::exp(scores[std::size_t(t)] - top));
-        std::fill(o_lat.begin(), o_lat.end(), 0.0);
-        for (std::int64_t t = 0; t < visible; ++t) {
-          const float* lt = cache.key(ch.request, layer, t, 0);
-          const double p = scores[std::size_t(t)] / total;
-          for (std::int64_t r = 0; r < rkv; ++r) o_lat[std::size_t(r)] += p * lt[r];
-        }
-        const float* uv = uk + dn * rkv;
-        float* out = &attn(row, head * dv);
-        for (std::int64_t e = 0; e < dv; ++e) {
-          double v = 0;
-          for (std::int64_t r = 0; r < rkv; ++r) v += double(uv[e * rkv + r]) * o_lat[std::size_t(r)];
-          out[e] = float(v);
-        }
-      }
+    pairs += chunk_pairs(ch.length, start);
+    positions += double(start + ch.length);
+    step_detail::note_stream(2 * double(ch.length * latent));  // the append: read, written into the cache's blocks
+    if constexpr (!dry) {
+      cache.append(ch.request, layer, kv.view().slice(0, ch.first, ch.length).reshape(Shape{ch.length, 1, latent}),
+                   {});
+      mla_detail::latent_attention(cache, layer, ch, start, scale, q_lat.view(), q_pe.view(), o_lat.view(), scores,
+                                   sum);
     }
   }
-  if (hq > 0) Backend::matmul(attn.view(), ops::Transpose::no, L.wo_t.view(), ops::Transpose::no, y);
-  (void)h;
+  step_detail::note(paged_attention_event(pairs, hq, rkv + dr / 2));
+  step_detail::note_stream(positions * double(latent));
+  Backend::gemm_batched(no, yes, n, dv, rkv, 1.0f, expand_a, hq * rkv, expand_b, rkv, 0.0f, expand_c, hq * dv);
+  Backend::matmul(attn.view(), no, L.wo_t.view(), no, y);
 }
 
 }  // namespace paradyse::serve

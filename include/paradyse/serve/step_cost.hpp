@@ -4,26 +4,27 @@
 // The ANALYTIC model. The simulated clock advances by the cost of the step's dry run (serve/step_dry_run.hpp:
 // decoder_step itself on meta tensors, ops::Counting and the symbolic communicator); this function is what the switcher
 // forecasts with by default (serve/switch_policy.hpp: each candidate layout's step time, a few microseconds a call
-// where a dry run of p ranks takes milliseconds) and what the clock uses for DeepSeek's latent attention, which is not
-// dry-run. It sums, from the quantities the step computes on (n = the batch's tokens, each chunk's new tokens and
-// cached positions, the layout and the routing), the kernels decoder_step runs, each with the bytes, rows and flops its
-// counting rule records (ops/counting.hpp) and at the same price (cost/trace_cost.hpp event_seconds: the call's fixed
-// cost, a family's rate or the size classes), so it is the dry run's cost to rounding on any profile
-// (tests/serve/step_dry_run.cpp: Mixtral-8x7B and 8x22B, Qwen2-57B and the OLMoE, Qwen3-MoE and Qwen2-MoE fixtures'
-// configs; TP, EP and EP with replicas on 1-8 ranks, as is and switching) but for the GEMMs' weight reuse, which the
-// simulated clock keeps across steps (cost/gemm_reuse.hpp; a calibrated CPU profile's measured shapes), and a routing
-// budget's own kernels (Alloc-T's scoring pass; Alloc-L's K_l is in the step's routed loads). A kernel added to
-// decoder_step needs its term here, or that test fails. Stop 58's model (before the terms below matched) priced prompt
-// steps up to 3.9% under the dry run. Its terms, on rank r of p, per layer (d head width, hq_r / hk_r the rank's query
-// / key-value heads, f the expert width, b the dtype's bytes, every GEMM through the profile's GemmModel: overhead +
-// 2mnk / rate + (mk + kn + mn) b / HBM bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline
-// that makes TP win there):
+// where a dry run of p ranks takes milliseconds). It sums, from the quantities the step computes on (n = the batch's
+// tokens, each chunk's new tokens and cached positions, the layout and the routing), the kernels decoder_step runs,
+// each with the bytes, rows and flops its counting rule records (ops/counting.hpp) and at the same price
+// (cost/trace_cost.hpp event_seconds: the call's fixed cost, a family's rate or the size classes), so it is the dry
+// run's cost to rounding on any profile (tests/serve/step_dry_run.cpp: Mixtral-8x7B and 8x22B, Qwen2-57B,
+// DeepSeek-V2-Lite and the OLMoE, Qwen3-MoE, Qwen2-MoE and DeepSeek-V3 (YaRN) fixtures' configs; TP, EP and EP with
+// replicas on 1-8 ranks, as is and switching) but for the GEMMs' weight reuse, which the simulated clock keeps across
+// steps (cost/gemm_reuse.hpp; a calibrated CPU profile's measured shapes), and a routing budget's own kernels
+// (Alloc-T's scoring pass; Alloc-L's K_l is in the step's routed loads). A kernel added to decoder_step needs its term
+// here, or that test fails. Stop 58's model (before the terms below matched) priced prompt steps up to 3.9% under the
+// dry run. Its terms, on rank r of p, per layer (d head width, hq_r / hk_r the rank's query / key-value heads, f the
+// expert width, b the dtype's bytes, every GEMM through the profile's GemmModel: overhead + 2mnk / rate + (mk + kn +
+// mn) b / HBM bandwidth, so a small batch pays its weight reads: the memory-bandwidth roofline that makes TP win
+// there):
 //   attention (attention_time): the RMSNorm over [n, h]; GEMMs q, k, v [n, h] x [h, (hq_r | hk_r | hk_r) d] (Qwen2:
 //     their biases) and o [n, hq_r d] x [hq_r d, h]; OLMoE's and Qwen3's q/k norms; per chunk RoPE over its q and k
 //     and the KV append; the paged attention kernel over the step's query-key pairs and hq_r heads (HardwareProfile::
 //     paged_attention_time: per visit where the profile calibrated it, else 4 d hq_r pairs flops at the
-//     AttentionModel's rate) plus reading each chunk's keys and values (2 (cached + tokens) hk_r d b bytes); then
-//     all-reduce [n, h] (b bytes per element).
+//     AttentionModel's rate) plus reading each chunk's keys and values (2 (cached + tokens) hk_r d b bytes); DeepSeek's
+//     latent attention instead as serve/mla_attention.hpp runs it (mla_attention_time); then all-reduce [n, h] (b bytes
+//     per element).
 //   FFN: the attention's residual add, the RMSNorm, the output's fill, then
 //     dense: GEMMs [n, h] x [h, 2 F_r] and [n, F_r] x [F_r, h], F_r = chunk_range(F, p, r); SwiGLU n F_r outputs.
 //     MoE: router GEMM [n, h] x [h, E] and its scores and top-k on every rank; per expert e with rows m_e on the
@@ -219,40 +220,64 @@ inline double switch_exposed_s(const DecoderConfig& c, const StepTrace& t, const
 }
 
 // Seconds of rank r's key/value traffic in one layer, as decoder_step records it beside the paged kernel: each
-// chunk's KV append (its k and v read, written into the cache: 4 len hk d floats, a call each) and the stream of every
-// key and value the kernel reads (2 positions hk d floats, one call).
+// chunk's append (its rows of the w floats a position holds on the rank, read and written into the cache: GQA's k and
+// v, 2 hk d, or MLA's latent, r_kv + d_r), a call each, and one stream that reads every position's w floats.
 inline double kv_traffic_time(const DecoderConfig& c, const StepTrace& t, const cost::HardwareProfile& hw, int r,
                               int b) {
   using namespace step_cost_detail;
-  const double hk = double(kv_heads_of(c, t.ranks, r).length), d = double(c.head_dim);
+  const double w = double(c.kv_cache_floats(kv_heads_of(c, t.ranks, r).length));
   double a = 0, positions = 0;
   for (const ChunkShape& ch : t.chunks)
-    a += streams(hw, 4 * double(ch.tokens) * hk * d * b), positions += double(ch.cached + ch.tokens);
-  return a + streams(hw, 2 * positions * hk * d * b);
+    a += streams(hw, 2 * double(ch.tokens) * w * b), positions += double(ch.cached + ch.tokens);
+  return a + streams(hw, positions * w * b);
+}
+
+// Seconds of rank r's latent attention (DeepSeek) in one layer after its norm, as serve/mla_attention.hpp runs it
+// (hq the rank's heads, r_q = q_lora_rank, r_kv = kv_lora_rank, d_n, d_r, d_v the head's widths): q's projection
+// (through r_q with its norm, or direct) and the latent's [n, h] x [h, r_kv + d_r]; c_kv's norm between two copies;
+// q_pe's and k_pe's copies out, per chunk their RoPE, k_pe's copy back; the absorption's batched GEMMs, hq items of
+// [n, d_n] x [d_n, r_kv] and of [n, r_kv] x [r_kv, d_v]; the latents' append and reads (kv_traffic_time); the paged
+// kernel over the step's pairs at width r_kv + d_r / 2; the output projection [n, hq d_v] x [hq d_v, h].
+inline double mla_attention_time(const DecoderConfig& c, const StepTrace& t, const cost::HardwareProfile& hw, int r,
+                                 int b) {
+  using namespace step_cost_detail;
+  const MlaShape& m = c.mla;
+  const double n = double(t.tokens()), h = double(c.hidden), hq = double(query_heads(c, t.ranks, r).length);
+  const double rq = double(m.q_lora_rank), rkv = double(m.kv_lora_rank), dn = double(m.nope), dr = double(m.rope),
+               dv = double(m.v), qk = dn + dr;
+  const auto copy = [&](double floats) { return streams(hw, 2 * floats * b, ElementwiseFamily::copy); };
+  const auto norm = [&](double floats) { return streams(hw, 2 * floats * b, ElementwiseFamily::norm); };
+  double a = m.q_lora_rank > 0 ? gemm(hw, n, rq, h, b) + norm(n * rq) + gemm(hw, n, hq * qk, rq, b)
+                               : gemm(hw, n, hq * qk, h, b);
+  a += gemm(hw, n, rkv + dr, h, b) + 2 * copy(n * rkv) + norm(n * rkv);
+  a += copy(n * hq * dr) + 2 * copy(n * dr);  // q_pe and k_pe out, k_pe back
+  double pairs = 0;
+  for (const ChunkShape& ch : t.chunks) {  // RoPE of the chunk's q_pe and k_pe (a cos and a sin per token and frequency)
+    const double len = double(ch.tokens);
+    pairs += chunk_pairs(ch.tokens, ch.cached);
+    for (const double heads : {hq, 1.0})
+      a += streams(hw, 2 * len * heads * dr * b, ElementwiseFamily::rope) +
+           hw.scalar_math.time(cost::ScalarFunction::sincos, len * dr);
+  }
+  a += m.nope > 0 ? hq * gemm(hw, n, rkv, dn, b) : streams(hw, n * hq * rkv * b, ElementwiseFamily::fill);
+  a += hw.paged_attention_time(pairs, hq, rkv + dr / 2) + hw.call_overhead.kernel_call_s +
+       kv_traffic_time(c, t, hw, r, b);
+  return a + hq * gemm(hw, n, dv, rkv, b) + gemm(hw, n, h, hq * dv, b);
 }
 
 // Seconds of rank r's attention sublayer in one layer (every layer's is the same), as decoder_step runs it: the
 // norm, the projections (with Qwen2's biases), OLMoE's or Qwen3's q/k norms, per chunk RoPE of q and k and the KV
-// append, the paged kernel with its key and value reads, the output projection.
+// append, the paged kernel with its key and value reads, the output projection; or the norm and MLA's.
 inline double attention_time(const DecoderConfig& c, const StepTrace& t, const cost::HardwareProfile& hw, int r,
                              int b) {
   using namespace step_cost_detail;
   const int p = t.ranks;
   const double n = double(t.tokens()), h = double(c.hidden), d = double(c.head_dim);
-  const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
-  double pairs = 0, positions = 0;  // query-key pairs of the step's chunks; positions whose keys and values are read
-  for (const ChunkShape& ch : t.chunks)
-    pairs += chunk_pairs(ch.tokens, ch.cached), positions += double(ch.cached + ch.tokens);
   double a = streams(hw, 2 * n * h * b, ElementwiseFamily::norm);
-  if (c.is_mla()) {  // serve/mla_attention.hpp: the latent cache, the up-projections absorbed
-    const MlaShape& m = c.mla;
-    const double rq = double(m.q_lora_rank), rkv = double(m.kv_lora_rank), latent = rkv + double(m.rope);
-    a += (m.q_lora_rank > 0 ? gemm(hw, n, rq, h, b) + gemm(hw, n, hq * d, rq, b) : gemm(hw, n, hq * d, h, b)) +
-         gemm(hw, n, latent, h, b) + gemm(hw, n * hq, rkv, double(m.nope), b) + gemm(hw, n * hq, double(m.v), rkv, b) +
-         gemm(hw, n, h, hq * double(m.v), b) + hw.attention.forward_time(2 * (latent + rkv) * hq * pairs) +
-         hw.elementwise_time(positions * latent * b);
-    return a + hw.elementwise_time(b * (2 * n * (hq * d + latent) + n * latent));  // RoPE, the latent append
-  }
+  if (c.is_mla()) return a + mla_attention_time(c, t, hw, r, b);
+  const double hq = double(query_heads(c, p, r).length), hk = double(kv_heads_of(c, p, r).length);
+  double pairs = 0;  // query-key pairs of the step's chunks
+  for (const ChunkShape& ch : t.chunks) pairs += chunk_pairs(ch.tokens, ch.cached);
   a += gemm(hw, n, hq * d, h, b) + 2 * gemm(hw, n, hk * d, h, b) + gemm(hw, n, h, hq * d, b);
   if (c.qkv_bias) a += streams(hw, (2 * n + 1) * hq * d * b) + 2 * streams(hw, (2 * n + 1) * hk * d * b);
   if (c.qk_norm)  // the sums of squares, then each row scaled

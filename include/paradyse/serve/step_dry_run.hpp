@@ -21,9 +21,8 @@
 // last steps' timelines by what determines them, so the forecast's switch term reuses the current layout's run.
 //
 // A routing budget given to the runner is routed as the real step routes it: an Alloc-L budget's K_l, Alloc-T's pools
-// (moe/router.hpp: the scoring pass recorded, each chunk's K_l T activations from the expert loads).
-// Not dry-run: DeepSeek's multi-head latent attention (decoder_step refuses it on the counting backend; the
-// simulated clock costs MLA shapes with step_cost.hpp's analytic model).
+// (moe/router.hpp: the scoring pass recorded, each chunk's K_l T activations from the expert loads). DeepSeek's
+// multi-head latent attention is dry-run as the others (serve/mla_attention.hpp on the counting backend).
 #pragma once
 
 #include "paradyse/comm/symbolic.hpp"
@@ -74,10 +73,9 @@ inline DecoderWeights shape_whole_weights(const DecoderConfig& c) {
 }
 
 // Rank r of p's shard of `c` as make_rank_shard lays it out (serve/rank_shard.hpp), shapes only: tensors of the
-// current tracker's space (meta in a dry run), each MoE layer in `layouts[l]`. GQA only (MLA is not dry-run).
+// current tracker's space (meta in a dry run), each MoE layer in `layouts[l]`.
 inline RankShard shape_rank_shard(const DecoderConfig& c, const DecoderWeights& whole, int p, int r,
                                   const std::vector<ExpertLayout>& layouts) {
-  check(!c.is_mla(), "shape_rank_shard: multi-head latent attention (DeepSeek) is not dry-run");
   check(p >= 1 && p <= c.heads && r >= 0 && r < p, "shape_rank_shard: rank {} of {} for {} heads", r, p, c.heads);
   check(std::int64_t(layouts.size()) == c.layers, "shape_rank_shard: {} layouts for {} layers", layouts.size(),
         c.layers);
@@ -89,14 +87,26 @@ inline RankShard shape_rank_shard(const DecoderConfig& c, const DecoderWeights& 
   s.q_heads = query_heads(c, p, r);
   s.kv_heads = kv_heads_of(c, p, r);
   const std::int64_t d = c.head_dim, h = c.hidden, qn = s.q_heads.length * d, kn = s.kv_heads.length * d;
+  const MlaShape& a = c.mla;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     RankLayer L;
     L.attn_norm = tensor(Shape{h});
     L.ffn_norm = tensor(Shape{h});
-    L.wq = tensor(Shape{qn, h});
-    L.wk = tensor(Shape{kn, h});
-    L.wv = tensor(Shape{kn, h});
-    L.wo_t = tensor(Shape{qn, h});
+    L.wo_t = tensor(Shape{s.q_heads.length * c.value_dim(), h});
+    if (c.is_mla()) {  // no wk, wv: the latent's projections, replicated, and this rank's heads' rows of W_kvb
+      L.wq = tensor(Shape{qn, a.q_lora_rank > 0 ? a.q_lora_rank : h});
+      L.wk = tensor(Shape{0});
+      L.wv = tensor(Shape{0});
+      L.wq_a = a.q_lora_rank > 0 ? tensor(Shape{a.q_lora_rank, h}) : tensor(Shape{0});
+      L.q_a_norm = a.q_lora_rank > 0 ? tensor(Shape{a.q_lora_rank}) : tensor(Shape{0});
+      L.wkv_a = tensor(Shape{a.kv_lora_rank + a.rope, h});
+      L.kv_a_norm = tensor(Shape{a.kv_lora_rank});
+      L.wkv_b = tensor(Shape{s.q_heads.length * (a.nope + a.v), a.kv_lora_rank});
+    } else {
+      L.wq = tensor(Shape{qn, h});
+      L.wk = tensor(Shape{kn, h});
+      L.wv = tensor(Shape{kn, h});
+    }
     L.bq = c.qkv_bias ? tensor(Shape{qn}) : tensor(Shape{0});
     L.bk = c.qkv_bias ? tensor(Shape{kn}) : tensor(Shape{0});
     L.bv = c.qkv_bias ? tensor(Shape{kn}) : tensor(Shape{0});
@@ -147,9 +157,10 @@ inline std::vector<std::int64_t> rank_trace_key(const RankShard& s) {
     for (std::int64_t i = 0; i < w.shape().rank(); ++i) key.push_back(w.shape()[i]);
   };
   for (const RankLayer& L : s.layers) {
-    for (const Tensor<float>* w : {&L.wq, &L.wk, &L.wv, &L.wo_t, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.dense_in,
-                                   &L.dense_out, &L.router, &L.router_bias, &L.shared_in, &L.shared_out, &L.shared_gate,
-                                   &L.expert_in, &L.expert_out})
+    for (const Tensor<float>* w : {&L.wq, &L.wk, &L.wv, &L.wo_t, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wq_a,
+                                   &L.q_a_norm, &L.wkv_a, &L.kv_a_norm, &L.wkv_b, &L.dense_in, &L.dense_out, &L.router,
+                                   &L.router_bias, &L.shared_in, &L.shared_out, &L.shared_gate, &L.expert_in,
+                                   &L.expert_out})
       add(*w);
     key.push_back(std::int64_t(L.mode));
     if (L.mode == MoeMode::ep) key.push_back(s.rank);
@@ -396,13 +407,12 @@ inline double host_work_s(const StepTrace& t, const cost::HardwareProfile& hw) {
   return forecast + hw.serving_host.step_s + hw.serving_host.chunk_s * double(t.chunks.size());
 }
 
-// The simulated step's cost: the dry run's, or for DeepSeek's latent attention (not dry-run) step_cost's analytic
-// model; its communication includes the engine's control collectives (engine_control_s), and host_s the engine's
-// host work (host_work_s). `reads`: the ranks' weight reads so far (dry_run_timeline), advanced by the step's.
+// The simulated step's cost: the dry run's; its communication includes the engine's control collectives
+// (engine_control_s), and host_s the engine's host work (host_work_s). `reads`: the ranks' weight reads so far
+// (dry_run_timeline), advanced by the step's.
 inline StepCost simulated_step_cost(StepDryRunner& runner, const StepTrace& t, const SimulatedCluster& cluster,
                                     std::vector<cost::WeightReads>* reads = nullptr) {
-  StepCost c = runner.config().is_mla() ? step_cost(runner.config(), t, cluster)
-                                        : dry_run_step_cost(runner, t, cluster, /*share_ranks=*/true, reads);
+  StepCost c = dry_run_step_cost(runner, t, cluster, /*share_ranks=*/true, reads);
   c.communication_s += engine_control_s(t, cluster.profile);
   c.host_s = host_work_s(t, cluster.profile);
   return c;
@@ -432,7 +442,6 @@ public:
   // not depend on the layouts the switcher compares.
   StepCost operator()(const StepTrace& t) {
     const DecoderConfig& c = runner_.config();
-    if (c.is_mla()) return step_cost(c, t, cluster_);
     Key key{t.ranks, computed_layouts(t), {}, t.routed};
     for (const ChunkShape& ch : t.chunks) key.chunks.push_back({ch.tokens, ch.cached});
     auto hit = std::find_if(kept_.begin(), kept_.end(), [&](const Kept& k) { return k.key == key; });
