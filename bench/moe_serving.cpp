@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
         comm.barrier();
         Timer step_timer;
         for (std::int64_t l = 0; l < cf.layers; ++l) moving[std::size_t(l)].begin(comm, cf, s.layers[std::size_t(l)], ExpertLayout::tp(), ep);
-        for (std::int64_t l = 0; l < cf.layers; ++l) moving[std::size_t(l)].finish(cf, p, me);
+        for (std::int64_t l = 0; l < cf.layers; ++l) moving[std::size_t(l)].finish();
         const double t_stalled = step_timer.seconds();
         std::size_t sent = 0;
         for (const auto& mv : moving) sent += mv.bytes_sent();
@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
           t_exposed += posting.seconds();
         });
         const Timer finishing;
-        for (std::int64_t l = 0; l < cf.layers; ++l) moving2[std::size_t(l)].finish(cf, p, me);
+        for (std::int64_t l = 0; l < cf.layers; ++l) moving2[std::size_t(l)].finish();
         t_exposed += finishing.seconds();
         const double t_step = step_timer.seconds() - t_exposed;
         for (std::int64_t i = 0; i < 64; ++i) cache.release(i);
