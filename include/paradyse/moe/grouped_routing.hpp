@@ -16,7 +16,8 @@
 // pooled tokens (Alloc-T) are refused by name, since the grouped choice fixes k per token.
 // The result is a Routing (moe/router.hpp) with offsets, experts, gates, logits and scores; lse and stats are those
 // of the logits' softmax (the router's losses are a training concern and grouped routing is not trained here).
-// Generic over the backend as route() is: on ops::Counting (a serving step's dry run) it records and computes nothing.
+// Generic over the backend as route() is: on ops::Counting (a serving step's dry run) it records the router's GEMM and
+// the choice's stream and computes nothing.
 #pragma once
 
 #include "paradyse/core/error.hpp"
@@ -24,6 +25,7 @@
 #include "paradyse/core/trace.hpp"
 #include "paradyse/moe/moe_config.hpp"
 #include "paradyse/moe/router.hpp"
+#include "paradyse/ops/counting.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -63,12 +65,12 @@ Routing route_grouped(const MoeConfig& c, TensorView<const float> router, std::s
   r.lse = Tensor<float>(Shape{n});
   r.stats = Tensor<float>(Shape{E + 1});
   if (n > 0) Backend::matmul(x, ops::Transpose::no, router, ops::Transpose::yes, r.logits.view());
-  // The scores and the grouped choice are a host loop: recorded where a Trace is installed as the router's kernel
-  // records them (ops/counting.hpp router_forward: the logits read, the scores written, the choices); a dry run
-  // (ops::Counting, meta tensors) stops there with every assignment on expert 0 (the caller realises its loads).
-  if (Trace* trace = Trace::current())
-    trace->record({.kind = TraceKind::elementwise, .bytes = 4 * (2 * double(n) * double(E) + double(n) +
-                                                                 3 * double(r.assignments()))});
+  // The scores and the grouped choice are a host loop, recorded where a Trace is installed by the router kernel's
+  // counting rule (the logits read, the scores written, the choices); a dry run (ops::Counting, meta tensors) stops
+  // there with the rule's placeholder assignments (the caller realises its loads).
+  if (Trace::current())
+    ops::counting::router_forward(r.logits.view(), c.scoring, c.norm_topk_prob, float(c.routed_scaling_factor),
+                                  r.offsets, r.probs.view(), r.lse.view(), r.expert, r.gates.view(), r.stats.view());
   if constexpr (requires { requires Backend::records_trace; }) return r;
   std::vector<double> column(static_cast<std::size_t>(E), 0.0), choice(static_cast<std::size_t>(E)),
       group_score(static_cast<std::size_t>(groups));

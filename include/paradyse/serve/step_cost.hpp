@@ -252,7 +252,7 @@ inline double mla_attention_time(const DecoderConfig& c, const StepTrace& t, con
   a += gemm(hw, n, rkv + dr, h, b) + 2 * copy(n * rkv) + norm(n * rkv);
   a += copy(n * hq * dr) + 2 * copy(n * dr);  // q_pe and k_pe out, k_pe back
   double pairs = 0;
-  for (const ChunkShape& ch : t.chunks) {  // RoPE of the chunk's q_pe and k_pe (a cos and a sin per token and frequency)
+  for (const ChunkShape& ch : t.chunks) {  // RoPE of its q_pe and k_pe (a cos and a sin per token and frequency)
     const double len = double(ch.tokens);
     pairs += chunk_pairs(ch.tokens, ch.cached);
     for (const double heads : {hq, 1.0})
