@@ -158,16 +158,14 @@ void mla_attention(const DecoderConfig& c, const RankShard& s, const RankLayer& 
   // Head i's rows of W_kvb [H_r (d_n + d_v), r_kv]: W_uk [d_n, r_kv], then W_uv [d_v, r_kv]. The absorption's two
   // batched GEMMs, one item a head: q_lat [n, H_r, r_kv] = q_nope W_uk; attn [n, H_r d_v] = o_lat W_uv^T.
   Tensor<float> q_lat(Shape{n, hq, rkv}), o_lat(Shape{n, hq, rkv}), attn(Shape{n, hq * dv});
-  std::vector<const float*> absorb_a, absorb_b, expand_a, expand_b;
-  std::vector<float*> absorb_c, expand_c;
+  ops::GemmItems absorb, expand;
   for (std::int64_t head = 0; head < hq; ++head) {
     const float* w = L.wkv_b.data() + head * (dn + dv) * rkv;
-    absorb_a.push_back(q.data() + head * qk), absorb_b.push_back(w), absorb_c.push_back(q_lat.data() + head * rkv);
-    expand_a.push_back(o_lat.data() + head * rkv), expand_b.push_back(w + dn * rkv);
-    expand_c.push_back(attn.data() + head * dv);
+    absorb.add(q.data() + head * qk, w, q_lat.data() + head * rkv);
+    expand.add(o_lat.data() + head * rkv, w + dn * rkv, attn.data() + head * dv);
   }
   if (dn > 0)
-    Backend::gemm_batched(no, no, n, rkv, dn, 1.0f, absorb_a, hq * qk, absorb_b, rkv, 0.0f, absorb_c, hq * rkv);
+    Backend::gemm_batched(no, no, n, rkv, dn, 1.0f, absorb.a, hq * qk, absorb.b, rkv, 0.0f, absorb.c, hq * rkv);
   else
     Backend::fill(q_lat.view(), 0.0f);
   // Each chunk's latents into the cache, then its queries over their request's latents.
@@ -188,7 +186,7 @@ void mla_attention(const DecoderConfig& c, const RankShard& s, const RankLayer& 
   }
   step_detail::note(paged_attention_event(pairs, hq, rkv + dr / 2));
   step_detail::note_stream(positions * double(latent));
-  Backend::gemm_batched(no, yes, n, dv, rkv, 1.0f, expand_a, hq * rkv, expand_b, rkv, 0.0f, expand_c, hq * dv);
+  Backend::gemm_batched(no, yes, n, dv, rkv, 1.0f, expand.a, hq * rkv, expand.b, rkv, 0.0f, expand.c, hq * dv);
   Backend::matmul(attn.view(), no, L.wo_t.view(), no, y);
 }
 

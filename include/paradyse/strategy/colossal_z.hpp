@@ -68,7 +68,7 @@ private:
                     AttentionSaved& saved) const {
     const std::int64_t n = call.n, s = ctx.length(), d = ctx.geometry.head_dim;
     const Rsa rsa(ctx, packing, call.rank, saved);
-    HeadGemms gemms;  // one GEMM per (batch, query head), issued as one batched call per block
+    ops::GemmItems gemms;  // one GEMM per (batch, query head), issued as one batched call per block
     // S: every key block fills its columns of the score rows; then the softmax over whole rows.
     rotate_blocks(comm, *ctx.pool, rsa.block_size(), rsa.pack(rsa.k), [&](int owner, std::span<const float> k_block) {
       gemms.clear();
@@ -99,7 +99,7 @@ private:
     // The per-head GEMMs of a block, two kinds, each issued as one batched call. Within a kind the items run in
     // head order, so the heads of a GQA group add into their shared K/V gradient rows in the order of the loop
     // they replace; the two kinds touch disjoint outputs, so issuing one kind after the other changes no bits.
-    HeadGemms first, second;
+    ops::GemmItems first, second;
     // dP[:, block] = dout v_block^T; dV_block += P[:, block]^T dout
     rotate_blocks_with_sums<Backend>(
         comm, *ctx.pool, rsa.block_size(), rsa.block_size(), rsa.pack(rsa.v),
@@ -140,22 +140,6 @@ private:
         },
         [&](std::span<const float> total) { rsa.add_home(total, dqkv.k); });
   }
-
-  // The operands of one GEMM per head (item i: c[i] = op(a[i]) op(b[i])), gathered for one Backend::gemm_batched.
-  struct HeadGemms {
-    std::vector<const float*> a, b;
-    std::vector<float*> c;
-    void clear() noexcept {
-      a.clear();
-      b.clear();
-      c.clear();
-    }
-    void add(const float* x, const float* y, float* z) {
-      a.push_back(x);
-      b.push_back(y);
-      c.push_back(z);
-    }
-  };
 
   // The bookkeeping of RSA on one rank: where every head's rows, score columns and K/V block rows live.
   struct Rsa {

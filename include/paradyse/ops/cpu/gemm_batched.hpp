@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace paradyse::ops::cpu {
 
@@ -33,3 +34,24 @@ inline void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, s
 }
 
 }  // namespace paradyse::ops::cpu
+
+namespace paradyse::ops {
+
+// The operands of a batched GEMM's items (item i: c[i] = op(a[i]) op(b[i])), gathered for one Backend::gemm_batched
+// (a per-head loop's pointers: ColossalZ's attention blocks, MLA's absorption).
+struct GemmItems {
+  std::vector<const float*> a, b;
+  std::vector<float*> c;
+  void clear() noexcept {
+    a.clear();
+    b.clear();
+    c.clear();
+  }
+  void add(const float* x, const float* y, float* z) {
+    a.push_back(x);
+    b.push_back(y);
+    c.push_back(z);
+  }
+};
+
+}  // namespace paradyse::ops
