@@ -1,5 +1,5 @@
 // ops::cuda copy, fill and add_into on device views of any strides against ops::cpu on the same data, and the cuBLAS
-// GEMMs (gemm, matmul, gemm_batched, bf16) against ops::cpu and the float64 reference.
+// GEMMs (gemm, matmul, gemm_batched, gemm_grouped, bf16) against ops::cpu and the float64 reference.
 #include "cuda/device_test.hpp"
 
 #include "ops/reference.hpp"
@@ -13,6 +13,7 @@
 #include "paradyse/device/transfer.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/ops/cpu/gemm_batched.hpp"
+#include "paradyse/ops/cpu/gemm_grouped.hpp"
 #include "paradyse/ops/cpu/tensor_ops.hpp"
 #include "paradyse/ops/cuda/gemm.hpp"
 #include "paradyse/ops/cuda/tensor_ops.hpp"
@@ -273,6 +274,64 @@ TEST_CASE("cuda gemm_batched: disjoint outputs in one batched call, shared outpu
     CHECK_THROWS_WITH_AS(pd::ops::cuda::gemm_batched(Transpose::no, Transpose::no, 2, 2, 2, 1.0f, two, 2, two, 2, 0.0f,
                                                      three, 2),
                          doctest::Contains("gemm_batched: a, b and c must hold one pointer per item"), pd::Error);
+  }
+}
+
+TEST_CASE("cuda gemm_grouped: an expert bank's ragged blocks in one grouped call, shared outputs in order") {
+  PARADYSE_REQUIRE_DEVICE();
+  pd::MemoryTracker tracker = dev::make_tracker();
+  namespace gd = pd::ops::cuda::gemm_detail;
+  std::uint64_t seed = 60;
+
+  SUBCASE("the experts' projections and weight gradients against ops::cpu, every transpose") {
+    const std::int64_t h = 24, f = 10, rows[] = {7, 0, 13, 1, 5};  // blocks of [rows, h] through [f, h] weights
+    std::int64_t total = 0;
+    for (const std::int64_t m : rows) total += m;
+    for (const Transpose ta : {Transpose::no, Transpose::yes})
+      for (const Transpose tb : {Transpose::no, Transpose::yes}) {
+        CAPTURE(name(ta));
+        CAPTURE(name(tb));
+        // Item e: c_e [m_e, f] = op(a_e) op(b_e), a_e's block of rows [m_e, h] (or [h, m_e] stored transposed)...
+        const std::int64_t lda = ta == Transpose::yes ? 16 : h, ldb = tb == Transpose::yes ? h : f, ldc = f + 2;
+        auto a = random_vector(std::size_t(5 * h * 16), ++seed), b = random_vector(std::size_t(5 * h * h), ++seed);
+        auto c = random_vector(std::size_t(total * ldc), ++seed);
+        auto da = upload(a, tracker), db = upload(b, tracker), dc = upload(c, tracker);
+        pd::ops::GroupedGemm host, device;
+        std::int64_t begin = 0;
+        for (std::int64_t e = 0; e < 5; ++e) {
+          const std::int64_t m = rows[e], a_at = e * h * 16, b_at = e * h * h, c_at = begin * ldc;
+          host.add(m, f, h, a.data() + a_at, b.data() + b_at, c.data() + c_at);
+          device.add(m, f, h, da.data() + a_at, db.data() + b_at, dc.data() + c_at);
+          begin += m;
+        }
+        CHECK_FALSE(gd::grouped_outputs_overlap(device, ldc));
+        pd::ops::cpu::gemm_grouped(ta, tb, 0.75f, host, lda, ldb, 0.5f, ldc);
+        pd::ops::cuda::gemm_grouped(ta, tb, 0.75f, device, lda, ldb, 0.5f, ldc);
+        CHECK_CLOSE(download(dc), c, pd::testing::kFloat32);
+      }
+  }
+  SUBCASE("items sharing an output with beta = 1 accumulate in order; k = 0 scales by beta") {
+    const std::int64_t n = 6, k = 5;
+    auto a = random_vector(std::size_t(3 * 8 * k), ++seed), b = random_vector(std::size_t(3 * k * n), ++seed);
+    auto c = random_vector(std::size_t(2 * 8 * n), ++seed);
+    auto da = upload(a, tracker), db = upload(b, tracker), dc = upload(c, tracker);
+    pd::ops::GroupedGemm host, device;
+    const std::int64_t m[] = {8, 4, 3}, inner[] = {k, k, 0}, out[] = {0, 0, 8 * n};
+    for (std::size_t i = 0; i < 3; ++i) {
+      host.add(m[i], n, inner[i], a.data() + i * 8 * k, b.data() + i * k * n, c.data() + out[i]);
+      device.add(m[i], n, inner[i], da.data() + i * 8 * k, db.data() + i * k * n, dc.data() + out[i]);
+    }
+    CHECK(gd::grouped_outputs_overlap(device, n));
+    pd::ops::cpu::gemm_grouped(Transpose::no, Transpose::no, 1.0f, host, k, n, 1.0f, n);
+    pd::ops::cuda::gemm_grouped(Transpose::no, Transpose::no, 1.0f, device, k, n, 1.0f, n);
+    CHECK_CLOSE(download(dc), c, pd::testing::kFloat32);
+  }
+  SUBCASE("lists of different lengths are refused") {
+    pd::ops::GroupedGemm items;
+    items.add(2, 2, 2, nullptr, nullptr, nullptr);
+    items.n.push_back(2);
+    CHECK_THROWS_WITH_AS(pd::ops::cuda::gemm_grouped(Transpose::no, Transpose::no, 1.0f, items, 2, 2, 0.0f, 2),
+                         doctest::Contains("gemm_grouped: m, n, k, a, b and c must hold one entry per item"), pd::Error);
   }
 }
 

@@ -11,6 +11,8 @@
 #include "paradyse/serve/routing_source.hpp"
 #include "paradyse/serve/shape_step.hpp"
 
+#include "serve/launch_per_expert.hpp"
+
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -127,7 +129,7 @@ TEST_CASE("switch window: on Mixtral-8x7B (8x H100) the window switches where on
   const DecoderConfig c =
       read_model_shape((std::filesystem::path(PARADYSE_TEST_DATA_DIR).parent_path().parent_path() / "data" /
                         "model_shapes" / "mixtral-8x7b.json").string()).config;
-  const SimulatedCluster h100 = simulated_cluster("h100", 2);
+  const SimulatedCluster h100 = serve_scenarios::h100_launch_per_expert();  // a crossover to find (launch_per_expert.hpp)
   auto at_once = [&](std::int64_t prompt, std::int64_t output) {
     std::vector<TraceRequest> t = poisson_trace(1.0, 24, {prompt, prompt, output, output}, 5);
     for (TraceRequest& r : t) r.arrival_s = 0;

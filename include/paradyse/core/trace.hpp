@@ -26,7 +26,7 @@ enum class TraceKind : std::uint8_t {
   deallocate,           // bytes: its release
   pool_acquire,         // bytes: a buffer lent by the buffer pool (requested bytes; the pool rounds to a size class)
   pool_give_back,       // bytes: its return
-  gemm,                 // m, n, k, operand
+  gemm,                 // m, n, k, operand, grouped
   attention_forward,    // m: visible query-key pairs summed over the batch, n: query heads, k: head dim, tiled: the
                         // pairs of the tiles the CPU kernel computes whole (ops/counting.hpp tiled_pairs)
   attention_backward,   // as attention_forward
@@ -78,6 +78,8 @@ struct TraceEvent {
   TransferKind transfer = TransferKind::barrier;
   ElementwiseFamily family = ElementwiseFamily::other;  // elementwise and activation events
   bool unzeroed = false;      // allocate: contents left unspecified (core/memory.hpp Contents), not zeroed
+  bool grouped = false;       // gemm: an item after the first of a grouped call (ops/cpu/gemm_grouped.hpp), which a
+                              // device launches with the first (cost/profile.hpp GemmModel::grouped_item_time)
   std::int32_t request = -1;  // links a post to its wait
   std::int32_t count = 1;     // identical kernels in a row (a per-head loop) are one event
   std::int32_t group = 0;     // post: the size of the group the transfer runs over (0: the trace's whole group)
@@ -91,8 +93,8 @@ struct TraceEvent {
 
   bool is_kernel() const noexcept { return kind >= TraceKind::gemm && kind <= TraceKind::transcendental; }
   bool same_kernel(const TraceEvent& e) const noexcept {
-    return kind == e.kind && family == e.family && bytes == e.bytes && m == e.m && n == e.n && k == e.k &&
-           tiled == e.tiled;
+    return kind == e.kind && family == e.family && grouped == e.grouped && bytes == e.bytes && m == e.m &&
+           n == e.n && k == e.k && tiled == e.tiled;
   }
 };
 

@@ -70,11 +70,16 @@ inline bool prices_reuse(const GemmModel& g) { return !g.reuse.empty(); }
 
 // One call of GEMM event `e` on `g`: at its weight's reuse distance in `reads`, the read recorded there;
 // GemmModel::time without reads, without a known operand, or where `g` has no reuse tables (nothing recorded then).
+// An item after the first of a grouped call (e.grouped) is priced as one (GemmModel::grouped_item_time).
 inline double gemm_time(const TraceEvent& e, const GemmModel& g, int dtype_bytes, WeightReads* reads) {
-  if (!reads || e.operand == 0 || !prices_reuse(g)) return g.time(e.m, e.n, e.k, dtype_bytes);
-  const double at = g.time_at_reuse(e.m, e.n, e.k, dtype_bytes, reads->distance(e, dtype_bytes));
-  reads->read(e, dtype_bytes);
-  return at;
+  double alone = 0;
+  if (!reads || e.operand == 0 || !prices_reuse(g)) {
+    alone = g.time(e.m, e.n, e.k, dtype_bytes);
+  } else {
+    alone = g.time_at_reuse(e.m, e.n, e.k, dtype_bytes, reads->distance(e, dtype_bytes));
+    reads->read(e, dtype_bytes);
+  }
+  return e.grouped ? g.grouped_item_time(alone, e.m, e.n, e.k, dtype_bytes) : alone;
 }
 
 // Past WeightReads::kRemembered weights (a dry run's shards of older layouts), forgets those farther than any of

@@ -209,6 +209,9 @@ struct GemmModel {
   GemmMeasured measured = {};              // a workload's shapes as measured (before every fit); empty: none
   std::vector<GemmMeasured> reuse = {};    // the same shapes at other reuse distances than measured's (ascending
                                            // cycle_bytes, each recorded); empty: none (time_at_reuse)
+  // The fixed cost an item after the first adds to a grouped call (ops/cpu/gemm_grouped.hpp: cuBLAS's grouped GEMM
+  // launches every item at once); unset: each item is a call of its own, as the CPU backend's loop makes it.
+  std::optional<double> grouped_item_s = std::nullopt;
 
   // The class of a GEMM of m rows: its index in by_rows, or -1 for the single fit.
   int row_class(double m) const {
@@ -222,6 +225,20 @@ struct GemmModel {
     if (thin.holds(n, k)) return thin.time(m, n, k, dtype_bytes);
     if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].time(m, n, k, dtype_bytes);
     return linear_gemm_time(overhead_s, flops_per_s, bytes_per_s, m, n, k, dtype_bytes);
+  }
+  // The fixed cost within time(m, n, k) that a call of its own pays (its fit's overhead; 0 for a measured shape,
+  // whose time has none apart).
+  double call_overhead(double m, double n, double k, int dtype_bytes) const {
+    if (measured.find(m, n, k, dtype_bytes)) return 0;
+    if (thin.holds(n, k)) return thin.timed.find(m, n, k, dtype_bytes) ? 0 : thin.overhead_s;
+    if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].overhead_s;
+    return overhead_s;
+  }
+  // An item after the first of a grouped call, whose call alone would take `alone`: that less its call's fixed cost,
+  // plus grouped_item_s (unset: `alone`).
+  double grouped_item_time(double alone, double m, double n, double k, int dtype_bytes) const {
+    if (!grouped_item_s || alone <= 0) return alone;
+    return std::max(0.0, alone - call_overhead(m, n, k, dtype_bytes)) + *grouped_item_s;
   }
   double achieved_flops_per_s(double m, double n, double k, int dtype_bytes) const {
     return 2 * m * n * k / time(m, n, k, dtype_bytes);

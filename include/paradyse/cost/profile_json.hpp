@@ -5,8 +5,9 @@
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
 //    "bytes_per_s", ["timed": {as measured}]}],
 //    ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"]}],
-//    ["reuse": [{as measured, with cycle_bytes}, ...]]}, "attention": {"overhead_s", "forward_flops_per_s",
-//    "backward_flops_per_s", ["backward_overhead_s"]}, ["attention_whole_tiles"], "elementwise_bytes_per_s",
+//    ["reuse": [{as measured, with cycle_bytes}, ...]], ["grouped_item_s"]}, "attention": {"overhead_s",
+//    "forward_flops_per_s", "backward_flops_per_s", ["backward_overhead_s"]}, ["attention_whole_tiles"],
+//    "elementwise_bytes_per_s",
 //    "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
@@ -347,6 +348,7 @@ inline json::Value to_json(const HardwareProfile& p) {
                          {"flops_per_s", p.gemm.thin.flops_per_s},
                          {"bytes_per_s", p.gemm.thin.bytes_per_s}};
   if (!p.gemm.thin.timed.shapes.empty()) v["gemm"]["thin"]["timed"] = detail::gemm_measured_to_json(p.gemm.thin.timed);
+  if (p.gemm.grouped_item_s) v["gemm"]["grouped_item_s"] = *p.gemm.grouped_item_s;
   v["attention"] = {{"overhead_s", p.attention.overhead_s},
                     {"forward_flops_per_s", p.attention.forward_flops_per_s},
                     {"backward_flops_per_s", p.attention.backward_flops_per_s}};
@@ -427,7 +429,8 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   check(p.reserved_bytes < p.memory_bytes,
         "profile: memory_bytes = {} must be positive and above reserved_bytes = {}", p.memory_bytes, p.reserved_bytes);
   const json::Field gemm = v["gemm"];
-  only_keys(gemm, {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows", "thin", "measured", "reuse"});
+  only_keys(gemm,
+            {"overhead_s", "flops_per_s", "bytes_per_s", "by_rows", "thin", "measured", "reuse", "grouped_item_s"});
   p.gemm = {seconds(gemm, "overhead_s"), rate(gemm, "flops_per_s"), rate(gemm, "bytes_per_s", true)};
   if (const auto classes = gemm.find("by_rows")) p.gemm.by_rows = gemm_classes_from_json(*classes);
   if (const auto measured = gemm.find("measured")) p.gemm.measured = gemm_measured_from_json(*measured);
@@ -438,6 +441,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                    rate(*thin, "flops_per_s"), rate(*thin, "bytes_per_s", true)};
     if (const auto timed = thin->find("timed")) p.gemm.thin.timed = gemm_measured_from_json(*timed);
   }
+  if (gemm.has("grouped_item_s")) p.gemm.grouped_item_s = seconds(gemm, "grouped_item_s");
   const json::Field attention = v["attention"];
   only_keys(attention, {"overhead_s", "forward_flops_per_s", "backward_flops_per_s", "backward_overhead_s"});
   p.attention = {seconds(attention, "overhead_s"), rate(attention, "forward_flops_per_s"),

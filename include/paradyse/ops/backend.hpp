@@ -17,6 +17,7 @@
 #include "paradyse/ops/cpu/embedding.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/ops/cpu/gemm_batched.hpp"
+#include "paradyse/ops/cpu/gemm_grouped.hpp"
 #include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cpu/normalization.hpp"
 #include "paradyse/ops/cpu/rope.hpp"

@@ -18,6 +18,7 @@
 #include "paradyse/ops/cpu/cross_entropy.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/ops/cpu/gemm_batched.hpp"
+#include "paradyse/ops/cpu/gemm_grouped.hpp"
 #include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
 #include "paradyse/ops/cpu/softmax.hpp"
@@ -278,6 +279,19 @@ inline void gemm_batched(Transpose, Transpose, std::int64_t m, std::int64_t n, s
   if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
     scratch(cpu::detail::tracked(floats * sizeof(float)), std::int32_t(a.size()));
   record({.kind = TraceKind::gemm, .count = std::int32_t(a.size()), .m = double(m), .n = double(n), .k = double(k)});
+}
+// A grouped GEMM's items, each as gemm records it (its own m, n, k, weight and the CPU op's workspace), every item after
+// the first marked `grouped`: a device launches them with the first (cost/profile.hpp GemmModel::grouped_item_time).
+inline void gemm_grouped(Transpose, Transpose, float alpha, const GroupedGemm& items, std::int64_t, std::int64_t, float,
+                         std::int64_t) {
+  cpu::check_gemm_group(items);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::int64_t m = items.m[i], n = items.n[i], k = items.k[i];
+    if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
+      scratch(cpu::detail::tracked(floats * sizeof(float)));
+    record({.kind = TraceKind::gemm, .grouped = i > 0, .m = double(m), .n = double(n), .k = double(k),
+            .operand = reinterpret_cast<std::uintptr_t>(items.b[i])});
+  }
 }
 inline void matmul(TensorView<const float> a, Transpose trans_a, TensorView<const float> b, Transpose trans_b,
                    TensorView<float> c, float alpha, float) {

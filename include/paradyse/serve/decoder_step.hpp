@@ -216,6 +216,24 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
     for (int q = 0; q < s.ranks; ++q) load.rank_rows[std::size_t(q)] = rows;
   } else {
     const ExpertWork assigned = work ? work(s, layer_index, d) : ExpertWork{split_over_replicas(L, s.rank, d)};
+    // A batch of tasks: their rows gathered [rows, h] in task order, each task's expert over its block (one grouped
+    // GEMM per projection: experts_forward), the outputs scatter-added into y weighted by their gates.
+    std::vector<std::int64_t> tokens, tokens_at, offsets{0};  // token ids, their dispatch rows, block offsets
+    std::vector<ExpertWeights<const float>> experts;
+    const auto run_batch = [&] {
+      const std::int64_t batch = offsets.back();
+      if (batch > 0) {
+        Tensor<float> xs(Shape{batch, h}), hs(Shape{batch, h}), ws(Shape{batch}), pre(Shape{batch, 2 * m.expert_ffn});
+        if constexpr (!step_detail::records<Backend>)
+          for (std::int64_t i = 0; i < batch; ++i)
+            ws.data()[i] = r.gates.data()[d.slot[std::size_t(tokens_at[std::size_t(i)])]];
+        step_detail::note_stream(2 * double(batch));
+        Backend::gather_rows(x, tokens, {}, xs.view());
+        experts_forward<Backend>(experts, offsets, xs.view(), pre.view(), hs.view(), pool);
+        Backend::scatter_add_rows(y, tokens, hs.view(), ws.view());
+      }
+      tokens.clear(), tokens_at.clear(), experts.clear(), offsets.assign(1, 0);
+    };
     std::int64_t rows = 0;
     for (const ExpertTask& t : assigned.tasks) {
       check(t.expert >= 0 && t.expert < m.experts && t.begin >= d.offsets[std::size_t(t.expert)] &&
@@ -228,18 +246,18 @@ MoeLayerLoad moe_partial(C& comm, const DecoderConfig& c, const RankShard& s, st
             t.in.shape(), t.out.shape(), 2 * m.expert_ffn, h, m.expert_ffn, h);
       const std::int64_t count = t.end - t.begin;
       if (count == 0) continue;
-      if (t.ready) t.ready();
+      // A task that must wait for its weights (on-demand loading) starts a batch of its own after the wait: the
+      // tasks before it compute while they travel.
+      if (t.ready) {
+        run_batch();
+        t.ready();
+      }
       rows += count;
-      const std::span<const std::int64_t> tokens(d.token.data() + t.begin, std::size_t(count));
-      Tensor<float> xs(Shape{count, h}), hs(Shape{count, h}), ws(Shape{count}), pre(Shape{count, 2 * m.expert_ffn});
-      if constexpr (!step_detail::records<Backend>)
-        for (std::int64_t i = 0; i < count; ++i) ws.data()[i] = r.gates.data()[d.slot[std::size_t(t.begin + i)]];
-      step_detail::note_stream(2 * double(count));
-      Backend::gather_rows(x, tokens, {}, xs.view());
-      const std::int64_t offsets[] = {0, count};
-      experts_forward<Backend>({t.in, t.out}, offsets, xs.view(), pre.view(), hs.view(), pool);
-      Backend::scatter_add_rows(y, tokens, hs.view(), ws.view());
+      for (std::int64_t i = t.begin; i < t.end; ++i) tokens.push_back(d.token[std::size_t(i)]), tokens_at.push_back(i);
+      offsets.push_back(offsets.back() + count);
+      experts.push_back({t.in.reshape(Shape{2 * m.expert_ffn, h}), t.out.reshape(Shape{m.expert_ffn, h})});
     }
+    run_batch();
     if (assigned.finish) assigned.finish();
     load.rank_rows[std::size_t(s.rank)] = rows;  // the other ranks' rows: summed by decoder_step, once per step
   }

@@ -29,7 +29,8 @@
 //     dense: GEMMs [n, h] x [h, 2 F_r] and [n, F_r] x [F_r, h], F_r = chunk_range(F, p, r); SwiGLU n F_r outputs.
 //     MoE: router GEMM [n, h] x [h, E] and its scores and top-k on every rank; per expert e with rows m_e on the
 //     rank (TP: every pair, a slice of f_r = chunk_range(f, p, r) columns; EP: the rank's share, rows_per_rank's
-//     rule, whole f columns): GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs; the
+//     rule, whole f columns): GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs (TP:
+//     the experts' GEMMs of each projection one grouped call, the SwiGLU one call over every row: swiglu_bank); the
 //     rows' gather and weighted scatter-add (moe_experts_time); the shared expert as a dense FFN of its width, gated
 //     or added; then all-reduce [n, h] (EP: plus the p row counts), the FFN's residual add. OLMoE's q/k norm: an
 //     all-reduce of 2n floats.
@@ -57,6 +58,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,11 +103,26 @@ inline double streams(const cost::HardwareProfile& hw, double bytes,
   return calls > 0 ? calls * (hw.call_overhead.kernel_call_s + hw.elementwise_time(bytes, family)) : 0;
 }
 
-// One SwiGLU bank of width w over m rows: in [m, h] x [h, 2w], out [m, w] x [w, h], the activation.
+// A bank of SwiGLU experts of width w over blocks of `rows` rows, as experts_forward runs it (moe/experts.hpp): each
+// projection (in [m, h] x [h, 2w], out [m, w] x [w, h]) one grouped GEMM, an item per non-empty block, the first item a
+// call and the others priced as riding on it (cost::GemmModel::grouped_item_time); the activation one call over every
+// row.
+inline double swiglu_bank(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b) {
+  if (w <= 0) return 0;
+  double t = 0, all = 0;
+  for (const double m : rows) {
+    if (m <= 0) continue;
+    const double in = gemm(hw, m, 2 * w, h, b), out = gemm(hw, m, h, w, b);
+    t += all == 0 ? in + out
+                  : hw.gemm.grouped_item_time(in, m, 2 * w, h, b) + hw.gemm.grouped_item_time(out, m, h, w, b);
+    all += m;
+  }
+  if (all == 0) return 0;
+  return t + hw.call_overhead.kernel_call_s + hw.activation_time(all * w, 3 * all * w * b, /*swiglu_forward=*/true);
+}
+// One SwiGLU bank of width w over m rows.
 inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double h, int b) {
-  if (m <= 0 || w <= 0) return 0;
-  return gemm(hw, m, 2 * w, h, b) + gemm(hw, m, h, w, b) + hw.call_overhead.kernel_call_s +
-         hw.activation_time(m * w, 3 * m * w * b, /*swiglu_forward=*/true);
+  return swiglu_bank(hw, std::span<const double>(&m, 1), w, h, b);
 }
 
 // Seconds of one all-to-all-v of expert banks whose busiest rank moves `bytes` (in or out) among p ranks: the link's,
@@ -122,10 +139,11 @@ inline double exchange_time(const cost::HardwareProfile& hw, int p, double bytes
 
 // Seconds rank r of p spends on one MoE layer's routed experts in layout L for the routing `routed` [E] ((token,
 // expert) pairs per expert): the SwiGLU banks of its rows (TP: every pair over a slice of f_r columns; EP: its slots'
-// share of the pairs over whole f columns) and the moves of its rows, as moe_partial makes them (serve/
-// decoder_step.hpp): TP gathers every pair's row [rows, h] and gate once and scatter-adds the outputs weighted by the
-// gates; EP does the same per task (an expert's rows on this rank), its gates read one by one. The switcher
-// (serve/switch_policy.hpp) and step_cost share it.
+// share of the pairs over whole f columns), each one grouped GEMM per projection, and the moves of its rows, as
+// moe_partial makes them (serve/decoder_step.hpp): TP gathers every pair's row [rows, h] and gate once and scatter-adds
+// the outputs weighted by the gates; EP does the same over its tasks' rows (an expert's rows on this rank each) as one
+// batch, its gates read one by one (on-demand loading's fetched tasks, a batch each, are priced as held ones). The
+// switcher (serve/switch_policy.hpp) and step_cost share it.
 inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig& m, const ExpertLayout& L,
                                const std::vector<std::int64_t>& routed, int p, int r, int b) {
   using namespace step_cost_detail;
@@ -139,19 +157,24 @@ inline double moe_experts_time(const cost::HardwareProfile& hw, const MoeConfig&
   double t = 0;
   if (L.mode == MoeMode::tp) {
     const double fr = double(chunk_range(m.expert_ffn, p, r).length);
+    const std::vector<double> blocks(routed.begin(), routed.end());
     double rows = 0;
-    for (const std::int64_t x : routed) t += swiglu(hw, double(x), fr, h, b), rows += double(x);
-    t += moves(rows) + streams(hw, 2 * rows * b, ElementwiseFamily::rows);  // and the gates' gather
+    for (const double x : blocks) rows += x;
+    t += swiglu_bank(hw, blocks, fr, h, b) + moves(rows) +
+         streams(hw, 2 * rows * b, ElementwiseFamily::rows);  // and the gates' gather
   } else {
     std::vector<std::int64_t> holders(routed.size(), 0), seen(routed.size(), 0);
     for (const auto& slots : L.placement)
       for (const std::int64_t e : slots) ++holders[std::size_t(e)];
+    std::vector<double> blocks;  // the rank's tasks' rows, one batch (serve/decoder_step.hpp moe_partial)
+    double rows = 0;
     for (int q = 0; q <= r; ++q)
       for (const std::int64_t e : L.placement[std::size_t(q)]) {
         const std::size_t i = std::size_t(e);
         const double x = double(chunk_range(routed[i], holders[i], seen[i]++).length);
-        if (q == r && x > 0) t += swiglu(hw, x, double(m.expert_ffn), h, b) + moves(x) + streams(hw, 2 * x * b);
+        if (q == r && x > 0) blocks.push_back(x), rows += x;
       }
+    if (rows > 0) t += swiglu_bank(hw, blocks, double(m.expert_ffn), h, b) + moves(rows) + streams(hw, 2 * rows * b);
   }
   return t;
 }

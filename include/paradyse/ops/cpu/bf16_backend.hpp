@@ -35,6 +35,7 @@
 #include "paradyse/ops/cpu/embedding.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
 #include "paradyse/ops/cpu/gemm_batched.hpp"
+#include "paradyse/ops/cpu/gemm_grouped.hpp"
 #include "paradyse/ops/cpu/moe_ops.hpp"
 #include "paradyse/ops/cpu/normalization.hpp"
 #include "paradyse/ops/cpu/rope.hpp"
@@ -113,6 +114,13 @@ inline void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, s
                          std::int64_t ldc) {
   cpu::check_gemm_batch(a.size(), b.size(), c.size());
   for (std::size_t i = 0; i < a.size(); ++i) gemm(trans_a, trans_b, m, n, k, alpha, a[i], lda, b[i], ldb, beta, c[i], ldc);
+}
+inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, const GroupedGemm& items, std::int64_t lda,
+                         std::int64_t ldb, float beta, std::int64_t ldc) {
+  cpu::check_gemm_group(items);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    gemm(trans_a, trans_b, items.m[i], items.n[i], items.k[i], alpha, items.a[i], lda, items.b[i], ldb, beta,
+         items.c[i], ldc);
 }
 
 // ---- attention: q, k, v, out, dout read as bf16; lse fp32; dq, dk, dv accumulate in fp32 ----

@@ -1,6 +1,6 @@
-// paradyse/ops/cuda/gemm.hpp: GEMM on the device through cuBLAS: gemm, matmul and gemm_batched with exactly the
-// signatures and row-major contracts of ops::cpu (ops/cpu/gemm.hpp, ops/cpu/gemm_batched.hpp) over device pointers,
-// and bf16 GEMMs with float accumulation (mixed precision, benchmarks).
+// paradyse/ops/cuda/gemm.hpp: GEMM on the device through cuBLAS: gemm, matmul, gemm_batched and gemm_grouped with
+// exactly the signatures and row-major contracts of ops::cpu (ops/cpu/gemm.hpp, gemm_batched.hpp, gemm_grouped.hpp)
+// over device pointers, and bf16 GEMMs with float accumulation (mixed precision, benchmarks).
 //
 // Row-major to cuBLAS: a row-major [m, n] matrix with leading dimension ldc is the column-major [n, m] matrix C^T
 // with the same leading dimension, and C = op(A) op(B) is C^T = op(B)^T op(A)^T, so each call passes b before a and
@@ -18,6 +18,7 @@
 #include "paradyse/core/tensor.hpp"
 #include "paradyse/device/runtime.hpp"
 #include "paradyse/ops/cpu/gemm_batched.hpp"
+#include "paradyse/ops/cpu/gemm_grouped.hpp"
 #include "paradyse/ops/cpu/gemm_kernels.hpp"
 
 #include <cublas_v2.h>
@@ -31,6 +32,7 @@
 #include <numeric>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace paradyse::ops::cuda {
@@ -207,6 +209,83 @@ inline void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, s
   PARADYSE_CUDA_CHECK(cudaFreeAsync(scratch, stream));  // stream-ordered: after the batched GEMM has read the arrays
   device::check(copied, "cudaMemcpyAsync (gemm_batched pointer arrays)");
   gemm_detail::check_cublas(status, "cublasSgemmBatched");
+}
+
+namespace gemm_detail {
+// Whether any two of a grouped GEMM's non-empty outputs may share an element: their spans of memory, first element to
+// last, intersect (outputs of one allocation side by side, the row blocks of the experts' rows or their separate
+// weight gradients, do not).
+inline bool grouped_outputs_overlap(const GroupedGemm& items, std::int64_t ldc) {
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> spans;  // [first byte, past the last)
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items.m[i] == 0 || items.n[i] == 0) continue;
+    const auto first = reinterpret_cast<std::uintptr_t>(items.c[i]);
+    spans.emplace_back(first, first + std::uintptr_t((items.m[i] - 1) * ldc + items.n[i]) * sizeof(float));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second) return true;
+  return false;
+}
+}  // namespace gemm_detail
+
+// For i = 0, 1, ..., items.size() - 1 in that order: c_i [m_i, n_i] = alpha * op(a_i) op(b_i) + beta * c_i (ops::cpu's
+// gemm_grouped contract; items holds device pointers in host memory). When no two outputs share an element, one
+// cublasSgemmGroupedBatched runs every item with m, n and k > 0, each a group of one problem of its own sizes (its
+// pointer arrays go to stream-ordered device scratch, as gemm_batched's), and those with k = 0 scale their c alone;
+// when outputs are shared, the items run as single GEMMs in order, so the sums accumulate as the CPU's loop.
+inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, const GroupedGemm& items,
+                         std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
+  cpu::check_gemm_group(items);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    cpu::detail::check_gemm_arguments(trans_a, trans_b, items.m[i], items.n[i], items.k[i], items.a[i], lda,
+                                      items.b[i], ldb, items.c[i], ldc);
+    gemm_detail::check_sizes(items.m[i], items.n[i], items.k[i], lda, ldb, ldc);
+  }
+  const auto single = [&](std::size_t i) {
+    gemm(trans_a, trans_b, items.m[i], items.n[i], items.k[i], alpha, items.a[i], lda, items.b[i], ldb, beta,
+         items.c[i], ldc);
+  };
+  const bool in_order = gemm_detail::grouped_outputs_overlap(items, ldc);
+  std::vector<std::size_t> grouped;  // the items of the grouped call
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (in_order || items.k[i] == 0 || alpha == 0.0f)
+      single(i);
+    else if (items.m[i] > 0 && items.n[i] > 0)
+      grouped.push_back(i);
+  }
+  if (grouped.size() == 1) single(grouped.front());
+  if (grouped.size() <= 1) return;
+  // One group of one problem per item, in cuBLAS's column-major terms (b before a, n before m: see the header).
+  const std::size_t g = grouped.size();
+  const int count = gemm_detail::as_int(std::int64_t(g), "the item count");
+  const std::vector<cublasOperation_t> op_b(g, gemm_detail::op(trans_b)), op_a(g, gemm_detail::op(trans_a));
+  const std::vector<float> alphas(g, alpha), betas(g, beta);
+  const std::vector<int> ld_b(g, int(ldb)), ld_a(g, int(lda)), ld_c(g, int(ldc)), ones(g, 1);
+  std::vector<int> rows, cols, inner;  // cuBLAS's m, n, k: our n, m, k
+  std::vector<const void*> pointers;   // device arrays: [b of each item, a of each, c of each]
+  for (const std::size_t i : grouped) {
+    rows.push_back(int(items.n[i])), cols.push_back(int(items.m[i])), inner.push_back(int(items.k[i]));
+    pointers.push_back(items.b[i]);
+  }
+  for (const std::size_t i : grouped) pointers.push_back(items.a[i]);
+  for (const std::size_t i : grouped) pointers.push_back(items.c[i]);
+  const cudaStream_t stream = device::current_stream();
+  const std::size_t bytes = pointers.size() * sizeof(void*);
+  const cublasHandle_t h = gemm_detail::handle();
+  void* scratch = nullptr;
+  PARADYSE_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, stream));
+  cudaError_t copied = cudaMemcpyAsync(scratch, pointers.data(), bytes, cudaMemcpyHostToDevice, stream);
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (copied == cudaSuccess) {
+    const auto* arrays = static_cast<const float* const*>(scratch);
+    status = cublasSgemmGroupedBatched(h, op_b.data(), op_a.data(), rows.data(), cols.data(), inner.data(),
+                                       alphas.data(), arrays, ld_b.data(), arrays + count, ld_a.data(), betas.data(),
+                                       const_cast<float* const*>(arrays + 2 * count), ld_c.data(), count, ones.data());
+  }
+  PARADYSE_CUDA_CHECK(cudaFreeAsync(scratch, stream));  // stream-ordered: after the grouped GEMM has read the arrays
+  device::check(copied, "cudaMemcpyAsync (gemm_grouped pointer arrays)");
+  gemm_detail::check_cublas(status, "cublasSgemmGroupedBatched");
 }
 
 // ---- bf16 operands, fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F) ----------------------------------------
