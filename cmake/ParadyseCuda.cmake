@@ -21,6 +21,11 @@ if(NOT PARADYSE_ENABLE_CUDA STREQUAL "OFF")
     include(ParadyseCudaStd20)
     paradyse_teach_cuda_std20()
     find_package(CUDAToolkit REQUIRED)
+    # cuBLAS's grouped GEMM (cublasSgemmGroupedBatched, ops/cuda/gemm.hpp gemm_grouped) came with CUDA 12.5.
+    if(CUDAToolkit_VERSION VERSION_LESS 12.5)
+      message(FATAL_ERROR "paradyse: CUDA ${CUDAToolkit_VERSION} found at ${CUDAToolkit_BIN_DIR}; the CUDA path needs "
+                          "12.5 or later (cuBLAS's grouped GEMM)")
+    endif()
     set(PARADYSE_HAVE_CUDA ON)
   elseif(PARADYSE_ENABLE_CUDA STREQUAL "ON")
     message(FATAL_ERROR "PARADYSE_ENABLE_CUDA=ON but no CUDA compiler was found (set CMAKE_CUDA_COMPILER)")

@@ -331,7 +331,8 @@ TEST_CASE("cuda gemm_grouped: an expert bank's ragged blocks in one grouped call
     items.add(2, 2, 2, nullptr, nullptr, nullptr);
     items.n.push_back(2);
     CHECK_THROWS_WITH_AS(pd::ops::cuda::gemm_grouped(Transpose::no, Transpose::no, 1.0f, items, 2, 2, 0.0f, 2),
-                         doctest::Contains("gemm_grouped: m, n, k, a, b and c must hold one entry per item"), pd::Error);
+                         doctest::Contains("gemm_grouped: m, n, k, a, b and c must hold one entry per item"),
+                         pd::Error);
   }
 }
 

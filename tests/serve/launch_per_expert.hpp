@@ -1,5 +1,6 @@
 // tests/serve/launch_per_expert.hpp: the built-in H100 node with every expert GEMM a launch of its own, as an engine
-// without a grouped expert GEMM runs there: the trade-off the dynamic policy's scenario tests drive the switcher through.
+// without a grouped expert GEMM runs there: the trade-off the dynamic policy's scenario tests drive the switcher
+// through.
 //
 // On the built-in profile an MoE layer's expert GEMMs are one grouped launch per projection (ops/cpu/gemm_grouped.hpp,
 // cost/builtin_profiles.hpp), and Mixtral-8x7B's TP and EP decode steps on 8 ranks tie within 0.2-10% from 16 to 1024

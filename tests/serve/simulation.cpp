@@ -458,7 +458,8 @@ RampRun serve_shape(const DecoderConfig& c, const SimulatedCluster& h100, const 
 TEST_CASE("dynamic policy: on a load ramp it starts in TP, goes EP past the step cost's crossover and back, and is "
           "never slower than the better static policy by more than its switches") {
   const DecoderConfig c = read_model_shape((repo() / "data" / "model_shapes" / "mixtral-8x7b.json").string()).config;
-  const SimulatedCluster h100 = serve_scenarios::h100_launch_per_expert();  // a crossover to find (launch_per_expert.hpp)
+  // Each expert GEMM its own launch: a crossover to find (tests/serve/launch_per_expert.hpp).
+  const SimulatedCluster h100 = serve_scenarios::h100_launch_per_expert();
   // The crossover the step cost predicts: decode batches of n tokens (512 cached each), Zipf 0.5 routing.
   auto decode_step = [&](std::int64_t n, MoeMode mode) {
     StepTrace t;

@@ -191,7 +191,8 @@ TEST_CASE("switch dry run: the forecast's loads follow the recent routing's shar
 TEST_CASE("switch dry run: at 64 requests/s on Mixtral-8x7B (8x H100) the dynamic policy takes EP on the dry-run "
           "clock as on the analytic one; there the analytic forecast takes the dry-run forecast's decisions") {
   const DecoderConfig c = mixtral();
-  const SimulatedCluster h100 = serve_scenarios::h100_launch_per_expert();  // a crossover to find (launch_per_expert.hpp)
+  // Each expert GEMM its own launch: a crossover to find (tests/serve/launch_per_expert.hpp).
+  const SimulatedCluster h100 = serve_scenarios::h100_launch_per_expert();
   // moe_simulate's Poisson trace at 64 requests/s (prompts 64-1024, outputs 16-256 tokens), its first 60 requests.
   const std::vector<ServeRequest> requests =
       to_serve_requests(poisson_trace(64.0, 60, {64, 1024, 16, 256}, 1), c.vocab, 1);

@@ -129,7 +129,8 @@ TEST_CASE("switch window: on Mixtral-8x7B (8x H100) the window switches where on
   const DecoderConfig c =
       read_model_shape((std::filesystem::path(PARADYSE_TEST_DATA_DIR).parent_path().parent_path() / "data" /
                         "model_shapes" / "mixtral-8x7b.json").string()).config;
-  const SimulatedCluster h100 = serve_scenarios::h100_launch_per_expert();  // a crossover to find (launch_per_expert.hpp)
+  // Each expert GEMM its own launch: a crossover to find (tests/serve/launch_per_expert.hpp).
+  const SimulatedCluster h100 = serve_scenarios::h100_launch_per_expert();
   auto at_once = [&](std::int64_t prompt, std::int64_t output) {
     std::vector<TraceRequest> t = poisson_trace(1.0, 24, {prompt, prompt, output, output}, 5);
     for (TraceRequest& r : t) r.arrival_s = 0;

@@ -132,7 +132,8 @@ void experts_forward(const ExpertBank<const float>& bank, std::span<const std::i
 }
 
 // dy: [rows, h]; dx: [rows, h] (overwritten); grad: the bank's gradient (ACCUMULATED). The activation is recomputed.
-// x is contiguous; the rows of pre, dy and dx may be strided, their columns contiguous. Four grouped GEMMs and the SwiGLU's forward and backward over every row.
+// x is contiguous; the rows of pre, dy and dx may be strided, their columns contiguous. Four grouped GEMMs and the
+// SwiGLU's forward and backward over every row.
 template <class Backend>
 void experts_backward(const ExpertBank<const float>& bank, std::span<const std::int64_t> offsets,
                       TensorView<const float> x, TensorView<const float> pre, TensorView<const float> dy,

@@ -280,8 +280,9 @@ inline void gemm_batched(Transpose, Transpose, std::int64_t m, std::int64_t n, s
     scratch(cpu::detail::tracked(floats * sizeof(float)), std::int32_t(a.size()));
   record({.kind = TraceKind::gemm, .count = std::int32_t(a.size()), .m = double(m), .n = double(n), .k = double(k)});
 }
-// A grouped GEMM's items, each as gemm records it (its own m, n, k, weight and the CPU op's workspace), every item after
-// the first marked `grouped`: a device launches them with the first (cost/profile.hpp GemmModel::grouped_item_time).
+// A grouped GEMM's items, each as gemm records it (its own m, n, k, weight and the CPU op's workspace), every item
+// after the first marked `grouped`: a device launches them with the first (cost/profile.hpp GemmModel::
+// grouped_item_time).
 inline void gemm_grouped(Transpose, Transpose, float alpha, const GroupedGemm& items, std::int64_t, std::int64_t, float,
                          std::int64_t) {
   cpu::check_gemm_group(items);
