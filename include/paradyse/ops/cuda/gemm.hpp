@@ -139,6 +139,24 @@ inline bool outputs_overlap(std::int64_t m, std::int64_t n, std::int64_t ldc, st
   return false;
 }
 
+// Runs call(arrays) with `pointers` (host memory) copied to stream-ordered device scratch, the device pointer arrays a
+// batched or grouped cuBLAS call reads (cudaMallocAsync, freed with cudaFreeAsync after the call has read them); the
+// call's status, or a DeviceError naming `what` when the copy failed.
+template <class Call>
+cublasStatus_t with_device_pointers(const std::vector<const void*>& pointers, std::string_view what, Call&& call) {
+  const cudaStream_t stream = device::current_stream();
+  const std::size_t bytes = pointers.size() * sizeof(void*);
+  void* scratch = nullptr;
+  PARADYSE_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, stream));
+  // The pageable source is staged before cudaMemcpyAsync returns, so `pointers` may go at the end of this call.
+  const cudaError_t copied = cudaMemcpyAsync(scratch, pointers.data(), bytes, cudaMemcpyHostToDevice, stream);
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (copied == cudaSuccess) status = call(static_cast<const float* const*>(scratch));
+  PARADYSE_CUDA_CHECK(cudaFreeAsync(scratch, stream));  // stream-ordered: after the call has read the arrays
+  device::check(copied, what);
+  return status;
+}
+
 }  // namespace gemm_detail
 
 // c: [m, n] = alpha * op(a): [m, k] * op(b): [k, n] + beta * c, device pointers, row-major, leading dimensions in
@@ -187,27 +205,18 @@ inline void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, s
     return;
   }
   const cublasHandle_t h = gemm_detail::handle();
-  const cudaStream_t stream = device::current_stream();
   // Device pointer arrays, in cuBLAS's operand order: [b[0..count), a[0..count), c[0..count)].
   std::vector<const void*> pointers;
   pointers.reserve(3 * a.size());
   pointers.insert(pointers.end(), b.begin(), b.end());
   pointers.insert(pointers.end(), a.begin(), a.end());
   pointers.insert(pointers.end(), c.begin(), c.end());
-  const std::size_t bytes = pointers.size() * sizeof(void*);
-  void* scratch = nullptr;
-  PARADYSE_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, stream));
-  // The pageable source is staged before cudaMemcpyAsync returns, so `pointers` may go at the end of this call.
-  cudaError_t copied = cudaMemcpyAsync(scratch, pointers.data(), bytes, cudaMemcpyHostToDevice, stream);
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  if (copied == cudaSuccess) {
-    const auto* arrays = static_cast<const float* const*>(scratch);
-    status = cublasSgemmBatched(h, gemm_detail::op(trans_b), gemm_detail::op(trans_a), int(n), int(m), int(k), &alpha,
-                                arrays, int(ldb), arrays + count, int(lda), &beta,
-                                const_cast<float* const*>(arrays + 2 * count), int(ldc), count);
-  }
-  PARADYSE_CUDA_CHECK(cudaFreeAsync(scratch, stream));  // stream-ordered: after the batched GEMM has read the arrays
-  device::check(copied, "cudaMemcpyAsync (gemm_batched pointer arrays)");
+  const cublasStatus_t status = gemm_detail::with_device_pointers(
+      pointers, "cudaMemcpyAsync (gemm_batched pointer arrays)", [&](const float* const* arrays) {
+        return cublasSgemmBatched(h, gemm_detail::op(trans_b), gemm_detail::op(trans_a), int(n), int(m), int(k), &alpha,
+                                  arrays, int(ldb), arrays + count, int(lda), &beta,
+                                  const_cast<float* const*>(arrays + 2 * count), int(ldc), count);
+      });
   gemm_detail::check_cublas(status, "cublasSgemmBatched");
 }
 
@@ -270,21 +279,14 @@ inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, cons
   }
   for (const std::size_t i : grouped) pointers.push_back(items.a[i]);
   for (const std::size_t i : grouped) pointers.push_back(items.c[i]);
-  const cudaStream_t stream = device::current_stream();
-  const std::size_t bytes = pointers.size() * sizeof(void*);
   const cublasHandle_t h = gemm_detail::handle();
-  void* scratch = nullptr;
-  PARADYSE_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, stream));
-  cudaError_t copied = cudaMemcpyAsync(scratch, pointers.data(), bytes, cudaMemcpyHostToDevice, stream);
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  if (copied == cudaSuccess) {
-    const auto* arrays = static_cast<const float* const*>(scratch);
-    status = cublasSgemmGroupedBatched(h, op_b.data(), op_a.data(), rows.data(), cols.data(), inner.data(),
-                                       alphas.data(), arrays, ld_b.data(), arrays + count, ld_a.data(), betas.data(),
-                                       const_cast<float* const*>(arrays + 2 * count), ld_c.data(), count, ones.data());
-  }
-  PARADYSE_CUDA_CHECK(cudaFreeAsync(scratch, stream));  // stream-ordered: after the grouped GEMM has read the arrays
-  device::check(copied, "cudaMemcpyAsync (gemm_grouped pointer arrays)");
+  const cublasStatus_t status = gemm_detail::with_device_pointers(
+      pointers, "cudaMemcpyAsync (gemm_grouped pointer arrays)", [&](const float* const* arrays) {
+        return cublasSgemmGroupedBatched(h, op_b.data(), op_a.data(), rows.data(), cols.data(), inner.data(),
+                                         alphas.data(), arrays, ld_b.data(), arrays + count, ld_a.data(), betas.data(),
+                                         const_cast<float* const*>(arrays + 2 * count), ld_c.data(), count,
+                                         ones.data());
+      });
   gemm_detail::check_cublas(status, "cublasSgemmGroupedBatched");
 }
 
