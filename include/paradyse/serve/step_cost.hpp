@@ -29,8 +29,8 @@
 //     dense: GEMMs [n, h] x [h, 2 F_r] and [n, F_r] x [F_r, h], F_r = chunk_range(F, p, r); SwiGLU n F_r outputs.
 //     MoE: router GEMM [n, h] x [h, E] and its scores and top-k on every rank; per expert e with rows m_e on the
 //     rank (TP: every pair, a slice of f_r = chunk_range(f, p, r) columns; EP: the rank's share, rows_per_rank's
-//     rule, whole f columns): GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs (TP:
-//     the experts' GEMMs of each projection one grouped call, the SwiGLU one call over every row: swiglu_bank); the
+//     rule, whole f columns): GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs (the
+//     rank's experts' GEMMs of each projection one grouped call, the SwiGLU one call over their rows: swiglu_bank); the
 //     rows' gather and weighted scatter-add (moe_experts_time); the shared expert as a dense FFN of its width, gated
 //     or added; then all-reduce [n, h] (EP: plus the p row counts), the FFN's residual add. OLMoE's q/k norm: an
 //     all-reduce of 2n floats.
