@@ -3,10 +3,10 @@
 // through.
 //
 // On the built-in profile an MoE layer's expert GEMMs are one grouped launch per projection (ops/cpu/gemm_grouped.hpp,
-// cost/builtin_profiles.hpp), and Mixtral-8x7B's TP and EP decode steps on 8 ranks tie within 0.2-10% from 16 to 1024
-// tokens, TP ahead under Zipf 0.5 routing: no crossover for a switcher to find (docs/serving_simulation.md, stop 62).
+// cost/builtin_profiles.hpp), and under Zipf 0.5 routing Mixtral-8x7B's TP decode steps on 8 ranks cost 1-10% less
+// than EP's from 16 to 1024 tokens: no crossover for a switcher to find (docs/serving_simulation.md, stop 62).
 // Charging each expert's GEMMs their 6 us launch (TP runs every routed expert's slice on every rank, EP only its own
-// experts') puts TP above EP from batch 16 on and below it at a few tokens: the scenarios these tests were built on.
+// experts') puts TP above EP from 4 tokens on and below it at one: the scenarios these tests were built on.
 #pragma once
 
 #include "paradyse/serve/cluster_spec.hpp"
