@@ -221,7 +221,6 @@ TEST_CASE("cuda matmul on strided row views matches ops::cpu::matmul") {
 TEST_CASE("cuda gemm_batched: disjoint outputs in one batched call, shared outputs accumulated in order") {
   PARADYSE_REQUIRE_DEVICE();
   pd::MemoryTracker tracker = dev::make_tracker();
-  namespace gd = pd::ops::cuda::gemm_detail;
 
   SUBCASE("per-head blocks of [s, heads * d] matrices (disjoint, interleaved): scores = q k^T") {
     const std::int64_t heads = 4, s = 19, d = 11, t = 23;  // c_h: [s, t] = q_h: [s, d] * k_h^T, k_h: [t, d]
@@ -234,7 +233,7 @@ TEST_CASE("cuda gemm_batched: disjoint outputs in one batched call, shared outpu
       ha.push_back(q.data() + h * d), hb.push_back(kk.data() + h * d), hc.push_back(c.data() + h * t);
       da.push_back(dq.data() + h * d), db.push_back(dk.data() + h * d), dcs.push_back(dc.data() + h * t);
     }
-    CHECK_FALSE(gd::outputs_overlap(s, t, heads * t, dcs));
+    CHECK_FALSE(pd::ops::cpu::gemm_outputs_overlap(s, t, heads * t, dcs));
     pd::ops::cpu::gemm_batched(Transpose::no, Transpose::yes, s, t, d, 0.5f, ha, heads * d, hb, heads * d, 0.25f, hc,
                                heads * t);
     pd::ops::cuda::gemm_batched(Transpose::no, Transpose::yes, s, t, d, 0.5f, da, heads * d, db, heads * d, 0.25f, dcs,
@@ -253,20 +252,10 @@ TEST_CASE("cuda gemm_batched: disjoint outputs in one batched call, shared outpu
       da.push_back(dp.data() + i * s * s), db.push_back(dq.data() + i * s * d),
           dcs.push_back(dg.data() + (i / 2) * s * d);
     }
-    CHECK(gd::outputs_overlap(s, d, d, dcs));
+    CHECK(pd::ops::cpu::gemm_outputs_overlap(s, d, d, dcs));
     pd::ops::cpu::gemm_batched(Transpose::yes, Transpose::no, s, d, s, 1.0f, ha, s, hb, d, 1.0f, hc, d);
     pd::ops::cuda::gemm_batched(Transpose::yes, Transpose::no, s, d, s, 1.0f, da, s, db, d, 1.0f, dcs, d);
     CHECK_CLOSE(download(dg), g, pd::testing::kFloat32);
-  }
-  SUBCASE("the overlap test on the host") {
-    std::vector<float> storage(1000);
-    float* base = storage.data();
-    CHECK_FALSE(gd::outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 4, base + 8}));   // column blocks
-    CHECK(gd::outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 3}));                    // one shared column
-    CHECK(gd::outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 24}));                   // row 2 of the first
-    CHECK_FALSE(gd::outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 36}));             // after it
-    CHECK(gd::outputs_overlap(3, 4, 12, std::vector<float*>{base + 10, base + 20}));              // wraps into row 1
-    CHECK_FALSE(gd::outputs_overlap(3, 4, 4, std::vector<float*>{base + 12, base}));              // back to back
   }
   SUBCASE("item counts must agree") {
     std::vector<const float*> two(2, nullptr);

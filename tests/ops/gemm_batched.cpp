@@ -1,7 +1,8 @@
 // Tests of ops/cpu/gemm_batched.hpp (through ops::Cpu) and its ops::Counting record: every item against the float64
 // reference on fresh random inputs, every transpose combination, alpha/beta, padded leading dimensions, items that
 // share an input (a GQA group's key head) and items that share an output with beta = 1 (summed in order); mismatched
-// pointer counts are refused; the dry run records one GEMM event with a count and the CPU kernel's workspace.
+// pointer counts are refused; the dry run records the first item's GEMM event and the others' as one event with a
+// count, marked grouped where the outputs are disjoint (one launch on a device), and the CPU kernel's workspace.
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/ops/counting.hpp"
 
@@ -132,13 +133,22 @@ TEST_CASE("gemm_batched on the counting backend: one GEMM event with a count, on
         ops::Counting::gemm(Transpose::no, Transpose::yes, m, n, k, 0.5f, a[h], k, b[h], k, 0.0f, c[h], n);
     }
     meta.set_trace(nullptr);
-    // The batch: one GEMM event of count 12 (after its workspace, when the engine for this size takes one).
-    const TraceEvent& gemm = batched.events().back();
-    CHECK(gemm.kind == TraceKind::gemm);
-    CHECK(gemm.count == 12);
-    CHECK(gemm.m == double(m));
-    CHECK(gemm.n == double(n));
-    CHECK(gemm.k == double(k));
+    // The batch (after its workspace, when the engine for this size takes one): the first item's GEMM event, then the
+    // other 11 as one event marked grouped (disjoint outputs: a device runs the 12 as one launch).
+    REQUIRE(batched.size() >= 2);
+    const TraceEvent& first = batched.events()[batched.size() - 2];
+    const TraceEvent& rest = batched.events().back();
+    CHECK(first.kind == TraceKind::gemm);
+    CHECK(rest.kind == TraceKind::gemm);
+    CHECK(first.count == 1);
+    CHECK_FALSE(first.grouped);
+    CHECK(rest.count == 11);
+    CHECK(rest.grouped);
+    for (const TraceEvent* e : {&first, &rest}) {
+      CHECK(e->m == double(m));
+      CHECK(e->n == double(n));
+      CHECK(e->k == double(k));
+    }
     // The loop: the same GEMMs (12 calls in all) and the same largest workspace.
     std::int64_t calls = 0;
     double loop_scratch = 0, batch_scratch = 0;
@@ -158,6 +168,47 @@ TEST_CASE("gemm_batched on the counting backend: one GEMM event with a count, on
     CHECK(batch_scratch == loop_scratch);
     CHECK(batch_workspaces == loop_workspaces);  // the time model prices each item's workspace
     CHECK(loop_workspaces == (loop_scratch > 0 ? 12 : 0));
-    CHECK(batched.size() == (batch_scratch > 0 ? 2u : 1u));
+    CHECK(batched.size() == (batch_scratch > 0 ? 3u : 2u));
   }
+}
+
+TEST_CASE("gemm_batched on the counting backend: items that share an output run one by one, one event of count") {
+  MemoryTracker meta(MemorySpace::meta);
+  const ScopedTracker scoped(meta);
+  // A GQA group's key gradient: 4 query heads' products summed into 2 outputs (beta = 1), and an alpha of 0.
+  Tensor<float> p(Shape{4, 13, 13}), q(Shape{4, 13, 7}), g(Shape{2, 13, 7});
+  std::vector<const float*> a, b;
+  std::vector<float*> c;
+  for (std::int64_t i = 0; i < 4; ++i) {
+    a.push_back(p.data() + i * 13 * 13), b.push_back(q.data() + i * 13 * 7), c.push_back(g.data() + (i / 2) * 13 * 7);
+  }
+  for (const float alpha : {1.0f, 0.0f}) {
+    CAPTURE(alpha);
+    Trace trace;
+    meta.set_trace(&trace);
+    {
+      const ScopedTrace recording(trace);
+      ops::Counting::gemm_batched(Transpose::yes, Transpose::no, 13, 7, 13, alpha, a, 13, b, 7, 1.0f, c, 7);
+    }
+    meta.set_trace(nullptr);
+    std::vector<TraceEvent> gemms;
+    for (const TraceEvent& e : trace.events())
+      if (e.kind == TraceKind::gemm) gemms.push_back(e);
+    REQUIRE(gemms.size() == 1);
+    CHECK(gemms[0].count == 4);
+    CHECK_FALSE(gemms[0].grouped);
+  }
+}
+
+TEST_CASE("gemm_outputs_overlap: which batched outputs share an element") {
+  std::vector<float> storage(1000);
+  float* base = storage.data();
+  using ops::cpu::gemm_outputs_overlap;
+  CHECK_FALSE(gemm_outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 4, base + 8}));  // column blocks
+  CHECK(gemm_outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 3}));                   // one shared column
+  CHECK(gemm_outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 24}));                  // row 2 of the first
+  CHECK_FALSE(gemm_outputs_overlap(3, 4, 12, std::vector<float*>{base, base + 36}));            // after it
+  CHECK(gemm_outputs_overlap(3, 4, 12, std::vector<float*>{base + 10, base + 20}));             // wraps into row 1
+  CHECK_FALSE(gemm_outputs_overlap(3, 4, 4, std::vector<float*>{base + 12, base}));             // back to back
+  CHECK(gemm_outputs_overlap(3, 4, 12, std::vector<float*>{base + 5, base + 5}));               // the same output
 }

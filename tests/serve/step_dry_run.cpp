@@ -485,19 +485,21 @@ TEST_CASE("step dry run: DeepSeek's latent attention runs as absorbed GEMMs and 
   const std::vector<TraceEvent> expected{
       {.kind = K::gemm, .m = 5, .n = 8 * 192, .k = 2048},                  // q [5, 8 (d_n + d_r)]
       {.kind = K::gemm, .m = 5, .n = 576, .k = 2048},                      // [c_kv | k_pe] [5, r_kv + d_r]
-      {.kind = K::gemm, .count = 8, .m = 5, .n = 512, .k = 128},           // q_nope W_uk, an item a head
+      {.kind = K::gemm, .m = 5, .n = 512, .k = 128},                       // q_nope W_uk, an item a head: the first,
+      {.kind = K::gemm, .grouped = true, .count = 7, .m = 5, .n = 512, .k = 128},  // the rest in its launch
       {.kind = K::elementwise, .bytes = 4 * 2 * 4 * 576.0},                // the prompt's latents appended
       {.kind = K::elementwise, .bytes = 4 * 2 * 1 * 576.0},                // the decode token's
       {.kind = K::paged_attention, .m = 4 * 5 / 2 + 11, .n = 8, .k = 544},  // the causal pairs; r_kv + d_r / 2
       {.kind = K::elementwise, .bytes = 4 * (4 + 11) * 576.0},             // each position's latent, read once
-      {.kind = K::gemm, .count = 8, .m = 5, .n = 128, .k = 512},           // o_lat W_uv^T
+      {.kind = K::gemm, .m = 5, .n = 128, .k = 512},                       // o_lat W_uv^T, likewise
+      {.kind = K::gemm, .grouped = true, .count = 7, .m = 5, .n = 128, .k = 512},
       {.kind = K::gemm, .m = 5, .n = 2048, .k = 8 * 128}};                 // the output projection
   std::size_t at = 0;
   for (const TraceEvent& want : expected) {
     INFO("expected kernel ", &want - expected.data());
     while (at < events.size() && !(int(events[at].kind) == int(want.kind) && events[at].count == want.count &&
-                                   events[at].m == want.m && events[at].n == want.n && events[at].k == want.k &&
-                                   events[at].bytes == want.bytes))
+                                   events[at].grouped == want.grouped && events[at].m == want.m &&
+                                   events[at].n == want.n && events[at].k == want.k && events[at].bytes == want.bytes))
       ++at;
     REQUIRE(at < events.size());
     ++at;

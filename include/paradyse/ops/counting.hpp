@@ -269,16 +269,24 @@ inline void gemm(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int6
   record({.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k),
           .operand = reinterpret_cast<std::uintptr_t>(b)});
 }
-// count GEMMs of one size: one event with a count. The CPU op allocates and frees each item's workspace in turn:
+// count GEMMs of one size: the first item's event, then the others' as one event of count - 1, marked `grouped` where a
+// device runs the batch as one launch (disjoint outputs, k and alpha nonzero: ops/cuda/gemm.hpp's cublasSgemmBatched;
+// unmarked, the two events merge into one of count). The CPU op allocates and frees each item's workspace in turn:
 // one scratch event of that size with the same count (the peak sees it once, the time model count times).
 inline void gemm_batched(Transpose, Transpose, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                          std::span<const float* const> a, std::int64_t, std::span<const float* const> b,
-                         std::int64_t, float, std::span<float* const> c, std::int64_t) {
+                         std::int64_t, float, std::span<float* const> c, std::int64_t ldc) {
   cpu::check_gemm_batch(a.size(), b.size(), c.size());
   if (a.empty()) return;
   if (const std::size_t floats = cpu::gemm_workspace_floats(m, n, k, alpha))
     scratch(cpu::detail::tracked(floats * sizeof(float)), std::int32_t(a.size()));
-  record({.kind = TraceKind::gemm, .count = std::int32_t(a.size()), .m = double(m), .n = double(n), .k = double(k)});
+  const TraceEvent first{.kind = TraceKind::gemm, .m = double(m), .n = double(n), .k = double(k)};
+  record(first);
+  if (a.size() == 1) return;
+  TraceEvent rest = first;
+  rest.grouped = k > 0 && alpha != 0.0f && m > 0 && n > 0 && !cpu::gemm_outputs_overlap(m, n, ldc, c);
+  rest.count = std::int32_t(a.size()) - 1;
+  record(rest);
 }
 // A grouped GEMM's items, each as gemm records it (its own m, n, k, weight and the CPU op's workspace), every item
 // after the first marked `grouped`: a device launches them with the first (cost/profile.hpp GemmModel::

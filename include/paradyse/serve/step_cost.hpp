@@ -96,6 +96,14 @@ inline double gemm(const cost::HardwareProfile& hw, double m, double n, double k
   return hw.gemm.time(m, n, k, b);
 }
 
+// One gemm_batched call of `count` items of one size with disjoint outputs (ops/counting.hpp): the first a call, the
+// others priced as riding on its launch (cost::GemmModel::grouped_item_time).
+inline double batched_gemms(const cost::HardwareProfile& hw, double count, double m, double n, double k, int b) {
+  if (count <= 0) return 0;
+  const double one = gemm(hw, m, n, k, b);
+  return one + (count - 1) * hw.gemm.grouped_item_time(one, m, n, k, b);
+}
+
 // `calls` memory-bound kernels of `bytes` each, as the dry run prices a kernel (cost/trace_cost.hpp event_seconds:
 // its call's fixed cost, its bytes at its family's rate).
 inline double streams(const cost::HardwareProfile& hw, double bytes,
@@ -255,12 +263,12 @@ inline double kv_traffic_time(const DecoderConfig& c, const StepTrace& t, const 
   return a + streams(hw, positions * w * b);
 }
 
-// Seconds of rank r's latent attention (DeepSeek) in one layer after its norm, as serve/mla_attention.hpp runs it
-// (hq the rank's heads, r_q = q_lora_rank, r_kv = kv_lora_rank, d_n, d_r, d_v the head's widths): q's projection
-// (through r_q with its norm, or direct) and the latent's [n, h] x [h, r_kv + d_r]; c_kv's norm between two copies;
-// q_pe's and k_pe's copies out, per chunk their RoPE, k_pe's copy back; the absorption's batched GEMMs, hq items of
-// [n, d_n] x [d_n, r_kv] and of [n, r_kv] x [r_kv, d_v]; the latents' append and reads (kv_traffic_time); the paged
-// kernel over the step's pairs at width r_kv + d_r / 2; the output projection [n, hq d_v] x [hq d_v, h].
+// Seconds of rank r's latent attention (DeepSeek) in one layer after its norm, as serve/mla_attention.hpp runs it (hq
+// the rank's heads, r_q = q_lora_rank, r_kv = kv_lora_rank, d_n, d_r, d_v the head's widths): q's projection (through
+// r_q with its norm, or direct) and the latent's [n, h] x [h, r_kv + d_r]; c_kv's norm between two copies; q_pe's and
+// k_pe's copies out, per chunk their RoPE, k_pe's copy back; the absorption's batched GEMMs, hq items of [n, d_n] x
+// [d_n, r_kv] and of [n, r_kv] x [r_kv, d_v] (batched_gemms); the latents' append and reads (kv_traffic_time); the
+// paged kernel over the step's pairs at width r_kv + d_r / 2; the output projection [n, hq d_v] x [hq d_v, h].
 inline double mla_attention_time(const DecoderConfig& c, const StepTrace& t, const cost::HardwareProfile& hw, int r,
                                  int b) {
   using namespace step_cost_detail;
@@ -282,10 +290,10 @@ inline double mla_attention_time(const DecoderConfig& c, const StepTrace& t, con
       a += streams(hw, 2 * len * heads * dr * b, ElementwiseFamily::rope) +
            hw.scalar_math.time(cost::ScalarFunction::sincos, len * dr);
   }
-  a += m.nope > 0 ? hq * gemm(hw, n, rkv, dn, b) : streams(hw, n * hq * rkv * b, ElementwiseFamily::fill);
+  a += m.nope > 0 ? batched_gemms(hw, hq, n, rkv, dn, b) : streams(hw, n * hq * rkv * b, ElementwiseFamily::fill);
   a += hw.paged_attention_time(pairs, hq, rkv + dr / 2) + hw.call_overhead.kernel_call_s +
        kv_traffic_time(c, t, hw, r, b);
-  return a + hq * gemm(hw, n, dv, rkv, b) + gemm(hw, n, h, hq * dv, b);
+  return a + batched_gemms(hw, hq, n, dv, rkv, b) + gemm(hw, n, h, hq * dv, b);
 }
 
 // Seconds of rank r's attention sublayer in one layer (every layer's is the same), as decoder_step runs it: the

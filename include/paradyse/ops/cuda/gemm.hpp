@@ -114,31 +114,6 @@ inline void scale_matrix(cublasHandle_t h, std::int64_t m, std::int64_t n, float
                "cublasSgeam (c = beta * c)");
 }
 
-// Whether the row-major [m, n] matrices at c[i] (leading dimension ldc) share an element. Exact for matrices in one
-// allocation (equal pointers, column blocks of one wider matrix: the per-head outputs of attention are disjoint);
-// says "shared" when the test would take too long (then the caller takes the ordered path, also correct).
-inline bool outputs_overlap(std::int64_t m, std::int64_t n, std::int64_t ldc, std::span<float* const> c) {
-  std::vector<std::uintptr_t> starts(c.size());
-  for (std::size_t i = 0; i < c.size(); ++i) starts[i] = reinterpret_cast<std::uintptr_t>(c[i]);
-  std::sort(starts.begin(), starts.end());
-  const std::uintptr_t extent = (std::uintptr_t((m - 1) * ldc + n)) * sizeof(float);  // bytes from first to last
-  const std::int64_t kMaxPairs = 1 << 20;
-  std::int64_t pairs = 0;
-  for (std::size_t i = 0; i < starts.size(); ++i) {
-    for (std::size_t j = i + 1; j < starts.size() && starts[j] < starts[i] + extent; ++j) {
-      if (++pairs > kMaxPairs) return true;
-      const std::uintptr_t bytes = starts[j] - starts[i];
-      if (bytes % sizeof(float) != 0) return true;  // not on a float boundary of the other: assume shared
-      // Element (r2, c2) of j is element (r1, c1) of i when delta = (r1 - r2) * ldc + (c1 - c2), |r1 - r2| < m,
-      // |c1 - c2| < n: the multiples of ldc nearest to delta decide.
-      const std::int64_t delta = std::int64_t(bytes / sizeof(float));
-      const std::int64_t q = delta / ldc, rem = delta % ldc;
-      if ((rem < n && q < m) || (ldc - rem < n && q + 1 < m)) return true;
-    }
-  }
-  return false;
-}
-
 // Runs call(arrays) with `pointers` (host memory) copied to stream-ordered device scratch, the device pointer arrays a
 // batched or grouped cuBLAS call reads (cudaMallocAsync, freed with cudaFreeAsync after the call has read them); the
 // call's status, or a DeviceError naming `what` when the copy failed.
@@ -199,7 +174,7 @@ inline void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, s
   gemm_detail::check_sizes(m, n, k, lda, ldb, ldc);
   const int count = gemm_detail::as_int(std::int64_t(a.size()), "the item count");
   if (count == 0 || m == 0 || n == 0) return;
-  if (count == 1 || k == 0 || alpha == 0.0f || gemm_detail::outputs_overlap(m, n, ldc, c)) {
+  if (count == 1 || k == 0 || alpha == 0.0f || cpu::gemm_outputs_overlap(m, n, ldc, c)) {
     for (std::size_t i = 0; i < a.size(); ++i)
       gemm(trans_a, trans_b, m, n, k, alpha, a[i], lda, b[i], ldb, beta, c[i], ldc);
     return;
