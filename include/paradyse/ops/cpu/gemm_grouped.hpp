@@ -12,6 +12,7 @@
 
 #include "paradyse/core/error.hpp"
 #include "paradyse/ops/cpu/gemm.hpp"
+#include "paradyse/ops/cpu/gemm_batched.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -19,21 +20,20 @@
 
 namespace paradyse::ops {
 
-// The items of a grouped GEMM, item i: c[i] [m[i], n[i]] = op(a[i]) op(b[i]) (k[i] the inner size).
-struct GroupedGemm {
+// The items of a grouped GEMM, item i: c[i] [m[i], n[i]] = op(a[i]) op(b[i]) (k[i] the inner size): a batched
+// GEMM's operands (ops::GemmItems) with each item's sizes beside them.
+struct GroupedGemm : GemmItems {
   std::vector<std::int64_t> m, n, k;
-  std::vector<const float*> a, b;
-  std::vector<float*> c;
 
   std::size_t size() const noexcept { return a.size(); }
   bool empty() const noexcept { return a.empty(); }
   void clear() noexcept {
+    GemmItems::clear();
     m.clear(), n.clear(), k.clear();
-    a.clear(), b.clear(), c.clear();
   }
   void add(std::int64_t rows, std::int64_t cols, std::int64_t inner, const float* x, const float* y, float* z) {
+    GemmItems::add(x, y, z);
     m.push_back(rows), n.push_back(cols), k.push_back(inner);
-    a.push_back(x), b.push_back(y), c.push_back(z);
   }
 };
 
