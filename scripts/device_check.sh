@@ -8,21 +8,23 @@
 #   --quick                                 the benchmarks' reduced sets
 #   --parts "tests prediction ..."          only these parts (default: all; the names are the headings below)
 #
-# Prints: the device, every CUDA test (ops against the CPU ops, strategies on cuda_local against the float64
-# reference, communicators), the attention benchmark (TFLOP/s against cuBLAS bf16 GEMM in the same run), the
-# collectives benchmark (bus bandwidth against cudaMemcpy device-to-device), train_gpt on the host and on the GPU
-# (losses side by side, dense and MoE), tokens/s on the GPU, the time model's prediction of single-GPU training steps,
-# dense and MoE, against their measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the
-# GPU by train_gpt, issue 25), and where those steps' time goes op by op against each op's price (bench/step_ops, at
-# 8,192 and 2,048 tokens). Each part has its own time limit, so one hang cannot eat the others' time. Logs go to
-# $LOG_DIR (default build-gpu/logs). A bundle mirrors the build folder's layout (examples/, tests/, bench/, its
-# CMakeCache.txt) and carries the shared libraries a bare GPU machine lacks (build it without OpenBLAS and MPI to keep
-# it small: -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DPARADYSE_ENABLE_MPI=OFF).
+# Prints: the device, every CUDA test (ops against the CPU ops, strategies on cuda_local against the float64 reference,
+# communicators), the attention benchmark (TFLOP/s against cuBLAS bf16 GEMM in the same run), the collectives benchmark
+# (bus bandwidth against cudaMemcpy device-to-device), train_gpt on the host and on the GPU (losses side by side, dense
+# and MoE), tokens/s on the GPU, the time model's prediction of single-GPU training steps, dense and MoE, against their
+# measured time (scripts/validate_trainer.sh DEVICE=cuda: the profile calibrated on the GPU by train_gpt, issue 25),
+# where those steps' time goes op by op against each op's price (bench/step_ops, at 8,192 and 2,048 tokens), and the
+# served MoE layers' expert banks on one rank of 8, TP against EP, measured against the built-in profile's price
+# (bench/serve_experts, Mixtral-8x7B and DeepSeek-V2-Lite). Each part has its own time limit, so one hang cannot eat the
+# others' time. Logs go to $LOG_DIR (default build-gpu/logs). A bundle mirrors the build folder's layout (examples/,
+# tests/, bench/, its CMakeCache.txt) and carries the shared libraries a bare GPU machine lacks (build it without
+# OpenBLAS and MPI to keep it small: -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DPARADYSE_ENABLE_MPI=OFF).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 all_parts="tests attention collectives train_gpt_cpu train_gpt_gpu train_moe_cpu train_moe_gpu train_gpt prediction
-  prediction_moe step_ops_moe step_ops_moe_2048 step_ops_dense step_ops_dense_2048"
+  prediction_moe step_ops_moe step_ops_moe_2048 step_ops_dense step_ops_dense_2048 serve_experts_mixtral
+  serve_experts_deepseek"
 mode=build dir=build-gpu quick=() parts=$all_parts
 while (($#)); do
   case $1 in
@@ -30,7 +32,7 @@ while (($#)); do
     --prebuilt) mode=prebuilt dir=$2; shift 2 ;;
     --quick) quick=(--quick); shift ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "device_check.sh: unknown argument '$1' (expected --bundle DIR, --prebuilt DIR, --quick, --parts LIST or --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +42,8 @@ for p in $parts; do
 done
 wanted() { [[ " $parts " == *" $1 "* ]]; }
 
-programs=(tests/test_cuda bench/cuda_attention bench/cuda_comm bench/step_ops examples/train_gpt examples/plan_trace)
+programs=(tests/test_cuda bench/cuda_attention bench/cuda_comm bench/step_ops bench/serve_experts examples/train_gpt
+  examples/plan_trace)
 
 build() {  # $1: build directory
   local launcher=()
@@ -165,4 +168,12 @@ part step_ops_dense 120 "$(bin bench/step_ops)" --device cuda --profile "$moe_pr
 part step_ops_dense_2048 120 "$(bin bench/step_ops)" --device cuda \
   --profile "$dir/validate_trainer/run/build/train_gpt_profile_cuda_h1024_p1.json" --layers 8 --hidden 1024 --heads 8 \
   --length 2048 --steps 3 --attention MegatronTS
+# The served MoE layers' experts on one rank of 8, TP against EP, bf16 grouped GEMMs measured against the built-in
+# profile's price (issue 25: whether EP's fuller GEMMs win large batches on the device, which the linear GEMM model
+# cannot say, and the grouped call's per-item cost, grouped_item_s).
+part serve_experts_mixtral 120 "$(bin bench/serve_experts)" --device cuda --model data/model_shapes/mixtral-8x7b.json \
+  --ranks 8 --profile "$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)"
+part serve_experts_deepseek 120 "$(bin bench/serve_experts)" --device cuda \
+  --model data/model_shapes/deepseek-v2-lite.json --ranks 8 \
+  --profile "$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)"
 exit $status

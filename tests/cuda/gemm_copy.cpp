@@ -20,6 +20,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -372,6 +373,58 @@ TEST_CASE("cuda gemm with bf16 operands and fp32 accumulation against the float6
         CHECK_CLOSE(as_double(download(dc)), want, bf16_result);
       }
     }
+}
+
+TEST_CASE("cuda gemm_grouped with bf16 items: an expert bank's blocks against the float64 reference") {
+  PARADYSE_REQUIRE_DEVICE();
+  pd::MemoryTracker tracker = dev::make_tracker();
+  std::uint64_t seed = 80;
+  const auto random_bf16 = [&](std::size_t count) {
+    std::vector<pd::bf16> v(count);
+    pd::Rng rng(++seed);
+    for (auto& x : v) x = pd::bf16(float(rng.uniform(-1.0, 1.0)));
+    return v;
+  };
+  const auto as_double = [](const auto& v) {
+    pd::testing::Vec out;
+    for (const auto& x : v) out.push_back(double(float(x)));
+    return out;
+  };
+  // A bf16 result: the fp32 sum over k = 40 exact products, rounded once to bf16 (the single bf16 GEMM's tolerance).
+  const Tolerance bf16_result{2e-4, 0.0039 + 2e-3};
+  const std::int64_t h = 40, f = 12, rows[] = {9, 0, 17, 1, 6};  // item e: c_e [m_e, f] = a_e [m_e, h] b_e^T
+  std::int64_t total = 0;
+  for (const std::int64_t m : rows) total += m;
+  const std::int64_t ldc = f + 3;
+  const auto a = random_bf16(std::size_t(total * h)), b = random_bf16(std::size_t(5 * f * h));
+  const auto c = random_bf16(std::size_t(total * ldc));
+  const auto da = upload(a, tracker), db = upload(b, tracker);
+  auto dc = upload(c, tracker);
+  pd::ops::GroupedGemmOf<pd::bf16> items;
+  pd::testing::Vec want = as_double(c);
+  const pd::testing::Vec a64 = as_double(a), b64 = as_double(b);
+  std::int64_t begin = 0;
+  for (std::int64_t e = 0; e < 5; ++e) {
+    const std::int64_t m = rows[e];
+    items.add(m, f, h, da.data() + begin * h, db.data() + e * f * h, dc.data() + begin * ldc);
+    pd::testing::Vec block(want.begin() + begin * ldc, want.begin() + (begin + m) * ldc);
+    const pd::testing::Vec ae(a64.begin() + begin * h, a64.begin() + (begin + m) * h);
+    const pd::testing::Vec be(b64.begin() + e * f * h, b64.begin() + (e + 1) * f * h);
+    if (m > 0) pd::testing::reference_gemm(false, true, m, f, h, 1.5, ae, h, be, h, 0.5, block, ldc);
+    std::copy(block.begin(), block.end(), want.begin() + begin * ldc);
+    begin += m;
+  }
+  pd::ops::cuda::gemm_grouped(Transpose::no, Transpose::yes, 1.5f, items, h, h, 0.5f, ldc);
+  CHECK_CLOSE(as_double(download(dc)), want, bf16_result);
+  // Refused: outputs that share memory (a bf16 sum would round at every item), and k = 0.
+  pd::ops::GroupedGemmOf<pd::bf16> shared, empty_inner;
+  shared.add(2, f, h, da.data(), db.data(), dc.data());
+  shared.add(2, f, h, da.data(), db.data() + f * h, dc.data() + ldc);
+  CHECK_THROWS_WITH_AS(pd::ops::cuda::gemm_grouped(Transpose::no, Transpose::yes, 1.0f, shared, h, h, 0.0f, ldc),
+                       doctest::Contains("two items' outputs share memory"), pd::Error);
+  empty_inner.add(2, f, 0, da.data(), db.data(), dc.data());
+  CHECK_THROWS_WITH_AS(pd::ops::cuda::gemm_grouped(Transpose::no, Transpose::yes, 1.0f, empty_inner, h, h, 0.0f, ldc),
+                       doctest::Contains("has k = 0"), pd::Error);
 }
 
 TEST_CASE("cuda gemm: TF32 is opt-in and off by default") {

@@ -111,22 +111,29 @@ inline double streams(const cost::HardwareProfile& hw, double bytes,
   return calls > 0 ? calls * (hw.call_overhead.kernel_call_s + hw.elementwise_time(bytes, family)) : 0;
 }
 
-// A bank of SwiGLU experts of width w over blocks of `rows` rows, as experts_forward runs it (moe/experts.hpp): each
-// projection (in [m, h] x [h, 2w], out [m, w] x [w, h]) one grouped GEMM, an item per non-empty block, the first item a
-// call and the others priced as riding on it (cost::GemmModel::grouped_item_time); the activation one call over every
-// row.
-inline double swiglu_bank(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b) {
-  if (w <= 0) return 0;
-  double t = 0, all = 0;
+// The GEMMs of a bank of SwiGLU experts of width w over blocks of `rows` rows, as experts_forward runs them
+// (moe/experts.hpp): each projection (in [m, h] x [h, 2w], out [m, w] x [w, h]) one grouped GEMM, an item per
+// non-empty block, the first item a call and the others priced as riding on it (cost::GemmModel::grouped_item_time).
+inline double bank_gemms(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b) {
+  double t = 0;
+  bool first = true;
   for (const double m : rows) {
-    if (m <= 0) continue;
+    if (m <= 0 || w <= 0) continue;
     const double in = gemm(hw, m, 2 * w, h, b), out = gemm(hw, m, h, w, b);
-    t += all == 0 ? in + out
-                  : hw.gemm.grouped_item_time(in, m, 2 * w, h, b) + hw.gemm.grouped_item_time(out, m, h, w, b);
-    all += m;
+    t += first ? in + out
+               : hw.gemm.grouped_item_time(in, m, 2 * w, h, b) + hw.gemm.grouped_item_time(out, m, h, w, b);
+    first = false;
   }
-  if (all == 0) return 0;
-  return t + hw.call_overhead.kernel_call_s + hw.activation_time(all * w, 3 * all * w * b, /*swiglu_forward=*/true);
+  return t;
+}
+
+// The bank as experts_forward runs it: its GEMMs (bank_gemms), the activation one call over every row.
+inline double swiglu_bank(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b) {
+  double all = 0;
+  for (const double m : rows) all += std::max(0.0, m);
+  if (w <= 0 || all == 0) return 0;
+  return bank_gemms(hw, rows, w, h, b) + hw.call_overhead.kernel_call_s +
+         hw.activation_time(all * w, 3 * all * w * b, /*swiglu_forward=*/true);
 }
 // One SwiGLU bank of width w over m rows.
 inline double swiglu(const cost::HardwareProfile& hw, double m, double w, double h, int b) {

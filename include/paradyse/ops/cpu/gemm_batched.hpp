@@ -65,20 +65,23 @@ inline void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, s
 namespace paradyse::ops {
 
 // The operands of a batched GEMM's items (item i: c[i] = op(a[i]) op(b[i])), gathered for one Backend::gemm_batched
-// (a per-head loop's pointers: ColossalZ's attention blocks, MLA's absorption).
-struct GemmItems {
-  std::vector<const float*> a, b;
-  std::vector<float*> c;
+// (a per-head loop's pointers: ColossalZ's attention blocks, MLA's absorption), of element type T (float; bf16 for the
+// device's mixed-precision grouped GEMM, ops/cuda/gemm.hpp).
+template <class T>
+struct GemmItemsOf {
+  std::vector<const T*> a, b;
+  std::vector<T*> c;
   void clear() noexcept {
     a.clear();
     b.clear();
     c.clear();
   }
-  void add(const float* x, const float* y, float* z) {
+  void add(const T* x, const T* y, T* z) {
     a.push_back(x);
     b.push_back(y);
     c.push_back(z);
   }
 };
+using GemmItems = GemmItemsOf<float>;
 
 }  // namespace paradyse::ops

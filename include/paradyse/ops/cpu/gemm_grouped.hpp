@@ -21,28 +21,31 @@
 namespace paradyse::ops {
 
 // The items of a grouped GEMM, item i: c[i] [m[i], n[i]] = op(a[i]) op(b[i]) (k[i] the inner size): a batched
-// GEMM's operands (ops::GemmItems) with each item's sizes beside them.
-struct GroupedGemm : GemmItems {
+// GEMM's operands (ops::GemmItemsOf) with each item's sizes beside them.
+template <class T>
+struct GroupedGemmOf : GemmItemsOf<T> {
   std::vector<std::int64_t> m, n, k;
 
-  std::size_t size() const noexcept { return a.size(); }
-  bool empty() const noexcept { return a.empty(); }
+  std::size_t size() const noexcept { return this->a.size(); }
+  bool empty() const noexcept { return this->a.empty(); }
   void clear() noexcept {
-    GemmItems::clear();
+    GemmItemsOf<T>::clear();
     m.clear(), n.clear(), k.clear();
   }
-  void add(std::int64_t rows, std::int64_t cols, std::int64_t inner, const float* x, const float* y, float* z) {
-    GemmItems::add(x, y, z);
+  void add(std::int64_t rows, std::int64_t cols, std::int64_t inner, const T* x, const T* y, T* z) {
+    GemmItemsOf<T>::add(x, y, z);
     m.push_back(rows), n.push_back(cols), k.push_back(inner);
   }
 };
+using GroupedGemm = GroupedGemmOf<float>;
 
 }  // namespace paradyse::ops
 
 namespace paradyse::ops::cpu {
 
 // Checks that every list of a grouped GEMM holds one entry per item.
-inline void check_gemm_group(const GroupedGemm& items) {
+template <class T>
+void check_gemm_group(const GroupedGemmOf<T>& items) {
   const std::size_t count = items.a.size();
   check(items.m.size() == count && items.n.size() == count && items.k.size() == count && items.b.size() == count &&
             items.c.size() == count,

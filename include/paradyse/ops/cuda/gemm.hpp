@@ -1,6 +1,6 @@
 // paradyse/ops/cuda/gemm.hpp: GEMM on the device through cuBLAS: gemm, matmul, gemm_batched and gemm_grouped with
 // exactly the signatures and row-major contracts of ops::cpu (ops/cpu/gemm.hpp, gemm_batched.hpp, gemm_grouped.hpp)
-// over device pointers, and bf16 GEMMs with float accumulation (mixed precision, benchmarks).
+// over device pointers, and bf16 GEMMs with float accumulation, single and grouped (mixed precision, benchmarks).
 //
 // Row-major to cuBLAS: a row-major [m, n] matrix with leading dimension ldc is the column-major [n, m] matrix C^T
 // with the same leading dimension, and C = op(A) op(B) is C^T = op(B)^T op(A)^T, so each call passes b before a and
@@ -199,17 +199,54 @@ namespace gemm_detail {
 // Whether any two of a grouped GEMM's non-empty outputs may share an element: their spans of memory, first element to
 // last, intersect (outputs of one allocation side by side, the row blocks of the experts' rows or their separate
 // weight gradients, do not).
-inline bool grouped_outputs_overlap(const GroupedGemm& items, std::int64_t ldc) {
+template <class T>
+bool grouped_outputs_overlap(const GroupedGemmOf<T>& items, std::int64_t ldc) {
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> spans;  // [first byte, past the last)
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (items.m[i] == 0 || items.n[i] == 0) continue;
     const auto first = reinterpret_cast<std::uintptr_t>(items.c[i]);
-    spans.emplace_back(first, first + std::uintptr_t((items.m[i] - 1) * ldc + items.n[i]) * sizeof(float));
+    spans.emplace_back(first, first + std::uintptr_t((items.m[i] - 1) * ldc + items.n[i]) * sizeof(T));
   }
   std::sort(spans.begin(), spans.end());
   for (std::size_t i = 1; i < spans.size(); ++i)
     if (spans[i].first < spans[i - 1].second) return true;
   return false;
+}
+
+// The arrays of one grouped cuBLAS call over `which` items, one group of one problem per item, in cuBLAS's
+// column-major terms (b before a, n before m: see the header): its m, n and k, and the device pointers it reads,
+// [b of each item, a of each, c of each].
+struct GroupedArrays {
+  std::vector<int> rows, cols, inner;
+  std::vector<const void*> pointers;
+  int count() const noexcept { return int(rows.size()); }
+};
+template <class T>
+GroupedArrays grouped_arrays(const GroupedGemmOf<T>& items, const std::vector<std::size_t>& which) {
+  GroupedArrays g;
+  (void)as_int(std::int64_t(which.size()), "the item count");
+  for (const std::size_t i : which) {
+    g.rows.push_back(int(items.n[i])), g.cols.push_back(int(items.m[i])), g.inner.push_back(int(items.k[i]));
+    g.pointers.push_back(items.b[i]);
+  }
+  for (const std::size_t i : which) g.pointers.push_back(items.a[i]);
+  for (const std::size_t i : which) g.pointers.push_back(items.c[i]);
+  return g;
+}
+
+// Checks every item of a grouped GEMM against the single GEMM's contract and cuBLAS's 32-bit sizes.
+template <class T>
+void check_grouped(Transpose trans_a, Transpose trans_b, const GroupedGemmOf<T>& items, std::int64_t lda,
+                   std::int64_t ldb, std::int64_t ldc) {
+  cpu::check_gemm_group(items);
+  // The shape checks look at pointers only for null: the element type does not matter to them.
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    cpu::detail::check_gemm_arguments(trans_a, trans_b, items.m[i], items.n[i], items.k[i],
+                                      reinterpret_cast<const float*>(items.a[i]), lda,
+                                      reinterpret_cast<const float*>(items.b[i]), ldb,
+                                      reinterpret_cast<const float*>(items.c[i]), ldc);
+    check_sizes(items.m[i], items.n[i], items.k[i], lda, ldb, ldc);
+  }
 }
 }  // namespace gemm_detail
 
@@ -220,12 +257,7 @@ inline bool grouped_outputs_overlap(const GroupedGemm& items, std::int64_t ldc) 
 // when outputs are shared, the items run as single GEMMs in order, so the sums accumulate as the CPU's loop.
 inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, const GroupedGemm& items,
                          std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
-  cpu::check_gemm_group(items);
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    cpu::detail::check_gemm_arguments(trans_a, trans_b, items.m[i], items.n[i], items.k[i], items.a[i], lda,
-                                      items.b[i], ldb, items.c[i], ldc);
-    gemm_detail::check_sizes(items.m[i], items.n[i], items.k[i], lda, ldb, ldc);
-  }
+  gemm_detail::check_grouped(trans_a, trans_b, items, lda, ldb, ldc);
   const auto single = [&](std::size_t i) {
     gemm(trans_a, trans_b, items.m[i], items.n[i], items.k[i], alpha, items.a[i], lda, items.b[i], ldb, beta,
          items.c[i], ldc);
@@ -240,24 +272,17 @@ inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, cons
   }
   if (grouped.size() == 1) single(grouped.front());
   if (grouped.size() <= 1) return;
-  // One group of one problem per item, in cuBLAS's column-major terms (b before a, n before m: see the header).
-  const std::size_t g = grouped.size();
-  const int count = gemm_detail::as_int(std::int64_t(g), "the item count");
-  const std::vector<cublasOperation_t> op_b(g, gemm_detail::op(trans_b)), op_a(g, gemm_detail::op(trans_a));
-  const std::vector<float> alphas(g, alpha), betas(g, beta);
-  const std::vector<int> ld_b(g, int(ldb)), ld_a(g, int(lda)), ld_c(g, int(ldc)), ones(g, 1);
-  std::vector<int> rows, cols, inner;  // cuBLAS's m, n, k: our n, m, k
-  std::vector<const void*> pointers;   // device arrays: [b of each item, a of each, c of each]
-  for (const std::size_t i : grouped) {
-    rows.push_back(int(items.n[i])), cols.push_back(int(items.m[i])), inner.push_back(int(items.k[i]));
-    pointers.push_back(items.b[i]);
-  }
-  for (const std::size_t i : grouped) pointers.push_back(items.a[i]);
-  for (const std::size_t i : grouped) pointers.push_back(items.c[i]);
+  const gemm_detail::GroupedArrays g = gemm_detail::grouped_arrays(items, grouped);
+  const int count = g.count();
+  const std::vector<cublasOperation_t> op_b(grouped.size(), gemm_detail::op(trans_b)),
+      op_a(grouped.size(), gemm_detail::op(trans_a));
+  const std::vector<float> alphas(grouped.size(), alpha), betas(grouped.size(), beta);
+  const std::vector<int> ld_b(grouped.size(), int(ldb)), ld_a(grouped.size(), int(lda)),
+      ld_c(grouped.size(), int(ldc)), ones(grouped.size(), 1);
   const cublasHandle_t h = gemm_detail::handle();
   const cublasStatus_t status = gemm_detail::with_device_pointers(
-      pointers, "cudaMemcpyAsync (gemm_grouped pointer arrays)", [&](const float* const* arrays) {
-        return cublasSgemmGroupedBatched(h, op_b.data(), op_a.data(), rows.data(), cols.data(), inner.data(),
+      g.pointers, "cudaMemcpyAsync (gemm_grouped pointer arrays)", [&](const float* const* arrays) {
+        return cublasSgemmGroupedBatched(h, op_b.data(), op_a.data(), g.rows.data(), g.cols.data(), g.inner.data(),
                                          alphas.data(), arrays, ld_b.data(), arrays + count, ld_a.data(), betas.data(),
                                          const_cast<float* const*>(arrays + 2 * count), ld_c.data(), count,
                                          ones.data());
@@ -297,6 +322,43 @@ inline void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int6
                  const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, bf16* c,
                  std::int64_t ldc) {
   gemm_detail::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, CUDA_R_16BF, ldc);
+}
+
+// c_i (bf16) [m_i, n_i] = alpha * op(a_i) op(b_i) + beta * c_i for bf16 items (bf16 device pointers in host memory),
+// products summed in fp32 and each result rounded to bf16 once: a bf16 server's experts as one
+// cublasGemmGroupedBatchedEx (CUBLAS_COMPUTE_32F), one group of one problem per item, as the fp32 gemm_grouped. Its
+// items may not share an output (a bf16 sum over items would round at every item) and each non-empty one needs k > 0;
+// an Error names the item otherwise. Asynchronous on the calling thread's stream.
+inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, const GroupedGemmOf<bf16>& items,
+                         std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
+  gemm_detail::check_grouped(trans_a, trans_b, items, lda, ldb, ldc);
+  check(!gemm_detail::grouped_outputs_overlap(items, ldc),
+        "gemm_grouped (bf16): two items' outputs share memory; the bf16 grouped GEMM needs disjoint outputs");
+  std::vector<std::size_t> grouped;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items.m[i] == 0 || items.n[i] == 0) continue;
+    check(items.k[i] > 0, "gemm_grouped (bf16): item {} ({} x {}) has k = 0; give it k > 0 or leave it out", i,
+          items.m[i], items.n[i]);
+    grouped.push_back(i);
+  }
+  if (grouped.empty()) return;
+  const gemm_detail::GroupedArrays g = gemm_detail::grouped_arrays(items, grouped);
+  const int count = g.count();
+  const std::vector<cublasOperation_t> op_b(grouped.size(), gemm_detail::op(trans_b)),
+      op_a(grouped.size(), gemm_detail::op(trans_a));
+  const std::vector<float> alphas(grouped.size(), alpha), betas(grouped.size(), beta);
+  const std::vector<int> ld_b(grouped.size(), int(ldb)), ld_a(grouped.size(), int(lda)),
+      ld_c(grouped.size(), int(ldc)), ones(grouped.size(), 1);
+  const cublasHandle_t h = gemm_detail::handle();
+  const cublasStatus_t status = gemm_detail::with_device_pointers(
+      g.pointers, "cudaMemcpyAsync (gemm_grouped bf16 pointer arrays)", [&](const float* const* arrays) {
+        const void* const* p = reinterpret_cast<const void* const*>(arrays);
+        return cublasGemmGroupedBatchedEx(h, op_b.data(), op_a.data(), g.rows.data(), g.cols.data(), g.inner.data(),
+                                          alphas.data(), p, CUDA_R_16BF, ld_b.data(), p + count, CUDA_R_16BF,
+                                          ld_a.data(), betas.data(), const_cast<void* const*>(p + 2 * count),
+                                          CUDA_R_16BF, ld_c.data(), count, ones.data(), CUBLAS_COMPUTE_32F);
+      });
+  gemm_detail::check_cublas(status, "cublasGemmGroupedBatchedEx (bf16 x bf16 -> bf16)");
 }
 
 }  // namespace paradyse::ops::cuda
