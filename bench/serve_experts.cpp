@@ -225,7 +225,7 @@ BankResult measure_bank(const Options& o, const pd::cost::HardwareProfile& hw, c
   (void)pass(bank, true), (void)pass(bank, false);  // warm up (the library's first calls, page faults)
   for (int i = 0; i < o.reps; ++i) grouped.push_back(pass(bank, true)), singles.push_back(pass(bank, false));
   r.grouped = pd::spread_of(grouped), r.singles = pd::spread_of(singles);
-  r.priced_grouped = pd::serve::step_cost_detail::bank_gemms(hw, blocks, double(w), double(h), b);
+  r.priced_grouped = pd::serve::bank_gemms(hw, blocks, double(w), double(h), b);
   for (const double m : blocks)
     r.priced_singles += hw.gemm.time(m, 2.0 * double(w), double(h), b) + hw.gemm.time(m, double(h), double(w), b);
   return r;
@@ -300,7 +300,7 @@ int run(const Options& o, const Experts& x) {
     for (int r = 0; r < p; ++r) {
       const std::vector<std::int64_t> rows = rows_of(r);
       const std::vector<double> blocks(rows.begin(), rows.end());
-      const double t = pd::serve::step_cost_detail::bank_gemms(hw, blocks, double(f), double(h), b);
+      const double t = pd::serve::bank_gemms(hw, blocks, double(f), double(h), b);
       if (t > most) most = t, busiest = r;
     }
     const std::vector<std::int64_t> ep_rows = rows_of(busiest);

@@ -170,10 +170,12 @@ part step_ops_dense_2048 120 "$(bin bench/step_ops)" --device cuda \
   --length 2048 --steps 3 --attention MegatronTS
 # The served MoE layers' experts on one rank of 8, TP against EP, bf16 grouped GEMMs measured against the built-in
 # profile's price (issue 25: whether EP's fuller GEMMs win large batches on the device, which the linear GEMM model
-# cannot say, and the grouped call's per-item cost, grouped_item_s).
+# cannot say, and the grouped call's per-item cost, grouped_item_s). Each writes the built-in profile with the measured
+# shapes into $logs (serve_experts_*.json: moe_simulate --cluster FILE prices the served experts by them).
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && echo h200 || echo h100)
 part serve_experts_mixtral 120 "$(bin bench/serve_experts)" --device cuda --model data/model_shapes/mixtral-8x7b.json \
-  --ranks 8 --profile "$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)"
+  --ranks 8 --profile "$gpu" --profile-out "$logs/serve_experts_mixtral_$gpu.json"
 part serve_experts_deepseek 120 "$(bin bench/serve_experts)" --device cuda \
-  --model data/model_shapes/deepseek-v2-lite.json --ranks 8 \
-  --profile "$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)"
+  --model data/model_shapes/deepseek-v2-lite.json --ranks 8 --profile "$gpu" \
+  --profile-out "$logs/serve_experts_deepseek_$gpu.json"
 exit $status

@@ -30,7 +30,7 @@
 //     MoE: router GEMM [n, h] x [h, E] and its scores and top-k on every rank; per expert e with rows m_e on the
 //     rank (TP: every pair, a slice of f_r = chunk_range(f, p, r) columns; EP: the rank's share, rows_per_rank's
 //     rule, whole f columns): GEMMs [m_e, h] x [h, 2 f_r] and [m_e, f_r] x [f_r, h] and SwiGLU m_e f_r outputs (the
-//     rank's experts' GEMMs of each projection one grouped call, the SwiGLU one call over their rows: swiglu_bank); the
+//     rank's experts' GEMMs of each projection one grouped call: bank_gemms; the SwiGLU one call over their rows); the
 //     rows' gather and weighted scatter-add (moe_experts_time); the shared expert as a dense FFN of its width, gated
 //     or added; then all-reduce [n, h] (EP: plus the p row counts), the FFN's residual add. OLMoE's q/k norm: an
 //     all-reduce of 2n floats.
@@ -90,6 +90,22 @@ struct StepCost {
   }
 };
 
+// The GEMMs of a bank of SwiGLU experts of width w over blocks of `rows` rows, as experts_forward runs them
+// (moe/experts.hpp): each projection (in [m, h] x [h, 2w], out [m, w] x [w, h]) one grouped GEMM, an item per
+// non-empty block, the first item a call and the others priced as riding on it (cost::GemmModel::grouped_item_time).
+inline double bank_gemms(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b) {
+  double t = 0;
+  bool first = true;
+  for (const double m : rows) {
+    if (m <= 0 || w <= 0) continue;
+    const double in = hw.gemm.time(m, 2 * w, h, b), out = hw.gemm.time(m, h, w, b);
+    t += first ? in + out
+               : hw.gemm.grouped_item_time(in, m, 2 * w, h, b) + hw.gemm.grouped_item_time(out, m, h, w, b);
+    first = false;
+  }
+  return t;
+}
+
 namespace step_cost_detail {
 
 inline double gemm(const cost::HardwareProfile& hw, double m, double n, double k, int b) {
@@ -109,22 +125,6 @@ inline double batched_gemms(const cost::HardwareProfile& hw, double count, doubl
 inline double streams(const cost::HardwareProfile& hw, double bytes,
                       ElementwiseFamily family = ElementwiseFamily::other, double calls = 1) {
   return calls > 0 ? calls * (hw.call_overhead.kernel_call_s + hw.elementwise_time(bytes, family)) : 0;
-}
-
-// The GEMMs of a bank of SwiGLU experts of width w over blocks of `rows` rows, as experts_forward runs them
-// (moe/experts.hpp): each projection (in [m, h] x [h, 2w], out [m, w] x [w, h]) one grouped GEMM, an item per
-// non-empty block, the first item a call and the others priced as riding on it (cost::GemmModel::grouped_item_time).
-inline double bank_gemms(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b) {
-  double t = 0;
-  bool first = true;
-  for (const double m : rows) {
-    if (m <= 0 || w <= 0) continue;
-    const double in = gemm(hw, m, 2 * w, h, b), out = gemm(hw, m, h, w, b);
-    t += first ? in + out
-               : hw.gemm.grouped_item_time(in, m, 2 * w, h, b) + hw.gemm.grouped_item_time(out, m, h, w, b);
-    first = false;
-  }
-  return t;
 }
 
 // The bank as experts_forward runs it: its GEMMs (bank_gemms), the activation one call over every row.
