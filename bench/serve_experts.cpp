@@ -19,17 +19,18 @@
 // On --device cuda the operands are bf16 with fp32 accumulation (the built-in profiles' dtype; the grouped call is
 // cublasGemmGroupedBatchedEx, ops/cuda/gemm.hpp), on cpu fp32 (ops::cpu, priced at 4 bytes a value; on a calibrated
 // CPU profile the dry run prices each GEMM at its weight's reuse distance, cost/gemm_reuse.hpp, where this prices it
-// at the profile's own cycle, GemmModel::time). Also prints, per row, the grouped_item_s the measurement implies: what
-// each item after the first adds to the grouped call, (grouped - singles) / (2 (items - 1)) plus the call overhead of
-// the profile's GEMM fit for one row (a single call's fixed cost, which the grouped call does not pay per item).
+// at the profile's own cycle, GemmModel::time). Also prints, per row, what the grouped call saved per item after the
+// first against the singles, (singles - grouped) / (2 (items - 1)): a single call's fixed cost (a device's launch)
+// that an item of the grouped call does not pay.
 //
 //   serve_experts [--model data/model_shapes/mixtral-8x7b.json] [--ranks 8] [--tokens 1,4,16,64,256,1024,4096]
 //                 [--zipf 0.5] [--device cpu|cuda] [--profile h100] [--reps 7] [--cold-mb 256]
 //                 [--shape HIDDEN,EXPERTS,TOP_K,FFN (instead of --model)] [--profile-out FILE.json]
 //
 // --profile-out writes --profile with the banks' weight shapes (n, k) timed alone at m = 1, 2, 4, ... rows (single
-// calls, weights cycled as the banks') as its measured shapes and the median of the rows' implied grouped_item_s:
-// moe_simulate --cluster FILE.json then prices the served experts by the device's own times.
+// calls, weights cycled as the banks') as its measured shapes, the median saving per item as their call_overhead_s
+// (cost::GemmMeasured: an item of a grouped call costs its measured time less it) and grouped_item_s 0: moe_simulate
+// --cluster FILE.json then prices the served experts by the device's own times.
 #include "paradyse/cli/flags.hpp"
 #include "paradyse/cli/lists.hpp"
 #include "paradyse/core/rng.hpp"
@@ -231,18 +232,11 @@ BankResult measure_bank(const Options& o, const pd::cost::HardwareProfile& hw, c
   return r;
 }
 
-// The grouped_item_s a bank's measurement implies (cost::GemmModel: an item after the first costs its single call's
-// time less that call's fixed cost, plus grouped_item_s): (grouped - singles) per item after the first, plus the fixed
-// cost of the profile's fit for one row.
-double implied_item_s(const BankResult& r, const pd::cost::HardwareProfile& hw, std::int64_t w, std::int64_t h, int b) {
-  if (r.items < 2) return 0;
-  const double calls = 2.0 * double(r.items - 1);  // two projections
-  const double overhead = hw.gemm.call_overhead(1, double(2 * w), double(h), b);
-  return (r.grouped.median - r.singles.median) / calls + overhead;
+// Seconds the grouped call saved per item after the first against the same items as single calls (two projections).
+double saved_per_item(const BankResult& r) {
+  return r.items < 2 ? 0 : (r.singles.median - r.grouped.median) / (2.0 * double(r.items - 1));
 }
 
-// The banks' weight shapes (n, k) timed alone (single calls, weights cycled as the banks') at m = 1, 2, 4, ... up to
-// `max_rows`: the table the simulation prices those shapes by (cost::GemmModel::measured).
 template <class Device>
 pd::cost::GemmMeasured measure_shapes(const Options& o, const std::vector<std::array<std::int64_t, 2>>& shapes,
                                       std::int64_t max_rows) {
@@ -315,43 +309,48 @@ int run(const Options& o, const Experts& x) {
     rows.push_back(std::move(row));
   }
   fmt::print("\nthe same banks with each item a GEMM call of its own (singles) against the grouped call; measured "
-             "ms (priced), and the grouped_item_s each row implies (the profile's: {})\n\n",
+             "ms (priced), and what the grouped call saved per item after the first (priced: the profile's GEMM fit's "
+             "fixed cost for one row, {:.2f} us, less its grouped_item_s, {})\n\n",
+             1e6 * hw.gemm.call_overhead(1, double(2 * w_tp), double(h), b),
              hw.gemm.grouped_item_s ? fmt::format("{:.2f} us", 1e6 * *hw.gemm.grouped_item_s) : std::string("unset"));
-  fmt::print("| tokens | TP singles ms | TP grouped / singles | TP implied item us | EP singles ms | "
-             "EP grouped / singles | EP implied item us |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  fmt::print("| tokens | TP singles ms | TP grouped / singles | TP saved per item us | EP singles ms | "
+             "EP grouped / singles | EP saved per item us |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
-    const auto implied = [&](const BankResult& x, std::int64_t w) {
-      return x.items < 2 ? std::string("-") : fmt::format("{:.2f}", 1e6 * implied_item_s(x, hw, w, h, b));
+    const auto saved = [](const BankResult& x) {
+      return x.items < 2 ? std::string("-") : fmt::format("{:.2f}", 1e6 * saved_per_item(x));
     };
     fmt::print("| {} | {:.3f} ({:.3f}) | {:.2f} ({:.2f}) | {} | {:.3f} ({:.3f}) | {:.2f} ({:.2f}) | {} |\n", r.n,
                1e3 * r.tp.singles.median, 1e3 * r.tp.priced_singles, r.tp.grouped.median / r.tp.singles.median,
-               r.tp.priced_grouped / r.tp.priced_singles, implied(r.tp, w_tp), 1e3 * r.ep.singles.median,
+               r.tp.priced_grouped / r.tp.priced_singles, saved(r.tp), 1e3 * r.ep.singles.median,
                1e3 * r.ep.priced_singles, r.ep.grouped.median / r.ep.singles.median,
-               r.ep.priced_grouped / r.ep.priced_singles, implied(r.ep, f));
+               r.ep.priced_grouped / r.ep.priced_singles, saved(r.ep));
   }
   if (!o.profile_out.empty()) {
     // The profile the simulation can price these banks by (moe_simulate --cluster FILE.json): --profile with the four
-    // weight shapes' measured times and the grouped_item_s the banks imply (their median, at least 0).
-    std::vector<double> items;
+    // weight shapes' measured times, what grouping saved per item as their call_overhead_s (the banks' median, at
+    // least 0) and grouped_item_s 0 (an item of a grouped call pays its measured time less that).
+    std::vector<double> saved;
     std::int64_t max_rows = 1;
     for (const Row& r : rows) {
-      if (r.tp.items >= 2) items.push_back(implied_item_s(r.tp, hw, w_tp, h, b));
-      if (r.ep.items >= 2) items.push_back(implied_item_s(r.ep, hw, f, h, b));
+      if (r.tp.items >= 2) saved.push_back(saved_per_item(r.tp));
+      if (r.ep.items >= 2) saved.push_back(saved_per_item(r.ep));
       max_rows = std::max({max_rows, r.tp.largest, r.ep.largest});
     }
     std::vector<std::array<std::int64_t, 2>> shapes = {{2 * w_tp, h}, {h, w_tp}};
     if (w_tp != f) shapes.push_back({2 * f, h}), shapes.push_back({h, f});
     pd::cost::HardwareProfile out = hw;
     out.gemm.measured = measure_shapes<Device>(o, shapes, max_rows);
-    if (!items.empty()) out.gemm.grouped_item_s = std::max(0.0, pd::median(items));
+    if (!saved.empty()) out.gemm.measured.call_overhead_s = std::max(0.0, pd::median(saved));
+    out.gemm.grouped_item_s = 0.0;
     out.name = hw.name + " + measured expert GEMMs";
     out.source = fmt::format("{}; the expert GEMMs of h = {}, f = {} on {} ranks measured by bench/serve_experts "
                              "({}, {} bytes a value)", hw.source, h, f, p, o.device, b);
     pd::cost::save_profile(out, o.profile_out);
     fmt::print("\nwrote {}: {} with {} weight shapes measured at 1 to {} rows{}\n", o.profile_out, hw.name,
                shapes.size(), max_rows,
-               out.gemm.grouped_item_s ? fmt::format(", grouped_item_s {:.2f} us", 1e6 * *out.gemm.grouped_item_s)
-                                       : std::string(" (no bank of two items: grouped_item_s as before)"));
+               saved.empty() ? std::string(" (no bank of two items: no saving recorded)")
+                             : fmt::format(", {:.2f} us saved per grouped item",
+                                           1e6 * out.gemm.measured.call_overhead_s));
   }
   return 0;
 }
@@ -370,7 +369,7 @@ Options parse(int argc, char** argv) {
       .nonempty("a profile .json or a built-in name");
   flags.integer("--reps", o.reps, 1, 1000, "passes a measurement takes the median of");
   flags.text("--profile-out", o.profile_out, "also write --profile with the banks' weight shapes as measured and the "
-             "grouped_item_s they imply (for moe_simulate --cluster)", "FILE.json");
+             "grouped call's saving per item (for moe_simulate --cluster)", "FILE.json");
   flags.integer("--cold-mb", o.cold_mb, std::int64_t(0), std::int64_t(1) << 20,
                 "MB of weight copies a pass cycles through (0: one copy)");
   flags.parse(argc, argv);

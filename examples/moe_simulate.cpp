@@ -314,6 +314,12 @@ int simulate(const Options& o) {
              c.moe.expert_ffn, c.moe.shared_width(), shape.parameters() / 1e9,
              shape.note.empty() ? "" : " [" + shape.note + "]", o.ranks, cluster.profile.name, cluster.dtype_bytes,
              opt.kv_blocks, o.block_size, routing->describe(), o.step_tokens, o.max_running, name_of(forecast_of(o)));
+  // Measured GEMM shapes (a profile written by calibrating, or by bench/serve_experts --profile-out) price only GEMMs
+  // of their dtype: say so when they cannot apply.
+  const cost::GemmMeasured& measured = cluster.profile.gemm.measured;
+  if (!measured.shapes.empty() && measured.dtype_bytes != cluster.dtype_bytes)
+    fmt::print("note: the profile's {} measured GEMM shapes are of {}-byte values; at {} bytes per value its fits "
+               "price every GEMM\n", measured.shapes.size(), measured.dtype_bytes, cluster.dtype_bytes);
   std::ofstream switch_csv, csv;
   if (!o.switch_csv.empty()) {
     switch_csv.open(o.switch_csv);

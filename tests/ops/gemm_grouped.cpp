@@ -222,17 +222,29 @@ TEST_CASE("GemmModel::grouped_item_time: an item's call less its fit's fixed cos
   g.grouped_item_s = 0.5e-6;
   CHECK(g.grouped_item_time(alone, 16, 256, 512, 2) == doctest::Approx(alone - 5e-6 + 0.5e-6).scale(0));
   CHECK(g.grouped_item_time(0, 0, 256, 512, 2) == 0);  // an empty item costs nothing
-  // A row class's own overhead; a measured shape has none apart (its time is kept whole).
+  // A row class's own overhead; a measured shape its table's call_overhead_s (0 unless recorded: kept whole).
   g.by_rows = {{.max_rows = 32, .overhead_s = 2e-6, .flops_per_s = 1e12}};
   const double classed = g.time(16, 256, 512, 2);
   CHECK(g.grouped_item_time(classed, 16, 256, 512, 2) == doctest::Approx(classed - 2e-6 + 0.5e-6).scale(0));
   g.measured = {.dtype_bytes = 2, .shapes = {{.n = 256, .k = 512, .rows = {8, 32}, .seconds = {3e-6, 9e-6}}}};
   CHECK(g.grouped_item_time(g.time(16, 256, 512, 2), 16, 256, 512, 2) ==
         doctest::Approx(g.time(16, 256, 512, 2) + 0.5e-6).scale(0));
-  // The profile's JSON keeps the setting, and leaves it unset where it was.
+  g.measured.call_overhead_s = 1.5e-6;  // 5e-6 at 16 rows, interpolated: the measured time less the recorded cost
+  CHECK(g.time(16, 256, 512, 2) == doctest::Approx(5e-6).scale(0));
+  CHECK(g.grouped_item_time(g.time(16, 256, 512, 2), 16, 256, 512, 2) ==
+        doctest::Approx(5e-6 - 1.5e-6 + 0.5e-6).scale(0));
+  CHECK(g.grouped_item_time(g.time(4, 256, 512, 2), 4, 256, 512, 2) ==  // below the rows: the class, its overhead
+        doctest::Approx(g.time(4, 256, 512, 2) - 2e-6 + 0.5e-6).scale(0));
+  // The profile's JSON keeps the settings, and leaves them unset where they were.
   cost::HardwareProfile p = cost::builtin_profile("h200");
   p.gemm.grouped_item_s = 0.75e-6;
-  CHECK(cost::profile_from_json(cost::to_json(p)).gemm.grouped_item_s == 0.75e-6);
+  p.gemm.measured = g.measured;
+  const cost::HardwareProfile back = cost::profile_from_json(cost::to_json(p));
+  CHECK(back.gemm.grouped_item_s == 0.75e-6);
+  CHECK(back.gemm.measured.call_overhead_s == 1.5e-6);
+  CHECK(back.gemm.measured == p.gemm.measured);
+  p.gemm.measured.call_overhead_s = 0;
+  CHECK_FALSE(cost::to_json(p)["gemm"]["measured"].contains("call_overhead_s"));
   p.gemm.grouped_item_s.reset();
   CHECK_FALSE(cost::profile_from_json(cost::to_json(p)).gemm.grouped_item_s.has_value());
 }

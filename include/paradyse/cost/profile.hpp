@@ -151,10 +151,13 @@ struct GemmMeasuredShape {
 
 // `cycle_bytes`: the weight bytes a rank cycled through between two reads of one weight when the shapes were timed
 // (cost/calibrate.hpp GemmClassOptions::cold_bytes): the reuse distance they were measured at (GemmModel::reuse).
+// `call_overhead_s`: the fixed cost within each measured time that an item of a grouped call does not pay (a device's
+// launch: what grouping saved per item where it was measured, bench/serve_experts); 0: the times are kept whole.
 struct GemmMeasured {
   int dtype_bytes = 4;                    // the element size the shapes were measured in
   std::vector<GemmMeasuredShape> shapes;  // at most one per (n, k)
   double cycle_bytes = 0;                 // 0: not recorded
+  double call_overhead_s = 0;             // 0: none apart
   const GemmMeasuredShape* find(double m, double n, double k, int dtype) const {
     if (dtype != dtype_bytes) return nullptr;
     for (const GemmMeasuredShape& s : shapes)
@@ -226,10 +229,10 @@ struct GemmModel {
     if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].time(m, n, k, dtype_bytes);
     return linear_gemm_time(overhead_s, flops_per_s, bytes_per_s, m, n, k, dtype_bytes);
   }
-  // The fixed cost within time(m, n, k) that a call of its own pays (its fit's overhead; 0 for a measured shape,
-  // whose time has none apart).
+  // The fixed cost within time(m, n, k) that a call of its own pays (its fit's overhead; a measured shape's table's
+  // call_overhead_s, 0 unless recorded).
   double call_overhead(double m, double n, double k, int dtype_bytes) const {
-    if (measured.find(m, n, k, dtype_bytes)) return 0;
+    if (measured.find(m, n, k, dtype_bytes)) return measured.call_overhead_s;
     if (thin.holds(n, k)) return thin.timed.find(m, n, k, dtype_bytes) ? 0 : thin.overhead_s;
     if (const int c = row_class(m); c >= 0) return by_rows[std::size_t(c)].overhead_s;
     return overhead_s;

@@ -4,11 +4,11 @@
 //   {"format": "paradyse.hardware_profile/1", "name", "description", "source", "devices_per_node", "memory_bytes",
 //    "reserved_bytes", "gemm": {..., ["by_rows": [...]], ["thin": {"max_side", "overhead_s", "flops_per_s",
 //    "bytes_per_s", ["timed": {as measured}]}],
-//    ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"]}],
-//    ["reuse": [{as measured, with cycle_bytes}, ...]], ["grouped_item_s"]}, "attention": {"overhead_s",
-//    "forward_flops_per_s", "backward_flops_per_s", ["backward_overhead_s"]}, ["attention_whole_tiles"],
-//    "elementwise_bytes_per_s", "activation_elements_per_s", ["swiglu_forward_elements_per_s"], "overlap",
-//    "intra_node": {...},
+//    ["measured": {"dtype_bytes", "shapes": [{"n", "k", "rows", "seconds"}, ...], ["cycle_bytes"],
+//    ["call_overhead_s"]}], ["reuse": [{as measured, with cycle_bytes}, ...]], ["grouped_item_s"]},
+//    "attention": {"overhead_s", "forward_flops_per_s", "backward_flops_per_s", ["backward_overhead_s"]},
+//    ["attention_whole_tiles"], "elementwise_bytes_per_s", "activation_elements_per_s",
+//    ["swiglu_forward_elements_per_s"], "overlap", "intra_node": {...},
 //    "inter_node": {...}, "collectives": [...],
 //    ["gemm_engines": [...]], ["fresh_memory": {"zero_bytes_per_s", "fresh_bytes_per_s", "fresh_min_bytes"}],
 //    ["scalar_math": {"exp_per_s", "sincos_per_s", ["softmax_scores_per_s"]}],
@@ -178,21 +178,23 @@ inline std::vector<GemmRowClass> gemm_classes_from_json(const json::Field& list)
 }
 
 // gemm.measured (GemmModel::measured, a workload's shapes as measured): {"dtype_bytes", "shapes": [{"n", "k", "rows",
-// "seconds"}, ...], ["cycle_bytes"]}, rows whole and strictly ascending, as many times as rows, each (n, k) once;
-// cycle_bytes absent: not recorded. Absent: none. gemm.reuse (GemmModel::reuse): a list of such tables, each with its
-// cycle_bytes, strictly ascending in them.
+// "seconds"}, ...], ["cycle_bytes"], ["call_overhead_s"]}, rows whole and strictly ascending, as many times as rows,
+// each (n, k) once; cycle_bytes absent: not recorded; call_overhead_s absent: 0. Absent: none. gemm.reuse
+// (GemmModel::reuse): a list of such tables, each with its cycle_bytes, strictly ascending in them.
 inline json::Value gemm_measured_to_json(const GemmMeasured& measured) {
   json::Value shapes = json::Value::array();
   for (const GemmMeasuredShape& s : measured.shapes)
     shapes.push_back({{"n", s.n}, {"k", s.k}, {"rows", s.rows}, {"seconds", s.seconds}});
   json::Value out = {{"dtype_bytes", measured.dtype_bytes}, {"shapes", std::move(shapes)}};
   if (measured.cycle_bytes > 0) out["cycle_bytes"] = measured.cycle_bytes;
+  if (measured.call_overhead_s > 0) out["call_overhead_s"] = measured.call_overhead_s;
   return out;
 }
 inline GemmMeasured gemm_measured_from_json(const json::Field& v) {
-  only_keys(v, {"dtype_bytes", "shapes", "cycle_bytes"});
+  only_keys(v, {"dtype_bytes", "shapes", "cycle_bytes", "call_overhead_s"});
   GemmMeasured out{int(integer(v, "dtype_bytes", 1, 8)), {}};
   if (v.find("cycle_bytes")) out.cycle_bytes = double(integer(v, "cycle_bytes", 1, std::int64_t(1) << 53));
+  if (v.find("call_overhead_s")) out.call_overhead_s = seconds(v, "call_overhead_s");
   for (const json::Field& entry : v["shapes"].elements()) {
     only_keys(entry, {"n", "k", "rows", "seconds"});
     GemmMeasuredShape s{double(integer(entry, "n", 1, std::int64_t(1) << 40)),
