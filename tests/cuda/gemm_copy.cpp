@@ -3,6 +3,7 @@
 #include "cuda/device_test.hpp"
 
 #include "ops/reference.hpp"
+#include "support/fresh_seed.hpp"
 #include "support/tolerance.hpp"
 
 #include "paradyse/core/dtype.hpp"
@@ -52,6 +53,22 @@ template <class T>
 std::vector<T> download(const pd::Tensor<T>& d) {
   const auto host = dev::to_host(d);
   return {host.span().begin(), host.span().end()};
+}
+
+// `count` bf16 values uniform in [-1, 1] from `seed`.
+std::vector<pd::bf16> random_bf16(std::size_t count, std::uint64_t seed) {
+  std::vector<pd::bf16> v(count);
+  pd::Rng rng(seed);
+  for (auto& x : v) x = pd::bf16(float(rng.uniform(-1.0, 1.0)));
+  return v;
+}
+
+// bf16 or float values, exactly, as doubles (the reference's).
+template <class T>
+pd::testing::Vec as_double(const std::vector<T>& v) {
+  pd::testing::Vec out;
+  for (const T& x : v) out.push_back(double(float(x)));
+  return out;
 }
 
 const char* name(Transpose t) { return t == Transpose::yes ? "T" : "N"; }
@@ -332,17 +349,6 @@ TEST_CASE("cuda gemm with bf16 operands and fp32 accumulation against the float6
   const std::int64_t m = 37, n = 53, k = 29;
   const float alpha = 1.25f, beta = 0.5f;
   std::uint64_t seed = 40;
-  const auto random_bf16 = [&](std::size_t count) {
-    std::vector<pd::bf16> v(count);
-    pd::Rng rng(++seed);
-    for (auto& x : v) x = pd::bf16(float(rng.uniform(-1.0, 1.0)));
-    return v;
-  };
-  const auto as_double = [](const auto& v) {
-    pd::testing::Vec out;
-    for (const auto& x : v) out.push_back(double(float(x)));
-    return out;
-  };
   // Tolerances. The operands are bf16 values, exact in float64, and each bf16 x bf16 product is exact in fp32 (8 + 8
   // significant bits < 24), so an fp32 result differs from the float64 reference only by fp32 accumulation over k =
   // 29 terms: kFloat32 covers it. A bf16 result is additionally rounded once to 8 significant bits: at most half an
@@ -353,7 +359,8 @@ TEST_CASE("cuda gemm with bf16 operands and fp32 accumulation against the float6
       INFO("op(a) = " << name(ta) << ", op(b) = " << name(tb));
       const std::int64_t a_rows = ta == Transpose::yes ? k : m, lda = (ta == Transpose::yes ? m : k) + 3;
       const std::int64_t b_rows = tb == Transpose::yes ? n : k, ldb = (tb == Transpose::yes ? k : n) + 1;
-      const auto a = random_bf16(std::size_t(a_rows * lda)), b = random_bf16(std::size_t(b_rows * ldb));
+      const auto a = random_bf16(std::size_t(a_rows * lda), ++seed);
+      const auto b = random_bf16(std::size_t(b_rows * ldb), ++seed);
       const auto da = upload(a, tracker), db = upload(b, tracker);
       const bool ta_ = ta == Transpose::yes, tb_ = tb == Transpose::yes;
       {  // fp32 result
@@ -365,7 +372,7 @@ TEST_CASE("cuda gemm with bf16 operands and fp32 accumulation against the float6
         CHECK_CLOSE(download(dc), want, pd::testing::kFloat32);
       }
       {  // bf16 result
-        const auto c = random_bf16(std::size_t(m * n));
+        const auto c = random_bf16(std::size_t(m * n), ++seed);
         auto dc = upload(c, tracker);
         pd::testing::Vec want = as_double(c);
         pd::testing::reference_gemm(ta_, tb_, m, n, k, alpha, as_double(a), lda, as_double(b), ldb, beta, want, n);
@@ -378,26 +385,17 @@ TEST_CASE("cuda gemm with bf16 operands and fp32 accumulation against the float6
 TEST_CASE("cuda gemm_grouped with bf16 items: an expert bank's blocks against the float64 reference") {
   PARADYSE_REQUIRE_DEVICE();
   pd::MemoryTracker tracker = dev::make_tracker();
-  std::uint64_t seed = 80;
-  const auto random_bf16 = [&](std::size_t count) {
-    std::vector<pd::bf16> v(count);
-    pd::Rng rng(++seed);
-    for (auto& x : v) x = pd::bf16(float(rng.uniform(-1.0, 1.0)));
-    return v;
-  };
-  const auto as_double = [](const auto& v) {
-    pd::testing::Vec out;
-    for (const auto& x : v) out.push_back(double(float(x)));
-    return out;
-  };
+  const std::uint64_t seed0 = pd::testing::fresh_seed();
+  INFO("seed " << seed0);
+  std::uint64_t seed = seed0;
   // A bf16 result: the fp32 sum over k = 40 exact products, rounded once to bf16 (the single bf16 GEMM's tolerance).
   const Tolerance bf16_result{2e-4, 0.0039 + 2e-3};
   const std::int64_t h = 40, f = 12, rows[] = {9, 0, 17, 1, 6};  // item e: c_e [m_e, f] = a_e [m_e, h] b_e^T
   std::int64_t total = 0;
   for (const std::int64_t m : rows) total += m;
   const std::int64_t ldc = f + 3;
-  const auto a = random_bf16(std::size_t(total * h)), b = random_bf16(std::size_t(5 * f * h));
-  const auto c = random_bf16(std::size_t(total * ldc));
+  const auto a = random_bf16(std::size_t(total * h), ++seed), b = random_bf16(std::size_t(5 * f * h), ++seed);
+  const auto c = random_bf16(std::size_t(total * ldc), ++seed);
   const auto da = upload(a, tracker), db = upload(b, tracker);
   auto dc = upload(c, tracker);
   pd::ops::GroupedGemmOf<pd::bf16> items;

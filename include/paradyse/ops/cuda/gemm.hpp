@@ -213,25 +213,33 @@ bool grouped_outputs_overlap(const GroupedGemmOf<T>& items, std::int64_t ldc) {
   return false;
 }
 
-// The arrays of one grouped cuBLAS call over `which` items, one group of one problem per item, in cuBLAS's
-// column-major terms (b before a, n before m: see the header): its m, n and k, and the device pointers it reads,
-// [b of each item, a of each, c of each].
+// The host arrays of one grouped cuBLAS call over `which` items, one group of one problem per item, in cuBLAS's
+// column-major terms (b before a, n before m: see the header): each group's transposes, m, n, k, scalars, leading
+// dimensions and size (1), and the device pointers it reads, [b of each item, a of each, c of each].
 struct GroupedArrays {
-  std::vector<int> rows, cols, inner;
+  std::vector<cublasOperation_t> op_b, op_a;
+  std::vector<int> rows, cols, inner, ld_b, ld_a, ld_c, sizes;
+  std::vector<float> alphas, betas;
   std::vector<const void*> pointers;
   int count() const noexcept { return int(rows.size()); }
 };
 template <class T>
-GroupedArrays grouped_arrays(const GroupedGemmOf<T>& items, const std::vector<std::size_t>& which) {
-  GroupedArrays g;
-  (void)as_int(std::int64_t(which.size()), "the item count");
+GroupedArrays grouped_arrays(Transpose trans_a, Transpose trans_b, float alpha, const GroupedGemmOf<T>& items,
+                             const std::vector<std::size_t>& which, std::int64_t lda, std::int64_t ldb, float beta,
+                             std::int64_t ldc) {
+  const std::size_t g = which.size();
+  (void)as_int(std::int64_t(g), "the item count");
+  GroupedArrays a;
+  a.op_b.assign(g, op(trans_b)), a.op_a.assign(g, op(trans_a));
+  a.ld_b.assign(g, int(ldb)), a.ld_a.assign(g, int(lda)), a.ld_c.assign(g, int(ldc)), a.sizes.assign(g, 1);
+  a.alphas.assign(g, alpha), a.betas.assign(g, beta);
   for (const std::size_t i : which) {
-    g.rows.push_back(int(items.n[i])), g.cols.push_back(int(items.m[i])), g.inner.push_back(int(items.k[i]));
-    g.pointers.push_back(items.b[i]);
+    a.rows.push_back(int(items.n[i])), a.cols.push_back(int(items.m[i])), a.inner.push_back(int(items.k[i]));
+    a.pointers.push_back(items.b[i]);
   }
-  for (const std::size_t i : which) g.pointers.push_back(items.a[i]);
-  for (const std::size_t i : which) g.pointers.push_back(items.c[i]);
-  return g;
+  for (const std::size_t i : which) a.pointers.push_back(items.a[i]);
+  for (const std::size_t i : which) a.pointers.push_back(items.c[i]);
+  return a;
 }
 
 // Checks every item of a grouped GEMM against the single GEMM's contract and cuBLAS's 32-bit sizes.
@@ -272,20 +280,16 @@ inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, cons
   }
   if (grouped.size() == 1) single(grouped.front());
   if (grouped.size() <= 1) return;
-  const gemm_detail::GroupedArrays g = gemm_detail::grouped_arrays(items, grouped);
+  const gemm_detail::GroupedArrays g =
+      gemm_detail::grouped_arrays(trans_a, trans_b, alpha, items, grouped, lda, ldb, beta, ldc);
   const int count = g.count();
-  const std::vector<cublasOperation_t> op_b(grouped.size(), gemm_detail::op(trans_b)),
-      op_a(grouped.size(), gemm_detail::op(trans_a));
-  const std::vector<float> alphas(grouped.size(), alpha), betas(grouped.size(), beta);
-  const std::vector<int> ld_b(grouped.size(), int(ldb)), ld_a(grouped.size(), int(lda)),
-      ld_c(grouped.size(), int(ldc)), ones(grouped.size(), 1);
   const cublasHandle_t h = gemm_detail::handle();
   const cublasStatus_t status = gemm_detail::with_device_pointers(
       g.pointers, "cudaMemcpyAsync (gemm_grouped pointer arrays)", [&](const float* const* arrays) {
-        return cublasSgemmGroupedBatched(h, op_b.data(), op_a.data(), g.rows.data(), g.cols.data(), g.inner.data(),
-                                         alphas.data(), arrays, ld_b.data(), arrays + count, ld_a.data(), betas.data(),
-                                         const_cast<float* const*>(arrays + 2 * count), ld_c.data(), count,
-                                         ones.data());
+        return cublasSgemmGroupedBatched(h, g.op_b.data(), g.op_a.data(), g.rows.data(), g.cols.data(),
+                                         g.inner.data(), g.alphas.data(), arrays, g.ld_b.data(), arrays + count,
+                                         g.ld_a.data(), g.betas.data(), const_cast<float* const*>(arrays + 2 * count),
+                                         g.ld_c.data(), count, g.sizes.data());
       });
   gemm_detail::check_cublas(status, "cublasSgemmGroupedBatched");
 }
@@ -342,21 +346,18 @@ inline void gemm_grouped(Transpose trans_a, Transpose trans_b, float alpha, cons
     grouped.push_back(i);
   }
   if (grouped.empty()) return;
-  const gemm_detail::GroupedArrays g = gemm_detail::grouped_arrays(items, grouped);
+  const gemm_detail::GroupedArrays g =
+      gemm_detail::grouped_arrays(trans_a, trans_b, alpha, items, grouped, lda, ldb, beta, ldc);
   const int count = g.count();
-  const std::vector<cublasOperation_t> op_b(grouped.size(), gemm_detail::op(trans_b)),
-      op_a(grouped.size(), gemm_detail::op(trans_a));
-  const std::vector<float> alphas(grouped.size(), alpha), betas(grouped.size(), beta);
-  const std::vector<int> ld_b(grouped.size(), int(ldb)), ld_a(grouped.size(), int(lda)),
-      ld_c(grouped.size(), int(ldc)), ones(grouped.size(), 1);
   const cublasHandle_t h = gemm_detail::handle();
   const cublasStatus_t status = gemm_detail::with_device_pointers(
       g.pointers, "cudaMemcpyAsync (gemm_grouped bf16 pointer arrays)", [&](const float* const* arrays) {
         const void* const* p = reinterpret_cast<const void* const*>(arrays);
-        return cublasGemmGroupedBatchedEx(h, op_b.data(), op_a.data(), g.rows.data(), g.cols.data(), g.inner.data(),
-                                          alphas.data(), p, CUDA_R_16BF, ld_b.data(), p + count, CUDA_R_16BF,
-                                          ld_a.data(), betas.data(), const_cast<void* const*>(p + 2 * count),
-                                          CUDA_R_16BF, ld_c.data(), count, ones.data(), CUBLAS_COMPUTE_32F);
+        return cublasGemmGroupedBatchedEx(h, g.op_b.data(), g.op_a.data(), g.rows.data(), g.cols.data(),
+                                          g.inner.data(), g.alphas.data(), p, CUDA_R_16BF, g.ld_b.data(), p + count,
+                                          CUDA_R_16BF, g.ld_a.data(), g.betas.data(),
+                                          const_cast<void* const*>(p + 2 * count), CUDA_R_16BF, g.ld_c.data(), count,
+                                          g.sizes.data(), CUBLAS_COMPUTE_32F);
       });
   gemm_detail::check_cublas(status, "cublasGemmGroupedBatchedEx (bf16 x bf16 -> bf16)");
 }
