@@ -1,6 +1,7 @@
 # tests/examples/serve_experts_profile.cmake: bench/serve_experts --profile-out read by moe_simulate (issue 25): the
 # profile it writes prices the served experts by their measured times.
-#   cmake -DBENCH=serve_experts -DSIM=moe_simulate -DMODEL=tests/data/hf/mixtral -DWORK=dir -P serve_experts_profile.cmake
+#   cmake -DBENCH=serve_experts -DSIM=moe_simulate -DMODEL=tests/data/hf/mixtral -DWORK=dir \
+#         -P serve_experts_profile.cmake
 # Writes the built-in h100 with the fixture's expert shapes measured on this host (fp32, 4 bytes a value), then
 # simulates the same requests on h100 and on the written profile: at 4 bytes per value the written one names its
 # measured GEMMs and prices the steps otherwise (the shapes' host times in place of the datasheet's launches); at 2
