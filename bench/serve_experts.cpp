@@ -237,6 +237,8 @@ double saved_per_item(const BankResult& r) {
   return r.items < 2 ? 0 : (r.singles.median - r.grouped.median) / (2.0 * double(r.items - 1));
 }
 
+// The banks' weight shapes (n, k) timed alone (single calls, weights cycled as the banks') at m = 1, 2, 4, ... up to
+// `max_rows`: the table the simulation prices those shapes by (cost::GemmModel::measured).
 template <class Device>
 pd::cost::GemmMeasured measure_shapes(const Options& o, const std::vector<std::array<std::int64_t, 2>>& shapes,
                                       std::int64_t max_rows) {
@@ -285,15 +287,15 @@ int run(const Options& o, const Experts& x) {
     const std::vector<std::int64_t> routed = routing.counts(0, 0, n, E, x.top_k);
     // EP: the busiest rank by price (the step waits for it).
     const auto rows_of = [&](int r) {  // rank r's rows per expert it holds
-      std::vector<std::int64_t> rows;
-      for (const std::int64_t e : placement.experts_of_rank[std::size_t(r)]) rows.push_back(routed[std::size_t(e)]);
-      return rows;
+      std::vector<std::int64_t> held;
+      for (const std::int64_t e : placement.experts_of_rank[std::size_t(r)]) held.push_back(routed[std::size_t(e)]);
+      return held;
     };
     int busiest = 0;
     double most = -1;
     for (int r = 0; r < p; ++r) {
-      const std::vector<std::int64_t> rows = rows_of(r);
-      const std::vector<double> blocks(rows.begin(), rows.end());
+      const std::vector<std::int64_t> held = rows_of(r);
+      const std::vector<double> blocks(held.begin(), held.end());
       const double t = pd::serve::bank_gemms(hw, blocks, double(f), double(h), b);
       if (t > most) most = t, busiest = r;
     }
