@@ -13,15 +13,16 @@
 // min-max) of REPS passes, each over copies of the bank's weights that add up to --cold-mb (the weights come from
 // memory, as in a step that reads every layer's). Priced: the same GEMMs on --profile as the simulated clock prices
 // them (serve/step_cost.hpp bank_gemms: the first item a call, the others cost::GemmModel::grouped_item_time), and
-// the singles each a call of its own. The SwiGLU between the projections and the rows' moves are left out (priced by
-// their bytes, which are the same rows either way).
+// the singles each a call of its own, each weight at the reuse distance the passes give it (the bytes cycled: a
+// calibrated CPU profile's tables at other cycles, cost::GemmModel::time_at_reuse; else its one price a shape). The
+// SwiGLU between the projections and the rows' moves are left out (priced by their bytes, which are the same rows
+// either way).
 //
 // On --device cuda the operands are bf16 with fp32 accumulation (the built-in profiles' dtype; the grouped call is
-// cublasGemmGroupedBatchedEx, ops/cuda/gemm.hpp), on cpu fp32 (ops::cpu, priced at 4 bytes a value; on a calibrated
-// CPU profile the dry run prices each GEMM at its weight's reuse distance, cost/gemm_reuse.hpp, where this prices it
-// at the profile's own cycle, GemmModel::time). Also prints, per row, what the grouped call saved per item after the
-// first against the singles, (singles - grouped) / (2 (items - 1)): a single call's fixed cost (a device's launch)
-// that an item of the grouped call does not pay.
+// cublasGemmGroupedBatchedEx, ops/cuda/gemm.hpp), on cpu fp32 (ops::cpu, priced at 4 bytes a value; on a calibrated CPU
+// profile the dry run prices each GEMM at its weight's reuse distance, cost/gemm_reuse.hpp, as this does at its cycle).
+// Also prints, per row, what the grouped call saved per item after the first against the singles, (singles - grouped) /
+// (2 (items - 1)): a single call's fixed cost (a device's launch) that an item of the grouped call does not pay.
 //
 //   serve_experts [--model data/model_shapes/mixtral-8x7b.json] [--ranks 8] [--tokens 1,4,16,64,256,1024,4096]
 //                 [--zipf 0.5] [--device cpu|cuda] [--profile h100] [--reps 7] [--cold-mb 256]
@@ -218,7 +219,8 @@ BankResult measure_bank(const Options& o, const pd::cost::HardwareProfile& hw, c
   const int b = Device::dtype_bytes;
   std::int64_t experts = 0;
   for (const std::int64_t m : rows) experts += m > 0;
-  const std::size_t copies = copies_for(o, double(experts) * 3 * double(w) * double(h) * b);
+  const double bank_bytes = double(experts) * 3 * double(w) * double(h) * b;
+  const std::size_t copies = copies_for(o, bank_bytes);
   Projection<Device> in(rows, 2 * w, h, copies), out(rows, h, w, copies);  // up = x W_in^T, out = act W_out^T
   const std::vector<Projection<Device>*> bank = {&in, &out};
   r.items = in.items();
@@ -226,9 +228,12 @@ BankResult measure_bank(const Options& o, const pd::cost::HardwareProfile& hw, c
   (void)pass(bank, true), (void)pass(bank, false);  // warm up (the library's first calls, page faults)
   for (int i = 0; i < o.reps; ++i) grouped.push_back(pass(bank, true)), singles.push_back(pass(bank, false));
   r.grouped = pd::spread_of(grouped), r.singles = pd::spread_of(singles);
-  r.priced_grouped = pd::serve::bank_gemms(hw, blocks, double(w), double(h), b);
+  // Each weight comes back after every copy's bank: its reuse distance.
+  const double cycled = double(copies) * bank_bytes;
+  r.priced_grouped = pd::serve::bank_gemms(hw, blocks, double(w), double(h), b, cycled);
   for (const double m : blocks)
-    r.priced_singles += hw.gemm.time(m, 2.0 * double(w), double(h), b) + hw.gemm.time(m, double(h), double(w), b);
+    r.priced_singles += hw.gemm.time_at_reuse(m, 2.0 * double(w), double(h), b, cycled) +
+                        hw.gemm.time_at_reuse(m, double(h), double(w), b, cycled);
   return r;
 }
 

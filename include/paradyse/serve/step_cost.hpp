@@ -58,6 +58,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -93,12 +94,18 @@ struct StepCost {
 // The GEMMs of a bank of SwiGLU experts of width w over blocks of `rows` rows, as experts_forward runs them
 // (moe/experts.hpp): each projection (in [m, h] x [h, 2w], out [m, w] x [w, h]) one grouped GEMM, an item per
 // non-empty block, the first item a call and the others priced as riding on it (cost::GemmModel::grouped_item_time).
-inline double bank_gemms(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b) {
+// With `reuse_bytes` each GEMM is priced with its weight read that many weight bytes ago (GemmModel::time_at_reuse:
+// a calibrated CPU profile's tables at other cycles; bench/serve_experts cycles its weights through a known size).
+inline double bank_gemms(const cost::HardwareProfile& hw, std::span<const double> rows, double w, double h, int b,
+                         std::optional<double> reuse_bytes = std::nullopt) {
+  const auto time = [&](double m, double n, double k) {
+    return reuse_bytes ? hw.gemm.time_at_reuse(m, n, k, b, *reuse_bytes) : hw.gemm.time(m, n, k, b);
+  };
   double t = 0;
   bool first = true;
   for (const double m : rows) {
     if (m <= 0 || w <= 0) continue;
-    const double in = hw.gemm.time(m, 2 * w, h, b), out = hw.gemm.time(m, h, w, b);
+    const double in = time(m, 2 * w, h), out = time(m, h, w);
     t += first ? in + out
                : hw.gemm.grouped_item_time(in, m, 2 * w, h, b) + hw.gemm.grouped_item_time(out, m, h, w, b);
     first = false;
