@@ -21,12 +21,13 @@
 // the caller). RMSNorms of the latents use epsilon 1e-6 (transformers builds them with its default, not rms_norm_eps).
 //
 // Generic over the backend and the cache, as decoder_step (serve/decoder_step.hpp): the projections, norms, RoPE and
-// copies are backend ops, and the absorption is two batched GEMMs of one item per head (q_nope [n, d_n] x W_uk
-// [d_n, r_kv], then the latent output [n, r_kv] x W_uv^T [r_kv, d_v]). The attention over the latent cache is a
-// scalar loop on the CPU; a dry run (ops::Counting) records it as one paged-attention event of the step's visible
-// query-key pairs over the rank's heads, at width r_kv + d_r / 2 (its 4 d flops a visit are the score's 2 (r_kv + d_r)
-// and the weighted sum's 2 r_kv), and the stream that reads each position's latent once; each chunk's latent append is
-// a stream of its own. serve/step_cost.hpp prices the same kernels.
+// copies are backend ops, and the absorption is two batched GEMMs of one item per head (q_nope [n, d_n] x W_uk [d_n,
+// r_kv], then the latent output [n, r_kv] x W_uv^T [r_kv, d_v]). The attention over the latent cache is a loop on the
+// CPU in float64 over every head of a query at once (mla_detail::latent_attention); a dry run (ops::Counting) records
+// it as one paged-attention event of the step's visible query-key pairs over the rank's heads, at width r_kv + d_r / 2
+// (its 4 d flops a visit are the score's 2 (r_kv + d_r) and the weighted sum's 2 r_kv), and the stream that reads each
+// position's latent once; each chunk's latent append is a stream of its own. serve/step_cost.hpp prices the same
+// kernels.
 #pragma once
 
 #include "paradyse/ops/backend.hpp"
@@ -70,39 +71,66 @@ void rotate(const DecoderConfig& c, TensorView<float> x, std::int64_t start, std
                      .n = 1});  // 1: cos or sin (cost::ScalarFunction::sincos)
 }
 
+// Scratch of latent_attention, kept across a step's chunks.
+struct LatentScratch {
+  std::vector<double> queries;  // [r_kv + d_r, H_r]: one query's [q_lat | q_pe], position-major
+  std::vector<double> dots;     // [H_r]
+  std::vector<double> scores;   // [H_r, visible]: the scores, then their softmax
+  std::vector<double> sums;     // [H_r, r_kv]
+};
+
 // o_lat [len, H_r, r_kv] (the chunk's rows of the step's) = for each query and head, the softmax-weighted sum of the
-// latents c_kv of its request's visible positions, scored by q_lat . c_kv_t + q_pe . k_pe_t (times `scale`).
+// latents c_kv of its request's visible positions, scored by q_lat . c_kv_t + q_pe . k_pe_t (times `scale`). Each
+// query reads every visible latent twice, for all its heads at once: once for the scores (the heads' dot products
+// side by side, which the compiler vectorises), once for the sums. Each head adds its terms in the order it would
+// alone (the dot over c_kv then k_pe, the sums over t), so the heads' results do not depend on their count.
 template <class Cache>
 void latent_attention(const Cache& cache, std::int64_t layer, const AttentionChunk& ch, std::int64_t start,
                       double scale, TensorView<const float> q_lat, TensorView<const float> q_pe,
-                      TensorView<float> o_lat, std::vector<double>& scores, std::vector<double>& sum) {
-  const std::int64_t hq = q_lat.extent(1), rkv = q_lat.extent(2), dr = q_pe.extent(2);
-  sum.resize(std::size_t(rkv));
+                      TensorView<float> o_lat, LatentScratch& w) {
+  const std::int64_t hq = q_lat.extent(1), rkv = q_lat.extent(2), dr = q_pe.extent(2), latent = rkv + dr;
+  w.queries.resize(std::size_t(latent * hq));
+  w.dots.resize(std::size_t(hq));
+  w.sums.resize(std::size_t(hq * rkv));
   for (std::int64_t i = 0; i < ch.length; ++i) {
     const std::int64_t row = ch.first + i, visible = start + i + 1;
-    scores.resize(std::size_t(visible));
+    w.scores.resize(std::size_t(hq * visible));
+    const auto score = [&](std::int64_t head, std::int64_t t) -> double& {
+      return w.scores[std::size_t(head * visible + t)];
+    };
     for (std::int64_t head = 0; head < hq; ++head) {
-      const float* ql = &q_lat(row, head, 0);
-      const float* qp = &q_pe(row, head, 0);
-      double top = -INFINITY;
-      for (std::int64_t t = 0; t < visible; ++t) {
-        const float* lt = cache.key(ch.request, layer, t, 0);  // [c_kv | k_pe]
-        double dot = 0;
-        for (std::int64_t r = 0; r < rkv; ++r) dot += double(ql[r]) * lt[r];
-        for (std::int64_t e = 0; e < dr; ++e) dot += double(qp[e]) * lt[rkv + e];
-        scores[std::size_t(t)] = dot * scale;
-        top = std::max(top, scores[std::size_t(t)]);
+      for (std::int64_t r = 0; r < rkv; ++r) w.queries[std::size_t(r * hq + head)] = q_lat(row, head, r);
+      for (std::int64_t e = 0; e < dr; ++e) w.queries[std::size_t((rkv + e) * hq + head)] = q_pe(row, head, e);
+    }
+    double* dots = w.dots.data();
+    for (std::int64_t t = 0; t < visible; ++t) {
+      const float* lt = cache.key(ch.request, layer, t, 0);  // [c_kv | k_pe]
+      std::fill(w.dots.begin(), w.dots.end(), 0.0);
+      for (std::int64_t x = 0; x < latent; ++x) {
+        const double* q = &w.queries[std::size_t(x * hq)];
+        const double l = lt[x];
+        for (std::int64_t head = 0; head < hq; ++head) dots[head] += q[head] * l;
       }
-      double total = 0;
-      for (double& x : scores) total += (x = std::exp(x - top));
-      std::fill(sum.begin(), sum.end(), 0.0);
-      for (std::int64_t t = 0; t < visible; ++t) {
-        const float* lt = cache.key(ch.request, layer, t, 0);
-        const double p = scores[std::size_t(t)] / total;
-        for (std::int64_t r = 0; r < rkv; ++r) sum[std::size_t(r)] += p * lt[r];
+      for (std::int64_t head = 0; head < hq; ++head) score(head, t) = dots[head] * scale;
+    }
+    for (std::int64_t head = 0; head < hq; ++head) {  // softmax over each head's visible positions
+      double top = -INFINITY, total = 0;
+      for (std::int64_t t = 0; t < visible; ++t) top = std::max(top, score(head, t));
+      for (std::int64_t t = 0; t < visible; ++t) total += (score(head, t) = std::exp(score(head, t) - top));
+      for (std::int64_t t = 0; t < visible; ++t) score(head, t) /= total;
+    }
+    std::fill(w.sums.begin(), w.sums.end(), 0.0);
+    for (std::int64_t t = 0; t < visible; ++t) {
+      const float* lt = cache.key(ch.request, layer, t, 0);
+      for (std::int64_t head = 0; head < hq; ++head) {
+        const double p = score(head, t);
+        double* acc = &w.sums[std::size_t(head * rkv)];
+        for (std::int64_t r = 0; r < rkv; ++r) acc[r] += p * lt[r];
       }
+    }
+    for (std::int64_t head = 0; head < hq; ++head) {
       float* out = &o_lat(row, head, 0);
-      for (std::int64_t r = 0; r < rkv; ++r) out[r] = float(sum[std::size_t(r)]);
+      for (std::int64_t r = 0; r < rkv; ++r) out[r] = float(w.sums[std::size_t(head * rkv + r)]);
     }
   }
 }
@@ -171,7 +199,7 @@ void mla_attention(const DecoderConfig& c, const RankShard& s, const RankLayer& 
   // Each chunk's latents into the cache, then its queries over their request's latents.
   const double scale = yarn_softmax_factor(c.yarn) / std::sqrt(double(qk));
   double pairs = 0, positions = 0;  // the step's visible query-key pairs; the positions whose latents are read
-  std::vector<double> scores, sum;
+  mla_detail::LatentScratch scratch;
   for (const AttentionChunk& ch : chunks) {
     const std::int64_t start = cache.length(ch.request);
     pairs += chunk_pairs(ch.length, start);
@@ -180,8 +208,7 @@ void mla_attention(const DecoderConfig& c, const RankShard& s, const RankLayer& 
     if constexpr (!dry) {
       cache.append(ch.request, layer, kv.view().slice(0, ch.first, ch.length).reshape(Shape{ch.length, 1, latent}),
                    {});
-      mla_detail::latent_attention(cache, layer, ch, start, scale, q_lat.view(), q_pe.view(), o_lat.view(), scores,
-                                   sum);
+      mla_detail::latent_attention(cache, layer, ch, start, scale, q_lat.view(), q_pe.view(), o_lat.view(), scratch);
     }
   }
   step_detail::note(paged_attention_event(pairs, hq, rkv + dr / 2));
