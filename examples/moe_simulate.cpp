@@ -103,6 +103,9 @@ struct Options {
   std::uint64_t seed = 1;
   std::string switch_csv, csv, record_routing, hf, steps_csv;
   bool measure = false;
+  // --measure without --hf: the synthetic MoE's layers (2: a whole step reads 14 MB of weights a rank on 2 ranks, at
+  // the edge of a 32 MB L3; 8: 54 MB, from memory).
+  std::int64_t synthetic_layers = 2;
   // --measure's calibration: thread CPU time (what a rank that owned its core would take; robust to other processes
   // on the cores) or wall time.
   bool calibrate_cpu = true;
@@ -819,8 +822,9 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
 }
 
 int measure(const Options& o) {
-  const LoadedDecoder model = o.hf.empty() ? synthetic_decoder(synthetic_config(256, 2, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
-                                           : load_decoder(o.hf);
+  const LoadedDecoder model =
+      o.hf.empty() ? synthetic_decoder(synthetic_config(256, o.synthetic_layers, 8, 4, 8, 2, 512, 1024), o.seed, 0.3)
+                   : load_decoder(o.hf);
   const DecoderConfig& c = model.config;
   // Calibrated with every weight from memory ("mem"), when this run calibrates.
   const std::optional<cost::GemmModel> gemm_mem =
@@ -1080,6 +1084,9 @@ int main(int argc, char** argv) {
   flags.flag("--measure", o.measure, "validate: measured thread ranks against the calibrated profile's simulation");
   flags.text("--hf", o.hf, "--measure: a Hugging Face model folder (default: moe_infer's synthetic MoE)", "DIR")
       .nonempty("a Hugging Face model folder");
+  flags.integer("--synthetic-layers", o.synthetic_layers, std::int64_t(1), std::int64_t(64),
+                "--measure without --hf: layers of the synthetic MoE (h 256, 8 experts top-2, ffn 512; more layers "
+                "put a step's weights further past a CPU's cache)");
   flags.integer("--rounds", o.rounds, 1, 100, "--measure: measured rounds per policy (medians)");
   flags.choice("--calibrate-clock", o.calibrate_cpu, "cpu", "wall",
                "--measure: the calibration's clock when --cluster FILE.json is absent (cpu: each rank's thread CPU "
@@ -1105,6 +1112,9 @@ int main(int argc, char** argv) {
              "FILE")
       .nonempty("a file name");
   flags.parse(argc, argv);
+  if (!o.hf.empty() && o.synthetic_layers != 2)
+    flags.fail(fmt::format("--synthetic-layers {}: the synthetic MoE's, not --hf {}'s (its config gives its layers)",
+                           o.synthetic_layers, printable(o.hf)));
   // The lists, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag
   // ("--policies tp,dynamc" ran tp alone).
   try {

@@ -33,6 +33,10 @@
 # steps on the CPU clock by the simulated clock's dry run (against the CPU clock's step and rank 0's own CPU time;
 # each round's ratio beside the mean).
 #
+# LAYERS=N gives the synthetic MoE N layers (2 by default: a whole step reads 14 MB of weights a rank on 2 ranks, at
+# the edge of a 32 MB L3 whose share moves with the machine's neighbours; 8: 54 MB a rank, the weights from memory as
+# a GPU's come from HBM), with a profile of its own (profile_p<RANKS>_l<N>.json).
+#
 # TRAINED=DIR serves a trained 4-layer MoE instead of the synthetic one: the Hugging Face folder train_gpt --save
 # writes (trained first when DIR does not exist: 8 experts top-2, h 128, 4 heads, TRAIN_STEPS windows of 256-512
 # tokens of the bundled corpus on 2 thread ranks; about a minute), with a profile of its own (its GEMM shapes).
@@ -41,6 +45,7 @@
 #   RANKS=1 REQUESTS=48 RATE=100 ROUNDS=3 scripts/validate_serving.sh
 #   SKIP_BUILD=1 scripts/validate_serving.sh           # run the binary in $BUILD as it is (no build step)
 #   TRAINED=build-rel/moe4 scripts/validate_serving.sh # the trained 4-layer MoE
+#   LAYERS=8 RATE=12.5 REQUESTS=128 scripts/validate_serving.sh  # the synthetic MoE's weights from memory
 #   RECALIBRATE=1 PASSES=5 scripts/validate_serving.sh # calibrate again, each measurement the median of 5 passes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,12 +57,15 @@ ROUNDS=${ROUNDS:-5}
 PASSES=${PASSES:-3}  # the calibration's passes (moe_simulate --calibration-passes)
 POLICIES=${POLICIES:-tp,ep,dynamic}
 TRAINED=${TRAINED:-}
+LAYERS=${LAYERS:-2}
+GEMM_REUSE=${GEMM_REUSE:-on}  # off: each GEMM priced at the calibration's step cycle (moe_simulate --gemm-reuse off)
 TRAIN_STEPS=${TRAIN_STEPS:-300}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
 
 fail() { echo "validate_serving.sh: $*" >&2; exit 2; }
-for v in RANKS REQUESTS ROUNDS TRAIN_STEPS; do [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"; done
+for v in RANKS REQUESTS ROUNDS TRAIN_STEPS LAYERS; do [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"; done
+[[ "$GEMM_REUSE" == on || "$GEMM_REUSE" == off ]] || fail "GEMM_REUSE=$GEMM_REUSE: expected on or off"
 [[ "$RATE" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "RATE=$RATE: expected a positive number (requests/s)"
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
@@ -74,6 +82,12 @@ mkdir -p "$OUT"
 PROFILE=$OUT/profile_p$RANKS.json
 MODEL=()
 NAME=measure
+if [[ "$LAYERS" != 2 ]]; then
+  [[ -z "$TRAINED" ]] || fail "LAYERS=$LAYERS: the synthetic MoE's layers, not TRAINED=$TRAINED's"
+  MODEL=(--synthetic-layers "$LAYERS")
+  NAME=measure_l$LAYERS
+  PROFILE=$OUT/profile_p${RANKS}_l$LAYERS.json
+fi
 if [[ -n "$TRAINED" ]]; then
   if [[ ! -d "$TRAINED" ]]; then
     echo "training the 4-layer MoE into $TRAINED ($TRAIN_STEPS steps) ..."
@@ -86,9 +100,10 @@ if [[ -n "$TRAINED" ]]; then
   NAME=measure_$(basename "$TRAINED")
   PROFILE=$OUT/profile_p${RANKS}_$(basename "$TRAINED").json
 fi
+[[ "$GEMM_REUSE" == off ]] && NAME=${NAME}_reuse_off
 [[ "${RECALIBRATE:-0}" == 1 ]] && rm -f "$PROFILE"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 "$BUILD/examples/moe_simulate" --measure "${MODEL[@]}" --cluster "$PROFILE" --ranks "$RANKS" --requests "$REQUESTS" \
   --rates "$RATE" --prompt 8 64 --output 8 32 --step-tokens 64 --rounds "$ROUNDS" --policies "$POLICIES" \
-  --calibration-passes "$PASSES" --steps-csv "$OUT/${NAME}_steps.csv" | tee "$OUT/$NAME.txt"
+  --calibration-passes "$PASSES" --gemm-reuse "$GEMM_REUSE" --steps-csv "$OUT/${NAME}_steps.csv" | tee "$OUT/$NAME.txt"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
