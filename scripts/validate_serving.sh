@@ -64,7 +64,9 @@ PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
 
 fail() { echo "validate_serving.sh: $*" >&2; exit 2; }
-for v in RANKS REQUESTS ROUNDS TRAIN_STEPS LAYERS; do [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"; done
+for v in RANKS REQUESTS ROUNDS TRAIN_STEPS LAYERS; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"
+done
 [[ "$GEMM_REUSE" == on || "$GEMM_REUSE" == off ]] || fail "GEMM_REUSE=$GEMM_REUSE: expected on or off"
 [[ "$RATE" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "RATE=$RATE: expected a positive number (requests/s)"
 
