@@ -136,7 +136,8 @@ Pieces priced(const DecoderConfig& c, const StepTrace& t, const SimulatedCluster
     switch (e.kind) {
       case TraceKind::gemm: p.gemm += s; break;
       case TraceKind::attention_forward:
-      case TraceKind::paged_attention: p.paged_attention += s; break;
+      case TraceKind::paged_attention:
+      case TraceKind::latent_attention: p.paged_attention += s; break;
       case TraceKind::elementwise:
       case TraceKind::activation:
       case TraceKind::transcendental: p.other_ops += s; break;

@@ -750,6 +750,29 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
                cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9, 100 * cal.fit.median_relative_error,
                100 * cal.fit.worst_relative_error, profile.attention.forward_flops_per_s / 1e9);
   });
+  // MLA's latent attention (serve/mla_attention.hpp): at the served model's latent widths and heads per rank when it
+  // is MLA, else at the defaults' (DeepSeek-V2's r_kv 512 among them), so that a DeepSeek shape simulated on this
+  // profile prices its own loop.
+  LatentAttentionCalibrationOptions latent;
+  latent.clock = options.clock;
+  latent.passes = o.calibration_passes;
+  if (c.is_mla()) {
+    latent.ranks = {c.mla.kv_lora_rank};
+    latent.heads = {query_heads(c, o.ranks, 0).length};
+    latent.rope = c.mla.rope;
+  }
+  run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
+    const PagedAttentionCalibration cal = calibrate_latent_attention(comm, latent);
+    if (comm.rank() != 0) return;
+    profile.latent_attention = cal.model;
+    std::vector<double> paged_over_measured;
+    for (const cost::PagedAttentionSample& x : cal.samples)
+      paged_over_measured.push_back(profile.paged_attention.time(x.visits, x.head_dim) / x.seconds);
+    fmt::print("latent attention (MLA): visits / {:.1f} M/s + 4 d visits / {:.2f} GFLOP/s (median error {:.1f}%, "
+               "worst {:.1f}%); the paged kernel's model would price its samples at {:.2f}x their time (median)\n",
+               cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9, 100 * cal.fit.median_relative_error,
+               100 * cal.fit.worst_relative_error, median(paged_over_measured));
+  });
   fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
              profile.activation_elements_per_s / 1e6);
   fmt::print("fixed cost: {:.2f} us per non-GEMM kernel call\n", profile.call_overhead.kernel_call_s * 1e6);

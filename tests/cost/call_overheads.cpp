@@ -57,6 +57,7 @@ std::vector<TraceEvent> call_overheads_mix() {
       {.kind = TraceKind::allocate, .bytes = 65536},
       {.kind = TraceKind::deallocate, .bytes = 4096},
       {.kind = TraceKind::scratch, .bytes = 1024},
+      {.kind = TraceKind::latent_attention, .m = 120, .n = 8, .k = 544},
   };
 }
 
@@ -68,8 +69,8 @@ TEST_CASE("call overheads: each non-GEMM kernel call adds its fixed cost") {
   const double without = call_overheads_forward_s(events, hw);
   hw.call_overhead = {1.5e-6};
   const double with = call_overheads_forward_s(events, hw);
-  // 5 elementwise + 2 activation + 1 paged attention calls.
-  CHECK(with - without == doctest::Approx(8 * 1.5e-6).epsilon(1e-9));
+  // 5 elementwise + 2 activation + 1 paged attention + 1 latent attention calls.
+  CHECK(with - without == doctest::Approx(9 * 1.5e-6).epsilon(1e-9));
 
   // GEMMs, flash attention, transcendental calls and memory events alone: unchanged.
   const std::vector<TraceEvent> own_terms = {events[0], events[1], events[4], events[6], events[7], events[8], events[9]};
@@ -108,7 +109,8 @@ TEST_CASE("call overheads: a serving step's dry run costs exactly its kernel cal
     const double without = serve::dry_run_step_cost(c, t, cluster).total_s();
     double calls = 0;
     for (const TraceEvent& e : serve::dry_run_step(c, t, 0).events)
-      if (e.kind == TraceKind::elementwise || e.kind == TraceKind::activation || e.kind == TraceKind::paged_attention)
+      if (e.kind == TraceKind::elementwise || e.kind == TraceKind::activation || e.kind == TraceKind::paged_attention ||
+          e.kind == TraceKind::latent_attention)
         calls += e.count;
     CAPTURE(t.tokens());
     CHECK(calls > 10 * c.layers);  // norms, RoPE per chunk, the KV append per chunk, the experts' SwiGLU, ...

@@ -1,6 +1,6 @@
 // Tests of the time model's two terms for a serving step's prompt chunk (issue 25; cost/profile.hpp's
 // PagedAttentionModel and swiglu_forward_elements_per_s): the trace clock prices a paged-attention event per
-// (query-key pair, head) visit and SwiGLU forward's activation event at its rate (cost/trace_cost.hpp), the dry run
+// (query-key pair, head) visit (and MLA's latent attention at its own model of the same form) and SwiGLU forward's activation event at its rate (cost/trace_cost.hpp), the dry run
 // records SwiGLU forward as such (ops/counting.hpp), the calibration's fit recovers known rates from synthetic measurements
 // (cost/calibrate.hpp fit_paged_attention), and profiles without the terms still load and price as before
 // (cost/profile_json.hpp).
@@ -77,6 +77,32 @@ TEST_CASE("prompt step terms: without a calibrated model the paged kernel is pri
   CHECK(hw.paged_attention_time(0, heads, d) == 0);
 }
 
+TEST_CASE("prompt step terms: MLA's latent attention costs its visits at its own model, else as the paged kernel") {
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> visits_rate(1e7, 1e9), flops_rate(1e9, 1e11), pairs_of(1e3, 1e6);
+  for (int trial = 0; trial < 8; ++trial) {
+    HardwareProfile hw = prompt_terms_only();
+    hw.paged_attention = {visits_rate(rng), flops_rate(rng)};
+    const double pairs = std::floor(pairs_of(rng)), heads = double(1 + trial % 16), width = trial % 2 ? 544 : 160;
+    const TraceEvent latent{.kind = TraceKind::latent_attention, .m = pairs, .n = heads, .k = width};
+    const TraceEvent paged{.kind = TraceKind::paged_attention, .m = pairs, .n = heads, .k = width};
+    // Not calibrated: the paged kernel's price, bit for bit (what profiles written before the model gave it).
+    CHECK(seconds_of({latent}, hw) == seconds_of({paged}, hw));
+    CHECK(hw.latent_attention_time(pairs, heads, width) == hw.paged_attention_time(pairs, heads, width));
+    // Calibrated: its own rates, the paged kernel's unchanged.
+    const double paged_s = seconds_of({paged}, hw);
+    hw.latent_attention = {visits_rate(rng), flops_rate(rng)};
+    const double expected = pairs * heads / hw.latent_attention.visits_per_s +
+                            4 * width * pairs * heads / hw.latent_attention.flops_per_s;
+    CHECK(seconds_of({latent}, hw) == doctest::Approx(expected).epsilon(1e-12));
+    CHECK(seconds_of({paged}, hw) == paged_s);
+    CHECK(hw.latent_attention_time(0, heads, width) == 0);
+  }
+  // With neither model, as flash attention (the paged kernel's fallback).
+  const HardwareProfile a100 = a100_sxm4_80gb_x8();
+  CHECK(a100.latent_attention_time(2080, 8, 544) == a100.attention.forward_time(4 * 544 * 8 * 2080.0));
+}
+
 TEST_CASE("prompt step terms: SwiGLU forward's activation events cost their elements at its rate, others at GELU's") {
   HardwareProfile hw = prompt_terms_only();
   hw.activation_elements_per_s = 2e9;
@@ -130,21 +156,28 @@ TEST_CASE("prompt step terms: the calibration's fit recovers known paged-attenti
 TEST_CASE("prompt step terms: profiles keep the terms through JSON; without them they load as before") {
   HardwareProfile hw = a100_sxm4_80gb_x8();
   hw.paged_attention = {1.5e8, 3e9};
+  hw.latent_attention = {4.5e8, 0};
   hw.swiglu_forward_elements_per_s = 4e8;
   const HardwareProfile back = profile_from_json(to_json(hw));
   CHECK(back.paged_attention == hw.paged_attention);
+  CHECK(back.latent_attention == hw.latent_attention);
   CHECK(back.swiglu_forward_elements_per_s == hw.swiglu_forward_elements_per_s);
   // A profile written before the terms (neither field): not calibrated, priced as before.
   const json::Value old_json = to_json(a100_sxm4_80gb_x8());
   CHECK_FALSE(old_json.contains("paged_attention"));  // not written while unset: the old format
+  CHECK_FALSE(old_json.contains("latent_attention"));
   CHECK_FALSE(old_json.contains("swiglu_forward_elements_per_s"));
   const HardwareProfile old = profile_from_json(old_json);
   CHECK_FALSE(old.paged_attention.calibrated());
+  CHECK_FALSE(old.latent_attention.calibrated());
   CHECK(old.swiglu_forward_elements_per_s == 0);
   // A bad field names itself.
   json::Value bad = to_json(hw);
   bad["paged_attention"]["visits_per_s"] = -1.0;
   CHECK_THROWS_WITH_AS(profile_from_json(bad), doctest::Contains("paged_attention.visits_per_s"), Error);
+  json::Value bad_latent = to_json(hw);
+  bad_latent["latent_attention"]["flops_per_s"] = -2.0;
+  CHECK_THROWS_WITH_AS(profile_from_json(bad_latent), doctest::Contains("latent_attention.flops_per_s"), Error);
   json::Value unknown = to_json(hw);
   unknown["paged_attention"]["visits"] = 1.0;
   CHECK_THROWS_WITH_AS(profile_from_json(unknown), doctest::Contains("unknown key \"visits\""), Error);

@@ -1,7 +1,11 @@
 // tests/serve/mla_latent_attention.cpp: the attention over MLA's latent cache (serve/mla_attention.hpp
 // mla_detail::latent_attention) against a float64 reference, on fresh random queries and latents, over head counts,
-// cached lengths and chunk lengths; and every head of a query at once gives each head the bits it gets alone.
+// cached lengths and chunk lengths; and every head of a query at once gives each head the bits it gets alone. Its
+// calibration (serve/paged_attention_calibration.hpp calibrate_latent_attention) times every shape on every rank and
+// describes each sample as the dry run's event for that chunk does.
+#include "paradyse/comm/threads.hpp"
 #include "paradyse/serve/mla_attention.hpp"
+#include "paradyse/serve/paged_attention_calibration.hpp"
 
 #include "support/fresh_seed.hpp"
 
@@ -108,4 +112,44 @@ TEST_CASE("MLA: the latent cache's attention matches a float64 reference, each h
             for (std::int64_t r = 0; r < rkv; ++r) CHECK(one_out.view()(i, 0, r) == out.view()(i, h, r));
         }
       }
+}
+
+TEST_CASE("MLA: the latent loop's calibration times each shape on every rank, its samples as the dry run's events") {
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_int_distribution<std::int64_t> rank_of(4, 40), heads_of(1, 6), rope_of(1, 5);
+  LatentAttentionCalibrationOptions o;
+  o.repetitions = 1;
+  o.ranks = {rank_of(rng), rank_of(rng)};
+  o.heads = {heads_of(rng), heads_of(rng) + 6};
+  o.rope = 2 * rope_of(rng);
+  o.chunks = {{6, 0}, {1, 30}, {3, 11}};
+  for (const int p : {1, 2, 3}) {
+    CAPTURE(p);
+    std::vector<PagedAttentionCalibration> got(static_cast<std::size_t>(p));
+    run_ranks(p, [&](ThreadCommunicator& comm) {
+      got[std::size_t(comm.rank())] = calibrate_latent_attention(comm, o);
+    });
+    const std::vector<cost::PagedAttentionSample>& samples = got[0].samples;
+    REQUIRE(samples.size() == o.ranks.size() * o.heads.size() * o.chunks.size());
+    std::size_t i = 0;
+    for (const std::int64_t rkv : o.ranks)
+      for (const std::int64_t hq : o.heads)
+        for (const auto& [tokens, cached] : o.chunks) {
+          const TraceEvent e = mla_detail::latent_attention_event(chunk_pairs(tokens, cached), hq, rkv, o.rope);
+          CHECK(samples[i].visits == e.m * e.n);
+          CHECK(samples[i].head_dim == double(rkv + o.rope / 2));
+          CHECK(samples[i].seconds > 0);
+          ++i;
+        }
+    for (const PagedAttentionCalibration& rank : got) {  // the slowest rank's time, the same fit on every rank
+      CHECK(rank.model == got[0].model);
+      for (std::size_t j = 0; j < samples.size(); ++j) CHECK(rank.samples[j].seconds == samples[j].seconds);
+    }
+    CHECK(got[0].model.calibrated());
+  }
+  LatentAttentionCalibrationOptions none = o;
+  none.heads.clear();
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    CHECK_THROWS_WITH_AS(calibrate_latent_attention(comm, none), doctest::Contains("0 head counts"), Error);
+  });
 }

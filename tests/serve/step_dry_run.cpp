@@ -3,8 +3,8 @@
 // EP; a simulated step's cost is cost/trace_cost.hpp's time of that step's dry-run trace (computed here from the
 // traces); a layout change costs the ranks' own work (new banks, kept pieces) beside its transfers, written out; the
 // analytic model the switcher forecasts with (serve/step_cost.hpp) is its cost to rounding, kernel for kernel, on the
-// published shapes and the fixtures' configs; DeepSeek's latent attention runs as the absorbed GEMMs and one paged
-// kernel over the latents (written out on DeepSeek-V2-Lite).
+// published shapes and the fixtures' configs; DeepSeek's latent attention runs as the absorbed GEMMs and one
+// latent-attention kernel over the latents (written out on DeepSeek-V2-Lite).
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/ops/backend.hpp"
 #include "paradyse/serve/cluster_spec.hpp"
@@ -405,7 +405,7 @@ TEST_CASE("step dry run: the ranks' spread adds sigma E[max of p] x each piece's
 
 TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for kernel") {
   // Built-in profiles, and one with every term the two price per kernel: the call's fixed cost, the families' rates,
-  // size classes, the cos/sin calls, the paged kernel's per-visit model, the ranks' spread (per half-layer against per
+  // size classes, the cos/sin calls, the paged and latent kernels' per-visit models, the ranks' spread (per half-layer against per
   // piece), fresh allocations (which neither charges: the dry run's meta tensors record none).
   const SimulatedCluster h100 = simulated_cluster("h100", 2), h200 = simulated_cluster("h200", 2);
   SimulatedCluster every = h200;
@@ -415,6 +415,7 @@ TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for ker
   hw.elementwise_families[std::size_t(ElementwiseFamily::rows)] = {.overhead_s = 1e-6, .bytes_per_s = 1e12};
   hw.elementwise_families[std::size_t(ElementwiseFamily::copy)] = {.overhead_s = 2e-6, .bytes_per_s = 5e11};
   hw.paged_attention = {.visits_per_s = 1e10, .flops_per_s = 2e13};
+  hw.latent_attention = {.visits_per_s = 3e10, .flops_per_s = 5e13};
   hw.elementwise_classes = {{.max_bytes = 1e6, .bytes_per_s = 1e12}, {.max_bytes = 1e9, .bytes_per_s = 3e12}};
   hw.rank_jitter = 0.05;
   hw.fresh_memory = {.zero_bytes_per_s = 1e10, .fresh_bytes_per_s = 1e10, .fresh_min_bytes = 1 << 20};
@@ -473,7 +474,7 @@ TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for ker
   }
 }
 
-TEST_CASE("step dry run: DeepSeek's latent attention runs as absorbed GEMMs and one paged kernel over the latents") {
+TEST_CASE("step dry run: DeepSeek's latent attention runs as absorbed GEMMs and one kernel over the latents") {
   // DeepSeek-V2-Lite (h 2048, 16 heads, r_kv 512, d_r 64, d_n = d_v = 128, no q_lora_rank) on rank 0 of 2 (8 heads):
   // a 4-token prompt and a decode token after 10 cached positions, n = 5.
   const ModelShape lite = read_model_shape((repo() / "data" / "model_shapes" / "deepseek-v2-lite.json").string());
@@ -489,7 +490,7 @@ TEST_CASE("step dry run: DeepSeek's latent attention runs as absorbed GEMMs and 
       {.kind = K::gemm, .grouped = true, .count = 7, .m = 5, .n = 512, .k = 128},  // the rest in its launch
       {.kind = K::elementwise, .bytes = 4 * 2 * 4 * 576.0},                // the prompt's latents appended
       {.kind = K::elementwise, .bytes = 4 * 2 * 1 * 576.0},                // the decode token's
-      {.kind = K::paged_attention, .m = 4 * 5 / 2 + 11, .n = 8, .k = 544},  // the causal pairs; r_kv + d_r / 2
+      {.kind = K::latent_attention, .m = 4 * 5 / 2 + 11, .n = 8, .k = 544},  // the causal pairs; r_kv + d_r / 2
       {.kind = K::elementwise, .bytes = 4 * (4 + 11) * 576.0},             // each position's latent, read once
       {.kind = K::gemm, .m = 5, .n = 128, .k = 512},                       // o_lat W_uv^T, likewise
       {.kind = K::gemm, .grouped = true, .count = 7, .m = 5, .n = 128, .k = 512},

@@ -32,6 +32,8 @@ enum class TraceKind : std::uint8_t {
   attention_backward,   // as attention_forward
   paged_attention,      // as attention_forward: serving's attention over a paged KV cache (serve/paged_attention.hpp),
                         // priced per (query-key pair, head) visit (cost::PagedAttentionModel)
+  latent_attention,     // as paged_attention, k the width r_kv + d_r / 2: MLA's attention over its latent cache
+                        // (serve/mla_attention.hpp), priced by the profile's own model of it (else as paged_attention)
   elementwise,          // bytes read and written by a memory-bound kernel (copy, fill, add, norm, softmax, ...)
   activation,           // m: elements through GELU/SwiGLU, bytes: moved, n: which (1 SwiGLU forward, 0 others)
   transcendental,       // m: scalar math-library calls a kernel makes one at a time, n: which (cost::ScalarFunction:

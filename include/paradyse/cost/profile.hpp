@@ -482,6 +482,10 @@ struct HardwareProfile {
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;
+  // MLA's attention over its latent cache (serve/mla_attention.hpp mla_detail::latent_attention), the same form at
+  // width r_kv + d_r / 2: a loop of its own that reads each latent once for all the query's heads, whose visits cost
+  // 2-3x less than the paged kernel's. Not calibrated: priced as the paged kernel.
+  PagedAttentionModel latent_attention;
   // The fixed cost per kernel call (0: unpriced).
   CallOverheadModel call_overhead;
 
@@ -489,6 +493,13 @@ struct HardwareProfile {
   double paged_attention_time(double pairs, double heads, double d) const {
     if (pairs <= 0 || heads <= 0) return 0;
     return paged_attention.calibrated() ? paged_attention.time(pairs * heads, d) : attention.forward_time(4 * d * heads * pairs);
+  }
+  // Seconds of MLA's latent attention over `pairs` visible query-key pairs of `heads` query heads at width
+  // r_kv + d_r / 2.
+  double latent_attention_time(double pairs, double heads, double width) const {
+    if (pairs <= 0 || heads <= 0) return 0;
+    return latent_attention.calibrated() ? latent_attention.time(pairs * heads, width)
+                                         : paged_attention_time(pairs, heads, width);
   }
 
   // The device's GEMM rate, what model-FLOPs utilisation is measured against: the chosen engine's measured rate on

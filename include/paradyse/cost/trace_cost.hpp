@@ -136,6 +136,9 @@ inline double event_seconds(const HardwareProfile& hw, const TraceEvent& e, doub
     case TraceKind::paged_attention:
       call = hw.paged_attention_time(e.m, e.n, e.k) + hw.call_overhead.kernel_call_s;
       break;
+    case TraceKind::latent_attention:
+      call = hw.latent_attention_time(e.m, e.n, e.k) + hw.call_overhead.kernel_call_s;
+      break;
     case TraceKind::elementwise:
       call = hw.elementwise_time(e.bytes * scale, e.family) + hw.call_overhead.kernel_call_s;
       break;

@@ -24,10 +24,10 @@
 // copies are backend ops, and the absorption is two batched GEMMs of one item per head (q_nope [n, d_n] x W_uk [d_n,
 // r_kv], then the latent output [n, r_kv] x W_uv^T [r_kv, d_v]). The attention over the latent cache is a loop on the
 // CPU in float64 over every head of a query at once (mla_detail::latent_attention); a dry run (ops::Counting) records
-// it as one paged-attention event of the step's visible query-key pairs over the rank's heads, at width r_kv + d_r / 2
-// (its 4 d flops a visit are the score's 2 (r_kv + d_r) and the weighted sum's 2 r_kv), and the stream that reads each
-// position's latent once; each chunk's latent append is a stream of its own. serve/step_cost.hpp prices the same
-// kernels.
+// it as one latent-attention event of the step's visible query-key pairs over the rank's heads, at width r_kv + d_r / 2
+// (its 4 d flops a visit are the score's 2 (r_kv + d_r) and the weighted sum's 2 r_kv), priced by the profile's model
+// of this loop (serve/paged_attention_calibration.hpp measures it), and the stream that reads each position's latent
+// once; each chunk's latent append is a stream of its own. serve/step_cost.hpp prices the same kernels.
 #pragma once
 
 #include "paradyse/ops/backend.hpp"
@@ -135,6 +135,12 @@ void latent_attention(const Cache& cache, std::int64_t layer, const AttentionChu
   }
 }
 
+// The trace event of latent_attention over a batch: `pairs` visible query-key pairs, `heads` query heads, the
+// latent of width r_kv + d_r.
+inline TraceEvent latent_attention_event(double pairs, std::int64_t heads, std::int64_t rkv, std::int64_t dr) {
+  return {.kind = TraceKind::latent_attention, .m = pairs, .n = double(heads), .k = double(rkv + dr / 2)};
+}
+
 }  // namespace mla_detail
 
 // y [n, h] = this rank's partial MLA output for the normalised activations xn [n, h]; appends the chunks' latents
@@ -211,7 +217,7 @@ void mla_attention(const DecoderConfig& c, const RankShard& s, const RankLayer& 
       mla_detail::latent_attention(cache, layer, ch, start, scale, q_lat.view(), q_pe.view(), o_lat.view(), scratch);
     }
   }
-  step_detail::note(paged_attention_event(pairs, hq, rkv + dr / 2));
+  step_detail::note(mla_detail::latent_attention_event(pairs, hq, rkv, dr));
   step_detail::note_stream(positions * double(latent));
   Backend::gemm_batched(no, yes, n, dv, rkv, 1.0f, expand.a, hq * rkv, expand.b, rkv, 0.0f, expand.c, hq * dv);
   Backend::matmul(attn.view(), no, L.wo_t.view(), no, y);

@@ -1,12 +1,15 @@
-// paradyse/serve/paged_attention_calibration.hpp: the profile's PagedAttentionModel (cost/profile.hpp) measured on
-// this machine: serve/paged_attention.hpp's kernel timed over several head dims and chunks (prompt chunks from an
-// empty cache, decode tokens against long ones), fitted by cost/calibrate.hpp's fit_paged_attention. moe_simulate
-// --measure calls it when it calibrates the thread ranks (scripts/validate_serving.sh).
+// paradyse/serve/paged_attention_calibration.hpp: the profile's models of serving's two attention loops over a
+// paged cache (cost/profile.hpp's PagedAttentionModel) measured on this machine: serve/paged_attention.hpp's kernel
+// over several head dims, and MLA's latent attention (serve/mla_attention.hpp) over several latent widths and head
+// counts, each timed on prompt chunks from an empty cache and decode tokens against long ones and fitted by
+// cost/calibration_fits.hpp's fit_paged_attention. moe_simulate --measure calls both when it calibrates the thread
+// ranks (scripts/validate_serving.sh).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/calibration_passes.hpp"
+#include "paradyse/serve/mla_attention.hpp"
 #include "paradyse/serve/paged_attention.hpp"
 
 #include <algorithm>
@@ -28,6 +31,18 @@ struct PagedAttentionCalibrationOptions {
   std::int64_t requests = 16;  // requests the cache holds (its block tables), one of which is read
 };
 
+// MLA's latent attention: every (r_kv, heads) pair at d_r = `rope`, over the same kind of chunks.
+struct LatentAttentionCalibrationOptions {
+  cost::TimeSource clock = cost::TimeSource::thread_cpu;
+  int repetitions = 5;
+  int passes = 1;
+  std::vector<std::int64_t> ranks = {128, 512};  // kv_lora_rank (DeepSeek-V2 and V3: 512)
+  std::vector<std::int64_t> heads = {4, 16};     // query heads on the rank
+  std::int64_t rope = 64;                        // qk_rope_head_dim
+  std::vector<std::pair<std::int64_t, std::int64_t>> chunks = {{64, 0}, {32, 256}, {1, 512}, {1, 2048}};
+};
+
+// A fitted model with the samples it was fitted to (each sample's visits and width as the trace event records them).
 struct PagedAttentionCalibration {
   cost::PagedAttentionModel model;
   std::vector<cost::PagedAttentionSample> samples;
@@ -65,6 +80,38 @@ std::vector<cost::PagedAttentionSample> time_paged_attention(C& comm, const Page
   return samples;
 }
 
+// One pass of calibrate_latent_attention: every latent width, head count and chunk timed once.
+template <Communicator C>
+std::vector<cost::PagedAttentionSample> time_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options,
+                                                              std::int64_t longest) {
+  const std::int64_t dr = options.rope, block = 16, request = 0;
+  std::vector<cost::PagedAttentionSample> samples;
+  mla_detail::LatentScratch scratch;
+  for (const std::int64_t rkv : options.ranks) {
+    const std::int64_t latent = rkv + dr;
+    PagedKvCache cache({1, (longest + block - 1) / block, block, 1, latent, /*keys_only=*/true});
+    Tensor<float> rows(Shape{longest, 1, latent});
+    for (std::int64_t i = 0; i < rows.numel(); ++i) rows.data()[i] = float(std::sin(0.37 * double(i)));
+    cache.reserve(request, longest);
+    cache.append(request, 0, rows.view(), {});
+    for (const std::int64_t hq : options.heads)
+      for (const auto& [tokens, cached] : options.chunks) {
+        Tensor<float> q_lat(Shape{tokens, hq, rkv}), q_pe(Shape{tokens, hq, dr}), o_lat(Shape{tokens, hq, rkv});
+        for (std::int64_t i = 0; i < q_lat.numel(); ++i) q_lat.data()[i] = float(std::cos(0.11 * double(i)));
+        for (std::int64_t i = 0; i < q_pe.numel(); ++i) q_pe.data()[i] = float(std::cos(0.13 * double(i)));
+        const AttentionChunk chunk{request, 0, tokens};
+        const double scale = 1 / std::sqrt(double(latent));
+        const double seconds = cost::calibrate_detail::measure(comm, options.clock, options.repetitions, [&] {
+          mla_detail::latent_attention(cache, 0, chunk, cached, scale, q_lat.view(), q_pe.view(), o_lat.view(),
+                                       scratch);
+        });
+        const TraceEvent e = mla_detail::latent_attention_event(chunk_pairs(tokens, cached), hq, rkv, dr);
+        samples.push_back({e.m * e.n, e.k, seconds});
+      }
+  }
+  return samples;
+}
+
 }  // namespace detail
 
 // Times paged_attention on every rank at once (the slowest rank of each run, the fastest of the repetitions, with
@@ -81,6 +128,22 @@ PagedAttentionCalibration calibrate_paged_attention(C& comm, const PagedAttentio
   for (const auto& [tokens, cached] : options.chunks) longest = std::max(longest, tokens + cached);
   out.samples =
       cost::median_of_passes(options.passes, [&] { return detail::time_paged_attention(comm, options, longest); });
+  out.fit = cost::fit_paged_attention(out.samples, out.model);
+  return out;
+}
+
+// Times mla_detail::latent_attention on every rank at once (as calibrate_paged_attention) for each latent width,
+// head count and chunk of `options`, over one request's latents, and fits the model.
+template <Communicator C>
+PagedAttentionCalibration calibrate_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options = {}) {
+  PagedAttentionCalibration out;
+  check(options.rope >= 0 && !options.ranks.empty() && !options.heads.empty() && !options.chunks.empty(),
+        "calibrate_latent_attention: rope width {} (non-negative), {} latent ranks, {} head counts, {} chunks "
+        "(each list non-empty)", options.rope, options.ranks.size(), options.heads.size(), options.chunks.size());
+  std::int64_t longest = 0;
+  for (const auto& [tokens, cached] : options.chunks) longest = std::max(longest, tokens + cached);
+  out.samples =
+      cost::median_of_passes(options.passes, [&] { return detail::time_latent_attention(comm, options, longest); });
   out.fit = cost::fit_paged_attention(out.samples, out.model);
   return out;
 }

@@ -305,7 +305,7 @@ inline double mla_attention_time(const DecoderConfig& c, const StepTrace& t, con
            hw.scalar_math.time(cost::ScalarFunction::sincos, len * dr);
   }
   a += m.nope > 0 ? batched_gemms(hw, hq, n, rkv, dn, b) : streams(hw, n * hq * rkv * b, ElementwiseFamily::fill);
-  a += hw.paged_attention_time(pairs, hq, rkv + dr / 2) + hw.call_overhead.kernel_call_s +
+  a += hw.latent_attention_time(pairs, hq, rkv + dr / 2) + hw.call_overhead.kernel_call_s +
        kv_traffic_time(c, t, hw, r, b);
   return a + batched_gemms(hw, hq, n, dv, rkv, b) + gemm(hw, n, h, hq * dv, b);
 }
