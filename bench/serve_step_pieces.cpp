@@ -1,21 +1,21 @@
-// bench/serve_step_pieces.cpp: where one serving step's time goes on this machine, piece by piece, against what the
-// dry run (serve/step_dry_run.hpp) prices each piece at on a calibrated profile (issue 25: steps with a prompt
-// chunk were simulated at 0.67-0.80x of their measured CPU time while their GEMMs fit within 4%).
+// bench/serve_step_pieces.cpp: where one serving step's time goes on this machine, piece by piece, against what the dry
+// run (serve/step_dry_run.hpp) prices each piece at on a calibrated profile (issue 25: steps with a prompt chunk were
+// simulated at 0.67-0.80x of their measured CPU time while their GEMMs fit within 4%).
 //
 // moe_infer's synthetic MoE (2 layers, h 256, 8 heads, 4 kv heads, 8 experts top-2, ffn 512), or with --hf DIR a
-// Hugging Face folder (the trained 4-layer MoE train_gpt --save writes), on RANKS thread ranks, static TP (--ep:
-// static EP, the engine's even placement). The batch's tokens differ (request i's token 11 + 37 i), so the router
-// spreads them over the experts as real routing does. Rank 0's decoder_step runs on a backend that computes as
-// ops::Cpu and times every op in thread CPU time (what moe_simulate --measure's cpu column and the calibration
-// count); the all-reduces are timed too (a communicator that times them, as the engine's CpuClock counts them: a
-// blocked wait is not counted, the copies and the wake-up are); the time between two ops is the step's own loops
-// (the attention over the paged cache and the KV append follow the chunk's RoPE) and its allocations. Two steps: one
-// prompt chunk of PROMPT tokens (a fresh request), and DECODE decode tokens whose requests hold CACHED positions.
-// Each is run REPEATS times; the fastest run's pieces are printed (ms), and the untimed step's fastest, median, mean
-// and 90% point over the repeats (the profile's rates are each a fastest run; the engine's tables are means of steps
-// run once each), beside the dry run of the same step priced on PROFILE (GEMMs, the paged attention kernel and its
-// key/value stream, the other kernels, the all-reduces at the profile's collective line, allocations; the rest of the
-// priced step is waiting for a slower rank).
+// Hugging Face folder (the trained 4-layer MoE train_gpt --save writes), on RANKS thread ranks, static TP (--ep: static
+// EP, the engine's even placement). The batch's tokens differ (request i's token 11 + 37 i), so the router spreads them
+// over the experts as real routing does. Rank 0's decoder_step runs on a backend that computes as ops::Cpu and times
+// every op in thread CPU time (what moe_simulate --measure's cpu column and the calibration count); the all-reduces are
+// timed too (a communicator that times them, as the engine's CpuClock counts them: a blocked wait is not counted, the
+// copies and the wake-up are); the time between two ops is the step's own loops (the attention over the paged cache and
+// the KV append follow the chunk's RoPE; DeepSeek's latent appends and attention lie between MLA's two batched GEMMs)
+// and its allocations. Two steps: one prompt chunk of PROMPT tokens (a fresh request), and DECODE decode tokens whose
+// requests hold CACHED positions. Each is run REPEATS times; the fastest run's pieces are printed (ms), and the untimed
+// step's fastest, median, mean and 90% point over the repeats (the profile's rates are each a fastest run; the engine's
+// tables are means of steps run once each), beside the dry run of the same step priced on PROFILE (GEMMs, the paged (or
+// latent) attention kernel and its key/value stream, the other kernels, the all-reduces at the profile's collective
+// line, allocations; the rest of the priced step is waiting for a slower rank).
 //
 //   serve_step_pieces [--hf DIR] [--ep] PROFILE.json [RANKS=2] [PROMPT=64] [DECODE=8] [CACHED=48] [REPEATS=20] [detail]
 #include "paradyse/comm/threads.hpp"
@@ -114,13 +114,14 @@ struct Pieces {
 Pieces classify(const ops::timed_bench::Clock& c, double total) {
   Pieces p;
   p.total = total;
-  for (const auto& [name, s] : c.ops)
-    (name == "all_reduce"                                             ? p.all_reduce
-     : name == "matmul" || name == "gemm" || name == "gemm_batched" ? p.gemm
-                                                                      : p.other_ops) += s;
+  for (const auto& [name, s] : c.ops) {
+    const bool gemm = name == "matmul" || name == "gemm" || name == "gemm_batched" || name == "gemm_grouped";
+    (name == "all_reduce" ? p.all_reduce : gemm ? p.gemm : p.other_ops) += s;
+  }
   // The KV append and the attention loop run after each chunk's RoPE of k (before the next chunk's RoPE of q, or
-  // the o projection).
-  for (const auto& [name, s] : c.gaps) (name.rfind("rope_forward -> ", 0) == 0 ? p.paged_attention : p.rest) += s;
+  // the o projection); MLA's latent appends and loop between the absorption's batched GEMM and the expansion's.
+  for (const auto& [name, s] : c.gaps)
+    (name.rfind("rope_forward -> ", 0) == 0 || name == "gemm_batched -> gemm_batched" ? p.paged_attention : p.rest) += s;
   return p;
 }
 
@@ -198,6 +199,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Kind> kinds = {{fmt::format("prompt chunk of {}", prompt), {{prompt, 0, false}}}, {fmt::format("{} decode tokens at {} cached", decode, cached), {}}};
   for (std::int64_t i = 0; i < decode; ++i) kinds[1].shape.push_back({1, cached, true});
+  // The cache's pool: 64 blocks of 16, or every request's positions of either kind, one block more each.
+  const std::int64_t pool_blocks = std::max<std::int64_t>(64, (prompt + 15) / 16 + 1 + decode * ((cached + 16) / 16 + 1));
   for (const Kind& kind : kinds) {
     Pieces best;
     best.total = 1e30;
@@ -208,7 +211,7 @@ int main(int argc, char** argv) {
       TimedCommunicator comm(std::move(thread_comm));
       ThreadCommunicator& plain_comm = comm;
       const RankShard shard = make_rank_shard(c, model.weights, ranks, comm.rank(), mode);
-      PagedKvCache cache(kv_cache_shape(c, shard, 64, 16));
+      PagedKvCache cache(kv_cache_shape(c, shard, pool_blocks, 16));
       BufferPool pool;
       std::vector<SequenceChunk> batch;
       for (std::size_t i = 0; i < kind.shape.size(); ++i) {
