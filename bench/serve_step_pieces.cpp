@@ -120,8 +120,10 @@ Pieces classify(const ops::timed_bench::Clock& c, double total) {
   }
   // The KV append and the attention loop run after each chunk's RoPE of k (before the next chunk's RoPE of q, or
   // the o projection); MLA's latent appends and loop between the absorption's batched GEMM and the expansion's.
-  for (const auto& [name, s] : c.gaps)
-    (name.rfind("rope_forward -> ", 0) == 0 || name == "gemm_batched -> gemm_batched" ? p.paged_attention : p.rest) += s;
+  for (const auto& [name, s] : c.gaps) {
+    const bool loops = name.rfind("rope_forward -> ", 0) == 0 || name == "gemm_batched -> gemm_batched";
+    (loops ? p.paged_attention : p.rest) += s;
+  }
   return p;
 }
 
@@ -200,7 +202,8 @@ int main(int argc, char** argv) {
   std::vector<Kind> kinds = {{fmt::format("prompt chunk of {}", prompt), {{prompt, 0, false}}}, {fmt::format("{} decode tokens at {} cached", decode, cached), {}}};
   for (std::int64_t i = 0; i < decode; ++i) kinds[1].shape.push_back({1, cached, true});
   // The cache's pool: 64 blocks of 16, or every request's positions of either kind, one block more each.
-  const std::int64_t pool_blocks = std::max<std::int64_t>(64, (prompt + 15) / 16 + 1 + decode * ((cached + 16) / 16 + 1));
+  const std::int64_t pool_blocks =
+      std::max<std::int64_t>(64, (prompt + 15) / 16 + 1 + decode * ((cached + 16) / 16 + 1));
   for (const Kind& kind : kinds) {
     Pieces best;
     best.total = 1e30;

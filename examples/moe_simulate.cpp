@@ -29,16 +29,16 @@
 // weights; serve/serving_calibration.hpp; cost/calibrate.hpp calibrate_gemm_classes; --gemm-classes off simulates with
 // the single fit alone) and the same GEMMs kept as measured, which price the model's own shapes (cost/profile.hpp
 // GemmModel::measured; --gemm-measured off: the classes do), also timed cycling through a decode step's weights and
-// through memory's 128 MB, so that the simulated clock prices each GEMM at its weight's reuse distance
-// (GemmModel::reuse, cost/gemm_reuse.hpp; --gemm-reuse off: at the step's cycle alone), the paged attention kernel's
-// rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host (fit_planning_rate: a
-// run served under it); the rows "cpu mem" simulate with the classes calibrated with every weight from memory (128 MB
-// a rank) instead, when this run calibrated. The per-step table prices every round's steps on the CPU clock (their
-// traces' dry run) against the CPU clock's step and rank 0's own CPU time (and of it the forecast's, beside its
-// price), with each round's ratio (the machine's drift between rounds), by kind (decode only, of which right after a
-// step with prefill; with prefill); its rows ", fits" price the same steps with the GEMM classes alone (what the
-// measured shapes changed), its rows ", one cycle" with the measured shapes at the step's cycle alone (what the reuse
-// distances changed).
+// through memory's 128 MB, so that the simulated clock can price each GEMM at its weight's reuse distance
+// (GemmModel::reuse, cost/gemm_reuse.hpp; --gemm-reuse on; off, the default: at the step's cycle alone), the paged and
+// latent attention loops' rates (serve/paged_attention_calibration.hpp) and the dynamic policy's forecast on the host
+// (fit_planning_rate: a run served under it); the rows "cpu mem" simulate with the classes calibrated with every weight
+// from memory (128 MB a rank) instead, when this run calibrated. The per-step table prices every round's steps on the
+// CPU clock (their traces' dry run) against the CPU clock's step and rank 0's own CPU time (and of it the forecast's,
+// beside its price), with each round's ratio (the machine's drift between rounds), by kind (decode only, of which right
+// after a step with prefill; with prefill); its rows ", fits" price the same steps with the GEMM classes alone (what
+// the measured shapes changed), its rows ", reuse distances" with each measured shape at its weight's reuse distance
+// (with --gemm-reuse on: ", one cycle", at the step's cycle alone; what the choice changes).
 // The policies take turns within each round (a slow or fast spell of the machine falls on one round of each). Each
 // round is also simulated at the machine's speed around it: by the GEMM probe (rows "@speed", serve/speed_probe.hpp)
 // and by the step probe (rows "cpu @steps", serve/step_probe.hpp: a burst of 32 requests of their own served under
@@ -117,7 +117,7 @@ struct Options {
   // --measure: the served model's own GEMM shapes priced by their measured times (GemmModel::measured); off: the
   // classes price them.
   bool gemm_measured = true;
-  bool gemm_reuse = true;
+  bool gemm_reuse = false;
 };
 
 // The table's metrics: serve/serving_metrics.hpp's first five (TTFT and TPOT p50/p99, tokens/s).
@@ -762,15 +762,16 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
     latent.rope = c.mla.rope;
   }
   run_ranks(o.ranks, [&](ThreadCommunicator& comm) {
-    const PagedAttentionCalibration cal = calibrate_latent_attention(comm, latent);
+    const LatentAttentionCalibration cal = calibrate_latent_attention(comm, latent);
     if (comm.rank() != 0) return;
     profile.latent_attention = cal.model;
     std::vector<double> paged_over_measured;
-    for (const cost::PagedAttentionSample& x : cal.samples)
-      paged_over_measured.push_back(profile.paged_attention.time(x.visits, x.head_dim) / x.seconds);
-    fmt::print("latent attention (MLA): visits / {:.1f} M/s + 4 d visits / {:.2f} GFLOP/s (median error {:.1f}%, "
-               "worst {:.1f}%); the paged kernel's model would price its samples at {:.2f}x their time (median)\n",
-               cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9, 100 * cal.fit.median_relative_error,
+    for (const cost::LatentAttentionSample& x : cal.samples)
+      paged_over_measured.push_back(profile.paged_attention_time(x.pairs, x.heads, x.width) / x.seconds);
+    fmt::print("latent attention (MLA): visits / {:.1f} M/s + 4 d visits / {:.2f} GFLOP/s + d pairs / {:.2f} G/s "
+               "(median error {:.1f}%, worst {:.1f}%); the paged kernel's model would price its samples at {:.2f}x "
+               "their time (median)\n", cal.model.visits_per_s / 1e6, cal.model.flops_per_s / 1e9,
+               cal.model.shared_per_s / 1e9, 100 * cal.fit.median_relative_error,
                100 * cal.fit.worst_relative_error, median(paged_over_measured));
   });
   fmt::print("SwiGLU forward: {:.1f} M elements/s (GELU forward + backward: {:.1f} M/s)\n", profile.swiglu_forward_elements_per_s / 1e6,
@@ -853,6 +854,7 @@ int measure(const Options& o) {
   const std::optional<cost::GemmModel> gemm_mem =
       std::filesystem::exists(o.cluster) ? std::nullopt : std::optional(calibrate_profile(o, model));
   SimulatedCluster cluster = simulated_cluster(o.cluster, 4);
+  const auto loaded_reuse = cluster.profile.gemm.reuse;  // the measured shapes at other cycles, as calibrated
   // The GEMM model the options ask for: off drops the classes and the measured shapes with them (the single fit
   // alone), --gemm-measured off the measured shapes (and their other cycles), --gemm-reuse off their other cycles.
   const auto as_asked = [&](cost::GemmModel& g) {
@@ -872,10 +874,13 @@ int measure(const Options& o) {
   // The profile's fits alone, when it has measured shapes: the per-step table prices the steps on it too ("fits").
   SimulatedCluster fits_cluster = cluster;
   fits_cluster.profile.gemm.measured = {}, fits_cluster.profile.gemm.reuse.clear();
-  // The measured shapes at the calibration's cycle alone, when the profile has them at other cycles too ("one cycle":
-  // what pricing each GEMM at its weight's reuse distance changed).
-  SimulatedCluster cycle_cluster = cluster;
-  cycle_cluster.profile.gemm.reuse.clear();
+  // The measured shapes priced the other way than --gemm-reuse asks, when the profile has them at other cycles too: at
+  // the calibration's step cycle alone (", one cycle") or each at its weight's reuse distance (", reuse distances").
+  SimulatedCluster other_reuse = cluster;
+  if (o.gemm_reuse)
+    other_reuse.profile.gemm.reuse.clear();
+  else if (o.gemm_classes && o.gemm_measured)
+    other_reuse.profile.gemm.reuse = loaded_reuse;
   cost::use_gemm_engines(cluster.profile);
   const std::vector<Policy> policies =
       make_policies(o.policies, cluster, o.eplb_interval, o.switch_window, forecast_of(o));
@@ -884,7 +889,7 @@ int measure(const Options& o) {
   const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows ||
                            mem_cluster.profile.gemm.measured != cluster.profile.gemm.measured;
   const bool compare_fits = !cluster.profile.gemm.measured.shapes.empty();
-  const bool compare_cycle = cost::prices_reuse(cluster.profile.gemm);
+  const bool compare_reuse = cost::prices_reuse(cluster.profile.gemm) != cost::prices_reuse(other_reuse.profile.gemm);
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
   std::ofstream steps_csv;
   if (!o.steps_csv.empty()) {
@@ -996,12 +1001,12 @@ int measure(const Options& o) {
           rounds[pi];
       std::vector<MeasuredStep> sim_steps;
       // Every round's CPU-clock steps priced once, for the per-step table and the CSV.
-      std::vector<std::vector<StepCost>> cpu_costs, mem_costs, fits_costs, cycle_costs;
+      std::vector<std::vector<StepCost>> cpu_costs, mem_costs, fits_costs, other_reuse_costs;
       for (const std::vector<MeasuredStep>& round : cpu_steps) {
         cpu_costs.push_back(price_steps(c, cluster, round));
         if (compare_mem) mem_costs.push_back(price_steps(c, mem_cluster, round));
         if (compare_fits) fits_costs.push_back(price_steps(c, fits_cluster, round));
-        if (compare_cycle) cycle_costs.push_back(price_steps(c, cycle_cluster, round));
+        if (compare_reuse) other_reuse_costs.push_back(price_steps(c, other_reuse, round));
       }
       const auto breakdown = [&](const std::string& name, const auto& costs, const SimulatedCluster& on) {
         breakdowns.push_back({name, step_breakdown(cpu_steps, costs, on.profile)});
@@ -1009,7 +1014,8 @@ int measure(const Options& o) {
       breakdown(pol.name, cpu_costs, cluster);
       if (compare_mem) breakdown(pol.name + ", mem", mem_costs, mem_cluster);
       if (compare_fits) breakdown(pol.name + ", fits", fits_costs, fits_cluster);
-      if (compare_cycle) breakdown(pol.name + ", one cycle", cycle_costs, cycle_cluster);
+      if (compare_reuse)
+        breakdown(pol.name + (o.gemm_reuse ? ", one cycle" : ", reuse distances"), other_reuse_costs, other_reuse);
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
       if (steps_csv.is_open()) {
         for (int round = 0; round < o.rounds; ++round) {
@@ -1124,7 +1130,8 @@ int main(int argc, char** argv) {
                "classes (off)");
   flags.choice("--gemm-reuse", o.gemm_reuse, "on", "off",
                "--measure: price each of those GEMMs at its weight's reuse distance, between the shapes' times at "
-               "the calibrated cycle sizes (on), or at the calibration's step cycle alone (off)");
+               "the calibrated cycle sizes (on), or at the calibration's step cycle alone (off, the default: closer "
+               "to the measured steps at 2 and 8 layers, stop 65)");
   flags.text("--record-routing", o.record_routing, "--measure: write static TP's routing record to FILE", "FILE")
       .nonempty("a file name");
   flags.text("--steps-csv", o.steps_csv,

@@ -39,7 +39,9 @@
 #
 # TRAINED=DIR serves a trained 4-layer MoE instead of the synthetic one: the Hugging Face folder train_gpt --save
 # writes (trained first when DIR does not exist: 8 experts top-2, h 128, 4 heads, TRAIN_STEPS windows of 256-512
-# tokens of the bundled corpus on 2 thread ranks; about a minute), with a profile of its own (its GEMM shapes).
+# tokens of the bundled corpus on 2 thread ranks; about a minute), with a profile of its own (its GEMM shapes). Any
+# Hugging Face folder the engine loads serves the same way, e.g. DeepSeek's latent attention at its real shapes:
+# `/usr/bin/python3 scripts/random_deepseek.py DIR` (random weights), then TRAINED=DIR RATE=12.5 REQUESTS=64.
 #
 #   scripts/validate_serving.sh                       # Release build in build-rel (through /work/bin/pbuild if there)
 #   RANKS=1 REQUESTS=48 RATE=100 ROUNDS=3 scripts/validate_serving.sh
@@ -58,7 +60,7 @@ PASSES=${PASSES:-3}  # the calibration's passes (moe_simulate --calibration-pass
 POLICIES=${POLICIES:-tp,ep,dynamic}
 TRAINED=${TRAINED:-}
 LAYERS=${LAYERS:-2}
-GEMM_REUSE=${GEMM_REUSE:-on}  # off: each GEMM priced at the calibration's step cycle (moe_simulate --gemm-reuse off)
+GEMM_REUSE=${GEMM_REUSE:-off}  # on: each GEMM priced at its weight's reuse distance (moe_simulate --gemm-reuse on)
 TRAIN_STEPS=${TRAIN_STEPS:-300}
 PB=()
 [[ -x /work/bin/pbuild ]] && PB=(/work/bin/pbuild)  # the shared machine's build slots
@@ -102,7 +104,7 @@ if [[ -n "$TRAINED" ]]; then
   NAME=measure_$(basename "$TRAINED")
   PROFILE=$OUT/profile_p${RANKS}_$(basename "$TRAINED").json
 fi
-[[ "$GEMM_REUSE" == off ]] && NAME=${NAME}_reuse_off
+[[ "$GEMM_REUSE" == on ]] && NAME=${NAME}_reuse_on
 [[ "${RECALIBRATE:-0}" == 1 ]] && rm -f "$PROFILE"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 "$BUILD/examples/moe_simulate" --measure "${MODEL[@]}" --cluster "$PROFILE" --ranks "$RANKS" --requests "$REQUESTS" \

@@ -1,9 +1,9 @@
 // Tests of the time model's two terms for a serving step's prompt chunk (issue 25; cost/profile.hpp's
-// PagedAttentionModel and swiglu_forward_elements_per_s): the trace clock prices a paged-attention event per
-// (query-key pair, head) visit (and MLA's latent attention at its own model of the same form) and SwiGLU forward's activation event at its rate (cost/trace_cost.hpp), the dry run
-// records SwiGLU forward as such (ops/counting.hpp), the calibration's fit recovers known rates from synthetic measurements
-// (cost/calibrate.hpp fit_paged_attention), and profiles without the terms still load and price as before
-// (cost/profile_json.hpp).
+// PagedAttentionModel and swiglu_forward_elements_per_s): the trace clock prices a paged-attention event per (query-key
+// pair, head) visit (and MLA's latent attention at its own model of the same form) and SwiGLU forward's activation
+// event at its rate (cost/trace_cost.hpp), the dry run records SwiGLU forward as such (ops/counting.hpp), the
+// calibration's fit recovers known rates from synthetic measurements (cost/calibrate.hpp fit_paged_attention), and
+// profiles without the terms still load and price as before (cost/profile_json.hpp).
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile_json.hpp"
@@ -91,9 +91,10 @@ TEST_CASE("prompt step terms: MLA's latent attention costs its visits at its own
     CHECK(hw.latent_attention_time(pairs, heads, width) == hw.paged_attention_time(pairs, heads, width));
     // Calibrated: its own rates, the paged kernel's unchanged.
     const double paged_s = seconds_of({paged}, hw);
-    hw.latent_attention = {visits_rate(rng), flops_rate(rng)};
-    const double expected = pairs * heads / hw.latent_attention.visits_per_s +
-                            4 * width * pairs * heads / hw.latent_attention.flops_per_s;
+    hw.latent_attention = {visits_rate(rng), flops_rate(rng), flops_rate(rng)};
+    const LatentAttentionModel& m = hw.latent_attention;
+    const double expected = pairs * heads / m.visits_per_s + 4 * width * pairs * heads / m.flops_per_s +
+                            width * pairs / m.shared_per_s;
     CHECK(seconds_of({latent}, hw) == doctest::Approx(expected).epsilon(1e-12));
     CHECK(seconds_of({paged}, hw) == paged_s);
     CHECK(hw.latent_attention_time(0, heads, width) == 0);
@@ -101,6 +102,28 @@ TEST_CASE("prompt step terms: MLA's latent attention costs its visits at its own
   // With neither model, as flash attention (the paged kernel's fallback).
   const HardwareProfile a100 = a100_sxm4_80gb_x8();
   CHECK(a100.latent_attention_time(2080, 8, 544) == a100.attention.forward_time(4 * 544 * 8 * 2080.0));
+}
+
+TEST_CASE("prompt step terms: the latent attention's fit recovers known rates from synthetic timings") {
+  PARADYSE_FRESH_RNG(rng);
+  std::uniform_real_distribution<double> visits_rate(2e7, 5e8), flops_rate(2e9, 5e10);
+  for (int trial = 0; trial < 6; ++trial) {
+    const LatentAttentionModel truth{visits_rate(rng), flops_rate(rng), flops_rate(rng) / 4};
+    std::vector<LatentAttentionSample> samples;  // the calibration's widths, head counts and chunks' pairs
+    for (const double width : {160.0, 544.0})
+      for (const double heads : {4.0, 16.0})
+        for (const double pairs : {2080.0, 8720.0, 513.0, 2049.0})
+          samples.push_back({pairs, heads, width, truth.time(pairs, heads, width)});
+    LatentAttentionModel fitted;
+    const Fit fit = fit_latent_attention(samples, fitted);
+    CHECK(fitted.visits_per_s == doctest::Approx(truth.visits_per_s).epsilon(1e-6));
+    CHECK(fitted.flops_per_s == doctest::Approx(truth.flops_per_s).epsilon(1e-6));
+    CHECK(fitted.shared_per_s == doctest::Approx(truth.shared_per_s).epsilon(1e-6));
+    CHECK(fit.worst_relative_error < 1e-9);
+  }
+  LatentAttentionModel fitted;
+  CHECK_THROWS_WITH_AS(fit_latent_attention(std::vector<LatentAttentionSample>{{10, 0, 160, 1e-3}}, fitted),
+                       doctest::Contains("fit_latent_attention: a sample of 10 pairs, 0 heads"), Error);
 }
 
 TEST_CASE("prompt step terms: SwiGLU forward's activation events cost their elements at its rate, others at GELU's") {
@@ -156,7 +179,7 @@ TEST_CASE("prompt step terms: the calibration's fit recovers known paged-attenti
 TEST_CASE("prompt step terms: profiles keep the terms through JSON; without them they load as before") {
   HardwareProfile hw = a100_sxm4_80gb_x8();
   hw.paged_attention = {1.5e8, 3e9};
-  hw.latent_attention = {4.5e8, 0};
+  hw.latent_attention = {4.5e8, 0, 2.5e9};
   hw.swiglu_forward_elements_per_s = 4e8;
   const HardwareProfile back = profile_from_json(to_json(hw));
   CHECK(back.paged_attention == hw.paged_attention);

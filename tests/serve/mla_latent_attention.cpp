@@ -125,23 +125,25 @@ TEST_CASE("MLA: the latent loop's calibration times each shape on every rank, it
   o.chunks = {{6, 0}, {1, 30}, {3, 11}};
   for (const int p : {1, 2, 3}) {
     CAPTURE(p);
-    std::vector<PagedAttentionCalibration> got(static_cast<std::size_t>(p));
+    std::vector<LatentAttentionCalibration> got(static_cast<std::size_t>(p));
     run_ranks(p, [&](ThreadCommunicator& comm) {
       got[std::size_t(comm.rank())] = calibrate_latent_attention(comm, o);
     });
-    const std::vector<cost::PagedAttentionSample>& samples = got[0].samples;
+    const std::vector<cost::LatentAttentionSample>& samples = got[0].samples;
     REQUIRE(samples.size() == o.ranks.size() * o.heads.size() * o.chunks.size());
     std::size_t i = 0;
     for (const std::int64_t rkv : o.ranks)
       for (const std::int64_t hq : o.heads)
         for (const auto& [tokens, cached] : o.chunks) {
           const TraceEvent e = mla_detail::latent_attention_event(chunk_pairs(tokens, cached), hq, rkv, o.rope);
-          CHECK(samples[i].visits == e.m * e.n);
-          CHECK(samples[i].head_dim == double(rkv + o.rope / 2));
+          CHECK(samples[i].pairs == e.m);
+          CHECK(samples[i].heads == double(hq));
+          CHECK(samples[i].width == double(rkv + o.rope / 2));
+          CHECK(e.k == double(rkv + o.rope / 2));
           CHECK(samples[i].seconds > 0);
           ++i;
         }
-    for (const PagedAttentionCalibration& rank : got) {  // the slowest rank's time, the same fit on every rank
+    for (const LatentAttentionCalibration& rank : got) {  // the slowest rank's time, the same fit on every rank
       CHECK(rank.model == got[0].model);
       for (std::size_t j = 0; j < samples.size(); ++j) CHECK(rank.samples[j].seconds == samples[j].seconds);
     }

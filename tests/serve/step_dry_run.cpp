@@ -405,8 +405,8 @@ TEST_CASE("step dry run: the ranks' spread adds sigma E[max of p] x each piece's
 
 TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for kernel") {
   // Built-in profiles, and one with every term the two price per kernel: the call's fixed cost, the families' rates,
-  // size classes, the cos/sin calls, the paged and latent kernels' per-visit models, the ranks' spread (per half-layer against per
-  // piece), fresh allocations (which neither charges: the dry run's meta tensors record none).
+  // size classes, the cos/sin calls, the paged and latent kernels' per-visit models, the ranks' spread (per half-layer
+  // against per piece), fresh allocations (which neither charges: the dry run's meta tensors record none).
   const SimulatedCluster h100 = simulated_cluster("h100", 2), h200 = simulated_cluster("h200", 2);
   SimulatedCluster every = h200;
   cost::HardwareProfile& hw = every.profile;
@@ -415,7 +415,7 @@ TEST_CASE("step dry run: the analytic step cost is the dry run's, kernel for ker
   hw.elementwise_families[std::size_t(ElementwiseFamily::rows)] = {.overhead_s = 1e-6, .bytes_per_s = 1e12};
   hw.elementwise_families[std::size_t(ElementwiseFamily::copy)] = {.overhead_s = 2e-6, .bytes_per_s = 5e11};
   hw.paged_attention = {.visits_per_s = 1e10, .flops_per_s = 2e13};
-  hw.latent_attention = {.visits_per_s = 3e10, .flops_per_s = 5e13};
+  hw.latent_attention = {.visits_per_s = 3e10, .flops_per_s = 5e13, .shared_per_s = 4e10};
   hw.elementwise_classes = {{.max_bytes = 1e6, .bytes_per_s = 1e12}, {.max_bytes = 1e9, .bytes_per_s = 3e12}};
   hw.rank_jitter = 0.05;
   hw.fresh_memory = {.zero_bytes_per_s = 1e10, .fresh_bytes_per_s = 1e10, .fresh_min_bytes = 1 << 20};

@@ -200,6 +200,36 @@ inline Fit fit_paged_attention(std::span<const PagedAttentionSample> samples, Pa
   return fit;
 }
 
+// MLA's latent attention (serve/mla_attention.hpp; serve/paged_attention_calibration.hpp measures it): `pairs` visible
+// query-key pairs of `heads` query heads at width `width` (r_kv + d_r / 2) measured at `seconds`.
+struct LatentAttentionSample {
+  double pairs = 0;
+  double heads = 0;
+  double width = 0;
+  double seconds = 0;
+};
+
+// The LatentAttentionModel of the samples (t = visits / visits_per_s + 4 d visits / flops_per_s + d pairs /
+// shared_per_s, least relative error, non-negative; a coefficient fitted to 0 leaves its term unpriced).
+inline Fit fit_latent_attention(std::span<const LatentAttentionSample> samples, LatentAttentionModel& model) {
+  check(!samples.empty(), "fit_latent_attention: no samples");
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y;
+  for (const LatentAttentionSample& s : samples) {
+    check(s.pairs > 0 && s.heads > 0 && s.width > 0 && s.seconds > 0,
+          "fit_latent_attention: a sample of {} pairs, {} heads, width {}, {} s (all must be positive)", s.pairs,
+          s.heads, s.width, s.seconds);
+    const double visits = s.pairs * s.heads;
+    rows.push_back({visits, 4 * s.width * visits, s.width * s.pairs});
+    y.push_back(s.seconds);
+  }
+  Fit fit = fit_non_negative(rows, y);
+  const std::vector<double>& c = fit.coefficients;
+  const auto rate = [](double coefficient) { return coefficient > 0 ? 1 / coefficient : 0; };
+  model = {rate(c[0]), rate(c[1]), rate(c[2])};
+  return fit;
+}
+
 // t = overhead + flops / rate + operand bytes / bandwidth (cost/profile.hpp linear_gemm_time) fitted to float32 GEMM
 // samples (shapes[i] took seconds[i]): the fit, and its terms as {overhead, rate, bandwidth} (1e30 and 0 for a
 // coefficient fitted to 0: no term).

@@ -388,6 +388,25 @@ struct PagedAttentionModel {
   friend bool operator==(const PagedAttentionModel&, const PagedAttentionModel&) = default;
 };
 
+// MLA's attention over its latent cache (serve/mla_attention.hpp mla_detail::latent_attention): per query, every
+// visible position's latent read once for all the rank's heads. The paged kernel's two terms per (query-key pair,
+// head) visit (the exp, the d-wide dot product and weighted sum), plus the work a pair does once whatever the heads
+// (loading each of the latent's d elements and spreading it over the heads' dot products): t = visits / visits_per_s
+// + 4 d visits / flops_per_s + d pairs / shared_per_s, visits = pairs x heads. Calibrated on a CPU
+// (serve/paged_attention_calibration.hpp); all rates 0 (older profiles, devices): priced as the paged kernel.
+struct LatentAttentionModel {
+  double visits_per_s = 0;  // per (pair, head): the exp, the loop
+  double flops_per_s = 0;   // the heads' dot products and weighted sums
+  double shared_per_s = 0;  // per (pair, latent element): its load, shared by the heads
+  bool calibrated() const { return visits_per_s > 0 || flops_per_s > 0 || shared_per_s > 0; }
+  double time(double pairs, double heads, double d) const {
+    const double visits = pairs * heads;
+    return (visits_per_s > 0 ? visits / visits_per_s : 0) + (flops_per_s > 0 ? 4 * d * visits / flops_per_s : 0) +
+           (shared_per_s > 0 ? d * pairs / shared_per_s : 0);
+  }
+  friend bool operator==(const LatentAttentionModel&, const LatentAttentionModel&) = default;
+};
+
 // The fixed host cost of a kernel call, beside the work the other terms price by size. On a CPU rank every backend
 // kernel call has its own dispatch, loop set-up and views, which the per-byte and per-element rates do not hold (they
 // are fitted on calls large enough to hide it). A serving step of a small model makes ~40 such calls per layer on a
@@ -482,10 +501,8 @@ struct HardwareProfile {
 
   // Serving's paged attention kernel (not calibrated: priced as flash attention).
   PagedAttentionModel paged_attention;
-  // MLA's attention over its latent cache (serve/mla_attention.hpp mla_detail::latent_attention), the same form at
-  // width r_kv + d_r / 2: a loop of its own that reads each latent once for all the query's heads, whose visits cost
-  // 2-3x less than the paged kernel's. Not calibrated: priced as the paged kernel.
-  PagedAttentionModel latent_attention;
+  // MLA's attention over its latent cache, at width r_kv + d_r / 2 (not calibrated: priced as the paged kernel).
+  LatentAttentionModel latent_attention;
   // The fixed cost per kernel call (0: unpriced).
   CallOverheadModel call_overhead;
 
@@ -498,7 +515,7 @@ struct HardwareProfile {
   // r_kv + d_r / 2.
   double latent_attention_time(double pairs, double heads, double width) const {
     if (pairs <= 0 || heads <= 0) return 0;
-    return latent_attention.calibrated() ? latent_attention.time(pairs * heads, width)
+    return latent_attention.calibrated() ? latent_attention.time(pairs, heads, width)
                                          : paged_attention_time(pairs, heads, width);
   }
 

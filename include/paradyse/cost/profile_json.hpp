@@ -15,7 +15,7 @@
 //    ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["elementwise_families": [{"family", "overhead_s", "bytes_per_s"}, ...]],
 //    ["memory_copy_bytes_per_s"],
-//    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}], ["latent_attention": {...}],
+//    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}], ["latent_attention": {..., "shared_per_s"}],
 //    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
 //    ["step_jitter": [ascending positive factors]], ["rank_jitter": relative spread in [0, 1)],
 //    ["probe_baseline" (or its older name "serving_probe_baseline"): a positive factor]}
@@ -276,14 +276,21 @@ inline std::vector<ElementwiseClass> elementwise_classes_from_json(const json::F
   return classes;
 }
 
-// paged_attention and latent_attention (cost/profile.hpp's PagedAttentionModel): absent, not calibrated (priced as
-// flash attention, and as the paged kernel).
+// paged_attention (cost/profile.hpp's PagedAttentionModel): absent, not calibrated (priced as flash attention).
 inline json::Value paged_attention_to_json(const PagedAttentionModel& m) {
   return {{"visits_per_s", m.visits_per_s}, {"flops_per_s", m.flops_per_s}};
 }
 inline PagedAttentionModel paged_attention_from_json(const json::Field& v) {
   only_keys(v, {"visits_per_s", "flops_per_s"});
   return {rate(v, "visits_per_s", true), rate(v, "flops_per_s", true)};
+}
+// latent_attention (LatentAttentionModel): absent, not calibrated (priced as the paged kernel).
+inline json::Value latent_attention_to_json(const LatentAttentionModel& m) {
+  return {{"visits_per_s", m.visits_per_s}, {"flops_per_s", m.flops_per_s}, {"shared_per_s", m.shared_per_s}};
+}
+inline LatentAttentionModel latent_attention_from_json(const json::Field& v) {
+  only_keys(v, {"visits_per_s", "flops_per_s", "shared_per_s"});
+  return {rate(v, "visits_per_s", true), rate(v, "flops_per_s", true), rate(v, "shared_per_s", true)};
 }
 // elementwise_families (cost/profile.hpp's ElementwiseFamilyRate): [{"family", "overhead_s", "bytes_per_s"}, ...], the
 // calibrated families only, each once, by name (core/trace.hpp's ElementwiseFamily; "other" is the classes').
@@ -392,7 +399,7 @@ inline json::Value to_json(const HardwareProfile& p) {
   if (p.memory_copy_bytes_per_s > 0) v["memory_copy_bytes_per_s"] = p.memory_copy_bytes_per_s;
   if (p.pool_miss_bytes_per_s > 0) v["pool_miss_bytes_per_s"] = p.pool_miss_bytes_per_s;
   if (p.paged_attention.calibrated()) v["paged_attention"] = detail::paged_attention_to_json(p.paged_attention);
-  if (p.latent_attention.calibrated()) v["latent_attention"] = detail::paged_attention_to_json(p.latent_attention);
+  if (p.latent_attention.calibrated()) v["latent_attention"] = detail::latent_attention_to_json(p.latent_attention);
   if (p.call_overhead != CallOverheadModel{}) v["call_overhead"] = detail::call_overhead_to_json(p.call_overhead);
   if (p.planning_events_per_s > 0) v["planning_events_per_s"] = p.planning_events_per_s;
   if (p.serving_host != ServingHostModel{}) v["serving_host"] = detail::serving_host_to_json(p.serving_host);
@@ -415,9 +422,9 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
                 "attention", "attention_whole_tiles", "elementwise_bytes_per_s", "activation_elements_per_s",
                 "swiglu_forward_elements_per_s", "overlap", "intra_node", "inter_node", "collectives", "gemm_engines",
                 "fresh_memory", "scalar_math", "elementwise_classes", "elementwise_families", "memory_copy_bytes_per_s",
-                "pool_miss_bytes_per_s", "paged_attention",
-                "latent_attention", "call_overhead", "planning_events_per_s", "serving_host", "step_jitter", "rank_jitter",
-                "probe_baseline", "serving_probe_baseline"});
+                "pool_miss_bytes_per_s", "paged_attention", "latent_attention", "call_overhead",
+                "planning_events_per_s", "serving_host", "step_jitter", "rank_jitter", "probe_baseline",
+                "serving_probe_baseline"});
   if (const auto format = v.find("format"))
     check(format->value().is_string() && format->string() == "paradyse.hardware_profile/1",
           "profile: format \"{}\" is not \"paradyse.hardware_profile/1\"",
@@ -498,7 +505,7 @@ inline HardwareProfile profile_from_json(const json::Field& v) {
   if (v.has("memory_copy_bytes_per_s")) p.memory_copy_bytes_per_s = rate(v, "memory_copy_bytes_per_s", true);
   if (v.has("pool_miss_bytes_per_s")) p.pool_miss_bytes_per_s = rate(v, "pool_miss_bytes_per_s", true);
   if (const auto paged = v.find("paged_attention")) p.paged_attention = paged_attention_from_json(*paged);
-  if (const auto latent = v.find("latent_attention")) p.latent_attention = paged_attention_from_json(*latent);
+  if (const auto latent = v.find("latent_attention")) p.latent_attention = latent_attention_from_json(*latent);
   if (const auto calls = v.find("call_overhead")) p.call_overhead = call_overhead_from_json(*calls);
   if (v.has("planning_events_per_s")) p.planning_events_per_s = rate(v, "planning_events_per_s", true);
   if (const auto host = v.find("serving_host")) p.serving_host = serving_host_from_json(*host);

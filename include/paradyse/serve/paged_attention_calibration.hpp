@@ -1,9 +1,9 @@
 // paradyse/serve/paged_attention_calibration.hpp: the profile's models of serving's two attention loops over a
-// paged cache (cost/profile.hpp's PagedAttentionModel) measured on this machine: serve/paged_attention.hpp's kernel
-// over several head dims, and MLA's latent attention (serve/mla_attention.hpp) over several latent widths and head
-// counts, each timed on prompt chunks from an empty cache and decode tokens against long ones and fitted by
-// cost/calibration_fits.hpp's fit_paged_attention. moe_simulate --measure calls both when it calibrates the thread
-// ranks (scripts/validate_serving.sh).
+// paged cache measured on this machine: serve/paged_attention.hpp's kernel over several head dims (cost/profile.hpp's
+// PagedAttentionModel, fit_paged_attention), and MLA's latent attention (serve/mla_attention.hpp) over several latent
+// widths and head counts (LatentAttentionModel, fit_latent_attention), each timed on prompt chunks from an empty cache
+// and decode tokens against long ones. moe_simulate --measure calls both when it calibrates the thread ranks
+// (scripts/validate_serving.sh).
 #pragma once
 
 #include "paradyse/comm/communicator.hpp"
@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -42,10 +43,16 @@ struct LatentAttentionCalibrationOptions {
   std::vector<std::pair<std::int64_t, std::int64_t>> chunks = {{64, 0}, {32, 256}, {1, 512}, {1, 2048}};
 };
 
-// A fitted model with the samples it was fitted to (each sample's visits and width as the trace event records them).
 struct PagedAttentionCalibration {
   cost::PagedAttentionModel model;
   std::vector<cost::PagedAttentionSample> samples;
+  cost::Fit fit;
+};
+
+// Its samples each as the trace event of its chunk describes it (mla_detail::latent_attention_event).
+struct LatentAttentionCalibration {
+  cost::LatentAttentionModel model;
+  std::vector<cost::LatentAttentionSample> samples;
   cost::Fit fit;
 };
 
@@ -82,10 +89,10 @@ std::vector<cost::PagedAttentionSample> time_paged_attention(C& comm, const Page
 
 // One pass of calibrate_latent_attention: every latent width, head count and chunk timed once.
 template <Communicator C>
-std::vector<cost::PagedAttentionSample> time_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options,
-                                                              std::int64_t longest) {
+std::vector<cost::LatentAttentionSample> time_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options,
+                                                               std::int64_t longest) {
   const std::int64_t dr = options.rope, block = 16, request = 0;
-  std::vector<cost::PagedAttentionSample> samples;
+  std::vector<cost::LatentAttentionSample> samples;
   mla_detail::LatentScratch scratch;
   for (const std::int64_t rkv : options.ranks) {
     const std::int64_t latent = rkv + dr;
@@ -106,10 +113,23 @@ std::vector<cost::PagedAttentionSample> time_latent_attention(C& comm, const Lat
                                        scratch);
         });
         const TraceEvent e = mla_detail::latent_attention_event(chunk_pairs(tokens, cached), hq, rkv, dr);
-        samples.push_back({e.m * e.n, e.k, seconds});
+        samples.push_back({e.m, e.n, e.k, seconds});
       }
   }
   return samples;
+}
+
+// The model `fit` gives for `passes` passes of time_pass(longest) (each sample the median of its passes', cost/
+// calibration_passes.hpp), `longest` the positions the longest of `chunks` (new tokens after cached ones) needs.
+template <class Calibration, class TimePass, class FitFn>
+Calibration fit_over_passes(int passes, std::span<const std::pair<std::int64_t, std::int64_t>> chunks,
+                            TimePass&& time_pass, FitFn&& fit) {
+  std::int64_t longest = 0;
+  for (const auto& [tokens, cached] : chunks) longest = std::max(longest, tokens + cached);
+  Calibration out;
+  out.samples = cost::median_of_passes(passes, [&] { return time_pass(longest); });
+  out.fit = fit(out.samples, out.model);
+  return out;
 }
 
 }  // namespace detail
@@ -119,33 +139,27 @@ std::vector<cost::PagedAttentionSample> time_latent_attention(C& comm, const Lat
 // over a cache of `options.requests` requests of one layer, and fits the model.
 template <Communicator C>
 PagedAttentionCalibration calibrate_paged_attention(C& comm, const PagedAttentionCalibrationOptions& options = {}) {
-  PagedAttentionCalibration out;
   const std::int64_t hq = options.query_heads, hk = options.kv_heads;
   check(hq >= 1 && hk >= 1 && hq % hk == 0 && options.requests >= 1,
         "calibrate_paged_attention: {} query heads over {} kv heads (a multiple), {} requests", hq, hk,
         options.requests);
-  std::int64_t longest = 0;
-  for (const auto& [tokens, cached] : options.chunks) longest = std::max(longest, tokens + cached);
-  out.samples =
-      cost::median_of_passes(options.passes, [&] { return detail::time_paged_attention(comm, options, longest); });
-  out.fit = cost::fit_paged_attention(out.samples, out.model);
-  return out;
+  return detail::fit_over_passes<PagedAttentionCalibration>(
+      options.passes, options.chunks,
+      [&](std::int64_t longest) { return detail::time_paged_attention(comm, options, longest); },
+      cost::fit_paged_attention);
 }
 
 // Times mla_detail::latent_attention on every rank at once (as calibrate_paged_attention) for each latent width,
 // head count and chunk of `options`, over one request's latents, and fits the model.
 template <Communicator C>
-PagedAttentionCalibration calibrate_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options = {}) {
-  PagedAttentionCalibration out;
+LatentAttentionCalibration calibrate_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options = {}) {
   check(options.rope >= 0 && !options.ranks.empty() && !options.heads.empty() && !options.chunks.empty(),
         "calibrate_latent_attention: rope width {} (non-negative), {} latent ranks, {} head counts, {} chunks "
         "(each list non-empty)", options.rope, options.ranks.size(), options.heads.size(), options.chunks.size());
-  std::int64_t longest = 0;
-  for (const auto& [tokens, cached] : options.chunks) longest = std::max(longest, tokens + cached);
-  out.samples =
-      cost::median_of_passes(options.passes, [&] { return detail::time_latent_attention(comm, options, longest); });
-  out.fit = cost::fit_paged_attention(out.samples, out.model);
-  return out;
+  return detail::fit_over_passes<LatentAttentionCalibration>(
+      options.passes, options.chunks,
+      [&](std::int64_t longest) { return detail::time_latent_attention(comm, options, longest); },
+      cost::fit_latent_attention);
 }
 
 }  // namespace paradyse::serve
