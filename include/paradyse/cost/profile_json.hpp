@@ -15,7 +15,8 @@
 //    ["elementwise_classes": [{"max_bytes", "bytes_per_s"}, ...]],
 //    ["elementwise_families": [{"family", "overhead_s", "bytes_per_s"}, ...]],
 //    ["memory_copy_bytes_per_s"],
-//    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}], ["latent_attention": {..., "shared_per_s"}],
+//    ["pool_miss_bytes_per_s"], ["paged_attention": {"visits_per_s", "flops_per_s"}],
+//    ["latent_attention": {"visits_per_s", "flops_per_s", "shared_per_s"}],
 //    ["call_overhead": {"kernel_call_s"}], ["planning_events_per_s"], ["serving_host": {"step_s", "chunk_s"}],
 //    ["step_jitter": [ascending positive factors]], ["rank_jitter": relative spread in [0, 1)],
 //    ["probe_baseline" (or its older name "serving_probe_baseline"): a positive factor]}

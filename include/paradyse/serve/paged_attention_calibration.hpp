@@ -89,7 +89,8 @@ std::vector<cost::PagedAttentionSample> time_paged_attention(C& comm, const Page
 
 // One pass of calibrate_latent_attention: every latent width, head count and chunk timed once.
 template <Communicator C>
-std::vector<cost::LatentAttentionSample> time_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options,
+std::vector<cost::LatentAttentionSample> time_latent_attention(C& comm,
+                                                               const LatentAttentionCalibrationOptions& options,
                                                                std::int64_t longest) {
   const std::int64_t dr = options.rope, block = 16, request = 0;
   std::vector<cost::LatentAttentionSample> samples;
