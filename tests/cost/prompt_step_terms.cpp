@@ -1,9 +1,9 @@
 // Tests of the time model's two terms for a serving step's prompt chunk (issue 25; cost/profile.hpp's
 // PagedAttentionModel and swiglu_forward_elements_per_s): the trace clock prices a paged-attention event per (query-key
-// pair, head) visit (and MLA's latent attention at its own model of the same form) and SwiGLU forward's activation
+// pair, head) visit (MLA's latent attention at its own model, a per-pair term besides) and SwiGLU forward's activation
 // event at its rate (cost/trace_cost.hpp), the dry run records SwiGLU forward as such (ops/counting.hpp), the
-// calibration's fit recovers known rates from synthetic measurements (cost/calibrate.hpp fit_paged_attention), and
-// profiles without the terms still load and price as before (cost/profile_json.hpp).
+// calibrations' fits recover known rates from synthetic measurements (cost/calibration_fits.hpp fit_paged_attention and
+// fit_latent_attention), and profiles without the terms still load and price as before (cost/profile_json.hpp).
 #include "paradyse/cost/builtin_profiles.hpp"
 #include "paradyse/cost/calibrate.hpp"
 #include "paradyse/cost/profile_json.hpp"

@@ -149,9 +149,11 @@ TEST_CASE("MLA: the latent loop's calibration times each shape on every rank, it
     }
     CHECK(got[0].model.calibrated());
   }
-  LatentAttentionCalibrationOptions none = o;
+  LatentAttentionCalibrationOptions none = o, zero = o;
   none.heads.clear();
+  zero.ranks = {0, 512};
   run_ranks(1, [&](ThreadCommunicator& comm) {
     CHECK_THROWS_WITH_AS(calibrate_latent_attention(comm, none), doctest::Contains("0 head counts"), Error);
+    CHECK_THROWS_WITH_AS(calibrate_latent_attention(comm, zero), doctest::Contains("all positive"), Error);
   });
 }

@@ -135,8 +135,8 @@ void latent_attention(const Cache& cache, std::int64_t layer, const AttentionChu
   }
 }
 
-// The trace event of latent_attention over a batch: `pairs` visible query-key pairs, `heads` query heads, the
-// latent of width r_kv + d_r.
+// The trace event of latent_attention over a batch: `pairs` visible query-key pairs, `heads` query heads, a latent of
+// r_kv + d_r floats (recorded at width r_kv + d_r / 2: the score's and the sum's 4 d flops a visit).
 inline TraceEvent latent_attention_event(double pairs, std::int64_t heads, std::int64_t rkv, std::int64_t dr) {
   return {.kind = TraceKind::latent_attention, .m = pairs, .n = double(heads), .k = double(rkv + dr / 2)};
 }

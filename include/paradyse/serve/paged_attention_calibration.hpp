@@ -154,9 +154,13 @@ PagedAttentionCalibration calibrate_paged_attention(C& comm, const PagedAttentio
 // head count and chunk of `options`, over one request's latents, and fits the model.
 template <Communicator C>
 LatentAttentionCalibration calibrate_latent_attention(C& comm, const LatentAttentionCalibrationOptions& options = {}) {
-  check(options.rope >= 0 && !options.ranks.empty() && !options.heads.empty() && !options.chunks.empty(),
-        "calibrate_latent_attention: rope width {} (non-negative), {} latent ranks, {} head counts, {} chunks "
-        "(each list non-empty)", options.rope, options.ranks.size(), options.heads.size(), options.chunks.size());
+  const auto sizes = [](const std::vector<std::int64_t>& v) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [](std::int64_t x) { return x >= 1; });
+  };
+  check(sizes(options.ranks) && sizes(options.heads) && options.rope >= 0 && !options.chunks.empty(),
+        "calibrate_latent_attention: {} latent ranks and {} head counts (each at least one, all positive), rope "
+        "width {} (non-negative), {} chunks (at least one)", options.ranks.size(), options.heads.size(), options.rope,
+        options.chunks.size());
   return detail::fit_over_passes<LatentAttentionCalibration>(
       options.passes, options.chunks,
       [&](std::int64_t longest) { return detail::time_latent_attention(comm, options, longest); },
