@@ -67,6 +67,7 @@
 #include "paradyse/serve/step_probe.hpp"
 #include "paradyse/serve/serving_metrics.hpp"
 #include "paradyse/serve/shape_step.hpp"
+#include "paradyse/serve/switch_log.hpp"
 #include "paradyse/serve/synthetic_decoder.hpp"
 
 #include <fmt/format.h>
@@ -75,7 +76,6 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -323,18 +323,12 @@ int simulate(const Options& o) {
   if (!measured.shapes.empty() && measured.dtype_bytes != cluster.dtype_bytes)
     fmt::print("note: the profile's {} measured GEMM shapes are of {}-byte values; at {} bytes per value its fits "
                "price every GEMM\n", measured.shapes.size(), measured.dtype_bytes, cluster.dtype_bytes);
-  std::ofstream switch_csv, csv;
-  if (!o.switch_csv.empty()) {
-    switch_csv.open(o.switch_csv);
-    check(bool(switch_csv), "cannot write --switch-csv {}", o.switch_csv);
-    switch_csv << "trace,policy,step,time_s,tokens,layout\n";
-  }
-  if (!o.csv.empty()) {
-    csv.open(o.csv);
-    check(bool(csv), "cannot write --csv {}", o.csv);
-    csv << "trace,policy,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,tokens_per_s,steps,ep_steps,switches,"
-           "rebalances,exposed_ms,rank_imbalance,compute_s,communication_s,switch_s,host_s\n";
-  }
+  SwitchLog switch_log(o.switch_csv, "--switch-csv");
+  CsvTable csv(o.csv,
+               {"trace", "policy", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "tokens_per_s", "steps",
+                "ep_steps", "switches", "rebalances", "exposed_ms", "rank_imbalance", "compute_s", "communication_s",
+                "switch_s", "host_s"},
+               CsvTable::OnFailure::warns);
   std::vector<std::pair<std::string, std::vector<double>>> summary;
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
@@ -344,19 +338,7 @@ int simulate(const Options& o) {
       SimulatedClock clock(c, cluster);
       EngineOptions run = opt;
       run.clock = &clock;
-      std::int64_t step = 0;
-      clock.observer = [&](const StepTrace& t, const StepTiming&, double end) {
-        if (!switch_csv.is_open()) return;
-        bool ep = false;
-        for (std::int64_t l = 0; l < c.layers; ++l)
-          if (c.is_moe(l)) {
-            const auto& next = t.next[std::size_t(l)];
-            ep = (!t.pipelined_switch && next ? next->mode : t.layout[std::size_t(l)].mode) == MoeMode::ep;
-            break;
-          }
-        switch_csv << '"' << trace.name << "\",\"" << pol.name << "\"," << step++ << ',' << fmt::format("{:.6g}", end)
-                   << ',' << t.tokens() << ',' << (ep ? "EP" : "TP") << '\n';
-      };
+      clock.observer = switch_log.observer(trace.name, pol.name);
       EngineStats stats;
       std::vector<RequestOutcome> out;
       run_ranks(1, [&](ThreadCommunicator& comm) {
@@ -377,12 +359,11 @@ int simulate(const Options& o) {
                                     1e3 * r.totals.host_s / double(steps));
       }
       rows.push_back(r);
-      if (csv.is_open())
-        csv << fmt::format("\"{}\",\"{}\",{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
-                           trace.name, r.name, r.metric[ttft50], r.metric[ttft99], r.metric[tpot50], r.metric[tpot99],
-                           r.metric[tokens_per_s], r.steps, r.ep_steps, r.switches, r.rebalances, r.exposed_ms,
-                           r.rank_imbalance, r.totals.compute_s, r.totals.communication_s, r.totals.switch_s,
-                           r.totals.host_s);
+      const auto g = [](double x) { return fmt::format("{:.6g}", x); };
+      csv.row(trace.name, r.name, g(r.metric[ttft50]), g(r.metric[ttft99]), g(r.metric[tpot50]), g(r.metric[tpot99]),
+              g(r.metric[tokens_per_s]), r.steps, r.ep_steps, r.switches, r.rebalances, g(r.exposed_ms),
+              g(r.rank_imbalance), g(r.totals.compute_s), g(r.totals.communication_s), g(r.totals.switch_s),
+              g(r.totals.host_s));
     }
     fmt::print("\n{} ({} requests)\n", trace.name, requests.size());
     print_table(rows);
@@ -408,9 +389,11 @@ int simulate(const Options& o) {
     fmt::print("{:<44} {:>8}x {:>9} {:>8}x {:>9} {:>8}x\n", "Dynamo-MoE paper (best case, vs vLLM)", "6.75", "", "1.59",
                "", "1.5");
   }
-  if (!o.switch_csv.empty()) fmt::print("wrote {}\n", o.switch_csv);
-  if (!o.csv.empty()) fmt::print("wrote {}\n", o.csv);
-  return 0;
+  switch_log.close();
+  csv.close();
+  if (switch_log.enabled()) fmt::print("wrote {}\n", o.switch_csv);
+  if (csv.enabled()) fmt::print("wrote {}\n", o.csv);
+  return switch_log.failed() || csv.failed() ? 1 : 0;
 }
 
 // ---- --measure: measured on thread ranks against simulated on this machine's calibrated profile ----------------
@@ -496,32 +479,20 @@ std::vector<StepCost> price_steps(const DecoderConfig& c, const SimulatedCluster
   return costs;
 }
 
-// The layout the MoE layers of a step computed in ("TP" or "EP"; a switch that stalls computes in the new one), or
-// "dense" for a model without MoE layers.
-std::string_view computed_layout(const StepTrace& t) {
-  for (std::size_t l = 0; l < t.layout.size(); ++l) {
-    if (t.routed.empty() || t.routed[l].empty()) continue;
-    const bool stalled = !t.pipelined_switch && l < t.next.size() && t.next[l];
-    return name_of(stalled ? t.next[l]->mode : t.layout[l].mode);
-  }
-  return "dense";
-}
-
 // --steps-csv: one row per step of a run (the clock's view of it), the step's layout, whether it switched, and the
 // simulated clock's price of its trace (simulated_s: on the calibrated profile; fits_s: on the profile with the
 // GEMMs' measured working-set table, the CPU clock's steps only, else empty).
-void write_steps(std::ofstream& f, const std::string& policy, const char* clock, int round,
+void write_steps(CsvTable& f, const std::string& policy, const char* clock, int round,
                  const std::vector<MeasuredStep>& steps, const std::vector<StepCost>& costs,
                  const std::vector<StepCost>* fits = nullptr) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const MeasuredStep& s = steps[i];
     std::int64_t decodes = 0;
     for (const ChunkShape& ch : s.trace.chunks) decodes += ch.decode ? 1 : 0;
-    const std::string fits_s = fits ? fmt::format("{:.9f}", (*fits)[i].total_s()) : "";
-    f << fmt::format("{},{},{},{},{:.9f},{:.9f},{:.9f},{:.9f},{},{},{},{},{:.9f},{},{},{:.9f}\n", policy, clock, round,
-                     i, s.end, s.timing.step_s, s.timing.cpu_s, s.run_s, s.trace.tokens(), decodes,
-                     computed_layout(s.trace), s.trace.changes_layout() ? 1 : 0, costs[i].total_s(), fits_s,
-                     s.trace.planning_events, s.forecast_s);
+    const auto f9 = [](double x) { return fmt::format("{:.9f}", x); };
+    f.row(policy, clock, round, i, f9(s.end), f9(s.timing.step_s), f9(s.timing.cpu_s), f9(s.run_s), s.trace.tokens(),
+          decodes, computed_layout(s.trace), s.trace.changes_layout() ? 1 : 0, f9(costs[i].total_s()),
+          fits ? f9((*fits)[i].total_s()) : "", s.trace.planning_events, f9(s.forecast_s));
   }
 }
 
@@ -891,13 +862,10 @@ int measure(const Options& o) {
   const bool compare_fits = !cluster.profile.gemm.measured.shapes.empty();
   const bool compare_reuse = cost::prices_reuse(cluster.profile.gemm) != cost::prices_reuse(other_reuse.profile.gemm);
   std::vector<std::pair<std::string, std::vector<StepGroup>>> breakdowns;
-  std::ofstream steps_csv;
-  if (!o.steps_csv.empty()) {
-    steps_csv.open(o.steps_csv);
-    check(bool(steps_csv), "--steps-csv {}: cannot write the file", o.steps_csv);
-    steps_csv << "policy,clock,round,step,end_s,step_s,cpu_s,run_s,tokens,decodes,layout,switch,simulated_s,fits_s,"
-                 "planning_events,forecast_s\n";
-  }
+  CsvTable steps_csv(o.steps_csv,
+                     {"policy", "clock", "round", "step", "end_s", "step_s", "cpu_s", "run_s", "tokens", "decodes",
+                      "layout", "switch", "simulated_s", "fits_s", "planning_events", "forecast_s"},
+                     CsvTable::OnFailure::warns, "--steps-csv");
   for (const NamedTrace& trace : make_traces(o)) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
     const EngineOptions opt = measure_options(o, requests);
@@ -1017,7 +985,7 @@ int measure(const Options& o) {
       if (compare_reuse)
         breakdown(pol.name + (o.gemm_reuse ? ", one cycle" : ", reuse distances"), other_reuse_costs, other_reuse);
       const Result sim = serve(pi, 2, nullptr, &sim_steps);
-      if (steps_csv.is_open()) {
+      if (steps_csv.enabled()) {
         for (int round = 0; round < o.rounds; ++round) {
           const std::vector<MeasuredStep>& wall = wall_steps[std::size_t(round)];
           write_steps(steps_csv, pol.key, "wall", round, wall, price_steps(c, cluster, wall));
@@ -1068,7 +1036,8 @@ int measure(const Options& o) {
     print_breakdowns(breakdowns);
     breakdowns.clear();
   }
-  return 0;
+  steps_csv.close();
+  return steps_csv.failed() ? 1 : 0;
 }
 
 }  // namespace

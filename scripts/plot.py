@@ -10,8 +10,9 @@ Each CSV is recognised by its columns:
                       length that fits the budget) marked, the planners drawn over them
   moe_budget --csv    held-out perplexity and greedy agreement with the full budget against the activation budget,
                       one line per method (uniform top-k, Alloc-L, Alloc-L + Alloc-T)
-  moe_simulate --switch-csv   where the dynamic policy switched: each step's batch size (tokens) against simulated
-                      time, coloured by the layout it ran in (TP or EP), one panel per trace
+  moe_simulate, moe_infer --switch-csv   where the dynamic policy switched: each step's batch size (tokens)
+                      against the run's time (simulated, or the wall clock's), coloured by the layout it ran in (TP
+                      or EP), one panel per trace
 Charts are written to DIR (default: the folder of the first CSV) as <csv name>_<chart>.png, and listed.
 Needs matplotlib (Debian: python3-matplotlib, installed by scripts/setup.sh).
 """
@@ -221,7 +222,7 @@ def plot_budget(name, rows, out_dir):
 
 
 def plot_switches(name, rows, out_dir):
-    """moe_simulate --switch-csv: batch size against time, one dot per step coloured by its layout, one panel per
+    """moe_simulate or moe_infer --switch-csv: batch size against time, one dot per step coloured by its layout, one panel per
     trace (the dynamic policy's rows; the first policy's when there is no dynamic one)."""
     traces = []
     for r in rows:
@@ -236,7 +237,7 @@ def plot_switches(name, rows, out_dir):
         for layout, colour in (("TP", "#4e79a7"), ("EP", "#e15759")):
             points = [(number(r["time_s"]), number(r["tokens"])) for r in mine if r["layout"] == layout]
             ax.scatter([p[0] for p in points], [p[1] for p in points], s=4, color=colour, label=layout)
-        ax.set_xlabel("simulated time (s)")
+        ax.set_xlabel("time on the run's clock (s)")
         ax.set_ylabel("tokens in the step")
         ax.set_title(f"{trace}: {policy}", fontsize=9)
         ax.grid(alpha=0.3)
@@ -274,7 +275,7 @@ def main():
         elif SWITCH_COLUMNS <= columns:
             plot_switches(name, rows, out_dir)
         else:
-            sys.exit(f"plot.py: {path}: not a train_gpt, plan_trace, moe_budget or moe_simulate CSV (columns: {', '.join(sorted(columns))})")
+            sys.exit(f"plot.py: {path}: not a train_gpt, plan_trace, moe_budget or switch log (moe_simulate, moe_infer) CSV (columns: {', '.join(sorted(columns))})")
     if runs:
         plot_loss(runs, out_dir)
 

@@ -255,12 +255,6 @@ inline std::vector<std::string> given_args(const TrainingOptions& o) {
   return args;
 }
 
-// An Error's message without the "paradyse: " prefix (to quote it inside another message).
-inline std::string reason(const std::exception& e) {
-  const std::string what = e.what();
-  return what.rfind("paradyse: ", 0) == 0 ? what.substr(10) : what;
-}
-
 // Throws unless a file can be written at `path` for `flag`: an existing device or pipe (/dev/null, /dev/full) is
 // written in place; otherwise the folder exists and a file can be made in it, and `path` is not a folder.
 inline void check_output_file(const std::string& flag, const std::string& path) {
@@ -271,7 +265,7 @@ inline void check_output_file(const std::string& flag, const std::string& path) 
   try {
     pd::check_writable_target(path);
   } catch (const pd::Error& e) {
-    throw pd::Error(fmt::format("{}: {}", flag, reason(e)));
+    throw pd::Error(fmt::format("{}: {}", flag, pd::error_reason(e, /*drop_location=*/false)));
   }
 }
 
@@ -287,7 +281,7 @@ inline void check_output_folder(const std::string& flag, const std::string& path
   try {
     pd::check_writable_target((at / "probe").string());
   } catch (const pd::Error& e) {
-    throw pd::Error(fmt::format("{}: {}", flag, reason(e)));
+    throw pd::Error(fmt::format("{}: {}", flag, pd::error_reason(e, /*drop_location=*/false)));
   }
 }
 
@@ -302,7 +296,7 @@ inline void check_outputs(const TrainingOptions& o) {
     if (!o.csv.empty()) check_output_file("--csv", o.csv);
     if (o.checkpoint_every > 0 || o.stop_after > 0) pd::check_checkpoint_dir(o.checkpoint_dir);
   } catch (const pd::Error& e) {
-    usage(reason(e));
+    usage(pd::error_reason(e, /*drop_location=*/false));
   }
 }
 
@@ -430,7 +424,7 @@ inline TrainingOptions parse_resuming(int argc, char** argv) {
   try {
     info = pd::read_training_checkpoint(given.resume);
   } catch (const pd::Error& e) {
-    usage(fmt::format("--resume: {}", reason(e)));
+    usage(fmt::format("--resume: {}", pd::error_reason(e, /*drop_location=*/false)));
   }
   // The group's shape given now replaces the checkpoint's (a checkpoint holds one logical model: it resumes on any
   // shape): --mesh or --mesh-file given drops the saved --ranks, --mesh, --mesh-file, --zero and --virtual-stages;

@@ -3,7 +3,8 @@
 // switches, rebalances); a shape-only run replaying the routing recorded from a real run takes the same decisions;
 // the simulated clock is deterministic and advances by exactly the cost of each step's dry run; the cost of a
 // hand-built step matches its formula; TP is cheaper than EP at batch 1 and the reverse at large batches on an H100
-// node (the roofline); routing sources, request traces, model shapes and clusters read and fail clearly.
+// node (the roofline); routing sources, request traces, model shapes and clusters read and fail clearly; the switch
+// log (serve/switch_log.hpp) holds a row per step in the layout the engine ran it in.
 #include "paradyse/comm/cpu_marks.hpp"
 #include "paradyse/comm/threads.hpp"
 #include "paradyse/core/timer.hpp"
@@ -13,6 +14,7 @@
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
 #include "paradyse/serve/shape_step.hpp"
+#include "paradyse/serve/switch_log.hpp"
 
 #include "serve/launch_per_expert.hpp"
 
@@ -144,6 +146,54 @@ TEST_CASE("simulation: wall, step and simulated clocks give the same tokens, bat
     for (const double x : sim.stats.step_seconds) t += x;
     CHECK(sim.stats.elapsed_s == doctest::Approx(t).epsilon(1e-12));
     for (const RequestOutcome& r : sim.out) CHECK((r.first_token > 0 && r.finish >= r.first_token && r.finish <= t));
+  }
+}
+
+TEST_CASE("switch log: a row per step with the clock's time, the step's tokens and the layout the engine ran it in") {
+  const LoadedDecoder m = load_decoder((repo() / "tests" / "data" / "hf" / "mixtral").string());
+  const std::vector<ServeRequest> requests = at_once(m.config.vocab);
+  for (const bool pipelined : {true, false}) {
+    INFO("pipelined switches: ", pipelined);
+    EnginePolicy policy = switching_policy();
+    policy.pipelined_switch = pipelined;
+    const std::string path = scratch(fmt::format("switch_log_{}.csv", pipelined));
+    Run r;
+    std::vector<double> ends;
+    {
+      SwitchLog log(path, "--switch-csv");
+      run_ranks(2, [&](ThreadCommunicator& comm) {
+        SimulatedClock clock(m.config, simulated_cluster("h100", 2));
+        if (comm.rank() == 0) {
+          auto logged = log.observer("at once", "dynamic, EPLB");
+          clock.observer = [&, logged](const StepTrace& t, const StepTiming& timing, double end) {
+            logged(t, timing, end);
+            r.traces.push_back(t), ends.push_back(end);
+          };
+        }
+        EngineOptions o = small_pool();
+        o.clock = &clock;
+        EngineStats stats;
+        auto got = serve_requests(comm, m, requests, o, policy, &stats);
+        if (comm.rank() == 0) r.out = std::move(got), r.stats = stats;
+      });
+      log.close();
+      CHECK_FALSE(log.failed());
+    }
+    REQUIRE(r.stats.switches > 0);  // both layouts appear in the log
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    CHECK(line == "trace,policy,step,time_s,tokens,layout");
+    std::vector<std::string> rows;
+    while (std::getline(in, line)) rows.push_back(line);
+    // One row per step: the layout the engine recorded running it in (EngineStats::mode_of_step), its tokens and the
+    // time it ended on the clock; the policy's name quoted (it holds a comma).
+    REQUIRE(rows.size() == r.stats.mode_of_step.size());
+    REQUIRE(rows.size() == ends.size());
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      CHECK(rows[i] == fmt::format("at once,\"dynamic, EPLB\",{},{:.6g},{},{}", i, ends[i], r.traces[i].tokens(),
+                                   name_of(r.stats.mode_of_step[i])));
+    std::filesystem::remove(path);
   }
 }
 

@@ -38,11 +38,13 @@ public:
   enum class OnFailure { throws, warns };
 
   CsvTable() = default;
-  CsvTable(const std::string& path, std::vector<std::string> columns, OnFailure on_failure = OnFailure::throws)
+  // `flag` names the table in messages: the flag that gave its path.
+  CsvTable(const std::string& path, std::vector<std::string> columns, OnFailure on_failure = OnFailure::throws,
+           const std::string& flag = "--csv")
       : columns_(columns.size()), on_failure_(on_failure) {
     if (path.empty()) return;
     guarded([&] {
-      file_ = std::make_unique<AtomicFile>(path, "--csv");
+      file_ = std::make_unique<AtomicFile>(path, flag);
       write_line(columns);
     });
   }

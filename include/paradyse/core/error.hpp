@@ -38,6 +38,15 @@ private:
   std::source_location where_;
 };
 
+// An error's message as another message quotes it ("cluster h100.json: <reason>"): without the "paradyse: " prefix,
+// and with `drop_location` without the " [file:line]" of the check that threw.
+inline std::string error_reason(const std::exception& e, bool drop_location = true) {
+  std::string what = e.what();
+  if (what.starts_with("paradyse: ")) what.erase(0, 10);
+  if (const std::size_t at = what.rfind(" ["); drop_location && at != std::string::npos) what.erase(at);
+  return what;
+}
+
 // The most bytes any memory tracker counts (1 EiB, far beyond any device): an allocation that would take a tracker
 // past it, or whose size does not even fit in 64 bits, throws OutOfMemory. Keeping every byte count below 2^60 is
 // what lets the memory models add and scale them in 64-bit integers without overflow.

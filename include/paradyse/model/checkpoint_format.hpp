@@ -216,7 +216,7 @@ inline GptConfig config_of(const safetensors::Header& h, const std::string& path
   try {
     g.validate();
   } catch (const Error& e) {
-    throw Error(fmt::format("checkpoint {}: its configuration is invalid: {}", path, e.what()));
+    throw Error(fmt::format("checkpoint {}: its configuration is invalid: {}", path, error_reason(e)));
   }
   return g;
 }

@@ -136,7 +136,6 @@ public:
     comm.all_reduce(std::span<const int>(mine), std::span<int>(shared), ReduceOp::max);
     std::string why;
     for (std::size_t i = 0; i < kChars && shared[i] != 0; ++i) why += char(shared[i]);
-    if (why.rfind("paradyse: ", 0) == 0) why.erase(0, 10);
     throw Error(fmt::format("saving the checkpoint {} failed: {}", path_, why));
   }
 
@@ -147,7 +146,7 @@ private:
     try {
       io();
     } catch (const std::exception& e) {
-      write_error_ = e.what();
+      write_error_ = error_reason(e, /*drop_location=*/false);
       out_.reset();  // the temporary is removed; the file at the path is unchanged
     }
   }

@@ -112,7 +112,7 @@ inline void check_checkpoint_dir(const std::string& dir) {
   try {
     check_writable_target(training_checkpoint_path(dir, 0).string());
   } catch (const Error& e) {
-    throw Error(fmt::format("--checkpoint-dir {}: {}", dir, e.what()));
+    throw Error(fmt::format("--checkpoint-dir {}: {}", dir, error_reason(e)));
   }
 }
 

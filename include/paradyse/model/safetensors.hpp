@@ -96,11 +96,8 @@ inline Header parse_header(std::string_view text, const std::string& file, std::
   json::Value value;
   try {
     value = json::parse(text, "the header");
-  } catch (const Error& e) {  // the JSON message without its "paradyse: " prefix and source location
-    std::string_view what = e.what();
-    if (what.starts_with("paradyse: ")) what.remove_prefix(10);
-    if (const std::size_t at = what.rfind(" ["); at != std::string_view::npos) what = what.substr(0, at);
-    throw Error(fmt::format("{}: {}", context, what));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", context, error_reason(e)));
   }
   const json::Field doc(value, context);
   Header header;

@@ -233,7 +233,7 @@ public:
         if (is_moe_layer(int(l))) (void)MoeStrategies<Backend>::name(plan[l].moe);
         else strategies_.check_supported(plan[l].mlp, ctx);
       } catch (const Error& e) {
-        throw Error(fmt::format("layer {} of the plan: {}", l, e.what()));
+        throw Error(fmt::format("layer {} of the plan: {}", l, error_reason(e)));
       }
     }
   }

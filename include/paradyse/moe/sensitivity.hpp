@@ -132,11 +132,8 @@ inline SensitivityTable load_sensitivity(const std::string& path) {
   const json::Value doc = json::load_file(path);  // its errors name the file already
   try {
     return sensitivity_from_json(doc);
-  } catch (const Error& e) {  // the message without its "paradyse: " prefix and source location
-    std::string_view what = e.what();
-    if (what.starts_with("paradyse: ")) what.remove_prefix(10);
-    if (const std::size_t at = what.rfind(" ["); at != std::string_view::npos) what = what.substr(0, at);
-    throw Error(fmt::format("sensitivity table {}: {}", path, what));
+  } catch (const Error& e) {
+    throw Error(fmt::format("sensitivity table {}: {}", path, error_reason(e)));
   }
 }
 

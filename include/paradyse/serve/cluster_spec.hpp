@@ -26,7 +26,7 @@ inline SimulatedCluster simulated_cluster(const std::string& spec, int dtype_byt
     try {
       c.profile = cost::load_profile(spec);
     } catch (const std::exception& e) {
-      throw Error(fmt::format("cluster {}: {}", spec, e.what()));
+      throw Error(fmt::format("cluster {}: {}", spec, error_reason(e)));
     }
   } else {
     c.profile = cost::builtin_profile(spec);

@@ -181,11 +181,8 @@ inline void refuse_if_set(const json::Value& c, std::string_view key, const std:
 inline void validate(const DecoderConfig& d, const std::string& source) {
   try {
     d.validate();
-  } catch (const Error& e) {  // the message without its "paradyse: " prefix and source location
-    std::string_view what = e.what();
-    if (what.starts_with("paradyse: ")) what.remove_prefix(10);
-    if (const std::size_t at = what.rfind(" ["); at != std::string_view::npos) what = what.substr(0, at);
-    throw Error(fmt::format("hf config {}: its shape is invalid: {}", source, what));
+  } catch (const Error& e) {
+    throw Error(fmt::format("hf config {}: its shape is invalid: {}", source, error_reason(e)));
   }
 }
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 namespace paradyse::serve {
@@ -52,6 +53,17 @@ struct StepTrace {
     return false;
   }
 };
+
+// The layout the step's MoE layers computed in, "TP" or "EP" (the first MoE layer's: its layout before the step, or
+// the one a switch that stalls installed before it), or "dense" for a model without MoE layers.
+inline std::string_view computed_layout(const StepTrace& t) {
+  for (std::size_t l = 0; l < t.layout.size(); ++l) {
+    if (t.routed.empty() || t.routed[l].empty()) continue;
+    const bool stalled = !t.pipelined_switch && l < t.next.size() && t.next[l];
+    return name_of(stalled ? t.next[l]->mode : t.layout[l].mode);
+  }
+  return "dense";
+}
 
 // Rows (token, expert pairs) each of p ranks computes in one MoE layer: TP: every pair (a slice of every expert);
 // EP: the pairs of its slots, an expert held by m ranks split evenly over them (holder i of m, in rank then slot
