@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   if (shape.prompt_min > shape.prompt_max || shape.output_min > shape.output_max)
     flags.fail("--prompt and --output take MIN MAX with MIN <= MAX");
   if (dtype_bytes == 3) flags.fail("--dtype-bytes 3: expected 2 (bf16) or 4 (float)");
-  if (cluster_name.empty() && dtype_bytes != 2) flags.fail("--dtype-bytes prices a simulated cluster: it needs --simulate");
+  if (cluster_name.empty() && dtype_bytes != 2)
+    flags.fail("--dtype-bytes prices a simulated cluster: it needs --simulate");
   // The policies, read strictly (cli/lists.hpp): an empty, unknown or repeated item is refused naming the flag.
   if (policy_keys.empty()) policy_keys = cluster_name.empty() ? "dynamic" : "all";
   if (policy_keys == "all") policy_keys = kPolicyKeys;
@@ -178,12 +179,12 @@ int main(int argc, char** argv) {
         if (comm.rank() == 0) clock->observer = switch_log.observer(trace_name(shape), named.name);
         EngineOptions run = options;
         run.clock = clock.get();
-        auto got = serve_requests(comm, model, trace, run, named.policy, comm.rank() == 0 ? &stats : nullptr,
-                                  [&](const EngineProgress& p) {
-                                    if (p.step % 8 == 0 || p.finished == p.total)
-                                      fmt::print(stderr, "\r  {}: step {:>5}  done {:>4}/{:<4} running {:>3}  mode {}   ",
-                                                 named.key, p.step, p.finished, p.total, p.running, name_of(p.mode));
-                                  });
+        const auto progress = [&](const EngineProgress& p) {
+          if (p.step % 8 == 0 || p.finished == p.total)
+            fmt::print(stderr, "\r  {}: step {:>5}  done {:>4}/{:<4} running {:>3}  mode {}   ", named.key, p.step,
+                       p.finished, p.total, p.running, name_of(p.mode));
+        };
+        auto got = serve_requests(comm, model, trace, run, named.policy, comm.rank() == 0 ? &stats : nullptr, progress);
         if (comm.rank() != 0) return;
         out = std::move(got);
         if (cluster) totals.push_back(static_cast<SimulatedClock&>(*clock).totals());

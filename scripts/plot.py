@@ -222,8 +222,8 @@ def plot_budget(name, rows, out_dir):
 
 
 def plot_switches(name, rows, out_dir):
-    """moe_simulate or moe_infer --switch-csv: batch size against time, one dot per step coloured by its layout, one panel per
-    trace (the dynamic policy's rows; the first policy's when there is no dynamic one)."""
+    """moe_simulate or moe_infer --switch-csv: batch size against time, one dot per step coloured by its layout, one
+    panel per trace (the dynamic policy's rows; the first policy's when there is no dynamic one)."""
     traces = []
     for r in rows:
         if r["trace"] not in traces:
@@ -275,7 +275,8 @@ def main():
         elif SWITCH_COLUMNS <= columns:
             plot_switches(name, rows, out_dir)
         else:
-            sys.exit(f"plot.py: {path}: not a train_gpt, plan_trace, moe_budget or switch log (moe_simulate, moe_infer) CSV (columns: {', '.join(sorted(columns))})")
+            sys.exit(f"plot.py: {path}: not a train_gpt, plan_trace, moe_budget or switch log (moe_simulate, "
+                     f"moe_infer) CSV (columns: {', '.join(sorted(columns))})")
     if runs:
         plot_loss(runs, out_dir)
 

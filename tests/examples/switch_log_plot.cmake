@@ -1,6 +1,7 @@
 # tests/examples/switch_log_plot.cmake: moe_infer --simulate's switch log (serve/switch_log.hpp) read back and drawn
 # (issue 25: where the dynamic policy switched, through scripts/plot.py).
-#   cmake -DEXE=moe_infer "-DARGS=--ranks 2 ..." -DWORK=dir -DPYTHON=/usr/bin/python3 -DPLOT=scripts/plot.py -P switch_log_plot.cmake
+#   cmake -DEXE=moe_infer "-DARGS=--ranks 2 ..." -DWORK=dir -DPYTHON=/usr/bin/python3 -DPLOT=scripts/plot.py \
+#         -P switch_log_plot.cmake
 # Runs moe_infer ARGS --simulate h100 --policy tp,ep,dynamic --switch-csv WORK/switches.csv, then checks: exit 0; the
 # header; every policy logged, static TP's steps all in TP and static EP's all in EP, each policy's steps numbered
 # from 0 in order at non-decreasing times; as many steps logged per policy as its table row counts; plot.py draws it.
