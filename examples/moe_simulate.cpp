@@ -59,6 +59,7 @@
 #include "paradyse/serve/cluster_spec.hpp"
 #include "paradyse/serve/engine.hpp"
 #include "paradyse/serve/model_shape_hf.hpp"
+#include "paradyse/serve/named_policies.hpp"
 #include "paradyse/serve/paged_attention_calibration.hpp"
 #include "paradyse/serve/request_trace.hpp"
 #include "paradyse/serve/routing_source.hpp"
@@ -153,36 +154,25 @@ Result summarize(const std::vector<RequestOutcome>& out, const EngineStats& stat
   return r;
 }
 
-struct Policy {
-  std::string key, name;
-  EnginePolicy policy;
-};
-
 ForecastModel forecast_of(const Options& o) {
   return o.analytic_forecast ? ForecastModel::analytic : ForecastModel::dry_run;
 }
 
 // The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster), priced by
 // `forecast`; the switcher forecasts the step being planned, or with `window` > 0 it and the `window` steps after it.
-std::vector<Policy> make_policies(const std::string& list, const SimulatedCluster& model, std::int64_t eplb_interval,
-                                  std::int64_t window, ForecastModel forecast) {
-  std::vector<Policy> all(4);
-  all[0] = {"tp", "static TP", {}};
-  all[1] = {"ep", "static EP", {}};
-  all[1].policy.mode = ModePolicy::static_ep;
-  all[2] = {"eplb", "EP + EPLB", all[1].policy};
-  all[2].policy.eplb = true;
-  all[2].policy.eplb_interval = eplb_interval;
-  all[3] = {"dynamic", "dynamic TP/EP", {}};
-  all[3].policy.mode = ModePolicy::dynamic;
-  all[3].policy.switching = {0.1, 2, 8, 32, true, window};
-  all[3].policy.forecast = forecast;
-  std::vector<Policy> chosen;
-  for (Policy& p : all) {
-    p.policy.time_model = model;
-    if (("," + list + ",").find("," + p.key + ",") != std::string::npos) chosen.push_back(p);
-  }
+// The policies of `list` (serve/named_policies.hpp's, of them the four a shape serves: tp, ep, eplb, dynamic), each
+// priced on `model` (the dynamic policy's forecast, and every policy's predicted step costs); EPLB every
+// `eplb_interval` steps, the dynamic policy's forecast over `window` steps after the one planned, by `forecast`.
+std::vector<NamedPolicy> make_policies(const std::string& list, const SimulatedCluster& model,
+                                       std::int64_t eplb_interval, std::int64_t window, ForecastModel forecast) {
+  std::vector<NamedPolicy> chosen = select_policies(standard_policies(MachineRates{}), list);
   check(!chosen.empty(), "--policies {}: none of tp,ep,eplb,dynamic", list);
+  for (NamedPolicy& p : chosen) {
+    p.policy.time_model = model;
+    p.policy.eplb_interval = eplb_interval;
+    p.policy.switching.window = window;
+    p.policy.forecast = forecast;
+  }
   return chosen;
 }
 
@@ -308,7 +298,7 @@ int simulate(const Options& o) {
   opt.max_running = o.max_running;
   opt.block_size = o.block_size;
   opt.kv_blocks = kv_blocks_for(shape, cluster, o.ranks, o.block_size);
-  const std::vector<Policy> policies =
+  const std::vector<NamedPolicy> policies =
       make_policies(o.policies, cluster, o.eplb_interval, o.switch_window, forecast_of(o));
   fmt::print("moe_simulate: {} ({}: {} layers, h {}, {} heads / {} kv, {} experts top-{}, expert ffn {}, shared {}; "
              "{:.1f}B parameters){} on {} ranks of {} ({} bytes per value), KV pool {} blocks of {}; routing: {}; "
@@ -334,7 +324,7 @@ int simulate(const Options& o) {
     const std::vector<ServeRequest> requests = to_serve_requests(trace.requests, c.vocab, o.seed);
     std::vector<Result> rows;
     std::string forecast_line;  // the dynamic policy's forecast: its host CPU here against the clock's charge
-    for (const Policy& pol : policies) {
+    for (const NamedPolicy& pol : policies) {
       SimulatedClock clock(c, cluster);
       EngineOptions run = opt;
       run.clock = &clock;
@@ -774,7 +764,7 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
     // ForecastModel::dry_run, whichever forecast this run simulates): the same requests served under it (its switcher
     // pricing on the profile so far), its events over its CPU time.
     if (c.any_moe()) {
-      const Policy dynamic = make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window,
+      const NamedPolicy dynamic = make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window,
                                            ForecastModel::dry_run).front();
       ServedSteps forecasting;
       run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
@@ -853,9 +843,9 @@ int measure(const Options& o) {
   else if (o.gemm_classes && o.gemm_measured)
     other_reuse.profile.gemm.reuse = loaded_reuse;
   cost::use_gemm_engines(cluster.profile);
-  const std::vector<Policy> policies =
+  const std::vector<NamedPolicy> policies =
       make_policies(o.policies, cluster, o.eplb_interval, o.switch_window, forecast_of(o));
-  const std::vector<Policy> mem_policies =
+  const std::vector<NamedPolicy> mem_policies =
       make_policies(o.policies, mem_cluster, o.eplb_interval, o.switch_window, forecast_of(o));
   const bool compare_mem = mem_cluster.profile.gemm.by_rows != cluster.profile.gemm.by_rows ||
                            mem_cluster.profile.gemm.measured != cluster.profile.gemm.measured;
@@ -964,7 +954,7 @@ int measure(const Options& o) {
     for (int m = 0; m < kShown; ++m) fmt::print(" {:>9} {:>6} {:>9} {:>7}", "measured", "spread", "simulated", "error");
     fmt::print(" {:>6}\n", "bounds");
     for (std::size_t pi = 0; pi < policies.size(); ++pi) {
-      const Policy& pol = policies[pi];
+      const NamedPolicy& pol = policies[pi];
       const auto& [measured, on_cpu, at_speed, at_step, at_step_all, wall_steps, cpu_steps, speed, step_speed] =
           rounds[pi];
       std::vector<MeasuredStep> sim_steps;
