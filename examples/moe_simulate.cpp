@@ -158,15 +158,13 @@ ForecastModel forecast_of(const Options& o) {
   return o.analytic_forecast ? ForecastModel::analytic : ForecastModel::dry_run;
 }
 
-// The policies, each with `model` as the time model of the dynamic policy's switcher (the clock's cluster), priced by
-// `forecast`; the switcher forecasts the step being planned, or with `window` > 0 it and the `window` steps after it.
 // The policies of `list` (serve/named_policies.hpp's, of them the four a shape serves: tp, ep, eplb, dynamic), each
-// priced on `model` (the dynamic policy's forecast, and every policy's predicted step costs); EPLB every
-// `eplb_interval` steps, the dynamic policy's forecast over `window` steps after the one planned, by `forecast`.
+// with `model` as its time model (the clock's cluster: the dynamic switcher's forecast), EPLB every `eplb_interval`
+// steps; the switcher forecasts by `forecast` the step being planned, or with `window` > 0 it and the `window` steps
+// after it.
 std::vector<NamedPolicy> make_policies(const std::string& list, const SimulatedCluster& model,
                                        std::int64_t eplb_interval, std::int64_t window, ForecastModel forecast) {
   std::vector<NamedPolicy> chosen = select_policies(standard_policies(MachineRates{}), list);
-  check(!chosen.empty(), "--policies {}: none of tp,ep,eplb,dynamic", list);
   for (NamedPolicy& p : chosen) {
     p.policy.time_model = model;
     p.policy.eplb_interval = eplb_interval;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -44,4 +45,20 @@ TEST_CASE("Error: a message echoing a huge word (a path not quoted through print
   CHECK(bounded_message("short words stay as they are") == "short words stay as they are");
   const std::string edge(kMaxMessageWordBytes, 'y');
   CHECK(bounded_message(edge + " " + edge) == edge + " " + edge);
+}
+
+TEST_CASE("error_reason: an Error quoted inside another message without its prefix and, by default, its location") {
+  const Error inner("json: cannot open \"a [b].json\"");  // a bracket inside the message is kept
+  CHECK(error_reason(inner) == "json: cannot open \"a [b].json\"");
+  const std::string located = error_reason(inner, /*drop_location=*/false);
+  CHECK(located.starts_with("json: cannot open \"a [b].json\" [error.cpp:"));
+  CHECK(located.ends_with("]"));
+  // Nested once: the outer message holds the inner reason and one prefix, one location.
+  const Error outer(fmt::format("cluster x.json: {}", error_reason(inner)));
+  const std::string whole = outer.what();
+  CHECK(whole.starts_with("paradyse: cluster x.json: json: cannot open"));
+  CHECK(whole.find("paradyse:", 1) == std::string::npos);
+  CHECK(whole.find("[error.cpp:") == whole.rfind("[error.cpp:"));
+  // Any other exception is quoted whole.
+  CHECK(error_reason(std::runtime_error("range [1, 2] refused")) == "range [1, 2] refused");
 }

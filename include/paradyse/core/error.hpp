@@ -38,11 +38,13 @@ private:
   std::source_location where_;
 };
 
-// An error's message as another message quotes it ("cluster h100.json: <reason>"): without the "paradyse: " prefix,
-// and with `drop_location` without the " [file:line]" of the check that threw.
+// An error's message as another message quotes it ("cluster h100.json: <reason>"): an Error's without its
+// "paradyse: " prefix, and with `drop_location` without the " [file:line]" of the check that threw; any other
+// exception's whole.
 inline std::string error_reason(const std::exception& e, bool drop_location = true) {
   std::string what = e.what();
-  if (what.starts_with("paradyse: ")) what.erase(0, 10);
+  if (!what.starts_with("paradyse: ")) return what;
+  what.erase(0, 10);
   if (const std::size_t at = what.rfind(" ["); drop_location && at != std::string::npos) what.erase(at);
   return what;
 }

@@ -26,7 +26,6 @@ namespace paradyse::serve {
 
 class SwitchLog {
 public:
-  SwitchLog() = default;
   SwitchLog(const std::string& path, const std::string& flag)
       : csv_(std::make_unique<CsvTable>(path, std::vector<std::string>{"trace", "policy", "step", "time_s", "tokens",
                                                                        "layout"},
