@@ -762,9 +762,9 @@ cost::GemmModel calibrate_profile(const Options& o, const LoadedDecoder& model) 
     // ForecastModel::dry_run, whichever forecast this run simulates): the same requests served under it (its switcher
     // pricing on the profile so far), its events over its CPU time.
     if (c.any_moe()) {
+      const SimulatedCluster on_profile{profile, 4};
       const NamedPolicy dynamic =
-          make_policies("dynamic", SimulatedCluster{profile, 4}, o.eplb_interval, o.switch_window, ForecastModel::dry_run)
-              .front();
+          make_policies("dynamic", on_profile, o.eplb_interval, o.switch_window, ForecastModel::dry_run).front();
       ServedSteps forecasting;
       run_ranks(o.ranks, [&](ThreadCommunicator& plain) {
         ServedSteps s = serve_on_cpu_clock(std::move(plain), model, requests, run, dynamic.policy);
