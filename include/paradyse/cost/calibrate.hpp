@@ -140,7 +140,7 @@ void calibrate_attention(C& comm, const CalibrationOptions& options, Calibration
   result.attention_backward_fit = fit_non_negative(backward_rows, backward);
   const auto& f = result.attention_forward_fit.coefficients;
   const auto& b = result.attention_backward_fit.coefficients;
-  result.profile.attention = {f[0], f[1] > 0 ? 1 / f[1] : 1e30, b[1] > 0 ? 1 / b[1] : 1e30,
+  result.profile.attention = {f[0], rate_of(f[1], 1e30), rate_of(b[1], 1e30),
                               options.attention_whole_tiles, b[0]};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     result.samples.push_back({"attention forward " + names[i], forward[i], f[0] + f[1] * rows[i][1]});
@@ -334,7 +334,7 @@ void calibrate_collectives(C& comm, const CalibrationOptions& options, Calibrati
   const AlphaBeta& shift = AlphaBeta{result.collective_fits.back().second.coefficients[0],
                                      result.collective_fits.back().second.coefficients[1]};
   profile.intra_node = {0, gather.alpha_s / latency_steps(Collective::all_gather, p), bus,
-                        shift.beta_s_per_byte > 0 ? 1 / shift.beta_s_per_byte : 1e12};
+                        rate_of(shift.beta_s_per_byte, 1e12)};
   profile.inter_node = profile.intra_node;
 }
 
@@ -476,7 +476,7 @@ inline std::vector<GemmRowClass> fit_gemm_classes(const std::vector<GemmSample>&
           bound, y.size());
     const Fit fit = fit_non_negative(rows, y);
     const auto& c = fit.coefficients;
-    classes.push_back({bound, c[0], c[1] > 0 ? 1 / c[1] : 1e30, c[2] > 0 ? 1 / c[2] : 0, c[3] > 0 ? 1 / c[3] : 0});
+    classes.push_back({bound, c[0], rate_of(c[1], 1e30), rate_of(c[2]), rate_of(c[3])});
     if (fits) fits->push_back(fit);
     below = bound;
   }

@@ -145,8 +145,8 @@ inline ScalarMathModel fit_softmax_rates(std::span<const SoftmaxSample> samples)
         "fit_softmax_rates: every sample sees {} of its scores; the fit needs two visible shares", share(samples[0]));
   const Fit fit = fit_non_negative(rows, y);
   ScalarMathModel rates;
-  rates.softmax_scores_per_s = fit.coefficients[0] > 0 ? 1 / fit.coefficients[0] : 0;
-  rates.exp_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
+  rates.softmax_scores_per_s = rate_of(fit.coefficients[0]);
+  rates.exp_per_s = rate_of(fit.coefficients[1]);
   return rates;
 }
 
@@ -196,7 +196,7 @@ inline Fit fit_paged_attention(std::span<const PagedAttentionSample> samples, Pa
   }
   Fit fit = fit_non_negative(rows, y);
   const std::vector<double>& c = fit.coefficients;
-  model = {c[0] > 0 ? 1 / c[0] : 0, c[1] > 0 ? 1 / c[1] : 0};
+  model = {rate_of(c[0]), rate_of(c[1])};
   return fit;
 }
 
@@ -225,8 +225,7 @@ inline Fit fit_latent_attention(std::span<const LatentAttentionSample> samples, 
   }
   Fit fit = fit_non_negative(rows, y);
   const std::vector<double>& c = fit.coefficients;
-  const auto rate = [](double coefficient) { return coefficient > 0 ? 1 / coefficient : 0; };
-  model = {rate(c[0]), rate(c[1]), rate(c[2])};
+  model = {rate_of(c[0]), rate_of(c[1]), rate_of(c[2])};
   return fit;
 }
 
@@ -245,8 +244,8 @@ inline LinearGemmFit fit_linear_gemm(const std::vector<std::array<std::int64_t, 
   LinearGemmFit r{fit_non_negative(rows, seconds)};
   const auto& c = r.fit.coefficients;
   r.overhead_s = c[0];
-  r.flops_per_s = c[1] > 0 ? 1 / c[1] : 1e30;
-  r.bytes_per_s = c[2] > 0 ? 1 / c[2] : 0;
+  r.flops_per_s = rate_of(c[1], 1e30);
+  r.bytes_per_s = rate_of(c[2]);
   return r;
 }
 
@@ -281,7 +280,7 @@ inline ElementwiseFamilyRate fit_elementwise_family(const std::vector<FamilySamp
   const Fit fit = fit_non_negative(rows, y);
   ElementwiseFamilyRate rate;
   rate.overhead_s = fit.coefficients[0];
-  rate.bytes_per_s = fit.coefficients[1] > 0 ? 1 / fit.coefficients[1] : 0;
+  rate.bytes_per_s = rate_of(fit.coefficients[1]);
   return rate;
 }
 

@@ -22,6 +22,12 @@ struct Fit {
   double median_relative_error = 0;
 };
 
+// A fitted coefficient in seconds per unit as a rate in units per second; `unpriced` where it fitted to 0 (0: the
+// term is left out; 1e30: the term costs nothing).
+inline double rate_of(double seconds_per_unit, double unpriced = 0) {
+  return seconds_per_unit > 0 ? 1 / seconds_per_unit : unpriced;
+}
+
 // rows[i]: the k features of sample i; y[i] > 0 its measurement.
 inline Fit fit_non_negative(const std::vector<std::vector<double>>& rows, std::span<const double> y) {
   check(!rows.empty() && rows.size() == y.size(), "fit_non_negative: {} rows for {} measurements", rows.size(),
